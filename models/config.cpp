@@ -1,0 +1,123 @@
+#include "models/config.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace flowrun {
+
+void model_config::validate() const {
+  auto need = [](bool ok, const std::string& msg) {
+    if (!ok) throw std::invalid_argument("model config: " + msg);
+  };
+  need(dim > 0, "dim (hidden_size) must be > 0");
+  need(hidden_dim > 0, "hidden_dim (intermediate_size) must be > 0");
+  need(n_layers > 0, "n_layers must be > 0");
+  need(n_heads > 0 && dim % n_heads == 0,
+       "n_heads must divide dim (dim " + std::to_string(dim) + ", n_heads " + std::to_string(n_heads) + ")");
+  need(n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+       "n_kv_heads must divide n_heads (" + std::to_string(n_heads) + " / " + std::to_string(n_kv_heads) + ")");
+  need(vocab_size > 0, "vocab_size must be > 0");
+  need(real_vocab_size <= vocab_size, "real_vocab_size " + std::to_string(real_vocab_size) +
+                                          " exceeds the embedding rows vocab_size " + std::to_string(vocab_size));
+  need(max_seq_len > 0, "max_seq_len must be > 0");
+  need(!use_rope || head_dim() % 2 == 0, "RoPE needs an even head_dim");
+}
+
+int64_t model_config::num_parameters() const {
+  int64_t C = dim, hs = head_dim(), kv = n_kv_heads * hs, b = bias ? 1 : 0;
+  int64_t norm_p = norm == norm_kind::layernorm && bias ? 2 * C : C;
+  int64_t attn = C * C + b * C + 2 * (kv * C + b * kv) + C * C + b * C;
+  int64_t mlp = (gated_mlp ? 2 : 1) * (hidden_dim * C + b * hidden_dim) + C * hidden_dim + b * C;
+  int64_t n = vocab_size * C + n_layers * (2 * norm_p + attn + mlp) + norm_p;
+  if (!use_rope) n += (max_seq_len + position_offset) * C;
+  if (!tied_embeddings) n += vocab_size * C;
+  return n;
+}
+
+std::string model_config::summary() const {
+  std::ostringstream os;
+  const char* fam = family == model_family::llama ? "llama" : family == model_family::opt ? "opt" : "gpt2";
+  os << fam << " dim=" << dim << " hidden=" << hidden_dim << " layers=" << n_layers << " heads=" << n_heads
+     << " kv_heads=" << n_kv_heads << " vocab=" << vocab_size << " seq=" << max_seq_len
+     << " params=" << num_parameters();
+  return os.str();
+}
+
+model_config stories260k_config() {
+  model_config c;
+  c.dim = 64;
+  c.hidden_dim = 172;
+  c.n_layers = 5;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.vocab_size = 512;
+  c.max_seq_len = 512;
+  return c;
+}
+
+model_config llama_124m_config() {
+  model_config c;
+  c.dim = 768;
+  c.hidden_dim = 2048;
+  c.n_layers = 12;
+  c.n_heads = 12;
+  c.n_kv_heads = 12;
+  c.vocab_size = 32000;
+  c.max_seq_len = 1024;
+  return c;
+}
+
+static const char* family_name(model_family f) {
+  return f == model_family::llama ? "llama" : f == model_family::opt ? "opt" : "gpt2";
+}
+
+void to_json(nlohmann::json& j, const model_config& c) {
+  j = nlohmann::json{{"model_type", family_name(c.family)},
+                     {"hidden_size", c.dim},
+                     {"intermediate_size", c.hidden_dim},
+                     {"num_hidden_layers", c.n_layers},
+                     {"num_attention_heads", c.n_heads},
+                     {"num_key_value_heads", c.n_kv_heads},
+                     {"vocab_size", c.vocab_size},
+                     {"real_vocab_size", c.vocab_limit()},
+                     {"max_position_embeddings", c.max_seq_len},
+                     {"norm_eps", c.norm_eps},
+                     {"norm", c.norm == norm_kind::rmsnorm ? "rmsnorm" : "layernorm"},
+                     {"rope_theta", c.rope_theta},
+                     {"rope_layout", c.rope == ops::rope_layout::adjacent ? "adjacent" : "half"},
+                     {"use_rope", c.use_rope},
+                     {"position_offset", c.position_offset},
+                     {"gated_mlp", c.gated_mlp},
+                     {"hidden_act", ops::activation_name(c.act)},
+                     {"bias", c.bias},
+                     {"tie_word_embeddings", c.tied_embeddings}};
+}
+
+void from_json(const nlohmann::json& j, model_config& c) {
+  std::string fam = j.value("model_type", "llama");
+  c.family = fam == "opt" ? model_family::opt : fam == "gpt2" ? model_family::gpt2 : model_family::llama;
+  c.dim = j.at("hidden_size");
+  c.hidden_dim = j.at("intermediate_size");
+  c.n_layers = j.at("num_hidden_layers");
+  c.n_heads = j.at("num_attention_heads");
+  c.n_kv_heads = j.value("num_key_value_heads", c.n_heads);
+  c.vocab_size = j.at("vocab_size");
+  c.real_vocab_size = j.value("real_vocab_size", c.vocab_size);
+  c.max_seq_len = j.at("max_position_embeddings");
+  c.norm_eps = j.value("norm_eps", 1e-5f);
+  c.norm = j.value("norm", "rmsnorm") == "layernorm" ? norm_kind::layernorm : norm_kind::rmsnorm;
+  c.rope_theta = j.value("rope_theta", 10000.0f);
+  c.rope = j.value("rope_layout", "adjacent") == "half" ? ops::rope_layout::half : ops::rope_layout::adjacent;
+  c.use_rope = j.value("use_rope", true);
+  c.position_offset = j.value("position_offset", 0);
+  c.gated_mlp = j.value("gated_mlp", true);
+  std::string act = j.value("hidden_act", "silu");
+  c.act = act == "relu" ? ops::activation::relu : act == "gelu_tanh" ? ops::activation::gelu_tanh : ops::activation::silu;
+  c.bias = j.value("bias", false);
+  c.tied_embeddings = j.value("tie_word_embeddings", true);
+  c.validate();
+}
+
+}  // namespace flowrun

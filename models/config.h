@@ -1,0 +1,62 @@
+// Decoder configuration: one decoder with switches for the LLaMA, OPT and
+// GPT-2 families (docs/architecture.md, layer 3).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "runtime/kernels/ops.h"
+
+namespace flowrun {
+
+enum class model_family : uint8_t { llama, opt, gpt2 };
+enum class norm_kind : uint8_t { rmsnorm, layernorm };
+
+/// Shape and switches of a decoder-only transformer.
+///
+/// LLaMA (Touvron et al. 2023): RMSNorm, RoPE, SwiGLU (gated MLP), no biases,
+/// grouped-query attention, tied or untied classifier.
+/// OPT (Zhang et al. 2022) and GPT-2 (Radford et al. 2019): pre-LayerNorm with
+/// bias, learned positions, ReLU/GELU MLP, biases on every Linear.
+struct model_config {
+  model_family family = model_family::llama;
+  int64_t dim = 0;          ///< hidden size C (HF hidden_size)
+  int64_t hidden_dim = 0;   ///< MLP width (HF intermediate_size / ffn_dim)
+  int64_t n_layers = 0;     ///< HF num_hidden_layers
+  int64_t n_heads = 0;      ///< HF num_attention_heads
+  int64_t n_kv_heads = 0;   ///< HF num_key_value_heads (== n_heads without GQA)
+  int64_t vocab_size = 0;   ///< rows of the embedding (may be padded, see `real_vocab_size`)
+  int64_t real_vocab_size = 0;  ///< ids the tokenizer can produce (0 = vocab_size); padded rows are never sampled
+  int64_t max_seq_len = 0;  ///< HF max_position_embeddings
+  float norm_eps = 1e-5f;
+  norm_kind norm = norm_kind::rmsnorm;
+  float rope_theta = 10000.0f;
+  ops::rope_layout rope = ops::rope_layout::adjacent;
+  bool use_rope = true;            ///< false: learned absolute positions
+  int64_t position_offset = 0;     ///< OPT's learned positions start at 2
+  bool gated_mlp = true;           ///< SwiGLU (gate_proj, up_proj) vs a plain act(fc1)
+  ops::activation act = ops::activation::silu;
+  bool bias = false;               ///< biases on Linear layers and LayerNorm
+  bool tied_embeddings = true;     ///< lm_head shares model.embed_tokens.weight
+
+  int64_t head_dim() const { return dim / n_heads; }
+  int64_t vocab_limit() const { return real_vocab_size > 0 ? real_vocab_size : vocab_size; }
+  /// Throws std::invalid_argument naming the bad field.
+  void validate() const;
+  /// Parameters counted as stored (tied embeddings once).
+  int64_t num_parameters() const;
+  std::string summary() const;
+};
+
+/// The stories260K shape (llama2.c's smallest model) for random-init tests.
+model_config stories260k_config();
+/// A LLaMA config of about 124M parameters (12 layers, 768 wide, vocab 32000).
+model_config llama_124m_config();
+
+/// JSON (our own keys, close to HF's config.json names) for checkpoints.
+void to_json(nlohmann::json& j, const model_config& c);
+void from_json(const nlohmann::json& j, model_config& c);
+
+}  // namespace flowrun

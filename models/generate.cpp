@@ -1,0 +1,95 @@
+#include "models/generate.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace flowrun {
+
+std::vector<generation_result> generate(decoder& model, const std::vector<std::vector<int32_t>>& prompts,
+                                        const generation_config& cfg) {
+  const auto& mc = model.config();
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  std::vector<generation_result> out(B);
+  if (B == 0) return out;
+  int64_t P = 0;
+  for (auto& p : prompts) {
+    if (p.empty()) throw std::invalid_argument("generate: empty prompt (add a BOS token)");
+    P = std::max<int64_t>(P, static_cast<int64_t>(p.size()));
+  }
+  if (P >= mc.max_seq_len)
+    throw std::invalid_argument("generate: prompt of " + std::to_string(P) + " tokens leaves no room in max_seq_len " +
+                                std::to_string(mc.max_seq_len));
+  const int64_t S = std::min<int64_t>(mc.max_seq_len, P + cfg.max_new_tokens);
+  const device dev = model.w().flat.dev();
+  kv_cache cache = model.make_cache(B, S);
+
+  // left-padded prompt batch and its mask (B, S) (columns beyond the current length unused)
+  auto ids = tensor::empty({B, P}, dtype::i32);
+  auto mask_full = tensor::zeros({B, S}, dtype::i32);
+  std::vector<std::vector<int32_t>> history(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& p = prompts[b];
+    int64_t pad = P - static_cast<int64_t>(p.size());
+    for (int64_t t = 0; t < P; ++t) {
+      ids.data<int32_t>()[b * P + t] = t < pad ? cfg.pad_id : p[t - pad];
+      mask_full.data<int32_t>()[b * S + t] = t < pad ? 0 : 1;
+    }
+    history[b] = p;
+  }
+  const bool padded = std::any_of(prompts.begin(), prompts.end(),
+                                  [&](const auto& p) { return static_cast<int64_t>(p.size()) != P; });
+  auto mask_upto = [&](int64_t n) -> tensor {
+    if (!padded) return {};
+    auto m = tensor::empty({B, n}, dtype::i32);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(mask_full.data<int32_t>() + b * S, n, m.data<int32_t>() + b * n);
+    return m.to(dev);
+  };
+  // positions: index among the real tokens of each row
+  auto positions_for = [&](int64_t start, int64_t n) {
+    auto pos = tensor::empty({B, n}, dtype::i32);
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t c = 0;
+      const int32_t* m = mask_full.data<int32_t>() + b * S;
+      for (int64_t s = 0; s < start + n; ++s) {
+        if (s >= start) pos.data<int32_t>()[b * n + (s - start)] = std::max(c - (m[s] ? 0 : 1), 0);
+        c += m[s] != 0;
+      }
+    }
+    return pos.to(dev);
+  };
+
+  std::vector<rng64> rngs;
+  for (int64_t b = 0; b < B; ++b) rngs.emplace_back(cfg.seed + static_cast<uint64_t>(b) + 1);
+  std::vector<bool> done(B, false);
+
+  tensor logits = model.forward_cached(cache, ids.to(dev), positions_for(0, P), mask_upto(P), 0);
+  int64_t n_past = P;
+  const int64_t V = mc.vocab_limit();
+  auto step_ids = tensor::empty({B, 1}, dtype::i32);
+  for (int64_t step = 0; step < cfg.max_new_tokens; ++step) {
+    auto host = logits.to(device::cpu());
+    const int64_t Vrow = host.size(1);
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t next = cfg.pad_id;
+      if (!done[b]) {
+        next = sample_token(host.data<float>() + b * Vrow, V, cfg.sampling, rngs[b], history[b]);
+        out[b].tokens.push_back(next);
+        history[b].push_back(next);
+        if (std::find(cfg.stop_ids.begin(), cfg.stop_ids.end(), next) != cfg.stop_ids.end()) {
+          done[b] = true;
+          out[b].stopped = true;
+        }
+      }
+      step_ids.data<int32_t>()[b] = next;
+    }
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    if (step + 1 == cfg.max_new_tokens || n_past + 1 > S) break;
+    for (int64_t b = 0; b < B; ++b) mask_full.data<int32_t>()[b * S + n_past] = 1;
+    logits = model.forward_cached(cache, step_ids.to(dev), positions_for(n_past, 1), mask_upto(n_past + 1), n_past);
+    ++n_past;
+  }
+  return out;
+}
+
+}  // namespace flowrun

@@ -1,0 +1,63 @@
+#include "models/tokenizer.h"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include <sentencepiece_processor.h>
+
+namespace flowrun {
+
+namespace {
+
+class sentencepiece_tokenizer final : public tokenizer {
+ public:
+  explicit sentencepiece_tokenizer(const std::string& path) {
+    auto st = sp_.Load(path);
+    if (!st.ok()) throw std::runtime_error(path + ": cannot load SentencePiece model: " + st.ToString());
+  }
+  std::vector<int32_t> encode(const std::string& text, bool add_bos, bool add_eos) const override {
+    std::vector<int> ids;
+    auto st = sp_.Encode(text, &ids);
+    if (!st.ok()) throw std::runtime_error("SentencePiece encode failed: " + st.ToString());
+    std::vector<int32_t> out;
+    out.reserve(ids.size() + 2);
+    if (add_bos && bos_id() >= 0) out.push_back(bos_id());
+    out.insert(out.end(), ids.begin(), ids.end());
+    if (add_eos && eos_id() >= 0) out.push_back(eos_id());
+    return out;
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::vector<int> keep;
+    keep.reserve(ids.size());
+    for (auto id : ids)
+      if (id != bos_id() && id != eos_id() && id != pad_id() && id >= 0 && id < vocab_size()) keep.push_back(id);
+    std::string text;
+    auto st = sp_.Decode(keep, &text);
+    if (!st.ok()) throw std::runtime_error("SentencePiece decode failed: " + st.ToString());
+    return text;
+  }
+  std::string piece(int32_t id) const override { return sp_.IdToPiece(id); }
+  int32_t vocab_size() const override { return sp_.GetPieceSize(); }
+  int32_t bos_id() const override { return sp_.bos_id(); }
+  int32_t eos_id() const override { return sp_.eos_id(); }
+  int32_t pad_id() const override { return sp_.pad_id(); }
+
+ private:
+  sentencepiece::SentencePieceProcessor sp_;
+};
+
+}  // namespace
+
+std::unique_ptr<tokenizer> load_sentencepiece(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw std::runtime_error(path + ": tokenizer file not found");
+  return std::make_unique<sentencepiece_tokenizer>(path);
+}
+
+std::unique_ptr<tokenizer> load_tokenizer(const std::string& path) {
+  std::filesystem::path p(path);
+  if (p.extension() == ".model") return load_sentencepiece(path);
+  throw std::runtime_error(path + ": unknown tokenizer format; give a SentencePiece .model file "
+                                  "(e.g. model/stories260K/tok512.model)");
+}
+
+}  // namespace flowrun

@@ -1,0 +1,223 @@
+#include "runtime/actor/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace flowrun::actor {
+
+namespace {
+
+double ns_to_s(std::uint64_t ns) { return static_cast<double>(ns) * 1e-9; }
+
+std::string human_bytes(std::uint64_t b) {
+  char buf[32];
+  if (b < 1024) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  else if (b < (1u << 20)) std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  else if (b < (1ull << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+  return buf;
+}
+
+}  // namespace
+
+void replica_counters::add(std::string_view name, std::int64_t delta) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = custom_.find(name);
+  if (it == custom_.end()) it = custom_.emplace(std::string(name), 0).first;
+  it->second += delta;
+}
+
+std::map<std::string, std::int64_t> replica_counters::counters() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {custom_.begin(), custom_.end()};
+}
+
+const node_stats* metrics_snapshot::node(std::string_view name) const {
+  for (const auto& n : nodes)
+    if (n.name == name) return &n;
+  return nullptr;
+}
+
+std::int64_t metrics_snapshot::steps() const {
+  std::int64_t best = -1;
+  for (const auto& n : nodes)
+    if (auto it = n.counters.find("steps"); it != n.counters.end()) best = std::max(best, it->second);
+  if (best >= 0) return best;
+  best = 0;
+  for (const auto& n : nodes)
+    if (n.source)
+      best = std::max(best, static_cast<std::int64_t>(n.produced / std::max<std::size_t>(1, n.replicas)));
+  return best;
+}
+
+std::int64_t metrics_snapshot::tokens() const {
+  std::int64_t total = 0;
+  for (const auto& n : nodes)
+    if (auto it = n.counters.find("tokens"); it != n.counters.end()) total += it->second;
+  return total;
+}
+
+std::size_t job_metrics::add_node(std::string name, std::size_t replicas, bool source) {
+  node_entry e;
+  e.name = std::move(name);
+  e.source = source;
+  for (std::size_t r = 0; r < replicas; ++r) e.replicas.push_back(std::make_unique<replica_counters>());
+  nodes_.push_back(std::move(e));
+  return nodes_.size() - 1;
+}
+
+std::size_t job_metrics::add_edge(std::string name, std::size_t to_node, std::int64_t credit) {
+  edges_.push_back(edge_entry{std::move(name), to_node, credit, {}});
+  return edges_.size() - 1;
+}
+
+link_counters& job_metrics::add_link(std::size_t edge) {
+  edges_.at(edge).links.push_back(std::make_unique<link_counters>());
+  return *edges_[edge].links.back();
+}
+
+replica_counters& job_metrics::replica(std::size_t node, std::size_t replica) {
+  return *nodes_.at(node).replicas.at(replica);
+}
+
+metrics_snapshot job_metrics::snapshot() const {
+  constexpr auto rx = std::memory_order_relaxed;
+  metrics_snapshot s;
+  s.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  for (const auto& n : nodes_) {
+    node_stats ns;
+    ns.name = n.name;
+    ns.replicas = n.replicas.size();
+    ns.source = n.source;
+    for (const auto& r : n.replicas) {
+      ns.msgs_in += r->msgs_in.load(rx);
+      ns.bytes_in += r->bytes_in.load(rx);
+      ns.msgs_out += r->msgs_out.load(rx);
+      ns.bytes_out += r->bytes_out.load(rx);
+      ns.handled += r->handled.load(rx);
+      ns.produced += r->produced.load(rx);
+      ns.busy_s += ns_to_s(r->busy_ns.load(rx));
+      ns.blocked_s += ns_to_s(r->blocked_ns.load(rx));
+      ns.restarts += r->restarts.load(rx);
+      ns.dropped += r->dropped.load(rx);
+      for (const auto& [k, v] : r->counters()) ns.counters[k] += v;
+    }
+    s.nodes.push_back(std::move(ns));
+  }
+  for (const auto& e : edges_) {
+    edge_stats es;
+    es.name = e.name;
+    es.credit = e.credit;
+    for (const auto& l : e.links) {
+      // Read handled before sent: a message counted as handled was sent earlier,
+      // so the depth derived below never goes negative by a race.
+      std::uint64_t handled = l->handled.load(std::memory_order_acquire);
+      std::uint64_t acked = l->acked.load(std::memory_order_acquire);
+      std::uint64_t sent = l->sent.load(std::memory_order_acquire);
+      es.sent += sent;
+      es.acked += acked;
+      es.handled += handled;
+      es.bytes += l->bytes.load(rx);
+      es.in_flight += static_cast<std::int64_t>(sent) - static_cast<std::int64_t>(acked);
+      es.max_in_flight = std::max<std::uint64_t>(es.max_in_flight, l->max_in_flight.load(rx));
+      es.blocked_s += ns_to_s(l->blocked_ns.load(rx));
+    }
+    if (e.to_node < s.nodes.size())
+      s.nodes[e.to_node].depth += static_cast<std::int64_t>(es.sent) - static_cast<std::int64_t>(es.handled);
+    s.edges.push_back(std::move(es));
+  }
+  return s;
+}
+
+std::string to_json_line(const metrics_snapshot& s, bool final) {
+  nlohmann::json j;
+  j["t"] = std::round(s.elapsed_s * 1000.0) / 1000.0;
+  j["final"] = final;
+  j["steps"] = s.steps();
+  j["tokens"] = s.tokens();
+  nlohmann::json nodes = nlohmann::json::object();
+  for (const auto& n : s.nodes) {
+    nlohmann::json o;
+    o["replicas"] = n.replicas;
+    o["msgs_in"] = n.msgs_in;
+    o["bytes_in"] = n.bytes_in;
+    o["msgs_out"] = n.msgs_out;
+    o["bytes_out"] = n.bytes_out;
+    o["handled"] = n.handled;
+    o["produced"] = n.produced;
+    o["mailbox_depth"] = n.depth;
+    o["busy_s"] = n.busy_s;
+    o["blocked_s"] = n.blocked_s;
+    o["restarts"] = n.restarts;
+    o["dropped"] = n.dropped;
+    o["counters"] = n.counters;
+    nodes[n.name] = std::move(o);
+  }
+  nlohmann::json edges = nlohmann::json::object();
+  for (const auto& e : s.edges) {
+    nlohmann::json o;
+    o["credit"] = e.credit;
+    o["sent"] = e.sent;
+    o["bytes"] = e.bytes;
+    o["acked"] = e.acked;
+    o["handled"] = e.handled;
+    o["in_flight"] = e.in_flight;
+    o["max_in_flight"] = e.max_in_flight;
+    o["blocked_s"] = e.blocked_s;
+    edges[e.name] = std::move(o);
+  }
+  j["nodes"] = std::move(nodes);
+  j["edges"] = std::move(edges);
+  return j.dump();
+}
+
+std::string format_summary(const metrics_snapshot& s) {
+  std::string out;
+  char buf[512];
+  for (const auto& n : s.nodes) {
+    std::snprintf(buf, sizeof buf, "node %-16s x%zu in %llu (%s) out %llu (%s) depth %lld busy %.3fs blocked %.3fs",
+                  n.name.c_str(), n.replicas, static_cast<unsigned long long>(n.msgs_in), human_bytes(n.bytes_in).c_str(),
+                  static_cast<unsigned long long>(n.msgs_out), human_bytes(n.bytes_out).c_str(),
+                  static_cast<long long>(n.depth), n.busy_s, n.blocked_s);
+    out += buf;
+    if (n.restarts) out += " restarts " + std::to_string(n.restarts);
+    if (n.dropped) out += " dropped " + std::to_string(n.dropped);
+    for (const auto& [k, v] : n.counters) out += " " + k + " " + std::to_string(v);
+    out += '\n';
+  }
+  for (const auto& e : s.edges) {
+    std::snprintf(buf, sizeof buf, "edge %s: sent %llu (%s) in flight %lld (max %llu, credit %lld) blocked %.3fs",
+                  e.name.c_str(), static_cast<unsigned long long>(e.sent), human_bytes(e.bytes).c_str(),
+                  static_cast<long long>(e.in_flight), static_cast<unsigned long long>(e.max_in_flight),
+                  static_cast<long long>(e.credit), e.blocked_s);
+    out += buf;
+    out += '\n';
+  }
+  return out;
+}
+
+std::string format_progress(std::string_view graph_name, const metrics_snapshot& now, const metrics_snapshot& prev,
+                            std::int64_t total_steps) {
+  char buf[256];
+  const std::int64_t steps = now.steps();
+  std::string out = "[" + std::string(graph_name) + "] step " + std::to_string(steps);
+  if (total_steps > 0) out += "/" + std::to_string(total_steps);
+  const double dt = now.elapsed_s - prev.elapsed_s;
+  const double tps = dt > 0 ? static_cast<double>(now.tokens() - prev.tokens()) / dt : 0.0;
+  std::snprintf(buf, sizeof buf, " | %.0f tok/s", tps);
+  out += buf;
+  if (total_steps > 0 && steps > 0 && now.elapsed_s > 0) {
+    const double per_step = now.elapsed_s / static_cast<double>(steps);
+    const long eta = std::lround(per_step * static_cast<double>(std::max<std::int64_t>(0, total_steps - steps)));
+    std::snprintf(buf, sizeof buf, " | ETA %ld:%02ld", eta / 60, eta % 60);
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, " | %.1fs", now.elapsed_s);
+  out += buf;
+  return out;
+}
+
+}  // namespace flowrun::actor

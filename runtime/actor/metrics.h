@@ -1,0 +1,140 @@
+// Layer 5, actor runtime: metrics (CAF 0.17 has none of its own).
+//
+// Counters are relaxed atomics written by the one actor that owns them and
+// read by whoever takes a snapshot (the run loop, a test), so counting costs
+// no messages. Per node replica: messages and bytes in and out, handler busy
+// time, time blocked waiting for credit, restarts, items produced, dropped
+// messages and the node's own counters (node_context::metric). Per link (one
+// producer replica to one consumer replica of an edge): messages and bytes
+// sent, acknowledged and handled, the most messages ever in flight, and time
+// blocked on it. A snapshot sums them per node and per edge; the mailbox
+// depth of a node is messages sent to it minus messages it handled.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flowrun::actor {
+
+/// Counters of one link (producer replica -> consumer replica of one edge).
+struct link_counters {
+  std::atomic<std::uint64_t> sent{0};     ///< messages sent (incl. gather markers)
+  std::atomic<std::uint64_t> bytes{0};    ///< payload bytes sent
+  std::atomic<std::uint64_t> acked{0};    ///< messages the consumer acknowledged
+  std::atomic<std::uint64_t> handled{0};  ///< messages the consumer took off its queue
+  std::atomic<std::uint64_t> blocked_ns{0};     ///< producer time waiting for credit on this link
+  std::atomic<std::uint64_t> max_in_flight{0};  ///< the most unacknowledged messages seen
+};
+
+/// Counters of one node replica.
+struct replica_counters {
+  std::atomic<std::uint64_t> msgs_in{0}, bytes_in{0};    ///< data messages received
+  std::atomic<std::uint64_t> msgs_out{0}, bytes_out{0};  ///< data messages sent (per link)
+  std::atomic<std::uint64_t> handled{0};     ///< on_message calls completed
+  std::atomic<std::uint64_t> produced{0};    ///< produce() calls that returned true
+  std::atomic<std::uint64_t> busy_ns{0};     ///< time inside start/on_message/produce/finish/stop
+  std::atomic<std::uint64_t> blocked_ns{0};  ///< time with work to do but no credit
+  std::atomic<std::uint64_t> restarts{0};
+  std::atomic<std::uint64_t> dropped{0};     ///< emits on unconnected ports, messages after the end
+
+  /// Adds `delta` to the node's own counter `name` (thread-safe).
+  void add(std::string_view name, std::int64_t delta);
+  /// A copy of the node's own counters (thread-safe).
+  std::map<std::string, std::int64_t> counters() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::int64_t, std::less<>> custom_;
+};
+
+/// Per-node totals at one moment (summed over replicas).
+struct node_stats {
+  std::string name;
+  std::size_t replicas = 1;
+  bool source = false;
+  std::uint64_t msgs_in = 0, bytes_in = 0, msgs_out = 0, bytes_out = 0, handled = 0, produced = 0;
+  std::int64_t depth = 0;  ///< approximate mailbox depth: messages sent to the node minus handled
+  double busy_s = 0, blocked_s = 0;
+  std::uint64_t restarts = 0, dropped = 0;
+  std::map<std::string, std::int64_t> counters;
+};
+
+/// Per-edge totals at one moment (summed over the edge's links).
+struct edge_stats {
+  std::string name;  ///< "from.port -> to.port"
+  std::int64_t credit = 0;  ///< per link
+  std::uint64_t sent = 0, bytes = 0, acked = 0, handled = 0;
+  std::int64_t in_flight = 0;           ///< sent - acked, now
+  std::uint64_t max_in_flight = 0;      ///< the most on any one link, ever
+  double blocked_s = 0;
+};
+
+/// Everything at one moment.
+struct metrics_snapshot {
+  double elapsed_s = 0;  ///< since the job was launched
+  std::vector<node_stats> nodes;
+  std::vector<edge_stats> edges;
+
+  /// The node called `name`, or nullptr.
+  const node_stats* node(std::string_view name) const;
+  /// Progress steps: the largest "steps" counter of any node if one counts
+  /// steps, else the items produced per replica by the busiest source.
+  std::int64_t steps() const;
+  /// The sum of every node's "tokens" counter.
+  std::int64_t tokens() const;
+};
+
+/// The counters of a whole job, laid out once at launch (stable addresses).
+class job_metrics {
+ public:
+  /// Declares a node with `replicas` replicas; returns its index.
+  std::size_t add_node(std::string name, std::size_t replicas, bool source);
+  /// Declares an edge into node `to_node` with per-link `credit`; returns its index.
+  std::size_t add_edge(std::string name, std::size_t to_node, std::int64_t credit);
+  /// Declares one link of edge `edge`; returns its counters.
+  link_counters& add_link(std::size_t edge);
+
+  /// The counters of replica `replica` of node `node`.
+  replica_counters& replica(std::size_t node, std::size_t replica);
+
+  /// Sums every counter (thread-safe with respect to the actors counting).
+  metrics_snapshot snapshot() const;
+
+ private:
+  struct node_entry {
+    std::string name;
+    bool source = false;
+    std::vector<std::unique_ptr<replica_counters>> replicas;
+  };
+  struct edge_entry {
+    std::string name;
+    std::size_t to_node = 0;
+    std::int64_t credit = 0;
+    std::vector<std::unique_ptr<link_counters>> links;
+  };
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::vector<node_entry> nodes_;
+  std::vector<edge_entry> edges_;
+};
+
+/// One JSON object (no newline) for a JSONL metrics file:
+/// {"t":ELAPSED_S,"final":BOOL,"steps":N,"tokens":N,"nodes":{NAME:{...}},"edges":{NAME:{...}}}.
+std::string to_json_line(const metrics_snapshot& s, bool final);
+
+/// A multi-line human summary (one line per node, then one per edge) for the log.
+std::string format_summary(const metrics_snapshot& s);
+
+/// The progress line: "[NAME] step S/TOTAL | R tok/s | ETA M:SS | T s" (TOTAL
+/// and ETA only when total_steps > 0; tok/s from the "tokens" counters
+/// between `prev` and `now`).
+std::string format_progress(std::string_view graph_name, const metrics_snapshot& now, const metrics_snapshot& prev,
+                            std::int64_t total_steps);
+
+}  // namespace flowrun::actor

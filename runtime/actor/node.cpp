@@ -1,0 +1,60 @@
+#include "runtime/actor/node.h"
+
+#include <stdexcept>
+
+namespace flowrun::actor {
+
+std::string_view to_string(stop_reason r) {
+  switch (r) {
+    case stop_reason::running: return "running";
+    case stop_reason::completed: return "completed";
+    case stop_reason::interrupted: return "interrupted";
+    case stop_reason::failed: return "failed";
+  }
+  return "?";
+}
+
+std::optional<restart_policy::mode> parse_restart_mode(std::string_view s) {
+  if (s == "never") return restart_policy::mode::never;
+  if (s == "on-failure" || s == "on_failure") return restart_policy::mode::on_failure;
+  return std::nullopt;
+}
+
+void node_factory_registry::add(std::string kind, node_factory factory) {
+  if (!factory) throw std::invalid_argument("node_factory_registry: empty factory for kind '" + kind + "'");
+  if (factories_.count(kind)) throw std::invalid_argument("node_factory_registry: kind '" + kind + "' has a factory already");
+  factories_.emplace(std::move(kind), std::move(factory));
+}
+
+const node_factory* node_factory_registry::find(std::string_view kind) const {
+  auto it = factories_.find(kind);
+  return it == factories_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> node_factory_registry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : factories_) out.push_back(name);
+  return out;
+}
+
+graph::node_kind with_supervision_settings(graph::node_kind kind) {
+  using T = graph::setting_type;
+  if (!kind.find_setting(restart_setting))
+    kind.option(std::string(restart_setting), T::string, std::string("never"),
+                "supervision: \"never\" (a failure stops the run) or \"on-failure\" (restart the replica "
+                "with a fresh object and retry the failed call)");
+  if (!kind.find_setting(max_restarts_setting))
+    kind.option(std::string(max_restarts_setting), T::int_, std::int64_t{3},
+                "supervision: restarts allowed per replica with restart = \"on-failure\"");
+  return kind;
+}
+
+void register_node_kind(graph::node_kind_registry& kinds, node_factory_registry& factories, graph::node_kind kind,
+                        node_factory factory) {
+  std::string name = kind.name;
+  if (factories.find(name)) throw std::invalid_argument("node_factory_registry: kind '" + name + "' has a factory already");
+  kinds.register_kind(with_supervision_settings(std::move(kind)));
+  factories.add(std::move(name), std::move(factory));
+}
+
+}  // namespace flowrun::actor

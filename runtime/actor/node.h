@@ -1,0 +1,173 @@
+// Layer 5, actor runtime: the API a node kind implements.
+//
+// Every replica of every node in a graph runs as one CAF actor, but node code
+// never sees CAF: it implements `node` and talks to the runtime through
+// `node_context`. The runtime calls, on the replica's actor thread and never
+// concurrently:
+//
+//   start(ctx)                  once, before anything else (and again on a
+//                               fresh object after a restart);
+//   on_message(ctx, port, msg)  for each message on an in port;
+//   produce(ctx)                sources only (nodes without non-feedback in
+//                               edges): emit one item; return false when
+//                               exhausted. Called only while every out edge
+//                               has credit (backpressure);
+//   finish(ctx)                 once, when all inputs have ended (every
+//                               upstream replica sent end-of-stream, or the
+//                               source is exhausted): flush partial batches;
+//   stop(ctx)                   once, at shutdown (completion, SIGINT or
+//                               SIGTERM, or another node's failure): the
+//                               checkpoint hook. ctx.reason() says why.
+//
+// Emits made inside start/on_message/produce/finish are staged and sent when
+// the call returns; a call that throws has its emits discarded. A throw is a
+// failure of the replica: per its restart policy the runtime either makes a
+// fresh object with the node's factory, calls start() on it and retries the
+// failed call, or stops the run with an error naming the node.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <spdlog/logger.h>
+
+#include "runtime/actor/payload.h"
+#include "runtime/graph/graph_spec.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::actor {
+
+/// Why the run is stopping (see node_context::reason()).
+enum class stop_reason {
+  running,      ///< not stopping (the value during every call but stop())
+  completed,    ///< every source ran out and every message was handled
+  interrupted,  ///< SIGINT or SIGTERM (after the pipeline drained, or not: see docs/runtime.md)
+  failed,       ///< a node failed for good
+};
+
+/// "running", "completed", "interrupted" or "failed".
+std::string_view to_string(stop_reason r);
+
+/// What the runtime does when a replica's handler throws.
+struct restart_policy {
+  enum class mode { never, on_failure };
+  mode when = mode::never;
+  /// Restarts allowed over the replica's lifetime (on_failure only).
+  std::int64_t max_restarts = 3;
+};
+
+/// Parses "never" or "on-failure" (also "on_failure"); nullopt otherwise.
+std::optional<restart_policy::mode> parse_restart_mode(std::string_view s);
+
+/// The runtime's side of a node: what a node may do and know.
+/// One context per replica; valid for the replica's whole life (it survives
+/// restarts). Not thread-safe: use it only inside the node's callbacks.
+class node_context {
+ public:
+  virtual ~node_context() = default;
+
+  /// The node as written in the graph, with every setting filled in by the
+  /// validator (typed access: spec().get_int("max_lines"), ...).
+  virtual const graph::node_spec& spec() const = 0;
+  /// The node's name (e.g. "generator").
+  const std::string& name() const { return spec().name; }
+  /// This replica's index, 0 .. replicas() - 1.
+  virtual std::size_t replica() const = 0;
+  /// The number of replicas of this node.
+  virtual std::size_t replicas() const = 0;
+  /// The deterministic seed of this replica: graph::node_seed(graph seed, name, replica).
+  virtual std::uint64_t seed() const = 0;
+  /// The graph's `steps` (0: until the sources run out).
+  virtual std::int64_t graph_steps() const = 0;
+  /// How often this replica has been restarted so far.
+  virtual std::int64_t restarts() const = 0;
+  /// Why the run is stopping; stop_reason::running outside stop().
+  virtual stop_reason reason() const = 0;
+
+  /// Sends `msg` on out port `out_port` to every edge leaving it (an out port
+  /// without edges drops it). Staged until the current callback returns.
+  /// Throws std::invalid_argument if the port is not an out port of the
+  /// node's kind, if msg's type() differs from the port's message type, or
+  /// if an edge has dispatch=split and msg cannot be split.
+  virtual void emit(std::string_view out_port, payload msg) = 0;
+
+  /// Adds `delta` to this replica's counter `name` (reported in the metrics;
+  /// "tokens" feeds the progress line's tokens/s, "steps" its step count).
+  virtual void metric(std::string_view name, std::int64_t delta = 1) = 0;
+
+  /// Sources only: do not call produce() again until the next message
+  /// arrives on an in port (for sources paced by a feedback edge).
+  virtual void wait_for_input() = 0;
+
+  /// Writes `line` and a newline to standard output without garbling the
+  /// progress line (use this rather than std::cout in node code).
+  virtual void print(std::string_view line) = 0;
+
+  /// This replica's logger (named "NODE[REPLICA]"; same sinks as spdlog's default logger).
+  virtual spdlog::logger& log() = 0;
+};
+
+/// The base class of every node implementation. All callbacks have empty
+/// defaults, except produce(), which returns false (not a source).
+class node {
+ public:
+  virtual ~node() = default;
+  /// Called once before anything else; read settings and load models here.
+  virtual void start(node_context& ctx) {}
+  /// A message arrived on in port `in_port`.
+  virtual void on_message(node_context& ctx, std::string_view in_port, payload msg) {}
+  /// Sources: emit (at most a few) items and return true, or return false when exhausted.
+  virtual bool produce(node_context& ctx) { return false; }
+  /// All inputs ended: emit what is still buffered.
+  virtual void finish(node_context& ctx) {}
+  /// The run is stopping (ctx.reason() says why): checkpoint, close files.
+  virtual void stop(node_context& ctx) {}
+};
+
+/// Makes a fresh node object (called at start and on every restart).
+using node_factory = std::function<std::unique_ptr<node>()>;
+
+/// Kind name -> factory. The graph layer's node_kind_registry describes what
+/// a kind accepts (ports, settings); this registry says how to run it.
+class node_factory_registry {
+ public:
+  /// Registers `factory` for `kind`. Throws std::invalid_argument if the
+  /// kind already has a factory or `factory` is empty.
+  void add(std::string kind, node_factory factory);
+  /// Registers a factory that default-constructs T.
+  template <class T>
+  void add(std::string kind) {
+    add(std::move(kind), [] { return std::unique_ptr<node>(std::make_unique<T>()); });
+  }
+  /// The factory of `kind`, or nullptr.
+  const node_factory* find(std::string_view kind) const;
+  /// Every kind with a factory, sorted.
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, node_factory, std::less<>> factories_;
+};
+
+/// The reserved supervision settings every runtime-registered kind carries
+/// (the graph layer rejects unknown keys, so they are declared per kind):
+///   restart = "never" | "on-failure"   (default: "never")
+///   max_restarts = N                   (default: 3)
+inline constexpr std::string_view restart_setting = "restart";
+inline constexpr std::string_view max_restarts_setting = "max_restarts";
+
+/// `kind` with the supervision settings appended (unless it declares them).
+graph::node_kind with_supervision_settings(graph::node_kind kind);
+
+/// Registers a runnable kind: `kind` (with the supervision settings added)
+/// in `kinds` and `factory` in `factories`. Throws std::invalid_argument
+/// (from either registry) if the name is taken or the kind is malformed.
+void register_node_kind(graph::node_kind_registry& kinds, node_factory_registry& factories, graph::node_kind kind,
+                        node_factory factory);
+
+}  // namespace flowrun::actor

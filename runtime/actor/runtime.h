@@ -1,0 +1,92 @@
+// Layer 5, actor runtime: running a validated graph (no CAF in this header).
+//
+//   graph::validation_result v = graph::load_graph(file, kinds, {...}, overrides);
+//   run_result r = run_graph(v.spec, kinds, factories, options);
+//   return r.exit_code;
+//
+// run_graph starts a CAF actor system, spawns one actor per node replica
+// (runtime/actor/job.h), waits for the run to end, forwards SIGINT/SIGTERM,
+// logs metrics every `metrics_interval_s`, writes them as JSONL and shows a
+// progress line on a terminal. See docs/runtime.md for the design.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "runtime/actor/metrics.h"
+#include "runtime/actor/node.h"
+#include "runtime/graph/graph_spec.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::actor {
+
+/// Exit codes of a run.
+inline constexpr int exit_ok = 0;
+inline constexpr int exit_failed = 1;
+inline constexpr int exit_sigint = 130;   ///< 128 + SIGINT
+inline constexpr int exit_sigterm = 143;  ///< 128 + SIGTERM
+
+/// How to run a graph.
+struct run_options {
+  /// Credit (messages in flight per link) of edges that give none (credit=0).
+  std::int64_t default_credit = 8;
+  /// The policy of nodes whose kind declares no `restart` setting.
+  restart_policy default_restart{};
+  /// CAF worker threads; 0: one per hardware thread (at least 2).
+  std::size_t threads = 0;
+  /// JSONL metrics file; empty: none.
+  std::string metrics_path;
+  /// Seconds between metric log lines and JSONL records (<= 0: only at the end).
+  double metrics_interval_s = 10.0;
+  /// Show the progress line on standard error: nullopt: when it is a terminal.
+  std::optional<bool> progress;
+  /// Log a per-node metrics summary at the end.
+  bool summary = true;
+};
+
+/// How a run ended.
+struct run_result {
+  int exit_code = exit_ok;  ///< exit_ok, exit_failed, exit_sigint or exit_sigterm
+  /// Empty on success; else what went wrong, naming the node and the reason
+  /// (e.g. "node 'gen' replica 0 failed in on_message: out of memory (no restarts left: 3/3)").
+  std::string error;
+  stop_reason reason = stop_reason::completed;
+  metrics_snapshot metrics;  ///< the final counters
+};
+
+/// The outcome of a job as it becomes known, shared by the coordinator actor
+/// (which writes it once) and whoever waits for it (thread-safe).
+class run_state {
+ public:
+  /// Records the end of the run (first call wins) and wakes the waiters.
+  void finish(int exit_code, std::string error, stop_reason reason);
+  /// True once finish() was called.
+  bool finished() const;
+  /// Waits up to `ms` milliseconds for the end; returns finished().
+  bool wait_for_ms(int ms) const;
+  int exit_code() const;
+  std::string error() const;
+  stop_reason reason() const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  bool finished_ = false;
+  int exit_code_ = exit_ok;
+  std::string error_;
+  stop_reason reason_ = stop_reason::completed;
+};
+
+/// Runs `spec` (validated against `kinds`, so settings and ports are filled
+/// in) to its end. Every node's kind needs a factory in `factories`. Returns
+/// exit_failed with an error, without starting anything, if a kind has no
+/// factory or a node's restart settings are invalid. SIGINT and SIGTERM are
+/// caught while it runs (the previous handlers are restored afterwards): the
+/// first drains the pipeline and stops every node, a second stops at once.
+run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
+                     const node_factory_registry& factories, const run_options& options = {});
+
+}  // namespace flowrun::actor

@@ -1,0 +1,187 @@
+// Layer 4, graph description: the data model of a `.graph` file.
+//
+// A graph_spec is what parse.h reads from a TOML `.graph` file (with its
+// includes and `--set` overrides applied) and what validate.h checks against
+// the registry of node kinds (node_kind.h). It knows nothing of kernels, CAF
+// or the actors that will run the nodes: it only names them, their settings
+// and the edges between their ports, each with the place in the source file
+// it came from so that every error can point at it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace flowrun::graph {
+
+/// A place in a source file: 1-based line and column (in characters, as
+/// toml++ counts them). line == 0 means "no position known" (e.g. a value
+/// that came from a kind's default, or a spec built in code).
+struct source_pos {
+  std::string file;
+  int line = 0;
+  int col = 0;
+
+  /// True when the position names a real place (line > 0).
+  bool known() const { return line > 0; }
+  /// The same place shifted `n` columns to the right (for spots inside a string).
+  source_pos shifted(int n) const { return {file, line, col + n}; }
+  bool operator==(const source_pos&) const = default;
+};
+
+/// One problem found while reading or validating a graph. Errors are values:
+/// the reader and the validator return every one they find.
+struct graph_error {
+  std::string file;
+  int line = 0;
+  int col = 0;
+  std::string message;
+  std::string hint;
+
+  /// Builds an error at `pos`.
+  static graph_error at(const source_pos& pos, std::string message, std::string hint);
+
+  /// `FILE:LINE:COL: error: MESSAGE` followed, when there is a hint, by
+  /// `\n  hint: HINT`. No trailing newline.
+  std::string to_string() const;
+};
+
+/// All errors, one to_string() each, separated and ended by newlines.
+std::string format_errors(const std::vector<graph_error>& errors);
+
+/// Sorts errors by file, then line, then column (stable: errors at the same
+/// place keep their order).
+void sort_errors(std::vector<graph_error>& errors);
+
+/// The value of one setting: TOML integer, float, bool, string (also used for
+/// settings of type path) or array of strings. monostate means "no value"
+/// (used for the default of a required setting).
+using setting_value = std::variant<std::monostate, std::int64_t, double, bool, std::string, std::vector<std::string>>;
+
+/// The TOML-like spelling of a value: 64, 0.5, true, "text", ["a", "b"]; "(none)" for monostate.
+std::string to_string(const setting_value& v);
+
+/// The name of the type a value holds: "int", "float", "bool", "string", "string_list", "none".
+std::string_view value_type_name(const setting_value& v);
+
+/// One setting of a node as written in the file (or filled in by the validator).
+struct setting {
+  setting_value value;
+  source_pos key_pos;         ///< where the key was written (unknown for defaults)
+  source_pos value_pos;       ///< where the value was written (unknown for defaults)
+  bool from_default = false;  ///< filled in by the validator from the kind's default
+};
+
+/// One `[node.NAME]` table. `kind`, `replicas` and `on` are reserved keys;
+/// every other key is a setting of the node's kind.
+struct node_spec {
+  std::string name;
+  std::string kind;
+  std::int64_t replicas = 1;
+  std::string on;  ///< placement (a machine or device name); empty: anywhere
+  std::map<std::string, setting, std::less<>> settings;
+
+  source_pos pos;           ///< the table header ([node.NAME])
+  source_pos kind_pos;      ///< the `kind` value (unknown if missing)
+  source_pos replicas_pos;  ///< the `replicas` value (unknown if not written)
+  source_pos on_pos;        ///< the `on` value (unknown if not written)
+
+  /// The setting called `name`, or nullptr.
+  const setting* find_setting(std::string_view name) const;
+
+  /// Typed access for the runtime, after validation has filled in defaults.
+  /// They throw std::out_of_range if the setting is absent and
+  /// std::bad_variant_access if it holds another type (programmer errors:
+  /// a validated spec has every declared setting with its declared type).
+  /// get_float also accepts an integer value.
+  std::int64_t get_int(std::string_view name) const;
+  double get_float(std::string_view name) const;
+  bool get_bool(std::string_view name) const;
+  const std::string& get_string(std::string_view name) const;  ///< also for path settings
+  const std::vector<std::string>& get_string_list(std::string_view name) const;
+};
+
+/// How a message on an edge with several consumers of one output port is
+/// delivered. broadcast: every consumer gets every message; split: a batch is
+/// cut into equal parts, one per consumer; round_robin: whole messages go to
+/// the consumers in turn.
+enum class dispatch_mode { broadcast, split, round_robin };
+
+/// "broadcast", "split" or "round_robin".
+std::string_view to_string(dispatch_mode d);
+/// Parses the spelling above; nullopt for anything else.
+std::optional<dispatch_mode> parse_dispatch(std::string_view s);
+
+/// One edge `from_node.from_port -> to_node.to_port`. An edge string with
+/// several targets ("a.out -> b, c") yields one edge_spec per target.
+struct edge_spec {
+  std::string from_node;
+  std::string from_port;  ///< empty: the node's only output port (resolved by the validator)
+  std::string to_node;
+  std::string to_port;      ///< empty: the input port whose message type matches (resolved by the validator)
+  std::int64_t credit = 0;  ///< messages in flight on the edge; 0: the runtime's default
+  dispatch_mode dispatch = dispatch_mode::broadcast;
+  bool feedback = false;  ///< marks the edge as the one that closes a cycle (see validate.h)
+
+  source_pos pos;       ///< the edge string in the file
+  source_pos from_pos;  ///< the source endpoint inside the string (or the string's position)
+  source_pos to_pos;    ///< the target endpoint inside the string (or the string's position)
+
+  /// "from_node.from_port -> to_node.to_port" (ports omitted when empty).
+  std::string to_string() const;
+};
+
+/// A whole graph: the `[graph]` table, the nodes in file order and the edges.
+struct graph_spec {
+  std::string name;
+  std::uint64_t seed = 0;
+  std::int64_t steps = 0;  ///< 0: run until the sources are exhausted
+  std::vector<node_spec> nodes;
+  std::vector<edge_spec> edges;
+  /// The top-level file (parse_graph_string: its source name; "" for a spec
+  /// built in code). Errors without a position name it; relative paths in
+  /// settings without a file of their own are relative to its folder.
+  std::filesystem::path source_file;
+  std::vector<std::filesystem::path> included_files;  ///< every included file, in load order
+
+  source_pos seed_pos;   ///< unknown if not written
+  source_pos steps_pos;  ///< unknown if not written
+
+  /// Set by the reader when part of the input could not be understood (a
+  /// malformed edge, say). The validator then skips the checks that would
+  /// only repeat that error (unconnected required ports).
+  bool incomplete = false;
+
+  /// The node called `name`, or nullptr.
+  const node_spec* find_node(std::string_view name) const;
+  node_spec* find_node(std::string_view name);
+};
+
+/// 64-bit FNV-1a hash of the bytes of `s`.
+std::uint64_t fnv1a64(std::string_view s);
+
+/// One step of the splitmix64 generator: a bijective mix of `x`.
+std::uint64_t splitmix64(std::uint64_t x);
+
+/// The deterministic seed of replica `replica` of node `node_name` in a graph
+/// seeded with `graph_seed`: splitmix64(splitmix64(splitmix64(graph_seed) ^
+/// fnv1a64(node_name)) ^ replica). Same inputs, same seed, on every machine.
+std::uint64_t node_seed(std::uint64_t graph_seed, std::string_view node_name, std::uint64_t replica = 0);
+
+/// Edit distance between two strings (bytes): insertions, deletions,
+/// substitutions and swaps of neighbouring characters each count 1.
+std::size_t edit_distance(std::string_view a, std::string_view b);
+
+/// The candidate nearest to `name` by edit distance if it is close enough to
+/// be a plausible typo (distance <= max(1, min(3, size/3))), else "".
+std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates);
+
+/// True for a valid node, port or setting name: [A-Za-z_][A-Za-z0-9_]*.
+bool is_identifier(std::string_view s);
+
+}  // namespace flowrun::graph

@@ -1,0 +1,152 @@
+// Layer 4, graph description: node kinds and their registry.
+//
+// A node kind describes what a `[node.NAME]` table with `kind = "..."` may
+// contain: its ports (name, message type, direction, required, feedback) and
+// its settings (name, type, default, doc, required). The validator checks a
+// graph_spec against these declarations. The kinds themselves are registered
+// by the layer that implements them (actors/); this layer only keeps the
+// declarations, prints them (`flowrun kinds`, `flowrun explain KIND`) and
+// offers a few demo kinds for the example pipeline (register_example_kinds).
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "runtime/graph/graph_spec.h"
+
+namespace flowrun::graph {
+
+/// Whether a port receives (in) or emits (out) messages.
+enum class port_dir { in, out };
+
+/// "in" or "out".
+std::string_view to_string(port_dir d);
+
+/// One port of a node kind. Edges connect an out port to an in port whose
+/// message_type is the same string (e.g. "tokens", "rollouts").
+struct port_decl {
+  std::string name;
+  std::string message_type;
+  port_dir dir = port_dir::in;
+  /// The graph is invalid unless the port has at least one edge.
+  bool required = true;
+  /// In ports only: edges into this port close cycles (their messages come
+  /// from a later step, so a cycle through them can make progress).
+  bool feedback = false;
+  std::string doc;
+};
+
+/// The type of a setting. A float setting also accepts an integer literal;
+/// a path is a string naming a file that must exist (see validate.h).
+enum class setting_type { int_, float_, bool_, string, path, string_list };
+
+/// "int", "float", "bool", "string", "path" or "string_list".
+std::string_view to_string(setting_type t);
+
+/// Parses the spelling above; nullopt for anything else.
+std::optional<setting_type> parse_setting_type(std::string_view s);
+
+/// True when `v` is an acceptable value for a setting of type `t` (an int is
+/// accepted for float; a string for string and path).
+bool value_matches(setting_type t, const setting_value& v);
+
+/// One setting of a node kind. A required setting has no default
+/// (default_value holds monostate); an optional one must have a default of
+/// its type (a string default "" is allowed for path: it means "not set" and
+/// is not checked for existence).
+struct setting_decl {
+  std::string name;
+  setting_type type = setting_type::string;
+  setting_value default_value;
+  std::string doc;
+  bool required = false;
+};
+
+/// A node kind: its name, a one-line doc, ports and settings. The builder
+/// methods append declarations and return *this, so a kind reads as
+///   node_kind{"tokenizer", "text to token ids"}
+///       .input("text", "text").output("tokens", "tokens")
+///       .require("model", setting_type::path, "tokenizer model")
+///       .option("add_bos", setting_type::bool_, true, "prepend BOS");
+struct node_kind {
+  node_kind() = default;
+  /// A kind called `kind_name` with a one-line description and no ports or settings yet.
+  explicit node_kind(std::string kind_name, std::string kind_doc = {})
+      : name(std::move(kind_name)), doc(std::move(kind_doc)) {}
+
+  std::string name;
+  std::string doc;
+  std::vector<port_decl> ports;
+  std::vector<setting_decl> settings;
+
+  /// Appends an in port (required unless told otherwise).
+  node_kind& input(std::string port, std::string message_type, std::string port_doc = {}, bool required = true,
+                   bool feedback = false);
+  /// Appends an out port (optional unless told otherwise).
+  node_kind& output(std::string port, std::string message_type, std::string port_doc = {}, bool required = false);
+  /// Appends an optional setting with its default. An integer default of a
+  /// float setting is stored as a float.
+  node_kind& option(std::string setting_name, setting_type type, setting_value default_value, std::string setting_doc);
+  /// Appends a required setting (no default).
+  node_kind& require(std::string setting_name, setting_type type, std::string setting_doc);
+
+  /// The port called `port`, or nullptr.
+  const port_decl* find_port(std::string_view port) const;
+  /// The setting called `setting_name`, or nullptr.
+  const setting_decl* find_setting(std::string_view setting_name) const;
+  /// The in (or out) ports, in declaration order.
+  std::vector<const port_decl*> ports_of(port_dir d) const;
+  /// The names of the settings (for "did you mean" hints).
+  std::vector<std::string> setting_names() const;
+  /// The names of the ports.
+  std::vector<std::string> port_names() const;
+};
+
+/// Setting names a node table reserves for itself; no kind may declare them.
+inline constexpr std::string_view reserved_node_keys[] = {"kind", "replicas", "on"};
+
+/// The registry of node kinds, by name.
+class node_kind_registry {
+ public:
+  /// Adds a kind. Throws std::invalid_argument (a programmer error) if the
+  /// name is taken or not an identifier, if two ports or two settings share
+  /// a name, if a setting uses a reserved name (kind, replicas, on), if a
+  /// default does not match its type, if a required setting has a default,
+  /// or if an out port is flagged feedback.
+  void register_kind(node_kind kind);
+
+  /// The kind called `name`, or nullptr.
+  const node_kind* lookup(std::string_view name) const;
+
+  /// Every kind, sorted by name.
+  std::vector<const node_kind*> list() const;
+
+  /// Every kind's name, sorted.
+  std::vector<std::string> names() const;
+
+  std::size_t size() const { return kinds_.size(); }
+
+ private:
+  std::map<std::string, node_kind, std::less<>> kinds_;
+};
+
+/// A multi-line description of a kind for `flowrun explain KIND`: its doc,
+/// then its in ports, out ports and settings (type, default or "required",
+/// doc), one per line, ending with a newline.
+std::string explain(const node_kind& kind);
+
+/// One line per kind for `flowrun kinds`: name, ports in short form and doc.
+std::string describe_kinds(const node_kind_registry& registry);
+
+/// Registers the demo kinds the example pipeline (graphs/examples/
+/// generate.graph) uses: text_source, tokenizer, generator and sink. They are
+/// declarations only; the actors that run them live in actors/. Throws
+/// std::invalid_argument if any of them is registered already.
+void register_example_kinds(node_kind_registry& registry);
+
+}  // namespace flowrun::graph

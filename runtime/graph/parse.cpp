@@ -1,0 +1,788 @@
+#include "runtime/graph/parse.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+namespace flowrun::graph {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---------------------------------------------------------------- helpers
+
+source_pos pos_of(const toml::source_region& r) {
+  return {r.path ? std::string(*r.path) : std::string(), static_cast<int>(r.begin.line),
+          static_cast<int>(r.begin.column)};
+}
+source_pos pos_of(const toml::node& n) { return pos_of(n.source()); }
+source_pos pos_of(const toml::key& k) { return pos_of(k.source()); }
+
+std::string join(const std::vector<std::string>& v, std::string_view sep = ", ") {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? std::string(sep) : std::string()) + v[i];
+  return s;
+}
+
+// "did you mean 'x'?" when a near name exists, else "valid names: a, b, c".
+std::string suggest(std::string_view name, const std::vector<std::string>& valid, std::string_view what) {
+  std::string near = nearest_name(name, valid);
+  if (!near.empty()) return "did you mean '" + near + "'?";
+  if (valid.empty()) return "there are no " + std::string(what);
+  return "valid " + std::string(what) + ": " + join(valid);
+}
+
+// True when the characters of a string value map 1:1 onto source columns:
+// one line, no escapes, ASCII only (then the region is the text plus quotes).
+bool exact_columns(const toml::node& n, std::string_view text) {
+  const auto& r = n.source();
+  if (r.begin.line == 0 || r.begin.line != r.end.line) return false;
+  if (r.end.column < r.begin.column || r.end.column - r.begin.column != text.size() + 2) return false;
+  return std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+}
+
+// Converts a TOML value to a setting value; nullopt (and sets `why`) if its
+// type is not one a setting may have.
+std::optional<setting_value> to_setting_value(const toml::node& n, std::string& why) {
+  if (auto v = n.as_integer()) return setting_value{v->get()};
+  if (auto v = n.as_floating_point()) return setting_value{v->get()};
+  if (auto v = n.as_boolean()) return setting_value{v->get()};
+  if (auto v = n.as_string()) return setting_value{v->get()};
+  if (auto a = n.as_array()) {
+    std::vector<std::string> out;
+    for (const auto& e : *a) {
+      if (!e.is_string()) {
+        why = "an array of settings may only hold strings";
+        return std::nullopt;
+      }
+      out.push_back(e.as_string()->get());
+    }
+    return setting_value{std::move(out)};
+  }
+  if (n.is_table())
+    why = "a table";
+  else
+    why = "a date or time";
+  return std::nullopt;
+}
+
+std::string toml_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a bool";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date or time";
+  }
+}
+
+// ------------------------------------------------------------ edge parser
+
+struct edge_cursor {
+  std::string_view s;
+  std::size_t i = 0;
+  source_pos pos;
+  bool exact = false;
+  std::vector<graph_error>* errors;
+
+  source_pos at(std::size_t k) const { return exact ? pos.shifted(static_cast<int>(k) + 1) : pos; }
+  void skip_ws() {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
+  }
+  bool eof() const { return i >= s.size(); }
+  std::string_view ident() {
+    std::size_t b = i;
+    auto alpha = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; };
+    if (i < s.size() && alpha(s[i])) {
+      ++i;
+      while (i < s.size() && (alpha(s[i]) || std::isdigit(static_cast<unsigned char>(s[i])))) ++i;
+    }
+    return s.substr(b, i - b);
+  }
+  void error(std::size_t k, std::string message, std::string hint) {
+    errors->push_back(graph_error::at(at(k), std::move(message), std::move(hint)));
+  }
+  std::string what_is_at(std::size_t k) const {
+    if (k >= s.size()) return "the end of the edge";
+    return "'" + std::string(1, s[k]) + "'";
+  }
+};
+
+constexpr std::string_view edge_syntax_hint =
+    "edges are written \"node.port -> node.port\" (ports optional, several targets separated by commas, "
+    "options last in brackets: [credit=N, dispatch=split, feedback])";
+
+struct endpoint {
+  std::string node, port;
+  std::size_t offset = 0;
+};
+
+// Parses `node` or `node.port` at the cursor; nullopt after reporting an error.
+std::optional<endpoint> parse_endpoint(edge_cursor& c, std::string_view role) {
+  c.skip_ws();
+  endpoint e;
+  e.offset = c.i;
+  std::string_view node = c.ident();
+  if (node.empty()) {
+    c.error(c.i, "malformed edge: expected a " + std::string(role) + " node name, found " + c.what_is_at(c.i),
+            std::string(edge_syntax_hint));
+    return std::nullopt;
+  }
+  e.node = node;
+  if (!c.eof() && c.s[c.i] == '.') {
+    ++c.i;
+    std::string_view port = c.ident();
+    if (port.empty()) {
+      c.error(c.i, "malformed edge: expected a port name after '" + e.node + ".', found " + c.what_is_at(c.i),
+              std::string(edge_syntax_hint));
+      return std::nullopt;
+    }
+    e.port = port;
+  }
+  return e;
+}
+
+struct edge_options {
+  std::int64_t credit = 0;
+  dispatch_mode dispatch = dispatch_mode::broadcast;
+  bool feedback = false;
+};
+
+// Parses `[opt, opt=value, ...]` starting at '['; reports errors and keeps going.
+// Returns false if the bracket is not closed (the rest of the string is then unusable).
+bool parse_options(edge_cursor& c, edge_options& opts) {
+  const std::vector<std::string> names = {"credit", "dispatch", "feedback"};
+  std::set<std::string> seen;
+  std::size_t open = c.i;
+  ++c.i;  // '['
+  c.skip_ws();
+  if (!c.eof() && c.s[c.i] == ']') {
+    ++c.i;
+    return true;
+  }
+  while (true) {
+    c.skip_ws();
+    std::size_t name_at = c.i;
+    std::string name(c.ident());
+    c.skip_ws();
+    std::string value;
+    std::size_t value_at = c.i;
+    bool has_value = false;
+    if (!c.eof() && c.s[c.i] == '=') {
+      has_value = true;
+      ++c.i;
+      c.skip_ws();
+      value_at = c.i;
+      while (!c.eof() && c.s[c.i] != ',' && c.s[c.i] != ']') ++c.i;
+      value = std::string(c.s.substr(value_at, c.i - value_at));
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.pop_back();
+    }
+    if (name.empty()) {
+      c.error(name_at, "malformed edge option: expected an option name, found " + c.what_is_at(name_at),
+              "edge options are credit=N, dispatch=broadcast|split|round_robin and feedback");
+      while (!c.eof() && c.s[c.i] != ',' && c.s[c.i] != ']') ++c.i;
+    } else if (!seen.insert(name).second && std::find(names.begin(), names.end(), name) != names.end()) {
+      c.error(name_at, "edge option '" + name + "' is given twice", "give each option once");
+    } else if (name == "credit") {
+      std::int64_t n = 0;
+      bool ok = has_value && !value.empty() && value.size() <= 18 &&
+                std::all_of(value.begin(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      if (ok) n = std::stoll(value);
+      if (!ok || n < 1)
+        c.error(has_value ? value_at : name_at, "edge option credit must be a positive integer, got '" + value + "'",
+                "credit is how many messages may be in flight on the edge, e.g. [credit=4]");
+      else
+        opts.credit = n;
+    } else if (name == "dispatch") {
+      auto d = parse_dispatch(value);
+      if (!d) {
+        std::string near = nearest_name(value, {"broadcast", "split", "round_robin"});
+        c.error(has_value ? value_at : name_at, "unknown dispatch mode '" + value + "'",
+                (near.empty() ? std::string() : "did you mean '" + near + "'? ") +
+                    "dispatch is one of broadcast, split, round_robin");
+      } else {
+        opts.dispatch = *d;
+      }
+    } else if (name == "feedback") {
+      if (has_value && value != "true" && value != "false")
+        c.error(value_at, "edge option feedback takes no value (or true/false), got '" + value + "'",
+                "write [feedback] to mark the edge as closing a cycle");
+      else
+        opts.feedback = !has_value || value == "true";
+    } else {
+      c.error(name_at, "unknown edge option '" + name + "'", suggest(name, names, "edge options"));
+    }
+    if (c.eof()) {
+      c.error(open, "malformed edge: '[' is not closed", "end the options with ']'");
+      return false;
+    }
+    if (c.s[c.i] == ']') {
+      ++c.i;
+      return true;
+    }
+    if (c.s[c.i] == ',') {
+      ++c.i;
+      continue;
+    }
+    c.error(c.i, "malformed edge option: expected ',' or ']', found " + c.what_is_at(c.i),
+            "edge options are separated by commas: [credit=4, dispatch=split]");
+    while (!c.eof() && c.s[c.i] != ',' && c.s[c.i] != ']') ++c.i;
+    if (c.eof()) return false;
+    if (c.s[c.i++] == ']') return true;
+  }
+}
+
+}  // namespace
+
+edge_parse_result parse_edge(std::string_view text, const source_pos& pos, bool exact) {
+  edge_parse_result out;
+  edge_cursor c{text, 0, pos, exact, &out.errors};
+  c.skip_ws();
+  if (c.eof()) {
+    c.error(0, "malformed edge: the edge string is empty", std::string(edge_syntax_hint));
+    return out;
+  }
+  auto from = parse_endpoint(c, "source");
+  if (!from) return out;
+  const std::size_t from_end = c.i;
+  c.skip_ws();
+  if (c.s.substr(c.i, 2) != "->") {
+    c.error(c.i,
+            "malformed edge: expected '->' after '" + std::string(text.substr(from->offset, from_end - from->offset)) +
+                "', found " + c.what_is_at(c.i),
+            std::string(edge_syntax_hint));
+    return out;
+  }
+  c.i += 2;
+  std::vector<endpoint> targets;
+  while (true) {
+    auto to = parse_endpoint(c, "target");
+    if (!to) return out;
+    targets.push_back(*to);
+    c.skip_ws();
+    if (!c.eof() && c.s[c.i] == ',') {
+      ++c.i;
+      continue;
+    }
+    break;
+  }
+  edge_options opts;
+  if (!c.eof() && c.s[c.i] == '[') {
+    if (!parse_options(c, opts)) c.i = c.s.size();
+    c.skip_ws();
+  }
+  if (!c.eof()) {
+    c.error(c.i, "malformed edge: unexpected " + c.what_is_at(c.i) + " after the last target",
+            std::string(edge_syntax_hint));
+    return out;
+  }
+  for (const auto& t : targets) {
+    edge_spec e;
+    e.from_node = from->node;
+    e.from_port = from->port;
+    e.to_node = t.node;
+    e.to_port = t.port;
+    e.credit = opts.credit;
+    e.dispatch = opts.dispatch;
+    e.feedback = opts.feedback;
+    e.pos = pos;
+    e.from_pos = c.at(from->offset);
+    e.to_pos = c.at(t.offset);
+    out.edges.push_back(std::move(e));
+  }
+  return out;
+}
+
+namespace {
+
+// ------------------------------------------------------------ file loader
+
+const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node"};
+const std::vector<std::string> graph_keys = {"name", "seed", "steps"};
+
+struct loader {
+  parse_result result;
+  std::vector<fs::path> stack;              // canonical paths of the files being loaded
+  std::set<fs::path> loaded;                // canonical paths of the files loaded already
+  std::vector<std::string> names_in_stack;  // for cycle messages
+  bool have_name = false;
+
+  void error(const source_pos& p, std::string message, std::string hint) {
+    result.errors.push_back(graph_error::at(p, std::move(message), std::move(hint)));
+  }
+
+  static fs::path canonical_of(const fs::path& p) {
+    std::error_code ec;
+    fs::path c = fs::weakly_canonical(p, ec);
+    return ec ? fs::absolute(p).lexically_normal() : c;
+  }
+
+  // Loads `path`; `from` is where it was included (unknown for the top file).
+  void load_file(const fs::path& path, const source_pos& from) {
+    fs::path canon = canonical_of(path);
+    if (std::find(stack.begin(), stack.end(), canon) != stack.end()) {
+      std::vector<std::string> chain;
+      auto it = std::find(stack.begin(), stack.end(), canon);
+      for (auto i = it - stack.begin(); i < static_cast<std::ptrdiff_t>(stack.size()); ++i)
+        chain.push_back(names_in_stack[i]);
+      chain.push_back(path.lexically_normal().string());
+      error(from, "include cycle: " + join(chain, " -> "),
+            "a file may not include itself, directly or through other files: remove one of these includes");
+      result.fatal = true;
+      return;
+    }
+    if (loaded.count(canon)) return;  // diamond: loaded once
+    std::error_code ec;
+    std::ifstream in;
+    if (fs::is_regular_file(path, ec)) in.open(path, std::ios::binary);
+    if (!in.is_open()) {
+      if (from.known())
+        error(from, "included file not found: '" + path.string() + "'",
+              "include paths are relative to the including file's folder");
+      else
+        error({path.string(), 1, 1}, "cannot open graph file '" + path.string() + "'",
+              "check the path (relative paths are relative to the working directory)");
+      result.fatal = true;
+      return;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string name = path.lexically_normal().string();
+    if (!from.known())
+      result.spec.source_file = path;
+    else
+      result.spec.included_files.push_back(path.lexically_normal());
+    loaded.insert(canon);
+    stack.push_back(canon);
+    names_in_stack.push_back(name);
+    load_text(ss.str(), name, path.parent_path());
+    stack.pop_back();
+    names_in_stack.pop_back();
+  }
+
+  void load_text(const std::string& text, const std::string& name, const fs::path& dir) {
+    toml::table table;
+    try {
+      table = toml::parse(std::string_view(text), std::string_view(name));
+    } catch (const toml::parse_error& e) {
+      report_toml_error(e, name);
+      result.fatal = true;
+      return;
+    }
+    // Includes first: what this file says wins over them.
+    if (const toml::node* inc = table.get("include")) {
+      auto include_one = [&](const toml::node& n) {
+        if (!n.is_string()) {
+          error(pos_of(n), "include entries must be strings, got " + toml_type_name(n),
+                "write include = [\"other.graph\"]");
+          return;
+        }
+        fs::path p = n.as_string()->get();
+        if (p.is_relative()) p = dir / p;
+        load_file(p, pos_of(n));
+      };
+      if (const auto* arr = inc->as_array()) {
+        for (const auto& n : *arr) include_one(n);
+      } else if (inc->is_string()) {
+        include_one(*inc);
+      } else {
+        error(pos_of(*inc), "include must be an array of file names, got " + toml_type_name(*inc),
+              "write include = [\"other.graph\"]");
+      }
+    }
+    for (const auto& [key, value] : table) {
+      std::string k(key.str());
+      if (k == "include") continue;
+      if (k == "graph")
+        read_graph_table(value);
+      else if (k == "node")
+        read_nodes(value);
+      else if (k == "edges")
+        read_edges(value);
+      else {
+        result.spec.incomplete = true;  // it may have been meant to hold edges or nodes
+        error(pos_of(key), "unknown top-level key '" + k + "'",
+              suggest(k, top_level_keys, "top-level keys") +
+                  (std::find(graph_keys.begin(), graph_keys.end(), k) != graph_keys.end()
+                       ? " ('" + k + "' belongs in the [graph] table)"
+                       : std::string()));
+      }
+    }
+  }
+
+  void report_toml_error(const toml::parse_error& e, const std::string& name) {
+    source_pos p{name, static_cast<int>(e.source().begin.line), static_cast<int>(e.source().begin.column)};
+    std::string d(e.description());
+    constexpr std::string_view redefine = "cannot redefine existing table 'node.";
+    if (auto at = d.find(redefine); at != std::string::npos) {
+      std::string node = d.substr(at + redefine.size());
+      if (auto q = node.find('\''); q != std::string::npos) node.resize(q);
+      if (node.find('.') == std::string::npos) {
+        error(p, "duplicate node name '" + node + "'",
+              "each [node.NAME] table may appear once in a file: rename one of the nodes or merge the tables");
+        return;
+      }
+    }
+    // toml++ says "Error while parsing WHAT: WHY"; keep it short.
+    constexpr std::string_view prefix = "Error while parsing ";
+    if (d.rfind(prefix, 0) == 0) {
+      if (auto colon = d.find(": ", prefix.size()); colon != std::string::npos)
+        d = d.substr(colon + 2) + " (in a " + d.substr(prefix.size(), colon - prefix.size()) + ")";
+    }
+    error(p, "TOML syntax error: " + d, "the file must be valid TOML (https://toml.io/en/v1.0.0)");
+  }
+
+  void read_graph_table(const toml::node& value) {
+    const auto* t = value.as_table();
+    if (!t) {
+      error(pos_of(value), "'graph' must be a table, got " + toml_type_name(value),
+            "write [graph] with name, seed and steps under it");
+      return;
+    }
+    graph_spec& spec = result.spec;
+    for (const auto& [key, v] : *t) {
+      std::string k(key.str());
+      if (k == "name") {
+        if (!v.is_string())
+          error(pos_of(v), "graph name must be a string, got " + toml_type_name(v), "write name = \"my_graph\"");
+        else {
+          spec.name = v.as_string()->get();
+          have_name = true;
+        }
+      } else if (k == "seed") {
+        if (!v.is_integer())
+          error(pos_of(v), "graph seed must be an integer, got " + toml_type_name(v), "write seed = 1234");
+        else if (v.as_integer()->get() < 0)
+          error(pos_of(v), "graph seed must be >= 0, got " + std::to_string(v.as_integer()->get()),
+                "write seed = 1234");
+        else {
+          spec.seed = static_cast<std::uint64_t>(v.as_integer()->get());
+          spec.seed_pos = pos_of(v);
+        }
+      } else if (k == "steps") {
+        if (!v.is_integer())
+          error(pos_of(v), "graph steps must be an integer, got " + toml_type_name(v), "write steps = 100");
+        else {
+          spec.steps = v.as_integer()->get();
+          spec.steps_pos = pos_of(v);
+        }
+      } else if (k == "edges") {
+        result.spec.incomplete = true;
+        error(pos_of(key), "unknown key 'edges' in [graph]",
+              "edges is a top-level key: put edges = [...] at the top of the file, before the first [table]");
+      } else {
+        error(pos_of(key), "unknown key '" + k + "' in [graph]", suggest(k, graph_keys, "[graph] keys"));
+      }
+    }
+  }
+
+  void read_nodes(const toml::node& value) {
+    const auto* t = value.as_table();
+    if (!t) {
+      error(pos_of(value), "'node' must be a table of node tables, got " + toml_type_name(value),
+            "write one [node.NAME] table per node");
+      return;
+    }
+    // toml++ tables iterate in key order; nodes keep the order they are written in.
+    std::vector<std::pair<const toml::key*, const toml::node*>> in_order;
+    for (const auto& [key, v] : *t) in_order.emplace_back(&key, &v);
+    std::stable_sort(in_order.begin(), in_order.end(), [](const auto& a, const auto& b) {
+      const auto &pa = a.second->source().begin, &pb = b.second->source().begin;
+      return pa.line != pb.line ? pa.line < pb.line : pa.column < pb.column;
+    });
+    for (const auto& [key_ptr, v_ptr] : in_order) {
+      const toml::key& key = *key_ptr;
+      const toml::node& v = *v_ptr;
+      std::string name(key.str());
+      if (!is_identifier(name)) {
+        error(pos_of(key), "invalid node name '" + name + "'",
+              "node names are identifiers: letters, digits and '_', not starting with a digit");
+        result.spec.incomplete = true;
+        continue;
+      }
+      const auto* nt = v.as_table();
+      if (!nt) {
+        error(pos_of(v), "node '" + name + "' must be a table, got " + toml_type_name(v),
+              "write [node." + name + "] with kind = \"...\" and its settings under it");
+        result.spec.incomplete = true;
+        continue;
+      }
+      read_node(name, *nt);
+    }
+  }
+
+  void read_node(const std::string& name, const toml::table& t) {
+    graph_spec& spec = result.spec;
+    node_spec* node = spec.find_node(name);
+    if (!node) {
+      node_spec fresh;
+      fresh.name = name;
+      fresh.pos = pos_of(t);
+      spec.nodes.push_back(std::move(fresh));
+      node = &spec.nodes.back();
+    }
+    for (const auto& [key, v] : t) {
+      std::string k(key.str());
+      if (k == "kind") {
+        if (!v.is_string()) {
+          error(pos_of(v), "node kind must be a string, got " + toml_type_name(v), "write kind = \"generator\"");
+          result.spec.incomplete = true;
+        } else {
+          node->kind = v.as_string()->get();
+          node->kind_pos = pos_of(v);
+        }
+      } else if (k == "replicas") {
+        if (!v.is_integer())
+          error(pos_of(v), "replicas must be an integer, got " + toml_type_name(v), "write replicas = 2");
+        else {
+          node->replicas = v.as_integer()->get();
+          node->replicas_pos = pos_of(v);
+        }
+      } else if (k == "on") {
+        if (!v.is_string())
+          error(pos_of(v), "placement 'on' must be a string, got " + toml_type_name(v), "write on = \"gpu0\"");
+        else {
+          node->on = v.as_string()->get();
+          node->on_pos = pos_of(v);
+        }
+      } else {
+        std::string why;
+        auto sv = to_setting_value(v, why);
+        if (!sv) {
+          error(pos_of(v), "setting '" + k + "' of node '" + name + "' has an unsupported value: " + why,
+                "settings are integers, floats, bools, strings or arrays of strings");
+          continue;
+        }
+        node->settings[k] = setting{std::move(*sv), pos_of(key), pos_of(v), false};
+      }
+    }
+  }
+
+  void read_edges(const toml::node& value) {
+    const auto* arr = value.as_array();
+    if (!arr) {
+      error(pos_of(value), "edges must be an array of strings, got " + toml_type_name(value),
+            "write edges = [\"a.out -> b.in\", ...]");
+      result.spec.incomplete = true;
+      return;
+    }
+    for (const auto& n : *arr) {
+      if (!n.is_string()) {
+        error(pos_of(n), "each edge must be a string, got " + toml_type_name(n),
+              "write edges as strings: \"a.out -> b.in\"");
+        result.spec.incomplete = true;
+        continue;
+      }
+      const std::string& text = n.as_string()->get();
+      auto parsed = parse_edge(text, pos_of(n), exact_columns(n, text));
+      if (parsed.edges.empty()) result.spec.incomplete = true;
+      for (auto& e : parsed.errors) result.errors.push_back(std::move(e));
+      for (auto& e : parsed.edges) result.spec.edges.push_back(std::move(e));
+    }
+  }
+
+  void finish(const fs::path& top) {
+    if (!have_name) {
+      std::string stem = top.stem().string();
+      result.spec.name = stem.empty() || stem.front() == '<' ? "graph" : stem;
+    }
+    sort_errors(result.errors);
+  }
+};
+
+}  // namespace
+
+parse_result parse_graph_file(const fs::path& file) {
+  loader l;
+  l.load_file(file, {});
+  l.finish(file);
+  return std::move(l.result);
+}
+
+parse_result parse_graph_string(std::string_view text, const fs::path& source_name) {
+  loader l;
+  std::string name = source_name.string();
+  fs::path canon = loader::canonical_of(source_name);
+  l.stack.push_back(canon);
+  l.names_in_stack.push_back(name);
+  l.loaded.insert(canon);
+  l.result.spec.source_file = source_name;
+  l.load_text(std::string(text), name, source_name.parent_path());
+  l.finish(source_name);
+  return std::move(l.result);
+}
+
+// ---------------------------------------------------------------- overrides
+
+std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
+                                          const node_kind_registry* kinds) {
+  const std::string file = "--set " + std::string(assignment);
+  auto err = [&](std::size_t offset, std::string message, std::string hint) {
+    return graph_error{file, 1, static_cast<int>(offset) + 1, std::move(message), std::move(hint)};
+  };
+  auto eq = assignment.find('=');
+  if (eq == std::string_view::npos)
+    return err(0, "override '" + std::string(assignment) + "' has no '='",
+               "write --set node.NAME.SETTING=VALUE, e.g. --set node.gen.temperature=0.8");
+  std::string_view path = assignment.substr(0, eq);
+  std::string raw(assignment.substr(eq + 1));
+  const std::size_t value_offset = eq + 1;
+  source_pos vpos{file, 1, static_cast<int>(value_offset) + 1};
+  source_pos kpos{file, 1, 1};
+
+  // Split the path at dots, remembering offsets.
+  std::vector<std::pair<std::string, std::size_t>> parts;
+  for (std::size_t b = 0;;) {
+    auto d = path.find('.', b);
+    parts.emplace_back(std::string(path.substr(b, d == std::string_view::npos ? d : d - b)), b);
+    if (d == std::string_view::npos) break;
+    b = d + 1;
+  }
+
+  // The value, read as TOML when it is TOML.
+  std::optional<setting_value> parsed;
+  try {
+    toml::table t = toml::parse("v = " + raw);
+    std::string why;
+    if (const toml::node* n = t.get("v")) parsed = to_setting_value(*n, why);
+  } catch (const toml::parse_error&) {
+  }
+  setting_value as_string{raw};
+  setting_value value = parsed ? *parsed : as_string;
+
+  if (parts[0].first == "graph") {
+    if (parts.size() != 2)
+      return err(0, "unknown override path '" + std::string(path) + "'",
+                 "graph overrides are graph.name, graph.seed and graph.steps");
+    const auto& [key, off] = parts[1];
+    if (key == "name") {
+      spec.name = std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : raw;
+    } else if (key == "seed" || key == "steps") {
+      const auto* i = std::get_if<std::int64_t>(&value);
+      if (!i || (key == "seed" && *i < 0))
+        return err(value_offset,
+                   "graph " + key + " must be " + (key == "seed" ? "a non-negative integer" : "an integer") +
+                       ", got '" + raw + "'",
+                   "write --set graph." + key + "=100");
+      if (key == "seed") {
+        spec.seed = static_cast<std::uint64_t>(*i);
+        spec.seed_pos = vpos;
+      } else {
+        spec.steps = *i;
+        spec.steps_pos = vpos;
+      }
+    } else {
+      return err(off, "unknown graph key '" + key + "'", suggest(key, graph_keys, "graph keys"));
+    }
+    return std::nullopt;
+  }
+  if (parts[0].first != "node" || parts.size() != 3) {
+    return err(0, "unknown override path '" + std::string(path) + "'",
+               "overrides are node.NAME.SETTING=VALUE, node.NAME.replicas=N, node.NAME.on=PLACE or graph.KEY=VALUE");
+  }
+  const auto& [node_name, node_off] = parts[1];
+  const auto& [key, key_off] = parts[2];
+  node_spec* node = spec.find_node(node_name);
+  if (!node) {
+    std::vector<std::string> names;
+    for (const auto& n : spec.nodes) names.push_back(n.name);
+    return err(node_off, "override names unknown node '" + node_name + "'", suggest(node_name, names, "nodes"));
+  }
+  kpos.col = static_cast<int>(key_off) + 1;
+  if (key == "replicas") {
+    const auto* i = std::get_if<std::int64_t>(&value);
+    if (!i)
+      return err(value_offset, "replicas must be an integer, got '" + raw + "'",
+                 "write --set node." + node_name + ".replicas=2");
+    node->replicas = *i;
+    node->replicas_pos = vpos;
+    return std::nullopt;
+  }
+  if (key == "on" || key == "kind") {
+    std::string s = std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : raw;
+    (key == "on" ? node->on : node->kind) = s;
+    (key == "on" ? node->on_pos : node->kind_pos) = vpos;
+    return std::nullopt;
+  }
+  const node_kind* kind = kinds ? kinds->lookup(node->kind) : nullptr;
+  const setting* current = node->find_setting(key);
+  const setting_decl* decl = kind ? kind->find_setting(key) : nullptr;
+  if (!current && !decl) {
+    std::vector<std::string> names;
+    for (const auto& [n, s] : node->settings) names.push_back(n);
+    if (kind)
+      for (const auto& n : kind->setting_names())
+        if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    return err(key_off, "override names unknown setting '" + key + "' of node '" + node_name + "'",
+               suggest(key, names, "settings"));
+  }
+  // A string setting takes the text as is (unless it was written as a TOML string).
+  bool wants_string = decl ? (decl->type == setting_type::string || decl->type == setting_type::path)
+                           : std::holds_alternative<std::string>(current->value);
+  if (wants_string && !std::holds_alternative<std::string>(value)) value = as_string;
+  node->settings[key] = setting{std::move(value), kpos, vpos, false};
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------- writing
+
+std::string to_toml(const graph_spec& spec) {
+  toml::table root;
+  toml::array edges;
+  for (const auto& e : spec.edges) {
+    std::string s = e.to_string();
+    std::vector<std::string> opts;
+    if (e.credit > 0) opts.push_back("credit=" + std::to_string(e.credit));
+    if (e.dispatch != dispatch_mode::broadcast) opts.push_back("dispatch=" + std::string(to_string(e.dispatch)));
+    if (e.feedback) opts.push_back("feedback");
+    if (!opts.empty()) s += " [" + join(opts) + "]";
+    edges.push_back(s);
+  }
+  root.insert("edges", std::move(edges));
+  toml::table g;
+  g.insert("name", spec.name);
+  g.insert("seed", static_cast<std::int64_t>(spec.seed));
+  g.insert("steps", spec.steps);
+  root.insert("graph", std::move(g));
+  std::ostringstream os;
+  os << root << "\n";
+  for (const auto& n : spec.nodes) {
+    toml::table t;
+    t.insert("kind", n.kind);
+    if (n.replicas != 1) t.insert("replicas", n.replicas);
+    if (!n.on.empty()) t.insert("on", n.on);
+    for (const auto& [k, s] : n.settings) {
+      std::visit(
+          [&](const auto& v) {
+            using V = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<V, std::vector<std::string>>) {
+              toml::array a;
+              for (const auto& x : v) a.push_back(x);
+              t.insert(k, std::move(a));
+            } else if constexpr (!std::is_same_v<V, std::monostate>) {
+              t.insert(k, v);
+            }
+          },
+          s.value);
+    }
+    os << "\n[node." << n.name << "]\n" << t << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace flowrun::graph

@@ -1,0 +1,108 @@
+// Layer 4, graph description: reading `.graph` files (TOML, via toml++).
+//
+// File format
+// -----------
+//   include = ["common.graph"]          # optional; paths relative to this file
+//   edges = [                           # top-level, so before the first [table]
+//     "prompts.lines -> tok.text",
+//     "tok -> gen",                     # ports may be left out (see below)
+//     "gen.completions -> sink, log [credit=4, dispatch=round_robin]",
+//     "trainer.weights -> gen.weights [feedback]",
+//   ]
+//   [graph]
+//   name = "generate"                   # default: the file's stem
+//   seed = 1234                         # int >= 0, default 0
+//   steps = 100                         # int >= 0, default 0 (until the sources end)
+//   [node.gen]
+//   kind = "generator"                  # required: a registered node kind
+//   replicas = 2                        # optional, int >= 1, default 1
+//   on = "gpu0"                         # optional placement string
+//   temperature = 0.8                   # every other key is a setting of the kind
+//
+// Edge strings: `FROM -> TO[, TO...] [OPTIONS]`.
+//   - FROM is `node.port` or `node` (the node's only out port);
+//   - TO is `node.port` or `node` (the node's only in port whose message
+//     type matches FROM's; an error if none or several match);
+//   - several targets give one edge each, all with the same options;
+//   - OPTIONS, in square brackets, comma separated: `credit=N` (N >= 1,
+//     messages in flight), `dispatch=broadcast|split|round_robin`, and
+//     `feedback` (the edge closes a cycle; see validate.h);
+//   - node and port names are identifiers: [A-Za-z_][A-Za-z0-9_]*.
+// Errors inside an edge string point at the offending column when the
+// string is written without escapes on one line, else at the string itself.
+//
+// Includes: `include` (a string or an array of strings) names files loaded
+// before this one. Their [graph] keys, nodes and node keys are merged under
+// this file's: for every key both define, the including file wins (and a
+// later include wins over an earlier one). Their edges come first, then this
+// file's. A file reached twice (a diamond) is loaded once; a file that
+// includes itself, directly or not, is an error (include cycle).
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/graph/graph_spec.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::graph {
+
+/// What the reader produced: the spec (possibly partial) and every error.
+struct parse_result {
+  graph_spec spec;
+  std::vector<graph_error> errors;
+  /// True when a file could not be read, was not valid TOML, or an include
+  /// was missing or cyclic: the spec then lacks whole files and validating
+  /// it would only report the consequences.
+  bool fatal = false;
+
+  bool ok() const { return errors.empty(); }
+};
+
+/// Reads the `.graph` file at `file` with its includes. Errors: the file or
+/// an include cannot be opened, TOML syntax errors (with toml++'s position;
+/// a [node.NAME] table given twice is reported as a duplicate node name),
+/// include cycles, unknown top-level or [graph] keys (with the nearest valid
+/// name), values of the wrong TOML type (kind, replicas, on, name, seed,
+/// steps, setting values that are tables, dates or arrays of non-strings),
+/// node names that are not identifiers, and malformed edge strings.
+parse_result parse_graph_file(const std::filesystem::path& file);
+
+/// Like parse_graph_file, for text already in memory. `source_name` names
+/// the text in errors and its directory is where includes are looked up.
+parse_result parse_graph_string(std::string_view text, const std::filesystem::path& source_name = "<string>");
+
+/// The edges of one edge string and the errors in it.
+struct edge_parse_result {
+  std::vector<edge_spec> edges;  ///< one per target; empty if the endpoints are malformed
+  std::vector<graph_error> errors;
+};
+
+/// Parses one edge string (syntax above). `pos` is where the string starts
+/// (its opening quote); when `exact_columns` is true, character i of `text`
+/// is at column pos.col + 1 + i and errors point there, otherwise at `pos`.
+/// An edge whose options are wrong is still returned (with default options).
+edge_parse_result parse_edge(std::string_view text, const source_pos& pos = {}, bool exact_columns = false);
+
+/// Applies one `--set` override, `PATH=VALUE`, to `spec`. PATH is
+/// `graph.name|seed|steps`, `node.NAME.replicas|on|kind` or
+/// `node.NAME.SETTING`; VALUE is read as a TOML value (int, float, bool,
+/// "string" or an array of strings) and, if it is not valid TOML or the
+/// setting holds a string, taken as a bare string. A setting must already be
+/// written in the node or, when `kinds` is given and knows the node's kind,
+/// be declared by the kind. Returns an error (at file `--set PATH=VALUE`,
+/// line 1, column of the offending part) if the text has no `=`, the path
+/// does not exist (with the nearest name as hint), or a graph/replicas value
+/// has the wrong type. The new value remembers that position, so type errors
+/// the validator finds point at the override.
+std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
+                                          const node_kind_registry* kinds = nullptr);
+
+/// Serialises a spec back to `.graph` TOML (no includes: everything inline).
+/// Reading the result gives an equal spec, positions aside.
+std::string to_toml(const graph_spec& spec);
+
+}  // namespace flowrun::graph

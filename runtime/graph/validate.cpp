@@ -1,0 +1,513 @@
+#include "runtime/graph/validate.h"
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <system_error>
+#include <tuple>
+
+#include "runtime/graph/parse.h"
+
+namespace flowrun::graph {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string join(const std::vector<std::string>& v, std::string_view sep = ", ") {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? std::string(sep) : std::string()) + v[i];
+  return s;
+}
+
+std::string where(const source_pos& p) { return p.file + ":" + std::to_string(p.line) + ":" + std::to_string(p.col); }
+
+std::string suggest(std::string_view name, const std::vector<std::string>& valid, const std::string& what) {
+  std::string near = nearest_name(name, valid);
+  if (!near.empty()) return "did you mean '" + near + "'?";
+  if (valid.empty()) return "there are no " + what;
+  return "valid " + what + ": " + join(valid);
+}
+
+// An example value of a setting's type, for hints.
+std::string example_value(const setting_decl& d) {
+  if (!d.required && d.type != setting_type::path) return to_string(d.default_value);
+  switch (d.type) {
+    case setting_type::int_:
+      return "1";
+    case setting_type::float_:
+      return "0.5";
+    case setting_type::bool_:
+      return "true";
+    case setting_type::string:
+      return "\"...\"";
+    case setting_type::path:
+      return "\"path/to/file\"";
+    case setting_type::string_list:
+      return "[\"a\", \"b\"]";
+  }
+  return "...";
+}
+
+class validator {
+ public:
+  validator(const graph_spec& spec, const node_kind_registry& kinds, const validate_options& options)
+      : kinds_(kinds), options_(options) {
+    result_.spec = spec;
+    default_file_ = spec.source_file.empty() ? std::string("<graph>") : spec.source_file.string();
+  }
+
+  validation_result run() {
+    graph_spec& spec = result_.spec;
+    if (spec.steps < 0)
+      error(spec.steps_pos, "graph steps must be >= 0, got " + std::to_string(spec.steps),
+            "steps = 0 runs until the sources are exhausted");
+    if (spec.nodes.empty())
+      error({default_file_, 1, 1}, "graph '" + spec.name + "' has no nodes",
+            "add a [node.NAME] table with kind = \"...\" for each node (`flowrun kinds` lists the kinds)");
+    check_nodes();
+    check_edges();
+    if (!spec.incomplete) check_required_ports();
+    check_cycles();
+    sort_errors(result_.errors);
+    return std::move(result_);
+  }
+
+ private:
+  const node_kind_registry& kinds_;
+  const validate_options& options_;
+  validation_result result_;
+  std::string default_file_;
+  std::vector<const node_kind*> kind_of_;                  // per node; nullptr if unknown
+  std::map<std::string, std::size_t, std::less<>> index_;  // node name -> first index
+  std::set<std::size_t> nodes_with_edge_errors_;
+  std::set<std::pair<std::size_t, std::string>> connected_;
+  struct arc {
+    std::size_t to;
+    std::size_t edge;
+  };
+  std::vector<std::vector<arc>> arcs_;  // non-feedback edges, by source node
+
+  void error(source_pos p, std::string message, std::string hint) {
+    if (p.file.empty()) p.file = default_file_;
+    result_.errors.push_back(graph_error::at(p, std::move(message), std::move(hint)));
+  }
+
+  static const source_pos& first_known(const source_pos& a, const source_pos& b) { return a.known() ? a : b; }
+
+  std::string node_desc(std::size_t i) const {
+    const node_spec& n = result_.spec.nodes[i];
+    return "node '" + n.name + "' (kind " + n.kind + ")";
+  }
+
+  // ------------------------------------------------------------- nodes
+
+  void check_nodes() {
+    graph_spec& spec = result_.spec;
+    kind_of_.assign(spec.nodes.size(), nullptr);
+    for (std::size_t i = 0; i < spec.nodes.size(); ++i) {
+      node_spec& node = spec.nodes[i];
+      if (!is_identifier(node.name)) {
+        error(node.pos, "invalid node name '" + node.name + "'",
+              "node names are identifiers: letters, digits and '_', not starting with a digit");
+      } else if (auto it = index_.find(node.name); it != index_.end()) {
+        const source_pos& first = spec.nodes[it->second].pos;
+        error(node.pos, "duplicate node name '" + node.name + "'",
+              (first.known() ? "first defined at " + where(first) + "; " : std::string()) +
+                  "node names must be unique: rename one of them");
+        continue;  // the edges cannot tell the two apart: check only the first
+      } else {
+        index_.emplace(node.name, i);
+      }
+      if (node.replicas < 1)
+        error(first_known(node.replicas_pos, node.pos),
+              "node '" + node.name + "' has replicas = " + std::to_string(node.replicas) + "; replicas must be >= 1",
+              "replicas is how many copies of the node run; leave it out for one");
+      if (node.kind.empty()) {
+        error(node.pos, "node '" + node.name + "' has no kind",
+              "add kind = \"...\" to [node." + node.name + "]; kinds: " + join(kinds_.names()));
+        continue;
+      }
+      const node_kind* kind = kinds_.lookup(node.kind);
+      if (!kind) {
+        error(first_known(node.kind_pos, node.pos), "unknown node kind '" + node.kind + "'",
+              suggest(node.kind, kinds_.names(), "node kinds") + " (`flowrun kinds` lists them)");
+        continue;
+      }
+      kind_of_[i] = kind;
+      check_settings(node, *kind);
+    }
+  }
+
+  void check_settings(node_spec& node, const node_kind& kind) {
+    for (auto& [name, s] : node.settings) {
+      const setting_decl* decl = kind.find_setting(name);
+      if (!decl) {
+        error(first_known(s.key_pos, node.pos),
+              "unknown setting '" + name + "' for node '" + node.name + "' (kind " + kind.name + ")",
+              suggest(name, kind.setting_names(), "settings of " + kind.name));
+        continue;
+      }
+      if (!value_matches(decl->type, s.value)) {
+        error(first_known(s.value_pos, node.pos),
+              "setting '" + name + "' of node '" + node.name + "' must be " + std::string(to_string(decl->type)) +
+                  ", got " + std::string(value_type_name(s.value)) + " " + to_string(s.value),
+              "write " + name + " = " + example_value(*decl) + " (`flowrun explain " + kind.name + "`)");
+        continue;
+      }
+      if (decl->type == setting_type::float_)
+        if (const auto* i = std::get_if<std::int64_t>(&s.value)) s.value = static_cast<double>(*i);
+      if (decl->type == setting_type::path) check_path(node, name, s, *decl);
+    }
+    for (const auto& decl : kind.settings) {
+      if (node.settings.count(decl.name)) continue;
+      if (decl.required) {
+        error(node.pos,
+              "node '" + node.name + "' (kind " + kind.name + ") is missing required setting '" + decl.name + "' (" +
+                  std::string(to_string(decl.type)) + ")",
+              "add " + decl.name + " = " + example_value(decl) + " to [node." + node.name + "]" +
+                  (decl.doc.empty() ? std::string() : ": " + decl.doc));
+        continue;
+      }
+      node.settings.emplace(decl.name, setting{decl.default_value, {}, {}, true});
+    }
+  }
+
+  // The folder relative paths in a value written at `p` are relative to.
+  fs::path base_dir(const source_pos& p) const {
+    std::error_code ec;
+    if (!p.file.empty() && fs::is_regular_file(p.file, ec)) return fs::path(p.file).parent_path();
+    return result_.spec.source_file.parent_path();
+  }
+
+  void check_path(node_spec& node, const std::string& name, setting& s, const setting_decl& decl) {
+    const std::string& text = std::get<std::string>(s.value);
+    if (text.empty()) {
+      if (decl.required)
+        error(first_known(s.value_pos, node.pos),
+              "required path setting '" + name + "' of node '" + node.name + "' is empty",
+              "name the file: " + name + " = \"path/to/file\"");
+      return;
+    }
+    if (!options_.check_files) return;
+    fs::path p(text);
+    std::vector<fs::path> tried;
+    if (p.is_absolute()) {
+      tried.push_back(p);
+    } else {
+      tried.push_back((base_dir(s.value_pos) / p).lexically_normal());
+      if (!options_.asset_root.empty()) tried.push_back((options_.asset_root / p).lexically_normal());
+    }
+    std::error_code ec;
+    for (const auto& t : tried) {
+      if (fs::exists(t, ec)) {
+        fs::path abs = fs::absolute(t, ec);
+        s.value = (ec ? t : abs.lexically_normal()).string();
+        return;
+      }
+    }
+    std::string looked;
+    for (std::size_t i = 0; i < tried.size(); ++i)
+      looked += (i ? " and '" : "'") + (tried[i].empty() ? std::string(".") : tried[i].string()) + "'";
+    std::string hint =
+        p.is_absolute() ? "check the path"
+        : options_.asset_root.empty()
+            ? "relative paths are looked up next to the graph file, then under the asset root, but no asset "
+              "root was given: set FLOWRUN_ASSETS, or fix the path"
+            : "relative paths are looked up next to the graph file, then under the asset root "
+              "(FLOWRUN_ASSETS): fix the path, or point FLOWRUN_ASSETS at the folder that holds it";
+    error(first_known(s.value_pos, node.pos),
+          "file not found for setting '" + name + "' of node '" + node.name + "': '" + text + "' (looked in " + looked +
+              ")",
+          hint);
+  }
+
+  // ------------------------------------------------------------- edges
+
+  std::vector<std::string> node_names() const {
+    std::vector<std::string> out;
+    for (const auto& n : result_.spec.nodes) out.push_back(n.name);
+    return out;
+  }
+
+  static std::vector<std::string> port_names(const node_kind& k, port_dir d, bool with_types = false) {
+    std::vector<std::string> out;
+    for (const auto* p : k.ports_of(d)) out.push_back(with_types ? p->name + " (" + p->message_type + ")" : p->name);
+    return out;
+  }
+
+  // Out ports (or in ports) of type `type` on any node, as "node.port".
+  std::vector<std::string> ports_of_type(const std::string& type, port_dir d) const {
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < kind_of_.size(); ++i) {
+      if (!kind_of_[i]) continue;
+      for (const auto* p : kind_of_[i]->ports_of(d))
+        if (p->message_type == type) out.push_back(result_.spec.nodes[i].name + "." + p->name);
+    }
+    return out;
+  }
+
+  std::optional<std::size_t> find_index(const std::string& name, const source_pos& at, std::string_view role) {
+    auto it = index_.find(name);
+    if (it != index_.end()) return it->second;
+    std::string near = nearest_name(name, node_names());
+    // The edge was probably meant for the nearest node: do not also report its ports as unconnected.
+    if (auto it = index_.find(near); it != index_.end()) nodes_with_edge_errors_.insert(it->second);
+    error(at, "edge " + std::string(role) + " unknown node '" + name + "'", suggest(name, node_names(), "nodes"));
+    return std::nullopt;
+  }
+
+  const port_decl* resolve_from(edge_spec& e, std::size_t fi, const node_kind& k) {
+    if (e.from_port.empty()) {
+      auto outs = k.ports_of(port_dir::out);
+      if (outs.size() == 1) {
+        e.from_port = outs[0]->name;
+        return outs[0];
+      }
+      if (outs.empty())
+        error(e.from_pos, node_desc(fi) + " has no out ports, so no edge can start at it",
+              "edges start at an out port; " + k.name + " only receives");
+      else
+        error(
+            e.from_pos, node_desc(fi) + " has several out ports: name one",
+            "write " + e.from_node + "." + outs[0]->name + " (out ports: " + join(port_names(k, port_dir::out)) + ")");
+      return nullptr;
+    }
+    const port_decl* p = k.find_port(e.from_port);
+    if (!p) {
+      error(e.from_pos, node_desc(fi) + " has no port '" + e.from_port + "'",
+            suggest(e.from_port, port_names(k, port_dir::out), "out ports of " + k.name));
+      return nullptr;
+    }
+    if (p->dir != port_dir::out) {
+      error(e.from_pos, "'" + e.from_node + "." + p->name + "' is an in port; an edge must start at an out port",
+            "edges go from an out port to an in port; out ports of " + k.name + ": " +
+                join(port_names(k, port_dir::out)));
+      return nullptr;
+    }
+    return p;
+  }
+
+  const port_decl* resolve_to(edge_spec& e, std::size_t ti, const node_kind& k, const port_decl* from) {
+    if (e.to_port.empty()) {
+      if (!from) return nullptr;  // the source end is wrong already: nothing to match against
+      std::vector<const port_decl*> match;
+      for (const auto* p : k.ports_of(port_dir::in))
+        if (p->message_type == from->message_type) match.push_back(p);
+      if (match.size() == 1) {
+        e.to_port = match[0]->name;
+        return match[0];
+      }
+      std::string src = e.from_node + "." + from->name;
+      if (match.empty()) {
+        auto ins = port_names(k, port_dir::in, true);
+        error(e.to_pos, node_desc(ti) + " has no in port of type '" + from->message_type + "' for '" + src + "'",
+              ins.empty() ? k.name + " has no in ports" : "in ports of " + k.name + ": " + join(ins));
+      } else {
+        std::vector<std::string> names;
+        for (const auto* p : match) names.push_back(e.to_node + "." + p->name);
+        error(e.to_pos,
+              "ambiguous edge target: " + node_desc(ti) + " has several in ports of type '" + from->message_type + "'",
+              "name the port: " + join(names, " or "));
+      }
+      return nullptr;
+    }
+    const port_decl* p = k.find_port(e.to_port);
+    if (!p) {
+      error(e.to_pos, node_desc(ti) + " has no port '" + e.to_port + "'",
+            suggest(e.to_port, port_names(k, port_dir::in), "in ports of " + k.name));
+      return nullptr;
+    }
+    if (p->dir != port_dir::in) {
+      error(
+          e.to_pos, "'" + e.to_node + "." + p->name + "' is an out port; an edge must end at an in port",
+          "edges go from an out port to an in port; in ports of " + k.name + ": " + join(port_names(k, port_dir::in)));
+      return nullptr;
+    }
+    return p;
+  }
+
+  void check_edges() {
+    graph_spec& spec = result_.spec;
+    arcs_.assign(spec.nodes.size(), {});
+    std::map<std::tuple<std::size_t, std::string, std::size_t, std::string>, std::size_t> seen;
+    for (std::size_t ei = 0; ei < spec.edges.size(); ++ei) {
+      edge_spec& e = spec.edges[ei];
+      if (!e.from_pos.known()) e.from_pos = e.pos;
+      if (!e.to_pos.known()) e.to_pos = e.pos;
+      std::size_t errors_before = result_.errors.size();
+      if (e.credit < 0)
+        error(e.pos, "edge credit must be >= 1, got " + std::to_string(e.credit), "write [credit=4], or leave it out");
+      auto fi = find_index(e.from_node, e.from_pos, "from");
+      auto ti = find_index(e.to_node, e.to_pos, "to");
+      const port_decl* fp = nullptr;
+      const port_decl* tp = nullptr;
+      if (fi && kind_of_[*fi]) fp = resolve_from(e, *fi, *kind_of_[*fi]);
+      if (ti && kind_of_[*ti]) tp = resolve_to(e, *ti, *kind_of_[*ti], fp);
+      if (fp && tp) {
+        connected_.emplace(*fi, fp->name);
+        connected_.emplace(*ti, tp->name);
+        if (fp->message_type != tp->message_type) {
+          auto producers = ports_of_type(tp->message_type, port_dir::out);
+          error(e.to_pos,
+                "message type mismatch: '" + e.from_node + "." + fp->name + "' sends '" + fp->message_type + "' but '" +
+                    e.to_node + "." + tp->name + "' expects '" + tp->message_type + "'",
+                producers.empty() ? "no node in the graph has an out port of type '" + tp->message_type + "'"
+                                  : "out ports of type '" + tp->message_type + "': " + join(producers));
+        } else {
+          e.feedback = e.feedback || tp->feedback;
+          auto key = std::make_tuple(*fi, e.from_port, *ti, e.to_port);
+          if (auto it = seen.find(key); it != seen.end()) {
+            const source_pos& first = spec.edges[it->second].pos;
+            error(e.pos, "duplicate edge '" + e.to_string() + "'",
+                  (first.known() ? "it is also written at " + where(first) + "; " : std::string()) + "remove one");
+          } else {
+            seen.emplace(key, ei);
+            if (!e.feedback) arcs_[*fi].push_back({*ti, ei});
+          }
+        }
+      }
+      if (result_.errors.size() != errors_before) {
+        if (fi) nodes_with_edge_errors_.insert(*fi);
+        if (ti) nodes_with_edge_errors_.insert(*ti);
+      }
+    }
+  }
+
+  void check_required_ports() {
+    const graph_spec& spec = result_.spec;
+    for (std::size_t i = 0; i < spec.nodes.size(); ++i) {
+      const node_kind* k = kind_of_[i];
+      if (!k || nodes_with_edge_errors_.count(i)) continue;
+      const node_spec& node = spec.nodes[i];
+      for (const auto& p : k->ports) {
+        if (!p.required || connected_.count({i, p.name})) continue;
+        std::string here = node.name + "." + p.name;
+        std::string hint;
+        if (p.dir == port_dir::in) {
+          auto producers = ports_of_type(p.message_type, port_dir::out);
+          hint = producers.empty() ? "add an edge \"NODE.PORT -> " + here + "\" from an out port of type '" +
+                                         p.message_type + "' to edges"
+                                   : "add an edge such as \"" + producers[0] + " -> " + here + "\" to edges";
+        } else {
+          auto consumers = ports_of_type(p.message_type, port_dir::in);
+          hint = consumers.empty() ? "add an edge \"" + here + " -> NODE.PORT\" to an in port of type '" +
+                                         p.message_type + "' to edges"
+                                   : "add an edge such as \"" + here + " -> " + consumers[0] + "\" to edges";
+        }
+        error(node.pos,
+              "required " + std::string(to_string(p.dir)) + " port '" + p.name + "' (" + p.message_type + ") of " +
+                  node_desc(i) + " is not connected",
+              hint);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------- cycles
+
+  void check_cycles() {
+    const std::size_t n = arcs_.size();
+    // Tarjan's strongly connected components.
+    std::vector<int> index(n, -1), low(n, 0), comp(n, -1);
+    std::vector<bool> on_stack(n, false);
+    std::vector<std::size_t> stack;
+    int counter = 0, ncomp = 0;
+    std::function<void(std::size_t)> strong = [&](std::size_t v) {
+      index[v] = low[v] = counter++;
+      stack.push_back(v);
+      on_stack[v] = true;
+      for (const auto& a : arcs_[v]) {
+        if (index[a.to] < 0) {
+          strong(a.to);
+          low[v] = std::min(low[v], low[a.to]);
+        } else if (on_stack[a.to]) {
+          low[v] = std::min(low[v], index[a.to]);
+        }
+      }
+      if (low[v] == index[v]) {
+        while (true) {
+          std::size_t w = stack.back();
+          stack.pop_back();
+          on_stack[w] = false;
+          comp[w] = ncomp;
+          if (w == v) break;
+        }
+        ++ncomp;
+      }
+    };
+    for (std::size_t v = 0; v < n; ++v)
+      if (index[v] < 0) strong(v);
+
+    std::vector<bool> reported(ncomp, false);
+    const graph_spec& spec = result_.spec;
+    for (std::size_t start = 0; start < n; ++start) {
+      int c = comp[start];
+      if (reported[c]) continue;
+      // Shortest cycle through `start` inside its component (BFS).
+      std::vector<long> via_edge(n, -1);
+      std::vector<std::size_t> prev(n, n);
+      std::deque<std::size_t> queue{start};
+      std::vector<bool> seen(n, false);
+      seen[start] = true;
+      long closing = -1;
+      std::size_t last = n;
+      while (!queue.empty() && closing < 0) {
+        std::size_t v = queue.front();
+        queue.pop_front();
+        for (const auto& a : arcs_[v]) {
+          if (comp[a.to] != c) continue;
+          if (a.to == start) {
+            closing = static_cast<long>(a.edge);
+            last = v;
+            break;
+          }
+          if (!seen[a.to]) {
+            seen[a.to] = true;
+            prev[a.to] = v;
+            via_edge[a.to] = static_cast<long>(a.edge);
+            queue.push_back(a.to);
+          }
+        }
+      }
+      if (closing < 0) continue;  // a single node without a self loop
+      reported[c] = true;
+      std::vector<std::string> names{spec.nodes[start].name};
+      for (std::size_t v = last; v != start; v = prev[v]) names.insert(names.begin() + 1, spec.nodes[v].name);
+      names.push_back(spec.nodes[start].name);
+      const edge_spec& e = spec.edges[static_cast<std::size_t>(closing)];
+      error(e.pos, "cycle without a feedback edge: " + join(names, " -> "),
+            "a cycle only makes progress if one of its edges carries messages from an earlier step: mark one, e.g. \"" +
+                e.to_string() + " [feedback]\", or declare its in port feedback in the node kind");
+    }
+  }
+};
+
+}  // namespace
+
+validation_result validate(const graph_spec& spec, const node_kind_registry& kinds, const validate_options& options) {
+  return validator(spec, kinds, options).run();
+}
+
+validation_result load_graph(const fs::path& file, const node_kind_registry& kinds, const validate_options& options,
+                             const std::vector<std::string>& overrides) {
+  parse_result parsed = parse_graph_file(file);
+  validation_result out;
+  out.errors = std::move(parsed.errors);
+  if (parsed.fatal) {
+    out.spec = std::move(parsed.spec);
+    sort_errors(out.errors);
+    return out;
+  }
+  for (const auto& o : overrides)
+    if (auto e = apply_override(parsed.spec, o, &kinds)) out.errors.push_back(std::move(*e));
+  validation_result v = validate(parsed.spec, kinds, options);
+  out.spec = std::move(v.spec);
+  out.errors.insert(out.errors.end(), std::make_move_iterator(v.errors.begin()),
+                    std::make_move_iterator(v.errors.end()));
+  sort_errors(out.errors);
+  return out;
+}
+
+}  // namespace flowrun::graph

@@ -1,0 +1,79 @@
+// Layer 4, graph description: checking a graph_spec before anything starts.
+//
+// validate() checks a spec against the node kind registry and returns every
+// error it finds (not just the first), each with file:line:col and a hint,
+// together with a resolved copy of the spec that the runtime can use as is:
+//   - every declared setting present (defaults filled in, from_default set),
+//     integer values of float settings turned into floats;
+//   - path settings replaced by the path of the file that was found;
+//   - edge ports that were left out filled in; feedback set on edges into
+//     ports declared feedback.
+//
+// What is checked:
+//   - the graph has nodes; node names are identifiers and unique;
+//     replicas >= 1; steps >= 0;
+//   - each node has a registered kind (hint: the nearest kind name);
+//   - settings: unknown names (hint: the nearest valid name), wrong types,
+//     required settings missing, files named by path settings missing;
+//   - edges: unknown nodes or ports (nearest name), an edge starting at an
+//     in port or ending at an out port, a port left out where the choice is
+//     ambiguous or impossible, message types that differ, duplicate edges,
+//     non-positive credit;
+//   - required ports without an edge;
+//   - cycles that cannot make progress.
+//
+// Feedback edges and cycles: a directed cycle of edges can only make progress
+// when one of its edges carries messages from an earlier step (the weights
+// that go from a trainer back to a generator, say). Such an edge is a
+// feedback edge: either the edge string says so, with the [feedback] option,
+// or the in port it ends at is declared `feedback` in its kind. A cycle with
+// no feedback edge is an error, reported at the edge that closes it.
+//
+// Path settings: an absolute path must exist. A relative path is looked up
+// first relative to the folder of the file the setting was written in (the
+// graph file, or the included file; the top-level graph file's folder for a
+// --set override), then under the asset root (FLOWRUN_ASSETS). An empty
+// string in an optional path setting means "not set" and is not checked.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/graph/graph_spec.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::graph {
+
+/// How to validate.
+struct validate_options {
+  /// Where relative paths are looked up after the graph file's folder
+  /// (usually flowrun::assets_root(), i.e. $FLOWRUN_ASSETS). Empty: nowhere else.
+  std::filesystem::path asset_root;
+  /// Check that files named by path settings exist (and resolve them).
+  bool check_files = true;
+};
+
+/// The outcome of validation: the resolved spec and every error, sorted by
+/// file, line and column.
+struct validation_result {
+  graph_spec spec;
+  std::vector<graph_error> errors;
+
+  bool ok() const { return errors.empty(); }
+};
+
+/// Validates `spec` against `kinds` (see the top of this header for the
+/// checks and for what the resolved spec holds). Never throws on bad input.
+validation_result validate(const graph_spec& spec, const node_kind_registry& kinds,
+                           const validate_options& options = {});
+
+/// Reads `file` (parse_graph_file), applies the `--set` overrides in order
+/// (apply_override, with `kinds`) and validates the result. Returns the
+/// errors of all three stages; validation is skipped when reading failed
+/// fatally (a missing file, bad TOML, an include cycle), since it would only
+/// report the consequences.
+validation_result load_graph(const std::filesystem::path& file, const node_kind_registry& kinds,
+                             const validate_options& options = {}, const std::vector<std::string>& overrides = {});
+
+}  // namespace flowrun::graph

@@ -1,0 +1,731 @@
+// Tests of the graph description layer (runtime/graph): edge syntax, the
+// node kind registry, reading files with includes and overrides, and the
+// validator, over the good and bad graphs in tests/graphs.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/graph/graph_spec.h"
+#include "runtime/graph/node_kind.h"
+#include "runtime/graph/parse.h"
+#include "runtime/graph/validate.h"
+
+#ifndef FLOWRUN_TEST_DIR
+#error "FLOWRUN_TEST_DIR must name the tests folder"
+#endif
+
+using namespace flowrun::graph;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path graphs_dir = fs::path(FLOWRUN_TEST_DIR) / "graphs";
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool ends_with(const std::string& s, const std::string& end) {
+  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
+// The example kinds plus a few made up for the tests.
+const node_kind_registry& test_kinds() {
+  static const node_kind_registry registry = [] {
+    node_kind_registry r;
+    register_example_kinds(r);
+    r.register_kind(
+        node_kind{"merger", "joins two text streams"}.input("a", "text").input("b", "text").output("merged", "text"));
+    r.register_kind(node_kind{"trainer", "learns from text, emits weights"}
+                        .input("data", "text")
+                        .output("weights", "weights", "new weights after each step", true)
+                        .option("lr", setting_type::float_, 1e-4, "learning rate")
+                        .option("tags", setting_type::string_list, std::vector<std::string>{}, "labels"));
+    r.register_kind(node_kind{"player", "plays games with the latest weights"}
+                        .input("weights", "weights", "weights from the trainer", true, /*feedback=*/true)
+                        .output("games", "text"));
+    return r;
+  }();
+  return registry;
+}
+
+validate_options test_options() {
+  validate_options o;
+  o.asset_root = graphs_dir / "assets";
+  return o;
+}
+
+validation_result load(const std::string& relative, const std::vector<std::string>& overrides = {}) {
+  return load_graph(graphs_dir / relative, test_kinds(), test_options(), overrides);
+}
+
+std::string all_errors(const std::vector<graph_error>& errors) { return format_errors(errors); }
+
+}  // namespace
+
+// ------------------------------------------------------------ basics
+
+TEST_CASE("graph_error formats as FILE:LINE:COL: error: MESSAGE and a hint line") {
+  graph_error e{"a.graph", 3, 7, "unknown node kind 'x'", "did you mean 'y'?"};
+  CHECK(e.to_string() == "a.graph:3:7: error: unknown node kind 'x'\n  hint: did you mean 'y'?");
+  CHECK(format_errors({e, e}) == e.to_string() + "\n" + e.to_string() + "\n");
+  graph_error no_hint{"b", 1, 1, "m", ""};
+  CHECK(no_hint.to_string() == "b:1:1: error: m");
+}
+
+TEST_CASE("edit distance and nearest names") {
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("", "abc") == 3);
+  CHECK(edit_distance("same", "same") == 0);
+  CHECK(edit_distance("otu", "out") == 1);  // a swap of neighbours counts 1
+  CHECK(nearest_name("temprature", {"top_k", "temperature", "top_p"}) == "temperature");
+  CHECK(nearest_name("sinc", {"sink", "generator"}) == "sink");
+  CHECK(nearest_name("completely_different", {"sink", "generator"}).empty());
+  CHECK(is_identifier("gen_2"));
+  CHECK_FALSE(is_identifier("2nd"));
+  CHECK_FALSE(is_identifier("a-b"));
+  CHECK_FALSE(is_identifier(""));
+}
+
+TEST_CASE("node seeds are deterministic and differ by seed, name and replica") {
+  CHECK(splitmix64(0) == 0xe220a8397b1dcdafull);
+  CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(node_seed(1234, "generator", 0) == node_seed(1234, "generator", 0));
+  CHECK(node_seed(1234, "generator", 0) == splitmix64(splitmix64(splitmix64(1234) ^ fnv1a64("generator")) ^ 0));
+  CHECK(node_seed(1234, "generator", 0) != node_seed(1234, "generator", 1));
+  CHECK(node_seed(1234, "generator", 0) != node_seed(1235, "generator", 0));
+  CHECK(node_seed(1234, "generator", 0) != node_seed(1234, "tokenizer", 0));
+  CHECK(node_seed(0, "a", 1) != node_seed(0, "b", 0));
+}
+
+TEST_CASE("values print in TOML spelling") {
+  CHECK(to_string(setting_value{std::int64_t{64}}) == "64");
+  CHECK(to_string(setting_value{0.0}) == "0.0");
+  CHECK(to_string(setting_value{1e-5}) == "1e-05");
+  CHECK(to_string(setting_value{0.9}) == "0.9");
+  CHECK(to_string(setting_value{true}) == "true");
+  CHECK(to_string(setting_value{std::string("a\"b")}) == "\"a\\\"b\"");
+  CHECK(to_string(setting_value{std::vector<std::string>{"x", "y"}}) == "[\"x\", \"y\"]");
+  CHECK(value_type_name(setting_value{2.0}) == "float");
+}
+
+// ------------------------------------------------------------ edge syntax
+
+TEST_CASE("edge strings: endpoints, several targets and options") {
+  auto r = parse_edge("a.out -> b.in");
+  REQUIRE(r.errors.empty());
+  REQUIRE(r.edges.size() == 1);
+  CHECK(r.edges[0].from_node == "a");
+  CHECK(r.edges[0].from_port == "out");
+  CHECK(r.edges[0].to_node == "b");
+  CHECK(r.edges[0].to_port == "in");
+  CHECK(r.edges[0].credit == 0);
+  CHECK(r.edges[0].dispatch == dispatch_mode::broadcast);
+  CHECK_FALSE(r.edges[0].feedback);
+
+  r = parse_edge("gen.rollouts -> reward, reference.rollouts ,critic [credit=4, dispatch=split]");
+  REQUIRE(r.errors.empty());
+  REQUIRE(r.edges.size() == 3);
+  CHECK(r.edges[0].to_node == "reward");
+  CHECK(r.edges[0].to_port.empty());
+  CHECK(r.edges[1].to_node == "reference");
+  CHECK(r.edges[1].to_port == "rollouts");
+  CHECK(r.edges[2].to_node == "critic");
+  for (const auto& e : r.edges) {
+    CHECK(e.from_node == "gen");
+    CHECK(e.credit == 4);
+    CHECK(e.dispatch == dispatch_mode::split);
+  }
+
+  r = parse_edge("  trainer->gen.weights[feedback, dispatch=round_robin]  ");
+  REQUIRE(r.errors.empty());
+  REQUIRE(r.edges.size() == 1);
+  CHECK(r.edges[0].from_port.empty());
+  CHECK(r.edges[0].feedback);
+  CHECK(r.edges[0].dispatch == dispatch_mode::round_robin);
+  CHECK(r.edges[0].to_string() == "trainer -> gen.weights");
+
+  r = parse_edge("a -> b []");
+  CHECK(r.errors.empty());
+  CHECK(r.edges.size() == 1);
+}
+
+TEST_CASE("edge strings: errors point at the column inside the string") {
+  source_pos at{"f.graph", 2, 10};  // the opening quote; text starts at column 11
+  struct bad {
+    const char* text;
+    const char* message;
+    int col;
+    std::size_t edges;  // edges still returned
+  };
+  const bad cases[] = {
+      {"", "the edge string is empty", 11, 0},
+      {"a.out", "expected '->'", 16, 0},
+      {"a.out -> ", "expected a target node name", 20, 0},
+      {"a. -> b", "expected a port name after 'a.'", 13, 0},
+      {"-> b", "expected a source node name", 11, 0},
+      {"a -> b c", "unexpected 'c' after the last target", 18, 0},
+      {"a -> b [credit=-1]", "credit must be a positive integer", 26, 1},
+      {"a -> b [credit=x]", "credit must be a positive integer", 26, 1},
+      {"a -> b [dispatch=all]", "unknown dispatch mode 'all'", 28, 1},
+      {"a -> b [credit=4", "'[' is not closed", 18, 1},
+      {"a -> b [ttl=4]", "unknown edge option 'ttl'", 19, 1},
+      {"a -> b [credit=1, credit=2]", "given twice", 29, 1},
+      {"a -> b [feedback feedback]", "expected ',' or ']', found 'f'", 28, 1},
+      {"a -> b [feedback=maybe]", "feedback takes no value", 28, 1},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(std::string(c.text));
+    auto r = parse_edge(c.text, at, true);
+    REQUIRE(r.errors.size() == 1);
+    CHECK(contains(r.errors[0].message, c.message));
+    CHECK(r.errors[0].file == "f.graph");
+    CHECK(r.errors[0].line == 2);
+    CHECK(r.errors[0].col == c.col);
+    CHECK_FALSE(r.errors[0].hint.empty());
+    CHECK(r.edges.size() == c.edges);
+    // Without exact columns, errors point at the string itself.
+    auto r2 = parse_edge(c.text, at, false);
+    REQUIRE(r2.errors.size() == 1);
+    CHECK(r2.errors[0].col == 10);
+  }
+}
+
+// ------------------------------------------------------------ registry
+
+TEST_CASE("node kind registry: register, lookup, list, explain") {
+  node_kind_registry r;
+  register_example_kinds(r);
+  CHECK(r.size() == 4);
+  CHECK(r.names() == std::vector<std::string>{"generator", "sink", "text_source", "tokenizer"});
+  REQUIRE(r.list().size() == 4);
+  CHECK(r.list()[0]->name == "generator");
+  CHECK(r.lookup("nope") == nullptr);
+
+  const node_kind* gen = r.lookup("generator");
+  REQUIRE(gen != nullptr);
+  REQUIRE(gen->find_port("prompts") != nullptr);
+  CHECK(gen->find_port("prompts")->dir == port_dir::in);
+  CHECK(gen->find_port("prompts")->message_type == "tokens");
+  CHECK(gen->find_port("prompts")->required);
+  CHECK(gen->find_port("completions")->dir == port_dir::out);
+  CHECK(gen->find_port("completions")->message_type == "text");
+  CHECK(gen->setting_names() ==
+        std::vector<std::string>{"model", "tokenizer", "max_new_tokens", "temperature", "top_k", "top_p", "seed"});
+  CHECK(gen->find_setting("model")->required);
+  CHECK(gen->find_setting("model")->type == setting_type::path);
+  CHECK(std::get<std::int64_t>(gen->find_setting("max_new_tokens")->default_value) == 64);
+  CHECK(std::get<double>(gen->find_setting("temperature")->default_value) == 0.0);
+  CHECK(std::get<double>(gen->find_setting("top_p")->default_value) == 1.0);
+  CHECK(std::get<std::int64_t>(gen->find_setting("seed")->default_value) == -1);
+  CHECK(std::get<bool>(r.lookup("tokenizer")->find_setting("add_bos")->default_value));
+  CHECK(std::get<std::string>(r.lookup("sink")->find_setting("path")->default_value).empty());
+  CHECK(r.lookup("sink")->find_setting("path")->type == setting_type::string);
+  CHECK(r.lookup("text_source")->find_port("lines")->message_type == "text");
+
+  std::string text = explain(*gen);
+  CHECK(contains(text, "generator: samples"));
+  CHECK(contains(text, "in ports:\n  prompts "));
+  CHECK(contains(text, "(required)"));
+  CHECK(contains(text, "out ports:\n  completions"));
+  CHECK(contains(text, "max_new_tokens  int     = 64"));
+  CHECK(contains(text, "model           path    required"));
+  CHECK(contains(text, "temperature     float   = 0.0"));
+  std::string all = describe_kinds(r);
+  CHECK(contains(all, "generator    (prompts:tokens) -> (completions:text)"));
+  CHECK(contains(all, "text_source  () -> (lines:text)"));
+
+  CHECK(parse_setting_type("string_list") == setting_type::string_list);
+  CHECK_FALSE(parse_setting_type("double").has_value());
+}
+
+TEST_CASE("node kind registry: declaration mistakes are programmer errors") {
+  node_kind_registry r;
+  register_example_kinds(r);
+  CHECK_THROWS_AS(register_example_kinds(r), std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"bad name"}), std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.input("x", "t").output("x", "t")), std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("replicas", setting_type::int_, std::int64_t{1}, "")),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("n", setting_type::int_, std::string("1"), "")),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("n", setting_type::int_, std::monostate{}, "")),
+                  std::invalid_argument);
+  node_kind with_default{"k"};
+  with_default.settings.push_back({"m", setting_type::path, std::string("x"), "", true});
+  CHECK_THROWS_AS(r.register_kind(with_default), std::invalid_argument);
+  node_kind feedback_out{"k"};
+  feedback_out.ports.push_back({"o", "t", port_dir::out, false, true, ""});
+  CHECK_THROWS_AS(r.register_kind(feedback_out), std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.input("x", "")), std::invalid_argument);
+  // An integer default of a float setting is stored as a float.
+  r.register_kind(node_kind{"k"}.option("f", setting_type::float_, std::int64_t{2}, ""));
+  CHECK(std::get<double>(r.lookup("k")->find_setting("f")->default_value) == 2.0);
+  CHECK(r.size() == 5);
+}
+
+// ------------------------------------------------------------ good graphs
+
+TEST_CASE("good: a pipeline with omitted ports, options, defaults and paths") {
+  auto r = load("good/pipeline.graph");
+  INFO(all_errors(r.errors));
+  REQUIRE(r.ok());
+  const graph_spec& g = r.spec;
+  CHECK(g.name == "pipeline");
+  CHECK(g.seed == 42);
+  CHECK(g.steps == 10);
+  CHECK(ends_with(g.source_file.string(), "good/pipeline.graph"));
+  REQUIRE(g.nodes.size() == 5);
+  std::vector<std::string> order;
+  for (const auto& n : g.nodes) order.push_back(n.name);
+  CHECK(order == std::vector<std::string>{"prompts", "tok", "gen", "out", "log"});
+
+  REQUIRE(g.edges.size() == 4);
+  CHECK(g.edges[0].to_string() == "prompts.lines -> tok.text");
+  CHECK(g.edges[1].to_string() == "tok.tokens -> gen.prompts");  // ports filled in
+  CHECK(g.edges[1].credit == 4);
+  CHECK(g.edges[2].to_string() == "gen.completions -> out.items");
+  CHECK(g.edges[3].to_string() == "gen.completions -> log.items");
+  for (int i : {2, 3}) {
+    CHECK(g.edges[i].dispatch == dispatch_mode::round_robin);
+    CHECK(g.edges[i].credit == 2);
+  }
+  CHECK(g.edges[1].pos.line == 6);
+  CHECK(g.edges[1].pos.col == 3);
+
+  const node_spec* gen = g.find_node("gen");
+  REQUIRE(gen != nullptr);
+  CHECK(gen->kind == "generator");
+  CHECK(gen->replicas == 2);
+  CHECK(gen->on == "gpu0");
+  CHECK(gen->get_float("temperature") == 1.0);
+  CHECK(std::holds_alternative<double>(gen->find_setting("temperature")->value));  // int coerced
+  CHECK(gen->get_float("top_p") == doctest::Approx(0.9));
+  CHECK(gen->get_int("max_new_tokens") == 64);  // default
+  CHECK(gen->find_setting("max_new_tokens")->from_default);
+  CHECK_FALSE(gen->find_setting("top_p")->from_default);
+  CHECK(gen->find_setting("top_p")->value_pos.line == 29);
+  CHECK(gen->find_setting("top_p")->value_pos.col == 9);
+  CHECK(gen->get_int("seed") == -1);
+  // Paths resolve next to the graph file first, then under the asset root.
+  CHECK(ends_with(g.find_node("prompts")->get_string("path"), "good/data/prompts.txt"));
+  CHECK(fs::path(g.find_node("prompts")->get_string("path")).is_absolute());
+  CHECK(ends_with(gen->get_string("model"), "assets/model/tiny.bin"));
+  CHECK(ends_with(gen->get_string("tokenizer"), "assets/model/tok.model"));
+  CHECK(g.find_node("prompts")->get_int("max_lines") == 5);
+  CHECK(g.find_node("tok")->get_bool("add_bos"));
+  CHECK(g.find_node("out")->get_string("path").empty());
+  CHECK(g.find_node("log")->get_string("path") == "completions.txt");  // a string, not a path: kept
+  CHECK(g.find_node("out")->pos.line == 33);
+  CHECK(g.find_node("out")->pos.col == 1);
+  CHECK_THROWS_AS((void)gen->get_int("nope"), std::out_of_range);
+  CHECK_THROWS_AS((void)gen->get_int("model"), std::bad_variant_access);
+}
+
+TEST_CASE("good: includes merge under the including file, diamonds load once") {
+  auto r = load("good/with_include.graph");
+  INFO(all_errors(r.errors));
+  REQUIRE(r.ok());
+  const graph_spec& g = r.spec;
+  CHECK(g.name == "with_include");  // the including file wins
+  CHECK(g.seed == 7);               // only the include sets it
+  CHECK(g.steps == 5);
+  REQUIRE(g.included_files.size() == 2);
+  CHECK(ends_with(g.included_files[0].string(), "good/inc/common.inc"));
+  CHECK(ends_with(g.included_files[1].string(), "good/inc/source.inc"));
+  std::vector<std::string> order;
+  for (const auto& n : g.nodes) order.push_back(n.name);
+  CHECK(order == std::vector<std::string>{"prompts", "tok", "gen", "out"});
+  REQUIRE(g.edges.size() == 3);  // the include's edges first, then this file's
+  CHECK(g.edges[0].to_string() == "prompts.lines -> tok.text");
+  CHECK(g.edges[1].to_string() == "tok.tokens -> gen.prompts");
+  CHECK(g.edges[2].to_string() == "gen.completions -> out.items");
+  CHECK(ends_with(g.edges[0].pos.file, "good/inc/common.inc"));
+  CHECK(ends_with(g.edges[2].pos.file, "good/with_include.graph"));
+  const node_spec* gen = g.find_node("gen");
+  CHECK(gen->get_int("max_new_tokens") == 32);  // overridden by the including file
+  CHECK(ends_with(gen->find_setting("max_new_tokens")->value_pos.file, "good/with_include.graph"));
+  CHECK(gen->get_float("temperature") == 0.5);  // kept from the include
+  CHECK(ends_with(gen->find_setting("temperature")->value_pos.file, "good/inc/common.inc"));
+  CHECK_FALSE(g.find_node("tok")->get_bool("add_bos"));
+  CHECK(g.find_node("prompts")->get_int("max_lines") == 1);
+  // A relative path is relative to the file it is written in (inc/source.inc).
+  CHECK(ends_with(g.find_node("prompts")->get_string("path"), "good/data/prompts.txt"));
+}
+
+TEST_CASE("good: cycles through feedback edges and feedback ports") {
+  auto r = load("good/feedback.graph");
+  INFO(all_errors(r.errors));
+  REQUIRE(r.ok());
+  const graph_spec& g = r.spec;
+  CHECK(g.name == "feedback");  // the file's stem when [graph] has no name
+  REQUIRE(g.edges.size() == 6);
+  CHECK(g.edges[2].feedback);  // [feedback]
+  CHECK(g.edges[4].feedback);  // into player.weights, declared feedback
+  CHECK_FALSE(g.edges[0].feedback);
+  CHECK_FALSE(g.edges[5].feedback);
+  const node_spec* learner = g.find_node("learner");
+  CHECK(learner->get_float("lr") == doctest::Approx(3e-4));
+  CHECK(learner->get_string_list("tags") == std::vector<std::string>{"ppo", "demo"});
+
+  // Without the [feedback] option the tok/gen cycle is an error again.
+  auto parsed = parse_graph_file(graphs_dir / "good/feedback.graph");
+  REQUIRE(parsed.ok());
+  parsed.spec.edges[2].feedback = false;
+  auto v = validate(parsed.spec, test_kinds(), test_options());
+  REQUIRE(v.errors.size() == 1);
+  CHECK(contains(v.errors[0].message, "cycle without a feedback edge: tok -> gen -> tok"));
+  CHECK(v.errors[0].line == 6);
+  CHECK(v.errors[0].col == 3);
+}
+
+TEST_CASE("good: the example pipeline validates against the example kinds") {
+  node_kind_registry kinds;
+  register_example_kinds(kinds);
+  validate_options o;
+  if (const char* env = std::getenv("FLOWRUN_ASSETS"); env && *env)
+    o.asset_root = env;
+  else
+    o.asset_root = fs::path(FLOWRUN_SOURCE_DIR) / ".." / "shared" / "assets";
+  const fs::path example = fs::path(FLOWRUN_SOURCE_DIR) / "graphs" / "examples" / "generate.graph";
+  if (!fs::exists(o.asset_root / "model/stories260K/stories260K.bin")) {
+    MESSAGE("assets not found under " << o.asset_root << ": checking the example without its files");
+    o.check_files = false;
+  }
+  auto r = load_graph(example, kinds, o);
+  INFO(all_errors(r.errors));
+  REQUIRE(r.ok());
+  CHECK(r.spec.name == "generate");
+  CHECK(r.spec.nodes.size() == 4);
+  CHECK(r.spec.edges.size() == 3);
+  const node_spec* gen = r.spec.find_node("generator");
+  CHECK(gen->get_int("max_new_tokens") == 64);
+  if (o.check_files) CHECK(ends_with(gen->get_string("model"), "model/stories260K/stories260K.bin"));
+
+  // An asset root without the files: the error names both places.
+  validate_options empty;
+  empty.asset_root = graphs_dir / "assets";
+  auto missing = load_graph(example, kinds, empty);
+  REQUIRE(missing.errors.size() == 4);
+  CHECK(contains(missing.errors[0].message, "graphs/examples/data/tinystories/tinystories_train_head.txt"));
+  CHECK(contains(missing.errors[0].message, "assets/data/tinystories/tinystories_train_head.txt"));
+}
+
+// ------------------------------------------------------------ overrides
+
+TEST_CASE("overrides: --set node.NAME.SETTING=VALUE as a TOML scalar") {
+  auto parsed = parse_graph_file(graphs_dir / "good/pipeline.graph");
+  REQUIRE(parsed.ok());
+  graph_spec spec = parsed.spec;
+  const auto& kinds = test_kinds();
+
+  CHECK_FALSE(apply_override(spec, "node.gen.temperature=0.8", &kinds));
+  CHECK(std::get<double>(spec.find_node("gen")->find_setting("temperature")->value) == 0.8);
+  CHECK_FALSE(apply_override(spec, "node.gen.top_p=1e-5", &kinds));
+  CHECK(std::get<double>(spec.find_node("gen")->find_setting("top_p")->value) == 1e-5);
+  // Not written in the file, but declared by the kind.
+  CHECK_FALSE(apply_override(spec, "node.gen.max_new_tokens=128", &kinds));
+  CHECK(std::get<std::int64_t>(spec.find_node("gen")->find_setting("max_new_tokens")->value) == 128);
+  CHECK_FALSE(apply_override(spec, "node.tok.add_bos=false", &kinds));
+  CHECK_FALSE(std::get<bool>(spec.find_node("tok")->find_setting("add_bos")->value));
+  // Strings: bare or quoted.
+  CHECK_FALSE(apply_override(spec, "node.log.path=out/log.txt", &kinds));
+  CHECK(std::get<std::string>(spec.find_node("log")->find_setting("path")->value) == "out/log.txt");
+  CHECK_FALSE(apply_override(spec, "node.log.path=\"quoted name.txt\"", &kinds));
+  CHECK(std::get<std::string>(spec.find_node("log")->find_setting("path")->value) == "quoted name.txt");
+  CHECK_FALSE(apply_override(spec, "node.log.path=2024", &kinds));  // a string setting keeps the text
+  CHECK(std::get<std::string>(spec.find_node("log")->find_setting("path")->value) == "2024");
+  CHECK_FALSE(apply_override(spec, "graph.seed=99"));
+  CHECK(spec.seed == 99);
+  CHECK_FALSE(apply_override(spec, "graph.steps=3"));
+  CHECK(spec.steps == 3);
+  CHECK_FALSE(apply_override(spec, "graph.name=renamed"));
+  CHECK(spec.name == "renamed");
+  CHECK_FALSE(apply_override(spec, "node.gen.replicas=3"));
+  CHECK(spec.find_node("gen")->replicas == 3);
+  CHECK_FALSE(apply_override(spec, "node.gen.on=gpu1"));
+  CHECK(spec.find_node("gen")->on == "gpu1");
+  // Without the registry only settings written in the file exist.
+  CHECK_FALSE(apply_override(spec, "node.prompts.max_lines=2"));
+  auto no_registry = apply_override(spec, "node.gen.top_k=3");
+  REQUIRE(no_registry);
+  CHECK(contains(no_registry->message, "unknown setting 'top_k'"));
+
+  auto v = validate(spec, kinds, test_options());
+  INFO(all_errors(v.errors));
+  CHECK(v.ok());
+  CHECK(v.spec.find_node("gen")->get_int("max_new_tokens") == 128);
+}
+
+TEST_CASE("overrides: errors name the override and the offending column") {
+  auto parsed = parse_graph_file(graphs_dir / "good/pipeline.graph");
+  REQUIRE(parsed.ok());
+  graph_spec spec = parsed.spec;
+  const auto& kinds = test_kinds();
+  struct bad {
+    const char* text;
+    const char* message;
+    const char* hint;
+    int col;
+  };
+  const bad cases[] = {
+      {"node.gen.tempreature=1", "unknown setting 'tempreature' of node 'gen'", "did you mean 'temperature'?", 10},
+      {"node.gne.top_k=3", "unknown node 'gne'", "did you mean 'gen'?", 6},
+      {"node.gen.temperature", "has no '='", "--set node.NAME.SETTING=VALUE", 1},
+      {"nodes.gen.top_k=3", "unknown override path", "node.NAME.SETTING=VALUE", 1},
+      {"node.gen=3", "unknown override path", "node.NAME.SETTING=VALUE", 1},
+      {"graph.sed=3", "unknown graph key 'sed'", "did you mean 'seed'?", 7},
+      {"graph.seed=-3", "graph seed must be a non-negative integer", "graph.seed=", 12},
+      {"graph.steps=many", "graph steps must be an integer", "graph.steps=", 13},
+      {"node.gen.replicas=two", "replicas must be an integer", "replicas=2", 19},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(std::string(c.text));
+    auto e = apply_override(spec, c.text, &kinds);
+    REQUIRE(e);
+    CHECK(contains(e->message, c.message));
+    CHECK(contains(e->hint, c.hint));
+    CHECK(e->file == std::string("--set ") + c.text);
+    CHECK(e->line == 1);
+    CHECK(e->col == c.col);
+  }
+  // A value of the wrong type is caught by the validator, at the override.
+  CHECK_FALSE(apply_override(spec, "node.gen.top_k=abc", &kinds));
+  auto v = validate(spec, kinds, test_options());
+  REQUIRE(v.errors.size() == 1);
+  CHECK(v.errors[0].to_string() ==
+        "--set node.gen.top_k=abc:1:16: error: setting 'top_k' of node 'gen' must be int, got string \"abc\"\n"
+        "  hint: write top_k = 0 (`flowrun explain generator`)");
+}
+
+TEST_CASE("overrides: load_graph applies them before validating") {
+  auto r = load("good/pipeline.graph", {"node.gen.temperature=0.7", "node.prompts.max_lines=-1"});
+  INFO(all_errors(r.errors));
+  REQUIRE(r.ok());
+  CHECK(r.spec.find_node("gen")->get_float("temperature") == doctest::Approx(0.7));
+  auto bad = load("good/pipeline.graph", {"node.gen.temperature=hot", "node.nope.x=1"});
+  REQUIRE(bad.errors.size() == 2);
+  // Sorted by "file" (the override text): node.gen... before node.nope...
+  CHECK(contains(bad.errors[0].message, "must be float, got string \"hot\""));
+  CHECK(contains(bad.errors[1].message, "unknown node 'nope'"));
+}
+
+TEST_CASE("a spec written back to TOML reads the same") {
+  auto r = load("good/pipeline.graph");
+  REQUIRE(r.ok());
+  std::string text = to_toml(r.spec);
+  auto again = parse_graph_string(text, graphs_dir / "good" / "roundtrip.graph");
+  INFO(text);
+  INFO(all_errors(again.errors));
+  REQUIRE(again.ok());
+  CHECK(again.spec.name == r.spec.name);
+  CHECK(again.spec.seed == r.spec.seed);
+  CHECK(again.spec.steps == r.spec.steps);
+  REQUIRE(again.spec.nodes.size() == r.spec.nodes.size());
+  for (std::size_t i = 0; i < r.spec.nodes.size(); ++i) {
+    const auto& a = r.spec.nodes[i];
+    const auto& b = again.spec.nodes[i];
+    CHECK(a.name == b.name);
+    CHECK(a.kind == b.kind);
+    CHECK(a.replicas == b.replicas);
+    CHECK(a.on == b.on);
+    REQUIRE(a.settings.size() == b.settings.size());
+    for (const auto& [k, s] : a.settings) CHECK(b.find_setting(k)->value == s.value);
+  }
+  REQUIRE(again.spec.edges.size() == r.spec.edges.size());
+  for (std::size_t i = 0; i < r.spec.edges.size(); ++i) {
+    CHECK(again.spec.edges[i].to_string() == r.spec.edges[i].to_string());
+    CHECK(again.spec.edges[i].credit == r.spec.edges[i].credit);
+    CHECK(again.spec.edges[i].dispatch == r.spec.edges[i].dispatch);
+    CHECK(again.spec.edges[i].feedback == r.spec.edges[i].feedback);
+  }
+}
+
+TEST_CASE("a spec built in code is validated too") {
+  graph_spec g;
+  g.name = "built";
+  node_spec a;
+  a.name = "a";
+  a.kind = "sink";
+  g.nodes.push_back(a);
+  g.nodes.push_back(a);  // duplicate name
+  edge_spec e;
+  e.from_node = "a";
+  e.to_node = "a";
+  e.credit = -2;
+  g.edges.push_back(e);
+  auto r = validate(g, test_kinds());
+  INFO(all_errors(r.errors));
+  REQUIRE(r.errors.size() == 3);
+  for (const auto& err : r.errors) CHECK(err.file == "<graph>");
+  CHECK(contains(all_errors(r.errors), "duplicate node name 'a'"));
+  CHECK(contains(all_errors(r.errors), "edge credit must be >= 1"));
+  CHECK(contains(all_errors(r.errors), "node 'a' (kind sink) has no out ports"));
+}
+
+// ------------------------------------------------------------ bad graphs
+
+namespace {
+
+struct expected_error {
+  int line;
+  int col;
+  const char* message;
+  const char* hint;            // a substring of the hint ("" checks only that there is one)
+  const char* file = nullptr;  // suffix of the error's file; default: the graph itself
+};
+
+struct bad_graph {
+  const char* file;
+  std::vector<expected_error> errors;  // all of them, in order
+};
+
+const std::vector<bad_graph>& bad_graphs() {
+  static const std::vector<bad_graph> cases = {
+      {"syntax_error.graph", {{5, 23, "TOML syntax error", "valid TOML"}}},
+      {"duplicate_node.graph", {{8, 1, "duplicate node name 'out'", "may appear once"}}},
+      {"unknown_kind.graph", {{7, 8, "unknown node kind 'sinc'", "did you mean 'sink'?"}}},
+      {"unknown_port.graph", {{2, 11, "node 'src' (kind text_source) has no port 'line'", "did you mean 'lines'?"}}},
+      {"unconnected_port.graph",
+       {{6, 1, "required in port 'items' (text) of node 'out' (kind sink) is not connected",
+         "add an edge such as \"src.lines -> out.items\""}}},
+      {"type_mismatch.graph",
+       {{3, 17, "message type mismatch: 'src.lines' sends 'text' but 'gen.prompts' expects 'tokens'",
+         "no node in the graph has an out port of type 'tokens'"}}},
+      {"unknown_setting.graph",
+       {{13, 1, "unknown setting 'temprature' for node 'gen' (kind generator)", "did you mean 'temperature'?"}}},
+      {"wrong_setting_type.graph",
+       {{13, 18, "setting 'max_new_tokens' of node 'gen' must be int, got string \"64\"",
+         "write max_new_tokens = 64"}}},
+      {"cycle.graph",
+       {{5, 3, "cycle without a feedback edge: tok -> gen -> tok", "\"gen.completions -> tok.text [feedback]\""}}},
+      {"missing_file.graph",
+       {{5, 8, "file not found for setting 'path' of node 'src': 'data/missing.txt' (looked in '", "FLOWRUN_ASSETS"}}},
+      {"replicas_zero.graph", {{8, 12, "node 'out' has replicas = 0; replicas must be >= 1", "copies"}}},
+      {"bad_arrow.graph",
+       {{2, 21, "malformed edge: expected '->' after 'src.lines', found '='", "node.port -> node.port"}}},
+      {"bad_credit.graph", {{2, 42, "edge option credit must be a positive integer, got '0'", "[credit=4]"}}},
+      {"bad_dispatch.graph", {{2, 39, "unknown dispatch mode 'splt'", "did you mean 'split'?"}}},
+      {"unknown_edge_node.graph", {{2, 24, "edge to unknown node 'otu'", "did you mean 'out'?"}}},
+      {"ambiguous_target.graph",
+       {{2, 18, "ambiguous edge target: node 'm' (kind merger) has several in ports of type 'text'",
+         "name the port: m.a or m.b"}}},
+      {"no_matching_port.graph",
+       {{2, 18, "node 'gen' (kind generator) has no in port of type 'text' for 'src.lines'",
+         "in ports of generator: prompts (tokens)"}}},
+      {"include_cycle.graph", {{2, 12, "include cycle: ", "remove one of these includes", "bad/inc/cycle_b.inc"}}},
+      {"missing_include.graph", {{2, 12, "included file not found: '", "relative to the including file"}}},
+      {"missing_required_setting.graph",
+       {{9, 1, "node 'gen' (kind generator) is missing required setting 'model' (path)",
+         "add model = \"path/to/file\" to [node.gen]"}}},
+      {"unknown_top_key.graph", {{2, 1, "unknown top-level key 'edge'", "did you mean 'edges'?"}}},
+      {"in_port_as_source.graph",
+       {{2, 36, "'tok.text' is an in port; an edge must start at an out port", "out ports of tokenizer: tokens"}}},
+      {"missing_kind.graph", {{6, 1, "node 'out' has no kind", "add kind = \"...\" to [node.out]"}}},
+      {"table_setting.graph",
+       {{8, 11, "setting 'options' of node 'out' has an unsupported value: a table", "arrays of strings"}}},
+      {"duplicate_edge.graph", {{4, 3, "duplicate edge 'src.lines -> out.items'", "duplicate_edge.graph:3:3"}}},
+      {"unknown_option.graph", {{2, 35, "unknown edge option 'credits'", "did you mean 'credit'?"}}},
+      {"bad_graph_key.graph", {{5, 1, "unknown key 'sed' in [graph]", "did you mean 'seed'?"}}},
+      {"error_in_include.graph",
+       {{5, 13, "setting 'max_lines' of node 'src' must be int, got string \"ten\"", "max_lines = 0",
+         "bad/inc/bad_setting.inc"}}},
+      {"bad_node_name.graph", {{8, 7, "invalid node name '2nd'", "identifiers"}}},
+      {"negative_steps.graph", {{4, 9, "graph steps must be >= 0, got -1", "steps = 0"}}},
+      {"missing_port_name.graph", {{2, 28, "expected a port name after 'out.', found the end of the edge", ""}}},
+      {"bad_replicas_type.graph", {{8, 12, "replicas must be an integer, got a string", "replicas = 2"}}},
+      {"edges_in_graph.graph", {{4, 1, "unknown key 'edges' in [graph]", "edges is a top-level key"}}},
+      {"multiple_errors.graph",
+       {{4, 36, "unknown dispatch mode 'fan_out'", "dispatch is one of broadcast, split, round_robin"},
+        {11, 12, "node 'out' has replicas = 0", ""},
+        {13, 8, "unknown node kind 'tokeniser'", "did you mean 'tokenizer'?"},
+        {15, 1, "required in port 'prompts' (tokens) of node 'gen' (kind generator) is not connected", ""},
+        {19, 9, "setting 'top_k' of node 'gen' must be int, got float 0.5", "write top_k = 0"}}},
+  };
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("bad graphs: each reports its error at the exact line and column") {
+  std::size_t files_on_disk = 0;
+  for (const auto& entry : fs::directory_iterator(graphs_dir / "bad"))
+    if (entry.path().extension() == ".graph") ++files_on_disk;
+  CHECK(files_on_disk == bad_graphs().size());  // every bad file has a case
+  CHECK(bad_graphs().size() >= 18);
+
+  for (const auto& c : bad_graphs()) {
+    CAPTURE(std::string(c.file));
+    auto r = load(std::string("bad/") + c.file);
+    INFO(all_errors(r.errors));
+    REQUIRE(r.errors.size() == c.errors.size());
+    for (std::size_t i = 0; i < c.errors.size(); ++i) {
+      const auto& want = c.errors[i];
+      const auto& got = r.errors[i];
+      CAPTURE(std::string(want.message));
+      CHECK(contains(got.message, want.message));
+      CHECK(got.line == want.line);
+      CHECK(got.col == want.col);
+      CHECK_FALSE(got.hint.empty());
+      CHECK(contains(got.hint, want.hint));
+      CHECK(ends_with(got.file, want.file ? std::string(want.file) : std::string("bad/") + c.file));
+      // The formatted form starts with the position.
+      CHECK(got.to_string().rfind(
+                got.file + ":" + std::to_string(want.line) + ":" + std::to_string(want.col) + ": error: ", 0) == 0);
+    }
+  }
+}
+
+TEST_CASE("bad graphs: details of some messages") {
+  auto missing = load("bad/missing_file.graph");
+  REQUIRE(missing.errors.size() == 1);
+  CHECK(contains(missing.errors[0].message, "bad/data/missing.txt"));
+  CHECK(contains(missing.errors[0].message, "assets/data/missing.txt"));
+
+  auto cycle = load("bad/include_cycle.graph");
+  REQUIRE(cycle.errors.size() == 1);
+  CHECK(contains(cycle.errors[0].message, "bad/include_cycle.graph -> "));
+  CHECK(contains(cycle.errors[0].message, "bad/inc/cycle_a.inc -> "));
+  CHECK(ends_with(cycle.errors[0].message,
+                  "bad/inc/cycle_b.inc -> " + (graphs_dir / "bad/include_cycle.graph").lexically_normal().string()));
+
+  auto syntax = load("bad/syntax_error.graph");
+  REQUIRE(syntax.errors.size() == 1);
+  CHECK(syntax.errors[0].message ==
+        "TOML syntax error: unescaped control characters other than TAB (U+0009) are explicitly prohibited "
+        "(in a string)");
+
+  auto no_file = load("bad/does_not_exist.graph");
+  REQUIRE(no_file.errors.size() == 1);
+  CHECK(contains(no_file.errors[0].message, "cannot open graph file"));
+  CHECK(no_file.errors[0].line == 1);
+
+  // Without an asset root the hint says so.
+  validate_options no_root;
+  auto r = load_graph(graphs_dir / "bad/missing_file.graph", test_kinds(), no_root);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(contains(r.errors[0].hint, "no asset root was given"));
+
+  // check_files = false skips the existence check.
+  validate_options no_check = test_options();
+  no_check.check_files = false;
+  CHECK(load_graph(graphs_dir / "bad/missing_file.graph", test_kinds(), no_check).ok());
+}
+
+TEST_CASE("parse_graph_string: errors name the given source") {
+  auto r = parse_graph_string("[graph]\nname = 3\n", "inline.graph");
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].to_string() ==
+        "inline.graph:2:8: error: graph name must be a string, got an integer\n  hint: write name = \"my_graph\"");
+  auto empty = parse_graph_string("[graph]\nname = \"empty\"\n", "empty.graph");
+  REQUIRE(empty.ok());
+  auto v = validate(empty.spec, test_kinds());
+  REQUIRE(v.errors.size() == 1);
+  CHECK(v.errors[0].to_string().rfind("empty.graph:1:1: error: graph 'empty' has no nodes", 0) == 0);
+  auto syntax = parse_graph_string("[graph\n", "broken.graph");
+  REQUIRE(syntax.errors.size() == 1);
+  CHECK(syntax.fatal);
+  CHECK(syntax.errors[0].file == "broken.graph");
+  CHECK(syntax.errors[0].line == 1);
+}

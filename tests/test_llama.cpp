@@ -1,0 +1,178 @@
+// stories260K against the float64 reference in ref/stories260K_forward_reference.json
+// (made by ref/gen_reference.py with torch): loss, logits, gradient norms.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <map>
+
+#include "models/decoder.h"
+#include "models/llama2c.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/util/npy.h"
+#include "test_util.h"
+
+using namespace flowrun;
+
+namespace {
+
+// The reference groups gradients by llama2.c's stacked tensor names.
+std::map<std::string, double> grouped_grad_norms(decoder& m) {
+  static const std::map<std::string, std::string> names = {
+      {"input_layernorm.weight", "rms_att"},  {"self_attn.q_proj.weight", "wq"},
+      {"self_attn.k_proj.weight", "wk"},      {"self_attn.v_proj.weight", "wv"},
+      {"self_attn.o_proj.weight", "wo"},      {"post_attention_layernorm.weight", "rms_ffn"},
+      {"mlp.gate_proj.weight", "w1"},         {"mlp.down_proj.weight", "w2"},
+      {"mlp.up_proj.weight", "w3"}};
+  std::map<std::string, double> sq;
+  auto& g = m.grads();
+  for (auto& e : m.params()) {
+    std::string key;
+    if (e.name == "model.embed_tokens.weight") key = "emb";
+    else if (e.name == "model.norm.weight") key = "rms_final";
+    else key = names.at(e.name.substr(e.name.find('.', std::string("model.layers.").size()) + 1));
+    sq[key] += ops::sum_squares(g.by_name.at(e.name));
+  }
+  for (auto& [k, v] : sq) v = std::sqrt(v);
+  return sq;
+}
+
+struct reference_run {
+  nlohmann::json ref;
+  decoder model;
+  activations acts;
+  double loss = 0;
+  explicit reference_run(const std::string& path) : ref(test::load_json_asset("ref/stories260K_forward_reference.json")),
+                                                    model(load_llama2c(path)) {
+    auto& tf = ref["teacher_forced"];
+    std::vector<int32_t> in = tf["input_tokens"].get<std::vector<int32_t>>();
+    std::vector<int32_t> tg = tf["target_tokens"].get<std::vector<int32_t>>();
+    const int64_t T = static_cast<int64_t>(in.size());
+    auto ids = tensor::from_ints({1, T}, in);
+    auto targets = tensor::from_ints({1, T}, tg);
+    loss = model.forward(acts, ids, targets);
+    model.zero_grad();
+    model.backward(acts);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("stories260K: config read from the llama2.c header") {
+  auto m = load_llama2c(test::model_path());
+  auto ref = test::load_json_asset("ref/stories260K_forward_reference.json");
+  const auto& c = m.config();
+  CHECK(c.dim == ref["config"]["dim"].get<int64_t>());
+  CHECK(c.hidden_dim == ref["config"]["hidden_dim"].get<int64_t>());
+  CHECK(c.n_layers == ref["config"]["n_layers"].get<int64_t>());
+  CHECK(c.n_heads == ref["config"]["n_heads"].get<int64_t>());
+  CHECK(c.n_kv_heads == ref["config"]["n_kv_heads"].get<int64_t>());
+  CHECK(c.vocab_size == ref["config"]["vocab_size"].get<int64_t>());
+  CHECK(c.tied_embeddings == ref["config"]["shared_classifier"].get<bool>());
+  CHECK(m.num_parameters() == ref["n_params_excluding_freqcis"].get<int64_t>());
+}
+
+TEST_CASE("stories260K: v0 and v1 files hold the same weights") {
+  auto a = load_llama2c(test::model_path());
+  auto b = load_llama2c(test::model_v1_path());
+  REQUIRE(a.num_parameters() == b.num_parameters());
+  auto va = a.w().flat.to_floats(), vb = b.w().flat.to_floats();
+  CHECK(std::memcmp(va.data(), vb.data(), va.size() * 4) == 0);
+}
+
+TEST_CASE("stories260K: teacher-forced loss, logits and gradient norms match the float64 reference") {
+  reference_run r(test::model_path());
+  auto& tf = r.ref["teacher_forced"];
+  const double ref_loss = tf["mean_cross_entropy"].get<double>();
+  MESSAGE(std::setprecision(10) << "loss " << r.loss << " reference " << ref_loss);
+  CHECK(std::fabs(r.loss - ref_loss) < 1e-5);
+
+  // per-token losses
+  auto nll = tf["per_token_nll"].get<std::vector<double>>();
+  auto losses = r.acts.losses.to_floats();
+  REQUIRE(losses.size() == nll.size());
+  double worst_nll = 0;
+  for (size_t i = 0; i < nll.size(); ++i) worst_nll = std::max(worst_nll, std::fabs(losses[i] - nll[i]));
+  CHECK(worst_nll < 1e-4);
+
+  // logits against the .npy
+  auto ref_logits = load_npy(asset_path("ref/stories260K_forward_reference_logits.npy").string());
+  auto got = r.acts.logits.to_floats();
+  auto want = ref_logits.to_floats();
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+  MESSAGE("max |logit - reference| = " << worst);
+  CHECK(worst < 1e-4);
+
+  // gradient norms, per llama2.c tensor and in total
+  auto norms = grouped_grad_norms(r.model);
+  for (auto& [k, v] : tf["grad_l2_norm_per_param"].items()) {
+    double want_n = v.get<double>();
+    INFO("grad norm of " << k << ": " << norms.at(k) << " reference " << want_n);
+    CHECK(std::fabs(norms.at(k) - want_n) / want_n < 1e-4);
+  }
+  double total = ops::global_norm({r.model.grads().flat});
+  double want_total = tf["grad_l2_norm_total"].get<double>();
+  MESSAGE(std::setprecision(8) << "total grad norm " << total << " reference " << want_total);
+  CHECK(std::fabs(total - want_total) / want_total < 1e-4);
+
+  // a few raw gradient values
+  auto wq0 = r.model.grads().by_name.at("model.layers.0.self_attn.q_proj.weight").to_floats();
+  auto ref_wq0 = tf["grad_wq0_first4"].get<std::vector<double>>();
+  for (size_t i = 0; i < ref_wq0.size(); ++i) CHECK(wq0[i] == doctest::Approx(ref_wq0[i]).epsilon(1e-3));
+  auto emb = r.model.grads().wte.rows(1, 2).to_floats();
+  auto ref_emb = tf["grad_emb_row1_first4"].get<std::vector<double>>();
+  for (size_t i = 0; i < ref_emb.size(); ++i) CHECK(emb[i] == doctest::Approx(ref_emb[i]).epsilon(1e-3));
+}
+
+TEST_CASE("stories260K: the cached decoder gives the training forward's logits") {
+  auto m = load_llama2c(test::model_path());
+  auto ref = test::load_json_asset("ref/stories260K_forward_reference.json");
+  auto in = ref["teacher_forced"]["input_tokens"].get<std::vector<int32_t>>();
+  const int64_t T = static_cast<int64_t>(in.size());
+  activations a;
+  m.forward(a, tensor::from_ints({1, T}, in), {});
+  auto full = a.logits.to_floats();
+  // prefill half, then one token at a time
+  auto cache = m.make_cache(1, T);
+  int64_t half = T / 2;
+  std::vector<int32_t> first(in.begin(), in.begin() + half);
+  auto pre = m.forward_cached(cache, tensor::from_ints({1, half}, first), {}, {}, 0, true).to_floats();
+  double worst = 0;
+  const int64_t V = m.config().vocab_size;
+  for (int64_t i = 0; i < half * V; ++i) worst = std::max(worst, (double)std::fabs(pre[i] - full[i]));
+  for (int64_t t = half; t < T; ++t) {
+    auto lg = m.forward_cached(cache, tensor::from_ints({1, 1}, {in[t]}), {}, {}, t).to_floats();
+    for (int64_t v = 0; v < V; ++v) worst = std::max(worst, (double)std::fabs(lg[v] - full[t * V + v]));
+  }
+  MESSAGE("max |cached - full| = " << worst);
+  CHECK(worst < 1e-4);
+}
+
+TEST_CASE("llama2.c save/load round trip, versions 0 and 1, is exact") {
+  auto m = load_llama2c(test::model_path());
+  auto dir = std::filesystem::temp_directory_path() / "flowrun_test_llama2c";
+  std::filesystem::create_directories(dir);
+  for (int version : {0, 1}) {
+    auto p = (dir / ("rt_v" + std::to_string(version) + ".bin")).string();
+    save_llama2c(m, p, version);
+    auto back = load_llama2c(p);
+    auto a = m.w().flat.to_floats(), b = back.w().flat.to_floats();
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    if (version == 0) CHECK(std::filesystem::file_size(p) == std::filesystem::file_size(test::model_path()));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a truncated llama2.c file is refused with the byte counts") {
+  auto dir = std::filesystem::temp_directory_path() / "flowrun_test_trunc";
+  std::filesystem::create_directories(dir);
+  auto p = (dir / "trunc.bin").string();
+  std::filesystem::copy_file(test::model_path(), p, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::resize_file(p, std::filesystem::file_size(p) - 1000);
+  CHECK_THROWS_WITH_AS(load_llama2c(p), doctest::Contains("truncated"), std::runtime_error);
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,114 @@
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+#include "models/decoder.h"
+#include "models/llama2c.h"
+#include "models/lm_data.h"
+#include "models/tokenizer.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/util/assets.h"
+#include "tools/flowrun/commands.h"
+
+namespace flowrun::cli {
+
+namespace {
+struct train_opts {
+  std::string data = "data/tinystories/tinystories_train_head.txt";
+  std::string tokenizer = "model/stories260K/tok512.model";
+  std::string init = "random";  // "random" or a llama2.c checkpoint
+  std::string output;
+  int64_t seq_length = 64;
+  int64_t per_device_train_batch_size = 8;
+  int64_t steps = 100;
+  float learning_rate = 3e-3f;
+  float weight_decay = 0.01f;
+  float gradient_clipping = 1.0f;
+  int64_t seed = 1234;
+  int64_t eval_every = 25;
+};
+}  // namespace
+
+void add_train_lm(CLI::App& app) {
+  auto o = std::make_shared<train_opts>();
+  auto* sub = app.add_subcommand("train-lm", "Train a causal LM on a text file; prints the loss each step");
+  sub->add_option("--data", o->data, "UTF-8 text, documents separated by blank lines")->capture_default_str();
+  sub->add_option("--tokenizer", o->tokenizer, "SentencePiece .model file")->capture_default_str();
+  sub->add_option("--init", o->init, "'random' (stories260K shape) or a llama2.c checkpoint to continue from")
+      ->capture_default_str();
+  sub->add_option("--output", o->output, "Write the trained model here (llama2.c v1) at the end");
+  sub->add_option("--seq_length", o->seq_length, "Tokens per instance")->capture_default_str();
+  sub->add_option("--per_device_train_batch_size", o->per_device_train_batch_size, "Instances per step")
+      ->capture_default_str();
+  sub->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
+  sub->add_option("--learning_rate", o->learning_rate, "AdamW learning rate")->capture_default_str();
+  sub->add_option("--weight_decay", o->weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  sub->add_option("--gradient_clipping", o->gradient_clipping, "Global gradient-norm clip (0 = off)")
+      ->capture_default_str();
+  sub->add_option("--seed", o->seed, "Seed for init and data order")->capture_default_str();
+  sub->add_option("--eval_every", o->eval_every, "Held-out loss every N steps (0 = only at the end)")
+      ->capture_default_str();
+  sub->callback([o] {
+    auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
+    lm_dataset data(resolve_user_path(o->data, "training data").string(), *tok, o->seq_length);
+    data.set_seed(static_cast<uint64_t>(o->seed));
+    decoder model;
+    if (o->init == "random") {
+      model = decoder(stories260k_config());
+      model.init_random(static_cast<uint64_t>(o->seed));
+    } else {
+      model = load_llama2c(resolve_user_path(o->init, "initial model").string());
+    }
+    spdlog::info("model: {}", model.config().summary());
+    spdlog::info("data: {} tokens, {} train / {} held-out instances of {} tokens", data.num_tokens(),
+                 data.num_train(), data.num_val(), o->seq_length);
+    ops::adamw_config oc;
+    oc.lr = o->learning_rate;
+    oc.weight_decay = o->weight_decay;
+    adamw_optimizer opt(model, oc);
+    activations acts;
+    tensor ids, targets;
+    const int64_t B = o->per_device_train_batch_size;
+    auto eval = [&] {
+      activations ea;
+      tensor vi, vt;
+      int64_t nb = std::min<int64_t>(8, std::max<int64_t>(1, data.num_val() / B));
+      double s = 0;
+      for (int64_t i = 0; i < nb; ++i) {
+        data.val_batch(i, B, vi, vt);
+        s += model.forward(ea, vi, vt);
+      }
+      return s / static_cast<double>(nb);
+    };
+    std::printf("step 0 held-out loss %.4f\n", eval());
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t step = 1; step <= o->steps; ++step) {
+      auto ts = std::chrono::steady_clock::now();
+      data.next_batch(B, ids, targets);
+      double loss = model.forward(acts, ids, targets);
+      if (!std::isfinite(loss)) throw std::runtime_error("non-finite loss at step " + std::to_string(step));
+      model.zero_grad();
+      model.backward(acts);
+      std::vector<tensor> g = {model.grads().flat};
+      double norm = ops::clip_grad_norm(g, o->gradient_clipping);
+      opt.step();
+      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+      std::printf("step %ld/%ld loss %.4f grad_norm %.3f tokens/s %.0f\n", static_cast<long>(step),
+                  static_cast<long>(o->steps), loss, norm, static_cast<double>(B * o->seq_length) / dt);
+      if (o->eval_every > 0 && step % o->eval_every == 0 && step != o->steps)
+        std::printf("step %ld held-out loss %.4f\n", static_cast<long>(step), eval());
+      std::fflush(stdout);
+    }
+    double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("final held-out loss %.4f (%.1f s)\n", eval(), total);
+    if (!o->output.empty()) {
+      save_llama2c(model, o->output, 1);
+      spdlog::info("wrote {}", o->output);
+    }
+  });
+}
+
+}  // namespace flowrun::cli

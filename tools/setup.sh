@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs what flowrun needs (Debian packages) and checks the real input files.
+#
+#   tools/setup.sh            install packages, then check/fetch assets
+#   FLOWRUN_SKIP_APT=1 ...    only check the assets
+#
+# The asset root is $FLOWRUN_ASSETS, default ../shared/assets beside the project.
+# configs/assets.tsv lists every file with its sha256 and public source; a
+# missing file is named with its source and, where the network allows,
+# downloaded and checked against its sha256.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+packages=(
+  build-essential cmake ninja-build pkg-config git curl ca-certificates
+  libcaf-dev libsentencepiece-dev libmsgpack-cxx-dev libspdlog-dev doctest-dev
+  libopenblas-openmp-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
+)
+
+if [[ "${FLOWRUN_SKIP_APT:-0}" != 1 ]]; then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "setup: all ${#packages[@]} Debian packages present"
+  fi
+fi
+
+assets="${FLOWRUN_ASSETS:-$root/../shared/assets}"
+echo "setup: assets in $assets"
+fail=0
+while IFS=$'\t' read -r path sha url note; do
+  [[ -z "$path" || "$path" == \#* || "$path" == path ]] && continue
+  f="$assets/$path"
+  if [[ ! -f "$f" ]]; then
+    if [[ -n "$url" ]]; then
+      echo "setup: missing $path; downloading from $url"
+      mkdir -p "$(dirname "$f")" 2>/dev/null || true
+      if ! curl -fsSL --retry 2 -o "$f.part" "$url" 2>/dev/null; then
+        echo "setup: ERROR: could not download $path from $url (no network?). Fetch it by hand into $assets/$path" >&2
+        rm -f "$f.part"; fail=1; continue
+      fi
+      mv "$f.part" "$f"
+    else
+      echo "setup: ERROR: missing $path ($note); it has no public URL of its own: copy the asset bundle into $assets" >&2
+      fail=1; continue
+    fi
+  fi
+  got=$(sha256sum "$f" | cut -d' ' -f1)
+  if [[ "$got" != "$sha" ]]; then
+    echo "setup: ERROR: $f has sha256 $got, expected $sha (source: ${url:-$note})" >&2
+    fail=1
+  fi
+done < "$root/configs/assets.tsv"
+if ((fail)); then
+  echo "setup: some assets are missing or differ (above). Set FLOWRUN_ASSETS to a folder holding them." >&2
+  exit 1
+fi
+echo "setup: all assets present and verified"

@@ -50,8 +50,21 @@ const device_memory_hooks* device_memory_for(device_kind k) {
   return h.alloc ? &h : nullptr;
 }
 
+#ifdef FLOWRUN_HAVE_CUDA
+namespace detail {
+bool cuda_register_memory();
+}
+#endif
+
 static const device_memory_hooks& hooks_or_throw(device d) {
   auto* h = device_memory_for(d.kind);
+#ifdef FLOWRUN_HAVE_CUDA
+  if (!h && d.kind == device_kind::cuda) {
+    if (!detail::cuda_register_memory())
+      throw std::runtime_error("no CUDA device is present for " + d.str() + " (cudaGetDeviceCount found none)");
+    h = device_memory_for(d.kind);
+  }
+#endif
   if (!h)
     throw std::runtime_error("no memory backend for device " + d.str() +
                              ": this build has no CUDA support (configure with -DFLOWRUN_CUDA=ON)");

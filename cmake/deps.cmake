@@ -30,10 +30,14 @@ target_include_directories(flowrun_caf INTERFACE ${CAF_INCLUDE_DIR})
 target_link_libraries(flowrun_caf INTERFACE ${CAF_IO_LIB} ${CAF_CORE_LIB} Threads::Threads)
 
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# ICU (libicu-dev): Unicode character classes for the GPT-2 BPE tokenizer.
+pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)
 find_package(spdlog REQUIRED)
 find_package(doctest REQUIRED)
 find_package(tomlplusplus REQUIRED)
 find_package(nlohmann_json REQUIRED)
+# zlib (zlib1g-dev): reading .jsonl.gz datasets.
+find_package(ZLIB REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(msgpack-cxx QUIET)
 if(TARGET msgpack-cxx)

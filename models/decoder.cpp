@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -170,6 +171,12 @@ void decoder::init_random(uint64_t seed) {
 void decoder::zero_grad() {
   if (!g_.flat.defined()) bind(g_, tensor::zeros({n_params_}, dtype::f32, dev_));
   else g_.flat.zero_();
+  if (n_adapter_ > 0) {
+    if (!g_.adapter_flat.defined() || g_.adapter_flat.numel() != n_adapter_)
+      bind_adapter(g_, tensor::zeros({n_adapter_}, dtype::f32, dev_));
+    else
+      g_.adapter_flat.zero_();
+  }
 }
 
 void decoder::norm_forward(tensor& out, tensor& mean, tensor& rstd, const tensor& x, const tensor& w,
@@ -182,6 +189,230 @@ void decoder::norm_backward(tensor& dx, tensor& dw, tensor& db, const tensor& do
                             const tensor& w, const tensor& mean, const tensor& rstd) {
   if (cfg_.norm == norm_kind::rmsnorm) ops::rmsnorm_backward(dx, dw, dout, x, w, rstd);
   else ops::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd);
+}
+
+// ------------------------------------------------------------------ LoRA and the value head
+
+const char* lora_module_name(int m) {
+  static const char* names[lm_count] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return m >= 0 && m < lm_count ? names[m] : "?";
+}
+
+namespace {
+
+const char* module_path(int m) {
+  static const char* p[lm_count] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                    "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  return p[m];
+}
+
+std::pair<const tensor*, const tensor*> module_wb(const layer_weights& L, int m) {
+  switch (m) {
+    case lm_q: return {&L.wq, &L.bq};
+    case lm_k: return {&L.wk, &L.bk};
+    case lm_v: return {&L.wv, &L.bv};
+    case lm_o: return {&L.wo, &L.bo};
+    case lm_gate: return {&L.w_gate, &L.b_gate};
+    case lm_up: return {&L.w_up, &L.b_up};
+    default: return {&L.w_down, &L.b_down};
+  }
+}
+
+// Which modules a PEFT-style target_modules entry selects (family aliases included).
+std::vector<int> modules_for_pattern(const std::string& pat) {
+  auto ends = [&](const char* suffix) {
+    std::string s(suffix);
+    return pat.size() >= s.size() && pat.compare(pat.size() - s.size(), s.size(), s) == 0;
+  };
+  std::vector<int> out;
+  for (int m = 0; m < lm_count; ++m)
+    if (ends(lora_module_name(m)) || pat == module_path(m)) out.push_back(m);
+  if (ends("out_proj")) out.push_back(lm_o);                             // OPT
+  if (ends("fc1") || ends("c_fc")) out.push_back(lm_up);                 // OPT, GPT-2
+  if (ends("fc2") || ends("mlp.c_proj")) out.push_back(lm_down);         // OPT, GPT-2
+  if (ends("attn.c_proj")) out.push_back(lm_o);                          // GPT-2
+  if (pat == "c_proj") out.insert(out.end(), {lm_o, lm_down});           // GPT-2, both
+  if (ends("c_attn")) out.insert(out.end(), {lm_q, lm_k, lm_v});         // GPT-2 fused qkv
+  return out;
+}
+
+}  // namespace
+
+void decoder::enable_lora(const lora_config& cfg, bool freeze_base) {
+  if (cfg.lora_r < 1) throw std::invalid_argument("enable_lora: lora_r must be >= 1 (got " + std::to_string(cfg.lora_r) + ")");
+  if (cfg.lora_dropout < 0.0f || cfg.lora_dropout >= 1.0f)
+    throw std::invalid_argument("enable_lora: lora_dropout must be in [0, 1)");
+  if (cfg.target_modules.empty()) throw std::invalid_argument("enable_lora: target_modules is empty");
+  if (has_lora()) throw std::logic_error("enable_lora: LoRA is already enabled");
+  bool want[lm_count] = {};
+  for (const auto& pat : cfg.target_modules) {
+    auto ms = modules_for_pattern(pat);
+    ms.erase(std::remove_if(ms.begin(), ms.end(), [&](int m) { return m == lm_gate && !cfg_.gated_mlp; }), ms.end());
+    if (ms.empty())
+      throw std::invalid_argument("enable_lora: target module '" + pat + "' matches no Linear layer of " +
+                                  cfg_.summary() + "; use names such as q_proj, k_proj, v_proj, o_proj, " +
+                                  (cfg_.gated_mlp ? "gate_proj, " : "") + "up_proj, down_proj");
+    for (int m : ms) want[m] = true;
+  }
+  lora_ = cfg;
+  lora_on_ = true;
+  base_trainable_ = !freeze_base;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+    for (int m = 0; m < lm_count; ++m) {
+      if (!want[m]) continue;
+      auto [w, b] = module_wb(w_.layers[l], m);
+      std::string p = "model.layers." + std::to_string(l) + "." + module_path(m) + ".";
+      adapter_entries_.push_back({p + "lora_A.weight", {cfg.lora_r, w->size(1)}, n_adapter_, cfg.lora_r * w->size(1)});
+      n_adapter_ += adapter_entries_.back().numel;
+      adapter_entries_.push_back({p + "lora_B.weight", {w->size(0), cfg.lora_r}, n_adapter_, w->size(0) * cfg.lora_r});
+      n_adapter_ += adapter_entries_.back().numel;
+    }
+  rebuild_adapter();
+  // A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT: kaiming_uniform_(a=sqrt(5))), B = 0
+  splitmix64 rng{cfg.seed * 0x9e3779b97f4a7c15ull + 17};
+  for (auto& e : adapter_entries_) {
+    if (e.name.find("lora_A") == std::string::npos) continue;
+    auto host = tensor::empty(e.shape);
+    float bound = 1.0f / std::sqrt(static_cast<float>(e.shape[1]));
+    for (int64_t i = 0; i < e.numel; ++i) host.data<float>()[i] = static_cast<float>((2 * rng.uniform() - 1) * bound);
+    w_.by_name.at(e.name).copy_from(host.to(dev_));
+  }
+}
+
+void decoder::add_value_head(uint64_t seed) {
+  if (value_head_) throw std::logic_error("add_value_head: the model already has a value head");
+  value_head_ = true;
+  adapter_entries_.push_back({"v_head.weight", {1, cfg_.dim}, n_adapter_, cfg_.dim, false});
+  n_adapter_ += cfg_.dim;
+  rebuild_adapter();
+  splitmix64 rng{seed * 0x9e3779b97f4a7c15ull + 29};
+  auto host = tensor::empty({1, cfg_.dim});
+  float bound = 1.0f / std::sqrt(static_cast<float>(cfg_.dim));  // torch nn.Linear default init
+  for (int64_t i = 0; i < cfg_.dim; ++i) host.data<float>()[i] = static_cast<float>((2 * rng.uniform() - 1) * bound);
+  w_.v_head.copy_from(host.to(dev_));
+}
+
+// Re-allocate the adapter buffer for the current entries, keeping existing values.
+void decoder::rebuild_adapter() {
+  auto fresh = tensor::zeros({n_adapter_}, dtype::f32, dev_);
+  for (auto& e : adapter_entries_) {
+    auto it = w_.by_name.find(e.name);
+    if (it != w_.by_name.end()) fresh.flat_view(e.offset, e.shape).copy_from(it->second);
+  }
+  bind_adapter(w_, fresh);
+  if (g_.flat.defined()) bind_adapter(g_, tensor::zeros({n_adapter_}, dtype::f32, dev_));
+}
+
+void decoder::bind_adapter(weights& dst, const tensor& flat) {
+  dst.adapter_flat = flat;
+  for (auto& e : adapter_entries_) dst.by_name[e.name] = flat.flat_view(e.offset, e.shape);
+  dst.v_head = value_head_ ? dst.by_name.at("v_head.weight") : tensor{};
+  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+    for (int m = 0; m < lm_count; ++m) {
+      std::string p = "model.layers." + std::to_string(l) + "." + module_path(m) + ".";
+      auto a = dst.by_name.find(p + "lora_A.weight");
+      auto b = dst.by_name.find(p + "lora_B.weight");
+      dst.layers[l].lora[m].A = a == dst.by_name.end() ? tensor{} : a->second;
+      dst.layers[l].lora[m].B = b == dst.by_name.end() ? tensor{} : b->second;
+    }
+}
+
+void decoder::merge_lora() {
+  if (!has_lora() || merged_) return;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+    for (int m = 0; m < lm_count; ++m) {
+      auto& lp = w_.layers[l].lora[m];
+      if (!lp.A.defined()) continue;
+      tensor w = *module_wb(w_.layers[l], m).first;
+      ops::matmul(w, lp.B, lp.A, false, false, lora_.scale(), 1.0f);  // W += s·B A
+    }
+  merged_ = true;
+}
+
+void decoder::unmerge_lora() {
+  if (!has_lora() || !merged_) return;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+    for (int m = 0; m < lm_count; ++m) {
+      auto& lp = w_.layers[l].lora[m];
+      if (!lp.A.defined()) continue;
+      tensor w = *module_wb(w_.layers[l], m).first;
+      ops::matmul(w, lp.B, lp.A, false, false, -lora_.scale(), 1.0f);  // W -= s·B A
+    }
+  merged_ = false;
+}
+
+void decoder::lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activations::layer* la) {
+  const auto& L = w_.layers[l];
+  auto [w, b] = module_wb(L, m);
+  ops::linear_forward(out, x, *w, *b);
+  const auto& lp = L.lora[m];
+  if (!lora_on_ || merged_ || !lp.A.defined()) return;
+  const int64_t in = w->size(1), N = x.numel() / in, r = lora_.lora_r;
+  tensor x2 = x.view({N, in});
+  tensor xd = x2;
+  if (la && lora_.lora_dropout > 0.0f) {  // training: inverted dropout, mask saved for backward
+    if (dev_.kind != device_kind::cpu) throw std::runtime_error("lora_dropout is implemented on CPU only");
+    ensure(la->lora_mask[m], {N, in}, dev_);
+    xd = tensor::empty({N, in}, dtype::f32, dev_);
+    splitmix64 rng{lora_.seed * 0x9e3779b97f4a7c15ull + (++dropout_calls_) * 0xd1b54a32d192ed03ull};
+    const float keep = 1.0f - lora_.lora_dropout, inv = 1.0f / keep;
+    float* mk = la->lora_mask[m].data<float>();
+    const float* xs = x2.data<float>();
+    float* xo = xd.data<float>();
+    for (int64_t i = 0; i < N * in; ++i) {
+      mk[i] = rng.uniform() < keep ? inv : 0.0f;
+      xo[i] = xs[i] * mk[i];
+    }
+  }
+  tensor u = la ? la->lora_u[m] : tensor{};
+  if (!u.defined() || u.shape() != shape_t{N, r}) u = tensor::empty({N, r}, dtype::f32, dev_);
+  if (la) la->lora_u[m] = u;
+  tensor none;
+  ops::linear_forward(u, xd, lp.A, none);  // u = dropout(x) Aᵀ (N, r)
+  tensor o2 = out.view({N, w->size(0)});
+  ops::matmul(o2, u, lp.B, false, true, lora_.scale(), 1.0f);  // out += s · u Bᵀ
+}
+
+void decoder::lin_bwd(int64_t l, int m, tensor& dx, const tensor& dout, const tensor& x, activations& a,
+                      activations::layer& la) {
+  const auto& L = w_.layers[l];
+  auto& G = g_.layers[l];
+  auto [w, b] = module_wb(L, m);
+  auto [gw, gb] = module_wb(G, m);
+  tensor dw = base_trainable_ ? *gw : tensor{};
+  tensor db = base_trainable_ ? *gb : tensor{};
+  ops::linear_backward(dx, dw, db, dout, x, *w);
+  const auto& lp = L.lora[m];
+  if (!lora_on_ || merged_ || !lp.A.defined()) return;
+  const int64_t in = w->size(1), out_f = w->size(0), N = x.numel() / in, r = lora_.lora_r;
+  const float s = lora_.scale();
+  tensor d2 = dout.view({N, out_f});
+  tensor x2 = x.view({N, in});
+  auto& gp = G.lora[m];
+  const bool drop = lora_.lora_dropout > 0.0f && la.lora_mask[m].defined();
+  tensor xd = x2;
+  if (drop) {  // recompute dropout(x) from the saved mask
+    xd = tensor::empty({N, in}, dtype::f32, dev_);
+    const float* xs = x2.data<float>();
+    const float* mk = la.lora_mask[m].data<float>();
+    float* xo = xd.data<float>();
+    for (int64_t i = 0; i < N * in; ++i) xo[i] = xs[i] * mk[i];
+  }
+  ensure(a.lora_du, {N, r}, dev_);
+  ops::matmul(gp.B, d2, la.lora_u[m], true, false, s, 1.0f);  // dB += s · doutᵀ u   (out, r)
+  ops::matmul(a.lora_du, d2, lp.B, false, false, s, 0.0f);    // du = s · dout B      (N, r)
+  ops::matmul(gp.A, a.lora_du, xd, true, false, 1.0f, 1.0f);  // dA += duᵀ dropout(x) (r, in)
+  tensor dx2 = dx.view({N, in});
+  if (!drop) {
+    ops::matmul(dx2, a.lora_du, lp.A, false, false, 1.0f, 1.0f);  // dx += du A
+  } else {
+    ensure(a.lora_dx, {N, in}, dev_);
+    ops::matmul(a.lora_dx, a.lora_du, lp.A, false, false, 1.0f, 0.0f);
+    const float* mk = la.lora_mask[m].data<float>();
+    const float* t = a.lora_dx.data<float>();
+    float* o = dx2.data<float>();
+    for (int64_t i = 0; i < N * in; ++i) o[i] += t[i] * mk[i];
+  }
 }
 
 // ------------------------------------------------------------------ training forward
@@ -223,10 +454,10 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
       ensure(L.up, {B, T, F}, dev_);
       ensure(L.act, {B, T, F}, dev_);
     }
+    a.dlogits = tensor{};
     ensure(a.lnf, {B, T, C}, dev_);
     ensure(a.lnf_rstd, {N}, dev_);
     if (ln) ensure(a.lnf_mean, {N}, dev_);
-    ensure(a.logits, {B, T, V}, dev_);
     ensure(a.losses, {N}, dev_);
   }
   a.ids = ids;
@@ -254,34 +485,42 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     tensor ln1 = L.ln1.view({N, C});
     norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
     tensor q = L.q.view({N, H * hs}), k = L.k.view({N, KV * hs}), v = L.v.view({N, KV * hs});
-    ops::linear_forward(q, ln1, W.wq, W.bq);
-    ops::linear_forward(k, ln1, W.wk, W.bk);
-    ops::linear_forward(v, ln1, W.wv, W.bv);
+    lin_fwd(l, lm_q, q, ln1, &L);
+    lin_fwd(l, lm_k, k, ln1, &L);
+    lin_fwd(l, lm_v, v, ln1, &L);
     if (cfg_.use_rope) {
       ops::rope_forward(L.q, a.positions, cfg_.rope_theta, cfg_.rope);
       ops::rope_forward(L.k, a.positions, cfg_.rope_theta, cfg_.rope);
     }
     ops::attention_forward(L.atty, L.att, L.q, L.k, L.v, mask);
     tensor r2 = L.resid2.view({N, C});
-    ops::linear_forward(r2, L.atty.view({N, C}), W.wo, W.bo);
+    lin_fwd(l, lm_o, r2, L.atty.view({N, C}), &L);
     ops::axpy(r2, x);
     tensor ln2 = L.ln2.view({N, C});
     norm_forward(ln2, L.ln2_mean, L.ln2_rstd, r2, W.ln2_w, W.ln2_b);
     tensor up = L.up.view({N, F}), act = L.act.view({N, F});
-    ops::linear_forward(up, ln2, W.w_up, W.b_up);
+    lin_fwd(l, lm_up, up, ln2, &L);
     if (cfg_.gated_mlp) {
       tensor gate = L.gate.view({N, F});
-      ops::linear_forward(gate, ln2, W.w_gate, W.b_gate);
+      lin_fwd(l, lm_gate, gate, ln2, &L);
       ops::swiglu_forward(act, gate, up);
     } else {
       ops::activation_forward(act, up, cfg_.act);
     }
     tensor xo = a.resid[l + 1].view({N, C});
-    ops::linear_forward(xo, act, W.w_down, W.b_down);
+    lin_fwd(l, lm_down, xo, act, &L);
     ops::axpy(xo, r2);
   }
   tensor lnf = a.lnf.view({N, C});
   norm_forward(lnf, a.lnf_mean, a.lnf_rstd, a.resid[NL].view({N, C}), w_.lnf_w, w_.lnf_b);
+  if (value_head_) {
+    ensure(a.values, {B, T}, dev_);
+    tensor vals = a.values.view({N, 1});
+    ops::linear_forward(vals, lnf, w_.v_head, none_tensor);
+    a.n_valid = 0;
+    return 0.0;
+  }
+  ensure(a.logits, {B, T, V}, dev_);
   tensor logits = a.logits.view({N, V});
   ops::linear_forward(logits, lnf, w_.lm_head, none_tensor);
   if (!targets.defined()) {
@@ -296,6 +535,7 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
 // ------------------------------------------------------------------ training backward
 
 void decoder::backward(activations& a, const tensor& dlogits_in) {
+  if (!value_head_ && !a.logits.defined()) throw std::logic_error("decoder::backward: no forward to differentiate");
   if (!g_.flat.defined()) zero_grad();
   const int64_t B = a.B, T = a.T, N = B * T;
   const int64_t C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
@@ -311,23 +551,29 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   ensure(a.dk, {B, T, KV, hs}, dev_);
   ensure(a.dv, {B, T, KV, hs}, dev_);
 
-  tensor dlogits;
-  if (dlogits_in.defined()) {
-    if (dlogits_in.numel() != N * V)
-      throw std::invalid_argument("decoder::backward: dlogits " + dlogits_in.str() + " must be (B, T, V)");
-    dlogits = dlogits_in.view({N, V});
-  } else {
-    if (!a.targets.defined()) throw std::logic_error("decoder::backward: forward ran without targets");
-    ensure(a.dlogits, {N, V}, dev_);
-    dlogits = a.dlogits;
-    float dloss = a.n_valid > 0 ? 1.0f / static_cast<float>(a.n_valid) : 0.0f;
-    ops::cross_entropy_backward(dlogits, a.logits.view({N, V}), a.targets.view({N}), dloss);
-  }
-
-  // classifier and final norm
   a.dlnf.zero_();
   tensor no_db;
-  ops::linear_backward(a.dlnf, g_.lm_head, no_db, dlogits, a.lnf.view({N, C}), w_.lm_head);
+  if (value_head_) {
+    if (!dlogits_in.defined() || dlogits_in.numel() != N)
+      throw std::invalid_argument("decoder::backward: a value-head model needs dvalues (B, T)");
+    ops::linear_backward(a.dlnf, g_.v_head, no_db, dlogits_in.view({N, 1}), a.lnf.view({N, C}), w_.v_head);
+  } else {
+    tensor dlogits;
+    if (dlogits_in.defined()) {
+      if (dlogits_in.numel() != N * V)
+        throw std::invalid_argument("decoder::backward: dlogits " + dlogits_in.str() + " must be (B, T, V)");
+      dlogits = dlogits_in.view({N, V});
+    } else {
+      if (!a.targets.defined()) throw std::logic_error("decoder::backward: forward ran without targets");
+      ensure(a.dlogits, {N, V}, dev_);
+      dlogits = a.dlogits;
+      float dloss = a.n_valid > 0 ? 1.0f / static_cast<float>(a.n_valid) : 0.0f;
+      ops::cross_entropy_backward(dlogits, a.logits.view({N, V}), a.targets.view({N}), dloss);
+    }
+    // classifier (its weight gradient only when the base trains)
+    tensor dhead = base_trainable_ ? g_.lm_head : tensor{};
+    ops::linear_backward(a.dlnf, dhead, no_db, dlogits, a.lnf.view({N, C}), w_.lm_head);
+  }
   a.dres.zero_();
   norm_backward(a.dres, g_.lnf_w, g_.lnf_b, a.dlnf, a.resid[NL].view({N, C}), w_.lnf_w, a.lnf_mean, a.lnf_rstd);
 
@@ -337,20 +583,20 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     auto& G = g_.layers[l];
     // MLP: resid[l+1] = resid2 + down(act(ln2(resid2)))
     a.dact.zero_();
-    ops::linear_backward(a.dact, G.w_down, G.b_down, a.dres, L.act.view({N, F}), W.w_down);
+    lin_bwd(l, lm_down, a.dact, a.dres, L.act.view({N, F}), a, L);
     tensor ln2 = L.ln2.view({N, C});
     a.dln.zero_();
     if (cfg_.gated_mlp) {
       ops::swiglu_backward(a.dgate, a.dup, a.dact, L.gate.view({N, F}), L.up.view({N, F}));
-      ops::linear_backward(a.dln, G.w_gate, G.b_gate, a.dgate, ln2, W.w_gate);
+      lin_bwd(l, lm_gate, a.dln, a.dgate, ln2, a, L);
     } else {
       ops::activation_backward(a.dup, a.dact, L.up.view({N, F}), cfg_.act);
     }
-    ops::linear_backward(a.dln, G.w_up, G.b_up, a.dup, ln2, W.w_up);
+    lin_bwd(l, lm_up, a.dln, a.dup, ln2, a, L);
     norm_backward(a.dres, G.ln2_w, G.ln2_b, a.dln, L.resid2.view({N, C}), W.ln2_w, L.ln2_mean, L.ln2_rstd);
     // attention: resid2 = resid[l] + o_proj(attn(ln1(resid[l])))
     a.datty.zero_();
-    ops::linear_backward(a.datty, G.wo, G.bo, a.dres, L.atty.view({N, C}), W.wo);
+    lin_bwd(l, lm_o, a.datty, a.dres, L.atty.view({N, C}), a, L);
     tensor datty4 = a.datty.view({B, T, H, hs});
     ops::attention_backward(a.dq, a.dk, a.dv, datty4, L.q, L.k, L.v, L.att);
     if (cfg_.use_rope) {
@@ -359,9 +605,9 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     }
     tensor ln1 = L.ln1.view({N, C});
     a.dln.zero_();
-    ops::linear_backward(a.dln, G.wq, G.bq, a.dq.view({N, H * hs}), ln1, W.wq);
-    ops::linear_backward(a.dln, G.wk, G.bk, a.dk.view({N, KV * hs}), ln1, W.wk);
-    ops::linear_backward(a.dln, G.wv, G.bv, a.dv.view({N, KV * hs}), ln1, W.wv);
+    lin_bwd(l, lm_q, a.dln, a.dq.view({N, H * hs}), ln1, a, L);
+    lin_bwd(l, lm_k, a.dln, a.dk.view({N, KV * hs}), ln1, a, L);
+    lin_bwd(l, lm_v, a.dln, a.dv.view({N, KV * hs}), ln1, a, L);
     norm_backward(a.dres, G.ln1_w, G.ln1_b, a.dln, a.resid[l].view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
   }
   ops::embedding_backward(g_.wte, a.dres, a.ids.view({N}));
@@ -425,9 +671,9 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     const auto& W = w_.layers[l];
     norm_forward(h, mean, rstd, x, W.ln1_w, W.ln1_b);
     tensor q2 = q.view({N, H * hs}), k2 = k.view({N, KV * hs}), v2 = v.view({N, KV * hs});
-    ops::linear_forward(q2, h, W.wq, W.bq);
-    ops::linear_forward(k2, h, W.wk, W.bk);
-    ops::linear_forward(v2, h, W.wv, W.bv);
+    lin_fwd(l, lm_q, q2, h, nullptr);
+    lin_fwd(l, lm_k, k2, h, nullptr);
+    lin_fwd(l, lm_v, v2, h, nullptr);
     if (cfg_.use_rope) {
       ops::rope_forward(q, positions, cfg_.rope_theta, cfg_.rope);
       ops::rope_forward(k, positions, cfg_.rope_theta, cfg_.rope);
@@ -437,18 +683,27 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
       cache.v[l].rows(b, b + 1).view({cache.S, KV * hs}).rows(n_past, n_keys).copy_from(v.rows(b, b + 1));
     }
     ops::attention_forward(y, no_att, q, cache.k[l], cache.v[l], mask, n_keys);
-    ops::linear_forward(h, y.view({N, C}), W.wo, W.bo);
+    lin_fwd(l, lm_o, h, y.view({N, C}), nullptr);
     ops::axpy(x, h);
     norm_forward(h, mean, rstd, x, W.ln2_w, W.ln2_b);
-    ops::linear_forward(up, h, W.w_up, W.b_up);
+    lin_fwd(l, lm_up, up, h, nullptr);
     if (cfg_.gated_mlp) {
-      ops::linear_forward(gate, h, W.w_gate, W.b_gate);
+      lin_fwd(l, lm_gate, gate, h, nullptr);
       ops::swiglu_forward(act, gate, up);
     } else {
       ops::activation_forward(act, up, cfg_.act);
     }
-    ops::linear_forward(h, act, W.w_down, W.b_down);
+    lin_fwd(l, lm_down, h, act, nullptr);
     ops::axpy(x, h);
+  }
+  if (value_head_) {
+    norm_forward(h, mean, rstd, x, w_.lnf_w, w_.lnf_b);
+    auto vals = tensor::empty({N, 1}, dtype::f32, dev_);
+    ops::linear_forward(vals, h, w_.v_head, none_tensor);
+    if (all_logits) return vals.view({B, Tq});
+    auto last = tensor::empty({B}, dtype::f32, dev_);
+    for (int64_t b = 0; b < B; ++b) last.flat_view(b, {1}).copy_from(vals.rows(b * Tq + Tq - 1, b * Tq + Tq));
+    return last;
   }
   if (all_logits) {
     norm_forward(h, mean, rstd, x, w_.lnf_w, w_.lnf_b);
@@ -472,22 +727,31 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
 // ------------------------------------------------------------------ AdamW
 
 adamw_optimizer::adamw_optimizer(decoder& model, const ops::adamw_config& cfg) : model_(model), cfg_(cfg) {
-  m_ = tensor::zeros({model.num_parameters()}, dtype::f32, model.w().flat.dev());
-  v_ = tensor::zeros({model.num_parameters()}, dtype::f32, model.w().flat.dev());
+  const device dev = model.w().flat.dev();
+  if (model.base_trainable()) {
+    m_ = tensor::zeros({model.num_parameters()}, dtype::f32, dev);
+    v_ = tensor::zeros({model.num_parameters()}, dtype::f32, dev);
+  }
+  if (model.num_adapter_parameters() > 0) {
+    am_ = tensor::zeros({model.num_adapter_parameters()}, dtype::f32, dev);
+    av_ = tensor::zeros({model.num_adapter_parameters()}, dtype::f32, dev);
+  }
 }
 
-void adamw_optimizer::step(float lr) {
-  ++t_;
-  ops::adamw_config c = cfg_;
-  if (lr >= 0) c.lr = lr;
-  auto& P = model_.w().flat;
-  auto& G = model_.grads().flat;
+std::vector<tensor> adamw_optimizer::trainable_grads() {
+  std::vector<tensor> g;
+  if (model_.base_trainable()) g.push_back(model_.grads().flat);
+  if (model_.num_adapter_parameters() > 0) g.push_back(model_.grads().adapter_flat);
+  return g;
+}
+
+void adamw_optimizer::step_group(tensor& P, tensor& G, tensor& M, tensor& Vt, const std::vector<param_entry>& es,
+                                 const ops::adamw_config& c) {
   if (c.weight_decay == 0.0f) {
-    ops::adamw_step(P, G, m_, v_, t_, c);
+    ops::adamw_step(P, G, M, Vt, t_, c);
     return;
   }
   // runs of consecutive parameters with the same decay setting, one kernel call each
-  const auto& es = model_.params();
   size_t i = 0;
   while (i < es.size()) {
     size_t j = i;
@@ -495,12 +759,27 @@ void adamw_optimizer::step(float lr) {
     int64_t off = es[i].offset, n = es[j].offset + es[j].numel - off;
     auto p = P.flat_view(off, {n});
     auto g = G.flat_view(off, {n});
-    auto m = m_.flat_view(off, {n});
-    auto v = v_.flat_view(off, {n});
+    auto m = M.flat_view(off, {n});
+    auto v = Vt.flat_view(off, {n});
     ops::adamw_config ci = c;
     if (es[i].no_decay) ci.weight_decay = 0.0f;
     ops::adamw_step(p, g, m, v, t_, ci);
     i = j + 1;
+  }
+}
+
+void adamw_optimizer::step(float lr) {
+  ++t_;
+  ops::adamw_config c = cfg_;
+  if (lr >= 0) c.lr = lr;
+  if (model_.base_trainable()) {
+    if (!m_.defined()) throw std::logic_error("adamw_optimizer: the base became trainable after construction");
+    step_group(model_.w().flat, model_.grads().flat, m_, v_, model_.params(), c);
+  }
+  if (model_.num_adapter_parameters() > 0) {
+    if (!am_.defined() || am_.numel() != model_.num_adapter_parameters())
+      throw std::logic_error("adamw_optimizer: adapters were added after the optimizer was made");
+    step_group(model_.w().adapter_flat, model_.grads().adapter_flat, am_, av_, model_.adapter_params(), c);
   }
 }
 

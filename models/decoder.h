@@ -20,6 +20,26 @@
 
 namespace flowrun {
 
+/// LoRA settings (Hu et al. 2021, eq. 3; PEFT's LoraConfig; TencentPretrain's
+/// --use_lora --lora_r --lora_alpha --lora_dropout). A targeted Linear computes
+/// y = x Wᵀ + b + (lora_alpha / lora_r) · dropout(x) Aᵀ Bᵀ with A (r, in), B (out, r).
+struct lora_config {
+  int64_t lora_r = 8;
+  float lora_alpha = 16.0f;
+  float lora_dropout = 0.0f;
+  /// Module names (PEFT's target_modules: a Linear matches when its name ends with
+  /// the entry). LLaMA names q_proj k_proj v_proj o_proj gate_proj up_proj down_proj;
+  /// OPT's out_proj fc1 fc2 and GPT-2's c_attn (q, k and v) c_proj c_fc are aliases.
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  uint64_t seed = 0;  ///< init of A and the dropout masks
+  float scale() const { return lora_alpha / static_cast<float>(lora_r); }
+};
+
+/// The Linear layers of a decoder layer, in a fixed order.
+enum lora_module : int { lm_q, lm_k, lm_v, lm_o, lm_gate, lm_up, lm_down, lm_count };
+/// "q_proj", "k_proj", ... (HF LLaMA names).
+const char* lora_module_name(int m);
+
 /// One named parameter: a view into the flat buffer.
 struct param_entry {
   std::string name;
@@ -38,6 +58,10 @@ struct layer_weights {
   tensor w_gate, b_gate;         ///< mlp.gate_proj (F, C), gated MLP only
   tensor w_up, b_up;             ///< mlp.up_proj (F, C) (OPT fc1, GPT-2 c_fc)
   tensor w_down, b_down;         ///< mlp.down_proj (C, F)
+  struct lora_pair {
+    tensor A, B;                 ///< lora_A (r, in), lora_B (out, r); undefined when not targeted
+  };
+  lora_pair lora[lm_count];
 };
 
 /// All weights (or all gradients: same structure over the gradient buffer).
@@ -48,7 +72,9 @@ struct weights {
   std::vector<layer_weights> layers;
   tensor lnf_w, lnf_b;           ///< model.norm (C)
   tensor lm_head;                ///< lm_head.weight (V, C); == wte view when tied
-  std::map<std::string, tensor> by_name;
+  tensor v_head;                 ///< v_head.weight (1, C): the scalar value head (critic, reward)
+  tensor adapter_flat;           ///< (n_adapter,): LoRA tensors and the value head
+  std::map<std::string, tensor> by_name;  ///< base and adapter tensors
 };
 
 /// Saved activations of one training forward pass.
@@ -64,14 +90,18 @@ struct activations {
     tensor resid2;                    // (B,T,C) after the attention residual
     tensor ln2, ln2_mean, ln2_rstd;
     tensor gate, up, act;             // (B,T,F): gate/up pre-activation, act = MLP hidden
+    tensor lora_u[lm_count];          // (B*T, r): dropout(x) Aᵀ, LoRA modules only
+    tensor lora_mask[lm_count];       // (B*T, in): dropout mask scaled by 1/(1-p), when lora_dropout > 0
   };
   std::vector<layer> layers;
   tensor lnf, lnf_mean, lnf_rstd;  // (B,T,C)
-  tensor logits;                   // (B,T,V)
+  tensor logits;                   // (B,T,V) (LM head)
+  tensor values;                   // (B,T) (value head)
   tensor losses;                   // (B*T)
   int64_t n_valid = 0;
   /// Gradient scratch for backward, sized with the activations.
   tensor dlogits, dlnf, dres, dln, dact, dgate, dup, datty, dq, dk, dv;  // (B*T, ...) each
+  tensor lora_du, lora_dx;  // LoRA backward scratch
 };
 
 /// A KV cache for incremental decoding: per layer k, v of shape (B, S, KV, hs).
@@ -97,6 +127,32 @@ class decoder {
   /// A parameter by HF name; throws std::out_of_range naming it.
   tensor& param(const std::string& name);
 
+  /// Add LoRA adapters to the Linear layers named by cfg.target_modules and, when
+  /// freeze_base, train only them (and the value head). A initialised as PEFT does
+  /// (kaiming-uniform, bound 1/sqrt(in)), B zero, so the model's output is unchanged.
+  /// Throws std::invalid_argument when a pattern matches no layer, or lora_r < 1.
+  void enable_lora(const lora_config& cfg, bool freeze_base = true);
+  bool has_lora() const { return lora_.lora_r > 0 && lora_on_; }
+  const lora_config& lora() const { return lora_; }
+  /// W += scale · B A for every adapted layer (and mark merged: forward skips the adapter).
+  void merge_lora();
+  /// W -= scale · B A: the exact inverse of merge_lora (up to float rounding).
+  void unmerge_lora();
+  bool lora_merged() const { return merged_; }
+
+  /// Replace the LM head by a scalar value head v_head (Linear(C, 1), no bias),
+  /// as DeepSpeed-Chat's RewardModel (dschat/utils/model/reward_model.py). The
+  /// forward then fills activations::values (B, T) instead of logits.
+  void add_value_head(uint64_t seed = 0);
+  bool has_value_head() const { return value_head_; }
+
+  /// Whether the base weights train (false after enable_lora with freeze_base).
+  bool base_trainable() const { return base_trainable_; }
+  void set_base_trainable(bool on) { base_trainable_ = on; }
+  /// Adapter tensors (LoRA A/B and v_head) in adapter_flat order.
+  const std::vector<param_entry>& adapter_params() const { return adapter_entries_; }
+  int64_t num_adapter_parameters() const { return n_adapter_; }
+
   /// GPT-2-style random init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
   /// norms 1, biases 0. Deterministic for a seed.
   void init_random(uint64_t seed);
@@ -109,19 +165,28 @@ class decoder {
                  const tensor& positions = {});
   /// Backward of the mean cross-entropy of the last forward; accumulates into grads().
   /// `dlogits` may be given instead (B, T, V) for other losses (then targets are unused).
-  void backward(activations& a, const tensor& dlogits = {});
+  /// With a value head, `dout` is dvalues (B, T) and is required.
+  void backward(activations& a, const tensor& dout = {});
   /// Zero the gradient buffer (allocating it on first use).
   void zero_grad();
 
   /// Incremental decode: run `ids` (B, Tq) i32 at positions `positions` (B, Tq) through the
   /// model using and extending `cache` from n_past; mask (B, n_past + Tq) may be undefined.
   /// Returns logits (B, Tq, V) when all_logits, else the last position's (B, V).
+  /// With a value head: values (B, Tq) or (B,) instead.
   tensor forward_cached(kv_cache& cache, const tensor& ids, const tensor& positions, const tensor& mask,
                         int64_t n_past, bool all_logits = false);
   kv_cache make_cache(int64_t B, int64_t S) const;
 
  private:
   void bind(weights& dst, const tensor& flat);
+  void bind_adapter(weights& dst, const tensor& flat);
+  void rebuild_adapter();
+  // y = x Wᵀ + b (+ LoRA) for module m of layer l; `la` saves what backward needs (null: inference)
+  void lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activations::layer* la);
+  // dx += dout W (+ LoRA); dW, db (+ dA, dB) accumulate when trainable
+  void lin_bwd(int64_t l, int m, tensor& dx, const tensor& dout, const tensor& x, activations& a,
+               activations::layer& la);
   void norm_forward(tensor& out, tensor& mean, tensor& rstd, const tensor& x, const tensor& w, const tensor& b);
   void norm_backward(tensor& dx, tensor& dw, tensor& db, const tensor& dout, const tensor& x, const tensor& w,
                      const tensor& mean, const tensor& rstd);
@@ -131,22 +196,35 @@ class decoder {
   std::vector<param_entry> entries_;
   int64_t n_params_ = 0;
   weights w_, g_;
+  lora_config lora_{0};
+  bool lora_on_ = false, merged_ = false, value_head_ = false, base_trainable_ = true;
+  std::vector<param_entry> adapter_entries_;
+  int64_t n_adapter_ = 0;
+  uint64_t dropout_calls_ = 0;
 };
 
-/// AdamW over a decoder's flat buffers, with no weight decay on norms and biases.
+/// AdamW over a decoder's trainable flat buffers (the base weights unless frozen,
+/// and the adapter buffer), with no weight decay on norms and biases.
 class adamw_optimizer {
  public:
   adamw_optimizer(decoder& model, const ops::adamw_config& cfg);
   /// One step with the gradients in model.grads(); `lr` overrides cfg.lr when >= 0.
   void step(float lr = -1.0f);
   int64_t step_count() const { return t_; }
+  /// Moments of the base buffer and of the adapter buffer (undefined when not trained).
   tensor& m() { return m_; }
   tensor& v() { return v_; }
+  tensor& adapter_m() { return am_; }
+  tensor& adapter_v() { return av_; }
+  /// The trainable gradient buffers (for the global norm and clipping).
+  std::vector<tensor> trainable_grads();
 
  private:
+  void step_group(tensor& p, tensor& g, tensor& m, tensor& v, const std::vector<param_entry>& es,
+                  const ops::adamw_config& c);
   decoder& model_;
   ops::adamw_config cfg_;
-  tensor m_, v_;
+  tensor m_, v_, am_, av_;
   int64_t t_ = 0;
 };
 

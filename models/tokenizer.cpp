@@ -55,9 +55,18 @@ std::unique_ptr<tokenizer> load_sentencepiece(const std::string& path) {
 
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path) {
   std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p)) {
+    if (std::filesystem::exists(p / "tokenizer.model")) return load_sentencepiece((p / "tokenizer.model").string());
+    if (std::filesystem::exists(p / "vocab.json") && std::filesystem::exists(p / "merges.txt"))
+      return load_gpt2_bpe((p / "vocab.json").string(), (p / "merges.txt").string());
+    throw std::runtime_error(path + ": no tokenizer in the folder: expected tokenizer.model (SentencePiece) or "
+                                    "vocab.json + merges.txt (GPT-2 byte-level BPE)");
+  }
   if (p.extension() == ".model") return load_sentencepiece(path);
+  if (p.filename() == "vocab.json") return load_gpt2_bpe(path, (p.parent_path() / "merges.txt").string());
   throw std::runtime_error(path + ": unknown tokenizer format; give a SentencePiece .model file "
-                                  "(e.g. model/stories260K/tok512.model)");
+                                  "(e.g. model/stories260K/tok512.model), a GPT-2 BPE vocab.json (with merges.txt "
+                                  "beside it), or a folder holding either");
 }
 
 }  // namespace flowrun

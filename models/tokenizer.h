@@ -1,5 +1,5 @@
 // Tokenizers behind one interface: SentencePiece (LLaMA, via the SentencePiece
-// library) now; GPT-2 byte-level BPE (GPT-2, OPT) joins behind the same interface.
+// library) and GPT-2 byte-level BPE (GPT-2, OPT; models/bpe_tokenizer.cpp).
 #pragma once
 
 #include <cstdint>
@@ -23,12 +23,26 @@ class tokenizer {
   virtual int32_t eos_id() const = 0;
   /// -1 when the model has no pad token.
   virtual int32_t pad_id() const = 0;
+  /// Whether the model's Hugging Face tokenizer puts BOS before every text it
+  /// encodes (tokenizer_config.json "add_bos_token": OPT's does, GPT-2's does not).
+  /// Callers pass it as encode's add_bos to tokenize as transformers does.
+  virtual bool adds_bos() const { return false; }
 };
 
 /// Load a SentencePiece .model file. Throws std::runtime_error naming the file.
 std::unique_ptr<tokenizer> load_sentencepiece(const std::string& path);
 
-/// Load by file type: *.model → SentencePiece. Throws std::runtime_error with a hint otherwise.
+/// Load a GPT-2 byte-level BPE tokenizer (GPT-2, OPT, RoBERTa-style vocab.json +
+/// merges.txt, as transformers' GPT2Tokenizer). Special tokens (bos/eos/pad/unk
+/// and added tokens) come from special_tokens_map.json, tokenizer_config.json,
+/// added_tokens.json and config.json beside vocab.json; without them BOS = EOS =
+/// <|endoftext|> when the vocabulary has it (GPT-2), and no pad.
+/// Throws std::runtime_error naming the file and the problem.
+std::unique_ptr<tokenizer> load_gpt2_bpe(const std::string& vocab_json, const std::string& merges_txt);
+
+/// Load by type: a *.model file → SentencePiece; a vocab.json file (merges.txt
+/// beside it) → GPT-2 BPE; a folder holding tokenizer.model (SentencePiece) or
+/// vocab.json + merges.txt (GPT-2 BPE). Throws std::runtime_error with a hint otherwise.
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
 
 }  // namespace flowrun

@@ -46,11 +46,21 @@ std::int64_t metrics_snapshot::steps() const {
   for (const auto& n : nodes)
     if (auto it = n.counters.find("steps"); it != n.counters.end()) best = std::max(best, it->second);
   if (best >= 0) return best;
+  for (const auto& n : nodes)
+    if (n.terminal && !n.source) best = std::max(best, static_cast<std::int64_t>(n.handled));
+  if (best >= 0) return best;
   best = 0;
   for (const auto& n : nodes)
     if (n.source)
       best = std::max(best, static_cast<std::int64_t>(n.produced / std::max<std::size_t>(1, n.replicas)));
   return best;
+}
+
+std::int64_t metrics_snapshot::produced() const {
+  std::int64_t total = 0;
+  for (const auto& n : nodes)
+    if (n.source) total += static_cast<std::int64_t>(n.produced);
+  return total;
 }
 
 std::int64_t metrics_snapshot::tokens() const {
@@ -60,10 +70,11 @@ std::int64_t metrics_snapshot::tokens() const {
   return total;
 }
 
-std::size_t job_metrics::add_node(std::string name, std::size_t replicas, bool source) {
+std::size_t job_metrics::add_node(std::string name, std::size_t replicas, bool source, bool terminal) {
   node_entry e;
   e.name = std::move(name);
   e.source = source;
+  e.terminal = terminal;
   for (std::size_t r = 0; r < replicas; ++r) e.replicas.push_back(std::make_unique<replica_counters>());
   nodes_.push_back(std::move(e));
   return nodes_.size() - 1;
@@ -92,6 +103,7 @@ metrics_snapshot job_metrics::snapshot() const {
     ns.name = n.name;
     ns.replicas = n.replicas.size();
     ns.source = n.source;
+    ns.terminal = n.terminal;
     for (const auto& r : n.replicas) {
       ns.msgs_in += r->msgs_in.load(rx);
       ns.bytes_in += r->bytes_in.load(rx);
@@ -138,6 +150,7 @@ std::string to_json_line(const metrics_snapshot& s, bool final) {
   j["final"] = final;
   j["steps"] = s.steps();
   j["tokens"] = s.tokens();
+  j["produced"] = s.produced();
   nlohmann::json nodes = nlohmann::json::object();
   for (const auto& n : s.nodes) {
     nlohmann::json o;
@@ -203,11 +216,12 @@ std::string format_progress(std::string_view graph_name, const metrics_snapshot&
                             std::int64_t total_steps) {
   char buf[256];
   const std::int64_t steps = now.steps();
-  std::string out = "[" + std::string(graph_name) + "] step " + std::to_string(steps);
-  if (total_steps > 0) out += "/" + std::to_string(total_steps);
+  std::string out;
+  out.append("[").append(graph_name).append("] step ").append(std::to_string(steps));
+  if (total_steps > 0) out.append("/").append(std::to_string(total_steps));
   const double dt = now.elapsed_s - prev.elapsed_s;
   const double tps = dt > 0 ? static_cast<double>(now.tokens() - prev.tokens()) / dt : 0.0;
-  std::snprintf(buf, sizeof buf, " | %.0f tok/s", tps);
+  std::snprintf(buf, sizeof buf, " | in %lld | %.0f tok/s", static_cast<long long>(now.produced()), tps);
   out += buf;
   if (total_steps > 0 && steps > 0 && now.elapsed_s > 0) {
     const double per_step = now.elapsed_s / static_cast<double>(steps);

@@ -58,7 +58,8 @@ struct replica_counters {
 struct node_stats {
   std::string name;
   std::size_t replicas = 1;
-  bool source = false;
+  bool source = false;    ///< no non-feedback in edges: produce() is called
+  bool terminal = false;  ///< no out edges (a sink of the graph)
   std::uint64_t msgs_in = 0, bytes_in = 0, msgs_out = 0, bytes_out = 0, handled = 0, produced = 0;
   std::int64_t depth = 0;  ///< approximate mailbox depth: messages sent to the node minus handled
   double busy_s = 0, blocked_s = 0;
@@ -85,8 +86,12 @@ struct metrics_snapshot {
   /// The node called `name`, or nullptr.
   const node_stats* node(std::string_view name) const;
   /// Progress steps: the largest "steps" counter of any node if one counts
-  /// steps, else the items produced per replica by the busiest source.
+  /// steps, else the most messages handled by a terminal node (one with no
+  /// out edges; summed over its replicas), else the items produced per
+  /// replica by the busiest source.
   std::int64_t steps() const;
+  /// Items produced by all sources together.
+  std::int64_t produced() const;
   /// The sum of every node's "tokens" counter.
   std::int64_t tokens() const;
 };
@@ -95,7 +100,7 @@ struct metrics_snapshot {
 class job_metrics {
  public:
   /// Declares a node with `replicas` replicas; returns its index.
-  std::size_t add_node(std::string name, std::size_t replicas, bool source);
+  std::size_t add_node(std::string name, std::size_t replicas, bool source, bool terminal = false);
   /// Declares an edge into node `to_node` with per-link `credit`; returns its index.
   std::size_t add_edge(std::string name, std::size_t to_node, std::int64_t credit);
   /// Declares one link of edge `edge`; returns its counters.
@@ -111,6 +116,7 @@ class job_metrics {
   struct node_entry {
     std::string name;
     bool source = false;
+    bool terminal = false;
     std::vector<std::unique_ptr<replica_counters>> replicas;
   };
   struct edge_entry {
@@ -131,9 +137,10 @@ std::string to_json_line(const metrics_snapshot& s, bool final);
 /// A multi-line human summary (one line per node, then one per edge) for the log.
 std::string format_summary(const metrics_snapshot& s);
 
-/// The progress line: "[NAME] step S/TOTAL | R tok/s | ETA M:SS | T s" (TOTAL
-/// and ETA only when total_steps > 0; tok/s from the "tokens" counters
-/// between `prev` and `now`).
+/// The progress line: "[NAME] step S/TOTAL | in P | R tok/s | ETA M:SS | T s"
+/// (S: metrics_snapshot::steps(); P: items the sources produced; TOTAL and
+/// ETA only when total_steps > 0; tok/s from the "tokens" counters between
+/// `prev` and `now`).
 std::string format_progress(std::string_view graph_name, const metrics_snapshot& now, const metrics_snapshot& prev,
                             std::int64_t total_steps);
 

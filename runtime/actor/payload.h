@@ -101,8 +101,8 @@ std::string_view intern_message_type(std::string_view type);
 
 /// The type-erased operations of one C++ type (one static instance per type).
 struct payload_ops {
-  const std::type_info* type;
-  std::size_t (*byte_size)(const void*);
+  const std::type_info* type;              ///< the C++ type held
+  std::size_t (*byte_size)(const void*);   ///< payload_traits<T>::byte_size
   /// nullptr when the type cannot be split.
   std::vector<std::shared_ptr<const void>> (*split)(const void*, std::size_t);
   /// nullptr when the type cannot be merged.

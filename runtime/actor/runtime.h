@@ -67,8 +67,11 @@ class run_state {
   bool finished() const;
   /// Waits up to `ms` milliseconds for the end; returns finished().
   bool wait_for_ms(int ms) const;
+  /// The exit code (exit_ok until finished).
   int exit_code() const;
+  /// The error message ("" on success or until finished).
   std::string error() const;
+  /// Why the run ended (stop_reason::completed until finished).
   stop_reason reason() const;
 
  private:

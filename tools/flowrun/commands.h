@@ -1,6 +1,9 @@
 // flowrun's subcommands. Each registers itself on the CLI11 app.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 namespace flowrun::cli {
@@ -9,5 +12,24 @@ namespace flowrun::cli {
 void add_generate(CLI::App& app);
 /// `flowrun train-lm`: causal-LM training on a text file, printing the loss each step.
 void add_train_lm(CLI::App& app);
+/// `flowrun convert --from llama2c|hf SRC --to hf|llama2c DST [--dtype f32|bf16|f16]`: weight formats.
+void add_convert(CLI::App& app);
+/// `flowrun run FILE.graph [--set PATH=VALUE ...] [--metrics FILE] ...`: runs a graph on the actor runtime.
+void add_run(CLI::App& app);
+/// `flowrun kinds`: one line per runnable node kind.
+void add_kinds(CLI::App& app);
+/// `flowrun explain KIND`: a kind's ports and settings.
+void add_explain(CLI::App& app);
+
+/// Thrown by a subcommand that wants main() to return `code` (e.g. a graph
+/// run's 1, 130 or 143) after it has reported what happened.
+struct exit_request {
+  int code = 0;
+};
+
+/// argv as strings, with "run" inserted before argv[1] when argv[1] names a
+/// graph (ends in ".graph", or is an existing file) and is not the name of
+/// one of `app`'s subcommands: `flowrun x.graph ...` means `flowrun run x.graph ...`.
+std::vector<std::string> expand_graph_shorthand(const CLI::App& app, int argc, char** argv);
 
 }  // namespace flowrun::cli

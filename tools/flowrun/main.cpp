@@ -2,20 +2,33 @@
 #include <cstdio>
 #include <exception>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 
 int main(int argc, char** argv) {
+  // logs go to stderr; stdout carries the program's output (generated text, results)
+  spdlog::set_default_logger(spdlog::stderr_color_mt("flowrun"));
   CLI::App app{"flowrun: a dataflow runtime that trains and aligns language models"};
   app.require_subcommand(1);
   flowrun::cli::add_generate(app);
   flowrun::cli::add_train_lm(app);
+  flowrun::cli::add_run(app);
+  flowrun::cli::add_kinds(app);
+  flowrun::cli::add_explain(app);
+  flowrun::cli::add_convert(app);
+  // `flowrun x.graph ...` is `flowrun run x.graph ...`.
+  auto args = flowrun::cli::expand_graph_shorthand(app, argc, argv);
+  std::vector<char*> args_c;
+  for (auto& a : args) args_c.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args_c.size()), args_c.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const flowrun::cli::exit_request& e) {
+    return e.code;
   } catch (const flowrun::asset_missing& e) {
     spdlog::error("{}", e.what());
     return 2;

@@ -1,0 +1,715 @@
+#include "models/dschat_data.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+namespace flowrun::dschat {
+
+namespace {
+
+constexpr const char* assistant_marker = "\n\nAssistant:";
+
+uint64_t splitmix64_next(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform integer in [0, bound) from a 64-bit draw (Lemire's multiply-shift; the bias,
+// at most bound / 2^64, is immaterial here).
+uint64_t bounded(uint64_t& s, uint64_t bound) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(splitmix64_next(s)) * bound) >> 64);
+}
+
+// The whole (decompressed) file. gzread passes plain files through unchanged.
+std::string read_maybe_gzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + "); check the path");
+  std::string out;
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    int n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()));
+    if (n < 0) {
+      int err = 0;
+      std::string msg = gzerror(f, &err);
+      gzclose(f);
+      throw std::runtime_error(path + ": cannot decompress (" + msg + "); the gzip file is damaged: fetch it again");
+    }
+    if (n == 0) break;
+    out.append(buf.data(), static_cast<size_t>(n));
+  }
+  int err = 0;
+  std::string msg = gzerror(f, &err);
+  gzclose(f);
+  if (err != Z_OK && err != Z_STREAM_END)
+    throw std::runtime_error(path + ": cannot decompress (" + msg + "); the gzip file is truncated or damaged");
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t a = 0;
+  while (a < text.size()) {
+    size_t b = text.find('\n', a);
+    if (b == std::string::npos) b = text.size();
+    std::string line = text.substr(a, b - a);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+    a = b + 1;
+  }
+  return lines;
+}
+
+bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+// nlohmann's messages start with "[json.exception.parse_error.101] "; keep the rest.
+std::string short_json_error(const std::string& what) {
+  auto p = what.find("] ");
+  std::string s = p == std::string::npos ? what : what.substr(p + 2);
+  if (s.size() > 160) s = s.substr(0, 157) + "...";
+  return s;
+}
+
+// Reads a non-empty string field; returns "" on success or the reason it is unusable.
+std::string get_string(const nlohmann::json& j, const char* key, std::string& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return std::string("missing key \"") + key + "\"";
+  if (!it->is_string()) return std::string("\"") + key + "\" is " + it->type_name() + ", not a string";
+  out = it->get<std::string>();
+  if (out.empty()) return std::string("empty \"") + key + "\"";
+  return "";
+}
+
+std::vector<const char*> keys_of(data_format f) {
+  switch (f) {
+    case data_format::prompt_chosen_rejected: return {"prompt", "chosen", "rejected"};
+    case data_format::prompt_chosen: return {"prompt", "chosen"};
+    case data_format::hh_rlhf_raw: return {"chosen", "rejected"};
+    default: return {};
+  }
+}
+
+// The layout a JSON object suggests, or automatic when it suggests none.
+data_format detect(const nlohmann::json& j) {
+  auto has = [&](const char* k) { return j.contains(k); };
+  if (has("prompt") && has("chosen") && has("rejected")) return data_format::prompt_chosen_rejected;
+  if (has("prompt") && has("chosen")) return data_format::prompt_chosen;
+  if (has("chosen") && has("rejected")) return data_format::hh_rlhf_raw;
+  return data_format::automatic;
+}
+
+std::string list_bad(const std::vector<bad_line>& bad, size_t max_listed) {
+  std::ostringstream os;
+  for (size_t i = 0; i < bad.size() && i < max_listed; ++i)
+    os << (i ? "; " : "") << "line " << bad[i].line << ": " << bad[i].reason;
+  if (bad.size() > max_listed) os << "; ... (" << bad.size() - max_listed << " more)";
+  return os.str();
+}
+
+int32_t i32(int64_t v) { return static_cast<int32_t>(v); }
+
+void check_indices(const char* what, size_t n, const std::vector<int64_t>& indices) {
+  if (indices.empty()) throw std::invalid_argument(std::string(what) + ": no indices (an empty batch)");
+  for (int64_t i : indices)
+    if (i < 0 || static_cast<size_t>(i) >= n)
+      throw std::invalid_argument(std::string(what) + ": index " + std::to_string(i) + " outside the " +
+                                  std::to_string(n) + " examples");
+}
+
+int64_t batch_width(const char* what, int64_t longest, int64_t pad_to) {
+  if (pad_to <= 0) return longest;
+  if (longest > pad_to)
+    throw std::invalid_argument(std::string(what) + ": a row has " + std::to_string(longest) +
+                                " tokens, more than pad_to = " + std::to_string(pad_to) +
+                                "; tokenize with max_seq_len <= pad_to or raise pad_to");
+  return pad_to;
+}
+
+}  // namespace
+
+const char* format_name(data_format f) {
+  switch (f) {
+    case data_format::automatic: return "automatic";
+    case data_format::prompt_chosen_rejected: return "prompt/chosen/rejected";
+    case data_format::prompt_chosen: return "prompt/chosen";
+    case data_format::hh_rlhf_raw: return "raw HH-RLHF chosen/rejected dialogues";
+  }
+  return "?";
+}
+
+std::string load_report::summary(size_t max_listed) const {
+  std::ostringstream os;
+  os << path << ": " << loaded << " rows loaded (" << format_name(format) << ") of " << lines << " lines";
+  if (blank) os << " (" << blank << " blank)";
+  os << "; " << malformed.size() << " malformed";
+  if (!malformed.empty()) os << " (" << list_bad(malformed, max_listed) << ")";
+  if (format == data_format::hh_rlhf_raw) {
+    os << "; " << prompt_mismatch_lines.size() << " dropped: prompts differ";
+    if (!prompt_mismatch_lines.empty()) {
+      os << " (lines";
+      for (size_t i = 0; i < prompt_mismatch_lines.size() && i < max_listed; ++i)
+        os << (i ? ", " : " ") << prompt_mismatch_lines[i];
+      if (prompt_mismatch_lines.size() > max_listed) os << ", ...";
+      os << ")";
+    }
+  }
+  return os.str();
+}
+
+bool split_dialogue(const std::string& dialogue, std::string& prompt, std::string& answer) {
+  auto p = dialogue.rfind(assistant_marker);
+  if (p == std::string::npos) return false;
+  const size_t end = p + std::strlen(assistant_marker);
+  prompt = dialogue.substr(0, end);
+  answer = dialogue.substr(end);
+  return true;
+}
+
+source load_source(const std::string& path, data_format format) {
+  source src;
+  src.path = path;
+  load_report& rep = src.report;
+  rep.path = path;
+  const auto lines = split_lines(read_maybe_gzip(path));
+  rep.lines = static_cast<int64_t>(lines.size());
+
+  std::vector<nlohmann::json> parsed(lines.size());
+  std::vector<std::string> parse_error(lines.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (is_blank(lines[i])) continue;
+    try {
+      parsed[i] = nlohmann::json::parse(lines[i]);
+      if (!parsed[i].is_object()) {
+        parse_error[i] = std::string("not a JSON object (a ") + parsed[i].type_name() + ")";
+        parsed[i] = nullptr;
+      }
+    } catch (const nlohmann::json::exception& e) {
+      parse_error[i] = "bad JSON: " + short_json_error(e.what());
+    }
+  }
+  if (format == data_format::automatic) {
+    for (size_t i = 0; i < lines.size() && format == data_format::automatic; ++i)
+      if (parsed[i].is_object()) format = detect(parsed[i]);
+    if (format == data_format::automatic) {
+      std::vector<bad_line> bad;
+      for (size_t i = 0; i < lines.size() && bad.size() < 5; ++i)
+        if (!is_blank(lines[i]))
+          bad.push_back({static_cast<int64_t>(i + 1),
+                         parse_error[i].empty() ? "a JSON object without prompt/chosen/rejected keys" : parse_error[i]});
+      throw std::runtime_error(path + ": cannot tell the data layout: no line is a JSON object with the keys "
+                                      "{prompt, chosen, rejected}, {prompt, chosen} or {chosen, rejected}" +
+                               (bad.empty() ? std::string(" (the file is empty)") : " (" + list_bad(bad, 5) + ")") +
+                               "; fix the file or pass the format explicitly");
+    }
+  }
+  rep.format = format;
+  const auto keys = keys_of(format);
+
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const int64_t ln = static_cast<int64_t>(i + 1);
+    if (is_blank(lines[i])) {
+      ++rep.blank;
+      continue;
+    }
+    if (!parse_error[i].empty()) {
+      rep.malformed.push_back({ln, parse_error[i]});
+      continue;
+    }
+    std::vector<std::string> vals(keys.size());
+    std::string why;
+    for (size_t k = 0; k < keys.size() && why.empty(); ++k) why = get_string(parsed[i], keys[k], vals[k]);
+    if (!why.empty()) {
+      rep.malformed.push_back({ln, why});
+      continue;
+    }
+    sample s;
+    if (format == data_format::hh_rlhf_raw) {
+      std::string pc, ac, pr, ar;
+      if (!split_dialogue(vals[0], pc, ac)) why = "no \"\\n\\nAssistant:\" turn in \"chosen\"";
+      else if (!split_dialogue(vals[1], pr, ar)) why = "no \"\\n\\nAssistant:\" turn in \"rejected\"";
+      else if (ac.empty()) why = "empty answer after the last \"\\n\\nAssistant:\" of \"chosen\"";
+      else if (ar.empty()) why = "empty answer after the last \"\\n\\nAssistant:\" of \"rejected\"";
+      if (!why.empty()) {
+        rep.malformed.push_back({ln, why});
+        continue;
+      }
+      if (pc != pr) {
+        rep.prompt_mismatch_lines.push_back(ln);
+        continue;
+      }
+      s.prompt = std::move(pc);
+      s.chosen = std::move(ac);
+      s.rejected = std::move(ar);
+    } else {
+      s.prompt = std::move(vals[0]);
+      s.chosen = std::move(vals[1]);
+      if (format == data_format::prompt_chosen_rejected) s.rejected = std::move(vals[2]);
+    }
+    src.rows.push_back(std::move(s));
+  }
+  rep.loaded = static_cast<int64_t>(src.rows.size());
+  if (src.rows.empty()) {
+    std::ostringstream os;
+    os << path << ": no usable line (" << rep.lines << " lines, " << rep.blank << " blank, " << rep.malformed.size()
+       << " malformed";
+    if (format == data_format::hh_rlhf_raw) os << ", " << rep.prompt_mismatch_lines.size() << " with differing prompts";
+    os << ")";
+    if (!rep.malformed.empty()) os << ": " << list_bad(rep.malformed, 5);
+    os << ". Expected one JSON object per line with non-empty string fields";
+    for (size_t k = 0; k < keys.size(); ++k) os << (k ? ", " : " ") << '"' << keys[k] << '"';
+    os << " (" << format_name(format) << ")";
+    throw std::runtime_error(os.str());
+  }
+  return src;
+}
+
+std::vector<source> load_sources(const std::vector<std::string>& paths, data_format format) {
+  if (paths.empty()) throw std::invalid_argument("load_sources: no data paths given (DS-Chat's --data_path)");
+  std::vector<source> out;
+  out.reserve(paths.size());
+  for (const auto& p : paths) out.push_back(load_source(p, format));
+  return out;
+}
+
+// ---- data_split ------------------------------------------------------------
+
+std::vector<double> parse_data_split(const std::string& data_split) {
+  std::vector<double> w;
+  std::string part;
+  std::istringstream in(data_split);
+  double sum = 0;
+  while (std::getline(in, part, ',')) {
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || part.find_first_not_of(" \t", used) != std::string::npos || !std::isfinite(v) || v < 0)
+      throw std::invalid_argument("data_split \"" + data_split + "\": part \"" + part +
+                                  "\" is not a non-negative number; use comma-separated weights such as \"2,4,4\"");
+    w.push_back(v);
+    sum += v;
+  }
+  if (!data_split.empty() && data_split.back() == ',')
+    throw std::invalid_argument("data_split \"" + data_split + "\": empty last part; use weights such as \"2,4,4\"");
+  if (w.empty() || sum <= 0)
+    throw std::invalid_argument("data_split \"" + data_split + "\": needs at least one positive weight, e.g. \"2,4,4\"");
+  return w;
+}
+
+std::vector<int64_t> split_boundaries(int64_t n, const std::vector<double>& weights) {
+  if (n < 0) throw std::invalid_argument("split_boundaries: negative size");
+  double sum = 0;
+  for (double w : weights) sum += w;
+  if (weights.empty() || sum <= 0) throw std::invalid_argument("split_boundaries: weights must have a positive sum");
+  std::vector<int64_t> b{0};
+  for (double w : weights) {
+    double frac = w / sum;
+    // Python's int(round(x)): round half to even (nearbyint in the default rounding mode)
+    b.push_back(b.back() + static_cast<int64_t>(std::nearbyint(frac * static_cast<double>(n))));
+  }
+  const int64_t diff = b.back() - n;
+  for (size_t i = 1; i < b.size(); ++i) b[i] -= diff;
+  return b;
+}
+
+std::vector<int64_t> shuffle_indices(int64_t n, uint64_t seed) {
+  std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = i;
+  uint64_t s = seed;
+  for (int64_t i = n - 1; i > 0; --i) {
+    auto j = static_cast<int64_t>(bounded(s, static_cast<uint64_t>(i + 1)));
+    std::swap(idx[static_cast<size_t>(i)], idx[static_cast<size_t>(j)]);
+  }
+  return idx;
+}
+
+std::vector<int64_t> split_part(int64_t n, const std::vector<double>& weights, int part, uint64_t seed) {
+  if (part < 0 || static_cast<size_t>(part) >= weights.size())
+    throw std::invalid_argument("split_part: part " + std::to_string(part) + " outside the " +
+                                std::to_string(weights.size()) + " parts of the split");
+  auto b = split_boundaries(n, weights);
+  auto perm = shuffle_indices(n, seed);
+  // A boundary can fall below 0 after the correction for tiny n; clamp the range.
+  int64_t lo = std::clamp<int64_t>(b[static_cast<size_t>(part)], 0, n);
+  int64_t hi = std::clamp<int64_t>(b[static_cast<size_t>(part) + 1], lo, n);
+  return std::vector<int64_t>(perm.begin() + lo, perm.begin() + hi);
+}
+
+std::vector<int64_t> split_for_step(int64_t n, const std::string& data_split, int step_index, uint64_t seed) {
+  auto w = parse_data_split(data_split);
+  if (step_index < 0 || static_cast<size_t>(step_index) >= w.size())
+    throw std::invalid_argument("split_for_step: step index " + std::to_string(step_index) + " but data_split \"" +
+                                data_split + "\" has " + std::to_string(w.size()) +
+                                " parts; give one weight per training step, e.g. \"2,4,4\"");
+  return split_part(n, w, step_index, seed);
+}
+
+step_rows rows_for_step(const std::vector<source>& sources, int step_index, const split_settings& cfg) {
+  if (sources.empty()) throw std::invalid_argument("rows_for_step: no data sources");
+  if (!(cfg.eval_fraction >= 0 && cfg.eval_fraction < 1))
+    throw std::invalid_argument("rows_for_step: eval_fraction " + std::to_string(cfg.eval_fraction) +
+                                " must be in [0, 1)");
+  auto w = parse_data_split(cfg.data_split);
+  if (step_index < 0 || static_cast<size_t>(step_index) >= w.size())
+    throw std::invalid_argument("rows_for_step: step index " + std::to_string(step_index) + " but data_split \"" +
+                                cfg.data_split + "\" has " + std::to_string(w.size()) + " parts");
+  step_rows out;
+  std::ostringstream per;
+  for (size_t si = 0; si < sources.size(); ++si) {
+    const int64_t n = static_cast<int64_t>(sources[si].rows.size());
+    std::vector<int64_t> train_all, eval_all;
+    if (cfg.eval_fraction > 0) {
+      const std::vector<double> te = {1.0 - cfg.eval_fraction, cfg.eval_fraction};
+      train_all = split_part(n, te, 0, cfg.seed);
+      eval_all = split_part(n, te, 1, cfg.seed);
+    } else {
+      train_all.resize(static_cast<size_t>(n));
+      std::iota(train_all.begin(), train_all.end(), int64_t{0});
+    }
+    auto pick = [&](const std::vector<int64_t>& base, std::vector<sample>& rows, std::vector<row_ref>& refs) {
+      auto sub = split_part(static_cast<int64_t>(base.size()), w, step_index, cfg.seed);
+      for (int64_t k : sub) {
+        int64_t r = base[static_cast<size_t>(k)];
+        rows.push_back(sources[si].rows[static_cast<size_t>(r)]);
+        refs.push_back({static_cast<int32_t>(si), r});
+      }
+      return static_cast<int64_t>(sub.size());
+    };
+    int64_t nt = pick(train_all, out.train, out.train_refs);
+    int64_t ne = eval_all.empty() ? 0 : pick(eval_all, out.eval, out.eval_refs);
+    per << (si ? "; " : "") << sources[si].path << ": " << nt << " + " << ne;
+  }
+  if (sources.size() > 1) {  // blending: shuffle the concatenation
+    auto blend = [&](std::vector<sample>& rows, std::vector<row_ref>& refs) {
+      auto perm = shuffle_indices(static_cast<int64_t>(rows.size()), cfg.seed);
+      std::vector<sample> r2;
+      std::vector<row_ref> f2;
+      r2.reserve(rows.size());
+      f2.reserve(refs.size());
+      for (int64_t p : perm) {
+        r2.push_back(std::move(rows[static_cast<size_t>(p)]));
+        f2.push_back(refs[static_cast<size_t>(p)]);
+      }
+      rows = std::move(r2);
+      refs = std::move(f2);
+    };
+    blend(out.train, out.train_refs);
+    blend(out.eval, out.eval_refs);
+  }
+  std::ostringstream os;
+  os << "step " << step_index + 1 << " (data_split " << cfg.data_split << ", seed " << cfg.seed << ", eval_fraction "
+     << cfg.eval_fraction << "): train " << out.train.size() << ", eval " << out.eval.size() << " (" << per.str()
+     << ")";
+  out.summary = os.str();
+  return out;
+}
+
+std::vector<std::vector<int64_t>> epoch_batches(int64_t n, int64_t batch_size, uint64_t seed, int64_t epoch,
+                                                bool shuffle) {
+  if (batch_size < 1) throw std::invalid_argument("epoch_batches: batch_size must be >= 1");
+  std::vector<int64_t> order;
+  if (shuffle) {
+    uint64_t s = seed ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(epoch + 1));
+    order = shuffle_indices(n, splitmix64_next(s));
+  } else {
+    order.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t a = 0; a < n; a += batch_size)
+    out.emplace_back(order.begin() + a, order.begin() + std::min(n, a + batch_size));
+  return out;
+}
+
+// ---- tokenization ----------------------------------------------------------
+
+std::string process_report::summary() const {
+  std::ostringstream os;
+  os << kept << " of " << input << " examples";
+  if (filtered) os << ", " << filtered << " filtered (prompt longer than max_prompt_seq_len)";
+  os << ", " << truncated << " truncated";
+  if (identical) os << ", " << identical << " pairs identical after truncation";
+  os << "; length mean " << mean_len << ", max " << max_len;
+  return os.str();
+}
+
+bool truncate_keep_eos(std::vector<int32_t>& ids, int64_t max_len, bool keep_eos, int32_t eos) {
+  if (max_len < 1) throw std::invalid_argument("truncate_keep_eos: max_len must be >= 1");
+  if (static_cast<int64_t>(ids.size()) <= max_len) return false;
+  ids.resize(static_cast<size_t>(max_len));
+  if (keep_eos) ids.back() = eos;
+  return true;
+}
+
+namespace {
+
+std::vector<int32_t> with_bos(const tokenizer& tok, const std::string& text, bool add_bos) {
+  std::vector<int32_t> ids;
+  if (add_bos) ids.push_back(tok.bos_id());
+  auto t = tok.encode(text, false, false);
+  ids.insert(ids.end(), t.begin(), t.end());
+  return ids;
+}
+
+// BOS + prompt + answer + EOS (uncut), and how many leading ids are prompt tokens (BOS
+// included): the longest common prefix with BOS + the prompt's own tokens, so a token
+// merged across the boundary counts as answer.
+struct split_seq {
+  std::vector<int32_t> ids;
+  int64_t prompt_len = 0;
+};
+split_seq full_sequence(const tokenizer& tok, const std::string& prompt, const std::string& answer,
+                        const tokenize_settings& cfg) {
+  split_seq s;
+  s.ids = with_bos(tok, prompt + answer, cfg.add_bos);
+  if (cfg.add_eos) s.ids.push_back(tok.eos_id());
+  auto p = with_bos(tok, prompt, cfg.add_bos);
+  size_t k = 0;
+  while (k < p.size() && k < s.ids.size() && p[k] == s.ids[k]) ++k;
+  s.prompt_len = static_cast<int64_t>(k);
+  return s;
+}
+
+// Remove ids [head, head + d) (the oldest prompt tokens after BOS).
+void drop_prompt_start(split_seq& s, int64_t head, int64_t d) {
+  if (d <= 0) return;
+  s.ids.erase(s.ids.begin() + head, s.ids.begin() + head + d);
+  s.prompt_len -= d;
+}
+
+// Cut the end to max_seq_len (EOS kept); the prompt length is capped so that EOS stays a target.
+bool cut_end(split_seq& s, const tokenize_settings& cfg, int32_t eos) {
+  bool cut = truncate_keep_eos(s.ids, cfg.max_seq_len, cfg.add_eos, eos);
+  const int64_t n = static_cast<int64_t>(s.ids.size());
+  s.prompt_len = std::min<int64_t>(s.prompt_len, cfg.add_eos ? n - 1 : n);
+  return cut;
+}
+
+void check_len(const tokenize_settings& cfg) {
+  if (cfg.max_seq_len < 2)
+    throw std::invalid_argument("dschat tokenization: max_seq_len " + std::to_string(cfg.max_seq_len) +
+                                " must be >= 2 (BOS and EOS)");
+}
+
+}  // namespace
+
+std::vector<sft_example> make_sft_examples(const std::vector<sample>& rows, const tokenizer& tok,
+                                           const tokenize_settings& cfg, process_report* report) {
+  check_len(cfg);
+  std::vector<sft_example> out;
+  out.reserve(rows.size());
+  process_report rep;
+  rep.input = static_cast<int64_t>(rows.size());
+  double sum = 0;
+  const int64_t head = cfg.add_bos ? 1 : 0;
+  for (const auto& r : rows) {
+    auto q = full_sequence(tok, r.prompt, r.chosen, cfg);
+    const int64_t excess = static_cast<int64_t>(q.ids.size()) - cfg.max_seq_len;
+    bool cut = false;
+    if (excess > 0 && cfg.truncation == truncation_mode::prompt_start) {
+      const int64_t d = std::min(excess, q.prompt_len - head);
+      drop_prompt_start(q, head, d);
+      cut = d > 0;
+    }
+    cut = cut_end(q, cfg, tok.eos_id()) || cut;
+    sft_example e;
+    e.ids = std::move(q.ids);
+    e.prompt_len = q.prompt_len;
+    e.truncated = cut;
+    const int64_t n = static_cast<int64_t>(e.ids.size());
+    rep.truncated += e.truncated;
+    rep.max_len = std::max(rep.max_len, n);
+    sum += static_cast<double>(n);
+    out.push_back(std::move(e));
+  }
+  rep.kept = static_cast<int64_t>(out.size());
+  rep.mean_len = out.empty() ? 0 : sum / static_cast<double>(out.size());
+  if (report) *report = rep;
+  return out;
+}
+
+std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const tokenizer& tok,
+                                         const tokenize_settings& cfg, process_report* report) {
+  check_len(cfg);
+  std::vector<rm_example> out;
+  out.reserve(rows.size());
+  process_report rep;
+  rep.input = static_cast<int64_t>(rows.size());
+  double sum = 0;
+  const int64_t head = cfg.add_bos ? 1 : 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    if (r.rejected.empty())
+      throw std::invalid_argument("make_rm_examples: row " + std::to_string(i) +
+                                  " has no rejected answer; step 2 needs {prompt, chosen, rejected} or raw HH-RLHF data");
+    auto c = full_sequence(tok, r.prompt, r.chosen, cfg);
+    auto j = full_sequence(tok, r.prompt, r.rejected, cfg);
+    const int64_t excess =
+        static_cast<int64_t>(std::max(c.ids.size(), j.ids.size())) - cfg.max_seq_len;
+    bool cut = false;
+    if (excess > 0 && cfg.truncation == truncation_mode::prompt_start) {
+      // both start with the same min(prompt_len) tokens: drop the same count from both
+      const int64_t d = std::min(excess, std::min(c.prompt_len, j.prompt_len) - head);
+      drop_prompt_start(c, head, d);
+      drop_prompt_start(j, head, d);
+      cut = d > 0;
+    }
+    cut = cut_end(c, cfg, tok.eos_id()) || cut;
+    cut = cut_end(j, cfg, tok.eos_id()) || cut;
+    rm_example e;
+    e.chosen = std::move(c.ids);
+    e.rejected = std::move(j.ids);
+    e.truncated = cut;
+    rep.truncated += e.truncated;
+    rep.identical += e.chosen == e.rejected;
+    rep.max_len = std::max<int64_t>({rep.max_len, static_cast<int64_t>(e.chosen.size()),
+                                     static_cast<int64_t>(e.rejected.size())});
+    sum += static_cast<double>(e.chosen.size() + e.rejected.size()) / 2.0;
+    out.push_back(std::move(e));
+  }
+  rep.kept = static_cast<int64_t>(out.size());
+  rep.mean_len = out.empty() ? 0 : sum / static_cast<double>(out.size());
+  if (report) *report = rep;
+  return out;
+}
+
+std::vector<prompt_example> make_prompt_examples(const std::vector<sample>& rows, const tokenizer& tok,
+                                                 const tokenize_settings& cfg, process_report* report) {
+  const int64_t P = cfg.max_prompt_seq_len;
+  if (P < 1 || (cfg.add_bos && P < 2))
+    throw std::invalid_argument("make_prompt_examples: max_prompt_seq_len " + std::to_string(P) + " is too small");
+  std::vector<prompt_example> out;
+  process_report rep;
+  rep.input = static_cast<int64_t>(rows.size());
+  double sum = 0;
+  for (const auto& r : rows) {
+    prompt_example e;
+    e.ids = with_bos(tok, r.prompt, cfg.add_bos);
+    const int64_t n = static_cast<int64_t>(e.ids.size());
+    if (n > P) {
+      if (cfg.overflow == prompt_overflow::drop) {
+        ++rep.filtered;
+        continue;
+      }
+      // keep the end of the prompt (its last turn and "Assistant:"), and BOS first
+      const int64_t head = cfg.add_bos ? 1 : 0;
+      std::vector<int32_t> cut(e.ids.begin(), e.ids.begin() + head);
+      cut.insert(cut.end(), e.ids.end() - (P - head), e.ids.end());
+      e.ids = std::move(cut);
+      e.truncated = true;
+      ++rep.truncated;
+    }
+    rep.max_len = std::max<int64_t>(rep.max_len, static_cast<int64_t>(e.ids.size()));
+    sum += static_cast<double>(e.ids.size());
+    out.push_back(std::move(e));
+  }
+  rep.kept = static_cast<int64_t>(out.size());
+  rep.mean_len = out.empty() ? 0 : sum / static_cast<double>(out.size());
+  if (report) *report = rep;
+  return out;
+}
+
+// ---- batches ---------------------------------------------------------------
+
+sft_batch_data sft_batch(const std::vector<sft_example>& examples, const std::vector<int64_t>& indices,
+                         bool mask_prompt, int64_t pad_to, int32_t pad_id) {
+  check_indices("sft_batch", examples.size(), indices);
+  int64_t longest = 0;
+  for (int64_t i : indices) longest = std::max<int64_t>(longest, static_cast<int64_t>(examples[i].ids.size()));
+  sft_batch_data b;
+  b.B = static_cast<int64_t>(indices.size());
+  b.T = batch_width("sft_batch", longest, pad_to);
+  const int64_t B = b.B, T = b.T;
+  std::vector<int32_t> ids(B * T, pad_id), mask(B * T, 0), labels(B * T, -100), targets(B * T, -100), lens(B);
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& e = examples[static_cast<size_t>(indices[static_cast<size_t>(r)])];
+    const int64_t n = static_cast<int64_t>(e.ids.size());
+    lens[r] = i32(n);
+    for (int64_t t = 0; t < n; ++t) {
+      ids[r * T + t] = e.ids[t];
+      mask[r * T + t] = 1;
+      if (!(mask_prompt && t < e.prompt_len)) labels[r * T + t] = e.ids[t];
+    }
+    for (int64_t t = 0; t + 1 < T; ++t) targets[r * T + t] = labels[r * T + t + 1];
+  }
+  for (int32_t v : targets) b.n_target_tokens += v != -100;
+  b.ids = tensor::from_ints({B, T}, ids);
+  b.mask = tensor::from_ints({B, T}, mask);
+  b.labels = tensor::from_ints({B, T}, labels);
+  b.targets = tensor::from_ints({B, T}, targets);
+  b.lengths = tensor::from_ints({B}, lens);
+  return b;
+}
+
+rm_batch_data rm_batch(const std::vector<rm_example>& examples, const std::vector<int64_t>& indices, int64_t pad_to,
+                       int32_t pad_id) {
+  check_indices("rm_batch", examples.size(), indices);
+  int64_t longest = 0;
+  for (int64_t i : indices)
+    longest = std::max<int64_t>({longest, static_cast<int64_t>(examples[i].chosen.size()),
+                                 static_cast<int64_t>(examples[i].rejected.size())});
+  rm_batch_data b;
+  b.B = static_cast<int64_t>(indices.size());
+  b.T = batch_width("rm_batch", longest, pad_to);
+  const int64_t B = b.B, T = b.T;
+  std::vector<int32_t> cid(B * T, pad_id), rid(B * T, pad_id), cm(B * T, 0), rm(B * T, 0), cl(B), rl(B);
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& e = examples[static_cast<size_t>(indices[static_cast<size_t>(r)])];
+    cl[r] = i32(static_cast<int64_t>(e.chosen.size()));
+    rl[r] = i32(static_cast<int64_t>(e.rejected.size()));
+    for (size_t t = 0; t < e.chosen.size(); ++t) {
+      cid[r * T + static_cast<int64_t>(t)] = e.chosen[t];
+      cm[r * T + static_cast<int64_t>(t)] = 1;
+    }
+    for (size_t t = 0; t < e.rejected.size(); ++t) {
+      rid[r * T + static_cast<int64_t>(t)] = e.rejected[t];
+      rm[r * T + static_cast<int64_t>(t)] = 1;
+    }
+  }
+  b.chosen_ids = tensor::from_ints({B, T}, cid);
+  b.rejected_ids = tensor::from_ints({B, T}, rid);
+  b.chosen_mask = tensor::from_ints({B, T}, cm);
+  b.rejected_mask = tensor::from_ints({B, T}, rm);
+  b.chosen_len = tensor::from_ints({B}, cl);
+  b.rejected_len = tensor::from_ints({B}, rl);
+  return b;
+}
+
+prompt_batch_data prompt_batch(const std::vector<prompt_example>& examples, const std::vector<int64_t>& indices,
+                               int64_t pad_to, int32_t pad_id) {
+  check_indices("prompt_batch", examples.size(), indices);
+  int64_t longest = 0;
+  for (int64_t i : indices) longest = std::max<int64_t>(longest, static_cast<int64_t>(examples[i].ids.size()));
+  prompt_batch_data b;
+  b.B = static_cast<int64_t>(indices.size());
+  b.P = batch_width("prompt_batch", longest, pad_to);
+  const int64_t B = b.B, P = b.P;
+  std::vector<int32_t> ids(B * P, pad_id), mask(B * P, 0), lens(B);
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& e = examples[static_cast<size_t>(indices[static_cast<size_t>(r)])];
+    const int64_t n = static_cast<int64_t>(e.ids.size());
+    lens[r] = i32(n);
+    for (int64_t t = 0; t < n; ++t) {
+      ids[r * P + (P - n) + t] = e.ids[static_cast<size_t>(t)];
+      mask[r * P + (P - n) + t] = 1;
+    }
+  }
+  b.ids = tensor::from_ints({B, P}, ids);
+  b.mask = tensor::from_ints({B, P}, mask);
+  b.lengths = tensor::from_ints({B}, lens);
+  return b;
+}
+
+}  // namespace flowrun::dschat

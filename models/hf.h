@@ -1,0 +1,111 @@
+// Hugging Face checkpoint folders (config.json + model.safetensors or shards)
+// for the three decoder families flowrun runs: LLaMA (LlamaForCausalLM), OPT
+// (OPTForCausalLM) and GPT-2 (GPT2LMHeadModel).
+//
+// References (transformers): models/llama/modeling_llama.py and
+// configuration_llama.py, models/opt/modeling_opt.py and configuration_opt.py,
+// models/gpt2/modeling_gpt2.py and configuration_gpt2.py,
+// models/llama/convert_llama_weights_to_hf.py (the RoPE row permutation),
+// modeling_utils.py (safetensors sharding, tied weights).
+//
+// Tensor names, HF ↔ flowrun (flowrun uses LlamaForCausalLM names for all):
+//   LLaMA  identity.
+//   OPT    model.decoder.embed_tokens.weight       ↔ model.embed_tokens.weight
+//          model.decoder.embed_positions.weight    ↔ model.embed_positions.weight (P + 2 rows)
+//          model.decoder.layers.N.self_attn_layer_norm ↔ model.layers.N.input_layernorm
+//          model.decoder.layers.N.self_attn.{q,k,v}_proj ↔ same, out_proj ↔ o_proj
+//          model.decoder.layers.N.final_layer_norm ↔ model.layers.N.post_attention_layernorm
+//          model.decoder.layers.N.fc1 / fc2        ↔ model.layers.N.mlp.up_proj / down_proj
+//          model.decoder.final_layer_norm          ↔ model.norm
+//   GPT-2  transformer.wte / wpe                   ↔ model.embed_tokens / model.embed_positions
+//          transformer.h.N.ln_1 / ln_2             ↔ input_layernorm / post_attention_layernorm
+//          transformer.h.N.attn.c_attn (C, 3C)     ↔ q_proj, k_proj, v_proj (transposed, split)
+//          transformer.h.N.attn.c_proj, mlp.c_fc, mlp.c_proj ↔ o_proj, up_proj, down_proj
+//            (GPT-2's Conv1D stores weights (in, out): transposed to Linear's (out, in))
+//          transformer.ln_f                        ↔ model.norm
+//   all    lm_head.weight (only when untied).
+// Checkpoints of the base model (OPTModel "decoder.*", GPT2Model "h.*", LlamaModel
+// "layers.*") load too. Known non-parameter buffers are ignored: GPT-2's
+// attn.bias / attn.masked_bias, LLaMA's rotary_emb.inv_freq, and lm_head.weight
+// when the config ties it to the embedding.
+//
+// Padded vocabularies: config.json's vocab_size is the number of embedding rows
+// (OPT: 50272 for a 50265-token tokenizer). The tokenizer's size becomes
+// model_config::real_vocab_size, from our key "flowrun_real_vocab_size" in
+// config.json, else the tokenizer in the folder, else vocab_size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/decoder.h"
+
+namespace flowrun {
+
+/// The model_config described by an HF config.json (model_type llama, opt or gpt2).
+/// real_vocab_size is taken from "flowrun_real_vocab_size" when present, else
+/// left at vocab_size. Throws std::runtime_error naming `where` (the file) and the
+/// key for an unsupported model_type or architecture variant (OPT with
+/// do_layer_norm_before false or word_embed_proj_dim != hidden_size, RoPE
+/// scaling, an activation flowrun lacks, ...).
+model_config hf_config_from_json(const nlohmann::json& config_json, const std::string& where = "config.json");
+
+/// config.json for `cfg`, with the keys transformers reads for the family
+/// (architectures, model_type, sizes, eps, activation, tie_word_embeddings,
+/// token ids, torch_dtype from `on_disk`) plus "flowrun_real_vocab_size".
+/// Throws std::invalid_argument when `cfg` has switches the HF architecture of its
+/// family cannot express (e.g. a LLaMA with biases, an OPT with RoPE).
+nlohmann::json hf_config_to_json(const model_config& cfg, dtype on_disk = dtype::f32);
+
+/// One HF tensor and the flowrun parameters it holds: `parts` concatenated
+/// along dim 0 (after transposing when `transpose`) give the HF tensor.
+/// GPT-2's c_attn.weight is {transpose, [q, k, v]}; most are a single part.
+struct hf_tensor_spec {
+  std::string hf_name;
+  shape_t hf_shape;
+  bool transpose = false;
+  std::vector<std::string> parts;
+};
+
+/// All HF tensors of a model with config `cfg` (in the order save_hf writes them).
+std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
+
+/// Load an HF folder: config.json plus model.safetensors (or shards with
+/// model.safetensors.index.json), F32/BF16/F16 on disk, onto `dev`.
+/// LLaMA loads with the half (rotate_half) RoPE layout.
+/// Throws std::runtime_error naming the folder/file and the tensors at fault:
+/// missing or unexpected tensors (all listed), a shape that disagrees with
+/// config.json, and in particular an embedding whose rows differ from
+/// config.json's vocab_size ("model.decoder.embed_tokens.weight has 50265 rows
+/// but config.json vocab_size is 50272"), or a tokenizer larger than the embedding.
+decoder load_hf(const std::string& dir, device dev = device::cpu());
+
+/// Write `model` as an HF folder `dir` (created if needed): config.json and
+/// model.safetensors (or shards of at most max_shard_bytes plus the index when
+/// max_shard_bytes > 0), weights stored as `on_disk`. Each file is written
+/// atomically. A LLaMA with llama2.c's adjacent RoPE layout is written with its
+/// q_proj/k_proj rows permuted to HF's half layout (see to_half_rope), so the
+/// folder loads in transformers with the same logits. `extra_config` keys are
+/// merged into config.json last (e.g. bos_token_id / eos_token_id of the source).
+/// Throws std::invalid_argument when the model has no HF equivalent,
+/// std::runtime_error on an I/O error.
+void save_hf(const decoder& model, const std::string& dir, dtype on_disk = dtype::f32, int64_t max_shard_bytes = 0,
+             const nlohmann::json& extra_config = nlohmann::json::object());
+
+/// A copy of a RoPE model with HF's half layout (pairs (i, i + hs/2)): the rows
+/// of each head of q_proj and k_proj (and their biases) are permuted as
+/// convert_llama_weights_to_hf.py's permute(w, n_heads, dim1, dim2) =
+/// w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+/// (k_proj with n_kv_heads), so the logits are unchanged. A model already in the
+/// half layout is copied as is. Throws std::invalid_argument for a model without RoPE.
+decoder to_half_rope(const decoder& model);
+/// The inverse: a copy with llama2.c's / Meta's adjacent layout (pairs (2i, 2i+1)).
+decoder to_adjacent_rope(const decoder& model);
+
+/// A deep copy of `model` (weights only) on `dev`.
+decoder clone_decoder(const decoder& model, device dev = device::cpu());
+
+}  // namespace flowrun

@@ -1,0 +1,213 @@
+#include "models/ppo.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "runtime/kernels/ops.h"
+
+namespace flowrun::ppo {
+
+namespace {
+
+// Columns [a, b) of a (B, T) tensor of f32 or i32, as a new contiguous tensor.
+tensor cols(const tensor& t, int64_t a, int64_t b) {
+  const int64_t B = t.size(0), T = t.size(1), n = b - a;
+  auto out = tensor::empty({B, n}, t.type());
+  const size_t es = dtype_size(t.type());
+  for (int64_t r = 0; r < B; ++r)
+    std::memcpy(static_cast<char*>(out.raw()) + r * n * es, static_cast<const char*>(t.raw()) + (r * T + a) * es,
+                n * es);
+  return out;
+}
+
+// Write src (B, n) into columns [a, a+n) of dst (B, T).
+void put_cols(tensor& dst, const tensor& src, int64_t a) {
+  const int64_t B = dst.size(0), T = dst.size(1), n = src.size(1);
+  for (int64_t r = 0; r < B; ++r)
+    std::memcpy(dst.data<float>() + r * T + a, src.data<float>() + r * n, n * sizeof(float));
+}
+
+// labels (B, S): seq shifted left by one, the last column 0 (its log-prob is unused).
+tensor shifted_labels(const tensor& seq) {
+  const int64_t B = seq.size(0), S = seq.size(1);
+  auto lab = tensor::zeros({B, S}, dtype::i32);
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t + 1 < S; ++t) lab.data<int32_t>()[r * S + t] = seq.data<int32_t>()[r * S + t + 1];
+  return lab;
+}
+
+double clip_and_step(decoder& m, adamw_optimizer& opt, float max_norm, float lr) {
+  auto g = opt.trainable_grads();
+  double norm = ops::clip_grad_norm(g, max_norm > 0 ? max_norm : 0.0);
+  opt.step(lr);
+  return norm;
+}
+
+}  // namespace
+
+std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompts, const tensor& prompt_mask,
+                                            const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed) {
+  if (prompts.dim() != 2 || prompt_mask.shape() != prompts.shape())
+    throw std::invalid_argument("generate_rollouts: prompts and prompt_mask must be (B, P) i32");
+  const int64_t B = prompts.size(0), P = prompts.size(1);
+  std::vector<std::vector<int32_t>> rows(B);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < P; ++t)
+      if (prompt_mask.data<int32_t>()[b * P + t]) rows[b].push_back(prompts.data<int32_t>()[b * P + t]);
+  generation_config g;
+  g.sampling.temperature = s.temperature;
+  g.sampling.top_k = s.top_k;
+  g.sampling.top_p = s.top_p;
+  g.max_new_tokens = s.max_answer_seq_len;
+  g.seed = seed;
+  g.stop_ids = {eos_id};
+  g.pad_id = pad_id;
+  auto res = generate(actor, rows, g);
+  std::vector<int64_t> keep;
+  int64_t A = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (res[b].tokens.size() <= 1) continue;  // DS-Chat drops answers of at most one valid token
+    keep.push_back(b);
+    A = std::max<int64_t>(A, static_cast<int64_t>(res[b].tokens.size()));
+  }
+  if (keep.empty()) return std::nullopt;
+  const int64_t K = static_cast<int64_t>(keep.size()), S = P + A;
+  experience e;
+  e.prompts = tensor::empty({K, P}, dtype::i32);
+  e.seq = tensor::empty({K, S}, dtype::i32);
+  e.attention_mask = tensor::zeros({K, S}, dtype::i32);
+  for (int64_t k = 0; k < K; ++k) {
+    int64_t b = keep[k];
+    for (int64_t t = 0; t < P; ++t) {
+      int32_t id = prompts.data<int32_t>()[b * P + t];
+      e.prompts.data<int32_t>()[k * P + t] = id;
+      e.seq.data<int32_t>()[k * S + t] = id;
+      e.attention_mask.data<int32_t>()[k * S + t] = prompt_mask.data<int32_t>()[b * P + t];
+    }
+    const auto& ans = res[b].tokens;
+    for (int64_t t = 0; t < A; ++t) {
+      bool real = t < static_cast<int64_t>(ans.size());
+      e.seq.data<int32_t>()[k * S + P + t] = real ? ans[t] : pad_id;
+      e.attention_mask.data<int32_t>()[k * S + P + t] = real ? 1 : 0;
+    }
+    e.answer_len.push_back(static_cast<int64_t>(ans.size()));
+  }
+  return e;
+}
+
+tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask) {
+  const int64_t S = seq.size(1);
+  model.forward(acts, seq, {}, mask);
+  tensor lp;
+  rlhf::gather_log_probs_forward(lp, acts.logits, shifted_labels(seq));
+  return cols(lp, 0, S - 1);
+}
+
+tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask) {
+  if (!model.has_value_head()) throw std::invalid_argument("sequence_values: the model has no value head");
+  model.forward(acts, seq, {}, mask);
+  return cols(acts.values, 0, seq.size(1) - 1);
+}
+
+tensor reward_scores(decoder& reward_model, const tensor& seq, const tensor& mask) {
+  activations a;
+  if (!reward_model.has_value_head()) throw std::invalid_argument("reward_scores: the reward model has no value head");
+  reward_model.forward(a, seq, {}, mask);
+  const int64_t B = seq.size(0), S = seq.size(1);
+  auto out = tensor::empty({B});
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t last = S - 1;
+    while (last > 0 && mask.data<int32_t>()[b * S + last] == 0) --last;
+    out.data<float>()[b] = a.values.data<float>()[b * S + last];
+  }
+  return out;
+}
+
+tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor& advantages, tensor& returns) {
+  const int64_t S = e.seq.size(1);
+  tensor action_mask = cols(e.attention_mask, 1, S);
+  std::vector<int64_t> ends;
+  tensor rewards = rlhf::compute_rewards(e.logprobs, e.ref_logprobs, e.reward_score, action_mask, e.start(), cfg, &ends);
+  tensor values = e.values.clone();
+  tensor r = rewards.clone();
+  rlhf::zero_after_ends(r, values, ends);
+  rlhf::advantages_and_returns(advantages, returns, values, r, e.start(), cfg);
+  return rewards;
+}
+
+double actor_train_step(decoder& actor, adamw_optimizer& opt, const experience& e, const tensor& advantages,
+                        const ppo_settings& s, double* grad_norm) {
+  const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start();
+  activations a;
+  actor.forward(a, e.seq, {}, e.attention_mask);
+  tensor labels = shifted_labels(e.seq);
+  tensor lp;
+  rlhf::gather_log_probs_forward(lp, a.logits, labels);
+  tensor lp_ans = cols(lp, start, L);
+  tensor old_ans = cols(e.logprobs, start, L);
+  tensor mask_ans = cols(e.attention_mask, start + 1, S);
+  tensor dlp_ans;
+  double loss = rlhf::actor_loss(lp_ans, old_ans, advantages, mask_ans, s.ppo.cliprange, &dlp_ans);
+  rlhf::check_finite(lp_ans, "policy", "actor_log_prob");
+  auto dlp = tensor::zeros({B, S});
+  put_cols(dlp, dlp_ans, start);
+  tensor dlogits;
+  rlhf::gather_log_probs_backward(dlogits, dlp, a.logits, labels);
+  actor.zero_grad();
+  actor.backward(a, dlogits);
+  double norm = clip_and_step(actor, opt, s.gradient_clipping, s.actor_learning_rate);
+  if (!std::isfinite(norm)) throw std::runtime_error("non-finite actor gradient norm in node policy");
+  if (grad_norm) *grad_norm = norm;
+  return loss;
+}
+
+double critic_train_step(decoder& critic, adamw_optimizer& opt, const experience& e, const tensor& returns,
+                         const ppo_settings& s, double* grad_norm) {
+  const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start();
+  activations a;
+  critic.forward(a, e.seq, {}, e.attention_mask);
+  tensor v = cols(a.values, start, L);
+  tensor old_v = cols(e.values, start, L);
+  tensor mask_ans = cols(e.attention_mask, start + 1, S);
+  rlhf::check_finite(v, "critic", "values");
+  tensor dv;
+  double loss = rlhf::critic_loss(v, old_v, returns, mask_ans, s.ppo.cliprange_value, &dv);
+  auto dvals = tensor::zeros({B, S});
+  put_cols(dvals, dv, start);
+  critic.zero_grad();
+  critic.backward(a, dvals);
+  double norm = clip_and_step(critic, opt, s.gradient_clipping, s.critic_learning_rate);
+  if (!std::isfinite(norm)) throw std::runtime_error("non-finite critic gradient norm in node critic");
+  if (grad_norm) *grad_norm = norm;
+  return loss;
+}
+
+double unsupervised_step(decoder& actor, adamw_optimizer& opt, const tensor& ids, const tensor& labels,
+                         const ppo_settings& s) {
+  activations a;
+  double loss = actor.forward(a, ids, labels);
+  actor.zero_grad();
+  const int64_t N = ids.numel(), V = actor.config().vocab_size;
+  tensor dlogits = tensor::empty({N, V});
+  float dloss = a.n_valid > 0 ? s.unsup_coef / static_cast<float>(a.n_valid) : 0.0f;
+  ops::cross_entropy_backward(dlogits, a.logits.view({N, V}), labels.view({N}), dloss);
+  actor.backward(a, dlogits);
+  clip_and_step(actor, opt, s.gradient_clipping, s.actor_learning_rate);
+  return loss;
+}
+
+double mean_kl(const experience& e) {
+  const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start();
+  double s = 0, n = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = start; t < L; ++t)
+      if (e.attention_mask.data<int32_t>()[b * S + t + 1]) {
+        s += static_cast<double>(e.logprobs.data<float>()[b * L + t]) - e.ref_logprobs.data<float>()[b * L + t];
+        n += 1;
+      }
+  return n > 0 ? s / n : 0.0;
+}
+
+}  // namespace flowrun::ppo

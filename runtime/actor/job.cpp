@@ -1,0 +1,1289 @@
+// Layer 5, actor runtime: the replica actor, the coordinator and launch().
+//
+// This is one of the two translation units that include CAF (with
+// runtime.cpp). The protocol, in brief (docs/runtime.md has the details):
+//
+//   coordinator -> replica  init(coordinator)   wire the links, make the node, start()
+//                           run                 begin (sources start producing)
+//                           end                 sources: stop producing (drain)
+//                           stop(reason)        call stop(), report, quit
+//   replica -> replica      data(envelope)      a payload on a link (uses one credit)
+//                           ack(out link, n)    n messages handled: n credits back
+//                           eos(in link)        end of stream on a link
+//   replica -> coordinator  done / fail(why) / stopped(error)
+//   replica -> itself       produce             sources: call produce() once
+#include "runtime/actor/job.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "runtime/actor/console.h"
+
+namespace flowrun::actor::rt {
+
+using clock_type = std::chrono::steady_clock;
+
+// -- control atoms (CAF 0.17: at most 10 characters) -------------------------
+
+using init_atom = caf::atom_constant<caf::atom("fr_init")>;
+using run_atom = caf::atom_constant<caf::atom("fr_run")>;
+using data_atom = caf::atom_constant<caf::atom("fr_data")>;
+using ack_atom = caf::atom_constant<caf::atom("fr_ack")>;
+using eos_atom = caf::atom_constant<caf::atom("fr_eos")>;
+using produce_atom = caf::atom_constant<caf::atom("fr_prod")>;
+using end_atom = caf::atom_constant<caf::atom("fr_end")>;
+using stop_atom = caf::atom_constant<caf::atom("fr_stop")>;
+using done_atom = caf::atom_constant<caf::atom("fr_done")>;
+using fail_atom = caf::atom_constant<caf::atom("fr_fail")>;
+using stopped_atom = caf::atom_constant<caf::atom("fr_stopd")>;
+using flush_atom = caf::atom_constant<caf::atom("fr_flush")>;
+
+/// produce() calls per produce event at most.
+constexpr int produce_burst = 16;
+
+// -- the data message ----------------------------------------------------------
+
+/// The order key of a message in a stream that is gathered at the receiver.
+/// origin == 0: untagged. Otherwise origin names the dispatching edge and
+/// replica (a round_robin or split edge), seq the message it dispatched,
+/// part/parts which part of a split it was; index counts the outputs of one
+/// (seq, part) and `last` marks the final one. A tombstone carries no
+/// payload: it says "this (seq, part) produced nothing on this edge".
+struct tag {
+  std::uint64_t origin = 0;
+  std::uint64_t seq = 0;
+  std::uint32_t part = 0;
+  std::uint32_t parts = 1;
+  std::uint32_t index = 0;
+  bool last = true;
+  bool tombstone = false;
+};
+
+/// A payload on a link. `link` is the link's index at the receiver.
+struct envelope {
+  std::uint32_t link = 0;
+  tag t;
+  payload data;
+};
+
+}  // namespace flowrun::actor::rt
+
+// In-process only (a payload holds a shared_ptr): never serialized.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(flowrun::actor::rt::envelope)
+
+namespace flowrun::actor::rt {
+
+// -- the plan: what launch() worked out from the spec ---------------------------
+
+struct edge_plan {
+  std::string name;
+  std::uint32_t from_node = 0, from_port = 0;  // port: index into node_plan::out_ports
+  std::uint32_t to_node = 0, to_port = 0;      // port: index into node_plan::in_ports
+  graph::dispatch_mode mode = graph::dispatch_mode::broadcast;
+  bool feedback = false;
+  std::int64_t credit = 8;
+  std::size_t metrics_edge = 0;
+};
+
+struct link_plan {
+  std::uint32_t edge = 0;
+  std::uint32_t from_node = 0, from_replica = 0, out_index = 0;
+  std::uint32_t to_node = 0, to_replica = 0, in_index = 0;
+  link_counters* counters = nullptr;
+};
+
+struct port_plan {
+  std::string name;
+  std::string_view type;  // interned
+};
+
+struct node_plan {
+  graph::node_spec spec;
+  std::string kind_name;
+  std::size_t replicas = 1;
+  node_factory factory;
+  restart_policy policy;
+  bool source = false;
+  std::vector<port_plan> out_ports;
+  std::vector<port_plan> in_ports;
+  std::vector<std::uint32_t> out_edges;  // edge ids leaving the node, in spec order
+};
+
+struct job_plan {
+  std::string graph_name;
+  std::uint64_t seed = 0;
+  std::int64_t steps = 0;
+  std::vector<node_plan> nodes;
+  std::vector<edge_plan> edges;
+  std::vector<link_plan> links;
+  std::vector<std::vector<std::vector<std::uint32_t>>> out_links;  // [node][replica] -> link ids, by out index
+  std::vector<std::vector<std::vector<std::uint32_t>>> in_links;   // [node][replica] -> link ids, by in index
+  std::shared_ptr<job_metrics> metrics;
+  std::shared_ptr<run_state> state;
+  std::vector<std::vector<caf::actor>> actors;  // filled after spawning, cleared at the end
+};
+
+// Adds to a counter that only the calling actor writes (no read-modify-write
+// instruction needed; readers see a consistent value with acquire loads).
+inline void bump(std::atomic<std::uint64_t>& a, std::uint64_t d) {
+  a.store(a.load(std::memory_order_relaxed) + d, std::memory_order_release);
+}
+
+std::string replica_name(const job_plan& p, std::uint32_t node, std::uint32_t replica) {
+  const auto& n = p.nodes[node];
+  return "node '" + n.spec.name + "'" + (n.replicas > 1 ? " replica " + std::to_string(replica) : std::string());
+}
+
+// -- the replica actor ------------------------------------------------------------
+
+class replica_actor final : public caf::event_based_actor {
+ public:
+  replica_actor(caf::actor_config& cfg, std::shared_ptr<job_plan> plan, std::uint32_t node, std::uint32_t replica)
+      : caf::event_based_actor(cfg),
+        plan_(std::move(plan)),
+        node_(node),
+        replica_(replica),
+        np_(plan_->nodes[node]),
+        counters_(plan_->metrics->replica(node, replica)),
+        ctx_(*this) {
+    set_exception_handler([](caf::scheduled_actor*, std::exception_ptr& eptr) -> caf::error {
+      try {
+        std::rethrow_exception(eptr);
+      } catch (const std::exception& e) {
+        return caf::make_error(caf::sec::runtime_error, std::string(e.what()));
+      } catch (...) {
+        return caf::make_error(caf::sec::runtime_error, std::string("unknown exception"));
+      }
+    });
+  }
+
+  const char* name() const override { return "flowrun_replica"; }
+
+  caf::behavior make_behavior() override {
+    return {
+        [this](init_atom, caf::actor coordinator) {
+          now_valid_ = false;
+          on_init(std::move(coordinator));
+        },
+        [this](run_atom) {
+          now_valid_ = false;
+          on_run();
+        },
+        [this](data_atom, envelope& e) {
+          now_valid_ = false;
+          on_data(e);
+        },
+        [this](ack_atom, std::uint32_t out, std::uint32_t n) {
+          now_valid_ = false;
+          on_ack(out, n);
+        },
+        [this](eos_atom, std::uint32_t in) {
+          now_valid_ = false;
+          on_eos(in);
+        },
+        [this](produce_atom) {
+          now_valid_ = false;
+          on_produce();
+        },
+        [this](flush_atom) {
+          ack_flush_scheduled_ = false;
+          flush_acks(true);
+        },
+        [this](end_atom) {
+          now_valid_ = false;
+          on_end();
+        },
+        [this](stop_atom, std::int32_t reason) {
+          now_valid_ = false;
+          on_stop(static_cast<stop_reason>(reason));
+        },
+    };
+  }
+
+  void on_exit() override {
+    // Break the reference cycles between actors and release node resources.
+    out_links_.clear();
+    in_links_.clear();
+    ready_.clear();
+    gathers_.clear();
+    staged_.clear();
+    coordinator_ = nullptr;
+    impl_.reset();
+    caf::event_based_actor::on_exit();
+  }
+
+ private:
+  // The node_context handed to the node: forwards to the actor (kept apart
+  // from the actor class so that node_context's names never meet CAF's).
+  class context final : public node_context {
+   public:
+    explicit context(replica_actor& a) : a_(a) {}
+    const graph::node_spec& spec() const override { return a_.np_.spec; }
+    std::size_t replica() const override { return a_.replica_; }
+    std::size_t replicas() const override { return a_.np_.replicas; }
+    std::uint64_t seed() const override { return graph::node_seed(a_.plan_->seed, a_.np_.spec.name, a_.replica_); }
+    std::int64_t graph_steps() const override { return a_.plan_->steps; }
+    std::int64_t restarts() const override { return a_.restarts_; }
+    stop_reason reason() const override { return a_.reason_; }
+    void emit(std::string_view port, payload msg) override { a_.ctx_emit(port, std::move(msg)); }
+    void metric(std::string_view name, std::int64_t delta) override { a_.counters_.add(name, delta); }
+    void wait_for_input() override { a_.waiting_input_ = true; }
+    void print(std::string_view line) override { console::print(line); }
+    spdlog::logger& log() override { return a_.ctx_log(); }
+
+   private:
+    replica_actor& a_;
+  };
+
+  // -- node calls ------------------------------------------------------------------
+
+  void ctx_emit(std::string_view port, payload msg) {
+    std::uint32_t p = 0;
+    while (p < np_.out_ports.size() && np_.out_ports[p].name != port) ++p;
+    if (p == np_.out_ports.size()) {
+      std::string names;
+      for (const auto& op : np_.out_ports) names += (names.empty() ? "" : ", ") + op.name;
+      throw std::invalid_argument("node '" + np_.spec.name + "' (kind " + np_.kind_name + ") has no out port '" +
+                                  std::string(port) + "'" + (names.empty() ? " (it has none)" : "; out ports: " + names));
+    }
+    const port_plan& op = np_.out_ports[p];
+    if (msg.empty())
+      throw std::invalid_argument("node '" + np_.spec.name + "' emitted an empty payload on out port '" + op.name + "'");
+    if (msg.type() != op.type)
+      throw std::invalid_argument("node '" + np_.spec.name + "' emitted message type '" + std::string(msg.type()) +
+                                  "' on out port '" + op.name + "', which carries '" + std::string(op.type) + "'");
+    bool any = false;
+    for (auto& e : out_edges_) {
+      if (e.port != p) continue;
+      any = true;
+      staged_send s;
+      s.edge = static_cast<std::uint32_t>(&e - out_edges_.data());
+      if (e.mode == graph::dispatch_mode::split) {
+        if (!msg.splittable())
+          throw std::invalid_argument("node '" + np_.spec.name + "' emitted '" + std::string(msg.type()) +
+                                      "' on edge " + plan_->edges[e.edge].name +
+                                      " [dispatch=split], but that payload type cannot be split (declare "
+                                      "payload_traits<T>::split, e.g. send a flowrun::actor::batch<T>)");
+        s.parts = msg.split(e.links.size());
+      } else {
+        s.msg = msg;  // a handle copy
+      }
+      staged_.push_back(std::move(s));
+    }
+    if (!any) bump(counters_.dropped, 1);
+  }
+
+  spdlog::logger& ctx_log() {
+    if (!logger_) {
+      auto def = spdlog::default_logger();
+      std::string n = np_.spec.name + "[" + std::to_string(replica_) + "]";
+      logger_ = std::make_shared<spdlog::logger>(n, def->sinks().begin(), def->sinks().end());
+      logger_->set_level(def->level());
+    }
+    return *logger_;
+  }
+
+  // -- local state --------------------------------------------------------------------
+
+  struct out_link {
+    caf::actor target;
+    std::uint32_t in_index = 0;  // the link's index at the receiver
+    std::int64_t credit = 0, max_credit = 0;
+    std::deque<envelope> backlog;  // staged messages waiting for credit
+    link_counters* c = nullptr;
+    bool blocked = false;
+    clock_type::time_point blocked_since;
+  };
+  struct out_edge {
+    std::uint32_t edge = 0;  // spec edge id
+    std::uint32_t port = 0;  // index into np_.out_ports
+    graph::dispatch_mode mode = graph::dispatch_mode::broadcast;
+    std::vector<std::uint32_t> links;  // local out link indices, by consumer replica
+    std::size_t rr_next = 0;
+    std::uint64_t seq = 0;
+    std::uint64_t origin = 0;
+    std::uint32_t emitted = 0;  // messages staged in the current commit (broadcast)
+  };
+  struct in_link {
+    std::uint32_t port = 0;  // index into np_.in_ports
+    std::uint32_t edge = 0;
+    graph::dispatch_mode mode = graph::dispatch_mode::broadcast;
+    bool feedback = false;
+    bool eos = false;
+    caf::actor sender;
+    std::uint32_t sender_out = 0;
+    std::uint32_t pending_acks = 0;
+    std::uint32_t ack_batch = 1;  // acks owed before they are sent while busy
+    link_counters* c = nullptr;
+  };
+  struct ready_item {
+    std::uint32_t port = 0;
+    payload data;
+    tag t;                             // inherited by the outputs (round_robin/split inputs only)
+    std::uint32_t ack = 0;             // the in link to acknowledge once handled
+    std::vector<std::uint32_t> more_acks;  // merged items: the other parts' in links
+    template <class F>
+    void for_each_ack(F&& f) const {
+      f(ack);
+      for (auto l : more_acks) f(l);
+    }
+  };
+  struct staged_send {
+    std::uint32_t edge = 0;      // index into out_edges_
+    payload msg;                 // broadcast and round_robin edges
+    std::vector<payload> parts;  // split edges: one per consumer replica
+  };
+  struct gather_seq {
+    std::uint32_t parts = 1;
+    std::uint32_t parts_done = 0;
+    std::vector<std::vector<envelope>> by_part;
+    std::vector<bool> part_done;
+  };
+  struct gather_stream {
+    std::uint64_t next = 0;
+    std::map<std::uint64_t, gather_seq> pending;
+  };
+  enum class phase { created, running, done, failed, stopped };
+
+  // -- events -------------------------------------------------------------------------
+
+  void on_init(caf::actor coordinator) {
+    coordinator_ = std::move(coordinator);
+    const job_plan& p = *plan_;
+    // Out links and edges.
+    for (std::uint32_t id : p.out_links[node_][replica_]) {
+      const link_plan& l = p.links[id];
+      out_link ol;
+      ol.target = p.actors[l.to_node][l.to_replica];
+      ol.in_index = l.in_index;
+      ol.credit = ol.max_credit = p.edges[l.edge].credit;
+      ol.c = l.counters;
+      out_links_.push_back(std::move(ol));
+      auto it = std::find_if(out_edges_.begin(), out_edges_.end(), [&](const out_edge& e) { return e.edge == l.edge; });
+      if (it == out_edges_.end()) {
+        out_edge e;
+        e.edge = l.edge;
+        e.port = p.edges[l.edge].from_port;
+        e.mode = p.edges[l.edge].mode;
+        e.origin = (static_cast<std::uint64_t>(l.edge) + 1) << 32 | (replica_ + 1u);
+        out_edges_.push_back(std::move(e));
+        it = out_edges_.end() - 1;
+      }
+      it->links.push_back(static_cast<std::uint32_t>(out_links_.size() - 1));
+    }
+    // In links.
+    for (std::uint32_t id : p.in_links[node_][replica_]) {
+      const link_plan& l = p.links[id];
+      in_link il;
+      il.port = p.edges[l.edge].to_port;
+      il.edge = l.edge;
+      il.mode = p.edges[l.edge].mode;
+      il.feedback = p.edges[l.edge].feedback;
+      il.sender = p.actors[l.from_node][l.from_replica];
+      il.sender_out = l.out_index;
+      il.c = l.counters;
+      il.ack_batch = static_cast<std::uint32_t>(std::max<std::int64_t>(1, p.edges[l.edge].credit / 4));
+      in_links_.push_back(std::move(il));
+    }
+    phase_ = phase::running;
+    bool ok = guarded("start", [&] {
+      impl_ = np_.factory();
+      if (!impl_) throw std::runtime_error("the factory of kind '" + np_.kind_name + "' returned no node");
+      impl_->start(ctx_);
+    });
+    if (ok) commit();
+  }
+
+  void on_run() {
+    running_ = true;
+    pump();
+  }
+
+  void on_data(envelope& e) {
+    if (e.link >= in_links_.size()) return;  // cannot happen: links are wired before data flows
+    in_link& in = in_links_[e.link];
+    bump(counters_.msgs_in, 1);
+    bump(counters_.bytes_in, e.data.byte_size());
+    if (phase_ != phase::running || finished_) {
+      // Failed, stopping, or past finish(): acknowledge and drop.
+      bump(in.c->handled, 1);
+      if (!e.t.tombstone) bump(counters_.dropped, 1);
+      ++in.pending_acks;
+      flush_acks();
+      return;
+    }
+    if (in.mode == graph::dispatch_mode::broadcast && e.t.origin != 0) {
+      gather(e);
+    } else {
+      ready_item item;
+      item.port = in.port;
+      item.data = std::move(e.data);
+      if (in.mode != graph::dispatch_mode::broadcast) item.t = e.t;
+      item.ack = e.link;
+      ready_.push_back(std::move(item));
+    }
+    pump();
+  }
+
+  void on_ack(std::uint32_t out, std::uint32_t n) {
+    if (out >= out_links_.size()) return;
+    out_link& l = out_links_[out];
+    l.credit += n;
+    bump(l.c->acked, n);
+    if (l.blocked) {
+      l.blocked = false;
+      bump(l.c->blocked_ns, elapsed_ns(l.blocked_since));
+    }
+    pump();
+  }
+
+  void on_eos(std::uint32_t in) {
+    if (in < in_links_.size()) in_links_[in].eos = true;
+    pump();
+  }
+
+  // Calls produce() while the source may (credit on every out edge, nothing
+  // waiting to be sent), at most a few times per event so that control
+  // messages are not held up.
+  void on_produce() {
+    produce_scheduled_ = false;
+    if (produce_some()) pump();
+  }
+
+  // Up to produce_burst produce() calls; false when the replica failed.
+  bool produce_some() {
+    for (int i = 0; i < produce_burst; ++i) {
+      if (phase_ != phase::running || !wants_to_produce() || has_backlog() || !produce_credit()) break;
+      if (plan_->steps > 0 && produced_ >= plan_->steps) {
+        exhausted_ = true;
+        break;
+      }
+      bool more = false;
+      bool ok = guarded("produce", [&] { more = impl_->produce(ctx_); });
+      if (!ok) return false;
+      if (more) {
+        ++produced_;
+        bump(counters_.produced, 1);
+      } else {
+        exhausted_ = true;
+      }
+      commit();
+    }
+    return true;
+  }
+
+  void on_end() {
+    if (np_.source) exhausted_ = true;
+    pump();
+  }
+
+  void on_stop(stop_reason why) {
+    reason_ = why;
+    std::string error;
+    if (impl_ && (phase_ == phase::running || phase_ == phase::done)) {
+      auto t0 = fresh_now();
+      try {
+        impl_->stop(ctx_);
+      } catch (const std::exception& e) {
+        error = replica_name(*plan_, node_, replica_) + " failed in stop: " + e.what();
+      } catch (...) {
+        error = replica_name(*plan_, node_, replica_) + " failed in stop: unknown exception";
+      }
+      fresh_now();
+      bump(counters_.busy_ns, elapsed_ns(t0));
+    }
+    staged_.clear();  // emits made in stop() are dropped: downstream may be gone
+    close_blocked();
+    phase_ = phase::stopped;
+    if (coordinator_) send(coordinator_, stopped_atom::value, node_, replica_, std::move(error));
+    quit();
+  }
+
+  // -- the pump: everything that can make progress, does ---------------------------
+
+  void pump() {
+    // A source with nothing else to do produces right here, a few bursts per
+    // event; otherwise (messages waiting) it sends itself a produce message,
+    // so that control and data messages are never held up for long.
+    for (int round = 0;; ++round) {
+      if (!pump_once()) return;
+      if (round >= 3 || !wants_to_produce() || produce_scheduled_ || has_backlog() || !produce_credit() ||
+          !mailbox().empty())
+        break;
+      if (!produce_some()) return;
+    }
+    if (phase_ == phase::running && wants_to_produce() && !produce_scheduled_ && !has_backlog() && produce_credit()) {
+      produce_scheduled_ = true;
+      send(caf::actor_cast<caf::actor>(this), produce_atom::value);
+    }
+  }
+
+  // Handles what is queued, finishes when the input ended, sends acks and
+  // end-of-stream. Returns false when the replica is no longer running.
+  bool pump_once() {
+    if (phase_ != phase::running || !running_) return false;
+    flush();
+    for (;;) {
+      if (has_backlog()) break;
+      if (!ready_.empty()) {
+        handle_next();
+        if (phase_ != phase::running) return false;
+        continue;
+      }
+      if (!finished_ && all_eos() && !gathers_empty()) {
+        // Every upstream replica ended, yet some gathered stream has holes
+        // (an upstream replica failed mid-sequence): hand on what arrived, in order.
+        spdlog::warn("{}: gathered streams incomplete at end of input; delivering what arrived",
+                     replica_name(*plan_, node_, replica_));
+        force_release();
+        continue;
+      }
+      if (!finished_ && inputs_ended()) {
+        finished_ = true;
+        bool ok = guarded("finish", [&] { impl_->finish(ctx_); });
+        if (!ok) return false;
+        commit();
+        continue;
+      }
+      break;
+    }
+    flush_acks();
+    const bool blocked = has_backlog() || (wants_to_produce() && !produce_credit());
+    if (blocked && !node_blocked_) {
+      node_blocked_ = true;
+      node_blocked_since_ = now();
+      mark_produce_blocked_links();
+    } else if (!blocked && node_blocked_) {
+      node_blocked_ = false;
+      bump(counters_.blocked_ns, elapsed_ns(node_blocked_since_));
+    } else if (blocked) {
+      mark_produce_blocked_links();
+    }
+    if (finished_ && !has_backlog()) {
+      for (auto& l : out_links_) send(l.target, eos_atom::value, l.in_index);
+      phase_ = phase::done;
+      close_blocked();
+      send(coordinator_, done_atom::value, node_, replica_);
+      return false;
+    }
+    return true;
+  }
+
+  bool wants_to_produce() const { return np_.source && !exhausted_ && !finished_ && !waiting_input_; }
+
+  bool has_backlog() const {
+    for (const auto& l : out_links_)
+      if (!l.backlog.empty()) return true;
+    return false;
+  }
+
+  // A source may produce when every out edge can take a message: all links
+  // of broadcast and split edges, the next link of a round_robin edge.
+  bool produce_credit() const {
+    for (const auto& e : out_edges_) {
+      if (e.mode == graph::dispatch_mode::round_robin) {
+        if (out_links_[e.links[e.rr_next]].credit <= 0) return false;
+      } else {
+        for (auto l : e.links)
+          if (out_links_[l].credit <= 0) return false;
+      }
+    }
+    return true;
+  }
+
+  void mark_produce_blocked_links() {
+    if (!wants_to_produce()) return;
+    auto mark = [&](out_link& l) {
+      if (l.credit <= 0 && !l.blocked) {
+        l.blocked = true;
+        l.blocked_since = now();
+      }
+    };
+    for (auto& e : out_edges_) {
+      if (e.mode == graph::dispatch_mode::round_robin) mark(out_links_[e.links[e.rr_next]]);
+      else
+        for (auto l : e.links) mark(out_links_[l]);
+    }
+  }
+
+  bool all_eos() const {
+    for (const auto& in : in_links_)
+      if (!in.feedback && !in.eos) return false;
+    return true;
+  }
+
+  bool inputs_ended() const {
+    if (np_.source && !exhausted_) return false;
+    return all_eos() && ready_.empty() && gathers_empty();
+  }
+
+  bool gathers_empty() const {
+    for (const auto& [key, g] : gathers_)
+      if (!g.pending.empty()) return false;
+    return true;
+  }
+
+  void handle_next() {
+    ready_item item = std::move(ready_.front());
+    ready_.pop_front();
+    item.for_each_ack([&](std::uint32_t l) { bump(in_links_[l].c->handled, 1); });
+    cur_tag_ = item.t;
+    waiting_input_ = false;  // a message arrived: a waiting source may produce again
+    const std::string& port = np_.in_ports[item.port].name;
+    bool ok = guarded("on_message", [&] { impl_->on_message(ctx_, port, item.data); });
+    item.for_each_ack([&](std::uint32_t l) { ++in_links_[l].pending_acks; });
+    if (ok) {
+      bump(counters_.handled, 1);
+      commit();
+    }
+    cur_tag_ = tag{};
+  }
+
+  // -- gathering the outputs of a round_robin/split group, in order ------------------
+
+  void gather(envelope& e) {
+    const in_link& in = in_links_[e.link];
+    gather_stream& g = gathers_[{in.edge, e.t.origin}];
+    if (e.t.seq < g.next) {  // cannot happen (duplicate); keep the credit flowing
+      bump(in.c->handled, 1);
+      ++in_links_[e.link].pending_acks;
+      return;
+    }
+    gather_seq& s = g.pending[e.t.seq];
+    if (s.by_part.empty()) {
+      s.parts = std::max<std::uint32_t>(1, e.t.parts);
+      s.by_part.resize(s.parts);
+      s.part_done.assign(s.parts, false);
+    }
+    const std::uint32_t part = std::min(e.t.part, s.parts - 1);
+    const bool last = e.t.last;
+    s.by_part[part].push_back(std::move(e));
+    if (last && !s.part_done[part]) {
+      s.part_done[part] = true;
+      ++s.parts_done;
+    }
+    // Release every complete sequence number, in order.
+    for (auto it = g.pending.find(g.next); it != g.pending.end() && it->second.parts_done == it->second.parts;
+         it = g.pending.find(g.next)) {
+      release(it->second);
+      g.pending.erase(it);
+      ++g.next;
+    }
+  }
+
+  void release(gather_seq& s) {
+    // Merge the parts of a split when each gave exactly one mergeable message.
+    bool merge = s.parts > 1;
+    for (const auto& part : s.by_part) {
+      std::size_t real = 0;
+      for (const auto& e : part) real += e.t.tombstone ? 0 : 1;
+      if (real != 1) merge = false;
+    }
+    for (const auto& part : s.by_part)
+      for (const auto& e : part)
+        if (!e.t.tombstone && !e.data.mergeable()) merge = false;
+    if (merge) {
+      ready_item item;
+      std::vector<payload> parts;
+      for (auto& part : s.by_part)
+        for (auto& e : part) {
+          if (e.t.tombstone) {
+            ack_now(e.link);
+            continue;
+          }
+          item.port = in_links_[e.link].port;
+          if (parts.empty()) item.ack = e.link;
+          else item.more_acks.push_back(e.link);
+          parts.push_back(std::move(e.data));
+        }
+      item.data = payload::merge(parts);
+      ready_.push_back(std::move(item));
+      return;
+    }
+    for (auto& part : s.by_part) {
+      std::sort(part.begin(), part.end(), [](const envelope& a, const envelope& b) { return a.t.index < b.t.index; });
+      for (auto& e : part) {
+        if (e.t.tombstone) {
+          ack_now(e.link);
+          continue;
+        }
+        ready_item item;
+        item.port = in_links_[e.link].port;
+        item.data = std::move(e.data);
+        item.ack = e.link;
+        ready_.push_back(std::move(item));
+      }
+    }
+  }
+
+  void force_release() {
+    for (auto& [key, g] : gathers_) {
+      for (auto& [seq, s] : g.pending) release(s);
+      g.pending.clear();
+    }
+  }
+
+  void ack_now(std::uint32_t link) {
+    bump(in_links_[link].c->handled, 1);
+    ++in_links_[link].pending_acks;
+  }
+
+  // -- sending ----------------------------------------------------------------------------
+
+  // Turns the staged emits into envelopes on the out links' backlogs, then
+  // sends what the credit allows.
+  void commit() {
+    if (staged_.empty() && cur_tag_.origin == 0) return;
+    const bool inherit = cur_tag_.origin != 0;
+    for (auto& e : out_edges_) e.emitted = 0;
+    for (auto& s : staged_) {
+      out_edge& e = out_edges_[s.edge];
+      switch (e.mode) {
+        case graph::dispatch_mode::broadcast:
+          for (auto l : e.links) {
+            envelope env;
+            env.link = out_links_[l].in_index;
+            if (inherit) {
+              env.t = cur_tag_;
+              env.t.index = e.emitted;
+              env.t.last = false;
+              env.t.tombstone = false;
+            }
+            env.data = (l == e.links.back()) ? std::move(s.msg) : s.msg;
+            out_links_[l].backlog.push_back(std::move(env));
+          }
+          ++e.emitted;
+          break;
+        case graph::dispatch_mode::round_robin: {
+          const auto l = e.links[e.rr_next];
+          e.rr_next = (e.rr_next + 1) % e.links.size();
+          envelope env;
+          env.link = out_links_[l].in_index;
+          env.t = tag{e.origin, e.seq++, 0, 1, 0, true, false};
+          env.data = std::move(s.msg);
+          out_links_[l].backlog.push_back(std::move(env));
+          break;
+        }
+        case graph::dispatch_mode::split: {
+          const std::uint64_t seq = e.seq++;
+          const auto n = static_cast<std::uint32_t>(e.links.size());
+          for (std::uint32_t p = 0; p < n; ++p) {
+            envelope env;
+            env.link = out_links_[e.links[p]].in_index;
+            env.t = tag{e.origin, seq, p, n, 0, true, false};
+            env.data = std::move(s.parts[p]);
+            out_links_[e.links[p]].backlog.push_back(std::move(env));
+          }
+          break;
+        }
+      }
+    }
+    if (inherit) {
+      // Every broadcast edge tells the gatherer downstream that this (seq, part) is complete.
+      for (auto& e : out_edges_) {
+        if (e.mode != graph::dispatch_mode::broadcast) continue;
+        for (auto l : e.links) {
+          if (e.emitted == 0) {
+            envelope env;
+            env.link = out_links_[l].in_index;
+            env.t = cur_tag_;
+            env.t.index = 0;
+            env.t.last = true;
+            env.t.tombstone = true;
+            out_links_[l].backlog.push_back(std::move(env));
+          } else {
+            out_links_[l].backlog.back().t.last = true;
+          }
+        }
+      }
+    }
+    staged_.clear();
+    flush();
+  }
+
+  // Sends what the credit allows. Nothing leaves before `run`: until then
+  // some receivers may not have been wired yet (emits of start() wait).
+  void flush() {
+    if (!running_) return;
+    for (auto& l : out_links_) {
+      while (l.credit > 0 && !l.backlog.empty()) {
+        envelope env = std::move(l.backlog.front());
+        l.backlog.pop_front();
+        --l.credit;
+        const std::size_t bytes = env.data.byte_size();
+        bump(l.c->bytes, bytes);
+        bump(l.c->sent, 1);
+        const auto in_flight = static_cast<std::uint64_t>(l.max_credit - l.credit);
+        if (in_flight > l.c->max_in_flight.load(std::memory_order_relaxed))
+          l.c->max_in_flight.store(in_flight, std::memory_order_relaxed);
+        bump(counters_.msgs_out, 1);
+        bump(counters_.bytes_out, bytes);
+        send(l.target, data_atom::value, std::move(env));
+      }
+      if (!l.backlog.empty() && !l.blocked) {
+        l.blocked = true;
+        l.blocked_since = now();
+      }
+    }
+  }
+
+  // Sends the acknowledgements owed. To save messages under load, a link's
+  // acks wait until a quarter of its credit is owed, unless the actor has no
+  // more messages queued (or `force`); a self message flushes what waited.
+  void flush_acks(bool force = false) {
+    const bool idle = force || phase_ != phase::running || mailbox().empty();
+    bool deferred = false;
+    for (auto& in : in_links_) {
+      if (in.pending_acks == 0) continue;
+      if (!idle && in.pending_acks < in.ack_batch) {
+        deferred = true;
+        continue;
+      }
+      send(in.sender, ack_atom::value, in.sender_out, in.pending_acks);
+      in.pending_acks = 0;
+    }
+    if (deferred && !ack_flush_scheduled_) {
+      ack_flush_scheduled_ = true;
+      send(caf::actor_cast<caf::actor>(this), flush_atom::value);
+    }
+  }
+
+  void close_blocked() {
+    for (auto& l : out_links_)
+      if (l.blocked) {
+        l.blocked = false;
+        bump(l.c->blocked_ns, elapsed_ns(l.blocked_since));
+      }
+    if (node_blocked_) {
+      node_blocked_ = false;
+      bump(counters_.blocked_ns, elapsed_ns(node_blocked_since_));
+    }
+  }
+
+  // The clock is read at most once per event plus once after each call into
+  // the node (clock reads are a visible cost at a million messages a second).
+  clock_type::time_point now() {
+    if (!now_valid_) {
+      now_ = clock_type::now();
+      now_valid_ = true;
+    }
+    return now_;
+  }
+  clock_type::time_point fresh_now() {
+    now_ = clock_type::now();
+    now_valid_ = true;
+    return now_;
+  }
+  std::uint64_t elapsed_ns(clock_type::time_point since) {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now() - since).count());
+  }
+
+  // -- supervision ---------------------------------------------------------------------------
+
+  // Runs `f` (a call into the node). On an exception: discard its emits and,
+  // per the restart policy, make a fresh node, start it and run `f` again;
+  // or fail for good. Returns true once `f` returned normally.
+  template <class F>
+  bool guarded(const char* what, F&& f) {
+    for (;;) {
+      std::string why;
+      auto t0 = now();
+      try {
+        f();
+        fresh_now();
+        bump(counters_.busy_ns, elapsed_ns(t0));
+        return true;
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+        why = "unknown exception";
+      }
+      fresh_now();
+      bump(counters_.busy_ns, elapsed_ns(t0));
+      staged_.clear();
+      waiting_input_ = false;
+      if (!restart(what, why)) return false;
+    }
+  }
+
+  // Makes a fresh node and starts it; false (after fail()) when the policy
+  // allows no more restarts.
+  bool restart(const char* what, std::string why) {
+    for (;;) {
+      if (np_.policy.when != restart_policy::mode::on_failure || restarts_ >= np_.policy.max_restarts) {
+        std::string detail = np_.policy.when != restart_policy::mode::on_failure
+                                 ? "restart = \"never\""
+                                 : "no restarts left: " + std::to_string(restarts_) + " of " +
+                                       std::to_string(np_.policy.max_restarts) + " used";
+        fail(replica_name(*plan_, node_, replica_) + " failed in " + what + ": " + why + " (" + detail + ")");
+        return false;
+      }
+      ++restarts_;
+      bump(counters_.restarts, 1);
+      spdlog::warn("{} failed in {}: {}; restarting ({} of {})", replica_name(*plan_, node_, replica_), what, why,
+                   restarts_, np_.policy.max_restarts);
+      auto t0 = fresh_now();
+      try {
+        impl_.reset();
+        impl_ = np_.factory();
+        if (!impl_) throw std::runtime_error("the factory of kind '" + np_.kind_name + "' returned no node");
+        impl_->start(ctx_);
+        fresh_now();
+        bump(counters_.busy_ns, elapsed_ns(t0));
+        return true;  // start()'s emits stay staged, ahead of the retried call's
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+        why = "unknown exception";
+      }
+      fresh_now();
+      bump(counters_.busy_ns, elapsed_ns(t0));
+      staged_.clear();
+      what = "start (after a restart)";
+    }
+  }
+
+  void fail(std::string message) {
+    phase_ = phase::failed;
+    staged_.clear();
+    // Hand back the credit of everything queued, so that upstream does not wait on us.
+    for (auto& item : ready_)
+      item.for_each_ack([&](std::uint32_t l) { ack_now(l); });
+    ready_.clear();
+    for (auto& [key, g] : gathers_)
+      for (auto& [seq, s] : g.pending)
+        for (auto& part : s.by_part)
+          for (auto& e : part) ack_now(e.link);
+    gathers_.clear();
+    flush_acks();
+    close_blocked();
+    // Not logged here: the run's error is the first failure, reported by whoever runs the job.
+    send(coordinator_, fail_atom::value, node_, replica_, std::move(message));
+  }
+
+  // -- members ---------------------------------------------------------------------------------
+
+  std::shared_ptr<job_plan> plan_;
+  std::uint32_t node_, replica_;
+  const node_plan& np_;
+  replica_counters& counters_;
+  caf::actor coordinator_;
+  std::unique_ptr<flowrun::actor::node> impl_;
+  std::shared_ptr<spdlog::logger> logger_;
+
+  std::vector<out_link> out_links_;
+  std::vector<out_edge> out_edges_;
+  std::vector<in_link> in_links_;
+  std::deque<ready_item> ready_;
+  std::map<std::pair<std::uint32_t, std::uint64_t>, gather_stream> gathers_;
+  std::vector<staged_send> staged_;
+  tag cur_tag_;
+  context ctx_;
+
+  phase phase_ = phase::created;
+  stop_reason reason_ = stop_reason::running;
+  bool running_ = false;
+  bool exhausted_ = false;
+  bool finished_ = false;
+  bool waiting_input_ = false;
+  bool produce_scheduled_ = false;
+  bool ack_flush_scheduled_ = false;
+  bool node_blocked_ = false;
+  clock_type::time_point node_blocked_since_;
+  clock_type::time_point now_;
+  bool now_valid_ = false;
+  std::int64_t restarts_ = 0;
+  std::int64_t produced_ = 0;
+};
+
+// -- the coordinator ---------------------------------------------------------------------------------
+
+class coordinator_actor final : public caf::event_based_actor {
+ public:
+  coordinator_actor(caf::actor_config& cfg, std::shared_ptr<job_plan> plan)
+      : caf::event_based_actor(cfg), plan_(std::move(plan)) {}
+
+  const char* name() const override { return "flowrun_coordinator"; }
+
+  caf::behavior make_behavior() override {
+    const job_plan& p = *plan_;
+    for (std::uint32_t n = 0; n < p.nodes.size(); ++n) {
+      status_.emplace_back(p.nodes[n].replicas);
+      total_ += p.nodes[n].replicas;
+    }
+    set_down_handler([this](caf::down_msg& dm) { on_down(dm); });
+    auto me = caf::actor_cast<caf::actor>(this);
+    for (auto& row : plan_->actors)
+      for (auto& a : row) monitor(a);
+    for (auto& row : plan_->actors)
+      for (auto& a : row) send(a, init_atom::value, me);
+    for (auto& row : plan_->actors)
+      for (auto& a : row) send(a, run_atom::value);
+    if (total_ == 0) finish();
+    return {
+        [this](done_atom, std::uint32_t n, std::uint32_t r) {
+          auto& s = status_[n][r];
+          if (s.done) return;
+          s.done = true;
+          if (++done_ == total_ && phase_ < phase::stopping)
+            begin_stop(interrupts_ > 0 ? stop_reason::interrupted : stop_reason::completed);
+        },
+        [this](fail_atom, std::uint32_t, std::uint32_t, std::string& why) {
+          if (phase_ >= phase::stopping) {
+            report(std::move(why));
+            return;
+          }
+          set_error(why);
+          begin_stop(stop_reason::failed);
+        },
+        [this](interrupt_atom, std::int32_t sig) { on_interrupt(sig); },
+        [this](stopped_atom, std::uint32_t n, std::uint32_t r, std::string& err) {
+          if (!err.empty()) report(std::move(err));
+          mark_stopped(n, r);
+        },
+    };
+  }
+
+ private:
+  enum class phase { running, draining, stopping, finished };
+  struct replica_status {
+    bool done = false;
+    bool stopped = false;
+  };
+
+  void set_error(std::string why) {
+    if (error_.empty()) error_ = std::move(why);
+    exit_code_ = exit_failed;
+  }
+
+  // The first error becomes the run's (its caller reports it); later ones are logged.
+  void report(std::string why) {
+    if (error_.empty()) set_error(std::move(why));
+    else spdlog::error("{}", why);
+    exit_code_ = exit_failed;
+  }
+
+  void on_interrupt(std::int32_t sig) {
+    ++interrupts_;
+    signal_ = sig;
+    if (phase_ == phase::running) {
+      phase_ = phase::draining;
+      spdlog::warn("signal {}: draining (sources stop; in-flight messages are handled); again to stop now", sig);
+      for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
+        if (plan_->nodes[n].source)
+          for (auto& a : plan_->actors[n]) send(a, end_atom::value);
+    } else if (phase_ == phase::draining) {
+      spdlog::warn("signal {}: stopping without draining", sig);
+      begin_stop(stop_reason::interrupted);
+    }
+  }
+
+  void begin_stop(stop_reason why) {
+    if (phase_ >= phase::stopping) return;
+    phase_ = phase::stopping;
+    reason_ = why;
+    for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
+      for (std::uint32_t r = 0; r < plan_->nodes[n].replicas; ++r)
+        if (!status_[n][r].stopped) send(plan_->actors[n][r], stop_atom::value, static_cast<std::int32_t>(why));
+    if (stopped_ == total_) finish();
+  }
+
+  void mark_stopped(std::uint32_t n, std::uint32_t r) {
+    auto& s = status_[n][r];
+    if (s.stopped) return;
+    s.stopped = true;
+    ++stopped_;
+    if (phase_ == phase::stopping && stopped_ == total_) finish();
+  }
+
+  void on_down(const caf::down_msg& dm) {
+    for (std::uint32_t n = 0; n < plan_->actors.size(); ++n)
+      for (std::uint32_t r = 0; r < plan_->actors[n].size(); ++r) {
+        if (plan_->actors[n][r].address() != dm.source) continue;
+        if (!status_[n][r].stopped) {
+          // It quit without being told to: a bug in the runtime or an exception outside the node's calls.
+          report(replica_name(*plan_, n, r) + " terminated unexpectedly: " + system().render(dm.reason));
+          mark_stopped(n, r);
+          begin_stop(stop_reason::failed);
+        }
+        return;
+      }
+  }
+
+  void finish() {
+    if (phase_ == phase::finished) return;
+    phase_ = phase::finished;
+    int code = exit_code_;
+    if (code == exit_ok && reason_ == stop_reason::interrupted) code = 128 + signal_;
+    stop_reason why = exit_code_ != exit_ok ? stop_reason::failed : reason_;
+    plan_->state->finish(code, error_, why);
+    plan_->actors.clear();  // break the cycle plan -> actors -> plan
+    quit();
+  }
+
+  std::shared_ptr<job_plan> plan_;
+  std::vector<std::vector<replica_status>> status_;
+  std::size_t total_ = 0, done_ = 0, stopped_ = 0;
+  phase phase_ = phase::running;
+  stop_reason reason_ = stop_reason::completed;
+  int exit_code_ = exit_ok;
+  std::string error_;
+  int interrupts_ = 0;
+  int signal_ = 0;
+};
+
+// -- planning ------------------------------------------------------------------------------------------
+
+expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
+                                              const node_factory_registry& factories, const run_options& options) {
+  auto plan = std::make_shared<job_plan>();
+  plan->graph_name = spec.name;
+  plan->seed = spec.seed;
+  plan->steps = spec.steps;
+  plan->metrics = std::make_shared<job_metrics>();
+  plan->state = std::make_shared<run_state>();
+  std::map<std::string, std::uint32_t, std::less<>> index;
+  const std::string where = spec.source_file.empty() ? std::string("graph '" + spec.name + "'") : spec.source_file.string();
+  // Nodes.
+  for (const auto& n : spec.nodes) {
+    node_plan np;
+    np.spec = n;
+    np.kind_name = n.kind;
+    if (n.replicas < 1) return error_text{where + ": node '" + n.name + "' has replicas = " + std::to_string(n.replicas)};
+    np.replicas = static_cast<std::size_t>(n.replicas);
+    const graph::node_kind* kind = kinds.lookup(n.kind);
+    if (!kind) return error_text{where + ": node '" + n.name + "' has unknown kind '" + n.kind + "'"};
+    const node_factory* f = factories.find(n.kind);
+    if (!f)
+      return error_text{where + ": node '" + n.name + "' has kind '" + n.kind +
+                        "', which has no implementation in this program (`flowrun kinds` lists the runnable kinds)"};
+    np.factory = *f;
+    for (const auto* port : kind->ports_of(graph::port_dir::out))
+      np.out_ports.push_back({port->name, intern_message_type(port->message_type)});
+    for (const auto* port : kind->ports_of(graph::port_dir::in))
+      np.in_ports.push_back({port->name, intern_message_type(port->message_type)});
+    // Supervision settings (declared by runtime-registered kinds; else the run's default).
+    np.policy = options.default_restart;
+    if (const auto* s = n.find_setting(restart_setting)) {
+      const auto* text = std::get_if<std::string>(&s->value);
+      auto mode = text ? parse_restart_mode(*text) : std::nullopt;
+      if (!mode)
+        return error_text{where + ": node '" + n.name + "': restart = " + graph::to_string(s->value) +
+                          " is not a restart policy (use \"never\" or \"on-failure\")"};
+      np.policy.when = *mode;
+    }
+    if (const auto* s = n.find_setting(max_restarts_setting)) {
+      const auto* v = std::get_if<std::int64_t>(&s->value);
+      if (!v || *v < 0)
+        return error_text{where + ": node '" + n.name + "': max_restarts = " + graph::to_string(s->value) +
+                          " must be an integer >= 0"};
+      np.policy.max_restarts = *v;
+    }
+    if (!index.emplace(n.name, static_cast<std::uint32_t>(plan->nodes.size())).second)
+      return error_text{where + ": duplicate node name '" + n.name + "'"};
+    plan->nodes.push_back(std::move(np));
+  }
+  // Edges.
+  std::vector<bool> has_input(plan->nodes.size(), false);
+  for (const auto& e : spec.edges) {
+    auto fi = index.find(e.from_node);
+    auto ti = index.find(e.to_node);
+    if (fi == index.end() || ti == index.end())
+      return error_text{where + ": edge " + e.to_string() + " names an unknown node"};
+    edge_plan ep;
+    ep.name = e.to_string();
+    ep.from_node = fi->second;
+    ep.to_node = ti->second;
+    auto& from = plan->nodes[ep.from_node];
+    auto& to = plan->nodes[ep.to_node];
+    auto find_port = [](const std::vector<port_plan>& ports, const std::string& name) -> std::int64_t {
+      for (std::size_t i = 0; i < ports.size(); ++i)
+        if (ports[i].name == name) return static_cast<std::int64_t>(i);
+      return -1;
+    };
+    std::int64_t fp = find_port(from.out_ports, e.from_port);
+    std::int64_t tp = find_port(to.in_ports, e.to_port);
+    if (fp < 0 || tp < 0)
+      return error_text{where + ": edge " + ep.name + " names an unknown port (was the graph validated?)"};
+    if (from.out_ports[fp].type != to.in_ports[tp].type)
+      return error_text{where + ": edge " + ep.name + " connects message type '" + std::string(from.out_ports[fp].type) +
+                        "' to '" + std::string(to.in_ports[tp].type) + "'"};
+    ep.from_port = static_cast<std::uint32_t>(fp);
+    ep.to_port = static_cast<std::uint32_t>(tp);
+    ep.mode = e.dispatch;
+    ep.feedback = e.feedback;
+    ep.credit = e.credit > 0 ? e.credit : std::max<std::int64_t>(1, options.default_credit);
+    if (!ep.feedback) has_input[ep.to_node] = true;
+    from.out_edges.push_back(static_cast<std::uint32_t>(plan->edges.size()));
+    plan->edges.push_back(std::move(ep));
+  }
+  for (std::size_t n = 0; n < plan->nodes.size(); ++n) plan->nodes[n].source = !has_input[n];
+  // Metrics layout and links.
+  for (const auto& np : plan->nodes) plan->metrics->add_node(np.spec.name, np.replicas, np.source, np.out_edges.empty());
+  plan->out_links.resize(plan->nodes.size());
+  plan->in_links.resize(plan->nodes.size());
+  for (std::size_t n = 0; n < plan->nodes.size(); ++n) {
+    plan->out_links[n].resize(plan->nodes[n].replicas);
+    plan->in_links[n].resize(plan->nodes[n].replicas);
+  }
+  for (std::uint32_t ei = 0; ei < plan->edges.size(); ++ei) {
+    auto& ep = plan->edges[ei];
+    ep.metrics_edge = plan->metrics->add_edge(ep.name, ep.to_node, ep.credit);
+    for (std::uint32_t p = 0; p < plan->nodes[ep.from_node].replicas; ++p)
+      for (std::uint32_t c = 0; c < plan->nodes[ep.to_node].replicas; ++c) {
+        link_plan l;
+        l.edge = ei;
+        l.from_node = ep.from_node;
+        l.from_replica = p;
+        l.to_node = ep.to_node;
+        l.to_replica = c;
+        auto& outs = plan->out_links[ep.from_node][p];
+        auto& ins = plan->in_links[ep.to_node][c];
+        l.out_index = static_cast<std::uint32_t>(outs.size());
+        l.in_index = static_cast<std::uint32_t>(ins.size());
+        l.counters = &plan->metrics->add_link(ep.metrics_edge);
+        const auto id = static_cast<std::uint32_t>(plan->links.size());
+        outs.push_back(id);
+        ins.push_back(id);
+        plan->links.push_back(l);
+      }
+  }
+  return plan;
+}
+
+}  // namespace flowrun::actor::rt
+
+namespace flowrun::actor {
+
+expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
+                     const node_factory_registry& factories, const run_options& options) {
+  auto planned = rt::make_plan(spec, kinds, factories, options);
+  if (!planned) return error_text{planned.error()};
+  std::shared_ptr<rt::job_plan> plan = *planned;
+  job j;
+  j.state = plan->state;
+  j.metrics = plan->metrics;
+  for (std::uint32_t n = 0; n < plan->nodes.size(); ++n) {
+    std::vector<caf::actor> row;
+    for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r) row.push_back(sys.spawn<rt::replica_actor>(plan, n, r));
+    plan->actors.push_back(row);
+  }
+  j.replicas = plan->actors;
+  // The coordinator wires and starts the replicas: they only read plan->actors
+  // after its init message, which happens-after the table is complete.
+  j.coordinator = sys.spawn<rt::coordinator_actor>(plan);
+  return j;
+}
+
+void interrupt(const job& j, int signal) {
+  caf::anon_send(j.coordinator, interrupt_atom::value, static_cast<std::int32_t>(signal));
+}
+
+}  // namespace flowrun::actor

@@ -1,0 +1,198 @@
+// Layer 5, actor runtime: run_graph, the loop that owns a run in a real
+// process (threaded CAF scheduler, signals, periodic metrics, progress line).
+#include "runtime/actor/runtime.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "runtime/actor/console.h"
+#include "runtime/actor/job.h"
+
+namespace flowrun::actor {
+
+// -- run_state ------------------------------------------------------------------------
+
+void run_state::finish(int exit_code, std::string error, stop_reason reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (finished_) return;
+    finished_ = true;
+    exit_code_ = exit_code;
+    error_ = std::move(error);
+    reason_ = reason;
+  }
+  cv_.notify_all();
+}
+
+bool run_state::finished() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return finished_;
+}
+
+bool run_state::wait_for_ms(int ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return finished_; });
+}
+
+int run_state::exit_code() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return exit_code_;
+}
+
+std::string run_state::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+stop_reason run_state::reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reason_;
+}
+
+namespace {
+
+// -- signals: the handler only counts; the run loop forwards them ------------------------
+
+std::atomic<int> g_signal_count{0};
+std::atomic<int> g_last_signal{0};
+
+extern "C" void on_signal(int sig) {
+  g_last_signal.store(sig);
+  g_signal_count.fetch_add(1);
+}
+
+class signal_guard {
+ public:
+  signal_guard() {
+    g_signal_count = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~signal_guard() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  signal_guard(const signal_guard&) = delete;
+  signal_guard& operator=(const signal_guard&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+}  // namespace
+
+// -- run_graph ----------------------------------------------------------------------------
+
+run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
+                     const node_factory_registry& factories, const run_options& options) {
+  run_result result;
+  std::ofstream metrics_file;
+  if (!options.metrics_path.empty()) {
+    metrics_file.open(options.metrics_path, std::ios::out | std::ios::trunc);
+    if (!metrics_file) {
+      result.exit_code = exit_failed;
+      result.reason = stop_reason::failed;
+      result.error = "cannot open the metrics file '" + options.metrics_path + "' for writing";
+      return result;
+    }
+  }
+  const bool show_progress = options.progress.value_or(isatty(STDERR_FILENO) == 1);
+  std::size_t threads = options.threads;
+  if (threads == 0) threads = std::max(2u, std::thread::hardware_concurrency());
+
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(threads));
+  {
+    caf::actor_system sys{cfg};
+    auto launched = launch(sys, spec, kinds, factories, options);
+    if (!launched) {
+      result.exit_code = exit_failed;
+      result.reason = stop_reason::failed;
+      result.error = launched.error();
+      return result;
+    }
+    job j = std::move(*launched);
+    signal_guard signals;
+    int forwarded = 0;
+    using clk = std::chrono::steady_clock;
+    auto next_metrics = clk::now() + std::chrono::duration_cast<clk::duration>(
+                                         std::chrono::duration<double>(std::max(0.0, options.metrics_interval_s)));
+    auto next_progress = clk::now();
+    metrics_snapshot prev = j.metrics->snapshot();
+    metrics_snapshot prev_progress = prev;
+    while (!j.state->wait_for_ms(50)) {
+      // Forward each signal once (the first drains, the second stops at once).
+      const int seen = g_signal_count.load();
+      while (forwarded < seen && forwarded < 2) {
+        ++forwarded;
+        interrupt(j, g_last_signal.load());
+      }
+      if (seen >= 3) {
+        console::clear_progress();
+        spdlog::error("third signal: exiting without waiting for the nodes");
+        std::_Exit(128 + g_last_signal.load());
+      }
+      const auto now = clk::now();
+      if (options.metrics_interval_s > 0 && now >= next_metrics) {
+        next_metrics = now + std::chrono::duration_cast<clk::duration>(
+                                 std::chrono::duration<double>(options.metrics_interval_s));
+        metrics_snapshot snap = j.metrics->snapshot();
+        if (metrics_file) metrics_file << to_json_line(snap, false) << '\n' << std::flush;
+        const double dt = snap.elapsed_s - prev.elapsed_s;
+        const double tps = dt > 0 ? static_cast<double>(snap.tokens() - prev.tokens()) / dt : 0.0;
+        std::string busiest;
+        double busiest_busy = -1;
+        for (const auto& n : snap.nodes)
+          if (n.busy_s > busiest_busy) busiest_busy = n.busy_s, busiest = n.name;
+        console::clear_progress();
+        spdlog::info("[{}] {:.1f}s: step {}, {} tokens ({:.0f} tok/s), busiest node {} ({:.2f}s busy)", spec.name,
+                     snap.elapsed_s, snap.steps(), snap.tokens(), tps, busiest, busiest_busy);
+        for (const auto& n : snap.nodes)
+          spdlog::debug("node {}: in {} out {} depth {} busy {:.3f}s blocked {:.3f}s", n.name, n.msgs_in, n.msgs_out,
+                        n.depth, n.busy_s, n.blocked_s);
+        prev = std::move(snap);
+      }
+      if (show_progress && now >= next_progress) {
+        next_progress = now + std::chrono::milliseconds(250);
+        metrics_snapshot snap = j.metrics->snapshot();
+        // tok/s over the last few seconds rather than the last tick.
+        console::progress(format_progress(spec.name, snap, prev_progress, spec.steps));
+        if (snap.elapsed_s - prev_progress.elapsed_s > 3.0) prev_progress = std::move(snap);
+      }
+    }
+    console::clear_progress();
+    result.exit_code = j.state->exit_code();
+    result.error = j.state->error();
+    result.reason = j.state->reason();
+    result.metrics = j.metrics->snapshot();
+    if (metrics_file) metrics_file << to_json_line(result.metrics, true) << '\n' << std::flush;
+    if (options.summary) {
+      std::string summary = format_summary(result.metrics);
+      spdlog::info("[{}] {} in {:.2f}s (exit code {})", spec.name, to_string(result.reason), result.metrics.elapsed_s,
+                   result.exit_code);
+      std::size_t at = 0;
+      while (at < summary.size()) {
+        std::size_t nl = summary.find('\n', at);
+        if (nl == std::string::npos) nl = summary.size();
+        spdlog::info("  {}", summary.substr(at, nl - at));
+        at = nl + 1;
+      }
+    }
+    j = job{};  // release the handles before the actor system goes away
+  }  // ~actor_system waits for every actor; all of them have quit
+  return result;
+}
+
+}  // namespace flowrun::actor

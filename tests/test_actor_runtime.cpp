@@ -1,0 +1,911 @@
+// The actor runtime (runtime/actor) on CAF's deterministic test scheduler:
+// backpressure, supervision, shutdown, dispatch modes and gather order, with
+// test-only node kinds defined below.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <nlohmann/json.hpp>
+
+#include "runtime/actor/job.h"
+#include "runtime/actor/node.h"
+#include "runtime/actor/payload.h"
+#include "runtime/actor/runtime.h"
+#include "runtime/graph/parse.h"
+#include "runtime/graph/validate.h"
+
+using namespace flowrun;
+using namespace flowrun::actor;
+
+namespace {
+
+// -- a payload type that counts its live instances (memory bound checks) -----------
+
+struct counted {
+  std::int64_t v = 0;
+  static inline std::atomic<std::int64_t> live{0};
+  explicit counted(std::int64_t x) : v(x) { ++live; }
+  counted(const counted& o) : v(o.v) { ++live; }
+  counted& operator=(const counted&) = default;
+  ~counted() { --live; }
+};
+
+using nums = batch<std::int64_t>;
+
+// -- what the test nodes saw (shared across restarts: nodes are re-created) ---------
+
+struct record {
+  std::mutex m;
+  std::map<std::string, std::vector<std::int64_t>> items;  // "node[r]" -> values received
+  std::map<std::string, int> starts, stops, failures;
+  std::map<std::string, stop_reason> stop_reasons;
+  std::map<std::string, std::int64_t> produced;
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(m);
+    items.clear();
+    starts.clear();
+    stops.clear();
+    failures.clear();
+    stop_reasons.clear();
+    produced.clear();
+  }
+};
+record rec;
+
+std::string key(const node_context& ctx) { return ctx.name() + "[" + std::to_string(ctx.replica()) + "]"; }
+
+// Common behaviour: count start() and stop() calls.
+class test_node : public node {
+ public:
+  void start(node_context& ctx) override {
+    std::lock_guard<std::mutex> lock(rec.m);
+    ++rec.starts[key(ctx)];
+  }
+  void stop(node_context& ctx) override {
+    std::lock_guard<std::mutex> lock(rec.m);
+    ++rec.stops[key(ctx)];
+    rec.stop_reasons[key(ctx)] = ctx.reason();
+  }
+};
+
+// src: emits counted{0}, counted{1}, ... (count = 0: forever).
+class src_node final : public test_node {
+ public:
+  void start(node_context& ctx) override {
+    test_node::start(ctx);
+    count_ = ctx.spec().get_int("count");
+    if (ctx.spec().get_bool("greet")) ctx.emit("out", payload::make("num", counted{-1}));
+  }
+  bool produce(node_context& ctx) override {
+    if (count_ > 0 && next_ >= count_) return false;
+    ctx.emit("out", payload::make("num", counted{next_++}));
+    std::lock_guard<std::mutex> lock(rec.m);
+    rec.produced[key(ctx)] = next_;
+    return true;
+  }
+
+ private:
+  std::int64_t count_ = 0, next_ = 0;
+};
+
+// relay: passes numbers on; throws on value fail_at while its node has failed
+// fewer than `failures` times; drops odd values when drop_odd.
+class relay_node final : public test_node {
+ public:
+  void start(node_context& ctx) override {
+    test_node::start(ctx);
+    fail_at_ = ctx.spec().get_int("fail_at");
+    failures_ = static_cast<int>(ctx.spec().get_int("failures"));
+    drop_odd_ = ctx.spec().get_bool("drop_odd");
+  }
+  void on_message(node_context& ctx, std::string_view, payload msg) override {
+    const std::int64_t v = msg.as<counted>().v;
+    {
+      std::lock_guard<std::mutex> lock(rec.m);
+      if (v == fail_at_ && rec.failures[ctx.name()] < failures_) {
+        ++rec.failures[ctx.name()];
+        throw std::runtime_error("injected failure at " + std::to_string(v));
+      }
+      rec.items[key(ctx)].push_back(v);
+    }
+    if (drop_odd_ && v % 2) return;
+    ctx.emit("out", msg);  // forward the same handle: no copy
+  }
+
+ private:
+  std::int64_t fail_at_ = -1;
+  int failures_ = 0;
+  bool drop_odd_ = false;
+};
+
+// collect: records what arrives.
+class collect_node final : public test_node {
+ public:
+  void on_message(node_context& ctx, std::string_view, payload msg) override {
+    std::lock_guard<std::mutex> lock(rec.m);
+    rec.items[key(ctx)].push_back(msg.as<counted>().v);
+  }
+};
+
+// batch_src: `count` batches of `size` consecutive numbers.
+class batch_src_node final : public test_node {
+ public:
+  void start(node_context& ctx) override {
+    test_node::start(ctx);
+    count_ = ctx.spec().get_int("count");
+    size_ = ctx.spec().get_int("size");
+  }
+  bool produce(node_context& ctx) override {
+    if (done_ >= count_) return false;
+    nums b;
+    for (std::int64_t i = 0; i < size_; ++i) b.items.push_back(done_ * size_ + i);
+    ++done_;
+    ctx.emit("out", payload::make("nums", std::move(b)));
+    return true;
+  }
+
+ private:
+  std::int64_t count_ = 0, size_ = 0, done_ = 0;
+};
+
+// batch_relay: multiplies every item by 10; records the part sizes it got.
+class batch_relay_node final : public test_node {
+ public:
+  void on_message(node_context& ctx, std::string_view, payload msg) override {
+    nums out = msg.as<nums>();
+    for (auto& x : out.items) x *= 10;
+    {
+      std::lock_guard<std::mutex> lock(rec.m);
+      rec.items[key(ctx)].push_back(static_cast<std::int64_t>(out.items.size()));
+    }
+    ctx.emit("out", payload::make("nums", std::move(out)));
+  }
+};
+
+// batch_collect: records every batch as a -1 marker followed by its items.
+class batch_collect_node final : public test_node {
+ public:
+  void on_message(node_context& ctx, std::string_view, payload msg) override {
+    std::lock_guard<std::mutex> lock(rec.m);
+    auto& v = rec.items[key(ctx)];
+    v.push_back(-1);
+    for (auto x : msg.as<nums>().items) v.push_back(x);
+  }
+};
+
+// ping: a source paced by a feedback edge: emits one number, then waits for its echo.
+class ping_node final : public test_node {
+ public:
+  void start(node_context& ctx) override {
+    test_node::start(ctx);
+    count_ = ctx.spec().get_int("count");
+  }
+  bool produce(node_context& ctx) override {
+    if (next_ >= count_) return false;
+    ctx.emit("out", payload::make("num", counted{next_++}));
+    ctx.wait_for_input();
+    return true;
+  }
+  void on_message(node_context& ctx, std::string_view port, payload msg) override {
+    CHECK(port == "back");
+    std::lock_guard<std::mutex> lock(rec.m);
+    rec.items[key(ctx)].push_back(msg.as<counted>().v);
+  }
+
+ private:
+  std::int64_t count_ = 0, next_ = 0;
+};
+
+class echo_node final : public test_node {
+ public:
+  void on_message(node_context& ctx, std::string_view, payload msg) override { ctx.emit("back", msg); }
+};
+
+// bad_emit: emits on a port it does not have, or the wrong type.
+class bad_emit_node final : public test_node {
+ public:
+  void on_message(node_context& ctx, std::string_view, payload msg) override {
+    if (ctx.spec().get_bool("wrong_port")) ctx.emit("nope", msg);
+    ctx.emit("out", payload::make("text", std::string("not a number")));
+  }
+};
+
+void register_test_kinds(graph::node_kind_registry& kinds, node_factory_registry& factories) {
+  using T = graph::setting_type;
+  register_node_kind(kinds, factories,
+                     graph::node_kind{"src", "counts"}
+                         .output("out", "num")
+                         .option("count", T::int_, std::int64_t{10}, "items; 0: forever")
+                         .option("greet", T::bool_, false, "emit -1 in start()"),
+                     [] { return std::make_unique<src_node>(); });
+  register_node_kind(kinds, factories,
+                     graph::node_kind{"relay", "passes on"}
+                         .input("in", "num")
+                         .output("out", "num")
+                         .option("fail_at", T::int_, std::int64_t{-1}, "value to fail on")
+                         .option("failures", T::int_, std::int64_t{0}, "times to fail")
+                         .option("drop_odd", T::bool_, false, "drop odd values"),
+                     [] { return std::make_unique<relay_node>(); });
+  register_node_kind(kinds, factories, graph::node_kind{"collect", "records"}.input("in", "num"),
+                     [] { return std::make_unique<collect_node>(); });
+  register_node_kind(kinds, factories,
+                     graph::node_kind{"batch_src", "batches"}
+                         .output("out", "nums")
+                         .option("count", T::int_, std::int64_t{4}, "batches")
+                         .option("size", T::int_, std::int64_t{6}, "items per batch"),
+                     [] { return std::make_unique<batch_src_node>(); });
+  register_node_kind(kinds, factories, graph::node_kind{"batch_relay", "x10"}.input("in", "nums").output("out", "nums"),
+                     [] { return std::make_unique<batch_relay_node>(); });
+  register_node_kind(kinds, factories, graph::node_kind{"batch_collect", "records"}.input("in", "nums"),
+                     [] { return std::make_unique<batch_collect_node>(); });
+  register_node_kind(kinds, factories,
+                     graph::node_kind{"ping", "paced source"}
+                         .input("back", "num", "echoes", true, true)
+                         .output("out", "num")
+                         .option("count", T::int_, std::int64_t{10}, "pings"),
+                     [] { return std::make_unique<ping_node>(); });
+  register_node_kind(kinds, factories, graph::node_kind{"echo", "echoes"}.input("in", "num").output("back", "num"),
+                     [] { return std::make_unique<echo_node>(); });
+  register_node_kind(kinds, factories,
+                     graph::node_kind{"bad_emit", "misbehaves"}
+                         .input("in", "num")
+                         .output("out", "num")
+                         .option("wrong_port", T::bool_, true, "emit on a port that does not exist"),
+                     [] { return std::make_unique<bad_emit_node>(); });
+}
+
+// -- fixture: an actor system on the deterministic scheduler ----------------------------------
+
+struct fixture {
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scheduler::test_coordinator& sched;
+  graph::node_kind_registry kinds;
+  node_factory_registry factories;
+
+  static caf::actor_system_config& init(caf::actor_system_config& c) {
+    c.set("scheduler.policy", caf::atom("testing"));
+    c.set("logger.inline-output", true);
+    return c;
+  }
+
+  fixture() : sys(init(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
+    register_test_kinds(kinds, factories);
+    rec.clear();
+    counted::live = 0;
+  }
+  ~fixture() { sched.run(); }
+
+  graph::graph_spec spec_of(const std::string& toml) {
+    auto parsed = graph::parse_graph_string(toml, "test.graph");
+    INFO(graph::format_errors(parsed.errors));
+    REQUIRE(parsed.ok());
+    graph::validate_options vo;
+    vo.check_files = false;
+    auto v = graph::validate(parsed.spec, kinds, vo);
+    INFO(graph::format_errors(v.errors));
+    REQUIRE(v.ok());
+    return v.spec;
+  }
+
+  job start(const std::string& toml, const run_options& o = {}) {
+    auto j = launch(sys, spec_of(toml), kinds, factories, o);
+    INFO(j.error());
+    REQUIRE(j.has_value());
+    return *j;
+  }
+
+  // Runs every job in a seeded random order (scrambles the interleavings).
+  void run_random(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    while (sched.has_job()) {
+      auto i = static_cast<std::ptrdiff_t>(rng() % sched.jobs.size());
+      std::rotate(sched.jobs.begin(), sched.jobs.begin() + i, sched.jobs.begin() + i + 1);
+      sched.run_once();
+    }
+  }
+
+  static caf::resumable* job_of(const caf::actor& a) {
+    return dynamic_cast<caf::resumable*>(caf::actor_cast<caf::abstract_actor*>(a));
+  }
+
+  std::vector<std::int64_t> items(const std::string& k) {
+    std::lock_guard<std::mutex> lock(rec.m);
+    return rec.items[k];
+  }
+};
+
+std::vector<std::int64_t> iota(std::int64_t n, std::int64_t from = 0, std::int64_t step = 1) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = 0; i < n; ++i) v.push_back(from + i * step);
+  return v;
+}
+
+}  // namespace
+
+// -- payload --------------------------------------------------------------------------------------
+
+TEST_CASE("payload: shared handle, type name, byte size, split and merge") {
+  auto p = payload::make("text", std::string("hello"));
+  CHECK(p.type() == "text");
+  CHECK(p.byte_size() == 5);
+  CHECK(p.as<std::string>() == "hello");
+  CHECK(p.get<int>() == nullptr);
+  CHECK_THROWS_AS(p.as<int>(), bad_payload_cast);
+  auto q = p;  // a handle copy
+  CHECK(&q.as<std::string>() == &p.as<std::string>());
+  CHECK(!p.splittable());
+  CHECK_THROWS_WITH_AS(p.split(2), doctest::Contains("cannot be split"), std::invalid_argument);
+
+  auto b = payload::make("nums", nums{{1, 2, 3, 4, 5, 6, 7}});
+  CHECK(b.byte_size() == 7 * sizeof(std::int64_t));
+  REQUIRE(b.splittable());
+  auto parts = b.split(3);
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[0].as<nums>().items == std::vector<std::int64_t>{1, 2, 3});
+  CHECK(parts[1].as<nums>().items == std::vector<std::int64_t>{4, 5});
+  CHECK(parts[2].as<nums>().items == std::vector<std::int64_t>{6, 7});
+  CHECK(parts[2].type() == "nums");
+  CHECK(payload::merge(parts).as<nums>().items == b.as<nums>().items);
+  auto tokens = payload::make("tokens", std::vector<std::int32_t>{1, 2, 3});
+  CHECK(tokens.byte_size() == 12);
+  CHECK(!tokens.splittable());
+}
+
+// -- backpressure ------------------------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(fixture, "a consumer 100x slower than its producer: in-flight messages and memory stay bounded") {
+  constexpr std::int64_t n = 1000, credit = 4;
+  auto j = start(R"(
+edges = ["producer.out -> consumer.in [credit=4]"]
+[node.producer]
+kind = "src"
+count = 1000
+[node.consumer]
+kind = "collect"
+)");
+  caf::resumable* consumer = job_of(j.replicas[1][0]);
+  std::int64_t max_live = 0, max_in_flight = 0, max_depth = 0;
+  std::size_t steps = 0;
+  // The consumer may run one event per 100 scheduler ticks; everyone else runs whenever they have work.
+  for (std::size_t tick = 0; sched.has_job(); ++tick) {
+    auto other = std::find_if(sched.jobs.begin(), sched.jobs.end(), [&](caf::resumable* r) { return r != consumer; });
+    if (tick % 100 == 0 && sched.prioritize(j.replicas[1][0])) {
+      sched.run_once();
+    } else if (other != sched.jobs.end()) {
+      std::rotate(sched.jobs.begin(), other, other + 1);
+      sched.run_once();
+    } else {
+      continue;  // the consumer has work but it is not its turn: the producer waits
+    }
+    ++steps;
+    auto s = j.metrics->snapshot();
+    max_in_flight = std::max(max_in_flight, s.edges[0].in_flight);
+    max_depth = std::max(max_depth, s.nodes[1].depth);
+    max_live = std::max<std::int64_t>(max_live, counted::live.load());
+  }
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(items("consumer[0]") == iota(n));
+  auto s = j.metrics->snapshot();
+  INFO("max in flight " << max_in_flight << ", max depth " << max_depth << ", max live payloads " << max_live);
+  CHECK(max_in_flight <= credit);
+  CHECK(s.edges[0].max_in_flight == static_cast<std::uint64_t>(credit));  // the credit was used, never exceeded
+  CHECK(max_depth <= credit);
+  CHECK(max_live <= credit + 1);  // the queued payloads plus the one being made
+  CHECK(counted::live.load() == 0);
+  CHECK(s.nodes[0].blocked_s > 0);  // the producer waited for credit
+  CHECK(s.edges[0].sent == static_cast<std::uint64_t>(n));
+  CHECK(steps > static_cast<std::size_t>(n));
+}
+
+TEST_CASE_FIXTURE(fixture, "a source paced by a feedback edge has one message in flight") {
+  auto j = start(R"(
+edges = ["p.out -> e.in", "e.back -> p.back"]
+[node.p]
+kind = "ping"
+count = 25
+[node.e]
+kind = "echo"
+)");
+  run_random(7);
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(items("p[0]") == iota(25));
+  auto s = j.metrics->snapshot();
+  CHECK(s.edges[0].max_in_flight == 1);
+}
+
+// -- supervision ----------------------------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(fixture, "a node that throws is restarted per its policy and every item is delivered") {
+  auto j = start(R"(
+edges = ["src.out -> boom.in", "boom.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 50
+[node.boom]
+kind = "relay"
+fail_at = 7
+failures = 2
+restart = "on-failure"
+max_restarts = 3
+[node.sink]
+kind = "collect"
+)");
+  sched.run();
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(j.state->error() == "");
+  CHECK(items("sink[0]") == iota(50));  // in order, none lost, none twice
+  CHECK(items("boom[0]") == iota(50));  // the failed calls recorded nothing
+  CHECK(rec.starts["boom[0]"] == 3);    // the first start and two restarts
+  CHECK(rec.stops["boom[0]"] == 1);     // stop() on the live object only
+  CHECK(rec.stop_reasons["sink[0]"] == stop_reason::completed);
+  CHECK(j.metrics->snapshot().node("boom")->restarts == 2);
+}
+
+TEST_CASE_FIXTURE(fixture, "a node that fails for good stops the run with exit code 1 and an error naming it") {
+  SUBCASE("restarts used up") {
+    auto j = start(R"(
+edges = ["src.out -> boom.in", "boom.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 0
+[node.boom]
+kind = "relay"
+fail_at = 7
+failures = 100
+restart = "on-failure"
+max_restarts = 2
+[node.sink]
+kind = "collect"
+)");
+    sched.run();
+    REQUIRE(j.state->finished());
+    CHECK(j.state->exit_code() == exit_failed);
+    CHECK(j.state->reason() == stop_reason::failed);
+    CHECK_MESSAGE(j.state->error().find("node 'boom'") != std::string::npos, j.state->error());
+    CHECK_MESSAGE(j.state->error().find("injected failure at 7") != std::string::npos, j.state->error());
+    CHECK_MESSAGE(j.state->error().find("no restarts left") != std::string::npos, j.state->error());
+    CHECK(rec.starts["boom[0]"] == 3);
+    CHECK(rec.stops["src[0]"] == 1);  // the others still get stop() (their checkpoint hook)
+    CHECK(rec.stop_reasons["src[0]"] == stop_reason::failed);
+    CHECK(rec.stops["boom[0]"] == 0);  // not the failed one
+    CHECK(items("sink[0]") == iota(7));
+  }
+  SUBCASE("restart = never") {
+    auto j = start(R"(
+edges = ["src.out -> boom.in", "boom.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 20
+[node.boom]
+kind = "relay"
+fail_at = 3
+failures = 1
+[node.sink]
+kind = "collect"
+)");
+    sched.run();
+    REQUIRE(j.state->finished());
+    CHECK(j.state->exit_code() == exit_failed);
+    CHECK_MESSAGE(j.state->error().find("node 'boom' failed in on_message: injected failure at 3") != std::string::npos,
+                  j.state->error());
+    CHECK_MESSAGE(j.state->error().find("restart = \"never\"") != std::string::npos, j.state->error());
+  }
+  SUBCASE("a replica is named") {
+    auto j = start(R"(
+edges = ["src.out -> boom.in [dispatch=round_robin]", "boom.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 20
+[node.boom]
+kind = "relay"
+replicas = 2
+fail_at = 5
+failures = 1
+[node.sink]
+kind = "collect"
+)");
+    sched.run();
+    CHECK(j.state->exit_code() == exit_failed);
+    CHECK_MESSAGE(j.state->error().find("node 'boom' replica 1 failed") != std::string::npos, j.state->error());
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "emitting on an unknown port or the wrong type fails the node with a clear error") {
+  SUBCASE("unknown port") {
+    auto j = start(R"(
+edges = ["src.out -> bad.in", "bad.out -> sink.in"]
+[node.src]
+kind = "src"
+[node.bad]
+kind = "bad_emit"
+[node.sink]
+kind = "collect"
+)");
+    sched.run();
+    CHECK(j.state->exit_code() == exit_failed);
+    CHECK_MESSAGE(j.state->error().find("has no out port 'nope'; out ports: out") != std::string::npos, j.state->error());
+  }
+  SUBCASE("wrong message type") {
+    auto j = start(R"(
+edges = ["src.out -> bad.in", "bad.out -> sink.in"]
+[node.src]
+kind = "src"
+[node.bad]
+kind = "bad_emit"
+wrong_port = false
+[node.sink]
+kind = "collect"
+)");
+    sched.run();
+    CHECK(j.state->exit_code() == exit_failed);
+    CHECK_MESSAGE(j.state->error().find("emitted message type 'text' on out port 'out', which carries 'num'") !=
+                      std::string::npos,
+                  j.state->error());
+  }
+  SUBCASE("a payload that cannot be split on a split edge") {
+    auto j = start(R"(
+edges = ["src.out -> sink.in [dispatch=split]"]
+[node.src]
+kind = "src"
+[node.sink]
+kind = "collect"
+replicas = 2
+)");
+    sched.run();
+    CHECK(j.state->exit_code() == exit_failed);
+    CHECK_MESSAGE(j.state->error().find("node 'src' failed in produce") != std::string::npos, j.state->error());
+    CHECK_MESSAGE(j.state->error().find("cannot be split") != std::string::npos, j.state->error());
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "launch rejects kinds without an implementation and bad restart settings") {
+  graph::node_kind_registry only_kinds = kinds;
+  only_kinds.register_kind(graph::node_kind{"ghost", "declared only"}.input("in", "num"));
+  auto parsed = graph::parse_graph_string(R"(
+edges = ["src.out -> g.in"]
+[node.src]
+kind = "src"
+[node.g]
+kind = "ghost"
+)");
+  auto v = graph::validate(parsed.spec, only_kinds);
+  REQUIRE(v.ok());
+  auto j = launch(sys, v.spec, only_kinds, factories);
+  REQUIRE(!j.has_value());
+  CHECK(j.error().find("node 'g' has kind 'ghost', which has no implementation") != std::string::npos);
+
+  auto bad = spec_of(R"(
+edges = ["src.out -> sink.in"]
+[node.src]
+kind = "src"
+restart = "sometimes"
+[node.sink]
+kind = "collect"
+)");
+  auto j2 = launch(sys, bad, kinds, factories);
+  REQUIRE(!j2.has_value());
+  CHECK(j2.error().find("restart = \"sometimes\" is not a restart policy") != std::string::npos);
+}
+
+// -- shutdown -------------------------------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(fixture, "SIGINT drains the pipeline, stops every node and exits 130") {
+  auto j = start(R"(
+edges = ["src.out -> mid.in [credit=3]", "mid.out -> sink.in [credit=3]"]
+[node.src]
+kind = "src"
+count = 0
+[node.mid]
+kind = "relay"
+[node.sink]
+kind = "collect"
+)");
+  sched.run(300);  // the source runs forever
+  CHECK(!j.state->finished());
+  interrupt(j, SIGINT);
+  sched.run();
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == exit_sigint);
+  CHECK(j.state->reason() == stop_reason::interrupted);
+  // Drained: everything produced reached the sink, in order.
+  const std::int64_t produced = rec.produced["src[0]"];
+  CHECK(produced > 0);
+  CHECK(items("sink[0]") == iota(produced));
+  for (const char* n : {"src[0]", "mid[0]", "sink[0]"}) {
+    CHECK(rec.stops[n] == 1);
+    CHECK(rec.stop_reasons[n] == stop_reason::interrupted);
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "a second SIGTERM stops without draining and exits 143") {
+  auto j = start(R"(
+edges = ["src.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 0
+[node.sink]
+kind = "collect"
+)");
+  sched.run(100);
+  interrupt(j, SIGTERM);
+  interrupt(j, SIGTERM);
+  sched.run();
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == exit_sigterm);
+  CHECK(rec.stops["src[0]"] == 1);
+  CHECK(rec.stops["sink[0]"] == 1);
+}
+
+TEST_CASE_FIXTURE(fixture, "graph steps cap what each source produces") {
+  auto j = start(R"(
+edges = ["src.out -> sink.in"]
+[graph]
+steps = 5
+[node.src]
+kind = "src"
+count = 0
+[node.sink]
+kind = "collect"
+)");
+  sched.run();
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(items("sink[0]") == iota(5));
+  CHECK(j.metrics->snapshot().steps() == 5);
+}
+
+TEST_CASE_FIXTURE(fixture, "emits made in start() are delivered first, to replicas wired later too") {
+  auto j = start(R"(
+edges = ["src.out -> mid.in", "mid.out -> sink.in"]
+[node.sink]
+kind = "collect"
+replicas = 2
+[node.mid]
+kind = "relay"
+[node.src]
+kind = "src"
+count = 3
+greet = true
+)");
+  run_random(3);
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(items("sink[0]") == std::vector<std::int64_t>{-1, 0, 1, 2});
+  CHECK(items("sink[1]") == std::vector<std::int64_t>{-1, 0, 1, 2});
+}
+
+// -- dispatch modes and gathering --------------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(fixture, "broadcast: every replica gets every message, in order") {
+  auto j = start(R"(
+edges = ["src.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 20
+[node.sink]
+kind = "collect"
+replicas = 3
+)");
+  run_random(1);
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  for (int r = 0; r < 3; ++r) CHECK(items("sink[" + std::to_string(r) + "]") == iota(20));
+}
+
+TEST_CASE_FIXTURE(fixture, "round_robin: replicas take turns and their outputs are gathered in order") {
+  for (std::uint64_t seed : {1u, 2u, 3u, 4u, 5u}) {
+    CAPTURE(seed);
+    rec.clear();
+    auto j = start(R"(
+edges = ["src.out -> work.in [dispatch=round_robin, credit=2]", "work.out -> sink.in [credit=3]"]
+[node.src]
+kind = "src"
+count = 60
+[node.work]
+kind = "relay"
+replicas = 3
+[node.sink]
+kind = "collect"
+)");
+    run_random(seed);
+    REQUIRE(j.state->finished());
+    CHECK(j.state->exit_code() == 0);
+    for (int r = 0; r < 3; ++r) CHECK(items("work[" + std::to_string(r) + "]") == iota(20, r, 3));
+    CHECK(items("sink[0]") == iota(60));
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "gather order holds when replicas emit nothing for some messages") {
+  auto j = start(R"(
+edges = ["src.out -> work.in [dispatch=round_robin]", "work.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 40
+[node.work]
+kind = "relay"
+replicas = 4
+drop_odd = true
+[node.sink]
+kind = "collect"
+)");
+  run_random(11);
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(items("sink[0]") == iota(20, 0, 2));
+}
+
+TEST_CASE_FIXTURE(fixture, "split: a batch is cut across replicas and the parts are merged back in order") {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    CAPTURE(seed);
+    rec.clear();
+    auto j = start(R"(
+edges = ["src.out -> work.in [dispatch=split, credit=2]", "work.out -> sink.in"]
+[node.src]
+kind = "batch_src"
+count = 10
+size = 7
+[node.work]
+kind = "batch_relay"
+replicas = 3
+[node.sink]
+kind = "batch_collect"
+)");
+    run_random(seed);
+    REQUIRE(j.state->finished());
+    CHECK(j.state->exit_code() == 0);
+    // Parts of 7 over 3 replicas: 3, 2, 2.
+    CHECK(items("work[0]") == std::vector<std::int64_t>(10, 3));
+    CHECK(items("work[1]") == std::vector<std::int64_t>(10, 2));
+    CHECK(items("work[2]") == std::vector<std::int64_t>(10, 2));
+    std::vector<std::int64_t> want;
+    for (std::int64_t b = 0; b < 10; ++b) {
+      want.push_back(-1);  // one merged batch per source batch
+      for (std::int64_t i = 0; i < 7; ++i) want.push_back((b * 7 + i) * 10);
+    }
+    CHECK(items("sink[0]") == want);
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "a restarted replica in a round_robin group keeps the gathered order") {
+  auto j = start(R"(
+edges = ["src.out -> work.in [dispatch=round_robin]", "work.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 30
+[node.work]
+kind = "relay"
+replicas = 3
+fail_at = 13
+failures = 1
+restart = "on-failure"
+[node.sink]
+kind = "collect"
+)");
+  run_random(5);
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(items("sink[0]") == iota(30));
+  CHECK(rec.starts["work[1]"] == 2);  // 13 % 3 == 1
+}
+
+// -- metrics and the threaded runner ------------------------------------------------------------------------
+
+TEST_CASE_FIXTURE(fixture, "metrics: per node and per edge counts, JSON line") {
+  auto j = start(R"(
+edges = ["src.out -> sink.in [credit=5]"]
+[node.src]
+kind = "src"
+count = 12
+[node.sink]
+kind = "collect"
+)");
+  sched.run();
+  REQUIRE(j.state->finished());
+  auto s = j.metrics->snapshot();
+  const node_stats* src = s.node("src");
+  const node_stats* sink = s.node("sink");
+  REQUIRE(src);
+  REQUIRE(sink);
+  CHECK(src->source);
+  CHECK(sink->terminal);
+  CHECK(src->produced == 12);
+  CHECK(src->msgs_out == 12);
+  CHECK(src->bytes_out == 12 * sizeof(counted));
+  CHECK(sink->msgs_in == 12);
+  CHECK(sink->handled == 12);
+  CHECK(sink->depth == 0);
+  REQUIRE(s.edges.size() == 1);
+  CHECK(s.edges[0].name == "src.out -> sink.in");
+  CHECK(s.edges[0].credit == 5);
+  CHECK(s.edges[0].sent == 12);
+  CHECK(s.edges[0].acked == 12);
+  CHECK(s.edges[0].in_flight == 0);
+  CHECK(s.steps() == 12);
+  auto line = nlohmann::json::parse(to_json_line(s, true));
+  CHECK(line["final"] == true);
+  CHECK(line["steps"] == 12);
+  CHECK(line["nodes"]["sink"]["handled"] == 12);
+  CHECK(line["edges"]["src.out -> sink.in"]["max_in_flight"].get<int>() <= 5);
+  CHECK(format_progress("g", s, s, 24).find("step 12/24") != std::string::npos);
+}
+
+TEST_CASE("run_graph on the threaded scheduler: completes, writes JSONL metrics, reports failures") {
+  graph::node_kind_registry kinds;
+  node_factory_registry factories;
+  register_test_kinds(kinds, factories);
+  rec.clear();
+  auto spec_of = [&](const std::string& toml) {
+    auto parsed = graph::parse_graph_string(toml, "threaded.graph");
+    REQUIRE(parsed.ok());
+    auto v = graph::validate(parsed.spec, kinds);
+    REQUIRE(v.ok());
+    return v.spec;
+  };
+  const auto file = std::filesystem::temp_directory_path() / "flowrun_test_actor_runtime_metrics.jsonl";
+  run_options o;
+  o.metrics_path = file.string();
+  o.metrics_interval_s = 0;
+  o.progress = false;
+  o.summary = false;
+  o.threads = 2;
+  auto r = run_graph(spec_of(R"(
+edges = ["src.out -> work.in [dispatch=round_robin]", "work.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 2000
+[node.work]
+kind = "relay"
+replicas = 3
+[node.sink]
+kind = "collect"
+)"),
+                     kinds, factories, o);
+  CHECK(r.exit_code == 0);
+  CHECK(r.error == "");
+  CHECK(r.reason == stop_reason::completed);
+  CHECK(r.metrics.node("sink")->handled == 2000);
+  {
+    std::lock_guard<std::mutex> lock(rec.m);
+    CHECK(rec.items["sink[0]"] == iota(2000));
+  }
+  std::ifstream in(file);
+  std::string last, line;
+  while (std::getline(in, line)) last = line;
+  auto j = nlohmann::json::parse(last);
+  CHECK(j["final"] == true);
+  CHECK(j["nodes"]["sink"]["handled"] == 2000);
+  std::filesystem::remove(file);
+
+  o.metrics_path.clear();
+  auto bad = run_graph(spec_of(R"(
+edges = ["src.out -> boom.in", "boom.out -> sink.in"]
+[node.src]
+kind = "src"
+count = 0
+[node.boom]
+kind = "relay"
+fail_at = 100
+failures = 1
+[node.sink]
+kind = "collect"
+)"),
+                       kinds, factories, o);
+  CHECK(bad.exit_code == exit_failed);
+  CHECK(bad.error.find("node 'boom' failed in on_message: injected failure at 100") != std::string::npos);
+}

@@ -1,0 +1,550 @@
+// DeepSpeed-Chat's data pipeline and steps 1-2 on the real HH-RLHF files and
+// stories260K: loaders and their error reports, data_split, tokenization,
+// batch layouts, SFT and reward-model training.
+#include <doctest/doctest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+
+#include "models/decoder.h"
+#include "models/dschat_data.h"
+#include "models/dschat_steps.h"
+#include "models/llama2c.h"
+#include "models/tokenizer.h"
+#include "test_util.h"
+
+using namespace flowrun;
+using namespace flowrun::dschat;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string dschat_path() { return asset_path("data/hh-rlhf/harmless-base-test.dschat.jsonl").string(); }
+std::string raw_path() { return asset_path("data/hh-rlhf/harmless-base-test.jsonl.gz").string(); }
+
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& name) {
+    path = fs::temp_directory_path() / ("flowrun_test_dschat_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() { fs::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    auto p = path / name;
+    std::ofstream(p, std::ios::binary) << text;
+    return p.string();
+  }
+  std::string write_gz(const std::string& name, const std::string& text) const {
+    auto p = (path / name).string();
+    gzFile f = gzopen(p.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    REQUIRE(gzwrite(f, text.data(), static_cast<unsigned>(text.size())) == static_cast<int>(text.size()));
+    gzclose(f);
+    return p;
+  }
+};
+
+std::vector<int64_t> bad_lines(const load_report& r) {
+  std::vector<int64_t> v;
+  for (const auto& b : r.malformed) v.push_back(b.line);
+  return v;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<int32_t> ints(const tensor& t) {
+  const int32_t* p = t.data<int32_t>();
+  return std::vector<int32_t>(p, p + t.numel());
+}
+
+std::vector<int64_t> iota(int64_t a, int64_t b) {
+  std::vector<int64_t> v;
+  for (int64_t i = a; i < b; ++i) v.push_back(i);
+  return v;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("loaders: the real HH-RLHF files, DS-Chat form and raw dialogues split at the last Assistant turn") {
+  auto ds = load_source(dschat_path());
+  MESSAGE(ds.report.summary());
+  CHECK(ds.report.format == data_format::prompt_chosen_rejected);
+  CHECK(ds.rows.size() == 2307);
+  CHECK(ds.report.malformed.empty());
+  CHECK(ds.report.blank == 0);
+  for (const auto& r : ds.rows) {
+    REQUIRE(r.prompt.size() >= 12);
+    CHECK(r.prompt.substr(r.prompt.size() - 12) == "\n\nAssistant:");
+  }
+
+  auto raw = load_source(raw_path());
+  MESSAGE(raw.report.summary());
+  CHECK(raw.report.format == data_format::hh_rlhf_raw);
+  CHECK(raw.report.lines == 2312);
+  CHECK(raw.rows.size() == 2307);
+  CHECK(raw.report.malformed.empty());
+  CHECK(raw.report.prompt_mismatch_lines == std::vector<int64_t>{1255, 1689, 1951, 1953, 2037});
+  // the raw split reproduces the DS-Chat file row for row
+  REQUIRE(raw.rows.size() == ds.rows.size());
+  int64_t same = 0;
+  for (size_t i = 0; i < ds.rows.size(); ++i)
+    same += raw.rows[i].prompt == ds.rows[i].prompt && raw.rows[i].chosen == ds.rows[i].chosen &&
+            raw.rows[i].rejected == ds.rows[i].rejected;
+  CHECK(same == 2307);
+  CHECK(raw.rows[0].prompt == ds.rows[0].prompt);
+  CHECK(raw.rows[0].chosen.rfind(" No, sorry!", 0) == 0);
+
+  // the {prompt, chosen} reading of the same file ignores "rejected"
+  auto pc = load_source(dschat_path(), data_format::prompt_chosen);
+  CHECK(pc.rows.size() == 2307);
+  CHECK(pc.rows[5].rejected.empty());
+  CHECK(pc.rows[5].chosen == ds.rows[5].chosen);
+}
+
+TEST_CASE("loaders: malformed lines are counted and reported with their line numbers") {
+  temp_dir tmp("bad");
+  const std::string good = R"({"prompt": "\n\nHuman: hi\n\nAssistant:", "chosen": " Hello.", "rejected": " Go away."})";
+  std::string text = good + "\n" +                                          // 1 ok
+                     R"({"prompt": "x", "chosen": )" + "\n" +                // 2 bad JSON
+                     R"({"prompt": "x", "chosen": " a"})" + "\n" +           // 3 missing rejected
+                     R"({"prompt": "x", "chosen": "", "rejected": " b"})" + "\n" +  // 4 empty answer
+                     R"({"prompt": "x", "chosen": 7, "rejected": " b"})" + "\n" +   // 5 not a string
+                     "   \n" +                                               // 6 blank
+                     "[1, 2]\n" +                                            // 7 not an object
+                     good + "\r\n";                                          // 8 ok (CRLF)
+  auto src = load_source(tmp.write("mixed.jsonl", text));
+  const auto& r = src.report;
+  MESSAGE(r.summary());
+  CHECK(src.rows.size() == 2);
+  CHECK(r.lines == 8);
+  CHECK(r.blank == 1);
+  CHECK(bad_lines(r) == std::vector<int64_t>{2, 3, 4, 5, 7});
+  CHECK(r.malformed[0].reason.rfind("bad JSON", 0) == 0);
+  CHECK(r.malformed[1].reason == "missing key \"rejected\"");
+  CHECK(r.malformed[2].reason == "empty \"chosen\"");
+  CHECK(r.malformed[3].reason == "\"chosen\" is number, not a string");
+  CHECK(r.malformed[4].reason.find("not a JSON object") != std::string::npos);
+  CHECK(r.summary().find("5 malformed (line 2: bad JSON") != std::string::npos);
+  CHECK(src.rows[1].chosen == " Hello.");
+
+  // no usable line: an error naming the file and the first bad lines with reasons
+  auto none = tmp.write("none.jsonl", std::string(R"({"prompt": "x", "chosen": "", "rejected": "y"})") + "\n{oops\n");
+  auto msg = error_of([&] { load_source(none); });
+  MESSAGE(msg);
+  CHECK(msg.find(none) != std::string::npos);
+  CHECK(msg.find("no usable line") != std::string::npos);
+  CHECK(msg.find("line 1: empty \"chosen\"") != std::string::npos);
+  CHECK(msg.find("line 2: bad JSON") != std::string::npos);
+  // a layout that cannot be told, and a missing file
+  CHECK(error_of([&] { load_source(tmp.write("keys.jsonl", "{\"a\": 1}\n")); }).find("cannot tell the data layout") !=
+        std::string::npos);
+  CHECK(error_of([&] { load_source((tmp.path / "nope.jsonl").string()); }).find("nope.jsonl: cannot open") !=
+        std::string::npos);
+
+  // raw HH-RLHF dialogues, gzip: mismatched prompts are dropped and counted, a dialogue
+  // without an Assistant turn or with an empty last answer is malformed
+  const std::string raw_text =
+      R"({"chosen": "\n\nHuman: a?\n\nAssistant: b\n\nHuman: c?\n\nAssistant: yes", "rejected": "\n\nHuman: a?\n\nAssistant: b\n\nHuman: c?\n\nAssistant: no"})"
+      "\n"
+      R"({"chosen": "\n\nHuman: a?\n\nAssistant: one", "rejected": "\n\nHuman: z?\n\nAssistant: two"})"
+      "\n"
+      R"({"chosen": "\n\nHuman: no turn", "rejected": "\n\nHuman: no turn\n\nAssistant: x"})"
+      "\n"
+      R"({"chosen": "\n\nHuman: q\n\nAssistant:", "rejected": "\n\nHuman: q\n\nAssistant: x"})"
+      "\n";
+  auto rawsrc = load_source(tmp.write_gz("raw.jsonl.gz", raw_text));
+  MESSAGE(rawsrc.report.summary());
+  CHECK(rawsrc.report.format == data_format::hh_rlhf_raw);
+  REQUIRE(rawsrc.rows.size() == 1);
+  CHECK(rawsrc.rows[0].prompt == "\n\nHuman: a?\n\nAssistant: b\n\nHuman: c?\n\nAssistant:");
+  CHECK(rawsrc.rows[0].chosen == " yes");
+  CHECK(rawsrc.rows[0].rejected == " no");
+  CHECK(rawsrc.report.prompt_mismatch_lines == std::vector<int64_t>{2});
+  CHECK(bad_lines(rawsrc.report) == std::vector<int64_t>{3, 4});
+  CHECK(rawsrc.report.summary().find("1 dropped: prompts differ (lines 2)") != std::string::npos);
+  // the same text uncompressed reads the same
+  CHECK(load_source(tmp.write("raw.jsonl", raw_text)).rows.size() == 1);
+  // a truncated gzip is an error, not a short file
+  {
+    std::ifstream in(tmp.path / "raw.jsonl.gz", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto cut = tmp.write("cut.jsonl.gz", bytes.substr(0, bytes.size() / 2));
+    CHECK(error_of([&] { load_source(cut); }).find("cut.jsonl.gz") != std::string::npos);
+  }
+
+  // {prompt, chosen} data cannot feed step 2
+  auto sft_only = load_source(tmp.write("sft.jsonl", R"({"prompt": "p", "chosen": " c"})" "\n"));
+  CHECK(sft_only.report.format == data_format::prompt_chosen);
+  auto tok = load_tokenizer(test::tokenizer_path());
+  CHECK(error_of([&] { make_rm_examples(sft_only.rows, *tok, {}); }).find("no rejected answer") != std::string::npos);
+}
+
+TEST_CASE("data_split: DS-Chat's boundaries, disjoint steps that cover the data, deterministic shuffles") {
+  CHECK(split_boundaries(10, {2, 4, 4}) == std::vector<int64_t>{0, 2, 6, 10});
+  CHECK(split_boundaries(2307, {2, 4, 4}) == std::vector<int64_t>{0, 461, 1384, 2307});
+  // Python's round is half-to-even: round(2.5) = 2, so [0, 2, 4] - (4 - 5) = [0, 3, 5]
+  CHECK(split_boundaries(5, {1, 1}) == std::vector<int64_t>{0, 3, 5});
+  // round(5/3) = 2 each: [0, 2, 4, 6] - 1 = [0, 1, 3, 5]
+  CHECK(split_boundaries(5, {1, 1, 1}) == std::vector<int64_t>{0, 1, 3, 5});
+  CHECK(parse_data_split("6,2,2") == std::vector<double>{6, 2, 2});
+  CHECK_THROWS_AS(parse_data_split("2,x,4"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_data_split("0,0"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_data_split("2,-1"), std::invalid_argument);
+  CHECK_THROWS_AS(split_for_step(10, "2,4,4", 3, 1), std::invalid_argument);
+
+  // shuffles: a permutation, the same for a seed, different across seeds
+  auto p1 = shuffle_indices(1000, 1234), p2 = shuffle_indices(1000, 1234), p3 = shuffle_indices(1000, 1235);
+  CHECK(p1 == p2);
+  CHECK(p1 != p3);
+  auto sorted = p1;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == iota(0, 1000));
+  CHECK(p1 != iota(0, 1000));
+
+  // the three steps: disjoint, covering, sized by the boundaries
+  const int64_t n = 2307;
+  std::vector<int> seen(n, 0);
+  std::vector<size_t> sizes;
+  for (int step = 0; step < 3; ++step) {
+    auto idx = split_for_step(n, "2,4,4", step, 1234);
+    CHECK(idx == split_for_step(n, "2,4,4", step, 1234));
+    sizes.push_back(idx.size());
+    for (int64_t i : idx) ++seen[i];
+  }
+  CHECK(sizes == std::vector<size_t>{461, 923, 923});
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+
+  // rows per step from two blended sources: train and eval disjoint, all rows used once
+  auto sources = load_sources({dschat_path(), raw_path()});
+  split_settings cfg;
+  std::set<std::pair<int32_t, int64_t>> used;
+  int64_t total = 0;
+  for (int step = 0; step < 3; ++step) {
+    auto rows = rows_for_step(sources, step, cfg);
+    MESSAGE(rows.summary);
+    CHECK(rows.train.size() == rows.train_refs.size());
+    CHECK(rows.eval.size() == rows.eval_refs.size());
+    CHECK(!rows.eval.empty());
+    for (size_t i = 0; i < rows.train.size(); ++i) {
+      const auto& ref = rows.train_refs[i];
+      CHECK(rows.train[i].chosen == sources[ref.source].rows[ref.row].chosen);
+    }
+    for (const auto& r : rows.train_refs) used.insert({r.source, r.row});
+    for (const auto& r : rows.eval_refs) used.insert({r.source, r.row});
+    total += static_cast<int64_t>(rows.train.size() + rows.eval.size());
+    auto again = rows_for_step(sources, step, cfg);
+    CHECK(again.train_refs.size() == rows.train_refs.size());
+    CHECK(std::equal(again.train_refs.begin(), again.train_refs.end(), rows.train_refs.begin(),
+                     [](const row_ref& a, const row_ref& b) { return a.source == b.source && a.row == b.row; }));
+  }
+  CHECK(total == 2 * 2307);
+  CHECK(used.size() == 2 * 2307);
+  // about eval_fraction of the rows are held out: 231 of 2307 per source
+  auto s2 = rows_for_step({sources[0]}, 1, cfg);
+  CHECK(s2.eval.size() == 92);   // 40% of the 231 held-out rows
+  CHECK(s2.train.size() == 830);  // 40% of the 2076 training rows
+
+  // epoch batches: every row once, reshuffled per epoch; sequential for eval
+  auto e0 = epoch_batches(10, 4, 7, 0), e1 = epoch_batches(10, 4, 7, 1);
+  CHECK(e0.size() == 3);
+  CHECK(e0.back().size() == 2);
+  std::vector<int64_t> flat;
+  for (auto& b : e0) flat.insert(flat.end(), b.begin(), b.end());
+  std::sort(flat.begin(), flat.end());
+  CHECK(flat == iota(0, 10));
+  CHECK(e0 != e1);
+  CHECK(epoch_batches(5, 2, 7, 0, false) == std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4}});
+}
+
+TEST_CASE("tokenization: EOS kept when cut, prompt masking, RM pairs, left-padded prompts") {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  const int32_t bos = tok->bos_id(), eos = tok->eos_id();
+  REQUIRE(tok->pad_id() < 0);  // tok512 has no pad: batches carry lengths and masks
+  auto src = load_source(dschat_path());
+  std::vector<sample> rows(src.rows.begin(), src.rows.begin() + 64);
+
+  std::vector<int32_t> v = {5, 6, 7, 8, eos};
+  CHECK(truncate_keep_eos(v, 3, true, eos));
+  CHECK(v == std::vector<int32_t>{5, 6, eos});
+  CHECK_FALSE(truncate_keep_eos(v, 3, true, eos));
+
+  tokenize_settings ts;
+  ts.max_seq_len = 96;
+  process_report rep;
+  auto sft = make_sft_examples(rows, *tok, ts, &rep);
+  MESSAGE("SFT, max_seq_len 96: " << rep.summary());
+  CHECK(rep.kept == 64);
+  CHECK(rep.truncated > 0);
+  CHECK(rep.truncated < 64);
+  for (size_t i = 0; i < sft.size(); ++i) {
+    const auto& e = sft[i];
+    CHECK(static_cast<int64_t>(e.ids.size()) <= 96);
+    CHECK(e.ids.front() == bos);
+    CHECK(e.ids.back() == eos);
+    if (!e.truncated) {
+      auto want = tok->encode(rows[i].prompt + rows[i].chosen);
+      want.insert(want.begin(), bos);
+      want.push_back(eos);
+      CHECK(e.ids == want);
+      // the prompt tokens are the prompt's own encoding
+      auto p = tok->encode(rows[i].prompt);
+      CHECK(e.prompt_len >= static_cast<int64_t>(p.size()));  // BOS + the common prefix
+      CHECK(e.prompt_len <= static_cast<int64_t>(p.size()) + 1);
+    }
+  }
+
+  // batches: labels -100 on padding (from the lengths) and, with mask_prompt, on the prompt
+  std::vector<int64_t> pick = {0, 1, 2, 3};
+  size_t untruncated = 0;
+  while (sft[untruncated].truncated) ++untruncated;
+  pick[0] = static_cast<int64_t>(untruncated);
+  auto b = sft_batch(sft, pick, /*mask_prompt=*/true);
+  auto ids = ints(b.ids), labels = ints(b.labels), targets = ints(b.targets), mask = ints(b.mask), lens = ints(b.lengths);
+  for (int64_t r = 0; r < b.B; ++r) {
+    const auto& e = sft[pick[r]];
+    CHECK(lens[r] == static_cast<int32_t>(e.ids.size()));
+    for (int64_t t = 0; t < b.T; ++t) {
+      const bool real = t < lens[r];
+      CHECK(mask[r * b.T + t] == (real ? 1 : 0));
+      CHECK(ids[r * b.T + t] == (real ? e.ids[t] : 0));
+      int32_t want = real && t >= e.prompt_len ? e.ids[t] : -100;
+      CHECK(labels[r * b.T + t] == want);
+      CHECK(targets[r * b.T + t] == (t + 1 < b.T ? labels[r * b.T + t + 1] : -100));
+    }
+  }
+  auto nomask = sft_batch(sft, pick, false, 96);
+  CHECK(nomask.T == 96);
+  CHECK(ints(nomask.labels)[1] == sft[pick[0]].ids[1]);  // the prompt trains without mask_prompt
+  CHECK_THROWS_AS(sft_batch(sft, pick, false, 10), std::invalid_argument);
+
+  // token 0 is a real token when it lies inside a row's length: nothing keys on the pad id
+  std::vector<sft_example> zeros = {{{bos, 0, 7, eos}, 1, false}, {{bos, eos}, 1, false}};
+  auto zb = sft_batch(zeros, {0, 1}, /*mask_prompt=*/true);
+  CHECK(ints(zb.labels) == std::vector<int32_t>{-100, 0, 7, eos, -100, eos, -100, -100});
+  CHECK(ints(zb.mask) == std::vector<int32_t>{1, 1, 1, 1, 1, 1, 0, 0});
+  CHECK(zb.n_target_tokens == 4);
+
+  // RM pairs: both answers end with EOS, lengths per row, padding masked
+  auto rm = make_rm_examples(rows, *tok, ts, &rep);
+  MESSAGE("RM, max_seq_len 96: " << rep.summary());
+  for (const auto& e : rm) {
+    CHECK(e.chosen.back() == eos);
+    CHECK(e.rejected.back() == eos);
+    CHECK(static_cast<int64_t>(std::max(e.chosen.size(), e.rejected.size())) <= 96);
+  }
+  auto rb = rm_batch(rm, {3, 4, 5});
+  auto cl = ints(rb.chosen_len), rl = ints(rb.rejected_len), cm = ints(rb.chosen_mask);
+  for (int64_t r = 0; r < 3; ++r) {
+    CHECK(cl[r] == static_cast<int32_t>(rm[3 + r].chosen.size()));
+    CHECK(rl[r] == static_cast<int32_t>(rm[3 + r].rejected.size()));
+    for (int64_t t = 0; t < rb.T; ++t) CHECK(cm[r * rb.T + t] == (t < cl[r] ? 1 : 0));
+  }
+
+  // step 3 prompts: DS-Chat drops the long ones; keep_end keeps BOS and the last tokens
+  ts.max_prompt_seq_len = 64;
+  auto kept = make_prompt_examples(rows, *tok, ts, &rep);
+  MESSAGE("prompts, max_prompt_seq_len 64, drop: " << rep.summary());
+  int64_t longer = 0;
+  for (const auto& r : rows) longer += static_cast<int64_t>(tok->encode(r.prompt).size()) + 1 > 64;
+  CHECK(rep.filtered == longer);
+  CHECK(rep.kept == 64 - longer);
+  ts.overflow = prompt_overflow::keep_end;
+  auto cut = make_prompt_examples(rows, *tok, ts, &rep);
+  CHECK(rep.kept == 64);
+  CHECK(rep.truncated == longer);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto full = tok->encode(rows[i].prompt);
+    CHECK(cut[i].ids.front() == bos);
+    CHECK(static_cast<int64_t>(cut[i].ids.size()) <= 64);
+    CHECK(std::equal(cut[i].ids.begin() + 1, cut[i].ids.end(), full.end() - (cut[i].ids.size() - 1)));
+  }
+  // left padding: the prompt ends at the last column; the mask marks it
+  std::vector<prompt_example> pe = {{{bos, 10, 11}, false}, {{bos, 0, 12, 13, 14}, false}};
+  auto pb = prompt_batch(pe, {0, 1});
+  CHECK(pb.P == 5);
+  CHECK(ints(pb.ids) == std::vector<int32_t>{0, 0, bos, 10, 11, bos, 0, 12, 13, 14});
+  CHECK(ints(pb.mask) == std::vector<int32_t>{0, 0, 1, 1, 1, 1, 1, 1, 1, 1});
+  CHECK(ints(pb.lengths) == std::vector<int32_t>{3, 5});
+  CHECK(prompt_batch(pe, {0}, 8).P == 8);
+}
+
+TEST_CASE("settings: lr schedules as transformers.get_scheduler, LoRA mapping, accumulation") {
+  CHECK(lr_factor("cosine", 0, 0, 10) == doctest::Approx(1.0));
+  CHECK(lr_factor("cosine", 5, 0, 10) == doctest::Approx(0.5));
+  CHECK(lr_factor("cosine", 10, 0, 10) == doctest::Approx(0.0));
+  CHECK(lr_factor("linear", 0, 2, 10) == doctest::Approx(0.0));  // warmup starts at 0
+  CHECK(lr_factor("linear", 1, 2, 10) == doctest::Approx(0.5));
+  CHECK(lr_factor("linear", 6, 2, 10) == doctest::Approx(0.5));
+  CHECK(lr_factor("constant", 0, 5, 10) == 1.0);
+  CHECK(lr_factor("constant_with_warmup", 1, 4, 10) == doctest::Approx(0.25));
+  CHECK_THROWS_AS(lr_factor("polynomial", 0, 0, 10), std::invalid_argument);
+  dschat_settings s;
+  s.per_device_train_batch_size = 8;
+  s.gradient_accumulation_steps = 2;
+  s.num_train_epochs = 3;
+  CHECK(total_update_steps(100, s) == 3 * 7);  // ceil(ceil(100/8)/2) = 7 per epoch
+  s.lora_dim = 4;
+  auto lc = lora_from(s);
+  CHECK(lc.lora_r == 4);
+  CHECK(lc.lora_alpha == 1.0f);
+  CHECK(lc.target_modules.size() == 7);
+  s.lora_module_name = "q_proj, v_proj";
+  CHECK(lora_from(s).target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(rm_defaults().learning_rate == doctest::Approx(5e-5f));
+
+  // accumulation: the optimizer steps every gradient_accumulation_steps micro-batches
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto src = load_source(dschat_path());
+  tokenize_settings ts;
+  ts.max_seq_len = 48;
+  auto ex = make_sft_examples(std::vector<sample>(src.rows.begin(), src.rows.begin() + 4), *tok, ts);
+  auto m = load_llama2c(test::model_path());
+  dschat_settings st_s;
+  st_s.gradient_accumulation_steps = 2;
+  st_s.lr_scheduler_type = "constant";
+  adamw_optimizer opt(m, adamw_from(st_s));
+  train_state st;
+  CHECK_THROWS_AS(sft_step(m, opt, sft_batch(ex, {0, 1}), st_s, st), std::invalid_argument);  // no total set
+  st = train_state{};
+  st.total_update_steps = 2;
+  sft_step(m, opt, sft_batch(ex, {0, 1}), st_s, st);
+  CHECK(st.update_step == 0);
+  CHECK_FALSE(st.stepped);
+  sft_step(m, opt, sft_batch(ex, {2, 3}), st_s, st);
+  CHECK(st.update_step == 1);
+  CHECK(st.stepped);
+  CHECK(opt.step_count() == 1);
+  CHECK(st.last_grad_norm > 0);
+}
+
+TEST_CASE("step 1: SFT of stories260K on HH-RLHF (prompt + chosen) lowers the held-out loss") {
+  auto t0 = std::chrono::steady_clock::now();
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto sources = load_sources({dschat_path()});
+  dschat_settings s;
+  s.per_device_train_batch_size = 8;
+  s.per_device_eval_batch_size = 16;
+  s.max_seq_len = 128;
+  s.learning_rate = 2e-3f;
+  s.num_warmup_steps = 0;
+  split_settings sp{s.data_split, s.seed, s.eval_fraction};
+  auto rows = rows_for_step(sources, 0, sp);
+  MESSAGE(rows.summary);
+  tokenize_settings ts;
+  ts.max_seq_len = s.max_seq_len;
+  auto train = make_sft_examples(rows.train, *tok, ts);
+  auto eval = make_sft_examples(rows.eval, *tok, ts);
+  std::vector<sft_batch_data> eval_batches;
+  for (auto& idx : epoch_batches(static_cast<int64_t>(eval.size()), s.per_device_eval_batch_size, s.seed, 0, false))
+    eval_batches.push_back(sft_batch(eval, idx));
+
+  auto m = load_llama2c(test::model_path());
+  auto before = sft_eval(m, eval_batches);
+  adamw_optimizer opt(m, adamw_from(s));
+  train_state st;
+  const int64_t steps = 30;
+  st.total_update_steps = steps;
+  auto batches = epoch_batches(static_cast<int64_t>(train.size()), s.per_device_train_batch_size, s.seed, 0);
+  double first = 0, last = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    double loss = sft_step(m, opt, sft_batch(train, batches[i % batches.size()]), s, st);
+    if (i < 5) first += loss / 5;
+    if (i >= steps - 5) last += loss / 5;
+  }
+  auto after = sft_eval(m, eval_batches);
+  MESSAGE("SFT " << steps << " steps (B 8, T<=128, lr 2e-3 cosine): train " << first << " -> " << last
+                 << "; held-out (" << after.rows << " rows, " << after.tokens << " tokens) loss " << before.loss
+                 << " -> " << after.loss << ", perplexity " << before.perplexity << " -> " << after.perplexity
+                 << " [" << seconds_since(t0) << " s]");
+  CHECK(st.update_step == steps);
+  CHECK(after.perplexity == doctest::Approx(std::exp(after.loss)));
+  CHECK(after.loss < before.loss - 0.3);
+}
+
+TEST_CASE("step 2: a reward model from stories260K + value head trains; scores ignore batch mates and padding") {
+  auto t0 = std::chrono::steady_clock::now();
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto sources = load_sources({dschat_path()});
+  dschat_settings s = rm_defaults();
+  s.per_device_train_batch_size = 8;
+  s.per_device_eval_batch_size = 16;
+  s.max_seq_len = 128;
+  s.learning_rate = 1e-3f;
+  split_settings sp{s.data_split, s.seed, s.eval_fraction};
+  auto rows = rows_for_step(sources, 1, sp);
+  MESSAGE(rows.summary);
+  tokenize_settings ts;
+  ts.max_seq_len = s.max_seq_len;
+  process_report rep;
+  auto train = make_rm_examples(rows.train, *tok, ts, &rep);
+  MESSAGE("train pairs: " << rep.summary());
+  auto eval = make_rm_examples(rows.eval, *tok, ts);
+  std::vector<rm_batch_data> eval_batches;
+  for (auto& idx : epoch_batches(static_cast<int64_t>(eval.size()), s.per_device_eval_batch_size, s.seed, 0, false))
+    eval_batches.push_back(rm_batch(eval, idx));
+
+  auto m = load_llama2c(test::model_path());
+  m.add_value_head(s.seed);
+
+  // a score depends on its own sequence only: alone, among batch mates, with extra padding
+  {
+    activations a;
+    auto alone = rm_forward(m, a, rm_batch(train, {5}));
+    auto mates = rm_forward(m, a, rm_batch(train, {0, 5, 9, 12}));
+    auto padded = rm_forward(m, a, rm_batch(train, {5, 9}, ts.max_seq_len + 9));
+    CHECK(std::fabs(alone.chosen_scores[0] - mates.chosen_scores[1]) < 1e-5);
+    CHECK(std::fabs(alone.rejected_scores[0] - mates.rejected_scores[1]) < 1e-5);
+    CHECK(std::fabs(alone.chosen_scores[0] - padded.chosen_scores[0]) < 1e-5);
+    CHECK(std::fabs(alone.rejected_scores[0] - padded.rejected_scores[0]) < 1e-5);
+    CHECK(std::fabs(mates.chosen_scores[2] - padded.chosen_scores[1]) < 1e-5);
+  }
+
+  // a fixed probe of training pairs measures the loss before and after
+  std::vector<rm_batch_data> probe;
+  for (int64_t i = 0; i < 4; ++i) probe.push_back(rm_batch(train, iota(i * 16, i * 16 + 16)));
+  auto probe_before = rm_eval(m, probe);
+  auto before = rm_eval(m, eval_batches);
+  adamw_optimizer opt(m, adamw_from(s));
+  train_state st;
+  const int64_t steps = 40;
+  st.total_update_steps = steps;
+  double first = 0, last = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto r = rm_step(m, opt, rm_batch(train, iota((i % 8) * 8, (i % 8) * 8 + 8)), s, st);
+    REQUIRE(std::isfinite(r.loss));
+    if (i < 8) first += r.loss / 8;
+    if (i >= steps - 8) last += r.loss / 8;
+  }
+  auto probe_after = rm_eval(m, probe);
+  auto after = rm_eval(m, eval_batches);
+  MESSAGE("RM " << steps << " steps over 64 pairs (B 8, T<=128, lr 1e-3 cosine): train loss " << first << " -> "
+                << last << "; probe loss " << probe_before.loss << " -> " << probe_after.loss << " (acc "
+                << probe_after.accuracy << "); held-out " << after.pairs << " pairs: acc " << before.accuracy
+                << " -> " << after.accuracy << " +- " << after.accuracy_stderr << ", chosen " << after.chosen_mean
+                << ", rejected " << after.rejected_mean << " [" << seconds_since(t0) << " s]");
+  CHECK(probe_after.loss < probe_before.loss - 0.05);
+  CHECK(last < first);
+  CHECK(after.pairs == static_cast<int64_t>(eval.size()));
+  CHECK(after.accuracy >= 0.0);
+  CHECK(after.accuracy <= 1.0);
+  CHECK(after.accuracy_stderr == doctest::Approx(std::sqrt(after.accuracy * (1 - after.accuracy) / after.pairs)));
+}

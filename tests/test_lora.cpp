@@ -1,0 +1,215 @@
+// LoRA (PEFT semantics) and the scalar value head on stories260K.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "models/decoder.h"
+#include "models/llama2c.h"
+#include "models/lm_data.h"
+#include "models/tokenizer.h"
+#include "runtime/kernels/ops.h"
+#include "test_util.h"
+
+using namespace flowrun;
+
+namespace {
+
+tensor story_ids(int64_t B, int64_t T, tensor* targets) {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  lm_dataset data(asset_path("data/tinystories/tinystories_train_head.txt").string(), *tok, T);
+  tensor ids, tg;
+  data.next_batch(B, ids, tg);
+  if (targets) *targets = tg;
+  return ids;
+}
+
+// Give every lora_B random values so the adapters change the output.
+void randomize_b(decoder& m, uint64_t seed) {
+  uint64_t s = seed;
+  for (auto& e : m.adapter_params()) {
+    if (e.name.find("lora_B") == std::string::npos) continue;
+    auto& t = m.w().by_name.at(e.name);
+    auto h = tensor::empty(t.shape());
+    for (int64_t i = 0; i < h.numel(); ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      h.data<float>()[i] = static_cast<float>(static_cast<int64_t>(s >> 40) % 2001 - 1000) * 2e-5f;
+    }
+    t.copy_from(h);
+  }
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double w = 0;
+  for (size_t i = 0; i < a.size(); ++i) w = std::max(w, static_cast<double>(std::fabs(a[i] - b[i])));
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("LoRA: zero B leaves the output unchanged; merged and unmerged forwards agree") {
+  auto m = load_llama2c(test::model_path());
+  tensor tg;
+  auto ids = story_ids(2, 32, &tg);
+  activations a;
+  m.forward(a, ids, tg);
+  auto base_logits = a.logits.to_floats();
+  lora_config lc;
+  lc.lora_r = 4;
+  lc.lora_alpha = 8;
+  lc.target_modules = {"q_proj", "v_proj", "down_proj"};
+  m.enable_lora(lc);
+  CHECK(m.num_adapter_parameters() == 5 * ((4 * 64 + 64 * 4) + (4 * 64 + 32 * 4) + (4 * 172 + 64 * 4)));
+  m.forward(a, ids, tg);
+  CHECK(max_abs_diff(a.logits.to_floats(), base_logits) == 0.0);
+  randomize_b(m, 3);
+  m.forward(a, ids, tg);
+  auto unmerged = a.logits.to_floats();
+  CHECK(max_abs_diff(unmerged, base_logits) > 1e-3);  // the adapters matter
+  auto w_before = m.w().flat.to_floats();
+  m.merge_lora();
+  m.forward(a, ids, tg);
+  double d = max_abs_diff(a.logits.to_floats(), unmerged);
+  double mag = 0;
+  for (float v : unmerged) mag = std::max(mag, static_cast<double>(std::fabs(v)));
+  // f32 rounding of two equivalent summation orders: the difference is relative to the logits' size
+  MESSAGE("merged vs unmerged logits: max abs diff " << d << ", max |logit| " << mag << ", relative " << d / mag);
+  CHECK(d / mag < 1e-5);
+  CHECK(d < 1e-4);
+  m.unmerge_lora();
+  double dw = max_abs_diff(m.w().flat.to_floats(), w_before);
+  MESSAGE("merge+unmerge weights: max abs diff " << dw);
+  CHECK(dw < 1e-6);
+}
+
+TEST_CASE("LoRA: gradients of A and B equal the chain rule through the base weight's gradient") {
+  // y = x (W + s B A)^T  =>  dL/dB = s G A^T and dL/dA = s B^T G, with G = dL/dW.
+  auto m = load_llama2c(test::model_path());
+  lora_config lc;
+  lc.lora_r = 3;
+  lc.lora_alpha = 6;
+  lc.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  m.enable_lora(lc, /*freeze_base=*/false);
+  randomize_b(m, 11);
+  tensor tg;
+  auto ids = story_ids(2, 24, &tg);
+  activations a;
+  m.forward(a, ids, tg);
+  m.zero_grad();
+  m.backward(a);
+  const float s = lc.scale();
+  double worst = 0, scale_ref = 0;
+  for (int64_t l = 0; l < m.config().n_layers; ++l) {
+    for (int mod = 0; mod < lm_count; ++mod) {
+      std::string p = "model.layers." + std::to_string(l) + "." +
+                      (mod < lm_gate ? std::string("self_attn.") : std::string("mlp.")) + lora_module_name(mod) + ".";
+      auto G = m.grads().by_name.at(p + "weight");
+      auto A = m.w().by_name.at(p + "lora_A.weight"), B = m.w().by_name.at(p + "lora_B.weight");
+      auto dA = m.grads().by_name.at(p + "lora_A.weight"), dB = m.grads().by_name.at(p + "lora_B.weight");
+      auto wantB = tensor::zeros(dB.shape()), wantA = tensor::zeros(dA.shape());
+      ops::matmul(wantB, G, A, false, true, s, 0.0f);  // (out, r) = s G Aᵀ
+      ops::matmul(wantA, B, G, true, false, s, 0.0f);  // (r, in) = s Bᵀ G
+      worst = std::max({worst, max_abs_diff(dB.to_floats(), wantB.to_floats()),
+                        max_abs_diff(dA.to_floats(), wantA.to_floats())});
+      scale_ref = std::max(scale_ref, std::sqrt(ops::sum_squares(wantB)));
+    }
+  }
+  MESSAGE("max |dA,dB - chain rule| = " << worst << " (largest |dB| " << scale_ref << ")");
+  CHECK(scale_ref > 1e-4);
+  CHECK(worst < 1e-5);
+}
+
+TEST_CASE("LoRA: use_lora trains only the adapters and lowers the loss") {
+  auto m = load_llama2c(test::model_path());
+  auto tok = load_tokenizer(test::tokenizer_path());
+  lm_dataset data(asset_path("data/shakespeare/tinyshakespeare.txt").string(), *tok, 64);
+  lora_config lc;
+  lc.lora_r = 8;
+  lc.lora_alpha = 16;
+  lc.lora_dropout = 0.05f;
+  m.enable_lora(lc);
+  CHECK_FALSE(m.base_trainable());
+  auto base_before = m.w().flat.to_floats();
+  ops::adamw_config oc;
+  oc.lr = 1e-2f;
+  adamw_optimizer opt(m, oc);
+  activations a;
+  tensor ids, tg;
+  double first = 0, last = 0;
+  const int steps = 40;
+  for (int s = 0; s < steps; ++s) {
+    data.next_batch(8, ids, tg);
+    double loss = m.forward(a, ids, tg);
+    m.zero_grad();
+    m.backward(a);
+    auto g = opt.trainable_grads();
+    CHECK(g.size() == 1);
+    ops::clip_grad_norm(g, 1.0);
+    opt.step();
+    if (s < 5) first += loss / 5;
+    if (s >= steps - 5) last += loss / 5;
+  }
+  MESSAGE("LoRA train loss " << first << " -> " << last);
+  CHECK(last < first - 0.3);
+  CHECK(max_abs_diff(m.w().flat.to_floats(), base_before) == 0.0);
+}
+
+TEST_CASE("LoRA: a target pattern that matches no layer is an error") {
+  auto m = load_llama2c(test::model_path());
+  lora_config lc;
+  lc.target_modules = {"q_proj", "query_key_value"};
+  CHECK_THROWS_WITH_AS(m.enable_lora(lc), doctest::Contains("query_key_value"), std::invalid_argument);
+  lc.target_modules = {"fc1"};  // OPT's name for up_proj is an alias
+  CHECK_NOTHROW(m.enable_lora(lc));
+}
+
+TEST_CASE("value head: values (B, T), cached values agree, and its gradient is exact") {
+  auto m = load_llama2c(test::model_path());
+  m.add_value_head(5);
+  CHECK(m.w().v_head.shape() == shape_t{1, 64});
+  auto ids = story_ids(2, 16, nullptr);
+  activations a;
+  m.forward(a, ids, {});
+  REQUIRE(a.values.shape() == shape_t{2, 16});
+  auto vals = a.values.to_floats();
+  // cached (inference) values equal the training forward's
+  auto cache = m.make_cache(2, 16);
+  auto cv = m.forward_cached(cache, ids, {}, {}, 0, true).to_floats();
+  CHECK(max_abs_diff(cv, vals) < 1e-5);
+  // L = sum(values * R): dL/dv_head = sum_n R_n lnf_n; dL/dx checked by finite differences on one weight
+  std::vector<float> R(32);
+  for (int i = 0; i < 32; ++i) R[i] = std::sin(0.7f * i + 0.3f);
+  auto dvals = tensor::from_floats({2, 16}, R);
+  m.zero_grad();
+  m.backward(a, dvals);
+  auto lnf = a.lnf.to_floats();
+  auto gv = m.grads().v_head.to_floats();
+  double worst = 0;
+  for (int c = 0; c < 64; ++c) {
+    double want = 0;
+    for (int n = 0; n < 32; ++n) want += R[n] * lnf[n * 64 + c];
+    worst = std::max(worst, std::fabs(want - gv[c]));
+  }
+  CHECK(worst < 1e-4);
+  // finite difference through the whole network on one q_proj entry (float64 accumulation of the loss)
+  auto& wq = m.param("model.layers.2.self_attn.q_proj.weight");
+  const int64_t idx = 5 * 64 + 7;
+  double analytic = m.grads().by_name.at("model.layers.2.self_attn.q_proj.weight").to_floats()[idx];
+  auto loss_at = [&](float delta) {
+    float* p = wq.data<float>() + idx;
+    float old = *p;
+    *p = old + delta;
+    activations b;
+    m.forward(b, ids, {});
+    *p = old;
+    auto v = b.values.to_floats();
+    double L = 0;
+    for (int n = 0; n < 32; ++n) L += static_cast<double>(v[n]) * R[n];
+    return L;
+  };
+  const float h = 1e-2f;
+  double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
+  MESSAGE("dL/dWq[5,7]: analytic " << analytic << ", finite difference " << fd);
+  CHECK(std::fabs(fd - analytic) <= 2e-3 * std::max(1.0, std::fabs(analytic)) + 1e-3);
+}

@@ -1,0 +1,167 @@
+// `flowrun convert`: weights between llama2.c files and Hugging Face folders.
+//
+//   flowrun convert --from llama2c stories260K.bin --to hf out/stories260K-hf --tokenizer tok512.model
+//   flowrun convert --from hf out/stories260K-hf --to llama2c out/stories260K.bin
+//   flowrun convert --from hf opt-125m --to hf opt-125m-bf16 --dtype bf16 --max_shard_bytes 500000000
+//
+// LLaMA RoPE layouts are converted on the way (llama2.c pairs adjacent channels,
+// HF rotates halves; models/hf.h, to_half_rope), so the logits stay the same.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "models/hf.h"
+#include "models/llama2c.h"
+#include "models/tokenizer.h"
+#include "runtime/util/assets.h"
+#include "tools/flowrun/commands.h"
+
+namespace flowrun::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct convert_opts {
+  std::vector<std::string> from, to;
+  std::string dtype_name = "f32";
+  std::string tokenizer;
+  int64_t max_shard_bytes = 0;
+  int llama2c_version = 1;
+};
+
+dtype parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "float32") return dtype::f32;
+  if (s == "bf16" || s == "bfloat16") return dtype::bf16;
+  if (s == "f16" || s == "float16") return dtype::f16;
+  throw std::runtime_error("--dtype " + s + ": use f32, bf16 or f16");
+}
+
+// HF tokenizer files worth carrying along from a tokenizer folder.
+const char* const k_tokenizer_files[] = {"tokenizer.model",       "vocab.json",        "merges.txt",
+                                         "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
+                                         "tokenizer.json"};
+
+// Copy the tokenizer at `src` (a .model file, a vocab.json, or a folder) into `dst_dir`.
+// HF folders name a SentencePiece model tokenizer.model.
+void copy_tokenizer(const fs::path& src, const fs::path& dst_dir, bool hf_names) {
+  fs::create_directories(dst_dir);
+  auto copy = [&](const fs::path& from, const fs::path& to) {
+    if (fs::exists(to) && fs::equivalent(from, to)) return;
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+    spdlog::info("tokenizer: {} -> {}", from.string(), to.string());
+  };
+  if (fs::is_directory(src)) {
+    for (const char* f : k_tokenizer_files)
+      if (fs::exists(src / f)) copy(src / f, dst_dir / f);
+  } else if (src.filename() == "vocab.json") {
+    for (const char* f : k_tokenizer_files)
+      if (fs::exists(src.parent_path() / f)) copy(src.parent_path() / f, dst_dir / f);
+  } else {
+    copy(src, dst_dir / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
+  }
+}
+
+// Token-id keys of an HF config.json to carry to the written one.
+nlohmann::json token_keys(const fs::path& hf_dir) {
+  nlohmann::json out = nlohmann::json::object();
+  std::ifstream f(hf_dir / "config.json");
+  if (!f) return out;
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (!j.is_object()) return out;
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (j.contains(k)) out[k] = j[k];
+  return out;
+}
+
+void run_convert(const convert_opts& o) {
+  if (o.from.size() != 2 || o.to.size() != 2)
+    throw std::runtime_error("convert: give --from FORMAT PATH and --to FORMAT PATH");
+  const std::string &src_fmt = o.from[0], &dst_fmt = o.to[0];
+  const dtype on_disk = parse_dtype(o.dtype_name);
+  decoder model;
+  nlohmann::json extra = nlohmann::json::object();
+  if (src_fmt == "llama2c") {
+    model = load_llama2c(resolve_user_path(o.from[1], "llama2.c model").string());
+  } else if (src_fmt == "hf") {
+    model = load_hf(o.from[1]);
+    extra = token_keys(o.from[1]);
+  } else {
+    throw std::runtime_error("convert: --from " + src_fmt + ": use llama2c or hf");
+  }
+  spdlog::info("model: {}", model.config().summary());
+
+  std::unique_ptr<tokenizer> tok;
+  fs::path tok_path;
+  if (!o.tokenizer.empty()) {
+    tok_path = resolve_user_path(o.tokenizer, "tokenizer");
+    tok = load_tokenizer(tok_path.string());
+    if (tok->vocab_size() > model.config().vocab_size)
+      throw std::runtime_error(tok_path.string() + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
+                               " tokens but the model's embedding only " +
+                               std::to_string(model.config().vocab_size) + " rows");
+  }
+
+  const std::string& dst = o.to[1];
+  if (dst_fmt == "hf") {
+    if (tok) {
+      // record the tokenizer's real size (the embedding may be padded)
+      model_config c = model.config();
+      if (c.real_vocab_size != tok->vocab_size()) {
+        c.real_vocab_size = tok->vocab_size();
+        decoder m2(c);
+        m2.w().flat.copy_from(model.w().flat);
+        model = std::move(m2);
+      }
+      if (!extra.contains("bos_token_id") && tok->bos_id() >= 0) extra["bos_token_id"] = tok->bos_id();
+      if (!extra.contains("eos_token_id") && tok->eos_id() >= 0) extra["eos_token_id"] = tok->eos_id();
+      if (!extra.contains("pad_token_id") && tok->pad_id() >= 0) extra["pad_token_id"] = tok->pad_id();
+    }
+    save_hf(model, dst, on_disk, o.max_shard_bytes, extra);
+    if (tok) copy_tokenizer(tok_path, dst, /*hf_names=*/true);
+    spdlog::info("wrote HF folder {} ({})", dst, dtype_name(on_disk));
+  } else if (dst_fmt == "llama2c") {
+    if (on_disk != dtype::f32) throw std::runtime_error("convert: llama2.c files hold f32 weights only; drop --dtype");
+    if (o.max_shard_bytes > 0) throw std::runtime_error("convert: llama2.c files are not sharded; drop --max_shard_bytes");
+    const auto& c = model.config();
+    if (c.family != model_family::llama)
+      throw std::runtime_error("convert: only LLaMA models can be written as llama2.c, not " + c.summary());
+    decoder adj = to_adjacent_rope(model);
+    fs::path parent = fs::absolute(dst).parent_path();
+    fs::create_directories(parent);
+    save_llama2c(adj, dst, o.llama2c_version);
+    if (tok) copy_tokenizer(tok_path, parent, /*hf_names=*/false);
+    spdlog::info("wrote llama2.c v{} file {}", o.llama2c_version, dst);
+  } else {
+    throw std::runtime_error("convert: --to " + dst_fmt + ": use hf or llama2c");
+  }
+}
+
+}  // namespace
+
+void add_convert(CLI::App& app) {
+  auto o = std::make_shared<convert_opts>();
+  auto* sub = app.add_subcommand("convert", "Convert weights between llama2.c files and Hugging Face folders");
+  sub->add_option("--from", o->from, "Source: FORMAT PATH, FORMAT llama2c (a .bin file) or hf (a folder)")
+      ->expected(2)
+      ->required();
+  sub->add_option("--to", o->to, "Destination: FORMAT PATH, FORMAT hf (a folder) or llama2c (a .bin file)")
+      ->expected(2)
+      ->required();
+  sub->add_option("--dtype", o->dtype_name, "Weights on disk for hf: f32, bf16 or f16")->capture_default_str();
+  sub->add_option("--tokenizer", o->tokenizer,
+                  "Tokenizer to copy alongside (SentencePiece .model, vocab.json, or a folder); for hf its size is "
+                  "recorded as flowrun_real_vocab_size");
+  sub->add_option("--max_shard_bytes", o->max_shard_bytes, "hf: shard model.safetensors above this size (0 = one file)")
+      ->capture_default_str();
+  sub->add_option("--llama2c_version", o->llama2c_version, "llama2c: file version 0 (legacy) or 1")
+      ->capture_default_str();
+  sub->callback([o] { run_convert(*o); });
+}
+
+}  // namespace flowrun::cli

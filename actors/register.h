@@ -23,6 +23,10 @@ namespace flowrun::actors {
 void register_example_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
 /// Registers every kind this program can run (today: the example kinds).
+/// DS-Chat's three steps (actors/rlhf_nodes.cpp): sft_trainer, rm_trainer, prompt_loader,
+/// ppo_controller, rollout_generator, reference_model, reward_model, critic, policy, experience_maker.
+void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
+
 void register_builtin_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
 /// The node implementations, for tests and for programs that register them under other names.

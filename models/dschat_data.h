@@ -144,7 +144,8 @@ struct row_ref {
 struct step_rows {
   std::vector<sample> train, eval;
   std::vector<row_ref> train_refs, eval_refs;  ///< origin of each row, same order
-  std::string summary;  ///< "step 2 (data_split 2,4,4, seed 1234): train 831, eval 92 (PATH: 831 + 92)"
+  /// "step 2 (data_split 2,4,4, seed 1234, eval_fraction 0.1): train 830, eval 92 (PATH: 830 + 92)"
+  std::string summary;
 };
 
 /// The train and eval rows of step `step_index` (0..parts-1) from `sources`: per source,

@@ -359,6 +359,40 @@ TEST_CASE("tokenization: EOS kept when cut, prompt masking, RM pairs, left-padde
     for (int64_t t = 0; t < rb.T; ++t) CHECK(cm[r * rb.T + t] == (t < cl[r] ? 1 : 0));
   }
 
+  // prompt_start truncation: the oldest prompt tokens go first, the same count for both
+  // answers, so the answers survive and the pair still differs
+  const int64_t identical_end = rep.identical;
+  ts.truncation = truncation_mode::prompt_start;
+  auto rm2 = make_rm_examples(rows, *tok, ts, &rep);
+  MESSAGE("RM, max_seq_len 96, prompt_start: " << rep.summary());
+  CHECK(rep.identical < identical_end);
+  CHECK(rep.identical == 0);
+  int tails = 0;
+  for (size_t i = 0; i < rm2.size(); ++i) {
+    const auto& e = rm2[i];
+    CHECK(static_cast<int64_t>(std::max(e.chosen.size(), e.rejected.size())) <= 96);
+    CHECK(e.chosen.front() == bos);
+    CHECK(e.chosen.back() == eos);
+    CHECK(e.rejected.back() == eos);
+    auto full = tok->encode(rows[i].prompt + rows[i].chosen);
+    full.push_back(eos);
+    // when both answers fit with room to spare, chosen = BOS + the tail of the full sequence
+    if (std::max(tok->encode(rows[i].chosen).size(), tok->encode(rows[i].rejected).size()) + 8 < 96) {
+      ++tails;
+      CHECK(std::equal(e.chosen.begin() + 1, e.chosen.end(), full.end() - (e.chosen.size() - 1)));
+    }
+  }
+  CHECK(tails > 20);
+  auto sft2 = make_sft_examples(rows, *tok, ts, &rep);
+  for (size_t i = 0; i < sft2.size(); ++i) {
+    auto full = tok->encode(rows[i].prompt + rows[i].chosen);
+    full.push_back(eos);
+    CHECK(sft2[i].ids.back() == eos);
+    if (sft2[i].prompt_len > 1)  // some prompt left: nothing of the answer was cut
+      CHECK(std::equal(sft2[i].ids.begin() + 1, sft2[i].ids.end(), full.end() - (sft2[i].ids.size() - 1)));
+  }
+  ts.truncation = truncation_mode::end;
+
   // step 3 prompts: DS-Chat drops the long ones; keep_end keeps BOS and the last tokens
   ts.max_prompt_seq_len = 64;
   auto kept = make_prompt_examples(rows, *tok, ts, &rep);
@@ -480,20 +514,21 @@ TEST_CASE("step 1: SFT of stories260K on HH-RLHF (prompt + chosen) lowers the he
   CHECK(after.loss < before.loss - 0.3);
 }
 
-TEST_CASE("step 2: a reward model from stories260K + value head trains; scores ignore batch mates and padding") {
+TEST_CASE("step 2: a reward model from stories260K + value head trains, and its scores ignore batch mates and padding") {
   auto t0 = std::chrono::steady_clock::now();
   auto tok = load_tokenizer(test::tokenizer_path());
   auto sources = load_sources({dschat_path()});
   dschat_settings s = rm_defaults();
   s.per_device_train_batch_size = 8;
   s.per_device_eval_batch_size = 16;
-  s.max_seq_len = 128;
-  s.learning_rate = 1e-3f;
+  s.max_seq_len = 64;
+  s.learning_rate = 2e-3f;
   split_settings sp{s.data_split, s.seed, s.eval_fraction};
   auto rows = rows_for_step(sources, 1, sp);
   MESSAGE(rows.summary);
   tokenize_settings ts;
   ts.max_seq_len = s.max_seq_len;
+  ts.truncation = truncation_mode::prompt_start;  // keep the answers (HH prompts are long)
   process_report rep;
   auto train = make_rm_examples(rows.train, *tok, ts, &rep);
   MESSAGE("train pairs: " << rep.summary());
@@ -536,7 +571,7 @@ TEST_CASE("step 2: a reward model from stories260K + value head trains; scores i
   }
   auto probe_after = rm_eval(m, probe);
   auto after = rm_eval(m, eval_batches);
-  MESSAGE("RM " << steps << " steps over 64 pairs (B 8, T<=128, lr 1e-3 cosine): train loss " << first << " -> "
+  MESSAGE("RM " << steps << " steps over 64 pairs (B 8, T<=64, lr 2e-3 cosine): train loss " << first << " -> "
                 << last << "; probe loss " << probe_before.loss << " -> " << probe_after.loss << " (acc "
                 << probe_after.accuracy << "); held-out " << after.pairs << " pairs: acc " << before.accuracy
                 << " -> " << after.accuracy << " +- " << after.accuracy_stderr << ", chosen " << after.chosen_mean

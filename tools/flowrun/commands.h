@@ -14,6 +14,10 @@ void add_generate(CLI::App& app);
 void add_train_lm(CLI::App& app);
 /// `flowrun convert --from llama2c|hf SRC --to hf|llama2c DST [--dtype f32|bf16|f16]`: weight formats.
 void add_convert(CLI::App& app);
+/// `flowrun eval prompts|reward`: DS-Chat's prompt_eval.py and rw_eval.py.
+void add_eval(CLI::App& app);
+/// `flowrun chat --model PATH`: DS-Chat's chat.py, a multi-turn Human:/Assistant: chat.
+void add_chat(CLI::App& app);
 /// `flowrun run FILE.graph [--set PATH=VALUE ...] [--metrics FILE] ...`: runs a graph on the actor runtime.
 void add_run(CLI::App& app);
 /// `flowrun kinds`: one line per runnable node kind.

@@ -1,0 +1,723 @@
+// DeepSpeed-Chat's three steps as node kinds (docs/rlhf.md):
+//
+//   sft_trainer      step 1: SFT on prompt + chosen, emits the trained model
+//   rm_trainer       step 2: reward model (base + value head), emits it
+//   prompt_loader    step 3's prompts, one batch per `tick` from the controller
+//   ppo_controller   orders the phases of each PPO iteration and prints them
+//   rollout_generator  the hybrid engine: generates with the policy's live weights
+//   reference_model, reward_model, critic, policy   score the rollouts
+//   experience_maker rewards (KL-penalised, clipped score) and GAE
+//
+// The controller's loop is DS-Chat's main loop (step3 main.py): for each prompt
+// batch, generate_experience, then train_rlhf, then print. Phases are ordered by
+// messages: the controller asks for the next batch only when the policy and the
+// critic have reported, so the generator never runs while the policy trains.
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "actors/register.h"
+#include "actors/rlhf_types.h"
+#include "models/dschat_data.h"
+#include "models/dschat_steps.h"
+#include "models/checkpoint.h"
+#include "models/llama2c.h"
+#include "models/ppo.h"
+#include "models/tokenizer.h"
+#include "runtime/util/assets.h"
+
+namespace flowrun::actors {
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+std::shared_ptr<decoder> copy_model(const decoder& m) {
+  auto c = std::make_shared<decoder>(m.config());
+  c->w().flat.copy_from(m.w().flat);
+  return c;
+}
+
+dschat::dschat_settings common_settings(const actor::node_context& ctx) {
+  const auto& s = ctx.spec();
+  dschat::dschat_settings d;
+  d.per_device_train_batch_size = s.get_int("per_device_train_batch_size");
+  d.learning_rate = static_cast<float>(s.get_float("learning_rate"));
+  d.weight_decay = static_cast<float>(s.get_float("weight_decay"));
+  d.max_seq_len = s.get_int("max_seq_len");
+  d.lr_scheduler_type = s.get_string("lr_scheduler_type");
+  d.num_warmup_steps = s.get_int("num_warmup_steps");
+  d.seed = static_cast<uint64_t>(s.get_int("seed"));
+  d.data_split = s.get_string("data_split");
+  d.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
+  d.lora_dim = s.get_int("lora_dim");
+  return d;
+}
+
+dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {
+  auto src = dschat::load_sources({resolve_user_path(ctx.spec().get_string("data"), "data").string()});
+  for (auto& s : src) ctx.log().info("{}", s.report.summary());
+  dschat::split_settings sp;
+  sp.data_split = d.data_split;
+  sp.seed = d.seed;
+  sp.eval_fraction = ctx.spec().get_float("eval_fraction");
+  auto rows = dschat::rows_for_step(src, step_index, sp);
+  ctx.log().info("{}", rows.summary);
+  return rows;
+}
+
+// "end" cuts the end of prompt + answer (DS-Chat); "prompt_start" drops the oldest prompt
+// tokens first, so the answers survive (HH-RLHF prompts are long in tok512's pieces).
+dschat::truncation_mode truncation_of(const actor::node_context& ctx) {
+  const auto& t = ctx.spec().get_string("truncation");
+  if (t == "end") return dschat::truncation_mode::end;
+  if (t == "prompt_start") return dschat::truncation_mode::prompt_start;
+  throw std::invalid_argument("node '" + ctx.name() + "': truncation must be \"end\" or \"prompt_start\", not \"" + t +
+                              "\"");
+}
+
+std::unique_ptr<tokenizer> load_tok(const actor::node_context& ctx) {
+  return load_tokenizer(resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer").string());
+}
+
+// ---------------------------------------------------------------- step 1
+
+/// Step 1: supervised fine-tuning (step1 main.py). A source: each produce() is one
+/// micro-batch; at the end it evaluates and emits the model on `model`.
+class sft_trainer final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    d_ = common_settings(ctx);
+    d_.mask_prompt = ctx.spec().get_bool("mask_prompt");
+    steps_ = ctx.spec().get_int("steps");
+    tok_ = load_tok(ctx);
+    auto rows = load_step_rows(ctx, 0, d_);
+    dschat::tokenize_settings ts;
+    ts.max_seq_len = d_.max_seq_len;
+    ts.mask_prompt = d_.mask_prompt;
+    ts.truncation = truncation_of(ctx);
+    train_ = dschat::make_sft_examples(rows.train, *tok_, ts);
+    auto eval = dschat::make_sft_examples(rows.eval, *tok_, ts);
+    n_eval_ = static_cast<int64_t>(eval.size());
+    for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
+      eval_.push_back(dschat::sft_batch(eval, b, d_.mask_prompt));
+    model_ = std::make_shared<decoder>(load_llama2c(resolve_user_path(ctx.spec().get_string("model"), "model").string()));
+    dschat::apply_lora(*model_, d_);
+    opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
+    st_.total_update_steps = steps_;
+    before_ = dschat::sft_eval(*model_, eval_);
+    ctx.print(fmt::format("[step 1 sft] {} train / {} held-out examples; held-out loss {:.4f} (ppl {:.2f}) before",
+                          train_.size(), n_eval_, before_.loss, before_.perplexity));
+    t0_ = clk::now();
+  }
+
+  bool produce(actor::node_context& ctx) override {
+    if (done_) return false;
+    if (step_ < steps_) {
+      if (batches_.empty())
+        for (auto& b : dschat::epoch_batches(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size,
+                                             d_.seed, epoch_++))
+          batches_.push_back(b);
+      auto batch = dschat::sft_batch(train_, batches_.front(), d_.mask_prompt);
+      batches_.pop_front();
+      auto t = clk::now();
+      double loss = dschat::sft_step(*model_, *opt_, batch, d_, st_);
+      ++step_;
+      tokens_ += batch.n_target_tokens;
+      ctx.metric("tokens", batch.n_target_tokens);
+      ctx.metric("steps");
+      if (step_ % ctx.spec().get_int("print_every") == 0 || step_ == steps_)
+        ctx.print(fmt::format("[step 1 sft] step {}/{} loss {:.4f} lr {:.2e} ({:.0f} tokens/s)", step_, steps_, loss,
+                              st_.last_lr, batch.n_target_tokens / since(t)));
+      return true;
+    }
+    auto after = dschat::sft_eval(*model_, eval_);
+    ctx.print(fmt::format("[step 1 sft] held-out loss {:.4f} -> {:.4f} (ppl {:.2f} -> {:.2f}), {:.1f} s",
+                          before_.loss, after.loss, before_.perplexity, after.perplexity, since(t0_)));
+    if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
+      std::filesystem::create_directories(std::filesystem::absolute(out).parent_path());
+      save_llama2c(*model_, out, 1);
+    }
+    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+    done_ = true;
+    return false;
+  }
+
+ private:
+  dschat::dschat_settings d_;
+  int64_t steps_ = 0, step_ = 0, epoch_ = 0, tokens_ = 0, n_eval_ = 0;
+  std::unique_ptr<tokenizer> tok_;
+  std::vector<dschat::sft_example> train_;
+  std::vector<dschat::sft_batch_data> eval_;
+  std::deque<std::vector<int64_t>> batches_;
+  std::shared_ptr<decoder> model_;
+  std::unique_ptr<adamw_optimizer> opt_;
+  dschat::train_state st_;
+  dschat::sft_eval_result before_;
+  clk::time_point t0_;
+  bool done_ = false;
+};
+
+// ---------------------------------------------------------------- step 2
+
+/// Step 2: the reward model (step2 main.py): base + v_head, pairwise loss.
+class rm_trainer final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    d_ = common_settings(ctx);
+    steps_ = ctx.spec().get_int("steps");
+    tok_ = load_tok(ctx);
+    auto rows = load_step_rows(ctx, 1, d_);
+    dschat::tokenize_settings ts;
+    ts.max_seq_len = d_.max_seq_len;
+    ts.truncation = truncation_of(ctx);
+    dschat::process_report rep;
+    train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    ctx.log().info("{}", rep.summary());
+    auto eval = dschat::make_rm_examples(rows.eval, *tok_, ts);
+    for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
+      eval_.push_back(dschat::rm_batch(eval, b));
+    model_ = std::make_shared<decoder>(load_llama2c(resolve_user_path(ctx.spec().get_string("model"), "model").string()));
+    model_->add_value_head(ctx.seed());
+    dschat::apply_lora(*model_, d_);
+    opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
+    st_.total_update_steps = steps_;
+    auto ev = dschat::rm_eval(*model_, eval_);
+    ctx.print(fmt::format("[step 2 rm] {} train / {} held-out pairs; held-out accuracy {:.3f} ± {:.3f} before",
+                          train_.size(), ev.pairs, ev.accuracy, ev.accuracy_stderr));
+    t0_ = clk::now();
+  }
+
+  bool produce(actor::node_context& ctx) override {
+    if (done_) return false;
+    if (step_ < steps_) {
+      if (batches_.empty())
+        for (auto& b : dschat::epoch_batches(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size,
+                                             d_.seed + 1, epoch_++))
+          batches_.push_back(b);
+      auto batch = dschat::rm_batch(train_, batches_.front());
+      batches_.pop_front();
+      auto r = dschat::rm_step(*model_, *opt_, batch, d_, st_);
+      ++step_;
+      ctx.metric("tokens", 2 * batch.B * batch.T);
+      ctx.metric("steps");
+      acc_sum_ += r.accuracy;
+      ++acc_n_;
+      if (step_ % ctx.spec().get_int("print_every") == 0 || step_ == steps_) {
+        ctx.print(fmt::format("[step 2 rm] step {}/{} loss {:.4f} acc {:.3f} chosen {:.3f} rejected {:.3f}", step_,
+                              steps_, r.loss, acc_sum_ / acc_n_, r.chosen_mean, r.rejected_mean));
+        acc_sum_ = 0;
+        acc_n_ = 0;
+      }
+      return true;
+    }
+    auto ev = dschat::rm_eval(*model_, eval_);
+    ctx.print(fmt::format("[step 2 rm] held-out accuracy {:.3f} ± {:.3f} over {} pairs; mean chosen {:.3f}, "
+                          "rejected {:.3f}; {:.1f} s",
+                          ev.accuracy, ev.accuracy_stderr, ev.pairs, ev.chosen_mean, ev.rejected_mean, since(t0_)));
+    if (const auto& out = ctx.spec().get_string("output"); !out.empty()) save_model_dir(*model_, out);
+    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+    done_ = true;
+    return false;
+  }
+
+ private:
+  dschat::dschat_settings d_;
+  int64_t steps_ = 0, step_ = 0, epoch_ = 0;
+  double acc_sum_ = 0;
+  int64_t acc_n_ = 0;
+  std::unique_ptr<tokenizer> tok_;
+  std::vector<dschat::rm_example> train_;
+  std::vector<dschat::rm_batch_data> eval_;
+  std::deque<std::vector<int64_t>> batches_;
+  std::shared_ptr<decoder> model_;
+  std::unique_ptr<adamw_optimizer> opt_;
+  dschat::train_state st_;
+  clk::time_point t0_;
+  bool done_ = false;
+};
+
+// ---------------------------------------------------------------- step 3: prompts
+
+/// Step 3's prompts: first a held-out batch (iteration -1), then one training
+/// batch per tick, then the held-out batch again (iteration -2).
+class prompt_loader final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    dschat::dschat_settings d;
+    d.seed = static_cast<uint64_t>(ctx.spec().get_int("seed"));
+    d.data_split = ctx.spec().get_string("data_split");
+    auto tok = load_tok(ctx);
+    auto rows = load_step_rows(ctx, 2, d);
+    dschat::tokenize_settings ts;
+    ts.max_prompt_seq_len = ctx.spec().get_int("max_prompt_seq_len");
+    ts.overflow = dschat::prompt_overflow::keep_end;
+    train_ = dschat::make_prompt_examples(rows.train, *tok, ts);
+    eval_ = dschat::make_prompt_examples(rows.eval, *tok, ts);
+    B_ = ctx.spec().get_int("per_device_generation_batch_size");
+    iterations_ = ctx.spec().get_int("iterations");
+    eval_rows_ = std::min<int64_t>(ctx.spec().get_int("eval_prompts"), static_cast<int64_t>(eval_.size()));
+    seed_ = d.seed;
+  }
+  void on_message(actor::node_context&, std::string_view, actor::payload) override { ready_ = true; }
+  bool produce(actor::node_context& ctx) override {
+    if (!ready_) {
+      ctx.wait_for_input();
+      return true;
+    }
+    if (next_ > iterations_ + 1) return false;
+    prompt_msg m;
+    std::vector<int64_t> idx;
+    if (next_ == 0 || next_ == iterations_ + 1) {
+      for (int64_t i = 0; i < eval_rows_; ++i) idx.push_back(i);
+      auto pb = dschat::prompt_batch(eval_, idx);
+      m = {pb.ids, pb.mask, next_ == 0 ? -1 : -2, true};
+    } else {
+      if (batches_.empty())
+        for (auto& b : dschat::epoch_batches(static_cast<int64_t>(train_.size()), B_, seed_ + 2, epoch_++))
+          if (static_cast<int64_t>(b.size()) == B_) batches_.push_back(b);
+      auto pb = dschat::prompt_batch(train_, batches_.front());
+      batches_.pop_front();
+      m = {pb.ids, pb.mask, next_ - 1, false};
+    }
+    ++next_;
+    ready_ = false;
+    ctx.emit("batch", actor::payload::make("prompt_batch", std::move(m)));
+    return true;
+  }
+
+ private:
+  std::vector<dschat::prompt_example> train_, eval_;
+  std::deque<std::vector<int64_t>> batches_;
+  int64_t B_ = 4, iterations_ = 0, eval_rows_ = 0, next_ = 0, epoch_ = 0;
+  uint64_t seed_ = 0;
+  bool ready_ = true;
+};
+
+// ---------------------------------------------------------------- step 3: controller
+
+/// Orders each iteration's phases and prints DS-Chat's per-iteration figures.
+class ppo_controller final : public actor::node {
+ public:
+  void start(actor::node_context&) override { t0_ = clk::now(); }
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "prompts") {
+      const auto& p = msg.as<prompt_msg>();
+      cur_ = p.iteration;
+      eval_ = p.eval;
+      have_summary_ = have_actor_ = have_critic_ = false;
+      ctx.emit("generate", msg);
+      return;
+    }
+    if (port == "summary") {
+      sum_ = msg.as<summary_msg>();
+      have_summary_ = true;
+    } else if (port == "actor_stats") {
+      actor_ = msg.as<stats_msg>();
+      have_actor_ = true;
+    } else if (port == "critic_stats") {
+      critic_ = msg.as<stats_msg>();
+      have_critic_ = true;
+    }
+    bool complete = have_summary_ && (eval_ || sum_.dropped || (have_actor_ && have_critic_));
+    if (!complete) return;
+    double gen_tps = sum_.generate_seconds > 0 ? sum_.generated_tokens / sum_.generate_seconds : 0;
+    if (eval_) {
+      ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f}, KL to reference {:.4f}, answer length "
+                            "{:.1f} ({} prompts)",
+                            cur_ == -1 ? "before" : "after", sum_.reward_mean, sum_.kl_mean, sum_.answer_len_mean,
+                            sum_.rows));
+      if (cur_ == -1) eval_before_ = sum_.reward_mean;
+      else
+        ctx.print(fmt::format("[step 3 ppo] held-out mean reward {:.4f} -> {:.4f} ({:+.4f}), {:.1f} s", eval_before_,
+                              sum_.reward_mean, sum_.reward_mean - eval_before_, since(t0_)));
+    } else if (sum_.dropped) {
+      ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)", cur_));
+    } else {
+      double train_tps = (actor_.tokens + critic_.tokens) / std::max(1e-9, actor_.seconds + critic_.seconds);
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f} "
+                            "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s",
+                            cur_, sum_.reward_mean, sum_.kl_mean, actor_.loss, critic_.loss, sum_.answer_len_mean,
+                            gen_tps, train_tps));
+      ctx.metric("steps");
+    }
+    ctx.emit("next", actor::payload::make("tick", cur_));
+  }
+
+ private:
+  int64_t cur_ = 0;
+  bool eval_ = false, have_summary_ = false, have_actor_ = false, have_critic_ = false;
+  summary_msg sum_;
+  stats_msg actor_, critic_;
+  double eval_before_ = 0;
+  clk::time_point t0_;
+};
+
+// ---------------------------------------------------------------- step 3: generation
+
+/// The hybrid engine: generates with the policy's live weights (a handle, never
+/// reloaded from disk); buffers prompt batches until the policy has sent them.
+class rollout_generator final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    ps_.max_answer_seq_len = s.get_int("max_answer_seq_len");
+    ps_.temperature = static_cast<float>(s.get_float("temperature"));
+    ps_.top_k = static_cast<int>(s.get_int("top_k"));
+    ps_.top_p = static_cast<float>(s.get_float("top_p"));
+    tok_ = load_tok(ctx);
+  }
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "weights") {
+      weights_ = msg.as<model_msg>();
+    } else {
+      pending_.push_back(msg);
+    }
+    while (weights_.model && !pending_.empty()) {
+      const auto& p = pending_.front().as<prompt_msg>();
+      ppo::ppo_settings s = ps_;
+      if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
+      auto t = clk::now();
+      auto e = ppo::generate_rollouts(*weights_.model, p.ids, p.mask, s, tok_->eos_id(), 0,
+                                      ctx.seed() + static_cast<uint64_t>(p.iteration + 10));
+      rollout_msg r;
+      r.iteration = p.iteration;
+      r.eval = p.eval;
+      r.generate_seconds = since(t);
+      if (e) {
+        for (auto n : e->answer_len) r.generated_tokens += n;
+        r.exp = std::make_shared<const ppo::experience>(std::move(*e));
+      }
+      ctx.metric("tokens", r.generated_tokens);
+      ctx.emit("rollouts", actor::payload::make("rollouts", std::move(r)));
+      pending_.pop_front();
+    }
+  }
+
+ private:
+  ppo::ppo_settings ps_;
+  std::unique_ptr<tokenizer> tok_;
+  model_msg weights_;
+  std::deque<actor::payload> pending_;
+};
+
+// ---------------------------------------------------------------- step 3: scorers
+
+enum class scorer_role { reference, reward, critic, policy };
+
+/// One model that scores rollouts; the critic and the policy also train.
+class scorer_node final : public actor::node {
+ public:
+  explicit scorer_node(scorer_role role) : role_(role) {}
+
+  void start(actor::node_context& ctx) override {
+    if (role_ == scorer_role::critic || role_ == scorer_role::policy) {
+      const auto& s = ctx.spec();
+      ps_.ppo_epochs = s.get_int("ppo_epochs");
+      ps_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
+      ps_.ppo.cliprange = static_cast<float>(s.get_float("cliprange"));
+      ps_.ppo.cliprange_value = static_cast<float>(s.get_float("cliprange_value"));
+      ps_.actor_learning_rate = ps_.critic_learning_rate = static_cast<float>(s.get_float("learning_rate"));
+      lora_dim_ = s.get_int("lora_dim");
+      if (role_ == scorer_role::policy) {
+        ps_.enable_ema = s.get_bool("enable_ema");
+        ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
+      }
+    }
+  }
+
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "init") {
+      init(ctx, msg.as<model_msg>());
+    } else if (port == "rollouts") {
+      pending_.push_back(msg);
+    } else if (port == "train") {
+      train(ctx, msg.as<experience_msg>());
+    }
+    while (model_ && !pending_.empty()) {
+      auto r = pending_.front().shared<rollout_msg>();
+      pending_.pop_front();
+      score(ctx, r);
+    }
+  }
+
+ private:
+  void init(actor::node_context& ctx, const model_msg& m) {
+    // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
+    model_ = copy_model(*m.model);
+    if (m.model->has_value_head()) {
+      model_->add_value_head();
+      model_->w().v_head.copy_from(m.model->w().v_head);
+    }
+    if (lora_dim_ > 0) {
+      lora_config lc;
+      lc.lora_r = lora_dim_;
+      lc.lora_alpha = 1.0f;  // DS-Chat's LinearLayer_LoRA scales by lora_scaling / lora_dim with lora_scaling 1
+      lc.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      model_->enable_lora(lc);
+    }
+    if (role_ == scorer_role::policy || role_ == scorer_role::critic) {
+      ops::adamw_config oc;
+      oc.lr = ps_.actor_learning_rate;
+      oc.beta2 = 0.95f;
+      opt_ = std::make_unique<adamw_optimizer>(*model_, oc);
+    }
+    if (role_ == scorer_role::policy) {
+      if (ps_.enable_ema) ema_ = model_->w().flat.clone();
+      ctx.emit("weights", actor::payload::make("model", model_msg{model_, version_}));
+    }
+    ctx.log().info("model ready: {}", model_->config().summary());
+  }
+
+  void score(actor::node_context& ctx, const std::shared_ptr<const rollout_msg>& r) {
+    score_msg out;
+    out.rollouts = r;
+    if (r->exp) {
+      const auto& e = *r->exp;
+      activations a;
+      switch (role_) {
+        case scorer_role::reference:
+        case scorer_role::policy: out.value = ppo::sequence_logprobs(*model_, a, e.seq, e.attention_mask); break;
+        case scorer_role::critic: out.value = ppo::sequence_values(*model_, a, e.seq, e.attention_mask); break;
+        case scorer_role::reward: out.value = ppo::reward_scores(*model_, e.seq, e.attention_mask); break;
+      }
+      rlhf::check_finite(out.value, ctx.name(), role_ == scorer_role::reward ? "reward_score" : "scores");
+    }
+    ctx.emit("scored", actor::payload::make("scores", std::move(out)));
+  }
+
+  void train(actor::node_context& ctx, const experience_msg& x) {
+    auto t = clk::now();
+    stats_msg st;
+    st.iteration = x.iteration;
+    const auto& e = *x.exp;
+    for (int64_t ep = 0; ep < ps_.ppo_epochs; ++ep) {
+      if (role_ == scorer_role::policy)
+        st.loss = ppo::actor_train_step(*model_, *opt_, e, x.advantages, ps_, &st.grad_norm);
+      else
+        st.loss = ppo::critic_train_step(*model_, *opt_, e, x.returns, ps_, &st.grad_norm);
+    }
+    if (role_ == scorer_role::policy) {
+      ++version_;
+      if (ema_.defined()) rlhf::ema_update(ema_, model_->w().flat, ps_.ema_beta);
+      ctx.emit("weights", actor::payload::make("model", model_msg{model_, version_}));
+    }
+    st.seconds = since(t);
+    st.tokens = e.seq.numel() * ps_.ppo_epochs;
+    ctx.metric("tokens", st.tokens);
+    ctx.emit("stats", actor::payload::make("stats", st));
+  }
+
+  void stop(actor::node_context& ctx) override {
+    if (role_ != scorer_role::policy || !model_ || ctx.reason() != actor::stop_reason::completed) return;
+    const auto& out = ctx.spec().get_string("output");
+    if (out.empty()) return;
+    std::filesystem::create_directories(std::filesystem::absolute(out).parent_path());
+    if (model_->has_lora()) model_->merge_lora();
+    save_llama2c(*model_, out, 1);
+    ctx.log().info("saved the trained actor to {}", out);
+  }
+
+  scorer_role role_;
+  ppo::ppo_settings ps_;
+  int64_t lora_dim_ = 0, version_ = 0;
+  std::shared_ptr<decoder> model_;
+  std::unique_ptr<adamw_optimizer> opt_;
+  tensor ema_;
+  std::deque<actor::payload> pending_;
+};
+
+// ---------------------------------------------------------------- step 3: experience maker
+
+/// Joins the four scores of a rollout batch, computes rewards and GAE
+/// (ppo_trainer.py compute_rewards, get_advantages_and_returns), emits the
+/// experience to the trainers and a summary to the controller.
+class experience_maker final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    cfg_.kl_ctl = static_cast<float>(s.get_float("kl_ctl"));
+    cfg_.clip_reward_value = static_cast<float>(s.get_float("clip_reward_value"));
+    cfg_.gamma = static_cast<float>(s.get_float("gamma"));
+    cfg_.lam = static_cast<float>(s.get_float("lam"));
+  }
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    const auto& sm = msg.as<score_msg>();
+    auto& slot = joins_[sm.rollouts.get()];
+    slot.rollouts = sm.rollouts;
+    slot.parts[std::string(port)] = sm.value;
+    if (slot.parts.size() < 4) return;
+    auto j = std::move(slot);
+    joins_.erase(sm.rollouts.get());
+    const auto& r = *j.rollouts;
+    summary_msg sum;
+    sum.iteration = r.iteration;
+    sum.eval = r.eval;
+    sum.generate_seconds = r.generate_seconds;
+    sum.generated_tokens = r.generated_tokens;
+    if (!r.exp) {
+      sum.dropped = true;
+      ctx.emit("summary", actor::payload::make("summary", sum));
+      return;
+    }
+    auto e = std::make_shared<ppo::experience>(*r.exp);
+    e->logprobs = j.parts.at("logprobs");
+    e->ref_logprobs = j.parts.at("ref_logprobs");
+    e->values = j.parts.at("values");
+    e->reward_score = j.parts.at("reward");
+    experience_msg x;
+    x.iteration = r.iteration;
+    ppo::make_advantages(*e, cfg_, x.advantages, x.returns);
+    rlhf::check_finite(x.advantages, ctx.name(), "advantages");
+    const int64_t B = e->seq.size(0);
+    for (int64_t b = 0; b < B; ++b) {
+      sum.reward_mean += e->reward_score.item(b) / static_cast<double>(B);
+      sum.answer_len_mean += static_cast<double>(e->answer_len[b]) / static_cast<double>(B);
+    }
+    sum.kl_mean = ppo::mean_kl(*e);
+    sum.rows = B;
+    if (!r.eval) {
+      x.exp = e;
+      ctx.emit("experience", actor::payload::make("experience", std::move(x)));
+    }
+    ctx.emit("summary", actor::payload::make("summary", sum));
+  }
+
+ private:
+  struct join {
+    std::shared_ptr<const rollout_msg> rollouts;
+    std::map<std::string, tensor> parts;
+  };
+  rlhf::ppo_config cfg_;
+  std::map<const rollout_msg*, join> joins_;
+};
+
+}  // namespace
+
+void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  auto trainer_settings = [](graph::node_kind& k, double lr, int64_t steps) {
+    k.require("model", T::path, "initial weights (llama2.c .bin)")
+        .require("tokenizer", T::path, "SentencePiece .model")
+        .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
+        .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
+        .option("eval_fraction", T::float_, 0.1, "held-out share of this step's rows")
+        .option("per_device_train_batch_size", T::int_, std::int64_t{8}, "rows per micro-batch")
+        .option("gradient_accumulation_steps", T::int_, std::int64_t{1}, "micro-batches per optimizer step")
+        .option("learning_rate", T::float_, lr, "AdamW peak learning rate")
+        .option("weight_decay", T::float_, 0.0, "AdamW decoupled weight decay")
+        .option("lr_scheduler_type", T::string, std::string("cosine"), "cosine, linear or constant")
+        .option("num_warmup_steps", T::int_, std::int64_t{0}, "linear warmup steps")
+        .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut")
+        .option("truncation", T::string, std::string("prompt_start"),
+                "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
+        .option("steps", T::int_, steps, "micro-batches to train")
+        .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)")
+        .option("seed", T::int_, std::int64_t{1234}, "data split and order")
+        .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps");
+  };
+  {
+    graph::node_kind k{"sft_trainer", "DS-Chat step 1: supervised fine-tuning on prompt + chosen"};
+    trainer_settings(k, 1e-3, 150);
+    k.output("model", "model", "the fine-tuned model, when training ends")
+        .option("mask_prompt", T::bool_, false, "no loss on prompt tokens")
+        .option("output", T::string, std::string(""), "also save the model here (llama2.c v1)");
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new sft_trainer); });
+  }
+  {
+    graph::node_kind k{"rm_trainer", "DS-Chat step 2: reward model = base + v_head, pairwise loss"};
+    trainer_settings(k, 5e-4, 300);
+    k.output("model", "model", "the reward model (with its value head), when training ends")
+        .option("output", T::string, std::string(""), "also save it into this folder (flowrun_config.json + safetensors)");
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rm_trainer); });
+  }
+  {
+    graph::node_kind k{"prompt_loader", "DS-Chat step 3 prompts: a held-out batch, one batch per tick, held-out again"};
+    k.input("next", "tick", "the controller asks for the next batch", true, true)
+        .output("batch", "prompt_batch", "left-padded prompts")
+        .require("tokenizer", T::path, "SentencePiece .model")
+        .require("data", T::path, "DS-Chat JSONL with prompts")
+        .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split")
+        .option("eval_fraction", T::float_, 0.1, "held-out share")
+        .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)")
+        .option("per_device_generation_batch_size", T::int_, std::int64_t{8}, "prompts per PPO iteration")
+        .option("iterations", T::int_, std::int64_t{20}, "PPO iterations")
+        .option("eval_prompts", T::int_, std::int64_t{32}, "held-out prompts scored before and after")
+        .option("seed", T::int_, std::int64_t{1234}, "data split and order");
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
+  }
+  {
+    graph::node_kind k{"ppo_controller", "orders the PPO phases (generate, score, train) and prints each iteration"};
+    k.input("prompts", "prompt_batch", "prompt batches from the loader")
+        .input("summary", "summary", "rewards and KL of a batch", true, true)
+        .input("actor_stats", "stats", "the policy's update", true, true)
+        .input("critic_stats", "stats", "the critic's update", true, true)
+        .output("generate", "prompt_batch", "prompts for the generator", true)
+        .output("next", "tick", "ask the loader for the next batch", true);
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new ppo_controller); });
+  }
+  {
+    graph::node_kind k{"rollout_generator", "the hybrid engine: answers prompts with the policy's live weights"};
+    k.input("prompts", "prompt_batch", "prompts to answer")
+        .input("weights", "model", "the policy's model handle, after each update", true, true)
+        .output("rollouts", "rollouts", "prompt + answer sequences", true)
+        .require("tokenizer", T::path, "SentencePiece .model (EOS id)")
+        .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most")
+        .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy)")
+        .option("top_k", T::int_, std::int64_t{0}, "top-k filter (0: off)")
+        .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)");
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
+  }
+  auto scorer_kind = [&](const char* name, const char* doc, scorer_role role, bool trains) {
+    graph::node_kind k{name, doc};
+    k.input("init", "model", "the model this node starts from (copied)")
+        .input("rollouts", "rollouts", "sequences to score")
+        .output("scored", "scores", "per-token log-probs or values, or per-row rewards", true);
+    if (trains) {
+      k.input("train", "experience", "experience to train on", true, true)
+          .output("stats", "stats", "the update's loss and gradient norm", true)
+          .option("learning_rate", T::float_, 1e-4, "AdamW learning rate (actor_/critic_learning_rate)")
+          .option("ppo_epochs", T::int_, std::int64_t{1}, "updates per experience batch")
+          .option("cliprange", T::float_, 0.2, "policy ratio clip")
+          .option("cliprange_value", T::float_, 0.2, "value clip")
+          .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip")
+          .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (actor_lora_dim / critic_lora_dim)");
+    }
+    if (role == scorer_role::policy)
+      k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
+          .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
+          .option("unsup_coef", T::float_, 27.8, "ptx loss weight (no ptx data in this graph)")
+          .option("output", T::string, std::string(""), "save the trained actor here at the end (llama2.c v1)");
+    actor::register_node_kind(kinds, factories, k,
+                              [role] { return std::unique_ptr<actor::node>(new scorer_node(role)); });
+  };
+  scorer_kind("reference_model", "frozen copy of the step-1 model: reference log-probs", scorer_role::reference, false);
+  scorer_kind("reward_model", "frozen step-2 model: the reward score at each answer's end", scorer_role::reward, false);
+  scorer_kind("critic", "value model (from the reward model): values, trained on the clipped value loss",
+              scorer_role::critic, true);
+  scorer_kind("policy", "the actor (from step 1): old log-probs, trained on the clipped policy loss",
+              scorer_role::policy, true);
+  {
+    graph::node_kind k{"experience_maker", "KL-penalised rewards with the clipped score, and GAE"};
+    k.input("logprobs", "scores", "the policy's log-probs")
+        .input("ref_logprobs", "scores", "the reference's log-probs")
+        .input("values", "scores", "the critic's values")
+        .input("reward", "scores", "the reward model's scores")
+        .output("experience", "experience", "to the policy and the critic", true)
+        .output("summary", "summary", "rewards and KL for the controller", true)
+        .option("kl_ctl", T::float_, 0.1, "KL penalty coefficient")
+        .option("clip_reward_value", T::float_, 5.0, "reward score clip")
+        .option("gamma", T::float_, 1.0, "discount")
+        .option("lam", T::float_, 0.95, "GAE lambda");
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new experience_maker); });
+  }
+}
+
+}  // namespace flowrun::actors

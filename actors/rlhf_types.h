@@ -1,0 +1,70 @@
+// Layer 6: the message types of DeepSpeed-Chat's three steps as graph nodes
+// (actors/rlhf_nodes.cpp). All are in-process payloads shared by handle.
+//
+//   message type   | C++ value
+//   "model"        | model_msg: a live decoder (shared, not copied) and its version
+//   "prompt_batch" | prompt_msg: left-padded prompts (B, P) + mask, iteration, eval flag
+//   "rollouts"     | rollout_msg: prompts + answers (ppo::experience with seq/mask filled)
+//   "scores"       | score_msg: one per-token or per-row tensor computed on a rollout
+//   "experience"   | experience_msg: the full experience with advantages and returns
+//   "stats"        | stats_msg: what a training node did in one PPO iteration
+//   "summary"      | summary_msg: rewards and KL of one batch (from the experience maker)
+//   "tick"         | int64_t: the controller asks the prompt loader for the next batch
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "models/decoder.h"
+#include "models/ppo.h"
+
+namespace flowrun::actors {
+
+struct model_msg {
+  std::shared_ptr<decoder> model;  ///< the owner's live model: readers must not run while it trains
+  int64_t version = 0;             ///< bumped by the owner after each update
+};
+
+struct prompt_msg {
+  tensor ids, mask;        ///< (B, P) i32, left-padded
+  int64_t iteration = 0;   ///< PPO iteration (eval batches: -1 before training, -2 after)
+  bool eval = false;       ///< held-out prompts: scored, never trained on
+};
+
+struct rollout_msg {
+  std::shared_ptr<const ppo::experience> exp;  ///< prompts, seq, attention_mask, answer_len; null if all dropped
+  int64_t iteration = 0;
+  bool eval = false;
+  double generate_seconds = 0;
+  int64_t generated_tokens = 0;
+};
+
+struct score_msg {
+  std::shared_ptr<const rollout_msg> rollouts;
+  tensor value;  ///< logprobs / ref_logprobs / values (B, L) or reward scores (B,)
+};
+
+struct experience_msg {
+  std::shared_ptr<const ppo::experience> exp;
+  tensor advantages, returns;  ///< (B, n)
+  int64_t iteration = 0;
+};
+
+struct stats_msg {
+  int64_t iteration = 0;
+  double loss = 0, grad_norm = 0, seconds = 0;
+  int64_t tokens = 0;  ///< tokens trained on (for tokens/s)
+};
+
+struct summary_msg {
+  int64_t iteration = 0;
+  bool eval = false;
+  bool dropped = false;  ///< every answer was too short: nothing to train on
+  double reward_mean = 0, kl_mean = 0, answer_len_mean = 0;
+  double generate_seconds = 0;
+  int64_t generated_tokens = 0;
+  int64_t rows = 0;
+};
+
+}  // namespace flowrun::actors

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# graphs/rlhf.graph with small settings: all three steps run, results print,
+# the trained models are written, and the eval tools read them.
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+"$flowrun" "$root/graphs/rlhf.graph" --no-progress \
+  --set node.sft.steps=10 --set node.rm.steps=10 --set node.prompts.iterations=3 --set node.prompts.eval_prompts=8 \
+  --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
+  > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
+cat "$out/log"
+for want in "step 1 sft\] held-out loss" "step 2 rm\] held-out accuracy" "step 3 ppo\] iter 2 reward" \
+            "held-out mean reward"; do
+  grep -q "$want" "$out/log" || { echo "missing in the output: $want"; exit 1; }
+done
+"$flowrun" eval prompts --baseline "$out/sft.bin" --finetuned "$out/ppo.bin" --n 2 --max_new_tokens 8 > "$out/eval"
+grep -c "fine-tuned" "$out/eval" | grep -qx 2 || { echo "eval prompts did not print 2 answers"; exit 1; }
+"$flowrun" eval reward --model "$out/rm" | grep -q "accuracy" || { echo "eval reward printed no accuracy"; exit 1; }
+echo "rlhf_small: ok"

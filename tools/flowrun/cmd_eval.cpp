@@ -1,0 +1,172 @@
+// DeepSpeed-Chat's tools: `flowrun eval prompts` (prompt_eval.py: baseline and
+// fine-tuned answers side by side), `flowrun eval reward` (rw_eval.py: accuracy
+// and scores on held-out pairs) and `flowrun chat` (chat.py: a multi-turn
+// Human:/Assistant: conversation).
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "models/checkpoint.h"
+#include "models/dschat_data.h"
+#include "models/dschat_steps.h"
+#include "models/generate.h"
+#include "models/tokenizer.h"
+#include "runtime/util/assets.h"
+#include "tools/flowrun/commands.h"
+
+namespace flowrun::cli {
+
+namespace {
+
+struct eval_opts {
+  std::string baseline = "model/stories260K/stories260K.bin";
+  std::string finetuned = "out/rlhf/ppo_actor.bin";
+  std::string model = "out/rlhf/reward_model";
+  std::string tokenizer = "model/stories260K/tok512.model";
+  std::string data = "data/hh-rlhf/harmless-base-test.dschat.jsonl";
+  std::string data_split = "2,4,4";
+  double eval_fraction = 0.1;
+  int64_t seed = 1234;
+  int64_t n = 5;
+  int64_t max_prompt_seq_len = 48;
+  int64_t max_new_tokens = 48;
+  int64_t max_seq_len = 96;
+  int64_t step = 3;
+};
+
+// The held-out rows of one DS-Chat step (the same split the training graphs use).
+dschat::step_rows held_out(const eval_opts& o, int step_index) {
+  auto src = dschat::load_sources({resolve_user_path(o.data, "data").string()});
+  dschat::split_settings sp;
+  sp.data_split = o.data_split;
+  sp.seed = static_cast<uint64_t>(o.seed);
+  sp.eval_fraction = o.eval_fraction;
+  return dschat::rows_for_step(src, step_index, sp);
+}
+
+std::string tail(const std::string& s, size_t n) { return s.size() <= n ? s : "..." + s.substr(s.size() - n); }
+
+std::string answer(decoder& m, const tokenizer& tok, const std::vector<int32_t>& prompt, int64_t max_new) {
+  generation_config g;
+  g.sampling.temperature = 0.0f;  // greedy: prompt_eval.py's default search
+  g.max_new_tokens = max_new;
+  g.stop_ids = {tok.eos_id()};
+  auto r = generate(m, {prompt}, g);
+  return tok.decode(r[0].tokens);
+}
+
+}  // namespace
+
+void add_eval(CLI::App& app) {
+  auto* ev = app.add_subcommand("eval", "DS-Chat's evaluation tools: prompts (baseline vs fine-tuned), reward");
+  ev->require_subcommand(1);
+
+  auto o = std::make_shared<eval_opts>();
+  auto* pr = ev->add_subcommand("prompts", "Answers of a baseline and a fine-tuned model, side by side, on held-out prompts");
+  pr->add_option("--baseline", o->baseline, "baseline model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
+  pr->add_option("--finetuned", o->finetuned, "fine-tuned model")->capture_default_str();
+  pr->add_option("--tokenizer", o->tokenizer, "SentencePiece .model")->capture_default_str();
+  pr->add_option("--data", o->data, "DS-Chat JSONL")->capture_default_str();
+  pr->add_option("--data_split", o->data_split, "as in training")->capture_default_str();
+  pr->add_option("--seed", o->seed, "as in training")->capture_default_str();
+  pr->add_option("--n", o->n, "prompts to show")->capture_default_str();
+  pr->add_option("--max_prompt_seq_len", o->max_prompt_seq_len, "prompt tokens kept (the end)")->capture_default_str();
+  pr->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
+  pr->callback([o] {
+    auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
+    auto base = load_model(o->baseline);
+    auto tuned = load_model(o->finetuned);
+    auto rows = held_out(*o, 2);
+    dschat::tokenize_settings ts;
+    ts.max_prompt_seq_len = o->max_prompt_seq_len;
+    ts.overflow = dschat::prompt_overflow::keep_end;
+    auto prompts = dschat::make_prompt_examples(rows.eval, *tok, ts);
+    const int64_t n = std::min<int64_t>(o->n, static_cast<int64_t>(prompts.size()));
+    std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); greedy answers, at most {} tokens\n", n,
+                             rows.summary, o->max_new_tokens);
+    for (int64_t i = 0; i < n; ++i) {
+      std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
+                               tail(tok->decode(prompts[i].ids), 300));
+      std::cout << "---------- baseline (" << o->baseline << ") ----------\n"
+                << answer(base, *tok, prompts[i].ids, o->max_new_tokens) << "\n";
+      std::cout << "---------- fine-tuned (" << o->finetuned << ") ----------\n"
+                << answer(tuned, *tok, prompts[i].ids, o->max_new_tokens) << "\n";
+    }
+  });
+
+  auto r = std::make_shared<eval_opts>();
+  r->eval_fraction = 0.2;
+  r->step = 2;
+  auto* rw = ev->add_subcommand("reward", "Reward model accuracy and scores on held-out chosen/rejected pairs");
+  rw->add_option("--model", r->model, "reward model folder (written by rm_trainer's output)")->capture_default_str();
+  rw->add_option("--tokenizer", r->tokenizer, "SentencePiece .model")->capture_default_str();
+  rw->add_option("--data", r->data, "DS-Chat JSONL")->capture_default_str();
+  rw->add_option("--data_split", r->data_split, "as in training")->capture_default_str();
+  rw->add_option("--eval_fraction", r->eval_fraction, "as in training")->capture_default_str();
+  rw->add_option("--seed", r->seed, "as in training")->capture_default_str();
+  rw->add_option("--max_seq_len", r->max_seq_len, "as in training")->capture_default_str();
+  rw->add_option("--step", r->step, "whose held-out share to use (2: the RM's own)")->capture_default_str();
+  rw->callback([r] {
+    auto tok = load_tokenizer(resolve_user_path(r->tokenizer, "tokenizer").string());
+    auto m = load_model(r->model);
+    if (!m.has_value_head())
+      throw std::runtime_error(r->model + " has no value head: give a reward model (rm_trainer's output folder)");
+    auto rows = held_out(*r, static_cast<int>(r->step) - 1);
+    dschat::tokenize_settings ts;
+    ts.max_seq_len = r->max_seq_len;
+    ts.truncation = dschat::truncation_mode::prompt_start;
+    auto ex = dschat::make_rm_examples(rows.eval, *tok, ts);
+    std::vector<dschat::rm_batch_data> batches;
+    for (auto& b : dschat::epoch_batches(static_cast<int64_t>(ex.size()), 16, 0, 0, false))
+      batches.push_back(dschat::rm_batch(ex, b));
+    auto e = dschat::rm_eval(m, batches);
+    std::cout << fmt::format("{}\nheld-out pairs {}: accuracy {:.3f} ± {:.3f} (stderr), mean chosen score {:.4f}, "
+                             "mean rejected score {:.4f}, loss {:.4f}\n",
+                             rows.summary, e.pairs, e.accuracy, e.accuracy_stderr, e.chosen_mean, e.rejected_mean,
+                             e.loss);
+  });
+}
+
+void add_chat(CLI::App& app) {
+  auto o = std::make_shared<eval_opts>();
+  o->max_new_tokens = 64;
+  auto* ch = app.add_subcommand("chat", "Interactive multi-turn chat (Human:/Assistant:); 'clear' resets, 'quit' ends");
+  ch->add_option("--model", o->finetuned, "model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
+  ch->add_option("--tokenizer", o->tokenizer, "SentencePiece .model")->capture_default_str();
+  ch->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
+  ch->callback([o] {
+    auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
+    auto m = load_model(o->finetuned);
+    const int64_t ctx_len = m.config().max_seq_len;
+    std::string history;
+    std::string line;
+    std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
+    while (std::getline(std::cin, line)) {
+      if (line == "quit") break;
+      if (line == "clear") {
+        history.clear();
+        std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
+        continue;
+      }
+      history += "\n\nHuman: " + line + "\n\nAssistant:";
+      auto ids = tok->encode(history, true);
+      const int64_t room = ctx_len - o->max_new_tokens;
+      if (static_cast<int64_t>(ids.size()) > room) {  // keep BOS and the most recent turns
+        ids.erase(ids.begin() + 1, ids.end() - (room - 1));
+      }
+      std::string reply = answer(m, *tok, ids, o->max_new_tokens);
+      // an answer ends where the model starts the next turn
+      if (auto cut = reply.find("Human:"); cut != std::string::npos) reply = reply.substr(0, cut);
+      while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
+      history += " " + reply;
+      std::cout << "Assistant: " << reply << "\n\nEnter input (type 'quit' to exit, 'clear' to clean memory): "
+                << std::flush;
+    }
+    std::cout << "\n";
+  });
+}
+
+}  // namespace flowrun::cli

@@ -244,6 +244,28 @@ class rm_trainer final : public actor::node {
   bool done_ = false;
 };
 
+// ---------------------------------------------------------------- model files
+
+/// Loads a model (llama2.c .bin, a flowrun model folder, or a HF folder) and emits it once:
+/// how graphs/ppo.graph starts from the outputs of sft.graph and rm.graph.
+class model_source final : public actor::node {
+ public:
+  bool produce(actor::node_context& ctx) override {
+    if (done_) return false;
+    auto m = std::make_shared<decoder>(load_model(ctx.spec().get_string("model")));
+    if (ctx.spec().get_bool("value_head") && !m->has_value_head())
+      throw std::runtime_error("node '" + ctx.name() + "': " + ctx.spec().get_string("model") +
+                               " has no value head; give the folder written by rm_trainer's output");
+    ctx.log().info("loaded {}: {}", ctx.spec().get_string("model"), m->config().summary());
+    ctx.emit("model", actor::payload::make("model", model_msg{m, 0}));
+    done_ = true;
+    return false;
+  }
+
+ private:
+  bool done_ = false;
+};
+
 // ---------------------------------------------------------------- step 3: prompts
 
 /// Step 3's prompts: first a held-out batch (iteration -1), then one training
@@ -637,6 +659,13 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     k.output("model", "model", "the reward model (with its value head), when training ends")
         .option("output", T::string, std::string(""), "also save it into this folder (flowrun_config.json + safetensors)");
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rm_trainer); });
+  }
+  {
+    graph::node_kind k{"model_source", "loads a model file or folder and emits it once"};
+    k.output("model", "model", "the loaded model", true)
+        .require("model", T::path, "llama2.c .bin, a flowrun model folder (rm_trainer output) or a HF folder")
+        .option("value_head", T::bool_, false, "require a value head (reward and critic models)");
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new model_source); });
   }
   {
     graph::node_kind k{"prompt_loader", "DS-Chat step 3 prompts: a held-out batch, one batch per tick, held-out again"};

@@ -2,9 +2,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
+#include "models/adapter.h"
 #include "models/decoder.h"
+#include "models/safetensors.h"
 #include "models/llama2c.h"
 #include "models/lm_data.h"
 #include "models/tokenizer.h"
@@ -212,4 +215,67 @@ TEST_CASE("value head: values (B, T), cached values agree, and its gradient is e
   double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
   MESSAGE("dL/dWq[5,7]: analytic " << analytic << ", finite difference " << fd);
   CHECK(std::fabs(fd - analytic) <= 2e-3 * std::max(1.0, std::fabs(analytic)) + 1e-3);
+}
+
+TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved; base + adapter load to continue training") {
+  auto m = load_llama2c(test::model_path());
+  m.add_value_head(4);
+  lora_config lc;
+  lc.lora_r = 4;
+  lc.lora_alpha = 8;
+  m.enable_lora(lc);
+  randomize_b(m, 21);
+  auto dir = (std::filesystem::temp_directory_path() / "flowrun_test_adapter").string();
+  std::filesystem::remove_all(dir);
+  save_adapter(m, dir);
+  auto saved = load_safetensors(dir + "/adapter_model.safetensors");
+  int64_t n_lora = 0, n_head = 0;
+  for (auto& [name, t] : saved) {
+    INFO(name);
+    bool lora = name.find(".lora_A.weight") != std::string::npos || name.find(".lora_B.weight") != std::string::npos;
+    bool head = name == "v_head.weight";
+    CHECK((lora || head));
+    CHECK((head || name.rfind("base_model.model.model.layers.", 0) == 0));
+    n_lora += lora;
+    n_head += head;
+  }
+  CHECK(n_lora == 5 * 2 * 2);  // 5 layers x {q_proj, v_proj} x {A, B}
+  CHECK(n_head == 1);
+  CHECK(std::filesystem::file_size(dir + "/adapter_model.safetensors") <
+        static_cast<uintmax_t>(m.num_parameters()) * 4 / 4);
+  // base + adapter gives the same values
+  auto ids = story_ids(2, 16, nullptr);
+  activations a, b;
+  m.forward(a, ids, {});
+  auto m2 = load_llama2c(test::model_path());
+  load_adapter(m2, dir);
+  CHECK(m2.has_value_head());
+  CHECK_FALSE(m2.base_trainable());
+  m2.forward(b, ids, {});
+  CHECK(max_abs_diff(a.values.to_floats(), b.values.to_floats()) == 0.0);
+  // and training continues from it: one step moves only the adapter
+  ops::adamw_config oc;
+  oc.lr = 1e-2f;
+  adamw_optimizer opt(m2, oc);
+  auto before = m2.w().adapter_flat.to_floats();
+  auto base_before = m2.w().flat.to_floats();
+  auto dv = tensor::from_floats({2, 16}, std::vector<float>(32, 1.0f));
+  m2.zero_grad();
+  m2.backward(b, dv);
+  opt.step();
+  CHECK(max_abs_diff(m2.w().adapter_flat.to_floats(), before) > 0.0);
+  CHECK(max_abs_diff(m2.w().flat.to_floats(), base_before) == 0.0);
+  // a wrong adapter is refused with the tensor named
+  auto m3 = load_llama2c(test::model_path());
+  lora_config other = lc;
+  other.target_modules = {"k_proj"};
+  m3.enable_lora(other);
+  auto dir2 = dir + "_k";
+  save_adapter(m3, dir2);
+  std::filesystem::copy_file(dir2 + "/adapter_model.safetensors", dir + "/adapter_model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto m4 = load_llama2c(test::model_path());
+  CHECK_THROWS_WITH_AS(load_adapter(m4, dir), doctest::Contains("q_proj.lora_A.weight"), std::runtime_error);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir2);
 }

@@ -21,4 +21,7 @@ void register_device_memory(device_kind k, device_memory_hooks hooks);
 /// nullptr when no backend registered memory for this kind.
 const device_memory_hooks* device_memory_for(device_kind k);
 
+/// True when this build has the CUDA backend and a CUDA device is present.
+bool cuda_device_present();
+
 }  // namespace flowrun

@@ -71,6 +71,14 @@ static const device_memory_hooks& hooks_or_throw(device d) {
   return *h;
 }
 
+bool cuda_device_present() {
+#ifdef FLOWRUN_HAVE_CUDA
+  return device_memory_for(device_kind::cuda) != nullptr || detail::cuda_register_memory();
+#else
+  return false;
+#endif
+}
+
 storage::storage(size_t bytes, device dev) : bytes_(bytes), dev_(dev) {
   size_t n = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
   if (dev.kind == device_kind::cpu) {

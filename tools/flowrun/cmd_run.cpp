@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <set>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -9,6 +10,7 @@
 #include "actors/register.h"
 #include "runtime/actor/runtime.h"
 #include "runtime/graph/validate.h"
+#include "runtime/tensor/device_memory.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 
@@ -58,6 +60,36 @@ std::vector<std::string> expand_graph_shorthand(const CLI::App& app, int argc, c
   return args;
 }
 
+// Validate and run one graph file; returns the exit code (2: invalid graph).
+int run_graph_file(const run_opts& o_in) {
+  const run_opts* o = &o_in;
+  log_to_stderr();
+  registries r;
+  graph::validate_options vo;
+  vo.asset_root = assets_root();
+  auto v = graph::load_graph(o->file, r.kinds, vo, o->overrides);
+  if (!v.ok()) {
+    std::cerr << graph::format_errors(v.errors);
+    return 2;
+  }
+  actor::run_options ro;
+  ro.default_credit = o->credit;
+  ro.threads = o->threads;
+  ro.metrics_path = o->metrics;
+  ro.metrics_interval_s = o->metrics_interval;
+  ro.summary = !o->quiet;
+  if (o->no_progress) ro.progress = false;
+  auto mode = actor::parse_restart_mode(o->restart);
+  if (!mode) {
+    spdlog::error("--restart {}: use never or on-failure", o->restart);
+    return 2;
+  }
+  ro.default_restart.when = *mode;
+  auto result = actor::run_graph(v.spec, r.kinds, r.factories, ro);
+  if (!result.error.empty()) spdlog::error("{}", result.error);
+  return result.exit_code;
+}
+
 void add_run(CLI::App& app) {
   auto o = std::make_shared<run_opts>();
   auto* sub = app.add_subcommand("run", "Run a .graph file on the actor runtime (also: flowrun FILE.graph ...)");
@@ -76,31 +108,86 @@ void add_run(CLI::App& app) {
   sub->add_flag("--no-progress", o->no_progress, "No progress line, even on a terminal");
   sub->add_flag("--quiet,-q", o->quiet, "No metrics summary at the end");
   sub->callback([o] {
+    int rc = run_graph_file(*o);
+    if (rc != 0) throw exit_request{rc};
+  });
+}
+
+void add_train(CLI::App& app) {
+  struct train_opts {
+    std::vector<int> steps = {1, 2, 3};
+    std::string deployment_type = "single_node";
+    std::string actor_model = "model/stories260K/stories260K.bin";
+    std::string reward_model = "model/stories260K/stories260K.bin";
+    std::vector<std::string> overrides;
+  };
+  auto o = std::make_shared<train_opts>();
+  auto* sub = app.add_subcommand("train", "DeepSpeed-Chat's train.py: picks the graphs for --step and runs them");
+  sub->add_option("--step", o->steps, "Steps to run: 1 (SFT), 2 (reward model), 3 (PPO)")->capture_default_str();
+  sub->add_option("--deployment-type", o->deployment_type, "single_gpu, single_node or multi_node")
+      ->capture_default_str();
+  sub->add_option("--actor-model", o->actor_model,
+                  "Step 1's base model; with step 3 alone, the SFT model PPO starts from")
+      ->capture_default_str();
+  sub->add_option("--reward-model", o->reward_model,
+                  "Step 2's base model; with step 3 alone, the reward model folder (rm_trainer's output)")
+      ->capture_default_str();
+  sub->add_option("--set", o->overrides, "Extra overrides passed to every graph (node.NAME.KEY=VALUE)");
+  sub->callback([o] {
     log_to_stderr();
-    registries r;
-    graph::validate_options vo;
-    vo.asset_root = assets_root();
-    auto v = graph::load_graph(o->file, r.kinds, vo, o->overrides);
-    if (!v.ok()) {
-      std::cerr << graph::format_errors(v.errors);
+    std::set<int> steps(o->steps.begin(), o->steps.end());
+    for (int s : steps)
+      if (s < 1 || s > 3) {
+        spdlog::error("--step {}: the steps are 1 (SFT), 2 (reward model) and 3 (PPO)", s);
+        throw exit_request{2};
+      }
+    if (o->deployment_type == "single_gpu") {
+      if (!cuda_device_present()) {
+        spdlog::error("--deployment-type single_gpu: no GPU is present on this machine. flowrun runs the same "
+                      "graphs on the CPU backend: use --deployment-type single_node");
+        throw exit_request{2};
+      }
+    } else if (o->deployment_type == "multi_node") {
+      spdlog::error("--deployment-type multi_node: spreading a graph over several machines is not available yet "
+                    "(node daemons and a [cluster] table are planned); use --deployment-type single_node");
+      throw exit_request{2};
+    } else if (o->deployment_type != "single_node") {
+      spdlog::error("--deployment-type {}: use single_gpu, single_node or multi_node", o->deployment_type);
       throw exit_request{2};
     }
-    actor::run_options ro;
-    ro.default_credit = o->credit;
-    ro.threads = o->threads;
-    ro.metrics_path = o->metrics;
-    ro.metrics_interval_s = o->metrics_interval;
-    ro.summary = !o->quiet;
-    if (o->no_progress) ro.progress = false;
-    auto mode = actor::parse_restart_mode(o->restart);
-    if (!mode) {
-      spdlog::error("--restart {}: use never or on-failure", o->restart);
-      throw exit_request{2};
+    auto graph_path = [](const std::string& name) {
+      std::filesystem::path local = std::filesystem::path("graphs") / name;
+      if (std::filesystem::exists(local)) return local.string();
+      return (std::filesystem::path(FLOWRUN_SOURCE_DIR) / "graphs" / name).string();
+    };
+    auto abs = [](const std::string& p) {
+      return std::filesystem::exists(p) ? std::filesystem::absolute(p).string() : p;  // else: under FLOWRUN_ASSETS
+    };
+    std::vector<std::pair<std::string, std::vector<std::string>>> plan;
+    if (steps == std::set<int>{1, 2, 3}) {
+      plan.push_back({graph_path("rlhf.graph"),
+                      {"node.sft.model=" + abs(o->actor_model), "node.rm.model=" + abs(o->reward_model)}});
+    } else {
+      if (steps.count(1)) plan.push_back({graph_path("sft.graph"), {"node.sft.model=" + abs(o->actor_model)}});
+      if (steps.count(2)) plan.push_back({graph_path("rm.graph"), {"node.rm.model=" + abs(o->reward_model)}});
+      if (steps.count(3)) {
+        std::vector<std::string> ov;
+        if (!steps.count(1)) ov.push_back("node.actor_model.model=" + abs(o->actor_model));
+        if (!steps.count(2)) ov.push_back("node.reward_model.model=" + abs(o->reward_model));
+        plan.push_back({graph_path("ppo.graph"), ov});
+      }
     }
-    ro.default_restart.when = *mode;
-    auto result = actor::run_graph(v.spec, r.kinds, r.factories, ro);
-    if (!result.error.empty()) spdlog::error("{}", result.error);
-    if (result.exit_code != 0) throw exit_request{result.exit_code};
+    for (auto& [file, ov] : plan) {
+      run_opts ro;
+      ro.file = file;
+      ro.overrides = ov;
+      ro.overrides.insert(ro.overrides.end(), o->overrides.begin(), o->overrides.end());
+      std::string shown;
+      for (auto& x : ro.overrides) shown += " --set " + x;
+      spdlog::info("flowrun train ({}): running {}{}", o->deployment_type, file, shown);
+      int rc = run_graph_file(ro);
+      if (rc != 0) throw exit_request{rc};
+    }
   });
 }
 

@@ -20,6 +20,8 @@ void add_eval(CLI::App& app);
 void add_chat(CLI::App& app);
 /// `flowrun run FILE.graph [--set PATH=VALUE ...] [--metrics FILE] ...`: runs a graph on the actor runtime.
 void add_run(CLI::App& app);
+/// `flowrun train --step 1 2 3 --deployment-type ...`: DS-Chat's train.py over our graphs.
+void add_train(CLI::App& app);
 /// `flowrun kinds`: one line per runnable node kind.
 void add_kinds(CLI::App& app);
 /// `flowrun explain KIND`: a kind's ports and settings.

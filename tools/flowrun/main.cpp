@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   flowrun::cli::add_generate(app);
   flowrun::cli::add_train_lm(app);
   flowrun::cli::add_run(app);
+  flowrun::cli::add_train(app);
   flowrun::cli::add_kinds(app);
   flowrun::cli::add_explain(app);
   flowrun::cli::add_convert(app);

@@ -1,0 +1,145 @@
+#include "models/adapter.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/safetensors.h"
+
+namespace flowrun {
+
+namespace fs = std::filesystem;
+
+namespace {
+const std::string k_prefix = "base_model.model.";
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// PEFT adapters pair with HF checkpoints, whose LLaMA q_proj/k_proj rows are in the
+// half (rotate_half) RoPE layout. A model in llama2.c's adjacent layout holds those
+// rows permuted (save_hf permutes them back, see models/hf.h to_half_rope), so the
+// rows of lora_B (out, r) of q_proj and k_proj are permuted the same way on save,
+// and back on load: within each head of hs rows, row 2i+j (adjacent) <-> j*hs/2+i (half).
+// Returns the number of heads of `name`'s rows when it needs this, else 0.
+int64_t rope_rows_heads(const model_config& c, const std::string& name) {
+  if (c.family != model_family::llama || !c.use_rope || c.rope != ops::rope_layout::adjacent) return 0;
+  if (ends_with(name, "self_attn.q_proj.lora_B.weight")) return c.n_heads;
+  if (ends_with(name, "self_attn.k_proj.lora_B.weight")) return c.n_kv_heads;
+  return 0;
+}
+
+tensor permute_rope_rows(const tensor& t, int64_t n_heads, int64_t hs, bool to_half) {
+  auto host = t.to(device::cpu()).clone();
+  float* w = host.data<float>();
+  const int64_t cols = host.numel() / (n_heads * hs);
+  std::vector<float> tmp(static_cast<size_t>(hs * cols));
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* base = w + h * hs * cols;
+    for (int64_t i = 0; i < hs / 2; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        int64_t adj = 2 * i + j, half = j * (hs / 2) + i;
+        int64_t from = to_half ? adj : half, to = to_half ? half : adj;
+        std::copy(base + from * cols, base + (from + 1) * cols, tmp.data() + to * cols);
+      }
+    std::copy(tmp.begin(), tmp.end(), base);
+  }
+  return host;
+}
+}  // namespace
+
+std::string peft_name(const std::string& ours) {
+  return ours == "v_head.weight" ? ours : k_prefix + ours;
+}
+
+std::string ours_from_peft(const std::string& peft) {
+  std::string n = peft;
+  if (n.rfind(k_prefix, 0) == 0) n = n.substr(k_prefix.size());
+  // PEFT keeps the adapter name inside the key in memory ("lora_A.default.weight"); files drop it
+  for (const char* ab : {".lora_A.", ".lora_B."}) {
+    auto p = n.find(std::string(ab) + "default.");
+    if (p != std::string::npos) n.erase(p + std::string(ab).size(), std::string("default.").size());
+  }
+  return n;
+}
+
+void save_adapter(const decoder& model_in, const std::string& dir) {
+  auto& model = const_cast<decoder&>(model_in);
+  if (!model.has_lora()) throw std::invalid_argument("save_adapter: the model has no LoRA adapter");
+  const bool merged = model.lora_merged();
+  if (merged) model.unmerge_lora();
+  fs::create_directories(dir);
+  named_tensors ts;
+  const auto& c = model.config();
+  for (auto& e : model.adapter_params()) {
+    const tensor& t = model.w().by_name.at(e.name);
+    int64_t nh = rope_rows_heads(c, e.name);
+    ts.emplace_back(peft_name(e.name), nh ? permute_rope_rows(t, nh, c.head_dim(), true) : t);
+  }
+  save_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), ts);
+  const auto& lc = model.lora();
+  nlohmann::json j = {{"peft_type", "LORA"},
+                      {"task_type", "CAUSAL_LM"},
+                      {"r", lc.lora_r},
+                      {"lora_alpha", lc.lora_alpha},
+                      {"lora_dropout", lc.lora_dropout},
+                      {"target_modules", lc.target_modules},
+                      {"bias", "none"},
+                      {"fan_in_fan_out", false},
+                      {"inference_mode", false},
+                      {"modules_to_save", model.has_value_head() ? nlohmann::json{"v_head"} : nlohmann::json(nullptr)}};
+  write_text_atomic((fs::path(dir) / "adapter_config.json").string(), j.dump(2));
+  if (merged) model.merge_lora();
+}
+
+void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
+  fs::path cfg_path = fs::path(dir) / "adapter_config.json";
+  fs::path st_path = fs::path(dir) / "adapter_model.safetensors";
+  std::ifstream f(cfg_path);
+  if (!f) throw std::runtime_error(cfg_path.string() + ": cannot open the adapter config");
+  auto j = nlohmann::json::parse(f);
+  if (j.value("peft_type", "") != "LORA")
+    throw std::runtime_error(cfg_path.string() + ": peft_type is '" + j.value("peft_type", "") +
+                             "', only LORA adapters are supported");
+  if (j.value("bias", "none") != "none")
+    throw std::runtime_error(cfg_path.string() + ": bias '" + j.value("bias", "") + "' is not supported (use \"none\")");
+  lora_config lc;
+  lc.lora_r = j.at("r");
+  lc.lora_alpha = j.at("lora_alpha");
+  lc.lora_dropout = j.value("lora_dropout", 0.0f);
+  if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
+  else lc.target_modules = j.at("target_modules").get<std::vector<std::string>>();
+  auto tensors = load_safetensors(st_path.string());
+  std::map<std::string, tensor> ours;
+  for (auto& [name, t] : tensors) ours[ours_from_peft(name)] = t;
+  if (ours.count("v_head.weight") && !model.has_value_head()) model.add_value_head();
+  model.enable_lora(lc, freeze_base);
+  std::set<std::string> used;
+  for (auto& e : model.adapter_params()) {
+    auto it = ours.find(e.name);
+    if (it == ours.end())
+      throw std::runtime_error(st_path.string() + ": tensor '" + peft_name(e.name) +
+                               "' is missing (the adapter's target_modules do not match the file)");
+    if (it->second.shape() != e.shape)
+      throw std::runtime_error(st_path.string() + ": tensor '" + it->first + "' has shape " +
+                               shape_str(it->second.shape()) + ", the model needs " + shape_str(e.shape));
+    int64_t nh = rope_rows_heads(model.config(), e.name);
+    auto& dst = model.w().by_name.at(e.name);
+    if (nh) dst.copy_from(permute_rope_rows(it->second, nh, model.config().head_dim(), false).to(dst.dev()));
+    else dst.copy_from(it->second);
+    used.insert(e.name);
+  }
+  for (auto& [name, t] : ours)
+    if (!used.count(name))
+      throw std::runtime_error(st_path.string() + ": unexpected tensor '" + name +
+                               "' (not a LoRA tensor of this model's layers)");
+}
+
+}  // namespace flowrun

@@ -1,0 +1,34 @@
+// PEFT-format LoRA adapters (huggingface/peft: adapter_model.safetensors +
+// adapter_config.json), as TencentPretrain's use_lora saves them: only the
+// LoRA tensors (and a value head, when the model has one) are written, and
+// base + adapter load to continue training.
+#pragma once
+
+#include <string>
+
+#include "models/decoder.h"
+
+namespace flowrun {
+
+/// Write the adapter of `model` (which must have LoRA) into folder `dir`:
+/// adapter_model.safetensors with PEFT's names
+/// ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight", and
+/// "v_head.weight" when present) and adapter_config.json (peft_type LORA, r,
+/// lora_alpha, lora_dropout, target_modules, bias "none"). No base weight is
+/// written. Atomic per file. Throws std::invalid_argument when the model has no
+/// LoRA, std::runtime_error naming the file on I/O errors.
+void save_adapter(const decoder& model, const std::string& dir);
+
+/// Add the adapter in `dir` to `model` (a base without LoRA): reads
+/// adapter_config.json, enables LoRA with its r, lora_alpha, lora_dropout and
+/// target_modules (freezing the base when freeze_base), and loads the tensors.
+/// A value head in the file is added to the model. Throws std::runtime_error
+/// naming the file and tensor when a tensor is missing, unexpected or of the
+/// wrong shape, or the config is not a LoRA config.
+void load_adapter(decoder& model, const std::string& dir, bool freeze_base = true);
+
+/// PEFT's tensor name for one of our adapter tensors, and back.
+std::string peft_name(const std::string& ours);
+std::string ours_from_peft(const std::string& peft);
+
+}  // namespace flowrun

@@ -1,0 +1,214 @@
+// PEFT-format LoRA adapters (models/adapter.h) against huggingface/peft:
+// tests/fixtures/peft/llama_lora is a LoRA adapter (r 4, alpha 8, q_proj and
+// v_proj, random A and B) of tests/fixtures/hf/llama saved by peft's
+// save_pretrained, with PEFT's logits and the merged model's logits
+// (tests/fixtures/make_peft_fixture.py). Here: base + adapter give PEFT's logits,
+// merged too, and save_adapter writes PEFT's file back (same names and values).
+//
+// With FLOWRUN_PEFT_SAVE_DIR set, the adapter folder flowrun writes is kept there
+// for make_peft_fixture.py --check-saved (PeftModel.from_pretrained on it).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "models/adapter.h"
+#include "models/hf.h"
+#include "models/safetensors.h"
+
+using namespace flowrun;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path k_fixtures = FLOWRUN_FIXTURES_DIR;
+const fs::path k_adapter = k_fixtures / "peft" / "llama_lora";
+const fs::path k_base = k_fixtures / "hf" / "llama";
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  REQUIRE_MESSAGE(f.good(), "cannot open " << p);
+  return nlohmann::json::parse(f);
+}
+
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& name) {
+    path = fs::temp_directory_path() / ("flowrun_test_peft_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+};
+
+struct expected {
+  tensor ids;
+  std::vector<float> logits, merged_logits;
+  std::vector<std::string> names;
+};
+
+expected load_expected() {
+  auto j = read_json(k_adapter / "expected.json");
+  expected e;
+  auto ids = j["input_ids"].get<std::vector<std::vector<int32_t>>>();
+  std::vector<int32_t> flat;
+  for (auto& r : ids) flat.insert(flat.end(), r.begin(), r.end());
+  e.ids = tensor::from_ints({static_cast<int64_t>(ids.size()), static_cast<int64_t>(ids[0].size())}, flat);
+  e.logits = j["logits"].get<std::vector<float>>();
+  e.merged_logits = j["merged_logits"].get<std::vector<float>>();
+  e.names = j["adapter_tensors"].get<std::vector<std::string>>();
+  return e;
+}
+
+std::vector<float> logits_of(decoder& m, const tensor& ids) {
+  activations a;
+  m.forward(a, ids, tensor{});
+  return a.logits.to(device::cpu()).to_floats();
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+  return d;
+}
+
+// Every tensor of `ours` has PEFT's name, shape and exactly PEFT's values, and no tensor is extra.
+void check_same_tensors(const fs::path& ours_file, const fs::path& peft_file) {
+  auto ours = load_safetensors(ours_file.string());
+  auto peft = load_safetensors(peft_file.string());
+  REQUIRE(ours.size() == peft.size());
+  for (auto& [name, t] : peft) {
+    auto it = ours.find(name);
+    REQUIRE_MESSAGE(it != ours.end(), "our adapter lacks PEFT's tensor " << name);
+    CHECK_MESSAGE(it->second.shape() == t.shape(), name);
+    CHECK_MESSAGE(it->second.to_floats() == t.to_floats(), name);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits; merged too; save_adapter writes PEFT's file") {
+  auto e = load_expected();
+  auto m = load_hf(k_base.string());
+  const auto base_logits = logits_of(m, e.ids);
+  CHECK(max_diff(base_logits, e.logits) > 0.1);  // the adapter matters
+
+  load_adapter(m, k_adapter.string());
+  REQUIRE(m.has_lora());
+  CHECK(m.lora().lora_r == 4);
+  CHECK(m.lora().lora_alpha == 8.0f);
+  CHECK(m.lora().scale() == 2.0f);
+  CHECK(m.num_adapter_parameters() == 2 * (4 * 32 + 32 * 4) + 2 * (4 * 32 + 16 * 4));  // q (32 out), v (2 KV * 8)
+  CHECK_FALSE(m.base_trainable());
+
+  const double d = max_diff(logits_of(m, e.ids), e.logits);
+  MESSAGE("max |flowrun + adapter - PEFT| = " << d);
+  CHECK(d < 1e-4);
+
+  m.merge_lora();
+  const double dm = max_diff(logits_of(m, e.ids), e.logits);
+  MESSAGE("merged: max |flowrun - PEFT| = " << dm << ", vs merge_and_unload: "
+                                            << max_diff(logits_of(m, e.ids), e.merged_logits));
+  CHECK(dm < 1e-4);
+  CHECK(max_diff(logits_of(m, e.ids), e.merged_logits) < 1e-4);
+
+  // save while merged: the adapter written is still the unmerged A and B, bit for bit PEFT's
+  temp_dir tmp("save");
+  save_adapter(m, tmp.str());
+  CHECK(m.lora_merged());
+  check_same_tensors(tmp.path / "adapter_model.safetensors", k_adapter / "adapter_model.safetensors");
+  auto cfg = read_json(tmp.path / "adapter_config.json");
+  auto pcfg = read_json(k_adapter / "adapter_config.json");
+  for (const char* k : {"peft_type", "r", "lora_alpha", "lora_dropout", "bias", "fan_in_fan_out"})
+    CHECK_MESSAGE(cfg.at(k) == pcfg.at(k), k);
+  auto tm = cfg["target_modules"].get<std::vector<std::string>>(), ptm = pcfg["target_modules"].get<std::vector<std::string>>();
+  std::sort(tm.begin(), tm.end());
+  std::sort(ptm.begin(), ptm.end());
+  CHECK(tm == ptm);
+
+  // and what we wrote loads back to the same logits
+  m.unmerge_lora();
+  CHECK(max_diff(logits_of(m, e.ids), e.logits) < 1e-4);
+  auto m2 = load_hf(k_base.string());
+  load_adapter(m2, tmp.str());
+  CHECK(max_diff(logits_of(m2, e.ids), e.logits) < 1e-4);
+
+  if (const char* dir = std::getenv("FLOWRUN_PEFT_SAVE_DIR"); dir && *dir) {
+    save_adapter(m2, dir);
+    MESSAGE("adapter kept in " << dir << " (check: make_peft_fixture.py --check-saved " << dir << ")");
+  }
+}
+
+TEST_CASE("PEFT adapter: the tensor names are PEFT's, both ways") {
+  auto e = load_expected();
+  REQUIRE(e.names.size() == 8);
+  for (const auto& n : e.names) {
+    CHECK(n.rfind("base_model.model.model.layers.", 0) == 0);
+    CHECK(peft_name(ours_from_peft(n)) == n);
+  }
+  CHECK(ours_from_peft("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight") ==
+        "model.layers.0.self_attn.q_proj.lora_A.weight");
+  // in-memory state dicts carry the adapter name; files do not
+  CHECK(ours_from_peft("base_model.model.model.layers.1.self_attn.v_proj.lora_B.default.weight") ==
+        "model.layers.1.self_attn.v_proj.lora_B.weight");
+  CHECK(peft_name("v_head.weight") == "v_head.weight");
+}
+
+TEST_CASE("PEFT adapter on a model in llama2.c's adjacent RoPE layout: lora_B rows of q_proj follow the base") {
+  // The same model with q_proj/k_proj rows permuted to the adjacent layout has the same
+  // logits; the adapter's q_proj lora_B rows must be permuted alike on load, and back on save.
+  auto e = load_expected();
+  auto adj = to_adjacent_rope(load_hf(k_base.string()));
+  REQUIRE(adj.config().rope == ops::rope_layout::adjacent);
+  load_adapter(adj, k_adapter.string());
+  CHECK(max_diff(logits_of(adj, e.ids), e.logits) < 1e-4);
+  temp_dir tmp("adj");
+  save_adapter(adj, tmp.str());
+  check_same_tensors(tmp.path / "adapter_model.safetensors", k_adapter / "adapter_model.safetensors");
+}
+
+TEST_CASE("PEFT adapter: errors name the file and tensor") {
+  temp_dir tmp("err");
+  auto peft = load_safetensors((k_adapter / "adapter_model.safetensors").string());
+  auto cfg = read_json(k_adapter / "adapter_config.json");
+
+  SUBCASE("a missing tensor") {
+    named_tensors ts;
+    for (auto& [n, t] : peft)
+      if (n.find("layers.1.self_attn.v_proj.lora_B") == std::string::npos) ts.emplace_back(n, t);
+    save_safetensors((tmp.path / "adapter_model.safetensors").string(), ts);
+    std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+    auto m = load_hf(k_base.string());
+    CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()),
+                         doctest::Contains("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"),
+                         std::runtime_error);
+  }
+  SUBCASE("a rank that disagrees with the tensors") {
+    named_tensors ts(peft.begin(), peft.end());
+    save_safetensors((tmp.path / "adapter_model.safetensors").string(), ts);
+    cfg["r"] = 8;
+    std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+    auto m = load_hf(k_base.string());
+    CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains("has shape"), std::runtime_error);
+  }
+  SUBCASE("not a LoRA adapter") {
+    named_tensors ts(peft.begin(), peft.end());
+    save_safetensors((tmp.path / "adapter_model.safetensors").string(), ts);
+    cfg["peft_type"] = "IA3";
+    std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+    auto m = load_hf(k_base.string());
+    CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains("only LORA"), std::runtime_error);
+  }
+}

@@ -446,8 +446,11 @@ class scorer_node final : public actor::node {
       ps_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
       ps_.ppo.cliprange = static_cast<float>(s.get_float("cliprange"));
       ps_.ppo.cliprange_value = static_cast<float>(s.get_float("cliprange_value"));
-      ps_.actor_learning_rate = ps_.critic_learning_rate = static_cast<float>(s.get_float("learning_rate"));
-      lora_dim_ = s.get_int("lora_dim");
+      const bool pol = role_ == scorer_role::policy;
+      ps_.actor_learning_rate = ps_.critic_learning_rate =
+          static_cast<float>(s.get_float(pol ? "actor_learning_rate" : "critic_learning_rate"));
+      lora_dim_ = s.get_int(pol ? "actor_lora_dim" : "critic_lora_dim");
+      ps_.per_device_training_batch_size = s.get_int("per_device_training_batch_size");
       if (role_ == scorer_role::policy) {
         ps_.enable_ema = s.get_bool("enable_ema");
         ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
@@ -520,12 +523,21 @@ class scorer_node final : public actor::node {
     stats_msg st;
     st.iteration = x.iteration;
     const auto& e = *x.exp;
+    const int64_t B = e.seq.size(0), mb = std::max<int64_t>(1, ps_.per_device_training_batch_size);
+    double loss_sum = 0;
+    int64_t updates = 0;
     for (int64_t ep = 0; ep < ps_.ppo_epochs; ++ep) {
-      if (role_ == scorer_role::policy)
-        st.loss = ppo::actor_train_step(*model_, *opt_, e, x.advantages, ps_, &st.grad_norm);
-      else
-        st.loss = ppo::critic_train_step(*model_, *opt_, e, x.returns, ps_, &st.grad_norm);
+      for (int64_t a = 0; a < B; a += mb) {  // DS-Chat: one train_rlhf per mini-batch of the experience
+        const int64_t b = std::min(B, a + mb);
+        ppo::experience sub = ppo::slice_rows(e, a, b);
+        if (role_ == scorer_role::policy)
+          loss_sum += ppo::actor_train_step(*model_, *opt_, sub, x.advantages.rows(a, b), ps_, &st.grad_norm);
+        else
+          loss_sum += ppo::critic_train_step(*model_, *opt_, sub, x.returns.rows(a, b), ps_, &st.grad_norm);
+        ++updates;
+      }
     }
+    st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
     if (role_ == scorer_role::policy) {
       ++version_;
       if (ema_.defined()) rlhf::ema_update(ema_, model_->w().flat, ps_.ema_beta);
@@ -710,14 +722,17 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .input("rollouts", "rollouts", "sequences to score")
         .output("scored", "scores", "per-token log-probs or values, or per-row rewards", true);
     if (trains) {
+      const std::string who = role == scorer_role::policy ? "actor" : "critic";
       k.input("train", "experience", "experience to train on", true, true)
           .output("stats", "stats", "the update's loss and gradient norm", true)
-          .option("learning_rate", T::float_, 1e-4, "AdamW learning rate (actor_/critic_learning_rate)")
-          .option("ppo_epochs", T::int_, std::int64_t{1}, "updates per experience batch")
+          .option(who + "_learning_rate", T::float_, 1e-4, "AdamW learning rate")
+          .option("per_device_training_batch_size", T::int_, std::int64_t{8},
+                  "rollouts per PPO update (the experience is cut into mini-batches of this size)")
+          .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch")
           .option("cliprange", T::float_, 0.2, "policy ratio clip")
           .option("cliprange_value", T::float_, 0.2, "value clip")
           .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip")
-          .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (actor_lora_dim / critic_lora_dim)");
+          .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)");
     }
     if (role == scorer_role::policy)
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)

@@ -125,6 +125,19 @@ tensor reward_scores(decoder& reward_model, const tensor& seq, const tensor& mas
   return out;
 }
 
+experience slice_rows(const experience& e, int64_t a, int64_t b) {
+  experience s;
+  s.prompts = e.prompts.rows(a, b);
+  s.seq = e.seq.rows(a, b);
+  s.attention_mask = e.attention_mask.rows(a, b);
+  if (e.logprobs.defined()) s.logprobs = e.logprobs.rows(a, b);
+  if (e.ref_logprobs.defined()) s.ref_logprobs = e.ref_logprobs.rows(a, b);
+  if (e.values.defined()) s.values = e.values.rows(a, b);
+  if (e.reward_score.defined()) s.reward_score = e.reward_score.rows(a, b);
+  s.answer_len.assign(e.answer_len.begin() + a, e.answer_len.begin() + b);
+  return s;
+}
+
 tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor& advantages, tensor& returns) {
   const int64_t S = e.seq.size(1);
   tensor action_mask = cols(e.attention_mask, 1, S);

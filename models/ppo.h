@@ -72,6 +72,9 @@ tensor sequence_values(decoder& model, activations& acts, const tensor& seq, con
 /// (reward_model.py forward_value's chosen_end_scores, found from the mask).
 tensor reward_scores(decoder& reward_model, const tensor& seq, const tensor& mask);
 
+/// Rows [a, b) of an experience (views of its tensors, no copy).
+experience slice_rows(const experience& e, int64_t a, int64_t b);
+
 /// Experience maker: per-token rewards, zeroing after the ends, GAE.
 /// advantages, returns (B, n). Returns the rewards (B, L) for reporting.
 tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor& advantages, tensor& returns);

@@ -147,7 +147,7 @@ TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits; merged too; sa
 
   if (const char* dir = std::getenv("FLOWRUN_PEFT_SAVE_DIR"); dir && *dir) {
     save_adapter(m2, dir);
-    MESSAGE("adapter kept in " << dir << " (check: make_peft_fixture.py --check-saved " << dir << ")");
+    MESSAGE("adapter kept in " << std::string(dir) << " (check: make_peft_fixture.py --check-saved " << std::string(dir) << ")");
   }
 }
 

@@ -1,0 +1,48 @@
+// The flowrun program as a user runs it.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "test_util.h"
+
+namespace {
+
+// Run a command; return its standard output and set *rc to its exit status.
+std::string run(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int st = pclose(p);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("flowrun generate with temperature 0 prints greedy_from_bos_text") {
+  auto ref = flowrun::test::load_json_asset("ref/stories260K_forward_reference.json");
+  auto want = ref["greedy_from_bos_text"].get<std::string>();
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " generate --temperature 0 --max_new_tokens 200 2>/dev/null", &rc);
+  CHECK(rc == 0);
+  CHECK(out == want + "\n");
+}
+
+TEST_CASE("a missing model file is named, with exit code 2") {
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " generate --model no/such/model.bin 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("no/such/model.bin") != std::string::npos);
+}
+
+TEST_CASE("flowrun train refuses a missing GPU and multi_node with what to change") {
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " train --step 1 --deployment-type multi_node 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("use --deployment-type single_node") != std::string::npos);
+}

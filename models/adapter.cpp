@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/hf.h"
 #include "models/safetensors.h"
 
 namespace flowrun {
@@ -38,19 +39,7 @@ int64_t rope_rows_heads(const model_config& c, const std::string& name) {
 
 tensor permute_rope_rows(const tensor& t, int64_t n_heads, int64_t hs, bool to_half) {
   auto host = t.to(device::cpu()).clone();
-  float* w = host.data<float>();
-  const int64_t cols = host.numel() / (n_heads * hs);
-  std::vector<float> tmp(static_cast<size_t>(hs * cols));
-  for (int64_t h = 0; h < n_heads; ++h) {
-    float* base = w + h * hs * cols;
-    for (int64_t i = 0; i < hs / 2; ++i)
-      for (int64_t j = 0; j < 2; ++j) {
-        int64_t adj = 2 * i + j, half = j * (hs / 2) + i;
-        int64_t from = to_half ? adj : half, to = to_half ? half : adj;
-        std::copy(base + from * cols, base + (from + 1) * cols, tmp.data() + to * cols);
-      }
-    std::copy(tmp.begin(), tmp.end(), base);
-  }
+  permute_heads(host.data<float>(), n_heads, hs, host.numel() / (n_heads * hs), to_half);
   return host;
 }
 }  // namespace

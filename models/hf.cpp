@@ -91,22 +91,6 @@ double short_float(float f) {
   return std::strtod(buf, nullptr);
 }
 
-// Within each of `n_heads` heads of hs rows, move row 2i+j (adjacent RoPE pairs)
-// to row j*hs/2+i (half layout), or back. convert_llama_weights_to_hf.py, permute().
-void permute_heads(float* w, int64_t n_heads, int64_t hs, int64_t cols, bool to_half) {
-  std::vector<float> tmp(static_cast<size_t>(hs * cols));
-  for (int64_t h = 0; h < n_heads; ++h) {
-    float* base = w + h * hs * cols;
-    for (int64_t i = 0; i < hs / 2; ++i)
-      for (int64_t j = 0; j < 2; ++j) {
-        int64_t adj = 2 * i + j, half = j * (hs / 2) + i;
-        int64_t from = to_half ? adj : half, to = to_half ? half : adj;
-        std::copy(base + from * cols, base + (from + 1) * cols, tmp.data() + to * cols);
-      }
-    std::copy(tmp.begin(), tmp.end(), base);
-  }
-}
-
 decoder relayout_rope(const decoder& model, ops::rope_layout target) {
   model_config c = model.config();
   if (!c.use_rope)
@@ -176,6 +160,21 @@ int64_t folder_tokenizer_size(const fs::path& dir) {
 }
 
 }  // namespace
+
+void permute_heads(float* w, int64_t n_heads, int64_t hs, int64_t cols, bool to_half) {
+  std::vector<float> tmp(static_cast<size_t>(hs * cols));
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* base = w + h * hs * cols;
+    for (int64_t i = 0; i < hs / 2; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        int64_t adj = 2 * i + j, half = j * (hs / 2) + i;
+        int64_t from = to_half ? adj : half, to = to_half ? half : adj;
+        std::copy(base + from * cols, base + (from + 1) * cols, tmp.data() + to * cols);
+      }
+    std::copy(tmp.begin(), tmp.end(), base);
+  }
+}
+
 
 // ------------------------------------------------------------------ config.json
 

@@ -103,6 +103,11 @@ void save_hf(const decoder& model, const std::string& dir, dtype on_disk = dtype
 /// half layout is copied as is. Throws std::invalid_argument for a model without RoPE.
 decoder to_half_rope(const decoder& model);
 /// The inverse: a copy with llama2.c's / Meta's adjacent layout (pairs (2i, 2i+1)).
+/// Within each of `n_heads` heads of hs rows (each of `cols` floats), move row 2i+j
+/// (adjacent RoPE pairs) to row j*hs/2+i (half layout), or back (to_half false).
+/// In place on a row-major (n_heads*hs, cols) block. convert_llama_weights_to_hf.py, permute().
+void permute_heads(float* w, int64_t n_heads, int64_t hs, int64_t cols, bool to_half);
+
 decoder to_adjacent_rope(const decoder& model);
 
 /// A deep copy of `model` (weights only) on `dev`.

@@ -28,6 +28,7 @@
 #include "models/dschat_steps.h"
 #include "models/checkpoint.h"
 #include "models/llama2c.h"
+#include "models/lm_data.h"
 #include "models/ppo.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
@@ -364,10 +365,11 @@ class ppo_controller final : public actor::node {
       ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)", cur_));
     } else {
       double train_tps = (actor_.tokens + critic_.tokens) / std::max(1e-9, actor_.seconds + critic_.seconds);
-      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f} "
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
                             "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s",
-                            cur_, sum_.reward_mean, sum_.kl_mean, actor_.loss, critic_.loss, sum_.answer_len_mean,
-                            gen_tps, train_tps));
+                            cur_, sum_.reward_mean, sum_.kl_mean, actor_.loss, critic_.loss,
+                            actor_.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", actor_.unsup_loss) : "",
+                            sum_.answer_len_mean, gen_tps, train_tps));
       ctx.metric("steps");
     }
     ctx.emit("next", actor::payload::make("tick", cur_));
@@ -454,6 +456,14 @@ class scorer_node final : public actor::node {
       if (role_ == scorer_role::policy) {
         ps_.enable_ema = s.get_bool("enable_ema");
         ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
+        if (const auto& u = s.get_string("unsup_data"); !u.empty()) {  // ptx: DS-Chat's unsupervised mixing
+          if (s.get_string("tokenizer").empty())
+            throw std::invalid_argument("node '" + ctx.name() + "': unsup_data needs the tokenizer setting");
+          unsup_tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer").string());
+          unsup_ = std::make_unique<lm_dataset>(resolve_user_path(u, "unsup_data").string(), *unsup_tok_,
+                                                s.get_int("unsup_seq_len"));
+          unsup_->set_seed(ctx.seed());
+        }
       }
     }
   }
@@ -530,9 +540,14 @@ class scorer_node final : public actor::node {
       for (int64_t a = 0; a < B; a += mb) {  // DS-Chat: one train_rlhf per mini-batch of the experience
         const int64_t b = std::min(B, a + mb);
         ppo::experience sub = ppo::slice_rows(e, a, b);
-        if (role_ == scorer_role::policy)
+        if (role_ == scorer_role::policy) {
           loss_sum += ppo::actor_train_step(*model_, *opt_, sub, x.advantages.rows(a, b), ps_, &st.grad_norm);
-        else
+          if (unsup_) {  // DS-Chat train_unsupervised: unsup_coef x LM loss, its own optimizer step
+            tensor ids, tg;
+            unsup_->next_batch(b - a, ids, tg);
+            st.unsup_loss = ppo::unsupervised_step(*model_, *opt_, ids, tg, ps_);
+          }
+        } else
           loss_sum += ppo::critic_train_step(*model_, *opt_, sub, x.returns.rows(a, b), ps_, &st.grad_norm);
         ++updates;
       }
@@ -566,6 +581,8 @@ class scorer_node final : public actor::node {
   std::unique_ptr<adamw_optimizer> opt_;
   tensor ema_;
   std::deque<actor::payload> pending_;
+  std::unique_ptr<tokenizer> unsup_tok_;
+  std::unique_ptr<lm_dataset> unsup_;
 };
 
 // ---------------------------------------------------------------- step 3: experience maker
@@ -737,7 +754,10 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     if (role == scorer_role::policy)
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
           .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
-          .option("unsup_coef", T::float_, 27.8, "ptx loss weight (no ptx data in this graph)")
+          .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss")
+          .option("unsup_data", T::string, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
+          .option("unsup_seq_len", T::int_, std::int64_t{64}, "ptx instance length")
+          .option("tokenizer", T::string, std::string(""), "SentencePiece .model, for unsup_data")
           .option("output", T::string, std::string(""), "save the trained actor here at the end (llama2.c v1)");
     actor::register_node_kind(kinds, factories, k,
                               [role] { return std::unique_ptr<actor::node>(new scorer_node(role)); });

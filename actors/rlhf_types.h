@@ -54,6 +54,7 @@ struct experience_msg {
 struct stats_msg {
   int64_t iteration = 0;
   double loss = 0, grad_norm = 0, seconds = 0;
+  double unsup_loss = 0;  ///< the ptx LM loss of the last update (0: no ptx)
   int64_t tokens = 0;  ///< tokens trained on (for tokens/s)
 };
 

@@ -7,10 +7,12 @@ rm -rf "$out" && mkdir -p "$out"
 "$flowrun" "$root/graphs/rlhf.graph" --no-progress \
   --set node.sft.steps=10 --set node.rm.steps=10 --set node.prompts.iterations=3 --set node.prompts.eval_prompts=8 \
   --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
+  --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \
+  --set node.policy.tokenizer=model/stories260K/tok512.model --set node.policy.per_device_training_batch_size=4 \
   > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
 cat "$out/log"
 for want in "step 1 sft\] held-out loss" "step 2 rm\] held-out accuracy" "step 3 ppo\] iter 2 reward" \
-            "held-out mean reward"; do
+            "unsup_loss" "held-out mean reward"; do
   grep -q "$want" "$out/log" || { echo "missing in the output: $want"; exit 1; }
 done
 "$flowrun" eval prompts --baseline "$out/sft.bin" --finetuned "$out/ppo.bin" --n 2 --max_new_tokens 8 > "$out/eval"

@@ -349,7 +349,7 @@ class ppo_controller final : public actor::node {
       critic_ = msg.as<stats_msg>();
       have_critic_ = true;
     }
-    bool complete = have_summary_ && (eval_ || sum_.dropped || (have_actor_ && have_critic_));
+    bool complete = have_summary_ && (eval_ || sum_.dropped || !sum_.trains || (have_actor_ && have_critic_));
     if (!complete) return;
     double gen_tps = sum_.generate_seconds > 0 ? sum_.generated_tokens / sum_.generate_seconds : 0;
     if (eval_) {
@@ -363,6 +363,10 @@ class ppo_controller final : public actor::node {
                               sum_.reward_mean, sum_.reward_mean - eval_before_, since(t0_)));
     } else if (sum_.dropped) {
       ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)", cur_));
+    } else if (!sum_.trains) {
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f} gen {:.0f} tok/s "
+                            "(experience kept for the next update)",
+                            cur_, sum_.reward_mean, sum_.kl_mean, sum_.answer_len_mean, gen_tps));
     } else {
       double train_tps = (actor_.tokens + critic_.tokens) / std::max(1e-9, actor_.seconds + critic_.seconds);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
@@ -474,7 +478,7 @@ class scorer_node final : public actor::node {
     } else if (port == "rollouts") {
       pending_.push_back(msg);
     } else if (port == "train") {
-      train(ctx, msg.as<experience_msg>());
+      train(ctx, msg.as<experience_batch>());
     }
     while (model_ && !pending_.empty()) {
       auto r = pending_.front().shared<rollout_msg>();
@@ -528,15 +532,18 @@ class scorer_node final : public actor::node {
     ctx.emit("scored", actor::payload::make("scores", std::move(out)));
   }
 
-  void train(actor::node_context& ctx, const experience_msg& x) {
+  void train(actor::node_context& ctx, const experience_batch& xb) {
     auto t = clk::now();
     stats_msg st;
-    st.iteration = x.iteration;
-    const auto& e = *x.exp;
-    const int64_t B = e.seq.size(0), mb = std::max<int64_t>(1, ps_.per_device_training_batch_size);
+    st.iteration = xb.iteration;
+    const int64_t mb = std::max<int64_t>(1, ps_.per_device_training_batch_size);
     double loss_sum = 0;
-    int64_t updates = 0;
-    for (int64_t ep = 0; ep < ps_.ppo_epochs; ++ep) {
+    int64_t updates = 0, tokens = 0;
+    for (const auto& x : xb.items) tokens += x.exp->seq.numel();
+    for (int64_t ep = 0; ep < ps_.ppo_epochs * static_cast<int64_t>(xb.items.size()); ++ep) {
+      const auto& x = xb.items[static_cast<size_t>(ep) % xb.items.size()];  // ppo_epochs passes over the batches
+      const auto& e = *x.exp;
+      const int64_t B = e.seq.size(0);
       for (int64_t a = 0; a < B; a += mb) {  // DS-Chat: one train_rlhf per mini-batch of the experience
         const int64_t b = std::min(B, a + mb);
         ppo::experience sub = ppo::slice_rows(e, a, b);
@@ -559,7 +566,7 @@ class scorer_node final : public actor::node {
       ctx.emit("weights", actor::payload::make("model", model_msg{model_, version_}));
     }
     st.seconds = since(t);
-    st.tokens = e.seq.numel() * ps_.ppo_epochs;
+    st.tokens = tokens * ps_.ppo_epochs;
     ctx.metric("tokens", st.tokens);
     ctx.emit("stats", actor::payload::make("stats", st));
   }
@@ -598,6 +605,7 @@ class experience_maker final : public actor::node {
     cfg_.clip_reward_value = static_cast<float>(s.get_float("clip_reward_value"));
     cfg_.gamma = static_cast<float>(s.get_float("gamma"));
     cfg_.lam = static_cast<float>(s.get_float("lam"));
+    generation_batches_ = std::max<int64_t>(1, s.get_int("generation_batches"));
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     const auto& sm = msg.as<score_msg>();
@@ -636,7 +644,13 @@ class experience_maker final : public actor::node {
     sum.rows = B;
     if (!r.eval) {
       x.exp = e;
-      ctx.emit("experience", actor::payload::make("experience", std::move(x)));
+      pending_.items.push_back(std::move(x));
+      pending_.iteration = r.iteration;
+      if (static_cast<int64_t>(pending_.items.size()) == generation_batches_) {
+        sum.trains = true;
+        ctx.emit("experience", actor::payload::make("experience", std::move(pending_)));
+        pending_ = experience_batch{};
+      }
     }
     ctx.emit("summary", actor::payload::make("summary", sum));
   }
@@ -647,6 +661,8 @@ class experience_maker final : public actor::node {
     std::map<std::string, tensor> parts;
   };
   rlhf::ppo_config cfg_;
+  int64_t generation_batches_ = 1;
+  experience_batch pending_;
   std::map<const rollout_msg*, join> joins_;
 };
 
@@ -779,7 +795,9 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("kl_ctl", T::float_, 0.1, "KL penalty coefficient")
         .option("clip_reward_value", T::float_, 5.0, "reward score clip")
         .option("gamma", T::float_, 1.0, "discount")
-        .option("lam", T::float_, 0.95, "GAE lambda");
+        .option("lam", T::float_, 0.95, "GAE lambda")
+        .option("generation_batches", T::int_, std::int64_t{1},
+                "generation batches collected before each PPO update (DS-Chat's exp_dataset size)");
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new experience_maker); });
   }
 }

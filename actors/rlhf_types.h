@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/decoder.h"
 #include "models/ppo.h"
@@ -51,6 +52,13 @@ struct experience_msg {
   int64_t iteration = 0;
 };
 
+/// What the trainers train on: the experiences of `generation_batches` generation
+/// batches (DS-Chat's exp_dataset, trained on once it is full).
+struct experience_batch {
+  std::vector<experience_msg> items;
+  int64_t iteration = 0;  ///< the last batch's iteration
+};
+
 struct stats_msg {
   int64_t iteration = 0;
   double loss = 0, grad_norm = 0, seconds = 0;
@@ -62,6 +70,7 @@ struct summary_msg {
   int64_t iteration = 0;
   bool eval = false;
   bool dropped = false;  ///< every answer was too short: nothing to train on
+  bool trains = false;   ///< this batch completed an experience batch: the trainers will report
   double reward_mean = 0, kl_mean = 0, answer_len_mean = 0;
   double generate_seconds = 0;
   int64_t generated_tokens = 0;

@@ -20,6 +20,8 @@
 #include <memory>
 #include <optional>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "actors/register.h"
@@ -74,6 +76,26 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   return rows;
 }
 
+// The memory a training node needs: f32 weights, gradients and two AdamW moments, plus
+// the activations the decoder keeps for backward (per token and layer: the residual
+// streams, norms, q/k/v, attention output and MLP hidden, and the (H, T) attention row;
+// per token: logits and their gradient). Refuses, before training starts, a plan that
+// does not fit the memory the machine has available, saying what to change.
+void check_memory_plan(const actor::node_context& ctx, const model_config& c, int64_t B, int64_t T,
+                       const char* batch_setting) {
+  const double params = static_cast<double>(c.num_parameters()) * 4.0 * 4.0;
+  const double per_token = static_cast<double>(c.n_layers) *
+                               (8.0 * c.dim + static_cast<double>(c.n_heads) * T + 3.0 * c.hidden_dim) +
+                           2.0 * c.vocab_size;
+  const double need = params + 4.0 * per_token * static_cast<double>(B) * static_cast<double>(T);
+  const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (avail > 0 && need > 0.9 * avail)
+    throw std::runtime_error(fmt::format(
+        "node '{}': the plan needs about {:.1f} GiB ({:.1f} GiB weights, gradients and AdamW states; the rest "
+        "activations for {} x {} tokens) but {:.1f} GiB are available: lower {} or max_seq_len, or set lora_dim",
+        ctx.name(), need / 1073741824.0, params / 1073741824.0, B, T, avail / 1073741824.0, batch_setting));
+}
+
 // "end" cuts the end of prompt + answer (DS-Chat); "prompt_start" drops the oldest prompt
 // tokens first, so the answers survive (HH-RLHF prompts are long in tok512's pieces).
 dschat::truncation_mode truncation_of(const actor::node_context& ctx) {
@@ -110,6 +132,8 @@ class sft_trainer final : public actor::node {
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
       eval_.push_back(dschat::sft_batch(eval, b, d_.mask_prompt));
     model_ = std::make_shared<decoder>(load_llama2c(resolve_user_path(ctx.spec().get_string("model"), "model").string()));
+    check_memory_plan(ctx, model_->config(), d_.per_device_train_batch_size, d_.max_seq_len,
+                      "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
     opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
     st_.total_update_steps = steps_;
@@ -187,6 +211,8 @@ class rm_trainer final : public actor::node {
       eval_.push_back(dschat::rm_batch(eval, b));
     model_ = std::make_shared<decoder>(load_llama2c(resolve_user_path(ctx.spec().get_string("model"), "model").string()));
     model_->add_value_head(ctx.seed());
+    check_memory_plan(ctx, model_->config(), 2 * d_.per_device_train_batch_size, d_.max_seq_len,
+                      "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
     opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
     st_.total_update_steps = steps_;

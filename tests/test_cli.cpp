@@ -46,3 +46,13 @@ TEST_CASE("flowrun train refuses a missing GPU and multi_node with what to chang
   CHECK(rc == 2);
   CHECK(out.find("use --deployment-type single_node") != std::string::npos);
 }
+
+TEST_CASE("a training plan that cannot fit in memory is refused with what to change") {
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " " + FLOWRUN_SOURCE_DIR +
+                     "/graphs/sft.graph --no-progress --set node.sft.per_device_train_batch_size=100000000 2>&1",
+                 &rc);
+  CHECK(rc == 1);
+  CHECK(out.find("node 'sft'") != std::string::npos);
+  CHECK(out.find("lower per_device_train_batch_size or max_seq_len") != std::string::npos);
+}

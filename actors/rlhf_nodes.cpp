@@ -65,7 +65,10 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
 }
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {
-  auto src = dschat::load_sources({resolve_user_path(ctx.spec().get_string("data"), "data").string()});
+  std::vector<std::string> paths = {resolve_user_path(ctx.spec().get_string("data"), "data").string()};
+  for (const auto& extra : ctx.spec().get_string_list("mix_data"))  // DS-Chat's blending of several datasets
+    paths.push_back(resolve_user_path(extra, "mix_data").string());
+  auto src = dschat::load_sources(paths);
   for (auto& s : src) ctx.log().info("{}", s.report.summary());
   dschat::split_settings sp;
   sp.data_split = d.data_split;
@@ -700,6 +703,7 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     k.require("model", T::path, "initial weights (llama2.c .bin)")
         .require("tokenizer", T::path, "SentencePiece .model")
         .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
+        .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
         .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
         .option("eval_fraction", T::float_, 0.1, "held-out share of this step's rows")
         .option("per_device_train_batch_size", T::int_, std::int64_t{8}, "rows per micro-batch")
@@ -744,6 +748,7 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .output("batch", "prompt_batch", "left-padded prompts")
         .require("tokenizer", T::path, "SentencePiece .model")
         .require("data", T::path, "DS-Chat JSONL with prompts")
+        .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data")
         .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split")
         .option("eval_fraction", T::float_, 0.1, "held-out share")
         .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)")

@@ -23,6 +23,7 @@ void model_config::validate() const {
                                           " exceeds the embedding rows vocab_size " + std::to_string(vocab_size));
   need(max_seq_len > 0, "max_seq_len must be > 0");
   need(!use_rope || head_dim() % 2 == 0, "RoPE needs an even head_dim");
+  need(embed_dim >= 0, "embed_dim (word_embed_proj_dim) must be >= 0 (0: same as dim)");
 }
 
 int64_t model_config::num_parameters() const {
@@ -30,9 +31,11 @@ int64_t model_config::num_parameters() const {
   int64_t norm_p = norm == norm_kind::layernorm && bias ? 2 * C : C;
   int64_t attn = C * C + b * C + 2 * (kv * C + b * kv) + C * C + b * C;
   int64_t mlp = (gated_mlp ? 2 : 1) * (hidden_dim * C + b * hidden_dim) + C * hidden_dim + b * C;
-  int64_t n = vocab_size * C + n_layers * (2 * norm_p + attn + mlp) + norm_p;
+  const int64_t E = embed_width();
+  int64_t n = vocab_size * E + n_layers * (2 * norm_p + attn + mlp) + (post_norm ? 0 : norm_p);
+  if (has_projection()) n += 2 * E * C;
   if (!use_rope) n += (max_seq_len + position_offset) * C;
-  if (!tied_embeddings) n += vocab_size * C;
+  if (!tied_embeddings) n += vocab_size * E;
   return n;
 }
 
@@ -42,6 +45,8 @@ std::string model_config::summary() const {
   os << fam << " dim=" << dim << " hidden=" << hidden_dim << " layers=" << n_layers << " heads=" << n_heads
      << " kv_heads=" << n_kv_heads << " vocab=" << vocab_size << " seq=" << max_seq_len
      << " params=" << num_parameters();
+  if (has_projection()) os << " embed_dim=" << embed_dim;
+  if (post_norm) os << " post_norm";
   return os.str();
 }
 
@@ -93,6 +98,8 @@ void to_json(nlohmann::json& j, const model_config& c) {
                      {"hidden_act", ops::activation_name(c.act)},
                      {"bias", c.bias},
                      {"tie_word_embeddings", c.tied_embeddings}};
+  if (c.has_projection()) j["embed_dim"] = c.embed_dim;
+  if (c.post_norm) j["post_norm"] = true;
 }
 
 void from_json(const nlohmann::json& j, model_config& c) {
@@ -117,6 +124,8 @@ void from_json(const nlohmann::json& j, model_config& c) {
   c.act = act == "relu" ? ops::activation::relu : act == "gelu_tanh" ? ops::activation::gelu_tanh : ops::activation::silu;
   c.bias = j.value("bias", false);
   c.tied_embeddings = j.value("tie_word_embeddings", true);
+  c.embed_dim = j.value("embed_dim", int64_t{0});
+  c.post_norm = j.value("post_norm", false);
   c.validate();
 }
 

@@ -40,8 +40,17 @@ struct model_config {
   ops::activation act = ops::activation::silu;
   bool bias = false;               ///< biases on Linear layers and LayerNorm
   bool tied_embeddings = true;     ///< lm_head shares model.embed_tokens.weight
+  /// Width of the token embedding and the LM head (HF OPT word_embed_proj_dim);
+  /// 0 = dim. When it differs from dim, project_in (dim, embed_dim) follows the token
+  /// embedding and project_out (embed_dim, dim) precedes the LM head (no biases).
+  int64_t embed_dim = 0;
+  /// Post-LayerNorm (OPT do_layer_norm_before = false): h = LN1(x + attn(x)),
+  /// out = LN2(h + mlp(h)), and no final norm.
+  bool post_norm = false;
 
   int64_t head_dim() const { return dim / n_heads; }
+  int64_t embed_width() const { return embed_dim > 0 ? embed_dim : dim; }
+  bool has_projection() const { return embed_width() != dim; }
   int64_t vocab_limit() const { return real_vocab_size > 0 ? real_vocab_size : vocab_size; }
   /// Throws std::invalid_argument naming the bad field.
   void validate() const;

@@ -74,8 +74,10 @@ decoder::decoder(const model_config& cfg, device dev) : cfg_(cfg), dev_(dev) {
     n_params_ += e.numel;
     entries_.push_back(e);
   };
-  add("model.embed_tokens.weight", {cfg_.vocab_size, C});
+  const int64_t E = cfg_.embed_width();
+  add("model.embed_tokens.weight", {cfg_.vocab_size, E});
   if (!cfg_.use_rope) add("model.embed_positions.weight", {cfg_.max_seq_len + cfg_.position_offset, C});
+  if (cfg_.has_projection()) add("model.project_in.weight", {C, E});
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {C}, true);
@@ -99,9 +101,12 @@ decoder::decoder(const model_config& cfg, device dev) : cfg_(cfg), dev_(dev) {
     add(p + "mlp.down_proj.weight", {C, F});
     if (cfg_.bias) add(p + "mlp.down_proj.bias", {C}, true);
   }
-  add("model.norm.weight", {C}, true);
-  if (ln_bias) add("model.norm.bias", {C}, true);
-  if (!cfg_.tied_embeddings) add("lm_head.weight", {cfg_.vocab_size, C});
+  if (!cfg_.post_norm) {
+    add("model.norm.weight", {C}, true);
+    if (ln_bias) add("model.norm.bias", {C}, true);
+  }
+  if (cfg_.has_projection()) add("model.project_out.weight", {E, C});
+  if (!cfg_.tied_embeddings) add("lm_head.weight", {cfg_.vocab_size, E});
   bind(w_, tensor::zeros({n_params_}, dtype::f32, dev_));
 }
 
@@ -140,6 +145,8 @@ void decoder::bind(weights& dst, const tensor& flat) {
   }
   dst.lnf_w = get("model.norm.weight");
   dst.lnf_b = get("model.norm.bias");
+  dst.project_in = get("model.project_in.weight");
+  dst.project_out = get("model.project_out.weight");
   dst.lm_head = cfg_.tied_embeddings ? dst.wte : get("lm_head.weight");
 }
 
@@ -282,13 +289,14 @@ void decoder::enable_lora(const lora_config& cfg, bool freeze_base) {
 void decoder::add_value_head(uint64_t seed) {
   if (value_head_) throw std::logic_error("add_value_head: the model already has a value head");
   value_head_ = true;
-  adapter_entries_.push_back({"v_head.weight", {1, cfg_.dim}, n_adapter_, cfg_.dim, false});
-  n_adapter_ += cfg_.dim;
+  const int64_t E = cfg_.embed_width();  // DeepSpeed-Chat: word_embed_proj_dim when the config has it
+  adapter_entries_.push_back({"v_head.weight", {1, E}, n_adapter_, E, false});
+  n_adapter_ += E;
   rebuild_adapter();
   splitmix64 rng{seed * 0x9e3779b97f4a7c15ull + 29};
-  auto host = tensor::empty({1, cfg_.dim});
-  float bound = 1.0f / std::sqrt(static_cast<float>(cfg_.dim));  // torch nn.Linear default init
-  for (int64_t i = 0; i < cfg_.dim; ++i) host.data<float>()[i] = static_cast<float>((2 * rng.uniform() - 1) * bound);
+  auto host = tensor::empty({1, E});
+  float bound = 1.0f / std::sqrt(static_cast<float>(E));  // torch nn.Linear default init
+  for (int64_t i = 0; i < E; ++i) host.data<float>()[i] = static_cast<float>((2 * rng.uniform() - 1) * bound);
   w_.v_head.copy_from(host.to(dev_));
 }
 
@@ -428,6 +436,8 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     throw std::invalid_argument("decoder::forward: T = " + std::to_string(T) + " exceeds max_seq_len " +
                                 std::to_string(cfg_.max_seq_len));
   const bool ln = cfg_.norm == norm_kind::layernorm;
+  const bool proj = cfg_.has_projection(), post = cfg_.post_norm;
+  const int64_t E = cfg_.embed_width();
 
   // (re)allocate activations when the batch shape changes
   if (a.B != B || a.T != T || a.layers.size() != static_cast<size_t>(NL)) {
@@ -460,6 +470,12 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     if (ln) ensure(a.lnf_mean, {N}, dev_);
     ensure(a.losses, {N}, dev_);
   }
+  if (proj) {  // outside the block above: activations reused across models get them too
+    ensure(a.emb, {B, T, E}, dev_);
+    ensure(a.hout, {B, T, E}, dev_);
+  }
+  if (post)
+    for (auto& L : a.layers) ensure(L.resid3, {B, T, C}, dev_);
   a.ids = ids;
   a.targets = targets;
   a.mask = mask;
@@ -468,7 +484,13 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   // embeddings: x = wte[ids] (+ wpe[pos + offset])
   tensor ids_flat = ids.view({N});
   tensor x0 = a.resid[0].view({N, C});
-  ops::embedding_forward(x0, ids_flat, w_.wte);
+  if (proj) {  // OPT project_in: x = wte[ids] project_inᵀ, positions added after
+    tensor e = a.emb.view({N, E});
+    ops::embedding_forward(e, ids_flat, w_.wte);
+    ops::linear_forward(x0, e, w_.project_in, none_tensor);
+  } else {
+    ops::embedding_forward(x0, ids_flat, w_.wte);
+  }
   if (!cfg_.use_rope) {
     auto pos = a.positions.clone();
     int32_t* pp = pos.data<int32_t>();
@@ -482,6 +504,10 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     auto& L = a.layers[l];
     const auto& W = w_.layers[l];
     tensor x = a.resid[l].view({N, C});
+    if (post) {
+      forward_post_layer(a, l, x, mask);
+      continue;
+    }
     tensor ln1 = L.ln1.view({N, C});
     norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
     tensor q = L.q.view({N, H * hs}), k = L.k.view({N, KV * hs}), v = L.v.view({N, KV * hs});
@@ -512,7 +538,13 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     ops::axpy(xo, r2);
   }
   tensor lnf = a.lnf.view({N, C});
-  norm_forward(lnf, a.lnf_mean, a.lnf_rstd, a.resid[NL].view({N, C}), w_.lnf_w, w_.lnf_b);
+  if (post) lnf.copy_from(a.resid[NL].view({N, C}));  // no final norm
+  else norm_forward(lnf, a.lnf_mean, a.lnf_rstd, a.resid[NL].view({N, C}), w_.lnf_w, w_.lnf_b);
+  if (proj) {  // OPT project_out
+    tensor ho = a.hout.view({N, E});
+    ops::linear_forward(ho, lnf, w_.project_out, none_tensor);
+    lnf = ho;
+  }
   if (value_head_) {
     ensure(a.values, {B, T}, dev_);
     tensor vals = a.values.view({N, 1});
@@ -530,6 +562,85 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   if (targets.shape() != ids.shape())
     throw std::invalid_argument("decoder::forward: targets " + targets.str() + " must match ids " + ids.str());
   return ops::cross_entropy_forward(a.losses, logits, targets.view({N}), &a.n_valid);
+}
+
+// Post-LayerNorm (OPT do_layer_norm_before = false, modeling_opt.py OPTDecoderLayer):
+//   resid2 = x + o_proj(attn(x));     ln1 = LN1(resid2)
+//   resid3 = ln1 + down(act(up(ln1))); resid[l+1] = LN2(resid3)
+void decoder::forward_post_layer(activations& a, int64_t l, const tensor& x, const tensor& mask) {
+  const int64_t B = a.B, T = a.T, N = B * T;
+  const int64_t C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim(), F = cfg_.hidden_dim;
+  auto& L = a.layers[l];
+  const auto& W = w_.layers[l];
+  tensor q = L.q.view({N, H * hs}), k = L.k.view({N, KV * hs}), v = L.v.view({N, KV * hs});
+  lin_fwd(l, lm_q, q, x, &L);
+  lin_fwd(l, lm_k, k, x, &L);
+  lin_fwd(l, lm_v, v, x, &L);
+  if (cfg_.use_rope) {
+    ops::rope_forward(L.q, a.positions, cfg_.rope_theta, cfg_.rope);
+    ops::rope_forward(L.k, a.positions, cfg_.rope_theta, cfg_.rope);
+  }
+  ops::attention_forward(L.atty, L.att, L.q, L.k, L.v, mask);
+  tensor r2 = L.resid2.view({N, C});
+  lin_fwd(l, lm_o, r2, L.atty.view({N, C}), &L);
+  ops::axpy(r2, x);
+  tensor h = L.ln1.view({N, C});
+  norm_forward(h, L.ln1_mean, L.ln1_rstd, r2, W.ln1_w, W.ln1_b);
+  tensor up = L.up.view({N, F}), act = L.act.view({N, F});
+  lin_fwd(l, lm_up, up, h, &L);
+  if (cfg_.gated_mlp) {
+    tensor gate = L.gate.view({N, F});
+    lin_fwd(l, lm_gate, gate, h, &L);
+    ops::swiglu_forward(act, gate, up);
+  } else {
+    ops::activation_forward(act, up, cfg_.act);
+  }
+  tensor r3 = L.resid3.view({N, C});
+  lin_fwd(l, lm_down, r3, act, &L);
+  ops::axpy(r3, h);
+  tensor xo = a.resid[l + 1].view({N, C});
+  norm_forward(xo, L.ln2_mean, L.ln2_rstd, r3, W.ln2_w, W.ln2_b);
+}
+
+// In: a.dres = d resid[l+1]. Out: a.dres = d resid[l].
+void decoder::backward_post_layer(activations& a, int64_t l) {
+  const int64_t B = a.B, T = a.T, N = B * T;
+  const int64_t C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim(), F = cfg_.hidden_dim;
+  auto& L = a.layers[l];
+  const auto& W = w_.layers[l];
+  auto& G = g_.layers[l];
+  // LN2: d resid3 -> a.dln
+  a.dln.zero_();
+  norm_backward(a.dln, G.ln2_w, G.ln2_b, a.dres, L.resid3.view({N, C}), W.ln2_w, L.ln2_mean, L.ln2_rstd);
+  // MLP with its residual: d ln1 = d resid3 + mlp backward -> a.dres
+  tensor h = L.ln1.view({N, C});
+  a.dact.zero_();
+  lin_bwd(l, lm_down, a.dact, a.dln, L.act.view({N, F}), a, L);
+  a.dres.copy_from(a.dln);
+  if (cfg_.gated_mlp) {
+    ops::swiglu_backward(a.dgate, a.dup, a.dact, L.gate.view({N, F}), L.up.view({N, F}));
+    lin_bwd(l, lm_gate, a.dres, a.dgate, h, a, L);
+  } else {
+    ops::activation_backward(a.dup, a.dact, L.up.view({N, F}), cfg_.act);
+  }
+  lin_bwd(l, lm_up, a.dres, a.dup, h, a, L);
+  // LN1: d resid2 -> a.dln
+  a.dln.zero_();
+  norm_backward(a.dln, G.ln1_w, G.ln1_b, a.dres, L.resid2.view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
+  // attention with its residual: d x = d resid2 + attention backward -> a.dres
+  a.datty.zero_();
+  lin_bwd(l, lm_o, a.datty, a.dln, L.atty.view({N, C}), a, L);
+  tensor datty4 = a.datty.view({B, T, H, hs});
+  ops::attention_backward(a.dq, a.dk, a.dv, datty4, L.q, L.k, L.v, L.att);
+  if (cfg_.use_rope) {
+    ops::rope_backward(a.dq, a.positions, cfg_.rope_theta, cfg_.rope);
+    ops::rope_backward(a.dk, a.positions, cfg_.rope_theta, cfg_.rope);
+  }
+  a.dres.copy_from(a.dln);
+  tensor x = a.resid[l].view({N, C});
+  lin_bwd(l, lm_q, a.dres, a.dq.view({N, H * hs}), x, a, L);
+  lin_bwd(l, lm_k, a.dres, a.dk.view({N, KV * hs}), x, a, L);
+  lin_bwd(l, lm_v, a.dres, a.dv.view({N, KV * hs}), x, a, L);
 }
 
 // ------------------------------------------------------------------ training backward
@@ -550,13 +661,23 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   ensure(a.dq, {B, T, H, hs}, dev_);
   ensure(a.dk, {B, T, KV, hs}, dev_);
   ensure(a.dv, {B, T, KV, hs}, dev_);
+  const bool proj = cfg_.has_projection(), post = cfg_.post_norm;
+  const int64_t E = cfg_.embed_width();
+  if (proj) {
+    ensure(a.dhout, {N, E}, dev_);
+    ensure(a.demb, {N, E}, dev_);
+  }
 
   a.dlnf.zero_();
   tensor no_db;
+  // the head reads lnf (N, C), or project_out(lnf) (N, E) with a projection
+  tensor head_in = proj ? a.hout.view({N, E}) : a.lnf.view({N, C});
+  tensor dhead_in = proj ? a.dhout : a.dlnf;
+  if (proj) a.dhout.zero_();
   if (value_head_) {
     if (!dlogits_in.defined() || dlogits_in.numel() != N)
       throw std::invalid_argument("decoder::backward: a value-head model needs dvalues (B, T)");
-    ops::linear_backward(a.dlnf, g_.v_head, no_db, dlogits_in.view({N, 1}), a.lnf.view({N, C}), w_.v_head);
+    ops::linear_backward(dhead_in, g_.v_head, no_db, dlogits_in.view({N, 1}), head_in, w_.v_head);
   } else {
     tensor dlogits;
     if (dlogits_in.defined()) {
@@ -572,15 +693,24 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     }
     // classifier (its weight gradient only when the base trains)
     tensor dhead = base_trainable_ ? g_.lm_head : tensor{};
-    ops::linear_backward(a.dlnf, dhead, no_db, dlogits, a.lnf.view({N, C}), w_.lm_head);
+    ops::linear_backward(dhead_in, dhead, no_db, dlogits, head_in, w_.lm_head);
+  }
+  if (proj) {
+    tensor dpo = base_trainable_ ? g_.project_out : tensor{};
+    ops::linear_backward(a.dlnf, dpo, no_db, a.dhout, a.lnf.view({N, C}), w_.project_out);
   }
   a.dres.zero_();
-  norm_backward(a.dres, g_.lnf_w, g_.lnf_b, a.dlnf, a.resid[NL].view({N, C}), w_.lnf_w, a.lnf_mean, a.lnf_rstd);
+  if (post) a.dres.copy_from(a.dlnf);
+  else norm_backward(a.dres, g_.lnf_w, g_.lnf_b, a.dlnf, a.resid[NL].view({N, C}), w_.lnf_w, a.lnf_mean, a.lnf_rstd);
 
   for (int64_t l = NL - 1; l >= 0; --l) {
     auto& L = a.layers[l];
     const auto& W = w_.layers[l];
     auto& G = g_.layers[l];
+    if (post) {
+      backward_post_layer(a, l);
+      continue;
+    }
     // MLP: resid[l+1] = resid2 + down(act(ln2(resid2)))
     a.dact.zero_();
     lin_bwd(l, lm_down, a.dact, a.dres, L.act.view({N, F}), a, L);
@@ -610,7 +740,14 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     lin_bwd(l, lm_v, a.dln, a.dv.view({N, KV * hs}), ln1, a, L);
     norm_backward(a.dres, G.ln1_w, G.ln1_b, a.dln, a.resid[l].view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
   }
-  ops::embedding_backward(g_.wte, a.dres, a.ids.view({N}));
+  if (proj) {
+    a.demb.zero_();
+    tensor dpi = base_trainable_ ? g_.project_in : tensor{};
+    ops::linear_backward(a.demb, dpi, no_db, a.dres, a.emb.view({N, E}), w_.project_in);
+    ops::embedding_backward(g_.wte, a.demb, a.ids.view({N}));
+  } else {
+    ops::embedding_backward(g_.wte, a.dres, a.ids.view({N}));
+  }
   if (!cfg_.use_rope) {
     auto pos = a.positions.clone();
     int32_t* pp = pos.data<int32_t>();
@@ -658,8 +795,16 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   auto gate = cfg_.gated_mlp ? tensor::empty({N, F}, dtype::f32, dev_) : tensor{};
   auto act = tensor::empty({N, F}, dtype::f32, dev_);
   tensor no_att;
+  const bool proj = cfg_.has_projection(), post = cfg_.post_norm;
+  const int64_t E = cfg_.embed_width();
 
-  ops::embedding_forward(x, ids.view({N}), w_.wte);
+  if (proj) {
+    auto e = tensor::empty({N, E}, dtype::f32, dev_);
+    ops::embedding_forward(e, ids.view({N}), w_.wte);
+    ops::linear_forward(x, e, w_.project_in, none_tensor);
+  } else {
+    ops::embedding_forward(x, ids.view({N}), w_.wte);
+  }
   if (!cfg_.use_rope) {
     auto pos = positions.to(device::cpu()).clone();
     int32_t* pp = pos.data<int32_t>();
@@ -669,7 +814,8 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   }
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     const auto& W = w_.layers[l];
-    norm_forward(h, mean, rstd, x, W.ln1_w, W.ln1_b);
+    if (post) h.copy_from(x);  // attention reads x itself
+    else norm_forward(h, mean, rstd, x, W.ln1_w, W.ln1_b);
     tensor q2 = q.view({N, H * hs}), k2 = k.view({N, KV * hs}), v2 = v.view({N, KV * hs});
     lin_fwd(l, lm_q, q2, h, nullptr);
     lin_fwd(l, lm_k, k2, h, nullptr);
@@ -685,7 +831,12 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     ops::attention_forward(y, no_att, q, cache.k[l], cache.v[l], mask, n_keys);
     lin_fwd(l, lm_o, h, y.view({N, C}), nullptr);
     ops::axpy(x, h);
-    norm_forward(h, mean, rstd, x, W.ln2_w, W.ln2_b);
+    if (post) {  // x = LN1(x + attn); h = x (the MLP input and its residual)
+      norm_forward(h, mean, rstd, x, W.ln1_w, W.ln1_b);
+      x.copy_from(h);
+    } else {
+      norm_forward(h, mean, rstd, x, W.ln2_w, W.ln2_b);
+    }
     lin_fwd(l, lm_up, up, h, nullptr);
     if (cfg_.gated_mlp) {
       lin_fwd(l, lm_gate, gate, h, nullptr);
@@ -695,21 +846,35 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     }
     lin_fwd(l, lm_down, h, act, nullptr);
     ops::axpy(x, h);
+    if (post) {  // x = LN2(h + mlp(h))
+      norm_forward(h, mean, rstd, x, W.ln2_w, W.ln2_b);
+      x.copy_from(h);
+    }
   }
+  // the final hidden (M, C) -> what the head reads: lnf (no final norm with post_norm), then project_out
+  auto head_input = [&](const tensor& xs, const tensor& hs_buf, const tensor& m, const tensor& r) -> tensor {
+    tensor hb = hs_buf, mb = m, rb = r;
+    if (post) hb.copy_from(xs);
+    else norm_forward(hb, mb, rb, xs, w_.lnf_w, w_.lnf_b);
+    if (!proj) return hb;
+    auto o = tensor::empty({xs.size(0), E}, dtype::f32, dev_);
+    ops::linear_forward(o, hb, w_.project_out, none_tensor);
+    return o;
+  };
   if (value_head_) {
-    norm_forward(h, mean, rstd, x, w_.lnf_w, w_.lnf_b);
+    tensor hh = head_input(x, h, mean, rstd);
     auto vals = tensor::empty({N, 1}, dtype::f32, dev_);
-    ops::linear_forward(vals, h, w_.v_head, none_tensor);
+    ops::linear_forward(vals, hh, w_.v_head, none_tensor);
     if (all_logits) return vals.view({B, Tq});
     auto last = tensor::empty({B}, dtype::f32, dev_);
     for (int64_t b = 0; b < B; ++b) last.flat_view(b, {1}).copy_from(vals.rows(b * Tq + Tq - 1, b * Tq + Tq));
     return last;
   }
   if (all_logits) {
-    norm_forward(h, mean, rstd, x, w_.lnf_w, w_.lnf_b);
+    tensor hh = head_input(x, h, mean, rstd);
     auto logits = tensor::empty({B, Tq, V}, dtype::f32, dev_);
     tensor l2 = logits.view({N, V});
-    ops::linear_forward(l2, h, w_.lm_head, none_tensor);
+    ops::linear_forward(l2, hh, w_.lm_head, none_tensor);
     return logits;
   }
   // last position of each sequence only
@@ -718,9 +883,9 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   auto hl = tensor::empty({B, C}, dtype::f32, dev_);
   auto ml = ln ? tensor::empty({B}, dtype::f32, dev_) : tensor{};
   auto rl = tensor::empty({B}, dtype::f32, dev_);
-  norm_forward(hl, ml, rl, xl, w_.lnf_w, w_.lnf_b);
+  tensor hh = head_input(xl, hl, ml, rl);
   auto logits = tensor::empty({B, V}, dtype::f32, dev_);
-  ops::linear_forward(logits, hl, w_.lm_head, none_tensor);
+  ops::linear_forward(logits, hh, w_.lm_head, none_tensor);
   return logits;
 }
 

@@ -67,12 +67,14 @@ struct layer_weights {
 /// All weights (or all gradients: same structure over the gradient buffer).
 struct weights {
   tensor flat;                   ///< (n_params,)
-  tensor wte;                    ///< model.embed_tokens.weight (V, C)
+  tensor wte;                    ///< model.embed_tokens.weight (V, E), E = embed_width()
   tensor wpe;                    ///< model.embed_positions.weight (P, C), learned positions only
   std::vector<layer_weights> layers;
-  tensor lnf_w, lnf_b;           ///< model.norm (C)
-  tensor lm_head;                ///< lm_head.weight (V, C); == wte view when tied
-  tensor v_head;                 ///< v_head.weight (1, C): the scalar value head (critic, reward)
+  tensor project_in;             ///< model.project_in.weight (C, E), only when E != C
+  tensor lnf_w, lnf_b;           ///< model.norm (C), absent with post_norm
+  tensor project_out;            ///< model.project_out.weight (E, C), only when E != C
+  tensor lm_head;                ///< lm_head.weight (V, E); == wte view when tied
+  tensor v_head;                 ///< v_head.weight (1, E): the scalar value head (critic, reward)
   tensor adapter_flat;           ///< (n_adapter,): LoRA tensors and the value head
   std::map<std::string, tensor> by_name;  ///< base and adapter tensors
 };
@@ -82,19 +84,22 @@ struct activations {
   int64_t B = 0, T = 0;
   tensor ids, targets, positions, mask;  ///< (B, T) i32; mask may be undefined
   std::vector<tensor> resid;  ///< n_layers + 1 residual streams (B, T, C); resid[0] = embeddings
+  tensor emb;                 ///< (B, T, E) token embeddings before project_in (projection only)
   struct layer {
     tensor ln1, ln1_mean, ln1_rstd;   // (B,T,C), (B*T), (B*T)
     tensor q, k, v;                   // (B,T,H,hs), (B,T,KV,hs), (B,T,KV,hs) after RoPE
     tensor att;                       // (B,H,T,T) probabilities
     tensor atty;                      // (B,T,C) attention output before o_proj
-    tensor resid2;                    // (B,T,C) after the attention residual
+    tensor resid2;                    // (B,T,C) after the attention residual (post_norm: before ln1)
+    tensor resid3;                    // (B,T,C) post_norm only: after the MLP residual, before ln2
     tensor ln2, ln2_mean, ln2_rstd;
     tensor gate, up, act;             // (B,T,F): gate/up pre-activation, act = MLP hidden
     tensor lora_u[lm_count];          // (B*T, r): dropout(x) Aᵀ, LoRA modules only
     tensor lora_mask[lm_count];       // (B*T, in): dropout mask scaled by 1/(1-p), when lora_dropout > 0
   };
   std::vector<layer> layers;
-  tensor lnf, lnf_mean, lnf_rstd;  // (B,T,C)
+  tensor lnf, lnf_mean, lnf_rstd;  // (B,T,C) final hidden (post_norm: a copy of resid[n_layers])
+  tensor hout;                     // (B,T,E) project_out(lnf), projection only
   tensor logits;                   // (B,T,V) (LM head)
   tensor values;                   // (B,T) (value head)
   tensor losses;                   // (B*T)
@@ -102,6 +107,7 @@ struct activations {
   /// Gradient scratch for backward, sized with the activations.
   tensor dlogits, dlnf, dres, dln, dact, dgate, dup, datty, dq, dk, dv;  // (B*T, ...) each
   tensor lora_du, lora_dx;  // LoRA backward scratch
+  tensor dhout, demb;       // (B*T, E) projection backward scratch
 };
 
 /// A KV cache for incremental decoding: per layer k, v of shape (B, S, KV, hs).
@@ -187,6 +193,9 @@ class decoder {
   // dx += dout W (+ LoRA); dW, db (+ dA, dB) accumulate when trainable
   void lin_bwd(int64_t l, int m, tensor& dx, const tensor& dout, const tensor& x, activations& a,
                activations::layer& la);
+  // post-LayerNorm layer (cfg.post_norm): resid[l+1] = LN2(h + mlp(h)), h = LN1(x + attn(x))
+  void forward_post_layer(activations& a, int64_t l, const tensor& x, const tensor& mask);
+  void backward_post_layer(activations& a, int64_t l);
   void norm_forward(tensor& out, tensor& mean, tensor& rstd, const tensor& x, const tensor& w, const tensor& b);
   void norm_backward(tensor& dx, tensor& dw, tensor& db, const tensor& dout, const tensor& x, const tensor& w,
                      const tensor& mean, const tensor& rstd);

@@ -220,14 +220,16 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
     c.tied_embeddings = r.b("tie_word_embeddings", false);  // LlamaConfig's default
   } else if (mt == "opt") {
     c.family = model_family::opt;
-    if (!r.b("do_layer_norm_before", true))
-      unsupported(where, "OPT with \"do_layer_norm_before\": false (post-LayerNorm, as facebook/opt-350m)");
+    // do_layer_norm_before = false (facebook/opt-350m): post-LayerNorm and no final
+    // LayerNorm (OPTDecoder.final_layer_norm exists only with pre-LayerNorm)
+    c.post_norm = !r.b("do_layer_norm_before", true);
     c.dim = r.i("hidden_size");
-    if (r.i("word_embed_proj_dim", c.dim) != c.dim)
-      unsupported(where, "OPT with \"word_embed_proj_dim\" " + std::to_string(r.i("word_embed_proj_dim")) +
-                             " != hidden_size " + std::to_string(c.dim) +
-                             " (project_in/project_out, as facebook/opt-350m)");
-    if (r.b("_remove_final_layer_norm", false)) unsupported(where, "OPT with \"_remove_final_layer_norm\": true");
+    // word_embed_proj_dim != hidden_size (facebook/opt-350m): project_in / project_out
+    const int64_t wep = r.i("word_embed_proj_dim", c.dim);
+    if (wep <= 0) unsupported(where, "OPT with \"word_embed_proj_dim\" " + std::to_string(wep));
+    c.embed_dim = wep == c.dim ? 0 : wep;
+    if (!c.post_norm && r.b("_remove_final_layer_norm", false))
+      unsupported(where, "OPT with \"_remove_final_layer_norm\": true");
     if (!r.b("enable_bias", true)) unsupported(where, "OPT with \"enable_bias\": false");
     if (!r.b("layer_norm_elementwise_affine", true))
       unsupported(where, "OPT with \"layer_norm_elementwise_affine\": false");
@@ -292,6 +294,7 @@ nlohmann::json hf_config_to_json(const model_config& c, dtype on_disk) {
     case model_family::llama:
       need(c.norm == norm_kind::rmsnorm && c.use_rope && c.gated_mlp && c.act == ops::activation::silu && !c.bias,
            "LlamaForCausalLM has RMSNorm, RoPE, a SwiGLU MLP and no biases");
+      need(!c.post_norm && !c.has_projection(), "LlamaForCausalLM has pre-norm and no embedding projection");
       j = {{"architectures", nlohmann::json::array({"LlamaForCausalLM"})},
            {"model_type", "llama"},
            {"hidden_size", c.dim},
@@ -315,18 +318,18 @@ nlohmann::json hf_config_to_json(const model_config& c, dtype on_disk) {
     case model_family::opt:
       need(c.norm == norm_kind::layernorm && ln_bias && !c.use_rope && c.position_offset == 2 && !c.gated_mlp &&
                c.n_kv_heads == c.n_heads,
-           "OPTForCausalLM has pre-LayerNorm with bias, learned positions at offset 2, a plain MLP and biases");
+           "OPTForCausalLM has LayerNorm with bias, learned positions at offset 2, a plain MLP and biases");
       need(std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "OPT's LayerNorm eps is fixed at 1e-5");
       j = {{"architectures", nlohmann::json::array({"OPTForCausalLM"})},
            {"model_type", "opt"},
            {"hidden_size", c.dim},
-           {"word_embed_proj_dim", c.dim},
+           {"word_embed_proj_dim", c.embed_width()},
            {"ffn_dim", c.hidden_dim},
            {"num_hidden_layers", c.n_layers},
            {"num_attention_heads", c.n_heads},
            {"vocab_size", c.vocab_size},
            {"max_position_embeddings", c.max_seq_len},
-           {"do_layer_norm_before", true},
+           {"do_layer_norm_before", !c.post_norm},
            {"_remove_final_layer_norm", false},
            {"enable_bias", true},
            {"layer_norm_elementwise_affine", true},
@@ -341,6 +344,7 @@ nlohmann::json hf_config_to_json(const model_config& c, dtype on_disk) {
       need(c.norm == norm_kind::layernorm && ln_bias && !c.use_rope && c.position_offset == 0 && !c.gated_mlp &&
                c.n_kv_heads == c.n_heads,
            "GPT2LMHeadModel has pre-LayerNorm with bias, learned positions, a plain MLP and biases");
+      need(!c.post_norm && !c.has_projection(), "GPT2LMHeadModel has pre-LayerNorm and no embedding projection");
       j = {{"architectures", nlohmann::json::array({"GPT2LMHeadModel"})},
            {"model_type", "gpt2"},
            {"n_embd", c.dim},
@@ -370,6 +374,7 @@ nlohmann::json hf_config_to_json(const model_config& c, dtype on_disk) {
 std::vector<hf_tensor_spec> hf_tensor_map(const model_config& c) {
   const int64_t C = c.dim, F = c.hidden_dim, V = c.vocab_size, hs = c.head_dim();
   const int64_t qd = c.n_heads * hs, kvd = c.n_kv_heads * hs, P = c.max_seq_len + c.position_offset;
+  const int64_t E = c.embed_width();
   std::vector<hf_tensor_spec> out;
   auto add = [&](std::string hf, shape_t shape, std::vector<std::string> parts, bool tr = false) {
     out.push_back({std::move(hf), std::move(shape), tr, std::move(parts)});
@@ -392,8 +397,12 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& c) {
       add("model.norm.weight", {C}, {"model.norm.weight"});
       break;
     case model_family::opt:
-      add("model.decoder.embed_tokens.weight", {V, C}, {"model.embed_tokens.weight"});
+      add("model.decoder.embed_tokens.weight", {V, E}, {"model.embed_tokens.weight"});
       add("model.decoder.embed_positions.weight", {P, C}, {"model.embed_positions.weight"});
+      if (c.has_projection()) {
+        add("model.decoder.project_in.weight", {C, E}, {"model.project_in.weight"});
+        add("model.decoder.project_out.weight", {E, C}, {"model.project_out.weight"});
+      }
       for (int64_t l = 0; l < c.n_layers; ++l) {
         auto p = layer_prefix(l);
         auto h = "model.decoder.layers." + std::to_string(l) + ".";
@@ -414,8 +423,10 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& c) {
         add(h + "final_layer_norm.weight", {C}, {p + "post_attention_layernorm.weight"});
         add(h + "final_layer_norm.bias", {C}, {p + "post_attention_layernorm.bias"});
       }
-      add("model.decoder.final_layer_norm.weight", {C}, {"model.norm.weight"});
-      add("model.decoder.final_layer_norm.bias", {C}, {"model.norm.bias"});
+      if (!c.post_norm) {
+        add("model.decoder.final_layer_norm.weight", {C}, {"model.norm.weight"});
+        add("model.decoder.final_layer_norm.bias", {C}, {"model.norm.bias"});
+      }
       break;
     case model_family::gpt2:
       add("transformer.wte.weight", {V, C}, {"model.embed_tokens.weight"});
@@ -442,7 +453,7 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& c) {
       add("transformer.ln_f.bias", {C}, {"model.norm.bias"});
       break;
   }
-  if (!c.tied_embeddings) add("lm_head.weight", {V, C}, {"lm_head.weight"});
+  if (!c.tied_embeddings) add("lm_head.weight", {V, E}, {"lm_head.weight"});
   return out;
 }
 

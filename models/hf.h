@@ -16,7 +16,11 @@
 //          model.decoder.layers.N.self_attn.{q,k,v}_proj ↔ same, out_proj ↔ o_proj
 //          model.decoder.layers.N.final_layer_norm ↔ model.layers.N.post_attention_layernorm
 //          model.decoder.layers.N.fc1 / fc2        ↔ model.layers.N.mlp.up_proj / down_proj
-//          model.decoder.final_layer_norm          ↔ model.norm
+//          model.decoder.final_layer_norm          ↔ model.norm (absent when do_layer_norm_before
+//                                                    is false: post-LayerNorm, model_config::post_norm)
+//          model.decoder.project_in / project_out  ↔ model.project_in / model.project_out, when
+//                                                    word_embed_proj_dim != hidden_size (model_config::embed_dim;
+//                                                    embed_tokens and lm_head are then word_embed_proj_dim wide)
 //   GPT-2  transformer.wte / wpe                   ↔ model.embed_tokens / model.embed_positions
 //          transformer.h.N.ln_1 / ln_2             ↔ input_layernorm / post_attention_layernorm
 //          transformer.h.N.attn.c_attn (C, 3C)     ↔ q_proj, k_proj, v_proj (transposed, split)
@@ -49,8 +53,9 @@ namespace flowrun {
 /// real_vocab_size is taken from "flowrun_real_vocab_size" when present, else
 /// left at vocab_size. Throws std::runtime_error naming `where` (the file) and the
 /// key for an unsupported model_type or architecture variant (OPT with
-/// do_layer_norm_before false or word_embed_proj_dim != hidden_size, RoPE
-/// scaling, an activation flowrun lacks, ...).
+/// _remove_final_layer_norm, RoPE scaling, an activation flowrun lacks, ...).
+/// OPT's word_embed_proj_dim and do_layer_norm_before = false (facebook/opt-350m)
+/// map to model_config::embed_dim and post_norm.
 model_config hf_config_from_json(const nlohmann::json& config_json, const std::string& where = "config.json");
 
 /// config.json for `cfg`, with the keys transformers reads for the family

@@ -357,17 +357,23 @@ TEST_CASE("hf: mismatches are refused with both sizes and the tensor names") {
     CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("mlp.gate_proj.weight' has shape (64, 32)"),
                          std::runtime_error);
   }
-  SUBCASE("architectures flowrun lacks") {
+  SUBCASE("architectures flowrun lacks, and OPT switches that disagree with the checkpoint") {
     auto d = copy_fixture("opt", "arch");
     auto j = read_json(d / "config.json");
+    // word_embed_proj_dim is supported (opt_proj below), but this checkpoint has no project_in/out
     j["word_embed_proj_dim"] = 16;
     write_json(d / "config.json", j);
-    CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("word_embed_proj_dim"), std::runtime_error);
-    CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("not supported yet"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("project_in"), std::runtime_error);
     j["word_embed_proj_dim"] = 32;
+    // post-LayerNorm OPT has no final LayerNorm: this checkpoint's is unexpected
     j["do_layer_norm_before"] = false;
     write_json(d / "config.json", j);
-    CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("do_layer_norm_before"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("final_layer_norm"), std::runtime_error);
+    j["do_layer_norm_before"] = true;
+    j["_remove_final_layer_norm"] = true;
+    write_json(d / "config.json", j);
+    CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("_remove_final_layer_norm"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("not supported yet"), std::runtime_error);
     j["model_type"] = "bloom";
     write_json(d / "config.json", j);
     CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("model_type \"bloom\" is not supported"),
@@ -381,6 +387,177 @@ TEST_CASE("hf: mismatches are refused with both sizes and the tensor names") {
     save_safetensors((d / "model.safetensors").string(), renamed);
     auto m = load_hf(d.string());
     CHECK(same_weights(m, load_hf((k_fixtures / "hf" / "opt").string())));
+  }
+}
+
+// ------------------------------------------------------------------ OPT project_in/out + post-LayerNorm
+
+TEST_CASE("hf: OPT with word_embed_proj_dim != hidden_size and post-LayerNorm (facebook/opt-350m's switches)") {
+  const auto dir = (k_fixtures / "hf" / "opt_proj").string();
+  auto m = load_hf(dir);
+  const auto& c = m.config();
+  CHECK(c.family == model_family::opt);
+  CHECK(c.dim == 16);
+  CHECK(c.embed_dim == 12);
+  CHECK(c.embed_width() == 12);
+  CHECK(c.post_norm);
+  CHECK(c.tied_embeddings);
+  CHECK(m.param("model.embed_tokens.weight").shape() == shape_t{64, 12});
+  CHECK(m.param("model.embed_positions.weight").shape() == shape_t{66, 16});
+  CHECK(m.param("model.project_in.weight").shape() == shape_t{16, 12});
+  CHECK(m.param("model.project_out.weight").shape() == shape_t{12, 16});
+  CHECK_THROWS_AS(m.param("model.norm.weight"), std::out_of_range);  // no final LayerNorm
+  safetensors_checkpoint orig(dir);
+  int64_t stored = 0;
+  for (auto& n : orig.names()) stored += shape_numel(orig.entry(n).shape);
+  CHECK(m.num_parameters() == stored);
+  CHECK(c.num_parameters() == stored);
+
+  auto b = load_batch("opt_proj");
+  REQUIRE(b.V == 64);
+  SUBCASE("logits match transformers: padded batch, one row, cached decoding") {
+    auto got = logits_of(m, b.ids, b.mask);
+    double d = max_diff_valid(got, b.logits, b.mask_v, b.V);
+    MESSAGE("opt_proj: " << c.summary() << "; max |logits - transformers| = " << d);
+    CHECK(d < 1e-4);
+    auto row0 = logits_of(m, b.ids.rows(0, 1));
+    std::vector<float> want0(b.logits.begin(), b.logits.begin() + b.T * b.V);
+    CHECK(max_diff_valid(row0, want0, {}, b.V) < 1e-4);
+    // forward_cached: the whole prompt at once (all logits), then prefill + one token at a time
+    auto cache = m.make_cache(b.B, b.T);
+    auto all = m.forward_cached(cache, b.ids, {}, b.mask, 0, true).to_floats();
+    CHECK(max_diff_valid(all, b.logits, b.mask_v, b.V) < 1e-4);
+    auto inc = m.make_cache(b.B, b.T);
+    const int64_t P = b.T - 2;
+    std::vector<int32_t> ids_v(b.ids.data<int32_t>(), b.ids.data<int32_t>() + b.B * b.T);
+    auto cols = [&](const std::vector<int32_t>& v, int64_t from, int64_t to) {
+      std::vector<int32_t> o;
+      for (int64_t r = 0; r < b.B; ++r)
+        for (int64_t t = from; t < to; ++t) o.push_back(v[r * b.T + t]);
+      return tensor::from_ints({b.B, to - from}, o);
+    };
+    double dinc = 0;
+    auto check_last = [&](const tensor& lg, int64_t t) {  // lg (B, V) at position t
+      auto g = lg.to_floats();
+      for (int64_t r = 0; r < b.B; ++r)
+        for (int64_t v = 0; v < b.V; ++v)
+          dinc = std::max(dinc, static_cast<double>(std::fabs(g[r * b.V + v] - b.logits[(r * b.T + t) * b.V + v])));
+    };
+    check_last(m.forward_cached(inc, cols(ids_v, 0, P), {}, cols(b.mask_v, 0, P), 0), P - 1);
+    for (int64_t t = P; t < b.T; ++t)
+      check_last(m.forward_cached(inc, cols(ids_v, t, t + 1), {}, cols(b.mask_v, 0, t + 1), t), t);
+    MESSAGE("opt_proj: incremental decoding max |logits - transformers| = " << dinc);
+    CHECK(dinc < 1e-4);
+    keep_saved(m, "opt_proj");
+  }
+  SUBCASE("load -> save -> load is exact, with transformers' names, shapes and switches") {
+    temp_dir tmp("rt_opt_proj");
+    save_hf(m, tmp / "f32");
+    auto r = load_hf(tmp / "f32");
+    CHECK(same_weights(m, r));
+    CHECK(r.config().summary() == c.summary());
+    CHECK(r.config().embed_dim == 12);
+    CHECK(r.config().post_norm);
+    CHECK(logits_of(r, b.ids, b.mask) == logits_of(m, b.ids, b.mask));
+    safetensors_checkpoint ours(tmp / "f32");
+    CHECK(orig.names() == ours.names());
+    for (auto& n : orig.names()) CHECK(orig.entry(n).shape == ours.entry(n).shape);
+    auto cj = read_json(tmp.path / "f32" / "config.json");
+    CHECK(cj["word_embed_proj_dim"] == 12);
+    CHECK(cj["hidden_size"] == 16);
+    CHECK(cj["do_layer_norm_before"] == false);
+    // our own checkpoint JSON keeps the switches too
+    nlohmann::json oj = c;
+    model_config back = oj.get<model_config>();
+    CHECK(back.embed_dim == 12);
+    CHECK(back.post_norm);
+    CHECK(back.num_parameters() == c.num_parameters());
+  }
+  SUBCASE("backward: gradients through project_in, project_out and the post-LayerNorms match finite differences") {
+    // L = sum(logits * R) over the padded batch, accumulated in float64
+    const int64_t n = b.B * b.T * b.V;
+    std::vector<float> R(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) R[i] = std::sin(0.37f * static_cast<float>(i) + 0.2f);
+    activations a;
+    m.forward(a, b.ids, tensor{}, b.mask);
+    m.zero_grad();
+    m.backward(a, tensor::from_floats({b.B, b.T, b.V}, R));
+    auto loss_at = [&](tensor& w, int64_t idx, float delta) {
+      float* p = w.data<float>() + idx;
+      float old = *p;
+      *p = old + delta;
+      activations a2;
+      m.forward(a2, b.ids, tensor{}, b.mask);
+      *p = old;
+      auto lg = a2.logits.to_floats();
+      double L = 0;
+      for (int64_t i = 0; i < n; ++i) L += static_cast<double>(lg[i]) * R[i];
+      return L;
+    };
+    const int32_t tok = b.ids.data<int32_t>()[3];  // a token in the batch (tied: embedding and head gradients)
+    struct probe {
+      std::string name;
+      int64_t idx;
+    };
+    const std::vector<probe> probes = {
+        {"model.project_in.weight", 5 * 12 + 7},
+        {"model.project_in.weight", 11 * 12 + 2},
+        {"model.project_out.weight", 3 * 16 + 9},
+        {"model.project_out.weight", 10 * 16 + 0},
+        {"model.layers.0.post_attention_layernorm.weight", 4},
+        {"model.layers.1.post_attention_layernorm.bias", 6},
+        {"model.layers.1.input_layernorm.weight", 13},
+        {"model.layers.0.input_layernorm.bias", 1},
+        {"model.layers.0.self_attn.q_proj.weight", 2 * 16 + 5},
+        {"model.layers.1.mlp.up_proj.weight", 7 * 16 + 3},
+        {"model.embed_tokens.weight", tok * 12 + 4},
+        {"model.embed_positions.weight", 4 * 16 + 8},
+    };
+    const float h = 1e-2f;
+    for (const auto& pr : probes) {
+      double analytic = m.grads().by_name.at(pr.name).to_floats()[static_cast<size_t>(pr.idx)];
+      auto& w = m.param(pr.name);
+      double fd = (loss_at(w, pr.idx, h) - loss_at(w, pr.idx, -h)) / (2.0 * h);
+      // float32 forward, float64 sum: the difference quotient is good to ~1e-4 here
+      CHECK_MESSAGE(std::fabs(fd - analytic) <= 1e-3 * std::max(1.0, std::fabs(analytic)),
+                    pr.name << "[" << pr.idx << "]: analytic " << analytic << ", finite difference " << fd);
+      MESSAGE(pr.name << "[" << pr.idx << "]: analytic " << analytic << ", finite difference " << fd);
+    }
+  }
+  SUBCASE("a value head reads the projected hidden (word_embed_proj_dim wide), cached values agree") {
+    m.add_value_head(3);
+    CHECK(m.w().v_head.shape() == shape_t{1, 12});
+    activations a;
+    m.forward(a, b.ids, tensor{}, b.mask);
+    auto cache = m.make_cache(b.B, b.T);
+    auto cv = m.forward_cached(cache, b.ids, {}, b.mask, 0, true).to_floats();
+    auto v = a.values.to_floats();
+    double d = 0;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (b.mask_v[i]) d = std::max(d, static_cast<double>(std::fabs(cv[i] - v[i])));
+    CHECK(d < 1e-5);
+    std::vector<float> R(static_cast<size_t>(b.B * b.T));
+    for (size_t i = 0; i < R.size(); ++i) R[i] = std::cos(0.5f * static_cast<float>(i));
+    m.zero_grad();
+    m.backward(a, tensor::from_floats({b.B, b.T}, R));
+    auto& wpo = m.param("model.project_out.weight");
+    const int64_t idx = 6 * 16 + 5;
+    double analytic = m.grads().by_name.at("model.project_out.weight").to_floats()[idx];
+    auto loss_at = [&](float delta) {
+      float* p = wpo.data<float>() + idx;
+      float old = *p;
+      *p = old + delta;
+      activations a2;
+      m.forward(a2, b.ids, tensor{}, b.mask);
+      *p = old;
+      auto vv = a2.values.to_floats();
+      double L = 0;
+      for (size_t i = 0; i < vv.size(); ++i) L += static_cast<double>(vv[i]) * R[i];
+      return L;
+    };
+    double fd = (loss_at(1e-2f) - loss_at(-1e-2f)) / 2e-2;
+    MESSAGE("value head dL/dproject_out[6,5]: analytic " << analytic << ", finite difference " << fd);
+    CHECK(std::fabs(fd - analytic) <= 1e-3 * std::max(1.0, std::fabs(analytic)));
   }
 }
 

@@ -464,7 +464,6 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
       ensure(L.up, {B, T, F}, dev_);
       ensure(L.act, {B, T, F}, dev_);
     }
-    a.dlogits = tensor{};
     ensure(a.lnf, {B, T, C}, dev_);
     ensure(a.lnf_rstd, {N}, dev_);
     if (ln) ensure(a.lnf_mean, {N}, dev_);

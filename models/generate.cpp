@@ -11,6 +11,9 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
   const int64_t B = static_cast<int64_t>(prompts.size());
   std::vector<generation_result> out(B);
   if (B == 0) return out;
+  if (cfg.max_new_tokens < 0)
+    throw std::invalid_argument("generate: max_new_tokens must be >= 0 (got " + std::to_string(cfg.max_new_tokens) + ")");
+  if (cfg.max_new_tokens == 0) return out;
   int64_t P = 0;
   for (auto& p : prompts) {
     if (p.empty()) throw std::invalid_argument("generate: empty prompt (add a BOS token)");

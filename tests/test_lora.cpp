@@ -242,7 +242,7 @@ TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved; base + ad
   CHECK(n_lora == 5 * 2 * 2);  // 5 layers x {q_proj, v_proj} x {A, B}
   CHECK(n_head == 1);
   CHECK(std::filesystem::file_size(dir + "/adapter_model.safetensors") <
-        static_cast<uintmax_t>(m.num_parameters()) * 4 / 4);
+        static_cast<uintmax_t>(m.num_parameters()) * 4 / 10);  // well under a tenth of the f32 base
   // base + adapter gives the same values
   auto ids = story_ids(2, 16, nullptr);
   activations a, b;

@@ -47,6 +47,8 @@ using flush_atom = caf::atom_constant<caf::atom("fr_flush")>;
 
 /// produce() calls per produce event at most.
 constexpr int produce_burst = 16;
+/// A produce event stops calling produce() after this long (milliseconds).
+constexpr int produce_burst_ms = 20;
 
 // -- the data message ----------------------------------------------------------
 
@@ -459,7 +461,11 @@ class replica_actor final : public caf::event_based_actor {
 
   // Up to produce_burst produce() calls; false when the replica failed.
   bool produce_some() {
+    // a burst also ends after produce_burst_ms, so that a source whose produce() is a whole
+    // training step gives its worker thread back (signals and other actors get scheduled)
+    const auto burst_start = std::chrono::steady_clock::now();
     for (int i = 0; i < produce_burst; ++i) {
+      if (i > 0 && std::chrono::steady_clock::now() - burst_start > std::chrono::milliseconds(produce_burst_ms)) break;
       if (phase_ != phase::running || !wants_to_produce() || has_backlog() || !produce_credit()) break;
       if (plan_->steps > 0 && produced_ >= plan_->steps) {
         exhausted_ = true;

@@ -114,6 +114,9 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
 
   caf::actor_system_config cfg;
   cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(threads));
+  // an actor yields its worker after a few messages: a busy source (a training node that
+  // produces step after step) must not keep the coordinator from handling a signal
+  cfg.set("scheduler.max-throughput", static_cast<caf::config_value::integer>(4));
   {
     caf::actor_system sys{cfg};
     auto launched = launch(sys, spec, kinds, factories, options);

@@ -49,6 +49,14 @@ dschat::step_rows held_out(const eval_opts& o, int step_index) {
 
 std::string tail(const std::string& s, size_t n) { return s.size() <= n ? s : "..." + s.substr(s.size() - n); }
 
+// A model that generates: refuses a reward/value model (v_head, no LM head) by name.
+decoder load_policy(const std::string& path) {
+  auto m = load_model(path);
+  if (m.has_value_head())
+    throw std::invalid_argument(path + " is a reward/value model (it has a v_head, no LM head): give a policy model");
+  return m;
+}
+
 std::string answer(decoder& m, const tokenizer& tok, const std::vector<int32_t>& prompt, int64_t max_new) {
   generation_config g;
   g.sampling.temperature = 0.0f;  // greedy: prompt_eval.py's default search
@@ -77,8 +85,9 @@ void add_eval(CLI::App& app) {
   pr->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
   pr->callback([o] {
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
-    auto base = load_model(o->baseline);
-    auto tuned = load_model(o->finetuned);
+    if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
+    auto base = load_policy(o->baseline);
+    auto tuned = load_policy(o->finetuned);
     auto rows = held_out(*o, 2);
     dschat::tokenize_settings ts;
     ts.max_prompt_seq_len = o->max_prompt_seq_len;
@@ -139,13 +148,18 @@ void add_chat(CLI::App& app) {
   ch->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
   ch->callback([o] {
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
-    auto m = load_model(o->finetuned);
+    if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
+    auto m = load_policy(o->finetuned);
     const int64_t ctx_len = m.config().max_seq_len;
     std::string history;
     std::string line;
     std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
     while (std::getline(std::cin, line)) {
       if (line == "quit") break;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) {  // nothing said: ask again
+        std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
+        continue;
+      }
       if (line == "clear") {
         history.clear();
         std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "models/generate.h"
+#include "models/checkpoint.h"
 #include "models/llama2c.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
@@ -39,7 +40,13 @@ void add_generate(CLI::App& app) {
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
   sub->callback([o] {
-    auto model = load_llama2c(resolve_user_path(o->model, "model").string());
+    if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
+    if (o->temperature < 0) throw std::invalid_argument("--temperature must be >= 0 (0 = greedy)");
+    if (o->top_p <= 0 || o->top_p > 1) throw std::invalid_argument("--top_p must be in (0, 1]");
+    if (o->top_k < 0) throw std::invalid_argument("--top_k must be >= 0 (0 = off)");
+    auto model = load_model(o->model);
+    if (model.has_value_head())
+      throw std::invalid_argument(o->model + " is a reward/value model (it has a v_head, no LM head): give a policy model");
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     spdlog::info("model: {}", model.config().summary());
     auto prompt = tok->encode(o->prompt, /*add_bos=*/true);

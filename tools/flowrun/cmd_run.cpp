@@ -1,5 +1,7 @@
 // `flowrun run`, `flowrun kinds` and `flowrun explain`: graphs on the actor runtime.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -126,14 +128,14 @@ void add_train(CLI::App& app) {
   sub->add_option("--step", o->steps, "Steps to run: 1 (SFT), 2 (reward model), 3 (PPO)")->capture_default_str();
   sub->add_option("--deployment-type", o->deployment_type, "single_gpu, single_node or multi_node")
       ->capture_default_str();
-  sub->add_option("--actor-model", o->actor_model,
+  auto* actor_opt = sub->add_option("--actor-model", o->actor_model,
                   "Step 1's base model; with step 3 alone, the SFT model PPO starts from")
       ->capture_default_str();
-  sub->add_option("--reward-model", o->reward_model,
+  auto* reward_opt = sub->add_option("--reward-model", o->reward_model,
                   "Step 2's base model; with step 3 alone, the reward model folder (rm_trainer's output)")
       ->capture_default_str();
-  sub->add_option("--set", o->overrides, "Extra overrides passed to every graph (node.NAME.KEY=VALUE)");
-  sub->callback([o] {
+  sub->add_option("--set", o->overrides, "Extra overrides (node.NAME.KEY=VALUE), each given to the graphs that have NAME");
+  sub->callback([o, actor_opt, reward_opt] {
     log_to_stderr();
     std::set<int> steps(o->steps.begin(), o->steps.end());
     for (int s : steps)
@@ -163,6 +165,9 @@ void add_train(CLI::App& app) {
     auto abs = [](const std::string& p) {
       return std::filesystem::exists(p) ? std::filesystem::absolute(p).string() : p;  // else: under FLOWRUN_ASSETS
     };
+    // step 3 alone starts from what steps 1 and 2 wrote, unless told otherwise
+    if (steps.count(3) && !steps.count(1) && actor_opt->count() == 0) o->actor_model = "out/rlhf/sft_actor.bin";
+    if (steps.count(3) && !steps.count(2) && reward_opt->count() == 0) o->reward_model = "out/rlhf/reward_model";
     std::vector<std::pair<std::string, std::vector<std::string>>> plan;
     if (steps == std::set<int>{1, 2, 3}) {
       plan.push_back({graph_path("rlhf.graph"),
@@ -177,11 +182,33 @@ void add_train(CLI::App& app) {
         plan.push_back({graph_path("ppo.graph"), ov});
       }
     }
+    for (const auto& x : o->overrides) {  // a node that no planned graph has is a mistake, not a no-op
+      if (x.rfind("node.", 0) != 0) continue;
+      std::string name = x.substr(5, x.find('.', 5) - 5);
+      bool found = false;
+      for (auto& [file, ov] : plan) {
+        std::ifstream gf(file);
+        std::string text((std::istreambuf_iterator<char>(gf)), std::istreambuf_iterator<char>());
+        found = found || text.find("[node." + name + "]") != std::string::npos;
+      }
+      if (!found) {
+        spdlog::error("--set {}: no graph of these steps has a node '{}'", x, name);
+        throw exit_request{2};
+      }
+    }
     for (auto& [file, ov] : plan) {
       run_opts ro;
       ro.file = file;
       ro.overrides = ov;
-      ro.overrides.insert(ro.overrides.end(), o->overrides.begin(), o->overrides.end());
+      std::ifstream gf(file);
+      std::string text((std::istreambuf_iterator<char>(gf)), std::istreambuf_iterator<char>());
+      for (const auto& x : o->overrides) {  // node.NAME.KEY=VALUE goes to the graphs that have node NAME
+        if (x.rfind("node.", 0) == 0) {
+          std::string name = x.substr(5, x.find('.', 5) - 5);
+          if (text.find("[node." + name + "]") == std::string::npos) continue;
+        }
+        ro.overrides.push_back(x);
+      }
       std::string shown;
       for (auto& x : ro.overrides) shown += " --set " + x;
       spdlog::info("flowrun train ({}): running {}{}", o->deployment_type, file, shown);

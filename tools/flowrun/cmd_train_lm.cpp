@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "models/decoder.h"
+#include "models/checkpoint.h"
 #include "models/llama2c.h"
 #include "models/lm_data.h"
 #include "models/tokenizer.h"
@@ -52,6 +53,10 @@ void add_train_lm(CLI::App& app) {
   sub->add_option("--eval_every", o->eval_every, "Held-out loss every N steps (0 = only at the end)")
       ->capture_default_str();
   sub->callback([o] {
+    if (o->per_device_train_batch_size < 1) throw std::invalid_argument("--per_device_train_batch_size must be >= 1");
+    if (o->seq_length < 1) throw std::invalid_argument("--seq_length must be >= 1");
+    if (o->steps < 0) throw std::invalid_argument("--steps must be >= 0");
+    if (o->learning_rate <= 0) throw std::invalid_argument("--learning_rate must be > 0");
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     lm_dataset data(resolve_user_path(o->data, "training data").string(), *tok, o->seq_length);
     data.set_seed(static_cast<uint64_t>(o->seed));
@@ -60,8 +65,11 @@ void add_train_lm(CLI::App& app) {
       model = decoder(stories260k_config());
       model.init_random(static_cast<uint64_t>(o->seed));
     } else {
-      model = load_llama2c(resolve_user_path(o->init, "initial model").string());
+      model = load_model(o->init);
     }
+    if (o->seq_length > model.config().max_seq_len)
+      throw std::invalid_argument("--seq_length " + std::to_string(o->seq_length) + " exceeds the model's max_seq_len " +
+                                  std::to_string(model.config().max_seq_len));
     spdlog::info("model: {}", model.config().summary());
     spdlog::info("data: {} tokens, {} train / {} held-out instances of {} tokens", data.num_tokens(),
                  data.num_train(), data.num_val(), o->seq_length);

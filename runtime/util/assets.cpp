@@ -6,13 +6,17 @@ namespace flowrun {
 
 namespace fs = std::filesystem;
 
+// A default candidate counts only when it holds the asset bundle (its README.md),
+// so an empty or unrelated ../shared/assets next to the working directory is skipped.
+static bool holds_bundle(const fs::path& p) { return fs::exists(p / "README.md"); }
+
 fs::path assets_root() {
   if (const char* env = std::getenv("FLOWRUN_ASSETS"); env && *env) return fs::path(env);
   fs::path local = fs::path("..") / "shared" / "assets";
-  if (fs::exists(local)) return local;
+  if (holds_bundle(local)) return local;
 #ifdef FLOWRUN_SOURCE_DIR
   fs::path beside = fs::path(FLOWRUN_SOURCE_DIR) / ".." / "shared" / "assets";
-  if (fs::exists(beside)) return beside.lexically_normal();
+  if (holds_bundle(beside)) return beside.lexically_normal();
 #endif
   return local;
 }

@@ -65,6 +65,9 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
 }
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {
+  if (dschat::parse_data_split(d.data_split).size() != 3)
+    throw std::invalid_argument("node '" + ctx.name() + "': data_split \"" + d.data_split +
+                                "\" must have 3 parts, one per DS-Chat step (e.g. \"2,4,4\")");
   std::vector<std::string> paths = {resolve_user_path(ctx.spec().get_string("data"), "data").string()};
   for (const auto& extra : ctx.spec().get_string_list("mix_data"))  // DS-Chat's blending of several datasets
     paths.push_back(resolve_user_path(extra, "mix_data").string());
@@ -123,6 +126,7 @@ class sft_trainer final : public actor::node {
     d_ = common_settings(ctx);
     d_.mask_prompt = ctx.spec().get_bool("mask_prompt");
     steps_ = ctx.spec().get_int("steps");
+    if (steps_ < 1) throw std::invalid_argument("node '" + ctx.name() + "': steps must be >= 1");
     tok_ = load_tok(ctx);
     auto rows = load_step_rows(ctx, 0, d_);
     dschat::tokenize_settings ts;
@@ -201,6 +205,7 @@ class rm_trainer final : public actor::node {
   void start(actor::node_context& ctx) override {
     d_ = common_settings(ctx);
     steps_ = ctx.spec().get_int("steps");
+    if (steps_ < 1) throw std::invalid_argument("node '" + ctx.name() + "': steps must be >= 1");
     tok_ = load_tok(ctx);
     auto rows = load_step_rows(ctx, 1, d_);
     dschat::tokenize_settings ts;
@@ -426,6 +431,9 @@ class rollout_generator final : public actor::node {
   void start(actor::node_context& ctx) override {
     const auto& s = ctx.spec();
     ps_.max_answer_seq_len = s.get_int("max_answer_seq_len");
+    if (ps_.max_answer_seq_len < 2)
+      throw std::invalid_argument("node '" + ctx.name() + "': max_answer_seq_len must be >= 2 (DS-Chat drops answers "
+                                  "of at most one token)");
     ps_.temperature = static_cast<float>(s.get_float("temperature"));
     ps_.top_k = static_cast<int>(s.get_int("top_k"));
     ps_.top_p = static_cast<float>(s.get_float("top_p"));

@@ -507,34 +507,15 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
       forward_post_layer(a, l, x, mask);
       continue;
     }
+    // pre-norm: resid2 = x + attn(ln1(x)); resid[l+1] = resid2 + mlp(ln2(resid2))
     tensor ln1 = L.ln1.view({N, C});
     norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
-    tensor q = L.q.view({N, H * hs}), k = L.k.view({N, KV * hs}), v = L.v.view({N, KV * hs});
-    lin_fwd(l, lm_q, q, ln1, &L);
-    lin_fwd(l, lm_k, k, ln1, &L);
-    lin_fwd(l, lm_v, v, ln1, &L);
-    if (cfg_.use_rope) {
-      ops::rope_forward(L.q, a.positions, cfg_.rope_theta, cfg_.rope);
-      ops::rope_forward(L.k, a.positions, cfg_.rope_theta, cfg_.rope);
-    }
-    ops::attention_forward(L.atty, L.att, L.q, L.k, L.v, mask);
     tensor r2 = L.resid2.view({N, C});
-    lin_fwd(l, lm_o, r2, L.atty.view({N, C}), &L);
-    ops::axpy(r2, x);
+    attn_fwd(a, l, ln1, x, r2, mask);
     tensor ln2 = L.ln2.view({N, C});
     norm_forward(ln2, L.ln2_mean, L.ln2_rstd, r2, W.ln2_w, W.ln2_b);
-    tensor up = L.up.view({N, F}), act = L.act.view({N, F});
-    lin_fwd(l, lm_up, up, ln2, &L);
-    if (cfg_.gated_mlp) {
-      tensor gate = L.gate.view({N, F});
-      lin_fwd(l, lm_gate, gate, ln2, &L);
-      ops::swiglu_forward(act, gate, up);
-    } else {
-      ops::activation_forward(act, up, cfg_.act);
-    }
     tensor xo = a.resid[l + 1].view({N, C});
-    lin_fwd(l, lm_down, xo, act, &L);
-    ops::axpy(xo, r2);
+    mlp_fwd(a, l, ln2, r2, xo);
   }
   tensor lnf = a.lnf.view({N, C});
   if (post) lnf.copy_from(a.resid[NL].view({N, C}));  // no final norm
@@ -567,44 +548,86 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
 //   resid2 = x + o_proj(attn(x));     ln1 = LN1(resid2)
 //   resid3 = ln1 + down(act(up(ln1))); resid[l+1] = LN2(resid3)
 void decoder::forward_post_layer(activations& a, int64_t l, const tensor& x, const tensor& mask) {
-  const int64_t B = a.B, T = a.T, N = B * T;
-  const int64_t C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim(), F = cfg_.hidden_dim;
+  const int64_t N = a.B * a.T, C = cfg_.dim;
   auto& L = a.layers[l];
   const auto& W = w_.layers[l];
+  tensor r2 = L.resid2.view({N, C});
+  attn_fwd(a, l, x, x, r2, mask);
+  tensor h = L.ln1.view({N, C});
+  norm_forward(h, L.ln1_mean, L.ln1_rstd, r2, W.ln1_w, W.ln1_b);
+  tensor r3 = L.resid3.view({N, C});
+  mlp_fwd(a, l, h, h, r3);
+  tensor xo = a.resid[l + 1].view({N, C});
+  norm_forward(xo, L.ln2_mean, L.ln2_rstd, r3, W.ln2_w, W.ln2_b);
+}
+
+void decoder::attn_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out,
+                       const tensor& mask) {
+  const int64_t N = a.B * a.T, C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
+  auto& L = a.layers[l];
   tensor q = L.q.view({N, H * hs}), k = L.k.view({N, KV * hs}), v = L.v.view({N, KV * hs});
-  lin_fwd(l, lm_q, q, x, &L);
-  lin_fwd(l, lm_k, k, x, &L);
-  lin_fwd(l, lm_v, v, x, &L);
+  lin_fwd(l, lm_q, q, in, &L);
+  lin_fwd(l, lm_k, k, in, &L);
+  lin_fwd(l, lm_v, v, in, &L);
   if (cfg_.use_rope) {
     ops::rope_forward(L.q, a.positions, cfg_.rope_theta, cfg_.rope);
     ops::rope_forward(L.k, a.positions, cfg_.rope_theta, cfg_.rope);
   }
   ops::attention_forward(L.atty, L.att, L.q, L.k, L.v, mask);
-  tensor r2 = L.resid2.view({N, C});
-  lin_fwd(l, lm_o, r2, L.atty.view({N, C}), &L);
-  ops::axpy(r2, x);
-  tensor h = L.ln1.view({N, C});
-  norm_forward(h, L.ln1_mean, L.ln1_rstd, r2, W.ln1_w, W.ln1_b);
+  lin_fwd(l, lm_o, out, L.atty.view({N, C}), &L);
+  ops::axpy(out, resid);
+}
+
+void decoder::mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out) {
+  const int64_t N = a.B * a.T, F = cfg_.hidden_dim;
+  auto& L = a.layers[l];
   tensor up = L.up.view({N, F}), act = L.act.view({N, F});
-  lin_fwd(l, lm_up, up, h, &L);
+  lin_fwd(l, lm_up, up, in, &L);
   if (cfg_.gated_mlp) {
     tensor gate = L.gate.view({N, F});
-    lin_fwd(l, lm_gate, gate, h, &L);
+    lin_fwd(l, lm_gate, gate, in, &L);
     ops::swiglu_forward(act, gate, up);
   } else {
     ops::activation_forward(act, up, cfg_.act);
   }
-  tensor r3 = L.resid3.view({N, C});
-  lin_fwd(l, lm_down, r3, act, &L);
-  ops::axpy(r3, h);
-  tensor xo = a.resid[l + 1].view({N, C});
-  norm_forward(xo, L.ln2_mean, L.ln2_rstd, r3, W.ln2_w, W.ln2_b);
+  lin_fwd(l, lm_down, out, act, &L);
+  ops::axpy(out, resid);
+}
+
+void decoder::attn_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din) {
+  const int64_t B = a.B, T = a.T, N = B * T, C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads,
+                hs = cfg_.head_dim();
+  auto& L = a.layers[l];
+  a.datty.zero_();
+  lin_bwd(l, lm_o, a.datty, dout, L.atty.view({N, C}), a, L);
+  tensor datty4 = a.datty.view({B, T, H, hs});
+  ops::attention_backward(a.dq, a.dk, a.dv, datty4, L.q, L.k, L.v, L.att);
+  if (cfg_.use_rope) {
+    ops::rope_backward(a.dq, a.positions, cfg_.rope_theta, cfg_.rope);
+    ops::rope_backward(a.dk, a.positions, cfg_.rope_theta, cfg_.rope);
+  }
+  lin_bwd(l, lm_q, din, a.dq.view({N, H * hs}), in, a, L);
+  lin_bwd(l, lm_k, din, a.dk.view({N, KV * hs}), in, a, L);
+  lin_bwd(l, lm_v, din, a.dv.view({N, KV * hs}), in, a, L);
+}
+
+void decoder::mlp_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din) {
+  const int64_t N = a.B * a.T, F = cfg_.hidden_dim;
+  auto& L = a.layers[l];
+  a.dact.zero_();
+  lin_bwd(l, lm_down, a.dact, dout, L.act.view({N, F}), a, L);
+  if (cfg_.gated_mlp) {
+    ops::swiglu_backward(a.dgate, a.dup, a.dact, L.gate.view({N, F}), L.up.view({N, F}));
+    lin_bwd(l, lm_gate, din, a.dgate, in, a, L);
+  } else {
+    ops::activation_backward(a.dup, a.dact, L.up.view({N, F}), cfg_.act);
+  }
+  lin_bwd(l, lm_up, din, a.dup, in, a, L);
 }
 
 // In: a.dres = d resid[l+1]. Out: a.dres = d resid[l].
 void decoder::backward_post_layer(activations& a, int64_t l) {
-  const int64_t B = a.B, T = a.T, N = B * T;
-  const int64_t C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim(), F = cfg_.hidden_dim;
+  const int64_t N = a.B * a.T, C = cfg_.dim;
   auto& L = a.layers[l];
   const auto& W = w_.layers[l];
   auto& G = g_.layers[l];
@@ -612,34 +635,14 @@ void decoder::backward_post_layer(activations& a, int64_t l) {
   a.dln.zero_();
   norm_backward(a.dln, G.ln2_w, G.ln2_b, a.dres, L.resid3.view({N, C}), W.ln2_w, L.ln2_mean, L.ln2_rstd);
   // MLP with its residual: d ln1 = d resid3 + mlp backward -> a.dres
-  tensor h = L.ln1.view({N, C});
-  a.dact.zero_();
-  lin_bwd(l, lm_down, a.dact, a.dln, L.act.view({N, F}), a, L);
   a.dres.copy_from(a.dln);
-  if (cfg_.gated_mlp) {
-    ops::swiglu_backward(a.dgate, a.dup, a.dact, L.gate.view({N, F}), L.up.view({N, F}));
-    lin_bwd(l, lm_gate, a.dres, a.dgate, h, a, L);
-  } else {
-    ops::activation_backward(a.dup, a.dact, L.up.view({N, F}), cfg_.act);
-  }
-  lin_bwd(l, lm_up, a.dres, a.dup, h, a, L);
+  mlp_bwd(a, l, L.ln1.view({N, C}), a.dln, a.dres);
   // LN1: d resid2 -> a.dln
   a.dln.zero_();
   norm_backward(a.dln, G.ln1_w, G.ln1_b, a.dres, L.resid2.view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
   // attention with its residual: d x = d resid2 + attention backward -> a.dres
-  a.datty.zero_();
-  lin_bwd(l, lm_o, a.datty, a.dln, L.atty.view({N, C}), a, L);
-  tensor datty4 = a.datty.view({B, T, H, hs});
-  ops::attention_backward(a.dq, a.dk, a.dv, datty4, L.q, L.k, L.v, L.att);
-  if (cfg_.use_rope) {
-    ops::rope_backward(a.dq, a.positions, cfg_.rope_theta, cfg_.rope);
-    ops::rope_backward(a.dk, a.positions, cfg_.rope_theta, cfg_.rope);
-  }
   a.dres.copy_from(a.dln);
-  tensor x = a.resid[l].view({N, C});
-  lin_bwd(l, lm_q, a.dres, a.dq.view({N, H * hs}), x, a, L);
-  lin_bwd(l, lm_k, a.dres, a.dk.view({N, KV * hs}), x, a, L);
-  lin_bwd(l, lm_v, a.dres, a.dv.view({N, KV * hs}), x, a, L);
+  attn_bwd(a, l, a.resid[l].view({N, C}), a.dln, a.dres);
 }
 
 // ------------------------------------------------------------------ training backward
@@ -710,33 +713,13 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
       backward_post_layer(a, l);
       continue;
     }
-    // MLP: resid[l+1] = resid2 + down(act(ln2(resid2)))
-    a.dact.zero_();
-    lin_bwd(l, lm_down, a.dact, a.dres, L.act.view({N, F}), a, L);
-    tensor ln2 = L.ln2.view({N, C});
+    // MLP: resid[l+1] = resid2 + mlp(ln2(resid2))
     a.dln.zero_();
-    if (cfg_.gated_mlp) {
-      ops::swiglu_backward(a.dgate, a.dup, a.dact, L.gate.view({N, F}), L.up.view({N, F}));
-      lin_bwd(l, lm_gate, a.dln, a.dgate, ln2, a, L);
-    } else {
-      ops::activation_backward(a.dup, a.dact, L.up.view({N, F}), cfg_.act);
-    }
-    lin_bwd(l, lm_up, a.dln, a.dup, ln2, a, L);
+    mlp_bwd(a, l, L.ln2.view({N, C}), a.dres, a.dln);
     norm_backward(a.dres, G.ln2_w, G.ln2_b, a.dln, L.resid2.view({N, C}), W.ln2_w, L.ln2_mean, L.ln2_rstd);
-    // attention: resid2 = resid[l] + o_proj(attn(ln1(resid[l])))
-    a.datty.zero_();
-    lin_bwd(l, lm_o, a.datty, a.dres, L.atty.view({N, C}), a, L);
-    tensor datty4 = a.datty.view({B, T, H, hs});
-    ops::attention_backward(a.dq, a.dk, a.dv, datty4, L.q, L.k, L.v, L.att);
-    if (cfg_.use_rope) {
-      ops::rope_backward(a.dq, a.positions, cfg_.rope_theta, cfg_.rope);
-      ops::rope_backward(a.dk, a.positions, cfg_.rope_theta, cfg_.rope);
-    }
-    tensor ln1 = L.ln1.view({N, C});
+    // attention: resid2 = resid[l] + attn(ln1(resid[l]))
     a.dln.zero_();
-    lin_bwd(l, lm_q, a.dln, a.dq.view({N, H * hs}), ln1, a, L);
-    lin_bwd(l, lm_k, a.dln, a.dk.view({N, KV * hs}), ln1, a, L);
-    lin_bwd(l, lm_v, a.dln, a.dv.view({N, KV * hs}), ln1, a, L);
+    attn_bwd(a, l, L.ln1.view({N, C}), a.dres, a.dln);
     norm_backward(a.dres, G.ln1_w, G.ln1_b, a.dln, a.resid[l].view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
   }
   if (proj) {

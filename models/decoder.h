@@ -195,6 +195,13 @@ class decoder {
                activations::layer& la);
   // post-LayerNorm layer (cfg.post_norm): resid[l+1] = LN2(h + mlp(h)), h = LN1(x + attn(x))
   void forward_post_layer(activations& a, int64_t l, const tensor& x, const tensor& mask);
+  // The two sub-blocks shared by pre- and post-norm layers (l: layer; activations saved in a.layers[l]):
+  // out = resid + o_proj(attention(in)); out = resid + down(act(in)) (N, C) each.
+  void attn_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out, const tensor& mask);
+  void mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out);
+  // din += d block / d in for gradient dout of the block's output (the residual path is the caller's).
+  void attn_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din);
+  void mlp_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din);
   void backward_post_layer(activations& a, int64_t l);
   void norm_forward(tensor& out, tensor& mean, tensor& rstd, const tensor& x, const tensor& w, const tensor& b);
   void norm_backward(tensor& dx, tensor& dw, tensor& db, const tensor& dout, const tensor& x, const tensor& w,

@@ -116,6 +116,35 @@ std::unique_ptr<tokenizer> load_tok(const actor::node_context& ctx) {
   return load_tokenizer(resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer").string());
 }
 
+/// Batches of row indices, epoch after epoch, in dschat::epoch_batches' seeded order.
+/// With full_only, a last partial batch of an epoch is skipped.
+class batch_cycle {
+ public:
+  batch_cycle() = default;
+  batch_cycle(int64_t rows, int64_t batch, uint64_t seed, bool full_only = false)
+      : rows_(rows), batch_(batch), seed_(seed), full_only_(full_only) {}
+  /// The next batch. Throws std::invalid_argument when the rows cannot fill one.
+  std::vector<int64_t> next(const std::string& node) {
+    if (rows_ < 1 || (full_only_ && rows_ < batch_))
+      throw std::invalid_argument("node '" + node + "': its share of the data has " + std::to_string(rows_) +
+                                  " rows, too few for a batch of " + std::to_string(batch_) +
+                                  ": lower the batch size or give this step a larger data_split share");
+    while (queue_.empty())
+      for (auto& b : dschat::epoch_batches(rows_, batch_, seed_, epoch_++))
+        if (!full_only_ || static_cast<int64_t>(b.size()) == batch_) queue_.push_back(std::move(b));
+    auto b = std::move(queue_.front());
+    queue_.pop_front();
+    return b;
+  }
+
+ private:
+  int64_t rows_ = 0, batch_ = 1;
+  uint64_t seed_ = 0;
+  bool full_only_ = false;
+  int64_t epoch_ = 0;
+  std::deque<std::vector<int64_t>> queue_;
+};
+
 // ---------------------------------------------------------------- step 1
 
 /// Step 1: supervised fine-tuning (step1 main.py). A source: each produce() is one
@@ -134,6 +163,7 @@ class sft_trainer final : public actor::node {
     ts.mask_prompt = d_.mask_prompt;
     ts.truncation = truncation_of(ctx);
     train_ = dschat::make_sft_examples(rows.train, *tok_, ts);
+    order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed);
     auto eval = dschat::make_sft_examples(rows.eval, *tok_, ts);
     n_eval_ = static_cast<int64_t>(eval.size());
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
@@ -153,12 +183,7 @@ class sft_trainer final : public actor::node {
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
     if (step_ < steps_) {
-      if (batches_.empty())
-        for (auto& b : dschat::epoch_batches(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size,
-                                             d_.seed, epoch_++))
-          batches_.push_back(b);
-      auto batch = dschat::sft_batch(train_, batches_.front(), d_.mask_prompt);
-      batches_.pop_front();
+      auto batch = dschat::sft_batch(train_, order_.next(ctx.name()), d_.mask_prompt);
       auto t = clk::now();
       double loss = dschat::sft_step(*model_, *opt_, batch, d_, st_);
       ++step_;
@@ -184,11 +209,11 @@ class sft_trainer final : public actor::node {
 
  private:
   dschat::dschat_settings d_;
-  int64_t steps_ = 0, step_ = 0, epoch_ = 0, tokens_ = 0, n_eval_ = 0;
+  int64_t steps_ = 0, step_ = 0, tokens_ = 0, n_eval_ = 0;
   std::unique_ptr<tokenizer> tok_;
   std::vector<dschat::sft_example> train_;
   std::vector<dschat::sft_batch_data> eval_;
-  std::deque<std::vector<int64_t>> batches_;
+  batch_cycle order_;
   std::shared_ptr<decoder> model_;
   std::unique_ptr<adamw_optimizer> opt_;
   dschat::train_state st_;
@@ -213,6 +238,7 @@ class rm_trainer final : public actor::node {
     ts.truncation = truncation_of(ctx);
     dschat::process_report rep;
     train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
     ctx.log().info("{}", rep.summary());
     auto eval = dschat::make_rm_examples(rows.eval, *tok_, ts);
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
@@ -233,12 +259,7 @@ class rm_trainer final : public actor::node {
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
     if (step_ < steps_) {
-      if (batches_.empty())
-        for (auto& b : dschat::epoch_batches(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size,
-                                             d_.seed + 1, epoch_++))
-          batches_.push_back(b);
-      auto batch = dschat::rm_batch(train_, batches_.front());
-      batches_.pop_front();
+      auto batch = dschat::rm_batch(train_, order_.next(ctx.name()));
       auto r = dschat::rm_step(*model_, *opt_, batch, d_, st_);
       ++step_;
       ctx.metric("tokens", 2 * batch.B * batch.T);
@@ -265,13 +286,13 @@ class rm_trainer final : public actor::node {
 
  private:
   dschat::dschat_settings d_;
-  int64_t steps_ = 0, step_ = 0, epoch_ = 0;
+  int64_t steps_ = 0, step_ = 0;
   double acc_sum_ = 0;
   int64_t acc_n_ = 0;
   std::unique_ptr<tokenizer> tok_;
   std::vector<dschat::rm_example> train_;
   std::vector<dschat::rm_batch_data> eval_;
-  std::deque<std::vector<int64_t>> batches_;
+  batch_cycle order_;
   std::shared_ptr<decoder> model_;
   std::unique_ptr<adamw_optimizer> opt_;
   dschat::train_state st_;
@@ -321,7 +342,7 @@ class prompt_loader final : public actor::node {
     B_ = ctx.spec().get_int("per_device_generation_batch_size");
     iterations_ = ctx.spec().get_int("iterations");
     eval_rows_ = std::min<int64_t>(ctx.spec().get_int("eval_prompts"), static_cast<int64_t>(eval_.size()));
-    seed_ = d.seed;
+    order_ = batch_cycle(static_cast<int64_t>(train_.size()), B_, d.seed + 2, /*full_only=*/true);
   }
   void on_message(actor::node_context&, std::string_view, actor::payload) override { ready_ = true; }
   bool produce(actor::node_context& ctx) override {
@@ -337,11 +358,7 @@ class prompt_loader final : public actor::node {
       auto pb = dschat::prompt_batch(eval_, idx);
       m = {pb.ids, pb.mask, next_ == 0 ? -1 : -2, true};
     } else {
-      if (batches_.empty())
-        for (auto& b : dschat::epoch_batches(static_cast<int64_t>(train_.size()), B_, seed_ + 2, epoch_++))
-          if (static_cast<int64_t>(b.size()) == B_) batches_.push_back(b);
-      auto pb = dschat::prompt_batch(train_, batches_.front());
-      batches_.pop_front();
+      auto pb = dschat::prompt_batch(train_, order_.next(ctx.name()));
       m = {pb.ids, pb.mask, next_ - 1, false};
     }
     ++next_;
@@ -352,9 +369,8 @@ class prompt_loader final : public actor::node {
 
  private:
   std::vector<dschat::prompt_example> train_, eval_;
-  std::deque<std::vector<int64_t>> batches_;
-  int64_t B_ = 4, iterations_ = 0, eval_rows_ = 0, next_ = 0, epoch_ = 0;
-  uint64_t seed_ = 0;
+  batch_cycle order_;
+  int64_t B_ = 4, iterations_ = 0, eval_rows_ = 0, next_ = 0;
   bool ready_ = true;
 };
 

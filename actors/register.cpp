@@ -34,6 +34,7 @@ void register_example_nodes(graph::node_kind_registry& kinds, actor::node_factor
 void register_builtin_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
   register_example_nodes(kinds, factories);
   register_rlhf_nodes(kinds, factories);
+  register_zero_nodes(kinds, factories);
 }
 
 }  // namespace flowrun::actors

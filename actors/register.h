@@ -27,6 +27,9 @@ void register_example_nodes(graph::node_kind_registry& kinds, actor::node_factor
 /// ppo_controller, rollout_generator, reference_model, reward_model, critic, policy, experience_maker.
 void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
+/// Registers pretraining with ZeRO (actors/zero_nodes.cpp): lm_batches, zero_rank.
+void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
+
 void register_builtin_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
 /// The node implementations, for tests and for programs that register them under other names.

@@ -114,6 +114,58 @@ void decoder::bind(weights& dst, const tensor& flat) {
   dst = weights{};
   dst.flat = flat;
   for (auto& e : entries_) dst.by_name[e.name] = flat.flat_view(e.offset, e.shape);
+  wire(dst);
+}
+
+std::vector<param_block> decoder::param_blocks() const {
+  std::vector<param_block> bs;
+  const std::string lp = "model.layers.";
+  int64_t first_layer = -1, after_layers = -1;
+  for (auto& e : entries_) {
+    if (e.name.compare(0, lp.size(), lp) == 0) {
+      if (first_layer < 0) first_layer = e.offset;
+      after_layers = e.offset + e.numel;
+    }
+  }
+  if (first_layer < 0) first_layer = after_layers = n_params_;  // (a model always has layers)
+  bs.push_back({"embed", 0, first_layer});
+  int64_t at = first_layer;
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    const std::string p = lp + std::to_string(l) + ".";
+    int64_t end = at;
+    for (auto& e : entries_)
+      if (e.name.compare(0, p.size(), p) == 0) end = std::max(end, e.offset + e.numel);
+    bs.push_back({"layers." + std::to_string(l), at, end});
+    at = end;
+  }
+  bs.push_back({"head", after_layers, n_params_});
+  return bs;
+}
+
+void decoder::rebind_block(int b, const tensor& params, const tensor& grads) {
+  const auto bs = param_blocks();
+  if (b < 0 || b >= static_cast<int>(bs.size())) throw std::out_of_range("rebind_block: no block " + std::to_string(b));
+  const auto& blk = bs[b];
+  auto check = [&](const tensor& t, const char* what) {
+    if (t.defined() && (t.numel() != blk.numel() || t.type() != dtype::f32))
+      throw std::invalid_argument(std::string("rebind_block: ") + what + " for block " + blk.name + " must be (" +
+                                  std::to_string(blk.numel()) + ",) f32, got " + t.str());
+  };
+  check(params, "params");
+  check(grads, "grads");
+  for (auto& e : entries_) {
+    if (e.offset < blk.begin || e.offset >= blk.end) continue;
+    w_.by_name[e.name] = params.defined() ? params.flat_view(e.offset - blk.begin, e.shape) : tensor{};
+    g_.by_name[e.name] = grads.defined() ? grads.flat_view(e.offset - blk.begin, e.shape) : tensor{};
+  }
+  wire(w_);
+  if (g_.layers.size() != w_.layers.size()) g_.layers.resize(w_.layers.size());
+  wire(g_);
+}
+
+void decoder::release_flat_params() { w_.flat = tensor{}; }
+
+void decoder::wire(weights& dst) {
   auto get = [&](const std::string& n) -> tensor {
     auto it = dst.by_name.find(n);
     return it == dst.by_name.end() ? tensor{} : it->second;
@@ -176,8 +228,13 @@ void decoder::init_random(uint64_t seed) {
 }
 
 void decoder::zero_grad() {
-  if (!g_.flat.defined()) bind(g_, tensor::zeros({n_params_}, dtype::f32, dev_));
-  else g_.flat.zero_();
+  if (external_grads_) {  // base gradients are bound per block by the hooks; only the adapter's here
+    if (g_.layers.size() != static_cast<size_t>(cfg_.n_layers)) g_.layers.resize(cfg_.n_layers);
+  } else if (!g_.flat.defined()) {
+    bind(g_, tensor::zeros({n_params_}, dtype::f32, dev_));
+  } else {
+    g_.flat.zero_();
+  }
   if (n_adapter_ > 0) {
     if (!g_.adapter_flat.defined() || g_.adapter_flat.numel() != n_adapter_)
       bind_adapter(g_, tensor::zeros({n_adapter_}, dtype::f32, dev_));
@@ -481,6 +538,9 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   a.positions = positions.defined() ? positions : make_positions(B, T, mask);
 
   // embeddings: x = wte[ids] (+ wpe[pos + offset])
+  using ph = param_hooks::phase;
+  const int head_block = static_cast<int>(NL) + 1;
+  hook_acquire(0, ph::forward);
   tensor ids_flat = ids.view({N});
   tensor x0 = a.resid[0].view({N, C});
   if (proj) {  // OPT project_in: x = wte[ids] project_inᵀ, positions added after
@@ -498,13 +558,16 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     ops::embedding_forward(pe, pos.view({N}), w_.wpe);
     ops::axpy(x0, pe);
   }
+  hook_release(0, ph::forward);
 
   for (int64_t l = 0; l < NL; ++l) {
+    hook_acquire(static_cast<int>(l) + 1, ph::forward);
     auto& L = a.layers[l];
     const auto& W = w_.layers[l];
     tensor x = a.resid[l].view({N, C});
     if (post) {
       forward_post_layer(a, l, x, mask);
+      hook_release(static_cast<int>(l) + 1, ph::forward);
       continue;
     }
     // pre-norm: resid2 = x + attn(ln1(x)); resid[l+1] = resid2 + mlp(ln2(resid2))
@@ -516,7 +579,20 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     norm_forward(ln2, L.ln2_mean, L.ln2_rstd, r2, W.ln2_w, W.ln2_b);
     tensor xo = a.resid[l + 1].view({N, C});
     mlp_fwd(a, l, ln2, r2, xo);
+    hook_release(static_cast<int>(l) + 1, ph::forward);
   }
+  hook_acquire(head_block, ph::forward);
+  if (cfg_.tied_embeddings) hook_acquire(0, ph::forward);
+  // releases the head's blocks on every return path below
+  struct head_guard {
+    decoder* d;
+    int hb;
+    bool tied;
+    ~head_guard() {
+      d->hook_release(hb, param_hooks::phase::forward);
+      if (tied) d->hook_release(0, param_hooks::phase::forward);
+    }
+  } guard{this, head_block, cfg_.tied_embeddings};
   tensor lnf = a.lnf.view({N, C});
   if (post) lnf.copy_from(a.resid[NL].view({N, C}));  // no final norm
   else norm_forward(lnf, a.lnf_mean, a.lnf_rstd, a.resid[NL].view({N, C}), w_.lnf_w, w_.lnf_b);
@@ -649,7 +725,7 @@ void decoder::backward_post_layer(activations& a, int64_t l) {
 
 void decoder::backward(activations& a, const tensor& dlogits_in) {
   if (!value_head_ && !a.logits.defined()) throw std::logic_error("decoder::backward: no forward to differentiate");
-  if (!g_.flat.defined()) zero_grad();
+  if (!g_.flat.defined() && !external_grads_) zero_grad();
   const int64_t B = a.B, T = a.T, N = B * T;
   const int64_t C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
   const int64_t F = cfg_.hidden_dim, V = cfg_.vocab_size, NL = cfg_.n_layers;
@@ -670,6 +746,10 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     ensure(a.demb, {N, E}, dev_);
   }
 
+  using ph = param_hooks::phase;
+  const int head_block = static_cast<int>(NL) + 1;
+  hook_acquire(head_block, ph::backward);
+  if (cfg_.tied_embeddings) hook_acquire(0, ph::backward);
   a.dlnf.zero_();
   tensor no_db;
   // the head reads lnf (N, C), or project_out(lnf) (N, E) with a projection
@@ -690,7 +770,8 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
       if (!a.targets.defined()) throw std::logic_error("decoder::backward: forward ran without targets");
       ensure(a.dlogits, {N, V}, dev_);
       dlogits = a.dlogits;
-      float dloss = a.n_valid > 0 ? 1.0f / static_cast<float>(a.n_valid) : 0.0f;
+      const int64_t norm = a.loss_norm > 0 ? a.loss_norm : a.n_valid;
+      float dloss = norm > 0 ? a.loss_scale / static_cast<float>(norm) : 0.0f;
       ops::cross_entropy_backward(dlogits, a.logits.view({N, V}), a.targets.view({N}), dloss);
     }
     // classifier (its weight gradient only when the base trains)
@@ -704,13 +785,20 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   a.dres.zero_();
   if (post) a.dres.copy_from(a.dlnf);
   else norm_backward(a.dres, g_.lnf_w, g_.lnf_b, a.dlnf, a.resid[NL].view({N, C}), w_.lnf_w, a.lnf_mean, a.lnf_rstd);
+  hook_grads_ready(head_block);
+  hook_release(head_block, ph::backward);
+  if (cfg_.tied_embeddings) hook_release(0, ph::backward);
 
   for (int64_t l = NL - 1; l >= 0; --l) {
+    const int blk = static_cast<int>(l) + 1;
+    hook_acquire(blk, ph::backward);
     auto& L = a.layers[l];
     const auto& W = w_.layers[l];
     auto& G = g_.layers[l];
     if (post) {
       backward_post_layer(a, l);
+      hook_grads_ready(blk);
+      hook_release(blk, ph::backward);
       continue;
     }
     // MLP: resid[l+1] = resid2 + mlp(ln2(resid2))
@@ -721,7 +809,10 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     a.dln.zero_();
     attn_bwd(a, l, L.ln1.view({N, C}), a.dres, a.dln);
     norm_backward(a.dres, G.ln1_w, G.ln1_b, a.dln, a.resid[l].view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
+    hook_grads_ready(blk);
+    hook_release(blk, ph::backward);
   }
+  hook_acquire(0, ph::backward, proj);  // the lookup's gradient needs no weights; project_in does
   if (proj) {
     a.demb.zero_();
     tensor dpi = base_trainable_ ? g_.project_in : tensor{};
@@ -736,6 +827,8 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     for (int64_t i = 0; i < N; ++i) pp[i] += static_cast<int32_t>(cfg_.position_offset);
     ops::embedding_backward(g_.wpe, a.dres, pos.view({N}));
   }
+  hook_grads_ready(0);
+  hook_release(0, ph::backward);
 }
 
 // ------------------------------------------------------------------ cached decoding
@@ -779,7 +872,10 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   tensor no_att;
   const bool proj = cfg_.has_projection(), post = cfg_.post_norm;
   const int64_t E = cfg_.embed_width();
+  using ph = param_hooks::phase;
+  const int head_block = static_cast<int>(cfg_.n_layers) + 1;
 
+  hook_acquire(0, ph::forward);
   if (proj) {
     auto e = tensor::empty({N, E}, dtype::f32, dev_);
     ops::embedding_forward(e, ids.view({N}), w_.wte);
@@ -794,7 +890,9 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     ops::embedding_forward(h, pos.view({N}).to(dev_), w_.wpe);
     ops::axpy(x, h);
   }
+  hook_release(0, ph::forward);
   for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    hook_acquire(static_cast<int>(l) + 1, ph::forward);
     const auto& W = w_.layers[l];
     if (post) h.copy_from(x);  // attention reads x itself
     else norm_forward(h, mean, rstd, x, W.ln1_w, W.ln1_b);
@@ -832,7 +930,19 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
       norm_forward(h, mean, rstd, x, W.ln2_w, W.ln2_b);
       x.copy_from(h);
     }
+    hook_release(static_cast<int>(l) + 1, ph::forward);
   }
+  hook_acquire(head_block, ph::forward);
+  if (cfg_.tied_embeddings) hook_acquire(0, ph::forward);
+  struct head_guard {
+    decoder* d;
+    int hb;
+    bool tied;
+    ~head_guard() {
+      d->hook_release(hb, param_hooks::phase::forward);
+      if (tied) d->hook_release(0, param_hooks::phase::forward);
+    }
+  } guard{this, head_block, cfg_.tied_embeddings};
   // the final hidden (M, C) -> what the head reads: lnf (no final norm with post_norm), then project_out
   auto head_input = [&](const tensor& xs, const tensor& hs_buf, const tensor& m, const tensor& r) -> tensor {
     tensor hb = hs_buf, mb = m, rb = r;

@@ -79,9 +79,52 @@ struct weights {
   std::map<std::string, tensor> by_name;  ///< base and adapter tensors
 };
 
+/// A contiguous range of the flat parameter buffer that one stage of the model
+/// reads: block 0 the embeddings (embed_tokens, embed_positions, project_in),
+/// blocks 1..L the decoder layers, block L+1 the head (final norm, project_out,
+/// lm_head when untied). ZeRO partitions and gathers parameters per block.
+struct param_block {
+  std::string name;      ///< "embed", "layers.0", ..., "head"
+  int64_t begin = 0;     ///< first element in the flat buffer
+  int64_t end = 0;       ///< one past the last element
+  int64_t numel() const { return end - begin; }
+};
+
+/// Called by the decoder around every use of a block's parameters, so a ZeRO
+/// engine can gather them just in time and reduce-scatter their gradients as soon
+/// as they are complete (Rajbhandari et al. 2020, ZeRO, sec. 5.3; DeepSpeed's
+/// runtime/zero/partitioned_param_coordinator.py fetch/release). Order of calls:
+///   forward:  acquire(0) release(0); acquire(l) release(l) for each layer;
+///             acquire(head) [+ acquire(0) when embeddings are tied] ... release.
+///   backward: acquire(head) [+ acquire(0) tied], grads_ready(head), release;
+///             acquire(l), grads_ready(l), release(l) from the last layer down;
+///             acquire(0, backward, params = projection only), grads_ready(0), release(0).
+/// In the backward phase acquire() must also make the block's gradient views
+/// valid (zeroed on first use in a backward pass); grads_ready(b) says no more
+/// gradient will be accumulated into block b during this backward pass.
+class param_hooks {
+ public:
+  enum class phase { forward, backward };
+  virtual ~param_hooks() = default;
+  /// The decoder is about to read block `b`'s parameters (when `params`) and,
+  /// in the backward phase, to accumulate into its gradients.
+  virtual void acquire(int b, phase p, bool params = true) = 0;
+  /// The decoder does not read block `b`'s parameters any more in this phase.
+  virtual void release(int b, phase p) = 0;
+  /// Block `b`'s gradients are complete for this backward pass.
+  virtual void grads_ready(int b) = 0;
+};
+
 /// Saved activations of one training forward pass.
 struct activations {
   int64_t B = 0, T = 0;
+  /// The loss's denominator for backward: 0 = the mean over this batch's valid
+  /// targets (n_valid); otherwise the number of valid targets of the whole global
+  /// batch across data-parallel ranks and micro-batches (so gradients sum to the
+  /// global mean's gradient). Set it before backward.
+  int64_t loss_norm = 0;
+  /// Scale on dloss (fp16 loss scaling; 1 otherwise).
+  float loss_scale = 1.0f;
   tensor ids, targets, positions, mask;  ///< (B, T) i32; mask may be undefined
   std::vector<tensor> resid;  ///< n_layers + 1 residual streams (B, T, C); resid[0] = embeddings
   tensor emb;                 ///< (B, T, E) token embeddings before project_in (projection only)
@@ -184,8 +227,38 @@ class decoder {
                         int64_t n_past, bool all_logits = false);
   kv_cache make_cache(int64_t B, int64_t S) const;
 
+  /// The blocks of the flat parameter buffer (see param_block), in order; they
+  /// cover [0, num_parameters()) exactly.
+  std::vector<param_block> param_blocks() const;
+  /// Install (or, with nullptr, remove) the hooks called around each block.
+  void set_param_hooks(param_hooks* h) { hooks_ = h; }
+  /// Point block `b`'s parameter views at `params` and its gradient views at
+  /// `grads` ((numel,) f32 each, element i = flat element begin + i; either may be
+  /// undefined, which leaves those views undefined until the next rebind).
+  /// Used by ZeRO stage 3 (parameters) and stages 2-3 (gradients).
+  void rebind_block(int b, const tensor& params, const tensor& grads);
+  /// Drop the full flat parameter buffer (ZeRO-3: every block is rebound by the engine).
+  void release_flat_params();
+  /// When true, backward() does not allocate a full gradient buffer: the hooks
+  /// bind gradient views per block (ZeRO stages 2 and 3).
+  void set_external_grads(bool on) { external_grads_ = on; }
+  /// The LoRA dropout stream position (the decoder's only RNG state while training).
+  uint64_t rng_state() const { return dropout_calls_; }
+  void set_rng_state(uint64_t s) { dropout_calls_ = s; }
+
  private:
   void bind(weights& dst, const tensor& flat);
+  // Set the named fields of `dst` (wte, layers[l].wq, ...) from dst.by_name.
+  void wire(weights& dst);
+  void hook_acquire(int b, param_hooks::phase p, bool params = true) {
+    if (hooks_) hooks_->acquire(b, p, params);
+  }
+  void hook_release(int b, param_hooks::phase p) {
+    if (hooks_) hooks_->release(b, p);
+  }
+  void hook_grads_ready(int b) {
+    if (hooks_) hooks_->grads_ready(b);
+  }
   void bind_adapter(weights& dst, const tensor& flat);
   void rebuild_adapter();
   // y = x Wᵀ + b (+ LoRA) for module m of layer l; `la` saves what backward needs (null: inference)
@@ -217,6 +290,8 @@ class decoder {
   std::vector<param_entry> adapter_entries_;
   int64_t n_adapter_ = 0;
   uint64_t dropout_calls_ = 0;
+  param_hooks* hooks_ = nullptr;
+  bool external_grads_ = false;
 };
 
 /// AdamW over a decoder's trainable flat buffers (the base weights unless frozen,

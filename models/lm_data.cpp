@@ -58,6 +58,16 @@ void lm_dataset::set_seed(uint64_t seed) {
   shuffle();
 }
 
+void lm_dataset::set_position(int64_t epoch, int64_t cursor) {
+  if (epoch < 0 || cursor < 0 || cursor > n_train_)
+    throw std::invalid_argument("lm_dataset: position (epoch " + std::to_string(epoch) + ", cursor " +
+                                std::to_string(cursor) + ") is outside the data (" + std::to_string(n_train_) +
+                                " training instances): the checkpoint was made with other data or seq_length");
+  epoch_ = epoch;
+  cursor_ = cursor;
+  shuffle();
+}
+
 void lm_dataset::shuffle() {
   order_.resize(n_train_);
   std::iota(order_.begin(), order_.end(), 0);

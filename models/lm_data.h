@@ -39,6 +39,9 @@ class lm_dataset {
   /// Position in the data (for checkpoints): epoch and cursor.
   int64_t epoch() const { return epoch_; }
   int64_t cursor() const { return cursor_; }
+  /// Resume at a saved position (epoch, cursor): the next batch is the one that
+  /// followed when they were read. Throws std::invalid_argument when out of range.
+  void set_position(int64_t epoch, int64_t cursor);
 
  private:
   void fill(int64_t instance, int32_t* ids, int32_t* targets) const;

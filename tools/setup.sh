@@ -15,7 +15,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git curl ca-certificates
   libcaf-dev libsentencepiece-dev libmsgpack-cxx-dev libspdlog-dev doctest-dev
   libopenblas-openmp-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
-  libicu-dev zlib1g-dev
+  libicu-dev zlib1g-dev libgloo-dev
 )
 
 if [[ "${FLOWRUN_SKIP_APT:-0}" != 1 ]]; then

@@ -113,6 +113,7 @@ struct node_plan {
   node_factory factory;
   restart_policy policy;
   bool source = false;
+  bool blocking = false;  // graph::node_kind::blocking: a detached actor per replica
   std::vector<port_plan> out_ports;
   std::vector<port_plan> in_ports;
   std::vector<std::uint32_t> out_edges;  // edge ids leaving the node, in spec order
@@ -1171,6 +1172,7 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
       return error_text{where + ": node '" + n.name + "' has kind '" + n.kind +
                         "', which has no implementation in this program (`flowrun kinds` lists the runnable kinds)"};
     np.factory = *f;
+    np.blocking = kind->blocking;
     for (const auto* port : kind->ports_of(graph::port_dir::out))
       np.out_ports.push_back({port->name, intern_message_type(port->message_type)});
     for (const auto* port : kind->ports_of(graph::port_dir::in))
@@ -1278,7 +1280,9 @@ expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, cons
   j.metrics = plan->metrics;
   for (std::uint32_t n = 0; n < plan->nodes.size(); ++n) {
     std::vector<caf::actor> row;
-    for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r) row.push_back(sys.spawn<rt::replica_actor>(plan, n, r));
+    for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r)
+      row.push_back(plan->nodes[n].blocking ? sys.spawn<rt::replica_actor, caf::detached>(plan, n, r)
+                                            : sys.spawn<rt::replica_actor>(plan, n, r));
     plan->actors.push_back(row);
   }
   j.replicas = plan->actors;

@@ -83,6 +83,10 @@ struct node_kind {
   std::string doc;
   std::vector<port_decl> ports;
   std::vector<setting_decl> settings;
+  /// The kind's handlers block (e.g. in collectives with other replicas, as a
+  /// ZeRO rank does): each replica then runs on a thread of its own rather than
+  /// on the shared scheduler, so blocked replicas cannot starve the others.
+  bool blocking = false;
 
   /// Appends an in port (required unless told otherwise).
   node_kind& input(std::string port, std::string message_type, std::string port_doc = {}, bool required = true,

@@ -193,3 +193,15 @@ double global_norm(const std::vector<tensor>& xs);
 double clip_grad_norm(std::vector<tensor>& grads, double max_norm);
 
 }  // namespace flowrun::ops
+
+namespace flowrun::ops {
+
+/// The CPU threads the calling thread's kernels may use (its OpenMP team size,
+/// which OpenBLAS follows too). Threads that each run a rank (in-process ZeRO
+/// ranks) set cores / ranks so they do not oversubscribe the machine; the
+/// setting is per calling thread (OpenMP's nthreads-var). n < 1 is taken as 1.
+void set_thread_budget(int n);
+/// The number of hardware threads of this machine.
+int hardware_threads();
+
+}  // namespace flowrun::ops

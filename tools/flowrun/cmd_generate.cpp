@@ -1,12 +1,19 @@
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "models/generate.h"
 #include "models/checkpoint.h"
 #include "models/llama2c.h"
+#include <nlohmann/json.hpp>
+
+#include "models/config.h"
+#include "models/shard_checkpoint.h"
 #include "models/tokenizer.h"
+#include "models/zero.h"
+#include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 
@@ -23,7 +30,58 @@ struct generate_opts {
   float repetition_penalty = 1.0f;
   int64_t seed = 42;
   int64_t max_new_tokens = 256;
+  std::string zero_checkpoint;
+  int world_size = 2;
 };
+
+// TencentPretrain's generate_lm_deepspeed: the model stays sharded over
+// `world` in-process ZeRO-3 ranks; each layer is all-gathered just before it
+// runs for every decoded token, then freed. Every rank samples the same tokens
+// (same gathered weights, same seed); rank 0's are returned.
+std::vector<int32_t> generate_from_zero(const std::string& path, int world, const std::vector<int32_t>& prompt,
+                                        const generation_config& g) {
+  const std::string folder = is_checkpoint(path) ? path : latest_checkpoint(path);
+  if (folder.empty())
+    throw std::invalid_argument("--zero_checkpoint " + path + ": no committed checkpoint there (no 'latest' file)");
+  auto ck = load_checkpoint(folder);
+  const auto& extra = ck.manifests.at(0).extra;
+  if (!extra.contains("model_config"))
+    throw std::invalid_argument(folder + ": the manifest has no model_config (not written by zero_rank)");
+  if (ck.full.count("base") == 0)
+    throw std::invalid_argument(folder + " holds only LoRA weights: generate from the base model with --model and "
+                                "merge the adapter (flowrun convert), or resume training");
+  const model_config cfg = extra.at("model_config").get<model_config>();
+  auto group = comm::make_inproc_group(world);
+  std::vector<std::vector<int32_t>> out(world);
+  std::vector<std::string> errors(world);
+  std::vector<int64_t> bytes(world);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        ops::set_thread_budget(std::max(1, ops::hardware_threads() / world));
+        auto c = comm::inproc_communicator(group, r);
+        decoder m(cfg);
+        zero_settings zs;
+        zs.stage = 3;
+        zero_engine eng(m, *c, zs);
+        eng.restore(ck.full.at("base").at("fp32_master"), {}, {}, {}, {}, {}, ck.step);
+        auto res = generate(m, {prompt}, g);
+        out[r] = res[0].tokens;
+        bytes[r] = c->stats().bytes_sent;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < world; ++r)
+    if (!errors[r].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
+  for (int r = 1; r < world; ++r)
+    if (out[r] != out[0]) throw std::runtime_error("ZeRO-3 ranks sampled different tokens (rank " + std::to_string(r) + ")");
+  spdlog::info("generated from {} over {} ZeRO-3 ranks (step {}): {} tokens, {:.2f} MB all-gathered per rank",
+               folder, world, ck.step, out[0].size(), bytes[0] / 1e6);
+  return out[0];
+}
 }  // namespace
 
 void add_generate(CLI::App& app) {
@@ -39,11 +97,33 @@ void add_generate(CLI::App& app) {
   sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off")->capture_default_str();
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
+  sub->add_option("--zero_checkpoint", o->zero_checkpoint,
+                  "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
+                  "--world_size ranks that gather each layer as it runs (instead of --model)");
+  sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint")->capture_default_str()->check(
+      CLI::PositiveNumber);
   sub->callback([o] {
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
     if (o->temperature < 0) throw std::invalid_argument("--temperature must be >= 0 (0 = greedy)");
     if (o->top_p <= 0 || o->top_p > 1) throw std::invalid_argument("--top_p must be in (0, 1]");
     if (o->top_k < 0) throw std::invalid_argument("--top_k must be >= 0 (0 = off)");
+    if (!o->zero_checkpoint.empty()) {
+      auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
+      auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
+      generation_config g;
+      g.sampling.temperature = o->temperature;
+      g.sampling.top_p = o->top_p;
+      g.sampling.top_k = o->top_k;
+      g.sampling.repetition_penalty = o->repetition_penalty;
+      g.seed = static_cast<uint64_t>(o->seed);
+      g.max_new_tokens = o->max_new_tokens;
+      g.stop_ids = {tok->eos_id(), tok->bos_id()};
+      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, prompt, g);
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), gen.begin(), gen.end());
+      std::cout << tok->decode(all) << std::endl;
+      return;
+    }
     auto model = load_model(o->model);
     if (model.has_value_head())
       throw std::invalid_argument(o->model + " is a reward/value model (it has a v_head, no LM head): give a policy model");

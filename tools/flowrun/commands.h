@@ -26,6 +26,8 @@ void add_train(CLI::App& app);
 void add_kinds(CLI::App& app);
 /// `flowrun explain KIND`: a kind's ports and settings.
 void add_explain(CLI::App& app);
+/// `flowrun launch --nproc P FILE.graph`: one graph over P processes (gloo ranks).
+void add_launch(CLI::App& app);
 
 /// Thrown by a subcommand that wants main() to return `code` (e.g. a graph
 /// run's 1, 130 or 143) after it has reported what happened.

@@ -856,3 +856,18 @@ backend& cpu_backend_instance() {
 }  // namespace detail
 
 }  // namespace flowrun
+
+#include <omp.h>
+
+#include <thread>
+
+namespace flowrun::ops {
+
+void set_thread_budget(int n) { omp_set_num_threads(n < 1 ? 1 : n); }
+
+int hardware_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+}  // namespace flowrun::ops

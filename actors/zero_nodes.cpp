@@ -1,0 +1,437 @@
+// TencentPretrain-style pretraining with ZeRO as node kinds (docs/zero.md):
+//
+//   lm_batches   the data loader: documents tokenized, concatenated and cut to
+//                seq_length (TencentPretrain's LM target); one global batch per
+//                step, broadcast to every rank
+//   zero_rank    a shard owner: one replica per rank (a thread of its own: it
+//                blocks in collectives), holding its 1/N of the fp32 master
+//                parameters and AdamW moments (ZeRO stage 1-3) and training
+//                its rows of each global batch; checkpoints its shard.
+//
+// A run over several processes (gloo) starts the same graph in each process
+// (`flowrun launch --nproc P`): process p hosts ranks p·R .. p·R + R - 1 of the
+// R = replicas ranks per process.
+#include <chrono>
+#include <cstring>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/register.h"
+#include "models/adapter.h"
+#include "models/checkpoint.h"
+#include "models/ds_config.h"
+#include "models/hf.h"
+#include "models/lm_data.h"
+#include "models/shard_checkpoint.h"
+#include "models/tokenizer.h"
+#include "models/zero.h"
+#include "runtime/kernels/ops.h"
+#include "runtime/util/assets.h"
+
+namespace flowrun::actors {
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+
+/// Message type "lm_batch": one global batch of LM instances and the data
+/// position after it (for checkpoints).
+struct lm_batch_msg {
+  int64_t step = 0;  ///< 1-based optimizer step this batch is for
+  tensor ids, targets;  ///< (B_global, T) i32
+  int64_t epoch = 0, cursor = 0;
+  tensor val_ids, val_targets;  ///< the held-out batch (the same tensors in every message)
+};
+
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
+
+/// The process index and count of a `flowrun launch` (0 and 1 otherwise).
+int process_index() { return env_int("FLOWRUN_PROCESS_INDEX", 0); }
+int process_count() { return env_int("FLOWRUN_NPROC", 1); }
+
+/// The latest committed checkpoint of `dir`, or "" (no dir, nothing committed).
+std::string resume_folder(const std::string& dir) {
+  if (dir.empty() || !std::filesystem::exists(dir)) return {};
+  return latest_checkpoint(dir);
+}
+
+// ---------------------------------------------------------------- lm_batches
+
+class lm_batches final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer").string());
+    data_ = std::make_unique<lm_dataset>(resolve_user_path(s.get_string("data"), "data").string(), *tok_,
+                                         s.get_int("seq_length"));
+    data_->set_seed(static_cast<uint64_t>(s.get_int("seed")));
+    batch_ = s.get_int("train_batch_size");
+    total_ = s.get_int("total_steps");
+    if (batch_ < 1 || total_ < 1)
+      throw std::invalid_argument("node '" + ctx.name() + "': train_batch_size and total_steps must be >= 1");
+    ctx.log().info("{} tokens -> {} training instances of {} tokens (+{} held out)", data_->num_tokens(),
+                   data_->num_train(), data_->seq_length(), data_->num_val());
+    // the held-out instances, as many as a multiple of 8 rows allows (ranks split them evenly)
+    const int64_t nv = std::min<int64_t>(s.get_int("eval_rows"), data_->num_val() / 8 * 8);
+    if (nv >= 8) data_->val_batch(0, nv, val_ids_, val_targets_);
+  }
+
+  bool produce(actor::node_context& ctx) override {
+    if (!positioned_) position(ctx);
+    if (step_ >= total_) return false;
+    lm_batch_msg m;
+    data_->next_batch(batch_, m.ids, m.targets);
+    m.step = ++step_;
+    m.epoch = data_->epoch();
+    m.cursor = data_->cursor();
+    m.val_ids = val_ids_;
+    m.val_targets = val_targets_;
+    ctx.metric("tokens", m.ids.numel());
+    ctx.emit("batch", actor::payload::make("lm_batch", std::move(m)));
+    return true;
+  }
+
+ private:
+  // Resume: continue after the committed checkpoint's step, at its data position.
+  void position(actor::node_context& ctx) {
+    positioned_ = true;
+    const auto& s = ctx.spec();
+    if (!s.get_bool("resume")) return;
+    auto folder = resume_folder(s.get_string("output_dir"));
+    if (folder.empty()) return;
+    auto ck = verify_checkpoint(folder);
+    const auto& m = ck.manifests.at(0);
+    data_->set_position(m.data_epoch, m.data_cursor);
+    step_ = m.step;
+    ctx.print(fmt::format("[pretrain] resuming after step {} from {}", step_, folder));
+  }
+
+  std::unique_ptr<tokenizer> tok_;
+  std::unique_ptr<lm_dataset> data_;
+  tensor val_ids_, val_targets_;
+  int64_t batch_ = 0, total_ = 0, step_ = 0;
+  bool positioned_ = false;
+};
+
+// ---------------------------------------------------------------- zero_rank
+
+// The in-process groups of this process's replicas, by node name (the first
+// replica to start makes it; it is forgotten once every replica has joined).
+std::mutex groups_mutex;
+std::map<std::string, std::pair<std::shared_ptr<comm::inproc_group>, std::size_t>> groups;
+
+std::shared_ptr<comm::inproc_group> join_group(const std::string& key, int world, std::size_t members) {
+  std::lock_guard<std::mutex> lock(groups_mutex);
+  auto& slot = groups[key];
+  if (!slot.first) slot = {comm::make_inproc_group(world), 0};
+  auto g = slot.first;
+  if (++slot.second == members) groups.erase(key);
+  return g;
+}
+
+class zero_rank final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    const int nproc = process_count(), pidx = process_index();
+    const int local = static_cast<int>(ctx.replicas());
+    world_ = local * nproc;
+    // the host's cores shared among the ranks of all launched processes (one thread each)
+    ops::set_thread_budget(std::max(1, ops::hardware_threads() / (local * nproc)));
+    rank_ = pidx * local + static_cast<int>(ctx.replica());
+    // the communicator
+    comm::comm_options co;
+    co.backend = s.get_string("comm_backend");
+    co.rank = rank_;
+    co.world_size = world_;
+    co.timeout = std::chrono::seconds(s.get_int("comm_timeout_s"));
+    if (co.backend == "inproc") {
+      if (nproc > 1)
+        throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"inproc\" joins threads of one process; "
+                                    "with flowrun launch --nproc " + std::to_string(nproc) + " use \"gloo\"");
+      co.group = join_group(ctx.name(), world_, ctx.replicas());
+    } else {
+      const char* sd = std::getenv("FLOWRUN_STORE_DIR");
+      co.store_dir = !s.get_string("store_dir").empty() ? s.get_string("store_dir") : (sd ? sd : "");
+      if (co.store_dir.empty())
+        throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"" + co.backend +
+                                    "\" needs store_dir (a folder every rank sees) or FLOWRUN_STORE_DIR "
+                                    "(flowrun launch sets it)");
+      co.prefix = "flowrun/" + ctx.name();
+    }
+    comm_ = comm::make_communicator(co);
+
+    // DeepSpeed's config
+    ds_ = load_ds_config(resolve_user_path(s.get_string("deepspeed_config"), "deepspeed_config").string(), world_);
+    if (s.get_int("zero_stage") >= 0) ds_.zero_stage = static_cast<int>(s.get_int("zero_stage"));
+    if (rank_ == 0 && !ds_.ignored_keys.empty())
+      ctx.log().info("{}: keys that do not apply here, ignored: {}", ds_.where, fmt::join(ds_.ignored_keys, ", "));
+    if (ds_.fp16 || ds_.bf16)
+      throw std::invalid_argument(ds_.where + ": fp16/bf16 training is not implemented on this path yet; "
+                                  "set \"enabled\": false (fp32 master weights and compute)");
+    zs_.stage = ds_.zero_stage;
+    zs_.micro_batch = ds_.train_micro_batch_size_per_gpu;
+    zs_.gradient_accumulation_steps = ds_.gradient_accumulation_steps;
+    zs_.gradient_clipping = ds_.gradient_clipping;
+    zs_.adamw.lr = static_cast<float>(ds_.lr);
+    zs_.adamw.beta1 = static_cast<float>(ds_.beta1);
+    zs_.adamw.beta2 = static_cast<float>(ds_.beta2);
+    zs_.adamw.eps = static_cast<float>(ds_.eps);
+    zs_.adamw.weight_decay = static_cast<float>(ds_.weight_decay);
+
+    // the model: the full initial weights (every rank reads the same file)
+    model_ = std::make_unique<decoder>(load_model(resolve_user_path(s.get_string("model"), "model").string()));
+    if (s.get_bool("use_lora")) {
+      lora_config lc;
+      lc.lora_r = s.get_int("lora_r");
+      lc.lora_alpha = static_cast<float>(s.get_float("lora_alpha"));
+      lc.lora_dropout = static_cast<float>(s.get_float("lora_dropout"));
+      lc.seed = static_cast<uint64_t>(s.get_int("seed"));  // the same on every rank: the adapter is replicated
+      if (const auto& p = s.get_string("lora_pretrained"); !p.empty()) {
+        // base + LoRA: the adapter's own adapter_config.json sets r, alpha, dropout and targets
+        load_adapter(*model_, resolve_user_path(p, "lora_pretrained").string(), /*freeze_base=*/true);
+        if (rank_ == 0) ctx.print(fmt::format("[pretrain] continuing from base + LoRA adapter {}", p));
+      } else {
+        model_->enable_lora(lc, true);
+      }
+    }
+    // the memory plan, before anything big is allocated
+    const auto blocks = model_->param_blocks();
+    int64_t max_block = 0;
+    for (auto& b : blocks) max_block = std::max(max_block, b.numel());
+    const int64_t seq = s.get_int("seq_length");
+    auto est = estimate_memory(model_->base_trainable() ? model_->num_parameters() : 0, max_block, world_,
+                               zs_.stage, estimate_activation_bytes(model_->config(), zs_.micro_batch, seq));
+    est.rank = rank_;
+    const double limit_gb = s.get_float("memory_limit_gb");
+    const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    const double limit = limit_gb > 0 ? limit_gb * 1e9 : avail * 0.9;
+    if (rank_ == 0) ctx.print("[pretrain] memory estimate per rank: " + est.str());
+    if (limit > 0 && static_cast<double>(est.total()) * local > limit)
+      throw std::runtime_error(fmt::format(
+          "node '{}': the plan needs about {:.3f} GB per rank x {} ranks in this process, more than the {:.3f} GB "
+          "allowed{}: raise zero_optimization.stage, add ranks or processes, lower "
+          "train_micro_batch_size_per_gpu or seq_length, or set use_lora",
+          ctx.name(), est.total() / 1e9, local, limit / 1e9, limit_gb > 0 ? " (memory_limit_gb)" : " (available)"));
+
+    engine_ = std::make_unique<zero_engine>(*model_, *comm_, zs_);
+    out_dir_ = s.get_string("output_dir");
+    if (s.get_bool("resume")) {
+      if (auto f = resume_folder(out_dir_); !f.empty()) restore(ctx, f);
+    }
+    total_ = s.get_int("total_steps");
+    t0_ = clk::now();
+  }
+
+  void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
+    const auto& b = msg.as<lm_batch_msg>();
+    if (b.step <= engine_->step_count()) return;  // already in the checkpoint we resumed from
+    if (!evaluated_ && b.val_ids.defined() && b.val_ids.size(0) % world_ == 0) {
+      evaluated_ = true;
+      const double l = engine_->eval_loss(b.val_ids, b.val_targets);
+      val_ids_ = b.val_ids;
+      val_targets_ = b.val_targets;
+      if (rank_ == 0)
+        ctx.print(fmt::format("[pretrain] held-out loss {:.6f} before step {} ({} instances)", l, b.step,
+                              b.val_ids.size(0)));
+      before_ = l;
+    }
+    const double lr = ds_.scheduler.lr_at(engine_->step_count(), ds_.lr);
+    auto t = clk::now();
+    auto r = engine_->train_step(b.ids, b.targets, lr);
+    const double dt = std::chrono::duration<double>(clk::now() - t).count();
+    ctx.metric("steps");
+    if (rank_ == 0) {
+      ctx.metric("tokens", r.tokens);
+      if (b.step % ctx.spec().get_int("print_every") == 0 || b.step == total_ || b.step == 1)
+        ctx.print(fmt::format("[pretrain] step {}/{} loss {:.6f} grad_norm {:.4f} lr {:.3e} comm {:.3f} MB/rank "
+                              "({:.0f} tokens/s)",
+                              b.step, total_, r.loss, r.grad_norm, r.lr, r.comm_bytes / 1e6, r.tokens / dt));
+    }
+    epoch_ = b.epoch;
+    cursor_ = b.cursor;
+    const int64_t every = ctx.spec().get_int("save_checkpoint_steps");
+    if (!out_dir_.empty() && every > 0 && (b.step % every == 0 || b.step == total_)) save(ctx, b.step);
+    if (b.step == total_) finish_run(ctx);
+  }
+
+ private:
+  std::string config_hash() const {
+    nlohmann::json j = model_->config();
+    j["zero_lora"] = model_->has_lora();
+    return config_fingerprint(j);
+  }
+
+  void save(actor::node_context& ctx, int64_t step) {
+    shard_manifest m;
+    m.step = step;
+    m.world_size = world_;
+    m.rank = rank_;
+    m.zero_stage = zs_.stage;
+    m.config_hash = config_hash();
+    m.data_epoch = epoch_;
+    m.data_cursor = cursor_;
+    const uint64_t rng = model_->rng_state();
+    m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
+    m.rng_state.resize(sizeof rng);
+    std::memcpy(m.rng_state.data(), &rng, sizeof rng);
+    std::vector<shard_group> groups;
+    if (model_->base_trainable()) {
+      shard_group g;
+      g.name = "base";
+      g.full_numel = model_->num_parameters();
+      for (auto& [lo, hi] : engine_->owned_ranges()) g.ranges.push_back({lo, hi});
+      g.tensors["fp32_master"] = engine_->owned_params();
+      if (auto t = engine_->owned_exp_avg(); t.defined()) g.tensors["exp_avg"] = t;
+      if (auto t = engine_->owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
+      groups.push_back(std::move(g));
+    }
+    if (model_->num_adapter_parameters() > 0 && rank_ == 0) {  // replicated: rank 0 saves it
+      shard_group g;
+      g.name = "adapter";
+      g.full_numel = model_->num_adapter_parameters();
+      g.ranges.push_back({0, g.full_numel});
+      g.tensors["fp32_master"] = engine_->adapter_params().clone();
+      g.tensors["exp_avg"] = engine_->adapter_exp_avg();
+      g.tensors["exp_avg_sq"] = engine_->adapter_exp_avg_sq();
+      groups.push_back(std::move(g));
+    }
+    save_shard(out_dir_, m, groups);
+    comm_->barrier();  // every shard is on disk before the commit point
+    if (rank_ == 0) {
+      commit_checkpoint(out_dir_, step, world_, static_cast<int>(ctx.spec().get_int("keep_checkpoints")));
+      ctx.print(fmt::format("[pretrain] checkpoint step {} -> {}", step,
+                            (std::filesystem::path(out_dir_) / step_folder_name(step)).string()));
+    }
+    comm_->barrier();
+  }
+
+  void restore(actor::node_context& ctx, const std::string& folder) {
+    auto ck = load_checkpoint(folder);
+    const auto& m0 = ck.manifests.at(0);
+    if (m0.config_hash != config_hash())
+      throw std::runtime_error("checkpoint " + folder +
+                               " was made for another model or LoRA setting (config hash differs): point output_dir "
+                               "elsewhere or set resume = false");
+    auto get = [&](const char* g, const char* t) -> tensor {
+      auto gi = ck.full.find(g);
+      if (gi == ck.full.end()) return {};
+      auto ti = gi->second.find(t);
+      return ti == gi->second.end() ? tensor{} : ti->second;
+    };
+    engine_->restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
+                     get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"), m0.step);
+    // RNG: this rank's stream when the world size is unchanged, else rank 0's
+    const auto& mine = m0.world_size == world_ ? ck.manifests.at(rank_) : m0;
+    if (mine.rng_state.size() == sizeof(uint64_t)) {
+      uint64_t rng;
+      std::memcpy(&rng, mine.rng_state.data(), sizeof rng);
+      model_->set_rng_state(rng);
+    }
+    epoch_ = m0.data_epoch;
+    cursor_ = m0.data_cursor;
+    if (rank_ == 0)
+      ctx.print(fmt::format("[pretrain] restored step {} ({} ranks, stage {}) on {} ranks, stage {}", m0.step,
+                            m0.world_size, m0.zero_stage, world_, zs_.stage));
+  }
+
+  void finish_run(actor::node_context& ctx) {
+    if (val_ids_.defined()) {
+      const double l = engine_->eval_loss(val_ids_, val_targets_);
+      if (rank_ == 0)
+        ctx.print(fmt::format("[pretrain] held-out loss {:.6f} -> {:.6f} after step {}", before_, l,
+                              engine_->step_count()));
+    }
+    auto mem = engine_->memory();
+    ctx.print("[pretrain] memory " + mem.str());
+    const auto& s = ctx.spec();
+    if (const auto& dir = s.get_string("export_hf"); !dir.empty()) {
+      tensor full = engine_->gather_full_params();  // a collective: every rank
+      if (rank_ == 0) {
+        decoder out(model_->config());
+        out.w().flat.copy_from(full);
+        save_hf(out, dir);
+        ctx.print("[pretrain] consolidated model -> " + dir);
+      }
+    }
+    if (const auto& dir = s.get_string("save_lora"); !dir.empty() && model_->has_lora() && rank_ == 0) {
+      save_adapter(*model_, dir);
+      ctx.print("[pretrain] LoRA adapter (only the LoRA weights) -> " + dir);
+    }
+    const double dt = std::chrono::duration<double>(clk::now() - t0_).count();
+    if (rank_ == 0) ctx.print(fmt::format("[pretrain] done in {:.1f} s", dt));
+  }
+
+  int world_ = 1, rank_ = 0;
+  std::unique_ptr<comm::communicator> comm_;
+  ds_config ds_;
+  zero_settings zs_;
+  std::unique_ptr<decoder> model_;
+  std::unique_ptr<zero_engine> engine_;
+  std::string out_dir_;
+  int64_t total_ = 0, epoch_ = 0, cursor_ = 0;
+  bool evaluated_ = false;
+  double before_ = 0;
+  tensor val_ids_, val_targets_;
+  clk::time_point t0_;
+};
+
+}  // namespace
+
+void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  auto shared = [](graph::node_kind& k) {
+    k.option("seq_length", T::int_, std::int64_t{64}, "tokens per instance (TencentPretrain --seq_length)")
+        .option("total_steps", T::int_, std::int64_t{20}, "optimizer steps (TencentPretrain --total_steps)")
+        .option("output_dir", T::string, std::string(""), "checkpoint folder (empty: no checkpoints)")
+        .option("resume", T::bool_, true, "continue from output_dir's latest committed checkpoint when there is one")
+        .option("seed", T::int_, std::int64_t{1234}, "data order and LoRA init");
+  };
+  {
+    graph::node_kind k{"lm_batches", "LM data: documents tokenized, concatenated, cut to seq_length; one global batch per step"};
+    k.require("data", T::path, "UTF-8 text, documents separated by blank lines")
+        .require("tokenizer", T::path, "SentencePiece .model (or a GPT-2 BPE folder)")
+        .option("train_batch_size", T::int_, std::int64_t{8}, "rows per optimizer step, all ranks together (DeepSpeed)")
+        .option("eval_rows", T::int_, std::int64_t{64}, "held-out instances for the loss before and after (0: none)")
+        .output("batch", "lm_batch", "one global batch per step", true);
+    shared(k);
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new lm_batches); });
+  }
+  {
+    graph::node_kind k{"zero_rank", "a ZeRO shard owner: one replica per rank, trains its rows of each global batch"};
+    k.blocking = true;
+    k.require("model", T::path, "initial weights: llama2.c .bin, HF folder or flowrun folder")
+        .require("deepspeed_config", T::path, "DeepSpeed JSON (batch sizes, zero_optimization.stage, optimizer, scheduler)")
+        .option("zero_stage", T::int_, std::int64_t{-1}, "override zero_optimization.stage (-1: the config's)")
+        .option("comm_backend", T::string, std::string("inproc"), "inproc (threads), gloo (processes) or nccl (GPUs)")
+        .option("store_dir", T::string, std::string(""), "gloo/nccl rendezvous folder (default: $FLOWRUN_STORE_DIR)")
+        .option("comm_timeout_s", T::int_, std::int64_t{300}, "how long a collective waits for the other ranks")
+        .option("save_checkpoint_steps", T::int_, std::int64_t{10}, "checkpoint every N steps (and at the end)")
+        .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed step folders kept")
+        .option("export_hf", T::string, std::string(""), "at the end, write the consolidated model here (HF format)")
+        .option("use_lora", T::bool_, false, "train LoRA adapters only (TencentPretrain --use_lora)")
+        .option("lora_r", T::int_, std::int64_t{8}, "LoRA rank")
+        .option("lora_alpha", T::float_, 16.0, "LoRA alpha")
+        .option("lora_dropout", T::float_, 0.0, "LoRA dropout")
+        .option("lora_pretrained", T::string, std::string(""), "continue from this LoRA adapter folder (base + LoRA)")
+        .option("save_lora", T::string, std::string(""), "at the end, save only the LoRA weights here (PEFT format)")
+        .option("memory_limit_gb", T::float_, 0.0, "refuse a plan over this many GB per process (0: available memory)")
+        .option("print_every", T::int_, std::int64_t{5}, "print the loss every N steps")
+        .input("batch", "lm_batch", "global batches");
+    shared(k);
+    actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new zero_rank); });
+  }
+}
+
+}  // namespace flowrun::actors

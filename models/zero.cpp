@@ -1,0 +1,531 @@
+#include "models/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "runtime/kernels/ops.h"
+
+namespace flowrun {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string mb(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+int64_t bytes_of(const tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(dtype_size(t.type())) : 0; }
+
+int64_t activation_bytes(const activations& a) {
+  int64_t n = 0;
+  for (auto& r : a.resid) n += bytes_of(r);
+  for (auto& L : a.layers) {
+    for (const tensor* t : {&L.ln1, &L.ln1_mean, &L.ln1_rstd, &L.q, &L.k, &L.v, &L.att, &L.atty, &L.resid2,
+                            &L.resid3, &L.ln2, &L.ln2_mean, &L.ln2_rstd, &L.gate, &L.up, &L.act})
+      n += bytes_of(*t);
+    for (int m = 0; m < lm_count; ++m) n += bytes_of(L.lora_u[m]) + bytes_of(L.lora_mask[m]);
+  }
+  for (const tensor* t : {&a.emb, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.hout, &a.logits, &a.values, &a.losses,
+                          &a.dlogits, &a.dlnf, &a.dres, &a.dln, &a.dact, &a.dgate, &a.dup, &a.datty, &a.dq, &a.dk,
+                          &a.dv, &a.lora_du, &a.lora_dx, &a.dhout, &a.demb})
+    n += bytes_of(*t);
+  return n;
+}
+
+// The optimizer's view of a run of elements with one weight-decay setting.
+struct segment {
+  int64_t flat = 0;   // first element in the full flat buffer
+  int64_t local = 0;  // first element in the shard (== flat for unsharded buffers)
+  int64_t len = 0;
+  bool no_decay = false;
+};
+
+// Segments of [lo, hi) of the flat buffer (shard offset local0 at lo) split by entries' decay flags.
+void add_segments(std::vector<segment>& out, const std::vector<param_entry>& es, int64_t lo, int64_t hi,
+                  int64_t local0) {
+  for (auto& e : es) {
+    int64_t a = std::max(lo, e.offset), b = std::min(hi, e.offset + e.numel);
+    if (a >= b) continue;
+    if (!out.empty() && out.back().no_decay == e.no_decay && out.back().flat + out.back().len == a &&
+        out.back().local + out.back().len == local0 + (a - lo)) {
+      out.back().len += b - a;
+    } else {
+      out.push_back({a, local0 + (a - lo), b - a, e.no_decay});
+    }
+  }
+}
+
+}  // namespace
+
+std::string memory_report::str() const {
+  std::string s = "rank " + std::to_string(rank) + "/" + std::to_string(world_size) + " stage " +
+                  std::to_string(stage) + ": params " + mb(param_bytes);
+  if (gathered_peak_bytes > 0) s += " (+" + mb(gathered_peak_bytes) + " gathered peak)";
+  s += ", grads " + mb(grad_bytes) + ", optimizer " + mb(optimizer_bytes) + ", activations " +
+       mb(activation_bytes) + ", total " + mb(total());
+  return s;
+}
+
+memory_report estimate_memory(int64_t n_params, int64_t max_block, int N, int stage, int64_t act_bytes) {
+  memory_report m;
+  m.world_size = N;
+  m.stage = stage;
+  const int64_t shard = ceil_div(n_params, N) * 4;  // (per-block padding is a few elements)
+  m.max_block_bytes = ceil_div(max_block, N) * N * 4;
+  m.param_bytes = stage >= 3 ? shard : n_params * 4;
+  m.gathered_peak_bytes = stage >= 3 ? 2 * m.max_block_bytes : 0;  // a layer (+ the tied embedding at the head)
+  m.grad_bytes = stage >= 2 ? shard + m.max_block_bytes : n_params * 4 + (stage == 1 ? shard : 0);
+  m.optimizer_bytes = stage >= 1 ? 2 * shard : 2 * n_params * 4;
+  m.activation_bytes = act_bytes;
+  return m;
+}
+
+int64_t estimate_activation_bytes(const model_config& c, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = c.dim, F = c.hidden_dim, H = c.n_heads, hs = c.head_dim(), KV = c.n_kv_heads;
+  const int64_t E = c.embed_width(), V = c.vocab_size;
+  int64_t per_layer = N * (5 * C + H * hs + 2 * KV * hs + (c.gated_mlp ? 3 : 2) * F + 4) + B * H * T * T;
+  int64_t floats = c.n_layers * per_layer + (c.n_layers + 2) * N * C + 2 * N * V + N * 4;
+  floats += N * (4 * C + 3 * F + H * hs + 2 * KV * hs);  // backward scratch
+  if (c.has_projection()) floats += 4 * N * E;
+  return floats * 4;
+}
+
+int64_t zero_theoretical_bytes(const decoder& model, int N, int stage, int64_t gas) {
+  if (N <= 1) return 0;
+  // Ψ in bytes: the f32 parameters, each block padded to a multiple of N (as they travel)
+  int64_t psi = 0;
+  for (auto& b : model.param_blocks()) psi += ceil_div(b.numel(), N) * N * 4;
+  const int64_t ring = (N - 1) * (psi / N);  // one ring all-gather or reduce-scatter of Ψ
+  switch (stage) {
+    case 0: return 2 * ring;        // all-reduce of the gradients, once per step
+    case 1:
+    case 2: return 2 * ring;        // reduce-scatter of the gradients + all-gather of the parameters
+    default: return gas * 3 * ring; // per micro-batch: all-gather in forward and in backward, reduce-scatter
+  }
+}
+
+// ------------------------------------------------------------------ engine
+
+struct zero_engine::block_state {
+  tensor params;  // stage 3: the gathered (padded) block, while acquired
+  int refs = 0;
+  tensor grads;   // stages 2-3: the block's (padded) gradient buffer during backward
+};
+
+zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_settings& s)
+    : model_(model), comm_(comm), s_(s) {
+  if (s_.stage < 0 || s_.stage > 3)
+    throw std::invalid_argument("zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(s_.stage));
+  if (s_.micro_batch < 1 || s_.gradient_accumulation_steps < 1)
+    throw std::invalid_argument("train_micro_batch_size_per_gpu and gradient_accumulation_steps must be >= 1");
+  N_ = comm_.world_size();
+  r_ = comm_.rank();
+  base_trains_ = model_.base_trainable();
+  blocks_ = model_.param_blocks();
+  st_.resize(blocks_.size());
+  int64_t off = 0;
+  for (auto& b : blocks_) {
+    piece_.push_back(ceil_div(b.numel(), N_));
+    shard_off_.push_back(off);
+    off += piece_.back();
+  }
+  shard_numel_ = off;
+  const int64_t P = model_.num_parameters();
+  if (base_trains_) {
+    const int64_t n = s_.stage == 0 ? P : shard_numel_;
+    m_ = tensor::zeros({n});
+    v_ = tensor::zeros({n});
+    if (s_.stage >= 1) grad_shard_ = tensor::zeros({shard_numel_});
+  }
+  if (model_.num_adapter_parameters() > 0) {
+    am_ = tensor::zeros({model_.num_adapter_parameters()});
+    av_ = tensor::zeros({model_.num_adapter_parameters()});
+  }
+  if (s_.stage >= 2) {
+    model_.set_external_grads(true);
+    model_.set_param_hooks(this);
+  }
+  if (s_.stage == 3) {
+    master_ = tensor::zeros({shard_numel_});
+    const tensor& flat = model_.w().flat;
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      const int64_t lo = blocks_[b].begin + r_ * piece_[b];
+      const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
+      if (hi > lo) master_.flat_view(shard_off_[b], {hi - lo}).copy_from(flat.flat_view(lo, {hi - lo}));
+    }
+    for (size_t b = 0; b < blocks_.size(); ++b) model_.rebind_block(static_cast<int>(b), tensor{}, tensor{});
+    model_.release_flat_params();
+  }
+}
+
+zero_engine::~zero_engine() {
+  if (s_.stage >= 2) model_.set_param_hooks(nullptr);
+}
+
+tensor zero_engine::piece(const tensor& full_block, int b) const {
+  return full_block.flat_view(r_ * piece_[b], {piece_[b]});
+}
+
+void zero_engine::gather_block(int b, tensor& dst) {
+  const int64_t p = piece_[b];
+  dst = tensor::empty({p * N_});
+  tensor mine = master_.flat_view(shard_off_[b], {p});
+  tensor slot = dst.flat_view(r_ * p, {p});
+  slot.copy_from(mine);
+  comm_.all_gather(slot, dst);  // in place: this rank's piece is already in its slot
+}
+
+void zero_engine::acquire(int b, phase p, bool params) {
+  auto& st = st_[b];
+  const auto& blk = blocks_[b];
+  bool rebind = false;
+  if (s_.stage == 3 && params) {
+    if (st.refs++ == 0) {
+      gather_block(b, st.params);
+      gathered_now_ += bytes_of(st.params);
+      gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+      rebind = true;
+    }
+  }
+  if (p == phase::backward && !st.grads.defined()) {
+    st.grads = tensor::zeros({piece_[b] * N_});
+    gradbuf_now_ += bytes_of(st.grads);
+    gradbuf_peak_ = std::max(gradbuf_peak_, gradbuf_now_);
+    rebind = true;
+  }
+  if (!rebind) return;
+  tensor pv = s_.stage == 3 ? (st.params.defined() ? st.params.flat_view(0, {blk.numel()}) : tensor{})
+                            : model_.w().flat.flat_view(blk.begin, {blk.numel()});
+  tensor gv = st.grads.defined() ? st.grads.flat_view(0, {blk.numel()}) : tensor{};
+  model_.rebind_block(b, pv, gv);
+}
+
+void zero_engine::release(int b, phase) {
+  if (s_.stage != 3) return;
+  auto& st = st_[b];
+  if (st.refs == 0 || --st.refs > 0) return;
+  gathered_now_ -= bytes_of(st.params);
+  st.params = tensor{};
+  tensor gv = st.grads.defined() ? st.grads.flat_view(0, {blocks_[b].numel()}) : tensor{};
+  model_.rebind_block(b, tensor{}, gv);
+}
+
+void zero_engine::grads_ready(int b) {
+  auto& st = st_[b];
+  if (!st.grads.defined()) return;
+  if (base_trains_) {
+    tensor dst = grad_shard_.flat_view(shard_off_[b], {piece_[b]});
+    if (first_micro_) {
+      comm_.reduce_scatter(st.grads, dst);
+    } else {
+      auto tmp = tensor::empty({piece_[b]});
+      comm_.reduce_scatter(st.grads, tmp);
+      ops::axpy(dst, tmp);
+    }
+  }
+  gradbuf_now_ -= bytes_of(st.grads);
+  st.grads = tensor{};
+  tensor pv = s_.stage == 3 ? (st.params.defined() ? st.params.flat_view(0, {blocks_[b].numel()}) : tensor{})
+                            : model_.w().flat.flat_view(blocks_[b].begin, {blocks_[b].numel()});
+  model_.rebind_block(b, pv, tensor{});
+}
+
+void zero_engine::reduce_grads_stage01() {
+  if (base_trains_) {
+    tensor& g = model_.grads().flat;
+    if (s_.stage == 0) {
+      comm_.all_reduce(g);
+    } else {  // stage 1: reduce-scatter each (padded) block into the gradient shard
+      for (size_t b = 0; b < blocks_.size(); ++b) {
+        const int64_t p = piece_[b], n = blocks_[b].numel();
+        auto send = tensor::zeros({p * N_});
+        send.flat_view(0, {n}).copy_from(g.flat_view(blocks_[b].begin, {n}));
+        tensor dst = grad_shard_.flat_view(shard_off_[b], {p});
+        comm_.reduce_scatter(send, dst);
+      }
+    }
+  }
+}
+
+double zero_engine::sum_sq_local() const {
+  if (!base_trains_) return 0.0;
+  if (s_.stage == 0) return ops::sum_squares(model_.grads().flat);
+  return ops::sum_squares(grad_shard_);
+}
+
+void zero_engine::optimizer_step(double lr, double clip_coef) {
+  ++t_;
+  ops::adamw_config c = s_.adamw;
+  c.lr = static_cast<float>(lr);
+  auto step_segments = [&](const std::vector<segment>& segs, tensor& P, tensor& G, tensor& M, tensor& V,
+                           bool p_local) {
+    for (auto& sg : segs) {
+      tensor p = P.flat_view(p_local ? sg.local : sg.flat, {sg.len});
+      tensor g = G.flat_view(sg.local, {sg.len});
+      tensor m = M.flat_view(sg.local, {sg.len});
+      tensor v = V.flat_view(sg.local, {sg.len});
+      ops::adamw_config ci = c;
+      if (sg.no_decay) ci.weight_decay = 0.0f;
+      ops::adamw_step(p, g, m, v, t_, ci);
+    }
+  };
+  if (base_trains_) {
+    std::vector<segment> segs;
+    tensor G = s_.stage == 0 ? model_.grads().flat : grad_shard_;
+    if (clip_coef < 1.0) ops::scale(G, static_cast<float>(clip_coef));
+    if (s_.stage == 0) {
+      add_segments(segs, model_.params(), 0, model_.num_parameters(), 0);
+      step_segments(segs, model_.w().flat, G, m_, v_, false);
+    } else {
+      for (size_t b = 0; b < blocks_.size(); ++b) {
+        const int64_t lo = blocks_[b].begin + r_ * piece_[b];
+        const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
+        if (hi > lo) add_segments(segs, model_.params(), lo, hi, shard_off_[b]);
+      }
+      if (s_.stage == 3) step_segments(segs, master_, G, m_, v_, true);
+      else step_segments(segs, model_.w().flat, G, m_, v_, false);
+    }
+  }
+  if (model_.num_adapter_parameters() > 0) {
+    tensor& G = model_.grads().adapter_flat;
+    if (clip_coef < 1.0) ops::scale(G, static_cast<float>(clip_coef));
+    std::vector<segment> segs;
+    add_segments(segs, model_.adapter_params(), 0, model_.num_adapter_parameters(), 0);
+    step_segments(segs, model_.w().adapter_flat, G, am_, av_, false);
+  }
+}
+
+void zero_engine::allgather_params_after_step() {
+  if (!base_trains_ || s_.stage == 0 || s_.stage == 3) return;
+  tensor& flat = model_.w().flat;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const int64_t p = piece_[b], n = blocks_[b].numel(), begin = blocks_[b].begin;
+    auto buf = tensor::zeros({p * N_});
+    const int64_t lo = r_ * p, hi = std::min(lo + p, n);
+    if (hi > lo) buf.flat_view(lo, {hi - lo}).copy_from(flat.flat_view(begin + lo, {hi - lo}));
+    tensor slot = buf.flat_view(lo, {p});
+    comm_.all_gather(slot, buf);
+    flat.flat_view(begin, {n}).copy_from(buf.flat_view(0, {n}));
+  }
+}
+
+namespace {
+int64_t count_valid(const tensor& targets) {
+  const int32_t* t = targets.data<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) n += t[i] != -100;
+  return n;
+}
+}  // namespace
+
+step_result zero_engine::train_step(const tensor& ids, const tensor& targets, double lr) {
+  const int64_t gas = s_.gradient_accumulation_steps, mbs = s_.micro_batch;
+  const int64_t Bg = mbs * gas * N_;
+  if (ids.dim() != 2 || ids.size(0) != Bg || targets.shape() != ids.shape())
+    throw std::invalid_argument("zero_engine::train_step: the global batch must be (" + std::to_string(Bg) +
+                                ", T) = train_micro_batch_size_per_gpu " + std::to_string(mbs) +
+                                " x gradient_accumulation_steps " + std::to_string(gas) + " x world size " +
+                                std::to_string(N_) + ", got ids " + ids.str() + ", targets " + targets.str());
+  const int64_t bytes0 = comm_.stats().bytes_sent;
+  if (lr < 0) lr = s_.adamw.lr;
+  // the denominator of the global mean: valid targets across ranks and micro-batches
+  int64_t local_valid = 0;
+  for (int64_t g = 0; g < gas; ++g) {
+    const int64_t row = (g * N_ + r_) * mbs;
+    local_valid += count_valid(targets.rows(row, row + mbs));
+  }
+  auto cnt = tensor::empty({1}, dtype::i64);
+  cnt.data<int64_t>()[0] = local_valid;
+  comm_.all_reduce(cnt);
+  const int64_t global_valid = cnt.data<int64_t>()[0];
+
+  model_.zero_grad();
+  double loss_sum = 0.0;
+  for (int64_t g = 0; g < gas; ++g) {
+    first_micro_ = g == 0;
+    const int64_t row = (g * N_ + r_) * mbs;
+    tensor mi = ids.rows(row, row + mbs).clone(), mt = targets.rows(row, row + mbs).clone();
+    double loss = model_.forward(act_, mi, mt);
+    loss_sum += loss * static_cast<double>(act_.n_valid);
+    act_.loss_norm = global_valid;
+    model_.backward(act_);
+  }
+  first_micro_ = true;
+  act_peak_ = std::max(act_peak_, activation_bytes(act_));
+  if (s_.stage <= 1) reduce_grads_stage01();
+  if (model_.num_adapter_parameters() > 0) comm_.all_reduce(model_.grads().adapter_flat);
+
+  // the loss and the squared gradient norm, summed over ranks in one all-reduce
+  auto sums = tensor::empty({2});
+  sums.data<float>()[0] = static_cast<float>(loss_sum);
+  sums.data<float>()[1] = static_cast<float>(s_.stage == 0 ? 0.0 : sum_sq_local());
+  comm_.all_reduce(sums);
+  double sq = sums.data<float>()[1];
+  if (s_.stage == 0) sq = sum_sq_local();  // the all-reduced full buffer: identical on every rank
+  if (model_.num_adapter_parameters() > 0) sq += ops::sum_squares(model_.grads().adapter_flat);
+  const double norm = std::sqrt(sq);
+  double coef = 1.0;
+  if (s_.gradient_clipping > 0 && norm > s_.gradient_clipping) coef = s_.gradient_clipping / (norm + 1e-6);
+  optimizer_step(lr, coef);
+  allgather_params_after_step();
+
+  step_result r;
+  r.loss = global_valid > 0 ? sums.data<float>()[0] / static_cast<double>(global_valid) : 0.0;
+  r.grad_norm = norm;
+  r.lr = lr;
+  r.tokens = global_valid;
+  r.comm_bytes = comm_.stats().bytes_sent - bytes0;
+  return r;
+}
+
+double zero_engine::eval_loss(const tensor& ids, const tensor& targets) {
+  const int64_t B = ids.size(0);
+  if (B % N_ != 0)
+    throw std::invalid_argument("zero_engine::eval_loss: " + std::to_string(B) + " rows do not split over " +
+                                std::to_string(N_) + " ranks");
+  const int64_t per = B / N_;
+  activations a;
+  tensor mi = ids.rows(r_ * per, r_ * per + per).clone(), mt = targets.rows(r_ * per, r_ * per + per).clone();
+  double loss = model_.forward(a, mi, mt);
+  auto sums = tensor::empty({2});
+  sums.data<float>()[0] = static_cast<float>(loss * static_cast<double>(a.n_valid));
+  sums.data<float>()[1] = static_cast<float>(a.n_valid);
+  comm_.all_reduce(sums);
+  return sums.data<float>()[1] > 0 ? sums.data<float>()[0] / sums.data<float>()[1] : 0.0;
+}
+
+memory_report zero_engine::memory() const {
+  memory_report m;
+  m.rank = r_;
+  m.world_size = N_;
+  m.stage = s_.stage;
+  m.param_bytes = (s_.stage == 3 ? bytes_of(master_) : bytes_of(model_.w().flat)) + bytes_of(model_.w().adapter_flat);
+  m.gathered_peak_bytes = gathered_peak_;
+  int64_t mx = 0;
+  for (size_t b = 0; b < blocks_.size(); ++b) mx = std::max(mx, piece_[b] * N_ * 4);
+  m.max_block_bytes = mx;
+  m.grad_bytes = bytes_of(grad_shard_) + bytes_of(model_.grads().adapter_flat) +
+                 (s_.stage <= 1 ? bytes_of(model_.grads().flat) : gradbuf_peak_);
+  m.optimizer_bytes = bytes_of(m_) + bytes_of(v_) + bytes_of(am_) + bytes_of(av_);
+  m.activation_bytes = act_peak_;
+  return m;
+}
+
+std::vector<std::pair<int64_t, int64_t>> zero_engine::owned_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> rs;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const int64_t lo = blocks_[b].begin + r_ * piece_[b];
+    const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
+    if (hi > lo) rs.push_back({lo, hi});
+  }
+  return rs;
+}
+
+namespace {
+// Copy the owned ranges out of a full flat buffer (full = true) or out of a padded shard.
+tensor compact(const tensor& src, bool full, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+               const std::vector<int64_t>& local_starts) {
+  int64_t n = 0;
+  for (auto& r : ranges) n += r.second - r.first;
+  auto out = tensor::empty({n});
+  int64_t at = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const int64_t len = ranges[i].second - ranges[i].first;
+    out.flat_view(at, {len}).copy_from(src.flat_view(full ? ranges[i].first : local_starts[i], {len}));
+    at += len;
+  }
+  return out;
+}
+}  // namespace
+
+// shard offsets matching owned_ranges()
+#define FLOWRUN_LOCAL_STARTS()                                         \
+  std::vector<int64_t> starts;                                         \
+  for (size_t b = 0; b < blocks_.size(); ++b) {                        \
+    const int64_t lo = blocks_[b].begin + r_ * piece_[b];              \
+    if (std::min(lo + piece_[b], blocks_[b].end) > lo) starts.push_back(shard_off_[b]); \
+  }
+
+tensor zero_engine::owned_params() const {
+  FLOWRUN_LOCAL_STARTS();
+  return s_.stage == 3 ? compact(master_, false, owned_ranges(), starts)
+                       : compact(model_.w().flat, true, owned_ranges(), starts);
+}
+
+tensor zero_engine::owned_exp_avg() const {
+  if (!m_.defined()) return {};
+  FLOWRUN_LOCAL_STARTS();
+  return compact(m_, s_.stage == 0, owned_ranges(), starts);
+}
+
+tensor zero_engine::owned_exp_avg_sq() const {
+  if (!v_.defined()) return {};
+  FLOWRUN_LOCAL_STARTS();
+  return compact(v_, s_.stage == 0, owned_ranges(), starts);
+}
+#undef FLOWRUN_LOCAL_STARTS
+
+tensor zero_engine::adapter_params() const { return model_.w().adapter_flat; }
+
+void zero_engine::restore(const tensor& params, const tensor& exp_avg, const tensor& exp_avg_sq,
+                          const tensor& adapter, const tensor& adapter_m, const tensor& adapter_v, int64_t step) {
+  const int64_t P = model_.num_parameters();
+  auto need = [&](const tensor& t, int64_t n, const char* what) {
+    if (t.defined() && t.numel() != n)
+      throw std::invalid_argument(std::string("zero_engine::restore: ") + what + " has " +
+                                  std::to_string(t.numel()) + " elements, the model " + std::to_string(n));
+  };
+  need(params, P, "fp32_master");
+  need(exp_avg, P, "exp_avg");
+  need(exp_avg_sq, P, "exp_avg_sq");
+  if (params.defined()) {
+    if (s_.stage == 3) {
+      master_.zero_();
+      for (size_t b = 0; b < blocks_.size(); ++b) {
+        const int64_t lo = blocks_[b].begin + r_ * piece_[b], hi = std::min(lo + piece_[b], blocks_[b].end);
+        if (hi > lo) master_.flat_view(shard_off_[b], {hi - lo}).copy_from(params.flat_view(lo, {hi - lo}));
+      }
+    } else {
+      model_.w().flat.copy_from(params);
+    }
+  }
+  auto load_moment = [&](tensor& dst, const tensor& src) {
+    if (!dst.defined() || !src.defined()) return;
+    if (s_.stage == 0) {
+      dst.copy_from(src);
+      return;
+    }
+    dst.zero_();
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      const int64_t lo = blocks_[b].begin + r_ * piece_[b], hi = std::min(lo + piece_[b], blocks_[b].end);
+      if (hi > lo) dst.flat_view(shard_off_[b], {hi - lo}).copy_from(src.flat_view(lo, {hi - lo}));
+    }
+  };
+  load_moment(m_, exp_avg);
+  load_moment(v_, exp_avg_sq);
+  const int64_t A = model_.num_adapter_parameters();
+  need(adapter, A, "adapter");
+  if (adapter.defined() && A > 0) model_.w().adapter_flat.copy_from(adapter);
+  if (adapter_m.defined() && am_.defined()) am_.copy_from(adapter_m);
+  if (adapter_v.defined() && av_.defined()) av_.copy_from(adapter_v);
+  t_ = step;
+}
+
+tensor zero_engine::gather_full_params() {
+  if (s_.stage != 3) return model_.w().flat.clone();
+  auto full = tensor::empty({model_.num_parameters()});
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    tensor buf;
+    gather_block(static_cast<int>(b), buf);
+    full.flat_view(blocks_[b].begin, {blocks_[b].numel()}).copy_from(buf.flat_view(0, {blocks_[b].numel()}));
+  }
+  return full;
+}
+
+}  // namespace flowrun

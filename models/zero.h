@@ -1,0 +1,171 @@
+// ZeRO data-parallel training of a decoder over a communicator (stages 0-3).
+//
+// Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+// Parameter Models" (sec. 5: P_os, P_os+g, P_os+g+p; sec. 7: communication);
+// the reference implementation is DeepSpeed's runtime/zero/stage_1_and_2.py and
+// stage3.py. One zero_engine per rank; every rank calls the same methods in the
+// same order (they run collectives).
+//
+// Layout. The decoder's flat parameter buffer is cut into blocks (the embeddings,
+// each layer, the head: decoder::param_blocks). Block b of n_b elements is padded
+// to N·p_b, p_b = ceil(n_b / N), and rank r owns piece r: flat elements
+// [begin_b + r·p_b, min(begin_b + (r+1)·p_b, end_b)). A rank's shard is the
+// concatenation of its pieces (Σ_b p_b elements, the padding zero).
+//
+//   stage 0  every rank holds all parameters, gradients and AdamW moments;
+//            gradients are all-reduced once per step.
+//   stage 1  AdamW moments are sharded: gradients reduce-scattered per block,
+//            each rank steps its pieces, parameters all-gathered per block.
+//   stage 2  + gradients sharded: each block's gradients are reduce-scattered as
+//            soon as backward has finished them (per micro-batch), and only the
+//            rank's pieces are kept.
+//   stage 3  + parameters sharded: a block is all-gathered just before forward or
+//            backward reads it and freed right after (param_hooks).
+//
+// Gradients are the mean over every valid target of the global batch
+// (micro_batch · gradient_accumulation_steps · N rows), so the loss curve does not
+// depend on N. Shapes: ids, targets (B_global, T) i32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/decoder.h"
+#include "runtime/comm/communicator.h"
+
+namespace flowrun {
+
+/// The DeepSpeed settings the engine uses (ds_config.h fills them from JSON).
+struct zero_settings {
+  int stage = 0;                          ///< zero_optimization.stage: 0, 1, 2 or 3
+  int64_t micro_batch = 1;                ///< train_micro_batch_size_per_gpu (rows per rank per micro-step)
+  int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;         ///< max global L2 norm; 0 = off
+  ops::adamw_config adamw;                ///< lr is the base lr (a schedule passes its own per step)
+};
+
+/// Bytes one rank holds, by kind (what DeepSpeed's see_memory_usage splits).
+struct memory_report {
+  int rank = 0, world_size = 1, stage = 0;
+  int64_t param_bytes = 0;          ///< persistent parameters held (full, or the shard at stage 3)
+  int64_t gathered_peak_bytes = 0;  ///< stage 3: most bytes of gathered blocks alive at once
+  int64_t max_block_bytes = 0;      ///< the largest block (padded), for comparison
+  int64_t grad_bytes = 0;           ///< persistent gradient buffers (+ the peak of per-block buffers at stages 2-3)
+  int64_t optimizer_bytes = 0;      ///< AdamW exp_avg and exp_avg_sq
+  int64_t activation_bytes = 0;     ///< saved activations and backward scratch of the last step
+  int64_t total() const {
+    return param_bytes + gathered_peak_bytes + grad_bytes + optimizer_bytes + activation_bytes;
+  }
+  /// One line: "rank 0/2 stage 3: params 0.52 MB (+0.18 MB gathered peak) grads ... total ...".
+  std::string str() const;
+};
+
+/// An estimate made before a run (no allocation): the same categories.
+/// `n_params` trainable parameters, `max_block` the largest block's elements,
+/// `activation_bytes` from estimate_activation_bytes.
+memory_report estimate_memory(int64_t n_params, int64_t max_block, int world_size, int stage,
+                              int64_t activation_bytes);
+/// Bytes of saved activations and backward scratch for a (B, T) micro-batch.
+int64_t estimate_activation_bytes(const model_config& cfg, int64_t B, int64_t T);
+
+/// What one optimizer step did (identical on every rank).
+struct step_result {
+  double loss = 0;         ///< mean cross-entropy over the global batch's valid targets
+  double grad_norm = 0;    ///< global L2 norm before clipping
+  double lr = 0;
+  int64_t tokens = 0;      ///< valid targets in the global batch
+  int64_t comm_bytes = 0;  ///< bytes this rank's communicator sent during the step
+};
+
+/// Theoretical bytes one rank sends per optimizer step (ring collectives: each
+/// all-gather or reduce-scatter of S bytes moves (N-1)/N·S, an all-reduce twice
+/// that; ZeRO paper sec. 7.2): stage 0 all-reduces the gradients (2Ψ), stages 1-2
+/// reduce-scatter them and all-gather the parameters (2Ψ), stage 3 all-gathers
+/// the parameters in forward and in backward and reduce-scatters the gradients per
+/// micro-batch (3Ψ each). Ψ counts padded blocks in f32. This is the textbook
+/// volume; the engine's schedule differs from it in one place: with tied
+/// embeddings (stories260K) the head gathers the embedding a second time in
+/// forward, and the lookup's backward needs no gather of an untied embedding.
+/// Scalars (token counts, the loss, the norm) are not included.
+int64_t zero_theoretical_bytes(const decoder& model, int world_size, int stage, int64_t gradient_accumulation_steps);
+
+class zero_engine : private param_hooks {
+ public:
+  /// `model` holds the full initial weights on every rank (identical); at stage 3
+  /// the engine keeps only this rank's pieces and drops the full buffer. LoRA
+  /// (model.has_lora() with a frozen base): the base is still partitioned and
+  /// gathered at stage 3, the adapter is replicated and its gradients all-reduced.
+  /// Throws std::invalid_argument on a stage outside 0..3 or batch sizes < 1.
+  zero_engine(decoder& model, comm::communicator& comm, const zero_settings& s);
+  ~zero_engine() override;
+
+  /// One optimizer step on the global batch (B_global = micro_batch ·
+  /// gradient_accumulation_steps · world_size rows, T): rank r's micro-batch g is
+  /// rows [(g·N + r)·micro_batch, +micro_batch). `lr` < 0 uses settings.adamw.lr.
+  /// Throws std::invalid_argument on a wrong batch shape.
+  step_result train_step(const tensor& ids, const tensor& targets, double lr = -1.0);
+  /// Mean loss of `ids`/`targets` (B_global, T) split over the ranks, forward only.
+  double eval_loss(const tensor& ids, const tensor& targets);
+
+  /// Bytes held now (peaks since construction for gathered blocks).
+  memory_report memory() const;
+  const zero_settings& settings() const { return s_; }
+  int64_t step_count() const { return t_; }
+  decoder& model() { return model_; }
+  comm::communicator& comm() { return comm_; }
+
+  // ---- checkpoint state: this rank's pieces, compact (padding left out)
+  /// Real element ranges [begin, end) of the flat base buffer this rank owns, in shard order.
+  std::vector<std::pair<int64_t, int64_t>> owned_ranges() const;
+  /// This rank's fp32 master parameters, exp_avg and exp_avg_sq over owned_ranges()
+  /// (compact, f32); empty tensors for the moments before any step or when the base is frozen.
+  tensor owned_params() const;
+  tensor owned_exp_avg() const;
+  tensor owned_exp_avg_sq() const;
+  /// The adapter buffer (LoRA A/B, v_head) and its moments: replicated on every rank.
+  tensor adapter_params() const;
+  tensor adapter_exp_avg() const { return am_; }
+  tensor adapter_exp_avg_sq() const { return av_; }
+  /// Restore from full (unsharded) flat buffers, as a checkpoint of any world size
+  /// reassembles them: params (n_params,), moments (n_params,) or undefined; the
+  /// adapter the same over its buffer; `step` the optimizer step count.
+  void restore(const tensor& params, const tensor& exp_avg, const tensor& exp_avg_sq, const tensor& adapter,
+               const tensor& adapter_m, const tensor& adapter_v, int64_t step);
+  /// All parameters, gathered (every rank calls; every rank gets the full (n_params,) f32 buffer).
+  tensor gather_full_params();
+
+ private:
+  struct block_state;
+  void acquire(int b, phase p, bool params) override;
+  void release(int b, phase p) override;
+  void grads_ready(int b) override;
+  void gather_block(int b, tensor& dst);
+  void reduce_grads_stage01();
+  void optimizer_step(double lr, double clip_coef);
+  void allgather_params_after_step();
+  tensor piece(const tensor& full_block, int b) const;  // this rank's piece view of a (padded) block buffer
+  double sum_sq_local() const;
+
+  decoder& model_;
+  comm::communicator& comm_;
+  zero_settings s_;
+  int N_ = 1, r_ = 0;
+  bool base_trains_ = true;
+  std::vector<param_block> blocks_;
+  std::vector<int64_t> piece_, shard_off_;  // p_b and this rank's offset of block b in the shard
+  int64_t shard_numel_ = 0;
+  tensor master_;  // stage 3: this rank's parameter pieces (shard_numel_,)
+  tensor grad_shard_;  // stages 1-3: reduced gradient pieces (shard_numel_,)
+  tensor m_, v_;       // AdamW moments: full (stage 0) or shard (1-3)
+  tensor am_, av_;     // adapter moments
+  std::vector<block_state> st_;
+  int64_t t_ = 0;
+  bool first_micro_ = true;
+  int64_t gathered_now_ = 0, gathered_peak_ = 0, gradbuf_now_ = 0, gradbuf_peak_ = 0;
+  activations act_;
+  int64_t act_peak_ = 0;
+};
+
+}  // namespace flowrun

@@ -1,0 +1,270 @@
+// The inproc backend: ranks are threads of one process, collectives read the
+// peers' buffers directly.
+//
+// Every collective is: publish this rank's buffer pointers and arguments in
+// the group's table, wait at the group barrier (A), compute, and (except for
+// barrier) wait again (B) so that no rank returns, and lets its caller
+// reuse a buffer, while a peer may still read it. Each rank writes only its
+// own outputs. all_reduce splits the work: rank r reduces chunk r of every
+// rank's x into a shared scratch buffer between A and B, and after B each
+// rank copies the whole scratch into its x. The scratch is resized by the last
+// rank to reach A of the next all_reduce, when nobody reads it any more.
+//
+// The barrier is generation-counted: the last rank to arrive checks that all
+// ranks called the same op with the same arguments, bumps the generation and
+// wakes the others. A wait that times out names the ranks that did not arrive
+// and marks the group broken, which wakes and fails every waiting rank.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/reduce_kernels.h"
+
+namespace flowrun::comm {
+
+namespace {
+
+enum class op_kind : uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier };
+
+const char* op_name(op_kind k) {
+  switch (k) {
+    case op_kind::all_gather:
+      return "all_gather";
+    case op_kind::reduce_scatter:
+      return "reduce_scatter";
+    case op_kind::all_reduce:
+      return "all_reduce";
+    case op_kind::broadcast:
+      return "broadcast";
+    case op_kind::barrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+/// What one rank published for the current collective.
+struct entry {
+  op_kind op = op_kind::barrier;
+  const void* send = nullptr;  // all_gather/reduce_scatter: send; all_reduce/broadcast: x
+  void* recv = nullptr;
+  dtype type = dtype::f32;
+  int64_t send_numel = 0;
+  int64_t recv_numel = 0;
+  int root = 0;
+  reduce_op rop = reduce_op::sum;
+
+  bool same_call(const entry& o) const {
+    return op == o.op && type == o.type && send_numel == o.send_numel && recv_numel == o.recv_numel && root == o.root &&
+           rop == o.rop;
+  }
+  std::string str() const {
+    std::string s = op_name(op);
+    if (op == op_kind::barrier) return s;
+    s += "(";
+    s += dtype_name(type);
+    s += ", " + std::to_string(send_numel);
+    if (op == op_kind::all_gather || op == op_kind::reduce_scatter) s += " -> " + std::to_string(recv_numel);
+    s += " elements";
+    if (op == op_kind::broadcast) s += ", root " + std::to_string(root);
+    if (op == op_kind::all_reduce) s += std::string(", ") + reduce_op_name(rop);
+    return s + ")";
+  }
+};
+
+}  // namespace
+
+class inproc_group {
+ public:
+  explicit inproc_group(int world) : world_(world), entries_(world), arrived_(world, 0), claimed_(world, 0) {}
+
+  int world() const { return world_; }
+
+  void claim(int rank) {
+    std::lock_guard lk(mu_);
+    if (claimed_[rank])
+      throw std::invalid_argument("inproc_communicator: rank " + std::to_string(rank) +
+                                  " of this group is already taken by another communicator");
+    claimed_[rank] = 1;
+  }
+  void release(int rank) {
+    std::lock_guard lk(mu_);
+    claimed_[rank] = 0;
+  }
+
+  entry& slot(int rank) { return entries_[rank]; }
+  const entry& slot(int rank) const { return entries_[rank]; }
+  unsigned char* scratch() { return scratch_.data(); }
+
+  /// Waits until every rank has arrived. The last one to arrive checks the
+  /// published entries (when `check`) and prepares the scratch buffer.
+  /// Returns the check's complaint ("" when all ranks agree). Throws
+  /// std::runtime_error on timeout or when the group is broken.
+  std::string arrive_and_wait(int rank, const std::string& where, std::chrono::milliseconds timeout, bool check) {
+    std::unique_lock lk(mu_);
+    if (broken_) throw std::runtime_error(where + ": the inproc group is broken: " + broken_why_);
+    arrived_[rank] = 1;
+    if (++count_ == world_) {
+      complaint_ = check ? check_entries() : std::string();
+      if (complaint_.empty() && check && entries_[0].op == op_kind::all_reduce) {
+        const size_t need = static_cast<size_t>(entries_[0].send_numel) * dtype_size(entries_[0].type);
+        if (scratch_.size() < need) scratch_.resize(need);
+      }
+      count_ = 0;
+      std::fill(arrived_.begin(), arrived_.end(), 0);
+      ++generation_;
+      std::string r = complaint_;
+      lk.unlock();
+      cv_.notify_all();
+      return r;
+    }
+    const uint64_t gen = generation_;
+    const bool done = cv_.wait_for(lk, timeout, [&] { return generation_ != gen || broken_; });
+    if (generation_ != gen) return complaint_;
+    if (!done) {
+      std::string missing, present;
+      for (int r = 0; r < world_; ++r) {
+        std::string& list = arrived_[r] ? present : missing;
+        list += (list.empty() ? "" : ", ") + std::to_string(r);
+      }
+      broken_ = true;
+      broken_why_ = where + ": timed out after " + std::to_string(timeout.count()) + " ms waiting for rank(s) " +
+                    missing + " to arrive (arrived: " + present + ")";
+      lk.unlock();
+      cv_.notify_all();
+      throw std::runtime_error(broken_why_);
+    }
+    throw std::runtime_error(where + ": the inproc group is broken: " + broken_why_);
+  }
+
+ private:
+  std::string check_entries() const {
+    std::string bad;
+    for (int r = 1; r < world_; ++r)
+      if (!entries_[r].same_call(entries_[0])) bad += "; rank " + std::to_string(r) + " called " + entries_[r].str();
+    if (bad.empty()) return "";
+    return "the ranks called different collectives: rank 0 called " + entries_[0].str() + bad;
+  }
+
+  const int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;
+  int count_ = 0;
+  std::vector<entry> entries_;
+  std::vector<char> arrived_;
+  std::vector<char> claimed_;
+  std::vector<unsigned char> scratch_;
+  std::string complaint_;
+  bool broken_ = false;
+  std::string broken_why_;
+};
+
+namespace {
+
+class inproc_comm final : public communicator {
+ public:
+  inproc_comm(std::shared_ptr<inproc_group> g, int rank, std::chrono::milliseconds timeout)
+      : g_(std::move(g)), rank_(rank), timeout_(timeout) {
+    g_->claim(rank_);
+  }
+  ~inproc_comm() override { g_->release(rank_); }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return g_->world(); }
+  std::string backend() const override { return "inproc"; }
+  device tensor_device() const override { return device::cpu(); }
+
+ protected:
+  void do_all_gather(const tensor& send, tensor& recv) override {
+    publish({op_kind::all_gather, send.raw(), recv.raw(), send.type(), send.numel(), recv.numel()});
+    sync("all_gather", true);
+    const size_t nb = send.nbytes();
+    auto* out = static_cast<char*>(recv.raw());
+    for (int r = 0; r < g_->world(); ++r) {
+      const void* src = g_->slot(r).send;
+      if (src != out + r * nb) std::memcpy(out + r * nb, src, nb);
+    }
+    sync("all_gather", false);
+  }
+
+  void do_reduce_scatter(const tensor& send, tensor& recv) override {
+    publish({op_kind::reduce_scatter, send.raw(), recv.raw(), send.type(), send.numel(), recv.numel()});
+    sync("reduce_scatter", true);
+    const int world = g_->world();
+    const size_t off = static_cast<size_t>(rank_) * recv.nbytes();
+    std::vector<const void*> srcs(world);
+    for (int r = 0; r < world; ++r) srcs[r] = static_cast<const char*>(g_->slot(r).send) + off;
+    detail::reduce_ordered(recv.type(), reduce_op::sum, recv.raw(), srcs.data(), world, recv.numel());
+    sync("reduce_scatter", false);
+  }
+
+  void do_all_reduce(tensor& x, reduce_op op) override {
+    entry e{op_kind::all_reduce, x.raw(), nullptr, x.type(), x.numel(), x.numel()};
+    e.rop = op;
+    publish(e);
+    sync("all_reduce", true);
+    const int world = g_->world();
+    const int64_t n = x.numel();
+    const int64_t begin = n * rank_ / world, end = n * (rank_ + 1) / world;
+    const size_t es = dtype_size(x.type());
+    std::vector<const void*> srcs(world);
+    for (int r = 0; r < world; ++r) srcs[r] = static_cast<const char*>(g_->slot(r).send) + begin * es;
+    if (end > begin) detail::reduce_ordered(x.type(), op, g_->scratch() + begin * es, srcs.data(), world, end - begin);
+    sync("all_reduce", false);
+    std::memcpy(x.raw(), g_->scratch(), x.nbytes());
+  }
+
+  void do_broadcast(tensor& x, int root) override {
+    entry e{op_kind::broadcast, x.raw(), nullptr, x.type(), x.numel(), x.numel()};
+    e.root = root;
+    publish(e);
+    sync("broadcast", true);
+    const void* src = g_->slot(root).send;
+    if (rank_ != root && src != x.raw()) std::memcpy(x.raw(), src, x.nbytes());
+    sync("broadcast", false);
+  }
+
+  void do_barrier() override {
+    publish({});
+    sync("barrier", true);
+  }
+
+ private:
+  void publish(const entry& e) { g_->slot(rank_) = e; }
+
+  /// Waits for all ranks; `first` marks the wait after publishing, where the
+  /// arguments are compared.
+  void sync(const char* op, bool first) {
+    const std::string complaint = g_->arrive_and_wait(rank_, where(op), timeout_, first);
+    if (!complaint.empty()) throw std::invalid_argument(where(op) + ": " + complaint);
+  }
+
+  std::shared_ptr<inproc_group> g_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+std::shared_ptr<inproc_group> make_inproc_group(int world_size) {
+  if (world_size < 1)
+    throw std::invalid_argument("make_inproc_group: world_size must be >= 1, got " + std::to_string(world_size));
+  return std::make_shared<inproc_group>(world_size);
+}
+
+std::unique_ptr<communicator> inproc_communicator(std::shared_ptr<inproc_group> group, int rank,
+                                                  std::chrono::milliseconds timeout) {
+  if (!group) throw std::invalid_argument("inproc_communicator: group is null (use make_inproc_group)");
+  if (rank < 0 || rank >= group->world())
+    throw std::invalid_argument("inproc_communicator: rank " + std::to_string(rank) + " is not in [0, " +
+                                std::to_string(group->world()) + ")");
+  if (timeout.count() <= 0) throw std::invalid_argument("inproc_communicator: timeout must be positive");
+  return std::make_unique<inproc_comm>(std::move(group), rank, timeout);
+}
+
+}  // namespace flowrun::comm

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# graphs/pretrain.graph (stories260K on TinyStories, ZeRO) end to end:
+#   1. 2 ranks in 2 processes over gloo give the 1-rank loss curve (1e-5 per step) at every ZeRO stage;
+#   2. a run killed with SIGKILL at a random step and resumed continues the curve exactly;
+#   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
+#      adapter; continuing from base + LoRA starts where the LoRA run ended.
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+graph="$root/graphs/pretrain.graph"
+steps=20
+
+# run NAME [flowrun args...]: the graph for $steps steps, losses printed every step
+run() {
+  local name=$1; shift
+  "$flowrun" "$@" --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps \
+    --set node.ranks.print_every=1 --set node.ranks.export_hf= \
+    > "$out/$name.log" 2> "$out/$name.err" || { echo "$name failed:"; tail -20 "$out/$name.err"; exit 1; }
+}
+# the per-step losses of a log: "STEP LOSS" lines
+losses() { sed -n 's/^\[pretrain\] step \([0-9]*\)\/[0-9]* loss \([0-9.]*\) .*/\1 \2/p' "$1"; }
+# same_curve A B TOL: the losses of B equal A's at the same steps within TOL (B may start later)
+same_curve() {
+  awk -v tol="$3" 'NR == FNR { ref[$1] = $2; next }
+    { n++; if (!($1 in ref)) { print "step " $1 " missing in the reference"; bad = 1; next }
+      d = $2 - ref[$1]; if (d < 0) d = -d; if (d > worst) worst = d; if (d > tol) bad = 1 }
+    END { printf "  %d steps, max |delta loss| = %.2g (tolerance %g)\n", n, worst, tol; exit bad || n == 0 }' \
+    <(losses "$1") <(losses "$2")
+}
+nodir=(--set node.ranks.output_dir= --set node.data.output_dir=)
+
+echo "== 1 rank, stage 0 (the reference curve)"
+run ref run "$graph" --no-progress -q "${nodir[@]}" --set node.ranks.replicas=1 --set node.ranks.zero_stage=0
+losses "$out/ref.log" | head -3
+for stage in 0 1 2 3; do
+  echo "== 2 ranks in 2 processes over gloo, stage $stage"
+  run gloo$stage launch --nproc 2 "$graph" "${nodir[@]}" --set node.ranks.replicas=1 \
+    --set node.ranks.comm_backend=gloo --set node.ranks.zero_stage=$stage --run-arg=--no-progress
+  same_curve "$out/ref.log" "$out/gloo$stage.log" 1e-5 || { echo "gloo stage $stage: curve differs"; exit 1; }
+done
+
+echo "== SIGKILL at a random step, then resume (2 ranks, stage 3, a checkpoint every step)"
+run whole run "$graph" --no-progress -q "${nodir[@]}"
+kill_at=$(( 3 + RANDOM % 12 ))
+ck="$out/killed"
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
+  --set node.ranks.save_checkpoint_steps=1 --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps \
+  --set node.ranks.print_every=1 --set node.ranks.export_hf= > "$out/killed1.log" 2> "$out/killed1.err" &
+pid=$!
+target=$(printf 'step_%08d' "$kill_at")
+for _ in $(seq 1 3000); do
+  [[ -f "$ck/latest" ]] && [[ "$(cat "$ck/latest")" > "$target" || "$(cat "$ck/latest")" == "$target" ]] && break
+  kill -0 $pid 2> /dev/null || break
+  sleep 0.01
+done
+kill -9 $pid 2> /dev/null || { echo "the run ended before the kill at step $kill_at"; exit 1; }
+wait $pid 2> /dev/null || true
+echo "  killed with SIGKILL after checkpoint $(cat "$ck/latest") (aimed at step $kill_at)"
+run resumed run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
+  --set node.ranks.save_checkpoint_steps=1
+grep -q "resuming after step" "$out/resumed.log" || { echo "the second run did not resume"; exit 1; }
+grep "resuming after step" "$out/resumed.log"
+same_curve "$out/whole.log" "$out/resumed.log" 0 || { echo "the resumed curve differs"; exit 1; }
+
+echo "== pretraining lowers the held-out loss (stage 3), with and without LoRA"
+heldout() { sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) -> \([0-9.]*\) after.*/\1 \2/p' "$1"; }
+read -r before after < <(heldout "$out/whole.log")
+echo "  full: $before -> $after"
+awk -v a="$before" -v b="$after" 'BEGIN { exit !(b < a - 0.05) }' || { echo "held-out loss did not drop"; exit 1; }
+run lora run "$graph" --no-progress -q --set node.ranks.output_dir="$out/lora" --set node.data.output_dir="$out/lora" \
+  --set node.ranks.use_lora=true --set node.ranks.save_lora="$out/lora/adapter"
+read -r lbefore lafter < <(heldout "$out/lora.log")
+echo "  LoRA: $lbefore -> $lafter"
+awk -v a="$lbefore" -v b="$lafter" 'BEGIN { exit !(b < a - 0.02) }' || { echo "LoRA held-out loss did not drop"; exit 1; }
+# only the LoRA weights are saved: the adapter and the checkpoint hold no base tensor
+size=$(stat -c %s "$out/lora/adapter/adapter_model.safetensors")
+echo "  adapter_model.safetensors: $size bytes"
+(( size < 100000 )) || { echo "the adapter file is too large for LoRA weights only"; exit 1; }
+if grep -a -q '"model.layers.0.self_attn.q_proj.weight"' "$out/lora/adapter/adapter_model.safetensors"; then
+  echo "a base weight is in the adapter"; exit 1
+fi
+du -sb "$out/lora/$(cat "$out/lora/latest")" | awk '{ if ($1 > 200000) { print "the LoRA checkpoint holds more than adapters"; exit 1 } }'
+run cont run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont" --set node.data.output_dir="$out/cont" \
+  --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter"
+cstart=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/cont.log")
+echo "  base + LoRA continues at held-out $cstart (the LoRA run ended at $lafter)"
+[[ "$cstart" == "$lafter" ]] || { echo "continuing from base + LoRA did not restore the adapter"; exit 1; }
+echo "== a corrupt checkpoint is refused, naming the file; nothing is loaded"
+shard=$(ls "$ck/$(cat "$ck/latest")"/shard_00001-of-*.safetensors)
+pos=$(( $(stat -c %s "$shard") / 2 ))
+byte=$(od -A n -t u1 -j $pos -N 1 "$shard" | tr -d ' ')
+printf "\\x$(printf %02x $(( byte ^ 1 )))" | dd of="$shard" bs=1 seek=$pos conv=notrunc status=none  # flip one bit
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
+    --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps > "$out/corrupt.log" 2> "$out/corrupt.err"; then
+  echo "a run resumed from a corrupt checkpoint"; exit 1
+fi
+grep -q "$(basename "$shard") is corrupt" "$out/corrupt.err" || { echo "the error does not name the shard:"; cat "$out/corrupt.err"; exit 1; }
+grep -o "[^ ]*$(basename "$shard") is corrupt[^:]*" "$out/corrupt.err" | head -1
+
+echo "== a plan over the memory limit is refused before training"
+if "$flowrun" run "$graph" --no-progress -q "${nodir[@]}" --set node.ranks.memory_limit_gb=0.001 \
+    > "$out/mem.log" 2> "$out/mem.err"; then
+  echo "a plan over memory_limit_gb ran"; exit 1
+fi
+grep -q "the plan needs about" "$out/mem.err" || { echo "no memory message:"; cat "$out/mem.err"; exit 1; }
+grep -o "the plan needs about.*" "$out/mem.err" | head -1
+echo "pretrain_small: ok"

@@ -1,0 +1,770 @@
+// Tests of runtime/comm: the communicator contract (all_gather,
+// reduce_scatter, all_reduce, broadcast, barrier), byte counters, errors, the
+// stores, the inproc backend with 1-4 ranks as threads and the gloo backend
+// with 2 and 3 processes (this binary re-executes itself as the workers).
+//
+// The data are multiples of 2^-12 in [-2, 2] (rounded to the dtype), so every
+// sum over <= 4 ranks is exact in f32: the float64 reference rounded once to
+// the dtype must match the result bit for bit, whatever the summation order.
+// A separate case checks inproc's rank-order summation where order matters.
+#include <doctest/doctest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/store.h"
+#include "runtime/tensor/device_memory.h"
+
+extern char** environ;
+
+using namespace flowrun;
+using namespace flowrun::comm;
+using namespace std::chrono_literals;
+
+namespace {
+
+// ------------------------------------------------------------------ data
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+int64_t draw(uint64_t seed, int rank, int64_t i) {  // in [-8192, 8192]
+  return static_cast<int64_t>(mix(seed * 1000003u + static_cast<uint64_t>(rank) * 7919u + mix(i)) % 16385) - 8192;
+}
+
+/// Rank `rank`'s input for test `seed`: n elements of dtype t.
+tensor make_input(dtype t, uint64_t seed, int rank, int64_t n) {
+  if (t == dtype::i32) {
+    std::vector<int32_t> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(draw(seed, rank, i));
+    return tensor::from_ints({n}, v);
+  }
+  if (t == dtype::i64) {
+    auto x = tensor::empty({n}, dtype::i64);
+    for (int64_t i = 0; i < n; ++i) x.data<int64_t>()[i] = draw(seed, rank, i) * (int64_t{1} << 33) + rank * 7 + i;
+    return x;
+  }
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(draw(seed, rank, i)) / 4096.0f;
+  auto f = tensor::from_floats({n}, v);
+  return t == dtype::f32 ? f : f.to(t);
+}
+
+double as_double(const tensor& x, int64_t i) {
+  switch (x.type()) {
+    case dtype::f32:
+      return x.data<float>()[i];
+    case dtype::bf16:
+      return bf16_to_float(x.data<uint16_t>()[i]);
+    case dtype::f16:
+      return f16_to_float(x.data<uint16_t>()[i]);
+    case dtype::i32:
+      return x.data<int32_t>()[i];
+    case dtype::i64:
+      return static_cast<double>(x.data<int64_t>()[i]);
+  }
+  return 0;
+}
+
+int64_t as_int(const tensor& x, int64_t i) {
+  return x.type() == dtype::i32 ? x.data<int32_t>()[i] : x.data<int64_t>()[i];
+}
+
+bool is_int(dtype t) { return t == dtype::i32 || t == dtype::i64; }
+
+/// A tensor of dtype t from float64 values (rounded once, by the tensor
+/// library's own conversion) or int64 values.
+tensor from_values(dtype t, const std::vector<double>& f, const std::vector<int64_t>& k) {
+  const int64_t n = static_cast<int64_t>(is_int(t) ? k.size() : f.size());
+  auto x = tensor::empty({n}, t);
+  if (t == dtype::i32)
+    for (int64_t i = 0; i < n; ++i) x.data<int32_t>()[i] = static_cast<int32_t>(k[i]);
+  else if (t == dtype::i64)
+    for (int64_t i = 0; i < n; ++i) x.data<int64_t>()[i] = k[i];
+  else {
+    std::vector<float> v(f.begin(), f.end());
+    auto y = tensor::from_floats({n}, v);
+    x = t == dtype::f32 ? y : y.to(t);
+  }
+  return x;
+}
+
+/// Element-wise reference over all ranks' inputs (each of n elements,
+/// element offset `off`, length m): sum or max, in float64 / int64.
+tensor reference(dtype t, reduce_op op, const std::vector<tensor>& inputs, int64_t off, int64_t m) {
+  std::vector<double> f(is_int(t) ? 0 : m);
+  std::vector<int64_t> k(is_int(t) ? m : 0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (size_t r = 0; r < inputs.size(); ++r) {
+      if (is_int(t)) {
+        const int64_t v = as_int(inputs[r], off + i);
+        k[i] = r == 0 ? v : (op == reduce_op::sum ? k[i] + v : std::max(k[i], v));
+      } else {
+        const double v = as_double(inputs[r], off + i);
+        f[i] = r == 0 ? v : (op == reduce_op::sum ? f[i] + v : std::max(f[i], v));
+      }
+    }
+  }
+  return from_values(t, f, k);
+}
+
+uint64_t fnv1a(const void* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+  return h;
+}
+
+// ------------------------------------------------------------------ the suite
+
+/// Runs every collective on deterministic data and compares with a float64 /
+/// int64 reference computed here (each rank knows every rank's input).
+/// Cross-rank bitwise equality of the reductions is checked by all-gathering
+/// a hash of each result. Returns the failures (empty when all pass). Runs
+/// on any CPU backend; uses no doctest macro (ranks may be threads).
+std::vector<std::string> run_suite(communicator& c) {
+  std::vector<std::string> fail;
+  const int N = c.world_size(), R = c.rank();
+  auto tag = [&](const std::string& what, dtype t, int64_t n) {
+    return "rank " + std::to_string(R) + " of " + std::to_string(N) + " " + c.backend() + ": " + what + " " +
+           dtype_name(t) + " n=" + std::to_string(n);
+  };
+  auto same = [&](const std::string& what, const tensor& got, const tensor& want) {
+    if (got.nbytes() == want.nbytes() && std::memcmp(got.raw(), want.raw(), got.nbytes()) == 0) return;
+    std::string msg = what + ": differs";
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const size_t es = dtype_size(want.type());
+      if (std::memcmp(static_cast<const char*>(got.raw()) + i * es, static_cast<const char*>(want.raw()) + i * es,
+                      es) != 0) {
+        msg += " at " + std::to_string(i) + ": got " + std::to_string(as_double(got, i)) + ", want " +
+               std::to_string(as_double(want, i));
+        break;
+      }
+    }
+    fail.push_back(msg);
+  };
+  std::vector<uint64_t> hashes;  // of the reductions, compared across ranks at the end
+  int64_t expect_bytes = 0;
+  std::map<std::string, int64_t> expect_by_op;
+  auto expect = [&](const char* op, int64_t full) {
+    expect_bytes += ring_bytes_sent(op, full, N);
+    expect_by_op[op] += ring_bytes_sent(op, full, N);
+  };
+  c.reset_stats();
+  int64_t calls = 0;
+
+  uint64_t seed = 1;
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::f16, dtype::i32, dtype::i64}) {
+    for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{257}}) {
+      ++seed;
+      // all_gather
+      {
+        auto send = make_input(t, seed, R, n);
+        auto recv = tensor::zeros({N, n}, t);
+        c.all_gather(send, recv);
+        ++calls;
+        expect("all_gather", recv.nbytes());
+        for (int r = 0; r < N; ++r)
+          same(tag("all_gather slot " + std::to_string(r), t, n), recv.rows(r, r + 1).view({n}),
+               make_input(t, seed, r, n));
+        // in place: send is this rank's slot of recv
+        auto buf = tensor::zeros({N * n}, t);
+        auto slot = buf.flat_view(R * n, {n});
+        slot.copy_from(send);
+        c.all_gather(slot, buf);
+        ++calls;
+        expect("all_gather", buf.nbytes());
+        same(tag("all_gather in place", t, n), buf, recv.view({N * n}));
+      }
+      // reduce_scatter (sum), plain and in place
+      {
+        std::vector<tensor> inputs;
+        for (int r = 0; r < N; ++r) inputs.push_back(make_input(t, seed + 100, r, N * n));
+        auto want = reference(t, reduce_op::sum, inputs, R * n, n);
+        auto send = inputs[R].clone();
+        auto recv = tensor::zeros({n}, t);
+        c.reduce_scatter(send, recv);
+        ++calls;
+        expect("reduce_scatter", send.nbytes());
+        same(tag("reduce_scatter", t, n), recv, want);
+        same(tag("reduce_scatter left send alone", t, n), send, inputs[R]);
+        auto slot = send.flat_view(R * n, {n});
+        c.reduce_scatter(send, slot);
+        ++calls;
+        expect("reduce_scatter", send.nbytes());
+        same(tag("reduce_scatter in place", t, n), slot, want);
+      }
+      // all_reduce sum and max
+      for (reduce_op op : {reduce_op::sum, reduce_op::max}) {
+        std::vector<tensor> inputs;
+        for (int r = 0; r < N; ++r) inputs.push_back(make_input(t, seed + 200, r, n));
+        auto want = reference(t, op, inputs, 0, n);
+        auto x = inputs[R].clone();
+        c.all_reduce(x, op);
+        ++calls;
+        expect("all_reduce", x.nbytes());
+        same(tag(std::string("all_reduce ") + reduce_op_name(op), t, n), x, want);
+        hashes.push_back(fnv1a(x.raw(), x.nbytes()));
+      }
+      // broadcast from the last and from the first rank
+      for (int root : {N - 1, 0}) {
+        auto x = make_input(t, seed + 300, R, n);
+        c.broadcast(x, root);
+        ++calls;
+        expect("broadcast", x.nbytes());
+        same(tag("broadcast root " + std::to_string(root), t, n), x, make_input(t, seed + 300, root, n));
+      }
+    }
+  }
+
+  // A bigger f32 all_reduce and reduce_scatter (several gloo segments).
+  {
+    const int64_t n = 100003;
+    std::vector<tensor> inputs;
+    for (int r = 0; r < N; ++r) inputs.push_back(make_input(dtype::f32, 999, r, n));
+    auto x = inputs[R].clone();
+    c.all_reduce(x);
+    ++calls;
+    expect("all_reduce", x.nbytes());
+    same(tag("big all_reduce", dtype::f32, n), x, reference(dtype::f32, reduce_op::sum, inputs, 0, n));
+    hashes.push_back(fnv1a(x.raw(), x.nbytes()));
+    const int64_t m = 20001;
+    std::vector<tensor> rs;
+    for (int r = 0; r < N; ++r) rs.push_back(make_input(dtype::bf16, 998, r, N * m));
+    auto recv = tensor::empty({m}, dtype::bf16);
+    c.reduce_scatter(rs[R], recv);
+    ++calls;
+    expect("reduce_scatter", rs[R].nbytes());
+    same(tag("big reduce_scatter", dtype::bf16, m), recv, reference(dtype::bf16, reduce_op::sum, rs, R * m, m));
+  }
+
+  // bf16 sums round once: 256 + 1 + 1 + 1 is 259 -> 260 in bf16 (rounding
+  // after each addition would stay at 256).
+  {
+    auto x = tensor::from_floats({2}, {R == 0 ? 256.0f : 1.0f, R == 0 ? -256.0f : -1.0f}).to(dtype::bf16);
+    c.all_reduce(x);
+    ++calls;
+    expect("all_reduce", x.nbytes());
+    const float s = 256.0f + static_cast<float>(N - 1);
+    same(tag("bf16 rounds once", dtype::bf16, 2), x, tensor::from_floats({2}, {s, -s}).to(dtype::bf16));
+    hashes.push_back(fnv1a(x.raw(), x.nbytes()));
+  }
+
+  // NaN propagates through max; empty tensors are fine.
+  {
+    auto x = tensor::from_floats({3}, {R == N - 1 ? NAN : 1.0f, static_cast<float>(R), -static_cast<float>(R)});
+    c.all_reduce(x, reduce_op::max);
+    ++calls;
+    expect("all_reduce", x.nbytes());
+    if (!std::isnan(x.item(0)) || x.item(1) != static_cast<float>(N - 1) || x.item(2) != 0.0f)
+      fail.push_back(tag("max with NaN", dtype::f32, 3) + ": got " + std::to_string(x.item(0)) + ", " +
+                     std::to_string(x.item(1)) + ", " + std::to_string(x.item(2)));
+    auto e = tensor::empty({0});
+    auto e2 = tensor::empty({0});
+    c.all_reduce(e);
+    c.all_gather(e, e2);
+    calls += 2;
+    expect("all_reduce", 0);
+    expect("all_gather", 0);
+  }
+
+  c.barrier();
+  ++calls;
+  expect("barrier", 0);
+
+  // Byte counters: the ring convention, summed over the calls above.
+  const auto st = c.stats();
+  if (st.bytes_sent != expect_bytes)
+    fail.push_back(tag("stats.bytes_sent", dtype::f32, 0) + ": " + std::to_string(st.bytes_sent) +
+                   " != " + std::to_string(expect_bytes));
+  if (st.calls != calls)
+    fail.push_back(tag("stats.calls", dtype::f32, 0) + ": " + std::to_string(st.calls) +
+                   " != " + std::to_string(calls));
+  if (st.bytes_by_op != expect_by_op) fail.push_back(tag("stats.bytes_by_op", dtype::f32, 0) + " differs");
+
+  // Every rank got the same bytes from every reduction.
+  {
+    const int64_t k = static_cast<int64_t>(hashes.size());
+    auto mine = tensor::empty({k}, dtype::i64);
+    for (int64_t i = 0; i < k; ++i) mine.data<int64_t>()[i] = static_cast<int64_t>(hashes[i]);
+    auto all = tensor::empty({N, k}, dtype::i64);
+    c.all_gather(mine, all);
+    for (int r = 0; r < N; ++r)
+      if (std::memcmp(all.rows(r, r + 1).raw(), mine.raw(), mine.nbytes()) != 0)
+        fail.push_back(tag("reductions differ from rank " + std::to_string(r), dtype::i64, k));
+  }
+  return fail;
+}
+
+// ------------------------------------------------------------------ threads
+
+/// Runs body(comm) on `world` inproc ranks, one thread each; returns each
+/// rank's exception message ("" when it returned normally).
+std::vector<std::string> run_threads(int world, const std::function<void(communicator&)>& body,
+                                     std::chrono::milliseconds timeout = 20s) {
+  auto group = make_inproc_group(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto c = inproc_communicator(group, r, timeout);
+        body(*c);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::string temp_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() /
+           ("flowrun_" + name + "_" + std::to_string(::getpid()) + "_" +
+            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+}  // namespace
+
+// ====================================================================== tests
+
+TEST_CASE("test_comm: ring byte-count convention") {
+  // (N-1) * (B / N), all_reduce twice that, in exact integer arithmetic.
+  CHECK(ring_bytes_sent("all_gather", 4000, 4) == 3000);
+  CHECK(ring_bytes_sent("reduce_scatter", 4000, 4) == 3000);
+  CHECK(ring_bytes_sent("all_reduce", 4000, 4) == 6000);
+  CHECK(ring_bytes_sent("broadcast", 4000, 4) == 3000);
+  CHECK(ring_bytes_sent("all_reduce", 4000, 3) == 2 * 2 * 1333);
+  CHECK(ring_bytes_sent("barrier", 4000, 4) == 0);
+  for (const char* op : {"all_gather", "reduce_scatter", "all_reduce", "broadcast"})
+    CHECK(ring_bytes_sent(op, 12345, 1) == 0);
+  CHECK_THROWS_AS(ring_bytes_sent("all_to_all", 10, 2), std::invalid_argument);
+  CHECK_THROWS_AS(ring_bytes_sent("all_reduce", 10, 0), std::invalid_argument);
+  CHECK(std::string(reduce_op_name(reduce_op::max)) == "max");
+}
+
+TEST_CASE("test_comm: inproc: every collective against a float64 reference, 1 to 4 ranks") {
+  for (int world = 1; world <= 4; ++world) {
+    CAPTURE(world);
+    std::vector<std::vector<std::string>> failures(world);
+    auto errors = run_threads(world, [&](communicator& c) { failures[c.rank()] = run_suite(c); });
+    for (int r = 0; r < world; ++r) {
+      CHECK_MESSAGE(errors[r].empty(), errors[r]);
+      for (auto& f : failures[r]) FAIL_CHECK(f);
+    }
+  }
+}
+
+TEST_CASE("test_comm: inproc: byte counters equal the formula for known sizes") {
+  auto errors = run_threads(4, [&](communicator& c) {
+    auto a = tensor::zeros({1000});  // 4000 bytes
+    auto s = tensor::zeros({250});
+    c.all_reduce(a);
+    c.all_gather(s, a);
+    c.reduce_scatter(a, s);
+    c.broadcast(a, 2);
+    c.barrier();
+    auto st = c.stats();
+    if (st.bytes_sent != 6000 + 3000 + 3000 + 3000 || st.calls != 5 || st.bytes_by_op.at("all_reduce") != 6000 ||
+        st.bytes_by_op.at("all_gather") != 3000 || st.bytes_by_op.at("reduce_scatter") != 3000 ||
+        st.bytes_by_op.at("broadcast") != 3000 || st.bytes_by_op.at("barrier") != 0)
+      throw std::runtime_error("stats: bytes_sent " + std::to_string(st.bytes_sent));
+    c.reset_stats();
+    if (c.stats().bytes_sent != 0 || c.stats().calls != 0 || !c.stats().bytes_by_op.empty())
+      throw std::runtime_error("reset_stats did not reset");
+  });
+  for (auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  // One rank: nothing is sent.
+  auto c = inproc_communicator(make_inproc_group(1), 0);
+  auto x = tensor::zeros({100});
+  c->all_reduce(x);
+  CHECK(c->stats().bytes_sent == 0);
+  CHECK(c->stats().calls == 1);
+}
+
+TEST_CASE("test_comm: inproc: sums run in rank order 0..N-1 and are bitwise equal on every rank") {
+  // Order matters here: in f32 (spacing 8 at 1e8), ((1e8 + 3) + 3) + 3 is
+  // 1e8, while adding the threes first gives 1e8 + 9 -> 100000008.
+  const int world = 4;
+  std::vector<tensor> results(world);
+  auto errors = run_threads(world, [&](communicator& c) {
+    const float v = c.rank() == 0 ? 1e8f : 3.0f;
+    auto x = tensor::from_floats({4}, {v, -v, v * 0.1f, 3.0f});
+    c.all_reduce(x);
+    results[c.rank()] = x;
+  });
+  for (auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  volatile float want = 1e8f;
+  want = want + 3.0f;
+  want = want + 3.0f;
+  want = want + 3.0f;
+  CHECK(want == 1e8f);
+  CHECK(results[0].item(0) == want);
+  CHECK(results[0].item(1) == -want);
+  for (int r = 1; r < world; ++r) CHECK(std::memcmp(results[r].raw(), results[0].raw(), results[0].nbytes()) == 0);
+}
+
+TEST_CASE("test_comm: inproc: argument errors name the op, the rank and the shapes") {
+  auto errors = run_threads(2, [&](communicator& c) {
+    auto send = tensor::zeros({3});
+    auto recv = tensor::zeros({5});
+    try {
+      c.all_gather(send, recv);
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      if (!contains(m, "all_gather") || !contains(m, "rank " + std::to_string(c.rank()) + " of 2") ||
+          !contains(m, "f32(5,)") || !contains(m, "f32(3,)"))
+        throw std::runtime_error("bad message: " + m);
+    }
+    auto rs = tensor::zeros({7});
+    try {
+      c.reduce_scatter(rs, send);
+      throw std::runtime_error("reduce_scatter size mismatch did not throw");
+    } catch (const std::invalid_argument& e) {
+      if (!contains(e.what(), "reduce_scatter") || !contains(e.what(), "f32(7,)")) throw;
+    }
+    auto h = tensor::zeros({6}).to(dtype::bf16);
+    try {
+      c.all_gather(send, h);
+      throw std::runtime_error("dtype mismatch did not throw");
+    } catch (const std::invalid_argument& e) {
+      if (!contains(e.what(), "dtypes differ")) throw;
+    }
+    auto buf = tensor::zeros({6});
+    try {  // overlapping but not the in-place slot
+      c.all_gather(buf.flat_view(1, {3}), buf);
+      throw std::runtime_error("overlap did not throw");
+    } catch (const std::invalid_argument& e) {
+      if (!contains(e.what(), "overlaps")) throw;
+    }
+    try {
+      c.broadcast(send, 2);
+      throw std::runtime_error("bad root did not throw");
+    } catch (const std::invalid_argument& e) {
+      if (!contains(e.what(), "root 2")) throw;
+    }
+    try {
+      tensor undef;
+      c.all_reduce(undef);
+      throw std::runtime_error("undefined tensor did not throw");
+    } catch (const std::invalid_argument& e) {
+      if (!contains(e.what(), "undefined")) throw;
+    }
+    // The group still works after argument errors (nothing was published).
+    c.all_reduce(send);
+    if (c.stats().calls != 1) throw std::runtime_error("failed calls were counted");
+  });
+  for (auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+}
+
+TEST_CASE("test_comm: inproc: ranks that disagree on the call all throw, naming the difference") {
+  auto errors = run_threads(3, [&](communicator& c) {
+    auto x = tensor::zeros({c.rank() == 2 ? 5 : 4});
+    c.all_reduce(x);
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(errors[r]);
+    CHECK(contains(errors[r], "all_reduce"));
+    CHECK(contains(errors[r], "rank 2 called all_reduce(f32, 5 elements"));
+  }
+  errors = run_threads(2, [&](communicator& c) {
+    auto x = tensor::zeros({4});
+    if (c.rank() == 0)
+      c.broadcast(x, 0);
+    else
+      c.barrier();
+  });
+  for (auto& e : errors) CHECK(contains(e, "rank 1 called barrier"));
+}
+
+TEST_CASE("test_comm: inproc: a rank that never arrives times out, naming it") {
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_threads(
+      3,
+      [&](communicator& c) {
+        auto x = tensor::zeros({8});
+        if (c.rank() != 1) c.all_reduce(x);
+      },
+      300ms);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(secs < 5.0);
+  CHECK(errors[1].empty());
+  for (int r : {0, 2}) {
+    CAPTURE(errors[r]);
+    CHECK(contains(errors[r], "all_reduce"));
+    CHECK(contains(errors[r], "rank(s) 1"));
+  }
+  // After a timeout the group is broken: later calls fail at once.
+  auto group = make_inproc_group(2);
+  auto c0 = inproc_communicator(group, 0, 100ms);
+  CHECK_THROWS_WITH_AS(c0->barrier(), doctest::Contains("rank(s) 1"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(c0->barrier(), doctest::Contains("broken"), std::runtime_error);
+}
+
+TEST_CASE("test_comm: inproc: construction errors") {
+  CHECK_THROWS_AS(make_inproc_group(0), std::invalid_argument);
+  auto g = make_inproc_group(2);
+  CHECK_THROWS_AS(inproc_communicator(g, 2), std::invalid_argument);
+  CHECK_THROWS_AS(inproc_communicator(nullptr, 0), std::invalid_argument);
+  {
+    auto a = inproc_communicator(g, 0);
+    CHECK_THROWS_WITH_AS(inproc_communicator(g, 0), doctest::Contains("already taken"), std::invalid_argument);
+    CHECK(a->backend() == "inproc");
+    CHECK(a->world_size() == 2);
+    CHECK(a->tensor_device() == device::cpu());
+  }
+  auto again = inproc_communicator(g, 0);  // released by the destructor
+  CHECK(again->rank() == 0);
+}
+
+TEST_CASE("test_comm: inproc: thousands of small collectives on 4 ranks") {
+  const int calls = 2000;
+  auto start = std::chrono::steady_clock::now();
+  std::vector<double> last(4);
+  auto errors = run_threads(4, [&](communicator& c) {
+    auto x = tensor::zeros({16});
+    auto g = tensor::zeros({64});
+    for (int i = 0; i < calls; ++i) {
+      x.fill_(1.0f);
+      c.all_reduce(x);
+      c.all_gather(x, g);
+    }
+    last[c.rank()] = g.item(63);
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  MESSAGE("4 ranks x " << 2 * calls << " collectives: " << secs << " s");
+  for (auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  for (double v : last) CHECK(v == 4.0);
+  CHECK(secs < 30.0);
+}
+
+TEST_CASE("test_comm: stores: memory_store and file_store") {
+  memory_store m;
+  m.set("a/b", {1, 2, 3});
+  CHECK(m.contains("a/b"));
+  CHECK(m.get("a/b", 10ms) == std::vector<uint8_t>{1, 2, 3});
+  CHECK_THROWS_WITH_AS(m.get("missing", 20ms), doctest::Contains("missing"), std::runtime_error);
+  std::thread late([&] {
+    std::this_thread::sleep_for(30ms);
+    m.set("late", {9});
+  });
+  CHECK(m.get("late", 5s) == std::vector<uint8_t>{9});
+  late.join();
+  m.erase("a/b");
+  CHECK_FALSE(m.contains("a/b"));
+
+  const std::string dir = temp_dir("store");
+  file_store f(dir + "/sub");
+  f.set("job 1/nccl id", {0, 255, 7});
+  CHECK(f.contains("job 1/nccl id"));
+  file_store f2(dir + "/sub");  // another rank's view of the same directory
+  CHECK(f2.get("job 1/nccl id", 10ms) == std::vector<uint8_t>{0, 255, 7});
+  f.set("job 1/nccl id", {});
+  CHECK(f2.get("job 1/nccl id", 10ms).empty());
+  CHECK_THROWS_WITH_AS(f2.get("nobody", 30ms), doctest::Contains("nobody"), std::runtime_error);
+  CHECK(f.path_of("../x") != dir + "/sub/../x");
+  f.erase("job 1/nccl id");
+  CHECK_FALSE(f2.contains("job 1/nccl id"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("test_comm: make_communicator: by name, with clear errors") {
+  comm_options o;
+  auto c = make_communicator(o);
+  CHECK(c->backend() == "inproc");
+  CHECK(c->world_size() == 1);
+  o.backend = "mpi";
+  CHECK_THROWS_WITH_AS(make_communicator(o), doctest::Contains("inproc, gloo, nccl"), std::invalid_argument);
+  o.backend = "inproc";
+  o.world_size = 2;
+  CHECK_THROWS_WITH_AS(make_communicator(o), doctest::Contains("make_inproc_group"), std::invalid_argument);
+  auto have = available_backends();
+  CHECK(have.front() == "inproc");
+#ifndef FLOWRUN_HAVE_NCCL
+  nccl_options n;
+  CHECK_THROWS_WITH_AS(nccl_communicator(n), doctest::Contains("without NCCL"), std::runtime_error);
+#else
+  nccl_options n;
+  n.world_size = 2;
+  CHECK_THROWS_AS(nccl_communicator(n), std::invalid_argument);  // no store
+#endif
+}
+
+// ------------------------------------------------------------------ nccl
+
+#ifdef FLOWRUN_HAVE_NCCL
+TEST_CASE("test_comm: nccl: one rank on a GPU (skipped without one)") {
+  if (!cuda_device_present()) {
+    MESSAGE("no CUDA device: the nccl backend is only compiled and linked here");
+    CHECK_THROWS_AS(nccl_communicator(nccl_options{}), std::runtime_error);
+    return;
+  }
+  auto c = nccl_communicator(nccl_options{});
+  CHECK(c->backend() == "nccl");
+  CHECK(c->tensor_device() == device::cuda(0));
+  auto x = tensor::from_floats({4}, {1, 2, 3, 4}).to(device::cuda(0));
+  auto y = tensor::zeros({4}, dtype::f32, device::cuda(0));
+  c->all_reduce(x);
+  c->all_gather(x, y);
+  CHECK(y.to(device::cpu()).item(3) == 4.0f);
+  auto cpu = tensor::zeros({4});
+  CHECK_THROWS_WITH_AS(c->all_reduce(cpu), doctest::Contains("takes tensors on cuda:0"), std::invalid_argument);
+}
+#endif
+
+// ------------------------------------------------------------------ gloo
+
+#ifdef FLOWRUN_HAVE_GLOO
+
+namespace {
+
+/// Starts `world` copies of this test binary as gloo ranks (the "comm gloo
+/// worker" case) and returns their exit codes (-1: killed after the limit).
+std::vector<int> spawn_gloo_workers(int world, const std::string& dir, std::chrono::seconds limit) {
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  REQUIRE(len > 0);
+  exe[len] = 0;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e; ++e)
+      if (std::strncmp(*e, "FLOWRUN_COMM_", 13) != 0) env_s.emplace_back(*e);
+    env_s.push_back("FLOWRUN_COMM_WORKER=" + std::to_string(r));
+    env_s.push_back("FLOWRUN_COMM_WORLD=" + std::to_string(world));
+    env_s.push_back("FLOWRUN_COMM_STORE=" + dir);
+    env_s.push_back("OMP_NUM_THREADS=1");
+    std::vector<char*> envp;
+    for (auto& s : env_s) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string a1 = "--test-case=test_comm: gloo worker", a2 = "--no-skip=true", a3 = "--minimal=true";
+    char* argv[] = {exe, a1.data(), a2.data(), a3.data(), nullptr};
+    pid_t pid = 0;
+    const int rc = ::posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data());
+    REQUIRE_MESSAGE(rc == 0, "posix_spawn failed: " << std::strerror(rc));
+    pids.push_back(pid);
+  }
+  std::vector<int> codes(world, -1);
+  std::vector<bool> done(world, false);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int left = world;
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    for (int r = 0; r < world; ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        done[r] = true;
+        --left;
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  for (int r = 0; r < world; ++r)
+    if (!done[r]) {
+      ::kill(pids[r], SIGKILL);
+      ::waitpid(pids[r], nullptr, 0);
+    }
+  return codes;
+}
+
+}  // namespace
+
+TEST_CASE("test_comm: gloo worker" * doctest::skip()) {
+  // Runs only in the processes spawned by the "gloo: ... processes" cases.
+  const char* rank_s = std::getenv("FLOWRUN_COMM_WORKER");
+  if (!rank_s) return;
+  gloo_options o;
+  o.rank = std::atoi(rank_s);
+  o.world_size = std::atoi(std::getenv("FLOWRUN_COMM_WORLD"));
+  o.store_dir = std::getenv("FLOWRUN_COMM_STORE");
+  o.timeout = 30s;
+  auto c = gloo_communicator(o);
+  REQUIRE(c->backend() == "gloo");
+  REQUIRE(c->rank() == o.rank);
+  auto failures = run_suite(*c);
+  for (auto& f : failures) FAIL_CHECK(f);
+  // A reduce_scatter over a mismatched shape fails locally, the group lives on.
+  auto a = tensor::zeros({5});
+  auto b = tensor::zeros({2});
+  CHECK_THROWS_WITH_AS(c->reduce_scatter(a, b), doctest::Contains("reduce_scatter (rank"), std::invalid_argument);
+  c->barrier();
+  c.reset();
+  // Tell the parent this rank really ran (a wrong filter would run nothing and exit 0).
+  if (failures.empty()) std::ofstream(std::string(o.store_dir) + "/ran." + rank_s) << "ok\n";
+}
+
+TEST_CASE("test_comm: gloo: 2 processes run every collective against the reference") {
+  const std::string dir = temp_dir("gloo2");
+  auto codes = spawn_gloo_workers(2, dir, 120s);
+  for (int r = 0; r < 2; ++r) {
+    CHECK_MESSAGE(codes[r] == 0, "gloo rank " << r << " exited with " << codes[r]);
+    CHECK_MESSAGE(std::filesystem::remove(dir + "/ran." + std::to_string(r)), "gloo rank " << r << " did not run");
+  }
+  // The ranks removed their rendezvous records.
+  CHECK(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("test_comm: gloo: 3 processes (uneven ring)") {
+  const std::string dir = temp_dir("gloo3");
+  auto codes = spawn_gloo_workers(3, dir, 120s);
+  for (int r = 0; r < 3; ++r) {
+    CHECK_MESSAGE(codes[r] == 0, "gloo rank " << r << " exited with " << codes[r]);
+    CHECK_MESSAGE(std::filesystem::remove(dir + "/ran." + std::to_string(r)), "gloo rank " << r << " did not run");
+  }
+  CHECK(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("test_comm: gloo: one rank, and a peer that never arrives") {
+  gloo_options o;
+  auto one = gloo_communicator(o);  // world_size 1: no rendezvous
+  auto x = tensor::from_floats({2}, {1.0f, 2.0f});
+  one->all_reduce(x);
+  CHECK(x.item(1) == 2.0f);
+  CHECK(one->backend() == "gloo");
+
+  o.world_size = 2;
+  CHECK_THROWS_AS(gloo_communicator(o), std::invalid_argument);  // no store_dir
+  o.store_dir = temp_dir("gloo_missing");
+  o.timeout = 500ms;
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(gloo_communicator(o), doctest::Contains("gloo rendezvous (rank 0 of 2"), std::runtime_error);
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+  CHECK(std::filesystem::is_empty(o.store_dir));  // no stale address for the next job
+  std::filesystem::remove_all(o.store_dir);
+}
+
+#else
+
+TEST_CASE("test_comm: gloo: not built") {
+  MESSAGE("flowrun was built without gloo (libgloo-dev): the gloo tests are compiled out");
+  CHECK_THROWS_WITH_AS(gloo_communicator(gloo_options{}), doctest::Contains("without gloo"), std::runtime_error);
+}
+
+#endif

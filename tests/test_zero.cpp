@@ -1,0 +1,333 @@
+// ZeRO stages 0-3 over in-process ranks on the real stories260K model and
+// TinyStories text: the loss curve does not depend on the world size, memory
+// per rank shrinks with N, and the communicator moves ZeRO's theoretical volume.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <filesystem>
+#include <thread>
+
+#include <unistd.h>
+
+#include "models/hf.h"
+#include "models/llama2c.h"
+#include "models/lm_data.h"
+#include "models/shard_checkpoint.h"
+#include "models/tokenizer.h"
+#include "models/zero.h"
+#include "test_util.h"
+
+using namespace flowrun;
+
+namespace {
+
+constexpr int64_t kSeq = 64, kGlobalBatch = 8, kSteps = 20;
+
+const decoder& base_model() {
+  static decoder m = load_llama2c(test::model_path());
+  return m;
+}
+
+const lm_dataset& base_data() {
+  static std::unique_ptr<tokenizer> tok = load_tokenizer(test::tokenizer_path());
+  static lm_dataset d(asset_path("data/tinystories/tinystories_train_head.txt").string(), *tok, kSeq);
+  return d;
+}
+
+struct run_result {
+  std::vector<double> loss, norm;
+  std::vector<int64_t> bytes;  // per step, rank 0
+  std::vector<memory_report> mem;  // per rank, after the run
+  tensor final_params;             // gathered, rank 0
+  tensor saved_params;             // gathered at the checkpoint (save_at), rank 0
+};
+
+struct run_spec {
+  int world = 1, stage = 0;
+  int64_t gas = 1;          // micro-steps per step; micro batch = kGlobalBatch / (world * gas)
+  int64_t steps = kSteps;   // run until this many steps are done
+  double clip = 1.0;
+  float lr = 1e-3f;
+  std::string save_dir;     // checkpoint here after step save_at
+  int64_t save_at = -1;
+  std::string resume_from;  // a checkpoint folder to continue from
+  std::function<void(decoder&)> prepare;
+};
+
+std::string config_hash_of(const decoder& m) { return config_fingerprint(hf_config_to_json(m.config())); }
+
+// Runs ZeRO over spec.world in-process ranks (threads).
+run_result run_spec_ranks(const run_spec& sp) {
+  const int world = sp.world;
+  auto group = comm::make_inproc_group(world);
+  std::vector<run_result> per(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ops::set_thread_budget(std::max(1, ops::hardware_threads() / world));
+        auto c = comm::inproc_communicator(group, r, std::chrono::seconds(60));
+        decoder m = clone_decoder(base_model());
+        if (sp.prepare) sp.prepare(m);
+        lm_dataset data = base_data();
+        data.set_seed(1234);
+        zero_settings s;
+        s.stage = sp.stage;
+        s.gradient_accumulation_steps = sp.gas;
+        s.micro_batch = kGlobalBatch / (world * sp.gas);
+        s.gradient_clipping = sp.clip;
+        s.adamw.lr = sp.lr;
+        s.adamw.weight_decay = 0.1f;
+        zero_engine eng(m, *c, s);
+        int64_t first = 0;
+        if (!sp.resume_from.empty()) {
+          auto ck = load_checkpoint(sp.resume_from);
+          auto& f = ck.full.at("base");
+          eng.restore(f.at("fp32_master"), f.at("exp_avg"), f.at("exp_avg_sq"), {}, {}, {}, ck.step);
+          data.set_position(ck.manifests[0].data_epoch, ck.manifests[0].data_cursor);
+          first = ck.step;
+        }
+        tensor ids, targets;
+        for (int64_t i = first; i < sp.steps; ++i) {
+          data.next_batch(kGlobalBatch, ids, targets);
+          auto res = eng.train_step(ids, targets);
+          per[r].loss.push_back(res.loss);
+          per[r].norm.push_back(res.grad_norm);
+          per[r].bytes.push_back(res.comm_bytes);
+          if (i + 1 == sp.save_at) {
+            shard_manifest man;
+            man.step = eng.step_count();
+            man.world_size = world;
+            man.rank = r;
+            man.zero_stage = sp.stage;
+            man.config_hash = config_hash_of(m);
+            man.data_epoch = data.epoch();
+            man.data_cursor = data.cursor();
+            shard_group g;
+            g.name = "base";
+            g.full_numel = m.num_parameters();
+            for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
+            g.tensors["fp32_master"] = eng.owned_params();
+            g.tensors["exp_avg"] = eng.owned_exp_avg();
+            g.tensors["exp_avg_sq"] = eng.owned_exp_avg_sq();
+            save_shard(sp.save_dir, man, {g});
+            c->barrier();
+            if (r == 0) commit_checkpoint(sp.save_dir, man.step, world);
+            c->barrier();
+            per[r].saved_params = eng.gather_full_params();
+          }
+        }
+        per[r].mem.push_back(eng.memory());
+        per[r].final_params = eng.gather_full_params();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) REQUIRE_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+  // every rank reports the same loss
+  for (int r = 1; r < world; ++r)
+    for (size_t i = 0; i < per[0].loss.size(); ++i) CHECK(per[r].loss[i] == per[0].loss[i]);
+  run_result out = per[0];
+  out.mem.clear();
+  for (auto& p : per) out.mem.push_back(p.mem[0]);
+  return out;
+}
+
+run_result run_zero(int world, int stage, int64_t gas, int64_t steps = kSteps) {
+  run_spec sp;
+  sp.world = world;
+  sp.stage = stage;
+  sp.gas = gas;
+  sp.steps = steps;
+  return run_spec_ranks(sp);
+}
+
+std::filesystem::path fresh_dir(const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("flowrun_test_zero_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+const run_result& reference_run() {
+  static run_result ref = run_zero(1, 0, 2);
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("zero: one rank at stage 0 equals plain AdamW training") {
+  const auto& ref = reference_run();
+  decoder m = clone_decoder(base_model());
+  lm_dataset data = base_data();
+  data.set_seed(1234);
+  ops::adamw_config c;
+  c.lr = 1e-3f;
+  c.weight_decay = 0.1f;
+  adamw_optimizer opt(m, c);
+  activations a;
+  tensor ids, targets;
+  for (int64_t i = 0; i < kSteps; ++i) {
+    data.next_batch(kGlobalBatch, ids, targets);
+    m.zero_grad();
+    double loss = m.forward(a, ids, targets);
+    m.backward(a);
+    auto g = opt.trainable_grads();
+    double norm = ops::clip_grad_norm(g, 1.0);
+    opt.step();
+    CHECK(std::abs(loss - ref.loss[i]) < 1e-5);
+    CHECK(std::abs(norm - ref.norm[i]) < 1e-4 * std::max(1.0, norm));
+  }
+  MESSAGE("stories260K, 20 steps: loss " << ref.loss.front() << " -> " << ref.loss.back());
+  CHECK(ref.loss.back() < ref.loss.front() - 0.05);
+}
+
+TEST_CASE("zero: the same loss curve at 1, 2 and 4 ranks and every stage") {
+  const auto& ref = reference_run();
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int world : {1, 2, 4}) {
+      const int64_t gas = world == 4 ? 1 : 2;  // the global batch is 8 rows every time
+      auto r = run_zero(world, stage, gas);
+      double worst = 0;
+      for (int64_t i = 0; i < kSteps; ++i) worst = std::max(worst, std::abs(r.loss[i] - ref.loss[i]));
+      MESSAGE("stage " << stage << ", " << world << " ranks: max |loss - 1 rank| over 20 steps = " << worst);
+      CHECK(worst < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("zero: memory per rank shrinks with N at stage 3") {
+  auto s0 = run_zero(1, 0, 1, 2);
+  const auto& m0 = s0.mem[0];
+  MESSAGE(m0.str());
+  const int64_t P = base_model().num_parameters();
+  CHECK(m0.param_bytes == P * 4);
+  CHECK(m0.optimizer_bytes == 2 * P * 4);
+  for (int world : {2, 4}) {
+    auto s3 = run_zero(world, 3, 1, 2);
+    for (auto& m : s3.mem) {
+      MESSAGE(m.str());
+      // 1/N of stage 0 plus the padding of each block to a multiple of N
+      const int64_t pad = static_cast<int64_t>(base_model().param_blocks().size()) * world * 4;
+      CHECK(m.param_bytes <= m0.param_bytes / world + pad);
+      CHECK(m.optimizer_bytes <= m0.optimizer_bytes / world + 2 * pad);
+      // plus at most one layer's gathered parameters (the largest block)
+      CHECK(m.gathered_peak_bytes > 0);
+      CHECK(m.gathered_peak_bytes <= m.max_block_bytes);
+    }
+  }
+}
+
+TEST_CASE("zero: the communicator moves ZeRO's theoretical volume") {
+  const decoder& m = base_model();
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int world : {2, 4}) {
+      auto r = run_zero(world, stage, 1, 2);
+      const int64_t theory = zero_theoretical_bytes(m, world, stage, 1);
+      const double rel = std::abs(static_cast<double>(r.bytes[1] - theory)) / static_cast<double>(theory);
+      MESSAGE("stage " << stage << ", " << world << " ranks: " << r.bytes[1] << " bytes/step/rank, theory " << theory
+                       << " (" << rel * 100 << "%)");
+      CHECK(rel < 0.05);
+    }
+  }
+}
+
+TEST_CASE("zero: bad settings are refused") {
+  auto group = comm::make_inproc_group(1);
+  auto c = comm::inproc_communicator(group, 0);
+  decoder m = clone_decoder(base_model());
+  zero_settings s;
+  s.stage = 4;
+  CHECK_THROWS_WITH_AS(zero_engine(m, *c, s), doctest::Contains("must be 0, 1, 2 or 3"), std::invalid_argument);
+  s.stage = 3;
+  s.micro_batch = 2;
+  zero_engine eng(m, *c, s);
+  auto ids = tensor::zeros({3, 8}, dtype::i32);
+  CHECK_THROWS_WITH_AS(eng.train_step(ids, ids), doctest::Contains("global batch must be (2, T)"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("zero: a checkpoint resumes the loss curve at another world size and stage") {
+  const auto& ref = reference_run();
+  auto dir = fresh_dir("resume");
+  run_spec a;
+  a.world = 2;
+  a.stage = 3;
+  a.gas = 2;
+  a.steps = 10;
+  a.save_dir = dir.string();
+  a.save_at = 10;
+  run_spec_ranks(a);
+  const std::string folder = latest_checkpoint(dir.string());
+  REQUIRE(!folder.empty());
+  struct target {
+    int world, stage;
+  };
+  for (auto t : {target{4, 3}, target{2, 3}, target{1, 0}, target{4, 1}}) {
+    run_spec b;
+    b.world = t.world;
+    b.stage = t.stage;
+    b.gas = t.world == 4 ? 1 : 2;
+    b.resume_from = folder;
+    auto r = run_spec_ranks(b);
+    REQUIRE(r.loss.size() == 10);
+    double worst = 0;
+    for (int i = 0; i < 10; ++i) worst = std::max(worst, std::abs(r.loss[i] - ref.loss[10 + i]));
+    MESSAGE("saved at 2 ranks stage 3, resumed on " << t.world << " ranks stage " << t.stage
+                                                    << ": max |loss - uninterrupted| over steps 11-20 = " << worst);
+    CHECK(worst < 1e-5);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("zero: the consolidated export equals the unsharded model bit for bit") {
+  for (int world : {1, 2, 4}) {
+    auto dir = fresh_dir("export" + std::to_string(world));
+    run_spec a;
+    a.world = world;
+    a.stage = 3;
+    a.steps = 3;
+    a.save_dir = dir.string();
+    a.save_at = 3;
+    auto r = run_spec_ranks(a);
+    auto ck = load_checkpoint(latest_checkpoint(dir.string()));
+    const tensor& full = ck.full.at("base").at("fp32_master");
+    REQUIRE(full.numel() == r.saved_params.numel());
+    CHECK(std::memcmp(full.data<float>(), r.saved_params.data<float>(), full.nbytes()) == 0);
+    export_consolidated(ck, base_model().config(), (dir / "hf").string());
+    decoder back = to_adjacent_rope(load_hf((dir / "hf").string()));
+    REQUIRE(back.num_parameters() == r.saved_params.numel());
+    const bool same = std::memcmp(back.w().flat.data<float>(), r.saved_params.data<float>(), full.nbytes()) == 0;
+    MESSAGE(world << " shards: consolidated HF export " << std::string(same ? "bit-identical" : "DIFFERS"));
+    CHECK(same);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST_CASE("zero: LoRA at stage 3 trains only the adapters and lowers the loss") {
+  run_spec sp;
+  sp.world = 2;
+  sp.stage = 3;
+  sp.gas = 1;
+  sp.steps = 15;
+  sp.prepare = [](decoder& m) {
+    lora_config lc;
+    lc.lora_r = 4;
+    lc.lora_alpha = 8;
+    lc.seed = 7;
+    m.enable_lora(lc, true);
+  };
+  sp.lr = 1e-2f;  // adapters start at B = 0: a larger lr than full training
+  auto r = run_spec_ranks(sp);
+  const double first = (r.loss[0] + r.loss[1] + r.loss[2]) / 3, last = (r.loss[12] + r.loss[13] + r.loss[14]) / 3;
+  MESSAGE("LoRA r=4, stage 3, 2 ranks: mean loss of steps 1-3 " << first << ", of steps 13-15 " << last);
+  CHECK(last < first - 0.02);
+  const tensor& base = base_model().w().flat;
+  CHECK(std::memcmp(r.final_params.data<float>(), base.data<float>(), base.nbytes()) == 0);
+  auto m = r.mem[0];
+  CHECK(m.optimizer_bytes < base.nbytes() / 10);  // moments only for the adapters
+}

@@ -1,0 +1,125 @@
+// `flowrun launch --nproc P FILE.graph ...`: the same graph in P processes on
+// this host, as DeepSpeed's launcher / torchrun start one process per rank
+// group. Each child runs `flowrun run FILE.graph ...` with
+//   FLOWRUN_PROCESS_INDEX = 0 .. P-1, FLOWRUN_NPROC = P,
+//   FLOWRUN_STORE_DIR     = the rendezvous folder of the gloo/nccl communicators.
+// Node kinds that span processes (zero_rank) read them; the others run as usual
+// in every process. If a child fails, the others are stopped (SIGTERM) and
+// launch exits with the failed child's code. SIGINT/SIGTERM are passed on.
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "tools/flowrun/commands.h"
+
+extern char** environ;
+
+namespace flowrun::cli {
+
+namespace {
+
+std::vector<pid_t> children;
+
+void forward_signal(int sig) {
+  for (pid_t p : children)
+    if (p > 0) ::kill(p, sig);
+}
+
+}  // namespace
+
+void add_launch(CLI::App& app) {
+  struct launch_opts {
+    int nproc = 2;
+    std::string store;
+    std::string file;
+    std::vector<std::string> overrides;
+    std::vector<std::string> extra;
+  };
+  auto o = std::make_shared<launch_opts>();
+  auto* sub = app.add_subcommand("launch", "Run a graph in several processes of this host (ranks over gloo)");
+  sub->add_option("--nproc", o->nproc, "Processes to start")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--store", o->store, "Rendezvous folder (default: a fresh temporary folder)");
+  sub->add_option("file", o->file, "The .graph file")->required();
+  sub->add_option("--set", o->overrides, "Overrides passed to every process (see flowrun run --set)");
+  sub->add_option("--run-arg", o->extra, "More options for each process's `flowrun run` (repeatable)");
+  sub->callback([o] {
+    std::string store = o->store;
+    bool temp = false;
+    if (store.empty()) {
+      std::string tmpl = (std::filesystem::temp_directory_path() / "flowrun-launch-XXXXXX").string();
+      if (!::mkdtemp(tmpl.data())) throw std::runtime_error("launch: cannot make a temporary rendezvous folder");
+      store = tmpl;
+      temp = true;
+    }
+    std::filesystem::create_directories(store);
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    std::signal(SIGINT, forward_signal);
+    std::signal(SIGTERM, forward_signal);
+    children.assign(o->nproc, -1);
+    for (int p = 0; p < o->nproc; ++p) {
+      std::vector<std::string> args = {self, "run", o->file};
+      for (auto& s : o->overrides) args.insert(args.end(), {"--set", s});
+      for (auto& e : o->extra) args.push_back(e);
+      if (p > 0) args.insert(args.end(), {"--no-progress", "--quiet"});
+      std::vector<std::string> env_s;
+      for (char** e = environ; *e; ++e) {
+        std::string kv = *e;
+        if (kv.rfind("FLOWRUN_PROCESS_INDEX=", 0) == 0 || kv.rfind("FLOWRUN_NPROC=", 0) == 0 ||
+            kv.rfind("FLOWRUN_STORE_DIR=", 0) == 0)
+          continue;
+        env_s.push_back(kv);
+      }
+      env_s.push_back("FLOWRUN_PROCESS_INDEX=" + std::to_string(p));
+      env_s.push_back("FLOWRUN_NPROC=" + std::to_string(o->nproc));
+      env_s.push_back("FLOWRUN_STORE_DIR=" + store);
+      std::vector<char*> argv, envp;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      for (auto& e : env_s) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      pid_t pid = -1;
+      if (int rc = ::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), envp.data()); rc != 0)
+        throw std::runtime_error("launch: cannot start process " + std::to_string(p) + ": " + std::strerror(rc));
+      children[p] = pid;
+    }
+    int result = 0;
+    int left = o->nproc;
+    while (left > 0) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, 0);
+      if (pid < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      int idx = -1;
+      for (int p = 0; p < o->nproc; ++p)
+        if (children[p] == pid) idx = p;
+      if (idx < 0) continue;
+      children[idx] = -1;
+      --left;
+      int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (code != 0 && result == 0) {
+        result = code;
+        spdlog::error("launch: process {} exited with {}; stopping the others", idx, code);
+        forward_signal(SIGTERM);
+      }
+    }
+    if (temp) {
+      std::error_code ec;
+      std::filesystem::remove_all(store, ec);
+    }
+    if (result != 0) throw exit_request{result};
+  });
+}
+
+}  // namespace flowrun::cli

@@ -177,9 +177,11 @@ class zero_rank final : public actor::node {
     if (s.get_int("zero_stage") >= 0) ds_.zero_stage = static_cast<int>(s.get_int("zero_stage"));
     if (rank_ == 0 && !ds_.ignored_keys.empty())
       ctx.log().info("{}: keys that do not apply here, ignored: {}", ds_.where, fmt::join(ds_.ignored_keys, ", "));
-    if (ds_.fp16 || ds_.bf16)
-      throw std::invalid_argument(ds_.where + ": fp16/bf16 training is not implemented on this path yet; "
-                                  "set \"enabled\": false (fp32 master weights and compute)");
+    if (ds_.bf16) zs_.precision = dtype::bf16;
+    if (ds_.fp16) {
+      zs_.precision = dtype::f16;
+      zs_.loss_scaler = std::make_shared<dynamic_loss_scaler>(ds_);
+    }
     zs_.stage = ds_.zero_stage;
     zs_.micro_batch = ds_.train_micro_batch_size_per_gpu;
     zs_.gradient_accumulation_steps = ds_.gradient_accumulation_steps;
@@ -236,7 +238,7 @@ class zero_rank final : public actor::node {
 
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
     const auto& b = msg.as<lm_batch_msg>();
-    if (b.step <= engine_->step_count()) return;  // already in the checkpoint we resumed from
+    if (b.step <= done_) return;  // already in the checkpoint we resumed from
     if (!evaluated_ && b.val_ids.defined() && b.val_ids.size(0) % world_ == 0) {
       evaluated_ = true;
       const double l = engine_->eval_loss(b.val_ids, b.val_targets);
@@ -250,8 +252,17 @@ class zero_rank final : public actor::node {
     const double lr = ds_.scheduler.lr_at(engine_->step_count(), ds_.lr);
     auto t = clk::now();
     auto r = engine_->train_step(b.ids, b.targets, lr);
+    done_ = b.step;
     const double dt = std::chrono::duration<double>(clk::now() - t).count();
+    if (r.skipped && rank_ == 0)
+      ctx.print(fmt::format("[pretrain] step {}: fp16 gradients overflowed at loss scale {:g}: update skipped, "
+                            "scale now {:g}",
+                            b.step, r.loss_scale, zs_.loss_scaler->scale()));
     ctx.metric("steps");
+    if (ctx.replica() == 0) ctx.signal("loss", r.loss);
+    if (ctx.replica() == 0) ctx.signal("grad_norm", r.grad_norm);
+    const memory_report mem = engine_->memory();  // the console's memory per rank
+    ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes}, {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
     if (rank_ == 0) {
       ctx.metric("tokens", r.tokens);
       if (b.step % ctx.spec().get_int("print_every") == 0 || b.step == total_ || b.step == 1)
@@ -263,6 +274,7 @@ class zero_rank final : public actor::node {
     cursor_ = b.cursor;
     const int64_t every = ctx.spec().get_int("save_checkpoint_steps");
     if (!out_dir_.empty() && every > 0 && (b.step % every == 0 || b.step == total_)) save(ctx, b.step);
+    else if (!out_dir_.empty() && ctx.checkpoint_requested(b.step)) save(ctx, b.step);  // the console's POST /api/checkpoint
     if (b.step == total_) finish_run(ctx);
   }
 
@@ -284,6 +296,12 @@ class zero_rank final : public actor::node {
     m.data_cursor = cursor_;
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
+    m.extra["optimizer_steps"] = engine_->step_count();           // < step when fp16 updates were skipped
+    if (zs_.loss_scaler) {
+      m.loss_scale = zs_.loss_scaler->scale();
+      m.loss_scale_good_steps = zs_.loss_scaler->good_steps();
+      m.extra["loss_scale_hysteresis_left"] = zs_.loss_scaler->hysteresis_left();
+    }
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     std::vector<shard_group> groups;
@@ -331,7 +349,12 @@ class zero_rank final : public actor::node {
       return ti == gi->second.end() ? tensor{} : ti->second;
     };
     engine_->restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
-                     get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"), m0.step);
+                     get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"),
+                     m0.extra.value("optimizer_steps", m0.step));
+    done_ = m0.step;
+    if (zs_.loss_scaler && m0.loss_scale > 0)
+      zs_.loss_scaler->restore(m0.loss_scale, m0.loss_scale_good_steps,
+                               m0.extra.value("loss_scale_hysteresis_left", int64_t{0}));
     // RNG: this rank's stream when the world size is unchanged, else rank 0's
     const auto& mine = m0.world_size == world_ ? ck.manifests.at(rank_) : m0;
     if (mine.rng_state.size() == sizeof(uint64_t)) {
@@ -350,8 +373,8 @@ class zero_rank final : public actor::node {
     if (val_ids_.defined()) {
       const double l = engine_->eval_loss(val_ids_, val_targets_);
       if (rank_ == 0)
-        ctx.print(fmt::format("[pretrain] held-out loss {:.6f} -> {:.6f} after step {}", before_, l,
-                              engine_->step_count()));
+        ctx.print(fmt::format("[pretrain] held-out loss {:.6f} -> {:.6f} after step {} ({} updates)", before_, l,
+                              done_, engine_->step_count()));
     }
     auto mem = engine_->memory();
     ctx.print("[pretrain] memory " + mem.str());
@@ -380,7 +403,7 @@ class zero_rank final : public actor::node {
   std::unique_ptr<decoder> model_;
   std::unique_ptr<zero_engine> engine_;
   std::string out_dir_;
-  int64_t total_ = 0, epoch_ = 0, cursor_ = 0;
+  int64_t total_ = 0, epoch_ = 0, cursor_ = 0, done_ = 0;
   bool evaluated_ = false;
   double before_ = 0;
   tensor val_ids_, val_targets_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "runtime/kernels/ops.h"
@@ -151,16 +152,28 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
     model_.set_external_grads(true);
     model_.set_param_hooks(this);
   }
-  if (s_.stage == 3) {
+  if (s_.precision != dtype::f32 && s_.precision != dtype::bf16 && s_.precision != dtype::f16)
+    throw std::invalid_argument("zero_engine: precision must be f32, bf16 or f16");
+  if (s_.loss_scaler && s_.precision != dtype::f16)
+    throw std::invalid_argument("zero_engine: a loss scaler is for fp16 only");
+  // The fp32 master: this rank's pieces (stages 1-3), or a full copy (stage 0 in
+  // mixed precision); stage 0 in f32 steps the model's own buffer.
+  const tensor& flat = model_.w().flat;
+  if ((s_.stage >= 1 && base_trains_) || s_.stage == 3) {
     master_ = tensor::zeros({shard_numel_});
-    const tensor& flat = model_.w().flat;
     for (size_t b = 0; b < blocks_.size(); ++b) {
       const int64_t lo = blocks_[b].begin + r_ * piece_[b];
       const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
       if (hi > lo) master_.flat_view(shard_off_[b], {hi - lo}).copy_from(flat.flat_view(lo, {hi - lo}));
     }
+  } else if (s_.stage == 0 && s_.precision != dtype::f32 && base_trains_) {
+    master_ = flat.clone();
+  }
+  if (s_.stage == 3) {
     for (size_t b = 0; b < blocks_.size(); ++b) model_.rebind_block(static_cast<int>(b), tensor{}, tensor{});
     model_.release_flat_params();
+  } else {
+    round_working_params();
   }
 }
 
@@ -172,13 +185,38 @@ tensor zero_engine::piece(const tensor& full_block, int b) const {
   return full_block.flat_view(r_ * piece_[b], {piece_[b]});
 }
 
-void zero_engine::gather_block(int b, tensor& dst) {
+void zero_engine::round_working_params() {
+  if (s_.precision == dtype::f32 || s_.stage == 3) return;
+  tensor& flat = model_.w().flat;
+  flat.copy_from(flat.to(s_.precision).to(dtype::f32));
+}
+
+void zero_engine::gather_block(int b, tensor& dst, bool exact) {
   const int64_t p = piece_[b];
-  dst = tensor::empty({p * N_});
   tensor mine = master_.flat_view(shard_off_[b], {p});
-  tensor slot = dst.flat_view(r_ * p, {p});
-  slot.copy_from(mine);
-  comm_.all_gather(slot, dst);  // in place: this rank's piece is already in its slot
+  if (exact || s_.precision == dtype::f32) {
+    dst = tensor::empty({p * N_});
+    tensor slot = dst.flat_view(r_ * p, {p});
+    slot.copy_from(mine);
+    comm_.all_gather(slot, dst);  // in place: this rank's piece is already in its slot
+    return;
+  }
+  tensor half = tensor::empty({p * N_}, s_.precision);
+  tensor slot = half.flat_view(r_ * p, {p});
+  slot.copy_from(mine.to(s_.precision));
+  comm_.all_gather(slot, half);
+  dst = half.to(dtype::f32);
+}
+
+void zero_engine::reduce_scatter_block(const tensor& send, tensor& dst) {
+  if (s_.precision == dtype::f32) {
+    comm_.reduce_scatter(send, dst);
+    return;
+  }
+  tensor h = send.to(s_.precision);
+  tensor out = tensor::empty({dst.numel()}, s_.precision);
+  comm_.reduce_scatter(h, out);
+  dst.copy_from(out.to(dtype::f32));
 }
 
 void zero_engine::acquire(int b, phase p, bool params) {
@@ -222,10 +260,10 @@ void zero_engine::grads_ready(int b) {
   if (base_trains_) {
     tensor dst = grad_shard_.flat_view(shard_off_[b], {piece_[b]});
     if (first_micro_) {
-      comm_.reduce_scatter(st.grads, dst);
+      reduce_scatter_block(st.grads, dst);
     } else {
       auto tmp = tensor::empty({piece_[b]});
-      comm_.reduce_scatter(st.grads, tmp);
+      reduce_scatter_block(st.grads, tmp);
       ops::axpy(dst, tmp);
     }
   }
@@ -240,14 +278,20 @@ void zero_engine::reduce_grads_stage01() {
   if (base_trains_) {
     tensor& g = model_.grads().flat;
     if (s_.stage == 0) {
-      comm_.all_reduce(g);
+      if (s_.precision == dtype::f32) {
+        comm_.all_reduce(g);
+      } else {
+        tensor h = g.to(s_.precision);
+        comm_.all_reduce(h);
+        g.copy_from(h.to(dtype::f32));
+      }
     } else {  // stage 1: reduce-scatter each (padded) block into the gradient shard
       for (size_t b = 0; b < blocks_.size(); ++b) {
         const int64_t p = piece_[b], n = blocks_[b].numel();
         auto send = tensor::zeros({p * N_});
         send.flat_view(0, {n}).copy_from(g.flat_view(blocks_[b].begin, {n}));
         tensor dst = grad_shard_.flat_view(shard_off_[b], {p});
-        comm_.reduce_scatter(send, dst);
+        reduce_scatter_block(send, dst);
       }
     }
   }
@@ -278,23 +322,22 @@ void zero_engine::optimizer_step(double lr, double clip_coef) {
   if (base_trains_) {
     std::vector<segment> segs;
     tensor G = s_.stage == 0 ? model_.grads().flat : grad_shard_;
-    if (clip_coef < 1.0) ops::scale(G, static_cast<float>(clip_coef));
+    if (clip_coef != 1.0) ops::scale(G, static_cast<float>(clip_coef));
     if (s_.stage == 0) {
       add_segments(segs, model_.params(), 0, model_.num_parameters(), 0);
-      step_segments(segs, model_.w().flat, G, m_, v_, false);
+      step_segments(segs, master_.defined() ? master_ : model_.w().flat, G, m_, v_, false);
     } else {
       for (size_t b = 0; b < blocks_.size(); ++b) {
         const int64_t lo = blocks_[b].begin + r_ * piece_[b];
         const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
         if (hi > lo) add_segments(segs, model_.params(), lo, hi, shard_off_[b]);
       }
-      if (s_.stage == 3) step_segments(segs, master_, G, m_, v_, true);
-      else step_segments(segs, model_.w().flat, G, m_, v_, false);
+      step_segments(segs, master_, G, m_, v_, true);
     }
   }
   if (model_.num_adapter_parameters() > 0) {
     tensor& G = model_.grads().adapter_flat;
-    if (clip_coef < 1.0) ops::scale(G, static_cast<float>(clip_coef));
+    if (clip_coef != 1.0) ops::scale(G, static_cast<float>(clip_coef));
     std::vector<segment> segs;
     add_segments(segs, model_.adapter_params(), 0, model_.num_adapter_parameters(), 0);
     step_segments(segs, model_.w().adapter_flat, G, am_, av_, false);
@@ -302,17 +345,34 @@ void zero_engine::optimizer_step(double lr, double clip_coef) {
 }
 
 void zero_engine::allgather_params_after_step() {
-  if (!base_trains_ || s_.stage == 0 || s_.stage == 3) return;
+  if (!base_trains_ || s_.stage == 3) return;
   tensor& flat = model_.w().flat;
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    const int64_t p = piece_[b], n = blocks_[b].numel(), begin = blocks_[b].begin;
-    auto buf = tensor::zeros({p * N_});
-    const int64_t lo = r_ * p, hi = std::min(lo + p, n);
-    if (hi > lo) buf.flat_view(lo, {hi - lo}).copy_from(flat.flat_view(begin + lo, {hi - lo}));
-    tensor slot = buf.flat_view(lo, {p});
-    comm_.all_gather(slot, buf);
-    flat.flat_view(begin, {n}).copy_from(buf.flat_view(0, {n}));
+  if (s_.stage == 0) {  // mixed precision: the working copy is the master rounded
+    if (master_.defined()) flat.copy_from(master_.to(s_.precision).to(dtype::f32));
+    return;
   }
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const int64_t n = blocks_[b].numel();
+    tensor buf;
+    gather_block(static_cast<int>(b), buf);
+    flat.flat_view(blocks_[b].begin, {n}).copy_from(buf.flat_view(0, {n}));
+  }
+}
+
+bool zero_engine::grads_overflowed() {
+  auto bad = [](const tensor& t) {
+    if (!t.defined()) return false;
+    const float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(p[i])) return true;
+    return false;
+  };
+  bool local = base_trains_ && bad(s_.stage == 0 ? model_.grads().flat : grad_shard_);
+  if (model_.num_adapter_parameters() > 0) local = local || bad(model_.grads().adapter_flat);
+  auto flag = tensor::empty({1}, dtype::i32);
+  flag.data<int32_t>()[0] = local ? 1 : 0;
+  comm_.all_reduce(flag, comm::reduce_op::max);
+  return flag.data<int32_t>()[0] != 0;
 }
 
 namespace {
@@ -346,6 +406,7 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
   const int64_t global_valid = cnt.data<int64_t>()[0];
 
   model_.zero_grad();
+  const double scale = s_.loss_scaler ? s_.loss_scaler->scale() : 1.0;
   double loss_sum = 0.0;
   for (int64_t g = 0; g < gas; ++g) {
     first_micro_ = g == 0;
@@ -353,7 +414,8 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
     tensor mi = ids.rows(row, row + mbs).clone(), mt = targets.rows(row, row + mbs).clone();
     double loss = model_.forward(act_, mi, mt);
     loss_sum += loss * static_cast<double>(act_.n_valid);
-    act_.loss_norm = global_valid;
+    act_.loss_norm = global_valid;  // (set after forward: it resets the activations on a new shape)
+    act_.loss_scale = static_cast<float>(scale);
     model_.backward(act_);
   }
   first_micro_ = true;
@@ -361,6 +423,21 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
   if (s_.stage <= 1) reduce_grads_stage01();
   if (model_.num_adapter_parameters() > 0) comm_.all_reduce(model_.grads().adapter_flat);
 
+  step_result r;
+  r.loss_scale = scale;
+  r.lr = lr;
+  r.tokens = global_valid;
+  if (s_.loss_scaler && grads_overflowed()) {  // fp16: skip this update, lower the scale
+    s_.loss_scaler->update(true);
+    auto ls = tensor::empty({1});
+    ls.data<float>()[0] = static_cast<float>(loss_sum);
+    comm_.all_reduce(ls);
+    r.loss = global_valid > 0 ? ls.data<float>()[0] / static_cast<double>(global_valid) : 0.0;
+    r.grad_norm = std::numeric_limits<double>::infinity();
+    r.skipped = true;
+    r.comm_bytes = comm_.stats().bytes_sent - bytes0;
+    return r;
+  }
   // the loss and the squared gradient norm, summed over ranks in one all-reduce
   auto sums = tensor::empty({2});
   sums.data<float>()[0] = static_cast<float>(loss_sum);
@@ -369,17 +446,15 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
   double sq = sums.data<float>()[1];
   if (s_.stage == 0) sq = sum_sq_local();  // the all-reduced full buffer: identical on every rank
   if (model_.num_adapter_parameters() > 0) sq += ops::sum_squares(model_.grads().adapter_flat);
-  const double norm = std::sqrt(sq);
-  double coef = 1.0;
-  if (s_.gradient_clipping > 0 && norm > s_.gradient_clipping) coef = s_.gradient_clipping / (norm + 1e-6);
+  const double norm = std::sqrt(sq) / scale;  // of the unscaled gradients
+  double coef = 1.0 / scale;
+  if (s_.gradient_clipping > 0 && norm > s_.gradient_clipping) coef *= s_.gradient_clipping / (norm + 1e-6);
   optimizer_step(lr, coef);
   allgather_params_after_step();
+  if (s_.loss_scaler) s_.loss_scaler->update(false);
 
-  step_result r;
   r.loss = global_valid > 0 ? sums.data<float>()[0] / static_cast<double>(global_valid) : 0.0;
   r.grad_norm = norm;
-  r.lr = lr;
-  r.tokens = global_valid;
   r.comm_bytes = comm_.stats().bytes_sent - bytes0;
   return r;
 }
@@ -405,7 +480,8 @@ memory_report zero_engine::memory() const {
   m.rank = r_;
   m.world_size = N_;
   m.stage = s_.stage;
-  m.param_bytes = (s_.stage == 3 ? bytes_of(master_) : bytes_of(model_.w().flat)) + bytes_of(model_.w().adapter_flat);
+  // the working parameters (full below stage 3) and the fp32 master (pieces, or a full copy at stage 0 in mixed precision)
+  m.param_bytes = bytes_of(master_) + (s_.stage == 3 ? 0 : bytes_of(model_.w().flat)) + bytes_of(model_.w().adapter_flat);
   m.gathered_peak_bytes = gathered_peak_;
   int64_t mx = 0;
   for (size_t b = 0; b < blocks_.size(); ++b) mx = std::max(mx, piece_[b] * N_ * 4);
@@ -454,8 +530,8 @@ tensor compact(const tensor& src, bool full, const std::vector<std::pair<int64_t
 
 tensor zero_engine::owned_params() const {
   FLOWRUN_LOCAL_STARTS();
-  return s_.stage == 3 ? compact(master_, false, owned_ranges(), starts)
-                       : compact(model_.w().flat, true, owned_ranges(), starts);
+  if (!master_.defined()) return compact(model_.w().flat, true, owned_ranges(), starts);
+  return compact(master_, s_.stage == 0, owned_ranges(), starts);
 }
 
 tensor zero_engine::owned_exp_avg() const {
@@ -485,14 +561,18 @@ void zero_engine::restore(const tensor& params, const tensor& exp_avg, const ten
   need(exp_avg, P, "exp_avg");
   need(exp_avg_sq, P, "exp_avg_sq");
   if (params.defined()) {
-    if (s_.stage == 3) {
+    if (master_.defined() && s_.stage >= 1) {
       master_.zero_();
       for (size_t b = 0; b < blocks_.size(); ++b) {
         const int64_t lo = blocks_[b].begin + r_ * piece_[b], hi = std::min(lo + piece_[b], blocks_[b].end);
         if (hi > lo) master_.flat_view(shard_off_[b], {hi - lo}).copy_from(params.flat_view(lo, {hi - lo}));
       }
-    } else {
+    } else if (master_.defined()) {
+      master_.copy_from(params);
+    }
+    if (s_.stage < 3) {
       model_.w().flat.copy_from(params);
+      round_working_params();
     }
   }
   auto load_moment = [&](tensor& dst, const tensor& src) {
@@ -518,11 +598,12 @@ void zero_engine::restore(const tensor& params, const tensor& exp_avg, const ten
 }
 
 tensor zero_engine::gather_full_params() {
-  if (s_.stage != 3) return model_.w().flat.clone();
+  if (!master_.defined()) return model_.w().flat.clone();
+  if (s_.stage == 0) return master_.clone();
   auto full = tensor::empty({model_.num_parameters()});
   for (size_t b = 0; b < blocks_.size(); ++b) {
     tensor buf;
-    gather_block(static_cast<int>(b), buf);
+    gather_block(static_cast<int>(b), buf, /*exact=*/true);
     full.flat_view(blocks_[b].begin, {blocks_[b].numel()}).copy_from(buf.flat_view(0, {blocks_[b].numel()}));
   }
   return full;

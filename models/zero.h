@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "models/decoder.h"
+#include "models/ds_config.h"
 #include "runtime/comm/communicator.h"
 
 namespace flowrun {
@@ -44,6 +45,16 @@ struct zero_settings {
   int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0.0;         ///< max global L2 norm; 0 = off
   ops::adamw_config adamw;                ///< lr is the base lr (a schedule passes its own per step)
+  /// Mixed precision (DeepSpeed's "bf16" / "fp16" sections): the working
+  /// parameters are the fp32 master rounded to this type, parameters travel and
+  /// gradients are reduced in it (DeepSpeed's communication_data_type default);
+  /// the master weights, AdamW moments and the update stay fp32. The CPU kernels
+  /// compute in f32 on the rounded values. f32 = full precision.
+  dtype precision = dtype::f32;
+  /// fp16 only: the loss scaler (DeepSpeed's DynamicLossScaler, or a static
+  /// scale); the engine scales dloss, unscales the reduced gradients, skips a
+  /// step whose gradients overflowed and updates the scale. Null: no scaling.
+  std::shared_ptr<dynamic_loss_scaler> loss_scaler;
 };
 
 /// Bytes one rank holds, by kind (what DeepSpeed's see_memory_usage splits).
@@ -77,6 +88,8 @@ struct step_result {
   double lr = 0;
   int64_t tokens = 0;      ///< valid targets in the global batch
   int64_t comm_bytes = 0;  ///< bytes this rank's communicator sent during the step
+  bool skipped = false;    ///< fp16: the gradients overflowed; no update was made
+  double loss_scale = 1;   ///< the scale this step ran with (fp16)
 };
 
 /// Theoretical bytes one rank sends per optimizer step (ring collectives: each
@@ -141,7 +154,13 @@ class zero_engine : private param_hooks {
   void acquire(int b, phase p, bool params) override;
   void release(int b, phase p) override;
   void grads_ready(int b) override;
-  void gather_block(int b, tensor& dst);
+  // All-gather block b's parameters into dst ((N·p_b,) f32): rounded to the working
+  // precision (exact = false), or the fp32 master itself (exact = true).
+  void gather_block(int b, tensor& dst, bool exact = false);
+  // Reduce-scatter a padded f32 block buffer into `dst` (p_b,) f32 in the working precision.
+  void reduce_scatter_block(const tensor& send, tensor& dst);
+  bool grads_overflowed();
+  void round_working_params();
   void reduce_grads_stage01();
   void optimizer_step(double lr, double clip_coef);
   void allgather_params_after_step();

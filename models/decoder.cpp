@@ -37,6 +37,30 @@ void ensure(tensor& t, const shape_t& shape, device dev, dtype dt = dtype::f32) 
 
 tensor none_tensor;  // an undefined tensor to pass for absent optional arguments
 
+// The head's blocks for one forward pass: the head and, with tied embeddings, the
+// embedding block (lm_head is a view of embed_tokens). Acquired now, released when
+// the pass returns (on every path).
+class head_blocks {
+ public:
+  head_blocks(param_hooks* h, int head, bool tied) : h_(h), head_(head), tied_(tied) {
+    if (!h_) return;
+    h_->acquire(head_, param_hooks::phase::forward);
+    if (tied_) h_->acquire(0, param_hooks::phase::forward);
+  }
+  ~head_blocks() {
+    if (!h_) return;
+    h_->release(head_, param_hooks::phase::forward);
+    if (tied_) h_->release(0, param_hooks::phase::forward);
+  }
+  head_blocks(const head_blocks&) = delete;
+  head_blocks& operator=(const head_blocks&) = delete;
+
+ private:
+  param_hooks* h_;
+  int head_;
+  bool tied_;
+};
+
 // Positions for a (B, T) batch: 0..T-1, or cumsum(mask)-1 clamped at 0 (HF's
 // position_ids for left padding), plus `offset`.
 tensor make_positions(int64_t B, int64_t T, const tensor& mask, int64_t start = 0) {
@@ -581,18 +605,7 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     mlp_fwd(a, l, ln2, r2, xo);
     hook_release(static_cast<int>(l) + 1, ph::forward);
   }
-  hook_acquire(head_block, ph::forward);
-  if (cfg_.tied_embeddings) hook_acquire(0, ph::forward);
-  // releases the head's blocks on every return path below
-  struct head_guard {
-    decoder* d;
-    int hb;
-    bool tied;
-    ~head_guard() {
-      d->hook_release(hb, param_hooks::phase::forward);
-      if (tied) d->hook_release(0, param_hooks::phase::forward);
-    }
-  } guard{this, head_block, cfg_.tied_embeddings};
+  head_blocks guard(hooks_, head_block, cfg_.tied_embeddings);  // acquired until every return below
   tensor lnf = a.lnf.view({N, C});
   if (post) lnf.copy_from(a.resid[NL].view({N, C}));  // no final norm
   else norm_forward(lnf, a.lnf_mean, a.lnf_rstd, a.resid[NL].view({N, C}), w_.lnf_w, w_.lnf_b);
@@ -932,17 +945,7 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     }
     hook_release(static_cast<int>(l) + 1, ph::forward);
   }
-  hook_acquire(head_block, ph::forward);
-  if (cfg_.tied_embeddings) hook_acquire(0, ph::forward);
-  struct head_guard {
-    decoder* d;
-    int hb;
-    bool tied;
-    ~head_guard() {
-      d->hook_release(hb, param_hooks::phase::forward);
-      if (tied) d->hook_release(0, param_hooks::phase::forward);
-    }
-  } guard{this, head_block, cfg_.tied_embeddings};
+  head_blocks guard(hooks_, head_block, cfg_.tied_embeddings);  // acquired until every return below
   // the final hidden (M, C) -> what the head reads: lnf (no final norm with post_norm), then project_out
   auto head_input = [&](const tensor& xs, const tensor& hs_buf, const tensor& m, const tensor& r) -> tensor {
     tensor hb = hs_buf, mb = m, rb = r;

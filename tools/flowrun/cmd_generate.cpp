@@ -34,6 +34,20 @@ struct generate_opts {
   int world_size = 2;
 };
 
+// The sampling settings of the command line.
+generation_config generation_of(const generate_opts& o, const tokenizer& tok) {
+  generation_config g;
+  g.sampling.temperature = o.temperature;
+  g.sampling.top_p = o.top_p;
+  g.sampling.top_k = o.top_k;
+  g.sampling.repetition_penalty = o.repetition_penalty;
+  g.seed = static_cast<uint64_t>(o.seed);
+  g.max_new_tokens = o.max_new_tokens;
+  // llama2.c models mark a story's end with EOS or a new BOS
+  g.stop_ids = {tok.eos_id(), tok.bos_id()};
+  return g;
+}
+
 // TencentPretrain's generate_lm_deepspeed: the model stays sharded over
 // `world` in-process ZeRO-3 ranks; each layer is all-gathered just before it
 // runs for every decoded token, then freed. Every rank samples the same tokens
@@ -110,15 +124,7 @@ void add_generate(CLI::App& app) {
     if (!o->zero_checkpoint.empty()) {
       auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
       auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
-      generation_config g;
-      g.sampling.temperature = o->temperature;
-      g.sampling.top_p = o->top_p;
-      g.sampling.top_k = o->top_k;
-      g.sampling.repetition_penalty = o->repetition_penalty;
-      g.seed = static_cast<uint64_t>(o->seed);
-      g.max_new_tokens = o->max_new_tokens;
-      g.stop_ids = {tok->eos_id(), tok->bos_id()};
-      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, prompt, g);
+      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, prompt, generation_of(*o, *tok));
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), gen.begin(), gen.end());
       std::cout << tok->decode(all) << std::endl;
@@ -130,16 +136,7 @@ void add_generate(CLI::App& app) {
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     spdlog::info("model: {}", model.config().summary());
     auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
-    generation_config g;
-    g.sampling.temperature = o->temperature;
-    g.sampling.top_p = o->top_p;
-    g.sampling.top_k = o->top_k;
-    g.sampling.repetition_penalty = o->repetition_penalty;
-    g.seed = static_cast<uint64_t>(o->seed);
-    g.max_new_tokens = o->max_new_tokens;
-    // llama2.c models mark a story's end with EOS or a new BOS
-    g.stop_ids = {tok->eos_id(), tok->bos_id()};
-    auto res = generate(model, {prompt}, g);
+    auto res = generate(model, {prompt}, generation_of(*o, *tok));
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), res[0].tokens.begin(), res[0].tokens.end());
     std::cout << tok->decode(all) << std::endl;

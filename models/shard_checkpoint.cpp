@@ -129,8 +129,8 @@ std::vector<shard_file_name> manifest_files(const fs::path& folder) {
   return out;
 }
 
-/// "...: the checkpoint FOLDER cannot be used; resume from an older step folder with
-/// --resume DIR/step_X or start fresh"
+/// "...: the checkpoint FOLDER cannot be used; use the older step folder DIR/step_X
+/// (write step_X into DIR/latest to resume from it), or start fresh"
 std::string cannot_use(const fs::path& folder) {
   std::string s = ": the checkpoint " + folder.string() + " cannot be used; ";
   const int64_t here = parse_step_name(folder.filename().string());
@@ -139,9 +139,10 @@ std::string cannot_use(const fs::path& folder) {
   for (auto& [st, p] : step_folders(parent.empty() ? fs::path(".") : parent))
     if (here < 0 || st < here) older = p;
   if (here >= 0 && !older.empty() && older != folder)
-    s += "resume from an older step folder with --resume " + older.string() + " or start fresh";
+    s += "use the older step folder " + older.string() + " (write " + older.filename().string() + " into " +
+         (parent / "latest").string() + " to resume from it), or start fresh";
   else
-    s += "resume from an older step folder with --resume DIR/step_XXXXXXXX if you have one, or start fresh";
+    s += "use an older step folder if you have one (write its name into DIR/latest), or start fresh";
   return s;
 }
 
@@ -491,13 +492,13 @@ std::string latest_checkpoint(const std::string& dir) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   if (parse_step_name(s) < 0)
     throw checkpoint_error(lp.string() + " is malformed (holds '" + s.substr(0, 64) +
-                           "', expected step_XXXXXXXX): delete it and resume with --resume DIR/step_XXXXXXXX, "
+                           "', expected step_XXXXXXXX): write the name of a complete step folder into it, "
                            "or start fresh");
   const fs::path folder = fs::path(dir) / s;
   if (!fs::is_directory(folder, ec))
     throw checkpoint_error(lp.string() + " names " + folder.string() +
-                           ", which does not exist: resume from another step folder with --resume "
-                           "DIR/step_XXXXXXXX, or start fresh");
+                           ", which does not exist: write the name of another step folder into it, "
+                           "or start fresh");
   return folder.string();
 }
 

@@ -180,8 +180,8 @@ struct loaded_checkpoint {
 /// Throws checkpoint_error naming the exact file and the problem, and saying what
 /// to do, e.g. "DIR/step_00000020/shard_00001-of-00002.safetensors is corrupt
 /// (CRC-32 0x1234abcd != 0x9f00e1c2 recorded in shard_00001-of-00002.msgpack): the
-/// checkpoint DIR/step_00000020 cannot be used; resume from an older step folder
-/// with --resume DIR/step_00000010 or start fresh".
+/// checkpoint DIR/step_00000020 cannot be used; use the older step folder
+/// DIR/step_00000010 (write step_00000010 into DIR/latest to resume from it), or start fresh".
 loaded_checkpoint verify_checkpoint(const std::string& path);
 
 /// verify_checkpoint, then read every shard and reassemble `full`. Nothing is

@@ -353,7 +353,7 @@ TEST_CASE("test_shard_checkpoint: damaged, missing and inconsistent files are re
     auto msg = load_error(dir);
     CHECK_MESSAGE(msg.find(st1 + " is corrupt (CRC-32 ") != std::string::npos, msg);
     CHECK_MESSAGE(msg.find("recorded in shard_00001-of-00002.msgpack") != std::string::npos, msg);
-    CHECK_MESSAGE(msg.find("--resume " + step10 + " or start fresh") != std::string::npos, msg);
+    CHECK_MESSAGE(msg.find("use the older step folder " + step10 + " (write step_00000010 into") != std::string::npos, msg);
     CHECK_THROWS_AS(verify_checkpoint(dir), checkpoint_error);
     // the older step folder is still good
     CHECK(load_checkpoint(step10).step == 10);

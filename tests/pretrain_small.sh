@@ -56,11 +56,17 @@ done
 kill -9 $pid 2> /dev/null || { echo "the run ended before the kill at step $kill_at"; exit 1; }
 wait $pid 2> /dev/null || true
 echo "  killed with SIGKILL after checkpoint $(cat "$ck/latest") (aimed at step $kill_at)"
+rm -rf "$out/killed4" && cp -r "$ck" "$out/killed4"  # the same checkpoint, for a resume at another world size
 run resumed run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
   --set node.ranks.save_checkpoint_steps=1
 grep -q "resuming after step" "$out/resumed.log" || { echo "the second run did not resume"; exit 1; }
 grep "resuming after step" "$out/resumed.log"
 same_curve "$out/whole.log" "$out/resumed.log" 0 || { echo "the resumed curve differs"; exit 1; }
+echo "== the same checkpoint resumed on 4 ranks at stage 1"
+run resumed4 run "$graph" --no-progress -q --set node.ranks.output_dir="$out/killed4" \
+  --set node.data.output_dir="$out/killed4" --set node.ranks.replicas=4 --set node.ranks.zero_stage=1
+grep "resuming after step" "$out/resumed4.log"
+same_curve "$out/whole.log" "$out/resumed4.log" 1e-5 || { echo "the curve resumed on 4 ranks differs"; exit 1; }
 
 echo "== pretraining lowers the held-out loss (stage 3), with and without LoRA"
 heldout() { sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) -> \([0-9.]*\) after.*/\1 \2/p' "$1"; }

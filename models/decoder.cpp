@@ -439,7 +439,7 @@ void decoder::lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activation
   const int64_t in = w->size(1), N = x.numel() / in, r = lora_.lora_r;
   tensor x2 = x.view({N, in});
   tensor xd = x2;
-  if (la && lora_.lora_dropout > 0.0f) {  // training: inverted dropout, mask saved for backward
+  if (la && training_ && lora_.lora_dropout > 0.0f) {  // training: inverted dropout, mask saved for backward
     if (dev_.kind != device_kind::cpu) throw std::runtime_error("lora_dropout is implemented on CPU only");
     ensure(la->lora_mask[m], {N, in}, dev_);
     xd = tensor::empty({N, in}, dtype::f32, dev_);

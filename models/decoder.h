@@ -242,6 +242,10 @@ class decoder {
   /// When true, backward() does not allocate a full gradient buffer: the hooks
   /// bind gradient views per block (ZeRO stages 2 and 3).
   void set_external_grads(bool on) { external_grads_ = on; }
+  /// Training mode (the default) applies lora_dropout in forward(); evaluation
+  /// (false) does not and leaves the dropout stream untouched (torch's .eval()).
+  void set_training(bool on) { training_ = on; }
+  bool training() const { return training_; }
   /// The LoRA dropout stream position (the decoder's only RNG state while training).
   uint64_t rng_state() const { return dropout_calls_; }
   void set_rng_state(uint64_t s) { dropout_calls_ = s; }
@@ -292,6 +296,7 @@ class decoder {
   uint64_t dropout_calls_ = 0;
   param_hooks* hooks_ = nullptr;
   bool external_grads_ = false;
+  bool training_ = true;
 };
 
 /// AdamW over a decoder's trainable flat buffers (the base weights unless frozen,

@@ -139,8 +139,24 @@ double sft_step(decoder& model, adamw_optimizer& opt, const sft_batch_data& batc
   return loss;
 }
 
+namespace {
+// Evaluation mode for a scope (no LoRA dropout), as torch's model.eval() in DS-Chat's evaluation.
+class eval_mode {
+ public:
+  explicit eval_mode(decoder& m) : m_(m), was_(m.training()) { m_.set_training(false); }
+  ~eval_mode() { m_.set_training(was_); }
+  eval_mode(const eval_mode&) = delete;
+  eval_mode& operator=(const eval_mode&) = delete;
+
+ private:
+  decoder& m_;
+  bool was_;
+};
+}  // namespace
+
 sft_eval_result sft_eval(decoder& model, const std::vector<sft_batch_data>& batches) {
   sft_eval_result r;
+  eval_mode ev(model);
   activations a;
   double tok_sum = 0, batch_sum = 0;
   int64_t nb = 0;
@@ -224,6 +240,7 @@ rm_step_result rm_step(decoder& value_model, adamw_optimizer& opt, const rm_batc
 
 rm_eval_result rm_eval(decoder& value_model, const std::vector<rm_batch_data>& batches) {
   rm_eval_result r;
+  eval_mode ev(value_model);
   activations a;
   int64_t correct = 0;
   double cs = 0, rs = 0, ls = 0;

@@ -467,7 +467,10 @@ double zero_engine::eval_loss(const tensor& ids, const tensor& targets) {
   const int64_t per = B / N_;
   activations a;
   tensor mi = ids.rows(r_ * per, r_ * per + per).clone(), mt = targets.rows(r_ * per, r_ * per + per).clone();
+  const bool was_training = model_.training();
+  model_.set_training(false);  // no LoRA dropout, and the dropout stream stays where training left it
   double loss = model_.forward(a, mi, mt);
+  model_.set_training(was_training);
   auto sums = tensor::empty({2});
   sums.data<float>()[0] = static_cast<float>(loss * static_cast<double>(a.n_valid));
   sums.data<float>()[1] = static_cast<float>(a.n_valid);

@@ -385,3 +385,28 @@ TEST_CASE("zero: fp16 with dynamic loss scaling skips overflowing steps, lowers 
   for (int64_t i = kSteps - 5; i < kSteps; ++i) CHECK_FALSE(r.skipped[i]);
   CHECK(r.loss.back() < r.loss.front());
 }
+
+TEST_CASE("zero: evaluation applies no LoRA dropout and leaves the dropout stream alone") {
+  auto group = comm::make_inproc_group(1);
+  auto c = comm::inproc_communicator(group, 0);
+  decoder m = clone_decoder(base_model());
+  lora_config lc;
+  lc.lora_r = 4;
+  lc.lora_dropout = 0.5f;
+  lc.seed = 3;
+  m.enable_lora(lc, true);
+  zero_settings s;
+  s.stage = 3;
+  s.micro_batch = kGlobalBatch;
+  zero_engine eng(m, *c, s);
+  tensor ids, targets;
+  base_data().val_batch(0, 8, ids, targets);
+  const uint64_t rng0 = m.rng_state();
+  const double a = eng.eval_loss(ids, targets), b = eng.eval_loss(ids, targets);
+  CHECK(a == b);
+  CHECK(m.rng_state() == rng0);
+  lm_dataset data = base_data();
+  data.next_batch(kGlobalBatch, ids, targets);
+  eng.train_step(ids, targets);  // training does draw dropout masks
+  CHECK(m.rng_state() > rng0);
+}

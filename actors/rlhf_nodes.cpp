@@ -186,6 +186,7 @@ class sft_trainer final : public actor::node {
       auto batch = dschat::sft_batch(train_, order_.next(ctx.name()), d_.mask_prompt);
       auto t = clk::now();
       double loss = dschat::sft_step(*model_, *opt_, batch, d_, st_);
+      ctx.signal("loss", loss);
       ++step_;
       tokens_ += batch.n_target_tokens;
       ctx.metric("tokens", batch.n_target_tokens);
@@ -261,6 +262,8 @@ class rm_trainer final : public actor::node {
     if (step_ < steps_) {
       auto batch = dschat::rm_batch(train_, order_.next(ctx.name()));
       auto r = dschat::rm_step(*model_, *opt_, batch, d_, st_);
+      ctx.signal("loss", r.loss);
+      ctx.signal("accuracy", r.accuracy);
       ++step_;
       ctx.metric("tokens", 2 * batch.B * batch.T);
       ctx.metric("steps");
@@ -402,6 +405,9 @@ class ppo_controller final : public actor::node {
     bool complete = have_summary_ && (eval_ || sum_.dropped || !sum_.trains || (have_actor_ && have_critic_));
     if (!complete) return;
     double gen_tps = sum_.generate_seconds > 0 ? sum_.generated_tokens / sum_.generate_seconds : 0;
+    if (!eval_ && !sum_.dropped) ctx.signal("reward", sum_.reward_mean);
+    if (!eval_ && !sum_.dropped) ctx.signal("kl", sum_.kl_mean);
+    if (!eval_ && !sum_.dropped) ctx.signal("generation_tokens_per_s", gen_tps);
     if (eval_) {
       ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f}, KL to reference {:.4f}, answer length "
                             "{:.1f} ({} prompts)",
@@ -419,6 +425,9 @@ class ppo_controller final : public actor::node {
                             cur_, sum_.reward_mean, sum_.kl_mean, sum_.answer_len_mean, gen_tps));
     } else {
       double train_tps = (actor_.tokens + critic_.tokens) / std::max(1e-9, actor_.seconds + critic_.seconds);
+      ctx.signal("actor_loss", actor_.loss);
+      ctx.signal("critic_loss", critic_.loss);
+      ctx.signal("training_tokens_per_s", train_tps);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
                             "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s",
                             cur_, sum_.reward_mean, sum_.kl_mean, actor_.loss, critic_.loss,
@@ -465,6 +474,7 @@ class rollout_generator final : public actor::node {
       const auto& p = pending_.front().as<prompt_msg>();
       ppo::ppo_settings s = ps_;
       if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
+      ctx.phase("generation");
       auto t = clk::now();
       auto e = ppo::generate_rollouts(*weights_.model, p.ids, p.mask, s, tok_->eos_id(), 0,
                                       ctx.seed() + static_cast<uint64_t>(p.iteration + 10));
@@ -569,6 +579,7 @@ class scorer_node final : public actor::node {
   }
 
   void score(actor::node_context& ctx, const std::shared_ptr<const rollout_msg>& r) {
+    ctx.phase("scoring");
     score_msg out;
     out.rollouts = r;
     if (r->exp) {
@@ -586,6 +597,7 @@ class scorer_node final : public actor::node {
   }
 
   void train(actor::node_context& ctx, const experience_batch& xb) {
+    ctx.phase("training");
     auto t = clk::now();
     stats_msg st;
     st.iteration = xb.iteration;
@@ -662,6 +674,7 @@ class experience_maker final : public actor::node {
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     const auto& sm = msg.as<score_msg>();
+    ctx.phase("experience");
     auto& slot = joins_[sm.rollouts.get()];
     slot.rollouts = sm.rollouts;
     slot.parts[std::string(port)] = sm.value;

@@ -259,6 +259,10 @@ class zero_rank final : public actor::node {
                             "scale now {:g}",
                             b.step, r.loss_scale, zs_.loss_scaler->scale()));
     ctx.metric("steps");
+    if (ctx.replica() == 0) ctx.signal("loss", r.loss);
+    if (ctx.replica() == 0) ctx.signal("grad_norm", r.grad_norm);
+    const memory_report mem = engine_->memory();  // the console's memory per rank
+    ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes}, {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
     if (rank_ == 0) {
       ctx.metric("tokens", r.tokens);
       if (b.step % ctx.spec().get_int("print_every") == 0 || b.step == total_ || b.step == 1)
@@ -270,6 +274,7 @@ class zero_rank final : public actor::node {
     cursor_ = b.cursor;
     const int64_t every = ctx.spec().get_int("save_checkpoint_steps");
     if (!out_dir_.empty() && every > 0 && (b.step % every == 0 || b.step == total_)) save(ctx, b.step);
+    else if (!out_dir_.empty() && ctx.checkpoint_requested(b.step)) save(ctx, b.step);  // the console's POST /api/checkpoint
     if (b.step == total_) finish_run(ctx);
   }
 

@@ -47,6 +47,9 @@ else()
   set(FLOWRUN_MSGPACK msgpackc-cxx)
 endif()
 find_path(HTTPLIB_INCLUDE_DIR httplib.h REQUIRED)
+# Debian builds cpp-httplib into libcpp-httplib; its pkg-config file carries the feature
+# macros the library was compiled with (they change its classes' layout): the console uses it.
+pkg_check_modules(CPP_HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 # CUDA: optional. AUTO builds it when nvcc is found.
 set(FLOWRUN_HAVE_CUDA OFF)

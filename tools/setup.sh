@@ -16,6 +16,8 @@ packages=(
   libcaf-dev libsentencepiece-dev libmsgpack-cxx-dev libspdlog-dev doctest-dev
   libopenblas-openmp-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libicu-dev zlib1g-dev libgloo-dev
+  # the console's browser test (tests/console_browser.py): headless Chromium driven by Selenium
+  chromium chromium-driver python3-selenium
 )
 
 if [[ "${FLOWRUN_SKIP_APT:-0}" != 1 ]]; then

@@ -129,6 +129,7 @@ struct job_plan {
   std::vector<std::vector<std::vector<std::uint32_t>>> out_links;  // [node][replica] -> link ids, by out index
   std::vector<std::vector<std::vector<std::uint32_t>>> in_links;   // [node][replica] -> link ids, by in index
   std::shared_ptr<job_metrics> metrics;
+  std::shared_ptr<job_live> live;
   std::shared_ptr<run_state> state;
   std::vector<std::vector<caf::actor>> actors;  // filled after spawning, cleared at the end
 };
@@ -155,6 +156,7 @@ class replica_actor final : public caf::event_based_actor {
         replica_(replica),
         np_(plan_->nodes[node]),
         counters_(plan_->metrics->replica(node, replica)),
+        live_(plan_->live->replica(node, replica)),
         ctx_(*this) {
     set_exception_handler([](caf::scheduled_actor*, std::exception_ptr& eptr) -> caf::error {
       try {
@@ -174,26 +176,32 @@ class replica_actor final : public caf::event_based_actor {
         [this](init_atom, caf::actor coordinator) {
           now_valid_ = false;
           on_init(std::move(coordinator));
+          publish_state();
         },
         [this](run_atom) {
           now_valid_ = false;
           on_run();
+          publish_state();
         },
         [this](data_atom, envelope& e) {
           now_valid_ = false;
           on_data(e);
+          publish_state();
         },
         [this](ack_atom, std::uint32_t out, std::uint32_t n) {
           now_valid_ = false;
           on_ack(out, n);
+          publish_state();
         },
         [this](eos_atom, std::uint32_t in) {
           now_valid_ = false;
           on_eos(in);
+          publish_state();
         },
         [this](produce_atom) {
           now_valid_ = false;
           on_produce();
+          publish_state();
         },
         [this](flush_atom) {
           ack_flush_scheduled_ = false;
@@ -202,6 +210,18 @@ class replica_actor final : public caf::event_based_actor {
         [this](end_atom) {
           now_valid_ = false;
           on_end();
+          publish_state();
+        },
+        [this](pause_atom) {
+          now_valid_ = false;
+          paused_ = true;
+          publish_state();
+        },
+        [this](resume_atom) {
+          now_valid_ = false;
+          paused_ = false;
+          pump();
+          publish_state();
         },
         [this](stop_atom, std::int32_t reason) {
           now_valid_ = false;
@@ -240,6 +260,23 @@ class replica_actor final : public caf::event_based_actor {
     void wait_for_input() override { a_.waiting_input_ = true; }
     void print(std::string_view line) override { console::print(line); }
     spdlog::logger& log() override { return a_.ctx_log(); }
+    void signal(std::string_view name, double value) override {
+      a_.plan_->live->signal(a_.np_.spec.name, a_.replica_, std::string(name), value);
+    }
+    void phase(std::string_view name) override {
+      if (name == a_.last_phase_) return;
+      a_.last_phase_.assign(name);
+      a_.live_.set_phase(name);
+      a_.plan_->live->phase(a_.np_.spec.name, a_.replica_, std::string(name));
+    }
+    void memory(std::initializer_list<std::pair<std::string_view, std::int64_t>> bytes) override {
+      std::vector<std::pair<std::string, std::int64_t>> m;
+      for (const auto& [k, v] : bytes) m.emplace_back(std::string(k), v);
+      a_.live_.set_memory(std::move(m));
+    }
+    bool checkpoint_requested(std::int64_t step) override {
+      return a_.plan_->live->checkpoint_due(a_.node_, a_.replica_, a_.checkpoint_seen_, step);
+    }
 
    private:
     replica_actor& a_;
@@ -300,6 +337,10 @@ class replica_actor final : public caf::event_based_actor {
     std::uint32_t in_index = 0;  // the link's index at the receiver
     std::int64_t credit = 0, max_credit = 0;
     std::deque<envelope> backlog;  // staged messages waiting for credit
+    // send times of the unacknowledged messages (ns since the job began): a ring of
+    // max_credit entries, as no more can be in flight
+    std::vector<std::int64_t> sent_ns;
+    std::uint32_t sent_head = 0, sent_count = 0;
     link_counters* c = nullptr;
     bool blocked = false;
     clock_type::time_point blocked_since;
@@ -367,6 +408,7 @@ class replica_actor final : public caf::event_based_actor {
       ol.target = p.actors[l.to_node][l.to_replica];
       ol.in_index = l.in_index;
       ol.credit = ol.max_credit = p.edges[l.edge].credit;
+      ol.sent_ns.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, ol.max_credit)), 0);
       ol.c = l.counters;
       out_links_.push_back(std::move(ol));
       auto it = std::find_if(out_edges_.begin(), out_edges_.end(), [&](const out_edge& e) { return e.edge == l.edge; });
@@ -396,12 +438,17 @@ class replica_actor final : public caf::event_based_actor {
       in_links_.push_back(std::move(il));
     }
     phase_ = phase::running;
+    const auto t0 = now();
     bool ok = guarded("start", [&] {
       impl_ = np_.factory();
       if (!impl_) throw std::runtime_error("the factory of kind '" + np_.kind_name + "' returned no node");
       impl_->start(ctx_);
     });
-    if (ok) commit();
+    if (ok) {
+      plan_->live->event("start", np_.spec.name, replica_,
+                         "started in " + std::to_string(elapsed_ns(t0) / 1000000) + " ms");
+      commit();
+    }
   }
 
   void on_run() {
@@ -440,6 +487,10 @@ class replica_actor final : public caf::event_based_actor {
     out_link& l = out_links_[out];
     l.credit += n;
     bump(l.c->acked, n);
+    const std::uint32_t done = std::min(n, l.sent_count);
+    l.sent_head = static_cast<std::uint32_t>((l.sent_head + done) % l.sent_ns.size());
+    l.sent_count -= done;
+    l.c->oldest_unacked_ns.store(l.sent_count ? l.sent_ns[l.sent_head] : -1, std::memory_order_relaxed);
     if (l.blocked) {
       l.blocked = false;
       bump(l.c->blocked_ns, elapsed_ns(l.blocked_since));
@@ -467,7 +518,7 @@ class replica_actor final : public caf::event_based_actor {
     const auto burst_start = std::chrono::steady_clock::now();
     for (int i = 0; i < produce_burst; ++i) {
       if (i > 0 && std::chrono::steady_clock::now() - burst_start > std::chrono::milliseconds(produce_burst_ms)) break;
-      if (phase_ != phase::running || !wants_to_produce() || has_backlog() || !produce_credit()) break;
+      if (phase_ != phase::running || paused_ || !wants_to_produce() || has_backlog() || !produce_credit()) break;
       if (plan_->steps > 0 && produced_ >= plan_->steps) {
         exhausted_ = true;
         break;
@@ -496,6 +547,7 @@ class replica_actor final : public caf::event_based_actor {
     std::string error;
     if (impl_ && (phase_ == phase::running || phase_ == phase::done)) {
       auto t0 = fresh_now();
+      set_state(replica_state::busy);
       try {
         impl_->stop(ctx_);
       } catch (const std::exception& e) {
@@ -508,7 +560,9 @@ class replica_actor final : public caf::event_based_actor {
     }
     staged_.clear();  // emits made in stop() are dropped: downstream may be gone
     close_blocked();
+    const bool failed = phase_ == phase::failed;
     phase_ = phase::stopped;
+    if (!failed) publish_state();  // a failed replica keeps showing "failed" (with its reason)
     if (coordinator_) send(coordinator_, stopped_atom::value, node_, replica_, std::move(error));
     quit();
   }
@@ -537,6 +591,10 @@ class replica_actor final : public caf::event_based_actor {
   bool pump_once() {
     if (phase_ != phase::running || !running_) return false;
     flush();
+    if (paused_) {  // the console paused the run: nothing is handled or produced until resume
+      flush_acks();
+      return false;
+    }
     for (;;) {
       if (has_backlog()) break;
       if (!ready_.empty()) {
@@ -832,6 +890,7 @@ class replica_actor final : public caf::event_based_actor {
           l.c->max_in_flight.store(in_flight, std::memory_order_relaxed);
         bump(counters_.msgs_out, 1);
         bump(counters_.bytes_out, bytes);
+        note_sent(l);
         send(l.target, data_atom::value, std::move(env));
       }
       if (!l.backlog.empty() && !l.blocked) {
@@ -891,6 +950,41 @@ class replica_actor final : public caf::event_based_actor {
   std::uint64_t elapsed_ns(clock_type::time_point since) {
     return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now() - since).count());
   }
+  // Remembers when a message left on `l` (the console's outstanding-request ages).
+  void note_sent(out_link& l) {
+    const auto cap = static_cast<std::uint32_t>(l.sent_ns.size());
+    if (l.sent_count == cap) {  // cannot happen (in flight <= credit); keep the newest
+      l.sent_head = (l.sent_head + 1) % cap;
+      --l.sent_count;
+    }
+    std::uint32_t at = l.sent_head + l.sent_count;
+    if (at >= cap) at -= cap;
+    l.sent_ns[at] = ns_since_start(now());
+    if (++l.sent_count == 1) l.c->oldest_unacked_ns.store(l.sent_ns[at], std::memory_order_relaxed);
+  }
+
+  std::int64_t ns_since_start(clock_type::time_point t) const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t - plan_->metrics->start()).count();
+  }
+
+  // -- the live state the console shows (live.h) ---------------------------------------
+
+  void set_state(replica_state s) { live_.set_state(s, ns_since_start(now())); }
+
+  // The state between events: what the replica waits for.
+  void publish_state() {
+    switch (phase_) {
+      case phase::created: set_state(replica_state::initializing); return;
+      case phase::failed: set_state(replica_state::failed); return;
+      case phase::done: set_state(replica_state::done); return;
+      case phase::stopped: set_state(replica_state::stopped); return;
+      case phase::running: break;
+    }
+    if (paused_) set_state(replica_state::paused);
+    else if (node_blocked_ || has_backlog()) set_state(replica_state::waiting_credit);
+    else if (np_.source && waiting_input_ && !exhausted_ && !finished_) set_state(replica_state::waiting_request);
+    else set_state(replica_state::idle);
+  }
 
   // -- supervision ---------------------------------------------------------------------------
 
@@ -902,6 +996,7 @@ class replica_actor final : public caf::event_based_actor {
     for (;;) {
       std::string why;
       auto t0 = now();
+      set_state(phase_ == phase::running && impl_ ? replica_state::busy : replica_state::initializing);
       try {
         f();
         fresh_now();
@@ -936,7 +1031,12 @@ class replica_actor final : public caf::event_based_actor {
       bump(counters_.restarts, 1);
       spdlog::warn("{} failed in {}: {}; restarting ({} of {})", replica_name(*plan_, node_, replica_), what, why,
                    restarts_, np_.policy.max_restarts);
+      live_.note_error(plan_->live->now_s(), std::string(what) + ": " + why);
+      plan_->live->event("restart", np_.spec.name, replica_,
+                         "restart " + std::to_string(restarts_) + " of " + std::to_string(np_.policy.max_restarts) +
+                             " after a failure in " + what + ": " + why);
       auto t0 = fresh_now();
+      set_state(replica_state::restarting);
       try {
         impl_.reset();
         impl_ = np_.factory();
@@ -959,6 +1059,10 @@ class replica_actor final : public caf::event_based_actor {
 
   void fail(std::string message) {
     phase_ = phase::failed;
+    live_.note_error(plan_->live->now_s(), message);
+    live_.set_failure(message);
+    plan_->live->event("failed", np_.spec.name, replica_, message);
+    set_state(replica_state::failed);
     staged_.clear();
     // Hand back the credit of everything queued, so that upstream does not wait on us.
     for (auto& item : ready_)
@@ -981,6 +1085,7 @@ class replica_actor final : public caf::event_based_actor {
   std::uint32_t node_, replica_;
   const node_plan& np_;
   replica_counters& counters_;
+  replica_live& live_;
   caf::actor coordinator_;
   std::unique_ptr<flowrun::actor::node> impl_;
   std::shared_ptr<spdlog::logger> logger_;
@@ -1008,6 +1113,9 @@ class replica_actor final : public caf::event_based_actor {
   bool now_valid_ = false;
   std::int64_t restarts_ = 0;
   std::int64_t produced_ = 0;
+  bool paused_ = false;
+  std::string last_phase_;
+  std::uint64_t checkpoint_seen_ = 0;
 };
 
 // -- the coordinator ---------------------------------------------------------------------------------
@@ -1026,6 +1134,9 @@ class coordinator_actor final : public caf::event_based_actor {
       total_ += p.nodes[n].replicas;
     }
     set_down_handler([this](caf::down_msg& dm) { on_down(dm); });
+    plan_->live->set_run_phase(run_phase::running);
+    plan_->live->event("run", "", -1, "running: " + std::to_string(total_) + " replicas of " +
+                                          std::to_string(p.nodes.size()) + " nodes");
     auto me = caf::actor_cast<caf::actor>(this);
     for (auto& row : plan_->actors)
       for (auto& a : row) monitor(a);
@@ -1051,6 +1162,8 @@ class coordinator_actor final : public caf::event_based_actor {
           begin_stop(stop_reason::failed);
         },
         [this](interrupt_atom, std::int32_t sig) { on_interrupt(sig); },
+        [this](pause_atom) { set_paused(true); },
+        [this](resume_atom) { set_paused(false); },
         [this](stopped_atom, std::uint32_t n, std::uint32_t r, std::string& err) {
           if (!err.empty()) report(std::move(err));
           mark_stopped(n, r);
@@ -1077,11 +1190,31 @@ class coordinator_actor final : public caf::event_based_actor {
     exit_code_ = exit_failed;
   }
 
+  // The console's pause and resume: forwarded to every replica.
+  void set_paused(bool on) {
+    if (on == paused_ || phase_ >= phase::stopping || (on && phase_ != phase::running)) return;
+    paused_ = on;
+    for (auto& row : plan_->actors)
+      for (auto& a : row) {
+        if (on) send(a, pause_atom::value);
+        else send(a, resume_atom::value);
+      }
+    plan_->live->set_run_phase(on                            ? run_phase::paused
+                               : phase_ == phase::draining ? run_phase::draining
+                                                           : run_phase::running);
+    plan_->live->event(on ? "pause" : "resume", "", -1,
+                       on ? "paused: no message is handled, no source produces" : "resumed");
+  }
+
   void on_interrupt(std::int32_t sig) {
     ++interrupts_;
     signal_ = sig;
+    set_paused(false);  // a paused pipeline could not drain
+    plan_->live->event("run", "", -1, "signal " + std::to_string(sig) +
+                                          (phase_ == phase::running ? ": draining" : ": stopping without draining"));
     if (phase_ == phase::running) {
       phase_ = phase::draining;
+      plan_->live->set_run_phase(run_phase::draining);
       spdlog::warn("signal {}: draining (sources stop; in-flight messages are handled); again to stop now", sig);
       for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
         if (plan_->nodes[n].source)
@@ -1096,6 +1229,9 @@ class coordinator_actor final : public caf::event_based_actor {
     if (phase_ >= phase::stopping) return;
     phase_ = phase::stopping;
     reason_ = why;
+    paused_ = false;  // replicas handle stop while paused
+    plan_->live->set_run_phase(run_phase::stopping);
+    plan_->live->event("run", "", -1, "stopping (" + std::string(to_string(why)) + ")");
     for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
       for (std::uint32_t r = 0; r < plan_->nodes[n].replicas; ++r)
         if (!status_[n][r].stopped) send(plan_->actors[n][r], stop_atom::value, static_cast<std::int32_t>(why));
@@ -1114,6 +1250,8 @@ class coordinator_actor final : public caf::event_based_actor {
     for (std::uint32_t n = 0; n < plan_->actors.size(); ++n)
       for (std::uint32_t r = 0; r < plan_->actors[n].size(); ++r) {
         if (plan_->actors[n][r].address() != dm.source) continue;
+        plan_->live->event("down", plan_->nodes[n].spec.name, r,
+                           dm.reason ? "down: " + system().render(dm.reason) : std::string("down (quit normally)"));
         if (!status_[n][r].stopped) {
           // It quit without being told to: a bug in the runtime or an exception outside the node's calls.
           report(replica_name(*plan_, n, r) + " terminated unexpectedly: " + system().render(dm.reason));
@@ -1130,6 +1268,10 @@ class coordinator_actor final : public caf::event_based_actor {
     int code = exit_code_;
     if (code == exit_ok && reason_ == stop_reason::interrupted) code = 128 + signal_;
     stop_reason why = exit_code_ != exit_ok ? stop_reason::failed : reason_;
+    plan_->live->set_run_phase(run_phase::finished);
+    plan_->live->event("run", "", -1,
+                       "finished (" + std::string(to_string(why)) + ", exit code " + std::to_string(code) + ")" +
+                           (error_.empty() ? std::string() : ": " + error_));
     plan_->state->finish(code, error_, why);
     plan_->actors.clear();  // break the cycle plan -> actors -> plan
     quit();
@@ -1144,6 +1286,7 @@ class coordinator_actor final : public caf::event_based_actor {
   std::string error_;
   int interrupts_ = 0;
   int signal_ = 0;
+  bool paused_ = false;
 };
 
 // -- planning ------------------------------------------------------------------------------------------
@@ -1155,6 +1298,7 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
   plan->seed = spec.seed;
   plan->steps = spec.steps;
   plan->metrics = std::make_shared<job_metrics>();
+  plan->live = std::make_shared<job_live>(plan->metrics->start());
   plan->state = std::make_shared<run_state>();
   std::map<std::string, std::uint32_t, std::less<>> index;
   const std::string where = spec.source_file.empty() ? std::string("graph '" + spec.name + "'") : spec.source_file.string();
@@ -1234,7 +1378,10 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
   }
   for (std::size_t n = 0; n < plan->nodes.size(); ++n) plan->nodes[n].source = !has_input[n];
   // Metrics layout and links.
-  for (const auto& np : plan->nodes) plan->metrics->add_node(np.spec.name, np.replicas, np.source, np.out_edges.empty());
+  for (const auto& np : plan->nodes) {
+    plan->metrics->add_node(np.spec.name, np.replicas, np.source, np.out_edges.empty());
+    plan->live->add_node(np.spec.name, np.replicas);
+  }
   plan->out_links.resize(plan->nodes.size());
   plan->in_links.resize(plan->nodes.size());
   for (std::size_t n = 0; n < plan->nodes.size(); ++n) {
@@ -1278,11 +1425,17 @@ expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, cons
   job j;
   j.state = plan->state;
   j.metrics = plan->metrics;
+  j.live = plan->live;
   for (std::uint32_t n = 0; n < plan->nodes.size(); ++n) {
     std::vector<caf::actor> row;
-    for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r)
-      row.push_back(plan->nodes[n].blocking ? sys.spawn<rt::replica_actor, caf::detached>(plan, n, r)
-                                            : sys.spawn<rt::replica_actor>(plan, n, r));
+    for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r) {
+      const bool blocking = plan->nodes[n].blocking;
+      row.push_back(blocking ? sys.spawn<rt::replica_actor, caf::detached>(plan, n, r)
+                             : sys.spawn<rt::replica_actor>(plan, n, r));
+      plan->live->event("spawn", plan->nodes[n].spec.name, r,
+                        "spawned (kind " + plan->nodes[n].kind_name + ", actor " + std::to_string(row.back().id()) +
+                            (blocking ? ", a thread of its own)" : ")"));
+    }
     plan->actors.push_back(row);
   }
   j.replicas = plan->actors;
@@ -1295,5 +1448,9 @@ expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, cons
 void interrupt(const job& j, int signal) {
   caf::anon_send(j.coordinator, interrupt_atom::value, static_cast<std::int32_t>(signal));
 }
+
+void pause(const job& j) { caf::anon_send(j.coordinator, pause_atom::value); }
+
+void resume(const job& j) { caf::anon_send(j.coordinator, resume_atom::value); }
 
 }  // namespace flowrun::actor

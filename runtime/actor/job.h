@@ -24,6 +24,7 @@
 #include <caf/atom.hpp>
 
 #include "runtime/actor/expected.h"
+#include "runtime/actor/live.h"
 #include "runtime/actor/metrics.h"
 #include "runtime/actor/node.h"
 #include "runtime/actor/runtime.h"
@@ -38,12 +39,20 @@ namespace flowrun::actor {
 /// every node at once. The exit code becomes 128 + signal.
 using interrupt_atom = caf::atom_constant<caf::atom("fr_intr")>;
 
+/// Control messages to a job's coordinator (the console's pause and resume):
+/// a paused replica handles no queued message and a paused source produces
+/// nothing, so credit runs out and the whole pipeline stands still; resume
+/// continues where it stood. A signal or a stop while paused resumes first.
+using pause_atom = caf::atom_constant<caf::atom("fr_pause")>;
+using resume_atom = caf::atom_constant<caf::atom("fr_resume")>;
+
 /// A launched job.
 struct job {
   caf::actor coordinator;                          ///< supervises the replicas
   std::vector<std::vector<caf::actor>> replicas;   ///< [node index in spec.nodes][replica]
   std::shared_ptr<run_state> state;                ///< the outcome, once finished
   std::shared_ptr<job_metrics> metrics;            ///< live counters
+  std::shared_ptr<job_live> live;                  ///< replica states, events, signals (live.h)
 };
 
 /// Spawns the actors of `spec` (validated against `kinds`) in `sys`. Errors
@@ -56,5 +65,9 @@ expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, cons
 
 /// Sends `interrupt_atom, signal` to the job's coordinator.
 void interrupt(const job& j, int signal);
+
+/// Sends `pause_atom` / `resume_atom` to the job's coordinator.
+void pause(const job& j);
+void resume(const job& j);
 
 }  // namespace flowrun::actor

@@ -105,17 +105,30 @@ metrics_snapshot job_metrics::snapshot() const {
     ns.source = n.source;
     ns.terminal = n.terminal;
     for (const auto& r : n.replicas) {
-      ns.msgs_in += r->msgs_in.load(rx);
-      ns.bytes_in += r->bytes_in.load(rx);
-      ns.msgs_out += r->msgs_out.load(rx);
-      ns.bytes_out += r->bytes_out.load(rx);
-      ns.handled += r->handled.load(rx);
-      ns.produced += r->produced.load(rx);
-      ns.busy_s += ns_to_s(r->busy_ns.load(rx));
-      ns.blocked_s += ns_to_s(r->blocked_ns.load(rx));
-      ns.restarts += r->restarts.load(rx);
-      ns.dropped += r->dropped.load(rx);
-      for (const auto& [k, v] : r->counters()) ns.counters[k] += v;
+      replica_stats rs;
+      rs.msgs_in = r->msgs_in.load(rx);
+      rs.bytes_in = r->bytes_in.load(rx);
+      rs.msgs_out = r->msgs_out.load(rx);
+      rs.bytes_out = r->bytes_out.load(rx);
+      rs.handled = r->handled.load(rx);
+      rs.produced = r->produced.load(rx);
+      rs.busy_s = ns_to_s(r->busy_ns.load(rx));
+      rs.blocked_s = ns_to_s(r->blocked_ns.load(rx));
+      rs.restarts = r->restarts.load(rx);
+      rs.dropped = r->dropped.load(rx);
+      rs.counters = r->counters();
+      ns.msgs_in += rs.msgs_in;
+      ns.bytes_in += rs.bytes_in;
+      ns.msgs_out += rs.msgs_out;
+      ns.bytes_out += rs.bytes_out;
+      ns.handled += rs.handled;
+      ns.produced += rs.produced;
+      ns.busy_s += rs.busy_s;
+      ns.blocked_s += rs.blocked_s;
+      ns.restarts += rs.restarts;
+      ns.dropped += rs.dropped;
+      for (const auto& [k, v] : rs.counters) ns.counters[k] += v;
+      ns.per_replica.push_back(std::move(rs));
     }
     s.nodes.push_back(std::move(ns));
   }
@@ -136,6 +149,8 @@ metrics_snapshot job_metrics::snapshot() const {
       es.in_flight += static_cast<std::int64_t>(sent) - static_cast<std::int64_t>(acked);
       es.max_in_flight = std::max<std::uint64_t>(es.max_in_flight, l->max_in_flight.load(rx));
       es.blocked_s += ns_to_s(l->blocked_ns.load(rx));
+      const std::int64_t oldest = l->oldest_unacked_ns.load(rx);
+      if (oldest >= 0) es.oldest_unacked_s = std::max(es.oldest_unacked_s, std::max(0.0, s.elapsed_s - oldest * 1e-9));
     }
     if (e.to_node < s.nodes.size())
       s.nodes[e.to_node].depth += static_cast<std::int64_t>(es.sent) - static_cast<std::int64_t>(es.handled);

@@ -31,6 +31,8 @@ struct link_counters {
   std::atomic<std::uint64_t> handled{0};  ///< messages the consumer took off its queue
   std::atomic<std::uint64_t> blocked_ns{0};     ///< producer time waiting for credit on this link
   std::atomic<std::uint64_t> max_in_flight{0};  ///< the most unacknowledged messages seen
+  /// When the oldest unacknowledged message was sent (ns since the job began); -1: none outstanding.
+  std::atomic<std::int64_t> oldest_unacked_ns{-1};
 };
 
 /// Counters of one node replica.
@@ -54,6 +56,14 @@ struct replica_counters {
   std::map<std::string, std::int64_t, std::less<>> custom_;
 };
 
+/// One replica's counters at one moment.
+struct replica_stats {
+  std::uint64_t msgs_in = 0, bytes_in = 0, msgs_out = 0, bytes_out = 0, handled = 0, produced = 0;
+  double busy_s = 0, blocked_s = 0;
+  std::uint64_t restarts = 0, dropped = 0;
+  std::map<std::string, std::int64_t> counters;
+};
+
 /// Per-node totals at one moment (summed over replicas).
 struct node_stats {
   std::string name;
@@ -65,6 +75,7 @@ struct node_stats {
   double busy_s = 0, blocked_s = 0;
   std::uint64_t restarts = 0, dropped = 0;
   std::map<std::string, std::int64_t> counters;
+  std::vector<replica_stats> per_replica;  ///< the same counters, per replica
 };
 
 /// Per-edge totals at one moment (summed over the edge's links).
@@ -75,6 +86,9 @@ struct edge_stats {
   std::int64_t in_flight = 0;           ///< sent - acked, now
   std::uint64_t max_in_flight = 0;      ///< the most on any one link, ever
   double blocked_s = 0;
+  /// Age in seconds of the oldest message sent on the edge and not yet
+  /// acknowledged (any link); 0 when nothing is outstanding.
+  double oldest_unacked_s = 0;
 };
 
 /// Everything at one moment.
@@ -111,6 +125,9 @@ class job_metrics {
 
   /// Sums every counter (thread-safe with respect to the actors counting).
   metrics_snapshot snapshot() const;
+
+  /// When the job began (metrics_snapshot::elapsed_s counts from here).
+  std::chrono::steady_clock::time_point start() const { return start_; }
 
  private:
   struct node_entry {

@@ -28,11 +28,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <spdlog/logger.h>
@@ -111,6 +113,33 @@ class node_context {
 
   /// This replica's logger (named "NODE[REPLICA]"; same sinks as spdlog's default logger).
   virtual spdlog::logger& log() = 0;
+
+  // -- what the console shows (docs/console.md). The defaults do nothing. --
+
+  /// Reports a training signal: `name` (e.g. "loss", "reward", "kl",
+  /// "actor_loss") took `value` now. The console keeps a time series per
+  /// (node, name) and charts it. Cheap (one lock, no I/O); call it once per
+  /// step, not per token.
+  virtual void signal(std::string_view name, double value) {}
+
+  /// Says which phase of its work the replica is in ("generation",
+  /// "scoring", "training", ...). The last phase any node reported is the
+  /// run's phase in the console (PPO's phase).
+  virtual void phase(std::string_view name) {}
+
+  /// Reports the bytes this replica holds, by category (e.g. {"params", n},
+  /// {"grads", n}, {"optimizer", n}, {"activations", n}); replaces the last
+  /// report. The console shows it as the memory of this rank.
+  virtual void memory(std::initializer_list<std::pair<std::string_view, std::int64_t>> bytes) {}
+
+  /// True once per console checkpoint request (POST /api/checkpoint): the node
+  /// should write a checkpoint now. Nodes poll it where a checkpoint is cheap
+  /// to take (after a step). With `step` >= 0, every replica of the node gets
+  /// true at the same step (the first replica to see the request fixes it at
+  /// step + 1), so replicas that checkpoint together (ZeRO ranks, with
+  /// barriers) stay in lock step. Polling also marks the node as able to
+  /// checkpoint in the console.
+  virtual bool checkpoint_requested(std::int64_t step = -1) { return false; }
 };
 
 /// The base class of every node implementation. All callbacks have empty

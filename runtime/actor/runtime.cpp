@@ -9,12 +9,16 @@
 #include <cstdio>
 #include <fstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/console.h"
+#include "runtime/actor/console_bridge.h"
 #include "runtime/actor/job.h"
+#include "runtime/console/hub.h"
 
 namespace flowrun::actor {
 
@@ -91,6 +95,24 @@ class signal_guard {
   struct sigaction old_term_ {};
 };
 
+// Requests from the console's threads, forwarded by the run loop.
+class control_queue {
+ public:
+  enum { pause, resume, stop };
+  void push(int r) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    items_.push_back(r);
+  }
+  std::vector<int> take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::exchange(items_, {});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<int> items_;
+};
+
 }  // namespace
 
 // -- run_graph ----------------------------------------------------------------------------
@@ -105,6 +127,18 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       result.exit_code = exit_failed;
       result.reason = stop_reason::failed;
       result.error = "cannot open the metrics file '" + options.metrics_path + "' for writing";
+      return result;
+    }
+  }
+  // The console listens before anything runs, so that a port in use stops the run before it starts.
+  std::unique_ptr<console_session> console_live;
+  if (options.console.enabled) {
+    try {
+      console_live = std::make_unique<console_session>(spec, options.console, options.default_credit);
+    } catch (const std::exception& e) {
+      result.exit_code = exit_failed;
+      result.reason = stop_reason::failed;
+      result.error = e.what();
       return result;
     }
   }
@@ -128,8 +162,43 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     }
     job j = std::move(*launched);
     signal_guard signals;
+    // What the console's POST endpoints do. They run on the server's threads and
+    // only queue the request; this loop forwards it to the coordinator (so no
+    // CAF handle ever leaves this thread or outlives the actor system).
+    auto requests = std::make_shared<control_queue>();
+    if (console_live) {
+      std::shared_ptr<job_live> live = j.live;
+      ::flowrun::console::controls c;
+      c.pause = [requests] {
+        requests->push(control_queue::pause);
+        return std::string("pausing: no message is handled and no source produces until resume");
+      };
+      c.resume = [requests] {
+        requests->push(control_queue::resume);
+        return std::string("resuming");
+      };
+      c.stop = [requests, live] {
+        live->event("stop", "", -1, "stop requested by the console: draining as on SIGINT");
+        requests->push(control_queue::stop);
+        return std::string("stopping: sources stop, messages in flight are handled, every node's stop() runs "
+                           "(exit code 130); a second stop stops without draining");
+      };
+      c.checkpoint = [live] {
+        const std::uint64_t n = live->request_checkpoint();
+        auto nodes = live->checkpoint_capable_nodes();
+        std::string names;
+        for (const auto& x : nodes) names += (names.empty() ? "" : ", ") + x;
+        return "checkpoint request #" + std::to_string(n) + " sent; " +
+               (nodes.empty() ? std::string("no node has asked for checkpoint requests yet (they are honoured by "
+                                            "nodes that poll them, e.g. zero_rank, at their next step)")
+                              : "nodes that honour it at their next step: " + names);
+      };
+      console_live->set_controls(std::move(c));
+      console_live->announce();
+    }
     int forwarded = 0;
     using clk = std::chrono::steady_clock;
+    auto next_console = clk::now();
     auto next_metrics = clk::now() + std::chrono::duration_cast<clk::duration>(
                                          std::chrono::duration<double>(std::max(0.0, options.metrics_interval_s)));
     auto next_progress = clk::now();
@@ -146,6 +215,11 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         console::clear_progress();
         spdlog::error("third signal: exiting without waiting for the nodes");
         std::_Exit(128 + g_last_signal.load());
+      }
+      for (int req : requests->take()) {
+        if (req == control_queue::pause) pause(j);
+        else if (req == control_queue::resume) resume(j);
+        else interrupt(j, SIGINT);
       }
       const auto now = clk::now();
       if (options.metrics_interval_s > 0 && now >= next_metrics) {
@@ -167,6 +241,11 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
                         n.depth, n.busy_s, n.blocked_s);
         prev = std::move(snap);
       }
+      if (console_live && now >= next_console) {
+        next_console = now + std::chrono::duration_cast<clk::duration>(
+                                 std::chrono::duration<double>(std::max(0.05, options.console.interval_s)));
+        console_live->sample(j.metrics->snapshot(), *j.live);
+      }
       if (show_progress && now >= next_progress) {
         next_progress = now + std::chrono::milliseconds(250);
         metrics_snapshot snap = j.metrics->snapshot();
@@ -181,6 +260,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     result.reason = j.state->reason();
     result.metrics = j.metrics->snapshot();
     if (metrics_file) metrics_file << to_json_line(result.metrics, true) << '\n' << std::flush;
+    if (console_live) console_live->finish(result.metrics, *j.live, result.exit_code, result.error);
     if (options.summary) {
       std::string summary = format_summary(result.metrics);
       spdlog::info("[{}] {} in {:.2f}s (exit code {})", spec.name, to_string(result.reason), result.metrics.elapsed_s,
@@ -195,6 +275,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     }
     j = job{};  // release the handles before the actor system goes away
   }  // ~actor_system waits for every actor; all of them have quit
+  if (console_live) console_live->close();
   return result;
 }
 

@@ -12,6 +12,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,6 +30,22 @@ inline constexpr int exit_failed = 1;
 inline constexpr int exit_sigint = 130;   ///< 128 + SIGINT
 inline constexpr int exit_sigterm = 143;  ///< 128 + SIGTERM
 
+/// The live console (docs/console.md): an HTTP API, an event stream and a web
+/// page on `bind`:`port` while the run lasts.
+struct console_options {
+  bool enabled = false;            ///< off unless asked (flowrun: --console PORT or the graph's console_port)
+  int port = 0;                    ///< TCP port; 0: a free port chosen by the system (printed at start)
+  std::string bind = "127.0.0.1";  ///< a non-loopback address makes every request need the token
+  std::string token;               ///< empty: a random token (printed at start)
+  std::string token_file;          ///< if set, the token is written here (mode 0600) at start
+  double interval_s = 0.5;         ///< seconds between samples (rates, the event stream)
+  double linger_s = 0;             ///< keep serving the final state this long after the run ended
+  /// Called once the server listens and the job is launched (its controls
+  /// work), with the page's URL ("http://127.0.0.1:PORT/") and the token.
+  /// Default: log both on stderr.
+  std::function<void(const std::string& url, const std::string& token)> on_ready;
+};
+
 /// How to run a graph.
 struct run_options {
   /// Credit (messages in flight per link) of edges that give none (credit=0).
@@ -45,6 +62,8 @@ struct run_options {
   std::optional<bool> progress;
   /// Log a per-node metrics summary at the end.
   bool summary = true;
+  /// The live console (off by default).
+  console_options console;
 };
 
 /// How a run ended.
@@ -84,7 +103,9 @@ class run_state {
 };
 
 /// Runs `spec` (validated against `kinds`, so settings and ports are filled
-/// in) to its end. Every node's kind needs a factory in `factories`. Returns
+/// in) to its end. With options.console.enabled the console's server starts
+/// first; if it cannot (e.g. the port is in use) nothing runs and the result
+/// is exit_failed with an error naming the port and the fix. Every node's kind needs a factory in `factories`. Returns
 /// exit_failed with an error, without starting anything, if a kind has no
 /// factory or a node's restart settings are invalid. SIGINT and SIGTERM are
 /// caught while it runs (the previous handlers are restored afterwards): the

@@ -141,6 +141,9 @@ struct graph_spec {
   std::string name;
   std::uint64_t seed = 0;
   std::int64_t steps = 0;  ///< 0: run until the sources are exhausted
+  /// The live console's port (`console_port` in [graph]; docs/console.md):
+  /// -1 (not written): no console unless `flowrun run --console PORT`; 0: a free port.
+  std::int64_t console_port = -1;
   std::vector<node_spec> nodes;
   std::vector<edge_spec> edges;
   /// The top-level file (parse_graph_string: its source name; "" for a spec
@@ -151,6 +154,7 @@ struct graph_spec {
 
   source_pos seed_pos;   ///< unknown if not written
   source_pos steps_pos;  ///< unknown if not written
+  source_pos console_port_pos;  ///< unknown if not written
 
   /// Set by the reader when part of the input could not be understood (a
   /// malformed edge, say). The validator then skips the checks that would

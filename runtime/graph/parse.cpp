@@ -313,7 +313,7 @@ namespace {
 // ------------------------------------------------------------ file loader
 
 const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node"};
-const std::vector<std::string> graph_keys = {"name", "seed", "steps"};
+const std::vector<std::string> graph_keys = {"name", "seed", "steps", "console_port"};
 
 struct loader {
   parse_result result;
@@ -480,6 +480,16 @@ struct loader {
         else {
           spec.steps = v.as_integer()->get();
           spec.steps_pos = pos_of(v);
+        }
+      } else if (k == "console_port") {
+        if (!v.is_integer() || v.as_integer()->get() < 0 || v.as_integer()->get() > 65535)
+          error(pos_of(v),
+                "graph console_port must be a TCP port (0 to 65535; 0: a free one), got " + toml_type_name(v) +
+                    (v.is_integer() ? " " + std::to_string(v.as_integer()->get()) : std::string()),
+                "write console_port = 8080, or leave it out for no console (flowrun run --console PORT turns it on)");
+        else {
+          spec.console_port = v.as_integer()->get();
+          spec.console_port_pos = pos_of(v);
         }
       } else if (k == "edges") {
         result.spec.incomplete = true;
@@ -668,10 +678,17 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   if (parts[0].first == "graph") {
     if (parts.size() != 2)
       return err(0, "unknown override path '" + std::string(path) + "'",
-                 "graph overrides are graph.name, graph.seed and graph.steps");
+                 "graph overrides are graph.name, graph.seed, graph.steps and graph.console_port");
     const auto& [key, off] = parts[1];
     if (key == "name") {
       spec.name = std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : raw;
+    } else if (key == "console_port") {
+      const auto* i = std::get_if<std::int64_t>(&value);
+      if (!i || *i < 0 || *i > 65535)
+        return err(value_offset, "graph console_port must be a TCP port (0 to 65535; 0: a free one), got '" + raw + "'",
+                   "write --set graph.console_port=8080");
+      spec.console_port = *i;
+      spec.console_port_pos = vpos;
     } else if (key == "seed" || key == "steps") {
       const auto* i = std::get_if<std::int64_t>(&value);
       if (!i || (key == "seed" && *i < 0))
@@ -758,6 +775,7 @@ std::string to_toml(const graph_spec& spec) {
   g.insert("name", spec.name);
   g.insert("seed", static_cast<std::int64_t>(spec.seed));
   g.insert("steps", spec.steps);
+  if (spec.console_port >= 0) g.insert("console_port", spec.console_port);
   root.insert("graph", std::move(g));
   std::ostringstream os;
   os << root << "\n";

@@ -1,4 +1,5 @@
 // `flowrun run`, `flowrun kinds` and `flowrun explain`: graphs on the actor runtime.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -30,6 +31,13 @@ struct run_opts {
   std::string restart = "never";
   bool no_progress = false;
   bool quiet = false;
+  // the live console (docs/console.md)
+  int console_port = -1;  // -1: not given (the graph's console_port decides)
+  bool no_console = false;
+  std::string console_bind = "127.0.0.1";
+  std::string console_token;
+  std::string console_token_file;
+  double console_linger = 0;
 };
 
 // Logs go to standard error: standard output belongs to the graph's sinks.
@@ -87,6 +95,22 @@ int run_graph_file(const run_opts& o_in) {
     return 2;
   }
   ro.default_restart.when = *mode;
+  // The console: --no-console wins, then --console PORT, then the graph's console_port; off otherwise.
+  const std::int64_t port = o->console_port >= 0 ? o->console_port : v.spec.console_port;
+  if (!o->no_console && port >= 0) {
+    if (port > 65535) {
+      spdlog::error("--console {}: a TCP port is 0 to 65535 (0: a free one)", port);
+      return 2;
+    }
+    ro.console.enabled = true;
+    ro.console.port = static_cast<int>(port);
+    ro.console.bind = o->console_bind;
+    ro.console.token = o->console_token;
+    if (ro.console.token.empty())
+      if (const char* t = std::getenv("FLOWRUN_CONSOLE_TOKEN")) ro.console.token = t;
+    ro.console.token_file = o->console_token_file;
+    ro.console.linger_s = o->console_linger;
+  }
   auto result = actor::run_graph(v.spec, r.kinds, r.factories, ro);
   if (!result.error.empty()) spdlog::error("{}", result.error);
   return result.exit_code;
@@ -109,6 +133,19 @@ void add_run(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--no-progress", o->no_progress, "No progress line, even on a terminal");
   sub->add_flag("--quiet,-q", o->quiet, "No metrics summary at the end");
+  sub->add_option("--console", o->console_port,
+                  "Serve the live console (HTTP API, event stream, web page) on 127.0.0.1:PORT; 0: a free port "
+                  "(printed at start). Default: the graph's console_port, else off")
+      ->check(CLI::Range(0, 65535));
+  sub->add_flag("--no-console", o->no_console, "No console, even if the graph sets console_port");
+  sub->add_option("--console-bind", o->console_bind,
+                  "Address the console listens on (not loopback: every request needs the token)")
+      ->capture_default_str();
+  sub->add_option("--console-token", o->console_token,
+                  "The console's token (default: $FLOWRUN_CONSOLE_TOKEN, else a random one printed at start)");
+  sub->add_option("--console-token-file", o->console_token_file, "Write the console's token to this file (mode 0600)");
+  sub->add_option("--console-linger", o->console_linger,
+                  "Seconds to keep serving the console's final state after the run ended");
   sub->callback([o] {
     int rc = run_graph_file(*o);
     if (rc != 0) throw exit_request{rc};

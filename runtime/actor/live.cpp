@@ -1,0 +1,183 @@
+#include "runtime/actor/live.h"
+
+#include <algorithm>
+
+namespace flowrun::actor {
+
+std::string_view to_string(replica_state s) {
+  switch (s) {
+    case replica_state::initializing:
+      return "initializing";
+    case replica_state::idle:
+      return "idle";
+    case replica_state::busy:
+      return "busy";
+    case replica_state::waiting_credit:
+      return "waiting_credit";
+    case replica_state::waiting_request:
+      return "waiting_request";
+    case replica_state::restarting:
+      return "restarting";
+    case replica_state::paused:
+      return "paused";
+    case replica_state::failed:
+      return "failed";
+    case replica_state::done:
+      return "done";
+    case replica_state::stopped:
+      return "stopped";
+  }
+  return "?";
+}
+
+std::string_view to_string(run_phase p) {
+  switch (p) {
+    case run_phase::starting:
+      return "starting";
+    case run_phase::running:
+      return "running";
+    case run_phase::paused:
+      return "paused";
+    case run_phase::draining:
+      return "draining";
+    case run_phase::stopping:
+      return "stopping";
+    case run_phase::finished:
+      return "finished";
+  }
+  return "?";
+}
+
+// -- replica_live ---------------------------------------------------------------------
+
+void replica_live::set_failure(std::string why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reason_ = std::move(why);
+}
+
+void replica_live::note_error(double t_s, std::string what) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  errors_.emplace_back(t_s, std::move(what));
+  while (errors_.size() > 8) errors_.pop_front();
+}
+
+void replica_live::set_phase(std::string_view phase) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  phase_.assign(phase);
+}
+
+void replica_live::set_memory(std::vector<std::pair<std::string, std::int64_t>> bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  memory_ = std::move(bytes);
+}
+
+replica_view replica_live::read(std::int64_t now_ns) const {
+  replica_view v;
+  v.state = state_.load(std::memory_order_acquire);
+  v.state_for_s = std::max<std::int64_t>(0, now_ns - since_ns_.load(std::memory_order_relaxed)) * 1e-9;
+  v.checkpoint_capable = checkpoint_capable_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mutex_);
+  v.reason = reason_;
+  v.phase = phase_;
+  v.errors.assign(errors_.begin(), errors_.end());
+  v.memory = memory_;
+  return v;
+}
+
+// -- job_live ---------------------------------------------------------------------------
+
+void job_live::add_node(std::string name, std::size_t replicas) {
+  node_entry e;
+  e.name = std::move(name);
+  for (std::size_t r = 0; r < replicas; ++r) e.replicas.push_back(std::make_unique<replica_live>());
+  nodes_.push_back(std::move(e));
+}
+
+double job_live::now_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+std::int64_t job_live::now_ns() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void job_live::event(std::string kind, std::string node, std::int64_t replica, std::string text) {
+  const double t = now_s();
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back(live_event{++event_seq_, t, std::move(kind), std::move(node), replica, std::move(text)});
+  while (events_.size() > max_events) events_.pop_front();
+}
+
+void job_live::signal(std::string node, std::int64_t replica, std::string name, double value) {
+  const double t = now_s();
+  std::lock_guard<std::mutex> lock(mutex_);
+  signals_.push_back(live_signal{++signal_seq_, t, std::move(node), replica, std::move(name), value, {}});
+  while (signals_.size() > max_signals) signals_.pop_front();
+}
+
+void job_live::phase(std::string node, std::int64_t replica, std::string phase) {
+  const double t = now_s();
+  std::lock_guard<std::mutex> lock(mutex_);
+  current_phase_ = phase;
+  signals_.push_back(live_signal{++signal_seq_, t, std::move(node), replica, "phase", 0.0, std::move(phase)});
+  while (signals_.size() > max_signals) signals_.pop_front();
+}
+
+std::string job_live::current_phase() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_phase_;
+}
+
+std::vector<live_event> job_live::events_since(std::uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::upper_bound(events_.begin(), events_.end(), seq,
+                             [](std::uint64_t s, const live_event& e) { return s < e.seq; });
+  return {it, events_.end()};
+}
+
+std::vector<live_signal> job_live::signals_since(std::uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::upper_bound(signals_.begin(), signals_.end(), seq,
+                             [](std::uint64_t s, const live_signal& e) { return s < e.seq; });
+  return {it, signals_.end()};
+}
+
+std::uint64_t job_live::request_checkpoint() {
+  const std::uint64_t gen = checkpoint_gen_.fetch_add(1) + 1;
+  event("checkpoint", "", -1, "checkpoint request #" + std::to_string(gen));
+  return gen;
+}
+
+bool job_live::checkpoint_due(std::size_t node, std::size_t replica, std::uint64_t& seen, std::int64_t step) {
+  node_entry& n = nodes_.at(node);
+  n.replicas.at(replica)->mark_checkpoint_capable();
+  const std::uint64_t gen = checkpoint_gen_.load(std::memory_order_acquire);
+  if (gen == seen) return false;
+  if (step < 0) {
+    seen = gen;
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (n.claimed_gen != gen) {
+      n.claimed_gen = gen;
+      n.target_step = step + 1;
+    }
+    if (step < n.target_step) return false;
+    seen = gen;
+  }
+  event("checkpoint", n.name, static_cast<std::int64_t>(replica),
+        "honouring checkpoint request #" + std::to_string(gen) + (step >= 0 ? " at step " + std::to_string(step) : ""));
+  return true;
+}
+
+std::vector<std::string> job_live::checkpoint_capable_nodes() const {
+  std::vector<std::string> out;
+  for (const auto& n : nodes_)
+    for (const auto& r : n.replicas)
+      if (r->read(0).checkpoint_capable) {
+        out.push_back(n.name);
+        break;
+      }
+  return out;
+}
+
+}  // namespace flowrun::actor

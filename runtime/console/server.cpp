@@ -1,0 +1,357 @@
+#include "runtime/console/server.h"
+
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "runtime/console/console_assets.h"  // generated from page/ (CMakeLists.txt)
+#include "runtime/console/hub.h"
+
+namespace flowrun::console {
+
+using json = nlohmann::json;
+
+bool is_loopback_address(const std::string& host) {
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  in_addr a{};
+  if (inet_pton(AF_INET, host.c_str(), &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
+  return false;
+}
+
+std::string random_token() {
+  unsigned char bytes[16] = {};
+  bool ok = false;
+  if (std::ifstream f{"/dev/urandom", std::ios::binary})
+    ok = static_cast<bool>(f.read(reinterpret_cast<char*>(bytes), sizeof bytes));
+  if (!ok) {
+    std::random_device rd;
+    for (auto& b : bytes) b = static_cast<unsigned char>(rd());
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string t;
+  for (unsigned char b : bytes) {
+    t += hex[b >> 4];
+    t += hex[b & 15];
+  }
+  return t;
+}
+
+namespace {
+
+// Tries to bind `host`:`port` (as the server will) and explains a failure.
+void probe_bind(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); rc != 0)
+    throw console_error("console: cannot use the address '" + host + "' (" + gai_strerror(rc) +
+                        "): give a local address with --console-bind, e.g. 127.0.0.1");
+  int err = 0;
+  bool ok = false;
+  for (addrinfo* ai = res; ai && !ok; ai = ai->ai_next) {
+    int s = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (s < 0) {
+      err = errno;
+      continue;
+    }
+    int yes = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(s, ai->ai_addr, ai->ai_addrlen) == 0)
+      ok = true;
+    else
+      err = errno;
+    ::close(s);
+  }
+  freeaddrinfo(res);
+  if (ok) return;
+  const std::string where = "port " + std::to_string(port) + " on " + host;
+  if (err == EADDRINUSE)
+    throw console_error("console: " + where +
+                        " is already in use (another flowrun run or another program listens there; `ss -ltnp "
+                        "'sport = :" +
+                        std::to_string(port) +
+                        "'` shows which): choose another port with --console PORT "
+                        "(or console_port in the graph's [graph] table), use --console 0 for a free port, or turn the "
+                        "console off with --no-console");
+  if (err == EACCES)
+    throw console_error("console: " + where +
+                        ": permission denied (ports below 1024 need privileges): choose a port "
+                        "above 1024 with --console PORT, or --console 0 for a free one");
+  if (err == EADDRNOTAVAIL)
+    throw console_error("console: " + where +
+                        ": the address is not one of this machine's: use --console-bind 127.0.0.1");
+  throw console_error("console: cannot listen on " + where + ": " + std::strerror(err));
+}
+
+// "Host: 127.0.0.1:8080" -> "127.0.0.1"; "[::1]:80" -> "::1".
+std::string host_of(const std::string& h) {
+  if (!h.empty() && h[0] == '[') {
+    auto e = h.find(']');
+    return e == std::string::npos ? h : h.substr(1, e - 1);
+  }
+  auto c = h.find(':');
+  return c == std::string::npos ? h : h.substr(0, c);
+}
+
+void send_json(httplib::Response& res, int status, const std::string& body) {
+  res.status = status;
+  res.set_header("Cache-Control", "no-store");
+  res.set_content(body, "application/json");
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message) {
+  send_json(res, status, json{{"error", message}, {"status", status}}.dump());
+}
+
+double param_double(const httplib::Request& req, const char* name, double dflt) {
+  if (!req.has_param(name)) return dflt;
+  try {
+    return std::stod(req.get_param_value(name));
+  } catch (...) {
+    return dflt;
+  }
+}
+
+const char* const api_index = R"json({
+  "endpoints": [
+    {"method": "GET", "path": "/", "what": "the web page"},
+    {"method": "GET", "path": "/api", "what": "this list"},
+    {"method": "GET", "path": "/api/graph", "what": "the graph as written: nodes, replica groups, edges"},
+    {"method": "GET", "path": "/api/status", "what": "the run: state, phase, progress, tokens/s, signals"},
+    {"method": "GET", "path": "/api/nodes", "what": "live state, rates and load of every node"},
+    {"method": "GET", "path": "/api/nodes/NAME", "what": "one node: settings, counters, replicas, errors"},
+    {"method": "GET", "path": "/api/edges", "what": "rates, in flight and outstanding age of every edge"},
+    {"method": "GET", "path": "/api/bottlenecks?n=5", "what": "the top-n nodes by busy share and upstream waiting"},
+    {"method": "GET", "path": "/api/signals?since=T", "what": "training signals over time, and phases"},
+    {"method": "GET", "path": "/api/memory", "what": "memory per rank (node replica) and the process's RSS"},
+    {"method": "GET", "path": "/api/events?since=SEQ", "what": "the event log: spawn, restart, failed, down, ..."},
+    {"method": "GET", "path": "/api/stream", "what": "Server-Sent Events: frame per sample, end at the end"},
+    {"method": "POST", "path": "/api/pause", "what": "pause the run (token)"},
+    {"method": "POST", "path": "/api/resume", "what": "resume a paused run (token)"},
+    {"method": "POST", "path": "/api/stop", "what": "drain and stop, as SIGINT (token)"},
+    {"method": "POST", "path": "/api/checkpoint", "what": "ask nodes to checkpoint (token)"}
+  ]
+})json";
+
+}  // namespace
+
+struct server::impl {
+  httplib::Server svr;
+  std::atomic<int> streams{0};
+  std::atomic<bool> stopping{false};
+};
+
+server::server(std::shared_ptr<hub> h, server_options options)
+    : hub_(std::move(h)), options_(std::move(options)), impl_(std::make_unique<impl>()) {}
+
+server::~server() { stop(); }
+
+std::string server::url() const {
+  std::string host = options_.bind;
+  if (host == "0.0.0.0" || host.empty())
+    host = "127.0.0.1";
+  else if (host == "::" || host == "::1")
+    host = "[" + host + "]";
+  if (host == "[::]") host = "[::1]";
+  return "http://" + host + ":" + std::to_string(port_) + "/";
+}
+
+std::string server::url_with_token() const { return url() + "?token=" + options_.token; }
+
+void server::start() {
+  if (options_.token.empty()) options_.token = random_token();
+  loopback_ = is_loopback_address(options_.bind);
+  if (options_.port < 0 || options_.port > 65535)
+    throw console_error("console: port " + std::to_string(options_.port) +
+                        " is not a TCP port (0 to 65535; 0: a free one)");
+  if (options_.port != 0) probe_bind(options_.bind, options_.port);
+
+  auto& svr = impl_->svr;
+  const int threads = std::max(2, options_.threads);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  svr.set_keep_alive_timeout(2);
+  svr.set_read_timeout(5);
+  svr.set_write_timeout(5);
+  svr.set_payload_max_length(64 * 1024);
+
+  // Every request: the Host check (loopback binds: a DNS-rebinding guard) and the token.
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (loopback_ && req.has_header("Host")) {
+      const std::string host = host_of(req.get_header_value("Host"));
+      if (host != "127.0.0.1" && host != "localhost" && host != "::1" && host != options_.bind) {
+        send_error(res, 403,
+                   "unexpected Host header '" + req.get_header_value("Host") +
+                       "': open the console as http://127.0.0.1:" + std::to_string(port_) + "/");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    const bool changes_state = req.method != "GET" && req.method != "HEAD";
+    if (!changes_state && loopback_) return httplib::Server::HandlerResponse::Unhandled;
+    std::string presented;
+    if (req.has_header("Authorization")) {
+      const std::string a = req.get_header_value("Authorization");
+      if (a.rfind("Bearer ", 0) == 0) presented = a.substr(7);
+    }
+    if (presented.empty() && req.has_header("X-Flowrun-Token")) presented = req.get_header_value("X-Flowrun-Token");
+    if (presented.empty() && req.has_param("token")) presented = req.get_param_value("token");
+    const std::string why = changes_state ? "this request changes the run's state"
+                                          : "this console listens on " + options_.bind + " (not loopback)";
+    if (presented.empty()) {
+      send_error(res, 401,
+                 why +
+                     ": it needs the console token (header 'Authorization: Bearer TOKEN', "
+                     "'X-Flowrun-Token: TOKEN' or ?token=TOKEN). flowrun printed the token at start "
+                     "(and wrote it to --console-token-file); flowctl takes --token or FLOWRUN_CONSOLE_TOKEN");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (!constant_time_equal(presented, options_.token)) {
+      send_error(res, 403, why + ": the token given is not this console's token");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  // The page (no build step, no outside network: shipped inside the binary).
+  auto page = [](std::string_view body, const char* type) {
+    return [body, type](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Cache-Control", "no-store");
+      res.set_header("Content-Security-Policy",
+                     "default-src 'self'; connect-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      res.set_content(std::string(body), type);
+    };
+  };
+  svr.Get("/", page(assets::index_html(), "text/html; charset=utf-8"));
+  svr.Get("/index.html", page(assets::index_html(), "text/html; charset=utf-8"));
+  svr.Get("/console.js", page(assets::console_js(), "application/javascript; charset=utf-8"));
+  svr.Get("/console.css", page(assets::console_css(), "text/css; charset=utf-8"));
+  svr.Get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+
+  auto h = hub_;
+  svr.Get("/api", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, api_index); });
+  svr.Get("/api/graph", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->graph_json()); });
+  svr.Get("/api/status",
+          [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->status_json()); });
+  svr.Get("/api/nodes", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->nodes_json()); });
+  svr.Get(R"(/api/nodes/([^/]+))", [h](const httplib::Request& req, httplib::Response& res) {
+    const std::string name = req.matches[1];
+    if (auto j = h->node_json(name))
+      send_json(res, 200, *j);
+    else
+      send_error(res, 404, "no node called '" + name + "' (GET /api/graph lists the nodes)");
+  });
+  svr.Get("/api/edges", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->edges_json()); });
+  svr.Get("/api/bottlenecks", [h](const httplib::Request& req, httplib::Response& res) {
+    const double n = param_double(req, "n", 5);
+    send_json(res, 200, h->bottlenecks_json(static_cast<std::size_t>(std::clamp(n, 1.0, 1000.0))));
+  });
+  svr.Get("/api/signals", [h](const httplib::Request& req, httplib::Response& res) {
+    send_json(res, 200, h->signals_json(param_double(req, "since", -1.0)));
+  });
+  svr.Get("/api/memory",
+          [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->memory_json()); });
+  svr.Get("/api/events", [h](const httplib::Request& req, httplib::Response& res) {
+    send_json(res, 200, h->events_json(static_cast<std::uint64_t>(std::max(0.0, param_double(req, "since", 0)))));
+  });
+  svr.Get("/api/stream", [this, h](const httplib::Request&, httplib::Response& res) {
+    if (impl_->streams.load() >= options_.max_streams) {
+      send_error(res, 503,
+                 "too many open event streams (" + std::to_string(options_.max_streams) +
+                     "): close one, or poll /api/status and /api/nodes");
+      return;
+    }
+    ++impl_->streams;
+    struct stream_state {
+      std::uint64_t frame = 0, event_seq = 0, signal_seq = 0;
+      int quiet = 0;
+      bool first = true, ended = false;
+    };
+    auto st = std::make_shared<stream_state>();
+    impl* im = impl_.get();
+    res.set_header("Cache-Control", "no-store");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [h, st, im](std::size_t, httplib::DataSink& sink) {
+          if (st->ended || im->stopping.load()) {
+            sink.done();
+            return true;
+          }
+          std::string out;
+          if (st->first) {
+            st->first = false;
+            st->frame = h->frame();
+            out = "retry: 2000\n\nevent: frame\ndata: " + h->frame_json(&st->event_seq, &st->signal_seq) + "\n\n";
+          } else {
+            const std::uint64_t f = h->wait_frame(st->frame, std::chrono::milliseconds(1000));
+            if (im->stopping.load()) {
+              sink.done();
+              return true;
+            }
+            if (f > st->frame) {
+              st->frame = f;
+              out = "event: frame\ndata: " + h->frame_json(&st->event_seq, &st->signal_seq) + "\n\n";
+            } else if (h->closed()) {
+              out = "event: end\ndata: " + h->status_json() + "\n\n";
+              st->ended = true;
+            } else if (++st->quiet % 10 == 0) {
+              out = ": keep-alive\n\n";
+            }
+          }
+          if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+          if (st->ended) sink.done();
+          return true;
+        },
+        [im](bool) { --im->streams; });
+  });
+  svr.Post(R"(/api/(pause|resume|stop|checkpoint))", [h](const httplib::Request& req, httplib::Response& res) {
+    reply r = h->act(std::string(req.matches[1]));
+    send_json(res, r.status, r.body);
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404)
+      send_error(res, 404, "no such endpoint: " + req.method + " " + req.path + " (GET /api lists them)");
+    else
+      send_error(res, res.status, "request failed");
+  });
+
+  if (options_.port == 0) {
+    port_ = svr.bind_to_any_port(options_.bind);
+    if (port_ <= 0) {
+      port_ = 0;
+      throw console_error("console: cannot listen on " + options_.bind + " (a free port): " + std::strerror(errno) +
+                          ": use --console-bind 127.0.0.1");
+    }
+  } else {
+    if (!svr.bind_to_port(options_.bind, options_.port)) {
+      const int err = errno;
+      probe_bind(options_.bind, options_.port);  // explains EADDRINUSE and friends
+      throw console_error("console: cannot listen on port " + std::to_string(options_.port) + " on " + options_.bind +
+                          ": " + std::strerror(err));
+    }
+    port_ = options_.port;
+  }
+  thread_ = std::thread([this] { impl_->svr.listen_after_bind(); });
+}
+
+void server::stop() {
+  if (!thread_.joinable()) return;
+  impl_->stopping = true;
+  impl_->svr.stop();
+  thread_.join();
+}
+
+}  // namespace flowrun::console

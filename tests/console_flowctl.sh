@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# flowctl against a running graphs/pretrain.graph (docs/console.md):
+#   status; top shows rates that change from frame to frame; graph --dot; inspect; events;
+#   pause without the token is refused, with it the run pauses; resume; checkpoint makes the
+#   ZeRO ranks write one; stop drains and ends the run with 130; then no console answers.
+set -euo pipefail
+flowrun=$1 flowctl=$2 root=$3 out=$4
+rm -rf "$out" && mkdir -p "$out"
+ck="$out/ck"
+log="$out/flowrun.err"
+
+"$flowrun" run "$root/graphs/pretrain.graph" --no-progress -q --threads 2 \
+  --console 0 --console-token-file "$out/token" \
+  --set node.data.total_steps=100000 --set node.ranks.total_steps=100000 \
+  --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" --set node.ranks.save_checkpoint_steps=0 \
+  --set node.ranks.export_hf= --set node.ranks.print_every=100000 > "$out/flowrun.out" 2> "$log" &
+pid=$!
+cleanup() { kill -9 $pid 2> /dev/null || true; }
+trap cleanup EXIT
+
+port=""
+for _ in $(seq 1 600); do
+  port=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$log" | head -1)
+  [[ -n "$port" ]] && break
+  kill -0 $pid 2> /dev/null || { echo "flowrun exited early:"; cat "$log"; exit 1; }
+  sleep 0.1
+done
+[[ -n "$port" ]] || { echo "flowrun printed no console address:"; cat "$log"; exit 1; }
+echo "console on port $port"
+ctl() { "$flowctl" --port "$port" "$@"; }
+
+echo "== flowctl status"
+ctl status | tee "$out/status.txt"
+grep -q "flowrun pretrain" "$out/status.txt" || { echo "status does not name the graph"; exit 1; }
+
+echo "== flowctl top: 5 frames, 0.7 s apart"
+# wait for the ranks to train (the first steps load the model)
+for _ in $(seq 1 300); do
+  ctl status | grep -q "step [1-9]" && break
+  sleep 0.1
+done
+ctl top -n 5 -d 0.7 > "$out/top.txt"
+cat "$out/top.txt"
+# the ranks' row per frame: HANDLED/s (col 6), BYTES IN/s (col 7-8), BUSY (col 9)
+awk '/^--- frame/ { f++ } $1 == "ranks" { print f, $6, $7 $8, $9 }' "$out/top.txt" > "$out/ranks_rows.txt"
+cat "$out/ranks_rows.txt"
+frames=$(wc -l < "$out/ranks_rows.txt")
+(( frames == 5 )) || { echo "expected 5 frames with a ranks row, got $frames"; exit 1; }
+distinct=$(cut -d' ' -f2- "$out/ranks_rows.txt" | sort -u | wc -l)
+nonzero=$(awk '$2 + 0 > 0' "$out/ranks_rows.txt" | wc -l)
+echo "  ranks (handled/s, bytes in/s, busy ms/s): $distinct distinct rows over $frames frames, $nonzero frames with traffic"
+(( nonzero >= 3 )) || { echo "top shows no traffic on the ranks"; exit 1; }
+(( distinct >= 2 )) || { echo "top's rates do not change between frames"; exit 1; }
+grep -q "data.batch -> ranks.batch" "$out/top.txt" || { echo "top shows no edge"; exit 1; }
+
+echo "== flowctl graph --dot"
+ctl graph --dot > "$out/graph.dot"
+cat "$out/graph.dot"
+head -1 "$out/graph.dot" | grep -q '^digraph "pretrain" {' || { echo "not a DOT digraph"; exit 1; }
+grep -q '"data" -> "ranks" \[label="[0-9.k]* msg/s' "$out/graph.dot" || { echo "the edge has no rate label"; exit 1; }
+grep -q 'fillcolor=' "$out/graph.dot" || { echo "no state colours"; exit 1; }
+if command -v dot > /dev/null; then dot -Tsvg "$out/graph.dot" > "$out/graph.svg"; fi
+
+echo "== flowctl inspect ranks"
+ctl inspect ranks | tee "$out/inspect.txt"
+grep -q "deepspeed_config" "$out/inspect.txt" || { echo "inspect shows no settings"; exit 1; }
+grep -q "memory .*params" "$out/inspect.txt" || { echo "inspect shows no memory per rank"; exit 1; }
+grep -q "signal loss" "$out/inspect.txt" || { echo "inspect shows no loss signal"; exit 1; }
+
+echo "== pause without the token is refused"
+if ctl pause 2> "$out/pause_refused.txt"; then echo "pause without a token succeeded"; exit 1; fi
+cat "$out/pause_refused.txt"
+grep -q "HTTP 401" "$out/pause_refused.txt" || { echo "no 401"; exit 1; }
+ctl status | grep -q " running " || { echo "the refused pause changed the run"; exit 1; }
+
+echo "== pause / resume with the token (from the token file)"
+export FLOWRUN_CONSOLE_TOKEN_FILE="$out/token"
+ctl pause
+for _ in $(seq 1 100); do ctl status | grep -q " paused " && break; sleep 0.05; done
+ctl status | grep " paused " || { echo "the run did not pause"; exit 1; }
+ctl resume
+for _ in $(seq 1 100); do ctl status | grep -q " running " && break; sleep 0.05; done
+ctl status | grep " running " || { echo "the run did not resume"; exit 1; }
+
+echo "== checkpoint: the ZeRO ranks write one at their next step"
+ctl checkpoint | tee "$out/checkpoint.txt"
+grep -q "ranks" "$out/checkpoint.txt" || { echo "the checkpoint reply names no node that honours it"; exit 1; }
+for _ in $(seq 1 300); do [[ -f "$ck/latest" ]] && break; sleep 0.1; done
+[[ -f "$ck/latest" ]] || { echo "no checkpoint was committed"; exit 1; }
+echo "  committed $(cat "$ck/latest")"
+# the console samples the run every 0.5 s: the event may take that long to show
+for _ in $(seq 1 50); do
+  ctl events > "$out/events.txt"
+  grep -q "honouring checkpoint request #1" "$out/events.txt" && break
+  sleep 0.1
+done
+grep -q "honouring checkpoint request #1" "$out/events.txt" || { echo "no checkpoint event"; cat "$out/events.txt"; exit 1; }
+grep -E "spawn|checkpoint" "$out/events.txt" | head -6
+
+echo "== stop: the run drains and exits with 130"
+ctl stop
+rc=0
+wait $pid || rc=$?
+trap - EXIT
+echo "  flowrun exit code $rc"
+(( rc == 130 )) || { echo "expected 130"; tail -20 "$log"; exit 1; }
+rc=0
+ctl status > /dev/null 2> "$out/after.txt" || rc=$?
+(( rc == 3 )) || { echo "flowctl after the run: expected exit code 3, got $rc"; exit 1; }
+cat "$out/after.txt"
+echo "console_flowctl: ok"

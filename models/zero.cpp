@@ -162,8 +162,7 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
   if ((s_.stage >= 1 && base_trains_) || s_.stage == 3) {
     master_ = tensor::zeros({shard_numel_});
     for (size_t b = 0; b < blocks_.size(); ++b) {
-      const int64_t lo = blocks_[b].begin + r_ * piece_[b];
-      const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
+      const auto [lo, hi] = owned(b);
       if (hi > lo) master_.flat_view(shard_off_[b], {hi - lo}).copy_from(flat.flat_view(lo, {hi - lo}));
     }
   } else if (s_.stage == 0 && s_.precision != dtype::f32 && base_trains_) {
@@ -179,6 +178,11 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
 
 zero_engine::~zero_engine() {
   if (s_.stage >= 2) model_.set_param_hooks(nullptr);
+}
+
+std::pair<int64_t, int64_t> zero_engine::owned(size_t b) const {
+  const int64_t lo = blocks_[b].begin + r_ * piece_[b];
+  return {lo, std::max(lo, std::min(lo + piece_[b], blocks_[b].end))};
 }
 
 tensor zero_engine::piece(const tensor& full_block, int b) const {
@@ -328,8 +332,7 @@ void zero_engine::optimizer_step(double lr, double clip_coef) {
       step_segments(segs, master_.defined() ? master_ : model_.w().flat, G, m_, v_, false);
     } else {
       for (size_t b = 0; b < blocks_.size(); ++b) {
-        const int64_t lo = blocks_[b].begin + r_ * piece_[b];
-        const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
+        const auto [lo, hi] = owned(b);
         if (hi > lo) add_segments(segs, model_.params(), lo, hi, shard_off_[b]);
       }
       step_segments(segs, master_, G, m_, v_, true);
@@ -499,8 +502,7 @@ memory_report zero_engine::memory() const {
 std::vector<std::pair<int64_t, int64_t>> zero_engine::owned_ranges() const {
   std::vector<std::pair<int64_t, int64_t>> rs;
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    const int64_t lo = blocks_[b].begin + r_ * piece_[b];
-    const int64_t hi = std::min(lo + piece_[b], blocks_[b].end);
+    const auto [lo, hi] = owned(b);
     if (hi > lo) rs.push_back({lo, hi});
   }
   return rs;
@@ -523,32 +525,31 @@ tensor compact(const tensor& src, bool full, const std::vector<std::pair<int64_t
 }
 }  // namespace
 
-// shard offsets matching owned_ranges()
-#define FLOWRUN_LOCAL_STARTS()                                         \
-  std::vector<int64_t> starts;                                         \
-  for (size_t b = 0; b < blocks_.size(); ++b) {                        \
-    const int64_t lo = blocks_[b].begin + r_ * piece_[b];              \
-    if (std::min(lo + piece_[b], blocks_[b].end) > lo) starts.push_back(shard_off_[b]); \
-  }
+// Shard offsets matching owned_ranges().
+std::vector<int64_t> zero_engine::owned_starts() const {
+  std::vector<int64_t> starts;
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    if (const auto [lo, hi] = owned(b); hi > lo) starts.push_back(shard_off_[b]);
+  return starts;
+}
 
 tensor zero_engine::owned_params() const {
-  FLOWRUN_LOCAL_STARTS();
+  const auto starts = owned_starts();
   if (!master_.defined()) return compact(model_.w().flat, true, owned_ranges(), starts);
   return compact(master_, s_.stage == 0, owned_ranges(), starts);
 }
 
 tensor zero_engine::owned_exp_avg() const {
   if (!m_.defined()) return {};
-  FLOWRUN_LOCAL_STARTS();
+  const auto starts = owned_starts();
   return compact(m_, s_.stage == 0, owned_ranges(), starts);
 }
 
 tensor zero_engine::owned_exp_avg_sq() const {
   if (!v_.defined()) return {};
-  FLOWRUN_LOCAL_STARTS();
+  const auto starts = owned_starts();
   return compact(v_, s_.stage == 0, owned_ranges(), starts);
 }
-#undef FLOWRUN_LOCAL_STARTS
 
 tensor zero_engine::adapter_params() const { return model_.w().adapter_flat; }
 
@@ -567,7 +568,7 @@ void zero_engine::restore(const tensor& params, const tensor& exp_avg, const ten
     if (master_.defined() && s_.stage >= 1) {
       master_.zero_();
       for (size_t b = 0; b < blocks_.size(); ++b) {
-        const int64_t lo = blocks_[b].begin + r_ * piece_[b], hi = std::min(lo + piece_[b], blocks_[b].end);
+        const auto [lo, hi] = owned(b);
         if (hi > lo) master_.flat_view(shard_off_[b], {hi - lo}).copy_from(params.flat_view(lo, {hi - lo}));
       }
     } else if (master_.defined()) {
@@ -586,7 +587,7 @@ void zero_engine::restore(const tensor& params, const tensor& exp_avg, const ten
     }
     dst.zero_();
     for (size_t b = 0; b < blocks_.size(); ++b) {
-      const int64_t lo = blocks_[b].begin + r_ * piece_[b], hi = std::min(lo + piece_[b], blocks_[b].end);
+      const auto [lo, hi] = owned(b);
       if (hi > lo) dst.flat_view(shard_off_[b], {hi - lo}).copy_from(src.flat_view(lo, {hi - lo}));
     }
   };

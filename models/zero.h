@@ -164,7 +164,10 @@ class zero_engine : private param_hooks {
   void reduce_grads_stage01();
   void optimizer_step(double lr, double clip_coef);
   void allgather_params_after_step();
-  tensor piece(const tensor& full_block, int b) const;  // this rank's piece view of a (padded) block buffer
+  tensor piece(const tensor& full_block, int b) const;
+  // This rank's real elements of block b: [lo, hi) of the flat buffer (hi == lo when it owns only padding).
+  std::pair<int64_t, int64_t> owned(size_t b) const;
+  std::vector<int64_t> owned_starts() const;  // this rank's piece view of a (padded) block buffer
   double sum_sq_local() const;
 
   decoder& model_;

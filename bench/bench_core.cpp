@@ -1,30 +1,53 @@
 // bench_core: training-step and decode throughput of the CPU backend beside the
-// sgemm rate measured, in the same run, at the model's own matrix shapes.
+// limits measured, in the same run, on this machine.
 //
-//   build/bin/bench_core [--quick]
+//   build/bin/bench_core [--quick] [--profile] [--threads N] [--only ITEMS] [--json FILE] [--seconds S]
 //
-// For each model: forward+backward+AdamW tokens/s, the sgemm GFLOP/s at its
-// Linear shapes (forward and both backward products, each layer shape weighted by
-// n_layers and the LM head by 1, as in one step), the bound that sgemm rate puts
-// on a step (6·N FLOPs per token, N = parameters), and the ratio.
+// --profile: after each training figure, one more step with the op profiler on
+// (ops::profile_start): time per op and what is left outside the ops.
 //
-// Models: stories260K (llama2.c weights from the assets), and with random weights
-// a LLaMA of 124M and the shapes of GPT-2 124M (at llm.c's train_gpt2 default
-// B=4, T=64) and OPT-125m, built from model_config switches (learned positions,
-// LayerNorm with bias, plain MLP, biases, tied head). `--quick`: 1 step each for
-// the 124M models (full: 3).
-#include <cblas.h>
+// ITEMS (comma separated; default all but the extra shapes):
+//   machine          FMA peak (AVX-512 or AVX2 loop), memory read bandwidth, the GEMM library
+//   train_260k       stories260K (llama2.c weights from the assets), B=8, T=64
+//   train_gpt2       GPT-2 124M shape (random weights), B=4, T=64 (llm.c's train_gpt2 default)
+//   train_gpt2_large GPT-2 124M shape, B=8, T=256
+//   train_llama124m, train_opt125m   extra shapes (not in the default set)
+//   decode           greedy decode with the KV cache, batch 1 and 16: stories260K and a
+//                    stories15M-shaped model (dim 288, 6 layers, 6 heads, vocab 32000, seq 256)
+//
+// A training step is forward + backward + AdamW. For each training shape the
+// table gives tokens/s, the sgemm rate measured through the backend at the
+// model's own Linear shapes (forward x·Wᵀ, backward dout·W and doutᵀ·x, each
+// layer shape weighted by n_layers and the LM head by 1), the bound that rate
+// puts on a step at 6·N FLOPs per token (N = parameters), and the bound the
+// FMA peak puts on it. --json writes one JSON object per line (bench/run_bench.sh
+// merges them with PyTorch's, bench/torch_ref.py).
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's own _mm512_reduce_* trip -Wuninitialized (GCC bug 105593)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#endif
 
 #include "models/decoder.h"
 #include "models/generate.h"
 #include "models/llama2c.h"
+#include "runtime/kernels/backend.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 
@@ -33,10 +56,105 @@ using clk = std::chrono::steady_clock;
 
 static double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 
-// sgemm GFLOP/s over the Linear shapes of one training step of `c` at N = B*T rows:
-// forward x·Wᵀ, backward dout·W and doutᵀ·x, for q/k/v/o, MLP and lm_head.
-// Each shape is timed once; the rate is (sum of count·flops) / (sum of count·seconds)
-// with count = n_layers for the layer shapes and 1 for the LM head.
+static FILE* g_json = nullptr;
+static bool g_profile = false;  // --profile: per-op times of one extra step
+static void json_line(const std::string& s) {
+  if (!g_json) return;
+  std::fprintf(g_json, "%s\n", s.c_str());
+  std::fflush(g_json);
+}
+
+// ------------------------------------------------------------------ machine limits
+
+// FMA peak: 12 independent accumulator chains per thread (enough to cover the
+// FMA latency on 2 ports), all OpenMP threads at once, best of 6 (~0.1 s each:
+// on a shared host the rate of the second vCPU varies from run to run).
+static double fma_peak_gflops() {
+  double best = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    const long iters = 4000000;
+    auto t = clk::now();
+    double sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+#if defined(__AVX512F__)
+      __m512 a[12];
+      for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+      const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+      for (long i = 0; i < iters; ++i)
+        for (int j = 0; j < 12; ++j) a[j] = _mm512_fmadd_ps(a[j], b, c);
+      __m512 s = a[0];
+      for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+      sink += _mm512_reduce_add_ps(s);
+#elif defined(__AVX2__) && defined(__FMA__)
+      __m256 a[12];
+      for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+      const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+      for (long i = 0; i < iters; ++i)
+        for (int j = 0; j < 12; ++j) a[j] = _mm256_fmadd_ps(a[j], b, c);
+      float f[8];
+      _mm256_storeu_ps(f, a[0]);
+      sink += f[0];
+#endif
+    }
+    const double dt = seconds_since(t);
+#if defined(__AVX512F__)
+    const double lanes = 16;
+#elif defined(__AVX2__) && defined(__FMA__)
+    const double lanes = 8;
+#else
+    const double lanes = 0;
+#endif
+    const double gf = omp_get_max_threads() * double(iters) * 12 * lanes * 2 / dt / 1e9;
+    best = std::max(best, gf + 0 * sink);
+  }
+  return best;
+}
+
+// Read bandwidth: sum of a buffer of `bytes`, all threads, best of `reps`
+// (4 independent vector sums per thread, so the adds never limit it).
+static double read_gbs(size_t bytes, int reps) {
+  const size_t n = bytes / sizeof(float) / 64 * 64;
+  std::vector<float> buf(n, 1.0f);
+  const float* p = buf.data();
+  double best = 0, sink = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t = clk::now();
+    float s = 0;
+#pragma omp parallel reduction(+ : s)
+    {
+#if defined(__AVX512F__)
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#pragma omp for schedule(static)
+      for (size_t i = 0; i < n; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+      }
+      s += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+#else
+#pragma omp for schedule(static)
+      for (size_t i = 0; i < n; ++i) s += p[i];
+#endif
+    }
+    best = std::max(best, n * sizeof(float) / seconds_since(t) / 1e9);
+    sink += s;
+  }
+  return best + 0 * sink;
+}
+
+static double g_peak = 0;  // GFLOP/s, measured by the "machine" item (or lazily)
+
+static double peak() {
+  if (g_peak == 0) g_peak = fma_peak_gflops();
+  return g_peak;
+}
+
+// ------------------------------------------------------------------ training
+
+// sgemm GFLOP/s over the Linear shapes of one training step of `c` at `rows` = B*T
+// rows, through the CPU backend (its library and kernels).
 static double sgemm_rate(const model_config& c, int64_t rows, int reps) {
   struct shp { int64_t out, in, count; };
   const int64_t hs = c.head_dim(), L = c.n_layers;
@@ -44,24 +162,30 @@ static double sgemm_rate(const model_config& c, int64_t rows, int reps) {
                              {c.dim, c.dim, L},        {c.hidden_dim, c.dim, L},      {c.dim, c.hidden_dim, L},
                              {c.vocab_size, c.dim, 1}};
   if (c.gated_mlp) shapes.push_back({c.hidden_dim, c.dim, L});
+  backend& be = cpu_backend();
   double flops = 0, secs = 0;
   for (auto [O, I, count] : shapes) {
     std::vector<float> x(rows * I, 0.01f), w(O * I, 0.02f), y(rows * O), dx(rows * I), dw(O * I);
     auto run = [&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, O, I, 1.f, x.data(), I, w.data(), I, 0.f, y.data(), O);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, I, O, 1.f, y.data(), O, w.data(), I, 0.f, dx.data(), I);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, rows, 1.f, y.data(), O, x.data(), I, 1.f, dw.data(), I);
+      be.gemm(false, true, rows, O, I, 1.f, x.data(), I, w.data(), I, 0.f, y.data(), O);
+      be.gemm(false, false, rows, I, O, 1.f, y.data(), O, w.data(), I, 0.f, dx.data(), I);
+      be.gemm(true, false, O, I, rows, 1.f, y.data(), O, x.data(), I, 1.f, dw.data(), I);
     };
     run();  // warm-up
-    auto t = clk::now();
-    for (int r = 0; r < reps; ++r) run();
-    secs += count * seconds_since(t);
-    flops += count * 3.0 * 2.0 * rows * O * I * reps;
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      auto t = clk::now();
+      run();
+      best = std::min(best, seconds_since(t));
+    }
+    secs += count * best;
+    flops += count * 3.0 * 2.0 * rows * O * I;
   }
   return flops / secs / 1e9;
 }
 
-static void bench_train(const char* name, decoder& m, int64_t B, int64_t T, int steps, int sgemm_reps) {
+static void bench_train(const char* key, const char* name, decoder& m, int64_t B, int64_t T, double min_seconds,
+                        int sgemm_reps) {
   const auto& c = m.config();
   activations a;
   ops::adamw_config oc;
@@ -80,15 +204,44 @@ static void bench_train(const char* name, decoder& m, int64_t B, int64_t T, int 
     opt.step();
   };
   step();  // warm-up (allocations)
+  int steps = 0;
   auto t = clk::now();
-  for (int s = 0; s < steps; ++s) step();
-  double dt = seconds_since(t) / steps;
-  double tok_s = B * T / dt;
-  double gf = sgemm_rate(c, B * T, sgemm_reps);
-  double bound = gf * 1e9 / (6.0 * static_cast<double>(m.num_parameters()));
-  std::printf("| %-22s | %8.2f | %4ld x %-4ld | %10.1f | %8.1f | %11.1f | %5.2f |\n", name,
-              m.num_parameters() / 1e6, (long)B, (long)T, tok_s, gf, bound, tok_s / bound);
+  double dt = 0;
+  do {
+    step();
+    ++steps;
+    dt = seconds_since(t);
+  } while (dt < min_seconds || steps < 2);
+  const double tok_s = B * T * steps / dt;
+  if (g_profile) {  // one more step, timed per op
+    ops::profile_start();
+    auto tp = clk::now();
+    step();
+    const double st = seconds_since(tp);
+    auto prof = ops::profile_stop();
+    double in_ops = 0;
+    for (auto& e : prof) in_ops += e.seconds;
+    std::printf("\nprofile of one %s step (B=%ld, T=%ld): %.1f ms\n\n| op | calls | ms | share |\n|---|---|---|---|\n",
+                name, (long)B, (long)T, st * 1e3);
+    for (auto& e : prof)
+      if (e.seconds / st >= 0.001)
+        std::printf("| %s | %ld | %.1f | %.1f%% |\n", e.op.c_str(), (long)e.calls, e.seconds * 1e3, 100 * e.seconds / st);
+    std::printf("| (outside ops: zero_grad, copies, allocation) | | %.1f | %.1f%% |\n\n", (st - in_ops) * 1e3,
+                100 * (st - in_ops) / st);
+  }
+  const double gf = sgemm_rate(c, B * T, sgemm_reps);
+  const double n6 = 6.0 * static_cast<double>(m.num_parameters());
+  const double bound = gf * 1e9 / n6, pbound = peak() * 1e9 / n6;
+  std::printf("| %-24s | %8.2f | %4ld x %-4ld | %10.1f | %8.1f | %11.1f | %5.2f | %11.1f | %5.2f |\n", name,
+              m.num_parameters() / 1e6, (long)B, (long)T, tok_s, gf, bound, tok_s / bound, pbound, tok_s / pbound);
   std::fflush(stdout);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"kind\": \"train\", \"model\": \"%s\", \"B\": %ld, \"T\": %ld, \"tok_s\": %.4f, \"params\": %ld, "
+                "\"sgemm_gflops\": %.2f, \"sgemm_bound_tok_s\": %.3f, \"peak_gflops\": %.2f, \"peak_bound_tok_s\": %.3f, "
+                "\"steps\": %d, \"seconds\": %.3f}",
+                key, (long)B, (long)T, tok_s, (long)m.num_parameters(), gf, bound, peak(), pbound, steps, dt);
+  json_line(buf);
 }
 
 // GPT-2 124M (Radford et al. 2019; HF gpt2, llm.c's GPT-2 small): 12 layers, 768 wide,
@@ -129,45 +282,147 @@ static model_config opt_125m_config() {
   return c;
 }
 
+// llama2.c's stories15M (dim 288, 6 layers, 6 heads, hidden 768, vocab 32000, seq 256).
+static model_config stories15m_config() {
+  model_config c;
+  c.dim = 288;
+  c.hidden_dim = 768;
+  c.n_layers = 6;
+  c.n_heads = 6;
+  c.n_kv_heads = 6;
+  c.vocab_size = 32000;
+  c.max_seq_len = 256;
+  return c;
+}
+
+// ------------------------------------------------------------------ decode
+
+// Greedy decode from BOS up to the model's max_seq_len (stories15M: 255 new
+// tokens) for `batch` identical prompts; tokens/s summed over the batch.
+static void bench_decode(const char* key, const char* name, decoder& m, int64_t batch, int reps) {
+  generation_config g;
+  g.sampling.temperature = 0.0f;
+  g.max_new_tokens = std::min<int64_t>(255, m.config().max_seq_len - 1);
+  std::vector<std::vector<int32_t>> prompts(batch, std::vector<int32_t>{1});
+  generate(m, prompts, g);  // warm-up
+  int64_t n = 0;
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    auto t = clk::now();
+    int64_t k = 0;
+    for (auto& o : generate(m, prompts, g)) k += static_cast<int64_t>(o.tokens.size());
+    best = std::max(best, k / seconds_since(t));
+    n += k;
+  }
+  const double w_mb = m.num_parameters() * 4.0 / 1e6;
+  if (g_profile) {
+    ops::profile_start();
+    auto tp = clk::now();
+    int64_t k = 0;
+    for (auto& o : generate(m, prompts, g)) k += static_cast<int64_t>(o.tokens.size());
+    const double st = seconds_since(tp);
+    auto prof = ops::profile_stop();
+    double in_ops = 0;
+    for (auto& e : prof) in_ops += e.seconds;
+    std::printf("\nprofile of %s decode, batch %ld: %.1f ms for %ld tokens, %.1f us per step\n\n| op | calls | ms | share |\n"
+                "|---|---|---|---|\n", name, (long)batch, st * 1e3, (long)k, st * 1e6 * batch / k);
+    for (auto& e : prof)
+      if (e.seconds / st >= 0.002)
+        std::printf("| %s | %ld | %.1f | %.1f%% |\n", e.op.c_str(), (long)e.calls, e.seconds * 1e3, 100 * e.seconds / st);
+    std::printf("| (outside ops: sampling, cache copies, allocation) | | %.1f | %.1f%% |\n\n", (st - in_ops) * 1e3,
+                100 * (st - in_ops) / st);
+  }
+  std::printf("| %-24s | %5ld | %10.1f | %8.1f |\n", name, (long)batch, best, w_mb);
+  std::fflush(stdout);
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "{\"kind\": \"decode\", \"model\": \"%s\", \"batch\": %ld, \"tok_s\": %.3f, \"weights_mb\": %.2f}",
+                key, (long)batch, best, w_mb);
+  json_line(buf);
+}
+
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const char* core = getenv("OPENBLAS_CORETYPE");
-  std::printf("# bench_core\nOpenBLAS: %s, core %s (OPENBLAS_CORETYPE=%s), %d threads; OpenMP threads %d\n\n",
-              openblas_get_config(), openblas_get_corename(), core ? core : "unset", openblas_get_num_threads(),
-              omp_get_max_threads());
-  std::printf("| model                  | params M | B x T       |   tokens/s | sgemm GF | bound tok/s | ratio |\n");
-  std::printf("|------------------------|----------|-------------|------------|----------|-------------|-------|\n");
-  const int big_steps = quick ? 1 : 3, big_reps = quick ? 1 : 3;
-  {
+  bool quick = false;
+  double seconds = 3.0;
+  std::set<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--profile") g_profile = true;
+    else if (a == "--only" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string it; std::getline(ss, it, ',');)
+        if (!it.empty()) only.insert(it);
+    } else if (a == "--json" && i + 1 < argc) {
+      g_json = std::fopen(argv[++i], "a");
+    } else if (a == "--threads" && i + 1 < argc) {
+      ops::set_thread_budget(std::atoi(argv[++i]));
+    } else if (a == "--seconds" && i + 1 < argc) {
+      seconds = std::atof(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: bench_core [--quick] [--profile] [--threads N] [--only ITEMS] [--json FILE] [--seconds S]\n");
+      return 2;
+    }
+  }
+  if (quick) seconds = std::min(seconds, 1.0);
+  auto want = [&](const char* k, bool by_default = true) { return only.empty() ? by_default : only.count(k) > 0; };
+
+  std::printf("# bench_core\nGEMM: %s; OpenMP threads %d\n\n", ops::cpu_gemm_library().c_str(), omp_get_max_threads());
+  if (want("machine")) {
+    const double gf = peak();
+    const double dram = read_gbs(size_t(1) << 30, quick ? 2 : 3);
+    const double l3 = read_gbs(size_t(64) << 20, quick ? 3 : 6);
+    std::printf("FMA peak %.1f GFLOP/s (%d threads); read bandwidth %.1f GB/s (1 GiB buffer), %.1f GB/s (64 MiB)\n\n",
+                gf, omp_get_max_threads(), dram, l3);
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "{\"kind\": \"machine\", \"threads\": %d, \"peak_gflops\": %.2f, \"read_gbs_1g\": %.2f, "
+                  "\"read_gbs_64m\": %.2f, \"gemm\": \"%s\"}",
+                  omp_get_max_threads(), gf, dram, l3, ops::cpu_gemm_library().c_str());
+    json_line(buf);
+  }
+  const bool any_train = want("train_260k") || want("train_gpt2") || want("train_gpt2_large") ||
+                         want("train_llama124m", false) || want("train_opt125m", false);
+  if (any_train) {
+    std::printf("| model                    | params M | B x T       |   tokens/s | sgemm GF | sgemm bound | ratio | FMA bound   | ratio |\n");
+    std::printf("|--------------------------|----------|-------------|------------|----------|-------------|-------|-------------|-------|\n");
+  }
+  const int reps = quick ? 1 : 3;
+  if (want("train_260k")) {
     auto m = load_llama2c(asset_path("model/stories260K/stories260K.bin").string());
-    bench_train("stories260K", m, 8, 64, quick ? 5 : 30, 3);
+    bench_train("stories260k", "stories260K", m, 8, 64, seconds, 3);
   }
-  {
-    decoder m(llama_124m_config());
-    m.init_random(1);
-    bench_train("llama 124M (12L, 768)", m, 4, 64, big_steps, big_reps);
-  }
-  {
+  if (want("train_gpt2") || want("train_gpt2_large")) {
     decoder m(gpt2_124m_config());
     m.init_random(1);
-    bench_train("GPT-2 124M (12L, 768)", m, 4, 64, big_steps, big_reps);
+    if (want("train_gpt2")) bench_train("gpt2_124m", "GPT-2 124M (12L, 768)", m, 4, 64, seconds, reps);
+    if (want("train_gpt2_large")) bench_train("gpt2_124m", "GPT-2 124M (12L, 768)", m, 8, 256, quick ? 0 : seconds, 1);
   }
-  {
+  if (want("train_llama124m", false)) {
+    decoder m(llama_124m_config());
+    m.init_random(1);
+    bench_train("llama_124m", "llama 124M (12L, 768)", m, 4, 64, seconds, reps);
+  }
+  if (want("train_opt125m", false)) {
     decoder m(opt_125m_config());
     m.init_random(1);
-    bench_train("OPT-125m (12L, 768)", m, 4, 64, big_steps, big_reps);
+    bench_train("opt_125m", "OPT-125m (12L, 768)", m, 4, 64, seconds, reps);
   }
-  {
-    auto m = load_llama2c(asset_path("model/stories260K/stories260K.bin").string());
-    generation_config g;
-    g.sampling.temperature = 0.0f;
-    g.max_new_tokens = 256;
-    generate(m, {{1}}, g);
-    auto t = clk::now();
-    int reps = quick ? 2 : 10;
-    int64_t n = 0;
-    for (int r = 0; r < reps; ++r) n += static_cast<int64_t>(generate(m, {{1}}, g)[0].tokens.size());
-    std::printf("\ngreedy decode, stories260K, batch 1: %.0f tokens/s\n", n / seconds_since(t));
+  if (want("decode")) {
+    std::printf("\n| greedy decode, KV cache   | batch |   tokens/s | weights MB |\n");
+    std::printf("|--------------------------|-------|------------|------------|\n");
+    const int dreps = quick ? 1 : 3;
+    {
+      auto m = load_llama2c(asset_path("model/stories260K/stories260K.bin").string());
+      bench_decode("stories260k", "stories260K", m, 1, dreps);
+      bench_decode("stories260k", "stories260K", m, 16, dreps);
+    }
+    {
+      decoder m(stories15m_config());
+      m.init_random(1);
+      bench_decode("stories15m", "stories15M shape (random)", m, 1, dreps);
+      bench_decode("stories15m", "stories15M shape (random)", m, 16, dreps);
+    }
   }
+  if (g_json) std::fclose(g_json);
   return 0;
 }

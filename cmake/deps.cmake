@@ -18,6 +18,38 @@ add_library(flowrun_openblas INTERFACE)
 target_include_directories(flowrun_openblas INTERFACE ${OPENBLAS_INCLUDE_DIR})
 target_link_libraries(flowrun_openblas INTERFACE ${OPENBLAS_LIB} OpenMP::OpenMP_CXX)
 
+# The CPU backend's GEMM library (runtime/kernels/cpu/gemm.h), chosen by measurement
+# (bench/bench_gemm.cpp, docs/performance.md). AUTO: oneDNN (libdnnl-dev) when found,
+# else OpenBLAS. oneDNN picks its AVX-512 kernels from CPUID feature bits; Debian's
+# OpenBLAS 0.3.21 runs its Prescott kernels on CPUs it does not know. `blis` links
+# BLIS's static library (libblis-openmp-dev) to select its skx kernels in code.
+# The target keeps the name flowrun_openblas (runtime/CMakeLists.txt links it).
+set(FLOWRUN_GEMM AUTO CACHE STRING "CPU GEMM library: AUTO, onednn, blis or openblas")
+set_property(CACHE FLOWRUN_GEMM PROPERTY STRINGS AUTO onednn blis openblas)
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h)
+find_library(DNNL_LIB NAMES dnnl)
+find_path(BLIS_INCLUDE_DIR blis.h PATHS /usr/include/x86_64-linux-gnu/blis-openmp NO_DEFAULT_PATH)
+find_library(BLIS_STATIC_LIB NAMES libblis.a PATHS /usr/lib/x86_64-linux-gnu/blis-openmp NO_DEFAULT_PATH)
+set(FLOWRUN_GEMM_LIB openblas)
+if(FLOWRUN_GEMM STREQUAL "onednn" OR (FLOWRUN_GEMM STREQUAL "AUTO" AND DNNL_INCLUDE_DIR AND DNNL_LIB))
+  if(NOT DNNL_INCLUDE_DIR OR NOT DNNL_LIB)
+    message(FATAL_ERROR "FLOWRUN_GEMM=onednn but oneDNN was not found: run tools/setup.sh (apt-get install libdnnl-dev)")
+  endif()
+  set(FLOWRUN_GEMM_LIB onednn)
+  target_include_directories(flowrun_openblas INTERFACE ${DNNL_INCLUDE_DIR})
+  target_link_libraries(flowrun_openblas INTERFACE ${DNNL_LIB})
+  target_compile_definitions(flowrun_openblas INTERFACE FLOWRUN_GEMM_DNNL=1)
+elseif(FLOWRUN_GEMM STREQUAL "blis")
+  if(NOT BLIS_INCLUDE_DIR OR NOT BLIS_STATIC_LIB)
+    message(FATAL_ERROR "FLOWRUN_GEMM=blis but BLIS was not found: apt-get install libblis-openmp-dev")
+  endif()
+  set(FLOWRUN_GEMM_LIB blis)
+  target_include_directories(flowrun_openblas BEFORE INTERFACE ${BLIS_INCLUDE_DIR})
+  target_link_libraries(flowrun_openblas INTERFACE ${BLIS_STATIC_LIB} m)
+  target_compile_definitions(flowrun_openblas INTERFACE FLOWRUN_GEMM_BLIS=1)
+endif()
+message(STATUS "flowrun: CPU GEMM library ${FLOWRUN_GEMM_LIB} (FLOWRUN_GEMM=${FLOWRUN_GEMM})")
+
 # CAF 0.17 (libcaf-dev ships no CMake config: find the pieces by hand).
 find_path(CAF_INCLUDE_DIR caf/all.hpp)
 find_library(CAF_CORE_LIB caf_core)

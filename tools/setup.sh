@@ -16,6 +16,9 @@ packages=(
   libcaf-dev libsentencepiece-dev libmsgpack-cxx-dev libspdlog-dev doctest-dev
   libopenblas-openmp-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libicu-dev zlib1g-dev libgloo-dev
+  # the CPU backend's GEMM (oneDNN's dnnl_sgemm: AVX-512 kernels on CPUs OpenBLAS 0.3.21 does not know;
+  # docs/performance.md) and BLIS, measured beside it by bench/bench_gemm
+  libdnnl-dev libblis-openmp-dev
   # the console's browser test (tests/console_browser.py): headless Chromium driven by Selenium
   chromium chromium-driver python3-selenium
 )

@@ -6,8 +6,12 @@
 // and scale; rope_forward / rope_backward on rope(..., inverse).
 #include "runtime/kernels/ops.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -40,10 +44,45 @@ backend& backend_for(device d) {
 namespace ops {
 namespace {
 
+// ---- the op profiler (ops::profile_start / profile_stop): off by default, when
+// off an op costs one relaxed atomic load more. Only the outermost op of a
+// thread is timed (global_norm's sum_squares calls are part of global_norm).
+std::atomic<bool> g_profiling{false};
+std::mutex g_profile_mutex;
+std::map<std::string, op_time> g_profile;
+thread_local int t_op_depth = 0;
+
+void profile_add(const char* op, double seconds) {
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  auto& e = g_profile[op];
+  e.op = op;
+  e.calls += 1;
+  e.seconds += seconds;
+}
+
 /// Argument checks for one op; every failure throws std::invalid_argument
-/// "<op>: expected <name> <shape/dtype>, got <tensor::str()>".
+/// "<op>: expected <name> <shape/dtype>, got <tensor::str()>". Also times the
+/// op while the profiler is on (from the check to the end of the op's scope).
 struct check {
   const char* op;
+  bool counted = false, timed = false;
+  std::chrono::steady_clock::time_point t0;
+
+  explicit check(const char* name) : op(name) {
+    if (!g_profiling.load(std::memory_order_relaxed)) return;
+    counted = true;
+    if (t_op_depth++ == 0) {
+      timed = true;
+      t0 = std::chrono::steady_clock::now();
+    }
+  }
+  ~check() {
+    if (!counted) return;
+    --t_op_depth;
+    if (timed) profile_add(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  check(const check&) = delete;
+  check& operator=(const check&) = delete;
 
   [[noreturn]] void fail(const std::string& msg) const { throw std::invalid_argument(std::string(op) + ": " + msg); }
 
@@ -491,3 +530,23 @@ double clip_grad_norm(std::vector<tensor>& grads, double max_norm) {
 
 }  // namespace ops
 }  // namespace flowrun
+
+namespace flowrun::ops {
+
+void profile_start() {
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  g_profile.clear();
+  g_profiling.store(true);
+}
+
+std::vector<op_time> profile_stop() {
+  g_profiling.store(false);
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  std::vector<op_time> out;
+  for (auto& [k, v] : g_profile) out.push_back(v);
+  std::sort(out.begin(), out.end(), [](const op_time& a, const op_time& b) { return a.seconds > b.seconds; });
+  g_profile.clear();
+  return out;
+}
+
+}  // namespace flowrun::ops

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/tensor/tensor.h"
@@ -44,7 +45,7 @@ void fill(tensor& x, float v);
 /// Leading dims of a/b/out may be flattened: a, b and out (dim >= 1) are each viewed as
 /// 2-D (product of the leading dims, last dim), e.g. a (B, T, C) with trans_a for dW.
 /// K == 0 or alpha == 0 gives out = beta * out; beta == 0 ignores out's old contents
-/// (NaN included), as BLAS. CPU: OpenBLAS cblas_sgemm.
+/// (NaN included), as BLAS. CPU: the GEMM library of runtime/kernels/cpu/gemm.h.
 void matmul(tensor& out, const tensor& a, const tensor& b, bool trans_a, bool trans_b,
             float alpha = 1.0f, float beta = 0.0f);
 
@@ -181,7 +182,8 @@ struct adamw_config {
 /// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; mhat = m/(1-b1^t); vhat = v/(1-b2^t);
 /// p -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p)  (p on the right is the old p;
 /// identical to torch's p *= 1 - lr*wd then p -= lr*mhat/(sqrt(vhat)+eps)).
-/// t < 1 throws std::invalid_argument. The CPU backend does the element math in double.
+/// t < 1 throws std::invalid_argument. The CPU backend does the element math in f32 (vectorised;
+/// within a few ulp of the float64 formula) with the bias corrections in double.
 void adamw_step(tensor& param, const tensor& grad, tensor& m, tensor& v, int64_t t, const adamw_config& cfg);
 
 /// Sum of squares of x, accumulated in double.
@@ -203,5 +205,21 @@ namespace flowrun::ops {
 void set_thread_budget(int n);
 /// The number of hardware threads of this machine.
 int hardware_threads();
+/// The op profiler (bench/bench_core --profile): wall time and calls per op
+/// (the ops of this header, timed around validation + backend call; nested
+/// calls count in the outermost op). Process-wide, off by default.
+struct op_time {
+  std::string op;
+  int64_t calls = 0;
+  double seconds = 0;
+};
+/// Clears the counts and starts timing.
+void profile_start();
+/// Stops timing; returns the counts, the most time first.
+std::vector<op_time> profile_stop();
+
+/// The CPU backend's GEMM library, its version and the kernels it runs on this
+/// CPU (runtime/kernels/cpu/gemm.h), e.g. "oneDNN 2.6.3 dnnl_sgemm, ISA avx512_core".
+std::string cpu_gemm_library();
 
 }  // namespace flowrun::ops

@@ -1,5 +1,7 @@
-// The CPU backend: OpenBLAS for GEMM, plain C++ loops (llm.c style) for the
-// rest, parallelised over rows with OpenMP.
+// The CPU backend: a GEMM library for matrix products (runtime/kernels/cpu/gemm.h:
+// oneDNN, BLIS or OpenBLAS, chosen at configure time by measurement), and
+// llm.c-style loops for the rest, vectorised with AVX-512 where the build
+// targets it (runtime/kernels/cpu/simd.h) and parallelised over rows with OpenMP.
 //
 // Every function receives tensors already validated by ops.cpp (shapes, dtypes,
 // devices), so nothing here re-checks shapes; the only throws are the data
@@ -7,17 +9,16 @@
 // parallel region (an exception must not leave an OpenMP region).
 //
 // Numerics: reductions that feed a statistic (norm means/variances, softmax
-// and logsumexp sums, sum of squares, the column sums of weight gradients,
-// attention backward accumulators) are accumulated in double, so f32 results
-// agree with a float64 reference to ~1e-6 relative. Column reductions over rows
-// (dw, dbias) are done per column block in a fixed order: results do not depend
-// on the number of threads.
+// and logsumexp sums, sum of squares, the column sums of weight gradients)
+// are accumulated in double, so f32 results agree with a float64 reference to
+// ~1e-6 relative. Column reductions over rows (dw, dbias) are done per column
+// block in a fixed order: results do not depend on the number of threads.
+// exp is a vector polynomial (simd.h, ~2 ulp). AdamW's element math is f32
+// (see adamw_step). Attention at training sizes runs on GEMMs per (batch, head).
 //
 // Aliasing: elementwise ops (add, axpy, activations, swiglu, softmax, the
 // cross-entropy gradient) read each element before writing it, so they may be
 // called in place (out == input). GEMM outputs must not alias their inputs.
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -27,35 +28,56 @@
 #include <vector>
 
 #include "runtime/kernels/backend.h"
+#include "runtime/kernels/cpu/gemm.h"
+#include "runtime/kernels/cpu/simd.h"
 
 namespace flowrun {
 namespace {
 
-// Below this many elements of work an op runs on one thread (a parallel
-// region costs a few microseconds).
-constexpr int64_t k_par_min = 1 << 15;
+// Below this many elements of work an op runs on one thread. A parallel region
+// costs a few microseconds on an idle machine, but when the cores are shared
+// (other processes, or the actor runtime's own threads) a region waits for a
+// descheduled team member for up to a scheduler time slice (milliseconds):
+// stories260K's step took 40x longer with 2 threads than with 1 on a loaded
+// machine at the old 32K threshold. 128K elements is ~50-100 us of work.
+constexpr int64_t k_par_min = 1 << 17;
 // Column block of the deterministic column reductions (dw, dbias).
 constexpr int64_t k_col_block = 32;
 
-inline int blas_int(int64_t v, const char* what) {
-  if (v < 0 || v > std::numeric_limits<int>::max())
-    throw std::invalid_argument(std::string("gemm: ") + what + " = " + std::to_string(v) +
-                                " does not fit OpenBLAS's 32-bit int");
-  return static_cast<int>(v);
-}
-
-/// Dot product of two f32 vectors, accumulated in f32 (vectorised).
-inline float dot_f(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+using simd::dot_f;
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // GELU, tanh approximation (Hendrycks & Gimpel 2016, sec. 2; llm.c gelu_forward).
 constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float k_gelu_cube = 0.044715f;
+
+/// Runs f(i, mask) over [0, n) in 16-lane steps (mask: the lanes of the step
+/// inside [0, n)), in chunks spread over the OpenMP team when `par`.
+template <class F>
+inline void for_lanes(int64_t n, bool par, F&& f) {
+  constexpr int64_t CH = 1 << 12;
+  const int64_t nch = (n + CH - 1) / CH;
+#pragma omp parallel for schedule(static) if (par && nch > 1)
+  for (int64_t c = 0; c < nch; ++c) {
+    const int64_t i1 = std::min(n, (c + 1) * CH);
+#if FLOWRUN_AVX512
+    for (int64_t i = c * CH; i < i1; i += 16) f(i, simd::tail_mask(i1 - i));
+#else
+    for (int64_t i = c * CH; i < i1; ++i) f(i, 1);
+#endif
+  }
+}
+
+#if FLOWRUN_AVX512
+inline __m512 ld(__mmask16 k, const float* p) { return _mm512_maskz_loadu_ps(k, p); }
+inline void st(__mmask16 k, float* p, __m512 v) { _mm512_mask_storeu_ps(p, k, v); }
+inline __m512 bc(float v) { return _mm512_set1_ps(v); }
+/// 1 / (1 + exp(-x))
+inline __m512 sigmoid_ps(__m512 x) {
+  return _mm512_div_ps(bc(1.0f), _mm512_add_ps(bc(1.0f), simd::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+#endif
 
 class cpu_backend_impl final : public backend {
  public:
@@ -109,24 +131,26 @@ class cpu_backend_impl final : public backend {
       }
       return;
     }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                blas_int(M, "M"), blas_int(N, "N"), blas_int(K, "K"), alpha, A,
-                blas_int(std::max<int64_t>(lda, 1), "lda"), B, blas_int(std::max<int64_t>(ldb, 1), "ldb"), beta,
-                C, blas_int(std::max<int64_t>(ldc, 1), "ldc"));
+    lda = std::max<int64_t>(lda, 1);
+    ldb = std::max<int64_t>(ldb, 1);
+    ldc = std::max<int64_t>(ldc, 1);
+    cpu_gemm::check_sizes(M, N, K, lda, ldb, ldc);
+    // decoding: a few rows times a transposed weight, one pass over the weight
+    if (!trans_a && trans_b && M <= cpu_gemm::k_small_m &&
+        cpu_gemm::small_m_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+      return;
+    cpu_gemm::library_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
 
   void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta,
                     float* C, int64_t ldc, int64_t stride_c, int64_t batch) override {
-    // Small matrices (attention heads): one single-threaded sgemm per OpenMP
-    // thread (OpenBLAS's OpenMP build runs single-threaded inside a parallel
-    // region). Large ones: let OpenBLAS thread each GEMM.
+    // Small matrices (attention heads): one single-threaded GEMM per OpenMP
+    // thread (the libraries run single-threaded inside a parallel region).
+    // Large ones: let the library thread each GEMM.
     const bool small = M * N * K < (1 << 18);
     if (small && batch > 1) {
-      // Validate the int ranges before entering the parallel region.
-      (void)blas_int(M, "M");
-      (void)blas_int(N, "N");
-      (void)blas_int(K, "K");
+      cpu_gemm::check_sizes(M, N, K, lda, ldb, ldc);  // throws here, not inside the parallel region
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < batch; ++i)
         gemm(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
@@ -374,21 +398,37 @@ class cpu_backend_impl final : public backend {
     const int64_t n = x.numel();
     float* o = out.data<float>();
     const float* xp = x.data<float>();
+    const bool par = n >= k_par_min;
     switch (a) {
       case ops::activation::silu:
-#pragma omp parallel for schedule(static) if (n >= k_par_min)
-        for (int64_t i = 0; i < n; ++i) o[i] = xp[i] * sigmoidf(xp[i]);
+#if FLOWRUN_AVX512
+        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
+          const __m512 v = ld(k, xp + i);
+          st(k, o + i, _mm512_mul_ps(v, sigmoid_ps(v)));
+        });
+#else
+        for_lanes(n, par, [&](int64_t i, int) { o[i] = xp[i] * sigmoidf(xp[i]); });
+#endif
         break;
       case ops::activation::gelu_tanh:
-#pragma omp parallel for schedule(static) if (n >= k_par_min)
-        for (int64_t i = 0; i < n; ++i) {  // 0.5 v (1 + tanh(u)) == v sigmoid(2u)
+        // 0.5 v (1 + tanh(u)) == v sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3)
+#if FLOWRUN_AVX512
+        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
+          const __m512 v = ld(k, xp + i);
+          const __m512 u2 = _mm512_mul_ps(_mm512_mul_ps(bc(-2.0f * k_gelu_scale), v),
+                                          _mm512_fmadd_ps(_mm512_mul_ps(bc(k_gelu_cube), v), v, bc(1.0f)));
+          st(k, o + i, _mm512_div_ps(v, _mm512_add_ps(bc(1.0f), simd::exp_ps(u2))));
+        });
+#else
+        for_lanes(n, par, [&](int64_t i, int) {
           const float v = xp[i];
-          const float u = k_gelu_scale * (v + 0.044715f * v * v * v);
+          const float u = k_gelu_scale * (v + k_gelu_cube * v * v * v);
           o[i] = v / (1.0f + std::exp(-2.0f * u));
-        }
+        });
+#endif
         break;
       case ops::activation::relu:
-#pragma omp parallel for simd schedule(static) if (n >= k_par_min)
+#pragma omp parallel for simd schedule(static) if (par)
         for (int64_t i = 0; i < n; ++i) o[i] = xp[i] > 0.0f ? xp[i] : 0.0f;
         break;
     }
@@ -400,27 +440,50 @@ class cpu_backend_impl final : public backend {
     float* d = dx.data<float>();
     const float* dy = dout.data<float>();
     const float* xp = x.data<float>();
+    const bool par = n >= k_par_min;
     switch (a) {
       case ops::activation::silu:
-#pragma omp parallel for schedule(static) if (n >= k_par_min)
-        for (int64_t i = 0; i < n; ++i) {
+#if FLOWRUN_AVX512
+        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
+          const __m512 v = ld(k, xp + i), s = sigmoid_ps(v);
+          // dy s (1 + v (1 - s))
+          const __m512 g = _mm512_mul_ps(s, _mm512_fmadd_ps(v, _mm512_sub_ps(bc(1.0f), s), bc(1.0f)));
+          st(k, d + i, _mm512_mul_ps(ld(k, dy + i), g));
+        });
+#else
+        for_lanes(n, par, [&](int64_t i, int) {
           const float v = xp[i], s = sigmoidf(v);
           d[i] = dy[i] * s * (1.0f + v * (1.0f - s));
-        }
+        });
+#endif
         break;
       case ops::activation::gelu_tanh:
-#pragma omp parallel for schedule(static) if (n >= k_par_min)
-        for (int64_t i = 0; i < n; ++i) {
-          // llm.c gelu_backward with s = sigmoid(2u): 0.5 (1 + tanh u) = s, 0.5 sech^2 u = 2 s (1 - s)
+        // llm.c gelu_backward with s = sigmoid(2u): 0.5 (1 + tanh u) = s, 0.5 sech^2 u = 2 s (1 - s)
+#if FLOWRUN_AVX512
+        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
+          const __m512 v = ld(k, xp + i);
+          const __m512 v2 = _mm512_mul_ps(v, v);
+          const __m512 u2 = _mm512_mul_ps(_mm512_mul_ps(bc(-2.0f * k_gelu_scale), v),
+                                          _mm512_fmadd_ps(bc(k_gelu_cube), v2, bc(1.0f)));
+          const __m512 s = _mm512_div_ps(bc(1.0f), _mm512_add_ps(bc(1.0f), simd::exp_ps(u2)));
+          // g = s + v 2 s (1 - s) k (1 + 3 c v^2)
+          const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(bc(2.0f * k_gelu_scale), v),
+                                                       _mm512_mul_ps(s, _mm512_sub_ps(bc(1.0f), s))),
+                                         _mm512_fmadd_ps(bc(3.0f * k_gelu_cube), v2, bc(1.0f)));
+          st(k, d + i, _mm512_mul_ps(_mm512_add_ps(s, t), ld(k, dy + i)));
+        });
+#else
+        for_lanes(n, par, [&](int64_t i, int) {
           const float v = xp[i];
-          const float u = k_gelu_scale * (v + 0.044715f * v * v * v);
+          const float u = k_gelu_scale * (v + k_gelu_cube * v * v * v);
           const float s = 1.0f / (1.0f + std::exp(-2.0f * u));
-          const float g = s + v * 2.0f * s * (1.0f - s) * k_gelu_scale * (1.0f + 3.0f * 0.044715f * v * v);
+          const float g = s + v * 2.0f * s * (1.0f - s) * k_gelu_scale * (1.0f + 3.0f * k_gelu_cube * v * v);
           d[i] = g * dy[i];
-        }
+        });
+#endif
         break;
       case ops::activation::relu:
-#pragma omp parallel for simd schedule(static) if (n >= k_par_min)
+#pragma omp parallel for simd schedule(static) if (par)
         for (int64_t i = 0; i < n; ++i) d[i] = xp[i] > 0.0f ? dy[i] : 0.0f;
         break;
     }
@@ -432,8 +495,14 @@ class cpu_backend_impl final : public backend {
     float* o = out.data<float>();
     const float* g = gate.data<float>();
     const float* u = up.data<float>();
-#pragma omp parallel for schedule(static) if (n >= k_par_min)
-    for (int64_t i = 0; i < n; ++i) o[i] = g[i] * sigmoidf(g[i]) * u[i];
+#if FLOWRUN_AVX512
+    for_lanes(n, n >= k_par_min, [&](int64_t i, __mmask16 k) {
+      const __m512 gv = ld(k, g + i);
+      st(k, o + i, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid_ps(gv)), ld(k, u + i)));
+    });
+#else
+    for_lanes(n, n >= k_par_min, [&](int64_t i, int) { o[i] = g[i] * sigmoidf(g[i]) * u[i]; });
+#endif
   }
 
   // dgate = dout * up * silu'(gate), dup = dout * silu(gate) (overwrite).
@@ -445,13 +514,22 @@ class cpu_backend_impl final : public backend {
     const float* dy = dout.data<float>();
     const float* g = gate.data<float>();
     const float* u = up.data<float>();
-#pragma omp parallel for schedule(static) if (n >= k_par_min)
-    for (int64_t i = 0; i < n; ++i) {
+#if FLOWRUN_AVX512
+    for_lanes(n, n >= k_par_min, [&](int64_t i, __mmask16 k) {
+      const __m512 gv = ld(k, g + i), uv = ld(k, u + i), d = ld(k, dy + i);
+      const __m512 s = sigmoid_ps(gv);
+      const __m512 ds = _mm512_mul_ps(s, _mm512_fmadd_ps(gv, _mm512_sub_ps(bc(1.0f), s), bc(1.0f)));
+      st(k, dg + i, _mm512_mul_ps(_mm512_mul_ps(d, uv), ds));
+      st(k, du + i, _mm512_mul_ps(_mm512_mul_ps(d, gv), s));
+    });
+#else
+    for_lanes(n, n >= k_par_min, [&](int64_t i, int) {
       const float gv = g[i], uv = u[i], d = dy[i];
       const float s = sigmoidf(gv);
       dg[i] = d * uv * s * (1.0f + gv * (1.0f - s));
       du[i] = d * gv * s;
-    }
+    });
+#endif
   }
 
   // ---------------------------------------------------------------- RoPE
@@ -505,6 +583,109 @@ class cpu_backend_impl final : public backend {
 
   // ---------------------------------------------------------------- attention
 
+  // Training and prefill sizes run attention on GEMMs per (batch, head): the
+  // score matrix S = scale Q Kᵀ (Tq x n_keys), the row softmax with the causal
+  // and padding masks, then out = P V. Both products include the masked
+  // (upper) part, which costs at most 2x their FLOPs but runs at GEMM speed
+  // instead of one horizontal dot product per (query, key) (stories260K, hs 8:
+  // 2.2x faster; GPT-2, hs 64: 4x). Decoding (Tq < 32) keeps the row loops below.
+  static bool gemm_attention(int64_t Tq, int64_t /*hs*/) { return Tq >= 32; }
+
+  void attention_forward_gemm(float* op, float* ap, const float* qp, const float* kp, const float* vp,
+                              const int32_t* mp, int64_t mstride, int64_t B, int64_t Tq, int64_t H, int64_t hs,
+                              int64_t S, int64_t KV, int64_t n_keys) {
+    const int64_t group = H / KV;
+    const int64_t q0 = n_keys - Tq;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel if (B * H * Tq * n_keys * hs >= cpu_gemm::k_par_macs)
+    {
+      std::vector<float> scratch(ap ? 0 : static_cast<size_t>(Tq * n_keys));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bh = 0; bh < B * H; ++bh) {
+        const int64_t b = bh / H, h = bh % H, kvh = h / group;
+        float* P = ap ? ap + bh * Tq * n_keys : scratch.data();
+        const float* Q = qp + (b * Tq * H + h) * hs;
+        const float* K = kp + (b * S * KV + kvh) * hs;
+        const float* Vv = vp + (b * S * KV + kvh) * hs;
+        float* O = op + (b * Tq * H + h) * hs;
+        const int32_t* m = mp ? mp + b * mstride : nullptr;
+        gemm(false, true, Tq, n_keys, hs, scale, Q, H * hs, K, KV * hs, 0.0f, P, n_keys);
+        for (int64_t i = 0; i < Tq; ++i) {
+          float* a = P + i * n_keys;
+          const int64_t nvis = q0 + i + 1;
+          if (m)
+            for (int64_t j = 0; j < nvis; ++j)
+              if (m[j] == 0) a[j] = neg_inf;
+          const float maxv = simd::max_f(a, nvis);
+          if (maxv == neg_inf) {  // no visible key: zero probabilities (and output)
+            std::fill(a, a + n_keys, 0.0f);
+            continue;
+          }
+          const double inv = 1.0 / simd::exp_sum(a, maxv, nvis, a);
+          for (int64_t j = 0; j < nvis; ++j) a[j] = static_cast<float>(a[j] * inv);
+          if (m)
+            for (int64_t j = 0; j < nvis; ++j)
+              if (m[j] == 0) a[j] = 0.0f;
+          std::fill(a + nvis, a + n_keys, 0.0f);
+        }
+        gemm(false, false, Tq, hs, n_keys, 1.0f, P, n_keys, Vv, KV * hs, 0.0f, O, H * hs);
+      }
+    }
+  }
+
+  // Backward on GEMMs, one task per (batch, kv head) so dk/dv of a kv head are
+  // summed over its query heads in a fixed order (no atomics):
+  //   dV += Pᵀ dO;  dP = dO Vᵀ;  dS = P ∘ (dP - rowsum(P ∘ dP)) scale;
+  //   dQ = dS K;  dK += dSᵀ Q.
+  // P is re-read from att's causal part only (copied with zeros above the
+  // diagonal), as the row loops do.
+  void attention_backward_gemm(float* dqp, float* dkp, float* dvp, const float* dop, const float* qp,
+                               const float* kp, const float* vp, const float* ap, int64_t B, int64_t T, int64_t H,
+                               int64_t KV, int64_t hs) {
+    const int64_t group = H / KV;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel if (B * H * T * T * hs >= cpu_gemm::k_par_macs)
+    {
+      std::vector<float> pm(static_cast<size_t>(T * T)), ds(static_cast<size_t>(T * T));
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bk = 0; bk < B * KV; ++bk) {
+        const int64_t b = bk / KV, kvh = bk % KV;
+        const float* K = kp + (b * T * KV + kvh) * hs;
+        const float* Vv = vp + (b * T * KV + kvh) * hs;
+        float* dK = dkp + (b * T * KV + kvh) * hs;
+        float* dV = dvp + (b * T * KV + kvh) * hs;
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const float beta = h == kvh * group ? 0.0f : 1.0f;
+          const float* A = ap + (b * H + h) * T * T;
+          const float* Q = qp + (b * T * H + h) * hs;
+          const float* dO = dop + (b * T * H + h) * hs;
+          float* dQ = dqp + (b * T * H + h) * hs;
+          for (int64_t i = 0; i < T; ++i) {
+            std::copy(A + i * T, A + i * T + i + 1, pm.data() + i * T);
+            std::fill(pm.data() + i * T + i + 1, pm.data() + (i + 1) * T, 0.0f);
+          }
+          gemm(true, false, T, hs, T, 1.0f, pm.data(), T, dO, H * hs, beta, dV, KV * hs);
+          gemm(false, true, T, T, hs, 1.0f, dO, H * hs, Vv, KV * hs, 0.0f, ds.data(), T);
+          for (int64_t i = 0; i < T; ++i) {
+            const float* p = pm.data() + i * T;
+            float* d = ds.data() + i * T;
+            double D = 0.0;
+#pragma omp simd reduction(+ : D)
+            for (int64_t j = 0; j <= i; ++j) D += static_cast<double>(p[j]) * d[j];
+            const float Df = static_cast<float>(D);
+#pragma omp simd
+            for (int64_t j = 0; j <= i; ++j) d[j] = p[j] * (d[j] - Df) * scale;
+            std::fill(d + i + 1, d + T, 0.0f);
+          }
+          gemm(false, false, T, hs, T, 1.0f, ds.data(), T, K, KV * hs, 0.0f, dQ, H * hs);
+          gemm(true, false, T, hs, T, 1.0f, ds.data(), T, Q, H * hs, beta, dK, KV * hs);
+        }
+      }
+    }
+  }
+
+
   // Causal GQA attention, one (b, h, query) row per iteration (llm.c
   // attention_forward, generalised to GQA, a key offset and a padding mask).
   void attention_forward(tensor& out, tensor& att, const tensor& q, const tensor& k, const tensor& v,
@@ -523,49 +704,53 @@ class cpu_backend_impl final : public backend {
     const int64_t mstride = attn_mask.defined() ? attn_mask.size(1) : 0;
     const int64_t rows = B * H * Tq;
     const float neg_inf = -std::numeric_limits<float>::infinity();
+    if (gemm_attention(Tq, hs)) {
+      attention_forward_gemm(op, ap, qp, kp, vp, mp, mstride, B, Tq, H, hs, S, KV, n_keys);
+      return;
+    }
+    // Decoding and short queries: one task per (batch, kv head, query) does the
+    // `group` query heads that share a kv head together, so each key and value
+    // row is read once per group: scores = q_g Kᵀ on the small-M GEMM kernel
+    // (16 keys per tile), then the masked softmax per row, then out_g += p v_j.
+    const int64_t tasks = B * KV * Tq;
 #pragma omp parallel if (rows * n_keys * hs >= k_par_min)
     {
-      std::vector<float> scratch(ap ? 0 : static_cast<size_t>(n_keys));
-#pragma omp for schedule(dynamic, 4)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = r % Tq;
-        const int64_t h = (r / Tq) % H;
-        const int64_t b = r / (Tq * H);
-        const int64_t kvh = h / group;
-        const float* qi = qp + ((b * Tq + i) * H + h) * hs;
-        float* __restrict__ oi = op + ((b * Tq + i) * H + h) * hs;
-        float* __restrict__ a = ap ? ap + r * n_keys : scratch.data();
+      std::vector<float> scratch(ap ? 0 : static_cast<size_t>(group * n_keys));
+#pragma omp for schedule(dynamic, 2)
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t i = t % Tq;
+        const int64_t kvh = (t / Tq) % KV;
+        const int64_t b = t / (Tq * KV);
+        const int64_t h0 = kvh * group;
+        const float* Q = qp + ((b * Tq + i) * H + h0) * hs;  // group rows, stride hs
+        float* O = op + ((b * Tq + i) * H + h0) * hs;
+        // probability rows of the group: att (B, H, Tq, n_keys) or the scratch
+        float* A = ap ? ap + ((b * H + h0) * Tq + i) * n_keys : scratch.data();
+        const int64_t lda = ap ? Tq * n_keys : n_keys;
         const int32_t* m = mp ? mp + b * mstride : nullptr;
         const int64_t nvis = q0 + i + 1;  // keys [0, nvis) are causally visible
-        float maxv = neg_inf;
-        for (int64_t j = 0; j < nvis; ++j) {
-          if (m && m[j] == 0) {
-            a[j] = neg_inf;
+        gemm(false, true, group, nvis, hs, scale, Q, hs, kp + (b * S * KV + kvh) * hs, KV * hs, 0.0f, A, lda);
+        std::fill(O, O + group * hs, 0.0f);
+        for (int64_t g = 0; g < group; ++g) {
+          float* a = A + g * lda;
+          if (m)
+            for (int64_t j = 0; j < nvis; ++j)
+              if (m[j] == 0) a[j] = neg_inf;
+          std::fill(a + nvis, a + n_keys, 0.0f);
+          const float maxv = simd::max_f(a, nvis);
+          if (maxv == neg_inf) {  // no visible key: zero output and probabilities
+            std::fill(a, a + nvis, 0.0f);
             continue;
           }
-          const float s = dot_f(qi, kp + ((b * S + j) * KV + kvh) * hs, hs) * scale;
-          a[j] = s;
-          maxv = std::max(maxv, s);
+          const double inv = 1.0 / simd::exp_sum(a, maxv, nvis, a);  // exp(-inf) = 0 for masked keys
+          for (int64_t j = 0; j < nvis; ++j) a[j] = static_cast<float>(a[j] * inv);
         }
-        for (int64_t c = 0; c < hs; ++c) oi[c] = 0.0f;
-        if (maxv == neg_inf) {  // no visible key: zero output and probabilities
-          for (int64_t j = 0; j < n_keys; ++j) a[j] = 0.0f;
-          continue;
-        }
-        double sum = 0.0;
         for (int64_t j = 0; j < nvis; ++j) {
-          const float e = a[j] == neg_inf ? 0.0f : std::exp(a[j] - maxv);
-          a[j] = e;
-          sum += e;
-        }
-        const double inv = 1.0 / sum;
-        for (int64_t j = 0; j < nvis; ++j) a[j] = static_cast<float>(a[j] * inv);
-        for (int64_t j = nvis; j < n_keys; ++j) a[j] = 0.0f;
-        for (int64_t j = 0; j < nvis; ++j) {
-          const float p = a[j];
-          if (p == 0.0f) continue;
-          const float* __restrict__ vj = vp + ((b * S + j) * KV + kvh) * hs;
-          for (int64_t c = 0; c < hs; ++c) oi[c] += p * vj[c];
+          const float* vj = vp + ((b * S + j) * KV + kvh) * hs;
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = A[g * lda + j];
+            if (p != 0.0f) simd::axpy_f(O + g * hs, vj, p, hs);
+          }
         }
       }
     }
@@ -591,6 +776,10 @@ class cpu_backend_impl final : public backend {
     float* dqp = dq.data<float>();
     float* dkp = dk.data<float>();
     float* dvp = dv.data<float>();
+    if (gemm_attention(T, hs)) {
+      attention_backward_gemm(dqp, dkp, dvp, dop, qp, kp, vp, ap, B, T, H, KV, hs);
+      return;
+    }
     std::vector<double> Dbuf(static_cast<size_t>(B * H * T));
     const bool par = B * H * T * T * hs >= k_par_min;
 
@@ -680,21 +869,15 @@ class cpu_backend_impl final : public backend {
     for (int64_t n = 0; n < N; ++n) {
       const float* xr = xp + n * V;
       float* orow = o + n * V;
-      float maxv = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < V; ++i) maxv = std::max(maxv, xr[i]);
-      double sum = 0.0;
+      const float maxv = simd::max_f(xr, V);
       if (log) {
-        for (int64_t i = 0; i < V; ++i) sum += std::exp(xr[i] - maxv);
-        const double lse = maxv + std::log(sum);
+        const double lse = maxv + std::log(simd::exp_sum(xr, maxv, V, nullptr));
         for (int64_t i = 0; i < V; ++i) orow[i] = static_cast<float>(xr[i] - lse);
       } else {
-        for (int64_t i = 0; i < V; ++i) {
-          const float e = std::exp(xr[i] - maxv);
-          orow[i] = e;
-          sum += e;
-        }
-        const double inv = 1.0 / sum;
-        for (int64_t i = 0; i < V; ++i) orow[i] = static_cast<float>(orow[i] * inv);
+        const double sum = simd::exp_sum(xr, maxv, V, orow);  // reads xr[i] before writing orow[i]
+        const float inv = static_cast<float>(1.0 / sum);
+#pragma omp simd
+        for (int64_t i = 0; i < V; ++i) orow[i] *= inv;
       }
     }
   }
@@ -716,7 +899,14 @@ class cpu_backend_impl final : public backend {
 #pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < V; ++i) s += dy[i];
         const float sf = static_cast<float>(s);
+#if FLOWRUN_AVX512
+        for (int64_t i = 0; i < V; i += 16) {
+          const __mmask16 k = simd::tail_mask(V - i);
+          st(k, dxr + i, _mm512_fnmadd_ps(simd::exp_ps(ld(k, y + i)), bc(sf), ld(k, dy + i)));
+        }
+#else
         for (int64_t i = 0; i < V; ++i) dxr[i] = dy[i] - std::exp(y[i]) * sf;
+#endif
       } else {
 #pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < V; ++i) s += static_cast<double>(dy[i]) * y[i];
@@ -752,11 +942,8 @@ class cpu_backend_impl final : public backend {
         continue;
       }
       const float* x = lp + n * V;
-      float maxv = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < V; ++i) maxv = std::max(maxv, x[i]);
-      double sum = 0.0;
-      for (int64_t i = 0; i < V; ++i) sum += std::exp(x[i] - maxv);
-      const double loss = maxv + std::log(sum) - x[tg[n]];
+      const float maxv = simd::max_f(x, V);
+      const double loss = maxv + std::log(simd::exp_sum(x, maxv, V, nullptr)) - x[tg[n]];
       lo[n] = static_cast<float>(loss);
       total += loss;
       count += 1;
@@ -780,18 +967,13 @@ class cpu_backend_impl final : public backend {
       const float* x = lp + n * V;
       float* d = dl + n * V;
       if (tg[n] == ignore_index) {
-        for (int64_t i = 0; i < V; ++i) d[i] = 0.0f;
+        std::fill(d, d + V, 0.0f);
         continue;
       }
-      float maxv = -std::numeric_limits<float>::infinity();
-      for (int64_t i = 0; i < V; ++i) maxv = std::max(maxv, x[i]);
-      double sum = 0.0;
-      for (int64_t i = 0; i < V; ++i) {  // x[i] is read before d[i] is written
-        const float e = std::exp(x[i] - maxv);
-        d[i] = e;
-        sum += e;
-      }
+      const float maxv = simd::max_f(x, V);
+      const double sum = simd::exp_sum(x, maxv, V, d);  // x[i] is read before d[i] is written
       const float scale = static_cast<float>(dloss / sum);
+#pragma omp simd
       for (int64_t i = 0; i < V; ++i) d[i] *= scale;
       d[tg[n]] -= dloss;
     }
@@ -799,8 +981,11 @@ class cpu_backend_impl final : public backend {
 
   // ---------------------------------------------------------------- optimizer
 
-  // torch.optim.AdamW (decoupled weight decay, bias-corrected moments);
-  // element math in double, stored as f32.
+  // torch.optim.AdamW (decoupled weight decay, bias-corrected moments).
+  // Element math in f32, vectorised: the step is memory-bound (p, g, m, v read,
+  // p, m, v written: 28 bytes per parameter), and f32 keeps each result within
+  // a few ulp of the float64 formula (tests/test_ops.cpp checks 1e-6 relative).
+  // The bias corrections are computed once in double.
   void adamw_step(tensor& param, const tensor& grad, tensor& m, tensor& v, int64_t t,
                   const ops::adamw_config& cfg) override {
     const int64_t n = param.numel();
@@ -808,20 +993,37 @@ class cpu_backend_impl final : public backend {
     const float* __restrict__ g = grad.data<float>();
     float* __restrict__ mp = m.data<float>();
     float* __restrict__ vp = v.data<float>();
-    const double b1 = cfg.beta1, b2 = cfg.beta2, lr = cfg.lr, eps = cfg.eps, wd = cfg.weight_decay;
-    const double bc1 = 1.0 - std::pow(b1, static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(b2, static_cast<double>(t));
-#pragma omp parallel for simd schedule(static) if (n >= k_par_min)
-    for (int64_t i = 0; i < n; ++i) {
-      const double gi = g[i];
-      const double mi = b1 * mp[i] + (1.0 - b1) * gi;
-      const double vi = b2 * vp[i] + (1.0 - b2) * gi * gi;
-      const double mhat = mi / bc1, vhat = vi / bc2;
-      const double pi = p[i];
-      p[i] = static_cast<float>(pi - lr * (mhat / (std::sqrt(vhat) + eps) + wd * pi));
-      mp[i] = static_cast<float>(mi);
-      vp[i] = static_cast<float>(vi);
-    }
+    const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+    const float omb1 = static_cast<float>(1.0 - static_cast<double>(cfg.beta1));
+    const float omb2 = static_cast<float>(1.0 - static_cast<double>(cfg.beta2));
+    const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(t));
+    const float inv_bc1 = static_cast<float>(1.0 / bc1);
+    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+    const float lr = cfg.lr, lr_wd = static_cast<float>(static_cast<double>(cfg.lr) * cfg.weight_decay);
+#if FLOWRUN_AVX512
+    for_lanes(n, n >= k_par_min, [&](int64_t i, __mmask16 k) {
+      const __m512 gi = ld(k, g + i), pi = ld(k, p + i);
+      const __m512 mi = _mm512_fmadd_ps(bc(b1), ld(k, mp + i), _mm512_mul_ps(bc(omb1), gi));
+      const __m512 vi = _mm512_fmadd_ps(bc(b2), ld(k, vp + i), _mm512_mul_ps(_mm512_mul_ps(bc(omb2), gi), gi));
+      // mhat / (sqrt(vhat) + eps) with mhat = m / bc1, sqrt(vhat) = sqrt(v) / sqrt(bc2)
+      const __m512 den = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), bc(inv_sqrt_bc2), bc(eps));
+      const __m512 upd = _mm512_div_ps(_mm512_mul_ps(mi, bc(inv_bc1)), den);
+      st(k, p + i, _mm512_sub_ps(_mm512_fnmadd_ps(bc(lr_wd), pi, pi), _mm512_mul_ps(bc(lr), upd)));
+      st(k, mp + i, mi);
+      st(k, vp + i, vi);
+    });
+#else
+    for_lanes(n, n >= k_par_min, [&](int64_t i, int) {
+      const float gi = g[i], pi = p[i];
+      const float mi = b1 * mp[i] + omb1 * gi;
+      const float vi = b2 * vp[i] + omb2 * gi * gi;
+      const float upd = (mi * inv_bc1) / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+      p[i] = (pi - lr_wd * pi) - lr * upd;
+      mp[i] = mi;
+      vp[i] = vi;
+    });
+#endif
   }
 
   // Fixed-size chunks summed in order: the result does not depend on the thread count.
@@ -864,6 +1066,8 @@ backend& cpu_backend_instance() {
 namespace flowrun::ops {
 
 void set_thread_budget(int n) { omp_set_num_threads(n < 1 ? 1 : n); }
+
+std::string cpu_gemm_library() { return cpu_gemm::library_name(); }
 
 int hardware_threads() {
   const unsigned n = std::thread::hardware_concurrency();

@@ -1,0 +1,196 @@
+// bench_gemm: the GEMM libraries side by side in ONE process, at the Linear
+// shapes of one GPT-2 124M training step (forward x·Wᵀ, backward dout·W and
+// doutᵀ·x), and the small-M shapes of decoding (stories15M, batch 1 and 16).
+// This is how the CPU backend's GEMM library was chosen (docs/performance.md).
+//
+//   build/bin/bench_gemm [--rows N] [--reps R] [--threads N]
+//
+// Libraries, each only when CMake found it (cmake/deps.cmake):
+//  - flowrun: the CPU backend's own gemm (the library it was built with, plus
+//    its small-M kernel), through ops::matmul;
+//  - OpenBLAS (Debian 0.3.21, its own core detection: the environment is left alone);
+//  - BLIS (Debian 0.9.0), the sandybridge..skx kernels: "detected" is what BLIS's
+//    own detection picks, "skx" is its AVX-512 context chosen explicitly;
+//  - oneDNN (Debian 2.6.3) dnnl_sgemm.
+// Every library's result is compared against the first one's (max relative error).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/backend.h"
+#include "runtime/kernels/ops.h"
+
+#ifdef FLOWRUN_BENCH_OPENBLAS
+#include <cblas.h>
+#endif
+#ifdef FLOWRUN_BENCH_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
+#ifdef FLOWRUN_BENCH_BLIS
+#include <blis.h>
+extern "C" cntx_t* bli_gks_lookup_nat_cntx(arch_t id);  // in libblis.a (hidden in the .so)
+#endif
+
+using namespace flowrun;
+using clk = std::chrono::steady_clock;
+using gemm_fn = std::function<void(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
+                                   float*, int)>;
+
+struct lib {
+  std::string name;
+  gemm_fn f;
+};
+
+static std::vector<lib> libraries() {
+  std::vector<lib> ls;
+  ls.push_back({std::string("flowrun (") + ops::cpu_gemm_library() + ")",
+                [](bool ta, bool tb, int M, int N, int K, float al, const float* A, int lda, const float* B, int ldb,
+                   float be, float* C, int ldc) {
+                  cpu_backend().gemm(ta, tb, M, N, K, al, A, lda, B, ldb, be, C, ldc);
+                }});
+#ifdef FLOWRUN_BENCH_OPENBLAS
+  ls.push_back({std::string("OpenBLAS ") + openblas_get_corename(),
+                [](bool ta, bool tb, int M, int N, int K, float al, const float* A, int lda, const float* B, int ldb,
+                   float be, float* C, int ldc) {
+                  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+                              al, A, lda, B, ldb, be, C, ldc);
+                }});
+#endif
+#ifdef FLOWRUN_BENCH_BLIS
+  bli_init();
+  for (arch_t id : {bli_arch_query_id(), BLIS_ARCH_SKX}) {
+    cntx_t* cx = bli_gks_lookup_nat_cntx(id);
+    if (!cx) continue;
+    ls.push_back({std::string("BLIS ") + bli_arch_string(id),
+                  [cx](bool ta, bool tb, int M, int N, int K, float al, const float* A, int lda, const float* B,
+                       int ldb, float be, float* C, int ldc) {
+                    rntm_t r = BLIS_RNTM_INITIALIZER;
+                    bli_rntm_set_num_threads(omp_get_max_threads(), &r);
+                    bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M,
+                                 N, K, &al, const_cast<float*>(A), lda, 1, const_cast<float*>(B), ldb, 1, &be, C, ldc,
+                                 1, cx, &r);
+                  }});
+  }
+#endif
+#ifdef FLOWRUN_BENCH_DNNL
+  ls.push_back({"oneDNN", [](bool ta, bool tb, int M, int N, int K, float al, const float* A, int lda, const float* B,
+                             int ldb, float be, float* C, int ldc) {
+                  dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, al, A, lda, B, ldb, be, C, ldc);
+                }});
+#endif
+  return ls;
+}
+
+int main(int argc, char** argv) {
+  int rows = 256, reps = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--rows")) rows = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--threads")) ops::set_thread_budget(std::atoi(argv[i + 1]));
+  }
+  auto libs = libraries();
+  std::printf("# bench_gemm: %d OpenMP threads, rows %d, best of %d (GFLOP/s)\n\n", omp_get_max_threads(), rows,
+              reps);
+
+  struct shp {
+    const char* what;
+    int O, I, count;
+  };
+  // GPT-2 124M training: per layer 4 (768x768) [q,k,v,o], fc (3072x768), proj (768x3072); LM head once
+  const std::vector<shp> train = {{"attn 768x768", 768, 768, 48}, {"fc 3072x768", 3072, 768, 12},
+                                  {"proj 768x3072", 768, 3072, 12}, {"head 50257x768", 50257, 768, 1}};
+  std::vector<double> flops(libs.size()), secs(libs.size());
+  std::printf("| shape (O x I) | product |");
+  for (auto& l : libs) std::printf(" %s |", l.name.c_str());
+  std::printf("\n|---|---|");
+  for (size_t i = 0; i < libs.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  std::vector<double> max_err(libs.size(), 0.0);
+  for (auto s : train) {
+    std::vector<float> x(size_t(rows) * s.I), w(size_t(s.O) * s.I), y(size_t(rows) * s.O), dx(size_t(rows) * s.I),
+        dw(size_t(s.O) * s.I, 0.0f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * i) * 0.5f;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(0.11 * i) * 0.02f;
+    for (size_t i = 0; i < y.size(); ++i) y[i] = std::sin(0.05 * i) * 0.1f;
+    const char* names[3] = {"x·Wᵀ", "dy·W", "dyᵀ·x"};
+    std::vector<float> ref;
+    for (int p = 0; p < 3; ++p) {
+      std::printf("| %s | %s |", s.what, names[p]);
+      for (size_t li = 0; li < libs.size(); ++li) {
+        auto& f = libs[li].f;
+        std::vector<float> out(p == 0 ? y.size() : p == 1 ? dx.size() : dw.size());
+        auto run = [&] {
+          if (p == 0) f(false, true, rows, s.O, s.I, 1.f, x.data(), s.I, w.data(), s.I, 0.f, out.data(), s.O);
+          if (p == 1) f(false, false, rows, s.I, s.O, 1.f, y.data(), s.O, w.data(), s.I, 0.f, out.data(), s.I);
+          if (p == 2) f(true, false, s.O, s.I, rows, 1.f, y.data(), s.O, x.data(), s.I, 0.f, out.data(), s.I);
+        };
+        run();
+        double best = 1e9;
+        for (int r = 0; r < reps; ++r) {
+          auto t = clk::now();
+          run();
+          best = std::min(best, std::chrono::duration<double>(clk::now() - t).count());
+        }
+        const double fl = 2.0 * rows * s.O * s.I;
+        flops[li] += fl * s.count;
+        secs[li] += best * s.count;
+        std::printf(" %.0f |", fl / best / 1e9);
+        if (li == 0) {
+          ref = out;
+        } else {
+          double e = 0, m = 0;
+          for (size_t i = 0; i < out.size(); ++i) e = std::max(e, double(std::fabs(out[i] - ref[i]))), m = std::max(m, double(std::fabs(ref[i])));
+          max_err[li] = std::max(max_err[li], e / std::max(m, 1e-30));
+        }
+      }
+      std::printf("\n");
+    }
+  }
+  std::printf("| **one GPT-2 step, weighted** | |");
+  for (size_t li = 0; li < libs.size(); ++li) std::printf(" **%.0f** |", flops[li] / secs[li] / 1e9);
+  std::printf("\n| max rel. difference vs flowrun | |");
+  for (size_t li = 0; li < libs.size(); ++li) std::printf(" %.1e |", max_err[li]);
+  std::printf("\n\n");
+
+  // decode: x·Wᵀ with few rows through every Linear of a stories15M-shaped model
+  // (dim 288, hidden 768, 6 layers, vocab 32000): each layer has its own weights,
+  // so they stream from memory as in decoding (61 MB per token).
+  const std::vector<shp> dec = {{"288x288", 288, 288, 4}, {"768x288", 768, 288, 2}, {"288x768", 288, 768, 1}};
+  std::vector<std::vector<float>> ws;
+  std::vector<shp> seq;
+  for (int l = 0; l < 6; ++l)
+    for (auto s : dec)
+      for (int c = 0; c < s.count; ++c) ws.emplace_back(size_t(s.O) * s.I, 0.02f), seq.push_back(s);
+  ws.emplace_back(size_t(32000) * 288, 0.02f), seq.push_back({"32000x288", 32000, 288, 1});
+  double wbytes = 0;
+  for (auto& w : ws) wbytes += w.size() * 4.0;
+  for (int M : {1, 16}) {
+    std::printf("| decode M=%d: us per step through all stories15M Linear layers (%.0f MB of weights) |", M, wbytes / 1e6);
+    std::vector<float> x(size_t(M) * 768, 0.01f), y(size_t(M) * 32000);
+    for (size_t li = 0; li < libs.size(); ++li) {
+      auto run = [&] {
+        for (size_t i = 0; i < seq.size(); ++i)
+          libs[li].f(false, true, M, seq[i].O, seq[i].I, 1.f, x.data(), seq[i].I, ws[i].data(), seq[i].I, 0.f, y.data(),
+                     seq[i].O);
+      };
+      run();
+      double best = 1e9;
+      for (int r = 0; r < 3 * reps; ++r) {
+        auto t = clk::now();
+        run();
+        best = std::min(best, std::chrono::duration<double>(clk::now() - t).count());
+      }
+      std::printf(" %s %.0f (%.1f GB/s) |", libs[li].name.c_str(), best * 1e6, wbytes / best / 1e9);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}

@@ -30,6 +30,7 @@ try:
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
+    from selenium.common.exceptions import StaleElementReferenceException
 except ImportError as e:
     sys.exit(f"console_browser: {e}: install python3-selenium (tools/setup.sh) and run with /usr/bin/python3")
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,6 +49,18 @@ run = subprocess.Popen(
      "--set", "node.ranks.save_checkpoint_steps=0", "--set", "node.ranks.export_hf=",
      "--set", "node.ranks.print_every=100000"],
     stdout=subprocess.DEVNULL, stderr=err)
+
+
+def retry(fn, tries=20):
+    """The page redraws its SVG every frame, so an element found by one WebDriver call can be
+    replaced before the next call uses it (StaleElementReferenceException): find and use it again."""
+    for i in range(tries):
+        try:
+            return fn()
+        except StaleElementReferenceException:
+            if i == tries - 1:
+                raise
+            time.sleep(0.1)
 
 
 def fail(msg):
@@ -82,7 +95,7 @@ driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options
 shot = os.path.join(out, "console.png")
 try:
     driver.get(url + "?token=" + token)
-    wait = WebDriverWait(driver, 90, poll_frequency=0.2)
+    wait = WebDriverWait(driver, 90, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException])
     assert driver.title.startswith("flowrun"), driver.title
 
     # the graph is drawn: both nodes, one edge
@@ -99,13 +112,13 @@ try:
             return busy > 0 && rates.some(r => r > 0) ? {busy: busy, rates: rates} : null;""")
     seen = wait.until(busy_and_flowing)
     print("busy nodes:", seen["busy"], "edge rates (msg/s):", seen["rates"])
-    label = driver.find_element(By.CSS_SELECTOR, "#graph text.edge-label").text
+    label = retry(lambda: driver.find_element(By.CSS_SELECTOR, "#graph text.edge-label").text)
     assert "msg/s" in label, label
     print("edge label:", label)
-    assert driver.find_element(By.ID, "run-state").text.startswith("running")
+    assert retry(lambda: driver.find_element(By.ID, "run-state").text).startswith("running")
 
     # click the ZeRO ranks: their detail shows settings, counters, replicas and memory
-    driver.find_element(By.CSS_SELECTOR, '#graph g.node[data-node="ranks"] rect.box').click()
+    retry(lambda: driver.find_element(By.CSS_SELECTOR, '#graph g.node[data-node="ranks"] rect.box').click())
     # (the panel refreshes itself every 1.5 s: read it in one script call)
     def detail_of_ranks(d):
         return d.execute_script("""
@@ -125,28 +138,29 @@ try:
     assert settings.get("zero_stage", "").startswith("-1"), settings
     state = info["state"]
     assert state in ("busy", "idle", "waiting credit", "waiting request"), state
-    assert "selected" in driver.find_element(By.CSS_SELECTOR, '#graph g.node[data-node="ranks"]').get_attribute("class")
+    assert "selected" in retry(lambda: driver.find_element(
+        By.CSS_SELECTOR, '#graph g.node[data-node="ranks"]').get_attribute("class"))
     print("detail of ranks:", state, "| settings:", ", ".join(f"{k}={v}" for k, v in list(settings.items())[:6]), "...")
 
     # the replica group expands into its two ranks
-    driver.find_element(By.CSS_SELECTOR, '#graph g.toggle[data-toggle="ranks"] rect').click()
+    retry(lambda: driver.find_element(By.CSS_SELECTOR, '#graph g.toggle[data-toggle="ranks"] rect').click())
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, '#graph g.node[data-node="ranks"] rect.replica')) == 2)
 
     # charts of the training signals, the bottleneck panel, memory per rank, the event log
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#charts .chart[data-series="ranks/loss"] polyline'))
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#bottlenecks li"))
-    wait.until(lambda d: "ranks[1]" in d.find_element(By.ID, "memory").text)
+    wait.until(lambda d: "ranks[1]" in retry(lambda: d.find_element(By.ID, "memory").text))
     assert driver.find_elements(By.CSS_SELECTOR, '#events li[data-kind="spawn"]')
-    top = driver.find_element(By.CSS_SELECTOR, "#bottlenecks li").get_attribute("data-node")
+    top = retry(lambda: driver.find_element(By.CSS_SELECTOR, "#bottlenecks li").get_attribute("data-node"))
     print("top bottleneck:", top, "| charts:",
-          [c.get_attribute("data-series") for c in driver.find_elements(By.CSS_SELECTOR, "#charts .chart")])
+          retry(lambda: [c.get_attribute("data-series") for c in driver.find_elements(By.CSS_SELECTOR, "#charts .chart")]))
     time.sleep(1.5)  # one more frame so the screenshot shows fresh rates
     driver.save_screenshot(shot)
     print("screenshot:", shot)
 
     # Stop from the page (confirm() answered yes)
     driver.execute_script("window.confirm = () => true;")
-    driver.find_element(By.ID, "btn-stop").click()
+    retry(lambda: driver.find_element(By.ID, "btn-stop").click())
     try:
         rc = run.wait(timeout=60)
     except subprocess.TimeoutExpired:

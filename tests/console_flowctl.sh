@@ -8,6 +8,7 @@ flowrun=$1 flowctl=$2 root=$3 out=$4
 rm -rf "$out" && mkdir -p "$out"
 ck="$out/ck"
 log="$out/flowrun.err"
+: > "$log"  # exists before the poll below reads it (the background job opens it a moment later)
 
 "$flowrun" run "$root/graphs/pretrain.graph" --no-progress -q --threads 2 \
   --console 0 --console-token-file "$out/token" \
@@ -20,7 +21,7 @@ trap cleanup EXIT
 
 port=""
 for _ in $(seq 1 600); do
-  port=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$log" | head -1)
+  port=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$log" 2> /dev/null | head -1 || true)
   [[ -n "$port" ]] && break
   kill -0 $pid 2> /dev/null || { echo "flowrun exited early:"; cat "$log"; exit 1; }
   sleep 0.1

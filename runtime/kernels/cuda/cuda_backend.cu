@@ -422,6 +422,36 @@ __global__ void rope_k(float* x, const int32_t* pos, rope_freqs fr, bool table, 
 
 // ---------------------------------------------------------------- attention
 
+/// out[c] = sum_{j in [j0, j1)} w[j] rows[j * ld + c] for c < hs, by the whole block
+/// (blockDim.x == k_threads): with hs <= blockDim.x, G = blockDim.x / hs groups of hs
+/// threads each sum every G-th j, then the G partials are added in group order
+/// (deterministic). `w` may be global memory written by this block before a barrier.
+/// Must be reached by all threads of the block. `part` holds blockDim.x floats.
+__device__ void channel_sums(float* out, const float* w, const float* rows, int64_t ld, int64_t j0, int64_t j1,
+                             int64_t hs, float* part) {
+  if (hs == 0) return;     // uniform over the block
+  if (hs <= blockDim.x) {  // uniform over the block
+    const int64_t G = blockDim.x / hs;
+    const int64_t c = threadIdx.x % hs, g = threadIdx.x / hs;
+    float acc = 0.0f;
+    if (g < G)
+      for (int64_t j = j0 + g; j < j1; j += G) acc += w[j] * rows[j * ld + c];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < hs) {
+      float s = 0.0f;
+      for (int64_t gg = 0; gg < G; ++gg) s += part[gg * hs + threadIdx.x];
+      out[threadIdx.x] = s;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < hs; c += blockDim.x) {
+      float acc = 0.0f;
+      for (int64_t j = j0; j < j1; ++j) acc += w[j] * rows[j * ld + c];
+      out[c] = acc;
+    }
+  }
+}
+
 // One block per (b, h, query i): row = (b H + h) Tq + i. att row (n_keys) holds the
 // raw scores, then the probabilities. Dynamic shared memory: hs floats (q_i).
 __global__ void attention_fwd_k(float* out, float* att, const float* q, const float* k, const float* v,
@@ -430,6 +460,7 @@ __global__ void attention_fwd_k(float* out, float* att, const float* q, const fl
   extern __shared__ float qs[];
   __shared__ float shf[32];
   __shared__ double shd[32];
+  __shared__ float part[k_threads];
   const int64_t row = blockIdx.x;
   const int64_t i = row % Tq, h = (row / Tq) % H, b = row / (Tq * H);
   const int64_t kvh = h / (H / KV);
@@ -470,13 +501,9 @@ __global__ void attention_fwd_k(float* out, float* att, const float* q, const fl
   for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x) a[j] = static_cast<float>(a[j] * inv);
   for (int64_t j = nvis + threadIdx.x; j < n_keys; j += blockDim.x) a[j] = 0.0f;
   __syncthreads();
-  // out = sum_j p_j v_j: thread per channel
-  for (int64_t c = threadIdx.x; c < hs; c += blockDim.x) {
-    float acc = 0.0f;
-    const float* vc = v + (b * S * KV + kvh) * hs + c;
-    for (int64_t j = 0; j < nvis; ++j) acc += a[j] * vc[j * KV * hs];
-    o[c] = acc;
-  }
+  // out = sum_j p_j v_j
+  const float* v0 = v + (b * S * KV + kvh) * hs;
+  channel_sums(o, a, v0, KV * hs, 0, nvis, hs, part);
 }
 
 // Backward pass 1, one block per row (b, h, i) (T == S == n_keys):
@@ -486,6 +513,7 @@ __global__ void attention_bwd_rows_k(float* dq, float* ds, const float* dout, co
                                      const float* att, int64_t T, int64_t H, int64_t hs, int64_t KV, float scale) {
   extern __shared__ float dos[];
   __shared__ double shd[32];
+  __shared__ float part[k_threads];
   const int64_t row = blockIdx.x;
   const int64_t i = row % T, h = (row / T) % H, b = row / (T * H);
   const int64_t kvh = h / (H / KV);
@@ -509,33 +537,52 @@ __global__ void attention_bwd_rows_k(float* dq, float* ds, const float* dout, co
   const float Df = static_cast<float>(D);
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) d[j] = a[j] * (d[j] - Df) * scale;
   __syncthreads();
-  for (int64_t c = threadIdx.x; c < hs; c += blockDim.x) {
-    float acc = 0.0f;
-    const float* kc = k + (b * T * KV + kvh) * hs + c;
-    for (int64_t j = 0; j <= i; ++j) acc += d[j] * kc[j * KV * hs];
-    dq[qoff + c] = acc;
-  }
+  channel_sums(dq + qoff, d, k + (b * T * KV + kvh) * hs, KV * hs, 0, i + 1, hs, part);
 }
 
 // Backward pass 2, one block per (b, key j, kv head): r = (b T + j) KV + kvh, the
 // layout of dk / dv. dk_j = sum_{h in group, i >= j} dS_ij q_i; dv_j = sum P_ij dout_i.
+// The (h, i) pairs are split over G = blockDim.x / hs groups of hs threads (when
+// hs <= blockDim.x), whose partials are added in group order.
 __global__ void attention_bwd_keys_k(float* dk, float* dv, const float* ds, const float* att, const float* q,
                                      const float* dout, int64_t T, int64_t H, int64_t hs, int64_t KV) {
+  __shared__ float pk[k_threads], pv[k_threads];
   const int64_t r = blockIdx.x;
   const int64_t kvh = r % KV, j = (r / KV) % T, b = r / (KV * T);
   const int64_t group = H / KV;
-  for (int64_t c = threadIdx.x; c < hs; c += blockDim.x) {
+  const int64_t n_i = T - j, pairs = group * n_i;  // (h, i) pairs: h = kvh group + t / n_i, i = j + t % n_i
+  const bool split = hs <= blockDim.x;               // uniform over the block
+  const int64_t G = split ? blockDim.x / hs : 1;
+  const int64_t g = split ? threadIdx.x / hs : 0;
+  for (int64_t c = split ? threadIdx.x % hs : threadIdx.x; c < hs; c += blockDim.x) {
     float ak = 0.0f, av = 0.0f;
-    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-      for (int64_t i = j; i < T; ++i) {
+    if (g < G)
+      for (int64_t t = g; t < pairs; t += G) {
+        const int64_t h = kvh * group + t / n_i, i = j + t % n_i;
         const int64_t prow = ((b * H + h) * T + i) * T + j;
         const int64_t off = ((b * T + i) * H + h) * hs + c;
         ak += ds[prow] * q[off];
         av += att[prow] * dout[off];
       }
+    if (split) {
+      pk[threadIdx.x] = ak;
+      pv[threadIdx.x] = av;
+      break;  // each thread has one channel when split
     }
     dk[r * hs + c] = ak;
     dv[r * hs + c] = av;
+  }
+  if (split) {
+    __syncthreads();
+    if (threadIdx.x < hs) {
+      float sk = 0.0f, sv = 0.0f;
+      for (int64_t gg = 0; gg < G; ++gg) {
+        sk += pk[gg * hs + threadIdx.x];
+        sv += pv[gg * hs + threadIdx.x];
+      }
+      dk[r * hs + threadIdx.x] = sk;
+      dv[r * hs + threadIdx.x] = sv;
+    }
   }
 }
 
@@ -992,8 +1039,7 @@ class cuda_backend_impl final : public backend {
                            ctx.s>>>(dq.data<float>(), ds.as<float>(), dout.data<float>(), k.data<float>(),
                                     v.data<float>(), att.data<float>(), T, H, hs, KV, scale);
     check_launch("attention_bwd_rows_k");
-    const int kt = static_cast<int>(std::min<int64_t>(k_threads, (hs + 31) / 32 * 32));
-    attention_bwd_keys_k<<<static_cast<unsigned>(B * T * KV), kt, 0, ctx.s>>>(
+    attention_bwd_keys_k<<<static_cast<unsigned>(B * T * KV), k_threads, 0, ctx.s>>>(
         dk.data<float>(), dv.data<float>(), ds.as<float>(), att.data<float>(), q.data<float>(), dout.data<float>(), T,
         H, hs, KV);
     check_launch("attention_bwd_keys_k");

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <map>
@@ -27,10 +28,17 @@ using namespace flowrun;
 
 namespace {
 
-const device gpu = device::cuda(0);
+// FLOWRUN_TEST_DEVICE=cpu runs every case with the "GPU" model on the CPU: a check of the
+// tests themselves (configs, tolerances) on machines without a GPU.
+bool on_cpu_instead() {
+  const char* e = std::getenv("FLOWRUN_TEST_DEVICE");
+  return e && std::string(e) == "cpu";
+}
+
+const device gpu = on_cpu_instead() ? device::cpu() : device::cuda(0);
 
 bool need_gpu() {
-  if (cuda_device_present()) return true;
+  if (on_cpu_instead() || cuda_device_present()) return true;
   static bool said = false;  // one line per process
   if (!said) std::printf("test_cuda_model: no CUDA device: skipped\n");
   said = true;

@@ -39,9 +39,10 @@ limit_mb=60
 
 if ((do_build)); then
   echo "device_bundle: configuring $build"
+  mkdir -p "$build"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWRUN_CUDA=ON -DFLOWRUN_GEMM=openblas \
-    -DFLOWRUN_NATIVE=OFF "-DCMAKE_CUDA_ARCHITECTURES=80;90" >"$build.configure.log" 2>&1 ||
-    { tail -30 "$build.configure.log"; exit 1; }
+    -DFLOWRUN_NATIVE=OFF "-DCMAKE_CUDA_ARCHITECTURES=80;90" >"$build/configure.log" 2>&1 ||
+    { tail -30 "$build/configure.log"; exit 1; }
 fi
 wanted=(test_cuda test_cuda_model test_nccl bench_cuda)
 have=$(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\([a-z_]*\): .*/\1/p' | sort -u)

@@ -104,7 +104,7 @@ allocator_state& state() {
   return *s;
 }
 
-/// cudaFree every cached block of `device` (caller holds g_alloc_mutex).
+/// cudaFree every cached block of `device`, after synchronising it (caller holds state().mutex).
 void release_cached(int device) {
   device_pool& pool = state().pools[device];
   if (pool.free_blocks.empty()) return;

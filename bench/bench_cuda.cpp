@@ -1,6 +1,6 @@
 // bench_cuda: the CUDA backend's benchmark table (issue #7, tools/device_check.sh).
 //
-//   bench_cuda [--out FILE] [--quick] [--no-opt] [--opt 350m|1.3b] [--gpt2-batch B] [--seq T]
+//   bench_cuda [--out FILE] [--quick] [--no-opt] [--opt 350m|1.3b] [--gpt2-batch B] [--seq T] [--cpu]
 //
 // Rows:
 //  - SFT step = forward + backward + AdamW (one optimizer step) on random weights, for the
@@ -17,8 +17,11 @@
 //    as the CPU generator), prompt 16 tokens, 128 new tokens, batch 1 and 32; tokens/s counts
 //    the new tokens of all sequences over the whole generate() call (prefill included).
 // Timing: one warm-up step (or call), then timed steps until 10 steps or ~6 s (at least 2),
-// between cudaDeviceSynchronize calls. Each row catches its own errors (out of memory, ...)
-// and prints them in the table. The table is Markdown on stdout and, with --out, in FILE.
+// between cudaDeviceSynchronize calls. "peak GiB" is the caching allocator's peak of allocated
+// bytes for the shape (runtime/kernels/cuda/cuda_api.h). Order: GPT-2 SFT, generation, then the
+// OPT shape (the slowest last). Each row catches its own errors (out of memory, ...) and prints
+// them in the table. The tables are Markdown on stdout and, with --out, in FILE, appended line
+// by line (a run stopped by a time limit keeps the finished rows).
 // Without a CUDA device it prints "bench_cuda: no CUDA device: skipped" (also into FILE)
 // and exits 0.
 #include <cuda_runtime.h>
@@ -39,6 +42,7 @@
 #include "models/config.h"
 #include "models/decoder.h"
 #include "models/generate.h"
+#include "runtime/kernels/cuda/cuda_api.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/tensor/device_memory.h"
 
@@ -46,7 +50,9 @@ using namespace flowrun;
 
 namespace {
 
-const device gpu = device::cuda(0);
+// --cpu (a smoke test of this program without a GPU): everything on the CPU, small sizes.
+bool g_cpu = false;
+device gpu = device::cuda(0);
 
 struct options {
   std::string out;
@@ -111,7 +117,9 @@ void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-void device_sync() { check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void device_sync() {
+  if (!g_cpu) check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
 
 // Random weights without init_random's per-element Box-Muller on the host (minutes at 1.3B):
 // a 1M-element N(0, 0.02) block tiled over the flat buffer, norm weights 1, biases 0.
@@ -199,11 +207,19 @@ std::string human(double n) {
   return fmt(n / 1e6, 1) + "M";
 }
 
+// Markdown lines to stdout and, appended and flushed one by one, to the --out file (so a
+// run killed by a time limit still leaves the rows it finished).
 struct report {
-  std::ostringstream md;
+  std::string path;
+  void start() {
+    if (!path.empty()) std::ofstream(path, std::ios::trunc);
+  }
   void line(const std::string& s) {
-    md << s << "\n";
     std::cout << s << std::endl;
+    if (path.empty()) return;
+    std::ofstream f(path, std::ios::app);
+    f << s << "\n";
+    if (!f) std::cerr << "bench_cuda: cannot write " << path << "\n";
   }
 };
 
@@ -226,8 +242,10 @@ int main(int argc, char** argv) {
     else if (a == "--opt") o.opt_size = val();
     else if (a == "--gpt2-batch") o.gpt2_batch = std::stoll(val());
     else if (a == "--seq") o.seq = std::stoll(val());
+    else if (a == "--cpu") g_cpu = true;
     else if (a == "-h" || a == "--help") {
-      std::cout << "usage: bench_cuda [--out FILE] [--quick] [--no-opt] [--opt 350m|1.3b] [--gpt2-batch B] [--seq T]\n";
+      std::cout << "usage: bench_cuda [--out FILE] [--quick] [--no-opt] [--opt 350m|1.3b] [--gpt2-batch B] [--seq T] "
+                   "[--cpu]\n  --cpu: a smoke test of this program on the CPU (small sizes, no OPT)\n";
       return 0;
     } else {
       std::cerr << "bench_cuda: unknown argument " << a << "\n";
@@ -239,19 +257,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   report r;
-  auto write_out = [&] {
-    if (o.out.empty()) return;
-    std::ofstream f(o.out);
-    f << r.md.str();
-    if (!f) std::cerr << "bench_cuda: cannot write " << o.out << "\n";
-  };
-  if (!cuda_device_present()) {
+  r.path = o.out;
+  r.start();
+  if (g_cpu) {  // smoke test: small and quick
+    gpu = device::cpu();
+    o.quick = true;
+    o.opt = false;
+    o.seq = std::min<int64_t>(o.seq, 64);
+    o.gpt2_batch = std::min<int64_t>(o.gpt2_batch, 2);
+  } else if (!cuda_device_present()) {
     r.line("bench_cuda: no CUDA device: skipped");
-    write_out();
     return 0;
   }
   cudaDeviceProp prop{};
-  check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  if (g_cpu) std::snprintf(prop.name, sizeof(prop.name), "CPU (--cpu smoke test)");
+  else check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const std::string name = prop.name;
   double peak = 0;
   std::string peak_note;
@@ -280,43 +300,38 @@ int main(int argc, char** argv) {
   r.line("- SFT step = forward + backward + AdamW step, random weights and tokens; model FLOPs/token = "
          "6*N + 12*L*T*C (N = all parameters, tied embeddings once)");
   r.line("");
-  r.line("| workload | model | params | matmul | B x T | step (ms) | tokens/s | model TFLOP/s | MFU |");
-  r.line("|---|---|---|---|---|---|---|---|---|");
-
+  const std::string sft_head = "| workload | model | params | matmul | B x T | step (ms) | tokens/s | model TFLOP/s | MFU | peak GiB |";
+  const std::string sft_rule = "|---|---|---|---|---|---|---|---|---|---|";
   const int max_iters = o.quick ? 3 : 10;
   const double budget = o.quick ? 2.0 : 6.0;
   const int64_t T = o.seq;
-  struct shape {
-    std::string label;
-    model_config cfg;
-    int64_t B;
-  };
-  std::vector<shape> shapes = {{"GPT-2 124M", gpt2_124m(T), o.gpt2_batch}};
-  if (o.opt) shapes.push_back({"OPT-" + std::string(o.opt_size == "350m" ? "350M" : "1.3B"), opt_shape(o.opt_size, T),
-                               o.opt_size == "350m" ? int64_t{8} : int64_t{4}});
-  if (o.quick) {
-    for (auto& s : shapes) s.B = std::max<int64_t>(1, s.B / 2);
-  }
-  for (auto& s : shapes) {
+
+  // One SFT shape: fp32 then bf16 on the same model (weights drift by a few steps: no matter here).
+  auto run_sft = [&](const std::string& label, const model_config& cfg, int64_t B) {
+    if (o.quick) B = std::max<int64_t>(1, B / 2);
+    const std::string shape_cell = std::to_string(B) + " x " + std::to_string(T);
     try {
-      decoder m(s.cfg, gpu);
+      if (!g_cpu) {
+        cuda::empty_cache();
+        cuda::reset_peak_memory(0);
+      }
+      decoder m(cfg, gpu);
       fast_random_init(m, 1);
       ops::adamw_config oc;
       oc.lr = 1e-4f;
       oc.weight_decay = 0.1f;
       adamw_optimizer opt(m, oc);
       activations a;
-      auto ids = random_ids(s.B, T, s.cfg.vocab_size, 7).to(gpu);
-      auto tg = random_ids(s.B, T, s.cfg.vocab_size, 8).to(gpu);
+      auto ids = random_ids(B, T, cfg.vocab_size, 7).to(gpu);
+      auto tg = random_ids(B, T, cfg.vocab_size, 8).to(gpu);
       const double N = static_cast<double>(m.num_parameters());
-      const double flops_tok = 6.0 * N + 12.0 * s.cfg.n_layers * T * s.cfg.dim;
+      const double flops_tok = 6.0 * N + 12.0 * cfg.n_layers * T * cfg.dim;
       for (std::string prec : {"fp32", "bf16"}) {
         std::string why;
-        std::string row = "| SFT step | " + s.label + " | " + human(N) + " | " + prec + " | " + std::to_string(s.B) +
-                          " x " + std::to_string(T) + " | ";
+        std::string row = "| SFT step | " + label + " | " + human(N) + " | " + prec + " | " + shape_cell + " | ";
         try {
           if (!set_precision(prec, why)) {
-            r.line(row + why + " | | | |");
+            r.line(row + why + " | | | | |");
             continue;
           }
           double loss = 0;
@@ -328,60 +343,78 @@ int main(int argc, char** argv) {
                 opt.step();
               },
               max_iters, budget);
-          const double tps = static_cast<double>(s.B * T) / sec;
+          const double tps = static_cast<double>(B * T) / sec;
           const double fl = tps * flops_tok;
           std::string mfu = peak > 0 ? fmt(100.0 * fl / peak, 1) + "%" : "n/a";
           if (!std::isfinite(loss)) mfu += " (loss not finite!)";
-          r.line(row + fmt(sec * 1e3, 1) + " | " + fmt(tps, 0) + " | " + fmt(fl / 1e12, 1) + " | " + mfu + " |");
+          const double gib = g_cpu ? 0.0 : cuda::get_memory_stats(0).peak_allocated / 1073741824.0;
+          r.line(row + fmt(sec * 1e3, 1) + " | " + fmt(tps, 0) + " | " + fmt(fl / 1e12, 1) + " | " + mfu + " | " +
+                 fmt(gib, 1) + " |");
         } catch (const std::exception& e) {
-          r.line(row + "error: " + std::string(e.what()).substr(0, 160) + " | | | |");
+          r.line(row + "error: " + std::string(e.what()).substr(0, 160) + " | | | | |");
         }
       }
-      std::string ignore;
-      set_precision("fp32", ignore);
     } catch (const std::exception& e) {
-      r.line("| SFT step | " + s.label + " | | | " + std::to_string(s.B) + " x " + std::to_string(T) +
-             " | error: " + std::string(e.what()).substr(0, 160) + " | | | |");
+      r.line("| SFT step | " + label + " | | | " + shape_cell + " | error: " + std::string(e.what()).substr(0, 160) +
+             " | | | | |");
     }
-    cudaDeviceSynchronize();
-  }
+    std::string ignore;
+    set_precision("fp32", ignore);
+    device_sync();
+  };
 
-  r.line("");
-  r.line("| workload | model | matmul | batch | prompt + new tokens | time (s) | new tokens/s |");
-  r.line("|---|---|---|---|---|---|---|");
-  try {
-    decoder m(gpt2_124m(T), gpu);
-    fast_random_init(m, 2);
-    const int64_t P = 16, NEW = o.quick ? 32 : 128;
-    for (int64_t B : {int64_t{1}, int64_t{32}}) {
-      std::string row = "| generation (greedy, KV cache) | GPT-2 124M | fp32 | " + std::to_string(B) + " | " +
-                        std::to_string(P) + " + " + std::to_string(NEW) + " | ";
-      try {
-        std::vector<std::vector<int32_t>> prompts(B);
-        for (int64_t b = 0; b < B; ++b) {
-          auto ids = random_ids(1, P, 50257, 100 + b);
-          prompts[b].assign(ids.data<int32_t>(), ids.data<int32_t>() + P);
+  // Greedy generation, GPT-2 124M shape, batch 1 and 32 (fp32 matmuls).
+  auto run_gen = [&] {
+    r.line("| workload | model | matmul | batch | prompt + new tokens | time (s) | new tokens/s |");
+    r.line("|---|---|---|---|---|---|---|");
+    try {
+      if (!g_cpu) cuda::empty_cache();
+      decoder m(gpt2_124m(T), gpu);
+      fast_random_init(m, 2);
+      const int64_t P = 16, NEW = o.quick ? 32 : 128;
+      for (int64_t B : {int64_t{1}, int64_t{32}}) {
+        std::string row = "| generation (greedy, KV cache) | GPT-2 124M | fp32 | " + std::to_string(B) + " | " +
+                          std::to_string(P) + " + " + std::to_string(NEW) + " | ";
+        try {
+          std::vector<std::vector<int32_t>> prompts(B);
+          for (int64_t b = 0; b < B; ++b) {
+            auto ids = random_ids(1, P, 50257, 100 + b);
+            prompts[b].assign(ids.data<int32_t>(), ids.data<int32_t>() + P);
+          }
+          generation_config g;
+          g.sampling.temperature = 0.0f;
+          g.max_new_tokens = 8;
+          generate(m, prompts, g);  // warm-up
+          g.max_new_tokens = NEW;
+          device_sync();
+          const auto t0 = std::chrono::steady_clock::now();
+          auto res = generate(m, prompts, g);
+          device_sync();
+          const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          int64_t made = 0;
+          for (auto& x : res) made += static_cast<int64_t>(x.tokens.size());
+          r.line(row + fmt(sec, 3) + " | " + fmt(made / sec, 1) + " |");
+        } catch (const std::exception& e) {
+          r.line(row + "error: " + std::string(e.what()).substr(0, 160) + " |  |");
         }
-        generation_config g;
-        g.sampling.temperature = 0.0f;
-        g.max_new_tokens = 8;
-        generate(m, prompts, g);  // warm-up
-        g.max_new_tokens = NEW;
-        device_sync();
-        const auto t0 = std::chrono::steady_clock::now();
-        auto res = generate(m, prompts, g);
-        device_sync();
-        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        int64_t made = 0;
-        for (auto& x : res) made += static_cast<int64_t>(x.tokens.size());
-        r.line(row + fmt(sec, 3) + " | " + fmt(made / sec, 1) + " |");
-      } catch (const std::exception& e) {
-        r.line(row + "error: " + std::string(e.what()).substr(0, 160) + " |  |");
       }
+    } catch (const std::exception& e) {
+      r.line("| generation | GPT-2 124M | | | | error: " + std::string(e.what()).substr(0, 160) + " | |");
     }
-  } catch (const std::exception& e) {
-    r.line("| generation | GPT-2 124M | | | | error: " + std::string(e.what()).substr(0, 160) + " | |");
+  };
+
+  // The small shape and generation first: a run cut short by a time limit still has them.
+  r.line(sft_head);
+  r.line(sft_rule);
+  run_sft("GPT-2 124M", gpt2_124m(T), o.gpt2_batch);
+  r.line("");
+  run_gen();
+  if (o.opt) {
+    r.line("");
+    r.line(sft_head);
+    r.line(sft_rule);
+    const bool small = o.opt_size == "350m";
+    run_sft(small ? "OPT-350M" : "OPT-1.3B", opt_shape(o.opt_size, T), small ? 8 : 4);
   }
-  write_out();
   return 0;
 }

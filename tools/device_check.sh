@@ -55,7 +55,10 @@ if [[ -n "$prebuilt" ]]; then
   tarball="$prebuilt/bundle.tar.xz"
   [[ -f "$tarball" ]] || { say "FAIL: no $tarball (make it with tools/device_bundle.sh)"; exit 1; }
   unpack="$(mktemp -d /tmp/flowrun-bundle.XXXXXX)"
-  tar -xJf "$tarball" -C "$unpack" || { say "FAIL: cannot unpack $tarball"; exit 1; }
+  if ! tar -xJf "$tarball" -C "$unpack" 2>/dev/null; then  # no xz: python's tarfile reads it too
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$tarball" "$unpack" ||
+      { say "FAIL: cannot unpack $tarball"; exit 1; }
+  fi
   bin="$unpack/bin"
   export FLOWRUN_ASSETS="$unpack/assets"
   [[ -f "$unpack/MANIFEST" ]] && say "bundle: $(head -1 "$unpack/MANIFEST")"
@@ -101,6 +104,8 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
   nvidia-smi -L 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
+elif python3 -c 'import torch' 2>/dev/null; then
+  gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 fi
 say "GPUs: $gpus"
 

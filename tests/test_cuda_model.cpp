@@ -316,3 +316,68 @@ TEST_CASE("cuda model: GPT-2 and OPT shapes (learned positions, LayerNorm, post-
     CHECK(max_abs_diff(lgpu, lcpu) < 1e-4);
   }
 }
+
+TEST_CASE("cuda model: LoRA adapters and a value head on the GPU match the CPU; LoRA dropout is CPU-only") {
+  if (!need_gpu()) return;
+  auto ref = test::load_json_asset("ref/stories260K_forward_reference.json");
+  auto in = ref["teacher_forced"]["input_tokens"].get<std::vector<int32_t>>();
+  auto tg = ref["teacher_forced"]["target_tokens"].get<std::vector<int32_t>>();
+  const int64_t T = static_cast<int64_t>(in.size());
+  auto ids = tensor::from_ints({1, T}, in), targets = tensor::from_ints({1, T}, tg);
+  lora_config lc;
+  lc.lora_r = 4;
+  lc.target_modules = {"q_proj", "v_proj", "down_proj"};
+  lc.seed = 5;
+  auto cpu = load_llama2c(test::model_path());
+  auto dev = load_llama2c(test::model_path());
+  cpu.enable_lora(lc);
+  dev.enable_lora(lc);  // on the CPU, then moved: the adapter buffer moves too
+  // a non-zero B, so the adapters change the output and A gets gradients
+  std::vector<float> bvals(static_cast<size_t>(cpu.num_adapter_parameters()));
+  for (size_t i = 0; i < bvals.size(); ++i) bvals[i] = 0.01f * static_cast<float>((i * 7919) % 23) - 0.11f;
+  cpu.w().adapter_flat.copy_from(tensor::from_floats({cpu.num_adapter_parameters()}, bvals));
+  dev.w().adapter_flat.copy_from(tensor::from_floats({dev.num_adapter_parameters()}, bvals));
+  dev.to(gpu);
+  CHECK(dev.w().adapter_flat.dev() == gpu);
+  CHECK(dev.w().layers[0].lora[lm_q].A.dev() == gpu);
+  activations ac, ad;
+  const double lcpu = cpu.forward(ac, ids, targets), lgpu = dev.forward(ad, ids, targets);
+  CHECK(std::fabs(lgpu - lcpu) / lcpu < 1e-5);
+  cpu.zero_grad();
+  dev.zero_grad();
+  cpu.backward(ac);
+  dev.backward(ad);
+  const auto gc = cpu.grads().adapter_flat.to_floats(), gd = dev.grads().adapter_flat.to_floats();
+  const double diff = max_abs_diff(gd, gc), gmax = max_abs(gc);
+  MESSAGE("LoRA: max |dadapter_gpu - dadapter_cpu| = " << diff << " (max " << gmax << ")");
+  CHECK(gmax > 0);
+  CHECK(diff <= 1e-4 * std::max(1.0, gmax));
+  // merged adapters give the same logits on both devices
+  cpu.merge_lora();
+  dev.merge_lora();
+  cpu.forward(ac, ids, {});
+  dev.forward(ad, ids, {});
+  CHECK(max_abs_diff(ad.logits.to_floats(), ac.logits.to_floats()) < 1e-4);
+
+  // value head (reward/critic models): values (B, T) on the device
+  auto vc = load_llama2c(test::model_path()), vd = load_llama2c(test::model_path());
+  vc.add_value_head(3);
+  vd.add_value_head(3);
+  vd.to(gpu);
+  activations va, vb;
+  vc.forward(va, ids, {});
+  vd.forward(vb, ids, {});
+  CHECK(vb.values.dev() == gpu);
+  CHECK(max_abs_diff(vb.values.to_floats(), va.values.to_floats()) < 1e-4);
+
+  // LoRA dropout builds its masks on the host: refused on a CUDA model with a clear error
+  if (gpu.kind == device_kind::cuda) {
+    auto m = load_llama2c(test::model_path());
+    lora_config ld = lc;
+    ld.lora_dropout = 0.1f;
+    m.enable_lora(ld);
+    m.to(gpu);
+    activations a;
+    CHECK_THROWS_WITH_AS(m.forward(a, ids, targets), doctest::Contains("CPU only"), std::runtime_error);
+  }
+}

@@ -255,9 +255,10 @@ struct nccl_options {
 };
 
 /// An NCCL communicator; tensors must be on cuda:device_index. Each call
-/// runs on the communicator's own CUDA stream (a blocking stream, so it
-/// orders after work on the legacy default stream) and returns after the
-/// collective has finished on the device; a call still running after
+/// runs on the communicator's own CUDA stream, which first waits (an event)
+/// for the work queued on the calling thread's current stream of the device
+/// (runtime/kernels/cuda/cuda_api.h: the backend's kernels, memsets and
+/// copies), and returns after the collective has finished on the device; a call still running after
 /// `timeout` aborts the communicator (ncclCommAbort) and throws
 /// std::runtime_error. bf16/f16 reductions use ncclBfloat16/ncclHalf, which
 /// NCCL reduces in its own kernels (rounding to bf16/f16 after each ring

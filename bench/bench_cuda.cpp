@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -61,6 +62,7 @@ struct options {
   std::string opt_size = "1.3b";
   int64_t gpt2_batch = 8;
   int64_t seq = 1024;
+  bool profile = false;  // --profile: per-op times of one GPT-2 SFT step (run with CUDA_LAUNCH_BLOCKING=1)
 };
 
 model_config gpt2_124m(int64_t T) {
@@ -243,6 +245,7 @@ int main(int argc, char** argv) {
     else if (a == "--gpt2-batch") o.gpt2_batch = std::stoll(val());
     else if (a == "--seq") o.seq = std::stoll(val());
     else if (a == "--cpu") g_cpu = true;
+    else if (a == "--profile") o.profile = true;
     else if (a == "-h" || a == "--help") {
       std::cout << "usage: bench_cuda [--out FILE] [--quick] [--no-opt] [--opt 350m|1.3b] [--gpt2-batch B] [--seq T] "
                    "[--cpu]\n  --cpu: a smoke test of this program on the CPU (small sizes, no OPT)\n";
@@ -402,6 +405,56 @@ int main(int argc, char** argv) {
       r.line("| generation | GPT-2 124M | | | | error: " + std::string(e.what()).substr(0, 160) + " | |");
     }
   };
+
+  // --profile: where one GPT-2 SFT step spends its time, per op (ops::profile_start). The op
+  // profiler times the host side of each op; kernels run asynchronously, so run this mode with
+  // CUDA_LAUNCH_BLOCKING=1 to make every launch (and cuBLAS call) wait for its kernel.
+  if (o.profile) {
+    const int64_t B = o.quick ? std::max<int64_t>(1, o.gpt2_batch / 2) : o.gpt2_batch;
+    decoder m(gpt2_124m(T), gpu);
+    fast_random_init(m, 1);
+    ops::adamw_config oc;
+    adamw_optimizer opt(m, oc);
+    activations a;
+    auto ids = random_ids(B, T, 50257, 7).to(gpu);
+    auto tg = random_ids(B, T, 50257, 8).to(gpu);
+    auto step = [&] {
+      m.forward(a, ids, tg);
+      m.zero_grad();
+      m.backward(a);
+      opt.step();
+    };
+    for (std::string prec : {"fp32", "bf16"}) {
+      std::string why;
+      if (!set_precision(prec, why)) continue;
+      step();
+      device_sync();
+      ops::profile_start();
+      const auto t0 = std::chrono::steady_clock::now();
+      step();
+      device_sync();
+      const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      auto prof = ops::profile_stop();
+      r.line("");
+      r.line("Profile: one SFT step, GPT-2 124M, " + prec + ", B x T = " + std::to_string(B) + " x " +
+             std::to_string(T) + ", " + fmt(total * 1e3, 1) + " ms" +
+             (std::getenv("CUDA_LAUNCH_BLOCKING") ? " (CUDA_LAUNCH_BLOCKING=1)" : " (asynchronous: host times only)"));
+      r.line("");
+      r.line("| op | calls | ms | share |");
+      r.line("|---|---|---|---|");
+      double in_ops = 0;
+      for (auto& e : prof) {
+        in_ops += e.seconds;
+        r.line("| " + e.op + " | " + std::to_string(e.calls) + " | " + fmt(e.seconds * 1e3, 2) + " | " +
+               fmt(100.0 * e.seconds / total, 1) + "% |");
+      }
+      r.line("| outside ops | | " + fmt((total - in_ops) * 1e3, 2) + " | " + fmt(100.0 * (total - in_ops) / total, 1) +
+             "% |");
+    }
+    std::string ignore;
+    set_precision("fp32", ignore);
+    return 0;
+  }
 
   // The small shape and generation first: a run cut short by a time limit still has them.
   r.line(sft_head);

@@ -12,6 +12,7 @@
 #                       AdamW on device parameters, GPT-2/OPT shapes vs CPU
 #   3. test_nccl        two ranks on two GPUs vs the inproc backend (skipped, with a line, on < 2 GPUs)
 #   4. bench_cuda       the benchmark table -> bench.md
+#   5. bench_cuda --profile under CUDA_LAUNCH_BLOCKING=1: per-op time of one GPT-2 SFT step -> profile.md
 # then prints a dated summary (also summary.txt) and exits non-zero when a step failed.
 # The build mode needs tools/setup.sh's Debian packages; the GPU machines we borrow lack them,
 # hence --prebuilt.
@@ -166,10 +167,16 @@ if [[ -x "$bin/bench_cuda" ]]; then
 else
   results+=("bench_cuda: MISSING"); failed=1
 fi
+if [[ -x "$bin/bench_cuda" ]]; then
+  pargs=(--profile --out "$out/profile.md")
+  ((quick)) && pargs+=(--quick)
+  step bench_profile 90 env CUDA_LAUNCH_BLOCKING=1 "$bin/bench_cuda" "${pargs[@]}"
+fi
 
 say ""
 say "== summary $(date -u '+%Y-%m-%d %H:%M:%S UTC') ($(($(date +%s) - start)) s)"
 for r in "${results[@]}"; do say "  $r"; done
 [[ -f "$out/bench.md" ]] && { say ""; tee -a "$summary" <"$out/bench.md"; }
+[[ -f "$out/profile.md" ]] && { say ""; grep -v '^#\|^- \|^$' "$out/profile.md" | tee -a "$summary"; }
 say "output: $out"
 exit $failed

@@ -14,11 +14,13 @@
 //  - Column sums (dw, db, dbias): per-split partial sums in double, then one
 //    pass adding them in a fixed order: deterministic, no atomics. Embedding
 //    backward uses atomicAdd (repeated ids), so its summation order varies.
-//  - Attention: one block per (batch, head, query row) does scores, padding
-//    mask, causal limit, softmax (sum in double) and P V, writing att and out.
-//    Backward: one block per row computes dP, D and dS (scratch) and dq; one
-//    block per (batch, key, kv head) sums dk and dv over the group's query
-//    heads (no atomics).
+//  - Attention, from 16 query rows (prefill, training): Q K^T, P V and the
+//    backward products dout V^T, dS K, dS^T Q, P^T dout as cuBLAS strided-batched
+//    GEMMs per (batch, head in the kv group), following the bf16 matmul switch;
+//    one fused kernel per row for mask + causal limit + softmax (sum in double),
+//    one for dS = P (dP - rowsum(P dP)). Below 16 rows (decode): one block per
+//    (batch, head, query row) does scores, mask, softmax and P V; backward one
+//    block per row for dP, D, dS, dq and one per (batch, key, kv head) for dk, dv.
 //  - Data-dependent errors (token ids, cross-entropy targets): ops.cpp does not
 //    check values, so the ids/targets (one int per row: small) are copied to the
 //    host and checked before any kernel, throwing the CPU backend's
@@ -586,6 +588,73 @@ __global__ void attention_bwd_keys_k(float* dk, float* dv, const float* ds, cons
   }
 }
 
+
+// ---------------------------------------------------------------- attention through cuBLAS (Tq >= k_attn_gemm_rows)
+//
+// For prefill and training the products Q K^T, P V and the four backward
+// products run as cuBLAS strided-batched GEMMs (tensor cores under the bf16
+// matmul switch); only the row-wise parts are kernels of their own: the causal
+// and padding mask with the softmax (forward), and dS = P (dP - rowsum(P dP))
+// (backward). The per-row kernels above stay for decode (few query rows),
+// where one block per row beats 2 B (H/KV) GEMM launches.
+
+/// Queries per call from which attention takes the GEMM path.
+constexpr int64_t k_attn_gemm_rows = 16;
+
+// In place over the raw scores (already scaled): row = (b H + h) Tq + i sees keys
+// j < n_keys - Tq + i + 1 whose mask is 1; softmax over them (sum in double, as
+// the CPU), 0 elsewhere; a row with no visible key becomes all zeros.
+__global__ void attention_mask_softmax_k(float* att, const int32_t* mask, int64_t mstride, int64_t Tq, int64_t H,
+                                         int64_t n_keys) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  const int64_t row = blockIdx.x;
+  const int64_t i = row % Tq, b = row / (Tq * H);
+  const int64_t nvis = n_keys - Tq + i + 1;
+  float* a = att + row * n_keys;
+  const int32_t* m = mask ? mask + b * mstride : nullptr;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x)
+    if (!(m && m[j] == 0)) mx = fmaxf(mx, a[j]);
+  mx = block_max(mx, shf);
+  if (mx == -INFINITY) {  // no visible key (uniform over the block)
+    for (int64_t j = threadIdx.x; j < n_keys; j += blockDim.x) a[j] = 0.0f;
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x) {
+    const float e = (m && m[j] == 0) ? 0.0f : expf(a[j] - mx);
+    a[j] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, shd);
+  const double inv = 1.0 / sum;
+  for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x) a[j] = static_cast<float>(a[j] * inv);
+  for (int64_t j = nvis + threadIdx.x; j < n_keys; j += blockDim.x) a[j] = 0.0f;
+}
+
+// Backward, row = (b H + h) T + i (T == n_keys): d holds dP = dout V^T; with P the
+// causal part of att (keys j <= i; the rest is not read), D = sum_j P_ij dP_ij (double),
+// d becomes dS_ij = P_ij (dP_ij - D) scale (0 for j > i) and pc the causal P (0 for j > i).
+__global__ void attention_softmax_bwd_k(float* d, float* pc, const float* att, int64_t T, float scale) {
+  __shared__ double shd[32];
+  const int64_t row = blockIdx.x;
+  const int64_t i = row % T;
+  const float* a = att + row * T;
+  float* dr = d + row * T;
+  float* pr = pc + row * T;
+  double D = 0.0;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) D += static_cast<double>(a[j]) * dr[j];
+  D = block_sum(D, shd);
+  const float Df = static_cast<float>(D);
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+    const bool vis = j <= i;
+    const float p = vis ? a[j] : 0.0f;
+    dr[j] = vis ? p * (dr[j] - Df) * scale : 0.0f;
+    pr[j] = p;
+  }
+}
+
 // ---------------------------------------------------------------- softmax, cross-entropy (block per row)
 
 __global__ void softmax_fwd_k(float* o, const float* x, int64_t V, bool log) {
@@ -1021,10 +1090,29 @@ class cuda_backend_impl final : public backend {
     const int32_t* mp = attn_mask.defined() ? attn_mask.data<int32_t>() : nullptr;
     const int64_t mstride = attn_mask.defined() ? attn_mask.size(1) : 0;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    attention_fwd_k<<<static_cast<unsigned>(rows), k_threads, static_cast<size_t>(hs) * sizeof(float), ctx.s>>>(
-        out.data<float>(), ap, q.data<float>(), k.data<float>(), v.data<float>(), mp, mstride, Tq, H, hs, S, KV,
-        n_keys, scale);
-    check_launch("attention_fwd_k");
+    if (Tq < k_attn_gemm_rows || hs == 0 || n_keys == 0) {
+      attention_fwd_k<<<static_cast<unsigned>(rows), k_threads, static_cast<size_t>(hs) * sizeof(float), ctx.s>>>(
+          out.data<float>(), ap, q.data<float>(), k.data<float>(), v.data<float>(), mp, mstride, Tq, H, hs, S, KV,
+          n_keys, scale);
+      check_launch("attention_fwd_k");
+      return;
+    }
+    // Query head h = kvh G + j reads kv head kvh. For each batch b and j < G one strided
+    // batch over kvh: Q rows of head h are H hs apart, heads G hs apart; K/V rows KV hs apart.
+    const int64_t G = H / KV;
+    const float *qp = q.data<float>(), *kp = k.data<float>(), *vp = v.data<float>();
+    float* op = out.data<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < G; ++j)  // scores (Tq, n_keys) = scale Q K^T
+        gemm_batched(false, true, Tq, n_keys, hs, scale, qp + b * Tq * H * hs + j * hs, H * hs, G * hs,
+                     kp + b * S * KV * hs, KV * hs, hs, 0.0f, ap + (b * H + j) * Tq * n_keys, n_keys,
+                     G * Tq * n_keys, KV);
+    attention_mask_softmax_k<<<static_cast<unsigned>(rows), k_threads, 0, ctx.s>>>(ap, mp, mstride, Tq, H, n_keys);
+    check_launch("attention_mask_softmax_k");
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < G; ++j)  // out (Tq, hs) = P V
+        gemm_batched(false, false, Tq, hs, n_keys, 1.0f, ap + (b * H + j) * Tq * n_keys, n_keys, G * Tq * n_keys,
+                     vp + b * S * KV * hs, KV * hs, hs, 0.0f, op + b * Tq * H * hs + j * hs, H * hs, G * hs, KV);
   }
 
   void attention_backward(tensor& dq, tensor& dk, tensor& dv, const tensor& dout, const tensor& q, const tensor& k,
@@ -1035,14 +1123,42 @@ class cuda_backend_impl final : public backend {
     op_ctx ctx(q);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
     scratch ds(static_cast<size_t>(B * H * T * T) * sizeof(float), ctx.dev);
-    attention_bwd_rows_k<<<static_cast<unsigned>(B * H * T), k_threads, static_cast<size_t>(hs) * sizeof(float),
-                           ctx.s>>>(dq.data<float>(), ds.as<float>(), dout.data<float>(), k.data<float>(),
-                                    v.data<float>(), att.data<float>(), T, H, hs, KV, scale);
-    check_launch("attention_bwd_rows_k");
-    attention_bwd_keys_k<<<static_cast<unsigned>(B * T * KV), k_threads, 0, ctx.s>>>(
-        dk.data<float>(), dv.data<float>(), ds.as<float>(), att.data<float>(), q.data<float>(), dout.data<float>(), T,
-        H, hs, KV);
-    check_launch("attention_bwd_keys_k");
+    if (T < k_attn_gemm_rows) {
+      attention_bwd_rows_k<<<static_cast<unsigned>(B * H * T), k_threads, static_cast<size_t>(hs) * sizeof(float),
+                             ctx.s>>>(dq.data<float>(), ds.as<float>(), dout.data<float>(), k.data<float>(),
+                                      v.data<float>(), att.data<float>(), T, H, hs, KV, scale);
+      check_launch("attention_bwd_rows_k");
+      attention_bwd_keys_k<<<static_cast<unsigned>(B * T * KV), k_threads, 0, ctx.s>>>(
+          dk.data<float>(), dv.data<float>(), ds.as<float>(), att.data<float>(), q.data<float>(), dout.data<float>(),
+          T, H, hs, KV);
+      check_launch("attention_bwd_keys_k");
+      return;
+    }
+    // GEMM path (layout as in attention_forward): dP = dout V^T; the row kernel turns it
+    // into dS (scale folded in) and writes the causal P; dq = dS K; dk = sum over the
+    // group of dS^T Q; dv = sum over the group of P^T dout (beta 1 after the first head).
+    const int64_t G = H / KV, TT = T * T;
+    scratch pc(static_cast<size_t>(B * H * TT) * sizeof(float), ctx.dev);
+    float *d = ds.as<float>(), *p = pc.as<float>();
+    const float *qp = q.data<float>(), *kp = k.data<float>(), *vp = v.data<float>(), *gp = dout.data<float>();
+    float *dqp = dq.data<float>(), *dkp = dk.data<float>(), *dvp = dv.data<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < G; ++j)
+        gemm_batched(false, true, T, T, hs, 1.0f, gp + b * T * H * hs + j * hs, H * hs, G * hs,
+                     vp + b * T * KV * hs, KV * hs, hs, 0.0f, d + (b * H + j) * TT, T, G * TT, KV);
+    attention_softmax_bwd_k<<<static_cast<unsigned>(B * H * T), k_threads, 0, ctx.s>>>(d, p, att.data<float>(), T,
+                                                                                       scale);
+    check_launch("attention_softmax_bwd_k");
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < G; ++j) {
+        const float beta = j == 0 ? 0.0f : 1.0f;
+        gemm_batched(false, false, T, hs, T, 1.0f, d + (b * H + j) * TT, T, G * TT, kp + b * T * KV * hs, KV * hs,
+                     hs, 0.0f, dqp + b * T * H * hs + j * hs, H * hs, G * hs, KV);
+        gemm_batched(true, false, T, hs, T, 1.0f, d + (b * H + j) * TT, T, G * TT, qp + b * T * H * hs + j * hs,
+                     H * hs, G * hs, beta, dkp + b * T * KV * hs, KV * hs, hs, KV);
+        gemm_batched(true, false, T, hs, T, 1.0f, p + (b * H + j) * TT, T, G * TT, gp + b * T * H * hs + j * hs,
+                     H * hs, G * hs, beta, dvp + b * T * KV * hs, KV * hs, hs, KV);
+      }
   }
 
   // ---------------------------------------------------------------- softmax, losses

@@ -5,6 +5,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "models/device_copy.h"
 #include "runtime/kernels/ops.h"
 
 namespace flowrun {
@@ -36,6 +37,28 @@ void ensure(tensor& t, const shape_t& shape, device dev, dtype dt = dtype::f32) 
 }
 
 tensor none_tensor;  // an undefined tensor to pass for absent optional arguments
+
+// `t` on `dev`: the same handle when it is already there or undefined, else a copy.
+tensor on_device(const tensor& t, device dev) { return t.defined() ? t.to(dev) : t; }
+
+// Copy `rows` rows of `width` elements from src (row r at src_off + r * spitch) to dst
+// (row r at dst_off + r * dpitch), offsets and pitches in elements of the tensors' dtype.
+// Both on one CUDA device: one cudaMemcpy2D instead of a copy per row (KV cache writes,
+// the last positions' hidden states).
+void copy_rows_strided(tensor& dst, int64_t dst_off, int64_t dpitch, const tensor& src, int64_t src_off,
+                       int64_t spitch, int64_t width, int64_t rows) {
+#ifdef FLOWRUN_HAVE_CUDA
+  if (dst.dev().kind == device_kind::cuda && src.dev() == dst.dev()) {
+    const size_t es = dtype_size(dst.type());
+    detail::cuda_copy_2d(static_cast<char*>(dst.raw()) + dst_off * es, dpitch * es,
+                         static_cast<const char*>(src.raw()) + src_off * es, spitch * es, width * es, rows,
+                         dst.dev().index);
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r)
+    dst.flat_view(dst_off + r * dpitch, {width}).copy_from(src.flat_view(src_off + r * spitch, {width}));
+}
 
 // The head's blocks for one forward pass: the head and, with tied embeddings, the
 // embedding block (lm_head is a view of embed_tokens). Acquired now, released when
@@ -132,6 +155,29 @@ decoder::decoder(const model_config& cfg, device dev) : cfg_(cfg), dev_(dev) {
   if (cfg_.has_projection()) add("model.project_out.weight", {E, C});
   if (!cfg_.tied_embeddings) add("lm_head.weight", {cfg_.vocab_size, E});
   bind(w_, tensor::zeros({n_params_}, dtype::f32, dev_));
+}
+
+void decoder::to(device d) {
+  if (d == dev_) return;
+  if (hooks_ || external_grads_)
+    throw std::logic_error("decoder::to(" + d.str() + "): ZeRO hooks or external gradients are installed; "
+                           "the ZeRO engine is CPU-only (docs/cuda.md)");
+  if (!w_.flat.defined())
+    throw std::logic_error("decoder::to(" + d.str() + "): the flat parameter buffer was released (ZeRO-3)");
+  // copy everything first, so a failed allocation leaves the model as it was
+  tensor wf = w_.flat.to(d);
+  tensor wa = on_device(w_.adapter_flat, d);
+  tensor gf = on_device(g_.flat, d);
+  tensor ga = on_device(g_.adapter_flat, d);
+  dev_ = d;
+  bind(w_, wf);
+  if (wa.defined()) bind_adapter(w_, wa);
+  if (gf.defined()) {
+    bind(g_, gf);
+    if (ga.defined()) bind_adapter(g_, ga);
+  } else {
+    g_ = weights{};
+  }
 }
 
 void decoder::bind(weights& dst, const tensor& flat) {
@@ -520,8 +566,9 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   const bool proj = cfg_.has_projection(), post = cfg_.post_norm;
   const int64_t E = cfg_.embed_width();
 
-  // (re)allocate activations when the batch shape changes
-  if (a.B != B || a.T != T || a.layers.size() != static_cast<size_t>(NL)) {
+  // (re)allocate activations when the batch shape (or the model's device) changes
+  if (a.B != B || a.T != T || a.layers.size() != static_cast<size_t>(NL) ||
+      (!a.resid.empty() && a.resid[0].dev() != dev_)) {
     a = activations{};
     a.B = B;
     a.T = T;
@@ -556,16 +603,20 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   }
   if (post)
     for (auto& L : a.layers) ensure(L.resid3, {B, T, C}, dev_);
-  a.ids = ids;
-  a.targets = targets;
-  a.mask = mask;
-  a.positions = positions.defined() ? positions : make_positions(B, T, mask);
+  // host inputs go to the model's device (the same handles on the CPU); positions are
+  // computed on the host from the caller's mask
+  const tensor ids_d = on_device(ids, dev_), targets_d = on_device(targets, dev_), mask_d = on_device(mask, dev_);
+  const tensor pos_host = positions.defined() ? positions.to(device::cpu()) : make_positions(B, T, mask);
+  a.ids = ids_d;
+  a.targets = targets_d;
+  a.mask = mask_d;
+  a.positions = pos_host.to(dev_);
 
   // embeddings: x = wte[ids] (+ wpe[pos + offset])
   using ph = param_hooks::phase;
   const int head_block = static_cast<int>(NL) + 1;
   hook_acquire(0, ph::forward);
-  tensor ids_flat = ids.view({N});
+  tensor ids_flat = ids_d.view({N});
   tensor x0 = a.resid[0].view({N, C});
   if (proj) {  // OPT project_in: x = wte[ids] project_inᵀ, positions added after
     tensor e = a.emb.view({N, E});
@@ -575,11 +626,12 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     ops::embedding_forward(x0, ids_flat, w_.wte);
   }
   if (!cfg_.use_rope) {
-    auto pos = a.positions.clone();
+    auto pos = pos_host.clone();
     int32_t* pp = pos.data<int32_t>();
     for (int64_t i = 0; i < N; ++i) pp[i] += static_cast<int32_t>(cfg_.position_offset);
+    a.pos_ids = pos.view({N}).to(dev_);
     auto pe = tensor::empty({N, C}, dtype::f32, dev_);
-    ops::embedding_forward(pe, pos.view({N}), w_.wpe);
+    ops::embedding_forward(pe, a.pos_ids, w_.wpe);
     ops::axpy(x0, pe);
   }
   hook_release(0, ph::forward);
@@ -590,7 +642,7 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     const auto& W = w_.layers[l];
     tensor x = a.resid[l].view({N, C});
     if (post) {
-      forward_post_layer(a, l, x, mask);
+      forward_post_layer(a, l, x, mask_d);
       hook_release(static_cast<int>(l) + 1, ph::forward);
       continue;
     }
@@ -598,7 +650,7 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
     tensor ln1 = L.ln1.view({N, C});
     norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
     tensor r2 = L.resid2.view({N, C});
-    attn_fwd(a, l, ln1, x, r2, mask);
+    attn_fwd(a, l, ln1, x, r2, mask_d);
     tensor ln2 = L.ln2.view({N, C});
     norm_forward(ln2, L.ln2_mean, L.ln2_rstd, r2, W.ln2_w, W.ln2_b);
     tensor xo = a.resid[l + 1].view({N, C});
@@ -630,7 +682,7 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   }
   if (targets.shape() != ids.shape())
     throw std::invalid_argument("decoder::forward: targets " + targets.str() + " must match ids " + ids.str());
-  return ops::cross_entropy_forward(a.losses, logits, targets.view({N}), &a.n_valid);
+  return ops::cross_entropy_forward(a.losses, logits, targets_d.view({N}), &a.n_valid);
 }
 
 // Post-LayerNorm (OPT do_layer_norm_before = false, modeling_opt.py OPTDecoderLayer):
@@ -835,9 +887,13 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     ops::embedding_backward(g_.wte, a.dres, a.ids.view({N}));
   }
   if (!cfg_.use_rope) {
-    auto pos = a.positions.clone();
-    int32_t* pp = pos.data<int32_t>();
-    for (int64_t i = 0; i < N; ++i) pp[i] += static_cast<int32_t>(cfg_.position_offset);
+    tensor pos = a.pos_ids;  // forward's positions + position_offset, on dev_
+    if (!pos.defined() || pos.numel() != N) {
+      pos = a.positions.to(device::cpu()).clone();
+      int32_t* pp = pos.data<int32_t>();
+      for (int64_t i = 0; i < N; ++i) pp[i] += static_cast<int32_t>(cfg_.position_offset);
+      pos = pos.view({N}).to(dev_);
+    }
     ops::embedding_backward(g_.wpe, a.dres, pos.view({N}));
   }
   hook_grads_ready(0);
@@ -868,7 +924,10 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   if (n_keys > cache.S)
     throw std::invalid_argument("forward_cached: " + std::to_string(n_keys) + " positions exceed the KV cache (" +
                                 std::to_string(cache.S) + ", max_seq_len)");
-  tensor positions = positions_in.defined() ? positions_in : make_positions(B, Tq, mask, n_past);
+  // positions on the host (learned positions index from there), then on dev_ (RoPE)
+  const tensor pos_host = positions_in.defined() ? positions_in.to(device::cpu()) : make_positions(B, Tq, mask, n_past);
+  const tensor positions = positions_in.defined() && positions_in.dev() == dev_ ? positions_in : pos_host.to(dev_);
+  const tensor ids_d = on_device(ids, dev_), mask_d = on_device(mask, dev_);
   const bool ln = cfg_.norm == norm_kind::layernorm;
 
   auto x = tensor::empty({N, C}, dtype::f32, dev_);
@@ -891,13 +950,13 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   hook_acquire(0, ph::forward);
   if (proj) {
     auto e = tensor::empty({N, E}, dtype::f32, dev_);
-    ops::embedding_forward(e, ids.view({N}), w_.wte);
+    ops::embedding_forward(e, ids_d.view({N}), w_.wte);
     ops::linear_forward(x, e, w_.project_in, none_tensor);
   } else {
-    ops::embedding_forward(x, ids.view({N}), w_.wte);
+    ops::embedding_forward(x, ids_d.view({N}), w_.wte);
   }
   if (!cfg_.use_rope) {
-    auto pos = positions.to(device::cpu()).clone();
+    auto pos = pos_host.clone();
     int32_t* pp = pos.data<int32_t>();
     for (int64_t i = 0; i < N; ++i) pp[i] += static_cast<int32_t>(cfg_.position_offset);
     ops::embedding_forward(h, pos.view({N}).to(dev_), w_.wpe);
@@ -917,11 +976,17 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
       ops::rope_forward(q, positions, cfg_.rope_theta, cfg_.rope);
       ops::rope_forward(k, positions, cfg_.rope_theta, cfg_.rope);
     }
-    for (int64_t b = 0; b < B; ++b) {
-      cache.k[l].rows(b, b + 1).view({cache.S, KV * hs}).rows(n_past, n_keys).copy_from(k.rows(b, b + 1));
-      cache.v[l].rows(b, b + 1).view({cache.S, KV * hs}).rows(n_past, n_keys).copy_from(v.rows(b, b + 1));
+    if (dev_.kind == device_kind::cpu) {
+      for (int64_t b = 0; b < B; ++b) {
+        cache.k[l].rows(b, b + 1).view({cache.S, KV * hs}).rows(n_past, n_keys).copy_from(k.rows(b, b + 1));
+        cache.v[l].rows(b, b + 1).view({cache.S, KV * hs}).rows(n_past, n_keys).copy_from(v.rows(b, b + 1));
+      }
+    } else {  // one strided copy per tensor: B rows of Tq * KV * hs at pitch S * KV * hs
+      const int64_t row = Tq * KV * hs, pitch = cache.S * KV * hs, at = n_past * KV * hs;
+      copy_rows_strided(cache.k[l], at, pitch, k, 0, row, row, B);
+      copy_rows_strided(cache.v[l], at, pitch, v, 0, row, row, B);
     }
-    ops::attention_forward(y, no_att, q, cache.k[l], cache.v[l], mask, n_keys);
+    ops::attention_forward(y, no_att, q, cache.k[l], cache.v[l], mask_d, n_keys);
     lin_fwd(l, lm_o, h, y.view({N, C}), nullptr);
     ops::axpy(x, h);
     if (post) {  // x = LN1(x + attn); h = x (the MLP input and its residual)
@@ -962,7 +1027,10 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     ops::linear_forward(vals, hh, w_.v_head, none_tensor);
     if (all_logits) return vals.view({B, Tq});
     auto last = tensor::empty({B}, dtype::f32, dev_);
-    for (int64_t b = 0; b < B; ++b) last.flat_view(b, {1}).copy_from(vals.rows(b * Tq + Tq - 1, b * Tq + Tq));
+    if (dev_.kind == device_kind::cpu)
+      for (int64_t b = 0; b < B; ++b) last.flat_view(b, {1}).copy_from(vals.rows(b * Tq + Tq - 1, b * Tq + Tq));
+    else
+      copy_rows_strided(last, 0, 1, vals, Tq - 1, Tq, 1, B);
     return last;
   }
   if (all_logits) {
@@ -974,7 +1042,10 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   }
   // last position of each sequence only
   auto xl = tensor::empty({B, C}, dtype::f32, dev_);
-  for (int64_t b = 0; b < B; ++b) xl.rows(b, b + 1).copy_from(x.rows(b * Tq + Tq - 1, b * Tq + Tq));
+  if (dev_.kind == device_kind::cpu)
+    for (int64_t b = 0; b < B; ++b) xl.rows(b, b + 1).copy_from(x.rows(b * Tq + Tq - 1, b * Tq + Tq));
+  else
+    copy_rows_strided(xl, 0, C, x, (Tq - 1) * C, Tq * C, C, B);
   auto hl = tensor::empty({B, C}, dtype::f32, dev_);
   auto ml = ln ? tensor::empty({B}, dtype::f32, dev_) : tensor{};
   auto rl = tensor::empty({B}, dtype::f32, dev_);

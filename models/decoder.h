@@ -125,7 +125,10 @@ struct activations {
   int64_t loss_norm = 0;
   /// Scale on dloss (fp16 loss scaling; 1 otherwise).
   float loss_scale = 1.0f;
-  tensor ids, targets, positions, mask;  ///< (B, T) i32; mask may be undefined
+  tensor ids, targets, positions, mask;  ///< (B, T) i32 on the model's device; mask may be undefined
+  /// (B*T) i32 positions + position_offset on the model's device: the rows of
+  /// embed_positions that forward read (learned positions only; backward reuses them).
+  tensor pos_ids;
   std::vector<tensor> resid;  ///< n_layers + 1 residual streams (B, T, C); resid[0] = embeddings
   tensor emb;                 ///< (B, T, E) token embeddings before project_in (projection only)
   struct layer {
@@ -165,6 +168,19 @@ class decoder {
   decoder() = default;
   /// Allocates zeroed weights for `cfg` on `dev`. Throws std::invalid_argument on a bad config.
   explicit decoder(const model_config& cfg, device dev = device::cpu());
+
+  /// The device of the parameters; forward, backward and forward_cached allocate every
+  /// activation, gradient scratch and KV cache there (docs/cuda.md).
+  device dev() const { return dev_; }
+  /// Move the parameters, the gradients (when allocated) and the adapter buffers to `d`
+  /// (e.g. device::cuda(0)); a no-op when already there. Every view (by_name, layers,
+  /// lm_head) is rebound to the new buffers; tensors obtained before the move keep
+  /// pointing at the old copies. Make the adamw_optimizer and the activations after the
+  /// move (forward reallocates activations of another device). Throws std::logic_error
+  /// while ZeRO hooks or external gradients are installed (the ZeRO engine is CPU-only)
+  /// or after release_flat_params(); std::runtime_error when `d` has no memory backend
+  /// (a CUDA device in a build without CUDA, or no GPU present).
+  void to(device d);
 
   const model_config& config() const { return cfg_; }
   const std::vector<param_entry>& params() const { return entries_; }
@@ -207,7 +223,8 @@ class decoder {
   void init_random(uint64_t seed);
 
   /// Training forward. ids, targets (B, T) i32 (targets may be undefined: no loss;
-  /// -100 entries are ignored). mask (B, T) i32 may be undefined (no padding);
+  /// -100 entries are ignored). The inputs may be on the host or on the model's device:
+  /// they are copied to dev() when needed (positions are built on the host, then copied). mask (B, T) i32 may be undefined (no padding);
   /// positions (B, T) i32 may be undefined (0..T-1, or from the mask's cumsum when
   /// a mask is given, as HF does for left padding). Returns the mean loss (0 without targets).
   double forward(activations& a, const tensor& ids, const tensor& targets, const tensor& mask = {},
@@ -222,7 +239,8 @@ class decoder {
   /// Incremental decode: run `ids` (B, Tq) i32 at positions `positions` (B, Tq) through the
   /// model using and extending `cache` from n_past; mask (B, n_past + Tq) may be undefined.
   /// Returns logits (B, Tq, V) when all_logits, else the last position's (B, V).
-  /// With a value head: values (B, Tq) or (B,) instead.
+  /// With a value head: values (B, Tq) or (B,) instead. The result is on dev(); the
+  /// inputs may be on the host (preferred: positions are computed on the host) or on dev().
   tensor forward_cached(kv_cache& cache, const tensor& ids, const tensor& positions, const tensor& mask,
                         int64_t n_past, bool all_logits = false);
   kv_cache make_cache(int64_t B, int64_t S) const;

@@ -23,7 +23,8 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
     throw std::invalid_argument("generate: prompt of " + std::to_string(P) + " tokens leaves no room in max_seq_len " +
                                 std::to_string(mc.max_seq_len));
   const int64_t S = std::min<int64_t>(mc.max_seq_len, P + cfg.max_new_tokens);
-  const device dev = model.w().flat.dev();
+  // Host-side bookkeeping (ids, masks, positions, sampling) stays on the CPU; forward_cached
+  // copies its small inputs to the model's device and only the logits come back each step.
   kv_cache cache = model.make_cache(B, S);
 
   // left-padded prompt batch and its mask (B, S) (columns beyond the current length unused)
@@ -46,7 +47,7 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
     auto m = tensor::empty({B, n}, dtype::i32);
     for (int64_t b = 0; b < B; ++b)
       std::copy_n(mask_full.data<int32_t>() + b * S, n, m.data<int32_t>() + b * n);
-    return m.to(dev);
+    return m;
   };
   // positions: index among the real tokens of each row
   auto positions_for = [&](int64_t start, int64_t n) {
@@ -59,14 +60,14 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
         c += m[s] != 0;
       }
     }
-    return pos.to(dev);
+    return pos;
   };
 
   std::vector<rng64> rngs;
   for (int64_t b = 0; b < B; ++b) rngs.emplace_back(cfg.seed + static_cast<uint64_t>(b) + 1);
   std::vector<bool> done(B, false);
 
-  tensor logits = model.forward_cached(cache, ids.to(dev), positions_for(0, P), mask_upto(P), 0);
+  tensor logits = model.forward_cached(cache, ids, positions_for(0, P), mask_upto(P), 0);
   int64_t n_past = P;
   const int64_t V = mc.vocab_limit();
   auto step_ids = tensor::empty({B, 1}, dtype::i32);
@@ -89,7 +90,7 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
     if (step + 1 == cfg.max_new_tokens || n_past + 1 > S) break;
     for (int64_t b = 0; b < B; ++b) mask_full.data<int32_t>()[b * S + n_past] = 1;
-    logits = model.forward_cached(cache, step_ids.to(dev), positions_for(n_past, 1), mask_upto(n_past + 1), n_past);
+    logits = model.forward_cached(cache, step_ids, positions_for(n_past, 1), mask_upto(n_past + 1), n_past);
     ++n_past;
   }
   return out;

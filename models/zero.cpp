@@ -125,6 +125,10 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
     throw std::invalid_argument("zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(s_.stage));
   if (s_.micro_batch < 1 || s_.gradient_accumulation_steps < 1)
     throw std::invalid_argument("train_micro_batch_size_per_gpu and gradient_accumulation_steps must be >= 1");
+  if (model_.dev().kind != device_kind::cpu || comm_.tensor_device().kind != device_kind::cpu)
+    throw std::invalid_argument("zero_engine: the ZeRO engine runs on the CPU only (model on " + model_.dev().str() +
+                                ", " + comm_.backend() + " communicator on " + comm_.tensor_device().str() +
+                                "); train a CUDA model with adamw_optimizer (docs/cuda.md)");
   N_ = comm_.world_size();
   r_ = comm_.rank();
   base_trains_ = model_.base_trainable();

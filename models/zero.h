@@ -110,7 +110,8 @@ class zero_engine : private param_hooks {
   /// the engine keeps only this rank's pieces and drops the full buffer. LoRA
   /// (model.has_lora() with a frozen base): the base is still partitioned and
   /// gathered at stage 3, the adapter is replicated and its gradients all-reduced.
-  /// Throws std::invalid_argument on a stage outside 0..3 or batch sizes < 1.
+  /// Throws std::invalid_argument on a stage outside 0..3 or batch sizes < 1, and for a
+  /// model or communicator not on the CPU (the engine is CPU-only; docs/cuda.md).
   zero_engine(decoder& model, comm::communicator& comm, const zero_settings& s);
   ~zero_engine() override;
 

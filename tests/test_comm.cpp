@@ -562,6 +562,52 @@ TEST_CASE("test_comm: inproc: thousands of small collectives on 4 ranks") {
   CHECK(secs < 30.0);
 }
 
+TEST_CASE("test_comm: inproc: send and recv between pairs, in FIFO order, with checks") {
+  std::vector<float> a_got, b_got, x_got, y_got;  // filled by ranks 1 and 2 (checked after the join)
+  std::vector<int> counted(3, 0);
+  auto errors = run_threads(3, [&](communicator& c) {
+    const int r = c.rank();
+    if (r == 0) {  // two messages to 1, one to 2
+      c.send(tensor::from_floats({3}, {1, 2, 3}), 1);
+      c.send(tensor::from_ints({2}, {7, 8}), 1);
+      c.send(tensor::from_floats({1}, {5}), 2);
+    } else if (r == 1) {
+      auto a = tensor::zeros({3});
+      auto b = tensor::zeros({2}, dtype::i32);
+      c.recv(a, 0);
+      c.recv(b, 0);
+      a_got = a.to_floats();
+      b_got = b.to_floats();
+      c.send(a, 2);
+    } else {
+      auto x = tensor::zeros({1});
+      auto y = tensor::zeros({3});
+      c.recv(y, 1);  // the order of different senders does not matter
+      c.recv(x, 0);
+      x_got = x.to_floats();
+      y_got = y.to_floats();
+    }
+    counted[r] = static_cast<int>(c.stats().bytes_by_op.count(r == 2 ? "recv" : "send"));
+  });
+  CHECK(a_got == std::vector<float>{1, 2, 3});
+  CHECK(b_got == std::vector<float>{7, 8});
+  CHECK(x_got == std::vector<float>{5});
+  CHECK(y_got == std::vector<float>{1, 2, 3});
+  CHECK(counted == std::vector<int>{1, 1, 1});
+  for (auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  auto g = make_inproc_group(2);
+  auto c0 = inproc_communicator(g, 0, std::chrono::milliseconds(50));
+  auto c1 = inproc_communicator(g, 1, std::chrono::milliseconds(50));
+  auto x = tensor::zeros({4});
+  CHECK_THROWS_WITH_AS(c0->send(x, 0), doctest::Contains("must be another rank"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(c0->send(x, 2), doctest::Contains("must be another rank"), std::invalid_argument);
+  c0->send(tensor::zeros({2}), 1);
+  CHECK_THROWS_WITH_AS(c1->recv(x, 0), doctest::Contains("sent f32 (2 elements)"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(c1->recv(x, 0), doctest::Contains("timed out"), std::runtime_error);
+  CHECK(ring_bytes_sent("send", 400, 4) == 400);
+  CHECK(ring_bytes_sent("recv", 400, 4) == 0);
+}
+
 TEST_CASE("test_comm: stores: memory_store and file_store") {
   memory_store m;
   m.set("a/b", {1, 2, 3});
@@ -712,6 +758,22 @@ TEST_CASE("test_comm: gloo worker" * doctest::skip()) {
   auto a = tensor::zeros({5});
   auto b = tensor::zeros({2});
   CHECK_THROWS_WITH_AS(c->reduce_scatter(a, b), doctest::Contains("reduce_scatter (rank"), std::invalid_argument);
+  c->barrier();
+  // Point to point around the ring: rank r sends to r+1 (rank 0 first, the others receive
+  // first, so the blocking sends never wait on each other), twice, in FIFO order.
+  const int N = c->world_size(), r = c->rank(), right = (r + 1) % N, left = (r + N - 1) % N;
+  for (int k = 0; k < 2; ++k) {
+    auto mine = tensor::from_floats({3}, {float(r), float(k), 7.0f});
+    auto got = tensor::zeros({3});
+    if (r == 0) {
+      c->send(mine, right);
+      c->recv(got, left);
+    } else {
+      c->recv(got, left);
+      c->send(mine, right);
+    }
+    CHECK(got.to_floats() == std::vector<float>{float(left), float(k), 7.0f});
+  }
   c->barrier();
   c.reset();
   // Tell the parent this rank really ran (a wrong filter would run nothing and exit 0).

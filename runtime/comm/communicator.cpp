@@ -17,12 +17,31 @@ int64_t ring_bytes_sent(const std::string& op, int64_t bytes, int world_size) {
   const int64_t per_rank = bytes / n;
   if (op == "all_gather" || op == "reduce_scatter" || op == "broadcast") return (n - 1) * per_rank;
   if (op == "all_reduce") return 2 * (n - 1) * per_rank;
-  if (op == "barrier") return 0;
+  if (op == "barrier" || op == "recv") return 0;
+  if (op == "send") return bytes;
   throw std::invalid_argument("ring_bytes_sent: unknown op '" + op +
-                              "' (expected all_gather, reduce_scatter, all_reduce, broadcast or barrier)");
+                              "' (expected all_gather, reduce_scatter, all_reduce, broadcast, barrier, send or recv)");
 }
 
 communicator::~communicator() = default;
+
+void communicator::do_send(const tensor&, int) {
+  throw std::runtime_error(where("send") + ": point-to-point send is not supported by this backend");
+}
+
+void communicator::do_recv(tensor&, int) {
+  throw std::runtime_error(where("recv") + ": point-to-point recv is not supported by this backend");
+}
+
+namespace {
+
+void check_peer(const communicator& c, const std::string& where, int peer) {
+  if (peer < 0 || peer >= c.world_size() || peer == c.rank())
+    throw std::invalid_argument(where + ": peer " + std::to_string(peer) + " must be another rank in [0, " +
+                                std::to_string(c.world_size()) + ")");
+}
+
+}  // namespace
 
 std::string communicator::where(const char* op) const {
   return std::string(op) + " (rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + ", " +
@@ -182,6 +201,32 @@ std::unique_ptr<communicator> make_communicator(const comm_options& o) {
   for (auto& b : available_backends()) have += (have.empty() ? "" : ", ") + b;
   throw std::invalid_argument("make_communicator: unknown backend '" + o.backend +
                               "' (choices: inproc, gloo, nccl; this build has: " + have + ")");
+}
+
+}  // namespace flowrun::comm
+
+namespace flowrun::comm {
+
+void communicator::send(const tensor& x, int peer) {
+  const std::string w = where("send");
+  if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
+  if (x.dev() != tensor_device())
+    throw std::invalid_argument(w + ": x " + x.str() + " is on " + x.dev().str() + ", but the " + backend() +
+                                " communicator takes tensors on " + tensor_device().str());
+  check_peer(*this, w, peer);
+  if (x.numel() > 0) do_send(x, peer);
+  count("send", static_cast<int64_t>(x.nbytes()));
+}
+
+void communicator::recv(tensor& x, int peer) {
+  const std::string w = where("recv");
+  if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
+  if (x.dev() != tensor_device())
+    throw std::invalid_argument(w + ": x " + x.str() + " is on " + x.dev().str() + ", but the " + backend() +
+                                " communicator takes tensors on " + tensor_device().str());
+  check_peer(*this, w, peer);
+  if (x.numel() > 0) do_recv(x, peer);
+  count("recv", static_cast<int64_t>(x.nbytes()));
 }
 
 }  // namespace flowrun::comm

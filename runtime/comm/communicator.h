@@ -11,6 +11,10 @@
 //   all_reduce      x (n) in place -> sum (or max) over ranks, the same on every rank
 //   broadcast       x (n) in place -> root's x on every rank
 //   barrier         returns once every rank has entered it
+// Point to point (two ranks, not the whole group):
+//   send / recv     x (n) from this rank to `peer`, which calls recv(x', this rank)
+//                   with the same dtype and numel; the k-th send to a peer matches
+//                   the peer's k-th recv from this rank (per-pair FIFO order).
 // ZeRO uses them on flat buffers (tensor::flat_view): gradients are
 // reduce-scattered into each rank's shard, the updated shards all-gathered.
 //
@@ -37,6 +41,7 @@
 //   all_reduce      2 * (N-1) * (B / N)   B = x bytes (reduce-scatter + all-gather)
 //   broadcast       (N-1) * (B / N)       B = x bytes (pipelined ring/scatter-allgather)
 //   barrier         0
+//   send            B                     B = x bytes (recv counts 0)
 // in exact integer arithmetic (B / N rounds down). With N = 1 everything is 0.
 // What a backend really sends may differ (gloo's broadcast is a binomial
 // tree; gloo reduces bf16/f16 as f32, twice the bytes): the counters are for
@@ -82,8 +87,8 @@ struct comm_stats {
 /// The byte-count convention as a function: the bytes one rank sends for
 /// collective `op` ("all_gather", "reduce_scatter", "all_reduce", "broadcast",
 /// "barrier") on a full-size tensor of `bytes` bytes in a group of
-/// `world_size` ranks. Throws std::invalid_argument for an unknown op or
-/// world_size < 1.
+/// `world_size` ranks ("send": the bytes themselves, "recv": 0). Throws
+/// std::invalid_argument for an unknown op or world_size < 1.
 int64_t ring_bytes_sent(const std::string& op, int64_t bytes, int world_size);
 
 /// One rank's end of a communication group. Subclasses implement the do_*
@@ -128,6 +133,20 @@ class communicator {
   /// Returns once every rank has called barrier().
   void barrier();
 
+  /// Point to point: send x (any shape; numel and dtype matter) to rank `peer`, which
+  /// must call recv(y, rank()) with y of the same dtype and numel. x on tensor_device().
+  /// peer in [0, world_size()) and != rank(), else std::invalid_argument. Empty tensors
+  /// return at once on both sides. Semantics per backend: inproc buffers the message
+  /// (send returns at once; recv waits up to the timeout); gloo and nccl return when the
+  /// transfer has completed, so two ranks that both send to each other first deadlock
+  /// until the timeout: order the calls (the lower rank sends first, say). Backends
+  /// without point-to-point throw std::runtime_error ("... not supported by this backend").
+  void send(const tensor& x, int peer);
+  /// Receive into x (overwritten) the matching send of rank `peer` (see send). A
+  /// message of another dtype or size throws std::invalid_argument naming both
+  /// (inproc; gloo and nccl cannot tell and fail or truncate, as their own APIs do).
+  void recv(tensor& x, int peer);
+
   /// Counters since construction or the last reset_stats().
   comm_stats stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -141,6 +160,10 @@ class communicator {
   virtual void do_all_reduce(tensor& x, reduce_op op) = 0;
   virtual void do_broadcast(tensor& x, int root) = 0;
   virtual void do_barrier() = 0;
+  /// Point to point with a validated peer and numel > 0. The defaults throw
+  /// std::runtime_error "<op> (...): not supported by this backend".
+  virtual void do_send(const tensor& x, int peer);
+  virtual void do_recv(tensor& x, int peer);
   /// "all_gather (rank 1 of 4, inproc)": the prefix of every error message.
   std::string where(const char* op) const;
 
@@ -232,9 +255,10 @@ struct nccl_options {
 };
 
 /// An NCCL communicator; tensors must be on cuda:device_index. Each call
-/// runs on the communicator's own CUDA stream (a blocking stream, so it
-/// orders after work on the legacy default stream) and returns after the
-/// collective has finished on the device; a call still running after
+/// runs on the communicator's own CUDA stream, which first waits (an event)
+/// for the work queued on the calling thread's current stream of the device
+/// (runtime/kernels/cuda/cuda_api.h: the backend's kernels, memsets and
+/// copies), and returns after the collective has finished on the device; a call still running after
 /// `timeout` aborts the communicator (ncclCommAbort) and throws
 /// std::runtime_error. bf16/f16 reductions use ncclBfloat16/ncclHalf, which
 /// NCCL reduces in its own kernels (rounding to bf16/f16 after each ring

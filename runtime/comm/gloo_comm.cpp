@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,6 +47,8 @@ namespace {
 // Slot prefix of flowrun's own ring reduce-scatter; gloo's collectives use
 // 0x01..0x08 (gloo/types.h).
 constexpr uint8_t kReduceScatterSlotPrefix = 0x46;
+// Slot prefix of point-to-point send/recv; the tag counts the messages of one (src, dst) pair.
+constexpr uint8_t kP2PSlotPrefix = 0x47;
 
 class gloo_comm final : public communicator {
  public:
@@ -125,6 +128,23 @@ class gloo_comm final : public communicator {
 
   void do_barrier() override {
     guarded("barrier", [&] { gloo_barrier(); });
+  }
+
+  void do_send(const tensor& x, int peer) override {
+    guarded("send", [&] {
+      auto buf = ctx_->createUnboundBuffer(const_cast<void*>(x.raw()), x.nbytes());
+      buf->send(peer, gloo::Slot::build(kP2PSlotPrefix, sent_to_[peer]++), 0, x.nbytes());
+      if (!buf->waitSend(timeout_)) throw std::runtime_error("sending to rank " + std::to_string(peer) + " was aborted");
+    });
+  }
+
+  void do_recv(tensor& x, int peer) override {
+    guarded("recv", [&] {
+      auto buf = ctx_->createUnboundBuffer(x.raw(), x.nbytes());
+      buf->recv(peer, gloo::Slot::build(kP2PSlotPrefix, received_from_[peer]++), 0, x.nbytes());
+      if (!buf->waitRecv(timeout_))
+        throw std::runtime_error("receiving from rank " + std::to_string(peer) + " was aborted");
+    });
   }
 
  private:
@@ -227,6 +247,7 @@ class gloo_comm final : public communicator {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> ctx_;
   uint32_t tag_ = 0;
+  std::map<int, uint32_t> sent_to_, received_from_;  // point-to-point message counts per peer
   std::string broken_;
 };
 

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -96,6 +98,42 @@ class inproc_group {
     claimed_[rank] = 0;
   }
 
+  /// A point-to-point message: a copy of the sender's bytes.
+  struct message {
+    dtype type = dtype::f32;
+    int64_t numel = 0;
+    std::vector<unsigned char> bytes;
+  };
+  /// Queue a message from `src` to `dst` (send is buffered: returns at once).
+  void post(int src, int dst, message m, const std::string& where) {
+    {
+      std::lock_guard lk(mu_);
+      if (broken_) throw std::runtime_error(where + ": the inproc group is broken: " + broken_why_);
+      mail_[{src, dst}].push_back(std::move(m));
+    }
+    cv_.notify_all();
+  }
+  /// The next message from `src` to `dst`, waiting up to `timeout` (then the group breaks).
+  message take(int src, int dst, const std::string& where, std::chrono::milliseconds timeout) {
+    std::unique_lock lk(mu_);
+    auto& q = mail_[{src, dst}];
+    const bool ok = cv_.wait_for(lk, timeout, [&] { return !q.empty() || broken_; });
+    if (!q.empty()) {
+      message m = std::move(q.front());
+      q.pop_front();
+      return m;
+    }
+    if (!ok) {
+      broken_ = true;
+      broken_why_ = where + ": timed out after " + std::to_string(timeout.count()) + " ms waiting for rank " +
+                    std::to_string(src) + " to send";
+      lk.unlock();
+      cv_.notify_all();
+      throw std::runtime_error(broken_why_);
+    }
+    throw std::runtime_error(where + ": the inproc group is broken: " + broken_why_);
+  }
+
   entry& slot(int rank) { return entries_[rank]; }
   const entry& slot(int rank) const { return entries_[rank]; }
   unsigned char* scratch() { return scratch_.data(); }
@@ -160,6 +198,7 @@ class inproc_group {
   std::vector<char> claimed_;
   std::vector<unsigned char> scratch_;
   std::string complaint_;
+  std::map<std::pair<int, int>, std::deque<message>> mail_;  // (src, dst) -> FIFO
   bool broken_ = false;
   std::string broken_why_;
 };
@@ -232,6 +271,24 @@ class inproc_comm final : public communicator {
   void do_barrier() override {
     publish({});
     sync("barrier", true);
+  }
+
+  void do_send(const tensor& x, int peer) override {
+    inproc_group::message m;
+    m.type = x.type();
+    m.numel = x.numel();
+    const auto* p = static_cast<const unsigned char*>(x.raw());
+    m.bytes.assign(p, p + x.nbytes());
+    g_->post(rank_, peer, std::move(m), where("send"));
+  }
+
+  void do_recv(tensor& x, int peer) override {
+    const std::string w = where("recv");
+    auto m = g_->take(peer, rank_, w, timeout_);
+    if (m.type != x.type() || m.numel != x.numel())
+      throw std::invalid_argument(w + ": rank " + std::to_string(peer) + " sent " + dtype_name(m.type) + " (" +
+                                  std::to_string(m.numel) + " elements), but x is " + x.str());
+    std::memcpy(x.raw(), m.bytes.data(), m.bytes.size());
   }
 
  private:

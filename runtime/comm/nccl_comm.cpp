@@ -19,6 +19,8 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+
+#include "runtime/kernels/cuda/cuda_api.h"
 #endif
 
 namespace flowrun::comm {
@@ -87,6 +89,7 @@ class nccl_comm final : public communicator {
     // Waits for every rank (NCCL has no timeout here).
     nccl_check(ncclCommInitRank(&comm_, world_, id, rank_), w.c_str(), "ncclCommInitRank");
     cuda_check(cudaStreamCreate(&stream_), w.c_str(), "cudaStreamCreate");  // blocking: orders after stream 0
+    cuda_check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), w.c_str(), "cudaEventCreate");
     cuda_check(cudaMalloc(&flag_, sizeof(int32_t)), w.c_str(), "cudaMalloc");
     cuda_check(cudaMemset(flag_, 0, sizeof(int32_t)), w.c_str(), "cudaMemset");
     // Every rank has read the id once all pass this barrier: remove it, so a
@@ -105,6 +108,7 @@ class nccl_comm final : public communicator {
         ncclCommDestroy(comm_);
     }
     if (stream_) cudaStreamDestroy(stream_);
+    if (ready_) cudaEventDestroy(ready_);
     if (flag_) cudaFree(flag_);
   }
 
@@ -137,6 +141,15 @@ class nccl_comm final : public communicator {
     run("broadcast", [&] { return ncclBroadcast(x.raw(), x.raw(), x.nbytes(), ncclUint8, root, comm_, stream_); });
   }
 
+  // ncclSend/ncclRecv (NCCL >= 2.7) of plain bytes; each call waits for its transfer.
+  void do_send(const tensor& x, int peer) override {
+    run("send", [&] { return ncclSend(x.raw(), x.nbytes(), ncclUint8, peer, comm_, stream_); });
+  }
+
+  void do_recv(tensor& x, int peer) override {
+    run("recv", [&] { return ncclRecv(x.raw(), x.nbytes(), ncclUint8, peer, comm_, stream_); });
+  }
+
   void do_barrier() override {
     run("barrier", [&] { return ncclAllReduce(flag_, flag_, 1, ncclInt32, ncclSum, comm_, stream_); });
   }
@@ -155,6 +168,11 @@ class nccl_comm final : public communicator {
     const std::string w = where(op);
     if (aborted_) throw std::runtime_error(w + ": the NCCL communicator was aborted by an earlier error");
     cuda_check(cudaSetDevice(dev_), w.c_str(), "cudaSetDevice");
+    // The backend's kernels run on a non-blocking stream (runtime/kernels/cuda/cuda_api.h):
+    // wait for the work queued there (a memset of recv, a kernel that wrote x) first.
+    cuda_check(cudaEventRecord(ready_, static_cast<cudaStream_t>(flowrun::cuda::current_stream(dev_))), w.c_str(),
+               "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(stream_, ready_, 0), w.c_str(), "cudaStreamWaitEvent");
     const ncclResult_t r = enqueue();
     if (r != ncclSuccess) {
       fail();
@@ -198,6 +216,7 @@ class nccl_comm final : public communicator {
   std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // recorded on the backend's current stream before each call
   void* flag_ = nullptr;
   bool aborted_ = false;
 };

@@ -173,6 +173,13 @@ void fill(tensor& x, float v) {
 
 // ------------------------------------------------------------------ matmul
 
+namespace {
+thread_local matmul_precision t_matmul_precision = matmul_precision::f32;
+}  // namespace
+
+void set_matmul_precision(matmul_precision p) { t_matmul_precision = p; }
+matmul_precision get_matmul_precision() { return t_matmul_precision; }
+
 void matmul(tensor& out, const tensor& a, const tensor& b, bool trans_a, bool trans_b, float alpha, float beta) {
   check c{"matmul"};
   c.f32("out", out), c.f32("a", a), c.f32("b", b);

@@ -49,6 +49,34 @@ void fill(tensor& x, float v);
 void matmul(tensor& out, const tensor& a, const tensor& b, bool trans_a, bool trans_b,
             float alpha = 1.0f, float beta = 0.0f);
 
+/// Precision of the matrix products of the calling thread (matmul, matmul_batched,
+/// linear_forward / linear_backward; the backends' gemm / gemm_batched), in the
+/// spirit of torch.autocast for matmuls (torch.backends.cuda.matmul precision):
+///  - f32 (the default): fp32 inputs, fp32 products and accumulation (on CUDA cuBLAS
+///    in CUBLAS_DEFAULT_MATH, no TF32).
+///  - bf16: on CUDA, op(a) and op(b) are rounded to bf16 (round to nearest even) in
+///    scratch memory and multiplied by cublasGemmEx / cublasGemmStridedBatchedEx with
+///    bf16 inputs, fp32 output and fp32 accumulation (CUBLAS_COMPUTE_32F); alpha, beta
+///    and the output stay fp32. Expect ~1e-2 norm-wise relative error against fp32.
+///    The CPU backend ignores the setting (its GEMMs stay fp32).
+/// Only GEMMs use it; attention, norms, losses and optimizer math stay fp32.
+/// The setting is per thread (like set_thread_budget); threads start at f32.
+enum class matmul_precision : uint8_t { f32, bf16 };
+void set_matmul_precision(matmul_precision p);
+matmul_precision get_matmul_precision();
+
+/// Sets the calling thread's matmul precision for a scope and restores the previous one.
+class matmul_precision_scope {
+ public:
+  explicit matmul_precision_scope(matmul_precision p) : prev_(get_matmul_precision()) { set_matmul_precision(p); }
+  ~matmul_precision_scope() { set_matmul_precision(prev_); }
+  matmul_precision_scope(const matmul_precision_scope&) = delete;
+  matmul_precision_scope& operator=(const matmul_precision_scope&) = delete;
+
+ private:
+  matmul_precision prev_;
+};
+
 /// Batched matmul over the leading dim: out[i] = alpha * op(a[i]) @ op(b[i]) + beta * out[i].
 /// a (Bt, M, K), b (Bt, K, N), out (Bt, M, N) (before transposes).
 void matmul_batched(tensor& out, const tensor& a, const tensor& b, bool trans_a, bool trans_b,

@@ -25,6 +25,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -83,6 +85,19 @@ tensor nan_filled(const shape_t& s) {
 tensor gpu(const tensor& t) { return t.to(k_gpu); }
 
 /// max |cuda - cpu| / max(|cpu|, rms(cpu), 1) over elements; NaN/Inf anywhere fails.
+/// The largest error seen per check name over the whole run, printed when the program
+/// ends ("parity: NAME max error E over N checks"), so a GPU run's log shows the margins.
+struct worst_errors {
+  std::map<std::string, std::pair<double, int>> by_name;
+  ~worst_errors() {
+    if (by_name.empty()) return;
+    std::printf("CUDA vs CPU, the largest error per check (error = |cuda - cpu| / max(|cpu|, rms(cpu), 1)):\n");
+    for (const auto& [name, e] : by_name)
+      std::printf("  parity: %-40s max error %.3g over %d checks\n", name.c_str(), e.first, e.second);
+  }
+};
+worst_errors g_worst;
+
 void expect_close(const tensor& cpu, const tensor& cuda, const std::string& what, double tol = k_tol) {
   REQUIRE_MESSAGE(cuda.dev() == k_gpu, what << ": result is on " << cuda.dev().str());
   REQUIRE_MESSAGE(cpu.shape() == cuda.shape(), what << ": shapes " << cpu.str() << " vs " << cuda.str());
@@ -101,6 +116,16 @@ void expect_close(const tensor& cpu, const tensor& cuda, const std::string& what
     const double ref = std::fabs(static_cast<double>(a[i]));
     const double err = std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(scale_floor, ref);
     if (err > worst && nonfinite == 0) worst = err, at = i;
+  }
+  {
+    // the check's name without its shape details ("attention T=40 KV=2 out" -> "attention out")
+    std::string key, word;
+    std::istringstream words(what);
+    while (words >> word)
+      if (word.find_first_of("=0123456789") == std::string::npos) key += (key.empty() ? "" : " ") + word;
+    auto& w = g_worst.by_name[key];
+    w.first = std::max(w.first, nonfinite ? INFINITY : worst);
+    ++w.second;
   }
   CHECK_MESSAGE(nonfinite == 0, what << ": " << nonfinite << " NaN/Inf values, first at [" << at << "] cpu "
                                      << a[at] << " cuda " << b[at]);

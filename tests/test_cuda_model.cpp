@@ -45,26 +45,6 @@ bool need_gpu() {
   return false;
 }
 
-// The reference groups gradients by llama2.c's stacked tensor names (as test_llama.cpp).
-std::map<std::string, double> grouped_grad_norms(decoder& m) {
-  static const std::map<std::string, std::string> names = {
-      {"input_layernorm.weight", "rms_att"},  {"self_attn.q_proj.weight", "wq"},
-      {"self_attn.k_proj.weight", "wk"},      {"self_attn.v_proj.weight", "wv"},
-      {"self_attn.o_proj.weight", "wo"},      {"post_attention_layernorm.weight", "rms_ffn"},
-      {"mlp.gate_proj.weight", "w1"},         {"mlp.down_proj.weight", "w2"},
-      {"mlp.up_proj.weight", "w3"}};
-  std::map<std::string, double> sq;
-  auto& g = m.grads();
-  for (auto& e : m.params()) {
-    std::string key;
-    if (e.name == "model.embed_tokens.weight") key = "emb";
-    else if (e.name == "model.norm.weight") key = "rms_final";
-    else key = names.at(e.name.substr(e.name.find('.', std::string("model.layers.").size()) + 1));
-    sq[key] += ops::sum_squares(g.by_name.at(e.name));
-  }
-  for (auto& [k, v] : sq) v = std::sqrt(v);
-  return sq;
-}
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
@@ -137,7 +117,7 @@ TEST_CASE("cuda model: stories260K loss, logits and gradient norms on the GPU ma
   MESSAGE("GPU max |logit - reference| = " << worst);
   CHECK(worst < 1e-4);
 
-  auto norms = grouped_grad_norms(m);
+  auto norms = test::grouped_grad_norms(m);
   for (auto& [k, v] : tf["grad_l2_norm_per_param"].items()) {
     const double want = v.get<double>();
     INFO("GPU grad norm of " << k << ": " << norms.at(k) << " reference " << want);

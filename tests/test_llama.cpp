@@ -18,26 +18,6 @@ using namespace flowrun;
 
 namespace {
 
-// The reference groups gradients by llama2.c's stacked tensor names.
-std::map<std::string, double> grouped_grad_norms(decoder& m) {
-  static const std::map<std::string, std::string> names = {
-      {"input_layernorm.weight", "rms_att"},  {"self_attn.q_proj.weight", "wq"},
-      {"self_attn.k_proj.weight", "wk"},      {"self_attn.v_proj.weight", "wv"},
-      {"self_attn.o_proj.weight", "wo"},      {"post_attention_layernorm.weight", "rms_ffn"},
-      {"mlp.gate_proj.weight", "w1"},         {"mlp.down_proj.weight", "w2"},
-      {"mlp.up_proj.weight", "w3"}};
-  std::map<std::string, double> sq;
-  auto& g = m.grads();
-  for (auto& e : m.params()) {
-    std::string key;
-    if (e.name == "model.embed_tokens.weight") key = "emb";
-    else if (e.name == "model.norm.weight") key = "rms_final";
-    else key = names.at(e.name.substr(e.name.find('.', std::string("model.layers.").size()) + 1));
-    sq[key] += ops::sum_squares(g.by_name.at(e.name));
-  }
-  for (auto& [k, v] : sq) v = std::sqrt(v);
-  return sq;
-}
 
 struct reference_run {
   nlohmann::json ref;
@@ -108,7 +88,7 @@ TEST_CASE("stories260K: teacher-forced loss, logits and gradient norms match the
   CHECK(worst < 1e-4);
 
   // gradient norms, per llama2.c tensor and in total
-  auto norms = grouped_grad_norms(r.model);
+  auto norms = test::grouped_grad_norms(r.model);
   for (auto& [k, v] : tf["grad_l2_norm_per_param"].items()) {
     double want_n = v.get<double>();
     INFO("grad norm of " << k << ": " << norms.at(k) << " reference " << want_n);

@@ -825,6 +825,16 @@ void round_bf16(const scratch& dst, const float* src, int64_t n, const op_ctx& c
   check_launch("to_bf16_k");
 }
 
+/// Launches an elementwise kernel `k(args..., n)` over n elements on the current stream
+/// of `on`'s device (grid-stride, k_threads per block); nothing for n == 0.
+template <class... P, class... A>
+void elementwise(const char* name, const tensor& on, int64_t n, void (*k)(P...), A... args) {
+  if (n == 0) return;
+  op_ctx ctx(on);
+  k<<<grid_for(n), k_threads, 0, ctx.s>>>(args..., n);
+  check_launch(name);
+}
+
 class cuda_backend_impl final : public backend {
  public:
   const char* name() const override { return "cuda"; }
@@ -832,36 +842,16 @@ class cuda_backend_impl final : public backend {
   // ---------------------------------------------------------------- basics
 
   void add(tensor& out, const tensor& a, const tensor& b) override {
-    const int64_t n = out.numel();
-    if (n == 0) return;
-    op_ctx ctx(out);
-    add_k<<<grid_for(n), k_threads, 0, ctx.s>>>(out.data<float>(), a.data<float>(), b.data<float>(), n);
-    check_launch("add_k");
+    elementwise("add_k", out, out.numel(), add_k, out.data<float>(), a.data<float>(), b.data<float>());
   }
 
   void axpy(tensor& y, const tensor& x, float alpha) override {
-    const int64_t n = y.numel();
-    if (n == 0) return;
-    op_ctx ctx(y);
-    axpy_k<<<grid_for(n), k_threads, 0, ctx.s>>>(y.data<float>(), x.data<float>(), alpha, n);
-    check_launch("axpy_k");
+    elementwise("axpy_k", y, y.numel(), axpy_k, y.data<float>(), x.data<float>(), alpha);
   }
 
-  void scale(tensor& x, float s) override {
-    const int64_t n = x.numel();
-    if (n == 0) return;
-    op_ctx ctx(x);
-    scale_k<<<grid_for(n), k_threads, 0, ctx.s>>>(x.data<float>(), s, n);
-    check_launch("scale_k");
-  }
+  void scale(tensor& x, float s) override { elementwise("scale_k", x, x.numel(), scale_k, x.data<float>(), s); }
 
-  void fill(tensor& x, float v) override {
-    const int64_t n = x.numel();
-    if (n == 0) return;
-    op_ctx ctx(x);
-    fill_k<<<grid_for(n), k_threads, 0, ctx.s>>>(x.data<float>(), v, n);
-    check_launch("fill_k");
-  }
+  void fill(tensor& x, float v) override { elementwise("fill_k", x, x.numel(), fill_k, x.data<float>(), v); }
 
   // ---------------------------------------------------------------- GEMM
 
@@ -1019,39 +1009,24 @@ class cuda_backend_impl final : public backend {
   // ---------------------------------------------------------------- activations
 
   void activation_forward(tensor& out, const tensor& x, ops::activation a) override {
-    const int64_t n = x.numel();
-    if (n == 0) return;
-    op_ctx ctx(x);
-    activation_fwd_k<<<grid_for(n), k_threads, 0, ctx.s>>>(out.data<float>(), x.data<float>(), static_cast<int>(a),
-                                                            n);
-    check_launch("activation_fwd_k");
+    elementwise("activation_fwd_k", x, x.numel(), activation_fwd_k, out.data<float>(), x.data<float>(),
+                static_cast<int>(a));
   }
 
   void activation_backward(tensor& dx, const tensor& dout, const tensor& x, ops::activation a) override {
-    const int64_t n = x.numel();
-    if (n == 0) return;
-    op_ctx ctx(x);
-    activation_bwd_k<<<grid_for(n), k_threads, 0, ctx.s>>>(dx.data<float>(), dout.data<float>(), x.data<float>(),
-                                                            static_cast<int>(a), n);
-    check_launch("activation_bwd_k");
+    elementwise("activation_bwd_k", x, x.numel(), activation_bwd_k, dx.data<float>(), dout.data<float>(),
+                x.data<float>(), static_cast<int>(a));
   }
 
   void swiglu_forward(tensor& out, const tensor& gate, const tensor& up) override {
-    const int64_t n = out.numel();
-    if (n == 0) return;
-    op_ctx ctx(out);
-    swiglu_fwd_k<<<grid_for(n), k_threads, 0, ctx.s>>>(out.data<float>(), gate.data<float>(), up.data<float>(), n);
-    check_launch("swiglu_fwd_k");
+    elementwise("swiglu_fwd_k", out, out.numel(), swiglu_fwd_k, out.data<float>(), gate.data<float>(),
+                up.data<float>());
   }
 
   void swiglu_backward(tensor& dgate, tensor& dup, const tensor& dout, const tensor& gate,
                        const tensor& up) override {
-    const int64_t n = dout.numel();
-    if (n == 0) return;
-    op_ctx ctx(dout);
-    swiglu_bwd_k<<<grid_for(n), k_threads, 0, ctx.s>>>(dgate.data<float>(), dup.data<float>(), dout.data<float>(),
-                                                        gate.data<float>(), up.data<float>(), n);
-    check_launch("swiglu_bwd_k");
+    elementwise("swiglu_bwd_k", dout, dout.numel(), swiglu_bwd_k, dgate.data<float>(), dup.data<float>(),
+                dout.data<float>(), gate.data<float>(), up.data<float>());
   }
 
   // ---------------------------------------------------------------- RoPE

@@ -161,7 +161,7 @@ void decoder::to(device d) {
   if (d == dev_) return;
   if (hooks_ || external_grads_)
     throw std::logic_error("decoder::to(" + d.str() + "): ZeRO hooks or external gradients are installed; "
-                           "the ZeRO engine is CPU-only (docs/cuda.md)");
+                           "move the model before creating its zero_engine (docs/cuda.md)");
   if (!w_.flat.defined())
     throw std::logic_error("decoder::to(" + d.str() + "): the flat parameter buffer was released (ZeRO-3)");
   // copy everything first, so a failed allocation leaves the model as it was

@@ -177,7 +177,7 @@ class decoder {
   /// lm_head) is rebound to the new buffers; tensors obtained before the move keep
   /// pointing at the old copies. Make the adamw_optimizer and the activations after the
   /// move (forward reallocates activations of another device). Throws std::logic_error
-  /// while ZeRO hooks or external gradients are installed (the ZeRO engine is CPU-only)
+  /// while ZeRO hooks or external gradients are installed (move the model, then make its zero_engine)
   /// or after release_flat_params(); std::runtime_error when `d` has no memory backend
   /// (a CUDA device in a build without CUDA, or no GPU present).
   void to(device d);

@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "models/zero_device.h"
 #include "runtime/kernels/ops.h"
 
 namespace flowrun {
@@ -37,6 +38,44 @@ int64_t activation_bytes(const activations& a) {
                           &a.dv, &a.lora_du, &a.lora_dx, &a.dhout, &a.demb})
     n += bytes_of(*t);
   return n;
+}
+
+// ---- element work on the buffers' device: the host code as before on the CPU (bit for
+// bit), the kernels of models/zero_device.cu on a CUDA device.
+
+bool on_gpu(const tensor& t) { return t.defined() && t.dev().kind == device_kind::cuda; }
+
+#ifndef FLOWRUN_HAVE_CUDA
+[[noreturn]] void no_cuda() {
+  throw std::logic_error("zero_engine: a CUDA tensor in a build without the CUDA backend");
+}
+#endif
+
+// t (f32, bf16 or f16) converted to `to` on t's device (round to nearest even).
+tensor convert(const tensor& t, dtype to) {
+  if (!on_gpu(t) || to == t.type()) return t.to(to);
+#ifdef FLOWRUN_HAVE_CUDA
+  tensor r = tensor::empty(t.shape(), to, t.dev());
+  detail::cuda_convert(r.raw(), to, t.raw(), t.type(), t.numel(), to, t.dev().index);
+  return r;
+#else
+  no_cuda();
+#endif
+}
+
+// dst (f32) = src (f32) rounded to `via` (bf16/f16) and back; dst may be src.
+void copy_rounded(tensor& dst, const tensor& src, dtype via) {
+  if (!on_gpu(dst) && !on_gpu(src)) {
+    dst.copy_from(src.to(via).to(dtype::f32));
+    return;
+  }
+#ifdef FLOWRUN_HAVE_CUDA
+  if (dst.dev() != src.dev() || dst.numel() != src.numel())
+    throw std::invalid_argument("zero_engine: copy_rounded " + src.str() + " into " + dst.str());
+  detail::cuda_convert(dst.raw(), dtype::f32, src.raw(), dtype::f32, src.numel(), via, dst.dev().index);
+#else
+  no_cuda();
+#endif
 }
 
 // The optimizer's view of a run of elements with one weight-decay setting.
@@ -125,10 +164,15 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
     throw std::invalid_argument("zero_optimization.stage must be 0, 1, 2 or 3, got " + std::to_string(s_.stage));
   if (s_.micro_batch < 1 || s_.gradient_accumulation_steps < 1)
     throw std::invalid_argument("train_micro_batch_size_per_gpu and gradient_accumulation_steps must be >= 1");
-  if (model_.dev().kind != device_kind::cpu || comm_.tensor_device().kind != device_kind::cpu)
-    throw std::invalid_argument("zero_engine: the ZeRO engine runs on the CPU only (model on " + model_.dev().str() +
-                                ", " + comm_.backend() + " communicator on " + comm_.tensor_device().str() +
-                                "); train a CUDA model with adamw_optimizer (docs/cuda.md)");
+  if (!comm_.takes(model_.dev()))
+    throw std::invalid_argument(
+        "zero_engine: the model is on " + model_.dev().str() + ", but the " + comm_.backend() +
+        " communicator takes tensors on " + comm_.tensor_device().str() +
+        (model_.dev().kind == device_kind::cuda
+             ? " only; for a CUDA model use inproc (ranks that are threads sharing the GPU) or nccl (one GPU per "
+               "rank): gloo is CPU-only (docs/cuda.md)"
+             : ""));
+  dev_ = model_.dev();
   N_ = comm_.world_size();
   r_ = comm_.rank();
   base_trains_ = model_.base_trainable();
@@ -144,13 +188,13 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
   const int64_t P = model_.num_parameters();
   if (base_trains_) {
     const int64_t n = s_.stage == 0 ? P : shard_numel_;
-    m_ = tensor::zeros({n});
-    v_ = tensor::zeros({n});
-    if (s_.stage >= 1) grad_shard_ = tensor::zeros({shard_numel_});
+    m_ = tensor::zeros({n}, dtype::f32, dev_);
+    v_ = tensor::zeros({n}, dtype::f32, dev_);
+    if (s_.stage >= 1) grad_shard_ = tensor::zeros({shard_numel_}, dtype::f32, dev_);
   }
   if (model_.num_adapter_parameters() > 0) {
-    am_ = tensor::zeros({model_.num_adapter_parameters()});
-    av_ = tensor::zeros({model_.num_adapter_parameters()});
+    am_ = tensor::zeros({model_.num_adapter_parameters()}, dtype::f32, dev_);
+    av_ = tensor::zeros({model_.num_adapter_parameters()}, dtype::f32, dev_);
   }
   if (s_.stage >= 2) {
     model_.set_external_grads(true);
@@ -164,7 +208,7 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
   // mixed precision); stage 0 in f32 steps the model's own buffer.
   const tensor& flat = model_.w().flat;
   if ((s_.stage >= 1 && base_trains_) || s_.stage == 3) {
-    master_ = tensor::zeros({shard_numel_});
+    master_ = tensor::zeros({shard_numel_}, dtype::f32, dev_);
     for (size_t b = 0; b < blocks_.size(); ++b) {
       const auto [lo, hi] = owned(b);
       if (hi > lo) master_.flat_view(shard_off_[b], {hi - lo}).copy_from(flat.flat_view(lo, {hi - lo}));
@@ -184,6 +228,12 @@ zero_engine::~zero_engine() {
   if (s_.stage >= 2) model_.set_param_hooks(nullptr);
 }
 
+ops::matmul_precision zero_engine::compute_precision() const {
+  if (s_.precision == dtype::bf16 && s_.bf16_matmul && dev_.kind == device_kind::cuda)
+    return ops::matmul_precision::bf16;
+  return ops::get_matmul_precision();
+}
+
 std::pair<int64_t, int64_t> zero_engine::owned(size_t b) const {
   const int64_t lo = blocks_[b].begin + r_ * piece_[b];
   return {lo, std::max(lo, std::min(lo + piece_[b], blocks_[b].end))};
@@ -196,24 +246,24 @@ tensor zero_engine::piece(const tensor& full_block, int b) const {
 void zero_engine::round_working_params() {
   if (s_.precision == dtype::f32 || s_.stage == 3) return;
   tensor& flat = model_.w().flat;
-  flat.copy_from(flat.to(s_.precision).to(dtype::f32));
+  copy_rounded(flat, flat, s_.precision);
 }
 
 void zero_engine::gather_block(int b, tensor& dst, bool exact) {
   const int64_t p = piece_[b];
   tensor mine = master_.flat_view(shard_off_[b], {p});
   if (exact || s_.precision == dtype::f32) {
-    dst = tensor::empty({p * N_});
+    dst = tensor::empty({p * N_}, dtype::f32, dev_);
     tensor slot = dst.flat_view(r_ * p, {p});
     slot.copy_from(mine);
     comm_.all_gather(slot, dst);  // in place: this rank's piece is already in its slot
     return;
   }
-  tensor half = tensor::empty({p * N_}, s_.precision);
+  tensor half = tensor::empty({p * N_}, s_.precision, dev_);
   tensor slot = half.flat_view(r_ * p, {p});
-  slot.copy_from(mine.to(s_.precision));
+  slot.copy_from(convert(mine, s_.precision));
   comm_.all_gather(slot, half);
-  dst = half.to(dtype::f32);
+  dst = convert(half, dtype::f32);
 }
 
 void zero_engine::reduce_scatter_block(const tensor& send, tensor& dst) {
@@ -221,10 +271,10 @@ void zero_engine::reduce_scatter_block(const tensor& send, tensor& dst) {
     comm_.reduce_scatter(send, dst);
     return;
   }
-  tensor h = send.to(s_.precision);
-  tensor out = tensor::empty({dst.numel()}, s_.precision);
+  tensor h = convert(send, s_.precision);
+  tensor out = tensor::empty({dst.numel()}, s_.precision, dev_);
   comm_.reduce_scatter(h, out);
-  dst.copy_from(out.to(dtype::f32));
+  dst.copy_from(convert(out, dtype::f32));
 }
 
 void zero_engine::acquire(int b, phase p, bool params) {
@@ -240,7 +290,7 @@ void zero_engine::acquire(int b, phase p, bool params) {
     }
   }
   if (p == phase::backward && !st.grads.defined()) {
-    st.grads = tensor::zeros({piece_[b] * N_});
+    st.grads = tensor::zeros({piece_[b] * N_}, dtype::f32, dev_);
     gradbuf_now_ += bytes_of(st.grads);
     gradbuf_peak_ = std::max(gradbuf_peak_, gradbuf_now_);
     rebind = true;
@@ -270,7 +320,7 @@ void zero_engine::grads_ready(int b) {
     if (first_micro_) {
       reduce_scatter_block(st.grads, dst);
     } else {
-      auto tmp = tensor::empty({piece_[b]});
+      auto tmp = tensor::empty({piece_[b]}, dtype::f32, dev_);
       reduce_scatter_block(st.grads, tmp);
       ops::axpy(dst, tmp);
     }
@@ -289,14 +339,14 @@ void zero_engine::reduce_grads_stage01() {
       if (s_.precision == dtype::f32) {
         comm_.all_reduce(g);
       } else {
-        tensor h = g.to(s_.precision);
+        tensor h = convert(g, s_.precision);
         comm_.all_reduce(h);
-        g.copy_from(h.to(dtype::f32));
+        g.copy_from(convert(h, dtype::f32));
       }
     } else {  // stage 1: reduce-scatter each (padded) block into the gradient shard
       for (size_t b = 0; b < blocks_.size(); ++b) {
         const int64_t p = piece_[b], n = blocks_[b].numel();
-        auto send = tensor::zeros({p * N_});
+        auto send = tensor::zeros({p * N_}, dtype::f32, dev_);
         send.flat_view(0, {n}).copy_from(g.flat_view(blocks_[b].begin, {n}));
         tensor dst = grad_shard_.flat_view(shard_off_[b], {p});
         reduce_scatter_block(send, dst);
@@ -355,7 +405,7 @@ void zero_engine::allgather_params_after_step() {
   if (!base_trains_ || s_.stage == 3) return;
   tensor& flat = model_.w().flat;
   if (s_.stage == 0) {  // mixed precision: the working copy is the master rounded
-    if (master_.defined()) flat.copy_from(master_.to(s_.precision).to(dtype::f32));
+    if (master_.defined()) copy_rounded(flat, master_, s_.precision);
     return;
   }
   for (size_t b = 0; b < blocks_.size(); ++b) {
@@ -367,19 +417,43 @@ void zero_engine::allgather_params_after_step() {
 }
 
 bool zero_engine::grads_overflowed() {
-  auto bad = [](const tensor& t) {
-    if (!t.defined()) return false;
-    const float* p = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i)
-      if (!std::isfinite(p[i])) return true;
-    return false;
-  };
-  bool local = base_trains_ && bad(s_.stage == 0 ? model_.grads().flat : grad_shard_);
-  if (model_.num_adapter_parameters() > 0) local = local || bad(model_.grads().adapter_flat);
+  std::vector<tensor> ts;
+  if (base_trains_) ts.push_back(s_.stage == 0 ? model_.grads().flat : grad_shard_);
+  if (model_.num_adapter_parameters() > 0) ts.push_back(model_.grads().adapter_flat);
+  bool local = false;
+  if (dev_.kind == device_kind::cuda) {
+#ifdef FLOWRUN_HAVE_CUDA
+    auto dflag = tensor::zeros({1}, dtype::i32, dev_);
+    for (auto& t : ts)
+      if (t.defined()) detail::cuda_flag_nonfinite(t.data<float>(), t.numel(), dflag.data<int32_t>(), dev_.index);
+    local = dflag.to(device::cpu()).data<int32_t>()[0] != 0;
+#else
+    no_cuda();
+#endif
+  } else {
+    auto bad = [](const tensor& t) {
+      if (!t.defined()) return false;
+      const float* p = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i)
+        if (!std::isfinite(p[i])) return true;
+      return false;
+    };
+    for (auto& t : ts) local = local || bad(t);
+  }
   auto flag = tensor::empty({1}, dtype::i32);
   flag.data<int32_t>()[0] = local ? 1 : 0;
-  comm_.all_reduce(flag, comm::reduce_op::max);
+  all_reduce_host(flag, comm::reduce_op::max);
   return flag.data<int32_t>()[0] != 0;
+}
+
+void zero_engine::all_reduce_host(tensor& x, comm::reduce_op op) {
+  if (comm_.takes(device::cpu())) {
+    comm_.all_reduce(x, op);
+    return;
+  }
+  tensor d = x.to(comm_.tensor_device());  // e.g. nccl: through the communicator's GPU
+  comm_.all_reduce(d, op);
+  x.copy_from(d);
 }
 
 namespace {
@@ -401,15 +475,17 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
                                 std::to_string(N_) + ", got ids " + ids.str() + ", targets " + targets.str());
   const int64_t bytes0 = comm_.stats().bytes_sent;
   if (lr < 0) lr = s_.adamw.lr;
+  const tensor host_targets = targets.to(device::cpu());
+  ops::matmul_precision_scope gemm(compute_precision());
   // the denominator of the global mean: valid targets across ranks and micro-batches
   int64_t local_valid = 0;
   for (int64_t g = 0; g < gas; ++g) {
     const int64_t row = (g * N_ + r_) * mbs;
-    local_valid += count_valid(targets.rows(row, row + mbs));
+    local_valid += count_valid(host_targets.rows(row, row + mbs));
   }
   auto cnt = tensor::empty({1}, dtype::i64);
   cnt.data<int64_t>()[0] = local_valid;
-  comm_.all_reduce(cnt);
+  all_reduce_host(cnt);
   const int64_t global_valid = cnt.data<int64_t>()[0];
 
   model_.zero_grad();
@@ -438,7 +514,7 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
     s_.loss_scaler->update(true);
     auto ls = tensor::empty({1});
     ls.data<float>()[0] = static_cast<float>(loss_sum);
-    comm_.all_reduce(ls);
+    all_reduce_host(ls);
     r.loss = global_valid > 0 ? ls.data<float>()[0] / static_cast<double>(global_valid) : 0.0;
     r.grad_norm = std::numeric_limits<double>::infinity();
     r.skipped = true;
@@ -449,7 +525,7 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
   auto sums = tensor::empty({2});
   sums.data<float>()[0] = static_cast<float>(loss_sum);
   sums.data<float>()[1] = static_cast<float>(s_.stage == 0 ? 0.0 : sum_sq_local());
-  comm_.all_reduce(sums);
+  all_reduce_host(sums);
   double sq = sums.data<float>()[1];
   if (s_.stage == 0) sq = sum_sq_local();  // the all-reduced full buffer: identical on every rank
   if (model_.num_adapter_parameters() > 0) sq += ops::sum_squares(model_.grads().adapter_flat);
@@ -475,13 +551,14 @@ double zero_engine::eval_loss(const tensor& ids, const tensor& targets) {
   activations a;
   tensor mi = ids.rows(r_ * per, r_ * per + per).clone(), mt = targets.rows(r_ * per, r_ * per + per).clone();
   const bool was_training = model_.training();
+  ops::matmul_precision_scope gemm(compute_precision());
   model_.set_training(false);  // no LoRA dropout, and the dropout stream stays where training left it
   double loss = model_.forward(a, mi, mt);
   model_.set_training(was_training);
   auto sums = tensor::empty({2});
   sums.data<float>()[0] = static_cast<float>(loss * static_cast<double>(a.n_valid));
   sums.data<float>()[1] = static_cast<float>(a.n_valid);
-  comm_.all_reduce(sums);
+  all_reduce_host(sums);
   return sums.data<float>()[1] > 0 ? sums.data<float>()[0] / sums.data<float>()[1] : 0.0;
 }
 
@@ -555,7 +632,7 @@ tensor zero_engine::owned_exp_avg_sq() const {
   return compact(v_, s_.stage == 0, owned_ranges(), starts);
 }
 
-tensor zero_engine::adapter_params() const { return model_.w().adapter_flat; }
+tensor zero_engine::adapter_params() const { return model_.w().adapter_flat.to(device::cpu()); }
 
 void zero_engine::restore(const tensor& params, const tensor& exp_avg, const tensor& exp_avg_sq,
                           const tensor& adapter, const tensor& adapter_m, const tensor& adapter_v, int64_t step) {
@@ -606,8 +683,8 @@ void zero_engine::restore(const tensor& params, const tensor& exp_avg, const ten
 }
 
 tensor zero_engine::gather_full_params() {
-  if (!master_.defined()) return model_.w().flat.clone();
-  if (s_.stage == 0) return master_.clone();
+  if (!master_.defined()) return on_gpu(model_.w().flat) ? model_.w().flat.to(device::cpu()) : model_.w().flat.clone();
+  if (s_.stage == 0) return on_gpu(master_) ? master_.to(device::cpu()) : master_.clone();
   auto full = tensor::empty({model_.num_parameters()});
   for (size_t b = 0; b < blocks_.size(); ++b) {
     tensor buf;

@@ -55,6 +55,11 @@ struct zero_settings {
   /// scale); the engine scales dloss, unscales the reduced gradients, skips a
   /// step whose gradients overflowed and updates the scale. Null: no scaling.
   std::shared_ptr<dynamic_loss_scaler> loss_scaler;
+  /// bf16 on a CUDA model: forward and backward run their GEMMs with bf16 inputs and
+  /// fp32 accumulation (ops::set_matmul_precision(bf16), for the engine's calls only);
+  /// false: fp32 GEMMs on the bf16-rounded weights, as on the CPU (whose GEMMs ignore
+  /// the setting). No effect for f32/f16 or on the CPU.
+  bool bf16_matmul = true;
 };
 
 /// Bytes one rank holds, by kind (what DeepSpeed's see_memory_usage splits).
@@ -110,8 +115,13 @@ class zero_engine : private param_hooks {
   /// the engine keeps only this rank's pieces and drops the full buffer. LoRA
   /// (model.has_lora() with a frozen base): the base is still partitioned and
   /// gathered at stage 3, the adapter is replicated and its gradients all-reduced.
+  /// Device: every buffer the engine owns (fp32 master shard, AdamW moments, gradient
+  /// shard, gathered blocks) lives on model.dev(); the communicator must take tensors
+  /// there (comm.takes: inproc takes host and CUDA tensors, nccl its GPU, gloo the
+  /// host only). Checkpoint accessors (owned_*, adapter_*, gather_full_params)
+  /// return host tensors; restore takes tensors on any device.
   /// Throws std::invalid_argument on a stage outside 0..3 or batch sizes < 1, and for a
-  /// model or communicator not on the CPU (the engine is CPU-only; docs/cuda.md).
+  /// communicator that does not take the model's device (e.g. gloo with a CUDA model).
   zero_engine(decoder& model, comm::communicator& comm, const zero_settings& s);
   ~zero_engine() override;
 
@@ -140,8 +150,8 @@ class zero_engine : private param_hooks {
   tensor owned_exp_avg_sq() const;
   /// The adapter buffer (LoRA A/B, v_head) and its moments: replicated on every rank.
   tensor adapter_params() const;
-  tensor adapter_exp_avg() const { return am_; }
-  tensor adapter_exp_avg_sq() const { return av_; }
+  tensor adapter_exp_avg() const { return am_.to(device::cpu()); }
+  tensor adapter_exp_avg_sq() const { return av_.to(device::cpu()); }
   /// Restore from full (unsharded) flat buffers, as a checkpoint of any world size
   /// reassembles them: params (n_params,), moments (n_params,) or undefined; the
   /// adapter the same over its buffer; `step` the optimizer step count.
@@ -161,6 +171,9 @@ class zero_engine : private param_hooks {
   // Reduce-scatter a padded f32 block buffer into `dst` (p_b,) f32 in the working precision.
   void reduce_scatter_block(const tensor& send, tensor& dst);
   bool grads_overflowed();
+  // all_reduce of a host scalar tensor (through the communicator's device when it takes no host tensors).
+  void all_reduce_host(tensor& x, comm::reduce_op op = comm::reduce_op::sum);
+  ops::matmul_precision compute_precision() const;
   void round_working_params();
   void reduce_grads_stage01();
   void optimizer_step(double lr, double clip_coef);
@@ -175,6 +188,7 @@ class zero_engine : private param_hooks {
   comm::communicator& comm_;
   zero_settings s_;
   int N_ = 1, r_ = 0;
+  device dev_;  // the model's device: every engine buffer lives here
   bool base_trains_ = true;
   std::vector<param_block> blocks_;
   std::vector<int64_t> piece_, shard_off_;  // p_b and this rank's offset of block b in the shard

@@ -61,9 +61,10 @@ std::string desc(const tensor& t) { return t.defined() ? t.str() : "an undefined
 
 void check_tensor(const communicator& c, const std::string& where, const char* name, const tensor& t) {
   if (!t.defined()) throw std::invalid_argument(where + ": " + name + " is an undefined tensor");
-  if (t.dev() != c.tensor_device())
+  if (!c.takes(t.dev()))
     throw std::invalid_argument(where + ": " + name + " " + desc(t) + " is on " + t.dev().str() + ", but the " +
-                                c.backend() + " communicator takes tensors on " + c.tensor_device().str());
+                                c.backend() + " communicator takes tensors on " + c.tensor_device().str() +
+                                (c.backend() == "gloo" ? " only (gloo is CPU-only: use nccl for GPU tensors)" : ""));
 }
 
 bool overlap(const void* a, size_t na, const void* b, size_t nb) {
@@ -210,9 +211,7 @@ namespace flowrun::comm {
 void communicator::send(const tensor& x, int peer) {
   const std::string w = where("send");
   if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
-  if (x.dev() != tensor_device())
-    throw std::invalid_argument(w + ": x " + x.str() + " is on " + x.dev().str() + ", but the " + backend() +
-                                " communicator takes tensors on " + tensor_device().str());
+  check_tensor(*this, w, "x", x);
   check_peer(*this, w, peer);
   if (x.numel() > 0) do_send(x, peer);
   count("send", static_cast<int64_t>(x.nbytes()));
@@ -221,9 +220,7 @@ void communicator::send(const tensor& x, int peer) {
 void communicator::recv(tensor& x, int peer) {
   const std::string w = where("recv");
   if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
-  if (x.dev() != tensor_device())
-    throw std::invalid_argument(w + ": x " + x.str() + " is on " + x.dev().str() + ", but the " + backend() +
-                                " communicator takes tensors on " + tensor_device().str());
+  check_tensor(*this, w, "x", x);
   check_peer(*this, w, peer);
   if (x.numel() > 0) do_recv(x, peer);
   count("recv", static_cast<int64_t>(x.nbytes()));

@@ -109,6 +109,10 @@ class communicator {
   /// The device whose tensors this communicator takes (cpu for inproc and
   /// gloo, cuda:i for nccl).
   virtual device tensor_device() const = 0;
+  /// Whether this communicator takes tensors on `d`: tensor_device() only, except
+  /// inproc, which takes host and CUDA tensors (ranks sharing a GPU; see
+  /// inproc_communicator). Every tensor argument must pass this check.
+  virtual bool takes(device d) const { return d == tensor_device(); }
 
   /// recv[r*n : (r+1)*n] = send of rank r, for every rank r; n = send.numel().
   /// send and recv: same dtype, on tensor_device(); recv.numel() must be
@@ -193,6 +197,17 @@ std::shared_ptr<inproc_group> make_inproc_group(int world_size);
 /// reduces chunk r. The first wait also checks that every rank called the
 /// same op with the same dtype and sizes (else every rank throws
 /// std::invalid_argument naming the ranks that differ).
+///
+/// Device tensors: inproc also takes CUDA tensors (takes() is true for cpu and,
+/// when the CUDA backend is present, cuda:i), e.g. ranks that are threads sharing
+/// one GPU. all_gather, broadcast and send/recv copy through the tensor copy hooks
+/// (device to device on the calling thread's current stream); reduce_scatter and
+/// all_reduce read the ranks' chunks to the host, reduce there in rank order
+/// (bitwise the CPU result) and copy the result back. The device path relies on
+/// the ranks' threads sharing the device's default current stream (the backend's
+/// default): a peer's buffer is read after the work that wrote it was queued, on
+/// the same stream. Ranks with their own streams must synchronise them before a
+/// collective. (tensor_device() stays cpu.)
 std::unique_ptr<communicator> inproc_communicator(std::shared_ptr<inproc_group> group, int rank,
                                                   std::chrono::milliseconds timeout = std::chrono::seconds(300));
 

@@ -26,6 +26,7 @@
 
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/reduce_kernels.h"
+#include "runtime/tensor/device_memory.h"
 
 namespace flowrun::comm {
 
@@ -59,6 +60,7 @@ struct entry {
   int64_t recv_numel = 0;
   int root = 0;
   reduce_op rop = reduce_op::sum;
+  device send_dev, recv_dev;  // where send / recv live (host or a CUDA device)
 
   bool same_call(const entry& o) const {
     return op == o.op && type == o.type && send_numel == o.send_numel && recv_numel == o.recv_numel && root == o.root &&
@@ -205,6 +207,43 @@ class inproc_group {
 
 namespace {
 
+bool on_host(device d) { return d.kind == device_kind::cpu; }
+
+// Copies `bytes` between any two of host and device memory: memcpy on the host, the
+// device's copy hook otherwise (device to device: queued on the calling thread's
+// current stream; to or from the host: synchronous).
+void copy_bytes(void* dst, device dst_dev, const void* src, device src_dev, size_t bytes) {
+  if (bytes == 0) return;
+  if (on_host(dst_dev) && on_host(src_dev)) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const device d = on_host(dst_dev) ? src_dev : dst_dev;
+  const device_memory_hooks* h = device_memory_for(d.kind);
+  if (!h || !h->copy) throw std::runtime_error("inproc: no memory backend for " + d.str());
+  h->copy(dst, dst_dev, src, src_dev, bytes);
+}
+
+// Rank-ordered reduction of `world` chunks of n elements (each on its device) into
+// `out` (host). Device chunks are first copied to host buffers, so the result is
+// bitwise the host reduction.
+void reduce_chunks(dtype t, reduce_op op, void* out, const std::vector<const void*>& srcs,
+                   const std::vector<device>& devs, int64_t n) {
+  const size_t nb = static_cast<size_t>(n) * dtype_size(t);
+  std::vector<std::vector<unsigned char>> staged;
+  std::vector<const void*> host(srcs.size());
+  for (size_t r = 0; r < srcs.size(); ++r) {
+    if (on_host(devs[r])) {
+      host[r] = srcs[r];
+    } else {
+      staged.emplace_back(nb);
+      copy_bytes(staged.back().data(), device::cpu(), srcs[r], devs[r], nb);
+      host[r] = staged.back().data();
+    }
+  }
+  detail::reduce_ordered(t, op, out, host.data(), static_cast<int>(srcs.size()), n);
+}
+
 class inproc_comm final : public communicator {
  public:
   inproc_comm(std::shared_ptr<inproc_group> g, int rank, std::chrono::milliseconds timeout)
@@ -217,34 +256,50 @@ class inproc_comm final : public communicator {
   int world_size() const override { return g_->world(); }
   std::string backend() const override { return "inproc"; }
   device tensor_device() const override { return device::cpu(); }
+  bool takes(device d) const override {
+    return on_host(d) || (d.kind == device_kind::cuda && cuda_device_present());
+  }
 
  protected:
   void do_all_gather(const tensor& send, tensor& recv) override {
-    publish({op_kind::all_gather, send.raw(), recv.raw(), send.type(), send.numel(), recv.numel()});
+    publish({op_kind::all_gather, send.raw(), recv.raw(), send.type(), send.numel(), recv.numel(), 0,
+             reduce_op::sum, send.dev(), recv.dev()});
     sync("all_gather", true);
     const size_t nb = send.nbytes();
     auto* out = static_cast<char*>(recv.raw());
     for (int r = 0; r < g_->world(); ++r) {
       const void* src = g_->slot(r).send;
-      if (src != out + r * nb) std::memcpy(out + r * nb, src, nb);
+      if (src != out + r * nb) copy_bytes(out + r * nb, recv.dev(), src, g_->slot(r).send_dev, nb);
     }
     sync("all_gather", false);
   }
 
   void do_reduce_scatter(const tensor& send, tensor& recv) override {
-    publish({op_kind::reduce_scatter, send.raw(), recv.raw(), send.type(), send.numel(), recv.numel()});
+    publish({op_kind::reduce_scatter, send.raw(), recv.raw(), send.type(), send.numel(), recv.numel(), 0,
+             reduce_op::sum, send.dev(), recv.dev()});
     sync("reduce_scatter", true);
     const int world = g_->world();
     const size_t off = static_cast<size_t>(rank_) * recv.nbytes();
     std::vector<const void*> srcs(world);
-    for (int r = 0; r < world; ++r) srcs[r] = static_cast<const char*>(g_->slot(r).send) + off;
-    detail::reduce_ordered(recv.type(), reduce_op::sum, recv.raw(), srcs.data(), world, recv.numel());
+    std::vector<device> devs(world);
+    bool host = on_host(recv.dev());
+    for (int r = 0; r < world; ++r) {
+      srcs[r] = static_cast<const char*>(g_->slot(r).send) + off;
+      devs[r] = g_->slot(r).send_dev;
+      host = host && on_host(devs[r]);
+    }
+    if (host) {
+      detail::reduce_ordered(recv.type(), reduce_op::sum, recv.raw(), srcs.data(), world, recv.numel());
+    } else {  // device memory: reduce on the host, copy the result back
+      std::vector<unsigned char> out(recv.nbytes());
+      reduce_chunks(recv.type(), reduce_op::sum, out.data(), srcs, devs, recv.numel());
+      copy_bytes(recv.raw(), recv.dev(), out.data(), device::cpu(), out.size());
+    }
     sync("reduce_scatter", false);
   }
 
   void do_all_reduce(tensor& x, reduce_op op) override {
-    entry e{op_kind::all_reduce, x.raw(), nullptr, x.type(), x.numel(), x.numel()};
-    e.rop = op;
+    entry e{op_kind::all_reduce, x.raw(), nullptr, x.type(), x.numel(), x.numel(), 0, op, x.dev(), x.dev()};
     publish(e);
     sync("all_reduce", true);
     const int world = g_->world();
@@ -252,19 +307,23 @@ class inproc_comm final : public communicator {
     const int64_t begin = n * rank_ / world, end = n * (rank_ + 1) / world;
     const size_t es = dtype_size(x.type());
     std::vector<const void*> srcs(world);
-    for (int r = 0; r < world; ++r) srcs[r] = static_cast<const char*>(g_->slot(r).send) + begin * es;
-    if (end > begin) detail::reduce_ordered(x.type(), op, g_->scratch() + begin * es, srcs.data(), world, end - begin);
+    std::vector<device> devs(world);
+    for (int r = 0; r < world; ++r) {
+      srcs[r] = static_cast<const char*>(g_->slot(r).send) + begin * es;
+      devs[r] = g_->slot(r).send_dev;
+    }
+    if (end > begin) reduce_chunks(x.type(), op, g_->scratch() + begin * es, srcs, devs, end - begin);
     sync("all_reduce", false);
-    std::memcpy(x.raw(), g_->scratch(), x.nbytes());
+    copy_bytes(x.raw(), x.dev(), g_->scratch(), device::cpu(), x.nbytes());
   }
 
   void do_broadcast(tensor& x, int root) override {
-    entry e{op_kind::broadcast, x.raw(), nullptr, x.type(), x.numel(), x.numel()};
-    e.root = root;
+    entry e{op_kind::broadcast, x.raw(), nullptr, x.type(), x.numel(), x.numel(), root, reduce_op::sum, x.dev(),
+            x.dev()};
     publish(e);
     sync("broadcast", true);
     const void* src = g_->slot(root).send;
-    if (rank_ != root && src != x.raw()) std::memcpy(x.raw(), src, x.nbytes());
+    if (rank_ != root && src != x.raw()) copy_bytes(x.raw(), x.dev(), src, g_->slot(root).send_dev, x.nbytes());
     sync("broadcast", false);
   }
 
@@ -277,8 +336,8 @@ class inproc_comm final : public communicator {
     inproc_group::message m;
     m.type = x.type();
     m.numel = x.numel();
-    const auto* p = static_cast<const unsigned char*>(x.raw());
-    m.bytes.assign(p, p + x.nbytes());
+    m.bytes.resize(x.nbytes());
+    copy_bytes(m.bytes.data(), device::cpu(), x.raw(), x.dev(), x.nbytes());
     g_->post(rank_, peer, std::move(m), where("send"));
   }
 
@@ -288,7 +347,7 @@ class inproc_comm final : public communicator {
     if (m.type != x.type() || m.numel != x.numel())
       throw std::invalid_argument(w + ": rank " + std::to_string(peer) + " sent " + dtype_name(m.type) + " (" +
                                   std::to_string(m.numel) + " elements), but x is " + x.str());
-    std::memcpy(x.raw(), m.bytes.data(), m.bytes.size());
+    copy_bytes(x.raw(), x.dev(), m.bytes.data(), device::cpu(), m.bytes.size());
   }
 
  private:

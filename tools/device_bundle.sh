@@ -5,7 +5,7 @@
 #   tools/device_bundle.sh [--dest DIR] [--build DIR] [--no-build]
 #
 # Here (Debian 12, glibc 2.36; the GPU machine's newer glibc runs these binaries):
-#  1. configures and builds test_cuda (when the tree has it), test_cuda_model, test_nccl and
+#  1. configures and builds test_cuda (when the tree has it), test_cuda_model, test_cuda_zero, test_nccl and
 #     bench_cuda in --build DIR (default build/devbundle) with FLOWRUN_CUDA=ON,
 #     FLOWRUN_GEMM=openblas (smaller libraries than oneDNN) and FLOWRUN_NATIVE=OFF (the GPU
 #     host's CPU is not this one), CUDA archs 80;90;
@@ -44,7 +44,7 @@ if ((do_build)); then
     -DFLOWRUN_NATIVE=OFF "-DCMAKE_CUDA_ARCHITECTURES=80;90" >"$build/configure.log" 2>&1 ||
     { tail -30 "$build/configure.log"; exit 1; }
 fi
-wanted=(test_cuda test_cuda_model test_nccl bench_cuda)
+wanted=(test_cuda test_cuda_model test_cuda_zero test_nccl bench_cuda)
 have=$(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\([a-z_]*\): .*/\1/p' | sort -u)
 targets=()
 for t in "${wanted[@]}"; do

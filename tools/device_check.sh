@@ -7,9 +7,10 @@
 #   options: --out DIR (default $OUT, else build/device_check), --build DIR, --quick (bench_cuda --quick)
 #
 # Runs, each with its own time limit inside the 8-minute budget, logging to the output dir:
-#   1. test_cuda        every op on CUDA against the CPU backend (helper A's suite; all cases must pass)
+#   1. test_cuda        every op on CUDA against the CPU backend (all cases must pass; prints the largest error per check)
 #   2. test_cuda_model  stories260K on the GPU against the float64 reference, greedy generation vs CPU,
 #                       AdamW on device parameters, GPT-2/OPT shapes vs CPU
+#   2b. test_cuda_zero the ZeRO engine on the GPU (stages 0-3, 1 and 2 in-process ranks, bf16, fp16) vs the CPU engine
 #   3. test_nccl        two ranks on two GPUs vs the inproc backend (skipped, with a line, on < 2 GPUs)
 #   4. bench_cuda       the benchmark table -> bench.md
 #   5. bench_cuda --profile under CUDA_LAUNCH_BLOCKING=1: per-op time of one GPT-2 SFT step -> profile.md
@@ -69,7 +70,7 @@ else
   say "building in $build (FLOWRUN_CUDA=ON)"
   if ! { cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLOWRUN_CUDA=ON \
            -DFLOWRUN_NATIVE=ON >"$out/build.log" 2>&1 &&
-         targets=$(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\(test_cuda\|test_cuda_model\|test_nccl\|bench_cuda\): .*/\1/p' | sort -u) &&
+         targets=$(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\(test_cuda\|test_cuda_model\|test_cuda_zero\|test_nccl\|bench_cuda\): .*/\1/p' | sort -u) &&
          timeout "$(left)" ninja -C "$build" $targets >>"$out/build.log" 2>&1; }; then
     say "FAIL: build (see build.log)"; tail -20 "$out/build.log"; exit 1
   fi
@@ -110,7 +111,7 @@ elif python3 -c 'import torch' 2>/dev/null; then
 fi
 say "GPUs: $gpus"
 
-for b in test_cuda test_cuda_model test_nccl bench_cuda; do
+for b in test_cuda test_cuda_model test_cuda_zero test_nccl bench_cuda; do
   [[ -x "$bin/$b" ]] || continue
   missing=$(ldd "$bin/$b" 2>/dev/null | grep 'not found' | awk '{print $1}' | sort -u | tr '\n' ' ')
   [[ -n "$missing" ]] && say "WARNING: $b is missing libraries: $missing"
@@ -133,7 +134,7 @@ step() {
   rc=$?
   local dt=$(($(date +%s) - t0))
   # the lines that say a case was skipped, and doctest's totals
-  grep -E 'skipped|^\[doctest\] (test cases|assertions|Status)' "$out/$name.log" | sort | uniq -c | sed 's/^/   /' | tee -a "$summary"
+  grep -E 'skipped|parity:|^\[doctest\] (test cases|assertions|Status)' "$out/$name.log" | sort | uniq -c | sed 's/^/   /' | tee -a "$summary"
   if ((rc == 0)); then
     results+=("$name: PASS (${dt}s)")
   elif ((rc == 124 || rc == 137)); then
@@ -153,6 +154,11 @@ if [[ -x "$bin/test_cuda_model" ]]; then
   step test_cuda_model 120 "$bin/test_cuda_model"
 else
   results+=("test_cuda_model: MISSING"); failed=1
+fi
+if [[ -x "$bin/test_cuda_zero" ]]; then
+  step test_cuda_zero 120 "$bin/test_cuda_zero"
+else
+  results+=("test_cuda_zero: MISSING"); failed=1
 fi
 if ((gpus >= 2)); then
   step test_nccl 90 "$bin/test_nccl"

@@ -79,7 +79,8 @@ assets="${FLOWRUN_ASSETS:-$root/../shared/assets}"
 [[ -d "$assets" ]] || assets="/work/shared/assets"
 for f in model/stories260K/stories260K.bin model/stories260K/stories260K_v1.bin model/stories260K/tok512.model \
          model/stories260K/tok512.bin ref/stories260K_forward_reference.json \
-         ref/stories260K_forward_reference_logits.npy ref/tokenizer_cases.json README.md; do
+         ref/stories260K_forward_reference_logits.npy ref/tokenizer_cases.json \
+         data/tinystories/tinystories_train_head.txt README.md; do
   [[ -f "$assets/$f" ]] || { echo "device_bundle: missing asset $assets/$f"; exit 1; }
   mkdir -p "$stage/assets/$(dirname "$f")"
   cp "$assets/$f" "$stage/assets/$f"

@@ -46,6 +46,16 @@ struct console_options {
   std::function<void(const std::string& url, const std::string& token)> on_ready;
 };
 
+/// A run spread over the machines of the graph's [cluster] (docs/scaling.md).
+/// Used only when spec.cluster places a replica off the `flowrun run`
+/// process ("main").
+struct cluster_options {
+  /// The cluster's shared secret (load_cluster_secret, cluster_auth.h).
+  std::string secret;
+  /// Seconds to wait for a node daemon to answer while connecting.
+  int connect_timeout_s = 10;
+};
+
 /// How to run a graph.
 struct run_options {
   /// Credit (messages in flight per link) of edges that give none (credit=0).
@@ -64,6 +74,8 @@ struct run_options {
   bool summary = true;
   /// The live console (off by default).
   console_options console;
+  /// Cluster runs: the secret and timeouts.
+  cluster_options cluster;
 };
 
 /// How a run ended.

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Clusters (docs/scaling.md), on 127.0.0.1 with ports chosen free at runtime:
+#   1. graphs/examples/generate.graph spread over 3 processes (main + 2 node daemons) writes the same
+#      completions as the single-process run;
+#   2. a node daemon with another secret is refused, with an error on both sides;
+#   3. a node killed (SIGKILL) in the middle of the run stops it with an error naming the node and its actors,
+#      and what the surviving sink wrote is intact.
+# Usage: cluster_small.sh FLOWRUN SOURCE_DIR WORK_DIR
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+graph="$root/graphs/examples/generate.graph"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+echo "cluster-secret-$$-$RANDOM" > "$out/secret"
+echo "another-secret" > "$out/wrong"
+
+# node NAME SECRET_FILE [args...]: starts a daemon on a free port; sets $port
+node() {
+  local name=$1 secret=$2; shift 2
+  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$secret" --port-file "$out/$name.port" --threads 2 "$@" \
+    > "$out/$name.out" 2> "$out/$name.err" &
+  pids+=($!)
+  eval "${name}_pid=$!"
+  for _ in $(seq 1 200); do [[ -s "$out/$name.port" ]] && break; sleep 0.05; done
+  [[ -s "$out/$name.port" ]] || { echo "node $name did not start:"; cat "$out/$name.err"; exit 1; }
+  port=$(cat "$out/$name.port")
+}
+# cluster_file FILE NAME PORT [NAME PORT ...]
+cluster_file() {
+  local f=$1; shift
+  { echo "[cluster]"; echo "heartbeat_ms = 200"; echo "lost_after_ms = 2000"
+    while (($#)); do echo "[cluster.nodes.$1]"; echo "address = \"127.0.0.1:$2\""; shift 2; done; } > "$f"
+}
+common=(--no-progress --threads 2 --set node.stories.max_lines=8 --set node.generator.max_new_tokens=48)
+
+echo "== 1. one process vs main + 2 nodes (tokenizer on w1, generator on w2, sink on main)"
+"$flowrun" run "$graph" "${common[@]}" --set node.sink.path="$out/single.txt" > "$out/single.log" 2>&1 \
+  || { echo "single-process run failed:"; tail -20 "$out/single.log"; exit 1; }
+node w1 "$out/secret" --once; p1=$port
+node w2 "$out/secret" --once; p2=$port
+cluster_file "$out/c12.toml" w1 "$p1" w2 "$p2"
+"$flowrun" run "$graph" "${common[@]}" --cluster "$out/c12.toml" --secret-file "$out/secret" \
+  --set node.tokenizer.on=w1 --set node.generator.on=w2 --set node.sink.path="$out/cluster.txt" \
+  > "$out/cluster.log" 2>&1 || { echo "cluster run failed:"; tail -30 "$out/cluster.log"; exit 1; }
+lines=$(wc -l < "$out/single.txt")  # 8 completions (a completion may span lines)
+[[ $lines -ge 8 ]] || { echo "the single-process run wrote $lines lines, fewer than its 8 completions"; exit 1; }
+cmp "$out/single.txt" "$out/cluster.txt" || { echo "the cluster run's completions differ"; diff "$out/single.txt" "$out/cluster.txt" | head; exit 1; }
+echo "  identical: 8 completions ($lines lines)"
+grep -h "authenticated\|cross-process traffic" "$out/cluster.log" | sed 's/^.*\] //' | sed 's/^/  /'
+grep -q "job 'generate': 1 replicas here" "$out/w1.err" || { echo "w1 ran no replica:"; cat "$out/w1.err"; exit 1; }
+grep -q "job 'generate': 1 replicas here" "$out/w2.err" || { echo "w2 ran no replica:"; cat "$out/w2.err"; exit 1; }
+wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
+
+echo "== 2. a node with another secret is refused"
+node w3 "$out/wrong"
+cluster_file "$out/c3.toml" w3 "$port"
+set +e
+"$flowrun" run "$graph" "${common[@]}" --cluster "$out/c3.toml" --secret-file "$out/secret" \
+  --set node.generator.on=w3 --set node.sink.path="$out/refused.txt" > "$out/refused.log" 2>&1
+rc=$?
+set -e
+[[ $rc -ne 0 ]] || { echo "the run with a wrong secret succeeded"; exit 1; }
+grep -q "authentication with cluster node 'w3' (127.0.0.1:$port) failed: wrong cluster secret" "$out/refused.log" \
+  || { echo "no clear error on the coordinator:"; cat "$out/refused.log"; exit 1; }
+sleep 0.3
+grep -q "refused a peer .*wrong cluster secret" "$out/w3.err" || { echo "no clear error on the node:"; cat "$out/w3.err"; exit 1; }
+echo "  coordinator: $(grep -o 'authentication with.*secret (' "$out/refused.log" | head -1)"
+echo "  node:        $(grep -o 'refused a peer.*' "$out/w3.err" | head -1)"
+kill "$w3_pid"; wait "$w3_pid" 2>/dev/null || true
+
+echo "== 3. SIGKILL of the generator's node in the middle of the run"
+node w4 "$out/secret" --once
+cluster_file "$out/c4.toml" w4 "$port"
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+  --cluster "$out/c4.toml" --secret-file "$out/secret" --set node.generator.on=w4 --set node.sink.path="$out/killed.txt" \
+  > "$out/killed.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 400); do [[ -f "$out/killed.txt" && $(wc -l < "$out/killed.txt") -gt $lines ]] && break; sleep 0.05; done
+[[ $(wc -l < "$out/killed.txt") -gt $lines ]] || { echo "the run wrote nothing before the kill:"; tail "$out/killed.log"; exit 1; }
+kill -9 "$w4_pid"
+t0=$(date +%s%N)
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/killed.log"; exit 1; }
+grep -q "cluster node 'w4' lost (.*); its actors: generator; the run stops" "$out/killed.log" \
+  || { echo "no error naming the lost node and its actors:"; tail -20 "$out/killed.log"; exit 1; }
+n=$(wc -l < "$out/killed.txt")
+[[ $n -lt 2000 ]] || { echo "the run finished all 2000 lines before the kill: make it longer"; exit 1; }
+cmp <(head -n "$lines" "$out/killed.txt") "$out/single.txt" || { echo "the surviving sink's lines are not intact"; exit 1; }
+echo "  stopped ${ms} ms after the kill (exit code 1); the sink kept $n complete lines, the first $lines equal the reference run's"
+echo "  $(grep -o "cluster node 'w4' lost.*its actors: generator" "$out/killed.log" | head -1)"
+echo "cluster_small: OK"

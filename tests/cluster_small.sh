@@ -95,4 +95,29 @@ n=$(wc -l < "$out/killed.txt")
 cmp <(head -n "$lines" "$out/killed.txt") "$out/single.txt" || { echo "the surviving sink's lines are not intact"; exit 1; }
 echo "  stopped ${ms} ms after the kill (exit code 1); the sink kept $n complete lines, the first $lines equal the reference run's"
 echo "  $(grep -o "cluster node 'w4' lost.*its actors: generator" "$out/killed.log" | head -1)"
+echo "== 4. a node that stops answering (SIGSTOP) is lost by heartbeat; resumed, it stops its own replicas"
+node w5 "$out/secret" --once
+cluster_file "$out/c5.toml" w5 "$port"
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+  --cluster "$out/c5.toml" --secret-file "$out/secret" --set node.generator.on=w5 --set node.sink.path="$out/stalled.txt" \
+  > "$out/stalled.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 400); do [[ -f "$out/stalled.txt" && $(wc -l < "$out/stalled.txt") -gt $lines ]] && break; sleep 0.05; done
+kill -STOP "$w5_pid"
+t0=$(date +%s%N)
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+kill -CONT "$w5_pid"
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/stalled.log"; exit 1; }
+grep -q "cluster node 'w5' lost (no heartbeat for [0-9]* ms (lost_after_ms = 2000)); its actors: generator" "$out/stalled.log" \
+  || { echo "no heartbeat loss naming the node:"; tail -20 "$out/stalled.log"; exit 1; }
+echo "  stopped ${ms} ms after SIGSTOP: $(grep -o "cluster node 'w5' lost (no heartbeat[^;]*" "$out/stalled.log" | head -1)"
+for _ in $(seq 1 100); do kill -0 "$w5_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$w5_pid" 2>/dev/null; then echo "the resumed node did not exit:"; cat "$out/w5.err"; exit 1; fi
+grep -q "stopping this node's replicas" "$out/w5.err" || { echo "the resumed node did not stop its replicas:"; cat "$out/w5.err"; exit 1; }
+echo "  resumed node: $(grep -o "\(no heartbeat from\|the coordinator's connection\).*" "$out/w5.err" | head -1)"
 echo "cluster_small: OK"

@@ -37,6 +37,7 @@
 #include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/cluster_run.h"
 #include "runtime/actor/job.h"
+#include "runtime/actor/payload_codec.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 
@@ -539,6 +540,26 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       a += (a.empty() ? "" : " ") + n.name + (n.replicas > 1 ? "[" + std::to_string(r) + "]" : "");
     }
     pl.where.push_back(std::move(row));
+  }
+  // Before connecting anywhere: every edge that crosses processes must carry a type that travels as bytes.
+  for (const auto& e : spec.edges) {
+    const auto* from = spec.find_node(e.from_node);
+    const auto* to = spec.find_node(e.to_node);
+    const auto* kind = from ? kinds.lookup(from->kind) : nullptr;
+    if (!from || !to || !kind) continue;  // spawn_part reports these
+    std::string type;
+    for (const auto* port : kind->ports_of(graph::port_dir::out))
+      if (port->name == e.from_port) type = port->message_type;
+    if (type.empty() || has_payload_codec(type)) continue;
+    for (std::int64_t a = 0; a < from->replicas; ++a)
+      for (std::int64_t b = 0; b < to->replicas; ++b) {
+        const auto pa = graph::placement_of(*from, a), pb = graph::placement_of(*to, b);
+        if (pa != pb)
+          return error_text{"edge " + e.to_string() + " crosses from cluster node '" + pa + "' to '" + pb +
+                            "', but its message type '" + type +
+                            "' cannot cross processes yet (no byte codec; tensors and models are not yet supported "
+                            "across cluster nodes): place both ends on the same node (on = \"...\")"};
+      }
   }
   p->table = std::make_shared<cl::beat_table>();
   p->link = sys.spawn(cl::link_actor, p->table);

@@ -219,8 +219,9 @@ void add_train(CLI::App& app) {
         throw exit_request{2};
       }
     } else if (o->deployment_type == "multi_node") {
-      spdlog::error("--deployment-type multi_node: spreading a graph over several machines is not available yet "
-                    "(node daemons and a [cluster] table are planned); use --deployment-type single_node");
+      spdlog::error("--deployment-type multi_node: the DS-Chat graphs cannot be spread over machines yet (their "
+                    "models and tensors do not cross processes; docs/scaling.md); use --deployment-type single_node. "
+                    "Graphs whose cross-node edges carry text or tokens run with `flowrun run --cluster FILE`");
       throw exit_request{2};
     } else if (o->deployment_type != "single_node") {
       spdlog::error("--deployment-type {}: use single_gpu, single_node or multi_node", o->deployment_type);

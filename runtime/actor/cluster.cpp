@@ -286,7 +286,9 @@ caf::behavior gate(caf::stateful_actor<gate_state>* self, std::shared_ptr<daemon
           spdlog::error("refused a peer ({}): its link actor is not on its own node", peer);
           return {std::string("refused: the link actor must be on the authenticating node"), me};
         }
-        auto s = self->spawn(session, shared, link);
+        // Detached: a thread of its own, so that busy replicas (a training step inside one
+        // handler) never delay its heartbeat replies.
+        auto s = self->spawn<caf::detached>(session, shared, link);
         {
           std::lock_guard<std::mutex> lock(shared->mutex);
           shared->sessions.push_back(s);
@@ -562,7 +564,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       }
   }
   p->table = std::make_shared<cl::beat_table>();
-  p->link = sys.spawn(cl::link_actor, p->table);
+  // Detached: heartbeats must not wait for a worker thread that a training step holds.
+  p->link = sys.spawn<caf::detached>(cl::link_actor, p->table);
   caf::scoped_actor self{sys};
   // Connect and authenticate, both ways.
   for (std::uint32_t i = 1; i < pl.processes.size(); ++i) {

@@ -41,9 +41,21 @@ echo "== 1. one process vs main + 2 nodes (tokenizer on w1, generator on w2, sin
 node w1 "$out/secret" --once; p1=$port
 node w2 "$out/secret" --once; p2=$port
 cluster_file "$out/c12.toml" w1 "$p1" w2 "$p2"
+# with the console: its node table shows where each remote replica runs and its node's heartbeat age
 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/c12.toml" --secret-file "$out/secret" \
   --set node.tokenizer.on=w1 --set node.generator.on=w2 --set node.sink.path="$out/cluster.txt" \
-  > "$out/cluster.log" 2>&1 || { echo "cluster run failed:"; tail -30 "$out/cluster.log"; exit 1; }
+  --console 0 --console-linger 4 > "$out/cluster.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 600); do grep -q "cross-process traffic" "$out/cluster.log" && break; sleep 0.05; done
+url=$(grep -o "console: http://127.0.0.1:[0-9]*/" "$out/cluster.log" | head -1 | sed 's/^console: //')
+[[ -n "$url" ]] || { echo "no console URL:"; tail "$out/cluster.log"; exit 1; }
+sleep 0.3
+curl -sf "${url}api/nodes" > "$out/nodes.json" || { echo "GET ${url}api/nodes failed"; exit 1; }
+grep -q '"on w2 (127.0.0.1:'"$p2"'), heartbeat [0-9]* ms ago"' "$out/nodes.json" \
+  || { echo "the console does not show the generator on w2:"; cat "$out/nodes.json"; exit 1; }
+wait "$run_pid" || { echo "cluster run failed:"; tail -30 "$out/cluster.log"; exit 1; }
+echo "  console /api/nodes: generator $(grep -o '"on w2 ([^"]*"' "$out/nodes.json" | head -1)"
 lines=$(wc -l < "$out/single.txt")  # 8 completions (a completion may span lines)
 [[ $lines -ge 8 ]] || { echo "the single-process run wrote $lines lines, fewer than its 8 completions"; exit 1; }
 cmp "$out/single.txt" "$out/cluster.txt" || { echo "the cluster run's completions differ"; diff "$out/single.txt" "$out/cluster.txt" | head; exit 1; }

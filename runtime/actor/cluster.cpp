@@ -479,6 +479,7 @@ struct cluster_run::impl {
     caf::actor session;
   };
   std::vector<conn> conns;
+  placement where;
   std::optional<job_part> part;
   job j;
   cross_process_counts at_start;
@@ -628,6 +629,11 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     return error_text{part.error()};
   }
   p->part = std::move(*part);
+  p->where = pl;
+  for (auto& c : p->conns)
+    p->part->live->event("cluster", "", -1,
+                         "cluster node '" + c.name + "' (" + c.address + "): authenticated; actors there: " +
+                             actors_of[c.process]);
   std::size_t total = where_flat.size();
   std::vector<caf::actor> all(total);
   {
@@ -718,6 +724,40 @@ std::string cluster_run::status() const {
     else s += "heartbeat " + std::to_string(now - t.last_ms[i]) + " ms ago";
   }
   return s;
+}
+
+void cluster_run::publish_live() {
+  auto& p = *p_;
+  if (!p.part || !p.part->live) return;
+  const auto& t = *p.table;
+  std::vector<std::string> text(p.where.processes.size());
+  std::vector<bool> lost(p.where.processes.size(), false);
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(cl::clk::now() - t.t0).count();
+    for (std::size_t i = 0; i < p.conns.size() && i < t.names.size(); ++i) {
+      const auto proc = p.conns[i].process;
+      std::string s = "on " + t.names[i] + " (" + t.addresses[i] + "), ";
+      if (t.lost[i]) s += "LOST";
+      else if (t.last_ms[i] < 0) s += "no heartbeat yet";
+      else s += "heartbeat " + std::to_string(now - t.last_ms[i]) + " ms ago";
+      text[proc] = std::move(s);
+      lost[proc] = t.lost[i];
+    }
+  }
+  auto& live = *p.part->live;
+  const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(cl::clk::now() - p.part->metrics->start()).count();
+  for (std::size_t n = 0; n < p.where.where.size(); ++n)
+    for (std::size_t r = 0; r < p.where.where[n].size(); ++r) {
+      const auto proc = p.where.where[n][r];
+      if (proc == p.where.self || text[proc].empty()) continue;
+      auto& rl = live.replica(n, r);
+      rl.set_phase(text[proc]);
+      if (lost[proc]) {
+        rl.set_failure("lost with cluster node '" + p.where.processes[proc] + "'");
+        rl.set_state(replica_state::failed, now_ns);
+      }
+    }
 }
 
 std::string cluster_run::end() {

@@ -39,6 +39,13 @@ class cluster_run {
   /// last heartbeat in ms (or "lost").
   std::string status() const;
 
+  /// Shows the cluster in the live view (and so in the console): every
+  /// replica on another node gets the phase "on NODE (ADDRESS), heartbeat N
+  /// ms ago", and replicas of a lost node turn failed with "lost with cluster
+  /// node 'NODE'". Call it periodically (run_graph does, with each console
+  /// sample). Thread-safe against the job's actors.
+  void publish_live();
+
   /// After the job finished: tells every node that is still there, collects
   /// what each sent across processes, and returns a report (one line per
   /// process and a total: data messages, payload bytes, control messages,

@@ -41,4 +41,42 @@ diff "$out/single.results" "$out/cluster.results" || { echo "the cluster run's r
 cmp "$out/single-ppo.bin" "$out/cluster-ppo.bin" || { echo "the trained policies differ"; exit 1; }
 sed 's/^/  /' "$out/cluster.results"
 grep -ho "cluster node '[^']*' ([^)]*): authenticated; actors there: .*\|cross-process traffic.*" "$out/cluster.err" | sed 's/^/  /'
-echo "cluster_rlhf_small: OK ($(wc -l < "$out/single.results") result lines equal; the trained policy files are identical)"
+echo "  $(wc -l < "$out/single.results") result lines equal; the trained policy files are identical"
+
+echo "== SIGKILL of the controller's node (w2) in the middle of PPO"
+rm -f "$out/w1.port" "$out/w2.port"
+pids=()
+for w in w1 w2; do
+  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --once --threads 2 \
+    > "$out/$w.out" 2> "$out/$w.err" &
+  pids+=($!)
+done
+w2_pid=${pids[1]}
+for w in w1 w2; do
+  for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
+  [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/$w.err"; exit 1; }
+done
+{ echo "[cluster]"; echo "heartbeat_ms = 250"
+  for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/cluster.toml"
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs killed) --set node.prompts.iterations=200 \
+  --cluster "$out/cluster.toml" --secret-file "$out/secret" --set node.prompts.on=w1 --set node.ppo_controller.on=w2 \
+  > "$out/killed.log" 2> "$out/killed.err" &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 1200); do grep -q "^\[step 3 ppo\] iter 1 reward" "$out/w2.out" && break; sleep 0.05; done
+grep -q "^\[step 3 ppo\] iter 1 reward" "$out/w2.out" || { echo "PPO did not reach iteration 1:"; tail "$out/killed.err"; exit 1; }
+kill -9 "$w2_pid"
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/killed.err"; exit 1; }
+grep -q "cluster node 'w2' lost (.*); its actors: ppo_controller; the run stops" "$out/killed.err" \
+  || { echo "no error naming w2 and the controller:"; tail -20 "$out/killed.err"; exit 1; }
+# what steps 1 and 2 wrote before PPO began is intact: the same bytes as the single-process run's
+cmp "$out/single-sft.bin" "$out/killed-sft.bin" || { echo "step 1's model differs"; exit 1; }
+for f in "$out/single-rm"/*; do cmp "$f" "$out/killed-rm/$(basename "$f")" || { echo "step 2's $(basename "$f") differs"; exit 1; }; done
+[[ ! -e "$out/killed-ppo.bin" ]] || { echo "a half-trained policy was saved as if complete"; exit 1; }
+echo "  $(grep -o "cluster node 'w2' lost.*its actors: ppo_controller" "$out/killed.err" | head -1)"
+echo "  steps 1 and 2's saved models equal the reference run's; no half-trained policy was saved"
+echo "cluster_rlhf_small: OK"

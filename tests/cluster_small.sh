@@ -19,6 +19,7 @@ echo "another-secret" > "$out/wrong"
 # node NAME SECRET_FILE [args...]: starts a daemon on a free port; sets $port
 node() {
   local name=$1 secret=$2; shift 2
+  rm -f "$out/$name.port"
   "$flowrun" node --listen 127.0.0.1:0 --secret-file "$secret" --port-file "$out/$name.port" --threads 2 "$@" \
     > "$out/$name.out" 2> "$out/$name.err" &
   pids+=($!)
@@ -63,6 +64,22 @@ echo "  identical: 8 completions ($lines lines)"
 grep -h "authenticated\|cross-process traffic" "$out/cluster.log" | sed 's/^.*\] //' | sed 's/^/  /'
 grep -q "job 'generate': 1 replicas here" "$out/w1.err" || { echo "w1 ran no replica:"; cat "$out/w1.err"; exit 1; }
 grep -q "job 'generate': 1 replicas here" "$out/w2.err" || { echo "w2 ran no replica:"; cat "$out/w2.err"; exit 1; }
+wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
+
+echo "== 1b. per-replica placement: two generator replicas fed round robin, on = [\"w1\", \"w2\"]"
+rr="$root/tests/graphs/cluster/generate_rr.graph"
+"$flowrun" run "$rr" --no-progress --threads 2 --set node.sink.path="$out/rr_single.txt" > "$out/rr_single.log" 2>&1 \
+  || { echo "single-process round-robin run failed:"; tail -20 "$out/rr_single.log"; exit 1; }
+node w1 "$out/secret" --once; p1=$port
+node w2 "$out/secret" --once; p2=$port
+cluster_file "$out/c12b.toml" w1 "$p1" w2 "$p2"
+"$flowrun" run "$rr" --no-progress --threads 2 --cluster "$out/c12b.toml" --secret-file "$out/secret" \
+  --set node.sink.path="$out/rr_cluster.txt" > "$out/rr_cluster.log" 2>&1 \
+  || { echo "round-robin cluster run failed:"; tail -30 "$out/rr_cluster.log"; exit 1; }
+cmp "$out/rr_single.txt" "$out/rr_cluster.txt" || { echo "the round-robin cluster run's completions differ"; exit 1; }
+grep -q "actors there: generator\[0\]" "$out/rr_cluster.log" && grep -q "actors there: generator\[1\]" "$out/rr_cluster.log" \
+  || { echo "the replicas were not placed one per node:"; grep authenticated "$out/rr_cluster.log"; exit 1; }
+echo "  identical to the same graph in one process; $(grep -o 'total [0-9]* data messages[^;]*' "$out/rr_cluster.log")"
 wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
 
 echo "== 2. a node with another secret is refused"

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -850,4 +851,24 @@ TEST_CASE("cluster: --cluster FILE is read with the same rules and positions") {
   auto missing = parse_cluster_file(dir / "nope.toml");
   CHECK(contains(all_errors(missing.errors), "cannot open cluster file"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("cluster: to_toml keeps every float setting bit for bit (nodes receive the graph as TOML text)") {
+  graph_spec g;
+  g.name = "f";
+  node_spec n;
+  n.name = "t";
+  n.kind = "trainer";
+  const std::vector<double> values{0.1 + 0.2, 1e-5 / 3, 6.02214076e23, -0.0, 5e-324, 1.0 / 3};
+  for (std::size_t i = 0; i < values.size(); ++i) n.settings["v" + std::to_string(i)] = setting{values[i], {}, {}, false};
+  g.nodes.push_back(n);
+  auto back = parse_graph_string(to_toml(g), "f.graph");
+  REQUIRE_MESSAGE(back.ok(), all_errors(back.errors));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto* s = back.spec.nodes.at(0).find_setting("v" + std::to_string(i));
+    REQUIRE(s);
+    const double* d = std::get_if<double>(&s->value);
+    REQUIRE(d);
+    CHECK_MESSAGE(std::memcmp(d, &values[i], sizeof(double)) == 0, "v" << i << ": " << *d << " != " << values[i]);
+  }
 }

@@ -149,4 +149,38 @@ for _ in $(seq 1 100); do kill -0 "$w5_pid" 2>/dev/null || break; sleep 0.1; don
 if kill -0 "$w5_pid" 2>/dev/null; then echo "the resumed node did not exit:"; cat "$out/w5.err"; exit 1; fi
 grep -q "stopping this node's replicas" "$out/w5.err" || { echo "the resumed node did not stop its replicas:"; cat "$out/w5.err"; exit 1; }
 echo "  resumed node: $(grep -o "\(no heartbeat from\|the coordinator's connection\).*" "$out/w5.err" | head -1)"
+echo "== 5. TLS (caf_openssl): the same run over mutually checked certificates"
+if command -v openssl > /dev/null; then
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.pem" -days 1 \
+    -subj /CN=flowrun-cluster-test > /dev/null 2>&1
+  tls=(--tls-cert "$out/cert.pem" --tls-key "$out/key.pem" --tls-ca "$out/cert.pem")
+  node w6 "$out/secret" --once "${tls[@]}"
+  grep -q "(TLS)" "$out/w6.out" || { echo "the node does not listen with TLS:"; cat "$out/w6.out" "$out/w6.err"; exit 1; }
+  cluster_file "$out/c6.toml" w6 "$port"
+  timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/c6.toml" --secret-file "$out/secret" "${tls[@]}" \
+    --set node.generator.on=w6 --set node.sink.path="$out/tls.txt" > "$out/tls.log" 2>&1 \
+    || { echo "TLS cluster run failed:"; tail -20 "$out/tls.log"; cat "$out/w6.err"; exit 1; }
+  cmp "$out/single.txt" "$out/tls.txt" || { echo "the TLS run's completions differ"; exit 1; }
+  echo "  identical over TLS: $(grep -o "cluster node 'w6'.*authenticated.*" "$out/tls.log" | head -1)"
+  # refused: a coordinator without TLS, and one whose certificate the node's CA does not sign
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/key2.pem" -out "$out/cert2.pem" -days 1 \
+    -subj /CN=untrusted > /dev/null 2>&1
+  node w7 "$out/secret" "${tls[@]}"
+  cluster_file "$out/c7.toml" w7 "$port"
+  for how in plain untrusted; do
+    extra=()
+    [[ $how == untrusted ]] && extra=(--tls-cert "$out/cert2.pem" --tls-key "$out/key2.pem" --tls-ca "$out/cert2.pem")
+    set +e
+    timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/c7.toml" --secret-file "$out/secret" "${extra[@]}" \
+      --set node.generator.on=w7 --set node.sink.path="$out/tls_$how.txt" > "$out/tls_$how.log" 2>&1
+    rc=$?
+    set -e
+    [[ $rc -eq 1 ]] || { echo "the $how run's exit code is $rc, not 1"; tail "$out/tls_$how.log"; exit 1; }
+    grep -q "cannot reach cluster node 'w7'" "$out/tls_$how.log" || { echo "no clear error for $how:"; tail "$out/tls_$how.log"; exit 1; }
+    echo "  $how coordinator refused: $(grep -o "cannot reach cluster node 'w7'.*" "$out/tls_$how.log" | head -1)"
+  done
+  kill "$w7_pid"; wait "$w7_pid" 2>/dev/null || true
+else
+  echo "  skipped: no openssl command to make a certificate"
+fi
 echo "cluster_small: OK"

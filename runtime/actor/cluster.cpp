@@ -32,6 +32,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/cluster_auth.h"
@@ -316,19 +317,27 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   shared->factories = &factories;
   caf::actor_system_config cfg;
   cfg.load<caf::io::middleman>();
+  const bool tls = !options.tls_cert.empty();
+  if (tls) {
+    cfg.openssl_certificate = options.tls_cert;
+    cfg.openssl_key = options.tls_key;
+    cfg.openssl_cafile = options.tls_ca;
+    cfg.load<caf::openssl::manager>();
+  }
   std::size_t threads = options.threads ? options.threads : std::max(2u, std::thread::hardware_concurrency());
   cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(threads));
   cfg.set("scheduler.max-throughput", static_cast<caf::config_value::integer>(4));
   int code = 0;
   caf::actor_system sys{cfg};
   auto g = sys.spawn(cl::gate, shared);
-  auto port = sys.middleman().publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true);
+  auto port = tls ? caf::openssl::publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true)
+                  : sys.middleman().publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true);
   if (!port) {
     spdlog::error("flowrun node: cannot listen on {}:{}: {}", options.host, options.port, sys.render(port.error()));
     caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
     return 1;
   }
-  std::cout << "flowrun node: listening on " << options.host << ":" << *port << std::endl;
+  std::cout << "flowrun node: listening on " << options.host << ":" << *port << (tls ? " (TLS)" : "") << std::endl;
   if (!options.port_file.empty()) {
     std::string tmp = options.port_file + ".tmp";
     {
@@ -573,11 +582,15 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     const auto* cn = spec.cluster.find(pl.processes[i]);
     const std::string address = cn->host + ":" + std::to_string(cn->port);
     const std::string who = "cluster node '" + cn->name + "' (" + address + ")";
-    auto gate = sys.middleman().remote_actor(cn->host, static_cast<std::uint16_t>(cn->port));
+    auto gate = options.cluster.tls_cert.empty()
+                    ? sys.middleman().remote_actor(cn->host, static_cast<std::uint16_t>(cn->port))
+                    : caf::openssl::remote_actor(sys, cn->host, static_cast<std::uint16_t>(cn->port));
     if (!gate) {
       p->abandon();
-      return error_text{"cannot reach " + who + ": " + sys.render(gate.error()) +
-                        " (is `flowrun node --listen " + address + "` running there?)"};
+      return error_text{"cannot reach " + who + ": " + sys.render(gate.error()) + " (is `flowrun node --listen " +
+                        address + "` running there" +
+                        (options.cluster.tls_cert.empty() ? std::string(", without TLS?)")
+                                                          : std::string(", with TLS and a certificate our CA trusts?)"))};
     }
     const std::string client_nonce = random_nonce();
     std::string daemon_nonce, daemon_proof, failure;

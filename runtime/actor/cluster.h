@@ -41,6 +41,10 @@ struct node_daemon_options {
   bool once = false;               ///< exit after the first job ends (tests)
   std::size_t threads = 0;         ///< CAF worker threads; 0: one per core (at least 2)
   std::filesystem::path asset_root;  ///< where relative paths of graphs are looked up (validation)
+  /// TLS through caf_openssl (all three or none; see cluster_options): the
+  /// daemon's certificate and key (PEM) and the CA file that the coordinator's
+  /// certificate must chain to. Empty: plain TCP.
+  std::string tls_cert, tls_key, tls_ca;
 };
 
 /// Runs a node daemon until SIGINT/SIGTERM (or, with `once`, the end of its

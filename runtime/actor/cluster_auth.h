@@ -5,7 +5,7 @@
 // each side sends a fresh random nonce and answers the other's with
 // HMAC-SHA256(secret, label | client nonce | daemon nonce) (OpenSSL's
 // libcrypto), so the secret never travels. This authenticates; it does not
-// encrypt (TLS through caf_openssl is not wired yet).
+// encrypt: for that, give both sides --tls-cert/--tls-key/--tls-ca (caf_openssl).
 //
 // This header includes no CAF and no OpenSSL.
 #pragma once

@@ -14,6 +14,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/cluster.h"
@@ -157,6 +158,12 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
   // A graph placed over cluster nodes needs CAF's middleman (docs/scaling.md).
   const bool clustered = needs_cluster(spec);
   if (clustered) cfg.load<caf::io::middleman>();
+  if (clustered && !options.cluster.tls_cert.empty()) {
+    cfg.openssl_certificate = options.cluster.tls_cert;
+    cfg.openssl_key = options.cluster.tls_key;
+    cfg.openssl_cafile = options.cluster.tls_ca;
+    cfg.load<caf::openssl::manager>();
+  }
   {
     caf::actor_system sys{cfg};
     std::unique_ptr<cluster_run> cluster;

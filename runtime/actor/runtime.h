@@ -54,6 +54,11 @@ struct cluster_options {
   std::string secret;
   /// Seconds to wait for a node daemon to answer while connecting.
   int connect_timeout_s = 10;
+  /// TLS through caf_openssl (all three or none): this process's certificate
+  /// and key (PEM files) and the CA file that peers' certificates must chain
+  /// to. Set: every connection to a node daemon is TLS with mutual
+  /// certificate checks, under the secret's handshake. Empty: plain TCP.
+  std::string tls_cert, tls_key, tls_ca;
 };
 
 /// How to run a graph.

@@ -44,7 +44,29 @@ struct run_opts {
   // clusters (docs/scaling.md)
   std::string cluster_file;
   std::string secret_file;
+  std::string tls_cert, tls_key, tls_ca;
 };
+
+// --tls-cert, --tls-key and --tls-ca: all three or none. Returns false (after logging) otherwise.
+bool tls_files_ok(const std::string& cert, const std::string& key, const std::string& ca) {
+  const int given = !cert.empty() + !key.empty() + !ca.empty();
+  if (given != 0 && given != 3) {
+    spdlog::error("TLS needs --tls-cert, --tls-key and --tls-ca together (PEM files; see docs/scaling.md)");
+    return false;
+  }
+  for (const auto* f : {&cert, &key, &ca})
+    if (!f->empty() && !std::filesystem::is_regular_file(*f)) {
+      spdlog::error("TLS file '{}' does not exist", *f);
+      return false;
+    }
+  return true;
+}
+
+void add_tls_options(CLI::App* sub, std::string& cert, std::string& key, std::string& ca) {
+  sub->add_option("--tls-cert", cert, "TLS between cluster processes (caf_openssl): this process's certificate (PEM)");
+  sub->add_option("--tls-key", key, "TLS: this process's private key (PEM)");
+  sub->add_option("--tls-ca", ca, "TLS: the CA file that peers' certificates must chain to (PEM)");
+}
 
 // Logs go to standard error: standard output belongs to the graph's sinks.
 void log_to_stderr() {
@@ -137,6 +159,10 @@ int run_graph_file(const run_opts& o_in) {
       return 2;
     }
     ro.cluster.secret = *secret;
+    if (!tls_files_ok(o->tls_cert, o->tls_key, o->tls_ca)) return 2;
+    ro.cluster.tls_cert = o->tls_cert;
+    ro.cluster.tls_key = o->tls_key;
+    ro.cluster.tls_ca = o->tls_ca;
   }
   auto result = actor::run_graph(v.spec, r.kinds, r.factories, ro);
   if (!result.error.empty()) spdlog::error("{}", result.error);
@@ -178,6 +204,7 @@ void add_run(CLI::App& app) {
                   "on with on = \"NAME\" (docs/scaling.md)");
   sub->add_option("--secret-file", o->secret_file,
                   "The cluster's shared secret (first line); default: $FLOWRUN_CLUSTER_SECRET");
+  add_tls_options(sub, o->tls_cert, o->tls_key, o->tls_ca);
   sub->callback([o] {
     int rc = run_graph_file(*o);
     if (rc != 0) throw exit_request{rc};
@@ -295,6 +322,7 @@ void add_node(CLI::App& app) {
     std::string port_file;
     bool once = false;
     std::size_t threads = 0;
+    std::string tls_cert, tls_key, tls_ca;
   };
   auto o = std::make_shared<node_opts>();
   auto* sub = app.add_subcommand(
@@ -305,9 +333,14 @@ void add_node(CLI::App& app) {
   sub->add_option("--port-file", o->port_file, "Write the port here once listening");
   sub->add_flag("--once", o->once, "Exit when the first job ends");
   sub->add_option("--threads", o->threads, "CAF worker threads (0: one per core)")->capture_default_str();
+  add_tls_options(sub, o->tls_cert, o->tls_key, o->tls_ca);
   sub->callback([o] {
     log_to_stderr();
+    if (!tls_files_ok(o->tls_cert, o->tls_key, o->tls_ca)) throw exit_request{2};
     actor::node_daemon_options d;
+    d.tls_cert = o->tls_cert;
+    d.tls_key = o->tls_key;
+    d.tls_ca = o->tls_ca;
     const auto colon = o->listen.rfind(':');
     int port = -1;
     try {

@@ -124,6 +124,26 @@ n=$(wc -l < "$out/killed.txt")
 cmp <(head -n "$lines" "$out/killed.txt") "$out/single.txt" || { echo "the surviving sink's lines are not intact"; exit 1; }
 echo "  stopped ${ms} ms after the kill (exit code 1); the sink kept $n complete lines, the first $lines equal the reference run's"
 echo "  $(grep -o "cluster node 'w4' lost.*its actors: generator" "$out/killed.log" | head -1)"
+echo "== 3b. SIGTERM to a node in the middle of the run: it stops its replicas, exits 143, the run names it"
+node w8 "$out/secret"
+cluster_file "$out/c8.toml" w8 "$port"
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+  --cluster "$out/c8.toml" --secret-file "$out/secret" --set node.generator.on=w8 --set node.sink.path="$out/termed.txt" \
+  > "$out/termed.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 400); do [[ -f "$out/termed.txt" && $(wc -l < "$out/termed.txt") -gt $lines ]] && break; sleep 0.05; done
+kill -TERM "$w8_pid"
+set +e
+wait "$w8_pid"; node_rc=$?
+wait "$run_pid"; rc=$?
+set -e
+[[ $node_rc -eq 143 ]] || { echo "the node's exit code is $node_rc, not 143:"; tail "$out/w8.err"; exit 1; }
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/termed.log"; exit 1; }
+grep -q "shutting down: stopping this node's replicas" "$out/w8.err" || { echo "the node did not stop its replicas:"; cat "$out/w8.err"; exit 1; }
+grep -q "cluster node 'w8' lost (its daemon is shutting down (SIGINT or SIGTERM)); its actors: generator" "$out/termed.log" || { echo "no error naming w8:"; tail "$out/termed.log"; exit 1; }
+echo "  node exit code 143; $(grep -o "cluster node 'w8' lost.*its actors: generator" "$out/termed.log" | head -1)"
+
 echo "== 4. a node that stops answering (SIGSTOP) is lost by heartbeat; resumed, it stops its own replicas"
 node w5 "$out/secret" --once
 cluster_file "$out/c5.toml" w5 "$port"

@@ -54,6 +54,7 @@ using beat_atom = caf::atom_constant<caf::atom("fr_beat")>;
 using cend_atom = caf::atom_constant<caf::atom("fr_cend")>;
 using watch_atom = caf::atom_constant<caf::atom("fr_watch")>;
 using tick_atom = caf::atom_constant<caf::atom("fr_tick")>;
+using abort_atom = caf::atom_constant<caf::atom("fr_abort")>;
 
 using clk = std::chrono::steady_clock;
 
@@ -94,12 +95,14 @@ struct daemon_shared {
   bool busy = false;  // a job is running here
   bool done = false;  // once: the first job ended
   std::vector<caf::actor> sessions;
+  std::vector<caf::actor> replicas;  // this node's replicas of the running job (for a clean shutdown)
   clk::time_point started = clk::now();
 
   void finish_job() {
     {
       std::lock_guard<std::mutex> lock(mutex);
       busy = false;
+      replicas.clear();
       if (options.once) done = true;
     }
     cv.notify_all();
@@ -205,6 +208,10 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         st.at_start = cross_process_totals();
         st.active = true;
         auto local = part->local;
+        {
+          std::lock_guard<std::mutex> lock(shared->mutex);
+          shared->replicas = local;
+        }
         spdlog::info("[{}] job '{}': {} replicas here", st.self_name, v.spec.name, local.size());
         st.part = std::move(*part);
         self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
@@ -237,6 +244,12 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
           return;
         }
         self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
+      },
+      [=](abort_atom) {  // the daemon is shutting down (SIGINT/SIGTERM)
+        if (self->state.active)
+          spdlog::error("[{}] shutting down: stopping this node's replicas (their stop() runs)", self->state.self_name);
+        end_part(self, true);
+        self->quit(caf::exit_reason::user_shutdown);
       },
       [=](cend_atom) -> std::vector<char> {
         auto& st = self->state;
@@ -359,17 +372,29 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
     spdlog::warn("flowrun node: signal {}: stopping", sig);
     code = 128 + sig;
   }
-  // Sessions stop their replicas (stop() runs) when told to exit.
-  std::vector<caf::actor> sessions;
+  // Sessions stop their replicas (stop() runs, the checkpoint hook); wait up
+  // to 30 s for the replicas to quit, then leave without waiting on remote
+  // peers (the actor system's destructor would wait for every actor).
+  std::vector<caf::actor> sessions, replicas;
   {
     std::lock_guard<std::mutex> lock(shared->mutex);
     sessions = shared->sessions;
+    replicas = shared->replicas;
   }
-  for (auto& s : sessions) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  {
+    caf::scoped_actor self{sys};
+    for (auto& r : replicas) self->monitor(r);
+    for (auto& s : sessions) self->send(s, cl::abort_atom::value);
+    const auto deadline = cl::clk::now() + std::chrono::seconds(30);
+    std::size_t down = 0;
+    while (down < replicas.size() && cl::clk::now() < deadline)
+      self->receive([&](caf::down_msg&) { ++down; },
+                    caf::after(std::chrono::milliseconds(200)) >> [] {});
+    if (down < replicas.size())
+      spdlog::warn("flowrun node: {} replicas still running after 30 s; exiting anyway", replicas.size() - down);
+  }
   caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
-  // Give replicas a moment to run stop(), then leave without waiting on
-  // remote peers (the actor system's destructor would wait for every actor).
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   spdlog::default_logger()->flush();
   std::fflush(stdout);
   std::fflush(stderr);
@@ -427,7 +452,12 @@ caf::behavior link_actor(caf::stateful_actor<link_state>* self, std::shared_ptr<
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     for (std::size_t i = 0; i < st.sessions.size(); ++i)
-      if (st.sessions[i].address() == dm.source) lose(i, "its connection dropped: " + self->system().render(dm.reason));
+      if (st.sessions[i].address() == dm.source)
+        lose(i, dm.reason == caf::exit_reason::user_shutdown
+                    ? std::string("its daemon is shutting down (SIGINT or SIGTERM)")
+                    : dm.reason == caf::exit_reason::remote_link_unreachable
+                          ? "its connection dropped: " + self->system().render(dm.reason)
+                          : "its session ended: " + self->system().render(dm.reason));
   });
   return {
       [=](watch_atom, caf::actor coordinator, const std::vector<caf::actor>& sessions,

@@ -1,5 +1,8 @@
 #include "actors/register.h"
 
+#include "actors/message_types.h"
+#include "runtime/actor/payload_codec.h"
+
 #include <map>
 #include <stdexcept>
 
@@ -7,6 +10,9 @@ namespace flowrun::actors {
 
 void register_example_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
   using T = graph::setting_type;
+  // "text" and "tokens" may cross cluster nodes as bytes (docs/scaling.md).
+  actor::register_payload_codec(std::string(text_type), actor::string_codec());
+  actor::register_payload_codec(std::string(tokens_type), actor::pod_vector_codec<std::int32_t>());
   // The graph layer owns the declarations; copy them and add what the runtime needs.
   graph::node_kind_registry declared;
   graph::register_example_kinds(declared);

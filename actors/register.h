@@ -27,6 +27,11 @@ void register_example_nodes(graph::node_kind_registry& kinds, actor::node_factor
 /// ppo_controller, rollout_generator, reference_model, reward_model, critic, policy, experience_maker.
 void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
+/// Registers the byte codecs (runtime/actor/payload_codec.h) of step 3's small message types
+/// (actors/rlhf_codecs.cpp): "tick", "prompt_batch" (integer tensors only), "stats", "summary".
+/// Called by register_rlhf_nodes.
+void register_rlhf_codecs();
+
 /// Registers pretraining with ZeRO (actors/zero_nodes.cpp): lm_batches, zero_rank.
 void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 

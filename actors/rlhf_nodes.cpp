@@ -735,6 +735,7 @@ class experience_maker final : public actor::node {
 }  // namespace
 
 void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  register_rlhf_codecs();
   using T = graph::setting_type;
   auto trainer_settings = [](graph::node_kind& k, double lr, int64_t steps) {
     k.require("model", T::path, "initial weights (llama2.c .bin)")

@@ -18,7 +18,9 @@
 #include <caf/scheduler/test_coordinator.hpp>
 #include <nlohmann/json.hpp>
 
+#include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/job.h"
+#include "runtime/actor/payload_codec.h"
 #include "runtime/actor/node.h"
 #include "runtime/actor/payload.h"
 #include "runtime/actor/runtime.h"
@@ -908,4 +910,54 @@ kind = "collect"
                        kinds, factories, o);
   CHECK(bad.exit_code == exit_failed);
   CHECK(bad.error.find("node 'boom' failed in on_message: injected failure at 100") != std::string::npos);
+}
+
+// ------------------------------------------------------------ clusters: bytes and secrets (docs/scaling.md)
+
+TEST_CASE("cluster: payload codecs turn text and token ids into bytes and back; unknown types are refused") {
+  using namespace flowrun::actor;
+  register_payload_codec("test_text", string_codec());
+  register_payload_codec("test_tokens", pod_vector_codec<std::int32_t>());
+  auto t = encode_payload(payload::make("test_text", std::string("Once upon a time")));
+  REQUIRE(t);
+  auto back = decode_payload("test_text", *t);
+  REQUIRE(back);
+  CHECK(back->type() == "test_text");
+  CHECK(back->as<std::string>() == "Once upon a time");
+  std::vector<std::int32_t> ids{1, 403, -7, 2147483647};
+  auto b = encode_payload(payload::make("test_tokens", ids));
+  REQUIRE(b);
+  CHECK(b->size() == 16);
+  auto ids_back = decode_payload("test_tokens", *b);
+  REQUIRE(ids_back);
+  CHECK(ids_back->as<std::vector<std::int32_t>>() == ids);
+  CHECK_FALSE(decode_payload("test_tokens", std::vector<char>(5)));
+  auto none = encode_payload(payload::make("test_weights", std::vector<float>{1.f}));
+  REQUIRE_FALSE(none);
+  CHECK(none.error().find("message type 'test_weights' cannot cross processes yet") != std::string::npos);
+  CHECK_FALSE(has_payload_codec("test_weights"));
+}
+
+TEST_CASE("cluster: HMAC-SHA256 matches RFC 4231 and proofs depend on secret, role and both nonces") {
+  using namespace flowrun::actor;
+  CHECK(hmac_sha256_hex("Jefe", "what do ya want for nothing?") ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  const std::string a = random_nonce(), b = random_nonce();
+  CHECK(a.size() == 64);
+  CHECK(a != b);
+  const std::string p = cluster_proof("s3cret", "client", a, b);
+  CHECK(constant_time_equal(p, cluster_proof("s3cret", "client", a, b)));
+  CHECK_FALSE(constant_time_equal(p, cluster_proof("s3cret!", "client", a, b)));
+  CHECK_FALSE(constant_time_equal(p, cluster_proof("s3cret", "daemon", a, b)));
+  CHECK_FALSE(constant_time_equal(p, cluster_proof("s3cret", "client", b, a)));
+  ::setenv("FLOWRUN_CLUSTER_SECRET", "", 1);
+  auto missing = load_cluster_secret("");
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().find("FLOWRUN_CLUSTER_SECRET") != std::string::npos);
+  ::setenv("FLOWRUN_CLUSTER_SECRET", "from-env", 1);
+  auto env = load_cluster_secret("");
+  REQUIRE(env);
+  CHECK(*env == "from-env");
+  ::unsetenv("FLOWRUN_CLUSTER_SECRET");
+  CHECK_FALSE(load_cluster_secret("/nonexistent/secret"));
 }

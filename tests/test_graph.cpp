@@ -4,9 +4,13 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "runtime/graph/graph_spec.h"
 #include "runtime/graph/node_kind.h"
@@ -728,4 +732,143 @@ TEST_CASE("parse_graph_string: errors name the given source") {
   CHECK(syntax.fatal);
   CHECK(syntax.errors[0].file == "broken.graph");
   CHECK(syntax.errors[0].line == 1);
+}
+
+// ------------------------------------------------------------ clusters (docs/scaling.md)
+
+namespace {
+const char* cluster_graph = R"(edges = ["src.lines -> sink.items"]
+[graph]
+name = "c"
+[node.src]
+kind = "text_source"
+path = "x.txt"
+on = "node-1"
+[node.sink]
+kind = "sink"
+replicas = 2
+on = ["main", "node-2"]
+[cluster]
+heartbeat_ms = 250
+lost_after_ms = 2000
+[cluster.nodes.node-1]
+address = "127.0.0.1:7001"
+cpus = 4
+[cluster.nodes.node-2]
+address = "10.0.0.2:7002"
+gpus = 1
+)";
+}  // namespace
+
+TEST_CASE("cluster: [cluster] and on = ... (per node and per replica) are read and checked") {
+  auto r = parse_graph_string(cluster_graph, "c.graph");
+  REQUIRE_MESSAGE(r.ok(), all_errors(r.errors));
+  const auto& c = r.spec.cluster;
+  REQUIRE(c.nodes.size() == 2);
+  CHECK(c.nodes[0].name == "node-1");
+  CHECK(c.nodes[0].host == "127.0.0.1");
+  CHECK(c.nodes[0].port == 7001);
+  CHECK(c.nodes[0].cpus == 4);
+  CHECK(c.nodes[1].gpus == 1);
+  CHECK(c.heartbeat_ms == 250);
+  CHECK(c.lost_after_ms == 2000);
+  CHECK(check_placement(r.spec).empty());
+  CHECK(placement_of(*r.spec.find_node("src"), 0) == "node-1");
+  CHECK(placement_of(*r.spec.find_node("sink"), 0) == "main");
+  CHECK(placement_of(*r.spec.find_node("sink"), 1) == "node-2");
+  // to_toml keeps per-replica placement (the coordinator ships the graph to the nodes as TOML)
+  auto again = parse_graph_string(to_toml(r.spec), "again.graph");
+  REQUIRE(again.ok());
+  CHECK(again.spec.find_node("sink")->on_replicas == std::vector<std::string>{"main", "node-2"});
+}
+
+TEST_CASE("cluster: an unknown node in on = ... is an error at the line of the on value") {
+  std::string text = cluster_graph;
+  text.replace(text.find("on = \"node-1\""), 13, "on = \"node-9\"");
+  auto r = parse_graph_string(text, "c.graph");
+  REQUIRE(r.ok());
+  auto errors = check_placement(r.spec);
+  REQUIRE(errors.size() == 1);
+  const std::string e = all_errors(errors);
+  CHECK_MESSAGE(contains(e, "c.graph:7:6: error: node 'src': on = \"node-9\" names no node of the cluster"), e);
+  CHECK_MESSAGE(contains(e, "did you mean 'node-1'?"), e);
+  // one entry per replica
+  std::string t2 = cluster_graph;
+  t2.replace(t2.find("replicas = 2"), 12, "replicas = 3");
+  auto r2 = parse_graph_string(t2, "c.graph");
+  const std::string e2 = all_errors(check_placement(r2.spec));
+  CHECK_MESSAGE(contains(e2, "c.graph:11:6: error: node 'sink' places 2 replicas with on = [...] but has replicas = 3"), e2);
+  // without a cluster, `on` is not interpreted
+  auto r3 = parse_graph_string("[node.a]\nkind = \"sink\"\non = \"gpu0\"\n", "n.graph");
+  CHECK(check_placement(r3.spec).empty());
+}
+
+TEST_CASE("cluster: bad [cluster] entries are errors with file:line:col") {
+  auto r = parse_graph_string(R"([cluster]
+heartbeat_ms = 0
+on_node_lost = "restart"
+colour = 1
+[cluster.nodes.a]
+address = "localhost"
+[cluster.nodes.b]
+address = "h:70000"
+cpus = -1
+[cluster.nodes.main]
+address = "h:1"
+[cluster.nodes.c]
+adress = "h:1"
+)",
+                              "bad.graph");
+  const std::string e = all_errors(r.errors);
+  CHECK_MESSAGE(contains(e, "bad.graph:2:16: error: cluster heartbeat_ms must be an integer >= 1"), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:3:16: error: cluster on_node_lost must be \"stop\", got \"restart\""), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:4:1: error: unknown key 'colour' in [cluster]"), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:6:11: error: cluster node 'a': address must be \"HOST:PORT\""), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:8:11: error: cluster node 'b': address must be"), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:9:8: error: cluster node 'b': cpus must be an integer >= 0"), e);
+  CHECK_MESSAGE(contains(e, "error: invalid cluster node name 'main'"), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:13:1: error: unknown key 'adress' in [cluster.nodes.c]"), e);
+  CHECK_MESSAGE(contains(e, "did you mean 'address'?"), e);
+}
+
+TEST_CASE("cluster: --cluster FILE is read with the same rules and positions") {
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_cluster_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "good.toml");
+    f << "[cluster]\nlost_after_ms = 1500\n[cluster.nodes.w1]\naddress = \"127.0.0.1:7001\"\n";
+    std::ofstream g(dir / "bad.toml");
+    g << "[cluster]\n[cluster.nodes.w1]\naddress = 7001\n";
+  }
+  auto good = parse_cluster_file(dir / "good.toml");
+  REQUIRE_MESSAGE(good.ok(), all_errors(good.errors));
+  CHECK(good.cluster.lost_after_ms == 1500);
+  REQUIRE(good.cluster.nodes.size() == 1);
+  CHECK(good.cluster.nodes[0].port == 7001);
+  auto bad = parse_cluster_file(dir / "bad.toml");
+  const std::string e = all_errors(bad.errors);
+  CHECK_MESSAGE(contains(e, "bad.toml:3:11: error: cluster node 'w1': address must be \"HOST:PORT\""), e);
+  auto missing = parse_cluster_file(dir / "nope.toml");
+  CHECK(contains(all_errors(missing.errors), "cannot open cluster file"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("cluster: to_toml keeps every float setting bit for bit (nodes receive the graph as TOML text)") {
+  graph_spec g;
+  g.name = "f";
+  node_spec n;
+  n.name = "t";
+  n.kind = "trainer";
+  const std::vector<double> values{0.1 + 0.2, 1e-5 / 3, 6.02214076e23, -0.0, 5e-324, 1.0 / 3};
+  for (std::size_t i = 0; i < values.size(); ++i) n.settings["v" + std::to_string(i)] = setting{values[i], {}, {}, false};
+  g.nodes.push_back(n);
+  auto back = parse_graph_string(to_toml(g), "f.graph");
+  REQUIRE_MESSAGE(back.ok(), all_errors(back.errors));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto* s = back.spec.nodes.at(0).find_setting("v" + std::to_string(i));
+    REQUIRE(s);
+    const double* d = std::get_if<double>(&s->value);
+    REQUIRE(d);
+    CHECK_MESSAGE(std::memcmp(d, &values[i], sizeof(double)) == 0, "v" << i << ": " << *d << " != " << values[i]);
+  }
 }

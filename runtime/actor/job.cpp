@@ -25,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/console.h"
+#include "runtime/actor/payload_codec.h"
 
 namespace flowrun::actor::rt {
 
@@ -44,6 +45,18 @@ using done_atom = caf::atom_constant<caf::atom("fr_done")>;
 using fail_atom = caf::atom_constant<caf::atom("fr_fail")>;
 using stopped_atom = caf::atom_constant<caf::atom("fr_stopd")>;
 using flush_atom = caf::atom_constant<caf::atom("fr_flush")>;
+/// A payload from a replica in another process, as bytes (see on_remote_data).
+using rdata_atom = caf::atom_constant<caf::atom("fr_rdata")>;
+
+// -- what crosses processes (cluster runs; all of it is counted) ----------------
+
+struct cross_counters {
+  std::atomic<std::uint64_t> data_msgs{0}, data_bytes{0}, control_msgs{0};
+};
+cross_counters& cross() {
+  static cross_counters c;
+  return c;
+}
 
 /// produce() calls per produce event at most.
 constexpr int produce_burst = 16;
@@ -132,6 +145,14 @@ struct job_plan {
   std::shared_ptr<job_live> live;
   std::shared_ptr<run_state> state;
   std::vector<std::vector<caf::actor>> actors;  // filled after spawning, cleared at the end
+  // Cluster runs: where each replica runs (empty: all in this process).
+  flowrun::actor::placement where;
+  bool local(std::uint32_t node, std::uint32_t replica) const {
+    return where.where.empty() || where.where[node][replica] == where.self;
+  }
+  std::uint32_t process_of(std::uint32_t node, std::uint32_t replica) const {
+    return where.where.empty() ? 0 : where.where[node][replica];
+  }
 };
 
 // Adds to a counter that only the calling actor writes (no read-modify-write
@@ -186,6 +207,12 @@ class replica_actor final : public caf::event_based_actor {
         [this](data_atom, envelope& e) {
           now_valid_ = false;
           on_data(e);
+          publish_state();
+        },
+        [this](rdata_atom, std::uint32_t link, std::uint64_t origin, std::uint64_t seq, std::uint64_t parts,
+               std::uint64_t index_flags, const std::string& type, const std::vector<char>& bytes) {
+          now_valid_ = false;
+          on_remote_data(link, {origin, seq, parts, index_flags >> 8, index_flags & 0xffu}, type, bytes);
           publish_state();
         },
         [this](ack_atom, std::uint32_t out, std::uint32_t n) {
@@ -334,6 +361,7 @@ class replica_actor final : public caf::event_based_actor {
 
   struct out_link {
     caf::actor target;
+    bool remote = false;  // the target runs in another process: payloads go as bytes
     std::uint32_t in_index = 0;  // the link's index at the receiver
     std::int64_t credit = 0, max_credit = 0;
     std::deque<envelope> backlog;  // staged messages waiting for credit
@@ -406,6 +434,7 @@ class replica_actor final : public caf::event_based_actor {
       const link_plan& l = p.links[id];
       out_link ol;
       ol.target = p.actors[l.to_node][l.to_replica];
+      ol.remote = ol.target && ol.target.node() != system().node();
       ol.in_index = l.in_index;
       ol.credit = ol.max_credit = p.edges[l.edge].credit;
       ol.sent_ns.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, ol.max_credit)), 0);
@@ -481,6 +510,40 @@ class replica_actor final : public caf::event_based_actor {
     }
     pump();
   }
+
+  // A payload from another process: bytes and the tag's fields as integers
+  // (origin, seq, part << 32 | parts, index, last | tombstone << 1).
+  void on_remote_data(std::uint32_t link, const std::vector<std::uint64_t>& t, const std::string& type,
+                      const std::vector<char>& bytes) {
+    envelope e;
+    e.link = link;
+    if (t.size() == 5) {
+      e.t.origin = t[0];
+      e.t.seq = t[1];
+      e.t.part = static_cast<std::uint32_t>(t[2] >> 32);
+      e.t.parts = static_cast<std::uint32_t>(t[2] & 0xffffffffu);
+      e.t.index = static_cast<std::uint32_t>(t[3]);
+      e.t.last = (t[4] & 1u) != 0;
+      e.t.tombstone = (t[4] & 2u) != 0;
+    }
+    if (!type.empty()) {
+      auto p = decode_payload(type, bytes);
+      if (!p) {
+        if (phase_ == phase::running) fail(replica_name(*plan_, node_, replica_) + " received from another process: " + p.error());
+        return;
+      }
+      e.data = std::move(*p);
+    }
+    on_data(e);
+  }
+
+  // Sends to `to`, counting the message when it leaves the process.
+  template <class... Ts>
+  void send_counted(const caf::actor& to, Ts&&... xs) {
+    if (to && to.node() != system().node()) bump_cross_control();
+    send(to, std::forward<Ts>(xs)...);
+  }
+  static void bump_cross_control() { cross().control_msgs.fetch_add(1, std::memory_order_relaxed); }
 
   void on_ack(std::uint32_t out, std::uint32_t n) {
     if (out >= out_links_.size()) return;
@@ -563,7 +626,7 @@ class replica_actor final : public caf::event_based_actor {
     const bool failed = phase_ == phase::failed;
     phase_ = phase::stopped;
     if (!failed) publish_state();  // a failed replica keeps showing "failed" (with its reason)
-    if (coordinator_) send(coordinator_, stopped_atom::value, node_, replica_, std::move(error));
+    if (coordinator_) send_counted(coordinator_, stopped_atom::value, node_, replica_, std::move(error));
     quit();
   }
 
@@ -632,10 +695,10 @@ class replica_actor final : public caf::event_based_actor {
       mark_produce_blocked_links();
     }
     if (finished_ && !has_backlog()) {
-      for (auto& l : out_links_) send(l.target, eos_atom::value, l.in_index);
+      for (auto& l : out_links_) send_counted(l.target, eos_atom::value, l.in_index);
       phase_ = phase::done;
       close_blocked();
-      send(coordinator_, done_atom::value, node_, replica_);
+      send_counted(coordinator_, done_atom::value, node_, replica_);
       return false;
     }
     return true;
@@ -891,13 +954,43 @@ class replica_actor final : public caf::event_based_actor {
         bump(counters_.msgs_out, 1);
         bump(counters_.bytes_out, bytes);
         note_sent(l);
-        send(l.target, data_atom::value, std::move(env));
+        if (l.remote) {
+          send_remote(l, env);
+          if (phase_ != phase::running) return;
+        } else {
+          send(l.target, data_atom::value, std::move(env));
+        }
       }
       if (!l.backlog.empty() && !l.blocked) {
         l.blocked = true;
         l.blocked_since = now();
       }
     }
+  }
+
+  // A data message to another process: the payload's bytes (payload_codec.h),
+  // never floats or handles. A type without a codec fails the replica (launch
+  // refuses such graphs up front, so this is a safety net).
+  void send_remote(out_link& l, const envelope& env) {
+    std::vector<char> bytes;
+    std::string type;
+    if (!env.data.empty()) {
+      auto enc = encode_payload(env.data);
+      if (!enc) {
+        fail(replica_name(*plan_, node_, replica_) + " cannot send to another process: " + enc.error());
+        return;
+      }
+      bytes = std::move(*enc);
+      type = std::string(env.data.type());
+    }
+    const auto& t = env.t;
+    std::vector<std::uint64_t> tag_fields{t.origin, t.seq, static_cast<std::uint64_t>(t.part) << 32 | t.parts, t.index,
+                                          (t.last ? 1u : 0u) | (t.tombstone ? 2u : 0u)};
+    cross().data_msgs.fetch_add(1, std::memory_order_relaxed);
+    cross().data_bytes.fetch_add(bytes.size(), std::memory_order_relaxed);
+    // (CAF 0.17 has no built-in std::vector<uint64_t>: the tag goes as plain integers)
+    send(l.target, rdata_atom::value, l.in_index, tag_fields[0], tag_fields[1], tag_fields[2],
+         tag_fields[3] << 8 | tag_fields[4], std::move(type), std::move(bytes));
   }
 
   // Sends the acknowledgements owed. To save messages under load, a link's
@@ -912,7 +1005,7 @@ class replica_actor final : public caf::event_based_actor {
         deferred = true;
         continue;
       }
-      send(in.sender, ack_atom::value, in.sender_out, in.pending_acks);
+      send_counted(in.sender, ack_atom::value, in.sender_out, in.pending_acks);
       in.pending_acks = 0;
     }
     if (deferred && !ack_flush_scheduled_) {
@@ -1076,7 +1169,7 @@ class replica_actor final : public caf::event_based_actor {
     flush_acks();
     close_blocked();
     // Not logged here: the run's error is the first failure, reported by whoever runs the job.
-    send(coordinator_, fail_atom::value, node_, replica_, std::move(message));
+    send_counted(coordinator_, fail_atom::value, node_, replica_, std::move(message));
   }
 
   // -- members ---------------------------------------------------------------------------------
@@ -1141,9 +1234,9 @@ class coordinator_actor final : public caf::event_based_actor {
     for (auto& row : plan_->actors)
       for (auto& a : row) monitor(a);
     for (auto& row : plan_->actors)
-      for (auto& a : row) send(a, init_atom::value, me);
+      for (auto& a : row) send_counted(a, init_atom::value, me);
     for (auto& row : plan_->actors)
-      for (auto& a : row) send(a, run_atom::value);
+      for (auto& a : row) send_counted(a, run_atom::value);
     if (total_ == 0) finish();
     return {
         [this](done_atom, std::uint32_t n, std::uint32_t r) {
@@ -1168,6 +1261,7 @@ class coordinator_actor final : public caf::event_based_actor {
           if (!err.empty()) report(std::move(err));
           mark_stopped(n, r);
         },
+        [this](node_lost_atom, std::uint32_t process, std::string& why) { lose_process(process, why); },
     };
   }
 
@@ -1183,6 +1277,40 @@ class coordinator_actor final : public caf::event_based_actor {
     exit_code_ = exit_failed;
   }
 
+  template <class... Ts>
+  void send_counted(const caf::actor& to, Ts&&... xs) {
+    if (to && to.node() != system().node()) cross().control_msgs.fetch_add(1, std::memory_order_relaxed);
+    send(to, std::forward<Ts>(xs)...);
+  }
+
+  // A cluster node is gone (no heartbeat, or its connection dropped): its
+  // replicas will never answer, so they count as stopped; the run stops
+  // (on_node_lost = "stop"), and the other replicas' stop() runs as usual.
+  void lose_process(std::uint32_t process, const std::string& why) {
+    const auto& w = plan_->where;
+    if (w.where.empty() || process >= w.processes.size() || process == w.self) return;
+    if (!lost_.insert(process).second) return;
+    std::string names;
+    for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
+      for (std::uint32_t r = 0; r < plan_->nodes[n].replicas; ++r) {
+        if (w.where[n][r] != process) continue;
+        const auto& np = plan_->nodes[n];
+        names += (names.empty() ? "" : ", ") + np.spec.name + (np.replicas > 1 ? "[" + std::to_string(r) + "]" : "");
+        if (!status_[n][r].stopped) {
+          plan_->live->event("lost", np.spec.name, static_cast<std::int64_t>(r), "lost with cluster node '" + w.processes[process] + "'");
+          mark_stopped(n, r);
+        }
+      }
+    std::string msg = "cluster node '" + w.processes[process] + "' lost (" + why + "); its actors: " +
+                      (names.empty() ? std::string("none") : names) +
+                      "; the run stops (on_node_lost = \"stop\"): the other nodes' stop() runs, so what they "
+                      "checkpoint is intact";
+    plan_->live->event("run", "", -1, msg);
+    report(std::move(msg));
+    if (phase_ < phase::stopping) begin_stop(stop_reason::failed);
+    else if (phase_ == phase::stopping && stopped_ == total_) finish();
+  }
+
   // The first error becomes the run's (its caller reports it); later ones are logged.
   void report(std::string why) {
     if (error_.empty()) set_error(std::move(why));
@@ -1196,8 +1324,8 @@ class coordinator_actor final : public caf::event_based_actor {
     paused_ = on;
     for (auto& row : plan_->actors)
       for (auto& a : row) {
-        if (on) send(a, pause_atom::value);
-        else send(a, resume_atom::value);
+        if (on) send_counted(a, pause_atom::value);
+        else send_counted(a, resume_atom::value);
       }
     plan_->live->set_run_phase(on                            ? run_phase::paused
                                : phase_ == phase::draining ? run_phase::draining
@@ -1218,7 +1346,7 @@ class coordinator_actor final : public caf::event_based_actor {
       spdlog::warn("signal {}: draining (sources stop; in-flight messages are handled); again to stop now", sig);
       for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
         if (plan_->nodes[n].source)
-          for (auto& a : plan_->actors[n]) send(a, end_atom::value);
+          for (auto& a : plan_->actors[n]) send_counted(a, end_atom::value);
     } else if (phase_ == phase::draining) {
       spdlog::warn("signal {}: stopping without draining", sig);
       begin_stop(stop_reason::interrupted);
@@ -1234,7 +1362,7 @@ class coordinator_actor final : public caf::event_based_actor {
     plan_->live->event("run", "", -1, "stopping (" + std::string(to_string(why)) + ")");
     for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
       for (std::uint32_t r = 0; r < plan_->nodes[n].replicas; ++r)
-        if (!status_[n][r].stopped) send(plan_->actors[n][r], stop_atom::value, static_cast<std::int32_t>(why));
+        if (!status_[n][r].stopped) send_counted(plan_->actors[n][r], stop_atom::value, static_cast<std::int32_t>(why));
     if (stopped_ == total_) finish();
   }
 
@@ -1252,6 +1380,10 @@ class coordinator_actor final : public caf::event_based_actor {
         if (plan_->actors[n][r].address() != dm.source) continue;
         plan_->live->event("down", plan_->nodes[n].spec.name, r,
                            dm.reason ? "down: " + system().render(dm.reason) : std::string("down (quit normally)"));
+        if (!status_[n][r].stopped && !plan_->local(n, r) && dm.reason == caf::exit_reason::remote_link_unreachable) {
+          lose_process(plan_->process_of(n, r), "its connection dropped: " + system().render(dm.reason));
+          return;
+        }
         if (!status_[n][r].stopped) {
           // It quit without being told to: a bug in the runtime or an exception outside the node's calls.
           report(replica_name(*plan_, n, r) + " terminated unexpectedly: " + system().render(dm.reason));
@@ -1287,6 +1419,7 @@ class coordinator_actor final : public caf::event_based_actor {
   int interrupts_ = 0;
   int signal_ = 0;
   bool paused_ = false;
+  std::set<std::uint32_t> lost_;  // cluster processes lost
 };
 
 // -- planning ------------------------------------------------------------------------------------------
@@ -1443,6 +1576,103 @@ expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, cons
   // after its init message, which happens-after the table is complete.
   j.coordinator = sys.spawn<rt::coordinator_actor>(plan);
   return j;
+}
+
+cross_process_counts cross_process_totals() {
+  auto& c = rt::cross();
+  return {c.data_msgs.load(), c.data_bytes.load(), c.control_msgs.load()};
+}
+
+expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& spec,
+                              const graph::node_kind_registry& kinds, const node_factory_registry& factories,
+                              const run_options& options, const placement& where) {
+  auto planned = rt::make_plan(spec, kinds, factories, options);
+  if (!planned) return error_text{planned.error()};
+  std::shared_ptr<rt::job_plan> plan = *planned;
+  if (where.where.size() != plan->nodes.size() || where.self >= where.processes.size())
+    return error_text{"placement: " + std::to_string(where.where.size()) + " nodes placed, the graph has " +
+                      std::to_string(plan->nodes.size())};
+  for (std::uint32_t n = 0; n < plan->nodes.size(); ++n) {
+    if (where.where[n].size() != plan->nodes[n].replicas)
+      return error_text{"placement: node '" + plan->nodes[n].spec.name + "' has " +
+                        std::to_string(plan->nodes[n].replicas) + " replicas, " +
+                        std::to_string(where.where[n].size()) + " placed"};
+    for (auto p : where.where[n])
+      if (p >= where.processes.size()) return error_text{"placement: node '" + plan->nodes[n].spec.name + "' placed on an unknown process"};
+  }
+  plan->where = where;
+  // Every edge that crosses processes must carry a type that travels as bytes.
+  for (const auto& l : plan->links) {
+    const auto pf = where.where[l.from_node][l.from_replica], pt = where.where[l.to_node][l.to_replica];
+    if (pf == pt) continue;
+    const auto& e = plan->edges[l.edge];
+    const std::string_view type = plan->nodes[e.from_node].out_ports[e.from_port].type;
+    if (!has_payload_codec(type))
+      return error_text{"edge " + e.name + " crosses from cluster node '" + where.processes[pf] + "' to '" +
+                        where.processes[pt] + "', but its message type '" + std::string(type) +
+                        "' cannot cross processes yet (no byte codec; tensors and models are not yet supported "
+                        "across cluster nodes): place both ends on the same node (on = \"...\")"};
+  }
+  job_part part;
+  part.plan = plan;
+  part.state = plan->state;
+  part.metrics = plan->metrics;
+  part.live = plan->live;
+  plan->actors.resize(plan->nodes.size());
+  for (std::uint32_t n = 0; n < plan->nodes.size(); ++n) {
+    plan->actors[n].resize(plan->nodes[n].replicas);
+    for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r) {
+      if (where.where[n][r] != where.self) continue;
+      const bool blocking = plan->nodes[n].blocking;
+      auto a = blocking ? sys.spawn<rt::replica_actor, caf::detached>(plan, n, r) : sys.spawn<rt::replica_actor>(plan, n, r);
+      plan->live->event("spawn", plan->nodes[n].spec.name, r,
+                        "spawned on cluster node '" + where.processes[where.self] + "' (kind " +
+                            plan->nodes[n].kind_name + ", actor " + std::to_string(a.id()) + ")");
+      plan->actors[n][r] = a;
+      part.local.push_back(a);
+      part.local_ids.emplace_back(n, r);
+    }
+  }
+  return part;
+}
+
+expected<bool> set_actor_table(job_part& part, const std::vector<caf::actor>& all) {
+  auto plan = std::static_pointer_cast<rt::job_plan>(part.plan);
+  if (!plan) return error_text{"set_actor_table: the part was released"};
+  std::size_t total = 0;
+  for (const auto& np : plan->nodes) total += np.replicas;
+  if (all.size() != total)
+    return error_text{"set_actor_table: " + std::to_string(all.size()) + " handles for " + std::to_string(total) +
+                      " replicas"};
+  std::size_t i = 0;
+  for (auto& row : plan->actors)
+    for (auto& a : row) {
+      if (!all[i]) return error_text{"set_actor_table: replica handle " + std::to_string(i) + " is invalid"};
+      a = all[i++];
+    }
+  return true;
+}
+
+job start_part(caf::actor_system& sys, job_part& part) {
+  auto plan = std::static_pointer_cast<rt::job_plan>(part.plan);
+  job j;
+  j.state = plan->state;
+  j.metrics = plan->metrics;
+  j.live = plan->live;
+  j.replicas = plan->actors;
+  j.coordinator = sys.spawn<rt::coordinator_actor>(plan);
+  return j;
+}
+
+void abort_part(job_part& part) {
+  for (auto& a : part.local)
+    caf::anon_send(a, rt::stop_atom::value, static_cast<std::int32_t>(stop_reason::failed));
+}
+
+void release_part(job_part& part) {
+  if (auto plan = std::static_pointer_cast<rt::job_plan>(part.plan)) plan->actors.clear();
+  part.local.clear();
+  part.plan.reset();
 }
 
 void interrupt(const job& j, int signal) {

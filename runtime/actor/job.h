@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <caf/actor.hpp>
@@ -46,6 +48,33 @@ using interrupt_atom = caf::atom_constant<caf::atom("fr_intr")>;
 using pause_atom = caf::atom_constant<caf::atom("fr_pause")>;
 using resume_atom = caf::atom_constant<caf::atom("fr_resume")>;
 
+/// Control message to a job's coordinator (cluster runs): `node_lost_atom,
+/// uint32_t process, std::string why`. Process `process` of the placement
+/// is gone: its replicas count as stopped and the run stops with an error
+/// naming the node and its actors (on_node_lost = "stop").
+using node_lost_atom = caf::atom_constant<caf::atom("fr_lost")>;
+
+/// Where each replica of a job runs, for a job spread over processes.
+struct placement {
+  /// The processes' names: [0] is "main" (the flowrun run process), then the cluster nodes.
+  std::vector<std::string> processes;
+  /// [node index in spec.nodes][replica] -> index into `processes`.
+  std::vector<std::vector<std::uint32_t>> where;
+  /// The index of this process in `processes`.
+  std::uint32_t self = 0;
+};
+
+/// Messages and bytes this process sent to actors in other processes, since
+/// it started (cluster runs; all zero otherwise).
+struct cross_process_counts {
+  std::uint64_t data_msgs = 0;     ///< payloads sent as bytes (one per message on a link)
+  std::uint64_t data_bytes = 0;    ///< the payloads' bytes (CAF's own framing not included)
+  std::uint64_t control_msgs = 0;  ///< acks, end-of-stream, init/run/stop/done and the like
+};
+
+/// This process's counts so far (thread-safe).
+cross_process_counts cross_process_totals();
+
 /// A launched job.
 struct job {
   caf::actor coordinator;                          ///< supervises the replicas
@@ -62,6 +91,43 @@ struct job {
 /// need not outlive the call.
 expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
                      const node_factory_registry& factories, const run_options& options = {});
+
+/// The share of a job that one process of a cluster runs: its replicas, and
+/// the plan that says where the others are.
+struct job_part {
+  std::shared_ptr<void> plan;                 ///< the job's plan (opaque)
+  std::vector<caf::actor> local;              ///< this process's replicas, in (node, replica) order
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> local_ids;  ///< (node, replica) of each of `local`
+  std::shared_ptr<run_state> state;
+  std::shared_ptr<job_metrics> metrics;
+  std::shared_ptr<job_live> live;
+};
+
+/// Plans `spec` like launch() and spawns only the replicas that `where`
+/// places on process where.self. Errors (nothing is spawned): those of
+/// launch(), a placement whose shape does not match the spec, and an edge
+/// between replicas in different processes whose message type has no byte
+/// codec (payload_codec.h; the message names the edge, the processes and
+/// the type: tensors and models do not cross processes yet).
+expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& spec,
+                              const graph::node_kind_registry& kinds, const node_factory_registry& factories,
+                              const run_options& options, const placement& where);
+
+/// Gives the part every replica's handle: `all` in (node, replica) order,
+/// local and remote. Must be called before the coordinator starts. Error: a
+/// size that does not match the plan.
+expected<bool> set_actor_table(job_part& part, const std::vector<caf::actor>& all);
+
+/// The main process of a cluster run: starts the coordinator over the
+/// complete table (set_actor_table) and returns the job.
+job start_part(caf::actor_system& sys, job_part& part);
+
+/// A cluster node whose coordinator is gone: tells its replicas to stop
+/// (reason failed), so that their stop() (the checkpoint hook) runs.
+void abort_part(job_part& part);
+
+/// Releases the part's handles (the table refers to actors in other processes).
+void release_part(job_part& part);
 
 /// Sends `interrupt_atom, signal` to the job's coordinator.
 void interrupt(const job& j, int signal);

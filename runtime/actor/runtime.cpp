@@ -13,8 +13,12 @@
 #include <vector>
 
 #include <caf/all.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/openssl/manager.hpp>
 #include <spdlog/spdlog.h>
 
+#include "runtime/actor/cluster.h"
+#include "runtime/actor/cluster_run.h"
 #include "runtime/actor/console.h"
 #include "runtime/actor/console_bridge.h"
 #include "runtime/actor/job.h"
@@ -151,16 +155,39 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
   // an actor yields its worker after a few messages: a busy source (a training node that
   // produces step after step) must not keep the coordinator from handling a signal
   cfg.set("scheduler.max-throughput", static_cast<caf::config_value::integer>(4));
+  // A graph placed over cluster nodes needs CAF's middleman (docs/scaling.md).
+  const bool clustered = needs_cluster(spec);
+  if (clustered) cfg.load<caf::io::middleman>();
+  if (clustered && !options.cluster.tls_cert.empty()) {
+    cfg.openssl_certificate = options.cluster.tls_cert;
+    cfg.openssl_key = options.cluster.tls_key;
+    cfg.openssl_cafile = options.cluster.tls_ca;
+    cfg.load<caf::openssl::manager>();
+  }
   {
     caf::actor_system sys{cfg};
-    auto launched = launch(sys, spec, kinds, factories, options);
-    if (!launched) {
-      result.exit_code = exit_failed;
-      result.reason = stop_reason::failed;
-      result.error = launched.error();
-      return result;
+    std::unique_ptr<cluster_run> cluster;
+    job j;
+    if (clustered) {
+      auto started = cluster_run::start(sys, spec, kinds, factories, options);
+      if (!started) {
+        result.exit_code = exit_failed;
+        result.reason = stop_reason::failed;
+        result.error = started.error();
+        return result;
+      }
+      cluster = std::move(*started);
+      j = cluster->the_job();
+    } else {
+      auto launched = launch(sys, spec, kinds, factories, options);
+      if (!launched) {
+        result.exit_code = exit_failed;
+        result.reason = stop_reason::failed;
+        result.error = launched.error();
+        return result;
+      }
+      j = std::move(*launched);
     }
-    job j = std::move(*launched);
     signal_guard signals;
     // What the console's POST endpoints do. They run on the server's threads and
     // only queue the request; this loop forwards it to the coordinator (so no
@@ -236,11 +263,13 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         console::clear_progress();
         spdlog::info("[{}] {:.1f}s: step {}, {} tokens ({:.0f} tok/s), busiest node {} ({:.2f}s busy)", spec.name,
                      snap.elapsed_s, snap.steps(), snap.tokens(), tps, busiest, busiest_busy);
+        if (cluster) spdlog::info("[{}] cluster: {}", spec.name, cluster->status());
         for (const auto& n : snap.nodes)
           spdlog::debug("node {}: in {} out {} depth {} busy {:.3f}s blocked {:.3f}s", n.name, n.msgs_in, n.msgs_out,
                         n.depth, n.busy_s, n.blocked_s);
         prev = std::move(snap);
       }
+      if (cluster && console_live && now >= next_console) cluster->publish_live();
       if (console_live && now >= next_console) {
         next_console = now + std::chrono::duration_cast<clk::duration>(
                                  std::chrono::duration<double>(std::max(0.05, options.console.interval_s)));
@@ -255,6 +284,12 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       }
     }
     console::clear_progress();
+    if (cluster) {
+      cluster->publish_live();
+      spdlog::info("[{}] cluster: {}", spec.name, cluster->status());
+      std::string traffic = cluster->end();
+      if (options.summary) spdlog::info("[{}] {}", spec.name, traffic);
+    }
     result.exit_code = j.state->exit_code();
     result.error = j.state->error();
     result.reason = j.state->reason();
@@ -274,6 +309,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       }
     }
     j = job{};  // release the handles before the actor system goes away
+    cluster.reset();
   }  // ~actor_system waits for every actor; all of them have quit
   if (console_live) console_live->close();
   return result;

@@ -46,6 +46,21 @@ struct console_options {
   std::function<void(const std::string& url, const std::string& token)> on_ready;
 };
 
+/// A run spread over the machines of the graph's [cluster] (docs/scaling.md).
+/// Used only when spec.cluster places a replica off the `flowrun run`
+/// process ("main").
+struct cluster_options {
+  /// The cluster's shared secret (load_cluster_secret, cluster_auth.h).
+  std::string secret;
+  /// Seconds to wait for a node daemon to answer while connecting.
+  int connect_timeout_s = 10;
+  /// TLS through caf_openssl (all three or none): this process's certificate
+  /// and key (PEM files) and the CA file that peers' certificates must chain
+  /// to. Set: every connection to a node daemon is TLS with mutual
+  /// certificate checks, under the secret's handshake. Empty: plain TCP.
+  std::string tls_cert, tls_key, tls_ca;
+};
+
 /// How to run a graph.
 struct run_options {
   /// Credit (messages in flight per link) of edges that give none (credit=0).
@@ -64,6 +79,8 @@ struct run_options {
   bool summary = true;
   /// The live console (off by default).
   console_options console;
+  /// Cluster runs: the secret and timeouts.
+  cluster_options cluster;
 };
 
 /// How a run ended.

@@ -164,6 +164,12 @@ std::string edge_spec::to_string() const {
   return s;
 }
 
+const cluster_node_spec* cluster_spec::find(std::string_view n) const {
+  for (const auto& node : nodes)
+    if (node.name == n) return &node;
+  return nullptr;
+}
+
 const node_spec* graph_spec::find_node(std::string_view n) const {
   for (const auto& node : nodes)
     if (node.name == n) return &node;

@@ -83,7 +83,13 @@ struct node_spec {
   std::string name;
   std::string kind;
   std::int64_t replicas = 1;
-  std::string on;  ///< placement (a machine or device name); empty: anywhere
+  /// Placement: the name of a node of the graph's [cluster] ("main": the
+  /// `flowrun run` process); empty: the `flowrun run` process. Without a
+  /// [cluster] it is not interpreted. An array `on = ["a", "b"]` places each
+  /// replica (on_replicas) and sets `on` to the names joined by ",".
+  std::string on;
+  /// Per-replica placement (on = [...]); empty: every replica goes to `on`.
+  std::vector<std::string> on_replicas;
   std::map<std::string, setting, std::less<>> settings;
 
   source_pos pos;           ///< the table header ([node.NAME])
@@ -136,6 +142,45 @@ struct edge_spec {
   std::string to_string() const;
 };
 
+/// One machine of a `[cluster.nodes.NAME]` table: where its `flowrun node`
+/// daemon listens and what it offers.
+struct cluster_node_spec {
+  std::string name;        ///< [A-Za-z0-9_-]+, not "main" (the `flowrun run` process)
+  std::string host;        ///< the daemon's address (name or IP)
+  int port = 0;            ///< the daemon's TCP port, 1..65535
+  std::int64_t cpus = 0;   ///< CPU cores offered (informative: placement by resources is not implemented)
+  std::int64_t gpus = 0;   ///< GPUs offered (informative)
+  source_pos pos;          ///< the table header
+  source_pos address_pos;  ///< the address value
+};
+
+/// The `[cluster]` table (or a `--cluster FILE`): the machines a graph runs
+/// on besides the `flowrun run` process ("main"), and how they are watched.
+///
+///   [cluster]
+///   heartbeat_ms = 500         # between heartbeats (integer milliseconds)
+///   lost_after_ms = 3000       # a node silent this long is lost
+///   on_node_lost = "stop"      # the only policy so far: stop the run
+///   [cluster.nodes.w1]
+///   address = "127.0.0.1:7001"
+///   cpus = 2
+///   gpus = 0
+struct cluster_spec {
+  std::vector<cluster_node_spec> nodes;  ///< in file order
+  std::int64_t heartbeat_ms = 500;
+  std::int64_t lost_after_ms = 3000;
+  std::string on_node_lost = "stop";
+  source_pos pos;  ///< the [cluster] table (unknown if absent)
+
+  /// True when no node is declared (a single-process run).
+  bool empty() const { return nodes.empty(); }
+  /// The node called `name`, or nullptr.
+  const cluster_node_spec* find(std::string_view name) const;
+};
+
+/// The name `on` uses for the `flowrun run` process itself.
+inline constexpr std::string_view main_process_name = "main";
+
 /// A whole graph: the `[graph]` table, the nodes in file order and the edges.
 struct graph_spec {
   std::string name;
@@ -146,6 +191,8 @@ struct graph_spec {
   std::int64_t console_port = -1;
   std::vector<node_spec> nodes;
   std::vector<edge_spec> edges;
+  /// The machines of the run ([cluster] or flowrun run --cluster FILE); empty: one process.
+  cluster_spec cluster;
   /// The top-level file (parse_graph_string: its source name; "" for a spec
   /// built in code). Errors without a position name it; relative paths in
   /// settings without a file of their own are relative to its folder.

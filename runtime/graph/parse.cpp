@@ -312,8 +312,136 @@ namespace {
 
 // ------------------------------------------------------------ file loader
 
-const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node"};
+const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node", "cluster"};
+const std::vector<std::string> cluster_keys = {"heartbeat_ms", "lost_after_ms", "on_node_lost", "nodes"};
+const std::vector<std::string> cluster_node_keys = {"address", "cpus", "gpus"};
+
+bool is_cluster_node_name(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  return true;
+}
 const std::vector<std::string> graph_keys = {"name", "seed", "steps", "console_port"};
+
+void add_error(std::vector<graph_error>& errors, const source_pos& p, std::string message, std::string hint) {
+  errors.push_back(graph_error::at(p, std::move(message), std::move(hint)));
+}
+
+// Reads a [cluster] table into `c` (keys written here replace earlier ones;
+// nodes are replaced by name).
+void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_error>& errors) {
+  const auto* t = value.as_table();
+  if (!t) {
+    add_error(errors, pos_of(value), "'cluster' must be a table, got " + toml_type_name(value),
+              "write [cluster] with heartbeat_ms etc., and one [cluster.nodes.NAME] table per machine");
+    return;
+  }
+  c.pos = pos_of(value);
+  auto positive_ms = [&](const toml::node& v, const std::string& k, std::int64_t& out) {
+    if (!v.is_integer() || v.as_integer()->get() < 1)
+      add_error(errors, pos_of(v), "cluster " + k + " must be an integer >= 1 (milliseconds), got " + toml_type_name(v),
+                "write " + k + " = " + (k == "heartbeat_ms" ? "500" : "3000"));
+    else
+      out = v.as_integer()->get();
+  };
+  for (const auto& [key, v] : *t) {
+    std::string k(key.str());
+    if (k == "heartbeat_ms") {
+      positive_ms(v, k, c.heartbeat_ms);
+    } else if (k == "lost_after_ms") {
+      positive_ms(v, k, c.lost_after_ms);
+    } else if (k == "on_node_lost") {
+      if (!v.is_string() || v.as_string()->get() != "stop")
+        add_error(errors, pos_of(v),
+                  "cluster on_node_lost must be \"stop\"" +
+                      (v.is_string() ? ", got \"" + v.as_string()->get() + "\"" : ", got " + toml_type_name(v)),
+                  "\"stop\" stops the run and names the lost node and its actors (restarting on the remaining "
+                  "nodes is not implemented yet)");
+      else
+        c.on_node_lost = v.as_string()->get();
+    } else if (k == "nodes") {
+      const auto* nt = v.as_table();
+      if (!nt) {
+        add_error(errors, pos_of(v), "cluster nodes must be a table of tables, got " + toml_type_name(v),
+                  "write one [cluster.nodes.NAME] table per machine, with address = \"HOST:PORT\"");
+        continue;
+      }
+      std::vector<std::pair<const toml::key*, const toml::node*>> in_order;
+      for (const auto& [nk, nv] : *nt) in_order.emplace_back(&nk, &nv);
+      std::stable_sort(in_order.begin(), in_order.end(), [](const auto& a, const auto& b) {
+        const auto &pa = a.second->source().begin, &pb = b.second->source().begin;
+        return pa.line != pb.line ? pa.line < pb.line : pa.column < pb.column;
+      });
+      for (const auto& [nk, nv] : in_order) {
+        std::string name(nk->str());
+        if (!is_cluster_node_name(name) || name == main_process_name) {
+          add_error(errors, pos_of(*nk), "invalid cluster node name '" + name + "'",
+                    name == main_process_name
+                        ? "'main' names the `flowrun run` process itself; give the machine another name"
+                        : "cluster node names are letters, digits, '_' and '-'");
+          continue;
+        }
+        const auto* node_t = nv->as_table();
+        if (!node_t) {
+          add_error(errors, pos_of(*nv), "cluster node '" + name + "' must be a table, got " + toml_type_name(*nv),
+                    "write [cluster.nodes." + name + "] with address = \"HOST:PORT\"");
+          continue;
+        }
+        cluster_node_spec n;
+        n.name = name;
+        n.pos = pos_of(*nv);
+        bool have_address = false;
+        for (const auto& [ak, av] : *node_t) {
+          std::string a(ak.str());
+          if (a == "address") {
+            n.address_pos = pos_of(av);
+            const std::string text = av.is_string() ? av.as_string()->get() : std::string();
+            const auto colon = text.rfind(':');
+            int port = 0;
+            bool ok = av.is_string() && colon != std::string::npos && colon > 0 && colon + 1 < text.size() &&
+                      colon + 6 >= text.size();
+            for (std::size_t i = colon + 1; ok && i < text.size(); ++i) ok = std::isdigit(static_cast<unsigned char>(text[i]));
+            if (ok) port = std::stoi(text.substr(colon + 1));
+            if (!ok || port < 1 || port > 65535) {
+              add_error(errors, pos_of(av),
+                        "cluster node '" + name + "': address must be \"HOST:PORT\" with a port 1..65535, got " +
+                            (av.is_string() ? "\"" + text + "\"" : toml_type_name(av)),
+                        "write address = \"127.0.0.1:7001\" (where `flowrun node --listen` listens)");
+              continue;
+            }
+            n.host = text.substr(0, colon);
+            n.port = port;
+            have_address = true;
+          } else if (a == "cpus" || a == "gpus") {
+            if (!av.is_integer() || av.as_integer()->get() < 0)
+              add_error(errors, pos_of(av),
+                        "cluster node '" + name + "': " + a + " must be an integer >= 0, got " + toml_type_name(av),
+                        "write " + a + " = 2");
+            else
+              (a == "cpus" ? n.cpus : n.gpus) = av.as_integer()->get();
+          } else {
+            add_error(errors, pos_of(ak), "unknown key '" + a + "' in [cluster.nodes." + name + "]",
+                      suggest(a, cluster_node_keys, "cluster node keys"));
+          }
+        }
+        if (!have_address) {
+          if (!n.address_pos.known())
+            add_error(errors, n.pos, "cluster node '" + name + "' has no address",
+                      "write address = \"HOST:PORT\" (where its `flowrun node --listen` listens)");
+          continue;
+        }
+        auto same = std::find_if(c.nodes.begin(), c.nodes.end(), [&](const auto& x) { return x.name == name; });
+        if (same != c.nodes.end())
+          *same = std::move(n);
+        else
+          c.nodes.push_back(std::move(n));
+      }
+    } else {
+      add_error(errors, pos_of(key), "unknown key '" + k + "' in [cluster]", suggest(k, cluster_keys, "[cluster] keys"));
+    }
+  }
+}
 
 struct loader {
   parse_result result;
@@ -414,6 +542,8 @@ struct loader {
         read_nodes(value);
       else if (k == "edges")
         read_edges(value);
+      else if (k == "cluster")
+        read_cluster(value, result.spec.cluster, result.errors);
       else {
         result.spec.incomplete = true;  // it may have been meant to hold edges or nodes
         error(pos_of(key), "unknown top-level key '" + k + "'",
@@ -564,10 +694,24 @@ struct loader {
           node->replicas_pos = pos_of(v);
         }
       } else if (k == "on") {
-        if (!v.is_string())
-          error(pos_of(v), "placement 'on' must be a string, got " + toml_type_name(v), "write on = \"gpu0\"");
-        else {
+        const auto* arr = v.as_array();
+        bool ok = v.is_string() || (arr && !arr->empty());
+        if (arr)
+          for (const auto& e : *arr) ok = ok && e.is_string();
+        if (!ok) {
+          error(pos_of(v), "placement 'on' must be a string or a non-empty array of strings, got " + toml_type_name(v),
+                "write on = \"node-2\" (every replica) or on = [\"node-1\", \"node-2\"] (one per replica)");
+        } else if (arr) {
+          node->on_replicas.clear();
+          node->on.clear();
+          for (const auto& e : *arr) {
+            node->on_replicas.push_back(e.as_string()->get());
+            node->on += (node->on.empty() ? "" : ",") + node->on_replicas.back();
+          }
+          node->on_pos = pos_of(v);
+        } else {
           node->on = v.as_string()->get();
+          node->on_replicas.clear();
           node->on_pos = pos_of(v);
         }
       } else {
@@ -733,6 +877,7 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   if (key == "on" || key == "kind") {
     std::string s = std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : raw;
     (key == "on" ? node->on : node->kind) = s;
+    if (key == "on") node->on_replicas.clear();
     (key == "on" ? node->on_pos : node->kind_pos) = vpos;
     return std::nullopt;
   }
@@ -754,6 +899,78 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   if (wants_string && !std::holds_alternative<std::string>(value)) value = as_string;
   node->settings[key] = setting{std::move(value), kpos, vpos, false};
   return std::nullopt;
+}
+
+// ---------------------------------------------------------------- clusters
+
+cluster_parse_result parse_cluster_file(const fs::path& file) {
+  cluster_parse_result r;
+  std::error_code ec;
+  std::ifstream in;
+  if (fs::is_regular_file(file, ec)) in.open(file, std::ios::binary);
+  if (!in.is_open()) {
+    add_error(r.errors, {file.string(), 1, 1}, "cannot open cluster file '" + file.string() + "'",
+              "check the path (relative paths are relative to the working directory)");
+    return r;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string name = file.lexically_normal().string();
+  toml::table table;
+  try {
+    table = toml::parse(ss.str(), std::string_view(name));
+  } catch (const toml::parse_error& e) {
+    add_error(r.errors, {name, static_cast<int>(e.source().begin.line), static_cast<int>(e.source().begin.column)},
+              "TOML syntax error: " + std::string(e.description()), "the file must be valid TOML (https://toml.io/en/v1.0.0)");
+    return r;
+  }
+  bool found = false;
+  for (const auto& [key, value] : table) {
+    if (key.str() == "cluster") {
+      found = true;
+      read_cluster(value, r.cluster, r.errors);
+    } else {
+      add_error(r.errors, pos_of(key), "unknown top-level key '" + std::string(key.str()) + "' in a cluster file",
+                "a cluster file holds one [cluster] table and its [cluster.nodes.NAME] tables");
+    }
+  }
+  if (!found && r.errors.empty())
+    add_error(r.errors, {name, 1, 1}, "cluster file '" + name + "' has no [cluster] table",
+              "write [cluster] and one [cluster.nodes.NAME] table with address = \"HOST:PORT\" per machine");
+  sort_errors(r.errors);
+  return r;
+}
+
+std::vector<graph_error> check_placement(const graph_spec& spec) {
+  std::vector<graph_error> errors;
+  if (spec.cluster.empty()) return errors;
+  std::vector<std::string> names{std::string(main_process_name)};
+  for (const auto& n : spec.cluster.nodes) names.push_back(n.name);
+  const source_pos file_pos{spec.source_file.string(), 0, 0};
+  for (const auto& n : spec.nodes) {
+    const source_pos& at = n.on_pos.known() ? n.on_pos : (n.pos.known() ? n.pos : file_pos);
+    if (!n.on_replicas.empty() && static_cast<std::int64_t>(n.on_replicas.size()) != n.replicas)
+      add_error(errors, at,
+                "node '" + n.name + "' places " + std::to_string(n.on_replicas.size()) + " replicas with on = [...] but has replicas = " +
+                    std::to_string(n.replicas),
+                "give one cluster node per replica, or one string for all of them");
+    std::vector<std::string> wanted = n.on_replicas;
+    if (wanted.empty() && !n.on.empty()) wanted.push_back(n.on);
+    for (const auto& w : wanted) {
+      if (w == main_process_name || spec.cluster.find(w)) continue;
+      add_error(errors, at, "node '" + n.name + "': on = \"" + w + "\" names no node of the cluster",
+                suggest(w, names, "cluster nodes ('main' is the flowrun run process)"));
+    }
+  }
+  sort_errors(errors);
+  return errors;
+}
+
+std::string placement_of(const node_spec& n, std::int64_t replica) {
+  if (!n.on_replicas.empty() && replica >= 0 && replica < static_cast<std::int64_t>(n.on_replicas.size()))
+    return n.on_replicas[static_cast<std::size_t>(replica)];
+  if (!n.on_replicas.empty() || n.on.empty()) return std::string(main_process_name);
+  return n.on;
 }
 
 // ---------------------------------------------------------------- writing
@@ -783,7 +1000,13 @@ std::string to_toml(const graph_spec& spec) {
     toml::table t;
     t.insert("kind", n.kind);
     if (n.replicas != 1) t.insert("replicas", n.replicas);
-    if (!n.on.empty()) t.insert("on", n.on);
+    if (!n.on_replicas.empty()) {
+      toml::array a;
+      for (const auto& x : n.on_replicas) a.push_back(x);
+      t.insert("on", std::move(a));
+    } else if (!n.on.empty()) {
+      t.insert("on", n.on);
+    }
     for (const auto& [k, s] : n.settings) {
       std::visit(
           [&](const auto& v) {

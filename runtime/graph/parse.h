@@ -16,7 +16,10 @@
 //   [node.gen]
 //   kind = "generator"                  # required: a registered node kind
 //   replicas = 2                        # optional, int >= 1, default 1
-//   on = "gpu0"                         # optional placement string
+//   on = "node-2"                       # optional placement: a [cluster] node, or one per replica
+//   [cluster]                           # optional: the machines (graph_spec.h, docs/scaling.md)
+//   [cluster.nodes.node-2]
+//   address = "10.0.0.2:7001"
 //   temperature = 0.8                   # every other key is a setting of the kind
 //
 // Edge strings: `FROM -> TO[, TO...] [OPTIONS]`.
@@ -100,6 +103,32 @@ edge_parse_result parse_edge(std::string_view text, const source_pos& pos = {}, 
 /// the validator finds point at the override.
 std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
                                           const node_kind_registry* kinds = nullptr);
+
+/// What parse_cluster_file read: the cluster and every error.
+struct cluster_parse_result {
+  cluster_spec cluster;
+  std::vector<graph_error> errors;
+  bool ok() const { return errors.empty(); }
+};
+
+/// Reads a cluster file (`flowrun run --cluster FILE`): TOML holding one
+/// `[cluster]` table with its `[cluster.nodes.NAME]` tables, the same syntax
+/// as a graph's [cluster] (graph_spec.h). Errors (FILE:LINE:COL): the file
+/// cannot be read, TOML syntax, unknown keys (with the nearest name), an
+/// address that is not HOST:PORT, a non-integer or negative cpus/gpus, a
+/// heartbeat or timeout < 1 ms, on_node_lost other than "stop", a missing
+/// [cluster] table.
+cluster_parse_result parse_cluster_file(const std::filesystem::path& file);
+
+/// Checks every node's placement against spec.cluster: `on` (or each entry
+/// of on = [...]) must be "main" or a cluster node, and on = [...] must have
+/// one entry per replica. Errors point at the `on` value. A graph without a
+/// cluster has no placement errors (`on` is not interpreted then).
+std::vector<graph_error> check_placement(const graph_spec& spec);
+
+/// The cluster node replica `replica` of `n` runs on: its on = [...] entry,
+/// else `on`, else "main" (the flowrun run process).
+std::string placement_of(const node_spec& n, std::int64_t replica);
 
 /// Serialises a spec back to `.graph` TOML (no includes: everything inline).
 /// Reading the result gives an equal spec, positions aside.

@@ -11,7 +11,10 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/register.h"
+#include "runtime/actor/cluster.h"
+#include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/runtime.h"
+#include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 #include "runtime/tensor/device_memory.h"
 #include "runtime/util/assets.h"
@@ -38,7 +41,32 @@ struct run_opts {
   std::string console_token;
   std::string console_token_file;
   double console_linger = 0;
+  // clusters (docs/scaling.md)
+  std::string cluster_file;
+  std::string secret_file;
+  std::string tls_cert, tls_key, tls_ca;
 };
+
+// --tls-cert, --tls-key and --tls-ca: all three or none. Returns false (after logging) otherwise.
+bool tls_files_ok(const std::string& cert, const std::string& key, const std::string& ca) {
+  const int given = !cert.empty() + !key.empty() + !ca.empty();
+  if (given != 0 && given != 3) {
+    spdlog::error("TLS needs --tls-cert, --tls-key and --tls-ca together (PEM files; see docs/scaling.md)");
+    return false;
+  }
+  for (const auto* f : {&cert, &key, &ca})
+    if (!f->empty() && !std::filesystem::is_regular_file(*f)) {
+      spdlog::error("TLS file '{}' does not exist", *f);
+      return false;
+    }
+  return true;
+}
+
+void add_tls_options(CLI::App* sub, std::string& cert, std::string& key, std::string& ca) {
+  sub->add_option("--tls-cert", cert, "TLS between cluster processes (caf_openssl): this process's certificate (PEM)");
+  sub->add_option("--tls-key", key, "TLS: this process's private key (PEM)");
+  sub->add_option("--tls-ca", ca, "TLS: the CA file that peers' certificates must chain to (PEM)");
+}
 
 // Logs go to standard error: standard output belongs to the graph's sinks.
 void log_to_stderr() {
@@ -82,6 +110,19 @@ int run_graph_file(const run_opts& o_in) {
     std::cerr << graph::format_errors(v.errors);
     return 2;
   }
+  // The cluster: --cluster FILE replaces the graph's [cluster]; then every `on` must name one of its nodes.
+  if (!o->cluster_file.empty()) {
+    auto c = graph::parse_cluster_file(o->cluster_file);
+    if (!c.ok()) {
+      std::cerr << graph::format_errors(c.errors);
+      return 2;
+    }
+    v.spec.cluster = std::move(c.cluster);
+  }
+  if (auto errors = graph::check_placement(v.spec); !errors.empty()) {
+    std::cerr << graph::format_errors(errors);
+    return 2;
+  }
   actor::run_options ro;
   ro.default_credit = o->credit;
   ro.threads = o->threads;
@@ -110,6 +151,18 @@ int run_graph_file(const run_opts& o_in) {
       if (const char* t = std::getenv("FLOWRUN_CONSOLE_TOKEN")) ro.console.token = t;
     ro.console.token_file = o->console_token_file;
     ro.console.linger_s = o->console_linger;
+  }
+  if (actor::needs_cluster(v.spec)) {
+    auto secret = actor::load_cluster_secret(o->secret_file);
+    if (!secret) {
+      spdlog::error("{}", secret.error());
+      return 2;
+    }
+    ro.cluster.secret = *secret;
+    if (!tls_files_ok(o->tls_cert, o->tls_key, o->tls_ca)) return 2;
+    ro.cluster.tls_cert = o->tls_cert;
+    ro.cluster.tls_key = o->tls_key;
+    ro.cluster.tls_ca = o->tls_ca;
   }
   auto result = actor::run_graph(v.spec, r.kinds, r.factories, ro);
   if (!result.error.empty()) spdlog::error("{}", result.error);
@@ -146,6 +199,12 @@ void add_run(CLI::App& app) {
   sub->add_option("--console-token-file", o->console_token_file, "Write the console's token to this file (mode 0600)");
   sub->add_option("--console-linger", o->console_linger,
                   "Seconds to keep serving the console's final state after the run ended");
+  sub->add_option("--cluster", o->cluster_file,
+                  "A TOML file with a [cluster] table (replaces the graph's): the node daemons replicas are placed "
+                  "on with on = \"NAME\" (docs/scaling.md)");
+  sub->add_option("--secret-file", o->secret_file,
+                  "The cluster's shared secret (first line); default: $FLOWRUN_CLUSTER_SECRET");
+  add_tls_options(sub, o->tls_cert, o->tls_key, o->tls_ca);
   sub->callback([o] {
     int rc = run_graph_file(*o);
     if (rc != 0) throw exit_request{rc};
@@ -187,8 +246,9 @@ void add_train(CLI::App& app) {
         throw exit_request{2};
       }
     } else if (o->deployment_type == "multi_node") {
-      spdlog::error("--deployment-type multi_node: spreading a graph over several machines is not available yet "
-                    "(node daemons and a [cluster] table are planned); use --deployment-type single_node");
+      spdlog::error("--deployment-type multi_node: the DS-Chat graphs cannot be spread over machines yet (their "
+                    "models and tensors do not cross processes; docs/scaling.md); use --deployment-type single_node. "
+                    "Graphs whose cross-node edges carry text or tokens run with `flowrun run --cluster FILE`");
       throw exit_request{2};
     } else if (o->deployment_type != "single_node") {
       spdlog::error("--deployment-type {}: use single_gpu, single_node or multi_node", o->deployment_type);
@@ -252,6 +312,61 @@ void add_train(CLI::App& app) {
       int rc = run_graph_file(ro);
       if (rc != 0) throw exit_request{rc};
     }
+  });
+}
+
+void add_node(CLI::App& app) {
+  struct node_opts {
+    std::string listen = "127.0.0.1:0";
+    std::string secret_file;
+    std::string port_file;
+    bool once = false;
+    std::size_t threads = 0;
+    std::string tls_cert, tls_key, tls_ca;
+  };
+  auto o = std::make_shared<node_opts>();
+  auto* sub = app.add_subcommand(
+      "node", "Run a node daemon: cluster runs (flowrun run with a [cluster]) place replicas here (docs/scaling.md)");
+  sub->add_option("--listen", o->listen, "HOST:PORT to listen on (port 0: a free one, printed)")->capture_default_str();
+  sub->add_option("--secret-file", o->secret_file,
+                  "The cluster's shared secret (first line); default: $FLOWRUN_CLUSTER_SECRET");
+  sub->add_option("--port-file", o->port_file, "Write the port here once listening");
+  sub->add_flag("--once", o->once, "Exit when the first job ends");
+  sub->add_option("--threads", o->threads, "CAF worker threads (0: one per core)")->capture_default_str();
+  add_tls_options(sub, o->tls_cert, o->tls_key, o->tls_ca);
+  sub->callback([o] {
+    log_to_stderr();
+    if (!tls_files_ok(o->tls_cert, o->tls_key, o->tls_ca)) throw exit_request{2};
+    actor::node_daemon_options d;
+    d.tls_cert = o->tls_cert;
+    d.tls_key = o->tls_key;
+    d.tls_ca = o->tls_ca;
+    const auto colon = o->listen.rfind(':');
+    int port = -1;
+    try {
+      if (colon != std::string::npos && colon > 0) port = std::stoi(o->listen.substr(colon + 1));
+    } catch (const std::exception&) {
+      port = -1;
+    }
+    if (port < 0 || port > 65535) {
+      spdlog::error("--listen {}: write HOST:PORT, e.g. 127.0.0.1:7001 (port 0: a free one)", o->listen);
+      throw exit_request{2};
+    }
+    d.host = o->listen.substr(0, colon);
+    d.port = port;
+    auto secret = actor::load_cluster_secret(o->secret_file);
+    if (!secret) {
+      spdlog::error("flowrun node: {}", secret.error());
+      throw exit_request{2};
+    }
+    d.secret = *secret;
+    d.port_file = o->port_file;
+    d.once = o->once;
+    d.threads = o->threads;
+    d.asset_root = assets_root();
+    registries r;
+    int rc = actor::run_node_daemon(d, r.kinds, r.factories);
+    if (rc != 0) throw exit_request{rc};
   });
 }
 

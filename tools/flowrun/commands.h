@@ -22,6 +22,8 @@ void add_chat(CLI::App& app);
 void add_run(CLI::App& app);
 /// `flowrun train --step 1 2 3 --deployment-type ...`: DS-Chat's train.py over our graphs.
 void add_train(CLI::App& app);
+/// `flowrun node --listen HOST:PORT [--secret-file F]`: a cluster node daemon (docs/scaling.md).
+void add_node(CLI::App& app);
 /// `flowrun kinds`: one line per runnable node kind.
 void add_kinds(CLI::App& app);
 /// `flowrun explain KIND`: a kind's ports and settings.

@@ -1,0 +1,856 @@
+// Layer 5, actor runtime: node daemons and cluster runs (cluster.h, cluster_run.h).
+//
+// The protocol (every field an integer, a string, an actor handle or raw bytes):
+//
+//   coordinator link -> gate      hello(client_nonce)            -> (daemon_nonce, daemon_proof)
+//                                 auth(client_nonce, daemon_nonce, client_proof, link)
+//                                                                -> (verdict, session)  verdict "" = accepted
+//   coordinator -> session        job(graph_toml, processes, where, self, heartbeat_ms, lost_after_ms)
+//                                                                -> (error, local replicas)
+//                                 table(all replicas)            -> error
+//                                 end                            -> counts
+//   link -> session               beat(process, seq)             session -> link: beat(process, seq, uptime_ms)
+//
+// A session trusts only the link it was authenticated with: it answers work
+// requests whose sender is on that link's node.
+#include "runtime/actor/cluster.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "runtime/actor/cluster_auth.h"
+#include "runtime/actor/cluster_run.h"
+#include "runtime/actor/job.h"
+#include "runtime/actor/payload_codec.h"
+#include "runtime/graph/parse.h"
+#include "runtime/graph/validate.h"
+
+namespace flowrun::actor {
+
+namespace cl {
+
+using hello_atom = caf::atom_constant<caf::atom("fr_hello")>;
+using auth_atom = caf::atom_constant<caf::atom("fr_auth")>;
+using job_atom = caf::atom_constant<caf::atom("fr_job")>;
+using table_atom = caf::atom_constant<caf::atom("fr_table")>;
+using beat_atom = caf::atom_constant<caf::atom("fr_beat")>;
+using cend_atom = caf::atom_constant<caf::atom("fr_cend")>;
+using watch_atom = caf::atom_constant<caf::atom("fr_watch")>;
+using tick_atom = caf::atom_constant<caf::atom("fr_tick")>;
+using abort_atom = caf::atom_constant<caf::atom("fr_abort")>;
+
+using clk = std::chrono::steady_clock;
+
+std::int64_t ms_since(clk::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - t).count();
+}
+
+// CAF 0.17 has no built-in std::vector<uint32_t>/<uint64_t> message types: integer
+// lists travel as the little-endian bytes of a std::vector<char>.
+template <class T>
+std::vector<char> pack(const std::vector<T>& v) {
+  std::vector<char> out(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+template <class T>
+std::vector<T> unpack(const std::vector<char>& b) {
+  std::vector<T> v(b.size() / sizeof(T));
+  if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
+  return v;
+}
+
+bool is_nonce(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// -- the daemon ------------------------------------------------------------------------------------
+
+struct daemon_shared {
+  node_daemon_options options;
+  const graph::node_kind_registry* kinds = nullptr;
+  const node_factory_registry* factories = nullptr;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool busy = false;  // a job is running here
+  bool done = false;  // once: the first job ended
+  std::vector<caf::actor> sessions;
+  std::vector<caf::actor> replicas;  // this node's replicas of the running job (for a clean shutdown)
+  clk::time_point started = clk::now();
+
+  void finish_job() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      busy = false;
+      replicas.clear();
+      if (options.once) done = true;
+    }
+    cv.notify_all();
+  }
+};
+
+struct session_state {
+  static const char* name;
+  std::shared_ptr<daemon_shared> shared;
+  caf::actor link;  // the coordinator's link actor this session was authenticated with
+  std::optional<job_part> part;
+  bool active = false;
+  std::uint32_t self_index = 0;
+  std::string self_name;
+  std::int64_t heartbeat_ms = 500, lost_after_ms = 3000;
+  clk::time_point last_beat = clk::now();
+  cross_process_counts at_start;
+  std::uint64_t beats = 0;
+};
+const char* session_state::name = "flowrun_cluster_session";
+
+void end_part(caf::stateful_actor<session_state>* self, bool aborted) {
+  auto& st = self->state;
+  if (!st.part) return;
+  if (aborted) abort_part(*st.part);
+  const auto snap = st.part->metrics->snapshot();
+  spdlog::info("[{}] this node's part ({}): {}", st.self_name, aborted ? "aborted" : "finished",
+               format_summary(snap));
+  release_part(*st.part);
+  st.part.reset();
+  st.active = false;
+  st.shared->finish_job();
+}
+
+caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<daemon_shared> shared, caf::actor link) {
+  self->state.shared = shared;
+  self->state.link = link;
+  self->monitor(link);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source != self->state.link.address()) return;
+    if (self->state.active)
+      spdlog::error("[{}] the coordinator's connection dropped ({}): stopping this node's replicas (their stop() runs)",
+                    self->state.self_name, self->system().render(dm.reason));
+    end_part(self, true);
+    self->quit();
+  });
+  // Work only from the authenticated coordinator's node.
+  auto trusted = [=] {
+    auto s = self->current_sender();
+    return s && s->node() == self->state.link.node();
+  };
+  return {
+      [=](job_atom, const std::string& toml, const std::vector<std::string>& processes,
+          const std::vector<char>& where_bytes, std::uint32_t self_index, std::int64_t heartbeat_ms,
+          std::int64_t lost_after_ms) -> caf::result<std::string, std::vector<caf::actor>> {
+        auto& st = self->state;
+        const auto where_flat = unpack<std::uint32_t>(where_bytes);
+        if (!trusted()) return {std::string("refused: not the authenticated coordinator"), std::vector<caf::actor>{}};
+        if (self_index >= processes.size())
+          return {std::string("bad job request: process index out of range"), std::vector<caf::actor>{}};
+        {
+          std::lock_guard<std::mutex> lock(shared->mutex);
+          if (shared->busy)
+            return {"cluster node '" + processes[self_index] + "' is busy with another job", std::vector<caf::actor>{}};
+          shared->busy = true;
+        }
+        auto refuse = [&](std::string why) -> caf::result<std::string, std::vector<caf::actor>> {
+          {
+            std::lock_guard<std::mutex> lock(shared->mutex);
+            shared->busy = false;
+          }
+          spdlog::error("[{}] refused the job: {}", processes[self_index], why);
+          return {std::move(why), std::vector<caf::actor>{}};
+        };
+        auto parsed = graph::parse_graph_string(toml, "<graph from the coordinator>");
+        if (!parsed.ok()) return refuse("the graph does not parse here:\n" + graph::format_errors(parsed.errors));
+        graph::validate_options vo;
+        vo.asset_root = shared->options.asset_root;
+        auto v = graph::validate(parsed.spec, *shared->kinds, vo);
+        if (!v.ok()) return refuse("the graph is not valid here:\n" + graph::format_errors(v.errors));
+        placement pl;
+        pl.processes = processes;
+        pl.self = self_index;
+        std::size_t i = 0;
+        for (const auto& n : v.spec.nodes) {
+          std::vector<std::uint32_t> row;
+          for (std::int64_t r = 0; r < n.replicas; ++r) {
+            if (i >= where_flat.size()) return refuse("the placement has fewer entries than the graph has replicas");
+            row.push_back(where_flat[i++]);
+          }
+          pl.where.push_back(std::move(row));
+        }
+        if (i != where_flat.size()) return refuse("the placement has more entries than the graph has replicas");
+        run_options ro;
+        ro.summary = false;
+        auto part = spawn_part(self->system(), v.spec, *shared->kinds, *shared->factories, ro, pl);
+        if (!part) return refuse(part.error());
+        st.self_index = self_index;
+        st.self_name = processes[self_index];
+        st.heartbeat_ms = std::max<std::int64_t>(1, heartbeat_ms);
+        st.lost_after_ms = std::max<std::int64_t>(1, lost_after_ms);
+        st.last_beat = clk::now();
+        st.at_start = cross_process_totals();
+        st.active = true;
+        auto local = part->local;
+        {
+          std::lock_guard<std::mutex> lock(shared->mutex);
+          shared->replicas = local;
+        }
+        spdlog::info("[{}] job '{}': {} replicas here", st.self_name, v.spec.name, local.size());
+        st.part = std::move(*part);
+        self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
+        return {std::string(), std::move(local)};
+      },
+      [=](table_atom, const std::vector<caf::actor>& all) -> std::string {
+        auto& st = self->state;
+        if (!trusted()) return "refused: not the authenticated coordinator";
+        if (!st.part) return "no job here";
+        auto ok = set_actor_table(*st.part, all);
+        return ok ? std::string() : ok.error();
+      },
+      [=](beat_atom, std::uint32_t process, std::int64_t seq) {
+        auto& st = self->state;
+        st.last_beat = clk::now();
+        ++st.beats;
+        self->send(caf::actor_cast<caf::actor>(self->current_sender()), beat_atom::value, process, seq,
+                   static_cast<std::int64_t>(ms_since(st.shared->started)));
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        if (!st.active) return;
+        const auto age = ms_since(st.last_beat);
+        if (age > st.lost_after_ms) {
+          spdlog::error("[{}] no heartbeat from the coordinator for {} ms (lost_after_ms = {}): stopping this node's "
+                        "replicas (their stop() runs)",
+                        st.self_name, age, st.lost_after_ms);
+          end_part(self, true);
+          self->quit();
+          return;
+        }
+        self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
+      },
+      [=](abort_atom) {  // the daemon is shutting down (SIGINT/SIGTERM)
+        if (self->state.active)
+          spdlog::error("[{}] shutting down: stopping this node's replicas (their stop() runs)", self->state.self_name);
+        end_part(self, true);
+        self->quit(caf::exit_reason::user_shutdown);
+      },
+      [=](cend_atom) -> std::vector<char> {
+        auto& st = self->state;
+        if (!trusted()) return {};
+        const auto now = cross_process_totals();
+        std::vector<std::uint64_t> counts{now.data_msgs - st.at_start.data_msgs, now.data_bytes - st.at_start.data_bytes,
+                                          now.control_msgs - st.at_start.control_msgs, st.beats};
+        end_part(self, false);
+        self->quit();
+        return pack(counts);
+      },
+  };
+}
+
+struct gate_state {
+  static const char* name;
+  std::set<std::string> issued;  // daemon nonces handed out and not yet used
+};
+const char* gate_state::name = "flowrun_cluster_gate";
+
+caf::behavior gate(caf::stateful_actor<gate_state>* self, std::shared_ptr<daemon_shared> shared) {
+  return {
+      [=](hello_atom, const std::string& client_nonce) -> caf::result<std::string, std::string> {
+        if (!is_nonce(client_nonce)) return {std::string(), std::string()};
+        auto& issued = self->state.issued;
+        if (issued.size() > 1024) issued.clear();  // forget stale handshakes rather than grow
+        std::string mine = random_nonce();
+        issued.insert(mine);
+        return {mine, cluster_proof(shared->options.secret, "daemon", client_nonce, mine)};
+      },
+      [=](auth_atom, const std::string& client_nonce, const std::string& daemon_nonce, const std::string& proof,
+          caf::actor link) -> caf::result<std::string, caf::actor> {
+        auto me = caf::actor_cast<caf::actor>(self);
+        auto sender = self->current_sender();
+        const std::string peer = sender ? to_string(sender->node()) : std::string("an unknown node");
+        auto& issued = self->state.issued;
+        auto it = issued.find(daemon_nonce);
+        if (it == issued.end() || !is_nonce(client_nonce)) {
+          spdlog::error("refused a peer ({}): its handshake is malformed or replayed", peer);
+          return {std::string("refused: malformed or replayed handshake"), me};
+        }
+        issued.erase(it);
+        if (!constant_time_equal(proof, cluster_proof(shared->options.secret, "client", client_nonce, daemon_nonce))) {
+          spdlog::error("refused a peer ({}): wrong cluster secret (its proof does not match ours)", peer);
+          return {std::string("refused: wrong cluster secret (the node's secret differs from yours)"), me};
+        }
+        if (!link || !sender || link.node() != sender->node()) {
+          spdlog::error("refused a peer ({}): its link actor is not on its own node", peer);
+          return {std::string("refused: the link actor must be on the authenticating node"), me};
+        }
+        // Detached: a thread of its own, so that busy replicas (a training step inside one
+        // handler) never delay its heartbeat replies.
+        auto s = self->spawn<caf::detached>(session, shared, link);
+        {
+          std::lock_guard<std::mutex> lock(shared->mutex);
+          shared->sessions.push_back(s);
+        }
+        spdlog::info("accepted a coordinator ({})", peer);
+        return {std::string(), s};
+      },
+  };
+}
+
+std::atomic<int> g_daemon_signal{0};
+extern "C" void on_daemon_signal(int sig) { g_daemon_signal.store(sig); }
+
+}  // namespace cl
+
+int run_node_daemon(const node_daemon_options& options, const graph::node_kind_registry& kinds,
+                    const node_factory_registry& factories) {
+  if (options.secret.empty()) {
+    spdlog::error("flowrun node: the cluster secret is empty");
+    return 1;
+  }
+  auto shared = std::make_shared<cl::daemon_shared>();
+  shared->options = options;
+  shared->kinds = &kinds;
+  shared->factories = &factories;
+  caf::actor_system_config cfg;
+  cfg.load<caf::io::middleman>();
+  const bool tls = !options.tls_cert.empty();
+  if (tls) {
+    cfg.openssl_certificate = options.tls_cert;
+    cfg.openssl_key = options.tls_key;
+    cfg.openssl_cafile = options.tls_ca;
+    cfg.load<caf::openssl::manager>();
+  }
+  std::size_t threads = options.threads ? options.threads : std::max(2u, std::thread::hardware_concurrency());
+  cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(threads));
+  cfg.set("scheduler.max-throughput", static_cast<caf::config_value::integer>(4));
+  int code = 0;
+  caf::actor_system sys{cfg};
+  auto g = sys.spawn(cl::gate, shared);
+  auto port = tls ? caf::openssl::publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true)
+                  : sys.middleman().publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true);
+  if (!port) {
+    spdlog::error("flowrun node: cannot listen on {}:{}: {}", options.host, options.port, sys.render(port.error()));
+    caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+  std::cout << "flowrun node: listening on " << options.host << ":" << *port << (tls ? " (TLS)" : "") << std::endl;
+  if (!options.port_file.empty()) {
+    std::string tmp = options.port_file + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << *port << "\n";
+    }
+    std::rename(tmp.c_str(), options.port_file.c_str());
+  }
+  struct sigaction sa {};
+  sa.sa_handler = cl::on_daemon_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  {
+    std::unique_lock<std::mutex> lock(shared->mutex);
+    while (!shared->done && cl::g_daemon_signal.load() == 0) shared->cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  if (int sig = cl::g_daemon_signal.load()) {
+    spdlog::warn("flowrun node: signal {}: stopping", sig);
+    code = 128 + sig;
+  }
+  // Sessions stop their replicas (stop() runs, the checkpoint hook); wait up
+  // to 30 s for the replicas to quit, then leave without waiting on remote
+  // peers (the actor system's destructor would wait for every actor).
+  std::vector<caf::actor> sessions, replicas;
+  {
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    sessions = shared->sessions;
+    replicas = shared->replicas;
+  }
+  {
+    caf::scoped_actor self{sys};
+    for (auto& r : replicas) self->monitor(r);
+    for (auto& s : sessions) self->send(s, cl::abort_atom::value);
+    const auto deadline = cl::clk::now() + std::chrono::seconds(30);
+    std::size_t down = 0;
+    while (down < replicas.size() && cl::clk::now() < deadline)
+      self->receive([&](caf::down_msg&) { ++down; },
+                    caf::after(std::chrono::milliseconds(200)) >> [] {});
+    if (down < replicas.size())
+      spdlog::warn("flowrun node: {} replicas still running after 30 s; exiting anyway", replicas.size() - down);
+  }
+  caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  spdlog::default_logger()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+bool needs_cluster(const graph::graph_spec& spec) {
+  if (spec.cluster.empty()) return false;
+  for (const auto& n : spec.nodes)
+    for (std::int64_t r = 0; r < n.replicas; ++r)
+      if (graph::placement_of(n, r) != graph::main_process_name) return true;
+  return false;
+}
+
+// -- the coordinator's side ----------------------------------------------------------------------
+
+namespace cl {
+
+struct beat_table {
+  mutable std::mutex mutex;
+  std::vector<std::string> names;       // by session index
+  std::vector<std::string> addresses;
+  std::vector<std::string> actors;      // the replicas each holds, for status()
+  std::vector<std::int64_t> last_ms;    // ms since `t0` of the last heartbeat reply; -1: none yet
+  std::vector<bool> lost;
+  std::uint64_t beats_sent = 0;
+  clk::time_point t0 = clk::now();
+};
+
+struct link_state {
+  static const char* name;
+  std::shared_ptr<beat_table> table;
+  caf::actor coordinator;
+  std::vector<caf::actor> sessions;
+  std::vector<std::uint32_t> process;  // placement index of each session
+  std::int64_t heartbeat_ms = 500, lost_after_ms = 3000;
+  std::int64_t seq = 0;
+  std::vector<clk::time_point> last;
+  bool watching = false;
+};
+const char* link_state::name = "flowrun_cluster_link";
+
+caf::behavior link_actor(caf::stateful_actor<link_state>* self, std::shared_ptr<beat_table> table) {
+  self->state.table = table;
+  auto lose = [=](std::size_t i, const std::string& why) {
+    auto& st = self->state;
+    {
+      std::lock_guard<std::mutex> lock(st.table->mutex);
+      if (st.table->lost[i]) return;
+      st.table->lost[i] = true;
+    }
+    spdlog::error("cluster node '{}' ({}) lost: {}", st.table->names[i], st.table->addresses[i], why);
+    self->send(st.coordinator, node_lost_atom::value, st.process[i], why);
+  };
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    for (std::size_t i = 0; i < st.sessions.size(); ++i)
+      if (st.sessions[i].address() == dm.source)
+        lose(i, dm.reason == caf::exit_reason::user_shutdown
+                    ? std::string("its daemon is shutting down (SIGINT or SIGTERM)")
+                    : dm.reason == caf::exit_reason::remote_link_unreachable
+                          ? "its connection dropped: " + self->system().render(dm.reason)
+                          : "its session ended: " + self->system().render(dm.reason));
+  });
+  return {
+      [=](watch_atom, caf::actor coordinator, const std::vector<caf::actor>& sessions,
+          const std::vector<char>& process_bytes, std::int64_t heartbeat_ms, std::int64_t lost_after_ms) {
+        const auto process = unpack<std::uint32_t>(process_bytes);
+        auto& st = self->state;
+        st.coordinator = std::move(coordinator);
+        st.sessions = sessions;
+        st.process = process;
+        st.heartbeat_ms = heartbeat_ms;
+        st.lost_after_ms = lost_after_ms;
+        st.last.assign(sessions.size(), clk::now());
+        st.watching = true;
+        for (auto& s : sessions) self->monitor(s);
+        self->send(self, tick_atom::value);
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        if (!st.watching) return;
+        ++st.seq;
+        for (std::size_t i = 0; i < st.sessions.size(); ++i) {
+          {
+            std::lock_guard<std::mutex> lock(st.table->mutex);
+            if (st.table->lost[i]) continue;
+          }
+          const auto age = ms_since(st.last[i]);
+          if (age > st.lost_after_ms) {
+            lose(i, "no heartbeat for " + std::to_string(age) + " ms (lost_after_ms = " +
+                        std::to_string(st.lost_after_ms) + ")");
+            continue;
+          }
+          self->send(st.sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), st.seq);
+          std::lock_guard<std::mutex> lock(st.table->mutex);
+          ++st.table->beats_sent;
+        }
+        self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
+      },
+      [=](beat_atom, std::uint32_t i, std::int64_t, std::int64_t) {
+        auto& st = self->state;
+        if (i >= st.last.size()) return;
+        st.last[i] = clk::now();
+        std::lock_guard<std::mutex> lock(st.table->mutex);
+        st.table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - st.table->t0).count();
+      },
+      [=](cend_atom) { self->quit(); },
+  };
+}
+
+}  // namespace cl
+
+struct cluster_run::impl {
+  caf::actor_system& sys;
+  caf::actor link;
+  std::shared_ptr<cl::beat_table> table;
+  struct conn {
+    std::string name, address;
+    std::uint32_t process = 0;
+    caf::actor session;
+  };
+  std::vector<conn> conns;
+  placement where;
+  std::optional<job_part> part;
+  job j;
+  cross_process_counts at_start;
+  bool ended = false;
+
+  explicit impl(caf::actor_system& s) : sys(s) {}
+
+  // Stops what was started (after an error while starting).
+  void abandon() {
+    if (part) {
+      abort_part(*part);
+      release_part(*part);
+      part.reset();
+    }
+    for (auto& c : conns)
+      if (c.session) caf::anon_send_exit(c.session, caf::exit_reason::user_shutdown);
+    if (link) caf::anon_send(link, cl::cend_atom::value);
+  }
+};
+
+cluster_run::cluster_run(std::unique_ptr<impl> p) : p_(std::move(p)) {}
+
+cluster_run::~cluster_run() {
+  if (p_ && !p_->ended) p_->abandon();
+}
+
+job& cluster_run::the_job() { return p_->j; }
+
+expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys, const graph::graph_spec& spec,
+                                                          const graph::node_kind_registry& kinds,
+                                                          const node_factory_registry& factories,
+                                                          const run_options& options) {
+  using namespace std::chrono;
+  auto p = std::make_unique<impl>(sys);
+  p->at_start = cross_process_totals();
+  const auto timeout = seconds(std::max(1, options.cluster.connect_timeout_s));
+  // The processes: main, then the cluster nodes that hold a replica, in cluster order.
+  placement pl;
+  pl.processes.push_back(std::string(graph::main_process_name));
+  std::map<std::string, std::uint32_t> index{{std::string(graph::main_process_name), 0}};
+  for (const auto& cn : spec.cluster.nodes) {
+    bool used = false;
+    for (const auto& n : spec.nodes)
+      for (std::int64_t r = 0; r < n.replicas; ++r) used = used || graph::placement_of(n, r) == cn.name;
+    if (!used) continue;
+    index[cn.name] = static_cast<std::uint32_t>(pl.processes.size());
+    pl.processes.push_back(cn.name);
+  }
+  std::vector<std::string> actors_of(pl.processes.size());
+  std::vector<std::uint32_t> where_flat;
+  for (const auto& n : spec.nodes) {
+    std::vector<std::uint32_t> row;
+    for (std::int64_t r = 0; r < n.replicas; ++r) {
+      auto it = index.find(graph::placement_of(n, r));
+      if (it == index.end())
+        return error_text{"node '" + n.name + "' is placed on '" + graph::placement_of(n, r) +
+                          "', which is not a node of the cluster"};
+      row.push_back(it->second);
+      where_flat.push_back(it->second);
+      auto& a = actors_of[it->second];
+      a += (a.empty() ? "" : " ") + n.name + (n.replicas > 1 ? "[" + std::to_string(r) + "]" : "");
+    }
+    pl.where.push_back(std::move(row));
+  }
+  // Before connecting anywhere: every edge that crosses processes must carry a type that travels as bytes.
+  for (const auto& e : spec.edges) {
+    const auto* from = spec.find_node(e.from_node);
+    const auto* to = spec.find_node(e.to_node);
+    const auto* kind = from ? kinds.lookup(from->kind) : nullptr;
+    if (!from || !to || !kind) continue;  // spawn_part reports these
+    std::string type;
+    for (const auto* port : kind->ports_of(graph::port_dir::out))
+      if (port->name == e.from_port) type = port->message_type;
+    if (type.empty() || has_payload_codec(type)) continue;
+    for (std::int64_t a = 0; a < from->replicas; ++a)
+      for (std::int64_t b = 0; b < to->replicas; ++b) {
+        const auto pa = graph::placement_of(*from, a), pb = graph::placement_of(*to, b);
+        if (pa != pb)
+          return error_text{"edge " + e.to_string() + " crosses from cluster node '" + pa + "' to '" + pb +
+                            "', but its message type '" + type +
+                            "' cannot cross processes yet (no byte codec; tensors and models are not yet supported "
+                            "across cluster nodes): place both ends on the same node (on = \"...\")"};
+      }
+  }
+  p->table = std::make_shared<cl::beat_table>();
+  // Detached: heartbeats must not wait for a worker thread that a training step holds.
+  p->link = sys.spawn<caf::detached>(cl::link_actor, p->table);
+  caf::scoped_actor self{sys};
+  // Connect and authenticate, both ways.
+  for (std::uint32_t i = 1; i < pl.processes.size(); ++i) {
+    const auto* cn = spec.cluster.find(pl.processes[i]);
+    const std::string address = cn->host + ":" + std::to_string(cn->port);
+    const std::string who = "cluster node '" + cn->name + "' (" + address + ")";
+    auto gate = options.cluster.tls_cert.empty()
+                    ? sys.middleman().remote_actor(cn->host, static_cast<std::uint16_t>(cn->port))
+                    : caf::openssl::remote_actor(sys, cn->host, static_cast<std::uint16_t>(cn->port));
+    if (!gate) {
+      p->abandon();
+      return error_text{"cannot reach " + who + ": " + sys.render(gate.error()) + " (is `flowrun node --listen " +
+                        address + "` running there" +
+                        (options.cluster.tls_cert.empty() ? std::string(", without TLS?)")
+                                                          : std::string(", with TLS and a certificate our CA trusts?)"))};
+    }
+    const std::string client_nonce = random_nonce();
+    std::string daemon_nonce, daemon_proof, failure;
+    self->request(*gate, timeout, cl::hello_atom::value, client_nonce)
+        .receive(
+            [&](std::string& n, std::string& proof) {
+              daemon_nonce = std::move(n);
+              daemon_proof = std::move(proof);
+            },
+            [&](caf::error& e) { failure = sys.render(e); });
+    if (!failure.empty() || !cl::is_nonce(daemon_nonce)) {
+      p->abandon();
+      return error_text{who + " did not answer the cluster handshake: " +
+                        (failure.empty() ? std::string("malformed reply") : failure) +
+                        " (is a flowrun node listening there, of the same version?)"};
+    }
+    const bool daemon_ok = constant_time_equal(
+        daemon_proof, cluster_proof(options.cluster.secret, "daemon", client_nonce, daemon_nonce));
+    // The proof goes out even when the daemon's is wrong, so that both sides report the mismatch.
+    std::string verdict;
+    caf::actor session;
+    self->request(*gate, timeout, cl::auth_atom::value, client_nonce, daemon_nonce,
+                  cluster_proof(options.cluster.secret, "client", client_nonce, daemon_nonce), p->link)
+        .receive(
+            [&](std::string& v, caf::actor& s) {
+              verdict = std::move(v);
+              session = std::move(s);
+            },
+            [&](caf::error& e) { failure = sys.render(e); });
+    if (!failure.empty()) {
+      p->abandon();
+      return error_text{who + " did not answer the cluster handshake: " + failure};
+    }
+    if (!daemon_ok || !verdict.empty()) {
+      p->abandon();
+      return error_text{"authentication with " + who + " failed: wrong cluster secret (" +
+                        (!daemon_ok ? std::string("the node's proof does not match our secret")
+                                    : std::string("the node says: ") + verdict) +
+                        "); every node and the flowrun run process need the same --secret-file or "
+                        "FLOWRUN_CLUSTER_SECRET"};
+    }
+    p->conns.push_back({cn->name, address, i, session});
+    spdlog::info("cluster node '{}' ({}): authenticated; actors there: {}", cn->name, address, actors_of[i]);
+  }
+  // This process's replicas.
+  auto part = spawn_part(sys, spec, kinds, factories, options, pl);
+  if (!part) {
+    p->abandon();
+    return error_text{part.error()};
+  }
+  p->part = std::move(*part);
+  p->where = pl;
+  for (auto& c : p->conns)
+    p->part->live->event("cluster", "", -1,
+                         "cluster node '" + c.name + "' (" + c.address + "): authenticated; actors there: " +
+                             actors_of[c.process]);
+  std::size_t total = where_flat.size();
+  std::vector<caf::actor> all(total);
+  {
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < where_flat.size(); ++i)
+      if (where_flat[i] == 0) all[i] = p->part->local[k++];
+  }
+  // Each node's replicas.
+  const std::string toml = graph::to_toml(spec);
+  for (auto& c : p->conns) {
+    std::string err, failure;
+    std::vector<caf::actor> local;
+    self->request(c.session, timeout, cl::job_atom::value, toml, pl.processes, cl::pack(where_flat), c.process,
+                  spec.cluster.heartbeat_ms, spec.cluster.lost_after_ms)
+        .receive(
+            [&](std::string& e, std::vector<caf::actor>& l) {
+              err = std::move(e);
+              local = std::move(l);
+            },
+            [&](caf::error& e) { failure = sys.render(e); });
+    if (!failure.empty() || !err.empty()) {
+      p->abandon();
+      return error_text{"cluster node '" + c.name + "' (" + c.address + ") could not start its part: " +
+                        (failure.empty() ? err : failure)};
+    }
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < where_flat.size(); ++i)
+      if (where_flat[i] == c.process) {
+        if (k >= local.size()) break;
+        all[i] = local[k++];
+      }
+    if (k != local.size() || std::count(where_flat.begin(), where_flat.end(), c.process) != static_cast<long>(k)) {
+      p->abandon();
+      return error_text{"cluster node '" + c.name + "' spawned " + std::to_string(local.size()) +
+                        " replicas, not the number placed there"};
+    }
+  }
+  // The table, everywhere.
+  auto ok = set_actor_table(*p->part, all);
+  if (!ok) {
+    p->abandon();
+    return error_text{ok.error()};
+  }
+  for (auto& c : p->conns) {
+    std::string err, failure;
+    self->request(c.session, timeout, cl::table_atom::value, all)
+        .receive([&](std::string& e) { err = std::move(e); }, [&](caf::error& e) { failure = sys.render(e); });
+    if (!failure.empty() || !err.empty()) {
+      p->abandon();
+      return error_text{"cluster node '" + c.name + "' could not wire its replicas: " + (failure.empty() ? err : failure)};
+    }
+  }
+  p->j = start_part(sys, *p->part);
+  {
+    std::lock_guard<std::mutex> lock(p->table->mutex);
+    for (auto& c : p->conns) {
+      p->table->names.push_back(c.name);
+      p->table->addresses.push_back(c.address);
+      p->table->actors.push_back(actors_of[c.process]);
+      p->table->last_ms.push_back(-1);
+      p->table->lost.push_back(false);
+    }
+  }
+  std::vector<caf::actor> sessions;
+  std::vector<std::uint32_t> procs;
+  for (auto& c : p->conns) {
+    sessions.push_back(c.session);
+    procs.push_back(c.process);
+  }
+  caf::anon_send(p->link, cl::watch_atom::value, p->j.coordinator, sessions, cl::pack(procs), spec.cluster.heartbeat_ms,
+                 spec.cluster.lost_after_ms);
+  spdlog::info("cluster run: main holds {}; {}", actors_of[0].empty() ? std::string("no actors") : actors_of[0],
+               std::to_string(p->conns.size()) + " node(s) connected, heartbeat every " +
+                   std::to_string(spec.cluster.heartbeat_ms) + " ms, lost after " +
+                   std::to_string(spec.cluster.lost_after_ms) + " ms");
+  return std::unique_ptr<cluster_run>(new cluster_run(std::move(p)));
+}
+
+std::string cluster_run::status() const {
+  const auto& t = *p_->table;
+  std::lock_guard<std::mutex> lock(t.mutex);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(cl::clk::now() - t.t0).count();
+  std::string s;
+  for (std::size_t i = 0; i < t.names.size(); ++i) {
+    s += (s.empty() ? "" : "; ") + t.names[i] + " (" + t.addresses[i] + ", " + t.actors[i] + "): ";
+    if (t.lost[i]) s += "lost";
+    else if (t.last_ms[i] < 0) s += "no heartbeat yet";
+    else s += "heartbeat " + std::to_string(now - t.last_ms[i]) + " ms ago";
+  }
+  return s;
+}
+
+void cluster_run::publish_live() {
+  auto& p = *p_;
+  if (!p.part || !p.part->live) return;
+  const auto& t = *p.table;
+  std::vector<std::string> text(p.where.processes.size());
+  std::vector<bool> lost(p.where.processes.size(), false);
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(cl::clk::now() - t.t0).count();
+    for (std::size_t i = 0; i < p.conns.size() && i < t.names.size(); ++i) {
+      const auto proc = p.conns[i].process;
+      std::string s = "on " + t.names[i] + " (" + t.addresses[i] + "), ";
+      if (t.lost[i]) s += "LOST";
+      else if (t.last_ms[i] < 0) s += "no heartbeat yet";
+      else s += "heartbeat " + std::to_string(now - t.last_ms[i]) + " ms ago";
+      text[proc] = std::move(s);
+      lost[proc] = t.lost[i];
+    }
+  }
+  auto& live = *p.part->live;
+  const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(cl::clk::now() - p.part->metrics->start()).count();
+  for (std::size_t n = 0; n < p.where.where.size(); ++n)
+    for (std::size_t r = 0; r < p.where.where[n].size(); ++r) {
+      const auto proc = p.where.where[n][r];
+      if (proc == p.where.self || text[proc].empty()) continue;
+      auto& rl = live.replica(n, r);
+      rl.set_phase(text[proc]);
+      if (lost[proc]) {
+        rl.set_failure("lost with cluster node '" + p.where.processes[proc] + "'");
+        rl.set_state(replica_state::failed, now_ns);
+      }
+    }
+}
+
+std::string cluster_run::end() {
+  auto& p = *p_;
+  if (p.ended) return {};
+  p.ended = true;
+  caf::scoped_actor self{p.sys};
+  const auto mine = cross_process_totals();
+  std::uint64_t beats_sent = 0;
+  std::vector<bool> lost;
+  {
+    std::lock_guard<std::mutex> lock(p.table->mutex);
+    beats_sent = p.table->beats_sent;
+    lost = p.table->lost;
+  }
+  std::uint64_t td = mine.data_msgs - p.at_start.data_msgs, tb = mine.data_bytes - p.at_start.data_bytes,
+                tc = mine.control_msgs - p.at_start.control_msgs, th = beats_sent;
+  std::string report = "cross-process traffic: main sent " + std::to_string(td) + " data messages (" +
+                       std::to_string(tb) + " payload bytes), " + std::to_string(tc) + " control messages, " +
+                       std::to_string(beats_sent) + " heartbeats";
+  for (std::size_t i = 0; i < p.conns.size(); ++i) {
+    auto& c = p.conns[i];
+    if (i < lost.size() && lost[i]) {
+      report += "; " + c.name + ": lost";
+      continue;
+    }
+    std::vector<std::uint64_t> counts;
+    self->request(c.session, std::chrono::seconds(5), cl::cend_atom::value)
+        .receive([&](std::vector<char>& v) { counts = cl::unpack<std::uint64_t>(v); }, [&](caf::error&) {});
+    if (counts.size() == 4) {
+      report += "; " + c.name + " sent " + std::to_string(counts[0]) + " data messages (" + std::to_string(counts[1]) +
+                " payload bytes), " + std::to_string(counts[2]) + " control messages, " + std::to_string(counts[3]) +
+                " heartbeat replies";
+      td += counts[0];
+      tb += counts[1];
+      tc += counts[2];
+      th += counts[3];
+    } else {
+      report += "; " + c.name + ": no answer";
+    }
+  }
+  report += "; total " + std::to_string(td) + " data messages, " + std::to_string(tb) + " payload bytes, " +
+            std::to_string(tc) + " control messages, " + std::to_string(th) + " heartbeat messages";
+  caf::anon_send(p.link, cl::cend_atom::value);
+  if (p.part) {
+    release_part(*p.part);
+    p.part.reset();
+  }
+  p.j = job{};
+  return report;
+}
+
+}  // namespace flowrun::actor

@@ -1,0 +1,61 @@
+// Layer 5, actor runtime: a graph over several machines (docs/scaling.md).
+//
+//   node daemon   `flowrun node --listen HOST:PORT`: run_node_daemon below.
+//                 It publishes one actor, the gate, with CAF's middleman. The
+//                 gate answers only the challenge-response of cluster_auth.h;
+//                 a peer that passes gets a session actor of its own, and only
+//                 a session takes work: it spawns the replicas that the
+//                 coordinator places on this node, wires them, answers
+//                 heartbeats and, when the coordinator goes silent or its
+//                 connection drops, stops them (their stop() runs).
+//   coordinator   the `flowrun run` process ("main"), cluster_run.h: it
+//                 connects to the daemons that the graph's [cluster] and `on`
+//                 placements use, ships the validated graph as TOML text (no
+//                 floats in messages), spawns its own replicas and runs the
+//                 job's coordinator over all of them, and watches the nodes
+//                 with heartbeats (integer milliseconds).
+//
+// What crosses processes: control messages (integers and strings) and
+// payloads as raw bytes (payload_codec.h). Tensors and models do not cross
+// yet: launch refuses a graph whose cross-process edge carries them.
+//
+// This header includes no CAF.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+
+#include "runtime/actor/node.h"
+#include "runtime/graph/graph_spec.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::actor {
+
+/// How to run a node daemon.
+struct node_daemon_options {
+  std::string host = "127.0.0.1";  ///< the address to listen on
+  int port = 0;                    ///< the TCP port; 0: a free one (printed, and written to port_file)
+  std::string secret;              ///< the cluster's shared secret (load_cluster_secret)
+  std::string port_file;           ///< if set, the port is written here once listening
+  bool once = false;               ///< exit after the first job ends (tests)
+  std::size_t threads = 0;         ///< CAF worker threads; 0: one per core (at least 2)
+  std::filesystem::path asset_root;  ///< where relative paths of graphs are looked up (validation)
+  /// TLS through caf_openssl (all three or none; see cluster_options): the
+  /// daemon's certificate and key (PEM) and the CA file that the coordinator's
+  /// certificate must chain to. Empty: plain TCP.
+  std::string tls_cert, tls_key, tls_ca;
+};
+
+/// Runs a node daemon until SIGINT/SIGTERM (or, with `once`, the end of its
+/// first job). Prints "flowrun node: listening on HOST:PORT" on standard
+/// output once the gate is published. Returns 0, or 1 after logging why
+/// (the port cannot be bound, the secret is empty).
+int run_node_daemon(const node_daemon_options& options, const graph::node_kind_registry& kinds,
+                    const node_factory_registry& factories);
+
+/// True when `spec` places some replica on a cluster node other than "main"
+/// (so running it needs the daemons).
+bool needs_cluster(const graph::graph_spec& spec);
+
+}  // namespace flowrun::actor

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# graphs/rlhf.graph with small settings over 3 processes on 127.0.0.1 (docs/scaling.md): the prompt loader on
+# node w1, the PPO controller on node w2, the models (whose tensors cannot cross processes yet) on main. Every
+# loss, accuracy, reward and KL printed equals the single-process run with the same seed; timings aside.
+# Usage: cluster_rlhf_small.sh FLOWRUN SOURCE_DIR WORK_DIR
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+echo "rlhf-secret-$$-$RANDOM" > "$out/secret"
+small=(--no-progress --threads 2 --set node.sft.steps=3 --set node.rm.steps=3 --set node.prompts.iterations=2
+       --set node.prompts.eval_prompts=4)
+outputs() { echo --set node.sft.output="$out/$1-sft.bin" --set node.rm.output="$out/$1-rm" --set node.policy.output="$out/$1-ppo.bin"; }
+# the printed results without timings (tokens/s, seconds)
+results() { grep '^\[step' "$@" | sed -E 's/ \([0-9]+ tokens\/s\)//; s/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/[,;] [0-9.]+ s$//'; }
+
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs single) > "$out/single.log" 2> "$out/single.err" \
+  || { echo "single-process run failed:"; tail -20 "$out/single.err"; exit 1; }
+for w in w1 w2; do
+  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --once --threads 2 \
+    > "$out/$w.out" 2> "$out/$w.err" &
+  pids+=($!)
+done
+for w in w1 w2; do
+  for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
+  [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/$w.err"; exit 1; }
+done
+{ echo "[cluster]"; echo "heartbeat_ms = 250"
+  for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/cluster.toml"
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs cluster) --cluster "$out/cluster.toml" \
+  --secret-file "$out/secret" --set node.prompts.on=w1 --set node.ppo_controller.on=w2 \
+  > "$out/cluster.log" 2> "$out/cluster.err" || { echo "cluster run failed:"; tail -20 "$out/cluster.err"; exit 1; }
+wait "${pids[@]}" || { echo "a --once node did not exit cleanly"; cat "$out/w1.err" "$out/w2.err"; exit 1; }
+# steps 1 and 2 print on main; step 3's results are printed by the controller, on w2
+results "$out/single.log" > "$out/single.results"
+{ results "$out/cluster.log"; results "$out/w2.out"; } > "$out/cluster.results"
+grep -q "^\[step 3 ppo\] iter 1 reward" "$out/w2.out" || { echo "the controller did not run on w2:"; cat "$out/w2.out"; exit 1; }
+diff "$out/single.results" "$out/cluster.results" || { echo "the cluster run's results differ"; exit 1; }
+cmp "$out/single-ppo.bin" "$out/cluster-ppo.bin" || { echo "the trained policies differ"; exit 1; }
+sed 's/^/  /' "$out/cluster.results"
+grep -ho "cluster node '[^']*' ([^)]*): authenticated; actors there: .*\|cross-process traffic.*" "$out/cluster.err" | sed 's/^/  /'
+echo "  $(wc -l < "$out/single.results") result lines equal; the trained policy files are identical"
+
+echo "== SIGKILL of the controller's node (w2) in the middle of PPO"
+rm -f "$out/w1.port" "$out/w2.port"
+pids=()
+for w in w1 w2; do
+  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --once --threads 2 \
+    > "$out/$w.out" 2> "$out/$w.err" &
+  pids+=($!)
+done
+w2_pid=${pids[1]}
+for w in w1 w2; do
+  for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
+  [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/$w.err"; exit 1; }
+done
+{ echo "[cluster]"; echo "heartbeat_ms = 250"
+  for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/cluster.toml"
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs killed) --set node.prompts.iterations=200 \
+  --cluster "$out/cluster.toml" --secret-file "$out/secret" --set node.prompts.on=w1 --set node.ppo_controller.on=w2 \
+  > "$out/killed.log" 2> "$out/killed.err" &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 1200); do grep -q "^\[step 3 ppo\] iter 1 reward" "$out/w2.out" && break; sleep 0.05; done
+grep -q "^\[step 3 ppo\] iter 1 reward" "$out/w2.out" || { echo "PPO did not reach iteration 1:"; tail "$out/killed.err"; exit 1; }
+kill -9 "$w2_pid"
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/killed.err"; exit 1; }
+grep -q "cluster node 'w2' lost (.*); its actors: ppo_controller; the run stops" "$out/killed.err" \
+  || { echo "no error naming w2 and the controller:"; tail -20 "$out/killed.err"; exit 1; }
+# what steps 1 and 2 wrote before PPO began is intact: the same bytes as the single-process run's
+cmp "$out/single-sft.bin" "$out/killed-sft.bin" || { echo "step 1's model differs"; exit 1; }
+for f in "$out/single-rm"/*; do cmp "$f" "$out/killed-rm/$(basename "$f")" || { echo "step 2's $(basename "$f") differs"; exit 1; }; done
+[[ ! -e "$out/killed-ppo.bin" ]] || { echo "a half-trained policy was saved as if complete"; exit 1; }
+echo "  $(grep -o "cluster node 'w2' lost.*its actors: ppo_controller" "$out/killed.err" | head -1)"
+echo "  steps 1 and 2's saved models equal the reference run's; no half-trained policy was saved"
+echo "cluster_rlhf_small: OK"

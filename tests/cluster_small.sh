@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Clusters (docs/scaling.md), on 127.0.0.1 with ports chosen free at runtime:
+#   1. graphs/examples/generate.graph spread over 3 processes (main + 2 node daemons) writes the same
+#      completions as the single-process run;
+#   2. a node daemon with another secret is refused, with an error on both sides;
+#   3. a node killed (SIGKILL) in the middle of the run stops it with an error naming the node and its actors,
+#      and what the surviving sink wrote is intact.
+# Usage: cluster_small.sh FLOWRUN SOURCE_DIR WORK_DIR
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+graph="$root/graphs/examples/generate.graph"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+echo "cluster-secret-$$-$RANDOM" > "$out/secret"
+echo "another-secret" > "$out/wrong"
+
+# node NAME SECRET_FILE [args...]: starts a daemon on a free port; sets $port
+node() {
+  local name=$1 secret=$2; shift 2
+  rm -f "$out/$name.port"
+  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$secret" --port-file "$out/$name.port" --threads 2 "$@" \
+    > "$out/$name.out" 2> "$out/$name.err" &
+  pids+=($!)
+  eval "${name}_pid=$!"
+  for _ in $(seq 1 200); do [[ -s "$out/$name.port" ]] && break; sleep 0.05; done
+  [[ -s "$out/$name.port" ]] || { echo "node $name did not start:"; cat "$out/$name.err"; exit 1; }
+  port=$(cat "$out/$name.port")
+}
+# cluster_file FILE NAME PORT [NAME PORT ...]
+cluster_file() {
+  local f=$1; shift
+  { echo "[cluster]"; echo "heartbeat_ms = 200"; echo "lost_after_ms = 2000"
+    while (($#)); do echo "[cluster.nodes.$1]"; echo "address = \"127.0.0.1:$2\""; shift 2; done; } > "$f"
+}
+common=(--no-progress --threads 2 --set node.stories.max_lines=8 --set node.generator.max_new_tokens=48)
+
+echo "== 1. one process vs main + 2 nodes (tokenizer on w1, generator on w2, sink on main)"
+"$flowrun" run "$graph" "${common[@]}" --set node.sink.path="$out/single.txt" > "$out/single.log" 2>&1 \
+  || { echo "single-process run failed:"; tail -20 "$out/single.log"; exit 1; }
+node w1 "$out/secret" --once; p1=$port
+node w2 "$out/secret" --once; p2=$port
+cluster_file "$out/c12.toml" w1 "$p1" w2 "$p2"
+# with the console: its node table shows where each remote replica runs and its node's heartbeat age
+"$flowrun" run "$graph" "${common[@]}" --cluster "$out/c12.toml" --secret-file "$out/secret" \
+  --set node.tokenizer.on=w1 --set node.generator.on=w2 --set node.sink.path="$out/cluster.txt" \
+  --console 0 --console-linger 4 > "$out/cluster.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 600); do grep -q "cross-process traffic" "$out/cluster.log" && break; sleep 0.05; done
+url=$(grep -o "console: http://127.0.0.1:[0-9]*/" "$out/cluster.log" | head -1 | sed 's/^console: //')
+[[ -n "$url" ]] || { echo "no console URL:"; tail "$out/cluster.log"; exit 1; }
+sleep 0.3
+curl -sf "${url}api/nodes" > "$out/nodes.json" || { echo "GET ${url}api/nodes failed"; exit 1; }
+grep -q '"on w2 (127.0.0.1:'"$p2"'), heartbeat [0-9]* ms ago"' "$out/nodes.json" \
+  || { echo "the console does not show the generator on w2:"; cat "$out/nodes.json"; exit 1; }
+wait "$run_pid" || { echo "cluster run failed:"; tail -30 "$out/cluster.log"; exit 1; }
+echo "  console /api/nodes: generator $(grep -o '"on w2 ([^"]*"' "$out/nodes.json" | head -1)"
+lines=$(wc -l < "$out/single.txt")  # 8 completions (a completion may span lines)
+[[ $lines -ge 8 ]] || { echo "the single-process run wrote $lines lines, fewer than its 8 completions"; exit 1; }
+cmp "$out/single.txt" "$out/cluster.txt" || { echo "the cluster run's completions differ"; diff "$out/single.txt" "$out/cluster.txt" | head; exit 1; }
+echo "  identical: 8 completions ($lines lines)"
+grep -h "authenticated\|cross-process traffic" "$out/cluster.log" | sed 's/^.*\] //' | sed 's/^/  /'
+grep -q "job 'generate': 1 replicas here" "$out/w1.err" || { echo "w1 ran no replica:"; cat "$out/w1.err"; exit 1; }
+grep -q "job 'generate': 1 replicas here" "$out/w2.err" || { echo "w2 ran no replica:"; cat "$out/w2.err"; exit 1; }
+wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
+
+echo "== 1b. per-replica placement: two generator replicas fed round robin, on = [\"w1\", \"w2\"]"
+rr="$root/tests/graphs/cluster/generate_rr.graph"
+"$flowrun" run "$rr" --no-progress --threads 2 --set node.sink.path="$out/rr_single.txt" > "$out/rr_single.log" 2>&1 \
+  || { echo "single-process round-robin run failed:"; tail -20 "$out/rr_single.log"; exit 1; }
+node w1 "$out/secret" --once; p1=$port
+node w2 "$out/secret" --once; p2=$port
+cluster_file "$out/c12b.toml" w1 "$p1" w2 "$p2"
+"$flowrun" run "$rr" --no-progress --threads 2 --cluster "$out/c12b.toml" --secret-file "$out/secret" \
+  --set node.sink.path="$out/rr_cluster.txt" > "$out/rr_cluster.log" 2>&1 \
+  || { echo "round-robin cluster run failed:"; tail -30 "$out/rr_cluster.log"; exit 1; }
+cmp "$out/rr_single.txt" "$out/rr_cluster.txt" || { echo "the round-robin cluster run's completions differ"; exit 1; }
+grep -q "actors there: generator\[0\]" "$out/rr_cluster.log" && grep -q "actors there: generator\[1\]" "$out/rr_cluster.log" \
+  || { echo "the replicas were not placed one per node:"; grep authenticated "$out/rr_cluster.log"; exit 1; }
+echo "  identical to the same graph in one process; $(grep -o 'total [0-9]* data messages[^;]*' "$out/rr_cluster.log")"
+wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
+
+echo "== 2. a node with another secret is refused"
+node w3 "$out/wrong"
+cluster_file "$out/c3.toml" w3 "$port"
+set +e
+"$flowrun" run "$graph" "${common[@]}" --cluster "$out/c3.toml" --secret-file "$out/secret" \
+  --set node.generator.on=w3 --set node.sink.path="$out/refused.txt" > "$out/refused.log" 2>&1
+rc=$?
+set -e
+[[ $rc -ne 0 ]] || { echo "the run with a wrong secret succeeded"; exit 1; }
+grep -q "authentication with cluster node 'w3' (127.0.0.1:$port) failed: wrong cluster secret" "$out/refused.log" \
+  || { echo "no clear error on the coordinator:"; cat "$out/refused.log"; exit 1; }
+sleep 0.3
+grep -q "refused a peer .*wrong cluster secret" "$out/w3.err" || { echo "no clear error on the node:"; cat "$out/w3.err"; exit 1; }
+echo "  coordinator: $(grep -o 'authentication with.*secret (' "$out/refused.log" | head -1)"
+echo "  node:        $(grep -o 'refused a peer.*' "$out/w3.err" | head -1)"
+kill "$w3_pid"; wait "$w3_pid" 2>/dev/null || true
+
+echo "== 3. SIGKILL of the generator's node in the middle of the run"
+node w4 "$out/secret" --once
+cluster_file "$out/c4.toml" w4 "$port"
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+  --cluster "$out/c4.toml" --secret-file "$out/secret" --set node.generator.on=w4 --set node.sink.path="$out/killed.txt" \
+  > "$out/killed.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 400); do [[ -f "$out/killed.txt" && $(wc -l < "$out/killed.txt") -gt $lines ]] && break; sleep 0.05; done
+[[ $(wc -l < "$out/killed.txt") -gt $lines ]] || { echo "the run wrote nothing before the kill:"; tail "$out/killed.log"; exit 1; }
+kill -9 "$w4_pid"
+t0=$(date +%s%N)
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/killed.log"; exit 1; }
+grep -q "cluster node 'w4' lost (.*); its actors: generator; the run stops" "$out/killed.log" \
+  || { echo "no error naming the lost node and its actors:"; tail -20 "$out/killed.log"; exit 1; }
+n=$(wc -l < "$out/killed.txt")
+[[ $n -lt 2000 ]] || { echo "the run finished all 2000 lines before the kill: make it longer"; exit 1; }
+cmp <(head -n "$lines" "$out/killed.txt") "$out/single.txt" || { echo "the surviving sink's lines are not intact"; exit 1; }
+echo "  stopped ${ms} ms after the kill (exit code 1); the sink kept $n complete lines, the first $lines equal the reference run's"
+echo "  $(grep -o "cluster node 'w4' lost.*its actors: generator" "$out/killed.log" | head -1)"
+echo "== 3b. SIGTERM to a node in the middle of the run: it stops its replicas, exits 143, the run names it"
+node w8 "$out/secret"
+cluster_file "$out/c8.toml" w8 "$port"
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+  --cluster "$out/c8.toml" --secret-file "$out/secret" --set node.generator.on=w8 --set node.sink.path="$out/termed.txt" \
+  > "$out/termed.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 400); do [[ -f "$out/termed.txt" && $(wc -l < "$out/termed.txt") -gt $lines ]] && break; sleep 0.05; done
+kill -TERM "$w8_pid"
+set +e
+wait "$w8_pid"; node_rc=$?
+wait "$run_pid"; rc=$?
+set -e
+[[ $node_rc -eq 143 ]] || { echo "the node's exit code is $node_rc, not 143:"; tail "$out/w8.err"; exit 1; }
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/termed.log"; exit 1; }
+grep -q "shutting down: stopping this node's replicas" "$out/w8.err" || { echo "the node did not stop its replicas:"; cat "$out/w8.err"; exit 1; }
+grep -q "cluster node 'w8' lost (its daemon is shutting down (SIGINT or SIGTERM)); its actors: generator" "$out/termed.log" || { echo "no error naming w8:"; tail "$out/termed.log"; exit 1; }
+echo "  node exit code 143; $(grep -o "cluster node 'w8' lost.*its actors: generator" "$out/termed.log" | head -1)"
+
+echo "== 4. a node that stops answering (SIGSTOP) is lost by heartbeat; resumed, it stops its own replicas"
+node w5 "$out/secret" --once
+cluster_file "$out/c5.toml" w5 "$port"
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+  --cluster "$out/c5.toml" --secret-file "$out/secret" --set node.generator.on=w5 --set node.sink.path="$out/stalled.txt" \
+  > "$out/stalled.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 400); do [[ -f "$out/stalled.txt" && $(wc -l < "$out/stalled.txt") -gt $lines ]] && break; sleep 0.05; done
+kill -STOP "$w5_pid"
+t0=$(date +%s%N)
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+kill -CONT "$w5_pid"
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/stalled.log"; exit 1; }
+grep -q "cluster node 'w5' lost (no heartbeat for [0-9]* ms (lost_after_ms = 2000)); its actors: generator" "$out/stalled.log" \
+  || { echo "no heartbeat loss naming the node:"; tail -20 "$out/stalled.log"; exit 1; }
+echo "  stopped ${ms} ms after SIGSTOP: $(grep -o "cluster node 'w5' lost (no heartbeat[^;]*" "$out/stalled.log" | head -1)"
+for _ in $(seq 1 100); do kill -0 "$w5_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$w5_pid" 2>/dev/null; then echo "the resumed node did not exit:"; cat "$out/w5.err"; exit 1; fi
+grep -q "stopping this node's replicas" "$out/w5.err" || { echo "the resumed node did not stop its replicas:"; cat "$out/w5.err"; exit 1; }
+echo "  resumed node: $(grep -o "\(no heartbeat from\|the coordinator's connection\).*" "$out/w5.err" | head -1)"
+echo "== 5. TLS (caf_openssl): the same run over mutually checked certificates"
+if command -v openssl > /dev/null; then
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.pem" -days 1 \
+    -subj /CN=flowrun-cluster-test > /dev/null 2>&1
+  tls=(--tls-cert "$out/cert.pem" --tls-key "$out/key.pem" --tls-ca "$out/cert.pem")
+  node w6 "$out/secret" --once "${tls[@]}"
+  grep -q "(TLS)" "$out/w6.out" || { echo "the node does not listen with TLS:"; cat "$out/w6.out" "$out/w6.err"; exit 1; }
+  cluster_file "$out/c6.toml" w6 "$port"
+  timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/c6.toml" --secret-file "$out/secret" "${tls[@]}" \
+    --set node.generator.on=w6 --set node.sink.path="$out/tls.txt" > "$out/tls.log" 2>&1 \
+    || { echo "TLS cluster run failed:"; tail -20 "$out/tls.log"; cat "$out/w6.err"; exit 1; }
+  cmp "$out/single.txt" "$out/tls.txt" || { echo "the TLS run's completions differ"; exit 1; }
+  echo "  identical over TLS: $(grep -o "cluster node 'w6'.*authenticated.*" "$out/tls.log" | head -1)"
+  # refused: a coordinator without TLS, and one whose certificate the node's CA does not sign
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/key2.pem" -out "$out/cert2.pem" -days 1 \
+    -subj /CN=untrusted > /dev/null 2>&1
+  node w7 "$out/secret" "${tls[@]}"
+  cluster_file "$out/c7.toml" w7 "$port"
+  for how in plain untrusted; do
+    extra=()
+    [[ $how == untrusted ]] && extra=(--tls-cert "$out/cert2.pem" --tls-key "$out/key2.pem" --tls-ca "$out/cert2.pem")
+    set +e
+    timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/c7.toml" --secret-file "$out/secret" "${extra[@]}" \
+      --set node.generator.on=w7 --set node.sink.path="$out/tls_$how.txt" > "$out/tls_$how.log" 2>&1
+    rc=$?
+    set -e
+    [[ $rc -eq 1 ]] || { echo "the $how run's exit code is $rc, not 1"; tail "$out/tls_$how.log"; exit 1; }
+    grep -q "cannot reach cluster node 'w7'" "$out/tls_$how.log" || { echo "no clear error for $how:"; tail "$out/tls_$how.log"; exit 1; }
+    echo "  $how coordinator refused: $(grep -o "cannot reach cluster node 'w7'.*" "$out/tls_$how.log" | head -1)"
+  done
+  kill "$w7_pid"; wait "$w7_pid" 2>/dev/null || true
+else
+  echo "  skipped: no openssl command to make a certificate"
+fi
+echo "cluster_small: OK"

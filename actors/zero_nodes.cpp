@@ -33,6 +33,7 @@
 #include "models/shard_checkpoint.h"
 #include "models/tokenizer.h"
 #include "models/zero.h"
+#include "runtime/comm/caf_store.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 
@@ -162,12 +163,23 @@ class zero_rank final : public actor::node {
                                     "with flowrun launch --nproc " + std::to_string(nproc) + " use \"gloo\"");
       co.group = join_group(ctx.name(), world_, ctx.replicas());
     } else {
+      // The rendezvous, first found: the node's rendezvous (caf://HOST:PORT or a folder), its
+      // store_dir, $FLOWRUN_RENDEZVOUS (flowrun launch --rendezvous caf), $FLOWRUN_STORE_DIR
+      // (--rendezvous file). gloo's addresses and NCCL's unique id go through it.
+      const char* rv = std::getenv("FLOWRUN_RENDEZVOUS");
       const char* sd = std::getenv("FLOWRUN_STORE_DIR");
-      co.store_dir = !s.get_string("store_dir").empty() ? s.get_string("store_dir") : (sd ? sd : "");
-      if (co.store_dir.empty())
+      if (!s.get_string("rendezvous").empty())
+        co.kv = comm::open_store(s.get_string("rendezvous"), co.timeout);
+      else if (!s.get_string("store_dir").empty())
+        co.store_dir = s.get_string("store_dir");
+      else if (rv && *rv)
+        co.kv = comm::open_store(rv, co.timeout);
+      else if (sd && *sd)
+        co.store_dir = sd;
+      else
         throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"" + co.backend +
-                                    "\" needs store_dir (a folder every rank sees) or FLOWRUN_STORE_DIR "
-                                    "(flowrun launch sets it)");
+                                    "\" needs a rendezvous: rendezvous (caf://HOST:PORT), store_dir (a folder every "
+                                    "rank sees), FLOWRUN_RENDEZVOUS or FLOWRUN_STORE_DIR (flowrun launch sets one)");
       co.prefix = "flowrun/" + ctx.name();
     }
     comm_ = comm::make_communicator(co);
@@ -438,6 +450,8 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .require("deepspeed_config", T::path, "DeepSpeed JSON (batch sizes, zero_optimization.stage, optimizer, scheduler)")
         .option("zero_stage", T::int_, std::int64_t{-1}, "override zero_optimization.stage (-1: the config's)")
         .option("comm_backend", T::string, std::string("inproc"), "inproc (threads), gloo (processes) or nccl (GPUs)")
+        .option("rendezvous", T::string, std::string(""),
+                "gloo/nccl rendezvous: caf://HOST:PORT (a CAF store) or a folder (default: $FLOWRUN_RENDEZVOUS)")
         .option("store_dir", T::string, std::string(""), "gloo/nccl rendezvous folder (default: $FLOWRUN_STORE_DIR)")
         .option("comm_timeout_s", T::int_, std::int64_t{300}, "how long a collective waits for the other ranks")
         .option("save_checkpoint_steps", T::int_, std::int64_t{10}, "checkpoint every N steps (and at the end)")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # graphs/pretrain.graph (stories260K on TinyStories, ZeRO) end to end:
-#   1. 2 ranks in 2 processes over gloo give the 1-rank loss curve (1e-5 per step) at every ZeRO stage;
+#   1. 2 ranks in 2 processes over gloo give the 1-rank loss curve (1e-5 per step) at every ZeRO stage
+#      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3);
 #   2. a run killed with SIGKILL at a random step and resumed continues the curve exactly;
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
 #      adapter; continuing from base + LoRA starts where the LoRA run ended.
@@ -33,8 +34,10 @@ echo "== 1 rank, stage 0 (the reference curve)"
 run ref run "$graph" --no-progress -q "${nodir[@]}" --set node.ranks.replicas=1 --set node.ranks.zero_stage=0
 losses "$out/ref.log" | head -3
 for stage in 0 1 2 3; do
-  echo "== 2 ranks in 2 processes over gloo, stage $stage"
-  run gloo$stage launch --nproc 2 "$graph" "${nodir[@]}" --set node.ranks.replicas=1 \
+  # stages 0-2 rendezvous through a folder, stage 3 through the launcher's CAF store
+  rdv=file; [[ $stage == 3 ]] && rdv=caf
+  echo "== 2 ranks in 2 processes over gloo, stage $stage, rendezvous $rdv"
+  run gloo$stage launch --nproc 2 --rendezvous $rdv "$graph" "${nodir[@]}" --set node.ranks.replicas=1 \
     --set node.ranks.comm_backend=gloo --set node.ranks.zero_stage=$stage --run-arg=--no-progress
   same_curve "$out/ref.log" "$out/gloo$stage.log" 1e-5 || { echo "gloo stage $stage: curve differs"; exit 1; }
 done

@@ -56,3 +56,18 @@ TEST_CASE("a training plan that cannot fit in memory is refused with what to cha
   CHECK(out.find("node 'sft'") != std::string::npos);
   CHECK(out.find("lower per_device_train_batch_size or max_seq_len") != std::string::npos);
 }
+
+TEST_CASE("flowrun launch refuses a rendezvous it cannot use, naming it") {
+  int rc = -1;
+  const std::string bin = FLOWRUN_BIN;
+  auto out = run(bin + " launch --nproc 2 --rendezvous caf --store /tmp/x no_such.graph 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(out.find("--store is a folder for --rendezvous file") != std::string::npos);
+  // 203.0.113.1 (TEST-NET-3) is no address of this host: the CAF store cannot be published there
+  out = run(bin + " launch --nproc 2 --rendezvous-host 203.0.113.1 no_such.graph 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(out.find("cannot publish the store on 203.0.113.1:0") != std::string::npos);
+  out = run(bin + " launch --nproc 2 --rendezvous tcp no_such.graph 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("--rendezvous") != std::string::npos);
+}

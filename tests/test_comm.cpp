@@ -1,7 +1,9 @@
 // Tests of runtime/comm: the communicator contract (all_gather,
 // reduce_scatter, all_reduce, broadcast, barrier), byte counters, errors, the
-// stores, the inproc backend with 1-4 ranks as threads and the gloo backend
-// with 2 and 3 processes (this binary re-executes itself as the workers).
+// stores (memory, file and the CAF store between threads and processes), the
+// inproc backend with 1-4 ranks as threads and the gloo backend with 2 and 3
+// processes over the file store and the CAF store (this binary re-executes
+// itself as the workers).
 //
 // The data are multiples of 2^-12 in [-2, 2] (rounded to the dtype), so every
 // sum over <= 4 ranks is exact in f32: the float64 reference rounded once to
@@ -28,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/comm/caf_store.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 #include "runtime/tensor/device_memory.h"
@@ -638,6 +641,93 @@ TEST_CASE("test_comm: stores: memory_store and file_store") {
   std::filesystem::remove_all(dir);
 }
 
+std::vector<uint8_t> all_bytes() {  // 0..255 and a zero in the middle: raw bytes, not text
+  std::vector<uint8_t> v(256);
+  for (int i = 0; i < 256; ++i) v[i] = static_cast<uint8_t>(i);
+  v.push_back(0);
+  v.push_back(42);
+  return v;
+}
+
+TEST_CASE("test_comm: caf store: set/get/wait between two threads") {
+  auto host = host_caf_store();  // 127.0.0.1, any free port
+  const caf_address addr = host->address();
+  CHECK(addr.host == "127.0.0.1");
+  CHECK(addr.port != 0);
+  CHECK(parse_caf_address(addr.str()).port == addr.port);
+  auto a = make_caf_store(addr.host, addr.port, 5s);
+  auto b = open_store(addr.str(), 5s);
+  std::string thread_error;
+  std::thread peer([&] {
+    try {
+      auto v = b->get("job/ping", 10s);  // waits: set a moment later by the main thread
+      v.push_back('!');
+      b->set("job/pong", v);
+    } catch (const std::exception& e) {
+      thread_error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(a->contains("job/ping"));
+  a->set("job/ping", all_bytes());
+  auto pong = a->get("job/pong", 10s);
+  peer.join();
+  CHECK(thread_error.empty());
+  auto want = all_bytes();
+  want.push_back('!');
+  CHECK(pong == want);
+  CHECK(b->contains("job/ping"));
+  CHECK(host->size() == 2);
+  a->set("job/ping", {});  // replaced, and empty values travel
+  CHECK(b->get("job/ping", 1s).empty());
+  std::vector<uint8_t> big(1 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7);
+  a->set("big", big);
+  CHECK(b->get("big", 5s) == big);
+  a->erase("job/ping");
+  a->erase("job/ping");  // absent: no error
+  b->erase("job/pong");
+  b->erase("big");
+  CHECK_FALSE(a->contains("job/ping"));
+  CHECK(host->size() == 0);
+}
+
+TEST_CASE("test_comm: caf store: a missing key times out with the address and the key") {
+  auto host = host_caf_store();
+  const std::string addr = host->address().str();
+  auto s = open_store(addr, 5s);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(s->get("flowrun/nccl_unique_id", 300ms),
+                       doctest::Contains((addr + ": timed out after 300 ms waiting for key 'flowrun/nccl_unique_id'").c_str()),
+                       std::runtime_error);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  // The store lives on: a late set answers the next get (the parked one is dropped).
+  s->set("flowrun/nccl_unique_id", {1, 2});
+  CHECK(s->get("flowrun/nccl_unique_id", 1s) == std::vector<uint8_t>{1, 2});
+}
+
+TEST_CASE("test_comm: caf store: a wrong address fails with a clear error") {
+  uint16_t port = 0;
+  {
+    auto host = host_caf_store();
+    port = host->address().port;
+  }  // unpublished and closed: nothing listens there now
+  const std::string addr = "caf://127.0.0.1:" + std::to_string(port);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(open_store(addr, 300ms), doctest::Contains(("cannot connect to " + addr + " within 300 ms").c_str()),
+                       std::runtime_error);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK_THROWS_WITH_AS(make_caf_store("127.0.0.1", 0), doctest::Contains("port 0"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_caf_address("caf://localhost"), doctest::Contains("caf://HOST:PORT"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(parse_caf_address("caf://h:70000"), doctest::Contains("port out of range"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(open_store("tcp://h:1"), doctest::Contains("unknown scheme"), std::invalid_argument);
+  CHECK_THROWS_AS(open_store(""), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(host_caf_store("203.0.113.1", 0), doctest::Contains("cannot publish the store on 203.0.113.1:0"),
+                       std::runtime_error);
+}
+
 TEST_CASE("test_comm: make_communicator: by name, with clear errors") {
   comm_options o;
   auto c = make_communicator(o);
@@ -690,7 +780,12 @@ namespace {
 
 /// Starts `world` copies of this test binary as gloo ranks (the "comm gloo
 /// worker" case) and returns their exit codes (-1: killed after the limit).
-std::vector<int> spawn_gloo_workers(int world, const std::string& dir, std::chrono::seconds limit) {
+/// `rendezvous`: a CAF store address ("caf://HOST:PORT") the ranks rendezvous
+/// through instead of the file store in `dir` (FLOWRUN_COMM_RENDEZVOUS);
+/// `test_case`: the worker case the copies run.
+std::vector<int> spawn_gloo_workers(int world, const std::string& dir, std::chrono::seconds limit,
+                                    const std::string& rendezvous = "",
+                                    const std::string& test_case = "test_comm: gloo worker") {
   char exe[4096];
   const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   REQUIRE(len > 0);
@@ -703,11 +798,12 @@ std::vector<int> spawn_gloo_workers(int world, const std::string& dir, std::chro
     env_s.push_back("FLOWRUN_COMM_WORKER=" + std::to_string(r));
     env_s.push_back("FLOWRUN_COMM_WORLD=" + std::to_string(world));
     env_s.push_back("FLOWRUN_COMM_STORE=" + dir);
+    if (!rendezvous.empty()) env_s.push_back("FLOWRUN_COMM_RENDEZVOUS=" + rendezvous);
     env_s.push_back("OMP_NUM_THREADS=1");
     std::vector<char*> envp;
     for (auto& s : env_s) envp.push_back(s.data());
     envp.push_back(nullptr);
-    std::string a1 = "--test-case=test_comm: gloo worker", a2 = "--no-skip=true", a3 = "--minimal=true";
+    std::string a1 = "--test-case=" + test_case, a2 = "--no-skip=true", a3 = "--minimal=true";
     char* argv[] = {exe, a1.data(), a2.data(), a3.data(), nullptr};
     pid_t pid = 0;
     const int rc = ::posix_spawn(&pid, exe, nullptr, nullptr, argv, envp.data());
@@ -748,6 +844,7 @@ TEST_CASE("test_comm: gloo worker" * doctest::skip()) {
   o.rank = std::atoi(rank_s);
   o.world_size = std::atoi(std::getenv("FLOWRUN_COMM_WORLD"));
   o.store_dir = std::getenv("FLOWRUN_COMM_STORE");
+  if (const char* rv = std::getenv("FLOWRUN_COMM_RENDEZVOUS")) o.kv = open_store(rv, 10s);
   o.timeout = 30s;
   auto c = gloo_communicator(o);
   REQUIRE(c->backend() == "gloo");
@@ -803,6 +900,58 @@ TEST_CASE("test_comm: gloo: 3 processes (uneven ring)") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("test_comm: caf store worker" * doctest::skip()) {
+  // Runs only in the processes spawned by "caf store: ... two processes".
+  const char* rank_s = std::getenv("FLOWRUN_COMM_WORKER");
+  const char* rv = std::getenv("FLOWRUN_COMM_RENDEZVOUS");
+  if (!rank_s || !rv) return;
+  auto s = open_store(rv, 10s);
+  auto v = s->get("ping", 30s);  // the parent sets it after the workers started
+  v.push_back(static_cast<uint8_t>('0' + std::atoi(rank_s)));
+  s->set("pong/" + std::string(rank_s), v);
+  CHECK_THROWS_WITH_AS(s->get("never", 200ms), doctest::Contains("waiting for key 'never'"), std::runtime_error);
+  std::ofstream(std::string(std::getenv("FLOWRUN_COMM_STORE")) + "/ran." + rank_s) << "ok\n";
+}
+
+TEST_CASE("test_comm: caf store: set/get/wait between processes") {
+  auto host = host_caf_store();
+  const std::string dir = temp_dir("cafstore");
+  std::thread parent([&] {
+    auto s = open_store(host->address().str(), 5s);
+    std::this_thread::sleep_for(200ms);  // the workers are waiting for it by now (or soon)
+    s->set("ping", all_bytes());
+  });
+  auto codes = spawn_gloo_workers(2, dir, 60s, host->address().str(), "test_comm: caf store worker");
+  parent.join();
+  auto s = open_store(host->address().str(), 5s);
+  for (int r = 0; r < 2; ++r) {
+    CHECK_MESSAGE(codes[r] == 0, "caf store worker " << r << " exited with " << codes[r]);
+    CHECK_MESSAGE(std::filesystem::remove(dir + "/ran." + std::to_string(r)), "worker " << r << " did not run");
+    auto want = all_bytes();
+    want.push_back(static_cast<uint8_t>('0' + r));
+    CHECK(s->get("pong/" + std::to_string(r), 1s) == want);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("test_comm: gloo: 2 and 3 processes rendezvous over the CAF store") {
+  // The same worker as the file-store cases (every collective against the
+  // float64 reference, point to point), only the rendezvous differs.
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    auto host = host_caf_store();
+    const std::string dir = temp_dir("gloocaf");
+    auto codes = spawn_gloo_workers(world, dir, 120s, host->address().str());
+    for (int r = 0; r < world; ++r) {
+      CHECK_MESSAGE(codes[r] == 0, "gloo rank " << r << " exited with " << codes[r]);
+      CHECK_MESSAGE(std::filesystem::remove(dir + "/ran." + std::to_string(r)), "gloo rank " << r << " did not run");
+    }
+    CHECK(std::filesystem::is_empty(dir));  // nothing went through the folder
+    CHECK(host->size() == 0);               // every rank erased its addresses
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST_CASE("test_comm: gloo: one rank, and a peer that never arrives") {
   gloo_options o;
   auto one = gloo_communicator(o);  // world_size 1: no rendezvous
@@ -820,6 +969,13 @@ TEST_CASE("test_comm: gloo: one rank, and a peer that never arrives") {
   CHECK(std::chrono::steady_clock::now() - start < 20s);
   CHECK(std::filesystem::is_empty(o.store_dir));  // no stale address for the next job
   std::filesystem::remove_all(o.store_dir);
+  // The same over the CAF store: the error names the rendezvous, the store keeps nothing.
+  auto host = host_caf_store();
+  o.store_dir.clear();
+  o.kv = open_store(host->address().str(), 5s);
+  CHECK_THROWS_WITH_AS(gloo_communicator(o), doctest::Contains("gloo rendezvous (rank 0 of 2, a flowrun store"),
+                       std::runtime_error);
+  CHECK(host->size() == 0);
 }
 
 #else

@@ -1,6 +1,6 @@
 // Two-rank NCCL equivalence with the inproc backend (issue #7): ranks are two
 // threads of this process, rank r on cuda:r, the NCCL unique id shared through a
-// memory_store. Every collective (all_gather, reduce_scatter, all_reduce sum/max,
+// memory_store (and, in one case, through a CAF store). Every collective (all_gather, reduce_scatter, all_reduce sum/max,
 // broadcast) and send/recv runs on the same inputs in both backends; the results
 // must be bitwise equal. The data are multiples of 2^-12 in [-2, 2], so a sum of
 // two ranks is exact in f32 and rounds once to bf16 in both backends.
@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/comm/caf_store.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 #include "runtime/tensor/device_memory.h"
@@ -168,6 +169,42 @@ TEST_CASE("nccl: two ranks on two GPUs equal the inproc backend bit for bit") {
     CHECK(bad == 0);
   }
   std::printf("test_nccl: two ranks, %zu results per rank equal the inproc backend\n", got[0].size());
+}
+
+TEST_CASE("nccl: the unique id travels over the CAF store") {
+  if (!need_two_gpus()) return;
+  // As under flowrun launch: a hosted CAF store, each rank its own client, the
+  // communicator made by name with the store as comm_options::kv.
+  auto host = host_caf_store();
+  const std::string addr = host->address().str();
+  std::vector<std::string> errs;
+  auto group = make_inproc_group(2);
+  auto want = run_two([&](int r) { return inproc_communicator(group, r); }, errs);
+  for (auto& e : errs) REQUIRE_MESSAGE(e.empty(), "inproc: " << e);
+  auto got = run_two(
+      [&](int r) {
+        comm_options o;
+        o.backend = "nccl";
+        o.rank = r;
+        o.world_size = 2;
+        o.device_index = r;
+        o.kv = open_store(addr, std::chrono::seconds(10));
+        o.prefix = "test_nccl/caf";
+        o.timeout = std::chrono::seconds(120);
+        return make_communicator(o);
+      },
+      errs);
+  for (auto& e : errs) REQUIRE_MESSAGE(e.empty(), "nccl over " << addr << ": " << e);
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(got[r].size() == want[r].size());
+    int bad = 0;
+    for (size_t i = 0; i < got[r].size(); ++i)
+      bad += !(got[r][i].type() == want[r][i].type() && got[r][i].numel() == want[r][i].numel() &&
+               std::memcmp(got[r][i].raw(), want[r][i].raw(), got[r][i].nbytes()) == 0);
+    CHECK(bad == 0);
+  }
+  CHECK(host->size() == 0);  // rank 0 erased the id once both ranks had joined
+  std::printf("test_nccl: two ranks, unique id over %s, results equal the inproc backend\n", addr.c_str());
 }
 
 TEST_CASE("nccl: tensors on the wrong device and bad peers are refused") {

@@ -177,6 +177,7 @@ std::unique_ptr<communicator> make_communicator(const comm_options& o) {
     g.rank = o.rank;
     g.world_size = o.world_size;
     g.store_dir = o.store_dir;
+    g.kv = o.kv;
     g.prefix = o.prefix;
     g.hostname = o.hostname;
     g.iface = o.iface;

@@ -222,9 +222,15 @@ struct gloo_options {
   /// deletes its records once the whole group has connected, so the same
   /// directory can be reused by the next job; a job that crashed during
   /// rendezvous may leave records behind: use a fresh directory or prefix.
+  /// Ignored when `kv` is set.
   std::string store_dir;
-  /// Key prefix inside store_dir (gloo PrefixStore), to run several groups
-  /// in one directory at once.
+  /// Rendezvous through this store instead of store_dir (e.g. the CAF store
+  /// of caf_store.h, or a memory_store shared by threads): gloo's addresses
+  /// go through an adapter to gloo::rendezvous::Store; each rank erases the
+  /// keys it set once the group has connected.
+  std::shared_ptr<store> kv;
+  /// Key prefix inside store_dir or kv (gloo PrefixStore), to run several
+  /// groups in one store at once.
   std::string prefix = "flowrun";
   /// Address this rank listens on and announces to its peers (gloo TCP
   /// transport). 127.0.0.1 for processes on one host; a host name or IP
@@ -258,8 +264,8 @@ struct nccl_options {
   int device_index = -1;
   /// Where rank 0 publishes the NCCL unique id and the others read it; rank 0
   /// erases it once every rank has joined. Required when world_size > 1
-  /// (e.g. a file_store on a shared directory, or a memory_store shared by
-  /// threads). A stale id left by a crashed job under the same key would make
+  /// (e.g. the CAF store of caf_store.h, which flowrun launch hosts, a
+  /// file_store on a shared directory, or a memory_store shared by threads). A stale id left by a crashed job under the same key would make
   /// the other ranks join a dead group: use a job-specific key.
   std::shared_ptr<store> kv;
   /// Key of the unique id in `kv`; make it unique per job/group.
@@ -298,9 +304,12 @@ struct comm_options {
   std::string prefix = "flowrun";
   std::string hostname = "127.0.0.1";
   std::string iface;
-  /// nccl: GPU ordinal (-1 = rank % GPUs) and the unique-id store; when kv is
-  /// null, a file_store on store_dir is used with key prefix + "/nccl_unique_id".
+  /// nccl: GPU ordinal (-1 = rank % GPUs).
   int device_index = -1;
+  /// gloo and nccl: the rendezvous store (gloo's addresses; nccl's unique id
+  /// under prefix + "/nccl_unique_id"), e.g. open_store("caf://HOST:PORT")
+  /// (caf_store.h). When null, store_dir is used: gloo's FileStore, or a
+  /// file_store for nccl.
   std::shared_ptr<store> kv;
 };
 

@@ -1,5 +1,6 @@
 // The gloo backend: processes on one or several hosts, TCP transport,
-// rendezvous through gloo's FileStore on a shared directory.
+// rendezvous through gloo's FileStore on a shared directory, or through any
+// flowrun store (gloo_options::kv, e.g. the CAF store) via store_adapter.
 //
 // all_gather, all_reduce, broadcast and barrier call gloo's collectives
 // (options API: gloo/allgather.h, allreduce.h, broadcast.h, barrier.h).
@@ -14,6 +15,8 @@
 // chunk (r-s-2) mod N from rank r-1, adding its own contribution; after
 // N-1 steps it holds chunk r summed over all ranks. Each rank sends exactly
 // (N-1) chunks: the ring volume. Partials travel in f32 for bf16/f16.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -33,6 +36,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
@@ -49,6 +53,44 @@ namespace {
 constexpr uint8_t kReduceScatterSlotPrefix = 0x46;
 // Slot prefix of point-to-point send/recv; the tag counts the messages of one (src, dst) pair.
 constexpr uint8_t kP2PSlotPrefix = 0x47;
+
+// gloo's rendezvous Store interface over a flowrun store. Remembers the keys
+// it set, so the rank can erase its records once the group has connected.
+class store_adapter final : public gloo::rendezvous::Store {
+ public:
+  store_adapter(std::shared_ptr<store> kv, std::chrono::milliseconds timeout) : kv_(std::move(kv)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    kv_->set(key, std::vector<uint8_t>(data.begin(), data.end()));
+    written_.push_back(key);
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = kv_->get(key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const auto& k : keys) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      kv_->get(k, std::max(left, std::chrono::milliseconds(1)));
+    }
+  }
+  /// Erases the keys this rank set (errors ignored: cleanup only).
+  void erase_written() {
+    for (const auto& k : written_) {
+      try {
+        kv_->erase(k);
+      } catch (const std::exception&) {
+      }
+    }
+    written_.clear();
+  }
+
+ private:
+  std::shared_ptr<store> kv_;
+  std::chrono::milliseconds timeout_;
+  std::vector<std::string> written_;
+};
 
 class gloo_comm final : public communicator {
  public:
@@ -149,6 +191,7 @@ class gloo_comm final : public communicator {
 
  private:
   void connect(const gloo_options& o) {
+    if (o.kv) return connect_kv(o);
     const std::string w = "gloo rendezvous (rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
                           ", store " + o.store_dir + ", prefix '" + o.prefix + "')";
     std::error_code ec;
@@ -181,6 +224,34 @@ class gloo_comm final : public communicator {
       throw std::runtime_error(w + " failed: " + e.what() +
                                " (did every rank start with the same store_dir and prefix? records left by a "
                                "crashed job make the next rendezvous fail: use a fresh directory or prefix)");
+    }
+  }
+
+  // The same over a flowrun store (gloo_options::kv).
+  void connect_kv(const gloo_options& o) {
+    const std::string w = "gloo rendezvous (rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
+                          ", a flowrun store, prefix '" + o.prefix + "')";
+    store_adapter adapter(o.kv, timeout_);
+    try {
+      gloo::transport::tcp::attr attr;
+      if (!o.iface.empty())
+        attr.iface = o.iface;
+      else
+        attr.hostname = o.hostname;
+      auto dev = gloo::transport::tcp::CreateDevice(attr);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
+      ctx->setTimeout(timeout_);
+      gloo::rendezvous::PrefixStore prefixed(o.prefix, adapter);
+      ctx->connectFullMesh(prefixed, dev);
+      ctx_ = ctx;
+      // Every rank has read every address once all have passed this barrier.
+      gloo_barrier();
+      adapter.erase_written();
+    } catch (const std::exception& e) {
+      ctx_.reset();
+      adapter.erase_written();
+      throw std::runtime_error(w + " failed: " + e.what() +
+                               " (did every rank start with the same store and prefix?)");
     }
   }
 
@@ -257,8 +328,10 @@ std::unique_ptr<communicator> gloo_communicator(const gloo_options& o) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     throw std::invalid_argument("gloo_communicator: rank " + std::to_string(o.rank) + " is not in [0, world_size " +
                                 std::to_string(o.world_size) + ")");
-  if (o.world_size > 1 && o.store_dir.empty())
-    throw std::invalid_argument("gloo_communicator: store_dir (a rendezvous directory every rank can see) is empty");
+  if (o.world_size > 1 && o.store_dir.empty() && !o.kv)
+    throw std::invalid_argument(
+        "gloo_communicator: neither kv (a store shared by the ranks) nor store_dir (a rendezvous directory every rank "
+        "can see) is set");
   if (o.timeout.count() <= 0) throw std::invalid_argument("gloo_communicator: timeout must be positive");
   return std::make_unique<gloo_comm>(o);
 }

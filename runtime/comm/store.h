@@ -12,6 +12,8 @@
 //                 record. Works across processes.
 //   memory_store  a map behind a mutex, for ranks that are threads of one
 //                 process (tests, the inproc backend's launchers).
+// A third, served by a CAF actor over TCP (flowrun launch's default), is in
+// caf_store.h (make_caf_store, open_store("caf://HOST:PORT")).
 //
 // Keys are arbitrary strings; file_store escapes them into file names.
 // Records left in a file_store directory by a previous job are read as if

@@ -1,8 +1,14 @@
 // `flowrun launch --nproc P FILE.graph ...`: the same graph in P processes on
 // this host, as DeepSpeed's launcher / torchrun start one process per rank
 // group. Each child runs `flowrun run FILE.graph ...` with
-//   FLOWRUN_PROCESS_INDEX = 0 .. P-1, FLOWRUN_NPROC = P,
-//   FLOWRUN_STORE_DIR     = the rendezvous folder of the gloo/nccl communicators.
+//   FLOWRUN_PROCESS_INDEX = 0 .. P-1, FLOWRUN_NPROC = P, and the rendezvous of
+//   the gloo/nccl communicators (their addresses, NCCL's unique id):
+//   --rendezvous caf (the default): the launcher hosts a CAF store actor
+//     (runtime/comm/caf_store.h) on --rendezvous-host:--rendezvous-port
+//     (127.0.0.1, any free port) for as long as the children run, and sets
+//     FLOWRUN_RENDEZVOUS = caf://HOST:PORT;
+//   --rendezvous file (the default when --store is given): a folder,
+//     FLOWRUN_STORE_DIR = --store or a fresh temporary folder.
 // Node kinds that span processes (zero_rank) read them; the others run as usual
 // in every process. If a child fails, the others are stopped (SIGTERM) and
 // launch exits with the failed child's code. SIGINT/SIGTERM are passed on.
@@ -20,6 +26,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/comm/caf_store.h"
 #include "tools/flowrun/commands.h"
 
 extern char** environ;
@@ -40,6 +47,9 @@ void forward_signal(int sig) {
 void add_launch(CLI::App& app) {
   struct launch_opts {
     int nproc = 2;
+    std::string rendezvous;
+    std::string rendezvous_host = "127.0.0.1";
+    uint16_t rendezvous_port = 0;
     std::string store;
     std::string file;
     std::vector<std::string> overrides;
@@ -48,20 +58,40 @@ void add_launch(CLI::App& app) {
   auto o = std::make_shared<launch_opts>();
   auto* sub = app.add_subcommand("launch", "Run a graph in several processes of this host (ranks over gloo)");
   sub->add_option("--nproc", o->nproc, "Processes to start")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--store", o->store, "Rendezvous folder (default: a fresh temporary folder)");
+  sub->add_option("--rendezvous", o->rendezvous,
+                  "How ranks rendezvous: caf (a CAF store actor hosted by this launcher; the default) or file "
+                  "(a folder; the default with --store)")
+      ->check(CLI::IsMember({"caf", "file"}));
+  sub->add_option("--rendezvous-host", o->rendezvous_host,
+                  "caf: the address the store listens on and the children connect to")
+      ->capture_default_str();
+  sub->add_option("--rendezvous-port", o->rendezvous_port, "caf: the store's port (0: any free port)")
+      ->capture_default_str();
+  sub->add_option("--store", o->store, "file: the rendezvous folder (default: a fresh temporary folder)");
   sub->add_option("file", o->file, "The .graph file")->required();
   sub->add_option("--set", o->overrides, "Overrides passed to every process (see flowrun run --set)");
   sub->add_option("--run-arg", o->extra, "More options for each process's `flowrun run` (repeatable)");
   sub->callback([o] {
+    const std::string mode = !o->rendezvous.empty() ? o->rendezvous : (o->store.empty() ? "caf" : "file");
+    if (mode == "caf" && !o->store.empty())
+      throw std::runtime_error("launch: --store is a folder for --rendezvous file, not for --rendezvous caf");
+    // caf: the store actor lives in this process until every child has exited.
+    std::unique_ptr<comm::caf_store_host> caf_host;
+    std::string rendezvous;
+    if (mode == "caf") {
+      caf_host = comm::host_caf_store(o->rendezvous_host, o->rendezvous_port);
+      rendezvous = caf_host->address().str();
+      spdlog::debug("launch: rendezvous store at {}", rendezvous);
+    }
     std::string store = o->store;
     bool temp = false;
-    if (store.empty()) {
+    if (mode == "file" && store.empty()) {
       std::string tmpl = (std::filesystem::temp_directory_path() / "flowrun-launch-XXXXXX").string();
       if (!::mkdtemp(tmpl.data())) throw std::runtime_error("launch: cannot make a temporary rendezvous folder");
       store = tmpl;
       temp = true;
     }
-    std::filesystem::create_directories(store);
+    if (mode == "file") std::filesystem::create_directories(store);
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     std::signal(SIGINT, forward_signal);
     std::signal(SIGTERM, forward_signal);
@@ -75,13 +105,16 @@ void add_launch(CLI::App& app) {
       for (char** e = environ; *e; ++e) {
         std::string kv = *e;
         if (kv.rfind("FLOWRUN_PROCESS_INDEX=", 0) == 0 || kv.rfind("FLOWRUN_NPROC=", 0) == 0 ||
-            kv.rfind("FLOWRUN_STORE_DIR=", 0) == 0)
+            kv.rfind("FLOWRUN_STORE_DIR=", 0) == 0 || kv.rfind("FLOWRUN_RENDEZVOUS=", 0) == 0)
           continue;
         env_s.push_back(kv);
       }
       env_s.push_back("FLOWRUN_PROCESS_INDEX=" + std::to_string(p));
       env_s.push_back("FLOWRUN_NPROC=" + std::to_string(o->nproc));
-      env_s.push_back("FLOWRUN_STORE_DIR=" + store);
+      if (mode == "caf")
+        env_s.push_back("FLOWRUN_RENDEZVOUS=" + rendezvous);
+      else
+        env_s.push_back("FLOWRUN_STORE_DIR=" + store);
       std::vector<char*> argv, envp;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -118,6 +151,7 @@ void add_launch(CLI::App& app) {
       std::error_code ec;
       std::filesystem::remove_all(store, ec);
     }
+    caf_host.reset();
     if (result != 0) throw exit_request{result};
   });
 }

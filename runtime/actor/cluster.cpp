@@ -401,6 +401,37 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   std::_Exit(code);
 }
 
+cluster_view planned_cluster_view(const graph::graph_spec& spec, bool tls) {
+  cluster_view v;
+  v.clustered = needs_cluster(spec);
+  v.heartbeat_ms = spec.cluster.heartbeat_ms;
+  v.lost_after_ms = spec.cluster.lost_after_ms;
+  cluster_node_view main;
+  main.name = std::string(graph::main_process_name);
+  main.cpus = static_cast<std::int64_t>(std::thread::hardware_concurrency());
+  v.nodes.push_back(std::move(main));
+  for (const auto& cn : spec.cluster.nodes) {
+    cluster_node_view n;
+    n.name = cn.name;
+    n.address = cn.host + ":" + std::to_string(cn.port);
+    n.cpus = cn.cpus;
+    n.gpus = cn.gpus;
+    n.tls = tls;
+    n.state = "unused";
+    v.nodes.push_back(std::move(n));
+  }
+  for (const auto& n : spec.nodes)
+    for (std::int64_t r = 0; r < n.replicas; ++r) {
+      const std::string where = v.clustered ? graph::placement_of(n, r) : std::string(graph::main_process_name);
+      for (auto& pn : v.nodes)
+        if (pn.name == where) {
+          pn.replicas.push_back(n.name + (n.replicas > 1 ? "[" + std::to_string(r) + "]" : ""));
+          if (pn.state == "unused") pn.state = "connecting";
+        }
+    }
+  return v;
+}
+
 bool needs_cluster(const graph::graph_spec& spec) {
   if (spec.cluster.empty()) return false;
   for (const auto& n : spec.nodes)
@@ -420,6 +451,7 @@ struct beat_table {
   std::vector<std::string> actors;      // the replicas each holds, for status()
   std::vector<std::int64_t> last_ms;    // ms since `t0` of the last heartbeat reply; -1: none yet
   std::vector<bool> lost;
+  std::vector<std::string> lost_why;
   std::uint64_t beats_sent = 0;
   clk::time_point t0 = clk::now();
 };
@@ -434,6 +466,12 @@ struct link_state {
   std::int64_t seq = 0;
   std::vector<clk::time_point> last;
   bool watching = false;
+  // A delayed tick holds a reference to this actor until it fires: if the
+  // actor system shut down while one was pending, this detached actor would
+  // never be destroyed and ~actor_system would wait for its thread forever.
+  // So `cend` quits only once the pending tick has arrived.
+  bool tick_pending = false;
+  bool ending = false;
 };
 const char* link_state::name = "flowrun_cluster_link";
 
@@ -445,6 +483,7 @@ caf::behavior link_actor(caf::stateful_actor<link_state>* self, std::shared_ptr<
       std::lock_guard<std::mutex> lock(st.table->mutex);
       if (st.table->lost[i]) return;
       st.table->lost[i] = true;
+      st.table->lost_why[i] = why;
     }
     spdlog::error("cluster node '{}' ({}) lost: {}", st.table->names[i], st.table->addresses[i], why);
     self->send(st.coordinator, node_lost_atom::value, st.process[i], why);
@@ -472,10 +511,16 @@ caf::behavior link_actor(caf::stateful_actor<link_state>* self, std::shared_ptr<
         st.last.assign(sessions.size(), clk::now());
         st.watching = true;
         for (auto& s : sessions) self->monitor(s);
+        st.tick_pending = true;
         self->send(self, tick_atom::value);
       },
       [=](tick_atom) {
         auto& st = self->state;
+        st.tick_pending = false;
+        if (st.ending) {
+          self->quit();
+          return;
+        }
         if (!st.watching) return;
         ++st.seq;
         for (std::size_t i = 0; i < st.sessions.size(); ++i) {
@@ -493,6 +538,7 @@ caf::behavior link_actor(caf::stateful_actor<link_state>* self, std::shared_ptr<
           std::lock_guard<std::mutex> lock(st.table->mutex);
           ++st.table->beats_sent;
         }
+        st.tick_pending = true;
         self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
       },
       [=](beat_atom, std::uint32_t i, std::int64_t, std::int64_t) {
@@ -502,7 +548,14 @@ caf::behavior link_actor(caf::stateful_actor<link_state>* self, std::shared_ptr<
         std::lock_guard<std::mutex> lock(st.table->mutex);
         st.table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - st.table->t0).count();
       },
-      [=](cend_atom) { self->quit(); },
+      [=](cend_atom) {
+        auto& st = self->state;
+        st.watching = false;
+        if (st.tick_pending)
+          st.ending = true;  // quit when the pending tick arrives (at most heartbeat_ms)
+        else
+          self->quit();
+      },
   };
 }
 
@@ -523,6 +576,7 @@ struct cluster_run::impl {
   job j;
   cross_process_counts at_start;
   bool ended = false;
+  cluster_view planned;  // planned_cluster_view; view() adds states and heartbeat ages
 
   explicit impl(caf::actor_system& s) : sys(s) {}
 
@@ -554,6 +608,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   using namespace std::chrono;
   auto p = std::make_unique<impl>(sys);
   p->at_start = cross_process_totals();
+  p->planned = planned_cluster_view(spec, !options.cluster.tls_cert.empty());
   const auto timeout = seconds(std::max(1, options.cluster.connect_timeout_s));
   // The processes: main, then the cluster nodes that hold a replica, in cluster order.
   placement pl;
@@ -738,6 +793,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       p->table->actors.push_back(actors_of[c.process]);
       p->table->last_ms.push_back(-1);
       p->table->lost.push_back(false);
+      p->table->lost_why.emplace_back();
     }
   }
   std::vector<caf::actor> sessions;
@@ -767,6 +823,23 @@ std::string cluster_run::status() const {
     else s += "heartbeat " + std::to_string(now - t.last_ms[i]) + " ms ago";
   }
   return s;
+}
+
+cluster_view cluster_run::view() const {
+  cluster_view v = p_->planned;
+  const auto& t = *p_->table;
+  std::lock_guard<std::mutex> lock(t.mutex);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(cl::clk::now() - t.t0).count();
+  for (auto& n : v.nodes) {
+    if (n.name == graph::main_process_name) continue;
+    for (std::size_t i = 0; i < t.names.size(); ++i) {
+      if (t.names[i] != n.name) continue;
+      n.state = t.lost[i] ? "lost" : "connected";
+      n.lost_reason = t.lost[i] ? t.lost_why[i] : std::string();
+      n.heartbeat_age_ms = t.last_ms[i] < 0 ? -1 : now - t.last_ms[i];
+    }
+  }
+  return v;
 }
 
 void cluster_run::publish_live() {

@@ -861,7 +861,7 @@ gpus = 1
 )";
 }  // namespace
 
-TEST_CASE("cluster: on = \"any\" assigns replicas by cpus/gpus, deterministically") {
+TEST_CASE("cluster: on = any assigns replicas by cpus/gpus, deterministically") {
   auto r = parse_graph_string(resources_graph, "r.graph");
   REQUIRE_MESSAGE(r.ok(), all_errors(r.errors));
   const auto* gen = r.spec.find_node("gen");
@@ -894,7 +894,7 @@ TEST_CASE("cluster: on = \"any\" assigns replicas by cpus/gpus, deterministicall
   CHECK(check_placement(again.spec).empty());
 }
 
-TEST_CASE("cluster: on = [\"any\", ...] mixes explicit and resource placement; ties go to the first node") {
+TEST_CASE("cluster: on = any in a list mixes explicit and resource placement, ties go to the first node") {
   std::string text = resources_graph;
   text.replace(text.find("on = \"any\"\nresources"), 10, "on = [\"main\", \"any\", \"small\"]");
   text.replace(text.find("cpus = 8"), 8, "cpus = 4");  // big and mid now both offer 4 cpus

@@ -3,11 +3,15 @@
 #   1. graphs/examples/generate.graph spread over 3 processes (main + 2 node daemons) writes the same
 #      completions as the single-process run;
 #   2. a node daemon with another secret is refused, with an error on both sides;
+#   1d. a graph placed by resources (on = "any", resources = { cpus = N }) writes the same as one process, and
+#      one that fits nowhere is refused naming the replica and the capacity;
+#   1c. the console's /api/cluster and `flowctl cluster` show both nodes, their replicas and heartbeat ages that
+#      advance; after one is killed, the run's last state names it lost;
 #   3. a node killed (SIGKILL) in the middle of the run stops it with an error naming the node and its actors,
 #      and what the surviving sink wrote is intact.
-# Usage: cluster_small.sh FLOWRUN SOURCE_DIR WORK_DIR
+# Usage: cluster_small.sh FLOWRUN SOURCE_DIR WORK_DIR [FLOWCTL]
 set -euo pipefail
-flowrun=$1 root=$2 out=$3
+flowrun=$1 root=$2 out=$3 flowctl=${4:-$(dirname "$1")/flowctl}
 rm -rf "$out" && mkdir -p "$out"
 graph="$root/graphs/examples/generate.graph"
 pids=()
@@ -80,6 +84,99 @@ cmp "$out/rr_single.txt" "$out/rr_cluster.txt" || { echo "the round-robin cluste
 grep -q "actors there: generator\[0\]" "$out/rr_cluster.log" && grep -q "actors there: generator\[1\]" "$out/rr_cluster.log" \
   || { echo "the replicas were not placed one per node:"; grep authenticated "$out/rr_cluster.log"; exit 1; }
 echo "  identical to the same graph in one process; $(grep -o 'total [0-9]* data messages[^;]*' "$out/rr_cluster.log")"
+wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
+
+echo "== 1c. the console's cluster view: GET /api/cluster and flowctl cluster, then a node killed"
+node w9 "$out/secret" --once; p9=$port
+node w10 "$out/secret" --once; p10=$port
+cluster_file "$out/c910.toml" w9 "$p9" w10 "$p10"
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+  --cluster "$out/c910.toml" --secret-file "$out/secret" --set node.tokenizer.on=w9 --set node.generator.on=w10 \
+  --set node.sink.path="$out/view.txt" --console 0 --console-linger 6 > "$out/view.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 400); do grep -q "console: http" "$out/view.log" && [[ -f "$out/view.txt" && $(wc -l < "$out/view.txt") -gt 2 ]] && break; sleep 0.05; done
+url=$(grep -o "console: http://127.0.0.1:[0-9]*/" "$out/view.log" | head -1 | sed 's/^console: //')
+[[ -n "$url" ]] || { echo "no console URL:"; tail "$out/view.log"; exit 1; }
+# age NODE FILE: the node's heartbeat_age_ms in an /api/cluster document
+age() { python3 -c 'import json,sys; d=json.load(open(sys.argv[2])); print([n for n in d["nodes"] if n["name"]==sys.argv[1]][0]["heartbeat_age_ms"])' "$1" "$2"; }
+declare -A seen9 seen10
+for i in 1 2 3 4 5; do
+  curl -sf "${url}api/cluster" > "$out/cluster$i.json" || { echo "GET ${url}api/cluster failed"; exit 1; }
+  python3 - "$out/cluster$i.json" "$p9" "$p10" <<'PY' || { echo "unexpected /api/cluster:"; cat "$out/cluster$i.json"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["clustered"] is True and d["heartbeat_ms"] == 200 and d["lost_after_ms"] == 2000, d
+assert d["main"]["name"] == "main" and d["main"]["replicas"] == ["stories", "sink"], d["main"]
+n = {x["name"]: x for x in d["nodes"]}
+assert set(n) == {"w9", "w10"}, n
+assert n["w9"]["address"] == "127.0.0.1:" + sys.argv[2] and n["w10"]["address"] == "127.0.0.1:" + sys.argv[3]
+assert n["w9"]["replicas"] == ["tokenizer"] and n["w10"]["replicas"] == ["generator"], n
+for x in n.values():
+    assert x["state"] == "connected" and x["tls"] is False, x
+    assert isinstance(x["heartbeat_age_ms"], int) and 0 <= x["heartbeat_age_ms"] < 2000, x
+PY
+  seen9[$(age w9 "$out/cluster$i.json")]=1
+  seen10[$(age w10 "$out/cluster$i.json")]=1
+  sleep 0.6
+done
+[[ ${#seen9[@]} -ge 2 && ${#seen10[@]} -ge 2 ]] \
+  || { echo "the heartbeat ages do not change: w9 ${!seen9[*]}, w10 ${!seen10[*]}"; exit 1; }
+echo "  /api/cluster: w9 (tokenizer) and w10 (generator) connected; heartbeat ages seen: w9 ${!seen9[*]} ms, w10 ${!seen10[*]} ms"
+"$flowctl" --url "$url" cluster > "$out/flowctl_cluster.txt" || { echo "flowctl cluster failed"; exit 1; }
+grep -Eq "^w9 +127.0.0.1:$p9 .* connected +[0-9]+ ms +tokenizer$" "$out/flowctl_cluster.txt" \
+  && grep -Eq "^w10 +127.0.0.1:$p10 .* connected +[0-9]+ ms +generator$" "$out/flowctl_cluster.txt" \
+  && grep -Eq "^main .* local .* stories sink$" "$out/flowctl_cluster.txt" \
+  || { echo "flowctl cluster does not show both nodes:"; cat "$out/flowctl_cluster.txt"; exit 1; }
+sed 's/^/  | /' "$out/flowctl_cluster.txt"
+kill -9 "$w10_pid"
+for _ in $(seq 1 200); do grep -q "cross-process traffic" "$out/view.log" && break; sleep 0.05; done
+sleep 0.7  # the final sample
+curl -sf "${url}api/cluster" > "$out/cluster_lost.json" || { echo "GET ${url}api/cluster after the kill failed"; exit 1; }
+python3 - "$out/cluster_lost.json" <<'PY' || { echo "the last state does not name w10 lost:"; cat "$out/cluster_lost.json"; exit 1; }
+import json, sys
+n = {x["name"]: x for x in json.load(open(sys.argv[1]))["nodes"]}
+assert n["w10"]["state"] == "lost" and n["w10"]["lost_reason"], n["w10"]
+assert n["w9"]["state"] == "connected", n["w9"]
+PY
+curl -sf "${url}api/events" | grep -q "cluster node 'w10' lost" || { echo "the event log does not name w10 lost"; exit 1; }
+"$flowctl" --url "$url" cluster > "$out/flowctl_lost.txt" || { echo "flowctl cluster after the kill failed"; exit 1; }
+grep -Eq "^w10 .* lost .* generator$" "$out/flowctl_lost.txt" || { echo "flowctl cluster does not show w10 lost:"; cat "$out/flowctl_lost.txt"; exit 1; }
+echo "  after SIGKILL of w10: $(grep -A1 '^w10' "$out/flowctl_lost.txt" | tr -s ' ' | tr '\n' ' ')"
+set +e
+wait "$run_pid"; rc=$?
+set -e
+[[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1"; tail "$out/view.log"; exit 1; }
+wait "$w9_pid" || { echo "w9 (--once) did not exit cleanly"; exit 1; }
+
+echo "== 1d. placement by resources: on = \"any\" with resources = { cpus = N }, nodes with cpus = 2 and 4"
+any="$root/tests/graphs/cluster/generate_any.graph"
+"$flowrun" run "$any" --no-progress --threads 2 --set node.sink.path="$out/any_single.txt" > "$out/any_single.log" 2>&1 \
+  || { echo "single-process run of generate_any.graph failed:"; tail -20 "$out/any_single.log"; exit 1; }
+# nothing fits: refused before anything connects (no daemon is needed), naming the replica and the capacity
+{ echo "[cluster]"; echo "[cluster.nodes.w1]"; echo 'address = "127.0.0.1:1"'; echo "cpus = 1"; } > "$out/tiny.toml"
+set +e
+"$flowrun" run "$any" --no-progress --cluster "$out/tiny.toml" --secret-file "$out/secret" > "$out/any_tiny.log" 2>&1
+rc=$?
+set -e
+[[ $rc -eq 2 ]] || { echo "a graph that fits nowhere exited $rc, not 2:"; cat "$out/any_tiny.log"; exit 1; }
+grep -q "error: node 'generator': replica 0 of 2 is placed by resources (on = \"any\") and needs 2 cpus and 0 gpus, but no cluster node has that much free (w1 has 0 of 1 cpus" "$out/any_tiny.log" \
+  || { echo "no clear error for a replica that fits nowhere:"; cat "$out/any_tiny.log"; exit 1; }
+echo "  fits nowhere: $(grep -o "generate_any.graph:[0-9:]* error: node 'generator'.*" "$out/any_tiny.log" | cut -c1-150)…"
+node w1 "$out/secret" --once; p1=$port
+node w2 "$out/secret" --once; p2=$port
+{ echo "[cluster]"; echo "heartbeat_ms = 200"; echo "lost_after_ms = 2000"
+  echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$p1\""; echo "cpus = 2"
+  echo "[cluster.nodes.w2]"; echo "address = \"127.0.0.1:$p2\""; echo "cpus = 4"; } > "$out/cany.toml"
+"$flowrun" run "$any" --no-progress --threads 2 --cluster "$out/cany.toml" --secret-file "$out/secret" \
+  --set node.sink.path="$out/any_cluster.txt" > "$out/any_cluster.log" 2>&1 \
+  || { echo "cluster run placed by resources failed:"; tail -30 "$out/any_cluster.log"; exit 1; }
+cmp "$out/any_single.txt" "$out/any_cluster.txt" || { echo "the resource-placed run's completions differ"; exit 1; }
+# tokenizer (1 cpu): w2 keeps more (3 > 1); generator[0] (2 cpus): w2 (1 left) > w1 (0); generator[1]: only w1 fits
+grep -q "cluster node 'w1' (127.0.0.1:$p1): authenticated; actors there: generator\[1\]$" "$out/any_cluster.log" \
+  && grep -q "cluster node 'w2' (127.0.0.1:$p2): authenticated; actors there: tokenizer generator\[0\]$" "$out/any_cluster.log" \
+  || { echo "unexpected placement by resources:"; grep authenticated "$out/any_cluster.log"; exit 1; }
+echo "  identical to one process; $(grep -o "cluster node 'w1'.*actors there.*" "$out/any_cluster.log"); $(grep -o "cluster node 'w2'.*actors there.*" "$out/any_cluster.log")"
 wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
 
 echo "== 2. a node with another secret is refused"

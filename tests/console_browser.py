@@ -5,7 +5,7 @@ Starts graphs/pretrain.graph (stories260K, two ZeRO ranks) with the console on a
 free port, opens the page with the token the run printed, waits until a node is
 drawn busy and an edge shows a non-zero rate, clicks the ZeRO ranks and checks
 their detail (settings, counters, replicas, memory), expands the replica group,
-waits for the loss chart, saves a screenshot into OUT and prints its path, then
+checks the Cluster panel (main alone, with every replica), waits for the loss chart, saves a screenshot into OUT and prints its path, then
 stops the run from the page's Stop button.
 
 usage: console_browser.py FLOWRUN ROOT OUT
@@ -151,6 +151,11 @@ try:
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#bottlenecks li"))
     wait.until(lambda d: "ranks[1]" in retry(lambda: d.find_element(By.ID, "memory").text))
     assert driver.find_elements(By.CSS_SELECTOR, '#events li[data-kind="spawn"]')
+    # the Cluster panel: one process, so a single row, main, holding every replica
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#cluster tr.local"))
+    row = retry(lambda: driver.find_element(By.CSS_SELECTOR, "#cluster tr.local").text)
+    assert row.startswith("main") and "ranks[0]" in row and "ranks[1]" in row, row
+    assert "One process" in retry(lambda: driver.find_element(By.ID, "cluster").text)
     top = retry(lambda: driver.find_element(By.CSS_SELECTOR, "#bottlenecks li").get_attribute("data-node"))
     print("top bottleneck:", top, "| charts:",
           retry(lambda: [c.get_attribute("data-series") for c in driver.find_elements(By.CSS_SELECTOR, "#charts .chart")]))

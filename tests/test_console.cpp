@@ -330,6 +330,66 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   CHECK(h.act("pause").status == 409);
 }
 
+TEST_CASE("console: /api/cluster lists main and each node with heartbeat age, replicas and a lost one's reason") {
+  console::graph_info g;
+  g.name = "c";
+  console::hub h(g);
+  // before the first sample: main alone, no replica
+  json empty = json::parse(h.cluster_json());
+  CHECK(empty["main"]["name"] == "main");
+  CHECK(empty["nodes"].empty());
+  console::sample s;
+  s.cluster.clustered = true;
+  s.cluster.heartbeat_ms = 200;
+  s.cluster.lost_after_ms = 2000;
+  console::cluster_node_sample m;
+  m.name = "main";
+  m.cpus = 8;
+  m.replicas = {"src", "sink"};
+  console::cluster_node_sample w1;
+  w1.name = "w1";
+  w1.address = "10.0.0.2:7001";
+  w1.cpus = 16;
+  w1.gpus = 2;
+  w1.tls = true;
+  w1.state = "connected";
+  w1.heartbeat_age_ms = 37;
+  w1.replicas = {"gen[0]", "gen[1]"};
+  console::cluster_node_sample w2 = w1;
+  w2.name = "w2";
+  w2.state = "lost";
+  w2.lost_reason = "its connection dropped";
+  w2.heartbeat_age_ms = -1;
+  w2.replicas = {"tok"};
+  console::cluster_node_sample w3;
+  w3.name = "w3";
+  w3.state = "unused";
+  s.cluster.nodes = {m, w1, w2, w3};
+  h.publish(s);
+  json c = json::parse(h.cluster_json());
+  CHECK(c["clustered"] == true);
+  CHECK(c["heartbeat_ms"] == 200);
+  CHECK(c["lost_after_ms"] == 2000);
+  CHECK(c["main"]["cpus"] == 8);
+  CHECK(c["main"]["replicas"] == json::array({"src", "sink"}));
+  REQUIRE(c["nodes"].size() == 3);
+  CHECK(c["nodes"][0]["name"] == "w1");
+  CHECK(c["nodes"][0]["address"] == "10.0.0.2:7001");
+  CHECK(c["nodes"][0]["gpus"] == 2);
+  CHECK(c["nodes"][0]["tls"] == true);
+  CHECK(c["nodes"][0]["state"] == "connected");
+  CHECK(c["nodes"][0]["heartbeat_age_ms"] == 37);
+  CHECK(c["nodes"][0]["heartbeat_age_ms"].is_number_integer());
+  CHECK(c["nodes"][0]["replicas"] == json::array({"gen[0]", "gen[1]"}));
+  CHECK(c["nodes"][1]["state"] == "lost");
+  CHECK(c["nodes"][1]["lost_reason"] == "its connection dropped");
+  CHECK(c["nodes"][1]["heartbeat_age_ms"].is_null());
+  CHECK(c["nodes"][2]["state"] == "unused");
+  // the stream's frames carry the same document
+  std::uint64_t es = 0, ss = 0;
+  CHECK(json::parse(h.frame_json(&es, &ss))["cluster"] == c);
+}
+
 TEST_CASE("console: node states rank the most telling replica first; tokens and addresses") {
   std::vector<console::replica_sample> rs(3);
   rs[0].state = "idle";
@@ -428,6 +488,14 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
   const json* wn = find_by(g["nodes"], "name", "work");
   REQUIRE(wn);
   CHECK(find_by((*wn)["settings"], "key", "work_ms"));
+
+  // without a cluster: /api/cluster holds only main, with every replica
+  json cl = run.wait_for("/api/cluster", [](const json& j) { return !j["main"]["replicas"].empty(); });
+  CHECK(cl["clustered"] == false);
+  CHECK(cl["nodes"].empty());
+  CHECK(cl["main"]["name"] == "main");
+  CHECK(cl["main"]["replicas"] == json::array({"src", "work[0]", "work[1]", "sink"}));
+  CHECK(cl["main"]["cpus"].get<std::int64_t>() >= 1);
 
   // live: nodes turn busy and rates become non-zero
   json nodes = run.wait_for("/api/nodes", [](const json& j) {

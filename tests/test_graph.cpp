@@ -831,6 +831,142 @@ adress = "h:1"
   CHECK_MESSAGE(contains(e, "did you mean 'address'?"), e);
 }
 
+namespace {
+// Placement by resources: three cluster nodes of different sizes.
+const char* resources_graph = R"(edges = ["src.lines -> gen.items", "gen.items -> sink.items"]
+[graph]
+name = "r"
+[node.src]
+kind = "text_source"
+path = "x.txt"
+on = "any"
+[node.gen]
+kind = "sink"
+replicas = 3
+on = "any"
+resources = { cpus = 2, gpus = 1 }
+[node.sink]
+kind = "sink"
+[cluster.nodes.small]
+address = "127.0.0.1:7001"
+cpus = 2
+[cluster.nodes.big]
+address = "127.0.0.1:7002"
+cpus = 8
+gpus = 2
+[cluster.nodes.mid]
+address = "127.0.0.1:7003"
+cpus = 4
+gpus = 1
+)";
+}  // namespace
+
+TEST_CASE("cluster: on = any assigns replicas by cpus/gpus, deterministically") {
+  auto r = parse_graph_string(resources_graph, "r.graph");
+  REQUIRE_MESSAGE(r.ok(), all_errors(r.errors));
+  const auto* gen = r.spec.find_node("gen");
+  CHECK(gen->resources.cpus == 2);
+  CHECK(gen->resources.gpus == 1);
+  CHECK(r.spec.find_node("src")->resources.cpus == 1);  // the default: 1 cpu, 0 gpus
+  CHECK(r.spec.find_node("src")->resources.gpus == 0);
+  CHECK(check_placement(r.spec).empty());  // "any" is a valid placement
+  auto errors = assign_placement(r.spec);
+  REQUIRE_MESSAGE(errors.empty(), all_errors(errors));
+  // src (1 cpu): the node with the most cpus left after it: big (8 - 1 = 7)
+  CHECK(r.spec.find_node("src")->on_replicas == std::vector<std::string>{"big"});
+  // gen[0]: big has 7 cpus/2 gpus, mid 4/1, small no gpu -> big (5 left); gen[1]: big 5 -> 3, mid 4 -> 2 -> big;
+  // gen[2]: big has no gpu left -> mid
+  CHECK(r.spec.find_node("gen")->on_replicas == std::vector<std::string>{"big", "big", "mid"});
+  CHECK(placement_of(*r.spec.find_node("gen"), 2) == "mid");
+  // the sink has no "any": untouched (main)
+  CHECK(r.spec.find_node("sink")->on_replicas.empty());
+  CHECK(placement_of(*r.spec.find_node("sink"), 0) == "main");
+  // the same graph and cluster give the same placement
+  auto r2 = parse_graph_string(resources_graph, "r.graph");
+  REQUIRE(assign_placement(r2.spec).empty());
+  CHECK(r2.spec.find_node("gen")->on_replicas == r.spec.find_node("gen")->on_replicas);
+  CHECK(r2.spec.find_node("src")->on_replicas == r.spec.find_node("src")->on_replicas);
+  // the nodes receive explicit names (and the needs) through to_toml
+  auto again = parse_graph_string(to_toml(r.spec), "again.graph");
+  REQUIRE_MESSAGE(again.ok(), all_errors(again.errors));
+  CHECK(again.spec.find_node("gen")->on_replicas == std::vector<std::string>{"big", "big", "mid"});
+  CHECK(again.spec.find_node("gen")->resources.gpus == 1);
+  CHECK(check_placement(again.spec).empty());
+}
+
+TEST_CASE("cluster: on = any in a list mixes explicit and resource placement, ties go to the first node") {
+  std::string text = resources_graph;
+  text.replace(text.find("on = \"any\"\nresources"), 10, "on = [\"main\", \"any\", \"small\"]");
+  text.replace(text.find("cpus = 8"), 8, "cpus = 4");  // big and mid now both offer 4 cpus
+  auto r = parse_graph_string(text, "r.graph");
+  REQUIRE_MESSAGE(r.ok(), all_errors(r.errors));
+  REQUIRE(check_placement(r.spec).empty());
+  REQUIRE(assign_placement(r.spec).empty());
+  // src: big and mid tie (3 left each): big is declared first. gen[1]: big 3 -> 1, mid 4 -> 2: mid.
+  CHECK(r.spec.find_node("src")->on_replicas == std::vector<std::string>{"big"});
+  CHECK(r.spec.find_node("gen")->on_replicas == std::vector<std::string>{"main", "mid", "small"});
+  // without a cluster, "any" is not interpreted (one process)
+  auto one = parse_graph_string("[node.a]\nkind = \"sink\"\non = \"any\"\n", "n.graph");
+  CHECK(check_placement(one.spec).empty());
+  CHECK(assign_placement(one.spec).empty());
+  CHECK(one.spec.find_node("a")->on_replicas.empty());
+}
+
+TEST_CASE("cluster: a replica that fits nowhere is an error naming the node, its needs and the capacity left") {
+  std::string text = resources_graph;
+  text.replace(text.find("replicas = 3"), 12, "replicas = 4");
+  auto r = parse_graph_string(text, "r.graph");
+  REQUIRE(r.ok());
+  auto errors = assign_placement(r.spec);
+  REQUIRE(errors.size() == 1);
+  const std::string e = all_errors(errors);
+  CHECK_MESSAGE(contains(e, "r.graph:12:13: error: node 'gen': replica 3 of 4 is placed by resources (on = \"any\") "
+                            "and needs 2 cpus and 1 gpus, but no cluster node has that much free"),
+                e);
+  CHECK_MESSAGE(contains(e, "small has 2 of 2 cpus and 0 of 0 gpus free, big has 3 of 8 cpus and 0 of 2 gpus free, "
+                            "mid has 2 of 4 cpus and 0 of 1 gpus free"),
+                e);
+  CHECK_MESSAGE(contains(e, "hint: declare more capacity (cpus = N, gpus = M in [cluster.nodes.NAME]"), e);
+  // a node without `resources` points at its `on` value; cluster nodes without cpus offer none
+  auto r2 = parse_graph_string(R"([node.a]
+kind = "sink"
+on = "any"
+[cluster.nodes.w1]
+address = "127.0.0.1:7001"
+)",
+                               "z.graph");
+  REQUIRE(r2.ok());
+  const std::string e2 = all_errors(assign_placement(r2.spec));
+  CHECK_MESSAGE(contains(e2, "z.graph:3:6: error: node 'a' is placed by resources (on = \"any\") and needs 1 cpus "
+                             "and 0 gpus, but no cluster node has that much free (w1 has 0 of 0 cpus and 0 of 0 gpus free)"),
+                e2);
+}
+
+TEST_CASE("cluster: bad resources and a cluster node called any are errors with file:line:col") {
+  auto r = parse_graph_string(R"([node.a]
+kind = "sink"
+on = "any"
+resources = { cpus = -1, memory = 3 }
+[node.b]
+kind = "sink"
+resources = 2
+[node.c]
+kind = "sink"
+resources = { gpus = "one" }
+[cluster.nodes.any]
+address = "h:1"
+)",
+                              "bad.graph");
+  const std::string e = all_errors(r.errors);
+  CHECK_MESSAGE(contains(e, "bad.graph:4:22: error: resources.cpus of node 'a' must be an integer >= 0, got -1"), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:4:26: error: unknown key 'memory' in resources of node 'a'"), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:7:13: error: resources of node 'b' must be a table, got an integer"), e);
+  CHECK_MESSAGE(contains(e, "hint: write resources = { cpus = 2, gpus = 1 }"), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:10:22: error: resources.gpus of node 'c' must be an integer >= 0, got a string"), e);
+  CHECK_MESSAGE(contains(e, "error: invalid cluster node name 'any'"), e);
+  CHECK_MESSAGE(contains(e, "on = \"any\" asks the planner to choose a node by resources"), e);
+}
+
 TEST_CASE("cluster: --cluster FILE is read with the same rules and positions") {
   const fs::path dir = fs::temp_directory_path() / ("flowrun_cluster_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);

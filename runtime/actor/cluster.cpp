@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -401,6 +402,37 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   std::_Exit(code);
 }
 
+cluster_view planned_cluster_view(const graph::graph_spec& spec, bool tls) {
+  cluster_view v;
+  v.clustered = needs_cluster(spec);
+  v.heartbeat_ms = spec.cluster.heartbeat_ms;
+  v.lost_after_ms = spec.cluster.lost_after_ms;
+  cluster_node_view main;
+  main.name = std::string(graph::main_process_name);
+  main.cpus = static_cast<std::int64_t>(std::thread::hardware_concurrency());
+  v.nodes.push_back(std::move(main));
+  for (const auto& cn : spec.cluster.nodes) {
+    cluster_node_view n;
+    n.name = cn.name;
+    n.address = cn.host + ":" + std::to_string(cn.port);
+    n.cpus = cn.cpus;
+    n.gpus = cn.gpus;
+    n.tls = tls;
+    n.state = "unused";
+    v.nodes.push_back(std::move(n));
+  }
+  for (const auto& n : spec.nodes)
+    for (std::int64_t r = 0; r < n.replicas; ++r) {
+      const std::string where = v.clustered ? graph::placement_of(n, r) : std::string(graph::main_process_name);
+      for (auto& pn : v.nodes)
+        if (pn.name == where) {
+          pn.replicas.push_back(n.name + (n.replicas > 1 ? "[" + std::to_string(r) + "]" : ""));
+          if (pn.state == "unused") pn.state = "connecting";
+        }
+    }
+  return v;
+}
+
 bool needs_cluster(const graph::graph_spec& spec) {
   if (spec.cluster.empty()) return false;
   for (const auto& n : spec.nodes)
@@ -420,97 +452,106 @@ struct beat_table {
   std::vector<std::string> actors;      // the replicas each holds, for status()
   std::vector<std::int64_t> last_ms;    // ms since `t0` of the last heartbeat reply; -1: none yet
   std::vector<bool> lost;
+  std::vector<std::string> lost_why;
   std::uint64_t beats_sent = 0;
   clk::time_point t0 = clk::now();
 };
 
-struct link_state {
-  static const char* name;
-  std::shared_ptr<beat_table> table;
+// The coordinator's link: a blocking actor on a std::thread of its own
+// (link_loop), not a detached CAF actor. Heartbeats must not wait for a
+// worker thread that a training step holds, and a detached actor would make
+// ~actor_system wait for its thread until the actor is destroyed: after a
+// cluster run, something in CAF 0.17's middleman could keep a reference to
+// it, and `flowrun run` printed its summary and then hung (cluster_small,
+// about one run in three under load). A scoped actor on our own thread is
+// destroyed when the loop ends, whoever still points at it.
+//
+// Messages: watch(coordinator, sessions, process indices, heartbeat_ms,
+// lost_after_ms) starts the heartbeats; beat(i, seq, uptime_ms) from session
+// i; down_msg from a session; cend ends the loop.
+void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::promise<caf::actor> ready) {
+  caf::scoped_actor self{sys, true};
+  ready.set_value(caf::actor_cast<caf::actor>(self.ptr()));
   caf::actor coordinator;
   std::vector<caf::actor> sessions;
   std::vector<std::uint32_t> process;  // placement index of each session
-  std::int64_t heartbeat_ms = 500, lost_after_ms = 3000;
-  std::int64_t seq = 0;
+  std::int64_t heartbeat_ms = 500, lost_after_ms = 3000, seq = 0;
   std::vector<clk::time_point> last;
-  bool watching = false;
-};
-const char* link_state::name = "flowrun_cluster_link";
-
-caf::behavior link_actor(caf::stateful_actor<link_state>* self, std::shared_ptr<beat_table> table) {
-  self->state.table = table;
-  auto lose = [=](std::size_t i, const std::string& why) {
-    auto& st = self->state;
+  bool watching = false, running = true;
+  clk::time_point next_tick = clk::now();
+  auto lose = [&](std::size_t i, const std::string& why) {
     {
-      std::lock_guard<std::mutex> lock(st.table->mutex);
-      if (st.table->lost[i]) return;
-      st.table->lost[i] = true;
+      std::lock_guard<std::mutex> lock(table->mutex);
+      if (table->lost[i]) return;
+      table->lost[i] = true;
+      table->lost_why[i] = why;
     }
-    spdlog::error("cluster node '{}' ({}) lost: {}", st.table->names[i], st.table->addresses[i], why);
-    self->send(st.coordinator, node_lost_atom::value, st.process[i], why);
+    spdlog::error("cluster node '{}' ({}) lost: {}", table->names[i], table->addresses[i], why);
+    self->send(coordinator, node_lost_atom::value, process[i], why);
   };
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& st = self->state;
-    for (std::size_t i = 0; i < st.sessions.size(); ++i)
-      if (st.sessions[i].address() == dm.source)
-        lose(i, dm.reason == caf::exit_reason::user_shutdown
-                    ? std::string("its daemon is shutting down (SIGINT or SIGTERM)")
-                    : dm.reason == caf::exit_reason::remote_link_unreachable
-                          ? "its connection dropped: " + self->system().render(dm.reason)
-                          : "its session ended: " + self->system().render(dm.reason));
-  });
-  return {
-      [=](watch_atom, caf::actor coordinator, const std::vector<caf::actor>& sessions,
-          const std::vector<char>& process_bytes, std::int64_t heartbeat_ms, std::int64_t lost_after_ms) {
-        const auto process = unpack<std::uint32_t>(process_bytes);
-        auto& st = self->state;
-        st.coordinator = std::move(coordinator);
-        st.sessions = sessions;
-        st.process = process;
-        st.heartbeat_ms = heartbeat_ms;
-        st.lost_after_ms = lost_after_ms;
-        st.last.assign(sessions.size(), clk::now());
-        st.watching = true;
-        for (auto& s : sessions) self->monitor(s);
-        self->send(self, tick_atom::value);
-      },
-      [=](tick_atom) {
-        auto& st = self->state;
-        if (!st.watching) return;
-        ++st.seq;
-        for (std::size_t i = 0; i < st.sessions.size(); ++i) {
-          {
-            std::lock_guard<std::mutex> lock(st.table->mutex);
-            if (st.table->lost[i]) continue;
-          }
-          const auto age = ms_since(st.last[i]);
-          if (age > st.lost_after_ms) {
-            lose(i, "no heartbeat for " + std::to_string(age) + " ms (lost_after_ms = " +
-                        std::to_string(st.lost_after_ms) + ")");
-            continue;
-          }
-          self->send(st.sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), st.seq);
-          std::lock_guard<std::mutex> lock(st.table->mutex);
-          ++st.table->beats_sent;
-        }
-        self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
-      },
-      [=](beat_atom, std::uint32_t i, std::int64_t, std::int64_t) {
-        auto& st = self->state;
-        if (i >= st.last.size()) return;
-        st.last[i] = clk::now();
-        std::lock_guard<std::mutex> lock(st.table->mutex);
-        st.table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - st.table->t0).count();
-      },
-      [=](cend_atom) { self->quit(); },
+  auto tick = [&] {
+    ++seq;
+    for (std::size_t i = 0; i < sessions.size(); ++i) {
+      {
+        std::lock_guard<std::mutex> lock(table->mutex);
+        if (table->lost[i]) continue;
+      }
+      const auto age = ms_since(last[i]);
+      if (age > lost_after_ms) {
+        lose(i, "no heartbeat for " + std::to_string(age) + " ms (lost_after_ms = " + std::to_string(lost_after_ms) + ")");
+        continue;
+      }
+      self->send(sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), seq);
+      std::lock_guard<std::mutex> lock(table->mutex);
+      ++table->beats_sent;
+    }
   };
+  while (running) {
+    if (watching && clk::now() >= next_tick) {
+      tick();
+      next_tick = clk::now() + std::chrono::milliseconds(heartbeat_ms);
+    }
+    const auto wait = watching ? std::max<std::int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                               next_tick - clk::now()).count())
+                               : std::int64_t{200};
+    self->receive(
+        [&](watch_atom, caf::actor c, const std::vector<caf::actor>& s, const std::vector<char>& process_bytes,
+            std::int64_t hb, std::int64_t lost_after) {
+          coordinator = std::move(c);
+          sessions = s;
+          process = unpack<std::uint32_t>(process_bytes);
+          heartbeat_ms = std::max<std::int64_t>(1, hb);
+          lost_after_ms = lost_after;
+          last.assign(sessions.size(), clk::now());
+          watching = true;
+          next_tick = clk::now();
+          for (auto& x : sessions) self->monitor(x);
+        },
+        [&](beat_atom, std::uint32_t i, std::int64_t, std::int64_t) {
+          if (i >= last.size()) return;
+          last[i] = clk::now();
+          std::lock_guard<std::mutex> lock(table->mutex);
+          table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - table->t0).count();
+        },
+        [&](caf::down_msg& dm) {
+          for (std::size_t i = 0; i < sessions.size(); ++i)
+            if (sessions[i].address() == dm.source)
+              lose(i, dm.reason == caf::exit_reason::user_shutdown
+                          ? std::string("its daemon is shutting down (SIGINT or SIGTERM)")
+                          : dm.reason == caf::exit_reason::remote_link_unreachable
+                                ? "its connection dropped: " + sys.render(dm.reason)
+                                : "its session ended: " + sys.render(dm.reason));
+        },
+        [&](cend_atom) { running = false; }, caf::after(std::chrono::milliseconds(wait)) >> [] {});
+  }
 }
 
 }  // namespace cl
 
 struct cluster_run::impl {
   caf::actor_system& sys;
-  caf::actor link;
+  caf::actor link;           // the scoped actor of link_thread
+  std::thread link_thread;   // runs cl::link_loop until it gets cend
   std::shared_ptr<cl::beat_table> table;
   struct conn {
     std::string name, address;
@@ -523,8 +564,15 @@ struct cluster_run::impl {
   job j;
   cross_process_counts at_start;
   bool ended = false;
+  cluster_view planned;  // planned_cluster_view; view() adds states and heartbeat ages
 
   explicit impl(caf::actor_system& s) : sys(s) {}
+  ~impl() {
+    if (link_thread.joinable()) {
+      caf::anon_send(link, cl::cend_atom::value);
+      link_thread.join();
+    }
+  }
 
   // Stops what was started (after an error while starting).
   void abandon() {
@@ -554,6 +602,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   using namespace std::chrono;
   auto p = std::make_unique<impl>(sys);
   p->at_start = cross_process_totals();
+  p->planned = planned_cluster_view(spec, !options.cluster.tls_cert.empty());
   const auto timeout = seconds(std::max(1, options.cluster.connect_timeout_s));
   // The processes: main, then the cluster nodes that hold a replica, in cluster order.
   placement pl;
@@ -604,8 +653,13 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       }
   }
   p->table = std::make_shared<cl::beat_table>();
-  // Detached: heartbeats must not wait for a worker thread that a training step holds.
-  p->link = sys.spawn<caf::detached>(cl::link_actor, p->table);
+  // A thread of its own: heartbeats must not wait for a worker thread that a training step holds.
+  {
+    std::promise<caf::actor> ready;
+    auto handle = ready.get_future();
+    p->link_thread = std::thread(cl::link_loop, std::ref(sys), p->table, std::move(ready));
+    p->link = handle.get();
+  }
   caf::scoped_actor self{sys};
   // Connect and authenticate, both ways.
   for (std::uint32_t i = 1; i < pl.processes.size(); ++i) {
@@ -738,6 +792,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       p->table->actors.push_back(actors_of[c.process]);
       p->table->last_ms.push_back(-1);
       p->table->lost.push_back(false);
+      p->table->lost_why.emplace_back();
     }
   }
   std::vector<caf::actor> sessions;
@@ -767,6 +822,23 @@ std::string cluster_run::status() const {
     else s += "heartbeat " + std::to_string(now - t.last_ms[i]) + " ms ago";
   }
   return s;
+}
+
+cluster_view cluster_run::view() const {
+  cluster_view v = p_->planned;
+  const auto& t = *p_->table;
+  std::lock_guard<std::mutex> lock(t.mutex);
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(cl::clk::now() - t.t0).count();
+  for (auto& n : v.nodes) {
+    if (n.name == graph::main_process_name) continue;
+    for (std::size_t i = 0; i < t.names.size(); ++i) {
+      if (t.names[i] != n.name) continue;
+      n.state = t.lost[i] ? "lost" : "connected";
+      n.lost_reason = t.lost[i] ? t.lost_why[i] : std::string();
+      n.heartbeat_age_ms = t.last_ms[i] < 0 ? -1 : now - t.last_ms[i];
+    }
+  }
+  return v;
 }
 
 void cluster_run::publish_live() {

@@ -23,8 +23,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "runtime/actor/node.h"
 #include "runtime/graph/graph_spec.h"
@@ -53,6 +55,34 @@ struct node_daemon_options {
 /// (the port cannot be bound, the secret is empty).
 int run_node_daemon(const node_daemon_options& options, const graph::node_kind_registry& kinds,
                     const node_factory_registry& factories);
+
+/// One process of a run as the console shows it (GET /api/cluster).
+struct cluster_node_view {
+  std::string name;     ///< "main" or the [cluster.nodes.NAME] name
+  std::string address;  ///< HOST:PORT of its daemon ("" for main)
+  std::int64_t cpus = 0, gpus = 0;  ///< as declared in [cluster.nodes.NAME] (main: this machine's cores, 0 GPUs)
+  bool tls = false;                 ///< its connection is TLS (caf_openssl)
+  /// "local" (main), "connecting" (replicas placed there, not yet
+  /// authenticated), "connected", "lost", or "unused" (declared, but no
+  /// replica is placed there).
+  std::string state = "local";
+  std::int64_t heartbeat_age_ms = -1;  ///< ms since its last heartbeat reply; -1: none yet (or main, unused)
+  std::string lost_reason;             ///< why it was lost ("" unless state is "lost")
+  std::vector<std::string> replicas;   ///< "tokenizer", "gen[1]": the replicas placed there, in graph order
+};
+
+/// Every process of a run: main first, then the cluster's nodes in file order.
+struct cluster_view {
+  bool clustered = false;  ///< false: one process (only main)
+  std::int64_t heartbeat_ms = 0, lost_after_ms = 0;
+  std::vector<cluster_node_view> nodes;
+};
+
+/// The view of `spec` before (or without) any connection: main with the
+/// replicas placed on it (every replica when the spec needs no cluster), and
+/// each cluster node "unused" or, when replicas are placed there,
+/// "connecting". `tls`: the run connects with TLS.
+cluster_view planned_cluster_view(const graph::graph_spec& spec, bool tls);
 
 /// True when `spec` places some replica on a cluster node other than "main"
 /// (so running it needs the daemons).

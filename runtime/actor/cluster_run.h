@@ -7,6 +7,7 @@
 
 #include <caf/actor_system.hpp>
 
+#include "runtime/actor/cluster.h"
 #include "runtime/actor/expected.h"
 #include "runtime/actor/job.h"
 
@@ -38,6 +39,12 @@ class cluster_run {
   /// One line: every node, where it listens, its actors and the age of its
   /// last heartbeat in ms (or "lost").
   std::string status() const;
+
+  /// Every process of the run (main first, then the cluster's nodes in file
+  /// order) with its address, capacity, TLS, state (connected, lost, unused),
+  /// the age of its last heartbeat reply in integer ms and its replicas: what
+  /// the console serves as GET /api/cluster. Thread-safe.
+  cluster_view view() const;
 
   /// Shows the cluster in the live view (and so in the console): every
   /// replica on another node gets the phase "on NODE (ADDRESS), heartbeat N

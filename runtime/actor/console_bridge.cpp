@@ -79,6 +79,8 @@ console_session::console_session(const graph::graph_spec& spec, const console_op
                                  std::int64_t default_credit)
     : options_(options) {
   hub_ = std::make_shared<fc::hub>(describe_graph(spec, default_credit));
+  cluster_ = std::make_unique<fc::cluster_sample>();
+  set_cluster(planned_cluster_view(spec, false));
   fc::server_options so;
   so.bind = options.bind;
   so.port = options.port;
@@ -94,6 +96,27 @@ console_session::console_session(const graph::graph_spec& spec, const console_op
     f << server_->token() << '\n';
     if (!f) throw fc::console_error("console: cannot write the token to '" + options.token_file + "'");
   }
+}
+
+void console_session::set_cluster(const cluster_view& view) {
+  fc::cluster_sample c;
+  c.clustered = view.clustered;
+  c.heartbeat_ms = view.heartbeat_ms;
+  c.lost_after_ms = view.lost_after_ms;
+  for (const auto& n : view.nodes) {
+    fc::cluster_node_sample s;
+    s.name = n.name;
+    s.address = n.address;
+    s.cpus = n.cpus;
+    s.gpus = n.gpus;
+    s.tls = n.tls;
+    s.state = n.state;
+    s.heartbeat_age_ms = n.heartbeat_age_ms;
+    s.lost_reason = n.lost_reason;
+    s.replicas = n.replicas;
+    c.nodes.push_back(std::move(s));
+  }
+  *cluster_ = std::move(c);
 }
 
 void console_session::announce() {
@@ -181,6 +204,7 @@ void console_session::publish(const metrics_snapshot& m, const job_live& live, b
     s.signals.push_back(
         fc::signal_point{p.seq, p.t_s, std::move(p.node), p.replica, std::move(p.name), p.value, std::move(p.text)});
   }
+  s.cluster = *cluster_;
   hub_->publish(std::move(s));
 }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "runtime/actor/cluster.h"
 #include "runtime/actor/live.h"
 #include "runtime/actor/metrics.h"
 #include "runtime/actor/runtime.h"
@@ -17,6 +18,7 @@ class hub;
 class server;
 struct controls;
 struct graph_info;
+struct cluster_sample;
 }  // namespace flowrun::console
 
 namespace flowrun::actor {
@@ -42,6 +44,11 @@ class console_session {
   /// log line with the URL and the token). Called once the controls are set,
   /// so that whoever reads the address finds every endpoint working.
   void announce();
+  /// Where the replicas run, for GET /api/cluster and the page's Cluster
+  /// panel: goes out with every following sample. Until it is called, the
+  /// console shows planned_cluster_view(spec) (without a cluster: main with
+  /// every replica).
+  void set_cluster(const cluster_view& view);
   /// Publishes one sample: the counters, every replica's state, and the
   /// events and signals recorded since the previous sample.
   void sample(const metrics_snapshot& m, const job_live& live);
@@ -60,6 +67,7 @@ class console_session {
   console_options options_;
   std::shared_ptr<flowrun::console::hub> hub_;
   std::unique_ptr<flowrun::console::server> server_;
+  std::unique_ptr<flowrun::console::cluster_sample> cluster_;
   std::uint64_t event_seq_ = 0, signal_seq_ = 0;
   bool closed_ = false;
 };

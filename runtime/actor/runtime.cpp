@@ -269,7 +269,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
                         n.depth, n.busy_s, n.blocked_s);
         prev = std::move(snap);
       }
-      if (cluster && console_live && now >= next_console) cluster->publish_live();
+      if (cluster && console_live && now >= next_console) {
+        cluster->publish_live();
+        console_live->set_cluster(cluster->view());
+      }
       if (console_live && now >= next_console) {
         next_console = now + std::chrono::duration_cast<clk::duration>(
                                  std::chrono::duration<double>(std::max(0.05, options.console.interval_s)));
@@ -286,6 +289,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     console::clear_progress();
     if (cluster) {
       cluster->publish_live();
+      if (console_live) console_live->set_cluster(cluster->view());
       spdlog::info("[{}] cluster: {}", spec.name, cluster->status());
       std::string traffic = cluster->end();
       if (options.summary) spdlog::info("[{}] {}", spec.name, traffic);

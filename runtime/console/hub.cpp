@@ -39,6 +39,34 @@ json signal_json(const signal_point& p) {
   return j;
 }
 
+json cluster_node_json(const cluster_node_sample& n) {
+  return json{{"name", n.name},
+              {"address", n.address},
+              {"cpus", n.cpus},
+              {"gpus", n.gpus},
+              {"tls", n.tls},
+              {"state", n.state},
+              {"heartbeat_age_ms", n.heartbeat_age_ms < 0 ? json(nullptr) : json(n.heartbeat_age_ms)},
+              {"lost_reason", n.lost_reason},
+              {"replicas", n.replicas}};
+}
+
+json cluster_doc(const cluster_sample& c) {
+  json main = json{{"name", "main"}, {"cpus", 0}, {"gpus", 0}, {"replicas", json::array()}};
+  json nodes = json::array();
+  for (const auto& n : c.nodes) {
+    if (n.name == "main")
+      main = json{{"name", n.name}, {"cpus", n.cpus}, {"gpus", n.gpus}, {"replicas", n.replicas}};
+    else
+      nodes.push_back(cluster_node_json(n));
+  }
+  return json{{"clustered", c.clustered},
+              {"heartbeat_ms", c.heartbeat_ms},
+              {"lost_after_ms", c.lost_after_ms},
+              {"main", std::move(main)},
+              {"nodes", std::move(nodes)}};
+}
+
 }  // namespace
 
 std::string node_state(const std::vector<replica_sample>& replicas) {
@@ -591,6 +619,11 @@ std::string hub::memory_json() const {
   return json{{"rss_bytes", current_.rss_bytes}, {"ranks", std::move(ranks)}}.dump();
 }
 
+std::string hub::cluster_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cluster_doc(current_.cluster).dump();
+}
+
 std::string hub::events_json(std::uint64_t since_seq) const {
   std::lock_guard<std::mutex> lock(mutex_);
   json a = json::array();
@@ -618,6 +651,7 @@ std::string hub::frame_json(std::uint64_t* event_seq, std::uint64_t* signal_seq)
               {"nodes", r.nodes()},
               {"edges", r.edges()},
               {"bottlenecks", r.bottlenecks(5)},
+              {"cluster", cluster_doc(current_.cluster)},
               {"events", std::move(evs)},
               {"signals", std::move(sigs)},
               {"tokens_per_s_point", std::move(tps)}}

@@ -122,6 +122,25 @@ struct signal_point {
   std::string text;
 };
 
+/// One process of the run (GET /api/cluster): main, or a cluster node daemon.
+struct cluster_node_sample {
+  std::string name;     ///< "main" or the [cluster.nodes.NAME] name
+  std::string address;  ///< HOST:PORT of the daemon ("" for main)
+  std::int64_t cpus = 0, gpus = 0;
+  bool tls = false;
+  std::string state = "local";         ///< local (main), connecting, connected, lost, unused
+  std::int64_t heartbeat_age_ms = -1;  ///< integer ms since its last heartbeat reply; -1: none (JSON null)
+  std::string lost_reason;
+  std::vector<std::string> replicas;   ///< "tokenizer", "gen[1]"
+};
+
+/// The processes of the run: main first, then the cluster's nodes.
+struct cluster_sample {
+  bool clustered = false;
+  std::int64_t heartbeat_ms = 0, lost_after_ms = 0;
+  std::vector<cluster_node_sample> nodes;
+};
+
 struct sample {
   double t_s = 0;                     ///< seconds since the run began
   std::string run_state = "running";  ///< starting, running, paused, draining, stopping, finished
@@ -135,6 +154,7 @@ struct sample {
   std::vector<edge_sample> edges;     ///< in graph order
   std::vector<event> events;          ///< new since the previous sample
   std::vector<signal_point> signals;  ///< new since the previous sample
+  cluster_sample cluster;             ///< where the replicas run (main only without a cluster)
 };
 
 /// What the POST endpoints do. Each returns a short human message (or throws
@@ -179,9 +199,13 @@ class hub {
   /// Signal series with points newer than `since_t` (seconds since start).
   std::string signals_json(double since_t) const;
   std::string memory_json() const;
+  /// GET /api/cluster: `clustered`, `heartbeat_ms`, `lost_after_ms`,
+  /// `main` (name, cpus, gpus, replicas) and `nodes` (name, address, cpus,
+  /// gpus, tls, state, heartbeat_age_ms, lost_reason, replicas).
+  std::string cluster_json() const;
   /// Events with seq > `since_seq`.
   std::string events_json(std::uint64_t since_seq) const;
-  /// One stream frame: status, nodes, edges, bottlenecks, and the events
+  /// One stream frame: status, nodes, edges, bottlenecks, cluster, and the events
   /// with seq > *event_seq and signal points with seq > *signal_seq (both
   /// are advanced to the newest sent, so a reader gets each one once).
   std::string frame_json(std::uint64_t* event_seq, std::uint64_t* signal_seq) const;

@@ -137,6 +137,7 @@ const char* const api_index = R"json({
     {"method": "GET", "path": "/api/bottlenecks?n=5", "what": "the top-n nodes by busy share and upstream waiting"},
     {"method": "GET", "path": "/api/signals?since=T", "what": "training signals over time, and phases"},
     {"method": "GET", "path": "/api/memory", "what": "memory per rank (node replica) and the process's RSS"},
+    {"method": "GET", "path": "/api/cluster", "what": "the processes: main and each cluster node, heartbeat ages, replicas"},
     {"method": "GET", "path": "/api/events?since=SEQ", "what": "the event log: spawn, restart, failed, down, ..."},
     {"method": "GET", "path": "/api/stream", "what": "Server-Sent Events: frame per sample, end at the end"},
     {"method": "POST", "path": "/api/pause", "what": "pause the run (token)"},
@@ -263,6 +264,8 @@ void server::start() {
   });
   svr.Get("/api/memory",
           [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->memory_json()); });
+  svr.Get("/api/cluster",
+          [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->cluster_json()); });
   svr.Get("/api/events", [h](const httplib::Request& req, httplib::Response& res) {
     send_json(res, 200, h->events_json(static_cast<std::uint64_t>(std::max(0.0, param_double(req, "since", 0)))));
   });

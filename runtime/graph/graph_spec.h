@@ -77,8 +77,19 @@ struct setting {
   bool from_default = false;  ///< filled in by the validator from the kind's default
 };
 
-/// One `[node.NAME]` table. `kind`, `replicas` and `on` are reserved keys;
-/// every other key is a setting of the node's kind.
+/// What each replica of a node needs from a cluster node when it is placed
+/// by resources (`on = "any"`): `resources = { cpus = N, gpus = M }`.
+struct resource_needs {
+  std::int64_t cpus = 1;  ///< CPU cores per replica (default 1)
+  std::int64_t gpus = 0;  ///< GPUs per replica (default 0)
+};
+
+/// The placement that lets the planner choose a cluster node by resources
+/// (assign_placement, parse.h).
+inline constexpr std::string_view any_process_name = "any";
+
+/// One `[node.NAME]` table. `kind`, `replicas`, `on` and `resources` are
+/// reserved keys; every other key is a setting of the node's kind.
 struct node_spec {
   std::string name;
   std::string kind;
@@ -90,12 +101,15 @@ struct node_spec {
   std::string on;
   /// Per-replica placement (on = [...]); empty: every replica goes to `on`.
   std::vector<std::string> on_replicas;
+  /// What each replica needs where it is placed by resources (on = "any").
+  resource_needs resources;
   std::map<std::string, setting, std::less<>> settings;
 
   source_pos pos;           ///< the table header ([node.NAME])
   source_pos kind_pos;      ///< the `kind` value (unknown if missing)
   source_pos replicas_pos;  ///< the `replicas` value (unknown if not written)
   source_pos on_pos;        ///< the `on` value (unknown if not written)
+  source_pos resources_pos; ///< the `resources` value (unknown if not written)
 
   /// The setting called `name`, or nullptr.
   const setting* find_setting(std::string_view name) const;
@@ -148,8 +162,8 @@ struct cluster_node_spec {
   std::string name;        ///< [A-Za-z0-9_-]+, not "main" (the `flowrun run` process)
   std::string host;        ///< the daemon's address (name or IP)
   int port = 0;            ///< the daemon's TCP port, 1..65535
-  std::int64_t cpus = 0;   ///< CPU cores offered (informative: placement by resources is not implemented)
-  std::int64_t gpus = 0;   ///< GPUs offered (informative)
+  std::int64_t cpus = 0;   ///< CPU cores offered to replicas placed by resources (on = "any")
+  std::int64_t gpus = 0;   ///< GPUs offered to replicas placed by resources
   source_pos pos;          ///< the table header
   source_pos address_pos;  ///< the address value
 };

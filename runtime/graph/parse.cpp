@@ -375,10 +375,12 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
       });
       for (const auto& [nk, nv] : in_order) {
         std::string name(nk->str());
-        if (!is_cluster_node_name(name) || name == main_process_name) {
+        if (!is_cluster_node_name(name) || name == main_process_name || name == any_process_name) {
           add_error(errors, pos_of(*nk), "invalid cluster node name '" + name + "'",
                     name == main_process_name
                         ? "'main' names the `flowrun run` process itself; give the machine another name"
+                    : name == any_process_name
+                        ? "on = \"any\" asks the planner to choose a node by resources; give the machine another name"
                         : "cluster node names are letters, digits, '_' and '-'");
           continue;
         }
@@ -714,6 +716,8 @@ struct loader {
           node->on_replicas.clear();
           node->on_pos = pos_of(v);
         }
+      } else if (k == "resources") {
+        read_resources(v, *node);
       } else {
         std::string why;
         auto sv = to_setting_value(v, why);
@@ -724,6 +728,34 @@ struct loader {
         }
         node->settings[k] = setting{std::move(*sv), pos_of(key), pos_of(v), false};
       }
+    }
+  }
+
+  // resources = { cpus = N, gpus = M }: what each replica placed by resources needs.
+  void read_resources(const toml::node& v, node_spec& node) {
+    const auto* t = v.as_table();
+    const std::string example = "write resources = { cpus = 2, gpus = 1 } (integers >= 0; defaults cpus = 1, gpus = 0)";
+    if (!t) {
+      error(pos_of(v), "resources of node '" + node.name + "' must be a table, got " + toml_type_name(v), example);
+      return;
+    }
+    node.resources = resource_needs{};
+    node.resources_pos = pos_of(v);
+    for (const auto& [rk, rv] : *t) {
+      const std::string key(rk.str());
+      if (key != "cpus" && key != "gpus") {
+        error(pos_of(rk), "unknown key '" + key + "' in resources of node '" + node.name + "'",
+              suggest(key, {"cpus", "gpus"}, "resources keys"));
+        continue;
+      }
+      if (!rv.is_integer() || rv.as_integer()->get() < 0) {
+        error(pos_of(rv),
+              "resources." + key + " of node '" + node.name + "' must be an integer >= 0, got " +
+                  (rv.is_integer() ? std::to_string(rv.as_integer()->get()) : toml_type_name(rv)),
+              example);
+        continue;
+      }
+      (key == "cpus" ? node.resources.cpus : node.resources.gpus) = rv.as_integer()->get();
     }
   }
 
@@ -957,10 +989,65 @@ std::vector<graph_error> check_placement(const graph_spec& spec) {
     std::vector<std::string> wanted = n.on_replicas;
     if (wanted.empty() && !n.on.empty()) wanted.push_back(n.on);
     for (const auto& w : wanted) {
-      if (w == main_process_name || spec.cluster.find(w)) continue;
+      if (w == main_process_name || w == any_process_name || spec.cluster.find(w)) continue;
       add_error(errors, at, "node '" + n.name + "': on = \"" + w + "\" names no node of the cluster",
                 suggest(w, names, "cluster nodes ('main' is the flowrun run process)"));
     }
+  }
+  sort_errors(errors);
+  return errors;
+}
+
+std::vector<graph_error> assign_placement(graph_spec& spec) {
+  std::vector<graph_error> errors;
+  if (spec.cluster.empty()) return errors;
+  const auto& cn = spec.cluster.nodes;
+  std::vector<std::int64_t> free_cpus, free_gpus;
+  for (const auto& c : cn) {
+    free_cpus.push_back(c.cpus);
+    free_gpus.push_back(c.gpus);
+  }
+  const source_pos file_pos{spec.source_file.string(), 0, 0};
+  for (auto& n : spec.nodes) {
+    bool any = false;
+    for (std::int64_t r = 0; r < n.replicas; ++r) any = any || placement_of(n, r) == any_process_name;
+    if (!any) continue;
+    std::vector<std::string> where;
+    for (std::int64_t r = 0; r < n.replicas; ++r) where.push_back(placement_of(n, r));
+    const auto need = n.resources;
+    for (std::int64_t r = 0; r < n.replicas; ++r) {
+      if (where[r] != any_process_name) continue;
+      std::size_t best = cn.size();
+      for (std::size_t i = 0; i < cn.size(); ++i) {
+        if (free_cpus[i] < need.cpus || free_gpus[i] < need.gpus) continue;
+        if (best == cn.size() || free_cpus[i] - need.cpus > free_cpus[best] - need.cpus) best = i;
+      }
+      if (best == cn.size()) {
+        std::string left;
+        for (std::size_t i = 0; i < cn.size(); ++i)
+          left += (left.empty() ? "" : ", ") + cn[i].name + " has " + std::to_string(free_cpus[i]) + " of " +
+                  std::to_string(cn[i].cpus) + " cpus and " + std::to_string(free_gpus[i]) + " of " +
+                  std::to_string(cn[i].gpus) + " gpus free";
+        const source_pos& at = n.resources_pos.known() ? n.resources_pos
+                               : n.on_pos.known()      ? n.on_pos
+                               : n.pos.known()         ? n.pos
+                                                       : file_pos;
+        add_error(errors, at,
+                  "node '" + n.name + "'" +
+                      (n.replicas > 1 ? ": replica " + std::to_string(r) + " of " + std::to_string(n.replicas) : "") +
+                      " is placed by resources (on = \"any\") and needs " + std::to_string(need.cpus) + " cpus and " +
+                      std::to_string(need.gpus) + " gpus, but no cluster node has that much free (" + left + ")",
+                  "declare more capacity (cpus = N, gpus = M in [cluster.nodes.NAME]; both default to 0), lower "
+                  "resources = { cpus = ..., gpus = ... }, or place it by name with on = \"NAME\"");
+        break;
+      }
+      free_cpus[best] -= need.cpus;
+      free_gpus[best] -= need.gpus;
+      where[r] = cn[best].name;
+    }
+    n.on_replicas = where;
+    n.on.clear();
+    for (const auto& w : where) n.on += (n.on.empty() ? "" : ",") + w;
   }
   sort_errors(errors);
   return errors;
@@ -1007,6 +1094,7 @@ std::string to_toml(const graph_spec& spec) {
     } else if (!n.on.empty()) {
       t.insert("on", n.on);
     }
+
     for (const auto& [k, s] : n.settings) {
       std::visit(
           [&](const auto& v) {
@@ -1022,6 +1110,8 @@ std::string to_toml(const graph_spec& spec) {
           s.value);
     }
     os << "\n[node." << n.name << "]\n" << t << "\n";
+    if (n.resources_pos.known() || n.resources.cpus != 1 || n.resources.gpus != 0)
+      os << "resources = { cpus = " << n.resources.cpus << ", gpus = " << n.resources.gpus << " }\n";
   }
   return os.str();
 }

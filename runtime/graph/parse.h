@@ -121,10 +121,27 @@ struct cluster_parse_result {
 cluster_parse_result parse_cluster_file(const std::filesystem::path& file);
 
 /// Checks every node's placement against spec.cluster: `on` (or each entry
-/// of on = [...]) must be "main" or a cluster node, and on = [...] must have
+/// of on = [...]) must be "main", "any" (placed by resources:
+/// assign_placement) or a cluster node, and on = [...] must have
 /// one entry per replica. Errors point at the `on` value. A graph without a
 /// cluster has no placement errors (`on` is not interpreted then).
 std::vector<graph_error> check_placement(const graph_spec& spec);
+
+/// Placement by resources: gives every replica placed `on = "any"` (the
+/// node's `on`, or an entry of on = [...]) a cluster node, and writes the
+/// result into the node's on_replicas (one name per replica), so that
+/// placement_of, to_toml and the daemons see explicit names. Deterministic:
+/// replicas are taken in graph order (nodes in file order, then replica
+/// index); each goes to the cluster node with the most cpus left after it
+/// among those with enough free cpus and gpus, ties to the node declared
+/// first. Capacity is the cpus/gpus of [cluster.nodes.NAME]; only replicas
+/// placed by resources use it up, and main is never chosen. Errors
+/// (FILE:LINE:COL at the `resources` value, else the `on` value): a replica
+/// that fits nowhere, naming the node, the replica, its needs and every
+/// cluster node's free and declared capacity. A graph without a cluster is
+/// left as it is (`on` is not interpreted then). Call it after
+/// check_placement.
+std::vector<graph_error> assign_placement(graph_spec& spec);
 
 /// The cluster node replica `replica` of `n` runs on: its on = [...] entry,
 /// else `on`, else "main" (the flowrun run process).

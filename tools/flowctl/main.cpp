@@ -196,6 +196,36 @@ void print_status(const json& s) {
   if (!s.value("error", "").empty()) std::cout << "error: " << s.value("error", "") << "\n";
 }
 
+/// `flowctl cluster`: GET /api/cluster as a table, main first, then each
+/// cluster node (address, cores, GPUs, TLS, state, heartbeat age in ms,
+/// replicas); a lost node's reason follows its row.
+std::string cluster_table(const json& c) {
+  std::ostringstream o;
+  o << pad("NODE", 10) << pad("ADDRESS", 22) << pad("CPUS", 6, true) << pad("GPUS", 6, true) << "  " << pad("TLS", 5)
+    << pad("STATE", 11) << pad("HEARTBEAT", 13, true) << "  REPLICAS\n";
+  auto row = [&](const json& n, bool main) {
+    std::string hb = "-";
+    if (!main) hb = n.contains("heartbeat_age_ms") && n["heartbeat_age_ms"].is_number()
+                        ? std::to_string(n["heartbeat_age_ms"].get<std::int64_t>()) + " ms"
+                        : std::string("none yet");
+    std::string reps;
+    for (const auto& r : n.value("replicas", json::array())) reps += (reps.empty() ? "" : " ") + r.get<std::string>();
+    o << pad(n.value("name", ""), 10) << pad(main ? "-" : n.value("address", ""), 22)
+      << pad(std::to_string(n.value("cpus", 0)), 6, true) << pad(std::to_string(n.value("gpus", 0)), 6, true) << "  "
+      << pad(main ? "-" : (n.value("tls", false) ? "on" : "off"), 5) << pad(main ? "local" : n.value("state", ""), 11)
+      << pad(hb, 13, true) << "  " << (reps.empty() ? "-" : reps) << "\n";
+    if (!main && !n.value("lost_reason", "").empty()) o << "          lost: " << n.value("lost_reason", "") << "\n";
+  };
+  row(c.value("main", json::object()), true);
+  for (const auto& n : c.value("nodes", json::array())) row(n, false);
+  if (c.value("clustered", false))
+    o << "heartbeat every " << c.value("heartbeat_ms", 0) << " ms, lost after " << c.value("lost_after_ms", 0)
+      << " ms\n";
+  else
+    o << "one process: every replica runs in main\n";
+  return o.str();
+}
+
 std::string top_frame(const json& s, const json& nodes, const json& edges) {
   std::ostringstream o;
   o << status_line(s) << " · rates over " << num(d(nodes, "window_s"), 2) << " s\n\n";
@@ -391,6 +421,9 @@ int main(int argc, char** argv) {
   auto* events = app.add_subcommand("events", "The event log (spawn, start, restart, failed, down, ...)");
   std::uint64_t since = 0;
   events->add_option("--since", since, "Only events after this sequence number");
+  auto* cluster = app.add_subcommand("cluster", "The processes: main and each cluster node, heartbeat ages, replicas");
+  bool cluster_json = false;
+  cluster->add_flag("--json", cluster_json, "Print the API's JSON");
   std::vector<std::pair<CLI::App*, std::string>> actions;
   for (const char* a : {"pause", "resume", "stop", "checkpoint"}) {
     const char* what = std::string(a) == "pause"    ? "Pause the run: nothing is handled or produced until resume"
@@ -455,6 +488,12 @@ int main(int argc, char** argv) {
         std::cout << n.dump(2) << "\n";
       else
         print_inspect(n);
+    } else if (cluster->parsed()) {
+      json cl = c.get("/api/cluster");
+      if (cluster_json)
+        std::cout << cl.dump(2) << "\n";
+      else
+        std::cout << cluster_table(cl);
     } else if (events->parsed()) {
       json ev = c.get("/api/events?since=" + std::to_string(since));
       for (const auto& x : ev["events"]) {

@@ -110,7 +110,8 @@ int run_graph_file(const run_opts& o_in) {
     std::cerr << graph::format_errors(v.errors);
     return 2;
   }
-  // The cluster: --cluster FILE replaces the graph's [cluster]; then every `on` must name one of its nodes.
+  // The cluster: --cluster FILE replaces the graph's [cluster]; then every `on` must name one of its nodes
+  // (or "any").
   if (!o->cluster_file.empty()) {
     auto c = graph::parse_cluster_file(o->cluster_file);
     if (!c.ok()) {
@@ -120,6 +121,11 @@ int run_graph_file(const run_opts& o_in) {
     v.spec.cluster = std::move(c.cluster);
   }
   if (auto errors = graph::check_placement(v.spec); !errors.empty()) {
+    std::cerr << graph::format_errors(errors);
+    return 2;
+  }
+  // on = "any": the planner picks a cluster node by resources (docs/scaling.md).
+  if (auto errors = graph::assign_placement(v.spec); !errors.empty()) {
     std::cerr << graph::format_errors(errors);
     return 2;
   }

@@ -424,6 +424,29 @@
     }
   }
 
+  // GET /api/cluster (and each frame's `cluster`): one row per process, lost nodes in red.
+  function drawCluster(c) {
+    const box = $('cluster');
+    if (!c || !box) return;
+    box.textContent = '';
+    const t = el('table');
+    const head = el('tr');
+    for (const h of ['node', 'address', 'cpus', 'gpus', 'TLS', 'state', 'heartbeat', 'replicas']) head.appendChild(el('th', {}, h));
+    t.appendChild(head);
+    const rows = [Object.assign({address: '', tls: false, state: 'local', heartbeat_age_ms: null}, c.main)].concat(c.nodes || []);
+    for (const n of rows) {
+      const tr = el('tr', {class: n.state});
+      const hb = n.state === 'local' ? '—' : (n.heartbeat_age_ms === null ? 'none yet' : n.heartbeat_age_ms + ' ms ago');
+      const cells = [n.name, n.address || '—', String(n.cpus), String(n.gpus), n.state === 'local' ? '—' : (n.tls ? 'on' : 'off'),
+        n.state + (n.lost_reason ? ': ' + n.lost_reason : ''), hb, (n.replicas || []).join(', ')];
+      cells.forEach((v, i) => tr.appendChild(el('td', i === 6 ? {class: 'num'} : {}, v)));
+      t.appendChild(tr);
+    }
+    box.appendChild(t);
+    if (!c.clustered) box.appendChild(el('p', {class: 'hint'}, 'One process: every replica runs in main.'));
+    else box.appendChild(el('p', {class: 'hint'}, 'heartbeat every ' + c.heartbeat_ms + ' ms, lost after ' + c.lost_after_ms + ' ms'));
+  }
+
   function loadMemory() {
     api('/api/memory').then((m) => {
       const box = $('memory');
@@ -553,6 +576,7 @@
     if (f.tokens_per_s_point) { addPoint('', 'tokens_per_s', f.tokens_per_s_point[0], f.tokens_per_s_point[1]); chartsDirty = true; }
     if (st.phases.length > 500) st.phases.splice(0, st.phases.length - 500);
     addEvents(f.events || []);
+    drawCluster(f.cluster);
     if (st.selected && Date.now() - st.lastDetail > 1500) loadDetail();
   }
 
@@ -602,4 +626,5 @@
   setInterval(() => { if (chartsDirty) { chartsDirty = false; drawCharts(); } }, 1000);
   setInterval(() => { if (!st.finished) loadMemory(); }, 3000);
   loadMemory();
+  api('/api/cluster').then(drawCluster).catch(() => {});
 })();

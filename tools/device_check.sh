@@ -4,7 +4,8 @@
 #   tools/device_check.sh                      build (FLOWRUN_CUDA=ON) in build/device, then run
 #   tools/device_check.sh --prebuilt DIR       use DIR/bundle.tar.xz made by tools/device_bundle.sh
 #                                              (binaries, their non-system libraries and the assets)
-#   options: --out DIR (default $OUT, else build/device_check), --build DIR, --quick (bench_cuda --quick)
+#   options: --out DIR (default $OUT, else build/device_check), --build DIR, --quick (bench_cuda --quick),
+#            --allow-no-gpu (run the steps anyway where no GPU is seen; they skip, and the exit code stays 3)
 #
 # Runs, each with its own time limit inside the 8-minute budget, logging to the output dir:
 #   1. test_cuda        every op on CUDA against the CPU backend (all cases must pass; prints the largest error per check)
@@ -15,7 +16,7 @@
 #                       (those cases skip, with a line, on < 2 GPUs)
 #   4. bench_cuda       the benchmark table -> bench.md
 #   5. bench_cuda --profile under CUDA_LAUNCH_BLOCKING=1: per-op time of one GPT-2 SFT step -> profile.md
-# then prints a dated summary (also summary.txt) and exits non-zero when a step failed.
+# then prints a dated summary (also summary.txt) and exits 1 when a step failed, 3 when no GPU is present.
 # The build mode needs tools/setup.sh's Debian packages; the GPU machines we borrow lack them,
 # hence --prebuilt.
 set -uo pipefail
@@ -27,13 +28,16 @@ prebuilt=""
 out="${OUT:-}"
 build=""
 quick=0
+allow_no_gpu=0
+need_value() { (($# >= 2)) || { echo "device_check: $1 needs a value" >&2; exit 2; }; }
 while (($#)); do
   case "$1" in
-    --prebuilt) prebuilt="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    --build) build="$2"; shift 2 ;;
+    --prebuilt) need_value "$@"; prebuilt="$2"; shift 2 ;;
+    --out) need_value "$@"; out="$2"; shift 2 ;;
+    --build) need_value "$@"; build="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --allow-no-gpu) allow_no_gpu=1; shift ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "device_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -53,11 +57,28 @@ left() { echo $((budget - ($(date +%s) - start))); }
 
 say "flowrun device check, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), host $(hostname)"
 
+gpus=0
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  nvidia-smi -L 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
+elif python3 -c 'import torch' 2>/dev/null; then
+  gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+fi
+say "GPUs: $gpus"
+if ((gpus == 0)) && ((!allow_no_gpu)); then
+  # Without a GPU every CUDA test only prints its "skipped" line: a PASS here would verify nothing.
+  say "NO GPU: neither nvidia-smi nor torch sees a CUDA device, so nothing can be checked here;"
+  say "run this on a GPU machine (or pass --allow-no-gpu to test the script itself: every step then skips)"
+  exit 3
+fi
+
 # ------------------------------------------------------------------ binaries
 if [[ -n "$prebuilt" ]]; then
   tarball="$prebuilt/bundle.tar.xz"
   [[ -f "$tarball" ]] || { say "FAIL: no $tarball (make it with tools/device_bundle.sh)"; exit 1; }
   unpack="$(mktemp -d /tmp/flowrun-bundle.XXXXXX)"
+  trap 'rm -rf "$unpack"' EXIT
   if ! tar -xJf "$tarball" -C "$unpack" 2>/dev/null; then  # no xz: python's tarfile reads it too
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$tarball" "$unpack" ||
       { say "FAIL: cannot unpack $tarball"; exit 1; }
@@ -102,15 +123,6 @@ export LD_LIBRARY_PATH="${libpath:+$libpath:}${extra}${LD_LIBRARY_PATH:+:$LD_LIB
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >"$out/env.txt"
 echo "FLOWRUN_ASSETS=${FLOWRUN_ASSETS:-}" >>"$out/env.txt"
 
-gpus=0
-if command -v nvidia-smi >/dev/null; then
-  nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-  nvidia-smi -L 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
-elif python3 -c 'import torch' 2>/dev/null; then
-  gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-fi
-say "GPUs: $gpus"
 
 for b in test_cuda test_cuda_model test_cuda_zero test_nccl bench_cuda; do
   [[ -x "$bin/$b" ]] || continue
@@ -187,4 +199,8 @@ for r in "${results[@]}"; do say "  $r"; done
 [[ -f "$out/bench.md" ]] && { say ""; tee -a "$summary" <"$out/bench.md"; }
 [[ -f "$out/profile.md" ]] && { say ""; grep -v '^#\|^- \|^$' "$out/profile.md" | tee -a "$summary"; }
 say "output: $out"
+if ((gpus == 0)); then
+  say "NO GPU (--allow-no-gpu): the steps above only skipped; nothing was verified"
+  exit 3
+fi
 exit $failed

@@ -57,7 +57,19 @@ void add_launch(CLI::App& app) {
   };
   auto o = std::make_shared<launch_opts>();
   auto* sub = app.add_subcommand("launch", "Run a graph in several processes of this host (ranks over gloo)");
-  sub->add_option("--nproc", o->nproc, "Processes to start")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--nproc", o->nproc, "Processes to start")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            int n = 0;
+            try {
+              n = std::stoi(v);
+            } catch (const std::exception&) {
+              return "--nproc takes a whole number of processes, got '" + v + "'";
+            }
+            return n >= 1 ? std::string() : "--nproc must be at least 1, got " + v;
+          },
+          "N >= 1"));
   sub->add_option("--rendezvous", o->rendezvous,
                   "How ranks rendezvous: caf (a CAF store actor hosted by this launcher; the default) or file "
                   "(a folder; the default with --store)")
@@ -75,6 +87,9 @@ void add_launch(CLI::App& app) {
     const std::string mode = !o->rendezvous.empty() ? o->rendezvous : (o->store.empty() ? "caf" : "file");
     if (mode == "caf" && !o->store.empty())
       throw std::runtime_error("launch: --store is a folder for --rendezvous file, not for --rendezvous caf");
+    if (mode == "file" && o->rendezvous_port != 0)
+      throw std::runtime_error("launch: --rendezvous-port is for --rendezvous caf; --rendezvous file uses a folder "
+                               "(--store DIR)");
     // caf: the store actor lives in this process until every child has exited.
     std::unique_ptr<comm::caf_store_host> caf_host;
     std::string rendezvous;
@@ -143,7 +158,11 @@ void add_launch(CLI::App& app) {
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code != 0 && result == 0) {
         result = code;
-        spdlog::error("launch: process {} exited with {}; stopping the others", idx, code);
+        if (WIFSIGNALED(status))
+          spdlog::error("launch: process {} was killed by signal {} ({}); stopping the others", idx, WTERMSIG(status),
+                        strsignal(WTERMSIG(status)));
+        else
+          spdlog::error("launch: process {} exited with {}; stopping the others", idx, code);
         forward_signal(SIGTERM);
       }
     }

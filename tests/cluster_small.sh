@@ -60,6 +60,10 @@ curl -sf "${url}api/nodes" > "$out/nodes.json" || { echo "GET ${url}api/nodes fa
 grep -q '"on w2 (127.0.0.1:'"$p2"'), heartbeat [0-9]* ms ago"' "$out/nodes.json" \
   || { echo "the console does not show the generator on w2:"; cat "$out/nodes.json"; exit 1; }
 wait "$run_pid" || { echo "cluster run failed:"; tail -30 "$out/cluster.log"; exit 1; }
+# a clean run: the sessions that end with the job are closed, not lost
+if grep -q ") lost\|lost with\|' lost" "$out/cluster.log"; then echo "a clean run logs a lost node:"; grep "lost" "$out/cluster.log"; exit 1; fi
+grep -q "session with cluster node 'w1' (127.0.0.1:$p1) closed" "$out/cluster.log" \
+  || { echo "no 'session ... closed' line:"; tail -20 "$out/cluster.log"; exit 1; }
 echo "  console /api/nodes: generator $(grep -o '"on w2 ([^"]*"' "$out/nodes.json" | head -1)"
 lines=$(wc -l < "$out/single.txt")  # 8 completions (a completion may span lines)
 [[ $lines -ge 8 ]] || { echo "the single-process run wrote $lines lines, fewer than its 8 completions"; exit 1; }
@@ -147,6 +151,7 @@ set +e
 wait "$run_pid"; rc=$?
 set -e
 [[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1"; tail "$out/view.log"; exit 1; }
+if grep -q "cluster node 'w9' .*lost" "$out/view.log"; then echo "w9, which survived, is reported lost:"; grep lost "$out/view.log"; exit 1; fi
 wait "$w9_pid" || { echo "w9 (--once) did not exit cleanly"; exit 1; }
 
 echo "== 1d. placement by resources: on = \"any\" with resources = { cpus = N }, nodes with cpus = 2 and 4"

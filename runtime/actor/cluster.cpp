@@ -454,6 +454,7 @@ struct beat_table {
   std::vector<bool> lost;
   std::vector<std::string> lost_why;
   std::uint64_t beats_sent = 0;
+  bool closing = false;  // cluster_run::end() began: sessions that end now closed, they are not lost
   clk::time_point t0 = clk::now();
 };
 
@@ -494,7 +495,7 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
     for (std::size_t i = 0; i < sessions.size(); ++i) {
       {
         std::lock_guard<std::mutex> lock(table->mutex);
-        if (table->lost[i]) continue;
+        if (table->lost[i] || table->closing) continue;
       }
       const auto age = ms_since(last[i]);
       if (age > lost_after_ms) {
@@ -534,8 +535,16 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - table->t0).count();
         },
         [&](caf::down_msg& dm) {
+          bool closing = false;
+          {
+            std::lock_guard<std::mutex> lock(table->mutex);
+            closing = table->closing;
+          }
           for (std::size_t i = 0; i < sessions.size(); ++i)
-            if (sessions[i].address() == dm.source)
+            if (sessions[i].address() != dm.source) continue;
+            else if (closing)  // the job finished: end() closes every session; not a loss
+              spdlog::info("session with cluster node '{}' ({}) closed", table->names[i], table->addresses[i]);
+            else
               lose(i, dm.reason == caf::exit_reason::user_shutdown
                           ? std::string("its daemon is shutting down (SIGINT or SIGTERM)")
                           : dm.reason == caf::exit_reason::remote_link_unreachable
@@ -885,6 +894,7 @@ std::string cluster_run::end() {
   std::vector<bool> lost;
   {
     std::lock_guard<std::mutex> lock(p.table->mutex);
+    p.table->closing = true;
     beats_sent = p.table->beats_sent;
     lost = p.table->lost;
   }

@@ -65,6 +65,16 @@ if grep -q ") lost\|lost with\|' lost" "$out/cluster.log"; then echo "a clean ru
 grep -q "session with cluster node 'w1' (127.0.0.1:$p1) closed" "$out/cluster.log" \
   || { echo "no 'session ... closed' line:"; tail -20 "$out/cluster.log"; exit 1; }
 echo "  console /api/nodes: generator $(grep -o '"on w2 ([^"]*"' "$out/nodes.json" | head -1)"
+# after the run: remote replicas end done (not initializing), and no depth comes from cross-process links
+python3 - "$out/nodes.json" <<'PY' || { echo "unexpected remote states or depths after the run:"; cat "$out/nodes.json"; exit 1; }
+import json, sys
+n = {x["name"]: x for x in json.load(open(sys.argv[1]))["nodes"]}
+for name in ("tokenizer", "generator"):
+    assert n[name]["state"] == "done", (name, n[name]["state"], n[name]["replica_states"])
+for x in n.values():
+    assert x["load"]["mailbox_depth"] == 0, (x["name"], x["load"]["mailbox_depth"])
+PY
+echo "  after the run: tokenizer and generator (remote) done, every depth 0"
 lines=$(wc -l < "$out/single.txt")  # 8 completions (a completion may span lines)
 [[ $lines -ge 8 ]] || { echo "the single-process run wrote $lines lines, fewer than its 8 completions"; exit 1; }
 cmp "$out/single.txt" "$out/cluster.txt" || { echo "the cluster run's completions differ"; diff "$out/single.txt" "$out/cluster.txt" | head; exit 1; }
@@ -122,6 +132,17 @@ for x in n.values():
 PY
   seen9[$(age w9 "$out/cluster$i.json")]=1
   seen10[$(age w10 "$out/cluster$i.json")]=1
+  if [[ $i == 1 ]]; then
+    curl -sf "${url}api/nodes" > "$out/view_nodes.json" || { echo "GET ${url}api/nodes failed"; exit 1; }
+    python3 - "$out/view_nodes.json" <<'PY' || { echo "remote replicas not shown remote, or a depth < 0:"; cat "$out/view_nodes.json"; exit 1; }
+import json, sys
+n = {x["name"]: x for x in json.load(open(sys.argv[1]))["nodes"]}
+for name in ("tokenizer", "generator"):
+    assert n[name]["state"] == "remote", (name, n[name]["state"])
+for x in n.values():
+    assert x["load"]["mailbox_depth"] >= 0, (x["name"], x["load"]["mailbox_depth"])
+PY
+  fi
   sleep 0.6
 done
 [[ ${#seen9[@]} -ge 2 && ${#seen10[@]} -ge 2 ]] \

@@ -898,6 +898,20 @@ std::string cluster_run::end() {
     beats_sent = p.table->beats_sent;
     lost = p.table->lost;
   }
+  // The job finished: remote replicas (state remote; failed when their node
+  // was lost) end as the run did.
+  if (p.part && p.part->live && p.j.state) {
+    const auto final_state =
+        p.j.state->reason() == stop_reason::completed ? replica_state::done : replica_state::stopped;
+    const auto now_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(cl::clk::now() - p.part->metrics->start()).count();
+    for (std::size_t n = 0; n < p.where.where.size(); ++n)
+      for (std::size_t r = 0; r < p.where.where[n].size(); ++r) {
+        if (p.where.where[n][r] == p.where.self) continue;
+        auto& rl = p.part->live->replica(n, r);
+        if (rl.state() == replica_state::remote) rl.set_state(final_state, now_ns);
+      }
+  }
   std::uint64_t td = mine.data_msgs - p.at_start.data_msgs, tb = mine.data_bytes - p.at_start.data_bytes,
                 tc = mine.control_msgs - p.at_start.control_msgs, th = beats_sent;
   std::string report = "cross-process traffic: main sent " + std::to_string(td) + " data messages (" +

@@ -205,6 +205,32 @@ grep -q "cluster node 'w1' (127.0.0.1:$p1): authenticated; actors there: generat
 echo "  identical to one process; $(grep -o "cluster node 'w1'.*actors there.*" "$out/any_cluster.log"); $(grep -o "cluster node 'w2'.*actors there.*" "$out/any_cluster.log")"
 wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
 
+echo "== 1e. a port that accepts connections but never speaks (not a flowrun node): refused within connect_timeout_ms"
+python3 -c '
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); __import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
+held = []
+while True: held.append(s.accept()[0])
+' "$out/silent.port" &
+silent_pid=$!
+pids+=($silent_pid)
+for _ in $(seq 1 100); do [[ -s "$out/silent.port" ]] && break; sleep 0.05; done
+ps_=$(cat "$out/silent.port")
+{ echo "[cluster]"; echo "connect_timeout_ms = 1500"; echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$ps_\""; } > "$out/silent.toml"
+t0=$(date +%s%N)
+set +e
+timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/silent.toml" --secret-file "$out/secret" \
+  --set node.generator.on=w1 --set node.sink.path="$out/silent.txt" > "$out/silent.log" 2>&1
+rc=$?
+set -e
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+kill "$silent_pid" 2>/dev/null || true
+[[ $rc -eq 1 ]] || { echo "the run against a silent port exited $rc, not 1 (124: it hung):"; tail "$out/silent.log"; exit 1; }
+grep -q "cluster node 'w1' (127.0.0.1:$ps_): no flowrun node answered within 1500 ms: is \`flowrun node --listen 127.0.0.1:$ps_\` running there?" "$out/silent.log" \
+  || { echo "no clear error for a silent port:"; cat "$out/silent.log"; exit 1; }
+echo "  refused after ${ms} ms: $(grep -o "cluster node 'w1'.*running there?" "$out/silent.log" | head -1)"
+
 echo "== 2. a node with another secret is refused"
 node w3 "$out/wrong"
 cluster_file "$out/c3.toml" w3 "$port"

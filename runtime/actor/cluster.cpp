@@ -612,7 +612,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   auto p = std::make_unique<impl>(sys);
   p->at_start = cross_process_totals();
   p->planned = planned_cluster_view(spec, !options.cluster.tls_cert.empty());
-  const auto timeout = seconds(std::max(1, options.cluster.connect_timeout_s));
+  // Connecting, the handshake and each start-up request: at most connect_timeout_ms each.
+  const auto timeout = milliseconds(std::max<std::int64_t>(1, spec.cluster.connect_timeout_ms));
   // The processes: main, then the cluster nodes that hold a replica, in cluster order.
   placement pl;
   pl.processes.push_back(std::string(graph::main_process_name));
@@ -675,12 +676,37 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     const auto* cn = spec.cluster.find(pl.processes[i]);
     const std::string address = cn->host + ":" + std::to_string(cn->port);
     const std::string who = "cluster node '" + cn->name + "' (" + address + ")";
-    auto gate = options.cluster.tls_cert.empty()
-                    ? sys.middleman().remote_actor(cn->host, static_cast<std::uint16_t>(cn->port))
-                    : caf::openssl::remote_actor(sys, cn->host, static_cast<std::uint16_t>(cn->port));
+    // Not the blocking remote_actor: it waits for the connect and the BASP
+    // handshake without a time limit, and a port that accepts but never speaks
+    // (not a flowrun node) would hang the run. The same connect request to the
+    // middleman (or caf_openssl's manager), with a timeout.
+    expected<caf::actor> gate = error_text{"not connected"};
+    bool timed_out = false;
+    {
+      const caf::io::middleman_actor mm = options.cluster.tls_cert.empty() ? sys.middleman().actor_handle()
+                                                                            : sys.openssl_manager().actor_handle();
+      std::string failure;
+      caf::strong_actor_ptr ptr;
+      self->request(mm, timeout, caf::connect_atom::value, cn->host, static_cast<std::uint16_t>(cn->port))
+          .receive([&](caf::node_id&, caf::strong_actor_ptr& x, std::set<std::string>&) { ptr = std::move(x); },
+                   [&](caf::error& e) {
+                     timed_out = e == caf::sec::request_timeout;
+                     failure = sys.render(e);
+                   });
+      if (timed_out) {
+        p->abandon();
+        return error_text{who + ": no flowrun node answered within " + std::to_string(timeout.count()) +
+                          " ms: is `flowrun node --listen " + address +
+                          "` running there? (something accepts connections on that port but does not speak "
+                          "flowrun's protocol; [cluster] connect_timeout_ms sets the limit)"};
+      }
+      if (!failure.empty()) gate = error_text{failure};
+      else if (!ptr) gate = error_text{"no actor published at port " + std::to_string(cn->port)};
+      else gate = caf::actor_cast<caf::actor>(std::move(ptr));
+    }
     if (!gate) {
       p->abandon();
-      return error_text{"cannot reach " + who + ": " + sys.render(gate.error()) + " (is `flowrun node --listen " +
+      return error_text{"cannot reach " + who + ": " + gate.error() + " (is `flowrun node --listen " +
                         address + "` running there" +
                         (options.cluster.tls_cert.empty() ? std::string(", without TLS?)")
                                                           : std::string(", with TLS and a certificate our CA trusts?)"))};

@@ -2,7 +2,9 @@
 # Clusters (docs/scaling.md), on 127.0.0.1 with ports chosen free at runtime:
 #   1. graphs/examples/generate.graph spread over 3 processes (main + 2 node daemons) writes the same
 #      completions as the single-process run;
-#   2. a node daemon with another secret is refused, with an error on both sides;
+#   1e. a port that accepts connections but never speaks fails within connect_timeout_ms (no hang);
+#   2. a node daemon with another secret is refused, with an error on both sides; 2b. a busy --listen port and an
+#      unwritable --port-file stop a daemon at start with the reason;
 #   1d. a graph placed by resources (on = "any", resources = { cpus = N }) writes the same as one process, and
 #      one that fits nowhere is refused naming the replica and the capacity;
 #   1c. the console's /api/cluster and `flowctl cluster` show both nodes, their replicas and heartbeat ages that
@@ -246,6 +248,17 @@ sleep 0.3
 grep -q "refused a peer .*wrong cluster secret" "$out/w3.err" || { echo "no clear error on the node:"; cat "$out/w3.err"; exit 1; }
 echo "  coordinator: $(grep -o 'authentication with.*secret (' "$out/refused.log" | head -1)"
 echo "  node:        $(grep -o 'refused a peer.*' "$out/w3.err" | head -1)"
+echo "== 2b. a daemon whose port is taken, or whose --port-file cannot be written, fails at start"
+set +e
+timeout 20 "$flowrun" node --listen "127.0.0.1:$port" --secret-file "$out/secret" > /dev/null 2> "$out/busy.err"; rc_busy=$?
+timeout 20 "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/no/such/dir/p" \
+  > /dev/null 2> "$out/portfile.err"; rc_pf=$?
+set -e
+[[ $rc_busy -eq 1 ]] && grep -q "cannot listen on 127.0.0.1:$port: port $port is already in use" "$out/busy.err" \
+  || { echo "a busy port: exit $rc_busy"; cat "$out/busy.err"; exit 1; }
+[[ $rc_pf -eq 1 ]] && grep -q "cannot write the port file $out/no/such/dir/p: No such file or directory" "$out/portfile.err" \
+  || { echo "an unwritable port file: exit $rc_pf"; cat "$out/portfile.err"; exit 1; }
+echo "  $(grep -o 'port [0-9]* is already in use' "$out/busy.err"); $(grep -o 'cannot write the port file.*' "$out/portfile.err")"
 kill "$w3_pid"; wait "$w3_pid" 2>/dev/null || true
 
 echo "== 3. SIGKILL of the generator's node in the middle of the run"

@@ -15,7 +15,11 @@
 // requests whose sender is on that link's node.
 #include "runtime/actor/cluster.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <chrono>
@@ -314,6 +318,27 @@ caf::behavior gate(caf::stateful_actor<gate_state>* self, std::shared_ptr<daemon
   };
 }
 
+// Why `host:port` cannot be bound (errno), probing with a socket of our own;
+// 0 when it can (or the address does not resolve).
+int bind_errno(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    return 0;
+  int err = 0;
+  const int s = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (s >= 0) {
+    int one = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(s, res->ai_addr, res->ai_addrlen) != 0) err = errno;
+    ::close(s);
+  }
+  ::freeaddrinfo(res);
+  return err;
+}
+
 std::atomic<int> g_daemon_signal{0};
 extern "C" void on_daemon_signal(int sig) { g_daemon_signal.store(sig); }
 
@@ -347,19 +372,39 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   auto port = tls ? caf::openssl::publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true)
                   : sys.middleman().publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true);
   if (!port) {
-    spdlog::error("flowrun node: cannot listen on {}:{}: {}", options.host, options.port, sys.render(port.error()));
+    const int err = options.port > 0 ? cl::bind_errno(options.host, options.port) : 0;
+    if (err == EADDRINUSE)
+      spdlog::error("flowrun node: cannot listen on {}:{}: port {} is already in use (another flowrun node or another "
+                    "program listens there; `ss -ltnp 'sport = :{}'` shows which): choose another port with --listen "
+                    "HOST:PORT, or --listen HOST:0 with --port-file FILE for a free one",
+                    options.host, options.port, options.port, options.port);
+    else
+      spdlog::error("flowrun node: cannot listen on {}:{}: {}{}", options.host, options.port,
+                    err ? std::string(std::strerror(err)) + " (" : std::string(), sys.render(port.error()) + (err ? ")" : ""));
     caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
     return 1;
   }
-  std::cout << "flowrun node: listening on " << options.host << ":" << *port << (tls ? " (TLS)" : "") << std::endl;
   if (!options.port_file.empty()) {
-    std::string tmp = options.port_file + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << *port << "\n";
+    // Written before anything announces the node: a port file that cannot be
+    // written is an error at start, not a daemon nobody finds.
+    const std::string tmp = options.port_file + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    int err = f ? 0 : errno;
+    if (f) {
+      if (std::fprintf(f, "%u\n", static_cast<unsigned>(*port)) < 0) err = errno ? errno : EIO;
+      if (std::fclose(f) != 0 && !err) err = errno;
+      if (!err && std::rename(tmp.c_str(), options.port_file.c_str()) != 0) err = errno;
+      if (err) std::remove(tmp.c_str());
     }
-    std::rename(tmp.c_str(), options.port_file.c_str());
+    if (err) {
+      spdlog::error("flowrun node: cannot write the port file {}: {}", options.port_file, std::strerror(err));
+      caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
+      spdlog::default_logger()->flush();
+      std::fflush(stderr);
+      std::_Exit(1);  // the gate is published: ~actor_system would wait for the middleman
+    }
   }
+  std::cout << "flowrun node: listening on " << options.host << ":" << *port << (tls ? " (TLS)" : "") << std::endl;
   struct sigaction sa {};
   sa.sa_handler = cl::on_daemon_signal;
   sigemptyset(&sa.sa_mask);

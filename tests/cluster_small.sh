@@ -2,7 +2,9 @@
 # Clusters (docs/scaling.md), on 127.0.0.1 with ports chosen free at runtime:
 #   1. graphs/examples/generate.graph spread over 3 processes (main + 2 node daemons) writes the same
 #      completions as the single-process run;
-#   2. a node daemon with another secret is refused, with an error on both sides;
+#   1e. a port that accepts connections but never speaks fails within connect_timeout_ms (no hang);
+#   2. a node daemon with another secret is refused, with an error on both sides; 2b. a busy --listen port and an
+#      unwritable --port-file stop a daemon at start with the reason;
 #   1d. a graph placed by resources (on = "any", resources = { cpus = N }) writes the same as one process, and
 #      one that fits nowhere is refused naming the replica and the capacity;
 #   1c. the console's /api/cluster and `flowctl cluster` show both nodes, their replicas and heartbeat ages that
@@ -60,7 +62,21 @@ curl -sf "${url}api/nodes" > "$out/nodes.json" || { echo "GET ${url}api/nodes fa
 grep -q '"on w2 (127.0.0.1:'"$p2"'), heartbeat [0-9]* ms ago"' "$out/nodes.json" \
   || { echo "the console does not show the generator on w2:"; cat "$out/nodes.json"; exit 1; }
 wait "$run_pid" || { echo "cluster run failed:"; tail -30 "$out/cluster.log"; exit 1; }
+# a clean run: the sessions that end with the job are closed, not lost
+if grep -q ") lost\|lost with\|' lost" "$out/cluster.log"; then echo "a clean run logs a lost node:"; grep "lost" "$out/cluster.log"; exit 1; fi
+grep -q "session with cluster node 'w1' (127.0.0.1:$p1) closed" "$out/cluster.log" \
+  || { echo "no 'session ... closed' line:"; tail -20 "$out/cluster.log"; exit 1; }
 echo "  console /api/nodes: generator $(grep -o '"on w2 ([^"]*"' "$out/nodes.json" | head -1)"
+# after the run: remote replicas end done (not initializing), and no depth comes from cross-process links
+python3 - "$out/nodes.json" <<'PY' || { echo "unexpected remote states or depths after the run:"; cat "$out/nodes.json"; exit 1; }
+import json, sys
+n = {x["name"]: x for x in json.load(open(sys.argv[1]))["nodes"]}
+for name in ("tokenizer", "generator"):
+    assert n[name]["state"] == "done", (name, n[name]["state"], n[name]["replica_states"])
+for x in n.values():
+    assert x["load"]["mailbox_depth"] == 0, (x["name"], x["load"]["mailbox_depth"])
+PY
+echo "  after the run: tokenizer and generator (remote) done, every depth 0"
 lines=$(wc -l < "$out/single.txt")  # 8 completions (a completion may span lines)
 [[ $lines -ge 8 ]] || { echo "the single-process run wrote $lines lines, fewer than its 8 completions"; exit 1; }
 cmp "$out/single.txt" "$out/cluster.txt" || { echo "the cluster run's completions differ"; diff "$out/single.txt" "$out/cluster.txt" | head; exit 1; }
@@ -118,6 +134,17 @@ for x in n.values():
 PY
   seen9[$(age w9 "$out/cluster$i.json")]=1
   seen10[$(age w10 "$out/cluster$i.json")]=1
+  if [[ $i == 1 ]]; then
+    curl -sf "${url}api/nodes" > "$out/view_nodes.json" || { echo "GET ${url}api/nodes failed"; exit 1; }
+    python3 - "$out/view_nodes.json" <<'PY' || { echo "remote replicas not shown remote, or a depth < 0:"; cat "$out/view_nodes.json"; exit 1; }
+import json, sys
+n = {x["name"]: x for x in json.load(open(sys.argv[1]))["nodes"]}
+for name in ("tokenizer", "generator"):
+    assert n[name]["state"] == "remote", (name, n[name]["state"])
+for x in n.values():
+    assert x["load"]["mailbox_depth"] >= 0, (x["name"], x["load"]["mailbox_depth"])
+PY
+  fi
   sleep 0.6
 done
 [[ ${#seen9[@]} -ge 2 && ${#seen10[@]} -ge 2 ]] \
@@ -147,6 +174,7 @@ set +e
 wait "$run_pid"; rc=$?
 set -e
 [[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1"; tail "$out/view.log"; exit 1; }
+if grep -q "cluster node 'w9' .*lost" "$out/view.log"; then echo "w9, which survived, is reported lost:"; grep lost "$out/view.log"; exit 1; fi
 wait "$w9_pid" || { echo "w9 (--once) did not exit cleanly"; exit 1; }
 
 echo "== 1d. placement by resources: on = \"any\" with resources = { cpus = N }, nodes with cpus = 2 and 4"
@@ -179,6 +207,32 @@ grep -q "cluster node 'w1' (127.0.0.1:$p1): authenticated; actors there: generat
 echo "  identical to one process; $(grep -o "cluster node 'w1'.*actors there.*" "$out/any_cluster.log"); $(grep -o "cluster node 'w2'.*actors there.*" "$out/any_cluster.log")"
 wait "$w1_pid" "$w2_pid" || { echo "a --once daemon did not exit cleanly"; exit 1; }
 
+echo "== 1e. a port that accepts connections but never speaks (not a flowrun node): refused within connect_timeout_ms"
+python3 -c '
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(8)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1])); __import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
+held = []
+while True: held.append(s.accept()[0])
+' "$out/silent.port" &
+silent_pid=$!
+pids+=($silent_pid)
+for _ in $(seq 1 100); do [[ -s "$out/silent.port" ]] && break; sleep 0.05; done
+ps_=$(cat "$out/silent.port")
+{ echo "[cluster]"; echo "connect_timeout_ms = 1500"; echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$ps_\""; } > "$out/silent.toml"
+t0=$(date +%s%N)
+set +e
+timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/silent.toml" --secret-file "$out/secret" \
+  --set node.generator.on=w1 --set node.sink.path="$out/silent.txt" > "$out/silent.log" 2>&1
+rc=$?
+set -e
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+kill "$silent_pid" 2>/dev/null || true
+[[ $rc -eq 1 ]] || { echo "the run against a silent port exited $rc, not 1 (124: it hung):"; tail "$out/silent.log"; exit 1; }
+grep -q "cluster node 'w1' (127.0.0.1:$ps_): no flowrun node answered within 1500 ms: is \`flowrun node --listen 127.0.0.1:$ps_\` running there?" "$out/silent.log" \
+  || { echo "no clear error for a silent port:"; cat "$out/silent.log"; exit 1; }
+echo "  refused after ${ms} ms: $(grep -o "cluster node 'w1'.*running there?" "$out/silent.log" | head -1)"
+
 echo "== 2. a node with another secret is refused"
 node w3 "$out/wrong"
 cluster_file "$out/c3.toml" w3 "$port"
@@ -194,6 +248,17 @@ sleep 0.3
 grep -q "refused a peer .*wrong cluster secret" "$out/w3.err" || { echo "no clear error on the node:"; cat "$out/w3.err"; exit 1; }
 echo "  coordinator: $(grep -o 'authentication with.*secret (' "$out/refused.log" | head -1)"
 echo "  node:        $(grep -o 'refused a peer.*' "$out/w3.err" | head -1)"
+echo "== 2b. a daemon whose port is taken, or whose --port-file cannot be written, fails at start"
+set +e
+timeout 20 "$flowrun" node --listen "127.0.0.1:$port" --secret-file "$out/secret" > /dev/null 2> "$out/busy.err"; rc_busy=$?
+timeout 20 "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/no/such/dir/p" \
+  > /dev/null 2> "$out/portfile.err"; rc_pf=$?
+set -e
+[[ $rc_busy -eq 1 ]] && grep -q "cannot listen on 127.0.0.1:$port: port $port is already in use" "$out/busy.err" \
+  || { echo "a busy port: exit $rc_busy"; cat "$out/busy.err"; exit 1; }
+[[ $rc_pf -eq 1 ]] && grep -q "cannot write the port file $out/no/such/dir/p: No such file or directory" "$out/portfile.err" \
+  || { echo "an unwritable port file: exit $rc_pf"; cat "$out/portfile.err"; exit 1; }
+echo "  $(grep -o 'port [0-9]* is already in use' "$out/busy.err"); $(grep -o 'cannot write the port file.*' "$out/portfile.err")"
 kill "$w3_pid"; wait "$w3_pid" 2>/dev/null || true
 
 echo "== 3. SIGKILL of the generator's node in the middle of the run"

@@ -831,6 +831,30 @@ adress = "h:1"
   CHECK_MESSAGE(contains(e, "did you mean 'address'?"), e);
 }
 
+TEST_CASE("cluster: lost_after_ms under 2 x heartbeat_ms is refused, and bad numbers show their value") {
+  auto r = parse_graph_string(R"([cluster]
+heartbeat_ms = 500
+lost_after_ms = 900
+connect_timeout_ms = 0
+[cluster.nodes.a]
+address = "h:1"
+cpus = -4
+)",
+                              "hb.graph");
+  const std::string e = all_errors(r.errors);
+  CHECK_MESSAGE(contains(e, "hb.graph:3:17: error: cluster lost_after_ms (900) must be at least 2 x heartbeat_ms (500)"), e);
+  CHECK_MESSAGE(contains(e, "at least 6 heartbeats are recommended: write lost_after_ms = 3000"), e);
+  CHECK_MESSAGE(contains(e, "hb.graph:4:22: error: cluster connect_timeout_ms must be an integer >= 1 (milliseconds), got 0"), e);
+  CHECK_MESSAGE(contains(e, "hb.graph:7:8: error: cluster node 'a': cpus must be an integer >= 0, got -4"), e);
+  auto ok = parse_graph_string("[cluster]\nheartbeat_ms = 100\nlost_after_ms = 200\nconnect_timeout_ms = 2500\n"
+                               "[cluster.nodes.a]\naddress = \"h:1\"\n",
+                               "ok.graph");
+  REQUIRE_MESSAGE(ok.ok(), all_errors(ok.errors));
+  CHECK(ok.spec.cluster.connect_timeout_ms == 2500);
+  CHECK(parse_graph_string("[cluster]\n[cluster.nodes.a]\naddress = \"h:1\"\n", "d.graph").spec.cluster.connect_timeout_ms ==
+        10000);
+}
+
 namespace {
 // Placement by resources: three cluster nodes of different sizes.
 const char* resources_graph = R"(edges = ["src.lines -> gen.items", "gen.items -> sink.items"]

@@ -15,7 +15,11 @@
 // requests whose sender is on that link's node.
 #include "runtime/actor/cluster.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <chrono>
@@ -314,6 +318,27 @@ caf::behavior gate(caf::stateful_actor<gate_state>* self, std::shared_ptr<daemon
   };
 }
 
+// Why `host:port` cannot be bound (errno), probing with a socket of our own;
+// 0 when it can (or the address does not resolve).
+int bind_errno(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    return 0;
+  int err = 0;
+  const int s = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (s >= 0) {
+    int one = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(s, res->ai_addr, res->ai_addrlen) != 0) err = errno;
+    ::close(s);
+  }
+  ::freeaddrinfo(res);
+  return err;
+}
+
 std::atomic<int> g_daemon_signal{0};
 extern "C" void on_daemon_signal(int sig) { g_daemon_signal.store(sig); }
 
@@ -347,19 +372,39 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   auto port = tls ? caf::openssl::publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true)
                   : sys.middleman().publish(g, static_cast<std::uint16_t>(options.port), options.host.c_str(), true);
   if (!port) {
-    spdlog::error("flowrun node: cannot listen on {}:{}: {}", options.host, options.port, sys.render(port.error()));
+    const int err = options.port > 0 ? cl::bind_errno(options.host, options.port) : 0;
+    if (err == EADDRINUSE)
+      spdlog::error("flowrun node: cannot listen on {}:{}: port {} is already in use (another flowrun node or another "
+                    "program listens there; `ss -ltnp 'sport = :{}'` shows which): choose another port with --listen "
+                    "HOST:PORT, or --listen HOST:0 with --port-file FILE for a free one",
+                    options.host, options.port, options.port, options.port);
+    else
+      spdlog::error("flowrun node: cannot listen on {}:{}: {}{}", options.host, options.port,
+                    err ? std::string(std::strerror(err)) + " (" : std::string(), sys.render(port.error()) + (err ? ")" : ""));
     caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
     return 1;
   }
-  std::cout << "flowrun node: listening on " << options.host << ":" << *port << (tls ? " (TLS)" : "") << std::endl;
   if (!options.port_file.empty()) {
-    std::string tmp = options.port_file + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << *port << "\n";
+    // Written before anything announces the node: a port file that cannot be
+    // written is an error at start, not a daemon nobody finds.
+    const std::string tmp = options.port_file + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    int err = f ? 0 : errno;
+    if (f) {
+      if (std::fprintf(f, "%u\n", static_cast<unsigned>(*port)) < 0) err = errno ? errno : EIO;
+      if (std::fclose(f) != 0 && !err) err = errno;
+      if (!err && std::rename(tmp.c_str(), options.port_file.c_str()) != 0) err = errno;
+      if (err) std::remove(tmp.c_str());
     }
-    std::rename(tmp.c_str(), options.port_file.c_str());
+    if (err) {
+      spdlog::error("flowrun node: cannot write the port file {}: {}", options.port_file, std::strerror(err));
+      caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
+      spdlog::default_logger()->flush();
+      std::fflush(stderr);
+      std::_Exit(1);  // the gate is published: ~actor_system would wait for the middleman
+    }
   }
+  std::cout << "flowrun node: listening on " << options.host << ":" << *port << (tls ? " (TLS)" : "") << std::endl;
   struct sigaction sa {};
   sa.sa_handler = cl::on_daemon_signal;
   sigemptyset(&sa.sa_mask);
@@ -454,6 +499,7 @@ struct beat_table {
   std::vector<bool> lost;
   std::vector<std::string> lost_why;
   std::uint64_t beats_sent = 0;
+  bool closing = false;  // cluster_run::end() began: sessions that end now closed, they are not lost
   clk::time_point t0 = clk::now();
 };
 
@@ -494,7 +540,7 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
     for (std::size_t i = 0; i < sessions.size(); ++i) {
       {
         std::lock_guard<std::mutex> lock(table->mutex);
-        if (table->lost[i]) continue;
+        if (table->lost[i] || table->closing) continue;
       }
       const auto age = ms_since(last[i]);
       if (age > lost_after_ms) {
@@ -534,8 +580,16 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - table->t0).count();
         },
         [&](caf::down_msg& dm) {
+          bool closing = false;
+          {
+            std::lock_guard<std::mutex> lock(table->mutex);
+            closing = table->closing;
+          }
           for (std::size_t i = 0; i < sessions.size(); ++i)
-            if (sessions[i].address() == dm.source)
+            if (sessions[i].address() != dm.source) continue;
+            else if (closing)  // the job finished: end() closes every session; not a loss
+              spdlog::info("session with cluster node '{}' ({}) closed", table->names[i], table->addresses[i]);
+            else
               lose(i, dm.reason == caf::exit_reason::user_shutdown
                           ? std::string("its daemon is shutting down (SIGINT or SIGTERM)")
                           : dm.reason == caf::exit_reason::remote_link_unreachable
@@ -603,7 +657,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   auto p = std::make_unique<impl>(sys);
   p->at_start = cross_process_totals();
   p->planned = planned_cluster_view(spec, !options.cluster.tls_cert.empty());
-  const auto timeout = seconds(std::max(1, options.cluster.connect_timeout_s));
+  // Connecting, the handshake and each start-up request: at most connect_timeout_ms each.
+  const auto timeout = milliseconds(std::max<std::int64_t>(1, spec.cluster.connect_timeout_ms));
   // The processes: main, then the cluster nodes that hold a replica, in cluster order.
   placement pl;
   pl.processes.push_back(std::string(graph::main_process_name));
@@ -666,12 +721,37 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     const auto* cn = spec.cluster.find(pl.processes[i]);
     const std::string address = cn->host + ":" + std::to_string(cn->port);
     const std::string who = "cluster node '" + cn->name + "' (" + address + ")";
-    auto gate = options.cluster.tls_cert.empty()
-                    ? sys.middleman().remote_actor(cn->host, static_cast<std::uint16_t>(cn->port))
-                    : caf::openssl::remote_actor(sys, cn->host, static_cast<std::uint16_t>(cn->port));
+    // Not the blocking remote_actor: it waits for the connect and the BASP
+    // handshake without a time limit, and a port that accepts but never speaks
+    // (not a flowrun node) would hang the run. The same connect request to the
+    // middleman (or caf_openssl's manager), with a timeout.
+    expected<caf::actor> gate = error_text{"not connected"};
+    bool timed_out = false;
+    {
+      const caf::io::middleman_actor mm = options.cluster.tls_cert.empty() ? sys.middleman().actor_handle()
+                                                                            : sys.openssl_manager().actor_handle();
+      std::string failure;
+      caf::strong_actor_ptr ptr;
+      self->request(mm, timeout, caf::connect_atom::value, cn->host, static_cast<std::uint16_t>(cn->port))
+          .receive([&](caf::node_id&, caf::strong_actor_ptr& x, std::set<std::string>&) { ptr = std::move(x); },
+                   [&](caf::error& e) {
+                     timed_out = e == caf::sec::request_timeout;
+                     failure = sys.render(e);
+                   });
+      if (timed_out) {
+        p->abandon();
+        return error_text{who + ": no flowrun node answered within " + std::to_string(timeout.count()) +
+                          " ms: is `flowrun node --listen " + address +
+                          "` running there? (something accepts connections on that port but does not speak "
+                          "flowrun's protocol; [cluster] connect_timeout_ms sets the limit)"};
+      }
+      if (!failure.empty()) gate = error_text{failure};
+      else if (!ptr) gate = error_text{"no actor published at port " + std::to_string(cn->port)};
+      else gate = caf::actor_cast<caf::actor>(std::move(ptr));
+    }
     if (!gate) {
       p->abandon();
-      return error_text{"cannot reach " + who + ": " + sys.render(gate.error()) + " (is `flowrun node --listen " +
+      return error_text{"cannot reach " + who + ": " + gate.error() + " (is `flowrun node --listen " +
                         address + "` running there" +
                         (options.cluster.tls_cert.empty() ? std::string(", without TLS?)")
                                                           : std::string(", with TLS and a certificate our CA trusts?)"))};
@@ -885,8 +965,23 @@ std::string cluster_run::end() {
   std::vector<bool> lost;
   {
     std::lock_guard<std::mutex> lock(p.table->mutex);
+    p.table->closing = true;
     beats_sent = p.table->beats_sent;
     lost = p.table->lost;
+  }
+  // The job finished: remote replicas (state remote; failed when their node
+  // was lost) end as the run did.
+  if (p.part && p.part->live && p.j.state) {
+    const auto final_state =
+        p.j.state->reason() == stop_reason::completed ? replica_state::done : replica_state::stopped;
+    const auto now_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(cl::clk::now() - p.part->metrics->start()).count();
+    for (std::size_t n = 0; n < p.where.where.size(); ++n)
+      for (std::size_t r = 0; r < p.where.where[n].size(); ++r) {
+        if (p.where.where[n][r] == p.where.self) continue;
+        auto& rl = p.part->live->replica(n, r);
+        if (rl.state() == replica_state::remote) rl.set_state(final_state, now_ns);
+      }
   }
   std::uint64_t td = mine.data_msgs - p.at_start.data_msgs, tb = mine.data_bytes - p.at_start.data_bytes,
                 tc = mine.control_msgs - p.at_start.control_msgs, th = beats_sent;

@@ -1604,6 +1604,8 @@ expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& s
   // Every edge that crosses processes must carry a type that travels as bytes.
   for (const auto& l : plan->links) {
     const auto pf = where.where[l.from_node][l.from_replica], pt = where.where[l.to_node][l.to_replica];
+    // This process counts one side of a cross-process link at most: no depth from it.
+    if (pf != where.self || pt != where.self) l.counters->remote = true;
     if (pf == pt) continue;
     const auto& e = plan->edges[l.edge];
     const std::string_view type = plan->nodes[e.from_node].out_ports[e.from_port].type;
@@ -1622,7 +1624,10 @@ expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& s
   for (std::uint32_t n = 0; n < plan->nodes.size(); ++n) {
     plan->actors[n].resize(plan->nodes[n].replicas);
     for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r) {
-      if (where.where[n][r] != where.self) continue;
+      if (where.where[n][r] != where.self) {
+        plan->live->replica(n, r).set_state(replica_state::remote, 0);
+        continue;
+      }
       const bool blocking = plan->nodes[n].blocking;
       auto a = blocking ? sys.spawn<rt::replica_actor, caf::detached>(plan, n, r) : sys.spawn<rt::replica_actor>(plan, n, r);
       plan->live->event("spawn", plan->nodes[n].spec.name, r,

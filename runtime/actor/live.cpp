@@ -26,6 +26,8 @@ std::string_view to_string(replica_state s) {
       return "done";
     case replica_state::stopped:
       return "stopped";
+    case replica_state::remote:
+      return "remote";
   }
   return "?";
 }

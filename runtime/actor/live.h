@@ -36,6 +36,7 @@ enum class replica_state : int {
   failed,           ///< failed for good (see replica_view::reason)
   done,             ///< its input ended and finish() ran
   stopped,          ///< stop() ran; the actor quit
+  remote,           ///< cluster runs: runs on another node (its metrics stay there; docs/scaling.md)
 };
 
 /// "initializing", "idle", "busy", "waiting_credit", "waiting_request", "restarting", "paused", "failed", "done",

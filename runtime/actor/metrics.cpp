@@ -136,6 +136,7 @@ metrics_snapshot job_metrics::snapshot() const {
     edge_stats es;
     es.name = e.name;
     es.credit = e.credit;
+    std::int64_t depth = 0;
     for (const auto& l : e.links) {
       // Read handled before sent: a message counted as handled was sent earlier,
       // so the depth derived below never goes negative by a race.
@@ -145,6 +146,7 @@ metrics_snapshot job_metrics::snapshot() const {
       es.sent += sent;
       es.acked += acked;
       es.handled += handled;
+      if (!l->remote) depth += static_cast<std::int64_t>(sent) - static_cast<std::int64_t>(handled);
       es.bytes += l->bytes.load(rx);
       es.in_flight += static_cast<std::int64_t>(sent) - static_cast<std::int64_t>(acked);
       es.max_in_flight = std::max<std::uint64_t>(es.max_in_flight, l->max_in_flight.load(rx));
@@ -153,7 +155,7 @@ metrics_snapshot job_metrics::snapshot() const {
       if (oldest >= 0) es.oldest_unacked_s = std::max(es.oldest_unacked_s, std::max(0.0, s.elapsed_s - oldest * 1e-9));
     }
     if (e.to_node < s.nodes.size())
-      s.nodes[e.to_node].depth += static_cast<std::int64_t>(es.sent) - static_cast<std::int64_t>(es.handled);
+      s.nodes[e.to_node].depth += depth;
     s.edges.push_back(std::move(es));
   }
   return s;

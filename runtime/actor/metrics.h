@@ -33,6 +33,9 @@ struct link_counters {
   std::atomic<std::uint64_t> max_in_flight{0};  ///< the most unacknowledged messages seen
   /// When the oldest unacknowledged message was sent (ns since the job began); -1: none outstanding.
   std::atomic<std::int64_t> oldest_unacked_ns{-1};
+  /// Cluster runs: one end of the link is in another process, which counts that
+  /// side; such links add nothing to the consumer's depth. Set before the job starts.
+  bool remote = false;
 };
 
 /// Counters of one node replica.

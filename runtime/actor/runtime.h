@@ -52,8 +52,8 @@ struct console_options {
 struct cluster_options {
   /// The cluster's shared secret (load_cluster_secret, cluster_auth.h).
   std::string secret;
-  /// Seconds to wait for a node daemon to answer while connecting.
-  int connect_timeout_s = 10;
+  // How long to wait for a node daemon while connecting: [cluster]
+  // connect_timeout_ms (graph_spec.h).
   /// TLS through caf_openssl (all three or none): this process's certificate
   /// and key (PEM files) and the CA file that peers' certificates must chain
   /// to. Set: every connection to a node daemon is TLS with mutual

@@ -18,11 +18,11 @@ json num(double x, double scale = 1000.0) {
 }
 
 int state_rank(std::string_view s) {
-  static const char* order[] = {"failed", "restarting",   "busy", "waiting_credit", "waiting_request",
-                                "paused", "initializing", "idle", "done",           "stopped"};
-  for (int i = 0; i < 10; ++i)
+  static const char* order[] = {"failed", "restarting",   "busy",   "waiting_credit", "waiting_request", "paused",
+                                "initializing", "remote", "idle", "done",           "stopped"};
+  for (int i = 0; i < 11; ++i)
     if (s == order[i]) return i;
-  return 10;
+  return 11;
 }
 
 json event_json(const event& e) {

@@ -254,7 +254,7 @@ class hub {
 
 /// The state of a node from its replicas' states (the most telling one wins:
 /// failed, restarting, busy, waiting_credit, waiting_request, paused,
-/// initializing, idle, done, stopped).
+/// initializing, remote, idle, done, stopped).
 std::string node_state(const std::vector<replica_sample>& replicas);
 
 /// Compares two strings in time that depends only on their lengths (tokens).

@@ -173,7 +173,8 @@ struct cluster_node_spec {
 ///
 ///   [cluster]
 ///   heartbeat_ms = 500         # between heartbeats (integer milliseconds)
-///   lost_after_ms = 3000       # a node silent this long is lost
+///   lost_after_ms = 3000       # a node silent this long is lost (>= 2 x heartbeat_ms)
+///   connect_timeout_ms = 10000 # connecting to a node and its handshake, each
 ///   on_node_lost = "stop"      # the only policy so far: stop the run
 ///   [cluster.nodes.w1]
 ///   address = "127.0.0.1:7001"
@@ -183,6 +184,7 @@ struct cluster_spec {
   std::vector<cluster_node_spec> nodes;  ///< in file order
   std::int64_t heartbeat_ms = 500;
   std::int64_t lost_after_ms = 3000;
+  std::int64_t connect_timeout_ms = 10000;
   std::string on_node_lost = "stop";
   source_pos pos;  ///< the [cluster] table (unknown if absent)
 

@@ -313,7 +313,8 @@ namespace {
 // ------------------------------------------------------------ file loader
 
 const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node", "cluster"};
-const std::vector<std::string> cluster_keys = {"heartbeat_ms", "lost_after_ms", "on_node_lost", "nodes"};
+const std::vector<std::string> cluster_keys = {"heartbeat_ms", "lost_after_ms", "connect_timeout_ms", "on_node_lost",
+                                               "nodes"};
 const std::vector<std::string> cluster_node_keys = {"address", "cpus", "gpus"};
 
 bool is_cluster_node_name(std::string_view s) {
@@ -339,18 +340,26 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
   }
   c.pos = pos_of(value);
   auto positive_ms = [&](const toml::node& v, const std::string& k, std::int64_t& out) {
-    if (!v.is_integer() || v.as_integer()->get() < 1)
-      add_error(errors, pos_of(v), "cluster " + k + " must be an integer >= 1 (milliseconds), got " + toml_type_name(v),
-                "write " + k + " = " + (k == "heartbeat_ms" ? "500" : "3000"));
-    else
-      out = v.as_integer()->get();
+    if (!v.is_integer() || v.as_integer()->get() < 1) {
+      add_error(errors, pos_of(v),
+                "cluster " + k + " must be an integer >= 1 (milliseconds), got " +
+                    (v.is_integer() ? std::to_string(v.as_integer()->get()) : toml_type_name(v)),
+                "write " + k + " = " +
+                    (k == "heartbeat_ms" ? "500" : k == "connect_timeout_ms" ? "10000" : "3000"));
+      return false;
+    }
+    out = v.as_integer()->get();
+    return true;
   };
+  source_pos heartbeat_pos, lost_after_pos;  // where this table sets them
   for (const auto& [key, v] : *t) {
     std::string k(key.str());
     if (k == "heartbeat_ms") {
-      positive_ms(v, k, c.heartbeat_ms);
+      if (positive_ms(v, k, c.heartbeat_ms)) heartbeat_pos = pos_of(v);
     } else if (k == "lost_after_ms") {
-      positive_ms(v, k, c.lost_after_ms);
+      if (positive_ms(v, k, c.lost_after_ms)) lost_after_pos = pos_of(v);
+    } else if (k == "connect_timeout_ms") {
+      positive_ms(v, k, c.connect_timeout_ms);
     } else if (k == "on_node_lost") {
       if (!v.is_string() || v.as_string()->get() != "stop")
         add_error(errors, pos_of(v),
@@ -418,7 +427,8 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
           } else if (a == "cpus" || a == "gpus") {
             if (!av.is_integer() || av.as_integer()->get() < 0)
               add_error(errors, pos_of(av),
-                        "cluster node '" + name + "': " + a + " must be an integer >= 0, got " + toml_type_name(av),
+                        "cluster node '" + name + "': " + a + " must be an integer >= 0, got " +
+                            (av.is_integer() ? std::to_string(av.as_integer()->get()) : toml_type_name(av)),
                         "write " + a + " = 2");
             else
               (a == "cpus" ? n.cpus : n.gpus) = av.as_integer()->get();
@@ -443,6 +453,14 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
       add_error(errors, pos_of(key), "unknown key '" + k + "' in [cluster]", suggest(k, cluster_keys, "[cluster] keys"));
     }
   }
+  // A node is lost after lost_after_ms without a heartbeat reply: fewer than
+  // two heartbeats in that time and one late reply loses a healthy node.
+  if ((heartbeat_pos.known() || lost_after_pos.known()) && c.lost_after_ms < 2 * c.heartbeat_ms)
+    add_error(errors, lost_after_pos.known() ? lost_after_pos : heartbeat_pos,
+              "cluster lost_after_ms (" + std::to_string(c.lost_after_ms) + ") must be at least 2 x heartbeat_ms (" +
+                  std::to_string(c.heartbeat_ms) + "), else one late heartbeat loses a healthy node",
+              "at least 6 heartbeats are recommended: write lost_after_ms = " + std::to_string(6 * c.heartbeat_ms) +
+                  " (or a smaller heartbeat_ms)");
 }
 
 struct loader {

@@ -287,6 +287,7 @@ std::string state_colour(const std::string& s) {
   if (s == "failed") return "#c62828";
   if (s == "done") return "#455a64";
   if (s == "stopped") return "#37474f";
+  if (s == "remote") return "#00838f";
   return "#78909c";  // initializing
 }
 

@@ -6,7 +6,7 @@
 (function () {
   const SVG = 'http://www.w3.org/2000/svg';
   const STATES = ['busy', 'idle', 'waiting_credit', 'waiting_request', 'initializing', 'restarting', 'paused',
-                  'failed', 'done', 'stopped'];
+                  'failed', 'done', 'stopped', 'remote'];
   const NODE_W = 200, NODE_H = 76, REP_H = 22, GAP_X = 170, GAP_Y = 34, PAD = 24;
 
   // -- state -------------------------------------------------------------------------------

@@ -10,6 +10,9 @@
 // the dtype must match the result bit for bit, whatever the summation order.
 // A separate case checks inproc's rank-order summation where order matters.
 #include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -726,6 +729,35 @@ TEST_CASE("test_comm: caf store: a wrong address fails with a clear error") {
   CHECK_THROWS_AS(open_store(""), std::invalid_argument);
   CHECK_THROWS_WITH_AS(host_caf_store("203.0.113.1", 0), doctest::Contains("cannot publish the store on 203.0.113.1:0"),
                        std::runtime_error);
+  auto taken = host_caf_store("127.0.0.1", 0);  // a port in use: said in words, with the way out
+  const uint16_t busy = taken->address().port;
+  CHECK_THROWS_WITH_AS(host_caf_store("127.0.0.1", busy),
+                       doctest::Contains(("port " + std::to_string(busy) + " is already in use").c_str()),
+                       std::runtime_error);
+}
+
+TEST_CASE("test_comm: caf store: a port that accepts but never answers fails within the connect timeout") {
+  // A listening socket that nobody serves: the kernel completes the TCP connect, CAF's
+  // handshake gets no reply. The client must give up at its connect timeout, not hang.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  socklen_t len = sizeof(sa);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  const std::string addr = "caf://127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(open_store(addr, 700ms),
+                       doctest::Contains(("nothing at " + addr + " answered as a rendezvous store within 700 ms").c_str()),
+                       std::runtime_error);
+  const auto took = std::chrono::steady_clock::now() - start;
+  MESSAGE("gave up after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  CHECK(took < 10s);
+  ::close(fd);
 }
 
 TEST_CASE("test_comm: make_communicator: by name, with clear errors") {

@@ -11,11 +11,20 @@
 // void, or dropped with the actor.
 #include "runtime/comm/caf_store.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -85,6 +94,20 @@ std::shared_ptr<caf_env> acquire_env() {
   return p;
 }
 
+/// True when binding host:port (IPv4; empty host = any) fails with EADDRINUSE: how a failed
+/// publish tells "another process listens there" from other errors.
+bool port_in_use(const std::string& host, uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  if (host.empty() || ::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  const bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
+
 class caf_host_impl final : public caf_store_host {
  public:
   caf_host_impl(const std::string& host, uint16_t port) : env_(acquire_env()) {
@@ -92,8 +115,12 @@ class caf_host_impl final : public caf_store_host {
     auto p = env_->sys->middleman().publish(kv_, port, host.empty() ? nullptr : host.c_str(), true);
     if (!p) {
       caf::anon_send_exit(kv_, caf::exit_reason::user_shutdown);
+      std::string why = env_->sys->render(p.error());
+      if (port != 0 && port_in_use(host, port))
+        why = "port " + std::to_string(port) + " is already in use (see `ss -ltnp 'sport = :" + std::to_string(port) +
+              "'`): choose another --rendezvous-port, or 0 for any free port";
       throw std::runtime_error("caf_store: cannot publish the store on " + host + ":" + std::to_string(port) + ": " +
-                               env_->sys->render(p.error()));
+                               why);
     }
     addr_.host = host.empty() || host == "0.0.0.0" ? "127.0.0.1" : host;
     addr_.port = *p;
@@ -130,15 +157,35 @@ class caf_client final : public store {
     addr_.port = port;
     const auto deadline = std::chrono::steady_clock::now() + connect_timeout;
     auto pause = std::chrono::milliseconds(20);
+    // Not the blocking remote_actor: it waits for the connect and CAF's handshake without a time
+    // limit, so a port that accepts but never answers would hang every rank. The same connect
+    // request to the middleman, each attempt bounded by the time left before the deadline.
+    caf::scoped_actor self{*env_->sys};
+    const caf::io::middleman_actor mm = env_->sys->middleman().actor_handle();
     for (;;) {
-      auto a = env_->sys->middleman().remote_actor(host, port);
-      if (a) {
-        server_ = *a;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      std::string failure;
+      bool timed_out = false;
+      caf::strong_actor_ptr ptr;
+      self->request(mm, std::max(left, std::chrono::milliseconds(1)), caf::connect_atom::value, host, port)
+          .receive([&](caf::node_id&, caf::strong_actor_ptr& x, std::set<std::string>&) { ptr = std::move(x); },
+                   [&](caf::error& e) {
+                     timed_out = e == caf::sec::request_timeout;
+                     failure = env_->sys->render(e);
+                   });
+      if (ptr) {
+        server_ = caf::actor_cast<caf::actor>(std::move(ptr));
         break;
       }
+      if (timed_out)
+        throw std::runtime_error("caf_store: nothing at " + addr_.str() + " answered as a rendezvous store within " +
+                                 std::to_string(connect_timeout.count()) +
+                                 " ms (something accepts connections on that port but does not speak CAF's "
+                                 "protocol; flowrun launch hosts the store and sets FLOWRUN_RENDEZVOUS)");
+      if (failure.empty()) failure = "no actor published at port " + std::to_string(port);
       if (std::chrono::steady_clock::now() + pause >= deadline)
         throw std::runtime_error("caf_store: cannot connect to " + addr_.str() + " within " +
-                                 std::to_string(connect_timeout.count()) + " ms: " + env_->sys->render(a.error()) +
+                                 std::to_string(connect_timeout.count()) + " ms: " + failure +
                                  " (is the store hosted there? flowrun launch hosts it and sets FLOWRUN_RENDEZVOUS)");
       std::this_thread::sleep_for(pause);
       if (pause < std::chrono::milliseconds(500)) pause *= 2;

@@ -28,22 +28,9 @@ using namespace flowrun;
 
 namespace {
 
-// FLOWRUN_TEST_DEVICE=cpu runs every case with the "GPU" model on the CPU: a check of the
-// tests themselves (configs, tolerances) on machines without a GPU.
-bool on_cpu_instead() {
-  const char* e = std::getenv("FLOWRUN_TEST_DEVICE");
-  return e && std::string(e) == "cpu";
-}
+const device gpu = test::test_gpu();
 
-const device gpu = on_cpu_instead() ? device::cpu() : device::cuda(0);
-
-bool need_gpu() {
-  if (on_cpu_instead() || cuda_device_present()) return true;
-  static bool said = false;  // one line per process
-  if (!said) std::printf("test_cuda_model: no CUDA device: skipped\n");
-  said = true;
-  return false;
-}
+bool need_gpu() { return test::need_gpu("test_cuda_model"); }
 
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

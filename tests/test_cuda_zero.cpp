@@ -36,33 +36,15 @@ using namespace flowrun;
 
 namespace {
 
-bool on_cpu_instead() {
-  const char* e = std::getenv("FLOWRUN_TEST_DEVICE");
-  return e && std::string(e) == "cpu";
-}
+const device gpu = test::test_gpu();
 
-const device gpu = on_cpu_instead() ? device::cpu() : device::cuda(0);
-
-bool need_gpu() {
-  if (on_cpu_instead() || cuda_device_present()) return true;
-  static bool said = false;  // one line per process
-  if (!said) std::printf("test_cuda_zero: no CUDA device: skipped\n");
-  said = true;
-  return false;
-}
+bool need_gpu() { return test::need_gpu("test_cuda_zero"); }
 
 constexpr int64_t kSeq = 64, kGlobalBatch = 8, kSteps = 6;
 
-const decoder& base_model() {
-  static decoder m = load_llama2c(test::model_path());
-  return m;
-}
-
-const lm_dataset& base_data() {
-  static std::unique_ptr<tokenizer> tok = load_tokenizer(test::tokenizer_path());
-  static lm_dataset d(asset_path("data/tinystories/tinystories_train_head.txt").string(), *tok, kSeq);
-  return d;
-}
+static_assert(kSeq == 64, "test::tinystories_lm64 cuts 64-token rows");
+const decoder& base_model() { return test::stories260k(); }
+const lm_dataset& base_data() { return test::tinystories_lm64(); }
 
 struct run_spec {
   device dev;
@@ -344,7 +326,7 @@ TEST_CASE("cuda zero: fp16 loss scaling on the GPU skips overflowing steps and t
 
 TEST_CASE("cuda zero: gloo refuses a CUDA model, naming inproc and nccl") {
   if (!need_gpu()) return;
-  if (on_cpu_instead()) return;  // a CPU model is fine with gloo
+  if (test::on_cpu_instead()) return;  // a CPU model is fine with gloo
   const auto backends = comm::available_backends();
   if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) return;
   comm::gloo_options o;  // world size 1: no rendezvous

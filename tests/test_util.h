@@ -2,13 +2,20 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "models/decoder.h"
+#include "models/llama2c.h"
+#include "models/lm_data.h"
+#include "models/tokenizer.h"
+#include "runtime/tensor/device_memory.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 
@@ -23,6 +30,40 @@ inline nlohmann::json load_json_asset(const std::string& rel) {
 inline std::string model_path() { return asset_path("model/stories260K/stories260K.bin").string(); }
 inline std::string model_v1_path() { return asset_path("model/stories260K/stories260K_v1.bin").string(); }
 inline std::string tokenizer_path() { return asset_path("model/stories260K/tok512.model").string(); }
+
+/// FLOWRUN_TEST_DEVICE=cpu: the CUDA suites run their "GPU" side on the CPU, a check of the
+/// tests themselves (configs, tolerances) on machines without a GPU.
+inline bool on_cpu_instead() {
+  const char* e = std::getenv("FLOWRUN_TEST_DEVICE");
+  return e && std::string(e) == "cpu";
+}
+
+/// The device the CUDA suites test: cuda:0, or the CPU under FLOWRUN_TEST_DEVICE=cpu.
+inline device test_gpu() { return on_cpu_instead() ? device::cpu() : device::cuda(0); }
+
+/// True when a CUDA case can run (a GPU, or FLOWRUN_TEST_DEVICE=cpu). Otherwise prints
+/// "SUITE: no CUDA device: skipped" once per process and returns false.
+inline bool need_gpu(const char* suite) {
+  if (on_cpu_instead() || cuda_device_present()) return true;
+  static bool said = false;
+  if (!said) std::printf("%s: no CUDA device: skipped\n", suite);
+  said = true;
+  return false;
+}
+
+/// stories260K (llama2.c file), loaded once per process.
+inline const decoder& stories260k() {
+  static decoder m = load_llama2c(model_path());
+  return m;
+}
+
+/// The TinyStories head as a language-modelling dataset of 64-token rows (tok512),
+/// built once per process: the ZeRO suites' training data.
+inline const lm_dataset& tinystories_lm64() {
+  static std::unique_ptr<tokenizer> tok = load_tokenizer(tokenizer_path());
+  static lm_dataset d(asset_path("data/tinystories/tinystories_train_head.txt").string(), *tok, 64);
+  return d;
+}
 
 /// Gradient norms of a LLaMA decoder grouped by llama2.c's stacked tensor names (emb, rms_att,
 /// wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final), as the reference file groups them; sums

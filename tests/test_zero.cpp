@@ -25,16 +25,9 @@ namespace {
 
 constexpr int64_t kSeq = 64, kGlobalBatch = 8, kSteps = 20;
 
-const decoder& base_model() {
-  static decoder m = load_llama2c(test::model_path());
-  return m;
-}
-
-const lm_dataset& base_data() {
-  static std::unique_ptr<tokenizer> tok = load_tokenizer(test::tokenizer_path());
-  static lm_dataset d(asset_path("data/tinystories/tinystories_train_head.txt").string(), *tok, kSeq);
-  return d;
-}
+static_assert(kSeq == 64, "test::tinystories_lm64 cuts 64-token rows");
+const decoder& base_model() { return test::stories260k(); }
+const lm_dataset& base_data() { return test::tinystories_lm64(); }
 
 struct run_result {
   std::vector<double> loss, norm;

@@ -6,70 +6,18 @@
 #include <string>
 
 #include "models/zero_device.h"
+#include "runtime/tensor/half_bits.h"
 #include "runtime/kernels/cuda/cuda_api.h"
 
 namespace flowrun::detail {
 
 namespace {
 
-// The host conversions of runtime/tensor/tensor.cpp, on the device (same bits).
-__device__ uint16_t d_float_to_bf16(float f) {
-  uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
-  uint32_t lsb = (x >> 16) & 1u;
-  x += 0x7fffu + lsb;
-  return static_cast<uint16_t>(x >> 16);
-}
-
-__device__ float d_bf16_to_float(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
-
-__device__ uint16_t d_float_to_f16(float f) {
-  uint32_t x = __float_as_uint(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x7fffffu;
-  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff);
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
-  int32_t e = exp - 127 + 15;
-  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000u;
-    uint32_t shift = static_cast<uint32_t>(14 - e);
-    uint32_t half = 1u << (shift - 1);
-    uint32_t rest = mant & ((1u << shift) - 1);
-    uint32_t r = mant >> shift;
-    if (rest > half || (rest == half && (r & 1u))) ++r;
-    return static_cast<uint16_t>(sign | r);
-  }
-  uint32_t r = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  uint32_t rest = mant & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (r & 1u))) ++r;
-  return static_cast<uint16_t>(sign | r);
-}
-
-__device__ float d_f16_to_float(uint16_t h) {
-  uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while (!(mant & 0x400u));
-      x = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  }
-  return __uint_as_float(x);
-}
+// The host's conversions (runtime/tensor/half_bits.h, also behind tensor.cpp's float_to_bf16 & co.).
+__device__ uint16_t d_float_to_bf16(float f) { return half_bits::bf16_from_f32(__float_as_uint(f)); }
+__device__ float d_bf16_to_float(uint16_t h) { return __uint_as_float(half_bits::f32_from_bf16(h)); }
+__device__ uint16_t d_float_to_f16(float f) { return half_bits::f16_from_f32(__float_as_uint(f)); }
+__device__ float d_f16_to_float(uint16_t h) { return __uint_as_float(half_bits::f32_from_f16(h)); }
 
 // kind: 0 f32 -> bf16, 1 f32 -> f16, 2 bf16 -> f32, 3 f16 -> f32, 4 f32 -> f32 via bf16, 5 via f16
 __global__ void convert_kernel(void* dst, const void* src, int64_t n, int kind) {

@@ -1,5 +1,7 @@
 #include "runtime/tensor/tensor.h"
 
+#include "runtime/tensor/half_bits.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -340,14 +342,11 @@ std::string tensor::str() const {
 uint16_t float_to_bf16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
-  uint32_t lsb = (x >> 16) & 1u;
-  x += 0x7fffu + lsb;
-  return static_cast<uint16_t>(x >> 16);
+  return half_bits::bf16_from_f32(x);
 }
 
 float bf16_to_float(uint16_t h) {
-  uint32_t x = static_cast<uint32_t>(h) << 16;
+  const uint32_t x = half_bits::f32_from_bf16(h);
   float f;
   std::memcpy(&f, &x, 4);
   return f;
@@ -356,46 +355,11 @@ float bf16_to_float(uint16_t h) {
 uint16_t float_to_f16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mant = x & 0x7fffffu;
-  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff);
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
-  int32_t e = exp - 127 + 15;
-  if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow → inf
-  if (e <= 0) {                                                 // subnormal or zero
-    if (e < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000u;
-    uint32_t shift = static_cast<uint32_t>(14 - e);
-    uint32_t half = 1u << (shift - 1);
-    uint32_t rest = mant & ((1u << shift) - 1);
-    uint32_t r = mant >> shift;
-    if (rest > half || (rest == half && (r & 1u))) ++r;
-    return static_cast<uint16_t>(sign | r);
-  }
-  uint32_t r = (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  uint32_t rest = mant & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (r & 1u))) ++r;  // may carry into exponent: correct
-  return static_cast<uint16_t>(sign | r);
+  return half_bits::f16_from_f32(x);
 }
 
 float f16_to_float(uint16_t h) {
-  uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {  // subnormal: normalise
-      int e = -1;
-      do { ++e; mant <<= 1; } while (!(mant & 0x400u));
-      x = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-  }
+  const uint32_t x = half_bits::f32_from_f16(h);
   float f;
   std::memcpy(&f, &x, 4);
   return f;

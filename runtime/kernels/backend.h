@@ -1,7 +1,9 @@
 // The backend interface (one per device kind), as in ggml's ggml-backend.
 //
-// ops.cpp validates shapes and then calls the backend of the tensors' device.
-// A backend implements every op for already-validated, contiguous tensors.
+// ops.cpp validates shapes, and the values of index tensors (token ids in range,
+// cross-entropy targets in range or ignore_index), then calls the backend of the
+// tensors' device. A backend implements every op for already-validated,
+// contiguous tensors.
 // The CPU backend lives in runtime/kernels/cpu; a CUDA backend in
 // runtime/kernels/cuda registers itself with `register_backend` at start-up.
 // Per-op parity tests run every registered backend against the CPU one.

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "runtime/kernels/backend.h"
 
@@ -94,6 +95,31 @@ struct check {
     if (t.type() != dt) fail(std::string("expected ") + name + " of dtype " + dtype_name(dt) + ", got " + t.str());
   }
   void f32(const char* name, const tensor& t) const { type(name, t, dtype::f32); }
+
+  // Value checks of index tensors, done here once for every backend (a device tensor is
+  // read back to the host first: one small copy, which synchronises its stream).
+  static std::vector<int32_t> host_ints(const tensor& t) {
+    const tensor h = t.dev().kind == device_kind::cpu ? t : t.to(device::cpu());
+    const int32_t* p = h.data<int32_t>();
+    return std::vector<int32_t>(p, p + h.numel());
+  }
+  /// Token ids in [0, V); with skip_negative, negative ids are allowed (embedding_backward skips them).
+  void ids_in_range(const tensor& ids, int64_t V, bool skip_negative) const {
+    const std::vector<int32_t> id = host_ints(ids);
+    for (size_t n = 0; n < id.size(); ++n)
+      if ((id[n] < 0 && !skip_negative) || id[n] >= V)
+        throw std::out_of_range(std::string(op) + ": token id " + std::to_string(id[n]) + " at position " +
+                                std::to_string(n) + " is outside [0, " + std::to_string(V) + ")");
+  }
+  /// Targets in [0, V) or equal to ignore_index.
+  void targets_in_range(const tensor& targets, int64_t V, int32_t ignore_index) const {
+    const std::vector<int32_t> tg = host_ints(targets);
+    for (size_t n = 0; n < tg.size(); ++n)
+      if (tg[n] != ignore_index && (tg[n] < 0 || tg[n] >= V))
+        throw std::out_of_range(std::string(op) + ": target " + std::to_string(tg[n]) + " at row " +
+                                std::to_string(n) + " is outside [0, " + std::to_string(V) +
+                                ") and is not ignore_index " + std::to_string(ignore_index));
+  }
   void shape(const char* name, const tensor& t, const shape_t& s) const {
     if (t.shape() != s) fail(std::string("expected ") + name + " " + shape_str(s) + ", got " + t.str());
   }
@@ -266,7 +292,9 @@ void embedding_forward(tensor& out, const tensor& ids, const tensor& wte) {
   const int64_t C = wte.size(1);
   if (out.dim() < 1 || out.size(-1) != C || out.numel() != ids.numel() * C)
     c.fail("expected out " + shape_str({ids.numel(), C}) + " (or ids' shape + (C,)), got " + out.str());
-  backend_for(c.same_device(out, {&ids, &wte})).embedding_forward(out, ids, wte);
+  const device d = c.same_device(out, {&ids, &wte});
+  c.ids_in_range(ids, wte.size(0), false);
+  backend_for(d).embedding_forward(out, ids, wte);
 }
 
 void embedding_backward(tensor& dwte, const tensor& dout, const tensor& ids) {
@@ -276,7 +304,9 @@ void embedding_backward(tensor& dwte, const tensor& dout, const tensor& ids) {
   const int64_t C = dwte.size(1);
   if (dout.dim() < 1 || dout.size(-1) != C || dout.numel() != ids.numel() * C)
     c.fail("expected dout " + shape_str({ids.numel(), C}) + " (or ids' shape + (C,)), got " + dout.str());
-  backend_for(c.same_device(dwte, {&dout, &ids})).embedding_backward(dwte, dout, ids);
+  const device d = c.same_device(dwte, {&dout, &ids});
+  c.ids_in_range(ids, dwte.size(0), true);
+  backend_for(d).embedding_backward(dwte, dout, ids);
 }
 
 // ------------------------------------------------------------------ norms
@@ -485,8 +515,9 @@ double cross_entropy_forward(tensor& losses, const tensor& logits, const tensor&
   const int64_t N = leading(logits);
   c.numel("targets", targets, N);
   c.numel("losses", losses, N);
-  return backend_for(c.same_device(logits, {&losses, &targets}))
-      .cross_entropy_forward(losses, logits, targets, n_valid, ignore_index);
+  const device d = c.same_device(logits, {&losses, &targets});
+  c.targets_in_range(targets, logits.size(-1), ignore_index);
+  return backend_for(d).cross_entropy_forward(losses, logits, targets, n_valid, ignore_index);
 }
 
 void cross_entropy_backward(tensor& dlogits, const tensor& logits, const tensor& targets, float dloss,
@@ -496,8 +527,9 @@ void cross_entropy_backward(tensor& dlogits, const tensor& logits, const tensor&
   c.min_dims("logits", logits, 1);
   c.numel("targets", targets, leading(logits));
   c.shape("dlogits", dlogits, logits.shape());
-  backend_for(c.same_device(logits, {&dlogits, &targets}))
-      .cross_entropy_backward(dlogits, logits, targets, dloss, ignore_index);
+  const device d = c.same_device(logits, {&dlogits, &targets});
+  c.targets_in_range(targets, logits.size(-1), ignore_index);
+  backend_for(d).cross_entropy_backward(dlogits, logits, targets, dloss, ignore_index);
 }
 
 // ------------------------------------------------------------------ optimizer

@@ -21,10 +21,9 @@
 //    one for dS = P (dP - rowsum(P dP)). Below 16 rows (decode): one block per
 //    (batch, head, query row) does scores, mask, softmax and P V; backward one
 //    block per row for dP, D, dS, dq and one per (batch, key, kv head) for dk, dv.
-//  - Data-dependent errors (token ids, cross-entropy targets): ops.cpp does not
-//    check values, so the ids/targets (one int per row: small) are copied to the
-//    host and checked before any kernel, throwing the CPU backend's
-//    std::out_of_range messages. This costs one stream synchronisation per call.
+//  - Data-dependent errors (token ids, cross-entropy targets) are checked by
+//    ops.cpp for every backend before dispatch (device ids are read back to the
+//    host there: one small copy and stream synchronisation per call).
 //  - All work runs on the calling thread's current stream of the tensors'
 //    device (runtime/kernels/cuda/cuda_api.h); ops returning a value to the host
 //    (cross_entropy_forward, sum_squares) synchronise that stream.
@@ -76,17 +75,6 @@ struct op_ctx {
   explicit op_ctx(int d) : dev(d), guard(d), s(stream(d)) {}
   explicit op_ctx(const tensor& t) : op_ctx(t.dev().index) {}
 };
-
-/// Copies an i32 device tensor to the host (synchronises the stream).
-std::vector<int32_t> ints_to_host(const tensor& t, cudaStream_t s) {
-  std::vector<int32_t> h(static_cast<size_t>(t.numel()));
-  if (!h.empty()) {
-    check(cudaMemcpyAsync(h.data(), t.data<int32_t>(), h.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s),
-          "cudaMemcpyAsync (ids to host)");
-    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  }
-  return h;
-}
 
 // ---------------------------------------------------------------- reductions
 
@@ -928,13 +916,8 @@ class cuda_backend_impl final : public backend {
   // ---------------------------------------------------------------- embedding
 
   void embedding_forward(tensor& out, const tensor& ids, const tensor& wte) override {
-    const int64_t N = ids.numel(), V = wte.size(0), C = wte.size(1);
+    const int64_t N = ids.numel(), C = wte.size(1);  // ids in [0, V): checked by ops.cpp
     op_ctx ctx(out);
-    const std::vector<int32_t> id = ints_to_host(ids, ctx.s);
-    for (int64_t n = 0; n < N; ++n)
-      if (id[n] < 0 || id[n] >= V)
-        throw std::out_of_range("embedding_forward: token id " + std::to_string(id[n]) + " at position " +
-                                std::to_string(n) + " is outside [0, " + std::to_string(V) + ")");
     if (N * C == 0) return;
     embedding_fwd_k<<<grid_for(N * C), k_threads, 0, ctx.s>>>(out.data<float>(), ids.data<int32_t>(),
                                                                 wte.data<float>(), C, N * C);
@@ -942,13 +925,8 @@ class cuda_backend_impl final : public backend {
   }
 
   void embedding_backward(tensor& dwte, const tensor& dout, const tensor& ids) override {
-    const int64_t N = ids.numel(), V = dwte.size(0), C = dwte.size(1);
+    const int64_t N = ids.numel(), C = dwte.size(1);  // ids < V: checked by ops.cpp (negative: skipped)
     op_ctx ctx(dwte);
-    const std::vector<int32_t> id = ints_to_host(ids, ctx.s);
-    for (int64_t n = 0; n < N; ++n)
-      if (id[n] >= V)
-        throw std::out_of_range("embedding_backward: token id " + std::to_string(id[n]) + " at position " +
-                                std::to_string(n) + " is outside [0, " + std::to_string(V) + ")");
     if (N * C == 0) return;
     embedding_bwd_k<<<grid_for(N * C), k_threads, 0, ctx.s>>>(dwte.data<float>(), dout.data<float>(),
                                                                 ids.data<int32_t>(), C, N * C);
@@ -1157,20 +1135,11 @@ class cuda_backend_impl final : public backend {
     check_launch("softmax_bwd_k");
   }
 
-  static void check_targets(const char* op, const std::vector<int32_t>& tg, int64_t V, int32_t ignore_index) {
-    for (size_t n = 0; n < tg.size(); ++n)
-      if (tg[n] != ignore_index && (tg[n] < 0 || tg[n] >= V))
-        throw std::out_of_range(std::string(op) + ": target " + std::to_string(tg[n]) + " at row " +
-                                std::to_string(n) + " is outside [0, " + std::to_string(V) +
-                                ") and is not ignore_index " + std::to_string(ignore_index));
-  }
-
   double cross_entropy_forward(tensor& losses, const tensor& logits, const tensor& targets, int64_t* n_valid,
                                int32_t ignore_index) override {
     const int64_t V = logits.size(-1);
     const int64_t N = targets.numel();
     op_ctx ctx(logits);
-    check_targets("cross_entropy_forward", ints_to_host(targets, ctx.s), V, ignore_index);
     if (N == 0) {
       if (n_valid) *n_valid = 0;
       return 0.0;
@@ -1199,7 +1168,6 @@ class cuda_backend_impl final : public backend {
     const int64_t V = logits.size(-1);
     const int64_t N = targets.numel();
     op_ctx ctx(logits);
-    check_targets("cross_entropy_backward", ints_to_host(targets, ctx.s), V, ignore_index);
     if (N == 0 || V == 0) return;
     cross_entropy_bwd_k<<<static_cast<unsigned>(N), row_threads(V), 0, ctx.s>>>(
         dlogits.data<float>(), logits.data<float>(), targets.data<int32_t>(), dloss, V, ignore_index);

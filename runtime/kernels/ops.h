@@ -19,6 +19,7 @@
 //    place (output == an input). GEMM outputs (matmul, linear) must not alias inputs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -204,6 +205,22 @@ struct adamw_config {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
+};
+
+/// The per-step scalars every backend's AdamW kernel uses (f32 element math, bias
+/// corrections in double): 1 - beta1, 1 - beta2, 1 / (1 - beta1^t), 1 / sqrt(1 - beta2^t),
+/// lr * weight_decay. With them one element is
+///   m = b1 m + omb1 g; v = b2 v + omb2 g^2; p = (p - lr_wd p) - lr (m inv_bc1) / (sqrt(v) inv_sqrt_bc2 + eps).
+struct adamw_coeffs {
+  float omb1, omb2, inv_bc1, inv_sqrt_bc2, lr_wd;
+  static adamw_coeffs of(const adamw_config& cfg, int64_t t) {
+    const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(t));
+    return {static_cast<float>(1.0 - static_cast<double>(cfg.beta1)),
+            static_cast<float>(1.0 - static_cast<double>(cfg.beta2)), static_cast<float>(1.0 / bc1),
+            static_cast<float>(1.0 / std::sqrt(bc2)),
+            static_cast<float>(static_cast<double>(cfg.lr) * cfg.weight_decay)};
+  }
 };
 
 /// One AdamW step at step number t (1-based) over flat f32 buffers of equal numel:

@@ -975,14 +975,8 @@ class cpu_backend_impl final : public backend {
     const float* __restrict__ g = grad.data<float>();
     float* __restrict__ mp = m.data<float>();
     float* __restrict__ vp = v.data<float>();
-    const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
-    const float omb1 = static_cast<float>(1.0 - static_cast<double>(cfg.beta1));
-    const float omb2 = static_cast<float>(1.0 - static_cast<double>(cfg.beta2));
-    const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(t));
-    const float inv_bc1 = static_cast<float>(1.0 / bc1);
-    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-    const float lr = cfg.lr, lr_wd = static_cast<float>(static_cast<double>(cfg.lr) * cfg.weight_decay);
+    const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps, lr = cfg.lr;
+    const auto [omb1, omb2, inv_bc1, inv_sqrt_bc2, lr_wd] = ops::adamw_coeffs::of(cfg, t);
 #if FLOWRUN_AVX512
     for_lanes(n, n >= k_par_min, [&](int64_t i, __mmask16 k) {
       const __m512 gi = ld(k, g + i), pi = ld(k, p + i);

@@ -1182,16 +1182,10 @@ class cuda_backend_impl final : public backend {
     const int64_t n = param.numel();
     if (n == 0) return;
     op_ctx ctx(param);
-    const float omb1 = static_cast<float>(1.0 - static_cast<double>(cfg.beta1));
-    const float omb2 = static_cast<float>(1.0 - static_cast<double>(cfg.beta2));
-    const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(t));
-    const float inv_bc1 = static_cast<float>(1.0 / bc1);
-    const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-    const float lr_wd = static_cast<float>(static_cast<double>(cfg.lr) * cfg.weight_decay);
+    const ops::adamw_coeffs k = ops::adamw_coeffs::of(cfg, t);
     adamw_k<<<grid_for(n), k_threads, 0, ctx.s>>>(param.data<float>(), grad.data<float>(), m.data<float>(),
-                                                   v.data<float>(), n, cfg.beta1, cfg.beta2, omb1, omb2, inv_bc1,
-                                                   inv_sqrt_bc2, cfg.eps, cfg.lr, lr_wd);
+                                                   v.data<float>(), n, cfg.beta1, cfg.beta2, k.omb1, k.omb2,
+                                                   k.inv_bc1, k.inv_sqrt_bc2, cfg.eps, cfg.lr, k.lr_wd);
     check_launch("adamw_k");
   }
 

@@ -244,30 +244,6 @@ static void bench_train(const char* key, const char* name, decoder& m, int64_t B
   json_line(buf);
 }
 
-// GPT-2 124M (Radford et al. 2019; HF gpt2, llm.c's GPT-2 small): 12 layers, 768 wide,
-// 12 heads, vocabulary 50257, 1024 learned positions, pre-LayerNorm with bias,
-// GELU (tanh), plain MLP 3072, biases on every Linear, head tied to the embedding.
-static model_config gpt2_124m_config() {
-  model_config c;
-  c.family = model_family::gpt2;
-  c.dim = 768;
-  c.hidden_dim = 3072;
-  c.n_layers = 12;
-  c.n_heads = 12;
-  c.n_kv_heads = 12;
-  c.vocab_size = 50257;
-  c.max_seq_len = 1024;
-  c.norm = norm_kind::layernorm;
-  c.norm_eps = 1e-5f;
-  c.use_rope = false;
-  c.position_offset = 0;
-  c.gated_mlp = false;
-  c.act = ops::activation::gelu_tanh;
-  c.bias = true;
-  c.tied_embeddings = true;
-  return c;
-}
-
 // OPT-125m (Zhang et al. 2022; HF facebook/opt-125m): 12 layers, 768 wide, 12 heads,
 // ffn 3072, 50272 embedding rows for a 50265-token tokenizer, 2048 learned positions
 // stored from offset 2 (2050 rows), ReLU, biases, pre-LayerNorm, tied head.

@@ -65,22 +65,10 @@ struct options {
   bool profile = false;  // --profile: per-op times of one GPT-2 SFT step (run with CUDA_LAUNCH_BLOCKING=1)
 };
 
+/// GPT-2 124M (models/config.h) with room for T positions.
 model_config gpt2_124m(int64_t T) {
-  model_config c;
-  c.family = model_family::gpt2;
-  c.dim = 768;
-  c.hidden_dim = 3072;
-  c.n_layers = 12;
-  c.n_heads = 12;
-  c.n_kv_heads = 12;
-  c.vocab_size = 50257;
-  c.max_seq_len = std::max<int64_t>(1024, T);
-  c.norm = norm_kind::layernorm;
-  c.use_rope = false;
-  c.gated_mlp = false;
-  c.act = ops::activation::gelu_tanh;
-  c.bias = true;
-  c.tied_embeddings = true;
+  model_config c = gpt2_124m_config();
+  c.max_seq_len = std::max<int64_t>(c.max_seq_len, T);
   return c;
 }
 

@@ -62,6 +62,27 @@ model_config stories260k_config() {
   return c;
 }
 
+model_config gpt2_124m_config() {
+  model_config c;
+  c.family = model_family::gpt2;
+  c.dim = 768;
+  c.hidden_dim = 3072;
+  c.n_layers = 12;
+  c.n_heads = 12;
+  c.n_kv_heads = 12;
+  c.vocab_size = 50257;
+  c.max_seq_len = 1024;
+  c.norm = norm_kind::layernorm;
+  c.norm_eps = 1e-5f;
+  c.use_rope = false;
+  c.position_offset = 0;
+  c.gated_mlp = false;
+  c.act = ops::activation::gelu_tanh;
+  c.bias = true;
+  c.tied_embeddings = true;
+  return c;
+}
+
 model_config llama_124m_config() {
   model_config c;
   c.dim = 768;

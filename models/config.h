@@ -61,6 +61,11 @@ struct model_config {
 
 /// The stories260K shape (llama2.c's smallest model) for random-init tests.
 model_config stories260k_config();
+/// GPT-2 124M (Radford et al. 2019; HF gpt2, llm.c's GPT-2 small): 12 layers, 768 wide,
+/// 12 heads, vocabulary 50257, 1024 learned positions, pre-LayerNorm with bias, GELU
+/// (tanh), plain MLP 3072, biases on every Linear, head tied to the embedding. For
+/// random-weight benchmarks (bench_core, bench_cuda).
+model_config gpt2_124m_config();
 /// A LLaMA config of about 124M parameters (12 layers, 768 wide, vocab 32000).
 model_config llama_124m_config();
 

@@ -499,7 +499,7 @@ struct beat_table {
   std::vector<bool> lost;
   std::vector<std::string> lost_why;
   std::uint64_t beats_sent = 0;
-  bool closing = false;  // cluster_run::end() began: sessions that end now closed, they are not lost
+  bool closing = false;  // cluster_run::end() began: a session that now quits normally is closed, not lost
   clk::time_point t0 = clk::now();
 };
 
@@ -587,7 +587,7 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           }
           for (std::size_t i = 0; i < sessions.size(); ++i)
             if (sessions[i].address() != dm.source) continue;
-            else if (closing)  // the job finished: end() closes every session; not a loss
+            else if (closing && !dm.reason)  // end() asked it to finish and it quit normally: not a loss
               spdlog::info("session with cluster node '{}' ({}) closed", table->names[i], table->addresses[i]);
             else
               lose(i, dm.reason == caf::exit_reason::user_shutdown
@@ -1005,8 +1005,14 @@ std::string cluster_run::end() {
       tb += counts[1];
       tc += counts[2];
       th += counts[3];
-    } else {
+    } else {  // a node that cannot answer at the end is lost, whatever ended the job first
       report += "; " + c.name + ": no answer";
+      std::lock_guard<std::mutex> lock(p.table->mutex);
+      if (!p.table->lost[i]) {
+        p.table->lost[i] = true;
+        p.table->lost_why[i] = "it did not answer at the end of the run (its process or connection is gone)";
+        spdlog::error("cluster node '{}' ({}) lost: {}", c.name, c.address, p.table->lost_why[i]);
+      }
     }
   }
   report += "; total " + std::to_string(td) + " data messages, " + std::to_string(tb) + " payload bytes, " +

@@ -4,14 +4,23 @@
 // inside the byte buffer (never as CAF float fields: CAF 0.17 hangs on +inf
 // and turns NaN into 1). Tensors in a prompt batch are token ids and masks:
 // only integer tensors are encoded; a float tensor is refused (tensors of
-// floats are for the communicator). "model", "rollouts", "scores" and
-// "experience" hold models and float tensors: no codec, they cannot cross.
+// floats are for the communicator).
+//
+// "model", "rollouts", "scores" and "experience" hold models and float
+// tensors: their codecs are bulk codecs (payload_codec.h). The bytes carry
+// the integers, the doubles' bits, a model's config as JSON text, and for
+// each tensor its index in the bulk list; the tensors themselves go through
+// the cluster's bulk plane (bulk_plane.h, gloo), so models and scorers can
+// run on other nodes than the generator and the trainers.
 #include <cstring>
 #include <stdexcept>
 #include <type_traits>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/register.h"
 #include "actors/rlhf_types.h"
+#include "models/config.h"
 #include "runtime/actor/payload_codec.h"
 
 namespace flowrun::actors {
@@ -20,6 +29,20 @@ namespace {
 
 struct writer {
   std::vector<char> out;
+  std::vector<tensor>* bulk = nullptr;  // bulk codecs: where tensors go (by index)
+  // A tensor of any dtype, through the bulk list: its index (-1: undefined).
+  void put_tensor(const tensor& t) {
+    if (!t.defined()) {
+      put<std::int32_t>(-1);
+      return;
+    }
+    put<std::int32_t>(static_cast<std::int32_t>(bulk->size()));
+    bulk->push_back(t);
+  }
+  void put_string(const std::string& s) {
+    put<std::uint64_t>(s.size());
+    out.insert(out.end(), s.begin(), s.end());
+  }
   template <class T>
   void put(T x) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -48,6 +71,21 @@ struct writer {
 struct reader {
   const std::vector<char>& in;
   std::size_t at = 0;
+  std::vector<tensor>* bulk = nullptr;
+  tensor get_tensor() {
+    const auto i = get<std::int32_t>();
+    if (i == -1) return tensor{};
+    if (i < 0 || !bulk || static_cast<std::size_t>(i) >= bulk->size())
+      throw std::invalid_argument("tensor index " + std::to_string(i) + " out of range");
+    return (*bulk)[static_cast<std::size_t>(i)];
+  }
+  std::string get_string() {
+    const auto n = get<std::uint64_t>();
+    if (n > in.size() - at) throw std::invalid_argument("truncated string");
+    std::string s(in.data() + at, n);
+    at += n;
+    return s;
+  }
   template <class T>
   T get() {
     if (at + sizeof(T) > in.size()) throw std::invalid_argument("truncated message");
@@ -93,9 +131,148 @@ actor::payload_codec codec(Enc enc, Dec dec) {
   return c;
 }
 
+template <class T, class Enc, class Dec>
+actor::payload_codec bulk_codec(Enc enc, Dec dec) {
+  actor::payload_codec c;
+  c.encode_bulk = [enc](const actor::payload& p, std::vector<tensor>& bulk) {
+    writer w;
+    w.bulk = &bulk;
+    enc(w, p.as<T>());
+    return std::move(w.out);
+  };
+  c.decode_bulk = [dec](std::string_view type, const std::vector<char>& bytes, std::vector<tensor>& bulk) {
+    reader r{bytes};
+    r.bulk = &bulk;
+    T x = dec(r);
+    r.done();
+    return actor::payload::make(type, std::move(x));
+  };
+  return c;
+}
+
+void put_experience(writer& w, const ppo::experience& e) {
+  for (const tensor* t : {&e.prompts, &e.seq, &e.attention_mask, &e.logprobs, &e.ref_logprobs, &e.values,
+                          &e.reward_score})
+    w.put_tensor(*t);
+  w.put<std::uint64_t>(e.answer_len.size());
+  for (auto n : e.answer_len) w.put<std::int64_t>(n);
+}
+
+ppo::experience get_experience(reader& r) {
+  ppo::experience e;
+  for (tensor* t : {&e.prompts, &e.seq, &e.attention_mask, &e.logprobs, &e.ref_logprobs, &e.values, &e.reward_score})
+    *t = r.get_tensor();
+  const auto n = r.get<std::uint64_t>();
+  if (n > (1u << 24)) throw std::invalid_argument("implausible answer_len count");
+  for (std::uint64_t i = 0; i < n; ++i) e.answer_len.push_back(r.get<std::int64_t>());
+  return e;
+}
+
+void put_rollouts(writer& w, const rollout_msg& m) {
+  w.put<std::uint8_t>(m.exp ? 1 : 0);
+  if (m.exp) put_experience(w, *m.exp);
+  w.put(m.iteration);
+  w.put<std::uint8_t>(m.eval ? 1 : 0);
+  w.put(m.generate_seconds);  // the double's bytes
+  w.put(m.generated_tokens);
+  w.put(m.batch);
+}
+
+rollout_msg get_rollouts(reader& r) {
+  rollout_msg m;
+  if (r.get<std::uint8_t>()) m.exp = std::make_shared<const ppo::experience>(get_experience(r));
+  m.iteration = r.get<std::int64_t>();
+  m.eval = r.get<std::uint8_t>() != 0;
+  m.generate_seconds = r.get<double>();
+  m.generated_tokens = r.get<std::int64_t>();
+  m.batch = r.get<std::int64_t>();
+  return m;
+}
+
 }  // namespace
 
 void register_rlhf_codecs() {
+  // A model: its config as JSON text, then its weights. The owner keeps
+  // training its live model after it sent it (the hybrid engine's weights), so
+  // the tensors are cloned here, at send time.
+  actor::register_payload_codec(
+      "model", bulk_codec<model_msg>(
+                   [](writer& w, const model_msg& m) {
+                     if (!m.model) throw std::invalid_argument("an empty model handle");
+                     if (m.model->has_lora())
+                       throw std::invalid_argument(
+                           "a model with LoRA enabled cannot cross nodes yet (merge_lora first, or place the "
+                           "receiving node beside it)");
+                     nlohmann::json j = m.model->config();
+                     w.put(m.version);
+                     w.put_string(j.dump());
+                     w.put<std::uint8_t>(m.model->has_value_head() ? 1 : 0);
+                     w.put_tensor(m.model->w().flat.clone());
+                     if (m.model->has_value_head()) w.put_tensor(m.model->w().v_head.clone());
+                   },
+                   [](reader& r) {
+                     model_msg m;
+                     m.version = r.get<std::int64_t>();
+                     const model_config cfg = nlohmann::json::parse(r.get_string()).get<model_config>();
+                     const bool value_head = r.get<std::uint8_t>() != 0;
+                     auto d = std::make_shared<decoder>(cfg);
+                     const tensor flat = r.get_tensor();
+                     if (!flat.defined() || flat.numel() != d->w().flat.numel() || flat.type() != d->w().flat.type())
+                       throw std::invalid_argument("the weights do not fit the config (" +
+                                                   (flat.defined() ? flat.str() : std::string("none")) + " for " +
+                                                   d->w().flat.str() + ")");
+                     d->w().flat.copy_from(flat);
+                     if (value_head) {
+                       d->add_value_head();
+                       const tensor v = r.get_tensor();
+                       if (!v.defined() || v.numel() != d->w().v_head.numel())
+                         throw std::invalid_argument("the value head does not fit the config");
+                       d->w().v_head.copy_from(v.view(d->w().v_head.shape()));
+                     }
+                     m.model = std::move(d);
+                     return m;
+                   }));
+  actor::register_payload_codec("rollouts", bulk_codec<rollout_msg>(put_rollouts, get_rollouts));
+  actor::register_payload_codec("scores", bulk_codec<score_msg>(
+                                              [](writer& w, const score_msg& m) {
+                                                if (!m.rollouts) throw std::invalid_argument("scores without rollouts");
+                                                put_rollouts(w, *m.rollouts);
+                                                w.put_tensor(m.value);
+                                              },
+                                              [](reader& r) {
+                                                score_msg m;
+                                                m.rollouts = std::make_shared<const rollout_msg>(get_rollouts(r));
+                                                m.value = r.get_tensor();
+                                                return m;
+                                              }));
+  actor::register_payload_codec(
+      "experience", bulk_codec<experience_batch>(
+                        [](writer& w, const experience_batch& b) {
+                          w.put(b.iteration);
+                          w.put<std::uint64_t>(b.items.size());
+                          for (const auto& x : b.items) {
+                            w.put<std::uint8_t>(x.exp ? 1 : 0);
+                            if (x.exp) put_experience(w, *x.exp);
+                            w.put_tensor(x.advantages);
+                            w.put_tensor(x.returns);
+                            w.put(x.iteration);
+                          }
+                        },
+                        [](reader& r) {
+                          experience_batch b;
+                          b.iteration = r.get<std::int64_t>();
+                          const auto n = r.get<std::uint64_t>();
+                          if (n > 4096) throw std::invalid_argument("implausible experience count");
+                          for (std::uint64_t i = 0; i < n; ++i) {
+                            experience_msg x;
+                            if (r.get<std::uint8_t>()) x.exp = std::make_shared<const ppo::experience>(get_experience(r));
+                            x.advantages = r.get_tensor();
+                            x.returns = r.get_tensor();
+                            x.iteration = r.get<std::int64_t>();
+                            b.items.push_back(std::move(x));
+                          }
+                          return b;
+                        }));
   actor::register_payload_codec("tick", codec<std::int64_t>([](writer& w, const std::int64_t& x) { w.put(x); },
                                                             [](reader& r) { return r.get<std::int64_t>(); }));
   actor::register_payload_codec(
@@ -105,6 +282,7 @@ void register_rlhf_codecs() {
                             w.put_int_tensor(m.mask);
                             w.put(m.iteration);
                             w.put<std::uint8_t>(m.eval ? 1 : 0);
+                            w.put(m.policy_version);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -112,6 +290,7 @@ void register_rlhf_codecs() {
                             m.mask = r.get_int_tensor();
                             m.iteration = r.get<std::int64_t>();
                             m.eval = r.get<std::uint8_t>() != 0;
+                            m.policy_version = r.get<std::int64_t>();
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(

@@ -385,11 +385,12 @@ class ppo_controller final : public actor::node {
   void start(actor::node_context&) override { t0_ = clk::now(); }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     if (port == "prompts") {
-      const auto& p = msg.as<prompt_msg>();
+      prompt_msg p = msg.as<prompt_msg>();  // tensor handles: no data copy
       cur_ = p.iteration;
       eval_ = p.eval;
       have_summary_ = have_actor_ = have_critic_ = false;
-      ctx.emit("generate", msg);
+      p.policy_version = updates_;  // generate with the weights of every update reported so far
+      ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
       return;
     }
     if (port == "summary") {
@@ -398,6 +399,7 @@ class ppo_controller final : public actor::node {
     } else if (port == "actor_stats") {
       actor_ = msg.as<stats_msg>();
       have_actor_ = true;
+      ++updates_;  // the policy bumps its version once per update, when it reports
     } else if (port == "critic_stats") {
       critic_ = msg.as<stats_msg>();
       have_critic_ = true;
@@ -439,7 +441,7 @@ class ppo_controller final : public actor::node {
   }
 
  private:
-  int64_t cur_ = 0;
+  int64_t cur_ = 0, updates_ = 0;
   bool eval_ = false, have_summary_ = false, have_actor_ = false, have_critic_ = false;
   summary_msg sum_;
   stats_msg actor_, critic_;
@@ -470,7 +472,11 @@ class rollout_generator final : public actor::node {
     } else {
       pending_.push_back(msg);
     }
-    while (weights_.model && !pending_.empty()) {
+    // A batch waits for the policy version the controller stamped on it: on
+    // another node the weights are a copy that arrives on its own path, and
+    // may come after the prompts that need it.
+    while (weights_.model && !pending_.empty() &&
+           weights_.version >= pending_.front().as<prompt_msg>().policy_version) {
       const auto& p = pending_.front().as<prompt_msg>();
       ppo::ppo_settings s = ps_;
       if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
@@ -481,6 +487,7 @@ class rollout_generator final : public actor::node {
       rollout_msg r;
       r.iteration = p.iteration;
       r.eval = p.eval;
+      r.batch = emitted_++ * static_cast<int64_t>(ctx.replicas()) + static_cast<int64_t>(ctx.replica());
       r.generate_seconds = since(t);
       if (e) {
         for (auto n : e->answer_len) r.generated_tokens += n;
@@ -497,6 +504,7 @@ class rollout_generator final : public actor::node {
   std::unique_ptr<tokenizer> tok_;
   model_msg weights_;
   std::deque<actor::payload> pending_;
+  int64_t emitted_ = 0;
 };
 
 // ---------------------------------------------------------------- step 3: scorers
@@ -675,12 +683,14 @@ class experience_maker final : public actor::node {
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     const auto& sm = msg.as<score_msg>();
     ctx.phase("experience");
-    auto& slot = joins_[sm.rollouts.get()];
-    slot.rollouts = sm.rollouts;
+    // Joined by the batch's id, not the rollouts' address: scores from other
+    // processes each bring their own copy of the rollouts.
+    auto& slot = joins_[sm.rollouts->batch];
+    if (!slot.rollouts) slot.rollouts = sm.rollouts;
     slot.parts[std::string(port)] = sm.value;
     if (slot.parts.size() < 4) return;
     auto j = std::move(slot);
-    joins_.erase(sm.rollouts.get());
+    joins_.erase(sm.rollouts->batch);
     const auto& r = *j.rollouts;
     summary_msg sum;
     sum.iteration = r.iteration;
@@ -729,7 +739,7 @@ class experience_maker final : public actor::node {
   rlhf::ppo_config cfg_;
   int64_t generation_batches_ = 1;
   experience_batch pending_;
-  std::map<const rollout_msg*, join> joins_;
+  std::map<int64_t, join> joins_;  // by rollout_msg::batch
 };
 
 }  // namespace

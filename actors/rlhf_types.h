@@ -31,6 +31,9 @@ struct prompt_msg {
   tensor ids, mask;        ///< (B, P) i32, left-padded
   int64_t iteration = 0;   ///< PPO iteration (eval batches: -1 before training, -2 after)
   bool eval = false;       ///< held-out prompts: scored, never trained on
+  /// The policy version (updates so far) to generate with: the controller
+  /// stamps it, the generator waits until it holds weights of that version.
+  int64_t policy_version = 0;
 };
 
 struct rollout_msg {
@@ -39,6 +42,10 @@ struct rollout_msg {
   bool eval = false;
   double generate_seconds = 0;
   int64_t generated_tokens = 0;
+  /// Names this batch among all the generators' batches (emitted * replicas + replica):
+  /// the experience maker joins the four scores of a batch by it, also when the
+  /// scores come from other processes (each with its own copy of the rollouts).
+  int64_t batch = 0;
 };
 
 struct score_msg {

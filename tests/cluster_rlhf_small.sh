@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# graphs/rlhf.graph with small settings over 3 processes on 127.0.0.1 (docs/scaling.md): the prompt loader on
-# node w1, the PPO controller on node w2, the models (whose tensors cannot cross processes yet) on main. Every
-# loss, accuracy, reward and KL printed equals the single-process run with the same seed; timings aside.
+# graphs/rlhf.graph with small settings over 3 processes on 127.0.0.1 (docs/scaling.md), with the models spread:
+# steps 1 and 2 (sft, rm), the prompt loader and the generator on node w1; the reward model, the critic and the PPO
+# controller on node w2; the policy, the reference and the experience maker on main. Models, rollouts, scores and
+# experience cross nodes, their tensors through the bulk plane (gloo). Every loss, accuracy, reward and KL printed
+# equals the single-process run with the same seed (timings aside), and the trained policy file is byte-identical.
+# Then a SIGKILL of the controller's node in the middle of PPO (on_node_lost = "stop").
 # Usage: cluster_rlhf_small.sh FLOWRUN SOURCE_DIR WORK_DIR
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -31,12 +34,20 @@ done
   for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/cluster.toml"
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs cluster) --cluster "$out/cluster.toml" \
   --secret-file "$out/secret" --set node.prompts.on=w1 --set node.ppo_controller.on=w2 \
+  --set node.sft.on=w1 --set node.rm.on=w1 --set node.generator.on=w1 --set node.reward.on=w2 --set node.critic.on=w2 \
   > "$out/cluster.log" 2> "$out/cluster.err" || { echo "cluster run failed:"; tail -20 "$out/cluster.err"; exit 1; }
 wait "${pids[@]}" || { echo "a --once node did not exit cleanly"; cat "$out/w1.err" "$out/w2.err"; exit 1; }
-# steps 1 and 2 print on main; step 3's results are printed by the controller, on w2
+# steps 1 and 2 print on w1; step 3's results are printed by the controller, on w2
 results "$out/single.log" > "$out/single.results"
-{ results "$out/cluster.log"; results "$out/w2.out"; } > "$out/cluster.results"
+{ results "$out/w1.out"; results "$out/w2.out"; } > "$out/cluster.results"
+grep -q "^\[step 1 sft\] step 3/3" "$out/w1.out" || { echo "step 1 did not run on w1:"; cat "$out/w1.out"; exit 1; }
 grep -q "^\[step 3 ppo\] iter 1 reward" "$out/w2.out" || { echo "the controller did not run on w2:"; cat "$out/w2.out"; exit 1; }
+# tensors crossed through the communicator, not inside CAF messages
+traffic=$(grep -o "cross-process traffic.*" "$out/cluster.err")
+bulk_bytes=$(sed -nE 's/.*total .* ([0-9]+) bulk payloads \(([0-9]+) tensors, ([0-9]+) communicator bytes\).*/\3/p' <<< "$traffic")
+[[ -n "$bulk_bytes" && "$bulk_bytes" -gt 1000000 ]] \
+  || { echo "no tensors went through the bulk plane: $traffic"; exit 1; }
+for w in w1 w2; do grep -q "bulk plane: joined as rank" "$out/$w.err" || { echo "$w did not join the bulk plane"; exit 1; }; done
 diff "$out/single.results" "$out/cluster.results" || { echo "the cluster run's results differ"; exit 1; }
 cmp "$out/single-ppo.bin" "$out/cluster-ppo.bin" || { echo "the trained policies differ"; exit 1; }
 sed 's/^/  /' "$out/cluster.results"

@@ -853,6 +853,16 @@ cpus = -4
   CHECK(ok.spec.cluster.connect_timeout_ms == 2500);
   CHECK(parse_graph_string("[cluster]\n[cluster.nodes.a]\naddress = \"h:1\"\n", "d.graph").spec.cluster.connect_timeout_ms ==
         10000);
+  // main_address: where the nodes reach this process's bulk plane (default 127.0.0.1); a host, no port
+  CHECK(parse_graph_string("[cluster]\n[cluster.nodes.a]\naddress = \"h:1\"\n", "d.graph").spec.cluster.main_address ==
+        "127.0.0.1");
+  auto ma = parse_graph_string("[cluster]\nmain_address = \"10.0.0.5\"\n[cluster.nodes.a]\naddress = \"h:1\"\n", "m.graph");
+  REQUIRE_MESSAGE(ma.ok(), all_errors(ma.errors));
+  CHECK(ma.spec.cluster.main_address == "10.0.0.5");
+  auto bad = parse_graph_string("[cluster]\nmain_address = \"10.0.0.5:7000\"\n", "b.graph");
+  const std::string be = all_errors(bad.errors);
+  CHECK_MESSAGE(contains(be, "b.graph:2:16: error: cluster main_address must be a host name or IPv4 address (no port), "
+                             "got \"10.0.0.5:7000\""), be);
 }
 
 namespace {

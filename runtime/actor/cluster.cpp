@@ -44,6 +44,8 @@
 #include "runtime/actor/cluster_run.h"
 #include "runtime/actor/job.h"
 #include "runtime/actor/payload_codec.h"
+#include "runtime/comm/caf_store.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 
@@ -60,6 +62,8 @@ using cend_atom = caf::atom_constant<caf::atom("fr_cend")>;
 using watch_atom = caf::atom_constant<caf::atom("fr_watch")>;
 using tick_atom = caf::atom_constant<caf::atom("fr_tick")>;
 using abort_atom = caf::atom_constant<caf::atom("fr_abort")>;
+/// The coordinator asks a session to join the bulk plane (a gloo group over the run's processes).
+using comm_atom = caf::atom_constant<caf::atom("fr_comm")>;
 
 using clk = std::chrono::steady_clock;
 
@@ -126,6 +130,7 @@ struct session_state {
   clk::time_point last_beat = clk::now();
   cross_process_counts at_start;
   std::uint64_t beats = 0;
+  std::shared_ptr<bulk_plane> bulk;  // this node's end of the bulk plane (when the job moves tensors)
 };
 const char* session_state::name = "flowrun_cluster_session";
 
@@ -138,8 +143,25 @@ void end_part(caf::stateful_actor<session_state>* self, bool aborted) {
                format_summary(snap));
   release_part(*st.part);
   st.part.reset();
+  st.bulk.reset();
   st.active = false;
   st.shared->finish_job();
+}
+
+// Joins a gloo group through the coordinator's rendezvous store: this
+// process's end of the bulk plane (bulk_plane.h). Blocks until every process
+// has joined or `timeout` passes (then throws std::runtime_error).
+std::shared_ptr<bulk_plane> join_bulk_plane(const std::string& store_host, std::uint16_t store_port, int rank,
+                                            int world, const std::string& hostname, std::chrono::milliseconds timeout,
+                                            const std::string& prefix) {
+  comm::gloo_options o;
+  o.rank = rank;
+  o.world_size = world;
+  o.kv = comm::make_caf_store(store_host, store_port, timeout, timeout);
+  o.prefix = prefix;
+  o.hostname = hostname;
+  o.timeout = timeout;
+  return std::make_shared<bulk_plane>(std::shared_ptr<comm::communicator>(comm::gloo_communicator(o)));
 }
 
 caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<daemon_shared> shared, caf::actor link) {
@@ -191,6 +213,7 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         placement pl;
         pl.processes = processes;
         pl.self = self_index;
+        pl.bulk = st.bulk;
         std::size_t i = 0;
         for (const auto& n : v.spec.nodes) {
           std::vector<std::uint32_t> row;
@@ -221,6 +244,21 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         st.part = std::move(*part);
         self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
         return {std::string(), std::move(local)};
+      },
+      [=](comm_atom, const std::string& store_host, std::uint32_t store_port, std::uint32_t rank, std::uint32_t world,
+          const std::string& hostname, std::int64_t timeout_ms, const std::string& prefix) -> std::string {
+        if (!trusted()) return "refused: not the authenticated coordinator";
+        // The session runs detached (a thread of its own): blocking here until
+        // every process has joined holds up nothing else of this node.
+        try {
+          self->state.bulk = join_bulk_plane(store_host, static_cast<std::uint16_t>(store_port), static_cast<int>(rank),
+                                             static_cast<int>(world), hostname, std::chrono::milliseconds(timeout_ms),
+                                             prefix);
+          spdlog::info("bulk plane: joined as rank {} of {} (gloo, listening on {})", rank, world, hostname);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string("cannot join the bulk plane: ") + e.what();
+        }
       },
       [=](table_atom, const std::vector<caf::actor>& all) -> std::string {
         auto& st = self->state;
@@ -260,8 +298,10 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         auto& st = self->state;
         if (!trusted()) return {};
         const auto now = cross_process_totals();
+        const auto bs = st.bulk ? st.bulk->stats() : bulk_stats{};
         std::vector<std::uint64_t> counts{now.data_msgs - st.at_start.data_msgs, now.data_bytes - st.at_start.data_bytes,
-                                          now.control_msgs - st.at_start.control_msgs, st.beats};
+                                          now.control_msgs - st.at_start.control_msgs, st.beats,
+                                          bs.sends, bs.tensors_sent, bs.bytes_sent};
         end_part(self, false);
         self->quit();
         return pack(counts);
@@ -618,6 +658,7 @@ struct cluster_run::impl {
   job j;
   cross_process_counts at_start;
   bool ended = false;
+  std::shared_ptr<bulk_plane> bulk;  // this process's end of the bulk plane (null: no tensors cross)
   cluster_view planned;  // planned_cluster_view; view() adds states and heartbeat ages
 
   explicit impl(caf::actor_system& s) : sys(s) {}
@@ -687,7 +728,9 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     }
     pl.where.push_back(std::move(row));
   }
-  // Before connecting anywhere: every edge that crosses processes must carry a type that travels as bytes.
+  // Before connecting anywhere: every edge that crosses processes must carry a
+  // type that can cross (a codec); types with tensors need the bulk plane.
+  bool bulk_needed = false;
   for (const auto& e : spec.edges) {
     const auto* from = spec.find_node(e.from_node);
     const auto* to = spec.find_node(e.to_node);
@@ -696,15 +739,17 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     std::string type;
     for (const auto* port : kind->ports_of(graph::port_dir::out))
       if (port->name == e.from_port) type = port->message_type;
-    if (type.empty() || has_payload_codec(type)) continue;
+    if (type.empty()) continue;
+    const bool codec = has_payload_codec(type), bulk = has_bulk_codec(type);
     for (std::int64_t a = 0; a < from->replicas; ++a)
       for (std::int64_t b = 0; b < to->replicas; ++b) {
         const auto pa = graph::placement_of(*from, a), pb = graph::placement_of(*to, b);
-        if (pa != pb)
+        if (pa == pb) continue;
+        if (!codec)
           return error_text{"edge " + e.to_string() + " crosses from cluster node '" + pa + "' to '" + pb +
                             "', but its message type '" + type +
-                            "' cannot cross processes yet (no byte codec; tensors and models are not yet supported "
-                            "across cluster nodes): place both ends on the same node (on = \"...\")"};
+                            "' cannot cross processes (it has no codec): place both ends on the same node (on = \"...\")"};
+        bulk_needed = bulk_needed || bulk;
       }
   }
   p->table = std::make_shared<cl::beat_table>();
@@ -798,6 +843,55 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     }
     p->conns.push_back({cn->name, address, i, session});
     spdlog::info("cluster node '{}' ({}): authenticated; actors there: {}", cn->name, address, actors_of[i]);
+  }
+  // The bulk plane: a gloo group of every process of the run (rank = process
+  // index), joined through a rendezvous store that this process hosts. Only
+  // when some edge moves tensors between processes.
+  if (bulk_needed) {
+    const std::string& host = spec.cluster.main_address;
+    const auto plane_timeout = std::max<milliseconds>(timeout, milliseconds(60000));
+    std::unique_ptr<comm::caf_store_host> store;
+    try {
+      store = comm::host_caf_store(host, 0);
+    } catch (const std::exception& e) {
+      p->abandon();
+      return error_text{std::string("cannot start the bulk plane's rendezvous store: ") + e.what() +
+                        " ([cluster] main_address must be an address of this machine that the nodes reach)"};
+    }
+    const auto addr = store->address();
+    const std::string prefix = "flowrun/bulk/" + random_nonce().substr(0, 16);
+    const auto world = static_cast<std::uint32_t>(pl.processes.size());
+    std::vector<caf::response_handle<caf::blocking_actor, caf::message, true>> asks;
+    for (auto& c : p->conns) {
+      const auto* cn = spec.cluster.find(c.name);
+      asks.push_back(self->request(c.session, plane_timeout + milliseconds(5000), cl::comm_atom::value, addr.host,
+                                   static_cast<std::uint32_t>(addr.port), c.process, world, cn->host,
+                                   static_cast<std::int64_t>(plane_timeout.count()), prefix));
+    }
+    std::string main_error;
+    try {
+      p->bulk = cl::join_bulk_plane(addr.host, addr.port, 0, static_cast<int>(world), host, plane_timeout, prefix);
+    } catch (const std::exception& e) {
+      main_error = e.what();
+    }
+    std::string node_errors;
+    for (std::size_t i = 0; i < asks.size(); ++i) {
+      std::string err;
+      asks[i].receive([&](std::string& e) { err = std::move(e); }, [&](caf::error& e) { err = sys.render(e); });
+      if (!err.empty()) node_errors += "; cluster node '" + p->conns[i].name + "': " + err;
+    }
+    if (!main_error.empty() || !node_errors.empty()) {
+      p->abandon();
+      return error_text{"the bulk plane (gloo over every process of the run, for the tensors that cross nodes) did "
+                        "not connect: " +
+                        (main_error.empty() ? std::string() : "main: " + main_error) + node_errors +
+                        " (the nodes must reach [cluster] main_address = \"" + host +
+                        "\" and each other at their addresses' hosts, on any TCP port)"};
+    }
+    pl.bulk = p->bulk;
+    spdlog::info("bulk plane: {} processes joined (gloo; main listens on {})", world, host);
+    if (!options.cluster.tls_cert.empty())
+      spdlog::warn("bulk plane: tensors between nodes travel over plain TCP (gloo), not TLS");
   }
   // This process's replicas.
   auto part = spawn_part(sys, spec, kinds, factories, options, pl);
@@ -985,9 +1079,14 @@ std::string cluster_run::end() {
   }
   std::uint64_t td = mine.data_msgs - p.at_start.data_msgs, tb = mine.data_bytes - p.at_start.data_bytes,
                 tc = mine.control_msgs - p.at_start.control_msgs, th = beats_sent;
+  const auto mb = p.bulk ? p.bulk->stats() : bulk_stats{};
+  std::uint64_t tbp = mb.sends, tbt = mb.tensors_sent, tbb = mb.bytes_sent;
   std::string report = "cross-process traffic: main sent " + std::to_string(td) + " data messages (" +
                        std::to_string(tb) + " payload bytes), " + std::to_string(tc) + " control messages, " +
                        std::to_string(beats_sent) + " heartbeats";
+  if (p.bulk)
+    report += ", " + std::to_string(mb.sends) + " bulk payloads (" + std::to_string(mb.tensors_sent) + " tensors, " +
+              std::to_string(mb.bytes_sent) + " communicator bytes)";
   for (std::size_t i = 0; i < p.conns.size(); ++i) {
     auto& c = p.conns[i];
     if (i < lost.size() && lost[i]) {
@@ -997,10 +1096,16 @@ std::string cluster_run::end() {
     std::vector<std::uint64_t> counts;
     self->request(c.session, std::chrono::seconds(5), cl::cend_atom::value)
         .receive([&](std::vector<char>& v) { counts = cl::unpack<std::uint64_t>(v); }, [&](caf::error&) {});
-    if (counts.size() == 4) {
+    if (counts.size() == 7) {
       report += "; " + c.name + " sent " + std::to_string(counts[0]) + " data messages (" + std::to_string(counts[1]) +
                 " payload bytes), " + std::to_string(counts[2]) + " control messages, " + std::to_string(counts[3]) +
                 " heartbeat replies";
+      if (p.bulk)
+        report += ", " + std::to_string(counts[4]) + " bulk payloads (" + std::to_string(counts[5]) + " tensors, " +
+                  std::to_string(counts[6]) + " communicator bytes)";
+      tbp += counts[4];
+      tbt += counts[5];
+      tbb += counts[6];
       td += counts[0];
       tb += counts[1];
       tc += counts[2];
@@ -1017,12 +1122,16 @@ std::string cluster_run::end() {
   }
   report += "; total " + std::to_string(td) + " data messages, " + std::to_string(tb) + " payload bytes, " +
             std::to_string(tc) + " control messages, " + std::to_string(th) + " heartbeat messages";
+  if (p.bulk)
+    report += ", " + std::to_string(tbp) + " bulk payloads (" + std::to_string(tbt) + " tensors, " +
+              std::to_string(tbb) + " communicator bytes)";
   caf::anon_send(p.link, cl::cend_atom::value);
   if (p.part) {
     release_part(*p.part);
     p.part.reset();
   }
   p.j = job{};
+  p.bulk.reset();
   return report;
 }
 

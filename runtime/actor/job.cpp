@@ -363,6 +363,7 @@ class replica_actor final : public caf::event_based_actor {
     caf::actor target;
     bool remote = false;  // the target runs in another process: payloads go as bytes
     std::uint32_t in_index = 0;  // the link's index at the receiver
+    std::uint32_t peer = 0;      // the target's process (its bulk plane rank)
     std::int64_t credit = 0, max_credit = 0;
     std::deque<envelope> backlog;  // staged messages waiting for credit
     // send times of the unacknowledged messages (ns since the job began): a ring of
@@ -436,6 +437,7 @@ class replica_actor final : public caf::event_based_actor {
       ol.target = p.actors[l.to_node][l.to_replica];
       ol.remote = ol.target && ol.target.node() != system().node();
       ol.in_index = l.in_index;
+      ol.peer = p.process_of(l.to_node, l.to_replica);
       ol.credit = ol.max_credit = p.edges[l.edge].credit;
       ol.sent_ns.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, ol.max_credit)), 0);
       ol.c = l.counters;
@@ -527,7 +529,24 @@ class replica_actor final : public caf::event_based_actor {
       e.t.tombstone = (t[4] & 2u) != 0;
     }
     if (!type.empty()) {
-      auto p = decode_payload(type, bytes);
+      expected<payload> p = error_text{"no payload"};
+      if (has_bulk_codec(type)) {
+        // header (tags, dtypes, shapes) + meta; the tensors come through the bulk plane
+        try {
+          if (!plan_->where.bulk) throw std::runtime_error("this process has no bulk plane");
+          std::size_t at = 0;
+          const bulk_header h = decode_bulk_header(bytes, at);
+          const std::vector<char> meta(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
+          const link_plan& lp = plan_->links[plan_->in_links[node_][replica_].at(link)];
+          const auto from = static_cast<int>(plan_->process_of(lp.from_node, lp.from_replica));
+          auto tensors = plan_->where.bulk->recv(from, h);
+          p = decode_payload(type, meta, &tensors);
+        } catch (const std::exception& ex) {
+          p = error_text{"the tensors of a '" + type + "' payload did not arrive: " + ex.what()};
+        }
+      } else {
+        p = decode_payload(type, bytes);
+      }
       if (!p) {
         if (phase_ == phase::running) fail(replica_name(*plan_, node_, replica_) + " received from another process: " + p.error());
         return;
@@ -975,12 +994,28 @@ class replica_actor final : public caf::event_based_actor {
     std::vector<char> bytes;
     std::string type;
     if (!env.data.empty()) {
-      auto enc = encode_payload(env.data);
+      std::vector<tensor> tensors;
+      const bool bulk = has_bulk_codec(env.data.type());
+      auto enc = encode_payload(env.data, bulk ? &tensors : nullptr);
       if (!enc) {
         fail(replica_name(*plan_, node_, replica_) + " cannot send to another process: " + enc.error());
         return;
       }
-      bytes = std::move(*enc);
+      if (bulk) {
+        // The tensors go through the bulk plane (never inside CAF); the message
+        // carries their tags, dtypes and shapes ahead of the codec's bytes.
+        try {
+          if (!plan_->where.bulk) throw std::runtime_error("this process has no bulk plane");
+          encode_bulk_header(plan_->where.bulk->send(static_cast<int>(l.peer), tensors), bytes);
+        } catch (const std::exception& ex) {
+          fail(replica_name(*plan_, node_, replica_) + " cannot send a '" + std::string(env.data.type()) +
+               "' payload to another process: " + ex.what());
+          return;
+        }
+        bytes.insert(bytes.end(), enc->begin(), enc->end());
+      } else {
+        bytes = std::move(*enc);
+      }
       type = std::string(env.data.type());
     }
     const auto& t = env.t;
@@ -1612,8 +1647,11 @@ expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& s
     if (!has_payload_codec(type))
       return error_text{"edge " + e.name + " crosses from cluster node '" + where.processes[pf] + "' to '" +
                         where.processes[pt] + "', but its message type '" + std::string(type) +
-                        "' cannot cross processes yet (no byte codec; tensors and models are not yet supported "
-                        "across cluster nodes): place both ends on the same node (on = \"...\")"};
+                        "' cannot cross processes (it has no codec): place both ends on the same node (on = \"...\")"};
+    if (has_bulk_codec(type) && !where.bulk)
+      return error_text{"edge " + e.name + " crosses from cluster node '" + where.processes[pf] + "' to '" +
+                        where.processes[pt] + "' with tensors ('" + std::string(type) +
+                        "'), but this process has no bulk plane (communicator) to move them"};
   }
   job_part part;
   part.plan = plan;

@@ -25,6 +25,7 @@
 #include <caf/actor_system.hpp>
 #include <caf/atom.hpp>
 
+#include "runtime/actor/bulk_plane.h"
 #include "runtime/actor/expected.h"
 #include "runtime/actor/live.h"
 #include "runtime/actor/metrics.h"
@@ -62,6 +63,9 @@ struct placement {
   std::vector<std::vector<std::uint32_t>> where;
   /// The index of this process in `processes`.
   std::uint32_t self = 0;
+  /// The bulk plane (rank = process index) when some cross-process edge
+  /// carries a payload with tensors (a bulk codec); null otherwise.
+  std::shared_ptr<bulk_plane> bulk;
 };
 
 /// Messages and bytes this process sent to actors in other processes, since

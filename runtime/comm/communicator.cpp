@@ -33,6 +33,14 @@ void communicator::do_recv(tensor&, int) {
   throw std::runtime_error(where("recv") + ": point-to-point recv is not supported by this backend");
 }
 
+void communicator::do_send_tagged(const tensor&, int, uint64_t) {
+  throw std::runtime_error(where("send_tagged") + ": tagged point-to-point is not supported by this backend (use gloo)");
+}
+
+void communicator::do_recv_tagged(tensor&, int, uint64_t) {
+  throw std::runtime_error(where("recv_tagged") + ": tagged point-to-point is not supported by this backend (use gloo)");
+}
+
 namespace {
 
 void check_peer(const communicator& c, const std::string& where, int peer) {
@@ -225,6 +233,24 @@ void communicator::recv(tensor& x, int peer) {
   check_peer(*this, w, peer);
   if (x.numel() > 0) do_recv(x, peer);
   count("recv", static_cast<int64_t>(x.nbytes()));
+}
+
+void communicator::send_tagged(const tensor& x, int peer, uint64_t tag) {
+  const std::string w = where("send_tagged");
+  if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
+  check_tensor(*this, w, "x", x);
+  check_peer(*this, w, peer);
+  if (tag >> 56) throw std::invalid_argument(w + ": tag " + std::to_string(tag) + " is not below 2^56");
+  if (x.numel() > 0) do_send_tagged(x, peer, tag);
+}
+
+void communicator::recv_tagged(tensor& x, int peer, uint64_t tag) {
+  const std::string w = where("recv_tagged");
+  if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
+  check_tensor(*this, w, "x", x);
+  check_peer(*this, w, peer);
+  if (tag >> 56) throw std::invalid_argument(w + ": tag " + std::to_string(tag) + " is not below 2^56");
+  if (x.numel() > 0) do_recv_tagged(x, peer, tag);
 }
 
 }  // namespace flowrun::comm

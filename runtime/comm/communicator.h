@@ -151,6 +151,22 @@ class communicator {
   /// (inproc; gloo and nccl cannot tell and fail or truncate, as their own APIs do).
   void recv(tensor& x, int peer);
 
+  /// Tagged point to point, for independent streams between the same two ranks
+  /// (the cluster's bulk plane, runtime/actor/bulk_plane.h, moves each cross-node
+  /// payload's tensors this way). send_tagged(x, peer, tag) matches the peer's
+  /// recv_tagged(y, rank(), tag) with the same tag, whatever the order of the calls
+  /// on either side, and each returns when its transfer has completed (or throws
+  /// std::runtime_error at the communicator's timeout, or when the peer's
+  /// connection drops). Unlike the other calls these are safe to call from several
+  /// threads at once (one tag each), they do not mark the group broken when they
+  /// fail, and they are not counted in stats() (the caller counts). A tag must be
+  /// used once per ordered (sender, receiver) pair; tag < 2^56. x and y: same
+  /// dtype and numel, on tensor_device(). Backends without it (inproc, nccl) throw
+  /// std::runtime_error ("... not supported by this backend").
+  void send_tagged(const tensor& x, int peer, uint64_t tag);
+  /// Receive into x (overwritten) the send_tagged of rank `peer` with `tag` (see send_tagged).
+  void recv_tagged(tensor& x, int peer, uint64_t tag);
+
   /// Counters since construction or the last reset_stats().
   comm_stats stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
@@ -168,6 +184,8 @@ class communicator {
   /// std::runtime_error "<op> (...): not supported by this backend".
   virtual void do_send(const tensor& x, int peer);
   virtual void do_recv(tensor& x, int peer);
+  virtual void do_send_tagged(const tensor& x, int peer, uint64_t tag);
+  virtual void do_recv_tagged(tensor& x, int peer, uint64_t tag);
   /// "all_gather (rank 1 of 4, inproc)": the prefix of every error message.
   std::string where(const char* op) const;
 

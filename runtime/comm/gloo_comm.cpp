@@ -53,6 +53,8 @@ namespace {
 constexpr uint8_t kReduceScatterSlotPrefix = 0x46;
 // Slot prefix of point-to-point send/recv; the tag counts the messages of one (src, dst) pair.
 constexpr uint8_t kP2PSlotPrefix = 0x47;
+// send_tagged / recv_tagged: the caller's tag is the slot.
+constexpr uint8_t kTaggedSlotPrefix = 0x48;
 
 // gloo's rendezvous Store interface over a flowrun store. Remembers the keys
 // it set, so the rank can erase its records once the group has connected.
@@ -187,6 +189,32 @@ class gloo_comm final : public communicator {
       if (!buf->waitRecv(timeout_))
         throw std::runtime_error("receiving from rank " + std::to_string(peer) + " was aborted");
     });
+  }
+
+  // Thread-safe: a fresh unbound buffer per call, and no shared state but the
+  // context (gloo's pairs lock themselves); a failure does not break the group.
+  void do_send_tagged(const tensor& x, int peer, uint64_t tag) override {
+    if (!ctx_) throw std::runtime_error(where("send_tagged") + ": not connected");
+    try {
+      auto buf = ctx_->createUnboundBuffer(const_cast<void*>(x.raw()), x.nbytes());
+      buf->send(peer, gloo::Slot::build(kTaggedSlotPrefix, tag), 0, x.nbytes());
+      if (!buf->waitSend(timeout_)) throw std::runtime_error("aborted");
+    } catch (const std::exception& e) {
+      throw std::runtime_error(where("send_tagged") + ": to rank " + std::to_string(peer) + ", tag " +
+                               std::to_string(tag) + ": " + e.what());
+    }
+  }
+
+  void do_recv_tagged(tensor& x, int peer, uint64_t tag) override {
+    if (!ctx_) throw std::runtime_error(where("recv_tagged") + ": not connected");
+    try {
+      auto buf = ctx_->createUnboundBuffer(x.raw(), x.nbytes());
+      buf->recv(peer, gloo::Slot::build(kTaggedSlotPrefix, tag), 0, x.nbytes());
+      if (!buf->waitRecv(timeout_)) throw std::runtime_error("aborted");
+    } catch (const std::exception& e) {
+      throw std::runtime_error(where("recv_tagged") + ": from rank " + std::to_string(peer) + ", tag " +
+                               std::to_string(tag) + ": " + e.what());
+    }
   }
 
  private:

@@ -176,6 +176,7 @@ struct cluster_node_spec {
 ///   lost_after_ms = 3000       # a node silent this long is lost (>= 2 x heartbeat_ms)
 ///   connect_timeout_ms = 10000 # connecting to a node and its handshake, each
 ///   on_node_lost = "stop"      # the only policy so far: stop the run
+///   main_address = "10.0.0.1"  # where the other nodes reach this process's bulk plane
 ///   [cluster.nodes.w1]
 ///   address = "127.0.0.1:7001"
 ///   cpus = 2
@@ -186,6 +187,11 @@ struct cluster_spec {
   std::int64_t lost_after_ms = 3000;
   std::int64_t connect_timeout_ms = 10000;
   std::string on_node_lost = "stop";
+  /// The host (name or IP) on which the `flowrun run` process listens for the
+  /// bulk plane (the communicator that moves tensors between nodes) and its
+  /// rendezvous store; the nodes must reach it there. The daemons listen on
+  /// the host of their own `address`.
+  std::string main_address = "127.0.0.1";
   source_pos pos;  ///< the [cluster] table (unknown if absent)
 
   /// True when no node is declared (a single-process run).

@@ -314,7 +314,7 @@ namespace {
 
 const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node", "cluster"};
 const std::vector<std::string> cluster_keys = {"heartbeat_ms", "lost_after_ms", "connect_timeout_ms", "on_node_lost",
-                                               "nodes"};
+                                               "main_address", "nodes"};
 const std::vector<std::string> cluster_node_keys = {"address", "cpus", "gpus"};
 
 bool is_cluster_node_name(std::string_view s) {
@@ -369,6 +369,15 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
                   "nodes is not implemented yet)");
       else
         c.on_node_lost = v.as_string()->get();
+    } else if (k == "main_address") {
+      if (!v.is_string() || v.as_string()->get().empty() ||
+          v.as_string()->get().find_first_of(" :/") != std::string::npos)
+        add_error(errors, pos_of(v),
+                  "cluster main_address must be a host name or IPv4 address (no port), got " +
+                      (v.is_string() ? "\"" + v.as_string()->get() + "\"" : toml_type_name(v)),
+                  "write main_address = \"10.0.0.1\": the address of this machine that the cluster nodes reach");
+      else
+        c.main_address = v.as_string()->get();
     } else if (k == "nodes") {
       const auto* nt = v.as_table();
       if (!nt) {

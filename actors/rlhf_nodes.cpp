@@ -16,6 +16,7 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/register.h"
 #include "actors/rlhf_types.h"
@@ -46,6 +48,40 @@ std::shared_ptr<decoder> copy_model(const decoder& m) {
   auto c = std::make_shared<decoder>(m.config());
   c->w().flat.copy_from(m.w().flat);
   return c;
+}
+
+// -- resuming a restarted run (on_node_lost = "restart", docs/scaling.md) --------------
+//
+// A trainer that saved its output writes OUTPUT.run.json beside it (after the
+// output itself, each file atomically) naming the run id. A later attempt of
+// the same run (node_context::attempt() > 0, same run_id()) loads the output
+// instead of training again: what was checkpointed is not lost, nor redone.
+
+std::string run_marker(const std::string& out) { return out + ".run.json"; }
+
+void write_run_marker(const actor::node_context& ctx, const std::string& out) {
+  if (ctx.run_id().empty()) return;
+  const std::string path = run_marker(out), tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << nlohmann::json{{"run_id", ctx.run_id()}, {"node", ctx.name()}, {"attempt", ctx.attempt()}}.dump() << "\n";
+    if (!f) throw std::runtime_error("node '" + ctx.name() + "': cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+/// True when an earlier attempt of this run saved `out` completely.
+bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::string& out) {
+  if (ctx.attempt() == 0 || ctx.run_id().empty() || out.empty()) return false;
+  std::ifstream f(run_marker(out));
+  if (!f) return false;
+  try {
+    auto j = nlohmann::json::parse(f);
+    return j.value("run_id", std::string()) == ctx.run_id() && j.value("node", std::string()) == ctx.name() &&
+           std::filesystem::exists(out);
+  } catch (const std::exception&) {
+    return false;  // a torn or foreign marker: train again
+  }
 }
 
 dschat::dschat_settings common_settings(const actor::node_context& ctx) {
@@ -152,6 +188,14 @@ class batch_cycle {
 class sft_trainer final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
+    if (const auto& out = ctx.spec().get_string("output"); saved_by_earlier_attempt(ctx, out)) {
+      model_ = std::make_shared<decoder>(load_llama2c(out));
+      ctx.print(fmt::format("[step 1 sft] resumed (attempt {}): {} was saved by an earlier attempt of this run; "
+                            "training skipped",
+                            ctx.attempt() + 1, out));
+      resumed_ = true;
+      return;
+    }
     d_ = common_settings(ctx);
     d_.mask_prompt = ctx.spec().get_bool("mask_prompt");
     steps_ = ctx.spec().get_int("steps");
@@ -182,6 +226,11 @@ class sft_trainer final : public actor::node {
 
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
+    if (resumed_) {
+      ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+      done_ = true;
+      return false;
+    }
     if (step_ < steps_) {
       auto batch = dschat::sft_batch(train_, order_.next(ctx.name()), d_.mask_prompt);
       auto t = clk::now();
@@ -202,6 +251,8 @@ class sft_trainer final : public actor::node {
     if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
       std::filesystem::create_directories(std::filesystem::absolute(out).parent_path());
       save_llama2c(*model_, out, 1);
+      // a .bin holds the merged weights: bit-exact on reload only without LoRA
+      if (!model_->has_lora()) write_run_marker(ctx, out);
     }
     ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
     done_ = true;
@@ -209,6 +260,7 @@ class sft_trainer final : public actor::node {
   }
 
  private:
+  bool resumed_ = false;
   dschat::dschat_settings d_;
   int64_t steps_ = 0, step_ = 0, tokens_ = 0, n_eval_ = 0;
   std::unique_ptr<tokenizer> tok_;
@@ -229,6 +281,14 @@ class sft_trainer final : public actor::node {
 class rm_trainer final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
+    if (const auto& out = ctx.spec().get_string("output"); saved_by_earlier_attempt(ctx, out)) {
+      model_ = std::make_shared<decoder>(load_model(out));
+      ctx.print(fmt::format("[step 2 rm] resumed (attempt {}): {} was saved by an earlier attempt of this run; "
+                            "training skipped",
+                            ctx.attempt() + 1, out));
+      resumed_ = true;
+      return;
+    }
     d_ = common_settings(ctx);
     steps_ = ctx.spec().get_int("steps");
     if (steps_ < 1) throw std::invalid_argument("node '" + ctx.name() + "': steps must be >= 1");
@@ -259,6 +319,11 @@ class rm_trainer final : public actor::node {
 
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
+    if (resumed_) {
+      ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+      done_ = true;
+      return false;
+    }
     if (step_ < steps_) {
       auto batch = dschat::rm_batch(train_, order_.next(ctx.name()));
       auto r = dschat::rm_step(*model_, *opt_, batch, d_, st_);
@@ -281,13 +346,17 @@ class rm_trainer final : public actor::node {
     ctx.print(fmt::format("[step 2 rm] held-out accuracy {:.3f} ± {:.3f} over {} pairs; mean chosen {:.3f}, "
                           "rejected {:.3f}; {:.1f} s",
                           ev.accuracy, ev.accuracy_stderr, ev.pairs, ev.chosen_mean, ev.rejected_mean, since(t0_)));
-    if (const auto& out = ctx.spec().get_string("output"); !out.empty()) save_model_dir(*model_, out);
+    if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
+      save_model_dir(*model_, out);  // every tensor in f32, LoRA and v_head included: bit-exact on reload
+      write_run_marker(ctx, out);
+    }
     ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
     done_ = true;
     return false;
   }
 
  private:
+  bool resumed_ = false;
   dschat::dschat_settings d_;
   int64_t steps_ = 0, step_ = 0;
   double acc_sum_ = 0;

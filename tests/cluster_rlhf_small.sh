@@ -4,7 +4,9 @@
 # controller on node w2; the policy, the reference and the experience maker on main. Models, rollouts, scores and
 # experience cross nodes, their tensors through the bulk plane (gloo). Every loss, accuracy, reward and KL printed
 # equals the single-process run with the same seed (timings aside), and the trained policy file is byte-identical.
-# Then a SIGKILL of the controller's node in the middle of PPO (on_node_lost = "stop").
+# Then a SIGKILL of the controller's node in the middle of PPO, under both policies: on_node_lost = "stop" stops the
+# run with steps 1-2's models intact; on_node_lost = "restart" starts it again with w2's actors on main, steps 1-2
+# resume from their saved models (not trained again), and the results and the policy equal the uninterrupted run's.
 # Usage: cluster_rlhf_small.sh FLOWRUN SOURCE_DIR WORK_DIR
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -13,8 +15,10 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 echo "rlhf-secret-$$-$RANDOM" > "$out/secret"
-small=(--no-progress --threads 2 --set node.sft.steps=3 --set node.rm.steps=3 --set node.prompts.iterations=2
+small=(--no-progress --threads 2 --set node.sft.steps=3 --set node.rm.steps=3 --set node.prompts.iterations=6
        --set node.prompts.eval_prompts=4)
+split=(--set node.prompts.on=w1 --set node.ppo_controller.on=w2 --set node.sft.on=w1 --set node.rm.on=w1
+       --set node.generator.on=w1 --set node.reward.on=w2 --set node.critic.on=w2)
 outputs() { echo --set node.sft.output="$out/$1-sft.bin" --set node.rm.output="$out/$1-rm" --set node.policy.output="$out/$1-ppo.bin"; }
 # the printed results without timings (tokens/s, seconds)
 results() { grep '^\[step' "$@" | sed -E 's/ \([0-9]+ tokens\/s\)//; s/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/[,;] [0-9.]+ s$//'; }
@@ -33,8 +37,7 @@ done
 { echo "[cluster]"; echo "heartbeat_ms = 250"
   for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/cluster.toml"
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs cluster) --cluster "$out/cluster.toml" \
-  --secret-file "$out/secret" --set node.prompts.on=w1 --set node.ppo_controller.on=w2 \
-  --set node.sft.on=w1 --set node.rm.on=w1 --set node.generator.on=w1 --set node.reward.on=w2 --set node.critic.on=w2 \
+  --secret-file "$out/secret" "${split[@]}" \
   > "$out/cluster.log" 2> "$out/cluster.err" || { echo "cluster run failed:"; tail -20 "$out/cluster.err"; exit 1; }
 wait "${pids[@]}" || { echo "a --once node did not exit cleanly"; cat "$out/w1.err" "$out/w2.err"; exit 1; }
 # steps 1 and 2 print on w1; step 3's results are printed by the controller, on w2
@@ -90,4 +93,53 @@ for f in "$out/single-rm"/*; do cmp "$f" "$out/killed-rm/$(basename "$f")" || { 
 [[ ! -e "$out/killed-ppo.bin" ]] || { echo "a half-trained policy was saved as if complete"; exit 1; }
 echo "  $(grep -o "cluster node 'w2' lost.*its actors: ppo_controller" "$out/killed.err" | head -1)"
 echo "  steps 1 and 2's saved models equal the reference run's; no half-trained policy was saved"
+
+echo "== on_node_lost = \"restart\": SIGKILL of w2 (controller, reward, critic) in the middle of PPO"
+rm -f "$out/w1.port" "$out/w2.port"
+pids=()
+for w in w1 w2; do  # without --once: a surviving daemon takes the next attempt's job
+  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --threads 2 \
+    > "$out/r$w.out" 2> "$out/r$w.err" &
+  pids+=($!)
+done
+w2_pid=${pids[1]}
+for w in w1 w2; do
+  for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
+  [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/r$w.err"; exit 1; }
+done
+{ echo "[cluster]"; echo "heartbeat_ms = 250"; echo 'on_node_lost = "restart"'
+  for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/restart.toml"
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs restart) --cluster "$out/restart.toml" \
+  --secret-file "$out/secret" "${split[@]}" > "$out/restart.log" 2> "$out/restart.err" &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 1200); do grep -q "^\[step 3 ppo\] iter 1 reward" "$out/rw2.out" && break; sleep 0.05; done
+grep -q "^\[step 3 ppo\] iter 1 reward" "$out/rw2.out" || { echo "PPO did not reach iteration 1 on w2:"; tail "$out/restart.err"; exit 1; }
+kill -9 "$w2_pid"
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+[[ $rc -eq 0 ]] || { echo "the restarted run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/restart.err" | tail -20; exit 1; }
+grep -q "^\[step 3 ppo\] held-out after" "$out/rw2.out" && { echo "w2 was killed too late (PPO had finished)"; exit 1; }
+grep -q "cluster node 'w2' lost (.*); its actors: ppo_controller, reward, critic; the run stops and starts again" \
+  "$out/restart.err" || { echo "no error naming w2 and its actors:"; tail -20 "$out/restart.err"; exit 1; }
+grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): ppo_controller moves from w2 to main; reward moves from w2 to main; critic moves from w2 to main" \
+  "$out/restart.err" || { echo "no restart line:"; grep -i restart "$out/restart.err"; exit 1; }
+# steps 1 and 2 ran once, on w1; the second attempt loaded what they had saved
+[[ $(grep -c "^\[step 1 sft\] step 3/3" "$out/rw1.out") -eq 1 ]] || { echo "step 1 trained twice:"; cat "$out/rw1.out"; exit 1; }
+[[ $(grep -c "^\[step 2 rm\] step 3/3" "$out/rw1.out") -eq 1 ]] || { echo "step 2 trained twice:"; cat "$out/rw1.out"; exit 1; }
+grep -q "^\[step 1 sft\] resumed (attempt 2): .*restart-sft.bin was saved by an earlier attempt of this run" "$out/rw1.out" \
+  || { echo "step 1 did not resume:"; cat "$out/rw1.out"; exit 1; }
+grep -q "^\[step 2 rm\] resumed (attempt 2): .*restart-rm was saved by an earlier attempt of this run" "$out/rw1.out" \
+  || { echo "step 2 did not resume:"; cat "$out/rw1.out"; exit 1; }
+# the second attempt's step 3 (controller now on main) equals the uninterrupted run, and so does the policy
+grep '^\[step 3' "$out/single.results" > "$out/single.step3"
+results "$out/restart.log" > "$out/restart.step3"
+diff "$out/single.step3" "$out/restart.step3" || { echo "the restarted run's step 3 differs"; exit 1; }
+cmp "$out/single-ppo.bin" "$out/restart-ppo.bin" || { echo "the restarted run's policy differs"; exit 1; }
+cmp "$out/single-sft.bin" "$out/restart-sft.bin" || { echo "step 1's model differs"; exit 1; }
+for f in "$out/single-rm"/*; do cmp "$f" "$out/restart-rm/$(basename "$f")" || { echo "step 2's $(basename "$f") differs"; exit 1; }; done
+echo "  $(grep -o "restarting the run.*" "$out/restart.err" | head -1)"
+echo "  steps 1 and 2 resumed from their saved models; $(wc -l < "$out/restart.step3") step-3 lines and the policy equal the uninterrupted run's"
 echo "cluster_rlhf_small: OK"

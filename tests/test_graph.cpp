@@ -806,7 +806,7 @@ TEST_CASE("cluster: an unknown node in on = ... is an error at the line of the o
 TEST_CASE("cluster: bad [cluster] entries are errors with file:line:col") {
   auto r = parse_graph_string(R"([cluster]
 heartbeat_ms = 0
-on_node_lost = "restart"
+on_node_lost = "elastic"
 colour = 1
 [cluster.nodes.a]
 address = "localhost"
@@ -821,7 +821,7 @@ adress = "h:1"
                               "bad.graph");
   const std::string e = all_errors(r.errors);
   CHECK_MESSAGE(contains(e, "bad.graph:2:16: error: cluster heartbeat_ms must be an integer >= 1"), e);
-  CHECK_MESSAGE(contains(e, "bad.graph:3:16: error: cluster on_node_lost must be \"stop\", got \"restart\""), e);
+  CHECK_MESSAGE(contains(e, "bad.graph:3:16: error: cluster on_node_lost must be \"stop\" or \"restart\", got \"elastic\""), e);
   CHECK_MESSAGE(contains(e, "bad.graph:4:1: error: unknown key 'colour' in [cluster]"), e);
   CHECK_MESSAGE(contains(e, "bad.graph:6:11: error: cluster node 'a': address must be \"HOST:PORT\""), e);
   CHECK_MESSAGE(contains(e, "bad.graph:8:11: error: cluster node 'b': address must be"), e);
@@ -853,6 +853,16 @@ cpus = -4
   CHECK(ok.spec.cluster.connect_timeout_ms == 2500);
   CHECK(parse_graph_string("[cluster]\n[cluster.nodes.a]\naddress = \"h:1\"\n", "d.graph").spec.cluster.connect_timeout_ms ==
         10000);
+  // on_node_lost = "restart" with max_restarts (default 3; an integer >= 0)
+  auto rs = parse_graph_string("[cluster]\non_node_lost = \"restart\"\nmax_restarts = 0\n[cluster.nodes.a]\naddress = \"h:1\"\n",
+                               "r.graph");
+  REQUIRE_MESSAGE(rs.ok(), all_errors(rs.errors));
+  CHECK(rs.spec.cluster.on_node_lost == "restart");
+  CHECK(rs.spec.cluster.max_restarts == 0);
+  CHECK(parse_graph_string("[cluster]\n", "d.graph").spec.cluster.max_restarts == 3);
+  auto neg = parse_graph_string("[cluster]\nmax_restarts = -1\n", "n.graph");
+  CHECK_MESSAGE(contains(all_errors(neg.errors), "n.graph:2:16: error: cluster max_restarts must be an integer >= 0, got -1"),
+                all_errors(neg.errors));
   // main_address: where the nodes reach this process's bulk plane (default 127.0.0.1); a host, no port
   CHECK(parse_graph_string("[cluster]\n[cluster.nodes.a]\naddress = \"h:1\"\n", "d.graph").spec.cluster.main_address ==
         "127.0.0.1");

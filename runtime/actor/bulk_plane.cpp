@@ -72,9 +72,11 @@ bulk_plane::bulk_plane(std::shared_ptr<comm::communicator> comm) : comm_(std::mo
 }
 
 bulk_plane::~bulk_plane() {
-  std::unique_lock<std::mutex> lock(st_->mutex);
-  if (!st_->idle.wait_for(lock, std::chrono::seconds(5), [&] { return st_->in_flight == 0; }))
-    spdlog::warn("bulk plane: {} send(s) still in flight at the end of the run (left to time out)", st_->in_flight);
+  std::lock_guard<std::mutex> lock(st_->mutex);
+  if (st_->in_flight > 0)
+    spdlog::info("bulk plane: {} send(s) still in flight at the end of the job (a stopped run leaves payloads "
+                 "nobody takes): they end when their peer's plane closes, or at the timeout",
+                 st_->in_flight);
 }
 
 bulk_header bulk_plane::send(int peer, const std::vector<tensor>& tensors) {
@@ -110,7 +112,6 @@ bulk_header bulk_plane::send(int peer, const std::vector<tensor>& tensors) {
     std::lock_guard<std::mutex> lock(st->mutex);
     if (failed) ++st->failed;
     --st->in_flight;
-    st->idle.notify_all();
   }).detach();
   return h;
 }

@@ -27,7 +27,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -68,9 +67,10 @@ class bulk_plane {
   /// process list and whose world is the number of processes. It must support
   /// send_tagged / recv_tagged (gloo).
   explicit bulk_plane(std::shared_ptr<comm::communicator> comm);
-  /// Waits up to 5 s for sends still in flight (a normal run has none left:
-  /// every message is handled before the job ends), then leaves the rest to
-  /// finish or time out on their own (they keep the communicator alive).
+  /// Does not wait. A completed job has no send in flight (every message was
+  /// handled); a stopped one may leave payloads that nobody takes: their
+  /// threads keep the communicator alive and end with an error when the
+  /// peer's plane closes (its connections drop) or at the timeout.
   ~bulk_plane();
   bulk_plane(const bulk_plane&) = delete;
   bulk_plane& operator=(const bulk_plane&) = delete;
@@ -97,7 +97,6 @@ class bulk_plane {
   // Shared with the send threads, which may outlive the plane.
   struct state {
     std::mutex mutex;
-    std::condition_variable idle;
     int in_flight = 0;
     std::uint64_t failed = 0;
     bulk_stats stats;

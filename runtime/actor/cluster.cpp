@@ -184,7 +184,8 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
   return {
       [=](job_atom, const std::string& toml, const std::vector<std::string>& processes,
           const std::vector<char>& where_bytes, std::uint32_t self_index, std::int64_t heartbeat_ms,
-          std::int64_t lost_after_ms) -> caf::result<std::string, std::vector<caf::actor>> {
+          std::int64_t lost_after_ms, const std::string& run_id,
+          std::int64_t attempt) -> caf::result<std::string, std::vector<caf::actor>> {
         auto& st = self->state;
         const auto where_flat = unpack<std::uint32_t>(where_bytes);
         if (!trusted()) return {std::string("refused: not the authenticated coordinator"), std::vector<caf::actor>{}};
@@ -226,6 +227,8 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         if (i != where_flat.size()) return refuse("the placement has more entries than the graph has replicas");
         run_options ro;
         ro.summary = false;
+        ro.run_id = run_id;
+        ro.attempt = attempt;
         auto part = spawn_part(self->system(), v.spec, *shared->kinds, *shared->factories, ro, pl);
         if (!part) return refuse(part.error());
         st.self_index = self_index;
@@ -702,6 +705,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   const auto timeout = milliseconds(std::max<std::int64_t>(1, spec.cluster.connect_timeout_ms));
   // The processes: main, then the cluster nodes that hold a replica, in cluster order.
   placement pl;
+  pl.on_node_lost = spec.cluster.on_node_lost;
   pl.processes.push_back(std::string(graph::main_process_name));
   std::map<std::string, std::uint32_t> index{{std::string(graph::main_process_name), 0}};
   for (const auto& cn : spec.cluster.nodes) {
@@ -918,7 +922,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     std::string err, failure;
     std::vector<caf::actor> local;
     self->request(c.session, timeout, cl::job_atom::value, toml, pl.processes, cl::pack(where_flat), c.process,
-                  spec.cluster.heartbeat_ms, spec.cluster.lost_after_ms)
+                  spec.cluster.heartbeat_ms, spec.cluster.lost_after_ms, options.run_id, options.attempt)
         .receive(
             [&](std::string& e, std::vector<caf::actor>& l) {
               err = std::move(e);

@@ -23,7 +23,11 @@ void print(std::string_view line) {
   erase_locked();
   std::fwrite(line.data(), 1, line.size(), stdout);
   std::fputc('\n', stdout);
-  if (had_progress) std::fflush(stdout);
+  // Flushed per line: nodes print a line per step at most, and a log file (a
+  // cluster node's stdout, say) must show each line as it happens, also when
+  // the process is then killed.
+  (void)had_progress;
+  std::fflush(stdout);
 }
 
 void progress(std::string_view line) {

@@ -52,6 +52,9 @@ class console_session {
   /// Publishes one sample: the counters, every replica's state, and the
   /// events and signals recorded since the previous sample.
   void sample(const metrics_snapshot& m, const job_live& live);
+  /// The run starts again (on_node_lost = "restart"): the next samples come
+  /// from a new job, whose events and signals count from the start.
+  void new_attempt() { event_seq_ = signal_seq_ = 0; }
   /// The final sample (run_state "finished", the exit code and error).
   void finish(const metrics_snapshot& m, const job_live& live, int exit_code, const std::string& error);
   /// Stops serving (after options.linger_s).

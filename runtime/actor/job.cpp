@@ -136,6 +136,8 @@ struct job_plan {
   std::string graph_name;
   std::uint64_t seed = 0;
   std::int64_t steps = 0;
+  std::string run_id;        // node_context::run_id
+  std::int64_t attempt = 0;  // node_context::attempt
   std::vector<node_plan> nodes;
   std::vector<edge_plan> edges;
   std::vector<link_plan> links;
@@ -281,6 +283,8 @@ class replica_actor final : public caf::event_based_actor {
     std::uint64_t seed() const override { return graph::node_seed(a_.plan_->seed, a_.np_.spec.name, a_.replica_); }
     std::int64_t graph_steps() const override { return a_.plan_->steps; }
     std::int64_t restarts() const override { return a_.restarts_; }
+    std::int64_t attempt() const override { return a_.plan_->attempt; }
+    const std::string& run_id() const override { return a_.plan_->run_id; }
     stop_reason reason() const override { return a_.reason_; }
     void emit(std::string_view port, payload msg) override { a_.ctx_emit(port, std::move(msg)); }
     void metric(std::string_view name, std::int64_t delta) override { a_.counters_.add(name, delta); }
@@ -1338,8 +1342,12 @@ class coordinator_actor final : public caf::event_based_actor {
       }
     std::string msg = "cluster node '" + w.processes[process] + "' lost (" + why + "); its actors: " +
                       (names.empty() ? std::string("none") : names) +
-                      "; the run stops (on_node_lost = \"stop\"): the other nodes' stop() runs, so what they "
-                      "checkpoint is intact";
+                      (w.on_node_lost == "restart"
+                           ? std::string("; the run stops and starts again from its checkpoints (on_node_lost = "
+                                         "\"restart\"): the other nodes' stop() runs first, so what they checkpoint "
+                                         "is intact")
+                           : std::string("; the run stops (on_node_lost = \"stop\"): the other nodes' stop() runs, so "
+                                         "what they checkpoint is intact"));
     plan_->live->event("run", "", -1, msg);
     report(std::move(msg));
     if (phase_ < phase::stopping) begin_stop(stop_reason::failed);
@@ -1465,6 +1473,8 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
   plan->graph_name = spec.name;
   plan->seed = spec.seed;
   plan->steps = spec.steps;
+  plan->run_id = options.run_id;
+  plan->attempt = options.attempt;
   plan->metrics = std::make_shared<job_metrics>();
   plan->live = std::make_shared<job_live>(plan->metrics->start());
   plan->state = std::make_shared<run_state>();

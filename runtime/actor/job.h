@@ -66,6 +66,8 @@ struct placement {
   /// The bulk plane (rank = process index) when some cross-process edge
   /// carries a payload with tensors (a bulk codec); null otherwise.
   std::shared_ptr<bulk_plane> bulk;
+  /// [cluster] on_node_lost ("stop" or "restart"), for the lost-node message.
+  std::string on_node_lost = "stop";
 };
 
 /// Messages and bytes this process sent to actors in other processes, since

@@ -89,6 +89,18 @@ class node_context {
   virtual std::int64_t graph_steps() const = 0;
   /// How often this replica has been restarted so far.
   virtual std::int64_t restarts() const = 0;
+  /// Which attempt of the run this is: 0, or k after the run restarted k times
+  /// because a cluster node was lost ([cluster] on_node_lost = "restart",
+  /// docs/scaling.md). Nodes resume from what earlier attempts of the same
+  /// run_id() saved.
+  virtual std::int64_t attempt() const { return 0; }
+  /// An id shared by every attempt of one run (and by every process of a
+  /// cluster run); differs between runs. Nodes write it beside what they save
+  /// so that a later attempt of the same run can trust it.
+  virtual const std::string& run_id() const {
+    static const std::string none;
+    return none;
+  }
   /// Why the run is stopping; stop_reason::running outside stop().
   virtual stop_reason reason() const = 0;
 

@@ -2,7 +2,13 @@
 // process (threaded CAF scheduler, signals, periodic metrics, progress line).
 #include "runtime/actor/runtime.h"
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <atomic>
 #include <csignal>
@@ -18,11 +24,13 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/cluster.h"
+#include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/cluster_run.h"
 #include "runtime/actor/console.h"
 #include "runtime/actor/console_bridge.h"
 #include "runtime/actor/job.h"
 #include "runtime/console/hub.h"
+#include "runtime/graph/parse.h"
 
 namespace flowrun::actor {
 
@@ -117,6 +125,34 @@ class control_queue {
   std::vector<int> items_;
 };
 
+// True when something accepts a TCP connection at host:port within timeout_ms
+// (a lost cluster node whose daemon came back). Plain sockets: no CAF.
+bool port_answers(const std::string& host, int port, std::int64_t timeout_ms) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return false;
+  bool ok = false;
+  for (addrinfo* a = res; a && !ok; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(timeout_ms, 10000))) == 1) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        ok = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+      }
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return ok;
+}
+
 }  // namespace
 
 // -- run_graph ----------------------------------------------------------------------------
@@ -166,10 +202,20 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
   }
   {
     caf::actor_system sys{cfg};
+    signal_guard signals;
+    int forwarded = 0;
+    // Attempts: more than one when a cluster node is lost under on_node_lost =
+    // "restart" (docs/scaling.md). Each attempt is a new job over the same
+    // graph, with the lost nodes' replicas moved to main (unless they answer
+    // again); nodes resume from what earlier attempts of this run_id saved.
+    run_options attempt_options = options;
+    if (attempt_options.run_id.empty()) attempt_options.run_id = random_nonce().substr(0, 16);
+    graph::graph_spec attempt_spec = spec;
+    for (;;) {
     std::unique_ptr<cluster_run> cluster;
     job j;
-    if (clustered) {
-      auto started = cluster_run::start(sys, spec, kinds, factories, options);
+    if (needs_cluster(attempt_spec)) {
+      auto started = cluster_run::start(sys, attempt_spec, kinds, factories, attempt_options);
       if (!started) {
         result.exit_code = exit_failed;
         result.reason = stop_reason::failed;
@@ -179,7 +225,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       cluster = std::move(*started);
       j = cluster->the_job();
     } else {
-      auto launched = launch(sys, spec, kinds, factories, options);
+      auto launched = launch(sys, attempt_spec, kinds, factories, attempt_options);
       if (!launched) {
         result.exit_code = exit_failed;
         result.reason = stop_reason::failed;
@@ -188,7 +234,6 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       }
       j = std::move(*launched);
     }
-    signal_guard signals;
     // What the console's POST endpoints do. They run on the server's threads and
     // only queue the request; this loop forwards it to the coordinator (so no
     // CAF handle ever leaves this thread or outlives the actor system).
@@ -221,9 +266,9 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
                               : "nodes that honour it at their next step: " + names);
       };
       console_live->set_controls(std::move(c));
-      console_live->announce();
+      if (attempt_options.attempt == 0) console_live->announce();
+      else console_live->new_attempt();
     }
-    int forwarded = 0;
     using clk = std::chrono::steady_clock;
     auto next_console = clk::now();
     auto next_metrics = clk::now() + std::chrono::duration_cast<clk::duration>(
@@ -287,19 +332,30 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       }
     }
     console::clear_progress();
+    std::vector<std::string> lost;
     if (cluster) {
       cluster->publish_live();
       if (console_live) console_live->set_cluster(cluster->view());
       spdlog::info("[{}] cluster: {}", spec.name, cluster->status());
       std::string traffic = cluster->end();
       if (options.summary) spdlog::info("[{}] {}", spec.name, traffic);
+      for (const auto& n : cluster->view().nodes)
+        if (n.state == "lost") lost.push_back(n.name);
     }
     result.exit_code = j.state->exit_code();
     result.error = j.state->error();
     result.reason = j.state->reason();
     result.metrics = j.metrics->snapshot();
-    if (metrics_file) metrics_file << to_json_line(result.metrics, true) << '\n' << std::flush;
-    if (console_live) console_live->finish(result.metrics, *j.live, result.exit_code, result.error);
+    // on_node_lost = "restart": the run starts again unless it was interrupted
+    // or the restarts are used up.
+    const bool restart = !lost.empty() && spec.cluster.on_node_lost == "restart" && forwarded == 0 &&
+                         result.reason == stop_reason::failed && attempt_options.attempt < spec.cluster.max_restarts;
+    if (!lost.empty() && spec.cluster.on_node_lost == "restart" && !restart)
+      spdlog::error("[{}] not restarting: {}", spec.name,
+                    forwarded > 0 ? std::string("the run was interrupted")
+                                  : "max_restarts = " + std::to_string(spec.cluster.max_restarts) + " used up");
+    if (metrics_file) metrics_file << to_json_line(result.metrics, !restart) << '\n' << std::flush;
+    if (console_live && !restart) console_live->finish(result.metrics, *j.live, result.exit_code, result.error);
     if (options.summary) {
       std::string summary = format_summary(result.metrics);
       spdlog::info("[{}] {} in {:.2f}s (exit code {})", spec.name, to_string(result.reason), result.metrics.elapsed_s,
@@ -312,8 +368,48 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         at = nl + 1;
       }
     }
+    std::shared_ptr<job_live> last_live = j.live;
     j = job{};  // release the handles before the actor system goes away
     cluster.reset();
+    if (!restart) break;
+    // Every node of the last attempt that does not answer now (the lost one,
+    // or a survivor whose daemon ended with --once) has its replicas moved to
+    // main; a lost node whose daemon came back on the same address keeps them.
+    std::string moved;
+    for (const auto& cn : attempt_spec.cluster.nodes) {
+      const std::string& name = cn.name;
+      bool used = false;
+      for (const auto& n : attempt_spec.nodes)
+        for (std::int64_t r = 0; r < n.replicas; ++r) used = used || graph::placement_of(n, r) == name;
+      if (!used) continue;
+      const bool was_lost = std::find(lost.begin(), lost.end(), name) != lost.end();
+      if (port_answers(cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms)) {
+        if (was_lost) moved += (moved.empty() ? "" : "; ") + name + " answers again: its actors stay there";
+        continue;
+      }
+      for (auto& n : attempt_spec.nodes) {
+        std::vector<std::string> where;
+        bool changed = false;
+        for (std::int64_t r = 0; r < n.replicas; ++r) {
+          where.push_back(graph::placement_of(n, r));
+          if (where.back() == name) where.back() = std::string(graph::main_process_name), changed = true;
+        }
+        if (!changed) continue;
+        n.on.clear();
+        n.on_replicas = where;
+        moved += (moved.empty() ? "" : "; ") + n.name + " moves from " + name + " to main";
+      }
+    }
+    spdlog::error("[{}] attempt {} stopped: {}", spec.name, attempt_options.attempt + 1, result.error);
+    ++attempt_options.attempt;
+    const std::string msg = "restarting the run (attempt " + std::to_string(attempt_options.attempt + 1) + " of at most " +
+                            std::to_string(spec.cluster.max_restarts + 1) +
+                            ", on_node_lost = \"restart\"): " + moved +
+                            "; nodes resume from what earlier attempts checkpointed";
+    spdlog::warn("[{}] {}", spec.name, msg);
+    if (last_live) last_live->event("restart", "", -1, msg);
+    if (console_live) console_live->sample(result.metrics, *last_live);
+    }  // attempts
   }  // ~actor_system waits for every actor; all of them have quit
   if (console_live) console_live->close();
   return result;

@@ -81,6 +81,10 @@ struct run_options {
   console_options console;
   /// Cluster runs: the secret and timeouts.
   cluster_options cluster;
+  /// Shared by every attempt of a run (node_context::run_id); empty: run_graph makes one.
+  std::string run_id;
+  /// Which attempt of the run (node_context::attempt): set by run_graph when it restarts.
+  std::int64_t attempt = 0;
 };
 
 /// How a run ended.

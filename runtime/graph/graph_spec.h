@@ -175,7 +175,8 @@ struct cluster_node_spec {
 ///   heartbeat_ms = 500         # between heartbeats (integer milliseconds)
 ///   lost_after_ms = 3000       # a node silent this long is lost (>= 2 x heartbeat_ms)
 ///   connect_timeout_ms = 10000 # connecting to a node and its handshake, each
-///   on_node_lost = "stop"      # the only policy so far: stop the run
+///   on_node_lost = "stop"      # or "restart": start again from the checkpoints
+///   max_restarts = 3           # restarts allowed per run (on_node_lost = "restart")
 ///   main_address = "10.0.0.1"  # where the other nodes reach this process's bulk plane
 ///   [cluster.nodes.w1]
 ///   address = "127.0.0.1:7001"
@@ -186,7 +187,13 @@ struct cluster_spec {
   std::int64_t heartbeat_ms = 500;
   std::int64_t lost_after_ms = 3000;
   std::int64_t connect_timeout_ms = 10000;
+  /// "stop": a lost node stops the run (the other nodes' stop() runs, so what
+  /// they checkpoint is intact). "restart": then the run starts again (a new
+  /// attempt, node_context::attempt) from what was checkpointed, the lost
+  /// node's replicas placed on main unless the node answers again.
   std::string on_node_lost = "stop";
+  /// Restarts allowed per run under on_node_lost = "restart".
+  std::int64_t max_restarts = 3;
   /// The host (name or IP) on which the `flowrun run` process listens for the
   /// bulk plane (the communicator that moves tensors between nodes) and its
   /// rendezvous store; the nodes must reach it there. The daemons listen on

@@ -314,7 +314,7 @@ namespace {
 
 const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node", "cluster"};
 const std::vector<std::string> cluster_keys = {"heartbeat_ms", "lost_after_ms", "connect_timeout_ms", "on_node_lost",
-                                               "main_address", "nodes"};
+                                               "max_restarts", "main_address", "nodes"};
 const std::vector<std::string> cluster_node_keys = {"address", "cpus", "gpus"};
 
 bool is_cluster_node_name(std::string_view s) {
@@ -361,14 +361,22 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
     } else if (k == "connect_timeout_ms") {
       positive_ms(v, k, c.connect_timeout_ms);
     } else if (k == "on_node_lost") {
-      if (!v.is_string() || v.as_string()->get() != "stop")
+      if (!v.is_string() || (v.as_string()->get() != "stop" && v.as_string()->get() != "restart"))
         add_error(errors, pos_of(v),
-                  "cluster on_node_lost must be \"stop\"" +
+                  "cluster on_node_lost must be \"stop\" or \"restart\"" +
                       (v.is_string() ? ", got \"" + v.as_string()->get() + "\"" : ", got " + toml_type_name(v)),
-                  "\"stop\" stops the run and names the lost node and its actors (restarting on the remaining "
-                  "nodes is not implemented yet)");
+                  "\"stop\" stops the run and names the lost node and its actors; \"restart\" then starts the run "
+                  "again from its checkpoints, the lost node's actors on main unless the node is back");
       else
         c.on_node_lost = v.as_string()->get();
+    } else if (k == "max_restarts") {
+      if (!v.is_integer() || v.as_integer()->get() < 0)
+        add_error(errors, pos_of(v),
+                  "cluster max_restarts must be an integer >= 0, got " +
+                      (v.is_integer() ? std::to_string(v.as_integer()->get()) : toml_type_name(v)),
+                  "write max_restarts = 3: how often on_node_lost = \"restart\" may start the run again");
+      else
+        c.max_restarts = v.as_integer()->get();
     } else if (k == "main_address") {
       if (!v.is_string() || v.as_string()->get().empty() ||
           v.as_string()->get().find_first_of(" :/") != std::string::npos)

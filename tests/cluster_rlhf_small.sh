@@ -142,4 +142,39 @@ cmp "$out/single-sft.bin" "$out/restart-sft.bin" || { echo "step 1's model diffe
 for f in "$out/single-rm"/*; do cmp "$f" "$out/restart-rm/$(basename "$f")" || { echo "step 2's $(basename "$f") differs"; exit 1; }; done
 echo "  $(grep -o "restarting the run.*" "$out/restart.err" | head -1)"
 echo "  steps 1 and 2 resumed from their saved models; $(wc -l < "$out/restart.step3") step-3 lines and the policy equal the uninterrupted run's"
+
+echo "== a lost node that comes back (rejoin_wait_ms): its actors stay there"
+# w1 (without --once) is still there and takes this run too; w2 gets a new daemon, killed and started again on its port
+rm -f "$out/w2.port"
+"$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/w2.port" --threads 2 \
+  > "$out/jw2.out" 2> "$out/jw2.err" &
+w2_pid=$!
+pids+=($w2_pid)
+for _ in $(seq 1 200); do [[ -s "$out/w2.port" ]] && break; sleep 0.05; done
+w2_port=$(cat "$out/w2.port")
+{ echo "[cluster]"; echo "heartbeat_ms = 250"; echo 'on_node_lost = "restart"'; echo "rejoin_wait_ms = 20000"
+  echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$(cat "$out/w1.port")\""
+  echo "[cluster.nodes.w2]"; echo "address = \"127.0.0.1:$w2_port\""; } > "$out/rejoin.toml"
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs rejoin) --cluster "$out/rejoin.toml" \
+  --secret-file "$out/secret" "${split[@]}" > "$out/rejoin.log" 2> "$out/rejoin.err" &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 1200); do grep -q "^\[step 3 ppo\] iter 1 reward" "$out/jw2.out" && break; sleep 0.05; done
+grep -q "^\[step 3 ppo\] iter 1 reward" "$out/jw2.out" || { echo "PPO did not reach iteration 1 on w2:"; tail "$out/rejoin.err"; exit 1; }
+kill -9 "$w2_pid"
+sleep 0.5  # the supervisor's delay
+"$flowrun" node --listen "127.0.0.1:$w2_port" --secret-file "$out/secret" --threads 2 > "$out/jw2b.out" 2> "$out/jw2b.err" &
+pids+=($!)
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+[[ $rc -eq 0 ]] || { echo "the rejoined run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/rejoin.err" | tail -20; exit 1; }
+grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): w2 answers again: its actors stay there" \
+  "$out/rejoin.err" || { echo "no rejoin line:"; grep -i "restart\|waiting" "$out/rejoin.err"; exit 1; }
+results "$out/jw2b.out" > "$out/rejoin.step3"  # the new w2 daemon runs the controller again
+diff "$out/single.step3" "$out/rejoin.step3" || { echo "the rejoined run's step 3 differs"; exit 1; }
+cmp "$out/single-ppo.bin" "$out/rejoin-ppo.bin" || { echo "the rejoined run's policy differs"; exit 1; }
+echo "  $(grep -o "restarting the run.*" "$out/rejoin.err" | head -1)"
+echo "  the controller, reward and critic ran again on the returning w2; step 3 and the policy equal the uninterrupted run's"
 echo "cluster_rlhf_small: OK"

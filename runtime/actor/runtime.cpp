@@ -383,7 +383,18 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         for (std::int64_t r = 0; r < n.replicas; ++r) used = used || graph::placement_of(n, r) == name;
       if (!used) continue;
       const bool was_lost = std::find(lost.begin(), lost.end(), name) != lost.end();
-      if (port_answers(cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms)) {
+      // A lost node may come back (a supervisor restarts its daemon): wait up to rejoin_wait_ms for it.
+      bool answers = port_answers(cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms);
+      if (was_lost && !answers && attempt_spec.cluster.rejoin_wait_ms > 0) {
+        spdlog::info("[{}] waiting up to {} ms for cluster node '{}' ({}:{}) to come back (rejoin_wait_ms)", spec.name,
+                     attempt_spec.cluster.rejoin_wait_ms, name, cn.host, cn.port);
+        const auto until = clk::now() + std::chrono::milliseconds(attempt_spec.cluster.rejoin_wait_ms);
+        while (!answers && clk::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          answers = port_answers(cn.host, cn.port, std::min<std::int64_t>(1000, attempt_spec.cluster.connect_timeout_ms));
+        }
+      }
+      if (answers) {
         if (was_lost) moved += (moved.empty() ? "" : "; ") + name + " answers again: its actors stay there";
         continue;
       }

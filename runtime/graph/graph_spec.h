@@ -177,6 +177,7 @@ struct cluster_node_spec {
 ///   connect_timeout_ms = 10000 # connecting to a node and its handshake, each
 ///   on_node_lost = "stop"      # or "restart": start again from the checkpoints
 ///   max_restarts = 3           # restarts allowed per run (on_node_lost = "restart")
+///   rejoin_wait_ms = 0         # before a restart, wait this long for a lost node to come back
 ///   main_address = "10.0.0.1"  # where the other nodes reach this process's bulk plane
 ///   [cluster.nodes.w1]
 ///   address = "127.0.0.1:7001"
@@ -194,6 +195,10 @@ struct cluster_spec {
   std::string on_node_lost = "stop";
   /// Restarts allowed per run under on_node_lost = "restart".
   std::int64_t max_restarts = 3;
+  /// Before a restart, how long to wait for a lost node to answer again (its
+  /// daemon restarted by a supervisor on the same address) before its actors
+  /// move to main; 0: do not wait.
+  std::int64_t rejoin_wait_ms = 0;
   /// The host (name or IP) on which the `flowrun run` process listens for the
   /// bulk plane (the communicator that moves tensors between nodes) and its
   /// rendezvous store; the nodes must reach it there. The daemons listen on

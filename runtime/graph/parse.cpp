@@ -314,7 +314,7 @@ namespace {
 
 const std::vector<std::string> top_level_keys = {"include", "edges", "graph", "node", "cluster"};
 const std::vector<std::string> cluster_keys = {"heartbeat_ms", "lost_after_ms", "connect_timeout_ms", "on_node_lost",
-                                               "max_restarts", "main_address", "nodes"};
+                                               "max_restarts", "rejoin_wait_ms", "main_address", "nodes"};
 const std::vector<std::string> cluster_node_keys = {"address", "cpus", "gpus"};
 
 bool is_cluster_node_name(std::string_view s) {
@@ -369,6 +369,14 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
                   "again from its checkpoints, the lost node's actors on main unless the node is back");
       else
         c.on_node_lost = v.as_string()->get();
+    } else if (k == "rejoin_wait_ms") {
+      if (!v.is_integer() || v.as_integer()->get() < 0)
+        add_error(errors, pos_of(v),
+                  "cluster rejoin_wait_ms must be an integer >= 0 (milliseconds), got " +
+                      (v.is_integer() ? std::to_string(v.as_integer()->get()) : toml_type_name(v)),
+                  "write rejoin_wait_ms = 10000: how long a restart waits for a lost node to answer again");
+      else
+        c.rejoin_wait_ms = v.as_integer()->get();
     } else if (k == "max_restarts") {
       if (!v.is_integer() || v.as_integer()->get() < 0)
         add_error(errors, pos_of(v),

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/codec_io.h"
 #include "actors/register.h"
 #include "models/adapter.h"
 #include "models/checkpoint.h"
@@ -164,7 +165,8 @@ class zero_rank final : public actor::node {
       co.group = join_group(ctx.name(), world_, ctx.replicas());
     } else {
       // The rendezvous, first found: the node's rendezvous (caf://HOST:PORT or a folder), its
-      // store_dir, $FLOWRUN_RENDEZVOUS (flowrun launch --rendezvous caf), $FLOWRUN_STORE_DIR
+      // store_dir, the cluster run's store (ctx.rendezvous_store()), $FLOWRUN_RENDEZVOUS (flowrun
+      // launch --rendezvous caf), $FLOWRUN_STORE_DIR
       // (--rendezvous file). gloo's addresses and NCCL's unique id go through it.
       const char* rv = std::getenv("FLOWRUN_RENDEZVOUS");
       const char* sd = std::getenv("FLOWRUN_STORE_DIR");
@@ -172,6 +174,8 @@ class zero_rank final : public actor::node {
         co.kv = comm::open_store(s.get_string("rendezvous"), co.timeout);
       else if (!s.get_string("store_dir").empty())
         co.store_dir = s.get_string("store_dir");
+      else if (ctx.rendezvous_store())  // a cluster run's store (ranks on several cluster nodes)
+        co.kv = ctx.rendezvous_store();
       else if (rv && *rv)
         co.kv = comm::open_store(rv, co.timeout);
       else if (sd && *sd)
@@ -425,6 +429,30 @@ class zero_rank final : public actor::node {
 }  // namespace
 
 void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  // The global batch crosses cluster nodes when the ranks run on other nodes
+  // than the loader (docs/scaling.md): its token tensors go through the bulk plane.
+  actor::register_payload_codec(
+      "lm_batch", codec_io::bulk_codec<lm_batch_msg>(
+                      [](codec_io::writer& w, const lm_batch_msg& m) {
+                        w.put(m.step);
+                        w.put(m.epoch);
+                        w.put(m.cursor);
+                        w.put_tensor(m.ids);
+                        w.put_tensor(m.targets);
+                        w.put_tensor(m.val_ids);
+                        w.put_tensor(m.val_targets);
+                      },
+                      [](codec_io::reader& r) {
+                        lm_batch_msg m;
+                        m.step = r.get<std::int64_t>();
+                        m.epoch = r.get<std::int64_t>();
+                        m.cursor = r.get<std::int64_t>();
+                        m.ids = r.get_tensor();
+                        m.targets = r.get_tensor();
+                        m.val_ids = r.get_tensor();
+                        m.val_targets = r.get_tensor();
+                        return m;
+                      }));
   using T = graph::setting_type;
   auto shared = [](graph::node_kind& k) {
     k.option("seq_length", T::int_, std::int64_t{64}, "tokens per instance (TencentPretrain --seq_length)")

@@ -44,7 +44,7 @@
 #include "runtime/actor/cluster_run.h"
 #include "runtime/actor/job.h"
 #include "runtime/actor/payload_codec.h"
-#include "runtime/comm/caf_store.h"
+#include "runtime/comm/caf_store_actor.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
@@ -151,13 +151,13 @@ void end_part(caf::stateful_actor<session_state>* self, bool aborted) {
 // Joins a gloo group through the coordinator's rendezvous store: this
 // process's end of the bulk plane (bulk_plane.h). Blocks until every process
 // has joined or `timeout` passes (then throws std::runtime_error).
-std::shared_ptr<bulk_plane> join_bulk_plane(const std::string& store_host, std::uint16_t store_port, int rank,
-                                            int world, const std::string& hostname, std::chrono::milliseconds timeout,
+std::shared_ptr<bulk_plane> join_bulk_plane(std::shared_ptr<comm::store> kv, int rank, int world,
+                                            const std::string& hostname, std::chrono::milliseconds timeout,
                                             const std::string& prefix) {
   comm::gloo_options o;
   o.rank = rank;
   o.world_size = world;
-  o.kv = comm::make_caf_store(store_host, store_port, timeout, timeout);
+  o.kv = std::move(kv);
   o.prefix = prefix;
   o.hostname = hostname;
   o.timeout = timeout;
@@ -184,8 +184,8 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
   return {
       [=](job_atom, const std::string& toml, const std::vector<std::string>& processes,
           const std::vector<char>& where_bytes, std::uint32_t self_index, std::int64_t heartbeat_ms,
-          std::int64_t lost_after_ms, const std::string& run_id,
-          std::int64_t attempt) -> caf::result<std::string, std::vector<caf::actor>> {
+          std::int64_t lost_after_ms, const std::string& run_id, std::int64_t attempt,
+          const caf::actor& kv) -> caf::result<std::string, std::vector<caf::actor>> {
         auto& st = self->state;
         const auto where_flat = unpack<std::uint32_t>(where_bytes);
         if (!trusted()) return {std::string("refused: not the authenticated coordinator"), std::vector<caf::actor>{}};
@@ -229,6 +229,7 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         ro.summary = false;
         ro.run_id = run_id;
         ro.attempt = attempt;
+        if (kv) ro.rendezvous_store = comm::actor_store(self->system(), kv);
         auto part = spawn_part(self->system(), v.spec, *shared->kinds, *shared->factories, ro, pl);
         if (!part) return refuse(part.error());
         st.self_index = self_index;
@@ -248,15 +249,15 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
         return {std::string(), std::move(local)};
       },
-      [=](comm_atom, const std::string& store_host, std::uint32_t store_port, std::uint32_t rank, std::uint32_t world,
-          const std::string& hostname, std::int64_t timeout_ms, const std::string& prefix) -> std::string {
+      [=](comm_atom, const caf::actor& kv, std::uint32_t rank, std::uint32_t world, const std::string& hostname,
+          std::int64_t timeout_ms, const std::string& prefix) -> std::string {
         if (!trusted()) return "refused: not the authenticated coordinator";
         // The session runs detached (a thread of its own): blocking here until
         // every process has joined holds up nothing else of this node.
         try {
-          self->state.bulk = join_bulk_plane(store_host, static_cast<std::uint16_t>(store_port), static_cast<int>(rank),
-                                             static_cast<int>(world), hostname, std::chrono::milliseconds(timeout_ms),
-                                             prefix);
+          const std::chrono::milliseconds t(timeout_ms);
+          self->state.bulk = join_bulk_plane(comm::actor_store(self->system(), kv, t), static_cast<int>(rank),
+                                             static_cast<int>(world), hostname, t, prefix);
           spdlog::info("bulk plane: joined as rank {} of {} (gloo, listening on {})", rank, world, hostname);
           return std::string();
         } catch (const std::exception& e) {
@@ -662,10 +663,12 @@ struct cluster_run::impl {
   cross_process_counts at_start;
   bool ended = false;
   std::shared_ptr<bulk_plane> bulk;  // this process's end of the bulk plane (null: no tensors cross)
+  caf::actor kv;  // the run's rendezvous store (comm::spawn_kv_store; node_context::rendezvous_store)
   cluster_view planned;  // planned_cluster_view; view() adds states and heartbeat ages
 
   explicit impl(caf::actor_system& s) : sys(s) {}
   ~impl() {
+    if (kv) caf::anon_send_exit(kv, caf::exit_reason::user_shutdown);
     if (link_thread.joinable()) {
       caf::anon_send(link, cl::cend_atom::value);
       link_thread.join();
@@ -682,6 +685,7 @@ struct cluster_run::impl {
     for (auto& c : conns)
       if (c.session) caf::anon_send_exit(c.session, caf::exit_reason::user_shutdown);
     if (link) caf::anon_send(link, cl::cend_atom::value);
+    if (kv) caf::anon_send_exit(kv, caf::exit_reason::user_shutdown);
   }
 };
 
@@ -848,33 +852,31 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     p->conns.push_back({cn->name, address, i, session});
     spdlog::info("cluster node '{}' ({}): authenticated; actors there: {}", cn->name, address, actors_of[i]);
   }
+  // The run's rendezvous store: an actor on main for the whole run, which the
+  // nodes reach over their session connections (no port of its own). The
+  // bulk plane joins through it, and so do nodes that form communicator
+  // groups of their own (node_context::rendezvous_store, e.g. zero_rank).
+  const std::string& host = spec.cluster.main_address;
+  p->kv = comm::spawn_kv_store(sys);
+  run_options run_opts = options;
+  run_opts.rendezvous_store = comm::actor_store(sys, p->kv);
   // The bulk plane: a gloo group of every process of the run (rank = process
-  // index), joined through a rendezvous store that this process hosts. Only
-  // when some edge moves tensors between processes.
+  // index). Only when some edge moves tensors between processes.
   if (bulk_needed) {
-    const std::string& host = spec.cluster.main_address;
     const auto plane_timeout = std::max<milliseconds>(timeout, milliseconds(60000));
-    std::unique_ptr<comm::caf_store_host> store;
-    try {
-      store = comm::host_caf_store(host, 0);
-    } catch (const std::exception& e) {
-      p->abandon();
-      return error_text{std::string("cannot start the bulk plane's rendezvous store: ") + e.what() +
-                        " ([cluster] main_address must be an address of this machine that the nodes reach)"};
-    }
-    const auto addr = store->address();
     const std::string prefix = "flowrun/bulk/" + random_nonce().substr(0, 16);
     const auto world = static_cast<std::uint32_t>(pl.processes.size());
     std::vector<caf::response_handle<caf::blocking_actor, caf::message, true>> asks;
     for (auto& c : p->conns) {
       const auto* cn = spec.cluster.find(c.name);
-      asks.push_back(self->request(c.session, plane_timeout + milliseconds(5000), cl::comm_atom::value, addr.host,
-                                   static_cast<std::uint32_t>(addr.port), c.process, world, cn->host,
-                                   static_cast<std::int64_t>(plane_timeout.count()), prefix));
+      asks.push_back(self->request(c.session, plane_timeout + milliseconds(5000), cl::comm_atom::value, p->kv,
+                                   c.process, world, cn->host, static_cast<std::int64_t>(plane_timeout.count()),
+                                   prefix));
     }
     std::string main_error;
     try {
-      p->bulk = cl::join_bulk_plane(addr.host, addr.port, 0, static_cast<int>(world), host, plane_timeout, prefix);
+      p->bulk = cl::join_bulk_plane(comm::actor_store(sys, p->kv, plane_timeout), 0, static_cast<int>(world), host,
+                                    plane_timeout, prefix);
     } catch (const std::exception& e) {
       main_error = e.what();
     }
@@ -898,7 +900,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       spdlog::warn("bulk plane: tensors between nodes travel over plain TCP (gloo), not TLS");
   }
   // This process's replicas.
-  auto part = spawn_part(sys, spec, kinds, factories, options, pl);
+  auto part = spawn_part(sys, spec, kinds, factories, run_opts, pl);
   if (!part) {
     p->abandon();
     return error_text{part.error()};
@@ -922,7 +924,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     std::string err, failure;
     std::vector<caf::actor> local;
     self->request(c.session, timeout, cl::job_atom::value, toml, pl.processes, cl::pack(where_flat), c.process,
-                  spec.cluster.heartbeat_ms, spec.cluster.lost_after_ms, options.run_id, options.attempt)
+                  spec.cluster.heartbeat_ms, spec.cluster.lost_after_ms, options.run_id, options.attempt,
+                  p->kv)
         .receive(
             [&](std::string& e, std::vector<caf::actor>& l) {
               err = std::move(e);
@@ -1136,6 +1139,8 @@ std::string cluster_run::end() {
   }
   p.j = job{};
   p.bulk.reset();
+  if (p.kv) caf::anon_send_exit(p.kv, caf::exit_reason::user_shutdown);
+  p.kv = nullptr;
   return report;
 }
 

@@ -138,6 +138,7 @@ struct job_plan {
   std::int64_t steps = 0;
   std::string run_id;        // node_context::run_id
   std::int64_t attempt = 0;  // node_context::attempt
+  std::shared_ptr<comm::store> rendezvous_store;  // node_context::rendezvous_store
   std::vector<node_plan> nodes;
   std::vector<edge_plan> edges;
   std::vector<link_plan> links;
@@ -285,6 +286,7 @@ class replica_actor final : public caf::event_based_actor {
     std::int64_t restarts() const override { return a_.restarts_; }
     std::int64_t attempt() const override { return a_.plan_->attempt; }
     const std::string& run_id() const override { return a_.plan_->run_id; }
+    std::shared_ptr<comm::store> rendezvous_store() const override { return a_.plan_->rendezvous_store; }
     stop_reason reason() const override { return a_.reason_; }
     void emit(std::string_view port, payload msg) override { a_.ctx_emit(port, std::move(msg)); }
     void metric(std::string_view name, std::int64_t delta) override { a_.counters_.add(name, delta); }
@@ -1475,6 +1477,7 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
   plan->steps = spec.steps;
   plan->run_id = options.run_id;
   plan->attempt = options.attempt;
+  plan->rendezvous_store = options.rendezvous_store;
   plan->metrics = std::make_shared<job_metrics>();
   plan->live = std::make_shared<job_live>(plan->metrics->start());
   plan->state = std::make_shared<run_state>();

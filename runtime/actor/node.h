@@ -40,6 +40,7 @@
 #include <spdlog/logger.h>
 
 #include "runtime/actor/payload.h"
+#include "runtime/comm/store.h"
 #include "runtime/graph/graph_spec.h"
 #include "runtime/graph/node_kind.h"
 
@@ -101,6 +102,12 @@ class node_context {
     static const std::string none;
     return none;
   }
+  /// A rendezvous store that every process of the run reaches (null when
+  /// the run has none): cluster runs keep one on main for the whole run, and
+  /// reach it over the run's own CAF connections. Nodes that form
+  /// communicator groups of their own across cluster nodes (zero_rank with
+  /// comm_backend gloo or nccl) rendezvous through it.
+  virtual std::shared_ptr<comm::store> rendezvous_store() const { return nullptr; }
   /// Why the run is stopping; stop_reason::running outside stop().
   virtual stop_reason reason() const = 0;
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "runtime/comm/store.h"
 #include "runtime/actor/metrics.h"
 #include "runtime/actor/node.h"
 #include "runtime/graph/graph_spec.h"
@@ -85,6 +86,8 @@ struct run_options {
   std::string run_id;
   /// Which attempt of the run (node_context::attempt): set by run_graph when it restarts.
   std::int64_t attempt = 0;
+  /// node_context::rendezvous_store: set by cluster runs (the store lives on main).
+  std::shared_ptr<comm::store> rendezvous_store;
 };
 
 /// How a run ended.

@@ -10,6 +10,7 @@
 // A parked get whose requester gave up (timeout) is answered later into the
 // void, or dropped with the actor.
 #include "runtime/comm/caf_store.h"
+#include "runtime/comm/caf_store_actor.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -148,6 +149,59 @@ class caf_host_impl final : public caf_store_host {
   caf_address addr_;
 };
 
+// One request to a store actor, with the error turned into std::runtime_error
+// naming `where`, the op and the key.
+template <class F, class... Ts>
+void kv_call(caf::actor_system& sys, const caf::actor& server, const std::string& where, const char* op,
+             const std::string& key, std::chrono::milliseconds timeout, F on_ok, Ts&&... xs) {
+  caf::error err;
+  {
+    caf::scoped_actor self{sys};
+    self->request(server, timeout, std::forward<Ts>(xs)...).receive(on_ok, [&](caf::error& e) { err = e; });
+  }
+  if (!err) return;
+  if (err == caf::sec::request_timeout) {
+    if (std::string(op) == "get")
+      throw std::runtime_error(where + ": timed out after " + std::to_string(timeout.count()) +
+                               " ms waiting for key '" + key + "' (did every rank start?)");
+    throw std::runtime_error(where + ": " + op + " of key '" + key + "': no answer within " +
+                             std::to_string(timeout.count()) + " ms");
+  }
+  throw std::runtime_error(where + ": " + op + " of key '" + key + "' failed: " + sys.render(err) +
+                           " (is the store's host still running?)");
+}
+
+// A client of a store actor in an actor system the caller owns (cluster runs).
+class kv_client final : public store {
+ public:
+  kv_client(caf::actor_system& sys, caf::actor kv, std::chrono::milliseconds op_timeout)
+      : sys_(sys), kv_(std::move(kv)), op_timeout_(op_timeout) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    bytes b(value.begin(), value.end());
+    kv_call(sys_, kv_, where(), "set", key, op_timeout_, [](bool) {}, kv_set_atom::value, key, std::move(b));
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::vector<uint8_t> out;
+    kv_call(sys_, kv_, where(), "get", key, timeout, [&](const bytes& b) { out.assign(b.begin(), b.end()); },
+            kv_get_atom::value, key);
+    return out;
+  }
+  bool contains(const std::string& key) override {
+    bool r = false;
+    kv_call(sys_, kv_, where(), "contains", key, op_timeout_, [&](bool v) { r = v; }, kv_has_atom::value, key);
+    return r;
+  }
+  void erase(const std::string& key) override {
+    kv_call(sys_, kv_, where(), "erase", key, op_timeout_, [](bool) {}, kv_del_atom::value, key);
+  }
+
+ private:
+  std::string where() const { return "the cluster run's store (actor " + std::to_string(kv_.id()) + ")"; }
+  caf::actor_system& sys_;
+  caf::actor kv_;
+  std::chrono::milliseconds op_timeout_;
+};
+
 class caf_client final : public store {
  public:
   caf_client(const std::string& host, uint16_t port, std::chrono::milliseconds connect_timeout,
@@ -217,21 +271,7 @@ class caf_client final : public store {
  private:
   template <class F, class... Ts>
   void call(const char* op, const std::string& key, std::chrono::milliseconds timeout, F on_ok, Ts&&... xs) {
-    caf::error err;
-    {
-      caf::scoped_actor self{*env_->sys};
-      self->request(server_, timeout, std::forward<Ts>(xs)...).receive(on_ok, [&](caf::error& e) { err = e; });
-    }
-    if (!err) return;
-    if (err == caf::sec::request_timeout) {
-      if (std::string(op) == "get")
-        throw std::runtime_error("caf_store " + addr_.str() + ": timed out after " + std::to_string(timeout.count()) +
-                                 " ms waiting for key '" + key + "' (did every rank start?)");
-      throw std::runtime_error("caf_store " + addr_.str() + ": " + op + " of key '" + key + "': no answer within " +
-                               std::to_string(timeout.count()) + " ms");
-    }
-    throw std::runtime_error("caf_store " + addr_.str() + ": " + op + " of key '" + key +
-                             "' failed: " + env_->sys->render(err) + " (is the store's host still running?)");
+    kv_call(*env_->sys, server_, "caf_store " + addr_.str(), op, key, timeout, on_ok, std::forward<Ts>(xs)...);
   }
 
   std::shared_ptr<caf_env> env_;
@@ -241,6 +281,13 @@ class caf_client final : public store {
 };
 
 }  // namespace
+
+caf::actor spawn_kv_store(caf::actor_system& sys) { return sys.spawn(kv_actor); }
+
+std::shared_ptr<store> actor_store(caf::actor_system& sys, caf::actor kv, std::chrono::milliseconds op_timeout) {
+  if (!kv) throw std::invalid_argument("actor_store: no store actor");
+  return std::make_shared<kv_client>(sys, std::move(kv), op_timeout);
+}
 
 std::string caf_address::str() const { return "caf://" + host + ":" + std::to_string(port); }
 

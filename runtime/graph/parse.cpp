@@ -929,7 +929,8 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   }
   if (parts[0].first != "node" || parts.size() != 3) {
     return err(0, "unknown override path '" + std::string(path) + "'",
-               "overrides are node.NAME.SETTING=VALUE, node.NAME.replicas=N, node.NAME.on=PLACE or graph.KEY=VALUE");
+               "overrides are node.NAME.SETTING=VALUE, node.NAME.replicas=N, node.NAME.on=PLACE (or PLACE,PLACE,... "
+               "per replica) or graph.KEY=VALUE");
   }
   const auto& [node_name, node_off] = parts[1];
   const auto& [key, key_off] = parts[2];
@@ -952,7 +953,20 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   if (key == "on" || key == "kind") {
     std::string s = std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : raw;
     (key == "on" ? node->on : node->kind) = s;
-    if (key == "on") node->on_replicas.clear();
+    if (key == "on") {
+      node->on_replicas.clear();
+      // node.NAME.on=w1,w2: one place per replica (node names have no commas)
+      if (s.find(',') != std::string::npos) {
+        std::size_t at = 0;
+        for (;;) {
+          const auto comma = s.find(',', at);
+          node->on_replicas.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+          if (comma == std::string::npos) break;
+          at = comma + 1;
+        }
+        node->on.clear();
+      }
+    }
     (key == "on" ? node->on_pos : node->kind_pos) = vpos;
     return std::nullopt;
   }

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# graphs/pretrain.graph (TencentPretrain-style ZeRO-3 pretraining of stories260K on TinyStories) with its two
+# ranks on two cluster nodes (docs/scaling.md): the ranks' gloo group spans the nodes (rendezvous through the
+# cluster run's store on main), the loader's global batches cross through the bulk plane.
+#   1. the per-step losses and the step-40 checkpoint equal the single-process run's (2 in-process ranks);
+#   2. on_node_lost = "restart": w2 (ranks[1]) is killed once step 10 is committed; the run restarts with
+#      ranks[1] on main, both ranks resume from the last committed checkpoint, and the step-40 checkpoint is
+#      again byte-identical to the uninterrupted run's.
+# Usage: cluster_pretrain_small.sh FLOWRUN SOURCE_DIR WORK_DIR
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+echo "pretrain-secret-$$-$RANDOM" > "$out/secret"
+steps=40
+common=(--no-progress --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps
+        --set node.ranks.print_every=1 --set node.ranks.export_hf= --set node.ranks.save_checkpoint_steps=5)
+dirs() { echo --set node.ranks.output_dir="$out/$1" --set node.data.output_dir="$out/$1"; }
+losses() { sed -n 's/^\[pretrain\] step \([0-9]*\)\/[0-9]* loss \([0-9.]*\) grad_norm \([0-9.]*\) .*/\1 \2 \3/p' "$@"; }
+start_nodes() {  # PREFIX: two daemons (without --once: a survivor takes the restarted run), cluster file
+  rm -f "$out"/w?.port
+  for w in w1 w2; do
+    "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --threads 2 \
+      > "$out/$1$w.out" 2> "$out/$1$w.err" &
+    pids+=($!)
+  done
+  w2_pid=${pids[-1]}
+  for w in w1 w2; do
+    for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
+    [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/$1$w.err"; exit 1; }
+  done
+  { echo "[cluster]"; echo "heartbeat_ms = 250"; echo 'on_node_lost = "restart"'
+    for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done
+  } > "$out/$1cluster.toml"
+}
+
+echo "== one process, 2 ranks (the reference)"
+"$flowrun" "$root/graphs/pretrain.graph" "${common[@]}" $(dirs single) > "$out/single.log" 2> "$out/single.err" \
+  || { echo "single-process run failed:"; tail -20 "$out/single.err"; exit 1; }
+losses "$out/single.log" > "$out/single.losses"
+[[ $(wc -l < "$out/single.losses") -eq $steps ]] || { echo "expected $steps loss lines:"; cat "$out/single.log"; exit 1; }
+
+echo "== ranks[0] on w1, ranks[1] on w2 (gloo across the nodes), the loader on main"
+start_nodes a
+"$flowrun" "$root/graphs/pretrain.graph" "${common[@]}" $(dirs cluster) --cluster "$out/acluster.toml" \
+  --secret-file "$out/secret" --set node.ranks.on=w1,w2 --set node.ranks.comm_backend=gloo \
+  > "$out/cluster.log" 2> "$out/cluster.err" || { echo "cluster run failed:"; tail -20 "$out/cluster.err"; exit 1; }
+losses "$out/aw1.out" > "$out/cluster.losses"  # rank 0 prints, on w1
+diff "$out/single.losses" "$out/cluster.losses" || { echo "the per-step losses differ"; exit 1; }
+diff -r "$out/single/step_00000040" "$out/cluster/step_00000040" || { echo "the step-40 checkpoints differ"; exit 1; }
+grep -q "comm [0-9.]* MB/rank" "$out/aw1.out" || { echo "no communicator bytes reported"; exit 1; }
+echo "  $steps losses and the step-40 checkpoint equal the single-process run's;" \
+     "$(grep -o "comm [0-9.]* MB/rank" "$out/aw1.out" | head -1) per step over gloo between w1 and w2"
+echo "  $(grep -o "total .*bulk payloads.*" "$out/cluster.err" | head -1)"
+
+echo "== on_node_lost = \"restart\": SIGKILL of w2 (ranks[1]) once step 10 is committed"
+start_nodes b
+"$flowrun" "$root/graphs/pretrain.graph" "${common[@]}" $(dirs restart) --cluster "$out/bcluster.toml" \
+  --secret-file "$out/secret" --set node.ranks.on=w1,w2 --set node.ranks.comm_backend=gloo \
+  > "$out/restart.log" 2> "$out/restart.err" &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 3000); do
+  [[ -f "$out/restart/latest" ]] && [[ "$(cat "$out/restart/latest")" > "step_00000009" ]] && break
+  sleep 0.01
+done
+committed=$(cat "$out/restart/latest" 2>/dev/null || echo none)
+[[ "$committed" > "step_00000009" && "$committed" < "step_00000040" ]] \
+  || { echo "no checkpoint between steps 10 and 35 to kill at (latest: $committed)"; exit 1; }
+kill -9 "$w2_pid"
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+[[ $rc -eq 0 ]] || { echo "the restarted run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/restart.err" | tail; exit 1; }
+grep -q "cluster node 'w2' lost (.*); its actors: ranks\[1\]; the run stops and starts again" "$out/restart.err" \
+  || { echo "no line naming w2 and ranks[1]:"; tail "$out/restart.err"; exit 1; }
+grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): ranks moves from w2 to main" \
+  "$out/restart.err" || { echo "no restart line:"; grep -i restart "$out/restart.err"; exit 1; }
+resumed=$(sed -n 's/^\[pretrain\] resuming after step \([0-9]*\) from .*/\1/p' "$out/restart.log" | head -1)
+[[ -n "$resumed" && "$resumed" -ge 10 ]] || { echo "the second attempt did not resume from a checkpoint:"; cat "$out/restart.log"; exit 1; }
+diff -r "$out/single/step_00000040" "$out/restart/step_00000040" || { echo "the restarted run's step-40 checkpoint differs"; exit 1; }
+# after the resume, the losses (printed by rank 0, still on w1) continue the reference curve
+losses "$out/bw1.out" | awk -v r="$resumed" '$1 > r' > "$out/restart.losses"
+awk -v r="$resumed" '$1 > r' "$out/single.losses" > "$out/single.after"
+diff "$out/single.after" <(tail -n "$(wc -l < "$out/single.after")" "$out/restart.losses") \
+  || { echo "the losses after the resume differ"; exit 1; }
+echo "  killed with $committed committed; the second attempt resumed after step $resumed, ranks[1] on main;" \
+     "the last $(wc -l < "$out/single.after") losses and the step-40 checkpoint equal the uninterrupted run's"
+echo "cluster_pretrain_small: OK"

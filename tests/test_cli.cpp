@@ -40,6 +40,18 @@ TEST_CASE("a missing model file is named, with exit code 2") {
   CHECK(out.find("no/such/model.bin") != std::string::npos);
 }
 
+TEST_CASE("usage errors exit with code 2 and say what is wrong; --help exits 0") {
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " generate --no-such-option 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("--no-such-option") != std::string::npos);
+  out = run(std::string(FLOWRUN_BIN) + " generate --temperature notanumber 2>&1", &rc);
+  CHECK(rc == 2);
+  out = run(std::string(FLOWRUN_BIN) + " generate --help 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(out.find("--temperature") != std::string::npos);
+}
+
 TEST_CASE("flowrun train refuses a missing GPU and multi_node with what to change") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " train --step 1 --deployment-type multi_node 2>&1", &rc);

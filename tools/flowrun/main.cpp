@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(args_c.size()), args_c.data());
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; a usage error (unknown option, missing or bad value) exits 2,
+    // not CLI11's own codes (105 and so on), like every other refused input
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const flowrun::cli::exit_request& e) {
     return e.code;
   } catch (const flowrun::asset_missing& e) {

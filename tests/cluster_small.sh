@@ -67,6 +67,16 @@ if grep -q ") lost\|lost with\|' lost" "$out/cluster.log"; then echo "a clean ru
 grep -q "session with cluster node 'w1' (127.0.0.1:$p1) closed" "$out/cluster.log" \
   || { echo "no 'session ... closed' line:"; tail -20 "$out/cluster.log"; exit 1; }
 echo "  console /api/nodes: generator $(grep -o '"on w2 ([^"]*"' "$out/nodes.json" | head -1)"
+# the remote replicas' counters reach main (with each heartbeat reply and at the end): the console counts their work
+python3 - "$out/nodes.json" <<'PY' || { echo "the console does not count the remote generator's work:"; cat "$out/nodes.json"; exit 1; }
+import json, sys
+nodes = {n["name"]: n for n in json.load(open(sys.argv[1]))["nodes"]}
+for name in ("tokenizer", "generator"):
+    t = nodes[name]["totals"]
+    assert t["msgs_in"] == 8 and t["handled"] == 8 and t["msgs_out"] == 8 and t["busy_s"] > 0, (name, t)
+print("  console /api/nodes: the remote generator handled %d messages, busy %.3f s" %
+      (nodes["generator"]["totals"]["handled"], nodes["generator"]["totals"]["busy_s"]))
+PY
 # after the run: remote replicas end done (not initializing), and no depth comes from cross-process links
 python3 - "$out/nodes.json" <<'PY' || { echo "unexpected remote states or depths after the run:"; cat "$out/nodes.json"; exit 1; }
 import json, sys

@@ -961,3 +961,38 @@ TEST_CASE("cluster: HMAC-SHA256 matches RFC 4231 and proofs depend on secret, ro
   ::unsetenv("FLOWRUN_CLUSTER_SECRET");
   CHECK_FALSE(load_cluster_secret("/nonexistent/secret"));
 }
+
+TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors them") {
+  using namespace flowrun::actor;
+  job_metrics node_side, main_side;
+  for (auto* m : {&node_side, &main_side}) {
+    m->add_node("gen", 2, false);
+    m->add_node("sink", 1, false, true);
+  }
+  auto& c = node_side.replica(0, 1);
+  c.msgs_in = 7;
+  c.handled = 7;
+  c.busy_ns = 123456789;
+  c.add("tokens", 1500);
+  c.add("batches", 3);
+  node_side.replica(1, 0).msgs_in = 99;  // not sent: only (0, 1) runs on that node
+  auto bytes = encode_replica_counters(node_side, {{0, 1}, {5, 0}});  // (5, 0) does not exist: skipped
+  REQUIRE(apply_replica_counters(main_side, bytes));
+  auto snap = main_side.snapshot();
+  const auto* gen = snap.node("gen");
+  REQUIRE(gen != nullptr);
+  CHECK(gen->per_replica.at(1).msgs_in == 7);
+  CHECK(gen->per_replica.at(1).handled == 7);
+  CHECK(gen->per_replica.at(1).busy_s == doctest::Approx(0.123456789));
+  CHECK(gen->per_replica.at(1).counters.at("tokens") == 1500);
+  CHECK(gen->per_replica.at(0).msgs_in == 0);
+  CHECK(snap.node("sink")->msgs_in == 0);
+  CHECK(snap.tokens() == 1500);
+  // absolute values: a later report replaces, not adds
+  c.add("tokens", 500);
+  REQUIRE(apply_replica_counters(main_side, encode_replica_counters(node_side, {{0, 1}})));
+  CHECK(main_side.snapshot().tokens() == 2000);
+  // truncated bytes are refused
+  bytes.resize(bytes.size() - 3);
+  CHECK_FALSE(apply_replica_counters(main_side, bytes));
+}

@@ -275,8 +275,10 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         auto& st = self->state;
         st.last_beat = clk::now();
         ++st.beats;
+        // with the counters of this node's replicas, which main mirrors (console, summary, progress)
         self->send(caf::actor_cast<caf::actor>(self->current_sender()), beat_atom::value, process, seq,
-                   static_cast<std::int64_t>(ms_since(st.shared->started)));
+                   static_cast<std::int64_t>(ms_since(st.shared->started)),
+                   st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{});
       },
       [=](tick_atom) {
         auto& st = self->state;
@@ -298,17 +300,19 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         end_part(self, true);
         self->quit(caf::exit_reason::user_shutdown);
       },
-      [=](cend_atom) -> std::vector<char> {
+      [=](cend_atom) -> caf::result<std::vector<char>, std::vector<char>> {
         auto& st = self->state;
-        if (!trusted()) return {};
+        if (!trusted()) return {std::vector<char>{}, std::vector<char>{}};
         const auto now = cross_process_totals();
         const auto bs = st.bulk ? st.bulk->stats() : bulk_stats{};
         std::vector<std::uint64_t> counts{now.data_msgs - st.at_start.data_msgs, now.data_bytes - st.at_start.data_bytes,
                                           now.control_msgs - st.at_start.control_msgs, st.beats,
                                           bs.sends, bs.tensors_sent, bs.bytes_sent};
+        auto final_counters =
+            st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{};
         end_part(self, false);
         self->quit();
-        return pack(counts);
+        return {pack(counts), std::move(final_counters)};
       },
   };
 }
@@ -542,6 +546,8 @@ struct beat_table {
   std::vector<std::int64_t> last_ms;    // ms since `t0` of the last heartbeat reply; -1: none yet
   std::vector<bool> lost;
   std::vector<std::string> lost_why;
+  std::vector<std::vector<char>> counters;  // the latest replica counters each sent (encode_replica_counters)
+  std::vector<bool> counters_new;           // not yet applied to main's metrics
   std::uint64_t beats_sent = 0;
   bool closing = false;  // cluster_run::end() began: a session that now quits normally is closed, not lost
   clk::time_point t0 = clk::now();
@@ -617,11 +623,15 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           next_tick = clk::now();
           for (auto& x : sessions) self->monitor(x);
         },
-        [&](beat_atom, std::uint32_t i, std::int64_t, std::int64_t) {
+        [&](beat_atom, std::uint32_t i, std::int64_t, std::int64_t, std::vector<char>& counters) {
           if (i >= last.size()) return;
           last[i] = clk::now();
           std::lock_guard<std::mutex> lock(table->mutex);
           table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - table->t0).count();
+          if (i < table->counters.size() && !counters.empty()) {
+            table->counters[i] = std::move(counters);
+            table->counters_new[i] = true;
+          }
         },
         [&](caf::down_msg& dm) {
           bool closing = false;
@@ -974,6 +984,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       p->table->last_ms.push_back(-1);
       p->table->lost.push_back(false);
       p->table->lost_why.emplace_back();
+      p->table->counters.emplace_back();
+      p->table->counters_new.push_back(false);
     }
   }
   std::vector<caf::actor> sessions;
@@ -1020,6 +1032,21 @@ cluster_view cluster_run::view() const {
     }
   }
   return v;
+}
+
+void cluster_run::sync_metrics() {
+  auto& p = *p_;
+  if (!p.part || !p.part->metrics) return;
+  std::vector<std::vector<char>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(p.table->mutex);
+    for (std::size_t i = 0; i < p.table->counters.size(); ++i)
+      if (p.table->counters_new[i]) {
+        fresh.push_back(p.table->counters[i]);
+        p.table->counters_new[i] = false;
+      }
+  }
+  for (const auto& b : fresh) apply_replica_counters(*p.part->metrics, b);
 }
 
 void cluster_run::publish_live() {
@@ -1102,7 +1129,13 @@ std::string cluster_run::end() {
     }
     std::vector<std::uint64_t> counts;
     self->request(c.session, std::chrono::seconds(5), cl::cend_atom::value)
-        .receive([&](std::vector<char>& v) { counts = cl::unpack<std::uint64_t>(v); }, [&](caf::error&) {});
+        .receive(
+            [&](std::vector<char>& v, std::vector<char>& final_counters) {
+              counts = cl::unpack<std::uint64_t>(v);
+              // the node's replicas as they ended: main's summary and console show them
+              if (p.part && !final_counters.empty()) apply_replica_counters(*p.part->metrics, final_counters);
+            },
+            [&](caf::error&) {});
     if (counts.size() == 7) {
       report += "; " + c.name + " sent " + std::to_string(counts[0]) + " data messages (" + std::to_string(counts[1]) +
                 " payload bytes), " + std::to_string(counts[2]) + " control messages, " + std::to_string(counts[3]) +

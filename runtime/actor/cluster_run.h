@@ -53,8 +53,15 @@ class cluster_run {
   /// sample). Thread-safe against the job's actors.
   void publish_live();
 
+  /// Copies the counters that the nodes sent with their latest heartbeat
+  /// replies into this process's metrics, for the replicas that run there
+  /// (so the console, the progress line and the summary count their work).
+  /// Call it periodically (run_graph does, every 50 ms). Thread-safe.
+  void sync_metrics();
+
   /// After the job finished: tells every node that is still there, collects
-  /// what each sent across processes, and returns a report (one line per
+  /// what each sent across processes and its replicas' final counters
+  /// (mirrored into this process's metrics), and returns a report (one line per
   /// process and a total: data messages, payload bytes, control messages,
   /// heartbeats).
   std::string end();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,13 @@ void replica_counters::add(std::string_view name, std::int64_t delta) {
   auto it = custom_.find(name);
   if (it == custom_.end()) it = custom_.emplace(std::string(name), 0).first;
   it->second += delta;
+}
+
+void replica_counters::set(std::string_view name, std::int64_t value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = custom_.find(name);
+  if (it == custom_.end()) it = custom_.emplace(std::string(name), 0).first;
+  it->second = value;
 }
 
 std::map<std::string, std::int64_t> replica_counters::counters() const {
@@ -249,6 +257,83 @@ std::string format_progress(std::string_view graph_name, const metrics_snapshot&
   std::snprintf(buf, sizeof buf, " | %.1fs", now.elapsed_s);
   out += buf;
   return out;
+}
+
+namespace {
+
+template <class T>
+void put_raw(std::vector<char>& out, T x) {
+  const auto at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &x, sizeof(T));
+}
+
+template <class T>
+bool get_raw(const std::vector<char>& in, std::size_t& at, T& x) {
+  if (at + sizeof(T) > in.size()) return false;
+  std::memcpy(&x, in.data() + at, sizeof(T));
+  at += sizeof(T);
+  return true;
+}
+
+}  // namespace
+
+std::vector<char> encode_replica_counters(job_metrics& m,
+                                          const std::vector<std::pair<std::uint32_t, std::uint32_t>>& ids) {
+  std::vector<char> out;
+  std::uint32_t present = 0;
+  for (const auto& [n, r] : ids) present += m.has_replica(n, r) ? 1 : 0;
+  put_raw<std::uint32_t>(out, present);
+  for (const auto& [n, r] : ids) {
+    if (!m.has_replica(n, r)) continue;
+    const replica_counters& c = m.replica(n, r);
+    put_raw<std::uint32_t>(out, n);
+    put_raw<std::uint32_t>(out, r);
+    for (const auto* a : {&c.msgs_in, &c.bytes_in, &c.msgs_out, &c.bytes_out, &c.handled, &c.produced, &c.busy_ns,
+                          &c.blocked_ns, &c.restarts, &c.dropped})
+      put_raw<std::uint64_t>(out, a->load(std::memory_order_relaxed));
+    const auto custom = c.counters();
+    put_raw<std::uint32_t>(out, static_cast<std::uint32_t>(custom.size()));
+    for (const auto& [name, value] : custom) {
+      put_raw<std::uint32_t>(out, static_cast<std::uint32_t>(name.size()));
+      out.insert(out.end(), name.begin(), name.end());
+      put_raw<std::int64_t>(out, value);
+    }
+  }
+  return out;
+}
+
+bool apply_replica_counters(job_metrics& m, const std::vector<char>& bytes) {
+  std::size_t at = 0;
+  std::uint32_t count = 0;
+  if (!get_raw(bytes, at, count) || count > 100000) return false;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::uint32_t n = 0, r = 0;
+    std::uint64_t v[10];
+    if (!get_raw(bytes, at, n) || !get_raw(bytes, at, r)) return false;
+    for (auto& x : v)
+      if (!get_raw(bytes, at, x)) return false;
+    std::uint32_t ncustom = 0;
+    if (!get_raw(bytes, at, ncustom) || ncustom > 10000) return false;
+    std::vector<std::pair<std::string, std::int64_t>> custom;
+    for (std::uint32_t k = 0; k < ncustom; ++k) {
+      std::uint32_t len = 0;
+      std::int64_t value = 0;
+      if (!get_raw(bytes, at, len) || at + len > bytes.size()) return false;
+      std::string name(bytes.data() + at, len);
+      at += len;
+      if (!get_raw(bytes, at, value)) return false;
+      custom.emplace_back(std::move(name), value);
+    }
+    if (!m.has_replica(n, r)) continue;
+    replica_counters& c = m.replica(n, r);
+    std::size_t k = 0;
+    for (auto* a : {&c.msgs_in, &c.bytes_in, &c.msgs_out, &c.bytes_out, &c.handled, &c.produced, &c.busy_ns,
+                    &c.blocked_ns, &c.restarts, &c.dropped})
+      a->store(v[k++], std::memory_order_relaxed);
+    for (const auto& [name, value] : custom) c.set(name, value);
+  }
+  return at == bytes.size();
 }
 
 }  // namespace flowrun::actor

@@ -53,6 +53,9 @@ struct replica_counters {
   void add(std::string_view name, std::int64_t delta);
   /// A copy of the node's own counters (thread-safe).
   std::map<std::string, std::int64_t> counters() const;
+  /// Sets the node's own counter `name` to `value` (thread-safe): main mirrors
+  /// the counters of replicas that run on other cluster nodes.
+  void set(std::string_view name, std::int64_t value);
 
  private:
   mutable std::mutex mutex_;
@@ -125,6 +128,10 @@ class job_metrics {
 
   /// The counters of replica `replica` of node `node`.
   replica_counters& replica(std::size_t node, std::size_t replica);
+  /// True when `node` has a replica `replica`.
+  bool has_replica(std::size_t node, std::size_t replica) const {
+    return node < nodes_.size() && replica < nodes_[node].replicas.size();
+  }
 
   /// Sums every counter (thread-safe with respect to the actors counting).
   metrics_snapshot snapshot() const;
@@ -149,6 +156,17 @@ class job_metrics {
   std::vector<node_entry> nodes_;
   std::vector<edge_entry> edges_;
 };
+
+/// Cluster runs: the counters of `ids` ((node, replica) pairs of `m`) as
+/// bytes, integers only (busy and blocked times in ns), for main to mirror:
+/// each node sends its replicas' counters with every heartbeat reply and at
+/// the end of the job (docs/scaling.md). Ids out of range are skipped.
+std::vector<char> encode_replica_counters(job_metrics& m,
+                                          const std::vector<std::pair<std::uint32_t, std::uint32_t>>& ids);
+/// Stores what encode_replica_counters wrote into `m`'s counters of the same
+/// replicas (absolute values; replicas out of range are skipped). Returns
+/// false, changing nothing further, on truncated or implausible bytes.
+bool apply_replica_counters(job_metrics& m, const std::vector<char>& bytes);
 
 /// One JSON object (no newline) for a JSONL metrics file:
 /// {"t":ELAPSED_S,"final":BOOL,"steps":N,"tokens":N,"nodes":{NAME:{...}},"edges":{NAME:{...}}}.

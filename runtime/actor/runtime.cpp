@@ -277,6 +277,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     metrics_snapshot prev = j.metrics->snapshot();
     metrics_snapshot prev_progress = prev;
     while (!j.state->wait_for_ms(50)) {
+      if (cluster) cluster->sync_metrics();  // the other nodes' replicas, as of their last heartbeat
       // Forward each signal once (the first drains, the second stops at once).
       const int seen = g_signal_count.load();
       while (forwarded < seen && forwarded < 2) {

@@ -84,8 +84,9 @@ void register_rlhf_codecs() {
                      if (!m.model) throw std::invalid_argument("an empty model handle");
                      if (m.model->has_lora())
                        throw std::invalid_argument(
-                           "a model with LoRA enabled cannot cross nodes yet (merge_lora first, or place the "
-                           "receiving node beside it)");
+                           "a model with LoRA enabled cannot cross cluster nodes yet: place the receiving node on "
+                           "the same node as the model's owner (on = ...), or train without LoRA "
+                           "(actor_lora_dim / critic_lora_dim = 0)");
                      nlohmann::json j = m.model->config();
                      w.put(m.version);
                      w.put_string(j.dump());

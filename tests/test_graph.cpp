@@ -861,6 +861,10 @@ cpus = -4
   CHECK(rs.spec.cluster.max_restarts == 0);
   CHECK(parse_graph_string("[cluster]\n", "d.graph").spec.cluster.max_restarts == 3);
   CHECK(parse_graph_string("[cluster]\nrejoin_wait_ms = 1500\n", "j.graph").spec.cluster.rejoin_wait_ms == 1500);
+  auto twins = parse_graph_string("[cluster]\n[cluster.nodes.a]\naddress = \"h:1\"\n[cluster.nodes.b]\naddress = \"h:1\"\n",
+                                  "t.graph");
+  CHECK_MESSAGE(contains(all_errors(twins.errors), "t.graph:5:11: error: cluster nodes 'a' and 'b' have the same address h:1"),
+                all_errors(twins.errors));
   CHECK(parse_graph_string("[cluster]\n", "d.graph").spec.cluster.rejoin_wait_ms == 0);
   auto neg = parse_graph_string("[cluster]\nmax_restarts = -1\n", "n.graph");
   CHECK_MESSAGE(contains(all_errors(neg.errors), "n.graph:2:16: error: cluster max_restarts must be an integer >= 0, got -1"),

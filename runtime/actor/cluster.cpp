@@ -168,6 +168,16 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
   self->state.shared = shared;
   self->state.link = link;
   self->monitor(link);
+  // An exit message (the coordinator gave up starting the run: abandon(), or
+  // the daemon shuts down) must not leave this node's part behind: without
+  // this the daemon stayed "busy with another job" for good.
+  self->set_exit_handler([=](caf::exit_msg& em) {
+    if (self->state.active)
+      spdlog::warn("[{}] the coordinator ended the session ({}): stopping this node's replicas", self->state.self_name,
+                   self->system().render(em.reason));
+    end_part(self, true);
+    self->quit(em.reason);
+  });
   self->set_down_handler([=](caf::down_msg& dm) {
     if (dm.source != self->state.link.address()) return;
     if (self->state.active)
@@ -710,7 +720,10 @@ job& cluster_run::the_job() { return p_->j; }
 expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys, const graph::graph_spec& spec,
                                                           const graph::node_kind_registry& kinds,
                                                           const node_factory_registry& factories,
-                                                          const run_options& options) {
+                                                          const run_options& options, std::string* failed_node) {
+  auto blame = [&](const std::string& name) {
+    if (failed_node) *failed_node = name;
+  };
   using namespace std::chrono;
   auto p = std::make_unique<impl>(sys);
   p->at_start = cross_process_totals();
@@ -719,7 +732,10 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   const auto timeout = milliseconds(std::max<std::int64_t>(1, spec.cluster.connect_timeout_ms));
   // The processes: main, then the cluster nodes that hold a replica, in cluster order.
   placement pl;
-  pl.on_node_lost = spec.cluster.on_node_lost;
+  // the lost-node message promises a restart only while restarts are left
+  pl.on_node_lost = spec.cluster.on_node_lost == "restart" && options.attempt < spec.cluster.max_restarts
+                        ? std::string("restart")
+                        : std::string("stop");
   pl.processes.push_back(std::string(graph::main_process_name));
   std::map<std::string, std::uint32_t> index{{std::string(graph::main_process_name), 0}};
   for (const auto& cn : spec.cluster.nodes) {
@@ -803,6 +819,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
                    });
       if (timed_out) {
         p->abandon();
+        blame(cn->name);
         return error_text{who + ": no flowrun node answered within " + std::to_string(timeout.count()) +
                           " ms: is `flowrun node --listen " + address +
                           "` running there? (something accepts connections on that port but does not speak "
@@ -814,6 +831,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     }
     if (!gate) {
       p->abandon();
+      blame(cn->name);
       return error_text{"cannot reach " + who + ": " + gate.error() + " (is `flowrun node --listen " +
                         address + "` running there" +
                         (options.cluster.tls_cert.empty() ? std::string(", without TLS?)")
@@ -830,6 +848,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
             [&](caf::error& e) { failure = sys.render(e); });
     if (!failure.empty() || !cl::is_nonce(daemon_nonce)) {
       p->abandon();
+      blame(cn->name);
       return error_text{who + " did not answer the cluster handshake: " +
                         (failure.empty() ? std::string("malformed reply") : failure) +
                         " (is a flowrun node listening there, of the same version?)"};
@@ -849,6 +868,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
             [&](caf::error& e) { failure = sys.render(e); });
     if (!failure.empty()) {
       p->abandon();
+      blame(cn->name);
       return error_text{who + " did not answer the cluster handshake: " + failure};
     }
     if (!daemon_ok || !verdict.empty()) {
@@ -891,7 +911,9 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       main_error = e.what();
     }
     std::string node_errors;
-    for (std::size_t i = 0; i < asks.size(); ++i) {
+    // When main cannot join (its address is not this machine's, say), the
+    // nodes would wait for it until their timeout: do not wait for them.
+    for (std::size_t i = 0; i < asks.size() && main_error.empty(); ++i) {
       std::string err;
       asks[i].receive([&](std::string& e) { err = std::move(e); }, [&](caf::error& e) { err = sys.render(e); });
       if (!err.empty()) node_errors += "; cluster node '" + p->conns[i].name + "': " + err;
@@ -944,6 +966,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
             [&](caf::error& e) { failure = sys.render(e); });
     if (!failure.empty() || !err.empty()) {
       p->abandon();
+      blame(c.name);
       return error_text{"cluster node '" + c.name + "' (" + c.address + ") could not start its part: " +
                         (failure.empty() ? err : failure)};
     }
@@ -971,6 +994,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
         .receive([&](std::string& e) { err = std::move(e); }, [&](caf::error& e) { failure = sys.render(e); });
     if (!failure.empty() || !err.empty()) {
       p->abandon();
+      blame(c.name);
       return error_text{"cluster node '" + c.name + "' could not wire its replicas: " + (failure.empty() ? err : failure)};
     }
   }

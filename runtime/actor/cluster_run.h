@@ -24,11 +24,13 @@ class cluster_run {
   /// reached ("is `flowrun node --listen HOST:PORT` running there?"), the
   /// secret differs (named as such, on both sides), a node refuses the graph
   /// (its validation errors), an edge that crosses nodes carries a type that
-  /// cannot cross (spawn_part).
+  /// cannot cross (spawn_part). When the error is one cluster node's (it
+  /// cannot be reached, fails the handshake, refuses or fails to start its
+  /// part), its name goes to *failed_node (if given).
   static expected<std::unique_ptr<cluster_run>> start(caf::actor_system& sys, const graph::graph_spec& spec,
                                                       const graph::node_kind_registry& kinds,
                                                       const node_factory_registry& factories,
-                                                      const run_options& options);
+                                                      const run_options& options, std::string* failed_node = nullptr);
   ~cluster_run();
   cluster_run(const cluster_run&) = delete;
   cluster_run& operator=(const cluster_run&) = delete;

@@ -370,6 +370,7 @@ class replica_actor final : public caf::event_based_actor {
     bool remote = false;  // the target runs in another process: payloads go as bytes
     std::uint32_t in_index = 0;  // the link's index at the receiver
     std::uint32_t peer = 0;      // the target's process (its bulk plane rank)
+    std::uint32_t edge = 0;      // spec edge id (for errors)
     std::int64_t credit = 0, max_credit = 0;
     std::deque<envelope> backlog;  // staged messages waiting for credit
     // send times of the unacknowledged messages (ns since the job began): a ring of
@@ -444,6 +445,7 @@ class replica_actor final : public caf::event_based_actor {
       ol.remote = ol.target && ol.target.node() != system().node();
       ol.in_index = l.in_index;
       ol.peer = p.process_of(l.to_node, l.to_replica);
+      ol.edge = l.edge;
       ol.credit = ol.max_credit = p.edges[l.edge].credit;
       ol.sent_ns.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, ol.max_credit)), 0);
       ol.c = l.counters;
@@ -1004,7 +1006,8 @@ class replica_actor final : public caf::event_based_actor {
       const bool bulk = has_bulk_codec(env.data.type());
       auto enc = encode_payload(env.data, bulk ? &tensors : nullptr);
       if (!enc) {
-        fail(replica_name(*plan_, node_, replica_) + " cannot send to another process: " + enc.error());
+        fail(replica_name(*plan_, node_, replica_) + " cannot send on edge " + plan_->edges[l.edge].name +
+             " to cluster node '" + plan_->where.processes[l.peer] + "': " + enc.error());
         return;
       }
       if (bulk) {

@@ -247,12 +247,45 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     run_options attempt_options = options;
     if (attempt_options.run_id.empty()) attempt_options.run_id = random_nonce().substr(0, 16);
     graph::graph_spec attempt_spec = spec;
+    // Places every replica of cluster node `name` on main; returns what moved.
+    auto move_to_main = [&](const std::string& name) {
+      std::string moved;
+      for (auto& n : attempt_spec.nodes) {
+        std::vector<std::string> where;
+        bool changed = false;
+        for (std::int64_t r = 0; r < n.replicas; ++r) {
+          where.push_back(graph::placement_of(n, r));
+          if (where.back() == name) where.back() = std::string(graph::main_process_name), changed = true;
+        }
+        if (!changed) continue;
+        n.on.clear();
+        n.on_replicas = where;
+        moved += (moved.empty() ? "" : "; ") + n.name + " moves from " + name + " to main";
+      }
+      return moved;
+    };
     for (;;) {
     std::unique_ptr<cluster_run> cluster;
     job j;
     if (needs_cluster(attempt_spec)) {
-      auto started = cluster_run::start(sys, attempt_spec, kinds, factories, attempt_options);
+      std::string failed_node;
+      auto started = cluster_run::start(sys, attempt_spec, kinds, factories, attempt_options, &failed_node);
       if (!started) {
+        // A restart whose start fails at one node (it died meanwhile, or its
+        // daemon ran with --once and is gone) moves that node's actors to
+        // main and tries again, while restarts are left.
+        if (attempt_options.attempt > 0 && !failed_node.empty() && g_signal_count.load() == 0 &&
+            attempt_options.attempt < spec.cluster.max_restarts) {
+          const std::string moved = move_to_main(failed_node);
+          if (!moved.empty()) {
+            ++attempt_options.attempt;
+            spdlog::warn("[{}] restarting the run (attempt {} of at most {}): cluster node '{}' failed while the run "
+                         "started ({}); {}",
+                         spec.name, attempt_options.attempt + 1, spec.cluster.max_restarts + 1, failed_node,
+                         started.error(), moved);
+            continue;
+          }
+        }
         result.exit_code = exit_failed;
         result.reason = stop_reason::failed;
         result.error = started.error();
@@ -426,7 +459,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         spdlog::info("[{}] waiting up to {} ms for cluster node '{}' ({}:{}) to come back (rejoin_wait_ms)", spec.name,
                      attempt_spec.cluster.rejoin_wait_ms, name, cn.host, cn.port);
         const auto until = clk::now() + std::chrono::milliseconds(attempt_spec.cluster.rejoin_wait_ms);
-        while (!answers && clk::now() < until) {
+        while (!answers && clk::now() < until && g_signal_count.load() == 0) {  // SIGINT/SIGTERM: stop waiting
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
           answers = port_answers(cn.host, cn.port, std::min<std::int64_t>(1000, attempt_spec.cluster.connect_timeout_ms));
         }
@@ -435,18 +468,15 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         if (was_lost) moved += (moved.empty() ? "" : "; ") + name + " answers again: its actors stay there";
         continue;
       }
-      for (auto& n : attempt_spec.nodes) {
-        std::vector<std::string> where;
-        bool changed = false;
-        for (std::int64_t r = 0; r < n.replicas; ++r) {
-          where.push_back(graph::placement_of(n, r));
-          if (where.back() == name) where.back() = std::string(graph::main_process_name), changed = true;
-        }
-        if (!changed) continue;
-        n.on.clear();
-        n.on_replicas = where;
-        moved += (moved.empty() ? "" : "; ") + n.name + " moves from " + name + " to main";
-      }
+      const std::string m = move_to_main(name);
+      if (!m.empty()) moved += (moved.empty() ? "" : "; ") + m;
+    }
+    if (g_signal_count.load() > 0) {  // interrupted while waiting for a node to come back: no restart
+      spdlog::error("[{}] interrupted before the restart; the run stops", spec.name);
+      result.exit_code = g_last_signal.load() == SIGTERM ? exit_sigterm : exit_sigint;
+      result.reason = stop_reason::interrupted;
+      if (console_live) console_live->finish(result.metrics, *last_live, result.exit_code, result.error);
+      break;
     }
     spdlog::error("[{}] attempt {} stopped: {}", spec.name, attempt_options.attempt + 1, result.error);
     ++attempt_options.attempt;

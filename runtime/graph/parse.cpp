@@ -468,6 +468,18 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
                       "write address = \"HOST:PORT\" (where its `flowrun node --listen` listens)");
           continue;
         }
+        // one daemon runs one job at a time: two names for one address would make it refuse the second
+        auto twin = std::find_if(c.nodes.begin(), c.nodes.end(), [&](const auto& x) {
+          return x.name != name && x.host == n.host && x.port == n.port;
+        });
+        if (twin != c.nodes.end()) {
+          add_error(errors, n.address_pos,
+                    "cluster nodes '" + twin->name + "' and '" + name + "' have the same address " + n.host + ":" +
+                        std::to_string(n.port),
+                    "each cluster node is one `flowrun node` daemon (one job at a time): start another daemon on "
+                    "another port, or place both nodes' replicas on '" + twin->name + "'");
+          continue;
+        }
         auto same = std::find_if(c.nodes.begin(), c.nodes.end(), [&](const auto& x) { return x.name == name; });
         if (same != c.nodes.end())
           *same = std::move(n);

@@ -19,21 +19,10 @@ common=(--no-progress --set node.data.total_steps=$steps --set node.ranks.total_
         --set node.ranks.print_every=1 --set node.ranks.export_hf= --set node.ranks.save_checkpoint_steps=5)
 dirs() { echo --set node.ranks.output_dir="$out/$1" --set node.data.output_dir="$out/$1"; }
 losses() { sed -n 's/^\[pretrain\] step \([0-9]*\)\/[0-9]* loss \([0-9.]*\) grad_norm \([0-9.]*\) .*/\1 \2 \3/p' "$@"; }
-start_nodes() {  # PREFIX: two daemons (without --once: a survivor takes the restarted run), cluster file
-  rm -f "$out"/w?.port
-  for w in w1 w2; do
-    "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --threads 2 \
-      > "$out/$1$w.out" 2> "$out/$1$w.err" &
-    pids+=($!)
-  done
-  w2_pid=${pids[-1]}
-  for w in w1 w2; do
-    for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
-    [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/$1$w.err"; exit 1; }
-  done
-  { echo "[cluster]"; echo "heartbeat_ms = 250"; echo 'on_node_lost = "restart"'
-    for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done
-  } > "$out/$1cluster.toml"
+source "$(dirname "$0")/cluster_lib.sh"  # daemons, cluster_file
+start_nodes() {  # PREFIX: daemons w1 and w2 (without --once: a survivor takes the restarted run), a cluster file
+  daemons "$1"
+  cluster_file "$out/$1cluster.toml" 'on_node_lost = "restart"'
 }
 
 echo "== one process, 2 ranks (the reference)"

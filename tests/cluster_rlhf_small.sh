@@ -22,20 +22,12 @@ split=(--set node.prompts.on=w1 --set node.ppo_controller.on=w2 --set node.sft.o
 outputs() { echo --set node.sft.output="$out/$1-sft.bin" --set node.rm.output="$out/$1-rm" --set node.policy.output="$out/$1-ppo.bin"; }
 # the printed results without timings (tokens/s, seconds)
 results() { grep '^\[step' "$@" | sed -E 's/ \([0-9]+ tokens\/s\)//; s/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/[,;] [0-9.]+ s$//'; }
+source "$(dirname "$0")/cluster_lib.sh"  # daemons, cluster_file
 
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs single) > "$out/single.log" 2> "$out/single.err" \
   || { echo "single-process run failed:"; tail -20 "$out/single.err"; exit 1; }
-for w in w1 w2; do
-  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --once --threads 2 \
-    > "$out/$w.out" 2> "$out/$w.err" &
-  pids+=($!)
-done
-for w in w1 w2; do
-  for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
-  [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/$w.err"; exit 1; }
-done
-{ echo "[cluster]"; echo "heartbeat_ms = 250"
-  for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/cluster.toml"
+daemons "" --once
+cluster_file "$out/cluster.toml"
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs cluster) --cluster "$out/cluster.toml" \
   --secret-file "$out/secret" "${split[@]}" \
   > "$out/cluster.log" 2> "$out/cluster.err" || { echo "cluster run failed:"; tail -20 "$out/cluster.err"; exit 1; }
@@ -58,20 +50,9 @@ grep -ho "cluster node '[^']*' ([^)]*): authenticated; actors there: .*\|cross-p
 echo "  $(wc -l < "$out/single.results") result lines equal; the trained policy files are identical"
 
 echo "== SIGKILL of the controller's node (w2) in the middle of PPO"
-rm -f "$out/w1.port" "$out/w2.port"
 pids=()
-for w in w1 w2; do
-  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --once --threads 2 \
-    > "$out/$w.out" 2> "$out/$w.err" &
-  pids+=($!)
-done
-w2_pid=${pids[1]}
-for w in w1 w2; do
-  for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
-  [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/$w.err"; exit 1; }
-done
-{ echo "[cluster]"; echo "heartbeat_ms = 250"
-  for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/cluster.toml"
+daemons "" --once
+cluster_file "$out/cluster.toml"
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs killed) --set node.prompts.iterations=200 \
   --cluster "$out/cluster.toml" --secret-file "$out/secret" --set node.prompts.on=w1 --set node.ppo_controller.on=w2 \
   > "$out/killed.log" 2> "$out/killed.err" &
@@ -95,20 +76,9 @@ echo "  $(grep -o "cluster node 'w2' lost.*its actors: ppo_controller" "$out/kil
 echo "  steps 1 and 2's saved models equal the reference run's; no half-trained policy was saved"
 
 echo "== on_node_lost = \"restart\": SIGKILL of w2 (controller, reward, critic) in the middle of PPO"
-rm -f "$out/w1.port" "$out/w2.port"
 pids=()
-for w in w1 w2; do  # without --once: a surviving daemon takes the next attempt's job
-  "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --port-file "$out/$w.port" --threads 2 \
-    > "$out/r$w.out" 2> "$out/r$w.err" &
-  pids+=($!)
-done
-w2_pid=${pids[1]}
-for w in w1 w2; do
-  for _ in $(seq 1 200); do [[ -s "$out/$w.port" ]] && break; sleep 0.05; done
-  [[ -s "$out/$w.port" ]] || { echo "node $w did not start:"; cat "$out/r$w.err"; exit 1; }
-done
-{ echo "[cluster]"; echo "heartbeat_ms = 250"; echo 'on_node_lost = "restart"'
-  for w in w1 w2; do echo "[cluster.nodes.$w]"; echo "address = \"127.0.0.1:$(cat "$out/$w.port")\""; done; } > "$out/restart.toml"
+daemons r  # without --once: a surviving daemon takes the next attempt's job
+cluster_file "$out/restart.toml" 'on_node_lost = "restart"'
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs restart) --cluster "$out/restart.toml" \
   --secret-file "$out/secret" "${split[@]}" > "$out/restart.log" 2> "$out/restart.err" &
 run_pid=$!

@@ -658,7 +658,9 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
                           ? std::string("its daemon is shutting down (SIGINT or SIGTERM)")
                           : dm.reason == caf::exit_reason::remote_link_unreachable
                                 ? "its connection dropped: " + sys.render(dm.reason)
-                                : "its session ended: " + sys.render(dm.reason));
+                                : dm.reason ? "its session ended: " + sys.render(dm.reason)
+                                            : std::string("its session ended on its own (the node stopped its part: "
+                                                          "it had lost contact with this process)"));
         },
         [&](cend_atom) { running = false; }, caf::after(std::chrono::milliseconds(wait)) >> [] {});
   }

@@ -801,6 +801,13 @@ TEST_CASE("cluster: an unknown node in on = ... is an error at the line of the o
   // without a cluster, `on` is not interpreted
   auto r3 = parse_graph_string("[node.a]\nkind = \"sink\"\non = \"gpu0\"\n", "n.graph");
   CHECK(check_placement(r3.spec).empty());
+  // a [cluster] table without nodes: `on` is checked, and the hint says what is missing
+  auto r4 = parse_graph_string("[cluster]\nheartbeat_ms = 500\n[node.a]\nkind = \"sink\"\non = \"w1\"\n", "e.graph");
+  const std::string e4 = all_errors(check_placement(r4.spec));
+  CHECK_MESSAGE(contains(e4, "e.graph:5:6: error: node 'a': on = \"w1\" names no node of the cluster"), e4);
+  CHECK_MESSAGE(contains(e4, "the [cluster] table declares no nodes: add a [cluster.nodes.w1] table"), e4);
+  auto r5 = parse_graph_string("[cluster]\n[node.a]\nkind = \"sink\"\non = \"main\"\n", "m.graph");
+  CHECK(check_placement(r5.spec).empty());
 }
 
 TEST_CASE("cluster: bad [cluster] entries are errors with file:line:col") {

@@ -1044,7 +1044,8 @@ cluster_parse_result parse_cluster_file(const fs::path& file) {
 
 std::vector<graph_error> check_placement(const graph_spec& spec) {
   std::vector<graph_error> errors;
-  if (spec.cluster.empty()) return errors;
+  // Without a [cluster] table `on` is not interpreted; a table without nodes is a mistake worth naming.
+  if (spec.cluster.empty() && !spec.cluster.pos.known()) return errors;
   std::vector<std::string> names{std::string(main_process_name)};
   for (const auto& n : spec.cluster.nodes) names.push_back(n.name);
   const source_pos file_pos{spec.source_file.string(), 0, 0};
@@ -1060,7 +1061,10 @@ std::vector<graph_error> check_placement(const graph_spec& spec) {
     for (const auto& w : wanted) {
       if (w == main_process_name || w == any_process_name || spec.cluster.find(w)) continue;
       add_error(errors, at, "node '" + n.name + "': on = \"" + w + "\" names no node of the cluster",
-                suggest(w, names, "cluster nodes ('main' is the flowrun run process)"));
+                spec.cluster.empty()
+                    ? std::string("the [cluster] table declares no nodes: add a [cluster.nodes.") + w +
+                          "] table with address = \"HOST:PORT\" (where its `flowrun node --listen` runs)"
+                    : suggest(w, names, "cluster nodes ('main' is the flowrun run process)"));
     }
   }
   sort_errors(errors);

@@ -16,8 +16,12 @@
 //                 with heartbeats (integer milliseconds).
 //
 // What crosses processes: control messages (integers and strings) and
-// payloads as raw bytes (payload_codec.h). Tensors and models do not cross
-// yet: launch refuses a graph whose cross-process edge carries them.
+// payloads as raw bytes (payload_codec.h); the tensors of payloads that hold
+// them go through the bulk plane (bulk_plane.h: a gloo group of the run's
+// processes), never inside a CAF message. A graph whose cross-process edge
+// carries a type without a codec is refused before anything connects.
+// A lost node stops the run, or restarts it ([cluster] on_node_lost,
+// run_graph in runtime.cpp).
 //
 // This header includes no CAF.
 #pragma once

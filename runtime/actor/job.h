@@ -111,10 +111,11 @@ struct job_part {
 
 /// Plans `spec` like launch() and spawns only the replicas that `where`
 /// places on process where.self. Errors (nothing is spawned): those of
-/// launch(), a placement whose shape does not match the spec, and an edge
-/// between replicas in different processes whose message type has no byte
-/// codec (payload_codec.h; the message names the edge, the processes and
-/// the type: tensors and models do not cross processes yet).
+/// launch(), a placement whose shape does not match the spec, an edge
+/// between replicas in different processes whose message type has no codec
+/// (payload_codec.h; the message names the edge, the processes and the
+/// type), and such an edge with a bulk codec when `where.bulk` is null (its
+/// tensors need the bulk plane).
 expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& spec,
                               const graph::node_kind_registry& kinds, const node_factory_registry& factories,
                               const run_options& options, const placement& where);

@@ -428,8 +428,12 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     if (console_live && !restart) console_live->finish(result.metrics, *j.live, result.exit_code, result.error);
     if (options.summary) {
       std::string summary = format_summary(result.metrics);
-      spdlog::info("[{}] {} in {:.2f}s (exit code {})", spec.name, to_string(result.reason), result.metrics.elapsed_s,
-                   result.exit_code);
+      if (restart)
+        spdlog::info("[{}] attempt {} {} in {:.2f}s; the run restarts", spec.name, attempt_options.attempt + 1,
+                     to_string(result.reason), result.metrics.elapsed_s);
+      else
+        spdlog::info("[{}] {} in {:.2f}s (exit code {})", spec.name, to_string(result.reason), result.metrics.elapsed_s,
+                     result.exit_code);
       std::size_t at = 0;
       while (at < summary.size()) {
         std::size_t nl = summary.find('\n', at);

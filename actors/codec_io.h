@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/actor/byte_io.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/tensor/tensor.h"
 
@@ -40,10 +41,7 @@ struct writer {
   }
   template <class T>
   void put(T x) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto at = out.size();
-    out.resize(at + sizeof(T));
-    std::memcpy(out.data() + at, &x, sizeof(T));
+    actor::byte_io::put(out, x);
   }
   void put_int_tensor(const tensor& t) {
     if (!t.defined()) {
@@ -86,10 +84,8 @@ struct reader {
   }
   template <class T>
   T get() {
-    if (at + sizeof(T) > in.size()) throw std::invalid_argument("truncated message");
     T x;
-    std::memcpy(&x, in.data() + at, sizeof(T));
-    at += sizeof(T);
+    if (!actor::byte_io::get(in, at, x)) throw std::invalid_argument("truncated message");
     return x;
   }
   tensor get_int_tensor() {

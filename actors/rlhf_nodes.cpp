@@ -84,6 +84,18 @@ bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::string&
   }
 }
 
+/// The trainer's `output` loaded with `load`, when an earlier attempt of this
+/// run saved it (and a line saying that training is skipped); else null.
+template <class Load>
+std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step, Load load) {
+  const auto& out = ctx.spec().get_string("output");
+  if (!saved_by_earlier_attempt(ctx, out)) return nullptr;
+  auto m = std::make_shared<decoder>(load(out));
+  ctx.print(fmt::format("{} resumed (attempt {}): {} was saved by an earlier attempt of this run; training skipped",
+                        step, ctx.attempt() + 1, out));
+  return m;
+}
+
 dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   const auto& s = ctx.spec();
   dschat::dschat_settings d;
@@ -188,11 +200,7 @@ class batch_cycle {
 class sft_trainer final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
-    if (const auto& out = ctx.spec().get_string("output"); saved_by_earlier_attempt(ctx, out)) {
-      model_ = std::make_shared<decoder>(load_llama2c(out));
-      ctx.print(fmt::format("[step 1 sft] resumed (attempt {}): {} was saved by an earlier attempt of this run; "
-                            "training skipped",
-                            ctx.attempt() + 1, out));
+    if ((model_ = resume_saved(ctx, "[step 1 sft]", [](const std::string& f) { return load_llama2c(f); }))) {
       resumed_ = true;
       return;
     }
@@ -281,11 +289,7 @@ class sft_trainer final : public actor::node {
 class rm_trainer final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
-    if (const auto& out = ctx.spec().get_string("output"); saved_by_earlier_attempt(ctx, out)) {
-      model_ = std::make_shared<decoder>(load_model(out));
-      ctx.print(fmt::format("[step 2 rm] resumed (attempt {}): {} was saved by an earlier attempt of this run; "
-                            "training skipped",
-                            ctx.attempt() + 1, out));
+    if ((model_ = resume_saved(ctx, "[step 2 rm]", [](const std::string& f) { return load_model(f); }))) {
       resumed_ = true;
       return;
     }

@@ -1,5 +1,6 @@
 #include "runtime/actor/bulk_plane.h"
 
+
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -7,23 +8,18 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/actor/byte_io.h"
+
 namespace flowrun::actor {
 
 namespace {
 
-template <class T>
-void put(std::vector<char>& out, T x) {
-  const auto at = out.size();
-  out.resize(at + sizeof(T));
-  std::memcpy(out.data() + at, &x, sizeof(T));
-}
+using byte_io::put;
 
 template <class T>
 T get(const std::vector<char>& in, std::size_t& at) {
-  if (at + sizeof(T) > in.size()) throw std::invalid_argument("truncated bulk header");
   T x;
-  std::memcpy(&x, in.data() + at, sizeof(T));
-  at += sizeof(T);
+  if (!byte_io::get(in, at, x)) throw std::invalid_argument("truncated bulk header");
   return x;
 }
 

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/actor/byte_io.h"
+
 namespace flowrun::actor {
 
 namespace {
@@ -259,45 +261,27 @@ std::string format_progress(std::string_view graph_name, const metrics_snapshot&
   return out;
 }
 
-namespace {
-
-template <class T>
-void put_raw(std::vector<char>& out, T x) {
-  const auto at = out.size();
-  out.resize(at + sizeof(T));
-  std::memcpy(out.data() + at, &x, sizeof(T));
-}
-
-template <class T>
-bool get_raw(const std::vector<char>& in, std::size_t& at, T& x) {
-  if (at + sizeof(T) > in.size()) return false;
-  std::memcpy(&x, in.data() + at, sizeof(T));
-  at += sizeof(T);
-  return true;
-}
-
-}  // namespace
 
 std::vector<char> encode_replica_counters(job_metrics& m,
                                           const std::vector<std::pair<std::uint32_t, std::uint32_t>>& ids) {
   std::vector<char> out;
   std::uint32_t present = 0;
   for (const auto& [n, r] : ids) present += m.has_replica(n, r) ? 1 : 0;
-  put_raw<std::uint32_t>(out, present);
+  byte_io::put<std::uint32_t>(out, present);
   for (const auto& [n, r] : ids) {
     if (!m.has_replica(n, r)) continue;
     const replica_counters& c = m.replica(n, r);
-    put_raw<std::uint32_t>(out, n);
-    put_raw<std::uint32_t>(out, r);
+    byte_io::put<std::uint32_t>(out, n);
+    byte_io::put<std::uint32_t>(out, r);
     for (const auto* a : {&c.msgs_in, &c.bytes_in, &c.msgs_out, &c.bytes_out, &c.handled, &c.produced, &c.busy_ns,
                           &c.blocked_ns, &c.restarts, &c.dropped})
-      put_raw<std::uint64_t>(out, a->load(std::memory_order_relaxed));
+      byte_io::put<std::uint64_t>(out, a->load(std::memory_order_relaxed));
     const auto custom = c.counters();
-    put_raw<std::uint32_t>(out, static_cast<std::uint32_t>(custom.size()));
+    byte_io::put<std::uint32_t>(out, static_cast<std::uint32_t>(custom.size()));
     for (const auto& [name, value] : custom) {
-      put_raw<std::uint32_t>(out, static_cast<std::uint32_t>(name.size()));
+      byte_io::put<std::uint32_t>(out, static_cast<std::uint32_t>(name.size()));
       out.insert(out.end(), name.begin(), name.end());
-      put_raw<std::int64_t>(out, value);
+      byte_io::put<std::int64_t>(out, value);
     }
   }
   return out;
@@ -306,23 +290,23 @@ std::vector<char> encode_replica_counters(job_metrics& m,
 bool apply_replica_counters(job_metrics& m, const std::vector<char>& bytes) {
   std::size_t at = 0;
   std::uint32_t count = 0;
-  if (!get_raw(bytes, at, count) || count > 100000) return false;
+  if (!byte_io::get(bytes, at, count) || count > 100000) return false;
   for (std::uint32_t i = 0; i < count; ++i) {
     std::uint32_t n = 0, r = 0;
     std::uint64_t v[10];
-    if (!get_raw(bytes, at, n) || !get_raw(bytes, at, r)) return false;
+    if (!byte_io::get(bytes, at, n) || !byte_io::get(bytes, at, r)) return false;
     for (auto& x : v)
-      if (!get_raw(bytes, at, x)) return false;
+      if (!byte_io::get(bytes, at, x)) return false;
     std::uint32_t ncustom = 0;
-    if (!get_raw(bytes, at, ncustom) || ncustom > 10000) return false;
+    if (!byte_io::get(bytes, at, ncustom) || ncustom > 10000) return false;
     std::vector<std::pair<std::string, std::int64_t>> custom;
     for (std::uint32_t k = 0; k < ncustom; ++k) {
       std::uint32_t len = 0;
       std::int64_t value = 0;
-      if (!get_raw(bytes, at, len) || at + len > bytes.size()) return false;
+      if (!byte_io::get(bytes, at, len) || at + len > bytes.size()) return false;
       std::string name(bytes.data() + at, len);
       at += len;
-      if (!get_raw(bytes, at, value)) return false;
+      if (!byte_io::get(bytes, at, value)) return false;
       custom.emplace_back(std::move(name), value);
     }
     if (!m.has_replica(n, r)) continue;

@@ -235,21 +235,25 @@ void communicator::recv(tensor& x, int peer) {
   count("recv", static_cast<int64_t>(x.nbytes()));
 }
 
-void communicator::send_tagged(const tensor& x, int peer, uint64_t tag) {
-  const std::string w = where("send_tagged");
+namespace {
+
+// send_tagged / recv_tagged: a defined tensor on the backend's device, another rank, a tag below 2^56.
+void check_tagged(const communicator& c, const std::string& w, const tensor& x, int peer, uint64_t tag) {
   if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
-  check_tensor(*this, w, "x", x);
-  check_peer(*this, w, peer);
+  check_tensor(c, w, "x", x);
+  check_peer(c, w, peer);
   if (tag >> 56) throw std::invalid_argument(w + ": tag " + std::to_string(tag) + " is not below 2^56");
+}
+
+}  // namespace
+
+void communicator::send_tagged(const tensor& x, int peer, uint64_t tag) {
+  check_tagged(*this, where("send_tagged"), x, peer, tag);
   if (x.numel() > 0) do_send_tagged(x, peer, tag);
 }
 
 void communicator::recv_tagged(tensor& x, int peer, uint64_t tag) {
-  const std::string w = where("recv_tagged");
-  if (!x.defined()) throw std::invalid_argument(w + ": x is an undefined tensor");
-  check_tensor(*this, w, "x", x);
-  check_peer(*this, w, peer);
-  if (tag >> 56) throw std::invalid_argument(w + ": tag " + std::to_string(tag) + " is not below 2^56");
+  check_tagged(*this, where("recv_tagged"), x, peer, tag);
   if (x.numel() > 0) do_recv_tagged(x, peer, tag);
 }
 

@@ -218,6 +218,16 @@ class gloo_comm final : public communicator {
   }
 
  private:
+  // The TCP device every rendezvous uses: on o.iface, else on o.hostname.
+  static std::shared_ptr<gloo::transport::Device> make_device(const gloo_options& o) {
+    gloo::transport::tcp::attr attr;
+    if (!o.iface.empty())
+      attr.iface = o.iface;
+    else
+      attr.hostname = o.hostname;
+    return gloo::transport::tcp::CreateDevice(attr);
+  }
+
   void connect(const gloo_options& o) {
     if (o.kv) return connect_kv(o);
     const std::string w = "gloo rendezvous (rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
@@ -228,12 +238,7 @@ class gloo_comm final : public communicator {
       throw std::runtime_error(w + ": cannot create the store directory: " + ec.message());
     std::unique_ptr<gloo::rendezvous::FileStore> files;
     try {
-      gloo::transport::tcp::attr attr;
-      if (!o.iface.empty())
-        attr.iface = o.iface;
-      else
-        attr.hostname = o.hostname;
-      auto dev = gloo::transport::tcp::CreateDevice(attr);
+      auto dev = make_device(o);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
       ctx->setTimeout(timeout_);
       files = std::make_unique<gloo::rendezvous::FileStore>(o.store_dir);
@@ -261,12 +266,7 @@ class gloo_comm final : public communicator {
                           ", a flowrun store, prefix '" + o.prefix + "')";
     store_adapter adapter(o.kv, timeout_);
     try {
-      gloo::transport::tcp::attr attr;
-      if (!o.iface.empty())
-        attr.iface = o.iface;
-      else
-        attr.hostname = o.hostname;
-      auto dev = gloo::transport::tcp::CreateDevice(attr);
+      auto dev = make_device(o);
       auto ctx = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
       ctx->setTimeout(timeout_);
       gloo::rendezvous::PrefixStore prefixed(o.prefix, adapter);

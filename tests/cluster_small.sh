@@ -338,7 +338,7 @@ set -e
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 kill -CONT "$w5_pid"
 [[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/stalled.log"; exit 1; }
-grep -q "cluster node 'w5' lost (no heartbeat for [0-9]* ms (lost_after_ms = 2000)); its actors: generator" "$out/stalled.log" \
+grep -q "cluster node 'w5' lost (no heartbeat for [0-9]* ms (phi [0-9.]* > 8; lost_after_ms = 2000)); its actors: generator" "$out/stalled.log" \
   || { echo "no heartbeat loss naming the node:"; tail -20 "$out/stalled.log"; exit 1; }
 echo "  stopped ${ms} ms after SIGSTOP: $(grep -o "cluster node 'w5' lost (no heartbeat[^;]*" "$out/stalled.log" | head -1)"
 for _ in $(seq 1 100); do kill -0 "$w5_pid" 2>/dev/null || break; sleep 0.1; done

@@ -23,7 +23,7 @@ using nlohmann::json;
 
 namespace {
 
-fs::path fixture(const std::string& name) { return fs::path(__FILE__).parent_path() / "fixtures" / "ds" / name; }
+fs::path fixture(const std::string& name) { return fs::path(FLOWRUN_FIXTURES_DIR) / "ds" / name; }
 
 json read_json(const std::string& name) {
   std::ifstream f(fixture(name));

@@ -43,6 +43,7 @@
 #include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/cluster_run.h"
 #include "runtime/actor/job.h"
+#include "runtime/actor/liveness.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/comm/caf_store_actor.h"
 #include "runtime/comm/communicator.h"
@@ -60,8 +61,9 @@ using table_atom = caf::atom_constant<caf::atom("fr_table")>;
 using beat_atom = caf::atom_constant<caf::atom("fr_beat")>;
 using cend_atom = caf::atom_constant<caf::atom("fr_cend")>;
 using watch_atom = caf::atom_constant<caf::atom("fr_watch")>;
-using tick_atom = caf::atom_constant<caf::atom("fr_tick")>;
 using abort_atom = caf::atom_constant<caf::atom("fr_abort")>;
+/// The liveness channel's verdict, sent from its thread: a session's coordinator, or main's node, is lost.
+using lost_atom = caf::atom_constant<caf::atom("fr_lost")>;
 /// The coordinator asks a session to join the bulk plane (a gloo group over the run's processes).
 using comm_atom = caf::atom_constant<caf::atom("fr_comm")>;
 
@@ -126,10 +128,9 @@ struct session_state {
   bool active = false;
   std::uint32_t self_index = 0;
   std::string self_name;
-  std::int64_t heartbeat_ms = 500, lost_after_ms = 3000;
-  clk::time_point last_beat = clk::now();
   cross_process_counts at_start;
-  std::uint64_t beats = 0;
+  std::uint64_t beats = 0;  // counter polls answered (CAF); liveness is the responder's
+  std::unique_ptr<liveness_responder> liveness;  // answers main's pings on a UDP socket and thread of its own
   std::shared_ptr<bulk_plane> bulk;  // this node's end of the bulk plane (when the job moves tensors)
 };
 const char* session_state::name = "flowrun_cluster_session";
@@ -144,6 +145,7 @@ void end_part(caf::stateful_actor<session_state>* self, bool aborted) {
   release_part(*st.part);
   st.part.reset();
   st.bulk.reset();
+  st.liveness.reset();
   st.active = false;
   st.shared->finish_job();
 }
@@ -195,25 +197,25 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
       [=](job_atom, const std::string& toml, const std::vector<std::string>& processes,
           const std::vector<char>& where_bytes, std::uint32_t self_index, std::int64_t heartbeat_ms,
           std::int64_t lost_after_ms, const std::string& run_id, std::int64_t attempt,
-          const caf::actor& kv) -> caf::result<std::string, std::vector<caf::actor>> {
+          const caf::actor& kv) -> caf::result<std::string, std::vector<caf::actor>, std::int64_t> {
         auto& st = self->state;
         const auto where_flat = unpack<std::uint32_t>(where_bytes);
-        if (!trusted()) return {std::string("refused: not the authenticated coordinator"), std::vector<caf::actor>{}};
+        if (!trusted()) return {std::string("refused: not the authenticated coordinator"), std::vector<caf::actor>{}, std::int64_t{0}};
         if (self_index >= processes.size())
-          return {std::string("bad job request: process index out of range"), std::vector<caf::actor>{}};
+          return {std::string("bad job request: process index out of range"), std::vector<caf::actor>{}, std::int64_t{0}};
         {
           std::lock_guard<std::mutex> lock(shared->mutex);
           if (shared->busy)
-            return {"cluster node '" + processes[self_index] + "' is busy with another job", std::vector<caf::actor>{}};
+            return {"cluster node '" + processes[self_index] + "' is busy with another job", std::vector<caf::actor>{}, std::int64_t{0}};
           shared->busy = true;
         }
-        auto refuse = [&](std::string why) -> caf::result<std::string, std::vector<caf::actor>> {
+        auto refuse = [&](std::string why) -> caf::result<std::string, std::vector<caf::actor>, std::int64_t> {
           {
             std::lock_guard<std::mutex> lock(shared->mutex);
             shared->busy = false;
           }
           spdlog::error("[{}] refused the job: {}", processes[self_index], why);
-          return {std::move(why), std::vector<caf::actor>{}};
+          return {std::move(why), std::vector<caf::actor>{}, std::int64_t{0}};
         };
         auto parsed = graph::parse_graph_string(toml, "<graph from the coordinator>");
         if (!parsed.ok()) return refuse("the graph does not parse here:\n" + graph::format_errors(parsed.errors));
@@ -244,9 +246,19 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         if (!part) return refuse(part.error());
         st.self_index = self_index;
         st.self_name = processes[self_index];
-        st.heartbeat_ms = std::max<std::int64_t>(1, heartbeat_ms);
-        st.lost_after_ms = std::max<std::int64_t>(1, lost_after_ms);
-        st.last_beat = clk::now();
+        // Liveness on a thread and UDP socket of its own (liveness.h): its verdict comes back as a message.
+        try {
+          caf::actor_addr me = self->address();
+          st.liveness = std::make_unique<liveness_responder>(
+              shared->options.host, shared->options.secret, run_id + "/" + std::to_string(attempt),
+              phi_settings::for_cluster(heartbeat_ms, lost_after_ms), [me](const std::string& why) {
+                if (auto a = caf::actor_cast<caf::actor>(me)) caf::anon_send(a, lost_atom::value, why);
+              });
+        } catch (const std::exception& e) {
+          abort_part(*part);
+          release_part(*part);
+          return refuse(e.what());
+        }
         st.at_start = cross_process_totals();
         st.active = true;
         auto local = part->local;
@@ -256,8 +268,7 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         }
         spdlog::info("[{}] job '{}': {} replicas here", st.self_name, v.spec.name, local.size());
         st.part = std::move(*part);
-        self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
-        return {std::string(), std::move(local)};
+        return {std::string(), std::move(local), static_cast<std::int64_t>(st.liveness->port())};
       },
       [=](comm_atom, const caf::actor& kv, std::uint32_t rank, std::uint32_t world, const std::string& hostname,
           std::int64_t timeout_ms, const std::string& prefix) -> std::string {
@@ -281,28 +292,20 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         auto ok = set_actor_table(*st.part, all);
         return ok ? std::string() : ok.error();
       },
-      [=](beat_atom, std::uint32_t process, std::int64_t seq) {
+      [=](beat_atom, std::uint32_t process, std::int64_t seq) {  // a counter poll (liveness is the responder's)
         auto& st = self->state;
-        st.last_beat = clk::now();
         ++st.beats;
         // with the counters of this node's replicas, which main mirrors (console, summary, progress)
         self->send(caf::actor_cast<caf::actor>(self->current_sender()), beat_atom::value, process, seq,
                    static_cast<std::int64_t>(ms_since(st.shared->started)),
                    st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{});
       },
-      [=](tick_atom) {
+      [=](lost_atom, const std::string& why) {  // from the liveness responder's thread
         auto& st = self->state;
         if (!st.active) return;
-        const auto age = ms_since(st.last_beat);
-        if (age > st.lost_after_ms) {
-          spdlog::error("[{}] no heartbeat from the coordinator for {} ms (lost_after_ms = {}): stopping this node's "
-                        "replicas (their stop() runs)",
-                        st.self_name, age, st.lost_after_ms);
-          end_part(self, true);
-          self->quit();
-          return;
-        }
-        self->delayed_send(self, std::chrono::milliseconds(st.heartbeat_ms), tick_atom::value);
+        spdlog::error("[{}] {}: stopping this node's replicas (their stop() runs)", st.self_name, why);
+        end_part(self, true);
+        self->quit();
       },
       [=](abort_atom) {  // the daemon is shutting down (SIGINT/SIGTERM)
         if (self->state.active)
@@ -316,7 +319,8 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         const auto now = cross_process_totals();
         const auto bs = st.bulk ? st.bulk->stats() : bulk_stats{};
         std::vector<std::uint64_t> counts{now.data_msgs - st.at_start.data_msgs, now.data_bytes - st.at_start.data_bytes,
-                                          now.control_msgs - st.at_start.control_msgs, st.beats,
+                                          now.control_msgs - st.at_start.control_msgs,
+                                          st.liveness ? st.liveness->pongs() : 0,
                                           bs.sends, bs.tensors_sent, bs.bytes_sent};
         auto final_counters =
             st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{};
@@ -553,19 +557,19 @@ struct beat_table {
   std::vector<std::string> names;       // by session index
   std::vector<std::string> addresses;
   std::vector<std::string> actors;      // the replicas each holds, for status()
-  std::vector<std::int64_t> last_ms;    // ms since `t0` of the last heartbeat reply; -1: none yet
+  std::vector<std::int64_t> last_ms;    // ms since `t0` of the last liveness answer; -1: none yet
   std::vector<bool> lost;
   std::vector<std::string> lost_why;
   std::vector<std::vector<char>> counters;  // the latest replica counters each sent (encode_replica_counters)
   std::vector<bool> counters_new;           // not yet applied to main's metrics
-  std::uint64_t beats_sent = 0;
   bool closing = false;  // cluster_run::end() began: a session that now quits normally is closed, not lost
   clk::time_point t0 = clk::now();
 };
 
 // The coordinator's link: a blocking actor on a std::thread of its own
-// (link_loop), not a detached CAF actor. Heartbeats must not wait for a
-// worker thread that a training step holds, and a detached actor would make
+// (link_loop), not a detached CAF actor. It polls the nodes' replica counters
+// every heartbeat_ms and turns session exits and the liveness monitor's
+// verdicts (liveness.h: UDP, a thread of its own) into node losses. A detached actor would make
 // ~actor_system wait for its thread until the actor is destroyed: after a
 // cluster run, something in CAF 0.17's middleman could keep a reference to
 // it, and `flowrun run` printed its summary and then hung (cluster_small,
@@ -573,16 +577,16 @@ struct beat_table {
 // destroyed when the loop ends, whoever still points at it.
 //
 // Messages: watch(coordinator, sessions, process indices, heartbeat_ms,
-// lost_after_ms) starts the heartbeats; beat(i, seq, uptime_ms) from session
-// i; down_msg from a session; cend ends the loop.
+// lost_after_ms) starts the counter polls; beat(i, seq, uptime_ms, counters)
+// from session i; lost(i, why) from the liveness monitor; down_msg from a
+// session; cend ends the loop.
 void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::promise<caf::actor> ready) {
   caf::scoped_actor self{sys, true};
   ready.set_value(caf::actor_cast<caf::actor>(self.ptr()));
   caf::actor coordinator;
   std::vector<caf::actor> sessions;
   std::vector<std::uint32_t> process;  // placement index of each session
-  std::int64_t heartbeat_ms = 500, lost_after_ms = 3000, seq = 0;
-  std::vector<clk::time_point> last;
+  std::int64_t heartbeat_ms = 500, seq = 0;
   bool watching = false, running = true;
   clk::time_point next_tick = clk::now();
   auto lose = [&](std::size_t i, const std::string& why) {
@@ -602,14 +606,7 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
         std::lock_guard<std::mutex> lock(table->mutex);
         if (table->lost[i] || table->closing) continue;
       }
-      const auto age = ms_since(last[i]);
-      if (age > lost_after_ms) {
-        lose(i, "no heartbeat for " + std::to_string(age) + " ms (lost_after_ms = " + std::to_string(lost_after_ms) + ")");
-        continue;
-      }
       self->send(sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), seq);
-      std::lock_guard<std::mutex> lock(table->mutex);
-      ++table->beats_sent;
     }
   };
   while (running) {
@@ -627,17 +624,22 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           sessions = s;
           process = unpack<std::uint32_t>(process_bytes);
           heartbeat_ms = std::max<std::int64_t>(1, hb);
-          lost_after_ms = lost_after;
-          last.assign(sessions.size(), clk::now());
+          (void)lost_after;  // the liveness monitor judges silence
           watching = true;
           next_tick = clk::now();
           for (auto& x : sessions) self->monitor(x);
         },
+        [&](lost_atom, std::uint32_t i, const std::string& why) {  // the liveness monitor's verdict
+          bool closing = false;
+          {
+            std::lock_guard<std::mutex> lock(table->mutex);
+            closing = table->closing;
+          }
+          if (i < sessions.size() && !closing) lose(i, why);
+        },
         [&](beat_atom, std::uint32_t i, std::int64_t, std::int64_t, std::vector<char>& counters) {
-          if (i >= last.size()) return;
-          last[i] = clk::now();
+          if (i >= sessions.size()) return;
           std::lock_guard<std::mutex> lock(table->mutex);
-          table->last_ms[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clk::now() - table->t0).count();
           if (i < table->counters.size() && !counters.empty()) {
             table->counters[i] = std::move(counters);
             table->counters_new[i] = true;
@@ -673,10 +675,12 @@ struct cluster_run::impl {
   caf::actor link;           // the scoped actor of link_thread
   std::thread link_thread;   // runs cl::link_loop until it gets cend
   std::shared_ptr<cl::beat_table> table;
+  std::unique_ptr<liveness_monitor> monitor;  // pings the nodes (UDP, a thread of its own)
   struct conn {
     std::string name, address;
     std::uint32_t process = 0;
     caf::actor session;
+    std::int64_t liveness_port = 0;  // its session's liveness responder (UDP)
   };
   std::vector<conn> conns;
   placement where;
@@ -690,6 +694,7 @@ struct cluster_run::impl {
 
   explicit impl(caf::actor_system& s) : sys(s) {}
   ~impl() {
+    monitor.reset();
     if (kv) caf::anon_send_exit(kv, caf::exit_reason::user_shutdown);
     if (link_thread.joinable()) {
       caf::anon_send(link, cl::cend_atom::value);
@@ -699,6 +704,7 @@ struct cluster_run::impl {
 
   // Stops what was started (after an error while starting).
   void abandon() {
+    monitor.reset();
     if (part) {
       abort_part(*part);
       release_part(*part);
@@ -961,9 +967,10 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
                   spec.cluster.heartbeat_ms, spec.cluster.lost_after_ms, options.run_id, options.attempt,
                   p->kv)
         .receive(
-            [&](std::string& e, std::vector<caf::actor>& l) {
+            [&](std::string& e, std::vector<caf::actor>& l, std::int64_t liveness_port) {
               err = std::move(e);
               local = std::move(l);
+              c.liveness_port = liveness_port;
             },
             [&](caf::error& e) { failure = sys.render(e); });
     if (!failure.empty() || !err.empty()) {
@@ -1016,9 +1023,31 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   }
   std::vector<caf::actor> sessions;
   std::vector<std::uint32_t> procs;
+  std::vector<liveness_monitor::peer> peers;
   for (auto& c : p->conns) {
     sessions.push_back(c.session);
     procs.push_back(c.process);
+    peers.push_back({spec.cluster.find(c.name)->host, static_cast<int>(c.liveness_port)});
+  }
+  // Liveness: UDP pings from a thread of their own, judged by a φ accrual detector (liveness.h).
+  try {
+    auto table = p->table;
+    caf::actor link = p->link;
+    p->monitor = std::make_unique<liveness_monitor>(
+        peers, options.cluster.secret, options.run_id + "/" + std::to_string(options.attempt),
+        phi_settings::for_cluster(spec.cluster.heartbeat_ms, spec.cluster.lost_after_ms),
+        [table](std::size_t i) {
+          std::lock_guard<std::mutex> lock(table->mutex);
+          if (i < table->last_ms.size())
+            table->last_ms[i] =
+                std::chrono::duration_cast<std::chrono::milliseconds>(cl::clk::now() - table->t0).count();
+        },
+        [link](std::size_t i, const std::string& why) {
+          caf::anon_send(link, cl::lost_atom::value, static_cast<std::uint32_t>(i), why);
+        });
+  } catch (const std::exception& e) {
+    p->abandon();
+    return error_text{std::string("cluster run: ") + e.what()};
   }
   caf::anon_send(p->link, cl::watch_atom::value, p->j.coordinator, sessions, cl::pack(procs), spec.cluster.heartbeat_ms,
                  spec.cluster.lost_after_ms);
@@ -1120,9 +1149,10 @@ std::string cluster_run::end() {
   {
     std::lock_guard<std::mutex> lock(p.table->mutex);
     p.table->closing = true;
-    beats_sent = p.table->beats_sent;
+    beats_sent = p.monitor ? p.monitor->pings() : 0;
     lost = p.table->lost;
   }
+  if (p.monitor) p.monitor->stop_judging();
   // The job finished: remote replicas (state remote; failed when their node
   // was lost) end as the run did.
   if (p.part && p.part->live && p.j.state) {
@@ -1191,6 +1221,7 @@ std::string cluster_run::end() {
   if (p.bulk)
     report += ", " + std::to_string(tbp) + " bulk payloads (" + std::to_string(tbt) + " tensors, " +
               std::to_string(tbb) + " communicator bytes)";
+  p.monitor.reset();
   caf::anon_send(p.link, cl::cend_atom::value);
   if (p.part) {
     release_part(*p.part);

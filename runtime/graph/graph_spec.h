@@ -173,7 +173,7 @@ struct cluster_node_spec {
 ///
 ///   [cluster]
 ///   heartbeat_ms = 500         # between heartbeats (integer milliseconds)
-///   lost_after_ms = 3000       # a node silent this long is lost (>= 2 x heartbeat_ms)
+///   lost_after_ms = 3000       # silence before a node can be lost (φ accrual detector, liveness.h; >= 2 x heartbeat_ms)
 ///   connect_timeout_ms = 10000 # connecting to a node and its handshake, each
 ///   on_node_lost = "stop"      # or "restart": start again from the checkpoints
 ///   max_restarts = 3           # restarts allowed per run (on_node_lost = "restart")

@@ -113,7 +113,10 @@ void send_json(httplib::Response& res, int status, const std::string& body) {
 }
 
 void send_error(httplib::Response& res, int status, const std::string& message) {
-  send_json(res, status, json{{"error", message}, {"status", status}}.dump());
+  // The message may quote the request (a path segment decoded from %ff is not UTF-8): replace such bytes
+  // rather than let nlohmann's dump throw (which httplib turned into a bare 500).
+  send_json(res, status,
+            json{{"error", message}, {"status", status}}.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
 double param_double(const httplib::Request& req, const char* name, double dflt) {
@@ -319,10 +322,17 @@ void server::start() {
         },
         [im](bool) { --im->streams; });
   });
-  svr.Post(R"(/api/(pause|resume|stop|checkpoint))", [h](const httplib::Request& req, httplib::Response& res) {
-    reply r = h->act(std::string(req.matches[1]));
-    send_json(res, r.status, r.body);
-  });
+  // These take no body. With a content reader the handler decides what is read: cpp-httplib 0.11 reads a
+  // request without Content-Length until the connection closes (a `curl -X POST` stalled for the 5 s read
+  // timeout, then got 400), while RFC 9112 sec. 6.3 says such a request has no body. A body that is declared
+  // (Content-Length or chunked) is read and ignored, so a kept-alive connection stays in step.
+  svr.Post(R"(/api/(pause|resume|stop|checkpoint))",
+           [h](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
+             if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+               content([](const char*, std::size_t) { return true; });
+             reply r = h->act(std::string(req.matches[1]));
+             send_json(res, r.status, r.body);
+           });
   svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404)

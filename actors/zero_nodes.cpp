@@ -230,9 +230,10 @@ class zero_rank final : public actor::node {
     int64_t max_block = 0;
     for (auto& b : blocks) max_block = std::max(max_block, b.numel());
     const int64_t seq = s.get_int("seq_length");
+    const int64_t act_bytes =
+        estimate_activation_bytes(model_->config(), zs_.micro_batch, seq, model_->gradient_checkpointing());
     auto est = estimate_memory(model_->base_trainable() ? model_->num_parameters() : 0, max_block, world_,
-                               zs_.stage, estimate_activation_bytes(model_->config(), zs_.micro_batch, seq,
-                                                         model_->gradient_checkpointing()));
+                               zs_.stage, act_bytes);
     est.rank = rank_;
     const double limit_gb = s.get_float("memory_limit_gb");
     const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));

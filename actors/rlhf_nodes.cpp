@@ -109,6 +109,7 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.data_split = s.get_string("data_split");
   d.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
   d.lora_dim = s.get_int("lora_dim");
+  d.gradient_checkpointing = s.get_bool("gradient_checkpointing");
   return d;
 }
 
@@ -224,6 +225,7 @@ class sft_trainer final : public actor::node {
     check_memory_plan(ctx, model_->config(), d_.per_device_train_batch_size, d_.max_seq_len,
                       "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
+    model_->set_gradient_checkpointing(d_.gradient_checkpointing);
     opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
     st_.total_update_steps = steps_;
     before_ = dschat::sft_eval(*model_, eval_);
@@ -313,6 +315,7 @@ class rm_trainer final : public actor::node {
     check_memory_plan(ctx, model_->config(), 2 * d_.per_device_train_batch_size, d_.max_seq_len,
                       "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
+    model_->set_gradient_checkpointing(d_.gradient_checkpointing);
     opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
     st_.total_update_steps = steps_;
     auto ev = dschat::rm_eval(*model_, eval_);
@@ -600,6 +603,8 @@ class scorer_node final : public actor::node {
       ps_.actor_learning_rate = ps_.critic_learning_rate =
           static_cast<float>(s.get_float(pol ? "actor_learning_rate" : "critic_learning_rate"));
       lora_dim_ = s.get_int(pol ? "actor_lora_dim" : "critic_lora_dim");
+      ps_.actor_gradient_checkpointing = pol && s.get_bool("actor_gradient_checkpointing");
+      ps_.critic_gradient_checkpointing = !pol && s.get_bool("critic_gradient_checkpointing");
       ps_.per_device_training_batch_size = s.get_int("per_device_training_batch_size");
       if (role_ == scorer_role::policy) {
         ps_.enable_ema = s.get_bool("enable_ema");
@@ -646,6 +651,8 @@ class scorer_node final : public actor::node {
       lc.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
       model_->enable_lora(lc);
     }
+    model_->set_gradient_checkpointing(role_ == scorer_role::policy ? ps_.actor_gradient_checkpointing
+                                                                    : ps_.critic_gradient_checkpointing);
     if (role_ == scorer_role::policy || role_ == scorer_role::critic) {
       ops::adamw_config oc;
       oc.lr = ps_.actor_learning_rate;
@@ -838,6 +845,8 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                 "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
         .option("steps", T::int_, steps, "micro-batches to train")
         .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)")
+        .option("gradient_checkpointing", T::bool_, false,
+                "recompute each layer's activations in backward (less memory, one more forward per layer)")
         .option("seed", T::int_, std::int64_t{1234}, "data split and order")
         .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps");
   };
@@ -917,7 +926,9 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
           .option("cliprange", T::float_, 0.2, "policy ratio clip")
           .option("cliprange_value", T::float_, 0.2, "value clip")
           .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip")
-          .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)");
+          .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)")
+          .option(who + "_gradient_checkpointing", T::bool_, false,
+                  "recompute each layer's activations in backward (less memory, one more forward per layer)");
     }
     if (role == scorer_role::policy)
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)

@@ -224,13 +224,16 @@ class zero_rank final : public actor::node {
         model_->enable_lora(lc, true);
       }
     }
+    model_->set_gradient_checkpointing(s.get_bool("gradient_checkpointing"));
     // the memory plan, before anything big is allocated
     const auto blocks = model_->param_blocks();
     int64_t max_block = 0;
     for (auto& b : blocks) max_block = std::max(max_block, b.numel());
     const int64_t seq = s.get_int("seq_length");
+    const int64_t act_bytes =
+        estimate_activation_bytes(model_->config(), zs_.micro_batch, seq, model_->gradient_checkpointing());
     auto est = estimate_memory(model_->base_trainable() ? model_->num_parameters() : 0, max_block, world_,
-                               zs_.stage, estimate_activation_bytes(model_->config(), zs_.micro_batch, seq));
+                               zs_.stage, act_bytes);
     est.rank = rank_;
     const double limit_gb = s.get_float("memory_limit_gb");
     const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
@@ -492,6 +495,9 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("lora_pretrained", T::string, std::string(""), "continue from this LoRA adapter folder (base + LoRA)")
         .option("save_lora", T::string, std::string(""), "at the end, save only the LoRA weights here (PEFT format)")
         .option("memory_limit_gb", T::float_, 0.0, "refuse a plan over this many GB per process (0: available memory)")
+        .option("gradient_checkpointing", T::bool_, false,
+                "keep only each layer's input; recompute the layer in backward (less activation memory, one more "
+                "forward per layer)")
         .option("print_every", T::int_, std::int64_t{5}, "print the loss every N steps")
         .input("batch", "lm_batch", "global batches");
     shared(k);

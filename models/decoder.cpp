@@ -566,15 +566,18 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   const bool proj = cfg_.has_projection(), post = cfg_.post_norm;
   const int64_t E = cfg_.embed_width();
 
-  // (re)allocate activations when the batch shape (or the model's device) changes
-  if (a.B != B || a.T != T || a.layers.size() != static_cast<size_t>(NL) ||
+  // (re)allocate activations when the batch shape, the model's device or the
+  // checkpointing mode changes (checkpointed: one layer slot reused by every layer)
+  const size_t slots = checkpointing_ ? 1 : static_cast<size_t>(NL);
+  if (a.B != B || a.T != T || a.layers.size() != slots || a.checkpointed != checkpointing_ ||
       (!a.resid.empty() && a.resid[0].dev() != dev_)) {
     a = activations{};
     a.B = B;
     a.T = T;
+    a.checkpointed = checkpointing_;
     a.resid.resize(NL + 1);
     for (auto& r : a.resid) ensure(r, {B, T, C}, dev_);
-    a.layers.resize(NL);
+    a.layers.resize(slots);
     for (auto& L : a.layers) {
       ensure(L.ln1, {B, T, C}, dev_);
       ensure(L.ln1_rstd, {N}, dev_);
@@ -611,6 +614,9 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   a.targets = targets_d;
   a.mask = mask_d;
   a.positions = pos_host.to(dev_);
+  a.training = training_;
+  a.slot_layer = -1;
+  if (a.checkpointed) a.layer_rng.assign(static_cast<size_t>(NL), 0);
 
   // embeddings: x = wte[ids] (+ wpe[pos + offset])
   using ph = param_hooks::phase;
@@ -638,25 +644,12 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
 
   for (int64_t l = 0; l < NL; ++l) {
     hook_acquire(static_cast<int>(l) + 1, ph::forward);
-    auto& L = a.layers[l];
-    const auto& W = w_.layers[l];
-    tensor x = a.resid[l].view({N, C});
-    if (post) {
-      forward_post_layer(a, l, x, mask_d);
-      hook_release(static_cast<int>(l) + 1, ph::forward);
-      continue;
-    }
-    // pre-norm: resid2 = x + attn(ln1(x)); resid[l+1] = resid2 + mlp(ln2(resid2))
-    tensor ln1 = L.ln1.view({N, C});
-    norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
-    tensor r2 = L.resid2.view({N, C});
-    attn_fwd(a, l, ln1, x, r2, mask_d);
-    tensor ln2 = L.ln2.view({N, C});
-    norm_forward(ln2, L.ln2_mean, L.ln2_rstd, r2, W.ln2_w, W.ln2_b);
+    if (a.checkpointed) a.layer_rng[l] = dropout_calls_;
     tensor xo = a.resid[l + 1].view({N, C});
-    mlp_fwd(a, l, ln2, r2, xo);
+    layer_forward(a, l, a.resid[l].view({N, C}), xo, mask_d);
     hook_release(static_cast<int>(l) + 1, ph::forward);
   }
+  if (a.checkpointed) a.slot_layer = NL - 1;  // the slot holds the last layer's tensors
   head_blocks guard(hooks_, head_block, cfg_.tied_embeddings);  // acquired until every return below
   tensor lnf = a.lnf.view({N, C});
   if (post) lnf.copy_from(a.resid[NL].view({N, C}));  // no final norm
@@ -685,12 +678,51 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   return ops::cross_entropy_forward(a.losses, logits, targets_d.view({N}), &a.n_valid);
 }
 
+// Pre-norm: resid2 = x + attn(ln1(x)); out = resid2 + mlp(ln2(resid2)). x, out (N, C).
+void decoder::layer_forward(activations& a, int64_t l, const tensor& x, tensor& out, const tensor& mask) {
+  if (cfg_.post_norm) {
+    forward_post_layer(a, l, x, out, mask);
+    return;
+  }
+  const int64_t N = a.B * a.T, C = cfg_.dim;
+  auto& L = a.at(l);
+  const auto& W = w_.layers[l];
+  tensor ln1 = L.ln1.view({N, C});
+  norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
+  tensor r2 = L.resid2.view({N, C});
+  attn_fwd(a, l, ln1, x, r2, mask);
+  tensor ln2 = L.ln2.view({N, C});
+  norm_forward(ln2, L.ln2_mean, L.ln2_rstd, r2, W.ln2_w, W.ln2_b);
+  mlp_fwd(a, l, ln2, r2, out);
+}
+
+// Layer l's forward again from its saved input resid[l], into the slot. The output
+// goes to the scratch a.dln (resid[l+1] is already right); the LoRA dropout stream is
+// rewound to where forward drew layer l's masks, then put back.
+void decoder::recompute_layer(activations& a, int64_t l) {
+  struct restore {
+    decoder& d;
+    uint64_t rng;
+    bool training;
+    ~restore() {
+      d.dropout_calls_ = rng;
+      d.training_ = training;
+    }
+  } guard{*this, dropout_calls_, training_};
+  dropout_calls_ = a.layer_rng.at(static_cast<size_t>(l));
+  training_ = a.training;
+  const int64_t N = a.B * a.T, C = cfg_.dim;
+  ensure(a.dln, {N, C}, dev_);
+  layer_forward(a, l, a.resid[l].view({N, C}), a.dln, a.mask);
+  a.slot_layer = l;
+}
+
 // Post-LayerNorm (OPT do_layer_norm_before = false, modeling_opt.py OPTDecoderLayer):
 //   resid2 = x + o_proj(attn(x));     ln1 = LN1(resid2)
-//   resid3 = ln1 + down(act(up(ln1))); resid[l+1] = LN2(resid3)
-void decoder::forward_post_layer(activations& a, int64_t l, const tensor& x, const tensor& mask) {
+//   resid3 = ln1 + down(act(up(ln1))); out = LN2(resid3)
+void decoder::forward_post_layer(activations& a, int64_t l, const tensor& x, tensor& out, const tensor& mask) {
   const int64_t N = a.B * a.T, C = cfg_.dim;
-  auto& L = a.layers[l];
+  auto& L = a.at(l);
   const auto& W = w_.layers[l];
   tensor r2 = L.resid2.view({N, C});
   attn_fwd(a, l, x, x, r2, mask);
@@ -698,14 +730,13 @@ void decoder::forward_post_layer(activations& a, int64_t l, const tensor& x, con
   norm_forward(h, L.ln1_mean, L.ln1_rstd, r2, W.ln1_w, W.ln1_b);
   tensor r3 = L.resid3.view({N, C});
   mlp_fwd(a, l, h, h, r3);
-  tensor xo = a.resid[l + 1].view({N, C});
-  norm_forward(xo, L.ln2_mean, L.ln2_rstd, r3, W.ln2_w, W.ln2_b);
+  norm_forward(out, L.ln2_mean, L.ln2_rstd, r3, W.ln2_w, W.ln2_b);
 }
 
 void decoder::attn_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out,
                        const tensor& mask) {
   const int64_t N = a.B * a.T, C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
-  auto& L = a.layers[l];
+  auto& L = a.at(l);
   tensor q = L.q.view({N, H * hs}), k = L.k.view({N, KV * hs}), v = L.v.view({N, KV * hs});
   lin_fwd(l, lm_q, q, in, &L);
   lin_fwd(l, lm_k, k, in, &L);
@@ -721,7 +752,7 @@ void decoder::attn_fwd(activations& a, int64_t l, const tensor& in, const tensor
 
 void decoder::mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out) {
   const int64_t N = a.B * a.T, F = cfg_.hidden_dim;
-  auto& L = a.layers[l];
+  auto& L = a.at(l);
   tensor up = L.up.view({N, F}), act = L.act.view({N, F});
   lin_fwd(l, lm_up, up, in, &L);
   if (cfg_.gated_mlp) {
@@ -738,7 +769,7 @@ void decoder::mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor&
 void decoder::attn_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din) {
   const int64_t B = a.B, T = a.T, N = B * T, C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads,
                 hs = cfg_.head_dim();
-  auto& L = a.layers[l];
+  auto& L = a.at(l);
   a.datty.zero_();
   lin_bwd(l, lm_o, a.datty, dout, L.atty.view({N, C}), a, L);
   tensor datty4 = a.datty.view({B, T, H, hs});
@@ -754,7 +785,7 @@ void decoder::attn_bwd(activations& a, int64_t l, const tensor& in, const tensor
 
 void decoder::mlp_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din) {
   const int64_t N = a.B * a.T, F = cfg_.hidden_dim;
-  auto& L = a.layers[l];
+  auto& L = a.at(l);
   a.dact.zero_();
   lin_bwd(l, lm_down, a.dact, dout, L.act.view({N, F}), a, L);
   if (cfg_.gated_mlp) {
@@ -769,7 +800,7 @@ void decoder::mlp_bwd(activations& a, int64_t l, const tensor& in, const tensor&
 // In: a.dres = d resid[l+1]. Out: a.dres = d resid[l].
 void decoder::backward_post_layer(activations& a, int64_t l) {
   const int64_t N = a.B * a.T, C = cfg_.dim;
-  auto& L = a.layers[l];
+  auto& L = a.at(l);
   const auto& W = w_.layers[l];
   auto& G = g_.layers[l];
   // LN2: d resid3 -> a.dln
@@ -857,7 +888,8 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   for (int64_t l = NL - 1; l >= 0; --l) {
     const int blk = static_cast<int>(l) + 1;
     hook_acquire(blk, ph::backward);
-    auto& L = a.layers[l];
+    if (a.checkpointed && a.slot_layer != l) recompute_layer(a, l);  // under the same acquire: one gather
+    auto& L = a.at(l);
     const auto& W = w_.layers[l];
     auto& G = g_.layers[l];
     if (post) {

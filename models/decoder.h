@@ -99,6 +99,9 @@ struct param_block {
 ///   backward: acquire(head) [+ acquire(0) tied], grads_ready(head), release;
 ///             acquire(l), grads_ready(l), release(l) from the last layer down;
 ///             acquire(0, backward, params = projection only), grads_ready(0), release(0).
+/// With gradient checkpointing the order is the same: layer l's forward is recomputed
+/// after acquire(l, backward) and before its backward, so the block is gathered once
+/// for both (ZeRO-3 moves no more bytes than without checkpointing).
 /// In the backward phase acquire() must also make the block's gradient views
 /// valid (zeroed on first use in a backward pass); grads_ready(b) says no more
 /// gradient will be accumulated into block b during this backward pass.
@@ -116,8 +119,23 @@ class param_hooks {
 };
 
 /// Saved activations of one training forward pass.
+///
+/// Gradient checkpointing (decoder::set_gradient_checkpointing): `layers` holds ONE
+/// slot that every layer's forward reuses, so only the layer inputs resid[l] (B, T, C)
+/// survive the forward pass; backward recomputes layer l into the slot from resid[l]
+/// just before layer l's backward (Chen et al. 2016, "Training Deep Nets with Sublinear
+/// Memory Cost"; HF's gradient_checkpointing_enable, torch.utils.checkpoint).
+/// Use at(l) for layer l's saved tensors.
 struct activations {
   int64_t B = 0, T = 0;
+  /// The forward ran with gradient checkpointing: `layers` is one reused slot.
+  bool checkpointed = false;
+  /// Checkpointed: which layer's tensors the slot holds now (-1: none).
+  int64_t slot_layer = -1;
+  /// Checkpointed: the LoRA dropout stream position at each layer's start (n_layers),
+  /// and whether forward ran in training mode, so a recomputation draws the same masks.
+  std::vector<uint64_t> layer_rng;
+  bool training = true;
   /// The loss's denominator for backward: 0 = the mean over this batch's valid
   /// targets (n_valid); otherwise the number of valid targets of the whole global
   /// batch across data-parallel ranks and micro-batches (so gradients sum to the
@@ -143,7 +161,9 @@ struct activations {
     tensor lora_u[lm_count];          // (B*T, r): dropout(x) Aᵀ, LoRA modules only
     tensor lora_mask[lm_count];       // (B*T, in): dropout mask scaled by 1/(1-p), when lora_dropout > 0
   };
-  std::vector<layer> layers;
+  std::vector<layer> layers;  ///< n_layers entries, or one slot when checkpointed
+  /// Layer l's saved tensors: layers[l], or the slot when checkpointed.
+  layer& at(int64_t l) { return layers[checkpointed ? 0 : static_cast<size_t>(l)]; }
   tensor lnf, lnf_mean, lnf_rstd;  // (B,T,C) final hidden (post_norm: a copy of resid[n_layers])
   tensor hout;                     // (B,T,E) project_out(lnf), projection only
   tensor logits;                   // (B,T,V) (LM head)
@@ -263,6 +283,17 @@ class decoder {
   /// Training mode (the default) applies lora_dropout in forward(); evaluation
   /// (false) does not and leaves the dropout stream untouched (torch's .eval()).
   void set_training(bool on) { training_ = on; }
+  /// Gradient checkpointing (HF's model.gradient_checkpointing_enable(); DeepSpeed-Chat's
+  /// --gradient_checkpointing, --actor_gradient_checkpointing, --critic_gradient_checkpointing).
+  /// When on, forward() keeps each layer's input resid[l] (B, T, C) and one layer's
+  /// intermediate tensors (a slot reused by every layer), and backward() re-runs layer l's
+  /// forward from resid[l] just before its backward: the saved activations shrink from
+  /// about n_layers layers' worth to one, for one extra layer forward per layer (the last
+  /// layer's tensors are still in the slot, so n_layers - 1 recomputations). The LoRA
+  /// dropout masks are redrawn from the stream position saved per layer, so gradients
+  /// equal those without checkpointing. forward_cached (generation) is unaffected.
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  bool gradient_checkpointing() const { return checkpointing_; }
   bool training() const { return training_; }
   /// The LoRA dropout stream position (the decoder's only RNG state while training).
   uint64_t rng_state() const { return dropout_calls_; }
@@ -288,9 +319,13 @@ class decoder {
   // dx += dout W (+ LoRA); dW, db (+ dA, dB) accumulate when trainable
   void lin_bwd(int64_t l, int m, tensor& dx, const tensor& dout, const tensor& x, activations& a,
                activations::layer& la);
-  // post-LayerNorm layer (cfg.post_norm): resid[l+1] = LN2(h + mlp(h)), h = LN1(x + attn(x))
-  void forward_post_layer(activations& a, int64_t l, const tensor& x, const tensor& mask);
-  // The two sub-blocks shared by pre- and post-norm layers (l: layer; activations saved in a.layers[l]):
+  // Layer l's training forward: out (N, C) from x (N, C), its tensors saved in a.at(l).
+  void layer_forward(activations& a, int64_t l, const tensor& x, tensor& out, const tensor& mask);
+  // Checkpointed backward: recompute layer l into the slot from resid[l] (same dropout masks).
+  void recompute_layer(activations& a, int64_t l);
+  // post-LayerNorm layer (cfg.post_norm): out = LN2(h + mlp(h)), h = LN1(x + attn(x))
+  void forward_post_layer(activations& a, int64_t l, const tensor& x, tensor& out, const tensor& mask);
+  // The two sub-blocks shared by pre- and post-norm layers (l: layer; activations saved in a.at(l)):
   // out = resid + o_proj(attention(in)); out = resid + down(act(in)) (N, C) each.
   void attn_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out, const tensor& mask);
   void mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out);
@@ -315,6 +350,7 @@ class decoder {
   param_hooks* hooks_ = nullptr;
   bool external_grads_ = false;
   bool training_ = true;
+  bool checkpointing_ = false;
 };
 
 /// AdamW over a decoder's trainable flat buffers (the base weights unless frozen,

@@ -54,6 +54,9 @@ struct dschat_settings {
   /// weight_decay = 0; with decay AdamW still shrinks them).
   bool only_optimize_lora = false;
   float gradient_clipping = 1.0f;       ///< max global grad norm (ds_utils.py); <= 0: off
+  /// Steps 1-2's --gradient_checkpointing: recompute each layer's activations in backward
+  /// (decoder::set_gradient_checkpointing; the node applies it to the model).
+  bool gradient_checkpointing = false;
   float adam_beta1 = 0.9f, adam_beta2 = 0.95f, adam_eps = 1e-8f;  ///< step1/2 main.py betas=(0.9, 0.95)
 };
 

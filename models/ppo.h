@@ -34,6 +34,9 @@ struct ppo_settings {
   float critic_weight_decay = 0.0f;
   int64_t actor_lora_dim = 0;   ///< 0: full fine-tuning
   int64_t critic_lora_dim = 0;
+  /// Recompute each layer's activations in the backward pass (decoder::set_gradient_checkpointing).
+  bool actor_gradient_checkpointing = false;
+  bool critic_gradient_checkpointing = false;
   bool enable_ema = false;      ///< keep an EMA of the actor (beta 0.992)
   float ema_beta = 0.992f;
   float unsup_coef = 27.8f;     ///< weight of the unsupervised (ptx) loss when ptx batches are given

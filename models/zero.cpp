@@ -126,13 +126,23 @@ memory_report estimate_memory(int64_t n_params, int64_t max_block, int N, int st
   return m;
 }
 
-int64_t estimate_activation_bytes(const model_config& c, int64_t B, int64_t T) {
+int64_t estimate_activation_bytes(const model_config& c, int64_t B, int64_t T, bool gradient_checkpointing) {
+  // What decoder::forward and backward allocate (activations in decoder.h), in floats.
   const int64_t N = B * T, C = c.dim, F = c.hidden_dim, H = c.n_heads, hs = c.head_dim(), KV = c.n_kv_heads;
   const int64_t E = c.embed_width(), V = c.vocab_size;
-  int64_t per_layer = N * (5 * C + H * hs + 2 * KV * hs + (c.gated_mlp ? 3 : 2) * F + 4) + B * H * T * T;
-  int64_t floats = c.n_layers * per_layer + (c.n_layers + 2) * N * C + 2 * N * V + N * 4;
-  floats += N * (4 * C + 3 * F + H * hs + 2 * KV * hs);  // backward scratch
-  if (c.has_projection()) floats += 4 * N * E;
+  const int64_t stats = c.norm == norm_kind::layernorm ? 2 : 1;  // rstd (+ mean) per row and norm
+  // one layer: ln1, resid2, ln2 (+ resid3 post-norm); q, atty; k, v; the (B, H, T, T) probabilities;
+  // up, act (+ gate); the two norms' statistics
+  const int64_t per_layer = N * ((c.post_norm ? 4 : 3) * C + 2 * H * hs + 2 * KV * hs + (c.gated_mlp ? 3 : 2) * F +
+                                 2 * stats) +
+                            B * H * T * T;
+  const int64_t layers = gradient_checkpointing ? 1 : c.n_layers;  // checkpointed: one slot, reused
+  int64_t floats = layers * per_layer;
+  floats += (c.n_layers + 1) * N * C;        // resid: the layer inputs (kept with checkpointing too)
+  floats += N * C + N * stats + N;           // lnf and its statistics, losses
+  floats += 2 * N * V;                       // logits and dlogits
+  floats += 4 * N * C + (c.gated_mlp ? 3 : 2) * N * F + N * (H * hs + 2 * KV * hs);  // backward scratch
+  if (c.has_projection()) floats += 4 * N * E;  // emb, hout, dhout, demb
   return floats * 4;
 }
 

@@ -83,8 +83,12 @@ struct memory_report {
 /// `activation_bytes` from estimate_activation_bytes.
 memory_report estimate_memory(int64_t n_params, int64_t max_block, int world_size, int stage,
                               int64_t activation_bytes);
-/// Bytes of saved activations and backward scratch for a (B, T) micro-batch.
-int64_t estimate_activation_bytes(const model_config& cfg, int64_t B, int64_t T);
+/// Bytes of saved activations and backward scratch for a (B, T) micro-batch of an LM
+/// (logits head, f32, no LoRA): exactly what decoder::forward and backward allocate, i.e.
+/// zero_engine::memory().activation_bytes after a step. With gradient_checkpointing
+/// (decoder::set_gradient_checkpointing) one layer's tensors are counted instead of
+/// n_layers' (the layer inputs, the head and the scratch are the same).
+int64_t estimate_activation_bytes(const model_config& cfg, int64_t B, int64_t T, bool gradient_checkpointing = false);
 
 /// What one optimizer step did (identical on every rank).
 struct step_result {

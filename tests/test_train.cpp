@@ -1,5 +1,7 @@
 // Training lowers the loss on real text: from a random init of the stories260K
 // shape on TinyStories, and from the pretrained weights on Tiny Shakespeare.
+// Gradient checkpointing gives the gradients of the plain backward, for every
+// model family, with LoRA (and its dropout) and with a value head.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -50,7 +52,125 @@ std::pair<double, double> train(decoder& m, lm_dataset& data, int64_t steps, flo
   return {first, last};
 }
 
+struct grads_copy {
+  std::vector<float> base, adapter;
+  double loss = 0;
+  uint64_t rng = 0;
+};
+
+// One forward + backward of a fixed (B, T) batch (row 1 left-padded by 3) with or
+// without checkpointing, from the same dropout stream position; returns the gradients.
+grads_copy run_grads(decoder& m, bool checkpointing, int64_t B, int64_t T) {
+  const int64_t V = m.config().vocab_limit();
+  std::vector<int32_t> ids(B * T), tg(B * T), mask(B * T, 1);
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids[i] = static_cast<int32_t>((i * 37 + 5) % V);
+    tg[i] = i % 7 == 3 ? -100 : static_cast<int32_t>((i * 11 + 2) % V);
+  }
+  for (int64_t t = 0; t < 3; ++t) mask[1 * T + t] = 0;
+  auto I = tensor::from_ints({B, T}, ids), G = tensor::from_ints({B, T}, tg), M = tensor::from_ints({B, T}, mask);
+  m.set_gradient_checkpointing(checkpointing);
+  m.set_rng_state(100);
+  activations a;
+  grads_copy out;
+  out.loss = m.forward(a, I, G, M);
+  REQUIRE(a.checkpointed == checkpointing);
+  m.zero_grad();
+  if (m.has_value_head()) {  // L = sum_t values * R_t with a fixed R (a critic's dvalues)
+    std::vector<float> dv(B * T);
+    for (int64_t i = 0; i < B * T; ++i) dv[i] = 0.01f * static_cast<float>((i * 13) % 17) - 0.08f;
+    m.backward(a, tensor::from_floats({B, T}, dv));
+  } else {
+    m.backward(a);
+  }
+  if (m.base_trainable()) out.base = m.grads().flat.to_floats();
+  if (m.num_adapter_parameters() > 0) out.adapter = m.grads().adapter_flat.to_floats();
+  out.rng = m.rng_state();
+  return out;
+}
+
+// max |a - b| / max |a| (0 when both are empty); the gradients of every parameter.
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+    n = std::max(n, std::fabs(static_cast<double>(a[i])));
+  }
+  return n > 0 ? d / n : d;
+}
+
+// Gradients with and without checkpointing agree to 1e-6 relative, for the base and the adapters.
+void check_checkpointing(decoder& m, const std::string& what, int64_t B, int64_t T) {
+  INFO(what);
+  const auto plain = run_grads(m, false, B, T);
+  const auto ckpt = run_grads(m, true, B, T);
+  CHECK(ckpt.loss == plain.loss);
+  CHECK(ckpt.rng == plain.rng);  // the recomputation does not advance the dropout stream
+  const double db = rel_diff(plain.base, ckpt.base), da = rel_diff(plain.adapter, ckpt.adapter);
+  MESSAGE(what << ": " << plain.base.size() << " base and " << plain.adapter.size()
+               << " adapter gradients, max relative difference " << db << " / " << da);
+  CHECK(plain.base.size() + plain.adapter.size() > 0);
+  CHECK(db <= 1e-6);
+  CHECK(da <= 1e-6);
+}
+
+// LoRA's B starts at 0, which would make every dA zero: give B small nonzero values.
+void set_lora_B(decoder& m) {
+  for (auto& e : m.adapter_params())
+    if (e.name.find("lora_B") != std::string::npos) {
+      std::vector<float> v(static_cast<size_t>(e.numel));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = 0.02f * static_cast<float>((i * 7) % 11) - 0.1f;
+      m.w().by_name.at(e.name).copy_from(tensor::from_floats(e.shape, v));
+    }
+}
+
 }  // namespace
+
+TEST_CASE("gradient checkpointing: the same gradients for LLaMA, OPT and GPT-2 (8 layers), LoRA and a value head") {
+  const std::pair<model_family, const char*> fams[] = {
+      {model_family::llama, "llama"}, {model_family::opt, "opt-350m layout"}, {model_family::gpt2, "gpt2"}};
+  for (const auto& [f, name] : fams) {
+    const model_config cfg = test::eight_layer_config(f);
+    {
+      decoder m(cfg);
+      m.init_random(5);
+      check_checkpointing(m, std::string(name) + ", full training", 2, 24);
+    }
+    {
+      // LoRA on every Linear with dropout, the base trained too: both gradient buffers
+      decoder m(cfg);
+      m.init_random(6);
+      lora_config lc;
+      lc.lora_r = 4;
+      lc.lora_dropout = 0.25f;
+      lc.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
+      if (cfg.gated_mlp) lc.target_modules.push_back("gate_proj");
+      lc.seed = 9;
+      m.enable_lora(lc, /*freeze_base=*/false);
+      set_lora_B(m);
+      check_checkpointing(m, std::string(name) + ", LoRA r=4 dropout 0.25", 2, 24);
+    }
+    {
+      decoder m(cfg);
+      m.init_random(7);
+      m.add_value_head(3);
+      check_checkpointing(m, std::string(name) + ", value head", 2, 24);
+    }
+  }
+}
+
+TEST_CASE("gradient checkpointing: stories260K gives the same gradients, plain and with LoRA dropout") {
+  auto m = load_llama2c(test::model_path());
+  check_checkpointing(m, "stories260K", 2, 64);
+  lora_config lc;
+  lc.lora_r = 2;
+  lc.lora_dropout = 0.1f;
+  lc.seed = 4;
+  m.enable_lora(lc, /*freeze_base=*/true);
+  set_lora_B(m);
+  check_checkpointing(m, "stories260K, LoRA q_proj v_proj, frozen base", 2, 64);
+}
 
 TEST_CASE("random init, stories260K shape, TinyStories: loss goes down") {
   auto tok = load_tokenizer(test::tokenizer_path());

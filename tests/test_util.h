@@ -51,6 +51,40 @@ inline bool need_gpu(const char* suite) {
   return false;
 }
 
+/// An 8-layer config of each family for random-init tests (gradient checkpointing):
+/// LLaMA (RMSNorm, RoPE, SwiGLU, GQA), GPT-2 (pre-LayerNorm with bias, learned
+/// positions, GELU, tied head) and OPT-350M's layout (ReLU, positions from 2,
+/// post-LayerNorm, project_in/out, untied head). C = 64, H = 4, V = 64, max_seq_len 64.
+inline model_config eight_layer_config(model_family f) {
+  model_config c;
+  c.family = f;
+  c.dim = 64;
+  c.n_layers = 8;
+  c.n_heads = 4;
+  c.vocab_size = 64;
+  c.max_seq_len = 64;
+  if (f == model_family::llama) {
+    c.hidden_dim = 176;
+    c.n_kv_heads = 2;
+    return c;
+  }
+  c.hidden_dim = 256;
+  c.n_kv_heads = 4;
+  c.norm = norm_kind::layernorm;
+  c.use_rope = false;
+  c.gated_mlp = false;
+  c.bias = true;
+  c.act = ops::activation::gelu_tanh;
+  if (f == model_family::opt) {
+    c.act = ops::activation::relu;
+    c.position_offset = 2;
+    c.post_norm = true;
+    c.embed_dim = 32;
+    c.tied_embeddings = false;
+  }
+  return c;
+}
+
 /// stories260K (llama2.c file), loaded once per process.
 inline const decoder& stories260k() {
   static decoder m = load_llama2c(model_path());

@@ -403,3 +403,121 @@ TEST_CASE("zero: evaluation applies no LoRA dropout and leaves the dropout strea
   eng.train_step(ids, targets);  // training does draw dropout masks
   CHECK(m.rng_state() > rng0);
 }
+
+namespace {
+
+struct ckpt_run {
+  std::vector<double> loss, norm;
+  std::vector<int64_t> bytes;
+  memory_report mem;
+  tensor final_params, final_adapter;
+};
+
+// `steps` ZeRO steps of a random `cfg` model over `world` inproc ranks (micro batch 2,
+// T = 64, fixed pseudo-random batches), with or without gradient checkpointing. Rank 0's view.
+ckpt_run run_ckpt(const model_config& cfg, int world, int stage, bool checkpointing, bool lora, int64_t steps) {
+  constexpr int64_t mb = 2, T = 64;
+  auto group = comm::make_inproc_group(world);
+  std::vector<ckpt_run> per(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ops::set_thread_budget(std::max(1, ops::hardware_threads() / world));
+        auto c = comm::inproc_communicator(group, r, std::chrono::seconds(60));
+        decoder m(cfg);
+        m.init_random(21);
+        if (lora) {
+          lora_config lc;
+          lc.lora_r = 4;
+          lc.lora_dropout = 0.2f;
+          lc.seed = 5;
+          lc.target_modules = {"q_proj", "v_proj", "down_proj"};
+          m.enable_lora(lc, /*freeze_base=*/true);
+        }
+        m.set_gradient_checkpointing(checkpointing);
+        zero_settings s;
+        s.stage = stage;
+        s.micro_batch = mb;
+        s.gradient_clipping = 1.0;
+        s.adamw.lr = 1e-2f;
+        s.adamw.weight_decay = 0.1f;
+        zero_engine eng(m, *c, s);
+        const int64_t Bg = mb * world, V = cfg.vocab_size;
+        for (int64_t i = 0; i < steps; ++i) {
+          std::vector<int32_t> ids(Bg * T), tg(Bg * T);
+          for (int64_t j = 0; j < Bg * T; ++j) {
+            ids[j] = static_cast<int32_t>((j * 29 + i * 7 + 3) % V);
+            tg[j] = static_cast<int32_t>((j * 29 + i * 7 + 32) % V);
+          }
+          auto res = eng.train_step(tensor::from_ints({Bg, T}, ids), tensor::from_ints({Bg, T}, tg));
+          per[r].loss.push_back(res.loss);
+          per[r].norm.push_back(res.grad_norm);
+          per[r].bytes.push_back(res.comm_bytes);
+        }
+        per[r].mem = eng.memory();
+        per[r].final_params = eng.gather_full_params();
+        per[r].final_adapter = eng.adapter_params();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) REQUIRE_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+  return per[0];
+}
+
+double max_rel(const tensor& a, const tensor& b) {
+  const auto x = a.to_floats(), y = b.to_floats();
+  REQUIRE(x.size() == y.size());
+  double d = 0, n = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    d = std::max(d, std::fabs(static_cast<double>(x[i]) - y[i]));
+    n = std::max(n, std::fabs(static_cast<double>(x[i])));
+  }
+  return n > 0 ? d / n : d;
+}
+
+}  // namespace
+
+TEST_CASE("zero: activation bytes with and without gradient checkpointing, measured and estimated (8 layers)") {
+  const std::pair<model_family, const char*> fams[] = {
+      {model_family::llama, "llama"}, {model_family::opt, "opt-350m layout"}, {model_family::gpt2, "gpt2"}};
+  for (const auto& [f, name] : fams) {
+    const auto cfg = test::eight_layer_config(f);
+    const auto plain = run_ckpt(cfg, 1, 0, false, false, 1), ckpt = run_ckpt(cfg, 1, 0, true, false, 1);
+    const int64_t a0 = plain.mem.activation_bytes, a1 = ckpt.mem.activation_bytes;
+    const double ratio = static_cast<double>(a0) / static_cast<double>(a1);
+    MESSAGE(std::string(name) << ", 8 layers, micro-batch 2 x 64 tokens: activation bytes " << a0 << " without checkpointing, "
+                 << a1 << " with (" << ratio << "x lower)");
+    CHECK(ratio >= 3.0);
+    // the estimate counts what forward and backward allocate
+    CHECK(estimate_activation_bytes(cfg, 2, 64, false) == a0);
+    CHECK(estimate_activation_bytes(cfg, 2, 64, true) == a1);
+    CHECK(ckpt.loss[0] == plain.loss[0]);
+  }
+}
+
+TEST_CASE("zero: stage 3 over 2 ranks takes the same step with gradient checkpointing, gathering no more") {
+  const auto cfg = test::eight_layer_config(model_family::llama);
+  for (bool lora : {false, true}) {
+    INFO("LoRA (dropout 0.2): " << lora);
+    const auto plain = run_ckpt(cfg, 2, 3, false, lora, 3), ckpt = run_ckpt(cfg, 2, 3, true, lora, 3);
+    for (size_t i = 0; i < plain.loss.size(); ++i) {
+      CHECK(std::fabs(ckpt.loss[i] - plain.loss[i]) <= 1e-6 * std::fabs(plain.loss[i]));
+      CHECK(std::fabs(ckpt.norm[i] - plain.norm[i]) <= 1e-6 * plain.norm[i]);
+      CHECK(ckpt.bytes[i] == plain.bytes[i]);  // each block gathered once in backward: recompute and backward share it
+    }
+    const double dp = max_rel(plain.final_params, ckpt.final_params);
+    const double da = lora ? max_rel(plain.final_adapter, ckpt.final_adapter) : 0.0;
+    MESSAGE("stage 3, 2 ranks, 3 steps" << std::string(lora ? " (LoRA)" : "") << ": loss " << plain.loss.back() << " vs "
+                                        << ckpt.loss.back() << ", grad norm " << plain.norm.back() << " vs "
+                                        << ckpt.norm.back() << "; params max rel diff " << dp << ", adapter " << da
+                                        << "; activation bytes " << plain.mem.activation_bytes << " -> "
+                                        << ckpt.mem.activation_bytes << "; bytes/step " << plain.bytes[0]);
+    CHECK(dp <= 1e-6);
+    CHECK(da <= 1e-6);
+    CHECK(ckpt.mem.activation_bytes * 3 <= plain.mem.activation_bytes);
+  }
+}

@@ -17,6 +17,7 @@
 // (N-1) chunks: the ring volume. Partials travel in f32 for bf16/f16.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -353,6 +354,13 @@ class gloo_comm final : public communicator {
 }  // namespace
 
 std::unique_ptr<communicator> gloo_communicator(const gloo_options& o) {
+  // gloo's TCP pairs write with writev, which cannot pass MSG_NOSIGNAL: a write to a peer that died in
+  // the middle of a transfer (a SIGKILLed cluster node) raises SIGPIPE, which by default ends this
+  // process without a word. (In one cluster_rlhf_small run under a CPU hog a surviving node's daemon
+  // vanished with nothing logged right after its peer was killed; this is the likely cause.) Ignored, the
+  // write fails with EPIPE and gloo throws, which the callers report.
+  static const bool sigpipe_ignored = [] { return std::signal(SIGPIPE, SIG_IGN) != SIG_ERR; }();
+  (void)sigpipe_ignored;
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     throw std::invalid_argument("gloo_communicator: rank " + std::to_string(o.rank) + " is not in [0, world_size " +
                                 std::to_string(o.world_size) + ")");

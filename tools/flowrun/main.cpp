@@ -1,4 +1,5 @@
 // flowrun: the command-line entry point.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -9,6 +10,9 @@
 #include "tools/flowrun/commands.h"
 
 int main(int argc, char** argv) {
+  // A peer that goes away (a killed cluster node, a console client) must be an error on the write, not
+  // SIGPIPE ending this process silently.
+  std::signal(SIGPIPE, SIG_IGN);
   // logs go to stderr; stdout carries the program's output (generated text, results)
   spdlog::set_default_logger(spdlog::stderr_color_mt("flowrun"));
   CLI::App app{"flowrun: a dataflow runtime that trains and aligns language models"};

@@ -33,6 +33,12 @@
 // attn.bias / attn.masked_bias, LLaMA's rotary_emb.inv_freq, and lm_head.weight
 // when the config ties it to the embedding.
 //
+// Value head: a model with DeepSpeed-Chat's reward / critic head (decoder::add_value_head,
+// reward_model.py's v_head = nn.Linear(C, 1, bias=False)) is written with one more tensor,
+// "v_head.weight" (1, C), beside the CausalLM tensors, as DS-Chat's save_hf_format keeps
+// it in the state dict; transformers' AutoModelForCausalLM loads the folder and ignores it
+// (an "unused weights" warning); load_hf adds the value head when the tensor is there.
+//
 // Padded vocabularies: config.json's vocab_size is the number of embedding rows
 // (OPT: 50272 for a 50265-token tokenizer). The tokenizer's size becomes
 // model_config::real_vocab_size, from our key "flowrun_real_vocab_size" in
@@ -115,7 +121,7 @@ void permute_heads(float* w, int64_t n_heads, int64_t hs, int64_t cols, bool to_
 
 decoder to_adjacent_rope(const decoder& model);
 
-/// A deep copy of `model` (weights only) on `dev`.
+/// A deep copy of `model` (the weights and the value head; not LoRA adapters) on `dev`.
 decoder clone_decoder(const decoder& model, device dev = device::cpu());
 
 }  // namespace flowrun

@@ -43,6 +43,27 @@ check_folder() {
   grep -q "\"model_type\": \"$family\"" "$dir/config.json" || fail "$dir/config.json: model_type is not $family"
 }
 
+# The tensor names and shapes of safetensors file $1 equal those of $2 (plus v_head.weight when $3 = vhead):
+# what transformers' save_pretrained wrote for OPT (the input), and for GPT-2 and LLaMA what save_hf writes
+# (test_hf checks those names against transformers' own).
+same_tensors() {
+  python3 - "$1" "$2" "${3:-}" <<'PY' || fail "$1: tensors differ from $2"
+import json, struct, sys
+def header(p):
+    with open(p, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+    h.pop("__metadata__", None)
+    return {k: v["shape"] for k, v in h.items()}
+got, want = header(sys.argv[1]), header(sys.argv[2])
+if sys.argv[3] == "vhead":
+    want["v_head.weight"] = [1, got.get("v_head.weight", [0, 0])[1]]  # (1, C): C checked by load_model
+if got != want:
+    print({k: (got.get(k), want.get(k)) for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)})
+    sys.exit(1)
+PY
+}
+
 for family in opt gpt2 llama; do
   m=$out/models/$family o=$out/$family
   case $family in
@@ -55,6 +76,7 @@ for family in opt gpt2 llama; do
   grep -q "step 1 sft\] held-out loss" "$out/$family-sft.log" || fail "$family: step 1 did not finish"
   check_reload "$out/$family-sft.log" "step 1 sft"
   check_folder "$o/sft" "$family" "$tokfile"
+  same_tensors "$o/sft/model.safetensors" "$m/model.safetensors"
 
   run "$family-rm" rm.graph --set node.rm.model="$m" --set node.rm.tokenizer="$m" --set node.rm.data=$data \
     --set node.rm.steps=4 --set node.rm.per_device_train_batch_size=4 --set node.rm.max_seq_len=64 \
@@ -62,7 +84,7 @@ for family in opt gpt2 llama; do
   grep -q "step 2 rm\] held-out accuracy" "$out/$family-rm.log" || fail "$family: step 2 did not finish"
   check_reload "$out/$family-rm.log" "step 2 rm"
   check_folder "$o/rm" "$family" "$tokfile"
-  grep -aq '"v_head.weight"' "$o/rm/model.safetensors" || fail "$o/rm: no v_head.weight"
+  same_tensors "$o/rm/model.safetensors" "$m/model.safetensors" vhead
 
   run "$family-ppo" ppo.graph --set node.actor_model.model="$o/sft" --set node.reward_model.model="$o/rm" \
     --set node.prompts.tokenizer="$o/sft" --set node.generator.tokenizer="$o/sft" --set node.prompts.data=$data \
@@ -74,6 +96,7 @@ for family in opt gpt2 llama; do
   grep -q "step 3 ppo\] iter 1 reward" "$out/$family-ppo.log" || fail "$family: step 3 did not train"
   check_reload "$out/$family-ppo.log" "step 3 ppo"
   check_folder "$o/ppo" "$family" "$tokfile"
+  same_tensors "$o/ppo/model.safetensors" "$m/model.safetensors"
 done
 
 # flowrun's own `convert --to hf` output trains too (the new-user trial's std::bad_alloc), and stays HF.

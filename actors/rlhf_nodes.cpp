@@ -758,6 +758,12 @@ class scorer_node final : public actor::node {
       format_ = saved_format(m.format, false);
       const auto& t = ctx.spec().get_string("tokenizer");
       tokenizer_ = t.empty() ? m.tokenizer : resolve_user_path(t, "tokenizer").string();
+      // the model's own tokenizer path is the sender's: on another cluster node it may be missing
+      if (format_ == model_format::hf && !tokenizer_.empty() && !ctx.spec().get_string("output").empty() &&
+          !std::filesystem::exists(tokenizer_))
+        throw std::invalid_argument("node '" + ctx.name() + "': the tokenizer of the model it got, " + tokenizer_ +
+                                    ", is not on this machine, so it cannot be copied beside the output: set "
+                                    "the policy's tokenizer setting to a copy here");
     }
     // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
     model_ = copy_model(*m.model);

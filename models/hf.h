@@ -85,7 +85,8 @@ struct hf_tensor_spec {
 std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
 
 /// Load an HF folder: config.json plus model.safetensors (or shards with
-/// model.safetensors.index.json), F32/BF16/F16 on disk, onto `dev`.
+/// model.safetensors.index.json), F32/BF16/F16 on disk, onto `dev`; with a
+/// "v_head.weight" (1, C) tensor the model gets a value head (see above).
 /// LLaMA loads with the half (rotate_half) RoPE layout.
 /// Throws std::runtime_error naming the folder/file and the tensors at fault:
 /// missing or unexpected tensors (all listed), a shape that disagrees with
@@ -94,7 +95,9 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
 /// but config.json vocab_size is 50272"), or a tokenizer larger than the embedding.
 decoder load_hf(const std::string& dir, device dev = device::cpu());
 
-/// Write `model` as an HF folder `dir` (created if needed): config.json and
+/// Write `model` as an HF folder `dir` (created if needed; a value head as
+/// "v_head.weight"; LoRA adapters are not written: merge them into a copy first,
+/// as checkpoint.h save_model does): config.json and
 /// model.safetensors (or shards of at most max_shard_bytes plus the index when
 /// max_shard_bytes > 0), weights stored as `on_disk`. Each file is written
 /// atomically. A LLaMA with llama2.c's adjacent RoPE layout is written with its

@@ -1,3 +1,7 @@
+// make_tiny_hf --outputs MODEL: prints, as JSON, the probe ids (2 x 8) and what flowrun's
+// load_model(MODEL) computes on them: "logits" (2, 8, V), or "values" (2, 8) for a value head
+// (for tools/hf_transformers_check.py, which compares them with transformers').
+//
 // make_tiny_hf OUT_DIR: tiny random Hugging Face folders of the three families flowrun
 // trains, each with its tokenizer, for tests/hf_trainers_small.sh (no PyTorch needed).
 //
@@ -23,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/checkpoint.h"
 #include "models/hf.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
@@ -51,11 +56,35 @@ void random_folder(const std::string& family, const fs::path& tok_path, const fs
   copy_tokenizer_files(tok_path.string(), out.string());
 }
 
+int print_outputs(const std::string& path) {
+  decoder m = load_model(path);
+  const int64_t B = 2, T = 8;
+  std::vector<int32_t> ids(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int32_t>((i * 37 + 11) % static_cast<size_t>(m.config().vocab_limit()));
+  activations a;
+  m.forward(a, tensor::from_ints({B, T}, ids), tensor{});
+  nlohmann::json j;
+  j["input_ids"] = {std::vector<int32_t>(ids.begin(), ids.begin() + T), std::vector<int32_t>(ids.begin() + T, ids.end())};
+  if (m.has_value_head()) j["values"] = a.values.to_floats();
+  else j["logits"] = a.logits.to_floats();
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--outputs") {
+    try {
+      return print_outputs(argv[2]);
+    } catch (const std::exception& e) {
+      std::cerr << "make_tiny_hf: " << e.what() << "\n";
+      return 1;
+    }
+  }
   if (argc != 2) {
-    std::cerr << "usage: make_tiny_hf OUT_DIR\n";
+    std::cerr << "usage: make_tiny_hf OUT_DIR | make_tiny_hf --outputs MODEL\n";
     return 2;
   }
   try {

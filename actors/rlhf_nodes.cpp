@@ -103,19 +103,21 @@ std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step
 // that cannot succeed is refused before training: by the graph check of each kind
 // (check_trainer_output, at validation) and again in start() / when the model arrives.
 
-/// What a node emits on its "model" port, from its settings alone (for the graph
-/// checks): sft_trainer and model_source pass on the format of their `model`;
-/// rm_trainer adds a value head. nullopt for other kinds or an unreadable model.
+/// The node's `model` setting, inspected (for the graph checks); nullopt when it is
+/// missing or unreadable (then the node's start names the problem).
 std::optional<model_file_info> inspect_model_setting(const graph::node_spec& n) {
   const auto* m = n.find_setting("model");
   if (!m || !std::holds_alternative<std::string>(m->value)) return std::nullopt;
   try {
     return inspect_model(std::get<std::string>(m->value));
   } catch (const std::exception&) {
-    return std::nullopt;  // the node's start names the problem
+    return std::nullopt;
   }
 }
 
+/// What a node emits on its "model" port, from its settings alone (for the graph
+/// checks): sft_trainer and model_source pass on the format of their `model`;
+/// rm_trainer adds a value head. nullopt for other kinds or an unreadable model.
 std::optional<model_file_info> emitted_model(const graph::node_spec& n) {
   if (n.kind != "sft_trainer" && n.kind != "rm_trainer" && n.kind != "model_source") return std::nullopt;
   auto info = inspect_model_setting(n);

@@ -7,7 +7,7 @@
 #include "actors/message_types.h"
 #include "actors/register.h"
 #include "models/generate.h"
-#include "models/llama2c.h"
+#include "models/checkpoint.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
 
@@ -28,7 +28,7 @@ class generator_node final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
     const auto& s = ctx.spec();
-    model_ = std::make_unique<decoder>(load_llama2c(resolve_user_path(s.get_string("model"), "model").string()));
+    model_ = std::make_unique<decoder>(load_model(s.get_string("model")));
     tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer model").string());
     cfg_.max_new_tokens = s.get_int("max_new_tokens");
     cfg_.sampling.temperature = static_cast<float>(s.get_float("temperature"));

@@ -89,6 +89,8 @@ void register_rlhf_codecs() {
                            "(actor_lora_dim / critic_lora_dim = 0)");
                      nlohmann::json j = m.model->config();
                      w.put(m.version);
+                     w.put<std::uint8_t>(static_cast<std::uint8_t>(m.format));
+                     w.put_string(m.tokenizer);
                      w.put_string(j.dump());
                      w.put<std::uint8_t>(m.model->has_value_head() ? 1 : 0);
                      w.put_tensor(m.model->w().flat.clone());
@@ -97,6 +99,11 @@ void register_rlhf_codecs() {
                    [](reader& r) {
                      model_msg m;
                      m.version = r.get<std::int64_t>();
+                     const auto format = r.get<std::uint8_t>();
+                     if (format > static_cast<std::uint8_t>(model_format::hf))
+                       throw std::invalid_argument("unknown model format " + std::to_string(format));
+                     m.format = static_cast<model_format>(format);
+                     m.tokenizer = r.get_string();
                      const model_config cfg = nlohmann::json::parse(r.get_string()).get<model_config>();
                      const bool value_head = r.get<std::uint8_t>() != 0;
                      auto d = std::make_shared<decoder>(cfg);

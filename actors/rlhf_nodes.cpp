@@ -31,7 +31,6 @@
 #include "models/dschat_data.h"
 #include "models/dschat_steps.h"
 #include "models/checkpoint.h"
-#include "models/llama2c.h"
 #include "models/lm_data.h"
 #include "models/ppo.h"
 #include "models/tokenizer.h"
@@ -94,6 +93,109 @@ std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step
   ctx.print(fmt::format("{} resumed (attempt {}): {} was saved by an earlier attempt of this run; training skipped",
                         step, ctx.attempt() + 1, out));
   return m;
+}
+
+// -- the models the trainers read and write (models/checkpoint.h) ------------------------
+//
+// Every trainer loads its model with load_model (llama2.c files, flowrun model folders,
+// Hugging Face folders of LLaMA, OPT and GPT-2) and saves it in the format it was given
+// (saved_format: HF in, HF out, with the tokenizer the node used copied beside it). A save
+// that cannot succeed is refused before training: by the graph check of each kind
+// (check_trainer_output, at validation) and again in start() / when the model arrives.
+
+/// The node's `model` setting, inspected (for the graph checks); nullopt when it is
+/// missing or unreadable (then the node's start names the problem).
+std::optional<model_file_info> inspect_model_setting(const graph::node_spec& n) {
+  const auto* m = n.find_setting("model");
+  if (!m || !std::holds_alternative<std::string>(m->value)) return std::nullopt;
+  try {
+    return inspect_model(std::get<std::string>(m->value));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+/// What a node emits on its "model" port, from its settings alone (for the graph
+/// checks): sft_trainer and model_source pass on the format of their `model`;
+/// rm_trainer adds a value head. nullopt for other kinds or an unreadable model.
+std::optional<model_file_info> emitted_model(const graph::node_spec& n) {
+  if (n.kind != "sft_trainer" && n.kind != "rm_trainer" && n.kind != "model_source") return std::nullopt;
+  auto info = inspect_model_setting(n);
+  if (info && n.kind == "rm_trainer") {
+    info->format = saved_format(info->format, true);
+    info->value_head = true;
+  }
+  return info;
+}
+
+/// The problem with writing a model (`in`: what the node was given) to the node's
+/// `output` in the format it was given, as a sentence with the fix; "" when none.
+std::string output_problem(const std::string& node, const std::string& out, const model_file_info& in,
+                           bool value_head) {
+  if (out.empty()) return "";
+  const auto f = saved_format(in.format, value_head);
+  auto why = save_problem(f, out, in.family, value_head);
+  if (why.empty()) return "";
+  const std::string as = f == in.format ? "the format it was given in"
+                                         : "it was given as a " + std::string(to_string(in.format)) +
+                                               ", which cannot hold its value head";
+  return "node '" + node + "': output \"" + out + "\" cannot be written: the model is saved as a " +
+         std::string(to_string(f)) + " (" + as + "); " + why;
+}
+
+/// The graph check of the trainers (node_kind::check): their `output` fits the format of
+/// the model they get (their `model` setting, or for the policy what its init edge brings).
+std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g) {
+  const auto* o = n.find_setting("output");
+  if (!o || !std::holds_alternative<std::string>(o->value) || std::get<std::string>(o->value).empty()) return {};
+  const auto& out = std::get<std::string>(o->value);
+  std::optional<model_file_info> in;
+  bool value_head = false;
+  if (n.kind == "policy") {
+    for (const auto& e : g.edges)
+      if (e.to_node == n.name && e.to_port == "init")
+        if (const auto* src = g.find_node(e.from_node)) in = emitted_model(*src);
+  } else {
+    in = inspect_model_setting(n);
+    value_head = n.kind == "rm_trainer";
+  }
+  if (!in) return {};
+  auto why = output_problem(n.name, out, *in, value_head);
+  if (why.empty()) return {};
+  return {{"output", why, "give an output path that fits the format the model was given in (docs/rlhf.md)"}};
+}
+
+/// Refuses, before training, an `output` that the model given as `in` could not be written to.
+void check_output(const actor::node_context& ctx, const model_file_info& in, bool value_head) {
+  if (auto why = output_problem(ctx.name(), ctx.spec().get_string("output"), in, value_head); !why.empty())
+    throw std::invalid_argument(why);
+}
+
+/// Saves `m` to the node's `output` (when set) as `f`, with `tokenizer` beside an HF
+/// folder; with verify_output, reloads it and prints the largest output difference.
+void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
+                 const std::string& tokenizer) {
+  const auto& out = ctx.spec().get_string("output");
+  if (out.empty()) return;
+  save_model(m, out, f, tokenizer);
+  ctx.log().info("saved the trained model to {} ({})", out, to_string(f));
+  if (ctx.spec().get_bool("verify_output"))
+    ctx.print(fmt::format("{} saved {} as a {}; reloaded: max |output difference| {:.3g}", step, out, to_string(f),
+                          reload_max_diff(m, out)));
+}
+
+/// The node's `model`, inspected: what it is and where it resolves.
+std::pair<std::string, model_file_info> given_model(const actor::node_context& ctx) {
+  auto path = resolve_user_path(ctx.spec().get_string("model"), "model").string();
+  return {path, inspect_model(path)};
+}
+
+/// Learned positions (OPT, GPT-2) stop at the model's max_position_embeddings.
+void check_seq_len(const actor::node_context& ctx, const model_config& c, int64_t T, const char* setting) {
+  if (T > c.max_seq_len)
+    throw std::invalid_argument(fmt::format("node '{}': {} = {} exceeds the model's {} positions "
+                                            "(max_position_embeddings): lower {}",
+                                            ctx.name(), setting, T, c.max_seq_len, setting));
 }
 
 dschat::dschat_settings common_settings(const actor::node_context& ctx) {
@@ -201,7 +303,11 @@ class batch_cycle {
 class sft_trainer final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
-    if ((model_ = resume_saved(ctx, "[step 1 sft]", [](const std::string& f) { return load_llama2c(f); }))) {
+    const auto [model_path, given] = given_model(ctx);
+    format_ = saved_format(given.format, false);
+    check_output(ctx, given, false);
+    tokenizer_ = resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer").string();
+    if ((model_ = resume_saved(ctx, "[step 1 sft]", [](const std::string& f) { return load_model(f); }))) {
       resumed_ = true;
       return;
     }
@@ -221,7 +327,8 @@ class sft_trainer final : public actor::node {
     n_eval_ = static_cast<int64_t>(eval.size());
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
       eval_.push_back(dschat::sft_batch(eval, b, d_.mask_prompt));
-    model_ = std::make_shared<decoder>(load_llama2c(resolve_user_path(ctx.spec().get_string("model"), "model").string()));
+    model_ = std::make_shared<decoder>(load_model(model_path));
+    check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
     check_memory_plan(ctx, model_->config(), d_.per_device_train_batch_size, d_.max_seq_len,
                       "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
@@ -237,7 +344,7 @@ class sft_trainer final : public actor::node {
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
     if (resumed_) {
-      ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+      ctx.emit("model", actor::payload::make("model", model_msg{model_, 0, format_, tokenizer_}));
       done_ = true;
       return false;
     }
@@ -259,18 +366,19 @@ class sft_trainer final : public actor::node {
     ctx.print(fmt::format("[step 1 sft] held-out loss {:.4f} -> {:.4f} (ppl {:.2f} -> {:.2f}), {:.1f} s",
                           before_.loss, after.loss, before_.perplexity, after.perplexity, since(t0_)));
     if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
-      std::filesystem::create_directories(std::filesystem::absolute(out).parent_path());
-      save_llama2c(*model_, out, 1);
-      // a .bin holds the merged weights: bit-exact on reload only without LoRA
-      if (!model_->has_lora()) write_run_marker(ctx, out);
+      save_output(ctx, "[step 1 sft]", *model_, format_, tokenizer_);
+      // llama2.c and HF files hold the merged weights: bit-exact on reload only without LoRA
+      if (!model_->has_lora() || format_ == model_format::flowrun) write_run_marker(ctx, out);
     }
-    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0, format_, tokenizer_}));
     done_ = true;
     return false;
   }
 
  private:
   bool resumed_ = false;
+  model_format format_ = model_format::llama2c;
+  std::string tokenizer_;
   dschat::dschat_settings d_;
   int64_t steps_ = 0, step_ = 0, tokens_ = 0, n_eval_ = 0;
   std::unique_ptr<tokenizer> tok_;
@@ -291,6 +399,10 @@ class sft_trainer final : public actor::node {
 class rm_trainer final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
+    const auto [model_path, given] = given_model(ctx);
+    format_ = saved_format(given.format, true);
+    check_output(ctx, given, true);
+    tokenizer_ = resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer").string();
     if ((model_ = resume_saved(ctx, "[step 2 rm]", [](const std::string& f) { return load_model(f); }))) {
       resumed_ = true;
       return;
@@ -310,8 +422,9 @@ class rm_trainer final : public actor::node {
     auto eval = dschat::make_rm_examples(rows.eval, *tok_, ts);
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
       eval_.push_back(dschat::rm_batch(eval, b));
-    model_ = std::make_shared<decoder>(load_llama2c(resolve_user_path(ctx.spec().get_string("model"), "model").string()));
-    model_->add_value_head(ctx.seed());
+    model_ = std::make_shared<decoder>(load_model(model_path));
+    if (!model_->has_value_head()) model_->add_value_head(ctx.seed());
+    check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
     check_memory_plan(ctx, model_->config(), 2 * d_.per_device_train_batch_size, d_.max_seq_len,
                       "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
@@ -327,7 +440,7 @@ class rm_trainer final : public actor::node {
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
     if (resumed_) {
-      ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+      ctx.emit("model", actor::payload::make("model", model_msg{model_, 0, format_, tokenizer_}));
       done_ = true;
       return false;
     }
@@ -354,16 +467,19 @@ class rm_trainer final : public actor::node {
                           "rejected {:.3f}; {:.1f} s",
                           ev.accuracy, ev.accuracy_stderr, ev.pairs, ev.chosen_mean, ev.rejected_mean, since(t0_)));
     if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
-      save_model_dir(*model_, out);  // every tensor in f32, LoRA and v_head included: bit-exact on reload
-      write_run_marker(ctx, out);
+      // a flowrun folder keeps every tensor in f32, LoRA and v_head included: bit-exact on reload
+      save_output(ctx, "[step 2 rm]", *model_, format_, tokenizer_);
+      if (!model_->has_lora() || format_ == model_format::flowrun) write_run_marker(ctx, out);
     }
-    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0}));
+    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0, format_, tokenizer_}));
     done_ = true;
     return false;
   }
 
  private:
   bool resumed_ = false;
+  model_format format_ = model_format::llama2c;
+  std::string tokenizer_;
   dschat::dschat_settings d_;
   int64_t steps_ = 0, step_ = 0;
   double acc_sum_ = 0;
@@ -387,12 +503,18 @@ class model_source final : public actor::node {
  public:
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
-    auto m = std::make_shared<decoder>(load_model(ctx.spec().get_string("model")));
+    const auto [path, info] = given_model(ctx);
+    auto m = std::make_shared<decoder>(load_model(path));
     if (ctx.spec().get_bool("value_head") && !m->has_value_head())
       throw std::runtime_error("node '" + ctx.name() + "': " + ctx.spec().get_string("model") +
                                " has no value head; give the folder written by rm_trainer's output");
     ctx.log().info("loaded {}: {}", ctx.spec().get_string("model"), m->config().summary());
-    ctx.emit("model", actor::payload::make("model", model_msg{m, 0}));
+    // an HF folder carries its tokenizer (a trainer that starts from it copies it on)
+    const std::filesystem::path dir(path);
+    const bool has_tok = info.format == model_format::hf &&
+                         (std::filesystem::exists(dir / "tokenizer.model") ||
+                          (std::filesystem::exists(dir / "vocab.json") && std::filesystem::exists(dir / "merges.txt")));
+    ctx.emit("model", actor::payload::make("model", model_msg{m, 0, info.format, has_tok ? path : ""}));
     done_ = true;
     return false;
   }
@@ -638,6 +760,18 @@ class scorer_node final : public actor::node {
 
  private:
   void init(actor::node_context& ctx, const model_msg& m) {
+    if (role_ == scorer_role::policy) {  // saved as given (checked at validation too): refused before training
+      check_output(ctx, {m.format, m.model->config().family, false}, false);
+      format_ = saved_format(m.format, false);
+      const auto& t = ctx.spec().get_string("tokenizer");
+      tokenizer_ = t.empty() ? m.tokenizer : resolve_user_path(t, "tokenizer").string();
+      // the model's own tokenizer path is the sender's: on another cluster node it may be missing
+      if (format_ == model_format::hf && !tokenizer_.empty() && !ctx.spec().get_string("output").empty() &&
+          !std::filesystem::exists(tokenizer_))
+        throw std::invalid_argument("node '" + ctx.name() + "': the tokenizer of the model it got, " + tokenizer_ +
+                                    ", is not on this machine, so it cannot be copied beside the output: set "
+                                    "the policy's tokenizer setting to a copy here");
+    }
     // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
     model_ = copy_model(*m.model);
     if (m.model->has_value_head()) {
@@ -726,15 +860,12 @@ class scorer_node final : public actor::node {
 
   void stop(actor::node_context& ctx) override {
     if (role_ != scorer_role::policy || !model_ || ctx.reason() != actor::stop_reason::completed) return;
-    const auto& out = ctx.spec().get_string("output");
-    if (out.empty()) return;
-    std::filesystem::create_directories(std::filesystem::absolute(out).parent_path());
-    if (model_->has_lora()) model_->merge_lora();
-    save_llama2c(*model_, out, 1);
-    ctx.log().info("saved the trained actor to {}", out);
+    save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_);
   }
 
   scorer_role role_;
+  model_format format_ = model_format::llama2c;
+  std::string tokenizer_;
   ppo::ppo_settings ps_;
   int64_t lora_dim_ = 0, version_ = 0;
   std::shared_ptr<decoder> model_;
@@ -828,8 +959,8 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
   register_rlhf_codecs();
   using T = graph::setting_type;
   auto trainer_settings = [](graph::node_kind& k, double lr, int64_t steps) {
-    k.require("model", T::path, "initial weights (llama2.c .bin)")
-        .require("tokenizer", T::path, "SentencePiece .model")
+    k.require("model", T::path, "initial weights: llama2.c .bin, a flowrun model folder, or a HF folder (LLaMA, OPT, GPT-2)")
+        .require("tokenizer", T::path, "SentencePiece .model, GPT-2 BPE vocab.json, or a folder holding either")
         .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
         .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
         .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
@@ -848,21 +979,27 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("gradient_checkpointing", T::bool_, false,
                 "recompute each layer's activations in backward (less memory, one more forward per layer)")
         .option("seed", T::int_, std::int64_t{1234}, "data split and order")
-        .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps");
+        .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps")
+        .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
+    k.check = check_trainer_output;
   };
   {
     graph::node_kind k{"sft_trainer", "DS-Chat step 1: supervised fine-tuning on prompt + chosen"};
     trainer_settings(k, 1e-3, 150);
     k.output("model", "model", "the fine-tuned model, when training ends")
         .option("mask_prompt", T::bool_, false, "no loss on prompt tokens")
-        .option("output", T::string, std::string(""), "also save the model here (llama2.c v1)");
+        .option("output", T::string, std::string(""),
+                "also save the model here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
+                "tokenizer)");
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new sft_trainer); });
   }
   {
     graph::node_kind k{"rm_trainer", "DS-Chat step 2: reward model = base + v_head, pairwise loss"};
     trainer_settings(k, 5e-4, 300);
     k.output("model", "model", "the reward model (with its value head), when training ends")
-        .option("output", T::string, std::string(""), "also save it into this folder (flowrun_config.json + safetensors)");
+        .option("output", T::string, std::string(""),
+                "also save it into this folder: HF (with v_head.weight and the tokenizer) from a HF model, else "
+                "flowrun_config.json + safetensors");
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rm_trainer); });
   }
   {
@@ -936,8 +1073,13 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
           .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss")
           .option("unsup_data", T::string, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
           .option("unsup_seq_len", T::int_, std::int64_t{64}, "ptx instance length")
-          .option("tokenizer", T::string, std::string(""), "SentencePiece .model, for unsup_data")
-          .option("output", T::string, std::string(""), "save the trained actor here at the end (llama2.c v1)");
+          .option("tokenizer", T::string, std::string(""),
+                  "tokenizer for unsup_data; also copied beside a HF output (default: the model's own)")
+          .option("output", T::string, std::string(""),
+                  "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
+                  "a HF folder with the tokenizer)")
+          .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
+    if (role == scorer_role::policy) k.check = check_trainer_output;
     actor::register_node_kind(kinds, factories, k,
                               [role] { return std::unique_ptr<actor::node>(new scorer_node(role)); });
   };

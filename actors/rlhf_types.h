@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "models/checkpoint.h"
 #include "models/decoder.h"
 #include "models/ppo.h"
 
@@ -25,6 +26,12 @@ namespace flowrun::actors {
 struct model_msg {
   std::shared_ptr<decoder> model;  ///< the owner's live model: readers must not run while it trains
   int64_t version = 0;             ///< bumped by the owner after each update
+  /// The format the model was given in (models/checkpoint.h): a trainer that
+  /// starts from it saves in this format (saved_format).
+  model_format format = model_format::llama2c;
+  /// The tokenizer that goes with the model (what load_tokenizer takes; empty:
+  /// unknown): copied next to a model saved as a Hugging Face folder.
+  std::string tokenizer;
 };
 
 struct prompt_msg {

@@ -1,18 +1,177 @@
 #include "models/checkpoint.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/safetensors.h"
+#include "models/tokenizer.h"
 #include "runtime/util/assets.h"
 
 namespace flowrun {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json_file(const fs::path& p) {
+  std::ifstream f(p);
+  if (!f) throw std::runtime_error(p.string() + ": cannot open");
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw std::runtime_error(p.string() + ": not a JSON object");
+  return j;
+}
+
+const char* family_name(model_family f) {
+  return f == model_family::llama ? "LLaMA" : f == model_family::opt ? "OPT" : "GPT-2";
+}
+
+// A copy of `model` on the host with its LoRA adapters merged into the base weights and
+// no adapters left (the value head kept): what llama2.c and HF files hold.
+decoder merged_copy(const decoder& model) {
+  decoder out = clone_decoder(model, device::cpu());
+  if (!model.has_lora() || model.lora_merged()) return out;  // merged: the base weights hold the adapters
+  out.enable_lora(model.lora(), /*freeze_base=*/false);
+  for (const auto& e : model.adapter_params())
+    if (e.name != "v_head.weight") out.w().by_name.at(e.name).copy_from(model.w().by_name.at(e.name).to(device::cpu()));
+  out.merge_lora();
+  return clone_decoder(out, device::cpu());
+}
+
+bool ends_with(const std::string& s, std::string_view suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+}  // namespace
+
+std::string_view to_string(model_format f) {
+  switch (f) {
+    case model_format::llama2c: return "llama2.c file";
+    case model_format::flowrun: return "flowrun model folder";
+    case model_format::hf: return "Hugging Face folder";
+  }
+  return "?";
+}
+
+model_file_info inspect_model(const std::string& path_in) {
+  fs::path p = resolve_user_path(path_in, "model");
+  model_file_info info;
+  if (fs::is_regular_file(p)) return info;  // llama2.c: LLaMA, no value head (load_llama2c checks the header)
+  if (fs::exists(p / "flowrun_config.json")) {
+    auto j = read_json_file(p / "flowrun_config.json");
+    info.format = model_format::flowrun;
+    info.family = j.at("model").get<model_config>().family;
+    info.value_head = j.value("value_head", false);
+    return info;
+  }
+  if (fs::exists(p / "config.json")) {
+    info.format = model_format::hf;
+    info.family = hf_config_from_json(read_json_file(p / "config.json"), (p / "config.json").string()).family;
+    return info;
+  }
+  throw std::runtime_error(p.string() + ": not a model: expected a llama2.c .bin file, a folder with "
+                                        "flowrun_config.json, or a Hugging Face folder with config.json");
+}
+
+model_format saved_format(model_format given, bool value_head) {
+  return given == model_format::llama2c && value_head ? model_format::flowrun : given;
+}
+
+std::string save_problem(model_format f, const std::string& path, model_family family, bool value_head) {
+  if (path.empty()) return "the output path is empty: give a path";
+  if (f == model_format::llama2c) {
+    if (family != model_family::llama)
+      return std::string("a ") + family_name(family) + " model cannot be written as a llama2.c file (LLaMA only): "
+             "give a folder, written as a Hugging Face folder";
+    if (value_head)
+      return "a model with a value head cannot be written as a llama2.c file (it has no place for v_head): give a "
+             "folder (a flowrun model folder)";
+    if (path.back() == '/' || fs::is_directory(path))
+      return "'" + path + "' is a folder, but a llama2.c model is one file: give a file path such as out/actor.bin";
+  } else {
+    if (ends_with(path, ".bin"))
+      return "'" + path + "' names a .bin file, but a " + std::string(to_string(f)) +
+             " is a folder: give a folder path such as out/actor" +
+             (f == model_format::hf && family == model_family::llama
+                  ? " (a llama2.c file can be made from it afterwards: flowrun convert --from hf DIR --to llama2c FILE)"
+                  : "");
+    if (fs::exists(path) && !fs::is_directory(path))
+      return "'" + path + "' is an existing file, but the model is written as a " + std::string(to_string(f)) +
+             ": give a folder path, or remove the file";
+  }
+  // the nearest existing folder above the path must be writable: the save creates the rest
+  fs::path probe = fs::absolute(path);
+  if (f == model_format::llama2c || !fs::is_directory(probe)) probe = probe.parent_path();
+  while (!probe.empty() && !fs::exists(probe) && probe != probe.root_path()) probe = probe.parent_path();
+  if (!fs::is_directory(probe))
+    return "'" + probe.string() + "' (above the output '" + path + "') is not a folder: give another path";
+  if (::access(probe.c_str(), W_OK | X_OK) != 0)
+    return "the folder '" + probe.string() + "' (where '" + path + "' would be created) is not writable: give a "
+           "path in a writable folder";
+  return "";
+}
+
+void save_model(const decoder& model, const std::string& path, model_format f, const std::string& tokenizer) {
+  if (auto why = save_problem(f, path, model.config().family, model.has_value_head()); !why.empty())
+    throw std::runtime_error("cannot save the model to " + path + ": " + why);
+  switch (f) {
+    case model_format::flowrun:
+      save_model_dir(model, path);
+      return;
+    case model_format::llama2c: {
+      decoder m = merged_copy(model);
+      if (m.config().rope != ops::rope_layout::adjacent) m = to_adjacent_rope(m);
+      fs::path parent = fs::absolute(path).parent_path();
+      fs::create_directories(parent);
+      save_llama2c(m, path, 1);
+      return;
+    }
+    case model_format::hf: {
+      nlohmann::json extra = nlohmann::json::object();
+      std::unique_ptr<flowrun::tokenizer> tok;
+      if (!tokenizer.empty()) {
+        tok = load_tokenizer(tokenizer);
+        const int64_t real = model.config().vocab_limit();
+        if (tok->bos_id() >= 0 && tok->bos_id() < real) extra["bos_token_id"] = tok->bos_id();
+        if (tok->eos_id() >= 0 && tok->eos_id() < real) extra["eos_token_id"] = tok->eos_id();
+        if (tok->pad_id() >= 0 && tok->pad_id() < real) extra["pad_token_id"] = tok->pad_id();
+      }
+      save_hf(merged_copy(model), path, dtype::f32, 0, extra);
+      if (tok) copy_tokenizer_files(tokenizer, path, /*hf_names=*/true);
+      return;
+    }
+  }
+}
+
+double reload_max_diff(const decoder& model_in, const std::string& path) {
+  auto& model = const_cast<decoder&>(model_in);  // forward needs a non-const model; weights are not changed
+  decoder back = load_model(path);
+  const auto& c = model.config();
+  const int64_t B = 2, T = std::max<int64_t>(1, std::min<int64_t>(8, c.max_seq_len));
+  const int64_t V = c.vocab_limit();
+  std::vector<int32_t> ids(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % static_cast<size_t>(V));
+  const tensor x = tensor::from_ints({B, T}, ids);
+  auto out = [&](decoder& m) {
+    activations a;
+    m.forward(a, x, tensor{});
+    return (m.has_value_head() ? a.values : a.logits).to(device::cpu()).to_floats();
+  };
+  auto want = out(model), got = out(back);
+  if (want.size() != got.size())
+    throw std::runtime_error(path + ": the reloaded model's outputs have " + std::to_string(got.size()) +
+                             " values, the saved model's " + std::to_string(want.size()));
+  double d = 0;
+  for (size_t i = 0; i < want.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(want[i]) - got[i]));
+  return d;
+}
 
 void save_model_dir(const decoder& model_in, const std::string& dir) {
   auto& model = const_cast<decoder&>(model_in);

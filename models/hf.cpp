@@ -119,7 +119,7 @@ decoder relayout_rope(const decoder& model, ops::rope_layout target) {
 
 // Name a checkpoint of the base model (no LM head wrapper) as the CausalLM one.
 std::string normalize_name(model_family f, const std::string& n) {
-  if (n == "lm_head.weight") return n;
+  if (n == "lm_head.weight" || n == "v_head.weight") return n;
   switch (f) {
     case model_family::llama: return starts_with(n, "model.") ? n : "model." + n;
     case model_family::opt: return starts_with(n, "decoder.") ? "model." + n : n;
@@ -129,6 +129,8 @@ std::string normalize_name(model_family f, const std::string& n) {
 }
 
 // Buffers some checkpoints hold that are not parameters.
+const std::string k_value_head_name = "v_head.weight";
+
 bool ignorable(const model_config& c, const std::string& n) {
   static const std::regex gpt2_buf(R"(transformer\.h\.\d+\.attn\.(bias|masked_bias))");
   static const std::regex llama_buf(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
@@ -507,8 +509,10 @@ decoder load_hf(const std::string& dir, device dev) {
     wanted.insert(s.hf_name);
     if (!present.count(s.hf_name)) missing.push_back(s.hf_name);
   }
+  // DeepSpeed-Chat's reward / critic head (reward_model.py v_head = Linear(C, 1, bias=False)), as save_hf writes it
+  const bool value_head = present.count(k_value_head_name) > 0;
   for (const auto& [norm, n] : present)
-    if (!wanted.count(norm) && !ignorable(c, norm)) unexpected.push_back(n);
+    if (!wanted.count(norm) && !ignorable(c, norm) && norm != k_value_head_name) unexpected.push_back(n);
   if (!missing.empty() || !unexpected.empty()) {
     std::string msg = ck.where() + ": the tensors do not match config.json (" + c.summary() + "):";
     if (!missing.empty()) msg += " missing " + list_names(missing) + ";";
@@ -565,6 +569,15 @@ decoder load_hf(const std::string& dir, device dev) {
       throw std::logic_error("load_hf: parts of " + s.hf_name + " cover " + std::to_string(off) + " of " +
                              std::to_string(t.numel()) + " elements");
   }
+  if (value_head) {
+    const auto& n = present.at(k_value_head_name);
+    const shape_t want{1, c.embed_width()};
+    if (ck.entry(n).shape != want)
+      throw std::runtime_error(ck.file_of(n) + ": tensor '" + n + "' has shape " + shape_str(ck.entry(n).shape) +
+                               " but the value head of this config is " + shape_str(want));
+    m.add_value_head();
+    ck.read_into(n, m.w().v_head);
+  }
   if (dev != device::cpu()) return clone_decoder(m, dev);
   return m;
 }
@@ -610,6 +623,7 @@ void save_hf(const decoder& model, const std::string& dir, dtype on_disk, int64_
     }
     tensors.emplace_back(s.hf_name, cat);
   }
+  if (model.has_value_head()) tensors.emplace_back(k_value_head_name, model.w().v_head.to(device::cpu()));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) throw std::runtime_error(dir + ": cannot create the model folder: " + ec.message());
@@ -621,6 +635,10 @@ void save_hf(const decoder& model, const std::string& dir, dtype on_disk, int64_
 decoder clone_decoder(const decoder& model, device dev) {
   decoder out(model.config(), dev);
   out.w().flat.copy_from(model.w().flat.to(dev));
+  if (model.has_value_head()) {
+    out.add_value_head();
+    out.w().v_head.copy_from(model.w().v_head.to(dev));
+  }
   return out;
 }
 

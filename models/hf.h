@@ -33,6 +33,12 @@
 // attn.bias / attn.masked_bias, LLaMA's rotary_emb.inv_freq, and lm_head.weight
 // when the config ties it to the embedding.
 //
+// Value head: a model with DeepSpeed-Chat's reward / critic head (decoder::add_value_head,
+// reward_model.py's v_head = nn.Linear(C, 1, bias=False)) is written with one more tensor,
+// "v_head.weight" (1, C), beside the CausalLM tensors, as DS-Chat's save_hf_format keeps
+// it in the state dict; transformers' AutoModelForCausalLM loads the folder and ignores it
+// (an "unused weights" warning); load_hf adds the value head when the tensor is there.
+//
 // Padded vocabularies: config.json's vocab_size is the number of embedding rows
 // (OPT: 50272 for a 50265-token tokenizer). The tokenizer's size becomes
 // model_config::real_vocab_size, from our key "flowrun_real_vocab_size" in
@@ -79,7 +85,8 @@ struct hf_tensor_spec {
 std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
 
 /// Load an HF folder: config.json plus model.safetensors (or shards with
-/// model.safetensors.index.json), F32/BF16/F16 on disk, onto `dev`.
+/// model.safetensors.index.json), F32/BF16/F16 on disk, onto `dev`; with a
+/// "v_head.weight" (1, C) tensor the model gets a value head (see above).
 /// LLaMA loads with the half (rotate_half) RoPE layout.
 /// Throws std::runtime_error naming the folder/file and the tensors at fault:
 /// missing or unexpected tensors (all listed), a shape that disagrees with
@@ -88,7 +95,9 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
 /// but config.json vocab_size is 50272"), or a tokenizer larger than the embedding.
 decoder load_hf(const std::string& dir, device dev = device::cpu());
 
-/// Write `model` as an HF folder `dir` (created if needed): config.json and
+/// Write `model` as an HF folder `dir` (created if needed; a value head as
+/// "v_head.weight"; LoRA adapters are not written: merge them into a copy first,
+/// as checkpoint.h save_model does): config.json and
 /// model.safetensors (or shards of at most max_shard_bytes plus the index when
 /// max_shard_bytes > 0), weights stored as `on_disk`. Each file is written
 /// atomically. A LLaMA with llama2.c's adjacent RoPE layout is written with its
@@ -115,7 +124,7 @@ void permute_heads(float* w, int64_t n_heads, int64_t hs, int64_t cols, bool to_
 
 decoder to_adjacent_rope(const decoder& model);
 
-/// A deep copy of `model` (weights only) on `dev`.
+/// A deep copy of `model` (the weights and the value head; not LoRA adapters) on `dev`.
 decoder clone_decoder(const decoder& model, device dev = device::cpu());
 
 }  // namespace flowrun

@@ -69,4 +69,27 @@ std::unique_ptr<tokenizer> load_tokenizer(const std::string& path) {
                                   "beside it), or a folder holding either");
 }
 
+std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const std::string& dst_in, bool hf_names) {
+  namespace fs = std::filesystem;
+  static const char* const files[] = {"tokenizer.model",       "vocab.json",        "merges.txt",
+                                      "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
+                                      "tokenizer.json"};
+  const fs::path src(src_in), dst(dst_in);
+  fs::create_directories(dst);
+  std::vector<std::string> written;
+  auto copy = [&](const fs::path& from, const fs::path& to) {
+    if (fs::exists(to) && fs::equivalent(from, to)) return;
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+    written.push_back(to.string());
+  };
+  if (fs::is_directory(src) || src.filename() == "vocab.json") {
+    const fs::path dir = fs::is_directory(src) ? src : src.parent_path();
+    for (const char* f : files)
+      if (fs::exists(dir / f)) copy(dir / f, dst / f);
+  } else {
+    copy(src, dst / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
+  }
+  return written;
+}
+
 }  // namespace flowrun

@@ -45,4 +45,14 @@ std::unique_ptr<tokenizer> load_gpt2_bpe(const std::string& vocab_json, const st
 /// vocab.json + merges.txt (GPT-2 BPE). Throws std::runtime_error with a hint otherwise.
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
 
+/// Copy the files of the tokenizer at `src` (what load_tokenizer takes: a SentencePiece
+/// .model file, a vocab.json with merges.txt beside it, or a folder) into folder `dst_dir`
+/// (created if needed), so that a saved model carries its tokenizer. From a vocab.json or a
+/// folder: those of tokenizer.model, vocab.json, merges.txt, special_tokens_map.json,
+/// tokenizer_config.json, added_tokens.json and tokenizer.json that exist. A .model file is
+/// named tokenizer.model when `hf_names` (Hugging Face's name), else keeps its name.
+/// Returns the paths written (a file already in place is skipped). Throws
+/// std::filesystem::filesystem_error naming the file.
+std::vector<std::string> copy_tokenizer_files(const std::string& src, const std::string& dst_dir, bool hf_names = true);
+
 }  // namespace flowrun

@@ -184,7 +184,7 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     auto m = std::make_shared<decoder>(stories260k_config());
     m->init_random(3);
     m->add_value_head(4);
-    auto p = actor::payload::make("model", actors::model_msg{m, 5});
+    auto p = actor::payload::make("model", actors::model_msg{m, 5, model_format::hf, "/models/opt-tiny"});
     std::vector<tensor> bulk;
     auto bytes = actor::encode_payload(p, &bulk);
     REQUIRE(bytes);
@@ -196,6 +196,8 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     REQUIRE(back);
     const auto& mm = back->as<actors::model_msg>();
     CHECK(mm.version == 5);
+    CHECK(mm.format == model_format::hf);  // where it came from: the policy saves in this format
+    CHECK(mm.tokenizer == "/models/opt-tiny");
     CHECK(mm.model != m);
     CHECK(mm.model->config().dim == m->config().dim);
     CHECK(mm.model->config().norm_eps == m->config().norm_eps);

@@ -568,6 +568,58 @@ TEST_CASE("a spec built in code is validated too") {
   CHECK(contains(all_errors(r.errors), "node 'a' (kind sink) has no out ports"));
 }
 
+TEST_CASE("node_kind::check: whole-graph checks run once the rest is valid, errors at the setting") {
+  node_kind_registry r;
+  r.register_kind(node_kind{"lines_source", "emits lines"}.output("lines", "text"));
+  // a sink whose `out` must not be the name of any node that feeds it (a made-up cross-node rule)
+  auto k = node_kind{"checked_sink", "a sink with a graph check"}.input("items", "text").option(
+      "out", setting_type::string, std::string(""), "a name");
+  int calls = 0;
+  k.check = [&calls](const node_spec& n, const graph_spec& g) {
+    ++calls;
+    std::vector<node_kind::problem> p;
+    for (const auto& e : g.edges)
+      if (e.to_node == n.name && e.from_node == n.get_string("out"))
+        p.push_back({"out", "node '" + n.name + "': out names its own input '" + e.from_node + "'", "rename it"});
+    if (n.get_string("out") == "boom") throw std::runtime_error("the check failed");
+    return p;
+  };
+  r.register_kind(k);
+  const std::string text = R"(edges = ["src.lines -> out.items"]
+[graph]
+name = "g"
+[node.src]
+kind = "lines_source"
+[node.out]
+kind = "checked_sink"
+out = "src"
+)";
+  auto parsed = parse_graph_string(text, "checked.graph");
+  REQUIRE(parsed.errors.empty());
+  auto res = validate(parsed.spec, r);
+  REQUIRE(res.errors.size() == 1);
+  CHECK(calls == 1);
+  CHECK(res.errors[0].message == "node 'out': out names its own input 'src'");
+  CHECK(res.errors[0].hint == "rename it");
+  CHECK(res.errors[0].line == 8);  // at the setting's value
+  CHECK(res.errors[0].col == 7);
+  // not run when files are not checked (checks may read them), nor when other errors exist
+  validate_options no_files;
+  no_files.check_files = false;
+  CHECK(validate(parsed.spec, r, no_files).ok());
+  auto broken = parsed.spec;
+  broken.nodes[0].kind = "no_such_kind";
+  calls = 0;
+  CHECK(validate(broken, r).errors.size() >= 1);
+  CHECK(calls == 0);
+  // a check that throws is reported as an error of the node
+  auto boom = parsed.spec;
+  boom.nodes[1].settings["out"].value = std::string("boom");
+  auto rb = validate(boom, r);
+  REQUIRE(rb.errors.size() == 1);
+  CHECK(contains(rb.errors[0].message, "node 'out' (kind checked_sink): the check failed"));
+}
+
 // ------------------------------------------------------------ bad graphs
 
 namespace {

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/checkpoint.h"
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/safetensors.h"
@@ -685,4 +686,122 @@ TEST_CASE("OPT BPE: special tokens from the folder, BOS prepended as transformer
     CHECK(tok->encode(text, tok->adds_bos()) == c["ids"].get<std::vector<int32_t>>());
   }
   CHECK(tok->decode(tok->encode("Hello world", true, true)) == "Hello world");
+}
+
+// ------------------------------------------------------------------ checkpoint.h: every format in, the same out
+
+namespace {
+
+// Give every LoRA B a non-zero value (B starts at zero, which would make merging a no-op).
+void perturb_lora(decoder& m) {
+  int i = 0;
+  for (const auto& e : m.adapter_params()) {
+    if (e.name.find("lora_B") == std::string::npos) continue;
+    auto& t = m.w().by_name.at(e.name);
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (auto& x : v) x = 0.01f * static_cast<float>((i++ % 13) - 6);
+    t.copy_from(tensor::from_floats(t.shape(), v));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: a value head travels in HF folders as v_head.weight") {
+  for (const char* family : k_families) {
+    INFO("family " << std::string(family));
+    auto m = load_hf((k_fixtures / "hf" / family).string());
+    m.add_value_head(3);
+    temp_dir tmp(std::string("vh_") + family);
+    save_hf(m, tmp / "rm");
+    safetensors_checkpoint ck(tmp / "rm");
+    REQUIRE(ck.contains("v_head.weight"));
+    CHECK(ck.entry("v_head.weight").shape == shape_t{1, m.config().embed_width()});
+    auto r = load_model(tmp / "rm");
+    REQUIRE(r.has_value_head());
+    CHECK(same_weights(m, r));
+    CHECK(r.w().v_head.to_floats() == m.w().v_head.to_floats());
+    CHECK(reload_max_diff(m, tmp / "rm") == 0.0);  // the same f32 values: bit-equal outputs
+  }
+}
+
+TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged into a copy") {
+  // An HF LLaMA (half RoPE, GQA, untied head, eps 1e-6) and stories260K (llama2.c: adjacent RoPE),
+  // each with trained-looking LoRA adapters, written in every format that holds them exactly
+  // (llama2.c files have no eps or RoPE-layout field: only llama2.c's own models go there).
+  CHECK(inspect_model((k_fixtures / "hf" / "llama").string()).format == model_format::hf);
+  CHECK(inspect_model((k_fixtures / "hf" / "opt").string()).family == model_family::opt);
+  CHECK(inspect_model(asset_path("model/stories260K/stories260K.bin").string()).format == model_format::llama2c);
+  struct source {
+    std::string path;
+    std::vector<model_format> formats;
+  };
+  for (const auto& src : {source{(k_fixtures / "hf" / "llama").string(), {model_format::hf, model_format::flowrun}},
+                          source{asset_path("model/stories260K/stories260K.bin").string(),
+                                 {model_format::llama2c, model_format::hf, model_format::flowrun}}}) {
+    auto m = load_model(src.path);
+    lora_config lc;
+    lc.lora_r = 2;
+    lc.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    m.enable_lora(lc);
+    perturb_lora(m);
+    const auto before = m.w().flat.to_floats();
+    temp_dir tmp("save_model");
+    // a batch of 2 x 8 ids spread over the vocabulary (reload_max_diff uses another)
+    std::vector<int32_t> ids(16);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 53 + 5) % m.config().vocab_size);
+    const tensor x = tensor::from_ints({2, 8}, ids);
+    const auto want = logits_of(m, x);
+    // merging W + s·B·A rounds each weight once: the logits move by float rounding, relative
+    // to their size (stories260K's reach ~15); without LoRA the trainers' outputs reload bit-equal
+    double scale = 1;
+    for (float v : want) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+    const double tol = 1e-5 * scale;
+    for (auto f : src.formats) {
+      INFO(src.path << " as a " << std::string(to_string(f)));
+      const std::string out = f == model_format::llama2c ? tmp / "sub/actor.bin" : tmp / "sub/actor";
+      save_model(m, out, f);
+      CHECK(inspect_model(out).format == f);
+      CHECK(!m.lora_merged());
+      CHECK(m.w().flat.to_floats() == before);  // the model itself is not changed
+      const double d = reload_max_diff(m, out);
+      MESSAGE(src.path << " as a " << to_string(f) << ": max |logit difference| after reload " << d
+                       << " (logits up to " << scale << ")");
+      CHECK(d <= tol);
+      if (f == model_format::flowrun) CHECK(d == 0.0);  // adapters kept apart: bit-exact
+      auto r = load_model(out);
+      CHECK(r.has_lora() == (f == model_format::flowrun));
+      CHECK(max_diff_valid(logits_of(r, x), want, {}, m.config().vocab_size) <= tol);
+      fs::remove_all(tmp.path / "sub");
+    }
+  }
+}
+
+TEST_CASE("checkpoint: save_problem refuses what cannot be written, before writing anything") {
+  temp_dir tmp("problems");
+  const auto llama = model_family::llama;
+  CHECK(save_problem(model_format::llama2c, tmp / "a/b/actor.bin", llama, false).empty());
+  CHECK(save_problem(model_format::hf, tmp / "a/b/actor", model_family::gpt2, true).empty());
+  CHECK_FALSE(fs::exists(tmp.path / "a"));  // nothing created
+  CHECK(save_problem(model_format::llama2c, tmp / "x.bin", model_family::gpt2, false).find("LLaMA only") !=
+        std::string::npos);
+  CHECK(save_problem(model_format::llama2c, tmp / "x.bin", llama, true).find("value head") != std::string::npos);
+  CHECK(save_problem(model_format::llama2c, tmp.path.string() + "/", llama, false).find("is a folder") !=
+        std::string::npos);
+  CHECK(save_problem(model_format::hf, tmp / "x.bin", llama, false).find("names a .bin file") != std::string::npos);
+  CHECK(save_problem(model_format::flowrun, tmp / "rm.bin", llama, true).find("names a .bin file") !=
+        std::string::npos);
+  std::ofstream(tmp.path / "file") << "x";
+  CHECK(save_problem(model_format::hf, tmp / "file", llama, false).find("is an existing file") != std::string::npos);
+  CHECK(save_problem(model_format::hf, tmp / "file/sub", llama, false).find("is not a folder") !=
+        std::string::npos);
+  CHECK(save_problem(model_format::llama2c, tmp / "file/sub/x.bin", llama, false).find("is not a folder") !=
+        std::string::npos);
+  CHECK(saved_format(model_format::llama2c, true) == model_format::flowrun);
+  CHECK(saved_format(model_format::llama2c, false) == model_format::llama2c);
+  CHECK(saved_format(model_format::hf, true) == model_format::hf);
+  // save_model throws save_problem's sentence and writes nothing
+  auto g = load_model((k_fixtures / "hf" / "gpt2").string());
+  CHECK_THROWS_WITH_AS(save_model(g, tmp / "g.bin", model_format::llama2c), doctest::Contains("LLaMA only"),
+                       std::runtime_error);
+  CHECK_FALSE(fs::exists(tmp.path / "g.bin"));
 }

@@ -242,7 +242,7 @@ void register_example_kinds(node_kind_registry& registry) {
       node_kind{"generator", "samples a completion for each prompt from a language model"}
           .input("prompts", "tokens", "prompt token ids")
           .output("completions", "text", "the decoded completion of each prompt")
-          .require("model", T::path, "the model weights (llama2.c .bin)")
+          .require("model", T::path, "the model weights (llama2.c .bin, or a HF or flowrun model folder)")
           .require("tokenizer", T::path, "the tokenizer model used to decode")
           .option("max_new_tokens", T::int_, std::int64_t{64}, "tokens to generate per prompt")
           .option("temperature", T::float_, 0.0, "sampling temperature; 0: greedy")

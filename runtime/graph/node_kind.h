@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -87,6 +88,21 @@ struct node_kind {
   /// ZeRO rank does): each replica then runs on a thread of its own rather than
   /// on the shared scheduler, so blocked replicas cannot starve the others.
   bool blocking = false;
+
+  /// A problem that check() found: the setting it is about (empty: the node), what
+  /// is wrong and how to fix it.
+  struct problem {
+    std::string setting;
+    std::string message;
+    std::string hint;
+  };
+  /// Optional: a check of the node against the rest of the graph that the
+  /// declarations cannot express (e.g. that a trainer's output can be written in
+  /// the format of the model its edges bring). validate() calls it on the
+  /// resolved spec once every other check passed, and only when it checks files
+  /// (check may read them); each problem becomes an error at the setting. Must
+  /// not throw.
+  std::function<std::vector<problem>(const node_spec& node, const graph_spec& graph)> check;
 
   /// Appends an in port (required unless told otherwise).
   node_kind& input(std::string port, std::string message_type, std::string port_doc = {}, bool required = true,

@@ -71,6 +71,7 @@ class validator {
     check_edges();
     if (!spec.incomplete) check_required_ports();
     check_cycles();
+    if (result_.errors.empty() && options_.check_files) check_kinds();
     sort_errors(result_.errors);
     return std::move(result_);
   }
@@ -100,6 +101,28 @@ class validator {
   std::string node_desc(std::size_t i) const {
     const node_spec& n = result_.spec.nodes[i];
     return "node '" + n.name + "' (kind " + n.kind + ")";
+  }
+
+  // ------------------------------------------------------------- node_kind::check
+
+  void check_kinds() {
+    const graph_spec& spec = result_.spec;
+    for (std::size_t i = 0; i < spec.nodes.size(); ++i) {
+      const node_kind* kind = kind_of_[i];
+      if (!kind || !kind->check) continue;
+      const node_spec& node = spec.nodes[i];
+      std::vector<node_kind::problem> problems;
+      try {
+        problems = kind->check(node, spec);
+      } catch (const std::exception& e) {
+        problems.push_back({"", node_desc(i) + ": " + e.what(), ""});
+      }
+      for (const auto& p : problems) {
+        const setting* s = p.setting.empty() ? nullptr : node.find_setting(p.setting);
+        const source_pos& pos = s ? first_known(s->value_pos, node.pos) : node.pos;
+        error(pos, p.message, p.hint);
+      }
+    }
   }
 
   // ------------------------------------------------------------- nodes

@@ -20,7 +20,10 @@
 //     ambiguous or impossible, message types that differ, duplicate edges,
 //     non-positive credit;
 //   - required ports without an edge;
-//   - cycles that cannot make progress.
+//   - cycles that cannot make progress;
+//   - once all of the above pass (and files are checked): each kind's own
+//     node_kind::check against the whole graph (e.g. that a trainer's output
+//     can be written in the format of the model its edges bring).
 //
 // Feedback edges and cycles: a directed cycle of edges can only make progress
 // when one of its edges carries messages from an earlier step (the weights

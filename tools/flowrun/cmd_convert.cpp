@@ -42,29 +42,10 @@ dtype parse_dtype(const std::string& s) {
   throw std::runtime_error("--dtype " + s + ": use f32, bf16 or f16");
 }
 
-// HF tokenizer files worth carrying along from a tokenizer folder.
-const char* const k_tokenizer_files[] = {"tokenizer.model",       "vocab.json",        "merges.txt",
-                                         "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
-                                         "tokenizer.json"};
-
-// Copy the tokenizer at `src` (a .model file, a vocab.json, or a folder) into `dst_dir`.
-// HF folders name a SentencePiece model tokenizer.model.
+// Copy the tokenizer at `src` into `dst_dir` (models/tokenizer.h), logging each file.
 void copy_tokenizer(const fs::path& src, const fs::path& dst_dir, bool hf_names) {
-  fs::create_directories(dst_dir);
-  auto copy = [&](const fs::path& from, const fs::path& to) {
-    if (fs::exists(to) && fs::equivalent(from, to)) return;
-    fs::copy_file(from, to, fs::copy_options::overwrite_existing);
-    spdlog::info("tokenizer: {} -> {}", from.string(), to.string());
-  };
-  if (fs::is_directory(src)) {
-    for (const char* f : k_tokenizer_files)
-      if (fs::exists(src / f)) copy(src / f, dst_dir / f);
-  } else if (src.filename() == "vocab.json") {
-    for (const char* f : k_tokenizer_files)
-      if (fs::exists(src.parent_path() / f)) copy(src.parent_path() / f, dst_dir / f);
-  } else {
-    copy(src, dst_dir / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
-  }
+  for (const auto& f : copy_tokenizer_files(src.string(), dst_dir.string(), hf_names))
+    spdlog::info("tokenizer: -> {}", f);
 }
 
 // Token-id keys of an HF config.json to carry to the written one.

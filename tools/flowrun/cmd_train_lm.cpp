@@ -7,7 +7,6 @@
 
 #include "models/decoder.h"
 #include "models/checkpoint.h"
-#include "models/llama2c.h"
 #include "models/lm_data.h"
 #include "models/tokenizer.h"
 #include "runtime/kernels/ops.h"
@@ -37,10 +36,11 @@ void add_train_lm(CLI::App& app) {
   auto o = std::make_shared<train_opts>();
   auto* sub = app.add_subcommand("train-lm", "Train a causal LM on a text file; prints the loss each step");
   sub->add_option("--data", o->data, "UTF-8 text, documents separated by blank lines")->capture_default_str();
-  sub->add_option("--tokenizer", o->tokenizer, "SentencePiece .model file")->capture_default_str();
-  sub->add_option("--init", o->init, "'random' (stories260K shape) or a llama2.c checkpoint to continue from")
+  sub->add_option("--tokenizer", o->tokenizer, "SentencePiece .model, GPT-2 BPE vocab.json, or a folder holding either")->capture_default_str();
+  sub->add_option("--init", o->init, "'random' (stories260K shape), or a model to continue from: llama2.c .bin, HF or flowrun model folder")
       ->capture_default_str();
-  sub->add_option("--output", o->output, "Write the trained model here (llama2.c v1) at the end");
+  sub->add_option("--output", o->output, "Write the trained model here at the end, in the format of --init (a llama2.c file for random or a "
+                  ".bin; a folder for an HF or flowrun folder, with the tokenizer beside an HF one)");
   sub->add_option("--seq_length", o->seq_length, "Tokens per instance")->capture_default_str();
   sub->add_option("--per_device_train_batch_size", o->per_device_train_batch_size, "Instances per step")
       ->capture_default_str();
@@ -61,6 +61,13 @@ void add_train_lm(CLI::App& app) {
     lm_dataset data(resolve_user_path(o->data, "training data").string(), *tok, o->seq_length);
     data.set_seed(static_cast<uint64_t>(o->seed));
     decoder model;
+    model_format format = model_format::llama2c;  // the format --output is written in: that of --init
+    if (o->init != "random") format = inspect_model(o->init).format;
+    if (!o->output.empty()) {  // refused now rather than after training
+      const auto family = o->init == "random" ? model_family::llama : inspect_model(o->init).family;
+      if (auto why = save_problem(format, o->output, family, false); !why.empty())
+        throw std::invalid_argument("--output " + o->output + ": " + why);
+    }
     if (o->init == "random") {
       model = decoder(stories260k_config());
       model.init_random(static_cast<uint64_t>(o->seed));
@@ -113,8 +120,8 @@ void add_train_lm(CLI::App& app) {
     double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("final held-out loss %.4f (%.1f s)\n", eval(), total);
     if (!o->output.empty()) {
-      save_llama2c(model, o->output, 1);
-      spdlog::info("wrote {}", o->output);
+      save_model(model, o->output, format, resolve_user_path(o->tokenizer, "tokenizer").string());
+      spdlog::info("wrote {} ({})", o->output, to_string(format));
     }
   });
 }

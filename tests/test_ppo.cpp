@@ -101,3 +101,73 @@ TEST_CASE("PPO: a batch whose answers are all dropped gives no experience (no de
   auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 3);
   CHECK_FALSE(e.has_value());
 }
+
+TEST_CASE("PPO: temperature near 0 samples the greedy path and its log-probs stay finite") {
+  // Reliability (#17): a temperature of 1e-6 divides logits by 1e-6 in the sampler; the rollout must be the
+  // greedy one (temperature 0) and the old policy's log-probs finite (never -inf or NaN).
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto actor = load_llama2c(test::model_path());
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben"}, prompts, pmask);
+  ppo::ppo_settings s;
+  s.max_answer_seq_len = 16;
+  s.temperature = 0.0f;
+  auto greedy = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 7);
+  REQUIRE(greedy.has_value());
+  for (float t : {1e-6f, 1e-4f}) {
+    s.temperature = t;
+    auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 11);
+    REQUIRE(e.has_value());
+    INFO("temperature " << t);
+    REQUIRE(e->seq.shape() == greedy->seq.shape());
+    CHECK(std::equal(e->seq.data<int32_t>(), e->seq.data<int32_t>() + e->seq.numel(), greedy->seq.data<int32_t>()));
+    activations a;
+    tensor lp = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
+    const int64_t B = lp.size(0), L = lp.size(1);
+    int64_t counted = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = e->start(); i < L; ++i) {
+        if (e->attention_mask.data<int32_t>()[b * (L + 1) + i + 1] == 0) continue;
+        const float v = lp.data<float>()[b * L + i];
+        CHECK(std::isfinite(v));
+        CHECK(v <= 0.0f);
+        ++counted;
+      }
+    CHECK(counted > 0);
+  }
+}
+
+TEST_CASE("PPO: pad == eos: the answer's EOS is a real token of the mask, padding after it is not") {
+  // Reliability (#17): models whose tokenizer has no pad token use EOS as pad (DS-Chat sets
+  // tokenizer.pad_token = tokenizer.eos_token). The mask must come from positions: the first EOS of an
+  // answer counts as real (it is trained on), what follows it does not.
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto actor = load_llama2c(test::model_path());
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben", "One day"}, prompts, pmask);
+  ppo::ppo_settings s;
+  s.max_answer_seq_len = 48;
+  // stories260K rarely emits its EOS within 48 tokens: the end token here is the full stop, which it
+  // emits often, so that most answers end early and are followed by padding that is the same id
+  const auto dot = tok->encode("The dog ran.", false);
+  REQUIRE(!dot.empty());
+  const int32_t eos = dot.back();
+  REQUIRE(tok->piece(eos).find('.') != std::string::npos);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, eos, /*pad_id=*/eos, 5);
+  REQUIRE(e.has_value());
+  const int64_t B = e->seq.size(0), S = e->seq.size(1), P = prompts.size(1);
+  int64_t ended = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* row = e->seq.data<int32_t>() + b * S;
+    const int32_t* m = e->attention_mask.data<int32_t>() + b * S;
+    int64_t first_eos = -1;
+    for (int64_t t = P; t < S && first_eos < 0; ++t)
+      if (row[t] == eos) first_eos = t;
+    const int64_t real_end = first_eos >= 0 ? first_eos + 1 : S;  // the EOS itself is real
+    for (int64_t t = P; t < S; ++t) CHECK(m[t] == (t < real_end ? 1 : 0));
+    CHECK(e->answer_len[b] == real_end - P);
+    if (first_eos >= 0) ++ended;
+  }
+  CHECK(ended >= 2);  // the case this test is about: an end token inside the answer, padding after it
+  MESSAGE(ended << " of " << B << " answers ended within 48 tokens");
+}

@@ -30,6 +30,7 @@
 #include "actors/rlhf_types.h"
 #include "models/dschat_data.h"
 #include "models/dschat_steps.h"
+#include "models/adapter.h"
 #include "models/checkpoint.h"
 #include "models/lm_data.h"
 #include "models/ppo.h"
@@ -725,6 +726,7 @@ class scorer_node final : public actor::node {
       ps_.actor_learning_rate = ps_.critic_learning_rate =
           static_cast<float>(s.get_float(pol ? "actor_learning_rate" : "critic_learning_rate"));
       lora_dim_ = s.get_int(pol ? "actor_lora_dim" : "critic_lora_dim");
+      lora_module_name_ = s.get_string(pol ? "actor_lora_module_name" : "critic_lora_module_name");
       ps_.actor_gradient_checkpointing = pol && s.get_bool("actor_gradient_checkpointing");
       ps_.critic_gradient_checkpointing = !pol && s.get_bool("critic_gradient_checkpointing");
       ps_.per_device_training_batch_size = s.get_int("per_device_training_batch_size");
@@ -778,13 +780,8 @@ class scorer_node final : public actor::node {
       model_->add_value_head();
       model_->w().v_head.copy_from(m.model->w().v_head);
     }
-    if (lora_dim_ > 0) {
-      lora_config lc;
-      lc.lora_r = lora_dim_;
-      lc.lora_alpha = 1.0f;  // DS-Chat's LinearLayer_LoRA scales by lora_scaling / lora_dim with lora_scaling 1
-      lc.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-      model_->enable_lora(lc);
-    }
+    if (lora_dim_ > 0)  // DS-Chat's LinearLayer_LoRA: alpha 1 (lora_scaling 1 / lora_dim)
+      model_->enable_lora(make_lora_config(lora_dim_, 1.0f, 0.0f, lora_module_name_, 0));
     model_->set_gradient_checkpointing(role_ == scorer_role::policy ? ps_.actor_gradient_checkpointing
                                                                     : ps_.critic_gradient_checkpointing);
     if (role_ == scorer_role::policy || role_ == scorer_role::critic) {
@@ -868,6 +865,7 @@ class scorer_node final : public actor::node {
   std::string tokenizer_;
   ppo::ppo_settings ps_;
   int64_t lora_dim_ = 0, version_ = 0;
+  std::string lora_module_name_;
   std::shared_ptr<decoder> model_;
   std::unique_ptr<adamw_optimizer> opt_;
   tensor ema_;
@@ -1064,6 +1062,9 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
           .option("cliprange_value", T::float_, 0.2, "value clip")
           .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip")
           .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)")
+          .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
+                  "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
+                  "else PEFT target_modules such as q_proj,v_proj")
           .option(who + "_gradient_checkpointing", T::bool_, false,
                   "recompute each layer's activations in backward (less memory, one more forward per layer)");
     }

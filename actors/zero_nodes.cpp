@@ -211,11 +211,10 @@ class zero_rank final : public actor::node {
     // the model: the full initial weights (every rank reads the same file)
     model_ = std::make_unique<decoder>(load_model(resolve_user_path(s.get_string("model"), "model").string()));
     if (s.get_bool("use_lora")) {
-      lora_config lc;
-      lc.lora_r = s.get_int("lora_r");
-      lc.lora_alpha = static_cast<float>(s.get_float("lora_alpha"));
-      lc.lora_dropout = static_cast<float>(s.get_float("lora_dropout"));
-      lc.seed = static_cast<uint64_t>(s.get_int("seed"));  // the same on every rank: the adapter is replicated
+      // the seed is the same on every rank: the adapter is replicated
+      const lora_config lc = make_lora_config(s.get_int("lora_r"), static_cast<float>(s.get_float("lora_alpha")),
+                                              static_cast<float>(s.get_float("lora_dropout")),
+                                              s.get_string("lora_target_modules"), static_cast<uint64_t>(s.get_int("seed")));
       if (const auto& p = s.get_string("lora_pretrained"); !p.empty()) {
         // base + LoRA: the adapter's own adapter_config.json sets r, alpha, dropout and targets
         load_adapter(*model_, resolve_user_path(p, "lora_pretrained").string(), /*freeze_base=*/true);
@@ -492,6 +491,8 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("lora_r", T::int_, std::int64_t{8}, "LoRA rank")
         .option("lora_alpha", T::float_, 16.0, "LoRA alpha")
         .option("lora_dropout", T::float_, 0.0, "LoRA dropout")
+        .option("lora_target_modules", T::string, std::string("q_proj,v_proj"),
+                "PEFT target_modules, comma-separated (q_proj,v_proj: PEFT's default for LLaMA; all-linear: every Linear)")
         .option("lora_pretrained", T::string, std::string(""), "continue from this LoRA adapter folder (base + LoRA)")
         .option("save_lora", T::string, std::string(""), "at the end, save only the LoRA weights here (PEFT format)")
         .option("memory_limit_gb", T::float_, 0.0, "refuse a plan over this many GB per process (0: available memory)")

@@ -79,7 +79,10 @@ void save_adapter(const decoder& model_in, const std::string& dir) {
                       {"r", lc.lora_r},
                       {"lora_alpha", lc.lora_alpha},
                       {"lora_dropout", lc.lora_dropout},
-                      {"target_modules", lc.target_modules},
+                      // PEFT writes its "all-linear" as a string, not a one-name list
+                      {"target_modules", lc.target_modules == std::vector<std::string>{"all-linear"}
+                                             ? nlohmann::json("all-linear")
+                                             : nlohmann::json(lc.target_modules)},
                       {"bias", "none"},
                       {"fan_in_fan_out", false},
                       {"inference_mode", false},
@@ -129,6 +132,38 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
     if (!used.count(name))
       throw std::runtime_error(st_path.string() + ": unexpected tensor '" + name +
                                "' (not a LoRA tensor of this model's layers)");
+}
+
+lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std::string& modules, uint64_t seed) {
+  if (rank < 1)
+    throw std::invalid_argument("LoRA rank (lora_dim / lora_r) must be at least 1, got " + std::to_string(rank) +
+                                " (0 means no LoRA)");
+  if (!(dropout >= 0.0f && dropout < 1.0f))
+    throw std::invalid_argument("lora_dropout must be in [0, 1), got " + std::to_string(dropout));
+  lora_config c;
+  c.lora_r = rank;
+  c.lora_alpha = alpha;
+  c.lora_dropout = dropout;
+  c.seed = seed;
+  c.target_modules.clear();
+  if (modules.empty() || modules.find("layers") != std::string::npos) {
+    c.target_modules.push_back("all-linear");
+    return c;
+  }
+  std::string part;
+  for (std::size_t at = 0; at <= modules.size(); ++at) {
+    if (at == modules.size() || modules[at] == ',') {
+      part.erase(0, part.find_first_not_of(" \t"));
+      part.erase(part.find_last_not_of(" \t") + 1);
+      if (!part.empty()) c.target_modules.push_back(part);
+      part.clear();
+    } else {
+      part += modules[at];
+    }
+  }
+  if (c.target_modules.empty())
+    throw std::invalid_argument("LoRA target modules '" + modules + "' name no module: write e.g. q_proj,v_proj or all-linear");
+  return c;
 }
 
 }  // namespace flowrun

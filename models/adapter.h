@@ -27,6 +27,19 @@ void save_adapter(const decoder& model, const std::string& dir);
 /// wrong shape, or the config is not a LoRA config.
 void load_adapter(decoder& model, const std::string& dir, bool freeze_base = true);
 
+/// The one way a trainer's settings become a LoRA config (sft_trainer, rm_trainer, policy, critic,
+/// zero_rank).
+///   rank     DS-Chat's lora_dim / actor_lora_dim / critic_lora_dim, TencentPretrain's lora_r (>= 1)
+///   alpha    DS-Chat's LinearLayer_LoRA scales by lora_scaling / lora_dim with lora_scaling 1, so
+///            its trainers pass 1; TencentPretrain and PEFT pass lora_alpha
+///   modules  DS-Chat's lora_module_name: a value containing "layers" (its default
+///            "decoder.layers.", or "layers.") means every Linear of the blocks ("all-linear",
+///            whatever the family); "all-linear" itself; otherwise a comma-separated list of PEFT
+///            target_modules ("q_proj,v_proj"; OPT and GPT-2 names are aliases, see lora_config)
+/// Throws std::invalid_argument naming the setting when rank < 1, dropout is outside [0, 1) or the
+/// module list is empty; decoder::enable_lora then checks the names against the model.
+lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std::string& modules, uint64_t seed);
+
 /// PEFT's tensor name for one of our adapter tensors, and back.
 std::string peft_name(const std::string& ours);
 std::string ours_from_peft(const std::string& peft);

@@ -359,6 +359,10 @@ std::vector<int> modules_for_pattern(const std::string& pat) {
     return pat.size() >= s.size() && pat.compare(pat.size() - s.size(), s.size(), s) == 0;
   };
   std::vector<int> out;
+  if (pat == "all-linear") {  // PEFT's target_modules="all-linear" (the gate is dropped where there is none)
+    for (int m = 0; m < lm_count; ++m) out.push_back(m);
+    return out;
+  }
   for (int m = 0; m < lm_count; ++m)
     if (ends(lora_module_name(m)) || pat == module_path(m)) out.push_back(m);
   if (ends("out_proj")) out.push_back(lm_o);                             // OPT

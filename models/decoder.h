@@ -30,6 +30,8 @@ struct lora_config {
   /// Module names (PEFT's target_modules: a Linear matches when its name ends with
   /// the entry). LLaMA names q_proj k_proj v_proj o_proj gate_proj up_proj down_proj;
   /// OPT's out_proj fc1 fc2 and GPT-2's c_attn (q, k and v) c_proj c_fc are aliases.
+  /// "all-linear" (PEFT's name) is every Linear of the blocks the model has (gate_proj
+  /// only with a gated MLP).
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};
   uint64_t seed = 0;  ///< init of A and the dropout masks
   float scale() const { return lora_alpha / static_cast<float>(lora_r); }

@@ -1,5 +1,7 @@
 #include "models/dschat_steps.h"
 
+#include "models/adapter.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -77,24 +79,8 @@ ops::adamw_config adamw_from(const dschat_settings& s) {
 }
 
 lora_config lora_from(const dschat_settings& s) {
-  if (s.lora_dim < 1) throw std::invalid_argument("lora_from: lora_dim must be >= 1 (0 means no LoRA)");
-  lora_config c;
-  c.lora_r = s.lora_dim;
-  c.lora_alpha = 1.0f;  // LinearLayer_LoRA: lora_scaling (1) / lora_dim
-  c.seed = s.seed;
-  c.target_modules.clear();
-  if (s.lora_module_name.empty() || s.lora_module_name.find("layers") != std::string::npos) {
-    for (int m = 0; m < lm_count; ++m) c.target_modules.push_back(lora_module_name(m));
-  } else {
-    std::istringstream in(s.lora_module_name);
-    std::string part;
-    while (std::getline(in, part, ',')) {
-      part.erase(0, part.find_first_not_of(" \t"));
-      part.erase(part.find_last_not_of(" \t") + 1);
-      if (!part.empty()) c.target_modules.push_back(part);
-    }
-  }
-  return c;
+  // LinearLayer_LoRA: lora_scaling (1) / lora_dim, i.e. alpha 1; no dropout in DS-Chat's steps 1-2
+  return make_lora_config(s.lora_dim, 1.0f, 0.0f, s.lora_module_name, s.seed);
 }
 
 void apply_lora(decoder& model, const dschat_settings& s) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "models/adapter.h"
@@ -11,6 +12,7 @@
 #include "models/llama2c.h"
 #include "models/lm_data.h"
 #include "models/tokenizer.h"
+#include <nlohmann/json.hpp>
 #include "runtime/kernels/ops.h"
 #include "test_util.h"
 
@@ -278,4 +280,48 @@ TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved; base + ad
   CHECK_THROWS_WITH_AS(load_adapter(m4, dir), doctest::Contains("q_proj.lora_A.weight"), std::runtime_error);
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir2);
+}
+
+TEST_CASE("LoRA: one config from settings for every trainer; DS-Chat's decoder.layers. covers every family") {
+  // DS-Chat's lora_module_name default "decoder.layers." means every Linear of the blocks. It used to be
+  // spelled as LLaMA's seven names, and OPT and GPT-2 (no gate_proj) then failed at start.
+  const auto lc = make_lora_config(4, 1.0f, 0.0f, "decoder.layers.", 3);
+  CHECK(lc.lora_r == 4);
+  CHECK(lc.scale() == doctest::Approx(0.25));  // LinearLayer_LoRA: lora_scaling 1 / lora_dim
+  CHECK(lc.target_modules == std::vector<std::string>{"all-linear"});
+  for (auto f : {model_family::llama, model_family::opt, model_family::gpt2}) {
+    decoder m(test::eight_layer_config(f));
+    m.enable_lora(lc);
+    const int64_t per_layer = static_cast<int64_t>(m.adapter_params().size()) / m.config().n_layers;
+    INFO("family " << static_cast<int>(f));
+    // A and B for q, k, v, o, up, down (+ gate with a gated MLP)
+    CHECK(per_layer == 2 * (m.config().gated_mlp ? 7 : 6));
+  }
+  CHECK(make_lora_config(8, 16.0f, 0.1f, " q_proj , v_proj ", 0).target_modules ==
+        std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK_THROWS_WITH_AS(make_lora_config(0, 1.0f, 0.0f, "q_proj", 0), doctest::Contains("at least 1"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(make_lora_config(-1, 1.0f, 0.0f, "q_proj", 0), doctest::Contains("got -1"), std::invalid_argument);
+  CHECK_THROWS_AS(make_lora_config(4, 1.0f, 1.0f, "q_proj", 0), std::invalid_argument);
+  CHECK_THROWS_AS(make_lora_config(4, 1.0f, 0.0f, " , ", 0), std::invalid_argument);
+}
+
+TEST_CASE("LoRA: an all-linear adapter is written as PEFT writes it and reloads to the same model") {
+  decoder m(test::eight_layer_config(model_family::opt));
+  m.enable_lora(make_lora_config(2, 1.0f, 0.0f, "all-linear", 5), true);
+  float* a = m.w().adapter_flat.data<float>();
+  for (int64_t i = 0; i < m.num_adapter_parameters(); ++i) a[i] = 0.01f * static_cast<float>(i % 7);
+  const auto dir = std::filesystem::temp_directory_path() / "flowrun_test_all_linear";
+  std::filesystem::remove_all(dir);
+  save_adapter(m, dir.string());
+  std::ifstream cfg(dir / "adapter_config.json");
+  const auto j = nlohmann::json::parse(cfg);
+  CHECK(j["target_modules"] == "all-linear");
+  decoder back(test::eight_layer_config(model_family::opt));
+  load_adapter(back, dir.string());
+  REQUIRE(back.adapter_params().size() == m.adapter_params().size());
+  const float* b = back.w().adapter_flat.data<float>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < m.num_adapter_parameters(); ++i) differ += b[i] != a[i];
+  CHECK(differ == 0);
+  std::filesystem::remove_all(dir);
 }

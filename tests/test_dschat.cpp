@@ -618,6 +618,30 @@ void check_same_updates(const engine_run& got, const engine_run& want, const std
 
 }  // namespace
 
+TEST_CASE("engine: a non-finite gradient stops the step before anything is updated") {
+  decoder m = clone_decoder(test::stories260k());
+  auto group = comm::make_inproc_group(1);
+  auto c = comm::inproc_communicator(group, 0);
+  zero_settings z;
+  zero_engine eng(m, *c, z);
+  const tensor before = eng.gather_full_params();
+  batch_loss l;
+  l.units = [](int64_t) { return int64_t{1}; };
+  l.forward = [](int64_t, decoder& model, activations& a) {
+    model.forward(a, tensor::zeros({1, 4}, dtype::i32), tensor{});
+    micro_loss r;
+    r.loss = 1.0;
+    r.dout = tensor::zeros(a.logits.shape());  // dlogits (1, 4, V) with one NaN
+    r.dout.data<float>()[3] = std::nanf("");
+    return r;
+  };
+  const std::string e = error_of([&] { eng.train_step(l, 1e-3); });
+  CHECK(e.find("non-finite gradient norm") != std::string::npos);
+  CHECK(e.find("nothing was updated") != std::string::npos);
+  CHECK(eng.step_count() == 0);
+  CHECK(max_abs_diff(eng.gather_full_params(), before) == 0.0);
+}
+
 TEST_CASE("engine: the pairwise RM loss at 2 ranks, stages 0-3, updates as 1 rank on the same global batch") {
   auto tok = load_tokenizer(test::tokenizer_path());
   auto sources = load_sources({dschat_path()});

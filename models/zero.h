@@ -154,8 +154,9 @@ struct batch_loss {
   /// micro-batch mean and should weigh as one. Called once per micro-batch of this
   /// rank, before any forward (the engine needs Σ units before the first backward).
   std::function<int64_t(int64_t k)> units;
-  /// Run the model's forward on micro-batch k into `a` (the engine's activations) and
-  /// return the loss with its gradient. Throws what the caller throws.
+  /// Run `model`'s forward (decoder::forward: at stage 3 it gathers each block through the
+  /// engine's hooks) on micro-batch k into `a` (the engine's activations) and return the
+  /// loss with its gradient. The engine runs backward. Throws what the caller throws.
   std::function<micro_loss(int64_t k, decoder& model, activations& a)> forward;
 };
 
@@ -178,8 +179,9 @@ class zero_engine : private param_hooks {
   /// One optimizer step on the global batch (B_global = micro_batch ·
   /// gradient_accumulation_steps · world_size rows, T): rank r's micro-batch g is
   /// rows [(g·N + r)·micro_batch, +micro_batch). `lr` < 0 uses settings.adamw.lr.
+  /// This is the LM loss (mean cross-entropy over the valid targets, units = valid
+  /// targets, the model's own cross-entropy backward) given to train_step(batch_loss).
   /// Throws std::invalid_argument on a wrong batch shape.
-  /// The LM loss (mean cross-entropy over the valid targets) as a batch_loss.
   step_result train_step(const tensor& ids, const tensor& targets, double lr = -1.0);
   /// One optimizer step on the caller's loss (see batch_loss and the normalization
   /// above): zero the gradients; for each of this rank's micro-batches the caller's

@@ -213,6 +213,7 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
   d.lora_dim = s.get_int("lora_dim");
   d.gradient_checkpointing = s.get_bool("gradient_checkpointing");
+  d.zero_stage = static_cast<int>(s.get_int("zero_stage"));
   return d;
 }
 
@@ -297,10 +298,35 @@ class batch_cycle {
   std::deque<std::vector<int64_t>> queue_;
 };
 
+/// The training engine of a step 1/2 trainer: one rank (an inproc group of one), ZeRO
+/// stage zero_stage, the DS-Chat settings' AdamW, clip and accumulation (dschat::engine_settings).
+struct trainer_engine {
+  std::unique_ptr<comm::communicator> comm;
+  std::unique_ptr<zero_engine> engine;
+  lr_schedule schedule;
+
+  void make(decoder& model, const dschat::dschat_settings& d, int64_t steps) {
+    comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+    engine = std::make_unique<zero_engine>(model, *comm, dschat::engine_settings(model, d));
+    schedule = dschat::schedule_from(d, steps);
+  }
+  /// The lr of the next update (transformers.get_scheduler over `steps` updates).
+  double next_lr(const dschat::dschat_settings& d) const {
+    return schedule.lr_at(engine->step_count(), d.learning_rate);
+  }
+  /// Training is over: the model whole again (for eval, save and the next step), the engine gone.
+  void finish() {
+    if (!engine) return;
+    engine->release_model();
+    engine.reset();
+    comm.reset();
+  }
+};
+
 // ---------------------------------------------------------------- step 1
 
 /// Step 1: supervised fine-tuning (step1 main.py). A source: each produce() is one
-/// micro-batch; at the end it evaluates and emits the model on `model`.
+/// optimizer update through the engine; at the end it evaluates and emits the model on `model`.
 class sft_trainer final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
@@ -334,9 +360,8 @@ class sft_trainer final : public actor::node {
                       "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
     model_->set_gradient_checkpointing(d_.gradient_checkpointing);
-    opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
-    st_.total_update_steps = steps_;
     before_ = dschat::sft_eval(*model_, eval_);
+    engine_.make(*model_, d_, steps_);
     ctx.print(fmt::format("[step 1 sft] {} train / {} held-out examples; held-out loss {:.4f} (ppl {:.2f}) before",
                           train_.size(), n_eval_, before_.loss, before_.perplexity));
     t0_ = clk::now();
@@ -349,20 +374,26 @@ class sft_trainer final : public actor::node {
       done_ = true;
       return false;
     }
-    if (step_ < steps_) {
-      auto batch = dschat::sft_batch(train_, order_.next(ctx.name()), d_.mask_prompt);
+    if (step_ < steps_) {  // one update: gradient_accumulation_steps micro-batches
+      std::vector<dschat::sft_batch_data> micro;
+      int64_t tokens = 0;
+      for (int64_t g = 0; g < d_.gradient_accumulation_steps; ++g) {
+        micro.push_back(dschat::sft_batch(train_, order_.next(ctx.name()), d_.mask_prompt));
+        tokens += micro.back().n_target_tokens;
+      }
       auto t = clk::now();
-      double loss = dschat::sft_step(*model_, *opt_, batch, d_, st_);
-      ctx.signal("loss", loss);
+      const step_result r = dschat::sft_update(*engine_.engine, micro, engine_.next_lr(d_));
+      ctx.signal("loss", r.loss);
       ++step_;
-      tokens_ += batch.n_target_tokens;
-      ctx.metric("tokens", batch.n_target_tokens);
+      tokens_ += tokens;
+      ctx.metric("tokens", tokens);
       ctx.metric("steps");
       if (step_ % ctx.spec().get_int("print_every") == 0 || step_ == steps_)
-        ctx.print(fmt::format("[step 1 sft] step {}/{} loss {:.4f} lr {:.2e} ({:.0f} tokens/s)", step_, steps_, loss,
-                              st_.last_lr, batch.n_target_tokens / since(t)));
+        ctx.print(fmt::format("[step 1 sft] step {}/{} loss {:.4f} lr {:.2e} ({:.0f} tokens/s)", step_, steps_, r.loss,
+                              r.lr, tokens / since(t)));
       return true;
     }
+    engine_.finish();
     auto after = dschat::sft_eval(*model_, eval_);
     ctx.print(fmt::format("[step 1 sft] held-out loss {:.4f} -> {:.4f} (ppl {:.2f} -> {:.2f}), {:.1f} s",
                           before_.loss, after.loss, before_.perplexity, after.perplexity, since(t0_)));
@@ -387,8 +418,7 @@ class sft_trainer final : public actor::node {
   std::vector<dschat::sft_batch_data> eval_;
   batch_cycle order_;
   std::shared_ptr<decoder> model_;
-  std::unique_ptr<adamw_optimizer> opt_;
-  dschat::train_state st_;
+  trainer_engine engine_;
   dschat::sft_eval_result before_;
   clk::time_point t0_;
   bool done_ = false;
@@ -430,9 +460,8 @@ class rm_trainer final : public actor::node {
                       "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
     model_->set_gradient_checkpointing(d_.gradient_checkpointing);
-    opt_ = std::make_unique<adamw_optimizer>(*model_, dschat::adamw_from(d_));
-    st_.total_update_steps = steps_;
     auto ev = dschat::rm_eval(*model_, eval_);
+    engine_.make(*model_, d_, steps_);
     ctx.print(fmt::format("[step 2 rm] {} train / {} held-out pairs; held-out accuracy {:.3f} ± {:.3f} before",
                           train_.size(), ev.pairs, ev.accuracy, ev.accuracy_stderr));
     t0_ = clk::now();
@@ -445,13 +474,18 @@ class rm_trainer final : public actor::node {
       done_ = true;
       return false;
     }
-    if (step_ < steps_) {
-      auto batch = dschat::rm_batch(train_, order_.next(ctx.name()));
-      auto r = dschat::rm_step(*model_, *opt_, batch, d_, st_);
+    if (step_ < steps_) {  // one update: gradient_accumulation_steps micro-batches
+      std::vector<dschat::rm_batch_data> micro;
+      int64_t tokens = 0;
+      for (int64_t g = 0; g < d_.gradient_accumulation_steps; ++g) {
+        micro.push_back(dschat::rm_batch(train_, order_.next(ctx.name())));
+        tokens += 2 * micro.back().B * micro.back().T;
+      }
+      auto r = dschat::rm_update(*engine_.engine, micro, engine_.next_lr(d_));
       ctx.signal("loss", r.loss);
       ctx.signal("accuracy", r.accuracy);
       ++step_;
-      ctx.metric("tokens", 2 * batch.B * batch.T);
+      ctx.metric("tokens", tokens);
       ctx.metric("steps");
       acc_sum_ += r.accuracy;
       ++acc_n_;
@@ -463,6 +497,7 @@ class rm_trainer final : public actor::node {
       }
       return true;
     }
+    engine_.finish();
     auto ev = dschat::rm_eval(*model_, eval_);
     ctx.print(fmt::format("[step 2 rm] held-out accuracy {:.3f} ± {:.3f} over {} pairs; mean chosen {:.3f}, "
                           "rejected {:.3f}; {:.1f} s",
@@ -490,8 +525,7 @@ class rm_trainer final : public actor::node {
   std::vector<dschat::rm_batch_data> eval_;
   batch_cycle order_;
   std::shared_ptr<decoder> model_;
-  std::unique_ptr<adamw_optimizer> opt_;
-  dschat::train_state st_;
+  trainer_engine engine_;
   clk::time_point t0_;
   bool done_ = false;
 };
@@ -972,7 +1006,8 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut")
         .option("truncation", T::string, std::string("prompt_start"),
                 "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
-        .option("steps", T::int_, steps, "micro-batches to train")
+        .option("steps", T::int_, steps, "optimizer updates, each of gradient_accumulation_steps micro-batches")
+        .option("zero_stage", T::int_, std::int64_t{0}, "ZeRO stage 0-3 of the trainer's engine (DS-Chat's --zero_stage)")
         .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)")
         .option("gradient_checkpointing", T::bool_, false,
                 "recompute each layer's activations in backward (less memory, one more forward per layer)")

@@ -235,6 +235,15 @@ void decoder::rebind_block(int b, const tensor& params, const tensor& grads) {
 
 void decoder::release_flat_params() { w_.flat = tensor{}; }
 
+void decoder::restore_flat_params(const tensor& flat) {
+  if (flat.numel() != n_params_ || flat.type() != dtype::f32)
+    throw std::invalid_argument("decoder::restore_flat_params: need (" + std::to_string(n_params_) + ",) f32, got " +
+                                flat.str());
+  tensor adapter = w_.adapter_flat;
+  bind(w_, flat.dev() == dev_ ? flat.clone() : flat.to(dev_));
+  if (adapter.defined()) bind_adapter(w_, adapter);
+}
+
 void decoder::wire(weights& dst) {
   auto get = [&](const std::string& n) -> tensor {
     auto it = dst.by_name.find(n);

@@ -279,6 +279,9 @@ class decoder {
   void rebind_block(int b, const tensor& params, const tensor& grads);
   /// Drop the full flat parameter buffer (ZeRO-3: every block is rebound by the engine).
   void release_flat_params();
+  /// The inverse: a full (n_params,) f32 parameter buffer (copied to dev()), every base
+  /// view rebound to it (zero_engine::release_model). Throws std::invalid_argument on a wrong size.
+  void restore_flat_params(const tensor& flat);
   /// When true, backward() does not allocate a full gradient buffer: the hooks
   /// bind gradient views per block (ZeRO stages 2 and 3).
   void set_external_grads(bool on) { external_grads_ = on; }

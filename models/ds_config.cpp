@@ -7,7 +7,6 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <numbers>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -563,8 +562,8 @@ void parse_scheduler(reader& r, const ojson& sec, ds_config& cfg) {
   if (std::find(types.begin(), types.end(), type) == types.end())
     r.fail("scheduler.type", "scheduler.type is \"" + type + "\"; flowrun runs " + list_keys(types) +
                                  " (DeepSpeed's names, case-sensitive)");
-  ds_scheduler& s = cfg.scheduler;
-  s = ds_scheduler{};
+  lr_schedule& s = cfg.scheduler;
+  s = lr_schedule{};
   s.type = type;
 
   std::vector<std::string> known;
@@ -722,51 +721,6 @@ std::pair<int, int> line_col(const std::string& text, size_t byte) {
 }  // namespace
 
 // ----------------------------------------------------------------------------
-double ds_scheduler::lr_at(int64_t step, double base_lr) const {
-  if (step < 0) throw std::invalid_argument("ds_scheduler::lr_at: step " + std::to_string(step) + " < 0");
-  if (type.empty()) return base_lr;
-  // DeepSpeed's last_batch_iteration for the update that follows `step` applied updates
-  const int64_t it = step - 1;
-  const int64_t n = std::max<int64_t>(2, warmup_num_steps);
-  const double inverse_log_warm_up = 1.0 / std::log(static_cast<double>(n));
-  auto warmup_gamma = [&]() {
-    return warmup_type == "linear" ? static_cast<double>(it) / static_cast<double>(n)
-                                   : inverse_log_warm_up * std::log(static_cast<double>(it + 1));
-  };
-  if (type == "WarmupLR" || type == "WarmupDecayLR") {
-    const double max_lr = (type == "WarmupLR" && warmup_max_lr_from_optimizer) ? base_lr : warmup_max_lr;
-    if (it < 0) return warmup_min_lr;
-    const double delta = max_lr - warmup_min_lr;
-    double gamma;
-    if (it < n) {
-      gamma = warmup_gamma();
-    } else if (type == "WarmupLR") {
-      gamma = 1.0;
-    } else {
-      gamma = std::max(0.0, static_cast<double>(total_num_steps - it) /
-                                std::max(1.0, static_cast<double>(total_num_steps - n)));
-    }
-    return warmup_min_lr + delta * gamma;
-  }
-  if (type == "WarmupCosineLR") {
-    if (it < 0) return 0.0;  // get_lr() before the first step()
-    double ratio;
-    if (it < n) {
-      ratio = warmup_min_ratio + warmup_gamma() * (1. - warmup_min_ratio);
-    } else {
-      const int64_t real_last_step = it - n + 1;
-      const int64_t real_total_steps = std::max<int64_t>(1, total_num_steps - n);
-      const double progress =
-          std::min(1.0, static_cast<double>(real_last_step) / static_cast<double>(real_total_steps));
-      ratio = (1 + std::cos(std::numbers::pi * progress)) / 2;
-      ratio = std::max(0.0, cos_min_ratio + (1. - cos_min_ratio) * ratio);
-    }
-    return base_lr * ratio;
-  }
-  throw std::invalid_argument("ds_scheduler::lr_at: unknown scheduler type \"" + type +
-                              "\" (WarmupLR, WarmupDecayLR or WarmupCosineLR)");
-}
-
 std::string ds_config::ignored_keys_warning() const {
   if (ignored_keys.empty()) return "";
   std::string s = "DeepSpeed config " + where + ": flowrun ignores ";

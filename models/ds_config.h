@@ -25,56 +25,12 @@
 #include <string>
 #include <vector>
 
+#include "models/train/lr_schedule.h"
+
 namespace flowrun {
 
 /// The DeepSpeed release whose config semantics this file reproduces.
 inline constexpr const char* ds_reference_version = "0.19.8";
-
-/// DeepSpeed's "scheduler" section: a learning-rate schedule.
-///
-/// Step convention (exactly DeepSpeed's): DeepSpeedEngine builds the schedule
-/// with last_batch_iteration = -1, which already writes get_lr() into the
-/// optimizer, and calls scheduler.step() once after every optimizer update that
-/// was applied. An update skipped for an fp16 overflow does not step the
-/// schedule. So the update that follows `step` applied updates runs with
-/// DeepSpeed's get_lr() at last_batch_iteration = step - 1, which is what
-/// lr_at(step, ...) returns. Consequences worth knowing:
-///   - the first two updates (step 0 and 1) both run at warmup_min_lr (WarmupLR,
-///     WarmupDecayLR), and WarmupCosineLR's first update runs at lr 0;
-///   - warmup_num_steps is raised to at least 2 (DeepSpeed's max(2, n)).
-struct ds_scheduler {
-  /// "" (no schedule: the optimizer's lr throughout) | "WarmupLR" |
-  /// "WarmupDecayLR" | "WarmupCosineLR".
-  std::string type;
-  /// WarmupLR / WarmupDecayLR: lr at the start of warmup (absolute).
-  double warmup_min_lr = 0;
-  /// WarmupLR / WarmupDecayLR: lr at the end of warmup (absolute). DeepSpeed's
-  /// WarmupLR takes the optimizer's lr when the key is absent (see
-  /// warmup_max_lr_from_optimizer); WarmupDecayLR defaults to 0.001.
-  double warmup_max_lr = 0.001;
-  /// True for a WarmupLR without warmup_max_lr: lr_at uses its base_lr instead.
-  bool warmup_max_lr_from_optimizer = false;
-  /// Updates over which the warmup runs (DeepSpeed uses max(2, this)). > 0.
-  int64_t warmup_num_steps = 1000;
-  /// "log" (DeepSpeed's default: log(step) / log(warmup_num_steps)) or "linear".
-  /// DeepSpeed takes any other value as "log" with a warning; so do we
-  /// (ds_config::warnings).
-  std::string warmup_type = "log";
-  /// WarmupDecayLR / WarmupCosineLR: updates until the lr reaches its floor
-  /// (WarmupDecayLR: 0, WarmupCosineLR: cos_min_ratio * lr). Required there.
-  int64_t total_num_steps = 0;
-  /// WarmupCosineLR: warmup starts at warmup_min_ratio * lr.
-  double warmup_min_ratio = 0;
-  /// WarmupCosineLR: the cosine ends at cos_min_ratio * lr.
-  double cos_min_ratio = 0.0001;
-
-  /// Learning rate of the optimizer update that follows `step` applied
-  /// (non-skipped) updates; step >= 0 (see the step convention above).
-  /// `base_lr` is the optimizer's lr (optimizer.params.lr): WarmupCosineLR
-  /// scales it, a WarmupLR without warmup_max_lr warms up to it, and "" returns
-  /// it unchanged. WarmupLR / WarmupDecayLR otherwise ignore it.
-  double lr_at(int64_t step, double base_lr) const;
-};
 
 /// How parse_ds_config treats our own settings and HF Trainer's "auto" values.
 struct ds_parse_options {
@@ -154,7 +110,9 @@ struct ds_config {
   /// torch_adam and AdamW (torch.optim.AdamW's default).
   double weight_decay = 0.0;
 
-  ds_scheduler scheduler;
+  /// The "scheduler" section (type "" without one): models/train/lr_schedule.h holds
+  /// DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR and their step convention.
+  lr_schedule scheduler;
 
   /// Key paths present in the config that flowrun does not act on (e.g.
   /// "steps_per_print", "zero_optimization.overlap_comm",

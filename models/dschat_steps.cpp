@@ -12,52 +12,19 @@ namespace flowrun::dschat {
 
 namespace {
 
-constexpr double pi = 3.14159265358979323846;
-
-// The weight of Linear module m of a layer (the tensor LinearLayer_LoRA freezes).
-tensor& module_weight(layer_weights& L, int m) {
-  switch (m) {
-    case lm_q: return L.wq;
-    case lm_k: return L.wk;
-    case lm_v: return L.wv;
-    case lm_o: return L.wo;
-    case lm_gate: return L.w_gate;
-    case lm_up: return L.w_up;
-    default: return L.w_down;
-  }
-}
-
-// The end of an accumulation window: average, freeze, clip, schedule, step.
-void finish_update(decoder& model, adamw_optimizer& opt, const dschat_settings& s, train_state& st) {
-  auto grads = opt.trainable_grads();
-  if (s.gradient_accumulation_steps > 1)
-    for (auto& g : grads) ops::scale(g, 1.0f / static_cast<float>(s.gradient_accumulation_steps));
-  // DS-Chat's LinearLayer_LoRA freezes the adapted Linear's weight even when the rest trains
-  if (model.has_lora() && model.base_trainable()) {
-    for (size_t l = 0; l < model.w().layers.size(); ++l)
-      for (int m = 0; m < lm_count; ++m)
-        if (model.w().layers[l].lora[m].A.defined()) module_weight(model.grads().layers[l], m).zero_();
-  }
-  st.last_grad_norm = s.gradient_clipping > 0 ? ops::clip_grad_norm(grads, s.gradient_clipping)
-                                              : ops::global_norm(grads);
-  st.last_lr = static_cast<float>(s.learning_rate * lr_factor(s.lr_scheduler_type, st.update_step,
-                                                              s.num_warmup_steps, st.total_update_steps));
-  opt.step(st.last_lr);
-  ++st.update_step;
-  st.stepped = true;
-}
-
 void check_accumulation(const dschat_settings& s) {
   if (s.gradient_accumulation_steps < 1)
     throw std::invalid_argument("dschat: gradient_accumulation_steps must be >= 1");
 }
 
-void check_state(const dschat_settings& s, const train_state& st) {
-  check_accumulation(s);
-  if (st.total_update_steps <= 0)
-    throw std::invalid_argument(
-        "dschat: train_state.total_update_steps is 0; set it with total_update_steps(n_train, settings) before "
-        "training (the lr scheduler needs it)");
+void check_global_batch(zero_engine& e, size_t n, const char* what) {
+  const int64_t want = e.settings().gradient_accumulation_steps * e.comm().world_size();
+  if (static_cast<int64_t>(n) != want)
+    throw std::invalid_argument(std::string(what) + ": the global batch has " + std::to_string(n) +
+                                " micro-batches; it needs gradient_accumulation_steps " +
+                                std::to_string(e.settings().gradient_accumulation_steps) + " x world size " +
+                                std::to_string(want / e.settings().gradient_accumulation_steps) + " = " +
+                                std::to_string(want));
 }
 
 }  // namespace
@@ -88,16 +55,33 @@ void apply_lora(decoder& model, const dschat_settings& s) {
   model.enable_lora(lora_from(s), /*freeze_base=*/s.only_optimize_lora);
 }
 
-double lr_factor(const std::string& type, int64_t k, int64_t W, int64_t total) {
-  const double kd = static_cast<double>(k), Wd = static_cast<double>(std::max<int64_t>(W, 0));
-  if (type == "constant") return 1.0;
-  if (k < W) return kd / std::max(1.0, Wd);
-  if (type == "constant_with_warmup") return 1.0;
-  const double progress = (kd - Wd) / std::max(1.0, static_cast<double>(total) - Wd);
-  if (type == "linear") return std::max(0.0, 1.0 - progress);
-  if (type == "cosine") return std::max(0.0, 0.5 * (1.0 + std::cos(pi * progress)));
-  throw std::invalid_argument("lr_scheduler_type \"" + type +
-                              "\" is not supported; use cosine, linear, constant or constant_with_warmup");
+lr_schedule schedule_from(const dschat_settings& s, int64_t total) {
+  return lr_schedule::transformers(s.lr_scheduler_type, s.num_warmup_steps, total);
+}
+
+zero_settings engine_settings(const decoder& model, const dschat_settings& s) {
+  check_accumulation(s);
+  if (s.zero_stage < 0 || s.zero_stage > 3)
+    throw std::invalid_argument("dschat: zero_stage must be 0, 1, 2 or 3, got " + std::to_string(s.zero_stage));
+  zero_settings z;
+  z.stage = s.zero_stage;
+  z.micro_batch = s.per_device_train_batch_size;
+  z.gradient_accumulation_steps = s.gradient_accumulation_steps;
+  z.gradient_clipping = s.gradient_clipping > 0 ? s.gradient_clipping : 0.0;
+  z.adamw = adamw_from(s);
+  // DS-Chat's LinearLayer_LoRA freezes the adapted Linear's weight even when the rest trains
+  if (model.has_lora() && model.base_trainable()) {
+    const std::string a_suffix = "lora_A.weight";
+    for (const auto& ae : model.adapter_params()) {
+      if (ae.name.size() < a_suffix.size() ||
+          ae.name.compare(ae.name.size() - a_suffix.size(), a_suffix.size(), a_suffix) != 0)
+        continue;
+      const std::string weight = ae.name.substr(0, ae.name.size() - a_suffix.size()) + "weight";
+      for (const auto& e : model.params())
+        if (e.name == weight) z.frozen_ranges.push_back({e.offset, e.offset + e.numel});
+    }
+  }
+  return z;
 }
 
 int64_t total_update_steps(int64_t n_train, const dschat_settings& s) {
@@ -108,21 +92,23 @@ int64_t total_update_steps(int64_t n_train, const dschat_settings& s) {
   return s.num_train_epochs * per_epoch;
 }
 
-double sft_step(decoder& model, adamw_optimizer& opt, const sft_batch_data& batch, const dschat_settings& s,
-                train_state& st) {
-  check_state(s, st);
-  if (model.has_value_head())
-    throw std::invalid_argument("sft_step: the model has a value head; step 1 trains the LM head");
-  if (st.micro_step % s.gradient_accumulation_steps == 0) model.zero_grad();
-  st.stepped = false;
-  const double loss = model.forward(st.acts, batch.ids, batch.targets);
-  if (!std::isfinite(loss))
-    throw std::runtime_error("sft_step: non-finite loss " + std::to_string(loss) + " at micro-step " +
-                             std::to_string(st.micro_step) + "; lower learning_rate or check the data");
-  model.backward(st.acts);
-  ++st.micro_step;
-  if (st.micro_step % s.gradient_accumulation_steps == 0) finish_update(model, opt, s, st);
-  return loss;
+batch_loss sft_loss(const std::vector<sft_batch_data>& micro) {
+  batch_loss l;
+  l.units = [&micro](int64_t k) { return micro.at(k).n_target_tokens; };
+  l.forward = [&micro](int64_t k, decoder& model, activations& a) {
+    if (model.has_value_head())
+      throw std::invalid_argument("sft_loss: the model has a value head; step 1 trains the LM head");
+    const auto& b = micro.at(k);
+    micro_loss r;
+    r.loss = model.forward(a, b.ids, b.targets);  // dout undefined: the model's cross-entropy backward
+    return r;
+  };
+  return l;
+}
+
+step_result sft_update(zero_engine& engine, const std::vector<sft_batch_data>& micro, double lr) {
+  check_global_batch(engine, micro.size(), "sft_update");
+  return engine.train_step(sft_loss(micro), lr);
 }
 
 namespace {
@@ -187,41 +173,49 @@ rlhf::pairwise_result rm_forward(decoder& value_model, activations& a, const rm_
   return res;
 }
 
-namespace {
-
-rm_step_result summarize(const rlhf::pairwise_result& res) {
-  rm_step_result r;
-  r.loss = res.loss;
-  const size_t n = res.chosen_scores.size();
-  for (size_t i = 0; i < n; ++i) {
-    r.accuracy += res.chosen_scores[i] > res.rejected_scores[i];
-    r.chosen_mean += res.chosen_scores[i];
-    r.rejected_mean += res.rejected_scores[i];
-  }
-  if (n) {
-    r.accuracy /= static_cast<double>(n);
-    r.chosen_mean /= static_cast<double>(n);
-    r.rejected_mean /= static_cast<double>(n);
-  }
-  return r;
+batch_loss rm_loss(const std::vector<rm_batch_data>& micro, std::vector<rlhf::pairwise_result>* scores) {
+  batch_loss l;
+  l.units = [&micro](int64_t k) { return micro.at(k).B; };
+  l.forward = [&micro, scores](int64_t k, decoder& model, activations& a) {
+    micro_loss r;
+    auto res = rm_forward(model, a, micro.at(k), &r.dout);
+    r.loss = res.loss;
+    if (scores) scores->push_back(std::move(res));
+    return r;
+  };
+  return l;
 }
 
-}  // namespace
-
-rm_step_result rm_step(decoder& value_model, adamw_optimizer& opt, const rm_batch_data& batch,
-                       const dschat_settings& s, train_state& st) {
-  check_state(s, st);
-  if (st.micro_step % s.gradient_accumulation_steps == 0) value_model.zero_grad();
-  st.stepped = false;
-  tensor dvalues;
-  auto res = rm_forward(value_model, st.acts, batch, &dvalues);
-  if (!std::isfinite(res.loss))
-    throw std::runtime_error("rm_step: non-finite pairwise loss " + std::to_string(res.loss) + " at micro-step " +
-                             std::to_string(st.micro_step) + "; lower learning_rate or check the data");
-  value_model.backward(st.acts, dvalues);
-  ++st.micro_step;
-  if (st.micro_step % s.gradient_accumulation_steps == 0) finish_update(value_model, opt, s, st);
-  return summarize(res);
+rm_step_result rm_update(zero_engine& engine, const std::vector<rm_batch_data>& micro, double lr) {
+  check_global_batch(engine, micro.size(), "rm_update");
+  std::vector<rlhf::pairwise_result> scores;
+  const step_result sr = engine.train_step(rm_loss(micro, &scores), lr);
+  // correct pairs, chosen and rejected score sums, pairs: this rank's, then summed over the ranks
+  double sum[4] = {0, 0, 0, 0};
+  for (const auto& res : scores)
+    for (size_t i = 0; i < res.chosen_scores.size(); ++i) {
+      sum[0] += res.chosen_scores[i] > res.rejected_scores[i];
+      sum[1] += res.chosen_scores[i];
+      sum[2] += res.rejected_scores[i];
+      sum[3] += 1;
+    }
+  if (engine.comm().world_size() > 1) {
+    auto t = tensor::empty({4});  // (the communicators reduce f32, not f64)
+    for (int i = 0; i < 4; ++i) t.data<float>()[i] = static_cast<float>(sum[i]);
+    engine.all_reduce_host(t);
+    for (int i = 0; i < 4; ++i) sum[i] = t.data<float>()[i];
+  }
+  rm_step_result r;
+  r.loss = sr.loss;
+  r.grad_norm = sr.grad_norm;
+  r.lr = sr.lr;
+  r.pairs = static_cast<int64_t>(sum[3]);
+  if (r.pairs > 0) {
+    r.accuracy = sum[0] / sum[3];
+    r.chosen_mean = sum[1] / sum[3];
+    r.rejected_mean = sum[2] / sum[3];
+  }
+  return r;
 }
 
 rm_eval_result rm_eval(decoder& value_model, const std::vector<rm_batch_data>& batches) {

@@ -1,15 +1,25 @@
 // DeepSpeed-Chat's step 1 (supervised fine-tuning) and step 2 (reward model)
-// as library functions over a decoder, an AdamW optimizer and the batches of
-// models/dschat_data.h (microsoft/DeepSpeedExamples, applications/DeepSpeed-Chat/
-// training/step1_supervised_finetuning/main.py and
+// as library functions over a decoder trained by the engine (models/zero.h) and
+// the batches of models/dschat_data.h (microsoft/DeepSpeedExamples,
+// applications/DeepSpeed-Chat/training/step1_supervised_finetuning/main.py and
 // training/step2_reward_model_finetuning/main.py). No actors here: the actor
 // nodes wrap these functions.
 //
-// One call of sft_step / rm_step is one micro-batch (DS-Chat's engine.backward +
-// engine.step): gradients accumulate over gradient_accumulation_steps
-// micro-batches, are averaged, clipped to gradient_clipping (DS-Chat's
-// ds_utils.py get_train_ds_config: 1.0), and the optimizer steps with the
-// scheduled learning rate (transformers.get_scheduler semantics).
+// One call of sft_update / rm_update is one optimizer update (DS-Chat's
+// gradient_accumulation_steps calls of engine.backward + engine.step): the
+// losses below give zero_engine::train_step their loss and its gradient; the
+// engine accumulates over the micro-batches and the ranks, clips to
+// gradient_clipping (DS-Chat's ds_utils.py get_train_ds_config: 1.0) and steps
+// AdamW with the scheduled learning rate (models/train/lr_schedule.h,
+// transformers.get_scheduler semantics).
+//
+// Normalization (zero.h): step 1's loss is the mean cross-entropy over every
+// target token of the global batch (its units are the tokens, as transformers'
+// Trainer since 4.46 normalizes accumulated micro-batches by num_items_in_batch);
+// step 2's is the mean pairwise loss over every pair of the global batch. With
+// one rank and no accumulation (every graph and test here) both are DS-Chat's
+// numbers exactly; with several, DeepSpeed averages per-micro-batch means
+// instead, which weighs the tokens of short micro-batches more.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +29,8 @@
 #include "models/decoder.h"
 #include "models/dschat_data.h"
 #include "models/rlhf_math.h"
+#include "models/train/lr_schedule.h"
+#include "models/zero.h"
 #include "runtime/kernels/ops.h"
 
 namespace flowrun::dschat {
@@ -57,6 +69,7 @@ struct dschat_settings {
   /// Steps 1-2's --gradient_checkpointing: recompute each layer's activations in backward
   /// (decoder::set_gradient_checkpointing; the node applies it to the model).
   bool gradient_checkpointing = false;
+  int zero_stage = 0;                   ///< DS-Chat's --zero_stage: the engine's ZeRO stage, 0-3
   float adam_beta1 = 0.9f, adam_beta2 = 0.95f, adam_eps = 1e-8f;  ///< step1/2 main.py betas=(0.9, 0.95)
 };
 
@@ -71,38 +84,41 @@ ops::adamw_config adamw_from(const dschat_settings& s);
 lora_config lora_from(const dschat_settings& s);
 
 /// Enable LoRA on `model` when s.lora_dim > 0 (freezing the base when only_optimize_lora).
-/// Call before building the optimizer. No-op when lora_dim == 0.
+/// Call before making the engine (engine_settings). No-op when lora_dim == 0.
 void apply_lora(decoder& model, const dschat_settings& s);
 
-/// The learning rate factor of update step k (0-based; the count of optimizer steps taken)
-/// of `total` (transformers.get_scheduler): warmup k/W for k < W, then linear
-/// (total-k)/(total-W), cosine 0.5(1 + cos(π (k-W)/(total-W))), both floored at 0, or 1
-/// (constant). "constant" ignores the warmup, as transformers does. Throws
+/// The learning-rate schedule DS-Chat's settings mean: lr_schedule::transformers(
+/// lr_scheduler_type, num_warmup_steps, total) (main.py get_scheduler). Throws
 /// std::invalid_argument naming an unknown lr_scheduler_type.
-double lr_factor(const std::string& lr_scheduler_type, int64_t k, int64_t num_warmup_steps, int64_t total);
+lr_schedule schedule_from(const dschat_settings& s, int64_t total_update_steps);
+
+/// The engine settings DS-Chat's settings mean for `model` (after apply_lora): ZeRO stage
+/// zero_stage, micro-batch per_device_train_batch_size, gradient_accumulation_steps,
+/// gradient_clipping, AdamW from adamw_from(s), fp32; and, when LoRA is on while the base
+/// trains, the adapted Linears' weights as frozen_ranges (DS-Chat's LinearLayer_LoRA sets
+/// their requires_grad = False). Throws std::invalid_argument on a zero_stage outside 0-3
+/// or gradient_accumulation_steps < 1.
+zero_settings engine_settings(const decoder& model, const dschat_settings& s);
 
 /// Optimizer steps of a run: num_train_epochs · ceil(ceil(n_train / batch) / accumulation)
 /// (main.py num_update_steps_per_epoch).
 int64_t total_update_steps(int64_t n_train, const dschat_settings& s);
 
-/// Training progress across micro-batches, and scratch activations.
-struct train_state {
-  int64_t micro_step = 0;          ///< micro-batches seen
-  int64_t update_step = 0;         ///< optimizer steps taken
-  int64_t total_update_steps = 0;  ///< for the scheduler; set before training (total_update_steps())
-  double last_grad_norm = 0;       ///< global norm before clipping, at the last optimizer step
-  float last_lr = 0;               ///< learning rate of the last optimizer step
-  bool stepped = false;            ///< whether the last micro-batch ended with an optimizer step
-  activations acts;
-};
+/// Step 1's loss on the global batch `micro` (gradient_accumulation_steps · world size
+/// micro-batches; micro-batch k = micro[k], rank r runs k = g·N + r): the next-token
+/// cross-entropy on each batch's targets (-100 on padding and, with mask_prompt, on the
+/// prompt), a mean over its target tokens (units = n_target_tokens). Right padding needs
+/// no attention mask (causal: real tokens never see later padding). The batch_loss
+/// refers to `micro`, which must outlive it. Throws (from train_step) std::invalid_argument
+/// when the model has a value head.
+batch_loss sft_loss(const std::vector<sft_batch_data>& micro);
 
-/// One step 1 micro-batch: forward with the batch's next-token targets (-100 on padding
-/// and, with mask_prompt, on the prompt), backward, and at an accumulation boundary average,
-/// clip, and step with the scheduled lr. Returns the micro-batch's mean token loss.
-/// Right padding needs no attention mask (causal: real tokens never see later padding).
-/// Throws std::runtime_error when the loss is not finite.
-double sft_step(decoder& model, adamw_optimizer& opt, const sft_batch_data& batch, const dschat_settings& s,
-                train_state& st);
+/// One step 1 update (step1 main.py) through `engine` at learning rate `lr` (the schedule's
+/// lr_at(engine.step_count(), learning_rate)): train_step(sft_loss(micro), lr). The
+/// result's loss is the mean token loss over the global batch. Throws
+/// std::invalid_argument when micro.size() != gradient_accumulation_steps · world size,
+/// std::runtime_error on a non-finite loss or gradient (nothing is updated).
+step_result sft_update(zero_engine& engine, const std::vector<sft_batch_data>& micro, double lr);
 
 /// Step 1 evaluation on the held-out batches (step1 main.py evaluation).
 struct sft_eval_result {
@@ -120,20 +136,26 @@ sft_eval_result sft_eval(decoder& model, const std::vector<sft_batch_data>& batc
 rlhf::pairwise_result rm_forward(decoder& value_model, activations& a, const rm_batch_data& batch,
                                  tensor* dvalues = nullptr);
 
-/// What one step 2 micro-batch gave.
+/// What one step 2 update gave, over every pair of the global batch (all ranks).
 struct rm_step_result {
-  double loss = 0;
+  double loss = 0;           ///< mean pairwise loss
   double accuracy = 0;       ///< share of pairs with chosen score > rejected score
   double chosen_mean = 0;    ///< mean end score of the chosen answers
   double rejected_mean = 0;  ///< mean end score of the rejected answers
+  double grad_norm = 0;      ///< before clipping
+  double lr = 0;
+  int64_t pairs = 0;
 };
 
-/// One step 2 micro-batch (step2 main.py): rm_forward, backward with dvalues, and the
-/// optimizer step at an accumulation boundary, as sft_step. The model needs a value head
-/// (decoder::add_value_head). Throws std::invalid_argument without one, std::runtime_error
-/// on a non-finite loss.
-rm_step_result rm_step(decoder& value_model, adamw_optimizer& opt, const rm_batch_data& batch,
-                       const dschat_settings& s, train_state& st);
+/// Step 2's loss on the global batch `micro` (as sft_loss): rm_forward's pairwise loss, a
+/// mean over the batch's pairs (units = B), with dvalues. `scores`, when given, collects
+/// each micro-batch this rank runs. The model needs a value head (decoder::add_value_head);
+/// rm_forward throws std::invalid_argument without one.
+batch_loss rm_loss(const std::vector<rm_batch_data>& micro, std::vector<rlhf::pairwise_result>* scores = nullptr);
+
+/// One step 2 update (step2 main.py) through `engine` at learning rate `lr`: train_step(rm_loss),
+/// then the accuracy and mean scores summed over the ranks. Throws as sft_update.
+rm_step_result rm_update(zero_engine& engine, const std::vector<rm_batch_data>& micro, double lr);
 
 /// Step 2 evaluation (step2 main.py evaluation_reward): accuracy = share of pairs whose
 /// chosen end score exceeds the rejected one, over all pairs of `batches`.

@@ -214,6 +214,10 @@ zero_engine::zero_engine(decoder& model, comm::communicator& comm, const zero_se
     throw std::invalid_argument("zero_engine: precision must be f32, bf16 or f16");
   if (s_.loss_scaler && s_.precision != dtype::f16)
     throw std::invalid_argument("zero_engine: a loss scaler is for fp16 only");
+  for (const auto& [lo, hi] : s_.frozen_ranges)
+    if (lo < 0 || hi < lo || hi > P)
+      throw std::invalid_argument("zero_engine: frozen range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                  ") is outside the " + std::to_string(P) + " base parameters");
   // The fp32 master: this rank's pieces (stages 1-3), or a full copy (stage 0 in
   // mixed precision); stage 0 in f32 steps the model's own buffer.
   const tensor& flat = model_.w().flat;
@@ -483,49 +487,85 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
                                 ", T) = train_micro_batch_size_per_gpu " + std::to_string(mbs) +
                                 " x gradient_accumulation_steps " + std::to_string(gas) + " x world size " +
                                 std::to_string(N_) + ", got ids " + ids.str() + ", targets " + targets.str());
+  const tensor host_targets = targets.to(device::cpu());
+  // the LM loss: micro-batch k is rows [k·mbs, (k+1)·mbs); its units are its valid targets,
+  // and the model's own cross-entropy backward gives the gradient (dout undefined)
+  batch_loss lm;
+  lm.units = [&](int64_t k) { return count_valid(host_targets.rows(k * mbs, k * mbs + mbs)); };
+  lm.forward = [&](int64_t k, decoder& m, activations& a) {
+    tensor mi = ids.rows(k * mbs, k * mbs + mbs).clone(), mt = targets.rows(k * mbs, k * mbs + mbs).clone();
+    micro_loss r;
+    r.loss = m.forward(a, mi, mt);
+    return r;
+  };
+  return train_step(lm, lr);
+}
+
+step_result zero_engine::train_step(const batch_loss& loss, double lr) {
+  if (released_) throw std::logic_error("zero_engine::train_step: the model was released (release_model)");
+  if (!loss.units || !loss.forward)
+    throw std::invalid_argument("zero_engine::train_step: the batch_loss needs both units and forward");
+  const int64_t gas = s_.gradient_accumulation_steps;
   const int64_t bytes0 = comm_.stats().bytes_sent;
   if (lr < 0) lr = s_.adamw.lr;
-  const tensor host_targets = targets.to(device::cpu());
   ops::matmul_precision_scope gemm(compute_precision());
-  // the denominator of the global mean: valid targets across ranks and micro-batches
-  int64_t local_valid = 0;
+  // the denominator of the global mean: the units of every micro-batch of every rank
+  std::vector<int64_t> units(static_cast<size_t>(gas));
+  int64_t local_units = 0;
   for (int64_t g = 0; g < gas; ++g) {
-    const int64_t row = (g * N_ + r_) * mbs;
-    local_valid += count_valid(host_targets.rows(row, row + mbs));
+    units[g] = loss.units(g * N_ + r_);
+    if (units[g] < 0)
+      throw std::invalid_argument("zero_engine::train_step: micro-batch " + std::to_string(g * N_ + r_) + " has " +
+                                  std::to_string(units[g]) + " units; a loss is a mean over >= 0 units");
+    local_units += units[g];
   }
   auto cnt = tensor::empty({1}, dtype::i64);
-  cnt.data<int64_t>()[0] = local_valid;
+  cnt.data<int64_t>()[0] = local_units;
   all_reduce_host(cnt);
-  const int64_t global_valid = cnt.data<int64_t>()[0];
+  const int64_t global_units = cnt.data<int64_t>()[0];
 
   model_.zero_grad();
   const double scale = s_.loss_scaler ? s_.loss_scaler->scale() : 1.0;
   double loss_sum = 0.0;
   for (int64_t g = 0; g < gas; ++g) {
     first_micro_ = g == 0;
-    const int64_t row = (g * N_ + r_) * mbs;
-    tensor mi = ids.rows(row, row + mbs).clone(), mt = targets.rows(row, row + mbs).clone();
-    double loss = model_.forward(act_, mi, mt);
-    loss_sum += loss * static_cast<double>(act_.n_valid);
-    act_.loss_norm = global_valid;  // (set after forward: it resets the activations on a new shape)
-    act_.loss_scale = static_cast<float>(scale);
-    model_.backward(act_);
+    micro_loss ml = loss.forward(g * N_ + r_, model_, act_);
+    loss_sum += ml.loss * static_cast<double>(units[g]);
+    // (set after forward: it resets the activations on a new shape)
+    tensor dout = ml.dout;
+    if (!dout.defined()) {  // the model's cross-entropy: dloss = loss_scale / loss_norm per valid target
+      if (units[g] == act_.n_valid) {
+        act_.loss_norm = global_units;
+        act_.loss_scale = static_cast<float>(scale);
+      } else {  // a token mean weighed as units[g]
+        act_.loss_norm = 0;
+        act_.loss_scale = static_cast<float>(global_units > 0 ? scale * static_cast<double>(units[g]) /
+                                                                    static_cast<double>(global_units)
+                                                              : 0.0);
+      }
+    } else {
+      if (dout.dev() != dev_) dout = dout.to(dev_);
+      const double w = global_units > 0 ? scale * static_cast<double>(units[g]) / static_cast<double>(global_units) : 0.0;
+      if (w != 1.0) ops::scale(dout, static_cast<float>(w));
+    }
+    model_.backward(act_, dout);
   }
   first_micro_ = true;
   act_peak_ = std::max(act_peak_, activation_bytes(act_));
   if (s_.stage <= 1) reduce_grads_stage01();
   if (model_.num_adapter_parameters() > 0) comm_.all_reduce(model_.grads().adapter_flat);
+  zero_frozen_grads();
 
   step_result r;
   r.loss_scale = scale;
   r.lr = lr;
-  r.tokens = global_valid;
+  r.tokens = global_units;
   if (s_.loss_scaler && grads_overflowed()) {  // fp16: skip this update, lower the scale
     s_.loss_scaler->update(true);
     auto ls = tensor::empty({1});
     ls.data<float>()[0] = static_cast<float>(loss_sum);
     all_reduce_host(ls);
-    r.loss = global_valid > 0 ? ls.data<float>()[0] / static_cast<double>(global_valid) : 0.0;
+    r.loss = global_units > 0 ? ls.data<float>()[0] / static_cast<double>(global_units) : 0.0;
     r.grad_norm = std::numeric_limits<double>::infinity();
     r.skipped = true;
     r.comm_bytes = comm_.stats().bytes_sent - bytes0;
@@ -540,16 +580,50 @@ step_result zero_engine::train_step(const tensor& ids, const tensor& targets, do
   if (s_.stage == 0) sq = sum_sq_local();  // the all-reduced full buffer: identical on every rank
   if (model_.num_adapter_parameters() > 0) sq += ops::sum_squares(model_.grads().adapter_flat);
   const double norm = std::sqrt(sq) / scale;  // of the unscaled gradients
+  r.loss = global_units > 0 ? sums.data<float>()[0] / static_cast<double>(global_units) : 0.0;
+  r.grad_norm = norm;
+  if (!s_.loss_scaler && (!std::isfinite(r.loss) || !std::isfinite(norm)))  // the same on every rank
+    throw std::runtime_error("zero_engine: non-finite " + std::string(std::isfinite(r.loss) ? "gradient norm" : "loss") +
+                             " (loss " + std::to_string(r.loss) + ", gradient norm " + std::to_string(norm) +
+                             ") at optimizer step " + std::to_string(t_ + 1) +
+                             "; nothing was updated: lower the learning rate or check the data");
   double coef = 1.0 / scale;
   if (s_.gradient_clipping > 0 && norm > s_.gradient_clipping) coef *= s_.gradient_clipping / (norm + 1e-6);
   optimizer_step(lr, coef);
   allgather_params_after_step();
   if (s_.loss_scaler) s_.loss_scaler->update(false);
-
-  r.loss = global_valid > 0 ? sums.data<float>()[0] / static_cast<double>(global_valid) : 0.0;
-  r.grad_norm = norm;
   r.comm_bytes = comm_.stats().bytes_sent - bytes0;
   return r;
+}
+
+void zero_engine::zero_frozen_grads() {
+  if (s_.frozen_ranges.empty() || !base_trains_) return;
+  for (const auto& [lo, hi] : s_.frozen_ranges) {
+    if (s_.stage == 0) {
+      model_.grads().flat.flat_view(lo, {hi - lo}).zero_();
+      continue;
+    }
+    for (size_t b = 0; b < blocks_.size(); ++b) {  // the owned part of [lo, hi) in the gradient shard
+      const auto [olo, ohi] = owned(b);
+      const int64_t a = std::max(lo, olo), e = std::min(hi, ohi);
+      if (a < e) grad_shard_.flat_view(shard_off_[b] + (a - olo), {e - a}).zero_();
+    }
+  }
+}
+
+void zero_engine::release_model() {
+  if (released_) return;
+  tensor full = gather_full_params();
+  if (s_.stage >= 2) {
+    model_.set_param_hooks(nullptr);
+    model_.set_external_grads(false);
+  }
+  if (s_.stage == 3) {
+    model_.restore_flat_params(full);
+  } else if (master_.defined()) {
+    model_.w().flat.copy_from(full);  // the fp32 master, not the rounded working copy
+  }
+  released_ = true;
 }
 
 double zero_engine::eval_loss(const tensor& ids, const tensor& targets) {

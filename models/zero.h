@@ -22,12 +22,27 @@
 //   stage 3  + parameters sharded: a block is all-gathered just before forward or
 //            backward reads it and freed right after (param_hooks).
 //
-// Gradients are the mean over every valid target of the global batch
-// (micro_batch · gradient_accumulation_steps · N rows), so the loss curve does not
-// depend on N. Shapes: ids, targets (B_global, T) i32.
+// The loss comes from the caller (train_step(batch_loss)): per micro-batch, the
+// caller runs the model's forward and gives its loss and the loss's gradient
+// (dlogits or dvalues); the engine does the rest: splitting the global batch's
+// micro-batches over the ranks, gradient accumulation, backward (with its ZeRO
+// hooks), gradient reduction, the non-finite check, clipping and the AdamW step
+// at the scheduled lr. The LM cross-entropy of pretraining is one such loss
+// (train_step(ids, targets)); DeepSpeed-Chat's SFT and pairwise RM losses are
+// others (models/dschat_steps.h).
+//
+// Normalization. Each micro-batch's loss is a mean over `units` of its own
+// (valid targets, pairs, ...; batch_loss::units says how many). The step's
+// objective is the mean over every unit of the global batch:
+//   L = Σ_k units_k · loss_k / Σ_k units_k    (k over all micro-batches of all ranks)
+// so the gradient, the loss and the update do not depend on the world size or on
+// how the global batch is cut into accumulation steps, as long as the units are
+// the same. For the LM loss the units are the valid targets (-100 ignored).
+// Shapes: ids, targets (B_global, T) i32.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +75,11 @@ struct zero_settings {
   /// false: fp32 GEMMs on the bf16-rounded weights, as on the CPU (whose GEMMs ignore
   /// the setting). No effect for f32/f16 or on the CPU.
   bool bf16_matmul = true;
+  /// Ranges [begin, end) of the flat base buffer whose gradients are zeroed after the
+  /// reduction, before the norm, the clip and the step (DeepSpeed-Chat's
+  /// LinearLayer_LoRA freezes the weight of a LoRA'd Linear while the rest trains).
+  /// AdamW's weight decay still applies to them (exactly frozen when weight_decay = 0).
+  std::vector<std::pair<int64_t, int64_t>> frozen_ranges;
 };
 
 /// Bytes one rank holds, by kind (what DeepSpeed's see_memory_usage splits).
@@ -92,10 +112,10 @@ int64_t estimate_activation_bytes(const model_config& cfg, int64_t B, int64_t T,
 
 /// What one optimizer step did (identical on every rank).
 struct step_result {
-  double loss = 0;         ///< mean cross-entropy over the global batch's valid targets
+  double loss = 0;         ///< the loss over the global batch: Σ units_k · loss_k / Σ units_k (LM: mean cross-entropy over the valid targets)
   double grad_norm = 0;    ///< global L2 norm before clipping
   double lr = 0;
-  int64_t tokens = 0;      ///< valid targets in the global batch
+  int64_t tokens = 0;      ///< units in the global batch (LM: valid targets)
   int64_t comm_bytes = 0;  ///< bytes this rank's communicator sent during the step
   bool skipped = false;    ///< fp16: the gradients overflowed; no update was made
   double loss_scale = 1;   ///< the scale this step ran with (fp16)
@@ -112,6 +132,33 @@ struct step_result {
 /// forward, and the lookup's backward needs no gather of an untied embedding.
 /// Scalars (token counts, the loss, the norm) are not included.
 int64_t zero_theoretical_bytes(const decoder& model, int world_size, int stage, int64_t gradient_accumulation_steps);
+
+/// What a caller's loss gave on one micro-batch.
+struct micro_loss {
+  /// The micro-batch's loss: a mean over its units (batch_loss::units).
+  double loss = 0;
+  /// d loss / d (the forward's output): dlogits (B, T, V) for an LM head, dvalues (B, T)
+  /// for a value head (decoder::backward's `dout`), f32, on the host or the model's
+  /// device; the engine scales it (in place) by units · loss_scale / Σ units. Undefined:
+  /// the model's own cross-entropy over the targets the forward was given (then `loss`
+  /// must be that forward's return value).
+  tensor dout;
+};
+
+/// A caller's loss over one global batch of gradient_accumulation_steps · world_size
+/// micro-batches, numbered k = 0 .. gas·N - 1; rank r runs micro-batch k = g·N + r in
+/// its accumulation step g (with rows: micro-batch k = rows [k·mb, (k+1)·mb)).
+struct batch_loss {
+  /// How many units micro-batch k's loss is a mean over (>= 0): its valid targets for a
+  /// token-mean LM loss, its pairs for the pairwise RM loss, 1 for a loss that is a
+  /// micro-batch mean and should weigh as one. Called once per micro-batch of this
+  /// rank, before any forward (the engine needs Σ units before the first backward).
+  std::function<int64_t(int64_t k)> units;
+  /// Run `model`'s forward (decoder::forward: at stage 3 it gathers each block through the
+  /// engine's hooks) on micro-batch k into `a` (the engine's activations) and return the
+  /// loss with its gradient. The engine runs backward. Throws what the caller throws.
+  std::function<micro_loss(int64_t k, decoder& model, activations& a)> forward;
+};
 
 class zero_engine : private param_hooks {
  public:
@@ -132,8 +179,18 @@ class zero_engine : private param_hooks {
   /// One optimizer step on the global batch (B_global = micro_batch ·
   /// gradient_accumulation_steps · world_size rows, T): rank r's micro-batch g is
   /// rows [(g·N + r)·micro_batch, +micro_batch). `lr` < 0 uses settings.adamw.lr.
+  /// This is the LM loss (mean cross-entropy over the valid targets, units = valid
+  /// targets, the model's own cross-entropy backward) given to train_step(batch_loss).
   /// Throws std::invalid_argument on a wrong batch shape.
   step_result train_step(const tensor& ids, const tensor& targets, double lr = -1.0);
+  /// One optimizer step on the caller's loss (see batch_loss and the normalization
+  /// above): zero the gradients; for each of this rank's micro-batches the caller's
+  /// forward, then backward of its dout scaled by units · loss_scale / Σ units; reduce;
+  /// zero the frozen ranges; the non-finite check; clip to gradient_clipping; AdamW with
+  /// `lr` (< 0: settings.adamw.lr). fp16 with a loss scaler: an overflow skips the update.
+  /// Throws std::runtime_error when the loss or the gradient norm is not finite (without
+  /// a loss scaler; nothing is updated), std::logic_error after release_model().
+  step_result train_step(const batch_loss& loss, double lr = -1.0);
   /// Mean loss of `ids`/`targets` (B_global, T) split over the ranks, forward only.
   double eval_loss(const tensor& ids, const tensor& targets);
 
@@ -163,6 +220,13 @@ class zero_engine : private param_hooks {
                const tensor& adapter_m, const tensor& adapter_v, int64_t step);
   /// All parameters, gathered (every rank calls; every rank gets the full (n_params,) f32 buffer).
   tensor gather_full_params();
+  /// Hand the model back whole: every rank calls; the model gets the full fp32 parameters
+  /// (gathered at stage 3, the master in mixed precision) and loses the engine's hooks, so
+  /// it can be saved or used alone. The engine trains no more (train_step throws).
+  void release_model();
+  /// Sum (or max) a host tensor across the ranks (through the communicator's device when
+  /// it takes no host tensors): for a caller's statistics, e.g. accuracies.
+  void all_reduce_host(tensor& x, comm::reduce_op op = comm::reduce_op::sum);
 
  private:
   struct block_state;
@@ -175,8 +239,7 @@ class zero_engine : private param_hooks {
   // Reduce-scatter a padded f32 block buffer into `dst` (p_b,) f32 in the working precision.
   void reduce_scatter_block(const tensor& send, tensor& dst);
   bool grads_overflowed();
-  // all_reduce of a host scalar tensor (through the communicator's device when it takes no host tensors).
-  void all_reduce_host(tensor& x, comm::reduce_op op = comm::reduce_op::sum);
+  void zero_frozen_grads();
   ops::matmul_precision compute_precision() const;
   void round_working_params();
   void reduce_grads_stage01();
@@ -204,6 +267,7 @@ class zero_engine : private param_hooks {
   std::vector<block_state> st_;
   int64_t t_ = 0;
   bool first_micro_ = true;
+  bool released_ = false;
   int64_t gathered_now_ = 0, gathered_peak_ = 0, gradbuf_now_ = 0, gradbuf_peak_ = 0;
   activations act_;
   int64_t act_peak_ = 0;

@@ -12,11 +12,17 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <thread>
+#include <type_traits>
 
 #include "models/decoder.h"
 #include "models/dschat_data.h"
 #include "models/dschat_steps.h"
+#include "models/ds_config.h"
+#include "models/hf.h"
 #include "models/llama2c.h"
+#include "models/train/lr_schedule.h"
+#include "models/zero.h"
 #include "models/tokenizer.h"
 #include "test_util.h"
 
@@ -421,16 +427,7 @@ TEST_CASE("tokenization: EOS kept when cut, prompt masking, RM pairs, left-padde
   CHECK(prompt_batch(pe, {0}, 8).P == 8);
 }
 
-TEST_CASE("settings: lr schedules as transformers.get_scheduler, LoRA mapping, accumulation") {
-  CHECK(lr_factor("cosine", 0, 0, 10) == doctest::Approx(1.0));
-  CHECK(lr_factor("cosine", 5, 0, 10) == doctest::Approx(0.5));
-  CHECK(lr_factor("cosine", 10, 0, 10) == doctest::Approx(0.0));
-  CHECK(lr_factor("linear", 0, 2, 10) == doctest::Approx(0.0));  // warmup starts at 0
-  CHECK(lr_factor("linear", 1, 2, 10) == doctest::Approx(0.5));
-  CHECK(lr_factor("linear", 6, 2, 10) == doctest::Approx(0.5));
-  CHECK(lr_factor("constant", 0, 5, 10) == 1.0);
-  CHECK(lr_factor("constant_with_warmup", 1, 4, 10) == doctest::Approx(0.25));
-  CHECK_THROWS_AS(lr_factor("polynomial", 0, 0, 10), std::invalid_argument);
+TEST_CASE("settings: update counts, LoRA mapping, the engine's settings") {
   dschat_settings s;
   s.per_device_train_batch_size = 8;
   s.gradient_accumulation_steps = 2;
@@ -445,29 +442,312 @@ TEST_CASE("settings: lr schedules as transformers.get_scheduler, LoRA mapping, a
   CHECK(lora_from(s).target_modules == std::vector<std::string>{"q_proj", "v_proj"});
   CHECK(rm_defaults().learning_rate == doctest::Approx(5e-5f));
 
-  // accumulation: the optimizer steps every gradient_accumulation_steps micro-batches
+  // the engine: DS-Chat's names mapped, and LinearLayer_LoRA's frozen weights as ranges
+  decoder m = clone_decoder(test::stories260k());
+  dschat_settings e;
+  e.zero_stage = 2;
+  e.per_device_train_batch_size = 4;
+  e.gradient_accumulation_steps = 3;
+  e.lora_dim = 2;
+  e.lora_module_name = "q_proj,v_proj";
+  apply_lora(m, e);  // only_optimize_lora false: the base trains, the adapted weights do not
+  auto z = engine_settings(m, e);
+  CHECK(z.stage == 2);
+  CHECK(z.micro_batch == 4);
+  CHECK(z.gradient_accumulation_steps == 3);
+  CHECK(z.gradient_clipping == doctest::Approx(1.0));
+  CHECK(z.adamw.beta2 == doctest::Approx(0.95f));
+  const int64_t L = m.config().n_layers;
+  REQUIRE(z.frozen_ranges.size() == static_cast<size_t>(2 * L));
+  for (int64_t l = 0; l < L; ++l)
+    for (const char* w : {"q_proj", "v_proj"}) {
+      const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + w + ".weight";
+      const auto it = std::find_if(m.params().begin(), m.params().end(), [&](const param_entry& p) { return p.name == name; });
+      REQUIRE(it != m.params().end());
+      CHECK(std::find(z.frozen_ranges.begin(), z.frozen_ranges.end(),
+                      std::pair<int64_t, int64_t>{it->offset, it->offset + it->numel}) != z.frozen_ranges.end());
+    }
+  e.zero_stage = 4;
+  CHECK_THROWS_AS(engine_settings(m, e), std::invalid_argument);
+  e.zero_stage = 0;
+  e.only_optimize_lora = true;  // a frozen base needs no ranges
+  decoder m2 = clone_decoder(test::stories260k());
+  apply_lora(m2, e);
+  CHECK(engine_settings(m2, e).frozen_ranges.empty());
+
+  // a global batch of the wrong size is refused, naming the setting
   auto tok = load_tokenizer(test::tokenizer_path());
   auto src = load_source(dschat_path());
   tokenize_settings ts;
   ts.max_seq_len = 48;
   auto ex = make_sft_examples(std::vector<sample>(src.rows.begin(), src.rows.begin() + 4), *tok, ts);
-  auto m = load_llama2c(test::model_path());
+  decoder m3 = clone_decoder(test::stories260k());
   dschat_settings st_s;
   st_s.gradient_accumulation_steps = 2;
-  st_s.lr_scheduler_type = "constant";
-  adamw_optimizer opt(m, adamw_from(st_s));
-  train_state st;
-  CHECK_THROWS_AS(sft_step(m, opt, sft_batch(ex, {0, 1}), st_s, st), std::invalid_argument);  // no total set
-  st = train_state{};
-  st.total_update_steps = 2;
-  sft_step(m, opt, sft_batch(ex, {0, 1}), st_s, st);
-  CHECK(st.update_step == 0);
-  CHECK_FALSE(st.stepped);
-  sft_step(m, opt, sft_batch(ex, {2, 3}), st_s, st);
-  CHECK(st.update_step == 1);
-  CHECK(st.stepped);
-  CHECK(opt.step_count() == 1);
-  CHECK(st.last_grad_norm > 0);
+  auto group = comm::make_inproc_group(1);
+  auto c = comm::inproc_communicator(group, 0);
+  zero_engine eng(m3, *c, engine_settings(m3, st_s));
+  const std::vector<sft_batch_data> one = {sft_batch(ex, {0, 1})};
+  CHECK(error_of([&] { sft_update(eng, one, 1e-3); }).find("gradient_accumulation_steps 2") != std::string::npos);
+  const std::vector<sft_batch_data> two = {sft_batch(ex, {0, 1}), sft_batch(ex, {2, 3})};
+  auto r = sft_update(eng, two, 1e-3);
+  CHECK(eng.step_count() == 1);
+  CHECK(r.grad_norm > 0);
+  CHECK(r.tokens == two[0].n_target_tokens + two[1].n_target_tokens);
+}
+
+TEST_CASE("lr_schedule: transformers.get_scheduler and DeepSpeed's schedules, hand-worked") {
+  // one scheduler: DeepSpeed's JSON fills the same type
+  static_assert(std::is_same_v<decltype(ds_config::scheduler), lr_schedule>);
+  // transformers/optimization.py (v4.46): update k runs at base_lr · lr_lambda(k), with
+  //   warmup (every type but constant): k / max(1, W) for k < W;
+  //   linear: max(0, (total - k) / max(1, total - W));
+  //   cosine: progress = (k - W) / max(1, total - W), max(0, 0.5 (1 + cos(π · 2 · 0.5 · progress)));
+  //   constant_with_warmup: 1 after the warmup; constant: 1 always (get_constant_schedule has no warmup).
+  auto hf = [](const char* type, int64_t W, int64_t total, int64_t k) {
+    return lr_schedule::transformers(type, W, total).lr_at(k, 1.0);
+  };
+  CHECK(hf("linear", 2, 10, 0) == 0.0);                        // 0 / 2
+  CHECK(hf("linear", 2, 10, 1) == doctest::Approx(0.5));       // 1 / 2
+  CHECK(hf("linear", 2, 10, 2) == doctest::Approx(1.0));       // (10 - 2) / 8
+  CHECK(hf("linear", 2, 10, 6) == doctest::Approx(0.5));       // (10 - 6) / 8
+  CHECK(hf("linear", 2, 10, 10) == doctest::Approx(0.0));
+  CHECK(hf("linear", 2, 10, 12) == 0.0);                       // max(0, -2 / 8)
+  CHECK(hf("cosine", 0, 10, 0) == doctest::Approx(1.0));
+  CHECK(hf("cosine", 0, 10, 2) == doctest::Approx(0.9045084972));  // 0.5 (1 + cos(0.2π)) = 0.5 (1 + 0.8090169944)
+  CHECK(hf("cosine", 0, 10, 5) == doctest::Approx(0.5));
+  CHECK(hf("cosine", 0, 10, 10) == doctest::Approx(0.0));
+  CHECK(hf("cosine", 4, 12, 2) == doctest::Approx(0.5));           // warmup 2 / 4
+  CHECK(hf("cosine", 4, 12, 6) == doctest::Approx(0.8535533906));  // progress 2/8: 0.5 (1 + cos(π/4))
+  CHECK(hf("constant", 5, 10, 0) == 1.0);
+  CHECK(hf("constant_with_warmup", 4, 10, 1) == doctest::Approx(0.25));
+  CHECK(hf("constant_with_warmup", 4, 10, 4) == 1.0);
+  CHECK(lr_schedule::transformers("linear", 2, 10).lr_at(6, 2e-3) == doctest::Approx(1e-3));
+  CHECK(error_of([] { lr_schedule::transformers("polynomial", 0, 10); }).find("cosine, linear") != std::string::npos);
+  // DS-Chat's settings reach it
+  dschat_settings s;
+  s.lr_scheduler_type = "linear";
+  s.num_warmup_steps = 2;
+  CHECK(schedule_from(s, 10).lr_at(6, 1.0) == doctest::Approx(0.5));
+
+  // DeepSpeed (deepspeed/runtime/lr_schedules.py WarmupDecayLR, warmup_type linear): the update after
+  // `step` applied updates runs at get_lr() with last_batch_iteration it = step - 1; gamma = it / W for
+  // it < W, then max(0, (total - it) / max(1, total - W)); lr = min_lr + (max_lr - min_lr) · gamma;
+  // before the first step (it = -1) the lr is warmup_min_lr.
+  lr_schedule d;
+  d.type = "WarmupDecayLR";
+  d.warmup_min_lr = 0;
+  d.warmup_max_lr = 1e-3;
+  d.warmup_num_steps = 4;
+  d.warmup_type = "linear";
+  d.total_num_steps = 12;
+  CHECK(d.lr_at(0, 5.0) == 0.0);                           // it = -1
+  CHECK(d.lr_at(1, 5.0) == 0.0);                           // it = 0: 0 / 4
+  CHECK(d.lr_at(3, 5.0) == doctest::Approx(5e-4));         // it = 2: 2 / 4
+  CHECK(d.lr_at(5, 5.0) == doctest::Approx(1e-3));         // it = 4: (12 - 4) / 8
+  CHECK(d.lr_at(9, 5.0) == doctest::Approx(5e-4));         // it = 8: (12 - 8) / 8
+  CHECK(d.lr_at(13, 5.0) == 0.0);                          // it = 12
+  lr_schedule none;
+  none.type = "";
+  CHECK(none.lr_at(7, 3e-4) == 3e-4);
+  CHECK_THROWS_AS(d.lr_at(-1, 1.0), std::invalid_argument);
+}
+
+namespace {
+
+// Runs `world` ranks (threads) of a zero_engine over `step(rank engine)`: each rank a copy of
+// `make_model()`; returns rank 0's per-update results and its final params + adapter.
+struct engine_run {
+  std::vector<step_result> steps;
+  tensor params, adapter;
+};
+
+engine_run run_engine(int world, const dschat_settings& s, const std::function<decoder()>& make_model,
+                      const std::function<step_result(zero_engine&, int64_t update)>& update, int64_t updates) {
+  auto group = comm::make_inproc_group(world);
+  std::vector<engine_run> per(world);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ops::set_thread_budget(std::max(1, ops::hardware_threads() / world));
+        auto c = comm::inproc_communicator(group, r, std::chrono::seconds(60));
+        decoder m = make_model();
+        zero_engine eng(m, *c, engine_settings(m, s));
+        for (int64_t u = 0; u < updates; ++u) per[r].steps.push_back(update(eng, u));
+        per[r].params = eng.gather_full_params();
+        per[r].adapter = eng.adapter_params();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) REQUIRE_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+  for (int r = 1; r < world; ++r)
+    for (size_t i = 0; i < per[0].steps.size(); ++i) CHECK(per[r].steps[i].loss == per[0].steps[i].loss);
+  return per[0];
+}
+
+double max_abs_diff(const tensor& a, const tensor& b) {
+  REQUIRE(a.numel() == b.numel());
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    m = std::max(m, static_cast<double>(std::fabs(a.data<float>()[i] - b.data<float>()[i])));
+  return m;
+}
+
+// The equivalence tests step AdamW with eps 1 (and a larger lr): with DS-Chat's eps 1e-8 the first
+// update of an element is lr·g/(|g| + 1e-8), i.e. ±lr even where g is rounding noise (|g| ~ 1e-9),
+// so a different summation order moves 2 of stories260K's 260K parameters by 7e-5 at lr 2e-3. With
+// eps 1 the update is about lr·g: the parameters then compare the gradients themselves (a wrong
+// normalization, e.g. a sum over ranks instead of the mean, moves them by ~lr·g).
+constexpr float kEquivLr = 0.05f, kEquivEps = 1.0f;
+
+void check_same_updates(const engine_run& got, const engine_run& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.steps.size() == want.steps.size());
+  for (size_t i = 0; i < want.steps.size(); ++i) {
+    CHECK(got.steps[i].tokens == want.steps[i].tokens);
+    CHECK(std::fabs(got.steps[i].loss - want.steps[i].loss) < 1e-5);
+    CHECK(std::fabs(got.steps[i].grad_norm - want.steps[i].grad_norm) < 1e-5 * std::max(1.0, want.steps[i].grad_norm));
+  }
+  CHECK(max_abs_diff(got.params, want.params) < 1e-5);
+  if (want.adapter.numel() > 0) CHECK(max_abs_diff(got.adapter, want.adapter) < 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("engine: a non-finite gradient stops the step before anything is updated") {
+  decoder m = clone_decoder(test::stories260k());
+  auto group = comm::make_inproc_group(1);
+  auto c = comm::inproc_communicator(group, 0);
+  zero_settings z;
+  zero_engine eng(m, *c, z);
+  const tensor before = eng.gather_full_params();
+  batch_loss l;
+  l.units = [](int64_t) { return int64_t{1}; };
+  l.forward = [](int64_t, decoder& model, activations& a) {
+    model.forward(a, tensor::zeros({1, 4}, dtype::i32), tensor{});
+    micro_loss r;
+    r.loss = 1.0;
+    r.dout = tensor::zeros(a.logits.shape());  // dlogits (1, 4, V) with one NaN
+    r.dout.data<float>()[3] = std::nanf("");
+    return r;
+  };
+  const std::string e = error_of([&] { eng.train_step(l, 1e-3); });
+  CHECK(e.find("non-finite gradient norm") != std::string::npos);
+  CHECK(e.find("nothing was updated") != std::string::npos);
+  CHECK(eng.step_count() == 0);
+  CHECK(max_abs_diff(eng.gather_full_params(), before) == 0.0);
+}
+
+TEST_CASE("engine: the pairwise RM loss at 2 ranks, stages 0-3, updates as 1 rank on the same global batch") {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto sources = load_sources({dschat_path()});
+  dschat_settings s = rm_defaults();
+  s.adam_eps = kEquivEps;
+  split_settings sp{s.data_split, s.seed, s.eval_fraction};
+  auto rows = rows_for_step(sources, 1, sp);
+  tokenize_settings ts;
+  ts.max_seq_len = 48;
+  ts.truncation = truncation_mode::prompt_start;
+  auto train = make_rm_examples(rows.train, *tok, ts);
+  REQUIRE(train.size() >= 24);
+  auto make_model = [&] {
+    decoder m = clone_decoder(test::stories260k());
+    m.add_value_head(s.seed);
+    return m;
+  };
+  // global batches of 8 pairs: update u uses pairs [8u, 8u + 8)
+  auto batch = [&](int64_t u, int64_t lo, int64_t hi) { return rm_batch(train, iota(8 * u + lo, 8 * u + hi), 48); };
+  const int64_t updates = 3;
+  s.per_device_train_batch_size = 8;
+  auto one = run_engine(1, s, make_model, [&](zero_engine& e, int64_t u) {
+    return e.train_step(rm_loss({batch(u, 0, 8)}), kEquivLr);
+  }, updates);
+
+  // the 1-rank engine's first loss and gradient norm, from the decoder alone: rm_forward's dvalues, backward, global norm
+  {
+    decoder m = make_model();
+    activations a;
+    tensor dv;
+    auto res = rm_forward(m, a, batch(0, 0, 8), &dv);
+    m.zero_grad();
+    m.backward(a, dv);
+    CHECK(std::fabs(res.loss - one.steps[0].loss) < 1e-6);
+    const double norm = ops::global_norm({m.grads().flat, m.grads().adapter_flat});
+    CHECK(std::fabs(norm - one.steps[0].grad_norm) < 1e-6 * std::max(1.0, norm));
+    MESSAGE("RM update 1: loss " << res.loss << ", gradient norm " << norm);
+  }
+  s.per_device_train_batch_size = 4;
+  for (int stage = 0; stage <= 3; ++stage) {
+    s.zero_stage = stage;
+    auto two = run_engine(2, s, make_model, [&](zero_engine& e, int64_t u) {
+      const std::vector<rm_batch_data> micro = {batch(u, 0, 4), batch(u, 4, 8)};  // rank r runs micro[r]
+      return e.train_step(rm_loss(micro), kEquivLr);
+    }, updates);
+    check_same_updates(two, one, "2 ranks, stage " + std::to_string(stage));
+  }
+}
+
+TEST_CASE("engine: the SFT loss with gradient_accumulation_steps 2 updates as 1 with a doubled micro-batch") {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto sources = load_sources({dschat_path()});
+  dschat_settings s;
+  s.adam_eps = kEquivEps;
+  split_settings sp{s.data_split, s.seed, s.eval_fraction};
+  auto rows = rows_for_step(sources, 0, sp);
+  tokenize_settings ts;
+  ts.max_seq_len = 96;
+  auto train = make_sft_examples(rows.train, *tok, ts);
+  REQUIRE(train.size() >= 24);
+  auto make_model = [] { return clone_decoder(test::stories260k()); };
+  auto batch = [&](int64_t u, int64_t lo, int64_t hi) { return sft_batch(train, iota(8 * u + lo, 8 * u + hi)); };
+  const int64_t updates = 3;
+  s.per_device_train_batch_size = 8;
+  auto one = run_engine(1, s, make_model, [&](zero_engine& e, int64_t u) {
+    return sft_update(e, {batch(u, 0, 8)}, kEquivLr);
+  }, updates);
+
+  // the same 3 updates without the engine: forward, backward, clip_grad_norm, AdamW (the path it replaced)
+  {
+    decoder m = make_model();
+    adamw_optimizer opt(m, adamw_from(s));
+    activations a;
+    for (int64_t u = 0; u < updates; ++u) {
+      auto b = batch(u, 0, 8);
+      m.zero_grad();
+      const double loss = m.forward(a, b.ids, b.targets);
+      m.backward(a);
+      std::vector<tensor> g = {m.grads().flat};
+      const double norm = ops::clip_grad_norm(g, s.gradient_clipping);
+      opt.step(kEquivLr);
+      CHECK(std::fabs(loss - one.steps[u].loss) < 1e-5);
+      CHECK(std::fabs(norm - one.steps[u].grad_norm) < 1e-6 * std::max(1.0, norm));
+    }
+    CHECK(max_abs_diff(m.w().flat, one.params) < 1e-6);
+  }
+  // the halves hold different token counts: the loss is the mean over all target tokens
+  int64_t unequal = 0;
+  for (int64_t u = 0; u < updates; ++u) unequal += batch(u, 0, 4).n_target_tokens != batch(u, 4, 8).n_target_tokens;
+  REQUIRE(unequal > 0);
+  s.per_device_train_batch_size = 4;
+  s.gradient_accumulation_steps = 2;
+  for (int stage : {0, 2}) {
+    s.zero_stage = stage;
+    auto acc = run_engine(1, s, make_model, [&](zero_engine& e, int64_t u) {
+      return sft_update(e, {batch(u, 0, 4), batch(u, 4, 8)}, kEquivLr);
+    }, updates);
+    check_same_updates(acc, one, "1 rank, gradient_accumulation_steps 2, stage " + std::to_string(stage));
+  }
+  // and 2 ranks x 2 accumulation steps of 2 rows at stage 3
+  s.per_device_train_batch_size = 2;
+  s.zero_stage = 3;
+  auto both = run_engine(2, s, make_model, [&](zero_engine& e, int64_t u) {
+    return sft_update(e, {batch(u, 0, 2), batch(u, 2, 4), batch(u, 4, 6), batch(u, 6, 8)}, kEquivLr);
+  }, updates);
+  check_same_updates(both, one, "2 ranks x gradient_accumulation_steps 2, stage 3");
 }
 
 TEST_CASE("step 1: SFT of stories260K on HH-RLHF (prompt + chosen) lowers the held-out loss") {
@@ -493,14 +773,16 @@ TEST_CASE("step 1: SFT of stories260K on HH-RLHF (prompt + chosen) lowers the he
 
   auto m = load_llama2c(test::model_path());
   auto before = sft_eval(m, eval_batches);
-  adamw_optimizer opt(m, adamw_from(s));
-  train_state st;
+  auto group = comm::make_inproc_group(1);
+  auto c = comm::inproc_communicator(group, 0);
+  zero_engine eng(m, *c, engine_settings(m, s));
   const int64_t steps = 30;
-  st.total_update_steps = steps;
+  const lr_schedule sched = schedule_from(s, steps);
   auto batches = epoch_batches(static_cast<int64_t>(train.size()), s.per_device_train_batch_size, s.seed, 0);
   double first = 0, last = 0;
   for (int64_t i = 0; i < steps; ++i) {
-    double loss = sft_step(m, opt, sft_batch(train, batches[i % batches.size()]), s, st);
+    double loss = sft_update(eng, {sft_batch(train, batches[i % batches.size()])},
+                             sched.lr_at(eng.step_count(), s.learning_rate)).loss;
     if (i < 5) first += loss / 5;
     if (i >= steps - 5) last += loss / 5;
   }
@@ -509,7 +791,7 @@ TEST_CASE("step 1: SFT of stories260K on HH-RLHF (prompt + chosen) lowers the he
                  << "; held-out (" << after.rows << " rows, " << after.tokens << " tokens) loss " << before.loss
                  << " -> " << after.loss << ", perplexity " << before.perplexity << " -> " << after.perplexity
                  << " [" << seconds_since(t0) << " s]");
-  CHECK(st.update_step == steps);
+  CHECK(eng.step_count() == steps);
   CHECK(after.perplexity == doctest::Approx(std::exp(after.loss)));
   CHECK(after.loss < before.loss - 0.3);
 }
@@ -558,13 +840,15 @@ TEST_CASE("step 2: a reward model from stories260K + value head trains, and its 
   for (int64_t i = 0; i < 4; ++i) probe.push_back(rm_batch(train, iota(i * 16, i * 16 + 16)));
   auto probe_before = rm_eval(m, probe);
   auto before = rm_eval(m, eval_batches);
-  adamw_optimizer opt(m, adamw_from(s));
-  train_state st;
+  auto group = comm::make_inproc_group(1);
+  auto c = comm::inproc_communicator(group, 0);
+  zero_engine eng(m, *c, engine_settings(m, s));
   const int64_t steps = 40;
-  st.total_update_steps = steps;
+  const lr_schedule sched = schedule_from(s, steps);
   double first = 0, last = 0;
   for (int64_t i = 0; i < steps; ++i) {
-    auto r = rm_step(m, opt, rm_batch(train, iota((i % 8) * 8, (i % 8) * 8 + 8)), s, st);
+    auto r = rm_update(eng, {rm_batch(train, iota((i % 8) * 8, (i % 8) * 8 + 8))},
+                       sched.lr_at(eng.step_count(), s.learning_rate));
     REQUIRE(std::isfinite(r.loss));
     if (i < 8) first += r.loss / 8;
     if (i >= steps - 8) last += r.loss / 8;

@@ -1,12 +1,14 @@
 // The flowrun program as a user runs it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -231,4 +233,34 @@ TEST_CASE("flowrun explain prints each setting's range") {
   CHECK(has(out, "AdamW peak learning rate  [finite, >= 0]"));
   out = run(std::string(FLOWRUN_BIN) + " explain rollout_generator", &rc);
   CHECK(has(out, "nucleus threshold (1: off)  [finite, in (0, 1]]"));
+}
+
+TEST_CASE("text_source reads a file larger than its 64 KiB blocks: every non-blank line once, ends stripped") {
+  // text_source reads in pread blocks (no stream held open, issue 17); lines cross block boundaries.
+  const auto dir = temp_folder();
+  std::vector<std::string> want;
+  {
+    std::ofstream f(dir / "lines.txt", std::ios::binary);
+    for (int i = 0; i < 20000; ++i) {
+      std::string line = "line " + std::to_string(i) + " " + std::string(static_cast<std::size_t>(i % 37), 'x');
+      want.push_back(line);
+      f << line << (i % 5 == 0 ? "\r\n" : "\n");
+      if (i % 7 == 0) f << "  \n";  // blank lines are skipped
+    }
+    f << "last line without an end";
+    want.push_back("last line without an end");
+  }
+  std::ofstream(dir / "ts.graph") << "edges = [\"src.lines -> out.items\"]\n[node.src]\nkind = \"text_source\"\n"
+                                     "path = \"lines.txt\"\nreplicas = 3\n[node.out]\nkind = \"sink\"\npath = \"out.txt\"\n";
+  int rc = -1;
+  run("cd " + dir.string() + " && " + FLOWRUN_BIN + " run ts.graph --no-progress -q 2>&1", &rc);
+  CHECK(rc == 0);
+  std::ifstream in(dir / "out.txt");
+  std::vector<std::string> got;
+  for (std::string line; std::getline(in, line);) got.push_back(line);
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  CHECK(got.size() == want.size());
+  CHECK(got == want);
+  std::filesystem::remove_all(dir);
 }

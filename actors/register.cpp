@@ -29,7 +29,8 @@ void register_example_nodes(graph::node_kind_registry& kinds, actor::node_factor
     if (kind.name == "generator") {
       if (!kind.find_setting("batch_size"))
         kind.option("batch_size", T::int_, std::int64_t{4},
-                    "prompts generated together; a partial batch is generated when the input ends");
+                    "prompts generated together; a partial batch is generated when the input ends")
+            .at_least(1);
       if (!kind.find_setting("include_prompt"))
         kind.option("include_prompt", T::bool_, true, "emit the prompt followed by its completion (false: the completion only)");
     }

@@ -996,23 +996,23 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
         .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
         .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
-        .option("eval_fraction", T::float_, 0.1, "held-out share of this step's rows")
-        .option("per_device_train_batch_size", T::int_, std::int64_t{8}, "rows per micro-batch")
-        .option("gradient_accumulation_steps", T::int_, std::int64_t{1}, "micro-batches per optimizer step")
-        .option("learning_rate", T::float_, lr, "AdamW peak learning rate")
-        .option("weight_decay", T::float_, 0.0, "AdamW decoupled weight decay")
+        .option("eval_fraction", T::float_, 0.1, "held-out share of this step's rows").in_range(0, 1, false, /*high_open=*/true)
+        .option("per_device_train_batch_size", T::int_, std::int64_t{8}, "rows per micro-batch").at_least(1)
+        .option("gradient_accumulation_steps", T::int_, std::int64_t{1}, "micro-batches per optimizer step").at_least(1)
+        .option("learning_rate", T::float_, lr, "AdamW peak learning rate").at_least(0)
+        .option("weight_decay", T::float_, 0.0, "AdamW decoupled weight decay").at_least(0)
         .option("lr_scheduler_type", T::string, std::string("cosine"), "cosine, linear or constant")
-        .option("num_warmup_steps", T::int_, std::int64_t{0}, "linear warmup steps")
-        .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut")
+        .option("num_warmup_steps", T::int_, std::int64_t{0}, "linear warmup steps").at_least(0)
+        .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut").at_least(2)
         .option("truncation", T::string, std::string("prompt_start"),
                 "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
-        .option("steps", T::int_, steps, "optimizer updates, each of gradient_accumulation_steps micro-batches")
-        .option("zero_stage", T::int_, std::int64_t{0}, "ZeRO stage 0-3 of the trainer's engine (DS-Chat's --zero_stage)")
-        .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)")
+        .option("steps", T::int_, steps, "optimizer updates, each of gradient_accumulation_steps micro-batches").at_least(1)
+        .option("zero_stage", T::int_, std::int64_t{0}, "ZeRO stage 0-3 of the trainer's engine (DS-Chat's --zero_stage)").in_range(0, 3)
+        .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
         .option("gradient_checkpointing", T::bool_, false,
                 "recompute each layer's activations in backward (less memory, one more forward per layer)")
         .option("seed", T::int_, std::int64_t{1234}, "data split and order")
-        .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps")
+        .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps").at_least(1)
         .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
     k.check = check_trainer_output;
   };
@@ -1050,11 +1050,11 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .require("data", T::path, "DS-Chat JSONL with prompts")
         .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data")
         .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split")
-        .option("eval_fraction", T::float_, 0.1, "held-out share")
-        .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)")
-        .option("per_device_generation_batch_size", T::int_, std::int64_t{8}, "prompts per PPO iteration")
-        .option("iterations", T::int_, std::int64_t{20}, "PPO iterations")
-        .option("eval_prompts", T::int_, std::int64_t{32}, "held-out prompts scored before and after")
+        .option("eval_fraction", T::float_, 0.1, "held-out share").in_range(0, 1, false, /*high_open=*/true)
+        .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)").at_least(1)
+        .option("per_device_generation_batch_size", T::int_, std::int64_t{8}, "prompts per PPO iteration").at_least(1)
+        .option("iterations", T::int_, std::int64_t{20}, "PPO iterations").at_least(0)
+        .option("eval_prompts", T::int_, std::int64_t{32}, "held-out prompts scored before and after").at_least(0)
         .option("seed", T::int_, std::int64_t{1234}, "data split and order");
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
   }
@@ -1074,10 +1074,10 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .input("weights", "model", "the policy's model handle, after each update", true, true)
         .output("rollouts", "rollouts", "prompt + answer sequences", true)
         .require("tokenizer", T::path, "SentencePiece .model (EOS id)")
-        .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most")
-        .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy)")
-        .option("top_k", T::int_, std::int64_t{0}, "top-k filter (0: off)")
-        .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)");
+        .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most").at_least(1)
+        .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy)").at_least(0)
+        .option("top_k", T::int_, std::int64_t{0}, "top-k filter (0: off)").at_least(0)
+        .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)").in_range(0, 1, /*low_open=*/true);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
   }
   auto scorer_kind = [&](const char* name, const char* doc, scorer_role role, bool trains) {
@@ -1089,14 +1089,14 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
       const std::string who = role == scorer_role::policy ? "actor" : "critic";
       k.input("train", "experience", "experience to train on", true, true)
           .output("stats", "stats", "the update's loss and gradient norm", true)
-          .option(who + "_learning_rate", T::float_, 1e-4, "AdamW learning rate")
+          .option(who + "_learning_rate", T::float_, 1e-4, "AdamW learning rate").at_least(0)
           .option("per_device_training_batch_size", T::int_, std::int64_t{8},
-                  "rollouts per PPO update (the experience is cut into mini-batches of this size)")
-          .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch")
-          .option("cliprange", T::float_, 0.2, "policy ratio clip")
-          .option("cliprange_value", T::float_, 0.2, "value clip")
-          .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip")
-          .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)")
+                  "rollouts per PPO update (the experience is cut into mini-batches of this size)").at_least(1)
+          .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch").at_least(1)
+          .option("cliprange", T::float_, 0.2, "policy ratio clip").above(0)
+          .option("cliprange_value", T::float_, 0.2, "value clip").above(0)
+          .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip").at_least(0)
+          .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
           .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
                   "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
                   "else PEFT target_modules such as q_proj,v_proj")
@@ -1106,9 +1106,9 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     if (role == scorer_role::policy)
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
           .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
-          .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss")
+          .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss").at_least(0)
           .option("unsup_data", T::string, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
-          .option("unsup_seq_len", T::int_, std::int64_t{64}, "ptx instance length")
+          .option("unsup_seq_len", T::int_, std::int64_t{64}, "ptx instance length").at_least(2)
           .option("tokenizer", T::string, std::string(""),
                   "tokenizer for unsup_data; also copied beside a HF output (default: the model's own)")
           .option("output", T::string, std::string(""),
@@ -1133,12 +1133,12 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .input("reward", "scores", "the reward model's scores")
         .output("experience", "experience", "to the policy and the critic", true)
         .output("summary", "summary", "rewards and KL for the controller", true)
-        .option("kl_ctl", T::float_, 0.1, "KL penalty coefficient")
-        .option("clip_reward_value", T::float_, 5.0, "reward score clip")
-        .option("gamma", T::float_, 1.0, "discount")
-        .option("lam", T::float_, 0.95, "GAE lambda")
+        .option("kl_ctl", T::float_, 0.1, "KL penalty coefficient").at_least(0)
+        .option("clip_reward_value", T::float_, 5.0, "reward score clip").above(0)
+        .option("gamma", T::float_, 1.0, "discount").in_range(0, 1)
+        .option("lam", T::float_, 0.95, "GAE lambda").in_range(0, 1)
         .option("generation_batches", T::int_, std::int64_t{1},
-                "generation batches collected before each PPO update (DS-Chat's exp_dataset size)");
+                "generation batches collected before each PPO update (DS-Chat's exp_dataset size)").at_least(1);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new experience_maker); });
   }
 }

@@ -457,8 +457,8 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                       }));
   using T = graph::setting_type;
   auto shared = [](graph::node_kind& k) {
-    k.option("seq_length", T::int_, std::int64_t{64}, "tokens per instance (TencentPretrain --seq_length)")
-        .option("total_steps", T::int_, std::int64_t{20}, "optimizer steps (TencentPretrain --total_steps)")
+    k.option("seq_length", T::int_, std::int64_t{64}, "tokens per instance (TencentPretrain --seq_length)").at_least(1)
+        .option("total_steps", T::int_, std::int64_t{20}, "optimizer steps (TencentPretrain --total_steps)").at_least(1)
         .option("output_dir", T::string, std::string(""), "checkpoint folder (empty: no checkpoints)")
         .option("resume", T::bool_, true, "continue from output_dir's latest committed checkpoint when there is one")
         .option("seed", T::int_, std::int64_t{1234}, "data order and LoRA init");
@@ -467,8 +467,8 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     graph::node_kind k{"lm_batches", "LM data: documents tokenized, concatenated, cut to seq_length; one global batch per step"};
     k.require("data", T::path, "UTF-8 text, documents separated by blank lines")
         .require("tokenizer", T::path, "SentencePiece .model (or a GPT-2 BPE folder)")
-        .option("train_batch_size", T::int_, std::int64_t{8}, "rows per optimizer step, all ranks together (DeepSpeed)")
-        .option("eval_rows", T::int_, std::int64_t{64}, "held-out instances for the loss before and after (0: none)")
+        .option("train_batch_size", T::int_, std::int64_t{8}, "rows per optimizer step, all ranks together (DeepSpeed)").at_least(1)
+        .option("eval_rows", T::int_, std::int64_t{64}, "held-out instances for the loss before and after (0: none)").at_least(0)
         .output("batch", "lm_batch", "one global batch per step", true);
     shared(k);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new lm_batches); });
@@ -478,28 +478,28 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     k.blocking = true;
     k.require("model", T::path, "initial weights: llama2.c .bin, HF folder or flowrun folder")
         .require("deepspeed_config", T::path, "DeepSpeed JSON (batch sizes, zero_optimization.stage, optimizer, scheduler)")
-        .option("zero_stage", T::int_, std::int64_t{-1}, "override zero_optimization.stage (-1: the config's)")
+        .option("zero_stage", T::int_, std::int64_t{-1}, "override zero_optimization.stage (-1: the config's)").in_range(-1, 3)
         .option("comm_backend", T::string, std::string("inproc"), "inproc (threads), gloo (processes) or nccl (GPUs)")
         .option("rendezvous", T::string, std::string(""),
                 "gloo/nccl rendezvous: caf://HOST:PORT (a CAF store) or a folder (default: $FLOWRUN_RENDEZVOUS)")
         .option("store_dir", T::string, std::string(""), "gloo/nccl rendezvous folder (default: $FLOWRUN_STORE_DIR)")
-        .option("comm_timeout_s", T::int_, std::int64_t{300}, "how long a collective waits for the other ranks")
-        .option("save_checkpoint_steps", T::int_, std::int64_t{10}, "checkpoint every N steps (and at the end)")
-        .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed step folders kept")
+        .option("comm_timeout_s", T::int_, std::int64_t{300}, "how long a collective waits for the other ranks").at_least(1)
+        .option("save_checkpoint_steps", T::int_, std::int64_t{10}, "checkpoint every N steps (and at the end); 0: only when the console asks").at_least(0)
+        .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed step folders kept").at_least(1)
         .option("export_hf", T::string, std::string(""), "at the end, write the consolidated model here (HF format)")
         .option("use_lora", T::bool_, false, "train LoRA adapters only (TencentPretrain --use_lora)")
-        .option("lora_r", T::int_, std::int64_t{8}, "LoRA rank")
-        .option("lora_alpha", T::float_, 16.0, "LoRA alpha")
-        .option("lora_dropout", T::float_, 0.0, "LoRA dropout")
+        .option("lora_r", T::int_, std::int64_t{8}, "LoRA rank (at most the model's dim)").at_least(1)
+        .option("lora_alpha", T::float_, 16.0, "LoRA alpha").above(0)
+        .option("lora_dropout", T::float_, 0.0, "LoRA dropout").in_range(0, 1, false, /*high_open=*/true)
         .option("lora_target_modules", T::string, std::string("q_proj,v_proj"),
                 "PEFT target_modules, comma-separated (q_proj,v_proj: PEFT's default for LLaMA; all-linear: every Linear)")
         .option("lora_pretrained", T::string, std::string(""), "continue from this LoRA adapter folder (base + LoRA)")
         .option("save_lora", T::string, std::string(""), "at the end, save only the LoRA weights here (PEFT format)")
-        .option("memory_limit_gb", T::float_, 0.0, "refuse a plan over this many GB per process (0: available memory)")
+        .option("memory_limit_gb", T::float_, 0.0, "refuse a plan over this many GB per process (0: available memory)").at_least(0)
         .option("gradient_checkpointing", T::bool_, false,
                 "keep only each layer's input; recompute the layer in backward (less activation memory, one more "
                 "forward per layer)")
-        .option("print_every", T::int_, std::int64_t{5}, "print the loss every N steps")
+        .option("print_every", T::int_, std::int64_t{5}, "print the loss every N steps").at_least(1)
         .input("batch", "lm_batch", "global batches");
     shared(k);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new zero_rank); });

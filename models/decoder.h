@@ -217,7 +217,8 @@ class decoder {
   /// Add LoRA adapters to the Linear layers named by cfg.target_modules and, when
   /// freeze_base, train only them (and the value head). A initialised as PEFT does
   /// (kaiming-uniform, bound 1/sqrt(in)), B zero, so the model's output is unchanged.
-  /// Throws std::invalid_argument when a pattern matches no layer, or lora_r < 1.
+  /// Throws std::invalid_argument when a pattern matches no layer, lora_r < 1, or lora_r > the model's dim
+  /// (rank(B A) <= min(in, out): a larger rank adds no capacity, only memory and time).
   void enable_lora(const lora_config& cfg, bool freeze_base = true);
   bool has_lora() const { return lora_.lora_r > 0 && lora_on_; }
   const lora_config& lora() const { return lora_; }

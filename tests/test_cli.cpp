@@ -1,9 +1,14 @@
 // The flowrun program as a user runs it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -82,4 +87,180 @@ TEST_CASE("flowrun launch refuses a rendezvous it cannot use, naming it") {
   out = run(bin + " launch --nproc 2 --rendezvous tcp no_such.graph 2>&1", &rc);
   CHECK(rc != 0);
   CHECK(out.find("--rendezvous") != std::string::npos);
+}
+
+// ------------------------------------------------------------ settings checked by the registry (issue 17)
+
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A fresh folder for this test run's files.
+std::filesystem::path temp_folder() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "flowrun_cli_XXXXXX").string();
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  return tmpl;
+}
+
+// A graph file that includes one of the repository's graphs and sets one value of one node.
+std::string graph_setting(const std::filesystem::path& dir, const std::string& base, const std::string& node,
+                          const std::string& line) {
+  const auto path = dir / (node + "_" + base);
+  std::ofstream(path) << "include = [\"" << FLOWRUN_SOURCE_DIR << "/graphs/" << base << "\"]\n[node." << node << "]\n"
+                      << line << "\n";
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE("print_every = 0 is refused when the graph is checked, at file:line:col, for every kind that has it") {
+  // It killed sft_trainer, rm_trainer and zero_rank with SIGFPE (exit 136) at their first step.
+  const auto dir = temp_folder();
+  const std::string bin = FLOWRUN_BIN;
+  struct one {
+    const char* graph;
+    const char* node;
+    const char* kind;
+  };
+  for (const one& c : {one{"sft.graph", "sft", "sft_trainer"}, one{"rm.graph", "rm", "rm_trainer"},
+                       one{"pretrain.graph", "ranks", "zero_rank"}}) {
+    CAPTURE(std::string(c.kind));
+    const std::string file = graph_setting(dir, c.graph, c.node, "print_every = 0");
+    int rc = -1;
+    auto out = run(bin + " run " + file + " --no-progress 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, file + ":3:15: error: setting 'print_every' of node '" + c.node + "' (kind " + c.kind +
+                       ") must be >= 1, got 0"));
+    CHECK(has(out, "hint: print_every: print the loss every N steps"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("out-of-range training and sampling settings are refused before anything starts, naming the value") {
+  // Each was accepted silently (a negative learning rate trains uphill; a negative warmup, a negative rank).
+  const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --no-progress";
+  struct one {
+    const char* set;
+    const char* says;
+  };
+  for (const one& c : {one{"node.sft.learning_rate=-1", "setting 'learning_rate' of node 'sft' (kind sft_trainer) "
+                                                         "must be finite, >= 0, got -1.0"},
+                       one{"node.sft.learning_rate=nan", "must be finite, >= 0, got nan"},
+                       one{"node.sft.num_warmup_steps=-5", "setting 'num_warmup_steps' of node 'sft' (kind "
+                                                           "sft_trainer) must be >= 0, got -5"},
+                       one{"node.sft.lora_dim=-1", "setting 'lora_dim' of node 'sft' (kind sft_trainer) must be >= 0, "
+                                                   "got -1"},
+                       one{"node.sft.replicas=100000", "node 'sft' has replicas = 100000; replicas must be <= 1024"}}) {
+    CAPTURE(std::string(c.set));
+    int rc = -1;
+    auto out = run(sft + " --set " + c.set + " 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, std::string("--set ") + c.set + ":1:"));
+    CHECK(has(out, c.says));
+  }
+  const std::string ppo = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/ppo.graph --no-progress";
+  for (const char* set : {"node.generator.temperature=inf", "node.generator.temperature=-1",
+                          "node.generator.top_p=-1"}) {
+    CAPTURE(std::string(set));
+    int rc = -1;
+    auto out = run(ppo + " --set " + set + " 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, "of node 'generator' (kind rollout_generator) must be finite"));
+  }
+}
+
+TEST_CASE("lora_dim above the model's dim is refused at start, at once, naming the bound") {
+  // lora_dim = 100000 spent over 90 s in start; 4096 took 2.3 GB for stories260K (dim 64).
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                     "/graphs/sft.graph --no-progress --set node.sft.lora_dim=100000 --set node.sft.output= 2>&1",
+                 &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "node 'sft'"));
+  CHECK(has(out, "LoRA rank must be <= the model's dim (64"));
+  CHECK(has(out, "got 100000"));
+}
+
+TEST_CASE("--threads and --credit are bounded, with why; exit 2") {
+  const std::string run_graph = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph";
+  int rc = -1;
+  // --threads 5000 hung at start; --credit 1e12 failed with bad_alloc; 0 and -1 were accepted.
+  auto out = run(run_graph + " --threads 5000 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "--threads"));
+  CHECK(has(out, "got 5000"));
+  CHECK(has(out, "more CAF workers only contend for the cores"));
+  for (const char* credit : {"1e12", "0", "-1"}) {
+    CAPTURE(std::string(credit));
+    out = run(run_graph + " --credit=" + credit + " 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, "--credit"));
+    CHECK(has(out, std::string("must be in [1, 1000000] (each link keeps a slot per credit: more only costs "
+                               "memory), got ") +
+                       credit));
+  }
+  out = run(std::string(FLOWRUN_BIN) + " node --threads 5000 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "got 5000"));
+}
+
+TEST_CASE("flowrun generate checks its sampling options with the generator's ranges") {
+  const std::string gen = std::string(FLOWRUN_BIN) + " generate --max_new_tokens 4";
+  struct one {
+    const char* args;
+    const char* says;
+  };
+  for (const one& c : {one{"--temperature nan", "must be finite, >= 0, got nan"},
+                       one{"--temperature inf", "must be finite, >= 0, got inf"},
+                       one{"--temperature=-1", "must be finite, >= 0, got -1.0"},
+                       one{"--top_p=-1", "must be finite, in (0, 1], got -1.0"},
+                       one{"--top_p 1.5", "must be finite, in (0, 1], got 1.5"},
+                       one{"--top_k=-3", "must be >= 0, got -3"}}) {
+    CAPTURE(std::string(c.args));
+    int rc = -1;
+    auto out = run(gen + " " + c.args + " 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, c.says));
+    CHECK(has(out, "flowrun explain generator"));
+  }
+}
+
+TEST_CASE("flowrun explain prints each setting's range") {
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " explain sft_trainer", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "print the loss every N steps  [>= 1]"));
+  CHECK(has(out, "AdamW peak learning rate  [finite, >= 0]"));
+  out = run(std::string(FLOWRUN_BIN) + " explain rollout_generator", &rc);
+  CHECK(has(out, "nucleus threshold (1: off)  [finite, in (0, 1]]"));
+}
+
+TEST_CASE("text_source reads a file larger than its 64 KiB blocks: every non-blank line once, ends stripped") {
+  // text_source reads in pread blocks (no stream held open, issue 17); lines cross block boundaries.
+  const auto dir = temp_folder();
+  std::vector<std::string> want;
+  {
+    std::ofstream f(dir / "lines.txt", std::ios::binary);
+    for (int i = 0; i < 20000; ++i) {
+      std::string line = "line " + std::to_string(i) + " " + std::string(static_cast<std::size_t>(i % 37), 'x');
+      want.push_back(line);
+      f << line << (i % 5 == 0 ? "\r\n" : "\n");
+      if (i % 7 == 0) f << "  \n";  // blank lines are skipped
+    }
+    f << "last line without an end";
+    want.push_back("last line without an end");
+  }
+  std::ofstream(dir / "ts.graph") << "edges = [\"src.lines -> out.items\"]\n[node.src]\nkind = \"text_source\"\n"
+                                     "path = \"lines.txt\"\nreplicas = 3\n[node.out]\nkind = \"sink\"\npath = \"out.txt\"\n";
+  int rc = -1;
+  run("cd " + dir.string() + " && " + FLOWRUN_BIN + " run ts.graph --no-progress -q 2>&1", &rc);
+  CHECK(rc == 0);
+  std::ifstream in(dir / "out.txt");
+  std::vector<std::string> got;
+  for (std::string line; std::getline(in, line);) got.push_back(line);
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  CHECK(got.size() == want.size());
+  CHECK(got == want);
+  std::filesystem::remove_all(dir);
 }

@@ -3,7 +3,11 @@
 // validator, over the good and bad graphs in tests/graphs.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <ctime>
+#include <limits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -257,7 +261,7 @@ TEST_CASE("node kind registry: declaration mistakes are programmer errors") {
   CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("n", setting_type::int_, std::monostate{}, "")),
                   std::invalid_argument);
   node_kind with_default{"k"};
-  with_default.settings.push_back({"m", setting_type::path, std::string("x"), "", true});
+  with_default.settings.push_back({"m", setting_type::path, std::string("x"), "", true, {}});
   CHECK_THROWS_AS(r.register_kind(with_default), std::invalid_argument);
   node_kind feedback_out{"k"};
   feedback_out.ports.push_back({"o", "t", port_dir::out, false, true, ""});
@@ -504,7 +508,7 @@ TEST_CASE("overrides: errors name the override and the offending column") {
 }
 
 TEST_CASE("overrides: load_graph applies them before validating") {
-  auto r = load("good/pipeline.graph", {"node.gen.temperature=0.7", "node.prompts.max_lines=-1"});
+  auto r = load("good/pipeline.graph", {"node.gen.temperature=0.7", "node.prompts.max_lines=2"});
   INFO(all_errors(r.errors));
   REQUIRE(r.ok());
   CHECK(r.spec.find_node("gen")->get_float("temperature") == doctest::Approx(0.7));
@@ -1116,4 +1120,260 @@ TEST_CASE("cluster: to_toml keeps every float setting bit for bit (nodes receive
     REQUIRE(d);
     CHECK_MESSAGE(std::memcmp(d, &values[i], sizeof(double)) == 0, "v" << i << ": " << *d << " != " << values[i]);
   }
+}
+
+// ------------------------------------------------------------ setting ranges (issue 17)
+
+TEST_CASE("setting ranges: declared with the setting, described, and checked") {
+  using T = setting_type;
+  node_kind k{"ranged", "settings with ranges"};
+  k.option("every", T::int_, std::int64_t{10}, "print every N steps").at_least(1)
+      .option("p", T::float_, 1.0, "nucleus").in_range(0, 1, /*low_open=*/true)
+      .option("lr", T::float_, 1e-3, "learning rate").above(0).below(1)
+      .option("shift", T::float_, 0.5, "any finite value")
+      .option("scale", T::float_, 1.0, "a non-zero scale").non_zero()
+      .option("bound", T::float_, 0.0, "may be inf").allow_nonfinite().at_least(0)
+      .option("workers", T::int_, std::int64_t{4}, "threads").in_range(1, 64).because("tied to the machine")
+      .option("name", T::string, std::string("x"), "no range");
+  node_kind_registry r;
+  r.register_kind(k);
+  const node_kind& got = *r.lookup("ranged");
+  auto d = [&](const char* n) { return *got.find_setting(n); };
+  // Described as people read them.
+  CHECK(describe_range(d("every").range, T::int_) == ">= 1");
+  CHECK(describe_range(d("p").range, T::float_) == "finite, in (0, 1]");
+  CHECK(describe_range(d("lr").range, T::float_) == "finite, in (0, 1)");
+  CHECK(describe_range(d("shift").range, T::float_) == "finite");
+  CHECK(describe_range(d("scale").range, T::float_) == "finite, != 0");
+  CHECK(describe_range(d("bound").range, T::float_) == ">= 0");
+  CHECK(describe_range(d("workers").range, T::int_) == "in [1, 64]");
+  CHECK(describe_range(d("name").range, T::string).empty());
+  // Inside: no violation. Bounds are inclusive unless open.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  CHECK_FALSE(range_violation(d("every"), std::int64_t{1}));
+  CHECK_FALSE(range_violation(d("p"), 1.0));
+  CHECK_FALSE(range_violation(d("p"), 1e-9));
+  CHECK_FALSE(range_violation(d("workers"), std::int64_t{64}));
+  CHECK_FALSE(range_violation(d("bound"), inf));
+  CHECK_FALSE(range_violation(d("bound"), nan));  // allowed explicitly
+  CHECK_FALSE(range_violation(d("shift"), -1e300));
+  CHECK_FALSE(range_violation(d("name"), std::string("anything")));
+  // Outside: what is wrong, with the value as it was written.
+  CHECK(range_violation(d("every"), std::int64_t{0}).value() == "must be >= 1, got 0");
+  CHECK(range_violation(d("p"), 0.0).value() == "must be finite, in (0, 1], got 0.0");
+  CHECK(range_violation(d("p"), -1.0).value() == "must be finite, in (0, 1], got -1.0");
+  CHECK(range_violation(d("p"), 1.5).value() == "must be finite, in (0, 1], got 1.5");
+  CHECK(range_violation(d("lr"), 1.0).value() == "must be finite, in (0, 1), got 1.0");
+  CHECK(range_violation(d("shift"), nan).value() == "must be finite, got nan");
+  CHECK(range_violation(d("shift"), inf).value() == "must be finite, got inf");
+  CHECK(range_violation(d("shift"), -inf).value() == "must be finite, got -inf");
+  CHECK(range_violation(d("scale"), 0.0).value() == "must be finite, != 0, got 0.0");
+  CHECK(range_violation(d("bound"), -inf).value() == "must be >= 0, got -inf");
+  CHECK(range_violation(d("workers"), std::int64_t{65}).value() == "must be in [1, 64], got 65");
+  // explain prints each range, and why when the kind says.
+  std::string text = explain(got);
+  CHECK(contains(text, "print every N steps  [>= 1]"));
+  CHECK(contains(text, "nucleus  [finite, in (0, 1]]"));
+  CHECK(contains(text, "threads  [in [1, 64]] (tied to the machine)"));
+  CHECK(contains(text, "no range\n"));
+  // The example kinds carry their ranges: the generator's sampling settings.
+  CHECK(contains(explain(*test_kinds().lookup("generator")), "nucleus sampling threshold; 1: off  [finite, in (0, 1]]"));
+}
+
+TEST_CASE("setting ranges: declaration mistakes are programmer errors") {
+  using T = setting_type;
+  node_kind_registry r;
+  // A modifier needs a numeric setting just before it.
+  CHECK_THROWS_AS(node_kind{"k"}.at_least(1), std::invalid_argument);
+  CHECK_THROWS_AS(node_kind{"k"}.option("s", T::string, std::string(), "").at_least(1), std::invalid_argument);
+  CHECK_THROWS_AS(node_kind{"k"}.option("n", T::int_, std::int64_t{1}, "").allow_nonfinite(), std::invalid_argument);
+  // A default outside its own range, an empty range, a range on a string set by hand.
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("n", T::int_, std::int64_t{0}, "").at_least(1)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("f", T::float_, 0.0, "").above(0)), std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("f", T::float_, 0.5, "").in_range(1, 0)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(r.register_kind(node_kind{"k"}.option("f", T::float_, 1.0, "").in_range(1, 1, true)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      r.register_kind(node_kind{"k"}.option("f", T::float_, std::numeric_limits<double>::infinity(), "")),
+      std::invalid_argument);  // floats are finite unless allowed
+  node_kind by_hand{"k"};
+  by_hand.settings.push_back({"s", T::string, std::string("x"), "", false, {}});
+  by_hand.settings.back().range.low = 0;
+  CHECK_THROWS_AS(r.register_kind(by_hand), std::invalid_argument);
+  try {
+    r.register_kind(node_kind{"k"}.option("every", T::int_, std::int64_t{0}, "").at_least(1));
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()) == "node kind 'k': the default of setting 'every' must be >= 1, got 0");
+  }
+  CHECK(r.size() == 0);
+}
+
+TEST_CASE("setting ranges: validation refuses values outside them at file:line:col, in files and in --set") {
+  // temperature = nan / inf / -1 and top_p = -1 were accepted and sampled garbage (issue 17).
+  const char* text = R"(edges = ["src.lines -> tok.text", "tok -> gen", "gen -> out"]
+[node.src]
+kind = "text_source"
+path = "x.txt"
+max_lines = -3
+[node.tok]
+kind = "tokenizer"
+model = "t.model"
+[node.gen]
+kind = "generator"
+model = "m.bin"
+tokenizer = "t.model"
+temperature = nan
+top_p = -1
+top_k = -2
+max_new_tokens = 16
+[node.out]
+kind = "sink"
+)";
+  validate_options no_files;
+  no_files.check_files = false;
+  auto parsed = parse_graph_string(text, "ranges.graph");
+  REQUIRE(parsed.ok());
+  auto v = validate(parsed.spec, test_kinds(), no_files);
+  INFO(all_errors(v.errors));
+  REQUIRE(v.errors.size() == 4);
+  CHECK(v.errors[0].to_string() ==
+        "ranges.graph:5:13: error: setting 'max_lines' of node 'src' (kind text_source) must be >= 0, got -3\n"
+        "  hint: max_lines: stop after this many lines; 0: the whole file; write max_lines = 0 "
+        "(`flowrun explain text_source`)");
+  CHECK(v.errors[1].to_string() ==
+        "ranges.graph:13:15: error: setting 'temperature' of node 'gen' (kind generator) must be finite, >= 0, got "
+        "nan\n  hint: temperature: sampling temperature; 0: greedy; write temperature = 0.0 (`flowrun explain "
+        "generator`)");
+  CHECK(v.errors[2].to_string().rfind(
+            "ranges.graph:14:9: error: setting 'top_p' of node 'gen' (kind generator) must be finite, in (0, 1], got "
+            "-1.0\n",
+            0) == 0);
+  CHECK(v.errors[3].to_string().rfind(
+            "ranges.graph:15:9: error: setting 'top_k' of node 'gen' (kind generator) must be >= 0, got -2\n", 0) == 0);
+
+  // The same rules for --set, pointing at the value inside the override.
+  for (const char* bad : {"inf", "-inf", "-1", "nan"}) {
+    CAPTURE(bad);
+    auto r = load("good/pipeline.graph", {std::string("node.gen.temperature=") + bad});
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].file == std::string("--set node.gen.temperature=") + bad);
+    CHECK(r.errors[0].line == 1);
+    CHECK(r.errors[0].col == 22);
+    CHECK(contains(r.errors[0].message, "setting 'temperature' of node 'gen' (kind generator) must be finite, >= 0, "
+                                        "got " + std::string(bad == std::string("-1") ? "-1.0" : bad)));
+  }
+  auto top_p = load("good/pipeline.graph", {"node.gen.top_p=-1"});
+  REQUIRE(top_p.errors.size() == 1);
+  CHECK(top_p.errors[0].to_string().rfind("--set node.gen.top_p=-1:1:16: error: setting 'top_p' of node 'gen' "
+                                          "(kind generator) must be finite, in (0, 1], got -1.0",
+                                          0) == 0);
+  // Values inside the range pass, the bounds included.
+  auto edge = load("good/pipeline.graph", {"node.gen.temperature=0", "node.gen.top_p=1", "node.gen.top_k=0"});
+  INFO(all_errors(edge.errors));
+  CHECK(edge.ok());
+}
+
+TEST_CASE("resource bounds: replicas and edge credit are refused above their caps, with why") {
+  // replicas = 100000 never finished starting; [credit=1e12] failed with bad_alloc (issue 17).
+  auto many = load("good/pipeline.graph", {"node.gen.replicas=100000"});
+  REQUIRE(many.errors.size() == 1);
+  CHECK(many.errors[0].to_string().rfind("--set node.gen.replicas=100000:1:19: error: node 'gen' has replicas = "
+                                         "100000; replicas must be <= 1024\n",
+                                         0) == 0);
+  CHECK(contains(many.errors[0].hint, "every replica of a node links to every replica of its neighbours"));
+  CHECK(load("good/pipeline.graph", {"node.gen.replicas=1024"}).ok());
+
+  validate_options no_files;
+  no_files.check_files = false;
+  auto parsed = parse_graph_string(
+      "edges = [\"src.lines -> out [credit=1000001]\"]\n[node.src]\nkind = \"text_source\"\npath = \"x\"\n"
+      "[node.out]\nkind = \"sink\"\nreplicas = 2000\n",
+      "credit.graph");
+  REQUIRE(parsed.ok());
+  auto v = validate(parsed.spec, test_kinds(), no_files);
+  REQUIRE(v.errors.size() == 2);
+  CHECK(v.errors[0].to_string().rfind("credit.graph:1:10: error: edge credit must be <= 1000000, got 1000001\n", 0) ==
+        0);
+  CHECK(v.errors[1].to_string().rfind("credit.graph:7:12: error: node 'out' has replicas = 2000; replicas must be "
+                                      "<= 1024",
+                                      0) == 0);
+}
+
+// ------------------------------------------------------------ scaling (issue 17)
+
+namespace {
+
+// N pairs "sN.lines -> kN.items" of text_source -> sink, as one .graph text.
+std::string pairs_graph(std::size_t n) {
+  std::string edges = "edges = [\n", nodes;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string s = "s" + std::to_string(i), k = "k" + std::to_string(i);
+    edges += "  \"" + s + ".lines -> " + k + ".items\",\n";
+    nodes += "[node." + s + "]\nkind = \"text_source\"\npath = \"x.txt\"\n[node." + k + "]\nkind = \"sink\"\n";
+  }
+  return edges + "]\n" + nodes;
+}
+
+// Process CPU seconds to parse and validate `text`, the best of `runs`
+// (CPU time, not wall time: other processes on the machine do not count).
+double build_cpu_seconds(const std::string& text, std::size_t nodes, int runs) {
+  validate_options no_files;
+  no_files.check_files = false;
+  double best = 1e300;
+  for (int i = 0; i < runs; ++i) {
+    const std::clock_t t0 = std::clock();
+    auto parsed = parse_graph_string(text, "pairs.graph");
+    auto v = validate(parsed.spec, test_kinds(), no_files);
+    const std::clock_t t1 = std::clock();
+    REQUIRE(parsed.ok());
+    REQUIRE(v.ok());
+    REQUIRE(v.spec.nodes.size() == nodes);
+    best = std::min(best, static_cast<double>(t1 - t0) / CLOCKS_PER_SEC);
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("graph building is near-linear: 10x the node pairs costs well under 100x") {
+  // Before issue 17, reading and validating N pairs was quadratic (a linear node lookup per node table,
+  // O(N) scratch arrays per node in the cycle check): 2k pairs took 1 s, 12k 26 s. Linear is 10x, N log N
+  // about 13x, quadratic 100x; < 30x leaves room for caches and timer noise without letting N^2 pass.
+  const std::string small = pairs_graph(2000), large = pairs_graph(20000);
+  const double t_small = std::max(build_cpu_seconds(small, 4000, 3), 1e-3);
+  const double t_large = build_cpu_seconds(large, 40000, 1);
+  MESSAGE("parse + validate: 2k pairs " << t_small << " s CPU, 20k pairs " << t_large << " s CPU, ratio "
+                                        << t_large / t_small);
+  CHECK(t_large / t_small < 30.0);
+}
+
+TEST_CASE("the cycle check handles a 100k-node chain without deep recursion, and still finds a cycle") {
+  graph_spec spec;
+  spec.name = "chain";
+  const std::size_t n = 100000;
+  node_kind_registry r;
+  r.register_kind(node_kind{"relay"}.input("in", "t", "", false).output("out", "t"));
+  for (std::size_t i = 0; i < n; ++i) {
+    node_spec node;
+    node.name = "n" + std::to_string(i);
+    node.kind = "relay";
+    spec.nodes.push_back(node);
+  }
+  for (std::size_t i = 0; i + 1 < n; ++i) {
+    edge_spec e;
+    e.from_node = "n" + std::to_string(i);
+    e.to_node = "n" + std::to_string(i + 1);
+    spec.edges.push_back(e);
+  }
+  CHECK(validate(spec, r).ok());
+  edge_spec back;
+  back.from_node = "n" + std::to_string(n - 1);
+  back.to_node = "n0";
+  spec.edges.push_back(back);
+  auto v = validate(spec, r);
+  REQUIRE(v.errors.size() == 1);
+  CHECK(contains(v.errors[0].message, "cycle without a feedback edge: n0 -> n1 -> n2"));
+  CHECK(ends_with(v.errors[0].message, "n99999 -> n0"));
 }

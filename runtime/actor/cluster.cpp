@@ -773,9 +773,15 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   // Before connecting anywhere: every edge that crosses processes must carry a
   // type that can cross (a codec); types with tensors need the bulk plane.
   bool bulk_needed = false;
+  std::map<std::string_view, const graph::node_spec*> node_named;  // one lookup per edge, not a scan
+  for (const auto& n : spec.nodes) node_named.emplace(n.name, &n);
+  auto named = [&](const std::string& name) -> const graph::node_spec* {
+    auto it = node_named.find(name);
+    return it == node_named.end() ? nullptr : it->second;
+  };
   for (const auto& e : spec.edges) {
-    const auto* from = spec.find_node(e.from_node);
-    const auto* to = spec.find_node(e.to_node);
+    const auto* from = named(e.from_node);
+    const auto* to = named(e.to_node);
     const auto* kind = from ? kinds.lookup(from->kind) : nullptr;
     if (!from || !to || !kind) continue;  // spawn_part reports these
     std::string type;

@@ -1275,8 +1275,11 @@ class coordinator_actor final : public caf::event_based_actor {
     plan_->live->event("run", "", -1, "running: " + std::to_string(total_) + " replicas of " +
                                           std::to_string(p.nodes.size()) + " nodes");
     auto me = caf::actor_cast<caf::actor>(this);
-    for (auto& row : plan_->actors)
-      for (auto& a : row) monitor(a);
+    for (std::uint32_t n = 0; n < p.actors.size(); ++n)
+      for (std::uint32_t r = 0; r < p.actors[n].size(); ++r) {
+        monitor(p.actors[n][r]);
+        replica_of_.emplace(p.actors[n][r].address(), std::make_pair(n, r));
+      }
     for (auto& row : plan_->actors)
       for (auto& a : row) send_counted(a, init_atom::value, me);
     for (auto& row : plan_->actors)
@@ -1423,23 +1426,22 @@ class coordinator_actor final : public caf::event_based_actor {
   }
 
   void on_down(const caf::down_msg& dm) {
-    for (std::uint32_t n = 0; n < plan_->actors.size(); ++n)
-      for (std::uint32_t r = 0; r < plan_->actors[n].size(); ++r) {
-        if (plan_->actors[n][r].address() != dm.source) continue;
-        plan_->live->event("down", plan_->nodes[n].spec.name, r,
-                           dm.reason ? "down: " + system().render(dm.reason) : std::string("down (quit normally)"));
-        if (!status_[n][r].stopped && !plan_->local(n, r) && dm.reason == caf::exit_reason::remote_link_unreachable) {
-          lose_process(plan_->process_of(n, r), "its connection dropped: " + system().render(dm.reason));
-          return;
-        }
-        if (!status_[n][r].stopped) {
-          // It quit without being told to: a bug in the runtime or an exception outside the node's calls.
-          report(replica_name(*plan_, n, r) + " terminated unexpectedly: " + system().render(dm.reason));
-          mark_stopped(n, r);
-          begin_stop(stop_reason::failed);
-        }
-        return;
-      }
+    // One lookup per down message (a scan of every replica made stopping N replicas N^2).
+    auto it = replica_of_.find(dm.source);
+    if (it == replica_of_.end() || plan_->actors.empty()) return;
+    const auto [n, r] = it->second;
+    plan_->live->event("down", plan_->nodes[n].spec.name, r,
+                       dm.reason ? "down: " + system().render(dm.reason) : std::string("down (quit normally)"));
+    if (!status_[n][r].stopped && !plan_->local(n, r) && dm.reason == caf::exit_reason::remote_link_unreachable) {
+      lose_process(plan_->process_of(n, r), "its connection dropped: " + system().render(dm.reason));
+      return;
+    }
+    if (!status_[n][r].stopped) {
+      // It quit without being told to: a bug in the runtime or an exception outside the node's calls.
+      report(replica_name(*plan_, n, r) + " terminated unexpectedly: " + system().render(dm.reason));
+      mark_stopped(n, r);
+      begin_stop(stop_reason::failed);
+    }
   }
 
   void finish() {
@@ -1458,6 +1460,7 @@ class coordinator_actor final : public caf::event_based_actor {
   }
 
   std::shared_ptr<job_plan> plan_;
+  std::map<caf::actor_addr, std::pair<std::uint32_t, std::uint32_t>> replica_of_;  // monitored replica -> (node, replica)
   std::vector<std::vector<replica_status>> status_;
   std::size_t total_ = 0, done_ = 0, stopped_ = 0;
   phase phase_ = phase::running;

@@ -45,7 +45,8 @@ graph::node_kind with_supervision_settings(graph::node_kind kind) {
                 "with a fresh object and retry the failed call)");
   if (!kind.find_setting(max_restarts_setting))
     kind.option(std::string(max_restarts_setting), T::int_, std::int64_t{3},
-                "supervision: restarts allowed per replica with restart = \"on-failure\"");
+                "supervision: restarts allowed per replica with restart = \"on-failure\"")
+        .at_least(0);
   return kind;
 }
 

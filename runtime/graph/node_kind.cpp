@@ -1,6 +1,8 @@
 #include "runtime/graph/node_kind.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <set>
 #include <stdexcept>
 
@@ -50,6 +52,63 @@ bool value_matches(setting_type t, const setting_value& v) {
   return false;
 }
 
+namespace {
+
+bool numeric(setting_type t) { return t == setting_type::int_ || t == setting_type::float_; }
+
+// A bound as people write it: 1000000, 0.5, 1e-08.
+std::string bound_text(double x) {
+  if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 1e15) return std::to_string(static_cast<long long>(x));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+}  // namespace
+
+std::string describe_range(const setting_range& r, setting_type t) {
+  std::vector<std::string> parts;
+  if (t == setting_type::float_ && !r.allow_nonfinite) parts.push_back("finite");
+  if (r.low && r.high)
+    parts.push_back("in " + std::string(r.low_open ? "(" : "[") + bound_text(*r.low) + ", " + bound_text(*r.high) +
+                    (r.high_open ? ")" : "]"));
+  else if (r.low)
+    parts.push_back((r.low_open ? "> " : ">= ") + bound_text(*r.low));
+  else if (r.high)
+    parts.push_back((r.high_open ? "< " : "<= ") + bound_text(*r.high));
+  if (r.non_zero) parts.push_back("!= 0");
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  return out;
+}
+
+std::optional<std::string> range_violation(const setting_decl& d, const setting_value& v) {
+  if (!numeric(d.type)) return std::nullopt;
+  double x = 0;
+  if (const auto* i = std::get_if<std::int64_t>(&v))
+    x = static_cast<double>(*i);
+  else if (const auto* f = std::get_if<double>(&v))
+    x = *f;
+  else
+    return std::nullopt;
+  const setting_range& r = d.range;
+  bool ok = true;
+  if (!std::isfinite(x)) {
+    // NaN compares false with every bound: only an explicit allowance lets it (or +-inf) through.
+    ok = d.type == setting_type::float_ && r.allow_nonfinite;
+    if (ok && std::isinf(x)) {
+      if (r.low && (x < *r.low || (r.low_open && x == *r.low))) ok = false;
+      if (r.high && (x > *r.high || (r.high_open && x == *r.high))) ok = false;
+    }
+  } else {
+    if (r.low && (x < *r.low || (r.low_open && x == *r.low))) ok = false;
+    if (r.high && (x > *r.high || (r.high_open && x == *r.high))) ok = false;
+    if (r.non_zero && x == 0) ok = false;
+  }
+  if (ok) return std::nullopt;
+  return "must be " + describe_range(r, d.type) + ", got " + to_string(v);
+}
+
 node_kind& node_kind::input(std::string port, std::string message_type, std::string port_doc, bool required,
                             bool feedback) {
   ports.push_back({std::move(port), std::move(message_type), port_dir::in, required, feedback, std::move(port_doc)});
@@ -71,6 +130,76 @@ node_kind& node_kind::option(std::string setting_name, setting_type type, settin
 
 node_kind& node_kind::require(std::string setting_name, setting_type type, std::string setting_doc) {
   settings.push_back({std::move(setting_name), type, std::monostate{}, std::move(setting_doc), true});
+  return *this;
+}
+
+namespace {
+
+setting_decl& last_numeric(node_kind& k, const char* what) {
+  if (k.settings.empty())
+    throw std::invalid_argument("node kind '" + k.name + "': " + what + " needs a setting declared before it");
+  setting_decl& d = k.settings.back();
+  if (!numeric(d.type))
+    throw std::invalid_argument("node kind '" + k.name + "': " + what + " applies to int and float settings, not '" +
+                                d.name + "' (" + std::string(to_string(d.type)) + ")");
+  return d;
+}
+
+}  // namespace
+
+node_kind& node_kind::at_least(double low) {
+  auto& r = last_numeric(*this, "at_least").range;
+  r.low = low;
+  r.low_open = false;
+  return *this;
+}
+
+node_kind& node_kind::above(double low) {
+  auto& r = last_numeric(*this, "above").range;
+  r.low = low;
+  r.low_open = true;
+  return *this;
+}
+
+node_kind& node_kind::at_most(double high) {
+  auto& r = last_numeric(*this, "at_most").range;
+  r.high = high;
+  r.high_open = false;
+  return *this;
+}
+
+node_kind& node_kind::below(double high) {
+  auto& r = last_numeric(*this, "below").range;
+  r.high = high;
+  r.high_open = true;
+  return *this;
+}
+
+node_kind& node_kind::in_range(double low, double high, bool low_open, bool high_open) {
+  auto& r = last_numeric(*this, "in_range").range;
+  r.low = low;
+  r.high = high;
+  r.low_open = low_open;
+  r.high_open = high_open;
+  return *this;
+}
+
+node_kind& node_kind::non_zero() {
+  last_numeric(*this, "non_zero").range.non_zero = true;
+  return *this;
+}
+
+node_kind& node_kind::allow_nonfinite() {
+  setting_decl& d = last_numeric(*this, "allow_nonfinite");
+  if (d.type != setting_type::float_)
+    throw std::invalid_argument("node kind '" + name + "': allow_nonfinite applies to float settings, not '" + d.name +
+                                "'");
+  d.range.allow_nonfinite = true;
+  return *this;
+}
+
+node_kind& node_kind::because(std::string why) {
+  last_numeric(*this, "because").range.why = std::move(why);
   return *this;
 }
 
@@ -131,6 +260,13 @@ void node_kind_registry::register_kind(node_kind kind) {
       fail("the default of setting '" + s.name + "' is " + std::string(value_type_name(s.default_value)) + ", not " +
            std::string(to_string(s.type)));
     }
+    const setting_range& r = s.range;
+    if (!numeric(s.type) && (r.low || r.high || r.non_zero || r.allow_nonfinite))
+      fail("setting '" + s.name + "' is " + std::string(to_string(s.type)) + ": only int and float settings have a range");
+    if (r.low && r.high && (*r.low > *r.high || (*r.low == *r.high && (r.low_open || r.high_open))))
+      fail("setting '" + s.name + "' has an empty range (" + describe_range(r, s.type) + ")");
+    if (!s.required)
+      if (auto why = range_violation(s, s.default_value)) fail("the default of setting '" + s.name + "' " + *why);
   }
   std::string name = kind.name;
   kinds_.emplace(std::move(name), std::move(kind));
@@ -201,6 +337,10 @@ std::string explain(const node_kind& kind) {
     std::string line =
         "  " + pad(s.name, wname) + "  " + pad(std::string(to_string(s.type)), wtype) + "  " + pad(def, wdef);
     if (!s.doc.empty()) line += "  " + s.doc;
+    if (std::string range = describe_range(s.range, s.type); !range.empty()) {
+      line += "  [" + range + "]";
+      if (!s.range.why.empty()) line += " (" + s.range.why + ")";
+    }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
   }
@@ -232,7 +372,8 @@ void register_example_kinds(node_kind_registry& registry) {
       node_kind{"text_source", "reads a text file and emits it one line at a time"}
           .output("lines", "text", "one line of the file per message")
           .require("path", T::path, "the text file to read")
-          .option("max_lines", T::int_, std::int64_t{0}, "stop after this many lines; 0: the whole file"));
+          .option("max_lines", T::int_, std::int64_t{0}, "stop after this many lines; 0: the whole file")
+              .at_least(0));
   registry.register_kind(node_kind{"tokenizer", "turns text into token ids with a SentencePiece model"}
                              .input("text", "text", "text to encode")
                              .output("tokens", "tokens", "the token ids of each text")
@@ -244,11 +385,11 @@ void register_example_kinds(node_kind_registry& registry) {
           .output("completions", "text", "the decoded completion of each prompt")
           .require("model", T::path, "the model weights (llama2.c .bin, or a HF or flowrun model folder)")
           .require("tokenizer", T::path, "the tokenizer model used to decode")
-          .option("max_new_tokens", T::int_, std::int64_t{64}, "tokens to generate per prompt")
-          .option("temperature", T::float_, 0.0, "sampling temperature; 0: greedy")
-          .option("top_k", T::int_, std::int64_t{0}, "sample from the k most likely tokens; 0: all")
-          .option("top_p", T::float_, 1.0, "nucleus sampling threshold; 1: off")
-          .option("seed", T::int_, std::int64_t{-1}, "sampling seed; -1: derived from the graph seed"));
+          .option("max_new_tokens", T::int_, std::int64_t{64}, "tokens to generate per prompt").at_least(0)
+          .option("temperature", T::float_, 0.0, "sampling temperature; 0: greedy").at_least(0)
+          .option("top_k", T::int_, std::int64_t{0}, "sample from the k most likely tokens; 0: all").at_least(0)
+          .option("top_p", T::float_, 1.0, "nucleus sampling threshold; 1: off").in_range(0, 1, /*low_open=*/true)
+          .option("seed", T::int_, std::int64_t{-1}, "sampling seed; -1: derived from the graph seed").at_least(-1));
   registry.register_kind(node_kind{"sink", "writes each item it receives as a line of text"}
                              .input("items", "text", "the items to write")
                              .option("path", T::string, std::string{}, "output file; \"\": standard output"));

@@ -56,17 +56,46 @@ std::optional<setting_type> parse_setting_type(std::string_view s);
 /// accepted for float; a string for string and path).
 bool value_matches(setting_type t, const setting_value& v);
 
+/// The values a numeric (int or float) setting accepts. Bounds are inclusive
+/// unless marked open; an absent bound leaves that side unbounded. A float
+/// setting is finite by default: NaN and +-inf are refused unless
+/// allow_nonfinite is set. The validator (validate.h) refuses a value outside
+/// the range at its file:line:col; `flowrun explain KIND` prints it.
+struct setting_range {
+  std::optional<double> low, high;
+  bool low_open = false;   ///< low itself is refused (value > low)
+  bool high_open = false;  ///< high itself is refused (value < high)
+  bool non_zero = false;   ///< 0 is refused
+  bool allow_nonfinite = false;  ///< float only: NaN and +-inf are accepted
+  std::string why;         ///< why the bound is what it is (shown in errors); may be empty
+
+  /// True when nothing is restricted beyond finiteness.
+  bool unbounded() const { return !low && !high && !non_zero; }
+};
+
+/// The range in words, as errors and `flowrun explain` print it: "in (0, 1]",
+/// ">= 1", "finite, >= 0", "!= 0"; "" for an unrestricted int setting. For a
+/// float setting "finite" comes first unless NaN/inf are allowed.
+std::string describe_range(const setting_range& r, setting_type t);
+
 /// One setting of a node kind. A required setting has no default
 /// (default_value holds monostate); an optional one must have a default of
 /// its type (a string default "" is allowed for path: it means "not set" and
-/// is not checked for existence).
+/// is not checked for existence). Int and float settings have a range
+/// (setting_range; finite floats only, by default).
 struct setting_decl {
   std::string name;
   setting_type type = setting_type::string;
   setting_value default_value;
   std::string doc;
   bool required = false;
+  setting_range range;
 };
+
+/// Why `v` (a value of `d`'s type, an int or a float) is outside `d`'s range,
+/// e.g. "must be >= 1, got 0" or "must be finite, got nan"; nullopt when it is
+/// inside it, or when `d` is not numeric or `v` is not a number.
+std::optional<std::string> range_violation(const setting_decl& d, const setting_value& v);
 
 /// A node kind: its name, a one-line doc, ports and settings. The builder
 /// methods append declarations and return *this, so a kind reads as
@@ -115,6 +144,24 @@ struct node_kind {
   /// Appends a required setting (no default).
   node_kind& require(std::string setting_name, setting_type type, std::string setting_doc);
 
+  /// Range modifiers: each restricts the setting declared just before it (an
+  /// int or float setting), so a declaration reads
+  ///   .option("print_every", T::int_, 10, "...").at_least(1)
+  ///   .option("top_p", T::float_, 1.0, "...").in_range(0, 1, /*low_open=*/true)
+  /// They throw std::invalid_argument (a programmer error) when there is no
+  /// setting yet or it is not numeric; register_kind checks that the default
+  /// lies inside the range.
+  node_kind& at_least(double low);  ///< value >= low
+  node_kind& above(double low);     ///< value > low
+  node_kind& at_most(double high);  ///< value <= high
+  node_kind& below(double high);    ///< value < high
+  /// low <= value <= high, either end open (excluded) when told.
+  node_kind& in_range(double low, double high, bool low_open = false, bool high_open = false);
+  node_kind& non_zero();         ///< value != 0
+  node_kind& allow_nonfinite();  ///< a float setting that accepts NaN and +-inf
+  /// Why the range is what it is, added to errors (e.g. a bound tied to the machine).
+  node_kind& because(std::string why);
+
   /// The port called `port`, or nullptr.
   const port_decl* find_port(std::string_view port) const;
   /// The setting called `setting_name`, or nullptr.
@@ -137,7 +184,9 @@ class node_kind_registry {
   /// name is taken or not an identifier, if two ports or two settings share
   /// a name, if a setting uses a reserved name (kind, replicas, on), if a
   /// default does not match its type, if a required setting has a default,
-  /// or if an out port is flagged feedback.
+  /// if a range is empty (low > high) or set on a non-numeric setting, if a
+  /// default lies outside its setting's range, or if an out port is flagged
+  /// feedback.
   void register_kind(node_kind kind);
 
   /// The kind called `name`, or nullptr.
@@ -157,7 +206,8 @@ class node_kind_registry {
 
 /// A multi-line description of a kind for `flowrun explain KIND`: its doc,
 /// then its in ports, out ports and settings (type, default or "required",
-/// doc), one per line, ending with a newline.
+/// doc, and the range in brackets when there is one, e.g. "[>= 1]"), one
+/// per line, ending with a newline.
 std::string explain(const node_kind& kind);
 
 /// One line per kind for `flowrun kinds`: name, ports in short form and doc.

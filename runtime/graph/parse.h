@@ -15,7 +15,7 @@
 //   steps = 100                         # int >= 0, default 0 (until the sources end)
 //   [node.gen]
 //   kind = "generator"                  # required: a registered node kind
-//   replicas = 2                        # optional, int >= 1, default 1
+//   replicas = 2                        # optional, int 1..1024 (validate.h), default 1
 //   on = "node-2"                       # optional placement: a [cluster] node, or one per replica
 //   [cluster]                           # optional: the machines (graph_spec.h, docs/scaling.md)
 //   [cluster.nodes.node-2]
@@ -28,7 +28,7 @@
 //     type matches FROM's; an error if none or several match);
 //   - several targets give one edge each, all with the same options;
 //   - OPTIONS, in square brackets, comma separated: `credit=N` (N >= 1,
-//     messages in flight), `dispatch=broadcast|split|round_robin`, and
+//     messages in flight per link; at most max_credit, validate.h), `dispatch=broadcast|split|round_robin`, and
 //     `feedback` (the edge closes a cycle; see validate.h);
 //   - node and port names are identifiers: [A-Za-z_][A-Za-z0-9_]*.
 // Errors inside an edge string point at the offending column when the

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <functional>
 #include <map>
 #include <set>
 #include <system_error>
@@ -148,6 +147,13 @@ class validator {
         error(first_known(node.replicas_pos, node.pos),
               "node '" + node.name + "' has replicas = " + std::to_string(node.replicas) + "; replicas must be >= 1",
               "replicas is how many copies of the node run; leave it out for one");
+      else if (node.replicas > max_replicas)
+        error(first_known(node.replicas_pos, node.pos),
+              "node '" + node.name + "' has replicas = " + std::to_string(node.replicas) + "; replicas must be <= " +
+                  std::to_string(max_replicas),
+              "each replica is an actor (a thread of its own for blocking kinds such as zero_rank) and every "
+              "replica of a node links to every replica of its neighbours, so more would only exhaust the "
+              "machine: use fewer replicas, or spread the work over a [cluster]");
       if (node.kind.empty()) {
         error(node.pos, "node '" + node.name + "' has no kind",
               "add kind = \"...\" to [node." + node.name + "]; kinds: " + join(kinds_.names()));
@@ -182,6 +188,14 @@ class validator {
       }
       if (decl->type == setting_type::float_)
         if (const auto* i = std::get_if<std::int64_t>(&s.value)) s.value = static_cast<double>(*i);
+      if (auto why = range_violation(*decl, s.value)) {
+        error(first_known(s.value_pos, node.pos),
+              "setting '" + name + "' of node '" + node.name + "' (kind " + kind.name + ") " + *why +
+                  (decl->range.why.empty() ? std::string() : " (" + decl->range.why + ")"),
+              (decl->doc.empty() ? std::string() : name + ": " + decl->doc + "; ") + "write " + name + " = " +
+                  example_value(*decl) + " (`flowrun explain " + kind.name + "`)");
+        continue;
+      }
       if (decl->type == setting_type::path) check_path(node, name, s, *decl);
     }
     for (const auto& decl : kind.settings) {
@@ -363,6 +377,10 @@ class validator {
       std::size_t errors_before = result_.errors.size();
       if (e.credit < 0)
         error(e.pos, "edge credit must be >= 1, got " + std::to_string(e.credit), "write [credit=4], or leave it out");
+      else if (e.credit > max_credit)
+        error(e.pos, "edge credit must be <= " + std::to_string(max_credit) + ", got " + std::to_string(e.credit),
+              "credit is how many messages may be in flight per link, and each link keeps a slot per credit: "
+              "write [credit=4], or leave it out");
       auto fi = find_index(e.from_node, e.from_pos, "from");
       auto ti = find_index(e.to_node, e.to_pos, "to");
       const port_decl* fp = nullptr;
@@ -430,50 +448,80 @@ class validator {
 
   // ------------------------------------------------------------- cycles
 
+  // Linear in nodes + edges: Tarjan's strongly connected components
+  // (iterative, so a long chain cannot overflow the stack), then one BFS per
+  // component that holds a cycle, over that component's nodes only, with
+  // scratch arrays shared by all of them (reset only where a BFS wrote).
   void check_cycles() {
     const std::size_t n = arcs_.size();
-    // Tarjan's strongly connected components.
-    std::vector<int> index(n, -1), low(n, 0), comp(n, -1);
+    std::vector<long> index(n, -1), low(n, 0), comp(n, -1);
     std::vector<bool> on_stack(n, false);
     std::vector<std::size_t> stack;
-    int counter = 0, ncomp = 0;
-    std::function<void(std::size_t)> strong = [&](std::size_t v) {
-      index[v] = low[v] = counter++;
-      stack.push_back(v);
-      on_stack[v] = true;
-      for (const auto& a : arcs_[v]) {
-        if (index[a.to] < 0) {
-          strong(a.to);
-          low[v] = std::min(low[v], low[a.to]);
-        } else if (on_stack[a.to]) {
-          low[v] = std::min(low[v], index[a.to]);
-        }
-      }
-      if (low[v] == index[v]) {
-        while (true) {
-          std::size_t w = stack.back();
-          stack.pop_back();
-          on_stack[w] = false;
-          comp[w] = ncomp;
-          if (w == v) break;
-        }
-        ++ncomp;
-      }
+    long counter = 0, ncomp = 0;
+    struct frame {
+      std::size_t v;
+      std::size_t next;  // the next arc of v to look at
     };
-    for (std::size_t v = 0; v < n; ++v)
-      if (index[v] < 0) strong(v);
+    std::vector<frame> calls;
+    for (std::size_t root = 0; root < n; ++root) {
+      if (index[root] >= 0) continue;
+      calls.push_back({root, 0});
+      index[root] = low[root] = counter++;
+      stack.push_back(root);
+      on_stack[root] = true;
+      while (!calls.empty()) {
+        frame& f = calls.back();
+        const std::size_t v = f.v;
+        if (f.next < arcs_[v].size()) {
+          const std::size_t w = arcs_[v][f.next++].to;
+          if (index[w] < 0) {
+            index[w] = low[w] = counter++;
+            stack.push_back(w);
+            on_stack[w] = true;
+            calls.push_back({w, 0});
+          } else if (on_stack[w]) {
+            low[v] = std::min(low[v], index[w]);
+          }
+          continue;
+        }
+        if (low[v] == index[v]) {
+          while (true) {
+            std::size_t w = stack.back();
+            stack.pop_back();
+            on_stack[w] = false;
+            comp[w] = ncomp;
+            if (w == v) break;
+          }
+          ++ncomp;
+        }
+        calls.pop_back();
+        if (!calls.empty()) low[calls.back().v] = std::min(low[calls.back().v], low[v]);
+      }
+    }
 
-    std::vector<bool> reported(ncomp, false);
+    std::vector<bool> reported(static_cast<std::size_t>(ncomp), false);
     const graph_spec& spec = result_.spec;
+    std::vector<long> via_edge(n, -1);
+    std::vector<std::size_t> prev(n, n);
+    std::vector<bool> seen(n, false);
+    std::vector<std::size_t> touched;
     for (std::size_t start = 0; start < n; ++start) {
-      int c = comp[start];
-      if (reported[c]) continue;
+      const long c = comp[start];
+      if (reported[static_cast<std::size_t>(c)]) continue;
+      // A node alone in its component is on a cycle only through a self loop.
+      bool has_cycle = false;
+      for (const auto& a : arcs_[start]) has_cycle = has_cycle || comp[a.to] == c;
+      if (!has_cycle) continue;
       // Shortest cycle through `start` inside its component (BFS).
-      std::vector<long> via_edge(n, -1);
-      std::vector<std::size_t> prev(n, n);
+      for (std::size_t t : touched) {
+        seen[t] = false;
+        prev[t] = n;
+        via_edge[t] = -1;
+      }
+      touched.clear();
       std::deque<std::size_t> queue{start};
-      std::vector<bool> seen(n, false);
       seen[start] = true;
+      touched.push_back(start);
       long closing = -1;
       std::size_t last = n;
       while (!queue.empty() && closing < 0) {
@@ -488,17 +536,19 @@ class validator {
           }
           if (!seen[a.to]) {
             seen[a.to] = true;
+            touched.push_back(a.to);
             prev[a.to] = v;
             via_edge[a.to] = static_cast<long>(a.edge);
             queue.push_back(a.to);
           }
         }
       }
-      if (closing < 0) continue;  // a single node without a self loop
-      reported[c] = true;
-      std::vector<std::string> names{spec.nodes[start].name};
-      for (std::size_t v = last; v != start; v = prev[v]) names.insert(names.begin() + 1, spec.nodes[v].name);
+      if (closing < 0) continue;  // cannot happen: a component with an inner arc has a cycle through each node
+      reported[static_cast<std::size_t>(c)] = true;
+      std::vector<std::string> names{spec.nodes[start].name};  // built backwards, then reversed (linear)
+      for (std::size_t v = last; v != start; v = prev[v]) names.push_back(spec.nodes[v].name);
       names.push_back(spec.nodes[start].name);
+      std::reverse(names.begin(), names.end());
       const edge_spec& e = spec.edges[static_cast<std::size_t>(closing)];
       error(e.pos, "cycle without a feedback edge: " + join(names, " -> "),
             "a cycle only makes progress if one of its edges carries messages from an earlier step: mark one, e.g. \"" +

@@ -11,14 +11,19 @@
 //
 // What is checked:
 //   - the graph has nodes; node names are identifiers and unique;
-//     replicas >= 1; steps >= 0;
+//     1 <= replicas <= max_replicas; steps >= 0;
 //   - each node has a registered kind (hint: the nearest kind name);
 //   - settings: unknown names (hint: the nearest valid name), wrong types,
-//     required settings missing, files named by path settings missing;
+//     values outside the range the kind declares (setting_range in
+//     node_kind.h: bounds, non-zero, and finite for every float setting
+//     unless the kind allows NaN/inf), required settings missing, files
+//     named by path settings missing. The error points at the value, in
+//     the file or in the `--set` text, and names the node, the setting, the
+//     range and the value;
 //   - edges: unknown nodes or ports (nearest name), an edge starting at an
 //     in port or ending at an out port, a port left out where the choice is
 //     ambiguous or impossible, message types that differ, duplicate edges,
-//     non-positive credit;
+//     credit outside 1..max_credit;
 //   - required ports without an edge;
 //   - cycles that cannot make progress;
 //   - once all of the above pass (and files are checked): each kind's own
@@ -39,6 +44,7 @@
 // string in an optional path setting means "not set" and is not checked.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -47,6 +53,18 @@
 #include "runtime/graph/node_kind.h"
 
 namespace flowrun::graph {
+
+/// The most replicas a node may have. Every replica is an actor (a thread of
+/// its own for blocking kinds) and each replica of a node has a link to each
+/// replica of the nodes it is connected to, so two connected nodes of 1024
+/// replicas already make a million links; more is a typo or exhausts the
+/// machine (replicas = 100000 never finished starting).
+inline constexpr std::int64_t max_replicas = 1024;
+
+/// The most messages in flight per link (an edge's [credit=N], `flowrun run
+/// --credit`). Each link keeps a slot per credit (8 bytes), so a larger
+/// credit only costs memory (--credit 1e12 failed with bad_alloc).
+inline constexpr std::int64_t max_credit = 1'000'000;
 
 /// How to validate.
 struct validate_options {

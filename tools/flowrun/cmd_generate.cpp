@@ -13,6 +13,7 @@
 #include "models/shard_checkpoint.h"
 #include "models/tokenizer.h"
 #include "models/zero.h"
+#include "runtime/graph/node_kind.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
@@ -105,22 +106,27 @@ void add_generate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--tokenizer", o->tokenizer, "SentencePiece .model file")->capture_default_str();
   sub->add_option("--prompt", o->prompt, "Prompt text (empty: start from BOS)");
-  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  sub->add_option("--top_p", o->top_p, "Nucleus sampling threshold (1 = off)")->capture_default_str();
-  sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str();
+  // The sampling options follow the graph's generator settings: one declaration of their ranges.
+  graph::node_kind_registry declared;
+  graph::register_example_kinds(declared);
+  const graph::node_kind& gen = *declared.lookup("generator");
+  auto check = [&](const char* name) { return setting_check(*gen.find_setting(name), gen.name); };
+  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str()->check(check("temperature"));
+  sub->add_option("--top_p", o->top_p, "Nucleus sampling threshold (1 = off)")
+      ->capture_default_str()
+      ->check(check("top_p"));
+  sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(check("top_k"));
   sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off")->capture_default_str();
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
-  sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
+  sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")
+      ->capture_default_str()
+      ->check(check("max_new_tokens"));
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
                   "--world_size ranks that gather each layer as it runs (instead of --model)");
   sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint")->capture_default_str()->check(
       CLI::PositiveNumber);
   sub->callback([o] {
-    if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
-    if (o->temperature < 0) throw std::invalid_argument("--temperature must be >= 0 (0 = greedy)");
-    if (o->top_p <= 0 || o->top_p > 1) throw std::invalid_argument("--top_p must be in (0, 1]");
-    if (o->top_k < 0) throw std::invalid_argument("--top_k must be >= 0 (0 = off)");
     if (!o->zero_checkpoint.empty()) {
       auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
       auto prompt = tok->encode(o->prompt, /*add_bos=*/true);

@@ -1,4 +1,5 @@
 // `flowrun run`, `flowrun kinds` and `flowrun explain`: graphs on the actor runtime.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -6,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -78,6 +80,13 @@ void log_to_stderr() {
   spdlog::set_default_logger(logger);
 }
 
+// --threads: 0 (one per core) up to max_threads().
+CLI::Validator threads_check() {
+  return bounded(0, static_cast<double>(max_threads()),
+                 "at most 8 per hardware thread (" + std::to_string(std::thread::hardware_concurrency()) +
+                     " here) and never over 1024: more CAF workers only contend for the cores");
+}
+
 struct registries {
   graph::node_kind_registry kinds;
   actor::node_factory_registry factories;
@@ -85,6 +94,50 @@ struct registries {
 };
 
 }  // namespace
+
+std::size_t max_threads() {
+  const std::size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  return std::min<std::size_t>(1024, 8 * hw);
+}
+
+CLI::Validator bounded(double low, double high, std::string why) {
+  graph::setting_range r;
+  r.low = low;
+  r.high = high;
+  const std::string range = graph::describe_range(r, graph::setting_type::int_);
+  return CLI::Validator(
+      [low, high, range, why](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return {};  // not a number: the option's own conversion says so
+        if (x >= low && x <= high) return {};
+        return "must be " + range + " (" + why + "), got " + text;
+      },
+      "[" + range + "]");
+}
+
+CLI::Validator setting_check(const graph::setting_decl& decl, const std::string& kind) {
+  std::string range = graph::describe_range(decl.range, decl.type);
+  return CLI::Validator(
+      [decl, kind](std::string& text) -> std::string {
+        graph::setting_value v;
+        char* end = nullptr;
+        if (decl.type == graph::setting_type::int_) {
+          const long long i = std::strtoll(text.c_str(), &end, 10);
+          if (end == text.c_str() || *end != '\0') return {};  // not an integer: the option's conversion says so
+          v = static_cast<std::int64_t>(i);
+        } else {
+          const double x = std::strtod(text.c_str(), &end);
+          if (end == text.c_str() || *end != '\0') return {};
+          v = x;
+        }
+        if (auto why = graph::range_violation(decl, v))
+          return *why + " (the same rule as the " + kind + " setting " + decl.name + ": `flowrun explain " + kind +
+                 "`)";
+        return {};
+      },
+      range.empty() ? std::string() : "[" + range + "]");
+}
 
 std::vector<std::string> expand_graph_shorthand(const CLI::App& app, int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
@@ -186,8 +239,12 @@ void add_run(CLI::App& app) {
   sub->add_option("--metrics-interval", o->metrics_interval, "Seconds between metric records and log lines")
       ->capture_default_str();
   sub->add_option("--credit", o->credit, "Messages in flight per link on edges that set no credit")
-      ->capture_default_str();
-  sub->add_option("--threads", o->threads, "CAF worker threads (0: one per core)")->capture_default_str();
+      ->capture_default_str()
+      ->check(bounded(1, static_cast<double>(graph::max_credit),
+                      "each link keeps a slot per credit: more only costs memory"));
+  sub->add_option("--threads", o->threads, "CAF worker threads (0: one per core)")
+      ->capture_default_str()
+      ->check(threads_check());
   sub->add_option("--restart", o->restart, "Restart policy of nodes whose kind has no restart setting")
       ->capture_default_str();
   sub->add_flag("--no-progress", o->no_progress, "No progress line, even on a terminal");
@@ -338,7 +395,9 @@ void add_node(CLI::App& app) {
                   "The cluster's shared secret (first line); default: $FLOWRUN_CLUSTER_SECRET");
   sub->add_option("--port-file", o->port_file, "Write the port here once listening");
   sub->add_flag("--once", o->once, "Exit when the first job ends");
-  sub->add_option("--threads", o->threads, "CAF worker threads (0: one per core)")->capture_default_str();
+  sub->add_option("--threads", o->threads, "CAF worker threads (0: one per core)")
+      ->capture_default_str()
+      ->check(threads_check());
   add_tls_options(sub, o->tls_cert, o->tls_key, o->tls_ca);
   sub->callback([o] {
     log_to_stderr();

@@ -1,10 +1,13 @@
 // flowrun's subcommands. Each registers itself on the CLI11 app.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "runtime/graph/node_kind.h"
 
 namespace flowrun::cli {
 
@@ -30,6 +33,23 @@ void add_kinds(CLI::App& app);
 void add_explain(CLI::App& app);
 /// `flowrun launch --nproc P FILE.graph`: one graph over P processes (gloo ranks).
 void add_launch(CLI::App& app);
+
+/// The most CAF worker threads `--threads` accepts: 8 per hardware thread and
+/// never more than 1024. More workers than that only contend for the cores
+/// (and `--threads 5000` hung at start).
+std::size_t max_threads();
+
+/// A CLI11 check that the number given is in [low, high] (read as a double,
+/// so "1e12" and "-1" are caught before the option's own conversion); its
+/// error reads "must be in [low, high] (why), got TEXT".
+CLI::Validator bounded(double low, double high, std::string why);
+
+/// A CLI11 check built from a node kind's setting declaration: the value must
+/// lie in the setting's range (graph::range_violation), so a command-line
+/// option and the graph setting it mirrors follow one rule (e.g. `flowrun
+/// generate --temperature` and the generator's temperature). `kind` names the
+/// kind in the error.
+CLI::Validator setting_check(const graph::setting_decl& decl, const std::string& kind);
 
 /// Thrown by a subcommand that wants main() to return `code` (e.g. a graph
 /// run's 1, 130 or 143) after it has reported what happened.

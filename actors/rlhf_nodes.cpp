@@ -759,7 +759,9 @@ class scorer_node final : public actor::node {
       const bool pol = role_ == scorer_role::policy;
       ps_.actor_learning_rate = ps_.critic_learning_rate =
           static_cast<float>(s.get_float(pol ? "actor_learning_rate" : "critic_learning_rate"));
-      lora_dim_ = s.get_int(pol ? "actor_lora_dim" : "critic_lora_dim");
+      (pol ? ps_.actor_lora_dim : ps_.critic_lora_dim) = s.get_int(pol ? "actor_lora_dim" : "critic_lora_dim");
+      (pol ? ps_.actor_weight_decay : ps_.critic_weight_decay) =
+          static_cast<float>(s.get_float(pol ? "actor_weight_decay" : "critic_weight_decay"));
       lora_module_name_ = s.get_string(pol ? "actor_lora_module_name" : "critic_lora_module_name");
       ps_.actor_gradient_checkpointing = pol && s.get_bool("actor_gradient_checkpointing");
       ps_.critic_gradient_checkpointing = !pol && s.get_bool("critic_gradient_checkpointing");
@@ -814,14 +816,16 @@ class scorer_node final : public actor::node {
       model_->add_value_head();
       model_->w().v_head.copy_from(m.model->w().v_head);
     }
-    if (lora_dim_ > 0)  // DS-Chat's LinearLayer_LoRA: alpha 1 (lora_scaling 1 / lora_dim)
-      model_->enable_lora(make_lora_config(lora_dim_, 1.0f, 0.0f, lora_module_name_, 0));
+    const int64_t lora_dim = role_ == scorer_role::policy ? ps_.actor_lora_dim : ps_.critic_lora_dim;
+    if (lora_dim > 0)  // DS-Chat's LinearLayer_LoRA: alpha 1 (lora_scaling 1 / lora_dim)
+      model_->enable_lora(make_lora_config(lora_dim, 1.0f, 0.0f, lora_module_name_, 0));
     model_->set_gradient_checkpointing(role_ == scorer_role::policy ? ps_.actor_gradient_checkpointing
                                                                     : ps_.critic_gradient_checkpointing);
     if (role_ == scorer_role::policy || role_ == scorer_role::critic) {
       ops::adamw_config oc;
       oc.lr = ps_.actor_learning_rate;
       oc.beta2 = 0.95f;
+      oc.weight_decay = role_ == scorer_role::policy ? ps_.actor_weight_decay : ps_.critic_weight_decay;
       opt_ = std::make_unique<adamw_optimizer>(*model_, oc);
     }
     if (role_ == scorer_role::policy) {
@@ -898,7 +902,7 @@ class scorer_node final : public actor::node {
   model_format format_ = model_format::llama2c;
   std::string tokenizer_;
   ppo::ppo_settings ps_;
-  int64_t lora_dim_ = 0, version_ = 0;
+  int64_t version_ = 0;
   std::string lora_module_name_;
   std::shared_ptr<decoder> model_;
   std::unique_ptr<adamw_optimizer> opt_;
@@ -1097,6 +1101,7 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
           .option("cliprange_value", T::float_, 0.2, "value clip").above(0)
           .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip").at_least(0)
           .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
+          .option(who + "_weight_decay", T::float_, 0.0, "AdamW decoupled weight decay (DS-Chat's default 0)").at_least(0)
           .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
                   "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
                   "else PEFT target_modules such as q_proj,v_proj")

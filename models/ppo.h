@@ -22,9 +22,9 @@ namespace flowrun::ppo {
 
 /// Step-3 settings with DeepSpeed-Chat's names (training/step3_rlhf_finetuning/main.py).
 struct ppo_settings {
-  int64_t per_device_generation_batch_size = 4;
+  // per_device_generation_batch_size and generation_batches are the prompt loader's and the
+  // controller's settings (actors/rlhf_nodes.cpp): they shape what reaches these functions.
   int64_t per_device_training_batch_size = 4;
-  int64_t generation_batches = 1;
   int64_t ppo_epochs = 1;
   int64_t max_prompt_seq_len = 48;
   int64_t max_answer_seq_len = 32;

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <string>
 #include <thread>
+#include <fstream>
+#include <vector>
 
 #include "runtime/actor/liveness.h"
 
@@ -155,4 +157,27 @@ TEST_CASE("liveness: a node whose coordinator goes silent learns it; a wrong sec
   while (node_lost.load() == 0 && ms_since(t0) < 5000) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK(node_lost.load() == 1);
   CHECK(node_why.find("no heartbeat from the coordinator") == 0);
+}
+
+TEST_CASE("liveness: a responder answers at every address of the machine (127.0.0.1, localhost, ::1)") {
+  // main reaches a node at whatever its [cluster] host resolves to on main's side; the responder must not
+  // depend on that being the first address its own listen host resolves to
+  const auto s = phi_settings::for_cluster(50, 600);
+  liveness_responder responder("localhost", "k", "run/1", s, [](const std::string&) {});
+  std::vector<liveness_monitor::peer> peers{{"127.0.0.1", responder.port()}, {"localhost", responder.port()}};
+  const bool ipv6 = std::ifstream("/proc/net/if_inet6").good();
+  if (ipv6) peers.push_back({"::1", responder.port()});
+  std::vector<std::atomic<int>> pongs(peers.size());
+  std::atomic<int> lost{0};
+  {
+    liveness_monitor monitor(peers, "k", "run/1", s, [&](std::size_t i) { ++pongs[i]; },
+                             [&](std::size_t, const std::string&) { ++lost; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  }
+  for (std::size_t i = 0; i < peers.size(); ++i) {
+    INFO(peers[i].host);
+    CHECK(pongs[i].load() >= 3);
+  }
+  CHECK(lost.load() == 0);
+  MESSAGE("answered at " << peers.size() << " addresses" << (ipv6 ? "" : " (no IPv6 here: ::1 not tried)"));
 }

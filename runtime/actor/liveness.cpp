@@ -2,6 +2,7 @@
 #include "runtime/actor/liveness.h"
 
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -172,9 +173,24 @@ bool parse_liveness_datagram(const std::string& secret, const std::string& conte
 liveness_responder::liveness_responder(const std::string& host, std::string secret, std::string context,
                                        phi_settings s, std::function<void(const std::string&)> on_lost)
     : secret_(std::move(secret)), context_(std::move(context)), s_(s), on_lost_(std::move(on_lost)) {
+  // Every address of this machine, IPv6 and IPv4 at once where the kernel allows: main reaches the node
+  // at whatever its [cluster] host resolves to there, which need not be the first address `host`
+  // resolves to here (localhost: ::1 or 127.0.0.1). Datagrams without the run's HMAC get no answer.
   std::string why;
-  fd_ = udp_socket(host, 0, true, why);
-  if (fd_ < 0) throw std::runtime_error("liveness: cannot open a UDP socket on '" + host + "': " + why);
+  fd_ = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd_ >= 0) {
+    int off = 0;
+    ::setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    sockaddr_in6 any{};
+    any.sin6_family = AF_INET6;
+    any.sin6_addr = in6addr_any;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&any), sizeof any) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  if (fd_ < 0) fd_ = udp_socket("0.0.0.0", 0, true, why);  // no IPv6 here
+  if (fd_ < 0) throw std::runtime_error("liveness: cannot open a UDP socket (for '" + host + "'): " + why);
   sockaddr_storage a{};
   socklen_t len = sizeof a;
   if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0)

@@ -104,8 +104,10 @@ bool parse_liveness_datagram(const std::string& secret, const std::string& conte
 /// spends starting the other nodes does not count).
 class liveness_responder {
  public:
-  /// Binds a UDP socket on `host` (the daemon's listen host; empty or 0.0.0.0:
-  /// every address), port 0. `on_lost(why)` runs once, on the responder's
+  /// Binds a UDP socket on every address (IPv6 and IPv4 where the kernel allows
+  /// both; `host`, the daemon's listen host, only names it in errors), port 0:
+  /// main may reach this machine at another address than the first `host`
+  /// resolves to here. `on_lost(why)` runs once, on the responder's
   /// thread, when the coordinator's pings stop. Throws std::runtime_error when
   /// the socket cannot be made.
   liveness_responder(const std::string& host, std::string secret, std::string context, phi_settings s,

@@ -24,6 +24,7 @@
 #include "models/train/lr_schedule.h"
 #include "models/zero.h"
 #include "models/tokenizer.h"
+#include "test_ranks.h"
 #include "test_util.h"
 
 using namespace flowrun;
@@ -564,26 +565,14 @@ struct engine_run {
 
 engine_run run_engine(int world, const dschat_settings& s, const std::function<decoder()>& make_model,
                       const std::function<step_result(zero_engine&, int64_t update)>& update, int64_t updates) {
-  auto group = comm::make_inproc_group(world);
   std::vector<engine_run> per(world);
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ops::set_thread_budget(std::max(1, ops::hardware_threads() / world));
-        auto c = comm::inproc_communicator(group, r, std::chrono::seconds(60));
-        decoder m = make_model();
-        zero_engine eng(m, *c, engine_settings(m, s));
-        for (int64_t u = 0; u < updates; ++u) per[r].steps.push_back(update(eng, u));
-        per[r].params = eng.gather_full_params();
-        per[r].adapter = eng.adapter_params();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) REQUIRE_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+  test::on_inproc_ranks(world, [&](int r, comm::communicator& c) {
+    decoder m = make_model();
+    zero_engine eng(m, c, engine_settings(m, s));
+    for (int64_t u = 0; u < updates; ++u) per[r].steps.push_back(update(eng, u));
+    per[r].params = eng.gather_full_params();
+    per[r].adapter = eng.adapter_params();
+  });
   for (int r = 1; r < world; ++r)
     for (size_t i = 0; i < per[0].steps.size(); ++i) CHECK(per[r].steps[i].loss == per[0].steps[i].loss);
   return per[0];

@@ -17,6 +17,7 @@
 #include "models/shard_checkpoint.h"
 #include "models/tokenizer.h"
 #include "models/zero.h"
+#include "test_ranks.h"
 #include "test_util.h"
 
 using namespace flowrun;
@@ -58,82 +59,69 @@ std::string config_hash_of(const decoder& m) { return config_fingerprint(hf_conf
 // Runs ZeRO over spec.world in-process ranks (threads).
 run_result run_spec_ranks(const run_spec& sp) {
   const int world = sp.world;
-  auto group = comm::make_inproc_group(world);
   std::vector<run_result> per(world);
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        ops::set_thread_budget(std::max(1, ops::hardware_threads() / world));
-        auto c = comm::inproc_communicator(group, r, std::chrono::seconds(60));
-        decoder m = clone_decoder(base_model());
-        if (sp.prepare) sp.prepare(m);
-        lm_dataset data = base_data();
-        data.set_seed(1234);
-        zero_settings s;
-        s.stage = sp.stage;
-        s.gradient_accumulation_steps = sp.gas;
-        s.micro_batch = kGlobalBatch / (world * sp.gas);
-        s.gradient_clipping = sp.clip;
-        s.adamw.lr = sp.lr;
-        s.adamw.weight_decay = 0.1f;
-        s.precision = sp.precision;
-        if (sp.fp16_scale_power >= 0)
-          s.loss_scaler = std::make_shared<dynamic_loss_scaler>(parse_ds_config(
-              R"({"train_batch_size": 8, "fp16": {"enabled": true, "initial_scale_power": )" +
-                  std::to_string(sp.fp16_scale_power) + "}}",
-              world));
-        zero_engine eng(m, *c, s);
-        int64_t first = 0;
-        if (!sp.resume_from.empty()) {
-          auto ck = load_checkpoint(sp.resume_from);
-          auto& f = ck.full.at("base");
-          eng.restore(f.at("fp32_master"), f.at("exp_avg"), f.at("exp_avg_sq"), {}, {}, {}, ck.step);
-          data.set_position(ck.manifests[0].data_epoch, ck.manifests[0].data_cursor);
-          first = ck.step;
-        }
-        tensor ids, targets;
-        for (int64_t i = first; i < sp.steps; ++i) {
-          data.next_batch(kGlobalBatch, ids, targets);
-          auto res = eng.train_step(ids, targets);
-          per[r].loss.push_back(res.loss);
-          per[r].norm.push_back(res.grad_norm);
-          per[r].bytes.push_back(res.comm_bytes);
-          per[r].skipped.push_back(res.skipped);
-          per[r].scale.push_back(res.loss_scale);
-          if (i + 1 == sp.save_at) {
-            shard_manifest man;
-            man.step = eng.step_count();
-            man.world_size = world;
-            man.rank = r;
-            man.zero_stage = sp.stage;
-            man.config_hash = config_hash_of(m);
-            man.data_epoch = data.epoch();
-            man.data_cursor = data.cursor();
-            shard_group g;
-            g.name = "base";
-            g.full_numel = m.num_parameters();
-            for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
-            g.tensors["fp32_master"] = eng.owned_params();
-            g.tensors["exp_avg"] = eng.owned_exp_avg();
-            g.tensors["exp_avg_sq"] = eng.owned_exp_avg_sq();
-            save_shard(sp.save_dir, man, {g});
-            c->barrier();
-            if (r == 0) commit_checkpoint(sp.save_dir, man.step, world);
-            c->barrier();
-            per[r].saved_params = eng.gather_full_params();
-          }
-        }
-        per[r].mem.push_back(eng.memory());
-        per[r].final_params = eng.gather_full_params();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
+  test::on_inproc_ranks(world, [&](int r, comm::communicator& c) {
+    decoder m = clone_decoder(base_model());
+    if (sp.prepare) sp.prepare(m);
+    lm_dataset data = base_data();
+    data.set_seed(1234);
+    zero_settings s;
+    s.stage = sp.stage;
+    s.gradient_accumulation_steps = sp.gas;
+    s.micro_batch = kGlobalBatch / (world * sp.gas);
+    s.gradient_clipping = sp.clip;
+    s.adamw.lr = sp.lr;
+    s.adamw.weight_decay = 0.1f;
+    s.precision = sp.precision;
+    if (sp.fp16_scale_power >= 0)
+      s.loss_scaler = std::make_shared<dynamic_loss_scaler>(parse_ds_config(
+          R"({"train_batch_size": 8, "fp16": {"enabled": true, "initial_scale_power": )" +
+              std::to_string(sp.fp16_scale_power) + "}}",
+          world));
+    zero_engine eng(m, c, s);
+    int64_t first = 0;
+    if (!sp.resume_from.empty()) {
+      auto ck = load_checkpoint(sp.resume_from);
+      auto& f = ck.full.at("base");
+      eng.restore(f.at("fp32_master"), f.at("exp_avg"), f.at("exp_avg_sq"), {}, {}, {}, ck.step);
+      data.set_position(ck.manifests[0].data_epoch, ck.manifests[0].data_cursor);
+      first = ck.step;
+    }
+    tensor ids, targets;
+    for (int64_t i = first; i < sp.steps; ++i) {
+      data.next_batch(kGlobalBatch, ids, targets);
+      auto res = eng.train_step(ids, targets);
+      per[r].loss.push_back(res.loss);
+      per[r].norm.push_back(res.grad_norm);
+      per[r].bytes.push_back(res.comm_bytes);
+      per[r].skipped.push_back(res.skipped);
+      per[r].scale.push_back(res.loss_scale);
+      if (i + 1 == sp.save_at) {
+        shard_manifest man;
+        man.step = eng.step_count();
+        man.world_size = world;
+        man.rank = r;
+        man.zero_stage = sp.stage;
+        man.config_hash = config_hash_of(m);
+        man.data_epoch = data.epoch();
+        man.data_cursor = data.cursor();
+        shard_group g;
+        g.name = "base";
+        g.full_numel = m.num_parameters();
+        for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
+        g.tensors["fp32_master"] = eng.owned_params();
+        g.tensors["exp_avg"] = eng.owned_exp_avg();
+        g.tensors["exp_avg_sq"] = eng.owned_exp_avg_sq();
+        save_shard(sp.save_dir, man, {g});
+        c.barrier();
+        if (r == 0) commit_checkpoint(sp.save_dir, man.step, world);
+        c.barrier();
+        per[r].saved_params = eng.gather_full_params();
       }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) REQUIRE_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+    }
+    per[r].mem.push_back(eng.memory());
+    per[r].final_params = eng.gather_full_params();
+  });
   // every rank reports the same loss
   for (int r = 1; r < world; ++r)
     for (size_t i = 0; i < per[0].loss.size(); ++i) CHECK(per[r].loss[i] == per[0].loss[i]);
@@ -417,54 +405,42 @@ struct ckpt_run {
 // T = 64, fixed pseudo-random batches), with or without gradient checkpointing. Rank 0's view.
 ckpt_run run_ckpt(const model_config& cfg, int world, int stage, bool checkpointing, bool lora, int64_t steps) {
   constexpr int64_t mb = 2, T = 64;
-  auto group = comm::make_inproc_group(world);
   std::vector<ckpt_run> per(world);
-  std::vector<std::string> errors(world);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ops::set_thread_budget(std::max(1, ops::hardware_threads() / world));
-        auto c = comm::inproc_communicator(group, r, std::chrono::seconds(60));
-        decoder m(cfg);
-        m.init_random(21);
-        if (lora) {
-          lora_config lc;
-          lc.lora_r = 4;
-          lc.lora_dropout = 0.2f;
-          lc.seed = 5;
-          lc.target_modules = {"q_proj", "v_proj", "down_proj"};
-          m.enable_lora(lc, /*freeze_base=*/true);
-        }
-        m.set_gradient_checkpointing(checkpointing);
-        zero_settings s;
-        s.stage = stage;
-        s.micro_batch = mb;
-        s.gradient_clipping = 1.0;
-        s.adamw.lr = 1e-2f;
-        s.adamw.weight_decay = 0.1f;
-        zero_engine eng(m, *c, s);
-        const int64_t Bg = mb * world, V = cfg.vocab_size;
-        for (int64_t i = 0; i < steps; ++i) {
-          std::vector<int32_t> ids(Bg * T), tg(Bg * T);
-          for (int64_t j = 0; j < Bg * T; ++j) {
-            ids[j] = static_cast<int32_t>((j * 29 + i * 7 + 3) % V);
-            tg[j] = static_cast<int32_t>((j * 29 + i * 7 + 32) % V);
-          }
-          auto res = eng.train_step(tensor::from_ints({Bg, T}, ids), tensor::from_ints({Bg, T}, tg));
-          per[r].loss.push_back(res.loss);
-          per[r].norm.push_back(res.grad_norm);
-          per[r].bytes.push_back(res.comm_bytes);
-        }
-        per[r].mem = eng.memory();
-        per[r].final_params = eng.gather_full_params();
-        per[r].final_adapter = eng.adapter_params();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
+  test::on_inproc_ranks(world, [&](int r, comm::communicator& c) {
+    decoder m(cfg);
+    m.init_random(21);
+    if (lora) {
+      lora_config lc;
+      lc.lora_r = 4;
+      lc.lora_dropout = 0.2f;
+      lc.seed = 5;
+      lc.target_modules = {"q_proj", "v_proj", "down_proj"};
+      m.enable_lora(lc, /*freeze_base=*/true);
+    }
+    m.set_gradient_checkpointing(checkpointing);
+    zero_settings s;
+    s.stage = stage;
+    s.micro_batch = mb;
+    s.gradient_clipping = 1.0;
+    s.adamw.lr = 1e-2f;
+    s.adamw.weight_decay = 0.1f;
+    zero_engine eng(m, c, s);
+    const int64_t Bg = mb * world, V = cfg.vocab_size;
+    for (int64_t i = 0; i < steps; ++i) {
+      std::vector<int32_t> ids(Bg * T), tg(Bg * T);
+      for (int64_t j = 0; j < Bg * T; ++j) {
+        ids[j] = static_cast<int32_t>((j * 29 + i * 7 + 3) % V);
+        tg[j] = static_cast<int32_t>((j * 29 + i * 7 + 32) % V);
       }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < world; ++r) REQUIRE_MESSAGE(errors[r].empty(), "rank " << r << ": " << errors[r]);
+      auto res = eng.train_step(tensor::from_ints({Bg, T}, ids), tensor::from_ints({Bg, T}, tg));
+      per[r].loss.push_back(res.loss);
+      per[r].norm.push_back(res.grad_norm);
+      per[r].bytes.push_back(res.comm_bytes);
+    }
+    per[r].mem = eng.memory();
+    per[r].final_params = eng.gather_full_params();
+    per[r].final_adapter = eng.adapter_params();
+  });
   return per[0];
 }
 

@@ -192,6 +192,8 @@ void register_rlhf_codecs() {
                                                w.put(s.seconds);
                                                w.put(s.unsup_loss);
                                                w.put(s.tokens);
+                                               w.put(s.gather_bytes);
+                                               w.put(s.gather_theory_bytes);
                                              },
                                              [](reader& r) {
                                                stats_msg s;
@@ -201,6 +203,8 @@ void register_rlhf_codecs() {
                                                s.seconds = r.get<double>();
                                                s.unsup_loss = r.get<double>();
                                                s.tokens = r.get<std::int64_t>();
+                                               s.gather_bytes = r.get<std::int64_t>();
+                                               s.gather_theory_bytes = r.get<std::int64_t>();
                                                return s;
                                              }));
   actor::register_payload_codec("summary", codec<summary_msg>(

@@ -26,14 +26,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/rank_group.h"
 #include "actors/register.h"
 #include "actors/rlhf_types.h"
-#include "models/dschat_data.h"
-#include "models/dschat_steps.h"
+#include "models/rlhf/dschat_data.h"
+#include "models/rlhf/dschat_steps.h"
 #include "models/adapter.h"
 #include "models/checkpoint.h"
 #include "models/lm_data.h"
-#include "models/ppo.h"
+#include "models/rlhf/ppo.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
 
@@ -214,6 +215,10 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.lora_dim = s.get_int("lora_dim");
   d.gradient_checkpointing = s.get_bool("gradient_checkpointing");
   d.zero_stage = static_cast<int>(s.get_int("zero_stage"));
+  d.dtype = s.get_string("dtype");
+  d.only_optimize_lora = s.get_bool("only_optimize_lora");
+  if (const auto& p = s.get_string("deepspeed_config"); !p.empty())  // one rank: the triple for world size 1
+    dschat::apply_ds_config(d, load_ds_config(resolve_user_path(p, "deepspeed_config").string(), 1));
   return d;
 }
 
@@ -298,15 +303,19 @@ class batch_cycle {
   std::deque<std::vector<int64_t>> queue_;
 };
 
-/// The training engine of a step 1/2 trainer: one rank (an inproc group of one), ZeRO
-/// stage zero_stage, the DS-Chat settings' AdamW, clip and accumulation (dschat::engine_settings).
+/// A trainer's engine: ZeRO stage zero_stage, the DS-Chat settings' AdamW, clip, accumulation
+/// and dtype (dschat::engine_settings), over the given communicator (step 3's rank group) or
+/// an inproc group of one (steps 1-2).
 struct trainer_engine {
-  std::unique_ptr<comm::communicator> comm;
+  std::unique_ptr<comm::communicator> own_comm;
   std::unique_ptr<zero_engine> engine;
   lr_schedule schedule;
 
-  void make(decoder& model, const dschat::dschat_settings& d, int64_t steps) {
-    comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  void make(decoder& model, const dschat::dschat_settings& d, int64_t steps, comm::communicator* comm = nullptr) {
+    if (!comm) {
+      own_comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+      comm = own_comm.get();
+    }
     engine = std::make_unique<zero_engine>(model, *comm, dschat::engine_settings(model, d));
     schedule = dschat::schedule_from(d, steps);
   }
@@ -319,7 +328,7 @@ struct trainer_engine {
     if (!engine) return;
     engine->release_model();
     engine.reset();
-    comm.reset();
+    own_comm.reset();
   }
 };
 
@@ -664,10 +673,14 @@ class ppo_controller final : public actor::node {
       ctx.signal("critic_loss", critic_.loss);
       ctx.signal("training_tokens_per_s", train_tps);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
-                            "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s",
+                            "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s{}",
                             cur_, sum_.reward_mean, sum_.kl_mean, actor_.loss, critic_.loss,
                             actor_.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", actor_.unsup_loss) : "",
-                            sum_.answer_len_mean, gen_tps, train_tps));
+                            sum_.answer_len_mean, gen_tps, train_tps,
+                            actor_.gather_theory_bytes > 0
+                                ? fmt::format(" hybrid-engine gather {:.3f} MB/rank (theory {:.3f})",
+                                              actor_.gather_bytes / 1e6, actor_.gather_theory_bytes / 1e6)
+                                : ""));
       ctx.metric("steps");
     }
     ctx.emit("next", actor::payload::make("tick", cur_));
@@ -740,43 +753,102 @@ class rollout_generator final : public actor::node {
   int64_t emitted_ = 0;
 };
 
-// ---------------------------------------------------------------- step 3: scorers
+// ---------------------------------------------------------------- step 3: frozen scorers
 
-enum class scorer_role { reference, reward, critic, policy };
-
-/// One model that scores rollouts; the critic and the policy also train.
-class scorer_node final : public actor::node {
+/// The reference model (log-probs) or the reward model (end scores): frozen, scores each
+/// rollout batch with the model it got on `init` (a copy: DS-Chat loads each role's model).
+class frozen_scorer final : public actor::node {
  public:
-  explicit scorer_node(scorer_role role) : role_(role) {}
+  explicit frozen_scorer(bool reward) : reward_(reward) {}
+
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "init") {
+      const auto& m = msg.as<model_msg>();
+      model_ = copy_model(*m.model);
+      if (m.model->has_value_head()) {
+        model_->add_value_head();
+        model_->w().v_head.copy_from(m.model->w().v_head);
+      }
+      ctx.log().info("model ready: {}", model_->config().summary());
+    } else if (port == "rollouts") {
+      pending_.push_back(msg);
+    }
+    while (model_ && !pending_.empty()) {
+      auto r = pending_.front().shared<rollout_msg>();
+      pending_.pop_front();
+      ctx.phase("scoring");
+      score_msg out;
+      out.rollouts = r;
+      if (r->exp) {
+        const auto& e = *r->exp;
+        activations a;
+        out.value = reward_ ? ppo::reward_scores(*model_, e.seq, e.attention_mask)
+                            : ppo::sequence_logprobs(*model_, a, e.seq, e.attention_mask);
+        rlhf::check_finite(out.value, ctx.name(), reward_ ? "reward_score" : "ref_logprobs");
+      }
+      ctx.emit("scored", actor::payload::make("scores", std::move(out)));
+    }
+  }
+
+ private:
+  bool reward_;
+  std::shared_ptr<decoder> model_;
+  std::deque<actor::payload> pending_;
+};
+
+// ---------------------------------------------------------------- step 3: trainers
+
+/// The policy (old log-probs; the clipped policy loss, + ptx) or the critic (values; the
+/// clipped value loss) of step 3, trained through the engine (models/train/zero.h) like every
+/// trainer. `replicas = N` makes N ranks of one data-parallel group (rank_group.h): every
+/// rank gets every rollout and experience batch, scores and trains on its 1/N of the rows,
+/// and the gradients meet in the communicator; at actor_zero_stage / critic_zero_stage 3 the
+/// ranks own 1/N of the parameters and AdamW moments. Rank 0 speaks for the group (scores,
+/// stats, the generator's weights, the saved output).
+class ppo_trainer final : public actor::node {
+ public:
+  explicit ppo_trainer(bool policy) : policy_(policy) {}
 
   void start(actor::node_context& ctx) override {
-    if (role_ == scorer_role::critic || role_ == scorer_role::policy) {
-      const auto& s = ctx.spec();
-      ps_.ppo_epochs = s.get_int("ppo_epochs");
-      ps_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
-      ps_.ppo.cliprange = static_cast<float>(s.get_float("cliprange"));
-      ps_.ppo.cliprange_value = static_cast<float>(s.get_float("cliprange_value"));
-      const bool pol = role_ == scorer_role::policy;
-      ps_.actor_learning_rate = ps_.critic_learning_rate =
-          static_cast<float>(s.get_float(pol ? "actor_learning_rate" : "critic_learning_rate"));
-      (pol ? ps_.actor_lora_dim : ps_.critic_lora_dim) = s.get_int(pol ? "actor_lora_dim" : "critic_lora_dim");
-      (pol ? ps_.actor_weight_decay : ps_.critic_weight_decay) =
-          static_cast<float>(s.get_float(pol ? "actor_weight_decay" : "critic_weight_decay"));
-      lora_module_name_ = s.get_string(pol ? "actor_lora_module_name" : "critic_lora_module_name");
-      ps_.actor_gradient_checkpointing = pol && s.get_bool("actor_gradient_checkpointing");
-      ps_.critic_gradient_checkpointing = !pol && s.get_bool("critic_gradient_checkpointing");
-      ps_.per_device_training_batch_size = s.get_int("per_device_training_batch_size");
-      if (role_ == scorer_role::policy) {
-        ps_.enable_ema = s.get_bool("enable_ema");
-        ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
-        if (const auto& u = s.get_string("unsup_data"); !u.empty()) {  // ptx: DS-Chat's unsupervised mixing
-          if (s.get_string("tokenizer").empty())
-            throw std::invalid_argument("node '" + ctx.name() + "': unsup_data needs the tokenizer setting");
-          unsup_tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer").string());
-          unsup_ = std::make_unique<lm_dataset>(resolve_user_path(u, "unsup_data").string(), *unsup_tok_,
-                                                s.get_int("unsup_seq_len"));
-          unsup_->set_seed(ctx.seed());
-        }
+    const auto& s = ctx.spec();
+    const std::string who = policy_ ? "actor" : "critic";
+    ps_.ppo_epochs = s.get_int("ppo_epochs");
+    ps_.ppo.cliprange = static_cast<float>(s.get_float("cliprange"));
+    ps_.ppo.cliprange_value = static_cast<float>(s.get_float("cliprange_value"));
+    ps_.per_device_training_batch_size = s.get_int("per_device_training_batch_size");
+    // the engine's settings, DS-Chat's names: dschat::engine_settings is the one conversion
+    d_.learning_rate = static_cast<float>(s.get_float(who + "_learning_rate"));
+    d_.weight_decay = static_cast<float>(s.get_float(who + "_weight_decay"));
+    d_.zero_stage = static_cast<int>(s.get_int(who + "_zero_stage"));
+    d_.lora_dim = s.get_int(who + "_lora_dim");
+    d_.lora_module_name = s.get_string(who + "_lora_module_name");
+    d_.only_optimize_lora = s.get_bool("only_optimize_lora");
+    d_.gradient_checkpointing = s.get_bool(who + "_gradient_checkpointing");
+    d_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
+    d_.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
+    d_.dtype = s.get_string("dtype");
+    d_.seed = 0;  // the LoRA init: the same on every rank
+    group_ = join_rank_group(ctx);
+    if (group_.local_ranks > 1) ops::set_thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
+    if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {
+      const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), group_.world);
+      dschat::apply_ds_config(d_, c);
+      if (group_.rank == 0 && !c.ignored_keys.empty())
+        ctx.log().info("{}: keys that do not apply here, ignored: {}", c.where, fmt::join(c.ignored_keys, ", "));
+    }
+    if (policy_) {
+      ps_.enable_ema = s.get_bool("enable_ema");
+      ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
+      if (const auto& u = s.get_string("unsup_data"); !u.empty()) {  // ptx: DS-Chat's unsupervised mixing
+        if (s.get_string("tokenizer").empty())
+          throw std::invalid_argument("node '" + ctx.name() + "': unsup_data needs the tokenizer setting");
+        unsup_tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer").string());
+        unsup_ = std::make_unique<lm_dataset>(resolve_user_path(u, "unsup_data").string(), *unsup_tok_,
+                                              s.get_int("unsup_seq_len"));
+        auto seed = tensor::empty({1}, dtype::i64);  // every rank draws the same ptx rows: rank 0's seed
+        seed.data<int64_t>()[0] = static_cast<int64_t>(ctx.seed());
+        group_.comm->broadcast(seed, 0);
+        unsup_->set_seed(static_cast<uint64_t>(seed.data<int64_t>()[0]));
       }
     }
   }
@@ -789,16 +861,26 @@ class scorer_node final : public actor::node {
     } else if (port == "train") {
       train(ctx, msg.as<experience_batch>());
     }
-    while (model_ && !pending_.empty()) {
+    while (engine_.engine && !pending_.empty()) {
       auto r = pending_.front().shared<rollout_msg>();
       pending_.pop_front();
       score(ctx, r);
     }
   }
 
+  void stop(actor::node_context& ctx) override {
+    if (!engine_.engine || ctx.reason() != actor::stop_reason::completed) return;
+    if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
+      ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_.engine->memory().str()));
+    engine_.finish();  // every rank: at stage 3 the parameters are gathered
+    if (policy_ && group_.rank == 0) save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_);
+  }
+
  private:
+  bool speaks() const { return group_.rank == 0; }
+
   void init(actor::node_context& ctx, const model_msg& m) {
-    if (role_ == scorer_role::policy) {  // saved as given (checked at validation too): refused before training
+    if (policy_) {  // saved as given (checked at validation too): refused before training
       check_output(ctx, {m.format, m.model->config().family, false}, false);
       format_ = saved_format(m.format, false);
       const auto& t = ctx.spec().get_string("tokenizer");
@@ -809,6 +891,9 @@ class scorer_node final : public actor::node {
         throw std::invalid_argument("node '" + ctx.name() + "': the tokenizer of the model it got, " + tokenizer_ +
                                     ", is not on this machine, so it cannot be copied beside the output: set "
                                     "the policy's tokenizer setting to a copy here");
+    } else if (!m.model->has_value_head()) {
+      throw std::invalid_argument("node '" + ctx.name() + "': the critic starts from a model with a value head "
+                                  "(the reward model of step 2)");
     }
     // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
     model_ = copy_model(*m.model);
@@ -816,41 +901,64 @@ class scorer_node final : public actor::node {
       model_->add_value_head();
       model_->w().v_head.copy_from(m.model->w().v_head);
     }
-    const int64_t lora_dim = role_ == scorer_role::policy ? ps_.actor_lora_dim : ps_.critic_lora_dim;
-    if (lora_dim > 0)  // DS-Chat's LinearLayer_LoRA: alpha 1 (lora_scaling 1 / lora_dim)
-      model_->enable_lora(make_lora_config(lora_dim, 1.0f, 0.0f, lora_module_name_, 0));
-    model_->set_gradient_checkpointing(role_ == scorer_role::policy ? ps_.actor_gradient_checkpointing
-                                                                    : ps_.critic_gradient_checkpointing);
-    if (role_ == scorer_role::policy || role_ == scorer_role::critic) {
-      ops::adamw_config oc;
-      oc.lr = ps_.actor_learning_rate;
-      oc.beta2 = 0.95f;
-      oc.weight_decay = role_ == scorer_role::policy ? ps_.actor_weight_decay : ps_.critic_weight_decay;
-      opt_ = std::make_unique<adamw_optimizer>(*model_, oc);
-    }
-    if (role_ == scorer_role::policy) {
-      if (ps_.enable_ema) ema_ = model_->w().flat.clone();
-      ctx.emit("weights", actor::payload::make("model", model_msg{model_, version_}));
-    }
-    ctx.log().info("model ready: {}", model_->config().summary());
+    dschat::apply_lora(*model_, d_);
+    model_->set_gradient_checkpointing(d_.gradient_checkpointing);
+    engine_.make(*model_, d_, 1, group_.comm.get());
+    if (ps_.enable_ema) ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
+    if (policy_) publish_weights(ctx);
+    if (speaks())
+      ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {}, {})", model_->config().summary(), group_.world,
+                     d_.zero_stage, d_.dtype);
   }
 
+  // The hybrid engine: the generator reads the policy's current weights. Below stage 3 rank 0's
+  // model holds them all (a handle, no copy). At stage 3 every rank gathers the blocks once per
+  // update (DS-Chat's hybrid engine gathers the ZeRO-3 partitions to generate) into a model
+  // that lives until the generator has used it; the bytes moved are counted.
+  void publish_weights(actor::node_context& ctx) {
+    std::shared_ptr<decoder> gen = model_;
+    gather_bytes_ = 0;
+    if (d_.zero_stage == 3) {
+      const int64_t b0 = group_.comm->stats().bytes_sent;
+      tensor full = engine_.engine->gather_full_params();  // a collective: every rank
+      gather_bytes_ = group_.comm->stats().bytes_sent - b0;
+      if (speaks()) {
+        gen = std::make_shared<decoder>(model_->config());
+        gen->w().flat.copy_from(full);
+        if (model_->has_lora()) {
+          gen->enable_lora(model_->lora(), false);
+          gen->w().adapter_flat.copy_from(model_->w().adapter_flat);
+        }
+      }
+    }
+    if (speaks()) ctx.emit("weights", actor::payload::make("model", model_msg{gen, version_}));
+  }
+
+  // Rank r scores rows micro_slice_of(B, N, r) and the group all-gathers them: (B, L) log-probs or values.
   void score(actor::node_context& ctx, const std::shared_ptr<const rollout_msg>& r) {
     ctx.phase("scoring");
     score_msg out;
     out.rollouts = r;
     if (r->exp) {
       const auto& e = *r->exp;
+      const int64_t B = e.seq.size(0), L = e.seq.size(1) - 1, N = group_.world;
+      const auto m = ppo::micro_slice_of(B, N, group_.rank);
       activations a;
-      switch (role_) {
-        case scorer_role::reference:
-        case scorer_role::policy: out.value = ppo::sequence_logprobs(*model_, a, e.seq, e.attention_mask); break;
-        case scorer_role::critic: out.value = ppo::sequence_values(*model_, a, e.seq, e.attention_mask); break;
-        case scorer_role::reward: out.value = ppo::reward_scores(*model_, e.seq, e.attention_mask); break;
+      const tensor seq = e.seq.rows(m.a, m.b), mask = e.attention_mask.rows(m.a, m.b);
+      tensor mine = policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
+      if (N == 1) {
+        out.value = mine;
+      } else {
+        const int64_t c = (B + N - 1) / N;
+        auto send = tensor::zeros({c, L});
+        if (!m.empty) send.rows(0, m.b - m.a).copy_from(mine);
+        auto all = tensor::empty({N * c, L});
+        group_.comm->all_gather(send, all);
+        out.value = all.rows(0, B).clone();
       }
-      rlhf::check_finite(out.value, ctx.name(), role_ == scorer_role::reward ? "reward_score" : "scores");
+      rlhf::check_finite(out.value, ctx.name(), policy_ ? "logprobs" : "values");
     }
-    ctx.emit("scored", actor::payload::make("scores", std::move(out)));
+    if (speaks()) ctx.emit("scored", actor::payload::make("scores", std::move(out)));
   }
 
   void train(actor::node_context& ctx, const experience_batch& xb) {
@@ -858,7 +966,8 @@ class scorer_node final : public actor::node {
     auto t = clk::now();
     stats_msg st;
     st.iteration = xb.iteration;
-    const int64_t mb = std::max<int64_t>(1, ps_.per_device_training_batch_size);
+    const int64_t mb = ps_.per_device_training_batch_size;
+    const double lr = d_.learning_rate;  // DS-Chat step 3 here: a constant learning rate
     double loss_sum = 0;
     int64_t updates = 0, tokens = 0;
     for (const auto& x : xb.items) tokens += x.exp->seq.numel();
@@ -868,44 +977,51 @@ class scorer_node final : public actor::node {
       const int64_t B = e.seq.size(0);
       for (int64_t a = 0; a < B; a += mb) {  // DS-Chat: one train_rlhf per mini-batch of the experience
         const int64_t b = std::min(B, a + mb);
-        ppo::experience sub = ppo::slice_rows(e, a, b);
-        if (role_ == scorer_role::policy) {
-          loss_sum += ppo::actor_train_step(*model_, *opt_, sub, x.advantages.rows(a, b), ps_, &st.grad_norm);
+        const ppo::experience sub = ppo::slice_rows(e, a, b);
+        step_result r;
+        if (policy_) {
+          r = ppo::actor_update(*engine_.engine, sub, x.advantages.rows(a, b), ps_, lr);
           if (unsup_) {  // DS-Chat train_unsupervised: unsup_coef x LM loss, its own optimizer step
             tensor ids, tg;
             unsup_->next_batch(b - a, ids, tg);
-            st.unsup_loss = ppo::unsupervised_step(*model_, *opt_, ids, tg, ps_);
+            st.unsup_loss = ppo::ptx_update(*engine_.engine, ids, tg, ps_, lr).loss;
           }
-        } else
-          loss_sum += ppo::critic_train_step(*model_, *opt_, sub, x.returns.rows(a, b), ps_, &st.grad_norm);
+        } else {
+          r = ppo::critic_update(*engine_.engine, sub, x.returns.rows(a, b), ps_, lr);
+        }
+        loss_sum += r.loss;
+        st.grad_norm = r.grad_norm;
         ++updates;
       }
     }
     st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
-    if (role_ == scorer_role::policy) {
+    if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
+    const memory_report mem = engine_.engine->memory();
+    ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
+                {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
+    if (policy_) {
       ++version_;
-      if (ema_.defined()) rlhf::ema_update(ema_, model_->w().flat, ps_.ema_beta);
-      ctx.emit("weights", actor::payload::make("model", model_msg{model_, version_}));
+      publish_weights(ctx);
+      st.gather_bytes = gather_bytes_;
+      if (d_.zero_stage == 3)
+        for (const auto& blk : model_->param_blocks())
+          st.gather_theory_bytes += (group_.world - 1) * ((blk.numel() + group_.world - 1) / group_.world) * 4;
     }
     st.seconds = since(t);
     st.tokens = tokens * ps_.ppo_epochs;
     ctx.metric("tokens", st.tokens);
-    ctx.emit("stats", actor::payload::make("stats", st));
+    if (speaks()) ctx.emit("stats", actor::payload::make("stats", st));
   }
 
-  void stop(actor::node_context& ctx) override {
-    if (role_ != scorer_role::policy || !model_ || ctx.reason() != actor::stop_reason::completed) return;
-    save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_);
-  }
-
-  scorer_role role_;
+  bool policy_;
   model_format format_ = model_format::llama2c;
   std::string tokenizer_;
   ppo::ppo_settings ps_;
-  int64_t version_ = 0;
-  std::string lora_module_name_;
+  dschat::dschat_settings d_;
+  rank_group group_;
+  trainer_engine engine_;
+  int64_t version_ = 0, gather_bytes_ = 0;
   std::shared_ptr<decoder> model_;
-  std::unique_ptr<adamw_optimizer> opt_;
   tensor ema_;
   std::deque<actor::payload> pending_;
   std::unique_ptr<tokenizer> unsup_tok_;
@@ -1012,6 +1128,12 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                 "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
         .option("steps", T::int_, steps, "optimizer updates, each of gradient_accumulation_steps micro-batches").at_least(1)
         .option("zero_stage", T::int_, std::int64_t{0}, "ZeRO stage 0-3 of the trainer's engine (DS-Chat's --zero_stage)").in_range(0, 3)
+        .option("dtype", T::string, std::string("fp32"),
+                "fp32, bf16 or fp16 (fp32 masters; fp16 with dynamic loss scaling): DS-Chat's --dtype")
+        .option("deepspeed_config", T::string, std::string(""),
+                "a DeepSpeed JSON whose zero_optimization.stage, bf16/fp16, gradient_clipping, batch triple and "
+                "optimizer override these settings")
+        .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
         .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
         .option("gradient_checkpointing", T::bool_, false,
                 "recompute each layer's activations in backward (less memory, one more forward per layer)")
@@ -1084,31 +1206,53 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)").in_range(0, 1, /*low_open=*/true);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
   }
-  auto scorer_kind = [&](const char* name, const char* doc, scorer_role role, bool trains) {
+  auto frozen_kind = [&](const char* name, const char* doc, bool reward) {
     graph::node_kind k{name, doc};
     k.input("init", "model", "the model this node starts from (copied)")
         .input("rollouts", "rollouts", "sequences to score")
-        .output("scored", "scores", "per-token log-probs or values, or per-row rewards", true);
-    if (trains) {
-      const std::string who = role == scorer_role::policy ? "actor" : "critic";
-      k.input("train", "experience", "experience to train on", true, true)
-          .output("stats", "stats", "the update's loss and gradient norm", true)
-          .option(who + "_learning_rate", T::float_, 1e-4, "AdamW learning rate").at_least(0)
-          .option("per_device_training_batch_size", T::int_, std::int64_t{8},
-                  "rollouts per PPO update (the experience is cut into mini-batches of this size)").at_least(1)
-          .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch").at_least(1)
-          .option("cliprange", T::float_, 0.2, "policy ratio clip").above(0)
-          .option("cliprange_value", T::float_, 0.2, "value clip").above(0)
-          .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip").at_least(0)
-          .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
-          .option(who + "_weight_decay", T::float_, 0.0, "AdamW decoupled weight decay (DS-Chat's default 0)").at_least(0)
-          .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
-                  "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
-                  "else PEFT target_modules such as q_proj,v_proj")
-          .option(who + "_gradient_checkpointing", T::bool_, false,
-                  "recompute each layer's activations in backward (less memory, one more forward per layer)");
-    }
-    if (role == scorer_role::policy)
+        .output("scored", "scores", reward ? "per-row reward scores" : "per-token log-probs", true);
+    actor::register_node_kind(kinds, factories, k,
+                              [reward] { return std::unique_ptr<actor::node>(new frozen_scorer(reward)); });
+  };
+  frozen_kind("reference_model", "frozen copy of the step-1 model: reference log-probs", false);
+  frozen_kind("reward_model", "frozen step-2 model: the reward score at each answer's end", true);
+  auto trainer_kind = [&](const char* name, const char* doc, bool policy) {
+    graph::node_kind k{name, doc};
+    const std::string who = policy ? "actor" : "critic";
+    k.blocking = true;  // ranks block in collectives: a thread each
+    k.input("init", "model", "the model this node starts from (copied)")
+        .input("rollouts", "rollouts", "sequences to score")
+        .input("train", "experience", "experience to train on", true, true)
+        .output("scored", "scores", policy ? "per-token log-probs (the old policy)" : "per-token values", true)
+        .output("stats", "stats", "the update's loss and gradient norm", true)
+        .option(who + "_learning_rate", T::float_, 1e-4, "AdamW learning rate").at_least(0)
+        .option("per_device_training_batch_size", T::int_, std::int64_t{8},
+                "rollouts per PPO update, all ranks together (the experience is cut into mini-batches of this "
+                "size; each of the N ranks trains on 1/N of one)").at_least(1)
+        .option("gradient_accumulation_steps", T::int_, std::int64_t{1},
+                "micro-batches per rank per PPO update (the mini-batch is cut into ranks x this)").at_least(1)
+        .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch").at_least(1)
+        .option("cliprange", T::float_, 0.2, "policy ratio clip").above(0)
+        .option("cliprange_value", T::float_, 0.2, "value clip").above(0)
+        .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip (0: off)").at_least(0)
+        .option(who + "_zero_stage", T::int_, std::int64_t{0},
+                "ZeRO stage 0-3 of this model's engine over its replicas (DS-Chat's --" + who + "_zero_stage)")
+        .in_range(0, 3)
+        .option("dtype", T::string, std::string("fp32"),
+                "fp32, bf16 or fp16 (fp32 masters; fp16 with dynamic loss scaling): DS-Chat's --dtype")
+        .option("deepspeed_config", T::string, std::string(""),
+                "a DeepSpeed JSON whose zero_optimization.stage, bf16/fp16, gradient_clipping, "
+                "gradient_accumulation_steps and optimizer override these settings")
+        .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
+        .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
+        .option(who + "_weight_decay", T::float_, 0.0, "AdamW decoupled weight decay (DS-Chat's default 0)").at_least(0)
+        .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
+                "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
+                "else PEFT target_modules such as q_proj,v_proj")
+        .option(who + "_gradient_checkpointing", T::bool_, false,
+                "recompute each layer's activations in backward (less memory, one more forward per layer)");
+    add_rank_group_settings(k);
+    if (policy) {
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
           .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
           .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss").at_least(0)
@@ -1120,16 +1264,13 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                   "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
                   "a HF folder with the tokenizer)")
           .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
-    if (role == scorer_role::policy) k.check = check_trainer_output;
+      k.check = check_trainer_output;
+    }
     actor::register_node_kind(kinds, factories, k,
-                              [role] { return std::unique_ptr<actor::node>(new scorer_node(role)); });
+                              [policy] { return std::unique_ptr<actor::node>(new ppo_trainer(policy)); });
   };
-  scorer_kind("reference_model", "frozen copy of the step-1 model: reference log-probs", scorer_role::reference, false);
-  scorer_kind("reward_model", "frozen step-2 model: the reward score at each answer's end", scorer_role::reward, false);
-  scorer_kind("critic", "value model (from the reward model): values, trained on the clipped value loss",
-              scorer_role::critic, true);
-  scorer_kind("policy", "the actor (from step 1): old log-probs, trained on the clipped policy loss",
-              scorer_role::policy, true);
+  trainer_kind("critic", "value model (from the reward model): values, trained on the clipped value loss", false);
+  trainer_kind("policy", "the actor (from step 1): old log-probs, trained on the clipped policy loss", true);
   {
     graph::node_kind k{"experience_maker", "KL-penalised rewards with the clipped score, and GAE"};
     k.input("logprobs", "scores", "the policy's log-probs")

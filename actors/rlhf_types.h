@@ -19,7 +19,7 @@
 
 #include "models/checkpoint.h"
 #include "models/decoder.h"
-#include "models/ppo.h"
+#include "models/rlhf/ppo.h"
 
 namespace flowrun::actors {
 
@@ -78,6 +78,11 @@ struct stats_msg {
   double loss = 0, grad_norm = 0, seconds = 0;
   double unsup_loss = 0;  ///< the ptx LM loss of the last update (0: no ptx)
   int64_t tokens = 0;  ///< tokens trained on (for tokens/s)
+  /// The hybrid engine at ZeRO stage 3: bytes this rank sent gathering the policy's blocks for
+  /// the generator after the update (0 below stage 3: rank 0 holds every weight).
+  int64_t gather_bytes = 0;
+  /// ... and what a ring all-gather of the padded f32 blocks sends: (N - 1) · Σ_b ceil(n_b / N) · 4.
+  int64_t gather_theory_bytes = 0;
 };
 
 struct summary_msg {

@@ -25,16 +25,16 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/codec_io.h"
+#include "actors/rank_group.h"
 #include "actors/register.h"
 #include "models/adapter.h"
 #include "models/checkpoint.h"
-#include "models/ds_config.h"
+#include "models/train/ds_config.h"
 #include "models/hf.h"
 #include "models/lm_data.h"
-#include "models/shard_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
 #include "models/tokenizer.h"
-#include "models/zero.h"
-#include "runtime/comm/caf_store.h"
+#include "models/train/zero.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 
@@ -52,15 +52,6 @@ struct lm_batch_msg {
   int64_t epoch = 0, cursor = 0;
   tensor val_ids, val_targets;  ///< the held-out batch (the same tensors in every message)
 };
-
-int env_int(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
-}
-
-/// The process index and count of a `flowrun launch` (0 and 1 otherwise).
-int process_index() { return env_int("FLOWRUN_PROCESS_INDEX", 0); }
-int process_count() { return env_int("FLOWRUN_NPROC", 1); }
 
 /// The latest committed checkpoint of `dir`, or "" (no dir, nothing committed).
 std::string resume_folder(const std::string& dir) {
@@ -128,65 +119,17 @@ class lm_batches final : public actor::node {
 
 // ---------------------------------------------------------------- zero_rank
 
-// The in-process groups of this process's replicas, by node name (the first
-// replica to start makes it; it is forgotten once every replica has joined).
-std::mutex groups_mutex;
-std::map<std::string, std::pair<std::shared_ptr<comm::inproc_group>, std::size_t>> groups;
-
-std::shared_ptr<comm::inproc_group> join_group(const std::string& key, int world, std::size_t members) {
-  std::lock_guard<std::mutex> lock(groups_mutex);
-  auto& slot = groups[key];
-  if (!slot.first) slot = {comm::make_inproc_group(world), 0};
-  auto g = slot.first;
-  if (++slot.second == members) groups.erase(key);
-  return g;
-}
-
 class zero_rank final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
     const auto& s = ctx.spec();
-    const int nproc = process_count(), pidx = process_index();
-    const int local = static_cast<int>(ctx.replicas());
-    world_ = local * nproc;
+    rank_group g = join_rank_group(ctx);
+    world_ = g.world;
+    rank_ = g.rank;
+    comm_ = std::move(g.comm);
     // the host's cores shared among the ranks of all launched processes (one thread each)
-    ops::set_thread_budget(std::max(1, ops::hardware_threads() / (local * nproc)));
-    rank_ = pidx * local + static_cast<int>(ctx.replica());
-    // the communicator
-    comm::comm_options co;
-    co.backend = s.get_string("comm_backend");
-    co.rank = rank_;
-    co.world_size = world_;
-    co.timeout = std::chrono::seconds(s.get_int("comm_timeout_s"));
-    if (co.backend == "inproc") {
-      if (nproc > 1)
-        throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"inproc\" joins threads of one process; "
-                                    "with flowrun launch --nproc " + std::to_string(nproc) + " use \"gloo\"");
-      co.group = join_group(ctx.name(), world_, ctx.replicas());
-    } else {
-      // The rendezvous, first found: the node's rendezvous (caf://HOST:PORT or a folder), its
-      // store_dir, the cluster run's store (ctx.rendezvous_store()), $FLOWRUN_RENDEZVOUS (flowrun
-      // launch --rendezvous caf), $FLOWRUN_STORE_DIR
-      // (--rendezvous file). gloo's addresses and NCCL's unique id go through it.
-      const char* rv = std::getenv("FLOWRUN_RENDEZVOUS");
-      const char* sd = std::getenv("FLOWRUN_STORE_DIR");
-      if (!s.get_string("rendezvous").empty())
-        co.kv = comm::open_store(s.get_string("rendezvous"), co.timeout);
-      else if (!s.get_string("store_dir").empty())
-        co.store_dir = s.get_string("store_dir");
-      else if (ctx.rendezvous_store())  // a cluster run's store (ranks on several cluster nodes)
-        co.kv = ctx.rendezvous_store();
-      else if (rv && *rv)
-        co.kv = comm::open_store(rv, co.timeout);
-      else if (sd && *sd)
-        co.store_dir = sd;
-      else
-        throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"" + co.backend +
-                                    "\" needs a rendezvous: rendezvous (caf://HOST:PORT), store_dir (a folder every "
-                                    "rank sees), FLOWRUN_RENDEZVOUS or FLOWRUN_STORE_DIR (flowrun launch sets one)");
-      co.prefix = "flowrun/" + ctx.name();
-    }
-    comm_ = comm::make_communicator(co);
+    ops::set_thread_budget(std::max(1, ops::hardware_threads() / world_));
+    const int local = g.local_ranks;
 
     // DeepSpeed's config
     ds_ = load_ds_config(resolve_user_path(s.get_string("deepspeed_config"), "deepspeed_config").string(), world_);
@@ -479,11 +422,6 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     k.require("model", T::path, "initial weights: llama2.c .bin, HF folder or flowrun folder")
         .require("deepspeed_config", T::path, "DeepSpeed JSON (batch sizes, zero_optimization.stage, optimizer, scheduler)")
         .option("zero_stage", T::int_, std::int64_t{-1}, "override zero_optimization.stage (-1: the config's)").in_range(-1, 3)
-        .option("comm_backend", T::string, std::string("inproc"), "inproc (threads), gloo (processes) or nccl (GPUs)")
-        .option("rendezvous", T::string, std::string(""),
-                "gloo/nccl rendezvous: caf://HOST:PORT (a CAF store) or a folder (default: $FLOWRUN_RENDEZVOUS)")
-        .option("store_dir", T::string, std::string(""), "gloo/nccl rendezvous folder (default: $FLOWRUN_STORE_DIR)")
-        .option("comm_timeout_s", T::int_, std::int64_t{300}, "how long a collective waits for the other ranks").at_least(1)
         .option("save_checkpoint_steps", T::int_, std::int64_t{10}, "checkpoint every N steps (and at the end); 0: only when the console asks").at_least(0)
         .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed step folders kept").at_least(1)
         .option("export_hf", T::string, std::string(""), "at the end, write the consolidated model here (HF format)")
@@ -502,6 +440,7 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("print_every", T::int_, std::int64_t{5}, "print the loss every N steps").at_least(1)
         .input("batch", "lm_batch", "global batches");
     shared(k);
+    add_rank_group_settings(k);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new zero_rank); });
   }
 }

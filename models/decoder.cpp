@@ -902,6 +902,9 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   if (post) a.dres.copy_from(a.dlnf);
   else norm_backward(a.dres, g_.lnf_w, g_.lnf_b, a.dlnf, a.resid[NL].view({N, C}), w_.lnf_w, a.lnf_mean, a.lnf_rstd);
   hook_grads_ready(head_block);
+  // A tied embedding's gradient so far (the head's share) is handed over now, so that its
+  // buffer does not live through every layer's backward; the lookup's share follows at the end.
+  if (cfg_.tied_embeddings) hook_grads_ready(0);
   hook_release(head_block, ph::backward);
   if (cfg_.tied_embeddings) hook_release(0, ph::backward);
 

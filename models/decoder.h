@@ -116,7 +116,10 @@ class param_hooks {
   virtual void acquire(int b, phase p, bool params = true) = 0;
   /// The decoder does not read block `b`'s parameters any more in this phase.
   virtual void release(int b, phase p) = 0;
-  /// Block `b`'s gradients are complete for this backward pass.
+  /// Block `b`'s gradients accumulated since its acquire are handed over (the engine reduces
+  /// them and frees the buffer). Once per block and backward pass, except a tied embedding:
+  /// after the head's backward (the head's share) and after the lookup's (the rest); the
+  /// hook sums the reports.
   virtual void grads_ready(int b) = 0;
 };
 

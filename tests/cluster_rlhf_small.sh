@@ -20,8 +20,8 @@ small=(--no-progress --threads 2 --set node.sft.steps=3 --set node.rm.steps=3 --
 split=(--set node.prompts.on=w1 --set node.ppo_controller.on=w2 --set node.sft.on=w1 --set node.rm.on=w1
        --set node.generator.on=w1 --set node.reward.on=w2 --set node.critic.on=w2)
 outputs() { echo --set node.sft.output="$out/$1-sft.bin" --set node.rm.output="$out/$1-rm" --set node.policy.output="$out/$1-ppo.bin"; }
-# the printed results without timings (tokens/s, seconds)
-results() { grep '^\[step' "$@" | sed -E 's/ \([0-9]+ tokens\/s\)//; s/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/[,;] [0-9.]+ s$//'; }
+# the printed results without timings (tokens/s, seconds) and the trainers' memory lines (printed where they run)
+results() { grep '^\[step' "$@" | grep -v '^\[step 3 ppo\] [a-z_]* memory rank' | sed -E 's/ \([0-9]+ tokens\/s\)//; s/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/[,;] [0-9.]+ s$//'; }
 source "$(dirname "$0")/cluster_lib.sh"  # daemons, cluster_file
 
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" $(outputs single) > "$out/single.log" 2> "$out/single.err" \

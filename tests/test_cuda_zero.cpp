@@ -27,7 +27,7 @@
 #include "models/llama2c.h"
 #include "models/lm_data.h"
 #include "models/tokenizer.h"
-#include "models/zero.h"
+#include "models/train/zero.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/tensor/device_memory.h"
 #include "test_util.h"

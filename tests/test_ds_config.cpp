@@ -1,4 +1,4 @@
-// DeepSpeed's JSON config (models/ds_config.h): DS-Chat's own configs, the
+// DeepSpeed's JSON config (models/train/ds_config.h): DS-Chat's own configs, the
 // batch triple, the lr schedules and fp16 loss scaling against numbers that
 // DeepSpeed 0.19.8 produced (tests/fixtures/ds/make_ds_reference.py), and the
 // error reports for bad inputs.
@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/ds_config.h"
+#include "models/train/ds_config.h"
 
 using namespace flowrun;
 namespace fs = std::filesystem;

@@ -16,13 +16,13 @@
 #include <type_traits>
 
 #include "models/decoder.h"
-#include "models/dschat_data.h"
-#include "models/dschat_steps.h"
-#include "models/ds_config.h"
+#include "models/rlhf/dschat_data.h"
+#include "models/rlhf/dschat_steps.h"
+#include "models/train/ds_config.h"
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/train/lr_schedule.h"
-#include "models/zero.h"
+#include "models/train/zero.h"
 #include "models/tokenizer.h"
 #include "test_ranks.h"
 #include "test_util.h"

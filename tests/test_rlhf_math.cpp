@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "models/rlhf_math.h"
+#include "models/rlhf/rlhf_math.h"
 
 using namespace flowrun;
 using namespace flowrun::rlhf;

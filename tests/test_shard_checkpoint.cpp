@@ -1,4 +1,4 @@
-// ZeRO sharded checkpoints (models/shard_checkpoint.h) with the real stories260K
+// ZeRO sharded checkpoints (models/train/shard_checkpoint.h) with the real stories260K
 // weights: the flat parameter buffer is split as a ZeRO engine splits it (blocks:
 // the embedding, each decoder layer, the rest; every block padded to a multiple of
 // N, rank r owning piece r), saved by N = 1, 2, 4 "ranks", committed and loaded
@@ -19,7 +19,7 @@
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/safetensors.h"
-#include "models/shard_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
 #include "test_util.h"
 
 using namespace flowrun;

@@ -14,9 +14,9 @@
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/lm_data.h"
-#include "models/shard_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
 #include "models/tokenizer.h"
-#include "models/zero.h"
+#include "models/train/zero.h"
 #include "test_ranks.h"
 #include "test_util.h"
 

@@ -1,7 +1,7 @@
 // The one learning-rate schedule of every trainer (issue 16): the names of
 // transformers.get_scheduler, used by DeepSpeed-Chat's steps 1-3, and the
 // names of DeepSpeed's "scheduler" section, used by pretraining's DeepSpeed
-// JSON (models/ds_config.h fills an lr_schedule from it).
+// JSON (models/train/ds_config.h fills an lr_schedule from it).
 //
 // Sources:
 //   transformers/optimization.py (get_scheduler): get_constant_schedule,

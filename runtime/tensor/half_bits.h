@@ -1,5 +1,5 @@
 // bf16 and IEEE f16 conversions on raw bits, shared by the host (tensor.cpp's
-// float_to_bf16 & co.) and CUDA kernels (models/zero_device.cu), so both round
+// float_to_bf16 & co.) and CUDA kernels (models/train/zero_device.cu), so both round
 // identically. Callers bit-cast float <-> uint32_t (std::memcpy on the host,
 // __float_as_uint / __uint_as_float on the device).
 //  - f32 -> bf16: round to nearest even; NaN stays a quiet NaN.

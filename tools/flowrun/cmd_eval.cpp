@@ -10,8 +10,8 @@
 #include <spdlog/spdlog.h>
 
 #include "models/checkpoint.h"
-#include "models/dschat_data.h"
-#include "models/dschat_steps.h"
+#include "models/rlhf/dschat_data.h"
+#include "models/rlhf/dschat_steps.h"
 #include "models/generate.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "models/config.h"
-#include "models/shard_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
 #include "models/tokenizer.h"
-#include "models/zero.h"
+#include "models/train/zero.h"
 #include "runtime/graph/node_kind.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"

@@ -1,6 +1,6 @@
 // DeepSpeed's JSON configuration: see ds_config.h for the semantics and the
 // DeepSpeed sources each part follows.
-#include "models/ds_config.h"
+#include "models/train/ds_config.h"
 
 #include <algorithm>
 #include <cctype>

@@ -29,7 +29,7 @@
 // hooks), gradient reduction, the non-finite check, clipping and the AdamW step
 // at the scheduled lr. The LM cross-entropy of pretraining is one such loss
 // (train_step(ids, targets)); DeepSpeed-Chat's SFT and pairwise RM losses are
-// others (models/dschat_steps.h).
+// others (models/rlhf/dschat_steps.h).
 //
 // Normalization. Each micro-batch's loss is a mean over `units` of its own
 // (valid targets, pairs, ...; batch_loss::units says how many). The step's
@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "models/decoder.h"
-#include "models/ds_config.h"
+#include "models/train/ds_config.h"
 #include "runtime/comm/communicator.h"
 
 namespace flowrun {
@@ -127,9 +127,13 @@ struct step_result {
 /// reduce-scatter them and all-gather the parameters (2Ψ), stage 3 all-gathers
 /// the parameters in forward and in backward and reduce-scatters the gradients per
 /// micro-batch (3Ψ each). Ψ counts padded blocks in f32. This is the textbook
-/// volume; the engine's schedule differs from it in one place: with tied
-/// embeddings (stories260K) the head gathers the embedding a second time in
-/// forward, and the lookup's backward needs no gather of an untied embedding.
+/// volume plus one term: with tied embeddings at stages 2-3 the head's share of the
+/// embedding's gradient is reduce-scattered on its own right after the head's
+/// backward, so that its buffer does not live through every layer's backward: one
+/// more reduce-scatter of the embedding block per micro-batch (counted). The
+/// engine's schedule also differs in a way not counted: with tied embeddings
+/// (stories260K) the head gathers the embedding a second time in forward, and the
+/// lookup's backward needs no gather of an untied embedding.
 /// Scalars (token counts, the loss, the norm) are not included.
 int64_t zero_theoretical_bytes(const decoder& model, int world_size, int stage, int64_t gradient_accumulation_steps);
 
@@ -198,6 +202,8 @@ class zero_engine : private param_hooks {
   memory_report memory() const;
   const zero_settings& settings() const { return s_; }
   int64_t step_count() const { return t_; }
+  int rank() const { return r_; }
+  int world_size() const { return N_; }
   decoder& model() { return model_; }
   comm::communicator& comm() { return comm_; }
 
@@ -266,7 +272,7 @@ class zero_engine : private param_hooks {
   tensor am_, av_;     // adapter moments
   std::vector<block_state> st_;
   int64_t t_ = 0;
-  bool first_micro_ = true;
+  std::vector<char> grad_written_;  // stages 2-3: block b's shard gradient has a report of this step
   bool released_ = false;
   int64_t gathered_now_ = 0, gathered_peak_ = 0, gradbuf_now_ = 0, gradbuf_peak_ = 0;
   activations act_;

@@ -1,4 +1,4 @@
-#include "models/zero.h"
+#include "models/train/zero.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "models/zero_device.h"
+#include "models/train/zero_device.h"
 #include "runtime/kernels/ops.h"
 
 namespace flowrun {
@@ -41,7 +41,7 @@ int64_t activation_bytes(const activations& a) {
 }
 
 // ---- element work on the buffers' device: the host code as before on the CPU (bit for
-// bit), the kernels of models/zero_device.cu on a CUDA device.
+// bit), the kernels of models/train/zero_device.cu on a CUDA device.
 
 bool on_gpu(const tensor& t) { return t.defined() && t.dev().kind == device_kind::cuda; }
 
@@ -152,11 +152,15 @@ int64_t zero_theoretical_bytes(const decoder& model, int N, int stage, int64_t g
   int64_t psi = 0;
   for (auto& b : model.param_blocks()) psi += ceil_div(b.numel(), N) * N * 4;
   const int64_t ring = (N - 1) * (psi / N);  // one ring all-gather or reduce-scatter of Ψ
+  // stages 2-3, tied embeddings: the head's share of the embedding gradient is reduced on its own
+  const int64_t tied = stage >= 2 && model.config().tied_embeddings
+                           ? gas * (N - 1) * ceil_div(model.param_blocks().front().numel(), N) * 4
+                           : 0;
   switch (stage) {
     case 0: return 2 * ring;        // all-reduce of the gradients, once per step
-    case 1:
-    case 2: return 2 * ring;        // reduce-scatter of the gradients + all-gather of the parameters
-    default: return gas * 3 * ring; // per micro-batch: all-gather in forward and in backward, reduce-scatter
+    case 1: return 2 * ring;        // reduce-scatter of the gradients + all-gather of the parameters
+    case 2: return 2 * ring + tied;
+    default: return gas * 3 * ring + tied; // per micro-batch: all-gather in forward and in backward, reduce-scatter
   }
 }
 
@@ -331,9 +335,10 @@ void zero_engine::grads_ready(int b) {
   if (!st.grads.defined()) return;
   if (base_trains_) {
     tensor dst = grad_shard_.flat_view(shard_off_[b], {piece_[b]});
-    if (first_micro_) {
+    if (!grad_written_[b]) {  // the step's first report of block b: overwrite the shard
       reduce_scatter_block(st.grads, dst);
-    } else {
+      grad_written_[b] = 1;
+    } else {  // a later micro-batch, or a tied embedding's second share (decoder::backward)
       auto tmp = tensor::empty({piece_[b]}, dtype::f32, dev_);
       reduce_scatter_block(st.grads, tmp);
       ops::axpy(dst, tmp);
@@ -527,8 +532,8 @@ step_result zero_engine::train_step(const batch_loss& loss, double lr) {
   model_.zero_grad();
   const double scale = s_.loss_scaler ? s_.loss_scaler->scale() : 1.0;
   double loss_sum = 0.0;
+  grad_written_.assign(blocks_.size(), 0);
   for (int64_t g = 0; g < gas; ++g) {
-    first_micro_ = g == 0;
     micro_loss ml = loss.forward(g * N_ + r_, model_, act_);
     loss_sum += ml.loss * static_cast<double>(units[g]);
     // (set after forward: it resets the activations on a new shape)
@@ -550,7 +555,6 @@ step_result zero_engine::train_step(const batch_loss& loss, double lr) {
     }
     model_.backward(act_, dout);
   }
-  first_micro_ = true;
   act_peak_ = std::max(act_peak_, activation_bytes(act_));
   if (s_.stage <= 1) reduce_grads_stage01();
   if (model_.num_adapter_parameters() > 0) comm_.all_reduce(model_.grads().adapter_flat);

@@ -1,4 +1,4 @@
-#include "models/ppo.h"
+#include "models/rlhf/ppo.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,13 +36,6 @@ tensor shifted_labels(const tensor& seq) {
   for (int64_t r = 0; r < B; ++r)
     for (int64_t t = 0; t + 1 < S; ++t) lab.data<int32_t>()[r * S + t] = seq.data<int32_t>()[r * S + t + 1];
   return lab;
-}
-
-double clip_and_step(decoder& m, adamw_optimizer& opt, float max_norm, float lr) {
-  auto g = opt.trainable_grads();
-  double norm = ops::clip_grad_norm(g, max_norm > 0 ? max_norm : 0.0);
-  opt.step(lr);
-  return norm;
 }
 
 }  // namespace
@@ -150,65 +143,131 @@ tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor&
   return rewards;
 }
 
-double actor_train_step(decoder& actor, adamw_optimizer& opt, const experience& e, const tensor& advantages,
-                        const ppo_settings& s, double* grad_norm) {
-  const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start();
-  activations a;
-  actor.forward(a, e.seq, {}, e.attention_mask);
-  tensor labels = shifted_labels(e.seq);
-  tensor lp;
-  rlhf::gather_log_probs_forward(lp, a.logits, labels);
-  tensor lp_ans = cols(lp, start, L);
-  tensor old_ans = cols(e.logprobs, start, L);
-  tensor mask_ans = cols(e.attention_mask, start + 1, S);
-  tensor dlp_ans;
-  double loss = rlhf::actor_loss(lp_ans, old_ans, advantages, mask_ans, s.ppo.cliprange, &dlp_ans);
-  rlhf::check_finite(lp_ans, "policy", "actor_log_prob");
-  auto dlp = tensor::zeros({B, S});
-  put_cols(dlp, dlp_ans, start);
-  tensor dlogits;
-  rlhf::gather_log_probs_backward(dlogits, dlp, a.logits, labels);
-  actor.zero_grad();
-  actor.backward(a, dlogits);
-  double norm = clip_and_step(actor, opt, s.gradient_clipping, s.actor_learning_rate);
-  if (!std::isfinite(norm)) throw std::runtime_error("non-finite actor gradient norm in node policy");
-  if (grad_norm) *grad_norm = norm;
-  return loss;
+micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k) {
+  if (B < 1 || M < 1 || k < 0 || k >= M)
+    throw std::invalid_argument("micro_slice_of: micro-batch " + std::to_string(k) + " of " + std::to_string(M) +
+                                " over " + std::to_string(B) + " rows");
+  const int64_t c = (B + M - 1) / M;
+  micro_slice m;
+  m.a = k * c;
+  m.b = std::min(B, m.a + c);
+  if (m.a >= B) m = {B - 1, B, true};
+  return m;
 }
 
-double critic_train_step(decoder& critic, adamw_optimizer& opt, const experience& e, const tensor& returns,
-                         const ppo_settings& s, double* grad_norm) {
-  const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start();
-  activations a;
-  critic.forward(a, e.seq, {}, e.attention_mask);
-  tensor v = cols(a.values, start, L);
-  tensor old_v = cols(e.values, start, L);
-  tensor mask_ans = cols(e.attention_mask, start + 1, S);
-  rlhf::check_finite(v, "critic", "values");
-  tensor dv;
-  double loss = rlhf::critic_loss(v, old_v, returns, mask_ans, s.ppo.cliprange_value, &dv);
-  auto dvals = tensor::zeros({B, S});
-  put_cols(dvals, dv, start);
-  critic.zero_grad();
-  critic.backward(a, dvals);
-  double norm = clip_and_step(critic, opt, s.gradient_clipping, s.critic_learning_rate);
-  if (!std::isfinite(norm)) throw std::runtime_error("non-finite critic gradient norm in node critic");
-  if (grad_norm) *grad_norm = norm;
-  return loss;
+namespace {
+
+// Answer tokens (attention_mask columns start+1 .. S-1) of rows [a, b).
+int64_t answer_tokens(const experience& e, int64_t a, int64_t b) {
+  const int64_t S = e.seq.size(1);
+  int64_t n = 0;
+  for (int64_t r = a; r < b; ++r)
+    for (int64_t t = e.start() + 1; t < S; ++t) n += e.attention_mask.data<int32_t>()[r * S + t] != 0;
+  return n;
 }
 
-double unsupervised_step(decoder& actor, adamw_optimizer& opt, const tensor& ids, const tensor& labels,
-                         const ppo_settings& s) {
-  activations a;
-  double loss = actor.forward(a, ids, labels);
-  actor.zero_grad();
-  const int64_t N = ids.numel(), V = actor.config().vocab_size;
-  tensor dlogits = tensor::empty({N, V});
-  float dloss = a.n_valid > 0 ? s.unsup_coef / static_cast<float>(a.n_valid) : 0.0f;
-  ops::cross_entropy_backward(dlogits, a.logits.view({N, V}), labels.view({N}), dloss);
-  actor.backward(a, dlogits);
-  clip_and_step(actor, opt, s.gradient_clipping, s.actor_learning_rate);
-  return loss;
+}  // namespace
+
+batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange, int64_t M) {
+  const int64_t B = e.seq.size(0);
+  batch_loss l;
+  l.units = [e, B, M](int64_t k) {
+    const auto m = micro_slice_of(B, M, k);
+    return m.empty ? int64_t{0} : answer_tokens(e, m.a, m.b);
+  };
+  l.forward = [e, advantages, cliprange, B, M](int64_t k, decoder& actor, activations& a) {
+    const auto m = micro_slice_of(B, M, k);
+    const experience sub = slice_rows(e, m.a, m.b);
+    const int64_t rows = m.b - m.a, S = sub.seq.size(1), L = S - 1, start = sub.start();
+    // (rows, S, V) logits -> log p of the taken tokens (rows, S); the answer part (rows, n)
+    actor.forward(a, sub.seq, {}, sub.attention_mask);
+    const tensor labels = shifted_labels(sub.seq);
+    tensor lp;
+    rlhf::gather_log_probs_forward(lp, a.logits, labels);
+    const tensor lp_ans = cols(lp, start, L);
+    rlhf::check_finite(lp_ans, "policy", "actor_log_prob");
+    tensor dlp_ans;
+    micro_loss r;
+    r.loss = rlhf::actor_loss(lp_ans, cols(sub.logprobs, start, L), advantages.rows(m.a, m.b),
+                              cols(sub.attention_mask, start + 1, S), cliprange, &dlp_ans);
+    auto dlp = tensor::zeros({rows, S});
+    put_cols(dlp, dlp_ans, start);
+    rlhf::gather_log_probs_backward(r.dout, dlp, a.logits, labels);  // (rows, S, V)
+    return r;
+  };
+  return l;
+}
+
+batch_loss critic_batch_loss(const experience& e, const tensor& returns, float cliprange_value, int64_t M) {
+  const int64_t B = e.seq.size(0);
+  batch_loss l;
+  l.units = [e, B, M](int64_t k) {
+    const auto m = micro_slice_of(B, M, k);
+    return m.empty ? int64_t{0} : answer_tokens(e, m.a, m.b);
+  };
+  l.forward = [e, returns, cliprange_value, B, M](int64_t k, decoder& critic, activations& a) {
+    if (!critic.has_value_head()) throw std::invalid_argument("critic_batch_loss: the model has no value head");
+    const auto m = micro_slice_of(B, M, k);
+    const experience sub = slice_rows(e, m.a, m.b);
+    const int64_t rows = m.b - m.a, S = sub.seq.size(1), L = S - 1, start = sub.start();
+    critic.forward(a, sub.seq, {}, sub.attention_mask);  // values (rows, S)
+    const tensor v = cols(a.values, start, L);
+    rlhf::check_finite(v, "critic", "values");
+    tensor dv;
+    micro_loss r;
+    r.loss = rlhf::critic_loss(v, cols(sub.values, start, L), returns.rows(m.a, m.b),
+                               cols(sub.attention_mask, start + 1, S), cliprange_value, &dv);
+    r.dout = tensor::zeros({rows, S});
+    put_cols(r.dout, dv, start);
+    return r;
+  };
+  return l;
+}
+
+batch_loss ptx_batch_loss(const tensor& ids, const tensor& labels, float unsup_coef, int64_t M) {
+  const int64_t B = ids.size(0);
+  batch_loss l;
+  l.units = [labels, B, M](int64_t k) {
+    const auto m = micro_slice_of(B, M, k);
+    if (m.empty) return int64_t{0};
+    int64_t n = 0;
+    const tensor lab = labels.rows(m.a, m.b);
+    for (int64_t i = 0; i < lab.numel(); ++i) n += lab.data<int32_t>()[i] >= 0;
+    return n;
+  };
+  l.forward = [ids, labels, unsup_coef, B, M](int64_t k, decoder& actor, activations& a) {
+    const auto m = micro_slice_of(B, M, k);
+    const tensor mi = ids.rows(m.a, m.b), ml = labels.rows(m.a, m.b);
+    micro_loss r;
+    r.loss = actor.forward(a, mi, ml);  // mean cross-entropy over the valid labels
+    const int64_t N = mi.numel(), V = actor.config().vocab_size;
+    r.dout = tensor::empty({N, V});
+    const float dloss = a.n_valid > 0 ? unsup_coef / static_cast<float>(a.n_valid) : 0.0f;
+    ops::cross_entropy_backward(r.dout, a.logits.view({N, V}), ml.view({N}), dloss);
+    return r;
+  };
+  return l;
+}
+
+namespace {
+int64_t micro_batches(const zero_engine& engine) {
+  return engine.settings().gradient_accumulation_steps * engine.world_size();
+}
+}  // namespace
+
+step_result actor_update(zero_engine& engine, const experience& e, const tensor& advantages, const ppo_settings& s,
+                         double lr) {
+  return engine.train_step(actor_batch_loss(e, advantages, s.ppo.cliprange, micro_batches(engine)), lr);
+}
+
+step_result critic_update(zero_engine& engine, const experience& e, const tensor& returns, const ppo_settings& s,
+                          double lr) {
+  return engine.train_step(critic_batch_loss(e, returns, s.ppo.cliprange_value, micro_batches(engine)), lr);
+}
+
+step_result ptx_update(zero_engine& engine, const tensor& ids, const tensor& labels, const ppo_settings& s,
+                       double lr) {
+  return engine.train_step(ptx_batch_loss(ids, labels, s.unsup_coef, micro_batches(engine)), lr);
 }
 
 double mean_kl(const experience& e) {

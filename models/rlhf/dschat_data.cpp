@@ -1,4 +1,4 @@
-#include "models/dschat_data.h"
+#include "models/rlhf/dschat_data.h"
 
 #include <zlib.h>
 

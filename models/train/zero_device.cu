@@ -1,11 +1,11 @@
-// models/zero_device.h: conversions and the overflow check of the ZeRO engine on CUDA.
+// models/train/zero_device.h: conversions and the overflow check of the ZeRO engine on CUDA.
 #include <cuda_runtime.h>
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
-#include "models/zero_device.h"
+#include "models/train/zero_device.h"
 #include "runtime/tensor/half_bits.h"
 #include "runtime/kernels/cuda/cuda_api.h"
 

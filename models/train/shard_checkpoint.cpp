@@ -1,5 +1,5 @@
 // ZeRO sharded checkpoints: see shard_checkpoint.h for the file layout.
-#include "models/shard_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>

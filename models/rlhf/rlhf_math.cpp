@@ -1,4 +1,4 @@
-#include "models/rlhf_math.h"
+#include "models/rlhf/rlhf_math.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // DeepSpeed-Chat's step 1 (supervised fine-tuning) and step 2 (reward model)
-// as library functions over a decoder trained by the engine (models/zero.h) and
-// the batches of models/dschat_data.h (microsoft/DeepSpeedExamples,
+// as library functions over a decoder trained by the engine (models/train/zero.h) and
+// the batches of models/rlhf/dschat_data.h (microsoft/DeepSpeedExamples,
 // applications/DeepSpeed-Chat/training/step1_supervised_finetuning/main.py and
 // training/step2_reward_model_finetuning/main.py). No actors here: the actor
 // nodes wrap these functions.
@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "models/decoder.h"
-#include "models/dschat_data.h"
-#include "models/rlhf_math.h"
+#include "models/rlhf/dschat_data.h"
+#include "models/rlhf/rlhf_math.h"
 #include "models/train/lr_schedule.h"
-#include "models/zero.h"
+#include "models/train/zero.h"
 #include "runtime/kernels/ops.h"
 
 namespace flowrun::dschat {
@@ -70,8 +70,20 @@ struct dschat_settings {
   /// (decoder::set_gradient_checkpointing; the node applies it to the model).
   bool gradient_checkpointing = false;
   int zero_stage = 0;                   ///< DS-Chat's --zero_stage: the engine's ZeRO stage, 0-3
+  /// DS-Chat's --dtype: fp32, bf16 (fp32 masters, bf16 working weights and communication) or
+  /// fp16 (the same with DeepSpeed's dynamic loss scaling).
+  std::string dtype = "fp32";
   float adam_beta1 = 0.9f, adam_beta2 = 0.95f, adam_eps = 1e-8f;  ///< step1/2 main.py betas=(0.9, 0.95)
 };
+
+/// Fill `s` from a DeepSpeed JSON (a user's own ds_config, DS-Chat's --deepspeed_config):
+/// zero_optimization.stage, bf16/fp16, gradient_clipping, gradient_accumulation_steps,
+/// train_micro_batch_size_per_gpu, and the optimizer's lr, betas, eps and weight_decay when the
+/// config has an optimizer section. The config's keys win over the node's settings (DeepSpeed
+/// reads them from the JSON too); its scheduler is not used (DS-Chat schedules with
+/// transformers.get_scheduler: lr_scheduler_type). Throws std::invalid_argument for the
+/// Adam (L2) optimizer, which the engine does not run.
+void apply_ds_config(dschat_settings& s, const ds_config& c);
 
 /// Step 2's defaults (step2 main.py): learning_rate 5e-5, the rest as step 1.
 dschat_settings rm_defaults();
@@ -94,10 +106,12 @@ lr_schedule schedule_from(const dschat_settings& s, int64_t total_update_steps);
 
 /// The engine settings DS-Chat's settings mean for `model` (after apply_lora): ZeRO stage
 /// zero_stage, micro-batch per_device_train_batch_size, gradient_accumulation_steps,
-/// gradient_clipping, AdamW from adamw_from(s), fp32; and, when LoRA is on while the base
+/// gradient_clipping, AdamW from adamw_from(s), the precision of dtype (fp16: a dynamic loss
+/// scaler with DeepSpeed's defaults); and, when LoRA is on while the base
 /// trains, the adapted Linears' weights as frozen_ranges (DS-Chat's LinearLayer_LoRA sets
-/// their requires_grad = False). Throws std::invalid_argument on a zero_stage outside 0-3
-/// or gradient_accumulation_steps < 1.
+/// their requires_grad = False). This is the one function that turns a trainer's settings into
+/// the engine's (steps 1, 2 and 3). Throws std::invalid_argument on a zero_stage outside 0-3,
+/// gradient_accumulation_steps < 1 or a dtype other than fp32, bf16, fp16.
 zero_settings engine_settings(const decoder& model, const dschat_settings& s);
 
 /// Optimizer steps of a run: num_train_epochs · ceil(ceil(n_train / batch) / accumulation)

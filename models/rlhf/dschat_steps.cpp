@@ -1,4 +1,4 @@
-#include "models/dschat_steps.h"
+#include "models/rlhf/dschat_steps.h"
 
 #include "models/adapter.h"
 
@@ -55,6 +55,24 @@ void apply_lora(decoder& model, const dschat_settings& s) {
   model.enable_lora(lora_from(s), /*freeze_base=*/s.only_optimize_lora);
 }
 
+void apply_ds_config(dschat_settings& s, const ds_config& c) {
+  s.zero_stage = c.zero_stage;
+  s.dtype = c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32";
+  s.gradient_clipping = static_cast<float>(c.gradient_clipping);
+  s.gradient_accumulation_steps = c.gradient_accumulation_steps;
+  s.per_device_train_batch_size = c.train_micro_batch_size_per_gpu;
+  if (c.optimizer_given) {
+    if (c.optimizer_type != "AdamW")
+      throw std::invalid_argument(c.where + ": optimizer " + c.optimizer_type +
+                                  " (L2 weight decay) is not what the engine runs: use AdamW (adam_w_mode true)");
+    s.learning_rate = static_cast<float>(c.lr);
+    s.adam_beta1 = static_cast<float>(c.beta1);
+    s.adam_beta2 = static_cast<float>(c.beta2);
+    s.adam_eps = static_cast<float>(c.eps);
+    s.weight_decay = static_cast<float>(c.weight_decay);
+  }
+}
+
 lr_schedule schedule_from(const dschat_settings& s, int64_t total) {
   return lr_schedule::transformers(s.lr_scheduler_type, s.num_warmup_steps, total);
 }
@@ -69,6 +87,17 @@ zero_settings engine_settings(const decoder& model, const dschat_settings& s) {
   z.gradient_accumulation_steps = s.gradient_accumulation_steps;
   z.gradient_clipping = s.gradient_clipping > 0 ? s.gradient_clipping : 0.0;
   z.adamw = adamw_from(s);
+  if (s.dtype == "bf16") {
+    z.precision = dtype::bf16;
+  } else if (s.dtype == "fp16") {
+    z.precision = dtype::f16;
+    ds_config c;  // DeepSpeed's fp16 defaults: dynamic scaling from 2^16, window 1000, hysteresis 2
+    c.fp16 = true;
+    c.zero_stage = s.zero_stage;
+    z.loss_scaler = std::make_shared<dynamic_loss_scaler>(c);
+  } else if (s.dtype != "fp32") {
+    throw std::invalid_argument("dschat: dtype must be fp32, bf16 or fp16, got \"" + s.dtype + "\"");
+  }
   // DS-Chat's LinearLayer_LoRA freezes the adapted Linear's weight even when the rest trains
   if (model.has_lora() && model.base_trainable()) {
     const std::string a_suffix = "lora_A.weight";

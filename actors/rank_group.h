@@ -1,0 +1,41 @@
+// The communicator of a node's replicas: the ranks of a data-parallel group
+// (zero_rank's shard owners, step 3's policy and critic). Replica i of a node
+// with replicas = R in process p of a `flowrun launch --nproc P` is rank
+// p·R + i of P·R; its collectives go through comm_backend:
+//   inproc  threads of this process (the replicas of one node share a group)
+//   gloo    processes, through a rendezvous (caf://HOST:PORT, a folder, or the
+//           cluster run's store)
+//   nccl    GPUs, through the same rendezvous
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/actor/node.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::actors {
+
+/// This replica's place in its node's rank group, and the group's communicator.
+struct rank_group {
+  std::unique_ptr<comm::communicator> comm;
+  int rank = 0;        ///< p·R + replica
+  int world = 1;       ///< P·R
+  int local_ranks = 1; ///< R: the ranks in this process
+};
+
+/// The process index and count of a `flowrun launch` (0 and 1 otherwise: FLOWRUN_PROCESS_INDEX, FLOWRUN_NPROC).
+int process_index();
+int process_count();
+
+/// Join the node's rank group with the settings add_rank_group_settings declares (comm_backend,
+/// rendezvous, store_dir, comm_timeout_s). Every replica calls it in start(). Throws
+/// std::invalid_argument naming the node for inproc across processes or gloo/nccl without a
+/// rendezvous.
+rank_group join_rank_group(actor::node_context& ctx);
+
+/// Declare comm_backend, rendezvous, store_dir and comm_timeout_s on `k`.
+void add_rank_group_settings(graph::node_kind& k);
+
+}  // namespace flowrun::actors

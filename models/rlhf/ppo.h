@@ -1,0 +1,121 @@
+// DeepSpeed-Chat's step 3 (PPO RLHF) as functions over models and tensors,
+// one per phase, so that each actor of graphs/ppo.graph wraps one of them and
+// the controller's loop reads like DS-Chat's main loop
+// (dschat/rlhf/ppo_trainer.py: generate_experience, compute_rewards,
+// get_advantages_and_returns, train_rlhf). The actor and critic train through
+// the one engine (models/train/zero.h): the losses here are batch_losses it runs.
+//
+// Shapes: B rollouts, P prompt length (left-padded), S = P + answer length
+// (right-padded), L = S - 1 per-token entries (index t: state at token t,
+// action = token t+1), n = L - start answer entries, start = P - 1.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/decoder.h"
+#include "models/generate.h"
+#include "models/rlhf/rlhf_math.h"
+#include "models/train/zero.h"
+
+namespace flowrun::ppo {
+
+/// Step-3 settings of the PPO math, with DeepSpeed-Chat's names (training/step3_rlhf_finetuning/main.py).
+/// The engine's settings (actor_/critic_learning_rate, _weight_decay, _zero_stage, _lora_dim,
+/// _gradient_checkpointing, gradient_clipping, dtype, gradient_accumulation_steps) are the
+/// trainer's dschat_settings (models/rlhf/dschat_steps.h engine_settings: the one settings-to-config
+/// function); per_device_generation_batch_size and generation_batches are the prompt loader's
+/// and the experience maker's.
+struct ppo_settings {
+  int64_t per_device_training_batch_size = 4;  ///< rows per PPO mini-batch (all ranks together)
+  int64_t ppo_epochs = 1;
+  int64_t max_prompt_seq_len = 48;
+  int64_t max_answer_seq_len = 32;
+  bool enable_ema = false;      ///< keep an EMA of the actor
+  float ema_beta = 0.992f;
+  float unsup_coef = 27.8f;     ///< weight of the unsupervised (ptx) loss when ptx batches are given
+  float temperature = 1.0f;     ///< sampling for rollouts (DS-Chat samples for OPT)
+  int top_k = 0;
+  float top_p = 1.0f;
+  rlhf::ppo_config ppo;         ///< kl_ctl, clip_reward_value, cliprange, cliprange_value, gamma, lam
+};
+
+/// A batch of rollouts and their scores (what DS-Chat's generate_experience returns).
+struct experience {
+  tensor prompts;         ///< (B, P) i32, left-padded
+  tensor seq;             ///< (B, S) i32: prompt + answer (+ pad)
+  tensor attention_mask;  ///< (B, S) i32: 1 on real tokens (the prompt's and the answer's, EOS included)
+  tensor logprobs;        ///< (B, L) under the actor that generated (old policy)
+  tensor ref_logprobs;    ///< (B, L) under the frozen reference
+  tensor values;          ///< (B, L) critic values (DS-Chat: values[:, :-1])
+  tensor reward_score;    ///< (B,) reward model score at the answer's last real token
+  std::vector<int64_t> answer_len;  ///< real answer tokens per row (EOS included)
+  int64_t start() const { return prompts.size(1) - 1; }
+};
+
+/// Generate answers for left-padded prompts with the actor's current weights (the
+/// hybrid engine: no copy, no reload). Rows whose answer has at most one real
+/// token are dropped, as DS-Chat drops them; returns nullopt when all are dropped.
+/// Fills prompts, seq, attention_mask and answer_len only.
+std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompts, const tensor& prompt_mask,
+                                            const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed);
+
+/// log p(seq[t+1] | seq[:t+1]) for t < S-1: (B, L). The model keeps `acts` for a backward.
+tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask);
+/// Values of a value-head model at t < S-1: (B, L).
+tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask);
+/// Reward model scores: the value at each row's last real token (B,)
+/// (reward_model.py forward_value's chosen_end_scores, found from the mask).
+tensor reward_scores(decoder& reward_model, const tensor& seq, const tensor& mask);
+
+/// Rows [a, b) of an experience (views of its tensors, no copy).
+experience slice_rows(const experience& e, int64_t a, int64_t b);
+
+/// Experience maker: per-token rewards, zeroing after the ends, GAE.
+/// advantages, returns (B, n). Returns the rewards (B, L) for reporting.
+tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor& advantages, tensor& returns);
+
+/// Micro-batch k of M over a mini-batch of B rows: rows [a, b), M = gradient_accumulation_steps
+/// x ranks, each ceil(B / M) rows (the last ones shorter). A micro-batch past the rows is
+/// `empty`: it runs row B - 1 with 0 units, so that its rank's collectives (stage 3 gathers,
+/// reduce-scatters) match the other ranks' and it adds nothing to the gradient.
+struct micro_slice {
+  int64_t a = 0, b = 0;
+  bool empty = false;
+};
+micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k);
+
+/// The actor's clipped policy loss (DS-Chat ppo_trainer.py actor_loss_fn) on the mini-batch
+/// `e` with `advantages` (B, n), for zero_engine::train_step: micro-batch k (of
+/// `micro_batches`, see micro_slice_of) forwards its rows, its loss is the masked token mean
+/// over its answer tokens (units = its answer tokens), dout the gradient through the
+/// log-softmax gather. So the step's loss is the token mean over the whole mini-batch at any
+/// rank count and accumulation, as DS-Chat's with one rank. Refers to `e` and `advantages`
+/// (tensor handles are copied). Throws std::runtime_error on non-finite log-probs.
+batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange, int64_t micro_batches);
+/// The critic's clipped value loss (critic_loss_fn: 0.5 · masked mean of the larger squared
+/// error) against `returns` (B, n); dout is dvalues (rows, S). As actor_batch_loss.
+batch_loss critic_batch_loss(const experience& e, const tensor& returns, float cliprange_value,
+                             int64_t micro_batches);
+/// The unsupervised (ptx) loss, DS-Chat train_unsupervised: unsup_coef x the causal-LM loss
+/// on ids/labels (B, T) i32 (-100: ignored). The step's reported loss is the LM loss itself
+/// (without the coefficient); the gradient carries unsup_coef. Units: valid labels.
+batch_loss ptx_batch_loss(const tensor& ids, const tensor& labels, float unsup_coef, int64_t micro_batches);
+
+/// One actor update through the engine on mini-batch `e` (DS-Chat train_rlhf, actor half):
+/// train_step(actor_batch_loss(e, advantages, cliprange, gas x ranks), lr). The engine clips
+/// and steps; every rank calls it with the same mini-batch (each runs its micro-batches).
+step_result actor_update(zero_engine& engine, const experience& e, const tensor& advantages, const ppo_settings& s,
+                         double lr);
+/// One critic update (train_rlhf, critic half): critic_batch_loss against the returns.
+step_result critic_update(zero_engine& engine, const experience& e, const tensor& returns, const ppo_settings& s,
+                          double lr);
+/// One ptx update (train_unsupervised, its own optimizer step): ptx_batch_loss.
+step_result ptx_update(zero_engine& engine, const tensor& ids, const tensor& labels, const ppo_settings& s, double lr);
+
+/// Mean per-token KL estimate sum((logprobs - ref_logprobs) · mask) / sum(mask) over the answer.
+double mean_kl(const experience& e);
+
+}  // namespace flowrun::ppo

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Load Hugging Face folders that flowrun's trainers wrote in transformers, and compare.
 
-Not part of CI (it needs torch and transformers; the C++ tests do not). For each folder
-it loads AutoModelForCausalLM (float32, eager attention) and compares with what
-flowrun's own loader computes on the same probe ids (`make_tiny_hf --outputs DIR`):
+Not part of CI (it needs torch and transformers; the C++ tests do not): bench/hf_transformers_check.sh
+makes the venv, writes the folders and runs this. For each folder it loads AutoModelForCausalLM (eager
+attention) and compares with what flowrun's own loader computes on the same probe ids
+(`make_tiny_hf --outputs DIR`):
   - the logits, for sft / ppo outputs;
   - for a reward model (a v_head.weight tensor, which transformers reports as unused):
     DS-Chat's values, last hidden state (after the final norm) @ v_head.weight^T.
-Passes when the largest |difference| is at most --tol (1e-5).
+The reference is transformers in float64 (the float32 weights upcast exactly), so the difference is
+flowrun's float32 rounding alone; transformers' own float32 run is printed beside it (its distance from
+the float64 run is the float32 noise floor of the model). A folder passes when it loads with no missing,
+mismatched or unexpected tensor (v_head.weight excepted) and max |flowrun - transformers float64| is at
+most --tol (1e-5).
 
   python -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch transformers safetensors
   ctest --test-dir build -R hf_trainers_small      # writes build/tests/hf_trainers_small/{opt,gpt2,llama}/...
@@ -20,8 +25,29 @@ import subprocess
 import sys
 
 import torch
+import transformers
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
+
+
+def outputs(d, dt, ids, values):
+    """transformers' logits (or DS-Chat values) of folder d in dtype dt, flattened, as float64."""
+    model, info = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=dt,
+                                                       output_loading_info=True)
+    model.eval()
+    bad = {k: sorted(v) for k, v in info.items() if k != "unexpected_keys" and v}
+    unexpected = set(info["unexpected_keys"]) - ({"v_head.weight"} if values else set())
+    if unexpected:
+        bad["unexpected_keys"] = sorted(unexpected)
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    if values:
+        with safe_open(f"{d}/model.safetensors", "pt") as f:
+            v_head = f.get_tensor("v_head.weight").to(dt)
+        got = (out.hidden_states[-1] @ v_head.T).squeeze(-1)
+    else:
+        got = out.logits
+    return type(model).__name__, got.flatten().double(), bad
 
 
 def main():
@@ -30,26 +56,25 @@ def main():
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--tol", type=float, default=1e-5)
     a = ap.parse_args()
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     ok = True
     for d in a.folders:
         ref = json.loads(subprocess.run([a.make_tiny_hf, "--outputs", d], check=True, capture_output=True,
                                         text=True).stdout)
         ids = torch.tensor(ref["input_ids"])
-        model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).eval()
-        with torch.no_grad():
-            out = model(input_ids=ids, output_hidden_states=True)
-        if "values" in ref:
-            with safe_open(f"{d}/model.safetensors", "pt") as f:
-                v_head = f.get_tensor("v_head.weight")
-            got = (out.hidden_states[-1] @ v_head.T).squeeze(-1).flatten()
-            want, what = torch.tensor(ref["values"]), "values"
-        else:
-            got = out.logits.flatten()
-            want, what = torch.tensor(ref["logits"]), "logits"
-        diff = (got - want).abs().max().item()
-        status = "OK" if diff <= a.tol else "FAIL"
-        ok &= diff <= a.tol
-        print(f"{status} {d}: {type(model).__name__}, max |{what} - flowrun's| = {diff:.3g} (tol {a.tol})")
+        what = "values" if "values" in ref else "logits"
+        want = torch.tensor(ref[what], dtype=torch.float64)
+        name, got64, bad = outputs(d, torch.float64, ids, what == "values")
+        _, got32, _ = outputs(d, torch.float32, ids, what == "values")
+        diff = (got64 - want).abs().max().item()
+        diff32 = (got32 - want).abs().max().item()
+        floor = (got32 - got64).abs().max().item()
+        good = diff <= a.tol and not bad
+        ok &= good
+        print(f"{'OK' if good else 'FAIL'} {d}: {name}, max |{what}| {want.abs().max().item():.3g}, "
+              f"max |flowrun - transformers f64| = {diff:.3g} (tol {a.tol}); "
+              f"vs transformers f32 {diff32:.3g}, transformers f32 - f64 {floor:.3g}"
+              + (f"; load report: {bad}" if bad else ""))
     sys.exit(0 if ok else 1)
 
 

@@ -3,7 +3,7 @@
 # CI, since torch and transformers are never runtime or CI dependencies (the C++ tests, test_hf and
 # tests/hf_trainers_small.sh, check the same folders without them).
 #   1. a Python venv at $FLOWRUN_TFENV (default /tmp/tfenv), made and filled from PyPI if it lacks transformers
-#      (torch, transformers, safetensors: a few GB);
+#      (torch, transformers, safetensors, and sentencepiece + protobuf for LLaMA's tokenizer.model: a few GB);
 #   2. ctest hf_trainers_small, which writes sft / rm / ppo folders of tiny random OPT, GPT-2 and LLaMA models and
 #      `flowrun convert --to hf` of stories260K (with an sft run on it) under BUILD/tests/hf_trainers_small;
 #   3. tools/hf_transformers_check.py on each folder: one line per folder with max |flowrun - transformers|.
@@ -13,10 +13,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 venv=${FLOWRUN_TFENV:-/tmp/tfenv}
-if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import torch, transformers, safetensors" 2>/dev/null; then
-  echo "hf_transformers_check: installing torch, transformers, safetensors into $venv"
+if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import torch, transformers, safetensors, sentencepiece, google.protobuf" 2>/dev/null; then
+  echo "hf_transformers_check: installing torch, transformers, safetensors, sentencepiece, protobuf into $venv"
   python3 -m venv "$venv"
-  nice -n 10 "$venv/bin/pip" install --quiet torch transformers safetensors
+  nice -n 10 "$venv/bin/pip" install --quiet torch transformers safetensors sentencepiece protobuf
 fi
 ctest --test-dir "$build" -R '^hf_trainers_small$' --output-on-failure > /dev/null ||
   { echo "hf_transformers_check: ctest hf_trainers_small failed (run it alone to see why)"; exit 1; }

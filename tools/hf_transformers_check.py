@@ -10,24 +10,28 @@ attention) and compares with what flowrun's own loader computes on the same prob
     DS-Chat's values, last hidden state (after the final norm) @ v_head.weight^T.
 The reference is transformers in float64 (the float32 weights upcast exactly), so the difference is
 flowrun's float32 rounding alone; transformers' own float32 run is printed beside it (its distance from
-the float64 run is the float32 noise floor of the model). A folder passes when it loads with no missing,
-mismatched or unexpected tensor (v_head.weight excepted) and max |flowrun - transformers float64| is at
-most --tol (1e-5).
+the float64 run is the float32 noise floor of the model). The folder's tokenizer is loaded with
+AutoTokenizer and must give flowrun's ids for a probe text (no BOS/EOS), and a LLaMA tokenizer.model
+must prepend BOS by default (LlamaTokenizer, as in Meta's folders; tokenizer_config.json says so). A folder passes when the model
+loads with no missing, mismatched or unexpected tensor (v_head.weight excepted), the tokenizer ids are
+equal, and max |flowrun - transformers float64| is at most --tol (1e-5). sentencepiece and protobuf are
+needed for LLaMA folders' tokenizer.model.
 
-  python -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch transformers safetensors
+  python -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch transformers safetensors sentencepiece protobuf
   ctest --test-dir build -R hf_trainers_small      # writes build/tests/hf_trainers_small/{opt,gpt2,llama}/...
   /tmp/tfenv/bin/python tools/hf_transformers_check.py build/bin/make_tiny_hf \\
       build/tests/hf_trainers_small/*/{sft,rm,ppo}
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 
 import torch
 import transformers
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 def outputs(d, dt, ids, values):
@@ -69,12 +73,26 @@ def main():
         diff = (got64 - want).abs().max().item()
         diff32 = (got32 - want).abs().max().item()
         floor = (got32 - got64).abs().max().item()
+        if "text" in ref:
+            try:
+                tok = AutoTokenizer.from_pretrained(d)
+                tok_ids = tok(ref["text"], add_special_tokens=False)["input_ids"]
+                if tok_ids != ref["text_ids"]:
+                    bad["tokenizer"] = f"AutoTokenizer ids {tok_ids} != flowrun's {ref['text_ids']}"
+                elif os.path.exists(f"{d}/tokenizer.model"):  # LLaMA's tokenizer prepends BOS, as Meta's folders do
+                    with open(f"{d}/config.json") as f:
+                        bos = json.load(f)["bos_token_id"]
+                    if tok(ref["text"])["input_ids"] != [bos] + tok_ids:
+                        bad["tokenizer"] = f"{type(tok).__name__} does not prepend BOS {bos}"
+            except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+                bad["tokenizer"] = f"AutoTokenizer cannot load it: {type(e).__name__}: {e}"
         good = diff <= a.tol and not bad
         ok &= good
         print(f"{'OK' if good else 'FAIL'} {d}: {name}, max |{what}| {want.abs().max().item():.3g}, "
               f"max |flowrun - transformers f64| = {diff:.3g} (tol {a.tol}); "
               f"vs transformers f32 {diff32:.3g}, transformers f32 - f64 {floor:.3g}"
-              + (f"; load report: {bad}" if bad else ""))
+              + ("; tokenizer ids equal" if "text" in ref and "tokenizer" not in bad else "")
+              + (f"; problems: {bad}" if bad else ""))
     sys.exit(0 if ok else 1)
 
 

@@ -1,7 +1,10 @@
 #include "models/tokenizer.h"
 
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
+
+#include <nlohmann/json.hpp>
 
 #include <sentencepiece_processor.h>
 
@@ -89,7 +92,34 @@ std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const s
   } else {
     copy(src, dst / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
   }
+  if (hf_names && fs::exists(dst / "tokenizer.model") && !fs::exists(dst / "tokenizer_config.json")) {
+    write_sentencepiece_tokenizer_config((dst / "tokenizer.model").string(), (dst / "tokenizer_config.json").string());
+    written.push_back((dst / "tokenizer_config.json").string());
+  }
   return written;
+}
+
+void write_sentencepiece_tokenizer_config(const std::string& model_path, const std::string& out_path) {
+  sentencepiece::SentencePieceProcessor sp;
+  if (auto st = sp.Load(model_path); !st.ok())
+    throw std::runtime_error(model_path + ": cannot load SentencePiece model: " + st.ToString());
+  auto token = [&](int id) -> nlohmann::json {
+    return id >= 0 && id < sp.GetPieceSize() ? nlohmann::json(sp.IdToPiece(id)) : nlohmann::json(nullptr);
+  };
+  // the keys of Meta's LLaMA tokenizer_config.json (transformers' LlamaTokenizer): BOS prepended, no EOS,
+  // "legacy" = SentencePiece's own handling of text after a special token
+  const nlohmann::json j = {{"tokenizer_class", "LlamaTokenizer"},
+                            {"add_bos_token", sp.bos_id() >= 0},
+                            {"add_eos_token", false},
+                            {"bos_token", token(sp.bos_id())},
+                            {"eos_token", token(sp.eos_id())},
+                            {"unk_token", token(sp.unk_id())},
+                            {"pad_token", token(sp.pad_id())},
+                            {"clean_up_tokenization_spaces", false},
+                            {"legacy", true}};
+  std::ofstream f(out_path);
+  f << j.dump(2) << "\n";
+  if (!f) throw std::runtime_error(out_path + ": cannot write the tokenizer config");
 }
 
 }  // namespace flowrun

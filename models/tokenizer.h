@@ -51,8 +51,19 @@ std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
 /// folder: those of tokenizer.model, vocab.json, merges.txt, special_tokens_map.json,
 /// tokenizer_config.json, added_tokens.json and tokenizer.json that exist. A .model file is
 /// named tokenizer.model when `hf_names` (Hugging Face's name), else keeps its name.
+/// With `hf_names`, a folder that then holds a tokenizer.model but no tokenizer_config.json
+/// gets one (write_sentencepiece_tokenizer_config), so that transformers' AutoTokenizer loads it
+/// as LlamaTokenizer (without it, transformers 5 takes a generic tokenizer that adds no BOS).
 /// Returns the paths written (a file already in place is skipped). Throws
-/// std::filesystem::filesystem_error naming the file.
+/// std::filesystem::filesystem_error naming the file, std::runtime_error for a bad .model.
 std::vector<std::string> copy_tokenizer_files(const std::string& src, const std::string& dst_dir, bool hf_names = true);
+
+/// Write the tokenizer_config.json of a Hugging Face LLaMA folder for SentencePiece model `model_path`:
+/// tokenizer_class "LlamaTokenizer", the model's BOS / EOS / UNK / pad pieces (null for an id the model
+/// lacks), add_bos_token (when it has a BOS), add_eos_token false, legacy true (the keys of Meta's LLaMA
+/// folders). transformers then encodes text as SentencePiece does, except that it keeps runs of spaces
+/// that a model trained with remove_extra_whitespaces (stories260K's tok512) collapses. Throws
+/// std::runtime_error naming the file.
+void write_sentencepiece_tokenizer_config(const std::string& model_path, const std::string& out_path);
 
 }  // namespace flowrun

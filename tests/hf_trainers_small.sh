@@ -40,6 +40,9 @@ check_folder() {
     [ -f "$dir/$f" ] || fail "$dir: $f is missing"
   done
   [ ! -e "$dir/flowrun_config.json" ] || fail "$dir: written as a flowrun folder, not HF"
+  # a bare SentencePiece model needs tokenizer_config.json for transformers' AutoTokenizer
+  [ "$tokfile" != tokenizer.model ] || grep -q '"tokenizer_class": "LlamaTokenizer"' "$dir/tokenizer_config.json" ||
+    fail "$dir: no tokenizer_config.json naming LlamaTokenizer"
   grep -q "\"model_type\": \"$family\"" "$dir/config.json" || fail "$dir/config.json: model_type is not $family"
 }
 

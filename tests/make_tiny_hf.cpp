@@ -1,5 +1,6 @@
 // make_tiny_hf --outputs MODEL: prints, as JSON, the probe ids (2 x 8) and what flowrun's
-// load_model(MODEL) computes on them: "logits" (2, 8, V), or "values" (2, 8) for a value head
+// load_model(MODEL) computes on them: "logits" (2, 8, V), or "values" (2, 8) for a value head;
+// for a folder with a tokenizer, also a probe "text" and flowrun's "text_ids" for it (no BOS/EOS)
 // (for tools/hf_transformers_check.py, which compares them with transformers').
 //
 // make_tiny_hf OUT_DIR: tiny random Hugging Face folders of the three families flowrun
@@ -68,6 +69,14 @@ int print_outputs(const std::string& path) {
   j["input_ids"] = {std::vector<int32_t>(ids.begin(), ids.begin() + T), std::vector<int32_t>(ids.begin() + T, ids.end())};
   if (m.has_value_head()) j["values"] = a.values.to_floats();
   else j["logits"] = a.logits.to_floats();
+  const fs::path dir(path);
+  if (fs::is_directory(dir) && (fs::exists(dir / "tokenizer.model") || fs::exists(dir / "vocab.json"))) {
+    // single spaces: a SentencePiece model trained with remove_extra_whitespaces (tok512) collapses runs of
+    // spaces, which transformers' LlamaTokenizer keeps (models/tokenizer.h, write_sentencepiece_tokenizer_config)
+    const std::string text = "Human: Once upon a time, there was a little cat named Tom.\n\nAssistant: It's 3 o'clock!";
+    j["text"] = text;
+    j["text_ids"] = load_tokenizer(path)->encode(text, false, false);
+  }
   std::cout << j.dump() << "\n";
   return 0;
 }

@@ -706,6 +706,40 @@ void perturb_lora(decoder& m) {
 
 }  // namespace
 
+TEST_CASE("SentencePiece in an HF folder: a tokenizer_config.json for transformers' AutoTokenizer") {
+  // Without tokenizer_config.json, transformers 5.24's AutoTokenizer loads a bare tokenizer.model as a generic
+  // TokenizersBackend that does not prepend BOS (LLaMA's LlamaTokenizer does; tools/hf_transformers_check.py
+  // checks it). tok512.model's pieces, from Python's sentencepiece:
+  // unk_id 0 "<unk>", bos_id 1 "<s>", eos_id 2 "</s>", pad_id -1 (none).
+  const std::string tok = asset_path("model/stories260K/tok512.model").string();
+  temp_dir tmp("spconfig");
+  const auto written = copy_tokenizer_files(tok, (tmp.path / "hf").string(), /*hf_names=*/true);
+  CHECK(written == std::vector<std::string>{(tmp.path / "hf" / "tokenizer.model").string(),
+                                            (tmp.path / "hf" / "tokenizer_config.json").string()});
+  const auto j = read_json(tmp.path / "hf" / "tokenizer_config.json");
+  CHECK(j.at("tokenizer_class") == "LlamaTokenizer");
+  CHECK(j.at("bos_token") == "<s>");
+  CHECK(j.at("eos_token") == "</s>");
+  CHECK(j.at("unk_token") == "<unk>");
+  CHECK(j.at("pad_token").is_null());
+  CHECK(j.at("add_bos_token") == true);
+  CHECK(j.at("add_eos_token") == false);
+  // copying from that folder keeps its config; a folder without one gets one; flowrun's own names get none
+  write_json(tmp.path / "hf" / "tokenizer_config.json", {{"tokenizer_class", "LlamaTokenizer"}, {"mine", 1}});
+  copy_tokenizer_files((tmp.path / "hf").string(), (tmp.path / "hf2").string(), true);
+  CHECK(read_json(tmp.path / "hf2" / "tokenizer_config.json").at("mine") == 1);
+  fs::create_directories(tmp.path / "bare");
+  fs::copy_file(tok, tmp.path / "bare" / "tokenizer.model");
+  copy_tokenizer_files((tmp.path / "bare").string(), (tmp.path / "hf3").string(), true);
+  CHECK(read_json(tmp.path / "hf3" / "tokenizer_config.json").at("eos_token") == "</s>");
+  copy_tokenizer_files(tok, (tmp.path / "plain").string(), /*hf_names=*/false);
+  CHECK(fs::exists(tmp.path / "plain" / "tok512.model"));
+  CHECK(!fs::exists(tmp.path / "plain" / "tokenizer_config.json"));
+  CHECK_THROWS_WITH_AS(write_sentencepiece_tokenizer_config((tmp.path / "hf" / "merges.txt").string(),
+                                                            (tmp.path / "x.json").string()),
+                       doctest::Contains("cannot load SentencePiece model"), std::runtime_error);
+}
+
 TEST_CASE("checkpoint: a value head travels in HF folders as v_head.weight") {
   for (const char* family : k_families) {
     INFO("family " << std::string(family));

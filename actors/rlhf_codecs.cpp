@@ -59,6 +59,7 @@ void put_rollouts(writer& w, const rollout_msg& m) {
   w.put(m.generate_seconds);  // the double's bytes
   w.put(m.generated_tokens);
   w.put(m.batch);
+  w.put<std::uint8_t>(m.checkpoint ? 1 : 0);
 }
 
 rollout_msg get_rollouts(reader& r) {
@@ -69,6 +70,7 @@ rollout_msg get_rollouts(reader& r) {
   m.generate_seconds = r.get<double>();
   m.generated_tokens = r.get<std::int64_t>();
   m.batch = r.get<std::int64_t>();
+  m.checkpoint = r.get<std::uint8_t>() != 0;
   return m;
 }
 
@@ -140,6 +142,7 @@ void register_rlhf_codecs() {
       "experience", bulk_codec<experience_batch>(
                         [](writer& w, const experience_batch& b) {
                           w.put(b.iteration);
+                          w.put<std::uint8_t>(b.checkpoint ? 1 : 0);
                           w.put<std::uint64_t>(b.items.size());
                           for (const auto& x : b.items) {
                             w.put<std::uint8_t>(x.exp ? 1 : 0);
@@ -152,6 +155,7 @@ void register_rlhf_codecs() {
                         [](reader& r) {
                           experience_batch b;
                           b.iteration = r.get<std::int64_t>();
+                          b.checkpoint = r.get<std::uint8_t>() != 0;
                           const auto n = r.get<std::uint64_t>();
                           if (n > 4096) throw std::invalid_argument("implausible experience count");
                           for (std::uint64_t i = 0; i < n; ++i) {
@@ -174,6 +178,7 @@ void register_rlhf_codecs() {
                             w.put(m.iteration);
                             w.put<std::uint8_t>(m.eval ? 1 : 0);
                             w.put(m.policy_version);
+                            w.put<std::uint8_t>(m.checkpoint ? 1 : 0);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -182,6 +187,7 @@ void register_rlhf_codecs() {
                             m.iteration = r.get<std::int64_t>();
                             m.eval = r.get<std::uint8_t>() != 0;
                             m.policy_version = r.get<std::int64_t>();
+                            m.checkpoint = r.get<std::uint8_t>() != 0;
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(

@@ -14,6 +14,7 @@
 // critic have reported, so the generator never runs while the policy trains.
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -35,6 +36,9 @@
 #include "models/checkpoint.h"
 #include "models/lm_data.h"
 #include "models/rlhf/ppo.h"
+#include "models/rlhf/ppo_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
+#include "models/safetensors.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
 
@@ -60,7 +64,25 @@ std::shared_ptr<decoder> copy_model(const decoder& m) {
 
 std::string run_marker(const std::string& out) { return out + ".run.json"; }
 
+// With a [graph] checkpoint_dir, a trainer that finished also writes CHECKPOINT_DIR/NAME.done.json
+// (its output and a fingerprint of its settings): the same command run again (after a crash in
+// step 3, say) loads the output instead of training again.
+std::string done_marker(const actor::node_context& ctx) {
+  return (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".done.json")).string();
+}
+
+std::string settings_fingerprint(const graph::node_spec& n) {
+  std::string text = n.kind;
+  for (const auto& [k, v] : n.settings) text += "\n" + k + "=" + graph::to_string(v.value);
+  return fmt::format("{:016x}", graph::fnv1a64(text));
+}
+
 void write_run_marker(const actor::node_context& ctx, const std::string& out) {
+  if (!ctx.checkpoint_dir().empty()) {
+    std::filesystem::create_directories(ctx.checkpoint_dir());
+    write_text_atomic(done_marker(ctx),
+                      nlohmann::json{{"output", out}, {"settings", settings_fingerprint(ctx.spec())}}.dump() + "\n");
+  }
   if (ctx.run_id().empty()) return;
   const std::string path = run_marker(out), tmp = path + ".tmp";
   {
@@ -73,6 +95,18 @@ void write_run_marker(const actor::node_context& ctx, const std::string& out) {
 
 /// True when an earlier attempt of this run saved `out` completely.
 bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::string& out) {
+  if (!ctx.checkpoint_dir().empty() && !out.empty() && std::filesystem::exists(out)) {
+    std::ifstream f(done_marker(ctx));
+    try {
+      if (f) {
+        const auto j = nlohmann::json::parse(f);
+        if (j.value("output", std::string()) == out && j.value("settings", std::string()) == settings_fingerprint(ctx.spec()))
+          return true;
+      }
+    } catch (const std::exception&) {
+      // a torn marker: train again
+    }
+  }
   if (ctx.attempt() == 0 || ctx.run_id().empty() || out.empty()) return false;
   std::ifstream f(run_marker(out));
   if (!f) return false;
@@ -92,8 +126,13 @@ std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step
   const auto& out = ctx.spec().get_string("output");
   if (!saved_by_earlier_attempt(ctx, out)) return nullptr;
   auto m = std::make_shared<decoder>(load(out));
-  ctx.print(fmt::format("{} resumed (attempt {}): {} was saved by an earlier attempt of this run; training skipped",
-                        step, ctx.attempt() + 1, out));
+  if (ctx.attempt() > 0)
+    ctx.print(fmt::format("{} resumed (attempt {}): {} was saved by an earlier attempt of this run; training skipped",
+                          step, ctx.attempt() + 1, out));
+  else
+    ctx.print(fmt::format("{} resumed: {} was saved by an earlier run of this graph with the same settings "
+                          "({}); training skipped",
+                          step, out, done_marker(ctx)));
   return m;
 }
 
@@ -588,6 +627,12 @@ class prompt_loader final : public actor::node {
     iterations_ = ctx.spec().get_int("iterations");
     eval_rows_ = std::min<int64_t>(ctx.spec().get_int("eval_prompts"), static_cast<int64_t>(eval_.size()));
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), B_, d.seed + 2, /*full_only=*/true);
+    // step-3 resume: the held-out "before" batch was scored and J batches trained on before the
+    // commit; the order is a function of the batches drawn, so draw them again
+    if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) {
+      for (int64_t i = 0; i < std::min(rp->point.iteration, iterations_); ++i) order_.next(ctx.name());
+      next_ = 1 + rp->point.iteration;
+    }
   }
   void on_message(actor::node_context&, std::string_view, actor::payload) override { ready_ = true; }
   bool produce(actor::node_context& ctx) override {
@@ -624,7 +669,21 @@ class prompt_loader final : public actor::node {
 /// Orders each iteration's phases and prints DS-Chat's per-iteration figures.
 class ppo_controller final : public actor::node {
  public:
-  void start(actor::node_context&) override { t0_ = clk::now(); }
+  void start(actor::node_context& ctx) override {
+    t0_ = clk::now();
+    dir_ = ctx.checkpoint_dir();
+    save_every_ = ctx.spec().get_int("save_checkpoint_steps");
+    keep_ = static_cast<int>(ctx.spec().get_int("keep_checkpoints"));
+    if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
+      for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
+      commit_.eval_before = eval_before_ = rp->commit.eval_before;
+      for (const auto& pt : rp->commit.committed)
+        if (pt.iteration <= rp->point.iteration) commit_.committed.push_back(pt);
+      updates_ = rp->point.policy_version;
+      ctx.print(fmt::format("[step 3 ppo] resuming after iteration {} from {} (policy version {})",
+                            rp->point.iteration, dir_, updates_));
+    }
+  }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     if (port == "prompts") {
       prompt_msg p = msg.as<prompt_msg>();  // tensor handles: no data copy
@@ -632,6 +691,9 @@ class ppo_controller final : public actor::node {
       eval_ = p.eval;
       have_summary_ = have_actor_ = have_critic_ = false;
       p.policy_version = updates_;  // generate with the weights of every update reported so far
+      // every save_checkpoint_steps iterations the trainers save after this batch's update
+      p.checkpoint = !eval_ && !dir_.empty() && save_every_ > 0 && (cur_ + 1) % save_every_ == 0;
+      if (p.checkpoint) commit_due_ = true;
       ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
       return;
     }
@@ -682,11 +744,27 @@ class ppo_controller final : public actor::node {
                                               actor_.gather_bytes / 1e6, actor_.gather_theory_bytes / 1e6)
                                 : ""));
       ctx.metric("steps");
+      if (commit_due_) commit(ctx);
     }
     ctx.emit("next", actor::payload::make("tick", cur_));
   }
 
  private:
+  // The trainers saved their shards of this iteration before they reported: commit it.
+  void commit(actor::node_context& ctx) {
+    commit_due_ = false;
+    commit_.eval_before = eval_before_;
+    commit_.committed.push_back({cur_ + 1, updates_});
+    ppo::write_step3_commit(dir_, commit_);
+    ppo::prune_step3(dir_, commit_, keep_);
+    ctx.print(fmt::format("[step 3 ppo] checkpoint after iteration {} -> {}", cur_, dir_));
+  }
+
+  std::string dir_;
+  int64_t save_every_ = 0;
+  int keep_ = 2;
+  bool commit_due_ = false;
+  ppo::step3_commit commit_;
   int64_t cur_ = 0, updates_ = 0;
   bool eval_ = false, have_summary_ = false, have_actor_ = false, have_critic_ = false;
   summary_msg sum_;
@@ -734,6 +812,7 @@ class rollout_generator final : public actor::node {
       r.iteration = p.iteration;
       r.eval = p.eval;
       r.batch = emitted_++ * static_cast<int64_t>(ctx.replicas()) + static_cast<int64_t>(ctx.replica());
+      r.checkpoint = p.checkpoint;
       r.generate_seconds = since(t);
       if (e) {
         for (auto n : e->answer_len) r.generated_tokens += n;
@@ -905,6 +984,7 @@ class ppo_trainer final : public actor::node {
     model_->set_gradient_checkpointing(d_.gradient_checkpointing);
     engine_.make(*model_, d_, 1, group_.comm.get());
     if (ps_.enable_ema) ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
+    if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) restore(ctx, rp->point.iteration);
     if (policy_) publish_weights(ctx);
     if (speaks())
       ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {}, {})", model_->config().summary(), group_.world,
@@ -999,8 +1079,9 @@ class ppo_trainer final : public actor::node {
     const memory_report mem = engine_.engine->memory();
     ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
                 {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
+    if (policy_) ++version_;
+    if (xb.checkpoint && !ctx.checkpoint_dir().empty()) save(ctx, xb.iteration + 1);
     if (policy_) {
-      ++version_;
       publish_weights(ctx);
       st.gather_bytes = gather_bytes_;
       if (d_.zero_stage == 3)
@@ -1011,6 +1092,113 @@ class ppo_trainer final : public actor::node {
     st.tokens = tokens * ps_.ppo_epochs;
     ctx.metric("tokens", st.tokens);
     if (speaks()) ctx.emit("stats", actor::payload::make("stats", st));
+  }
+
+  // ---- step-3 checkpoints (models/rlhf/ppo_checkpoint.h): CHECKPOINT_DIR/NAME/step_J
+
+  std::string folder(const actor::node_context& ctx) const {
+    return (std::filesystem::path(ctx.checkpoint_dir()) / ctx.name()).string();
+  }
+  std::string config_hash() const {
+    nlohmann::json j = model_->config();
+    j["lora"] = model_->has_lora();
+    j["value_head"] = model_->has_value_head();
+    j["base_trains"] = model_->base_trainable();
+    return config_fingerprint(j);
+  }
+
+  // Every rank writes its pieces (fp32 master, AdamW moments, EMA); rank 0 the replicated
+  // adapter / value head; then the folder's commit (the controller commits the iteration).
+  void save(actor::node_context& ctx, int64_t iteration) {
+    auto& eng = *engine_.engine;
+    shard_manifest m;
+    m.step = iteration;
+    m.world_size = group_.world;
+    m.rank = group_.rank;
+    m.zero_stage = d_.zero_stage;
+    m.config_hash = config_hash();
+    if (unsup_) {
+      m.data_epoch = unsup_->epoch();
+      m.data_cursor = unsup_->cursor();
+    }
+    const uint64_t rng = model_->rng_state();
+    m.rng_state.resize(sizeof rng);
+    std::memcpy(m.rng_state.data(), &rng, sizeof rng);
+    m.extra["optimizer_steps"] = eng.step_count();
+    m.extra["policy_version"] = version_;
+    if (d_.dtype == "fp16" && eng.settings().loss_scaler) {
+      m.loss_scale = eng.settings().loss_scaler->scale();
+      m.loss_scale_good_steps = eng.settings().loss_scaler->good_steps();
+      m.extra["loss_scale_hysteresis_left"] = eng.settings().loss_scaler->hysteresis_left();
+    }
+    std::vector<shard_group> groups;
+    if (model_->base_trainable()) {
+      shard_group g;
+      g.name = "base";
+      g.full_numel = model_->num_parameters();
+      for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
+      g.tensors["fp32_master"] = eng.owned_params();
+      if (auto t = eng.owned_exp_avg(); t.defined()) g.tensors["exp_avg"] = t;
+      if (auto t = eng.owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
+      if (ema_.defined()) g.tensors["ema"] = ema_.clone();
+      groups.push_back(std::move(g));
+    }
+    if (model_->num_adapter_parameters() > 0 && group_.rank == 0) {  // replicated: rank 0 saves it
+      shard_group g;
+      g.name = "adapter";
+      g.full_numel = model_->num_adapter_parameters();
+      g.ranges.push_back({0, g.full_numel});
+      g.tensors["fp32_master"] = eng.adapter_params().clone();
+      if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = t;
+      if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = t;
+      groups.push_back(std::move(g));
+    }
+    save_shard(folder(ctx), m, groups);
+    group_.comm->barrier();  // every shard on disk before the folder's commit
+    if (group_.rank == 0) commit_checkpoint(folder(ctx), iteration, group_.world, /*keep=*/0);  // the controller prunes
+    group_.comm->barrier();
+  }
+
+  // Load iteration J's shards (any world size and stage: the buffers are reassembled whole).
+  void restore(actor::node_context& ctx, int64_t iteration) {
+    const std::string f = (std::filesystem::path(folder(ctx)) / step_folder_name(iteration)).string();
+    const auto ck = load_checkpoint(f);
+    const auto& m0 = ck.manifests.at(0);
+    if (m0.config_hash != config_hash())
+      throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + f +
+                               " was made for another model, LoRA or value-head setting (config hash differs): "
+                               "use another [graph] checkpoint_dir, or delete it to start step 3 afresh");
+    auto get = [&](const char* g, const char* t) -> tensor {
+      auto gi = ck.full.find(g);
+      if (gi == ck.full.end()) return {};
+      auto ti = gi->second.find(t);
+      return ti == gi->second.end() ? tensor{} : ti->second;
+    };
+    auto& eng = *engine_.engine;
+    eng.restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
+                get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"),
+                m0.extra.value("optimizer_steps", int64_t{0}));
+    if (const tensor e = get("base", "ema"); e.defined() && ema_.defined()) {  // this rank's pieces of it
+      int64_t at = 0;
+      for (const auto& [lo, hi] : eng.owned_ranges()) {
+        ema_.flat_view(at, {hi - lo}).copy_from(e.flat_view(lo, {hi - lo}));
+        at += hi - lo;
+      }
+    }
+    if (eng.settings().loss_scaler && m0.loss_scale > 0)
+      eng.settings().loss_scaler->restore(m0.loss_scale, m0.loss_scale_good_steps,
+                                          m0.extra.value("loss_scale_hysteresis_left", int64_t{0}));
+    const auto& mine = m0.world_size == group_.world ? ck.manifests.at(group_.rank) : m0;
+    if (mine.rng_state.size() == sizeof(uint64_t)) {
+      uint64_t rng;
+      std::memcpy(&rng, mine.rng_state.data(), sizeof rng);
+      model_->set_rng_state(rng);
+    }
+    if (unsup_) unsup_->set_position(m0.data_epoch, m0.data_cursor);
+    version_ = m0.extra.value("policy_version", int64_t{0});
+    if (speaks())
+      ctx.log().info("restored iteration {} from {} ({} ranks, stage {}) on {} ranks, stage {}", iteration, f,
+                     m0.world_size, m0.zero_stage, group_.world, d_.zero_stage);
   }
 
   bool policy_;
@@ -1060,6 +1248,7 @@ class experience_maker final : public actor::node {
     sum.eval = r.eval;
     sum.generate_seconds = r.generate_seconds;
     sum.generated_tokens = r.generated_tokens;
+    if (r.checkpoint) pending_.checkpoint = true;  // kept past a dropped batch, to the next update
     if (!r.exp) {
       sum.dropped = true;
       ctx.emit("summary", actor::payload::make("summary", sum));
@@ -1191,7 +1380,12 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .input("actor_stats", "stats", "the policy's update", true, true)
         .input("critic_stats", "stats", "the critic's update", true, true)
         .output("generate", "prompt_batch", "prompts for the generator", true)
-        .output("next", "tick", "ask the loader for the next batch", true);
+        .output("next", "tick", "ask the loader for the next batch", true)
+        .option("save_checkpoint_steps", T::int_, std::int64_t{0},
+                "with [graph] checkpoint_dir: the policy and critic save and the controller commits every N "
+                "iterations (0: never); the same command resumes from the last commit")
+        .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
+        .at_least(2);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new ppo_controller); });
   }
   {

@@ -41,6 +41,9 @@ struct prompt_msg {
   /// The policy version (updates so far) to generate with: the controller
   /// stamps it, the generator waits until it holds weights of that version.
   int64_t policy_version = 0;
+  /// Step-3 checkpoints: the trainers save after training on this batch's experience and
+  /// the controller commits the iteration (docs/rlhf.md, models/rlhf/ppo_checkpoint.h).
+  bool checkpoint = false;
 };
 
 struct rollout_msg {
@@ -53,6 +56,7 @@ struct rollout_msg {
   /// the experience maker joins the four scores of a batch by it, also when the
   /// scores come from other processes (each with its own copy of the rollouts).
   int64_t batch = 0;
+  bool checkpoint = false;  ///< the prompt batch's
 };
 
 struct score_msg {
@@ -71,6 +75,7 @@ struct experience_msg {
 struct experience_batch {
   std::vector<experience_msg> items;
   int64_t iteration = 0;  ///< the last batch's iteration
+  bool checkpoint = false;  ///< save after training on it (a batch of it was stamped so)
 };
 
 struct stats_msg {

@@ -10,7 +10,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$out"' EXIT
 echo "bench-secret-$$-$RANDOM" > "$out/secret"
-small=(--no-progress --threads 2 --set node.sft.steps=3 --set node.rm.steps=3 --set node.prompts.eval_prompts=4)
+small=(--no-progress --threads 2 --set graph.checkpoint_dir= --set node.sft.steps=3 --set node.rm.steps=3 --set node.prompts.eval_prompts=4)
 declare -A placements=(
   [1]=""
   [2]="--set node.generator.on=w1 --set node.reward.on=w1 --set node.critic.on=w1"

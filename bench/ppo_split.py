@@ -56,7 +56,7 @@ def main():
 
     sft, rm = os.path.join(out, "sft.bin"), os.path.join(out, "rm")
     if not (os.path.exists(sft) and os.path.isdir(rm)):
-        run([a.flowrun, os.path.join(root, "graphs/rlhf.graph"), "--no-progress", "-q",
+        run([a.flowrun, os.path.join(root, "graphs/rlhf.graph"), "--no-progress", "-q", "--set", "graph.checkpoint_dir=",
              "--set", "node.sft.steps=6", "--set", "node.rm.steps=6",
              "--set", "node.prompts.iterations=1", "--set", "node.prompts.eval_prompts=4",
              "--set", f"node.sft.output={sft}", "--set", f"node.rm.output={rm}",

@@ -15,7 +15,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 echo "rlhf-secret-$$-$RANDOM" > "$out/secret"
-small=(--no-progress --threads 2 --set node.sft.steps=3 --set node.rm.steps=3 --set node.prompts.iterations=6
+small=(--no-progress --threads 2 --set graph.checkpoint_dir= --set node.sft.steps=3 --set node.rm.steps=3 --set node.prompts.iterations=6
        --set node.prompts.eval_prompts=4)
 split=(--set node.prompts.on=w1 --set node.ppo_controller.on=w2 --set node.sft.on=w1 --set node.rm.on=w1
        --set node.generator.on=w1 --set node.reward.on=w2 --set node.critic.on=w2)

@@ -10,7 +10,7 @@ set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
 fail() { echo "ppo_ranks_small: $*"; exit 1; }
-common=(--no-progress --set node.sft.steps=10 --set node.rm.steps=10 --set node.prompts.iterations=3
+common=(--no-progress --set graph.checkpoint_dir= --set node.sft.steps=10 --set node.rm.steps=10 --set node.prompts.iterations=3
         --set node.prompts.eval_prompts=8 --set node.policy.output= --set node.sft.output= --set node.rm.output=
         --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt
         --set node.policy.tokenizer=model/stories260K/tok512.model

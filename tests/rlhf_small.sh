@@ -4,7 +4,7 @@
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
-"$flowrun" "$root/graphs/rlhf.graph" --no-progress \
+"$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir="$out/checkpoints" \
   --set node.sft.steps=10 --set node.rm.steps=10 --set node.prompts.iterations=3 --set node.prompts.eval_prompts=8 \
   --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
   --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \

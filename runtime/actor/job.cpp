@@ -136,6 +136,7 @@ struct job_plan {
   std::string graph_name;
   std::uint64_t seed = 0;
   std::int64_t steps = 0;
+  std::string checkpoint_dir;  // node_context::checkpoint_dir
   std::string run_id;        // node_context::run_id
   std::int64_t attempt = 0;  // node_context::attempt
   std::shared_ptr<comm::store> rendezvous_store;  // node_context::rendezvous_store
@@ -283,6 +284,7 @@ class replica_actor final : public caf::event_based_actor {
     std::size_t replicas() const override { return a_.np_.replicas; }
     std::uint64_t seed() const override { return graph::node_seed(a_.plan_->seed, a_.np_.spec.name, a_.replica_); }
     std::int64_t graph_steps() const override { return a_.plan_->steps; }
+    const std::string& checkpoint_dir() const override { return a_.plan_->checkpoint_dir; }
     std::int64_t restarts() const override { return a_.restarts_; }
     std::int64_t attempt() const override { return a_.plan_->attempt; }
     const std::string& run_id() const override { return a_.plan_->run_id; }
@@ -1481,6 +1483,7 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
   plan->graph_name = spec.name;
   plan->seed = spec.seed;
   plan->steps = spec.steps;
+  plan->checkpoint_dir = spec.checkpoint_dir;
   plan->run_id = options.run_id;
   plan->attempt = options.attempt;
   plan->rendezvous_store = options.rendezvous_store;

@@ -88,6 +88,12 @@ class node_context {
   virtual std::uint64_t seed() const = 0;
   /// The graph's `steps` (0: until the sources run out).
   virtual std::int64_t graph_steps() const = 0;
+  /// The run's checkpoint folder ([graph] checkpoint_dir), "" when the graph has none.
+  /// A node that checkpoints keeps its state in a subfolder named after it.
+  virtual const std::string& checkpoint_dir() const {
+    static const std::string none;
+    return none;
+  }
   /// How often this replica has been restarted so far.
   virtual std::int64_t restarts() const = 0;
   /// Which attempt of the run this is: 0, or k after the run restarted k times

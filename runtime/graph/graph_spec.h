@@ -223,6 +223,10 @@ struct graph_spec {
   /// The live console's port (`console_port` in [graph]; docs/console.md):
   /// -1 (not written): no console unless `flowrun run --console PORT`; 0: a free port.
   std::int64_t console_port = -1;
+  /// The run's checkpoint folder (`checkpoint_dir` in [graph]); "" (not written): none. Nodes
+  /// that checkpoint keep their state under it (node_context::checkpoint_dir; docs/rlhf.md's
+  /// step-3 checkpoints) and resume from it when the same command runs again.
+  std::string checkpoint_dir;
   std::vector<node_spec> nodes;
   std::vector<edge_spec> edges;
   /// The machines of the run ([cluster] or flowrun run --cluster FILE); empty: one process.
@@ -236,6 +240,7 @@ struct graph_spec {
   source_pos seed_pos;   ///< unknown if not written
   source_pos steps_pos;  ///< unknown if not written
   source_pos console_port_pos;  ///< unknown if not written
+  source_pos checkpoint_dir_pos;  ///< unknown if not written
 
   /// Set by the reader when part of the input could not be understood (a
   /// malformed edge, say). The validator then skips the checks that would

@@ -323,7 +323,7 @@ bool is_cluster_node_name(std::string_view s) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
   return true;
 }
-const std::vector<std::string> graph_keys = {"name", "seed", "steps", "console_port"};
+const std::vector<std::string> graph_keys = {"name", "seed", "steps", "console_port", "checkpoint_dir"};
 
 void add_error(std::vector<graph_error>& errors, const source_pos& p, std::string message, std::string hint) {
   errors.push_back(graph_error::at(p, std::move(message), std::move(hint)));
@@ -680,6 +680,14 @@ struct loader {
           spec.console_port = v.as_integer()->get();
           spec.console_port_pos = pos_of(v);
         }
+      } else if (k == "checkpoint_dir") {
+        if (!v.is_string())
+          error(pos_of(v), "graph checkpoint_dir must be a folder name (a string), got " + toml_type_name(v),
+                "write checkpoint_dir = \"out/run/checkpoints\"");
+        else {
+          spec.checkpoint_dir = v.as_string()->get();
+          spec.checkpoint_dir_pos = pos_of(v);
+        }
       } else if (k == "edges") {
         result.spec.incomplete = true;
         error(pos_of(key), "unknown key 'edges' in [graph]",
@@ -914,10 +922,13 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   if (parts[0].first == "graph") {
     if (parts.size() != 2)
       return err(0, "unknown override path '" + std::string(path) + "'",
-                 "graph overrides are graph.name, graph.seed, graph.steps and graph.console_port");
+                 "graph overrides are graph.name, graph.seed, graph.steps, graph.console_port and graph.checkpoint_dir");
     const auto& [key, off] = parts[1];
     if (key == "name") {
       spec.name = std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : raw;
+    } else if (key == "checkpoint_dir") {
+      spec.checkpoint_dir = std::holds_alternative<std::string>(value) ? std::get<std::string>(value) : raw;
+      spec.checkpoint_dir_pos = vpos;
     } else if (key == "console_port") {
       const auto* i = std::get_if<std::int64_t>(&value);
       if (!i || *i < 0 || *i > 65535)

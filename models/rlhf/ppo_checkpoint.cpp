@@ -1,0 +1,97 @@
+#include "models/rlhf/ppo_checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "models/safetensors.h"
+#include "models/train/shard_checkpoint.h"
+
+namespace flowrun::ppo {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string commit_path(const std::string& dir) { return (fs::path(dir) / "step3.json").string(); }
+
+// The subfolders of DIR that hold trainer checkpoints (step_* folders), sorted by name.
+std::vector<fs::path> trainer_dirs(const std::string& dir) {
+  std::vector<fs::path> out;
+  if (!fs::is_directory(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_directory()) continue;
+    for (const auto& f : fs::directory_iterator(e.path()))
+      if (f.is_directory() && f.path().filename().string().rfind("step_", 0) == 0) {
+        out.push_back(e.path());
+        break;
+      }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+void write_step3_commit(const std::string& dir, const step3_commit& c) {
+  nlohmann::json pts = nlohmann::json::array();
+  for (const auto& p : c.committed) pts.push_back({{"iteration", p.iteration}, {"policy_version", p.policy_version}});
+  nlohmann::json j = {{"format", "flowrun-step3"}, {"eval_before", c.eval_before}, {"committed", pts}};
+  write_text_atomic(commit_path(dir), j.dump(1) + "\n");
+}
+
+std::optional<step3_resume> find_step3_resume(const std::string& dir) {
+  if (dir.empty() || !fs::exists(commit_path(dir))) return std::nullopt;
+  step3_commit c;
+  try {
+    std::ifstream f(commit_path(dir));
+    const auto j = nlohmann::json::parse(f);
+    if (j.value("format", std::string()) != "flowrun-step3") throw std::runtime_error("format is not flowrun-step3");
+    c.eval_before = j.at("eval_before").get<double>();
+    for (const auto& p : j.at("committed"))
+      c.committed.push_back({p.at("iteration").get<int64_t>(), p.at("policy_version").get<int64_t>()});
+  } catch (const std::exception& e) {
+    throw std::runtime_error(commit_path(dir) + " is not a step-3 commit (" + e.what() +
+                             "): delete it (and the folder's step_* checkpoints) to start step 3 afresh");
+  }
+  step3_resume r;
+  const auto trainers = trainer_dirs(dir);
+  r.commit = c;
+  for (auto p = c.committed.rbegin(); p != c.committed.rend(); ++p) {
+    const int64_t it = p->iteration;
+    std::string problem;
+    for (const auto& t : trainers) {
+      const std::string folder = (t / step_folder_name(it)).string();
+      try {
+        verify_checkpoint(folder);
+      } catch (const std::exception& e) {
+        problem = e.what();
+        break;
+      }
+    }
+    if (problem.empty()) {
+      r.point = *p;
+      return r;
+    }
+    r.refused.push_back("iteration " + std::to_string(it) + " refused: " + problem);
+  }
+  std::string all;
+  for (const auto& p : r.refused) all += "\n  " + p;
+  throw std::runtime_error("no committed step-3 checkpoint in " + dir + " can be used:" + all +
+                           "\n  delete " + dir + " to start step 3 afresh");
+}
+
+void prune_step3(const std::string& dir, step3_commit& c, int keep) {
+  if (keep < 1 || static_cast<int>(c.committed.size()) <= keep) return;
+  std::vector<int64_t> drop;
+  for (auto p = c.committed.begin(); p != c.committed.end() - keep; ++p) drop.push_back(p->iteration);
+  c.committed.erase(c.committed.begin(), c.committed.end() - keep);
+  write_step3_commit(dir, c);  // the list first: a crash leaves folders, never a list naming removed ones
+  for (const auto& t : trainer_dirs(dir))
+    for (int64_t it : drop) fs::remove_all(t / step_folder_name(it));
+}
+
+}  // namespace flowrun::ppo

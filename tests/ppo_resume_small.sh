@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Step-3 checkpoints (issue 16, "resume"): graphs/rlhf.graph at small settings, committing a
+# checkpoint every 2 PPO iterations into [graph] checkpoint_dir.
+#   1. SIGKILL in the middle of step 3, then the same command: steps 1 and 2 are not redone,
+#      step 3 resumes from the last commit, and every step-3 line printed after it equals the
+#      uninterrupted run's.
+#   2. A corrupt checkpoint (one byte of the policy's newest shard flipped) is refused, naming
+#      the file, and the previous commit is used: the lines after it equal the uninterrupted run's.
+#   3. A 1-rank stage-0 checkpoint resumes on 2 ranks at ZeRO stage 3 (policy) and 2 (critic):
+#      the lines after it equal the uninterrupted run's within 1e-4.
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+fail() { echo "ppo_resume_small: $*"; exit 1; }
+args() {  # DIR: the command line of a run whose state lives in DIR
+  echo --no-progress --set graph.checkpoint_dir="$1/ckpt" --set node.ppo_controller.save_checkpoint_steps=2 \
+    --set node.sft.steps=6 --set node.rm.steps=6 --set node.prompts.iterations=6 --set node.prompts.eval_prompts=4 \
+    --set node.sft.output="$1/sft.bin" --set node.rm.output="$1/rm" --set node.policy.output="$1/ppo.bin" \
+    --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \
+    --set node.policy.tokenizer=model/stories260K/tok512.model \
+    --set node.policy.per_device_training_batch_size=4 --set node.critic.per_device_training_batch_size=4
+}
+# the step-3 iteration and held-out-after lines without timings
+lines() { grep -E '^\[step 3 ppo\] (iter [0-9]+ reward|held-out after|held-out mean)' "$1" |
+          sed -E 's/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/ hybrid-engine gather.*//; s/, [0-9.]+ s$//'; }
+after() {  # LOG ITER: A's lines from iteration ITER on
+  lines "$1" | awk -v n="$2" '{ if ($4 == "iter" && $5 + 0 < n) next; print }'
+}
+mkdir -p "$out/a" "$out/b"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") > "$out/a.log" 2> "$out/a.err" ||
+  { echo "uninterrupted run failed:"; tail -20 "$out/a.err"; exit 1; }
+grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted run committed no checkpoint at iteration 6"
+[ "$(lines "$out/a.log" | grep -c ' iter ')" = 6 ] || fail "the uninterrupted run did not print 6 iterations"
+
+# 1. SIGKILL once step 3 has committed a checkpoint
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") > "$out/b1.log" 2> "$out/b1.err" &
+pid=$!
+for _ in $(seq 1 1200); do grep -q "checkpoint after iteration 1" "$out/b1.log" 2>/dev/null && break; sleep 0.05; done
+grep -q "checkpoint after iteration 1" "$out/b1.log" || { kill -9 $pid; fail "no checkpoint was committed"; }
+sleep 0.$((RANDOM % 10))  # somewhere in iterations 2-3
+kill -9 $pid
+wait $pid 2>/dev/null || true
+grep -q "held-out after" "$out/b1.log" && fail "killed too late (step 3 had finished)"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") > "$out/b2.log" 2> "$out/b2.err" ||
+  { echo "the resumed run failed:"; tail -20 "$out/b2.err"; exit 1; }
+for step in "step 1 sft" "step 2 rm"; do
+  grep -q "^\[$step\] resumed: " "$out/b2.log" || fail "$step was trained again after the crash"
+done
+from=$(grep -oE "resuming after iteration [0-9]+" "$out/b2.log" | awk '{ print $4 }')
+[ -n "$from" ] || fail "the second run did not resume step 3"
+echo "killed during step 3; resumed after iteration $from"
+diff <(after "$out/a.log" "$from") <(lines "$out/b2.log") || fail "the resumed run's lines differ from the uninterrupted run's"
+cmp "$out/a/ppo.bin" "$out/b/ppo.bin" || fail "the resumed run's policy differs from the uninterrupted run's"
+
+# 2. a corrupt newest checkpoint: refused by name, the previous commit used
+newest=$(ls -d "$out/b/ckpt/policy"/step_* | sort | tail -1)
+shard=$(ls "$newest"/*.safetensors | head -1)
+python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(-5, 2); b = f.read(1); f.seek(-5, 2); f.write(bytes([b[0] ^ 0xff]))" "$shard"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") > "$out/b3.log" 2> "$out/b3.err" ||
+  { echo "the run after the corruption failed:"; tail -20 "$out/b3.err"; exit 1; }
+grep -F "$(basename "$shard")" "$out/b3.log" | grep -q "refused" || fail "the corrupt shard was not named: $(grep checkpoint "$out/b3.log")"
+grep "refused" "$out/b3.log" | head -1 | cut -c1-200
+from=$(grep -oE "resuming after iteration [0-9]+" "$out/b3.log" | awk '{ print $4 }')
+[ "$from" = 4 ] || fail "after the corruption the run resumed after iteration '$from', not 4"
+diff <(after "$out/a.log" "$from") <(lines "$out/b3.log") || fail "the lines after the older commit differ"
+
+# 3. another world size and stage: a's commit of iteration 4 on 2 ranks
+cp -r "$out/a" "$out/c"
+python3 - "$out/c/ckpt/step3.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["committed"] = [p for p in j["committed"] if p["iteration"] <= 4]
+json.dump(j, open(sys.argv[1], "w"))
+PY
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/c") --set node.policy.replicas=2 --set node.policy.actor_zero_stage=3 \
+  --set node.critic.replicas=2 --set node.critic.critic_zero_stage=2 > "$out/c.log" 2> "$out/c.err" ||
+  { echo "the 2-rank resume failed:"; tail -20 "$out/c.err"; exit 1; }
+grep -q "resuming after iteration 4" "$out/c.log" || fail "the 2-rank run did not resume after iteration 4"
+python3 - <(after "$out/a.log" 4) <(lines "$out/c.log") <<'PY' || fail "the 2-rank resume differs by more than 1e-4"
+import re, sys
+a, c = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+na, nc = re.findall(r"-?\d+\.\d+", a), re.findall(r"-?\d+\.\d+", c)
+assert len(na) == len(nc) > 10, (len(na), len(nc))
+worst = max(abs(float(x) - float(y)) for x, y in zip(na, nc))
+print(f"1-rank checkpoint resumed on 2 ranks (stages 3 and 2): largest difference {worst:.1e} over {len(na)} numbers")
+sys.exit(0 if worst <= 1e-4 + 1e-9 else 1)
+PY
+echo "ppo_resume_small: ok"

@@ -1,5 +1,5 @@
 // Layer 6: the message types of DeepSpeed-Chat's three steps as graph nodes
-// (actors/rlhf_nodes.cpp). All are in-process payloads shared by handle.
+// (actors/dschat_trainers.cpp, actors/ppo_nodes.cpp). All are in-process payloads shared by handle.
 //
 //   message type   | C++ value
 //   "model"        | model_msg: a live decoder (shared, not copied) and its version

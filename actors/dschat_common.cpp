@@ -1,0 +1,279 @@
+#include "actors/dschat_common.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "models/safetensors.h"
+#include "runtime/util/assets.h"
+
+namespace flowrun::actors {
+
+std::shared_ptr<decoder> copy_model(const decoder& m) {
+  auto c = std::make_shared<decoder>(m.config());
+  c->w().flat.copy_from(m.w().flat);
+  return c;
+}
+
+// -- resuming a restarted run (on_node_lost = "restart", docs/scaling.md) --------------
+//
+// A trainer that saved its output writes OUTPUT.run.json beside it (after the
+// output itself, each file atomically) naming the run id. A later attempt of
+// the same run (node_context::attempt() > 0, same run_id()) loads the output
+// instead of training again: what was checkpointed is not lost, nor redone.
+
+static std::string run_marker(const std::string& out) { return out + ".run.json"; }
+
+// With a [graph] checkpoint_dir, a trainer that finished also writes CHECKPOINT_DIR/NAME.done.json
+// (its output and a fingerprint of its settings): the same command run again (after a crash in
+// step 3, say) loads the output instead of training again.
+static std::string done_marker(const actor::node_context& ctx) {
+  return (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".done.json")).string();
+}
+
+static std::string settings_fingerprint(const graph::node_spec& n) {
+  std::string text = n.kind;
+  for (const auto& [k, v] : n.settings) text += "\n" + k + "=" + graph::to_string(v.value);
+  return fmt::format("{:016x}", graph::fnv1a64(text));
+}
+
+void write_run_marker(const actor::node_context& ctx, const std::string& out) {
+  if (!ctx.checkpoint_dir().empty()) {
+    std::filesystem::create_directories(ctx.checkpoint_dir());
+    write_text_atomic(done_marker(ctx),
+                      nlohmann::json{{"output", out}, {"settings", settings_fingerprint(ctx.spec())}}.dump() + "\n");
+  }
+  if (ctx.run_id().empty()) return;
+  const std::string path = run_marker(out), tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << nlohmann::json{{"run_id", ctx.run_id()}, {"node", ctx.name()}, {"attempt", ctx.attempt()}}.dump() << "\n";
+    if (!f) throw std::runtime_error("node '" + ctx.name() + "': cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+/// True when an earlier attempt of this run saved `out` completely.
+static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::string& out) {
+  if (!ctx.checkpoint_dir().empty() && !out.empty() && std::filesystem::exists(out)) {
+    std::ifstream f(done_marker(ctx));
+    try {
+      if (f) {
+        const auto j = nlohmann::json::parse(f);
+        if (j.value("output", std::string()) == out && j.value("settings", std::string()) == settings_fingerprint(ctx.spec()))
+          return true;
+      }
+    } catch (const std::exception&) {
+      // a torn marker: train again
+    }
+  }
+  if (ctx.attempt() == 0 || ctx.run_id().empty() || out.empty()) return false;
+  std::ifstream f(run_marker(out));
+  if (!f) return false;
+  try {
+    auto j = nlohmann::json::parse(f);
+    return j.value("run_id", std::string()) == ctx.run_id() && j.value("node", std::string()) == ctx.name() &&
+           std::filesystem::exists(out);
+  } catch (const std::exception&) {
+    return false;  // a torn or foreign marker: train again
+  }
+}
+
+/// The trainer's `output` loaded with `load`, when an earlier attempt of this
+/// run saved it (and a line saying that training is skipped); else null.
+std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step) {
+  const auto& out = ctx.spec().get_string("output");
+  if (!saved_by_earlier_attempt(ctx, out)) return nullptr;
+  auto m = std::make_shared<decoder>(load_model(out));
+  if (ctx.attempt() > 0)
+    ctx.print(fmt::format("{} resumed (attempt {}): {} was saved by an earlier attempt of this run; training skipped",
+                          step, ctx.attempt() + 1, out));
+  else
+    ctx.print(fmt::format("{} resumed: {} was saved by an earlier run of this graph with the same settings "
+                          "({}); training skipped",
+                          step, out, done_marker(ctx)));
+  return m;
+}
+
+// -- the models the trainers read and write (models/checkpoint.h) ------------------------
+//
+// Every trainer loads its model with load_model (llama2.c files, flowrun model folders,
+// Hugging Face folders of LLaMA, OPT and GPT-2) and saves it in the format it was given
+// (saved_format: HF in, HF out, with the tokenizer the node used copied beside it). A save
+// that cannot succeed is refused before training: by the graph check of each kind
+// (check_trainer_output, at validation) and again in start() / when the model arrives.
+
+/// The node's `model` setting, inspected (for the graph checks); nullopt when it is
+/// missing or unreadable (then the node's start names the problem).
+static std::optional<model_file_info> inspect_model_setting(const graph::node_spec& n) {
+  const auto* m = n.find_setting("model");
+  if (!m || !std::holds_alternative<std::string>(m->value)) return std::nullopt;
+  try {
+    return inspect_model(std::get<std::string>(m->value));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+/// What a node emits on its "model" port, from its settings alone (for the graph
+/// checks): sft_trainer and model_source pass on the format of their `model`;
+/// rm_trainer adds a value head. nullopt for other kinds or an unreadable model.
+static std::optional<model_file_info> emitted_model(const graph::node_spec& n) {
+  if (n.kind != "sft_trainer" && n.kind != "rm_trainer" && n.kind != "model_source") return std::nullopt;
+  auto info = inspect_model_setting(n);
+  if (info && n.kind == "rm_trainer") {
+    info->format = saved_format(info->format, true);
+    info->value_head = true;
+  }
+  return info;
+}
+
+/// The problem with writing a model (`in`: what the node was given) to the node's
+/// `output` in the format it was given, as a sentence with the fix; "" when none.
+static std::string output_problem(const std::string& node, const std::string& out, const model_file_info& in,
+                                  bool value_head) {
+  if (out.empty()) return "";
+  const auto f = saved_format(in.format, value_head);
+  auto why = save_problem(f, out, in.family, value_head);
+  if (why.empty()) return "";
+  const std::string as = f == in.format ? "the format it was given in"
+                                         : "it was given as a " + std::string(to_string(in.format)) +
+                                               ", which cannot hold its value head";
+  return "node '" + node + "': output \"" + out + "\" cannot be written: the model is saved as a " +
+         std::string(to_string(f)) + " (" + as + "); " + why;
+}
+
+/// The graph check of the trainers (node_kind::check): their `output` fits the format of
+/// the model they get (their `model` setting, or for the policy what its init edge brings).
+std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g) {
+  const auto* o = n.find_setting("output");
+  if (!o || !std::holds_alternative<std::string>(o->value) || std::get<std::string>(o->value).empty()) return {};
+  const auto& out = std::get<std::string>(o->value);
+  std::optional<model_file_info> in;
+  bool value_head = false;
+  if (n.kind == "policy") {
+    for (const auto& e : g.edges)
+      if (e.to_node == n.name && e.to_port == "init")
+        if (const auto* src = g.find_node(e.from_node)) in = emitted_model(*src);
+  } else {
+    in = inspect_model_setting(n);
+    value_head = n.kind == "rm_trainer";
+  }
+  if (!in) return {};
+  auto why = output_problem(n.name, out, *in, value_head);
+  if (why.empty()) return {};
+  return {{"output", why, "give an output path that fits the format the model was given in (docs/rlhf.md)"}};
+}
+
+/// Refuses, before training, an `output` that the model given as `in` could not be written to.
+void check_output(const actor::node_context& ctx, const model_file_info& in, bool value_head) {
+  if (auto why = output_problem(ctx.name(), ctx.spec().get_string("output"), in, value_head); !why.empty())
+    throw std::invalid_argument(why);
+}
+
+/// Saves `m` to the node's `output` (when set) as `f`, with `tokenizer` beside an HF
+/// folder; with verify_output, reloads it and prints the largest output difference.
+void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
+                 const std::string& tokenizer) {
+  const auto& out = ctx.spec().get_string("output");
+  if (out.empty()) return;
+  save_model(m, out, f, tokenizer);
+  ctx.log().info("saved the trained model to {} ({})", out, to_string(f));
+  if (ctx.spec().get_bool("verify_output"))
+    ctx.print(fmt::format("{} saved {} as a {}; reloaded: max |output difference| {:.3g}", step, out, to_string(f),
+                          reload_max_diff(m, out)));
+}
+
+/// The node's `model`, inspected: what it is and where it resolves.
+std::pair<std::string, model_file_info> given_model(const actor::node_context& ctx) {
+  auto path = resolve_user_path(ctx.spec().get_string("model"), "model").string();
+  return {path, inspect_model(path)};
+}
+
+/// Learned positions (OPT, GPT-2) stop at the model's max_position_embeddings.
+void check_seq_len(const actor::node_context& ctx, const model_config& c, int64_t T, const char* setting) {
+  if (T > c.max_seq_len)
+    throw std::invalid_argument(fmt::format("node '{}': {} = {} exceeds the model's {} positions "
+                                            "(max_position_embeddings): lower {}",
+                                            ctx.name(), setting, T, c.max_seq_len, setting));
+}
+
+dschat::dschat_settings common_settings(const actor::node_context& ctx) {
+  const auto& s = ctx.spec();
+  dschat::dschat_settings d;
+  d.per_device_train_batch_size = s.get_int("per_device_train_batch_size");
+  d.learning_rate = static_cast<float>(s.get_float("learning_rate"));
+  d.weight_decay = static_cast<float>(s.get_float("weight_decay"));
+  d.max_seq_len = s.get_int("max_seq_len");
+  d.lr_scheduler_type = s.get_string("lr_scheduler_type");
+  d.num_warmup_steps = s.get_int("num_warmup_steps");
+  d.seed = static_cast<uint64_t>(s.get_int("seed"));
+  d.data_split = s.get_string("data_split");
+  d.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
+  d.lora_dim = s.get_int("lora_dim");
+  d.gradient_checkpointing = s.get_bool("gradient_checkpointing");
+  d.zero_stage = static_cast<int>(s.get_int("zero_stage"));
+  d.dtype = s.get_string("dtype");
+  d.only_optimize_lora = s.get_bool("only_optimize_lora");
+  if (const auto& p = s.get_string("deepspeed_config"); !p.empty())  // one rank: the triple for world size 1
+    dschat::apply_ds_config(d, load_ds_config(resolve_user_path(p, "deepspeed_config").string(), 1));
+  return d;
+}
+
+dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {
+  if (dschat::parse_data_split(d.data_split).size() != 3)
+    throw std::invalid_argument("node '" + ctx.name() + "': data_split \"" + d.data_split +
+                                "\" must have 3 parts, one per DS-Chat step (e.g. \"2,4,4\")");
+  std::vector<std::string> paths = {resolve_user_path(ctx.spec().get_string("data"), "data").string()};
+  for (const auto& extra : ctx.spec().get_string_list("mix_data"))  // DS-Chat's blending of several datasets
+    paths.push_back(resolve_user_path(extra, "mix_data").string());
+  auto src = dschat::load_sources(paths);
+  for (auto& s : src) ctx.log().info("{}", s.report.summary());
+  dschat::split_settings sp;
+  sp.data_split = d.data_split;
+  sp.seed = d.seed;
+  sp.eval_fraction = ctx.spec().get_float("eval_fraction");
+  auto rows = dschat::rows_for_step(src, step_index, sp);
+  ctx.log().info("{}", rows.summary);
+  return rows;
+}
+
+// The memory a training node needs: f32 weights, gradients and two AdamW moments, plus
+// the activations the decoder keeps for backward (per token and layer: the residual
+// streams, norms, q/k/v, attention output and MLP hidden, and the (H, T) attention row;
+// per token: logits and their gradient). Refuses, before training starts, a plan that
+// does not fit the memory the machine has available, saying what to change.
+void check_memory_plan(const actor::node_context& ctx, const model_config& c, int64_t B, int64_t T,
+                       const char* batch_setting) {
+  const double params = static_cast<double>(c.num_parameters()) * 4.0 * 4.0;
+  const double per_token = static_cast<double>(c.n_layers) *
+                               (8.0 * c.dim + static_cast<double>(c.n_heads) * T + 3.0 * c.hidden_dim) +
+                           2.0 * c.vocab_size;
+  const double need = params + 4.0 * per_token * static_cast<double>(B) * static_cast<double>(T);
+  const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (avail > 0 && need > 0.9 * avail)
+    throw std::runtime_error(fmt::format(
+        "node '{}': the plan needs about {:.1f} GiB ({:.1f} GiB weights, gradients and AdamW states; the rest "
+        "activations for {} x {} tokens) but {:.1f} GiB are available: lower {} or max_seq_len, or set lora_dim",
+        ctx.name(), need / 1073741824.0, params / 1073741824.0, B, T, avail / 1073741824.0, batch_setting));
+}
+
+// "end" cuts the end of prompt + answer (DS-Chat); "prompt_start" drops the oldest prompt
+// tokens first, so the answers survive (HH-RLHF prompts are long in tok512's pieces).
+dschat::truncation_mode truncation_of(const actor::node_context& ctx) {
+  const auto& t = ctx.spec().get_string("truncation");
+  if (t == "end") return dschat::truncation_mode::end;
+  if (t == "prompt_start") return dschat::truncation_mode::prompt_start;
+  throw std::invalid_argument("node '" + ctx.name() + "': truncation must be \"end\" or \"prompt_start\", not \"" + t +
+                              "\"");
+}
+
+std::unique_ptr<tokenizer> load_tok(const actor::node_context& ctx) {
+  return load_tokenizer(resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer").string());
+}
+
+}  // namespace flowrun::actors

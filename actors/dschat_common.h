@@ -1,0 +1,130 @@
+// What DeepSpeed-Chat's node kinds share (actors/dschat_trainers.cpp: steps 1-2,
+// actors/ppo_nodes.cpp: step 3): loading and saving the model a node was given (every
+// format load_model reads; saved in the format given: HF in, HF out), resuming a trainer
+// that already saved its output, DS-Chat's settings, the data split, batch order and the
+// trainers' engine (models/train/zero.h through dschat::engine_settings).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/checkpoint.h"
+#include "models/rlhf/dschat_data.h"
+#include "models/rlhf/dschat_steps.h"
+#include "models/tokenizer.h"
+#include "runtime/actor/node.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::actors {
+
+using clk = std::chrono::steady_clock;
+/// Seconds since `t`.
+inline double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+std::shared_ptr<decoder> copy_model(const decoder& m);
+
+void write_run_marker(const actor::node_context& ctx, const std::string& out);
+
+/// The trainer's `output` loaded with `load`, when an earlier attempt of this
+/// run saved it (and a line saying that training is skipped); else null.
+std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step);
+
+/// The graph check of the trainers (node_kind::check): their `output` fits the format of
+/// the model they get (their `model` setting, or for the policy what its init edge brings).
+std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g);
+
+/// Refuses, before training, an `output` that the model given as `in` could not be written to.
+void check_output(const actor::node_context& ctx, const model_file_info& in, bool value_head);
+
+/// The node's `model`, inspected: what it is and where it resolves.
+std::pair<std::string, model_file_info> given_model(const actor::node_context& ctx);
+
+/// Learned positions (OPT, GPT-2) stop at the model's max_position_embeddings.
+void check_seq_len(const actor::node_context& ctx, const model_config& c, int64_t T, const char* setting);
+
+dschat::dschat_settings common_settings(const actor::node_context& ctx);
+
+dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d);
+
+// "end" cuts the end of prompt + answer (DS-Chat); "prompt_start" drops the oldest prompt
+// tokens first, so the answers survive (HH-RLHF prompts are long in tok512's pieces).
+dschat::truncation_mode truncation_of(const actor::node_context& ctx);
+
+std::unique_ptr<tokenizer> load_tok(const actor::node_context& ctx);
+
+/// Saves `m` to the node's `output` (when set) as `f`, with `tokenizer` beside an HF
+/// folder; with verify_output, reloads it and prints the largest output difference.
+void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
+                 const std::string& tokenizer);
+
+/// Refuses, before training starts, a plan (f32 weights, gradients, two AdamW moments and
+/// the activations of a (B, T) micro-batch) that does not fit the memory available,
+/// naming the node and `batch_setting`.
+void check_memory_plan(const actor::node_context& ctx, const model_config& c, int64_t B, int64_t T,
+                       const char* batch_setting);
+
+/// Batches of row indices, epoch after epoch, in dschat::epoch_batches' seeded order.
+/// With full_only, a last partial batch of an epoch is skipped.
+class batch_cycle {
+ public:
+  batch_cycle() = default;
+  batch_cycle(int64_t rows, int64_t batch, uint64_t seed, bool full_only = false)
+      : rows_(rows), batch_(batch), seed_(seed), full_only_(full_only) {}
+  /// The next batch. Throws std::invalid_argument when the rows cannot fill one.
+  std::vector<int64_t> next(const std::string& node) {
+    if (rows_ < 1 || (full_only_ && rows_ < batch_))
+      throw std::invalid_argument("node '" + node + "': its share of the data has " + std::to_string(rows_) +
+                                  " rows, too few for a batch of " + std::to_string(batch_) +
+                                  ": lower the batch size or give this step a larger data_split share");
+    while (queue_.empty())
+      for (auto& b : dschat::epoch_batches(rows_, batch_, seed_, epoch_++))
+        if (!full_only_ || static_cast<int64_t>(b.size()) == batch_) queue_.push_back(std::move(b));
+    auto b = std::move(queue_.front());
+    queue_.pop_front();
+    return b;
+  }
+
+ private:
+  int64_t rows_ = 0, batch_ = 1;
+  uint64_t seed_ = 0;
+  bool full_only_ = false;
+  int64_t epoch_ = 0;
+  std::deque<std::vector<int64_t>> queue_;
+};
+
+/// A trainer's engine: ZeRO stage zero_stage, the DS-Chat settings' AdamW, clip, accumulation
+/// and dtype (dschat::engine_settings), over the given communicator (step 3's rank group) or
+/// an inproc group of one (steps 1-2).
+struct trainer_engine {
+  std::unique_ptr<comm::communicator> own_comm;
+  std::unique_ptr<zero_engine> engine;
+  lr_schedule schedule;
+
+  void make(decoder& model, const dschat::dschat_settings& d, int64_t steps, comm::communicator* comm = nullptr) {
+    if (!comm) {
+      own_comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+      comm = own_comm.get();
+    }
+    engine = std::make_unique<zero_engine>(model, *comm, dschat::engine_settings(model, d));
+    schedule = dschat::schedule_from(d, steps);
+  }
+  /// The lr of the next update (transformers.get_scheduler over `steps` updates).
+  double next_lr(const dschat::dschat_settings& d) const {
+    return schedule.lr_at(engine->step_count(), d.learning_rate);
+  }
+  /// Training is over: the model whole again (for eval, save and the next step), the engine gone.
+  void finish() {
+    if (!engine) return;
+    engine->release_model();
+    engine.reset();
+    own_comm.reset();
+  }
+};
+
+}  // namespace flowrun::actors

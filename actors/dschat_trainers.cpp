@@ -1,0 +1,330 @@
+// DeepSpeed-Chat's steps 1 and 2 as node kinds (docs/rlhf.md), each declared next to its class:
+//
+//   sft_trainer   step 1: SFT on prompt + chosen, emits the trained model
+//   rm_trainer    step 2: reward model (base + value head), emits it
+//   model_source  loads a model file or folder and emits it once (ppo.graph's start)
+//
+// Both trainers train through the one engine (models/train/zero.h) with DS-Chat's
+// settings (dschat::engine_settings); what they share is in actors/dschat_common.h.
+#include <fmt/format.h>
+
+#include "actors/dschat_common.h"
+#include "actors/register.h"
+#include "actors/rlhf_types.h"
+#include "models/adapter.h"
+#include "runtime/util/assets.h"
+
+namespace flowrun::actors {
+
+namespace {
+
+// The settings sft_trainer and rm_trainer share (DS-Chat step1/step2 main.py arguments).
+void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
+  using T = graph::setting_type;
+  k.require("model", T::path, "initial weights: llama2.c .bin, a flowrun model folder, or a HF folder (LLaMA, OPT, GPT-2)")
+      .require("tokenizer", T::path, "SentencePiece .model, GPT-2 BPE vocab.json, or a folder holding either")
+      .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
+      .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
+      .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
+      .option("eval_fraction", T::float_, 0.1, "held-out share of this step's rows").in_range(0, 1, false, /*high_open=*/true)
+      .option("per_device_train_batch_size", T::int_, std::int64_t{8}, "rows per micro-batch").at_least(1)
+      .option("gradient_accumulation_steps", T::int_, std::int64_t{1}, "micro-batches per optimizer step").at_least(1)
+      .option("learning_rate", T::float_, lr, "AdamW peak learning rate").at_least(0)
+      .option("weight_decay", T::float_, 0.0, "AdamW decoupled weight decay").at_least(0)
+      .option("lr_scheduler_type", T::string, std::string("cosine"), "cosine, linear or constant")
+      .option("num_warmup_steps", T::int_, std::int64_t{0}, "linear warmup steps").at_least(0)
+      .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut").at_least(2)
+      .option("truncation", T::string, std::string("prompt_start"),
+              "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
+      .option("steps", T::int_, steps, "optimizer updates, each of gradient_accumulation_steps micro-batches").at_least(1)
+      .option("zero_stage", T::int_, std::int64_t{0}, "ZeRO stage 0-3 of the trainer's engine (DS-Chat's --zero_stage)").in_range(0, 3)
+      .option("dtype", T::string, std::string("fp32"),
+              "fp32, bf16 or fp16 (fp32 masters; fp16 with dynamic loss scaling): DS-Chat's --dtype")
+      .option("deepspeed_config", T::string, std::string(""),
+              "a DeepSpeed JSON whose zero_optimization.stage, bf16/fp16, gradient_clipping, batch triple and "
+              "optimizer override these settings")
+      .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
+      .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
+      .option("gradient_checkpointing", T::bool_, false,
+              "recompute each layer's activations in backward (less memory, one more forward per layer)")
+      .option("seed", T::int_, std::int64_t{1234}, "data split and order")
+      .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps").at_least(1)
+      .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
+  k.check = check_trainer_output;
+}
+
+// ---------------------------------------------------------------- the trainers' skeleton
+
+/// What steps 1 and 2 share (DS-Chat's step1/step2 main.py): a source whose start() loads the
+/// model it was given (or the output an earlier run saved: then it only emits that), whose
+/// produce() is one optimizer update through the engine per call, and which at the end
+/// evaluates, saves `output` in the format it was given and emits the model on `model`.
+/// A step supplies its data, its update and its evaluation.
+class dschat_trainer : public actor::node {
+ public:
+  dschat_trainer(const char* tag, bool value_head) : tag_(tag), value_head_(value_head) {}
+
+  void start(actor::node_context& ctx) final {
+    const auto [model_path, given] = given_model(ctx);
+    format_ = saved_format(given.format, value_head_);
+    check_output(ctx, given, value_head_);
+    tokenizer_ = resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer").string();
+    if ((model_ = resume_saved(ctx, tag_))) {
+      resumed_ = true;
+      return;
+    }
+    d_ = common_settings(ctx);
+    steps_ = ctx.spec().get_int("steps");
+    if (steps_ < 1) throw std::invalid_argument("node '" + ctx.name() + "': steps must be >= 1");
+    tok_ = load_tok(ctx);
+    prepare_data(ctx);
+    model_ = std::make_shared<decoder>(load_model(model_path));
+    if (value_head_ && !model_->has_value_head()) model_->add_value_head(ctx.seed());
+    check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
+    check_memory_plan(ctx, model_->config(), (value_head_ ? 2 : 1) * d_.per_device_train_batch_size, d_.max_seq_len,
+                      "per_device_train_batch_size");
+    dschat::apply_lora(*model_, d_);
+    model_->set_gradient_checkpointing(d_.gradient_checkpointing);
+    const std::string before = evaluate(ctx, true, 0);
+    engine_.make(*model_, d_, steps_);
+    ctx.print(before);
+    t0_ = clk::now();
+  }
+
+  bool produce(actor::node_context& ctx) final {
+    if (done_) return false;
+    if (!resumed_ && step_ < steps_) {  // one update: gradient_accumulation_steps micro-batches
+      update(ctx, ++step_);
+      ctx.metric("steps");
+      return true;
+    }
+    if (!resumed_) {
+      engine_.finish();
+      ctx.print(evaluate(ctx, false, since(t0_)));
+      if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
+        save_output(ctx, tag_, *model_, format_, tokenizer_);
+        // llama2.c and HF files hold the merged weights: bit-exact on reload only without LoRA;
+        // a flowrun folder keeps every tensor in f32, LoRA and v_head included
+        if (!model_->has_lora() || format_ == model_format::flowrun) write_run_marker(ctx, out);
+      }
+    }
+    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0, format_, tokenizer_}));
+    done_ = true;
+    return false;
+  }
+
+ protected:
+  /// Tokenize this step's share of the data (load_step_rows) into train and eval batches.
+  virtual void prepare_data(actor::node_context& ctx) = 0;
+  /// One optimizer update (the `step`-th, 1-based) through engine_; prints every print_every.
+  virtual void update(actor::node_context& ctx, int64_t step) = 0;
+  /// The held-out figures before (`before`) or after training (`seconds` after the start), as
+  /// the line to print.
+  virtual std::string evaluate(actor::node_context& ctx, bool before, double seconds) = 0;
+
+  bool prints(const actor::node_context& ctx, int64_t step) const {
+    return step % ctx.spec().get_int("print_every") == 0 || step == steps_;
+  }
+
+  const char* tag_;
+  bool value_head_;
+  dschat::dschat_settings d_;
+  int64_t steps_ = 0;
+  std::unique_ptr<tokenizer> tok_;
+  std::shared_ptr<decoder> model_;
+  trainer_engine engine_;
+
+ private:
+  bool resumed_ = false, done_ = false;
+  int64_t step_ = 0;
+  model_format format_ = model_format::llama2c;
+  std::string tokenizer_;
+  clk::time_point t0_;
+};
+
+// ---------------------------------------------------------------- step 1
+
+/// Step 1: supervised fine-tuning (step1 main.py): the causal-LM loss on prompt + chosen.
+class sft_trainer final : public dschat_trainer {
+ public:
+  sft_trainer() : dschat_trainer("[step 1 sft]", false) {}
+
+ private:
+  void prepare_data(actor::node_context& ctx) override {
+    d_.mask_prompt = ctx.spec().get_bool("mask_prompt");
+    auto rows = load_step_rows(ctx, 0, d_);
+    dschat::tokenize_settings ts;
+    ts.max_seq_len = d_.max_seq_len;
+    ts.mask_prompt = d_.mask_prompt;
+    ts.truncation = truncation_of(ctx);
+    train_ = dschat::make_sft_examples(rows.train, *tok_, ts);
+    order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed);
+    auto eval = dschat::make_sft_examples(rows.eval, *tok_, ts);
+    n_eval_ = static_cast<int64_t>(eval.size());
+    for (auto& b : dschat::epoch_batches(n_eval_, d_.per_device_train_batch_size, 0, 0, false))
+      eval_.push_back(dschat::sft_batch(eval, b, d_.mask_prompt));
+  }
+
+  void update(actor::node_context& ctx, int64_t step) override {
+    std::vector<dschat::sft_batch_data> micro;
+    int64_t tokens = 0;
+    for (int64_t g = 0; g < d_.gradient_accumulation_steps; ++g) {
+      micro.push_back(dschat::sft_batch(train_, order_.next(ctx.name()), d_.mask_prompt));
+      tokens += micro.back().n_target_tokens;
+    }
+    const auto t = clk::now();
+    const step_result r = dschat::sft_update(*engine_.engine, micro, engine_.next_lr(d_));
+    ctx.signal("loss", r.loss);
+    ctx.metric("tokens", tokens);
+    if (prints(ctx, step))
+      ctx.print(fmt::format("[step 1 sft] step {}/{} loss {:.4f} lr {:.2e} ({:.0f} tokens/s)", step, steps_, r.loss,
+                            r.lr, tokens / since(t)));
+  }
+
+  std::string evaluate(actor::node_context&, bool before, double seconds) override {
+    const auto e = dschat::sft_eval(*model_, eval_);
+    if (before) {
+      before_ = e;
+      return fmt::format("[step 1 sft] {} train / {} held-out examples; held-out loss {:.4f} (ppl {:.2f}) before",
+                         train_.size(), n_eval_, e.loss, e.perplexity);
+    }
+    return fmt::format("[step 1 sft] held-out loss {:.4f} -> {:.4f} (ppl {:.2f} -> {:.2f}), {:.1f} s", before_.loss,
+                       e.loss, before_.perplexity, e.perplexity, seconds);
+  }
+
+  std::vector<dschat::sft_example> train_;
+  std::vector<dschat::sft_batch_data> eval_;
+  int64_t n_eval_ = 0;
+  batch_cycle order_;
+  dschat::sft_eval_result before_;
+};
+
+void register_sft_trainer(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"sft_trainer", "DS-Chat step 1: supervised fine-tuning on prompt + chosen"};
+  add_trainer_settings(k, 1e-3, 150);
+  k.output("model", "model", "the fine-tuned model, when training ends")
+      .option("mask_prompt", T::bool_, false, "no loss on prompt tokens")
+      .option("output", T::string, std::string(""),
+              "also save the model here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
+              "tokenizer)");
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new sft_trainer); });
+}
+
+// ---------------------------------------------------------------- step 2
+
+/// Step 2: the reward model (step2 main.py): base + v_head, the pairwise loss.
+class rm_trainer final : public dschat_trainer {
+ public:
+  rm_trainer() : dschat_trainer("[step 2 rm]", true) {}
+
+ private:
+  void prepare_data(actor::node_context& ctx) override {
+    auto rows = load_step_rows(ctx, 1, d_);
+    dschat::tokenize_settings ts;
+    ts.max_seq_len = d_.max_seq_len;
+    ts.truncation = truncation_of(ctx);
+    dschat::process_report rep;
+    train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
+    ctx.log().info("{}", rep.summary());
+    auto eval = dschat::make_rm_examples(rows.eval, *tok_, ts);
+    for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
+      eval_.push_back(dschat::rm_batch(eval, b));
+  }
+
+  void update(actor::node_context& ctx, int64_t step) override {
+    std::vector<dschat::rm_batch_data> micro;
+    int64_t tokens = 0;
+    for (int64_t g = 0; g < d_.gradient_accumulation_steps; ++g) {
+      micro.push_back(dschat::rm_batch(train_, order_.next(ctx.name())));
+      tokens += 2 * micro.back().B * micro.back().T;
+    }
+    const auto r = dschat::rm_update(*engine_.engine, micro, engine_.next_lr(d_));
+    ctx.signal("loss", r.loss);
+    ctx.signal("accuracy", r.accuracy);
+    ctx.metric("tokens", tokens);
+    acc_sum_ += r.accuracy;
+    ++acc_n_;
+    if (prints(ctx, step)) {
+      ctx.print(fmt::format("[step 2 rm] step {}/{} loss {:.4f} acc {:.3f} chosen {:.3f} rejected {:.3f}", step,
+                            steps_, r.loss, acc_sum_ / acc_n_, r.chosen_mean, r.rejected_mean));
+      acc_sum_ = 0;
+      acc_n_ = 0;
+    }
+  }
+
+  std::string evaluate(actor::node_context&, bool before, double seconds) override {
+    const auto ev = dschat::rm_eval(*model_, eval_);
+    if (before)
+      return fmt::format("[step 2 rm] {} train / {} held-out pairs; held-out accuracy {:.3f} ± {:.3f} before",
+                         train_.size(), ev.pairs, ev.accuracy, ev.accuracy_stderr);
+    return fmt::format("[step 2 rm] held-out accuracy {:.3f} ± {:.3f} over {} pairs; mean chosen {:.3f}, "
+                       "rejected {:.3f}; {:.1f} s",
+                       ev.accuracy, ev.accuracy_stderr, ev.pairs, ev.chosen_mean, ev.rejected_mean, seconds);
+  }
+
+  double acc_sum_ = 0;
+  int64_t acc_n_ = 0;
+  std::vector<dschat::rm_example> train_;
+  std::vector<dschat::rm_batch_data> eval_;
+  batch_cycle order_;
+};
+
+void register_rm_trainer(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"rm_trainer", "DS-Chat step 2: reward model = base + v_head, pairwise loss"};
+  add_trainer_settings(k, 5e-4, 300);
+  k.output("model", "model", "the reward model (with its value head), when training ends")
+      .option("output", T::string, std::string(""),
+              "also save it into this folder: HF (with v_head.weight and the tokenizer) from a HF model, else "
+              "flowrun_config.json + safetensors");
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rm_trainer); });
+}
+
+// ---------------------------------------------------------------- model files
+
+/// Loads a model (llama2.c .bin, a flowrun model folder, or a HF folder) and emits it once:
+/// how graphs/ppo.graph starts from the outputs of sft.graph and rm.graph.
+class model_source final : public actor::node {
+ public:
+  bool produce(actor::node_context& ctx) override {
+    if (done_) return false;
+    const auto [path, info] = given_model(ctx);
+    auto m = std::make_shared<decoder>(load_model(path));
+    if (ctx.spec().get_bool("value_head") && !m->has_value_head())
+      throw std::runtime_error("node '" + ctx.name() + "': " + ctx.spec().get_string("model") +
+                               " has no value head; give the folder written by rm_trainer's output");
+    ctx.log().info("loaded {}: {}", ctx.spec().get_string("model"), m->config().summary());
+    // an HF folder carries its tokenizer (a trainer that starts from it copies it on)
+    const std::filesystem::path dir(path);
+    const bool has_tok = info.format == model_format::hf &&
+                         (std::filesystem::exists(dir / "tokenizer.model") ||
+                          (std::filesystem::exists(dir / "vocab.json") && std::filesystem::exists(dir / "merges.txt")));
+    ctx.emit("model", actor::payload::make("model", model_msg{m, 0, info.format, has_tok ? path : ""}));
+    done_ = true;
+    return false;
+  }
+
+ private:
+  bool done_ = false;
+};
+
+void register_model_source(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"model_source", "loads a model file or folder and emits it once"};
+  k.output("model", "model", "the loaded model", true)
+      .require("model", T::path, "llama2.c .bin, a flowrun model folder (rm_trainer output) or a HF folder")
+      .option("value_head", T::bool_, false, "require a value head (reward and critic models)");
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new model_source); });
+}
+
+}  // namespace
+
+void register_dschat_trainers(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  register_sft_trainer(kinds, factories);
+  register_rm_trainer(kinds, factories);
+  register_model_source(kinds, factories);
+}
+
+}  // namespace flowrun::actors

@@ -1,0 +1,884 @@
+// DeepSpeed-Chat's step 3 (PPO) as node kinds (docs/rlhf.md), each declared next to its class:
+//
+//   prompt_loader     step 3's prompts, one batch per `tick` from the controller
+//   ppo_controller    owns the loop: orders the phases of each PPO iteration, prints them,
+//                     commits checkpoints
+//   rollout_generator the hybrid engine: generates with the policy's current weights
+//   reference_model, reward_model   frozen scorers
+//   policy, critic    trainers: score the rollouts and train through the engine, on
+//                     `replicas` ranks (actors/rank_group.h)
+//   experience_maker  rewards (KL-penalised, clipped score) and GAE
+//
+// The controller's loop is DS-Chat's main loop (step3 main.py): for each prompt
+// batch, generate_experience, then train_rlhf, then print. Phases are ordered by
+// messages: the controller asks for the next batch only when the policy and the
+// critic have reported, so the generator never runs while the policy trains.
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/dschat_common.h"
+#include "actors/rank_group.h"
+#include "actors/register.h"
+#include "actors/rlhf_types.h"
+#include "models/adapter.h"
+#include "models/lm_data.h"
+#include "models/rlhf/ppo.h"
+#include "models/rlhf/ppo_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
+#include "runtime/util/assets.h"
+
+namespace flowrun::actors {
+
+namespace {
+
+// ---------------------------------------------------------------- step 3: prompts
+
+/// Step 3's prompts: first a held-out batch (iteration -1), then one training
+/// batch per tick, then the held-out batch again (iteration -2).
+class prompt_loader final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    dschat::dschat_settings d;
+    d.seed = static_cast<uint64_t>(ctx.spec().get_int("seed"));
+    d.data_split = ctx.spec().get_string("data_split");
+    auto tok = load_tok(ctx);
+    auto rows = load_step_rows(ctx, 2, d);
+    dschat::tokenize_settings ts;
+    ts.max_prompt_seq_len = ctx.spec().get_int("max_prompt_seq_len");
+    ts.overflow = dschat::prompt_overflow::keep_end;
+    train_ = dschat::make_prompt_examples(rows.train, *tok, ts);
+    eval_ = dschat::make_prompt_examples(rows.eval, *tok, ts);
+    B_ = ctx.spec().get_int("per_device_generation_batch_size");
+    iterations_ = ctx.spec().get_int("iterations");
+    eval_rows_ = std::min<int64_t>(ctx.spec().get_int("eval_prompts"), static_cast<int64_t>(eval_.size()));
+    order_ = batch_cycle(static_cast<int64_t>(train_.size()), B_, d.seed + 2, /*full_only=*/true);
+    // step-3 resume: the held-out "before" batch was scored and J batches trained on before the
+    // commit; the order is a function of the batches drawn, so draw them again
+    if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) {
+      for (int64_t i = 0; i < std::min(rp->point.iteration, iterations_); ++i) order_.next(ctx.name());
+      next_ = 1 + rp->point.iteration;
+    }
+  }
+  void on_message(actor::node_context&, std::string_view, actor::payload) override { ready_ = true; }
+  bool produce(actor::node_context& ctx) override {
+    if (!ready_) {
+      ctx.wait_for_input();
+      return true;
+    }
+    if (next_ > iterations_ + 1) return false;
+    prompt_msg m;
+    std::vector<int64_t> idx;
+    if (next_ == 0 || next_ == iterations_ + 1) {
+      for (int64_t i = 0; i < eval_rows_; ++i) idx.push_back(i);
+      auto pb = dschat::prompt_batch(eval_, idx);
+      m = {pb.ids, pb.mask, next_ == 0 ? -1 : -2, true};
+    } else {
+      auto pb = dschat::prompt_batch(train_, order_.next(ctx.name()));
+      m = {pb.ids, pb.mask, next_ - 1, false};
+    }
+    ++next_;
+    ready_ = false;
+    ctx.emit("batch", actor::payload::make("prompt_batch", std::move(m)));
+    return true;
+  }
+
+ private:
+  std::vector<dschat::prompt_example> train_, eval_;
+  batch_cycle order_;
+  int64_t B_ = 4, iterations_ = 0, eval_rows_ = 0, next_ = 0;
+  bool ready_ = true;
+};
+
+void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"prompt_loader", "DS-Chat step 3 prompts: a held-out batch, one batch per tick, held-out again"};
+  k.input("next", "tick", "the controller asks for the next batch", true, true)
+      .output("batch", "prompt_batch", "left-padded prompts")
+      .require("tokenizer", T::path, "SentencePiece .model")
+      .require("data", T::path, "DS-Chat JSONL with prompts")
+      .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data")
+      .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split")
+      .option("eval_fraction", T::float_, 0.1, "held-out share").in_range(0, 1, false, /*high_open=*/true)
+      .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)").at_least(1)
+      .option("per_device_generation_batch_size", T::int_, std::int64_t{8}, "prompts per PPO iteration").at_least(1)
+      .option("iterations", T::int_, std::int64_t{20}, "PPO iterations").at_least(0)
+      .option("eval_prompts", T::int_, std::int64_t{32}, "held-out prompts scored before and after").at_least(0)
+      .option("seed", T::int_, std::int64_t{1234}, "data split and order");
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
+}
+
+// ---------------------------------------------------------------- step 3: controller
+
+/// Orders each iteration's phases and prints DS-Chat's per-iteration figures.
+class ppo_controller final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    t0_ = clk::now();
+    dir_ = ctx.checkpoint_dir();
+    save_every_ = ctx.spec().get_int("save_checkpoint_steps");
+    keep_ = static_cast<int>(ctx.spec().get_int("keep_checkpoints"));
+    if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
+      for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
+      commit_.eval_before = eval_before_ = rp->commit.eval_before;
+      for (const auto& pt : rp->commit.committed)
+        if (pt.iteration <= rp->point.iteration) commit_.committed.push_back(pt);
+      updates_ = rp->point.policy_version;
+      ctx.print(fmt::format("[step 3 ppo] resuming after iteration {} from {} (policy version {})",
+                            rp->point.iteration, dir_, updates_));
+    }
+  }
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "prompts") {
+      prompt_msg p = msg.as<prompt_msg>();  // tensor handles: no data copy
+      cur_ = p.iteration;
+      eval_ = p.eval;
+      have_summary_ = have_actor_ = have_critic_ = false;
+      p.policy_version = updates_;  // generate with the weights of every update reported so far
+      // every save_checkpoint_steps iterations the trainers save after this batch's update
+      p.checkpoint = !eval_ && !dir_.empty() && save_every_ > 0 && (cur_ + 1) % save_every_ == 0;
+      if (p.checkpoint) commit_due_ = true;
+      ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
+      return;
+    }
+    if (port == "summary") {
+      sum_ = msg.as<summary_msg>();
+      have_summary_ = true;
+    } else if (port == "actor_stats") {
+      actor_ = msg.as<stats_msg>();
+      have_actor_ = true;
+      ++updates_;  // the policy bumps its version once per update, when it reports
+    } else if (port == "critic_stats") {
+      critic_ = msg.as<stats_msg>();
+      have_critic_ = true;
+    }
+    bool complete = have_summary_ && (eval_ || sum_.dropped || !sum_.trains || (have_actor_ && have_critic_));
+    if (!complete) return;
+    double gen_tps = sum_.generate_seconds > 0 ? sum_.generated_tokens / sum_.generate_seconds : 0;
+    if (!eval_ && !sum_.dropped) ctx.signal("reward", sum_.reward_mean);
+    if (!eval_ && !sum_.dropped) ctx.signal("kl", sum_.kl_mean);
+    if (!eval_ && !sum_.dropped) ctx.signal("generation_tokens_per_s", gen_tps);
+    if (eval_) {
+      ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f}, KL to reference {:.4f}, answer length "
+                            "{:.1f} ({} prompts)",
+                            cur_ == -1 ? "before" : "after", sum_.reward_mean, sum_.kl_mean, sum_.answer_len_mean,
+                            sum_.rows));
+      if (cur_ == -1) eval_before_ = sum_.reward_mean;
+      else
+        ctx.print(fmt::format("[step 3 ppo] held-out mean reward {:.4f} -> {:.4f} ({:+.4f}), {:.1f} s", eval_before_,
+                              sum_.reward_mean, sum_.reward_mean - eval_before_, since(t0_)));
+    } else if (sum_.dropped) {
+      ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)", cur_));
+    } else if (!sum_.trains) {
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f} gen {:.0f} tok/s "
+                            "(experience kept for the next update)",
+                            cur_, sum_.reward_mean, sum_.kl_mean, sum_.answer_len_mean, gen_tps));
+    } else {
+      double train_tps = (actor_.tokens + critic_.tokens) / std::max(1e-9, actor_.seconds + critic_.seconds);
+      ctx.signal("actor_loss", actor_.loss);
+      ctx.signal("critic_loss", critic_.loss);
+      ctx.signal("training_tokens_per_s", train_tps);
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
+                            "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s{}",
+                            cur_, sum_.reward_mean, sum_.kl_mean, actor_.loss, critic_.loss,
+                            actor_.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", actor_.unsup_loss) : "",
+                            sum_.answer_len_mean, gen_tps, train_tps,
+                            actor_.gather_theory_bytes > 0
+                                ? fmt::format(" hybrid-engine gather {:.3f} MB/rank (theory {:.3f})",
+                                              actor_.gather_bytes / 1e6, actor_.gather_theory_bytes / 1e6)
+                                : ""));
+      ctx.metric("steps");
+      if (commit_due_) commit(ctx);
+    }
+    ctx.emit("next", actor::payload::make("tick", cur_));
+  }
+
+ private:
+  // The trainers saved their shards of this iteration before they reported: commit it.
+  void commit(actor::node_context& ctx) {
+    commit_due_ = false;
+    commit_.eval_before = eval_before_;
+    commit_.committed.push_back({cur_ + 1, updates_});
+    ppo::write_step3_commit(dir_, commit_);
+    ppo::prune_step3(dir_, commit_, keep_);
+    ctx.print(fmt::format("[step 3 ppo] checkpoint after iteration {} -> {}", cur_, dir_));
+  }
+
+  std::string dir_;
+  int64_t save_every_ = 0;
+  int keep_ = 2;
+  bool commit_due_ = false;
+  ppo::step3_commit commit_;
+  int64_t cur_ = 0, updates_ = 0;
+  bool eval_ = false, have_summary_ = false, have_actor_ = false, have_critic_ = false;
+  summary_msg sum_;
+  stats_msg actor_, critic_;
+  double eval_before_ = 0;
+  clk::time_point t0_;
+};
+
+void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"ppo_controller", "orders the PPO phases (generate, score, train) and prints each iteration"};
+  k.input("prompts", "prompt_batch", "prompt batches from the loader")
+      .input("summary", "summary", "rewards and KL of a batch", true, true)
+      .input("actor_stats", "stats", "the policy's update", true, true)
+      .input("critic_stats", "stats", "the critic's update", true, true)
+      .output("generate", "prompt_batch", "prompts for the generator", true)
+      .output("next", "tick", "ask the loader for the next batch", true)
+      .option("save_checkpoint_steps", T::int_, std::int64_t{0},
+              "with [graph] checkpoint_dir: the policy and critic save and the controller commits every N "
+              "iterations (0: never); the same command resumes from the last commit")
+      .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
+      .at_least(2);
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new ppo_controller); });
+}
+
+// ---------------------------------------------------------------- step 3: generation
+
+/// The hybrid engine: generates with the policy's live weights (a handle, never
+/// reloaded from disk); buffers prompt batches until the policy has sent them.
+class rollout_generator final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    ps_.max_answer_seq_len = s.get_int("max_answer_seq_len");
+    if (ps_.max_answer_seq_len < 2)
+      throw std::invalid_argument("node '" + ctx.name() + "': max_answer_seq_len must be >= 2 (DS-Chat drops answers "
+                                  "of at most one token)");
+    ps_.temperature = static_cast<float>(s.get_float("temperature"));
+    ps_.top_k = static_cast<int>(s.get_int("top_k"));
+    ps_.top_p = static_cast<float>(s.get_float("top_p"));
+    tok_ = load_tok(ctx);
+  }
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "weights") {
+      weights_ = msg.as<model_msg>();
+    } else {
+      pending_.push_back(msg);
+    }
+    // A batch waits for the policy version the controller stamped on it: on
+    // another node the weights are a copy that arrives on its own path, and
+    // may come after the prompts that need it.
+    while (weights_.model && !pending_.empty() &&
+           weights_.version >= pending_.front().as<prompt_msg>().policy_version) {
+      const auto& p = pending_.front().as<prompt_msg>();
+      ppo::ppo_settings s = ps_;
+      if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
+      ctx.phase("generation");
+      auto t = clk::now();
+      auto e = ppo::generate_rollouts(*weights_.model, p.ids, p.mask, s, tok_->eos_id(), 0,
+                                      ctx.seed() + static_cast<uint64_t>(p.iteration + 10));
+      rollout_msg r;
+      r.iteration = p.iteration;
+      r.eval = p.eval;
+      r.batch = emitted_++ * static_cast<int64_t>(ctx.replicas()) + static_cast<int64_t>(ctx.replica());
+      r.checkpoint = p.checkpoint;
+      r.generate_seconds = since(t);
+      if (e) {
+        for (auto n : e->answer_len) r.generated_tokens += n;
+        r.exp = std::make_shared<const ppo::experience>(std::move(*e));
+      }
+      ctx.metric("tokens", r.generated_tokens);
+      ctx.emit("rollouts", actor::payload::make("rollouts", std::move(r)));
+      pending_.pop_front();
+    }
+  }
+
+ private:
+  ppo::ppo_settings ps_;
+  std::unique_ptr<tokenizer> tok_;
+  model_msg weights_;
+  std::deque<actor::payload> pending_;
+  int64_t emitted_ = 0;
+};
+
+void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"rollout_generator", "the hybrid engine: answers prompts with the policy's live weights"};
+  k.input("prompts", "prompt_batch", "prompts to answer")
+      .input("weights", "model", "the policy's model handle, after each update", true, true)
+      .output("rollouts", "rollouts", "prompt + answer sequences", true)
+      .require("tokenizer", T::path, "SentencePiece .model (EOS id)")
+      .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most").at_least(1)
+      .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy)").at_least(0)
+      .option("top_k", T::int_, std::int64_t{0}, "top-k filter (0: off)").at_least(0)
+      .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)").in_range(0, 1, /*low_open=*/true);
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
+}
+
+// ---------------------------------------------------------------- step 3: frozen scorers
+
+/// The reference model (log-probs) or the reward model (end scores): frozen, scores each
+/// rollout batch with the model it got on `init` (a copy: DS-Chat loads each role's model).
+class frozen_scorer final : public actor::node {
+ public:
+  explicit frozen_scorer(bool reward) : reward_(reward) {}
+
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "init") {
+      const auto& m = msg.as<model_msg>();
+      model_ = copy_model(*m.model);
+      if (m.model->has_value_head()) {
+        model_->add_value_head();
+        model_->w().v_head.copy_from(m.model->w().v_head);
+      }
+      ctx.log().info("model ready: {}", model_->config().summary());
+    } else if (port == "rollouts") {
+      pending_.push_back(msg);
+    }
+    while (model_ && !pending_.empty()) {
+      auto r = pending_.front().shared<rollout_msg>();
+      pending_.pop_front();
+      ctx.phase("scoring");
+      score_msg out;
+      out.rollouts = r;
+      if (r->exp) {
+        const auto& e = *r->exp;
+        activations a;
+        out.value = reward_ ? ppo::reward_scores(*model_, e.seq, e.attention_mask)
+                            : ppo::sequence_logprobs(*model_, a, e.seq, e.attention_mask);
+        rlhf::check_finite(out.value, ctx.name(), reward_ ? "reward_score" : "ref_logprobs");
+      }
+      ctx.emit("scored", actor::payload::make("scores", std::move(out)));
+    }
+  }
+
+ private:
+  bool reward_;
+  std::shared_ptr<decoder> model_;
+  std::deque<actor::payload> pending_;
+};
+
+void register_frozen_scorers(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  auto frozen_kind = [&](const char* name, const char* doc, bool reward) {
+    graph::node_kind k{name, doc};
+    k.input("init", "model", "the model this node starts from (copied)")
+        .input("rollouts", "rollouts", "sequences to score")
+        .output("scored", "scores", reward ? "per-row reward scores" : "per-token log-probs", true);
+    actor::register_node_kind(kinds, factories, k,
+                              [reward] { return std::unique_ptr<actor::node>(new frozen_scorer(reward)); });
+  };
+  frozen_kind("reference_model", "frozen copy of the step-1 model: reference log-probs", false);
+  frozen_kind("reward_model", "frozen step-2 model: the reward score at each answer's end", true);
+}
+
+// ---------------------------------------------------------------- step 3: trainers
+
+/// The policy (old log-probs; the clipped policy loss, + ptx) or the critic (values; the
+/// clipped value loss) of step 3, trained through the engine (models/train/zero.h) like every
+/// trainer. `replicas = N` makes N ranks of one data-parallel group (rank_group.h): every
+/// rank gets every rollout and experience batch, scores and trains on its 1/N of the rows,
+/// and the gradients meet in the communicator; at actor_zero_stage / critic_zero_stage 3 the
+/// ranks own 1/N of the parameters and AdamW moments. Rank 0 speaks for the group (scores,
+/// stats, the generator's weights, the saved output).
+class ppo_trainer final : public actor::node {
+ public:
+  explicit ppo_trainer(bool policy) : policy_(policy) {}
+
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    const std::string who = policy_ ? "actor" : "critic";
+    ps_.ppo_epochs = s.get_int("ppo_epochs");
+    ps_.ppo.cliprange = static_cast<float>(s.get_float("cliprange"));
+    ps_.ppo.cliprange_value = static_cast<float>(s.get_float("cliprange_value"));
+    ps_.per_device_training_batch_size = s.get_int("per_device_training_batch_size");
+    // the engine's settings, DS-Chat's names: dschat::engine_settings is the one conversion
+    d_.learning_rate = static_cast<float>(s.get_float(who + "_learning_rate"));
+    d_.weight_decay = static_cast<float>(s.get_float(who + "_weight_decay"));
+    d_.zero_stage = static_cast<int>(s.get_int(who + "_zero_stage"));
+    d_.lora_dim = s.get_int(who + "_lora_dim");
+    d_.lora_module_name = s.get_string(who + "_lora_module_name");
+    d_.only_optimize_lora = s.get_bool("only_optimize_lora");
+    d_.gradient_checkpointing = s.get_bool(who + "_gradient_checkpointing");
+    d_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
+    d_.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
+    d_.dtype = s.get_string("dtype");
+    d_.seed = 0;  // the LoRA init: the same on every rank
+    group_ = join_rank_group(ctx);
+    if (group_.local_ranks > 1) ops::set_thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
+    if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {
+      const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), group_.world);
+      dschat::apply_ds_config(d_, c);
+      if (group_.rank == 0 && !c.ignored_keys.empty())
+        ctx.log().info("{}: keys that do not apply here, ignored: {}", c.where, fmt::join(c.ignored_keys, ", "));
+    }
+    if (policy_) {
+      ps_.enable_ema = s.get_bool("enable_ema");
+      ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
+      if (const auto& u = s.get_string("unsup_data"); !u.empty()) {  // ptx: DS-Chat's unsupervised mixing
+        if (s.get_string("tokenizer").empty())
+          throw std::invalid_argument("node '" + ctx.name() + "': unsup_data needs the tokenizer setting");
+        unsup_tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer").string());
+        unsup_ = std::make_unique<lm_dataset>(resolve_user_path(u, "unsup_data").string(), *unsup_tok_,
+                                              s.get_int("unsup_seq_len"));
+        auto seed = tensor::empty({1}, dtype::i64);  // every rank draws the same ptx rows: rank 0's seed
+        seed.data<int64_t>()[0] = static_cast<int64_t>(ctx.seed());
+        group_.comm->broadcast(seed, 0);
+        unsup_->set_seed(static_cast<uint64_t>(seed.data<int64_t>()[0]));
+      }
+    }
+  }
+
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "init") {
+      init(ctx, msg.as<model_msg>());
+    } else if (port == "rollouts") {
+      pending_.push_back(msg);
+    } else if (port == "train") {
+      train(ctx, msg.as<experience_batch>());
+    }
+    while (engine_.engine && !pending_.empty()) {
+      auto r = pending_.front().shared<rollout_msg>();
+      pending_.pop_front();
+      score(ctx, r);
+    }
+  }
+
+  void stop(actor::node_context& ctx) override {
+    if (!engine_.engine || ctx.reason() != actor::stop_reason::completed) return;
+    if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
+      ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_.engine->memory().str()));
+    engine_.finish();  // every rank: at stage 3 the parameters are gathered
+    if (policy_ && group_.rank == 0) save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_);
+  }
+
+ private:
+  bool speaks() const { return group_.rank == 0; }
+
+  void init(actor::node_context& ctx, const model_msg& m) {
+    if (policy_) {  // saved as given (checked at validation too): refused before training
+      check_output(ctx, {m.format, m.model->config().family, false}, false);
+      format_ = saved_format(m.format, false);
+      const auto& t = ctx.spec().get_string("tokenizer");
+      tokenizer_ = t.empty() ? m.tokenizer : resolve_user_path(t, "tokenizer").string();
+      // the model's own tokenizer path is the sender's: on another cluster node it may be missing
+      if (format_ == model_format::hf && !tokenizer_.empty() && !ctx.spec().get_string("output").empty() &&
+          !std::filesystem::exists(tokenizer_))
+        throw std::invalid_argument("node '" + ctx.name() + "': the tokenizer of the model it got, " + tokenizer_ +
+                                    ", is not on this machine, so it cannot be copied beside the output: set "
+                                    "the policy's tokenizer setting to a copy here");
+    } else if (!m.model->has_value_head()) {
+      throw std::invalid_argument("node '" + ctx.name() + "': the critic starts from a model with a value head "
+                                  "(the reward model of step 2)");
+    }
+    // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
+    model_ = copy_model(*m.model);
+    if (m.model->has_value_head()) {
+      model_->add_value_head();
+      model_->w().v_head.copy_from(m.model->w().v_head);
+    }
+    dschat::apply_lora(*model_, d_);
+    model_->set_gradient_checkpointing(d_.gradient_checkpointing);
+    engine_.make(*model_, d_, 1, group_.comm.get());
+    if (ps_.enable_ema) ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
+    if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) restore(ctx, rp->point.iteration);
+    if (policy_) publish_weights(ctx);
+    if (speaks())
+      ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {}, {})", model_->config().summary(), group_.world,
+                     d_.zero_stage, d_.dtype);
+  }
+
+  // The hybrid engine: the generator reads the policy's current weights. Below stage 3 rank 0's
+  // model holds them all (a handle, no copy). At stage 3 every rank gathers the blocks once per
+  // update (DS-Chat's hybrid engine gathers the ZeRO-3 partitions to generate) into a model
+  // that lives until the generator has used it; the bytes moved are counted.
+  void publish_weights(actor::node_context& ctx) {
+    std::shared_ptr<decoder> gen = model_;
+    gather_bytes_ = 0;
+    if (d_.zero_stage == 3) {
+      const int64_t b0 = group_.comm->stats().bytes_sent;
+      tensor full = engine_.engine->gather_full_params();  // a collective: every rank
+      gather_bytes_ = group_.comm->stats().bytes_sent - b0;
+      if (speaks()) {
+        gen = std::make_shared<decoder>(model_->config());
+        gen->w().flat.copy_from(full);
+        if (model_->has_lora()) {
+          gen->enable_lora(model_->lora(), false);
+          gen->w().adapter_flat.copy_from(model_->w().adapter_flat);
+        }
+      }
+    }
+    if (speaks()) ctx.emit("weights", actor::payload::make("model", model_msg{gen, version_, format_, tokenizer_}));
+  }
+
+  // Rank r scores rows micro_slice_of(B, N, r) and the group all-gathers them: (B, L) log-probs or values.
+  void score(actor::node_context& ctx, const std::shared_ptr<const rollout_msg>& r) {
+    ctx.phase("scoring");
+    score_msg out;
+    out.rollouts = r;
+    if (r->exp) {
+      const auto& e = *r->exp;
+      const int64_t B = e.seq.size(0), L = e.seq.size(1) - 1, N = group_.world;
+      const auto m = ppo::micro_slice_of(B, N, group_.rank);
+      activations a;
+      const tensor seq = e.seq.rows(m.a, m.b), mask = e.attention_mask.rows(m.a, m.b);
+      tensor mine = policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
+      if (N == 1) {
+        out.value = mine;
+      } else {
+        const int64_t c = (B + N - 1) / N;
+        auto send = tensor::zeros({c, L});
+        if (!m.empty) send.rows(0, m.b - m.a).copy_from(mine);
+        auto all = tensor::empty({N * c, L});
+        group_.comm->all_gather(send, all);
+        out.value = all.rows(0, B).clone();
+      }
+      rlhf::check_finite(out.value, ctx.name(), policy_ ? "logprobs" : "values");
+    }
+    if (speaks()) ctx.emit("scored", actor::payload::make("scores", std::move(out)));
+  }
+
+  void train(actor::node_context& ctx, const experience_batch& xb) {
+    ctx.phase("training");
+    auto t = clk::now();
+    stats_msg st;
+    st.iteration = xb.iteration;
+    const int64_t mb = ps_.per_device_training_batch_size;
+    const double lr = d_.learning_rate;  // DS-Chat step 3 here: a constant learning rate
+    double loss_sum = 0;
+    int64_t updates = 0, tokens = 0;
+    for (const auto& x : xb.items) tokens += x.exp->seq.numel();
+    for (int64_t ep = 0; ep < ps_.ppo_epochs * static_cast<int64_t>(xb.items.size()); ++ep) {
+      const auto& x = xb.items[static_cast<size_t>(ep) % xb.items.size()];  // ppo_epochs passes over the batches
+      const auto& e = *x.exp;
+      const int64_t B = e.seq.size(0);
+      for (int64_t a = 0; a < B; a += mb) {  // DS-Chat: one train_rlhf per mini-batch of the experience
+        const int64_t b = std::min(B, a + mb);
+        const ppo::experience sub = ppo::slice_rows(e, a, b);
+        step_result r;
+        if (policy_) {
+          r = ppo::actor_update(*engine_.engine, sub, x.advantages.rows(a, b), ps_, lr);
+          if (unsup_) {  // DS-Chat train_unsupervised: unsup_coef x LM loss, its own optimizer step
+            tensor ids, tg;
+            unsup_->next_batch(b - a, ids, tg);
+            st.unsup_loss = ppo::ptx_update(*engine_.engine, ids, tg, ps_, lr).loss;
+          }
+        } else {
+          r = ppo::critic_update(*engine_.engine, sub, x.returns.rows(a, b), ps_, lr);
+        }
+        loss_sum += r.loss;
+        st.grad_norm = r.grad_norm;
+        ++updates;
+      }
+    }
+    st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
+    if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
+    const memory_report mem = engine_.engine->memory();
+    ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
+                {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
+    if (policy_) ++version_;
+    if (xb.checkpoint && !ctx.checkpoint_dir().empty()) save(ctx, xb.iteration + 1);
+    if (policy_) {
+      publish_weights(ctx);
+      st.gather_bytes = gather_bytes_;
+      if (d_.zero_stage == 3)
+        for (const auto& blk : model_->param_blocks())
+          st.gather_theory_bytes += (group_.world - 1) * ((blk.numel() + group_.world - 1) / group_.world) * 4;
+    }
+    st.seconds = since(t);
+    st.tokens = tokens * ps_.ppo_epochs;
+    ctx.metric("tokens", st.tokens);
+    if (speaks()) ctx.emit("stats", actor::payload::make("stats", st));
+  }
+
+  // ---- step-3 checkpoints (models/rlhf/ppo_checkpoint.h): CHECKPOINT_DIR/NAME/step_J
+
+  std::string folder(const actor::node_context& ctx) const {
+    return (std::filesystem::path(ctx.checkpoint_dir()) / ctx.name()).string();
+  }
+  std::string config_hash() const {
+    nlohmann::json j = model_->config();
+    j["lora"] = model_->has_lora();
+    j["value_head"] = model_->has_value_head();
+    j["base_trains"] = model_->base_trainable();
+    return config_fingerprint(j);
+  }
+
+  // Every rank writes its pieces (fp32 master, AdamW moments, EMA); rank 0 the replicated
+  // adapter / value head; then the folder's commit (the controller commits the iteration).
+  void save(actor::node_context& ctx, int64_t iteration) {
+    auto& eng = *engine_.engine;
+    shard_manifest m;
+    m.step = iteration;
+    m.world_size = group_.world;
+    m.rank = group_.rank;
+    m.zero_stage = d_.zero_stage;
+    m.config_hash = config_hash();
+    if (unsup_) {
+      m.data_epoch = unsup_->epoch();
+      m.data_cursor = unsup_->cursor();
+    }
+    const uint64_t rng = model_->rng_state();
+    m.rng_state.resize(sizeof rng);
+    std::memcpy(m.rng_state.data(), &rng, sizeof rng);
+    m.extra["optimizer_steps"] = eng.step_count();
+    m.extra["policy_version"] = version_;
+    if (d_.dtype == "fp16" && eng.settings().loss_scaler) {
+      m.loss_scale = eng.settings().loss_scaler->scale();
+      m.loss_scale_good_steps = eng.settings().loss_scaler->good_steps();
+      m.extra["loss_scale_hysteresis_left"] = eng.settings().loss_scaler->hysteresis_left();
+    }
+    std::vector<shard_group> groups;
+    if (model_->base_trainable()) {
+      shard_group g;
+      g.name = "base";
+      g.full_numel = model_->num_parameters();
+      for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
+      g.tensors["fp32_master"] = eng.owned_params();
+      if (auto t = eng.owned_exp_avg(); t.defined()) g.tensors["exp_avg"] = t;
+      if (auto t = eng.owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
+      if (ema_.defined()) g.tensors["ema"] = ema_.clone();
+      groups.push_back(std::move(g));
+    }
+    if (model_->num_adapter_parameters() > 0 && group_.rank == 0) {  // replicated: rank 0 saves it
+      shard_group g;
+      g.name = "adapter";
+      g.full_numel = model_->num_adapter_parameters();
+      g.ranges.push_back({0, g.full_numel});
+      g.tensors["fp32_master"] = eng.adapter_params().clone();
+      if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = t;
+      if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = t;
+      groups.push_back(std::move(g));
+    }
+    save_shard(folder(ctx), m, groups);
+    group_.comm->barrier();  // every shard on disk before the folder's commit
+    if (group_.rank == 0) commit_checkpoint(folder(ctx), iteration, group_.world, /*keep=*/0);  // the controller prunes
+    group_.comm->barrier();
+  }
+
+  // Load iteration J's shards (any world size and stage: the buffers are reassembled whole).
+  void restore(actor::node_context& ctx, int64_t iteration) {
+    const std::string f = (std::filesystem::path(folder(ctx)) / step_folder_name(iteration)).string();
+    const auto ck = load_checkpoint(f);
+    const auto& m0 = ck.manifests.at(0);
+    if (m0.config_hash != config_hash())
+      throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + f +
+                               " was made for another model, LoRA or value-head setting (config hash differs): "
+                               "use another [graph] checkpoint_dir, or delete it to start step 3 afresh");
+    auto get = [&](const char* g, const char* t) -> tensor {
+      auto gi = ck.full.find(g);
+      if (gi == ck.full.end()) return {};
+      auto ti = gi->second.find(t);
+      return ti == gi->second.end() ? tensor{} : ti->second;
+    };
+    auto& eng = *engine_.engine;
+    eng.restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
+                get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"),
+                m0.extra.value("optimizer_steps", int64_t{0}));
+    if (const tensor e = get("base", "ema"); e.defined() && ema_.defined()) {  // this rank's pieces of it
+      int64_t at = 0;
+      for (const auto& [lo, hi] : eng.owned_ranges()) {
+        ema_.flat_view(at, {hi - lo}).copy_from(e.flat_view(lo, {hi - lo}));
+        at += hi - lo;
+      }
+    }
+    if (eng.settings().loss_scaler && m0.loss_scale > 0)
+      eng.settings().loss_scaler->restore(m0.loss_scale, m0.loss_scale_good_steps,
+                                          m0.extra.value("loss_scale_hysteresis_left", int64_t{0}));
+    const auto& mine = m0.world_size == group_.world ? ck.manifests.at(group_.rank) : m0;
+    if (mine.rng_state.size() == sizeof(uint64_t)) {
+      uint64_t rng;
+      std::memcpy(&rng, mine.rng_state.data(), sizeof rng);
+      model_->set_rng_state(rng);
+    }
+    if (unsup_) unsup_->set_position(m0.data_epoch, m0.data_cursor);
+    version_ = m0.extra.value("policy_version", int64_t{0});
+    if (speaks())
+      ctx.log().info("restored iteration {} from {} ({} ranks, stage {}) on {} ranks, stage {}", iteration, f,
+                     m0.world_size, m0.zero_stage, group_.world, d_.zero_stage);
+  }
+
+  bool policy_;
+  model_format format_ = model_format::llama2c;
+  std::string tokenizer_;
+  ppo::ppo_settings ps_;
+  dschat::dschat_settings d_;
+  rank_group group_;
+  trainer_engine engine_;
+  int64_t version_ = 0, gather_bytes_ = 0;
+  std::shared_ptr<decoder> model_;
+  tensor ema_;
+  std::deque<actor::payload> pending_;
+  std::unique_ptr<tokenizer> unsup_tok_;
+  std::unique_ptr<lm_dataset> unsup_;
+};
+
+void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  auto trainer_kind = [&](const char* name, const char* doc, bool policy) {
+    graph::node_kind k{name, doc};
+    const std::string who = policy ? "actor" : "critic";
+    k.blocking = true;  // ranks block in collectives: a thread each
+    k.input("init", "model", "the model this node starts from (copied)")
+        .input("rollouts", "rollouts", "sequences to score")
+        .input("train", "experience", "experience to train on", true, true)
+        .output("scored", "scores", policy ? "per-token log-probs (the old policy)" : "per-token values", true)
+        .output("stats", "stats", "the update's loss and gradient norm", true)
+        .option(who + "_learning_rate", T::float_, 1e-4, "AdamW learning rate").at_least(0)
+        .option("per_device_training_batch_size", T::int_, std::int64_t{8},
+                "rollouts per PPO update, all ranks together (the experience is cut into mini-batches of this "
+                "size; each of the N ranks trains on 1/N of one)").at_least(1)
+        .option("gradient_accumulation_steps", T::int_, std::int64_t{1},
+                "micro-batches per rank per PPO update (the mini-batch is cut into ranks x this)").at_least(1)
+        .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch").at_least(1)
+        .option("cliprange", T::float_, 0.2, "policy ratio clip").above(0)
+        .option("cliprange_value", T::float_, 0.2, "value clip").above(0)
+        .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip (0: off)").at_least(0)
+        .option(who + "_zero_stage", T::int_, std::int64_t{0},
+                "ZeRO stage 0-3 of this model's engine over its replicas (DS-Chat's --" + who + "_zero_stage)")
+        .in_range(0, 3)
+        .option("dtype", T::string, std::string("fp32"),
+                "fp32, bf16 or fp16 (fp32 masters; fp16 with dynamic loss scaling): DS-Chat's --dtype")
+        .option("deepspeed_config", T::string, std::string(""),
+                "a DeepSpeed JSON whose zero_optimization.stage, bf16/fp16, gradient_clipping, "
+                "gradient_accumulation_steps and optimizer override these settings")
+        .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
+        .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
+        .option(who + "_weight_decay", T::float_, 0.0, "AdamW decoupled weight decay (DS-Chat's default 0)").at_least(0)
+        .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
+                "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
+                "else PEFT target_modules such as q_proj,v_proj")
+        .option(who + "_gradient_checkpointing", T::bool_, false,
+                "recompute each layer's activations in backward (less memory, one more forward per layer)");
+    add_rank_group_settings(k);
+    if (policy) {
+      k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
+          .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
+          .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss").at_least(0)
+          .option("unsup_data", T::string, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
+          .option("unsup_seq_len", T::int_, std::int64_t{64}, "ptx instance length").at_least(2)
+          .option("tokenizer", T::string, std::string(""),
+                  "tokenizer for unsup_data; also copied beside a HF output (default: the model's own)")
+          .option("output", T::string, std::string(""),
+                  "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
+                  "a HF folder with the tokenizer)")
+          .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
+      k.check = check_trainer_output;
+    }
+    actor::register_node_kind(kinds, factories, k,
+                              [policy] { return std::unique_ptr<actor::node>(new ppo_trainer(policy)); });
+  };
+  trainer_kind("critic", "value model (from the reward model): values, trained on the clipped value loss", false);
+  trainer_kind("policy", "the actor (from step 1): old log-probs, trained on the clipped policy loss", true);
+}
+
+// ---------------------------------------------------------------- step 3: experience maker
+
+/// Joins the four scores of a rollout batch, computes rewards and GAE
+/// (ppo_trainer.py compute_rewards, get_advantages_and_returns), emits the
+/// experience to the trainers and a summary to the controller.
+class experience_maker final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    cfg_.kl_ctl = static_cast<float>(s.get_float("kl_ctl"));
+    cfg_.clip_reward_value = static_cast<float>(s.get_float("clip_reward_value"));
+    cfg_.gamma = static_cast<float>(s.get_float("gamma"));
+    cfg_.lam = static_cast<float>(s.get_float("lam"));
+    generation_batches_ = std::max<int64_t>(1, s.get_int("generation_batches"));
+  }
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    const auto& sm = msg.as<score_msg>();
+    ctx.phase("experience");
+    // Joined by the batch's id, not the rollouts' address: scores from other
+    // processes each bring their own copy of the rollouts.
+    auto& slot = joins_[sm.rollouts->batch];
+    if (!slot.rollouts) slot.rollouts = sm.rollouts;
+    slot.parts[std::string(port)] = sm.value;
+    if (slot.parts.size() < 4) return;
+    auto j = std::move(slot);
+    joins_.erase(sm.rollouts->batch);
+    const auto& r = *j.rollouts;
+    summary_msg sum;
+    sum.iteration = r.iteration;
+    sum.eval = r.eval;
+    sum.generate_seconds = r.generate_seconds;
+    sum.generated_tokens = r.generated_tokens;
+    if (r.checkpoint) pending_.checkpoint = true;  // kept past a dropped batch, to the next update
+    if (!r.exp) {
+      sum.dropped = true;
+      ctx.emit("summary", actor::payload::make("summary", sum));
+      return;
+    }
+    auto e = std::make_shared<ppo::experience>(*r.exp);
+    e->logprobs = j.parts.at("logprobs");
+    e->ref_logprobs = j.parts.at("ref_logprobs");
+    e->values = j.parts.at("values");
+    e->reward_score = j.parts.at("reward");
+    experience_msg x;
+    x.iteration = r.iteration;
+    ppo::make_advantages(*e, cfg_, x.advantages, x.returns);
+    rlhf::check_finite(x.advantages, ctx.name(), "advantages");
+    const int64_t B = e->seq.size(0);
+    for (int64_t b = 0; b < B; ++b) {
+      sum.reward_mean += e->reward_score.item(b) / static_cast<double>(B);
+      sum.answer_len_mean += static_cast<double>(e->answer_len[b]) / static_cast<double>(B);
+    }
+    sum.kl_mean = ppo::mean_kl(*e);
+    sum.rows = B;
+    if (!r.eval) {
+      x.exp = e;
+      pending_.items.push_back(std::move(x));
+      pending_.iteration = r.iteration;
+      if (static_cast<int64_t>(pending_.items.size()) == generation_batches_) {
+        sum.trains = true;
+        ctx.emit("experience", actor::payload::make("experience", std::move(pending_)));
+        pending_ = experience_batch{};
+      }
+    }
+    ctx.emit("summary", actor::payload::make("summary", sum));
+  }
+
+ private:
+  struct join {
+    std::shared_ptr<const rollout_msg> rollouts;
+    std::map<std::string, tensor> parts;
+  };
+  rlhf::ppo_config cfg_;
+  int64_t generation_batches_ = 1;
+  experience_batch pending_;
+  std::map<int64_t, join> joins_;  // by rollout_msg::batch
+};
+
+void register_experience_maker(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"experience_maker", "KL-penalised rewards with the clipped score, and GAE"};
+  k.input("logprobs", "scores", "the policy's log-probs")
+      .input("ref_logprobs", "scores", "the reference's log-probs")
+      .input("values", "scores", "the critic's values")
+      .input("reward", "scores", "the reward model's scores")
+      .output("experience", "experience", "to the policy and the critic", true)
+      .output("summary", "summary", "rewards and KL for the controller", true)
+      .option("kl_ctl", T::float_, 0.1, "KL penalty coefficient").at_least(0)
+      .option("clip_reward_value", T::float_, 5.0, "reward score clip").above(0)
+      .option("gamma", T::float_, 1.0, "discount").in_range(0, 1)
+      .option("lam", T::float_, 0.95, "GAE lambda").in_range(0, 1)
+      .option("generation_batches", T::int_, std::int64_t{1},
+              "generation batches collected before each PPO update (DS-Chat's exp_dataset size)").at_least(1);
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new experience_maker); });
+}
+
+}  // namespace
+
+void register_ppo_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  register_prompt_loader(kinds, factories);
+  register_ppo_controller(kinds, factories);
+  register_rollout_generator(kinds, factories);
+  register_frozen_scorers(kinds, factories);
+  register_ppo_trainers(kinds, factories);
+  register_experience_maker(kinds, factories);
+}
+
+void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  register_rlhf_codecs();
+  register_dschat_trainers(kinds, factories);
+  register_ppo_nodes(kinds, factories);
+}
+
+}  // namespace flowrun::actors

@@ -15,6 +15,7 @@
 // critic have reported, so the generator never runs while the policy trains.
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -312,13 +313,43 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
 }
 
+// ---------------------------------------------------------------- step 3: scoring on ranks
+
+/// Rank r of `g` runs `score` on rows micro_slice_of(B, N, r) of the rollouts `e` (a rank whose
+/// share is empty runs the last row, so that its ZeRO-3 gathers match the others') and the
+/// group all-gathers the results: (B, L) log-probs or values, or (B,) reward scores, on every rank.
+tensor score_on_ranks(rank_group& g, const ppo::experience& e,
+                      const std::function<tensor(const tensor& seq, const tensor& mask)>& score) {
+  const int64_t B = e.seq.size(0), N = g.world;
+  const auto m = ppo::micro_slice_of(B, N, g.rank);
+  tensor mine = score(e.seq.rows(m.a, m.b), e.attention_mask.rows(m.a, m.b));  // (rows, ...) f32
+  if (N == 1) return mine;
+  const int64_t per_row = mine.numel() / mine.size(0), c = (B + N - 1) / N;
+  auto send = tensor::zeros({c, per_row});
+  if (!m.empty) send.rows(0, m.b - m.a).copy_from(mine.view({m.b - m.a, per_row}));
+  auto all = tensor::empty({N * c, per_row});
+  g.comm->all_gather(send, all);
+  shape_t shape = mine.shape();
+  shape[0] = B;
+  return all.rows(0, B).clone().view(shape);
+}
+
 // ---------------------------------------------------------------- step 3: frozen scorers
 
 /// The reference model (log-probs) or the reward model (end scores): frozen, scores each
 /// rollout batch with the model it got on `init` (a copy: DS-Chat loads each role's model).
+/// `replicas = N` splits each batch's rows over N ranks; `zero_stage = 3` also shards the
+/// weights over them (ZeRO-3 inference: each layer gathered just before it runs, freed after),
+/// as DS-Chat runs its reference and reward models when actor_/critic_zero_stage is 3.
 class frozen_scorer final : public actor::node {
  public:
   explicit frozen_scorer(bool reward) : reward_(reward) {}
+
+  void start(actor::node_context& ctx) override {
+    group_ = join_rank_group(ctx);
+    if (group_.local_ranks > 1) ops::set_thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
+    stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
+  }
 
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     if (port == "init") {
@@ -328,7 +359,16 @@ class frozen_scorer final : public actor::node {
         model_->add_value_head();
         model_->w().v_head.copy_from(m.model->w().v_head);
       }
-      ctx.log().info("model ready: {}", model_->config().summary());
+      if (reward_ && !model_->has_value_head())
+        throw std::invalid_argument("node '" + ctx.name() + "': the reward model needs a value head (rm_trainer's output)");
+      if (stage_ == 3) {  // the engine only partitions and gathers: nothing trains
+        model_->set_base_trainable(false);
+        zero_settings zs;
+        zs.stage = 3;
+        engine_ = std::make_unique<zero_engine>(*model_, *group_.comm, zs);
+      }
+      if (group_.rank == 0) ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {})", model_->config().summary(),
+                                           group_.world, stage_);
     } else if (port == "rollouts") {
       pending_.push_back(msg);
     }
@@ -339,25 +379,41 @@ class frozen_scorer final : public actor::node {
       score_msg out;
       out.rollouts = r;
       if (r->exp) {
-        const auto& e = *r->exp;
-        activations a;
-        out.value = reward_ ? ppo::reward_scores(*model_, e.seq, e.attention_mask)
-                            : ppo::sequence_logprobs(*model_, a, e.seq, e.attention_mask);
+        out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
+          activations a;
+          return reward_ ? ppo::reward_scores(*model_, seq, mask) : ppo::sequence_logprobs(*model_, a, seq, mask);
+        });
         rlhf::check_finite(out.value, ctx.name(), reward_ ? "reward_score" : "ref_logprobs");
       }
-      ctx.emit("scored", actor::payload::make("scores", std::move(out)));
+      if (group_.rank == 0) ctx.emit("scored", actor::payload::make("scores", std::move(out)));
     }
+  }
+
+  void stop(actor::node_context& ctx) override {
+    if (engine_ && group_.rank == 0 && ctx.reason() == actor::stop_reason::completed)
+      ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_->memory().str()));
   }
 
  private:
   bool reward_;
+  int stage_ = 0;
+  rank_group group_;
   std::shared_ptr<decoder> model_;
+  std::unique_ptr<zero_engine> engine_;
   std::deque<actor::payload> pending_;
 };
 
 void register_frozen_scorers(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
   auto frozen_kind = [&](const char* name, const char* doc, bool reward) {
     graph::node_kind k{name, doc};
+    k.blocking = true;  // ranks block in collectives: a thread each
+    k.option("zero_stage", T::int_, std::int64_t{0},
+             "0-2: every replica holds the whole model (a frozen model has no gradients or optimizer state to "
+             "shard); 3: the weights are sharded over the replicas and each layer gathered when it runs "
+             "(DS-Chat's reference / reward model under ZeRO-3)")
+        .in_range(0, 3);
+    add_rank_group_settings(k);
     k.input("init", "model", "the model this node starts from (copied)")
         .input("rollouts", "rollouts", "sequences to score")
         .output("scored", "scores", reward ? "per-row reward scores" : "per-token log-probs", true);
@@ -507,28 +563,16 @@ class ppo_trainer final : public actor::node {
     if (speaks()) ctx.emit("weights", actor::payload::make("model", model_msg{gen, version_, format_, tokenizer_}));
   }
 
-  // Rank r scores rows micro_slice_of(B, N, r) and the group all-gathers them: (B, L) log-probs or values.
+  // Rank r scores its rows, the group all-gathers them: (B, L) log-probs or values.
   void score(actor::node_context& ctx, const std::shared_ptr<const rollout_msg>& r) {
     ctx.phase("scoring");
     score_msg out;
     out.rollouts = r;
     if (r->exp) {
-      const auto& e = *r->exp;
-      const int64_t B = e.seq.size(0), L = e.seq.size(1) - 1, N = group_.world;
-      const auto m = ppo::micro_slice_of(B, N, group_.rank);
-      activations a;
-      const tensor seq = e.seq.rows(m.a, m.b), mask = e.attention_mask.rows(m.a, m.b);
-      tensor mine = policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
-      if (N == 1) {
-        out.value = mine;
-      } else {
-        const int64_t c = (B + N - 1) / N;
-        auto send = tensor::zeros({c, L});
-        if (!m.empty) send.rows(0, m.b - m.a).copy_from(mine);
-        auto all = tensor::empty({N * c, L});
-        group_.comm->all_gather(send, all);
-        out.value = all.rows(0, B).clone();
-      }
+      out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
+        activations a;
+        return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
+      });
       rlhf::check_finite(out.value, ctx.name(), policy_ ? "logprobs" : "values");
     }
     if (speaks()) ctx.emit("scored", actor::payload::make("scores", std::move(out)));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Step 3 on the engine's ranks (issue 16, "same numbers at any stage and rank count"):
 # graphs/rlhf.graph at small settings, once with the policy and critic on 1 rank at ZeRO
-# stage 0, then on 2 ranks (replicas = 2, inproc) at stages 1, 2 and 3. The global batch is
+# stage 0, then on 2 ranks (replicas = 2, inproc) at stages 1, 2 and 3 (at stage 3 the frozen
+# reference and reward models on 2 ranks at ZeRO-3 too). The global batch is
 # split, not changed, so every number of every step-3 line (rewards, KL, losses, answer
 # lengths, the held-out rewards) equals the 1-rank run's within 1e-4 (+ the printed
 # rounding). At stage 3 the hybrid engine's gather bytes equal the ring's theory, and the
@@ -30,8 +31,12 @@ run r1s0
 [ "$(wc -l < "$out/r1s0.step3")" -ge 6 ] || fail "the 1-rank run printed too few step-3 lines"
 ref=$(numbers "$out/r1s0.step3")
 for stage in 1 2 3; do
+  # at stage 3 the frozen reference and reward models are sharded too (ZeRO-3 inference)
+  frozen=()
+  [ "$stage" = 3 ] && frozen=(--set node.reference.replicas=2 --set node.reference.zero_stage=3
+                              --set node.reward.replicas=2 --set node.reward.zero_stage=3)
   run "r2s$stage" --set node.policy.replicas=2 --set node.critic.replicas=2 \
-    --set node.policy.actor_zero_stage=$stage --set node.critic.critic_zero_stage=$stage
+    --set node.policy.actor_zero_stage=$stage --set node.critic.critic_zero_stage=$stage "${frozen[@]}"
   got=$(numbers "$out/r2s$stage.step3")
   python3 - "$ref" "$got" "$stage" <<'PY' || fail "2 ranks at stage $3 differ from 1 rank at stage 0"
 import sys
@@ -53,4 +58,7 @@ s0=$(state "$out/r1s0.log") s3=$(state "$out/r2s3.log")
 [ -n "$s0" ] && [ -n "$s3" ] || fail "no policy memory lines"
 awk -v a="$s3" -v b="$s0" 'BEGIN { printf "policy params+grads+optimizer per rank: stage 0 x1 %.3f MB, stage 3 x2 %.3f MB (%.2fx)\n", b, a, a / b; exit !(a <= 0.55 * b) }' ||
   fail "stage 3 on 2 ranks holds more than 0.55x of stage 0's state"
+# the frozen models at stage 3 hold half their weights per rank
+grep -F "[step 3 ppo] reference memory rank 0/2 stage 3: params 0.520 MB" "$out/r2s3.log" ||
+  fail "the reference model is not sharded over 2 ranks at stage 3"
 echo "ppo_ranks_small: ok"

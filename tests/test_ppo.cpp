@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "models/generate.h"
 #include "models/llama2c.h"
 #include "models/rlhf/ppo.h"
 #include "models/tokenizer.h"
@@ -294,4 +295,45 @@ TEST_CASE("PPO: pad == eos: the answer's EOS is a real token of the mask, paddin
   }
   CHECK(ended >= 2);  // the case this test is about: an end token inside the answer, padding after it
   MESSAGE(ended << " of " << B << " answers ended within 48 tokens");
+}
+
+TEST_CASE("PPO hybrid engine at ZeRO-3: ranks whose answers end at different steps do not hang") {
+  // The policy's ranks gather the blocks once (a collective) and generate with the whole
+  // weights, locally: no collective runs per decoding step, so a rank whose answer ends at its
+  // first tokens and one that decodes to max_new_tokens meet again at the next collective (the
+  // DS-Chat / OpenRLHF ZeRO-3 hang came from gathering per decoding step). Each rank's answers
+  // equal the unsharded model's.
+  auto tok = load_tokenizer(test::tokenizer_path());
+  const std::vector<int32_t> prompt = tok->encode("Once upon a time", true);
+  auto whole = load_llama2c(test::model_path());
+  generation_config g;
+  g.sampling.temperature = 0.0f;  // greedy
+  g.max_new_tokens = 16;
+  const auto ref = generate(whole, {prompt}, g)[0].tokens;
+  REQUIRE(ref.size() == 16);
+  std::vector<std::vector<int32_t>> got(2);
+  std::vector<double> losses(2);
+  test::on_inproc_ranks(2, [&](int r, comm::communicator& c) {
+    auto actor = load_llama2c(test::model_path());
+    zero_settings zs;
+    zs.stage = 3;
+    zero_engine eng(actor, c, zs);
+    decoder gen(actor.config());
+    gen.w().flat.copy_from(eng.gather_full_params());  // the hybrid engine's gather, once
+    generation_config mine = g;
+    if (r == 0) mine.stop_ids = {ref[1]};  // rank 0's answer ends at its second token, rank 1's runs to 16
+    got[r] = generate(gen, {prompt}, mine)[0].tokens;
+    // then a collective step on both ranks (a ZeRO-3 forward and backward): completes, no hang
+    auto ids = tensor::zeros({2, 8}, dtype::i32), tg = tensor::zeros({2, 8}, dtype::i32);
+    for (int64_t i = 0; i < 16; ++i) {
+      ids.data<int32_t>()[i] = ref[i % 16];
+      tg.data<int32_t>()[i] = ref[(i + 1) % 16];
+    }
+    losses[r] = eng.train_step(ids, tg, 1e-4).loss;
+  });
+  CHECK(got[0].size() == 2);
+  CHECK(got[1] == ref);
+  CHECK(std::vector<int32_t>(ref.begin(), ref.begin() + 2) == got[0]);
+  CHECK(losses[0] == losses[1]);
+  CHECK(std::isfinite(losses[0]));
 }

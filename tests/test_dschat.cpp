@@ -497,6 +497,48 @@ TEST_CASE("settings: update counts, LoRA mapping, the engine's settings") {
   CHECK(r.tokens == two[0].n_target_tokens + two[1].n_target_tokens);
 }
 
+TEST_CASE("settings: a user's DeepSpeed JSON (deepspeed_config) and dtype reach the engine") {
+  // DS-Chat's own --zero_stage 3 --dtype bf16 config shape (ds_utils.py get_train_ds_config),
+  // with an optimizer section as a user's config has
+  const std::string json = R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "zero_optimization": {"stage": 3, "offload_param": {"device": "none"}},
+    "bf16": {"enabled": true}, "gradient_clipping": 0.5,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.99], "eps": 1e-6, "weight_decay": 0.1}}
+  })";
+  dschat::dschat_settings d;
+  dschat::apply_ds_config(d, parse_ds_config(json, 1));
+  CHECK(d.zero_stage == 3);
+  CHECK(d.dtype == "bf16");
+  CHECK(d.per_device_train_batch_size == 4);
+  CHECK(d.gradient_accumulation_steps == 2);
+  CHECK(d.gradient_clipping == doctest::Approx(0.5));
+  CHECK(d.learning_rate == doctest::Approx(3e-4));
+  CHECK(d.adam_beta2 == doctest::Approx(0.99));
+  CHECK(d.adam_eps == doctest::Approx(1e-6));
+  CHECK(d.weight_decay == doctest::Approx(0.1));
+  decoder m = load_llama2c(test::model_path());
+  const zero_settings z = dschat::engine_settings(m, d);
+  CHECK(z.stage == 3);
+  CHECK(z.precision == dtype::bf16);
+  CHECK(z.micro_batch == 4);
+  CHECK(z.gradient_accumulation_steps == 2);
+  CHECK(z.adamw.weight_decay == doctest::Approx(0.1f));
+  CHECK(!z.loss_scaler);
+  // fp16: DeepSpeed's dynamic loss scaler, starting at 2^16
+  d.dtype = "fp16";
+  const zero_settings h = dschat::engine_settings(m, d);
+  REQUIRE(h.loss_scaler);
+  CHECK(h.precision == dtype::f16);
+  CHECK(h.loss_scaler->scale() == 65536.0);
+  d.dtype = "fp8";
+  CHECK_THROWS_WITH_AS(dschat::engine_settings(m, d), doctest::Contains("fp32, bf16 or fp16"), std::invalid_argument);
+  // Adam with L2 decay (adam_w_mode false) is not what the engine runs: refused, naming the file
+  dschat::dschat_settings e;
+  CHECK_THROWS_WITH_AS(dschat::apply_ds_config(e, parse_ds_config(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})", 1, "user.json")),
+                       doctest::Contains("user.json"), std::invalid_argument);
+}
+
 TEST_CASE("lr_schedule: transformers.get_scheduler and DeepSpeed's schedules, hand-worked") {
   // one scheduler: DeepSpeed's JSON fills the same type
   static_assert(std::is_same_v<decltype(ds_config::scheduler), lr_schedule>);

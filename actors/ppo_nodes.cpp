@@ -383,7 +383,8 @@ class frozen_scorer final : public actor::node {
           activations a;
           return reward_ ? ppo::reward_scores(*model_, seq, mask) : ppo::sequence_logprobs(*model_, a, seq, mask);
         });
-        rlhf::check_finite(out.value, ctx.name(), reward_ ? "reward_score" : "ref_logprobs");
+        rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
+                           reward_ ? "reward_score" : "ref_logprobs");
       }
       if (group_.rank == 0) ctx.emit("scored", actor::payload::make("scores", std::move(out)));
     }
@@ -573,7 +574,8 @@ class ppo_trainer final : public actor::node {
         activations a;
         return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
       });
-      rlhf::check_finite(out.value, ctx.name(), policy_ ? "logprobs" : "values");
+      rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
+                         policy_ ? "logprobs" : "values");
     }
     if (speaks()) ctx.emit("scored", actor::payload::make("scores", std::move(out)));
   }
@@ -596,6 +598,7 @@ class ppo_trainer final : public actor::node {
         const int64_t b = std::min(B, a + mb);
         const ppo::experience sub = ppo::slice_rows(e, a, b);
         step_result r;
+        try {
         if (policy_) {
           r = ppo::actor_update(*engine_.engine, sub, x.advantages.rows(a, b), ps_, lr);
           if (unsup_) {  // DS-Chat train_unsupervised: unsup_coef x LM loss, its own optimizer step
@@ -605,6 +608,10 @@ class ppo_trainer final : public actor::node {
           }
         } else {
           r = ppo::critic_update(*engine_.engine, sub, x.returns.rows(a, b), ps_, lr);
+        }
+        } catch (const std::runtime_error& err) {  // non-finite: nothing was updated, nothing is saved
+          throw std::runtime_error(fmt::format("node '{}', iteration {}, mini-batch rows [{}, {}): {}", ctx.name(),
+                                               x.iteration, a, b, err.what()));
         }
         loss_sum += r.loss;
         st.grad_norm = r.grad_norm;
@@ -690,6 +697,9 @@ class ppo_trainer final : public actor::node {
       if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = t;
       groups.push_back(std::move(g));
     }
+    for (const auto& g : groups)  // never a non-finite state over the last good checkpoint
+      for (const auto& [name, t] : g.tensors)
+        rlhf::check_finite(t, fmt::format("{}, checkpoint of iteration {}", ctx.name(), iteration), g.name + "." + name);
     save_shard(folder(ctx), m, groups);
     group_.comm->barrier();  // every shard on disk before the folder's commit
     if (group_.rank == 0) commit_checkpoint(folder(ctx), iteration, group_.world, /*keep=*/0);  // the controller prunes
@@ -858,7 +868,7 @@ class experience_maker final : public actor::node {
     experience_msg x;
     x.iteration = r.iteration;
     ppo::make_advantages(*e, cfg_, x.advantages, x.returns);
-    rlhf::check_finite(x.advantages, ctx.name(), "advantages");
+    rlhf::check_finite(x.advantages, fmt::format("{}, iteration {}", ctx.name(), r.iteration), "advantages");
     const int64_t B = e->seq.size(0);
     for (int64_t b = 0; b < B; ++b) {
       sum.reward_mean += e->reward_score.item(b) / static_cast<double>(B);

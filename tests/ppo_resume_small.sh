@@ -8,6 +8,8 @@
 #      the file, and the previous commit is used: the lines after it equal the uninterrupted run's.
 #   3. A 1-rank stage-0 checkpoint resumes on 2 ranks at ZeRO stage 3 (policy) and 2 (critic):
 #      the lines after it equal the uninterrupted run's within 1e-4.
+#   4. Non-finite values (actor_learning_rate 1e30: the next scoring overflows) stop the run with a
+#      message naming the node, the iteration and the tensor; no commit follows the failure.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
@@ -37,7 +39,7 @@ grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted r
 pid=$!
 for _ in $(seq 1 1200); do grep -q "checkpoint after iteration 1" "$out/b1.log" 2>/dev/null && break; sleep 0.05; done
 grep -q "checkpoint after iteration 1" "$out/b1.log" || { kill -9 $pid; fail "no checkpoint was committed"; }
-sleep 0.$((RANDOM % 10))  # somewhere in iterations 2-3
+sleep 0.$((RANDOM % 3))  # somewhere in iterations 2-5
 kill -9 $pid
 wait $pid 2>/dev/null || true
 grep -q "held-out after" "$out/b1.log" && fail "killed too late (step 3 had finished)"
@@ -84,5 +86,28 @@ assert len(na) == len(nc) > 10, (len(na), len(nc))
 worst = max(abs(float(x) - float(y)) for x, y in zip(na, nc))
 print(f"1-rank checkpoint resumed on 2 ranks (stages 3 and 2): largest difference {worst:.1e} over {len(na)} numbers")
 sys.exit(0 if worst <= 1e-4 + 1e-9 else 1)
+PY
+# 4. non-finite values stop the step; nothing is committed after
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/d") --set node.ppo_controller.save_checkpoint_steps=1 \
+  --set node.policy.actor_learning_rate=1e30 --set node.policy.unsup_data= \
+  --set node.policy.per_device_training_batch_size=8 > "$out/d.log" 2> "$out/d.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "a run whose policy blew up exited 0"
+# "non-finite value in TENSOR ... in node NAME, iteration N" (a score) or "node 'NAME', iteration N,
+# mini-batch rows [a, b): zero_engine: non-finite loss ..." (an update)
+msg=$(grep "failed in on_message" "$out/d.err" | grep "non-finite" | grep -oE "iteration [0-9]+.*" | head -1)
+[ -n "$msg" ] || fail "no message naming the node, iteration and tensor: $(grep -i error "$out/d.err" | head -3)"
+echo "stopped: $(grep "failed in on_message" "$out/d.err" | head -1 | cut -c1-250)"
+bad=$(echo "$msg" | awk '{ print $2 }' | tr -d ',')
+python3 - "$out/d/ckpt/step3.json" "$bad" <<'PY' || fail "a checkpoint was committed after the failing iteration"
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    print(f"nothing committed; the failure was in iteration {sys.argv[2]}")
+    sys.exit(0)
+done = [p["iteration"] for p in json.load(open(sys.argv[1]))["committed"]]
+print(f"committed iterations {done}; the failure was in iteration {sys.argv[2]}")
+sys.exit(0 if max(done) <= int(sys.argv[2]) else 1)  # commit J = J iterations done: at most the failing one
 PY
 echo "ppo_resume_small: ok"

@@ -337,3 +337,32 @@ TEST_CASE("PPO hybrid engine at ZeRO-3: ranks whose answers end at different ste
   CHECK(losses[0] == losses[1]);
   CHECK(std::isfinite(losses[0]));
 }
+
+TEST_CASE("PPO: with ppo_epochs = 1 the first ratio is exactly 1, whatever the micro-batch split") {
+  // The old log-probs are scored on the whole rollout batch (or on each rank's rows); the first
+  // update recomputes them on each micro-batch. On the CPU in fp32 a row's log-probs do not
+  // depend on its batch mates or the batch size, so the ratio exp(new - old) is exactly 1.
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto actor = load_llama2c(test::model_path());
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben", "Tom had a red"}, prompts, pmask);
+  ppo::ppo_settings s;
+  s.max_answer_seq_len = 12;
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 5);
+  REQUIRE(e.has_value());
+  activations a;
+  const tensor old = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
+  const int64_t B = e->seq.size(0), L = old.size(1);
+  for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{3}, B}) {
+    CAPTURE(M);
+    for (int64_t k = 0; k < M; ++k) {
+      const auto m = ppo::micro_slice_of(B, M, k);
+      if (m.empty) continue;
+      activations am;
+      const tensor lp = ppo::sequence_logprobs(actor, am, e->seq.rows(m.a, m.b), e->attention_mask.rows(m.a, m.b));
+      int64_t differ = 0;
+      for (int64_t i = 0; i < lp.numel(); ++i) differ += lp.data<float>()[i] != old.data<float>()[m.a * L + i];
+      CHECK(differ == 0);
+    }
+  }
+}

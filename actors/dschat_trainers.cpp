@@ -113,6 +113,13 @@ class dschat_trainer : public actor::node {
     return false;
   }
 
+  void stop(actor::node_context& ctx) final {
+    if (ctx.reason() == actor::stop_reason::interrupted && !done_ && !resumed_)  // SIGINT: nothing is kept
+      ctx.print(fmt::format("{} interrupted at update {} of {}: nothing was saved (steps 1 and 2 save their output "
+                            "when they finish; the same command trains this step again)",
+                            tag_, step_, steps_));
+  }
+
  protected:
   /// Tokenize this step's share of the data (load_step_rows) into train and eval batches.
   virtual void prepare_data(actor::node_context& ctx) = 0;

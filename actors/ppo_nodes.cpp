@@ -498,6 +498,14 @@ class ppo_trainer final : public actor::node {
   }
 
   void stop(actor::node_context& ctx) override {
+    if (policy_ && speaks() && ctx.reason() == actor::stop_reason::interrupted) {  // SIGINT: say what is kept
+      const auto rp = ctx.checkpoint_dir().empty() ? std::nullopt : ppo::find_step3_resume(ctx.checkpoint_dir());
+      ctx.print(rp ? fmt::format("[step 3 ppo] interrupted: the last committed checkpoint is iteration {} in {}; the "
+                                 "same command resumes there",
+                                 rp->point.iteration, ctx.checkpoint_dir())
+                   : std::string("[step 3 ppo] interrupted: no checkpoint was saved, nothing of step 3 is kept (set "
+                                 "[graph] checkpoint_dir and the controller's save_checkpoint_steps)"));
+    }
     if (!engine_.engine || ctx.reason() != actor::stop_reason::completed) return;
     if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
       ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_.engine->memory().str()));

@@ -239,6 +239,16 @@ class zero_rank final : public actor::node {
     if (b.step == total_) finish_run(ctx);
   }
 
+  void stop(actor::node_context& ctx) override {
+    if (ctx.reason() != actor::stop_reason::interrupted || rank_ != 0) return;  // SIGINT: say what is kept
+    const std::string last = out_dir_.empty() ? std::string() : resume_folder(out_dir_);
+    ctx.print(last.empty() ? fmt::format("[pretrain] interrupted after step {}: no checkpoint was saved{}", done_,
+                                         out_dir_.empty() ? " (output_dir is empty)" : "")
+                           : fmt::format("[pretrain] interrupted after step {}: the last committed checkpoint is {}; the "
+                                         "same command resumes there",
+                                         done_, last));
+  }
+
  private:
   std::string config_hash() const {
     nlohmann::json j = model_->config();

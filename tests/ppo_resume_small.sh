@@ -8,6 +8,8 @@
 #      the file, and the previous commit is used: the lines after it equal the uninterrupted run's.
 #   3. A 1-rank stage-0 checkpoint resumes on 2 ranks at ZeRO stage 3 (policy) and 2 (critic):
 #      the lines after it equal the uninterrupted run's within 1e-4.
+#   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
+#      which the same command resumes (with the uninterrupted run's lines).
 #   4. Non-finite values (actor_learning_rate 1e30: the next scoring overflows) stop the run with a
 #      message naming the node, the iteration and the tensor; no commit follows the failure.
 set -euo pipefail
@@ -110,4 +112,27 @@ done = [p["iteration"] for p in json.load(open(sys.argv[1]))["committed"]]
 print(f"committed iterations {done}; the failure was in iteration {sys.argv[2]}")
 sys.exit(0 if max(done) <= int(sys.argv[2]) else 1)  # commit J = J iterations done: at most the failing one
 PY
+# 5. SIGINT: says what is kept; the same command resumes there
+mkdir -p "$out/e"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") > "$out/e1.log" 2> "$out/e1.err" &
+pid=$!
+for _ in $(seq 1 1200); do grep -q "checkpoint after iteration 1" "$out/e1.log" 2>/dev/null && break; sleep 0.05; done
+kill -INT $pid
+set +e
+wait $pid
+rc=$?
+set -e
+if grep -q "held-out after" "$out/e1.log"; then
+  echo "SIGINT came after step 3 had finished (rc $rc): case 5 not exercised this time"
+else
+  [ $rc -eq 130 ] || fail "SIGINT: exit code $rc, not 130"
+  line=$(grep -F "[step 3 ppo] interrupted: the last committed checkpoint is iteration" "$out/e1.log") ||
+    fail "SIGINT: no line saying what was kept: $(tail -3 "$out/e1.log")"
+  echo "$line"
+  kept=$(echo "$line" | grep -oE "iteration [0-9]+" | awk '{ print $2 }')
+  "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") > "$out/e2.log" 2> "$out/e2.err" ||
+    { echo "the run after SIGINT failed:"; tail -20 "$out/e2.err"; exit 1; }
+  grep -q "resuming after iteration $kept " "$out/e2.log" || fail "after SIGINT the run did not resume after iteration $kept"
+  diff <(after "$out/a.log" "$kept") <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
+fi
 echo "ppo_resume_small: ok"

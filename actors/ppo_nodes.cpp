@@ -26,6 +26,7 @@
 #include "actors/dschat_common.h"
 #include "actors/rank_group.h"
 #include "actors/register.h"
+#include "actors/resume_check.h"
 #include "actors/rlhf_types.h"
 #include "models/adapter.h"
 #include "models/lm_data.h"
@@ -678,6 +679,7 @@ class ppo_trainer final : public actor::node {
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     m.extra["optimizer_steps"] = eng.step_count();
     m.extra["policy_version"] = version_;
+    m.extra["settings"] = settings_record(ctx.spec());
     if (d_.dtype == "fp16" && eng.settings().loss_scaler) {
       m.loss_scale = eng.settings().loss_scaler->scale();
       m.loss_scale_good_steps = eng.settings().loss_scaler->good_steps();
@@ -723,6 +725,13 @@ class ppo_trainer final : public actor::node {
       throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + f +
                                " was made for another model, LoRA or value-head setting (config hash differs): "
                                "use another [graph] checkpoint_dir, or delete it to start step 3 afresh");
+    // where ranks meet, how they shard and how often things print are safe to change; the
+    // optimizer, the losses, LoRA and the ptx data are not
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f,
+                          {"comm_backend", "rendezvous", "store_dir", "comm_timeout_s", "actor_zero_stage",
+                           "critic_zero_stage", "actor_gradient_checkpointing", "critic_gradient_checkpointing",
+                           "output", "verify_output", "memory_limit_gb"},
+                          "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
     auto get = [&](const char* g, const char* t) -> tensor {
       auto gi = ck.full.find(g);
       if (gi == ck.full.end()) return {};

@@ -27,6 +27,7 @@
 #include "actors/codec_io.h"
 #include "actors/rank_group.h"
 #include "actors/register.h"
+#include "actors/resume_check.h"
 #include "models/adapter.h"
 #include "models/checkpoint.h"
 #include "models/train/ds_config.h"
@@ -268,6 +269,7 @@ class zero_rank final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["optimizer_steps"] = engine_->step_count();           // < step when fp16 updates were skipped
+    m.extra["settings"] = settings_record(ctx.spec());
     if (zs_.loss_scaler) {
       m.loss_scale = zs_.loss_scaler->scale();
       m.loss_scale_good_steps = zs_.loss_scaler->good_steps();
@@ -313,6 +315,13 @@ class zero_rank final : public actor::node {
       throw std::runtime_error("checkpoint " + folder +
                                " was made for another model or LoRA setting (config hash differs): point output_dir "
                                "elsewhere or set resume = false");
+    // a longer run, another rank count or stage, other printing and export are safe; the data,
+    // seq_length, the optimizer (the DeepSpeed JSON) and LoRA are not
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder,
+                          {"total_steps", "zero_stage", "comm_backend", "rendezvous", "store_dir", "comm_timeout_s",
+                           "save_checkpoint_steps", "keep_checkpoints", "export_hf", "save_lora", "memory_limit_gb",
+                           "gradient_checkpointing", "print_every", "resume", "output_dir"},
+                          "point output_dir elsewhere or set resume = false");
     auto get = [&](const char* g, const char* t) -> tensor {
       auto gi = ck.full.find(g);
       if (gi == ck.full.end()) return {};

@@ -10,6 +10,8 @@
 #      the lines after it equal the uninterrupted run's within 1e-4.
 #   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
 #      which the same command resumes (with the uninterrupted run's lines).
+#   6. A resume whose settings changed: actor_learning_rate is refused, naming it with both values;
+#      critic_zero_stage is safe (a warning) and the run resumes.
 #   4. Non-finite values (actor_learning_rate 1e30: the next scoring overflows) stop the run with a
 #      message naming the node, the iteration and the tensor; no commit follows the failure.
 set -euo pipefail
@@ -135,4 +137,16 @@ else
   grep -q "resuming after iteration $kept " "$out/e2.log" || fail "after SIGINT the run did not resume after iteration $kept"
   diff <(after "$out/a.log" "$kept") <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
 fi
+# 6. settings changed since the checkpoint
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.policy.actor_learning_rate=2e-4 > "$out/f1.log" 2> "$out/f1.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "a resume with another actor_learning_rate was accepted"
+grep -q "resuming from .* with settings changed: actor_learning_rate 0.0001 -> 0.0002; set them back" "$out/f1.err" ||
+  fail "the refusal does not name the changed setting: $(grep -i error "$out/f1.err" | head -2)"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.critic.critic_zero_stage=2 > "$out/f2.log" 2> "$out/f2.err" ||
+  fail "a resume with another critic_zero_stage was refused: $(grep -i error "$out/f2.err" | head -2)"
+grep -q "settings changed where that is safe: critic_zero_stage 0 -> 2" "$out/f2.err" || fail "no warning for the changed stage"
+echo "settings changed: actor_learning_rate refused, critic_zero_stage accepted with a warning"
 echo "ppo_resume_small: ok"

@@ -76,12 +76,17 @@ class batch_cycle {
   batch_cycle() = default;
   batch_cycle(int64_t rows, int64_t batch, uint64_t seed, bool full_only = false)
       : rows_(rows), batch_(batch), seed_(seed), full_only_(full_only) {}
-  /// The next batch. Throws std::invalid_argument when the rows cannot fill one.
-  std::vector<int64_t> next(const std::string& node) {
+  /// Refuse, before training, a plan whose rows cannot fill one batch (it would train
+  /// nothing): std::invalid_argument naming the node and `batch_setting`.
+  void check(const std::string& node, const std::string& batch_setting = "the batch size") const {
     if (rows_ < 1 || (full_only_ && rows_ < batch_))
       throw std::invalid_argument("node '" + node + "': its share of the data has " + std::to_string(rows_) +
-                                  " rows, too few for a batch of " + std::to_string(batch_) +
-                                  ": lower the batch size or give this step a larger data_split share");
+                                  " rows, too few for a batch of " + std::to_string(batch_) + ": lower " +
+                                  batch_setting + " or give this step a larger data_split share");
+  }
+  /// The next batch. Throws std::invalid_argument (check) when the rows cannot fill one.
+  std::vector<int64_t> next(const std::string& node) {
+    check(node);
     while (queue_.empty())
       for (auto& b : dschat::epoch_batches(rows_, batch_, seed_, epoch_++))
         if (!full_only_ || static_cast<int64_t>(b.size()) == batch_) queue_.push_back(std::move(b));

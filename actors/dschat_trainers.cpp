@@ -166,6 +166,7 @@ class sft_trainer final : public dschat_trainer {
     ts.truncation = truncation_of(ctx);
     train_ = dschat::make_sft_examples(rows.train, *tok_, ts);
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed);
+    order_.check(ctx.name(), "per_device_train_batch_size");
     auto eval = dschat::make_sft_examples(rows.eval, *tok_, ts);
     n_eval_ = static_cast<int64_t>(eval.size());
     for (auto& b : dschat::epoch_batches(n_eval_, d_.per_device_train_batch_size, 0, 0, false))
@@ -234,6 +235,7 @@ class rm_trainer final : public dschat_trainer {
     dschat::process_report rep;
     train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
+    order_.check(ctx.name(), "per_device_train_batch_size");
     ctx.log().info("{}", rep.summary());
     auto eval = dschat::make_rm_examples(rows.eval, *tok_, ts);
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))

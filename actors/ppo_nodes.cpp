@@ -60,6 +60,7 @@ class prompt_loader final : public actor::node {
     iterations_ = ctx.spec().get_int("iterations");
     eval_rows_ = std::min<int64_t>(ctx.spec().get_int("eval_prompts"), static_cast<int64_t>(eval_.size()));
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), B_, d.seed + 2, /*full_only=*/true);
+    order_.check(ctx.name(), "per_device_generation_batch_size");
     // step-3 resume: the held-out "before" batch was scored and J batches trained on before the
     // commit; the order is a function of the batches drawn, so draw them again
     if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) {
@@ -109,7 +110,8 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .option("eval_fraction", T::float_, 0.1, "held-out share").in_range(0, 1, false, /*high_open=*/true)
       .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)").at_least(1)
       .option("per_device_generation_batch_size", T::int_, std::int64_t{8}, "prompts per PPO iteration").at_least(1)
-      .option("iterations", T::int_, std::int64_t{20}, "PPO iterations").at_least(0)
+      .option("iterations", T::int_, std::int64_t{20}, "PPO iterations").at_least(1)
+      .because("0 iterations train nothing (to compare models without training: flowrun eval prompts)")
       .option("eval_prompts", T::int_, std::int64_t{32}, "held-out prompts scored before and after").at_least(0)
       .option("seed", T::int_, std::int64_t{1234}, "data split and order");
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
@@ -830,8 +832,22 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                   "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
                   "a HF folder with the tokenizer)")
           .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
-      k.check = check_trainer_output;
     }
+    // a plan that leaves a rank no rows of a mini-batch trains nothing there: refused when the graph is checked
+    k.check = [policy](const graph::node_spec& n, const graph::graph_spec& g) {
+      auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
+      const int64_t mb = n.get_int("per_device_training_batch_size"), gas = n.get_int("gradient_accumulation_steps");
+      if (mb < n.replicas * gas)
+        problems.push_back({"per_device_training_batch_size",
+                            fmt::format("per_device_training_batch_size = {} rows cannot fill replicas ({}) x "
+                                        "gradient_accumulation_steps ({}) = {} micro-batches: some would train on "
+                                        "nothing",
+                                        mb, n.replicas, gas, n.replicas * gas),
+                            fmt::format("raise per_device_training_batch_size to at least {}, or lower replicas or "
+                                        "gradient_accumulation_steps",
+                                        n.replicas * gas)});
+      return problems;
+    };
     actor::register_node_kind(kinds, factories, k,
                               [policy] { return std::unique_ptr<actor::node>(new ppo_trainer(policy)); });
   };

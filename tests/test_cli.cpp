@@ -136,6 +136,25 @@ TEST_CASE("print_every = 0 is refused when the graph is checked, at file:line:co
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("plans that train nothing are refused when the graph is checked, naming the node and the setting") {
+  const std::string rlhf = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --no-progress";
+  int rc = -1;
+  // 2 rows of each PPO mini-batch over 4 ranks: two ranks would train on nothing
+  auto out = run(rlhf + " --set node.policy.replicas=4 --set node.policy.per_device_training_batch_size=2 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "per_device_training_batch_size = 2 rows cannot fill replicas (4) x gradient_accumulation_steps (1) "
+                 "= 4 micro-batches: some would train on nothing"));
+  CHECK(has(out, "hint: raise per_device_training_batch_size to at least 4"));
+  // the same with accumulation on the critic
+  out = run(rlhf + " --set node.critic.gradient_accumulation_steps=16 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "replicas (1) x gradient_accumulation_steps (16) = 16 micro-batches"));
+  // 0 PPO iterations
+  out = run(rlhf + " --set node.prompts.iterations=0 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "setting 'iterations' of node 'prompts' (kind prompt_loader) must be >= 1, got 0"));
+}
+
 TEST_CASE("out-of-range training and sampling settings are refused before anything starts, naming the value") {
   // Each was accepted silently (a negative learning rate trains uphill; a negative warmup, a negative rank).
   const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --no-progress";

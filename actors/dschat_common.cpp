@@ -1,3 +1,4 @@
+#include "actors/node_models.h"
 #include "actors/dschat_common.h"
 
 #include <filesystem>
@@ -88,7 +89,7 @@ static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::
 std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step) {
   const auto& out = ctx.spec().get_string("output");
   if (!saved_by_earlier_attempt(ctx, out)) return nullptr;
-  auto m = std::make_shared<decoder>(load_model(out));
+  auto m = std::make_shared<decoder>(load_node_model(ctx, out));
   if (ctx.attempt() > 0)
     ctx.print(fmt::format("{} resumed (attempt {}): {} was saved by an earlier attempt of this run; training skipped",
                           step, ctx.attempt() + 1, out));

@@ -8,6 +8,7 @@
 // settings (dschat::engine_settings); what they share is in actors/dschat_common.h.
 #include <fmt/format.h>
 
+#include "actors/node_models.h"
 #include "actors/dschat_common.h"
 #include "actors/register.h"
 #include "actors/rlhf_types.h"
@@ -78,7 +79,7 @@ class dschat_trainer : public actor::node {
     if (steps_ < 1) throw std::invalid_argument("node '" + ctx.name() + "': steps must be >= 1");
     tok_ = load_tok(ctx);
     prepare_data(ctx);
-    model_ = std::make_shared<decoder>(load_model(model_path));
+    model_ = std::make_shared<decoder>(load_node_model(ctx, model_path));
     if (value_head_ && !model_->has_value_head()) model_->add_value_head(ctx.seed());
     check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
     check_memory_plan(ctx, model_->config(), (value_head_ ? 2 : 1) * d_.per_device_train_batch_size, d_.max_seq_len,
@@ -300,7 +301,7 @@ class model_source final : public actor::node {
   bool produce(actor::node_context& ctx) override {
     if (done_) return false;
     const auto [path, info] = given_model(ctx);
-    auto m = std::make_shared<decoder>(load_model(path));
+    auto m = std::make_shared<decoder>(load_node_model(ctx, path));
     if (ctx.spec().get_bool("value_head") && !m->has_value_head())
       throw std::runtime_error("node '" + ctx.name() + "': " + ctx.spec().get_string("model") +
                                " has no value head; give the folder written by rm_trainer's output");

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/node_models.h"
 #include "actors/message_types.h"
 #include "actors/register.h"
 #include "models/generate.h"
@@ -28,7 +29,7 @@ class generator_node final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
     const auto& s = ctx.spec();
-    model_ = std::make_unique<decoder>(load_model(s.get_string("model")));
+    model_ = std::make_unique<decoder>(load_node_model(ctx, s.get_string("model")));
     tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer model").string());
     cfg_.max_new_tokens = s.get_int("max_new_tokens");
     cfg_.sampling.temperature = static_cast<float>(s.get_float("temperature"));

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "actors/node_models.h"
 #include "actors/codec_io.h"
 #include "actors/rank_group.h"
 #include "actors/register.h"
@@ -153,7 +154,7 @@ class zero_rank final : public actor::node {
     zs_.adamw.weight_decay = static_cast<float>(ds_.weight_decay);
 
     // the model: the full initial weights (every rank reads the same file)
-    model_ = std::make_unique<decoder>(load_model(resolve_user_path(s.get_string("model"), "model").string()));
+    model_ = std::make_unique<decoder>(load_node_model(ctx, resolve_user_path(s.get_string("model"), "model").string()));
     if (s.get_bool("use_lora")) {
       // the seed is the same on every rank: the adapter is replicated
       const lora_config lc = make_lora_config(s.get_int("lora_r"), static_cast<float>(s.get_float("lora_alpha")),

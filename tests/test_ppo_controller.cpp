@@ -289,7 +289,7 @@ std::vector<std::string> phases(const actor::job& j) {
 // for the next update (generation_batches > 1); an update whose stats arrive before the summary
 // (stamped: committed); the last iteration (with ptx and the hybrid engine's gather); held-out
 // after. Then the same command again: it resumes after the commit.
-TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out, update, dropped, kept, commit, last iteration, resume") {
+TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, kept, commit, last iteration, held-out after") {
   {
     std::lock_guard<std::mutex> lock(script.m);
     script.reset();

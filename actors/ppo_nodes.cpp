@@ -1,8 +1,8 @@
 // DeepSpeed-Chat's step 3 (PPO) as node kinds (docs/rlhf.md), each declared next to its class:
 //
 //   prompt_loader     step 3's prompts, one batch per `tick` from the controller
-//   ppo_controller    owns the loop: orders the phases of each PPO iteration, prints them,
-//                     commits checkpoints
+//   ppo_controller    owns the loop (actors/ppo_controller.{h,cpp}): the phases of each PPO
+//                     iteration, the prints, the checkpoint commits
 //   rollout_generator the hybrid engine: generates with the policy's current weights
 //   reference_model, reward_model   frozen scorers
 //   policy, critic    trainers: score the rollouts and train through the engine, on
@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/dschat_common.h"
+#include "actors/ppo_controller.h"
 #include "actors/rank_group.h"
 #include "actors/register.h"
 #include "actors/resume_check.h"
@@ -115,132 +116,6 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .option("eval_prompts", T::int_, std::int64_t{32}, "held-out prompts scored before and after").at_least(0)
       .option("seed", T::int_, std::int64_t{1234}, "data split and order");
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
-}
-
-// ---------------------------------------------------------------- step 3: controller
-
-/// Orders each iteration's phases and prints DS-Chat's per-iteration figures.
-class ppo_controller final : public actor::node {
- public:
-  void start(actor::node_context& ctx) override {
-    t0_ = clk::now();
-    dir_ = ctx.checkpoint_dir();
-    save_every_ = ctx.spec().get_int("save_checkpoint_steps");
-    keep_ = static_cast<int>(ctx.spec().get_int("keep_checkpoints"));
-    if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
-      for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
-      commit_.eval_before = eval_before_ = rp->commit.eval_before;
-      for (const auto& pt : rp->commit.committed)
-        if (pt.iteration <= rp->point.iteration) commit_.committed.push_back(pt);
-      updates_ = rp->point.policy_version;
-      ctx.print(fmt::format("[step 3 ppo] resuming after iteration {} from {} (policy version {})",
-                            rp->point.iteration, dir_, updates_));
-    }
-  }
-  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
-    if (port == "prompts") {
-      prompt_msg p = msg.as<prompt_msg>();  // tensor handles: no data copy
-      cur_ = p.iteration;
-      eval_ = p.eval;
-      have_summary_ = have_actor_ = have_critic_ = false;
-      p.policy_version = updates_;  // generate with the weights of every update reported so far
-      // every save_checkpoint_steps iterations the trainers save after this batch's update
-      p.checkpoint = !eval_ && !dir_.empty() && save_every_ > 0 && (cur_ + 1) % save_every_ == 0;
-      if (p.checkpoint) commit_due_ = true;
-      ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
-      return;
-    }
-    if (port == "summary") {
-      sum_ = msg.as<summary_msg>();
-      have_summary_ = true;
-    } else if (port == "actor_stats") {
-      actor_ = msg.as<stats_msg>();
-      have_actor_ = true;
-      ++updates_;  // the policy bumps its version once per update, when it reports
-    } else if (port == "critic_stats") {
-      critic_ = msg.as<stats_msg>();
-      have_critic_ = true;
-    }
-    bool complete = have_summary_ && (eval_ || sum_.dropped || !sum_.trains || (have_actor_ && have_critic_));
-    if (!complete) return;
-    double gen_tps = sum_.generate_seconds > 0 ? sum_.generated_tokens / sum_.generate_seconds : 0;
-    if (!eval_ && !sum_.dropped) ctx.signal("reward", sum_.reward_mean);
-    if (!eval_ && !sum_.dropped) ctx.signal("kl", sum_.kl_mean);
-    if (!eval_ && !sum_.dropped) ctx.signal("generation_tokens_per_s", gen_tps);
-    if (eval_) {
-      ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f}, KL to reference {:.4f}, answer length "
-                            "{:.1f} ({} prompts)",
-                            cur_ == -1 ? "before" : "after", sum_.reward_mean, sum_.kl_mean, sum_.answer_len_mean,
-                            sum_.rows));
-      if (cur_ == -1) eval_before_ = sum_.reward_mean;
-      else
-        ctx.print(fmt::format("[step 3 ppo] held-out mean reward {:.4f} -> {:.4f} ({:+.4f}), {:.1f} s", eval_before_,
-                              sum_.reward_mean, sum_.reward_mean - eval_before_, since(t0_)));
-    } else if (sum_.dropped) {
-      ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)", cur_));
-    } else if (!sum_.trains) {
-      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f} gen {:.0f} tok/s "
-                            "(experience kept for the next update)",
-                            cur_, sum_.reward_mean, sum_.kl_mean, sum_.answer_len_mean, gen_tps));
-    } else {
-      double train_tps = (actor_.tokens + critic_.tokens) / std::max(1e-9, actor_.seconds + critic_.seconds);
-      ctx.signal("actor_loss", actor_.loss);
-      ctx.signal("critic_loss", critic_.loss);
-      ctx.signal("training_tokens_per_s", train_tps);
-      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
-                            "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s{}",
-                            cur_, sum_.reward_mean, sum_.kl_mean, actor_.loss, critic_.loss,
-                            actor_.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", actor_.unsup_loss) : "",
-                            sum_.answer_len_mean, gen_tps, train_tps,
-                            actor_.gather_theory_bytes > 0
-                                ? fmt::format(" hybrid-engine gather {:.3f} MB/rank (theory {:.3f})",
-                                              actor_.gather_bytes / 1e6, actor_.gather_theory_bytes / 1e6)
-                                : ""));
-      ctx.metric("steps");
-      if (commit_due_) commit(ctx);
-    }
-    ctx.emit("next", actor::payload::make("tick", cur_));
-  }
-
- private:
-  // The trainers saved their shards of this iteration before they reported: commit it.
-  void commit(actor::node_context& ctx) {
-    commit_due_ = false;
-    commit_.eval_before = eval_before_;
-    commit_.committed.push_back({cur_ + 1, updates_});
-    ppo::write_step3_commit(dir_, commit_);
-    ppo::prune_step3(dir_, commit_, keep_);
-    ctx.print(fmt::format("[step 3 ppo] checkpoint after iteration {} -> {}", cur_, dir_));
-  }
-
-  std::string dir_;
-  int64_t save_every_ = 0;
-  int keep_ = 2;
-  bool commit_due_ = false;
-  ppo::step3_commit commit_;
-  int64_t cur_ = 0, updates_ = 0;
-  bool eval_ = false, have_summary_ = false, have_actor_ = false, have_critic_ = false;
-  summary_msg sum_;
-  stats_msg actor_, critic_;
-  double eval_before_ = 0;
-  clk::time_point t0_;
-};
-
-void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
-  using T = graph::setting_type;
-  graph::node_kind k{"ppo_controller", "orders the PPO phases (generate, score, train) and prints each iteration"};
-  k.input("prompts", "prompt_batch", "prompt batches from the loader")
-      .input("summary", "summary", "rewards and KL of a batch", true, true)
-      .input("actor_stats", "stats", "the policy's update", true, true)
-      .input("critic_stats", "stats", "the critic's update", true, true)
-      .output("generate", "prompt_batch", "prompts for the generator", true)
-      .output("next", "tick", "ask the loader for the next batch", true)
-      .option("save_checkpoint_steps", T::int_, std::int64_t{0},
-              "with [graph] checkpoint_dir: the policy and critic save and the controller commits every N "
-              "iterations (0: never); the same command resumes from the last commit")
-      .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
-      .at_least(2);
-  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new ppo_controller); });
 }
 
 // ---------------------------------------------------------------- step 3: generation

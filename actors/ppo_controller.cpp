@@ -1,0 +1,230 @@
+// DeepSpeed-Chat's step-3 loop as a node (actors/ppo_controller.h: the phases and what
+// ends each). The class reads as the loop: on_message only records what arrived, advance()
+// runs the phases in order, one handler per phase.
+#include "actors/ppo_controller.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "actors/dschat_common.h"
+#include "actors/rlhf_types.h"
+#include "models/rlhf/ppo_checkpoint.h"
+
+namespace flowrun::actors {
+
+namespace {
+
+class ppo_controller final : public actor::node {
+ public:
+  /// The phases of one iteration, in order (ppo_controller.h).
+  enum class phase { wait_prompts, generate_experience, train, report };
+
+  void start(actor::node_context& ctx) override {
+    t0_ = clk::now();
+    dir_ = ctx.checkpoint_dir();
+    save_every_ = ctx.spec().get_int("save_checkpoint_steps");
+    keep_ = static_cast<int>(ctx.spec().get_int("keep_checkpoints"));
+    if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
+      for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
+      commit_.eval_before = eval_before_ = rp->commit.eval_before;
+      for (const auto& pt : rp->commit.committed)
+        if (pt.iteration <= rp->point.iteration) commit_.committed.push_back(pt);
+      updates_ = rp->point.policy_version;
+      ctx.print(fmt::format("[step 3 ppo] resuming after iteration {} from {} (policy version {})",
+                            rp->point.iteration, dir_, updates_));
+    }
+    enter(ctx, phase::wait_prompts);
+  }
+
+  // Records what arrived, then runs the loop as far as it can go.
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "prompts") {
+      if (phase_ != phase::wait_prompts)
+        throw std::logic_error(fmt::format("node '{}': a prompt batch arrived in phase {} of iteration {} (the "
+                                           "prompt loader must wait for `next`)",
+                                           ctx.name(), name(phase_), it_.prompts->iteration));
+      it_.prompts = msg.as<prompt_msg>();  // tensor handles: no data copy
+    } else if (port == "summary") {
+      it_.summary = msg.as<summary_msg>();
+    } else if (port == "actor_stats") {
+      it_.actor = msg.as<stats_msg>();
+      ++updates_;  // the policy bumps its version once per update, when it reports
+    } else if (port == "critic_stats") {
+      it_.critic = msg.as<stats_msg>();
+    }
+    advance(ctx);
+  }
+
+ private:
+  // ---- the loop: every transition is here
+
+  void advance(actor::node_context& ctx) {
+    for (;;) {
+      switch (phase_) {
+        case phase::wait_prompts:
+          if (!it_.prompts) return;
+          generate(ctx);
+          enter(ctx, phase::generate_experience);
+          break;
+        case phase::generate_experience:
+          if (!it_.summary) return;
+          end_generate_experience(ctx);
+          enter(ctx, trains() ? phase::train : phase::report);
+          break;
+        case phase::train:
+          if (!it_.actor || !it_.critic) return;
+          ctx.signal("phase_seconds/train", since(phase_start_));
+          enter(ctx, phase::report);
+          break;
+        case phase::report:
+          report(ctx);
+          ctx.signal("phase_seconds/report", since(phase_start_));
+          it_ = {};
+          enter(ctx, phase::wait_prompts);
+          return;
+      }
+    }
+  }
+
+  // ---- the phases
+
+  // wait_prompts -> generate_experience: ask the generator to roll out this batch.
+  void generate(actor::node_context& ctx) {
+    prompt_msg p = *it_.prompts;  // tensor handles: no data copy
+    p.policy_version = updates_;  // generate with the weights of every update reported so far
+    // every save_checkpoint_steps iterations the trainers save after this batch's update
+    p.checkpoint = !p.eval && !dir_.empty() && save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
+    if (p.checkpoint) commit_due_ = true;  // committed after the update that trains on it
+    ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
+  }
+
+  // generate_experience ends: the generator timed its part, the rest is scoring, rewards and GAE.
+  void end_generate_experience(actor::node_context& ctx) {
+    const double wall = since(phase_start_), gen = it_.summary->generate_seconds;
+    ctx.signal("phase_seconds/generate", gen);
+    ctx.signal("phase_seconds/score_and_experience", std::max(0.0, wall - gen));
+  }
+
+  // The batch completed an experience batch: the policy and the critic train on it and report.
+  bool trains() const { return !it_.prompts->eval && !it_.summary->dropped && it_.summary->trains; }
+
+  // report: DS-Chat's per-iteration print, the console's signals, the checkpoint commit; then `next`.
+  void report(actor::node_context& ctx) {
+    const prompt_msg& p = *it_.prompts;
+    const summary_msg& s = *it_.summary;
+    const double gen_tps = s.generate_seconds > 0 ? s.generated_tokens / s.generate_seconds : 0;
+    if (!p.eval && !s.dropped) {
+      ctx.signal("reward", s.reward_mean);
+      ctx.signal("kl", s.kl_mean);
+      ctx.signal("generation_tokens_per_s", gen_tps);
+    }
+    if (p.eval) {
+      ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f}, KL to reference {:.4f}, answer length "
+                            "{:.1f} ({} prompts)",
+                            p.iteration == -1 ? "before" : "after", s.reward_mean, s.kl_mean, s.answer_len_mean,
+                            s.rows));
+      if (p.iteration == -1) eval_before_ = s.reward_mean;
+      else
+        ctx.print(fmt::format("[step 3 ppo] held-out mean reward {:.4f} -> {:.4f} ({:+.4f}), {:.1f} s", eval_before_,
+                              s.reward_mean, s.reward_mean - eval_before_, since(t0_)));
+    } else if (s.dropped) {
+      ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)",
+                            p.iteration));
+    } else if (!s.trains) {
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f} gen {:.0f} tok/s "
+                            "(experience kept for the next update)",
+                            p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean, gen_tps));
+    } else {
+      const stats_msg &a = *it_.actor, &c = *it_.critic;
+      const double train_tps = (a.tokens + c.tokens) / std::max(1e-9, a.seconds + c.seconds);
+      ctx.signal("actor_loss", a.loss);
+      ctx.signal("critic_loss", c.loss);
+      ctx.signal("training_tokens_per_s", train_tps);
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
+                            "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s{}",
+                            p.iteration, s.reward_mean, s.kl_mean, a.loss, c.loss,
+                            a.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", a.unsup_loss) : "",
+                            s.answer_len_mean, gen_tps, train_tps,
+                            a.gather_theory_bytes > 0
+                                ? fmt::format(" hybrid-engine gather {:.3f} MB/rank (theory {:.3f})",
+                                              a.gather_bytes / 1e6, a.gather_theory_bytes / 1e6)
+                                : ""));
+      ctx.metric("steps");
+      if (commit_due_) commit(ctx, p.iteration);
+    }
+    ctx.emit("next", actor::payload::make("tick", p.iteration));
+  }
+
+  // The trainers saved their shards of this update before they reported: commit it. A
+  // stamped batch that did not train (dropped, or kept) is committed with the next update,
+  // the one whose save it asked for (the experience maker carries the stamp to it).
+  void commit(actor::node_context& ctx, int64_t iteration) {
+    commit_due_ = false;
+    commit_.eval_before = eval_before_;
+    commit_.committed.push_back({iteration + 1, updates_});
+    ppo::write_step3_commit(dir_, commit_);
+    ppo::prune_step3(dir_, commit_, keep_);
+    ctx.print(fmt::format("[step 3 ppo] checkpoint after iteration {} -> {}", iteration, dir_));
+  }
+
+  // ---- phase bookkeeping
+
+  void enter(actor::node_context& ctx, phase p) {
+    phase_ = p;
+    phase_start_ = clk::now();
+    ctx.phase(name(p));
+  }
+  static const char* name(phase p) {
+    switch (p) {
+      case phase::wait_prompts: return "wait_prompts";
+      case phase::generate_experience: return "generate_experience";
+      case phase::train: return "train";
+      case phase::report: return "report";
+    }
+    return "?";
+  }
+
+  /// What arrived for the current iteration.
+  struct iteration {
+    std::optional<prompt_msg> prompts;
+    std::optional<summary_msg> summary;
+    std::optional<stats_msg> actor, critic;
+  };
+
+  phase phase_ = phase::wait_prompts;
+  clk::time_point phase_start_, t0_;
+  iteration it_;
+  int64_t updates_ = 0;     // policy updates reported so far (the policy's version)
+  double eval_before_ = 0;  // the held-out reward before training
+  // step-3 checkpoints (models/rlhf/ppo_checkpoint.h)
+  std::string dir_;
+  int64_t save_every_ = 0;
+  int keep_ = 2;
+  bool commit_due_ = false;
+  ppo::step3_commit commit_;
+};
+
+}  // namespace
+
+void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"ppo_controller",
+                     "owns the PPO loop: generate_experience, train, report per prompt batch; prints each iteration"};
+  k.input("prompts", "prompt_batch", "prompt batches from the loader")
+      .input("summary", "summary", "rewards and KL of a batch", true, true)
+      .input("actor_stats", "stats", "the policy's update", true, true)
+      .input("critic_stats", "stats", "the critic's update", true, true)
+      .output("generate", "prompt_batch", "prompts for the generator", true)
+      .output("next", "tick", "ask the loader for the next batch", true)
+      .option("save_checkpoint_steps", T::int_, std::int64_t{0},
+              "with [graph] checkpoint_dir: the policy and critic save and the controller commits every N "
+              "iterations (0: never); the same command resumes from the last commit")
+      .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
+      .at_least(2);
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new ppo_controller); });
+}
+
+}  // namespace flowrun::actors

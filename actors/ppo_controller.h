@@ -1,0 +1,37 @@
+// Layer 6: DeepSpeed-Chat's step-3 loop (step3 main.py; veRL's RayPPOTrainer.fit) as the
+// `ppo_controller` node kind (docs/rlhf.md). One PPO iteration is four phases, run in order
+// for every prompt batch the loader sends:
+//
+//   phase                what runs (elsewhere in the graph)               the phase ends when
+//   wait_prompts         the prompt loader reads the next batch             a prompt batch arrives
+//   generate_experience  generate, score x4, rewards and GAE               the experience maker's summary
+//                        (DS-Chat's trainer.generate_experience)            arrives
+//   train                the policy's and the critic's PPO update           both trainers' stats arrive
+//                        (DS-Chat's trainer.train_rlhf)
+//   report               the controller prints, signals and commits the     at once: it asks for the next
+//                        checkpoint (DS-Chat's print_throughput_step3, save)  batch (`next`)
+//
+// A batch whose summary says it does not train (held-out, dropped, or kept for the next
+// update with generation_batches > 1) goes from generate_experience to report.
+//
+// Ports: in `prompts` (prompt_batch), `summary` (summary), `actor_stats`, `critic_stats`
+// (stats); out `generate` (prompt_batch, stamped with policy_version and checkpoint), `next`
+// (tick: the iteration just reported). Settings: save_checkpoint_steps, keep_checkpoints.
+//
+// What it reports: each iteration's line on standard output (formats in docs/rlhf.md),
+// the console signals reward, kl, generation_tokens_per_s (training batches),
+// actor_loss, critic_loss, training_tokens_per_s (updates), and the phase durations in
+// seconds as signals phase_seconds/generate (the generator's own time),
+// phase_seconds/score_and_experience (the rest of generate_experience), phase_seconds/train
+// and phase_seconds/report; ctx.phase() names the phase it is in.
+#pragma once
+
+#include "runtime/actor/node.h"
+#include "runtime/graph/node_kind.h"
+
+namespace flowrun::actors {
+
+/// Registers the `ppo_controller` kind. Throws std::invalid_argument if the name is taken.
+void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
+
+}  // namespace flowrun::actors

@@ -1,0 +1,455 @@
+// The step-3 controller (actors/ppo_controller.cpp) on CAF's deterministic test scheduler
+// (the runtime's own: caf::scheduler::test_coordinator, as tests/test_actor_runtime.cpp).
+// The real ppo_controller runs in a real graph between two scripted stand-ins:
+//
+//   script_loader.batch -> ppo_controller.prompts          the prompt loader: sends the scripted
+//   ppo_controller.next -> script_loader.next              batches, one per tick
+//   ppo_controller.generate -> script_rollout.prompts      everything between generate and the
+//   script_rollout.{summary,actor_stats,critic_stats}      stats: answers each batch with the
+//     -> ppo_controller.{summary,actor_stats,critic_stats}  scripted summary and trainer stats
+//
+// The tests assert every message the controller sent (the generate batches with their
+// policy_version and checkpoint stamps, the ticks), every line it printed (standard output,
+// captured), its console signals and phases, and the step-3 commit it wrote.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <nlohmann/json.hpp>
+
+#include "actors/ppo_controller.h"
+#include "actors/rlhf_types.h"
+#include "runtime/actor/job.h"
+#include "runtime/actor/node.h"
+#include "runtime/graph/parse.h"
+#include "runtime/graph/validate.h"
+
+using namespace flowrun;
+using namespace flowrun::actors;
+namespace fs = std::filesystem;
+
+namespace {
+
+// -- the script: what the stand-ins send, and what they got ------------------------------
+
+/// How the stand-in for generate -> score -> experience -> train answers one batch.
+struct turn {
+  summary_msg summary;
+  bool stats = false;        ///< the trainers report (the batch completed an experience batch)
+  bool stats_first = false;  ///< the stats arrive before the summary
+  stats_msg actor, critic;
+};
+
+struct script_state {
+  std::mutex m;
+  std::vector<prompt_msg> batches;  // the loader's batches, in order
+  std::map<int64_t, turn> turns;    // iteration -> the answer to its generate
+  std::vector<int64_t> ticks;       // what the loader got on `next`
+  std::vector<prompt_msg> generate; // what the controller sent on `generate`
+  bool loader_waits = true;         // false: a loader that sends every batch at once
+  void reset() {
+    batches.clear();
+    turns.clear();
+    ticks.clear();
+    generate.clear();
+    loader_waits = true;
+  }
+};
+script_state script;
+
+class script_loader final : public actor::node {
+ public:
+  bool produce(actor::node_context& ctx) override {
+    std::lock_guard<std::mutex> lock(script.m);
+    if (next_ >= script.batches.size()) return false;
+    ctx.emit("batch", actor::payload::make("prompt_batch", script.batches[next_++]));
+    if (script.loader_waits) ctx.wait_for_input();  // the next batch when the controller ticks
+    return true;
+  }
+  void on_message(actor::node_context&, std::string_view, actor::payload msg) override {
+    std::lock_guard<std::mutex> lock(script.m);
+    script.ticks.push_back(msg.as<int64_t>());
+  }
+
+ private:
+  std::size_t next_ = 0;
+};
+
+class script_rollout final : public actor::node {
+ public:
+  void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
+    std::lock_guard<std::mutex> lock(script.m);
+    const auto& p = msg.as<prompt_msg>();
+    script.generate.push_back(p);
+    const turn& t = script.turns.at(p.iteration);
+    auto stats = [&] {
+      ctx.emit("actor_stats", actor::payload::make("stats", t.actor));
+      ctx.emit("critic_stats", actor::payload::make("stats", t.critic));
+    };
+    if (t.stats && t.stats_first) stats();
+    ctx.emit("summary", actor::payload::make("summary", t.summary));
+    if (t.stats && !t.stats_first) stats();
+  }
+};
+
+void register_script_kinds(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  actor::register_node_kind(kinds, factories,
+                            graph::node_kind{"script_loader", "scripted prompt batches"}
+                                .input("next", "tick", "", true, true)
+                                .output("batch", "prompt_batch"),
+                            [] { return std::unique_ptr<actor::node>(new script_loader); });
+  actor::register_node_kind(kinds, factories,
+                            graph::node_kind{"script_rollout", "scripted summaries and stats"}
+                                .input("prompts", "prompt_batch")
+                                .output("summary", "summary")
+                                .output("actor_stats", "stats")
+                                .output("critic_stats", "stats"),
+                            [] { return std::unique_ptr<actor::node>(new script_rollout); });
+}
+
+// -- standard output, captured (the controller prints through node_context::print) -----------
+
+class stdout_capture {
+ public:
+  stdout_capture() : file_(std::tmpfile()) {
+    REQUIRE(file_ != nullptr);
+    std::fflush(stdout);
+    saved_ = ::dup(1);
+    ::dup2(::fileno(file_), 1);
+  }
+  ~stdout_capture() { restore(); }
+  /// Restores standard output; the captured lines that start with `prefix`.
+  std::vector<std::string> lines(const std::string& prefix) {
+    restore();
+    std::vector<std::string> out;
+    std::rewind(file_);
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, file_)) {
+      std::string l(buf);
+      if (!l.empty() && l.back() == '\n') l.pop_back();
+      if (l.rfind(prefix, 0) == 0) out.push_back(l);
+    }
+    return out;
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stdout);
+    ::dup2(saved_, 1);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::FILE* file_;
+  int saved_ = -1;
+};
+
+// -- fixture: the graph on the deterministic scheduler ---------------------------------------
+
+const char* graph_toml = R"(
+edges = [
+  "loader.batch -> ppo_controller.prompts",
+  "ppo_controller.generate -> rollout.prompts",
+  "rollout.summary -> ppo_controller.summary",
+  "rollout.actor_stats -> ppo_controller.actor_stats",
+  "rollout.critic_stats -> ppo_controller.critic_stats",
+  "ppo_controller.next -> loader.next",
+]
+[graph]
+checkpoint_dir = "DIR"
+[node.loader]
+kind = "script_loader"
+[node.rollout]
+kind = "script_rollout"
+[node.ppo_controller]
+kind = "ppo_controller"
+save_checkpoint_steps = 2
+)";
+
+struct fixture {
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scheduler::test_coordinator& sched;
+  graph::node_kind_registry kinds;
+  actor::node_factory_registry factories;
+  fs::path dir;
+  std::vector<std::string> printed;  // the controller's lines ("[step 3 ppo] ...") of the last run()
+
+  static caf::actor_system_config& init(caf::actor_system_config& c) {
+    c.set("scheduler.policy", caf::atom("testing"));
+    c.set("logger.inline-output", true);
+    return c;
+  }
+  fixture() : sys(init(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
+    register_script_kinds(kinds, factories);
+    register_ppo_controller(kinds, factories);
+    dir = fs::temp_directory_path() / ("flowrun_test_ppo_controller_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);  // in a real run the trainers have written their shards there
+  }
+  ~fixture() {
+    sched.run();
+    fs::remove_all(dir);
+  }
+
+  /// Runs the graph to its end (every job in order), capturing what it prints; the job, for
+  /// its signals. `ok`: it must exit 0.
+  actor::job run(bool ok = true) {
+    std::string toml = graph_toml;
+    toml.replace(toml.find("DIR"), 3, dir.string());
+    auto parsed = graph::parse_graph_string(toml, "test.graph");
+    INFO(graph::format_errors(parsed.errors));
+    REQUIRE(parsed.ok());
+    graph::validate_options vo;
+    vo.check_files = false;
+    auto v = graph::validate(parsed.spec, kinds, vo);
+    INFO(graph::format_errors(v.errors));
+    REQUIRE(v.ok());
+    actor::run_options o;
+    o.progress = false;
+    o.summary = false;
+    std::optional<actor::job> j;
+    {
+      stdout_capture out;  // no assertion inside: doctest reports on standard output too
+      auto launched = actor::launch(sys, v.spec, kinds, factories, o);
+      if (launched) {
+        j = *launched;
+        sched.run();
+      }
+      printed = out.lines("[step 3 ppo]");
+    }
+    REQUIRE(j.has_value());
+    REQUIRE(j->state->finished());
+    if (ok) {
+      INFO(j->state->error());
+      CHECK(j->state->exit_code() == 0);
+    }
+    return *j;
+  }
+};
+
+prompt_msg batch(int64_t iteration, bool eval = false) {
+  prompt_msg p;
+  p.iteration = iteration;
+  p.eval = eval;
+  return p;
+}
+
+summary_msg summary(int64_t iteration, double reward, double kl, double answer_len, int64_t tokens, double seconds) {
+  summary_msg s;
+  s.iteration = iteration;
+  s.reward_mean = reward;
+  s.kl_mean = kl;
+  s.answer_len_mean = answer_len;
+  s.generated_tokens = tokens;
+  s.generate_seconds = seconds;
+  s.rows = 8;
+  return s;
+}
+
+stats_msg stats(double loss, int64_t tokens, double seconds) {
+  stats_msg s;
+  s.loss = loss;
+  s.tokens = tokens;
+  s.seconds = seconds;
+  return s;
+}
+
+/// The controller's signals named `name`, in order.
+std::vector<double> series(const actor::job& j, const std::string& name) {
+  std::vector<double> v;
+  for (const auto& s : j.live->signals_since(0))
+    if (s.node == "ppo_controller" && s.name == name) v.push_back(s.value);
+  return v;
+}
+
+std::vector<std::string> phases(const actor::job& j) {
+  std::vector<std::string> v;
+  for (const auto& s : j.live->signals_since(0))
+    if (s.node == "ppo_controller" && s.name == "phase") v.push_back(s.text);
+  return v;
+}
+
+}  // namespace
+
+// Held-out before; a normal iteration; a dropped batch (stamped for a checkpoint); a batch kept
+// for the next update (generation_batches > 1); an update whose stats arrive before the summary
+// (stamped: committed); the last iteration (with ptx and the hybrid engine's gather); held-out
+// after. Then the same command again: it resumes after the commit.
+TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, kept, commit, last iteration, held-out after") {
+  {
+    std::lock_guard<std::mutex> lock(script.m);
+    script.reset();
+    script.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(4), batch(-2, true)};
+    auto& t = script.turns;
+    t[-1].summary = summary(-1, 0.5, 0.0, 7.25, 256, 2.0);
+    t[-1].summary.eval = true;
+    t[0] = {summary(0, 0.25, 0.0125, 6.5, 64, 0.5), true, false, stats(0.75, 100, 0.25), stats(1.5, 60, 0.15)};
+    t[0].summary.trains = true;
+    t[1].summary = summary(1, 0, 0, 0, 16, 0.25);
+    t[1].summary.dropped = true;
+    t[2].summary = summary(2, -0.125, 0.03125, 3.0, 48, 0.5);  // kept: trains = false
+    t[3] = {summary(3, 1.0625, 0.0625, 4.0, 80, 0.25), true, /*stats_first=*/true, stats(0.5, 300, 0.5),
+            stats(0.25, 100, 0.5)};
+    t[3].summary.trains = true;
+    t[4] = {summary(4, 0.375, 0.09375, 5.5, 100, 0.5), true, false, stats(-0.0625, 50, 0.125), stats(2.0, 50, 0.125)};
+    t[4].summary.trains = true;
+    t[4].actor.unsup_loss = 2.0625;
+    t[4].actor.gather_bytes = 1500000;
+    t[4].actor.gather_theory_bytes = 3000000;
+    t[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+    t[-2].summary.eval = true;
+  }
+  actor::job j = run();
+  const auto& lines = printed;
+
+  // what it asked the generator for: the policy version = updates reported so far (0, 1 after
+  // iteration 0, 2 after iteration 3, 3 after iteration 4); a checkpoint every 2nd training batch
+  std::lock_guard<std::mutex> lock(script.m);
+  REQUIRE(script.generate.size() == 7);
+  const std::vector<int64_t> it = {-1, 0, 1, 2, 3, 4, -2}, version = {0, 0, 1, 1, 1, 2, 3};
+  const std::vector<bool> eval = {true, false, false, false, false, false, true},
+                          stamped = {false, false, true, false, true, false, false};
+  for (std::size_t i = 0; i < 7; ++i) {
+    INFO("generate message " << i);
+    CHECK(script.generate[i].iteration == it[i]);
+    CHECK(script.generate[i].eval == eval[i]);
+    CHECK(script.generate[i].policy_version == version[i]);
+    CHECK(script.generate[i].checkpoint == stamped[i]);
+  }
+  // one tick per reported iteration, naming it
+  CHECK(script.ticks == it);
+
+  // what it printed. gen tok/s = generated_tokens / generate_seconds (64 / 0.5 = 128);
+  // train tok/s = (actor + critic tokens) / (actor + critic seconds): (100 + 60) / 0.4 = 400,
+  // 400 / 1 = 400, 100 / 0.25 = 400; the gather in MB = bytes / 1e6
+  const std::string d = dir.string();
+  REQUIRE(lines.size() == 9);
+  CHECK(lines[0] == "[step 3 ppo] held-out before: mean reward 0.5000, KL to reference 0.0000, answer length 7.2 "
+                    "(8 prompts)");
+  CHECK(lines[1] == "[step 3 ppo] iter 0 reward 0.2500 kl 0.0125 actor_loss 0.7500 critic_loss 1.5000 answer_len 6.5 "
+                    "gen 128 tok/s train 400 tok/s");
+  CHECK(lines[2] == "[step 3 ppo] iter 1: every answer was too short, batch dropped (as DS-Chat)");
+  CHECK(lines[3] == "[step 3 ppo] iter 2 reward -0.1250 kl 0.0312 answer_len 3.0 gen 96 tok/s (experience kept for "
+                    "the next update)");
+  CHECK(lines[4] == "[step 3 ppo] iter 3 reward 1.0625 kl 0.0625 actor_loss 0.5000 critic_loss 0.2500 answer_len 4.0 "
+                    "gen 320 tok/s train 400 tok/s");
+  // the dropped batch 1 asked for a save; the trainers made it after the update of batch 3
+  CHECK(lines[5] == "[step 3 ppo] checkpoint after iteration 3 -> " + d);
+  CHECK(lines[6] == "[step 3 ppo] iter 4 reward 0.3750 kl 0.0938 actor_loss -0.0625 critic_loss 2.0000 unsup_loss "
+                    "2.0625 answer_len 5.5 gen 200 tok/s train 400 tok/s hybrid-engine gather 1.500 MB/rank (theory "
+                    "3.000)");
+  CHECK(lines[7] == "[step 3 ppo] held-out after: mean reward 0.8750, KL to reference 0.1250, answer length 6.0 "
+                    "(8 prompts)");
+  CHECK_MESSAGE(std::regex_match(lines[8], std::regex(R"(\[step 3 ppo\] held-out mean reward 0\.5000 -> 0\.8750 )"
+                                                      R"(\(\+0\.3750\), [0-9]+\.[0-9] s)")),
+                lines[8]);
+
+  // the commit: iterations done 4 (the next to run), policy version 2, the held-out reward before
+  std::ifstream f(dir / "step3.json");
+  REQUIRE(f.good());
+  const auto c = nlohmann::json::parse(f);
+  CHECK(c.at("eval_before").get<double>() == 0.5);
+  REQUIRE(c.at("committed").size() == 1);
+  CHECK(c.at("committed")[0].at("iteration").get<int64_t>() == 4);
+  CHECK(c.at("committed")[0].at("policy_version").get<int64_t>() == 2);
+
+  // the console: training batches' reward and kl, updates' losses, and each phase's seconds
+  CHECK(series(j, "reward") == std::vector<double>{0.25, -0.125, 1.0625, 0.375});
+  CHECK(series(j, "kl") == std::vector<double>{0.0125, 0.03125, 0.0625, 0.09375});
+  CHECK(series(j, "generation_tokens_per_s") == std::vector<double>{128, 96, 320, 200});
+  CHECK(series(j, "actor_loss") == std::vector<double>{0.75, 0.5, -0.0625});
+  CHECK(series(j, "critic_loss") == std::vector<double>{1.5, 0.25, 2.0});
+  CHECK(series(j, "training_tokens_per_s") == std::vector<double>{400, 400, 400});
+  // the generator's own time, from the summary; the controller's wall times are >= 0
+  CHECK(series(j, "phase_seconds/generate") == std::vector<double>{2.0, 0.5, 0.25, 0.5, 0.25, 0.5, 1.5});
+  CHECK(series(j, "phase_seconds/score_and_experience").size() == 7);
+  CHECK(series(j, "phase_seconds/train").size() == 3);  // iterations 0, 3 and 4
+  CHECK(series(j, "phase_seconds/report").size() == 7);
+  for (const char* name : {"phase_seconds/score_and_experience", "phase_seconds/train", "phase_seconds/report"})
+    for (double s : series(j, name)) CHECK((std::isfinite(s) && s >= 0));
+  // the phases, in order: a batch that does not train goes from generate_experience to report
+  std::vector<std::string> want = {"wait_prompts"};
+  for (int64_t i : it) {
+    want.push_back("generate_experience");
+    if (i == 0 || i == 3 || i == 4) want.push_back("train");
+    want.push_back("report");
+    want.push_back("wait_prompts");
+  }
+  CHECK(phases(j) == want);
+  const auto snap = j.metrics->snapshot();
+  REQUIRE(snap.node("ppo_controller") != nullptr);
+  CHECK(snap.node("ppo_controller")->counters.at("steps") == 3);
+}
+
+TEST_CASE_FIXTURE(fixture, "ppo_controller: the same command resumes after the last commit") {
+  // a commit as the first run left it: 4 iterations done, policy version 2, held-out before 0.5
+  std::ofstream(dir / "step3.json")
+      << R"({"format": "flowrun-step3", "eval_before": 0.5, "committed": [{"iteration": 4, "policy_version": 2}]})";
+  {
+    std::lock_guard<std::mutex> lock(script.m);
+    script.reset();
+    script.batches = {batch(4), batch(5), batch(-2, true)};  // the loader resumes at iteration 4, no held-out before
+    auto& t = script.turns;
+    t[4] = {summary(4, 0.375, 0.09375, 5.5, 100, 0.5), true, false, stats(-0.0625, 50, 0.125), stats(2.0, 50, 0.125)};
+    t[4].summary.trains = true;
+    t[5] = {summary(5, 0.625, 0.1875, 5.0, 64, 0.5), true, false, stats(0.125, 30, 0.1), stats(0.5, 10, 0.1)};
+    t[5].summary.trains = true;
+    t[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+    t[-2].summary.eval = true;
+  }
+  run();
+  const auto& lines = printed;
+  std::lock_guard<std::mutex> lock(script.m);
+  REQUIRE(script.generate.size() == 3);
+  CHECK(script.generate[0].policy_version == 2);  // the committed version
+  CHECK(script.generate[1].policy_version == 3);
+  CHECK(script.generate[1].checkpoint);  // (5 + 1) % 2 == 0
+  CHECK(script.generate[2].policy_version == 4);
+  CHECK(script.ticks == std::vector<int64_t>{4, 5, -2});
+  REQUIRE(lines.size() == 6);
+  CHECK(lines[0] == "[step 3 ppo] resuming after iteration 4 from " + dir.string() + " (policy version 2)");
+  CHECK(lines[1].rfind("[step 3 ppo] iter 4 reward 0.3750 ", 0) == 0);
+  CHECK(lines[2] == "[step 3 ppo] iter 5 reward 0.6250 kl 0.1875 actor_loss 0.1250 critic_loss 0.5000 answer_len 5.0 "
+                    "gen 128 tok/s train 200 tok/s");
+  CHECK(lines[3] == "[step 3 ppo] checkpoint after iteration 5 -> " + dir.string());
+  CHECK(lines[4].rfind("[step 3 ppo] held-out after: mean reward 0.8750", 0) == 0);
+  // the held-out reward before training comes from the commit
+  CHECK(lines[5].rfind("[step 3 ppo] held-out mean reward 0.5000 -> 0.8750 (+0.3750), ", 0) == 0);
+  // keep_checkpoints = 2: both commits are listed
+  std::ifstream f(dir / "step3.json");
+  const auto c = nlohmann::json::parse(f);
+  REQUIRE(c.at("committed").size() == 2);
+  CHECK(c.at("committed")[1].at("iteration").get<int64_t>() == 6);
+  CHECK(c.at("committed")[1].at("policy_version").get<int64_t>() == 4);
+}
+
+TEST_CASE_FIXTURE(fixture, "ppo_controller: a prompt batch before the last one is reported is an error naming the node") {
+  {
+    std::lock_guard<std::mutex> lock(script.m);
+    script.reset();
+    script.loader_waits = false;  // two batches in a row: the second arrives while the first is generated
+    script.batches = {batch(0), batch(1)};
+    script.turns[0].summary = summary(0, 0.25, 0.0125, 6.5, 64, 0.5);
+    script.turns[1].summary = summary(1, 0.25, 0.0125, 6.5, 64, 0.5);
+  }
+  actor::job j = run(/*ok=*/false);
+  CHECK(j.state->exit_code() != 0);
+  CHECK_MESSAGE(j.state->error().find("node 'ppo_controller'") != std::string::npos, j.state->error());
+  CHECK_MESSAGE(j.state->error().find("a prompt batch arrived in phase generate_experience of iteration 0") !=
+                    std::string::npos,
+                j.state->error());
+}

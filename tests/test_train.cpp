@@ -4,6 +4,7 @@
 // model family, with LoRA (and its dropout) and with a value head.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/decoder.h"
@@ -198,4 +199,42 @@ TEST_CASE("pretrained stories260K on Tiny Shakespeare: loss goes down") {
   MESSAGE("train loss " << first << " -> " << last << ", held-out " << v0 << " -> " << v1);
   CHECK(last < first);
   CHECK(v1 < v0 - 0.1);
+}
+
+TEST_CASE("lm_dataset: a position saved exactly at an epoch's end resumes with the next epoch's order") {
+  // Issue 17, "resume at an epoch boundary": a checkpoint whose data position is the end of an
+  // epoch (cursor == num_train) must continue with the next epoch's shuffle, as the
+  // uninterrupted run does, not repeat or skip an epoch; a mid-epoch position too.
+  lm_dataset a = test::tinystories_lm64();
+  a.set_seed(7);
+  const int64_t n = a.num_train();
+  REQUIRE(n >= 4);
+  tensor ids, tg;
+  std::vector<std::vector<int32_t>> seen;
+  std::vector<std::pair<int64_t, int64_t>> pos;
+  for (int64_t i = 0; i < 2 * n + 3; ++i) {  // batches of one instance: two epochs and a bit
+    a.next_batch(1, ids, tg);
+    seen.emplace_back(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+    pos.push_back({a.epoch(), a.cursor()});
+  }
+  CHECK(pos[n - 1] == std::make_pair(int64_t{0}, n));  // the end of epoch 0, not yet rolled over
+  for (int64_t at : {n - 1, 2 * n - 1, n / 2}) {       // two epoch ends and a mid-epoch position
+    CAPTURE(at);
+    lm_dataset b = test::tinystories_lm64();
+    b.set_seed(7);
+    b.set_position(pos[at].first, pos[at].second);
+    for (int64_t i = at + 1; i < static_cast<int64_t>(seen.size()); ++i) {
+      b.next_batch(1, ids, tg);
+      REQUIRE(std::vector<int32_t>(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel()) == seen[i]);
+    }
+  }
+  // each epoch visits every instance once: the epochs' orders differ but hold the same instances
+  auto sorted = [&](int64_t from) {
+    std::vector<std::vector<int32_t>> e(seen.begin() + from, seen.begin() + from + n);
+    std::sort(e.begin(), e.end());
+    return e;
+  };
+  CHECK(sorted(0) == sorted(n));
+  CHECK(std::vector<std::vector<int32_t>>(seen.begin(), seen.begin() + n) !=
+        std::vector<std::vector<int32_t>>(seen.begin() + n, seen.begin() + 2 * n));
 }

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -526,6 +527,16 @@ class ppo_trainer final : public actor::node {
 
   // ---- step-3 checkpoints (models/rlhf/ppo_checkpoint.h): CHECKPOINT_DIR/NAME/step_J
 
+  // Settings a resume may change (where ranks meet, how they shard, what is printed or saved
+  // at the end); the optimizer, the losses, LoRA and the ptx data may not.
+  static const std::set<std::string>& safe_to_change() {
+    static const std::set<std::string> safe = {"comm_backend", "rendezvous", "store_dir", "comm_timeout_s",
+                                               "actor_zero_stage", "critic_zero_stage", "actor_gradient_checkpointing",
+                                               "critic_gradient_checkpointing", "output", "verify_output",
+                                               "memory_limit_gb"};
+    return safe;
+  }
+
   std::string folder(const actor::node_context& ctx) const {
     return (std::filesystem::path(ctx.checkpoint_dir()) / ctx.name()).string();
   }
@@ -556,7 +567,7 @@ class ppo_trainer final : public actor::node {
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     m.extra["optimizer_steps"] = eng.step_count();
     m.extra["policy_version"] = version_;
-    m.extra["settings"] = settings_record(ctx.spec());
+    m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
     if (d_.dtype == "fp16" && eng.settings().loss_scaler) {
       m.loss_scale = eng.settings().loss_scaler->scale();
       m.loss_scale_good_steps = eng.settings().loss_scaler->good_steps();
@@ -602,12 +613,7 @@ class ppo_trainer final : public actor::node {
       throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + f +
                                " was made for another model, LoRA or value-head setting (config hash differs): "
                                "use another [graph] checkpoint_dir, or delete it to start step 3 afresh");
-    // where ranks meet, how they shard and how often things print are safe to change; the
-    // optimizer, the losses, LoRA and the ptx data are not
-    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f,
-                          {"comm_backend", "rendezvous", "store_dir", "comm_timeout_s", "actor_zero_stage",
-                           "critic_zero_stage", "actor_gradient_checkpointing", "critic_gradient_checkpointing",
-                           "output", "verify_output", "memory_limit_gb"},
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f, safe_to_change(),
                           "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
     auto get = [&](const char* g, const char* t) -> tensor {
       auto gi = ck.full.find(g);

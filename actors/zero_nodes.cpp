@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include <unistd.h>
 
@@ -252,6 +253,17 @@ class zero_rank final : public actor::node {
   }
 
  private:
+  // Settings a resume may change (a longer run, another rank count, stage or placement, other
+  // printing, saving and export); the data, seq_length, the optimizer (the DeepSpeed JSON) and
+  // LoRA may not.
+  static const std::set<std::string>& safe_to_change() {
+    static const std::set<std::string> safe = {
+        "total_steps",     "zero_stage",       "comm_backend", "rendezvous",      "store_dir",
+        "comm_timeout_s",  "save_checkpoint_steps", "keep_checkpoints", "export_hf", "save_lora",
+        "memory_limit_gb", "gradient_checkpointing", "print_every", "resume", "output_dir"};
+    return safe;
+  }
+
   std::string config_hash() const {
     nlohmann::json j = model_->config();
     j["zero_lora"] = model_->has_lora();
@@ -270,7 +282,7 @@ class zero_rank final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["optimizer_steps"] = engine_->step_count();           // < step when fp16 updates were skipped
-    m.extra["settings"] = settings_record(ctx.spec());
+    m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
     if (zs_.loss_scaler) {
       m.loss_scale = zs_.loss_scaler->scale();
       m.loss_scale_good_steps = zs_.loss_scaler->good_steps();
@@ -316,12 +328,7 @@ class zero_rank final : public actor::node {
       throw std::runtime_error("checkpoint " + folder +
                                " was made for another model or LoRA setting (config hash differs): point output_dir "
                                "elsewhere or set resume = false");
-    // a longer run, another rank count or stage, other printing and export are safe; the data,
-    // seq_length, the optimizer (the DeepSpeed JSON) and LoRA are not
-    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder,
-                          {"total_steps", "zero_stage", "comm_backend", "rendezvous", "store_dir", "comm_timeout_s",
-                           "save_checkpoint_steps", "keep_checkpoints", "export_hf", "save_lora", "memory_limit_gb",
-                           "gradient_checkpointing", "print_every", "resume", "output_dir"},
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(),
                           "point output_dir elsewhere or set resume = false");
     auto get = [&](const char* g, const char* t) -> tensor {
       auto gi = ck.full.find(g);

@@ -46,5 +46,5 @@ refused critic_init ppo.graph "node 'critic': the plan needs about.*raise critic
   "${step3[@]}" --set node.critic.memory_limit_gb=0.001
 # the state fits, the first rollouts' rows (48 prompt + up to 32 answer tokens) do not: refused before training
 refused policy_rollouts ppo.graph "node 'policy': the plan needs about.*for a micro-batch of 8 x [0-9][0-9] tokens" \
-  "${step3[@]}" --set node.policy.memory_limit_gb=LIMIT_ROLLOUTS
+  "${step3[@]}" --set node.policy.memory_limit_gb=0.01
 echo "memory_plan_small: ok"

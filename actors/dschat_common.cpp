@@ -243,24 +243,28 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   return rows;
 }
 
-// The memory a training node needs: f32 weights, gradients and two AdamW moments, plus
-// the activations the decoder keeps for backward (per token and layer: the residual
-// streams, norms, q/k/v, attention output and MLP hidden, and the (H, T) attention row;
-// per token: logits and their gradient). Refuses, before training starts, a plan that
-// does not fit the memory the machine has available, saying what to change.
-void check_memory_plan(const actor::node_context& ctx, const model_config& c, int64_t B, int64_t T,
-                       const char* batch_setting) {
-  const double params = static_cast<double>(c.num_parameters()) * 4.0 * 4.0;
-  const double per_token = static_cast<double>(c.n_layers) *
-                               (8.0 * c.dim + static_cast<double>(c.n_heads) * T + 3.0 * c.hidden_dim) +
-                           2.0 * c.vocab_size;
-  const double need = params + 4.0 * per_token * static_cast<double>(B) * static_cast<double>(T);
+memory_report check_memory_plan(const actor::node_context& ctx, const decoder& model, const memory_plan& plan,
+                                int local_ranks, const plan_settings& names) {
+  memory_report est = estimate_memory(model, plan);
+  const auto* set = ctx.spec().find_setting("memory_limit_gb");
+  const double limit_gb = set ? ctx.spec().get_float("memory_limit_gb") : 0.0;
   const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  if (avail > 0 && need > 0.9 * avail)
-    throw std::runtime_error(fmt::format(
-        "node '{}': the plan needs about {:.1f} GiB ({:.1f} GiB weights, gradients and AdamW states; the rest "
-        "activations for {} x {} tokens) but {:.1f} GiB are available: lower {} or max_seq_len, or set lora_dim",
-        ctx.name(), need / 1073741824.0, params / 1073741824.0, B, T, avail / 1073741824.0, batch_setting));
+  const double limit = limit_gb > 0 ? limit_gb * 1e9 : avail * 0.9;
+  const double need = static_cast<double>(est.total()) * std::max(1, local_ranks);
+  if (limit <= 0 || need <= limit) return est;
+  std::vector<std::string> fix = {"lower " + names.batch + (names.seq.empty() ? "" : " or " + names.seq)};
+  if (plan.stage < 3 && !names.zero_stage.empty()) fix.push_back("raise " + names.zero_stage + " (now " +
+                                                                 std::to_string(plan.stage) + ")");
+  if (!model.has_lora() && !names.lora.empty()) fix.push_back("set " + names.lora);
+  if (!model.gradient_checkpointing() && !names.checkpointing.empty())
+    fix.push_back("turn on " + names.checkpointing);
+  if (local_ranks > 1) fix.push_back("spread the ranks over more processes");
+  throw std::runtime_error(fmt::format(
+      "node '{}': the plan needs about {:.3f} GB per rank ({}) x {} rank(s) in this process, more than the "
+      "{:.3f} GB allowed{} for a micro-batch of {} x {} tokens: {}",
+      ctx.name(), static_cast<double>(est.total()) / 1e9, est.str(), std::max(1, local_ranks), limit / 1e9,
+      limit_gb > 0 ? " (memory_limit_gb)" : " (90% of the available memory; memory_limit_gb sets another limit)",
+      plan.micro_batch, plan.seq_len, fmt::join(fix, ", ")));
 }
 
 // "end" cuts the end of prompt + answer (DS-Chat); "prompt_start" drops the oldest prompt

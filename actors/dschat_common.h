@@ -63,11 +63,24 @@ std::unique_ptr<tokenizer> load_tok(const actor::node_context& ctx);
 void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
                  const std::string& tokenizer);
 
-/// Refuses, before training starts, a plan (f32 weights, gradients, two AdamW moments and
-/// the activations of a (B, T) micro-batch) that does not fit the memory available,
-/// naming the node and `batch_setting`.
-void check_memory_plan(const actor::node_context& ctx, const model_config& c, int64_t B, int64_t T,
-                       const char* batch_setting);
+/// The settings a trainer kind names when its memory plan does not fit (what to lower or set).
+struct plan_settings {
+  std::string batch;          ///< e.g. "per_device_train_batch_size"
+  std::string seq;            ///< e.g. "max_seq_len"
+  std::string zero_stage;     ///< e.g. "zero_stage", "actor_zero_stage"
+  std::string lora;           ///< e.g. "lora_dim" ("" when the kind has none)
+  std::string checkpointing;  ///< e.g. "gradient_checkpointing"
+};
+
+/// The one memory planner of the trainers (zero_rank, sft_trainer, rm_trainer, policy, critic):
+/// estimate_memory (models/train/zero.h) of `model` as it will train under `plan`, times the
+/// `local_ranks` ranks this process hosts, against the node's memory_limit_gb setting (0 or absent:
+/// 90% of the memory available now). Returns the estimate; when it does not fit, throws
+/// std::runtime_error naming the node, the bytes by kind and the settings to change (`names`:
+/// lower the batch or the sequence length; raise the ZeRO stage below 3, set LoRA or gradient
+/// checkpointing when off).
+memory_report check_memory_plan(const actor::node_context& ctx, const decoder& model, const memory_plan& plan,
+                                int local_ranks, const plan_settings& names);
 
 /// Batches of row indices, epoch after epoch, in dschat::epoch_batches' seeded order.
 /// With full_only, a last partial batch of an epoch is skipped.

@@ -50,6 +50,9 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
               "recompute each layer's activations in backward (less memory, one more forward per layer)")
       .option("seed", T::int_, std::int64_t{1234}, "data split and order")
       .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps").at_least(1)
+      .option("memory_limit_gb", T::float_, 0.0,
+              "refuse at start a plan (weights, gradients, AdamW states, activations, logits) over this many GB "
+              "(0: 90% of the available memory)").at_least(0)
       .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
   k.check = check_trainer_output;
 }
@@ -82,10 +85,19 @@ class dschat_trainer : public actor::node {
     model_ = std::make_shared<decoder>(load_node_model(ctx, model_path));
     if (value_head_ && !model_->has_value_head()) model_->add_value_head(ctx.seed());
     check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
-    check_memory_plan(ctx, model_->config(), (value_head_ ? 2 : 1) * d_.per_device_train_batch_size, d_.max_seq_len,
-                      "per_device_train_batch_size");
     dschat::apply_lora(*model_, d_);
     model_->set_gradient_checkpointing(d_.gradient_checkpointing);
+    // the memory plan, before the engine's state or any activation exists: one rank; the RM's
+    // micro-batch holds chosen and rejected rows, its loss gives dvalues
+    memory_plan plan;
+    plan.micro_batch = (value_head_ ? 2 : 1) * d_.per_device_train_batch_size;
+    plan.seq_len = d_.max_seq_len;
+    plan.stage = d_.zero_stage;
+    plan.precision = dschat::engine_settings(*model_, d_).precision;
+    plan.dout = value_head_ ? memory_plan::loss_grad::dvalues : memory_plan::loss_grad::model_cross_entropy;
+    const memory_report est = check_memory_plan(
+        ctx, *model_, plan, 1, {"per_device_train_batch_size", "max_seq_len", "zero_stage", "lora_dim", "gradient_checkpointing"});
+    ctx.log().info("memory plan: {}", est.str());
     const std::string before = evaluate(ctx, true, 0);
     engine_.make(*model_, d_, steps_);
     ctx.print(before);

@@ -372,6 +372,7 @@ class ppo_trainer final : public actor::node {
     while (engine_.engine && !pending_.empty()) {
       auto r = pending_.front().shared<rollout_msg>();
       pending_.pop_front();
+      if (r->exp) check_plan(ctx, r->exp->seq.size(1));  // before anything is trained on rows this long
       score(ctx, r);
     }
   }
@@ -419,6 +420,7 @@ class ppo_trainer final : public actor::node {
     }
     dschat::apply_lora(*model_, d_);
     model_->set_gradient_checkpointing(d_.gradient_checkpointing);
+    check_plan(ctx, 1);  // the engine's state, before it is allocated; the rows' length comes with the rollouts
     engine_.make(*model_, d_, 1, group_.comm.get());
     if (ps_.enable_ema) ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
     if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) restore(ctx, rp->point.iteration);
@@ -426,6 +428,30 @@ class ppo_trainer final : public actor::node {
     if (speaks())
       ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {}, {})", model_->config().summary(), group_.world,
                      d_.zero_stage, d_.dtype);
+  }
+
+  // The memory plan (check_memory_plan, the trainers' one planner) of this rank for rows of T
+  // tokens: micro-batches of per_device_training_batch_size / (ranks x gradient_accumulation_steps)
+  // rows (rounded up, as micro_slice_of cuts them); the policy's losses (PPO, ptx) give a float
+  // dlogits beside the logits, the critic's dvalues. Checked at init (T = 1: the engine's state)
+  // and before scoring every rollout batch longer than any before it, so before any training on it.
+  void check_plan(actor::node_context& ctx, int64_t T) {
+    if (T <= planned_T_) return;
+    planned_T_ = T;
+    const int64_t parts = static_cast<int64_t>(group_.world) * d_.gradient_accumulation_steps;
+    memory_plan plan;
+    plan.micro_batch = std::max<int64_t>(1, (ps_.per_device_training_batch_size + parts - 1) / parts);
+    plan.seq_len = unsup_ ? std::max(T, ctx.spec().get_int("unsup_seq_len")) : T;
+    plan.world_size = group_.world;
+    plan.stage = d_.zero_stage;
+    plan.precision = dschat::engine_settings(*model_, d_).precision;
+    plan.dout = policy_ ? memory_plan::loss_grad::dlogits : memory_plan::loss_grad::dvalues;
+    const std::string who = policy_ ? "actor" : "critic";
+    const memory_report est = check_memory_plan(
+        ctx, *model_, plan, group_.local_ranks,
+        {"per_device_training_batch_size", "max_prompt_seq_len + max_answer_seq_len" + std::string(unsup_ ? " (or unsup_seq_len)" : ""),
+         who + "_zero_stage", who + "_lora_dim", who + "_gradient_checkpointing"});
+    if (speaks()) ctx.log().info("memory plan for {} x {} tokens per micro-batch: {}", plan.micro_batch, plan.seq_len, est.str());
   }
 
   // The hybrid engine: the generator reads the policy's current weights. Below stage 3 rank 0's
@@ -656,6 +682,7 @@ class ppo_trainer final : public actor::node {
   rank_group group_;
   trainer_engine engine_;
   int64_t version_ = 0, gather_bytes_ = 0;
+  int64_t planned_T_ = 0;  // the longest rows the memory plan was checked for
   std::shared_ptr<decoder> model_;
   tensor ema_;
   std::deque<actor::payload> pending_;
@@ -699,7 +726,11 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                 "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
                 "else PEFT target_modules such as q_proj,v_proj")
         .option(who + "_gradient_checkpointing", T::bool_, false,
-                "recompute each layer's activations in backward (less memory, one more forward per layer)");
+                "recompute each layer's activations in backward (less memory, one more forward per layer)")
+        .option("memory_limit_gb", T::float_, 0.0,
+                "refuse a plan (weights, gradients, AdamW states, activations, logits and their float gradient) "
+                "over this many GB per process, at init and before the first rollouts of a new length are "
+                "trained on (0: 90% of the available memory)").at_least(0);
     add_rank_group_settings(k);
     if (policy) {
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)

@@ -27,6 +27,7 @@
 
 #include "actors/node_models.h"
 #include "actors/codec_io.h"
+#include "actors/dschat_common.h"
 #include "actors/rank_group.h"
 #include "actors/register.h"
 #include "actors/resume_check.h"
@@ -170,26 +171,18 @@ class zero_rank final : public actor::node {
       }
     }
     model_->set_gradient_checkpointing(s.get_bool("gradient_checkpointing"));
-    // the memory plan, before anything big is allocated
-    const auto blocks = model_->param_blocks();
-    int64_t max_block = 0;
-    for (auto& b : blocks) max_block = std::max(max_block, b.numel());
-    const int64_t seq = s.get_int("seq_length");
-    const int64_t act_bytes =
-        estimate_activation_bytes(model_->config(), zs_.micro_batch, seq, model_->gradient_checkpointing());
-    auto est = estimate_memory(model_->base_trainable() ? model_->num_parameters() : 0, max_block, world_,
-                               zs_.stage, act_bytes);
+    // the memory plan, before anything big is allocated (actors/dschat_common.h: the trainers' one planner)
+    memory_plan plan;
+    plan.micro_batch = zs_.micro_batch;
+    plan.seq_len = s.get_int("seq_length");
+    plan.world_size = world_;
+    plan.stage = zs_.stage;
+    plan.precision = zs_.precision;
+    auto est = check_memory_plan(ctx, *model_, plan, local,
+                                 {"train_micro_batch_size_per_gpu", "seq_length", "zero_optimization.stage (zero_stage)",
+                                  "use_lora", "gradient_checkpointing"});
     est.rank = rank_;
-    const double limit_gb = s.get_float("memory_limit_gb");
-    const double avail = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-    const double limit = limit_gb > 0 ? limit_gb * 1e9 : avail * 0.9;
     if (rank_ == 0) ctx.print("[pretrain] memory estimate per rank: " + est.str());
-    if (limit > 0 && static_cast<double>(est.total()) * local > limit)
-      throw std::runtime_error(fmt::format(
-          "node '{}': the plan needs about {:.3f} GB per rank x {} ranks in this process, more than the {:.3f} GB "
-          "allowed{}: raise zero_optimization.stage, add ranks or processes, lower "
-          "train_micro_batch_size_per_gpu or seq_length, or set use_lora",
-          ctx.name(), est.total() / 1e9, local, limit / 1e9, limit_gb > 0 ? " (memory_limit_gb)" : " (available)"));
 
     engine_ = std::make_unique<zero_engine>(*model_, *comm_, zs_);
     out_dir_ = s.get_string("output_dir");

@@ -47,6 +47,7 @@
 #include "models/decoder.h"
 #include "models/generate.h"
 #include "models/llama2c.h"
+#include "models/train/zero.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
@@ -187,22 +188,19 @@ static double sgemm_rate(const model_config& c, int64_t rows, int reps) {
 static void bench_train(const char* key, const char* name, decoder& m, int64_t B, int64_t T, double min_seconds,
                         int sgemm_reps) {
   const auto& c = m.config();
-  activations a;
-  ops::adamw_config oc;
-  oc.lr = 1e-4f;
-  adamw_optimizer opt(m, oc);
+  // a step of the one training engine (models/train/zero.h), one rank at stage 0
+  auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  zero_settings zs;
+  zs.micro_batch = B;
+  zs.adamw.lr = 1e-4f;
+  zero_engine eng(m, *comm, zs);
   std::vector<int32_t> ids(B * T), tg(B * T);
   for (int64_t i = 0; i < B * T; ++i) {
     ids[i] = static_cast<int32_t>((i * 7919) % c.vocab_limit());
     tg[i] = static_cast<int32_t>((i * 104729 + 1) % c.vocab_limit());
   }
   auto tids = tensor::from_ints({B, T}, ids), ttg = tensor::from_ints({B, T}, tg);
-  auto step = [&] {
-    m.forward(a, tids, ttg);
-    m.zero_grad();
-    m.backward(a);
-    opt.step();
-  };
+  auto step = [&] { eng.train_step(tids, ttg); };
   step();  // warm-up (allocations)
   int steps = 0;
   auto t = clk::now();

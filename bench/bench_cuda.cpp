@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "models/train/zero.h"
 #include "models/config.h"
 #include "models/decoder.h"
 #include "models/generate.h"
@@ -308,11 +309,13 @@ int main(int argc, char** argv) {
       }
       decoder m(cfg, gpu);
       fast_random_init(m, 1);
-      ops::adamw_config oc;
-      oc.lr = 1e-4f;
-      oc.weight_decay = 0.1f;
-      adamw_optimizer opt(m, oc);
-      activations a;
+      // a step of the one training engine (models/train/zero.h), one rank at stage 0
+      auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+      zero_settings zs;
+      zs.micro_batch = B;
+      zs.adamw.lr = 1e-4f;
+      zs.adamw.weight_decay = 0.1f;
+      zero_engine eng(m, *comm, zs);
       auto ids = random_ids(B, T, cfg.vocab_size, 7).to(gpu);
       auto tg = random_ids(B, T, cfg.vocab_size, 8).to(gpu);
       const double N = static_cast<double>(m.num_parameters());
@@ -327,12 +330,7 @@ int main(int argc, char** argv) {
           }
           double loss = 0;
           const double sec = time_it(
-              [&] {
-                loss = m.forward(a, ids, tg);
-                m.zero_grad();
-                m.backward(a);
-                opt.step();
-              },
+              [&] { loss = eng.train_step(ids, tg).loss; },
               max_iters, budget);
           const double tps = static_cast<double>(B * T) / sec;
           const double fl = tps * flops_tok;
@@ -401,17 +399,13 @@ int main(int argc, char** argv) {
     const int64_t B = o.quick ? std::max<int64_t>(1, o.gpt2_batch / 2) : o.gpt2_batch;
     decoder m(gpt2_124m(T), gpu);
     fast_random_init(m, 1);
-    ops::adamw_config oc;
-    adamw_optimizer opt(m, oc);
-    activations a;
+    auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+    zero_settings zs;
+    zs.micro_batch = B;
+    zero_engine eng(m, *comm, zs);
     auto ids = random_ids(B, T, 50257, 7).to(gpu);
     auto tg = random_ids(B, T, 50257, 8).to(gpu);
-    auto step = [&] {
-      m.forward(a, ids, tg);
-      m.zero_grad();
-      m.backward(a);
-      opt.step();
-    };
+    auto step = [&] { eng.train_step(ids, tg); };
     for (std::string prec : {"fp32", "bf16"}) {
       std::string why;
       if (!set_precision(prec, why)) continue;

@@ -187,7 +187,7 @@ struct kv_cache {
   std::vector<tensor> k, v;
 };
 
-/// The decoder model: config, weights, gradients and AdamW state.
+/// The decoder model: config, weights and gradients (zero_engine, models/train/zero.h, trains it).
 class decoder {
  public:
   decoder() = default;
@@ -200,7 +200,7 @@ class decoder {
   /// Move the parameters, the gradients (when allocated) and the adapter buffers to `d`
   /// (e.g. device::cuda(0)); a no-op when already there. Every view (by_name, layers,
   /// lm_head) is rebound to the new buffers; tensors obtained before the move keep
-  /// pointing at the old copies. Make the adamw_optimizer and the activations after the
+  /// pointing at the old copies. Make the zero_engine and the activations after the
   /// move (forward reallocates activations of another device). Throws std::logic_error
   /// while ZeRO hooks or external gradients are installed (move the model, then make its zero_engine)
   /// or after release_flat_params(); std::runtime_error when `d` has no memory backend
@@ -360,31 +360,6 @@ class decoder {
   bool external_grads_ = false;
   bool training_ = true;
   bool checkpointing_ = false;
-};
-
-/// AdamW over a decoder's trainable flat buffers (the base weights unless frozen,
-/// and the adapter buffer), with no weight decay on norms and biases.
-class adamw_optimizer {
- public:
-  adamw_optimizer(decoder& model, const ops::adamw_config& cfg);
-  /// One step with the gradients in model.grads(); `lr` overrides cfg.lr when >= 0.
-  void step(float lr = -1.0f);
-  int64_t step_count() const { return t_; }
-  /// Moments of the base buffer and of the adapter buffer (undefined when not trained).
-  tensor& m() { return m_; }
-  tensor& v() { return v_; }
-  tensor& adapter_m() { return am_; }
-  tensor& adapter_v() { return av_; }
-  /// The trainable gradient buffers (for the global norm and clipping).
-  std::vector<tensor> trainable_grads();
-
- private:
-  void step_group(tensor& p, tensor& g, tensor& m, tensor& v, const std::vector<param_entry>& es,
-                  const ops::adamw_config& c);
-  decoder& model_;
-  ops::adamw_config cfg_;
-  tensor m_, v_, am_, av_;
-  int64_t t_ = 0;
 };
 
 }  // namespace flowrun

@@ -111,6 +111,7 @@ if "$flowrun" run "$graph" --no-progress -q "${nodir[@]}" --set node.ranks.memor
     > "$out/mem.log" 2> "$out/mem.err"; then
   echo "a plan over memory_limit_gb ran"; exit 1
 fi
-grep -q "the plan needs about" "$out/mem.err" || { echo "no memory message:"; cat "$out/mem.err"; exit 1; }
+grep -q "node 'ranks': the plan needs about.*(memory_limit_gb).*lower train_micro_batch_size_per_gpu or seq_length" \
+  "$out/mem.err" || { echo "no memory message naming the node and the settings:"; cat "$out/mem.err"; exit 1; }
 grep -o "the plan needs about.*" "$out/mem.err" | head -1
 echo "pretrain_small: ok"

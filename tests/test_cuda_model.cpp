@@ -19,6 +19,7 @@
 #include "models/decoder.h"
 #include "models/generate.h"
 #include "models/llama2c.h"
+#include "models/train/zero.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/tensor/device_memory.h"
 #include "runtime/util/npy.h"
@@ -182,27 +183,26 @@ TEST_CASE("cuda model: AdamW training steps on GPU parameters track the CPU") {
   decoder dev(stories260k_config());
   dev.init_random(7);
   dev.to(gpu);
-  ops::adamw_config oc;
-  oc.lr = 1e-3f;
-  oc.weight_decay = 0.01f;
-  adamw_optimizer ocpu(cpu, oc), odev(dev, oc);
-  CHECK(odev.m().dev() == gpu);
-  activations ac, ad;
+  // each through the engine on a one-rank inproc group (which takes CUDA tensors): AdamW with
+  // its moments on the parameters' device, clipped to 1
+  auto ccpu = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  auto cdev = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  zero_settings zs;
+  zs.micro_batch = 1;
+  zs.gradient_clipping = 1.0;
+  zs.adamw.lr = 1e-3f;
+  zs.adamw.weight_decay = 0.01f;
+  zero_engine ecpu(cpu, *ccpu, zs), edev(dev, *cdev, zs);
   for (int step = 0; step < 5; ++step) {
-    const double lc = cpu.forward(ac, ids, targets), ld = dev.forward(ad, ids, targets);
+    const step_result rc = ecpu.train_step(ids, targets), rd = edev.train_step(ids, targets);
+    const double lc = rc.loss, ld = rd.loss;
     INFO("step " << step << ": CPU loss " << lc << ", GPU loss " << ld);
     CHECK(std::isfinite(ld));
     CHECK(std::fabs(ld - lc) / lc < 1e-4);
-    cpu.zero_grad();
-    dev.zero_grad();
-    cpu.backward(ac);
-    dev.backward(ad);
-    std::vector<tensor> gc = {cpu.grads().flat}, gd = {dev.grads().flat};
-    const double nc = ops::clip_grad_norm(gc, 1.0), nd = ops::clip_grad_norm(gd, 1.0);
-    CHECK(std::fabs(nd - nc) / nc < 1e-4);
-    ocpu.step();
-    odev.step();
+    CHECK(std::fabs(rd.grad_norm - rc.grad_norm) / rc.grad_norm < 1e-4);
   }
+  CHECK(dev.w().flat.dev() == gpu);
+  CHECK(dev.grads().flat.dev() == gpu);
   // Adam's first steps move every weight by about lr * sign(g): an element whose gradient is
   // rounding noise on both devices may step the other way (2 lr apart). Allow a handful.
   const auto wc = cpu.w().flat.to_floats(), wd = dev.w().flat.to_floats();

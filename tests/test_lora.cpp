@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/adapter.h"
+#include "models/train/zero.h"
 #include "models/decoder.h"
 #include "models/safetensors.h"
 #include "models/llama2c.h"
@@ -136,22 +137,20 @@ TEST_CASE("LoRA: use_lora trains only the adapters and lowers the loss") {
   m.enable_lora(lc);
   CHECK_FALSE(m.base_trainable());
   auto base_before = m.w().flat.to_floats();
-  ops::adamw_config oc;
-  oc.lr = 1e-2f;
-  adamw_optimizer opt(m, oc);
-  activations a;
+  // through the engine (one rank, stage 0): AdamW on the adapter only, clipped to 1
+  auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  zero_settings zs;
+  zs.micro_batch = 8;
+  zs.gradient_clipping = 1.0;
+  zs.adamw.lr = 1e-2f;
+  zero_engine eng(m, *comm, zs);
+  CHECK(eng.memory().optimizer_bytes == 2 * m.num_adapter_parameters() * 4);  // no moments for the frozen base
   tensor ids, tg;
   double first = 0, last = 0;
   const int steps = 40;
   for (int s = 0; s < steps; ++s) {
     data.next_batch(8, ids, tg);
-    double loss = m.forward(a, ids, tg);
-    m.zero_grad();
-    m.backward(a);
-    auto g = opt.trainable_grads();
-    CHECK(g.size() == 1);
-    ops::clip_grad_norm(g, 1.0);
-    opt.step();
+    const double loss = eng.train_step(ids, tg).loss;
     if (s < 5) first += loss / 5;
     if (s >= steps - 5) last += loss / 5;
   }
@@ -272,15 +271,22 @@ TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved; base + ad
   m2.forward(b, ids, {});
   CHECK(max_abs_diff(a.values.to_floats(), b.values.to_floats()) == 0.0);
   // and training continues from it: one step moves only the adapter
-  ops::adamw_config oc;
-  oc.lr = 1e-2f;
-  adamw_optimizer opt(m2, oc);
+  auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  zero_settings zs;
+  zs.micro_batch = 2;
+  zs.adamw.lr = 1e-2f;
+  zero_engine eng(m2, *comm, zs);
   auto before = m2.w().adapter_flat.to_floats();
   auto base_before = m2.w().flat.to_floats();
-  auto dv = tensor::from_floats({2, 16}, std::vector<float>(32, 1.0f));
-  m2.zero_grad();
-  m2.backward(b, dv);
-  opt.step();
+  batch_loss sum_of_values;  // L = Σ values: dvalues all 1
+  sum_of_values.units = [](int64_t) { return int64_t{1}; };
+  sum_of_values.forward = [&](int64_t, decoder& model, activations& act) {
+    model.forward(act, ids, {});
+    micro_loss r;
+    r.dout = tensor::from_floats({2, 16}, std::vector<float>(32, 1.0f));
+    return r;
+  };
+  eng.train_step(sum_of_values);
   CHECK(max_abs_diff(m2.w().adapter_flat.to_floats(), before) > 0.0);
   CHECK(max_abs_diff(m2.w().flat.to_floats(), base_before) == 0.0);
   // a wrong adapter is refused with the tensor named

@@ -11,6 +11,7 @@
 #include "models/llama2c.h"
 #include "models/lm_data.h"
 #include "models/tokenizer.h"
+#include "models/train/zero.h"
 #include "runtime/kernels/ops.h"
 #include "test_util.h"
 
@@ -29,27 +30,26 @@ double val_loss(decoder& m, const lm_dataset& data, int64_t B, int64_t batches) 
   return s / static_cast<double>(batches);
 }
 
-// Train `steps` AdamW steps; returns {first-5 mean train loss, last-5 mean train loss}.
+// Train `steps` AdamW steps through the engine (one rank, stage 0: clip to 1, weight decay
+// 0.01 except on norms and biases); returns {first-5 mean train loss, last-5 mean train loss}.
 std::pair<double, double> train(decoder& m, lm_dataset& data, int64_t steps, float lr, int64_t B) {
-  ops::adamw_config oc;
-  oc.lr = lr;
-  oc.weight_decay = 0.01f;
-  adamw_optimizer opt(m, oc);
-  activations a;
+  auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  zero_settings zs;
+  zs.micro_batch = B;
+  zs.gradient_clipping = 1.0;
+  zs.adamw.lr = lr;
+  zs.adamw.weight_decay = 0.01f;
+  zero_engine eng(m, *comm, zs);
   tensor ids, tg;
   double first = 0, last = 0;
   for (int64_t s = 0; s < steps; ++s) {
     data.next_batch(B, ids, tg);
-    double loss = m.forward(a, ids, tg);
+    const double loss = eng.train_step(ids, tg).loss;  // throws on a non-finite loss
     REQUIRE(std::isfinite(loss));
-    m.zero_grad();
-    m.backward(a);
-    std::vector<tensor> g = {m.grads().flat};
-    ops::clip_grad_norm(g, 1.0);
-    opt.step();
     if (s < 5) first += loss / 5;
     if (s >= steps - 5) last += loss / 5;
   }
+  eng.release_model();
   return {first, last};
 }
 

@@ -122,4 +122,19 @@ inline std::map<std::string, double> grouped_grad_norms(decoder& m) {
   return sq;
 }
 
+/// Plain AdamW on a decoder's base parameters: the reference the engine's optimizer is checked
+/// against (Loshchilov & Hutter 2019, decoupled weight decay), one ops::adamw_step per named
+/// parameter with no weight decay on norms and biases (param_entry::no_decay, GPT-2/LLaMA
+/// practice). m, v: (n_params,) f32 moments on the parameters' device; t: the 1-based step.
+inline void reference_adamw_step(decoder& model, tensor& m, tensor& v, int64_t t, ops::adamw_config c) {
+  for (const auto& e : model.params()) {
+    tensor p = model.w().flat.flat_view(e.offset, {e.numel});
+    tensor g = model.grads().flat.flat_view(e.offset, {e.numel});
+    tensor me = m.flat_view(e.offset, {e.numel}), ve = v.flat_view(e.offset, {e.numel});
+    ops::adamw_config ce = c;
+    if (e.no_decay) ce.weight_decay = 0.0f;
+    ops::adamw_step(p, g, me, ve, t, ce);
+  }
+}
+
 }  // namespace flowrun::test

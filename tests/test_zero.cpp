@@ -17,6 +17,7 @@
 #include "models/train/shard_checkpoint.h"
 #include "models/tokenizer.h"
 #include "models/train/zero.h"
+#include "models/rlhf/ppo.h"
 #include "test_ranks.h"
 #include "test_util.h"
 
@@ -161,7 +162,7 @@ TEST_CASE("zero: one rank at stage 0 equals plain AdamW training") {
   ops::adamw_config c;
   c.lr = 1e-3f;
   c.weight_decay = 0.1f;
-  adamw_optimizer opt(m, c);
+  auto mom = tensor::zeros({m.num_parameters()}), vel = tensor::zeros({m.num_parameters()});
   activations a;
   tensor ids, targets;
   for (int64_t i = 0; i < kSteps; ++i) {
@@ -169,9 +170,9 @@ TEST_CASE("zero: one rank at stage 0 equals plain AdamW training") {
     m.zero_grad();
     double loss = m.forward(a, ids, targets);
     m.backward(a);
-    auto g = opt.trainable_grads();
+    std::vector<tensor> g = {m.grads().flat};
     double norm = ops::clip_grad_norm(g, 1.0);
-    opt.step();
+    test::reference_adamw_step(m, mom, vel, i + 1, c);
     CHECK(std::abs(loss - ref.loss[i]) < 1e-5);
     CHECK(std::abs(norm - ref.norm[i]) < 1e-4 * std::max(1.0, norm));
   }
@@ -469,8 +470,10 @@ TEST_CASE("zero: activation bytes with and without gradient checkpointing, measu
                  << a1 << " with (" << ratio << "x lower)");
     CHECK(ratio >= 3.0);
     // the estimate counts what forward and backward allocate
-    CHECK(estimate_activation_bytes(cfg, 2, 64, false) == a0);
-    CHECK(estimate_activation_bytes(cfg, 2, 64, true) == a1);
+    decoder est(cfg);
+    CHECK(estimate_activation_bytes(est, 2, 64) == a0);
+    est.set_gradient_checkpointing(true);
+    CHECK(estimate_activation_bytes(est, 2, 64) == a1);
     CHECK(ckpt.loss[0] == plain.loss[0]);
   }
 }
@@ -495,5 +498,137 @@ TEST_CASE("zero: stage 3 over 2 ranks takes the same step with gradient checkpoi
     CHECK(dp <= 1e-6);
     CHECK(da <= 1e-6);
     CHECK(ckpt.mem.activation_bytes * 3 <= plain.mem.activation_bytes);
+  }
+}
+
+namespace {
+
+// One memory-planner case: a model set up by `setup`, `world` inproc ranks, ZeRO `stage`, two
+// optimizer steps of micro-batches of 2 rows x 48 tokens (gradient_accumulation_steps 2) of the
+// loss `dout` says: the LM cross-entropy, the PPO policy loss (ppo::actor_batch_loss: a float
+// dlogits from gather_log_probs_backward) or the PPO value loss (ppo::critic_batch_loss: dvalues).
+// Returns {estimate_memory before the engine exists, memory() after} for each rank.
+struct plan_case {
+  const char* name;
+  model_config cfg;
+  int world = 1, stage = 0;
+  dtype precision = dtype::f32;
+  memory_plan::loss_grad dout = memory_plan::loss_grad::model_cross_entropy;
+  std::function<void(decoder&)> setup;
+};
+
+std::vector<std::pair<memory_report, memory_report>> run_plan(const plan_case& pc) {
+  constexpr int64_t mb = 2, T = 48, gas = 2, P = 16;  // P: prompt columns of the PPO rows
+  std::vector<std::pair<memory_report, memory_report>> out(pc.world);
+  test::on_inproc_ranks(pc.world, [&](int r, comm::communicator& c) {
+    decoder m(pc.cfg);
+    m.init_random(3);
+    if (pc.setup) pc.setup(m);
+    memory_plan plan;
+    plan.micro_batch = mb;
+    plan.seq_len = T;
+    plan.world_size = pc.world;
+    plan.stage = pc.stage;
+    plan.precision = pc.precision;
+    plan.dout = pc.dout;
+    out[r].first = estimate_memory(m, plan);
+    zero_settings s;
+    s.stage = pc.stage;
+    s.micro_batch = mb;
+    s.gradient_accumulation_steps = gas;
+    s.precision = pc.precision;
+    s.gradient_clipping = 1.0;
+    s.adamw.lr = 1e-3f;
+    zero_engine eng(m, c, s);
+    const int64_t Bg = mb * gas * pc.world, V = pc.cfg.vocab_size;
+    std::vector<int32_t> ids(Bg * T), tg(Bg * T), ones(Bg * T, 1);
+    for (int64_t j = 0; j < Bg * T; ++j) {
+      ids[j] = static_cast<int32_t>((j * 29 + 3) % V);
+      tg[j] = static_cast<int32_t>((j * 13 + 7) % V);
+    }
+    ppo::experience e;  // Bg rows of P prompt + (T - P) answer tokens, no padding
+    e.seq = tensor::from_ints({Bg, T}, ids);
+    e.attention_mask = tensor::from_ints({Bg, T}, ones);
+    std::vector<int32_t> prompt_ids;
+    for (int64_t b = 0; b < Bg; ++b) prompt_ids.insert(prompt_ids.end(), ids.begin() + b * T, ids.begin() + b * T + P);
+    e.prompts = tensor::from_ints({Bg, P}, prompt_ids);
+    e.answer_len.assign(static_cast<size_t>(Bg), T - P);
+    std::vector<float> small(Bg * (T - 1)), adv(Bg * (T - P));
+    for (size_t j = 0; j < small.size(); ++j) small[j] = -0.1f * static_cast<float>(j % 5);
+    for (size_t j = 0; j < adv.size(); ++j) adv[j] = 0.5f - 0.25f * static_cast<float>(j % 4);
+    e.logprobs = tensor::from_floats({Bg, T - 1}, small);
+    e.values = tensor::from_floats({Bg, T - 1}, small);
+    const tensor a = tensor::from_floats({Bg, T - P}, adv);
+    for (int step = 0; step < 2; ++step) {
+      if (pc.dout == memory_plan::loss_grad::model_cross_entropy)
+        eng.train_step(tensor::from_ints({Bg, T}, ids), tensor::from_ints({Bg, T}, tg));
+      else if (pc.dout == memory_plan::loss_grad::dlogits)
+        eng.train_step(ppo::actor_batch_loss(e, a, 0.2f, gas * pc.world));
+      else
+        eng.train_step(ppo::critic_batch_loss(e, a, 0.2f, gas * pc.world));
+    }
+    out[r].second = eng.memory();
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("zero: estimate_memory equals the bytes the engine and the decoder hold (LoRA, value head, stage 3, checkpointing)") {
+  const auto llama = test::eight_layer_config(model_family::llama);
+  const auto gpt2 = test::eight_layer_config(model_family::gpt2);  // tied embeddings, learned positions
+  const auto opt = test::eight_layer_config(model_family::opt);    // post-norm, project_in/out
+  auto lora = [](int64_t r, float dropout, std::vector<std::string> targets, bool freeze) {
+    return [=](decoder& m) {
+      lora_config lc;
+      lc.lora_r = r;
+      lc.lora_dropout = dropout;
+      lc.target_modules = targets;
+      lc.seed = 9;
+      m.enable_lora(lc, freeze);
+    };
+  };
+  using lg = memory_plan::loss_grad;
+  const std::vector<plan_case> cases = {
+      {"LM, stage 0, 1 rank", llama, 1, 0, dtype::f32, lg::model_cross_entropy, nullptr},
+      {"LoRA (frozen base, dropout 0.2 on q, v, down), stage 0, 1 rank", llama, 1, 0, dtype::f32,
+       lg::model_cross_entropy, lora(4, 0.2f, {"q_proj", "v_proj", "down_proj"}, true)},
+      {"LoRA (base trains, all-linear, no dropout), stage 2, 2 ranks", gpt2, 2, 2, dtype::f32, lg::model_cross_entropy,
+       lora(8, 0.0f, {"all-linear"}, false)},
+      {"LoRA (frozen base) + gradient checkpointing, stage 3, 2 ranks", llama, 2, 3, dtype::f32,
+       lg::model_cross_entropy,
+       [&](decoder& m) {
+         lora(4, 0.1f, {"o_proj", "up_proj"}, true)(m);
+         m.set_gradient_checkpointing(true);
+       }},
+      {"PPO policy (float dlogits), stage 3, 2 ranks, tied embeddings", gpt2, 2, 3, dtype::f32, lg::dlogits, nullptr},
+      {"PPO policy (float dlogits), bf16, stage 0, 1 rank, checkpointing", opt, 1, 0, dtype::bf16, lg::dlogits,
+       [](decoder& m) { m.set_gradient_checkpointing(true); }},
+      {"critic (value head, dvalues), stage 3, 2 ranks, checkpointing", llama, 2, 3, dtype::f32, lg::dvalues,
+       [](decoder& m) {
+         m.add_value_head(4);
+         m.set_gradient_checkpointing(true);
+       }},
+      {"critic (value head + LoRA), bf16, stage 1, 2 ranks", opt, 2, 1, dtype::bf16, lg::dvalues,
+       [&](decoder& m) {
+         m.add_value_head(4);
+         lora(4, 0.0f, {"q_proj", "v_proj"}, true)(m);
+       }},
+  };
+  for (const auto& pc : cases) {
+    const auto per = run_plan(pc);
+    for (size_t r = 0; r < per.size(); ++r) {
+      const auto& [est, got] = per[r];
+      INFO(std::string(pc.name) << ", rank " << r << "\n  estimate " << est.str() << "\n  measured " << got.str());
+      CHECK(est.param_bytes == got.param_bytes);
+      CHECK(est.gathered_peak_bytes == got.gathered_peak_bytes);
+      CHECK(est.max_block_bytes == got.max_block_bytes);
+      CHECK(est.grad_bytes == got.grad_bytes);
+      CHECK(est.optimizer_bytes == got.optimizer_bytes);
+      CHECK(est.activation_bytes == got.activation_bytes);
+      CHECK(est.loss_bytes == got.loss_bytes);
+      CHECK(est.total() == got.total());
+    }
+    MESSAGE(std::string(pc.name) << ": estimate = measured = " << per[0].second.str());
   }
 }

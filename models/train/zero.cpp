@@ -108,39 +108,88 @@ std::string memory_report::str() const {
                   std::to_string(stage) + ": params " + mb(param_bytes);
   if (gathered_peak_bytes > 0) s += " (+" + mb(gathered_peak_bytes) + " gathered peak)";
   s += ", grads " + mb(grad_bytes) + ", optimizer " + mb(optimizer_bytes) + ", activations " +
-       mb(activation_bytes) + ", total " + mb(total());
+       mb(activation_bytes);
+  if (loss_bytes > 0) s += ", loss gradient " + mb(loss_bytes);
+  s += ", total " + mb(total());
   return s;
 }
 
-memory_report estimate_memory(int64_t n_params, int64_t max_block, int N, int stage, int64_t act_bytes) {
+memory_report estimate_memory(const decoder& model, const memory_plan& p) {
+  if (p.stage < 0 || p.stage > 3)
+    throw std::invalid_argument("estimate_memory: zero stage must be 0, 1, 2 or 3, got " + std::to_string(p.stage));
+  if (p.world_size < 1 || p.micro_batch < 1 || p.seq_len < 1)
+    throw std::invalid_argument("estimate_memory: world_size, micro_batch and seq_len must be >= 1");
+  const int N = p.world_size, stage = p.stage;
+  const int64_t P = model.num_parameters(), A = model.num_adapter_parameters();
+  const bool base_trains = model.base_trainable();
+  // the engine's layout: block b padded to N·p_b, this rank's shard Σ_b p_b (zero_engine's constructor)
+  const auto blocks = model.param_blocks();
+  int64_t shard = 0, max_block = 0;
+  for (auto& b : blocks) {
+    shard += ceil_div(b.numel(), N);
+    max_block = std::max(max_block, ceil_div(b.numel(), N) * N);
+  }
+  // stage 3 gathers one block at a time, except the head with a tied embedding (forward's
+  // head_blocks, backward's head); stages 2-3 hold per-block gradient buffers the same way
+  const int64_t padded_embed = ceil_div(blocks.front().numel(), N) * N;
+  const int64_t padded_head = ceil_div(blocks.back().numel(), N) * N;
+  const int64_t peak_blocks =
+      std::max(max_block, padded_head + (model.config().tied_embeddings ? padded_embed : 0)) * 4;
   memory_report m;
   m.world_size = N;
   m.stage = stage;
-  const int64_t shard = ceil_div(n_params, N) * 4;  // (per-block padding is a few elements)
-  m.max_block_bytes = ceil_div(max_block, N) * N * 4;
-  m.param_bytes = stage >= 3 ? shard : n_params * 4;
-  m.gathered_peak_bytes = stage >= 3 ? 2 * m.max_block_bytes : 0;  // a layer (+ the tied embedding at the head)
-  m.grad_bytes = stage >= 2 ? shard + m.max_block_bytes : n_params * 4 + (stage == 1 ? shard : 0);
-  m.optimizer_bytes = stage >= 1 ? 2 * shard : 2 * n_params * 4;
-  m.activation_bytes = act_bytes;
+  m.max_block_bytes = max_block * 4;
+  int64_t master = 0;  // fp32 master: pieces at stages 1-3, a full copy at stage 0 in mixed precision
+  if ((stage >= 1 && base_trains) || stage == 3) master = shard;
+  else if (stage == 0 && p.precision != dtype::f32 && base_trains) master = P;
+  m.param_bytes = (master + (stage == 3 ? 0 : P) + A) * 4;
+  m.gathered_peak_bytes = stage == 3 ? peak_blocks : 0;
+  m.grad_bytes = ((stage >= 1 && base_trains ? shard : 0) + A + (stage <= 1 ? P : 0)) * 4 +
+                 (stage >= 2 ? peak_blocks : 0);
+  m.optimizer_bytes = 2 * ((base_trains ? (stage == 0 ? P : shard) : 0) + A) * 4;
+  const int64_t BT = p.micro_batch * p.seq_len;
+  m.activation_bytes = estimate_activation_bytes(model, p.micro_batch, p.seq_len,
+                                                 p.dout == memory_plan::loss_grad::model_cross_entropy);
+  m.loss_bytes = p.dout == memory_plan::loss_grad::dlogits  ? BT * model.config().vocab_size * 4
+                 : p.dout == memory_plan::loss_grad::dvalues ? BT * 4
+                                                             : 0;
   return m;
 }
 
-int64_t estimate_activation_bytes(const model_config& c, int64_t B, int64_t T, bool gradient_checkpointing) {
+int64_t estimate_activation_bytes(const decoder& model, int64_t B, int64_t T, bool model_cross_entropy) {
   // What decoder::forward and backward allocate (activations in decoder.h), in floats.
+  const model_config& c = model.config();
   const int64_t N = B * T, C = c.dim, F = c.hidden_dim, H = c.n_heads, hs = c.head_dim(), KV = c.n_kv_heads;
   const int64_t E = c.embed_width(), V = c.vocab_size;
   const int64_t stats = c.norm == norm_kind::layernorm ? 2 : 1;  // rstd (+ mean) per row and norm
   // one layer: ln1, resid2, ln2 (+ resid3 post-norm); q, atty; k, v; the (B, H, T, T) probabilities;
   // up, act (+ gate); the two norms' statistics
-  const int64_t per_layer = N * ((c.post_norm ? 4 : 3) * C + 2 * H * hs + 2 * KV * hs + (c.gated_mlp ? 3 : 2) * F +
-                                 2 * stats) +
-                            B * H * T * T;
-  const int64_t layers = gradient_checkpointing ? 1 : c.n_layers;  // checkpointed: one slot, reused
-  int64_t floats = layers * per_layer;
+  int64_t per_layer = N * ((c.post_norm ? 4 : 3) * C + 2 * H * hs + 2 * KV * hs + (c.gated_mlp ? 3 : 2) * F +
+                           2 * stats) +
+                      B * H * T * T;
+  // LoRA (decoder::lin_fwd / lin_bwd): u = dropout(x) Aᵀ (N, r) per adapted Linear; in training
+  // with lora_dropout its mask (N, in); backward scratch du (N, r) and, with dropout, dx (N, in)
+  // of the last adapted Linear that backward visits (down, gate, up, o, q, k, v within a layer)
+  int64_t lora_scratch = 0;
+  if (model.has_lora() && !model.lora_merged()) {
+    const int64_t r = model.lora().lora_r;
+    const bool drop = model.training() && model.lora().lora_dropout > 0.0f;
+    const auto& L0 = model.w().layers.at(0).lora;
+    int64_t last_in = 0;
+    for (int mod : {lm_down, lm_gate, lm_up, lm_o, lm_q, lm_k, lm_v}) {
+      if (!L0[mod].A.defined()) continue;
+      const int64_t in = L0[mod].A.size(1);
+      per_layer += N * r + (drop ? N * in : 0);
+      last_in = in;
+    }
+    if (last_in > 0) lora_scratch = N * r + (drop ? N * last_in : 0);
+  }
+  const int64_t layers = model.gradient_checkpointing() ? 1 : c.n_layers;  // checkpointed: one slot, reused
+  int64_t floats = layers * per_layer + lora_scratch;
   floats += (c.n_layers + 1) * N * C;        // resid: the layer inputs (kept with checkpointing too)
   floats += N * C + N * stats + N;           // lnf and its statistics, losses
-  floats += 2 * N * V;                       // logits and dlogits
+  if (model.has_value_head()) floats += N;   // values (B, T); the dvalues are the caller's
+  else floats += (model_cross_entropy ? 2 : 1) * N * V;  // logits (+ dlogits of the model's cross-entropy)
   floats += 4 * N * C + (c.gated_mlp ? 3 : 2) * N * F + N * (H * hs + 2 * KV * hs);  // backward scratch
   if (c.has_projection()) floats += 4 * N * E;  // emb, hout, dhout, demb
   return floats * 4;
@@ -535,6 +584,7 @@ step_result zero_engine::train_step(const batch_loss& loss, double lr) {
   grad_written_.assign(blocks_.size(), 0);
   for (int64_t g = 0; g < gas; ++g) {
     micro_loss ml = loss.forward(g * N_ + r_, model_, act_);
+    loss_peak_ = std::max(loss_peak_, bytes_of(ml.dout));
     loss_sum += ml.loss * static_cast<double>(units[g]);
     // (set after forward: it resets the activations on a new shape)
     tensor dout = ml.dout;
@@ -665,6 +715,7 @@ memory_report zero_engine::memory() const {
                  (s_.stage <= 1 ? bytes_of(model_.grads().flat) : gradbuf_peak_);
   m.optimizer_bytes = bytes_of(m_) + bytes_of(v_) + bytes_of(am_) + bytes_of(av_);
   m.activation_bytes = act_peak_;
+  m.loss_bytes = loss_peak_;
   return m;
 }
 

@@ -85,30 +85,55 @@ struct zero_settings {
 /// Bytes one rank holds, by kind (what DeepSpeed's see_memory_usage splits).
 struct memory_report {
   int rank = 0, world_size = 1, stage = 0;
-  int64_t param_bytes = 0;          ///< persistent parameters held (full, or the shard at stage 3)
+  int64_t param_bytes = 0;          ///< persistent parameters held: the working copy (below stage 3), the fp32 master
+                                    ///< (this rank's pieces at stages 1-3, a full copy at stage 0 in bf16/fp16) and
+                                    ///< the adapter buffer (LoRA A/B, v_head)
   int64_t gathered_peak_bytes = 0;  ///< stage 3: most bytes of gathered blocks alive at once
   int64_t max_block_bytes = 0;      ///< the largest block (padded), for comparison
   int64_t grad_bytes = 0;           ///< persistent gradient buffers (+ the peak of per-block buffers at stages 2-3)
-  int64_t optimizer_bytes = 0;      ///< AdamW exp_avg and exp_avg_sq
-  int64_t activation_bytes = 0;     ///< saved activations and backward scratch of the last step
+  int64_t optimizer_bytes = 0;      ///< AdamW exp_avg and exp_avg_sq (base and adapter)
+  int64_t activation_bytes = 0;     ///< saved activations and backward scratch (the largest step's)
+  int64_t loss_bytes = 0;           ///< the caller's loss gradient micro_loss::dout of the largest micro-batch: a float
+                                    ///< dlogits (B, T, V) beside the logits (PPO policy, ptx), dvalues (B, T)
   int64_t total() const {
-    return param_bytes + gathered_peak_bytes + grad_bytes + optimizer_bytes + activation_bytes;
+    return param_bytes + gathered_peak_bytes + grad_bytes + optimizer_bytes + activation_bytes + loss_bytes;
   }
   /// One line: "rank 0/2 stage 3: params 0.52 MB (+0.18 MB gathered peak) grads ... total ...".
   std::string str() const;
 };
 
-/// An estimate made before a run (no allocation): the same categories.
-/// `n_params` trainable parameters, `max_block` the largest block's elements,
-/// `activation_bytes` from estimate_activation_bytes.
-memory_report estimate_memory(int64_t n_params, int64_t max_block, int world_size, int stage,
-                              int64_t activation_bytes);
-/// Bytes of saved activations and backward scratch for a (B, T) micro-batch of an LM
-/// (logits head, f32, no LoRA): exactly what decoder::forward and backward allocate, i.e.
-/// zero_engine::memory().activation_bytes after a step. With gradient_checkpointing
-/// (decoder::set_gradient_checkpointing) one layer's tensors are counted instead of
-/// n_layers' (the layer inputs, the head and the scratch are the same).
-int64_t estimate_activation_bytes(const model_config& cfg, int64_t B, int64_t T, bool gradient_checkpointing = false);
+/// What a trainer's rank will run, for estimate_memory: the micro-batch, the engine's stage
+/// and world size, the precision, and which gradient the loss gives backward.
+struct memory_plan {
+  int64_t micro_batch = 1;  ///< rows per micro-batch on one rank (B); the RM's pairs count twice
+  int64_t seq_len = 1;      ///< tokens per row (T)
+  int world_size = 1;
+  int stage = 0;            ///< ZeRO stage 0-3
+  dtype precision = dtype::f32;  ///< zero_settings::precision: bf16/fp16 keep an fp32 master beside the working copy
+  /// The caller's dout (micro_loss::dout): none (the model's own cross-entropy: activations::dlogits),
+  /// dlogits (a (B, T, V) f32 tensor the loss allocates: rlhf::gather_log_probs_backward for the PPO
+  /// policy, the ptx loss), or dvalues ((B, T) f32: a value head's loss, RM or critic).
+  enum class loss_grad { model_cross_entropy, dlogits, dvalues };
+  loss_grad dout = loss_grad::model_cross_entropy;
+};
+
+/// An estimate made before a run (no allocation beyond `model` itself): the bytes
+/// zero_engine::memory() reports after steps of this plan, category by category. `model` is
+/// the decoder as it will train: LoRA enabled or not (adapter parameters, their gradients and
+/// moments; a frozen base has no moments, though stages 0-1 still allocate its gradient
+/// buffer, which backward uses for scratch), a value head or not, gradient checkpointing set.
+/// Exact for the engine's buffers (the blocks' padding, the stage-3 gathered peak of a layer or
+/// of the head with a tied embedding, the stage 2-3 gradient buffers); activations from
+/// estimate_activation_bytes; loss_bytes from plan.dout. Throws std::invalid_argument on a
+/// stage outside 0..3, world_size < 1 or a micro-batch or seq_len < 1.
+memory_report estimate_memory(const decoder& model, const memory_plan& plan);
+/// Bytes of saved activations and backward scratch for a (B, T) training micro-batch of
+/// `model` (its head: logits (B, T, V), with their gradient activations::dlogits when
+/// `model_cross_entropy`, or values (B, T) for a value head; its LoRA: u (B·T, r) per adapted
+/// Linear, and in training mode with lora_dropout the (B·T, in) masks and backward scratch; its
+/// gradient checkpointing: one layer's tensors instead of n_layers'), f32: exactly what
+/// decoder::forward and backward allocate, i.e. zero_engine::memory().activation_bytes after a step.
+int64_t estimate_activation_bytes(const decoder& model, int64_t B, int64_t T, bool model_cross_entropy = true);
 
 /// What one optimizer step did (identical on every rank).
 struct step_result {
@@ -277,6 +302,7 @@ class zero_engine : private param_hooks {
   int64_t gathered_now_ = 0, gathered_peak_ = 0, gradbuf_now_ = 0, gradbuf_peak_ = 0;
   activations act_;
   int64_t act_peak_ = 0;
+  int64_t loss_peak_ = 0;  // the largest caller's dout
 };
 
 }  // namespace flowrun

@@ -8,6 +8,7 @@
 #include "models/decoder.h"
 #include "models/checkpoint.h"
 #include "models/lm_data.h"
+#include "models/train/zero.h"
 #include "models/tokenizer.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
@@ -80,13 +81,17 @@ void add_train_lm(CLI::App& app) {
     spdlog::info("model: {}", model.config().summary());
     spdlog::info("data: {} tokens, {} train / {} held-out instances of {} tokens", data.num_tokens(),
                  data.num_train(), data.num_val(), o->seq_length);
-    ops::adamw_config oc;
-    oc.lr = o->learning_rate;
-    oc.weight_decay = o->weight_decay;
-    adamw_optimizer opt(model, oc);
-    activations acts;
-    tensor ids, targets;
     const int64_t B = o->per_device_train_batch_size;
+    // the one training engine (models/train/zero.h), one rank at stage 0: AdamW (no weight
+    // decay on norms and biases), the global-norm clip, the non-finite check
+    auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+    zero_settings zs;
+    zs.micro_batch = B;
+    zs.gradient_clipping = o->gradient_clipping > 0 ? o->gradient_clipping : 0.0;
+    zs.adamw.lr = o->learning_rate;
+    zs.adamw.weight_decay = o->weight_decay;
+    zero_engine engine(model, *comm, zs);
+    tensor ids, targets;
     auto eval = [&] {
       activations ea;
       tensor vi, vt;
@@ -103,13 +108,8 @@ void add_train_lm(CLI::App& app) {
     for (int64_t step = 1; step <= o->steps; ++step) {
       auto ts = std::chrono::steady_clock::now();
       data.next_batch(B, ids, targets);
-      double loss = model.forward(acts, ids, targets);
-      if (!std::isfinite(loss)) throw std::runtime_error("non-finite loss at step " + std::to_string(step));
-      model.zero_grad();
-      model.backward(acts);
-      std::vector<tensor> g = {model.grads().flat};
-      double norm = ops::clip_grad_norm(g, o->gradient_clipping);
-      opt.step();
+      const step_result r = engine.train_step(ids, targets);  // throws on a non-finite loss or norm
+      const double loss = r.loss, norm = r.grad_norm;
       double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
       std::printf("step %ld/%ld loss %.4f grad_norm %.3f tokens/s %.0f\n", static_cast<long>(step),
                   static_cast<long>(o->steps), loss, norm, static_cast<double>(B * o->seq_length) / dt);
@@ -119,6 +119,7 @@ void add_train_lm(CLI::App& app) {
     }
     double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("final held-out loss %.4f (%.1f s)\n", eval(), total);
+    engine.release_model();
     if (!o->output.empty()) {
       save_model(model, o->output, format, resolve_user_path(o->tokenizer, "tokenizer").string());
       spdlog::info("wrote {} ({})", o->output, to_string(format));

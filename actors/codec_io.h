@@ -95,10 +95,21 @@ struct reader {
       throw std::invalid_argument("not an integer tensor");
     const auto dims = get<std::uint32_t>();
     if (dims > 8) throw std::invalid_argument("too many dimensions");
+    // The sizes against the bytes left before anything is allocated (a malformed message must not ask for
+    // gigabytes, nor overflow the element count).
     shape_t shape;
-    for (std::uint32_t i = 0; i < dims; ++i) shape.push_back(get<std::int64_t>());
+    std::size_t bytes = t == static_cast<std::uint8_t>(dtype::i32) ? 4 : 8;
+    bool empty = false;
+    for (std::uint32_t i = 0; i < dims; ++i) {
+      const auto d = get<std::int64_t>();
+      if (d < 0) throw std::invalid_argument("negative tensor size " + std::to_string(d));
+      shape.push_back(d);
+      empty |= d == 0;
+      if (!empty && static_cast<std::uint64_t>(d) > (in.size() - at) / bytes) throw std::invalid_argument("truncated tensor");
+      if (!empty) bytes *= static_cast<std::size_t>(d);
+    }
     tensor out = tensor::empty(shape, static_cast<dtype>(t));
-    if (at + out.nbytes() > in.size()) throw std::invalid_argument("truncated tensor");
+    if (out.nbytes() > in.size() - at) throw std::invalid_argument("truncated tensor");
     if (out.nbytes()) std::memcpy(out.raw(), in.data() + at, out.nbytes());
     at += out.nbytes();
     return out;

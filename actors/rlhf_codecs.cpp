@@ -108,11 +108,17 @@ void register_rlhf_codecs() {
                      m.tokenizer = r.get_string();
                      const model_config cfg = nlohmann::json::parse(r.get_string()).get<model_config>();
                      const bool value_head = r.get<std::uint8_t>() != 0;
-                     auto d = std::make_shared<decoder>(cfg);
+                     // The config and the weights' size are checked before the model is allocated: a malformed
+                     // message must not divide by zero heads or ask for gigabytes.
+                     cfg.validate();
                      const tensor flat = r.get_tensor();
-                     if (!flat.defined() || flat.numel() != d->w().flat.numel() || flat.type() != d->w().flat.type())
+                     if (!flat.defined() || flat.numel() != cfg.num_parameters() || flat.type() != dtype::f32)
                        throw std::invalid_argument("the weights do not fit the config (" +
                                                    (flat.defined() ? flat.str() : std::string("none")) + " for " +
+                                                   cfg.summary() + ")");
+                     auto d = std::make_shared<decoder>(cfg);
+                     if (flat.numel() != d->w().flat.numel() || flat.type() != d->w().flat.type())
+                       throw std::invalid_argument("the weights do not fit the config (" + flat.str() + " for " +
                                                    d->w().flat.str() + ")");
                      d->w().flat.copy_from(flat);
                      if (value_head) {

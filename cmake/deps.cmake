@@ -16,7 +16,15 @@ if(NOT OPENBLAS_INCLUDE_DIR OR NOT OPENBLAS_LIB)
 endif()
 add_library(flowrun_openblas INTERFACE)
 target_include_directories(flowrun_openblas INTERFACE ${OPENBLAS_INCLUDE_DIR})
-target_link_libraries(flowrun_openblas INTERFACE ${OPENBLAS_LIB} OpenMP::OpenMP_CXX)
+if(FLOWRUN_FUZZ)
+  # The fuzz build (tests/fuzz) compiles without -fopenmp: its kernels run on one thread (the pragmas are
+  # ignored), and clang 16 refuses OpenMP code in which a lambda captures a structured binding. omp.h comes
+  # with clang; the runtime is linked for the omp_* calls.
+  target_link_libraries(flowrun_openblas INTERFACE ${OPENBLAS_LIB} ${OpenMP_CXX_LIBRARIES})
+  target_compile_options(flowrun_openblas INTERFACE -Wno-unknown-pragmas)
+else()
+  target_link_libraries(flowrun_openblas INTERFACE ${OPENBLAS_LIB} OpenMP::OpenMP_CXX)
+endif()
 
 # The CPU backend's GEMM library (runtime/kernels/cpu/gemm.h), chosen by measurement
 # (bench/bench_gemm.cpp, docs/performance.md). AUTO: oneDNN (libdnnl-dev) when found,

@@ -96,18 +96,25 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
   fs::path st_path = fs::path(dir) / "adapter_model.safetensors";
   std::ifstream f(cfg_path);
   if (!f) throw std::runtime_error(cfg_path.string() + ": cannot open the adapter config");
-  auto j = nlohmann::json::parse(f);
-  if (j.value("peft_type", "") != "LORA")
-    throw std::runtime_error(cfg_path.string() + ": peft_type is '" + j.value("peft_type", "") +
-                             "', only LORA adapters are supported");
-  if (j.value("bias", "none") != "none")
-    throw std::runtime_error(cfg_path.string() + ": bias '" + j.value("bias", "") + "' is not supported (use \"none\")");
   lora_config lc;
-  lc.lora_r = j.at("r");
-  lc.lora_alpha = j.at("lora_alpha");
-  lc.lora_dropout = j.value("lora_dropout", 0.0f);
-  if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
-  else lc.target_modules = j.at("target_modules").get<std::vector<std::string>>();
+  // nlohmann's own errors (bad JSON, a missing key, a wrong type) name neither the file nor what it must hold
+  try {
+    auto j = nlohmann::json::parse(f);
+    if (j.value("peft_type", "") != "LORA")
+      throw std::runtime_error(cfg_path.string() + ": peft_type is '" + j.value("peft_type", "") +
+                               "', only LORA adapters are supported");
+    if (j.value("bias", "none") != "none")
+      throw std::runtime_error(cfg_path.string() + ": bias '" + j.value("bias", "") + "' is not supported (use \"none\")");
+    lc.lora_r = j.at("r");
+    lc.lora_alpha = j.at("lora_alpha");
+    lc.lora_dropout = j.value("lora_dropout", 0.0f);
+    if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
+    else lc.target_modules = j.at("target_modules").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (" + e.what() +
+                             "): it needs peft_type \"LORA\", r and lora_alpha (numbers) and target_modules "
+                             "(a string or a list of strings)");
+  }
   auto tensors = load_safetensors(st_path.string());
   std::map<std::string, tensor> ours;
   for (auto& [name, t] : tensors) ours[ours_from_peft(name)] = t;

@@ -24,6 +24,21 @@ void model_config::validate() const {
   need(max_seq_len > 0, "max_seq_len must be > 0");
   need(!use_rope || head_dim() % 2 == 0, "RoPE needs an even head_dim");
   need(embed_dim >= 0, "embed_dim (word_embed_proj_dim) must be >= 0 (0: same as dim)");
+  // Sizes come from file headers and config.json: a corrupt or hostile one must be refused here, before
+  // num_parameters() (whose int64 products would overflow) or any allocation. Real models are far inside
+  // these bounds (e.g. vocab 256K = 2^18, dim 16K = 2^14, 2^40 parameters).
+  constexpr int64_t k_max_size = int64_t{1} << 31;
+  for (const auto& [what, v] : {std::pair<const char*, int64_t>{"dim", dim}, {"hidden_dim", hidden_dim},
+                                {"n_layers", n_layers}, {"vocab_size", vocab_size}, {"max_seq_len", max_seq_len},
+                                {"embed_dim", embed_dim}, {"position_offset", position_offset}})
+    need(v <= k_max_size, std::string(what) + " " + std::to_string(v) + " is larger than 2^31 (a corrupt header?)");
+  const double C = static_cast<double>(dim), H = static_cast<double>(hidden_dim), L = static_cast<double>(n_layers),
+               E = static_cast<double>(embed_width()), V = static_cast<double>(vocab_size),
+               P = static_cast<double>(max_seq_len + position_offset);
+  const double approx = 2 * V * E + L * (4 * C * C + 3 * H * C + 6 * C + 2 * H) + P * C + 2 * E * C + 2 * C;
+  need(approx <= 0x1p48, "the sizes (" + std::to_string(dim) + " wide, " + std::to_string(n_layers) + " layers, MLP " +
+                             std::to_string(hidden_dim) + ", vocab " + std::to_string(vocab_size) + ") give about " +
+                             std::to_string(approx) + " parameters, more than 2^48 (a corrupt header?)");
 }
 
 int64_t model_config::num_parameters() const {

@@ -52,7 +52,9 @@ struct model_config {
   int64_t embed_width() const { return embed_dim > 0 ? embed_dim : dim; }
   bool has_projection() const { return embed_width() != dim; }
   int64_t vocab_limit() const { return real_vocab_size > 0 ? real_vocab_size : vocab_size; }
-  /// Throws std::invalid_argument naming the bad field.
+  /// Throws std::invalid_argument naming the bad field: a size <= 0, heads that do not
+  /// divide dim (or kv heads n_heads), an odd RoPE head_dim, a size above 2^31 or sizes
+  /// that give more than 2^48 parameters (a corrupt header: num_parameters() would overflow).
   void validate() const;
   /// Parameters counted as stored (tied embeddings once).
   int64_t num_parameters() const;

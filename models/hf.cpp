@@ -216,7 +216,7 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
     if (c.act != ops::activation::silu) unsupported(where, "a LLaMA with hidden_act \"" + r.s("hidden_act", "") + "\"");
     if (r.b("attention_bias", false) || r.b("mlp_bias", false))
       unsupported(where, "a LLaMA with attention_bias / mlp_bias");
-    if (r.has("head_dim") && c.n_heads > 0 && r.i("head_dim") * c.n_heads != c.dim)
+    if (r.has("head_dim") && c.n_heads > 0 && (c.dim % c.n_heads != 0 || r.i("head_dim") != c.dim / c.n_heads))
       unsupported(where, "a head_dim (" + std::to_string(r.i("head_dim")) + ") other than hidden_size / num_attention_heads");
     c.bias = false;
     c.tied_embeddings = r.b("tie_word_embeddings", false);  // LlamaConfig's default
@@ -256,7 +256,8 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
       unsupported(where, "GPT-2 with \"scale_attn_by_inverse_layer_idx\": true");
     if (r.b("add_cross_attention", false)) unsupported(where, "GPT-2 with \"add_cross_attention\": true");
     c.dim = r.i("n_embd");
-    c.hidden_dim = r.i("n_inner", 4 * c.dim);  // GPT2MLP: n_inner or 4 * n_embd
+    // GPT2MLP: n_inner or 4 * n_embd (an n_embd too large for that is refused by validate below)
+    c.hidden_dim = r.i("n_inner", c.dim > 0 && c.dim <= (int64_t{1} << 40) ? 4 * c.dim : c.dim);
     c.n_layers = r.i("n_layer");
     c.n_heads = r.i("n_head");
     c.n_kv_heads = c.n_heads;
@@ -275,6 +276,13 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
                              "\" is not supported; flowrun loads \"llama\", \"opt\" and \"gpt2\"");
   }
   c.real_vocab_size = r.i("flowrun_real_vocab_size", 0);
+  try {
+    model_config sizes = c;
+    sizes.real_vocab_size = 0;  // a tokenizer larger than the embedding: load_hf's check, which names both
+    sizes.validate();
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(where + ": " + e.what());
+  }
   return c;
 }
 

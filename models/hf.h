@@ -59,7 +59,8 @@ namespace flowrun {
 /// real_vocab_size is taken from "flowrun_real_vocab_size" when present, else
 /// left at vocab_size. Throws std::runtime_error naming `where` (the file) and the
 /// key for an unsupported model_type or architecture variant (OPT with
-/// _remove_final_layer_norm, RoPE scaling, an activation flowrun lacks, ...).
+/// _remove_final_layer_norm, RoPE scaling, an activation flowrun lacks, ...), and
+/// for sizes model_config::validate refuses (e.g. num_attention_heads 0).
 /// OPT's word_embed_proj_dim and do_layer_norm_before = false (facebook/opt-350m)
 /// map to model_config::embed_dim and post_norm.
 model_config hf_config_from_json(const nlohmann::json& config_json, const std::string& where = "config.json");

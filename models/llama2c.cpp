@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -73,6 +74,9 @@ decoder load_llama2c(const std::string& path, device dev) {
   } else {
     std::memcpy(h, bytes.data(), sizeof h);
     shared = h[5] > 0;
+    if (h[5] == std::numeric_limits<int32_t>::min())
+      throw std::runtime_error(path + ": not a llama2.c checkpoint, or a corrupt header: vocab_size " +
+                               std::to_string(h[5]));
     h[5] = std::abs(h[5]);
   }
   model_config c;
@@ -90,6 +94,14 @@ decoder load_llama2c(const std::string& path, device dev) {
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": not a llama2.c checkpoint, or a corrupt header: " + e.what());
   }
+  // The file's size against the header's before anything is allocated (a corrupt header must not ask for
+  // gigabytes): the weights are num_parameters() floats (run.c's order holds exactly those), plus in version 0
+  // freq_cis_real/imag, max_seq_len * head_dim / 2 floats each. validate() bounds the sizes: no overflow here.
+  const uint64_t need = pos + static_cast<uint64_t>(c.num_parameters()) * sizeof(float) +
+                        (version == 0 ? static_cast<uint64_t>(c.max_seq_len) * (c.head_dim() / 2) * 2 * sizeof(float) : 0);
+  if (need > bytes.size())
+    throw std::runtime_error(path + ": truncated llama2.c file: its header (" + c.summary() + ") needs " +
+                             std::to_string(need) + " bytes, the file has " + std::to_string(bytes.size()));
   decoder m(c, device::cpu());
   const int64_t L = c.n_layers, hs = c.head_dim();
   reader r{path, bytes, pos};

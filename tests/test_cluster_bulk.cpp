@@ -12,6 +12,9 @@
 #include <limits>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "actors/codec_io.h"
 #include "actors/register.h"
 #include "actors/rlhf_types.h"
 #include "models/config.h"
@@ -311,4 +314,54 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     CHECK(back->as<actors::prompt_msg>().policy_version == 4);
     CHECK(same_bits(back->as<actors::prompt_msg>().ids, p.ids));
   }
+}
+
+TEST_CASE("cluster bulk: malformed step 3 messages are refused before anything is allocated") {
+  // tests/fuzz/fuzz_cluster found both: a prompt_batch tensor of 2^41 x 2^42 ids overflowed the element count
+  // (undefined) and was allocated before its bytes were checked; a model message built the decoder its config
+  // named (zero heads: a division by zero; or gigabytes) before comparing the weights' size.
+  actors::register_rlhf_codecs();
+  auto prompt_batch = [](std::vector<std::int64_t> shape) {
+    actors::codec_io::writer w;
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(dtype::i32));
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(shape.size()));
+    for (auto d : shape) w.put<std::int64_t>(d);
+    w.put<std::int32_t>(7);  // 4 bytes of ids
+    return actor::decode_payload("prompt_batch", w.out);
+  };
+  auto huge = prompt_batch({std::int64_t{1} << 41, std::int64_t{1} << 42});
+  REQUIRE_FALSE(huge);
+  CHECK(huge.error().find("truncated tensor") != std::string::npos);
+  auto negative = prompt_batch({1, -5});
+  REQUIRE_FALSE(negative);
+  CHECK(negative.error().find("negative tensor size -5") != std::string::npos);
+
+  auto model = [](const nlohmann::json& cfg, std::vector<tensor> bulk) {
+    actors::codec_io::writer w;
+    w.put<std::int64_t>(1);                                                 // version
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(model_format::llama2c));
+    w.put_string("");                                                       // tokenizer
+    w.put_string(cfg.dump());
+    w.put<std::uint8_t>(0);                                                 // no value head
+    w.put<std::int32_t>(0);                                                 // the weights: bulk tensor 0
+    return actor::decode_payload("model", w.out, &bulk);
+  };
+  nlohmann::json cfg = stories260k_config();
+  cfg["num_attention_heads"] = 0;
+  auto zero_heads = model(cfg, {floats({3}, 0)});
+  REQUIRE_FALSE(zero_heads);
+  CHECK(zero_heads.error().find("n_heads must divide dim") != std::string::npos);
+  cfg = stories260k_config();
+  cfg["hidden_size"] = 1 << 14;  // about 2^34 parameters: 80 GB, had the decoder been made first
+  cfg["intermediate_size"] = 1 << 16;
+  cfg["vocab_size"] = 1 << 16;
+  cfg["real_vocab_size"] = 1 << 16;
+  auto big = model(cfg, {floats({3}, 0)});
+  REQUIRE_FALSE(big);
+  CHECK(big.error().find("do not fit the config") != std::string::npos);
+  // the right size still decodes
+  const model_config ok = stories260k_config();
+  auto good = model(nlohmann::json(ok), {tensor::zeros({ok.num_parameters()})});
+  REQUIRE(good);
+  CHECK(good->as<actors::model_msg>().model->num_parameters() == ok.num_parameters());
 }

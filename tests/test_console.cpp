@@ -368,6 +368,41 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   CHECK(h.act("pause").status == 409);
 }
 
+TEST_CASE("console: bytes that are not UTF-8 (a node's error, a setting, an event) are written as U+FFFD") {
+  // tests/fuzz/fuzz_console found it: the first frame of GET /api/stream threw nlohmann's type_error 316
+  // ("invalid UTF-8 byte") inside cpp-httplib's content provider, which ended the whole process; the other
+  // documents answered 500.
+  console::graph_info g;
+  g.name = "g";
+  g.nodes = {{"a", "src", 1, true, true, "", {{"path", "data/\xff.txt", false}}}};
+  console::hub h(g);
+  console::sample s;
+  s.t_s = 1;
+  s.phase = "gen\xfe";
+  console::node_sample a{"a", 0, {}};
+  console::replica_sample r;
+  r.state = "failed";
+  r.reason = "cannot open data/\xff.txt";
+  r.errors = {{0.5, "\xc3("}};
+  a.replicas.push_back(r);
+  s.nodes = {a};
+  s.events = {{1, 0.5, "failed", "a", 0, "bad \xfe byte"}};
+  s.signals = {{1, 0.5, "a", 0, "phase", 0, "x\xff"}};
+  h.publish(s);
+  const std::string fffd = "\xef\xbf\xbd";
+  std::uint64_t ev = 0, sig = 0;
+  for (const std::string& doc : {h.graph_json(), h.status_json(), h.nodes_json(), *h.node_json("a"), h.events_json(0),
+                                 h.signals_json(-1), h.frame_json(&ev, &sig)}) {
+    CAPTURE(doc);
+    CHECK_NOTHROW((void)json::parse(doc));
+    CHECK(doc.find(fffd) != std::string::npos);
+  }
+  h.set_controls({[]() -> std::string { throw std::runtime_error("refused: \xff"); }, {}, {}, {}});
+  const console::reply rep = h.act("pause");
+  CHECK(rep.status == 409);
+  CHECK(json::parse(rep.body)["error"] == "refused: " + fffd);
+}
+
 TEST_CASE("console: /api/cluster lists main and each node with heartbeat age, replicas and a lost one's reason") {
   console::graph_info g;
   g.name = "c";

@@ -448,6 +448,17 @@ TEST_CASE("ds_config: bad inputs malformed JSON and stage 5 and fp16 with bf16 a
   CHECK(contains(e, "empty.json:1:1: not valid JSON"));
   e = error_of([] { parse_ds_config("[1, 2]", 1, "arr.json"); });
   CHECK(contains(e, "arr.json: a DeepSpeed config is a JSON object"));
+  // a number past a double (tests/fuzz/fuzz_ds_config: nlohmann's out_of_range escaped, naming no file)
+  e = error_of([] { parse_ds_config("1111e1110556", 1, "big.json"); });
+  CHECK(contains(e, "big.json: not valid JSON: number overflow parsing '1111e1110556' (larger than a double can hold)"));
+  e = error_of([] { parse_ds_config(R"({"train_batch_size": 8, "gradient_clipping": 1e999})", 1, "clip.json"); });
+  CHECK(contains(e, "clip.json: not valid JSON: number overflow"));
+  {
+    ds_parse_options o;  // the same number in an override is a string, refused by the key's type check
+    o.overrides = {{"gradient_clipping", "1e999"}};
+    e = error_of([&] { parse_ds_config(R"({"train_batch_size": 8})", 1, "o.json", o); });
+    CHECK(contains(e, "override gradient_clipping=1e999"));
+  }
 
   // comments are fine (DeepSpeed reads hjson)
   ds_config c = parse_ds_config("// comment\n{\"train_batch_size\": 8 /* eight */}", 2);

@@ -487,6 +487,9 @@ TEST_CASE("overrides: errors name the override and the offending column") {
       {"graph.seed=-3", "graph seed must be a non-negative integer", "graph.seed=", 12},
       {"graph.steps=many", "graph steps must be an integer", "graph.steps=", 13},
       {"node.gen.replicas=two", "replicas must be an integer", "replicas=2", 19},
+      // tests/fuzz/fuzz_graph: a Latin-1 bare string came back from to_toml as other characters
+      {"graph.name=caf\xe9", "override value is not UTF-8 text (byte 0xe9)", "--set values are UTF-8", 15},
+      {"node.gen.prompt=\xed\xa0\x80", "not UTF-8 text (byte 0xed)", "iconv", 17},  // a surrogate
   };
   for (const auto& c : cases) {
     CAPTURE(std::string(c.text));
@@ -505,6 +508,20 @@ TEST_CASE("overrides: errors name the override and the offending column") {
   CHECK(v.errors[0].to_string() ==
         "--set node.gen.top_k=abc:1:16: error: setting 'top_k' of node 'gen' must be int, got string \"abc\"\n"
         "  hint: write top_k = 0 (`flowrun explain generator`)");
+}
+
+TEST_CASE("overrides: a UTF-8 bare string survives to_toml and a re-read") {
+  // What a cluster node receives is to_toml of the overridden spec (tests/fuzz/fuzz_graph checks this for
+  // every graph it reads; a non-UTF-8 value is refused above).
+  auto parsed = parse_graph_file(graphs_dir / "good/pipeline.graph");
+  REQUIRE(parsed.ok());
+  graph_spec spec = parsed.spec;
+  REQUIRE_FALSE(apply_override(spec, "graph.name=caf\xc3\xa9 \xe2\x9c\x93 \\ \"q\"", &test_kinds()));
+  CHECK(spec.name == "caf\xc3\xa9 \xe2\x9c\x93 \\ \"q\"");
+  auto again = parse_graph_string(to_toml(spec));
+  REQUIRE(again.ok());
+  CHECK(again.spec.name == spec.name);
+  CHECK(to_toml(again.spec) == to_toml(spec));
 }
 
 TEST_CASE("overrides: load_graph applies them before validating") {

@@ -233,6 +233,37 @@ TEST_CASE("hf: logits match transformers for OPT, GPT-2 and LLaMA (left-padded b
   }
 }
 
+TEST_CASE("hf: config.json sizes that model_config::validate refuses are refused naming the file") {
+  // tests/fuzz/fuzz_hf found it: hf_config_from_json returned num_attention_heads 0 unchecked (a division by
+  // zero in head_dim), multiplied head_dim * heads past int64, and huge sizes reached allocations
+  std::ifstream f(k_fixtures / "hf" / "llama" / "config.json");
+  const nlohmann::json base = nlohmann::json::parse(f);
+  auto refused = [&](const char* key, nlohmann::json value, const char* why) {
+    CAPTURE(key);
+    nlohmann::json j = base;
+    j.erase("head_dim");  // the fixture's 8 would be refused first for a new hidden_size
+    j[key] = value;
+    CHECK_THROWS_WITH_AS(hf_config_from_json(j, "m/config.json"), doctest::Contains("m/config.json: "),
+                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(hf_config_from_json(j, "m/config.json"), doctest::Contains(why), std::runtime_error);
+  };
+  refused("num_attention_heads", 0, "n_heads must divide dim");
+  refused("num_key_value_heads", 3, "n_kv_heads must divide n_heads");
+  refused("hidden_size", std::int64_t{1} << 40, "larger than 2^31");
+  refused("vocab_size", 0, "vocab_size must be > 0");
+  refused("head_dim", std::int64_t{1} << 62, "head_dim");
+  nlohmann::json big = base;
+  big["hidden_size"] = 1 << 20;
+  big["intermediate_size"] = 1 << 22;
+  big["num_hidden_layers"] = 1 << 10;
+  big["head_dim"] = (1 << 20) / 4;
+  CHECK_THROWS_WITH_AS(hf_config_from_json(big), doctest::Contains("more than 2^48"), std::runtime_error);
+  nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"n_embd", std::int64_t{1} << 62}, {"n_layer", 1}, {"n_head", 1},
+                         {"vocab_size", 8}};
+  CHECK_THROWS_WITH_AS(hf_config_from_json(gpt2), doctest::Contains("larger than 2^31"), std::runtime_error);
+  CHECK(hf_config_from_json(base).n_heads == 4);  // the fixture itself still reads
+}
+
 TEST_CASE("hf: config switches per family, and OPT's padded vocabulary") {
   auto opt = load_hf((k_fixtures / "hf" / "opt").string());
   const auto& o = opt.config();

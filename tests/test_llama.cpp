@@ -5,8 +5,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
+#include <limits>
 #include <map>
+
+#include <unistd.h>
 
 #include "models/decoder.h"
 #include "models/llama2c.h"
@@ -155,4 +159,49 @@ TEST_CASE("a truncated llama2.c file is refused with the byte counts") {
   std::filesystem::resize_file(p, std::filesystem::file_size(p) - 1000);
   CHECK_THROWS_WITH_AS(load_llama2c(p), doctest::Contains("truncated"), std::runtime_error);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a llama2.c header that asks for more than the file holds is refused before anything is allocated") {
+  // tests/fuzz/fuzz_llama2c found it: a 7-int header was trusted and the decoder (14 GB for the header it
+  // made up) allocated before the file's size was compared; vocab_size INT_MIN reached std::abs (undefined).
+  auto dir = std::filesystem::temp_directory_path() / ("flowrun_test_header_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const char* name, std::vector<std::int32_t> header, std::size_t floats) {
+    auto p = (dir / name).string();
+    std::ofstream f(p, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size() * 4));
+    std::vector<float> w(floats, 0.5f);
+    f.write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * 4));
+    return p;
+  };
+  // LLaMA-2 7B's header (dim 4096, 32 layers, vocab 32000) on 100 floats: 28 + 6,607,343,616 * 4 bytes of
+  // weights + 2048 * 64 * 2 * 4 of freq_cis (run.c) = 26,430,423,068 bytes it does not hold
+  const auto big = write("big.bin", {4096, 11008, 32, 32, 32, 32000, 2048}, 100);
+  CHECK_THROWS_WITH_AS(load_llama2c(big), doctest::Contains("truncated llama2.c file: its header"), std::runtime_error);
+  CHECK_THROWS_WITH_AS(load_llama2c(big), doctest::Contains("needs 26430423068 bytes, the file has 428"),
+                       std::runtime_error);
+  const auto int_min = write("int_min.bin", {8, 16, 1, 2, 2, std::numeric_limits<std::int32_t>::min(), 4}, 10);
+  CHECK_THROWS_WITH_AS(load_llama2c(int_min), doctest::Contains("corrupt header"), std::runtime_error);
+  const auto huge = write("huge.bin", {1 << 30, 1 << 30, 1 << 30, 1 << 10, 1 << 10, 1 << 30, 1 << 30}, 0);
+  CHECK_THROWS_WITH_AS(load_llama2c(huge), doctest::Contains("more than 2^48"), std::runtime_error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("model_config::num_parameters equals the decoder's parameter count in every family") {
+  // The llama2.c reader and the cluster's model codec check sizes with num_parameters() before allocating.
+  model_config llama = stories260k_config();
+  llama.tied_embeddings = false;
+  model_config gpt2 = gpt2_124m_config();
+  gpt2.dim = 16, gpt2.hidden_dim = 64, gpt2.n_layers = 2, gpt2.n_heads = 4, gpt2.n_kv_heads = 4, gpt2.vocab_size = 50,
+  gpt2.max_seq_len = 8;
+  model_config opt = gpt2;
+  opt.family = model_family::opt;
+  opt.act = ops::activation::relu;
+  opt.position_offset = 2;
+  opt.embed_dim = 8;
+  opt.post_norm = true;
+  for (const model_config& c : {stories260k_config(), llama, gpt2, opt}) {
+    CAPTURE(c.summary());
+    CHECK(decoder(c).num_parameters() == c.num_parameters());
+  }
 }

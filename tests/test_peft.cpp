@@ -212,3 +212,19 @@ TEST_CASE("PEFT adapter: errors name the file and tensor") {
     CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains("only LORA"), std::runtime_error);
   }
 }
+
+TEST_CASE("PEFT adapter: a config that is not JSON, lacks a key or has a wrong type is refused naming the file") {
+  // tests/fuzz/fuzz_adapter found it: nlohmann's bare parse_error / type_error escaped load_adapter
+  temp_dir tmp("bad_config");
+  fs::copy_file(k_adapter / "adapter_model.safetensors", tmp.path / "adapter_model.safetensors");
+  for (const char* text :
+       {"", "{\"peft_type\": \"LORA\", \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}",
+        "{\"peft_type\": \"LORA\", \"r\": \"4\", \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"]}",
+        "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [1, 2]}", "[1, 2]"}) {
+    CAPTURE(text);
+    std::ofstream(tmp.path / "adapter_config.json") << text;
+    auto m = load_hf(k_base.string());
+    CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()),
+                         doctest::Contains("adapter_config.json: not a PEFT LoRA adapter config"), std::runtime_error);
+  }
+}

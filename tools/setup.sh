@@ -23,6 +23,9 @@ packages=(
   libdnnl-dev libblis-openmp-dev
   # the console's browser test (tests/console_browser.py): headless Chromium driven by Selenium
   chromium chromium-driver python3-selenium
+  # the libFuzzer targets (tests/fuzz): clang 16 (Debian 12's clang 14 lacks C++20 lambda captures of structured
+  # bindings), its sanitizer and libFuzzer runtimes, and its OpenMP
+  clang-16 libclang-rt-16-dev libomp-16-dev
 )
 
 if [[ "${FLOWRUN_SKIP_APT:-0}" != 1 ]]; then

@@ -186,6 +186,8 @@ ojson value_from_text(const std::string& text) {
     return ojson::parse(text, nullptr, true, true);
   } catch (const nlohmann::json::parse_error&) {
     return ojson(text);  // not JSON: a plain string (e.g. scheduler.type=WarmupLR)
+  } catch (const nlohmann::json::out_of_range&) {
+    return ojson(text);  // a number past a double (1e999): the key's type check names the override
   }
 }
 
@@ -777,6 +779,12 @@ ds_config parse_ds_config(const std::string& json_text, int world_size, const st
     if (p != std::string::npos) msg = msg.substr(p + 2);
     throw std::invalid_argument(where + ":" + std::to_string(line) + ":" + std::to_string(col) +
                                 ": not valid JSON: " + msg);
+  } catch (const nlohmann::json::out_of_range& e) {
+    // e.g. 1e999 (tests/fuzz/fuzz_ds_config): nlohmann's out_of_range.406 escaped, naming neither file nor fix
+    std::string msg = e.what();
+    const auto p = msg.find("] ");
+    if (p != std::string::npos) msg = msg.substr(p + 2);
+    throw std::invalid_argument(where + ": not valid JSON: " + msg + " (larger than a double can hold)");
   }
   if (!root.is_object())
     throw std::invalid_argument(where + ": a DeepSpeed config is a JSON object {...}, not " + describe(root));

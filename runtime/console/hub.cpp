@@ -8,6 +8,10 @@
 namespace flowrun::console {
 
 using json = nlohmann::json;
+// Every document is written with bytes that are not UTF-8 replaced by U+FFFD: node names, settings, phases and
+// error texts (an exception quoting a file name) may hold any bytes, and a throwing dump ended the whole process
+// when it ran in the event stream's content provider (tests/fuzz/fuzz_console.cpp found it).
+constexpr auto k_replace = json::error_handler_t::replace;
 
 namespace {
 
@@ -545,34 +549,34 @@ std::string hub::graph_json() const {
   return json{{"name", graph_.name},      {"file", graph_.file},       {"seed", graph_.seed},
               {"steps", graph_.steps},    {"nodes", std::move(nodes)}, {"replica_groups", std::move(groups)},
               {"edges", std::move(edges)}}
-      .dump();
+      .dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::status_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return hub_json{*this}.status().dump();
+  return hub_json{*this}.status().dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::nodes_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.nodes()}}.dump();
+  return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.nodes()}}.dump(-1, ' ', false, k_replace);
 }
 
 std::optional<std::string> hub::node_json(std::string_view name) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < current_.nodes.size(); ++i)
-    if (current_.nodes[i].name == name) return hub_json{*this}.node_detail(i).dump();
+    if (current_.nodes[i].name == name) return hub_json{*this}.node_detail(i).dump(-1, ' ', false, k_replace);
   return std::nullopt;
 }
 
 std::string hub::edges_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return json{{"window_s", num(rates_.window_s)}, {"edges", hub_json{*this}.edges()}}.dump();
+  return json{{"window_s", num(rates_.window_s)}, {"edges", hub_json{*this}.edges()}}.dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::bottlenecks_json(std::size_t n) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.bottlenecks(n)}}.dump();
+  return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.bottlenecks(n)}}.dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::signals_json(double since_t) const {
@@ -594,7 +598,7 @@ std::string hub::signals_json(double since_t) const {
   for (const auto& p : phases_)
     if (p.t_s > since_t)
       phases.push_back(json{{"t_s", num(p.t_s)}, {"node", p.node}, {"replica", p.replica}, {"phase", p.text}});
-  return json{{"phase", current_.phase}, {"series", std::move(series)}, {"phases", std::move(phases)}}.dump();
+  return json{{"phase", current_.phase}, {"series", std::move(series)}, {"phases", std::move(phases)}}.dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::memory_json() const {
@@ -616,12 +620,12 @@ std::string hub::memory_json() const {
                            {"bytes", std::move(bytes)},
                            {"total_bytes", total}});
     }
-  return json{{"rss_bytes", current_.rss_bytes}, {"ranks", std::move(ranks)}}.dump();
+  return json{{"rss_bytes", current_.rss_bytes}, {"ranks", std::move(ranks)}}.dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::cluster_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return cluster_doc(current_.cluster).dump();
+  return cluster_doc(current_.cluster).dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::events_json(std::uint64_t since_seq) const {
@@ -629,7 +633,7 @@ std::string hub::events_json(std::uint64_t since_seq) const {
   json a = json::array();
   for (const auto& e : events_)
     if (e.seq > since_seq) a.push_back(event_json(e));
-  return json{{"events", std::move(a)}, {"last_seq", events_.empty() ? 0 : events_.back().seq}}.dump();
+  return json{{"events", std::move(a)}, {"last_seq", events_.empty() ? 0 : events_.back().seq}}.dump(-1, ' ', false, k_replace);
 }
 
 std::string hub::frame_json(std::uint64_t* event_seq, std::uint64_t* signal_seq) const {
@@ -655,14 +659,14 @@ std::string hub::frame_json(std::uint64_t* event_seq, std::uint64_t* signal_seq)
               {"events", std::move(evs)},
               {"signals", std::move(sigs)},
               {"tokens_per_s_point", std::move(tps)}}
-      .dump();
+      .dump(-1, ' ', false, k_replace);
 }
 
 reply hub::act(std::string_view what) {
   std::function<std::string()> f;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (closed_) return {409, json{{"ok", false}, {"action", what}, {"error", "the run has finished"}}.dump()};
+    if (closed_) return {409, json{{"ok", false}, {"action", what}, {"error", "the run has finished"}}.dump(-1, ' ', false, k_replace)};
     if (what == "pause")
       f = controls_.pause;
     else if (what == "resume")
@@ -672,13 +676,13 @@ reply hub::act(std::string_view what) {
     else if (what == "checkpoint")
       f = controls_.checkpoint;
     else
-      return {404, json{{"ok", false}, {"error", "unknown action '" + std::string(what) + "'"}}.dump()};
+      return {404, json{{"ok", false}, {"error", "unknown action '" + std::string(what) + "'"}}.dump(-1, ' ', false, k_replace)};
   }
-  if (!f) return {503, json{{"ok", false}, {"action", what}, {"error", "the run is not ready for this yet"}}.dump()};
+  if (!f) return {503, json{{"ok", false}, {"action", what}, {"error", "the run is not ready for this yet"}}.dump(-1, ' ', false, k_replace)};
   try {
-    return {200, json{{"ok", true}, {"action", what}, {"message", f()}}.dump()};
+    return {200, json{{"ok", true}, {"action", what}, {"message", f()}}.dump(-1, ' ', false, k_replace)};
   } catch (const std::exception& e) {
-    return {409, json{{"ok", false}, {"action", what}, {"error", e.what()}}.dump()};
+    return {409, json{{"ok", false}, {"action", what}, {"error", e.what()}}.dump(-1, ' ', false, k_replace)};
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -883,6 +885,32 @@ parse_result parse_graph_string(std::string_view text, const fs::path& source_na
 
 // ---------------------------------------------------------------- overrides
 
+namespace {
+
+// The offset of the first byte of `s` that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
+// no surrogates, nothing past U+10FFFF), or npos.
+std::size_t first_non_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return i;
+    std::uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 2) return i;
+      cp = cp << 6 | (d & 0x3f);
+    }
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+      return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
 std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
                                           const node_kind_registry* kinds) {
   const std::string file = "--set " + std::string(assignment);
@@ -896,6 +924,14 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   std::string_view path = assignment.substr(0, eq);
   std::string raw(assignment.substr(eq + 1));
   const std::size_t value_offset = eq + 1;
+  // A graph file is UTF-8 (TOML); so is an override, or a bare-string value would not survive to_toml (the
+  // graph a cluster node receives): its bytes came back as other characters (tests/fuzz/fuzz_graph).
+  if (const auto bad = first_non_utf8(raw); bad != std::string_view::npos) {
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(raw[bad]));
+    return err(value_offset + bad, "override value is not UTF-8 text (byte " + std::string(byte) + ")",
+               "graph files and --set values are UTF-8: convert the value (e.g. iconv -f latin1 -t utf-8)");
+  }
   source_pos vpos{file, 1, static_cast<int>(value_offset) + 1};
   source_pos kpos{file, 1, 1};
 

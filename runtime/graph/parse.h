@@ -97,9 +97,9 @@ edge_parse_result parse_edge(std::string_view text, const source_pos& pos = {}, 
 /// setting holds a string, taken as a bare string. A setting must already be
 /// written in the node or, when `kinds` is given and knows the node's kind,
 /// be declared by the kind. Returns an error (at file `--set PATH=VALUE`,
-/// line 1, column of the offending part) if the text has no `=`, the path
-/// does not exist (with the nearest name as hint), or a graph/replicas value
-/// has the wrong type. The new value remembers that position, so type errors
+/// line 1, column of the offending part) if the text has no `=`, the value is
+/// not UTF-8, the path does not exist (with the nearest name as hint), or a
+/// graph/replicas value has the wrong type. The new value remembers that position, so type errors
 /// the validator finds point at the override.
 std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
                                           const node_kind_registry* kinds = nullptr);

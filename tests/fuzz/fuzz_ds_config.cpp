@@ -1,4 +1,4 @@
-// Fuzz target: the DeepSpeed JSON reader (models/ds_config.h parse_ds_config:
+// Fuzz target: the DeepSpeed JSON reader (models/train/ds_config.h parse_ds_config:
 // batch-size triple, zero_optimization, fp16/bf16, optimizer, scheduler,
 // "auto" values, key=value overrides), then the loss scaler and the LR schedule
 // it describes.
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "models/ds_config.h"
+#include "models/train/ds_config.h"
 #include "tests/fuzz/fuzz_util.h"
 
 using namespace flowrun;

@@ -1,4 +1,4 @@
-// Fuzz target: the DeepSpeed-Chat JSONL reader (models/dschat_data.h load_source:
+// Fuzz target: the DeepSpeed-Chat JSONL reader (models/rlhf/dschat_data.h load_source:
 // {prompt, chosen, rejected}, {prompt, chosen} and raw HH-RLHF lines, plain or
 // gzip), then the three steps' tokenization and batches on what it loaded, with
 // the GPT-2 BPE tokenizer of tests/fixtures/bpe.
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "models/dschat_data.h"
+#include "models/rlhf/dschat_data.h"
 #include "models/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 

@@ -1,5 +1,6 @@
 #include "actors/node_models.h"
 #include "actors/dschat_common.h"
+#include "actors/resume_check.h"
 
 #include <filesystem>
 #include <fstream>
@@ -37,9 +38,7 @@ static std::string done_marker(const actor::node_context& ctx) {
 }
 
 static std::string settings_fingerprint(const graph::node_spec& n) {
-  std::string text = n.kind;
-  for (const auto& [k, v] : n.settings) text += "\n" + k + "=" + graph::to_string(v.value);
-  return fmt::format("{:016x}", graph::fnv1a64(text));
+  return fmt::format("{:016x}", graph::fnv1a64(n.kind + "\n" + settings_record(n, {}).dump()));
 }
 
 void write_run_marker(const actor::node_context& ctx, const std::string& out) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 #include "runtime/kernels/ops.h"
@@ -157,13 +158,18 @@ micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k) {
 
 namespace {
 
-// Answer tokens (attention_mask columns start+1 .. S-1) of rows [a, b).
-int64_t answer_tokens(const experience& e, int64_t a, int64_t b) {
-  const int64_t S = e.seq.size(1);
-  int64_t n = 0;
-  for (int64_t r = a; r < b; ++r)
-    for (int64_t t = e.start() + 1; t < S; ++t) n += e.attention_mask.data<int32_t>()[r * S + t] != 0;
-  return n;
+// The units of the actor's and the critic's token-mean losses: micro-batch k's answer tokens
+// (attention_mask columns start+1 .. S-1 of its rows), 0 for an empty micro-batch.
+std::function<int64_t(int64_t)> answer_units(const experience& e, int64_t M) {
+  return [e, M](int64_t k) {
+    const auto m = micro_slice_of(e.seq.size(0), M, k);
+    if (m.empty) return int64_t{0};
+    const int64_t S = e.seq.size(1);
+    int64_t n = 0;
+    for (int64_t r = m.a; r < m.b; ++r)
+      for (int64_t t = e.start() + 1; t < S; ++t) n += e.attention_mask.data<int32_t>()[r * S + t] != 0;
+    return n;
+  };
 }
 
 }  // namespace
@@ -171,10 +177,7 @@ int64_t answer_tokens(const experience& e, int64_t a, int64_t b) {
 batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange, int64_t M) {
   const int64_t B = e.seq.size(0);
   batch_loss l;
-  l.units = [e, B, M](int64_t k) {
-    const auto m = micro_slice_of(B, M, k);
-    return m.empty ? int64_t{0} : answer_tokens(e, m.a, m.b);
-  };
+  l.units = answer_units(e, M);
   l.forward = [e, advantages, cliprange, B, M](int64_t k, decoder& actor, activations& a) {
     const auto m = micro_slice_of(B, M, k);
     const experience sub = slice_rows(e, m.a, m.b);
@@ -201,10 +204,7 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
 batch_loss critic_batch_loss(const experience& e, const tensor& returns, float cliprange_value, int64_t M) {
   const int64_t B = e.seq.size(0);
   batch_loss l;
-  l.units = [e, B, M](int64_t k) {
-    const auto m = micro_slice_of(B, M, k);
-    return m.empty ? int64_t{0} : answer_tokens(e, m.a, m.b);
-  };
+  l.units = answer_units(e, M);
   l.forward = [e, returns, cliprange_value, B, M](int64_t k, decoder& critic, activations& a) {
     if (!critic.has_value_head()) throw std::invalid_argument("critic_batch_loss: the model has no value head");
     const auto m = micro_slice_of(B, M, k);

@@ -25,7 +25,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
   k.require("model", T::path, "initial weights: llama2.c .bin, a flowrun model folder, or a HF folder (LLaMA, OPT, GPT-2)")
       .require("tokenizer", T::path, "SentencePiece .model, GPT-2 BPE vocab.json, or a folder holding either")
       .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
-      .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
+      .option("mix_data", T::path_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
       .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
       .option("eval_fraction", T::float_, 0.1, "held-out share of this step's rows").in_range(0, 1, false, /*high_open=*/true)
       .option("per_device_train_batch_size", T::int_, std::int64_t{8}, "rows per micro-batch").at_least(1)
@@ -41,7 +41,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("zero_stage", T::int_, std::int64_t{0}, "ZeRO stage 0-3 of the trainer's engine (DS-Chat's --zero_stage)").in_range(0, 3)
       .option("dtype", T::string, std::string("fp32"),
               "fp32, bf16 or fp16 (fp32 masters; fp16 with dynamic loss scaling): DS-Chat's --dtype")
-      .option("deepspeed_config", T::string, std::string(""),
+      .option("deepspeed_config", T::path, std::string(""),
               "a DeepSpeed JSON whose zero_optimization.stage, bf16/fp16, gradient_clipping, batch triple and "
               "optimizer override these settings")
       .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
@@ -226,7 +226,7 @@ void register_sft_trainer(graph::node_kind_registry& kinds, actor::node_factory_
   add_trainer_settings(k, 1e-3, 150);
   k.output("model", "model", "the fine-tuned model, when training ends")
       .option("mask_prompt", T::bool_, false, "no loss on prompt tokens")
-      .option("output", T::string, std::string(""),
+      .option("output", T::output, std::string(""),
               "also save the model here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
               "tokenizer)");
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new sft_trainer); });
@@ -298,7 +298,7 @@ void register_rm_trainer(graph::node_kind_registry& kinds, actor::node_factory_r
   graph::node_kind k{"rm_trainer", "DS-Chat step 2: reward model = base + v_head, pairwise loss"};
   add_trainer_settings(k, 5e-4, 300);
   k.output("model", "model", "the reward model (with its value head), when training ends")
-      .option("output", T::string, std::string(""),
+      .option("output", T::output, std::string(""),
               "also save it into this folder: HF (with v_head.weight and the tokenizer) from a HF model, else "
               "flowrun_config.json + safetensors");
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rm_trainer); });

@@ -107,7 +107,7 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .output("batch", "prompt_batch", "left-padded prompts")
       .require("tokenizer", T::path, "SentencePiece .model")
       .require("data", T::path, "DS-Chat JSONL with prompts")
-      .option("mix_data", T::string_list, std::vector<std::string>{}, "more datasets blended with data")
+      .option("mix_data", T::path_list, std::vector<std::string>{}, "more datasets blended with data")
       .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split")
       .option("eval_fraction", T::float_, 0.1, "held-out share").in_range(0, 1, false, /*high_open=*/true)
       .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)").at_least(1)
@@ -716,7 +716,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         .in_range(0, 3)
         .option("dtype", T::string, std::string("fp32"),
                 "fp32, bf16 or fp16 (fp32 masters; fp16 with dynamic loss scaling): DS-Chat's --dtype")
-        .option("deepspeed_config", T::string, std::string(""),
+        .option("deepspeed_config", T::path, std::string(""),
                 "a DeepSpeed JSON whose zero_optimization.stage, bf16/fp16, gradient_clipping, "
                 "gradient_accumulation_steps and optimizer override these settings")
         .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
@@ -736,11 +736,11 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
           .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
           .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss").at_least(0)
-          .option("unsup_data", T::string, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
+          .option("unsup_data", T::path, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
           .option("unsup_seq_len", T::int_, std::int64_t{64}, "ptx instance length").at_least(2)
-          .option("tokenizer", T::string, std::string(""),
+          .option("tokenizer", T::path, std::string(""),
                   "tokenizer for unsup_data; also copied beside a HF output (default: the model's own)")
-          .option("output", T::string, std::string(""),
+          .option("output", T::output, std::string(""),
                   "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
                   "a HF folder with the tokenizer)")
           .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");

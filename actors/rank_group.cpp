@@ -84,7 +84,7 @@ void add_rank_group_settings(graph::node_kind& k) {
   k.option("comm_backend", T::string, std::string("inproc"), "inproc (threads), gloo (processes) or nccl (GPUs)")
       .option("rendezvous", T::string, std::string(""),
               "gloo/nccl rendezvous: caf://HOST:PORT (a CAF store) or a folder (default: $FLOWRUN_RENDEZVOUS)")
-      .option("store_dir", T::string, std::string(""), "gloo/nccl rendezvous folder (default: $FLOWRUN_STORE_DIR)")
+      .option("store_dir", T::output, std::string(""), "gloo/nccl rendezvous folder (default: $FLOWRUN_STORE_DIR)")
       .option("comm_timeout_s", T::int_, std::int64_t{300}, "how long a collective waits for the other ranks").at_least(1);
 }
 

@@ -422,7 +422,7 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
   auto shared = [](graph::node_kind& k) {
     k.option("seq_length", T::int_, std::int64_t{64}, "tokens per instance (TencentPretrain --seq_length)").at_least(1)
         .option("total_steps", T::int_, std::int64_t{20}, "optimizer steps (TencentPretrain --total_steps)").at_least(1)
-        .option("output_dir", T::string, std::string(""), "checkpoint folder (empty: no checkpoints)")
+        .option("output_dir", T::output, std::string(""), "checkpoint folder (empty: no checkpoints)")
         .option("resume", T::bool_, true, "continue from output_dir's latest committed checkpoint when there is one")
         .option("seed", T::int_, std::int64_t{1234}, "data order and LoRA init");
   };
@@ -444,15 +444,15 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("zero_stage", T::int_, std::int64_t{-1}, "override zero_optimization.stage (-1: the config's)").in_range(-1, 3)
         .option("save_checkpoint_steps", T::int_, std::int64_t{10}, "checkpoint every N steps (and at the end); 0: only when the console asks").at_least(0)
         .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed step folders kept").at_least(1)
-        .option("export_hf", T::string, std::string(""), "at the end, write the consolidated model here (HF format)")
+        .option("export_hf", T::output, std::string(""), "at the end, write the consolidated model here (HF format)")
         .option("use_lora", T::bool_, false, "train LoRA adapters only (TencentPretrain --use_lora)")
         .option("lora_r", T::int_, std::int64_t{8}, "LoRA rank (at most the model's dim)").at_least(1)
         .option("lora_alpha", T::float_, 16.0, "LoRA alpha").above(0)
         .option("lora_dropout", T::float_, 0.0, "LoRA dropout").in_range(0, 1, false, /*high_open=*/true)
         .option("lora_target_modules", T::string, std::string("q_proj,v_proj"),
                 "PEFT target_modules, comma-separated (q_proj,v_proj: PEFT's default for LLaMA; all-linear: every Linear)")
-        .option("lora_pretrained", T::string, std::string(""), "continue from this LoRA adapter folder (base + LoRA)")
-        .option("save_lora", T::string, std::string(""), "at the end, save only the LoRA weights here (PEFT format)")
+        .option("lora_pretrained", T::path, std::string(""), "continue from this LoRA adapter folder (base + LoRA)")
+        .option("save_lora", T::output, std::string(""), "at the end, save only the LoRA weights here (PEFT format)")
         .option("memory_limit_gb", T::float_, 0.0, "refuse a plan over this many GB per process (0: available memory)").at_least(0)
         .option("gradient_checkpointing", T::bool_, false,
                 "keep only each layer's input; recompute the layer in backward (less activation memory, one more "

@@ -962,6 +962,36 @@ TEST_CASE("cluster: HMAC-SHA256 matches RFC 4231 and proofs depend on secret, ro
   CHECK_FALSE(load_cluster_secret("/nonexistent/secret"));
 }
 
+TEST_CASE("cluster auth: the daemon's handshake gate accepts a right proof once and refuses forgeries") {
+  handshake_gate gate("s3cret", 4);
+  const std::string client = random_nonce();
+  CHECK_FALSE(gate.hello("not a nonce"));
+  CHECK_FALSE(gate.hello(std::string(64, 'A')));  // upper-case hex is not what random_nonce makes
+  auto answer = gate.hello(client);
+  REQUIRE(answer);
+  CHECK(is_nonce(answer->first));
+  // the daemon proves it knows the secret
+  CHECK(answer->second == cluster_proof("s3cret", "daemon", client, answer->first));
+  // a proof made with another secret, role or order is refused and uses the nonce up
+  CHECK(gate.auth(client, answer->first, cluster_proof("other", "client", client, answer->first)) ==
+        "wrong cluster secret (the node's secret differs from yours)");
+  CHECK(gate.auth(client, answer->first, cluster_proof("s3cret", "client", client, answer->first)) ==
+        "malformed or replayed handshake");
+  // a fresh hello with the right proof is accepted once; the replay is refused
+  answer = gate.hello(client);
+  REQUIRE(answer);
+  const std::string proof = cluster_proof("s3cret", "client", client, answer->first);
+  CHECK(gate.auth(client, answer->first, cluster_proof("s3cret", "daemon", client, answer->first)) != "");
+  answer = gate.hello(client);
+  const std::string right = cluster_proof("s3cret", "client", client, answer->first);
+  CHECK(gate.auth(client, answer->first, right).empty());
+  CHECK(gate.auth(client, answer->first, right) == "malformed or replayed handshake");
+  CHECK(gate.auth(client, random_nonce(), proof) == "malformed or replayed handshake");  // never issued
+  // unanswered hellos are bounded
+  for (int i = 0; i < 10; ++i) gate.hello(random_nonce());
+  CHECK(gate.pending() <= 4);
+}
+
 TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors them") {
   using namespace flowrun::actor;
   job_metrics node_side, main_side;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "test_util.h"
 
 namespace {
@@ -282,4 +284,30 @@ TEST_CASE("text_source reads a file larger than its 64 KiB blocks: every non-bla
   CHECK(got.size() == want.size());
   CHECK(got == want);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("flowrun train --step 2 3 from a folder without graphs/: step 3 reads the very reward model step 2 wrote") {
+  // The bug (issue 17): step 2 wrote ./out/rlhf/reward_model, and step 3 silently loaded the repository's older
+  // one. Now a relative --set path resolves against the working directory, and step 3 is handed step 2's output.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_train_paths_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  int rc = -1;
+  auto out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) +
+                     " train --step 2 3 --actor-model model/stories260K/stories260K.bin --set node.rm.steps=2"
+                     " --set node.rm.output=runs/my_rm --set node.policy.output=runs/my_ppo.bin"
+                     " --set node.prompts.iterations=1 --set node.prompts.eval_prompts=2 --set graph.checkpoint_dir="
+                     " 2>&1",
+                 &rc);
+  INFO(out);
+  REQUIRE(rc == 0);
+  const fs::path rm = fs::canonical(dir) / "runs" / "my_rm";
+  CHECK(fs::exists(rm / "flowrun_config.json"));
+  CHECK(fs::exists(fs::canonical(dir) / "runs" / "my_ppo.bin"));
+  // step 3's reward model was loaded from that very folder, named with its modification time
+  CHECK(out.find("--set node.reward_model.model=" + rm.string()) != std::string::npos);
+  CHECK(out.find("[reward_model[0]] [info] loading model " + rm.string() + " (modified ") != std::string::npos);
+  CHECK(out.find("[step 3 ppo] held-out after") != std::string::npos);
+  fs::remove_all(dir);
 }

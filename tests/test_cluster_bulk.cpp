@@ -121,6 +121,29 @@ TEST_CASE("cluster bulk: the header round trips, and malformed headers are refus
   actor::encode_bulk_header(one, bad);
   at = 0;
   CHECK_THROWS_WITH_AS(actor::decode_bulk_header(bad, at), doctest::Contains("unknown dtype 9"), std::invalid_argument);
+
+  // Sizes the receiver would allocate before the bytes arrive: bounded in all (max_bulk_payload_bytes = 64 GiB),
+  // including products that overflow 64 bits (2^40 x 2^40) and many tensors that are each under the bound.
+  auto refused = [](actor::bulk_header x) {
+    std::vector<char> b;
+    actor::encode_bulk_header(x, b);
+    std::size_t a = 0;
+    CHECK_THROWS_WITH_AS(actor::decode_bulk_header(b, a), doctest::Contains("bytes of tensors"), std::invalid_argument);
+  };
+  const std::int64_t big = std::int64_t{1} << 40;
+  refused({0, {dtype::f32}, {{big, big}}});                               // 2^80 elements: overflows
+  refused({0, {dtype::f32}, {{std::int64_t{1} << 34, 2}}});               // 2^35 x 4 bytes = 128 GiB
+  refused({0, std::vector<dtype>(9, dtype::i64), std::vector<shape_t>(9, shape_t{1 << 30})});  // 9 x 8 GiB = 72 GiB
+  actor::bulk_header edge{0, {dtype::f32}, {{std::int64_t{1} << 34}}};   // exactly 64 GiB: announced, allowed
+  std::vector<char> eb;
+  actor::encode_bulk_header(edge, eb);
+  at = 0;
+  CHECK(actor::decode_bulk_header(eb, at).shapes == edge.shapes);
+  actor::bulk_header zero{0, {dtype::f32}, {{0, big}}};                  // an empty tensor of a large width
+  std::vector<char> zb;
+  actor::encode_bulk_header(zero, zb);
+  at = 0;
+  CHECK(actor::decode_bulk_header(zb, at).shapes == zero.shapes);
 }
 
 #ifdef FLOWRUN_HAVE_GLOO

@@ -229,7 +229,7 @@ TEST_CASE("node kind registry: register, lookup, list, explain") {
   CHECK(std::get<std::int64_t>(gen->find_setting("seed")->default_value) == -1);
   CHECK(std::get<bool>(r.lookup("tokenizer")->find_setting("add_bos")->default_value));
   CHECK(std::get<std::string>(r.lookup("sink")->find_setting("path")->default_value).empty());
-  CHECK(r.lookup("sink")->find_setting("path")->type == setting_type::string);
+  CHECK(r.lookup("sink")->find_setting("path")->type == setting_type::output);  // a file it writes
   CHECK(r.lookup("text_source")->find_port("lines")->message_type == "text");
 
   std::string text = explain(*gen);
@@ -245,6 +245,8 @@ TEST_CASE("node kind registry: register, lookup, list, explain") {
   CHECK(contains(all, "text_source  () -> (lines:text)"));
 
   CHECK(parse_setting_type("string_list") == setting_type::string_list);
+  CHECK(parse_setting_type("output") == setting_type::output);
+  CHECK(parse_setting_type("path_list") == setting_type::path_list);
   CHECK_FALSE(parse_setting_type("double").has_value());
 }
 
@@ -324,7 +326,8 @@ TEST_CASE("good: a pipeline with omitted ports, options, defaults and paths") {
   CHECK(g.find_node("prompts")->get_int("max_lines") == 5);
   CHECK(g.find_node("tok")->get_bool("add_bos"));
   CHECK(g.find_node("out")->get_string("path").empty());
-  CHECK(g.find_node("log")->get_string("path") == "completions.txt");  // a string, not a path: kept
+  // an output: resolved against the graph file's folder like an input, but it need not exist
+  CHECK(g.find_node("log")->get_string("path") == (graphs_dir / "good" / "completions.txt").lexically_normal().string());
   CHECK(g.find_node("out")->pos.line == 33);
   CHECK(g.find_node("out")->pos.col == 1);
   CHECK_THROWS_AS((void)gen->get_int("nope"), std::out_of_range);
@@ -1393,4 +1396,116 @@ TEST_CASE("the cycle check handles a 100k-node chain without deep recursion, and
   REQUIRE(v.errors.size() == 1);
   CHECK(contains(v.errors[0].message, "cycle without a feedback edge: n0 -> n1 -> n2"));
   CHECK(ends_with(v.errors[0].message, "n99999 -> n0"));
+}
+
+// ------------------------------------------------------------ paths (validate.h, "Path settings")
+
+namespace {
+void write_file(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+// Runs `f` with the working directory set to `dir`, restoring it after.
+template <class F>
+void in_dir(const fs::path& dir, F f) {
+  const fs::path before = fs::current_path();
+  fs::current_path(dir);
+  try {
+    f();
+  } catch (...) {
+    fs::current_path(before);
+    throw;
+  }
+  fs::current_path(before);
+}
+}  // namespace
+
+TEST_CASE("paths: one rule for inputs and outputs; a file's folder for written paths, the working directory for --set") {
+  const fs::path root = fs::temp_directory_path() / ("flowrun_paths_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path g = root / "proj" / "graphs", run = root / "elsewhere", assets = root / "assets";
+  write_file(g / "data.txt", "a\n");
+  write_file(g / "inc" / "more.txt", "b\n");
+  write_file(run / "here.txt", "c\n");
+  write_file(assets / "data" / "shared.txt", "d\n");
+  // an included file's paths resolve against the included file's folder
+  write_file(g / "inc" / "part.inc", "[node.sink2]\nkind = \"sink\"\npath = \"written_by_include.txt\"\n");
+  write_file(g / "main.graph",
+             "include = [\"inc/part.inc\"]\n"
+             "edges = [\"src.lines -> sink.items, sink2.items\", \"src2.lines -> mix.data\"]\n"
+             "[graph]\nname = \"paths\"\ncheckpoint_dir = \"../out/ck\"\n"
+             "[node.src]\nkind = \"text_source\"\npath = \"data.txt\"\n"
+             "[node.src2]\nkind = \"text_source\"\npath = \"data/shared.txt\"\n"  // only under the asset root
+             "[node.sink]\nkind = \"sink\"\npath = \"../out/result.txt\"\n"
+             "[node.mix]\nkind = \"mixer\"\nmix = [\"inc/more.txt\", \"data/shared.txt\"]\n");
+  node_kind_registry kinds;
+  register_example_kinds(kinds);
+  kinds.register_kind(node_kind{"mixer", "reads several files"}.input("data", "text").option(
+      "mix", setting_type::path_list, std::vector<std::string>{}, "files to blend"));
+  validate_options vo;
+  vo.asset_root = assets;
+  auto setting_of = [](const validation_result& v, const std::string& node, const std::string& key) {
+    const auto* n = v.spec.find_node(node);
+    REQUIRE(n);
+    const auto* s = n->find_setting(key);
+    REQUIRE(s);
+    return s->value;
+  };
+  const fs::path proj = fs::canonical(root / "proj");
+  in_dir(run, [&] {
+    // the graph run by an absolute path from another folder: inputs and outputs both resolve against graphs/
+    auto v = load_graph(g / "main.graph", kinds, vo);
+    REQUIRE_MESSAGE(v.ok(), format_errors(v.errors));
+    CHECK(std::get<std::string>(setting_of(v, "src", "path")) == (g / "data.txt").string());
+    CHECK(std::get<std::string>(setting_of(v, "sink", "path")) == (root / "proj" / "out" / "result.txt").string());
+    CHECK(std::get<std::string>(setting_of(v, "sink2", "path")) == (g / "inc" / "written_by_include.txt").string());
+    CHECK(v.spec.checkpoint_dir == (root / "proj" / "out" / "ck").string());
+    // inputs not found next to the file come from the asset root; outputs never do
+    CHECK(std::get<std::string>(setting_of(v, "src2", "path")) == (assets / "data" / "shared.txt").string());
+    CHECK(std::get<std::vector<std::string>>(setting_of(v, "mix", "mix")) ==
+          std::vector<std::string>{(g / "inc" / "more.txt").string(), (assets / "data" / "shared.txt").string()});
+    (void)proj;
+
+    // --set values resolve against the working directory, inputs and outputs alike
+    const fs::path cwd = fs::current_path();
+    auto s = load_graph(g / "main.graph", kinds, vo,
+                        {"node.src.path=here.txt", "node.sink.path=runs/r1.txt", "graph.checkpoint_dir=ck2",
+                         "node.mix.mix=[\"here.txt\"]"});
+    REQUIRE_MESSAGE(s.ok(), format_errors(s.errors));
+    CHECK(std::get<std::string>(setting_of(s, "src", "path")) == (cwd / "here.txt").string());
+    CHECK(std::get<std::string>(setting_of(s, "sink", "path")) == (cwd / "runs" / "r1.txt").string());
+    CHECK(s.spec.checkpoint_dir == (cwd / "ck2").string());
+    CHECK(std::get<std::vector<std::string>>(setting_of(s, "mix", "mix")) ==
+          std::vector<std::string>{(cwd / "here.txt").string()});
+
+    // a --set input is not looked up next to the graph file: data.txt is there, not here
+    auto bad = load_graph(g / "main.graph", kinds, vo, {"node.src.path=data.txt"});
+    REQUIRE(bad.errors.size() == 1);
+    CHECK(contains(bad.errors[0].message, "'" + (cwd / "data.txt").string() + "'"));
+    CHECK(contains(bad.errors[0].hint, "relative paths given with --set are looked up in the working directory"));
+    CHECK(bad.errors[0].file.rfind("--set node.src.path=", 0) == 0);
+    // a missing file in a path_list names that entry
+    auto bad_list = load_graph(g / "main.graph", kinds, vo, {"node.mix.mix=[\"here.txt\", \"nowhere.txt\"]"});
+    REQUIRE(bad_list.errors.size() == 1);
+    CHECK(contains(bad_list.errors[0].message, "'nowhere.txt'"));
+    CHECK(contains(bad_list.errors[0].message, "setting 'mix' of node 'mix'"));
+  });
+  // the same graph from its own folder and from the project root names the very same files
+  std::string from_graphs, from_root;
+  in_dir(g, [&] {
+    auto v = load_graph("main.graph", kinds, vo);
+    REQUIRE(v.ok());
+    from_graphs = std::get<std::string>(setting_of(v, "sink", "path"));
+  });
+  in_dir(root / "proj", [&] {
+    auto v = load_graph("graphs/main.graph", kinds, vo);
+    REQUIRE(v.ok());
+    from_root = std::get<std::string>(setting_of(v, "sink", "path"));
+  });
+  CHECK(from_graphs == from_root);
+  CHECK(fs::path(from_root).is_absolute());
+  // `flowrun explain` states the rule under a kind with path settings
+  CHECK(contains(explain(*kinds.lookup("sink")), "resolves against that file's folder"));
+  CHECK(contains(explain(*kinds.lookup("sink")), "output"));
+  fs::remove_all(root);
 }

@@ -1,6 +1,7 @@
 #include "runtime/actor/bulk_plane.h"
 
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -46,17 +47,26 @@ bulk_header decode_bulk_header(const std::vector<char>& bytes, std::size_t& at) 
   h.first_tag = get<std::uint64_t>(bytes, at);
   const auto n = get<std::uint32_t>(bytes, at);
   if (n > 4096) throw std::invalid_argument("bulk header announces " + std::to_string(n) + " tensors (at most 4096)");
+  std::uint64_t total = 0;  // bytes announced so far
   for (std::uint32_t i = 0; i < n; ++i) {
     const auto t = get<std::uint8_t>(bytes, at);
     if (t > static_cast<std::uint8_t>(dtype::i64)) throw std::invalid_argument("bulk header: unknown dtype " + std::to_string(t));
     const auto dims = get<std::uint32_t>(bytes, at);
     if (dims > 8) throw std::invalid_argument("bulk header: " + std::to_string(dims) + " dimensions (at most 8)");
     shape_t s;
+    std::uint64_t elems = 1;
     for (std::uint32_t d = 0; d < dims; ++d) {
       const auto x = get<std::int64_t>(bytes, at);
       if (x < 0) throw std::invalid_argument("bulk header: negative size");
       s.push_back(x);
+      const auto ux = static_cast<std::uint64_t>(x);
+      if (ux != 0 && elems > max_bulk_payload_bytes / ux) elems = max_bulk_payload_bytes + 1;  // saturate
+      else elems *= ux;
     }
+    total += std::min(elems, max_bulk_payload_bytes + 1) * dtype_size(static_cast<dtype>(t));
+    if (total > max_bulk_payload_bytes)
+      throw std::invalid_argument("bulk header announces more than " + std::to_string(max_bulk_payload_bytes) +
+                                  " bytes of tensors (a corrupt or hostile header)");
     h.types.push_back(static_cast<dtype>(t));
     h.shapes.push_back(std::move(s));
   }

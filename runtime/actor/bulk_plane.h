@@ -48,9 +48,15 @@ struct bulk_header {
 
 /// The header's bytes (little-endian integers), appended to `out`.
 void encode_bulk_header(const bulk_header& h, std::vector<char>& out);
+/// The most bytes one payload's tensors may announce together (64 GiB): the
+/// receiver allocates what the header says before the bytes arrive, so a
+/// header beyond this (or whose sizes overflow) is refused, not allocated.
+inline constexpr std::uint64_t max_bulk_payload_bytes = std::uint64_t{1} << 36;
+
 /// Reads a header from `bytes` at `at` (advanced past it). Throws
 /// std::invalid_argument on truncated or implausible bytes (more than 4096
-/// tensors, more than 8 dimensions, negative sizes, an unknown dtype).
+/// tensors, more than 8 dimensions, negative sizes, an unknown dtype, more
+/// than max_bulk_payload_bytes in all).
 bulk_header decode_bulk_header(const std::vector<char>& bytes, std::size_t& at);
 
 /// Bytes moved by a plane since it was made (all ranks' transfers from/to this process).

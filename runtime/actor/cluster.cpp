@@ -32,6 +32,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -86,13 +87,6 @@ std::vector<T> unpack(const std::vector<char>& b) {
   std::vector<T> v(b.size() / sizeof(T));
   if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
   return v;
-}
-
-bool is_nonce(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
 }
 
 // -- the daemon ------------------------------------------------------------------------------------
@@ -333,35 +327,26 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
 
 struct gate_state {
   static const char* name;
-  std::set<std::string> issued;  // daemon nonces handed out and not yet used
+  std::optional<handshake_gate> handshake;  // cluster_auth.h: nonces, proofs, replays
 };
 const char* gate_state::name = "flowrun_cluster_gate";
 
 caf::behavior gate(caf::stateful_actor<gate_state>* self, std::shared_ptr<daemon_shared> shared) {
+  self->state.handshake.emplace(shared->options.secret);
   return {
       [=](hello_atom, const std::string& client_nonce) -> caf::result<std::string, std::string> {
-        if (!is_nonce(client_nonce)) return {std::string(), std::string()};
-        auto& issued = self->state.issued;
-        if (issued.size() > 1024) issued.clear();  // forget stale handshakes rather than grow
-        std::string mine = random_nonce();
-        issued.insert(mine);
-        return {mine, cluster_proof(shared->options.secret, "daemon", client_nonce, mine)};
+        auto answer = self->state.handshake->hello(client_nonce);
+        if (!answer) return {std::string(), std::string()};
+        return {std::move(answer->first), std::move(answer->second)};
       },
       [=](auth_atom, const std::string& client_nonce, const std::string& daemon_nonce, const std::string& proof,
           caf::actor link) -> caf::result<std::string, caf::actor> {
         auto me = caf::actor_cast<caf::actor>(self);
         auto sender = self->current_sender();
         const std::string peer = sender ? to_string(sender->node()) : std::string("an unknown node");
-        auto& issued = self->state.issued;
-        auto it = issued.find(daemon_nonce);
-        if (it == issued.end() || !is_nonce(client_nonce)) {
-          spdlog::error("refused a peer ({}): its handshake is malformed or replayed", peer);
-          return {std::string("refused: malformed or replayed handshake"), me};
-        }
-        issued.erase(it);
-        if (!constant_time_equal(proof, cluster_proof(shared->options.secret, "client", client_nonce, daemon_nonce))) {
-          spdlog::error("refused a peer ({}): wrong cluster secret (its proof does not match ours)", peer);
-          return {std::string("refused: wrong cluster secret (the node's secret differs from yours)"), me};
+        if (auto why = self->state.handshake->auth(client_nonce, daemon_nonce, proof); !why.empty()) {
+          spdlog::error("refused a peer ({}): {}", peer, why);
+          return {"refused: " + why, me};
         }
         if (!link || !sender || link.node() != sender->node()) {
           spdlog::error("refused a peer ({}): its link actor is not on its own node", peer);
@@ -860,7 +845,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
               daemon_proof = std::move(proof);
             },
             [&](caf::error& e) { failure = sys.render(e); });
-    if (!failure.empty() || !cl::is_nonce(daemon_nonce)) {
+    if (!failure.empty() || !is_nonce(daemon_nonce)) {
       p->abandon();
       blame(cn->name);
       return error_text{who + " did not answer the cluster handshake: " +

@@ -71,4 +71,30 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return d == 0;
 }
 
+bool is_nonce(std::string_view s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+std::optional<std::pair<std::string, std::string>> handshake_gate::hello(std::string_view client_nonce) {
+  if (!is_nonce(client_nonce)) return std::nullopt;
+  if (issued_.size() >= max_pending_) issued_.clear();  // forget stale handshakes rather than grow
+  std::string mine = random_nonce();
+  issued_.insert(mine);
+  std::string proof = cluster_proof(secret_, "daemon", client_nonce, mine);
+  return std::make_pair(std::move(mine), std::move(proof));
+}
+
+std::string handshake_gate::auth(std::string_view client_nonce, std::string_view daemon_nonce,
+                                 std::string_view proof) {
+  auto it = issued_.find(daemon_nonce);
+  if (it == issued_.end() || !is_nonce(client_nonce)) return "malformed or replayed handshake";
+  issued_.erase(it);
+  if (!constant_time_equal(proof, cluster_proof(secret_, "client", client_nonce, daemon_nonce)))
+    return "wrong cluster secret (the node's secret differs from yours)";
+  return {};
+}
+
 }  // namespace flowrun::actor

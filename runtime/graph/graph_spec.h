@@ -29,6 +29,9 @@ struct source_pos {
 
   /// True when the position names a real place (line > 0).
   bool known() const { return line > 0; }
+  /// True when the value was given on the command line (`--set`; apply_override
+  /// names such positions "--set ASSIGNMENT"), not written in a file.
+  bool from_command_line() const { return file.rfind("--set ", 0) == 0; }
   /// The same place shifted `n` columns to the right (for spots inside a string).
   source_pos shifted(int n) const { return {file, line, col + n}; }
   bool operator==(const source_pos&) const = default;

@@ -24,13 +24,17 @@ std::string_view to_string(setting_type t) {
       return "path";
     case setting_type::string_list:
       return "string_list";
+    case setting_type::output:
+      return "output";
+    case setting_type::path_list:
+      return "path_list";
   }
   return "string";
 }
 
 std::optional<setting_type> parse_setting_type(std::string_view s) {
   for (auto t : {setting_type::int_, setting_type::float_, setting_type::bool_, setting_type::string,
-                 setting_type::path, setting_type::string_list})
+                 setting_type::path, setting_type::string_list, setting_type::output, setting_type::path_list})
     if (to_string(t) == s) return t;
   return std::nullopt;
 }
@@ -45,8 +49,10 @@ bool value_matches(setting_type t, const setting_value& v) {
       return std::holds_alternative<bool>(v);
     case setting_type::string:
     case setting_type::path:
+    case setting_type::output:
       return std::holds_alternative<std::string>(v);
     case setting_type::string_list:
+    case setting_type::path_list:
       return std::holds_alternative<std::vector<std::string>>(v);
   }
   return false;
@@ -344,7 +350,19 @@ std::string explain(const node_kind& kind) {
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
   }
+  bool has_paths = false;
+  for (const auto& s : kind.settings)
+    has_paths = has_paths || s.type == setting_type::path || s.type == setting_type::path_list ||
+                s.type == setting_type::output;
+  if (has_paths) out += path_rule_text();
   return out;
+}
+
+std::string path_rule_text() {
+  return "paths (path and path_list: read, must exist; output: written):\n"
+         "  a relative path written in a graph file resolves against that file's folder; one given on the command\n"
+         "  line (--set) resolves against the working directory; inputs and outputs alike. An input not found there\n"
+         "  is looked up under $FLOWRUN_ASSETS. Every path is made absolute before the run starts.\n";
 }
 
 std::string describe_kinds(const node_kind_registry& registry) {
@@ -392,7 +410,7 @@ void register_example_kinds(node_kind_registry& registry) {
           .option("seed", T::int_, std::int64_t{-1}, "sampling seed; -1: derived from the graph seed").at_least(-1));
   registry.register_kind(node_kind{"sink", "writes each item it receives as a line of text"}
                              .input("items", "text", "the items to write")
-                             .option("path", T::string, std::string{}, "output file; \"\": standard output"));
+                             .option("path", T::output, std::string{}, "output file; \"\": standard output"));
 }
 
 }  // namespace flowrun::graph

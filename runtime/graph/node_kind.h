@@ -42,11 +42,16 @@ struct port_decl {
   std::string doc;
 };
 
-/// The type of a setting. A float setting also accepts an integer literal;
-/// a path is a string naming a file that must exist (see validate.h).
-enum class setting_type { int_, float_, bool_, string, path, string_list };
+/// The type of a setting. A float setting also accepts an integer literal.
+/// Paths (see validate.h, "Path settings", for the one rule they follow):
+/// - path: a file or folder the node reads; it must exist;
+/// - path_list: a list of such inputs;
+/// - output: a file or folder the node writes; it need not exist yet.
+/// Validation turns every path into an absolute one, so nodes never resolve
+/// a relative path themselves.
+enum class setting_type { int_, float_, bool_, string, path, string_list, output, path_list };
 
-/// "int", "float", "bool", "string", "path" or "string_list".
+/// "int", "float", "bool", "string", "path", "string_list", "output" or "path_list".
 std::string_view to_string(setting_type t);
 
 /// Parses the spelling above; nullopt for anything else.
@@ -204,10 +209,15 @@ class node_kind_registry {
   std::map<std::string, node_kind, std::less<>> kinds_;
 };
 
+/// The one rule relative paths follow (validate.h, "Path settings"), as
+/// `flowrun explain` prints it under every kind that has path settings.
+std::string path_rule_text();
+
 /// A multi-line description of a kind for `flowrun explain KIND`: its doc,
 /// then its in ports, out ports and settings (type, default or "required",
 /// doc, and the range in brackets when there is one, e.g. "[>= 1]"), one
-/// per line, ending with a newline.
+/// per line, then path_rule_text() when the kind has path settings; ends
+/// with a newline.
 std::string explain(const node_kind& kind);
 
 /// One line per kind for `flowrun kinds`: name, ports in short form and doc.

@@ -1047,7 +1047,8 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
                suggest(key, names, "settings"));
   }
   // A string setting takes the text as is (unless it was written as a TOML string).
-  bool wants_string = decl ? (decl->type == setting_type::string || decl->type == setting_type::path)
+  bool wants_string = decl ? (decl->type == setting_type::string || decl->type == setting_type::path ||
+                                    decl->type == setting_type::output)
                            : std::holds_alternative<std::string>(current->value);
   if (wants_string && !std::holds_alternative<std::string>(value)) value = as_string;
   node->settings[key] = setting{std::move(value), kpos, vpos, false};

@@ -32,7 +32,7 @@ std::string suggest(std::string_view name, const std::vector<std::string>& valid
 
 // An example value of a setting's type, for hints.
 std::string example_value(const setting_decl& d) {
-  if (!d.required && d.type != setting_type::path) return to_string(d.default_value);
+  if (!d.required && d.type != setting_type::path && d.type != setting_type::output) return to_string(d.default_value);
   switch (d.type) {
     case setting_type::int_:
       return "1";
@@ -46,6 +46,10 @@ std::string example_value(const setting_decl& d) {
       return "\"path/to/file\"";
     case setting_type::string_list:
       return "[\"a\", \"b\"]";
+    case setting_type::output:
+      return "\"out/name\"";
+    case setting_type::path_list:
+      return "[\"path/a\", \"path/b\"]";
   }
   return "...";
 }
@@ -66,6 +70,7 @@ class validator {
     if (spec.nodes.empty())
       error({default_file_, 1, 1}, "graph '" + spec.name + "' has no nodes",
             "add a [node.NAME] table with kind = \"...\" for each node (`flowrun kinds` lists the kinds)");
+    resolve_output(spec.checkpoint_dir, spec.checkpoint_dir_pos);  // the run's checkpoint folder: an output
     check_nodes();
     check_edges();
     if (!spec.incomplete) check_required_ports();
@@ -197,6 +202,8 @@ class validator {
         continue;
       }
       if (decl->type == setting_type::path) check_path(node, name, s, *decl);
+      if (decl->type == setting_type::path_list) check_path_list(node, name, s);
+      if (decl->type == setting_type::output) resolve_output(std::get<std::string>(s.value), s.value_pos);
     }
     for (const auto& decl : kind.settings) {
       if (node.settings.count(decl.name)) continue;
@@ -212,11 +219,62 @@ class validator {
     }
   }
 
-  // The folder relative paths in a value written at `p` are relative to.
+  // The folder a relative path in a value written at `p` resolves against (validate.h, "Path settings"): the
+  // folder of the file it was written in, or the working directory for a value given on the command line.
   fs::path base_dir(const source_pos& p) const {
     std::error_code ec;
+    if (p.from_command_line()) return fs::current_path(ec);
     if (!p.file.empty() && fs::is_regular_file(p.file, ec)) return fs::path(p.file).parent_path();
     return result_.spec.source_file.parent_path();
+  }
+
+  static std::string absolute_text(const fs::path& p) {
+    std::error_code ec;
+    fs::path abs = fs::absolute(p, ec);
+    return (ec ? p : abs).lexically_normal().string();
+  }
+
+  // An output (a file or folder a node writes): absolute, from the same base as an input; it need not exist.
+  void resolve_output(std::string& text, const source_pos& pos) const {
+    if (text.empty()) return;  // not set
+    fs::path p(text);
+    text = absolute_text(p.is_absolute() ? p : base_dir(pos) / p);
+  }
+
+  // An input: the absolute path of the first of (base folder, asset root) that holds it; else the places tried.
+  std::optional<std::string> resolve_input(const std::string& text, const source_pos& pos,
+                                           std::vector<fs::path>& tried) const {
+    fs::path p(text);
+    if (p.is_absolute()) {
+      tried.push_back(p);
+    } else {
+      tried.push_back((base_dir(pos) / p).lexically_normal());
+      if (!options_.asset_root.empty()) tried.push_back((options_.asset_root / p).lexically_normal());
+    }
+    std::error_code ec;
+    for (const auto& t : tried)
+      if (fs::exists(t, ec)) return absolute_text(t);
+    return std::nullopt;
+  }
+
+  void report_missing(const node_spec& node, const std::string& name, const std::string& text, const source_pos& pos,
+                      const std::vector<fs::path>& tried) {
+    std::string looked;
+    for (std::size_t i = 0; i < tried.size(); ++i)
+      looked += (i ? " and '" : "'") + (tried[i].empty() ? std::string(".") : tried[i].string()) + "'";
+    const std::string base = pos.from_command_line() ? "relative paths given with --set are looked up in the "
+                                                       "working directory"
+                                                     : "relative paths in a file are looked up next to that file";
+    std::string hint =
+        fs::path(text).is_absolute() ? "check the path"
+        : options_.asset_root.empty()
+            ? base + ", then under the asset root, but no asset root was given: set FLOWRUN_ASSETS, or fix the path"
+            : base + ", then under the asset root (FLOWRUN_ASSETS): fix the path, or point FLOWRUN_ASSETS at the "
+                     "folder that holds it";
+    error(first_known(pos, node.pos),
+          "file not found for setting '" + name + "' of node '" + node.name + "': '" + text + "' (looked in " + looked +
+              ")",
+          hint);
   }
 
   void check_path(node_spec& node, const std::string& name, setting& s, const setting_decl& decl) {
@@ -229,36 +287,28 @@ class validator {
       return;
     }
     if (!options_.check_files) return;
-    fs::path p(text);
     std::vector<fs::path> tried;
-    if (p.is_absolute()) {
-      tried.push_back(p);
-    } else {
-      tried.push_back((base_dir(s.value_pos) / p).lexically_normal());
-      if (!options_.asset_root.empty()) tried.push_back((options_.asset_root / p).lexically_normal());
+    if (auto found = resolve_input(text, s.value_pos, tried)) {
+      s.value = *found;
+      return;
     }
-    std::error_code ec;
-    for (const auto& t : tried) {
-      if (fs::exists(t, ec)) {
-        fs::path abs = fs::absolute(t, ec);
-        s.value = (ec ? t : abs.lexically_normal()).string();
-        return;
+    report_missing(node, name, text, s.value_pos, tried);
+  }
+
+  void check_path_list(node_spec& node, const std::string& name, setting& s) {
+    if (!options_.check_files) return;
+    for (auto& text : std::get<std::vector<std::string>>(s.value)) {
+      if (text.empty()) {
+        error(first_known(s.value_pos, node.pos), "setting '" + name + "' of node '" + node.name + "' has an empty path",
+              "remove the empty entry");
+        continue;
       }
+      std::vector<fs::path> tried;
+      if (auto found = resolve_input(text, s.value_pos, tried))
+        text = *found;
+      else
+        report_missing(node, name, text, s.value_pos, tried);
     }
-    std::string looked;
-    for (std::size_t i = 0; i < tried.size(); ++i)
-      looked += (i ? " and '" : "'") + (tried[i].empty() ? std::string(".") : tried[i].string()) + "'";
-    std::string hint =
-        p.is_absolute() ? "check the path"
-        : options_.asset_root.empty()
-            ? "relative paths are looked up next to the graph file, then under the asset root, but no asset "
-              "root was given: set FLOWRUN_ASSETS, or fix the path"
-            : "relative paths are looked up next to the graph file, then under the asset root "
-              "(FLOWRUN_ASSETS): fix the path, or point FLOWRUN_ASSETS at the folder that holds it";
-    error(first_known(s.value_pos, node.pos),
-          "file not found for setting '" + name + "' of node '" + node.name + "': '" + text + "' (looked in " + looked +
-              ")",
-          hint);
   }
 
   // ------------------------------------------------------------- edges

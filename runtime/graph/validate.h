@@ -37,11 +37,19 @@
 // or the in port it ends at is declared `feedback` in its kind. A cycle with
 // no feedback edge is an error, reported at the edge that closes it.
 //
-// Path settings: an absolute path must exist. A relative path is looked up
-// first relative to the folder of the file the setting was written in (the
-// graph file, or the included file; the top-level graph file's folder for a
-// --set override), then under the asset root (FLOWRUN_ASSETS). An empty
-// string in an optional path setting means "not set" and is not checked.
+// Path settings: one rule for every path, inputs and outputs alike (README,
+// "Paths"; `flowrun explain`):
+// - a relative path written in a file (the graph file, or an included file)
+//   resolves against that file's folder;
+// - a relative path given on the command line (--set) resolves against the
+//   working directory;
+// - an input (a `path` or `path_list` setting) not found there is looked up
+//   under the asset root (FLOWRUN_ASSETS); an output (`output` settings and
+//   [graph] checkpoint_dir) never is.
+// The resolved spec holds every path as an absolute one, so a node, a cluster
+// node and a later step all name the very same file. An input must exist
+// (unless check_files is off). An empty string in an optional path setting
+// means "not set" and is left empty.
 #pragma once
 
 #include <cstdint>

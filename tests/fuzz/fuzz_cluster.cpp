@@ -11,7 +11,9 @@
 //     "fuzz-secret", context "fuzz", kind "ping");
 //   3: the job request's graph, as a node daemon checks it (cluster.cpp:
 //     parse_graph_string, then validate against every built-in node kind),
-//     and the handshake's proof comparison (cluster_auth.h).
+//     and the daemon's handshake (cluster_auth.h handshake_gate: hello, auth,
+//     replays) with the input split at newlines into client nonce, daemon
+//     nonce and proof.
 // Input: the selector byte, then the bytes (for 0, the type is
 // types[(selector / 4) % the number of types]).
 #include <cstdint>
@@ -93,6 +95,34 @@ void payload_case(std::string_view type, const std::vector<char>& bytes) {
   if (!e2 || *e2 != *e1) fail(std::string("the '") + std::string(type) + "' codec is not stable over a round trip");
 }
 
+// The daemon's handshake (cluster_auth.h handshake_gate) fed a hello and an auth made of the input's three
+// newline-separated parts: a forged auth is refused, a nonce is accepted at most once, and a client that knows the
+// secret is still accepted afterwards (the gate's state was not corrupted).
+void handshake_case(const std::string& text) {
+  static actor::handshake_gate gate("fuzz-secret", 64);
+  const auto a = text.find('\n'), b = a == std::string::npos ? a : text.find('\n', a + 1);
+  const std::string client_nonce = text.substr(0, a);
+  const std::string daemon_nonce = a == std::string::npos ? std::string() : text.substr(a + 1, b - a - 1);
+  const std::string proof = b == std::string::npos ? std::string() : text.substr(b + 1);
+  if (auto answer = gate.hello(client_nonce)) {
+    if (!actor::is_nonce(client_nonce)) fail("hello answered a client nonce that is not a nonce");
+    // a fuzzed proof for the nonce just issued: accepted only if it is the right one
+    const bool right = proof == actor::cluster_proof("fuzz-secret", "client", client_nonce, answer->first);
+    if (gate.auth(client_nonce, answer->first, proof).empty() != right) fail("auth judged a proof wrongly");
+    if (gate.auth(client_nonce, answer->first, actor::cluster_proof("fuzz-secret", "client", client_nonce,
+                                                                     answer->first)).empty())
+      fail("a daemon nonce was accepted twice (replay)");
+  }
+  if (gate.auth(client_nonce, daemon_nonce, proof).empty() &&
+      proof != actor::cluster_proof("fuzz-secret", "client", client_nonce, daemon_nonce))
+    fail("auth accepted a wrong proof");
+  const std::string honest = actor::random_nonce();
+  auto ok = gate.hello(honest);
+  if (!ok || !gate.auth(honest, ok->first, actor::cluster_proof("fuzz-secret", "client", honest, ok->first)).empty())
+    fail("an honest client was refused after fuzzed handshakes");
+  if (gate.pending() > 64) fail("the gate remembers more handshakes than its bound");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -129,6 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       const std::string proof = actor::cluster_proof("fuzz-secret", "client", "a", "b");
       (void)actor::constant_time_equal(text, proof);
+      handshake_case(text);
       break;
     }
   }

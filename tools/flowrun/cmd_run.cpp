@@ -274,6 +274,48 @@ void add_run(CLI::App& app) {
   });
 }
 
+// The overrides of `user` that apply to graph `file` (node.NAME.* only where the file has [node.NAME]).
+std::vector<std::string> overrides_for(const std::string& file, const std::vector<std::string>& user) {
+  std::ifstream gf(file);
+  std::string text((std::istreambuf_iterator<char>(gf)), std::istreambuf_iterator<char>());
+  std::vector<std::string> out;
+  for (const auto& x : user) {  // node.NAME.KEY=VALUE goes to the graphs that have node NAME
+    if (x.rfind("node.", 0) == 0) {
+      std::string name = x.substr(5, x.find('.', 5) - 5);
+      if (text.find("[node." + name + "]") == std::string::npos) continue;
+    }
+    out.push_back(x);
+  }
+  return out;
+}
+
+// The absolute path node `node` of a planned graph (file, its own overrides) will write its `output` to, with the
+// user's overrides applied: what a later step of the same `flowrun train` must read.
+std::string planned_output(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node,
+                           const std::vector<std::string>& user) {
+  registries r;
+  graph::validate_options vo;
+  vo.asset_root = assets_root();
+  vo.check_files = false;  // only the output's resolution is wanted here; the run checks the inputs
+  auto ov = entry.second;
+  for (auto& x : overrides_for(entry.first, user)) ov.push_back(std::move(x));
+  auto v = graph::load_graph(entry.first, r.kinds, vo, ov);
+  if (!v.ok()) {
+    std::cerr << graph::format_errors(v.errors);
+    throw exit_request{2};
+  }
+  const auto* n = v.spec.find_node(node);
+  const auto* s = n ? n->find_setting("output") : nullptr;
+  const std::string out = s ? std::get<std::string>(s->value) : std::string();
+  if (out.empty()) {
+    spdlog::error("flowrun train: {} has no output for node '{}', so the next step cannot read what it writes: "
+                  "set one with --set node.{}.output=PATH",
+                  entry.first, node, node);
+    throw exit_request{2};
+  }
+  return out;
+}
+
 void add_train(CLI::App& app) {
   struct train_opts {
     std::vector<int> steps = {1, 2, 3};
@@ -288,10 +330,10 @@ void add_train(CLI::App& app) {
   sub->add_option("--deployment-type", o->deployment_type, "single_gpu, single_node or multi_node")
       ->capture_default_str();
   auto* actor_opt = sub->add_option("--actor-model", o->actor_model,
-                  "Step 1's base model; with step 3 alone, the SFT model PPO starts from")
+                  "Step 1's base model; with step 3 alone, the SFT model PPO starts from (default there: what graphs/sft.graph writes)")
       ->capture_default_str();
   auto* reward_opt = sub->add_option("--reward-model", o->reward_model,
-                  "Step 2's base model; with step 3 alone, the reward model folder (rm_trainer's output)")
+                  "Step 2's base model; with step 3 alone, the reward model folder (default there: what graphs/rm.graph writes)")
       ->capture_default_str();
   sub->add_option("--set", o->overrides, "Extra overrides (node.NAME.KEY=VALUE), each given to the graphs that have NAME");
   sub->callback([o, actor_opt, reward_opt] {
@@ -322,23 +364,22 @@ void add_train(CLI::App& app) {
       if (std::filesystem::exists(local)) return local.string();
       return (std::filesystem::path(FLOWRUN_SOURCE_DIR) / "graphs" / name).string();
     };
-    auto abs = [](const std::string& p) {
-      return std::filesystem::exists(p) ? std::filesystem::absolute(p).string() : p;  // else: under FLOWRUN_ASSETS
-    };
-    // step 3 alone starts from what steps 1 and 2 wrote, unless told otherwise
-    if (steps.count(3) && !steps.count(1) && actor_opt->count() == 0) o->actor_model = "out/rlhf/sft_actor.bin";
-    if (steps.count(3) && !steps.count(2) && reward_opt->count() == 0) o->reward_model = "out/rlhf/reward_model";
+    // --actor-model / --reward-model are command-line paths: they resolve against the working directory, then
+    // FLOWRUN_ASSETS (validate.h, "Path settings"). A step that reads what an earlier step of this command
+    // writes is given that step's resolved output, so it reads that very file, wherever either graph points.
     std::vector<std::pair<std::string, std::vector<std::string>>> plan;
     if (steps == std::set<int>{1, 2, 3}) {
-      plan.push_back({graph_path("rlhf.graph"),
-                      {"node.sft.model=" + abs(o->actor_model), "node.rm.model=" + abs(o->reward_model)}});
+      plan.push_back({graph_path("rlhf.graph"), {"node.sft.model=" + o->actor_model, "node.rm.model=" + o->reward_model}});
     } else {
-      if (steps.count(1)) plan.push_back({graph_path("sft.graph"), {"node.sft.model=" + abs(o->actor_model)}});
-      if (steps.count(2)) plan.push_back({graph_path("rm.graph"), {"node.rm.model=" + abs(o->reward_model)}});
+      if (steps.count(1)) plan.push_back({graph_path("sft.graph"), {"node.sft.model=" + o->actor_model}});
+      if (steps.count(2)) plan.push_back({graph_path("rm.graph"), {"node.rm.model=" + o->reward_model}});
       if (steps.count(3)) {
+        // step 3 alone reads ppo.graph's own inputs (what graphs/sft.graph and rm.graph write), unless told
         std::vector<std::string> ov;
-        if (!steps.count(1)) ov.push_back("node.actor_model.model=" + abs(o->actor_model));
-        if (!steps.count(2)) ov.push_back("node.reward_model.model=" + abs(o->reward_model));
+        if (steps.count(1)) ov.push_back("node.actor_model.model=" + planned_output(plan[0], "sft", o->overrides));
+        else if (actor_opt->count()) ov.push_back("node.actor_model.model=" + o->actor_model);
+        if (steps.count(2)) ov.push_back("node.reward_model.model=" + planned_output(plan.back(), "rm", o->overrides));
+        else if (reward_opt->count()) ov.push_back("node.reward_model.model=" + o->reward_model);
         plan.push_back({graph_path("ppo.graph"), ov});
       }
     }
@@ -360,15 +401,7 @@ void add_train(CLI::App& app) {
       run_opts ro;
       ro.file = file;
       ro.overrides = ov;
-      std::ifstream gf(file);
-      std::string text((std::istreambuf_iterator<char>(gf)), std::istreambuf_iterator<char>());
-      for (const auto& x : o->overrides) {  // node.NAME.KEY=VALUE goes to the graphs that have node NAME
-        if (x.rfind("node.", 0) == 0) {
-          std::string name = x.substr(5, x.find('.', 5) - 5);
-          if (text.find("[node." + name + "]") == std::string::npos) continue;
-        }
-        ro.overrides.push_back(x);
-      }
+      for (auto& x : overrides_for(file, o->overrides)) ro.overrides.push_back(std::move(x));
       std::string shown;
       for (auto& x : ro.overrides) shown += " --set " + x;
       spdlog::info("flowrun train ({}): running {}{}", o->deployment_type, file, shown);

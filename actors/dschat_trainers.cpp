@@ -114,6 +114,9 @@ class dschat_trainer : public actor::node {
     ctx.log().info("memory plan: {}", est.str());
     ckpt_dir_ = ctx.checkpoint_dir().empty() ? "" : (std::filesystem::path(ctx.checkpoint_dir()) / ctx.name()).string();
     save_every_ = ctx.spec().get_int("save_checkpoint_steps");
+    if (save_every_ > 0 && ckpt_dir_.empty())
+      ctx.log().warn("save_checkpoint_steps = {} but the graph has no [graph] checkpoint_dir: no checkpoints",
+                     save_every_);
     const std::string from = resume_point(ctx);
     const std::string before = from.empty() ? evaluate(ctx, true, 0) : "";
     engine_.make(*model_, d_, steps_);

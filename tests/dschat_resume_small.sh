@@ -7,9 +7,10 @@
 #   2. SIGKILL in the middle of step 1 (checkpoints every 2 updates), then the same command:
 #      step 1 resumes at its last commit, every step-1/2 line after it equals the uninterrupted
 #      run's, the saved models are byte-identical.
-#   3. SIGKILL in the middle of step 2 (step 1 finished), its commit at update 4 (exactly an
-#      epoch's end) made the newest: step 1 is not redone, step 2 resumes at update 4 and runs
-#      the remaining epochs with the uninterrupted run's number of updates and lines; same model.
+#   3. SIGKILL in the middle of step 2 (step 1 finished), its commit of update 6 made the newest
+#      and corrupted: it is refused by name, and the one before, update 4 (exactly an epoch's
+#      end), used: step 1 is not redone, step 2 resumes at update 4 and runs the remaining epochs
+#      with the uninterrupted run's number of updates and lines; same model.
 #   4. SIGINT during step 1 or 2: exit 130 with a line naming the last committed checkpoint; a
 #      resume with another learning_rate is refused naming it; the same command resumes there.
 set -Eeuo pipefail
@@ -105,8 +106,15 @@ for f in "$out"/a/rm/*; do cmp "$f" "$out/b/rm/$(basename "$f")" || fail "step 2
 run_until "$out/c" c1 9 "^\\[step 1 sft\\] held-out loss .* ->" "^\\[step 2 rm\\] checkpoint at update"
 grep -q "^\[step 1 sft\] held-out loss .* ->" "$out/c1.log" || fail "step 1 had not finished when step 2 committed"
 grep -q "^\[step 2 rm\] held-out accuracy .* over" "$out/c1.log" && fail "killed too late (step 2 had finished)"
-echo "step_00000004" > "$out/c/ckpt/rm/latest"
+# the commit of update 6 made the newest, one byte of its tensors flipped: refused by name, and
+# the one before it, update 4, used
+echo "step_00000006" > "$out/c/ckpt/rm/latest"
+shard=$(ls "$out/c/ckpt/rm/step_00000006"/*.safetensors)
+python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(-5, 2); b = f.read(1); f.seek(-5, 2); f.write(bytes([b[0] ^ 0xff]))" "$shard"
 run "$out/c" c2 2
+grep "^\[step 2 rm\] checkpoint refused: " "$out/c2.log" | grep -qF "$shard is corrupt (CRC-32" ||
+  fail "the corrupt step-2 checkpoint was not refused by name: $(grep 'step 2 rm' "$out/c2.log" | head -2)"
+echo "refused: $(basename "$shard") of step_00000006 (CRC-32)"
 grep -q "^\[step 1 sft\] resumed: " "$out/c2.log" || fail "step 1 was trained again after the crash in step 2"
 [ "$(resumed_at "step 2 rm" "$out/c2.log")" = 4 ] || fail "step 2 did not resume at update 4: $(grep 'step 2' "$out/c2.log" | head -3)"
 same "step 2 rm" "$out/a.log" "$out/c2.log" 4

@@ -1,8 +1,9 @@
 // What DeepSpeed-Chat's node kinds share (actors/dschat_trainers.cpp: steps 1-2,
 // actors/ppo_nodes.cpp: step 3): loading and saving the model a node was given (every
 // format load_model reads; saved in the format given: HF in, HF out), resuming a trainer
-// that already saved its output, DS-Chat's settings, the data split, batch order and the
-// trainers' engine (models/train/zero.h through dschat::engine_settings).
+// that already saved its output, DS-Chat's settings, the data split, batch order (and its
+// position, for checkpoints) and the trainers' engine (models/train/zero.h through
+// dschat::engine_settings; its state for checkpoints).
 #pragma once
 
 #include <chrono>

@@ -1,8 +1,9 @@
 // What DeepSpeed-Chat's node kinds share (actors/dschat_trainers.cpp: steps 1-2,
 // actors/ppo_nodes.cpp: step 3): loading and saving the model a node was given (every
 // format load_model reads; saved in the format given: HF in, HF out), resuming a trainer
-// that already saved its output, DS-Chat's settings, the data split, batch order and the
-// trainers' engine (models/train/zero.h through dschat::engine_settings).
+// that already saved its output, DS-Chat's settings, the data split, batch order (and its
+// position, for checkpoints) and the trainers' engine (models/train/zero.h through
+// dschat::engine_settings; its state for checkpoints).
 #pragma once
 
 #include <chrono>
@@ -10,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "models/rlhf/dschat_data.h"
 #include "models/rlhf/dschat_steps.h"
 #include "models/tokenizer.h"
+#include "models/train/shard_checkpoint.h"
 #include "runtime/actor/node.h"
 #include "runtime/graph/node_kind.h"
 
@@ -100,19 +103,53 @@ class batch_cycle {
   /// The next batch. Throws std::invalid_argument (check) when the rows cannot fill one.
   std::vector<int64_t> next(const std::string& node) {
     check(node);
-    while (queue_.empty())
-      for (auto& b : dschat::epoch_batches(rows_, batch_, seed_, epoch_++))
-        if (!full_only_ || static_cast<int64_t>(b.size()) == batch_) queue_.push_back(std::move(b));
+    while (queue_.empty()) fill();
     auto b = std::move(queue_.front());
     queue_.pop_front();
     return b;
   }
 
+  /// Where the cycle stands: the next batch is the `index`-th (0-based) of epoch `epoch`'s
+  /// batches (counting only full ones with full_only). At an epoch's end: {epoch + 1, 0}.
+  struct position {
+    int64_t epoch = 0, index = 0;
+    bool operator==(const position&) const = default;
+  };
+  position where() const {
+    if (queue_.empty()) return {epoch_, 0};
+    return {epoch_ - 1, epoch_size_ - static_cast<int64_t>(queue_.size())};
+  }
+  /// Continue from `p` (a checkpoint's where()): the batches next() returns from then on are
+  /// those a cycle that had reached `p` would return. Throws std::invalid_argument when `p`
+  /// is not a position of this cycle (a negative epoch, an index past the epoch's batches).
+  void set_where(position p) {
+    queue_.clear();
+    epoch_ = p.epoch;
+    epoch_size_ = 0;
+    if (p.epoch < 0 || p.index < 0)
+      throw std::invalid_argument("batch_cycle: position (epoch " + std::to_string(p.epoch) + ", batch " +
+                                  std::to_string(p.index) + ") is negative");
+    if (p.index == 0) return;
+    fill();
+    if (p.index > epoch_size_)
+      throw std::invalid_argument("batch_cycle: batch " + std::to_string(p.index) + " of epoch " +
+                                  std::to_string(p.epoch) + " is past its " + std::to_string(epoch_size_) +
+                                  " batches (the data or the batch size differ from the checkpoint's)");
+    for (int64_t i = 0; i < p.index; ++i) queue_.pop_front();
+  }
+
  private:
+  void fill() {  // the next epoch's batches
+    for (auto& b : dschat::epoch_batches(rows_, batch_, seed_, epoch_++))
+      if (!full_only_ || static_cast<int64_t>(b.size()) == batch_) queue_.push_back(std::move(b));
+    epoch_size_ = static_cast<int64_t>(queue_.size());
+  }
+
   int64_t rows_ = 0, batch_ = 1;
   uint64_t seed_ = 0;
   bool full_only_ = false;
-  int64_t epoch_ = 0;
+  int64_t epoch_ = 0;       // the next epoch to fill
+  int64_t epoch_size_ = 0;  // batches of the epoch in queue_
   std::deque<std::vector<int64_t>> queue_;
 };
 
@@ -136,6 +173,14 @@ struct trainer_engine {
   double next_lr(const dschat::dschat_settings& d) const {
     return schedule.lr_at(engine->step_count(), d.learning_rate);
   }
+  /// This rank's engine state for a checkpoint (models/train/shard_checkpoint.h, the one format
+  /// of steps 1-3 and pretraining): sets `m`'s zero_stage, loss scaler (fp16) and
+  /// extra["optimizer_steps"] (the LR schedule's position: next_lr reads it back), and returns
+  /// the groups "base" (this rank's fp32 masters and AdamW moments over owned_ranges, when the
+  /// base trains) and, on rank 0, "adapter" (the replicated LoRA masters and moments).
+  std::vector<shard_group> checkpoint_state(const decoder& model, int rank, shard_manifest& m) const;
+  /// Restore what checkpoint_state saved, from `ck` (load_checkpoint: any world size and stage).
+  void restore_state(const loaded_checkpoint& ck);
   /// Training is over: the model whole again (for eval, save and the next step), the engine gone.
   void finish() {
     if (!engine) return;

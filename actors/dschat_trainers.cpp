@@ -6,13 +6,22 @@
 //
 // Both trainers train through the one engine (models/train/zero.h) with DS-Chat's
 // settings (dschat::engine_settings); what they share is in actors/dschat_common.h.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/node_models.h"
 #include "actors/dschat_common.h"
+#include "actors/resume_check.h"
 #include "actors/register.h"
 #include "actors/rlhf_types.h"
 #include "models/adapter.h"
+#include "models/train/shard_checkpoint.h"
 #include "runtime/util/assets.h"
 
 namespace flowrun::actors {
@@ -53,7 +62,12 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("memory_limit_gb", T::float_, 0.0,
               "refuse at start a plan (weights, gradients, AdamW states, activations, logits) over this many GB "
               "(0: 90% of the available memory)").at_least(0)
-      .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
+      .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference")
+      .option("save_checkpoint_steps", T::int_, std::int64_t{0},
+              "with [graph] checkpoint_dir: commit a checkpoint into CHECKPOINT_DIR/NAME every N updates (0: never); "
+              "the same command resumes from the last one").at_least(0)
+      .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed checkpoints kept (the older ones removed)")
+      .at_least(1);
   k.check = check_trainer_output;
 }
 
@@ -98,9 +112,16 @@ class dschat_trainer : public actor::node {
     const memory_report est = check_memory_plan(
         ctx, *model_, plan, 1, {"per_device_train_batch_size", "max_seq_len", "zero_stage", "lora_dim", "gradient_checkpointing"});
     ctx.log().info("memory plan: {}", est.str());
-    const std::string before = evaluate(ctx, true, 0);
+    ckpt_dir_ = ctx.checkpoint_dir().empty() ? "" : (std::filesystem::path(ctx.checkpoint_dir()) / ctx.name()).string();
+    save_every_ = ctx.spec().get_int("save_checkpoint_steps");
+    if (save_every_ > 0 && ckpt_dir_.empty())
+      ctx.log().warn("save_checkpoint_steps = {} but the graph has no [graph] checkpoint_dir: no checkpoints",
+                     save_every_);
+    const std::string from = resume_point(ctx);
+    const std::string before = from.empty() ? evaluate(ctx, true, 0) : "";
     engine_.make(*model_, d_, steps_);
-    ctx.print(before);
+    if (from.empty()) ctx.print(before);
+    else restore(ctx, from);
     t0_ = clk::now();
   }
 
@@ -109,6 +130,7 @@ class dschat_trainer : public actor::node {
     if (!resumed_ && step_ < steps_) {  // one update: gradient_accumulation_steps micro-batches
       update(ctx, ++step_);
       ctx.metric("steps");
+      if (!ckpt_dir_.empty() && save_every_ > 0 && step_ % save_every_ == 0 && step_ < steps_) save(ctx);
       return true;
     }
     if (!resumed_) {
@@ -120,6 +142,10 @@ class dschat_trainer : public actor::node {
         // a flowrun folder keeps every tensor in f32, LoRA and v_head included
         if (!model_->has_lora() || format_ == model_format::flowrun) write_run_marker(ctx, out);
       }
+      // the step is over (its output and done marker, when it has them, are on disk): its
+      // mid-run checkpoints are of no more use, and step 3 reads every step folder under
+      // checkpoint_dir as its own
+      if (!ckpt_dir_.empty()) std::filesystem::remove_all(ckpt_dir_);
     }
     ctx.emit("model", actor::payload::make("model", model_msg{model_, 0, format_, tokenizer_}));
     done_ = true;
@@ -127,10 +153,20 @@ class dschat_trainer : public actor::node {
   }
 
   void stop(actor::node_context& ctx) final {
-    if (ctx.reason() == actor::stop_reason::interrupted && !done_ && !resumed_)  // SIGINT: nothing is kept
-      ctx.print(fmt::format("{} interrupted at update {} of {}: nothing was saved (steps 1 and 2 save their output "
-                            "when they finish; the same command trains this step again)",
+    if (ctx.reason() != actor::stop_reason::interrupted || done_ || resumed_) return;  // SIGINT: say what is kept
+    std::string last;
+    try {
+      last = ckpt_dir_.empty() || !std::filesystem::exists(ckpt_dir_) ? "" : latest_checkpoint(ckpt_dir_);
+    } catch (const std::exception&) {  // a damaged `latest`: the next start names it
+    }
+    if (last.empty())
+      ctx.print(fmt::format("{} interrupted at update {} of {}: no checkpoint was saved (set [graph] checkpoint_dir "
+                            "and save_checkpoint_steps); the same command trains this step again",
                             tag_, step_, steps_));
+    else
+      ctx.print(fmt::format("{} interrupted at update {} of {}: the last committed checkpoint is {}; the same "
+                            "command resumes there",
+                            tag_, step_, steps_, last));
   }
 
  protected:
@@ -141,6 +177,14 @@ class dschat_trainer : public actor::node {
   /// The held-out figures before (`before`) or after training (`seconds` after the start), as
   /// the line to print.
   virtual std::string evaluate(actor::node_context& ctx, bool before, double seconds) = 0;
+
+  /// What a step keeps beyond the engine and the data order, for its checkpoints: the
+  /// held-out figures before training (the final line compares with them) and any running
+  /// averages of its prints.
+  virtual nlohmann::json state() const = 0;
+  virtual void set_state(const nlohmann::json& j) = 0;
+  /// The step's batch order (its position is saved and restored).
+  virtual batch_cycle& order() = 0;
 
   bool prints(const actor::node_context& ctx, int64_t step) const {
     return step % ctx.spec().get_int("print_every") == 0 || step == steps_;
@@ -155,8 +199,107 @@ class dschat_trainer : public actor::node {
   trainer_engine engine_;
 
  private:
+  // ---- mid-run checkpoints (issue 17): CHECKPOINT_DIR/NAME/step_K in the format of steps 3
+  // and pretraining (models/train/shard_checkpoint.h): the engine's state (fp32 masters, AdamW
+  // moments, optimizer steps = the LR schedule's position, the fp16 loss scaler), the data
+  // position (epoch, batch index of the seeded order), the dropout RNG and state().
+
+  // Settings a resume may change: what is printed or saved, how the one rank shards, memory.
+  static const std::set<std::string>& safe_to_change() {
+    static const std::set<std::string> safe = {"print_every", "save_checkpoint_steps", "keep_checkpoints",
+                                               "zero_stage", "gradient_checkpointing", "memory_limit_gb",
+                                               "output", "verify_output"};
+    return safe;
+  }
+
+  std::string config_hash() const {
+    nlohmann::json j = model_->config();
+    j["lora"] = model_->has_lora();
+    j["value_head"] = model_->has_value_head();
+    j["base_trains"] = model_->base_trainable();
+    return config_fingerprint(j);
+  }
+
+  void save(actor::node_context& ctx) {
+    shard_manifest m;
+    m.step = step_;
+    m.config_hash = config_hash();
+    const auto pos = order().where();
+    m.data_epoch = pos.epoch;
+    m.data_cursor = pos.index;
+    const uint64_t rng = model_->rng_state();
+    m.rng_state.resize(sizeof rng);
+    std::memcpy(m.rng_state.data(), &rng, sizeof rng);
+    m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
+    m.extra["state"] = state();
+    const auto groups = engine_.checkpoint_state(*model_, 0, m);
+    save_shard(ckpt_dir_, m, groups);
+    commit_checkpoint(ckpt_dir_, step_, 1, static_cast<int>(ctx.spec().get_int("keep_checkpoints")));
+    ctx.print(fmt::format("{} checkpoint at update {} -> {}", tag_, step_,
+                          (std::filesystem::path(ckpt_dir_) / step_folder_name(step_)).string()));
+  }
+
+  /// The newest committed step folder of ckpt_dir_ that verifies (the one `latest` names, else
+  /// the older ones, each refusal printed), or "" when nothing is committed.
+  std::string resume_point(actor::node_context& ctx) {
+    if (ckpt_dir_.empty() || !std::filesystem::exists(ckpt_dir_)) return "";
+    const std::string latest = latest_checkpoint(ckpt_dir_);
+    if (latest.empty()) return "";
+    std::vector<std::string> folders;  // newest first, from the committed one down
+    for (const auto& e : std::filesystem::directory_iterator(ckpt_dir_)) {
+      const auto n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n <= std::filesystem::path(latest).filename().string())
+        folders.push_back(e.path().string());
+    }
+    std::sort(folders.rbegin(), folders.rend());
+    std::vector<std::string> refused;
+    for (const auto& f : folders) {
+      try {
+        verify_checkpoint(f);
+        return f;
+      } catch (const checkpoint_error& e) {
+        ctx.print(fmt::format("{} checkpoint refused: {}", tag_, e.what()));
+        refused.push_back(e.what());
+      }
+    }
+    throw std::runtime_error(fmt::format("node '{}': no checkpoint in {} can be used ({}); delete {} to train this "
+                                         "step afresh",
+                                         ctx.name(), ckpt_dir_, fmt::join(refused, "; "), ckpt_dir_));
+  }
+
+  void restore(actor::node_context& ctx, const std::string& folder) {
+    const auto ck = load_checkpoint(folder);
+    const auto& m0 = ck.manifests.at(0);
+    const std::string afresh = "delete " + ckpt_dir_ + " to train this step afresh";
+    if (m0.config_hash != config_hash())
+      throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + folder +
+                               " was made for another model, LoRA or value-head setting (config hash differs): " +
+                               afresh);
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(), afresh);
+    if (m0.step < 1 || m0.step >= steps_)
+      throw std::runtime_error(fmt::format("node '{}': checkpoint {} is of update {}, not within this run's {} "
+                                           "updates: {}",
+                                           ctx.name(), folder, m0.step, steps_, afresh));
+    engine_.restore_state(ck);
+    try {
+      order().set_where({m0.data_epoch, m0.data_cursor});
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + folder + ": " + e.what() + "; " + afresh);
+    }
+    if (m0.rng_state.size() == sizeof(uint64_t)) {
+      uint64_t rng;
+      std::memcpy(&rng, m0.rng_state.data(), sizeof rng);
+      model_->set_rng_state(rng);
+    }
+    set_state(m0.extra.value("state", nlohmann::json::object()));
+    step_ = m0.step;
+    ctx.print(fmt::format("{} resumed at update {} of {} from {}", tag_, step_, steps_, folder));
+  }
+
   bool resumed_ = false, done_ = false;
   int64_t step_ = 0;
+  std::string ckpt_dir_;  // CHECKPOINT_DIR/NAME, or "" without [graph] checkpoint_dir
+  int64_t save_every_ = 0;
   model_format format_ = model_format::llama2c;
   std::string tokenizer_;
   clk::time_point t0_;
@@ -212,6 +355,15 @@ class sft_trainer final : public dschat_trainer {
     return fmt::format("[step 1 sft] held-out loss {:.4f} -> {:.4f} (ppl {:.2f} -> {:.2f}), {:.1f} s", before_.loss,
                        e.loss, before_.perplexity, e.perplexity, seconds);
   }
+
+  nlohmann::json state() const override {
+    return {{"before_loss", before_.loss}, {"before_perplexity", before_.perplexity}};
+  }
+  void set_state(const nlohmann::json& j) override {
+    before_.loss = j.value("before_loss", 0.0);
+    before_.perplexity = j.value("before_perplexity", 0.0);
+  }
+  batch_cycle& order() override { return order_; }
 
   std::vector<dschat::sft_example> train_;
   std::vector<dschat::sft_batch_data> eval_;
@@ -285,6 +437,13 @@ class rm_trainer final : public dschat_trainer {
                        "rejected {:.3f}; {:.1f} s",
                        ev.accuracy, ev.accuracy_stderr, ev.pairs, ev.chosen_mean, ev.rejected_mean, seconds);
   }
+
+  nlohmann::json state() const override { return {{"acc_sum", acc_sum_}, {"acc_n", acc_n_}}; }  // since the last print
+  void set_state(const nlohmann::json& j) override {
+    acc_sum_ = j.value("acc_sum", 0.0);
+    acc_n_ = j.value("acc_n", int64_t{0});
+  }
+  batch_cycle& order() override { return order_; }
 
   double acc_sum_ = 0;
   int64_t acc_n_ = 0;

@@ -15,6 +15,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "actors/dschat_common.h"
 #include "models/decoder.h"
 #include "models/rlhf/dschat_data.h"
 #include "models/rlhf/dschat_steps.h"
@@ -280,6 +281,47 @@ TEST_CASE("data_split: DS-Chat's boundaries, disjoint steps that cover the data,
   CHECK(flat == iota(0, 10));
   CHECK(e0 != e1);
   CHECK(epoch_batches(5, 2, 7, 0, false) == std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4}});
+}
+
+TEST_CASE("batch_cycle: a checkpoint's data position resumes the same batches, across epoch ends") {
+  // steps 1 and 2 save where() and a resumed run calls set_where (issue 17). The reference is
+  // epoch_batches itself, epoch after epoch: 10 rows in batches of 4 make 3 batches per epoch
+  // (4, 4, 2); with full_only the batch of 2 is skipped (2 per epoch).
+  using flowrun::actors::batch_cycle;
+  for (const bool full_only : {false, true}) {
+    CAPTURE(full_only);
+    std::vector<std::vector<int64_t>> ref;
+    std::vector<batch_cycle::position> at;  // the position before each reference batch
+    for (int64_t e = 0; e < 12; ++e) {  // at least 21 batches either way
+      int64_t i = 0;
+      for (auto& b : epoch_batches(10, 4, 7, e))
+        if (!full_only || b.size() == 4) {
+          ref.push_back(b);
+          at.push_back({e, i++});
+        }
+    }
+    const int64_t per_epoch = full_only ? 2 : 3;
+    for (int64_t k = 0; k <= 10; ++k) {
+      CAPTURE(k);
+      batch_cycle a(10, 4, 7, full_only);
+      for (int64_t j = 0; j < k; ++j) CHECK(a.next("n") == ref[j]);
+      const auto p = a.where();
+      // the batch index within its epoch; an epoch's end reads as the next epoch's start
+      CHECK(p == batch_cycle::position{k / per_epoch, k % per_epoch});
+      CHECK(p == at[k]);
+      batch_cycle b(10, 4, 7, full_only);
+      b.set_where(p);
+      CHECK(b.where() == p);
+      for (int64_t j = k; j < k + 10; ++j) CHECK(b.next("n") == ref[j]);
+    }
+    // the end of epoch 0 given as its last index: the same place as {1, 0}
+    batch_cycle c(10, 4, 7, full_only);
+    c.set_where({0, per_epoch});
+    CHECK(c.where() == batch_cycle::position{1, 0});
+    CHECK(c.next("n") == ref[per_epoch]);
+    CHECK_THROWS_WITH_AS(c.set_where({0, per_epoch + 1}), doctest::Contains("past its"), std::invalid_argument);
+    CHECK_THROWS_AS(c.set_where({-1, 0}), std::invalid_argument);
+  }
 }
 
 TEST_CASE("tokenization: EOS kept when cut, prompt masking, RM pairs, left-padded prompts") {

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Steps 1 and 2's checkpoints (issue 17, "resume keeps the sample order"): graphs/rlhf.graph on
+# the first 200 HH-RLHF rows (step 1: 36 training rows, batches of 9 = 4 updates per epoch;
+# step 2: 64 pairs, batches of 8 with gradient_accumulation_steps 2 = 4 updates per epoch), each
+# step over 4+ epochs, step 3 one iteration.
+#   1. The uninterrupted run, without checkpoints: the reference lines and models.
+#   2. SIGKILL in the middle of step 1 (checkpoints every 2 updates), then the same command:
+#      step 1 resumes at its last commit, every step-1/2 line after it equals the uninterrupted
+#      run's, the saved models are byte-identical.
+#   3. SIGKILL in the middle of step 2 (step 1 finished), its commit of update 6 made the newest
+#      and corrupted: it is refused by name, and the one before, update 4 (exactly an epoch's
+#      end), used: step 1 is not redone, step 2 resumes at update 4 and runs the remaining epochs
+#      with the uninterrupted run's number of updates and lines; same model.
+#   4. SIGINT during step 1 or 2: exit 130 with a line naming the last committed checkpoint; a
+#      resume with another learning_rate is refused naming it; the same command resumes there.
+set -Eeuo pipefail
+trap 'echo "dschat_resume_small: failed at line $LINENO"' ERR
+bg=
+trap '[ -z "$bg" ] || kill -9 $bg 2>/dev/null || true' EXIT  # never leave a run behind
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+fail() { echo "dschat_resume_small: $*"; exit 1; }
+data="$out/hh200.jsonl"
+for a in "${FLOWRUN_ASSETS:-}" ../shared/assets "$root/../shared/assets"; do  # assets_root()'s order
+  [ -n "$a" ] && [ -e "$a/README.md" ] && break
+done
+head -n 200 "$a/data/hh-rlhf/harmless-base-test.dschat.jsonl" > "$data"
+args() {  # DIR [SAVE_EVERY]: the command line of a run whose state lives in DIR
+  echo --no-progress --set graph.checkpoint_dir="$1/ckpt" \
+    --set node.sft.data="$data" --set node.rm.data="$data" --set node.prompts.data="$data" \
+    --set node.sft.steps=18 --set node.sft.per_device_train_batch_size=9 --set node.sft.print_every=1 \
+    --set node.rm.steps=24 --set node.rm.gradient_accumulation_steps=2 --set node.rm.print_every=1 \
+    --set node.sft.save_checkpoint_steps="${2:-0}" --set node.rm.save_checkpoint_steps="${2:-0}" \
+    --set node.sft.keep_checkpoints=20 --set node.rm.keep_checkpoints=20 \
+    --set node.prompts.iterations=1 --set node.prompts.eval_prompts=4 \
+    --set node.sft.output="$1/sft.bin" --set node.rm.output="$1/rm" --set node.policy.output=
+}
+# STEP LOG [FROM]: the step's update lines from update FROM+1 on (no timings) and its final line
+lines() {
+  grep -E "^\[$1\] (step [0-9]+/|held-out (loss .* ->|accuracy .* over))" "$2" |
+    sed -E 's/ \([0-9]+ tokens\/s\)$//; s/[,;] [0-9.]+ s$//' |
+    awk -v n="${3:-0}" '{ if ($4 == "step" && $5 + 0 <= n) next; print }'
+}
+run() {  # DIR NAME [SAVE_EVERY]: the run in the foreground
+  "$flowrun" "$root/graphs/rlhf.graph" $(args "$1" "${3:-0}") > "$out/$2.log" 2> "$out/$2.err" ||
+    { echo "run $2 failed:"; tail -20 "$out/$2.err"; exit 1; }
+}
+# DIR NAME SIGNAL PATTERN...: start the run with checkpoints every 2 updates, send SIGNAL once its
+# log shows each PATTERN in turn (each on a line after the previous one's); leaves the exit code in $rc
+run_until() {
+  local dir=$1 name=$2 sig=$3
+  shift 3
+  "$flowrun" "$root/graphs/rlhf.graph" $(args "$dir" 2) > "$out/$name.log" 2> "$out/$name.err" &
+  local pid=$! at=0 n
+  bg=$pid
+  for pat in "$@"; do
+    n=
+    local until=$((SECONDS + 120))
+    while [ $SECONDS -lt $until ] && kill -0 $pid 2>/dev/null; do
+      n=$(awk -v at=$at -v pat="$pat" 'NR > at && $0 ~ pat { print NR; exit }' "$out/$name.log" 2>/dev/null || true)
+      [ -n "$n" ] && break
+      sleep 0.02
+    done
+    [ -n "$n" ] || n=$(awk -v at=$at -v pat="$pat" 'NR > at && $0 ~ pat { print NR; exit }' "$out/$name.log")
+    [ -n "$n" ] || fail "$name: never printed '$pat' (see $out/$name.err)"
+    at=$n
+  done
+  kill -"$sig" $pid 2>/dev/null || true  # (it may have ended)
+  rc=0
+  wait $pid || rc=$?
+  bg=
+}
+resumed_at() {  # STEP LOG: k of "resumed at update k of n"
+  grep -oE "^\[$1\] resumed at update [0-9]+ of" "$2" | awk '{ print $7 }'
+}
+same() {  # STEP REF_LOG LOG FROM
+  diff <(lines "$1" "$2" "$4") <(lines "$1" "$3") || fail "$1: the lines after the resume at update $4 differ"
+  echo "$1: $(lines "$1" "$3" | grep -c ' step ') updates after the resume at update $4, as the uninterrupted run's"
+}
+
+# 1. uninterrupted, no checkpoints
+run "$out/a" a
+for s in "step 1 sft" "step 2 rm"; do
+  [ "$(lines "$s" "$out/a.log" | grep -c ' step ')" = $([ "$s" = "step 1 sft" ] && echo 18 || echo 24) ] ||
+    fail "$s: the uninterrupted run did not print all its updates"
+done
+grep -q "checkpoint" "$out/a.log" && fail "save_checkpoint_steps 0 saved a checkpoint"
+grep -E "^\[step 1 sft\] [0-9]+ train|^\[step 2 rm\] [0-9]+ train" "$out/a.log"
+
+# 2. SIGKILL in step 1, after its commit at update 4
+run_until "$out/b" b1 9 "^\\[step 1 sft\\] checkpoint at update 4 "
+grep -q "^\[step 1 sft\] held-out loss .* ->" "$out/b1.log" && fail "killed too late (step 1 had finished)"
+run "$out/b" b2 2
+k=$(resumed_at "step 1 sft" "$out/b2.log")
+[ -n "$k" ] && [ "$k" -ge 4 ] || fail "step 1 did not resume at update 4 or later: $(grep 'step 1' "$out/b2.log" | head -3)"
+grep -m1 "^\[step 1 sft\] resumed at" "$out/b2.log"
+same "step 1 sft" "$out/a.log" "$out/b2.log" "$k"
+if k2=$(resumed_at "step 2 rm" "$out/b2.log") && [ -n "$k2" ]; then
+  same "step 2 rm" "$out/a.log" "$out/b2.log" "$k2"
+fi
+cmp "$out/a/sft.bin" "$out/b/sft.bin" || fail "step 1's model after the resume differs from the uninterrupted run's"
+for f in "$out"/a/rm/*; do cmp "$f" "$out/b/rm/$(basename "$f")" || fail "step 2's $(basename "$f") differs"; done
+[ -e "$out/b/ckpt/sft" ] && fail "step 1's checkpoints were left after it finished"
+
+# 3. SIGKILL in step 2 (step 1 done); resume at its commit of update 4, an epoch's end
+run_until "$out/c" c1 9 "^\\[step 1 sft\\] held-out loss .* ->" "^\\[step 2 rm\\] checkpoint at update ([6-9]|1[0-9]|2[0-2]) "
+grep -q "^\[step 1 sft\] held-out loss .* ->" "$out/c1.log" || fail "step 1 had not finished when step 2 committed"
+grep -q "^\[step 2 rm\] held-out accuracy .* over" "$out/c1.log" && fail "killed too late (step 2 had finished)"
+# the commit of update 6 made the newest, one byte of its tensors flipped: refused by name, and
+# the one before it, update 4, used
+echo "step_00000006" > "$out/c/ckpt/rm/latest"
+shard=$(ls "$out/c/ckpt/rm/step_00000006"/*.safetensors)
+python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(-5, 2); b = f.read(1); f.seek(-5, 2); f.write(bytes([b[0] ^ 0xff]))" "$shard"
+run "$out/c" c2 2
+grep "^\[step 2 rm\] checkpoint refused: " "$out/c2.log" | grep -qF "$shard is corrupt (CRC-32" ||
+  fail "the corrupt step-2 checkpoint was not refused by name: $(grep 'step 2 rm' "$out/c2.log" | head -2)"
+echo "refused: $(basename "$shard") of step_00000006 (CRC-32)"
+grep -q "^\[step 1 sft\] resumed: " "$out/c2.log" || fail "step 1 was trained again after the crash in step 2"
+[ "$(resumed_at "step 2 rm" "$out/c2.log")" = 4 ] || fail "step 2 did not resume at update 4: $(grep 'step 2' "$out/c2.log" | head -3)"
+same "step 2 rm" "$out/a.log" "$out/c2.log" 4
+[ "$(lines "step 2 rm" "$out/c2.log" | grep -c ' step ')" = 20 ] || fail "step 2 did not run 20 updates after update 4"
+for f in "$out"/a/rm/*; do cmp "$f" "$out/c/rm/$(basename "$f")" || fail "step 2's $(basename "$f") differs"; done
+
+# 4. SIGINT once step 1 has committed (the runtime stops at its next check: in step 1 or 2)
+run_until "$out/d" d1 INT "^\\[step 1 sft\\] checkpoint at update 2 "
+[ $rc -eq 130 ] || fail "SIGINT: exit code $rc, not 130"
+line=$(grep -E "^\[step (1 sft|2 rm)\] interrupted at update" "$out/d1.log" | head -1) ||
+  fail "SIGINT: no line saying what was kept: $(tail -3 "$out/d1.log")"
+echo "$line"
+s=$(echo "$line" | grep -oE "^\[step (1 sft|2 rm)\]" | tr -d '[]') node=$(echo "$line" | awk '{ print $3 }' | tr -d ']')
+echo "$line" | grep -qE "the last committed checkpoint is $out/d/ckpt/$node/step_[0-9]+; the same command resumes there" ||
+  fail "SIGINT: the line names no checkpoint of $node"
+kept=$(echo "$line" | grep -oE "step_[0-9]+" | sed -E 's/step_0*//')
+rc=0
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/d" 2) --set node.$node.learning_rate=2e-3 > "$out/d2.log" 2> "$out/d2.err" ||
+  rc=$?
+[ $rc -ne 0 ] || fail "a resume with another learning_rate was accepted"
+grep -qE "resuming from .*$node/step_[0-9]+ with settings changed: learning_rate 0.001 -> 0.002; set them back" \
+  "$out/d2.err" || fail "the refusal does not name learning_rate: $(grep -i error "$out/d2.err" | head -2)"
+echo "$s: learning_rate 0.001 -> 0.002 refused"
+run "$out/d" d3 2
+[ "$(resumed_at "$s" "$out/d3.log")" = "$kept" ] || fail "after SIGINT $s did not resume at update $kept"
+same "$s" "$out/a.log" "$out/d3.log" "$kept"
+cmp "$out/a/sft.bin" "$out/d/sft.bin" || fail "step 1's model after SIGINT and resume differs"
+for f in "$out"/a/rm/*; do cmp "$f" "$out/d/rm/$(basename "$f")" || fail "step 2's $(basename "$f") differs"; done
+echo "dschat_resume_small: ok"

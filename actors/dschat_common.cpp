@@ -266,54 +266,6 @@ memory_report check_memory_plan(const actor::node_context& ctx, const decoder& m
       plan.micro_batch, plan.seq_len, fmt::join(fix, ", ")));
 }
 
-std::vector<shard_group> trainer_engine::checkpoint_state(const decoder& model, int rank, shard_manifest& m) const {
-  auto& eng = *engine;
-  m.zero_stage = eng.settings().stage;
-  m.extra["optimizer_steps"] = eng.step_count();  // < updates when fp16 steps were skipped
-  if (const auto& ls = eng.settings().loss_scaler) {
-    m.loss_scale = ls->scale();
-    m.loss_scale_good_steps = ls->good_steps();
-    m.extra["loss_scale_hysteresis_left"] = ls->hysteresis_left();
-  }
-  std::vector<shard_group> groups;
-  if (model.base_trainable()) {
-    shard_group g;
-    g.name = "base";
-    g.full_numel = model.num_parameters();
-    for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
-    g.tensors["fp32_master"] = eng.owned_params();
-    if (auto t = eng.owned_exp_avg(); t.defined()) g.tensors["exp_avg"] = t;
-    if (auto t = eng.owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
-    groups.push_back(std::move(g));
-  }
-  if (model.num_adapter_parameters() > 0 && rank == 0) {  // replicated: rank 0 saves it
-    shard_group g;
-    g.name = "adapter";
-    g.full_numel = model.num_adapter_parameters();
-    g.ranges.push_back({0, g.full_numel});
-    g.tensors["fp32_master"] = eng.adapter_params().clone();
-    if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = t;
-    if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = t;
-    groups.push_back(std::move(g));
-  }
-  return groups;
-}
-
-void trainer_engine::restore_state(const loaded_checkpoint& ck) {
-  const auto& m0 = ck.manifests.at(0);
-  auto get = [&](const char* g, const char* t) -> tensor {
-    auto gi = ck.full.find(g);
-    if (gi == ck.full.end()) return {};
-    auto ti = gi->second.find(t);
-    return ti == gi->second.end() ? tensor{} : ti->second;
-  };
-  engine->restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
-                  get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"),
-                  m0.extra.value("optimizer_steps", m0.step));
-  if (const auto& ls = engine->settings().loss_scaler; ls && m0.loss_scale > 0)
-    ls->restore(m0.loss_scale, m0.loss_scale_good_steps, m0.extra.value("loss_scale_hysteresis_left", int64_t{0}));
-}
-
 // "end" cuts the end of prompt + answer (DS-Chat); "prompt_start" drops the oldest prompt
 // tokens first, so the answers survive (HH-RLHF prompts are long in tok512's pieces).
 dschat::truncation_mode truncation_of(const actor::node_context& ctx) {

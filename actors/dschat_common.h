@@ -173,14 +173,6 @@ struct trainer_engine {
   double next_lr(const dschat::dschat_settings& d) const {
     return schedule.lr_at(engine->step_count(), d.learning_rate);
   }
-  /// This rank's engine state for a checkpoint (models/train/shard_checkpoint.h, the one format
-  /// of steps 1-3 and pretraining): sets `m`'s zero_stage, loss scaler (fp16) and
-  /// extra["optimizer_steps"] (the LR schedule's position: next_lr reads it back), and returns
-  /// the groups "base" (this rank's fp32 masters and AdamW moments over owned_ranges, when the
-  /// base trains) and, on rank 0, "adapter" (the replicated LoRA masters and moments).
-  std::vector<shard_group> checkpoint_state(const decoder& model, int rank, shard_manifest& m) const;
-  /// Restore what checkpoint_state saved, from `ck` (load_checkpoint: any world size and stage).
-  void restore_state(const loaded_checkpoint& ck);
   /// Training is over: the model whole again (for eval, save and the next step), the engine gone.
   void finish() {
     if (!engine) return;

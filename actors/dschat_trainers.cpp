@@ -21,6 +21,7 @@
 #include "actors/register.h"
 #include "actors/rlhf_types.h"
 #include "models/adapter.h"
+#include "models/train/engine_checkpoint.h"
 #include "models/train/shard_checkpoint.h"
 #include "runtime/util/assets.h"
 
@@ -232,7 +233,7 @@ class dschat_trainer : public actor::node {
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
     m.extra["state"] = state();
-    const auto groups = engine_.checkpoint_state(*model_, 0, m);
+    const auto groups = engine_state_groups(*engine_.engine, *model_, 0, m);
     save_shard(ckpt_dir_, m, groups);
     commit_checkpoint(ckpt_dir_, step_, 1, static_cast<int>(ctx.spec().get_int("keep_checkpoints")));
     ctx.print(fmt::format("{} checkpoint at update {} -> {}", tag_, step_,
@@ -280,7 +281,7 @@ class dschat_trainer : public actor::node {
       throw std::runtime_error(fmt::format("node '{}': checkpoint {} is of update {}, not within this run's {} "
                                            "updates: {}",
                                            ctx.name(), folder, m0.step, steps_, afresh));
-    engine_.restore_state(ck);
+    restore_engine_state(*engine_.engine, ck);
     try {
       order().set_where({m0.data_epoch, m0.data_cursor});
     } catch (const std::invalid_argument& e) {

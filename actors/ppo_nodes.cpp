@@ -31,6 +31,7 @@
 #include "actors/resume_check.h"
 #include "actors/rlhf_types.h"
 #include "models/adapter.h"
+#include "models/train/engine_checkpoint.h"
 #include "models/lm_data.h"
 #include "models/rlhf/ppo.h"
 #include "models/rlhf/ppo_checkpoint.h"
@@ -582,7 +583,6 @@ class ppo_trainer final : public actor::node {
     m.step = iteration;
     m.world_size = group_.world;
     m.rank = group_.rank;
-    m.zero_stage = d_.zero_stage;
     m.config_hash = config_hash();
     if (unsup_) {
       m.data_epoch = unsup_->epoch();
@@ -591,36 +591,12 @@ class ppo_trainer final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
-    m.extra["optimizer_steps"] = eng.step_count();
     m.extra["policy_version"] = version_;
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
-    if (d_.dtype == "fp16" && eng.settings().loss_scaler) {
-      m.loss_scale = eng.settings().loss_scaler->scale();
-      m.loss_scale_good_steps = eng.settings().loss_scaler->good_steps();
-      m.extra["loss_scale_hysteresis_left"] = eng.settings().loss_scaler->hysteresis_left();
-    }
-    std::vector<shard_group> groups;
-    if (model_->base_trainable()) {
-      shard_group g;
-      g.name = "base";
-      g.full_numel = model_->num_parameters();
-      for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
-      g.tensors["fp32_master"] = eng.owned_params();
-      if (auto t = eng.owned_exp_avg(); t.defined()) g.tensors["exp_avg"] = t;
-      if (auto t = eng.owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
-      if (ema_.defined()) g.tensors["ema"] = ema_.clone();
-      groups.push_back(std::move(g));
-    }
-    if (model_->num_adapter_parameters() > 0 && group_.rank == 0) {  // replicated: rank 0 saves it
-      shard_group g;
-      g.name = "adapter";
-      g.full_numel = model_->num_adapter_parameters();
-      g.ranges.push_back({0, g.full_numel});
-      g.tensors["fp32_master"] = eng.adapter_params().clone();
-      if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = t;
-      if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = t;
-      groups.push_back(std::move(g));
-    }
+    std::vector<shard_group> groups = engine_state_groups(eng, *model_, group_.rank, m);
+    if (ema_.defined())
+      for (auto& g : groups)
+        if (g.name == "base") g.tensors["ema"] = ema_.clone();
     for (const auto& g : groups)  // never a non-finite state over the last good checkpoint
       for (const auto& [name, t] : g.tensors)
         rlhf::check_finite(t, fmt::format("{}, checkpoint of iteration {}", ctx.name(), iteration), g.name + "." + name);
@@ -641,26 +617,15 @@ class ppo_trainer final : public actor::node {
                                "use another [graph] checkpoint_dir, or delete it to start step 3 afresh");
     check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f, safe_to_change(),
                           "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
-    auto get = [&](const char* g, const char* t) -> tensor {
-      auto gi = ck.full.find(g);
-      if (gi == ck.full.end()) return {};
-      auto ti = gi->second.find(t);
-      return ti == gi->second.end() ? tensor{} : ti->second;
-    };
     auto& eng = *engine_.engine;
-    eng.restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
-                get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"),
-                m0.extra.value("optimizer_steps", int64_t{0}));
-    if (const tensor e = get("base", "ema"); e.defined() && ema_.defined()) {  // this rank's pieces of it
+    restore_engine_state(eng, ck);
+    if (const tensor e = checkpoint_tensor(ck, "base", "ema"); e.defined() && ema_.defined()) {  // this rank's pieces
       int64_t at = 0;
       for (const auto& [lo, hi] : eng.owned_ranges()) {
         ema_.flat_view(at, {hi - lo}).copy_from(e.flat_view(lo, {hi - lo}));
         at += hi - lo;
       }
     }
-    if (eng.settings().loss_scaler && m0.loss_scale > 0)
-      eng.settings().loss_scaler->restore(m0.loss_scale, m0.loss_scale_good_steps,
-                                          m0.extra.value("loss_scale_hysteresis_left", int64_t{0}));
     const auto& mine = m0.world_size == group_.world ? ck.manifests.at(group_.rank) : m0;
     if (mine.rng_state.size() == sizeof(uint64_t)) {
       uint64_t rng;

@@ -32,6 +32,7 @@
 #include "actors/register.h"
 #include "actors/resume_check.h"
 #include "models/adapter.h"
+#include "models/train/engine_checkpoint.h"
 #include "models/checkpoint.h"
 #include "models/train/ds_config.h"
 #include "models/hf.h"
@@ -268,42 +269,15 @@ class zero_rank final : public actor::node {
     m.step = step;
     m.world_size = world_;
     m.rank = rank_;
-    m.zero_stage = zs_.stage;
     m.config_hash = config_hash();
     m.data_epoch = epoch_;
     m.data_cursor = cursor_;
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
-    m.extra["optimizer_steps"] = engine_->step_count();           // < step when fp16 updates were skipped
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
-    if (zs_.loss_scaler) {
-      m.loss_scale = zs_.loss_scaler->scale();
-      m.loss_scale_good_steps = zs_.loss_scaler->good_steps();
-      m.extra["loss_scale_hysteresis_left"] = zs_.loss_scaler->hysteresis_left();
-    }
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
-    std::vector<shard_group> groups;
-    if (model_->base_trainable()) {
-      shard_group g;
-      g.name = "base";
-      g.full_numel = model_->num_parameters();
-      for (auto& [lo, hi] : engine_->owned_ranges()) g.ranges.push_back({lo, hi});
-      g.tensors["fp32_master"] = engine_->owned_params();
-      if (auto t = engine_->owned_exp_avg(); t.defined()) g.tensors["exp_avg"] = t;
-      if (auto t = engine_->owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
-      groups.push_back(std::move(g));
-    }
-    if (model_->num_adapter_parameters() > 0 && rank_ == 0) {  // replicated: rank 0 saves it
-      shard_group g;
-      g.name = "adapter";
-      g.full_numel = model_->num_adapter_parameters();
-      g.ranges.push_back({0, g.full_numel});
-      g.tensors["fp32_master"] = engine_->adapter_params().clone();
-      g.tensors["exp_avg"] = engine_->adapter_exp_avg();
-      g.tensors["exp_avg_sq"] = engine_->adapter_exp_avg_sq();
-      groups.push_back(std::move(g));
-    }
+    const std::vector<shard_group> groups = engine_state_groups(*engine_, *model_, rank_, m);
     save_shard(out_dir_, m, groups);
     comm_->barrier();  // every shard is on disk before the commit point
     if (rank_ == 0) {
@@ -323,19 +297,8 @@ class zero_rank final : public actor::node {
                                "elsewhere or set resume = false");
     check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(),
                           "point output_dir elsewhere or set resume = false");
-    auto get = [&](const char* g, const char* t) -> tensor {
-      auto gi = ck.full.find(g);
-      if (gi == ck.full.end()) return {};
-      auto ti = gi->second.find(t);
-      return ti == gi->second.end() ? tensor{} : ti->second;
-    };
-    engine_->restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
-                     get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"),
-                     m0.extra.value("optimizer_steps", m0.step));
+    restore_engine_state(*engine_, ck);
     done_ = m0.step;
-    if (zs_.loss_scaler && m0.loss_scale > 0)
-      zs_.loss_scaler->restore(m0.loss_scale, m0.loss_scale_good_steps,
-                               m0.extra.value("loss_scale_hysteresis_left", int64_t{0}));
     // RNG: this rank's stream when the world size is unchanged, else rank 0's
     const auto& mine = m0.world_size == world_ ? ck.manifests.at(rank_) : m0;
     if (mine.rng_state.size() == sizeof(uint64_t)) {

@@ -914,7 +914,7 @@ kind = "collect"
 
 // ------------------------------------------------------------ clusters: bytes and secrets (docs/scaling.md)
 
-TEST_CASE("cluster: payload codecs turn text and token ids into bytes and back; unknown types are refused") {
+TEST_CASE("cluster: payload codecs turn text and token ids into bytes and back, unknown types are refused") {
   using namespace flowrun::actor;
   register_payload_codec("test_text", string_codec());
   register_payload_codec("test_tokens", pod_vector_codec<std::int32_t>());

@@ -47,7 +47,7 @@ TEST_CASE("a missing model file is named, with exit code 2") {
   CHECK(out.find("no/such/model.bin") != std::string::npos);
 }
 
-TEST_CASE("usage errors exit with code 2 and say what is wrong; --help exits 0") {
+TEST_CASE("usage errors exit with code 2 and say what is wrong, --help exits 0") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " generate --no-such-option 2>&1", &rc);
   CHECK(rc == 2);
@@ -202,7 +202,7 @@ TEST_CASE("lora_dim above the model's dim is refused at start, at once, naming t
   CHECK(has(out, "got 100000"));
 }
 
-TEST_CASE("--threads and --credit are bounded, with why; exit 2") {
+TEST_CASE("--threads and --credit are bounded, with why, exit 2") {
   const std::string run_graph = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph";
   int rc = -1;
   // --threads 5000 hung at start; --credit 1e12 failed with bad_alloc; 0 and -1 were accepted.

@@ -169,7 +169,7 @@ TEST_CASE("cluster bulk: tagged gloo sends match by tag, from several threads, i
                        std::runtime_error);
 }
 
-TEST_CASE("cluster bulk: the plane moves a payload's tensors between two ranks; receivers may take them out of order") {
+TEST_CASE("cluster bulk: the plane moves a payload's tensors between two ranks, receivers may take them out of order") {
   auto [c0, c1] = gloo_pair();
   actor::bulk_plane p0(c0), p1(c1);
   CHECK(p0.rank() == 0);

@@ -463,7 +463,7 @@ TEST_CASE("console: /api/cluster lists main and each node with heartbeat age, re
   CHECK(json::parse(h.frame_json(&es, &ss))["cluster"] == c);
 }
 
-TEST_CASE("console: node states rank the most telling replica first; tokens and addresses") {
+TEST_CASE("console: node states rank the most telling replica first, tokens and addresses") {
   std::vector<console::replica_sample> rs(3);
   rs[0].state = "idle";
   rs[1].state = "waiting_credit";
@@ -716,7 +716,7 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
   CHECK(!c.Get("/api/status"));
 }
 
-TEST_CASE("console: a failed node shows failed with its reason; linger keeps the final state") {
+TEST_CASE("console: a failed node shows failed with its reason, linger keeps the final state") {
   console_options co;
   co.linger_s = 1.5;
   live_run run(R"(

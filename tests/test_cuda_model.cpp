@@ -284,7 +284,7 @@ TEST_CASE("cuda model: GPT-2 and OPT shapes (learned positions, LayerNorm, post-
   }
 }
 
-TEST_CASE("cuda model: LoRA adapters and a value head on the GPU match the CPU; LoRA dropout is CPU-only") {
+TEST_CASE("cuda model: LoRA adapters and a value head on the GPU match the CPU, LoRA dropout is CPU-only") {
   if (!need_gpu()) return;
   auto ref = test::load_json_asset("ref/stories260K_forward_reference.json");
   auto in = ref["teacher_forced"]["input_tokens"].get<std::vector<int32_t>>();

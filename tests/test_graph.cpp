@@ -1420,7 +1420,7 @@ void in_dir(const fs::path& dir, F f) {
 }
 }  // namespace
 
-TEST_CASE("paths: one rule for inputs and outputs; a file's folder for written paths, the working directory for --set") {
+TEST_CASE("paths: one rule for inputs and outputs, a file's folder for written paths, the working directory for --set") {
   const fs::path root = fs::temp_directory_path() / ("flowrun_paths_" + std::to_string(::getpid()));
   fs::remove_all(root);
   const fs::path g = root / "proj" / "graphs", run = root / "elsewhere", assets = root / "assets";

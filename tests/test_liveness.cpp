@@ -43,7 +43,7 @@ TEST_CASE("liveness: phi is -log10 of the normal tail (Hayashibara et al. 2004),
   CHECK(phi(1e12, 1000, 100) <= 300);
 }
 
-TEST_CASE("liveness: a cluster's heartbeat_ms and lost_after_ms set the detector; a regular peer is lost just after lost_after_ms") {
+TEST_CASE("liveness: a cluster's heartbeat_ms and lost_after_ms set the detector, a regular peer is lost just after lost_after_ms") {
   const auto s = phi_settings::for_cluster(500, 3000);
   CHECK(s.heartbeat_ms == 500);
   CHECK(s.acceptable_pause_ms == 2500);
@@ -135,7 +135,7 @@ TEST_CASE("liveness: monitor and responder over loopback: answered while alive, 
   MESSAGE("silent node lost after " << took << " ms (bound " << bound << " ms): " << main_why);
 }
 
-TEST_CASE("liveness: a node whose coordinator goes silent learns it; a wrong secret is never answered") {
+TEST_CASE("liveness: a node whose coordinator goes silent learns it, a wrong secret is never answered") {
   const auto s = phi_settings::for_cluster(50, 600);
   std::atomic<int> node_lost{0}, wrong_lost{0}, wrong_pongs{0};
   std::string node_why;

@@ -54,7 +54,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("LoRA: zero B leaves the output unchanged; merged and unmerged forwards agree") {
+TEST_CASE("LoRA: zero B leaves the output unchanged, merged and unmerged forwards agree") {
   auto m = load_llama2c(test::model_path());
   tensor tg;
   auto ids = story_ids(2, 32, &tg);
@@ -234,7 +234,7 @@ TEST_CASE("value head: values (B, T), cached values agree, and its gradient is e
   CHECK(std::fabs(fd - analytic) <= 2e-3 * std::max(1.0, std::fabs(analytic)) + 1e-3);
 }
 
-TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved; base + adapter load to continue training") {
+TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved, base + adapter load to continue training") {
   auto m = load_llama2c(test::model_path());
   m.add_value_head(4);
   lora_config lc;
@@ -304,7 +304,7 @@ TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved; base + ad
   std::filesystem::remove_all(dir2);
 }
 
-TEST_CASE("LoRA: one config from settings for every trainer; DS-Chat's decoder.layers. covers every family") {
+TEST_CASE("LoRA: one config from settings for every trainer, DS-Chat's decoder.layers. covers every family") {
   // DS-Chat's lora_module_name default "decoder.layers." means every Linear of the blocks. It used to be
   // spelled as LLaMA's seven names, and OPT and GPT-2 (no gate_proj) then failed at start.
   const auto lc = make_lora_config(4, 1.0f, 0.0f, "decoder.layers.", 3);

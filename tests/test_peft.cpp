@@ -99,7 +99,7 @@ void check_same_tensors(const fs::path& ours_file, const fs::path& peft_file) {
 
 }  // namespace
 
-TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits; merged too; save_adapter writes PEFT's file") {
+TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits, merged too, save_adapter writes PEFT's file") {
   auto e = load_expected();
   auto m = load_hf(k_base.string());
   const auto base_logits = logits_of(m, e.ids);

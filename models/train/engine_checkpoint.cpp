@@ -1,0 +1,55 @@
+#include "models/train/engine_checkpoint.h"
+
+namespace flowrun {
+
+std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decoder& model, int rank,
+                                             shard_manifest& m) {
+  m.zero_stage = eng.settings().stage;
+  m.extra["optimizer_steps"] = eng.step_count();
+  if (const auto& ls = eng.settings().loss_scaler) {
+    m.loss_scale = ls->scale();
+    m.loss_scale_good_steps = ls->good_steps();
+    m.extra["loss_scale_hysteresis_left"] = ls->hysteresis_left();
+  }
+  std::vector<shard_group> groups;
+  if (model.base_trainable()) {
+    shard_group g;
+    g.name = "base";
+    g.full_numel = model.num_parameters();
+    for (auto& [lo, hi] : eng.owned_ranges()) g.ranges.push_back({lo, hi});
+    g.tensors["fp32_master"] = eng.owned_params();
+    if (auto t = eng.owned_exp_avg(); t.defined()) g.tensors["exp_avg"] = t;
+    if (auto t = eng.owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
+    groups.push_back(std::move(g));
+  }
+  if (model.num_adapter_parameters() > 0 && rank == 0) {  // replicated: rank 0 saves it
+    shard_group g;
+    g.name = "adapter";
+    g.full_numel = model.num_adapter_parameters();
+    g.ranges.push_back({0, g.full_numel});
+    g.tensors["fp32_master"] = eng.adapter_params().clone();
+    if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = t;
+    if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = t;
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+tensor checkpoint_tensor(const loaded_checkpoint& ck, std::string_view group, std::string_view name) {
+  auto gi = ck.full.find(std::string(group));
+  if (gi == ck.full.end()) return {};
+  auto ti = gi->second.find(std::string(name));
+  return ti == gi->second.end() ? tensor{} : ti->second;
+}
+
+void restore_engine_state(zero_engine& eng, const loaded_checkpoint& ck) {
+  const auto& m0 = ck.manifests.at(0);
+  auto get = [&](const char* g, const char* t) { return checkpoint_tensor(ck, g, t); };
+  eng.restore(get("base", "fp32_master"), get("base", "exp_avg"), get("base", "exp_avg_sq"),
+              get("adapter", "fp32_master"), get("adapter", "exp_avg"), get("adapter", "exp_avg_sq"),
+              m0.extra.value("optimizer_steps", m0.step));
+  if (const auto& ls = eng.settings().loss_scaler; ls && m0.loss_scale > 0)
+    ls->restore(m0.loss_scale, m0.loss_scale_good_steps, m0.extra.value("loss_scale_hysteresis_left", int64_t{0}));
+}
+
+}  // namespace flowrun

@@ -1,0 +1,34 @@
+// A zero_engine's optimizer state as shard-checkpoint groups (shard_checkpoint.h), and back:
+// the one way every trainer saves and restores it (sft_trainer and rm_trainer, the PPO policy
+// and critic, zero_rank). Each node adds its own state around it (data position, RNG, EMA).
+//
+// Groups written:
+//   "base"    this rank's share of the base model (owned_ranges of the flat buffer):
+//             fp32_master, exp_avg, exp_avg_sq; only when the base trains (not LoRA-only)
+//   "adapter" the LoRA adapters and value head that train beside a frozen base (replicated:
+//             rank 0 writes them), the same three tensors
+// Manifest fields: zero_stage, extra.optimizer_steps (fewer than the updates when fp16 skipped
+// some), and with an fp16 loss scaler its scale, good steps and extra.loss_scale_hysteresis_left.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "models/train/shard_checkpoint.h"
+#include "models/train/zero.h"
+
+namespace flowrun {
+
+/// The groups holding `eng`'s state on rank `rank`; fills `m`'s optimizer fields (see above).
+std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decoder& model, int rank,
+                                             shard_manifest& m);
+
+/// Restores what engine_state_groups saved, from `ck` (load_checkpoint reassembles the full
+/// buffers, so any world size and stage re-slice them). A missing optimizer_steps counts as the
+/// manifest's step.
+void restore_engine_state(zero_engine& eng, const loaded_checkpoint& ck);
+
+/// The reassembled tensor `group`.`name` of `ck` (e.g. "base", "ema"); undefined when absent.
+tensor checkpoint_tensor(const loaded_checkpoint& ck, std::string_view group, std::string_view name);
+
+}  // namespace flowrun

@@ -213,13 +213,7 @@ class dschat_trainer : public actor::node {
     return safe;
   }
 
-  std::string config_hash() const {
-    nlohmann::json j = model_->config();
-    j["lora"] = model_->has_lora();
-    j["value_head"] = model_->has_value_head();
-    j["base_trains"] = model_->base_trainable();
-    return config_fingerprint(j);
-  }
+  std::string config_hash() const { return trainer_config_hash(*model_); }
 
   void save(actor::node_context& ctx) {
     shard_manifest m;

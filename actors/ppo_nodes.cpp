@@ -567,13 +567,7 @@ class ppo_trainer final : public actor::node {
   std::string folder(const actor::node_context& ctx) const {
     return (std::filesystem::path(ctx.checkpoint_dir()) / ctx.name()).string();
   }
-  std::string config_hash() const {
-    nlohmann::json j = model_->config();
-    j["lora"] = model_->has_lora();
-    j["value_head"] = model_->has_value_head();
-    j["base_trains"] = model_->base_trainable();
-    return config_fingerprint(j);
-  }
+  std::string config_hash() const { return trainer_config_hash(*model_); }
 
   // Every rank writes its pieces (fp32 master, AdamW moments, EMA); rank 0 the replicated
   // adapter / value head; then the folder's commit (the controller commits the iteration).

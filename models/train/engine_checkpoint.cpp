@@ -1,5 +1,7 @@
 #include "models/train/engine_checkpoint.h"
 
+#include "models/config.h"
+
 namespace flowrun {
 
 std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decoder& model, int rank,
@@ -33,6 +35,14 @@ std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decod
     groups.push_back(std::move(g));
   }
   return groups;
+}
+
+std::string trainer_config_hash(const decoder& model) {
+  nlohmann::json j = model.config();
+  j["lora"] = model.has_lora();
+  j["value_head"] = model.has_value_head();
+  j["base_trains"] = model.base_trainable();
+  return config_fingerprint(j);
 }
 
 tensor checkpoint_tensor(const loaded_checkpoint& ck, std::string_view group, std::string_view name) {

@@ -11,6 +11,7 @@
 // some), and with an fp16 loss scaler its scale, good steps and extra.loss_scale_hysteresis_left.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -27,6 +28,10 @@ std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decod
 /// buffers, so any world size and stage re-slice them). A missing optimizer_steps counts as the
 /// manifest's step.
 void restore_engine_state(zero_engine& eng, const loaded_checkpoint& ck);
+
+/// The config_hash of a DS-Chat trainer's checkpoint (steps 1-3): the model's config with its
+/// LoRA, value head and whether the base trains, so a resume onto another model is refused.
+std::string trainer_config_hash(const decoder& model);
 
 /// The reassembled tensor `group`.`name` of `ck` (e.g. "base", "ema"); undefined when absent.
 tensor checkpoint_tensor(const loaded_checkpoint& ck, std::string_view group, std::string_view name);

@@ -194,7 +194,8 @@ while (( $(now) < deadline )); do
   ls_sft=$(( ($(count '^\[step 1 sft\] step [0-9]' "$dir/results") - ref_sft) * sft_every ))
   ls_rm=$(( ($(count '^\[step 2 rm\] step [0-9]' "$dir/results") - ref_rm) * rm_every ))
   ls_ppo=$(( $(count '^\[step 3 ppo\] iter [0-9]' "$dir/results") - ref_ppo ))
-  lost_sft=$((lost_sft + ls_sft)) lost_rm=$((lost_rm + ls_rm)) lost_ppo=$((lost_ppo + ls_ppo))
+  # a failed run printed less than the reference: nothing to count
+  (( ok )) && lost_sft=$((lost_sft + ls_sft)) lost_rm=$((lost_rm + ls_rm)) lost_ppo=$((lost_ppo + ls_ppo))
   notes=$(grep -ho '^\[step [0-9] [a-z]*\] resum[a-z]* [^:]*\|^\[step 3 ppo\] resuming after iteration [0-9]*' "$dir/all.out" \
           | sed -E 's/ from .*//' | sort | uniq -c | sed -E 's/^ +//' | paste -sd ';' -)
   if (( ok )) && (( ${#why[@]} == 0 )); then
@@ -203,7 +204,8 @@ while (( $(now) < deadline )); do
     failures=$((failures + 1))
     verdict="MISMATCH: $(IFS=';'; echo "${why[*]:-the run failed}")"
   fi
-  echo "$(stamp) run $runs: $(( $(now) - rs )) s, $k coordinator process(es), $n_restart restart(s) ($n_rejoin rejoin), retrained: sft $ls_sft steps, rm $ls_rm steps, ppo $ls_ppo iterations; ${notes:+resumes: $notes; }$verdict"
+  (( ok )) && lost="retrained: sft $ls_sft steps, rm $ls_rm steps, ppo $ls_ppo iterations; " || lost=""
+  echo "$(stamp) run $runs: $(( $(now) - rs )) s, $k coordinator process(es), $n_restart restart(s) ($n_rejoin rejoin), $lost${notes:+resumes: $notes; }$verdict"
 done
 touch "$out/stop"
 kill "$killer_pid" 2>/dev/null
@@ -214,5 +216,5 @@ echo "SUMMARY chaos soak: $(( ($(now) - t0) / 60 )) min (reference ${ref_s} s), 
 echo "  kills: $kills; by node: $(for t in w1 w2 main; do echo -n "$t $(grep -c "KILL $t " "$out/kills.log" || true), "; done | sed 's/, $//')"
 echo "  kills by phase: $(sed -nE 's/.* phase (step[s]? [0-9+]+).*/\1/p' "$out/kills.log" | sort | uniq -c | sed -E 's/^ +//' | paste -sd ',' - | sed 's/,/, /g')"
 echo "  restarts (on_node_lost = \"restart\" attempts): $restarts, of which $rejoins rejoined the restarted daemon; coordinator re-runs (resumes after main was killed): $resumes"
-echo "  lost (trained again, from the printed progress lines): sft $lost_sft steps, rm $lost_rm steps, ppo $lost_ppo iterations"
+echo "  lost in the finished runs (trained again, from the printed progress lines): sft $lost_sft steps, rm $lost_rm steps, ppo $lost_ppo iterations"
 (( failures == 0 && runs > 0 ))

@@ -7,15 +7,23 @@
 #include <doctest/doctest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -714,6 +722,68 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
   auto c = run.client();
   c.set_connection_timeout(1, 0);
   CHECK(!c.Get("/api/status"));
+}
+
+TEST_CASE("console: replies go out without Nagle's delay, from threads below the run's priority") {
+  // bench/console_load.sh (docs/reliability.md, "Console under load"): without TCP_NODELAY each reply's
+  // body waited about 40 ms for the ACK of its head (a client's delayed ACK); at the run's priority, a
+  // client polling as fast as it could took 40% of a 2-core machine's training throughput.
+  c_work::failed_once() = false;
+  live_run run(pipeline);
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(run.port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  sockaddr_in mine{};
+  socklen_t mine_len = sizeof mine;
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&mine), &mine_len) == 0);
+  timeval tv{5, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string req = "GET /api/status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  REQUIRE(::send(s, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\r\n\r\n") == std::string::npos) {
+    const auto n = ::recv(s, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  CHECK(got.rfind("HTTP/1.1 200", 0) == 0);
+  // the server's end of this (kept-alive) connection lives in this process: TCP_NODELAY is on
+  int server_nodelay = -1;  // -1: the server's end was not found
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(e.path().filename().string());
+    sockaddr_in local{}, peer{};
+    socklen_t l1 = sizeof local, l2 = sizeof peer;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &l1) != 0 || local.sin_family != AF_INET) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &l2) != 0) continue;
+    if (ntohs(local.sin_port) != run.port || peer.sin_port != mine.sin_port) continue;
+    int on = 0;
+    socklen_t on_len = sizeof on;
+    REQUIRE(::getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &on_len) == 0);
+    server_nodelay = on != 0 ? 1 : 0;
+  }
+  ::close(s);
+  CHECK(server_nodelay == 1);
+  // the thread that answered lowered its own nice value by 10 (at most 19): proc(5) stat field 19
+  errno = 0;
+  const int base = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  REQUIRE(errno == 0);
+  int lowered = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream f(e.path() / "stat");
+    std::string st;
+    std::getline(f, st);
+    std::istringstream rest(st.substr(st.rfind(')') + 2));  // from field 3 (state) on
+    std::vector<std::string> v;
+    for (std::string x; rest >> x;) v.push_back(x);
+    if (v.size() > 16 && std::stoi(v[16]) == std::min(19, base + 10)) ++lowered;
+  }
+  INFO("this thread's nice value: " << base);
+  if (base < 19) CHECK(lowered >= 1);
 }
 
 TEST_CASE("console: a failed node shows failed with its reason, linger keeps the final state") {

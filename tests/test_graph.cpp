@@ -527,6 +527,24 @@ TEST_CASE("overrides: a UTF-8 bare string survives to_toml and a re-read") {
   CHECK(to_toml(again.spec) == to_toml(spec));
 }
 
+TEST_CASE("to_toml keeps every [graph] key: what a cluster node receives") {
+  // bench/chaos_soak.sh: on a cluster, sft/rm on a node wrote no done marker and the ppo_controller there
+  // committed no step-3 checkpoint: to_toml dropped checkpoint_dir, so every node but main saw it empty.
+  auto parsed = parse_graph_file(graphs_dir / "good/pipeline.graph");
+  REQUIRE(parsed.ok());
+  graph_spec spec = parsed.spec;
+  for (const char* o : {"graph.name=g2", "graph.seed=77", "graph.steps=5", "graph.console_port=8123",
+                        "graph.checkpoint_dir=/tmp/run/ck"})
+    REQUIRE_FALSE(apply_override(spec, o, &test_kinds()));
+  auto again = parse_graph_string(to_toml(spec));
+  REQUIRE(again.ok());
+  CHECK(again.spec.name == "g2");
+  CHECK(again.spec.seed == 77);
+  CHECK(again.spec.steps == 5);
+  CHECK(again.spec.console_port == 8123);
+  CHECK(again.spec.checkpoint_dir == "/tmp/run/ck");
+}
+
 TEST_CASE("overrides: load_graph applies them before validating") {
   auto r = load("good/pipeline.graph", {"node.gen.temperature=0.7", "node.prompts.max_lines=2"});
   INFO(all_errors(r.errors));

@@ -4,9 +4,12 @@
 #include <httplib.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -20,6 +23,38 @@
 namespace flowrun::console {
 
 using json = nlohmann::json;
+
+namespace {
+
+// The console's request threads: cpp-httplib's ThreadPool whose threads lower their own priority
+// (nice + 10, at most 19; Linux keeps a nice value per thread) before their first request. A client
+// that polls as fast as it can then gets the cores the run leaves idle instead of taking them from
+// the training: bench/console_load.sh, wrk -t1 -c8 at about 4,000 requests/s, took 40% of a 2-core
+// machine's training throughput at the run's own priority (docs/reliability.md, "Console under load").
+class background_pool final : public httplib::TaskQueue {
+ public:
+  explicit background_pool(std::size_t n) : pool_(n) {}
+  void enqueue(std::function<void()> fn) override {
+    pool_.enqueue([fn = std::move(fn)] {
+      thread_local const bool lowered = lower_this_thread();
+      (void)lowered;
+      fn();
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  static bool lower_this_thread() {
+    const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+    errno = 0;
+    const int now = ::getpriority(PRIO_PROCESS, tid);
+    if (errno != 0) return false;
+    return ::setpriority(PRIO_PROCESS, tid, std::min(19, now + 10)) == 0;
+  }
+  httplib::ThreadPool pool_;
+};
+
+}  // namespace
 
 bool is_loopback_address(const std::string& host) {
   if (host == "localhost" || host == "::1" || host == "[::1]") return true;
@@ -185,7 +220,11 @@ void server::start() {
 
   auto& svr = impl_->svr;
   const int threads = std::max(2, options_.threads);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  svr.new_task_queue = [threads] { return new background_pool(static_cast<std::size_t>(threads)); };
+  // cpp-httplib writes a response's head and body in two sends: with Nagle's algorithm on, the body waited
+  // for the ACK of the head, which the client's delayed ACK held back about 40 ms (bench/console_load.sh:
+  // every request took 42 ms, 37 requests/s on one connection; docs/reliability.md "Console under load")
+  svr.set_tcp_nodelay(true);
   svr.set_keep_alive_timeout(2);
   svr.set_read_timeout(5);
   svr.set_write_timeout(5);

@@ -1206,6 +1206,7 @@ std::string to_toml(const graph_spec& spec) {
   g.insert("seed", static_cast<std::int64_t>(spec.seed));
   g.insert("steps", spec.steps);
   if (spec.console_port >= 0) g.insert("console_port", spec.console_port);
+  if (!spec.checkpoint_dir.empty()) g.insert("checkpoint_dir", spec.checkpoint_dir);
   root.insert("graph", std::move(g));
   std::ostringstream os;
   os << root << "\n";

@@ -887,3 +887,46 @@ TEST_CASE("console: a port already in use is refused before anything runs, namin
   CHECK(r.error.find("--no-console") != std::string::npos);
   CHECK(g_starts == 0);  // nothing ran
 }
+
+TEST_CASE("console: a document is rendered once per sample, and every change of state renders it again") {
+  // bench/console_load.sh: a client polling faster than samples arrive made the console render each document
+  // per request (about 240 us of a core each); now it copies the sample's rendering.
+  console::graph_info g;
+  g.name = "g";
+  g.nodes = {{"a", "src", 1, true, true, "", {}}};
+  console::hub h(g);
+  auto sample_at = [](double t, std::uint64_t n) {
+    console::sample s;
+    s.t_s = t;
+    console::node_sample a{"a", 0, {}};
+    console::replica_sample r;
+    r.state = "busy";
+    r.produced = n;
+    r.msgs_out = n;
+    a.replicas.push_back(r);
+    s.nodes = {a};
+    s.signals.push_back({n, t, "a", 0, "loss", 1.0 / static_cast<double>(n), ""});
+    s.events.push_back({n, t, "spawn", "a", 0, "event " + std::to_string(n)});
+    return s;
+  };
+  h.publish(sample_at(1.0, 1));
+  const std::string nodes1 = h.nodes_json(), status1 = h.status_json(), events1 = h.events_json(0);
+  CHECK(h.nodes_json() == nodes1);  // the same sample: the same bytes
+  CHECK(h.status_json() == status1);
+  h.publish(sample_at(2.0, 2));
+  CHECK(h.nodes_json() != nodes1);  // a new sample renders again
+  CHECK(json::parse(h.nodes_json())["nodes"][0]["totals"]["produced"] == 2);
+  CHECK(json::parse(h.status_json())["frame"] == json::parse(status1)["frame"].get<int>() + 1);
+  CHECK(json::parse(h.events_json(0))["events"].size() == json::parse(events1)["events"].size() + 1);
+  // arguments are part of the key, exactly: since = 1.0 and since = 1.0 - 1e-9 are different documents
+  CHECK(json::parse(h.events_json(1))["events"].size() == 1);
+  const auto points = [&](double since) {
+    const json doc = json::parse(h.signals_json(since));
+    for (const auto& s : doc["series"])
+      if (s["name"] == "loss") return s["points"].size();
+    return std::size_t{0};
+  };
+  CHECK(points(0.0) == 2);
+  CHECK(points(1.0) == 1);
+  CHECK(points(1.0 - 1e-9) == 2);
+}

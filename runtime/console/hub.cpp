@@ -1,5 +1,7 @@
 #include "runtime/console/hub.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -437,6 +439,7 @@ void hub::publish(sample s) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return;
     ++frame_;
+    cache_.clear();
     for (auto& e : s.events) events_.push_back(std::move(e));
     while (events_.size() > options_.events_kept) events_.pop_front();
     for (auto& p : s.signals) {
@@ -486,6 +489,7 @@ void hub::publish(sample s) {
 void hub::set_controls(controls c) {
   std::lock_guard<std::mutex> lock(mutex_);
   controls_ = std::move(c);
+  cache_.clear();
 }
 
 void hub::close() {
@@ -493,6 +497,7 @@ void hub::close() {
     std::lock_guard<std::mutex> lock(mutex_);
     closed_ = true;
     controls_ = {};
+    cache_.clear();
   }
   cv_.notify_all();
 }
@@ -514,6 +519,11 @@ std::uint64_t hub::wait_frame(std::uint64_t after, std::chrono::milliseconds tim
 }
 
 std::string hub::graph_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cached("graph", [&] { return render_graph(); });
+}
+
+std::string hub::render_graph() const {
   json nodes = json::array();
   for (const auto& n : graph_.nodes) {
     json settings = json::array();
@@ -554,12 +564,14 @@ std::string hub::graph_json() const {
 
 std::string hub::status_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return hub_json{*this}.status().dump(-1, ' ', false, k_replace);
+  return cached("status", [&] { return hub_json{*this}.status().dump(-1, ' ', false, k_replace); });
 }
 
 std::string hub::nodes_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.nodes()}}.dump(-1, ' ', false, k_replace);
+  return cached("nodes", [&] {
+    return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.nodes()}}.dump(-1, ' ', false, k_replace);
+  });
 }
 
 std::optional<std::string> hub::node_json(std::string_view name) const {
@@ -571,16 +583,28 @@ std::optional<std::string> hub::node_json(std::string_view name) const {
 
 std::string hub::edges_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return json{{"window_s", num(rates_.window_s)}, {"edges", hub_json{*this}.edges()}}.dump(-1, ' ', false, k_replace);
+  return cached("edges", [&] {
+    return json{{"window_s", num(rates_.window_s)}, {"edges", hub_json{*this}.edges()}}.dump(-1, ' ', false, k_replace);
+  });
 }
 
 std::string hub::bottlenecks_json(std::size_t n) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.bottlenecks(n)}}.dump(-1, ' ', false, k_replace);
+  return cached("bottlenecks:" + std::to_string(n), [&] {
+    return json{{"window_s", num(rates_.window_s)}, {"nodes", hub_json{*this}.bottlenecks(n)}}.dump(-1, ' ', false,
+                                                                                                 k_replace);
+  });
 }
 
 std::string hub::signals_json(double since_t) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  char key[48];
+  std::snprintf(key, sizeof key, "signals:%.17g", since_t);  // exact: each since_t its own document
+  return cached(key, [&] { return render_signals(since_t); });
+}
+
+std::string hub::render_signals(double since_t) const {
+  // mutex_ held
   json series = json::array();
   for (const auto& [key, points] : series_) {
     json pts = json::array();
@@ -603,6 +627,11 @@ std::string hub::signals_json(double since_t) const {
 
 std::string hub::memory_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return cached("memory", [&] { return render_memory(); });
+}
+
+std::string hub::render_memory() const {
+  // mutex_ held
   json ranks = json::array();
   for (const auto& n : current_.nodes)
     for (std::size_t k = 0; k < n.replicas.size(); ++k) {
@@ -625,11 +654,16 @@ std::string hub::memory_json() const {
 
 std::string hub::cluster_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return cluster_doc(current_.cluster).dump(-1, ' ', false, k_replace);
+  return cached("cluster", [&] { return cluster_doc(current_.cluster).dump(-1, ' ', false, k_replace); });
 }
 
 std::string hub::events_json(std::uint64_t since_seq) const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return cached("events:" + std::to_string(since_seq), [&] { return render_events(since_seq); });
+}
+
+std::string hub::render_events(std::uint64_t since_seq) const {
+  // mutex_ held
   json a = json::array();
   for (const auto& e : events_)
     if (e.seq > since_seq) a.push_back(event_json(e));

@@ -232,10 +232,25 @@ class hub {
     double tokens_per_s = 0, window_s = 0;
   };
   derived derive(const sample& now, const sample& then) const;
+  // The documents' renderings (mutex_ held, except render_graph: the graph never changes).
+  std::string render_graph() const;
+  std::string render_signals(double since_t) const;
+  std::string render_memory() const;
+  std::string render_events(std::uint64_t since_seq) const;
+  /// (mutex_ held) Document `key` as rendered since the state last changed (publish,
+  /// set_controls, close clear the cache), else render() stored: a client polling faster
+  /// than samples arrive costs a copy, not a render (bench/console_load.sh).
+  template <class F>
+  std::string cached(std::string key, F&& render) const {
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    if (cache_.size() >= 64) cache_.clear();  // keys with arguments (since=...) cannot grow it without bound
+    return cache_.emplace(std::move(key), render()).first->second;
+  }
 
   graph_info graph_;
   hub_options options_;
   mutable std::mutex mutex_;
+  mutable std::map<std::string, std::string, std::less<>> cache_;  // see cached()
   mutable std::condition_variable cv_;
   controls controls_;
   bool closed_ = false;

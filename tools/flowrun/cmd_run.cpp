@@ -289,17 +289,14 @@ std::vector<std::string> overrides_for(const std::string& file, const std::vecto
   return out;
 }
 
-// The absolute path node `node` of a planned graph (file, its own overrides) will write its `output` to, with the
-// user's overrides applied: what a later step of the same `flowrun train` must read.
-std::string planned_output(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node,
-                           const std::vector<std::string>& user) {
+// The absolute path node `node` of a planned graph (file, all its overrides) will write its `output` to: what a
+// later step of the same `flowrun train` must read.
+std::string planned_output(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node) {
   registries r;
   graph::validate_options vo;
   vo.asset_root = assets_root();
   vo.check_files = false;  // only the output's resolution is wanted here; the run checks the inputs
-  auto ov = entry.second;
-  for (auto& x : overrides_for(entry.first, user)) ov.push_back(std::move(x));
-  auto v = graph::load_graph(entry.first, r.kinds, vo, ov);
+  auto v = graph::load_graph(entry.first, r.kinds, vo, entry.second);
   if (!v.ok()) {
     std::cerr << graph::format_errors(v.errors);
     throw exit_request{2};
@@ -368,30 +365,31 @@ void add_train(CLI::App& app) {
     // FLOWRUN_ASSETS (validate.h, "Path settings"). A step that reads what an earlier step of this command
     // writes is given that step's resolved output, so it reads that very file, wherever either graph points.
     std::vector<std::pair<std::string, std::vector<std::string>>> plan;
+    auto add = [&](const std::string& name, std::vector<std::string> ov) {  // then the user's overrides for it
+      const std::string file = graph_path(name);
+      for (auto& x : overrides_for(file, o->overrides)) ov.push_back(std::move(x));
+      plan.push_back({file, std::move(ov)});
+    };
     if (steps == std::set<int>{1, 2, 3}) {
-      plan.push_back({graph_path("rlhf.graph"), {"node.sft.model=" + o->actor_model, "node.rm.model=" + o->reward_model}});
+      add("rlhf.graph", {"node.sft.model=" + o->actor_model, "node.rm.model=" + o->reward_model});
     } else {
-      if (steps.count(1)) plan.push_back({graph_path("sft.graph"), {"node.sft.model=" + o->actor_model}});
-      if (steps.count(2)) plan.push_back({graph_path("rm.graph"), {"node.rm.model=" + o->reward_model}});
+      if (steps.count(1)) add("sft.graph", {"node.sft.model=" + o->actor_model});
+      if (steps.count(2)) add("rm.graph", {"node.rm.model=" + o->reward_model});
       if (steps.count(3)) {
         // step 3 alone reads ppo.graph's own inputs (what graphs/sft.graph and rm.graph write), unless told
         std::vector<std::string> ov;
-        if (steps.count(1)) ov.push_back("node.actor_model.model=" + planned_output(plan[0], "sft", o->overrides));
+        if (steps.count(1)) ov.push_back("node.actor_model.model=" + planned_output(plan[0], "sft"));
         else if (actor_opt->count()) ov.push_back("node.actor_model.model=" + o->actor_model);
-        if (steps.count(2)) ov.push_back("node.reward_model.model=" + planned_output(plan.back(), "rm", o->overrides));
+        if (steps.count(2)) ov.push_back("node.reward_model.model=" + planned_output(plan.back(), "rm"));
         else if (reward_opt->count()) ov.push_back("node.reward_model.model=" + o->reward_model);
-        plan.push_back({graph_path("ppo.graph"), ov});
+        add("ppo.graph", std::move(ov));
       }
     }
     for (const auto& x : o->overrides) {  // a node that no planned graph has is a mistake, not a no-op
       if (x.rfind("node.", 0) != 0) continue;
       std::string name = x.substr(5, x.find('.', 5) - 5);
-      bool found = false;
-      for (auto& [file, ov] : plan) {
-        std::ifstream gf(file);
-        std::string text((std::istreambuf_iterator<char>(gf)), std::istreambuf_iterator<char>());
-        found = found || text.find("[node." + name + "]") != std::string::npos;
-      }
+      bool found = false;  // add() gave it to every graph that has the node
+      for (auto& [file, ov] : plan) found = found || std::find(ov.begin(), ov.end(), x) != ov.end();
       if (!found) {
         spdlog::error("--set {}: no graph of these steps has a node '{}'", x, name);
         throw exit_request{2};
@@ -401,7 +399,6 @@ void add_train(CLI::App& app) {
       run_opts ro;
       ro.file = file;
       ro.overrides = ov;
-      for (auto& x : overrides_for(file, o->overrides)) ro.overrides.push_back(std::move(x));
       std::string shown;
       for (auto& x : ro.overrides) shown += " --set " + x;
       spdlog::info("flowrun train ({}): running {}{}", o->deployment_type, file, shown);

@@ -1,7 +1,6 @@
 #include "runtime/actor/bulk_plane.h"
 
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -63,7 +62,7 @@ bulk_header decode_bulk_header(const std::vector<char>& bytes, std::size_t& at) 
       if (ux != 0 && elems > max_bulk_payload_bytes / ux) elems = max_bulk_payload_bytes + 1;  // saturate
       else elems *= ux;
     }
-    total += std::min(elems, max_bulk_payload_bytes + 1) * dtype_size(static_cast<dtype>(t));
+    total += elems * dtype_size(static_cast<dtype>(t));  // elems <= 2^36 + 1: no overflow
     if (total > max_bulk_payload_bytes)
       throw std::invalid_argument("bulk header announces more than " + std::to_string(max_bulk_payload_bytes) +
                                   " bytes of tensors (a corrupt or hostile header)");

@@ -3,6 +3,12 @@
 // test-only node kinds defined below.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <csignal>
@@ -24,6 +30,7 @@
 #include "runtime/actor/node.h"
 #include "runtime/actor/payload.h"
 #include "runtime/actor/runtime.h"
+#include "runtime/actor/socket_numbers.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 
@@ -1025,4 +1032,53 @@ TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors t
   // truncated bytes are refused
   bytes.resize(bytes.size() - 3);
   CHECK_FALSE(apply_replica_counters(main_side, bytes));
+}
+
+// runtime/actor/socket_numbers.h: CAF 0.17 names a connection by its descriptor number, so a number reused
+// while the BASP broker still remembers the closed connection made a re-run coordinator unreachable
+// (tests/cluster_rerun_small.sh is the end-to-end case). Here: the numbers themselves.
+TEST_CASE("socket numbers: accepted and created sockets get fresh numbers, not the one just closed") {
+  REQUIRE(flowrun::actor::fresh_socket_numbers_active());
+  using flowrun::actor::fresh_fd_ceiling;
+  using flowrun::actor::fresh_fd_floor;
+  auto in_range = [](int fd) { return fd >= fresh_fd_floor && fd < fresh_fd_ceiling; };
+  // socket(): a closed number does not come back next, and the close-on-exec flag is kept
+  const int a = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(a >= 0);
+  CHECK(in_range(a));
+  CHECK((::fcntl(a, F_GETFD) & FD_CLOEXEC) != 0);
+  ::close(a);
+  const int b = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(b >= 0);
+  CHECK(in_range(b));
+  CHECK(b != a);
+  CHECK((::fcntl(b, F_GETFD) & FD_CLOEXEC) == 0);
+  // accept(): two connections accepted one after the other, the first closed before the second arrives
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(b, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(b, 4) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(b, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  std::vector<int> accepted;
+  for (int i = 0; i < 2; ++i) {
+    const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(::connect(c, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    const int s = ::accept(b, nullptr, nullptr);
+    REQUIRE(s >= 0);
+    CHECK(in_range(s));
+    accepted.push_back(s);
+    ::close(s);
+    ::close(c);
+  }
+  CHECK(accepted[0] != accepted[1]);
+  ::close(b);
+  // a descriptor past the range keeps its number; a negative one passes through
+  CHECK(flowrun::actor::move_to_fresh_number(-1) == -1);
+  const int high = ::fcntl(0, F_DUPFD, fresh_fd_ceiling + 5);
+  if (high >= 0) {
+    CHECK(flowrun::actor::move_to_fresh_number(high) == high);
+    ::close(high);
+  }
 }

@@ -46,6 +46,7 @@
 #include "runtime/actor/job.h"
 #include "runtime/actor/liveness.h"
 #include "runtime/actor/payload_codec.h"
+#include "runtime/actor/socket_numbers.h"
 #include "runtime/comm/caf_store_actor.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/graph/parse.h"
@@ -397,6 +398,11 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
     spdlog::error("flowrun node: the cluster secret is empty");
     return 1;
   }
+  // socket_numbers.h: without it a coordinator that connects right after
+  // another's connection dropped can be taken for the dropped one.
+  if (!fresh_socket_numbers_active())
+    spdlog::warn("flowrun node: accept() and socket() are not flowrun's here (socket_numbers.h): a coordinator that "
+                 "connects within a second of another's disconnect may not be answered");
   auto shared = std::make_shared<cl::daemon_shared>();
   shared->options = options;
   shared->kinds = &kinds;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 
@@ -149,6 +150,12 @@ struct job_plan {
   std::shared_ptr<job_live> live;
   std::shared_ptr<run_state> state;
   std::vector<std::vector<caf::actor>> actors;  // filled after spawning, cleared at the end
+  // Guards `actors` where two threads meet: a cluster part's session fills
+  // it (set_actor_table) and releases it (release_part) on its own thread,
+  // while a replica reads it in on_init (a coordinator lost just after
+  // sending init released the table under a replica still wiring: a
+  // use-after-free).
+  mutable std::mutex actors_mutex;
   // Cluster runs: where each replica runs (empty: all in this process).
   flowrun::actor::placement where;
   bool local(std::uint32_t node, std::uint32_t replica) const {
@@ -439,6 +446,12 @@ class replica_actor final : public caf::event_based_actor {
   void on_init(caf::actor coordinator) {
     coordinator_ = std::move(coordinator);
     const job_plan& p = *plan_;
+    std::unique_lock<std::mutex> table_lock(p.actors_mutex);
+    if (p.actors.empty()) {  // released (release_part): the run ended before this replica was wired
+      phase_ = phase::stopped;
+      quit();
+      return;
+    }
     // Out links and edges.
     for (std::uint32_t id : p.out_links[node_][replica_]) {
       const link_plan& l = p.links[id];
@@ -478,6 +491,7 @@ class replica_actor final : public caf::event_based_actor {
       il.ack_batch = static_cast<std::uint32_t>(std::max<std::int64_t>(1, p.edges[l.edge].credit / 4));
       in_links_.push_back(std::move(il));
     }
+    table_lock.unlock();
     phase_ = phase::running;
     const auto t0 = now();
     bool ok = guarded("start", [&] {
@@ -1457,7 +1471,10 @@ class coordinator_actor final : public caf::event_based_actor {
                        "finished (" + std::string(to_string(why)) + ", exit code " + std::to_string(code) + ")" +
                            (error_.empty() ? std::string() : ": " + error_));
     plan_->state->finish(code, error_, why);
-    plan_->actors.clear();  // break the cycle plan -> actors -> plan
+    {
+      std::lock_guard<std::mutex> lock(plan_->actors_mutex);
+      plan_->actors.clear();  // break the cycle plan -> actors -> plan
+    }
     quit();
   }
 
@@ -1710,6 +1727,7 @@ expected<bool> set_actor_table(job_part& part, const std::vector<caf::actor>& al
     return error_text{"set_actor_table: " + std::to_string(all.size()) + " handles for " + std::to_string(total) +
                       " replicas"};
   std::size_t i = 0;
+  std::lock_guard<std::mutex> lock(plan->actors_mutex);
   for (auto& row : plan->actors)
     for (auto& a : row) {
       if (!all[i]) return error_text{"set_actor_table: replica handle " + std::to_string(i) + " is invalid"};
@@ -1735,7 +1753,10 @@ void abort_part(job_part& part) {
 }
 
 void release_part(job_part& part) {
-  if (auto plan = std::static_pointer_cast<rt::job_plan>(part.plan)) plan->actors.clear();
+  if (auto plan = std::static_pointer_cast<rt::job_plan>(part.plan)) {
+    std::lock_guard<std::mutex> lock(plan->actors_mutex);
+    plan->actors.clear();
+  }
   part.local.clear();
   part.plan.reset();
 }

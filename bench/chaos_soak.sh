@@ -10,9 +10,8 @@
 # and reward model must be byte-identical (cmp) to an uninterrupted single-process reference run made once at the
 # start; every result line any of its attempts printed must be one of the reference's lines, and every one of the
 # reference's lines must have been printed (timings aside). Not for CI.
-# Known open bug (docs/reliability.md, "Chaos soak"): the coordinator's re-run, started at once after its SIGKILL
-# during steps 1-2, can get no answer to its handshake from a daemon (request_timeout after 10 s); the script
-# re-runs at once on purpose, so it shows up as a failed run.
+# The script re-runs a killed coordinator at once on purpose: that case once lost its handshake with a daemon
+# (CAF 0.17 reused the dead connection's name; runtime/actor/socket_numbers.h, tests/cluster_rerun_small.sh).
 #
 #   bench/chaos_soak.sh [SOAK_MIN=30] [BUILD_DIR=build] [--set ... to scale the graph]
 #

@@ -1,5 +1,7 @@
 #include "models/rlhf/rlhf_math.h"
 
+#include "models/rlhf/pg_math.h"
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -129,36 +131,12 @@ void advantages_and_returns(tensor& advantages, tensor& returns, const tensor& v
 
 double actor_loss(const tensor& logprobs, const tensor& old_logprobs, const tensor& advantages, const tensor& mask,
                   float cliprange, tensor* dlogprobs) {
-  same_shape(logprobs, old_logprobs, "actor_loss", "logprobs", "old_logprobs");
-  same_shape(logprobs, advantages, "actor_loss", "logprobs", "advantages");
-  need(mask.shape() == logprobs.shape() && mask.type() == dtype::i32, "actor_loss: mask must be i32 like logprobs");
-  const int64_t N = logprobs.numel();
-  const float* lp = logprobs.data<float>();
-  const float* olp = old_logprobs.data<float>();
-  const float* A = advantages.data<float>();
-  const int32_t* m = mask.data<int32_t>();
-  double msum = 0;
-  for (int64_t i = 0; i < N; ++i) msum += m[i] != 0;
-  if (dlogprobs) {
-    if (!dlogprobs->defined() || dlogprobs->shape() != logprobs.shape()) *dlogprobs = tensor::empty(logprobs.shape());
-    dlogprobs->zero_();
-  }
-  if (msum == 0) return 0.0;
-  double total = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    double mk = m[i] != 0 ? 1.0 : 0.0;
-    double ratio = std::exp((static_cast<double>(lp[i]) - olp[i]) * mk);
-    double clipped = std::clamp(ratio, 1.0 - cliprange, 1.0 + cliprange);
-    double l1 = -A[i] * ratio, l2 = -A[i] * clipped;
-    total += std::max(l1, l2) * mk;
-    if (dlogprobs && mk != 0) {
-      // d/dlogp of -A·ratio is -A·ratio; the clipped branch has gradient only inside the range
-      bool inside = ratio > 1.0 - cliprange && ratio < 1.0 + cliprange;
-      double g = (l1 >= l2 || inside) ? -A[i] * ratio : 0.0;
-      dlogprobs->data<float>()[i] = static_cast<float>(g / msum);
-    }
-  }
-  return total / msum;
+  // DeepSpeed-Chat's loss is the clipped surrogate's token-mean case, without a dual clip (pg_math.h).
+  policy_loss_config c;
+  c.clip_ratio_low = c.clip_ratio_high = cliprange;
+  c.clip_ratio_c = 0;
+  c.agg = loss_agg_mode::token_mean;
+  return clipped_policy_loss(logprobs, old_logprobs, advantages, mask, c, dlogprobs).loss;
 }
 
 double critic_loss(const tensor& values, const tensor& old_values, const tensor& returns, const tensor& mask,

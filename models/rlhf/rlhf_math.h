@@ -60,6 +60,8 @@ void advantages_and_returns(tensor& advantages, tensor& returns, const tensor& v
 /// loss = sum(max(-A·ratio, -A·clip(ratio, 1±cliprange)) · mask) / sum(mask).
 /// All (B, n) (the answer part, [:, start:]). ppo_trainer.py actor_loss_fn.
 /// Writes d loss / d logprobs into dlogprobs (overwrites) when it is defined.
+/// It is pg_math.h's clipped_policy_loss with token-mean aggregation and no dual
+/// clip (whose log-ratio clamp at ±20 DeepSpeed-Chat lacks).
 double actor_loss(const tensor& logprobs, const tensor& old_logprobs, const tensor& advantages, const tensor& mask,
                   float cliprange, tensor* dlogprobs = nullptr);
 

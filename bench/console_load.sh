@@ -6,6 +6,8 @@
 # WRK_S seconds (default 60) with WRK_THREADS threads and WRK_CONNS connections (default -t1 -c8: one core of
 # a 2-core machine at most), and cycles through /api/status, /api/nodes, /api/graph, /api/edges,
 # /api/bottlenecks, /api/signals, /api/memory, /api/cluster, /api/events, each with the token header.
+# WRK_NICE (default 0) runs wrk at that nice level: a client on another machine takes none of the job's CPU,
+# and on one 2-core machine WRK_NICE=19 comes closest to that (wrk then gets what the job leaves).
 # The job's throughput is read from its own metrics lines (cumulative tokens, every 10 s): tokens over the lines
 # at the start and the end of wrk's window, the same window in the run without load. Not for CI.
 #
@@ -18,7 +20,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 pairs=${1:-3}
 build=$(cd "${2:-$root/build}" && pwd)
 steps=${3:-3500}
-wrk_s=${WRK_S:-60} wrk_t=${WRK_THREADS:-1} wrk_c=${WRK_CONNS:-8}
+wrk_s=${WRK_S:-60} wrk_t=${WRK_THREADS:-1} wrk_c=${WRK_CONNS:-8} wrk_nice=${WRK_NICE:-0}
 out="$build/console_load"
 rm -rf "$out" && mkdir -p "$out"
 export OMP_WAIT_POLICY=PASSIVE
@@ -60,7 +62,7 @@ run() {
     port=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$d/flowrun.err" | head -1)
     [[ -n "$port" ]] || { echo "$name: no console address"; tail "$d/flowrun.err"; return 1; }
     FLOWRUN_CONSOLE_TOKEN="load-$$" /usr/bin/time -f "%U %S" -o "$d/wrk.cpu" \
-      wrk -t"$wrk_t" -c"$wrk_c" -d"${wrk_s}s" --latency -s "$out/api.lua" "http://127.0.0.1:$port" > "$d/wrk.out" 2>&1 &
+      nice -n "$wrk_nice" wrk -t"$wrk_t" -c"$wrk_c" -d"${wrk_s}s" --latency -s "$out/api.lua" "http://127.0.0.1:$port" > "$d/wrk.out" 2>&1 &
     wrk_pid=$!
   fi
   wait $pid
@@ -92,7 +94,7 @@ run() {
   echo "$line"
 }
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "job: graphs/pretrain.graph, $steps steps, console on; wrk -t$wrk_t -c$wrk_c -d${wrk_s}s from the 10 s metrics line"
+echo "job: graphs/pretrain.graph, $steps steps, console on; wrk -t$wrk_t -c$wrk_c -d${wrk_s}s (nice $wrk_nice) from the 10 s metrics line"
 for p in $(seq 1 "$pairs"); do
   if (( p % 2 )); then run "load.$p" 1 || exit 1; run "idle.$p" 0 || exit 1
   else run "idle.$p" 0 || exit 1; run "load.$p" 1 || exit 1; fi

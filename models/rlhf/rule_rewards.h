@@ -1,0 +1,51 @@
+// Rule-based ("verifiable") rewards: pure functions over text, for the
+// reward_function node kind and its tests (issue 18).
+//
+// GSM8K (Cobbe et al. 2021): a reference answer ends with "#### N". The
+// completion is scored by its own last "#### N", the convention of veRL's
+// verl/utils/reward_score/gsm8k.py ("strict" extraction), with two
+// differences, both deliberate:
+//  - the whole completion is searched (veRL clips it to its last 300
+//    characters for speed, which can cut the marker off a long answer);
+//  - the last marker counts, not the first (a model that writes "#### 3"
+//    while thinking and "#### 5" at the end answered 5).
+// Numbers compare after normalisation: thousands separators and a leading '+'
+// or '$' dropped, and a decimal part of zeros ("42.0", "42.") removed, so
+// "1,080" = "1080" and "42.0" = "42"; "-0" = "0". Nothing is parsed into a
+// float, so large integers compare exactly.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace flowrun::rlhf {
+
+/// The canonical form of a number as written in an answer: "1,080" -> "1080",
+/// "+42.50" -> "42.5", "$18" -> "18", "-0.0" -> "0". Empty when `text` (trimmed)
+/// is not a number: optional sign, digits with optional ',' group separators,
+/// optional '.' and digits.
+std::string normalize_number(std::string_view text);
+
+/// The number after the last "####" in `text` (spaces after the marker
+/// skipped), normalised; nullopt when there is no marker or no number after it.
+std::optional<std::string> gsm8k_final_answer(std::string_view text);
+
+/// 1 when the completion's final answer equals the reference's (both by
+/// gsm8k_final_answer; a reference without a marker is taken whole as the
+/// number), else 0. `format_score` (veRL's, default 0) is given instead when the
+/// completion has a well-formed final answer that is wrong.
+double gsm8k_exact_match(std::string_view completion, std::string_view reference, double format_score = 0.0);
+
+/// 1 when the completion ends with a final-answer line "#### N" (only
+/// whitespace after the number), else 0: the format rule.
+double final_answer_format(std::string_view completion);
+
+/// DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to
+/// max_length − cache_length tokens, then falling linearly to −1 at max_length,
+/// and −1 beyond. length and the bounds in tokens; cache_length in
+/// [0, max_length], max_length > 0.
+double overlong_penalty(int64_t length, int64_t max_length, int64_t cache_length);
+
+}  // namespace flowrun::rlhf

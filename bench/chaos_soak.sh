@@ -53,7 +53,7 @@ outputs() { echo --set graph.checkpoint_dir="$1/ck" --set node.sft.output="$1/sf
 # result lines without timings, memory lines (printed where a trainer runs) and the checkpoint folder
 results() {
   grep -h '^\[step' | grep -v '^\[step 3 ppo\] [a-z_]* memory rank' \
-    | sed -E 's/ \([0-9]+ tokens\/s\)//; s/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/[,;] [0-9.]+ s$//; s/ -> [^ ]*\/ck$/ -> CK/'
+    | sed -E 's/ \([0-9]+ tokens\/s\)//; s/ gen [0-9]+ tok\/s train [0-9]+ tok\/s//; s/[,;] [0-9.]+ s$//; s/ -> [^ ]*\/ck(\/[^ ]*)?$/ -> CK\1/'
 }
 
 # --- the reference: one process, uninterrupted

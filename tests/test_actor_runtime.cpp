@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include "runtime/actor/payload.h"
 #include "runtime/actor/runtime.h"
 #include "runtime/actor/socket_numbers.h"
+#include "runtime/actor/teardown.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 
@@ -1081,4 +1083,38 @@ TEST_CASE("socket numbers: accepted and created sockets get fresh numbers, not t
     CHECK(flowrun::actor::move_to_fresh_number(high) == high);
     ::close(high);
   }
+}
+
+// runtime/actor/teardown.h: when CAF 0.17's ~actor_system never returns, the watchdog ends the process with
+// the run's exit code, and says the run's error first (it was lost once: a run stopped by a lost node exited 1
+// without a word). In a child process, since the watchdog ends it.
+TEST_CASE("teardown: a hung actor system ends with the run's error printed and its exit code") {
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    auto cfg = std::make_unique<caf::actor_system_config>();
+    auto sys = std::make_unique<caf::actor_system>(*cfg);
+    // a detached actor that never quits, held by a handle that outlives the system (as CAF 0.17 held the
+    // replica): ~actor_system waits for it for good
+    new caf::actor(sys->spawn<caf::detached>([]() -> caf::behavior { return {[](int) {}}; }));
+    flowrun::actor::teardown_actor_system(std::move(sys), true, 7, "cluster node 'w2' lost (a test); its actors: x");
+    std::_Exit(99);  // not reached: the watchdog exits
+  }
+  ::close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 7);
+  CHECK(text.find("cluster node 'w2' lost (a test); its actors: x") != std::string::npos);
+  CHECK(text.find("did not shut down within 10 s") != std::string::npos);
+  CHECK(text.find("cluster node 'w2' lost") < text.find("did not shut down"));
 }

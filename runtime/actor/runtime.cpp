@@ -31,6 +31,7 @@
 #include "runtime/actor/console.h"
 #include "runtime/actor/console_bridge.h"
 #include "runtime/actor/job.h"
+#include "runtime/actor/teardown.h"
 #include "runtime/console/hub.h"
 #include "runtime/graph/parse.h"
 
@@ -153,38 +154,6 @@ bool port_answers(const std::string& host, int port, std::int64_t timeout_ms) {
   }
   ::freeaddrinfo(res);
   return ok;
-}
-
-// ~actor_system waits for every detached actor's thread, and a detached actor's
-// thread waits until the actor is destroyed. After a cluster restart in which a
-// blocking (detached) replica lived on main and talked to other nodes, CAF
-// 0.17 sometimes keeps a reference to it and the destructor never returns
-// (seen in about one run in three of cluster_pretrain_small's restart, after
-// the job had completed and printed its summary: the main thread in
-// await_detached_threads, the replica's thread in await_self_destroyed). The
-// destructor must run on this thread, before the config it reads is gone; so a
-// watchdog waits for it, and if it has not returned after 10 s, the run being
-// over and reported, flushes the output and ends the process with the run's
-// exit code. Single-process runs have no watchdog.
-void teardown_actor_system(std::unique_ptr<caf::actor_system> sys, bool clustered, int exit_code) {
-  if (!clustered) {
-    sys.reset();
-    return;
-  }
-  auto done = std::make_shared<std::promise<void>>();
-  std::thread watchdog([finished = done->get_future(), exit_code]() mutable {
-    if (finished.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return;
-    spdlog::warn("the CAF actor system did not shut down within 10 s after the run ended (CAF 0.17 still holds an "
-                 "actor of it); exiting with the run's exit code {}",
-                 exit_code);
-    spdlog::default_logger()->flush();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(exit_code);
-  });
-  sys.reset();
-  done->set_value();
-  watchdog.join();
 }
 
 }  // namespace
@@ -492,7 +461,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     if (last_live) last_live->event("restart", "", -1, msg);
     if (console_live) console_live->sample(result.metrics, *last_live);
     }  // attempts
-    teardown_actor_system(std::move(sys_owner), clustered, result.exit_code);
+    teardown_actor_system(std::move(sys_owner), clustered, result.exit_code, result.error);
   }
   if (console_live) console_live->close();
   return result;

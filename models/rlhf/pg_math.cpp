@@ -58,19 +58,17 @@ double bessel_std(const float* x, int64_t n, double m) {
 // Returns false when nothing is real.
 bool token_divisors(const int32_t* m, int64_t B, int64_t n, loss_agg_mode mode, std::vector<double>& div) {
   div.assign(static_cast<std::size_t>(B * n), 0.0);
+  std::vector<double> row(static_cast<std::size_t>(B), 0.0);  // real tokens per row
   double cnt = 0, rows = 0;
   for (int64_t b = 0; b < B; ++b) {
-    double row = 0;
-    for (int64_t t = 0; t < n; ++t) row += m[b * n + t] != 0;
-    cnt += row;
-    rows += row > 0;
+    for (int64_t t = 0; t < n; ++t) row[b] += m[b * n + t] != 0;
+    cnt += row[b];
+    rows += row[b] > 0;
   }
   if (cnt == 0) return false;
   for (int64_t b = 0; b < B; ++b) {
-    double row = 0;
-    for (int64_t t = 0; t < n; ++t) row += m[b * n + t] != 0;
     const double d = mode == loss_agg_mode::token_mean            ? cnt
-                     : mode == loss_agg_mode::seq_mean_token_mean ? row * rows
+                     : mode == loss_agg_mode::seq_mean_token_mean ? row[b] * rows
                                                                   : rows;
     for (int64_t t = 0; t < n; ++t)
       if (m[b * n + t]) div[b * n + t] = d;

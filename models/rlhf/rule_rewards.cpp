@@ -1,7 +1,6 @@
 // Rule-based rewards: definitions and sources in rule_rewards.h.
 #include "models/rlhf/rule_rewards.h"
 
-#include <cctype>
 #include <stdexcept>
 
 namespace flowrun::rlhf {

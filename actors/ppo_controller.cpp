@@ -4,6 +4,7 @@
 #include "actors/ppo_controller.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -30,6 +31,7 @@ class ppo_controller final : public actor::node {
     if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
       for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
       commit_.eval_before = eval_before_ = rp->commit.eval_before;
+      commit_.eval_before_stderr = eval_before_se_ = rp->commit.eval_before_stderr;
       for (const auto& pt : rp->commit.committed)
         if (pt.iteration <= rp->point.iteration) commit_.committed.push_back(pt);
       updates_ = rp->point.policy_version;
@@ -75,7 +77,7 @@ class ppo_controller final : public actor::node {
           enter(ctx, trains() ? phase::train : phase::report);
           break;
         case phase::train:
-          if (!it_.actor || !it_.critic) return;
+          if (!it_.actor || (it_.summary->with_critic && !it_.critic)) return;
           ctx.signal("phase_seconds/train", since(phase_start_));
           enter(ctx, phase::report);
           break;
@@ -122,14 +124,25 @@ class ppo_controller final : public actor::node {
       ctx.signal("generation_tokens_per_s", gen_tps);
     }
     if (p.eval) {
-      ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f}, KL to reference {:.4f}, answer length "
-                            "{:.1f} ({} prompts)",
-                            p.iteration == -1 ? "before" : "after", s.reward_mean, s.kl_mean, s.answer_len_mean,
-                            s.rows));
-      if (p.iteration == -1) eval_before_ = s.reward_mean;
-      else
-        ctx.print(fmt::format("[step 3 ppo] held-out mean reward {:.4f} -> {:.4f} ({:+.4f}), {:.1f} s", eval_before_,
-                              s.reward_mean, s.reward_mean - eval_before_, since(t0_)));
+      ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f} ± {:.4f}, KL to reference {:.4f}, answer "
+                            "length {:.1f} ({} prompts)",
+                            p.iteration == -1 ? "before" : "after", s.reward_mean, s.reward_stderr, s.kl_mean,
+                            s.answer_len_mean, s.rows));
+      if (p.iteration == -1) {
+        eval_before_ = s.reward_mean;
+        eval_before_se_ = s.reward_stderr;
+      } else {
+        const double se = std::sqrt(eval_before_se_ * eval_before_se_ + s.reward_stderr * s.reward_stderr);
+        // the difference in standard errors of the difference (the two held-out passes are independent samples)
+        ctx.print(fmt::format("[step 3 ppo] held-out mean reward {:.4f} -> {:.4f} ({:+.4f}{}), {:.1f} s", eval_before_,
+                              s.reward_mean, s.reward_mean - eval_before_,
+                              se > 0 ? fmt::format(", {:.1f} standard errors", (s.reward_mean - eval_before_) / se) : "",
+                              since(t0_)));
+      }
+    } else if (s.dropped && s.groups > 0) {
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f}: every group's rewards "
+                            "were equal, batch dropped (filter_groups)",
+                            p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean));
     } else if (s.dropped) {
       ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)",
                             p.iteration));
@@ -138,16 +151,20 @@ class ppo_controller final : public actor::node {
                             "(experience kept for the next update)",
                             p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean, gen_tps));
     } else {
-      const stats_msg &a = *it_.actor, &c = *it_.critic;
+      const stats_msg& a = *it_.actor;
+      const stats_msg c = s.with_critic ? *it_.critic : stats_msg{};  // critic-free: no critic
       const double train_tps = (a.tokens + c.tokens) / std::max(1e-9, a.seconds + c.seconds);
       ctx.signal("actor_loss", a.loss);
-      ctx.signal("critic_loss", c.loss);
+      if (s.with_critic) ctx.signal("critic_loss", c.loss);
       ctx.signal("training_tokens_per_s", train_tps);
-      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f} critic_loss {:.4f}{} "
-                            "answer_len {:.1f} gen {:.0f} tok/s train {:.0f} tok/s{}",
-                            p.iteration, s.reward_mean, s.kl_mean, a.loss, c.loss,
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{} "
+                            "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}",
+                            p.iteration, s.reward_mean, s.kl_mean, a.loss,
+                            s.with_critic ? fmt::format(" critic_loss {:.4f}", c.loss) : "",
                             a.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", a.unsup_loss) : "",
-                            s.answer_len_mean, gen_tps, train_tps,
+                            s.answer_len_mean,
+                            s.groups_kept < s.groups ? fmt::format(" groups {}/{}", s.groups_kept, s.groups) : "",
+                            gen_tps, train_tps,
                             a.gather_theory_bytes > 0
                                 ? fmt::format(" hybrid-engine gather {:.3f} MB/rank (theory {:.3f})",
                                               a.gather_bytes / 1e6, a.gather_theory_bytes / 1e6)
@@ -164,6 +181,7 @@ class ppo_controller final : public actor::node {
   void commit(actor::node_context& ctx, int64_t iteration) {
     commit_due_ = false;
     commit_.eval_before = eval_before_;
+    commit_.eval_before_stderr = eval_before_se_;
     commit_.committed.push_back({iteration + 1, updates_});
     ppo::write_step3_commit(dir_, commit_);
     ppo::prune_step3(dir_, commit_, keep_);
@@ -198,7 +216,8 @@ class ppo_controller final : public actor::node {
   clk::time_point phase_start_, t0_;
   iteration it_;
   int64_t updates_ = 0;     // policy updates reported so far (the policy's version)
-  double eval_before_ = 0;  // the held-out reward before training
+  double eval_before_ = 0;     // the held-out reward before training
+  double eval_before_se_ = 0;  // ... and its standard error
   // step-3 checkpoints (models/rlhf/ppo_checkpoint.h)
   std::string dir_;
   int64_t save_every_ = 0;
@@ -216,7 +235,7 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
   k.input("prompts", "prompt_batch", "prompt batches from the loader")
       .input("summary", "summary", "rewards and KL of a batch", true, true)
       .input("actor_stats", "stats", "the policy's update", true, true)
-      .input("critic_stats", "stats", "the critic's update", true, true)
+      .input("critic_stats", "stats", "the critic's update (none with a critic-free estimator)", false, true)
       .output("generate", "prompt_batch", "prompts for the generator", true)
       .output("next", "tick", "ask the loader for the next batch", true)
       .option("save_checkpoint_steps", T::int_, std::int64_t{0},

@@ -29,6 +29,7 @@
 #include "actors/rank_group.h"
 #include "actors/register.h"
 #include "actors/resume_check.h"
+#include "actors/reward_function.h"
 #include "actors/rlhf_types.h"
 #include "models/adapter.h"
 #include "models/train/engine_checkpoint.h"
@@ -80,14 +81,19 @@ class prompt_loader final : public actor::node {
     if (next_ > iterations_ + 1) return false;
     prompt_msg m;
     std::vector<int64_t> idx;
-    if (next_ == 0 || next_ == iterations_ + 1) {
+    const bool eval = next_ == 0 || next_ == iterations_ + 1;
+    if (eval) {
       for (int64_t i = 0; i < eval_rows_; ++i) idx.push_back(i);
-      auto pb = dschat::prompt_batch(eval_, idx);
-      m = {pb.ids, pb.mask, next_ == 0 ? -1 : -2, true};
     } else {
-      auto pb = dschat::prompt_batch(train_, order_.next(ctx.name()));
-      m = {pb.ids, pb.mask, next_ - 1, false};
+      idx = order_.next(ctx.name());
     }
+    const auto& rows = eval ? eval_ : train_;
+    auto pb = dschat::prompt_batch(rows, idx);
+    m.ids = pb.ids;
+    m.mask = pb.mask;
+    m.iteration = eval ? (next_ == 0 ? -1 : -2) : next_ - 1;
+    m.eval = eval;
+    for (auto i : idx) m.references.push_back(rows[static_cast<size_t>(i)].reference);
     ++next_;
     ready_ = false;
     ctx.emit("batch", actor::payload::make("prompt_batch", std::move(m)));
@@ -135,6 +141,7 @@ class rollout_generator final : public actor::node {
     ps_.temperature = static_cast<float>(s.get_float("temperature"));
     ps_.top_k = static_cast<int>(s.get_int("top_k"));
     ps_.top_p = static_cast<float>(s.get_float("top_p"));
+    num_generations_ = s.get_int("num_generations");
     tok_ = load_tok(ctx);
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
@@ -151,13 +158,26 @@ class rollout_generator final : public actor::node {
       const auto& p = pending_.front().as<prompt_msg>();
       ppo::ppo_settings s = ps_;
       if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
+      // GRPO / RLOO: each prompt's num_generations samples are adjacent rows, a group kept whole
+      const int64_t G = p.eval ? 1 : num_generations_;
+      s.drop_short_answers = G == 1;
+      tensor ids = p.ids, mask = p.mask;
+      std::vector<std::string> refs = p.references;
+      if (G > 1) {
+        ids = repeat_rows(p.ids, G);
+        mask = repeat_rows(p.mask, G);
+        refs.clear();
+        for (const auto& x : p.references) refs.insert(refs.end(), static_cast<size_t>(G), x);
+      }
       ctx.phase("generation");
       auto t = clk::now();
-      auto e = ppo::generate_rollouts(*weights_.model, p.ids, p.mask, s, tok_->eos_id(), 0,
+      auto e = ppo::generate_rollouts(*weights_.model, ids, mask, s, tok_->eos_id(), 0,
                                       ctx.seed() + static_cast<uint64_t>(p.iteration + 10));
       rollout_msg r;
       r.iteration = p.iteration;
       r.eval = p.eval;
+      r.group_size = G;
+      r.references = std::move(refs);
       r.batch = emitted_++ * static_cast<int64_t>(ctx.replicas()) + static_cast<int64_t>(ctx.replica());
       r.checkpoint = p.checkpoint;
       r.generate_seconds = since(t);
@@ -175,8 +195,17 @@ class rollout_generator final : public actor::node {
   ppo::ppo_settings ps_;
   std::unique_ptr<tokenizer> tok_;
   model_msg weights_;
+  // Each row of t (B, P) repeated g times in place: (B·g, P), row b·g + i = row b.
+  static tensor repeat_rows(const tensor& t, int64_t g) {
+    const int64_t B = t.size(0);
+    auto out = tensor::empty({B * g, t.size(1)}, t.type());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < g; ++i) out.rows(b * g + i, b * g + i + 1).copy_from(t.rows(b, b + 1));
+    return out;
+  }
+
   std::deque<actor::payload> pending_;
-  int64_t emitted_ = 0;
+  int64_t emitted_ = 0, num_generations_ = 1;
 };
 
 void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
@@ -189,7 +218,12 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most").at_least(1)
       .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy)").at_least(0)
       .option("top_k", T::int_, std::int64_t{0}, "top-k filter (0: off)").at_least(0)
-      .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)").in_range(0, 1, /*low_open=*/true);
+      .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)").in_range(0, 1, /*low_open=*/true)
+      .option("num_generations", T::int_, std::int64_t{1},
+              "answers sampled per training prompt, adjacent rows forming the prompt's group (TRL/veRL's name; "
+              "GRPO and RLOO need >= 2); held-out prompts are answered once, greedily. Above 1, answers of one "
+              "token are kept (a group stays whole)")
+      .at_least(1);
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
 }
 
@@ -346,6 +380,11 @@ class ppo_trainer final : public actor::node {
         ctx.log().info("{}: keys that do not apply here, ignored: {}", c.where, fmt::join(c.ignored_keys, ", "));
     }
     if (policy_) {
+      ps_.policy.clip_ratio_c = s.get_float("clip_ratio_c");
+      ps_.policy.loss_agg_mode = rlhf::parse_loss_agg_mode(s.get_string("loss_agg_mode"));
+      ps_.policy.use_kl_loss = s.get_bool("use_kl_loss");
+      ps_.policy.kl_loss_coef = s.get_float("kl_loss_coef");
+      ps_.policy.kl_loss_type = rlhf::parse_kl_estimator(s.get_string("kl_loss_type"));
       ps_.enable_ema = s.get_bool("enable_ema");
       ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
       if (const auto& u = s.get_string("unsup_data"); !u.empty()) {  // ptx: DS-Chat's unsupervised mixing
@@ -693,6 +732,18 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     add_rank_group_settings(k);
     if (policy) {
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
+          .option("clip_ratio_c", T::float_, 0.0,
+                  "dual clip: for negative advantages the loss is at most -A x clip_ratio_c (Ye et al. 2020; veRL's "
+                  "default 3); 0: off, as DS-Chat and TRL")
+          .option("loss_agg_mode", T::string, std::string("token-mean"),
+                  "how per-token losses become the loss (veRL's names): token-mean over the mini-batch (DS-Chat, "
+                  "veRL's default), seq-mean-token-mean (GRPO as published), seq-mean-token-sum (Dr. GRPO)")
+          .option("use_kl_loss", T::bool_, false,
+                  "add kl_loss_coef x the KL to the reference as a loss term (GRPO; veRL's actor.use_kl_loss); the "
+                  "experience maker's kl_ctl puts it inside the reward instead")
+          .option("kl_loss_coef", T::float_, 0.001, "weight of the KL loss term (veRL's default)").at_least(0)
+          .option("kl_loss_type", T::string, std::string("low_var_kl"),
+                  "the KL estimator of the loss term: kl (k1), mse (k2), low_var_kl (k3, clamped to +-10), abs")
           .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
           .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss").at_least(0)
           .option("unsup_data", T::path, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
@@ -707,6 +758,23 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     // a plan that leaves a rank no rows of a mini-batch trains nothing there: refused when the graph is checked
     k.check = [policy](const graph::node_spec& n, const graph::graph_spec& g) {
       auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
+      if (policy) {
+        try {
+          (void)rlhf::parse_loss_agg_mode(n.get_string("loss_agg_mode"));
+        } catch (const std::invalid_argument& e) {
+          problems.push_back({"loss_agg_mode", e.what(), "use one of the values named"});
+        }
+        try {
+          (void)rlhf::parse_kl_estimator(n.get_string("kl_loss_type"));
+        } catch (const std::invalid_argument& e) {
+          problems.push_back({"kl_loss_type", e.what(), "use one of the values named"});
+        }
+        const double c = n.get_float("clip_ratio_c");
+        if (c != 0 && c <= 1)
+          problems.push_back({"clip_ratio_c", fmt::format("clip_ratio_c = {} must be above 1 (a bound on -A x ratio "
+                                                          "for A < 0 that is below the unclipped loss)", c),
+                              "use 3 (veRL's default), or 0 to turn the dual clip off"});
+      }
       const int64_t mb = n.get_int("per_device_training_batch_size"), gas = n.get_int("gradient_accumulation_steps");
       if (mb < n.replicas * gas)
         problems.push_back({"per_device_training_batch_size",
@@ -728,9 +796,13 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
 
 // ---------------------------------------------------------------- step 3: experience maker
 
-/// Joins the four scores of a rollout batch, computes rewards and GAE
-/// (ppo_trainer.py compute_rewards, get_advantages_and_returns), emits the
-/// experience to the trainers and a summary to the controller.
+/// Joins the scores of a rollout batch and computes its advantages: DS-Chat's rewards
+/// (KL-penalised, clipped score) and GAE with the critic's values (ppo_trainer.py
+/// compute_rewards, get_advantages_and_returns), or a critic-free estimator (GRPO, RLOO,
+/// REINFORCE++: ppo::critic_free_advantages) from the policy's, the reference's and the reward's
+/// scores alone. With filter_groups (DAPO's dynamic sampling) the groups whose rewards are all
+/// equal are dropped before the advantages. Emits the experience to the trainers and a summary
+/// to the controller.
 class experience_maker final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
@@ -740,6 +812,11 @@ class experience_maker final : public actor::node {
     cfg_.gamma = static_cast<float>(s.get_float("gamma"));
     cfg_.lam = static_cast<float>(s.get_float("lam"));
     generation_batches_ = std::max<int64_t>(1, s.get_int("generation_batches"));
+    cf_.estimator = ppo::parse_advantage_estimator(s.get_string("advantage_estimator"));
+    cf_.scale_rewards = rlhf::parse_reward_scaling(s.get_string("scale_rewards"));
+    cf_.epsilon = s.get_float("epsilon");
+    cf_.ppo = cfg_;
+    filter_groups_ = s.get_bool("filter_groups");
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     const auto& sm = msg.as<score_msg>();
@@ -749,13 +826,14 @@ class experience_maker final : public actor::node {
     auto& slot = joins_[sm.rollouts->batch];
     if (!slot.rollouts) slot.rollouts = sm.rollouts;
     slot.parts[std::string(port)] = sm.value;
-    if (slot.parts.size() < 4) return;
+    if (slot.parts.size() < (ppo::needs_critic(cf_.estimator) ? 4u : 3u)) return;
     auto j = std::move(slot);
     joins_.erase(sm.rollouts->batch);
     const auto& r = *j.rollouts;
     summary_msg sum;
     sum.iteration = r.iteration;
     sum.eval = r.eval;
+    sum.with_critic = ppo::needs_critic(cf_.estimator);
     sum.generate_seconds = r.generate_seconds;
     sum.generated_tokens = r.generated_tokens;
     if (r.checkpoint) pending_.checkpoint = true;  // kept past a dropped batch, to the next update
@@ -767,28 +845,56 @@ class experience_maker final : public actor::node {
     auto e = std::make_shared<ppo::experience>(*r.exp);
     e->logprobs = j.parts.at("logprobs");
     e->ref_logprobs = j.parts.at("ref_logprobs");
-    e->values = j.parts.at("values");
+    if (sum.with_critic) e->values = j.parts.at("values");
     e->reward_score = j.parts.at("reward");
-    experience_msg x;
-    x.iteration = r.iteration;
-    ppo::make_advantages(*e, cfg_, x.advantages, x.returns);
-    rlhf::check_finite(x.advantages, fmt::format("{}, iteration {}", ctx.name(), r.iteration), "advantages");
     const int64_t B = e->seq.size(0);
+    double sq = 0;
     for (int64_t b = 0; b < B; ++b) {
       sum.reward_mean += e->reward_score.item(b) / static_cast<double>(B);
       sum.answer_len_mean += static_cast<double>(e->answer_len[b]) / static_cast<double>(B);
     }
+    for (int64_t b = 0; b < B; ++b) sq += std::pow(e->reward_score.item(b) - sum.reward_mean, 2);
+    sum.reward_stderr = B > 1 ? std::sqrt(sq / static_cast<double>(B - 1) / static_cast<double>(B)) : 0.0;
     sum.kl_mean = ppo::mean_kl(*e);
     sum.rows = B;
-    if (!r.eval) {
-      x.exp = e;
-      pending_.items.push_back(std::move(x));
-      pending_.iteration = r.iteration;
-      if (static_cast<int64_t>(pending_.items.size()) == generation_batches_) {
-        sum.trains = true;
-        ctx.emit("experience", actor::payload::make("experience", std::move(pending_)));
-        pending_ = experience_batch{};
+    if (r.eval) {
+      ctx.emit("summary", actor::payload::make("summary", sum));
+      return;
+    }
+    // DAPO's dynamic sampling: a group of equal rewards has no signal (its advantages are 0)
+    const int64_t G = std::max<int64_t>(1, r.group_size);
+    sum.groups = B / G;
+    sum.groups_kept = sum.groups;
+    if (filter_groups_ && G > 1) {
+      std::vector<int64_t> keep;
+      const auto signal = rlhf::groups_with_signal(e->reward_score, G);
+      for (int64_t g = 0; g < sum.groups; ++g)
+        if (signal[static_cast<size_t>(g)])
+          for (int64_t i = 0; i < G; ++i) keep.push_back(g * G + i);
+      sum.groups_kept = static_cast<int64_t>(keep.size()) / G;
+      if (keep.empty()) {  // nothing to learn from: as a dropped batch (the stamp goes to the next update)
+        sum.dropped = true;
+        ctx.emit("summary", actor::payload::make("summary", sum));
+        return;
       }
+      if (sum.groups_kept < sum.groups) e = std::make_shared<ppo::experience>(ppo::take_rows(*e, keep));
+    }
+    experience_msg x;
+    x.iteration = r.iteration;
+    if (sum.with_critic) {
+      ppo::make_advantages(*e, cfg_, x.advantages, x.returns);
+    } else {
+      cf_.num_generations = G;
+      x.advantages = ppo::critic_free_advantages(*e, cf_);
+    }
+    rlhf::check_finite(x.advantages, fmt::format("{}, iteration {}", ctx.name(), r.iteration), "advantages");
+    x.exp = e;
+    pending_.items.push_back(std::move(x));
+    pending_.iteration = r.iteration;
+    if (static_cast<int64_t>(pending_.items.size()) == generation_batches_) {
+      sum.trains = true;
+      ctx.emit("experience", actor::payload::make("experience", std::move(pending_)));
+      pending_ = experience_batch{};
     }
     ctx.emit("summary", actor::payload::make("summary", sum));
   }
@@ -799,26 +905,93 @@ class experience_maker final : public actor::node {
     std::map<std::string, tensor> parts;
   };
   rlhf::ppo_config cfg_;
+  ppo::critic_free_config cf_;
+  bool filter_groups_ = false;
   int64_t generation_batches_ = 1;
   experience_batch pending_;
   std::map<int64_t, join> joins_;  // by rollout_msg::batch
 };
 
+// The generator that feeds `node`'s rollouts (through the policy's scores): the graph's
+// rollout_generator, when it has exactly one.
+const graph::node_spec* the_generator(const graph::graph_spec& g) {
+  const graph::node_spec* found = nullptr;
+  for (const auto& n : g.nodes)
+    if (n.kind == "rollout_generator") {
+      if (found) return nullptr;
+      found = &n;
+    }
+  return found;
+}
+
 void register_experience_maker(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
   using T = graph::setting_type;
-  graph::node_kind k{"experience_maker", "KL-penalised rewards with the clipped score, and GAE"};
+  graph::node_kind k{"experience_maker",
+                     "advantages of each rollout batch: DS-Chat's KL-penalised rewards and GAE (with a critic), or "
+                     "GRPO, RLOO, REINFORCE++ (critic-free)"};
   k.input("logprobs", "scores", "the policy's log-probs")
       .input("ref_logprobs", "scores", "the reference's log-probs")
-      .input("values", "scores", "the critic's values")
-      .input("reward", "scores", "the reward model's scores")
-      .output("experience", "experience", "to the policy and the critic", true)
+      .input("values", "scores", "the critic's values (gae only)", false)
+      .input("reward", "scores", "the reward model's or reward_function's scores")
+      .output("experience", "experience", "to the policy (and the critic)", true)
       .output("summary", "summary", "rewards and KL for the controller", true)
-      .option("kl_ctl", T::float_, 0.1, "KL penalty coefficient").at_least(0)
-      .option("clip_reward_value", T::float_, 5.0, "reward score clip").above(0)
-      .option("gamma", T::float_, 1.0, "discount").in_range(0, 1)
+      .option("advantage_estimator", T::string, std::string("gae"),
+              "gae (DS-Chat's PPO, needs the critic), grpo (group-normalised rewards, Shao et al. 2024), rloo "
+              "(leave-one-out baseline, Ahmadian et al. 2024) or reinforce_plus_plus (batch-whitened returns, Hu "
+              "2025): veRL's algorithm.adv_estimator")
+      .option("kl_ctl", T::float_, 0.1,
+              "KL penalty coefficient inside the reward (gae, reinforce_plus_plus: per token; grpo, rloo: summed "
+              "over the answer, veRL's use_kl_in_reward; 0 with the policy's use_kl_loss for GRPO as published)")
+      .at_least(0)
+      .option("clip_reward_value", T::float_, 5.0, "reward score clip (gae, reinforce_plus_plus)").above(0)
+      .option("gamma", T::float_, 1.0, "discount (gae, reinforce_plus_plus)").in_range(0, 1)
       .option("lam", T::float_, 0.95, "GAE lambda").in_range(0, 1)
+      .option("scale_rewards", T::string, std::string("group"),
+              "grpo: divide the centred rewards by the std of the group (GRPO), of the batch, or none (Dr. GRPO): "
+              "TRL's scale_rewards")
+      .option("epsilon", T::float_, 1e-4, "grpo: added to the std (TRL's 1e-4; veRL's 1e-6)").above(0)
+      .option("filter_groups", T::bool_, false,
+              "drop the groups whose rewards are all equal before training (DAPO's dynamic sampling, Yu et al. "
+              "2025); a batch with no group left trains nothing")
       .option("generation_batches", T::int_, std::int64_t{1},
               "generation batches collected before each PPO update (DS-Chat's exp_dataset size)").at_least(1);
+  // the estimator and the graph agree: GAE has a critic, GRPO and RLOO groups of >= 2
+  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
+    std::vector<graph::node_kind::problem> problems;
+    ppo::advantage_estimator est;
+    try {
+      est = ppo::parse_advantage_estimator(n.get_string("advantage_estimator"));
+    } catch (const std::invalid_argument& e) {
+      return {{"advantage_estimator", e.what(), "use one of the values named"}};
+    }
+    try {
+      (void)rlhf::parse_reward_scaling(n.get_string("scale_rewards"));
+    } catch (const std::invalid_argument& e) {
+      return {{"scale_rewards", e.what(), "use one of the values named"}};
+    }
+    bool has_values = false;
+    for (const auto& e : g.edges) has_values |= e.to_node == n.name && e.to_port == "values";
+    if (ppo::needs_critic(est) && !has_values)
+      problems.push_back({"advantage_estimator", "advantage_estimator = \"gae\" needs the critic's values, and no "
+                                                 "edge brings them to " + n.name + ".values",
+                          "add \"critic.scored -> " + n.name + ".values\" (and a critic node), or choose a "
+                          "critic-free estimator: grpo, rloo, reinforce_plus_plus"});
+    if (!ppo::needs_critic(est) && has_values)
+      problems.push_back({"advantage_estimator", "advantage_estimator = \"" + n.get_string("advantage_estimator") +
+                                                 "\" uses no critic, but an edge brings values to " + n.name + ".values",
+                          "remove the critic and its edges, or set advantage_estimator = \"gae\""});
+    if (est == ppo::advantage_estimator::grpo || est == ppo::advantage_estimator::rloo) {
+      const auto* gen = the_generator(g);
+      if (gen && gen->get_int("num_generations") < 2)
+        problems.push_back({"advantage_estimator",
+                            fmt::format("{} compares each answer with the other answers to the same prompt, and the "
+                                        "generator '{}' samples num_generations = {} per prompt: a group of one has "
+                                        "no baseline (its advantage would be 0 or undefined)",
+                                        n.get_string("advantage_estimator"), gen->name, gen->get_int("num_generations")),
+                            "set node." + gen->name + ".num_generations to 2 or more (GRPO papers use 8-64)"});
+    }
+    return problems;
+  };
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new experience_maker); });
 }
 
@@ -831,6 +1004,7 @@ void register_ppo_nodes(graph::node_kind_registry& kinds, actor::node_factory_re
   register_frozen_scorers(kinds, factories);
   register_ppo_trainers(kinds, factories);
   register_experience_maker(kinds, factories);
+  register_reward_function(kinds, factories);
 }
 
 void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {

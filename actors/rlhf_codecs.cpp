@@ -39,6 +39,21 @@ void put_experience(writer& w, const ppo::experience& e) {
     w.put_tensor(*t);
   w.put<std::uint64_t>(e.answer_len.size());
   for (auto n : e.answer_len) w.put<std::int64_t>(n);
+  w.put<std::uint64_t>(e.source_rows.size());
+  for (auto n : e.source_rows) w.put<std::int64_t>(n);
+}
+
+void put_strings(writer& w, const std::vector<std::string>& v) {
+  w.put<std::uint64_t>(v.size());
+  for (const auto& x : v) w.put_string(x);
+}
+
+std::vector<std::string> get_strings(reader& r) {
+  const auto n = r.get<std::uint64_t>();
+  if (n > (1u << 24)) throw std::invalid_argument("implausible string count");
+  std::vector<std::string> v;
+  for (std::uint64_t i = 0; i < n; ++i) v.push_back(r.get_string());
+  return v;
 }
 
 ppo::experience get_experience(reader& r) {
@@ -48,6 +63,9 @@ ppo::experience get_experience(reader& r) {
   const auto n = r.get<std::uint64_t>();
   if (n > (1u << 24)) throw std::invalid_argument("implausible answer_len count");
   for (std::uint64_t i = 0; i < n; ++i) e.answer_len.push_back(r.get<std::int64_t>());
+  const auto k = r.get<std::uint64_t>();
+  if (k > (1u << 24)) throw std::invalid_argument("implausible source_rows count");
+  for (std::uint64_t i = 0; i < k; ++i) e.source_rows.push_back(r.get<std::int64_t>());
   return e;
 }
 
@@ -60,6 +78,8 @@ void put_rollouts(writer& w, const rollout_msg& m) {
   w.put(m.generated_tokens);
   w.put(m.batch);
   w.put<std::uint8_t>(m.checkpoint ? 1 : 0);
+  w.put(m.group_size);
+  put_strings(w, m.references);
 }
 
 rollout_msg get_rollouts(reader& r) {
@@ -71,6 +91,8 @@ rollout_msg get_rollouts(reader& r) {
   m.generated_tokens = r.get<std::int64_t>();
   m.batch = r.get<std::int64_t>();
   m.checkpoint = r.get<std::uint8_t>() != 0;
+  m.group_size = r.get<std::int64_t>();
+  m.references = get_strings(r);
   return m;
 }
 
@@ -185,6 +207,7 @@ void register_rlhf_codecs() {
                             w.put<std::uint8_t>(m.eval ? 1 : 0);
                             w.put(m.policy_version);
                             w.put<std::uint8_t>(m.checkpoint ? 1 : 0);
+                            put_strings(w, m.references);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -194,6 +217,7 @@ void register_rlhf_codecs() {
                             m.eval = r.get<std::uint8_t>() != 0;
                             m.policy_version = r.get<std::int64_t>();
                             m.checkpoint = r.get<std::uint8_t>() != 0;
+                            m.references = get_strings(r);
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(
@@ -223,13 +247,16 @@ void register_rlhf_codecs() {
                                                [](writer& w, const summary_msg& s) {
                                                  w.put(s.iteration);
                                                  w.put<std::uint8_t>((s.eval ? 1 : 0) | (s.dropped ? 2 : 0) |
-                                                                     (s.trains ? 4 : 0));
+                                                                     (s.trains ? 4 : 0) | (s.with_critic ? 8 : 0));
                                                  w.put(s.reward_mean);
                                                  w.put(s.kl_mean);
                                                  w.put(s.answer_len_mean);
                                                  w.put(s.generate_seconds);
                                                  w.put(s.generated_tokens);
                                                  w.put(s.rows);
+                                                 w.put(s.reward_stderr);
+                                                 w.put(s.groups);
+                                                 w.put(s.groups_kept);
                                                },
                                                [](reader& r) {
                                                  summary_msg s;
@@ -238,12 +265,16 @@ void register_rlhf_codecs() {
                                                  s.eval = f & 1;
                                                  s.dropped = f & 2;
                                                  s.trains = f & 4;
+                                                 s.with_critic = f & 8;
                                                  s.reward_mean = r.get<double>();
                                                  s.kl_mean = r.get<double>();
                                                  s.answer_len_mean = r.get<double>();
                                                  s.generate_seconds = r.get<double>();
                                                  s.generated_tokens = r.get<std::int64_t>();
                                                  s.rows = r.get<std::int64_t>();
+                                                 s.reward_stderr = r.get<double>();
+                                                 s.groups = r.get<std::int64_t>();
+                                                 s.groups_kept = r.get<std::int64_t>();
                                                  return s;
                                                }));
 }

@@ -44,6 +44,9 @@ struct prompt_msg {
   /// Step-3 checkpoints: the trainers save after training on this batch's experience and
   /// the controller commits the iteration (docs/rlhf.md, models/rlhf/ppo_checkpoint.h).
   bool checkpoint = false;
+  /// Per row: the data's reference answer (the row's `chosen`), for rule rewards
+  /// (reward_function); empty when the loader has none.
+  std::vector<std::string> references;
 };
 
 struct rollout_msg {
@@ -57,6 +60,11 @@ struct rollout_msg {
   /// scores come from other processes (each with its own copy of the rollouts).
   int64_t batch = 0;
   bool checkpoint = false;  ///< the prompt batch's
+  /// Rows per prompt (the generator's num_generations; 1 for held-out batches): rows
+  /// g·group_size .. (g+1)·group_size − 1 answer the same prompt.
+  int64_t group_size = 1;
+  /// Per generated row before any drop (exp->source_rows indexes it): the reference answer.
+  std::vector<std::string> references;
 };
 
 struct score_msg {
@@ -95,7 +103,10 @@ struct summary_msg {
   bool eval = false;
   bool dropped = false;  ///< every answer was too short: nothing to train on
   bool trains = false;   ///< this batch completed an experience batch: the trainers will report
+  bool with_critic = true;  ///< the estimator is GAE: the critic trains and reports too
   double reward_mean = 0, kl_mean = 0, answer_len_mean = 0;
+  double reward_stderr = 0;  ///< the standard error of reward_mean: sample std / sqrt(rows)
+  int64_t groups = 0, groups_kept = 0;  ///< DAPO's filter (filter_groups): groups seen, groups trained on
   double generate_seconds = 0;
   int64_t generated_tokens = 0;
   int64_t rows = 0;

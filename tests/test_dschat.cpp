@@ -461,7 +461,7 @@ TEST_CASE("tokenization: EOS kept when cut, prompt masking, RM pairs, left-padde
     CHECK(std::equal(cut[i].ids.begin() + 1, cut[i].ids.end(), full.end() - (cut[i].ids.size() - 1)));
   }
   // left padding: the prompt ends at the last column; the mask marks it
-  std::vector<prompt_example> pe = {{{bos, 10, 11}, false}, {{bos, 0, 12, 13, 14}, false}};
+  std::vector<prompt_example> pe = {{{bos, 10, 11}, false, {}}, {{bos, 0, 12, 13, 14}, false, {}}};
   auto pb = prompt_batch(pe, {0, 1});
   CHECK(pb.P == 5);
   CHECK(ints(pb.ids) == std::vector<int32_t>{0, 0, bos, 10, 11, bos, 0, 12, 13, 14});

@@ -50,7 +50,7 @@ struct turn {
   summary_msg summary;
   bool stats = false;        ///< the trainers report (the batch completed an experience batch)
   bool stats_first = false;  ///< the stats arrive before the summary
-  stats_msg actor, critic;
+  stats_msg actor, critic;   ///< the critic's only when summary.with_critic (GAE)
 };
 
 struct script_state {
@@ -97,7 +97,7 @@ class script_rollout final : public actor::node {
     const turn& t = script.turns.at(p.iteration);
     auto stats = [&] {
       ctx.emit("actor_stats", actor::payload::make("stats", t.actor));
-      ctx.emit("critic_stats", actor::payload::make("stats", t.critic));
+      if (t.summary.with_critic) ctx.emit("critic_stats", actor::payload::make("stats", t.critic));
     };
     if (t.stats && t.stats_first) stats();
     ctx.emit("summary", actor::payload::make("summary", t.summary));
@@ -297,6 +297,7 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, ke
     auto& t = script.turns;
     t[-1].summary = summary(-1, 0.5, 0.0, 7.25, 256, 2.0);
     t[-1].summary.eval = true;
+    t[-1].summary.reward_stderr = 0.125;
     t[0] = {summary(0, 0.25, 0.0125, 6.5, 64, 0.5), true, false, stats(0.75, 100, 0.25), stats(1.5, 60, 0.15)};
     t[0].summary.trains = true;
     t[1].summary = summary(1, 0, 0, 0, 16, 0.25);
@@ -312,6 +313,7 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, ke
     t[4].actor.gather_theory_bytes = 3000000;
     t[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
     t[-2].summary.eval = true;
+    t[-2].summary.reward_stderr = 0.0625;
   }
   actor::job j = run();
   const auto& lines = printed;
@@ -338,8 +340,8 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, ke
   // 400 / 1 = 400, 100 / 0.25 = 400; the gather in MB = bytes / 1e6
   const std::string d = dir.string();
   REQUIRE(lines.size() == 9);
-  CHECK(lines[0] == "[step 3 ppo] held-out before: mean reward 0.5000, KL to reference 0.0000, answer length 7.2 "
-                    "(8 prompts)");
+  CHECK(lines[0] == "[step 3 ppo] held-out before: mean reward 0.5000 ± 0.1250, KL to reference 0.0000, answer "
+                    "length 7.2 (8 prompts)");
   CHECK(lines[1] == "[step 3 ppo] iter 0 reward 0.2500 kl 0.0125 actor_loss 0.7500 critic_loss 1.5000 answer_len 6.5 "
                     "gen 128 tok/s train 400 tok/s");
   CHECK(lines[2] == "[step 3 ppo] iter 1: every answer was too short, batch dropped (as DS-Chat)");
@@ -352,10 +354,11 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, ke
   CHECK(lines[6] == "[step 3 ppo] iter 4 reward 0.3750 kl 0.0938 actor_loss -0.0625 critic_loss 2.0000 unsup_loss "
                     "2.0625 answer_len 5.5 gen 200 tok/s train 400 tok/s hybrid-engine gather 1.500 MB/rank (theory "
                     "3.000)");
-  CHECK(lines[7] == "[step 3 ppo] held-out after: mean reward 0.8750, KL to reference 0.1250, answer length 6.0 "
-                    "(8 prompts)");
+  CHECK(lines[7] == "[step 3 ppo] held-out after: mean reward 0.8750 ± 0.0625, KL to reference 0.1250, answer "
+                    "length 6.0 (8 prompts)");
+  // the gain in standard errors of the difference: 0.375 / sqrt(0.125² + 0.0625²) = 0.375 / 0.13975 = 2.68
   CHECK_MESSAGE(std::regex_match(lines[8], std::regex(R"(\[step 3 ppo\] held-out mean reward 0\.5000 -> 0\.8750 )"
-                                                      R"(\(\+0\.3750\), [0-9]+\.[0-9] s)")),
+                                                      R"(\(\+0\.3750, 2\.7 standard errors\), [0-9]+\.[0-9] s)")),
                 lines[8]);
 
   // the commit: iterations done 4 (the next to run), policy version 2, the held-out reward before
@@ -452,4 +455,45 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: a prompt batch before the last one i
   CHECK_MESSAGE(j.state->error().find("a prompt batch arrived in phase generate_experience of iteration 0") !=
                     std::string::npos,
                 j.state->error());
+}
+
+// A critic-free estimator (GRPO): the summary says so, only the policy reports, and the lines name
+// no critic; DAPO's filter can drop a whole batch, which then trains nothing.
+TEST_CASE_FIXTURE(fixture, "ppo_controller: critic-free, the policy alone reports, a batch filtered to nothing") {
+  {
+    std::lock_guard<std::mutex> lock(script.m);
+    script.reset();
+    script.batches = {batch(0), batch(1), batch(2)};
+    auto& t = script.turns;
+    t[0] = {summary(0, 0.25, 0.0125, 6.5, 64, 0.5), true, false, stats(0.75, 100, 0.25), {}};
+    t[0].summary.trains = true;
+    t[0].summary.with_critic = false;
+    t[0].summary.groups = 8;
+    t[0].summary.groups_kept = 6;
+    t[1].summary = summary(1, 0.5, 0.0, 7.0, 64, 0.5);  // every group's rewards equal
+    t[1].summary.with_critic = false;
+    t[1].summary.dropped = true;
+    t[1].summary.groups = 8;
+    t[2] = {summary(2, 0.375, 0.025, 6.0, 64, 0.5), true, /*stats_first=*/true, stats(0.5, 100, 0.5), {}};
+    t[2].summary.trains = true;
+    t[2].summary.with_critic = false;
+    t[2].summary.groups = 8;
+    t[2].summary.groups_kept = 8;
+  }
+  actor::job j = run();
+  const auto& lines = printed;
+  std::lock_guard<std::mutex> lock(script.m);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0] == "[step 3 ppo] iter 0 reward 0.2500 kl 0.0125 actor_loss 0.7500 answer_len 6.5 groups 6/8 gen 128 "
+                    "tok/s train 400 tok/s");
+  CHECK(lines[1] == "[step 3 ppo] iter 1 reward 0.5000 kl 0.0000 answer_len 7.0: every group's rewards were equal, "
+                    "batch dropped (filter_groups)");
+  CHECK(lines[2] == "[step 3 ppo] iter 2 reward 0.3750 kl 0.0250 actor_loss 0.5000 answer_len 6.0 gen 128 tok/s train "
+                    "200 tok/s");
+  // the filtered batch 1 was stamped for a save: made after the next update, as a dropped batch's
+  CHECK(lines[3] == "[step 3 ppo] checkpoint after iteration 2 -> " + dir.string());
+  CHECK(script.generate[1].policy_version == 1);  // one update reported before the filtered batch
+  CHECK(script.generate[2].policy_version == 1);  // the filtered batch updated nothing
+  CHECK(series(j, "actor_loss") == std::vector<double>{0.75, 0.5});
+  CHECK(series(j, "critic_loss").empty());
 }

@@ -563,7 +563,7 @@ std::vector<std::pair<memory_report, memory_report>> run_plan(const plan_case& p
       if (pc.dout == memory_plan::loss_grad::model_cross_entropy)
         eng.train_step(tensor::from_ints({Bg, T}, ids), tensor::from_ints({Bg, T}, tg));
       else if (pc.dout == memory_plan::loss_grad::dlogits)
-        eng.train_step(ppo::actor_batch_loss(e, a, 0.2f, gas * pc.world));
+        eng.train_step(ppo::actor_batch_loss(e, a, 0.2f, {}, gas * pc.world));
       else
         eng.train_step(ppo::critic_batch_loss(e, a, 0.2f, gas * pc.world));
     }

@@ -94,6 +94,7 @@ std::vector<const char*> keys_of(data_format f) {
     case data_format::prompt_chosen_rejected: return {"prompt", "chosen", "rejected"};
     case data_format::prompt_chosen: return {"prompt", "chosen"};
     case data_format::hh_rlhf_raw: return {"chosen", "rejected"};
+    case data_format::question_answer: return {"question", "answer"};
     default: return {};
   }
 }
@@ -104,6 +105,7 @@ data_format detect(const nlohmann::json& j) {
   if (has("prompt") && has("chosen") && has("rejected")) return data_format::prompt_chosen_rejected;
   if (has("prompt") && has("chosen")) return data_format::prompt_chosen;
   if (has("chosen") && has("rejected")) return data_format::hh_rlhf_raw;
+  if (has("question") && has("answer")) return data_format::question_answer;
   return data_format::automatic;
 }
 
@@ -142,6 +144,7 @@ const char* format_name(data_format f) {
     case data_format::prompt_chosen_rejected: return "prompt/chosen/rejected";
     case data_format::prompt_chosen: return "prompt/chosen";
     case data_format::hh_rlhf_raw: return "raw HH-RLHF chosen/rejected dialogues";
+    case data_format::question_answer: return "question/answer (GSM8K)";
   }
   return "?";
 }
@@ -204,9 +207,9 @@ source load_source(const std::string& path, data_format format) {
       for (size_t i = 0; i < lines.size() && bad.size() < 5; ++i)
         if (!is_blank(lines[i]))
           bad.push_back({static_cast<int64_t>(i + 1),
-                         parse_error[i].empty() ? "a JSON object without prompt/chosen/rejected keys" : parse_error[i]});
+                         parse_error[i].empty() ? "a JSON object without prompt/chosen/rejected or question/answer keys" : parse_error[i]});
       throw std::runtime_error(path + ": cannot tell the data layout: no line is a JSON object with the keys "
-                                      "{prompt, chosen, rejected}, {prompt, chosen} or {chosen, rejected}" +
+                                      "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected} or {question, answer}" +
                                (bad.empty() ? std::string(" (the file is empty)") : " (" + list_bad(bad, 5) + ")") +
                                "; fix the file or pass the format explicitly");
     }
@@ -597,6 +600,7 @@ std::vector<prompt_example> make_prompt_examples(const std::vector<sample>& rows
   for (const auto& r : rows) {
     prompt_example e;
     e.ids = with_bos(tok, r.prompt, cfg.add_bos);
+    e.reference = r.chosen;
     const int64_t n = static_cast<int64_t>(e.ids.size());
     if (n > P) {
       if (cfg.overflow == prompt_overflow::drop) {

@@ -48,6 +48,7 @@ enum class data_format {
   prompt_chosen_rejected,  ///< {"prompt", "chosen", "rejected"} (Dahoas/rm-static layout)
   prompt_chosen,           ///< {"prompt", "chosen"} (SFT-only data; other keys ignored)
   hh_rlhf_raw,             ///< Anthropic HH-RLHF {"chosen", "rejected"} full dialogues
+  question_answer,         ///< GSM8K {"question", "answer"}: prompt = question, chosen = answer (ends "#### N")
 };
 const char* format_name(data_format f);
 
@@ -230,6 +231,7 @@ struct rm_example {
 struct prompt_example {
   std::vector<int32_t> ids;
   bool truncated = false;
+  std::string reference;  ///< the row's `chosen`: the reference answer rule rewards compare with
 };
 
 /// Cut `ids` to at most max_len tokens; when cut and `keep_eos`, the last kept token is

@@ -62,7 +62,7 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
   std::vector<int64_t> keep;
   int64_t A = 0;
   for (int64_t b = 0; b < B; ++b) {
-    if (res[b].tokens.size() <= 1) continue;  // DS-Chat drops answers of at most one valid token
+    if (s.drop_short_answers && res[b].tokens.size() <= 1) continue;  // DS-Chat drops answers of at most one valid token
     keep.push_back(b);
     A = std::max<int64_t>(A, static_cast<int64_t>(res[b].tokens.size()));
   }
@@ -87,6 +87,7 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
       e.attention_mask.data<int32_t>()[k * S + P + t] = real ? 1 : 0;
     }
     e.answer_len.push_back(static_cast<int64_t>(ans.size()));
+    e.source_rows.push_back(b);
   }
   return e;
 }
@@ -129,6 +130,7 @@ experience slice_rows(const experience& e, int64_t a, int64_t b) {
   if (e.values.defined()) s.values = e.values.rows(a, b);
   if (e.reward_score.defined()) s.reward_score = e.reward_score.rows(a, b);
   s.answer_len.assign(e.answer_len.begin() + a, e.answer_len.begin() + b);
+  if (!e.source_rows.empty()) s.source_rows.assign(e.source_rows.begin() + a, e.source_rows.begin() + b);
   return s;
 }
 
@@ -142,6 +144,92 @@ tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor&
   rlhf::zero_after_ends(r, values, ends);
   rlhf::advantages_and_returns(advantages, returns, values, r, e.start(), cfg);
   return rewards;
+}
+
+advantage_estimator parse_advantage_estimator(const std::string& s) {
+  if (s == "gae") return advantage_estimator::gae;
+  if (s == "grpo") return advantage_estimator::grpo;
+  if (s == "rloo") return advantage_estimator::rloo;
+  if (s == "reinforce_plus_plus") return advantage_estimator::reinforce_plus_plus;
+  throw std::invalid_argument("advantage_estimator = \"" + s +
+                              "\": expected \"gae\", \"grpo\", \"rloo\" or \"reinforce_plus_plus\"");
+}
+
+tensor critic_free_advantages(const experience& e, const critic_free_config& c) {
+  const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start(), n = L - start;
+  const tensor mask = cols(e.attention_mask, start + 1, S);  // (B, n) the answer's real tokens
+  const int32_t* m = mask.data<int32_t>();
+  if (c.estimator == advantage_estimator::reinforce_plus_plus) {
+    // veRL's token_level_rewards: −kl_ctl · KL on each answer token, the score on the last one
+    // (not DS-Chat's index one past it, which REINFORCE++'s masked returns would drop)
+    auto tr = tensor::zeros({B, n});  // (B, n)
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t last = -1;
+      for (int64_t t = 0; t < n; ++t)
+        if (m[b * n + t]) {
+          tr.data<float>()[b * n + t] = -c.ppo.kl_ctl * (e.logprobs.data<float>()[b * L + start + t] -
+                                                         e.ref_logprobs.data<float>()[b * L + start + t]);
+          last = t;
+        }
+      if (last >= 0)
+        tr.data<float>()[b * n + last] +=
+            std::clamp(e.reward_score.data<float>()[b], -c.ppo.clip_reward_value, c.ppo.clip_reward_value);
+    }
+    return rlhf::reinforce_pp_advantages(tr, mask, c.ppo.gamma);
+  }
+  if (c.estimator == advantage_estimator::gae)
+    throw std::invalid_argument("critic_free_advantages: gae needs the critic (make_advantages)");
+  if (c.num_generations < 1 || B % c.num_generations != 0)
+    throw std::invalid_argument("critic_free_advantages: " + std::to_string(B) + " rows are not groups of " +
+                                "num_generations = " + std::to_string(c.num_generations));
+  auto R = tensor::empty({B});  // (B) sequence rewards
+  for (int64_t b = 0; b < B; ++b) {
+    double kl = 0;
+    for (int64_t t = 0; t < n; ++t)
+      if (m[b * n + t])
+        kl += static_cast<double>(e.logprobs.data<float>()[b * L + start + t]) -
+              e.ref_logprobs.data<float>()[b * L + start + t];
+    R.data<float>()[b] = static_cast<float>(e.reward_score.data<float>()[b] - c.ppo.kl_ctl * kl);
+  }
+  tensor a;
+  if (c.estimator == advantage_estimator::grpo) {
+    rlhf::group_advantage_config g;
+    g.num_generations = c.num_generations;
+    g.scale_rewards = c.scale_rewards;
+    g.epsilon = c.epsilon;
+    a = rlhf::group_advantages(R, g);
+  } else {
+    a = rlhf::rloo_advantages(R, c.num_generations);
+  }
+  auto out = tensor::zeros({B, n});  // (B, n): the row's advantage on each of its answer tokens
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t)
+      if (m[b * n + t]) out.data<float>()[b * n + t] = a.data<float>()[b];
+  return out;
+}
+
+experience take_rows(const experience& e, const std::vector<int64_t>& rows) {
+  auto pick = [&](const tensor& t) {
+    if (!t.defined()) return tensor();
+    shape_t sh = t.shape();
+    sh[0] = static_cast<int64_t>(rows.size());
+    auto out = tensor::empty(sh, t.type());
+    for (size_t i = 0; i < rows.size(); ++i) out.rows(static_cast<int64_t>(i), static_cast<int64_t>(i) + 1).copy_from(t.rows(rows[i], rows[i] + 1));
+    return out;
+  };
+  experience s;
+  s.prompts = pick(e.prompts);
+  s.seq = pick(e.seq);
+  s.attention_mask = pick(e.attention_mask);
+  s.logprobs = pick(e.logprobs);
+  s.ref_logprobs = pick(e.ref_logprobs);
+  s.values = pick(e.values);
+  s.reward_score = pick(e.reward_score);
+  for (auto r : rows) {
+    s.answer_len.push_back(e.answer_len.at(static_cast<size_t>(r)));
+    if (!e.source_rows.empty()) s.source_rows.push_back(e.source_rows.at(static_cast<size_t>(r)));
+  }
+  return s;
 }
 
 micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k) {
@@ -172,13 +260,32 @@ std::function<int64_t(int64_t)> answer_units(const experience& e, int64_t M) {
   };
 }
 
+// The units of the seq-mean losses: micro-batch k's rows with at least one answer token.
+std::function<int64_t(int64_t)> answer_rows(const experience& e, int64_t M) {
+  return [e, M](int64_t k) {
+    const auto m = micro_slice_of(e.seq.size(0), M, k);
+    if (m.empty) return int64_t{0};
+    const int64_t S = e.seq.size(1);
+    int64_t n = 0;
+    for (int64_t r = m.a; r < m.b; ++r) {
+      bool any = false;
+      for (int64_t t = e.start() + 1; t < S && !any; ++t) any = e.attention_mask.data<int32_t>()[r * S + t] != 0;
+      n += any;
+    }
+    return n;
+  };
+}
+
 }  // namespace
 
-batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange, int64_t M) {
+batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange,
+                            const policy_loss_settings& p, int64_t M) {
   const int64_t B = e.seq.size(0);
+  if (p.use_kl_loss && !e.ref_logprobs.defined())
+    throw std::invalid_argument("actor_batch_loss: use_kl_loss needs the reference log-probs");
   batch_loss l;
-  l.units = answer_units(e, M);
-  l.forward = [e, advantages, cliprange, B, M](int64_t k, decoder& actor, activations& a) {
+  l.units = p.loss_agg_mode == rlhf::loss_agg_mode::token_mean ? answer_units(e, M) : answer_rows(e, M);
+  l.forward = [e, advantages, cliprange, p, B, M](int64_t k, decoder& actor, activations& a) {
     const auto m = micro_slice_of(B, M, k);
     const experience sub = slice_rows(e, m.a, m.b);
     const int64_t rows = m.b - m.a, S = sub.seq.size(1), L = S - 1, start = sub.start();
@@ -191,8 +298,21 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
     rlhf::check_finite(lp_ans, "policy", "actor_log_prob");
     tensor dlp_ans;
     micro_loss r;
-    r.loss = rlhf::actor_loss(lp_ans, cols(sub.logprobs, start, L), advantages.rows(m.a, m.b),
-                              cols(sub.attention_mask, start + 1, S), cliprange, &dlp_ans);
+    const tensor mask = cols(sub.attention_mask, start + 1, S);
+    rlhf::policy_loss_config c;
+    c.clip_ratio_low = c.clip_ratio_high = cliprange;
+    c.clip_ratio_c = p.clip_ratio_c;
+    c.agg = p.loss_agg_mode;
+    r.loss = rlhf::clipped_policy_loss(lp_ans, cols(sub.logprobs, start, L), advantages.rows(m.a, m.b), mask, c,
+                                       &dlp_ans).loss;
+    if (p.use_kl_loss) {  // veRL: policy_loss + kl_loss_coef x agg_loss(kl_penalty(logprob, ref_logprob))
+      tensor dkl, dagg;
+      const tensor kl = rlhf::kl_estimate(lp_ans, cols(sub.ref_logprobs, start, L), p.kl_loss_type, &dkl);
+      r.loss += p.kl_loss_coef * rlhf::aggregate_loss(kl, mask, p.loss_agg_mode, &dagg);
+      float* d = dlp_ans.data<float>();
+      for (int64_t i = 0; i < dlp_ans.numel(); ++i)
+        d[i] += static_cast<float>(p.kl_loss_coef) * dagg.data<float>()[i] * dkl.data<float>()[i];
+    }
     auto dlp = tensor::zeros({rows, S});
     put_cols(dlp, dlp_ans, start);
     rlhf::gather_log_probs_backward(r.dout, dlp, a.logits, labels);  // (rows, S, V)
@@ -257,7 +377,7 @@ int64_t micro_batches(const zero_engine& engine) {
 
 step_result actor_update(zero_engine& engine, const experience& e, const tensor& advantages, const ppo_settings& s,
                          double lr) {
-  return engine.train_step(actor_batch_loss(e, advantages, s.ppo.cliprange, micro_batches(engine)), lr);
+  return engine.train_step(actor_batch_loss(e, advantages, s.ppo.cliprange, s.policy, micro_batches(engine)), lr);
 }
 
 step_result critic_update(zero_engine& engine, const experience& e, const tensor& returns, const ppo_settings& s,

@@ -17,6 +17,7 @@
 
 #include "models/decoder.h"
 #include "models/generate.h"
+#include "models/rlhf/pg_math.h"
 #include "models/rlhf/rlhf_math.h"
 #include "models/train/zero.h"
 
@@ -28,6 +29,16 @@ namespace flowrun::ppo {
 /// trainer's dschat_settings (models/rlhf/dschat_steps.h engine_settings: the one settings-to-config
 /// function); per_device_generation_batch_size and generation_batches are the prompt loader's
 /// and the experience maker's.
+/// The policy loss beyond DeepSpeed-Chat's clipped surrogate (pg_math.h, veRL's names):
+/// the defaults are DS-Chat's loss exactly (no dual clip, token-mean, no KL term).
+struct policy_loss_settings {
+  double clip_ratio_c = 0;  ///< dual clip for A < 0 (0: off, DS-Chat and TRL; veRL's default is 3)
+  rlhf::loss_agg_mode loss_agg_mode = rlhf::loss_agg_mode::token_mean;
+  bool use_kl_loss = false;    ///< add kl_loss_coef x the aggregated KL to the reference (GRPO)
+  double kl_loss_coef = 0.001;  ///< veRL's default
+  rlhf::kl_estimator kl_loss_type = rlhf::kl_estimator::k3;  ///< veRL's low_var_kl
+};
+
 struct ppo_settings {
   int64_t per_device_training_batch_size = 4;  ///< rows per PPO mini-batch (all ranks together)
   int64_t ppo_epochs = 1;
@@ -39,7 +50,11 @@ struct ppo_settings {
   float temperature = 1.0f;     ///< sampling for rollouts (DS-Chat samples for OPT)
   int top_k = 0;
   float top_p = 1.0f;
-  rlhf::ppo_config ppo;         ///< kl_ctl, clip_reward_value, cliprange, cliprange_value, gamma, lam
+  /// Drop answers of at most one token (DS-Chat). Off when a prompt's samples form a
+  /// group (num_generations > 1): a group must stay whole.
+  bool drop_short_answers = true;
+  rlhf::ppo_config ppo;
+  policy_loss_settings policy;  ///< the actor's loss beyond cliprange         ///< kl_ctl, clip_reward_value, cliprange, cliprange_value, gamma, lam
 };
 
 /// A batch of rollouts and their scores (what DS-Chat's generate_experience returns).
@@ -52,13 +67,15 @@ struct experience {
   tensor values;          ///< (B, L) critic values (DS-Chat: values[:, :-1])
   tensor reward_score;    ///< (B,) reward model score at the answer's last real token
   std::vector<int64_t> answer_len;  ///< real answer tokens per row (EOS included)
+  /// Per row: the row of the prompts given to generate_rollouts it answers (rows may be dropped).
+  std::vector<int64_t> source_rows;
   int64_t start() const { return prompts.size(1) - 1; }
 };
 
 /// Generate answers for left-padded prompts with the actor's current weights (the
 /// hybrid engine: no copy, no reload). Rows whose answer has at most one real
-/// token are dropped, as DS-Chat drops them; returns nullopt when all are dropped.
-/// Fills prompts, seq, attention_mask and answer_len only.
+/// token are dropped, as DS-Chat drops them (unless s.drop_short_answers is off); returns
+/// nullopt when all are dropped. Fills prompts, seq, attention_mask, answer_len and source_rows.
 std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompts, const tensor& prompt_mask,
                                             const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed);
 
@@ -77,6 +94,39 @@ experience slice_rows(const experience& e, int64_t a, int64_t b);
 /// advantages, returns (B, n). Returns the rewards (B, L) for reporting.
 tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor& advantages, tensor& returns);
 
+/// The experience maker's advantage estimator (veRL's algorithm.adv_estimator names): DS-Chat's
+/// GAE with a critic, or one of the critic-free ones.
+enum class advantage_estimator { gae, grpo, rloo, reinforce_plus_plus };
+/// "gae", "grpo", "rloo" or "reinforce_plus_plus"; throws std::invalid_argument naming the choices.
+advantage_estimator parse_advantage_estimator(const std::string& s);
+/// Whether `a` needs a value model (only GAE does).
+inline bool needs_critic(advantage_estimator a) { return a == advantage_estimator::gae; }
+
+/// The critic-free estimators' settings (experience_maker's, veRL's and TRL's names).
+struct critic_free_config {
+  advantage_estimator estimator = advantage_estimator::grpo;
+  int64_t num_generations = 8;  ///< a prompt's samples, adjacent rows (grpo, rloo)
+  rlhf::reward_scaling scale_rewards = rlhf::reward_scaling::group;  ///< grpo
+  double epsilon = 1e-4;  ///< grpo: added to the std (TRL)
+  rlhf::ppo_config ppo;   ///< kl_ctl (the KL penalty inside the reward), clip_reward_value and gamma (REINFORCE++)
+};
+
+/// Critic-free advantages (B, n) f32 over the answer tokens of `e` (logprobs, ref_logprobs and
+/// reward_score filled), 0 on padding:
+///  - grpo, rloo: each row's sequence reward R = reward_score − kl_ctl · Σ_t (logprobs −
+///    ref_logprobs) over its answer tokens (veRL's use_kl_in_reward summed as its outcome
+///    estimators sum token_level_rewards; kl_ctl = 0: the score alone), then
+///    rlhf::group_advantages (grpo) or rlhf::rloo_advantages (rloo) over groups of
+///    num_generations adjacent rows, each row's advantage on every one of its answer tokens;
+///  - reinforce_plus_plus: per-token rewards −kl_ctl · (logprobs − ref_logprobs) with the score,
+///    clipped to ±clip_reward_value, added on the answer's last real token (veRL's
+///    token_level_rewards), then rlhf::reinforce_pp_advantages with gamma.
+/// Throws std::invalid_argument for gae, or when B is not a multiple of num_generations (grpo, rloo).
+tensor critic_free_advantages(const experience& e, const critic_free_config& c);
+
+/// Rows `rows` of an experience, copied (DAPO's filter keeps the groups with signal).
+experience take_rows(const experience& e, const std::vector<int64_t>& rows);
+
 /// Micro-batch k of M over a mini-batch of B rows: rows [a, b), M = gradient_accumulation_steps
 /// x ranks, each ceil(B / M) rows (the last ones shorter). A micro-batch past the rows is
 /// `empty`: it runs row B - 1 with 0 units, so that its rank's collectives (stage 3 gathers,
@@ -87,14 +137,18 @@ struct micro_slice {
 };
 micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k);
 
-/// The actor's clipped policy loss (DS-Chat ppo_trainer.py actor_loss_fn) on the mini-batch
-/// `e` with `advantages` (B, n), for zero_engine::train_step: micro-batch k (of
-/// `micro_batches`, see micro_slice_of) forwards its rows, its loss is the masked token mean
-/// over its answer tokens (units = its answer tokens), dout the gradient through the
-/// log-softmax gather. So the step's loss is the token mean over the whole mini-batch at any
-/// rank count and accumulation, as DS-Chat's with one rank. Refers to `e` and `advantages`
-/// (tensor handles are copied). Throws std::runtime_error on non-finite log-probs.
-batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange, int64_t micro_batches);
+/// The actor's clipped policy loss (DS-Chat ppo_trainer.py actor_loss_fn; with `p`, veRL's
+/// compute_policy_loss: dual clip, loss_agg_mode, and the KL loss term kl_loss_coef x
+/// agg(kl_estimate(logprobs, ref_logprobs))) on the mini-batch `e` with per-token
+/// `advantages` (B, n), for zero_engine::train_step: micro-batch k (of `micro_batches`, see
+/// micro_slice_of) forwards its rows, its loss is aggregated over its answer tokens (units:
+/// its answer tokens for token-mean, its rows with an answer token for the seq-mean modes),
+/// dout the gradient through the log-softmax gather. So the step's loss is the aggregate over
+/// the whole mini-batch at any rank count and accumulation, as DS-Chat's with one rank.
+/// Refers to `e` and `advantages` (tensor handles are copied); the KL term needs
+/// e.ref_logprobs. Throws std::runtime_error on non-finite log-probs.
+batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange,
+                            const policy_loss_settings& p, int64_t micro_batches);
 /// The critic's clipped value loss (critic_loss_fn: 0.5 · masked mean of the larger squared
 /// error) against `returns` (B, n); dout is dvalues (rows, S). As actor_batch_loss.
 batch_loss critic_batch_loss(const experience& e, const tensor& returns, float cliprange_value,
@@ -105,7 +159,7 @@ batch_loss critic_batch_loss(const experience& e, const tensor& returns, float c
 batch_loss ptx_batch_loss(const tensor& ids, const tensor& labels, float unsup_coef, int64_t micro_batches);
 
 /// One actor update through the engine on mini-batch `e` (DS-Chat train_rlhf, actor half):
-/// train_step(actor_batch_loss(e, advantages, cliprange, gas x ranks), lr). The engine clips
+/// train_step(actor_batch_loss(e, advantages, cliprange, s.policy, gas x ranks), lr). The engine clips
 /// and steps; every rank calls it with the same mini-batch (each runs its micro-batches).
 step_result actor_update(zero_engine& engine, const experience& e, const tensor& advantages, const ppo_settings& s,
                          double lr);

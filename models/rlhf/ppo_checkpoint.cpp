@@ -39,7 +39,8 @@ std::vector<fs::path> trainer_dirs(const std::string& dir) {
 void write_step3_commit(const std::string& dir, const step3_commit& c) {
   nlohmann::json pts = nlohmann::json::array();
   for (const auto& p : c.committed) pts.push_back({{"iteration", p.iteration}, {"policy_version", p.policy_version}});
-  nlohmann::json j = {{"format", "flowrun-step3"}, {"eval_before", c.eval_before}, {"committed", pts}};
+  nlohmann::json j = {{"format", "flowrun-step3"}, {"eval_before", c.eval_before},
+                     {"eval_before_stderr", c.eval_before_stderr}, {"committed", pts}};
   write_text_atomic(commit_path(dir), j.dump(1) + "\n");
 }
 
@@ -51,6 +52,7 @@ std::optional<step3_resume> find_step3_resume(const std::string& dir) {
     const auto j = nlohmann::json::parse(f);
     if (j.value("format", std::string()) != "flowrun-step3") throw std::runtime_error("format is not flowrun-step3");
     c.eval_before = j.at("eval_before").get<double>();
+    c.eval_before_stderr = j.value("eval_before_stderr", 0.0);
     for (const auto& p : j.at("committed"))
       c.committed.push_back({p.at("iteration").get<int64_t>(), p.at("policy_version").get<int64_t>()});
   } catch (const std::exception& e) {

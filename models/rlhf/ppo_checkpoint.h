@@ -4,7 +4,7 @@
 // Layout, under the run's checkpoint folder ([graph] checkpoint_dir):
 //   DIR/step3.json                  the commit point, written atomically by the controller after
 //                                   every trainer has committed its shards of that iteration:
-//                                   {"format": "flowrun-step3", "eval_before", "committed":
+//                                   {"format": "flowrun-step3", "eval_before", "eval_before_stderr", "committed":
 //                                    [{"iteration": J (iterations done), "policy_version"}, ...]}
 //   DIR/<trainer>/step_XXXXXXXX/    each trainer's ZeRO shards of iteration J (shard_checkpoint.h:
 //                                   fp32 masters, AdamW moments, the EMA, the RNG state and the
@@ -33,6 +33,7 @@ struct step3_point {
 /// What the controller commits.
 struct step3_commit {
   double eval_before = 0;             ///< the held-out reward before training (the final line's "before")
+  double eval_before_stderr = 0;      ///< ... and its standard error
   std::vector<step3_point> committed; ///< every committed iteration still on disk, oldest first
   /// The newest (the one to resume from); {0, 0} when none.
   step3_point last() const { return committed.empty() ? step3_point{} : committed.back(); }

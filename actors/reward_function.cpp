@@ -1,0 +1,185 @@
+// The `reward_function` node kind: rule-based ("verifiable") rewards for the rollouts of
+// step 3, in place of a reward model (docs/rlhf.md, GRPO). Built-in rules are the pure
+// functions of models/rlhf/rule_rewards.h; a user's own scorer is a child process that
+// answers JSON lines (runtime/util/line_process.h), so a Python function works unchanged:
+//
+//   import json, sys
+//   for line in sys.stdin:
+//       s = json.loads(line)          # {"prompt", "completion", "reference", "iteration", "row"}
+//       print(my_score(s["completion"], s["reference"]))   # a number, or {"reward": number}
+//
+// Ports: in `rollouts` (rollouts), out `scored` (scores: (B,) f32, one reward per row), joined
+// by the experience maker like a reward model's scores.
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/dschat_common.h"
+#include "actors/reward_function.h"
+#include "actors/rlhf_types.h"
+#include "models/rlhf/rule_rewards.h"
+#include "runtime/util/line_process.h"
+
+namespace flowrun::actors {
+
+namespace {
+
+/// Scores each rollout row: decodes its prompt and answer, then applies the rule (or asks the
+/// command) and adds the overlong penalty when it is on.
+class reward_function final : public actor::node {
+ public:
+  void start(actor::node_context& ctx) override {
+    const auto& s = ctx.spec();
+    tok_ = load_tok(ctx);
+    reward_ = s.get_string("reward");
+    format_score_ = s.get_float("format_score");
+    overlong_max_ = s.get_int("overlong_max_length");
+    overlong_cache_ = s.get_int("overlong_cache_length");
+    on_error_ = s.get_string("on_error");
+    timeout_ = std::chrono::milliseconds(static_cast<int64_t>(s.get_float("timeout_s") * 1000.0));
+    if (reward_ == "command") proc_ = std::make_unique<line_process>(s.get_string("command"));
+  }
+
+  void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
+    auto r = msg.shared<rollout_msg>();
+    ctx.phase("scoring");
+    score_msg out;
+    out.rollouts = r;
+    if (r->exp) {
+      const auto& e = *r->exp;
+      const int64_t B = e.seq.size(0), S = e.seq.size(1), P = e.prompts.size(1);
+      out.value = tensor::empty({B});
+      for (int64_t b = 0; b < B; ++b) {
+        std::vector<int32_t> prompt, answer;
+        for (int64_t t = 0; t < S; ++t) {
+          if (!e.attention_mask.data<int32_t>()[b * S + t]) continue;
+          (t < P ? prompt : answer).push_back(e.seq.data<int32_t>()[b * S + t]);
+        }
+        if (!answer.empty() && answer.back() == tok_->eos_id()) answer.pop_back();
+        const int64_t src = e.source_rows.empty() ? b : e.source_rows[static_cast<size_t>(b)];
+        const std::string reference =
+            src < static_cast<int64_t>(r->references.size()) ? r->references[static_cast<size_t>(src)] : "";
+        double v = score(ctx, *r, b, tok_->decode(prompt), tok_->decode(answer), reference);
+        if (overlong_max_ > 0) v += rlhf::overlong_penalty(e.answer_len[static_cast<size_t>(b)], overlong_max_,
+                                                           overlong_cache_);
+        out.value.data<float>()[b] = static_cast<float>(v);
+      }
+      ctx.metric("samples", B);
+    }
+    ctx.emit("scored", actor::payload::make("scores", std::move(out)));
+  }
+
+  void stop(actor::node_context& ctx) override {
+    if (proc_) proc_->stop();
+    if (errors_ > 0)
+      ctx.print(fmt::format("[reward_function] {}: {} sample(s) scored 0 after an error of the command (on_error = "
+                            "\"zero\")",
+                            ctx.name(), errors_));
+  }
+
+ private:
+  double score(actor::node_context& ctx, const rollout_msg& r, int64_t row, const std::string& prompt,
+               const std::string& completion, const std::string& reference) {
+    if (reward_ == "gsm8k") {
+      if (reference.empty() && !warned_) {
+        warned_ = true;
+        ctx.log().warn("the prompts carry no reference answers (the data's `chosen`): every gsm8k score is 0");
+      }
+      return rlhf::gsm8k_exact_match(completion, reference, format_score_);
+    }
+    if (reward_ == "format") return rlhf::final_answer_format(completion);
+    // the user's command: one JSON line out, one number back
+    const nlohmann::json q = {{"prompt", prompt}, {"completion", completion}, {"reference", reference},
+                              {"iteration", r.iteration}, {"row", row}};
+    const auto a = proc_->ask(q.dump(), timeout_);
+    std::string why;
+    double v = 0;
+    if (!a.line) {
+      why = "the command " + a.error + (a.stderr_tail.empty() ? "" : "; its stderr ends:\n" + a.stderr_tail);
+    } else {
+      try {
+        const auto j = nlohmann::json::parse(*a.line);
+        const auto& num = j.is_object() && j.contains("reward") ? j.at("reward") : j;
+        if (!num.is_number()) throw std::invalid_argument("not a number");
+        v = num.get<double>();
+        if (!std::isfinite(v)) throw std::invalid_argument("not finite");
+        return v;
+      } catch (const std::exception&) {
+        why = "the command answered \"" + a.line->substr(0, 200) +
+              "\", which is not a number (expected a JSON number, or {\"reward\": number}, on one line)";
+      }
+    }
+    const std::string where =
+        fmt::format("node '{}' (reward_function, command `{}`), iteration {}, sample {} (completion \"{}\"): {}",
+                    ctx.name(), proc_->command(), r.iteration, row, completion.substr(0, 80), why);
+    if (on_error_ == "stop")
+      throw std::runtime_error(where + "\n(on_error = \"zero\" scores such samples 0 and goes on)");
+    ++errors_;
+    ctx.log().warn("{}; scored 0 (on_error = \"zero\")", where);
+    ctx.metric("errors");
+    return 0.0;
+  }
+
+  std::unique_ptr<tokenizer> tok_;
+  std::string reward_, on_error_;
+  double format_score_ = 0;
+  int64_t overlong_max_ = 0, overlong_cache_ = 0, errors_ = 0;
+  std::chrono::milliseconds timeout_{10000};
+  std::unique_ptr<line_process> proc_;
+  bool warned_ = false;
+};
+
+}  // namespace
+
+void register_reward_function(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"reward_function",
+                     "rule-based rewards for rollouts (GSM8K exact match, answer format, your own scorer command) in "
+                     "place of a reward model"};
+  k.blocking = true;  // a command's answers are waited for
+  k.input("rollouts", "rollouts", "sequences to score")
+      .output("scored", "scores", "one reward per row", true)
+      .require("tokenizer", T::path, "the policy's tokenizer (decodes prompts and answers)")
+      .option("reward", T::string, std::string("gsm8k"),
+              "gsm8k: 1 when the answer's last \"#### N\" equals the reference's (numbers normalised: \"1,080\" = "
+              "\"1080\", \"42.0\" = \"42\"), else format_score for a well-formed wrong answer, else 0; format: 1 when "
+              "the answer ends with a \"#### N\" line; command: ask `command`")
+      .option("format_score", T::float_, 0.0, "gsm8k: the reward of a well-formed wrong answer (veRL's)")
+      .option("overlong_max_length", T::int_, std::int64_t{0},
+              "DAPO's soft overlong punishment: answers near and over this many tokens lose up to 1 (0: off)")
+      .at_least(0)
+      .option("overlong_cache_length", T::int_, std::int64_t{0},
+              "the length of the punishment's ramp before overlong_max_length (DAPO's L_cache)")
+      .at_least(0)
+      .option("command", T::string, std::string(""),
+              "reward = command: a shell command that reads one JSON object per line on stdin ({\"prompt\", "
+              "\"completion\", \"reference\", \"iteration\", \"row\"}) and prints one number per line; it runs "
+              "under /bin/sh -c in flowrun's working directory, with PYTHONUNBUFFERED=1")
+      .option("timeout_s", T::float_, 10.0, "the longest wait for one answer of the command").above(0)
+      .option("on_error", T::string, std::string("stop"),
+              "when the command crashes, times out or answers something that is not a number: stop (the run "
+              "fails with the node, the sample and the command's stderr) or zero (the sample scores 0, a "
+              "warning is logged, the command is restarted)");
+  k.check = [](const graph::node_spec& n, const graph::graph_spec&) {
+    std::vector<graph::node_kind::problem> problems;
+    const auto& r = n.get_string("reward");
+    if (r != "gsm8k" && r != "format" && r != "command")
+      problems.push_back({"reward", "reward = \"" + r + "\" is not a rule here", "use gsm8k, format or command"});
+    if (r == "command" && n.get_string("command").empty())
+      problems.push_back({"command", "reward = \"command\" needs the command to run",
+                          "set command, e.g. \"python3 my_reward.py\""});
+    const auto& e = n.get_string("on_error");
+    if (e != "stop" && e != "zero")
+      problems.push_back({"on_error", "on_error = \"" + e + "\" is not a policy here", "use stop or zero"});
+    if (n.get_int("overlong_cache_length") > n.get_int("overlong_max_length"))
+      problems.push_back({"overlong_cache_length", "the ramp is longer than overlong_max_length",
+                          "make overlong_cache_length at most overlong_max_length"});
+    return problems;
+  };
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new reward_function); });
+}
+
+}  // namespace flowrun::actors

@@ -1,0 +1,204 @@
+#include "runtime/util/line_process.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace flowrun {
+
+namespace {
+
+std::string status_text(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+  return "stopped";
+}
+
+}  // namespace
+
+line_process::~line_process() {
+  stop();
+  if (!err_path_.empty()) ::unlink(err_path_.c_str());
+}
+
+std::string line_process::start() {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return std::string("socketpair failed: ") + std::strerror(errno);
+  if (err_path_.empty()) {
+    char tmpl[] = "/tmp/flowrun-reward-stderr-XXXXXX";
+    const int efd = ::mkstemp(tmpl);
+    if (efd < 0) {
+      ::close(sv[0]);
+      ::close(sv[1]);
+      return std::string("mkstemp failed: ") + std::strerror(errno);
+    }
+    ::close(efd);
+    err_path_ = tmpl;
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
+  posix_spawn_file_actions_adddup2(&fa, sv[1], 1);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "PYTHONUNBUFFERED=", 17) != 0) env_store.emplace_back(*e);
+  env_store.emplace_back("PYTHONUNBUFFERED=1");
+  std::vector<char*> envp;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string sh = "sh", dash_c = "-c", cmd = command_;
+  char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, "/bin/sh", &fa, nullptr, argv, envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(sv[1]);
+  if (rc != 0) {
+    ::close(sv[0]);
+    return std::string("could not be started: ") + std::strerror(rc);
+  }
+  fd_ = sv[0];
+  pid_ = pid;
+  buffer_.clear();
+  return "";
+}
+
+void line_process::kill_child() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int st;
+    ::waitpid(pid_, &st, 0);
+  }
+  pid_ = -1;
+}
+
+std::string line_process::stderr_tail() const {
+  std::ifstream f(err_path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  if (s.size() > 600) {
+    s.erase(0, s.size() - 600);
+    s.insert(0, "...");
+  }
+  return s;
+}
+
+line_process::answer line_process::ask(const std::string& line, std::chrono::milliseconds timeout) {
+  answer a;
+  if (pid_ < 0)
+    if (auto why = start(); !why.empty()) {
+      a.error = why;
+      return a;
+    }
+  // the child's exit, or our wait running out, ends the exchange as an error
+  auto fail = [&](std::string why) {
+    int st = 0;
+    if (pid_ > 0 && ::waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      why = status_text(st);
+    }
+    kill_child();
+    a.error = std::move(why);
+    a.stderr_tail = stderr_tail();
+    return a;
+  };
+  std::string out = line + "\n";
+  for (size_t sent = 0; sent < out.size();) {
+    const ssize_t n = ::send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // wait a moment for the exit status of a child that closed its input
+      for (int i = 0; i < 50 && pid_ > 0; ++i) {
+        int st;
+        if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+          pid_ = -1;
+          kill_child();
+          a.error = status_text(st);
+          a.stderr_tail = stderr_tail();
+          return a;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return fail(std::string("stopped reading its input (") + std::strerror(errno) + ")");
+    }
+    sent += static_cast<size_t>(n);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (const auto nl = buffer_.find('\n'); nl != std::string::npos) {
+      a.line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      if (!a.line->empty() && a.line->back() == '\r') a.line->pop_back();
+      return a;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      const double s = static_cast<double>(timeout.count()) / 1000.0;
+      std::ostringstream why;
+      why << "gave no answer within " << s << " s (killed)";
+      return fail(why.str());
+    }
+    pollfd p{fd_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n > 0) {
+      buffer_.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    // end of file: the child closed its output, most likely by exiting
+    for (int i = 0; i < 100 && pid_ > 0; ++i) {
+      int st;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        kill_child();
+        a.error = status_text(st);
+        a.stderr_tail = stderr_tail();
+        return a;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return fail("closed its output without answering");
+  }
+}
+
+void line_process::stop() {
+  if (pid_ < 0) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    return;
+  }
+  ::shutdown(fd_, SHUT_WR);  // end of input: a JSON-lines loop ends
+  for (int i = 0; i < 100; ++i) {
+    int st;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill_child();
+}
+
+}  // namespace flowrun

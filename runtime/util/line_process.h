@@ -1,0 +1,58 @@
+// A child process that answers one line for each line it is sent: how a user's own
+// scorer (a Python function behind a JSON-lines loop) plugs into a graph (the
+// reward_function node kind, actors/reward_function.cpp).
+//
+// The child runs `/bin/sh -c COMMAND` with its standard input and output on one end of a
+// socket pair (so a child that dies turns our writes into an error, never a SIGPIPE) and its
+// standard error in a temporary file whose tail goes into error messages. PYTHONUNBUFFERED=1
+// is set, so a Python `print(...)` reaches us without an explicit flush.
+//
+// Errors are values: ask() returns the answer line or what went wrong (the child exited, with
+// its status; it did not answer in time; it could not be started), and the stderr tail. After
+// an error the child is gone (killed if it was still running); the next ask() starts a new one.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include <sys/types.h>
+
+namespace flowrun {
+
+class line_process {
+ public:
+  /// `command` runs under /bin/sh -c, in the current directory, started on the first ask().
+  explicit line_process(std::string command) : command_(std::move(command)) {}
+  ~line_process();
+  line_process(const line_process&) = delete;
+  line_process& operator=(const line_process&) = delete;
+
+  struct answer {
+    std::optional<std::string> line;  ///< the answer, without its newline; empty on error
+    std::string error;                ///< what went wrong: "exited with status 1", "gave no answer within 10 s", ...
+    std::string stderr_tail;          ///< the last lines the child wrote to its standard error (on error)
+  };
+
+  /// Sends `line` (a newline is appended; it must not contain one) and waits up to `timeout`
+  /// for one line back.
+  answer ask(const std::string& line, std::chrono::milliseconds timeout);
+
+  /// Closes the child's input and waits briefly for it to exit (then kills it).
+  void stop();
+
+  const std::string& command() const { return command_; }
+
+ private:
+  std::string start();  // "" or why it could not start
+  void kill_child();
+  std::string stderr_tail() const;
+
+  std::string command_;
+  int fd_ = -1;       // our end of the socket pair
+  pid_t pid_ = -1;
+  std::string err_path_;
+  std::string buffer_;  // bytes read past the last answer line
+};
+
+}  // namespace flowrun

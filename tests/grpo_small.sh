@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# graphs/grpo.graph and graphs/rloo.graph with small settings, and the reward_function's edges:
+#  - both jobs run end to end (SFT, then the critic-free loop) and print the held-out lines;
+#  - a user's Python scorer (graphs/examples/gsm8k_reward.py) gives the built-in gsm8k rule's numbers;
+#  - a scorer that crashes, hangs or prints a word stops the run with the node, the sample and why;
+#    with on_error = "zero" the run goes on and counts them;
+#  - num_generations = 1 for GRPO, and GAE without a critic, are refused before anything runs.
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+python3 "$root/tools/make_addition_data.py" --out "$out/addition.jsonl" --digits 1 --count 100 > /dev/null
+data=(--set node.prompts.data="$out/addition.jsonl" --set node.prompts.iterations=2 --set node.prompts.eval_prompts=16
+      --set node.prompts.per_device_generation_batch_size=4 --set node.reward.format_score=0.25
+      --set node.generator.temperature=0.5)
+fail() { echo "grpo_small: $*"; exit 1; }
+# The jobs after the first start from its SFT model (a copy of the graph whose sft node is a
+# model_source), so SFT runs once.
+from_sft() {  # from_sft GRAPH: $out/GRAPH with [node.sft] reading $out/sft.bin
+  python3 - "$root/graphs/$1" "$out/$1" "$out/sft.bin" <<'PY'
+import re, sys
+src, dst, model = sys.argv[1:]
+text = open(src).read()
+text = re.sub(r"\[node\.sft\]\n(?:(?!\[).*\n)*", f'[node.sft]\nkind = "model_source"\nmodel = "{model}"\n\n', text)
+open(dst, "w").write(text)
+PY
+}
+run() {  # run NAME GRAPH ARGS...: the job's stdout in $out/NAME.log, stderr in $out/NAME.err
+  local name=$1 graph=$2; shift 2
+  "$flowrun" "$graph" --no-progress "${data[@]}" "$@" > "$out/$name.log" 2> "$out/$name.err"
+}
+results() { grep -E "iter [0-9]+ reward|held-out (before|after)" "$out/$1.log" | sed 's/ gen [0-9]* tok.*//'; }
+
+run grpo "$root/graphs/grpo.graph" --set node.sft.data="$out/addition.jsonl" --set node.sft.steps=120 \
+  --set node.sft.learning_rate=3e-3 \
+  --set node.sft.output="$out/sft.bin" || { tail -20 "$out/grpo.err"; fail "grpo.graph failed"; }
+cat "$out/grpo.log"
+for want in "step 1 sft\] held-out loss" "held-out before: mean reward" "iter 1 reward" "held-out mean reward"; do
+  grep -q "$want" "$out/grpo.log" || fail "missing in grpo.graph's output: $want"
+done
+grep -q "critic_loss" "$out/grpo.log" && fail "a critic-free run printed a critic loss"
+from_sft grpo.graph
+from_sft rloo.graph
+g=$out/grpo.graph
+
+run rloo "$out/rloo.graph" || { tail -20 "$out/rloo.err"; fail "rloo.graph failed"; }
+grep -q "held-out mean reward" "$out/rloo.log" || fail "rloo.graph printed no held-out result"
+
+# the same job scored by a Python function: the same rewards, so the same numbers (format_score
+# 0.25 makes the rewards of a barely trained model non-zero)
+run base "$g" || { tail -20 "$out/base.err"; fail "the job from the SFT model failed"; }
+run py "$g" --set node.reward.reward=command \
+  --set node.reward.command="python3 $root/graphs/examples/gsm8k_reward.py --format_score 0.25" ||
+  { tail -20 "$out/py.err"; fail "the Python scorer's run failed"; }
+results base | grep -q "reward 0.[0-9]*[1-9]" || fail "the rewards are all 0: the comparison would prove nothing"
+[ "$(results base)" = "$(results py)" ] || { diff <(results base) <(results py); fail "the Python scorer gave other numbers"; }
+
+# a scorer that crashes: the run stops, naming the node, the sample and the exit status
+if run crash "$g" --set node.reward.reward=command --set node.reward.command="python3 -c 'import sys; sys.exit(3)'"; then
+  fail "a crashing scorer did not stop the run"
+fi
+grep -q "node 'reward'.*sample 0.*exited with status 3" "$out/crash.err" || { tail -5 "$out/crash.err"; fail "the crash error does not name node, sample and status"; }
+# one that prints a word, and one that hangs
+if run word "$g" --set node.reward.reward=command --set node.reward.command="yes hello"; then fail "a word was taken as a reward"; fi
+grep -q 'answered "hello", which is not a number' "$out/word.err" || { tail -5 "$out/word.err"; fail "no clear error for a word"; }
+if run hang "$g" --set node.reward.reward=command --set node.reward.command="sleep 60" --set node.reward.timeout_s=0.5; then
+  fail "a hanging scorer did not stop the run"
+fi
+grep -q "gave no answer within 0.5 s" "$out/hang.err" || { tail -5 "$out/hang.err"; fail "no clear error for a timeout"; }
+# on_error = "zero": the run completes and says how many samples scored 0
+run zero "$g" --set node.reward.reward=command --set node.reward.command="yes hello" \
+  --set node.reward.on_error=zero || { tail -5 "$out/zero.err"; fail "on_error = zero did not go on"; }
+grep -q "sample(s) scored 0 after an error" "$out/zero.log" || fail "on_error = zero did not count the samples"
+
+# refused before running: GRPO with groups of one, GAE without a critic
+if run one "$g" --set node.generator.num_generations=1; then fail "num_generations = 1 was accepted for GRPO"; fi
+grep -q "num_generations = 1 per prompt: a group of one has no baseline" "$out/one.err" || { cat "$out/one.err"; fail "no reason given for num_generations = 1"; }
+if run gae "$g" --set node.experience.advantage_estimator=gae; then fail "GAE without a critic was accepted"; fi
+grep -q "needs the critic's values" "$out/gae.err" || { cat "$out/gae.err"; fail "no reason given for GAE without a critic"; }
+echo "grpo_small: ok"

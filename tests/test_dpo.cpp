@@ -121,7 +121,7 @@ TEST_CASE("dpo data: a pair whose chosen equals its rejected after tokenization 
   CHECK(rep.identical == 1);
   CHECK(rep.kept == 2);
   CHECK(rep.input == 3);
-  CHECK(rep.summary().find("1 pairs identical after truncation (skipped: chosen = rejected)") != std::string::npos);
+  CHECK(rep.summary().find("1 pairs identical after tokenization (skipped: chosen = rejected)") != std::string::npos);
   CHECK(dpo[1].chosen == kept_all[2].chosen);
   // the prompt length: BOS + the prompt's tokens, the answer starting right after
   std::vector<int32_t> p = {tok->bos_id()};

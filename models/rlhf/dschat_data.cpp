@@ -441,7 +441,7 @@ std::string process_report::summary() const {
   if (filtered) os << ", " << filtered << " filtered (prompt longer than max_prompt_seq_len)";
   os << ", " << truncated << " truncated";
   if (identical)
-    os << ", " << identical << " pairs identical after truncation"
+    os << ", " << identical << " pairs identical after tokenization"
        << (identical_skipped ? " (skipped: chosen = rejected)" : "");
   os << "; length mean " << mean_len << ", max " << max_len;
   return os.str();

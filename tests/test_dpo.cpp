@@ -328,4 +328,14 @@ TEST_CASE("dpo training: a few updates on 8 HH-RLHF pairs raise their preference
   CHECK(after.accuracy >= 0.75);
   CHECK(after.chosen_reward > after.rejected_reward);
   CHECK(losses.back() < losses[0]);
+  // DS-Chat's masking gives the sigmoid loss the same z: the tokens it adds or drops (the prompt, a
+  // shared answer start) have equal log-probs in chosen and rejected under a causal model
+  dpo_settings ds = s;
+  ds.mask_before_divergence = true;
+  const auto after_ds = dpo_eval(policy, reference, {b}, ds);
+  const double margin = after.chosen_reward - after.rejected_reward;  // mean β z
+  CHECK(std::fabs((after_ds.chosen_reward - after_ds.rejected_reward) - margin) < 1e-4 * std::fabs(margin));
+  CHECK(std::fabs(after_ds.loss - after.loss) < 1e-3 * after.loss);
+  CHECK(after_ds.accuracy == after.accuracy);
+  CHECK(std::fabs(after_ds.chosen_reward - after.chosen_reward) > 1e-3);  // the per-side rewards do differ
 }

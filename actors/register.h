@@ -23,7 +23,7 @@ namespace flowrun::actors {
 void register_example_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
 /// Registers every kind this program can run (today: the example kinds).
-/// DS-Chat's three steps (actors/dschat_trainers.cpp, actors/ppo_nodes.cpp): sft_trainer, rm_trainer, prompt_loader,
+/// DS-Chat's three steps (actors/dschat_trainers.cpp, actors/ppo_nodes.cpp): sft_trainer, rm_trainer, dpo_trainer, prompt_loader,
 /// ppo_controller, rollout_generator, reference_model, reward_model, critic, policy, experience_maker.
 void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
@@ -31,8 +31,10 @@ void register_rlhf_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
 /// (actors/rlhf_codecs.cpp): "tick", "prompt_batch" (integer tensors only), "stats", "summary".
 /// Called by register_rlhf_nodes.
 void register_rlhf_codecs();
-/// DS-Chat's steps 1-2 (actors/dschat_trainers.cpp) and step 3 (actors/ppo_nodes.cpp).
+/// DS-Chat's steps 1-2 (actors/dschat_trainers.cpp; with the DPO step, actors/dpo_trainer.cpp)
+/// and step 3 (actors/ppo_nodes.cpp).
 void register_dschat_trainers(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
+void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 void register_ppo_nodes(graph::node_kind_registry& kinds, actor::node_factory_registry& factories);
 
 /// Registers pretraining with ZeRO (actors/zero_nodes.cpp): lm_batches, zero_rank.

@@ -443,7 +443,9 @@ std::string process_report::summary() const {
   os << kept << " of " << input << " examples";
   if (filtered) os << ", " << filtered << " filtered (prompt longer than max_prompt_seq_len)";
   os << ", " << truncated << " truncated";
-  if (identical) os << ", " << identical << " pairs identical after truncation";
+  if (identical)
+    os << ", " << identical << " pairs identical after tokenization"
+       << (identical_skipped ? " (skipped: chosen = rejected)" : "");
   os << "; length mean " << mean_len << ", max " << max_len;
   return os.str();
 }
@@ -574,15 +576,21 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
     rm_example e;
     e.chosen = std::move(c.ids);
     e.rejected = std::move(j.ids);
+    e.chosen_prompt_len = c.prompt_len;
+    e.rejected_prompt_len = j.prompt_len;
     e.truncated = cut;
+    if (e.chosen == e.rejected) {
+      ++rep.identical;
+      if (cfg.skip_identical) continue;
+    }
     rep.truncated += e.truncated;
-    rep.identical += e.chosen == e.rejected;
     rep.max_len = std::max<int64_t>({rep.max_len, static_cast<int64_t>(e.chosen.size()),
                                      static_cast<int64_t>(e.rejected.size())});
     sum += static_cast<double>(e.chosen.size() + e.rejected.size()) / 2.0;
     out.push_back(std::move(e));
   }
   rep.kept = static_cast<int64_t>(out.size());
+  rep.identical_skipped = cfg.skip_identical;
   rep.mean_len = out.empty() ? 0 : sum / static_cast<double>(out.size());
   if (report) *report = rep;
   return out;
@@ -668,11 +676,13 @@ rm_batch_data rm_batch(const std::vector<rm_example>& examples, const std::vecto
   b.B = static_cast<int64_t>(indices.size());
   b.T = batch_width("rm_batch", longest, pad_to);
   const int64_t B = b.B, T = b.T;
-  std::vector<int32_t> cid(B * T, pad_id), rid(B * T, pad_id), cm(B * T, 0), rm(B * T, 0), cl(B), rl(B);
+  std::vector<int32_t> cid(B * T, pad_id), rid(B * T, pad_id), cm(B * T, 0), rm(B * T, 0), cl(B), rl(B), cp(B), rp(B);
   for (int64_t r = 0; r < B; ++r) {
     const auto& e = examples[static_cast<size_t>(indices[static_cast<size_t>(r)])];
     cl[r] = i32(static_cast<int64_t>(e.chosen.size()));
     rl[r] = i32(static_cast<int64_t>(e.rejected.size()));
+    cp[r] = i32(e.chosen_prompt_len);
+    rp[r] = i32(e.rejected_prompt_len);
     for (size_t t = 0; t < e.chosen.size(); ++t) {
       cid[r * T + static_cast<int64_t>(t)] = e.chosen[t];
       cm[r * T + static_cast<int64_t>(t)] = 1;
@@ -688,6 +698,8 @@ rm_batch_data rm_batch(const std::vector<rm_example>& examples, const std::vecto
   b.rejected_mask = tensor::from_ints({B, T}, rm);
   b.chosen_len = tensor::from_ints({B}, cl);
   b.rejected_len = tensor::from_ints({B}, rl);
+  b.chosen_prompt_len = tensor::from_ints({B}, cp);
+  b.rejected_prompt_len = tensor::from_ints({B}, rp);
   return b;
 }
 

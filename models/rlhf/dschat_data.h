@@ -196,6 +196,10 @@ struct tokenize_settings {
   /// input_ids where attention_mask, PromptDataset.__getitem__), so the default is off.
   bool mask_prompt = false;
   prompt_overflow overflow = prompt_overflow::drop;
+  /// Step 2 pairs whose chosen and rejected ids are equal (after truncation) are left out
+  /// (and counted in process_report::identical). The DPO step sets it: such a pair has no
+  /// preference to learn (its DPO margin is 0 whatever the model). The reward model keeps them.
+  bool skip_identical = false;
 };
 
 /// What tokenizing a list of rows did.
@@ -204,7 +208,8 @@ struct process_report {
   int64_t kept = 0;       ///< examples made
   int64_t truncated = 0;  ///< examples cut at max_seq_len (EOS kept) / prompts cut (keep_end)
   int64_t filtered = 0;   ///< step 3 prompts dropped for length (prompt_overflow::drop)
-  int64_t identical = 0;  ///< step 2 pairs whose chosen and rejected ids are equal after truncation
+  int64_t identical = 0;  ///< step 2 pairs whose chosen and rejected ids are equal (after truncation)
+  bool identical_skipped = false;  ///< those pairs were left out (tokenize_settings::skip_identical)
   int64_t max_len = 0;    ///< longest kept sequence (tokens)
   double mean_len = 0;    ///< mean kept sequence length (for step 2: over chosen and rejected)
   std::string summary() const;
@@ -222,8 +227,11 @@ struct sft_example {
 };
 
 /// A step 2 example: BOS + prompt + answer + EOS for each answer (each cut to max_seq_len, EOS last).
+/// The first *_prompt_len ids of each are prompt tokens, as sft_example::prompt_len (the DPO
+/// step's loss covers the answer tokens only).
 struct rm_example {
   std::vector<int32_t> chosen, rejected;
+  int64_t chosen_prompt_len = 0, rejected_prompt_len = 0;
   bool truncated = false;
 };
 
@@ -243,7 +251,8 @@ bool truncate_keep_eos(std::vector<int32_t>& ids, int64_t max_len, bool keep_eos
 /// max_seq_len < 2 (BOS and EOS).
 std::vector<sft_example> make_sft_examples(const std::vector<sample>& rows, const tokenizer& tok,
                                            const tokenize_settings& cfg, process_report* report = nullptr);
-/// Step 2 examples (train_phase 2). Rows without a rejected answer throw
+/// Step 2 examples (train_phase 2); with cfg.skip_identical, pairs whose ids are equal are left out.
+/// Rows without a rejected answer throw
 /// std::invalid_argument naming the row index (load them as prompt_chosen_rejected or hh_rlhf_raw).
 std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const tokenizer& tok,
                                          const tokenize_settings& cfg, process_report* report = nullptr);
@@ -280,6 +289,7 @@ struct rm_batch_data {
   tensor chosen_ids, rejected_ids;    ///< (B, T) i32
   tensor chosen_mask, rejected_mask;  ///< (B, T) i32
   tensor chosen_len, rejected_len;    ///< (B) i32
+  tensor chosen_prompt_len, rejected_prompt_len;  ///< (B) i32: rm_example's prompt lengths
 };
 
 /// Step 2 batch of examples[indices] (T: as sft_batch over both answers).

@@ -17,6 +17,8 @@ void check_accumulation(const dschat_settings& s) {
     throw std::invalid_argument("dschat: gradient_accumulation_steps must be >= 1");
 }
 
+}  // namespace
+
 void check_global_batch(zero_engine& e, size_t n, const char* what) {
   const int64_t want = e.settings().gradient_accumulation_steps * e.comm().world_size();
   if (static_cast<int64_t>(n) != want)
@@ -26,8 +28,6 @@ void check_global_batch(zero_engine& e, size_t n, const char* what) {
                                 std::to_string(want / e.settings().gradient_accumulation_steps) + " = " +
                                 std::to_string(want));
 }
-
-}  // namespace
 
 dschat_settings rm_defaults() {
   dschat_settings s;
@@ -139,21 +139,6 @@ step_result sft_update(zero_engine& engine, const std::vector<sft_batch_data>& m
   check_global_batch(engine, micro.size(), "sft_update");
   return engine.train_step(sft_loss(micro), lr);
 }
-
-namespace {
-// Evaluation mode for a scope (no LoRA dropout), as torch's model.eval() in DS-Chat's evaluation.
-class eval_mode {
- public:
-  explicit eval_mode(decoder& m) : m_(m), was_(m.training()) { m_.set_training(false); }
-  ~eval_mode() { m_.set_training(was_); }
-  eval_mode(const eval_mode&) = delete;
-  eval_mode& operator=(const eval_mode&) = delete;
-
- private:
-  decoder& m_;
-  bool was_;
-};
-}  // namespace
 
 sft_eval_result sft_eval(decoder& model, const std::vector<sft_batch_data>& batches) {
   sft_eval_result r;

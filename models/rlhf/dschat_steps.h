@@ -118,6 +118,23 @@ zero_settings engine_settings(const decoder& model, const dschat_settings& s);
 /// (main.py num_update_steps_per_epoch).
 int64_t total_update_steps(int64_t n_train, const dschat_settings& s);
 
+/// Refuses a global batch of `n` micro-batches unless n = gradient_accumulation_steps · world
+/// size of `e`: std::invalid_argument naming `what` (the caller) and both numbers.
+void check_global_batch(zero_engine& e, size_t n, const char* what);
+
+/// Evaluation mode for a scope (no LoRA dropout), as torch's model.eval() in DS-Chat's evaluation.
+class eval_mode {
+ public:
+  explicit eval_mode(decoder& m) : m_(m), was_(m.training()) { m_.set_training(false); }
+  ~eval_mode() { m_.set_training(was_); }
+  eval_mode(const eval_mode&) = delete;
+  eval_mode& operator=(const eval_mode&) = delete;
+
+ private:
+  decoder& m_;
+  bool was_;
+};
+
 /// Step 1's loss on the global batch `micro` (gradient_accumulation_steps · world size
 /// micro-batches; micro-batch k = micro[k], rank r runs k = g·N + r): the next-token
 /// cross-entropy on each batch's targets (-100 on padding and, with mask_prompt, on the

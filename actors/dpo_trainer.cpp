@@ -1,0 +1,172 @@
+// DeepSpeed-Chat's DPO step as a node kind (docs/rlhf.md, "DPO"):
+//
+//   dpo_trainer   step 2 the DPO way (DeepSpeedExamples applications/DeepSpeed-Chat/training/
+//                 step2_dpo_finetuning/main.py): the policy, started from `model` (DS-Chat starts
+//                 from the SFT model), learns step 2's chosen/rejected pairs against a frozen copy of
+//                 itself (the reference); emits and saves the trained policy like sft_trainer.
+//
+// The skeleton (model, data split, engine, checkpoints, output) is the other DS-Chat trainers'
+// (actors/dschat_trainer.h); the loss is models/rlhf/dpo.h.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "actors/dschat_trainer.h"
+#include "models/rlhf/dpo.h"
+
+namespace flowrun::actors {
+
+namespace {
+
+class dpo_trainer final : public dschat_trainer {
+ public:
+  dpo_trainer() : dschat_trainer("[step 2 dpo]", false) {}
+
+ private:
+  void prepare_data(actor::node_context& ctx) override {
+    s_.loss.beta = ctx.spec().get_float("beta");
+    s_.loss.label_smoothing = ctx.spec().get_float("label_smoothing");
+    try {
+      s_.loss.loss_type = rlhf::parse_dpo_loss_type(ctx.spec().get_string("loss_type"));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("node '" + ctx.name() + "': " + e.what());
+    }
+    if (s_.loss.loss_type == rlhf::dpo_loss_type::ipo && s_.loss.label_smoothing != 0)
+      throw std::invalid_argument("node '" + ctx.name() + "': label_smoothing applies to loss_type \"sigmoid\" only; "
+                                  "set it to 0 for \"ipo\"");
+    s_.mask_before_divergence = ctx.spec().get_bool("mask_before_divergence");
+    auto rows = load_step_rows(ctx, 1, d_);  // DS-Chat's DPO reads step 2's share (train_phase = 2)
+    dschat::tokenize_settings ts;
+    ts.max_seq_len = d_.max_seq_len;
+    ts.truncation = truncation_of(ctx);
+    ts.skip_identical = true;  // no preference to learn: the DPO margin of such a pair is 0 whatever the model
+    dschat::process_report rep;
+    train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    ctx.print(fmt::format("[step 2 dpo] train pairs: {}", rep.summary()));
+    if (train_.empty()) {
+      const bool cut_end = ts.truncation == dschat::truncation_mode::end;
+      throw std::invalid_argument(fmt::format(
+          "node '{}': every one of the {} training pairs of {} has chosen equal to rejected after tokenization "
+          "(max_seq_len {}, truncation \"{}\"): nothing to prefer. Give pairs whose answers differ{}",
+          ctx.name(), rep.input, ctx.spec().get_string("data"), d_.max_seq_len, ctx.spec().get_string("truncation"),
+          cut_end ? ", raise max_seq_len, or set truncation = \"prompt_start\" so that long prompts do not cut the "
+                    "answers away"
+                  : " (or raise max_seq_len when the answers differ only past it)"));
+    }
+    order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
+    order_.check(ctx.name(), "per_device_train_batch_size");
+    dschat::process_report erep;
+    auto eval = dschat::make_rm_examples(rows.eval, *tok_, ts, &erep);
+    if (erep.identical) ctx.print(fmt::format("[step 2 dpo] held-out pairs: {}", erep.summary()));
+    for (auto& b : dschat::epoch_batches(static_cast<int64_t>(eval.size()), d_.per_device_train_batch_size, 0, 0, false))
+      eval_.push_back(dschat::rm_batch(eval, b));
+  }
+
+  void model_loaded(actor::node_context& ctx) override {
+    if (model_->has_value_head())
+      throw std::invalid_argument("node '" + ctx.name() + "': " + ctx.spec().get_string("model") +
+                                  " has a value head (a reward model); DPO trains a language model: give the SFT "
+                                  "model (sft_trainer's output)");
+    reference_ = copy_model(*model_);  // frozen: DS-Chat's ref_model, the starting weights
+    reference_->set_training(false);
+  }
+
+  void plan_memory(memory_plan& p) const override {
+    p.micro_batch = 2 * d_.per_device_train_batch_size;  // chosen and rejected rows, one forward
+    p.dout = memory_plan::loss_grad::dlogits;            // gather_log_probs_backward's (2B, T, V)
+  }
+
+  void update(actor::node_context& ctx, int64_t step) override {
+    std::vector<dschat::rm_batch_data> micro;
+    int64_t tokens = 0;
+    for (int64_t g = 0; g < d_.gradient_accumulation_steps; ++g) {
+      micro.push_back(dschat::rm_batch(train_, order_.next(ctx.name())));
+      tokens += 2 * micro.back().B * micro.back().T;
+    }
+    const auto r = dschat::dpo_update(*engine_.engine, *reference_, micro, s_, engine_.next_lr(d_));
+    ctx.signal("loss", r.loss);
+    ctx.signal("accuracy", r.accuracy);
+    ctx.metric("tokens", tokens);
+    acc_sum_ += r.accuracy;
+    loss_sum_ += r.loss;
+    ++acc_n_;
+    if (prints(ctx, step)) {
+      ctx.print(fmt::format("[step 2 dpo] step {}/{} loss {:.4f} acc {:.3f} rewards chosen {:.3f} rejected {:.3f} "
+                            "lr {:.2e}",
+                            step, steps_, loss_sum_ / acc_n_, acc_sum_ / acc_n_, r.chosen_reward, r.rejected_reward,
+                            r.lr));
+      acc_sum_ = loss_sum_ = 0;
+      acc_n_ = 0;
+    }
+  }
+
+  std::string evaluate(actor::node_context&, bool before, double seconds) override {
+    const auto e = dschat::dpo_eval(*model_, *reference_, eval_, s_);
+    const std::string line = fmt::format(
+        "preference accuracy {:.3f} ± {:.3f}, log-prob accuracy {:.3f} ± {:.3f}, DPO loss {:.4f} over {} pairs",
+        e.accuracy, e.accuracy_stderr, e.logp_accuracy, e.logp_accuracy_stderr, e.loss, e.pairs);
+    if (before) {
+      before_ = e;
+      return fmt::format("[step 2 dpo] {} train / {} held-out pairs; held-out {} before (policy = reference: every "
+                         "margin is 0)",
+                         train_.size(), e.pairs, line);
+    }
+    return fmt::format("[step 2 dpo] held-out {} after; rewards chosen {:.3f} rejected {:.3f}; log-prob accuracy "
+                       "{:.3f} -> {:.3f}, loss {:.4f} -> {:.4f}; {:.1f} s",
+                       line, e.chosen_reward, e.rejected_reward, before_.logp_accuracy, e.logp_accuracy, before_.loss,
+                       e.loss, seconds);
+  }
+
+  nlohmann::json state() const override {
+    return {{"acc_sum", acc_sum_}, {"loss_sum", loss_sum_}, {"acc_n", acc_n_},  // since the last print
+            {"before_logp_accuracy", before_.logp_accuracy}, {"before_loss", before_.loss}};
+  }
+  void set_state(const nlohmann::json& j) override {
+    acc_sum_ = j.value("acc_sum", 0.0);
+    loss_sum_ = j.value("loss_sum", 0.0);
+    acc_n_ = j.value("acc_n", int64_t{0});
+    before_.logp_accuracy = j.value("before_logp_accuracy", 0.0);
+    before_.loss = j.value("before_loss", 0.0);
+  }
+  batch_cycle& order() override { return order_; }
+
+  dschat::dpo_settings s_;
+  std::shared_ptr<decoder> reference_;
+  double acc_sum_ = 0, loss_sum_ = 0;
+  int64_t acc_n_ = 0;
+  dschat::dpo_eval_result before_;
+  std::vector<dschat::rm_example> train_;
+  std::vector<dschat::rm_batch_data> eval_;
+  batch_cycle order_;
+};
+
+}  // namespace
+
+void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
+  using T = graph::setting_type;
+  graph::node_kind k{"dpo_trainer",
+                     "DS-Chat step 2 by DPO: the policy learns chosen over rejected against a frozen reference "
+                     "(step2_dpo_finetuning)"};
+  add_trainer_settings(k, 1e-3, 100);  // DS-Chat's DPO main.py: learning_rate 1e-3 (as its step 1)
+  k.output("model", "model", "the DPO-trained policy, when training ends")
+      .option("beta", T::float_, 0.1,
+              "β of the DPO loss: the strength of the implicit KL to the reference (DS-Chat's and TRL's default 0.1)")
+      .above(0)
+      .option("label_smoothing", T::float_, 0.0,
+              "conservative DPO: the share of preferences assumed flipped, in [0, 0.5) (DS-Chat's --label_smoothing; "
+              "sigmoid only)")
+      .in_range(0, 0.5, false, /*high_open=*/true)
+      .option("loss_type", T::string, std::string("sigmoid"),
+              "sigmoid: −log σ(β z) (DPO, DS-Chat); ipo: (z − 1/(2β))² over per-token mean log-probs (IPO, TRL)")
+      .option("mask_before_divergence", T::bool_, false,
+              "count the tokens from the first one where chosen and rejected differ (DS-Chat's masking); default "
+              "false: the answer tokens, the prompt masked out (TRL's DPOTrainer)")
+      .option("output", T::output, std::string(""),
+              "also save the policy here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
+              "tokenizer)");
+  actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new dpo_trainer); });
+}
+
+}  // namespace flowrun::actors

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# graphs/dpo.graph with small settings, from stories260K itself (the graph's own start is
+# sft.graph's output): the data summary, the held-out lines before and after print, and the
+# trained policy is written and reloads; a SIGKILL after a checkpoint resumes to the same lines
+# and the same model (the reference stays the starting model); a dataset of identical pairs is refused.
+set -euo pipefail
+bg=
+trap '[ -z "$bg" ] || kill -9 $bg 2>/dev/null || true' EXIT  # never leave a run behind
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+"$flowrun" "$root/graphs/dpo.graph" --no-progress --set node.dpo.model=model/stories260K/stories260K.bin \
+  --set node.dpo.steps=4 --set node.dpo.print_every=2 --set node.dpo.output="$out/dpo.bin" \
+  --set node.dpo.verify_output=true > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
+cat "$out/log"
+for want in "step 2 dpo\] train pairs: 738 of 738 examples" \
+            "step 2 dpo\] 738 train / 184 held-out pairs; held-out preference accuracy 0.000 ± 0.000, log-prob accuracy" \
+            "step 2 dpo\] step 4/4 loss" "step 2 dpo\] held-out preference accuracy .* after" \
+            "step 2 dpo\] saved .*dpo.bin as a llama2.c file; reloaded: max |output difference| 0"; do
+  grep -q "$want" "$out/log" || { echo "missing in the output: $want"; exit 1; }
+done
+test -s "$out/dpo.bin" || { echo "no model written at $out/dpo.bin"; exit 1; }
+# SIGKILL after the checkpoint of update 4 of 8, then the same command: updates 5-8 and the model as uninterrupted
+small=(--no-progress --set node.dpo.model=model/stories260K/stories260K.bin --set node.dpo.steps=8
+       --set node.dpo.print_every=1 --set graph.checkpoint_dir="$out/ck" --set node.dpo.save_checkpoint_steps=4)
+"$flowrun" "$root/graphs/dpo.graph" "${small[@]}" --set node.dpo.save_checkpoint_steps=0 \
+  --set node.dpo.output="$out/ref.bin" > "$out/ref.log" 2> "$out/ref.err" || { tail -5 "$out/ref.err"; exit 1; }
+"$flowrun" "$root/graphs/dpo.graph" "${small[@]}" --set node.dpo.output="$out/res.bin" > "$out/a.log" 2> "$out/a.err" &
+bg=$!
+until grep -q "checkpoint at update 4" "$out/a.log" 2>/dev/null; do
+  kill -0 $bg 2>/dev/null || { echo "the run ended before its checkpoint"; tail -5 "$out/a.err"; exit 1; }
+  sleep 0.05
+done
+kill -9 $bg && wait $bg 2>/dev/null || true
+bg=
+test ! -e "$out/res.bin" || { echo "the killed run had already finished"; exit 1; }
+"$flowrun" "$root/graphs/dpo.graph" "${small[@]}" --set node.dpo.output="$out/res.bin" > "$out/b.log" 2> "$out/b.err" ||
+  { tail -5 "$out/b.err"; exit 1; }
+grep -q "resumed at update 4 of 8" "$out/b.log" || { echo "no resume line"; cat "$out/b.log"; exit 1; }
+strip() { grep -E "step [5-8]/8|held-out .* after" "$1" | sed -E 's/; [0-9.]+ s$//'; }
+[ "$(strip "$out/b.log" | wc -l)" -eq 5 ] || { echo "the resumed run did not print updates 5-8 and its result"; exit 1; }
+diff <(strip "$out/ref.log") <(strip "$out/b.log") || { echo "the resumed lines differ"; exit 1; }
+cmp "$out/ref.bin" "$out/res.bin" || { echo "the resumed model differs"; exit 1; }
+# bad input: pairs whose chosen equals rejected are skipped; when every pair is, the run stops naming the file
+for i in $(seq 1 40); do
+  echo "{\"prompt\": \"\\n\\nHuman: question $i\\n\\nAssistant:\", \"chosen\": \" answer $i\", \"rejected\": \" answer $i\"}"
+done > "$out/same.jsonl"
+if "$flowrun" "$root/graphs/dpo.graph" --no-progress --set node.dpo.model=model/stories260K/stories260K.bin \
+     --set node.dpo.data="$out/same.jsonl" --set node.dpo.output="$out/none.bin" > "$out/log2" 2> "$out/err2"; then
+  echo "a dataset whose pairs are all identical was accepted"; exit 1
+fi
+grep -q "identical after tokenization (skipped: chosen = rejected)" "$out/log2" || { echo "no skip count:"; cat "$out/log2"; exit 1; }
+grep -q "every one of the .* training pairs of .*same.jsonl has chosen equal to rejected" "$out/err2" ||
+  { echo "the error does not name the file:"; tail -5 "$out/err2"; exit 1; }
+echo "dpo_small: ok"

@@ -4,6 +4,7 @@
 #  - a user's Python scorer (graphs/examples/gsm8k_reward.py) gives the built-in gsm8k rule's numbers;
 #  - a scorer that crashes, hangs or prints a word stops the run with the node, the sample and why;
 #    with on_error = "zero" the run goes on and counts them;
+#  - REINFORCE++ runs, and GRPO with the policy on 2 ZeRO-3 ranks;
 #  - num_generations = 1 for GRPO, and GAE without a critic, are refused before anything runs.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -53,6 +54,15 @@ run py "$g" --set node.reward.reward=command \
   { tail -20 "$out/py.err"; fail "the Python scorer's run failed"; }
 results base | grep -q "reward 0.[0-9]*[1-9]" || fail "the rewards are all 0: the comparison would prove nothing"
 [ "$(results base)" = "$(results py)" ] || { diff <(results base) <(results py); fail "the Python scorer gave other numbers"; }
+
+# REINFORCE++ (the KL penalty inside the reward, batch-whitened returns) on the same job
+run rpp "$g" --set node.experience.advantage_estimator=reinforce_plus_plus --set node.experience.kl_ctl=0.05 ||
+  { tail -20 "$out/rpp.err"; fail "REINFORCE++ failed"; }
+grep -q "iter 1 reward" "$out/rpp.log" || fail "REINFORCE++ printed no iteration"
+# the policy on 2 ranks at ZeRO-3: DAPO's filter leaves rows that not every rank gets, the ranks stay in step
+run ranks "$g" --set node.policy.replicas=2 --set node.policy.actor_zero_stage=3 ||
+  { tail -20 "$out/ranks.err"; fail "the policy on 2 ZeRO-3 ranks failed"; }
+grep -q "actor_loss" "$out/ranks.log" || fail "the 2-rank policy never trained"
 
 # a scorer that crashes: the run stops, naming the node, the sample and the exit status
 if run crash "$g" --set node.reward.reward=command --set node.reward.command="python3 -c 'import sys; sys.exit(3)'"; then

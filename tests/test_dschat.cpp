@@ -23,6 +23,7 @@
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/train/lr_schedule.h"
+#include "runtime/util/assets.h"
 #include "models/train/zero.h"
 #include "models/tokenizer.h"
 #include "test_ranks.h"
@@ -204,6 +205,24 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
   CHECK(sft_only.report.format == data_format::prompt_chosen);
   auto tok = load_tokenizer(test::tokenizer_path());
   CHECK(error_of([&] { make_rm_examples(sft_only.rows, *tok, {}); }).find("no rejected answer") != std::string::npos);
+}
+
+TEST_CASE("GSM8K's {question, answer} rows load as prompt/chosen, the reference answer of rule rewards (real data)") {
+  const auto src = load_source(flowrun::asset_path("data/gsm8k/test.jsonl").string());
+  CHECK(src.report.format == data_format::question_answer);
+  REQUIRE(src.rows.size() == 1319);  // the test split, every row usable
+  CHECK(src.rows[0].prompt.rfind("Janet", 0) == 0);
+  CHECK(src.rows[0].chosen.size() > 7);
+  CHECK(src.rows[0].chosen.substr(src.rows[0].chosen.size() - 7) == "#### 18");
+  // the prompt loader keeps each row's chosen beside its tokens, for the reward_function
+  auto tok = load_tokenizer(test::tokenizer_path());
+  tokenize_settings ts;
+  ts.max_prompt_seq_len = 64;
+  ts.overflow = prompt_overflow::keep_end;
+  const auto pe = make_prompt_examples({src.rows[0], src.rows[1]}, *tok, ts);
+  REQUIRE(pe.size() == 2);
+  CHECK(pe[0].reference == src.rows[0].chosen);
+  CHECK(pe[1].reference == src.rows[1].chosen);
 }
 
 TEST_CASE("data_split: DS-Chat's boundaries, disjoint steps that cover the data, deterministic shuffles") {

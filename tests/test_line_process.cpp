@@ -11,10 +11,10 @@ using namespace std::chrono_literals;
 
 TEST_CASE("line_process: one answer per line, in order, from a long-lived child") {
   line_process p("while read l; do echo \"got $l\"; done");
-  for (int i = 0; i < 3; ++i) {
-    const auto a = p.ask("x" + std::to_string(i), 5000ms);
+  for (const char* x : {"x0", "x1", "x2"}) {
+    const auto a = p.ask(x, 5000ms);
     REQUIRE(a.line);
-    CHECK(*a.line == "got x" + std::to_string(i));
+    CHECK(*a.line == std::string("got ") + x);
   }
   p.stop();
 }

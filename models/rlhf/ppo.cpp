@@ -246,31 +246,19 @@ micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k) {
 
 namespace {
 
-// The units of the actor's and the critic's token-mean losses: micro-batch k's answer tokens
-// (attention_mask columns start+1 .. S-1 of its rows), 0 for an empty micro-batch.
-std::function<int64_t(int64_t)> answer_units(const experience& e, int64_t M) {
-  return [e, M](int64_t k) {
-    const auto m = micro_slice_of(e.seq.size(0), M, k);
-    if (m.empty) return int64_t{0};
-    const int64_t S = e.seq.size(1);
-    int64_t n = 0;
-    for (int64_t r = m.a; r < m.b; ++r)
-      for (int64_t t = e.start() + 1; t < S; ++t) n += e.attention_mask.data<int32_t>()[r * S + t] != 0;
-    return n;
-  };
-}
-
-// The units of the seq-mean losses: micro-batch k's rows with at least one answer token.
-std::function<int64_t(int64_t)> answer_rows(const experience& e, int64_t M) {
-  return [e, M](int64_t k) {
+// The units of micro-batch k of the actor's and the critic's losses: its answer tokens
+// (attention_mask columns start+1 .. S-1 of its rows) for token means, or with `rows` its rows
+// with at least one answer token (the seq-mean modes); 0 for an empty micro-batch.
+std::function<int64_t(int64_t)> answer_units(const experience& e, int64_t M, bool rows = false) {
+  return [e, M, rows](int64_t k) {
     const auto m = micro_slice_of(e.seq.size(0), M, k);
     if (m.empty) return int64_t{0};
     const int64_t S = e.seq.size(1);
     int64_t n = 0;
     for (int64_t r = m.a; r < m.b; ++r) {
-      bool any = false;
-      for (int64_t t = e.start() + 1; t < S && !any; ++t) any = e.attention_mask.data<int32_t>()[r * S + t] != 0;
-      n += any;
+      int64_t tokens = 0;
+      for (int64_t t = e.start() + 1; t < S; ++t) tokens += e.attention_mask.data<int32_t>()[r * S + t] != 0;
+      n += rows ? (tokens > 0) : tokens;
     }
     return n;
   };
@@ -284,7 +272,7 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
   if (p.use_kl_loss && !e.ref_logprobs.defined())
     throw std::invalid_argument("actor_batch_loss: use_kl_loss needs the reference log-probs");
   batch_loss l;
-  l.units = p.loss_agg_mode == rlhf::loss_agg_mode::token_mean ? answer_units(e, M) : answer_rows(e, M);
+  l.units = answer_units(e, M, /*rows=*/p.loss_agg_mode != rlhf::loss_agg_mode::token_mean);
   l.forward = [e, advantages, cliprange, p, B, M](int64_t k, decoder& actor, activations& a) {
     const auto m = micro_slice_of(B, M, k);
     const experience sub = slice_rows(e, m.a, m.b);

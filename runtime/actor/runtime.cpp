@@ -374,11 +374,15 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     std::vector<std::string> lost;
     if (cluster) {
       cluster->publish_live();
-      if (console_live) console_live->set_cluster(cluster->view());
       spdlog::info("[{}] cluster: {}", spec.name, cluster->status());
       std::string traffic = cluster->end();
       if (options.summary) spdlog::info("[{}] {}", spec.name, traffic);
-      for (const auto& n : cluster->view().nodes)
+      // The console's last view is the one the run's outcome is read from, taken after end():
+      // a node whose loss was noticed while the run stopped (its replica's failure can end the
+      // job before the liveness monitor marks the node) is shown lost, not connected.
+      const cluster_view last = cluster->view();
+      if (console_live) console_live->set_cluster(last);
+      for (const auto& n : last.nodes)
         if (n.state == "lost") lost.push_back(n.name);
     }
     result.exit_code = j.state->exit_code();

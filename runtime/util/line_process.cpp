@@ -101,6 +101,21 @@ std::string line_process::stderr_tail() const {
   return s;
 }
 
+bool line_process::reaped(answer& a, int tries) {
+  for (int i = 0; i < tries && pid_ > 0; ++i) {
+    int st;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      kill_child();
+      a.error = status_text(st);
+      a.stderr_tail = stderr_tail();
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 line_process::answer line_process::ask(const std::string& line, std::chrono::milliseconds timeout) {
   answer a;
   if (pid_ < 0)
@@ -125,18 +140,7 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
     const ssize_t n = ::send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      // wait a moment for the exit status of a child that closed its input
-      for (int i = 0; i < 50 && pid_ > 0; ++i) {
-        int st;
-        if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-          pid_ = -1;
-          kill_child();
-          a.error = status_text(st);
-          a.stderr_tail = stderr_tail();
-          return a;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      if (reaped(a, 50)) return a;  // a child that closed its input: its exit status
       return fail(std::string("stopped reading its input (") + std::strerror(errno) + ")");
     }
     sent += static_cast<size_t>(n);
@@ -167,18 +171,7 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    // end of file: the child closed its output, most likely by exiting
-    for (int i = 0; i < 100 && pid_ > 0; ++i) {
-      int st;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        pid_ = -1;
-        kill_child();
-        a.error = status_text(st);
-        a.stderr_tail = stderr_tail();
-        return a;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    if (reaped(a, 100)) return a;  // end of file: the child closed its output, most likely by exiting
     return fail("closed its output without answering");
   }
 }

@@ -46,6 +46,8 @@ class line_process {
  private:
   std::string start();  // "" or why it could not start
   void kill_child();
+  // Waits up to tries x 10 ms for the child to exit; when it did, `a` gets its status and stderr.
+  bool reaped(answer& a, int tries);
   std::string stderr_tail() const;
 
   std::string command_;

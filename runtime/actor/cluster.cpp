@@ -524,7 +524,7 @@ cluster_view planned_cluster_view(const graph::graph_spec& spec, bool tls) {
       const std::string where = v.clustered ? graph::placement_of(n, r) : std::string(graph::main_process_name);
       for (auto& pn : v.nodes)
         if (pn.name == where) {
-          pn.replicas.push_back(n.name + (n.replicas > 1 ? "[" + std::to_string(r) + "]" : ""));
+          pn.replicas.push_back(n.replicas > 1 ? fmt::format("{}[{}]", n.name, r) : n.name);
           if (pn.state == "unused") pn.state = "connecting";
         }
     }
@@ -570,7 +570,9 @@ struct beat_table {
 // Messages: watch(coordinator, sessions, process indices, heartbeat_ms,
 // lost_after_ms) starts the counter polls; beat(i, seq, uptime_ms, counters)
 // from session i; lost(i, why) from the liveness monitor; down_msg from a
-// session; cend ends the loop.
+// session; cend ends the loop once every session that was not lost has gone down (its
+// "closed" line logged), or after 2 s: a remote session's down message can come after the
+// local cend, and a clean run must name every session closed.
 void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::promise<caf::actor> ready) {
   caf::scoped_actor self{sys, true};
   ready.set_value(caf::actor_cast<caf::actor>(self.ptr()));
@@ -578,8 +580,17 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
   std::vector<caf::actor> sessions;
   std::vector<std::uint32_t> process;  // placement index of each session
   std::int64_t heartbeat_ms = 500, seq = 0;
-  bool watching = false, running = true;
-  clk::time_point next_tick = clk::now();
+  bool watching = false, running = true, ending = false;
+  std::vector<bool> down;  // per session: its down message came
+  clk::time_point next_tick = clk::now(), end_by;
+  // After cend: done when every session is down or lost, or at end_by.
+  auto settled = [&] {
+    if (clk::now() >= end_by) return true;
+    std::lock_guard<std::mutex> lock(table->mutex);
+    for (std::size_t i = 0; i < sessions.size(); ++i)
+      if (!down[i] && !(i < table->lost.size() && table->lost[i])) return false;
+    return true;
+  };
   auto lose = [&](std::size_t i, const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(table->mutex);
@@ -605,9 +616,10 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
       tick();
       next_tick = clk::now() + std::chrono::milliseconds(heartbeat_ms);
     }
-    const auto wait = watching ? std::max<std::int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                               next_tick - clk::now()).count())
-                               : std::int64_t{200};
+    const auto wait = ending     ? std::int64_t{20}
+                      : watching ? std::max<std::int64_t>(1, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                 next_tick - clk::now()).count())
+                                 : std::int64_t{200};
     self->receive(
         [&](watch_atom, caf::actor c, const std::vector<caf::actor>& s, const std::vector<char>& process_bytes,
             std::int64_t hb, std::int64_t lost_after) {
@@ -618,6 +630,7 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           (void)lost_after;  // the liveness monitor judges silence
           watching = true;
           next_tick = clk::now();
+          down.assign(sessions.size(), false);
           for (auto& x : sessions) self->monitor(x);
         },
         [&](lost_atom, std::uint32_t i, const std::string& why) {  // the liveness monitor's verdict
@@ -644,7 +657,7 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           }
           for (std::size_t i = 0; i < sessions.size(); ++i)
             if (sessions[i].address() != dm.source) continue;
-            else if (closing && !dm.reason)  // end() asked it to finish and it quit normally: not a loss
+            else if (down[i] = true; closing && !dm.reason)  // end() asked it to finish and it quit normally: not a loss
               spdlog::info("session with cluster node '{}' ({}) closed", table->names[i], table->addresses[i]);
             else
               lose(i, dm.reason == caf::exit_reason::user_shutdown
@@ -655,7 +668,12 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
                                             : std::string("its session ended on its own (the node stopped its part: "
                                                           "it had lost contact with this process)"));
         },
-        [&](cend_atom) { running = false; }, caf::after(std::chrono::milliseconds(wait)) >> [] {});
+        [&](cend_atom) {
+          ending = true;
+          end_by = clk::now() + std::chrono::seconds(2);
+        },
+        caf::after(std::chrono::milliseconds(wait)) >> [] {});
+    if (ending && settled()) running = false;
   }
 }
 

@@ -5,6 +5,7 @@
 #  - a scorer that crashes, hangs or prints a word stops the run with the node, the sample and why;
 #    with on_error = "zero" the run goes on and counts them;
 #  - REINFORCE++ runs, and GRPO with the policy on 2 ZeRO-3 ranks;
+#  - a critic-free run resumes from its step-3 checkpoint with the uninterrupted run's lines;
 #  - num_generations = 1 for GRPO, and GAE without a critic, are refused before anything runs.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -63,6 +64,24 @@ grep -q "iter 1 reward" "$out/rpp.log" || fail "REINFORCE++ printed no iteration
 run ranks "$g" --set node.policy.replicas=2 --set node.policy.actor_zero_stage=3 ||
   { tail -20 "$out/ranks.err"; fail "the policy on 2 ZeRO-3 ranks failed"; }
 grep -q "actor_loss" "$out/ranks.log" || fail "the 2-rank policy never trained"
+
+# step-3 checkpoints without a critic: a run that committed iterations 2 and 4, cut back to its
+# commit of iteration 2, resumes there and prints the uninterrupted run's lines from iteration 2 on
+ck=(--set node.prompts.iterations=4 --set node.controller.save_checkpoint_steps=2 --set node.experience.filter_groups=false)
+run ck_a "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_a" || { tail -20 "$out/ck_a.err"; fail "the checkpointing run failed"; }
+grep -q "checkpoint after iteration 3" "$out/ck_a.log" || fail "no checkpoint was committed at iteration 4"
+cp -r "$out/ck_a" "$out/ck_b"
+python3 - "$out/ck_b/step3.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["committed"] = [p for p in c["committed"] if p["iteration"] == 2]
+assert c["committed"], "no commit of iteration 2"
+json.dump(c, open(sys.argv[1], "w"))
+PY
+run ck_b "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_b" || { tail -20 "$out/ck_b.err"; fail "the resumed run failed"; }
+grep -q "resuming after iteration 2" "$out/ck_b.log" || fail "the run did not resume after iteration 2"
+from2() { results "$1" | grep -v "held-out before" | awk '{ if ($4 == "iter" && $5 + 0 < 2) next; print }'; }
+diff <(from2 ck_a) <(from2 ck_b) || fail "the resumed run's lines differ from the uninterrupted run's"
 
 # a scorer that crashes: the run stops, naming the node, the sample and the exit status
 if run crash "$g" --set node.reward.reward=command --set node.reward.command="python3 -c 'import sys; sys.exit(3)'"; then

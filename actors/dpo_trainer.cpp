@@ -43,7 +43,11 @@ class dpo_trainer final : public dschat_trainer {
     ts.truncation = truncation_of(ctx);
     ts.skip_identical = true;  // no preference to learn: the DPO margin of such a pair is 0 whatever the model
     dschat::process_report rep;
-    train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    try {
+      train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    } catch (const std::invalid_argument& e) {  // name the file: the rows are its step share
+      throw std::invalid_argument(ctx.spec().get_string("data") + " (this step's training rows): " + e.what());
+    }
     ctx.print(fmt::format("[step 2 dpo] train pairs: {}", rep.summary()));
     if (train_.empty()) {
       const bool cut_end = ts.truncation == dschat::truncation_mode::end;
@@ -150,6 +154,8 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
                      "DS-Chat step 2 by DPO: the policy learns chosen over rejected against a frozen reference "
                      "(step2_dpo_finetuning)"};
   add_trainer_settings(k, 1e-3, 100);  // DS-Chat's DPO main.py: learning_rate 1e-3 (as its step 1)
+  for (auto& d : k.settings)  // DPO learns from pairs: {prompt, chosen} rows cannot feed it
+    if (d.name == "data") d.doc = "DS-Chat JSONL pairs: {prompt, chosen, rejected}, or raw HH-RLHF {chosen, rejected}";
   k.output("model", "model", "the DPO-trained policy, when training ends")
       .option("beta", T::float_, 0.1,
               "β of the DPO loss: the strength of the implicit KL to the reference (DS-Chat's and TRL's default 0.1)")
@@ -166,6 +172,22 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
       .option("output", T::output, std::string(""),
               "also save the policy here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
               "tokenizer)");
+  // the string settings and their combinations, refused when the graph is checked (before any model loads)
+  k.check = [](const graph::node_spec& n, const graph::graph_spec&) -> std::vector<graph::node_kind::problem> {
+    std::vector<graph::node_kind::problem> problems;
+    rlhf::dpo_loss_type type;
+    try {
+      type = rlhf::parse_dpo_loss_type(n.get_string("loss_type"));
+    } catch (const std::invalid_argument& e) {
+      return {{"loss_type", e.what(), "use sigmoid (DPO) or ipo"}};
+    }
+    if (type == rlhf::dpo_loss_type::ipo && n.get_float("label_smoothing") > 0)
+      problems.push_back({"label_smoothing",
+                          fmt::format("label_smoothing = {} applies to the sigmoid loss only, and loss_type = \"ipo\"",
+                                      n.get_float("label_smoothing")),
+                          "set label_smoothing = 0 with ipo, or loss_type = \"sigmoid\""});
+    return problems;
+  };
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new dpo_trainer); });
 }
 

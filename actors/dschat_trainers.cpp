@@ -167,7 +167,11 @@ class rm_trainer final : public dschat_trainer {
     ts.max_seq_len = d_.max_seq_len;
     ts.truncation = truncation_of(ctx);
     dschat::process_report rep;
-    train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    try {
+      train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);
+    } catch (const std::invalid_argument& e) {  // name the file: the rows are its step share
+      throw std::invalid_argument(ctx.spec().get_string("data") + " (this step's training rows): " + e.what());
+    }
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
     order_.check(ctx.name(), "per_device_train_batch_size");
     ctx.log().info("{}", rep.summary());

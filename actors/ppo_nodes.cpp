@@ -772,7 +772,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         const double c = n.get_float("clip_ratio_c");
         if (c != 0 && c <= 1)
           problems.push_back({"clip_ratio_c", fmt::format("clip_ratio_c = {} must be above 1 (a bound on -A x ratio "
-                                                          "for A < 0 that is below the unclipped loss)", c),
+                                                          "for A < 0 that is below the unclipped loss), or 0 (off)", c),
                               "use 3 (veRL's default), or 0 to turn the dual clip off"});
       }
       const int64_t mb = n.get_int("per_device_training_batch_size"), gas = n.get_int("gradient_accumulation_steps");

@@ -67,6 +67,7 @@ class reward_function final : public actor::node {
                                                            overlong_cache_);
         out.value.data<float>()[b] = static_cast<float>(v);
       }
+      if (proc_ && !ctx.stop_requested()) check_in_step(ctx, *r, out.value);
       ctx.metric("samples", B);
     }
     ctx.emit("scored", actor::payload::make("scores", std::move(out)));
@@ -92,35 +93,69 @@ class reward_function final : public actor::node {
     }
     if (reward_ == "format") return rlhf::final_answer_format(completion);
     // the user's command: one JSON line out, one number back
+    if (ctx.stop_requested()) return 0.0;  // the run is stopping: nothing scored now is used
     const nlohmann::json q = {{"prompt", prompt}, {"completion", completion}, {"reference", reference},
                               {"iteration", r.iteration}, {"row", row}};
-    const auto a = proc_->ask(q.dump(), timeout_);
+    const auto a = proc_->ask(q.dump(), timeout_, [&ctx] { return ctx.stop_requested(); });
+    if (!a.line && ctx.stop_requested()) return 0.0;
     std::string why;
     double v = 0;
     if (!a.line) {
-      why = "the command " + a.error + (a.stderr_tail.empty() ? "" : "; its stderr ends:\n" + a.stderr_tail);
+      why = "the command " + a.error;
+      if (a.error.find("gave no answer") != std::string::npos)
+        why += " (a command must answer each line as it arrives, on one line, and flush its output: Python's "
+               "print flushes here, PYTHONUNBUFFERED is set; awk needs fflush(), sed -u)";
+      if (!a.stderr_tail.empty()) why += "; its stderr ends:\n" + a.stderr_tail;
     } else {
       try {
         const auto j = nlohmann::json::parse(*a.line);
         const auto& num = j.is_object() && j.contains("reward") ? j.at("reward") : j;
         if (!num.is_number()) throw std::invalid_argument("not a number");
         v = num.get<double>();
-        if (!std::isfinite(v)) throw std::invalid_argument("not finite");
-        return v;
+        if (!std::isfinite(v) || !std::isfinite(static_cast<float>(v))) {
+          why = "the command answered " + a.line->substr(0, 200) +
+                ", which is not finite as a 32-bit float (rewards are f32: at most about 3.4e38 in magnitude)";
+        } else {
+          return v;
+        }
       } catch (const std::exception&) {
         why = "the command answered \"" + a.line->substr(0, 200) +
               "\", which is not a number (expected a JSON number, or {\"reward\": number}, on one line)";
       }
     }
+    const std::string when = r.iteration == -1   ? std::string("held-out pass before training")
+                             : r.iteration == -2 ? std::string("held-out pass after training")
+                                                 : fmt::format("iteration {}", r.iteration);
     const std::string where =
-        fmt::format("node '{}' (reward_function, command `{}`), iteration {}, sample {} (completion \"{}\"): {}",
-                    ctx.name(), proc_->command(), r.iteration, row, completion.substr(0, 80), why);
+        fmt::format("node '{}' (reward_function, command `{}`), {}, sample {} (completion \"{}\"): {}", ctx.name(),
+                    proc_->command(), when, row, completion.substr(0, 80), why);
     if (on_error_ == "stop")
       throw std::runtime_error(where + "\n(on_error = \"zero\" scores such samples 0 and goes on)");
     ++errors_;
     ctx.log().warn("{}; scored 0 (on_error = \"zero\")", where);
     ctx.metric("errors");
     return 0.0;
+  }
+
+  // A command that wrote more lines than it was asked answered out of step: its last extra line
+  // shows only after the batch's last question (ask() catches the earlier ones). The batch's
+  // rewards are not used: the run stops, or with on_error = "zero" they are all 0.
+  void check_in_step(actor::node_context& ctx, const rollout_msg& r, tensor& rewards) {
+    const auto extra = proc_->extra_output(std::chrono::milliseconds(20));
+    if (!extra) return;
+    const std::string where = fmt::format(
+        "node '{}' (reward_function, command `{}`), {}: the command wrote \"{}\" after the batch's last answer: "
+        "it answers more than one line per question, so its answers were out of step with the samples",
+        ctx.name(), proc_->command(),
+        r.iteration == -1 ? std::string("held-out pass before training")
+                          : r.iteration == -2 ? std::string("held-out pass after training")
+                                              : fmt::format("iteration {}", r.iteration),
+        *extra);
+    if (on_error_ == "stop") throw std::runtime_error(where + "\n(on_error = \"zero\" scores such a batch 0 and goes on)");
+    errors_ += rewards.numel();
+    ctx.log().warn("{}; the batch's {} samples scored 0 (on_error = \"zero\")", where, rewards.numel());
+    ctx.metric("errors", rewards.numel());
+    for (int64_t i = 0; i < rewards.numel(); ++i) rewards.data<float>()[i] = 0.0f;
   }
 
   std::unique_ptr<tokenizer> tok_;
@@ -156,13 +191,15 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
       .at_least(0)
       .option("command", T::string, std::string(""),
               "reward = command: a shell command that reads one JSON object per line on stdin ({\"prompt\", "
-              "\"completion\", \"reference\", \"iteration\", \"row\"}) and prints one number per line; it runs "
-              "under /bin/sh -c in flowrun's working directory, with PYTHONUNBUFFERED=1")
+              "\"completion\", \"reference\", \"iteration\" (-1: the held-out pass before training, -2: after), "
+              "\"row\"}) and answers each with one line, a number or {\"reward\": number}, flushed as it is "
+              "asked; it runs under /bin/sh -c in flowrun's working directory, with PYTHONUNBUFFERED=1, in a "
+              "process group of its own (killed whole on a timeout)")
       .option("timeout_s", T::float_, 10.0, "the longest wait for one answer of the command").above(0)
       .option("on_error", T::string, std::string("stop"),
-              "when the command crashes, times out or answers something that is not a number: stop (the run "
-              "fails with the node, the sample and the command's stderr) or zero (the sample scores 0, a "
-              "warning is logged, the command is restarted)");
+              "when the command crashes, times out, answers something that is not a finite number, or answers "
+              "more lines than it was asked: stop (the run fails with the node, the sample and the command's "
+              "stderr) or zero (the sample scores 0, a warning is logged, the command is restarted)");
   k.check = [](const graph::node_spec& n, const graph::graph_spec&) {
     std::vector<graph::node_kind::problem> problems;
     const auto& r = n.get_string("reward");
@@ -174,8 +211,15 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
     const auto& e = n.get_string("on_error");
     if (e != "stop" && e != "zero")
       problems.push_back({"on_error", "on_error = \"" + e + "\" is not a policy here", "use stop or zero"});
-    if (n.get_int("overlong_cache_length") > n.get_int("overlong_max_length"))
-      problems.push_back({"overlong_cache_length", "the ramp is longer than overlong_max_length",
+    const int64_t cache = n.get_int("overlong_cache_length"), max = n.get_int("overlong_max_length");
+    if (cache > 0 && max == 0)
+      problems.push_back({"overlong_cache_length",
+                          fmt::format("overlong_cache_length = {} has no effect: the overlong penalty is off "
+                                      "(overlong_max_length = 0)", cache),
+                          "set overlong_max_length to the answer length where the penalty reaches -1"});
+    else if (cache > max)
+      problems.push_back({"overlong_cache_length",
+                          fmt::format("overlong_cache_length = {} is longer than overlong_max_length = {}", cache, max),
                           "make overlong_cache_length at most overlong_max_length"});
     return problems;
   };

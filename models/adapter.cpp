@@ -1,5 +1,8 @@
 #include "models/adapter.h"
 
+#include <cmath>
+#include <cstdint>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -105,9 +108,22 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
                                "', only LORA adapters are supported");
     if (j.value("bias", "none") != "none")
       throw std::runtime_error(cfg_path.string() + ": bias '" + j.value("bias", "") + "' is not supported (use \"none\")");
-    lc.lora_r = j.at("r");
-    lc.lora_alpha = j.at("lora_alpha");
-    lc.lora_dropout = j.value("lora_dropout", 0.0f);
+    // numbers checked before conversion: a float too large for an integer is undefined behaviour in C++
+    const auto& r = j.at("r");
+    if (!r.is_number_integer() || r.get<std::int64_t>() < 1 || r.get<std::int64_t>() > (1 << 20))
+      throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (r is " + r.dump() +
+                               ", not a LoRA rank: an integer in 1..1048576)");
+    lc.lora_r = r.get<std::int64_t>();
+    const auto& alpha = j.at("lora_alpha");
+    if (!alpha.is_number() || !std::isfinite(alpha.get<double>()) || std::fabs(alpha.get<double>()) > 1e30)
+      throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (lora_alpha is " + alpha.dump() +
+                               ", not a finite number)");
+    lc.lora_alpha = static_cast<float>(alpha.get<double>());
+    const double dropout = j.value("lora_dropout", 0.0);
+    if (!(dropout >= 0 && dropout < 1))
+      throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (lora_dropout is " +
+                               std::to_string(dropout) + ", not a probability in [0, 1))");
+    lc.lora_dropout = static_cast<float>(dropout);
     if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
     else lc.target_modules = j.at("target_modules").get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {

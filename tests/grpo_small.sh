@@ -2,7 +2,8 @@
 # graphs/grpo.graph and graphs/rloo.graph with small settings, and the reward_function's edges:
 #  - both jobs run end to end (SFT, then the critic-free loop) and print the held-out lines;
 #  - a user's Python scorer (graphs/examples/gsm8k_reward.py) gives the built-in gsm8k rule's numbers;
-#  - a scorer that crashes, hangs or prints a word stops the run with the node, the sample and why;
+#  - a scorer that crashes, hangs, prints a word or answers two lines per question stops the run with
+#    the node, the sample and why;
 #    with on_error = "zero" the run goes on and counts them;
 #  - REINFORCE++ runs, and GRPO with the policy on 2 ZeRO-3 ranks;
 #  - a critic-free run resumes from its step-3 checkpoint with the uninterrupted run's lines;
@@ -89,12 +90,17 @@ if run crash "$g" --set node.reward.reward=command --set node.reward.command="py
 fi
 grep -q "node 'reward'.*sample 0.*exited with status 3" "$out/crash.err" || { tail -5 "$out/crash.err"; fail "the crash error does not name node, sample and status"; }
 # one that prints a word, and one that hangs
-if run word "$g" --set node.reward.reward=command --set node.reward.command="yes hello"; then fail "a word was taken as a reward"; fi
+if run word "$g" --set node.reward.reward=command --set node.reward.command="sed -u s/.*/hello/"; then fail "a word was taken as a reward"; fi
 grep -q 'answered "hello", which is not a number' "$out/word.err" || { tail -5 "$out/word.err"; fail "no clear error for a word"; }
 if run hang "$g" --set node.reward.reward=command --set node.reward.command="sleep 60" --set node.reward.timeout_s=0.5; then
   fail "a hanging scorer did not stop the run"
 fi
 grep -q "gave no answer within 0.5 s" "$out/hang.err" || { tail -5 "$out/hang.err"; fail "no clear error for a timeout"; }
+# one that answers two lines per question: never a shifted reward, the run stops saying so
+if run shift "$g" --set node.reward.reward=command --set node.reward.command="sed -u 's/.*/1\n2/'"; then
+  fail "a scorer answering two lines per question was taken"
+fi
+grep -q "out of step\|more than one line\|after its previous answer" "$out/shift.err" || { tail -5 "$out/shift.err"; fail "no clear error for extra lines"; }
 # on_error = "zero": the run completes and says how many samples scored 0
 run zero "$g" --set node.reward.reward=command --set node.reward.command="yes hello" \
   --set node.reward.on_error=zero || { tail -5 "$out/zero.err"; fail "on_error = zero did not go on"; }

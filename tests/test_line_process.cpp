@@ -3,6 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <unistd.h>
 
 #include "runtime/util/line_process.h"
 
@@ -40,4 +46,65 @@ TEST_CASE("line_process: a child that exits, hangs or writes to stderr is an err
   CHECK(!a.line);
   CHECK(a.error.find("exited with status 127") != std::string::npos);  // the shell's "not found"
   CHECK(a.stderr_tail.find("nonexistent") != std::string::npos);
+}
+
+TEST_CASE("line_process: more than one line per question is an error, never a shifted answer") {
+  // The extra line may arrive with the answer (caught at once), before the next question (caught
+  // then), or just after it (taken as that answer, and the real one is caught at the question after):
+  // a shift is stopped within two questions, never carried on.
+  line_process two("while read l; do echo 1; echo 2; done");
+  line_process::answer a;
+  for (int i = 0; i < 3; ++i) {
+    a = two.ask("q", 5000ms);
+    if (!a.line) break;
+  }
+  if (a.line) {  // every extra line came just after the next question: the batch's end check finds the last
+    const auto extra = two.extra_output(1000ms);
+    REQUIRE(extra.has_value());
+    CHECK((*extra == "1" || *extra == "2"));
+  } else {
+    const bool named = a.error.find("answered more than one line") != std::string::npos ||
+                       a.error.find("after its previous answer, before being asked") != std::string::npos;
+    CHECK_MESSAGE(named, a.error);
+  }
+  // an honest scorer leaves nothing over
+  line_process one("while read l; do echo 1; done");
+  REQUIRE(one.ask("q", 5000ms).line);
+  CHECK(!one.extra_output(100ms).has_value());
+  // a stray line after the first answer, then the same answers: caught at the next question
+  line_process stray("read l; echo 0; sleep 0.2; echo 999; while read l; do echo 1; done");
+  a = stray.ask("q", 5000ms);
+  REQUIRE(a.line);
+  CHECK(*a.line == "0");
+  std::this_thread::sleep_for(500ms);
+  a = stray.ask("q", 5000ms);
+  CHECK(!a.line);
+  CHECK_MESSAGE(a.error.find("wrote \"999\" after its previous answer") != std::string::npos, a.error);
+}
+
+TEST_CASE("line_process: a timeout kills the whole process group, and a cancelled wait ends at once") {
+  // the shell starts a child that would outlive it: its pid goes to a file, then both hang
+  const std::string pidfile = "/tmp/flowrun_line_process_" + std::to_string(::getpid());
+  line_process p("read l; sleep 60 & echo $! > " + pidfile + "; wait");
+  const auto a = p.ask("q", 500ms);
+  CHECK(!a.line);
+  std::ifstream f(pidfile);
+  pid_t child = 0;
+  f >> child;
+  REQUIRE(child > 0);
+  bool gone = false;  // killed with the group (or reaped: kill(pid, 0) fails once it is gone)
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = ::kill(child, 0) != 0;
+    if (!gone) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(gone);
+  std::remove(pidfile.c_str());
+
+  line_process slow("read l; sleep 30; echo 1");
+  int asked = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto c = slow.ask("q", 30000ms, [&] { return ++asked > 3; });
+  CHECK(!c.line);
+  CHECK_MESSAGE(c.error.find("was cancelled") != std::string::npos, c.error);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
 }

@@ -228,3 +228,25 @@ TEST_CASE("PEFT adapter: a config that is not JSON, lacks a key or has a wrong t
                          doctest::Contains("adapter_config.json: not a PEFT LoRA adapter config"), std::runtime_error);
   }
 }
+
+TEST_CASE("PEFT adapter: a rank, alpha or dropout that is no usable number is refused naming the file and key") {
+  // tests/fuzz/fuzz_adapter found it: r = 4.4e86 was converted to an integer (undefined behaviour)
+  temp_dir tmp("bad_numbers");
+  fs::copy_file(k_adapter / "adapter_model.safetensors", tmp.path / "adapter_model.safetensors");
+  const std::pair<const char*, const char*> cases[] = {
+      {"\"r\": 444444444444444444444444444444444444444444444444444444444444444444444444444444444444444, \"lora_alpha\": 8",
+       "r is"},
+      {"\"r\": 4.5, \"lora_alpha\": 8", "r is"},
+      {"\"r\": 0, \"lora_alpha\": 8", "r is"},
+      {"\"r\": 4, \"lora_alpha\": 1e300", "lora_alpha is"},
+      {"\"r\": 4, \"lora_alpha\": 8, \"lora_dropout\": 1.5", "lora_dropout is"},
+  };
+  for (const auto& [keys, want] : cases) {
+    CAPTURE(keys);
+    std::ofstream(tmp.path / "adapter_config.json")
+        << "{\"peft_type\": \"LORA\", " << keys << ", \"target_modules\": [\"q_proj\"]}";
+    auto m = load_hf(k_base.string());
+    const std::string expected = std::string("adapter_config.json: not a PEFT LoRA adapter config (") + want;
+    CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains(expected.c_str()), std::runtime_error);
+  }
+}

@@ -557,8 +557,8 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     if (r.rejected.empty())
-      throw std::invalid_argument("make_rm_examples: row " + std::to_string(i) +
-                                  " has no rejected answer; step 2 needs {prompt, chosen, rejected} or raw HH-RLHF data");
+      throw std::invalid_argument("row " + std::to_string(i) +
+                                  " has no rejected answer: this is {prompt, chosen} data (for SFT); a reward model or DPO learns from pairs, {prompt, chosen, rejected} or raw HH-RLHF {chosen, rejected}");
     auto c = full_sequence(tok, r.prompt, r.chosen, cfg);
     auto j = full_sequence(tok, r.prompt, r.rejected, cfg);
     const int64_t excess =

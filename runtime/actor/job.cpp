@@ -319,6 +319,7 @@ class replica_actor final : public caf::event_based_actor {
     bool checkpoint_requested(std::int64_t step) override {
       return a_.plan_->live->checkpoint_due(a_.node_, a_.replica_, a_.checkpoint_seen_, step);
     }
+    bool stop_requested() const override { return a_.plan_->live->get_run_phase() == run_phase::stopping; }
 
    private:
     replica_actor& a_;

@@ -165,6 +165,10 @@ class node_context {
   /// barriers) stay in lock step. Polling also marks the node as able to
   /// checkpoint in the console.
   virtual bool checkpoint_requested(std::int64_t step = -1) { return false; }
+  /// True once the run is stopping without draining (a second SIGINT, a failure elsewhere):
+  /// a handler that waits on something outside the run (a child process, a long poll) should
+  /// give up, since nothing it produces will be used. Thread-safe.
+  virtual bool stop_requested() const { return false; }
 };
 
 /// The base class of every node implementation. All callbacks have empty

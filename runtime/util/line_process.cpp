@@ -1,6 +1,8 @@
 #include "runtime/util/line_process.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -63,8 +65,13 @@ std::string line_process::start() {
   envp.push_back(nullptr);
   std::string sh = "sh", dash_c = "-c", cmd = command_;
   char* argv[] = {sh.data(), dash_c.data(), cmd.data(), nullptr};
+  posix_spawnattr_t attr;  // a process group of its own: a kill reaches what the shell started
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, "/bin/sh", &fa, nullptr, argv, envp.data());
+  const int rc = ::posix_spawn(&pid, "/bin/sh", &fa, &attr, argv, envp.data());
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   ::close(sv[1]);
   if (rc != 0) {
@@ -73,6 +80,7 @@ std::string line_process::start() {
   }
   fd_ = sv[0];
   pid_ = pid;
+  pgid_ = pid;
   buffer_.clear();
   return "";
 }
@@ -80,12 +88,14 @@ std::string line_process::start() {
 void line_process::kill_child() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  if (pgid_ > 0) ::kill(-pgid_, SIGKILL);  // the group: the shell and whatever it started
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);
     int st;
     ::waitpid(pid_, &st, 0);
   }
   pid_ = -1;
+  pgid_ = -1;
 }
 
 std::string line_process::stderr_tail() const {
@@ -106,7 +116,7 @@ bool line_process::reaped(answer& a, int tries) {
     int st;
     if (::waitpid(pid_, &st, WNOHANG) == pid_) {
       pid_ = -1;
-      kill_child();
+      kill_child();  // what the shell left behind
       a.error = status_text(st);
       a.stderr_tail = stderr_tail();
       return true;
@@ -116,7 +126,8 @@ bool line_process::reaped(answer& a, int tries) {
   return false;
 }
 
-line_process::answer line_process::ask(const std::string& line, std::chrono::milliseconds timeout) {
+line_process::answer line_process::ask(const std::string& line, std::chrono::milliseconds timeout,
+                                       const std::function<bool()>& cancelled) {
   answer a;
   if (pid_ < 0)
     if (auto why = start(); !why.empty()) {
@@ -128,13 +139,28 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
     int st = 0;
     if (pid_ > 0 && ::waitpid(pid_, &st, WNOHANG) == pid_) {
       pid_ = -1;
-      why = status_text(st);
+      why += "; it " + status_text(st);
     }
     kill_child();
     a.error = std::move(why);
     a.stderr_tail = stderr_tail();
     return a;
   };
+  // output nobody asked for since the last answer: the answers would be out of step with the questions
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) break;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) break;
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+  if (!buffer_.empty()) {
+    std::string extra = buffer_.substr(0, std::min<size_t>(buffer_.size(), 80));
+    while (!extra.empty() && (extra.back() == '\n' || extra.back() == '\r')) extra.pop_back();
+    return fail("wrote \"" + extra + "\" after its previous answer, before being asked (one line per question: "
+                "an extra line would shift every later answer)");
+  }
   std::string out = line + "\n";
   for (size_t sent = 0; sent < out.size();) {
     const ssize_t n = ::send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
@@ -148,9 +174,16 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (const auto nl = buffer_.find('\n'); nl != std::string::npos) {
-      a.line = buffer_.substr(0, nl);
+      std::string got = buffer_.substr(0, nl);
       buffer_.erase(0, nl + 1);
-      if (!a.line->empty() && a.line->back() == '\r') a.line->pop_back();
+      if (!got.empty() && got.back() == '\r') got.pop_back();
+      if (!buffer_.empty()) {  // a second line with the first: out of step from here on
+        std::string extra = buffer_.substr(0, std::min<size_t>(buffer_.size(), 80));
+        while (!extra.empty() && (extra.back() == '\n' || extra.back() == '\r')) extra.pop_back();
+        return fail("answered more than one line (\"" + got + "\", then \"" + extra +
+                    "\"): one line per question");
+      }
+      a.line = std::move(got);
       return a;
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -160,8 +193,9 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
       why << "gave no answer within " << s << " s (killed)";
       return fail(why.str());
     }
+    if (cancelled && cancelled()) return fail("was cancelled (the run is stopping)");
     pollfd p{fd_, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), cancelled ? 100 : left.count())));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) continue;
     char buf[4096];
@@ -174,6 +208,28 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
     if (reaped(a, 100)) return a;  // end of file: the child closed its output, most likely by exiting
     return fail("closed its output without answering");
   }
+}
+
+std::optional<std::string> line_process::extra_output(std::chrono::milliseconds grace) {
+  if (pid_ < 0 && fd_ < 0) return std::nullopt;
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (buffer_.empty() && fd_ >= 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, left.count())));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n <= 0) break;  // end of file: nothing more was written
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+  if (buffer_.empty()) return std::nullopt;
+  std::string extra = buffer_.substr(0, std::min<size_t>(buffer_.size(), 80));
+  while (!extra.empty() && (extra.back() == '\n' || extra.back() == '\r')) extra.pop_back();
+  buffer_.clear();
+  kill_child();
+  return extra;
 }
 
 void line_process::stop() {

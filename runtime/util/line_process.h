@@ -7,12 +7,17 @@
 // standard error in a temporary file whose tail goes into error messages. PYTHONUNBUFFERED=1
 // is set, so a Python `print(...)` reaches us without an explicit flush.
 //
+// The child leads a process group of its own, and a kill ends the whole group (the shell and
+// what it started), so no scorer is left running.
+//
 // Errors are values: ask() returns the answer line or what went wrong (the child exited, with
-// its status; it did not answer in time; it could not be started), and the stderr tail. After
+// its status; it did not answer in time; it answered more than one line, or wrote a line
+// nobody asked for; it could not be started; the caller cancelled), and the stderr tail. After
 // an error the child is gone (killed if it was still running); the next ask() starts a new one.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -35,8 +40,17 @@ class line_process {
   };
 
   /// Sends `line` (a newline is appended; it must not contain one) and waits up to `timeout`
-  /// for one line back.
-  answer ask(const std::string& line, std::chrono::milliseconds timeout);
+  /// for one line back. `cancelled`, when given, is asked every 100 ms while waiting; when it
+  /// says true the child is killed and the answer is the error "was cancelled".
+  answer ask(const std::string& line, std::chrono::milliseconds timeout,
+             const std::function<bool()>& cancelled = {});
+
+  /// Output the child wrote that no question asked for, waiting up to `grace` for it to come;
+  /// nullopt when there is none. When there is, the child is killed (its answers are out of
+  /// step with the questions) and the next ask() starts a new one. Asking checks this without
+  /// waiting, so a stray line is caught at the next question or, for the last one of a batch,
+  /// by the caller's call here.
+  std::optional<std::string> extra_output(std::chrono::milliseconds grace);
 
   /// Closes the child's input and waits briefly for it to exit (then kills it).
   void stop();
@@ -53,6 +67,7 @@ class line_process {
   std::string command_;
   int fd_ = -1;       // our end of the socket pair
   pid_t pid_ = -1;
+  pid_t pgid_ = -1;  // the child's process group (its pid), killed whole
   std::string err_path_;
   std::string buffer_;  // bytes read past the last answer line
 };

@@ -27,6 +27,13 @@ namespace flowrun::actors {
 
 namespace {
 
+// The pass a rollout batch belongs to, for messages (prompt_msg: held-out batches are -1 and -2).
+std::string pass_name(int64_t iteration) {
+  if (iteration == -1) return "held-out pass before training";
+  if (iteration == -2) return "held-out pass after training";
+  return fmt::format("iteration {}", iteration);
+}
+
 /// Scores each rollout row: decodes its prompt and answer, then applies the rule (or asks the
 /// command) and adds the overlong penalty when it is on.
 class reward_function final : public actor::node {
@@ -123,12 +130,9 @@ class reward_function final : public actor::node {
               "\", which is not a number (expected a JSON number, or {\"reward\": number}, on one line)";
       }
     }
-    const std::string when = r.iteration == -1   ? std::string("held-out pass before training")
-                             : r.iteration == -2 ? std::string("held-out pass after training")
-                                                 : fmt::format("iteration {}", r.iteration);
     const std::string where =
         fmt::format("node '{}' (reward_function, command `{}`), {}, sample {} (completion \"{}\"): {}", ctx.name(),
-                    proc_->command(), when, row, completion.substr(0, 80), why);
+                    proc_->command(), pass_name(r.iteration), row, completion.substr(0, 80), why);
     if (on_error_ == "stop")
       throw std::runtime_error(where + "\n(on_error = \"zero\" scores such samples 0 and goes on)");
     ++errors_;
@@ -146,11 +150,7 @@ class reward_function final : public actor::node {
     const std::string where = fmt::format(
         "node '{}' (reward_function, command `{}`), {}: the command wrote \"{}\" after the batch's last answer: "
         "it answers more than one line per question, so its answers were out of step with the samples",
-        ctx.name(), proc_->command(),
-        r.iteration == -1 ? std::string("held-out pass before training")
-                          : r.iteration == -2 ? std::string("held-out pass after training")
-                                              : fmt::format("iteration {}", r.iteration),
-        *extra);
+        ctx.name(), proc_->command(), pass_name(r.iteration), *extra);
     if (on_error_ == "stop") throw std::runtime_error(where + "\n(on_error = \"zero\" scores such a batch 0 and goes on)");
     errors_ += rewards.numel();
     ctx.log().warn("{}; the batch's {} samples scored 0 (on_error = \"zero\")", where, rewards.numel());

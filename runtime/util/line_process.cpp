@@ -29,6 +29,13 @@ std::string status_text(int status) {
   return "stopped";
 }
 
+// The first 80 bytes of output the child was not asked for, without trailing line ends (for messages).
+std::string head_of(const std::string& out) {
+  std::string s = out.substr(0, std::min<size_t>(out.size(), 80));
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
 }  // namespace
 
 line_process::~line_process() {
@@ -156,9 +163,7 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
     buffer_.append(buf, static_cast<size_t>(n));
   }
   if (!buffer_.empty()) {
-    std::string extra = buffer_.substr(0, std::min<size_t>(buffer_.size(), 80));
-    while (!extra.empty() && (extra.back() == '\n' || extra.back() == '\r')) extra.pop_back();
-    return fail("wrote \"" + extra + "\" after its previous answer, before being asked (one line per question: "
+    return fail("wrote \"" + head_of(buffer_) + "\" after its previous answer, before being asked (one line per question: "
                 "an extra line would shift every later answer)");
   }
   std::string out = line + "\n";
@@ -178,9 +183,7 @@ line_process::answer line_process::ask(const std::string& line, std::chrono::mil
       buffer_.erase(0, nl + 1);
       if (!got.empty() && got.back() == '\r') got.pop_back();
       if (!buffer_.empty()) {  // a second line with the first: out of step from here on
-        std::string extra = buffer_.substr(0, std::min<size_t>(buffer_.size(), 80));
-        while (!extra.empty() && (extra.back() == '\n' || extra.back() == '\r')) extra.pop_back();
-        return fail("answered more than one line (\"" + got + "\", then \"" + extra +
+        return fail("answered more than one line (\"" + got + "\", then \"" + head_of(buffer_) +
                     "\"): one line per question");
       }
       a.line = std::move(got);
@@ -225,8 +228,7 @@ std::optional<std::string> line_process::extra_output(std::chrono::milliseconds 
     buffer_.append(buf, static_cast<size_t>(n));
   }
   if (buffer_.empty()) return std::nullopt;
-  std::string extra = buffer_.substr(0, std::min<size_t>(buffer_.size(), 80));
-  while (!extra.empty() && (extra.back() == '\n' || extra.back() == '\r')) extra.pop_back();
+  std::string extra = head_of(buffer_);
   buffer_.clear();
   kill_child();
   return extra;

@@ -1118,3 +1118,60 @@ TEST_CASE("teardown: a hung actor system ends with the run's error printed and i
   CHECK(text.find("did not shut down within 10 s") != std::string::npos);
   CHECK(text.find("cluster node 'w2' lost") < text.find("did not shut down"));
 }
+
+// The watchdog also names what CAF still holds: here a blocking (detached) replica of a finished job whose
+// handle is kept past the system, as CAF 0.17 kept one after a node loss (docs/reliability.md).
+TEST_CASE("teardown: the watchdog names the detached replica still held and its reference count") {
+  int out[2];
+  REQUIRE(::pipe(out) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(out[1], 2);
+    ::close(out[0]);
+    graph::node_kind_registry kinds;
+    node_factory_registry factories;
+    register_test_kinds(kinds, factories);
+    graph::node_kind blocking_collect = *kinds.lookup("collect");
+    blocking_collect.name = "blocking_collect";
+    blocking_collect.blocking = true;
+    register_node_kind(kinds, factories, blocking_collect, [] { return std::make_unique<collect_node>(); });
+    auto parsed = graph::parse_graph_string(R"(
+edges = ["src.out -> held.in"]
+[node.src]
+kind = "src"
+count = 3
+[node.held]
+kind = "blocking_collect"
+)");
+    graph::validate_options vo;
+    vo.check_files = false;
+    auto v = graph::validate(parsed.spec, kinds, vo);
+    if (!v.ok()) std::_Exit(98);
+    auto cfg = std::make_unique<caf::actor_system_config>();
+    auto sys = std::make_unique<caf::actor_system>(*cfg);
+    auto j = launch(*sys, v.spec, kinds, factories);
+    if (!j) std::_Exit(97);
+    while (!j->state->wait_for_ms(50)) {
+    }
+    new caf::actor(j->replicas[1][0]);  // the leak: one strong reference that outlives the system
+    *j = job{};
+    flowrun::actor::teardown_actor_system(std::move(sys), true, 5, "");
+    std::_Exit(99);  // not reached: the watchdog exits
+  }
+  ::close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  INFO(text);
+  CHECK(WEXITSTATUS(status) == 5);
+  CHECK(text.find("did not shut down within 10 s") != std::string::npos);
+  CHECK(text.find("still held: node 'held' (actor ") != std::string::npos);
+  CHECK(text.find("): 1 strong reference\n") != std::string::npos);
+  CHECK(text.find("node 'src'") == std::string::npos);  // not detached: never listed
+}

@@ -1625,6 +1625,36 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
 
 namespace flowrun::actor {
 
+namespace {
+// Weak handles (they keep only CAF's control block, never the actor) of the
+// detached replicas this process spawned, for held_detached_replicas().
+std::mutex g_detached_mutex;
+std::vector<std::pair<caf::actor_addr, std::string>> g_detached;
+
+caf::actor spawn_replica(caf::actor_system& sys, const std::shared_ptr<rt::job_plan>& plan, std::uint32_t n,
+                         std::uint32_t r) {
+  if (!plan->nodes[n].blocking) return sys.spawn<rt::replica_actor>(plan, n, r);
+  auto a = sys.spawn<rt::replica_actor, caf::detached>(plan, n, r);
+  std::lock_guard<std::mutex> lock(g_detached_mutex);
+  // forget the ones already destroyed (earlier attempts), so the list stays short
+  g_detached.erase(std::remove_if(g_detached.begin(), g_detached.end(),
+                                  [](const auto& x) { return x.first.get()->strong_refs.load() == 0; }),
+                   g_detached.end());
+  g_detached.emplace_back(a.address(), rt::replica_name(*plan, n, r) + " (actor " + std::to_string(a.id()) + ")");
+  return a;
+}
+}  // namespace
+
+std::vector<std::string> held_detached_replicas() {
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lock(g_detached_mutex);
+  for (const auto& [addr, name] : g_detached)
+    if (const auto refs = addr.get()->strong_refs.load(); refs > 0)
+      out.push_back(name + ": " + std::to_string(refs) + " strong reference" + (refs == 1 ? "" : "s"));
+  return out;
+}
+
+
 expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
                      const node_factory_registry& factories, const run_options& options) {
   auto planned = rt::make_plan(spec, kinds, factories, options);
@@ -1638,8 +1668,7 @@ expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, cons
     std::vector<caf::actor> row;
     for (std::uint32_t r = 0; r < plan->nodes[n].replicas; ++r) {
       const bool blocking = plan->nodes[n].blocking;
-      row.push_back(blocking ? sys.spawn<rt::replica_actor, caf::detached>(plan, n, r)
-                             : sys.spawn<rt::replica_actor>(plan, n, r));
+      row.push_back(spawn_replica(sys, plan, n, r));
       plan->live->event("spawn", plan->nodes[n].spec.name, r,
                         "spawned (kind " + plan->nodes[n].kind_name + ", actor " + std::to_string(row.back().id()) +
                             (blocking ? ", a thread of its own)" : ")"));
@@ -1706,8 +1735,7 @@ expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& s
         plan->live->replica(n, r).set_state(replica_state::remote, 0);
         continue;
       }
-      const bool blocking = plan->nodes[n].blocking;
-      auto a = blocking ? sys.spawn<rt::replica_actor, caf::detached>(plan, n, r) : sys.spawn<rt::replica_actor>(plan, n, r);
+      auto a = spawn_replica(sys, plan, n, r);
       plan->live->event("spawn", plan->nodes[n].spec.name, r,
                         "spawned on cluster node '" + where.processes[where.self] + "' (kind " +
                             plan->nodes[n].kind_name + ", actor " + std::to_string(a.id()) + ")");

@@ -136,6 +136,13 @@ void abort_part(job_part& part);
 /// Releases the part's handles (the table refers to actors in other processes).
 void release_part(job_part& part);
 
+/// This process's replicas spawned detached (blocking kinds) whose actor object
+/// still exists, as "node 'NAME' replica R (actor ID): N strong references".
+/// For the teardown watchdog (teardown.h): a detached actor's thread ends only
+/// once the last strong reference to it is gone, so these name what CAF still
+/// holds. Empty when every one was destroyed.
+std::vector<std::string> held_detached_replicas();
+
 /// Sends `interrupt_atom, signal` to the job's coordinator.
 void interrupt(const job& j, int signal);
 

@@ -1,6 +1,8 @@
 // The end of a run's actor system: why and how in teardown.h.
 #include "runtime/actor/teardown.h"
 
+#include "runtime/actor/job.h"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,9 @@ void teardown_actor_system(std::unique_ptr<caf::actor_system> sys, bool clustere
     spdlog::warn("the CAF actor system did not shut down within 10 s after the run ended (CAF 0.17 still holds an "
                  "actor of it); exiting with the run's exit code {}",
                  exit_code);
+    // What CAF still holds (the cause is not found: docs/reliability.md); empty when the
+    // held actor is not one of this process's detached replicas.
+    for (const auto& held : held_detached_replicas()) spdlog::warn("still held: {}", held);
     spdlog::default_logger()->flush();
     std::fflush(stdout);
     std::fflush(stderr);

@@ -23,7 +23,9 @@ namespace flowrun::actor {
 /// exit code. The run's error goes out first: the caller prints it only after
 /// this returns, and a run stopped by a lost node otherwise exited 1 without
 /// saying why (seen once in 20 cluster_rlhf_small runs under a CPU hog).
-/// Single-process runs have no watchdog.
+/// Single-process runs have no watchdog. When it fires it also names the detached
+/// replicas that still exist and their strong reference counts (held_detached_replicas),
+/// so that a hang says what CAF held.
 ///
 /// Destroys `sys`. clustered: under the watchdog above (10 s), whose way out
 /// prints `error` (when not empty) and ends the process with `exit_code`.

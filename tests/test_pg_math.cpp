@@ -241,6 +241,74 @@ TEST_CASE("clipped policy loss: ratio clip, dual clip for negative advantages, g
   // DeepSpeed-Chat values are in test_rlhf_math ("actor loss: ...").
 }
 
+// Decoupled PPO (AReaL, pg_math.h): the clipped loss times w = exp(old − behav), w > cap left out.
+TEST_CASE("decoupled PPO: behaviour importance weights by hand, the cap, gradient, and w = 1 on-policy") {
+  // Four tokens of one row; old (proximal) log-probs 0, so ratio = e^lp; behav = −ln w.
+  //  t0: ratio 1.5, A = 1:  l1 = −1.5, l2 = −1.2 -> −1.2 (clip, gradient 0); w = 2   -> −2.4
+  //  t1: ratio 0.5, A = −1: l1 = 0.5, l2 = 0.8  -> 0.8 (clip, gradient 0); dual 3 > 0.8; w = 0.5 -> 0.4
+  //  t2: ratio 1,   A = 2:  −2; w = 4 > cap 3 -> left out (0), still counted
+  //  t3: ratio 1.1, A = 1:  −1.1 (inside, gradient −1.1); w = 1.5 -> −1.65, gradient −1.65
+  // token-mean over 4: (−2.4 + 0.4 + 0 − 1.65) / 4 = −0.9125; gradient t3: −1.65 / 4 = −0.4125
+  auto lp = tensor::from_floats({1, 4}, {std::log(1.5f), std::log(0.5f), 0.0f, std::log(1.1f)});
+  auto old_lp = tensor::from_floats({1, 4}, {0, 0, 0, 0});
+  auto behav = tensor::from_floats({1, 4}, {-std::log(2.0f), -std::log(0.5f), -std::log(4.0f), -std::log(1.5f)});
+  auto adv = tensor::from_floats({1, 4}, {1, -1, 2, 1});
+  auto mask = tensor::from_ints({1, 4}, {1, 1, 1, 1});
+  policy_loss_config cfg;  // clip 0.2 / 0.2, clip_ratio_c 3
+  cfg.behav_imp_weight_cap = 3;
+  tensor d;
+  auto r = clipped_policy_loss(lp, old_lp, adv, mask, cfg, &d, &behav);
+  CHECK(r.loss == doctest::Approx(-0.9125).epsilon(1e-6));
+  CHECK(r.behav_capped_frac == doctest::Approx(0.25));
+  CHECK(r.behav_weight == doctest::Approx((2 + 0.5 + 0 + 1.5) / 4.0).epsilon(1e-6));
+  CHECK(floats(d)[0] == 0.0f);
+  CHECK(floats(d)[1] == 0.0f);
+  CHECK(floats(d)[2] == 0.0f);
+  CHECK(floats(d)[3] == doctest::Approx(-0.4125).epsilon(1e-5));
+  // no cap: t2 counts with w = 4: (−2.4 + 0.4 − 8 − 1.65) / 4 = −2.9125
+  cfg.behav_imp_weight_cap = 0;
+  r = clipped_policy_loss(lp, old_lp, adv, mask, cfg, &d, &behav);
+  CHECK(r.loss == doctest::Approx(-2.9125).epsilon(1e-6));
+  CHECK(floats(d)[2] == doctest::Approx(-4.0 * 2.0 / 4.0).epsilon(1e-5));  // −A · ratio · w / 4
+  CHECK_THROWS_WITH_AS(
+      [&] {
+        policy_loss_config bad;
+        bad.behav_imp_weight_cap = 0.9;
+        clipped_policy_loss(lp, old_lp, adv, mask, bad, nullptr, &behav);
+      }(),
+      doctest::Contains("behav_imp_weight_cap"), std::invalid_argument);
+  // On-policy (behav = old): exactly the plain loss and gradient, whatever the aggregation (S = 0 of
+  // max_staleness changes nothing).
+  std::mt19937 rng(5);
+  auto lp2 = random_floats({3, 5}, rng, -2.0f, -0.5f);
+  auto old2 = random_floats({3, 5}, rng, -2.0f, -0.5f);
+  auto adv2 = random_floats({3, 5}, rng, -1.0f, 1.0f);
+  auto mask2 = tensor::from_ints({3, 5}, {1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0});
+  for (auto mode : {loss_agg_mode::token_mean, loss_agg_mode::seq_mean_token_mean}) {
+    policy_loss_config c;
+    c.agg = mode;
+    tensor d_plain, d_dec;
+    const auto plain = clipped_policy_loss(lp2, old2, adv2, mask2, c, &d_plain);
+    const auto dec = clipped_policy_loss(lp2, old2, adv2, mask2, c, &d_dec, &old2);
+    CHECK(dec.loss == plain.loss);
+    CHECK(floats(d_dec) == floats(d_plain));
+    CHECK(dec.behav_weight == 1.0);
+  }
+  // gradient by finite differences with weights off 1 (ratios near 1 stay off the clip kinks)
+  auto lp3 = tensor::from_floats({3, 5}, floats(old2));
+  {
+    auto noise = floats(random_floats({3, 5}, rng, -0.1f, 0.1f));
+    float* p = lp3.data<float>();
+    for (int i = 0; i < 15; ++i) p[i] += noise[static_cast<std::size_t>(i)];
+  }
+  auto behav3 = random_floats({3, 5}, rng, -2.5f, -0.5f);
+  policy_loss_config c3;
+  c3.behav_imp_weight_cap = 2.5;
+  clipped_policy_loss(lp3, old2, adv2, mask2, c3, &d, &behav3);
+  check_gradient(lp3, [&](const tensor& t) { return clipped_policy_loss(t, old2, adv2, mask2, c3, nullptr, &behav3).loss; },
+                 d, 1e-3, 5e-3);
+}
+
 TEST_CASE("DPO: sigmoid, label smoothing and IPO by hand, ln 2 at the reference, gradients, DS-Chat masking") {
   auto v = [](float x) { return tensor::from_floats({1}, {x}); };
   dpo_config cfg;  // beta 0.1, sigmoid

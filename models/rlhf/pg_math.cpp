@@ -258,10 +258,15 @@ double aggregate_loss(const tensor& losses, const tensor& mask, loss_agg_mode mo
 // -- the clipped policy loss with dual clip ---------------------------------------------------
 
 policy_loss_result clipped_policy_loss(const tensor& logprobs, const tensor& old_logprobs, const tensor& advantages,
-                                       const tensor& mask, const policy_loss_config& cfg, tensor* dlogprobs) {
+                                       const tensor& mask, const policy_loss_config& cfg, tensor* dlogprobs,
+                                       const tensor* behav_logprobs) {
   need_pair(logprobs, mask, "clipped_policy_loss", "logprobs");
   need_same(logprobs, old_logprobs, "clipped_policy_loss", "logprobs", "old_logprobs");
   need_same(logprobs, advantages, "clipped_policy_loss", "logprobs", "advantages");
+  if (behav_logprobs) need_same(logprobs, *behav_logprobs, "clipped_policy_loss", "logprobs", "behav_logprobs");
+  need(cfg.behav_imp_weight_cap == 0 || cfg.behav_imp_weight_cap > 1,
+       "clipped_policy_loss: behav_imp_weight_cap = " + std::to_string(cfg.behav_imp_weight_cap) +
+           " must be greater than 1 (AReaL's bound), or 0 for no cap");
   need(cfg.clip_ratio_low >= 0 && cfg.clip_ratio_low < 1 && cfg.clip_ratio_high >= 0,
        "clipped_policy_loss: clip_ratio_low must be in [0, 1) and clip_ratio_high >= 0");
   need(cfg.clip_ratio_c == 0 || cfg.clip_ratio_c > 1,
@@ -272,8 +277,9 @@ policy_loss_result clipped_policy_loss(const tensor& logprobs, const tensor& old
   const float* olp = old_logprobs.data<float>();
   const float* A = advantages.data<float>();
   const int32_t* m = mask.data<int32_t>();
+  const float* blp = behav_logprobs ? behav_logprobs->data<float>() : nullptr;
   std::vector<double> per_token(static_cast<std::size_t>(N), 0.0), dtoken(static_cast<std::size_t>(N), 0.0);
-  double cnt = 0, clipped = 0, dual = 0, kl = 0;
+  double cnt = 0, clipped = 0, dual = 0, kl = 0, wsum = 0, capped = 0;
   const double lo = 1.0 - cfg.clip_ratio_low, hi = 1.0 + cfg.clip_ratio_high;
   for (int64_t i = 0; i < N; ++i) {
     if (!m[i]) continue;
@@ -290,6 +296,13 @@ policy_loss_result clipped_policy_loss(const tensor& logprobs, const tensor& old
       if (l3 < loss) loss = l3, g = 0.0, took_dual = true;
     }
     if (x <= -20.0 || x >= 20.0) g = 0.0;  // the log-ratio clamp holds
+    if (blp) {  // decoupled PPO: the behaviour importance weight, a constant of the update
+      double w = std::exp(std::clamp(static_cast<double>(olp[i]) - blp[i], -20.0, 20.0));
+      if (cfg.behav_imp_weight_cap > 0 && w > cfg.behav_imp_weight_cap) w = 0.0, capped += 1;
+      loss *= w;
+      g *= w;
+      wsum += w;
+    }
     per_token[i] = loss;
     dtoken[i] = g;
     cnt += 1;
@@ -310,6 +323,7 @@ policy_loss_result clipped_policy_loss(const tensor& logprobs, const tensor& old
   res.clipfrac = clipped / cnt;
   res.dual_clip_frac = dual / cnt;
   res.approx_kl = kl / cnt;
+  if (blp) res.behav_weight = wsum / cnt, res.behav_capped_frac = capped / cnt;
   return res;
 }
 

@@ -122,6 +122,9 @@ struct policy_loss_config {
   double clip_ratio_high = 0.2;  ///< ratio ceiling 1 + clip_ratio_high (veRL clip_ratio_high)
   double clip_ratio_c = 3.0;     ///< dual clip bound for A < 0 (veRL's default 3); 0 turns it off; else > 1
   loss_agg_mode agg = loss_agg_mode::token_mean;
+  /// Decoupled PPO only (behav_logprobs given): tokens whose behaviour importance weight
+  /// exceeds this are left out of the loss (AReaL's behav_imp_weight_cap); 0: no cap, else > 1.
+  double behav_imp_weight_cap = 0;
 };
 
 struct policy_loss_result {
@@ -129,6 +132,8 @@ struct policy_loss_result {
   double clipfrac = 0;        ///< share of real tokens with l2 > l1 (veRL pg_clipfrac)
   double dual_clip_frac = 0;  ///< share of real tokens where the dual clip decided (veRL pg_clipfrac_lower)
   double approx_kl = 0;       ///< mean over real tokens of old_logprobs − logprobs (veRL ppo_kl)
+  double behav_weight = 1;    ///< decoupled PPO: mean over real tokens of w (capped tokens count 0)
+  double behav_capped_frac = 0;  ///< decoupled PPO: share of real tokens left out by behav_imp_weight_cap
 };
 
 /// The clipped surrogate with dual clip (veRL compute_policy_loss):
@@ -137,9 +142,22 @@ struct policy_loss_result {
 /// per token: A < 0 ? min(−A·clip_ratio_c, c) : c; then aggregate_loss.
 /// All (B, n); advantages per token (broadcast a sequence's advantage over its
 /// tokens). With dlogprobs, writes d loss / d logprobs (overwrites).
+///
+/// Decoupled PPO (AReaL: Fu et al. 2025, "AReaL: A Large-Scale Asynchronous
+/// Reinforcement Learning System for Language Reasoning", eq. 5; Hilton et al. 2021,
+/// "Batch size-invariance for policy optimization"; areal/utils/functional.py
+/// ppo_actor_loss_fn) when behav_logprobs (B, n) f32 is given: the samples came from
+/// a behaviour policy older than the proximal one, old_logprobs (recomputed with the
+/// weights at the start of the update). Each token's clipped loss above is multiplied
+/// by the behaviour importance weight w = exp(old_logprobs − behav_logprobs), a
+/// constant of the update; a token with w > behav_imp_weight_cap (when set) gets
+/// w = 0 but still counts in the aggregate's divisors, as in AReaL. With
+/// behav_logprobs equal to old_logprobs every w is exactly 1 and the loss and
+/// gradient are the plain clipped loss's, bit for bit. Throws std::invalid_argument
+/// for a shape mismatch or a cap in (0, 1].
 policy_loss_result clipped_policy_loss(const tensor& logprobs, const tensor& old_logprobs, const tensor& advantages,
                                        const tensor& mask, const policy_loss_config& cfg,
-                                       tensor* dlogprobs = nullptr);
+                                       tensor* dlogprobs = nullptr, const tensor* behav_logprobs = nullptr);
 
 // -- DPO ---------------------------------------------------------------------------------------
 

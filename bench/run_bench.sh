@@ -9,13 +9,18 @@
 #   THREADS=N               threads for both (default: all hardware threads)
 #   OUT=$BUILD/bench        where results.jsonl and report.md go
 #
-# Each item runs flowrun and PyTorch back to back (bench_core --only ITEM, then
-# torch_ref.py --only ITEM), so a ratio compares figures taken seconds apart.
-# --repeat N (default 2) runs the whole list N times and keeps the best of each
-# figure and ratio: on shared machines one run can be 30% off.
+# Each item runs flowrun and PyTorch as interleaved pairs (bench_core --only ITEM
+# and torch_ref.py --only ITEM back to back, flowrun first in odd pairs and PyTorch
+# first in even ones), so a ratio compares figures taken seconds apart. --repeat N
+# (default 5) is the number of pairs: the whole list runs N times, and report.py
+# gives each item's median ratio with its min-max and each side's spread (shared
+# machines move whole runs 2-3x; a best-of-2 could land on a slow period).
+# The "host" line records the CPU model and ISA, the machine line the GEMM library;
+# baselines are per machine type (report.py).
 # Items: machine train_260k train_gpt2 train_gpt2_large decode (and the PPO split).
-# --record makes the ratios of this run the new baseline (bench/baseline.json);
-# otherwise the run fails when a ratio dropped more than 10% below it.
+# --record makes the median ratios of this run the new baseline of this machine type
+# (bench/baseline.json); otherwise the run fails when a median ratio dropped more than
+# 10% below it.
 # Nothing here changes the environment of the programs it runs (no
 # OPENBLAS_CORETYPE, no OMP_* variables): the thread count is passed as an argument.
 set -euo pipefail
@@ -25,7 +30,7 @@ build="${BUILD:-$root/build}"
 venv="${TORCH_VENV:-/tmp/refenv}"
 threads="${THREADS:-$(nproc)}"
 out="${OUT:-$build/bench}"
-quick="" record="" torch=1 ppo=1 repeat=2
+quick="" record="" torch=1 ppo=1 repeat=5
 items="machine train_260k train_gpt2 train_gpt2_large decode"
 while (($#)); do
   case "$1" in
@@ -56,12 +61,26 @@ if ((torch)); then
   fi
 fi
 
+# The machine type (report.py keeps a baseline per type): CPU model and the widest SIMD ISA.
+cpu=$(grep -m1 -E '^(model name|Model name|Hardware)' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')
+[[ -z "$cpu" ]] && cpu=$(lscpu 2>/dev/null | grep -m1 'Model name' | cut -d: -f2- | sed 's/^ *//')
+flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2-)
+isa=scalar
+for f in sse4_2:sse4 avx2:avx2 avx512f:avx512 asimd:neon sve:sve; do
+  [[ " $flags " == *" ${f%%:*} "* ]] && isa=${f##*:}
+done
+[[ "$isa" == avx2 && " $flags " != *" fma "* ]] && isa=avx2-nofma
+printf '{"kind": "host", "cpu": "%s", "isa": "%s", "cores": %s}\n' "${cpu:-unknown}" "$isa" "$(nproc)" >> "$results"
+
+flowrun_item() { "$build/bin/bench_core" --threads "$threads" --only "$1" --json "$results" $quick; }
+torch_item() { "$venv/bin/python" "$root/bench/torch_ref.py" --threads "$threads" --only "$1" $quick | tee -a "$results"; }
 for ((rep = 1; rep <= repeat; rep++)); do
   for item in $items; do
-    echo "== $item (run $rep of $repeat)" >&2
-    "$build/bin/bench_core" --threads "$threads" --only "$item" --json "$results" $quick
+    echo "== $item (pair $rep of $repeat)" >&2
     if ((torch)) && [[ "$item" != machine ]]; then
-      "$venv/bin/python" "$root/bench/torch_ref.py" --threads "$threads" --only "$item" $quick | tee -a "$results"
+      if ((rep % 2)); then flowrun_item "$item"; torch_item "$item"; else torch_item "$item"; flowrun_item "$item"; fi
+    elif [[ "$item" != machine || $rep -eq 1 ]]; then
+      flowrun_item "$item"
     fi
   done
 done

@@ -261,7 +261,7 @@ class frozen_scorer final : public actor::node {
 
   void start(actor::node_context& ctx) override {
     group_ = join_rank_group(ctx);
-    if (group_.local_ranks > 1) ops::set_thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
+    if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
     stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
   }
 
@@ -372,7 +372,7 @@ class ppo_trainer final : public actor::node {
     d_.dtype = s.get_string("dtype");
     d_.seed = 0;  // the LoRA init: the same on every rank
     group_ = join_rank_group(ctx);
-    if (group_.local_ranks > 1) ops::set_thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
+    if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
     if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {
       const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), group_.world);
       dschat::apply_ds_config(d_, c);

@@ -133,7 +133,7 @@ class zero_rank final : public actor::node {
     rank_ = g.rank;
     comm_ = std::move(g.comm);
     // the host's cores shared among the ranks of all launched processes (one thread each)
-    ops::set_thread_budget(std::max(1, ops::hardware_threads() / world_));
+    ctx.thread_budget(std::max(1, ops::hardware_threads() / world_));
     const int local = g.local_ranks;
 
     // DeepSpeed's config

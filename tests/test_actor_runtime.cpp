@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <nlohmann/json.hpp>
@@ -33,6 +35,7 @@
 #include "runtime/actor/runtime.h"
 #include "runtime/actor/socket_numbers.h"
 #include "runtime/actor/teardown.h"
+#include "runtime/kernels/ops.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 
@@ -150,6 +153,20 @@ class collect_node final : public test_node {
   }
 };
 
+// threads_probe: records the OpenMP team size its ops would get (omp_get_max_threads) for each
+// message; `budget` > 0 asks for that many in start() (node_context::thread_budget).
+class threads_probe_node final : public test_node {
+ public:
+  void start(node_context& ctx) override {
+    test_node::start(ctx);
+    if (const auto b = ctx.spec().get_int("budget"); b > 0) ctx.thread_budget(static_cast<int>(b));
+  }
+  void on_message(node_context& ctx, std::string_view, payload) override {
+    std::lock_guard<std::mutex> lock(rec.m);
+    rec.items[key(ctx)].push_back(omp_get_max_threads());
+  }
+};
+
 // batch_src: `count` batches of `size` consecutive numbers.
 class batch_src_node final : public test_node {
  public:
@@ -251,6 +268,11 @@ void register_test_kinds(graph::node_kind_registry& kinds, node_factory_registry
                      [] { return std::make_unique<relay_node>(); });
   register_node_kind(kinds, factories, graph::node_kind{"collect", "records"}.input("in", "num"),
                      [] { return std::make_unique<collect_node>(); });
+  register_node_kind(kinds, factories,
+                     graph::node_kind{"threads_probe", "records its OpenMP team size"}
+                         .input("in", "num")
+                         .option("budget", T::int_, std::int64_t{0}, "thread_budget asked in start(); 0: none"),
+                     [] { return std::make_unique<threads_probe_node>(); });
   register_node_kind(kinds, factories,
                      graph::node_kind{"batch_src", "batches"}
                          .output("out", "nums")
@@ -440,6 +462,37 @@ kind = "echo"
 }
 
 // -- supervision ----------------------------------------------------------------------------------------
+
+// A node's `threads` key bounds its replicas' OpenMP teams; thread_budget asks for fewer. All four run on
+// the one thread of the test scheduler, interleaved: each sees its own team size, never the last one set.
+TEST_CASE_FIXTURE(fixture, "threads: each replica's OpenMP team is its own, bounded by the node's threads key") {
+  const int hw = ops::hardware_threads();
+  auto j = start(R"(
+edges = ["src.out -> one.in", "src.out -> all.in", "src.out -> asks.in", "src.out -> capped.in"]
+[node.src]
+kind = "src"
+count = 6
+[node.one]
+kind = "threads_probe"
+threads = 1
+[node.all]
+kind = "threads_probe"
+[node.asks]
+kind = "threads_probe"
+budget = 1
+[node.capped]
+kind = "threads_probe"
+threads = 1
+budget = 64
+)");
+  run_random(3);
+  REQUIRE(j.state->finished());
+  CHECK(j.state->exit_code() == 0);
+  CHECK(items("one[0]") == std::vector<std::int64_t>(6, 1));
+  CHECK(items("all[0]") == std::vector<std::int64_t>(6, hw));
+  CHECK(items("asks[0]") == std::vector<std::int64_t>(6, 1));
+  CHECK(items("capped[0]") == std::vector<std::int64_t>(6, 1));
+}
 
 TEST_CASE_FIXTURE(fixture, "a node that throws is restarted per its policy and every item is delivered") {
   auto j = start(R"(

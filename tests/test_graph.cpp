@@ -1313,6 +1313,36 @@ kind = "sink"
   CHECK(edge.ok());
 }
 
+TEST_CASE("threads: a node's OpenMP team bound, from the file or --set, checked and carried to cluster nodes") {
+  // `--threads 5000` hung a run (issue 17); a node's threads key has the same kind of cap.
+  auto ok = load("good/pipeline.graph", {"node.gen.threads=1"});
+  INFO(all_errors(ok.errors));
+  REQUIRE(ok.ok());
+  const auto* gen = ok.spec.find_node("gen");
+  REQUIRE(gen);
+  CHECK(gen->threads == 1);
+  // the graph the coordinator sends to cluster nodes keeps it
+  auto again = parse_graph_string(to_toml(ok.spec), "sent.graph");
+  REQUIRE(again.ok());
+  CHECK(again.spec.find_node("gen")->threads == 1);
+  for (const char* bad : {"0", "5000"}) {
+    auto r = load("good/pipeline.graph", {std::string("node.gen.threads=") + bad});
+    REQUIRE(r.errors.size() == 1);
+    CHECK(r.errors[0].to_string().rfind("--set node.gen.threads=" + std::string(bad) +
+                                            ":1:18: error: node 'gen' has threads = " + bad +
+                                            "; threads must be in 1..1024\n",
+                                        0) == 0);
+  }
+  auto word = load("good/pipeline.graph", {"node.gen.threads=two"});
+  REQUIRE(word.errors.size() == 1);
+  CHECK(contains(word.errors[0].message, "threads must be an integer, got 'two'"));
+  validate_options no_files;
+  no_files.check_files = false;
+  auto parsed = parse_graph_string("[node.out]\nkind = \"sink\"\nthreads = \"all\"\n", "t.graph");
+  REQUIRE(parsed.errors.size() == 1);
+  CHECK(parsed.errors[0].to_string().rfind("t.graph:3:11: error: threads must be an integer, got a string", 0) == 0);
+}
+
 TEST_CASE("resource bounds: replicas and edge credit are refused above their caps, with why") {
   // replicas = 100000 never finished starting; [credit=1e12] failed with bad_alloc (issue 17).
   auto many = load("good/pipeline.graph", {"node.gen.replicas=100000"});

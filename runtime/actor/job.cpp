@@ -27,6 +27,7 @@
 
 #include "runtime/actor/console.h"
 #include "runtime/actor/payload_codec.h"
+#include "runtime/kernels/ops.h"
 
 namespace flowrun::actor::rt {
 
@@ -320,6 +321,10 @@ class replica_actor final : public caf::event_based_actor {
       return a_.plan_->live->checkpoint_due(a_.node_, a_.replica_, a_.checkpoint_seen_, step);
     }
     bool stop_requested() const override { return a_.plan_->live->get_run_phase() == run_phase::stopping; }
+    void thread_budget(int n) override {
+      a_.requested_threads_ = std::max(1, n);
+      a_.apply_thread_budget();
+    }
 
    private:
     replica_actor& a_;
@@ -655,6 +660,7 @@ class replica_actor final : public caf::event_based_actor {
     if (impl_ && (phase_ == phase::running || phase_ == phase::done)) {
       auto t0 = fresh_now();
       set_state(replica_state::busy);
+      apply_thread_budget();
       try {
         impl_->stop(ctx_);
       } catch (const std::exception& e) {
@@ -1142,6 +1148,15 @@ class replica_actor final : public caf::event_based_actor {
 
   // -- supervision ---------------------------------------------------------------------------
 
+  // The OpenMP team of the node's ops on this thread (node_context::thread_budget): what the
+  // node asked for, else every hardware thread, at most the node's `threads` key. Set before
+  // every call into the node, since event-based replicas share CAF's worker threads.
+  void apply_thread_budget() {
+    int n = requested_threads_ > 0 ? requested_threads_ : ops::hardware_threads();
+    if (np_.spec.threads > 0) n = static_cast<int>(std::min<std::int64_t>(n, np_.spec.threads));
+    ops::set_thread_budget(n);
+  }
+
   // Runs `f` (a call into the node). On an exception: discard its emits and,
   // per the restart policy, make a fresh node, start it and run `f` again;
   // or fail for good. Returns true once `f` returned normally.
@@ -1151,6 +1166,7 @@ class replica_actor final : public caf::event_based_actor {
       std::string why;
       auto t0 = now();
       set_state(phase_ == phase::running && impl_ ? replica_state::busy : replica_state::initializing);
+      apply_thread_budget();
       try {
         f();
         fresh_now();
@@ -1268,6 +1284,7 @@ class replica_actor final : public caf::event_based_actor {
   std::int64_t restarts_ = 0;
   std::int64_t produced_ = 0;
   bool paused_ = false;
+  int requested_threads_ = 0;  // node_context::thread_budget (0: not asked)
   std::string last_phase_;
   std::uint64_t checkpoint_seen_ = 0;
 };

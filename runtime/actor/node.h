@@ -169,6 +169,11 @@ class node_context {
   /// a handler that waits on something outside the run (a child process, a long poll) should
   /// give up, since nothing it produces will be used. Thread-safe.
   virtual bool stop_requested() const { return false; }
+  /// Asks for at most n threads in this replica's ops (the OpenMP team of its kernels), e.g.
+  /// the machine's cores shared among the ranks it runs with. The runtime applies
+  /// min(n, the node's `threads` key) before every call into the node, on whatever thread
+  /// runs it, so one replica's team size never leaks into another's; n < 1 means 1.
+  virtual void thread_budget(int n) {}
 };
 
 /// The base class of every node implementation. All callbacks have empty

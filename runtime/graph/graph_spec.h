@@ -91,8 +91,8 @@ struct resource_needs {
 /// (assign_placement, parse.h).
 inline constexpr std::string_view any_process_name = "any";
 
-/// One `[node.NAME]` table. `kind`, `replicas`, `on` and `resources` are
-/// reserved keys; every other key is a setting of the node's kind.
+/// One `[node.NAME]` table. `kind`, `replicas`, `on`, `threads` and `resources`
+/// are reserved keys; every other key is a setting of the node's kind.
 struct node_spec {
   std::string name;
   std::string kind;
@@ -106,6 +106,11 @@ struct node_spec {
   std::vector<std::string> on_replicas;
   /// What each replica needs where it is placed by resources (on = "any").
   resource_needs resources;
+  /// The most threads each replica's ops run on (the OpenMP team of its kernels);
+  /// 0: not set (every hardware thread of the machine it runs on, or what the node
+  /// asks for: node_context::thread_budget). Generator and trainers on separate
+  /// cores of one machine: threads = 1 on each.
+  std::int64_t threads = 0;
   std::map<std::string, setting, std::less<>> settings;
 
   source_pos pos;           ///< the table header ([node.NAME])
@@ -113,6 +118,7 @@ struct node_spec {
   source_pos replicas_pos;  ///< the `replicas` value (unknown if not written)
   source_pos on_pos;        ///< the `on` value (unknown if not written)
   source_pos resources_pos; ///< the `resources` value (unknown if not written)
+  source_pos threads_pos;   ///< the `threads` value (unknown if not written)
 
   /// The setting called `name`, or nullptr.
   const setting* find_setting(std::string_view name) const;

@@ -256,7 +256,7 @@ void node_kind_registry::register_kind(node_kind kind) {
     if (!is_identifier(s.name)) fail("setting '" + s.name + "' is not an identifier");
     if (!seen.insert(s.name).second) fail("two settings are called '" + s.name + "'");
     for (auto r : reserved_node_keys)
-      if (s.name == r) fail("setting '" + s.name + "' uses a reserved name (kind, replicas, on)");
+      if (s.name == r) fail("setting '" + s.name + "' uses a reserved name (kind, replicas, on, threads)");
     if (s.type == setting_type::float_)
       if (const auto* i = std::get_if<std::int64_t>(&s.default_value)) s.default_value = static_cast<double>(*i);
     if (s.required) {

@@ -180,7 +180,7 @@ struct node_kind {
 };
 
 /// Setting names a node table reserves for itself; no kind may declare them.
-inline constexpr std::string_view reserved_node_keys[] = {"kind", "replicas", "on"};
+inline constexpr std::string_view reserved_node_keys[] = {"kind", "replicas", "on", "threads"};
 
 /// The registry of node kinds, by name.
 class node_kind_registry {

@@ -786,6 +786,13 @@ struct loader {
           node->on_replicas.clear();
           node->on_pos = pos_of(v);
         }
+      } else if (k == "threads") {
+        if (!v.is_integer())
+          error(pos_of(v), "threads must be an integer, got " + toml_type_name(v), "write threads = 1");
+        else {
+          node->threads = v.as_integer()->get();
+          node->threads_pos = pos_of(v);
+        }
       } else if (k == "resources") {
         read_resources(v, *node);
       } else {
@@ -993,7 +1000,7 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   }
   if (parts[0].first != "node" || parts.size() != 3) {
     return err(0, "unknown override path '" + std::string(path) + "'",
-               "overrides are node.NAME.SETTING=VALUE, node.NAME.replicas=N, node.NAME.on=PLACE (or PLACE,PLACE,... "
+               "overrides are node.NAME.SETTING=VALUE, node.NAME.replicas=N, node.NAME.threads=N, node.NAME.on=PLACE (or PLACE,PLACE,... "
                "per replica) or graph.KEY=VALUE");
   }
   const auto& [node_name, node_off] = parts[1];
@@ -1012,6 +1019,15 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
                  "write --set node." + node_name + ".replicas=2");
     node->replicas = *i;
     node->replicas_pos = vpos;
+    return std::nullopt;
+  }
+  if (key == "threads") {
+    const auto* i = std::get_if<std::int64_t>(&value);
+    if (!i)
+      return err(value_offset, "threads must be an integer, got '" + raw + "'",
+                 "write --set node." + node_name + ".threads=1");
+    node->threads = *i;
+    node->threads_pos = vpos;
     return std::nullopt;
   }
   if (key == "on" || key == "kind") {
@@ -1214,6 +1230,7 @@ std::string to_toml(const graph_spec& spec) {
     toml::table t;
     t.insert("kind", n.kind);
     if (n.replicas != 1) t.insert("replicas", n.replicas);
+    if (n.threads_pos.known()) t.insert("threads", n.threads);
     if (!n.on_replicas.empty()) {
       toml::array a;
       for (const auto& x : n.on_replicas) a.push_back(x);

@@ -159,6 +159,11 @@ class validator {
               "each replica is an actor (a thread of its own for blocking kinds such as zero_rank) and every "
               "replica of a node links to every replica of its neighbours, so more would only exhaust the "
               "machine: use fewer replicas, or spread the work over a [cluster]");
+      if (node.threads_pos.known() && (node.threads < 1 || node.threads > max_node_threads))
+        error(node.threads_pos,
+              "node '" + node.name + "' has threads = " + std::to_string(node.threads) + "; threads must be in 1.." +
+                  std::to_string(max_node_threads),
+              "threads is the most cores each replica's ops use (its OpenMP team); leave it out for all of them");
       if (node.kind.empty()) {
         error(node.pos, "node '" + node.name + "' has no kind",
               "add kind = \"...\" to [node." + node.name + "]; kinds: " + join(kinds_.names()));

@@ -69,6 +69,11 @@ namespace flowrun::graph {
 /// machine (replicas = 100000 never finished starting).
 inline constexpr std::int64_t max_replicas = 1024;
 
+/// The most threads a node's `threads` may give each replica: more is a typo (an
+/// OpenMP team of 5000 threads hangs a run); the machine's own count is the
+/// useful bound, and a node on a cluster machine may have more cores than main.
+inline constexpr std::int64_t max_node_threads = 1024;
+
 /// The most messages in flight per link (an edge's [credit=N], `flowrun run
 /// --credit`). Each link keeps a slot per credit (8 bytes), so a larger
 /// credit only costs memory (--credit 1e12 failed with bad_alloc).

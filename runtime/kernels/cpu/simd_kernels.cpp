@@ -225,28 +225,10 @@ double ExpSum(const float* x, float shift, int64_t n, float* out) {
 #endif
 }
 
-float DotF(const float* a, const float* b, int64_t n) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  VF s0 = hn::Zero(d), s1 = hn::Zero(d);
-  int64_t i = 0;
-  for (; i + 2 * N <= n; i += 2 * N) {
-    s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
-    s1 = hn::MulAdd(hn::LoadU(d, a + i + N), hn::LoadU(d, b + i + N), s1);
-  }
-  for (; i + N <= n; i += N) s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
-  if (i < n) s1 = hn::MulAdd(LoadTail(a, i, n, 0.0f), LoadTail(b, i, n, 0.0f), s1);
-  return hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
-}
-
 // ---------------------------------------------------------------- elementwise
 
 void ExpF(float* out, const float* x, int64_t n) {
   Map<1, 1>(n, {x}, {out}, [](DF d, const VF* in, VF* o) { o[0] = Exp(d, in[0]); });
-}
-
-void AxpyF(float* y, const float* x, float a, int64_t n) {
-  Map<2, 1>(n, {y, x}, {y}, [a](DF d, const VF* in, VF* o) { o[0] = hn::MulAdd(hn::Set(d, a), in[1], in[0]); });
 }
 
 void ScaleF(float* y, float s, int64_t n) {
@@ -483,6 +465,30 @@ void LayernormRowBackward(float* dx, const float* dy, const float* x, const floa
 
 // ---------------------------------------------------------------- small-M GEMM
 
+#if HWY_TARGET != HWY_SCALAR
+/// out[0..3] = the lane sums of v[0..3]: a transposing add tree within each
+/// 128-bit block (InterleaveLower/Upper work per block on every x86 and NEON
+/// target), then the blocks added: 9 vector ops and 4 (blocks - 1) scalar adds
+/// instead of four full reductions.
+HWY_INLINE void Sum4(const VF* v, float* out) {
+  const DF d;
+  const hn::Repartition<uint64_t, DF> du;
+  const VF t0 = hn::Add(hn::InterleaveLower(d, v[0], v[1]), hn::InterleaveUpper(d, v[0], v[1]));
+  const VF t1 = hn::Add(hn::InterleaveLower(d, v[2], v[3]), hn::InterleaveUpper(d, v[2], v[3]));
+  const auto a = hn::BitCast(du, t0), b = hn::BitCast(du, t1);
+  // lane j of each block: the block's sum of v[j]
+  const VF s = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, a, b)), hn::BitCast(d, hn::InterleaveUpper(du, a, b)));
+  HWY_ALIGN float buf[k_max_lanes];
+  hn::Store(s, d, buf);
+  const size_t N = hn::Lanes(d);
+  for (int j = 0; j < 4; ++j) {
+    float t = buf[j];
+    for (size_t k = 4 + j; k < N; k += 4) t += buf[k];
+    out[j] = t;
+  }
+}
+#endif
+
 /// One MR x NR tile of C = alpha A Bᵀ + beta C: MR rows of A against NR rows of
 /// B over K, one vector accumulator per output, the tail zero-padded.
 template <int MR, int NR>
@@ -512,9 +518,15 @@ HWY_INLINE void SmallTile(int64_t K, float alpha, const float* A, int64_t lda, c
       for (int j = 0; j < NR; ++j) acc[i * NR + j] = hn::MulAdd(a, b[j], acc[i * NR + j]);
     }
   }
+  float sums[MR * NR];
+  int q = 0;
+#if HWY_TARGET != HWY_SCALAR
+  for (; q + 4 <= MR * NR; q += 4) Sum4(acc + q, sums + q);
+#endif
+  for (; q < MR * NR; ++q) sums[q] = hn::GetLane(hn::SumOfLanes(d, acc[q]));
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
-      const float s = alpha * hn::GetLane(hn::SumOfLanes(d, acc[i * NR + j]));
+      const float s = alpha * sums[i * NR + j];
       float& c = C[i * ldc + j];
       c = beta == 0.0f ? s : s + beta * c;
     }
@@ -537,6 +549,7 @@ void GemmSmallNT(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, 
                  int64_t ldb, float beta, float* C, int64_t ldc) {
   int64_t j = 0;
   if (M == 1) {
+    for (; j + 16 <= Nn; j += 16) SmallTile<1, 16>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
     for (; j + 8 <= Nn; j += 8) SmallTile<1, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
   } else if (M == 2) {
     for (; j + 8 <= Nn; j += 8) SmallTile<2, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
@@ -561,8 +574,6 @@ namespace flowrun::simd {
 HWY_EXPORT(MaxF);
 HWY_EXPORT(ExpSum);
 HWY_EXPORT(ExpF);
-HWY_EXPORT(DotF);
-HWY_EXPORT(AxpyF);
 HWY_EXPORT(ScaleF);
 HWY_EXPORT(LogSoftmaxBackwardRow);
 HWY_EXPORT(SiluForward);
@@ -615,8 +626,6 @@ double exp_sum(const float* x, float shift, int64_t n, float* out) {
   return HWY_DYNAMIC_DISPATCH(ExpSum)(x, shift, n, out);
 }
 void exp_f(float* out, const float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpF)(out, x, n); }
-float dot_f(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotF)(a, b, n); }
-void axpy_f(float* y, const float* x, float a, int64_t n) { HWY_DYNAMIC_DISPATCH(AxpyF)(y, x, a, n); }
 void scale_f(float* y, float s, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleF)(y, s, n); }
 void log_softmax_backward_row(float* dx, const float* dy, const float* y, float sdy, int64_t n) {
   HWY_DYNAMIC_DISPATCH(LogSoftmaxBackwardRow)(dx, dy, y, sdy, n);

@@ -78,6 +78,13 @@ HWY_INLINE V Sigmoid(D d, V x) {
   return hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), Exp(d, hn::Neg(x))));
 }
 
+// Tails: masked loads and stores where the target's float masked memory ops
+// never touch the masked-off lanes (AVX-512's masked moves, AVX2's vmaskmovps),
+// else through a stack buffer (SSE4, NEON and the scalar fallback emulate them
+// with full-width accesses, which could fault past the end of a buffer).
+#undef FLOWRUN_MASKED_TAILS
+#define FLOWRUN_MASKED_TAILS (!HWY_MEM_OPS_MIGHT_FAULT || HWY_TARGET == HWY_AVX2)
+
 /// Runs op(d, in[NI] vectors, out[NO] vectors) over [0, n): full vectors, then
 /// the tail through zero-padded stack buffers (no access outside [0, n)).
 /// All inputs of a vector are loaded before its outputs are stored.
@@ -94,6 +101,13 @@ HWY_INLINE void Map(int64_t n, const float* const (&in)[NI], float* const (&out)
   }
   if (i < n) {
     const size_t r = static_cast<size_t>(n - i);
+#if FLOWRUN_MASKED_TAILS
+    const auto m = hn::FirstN(d, r);
+    for (size_t k = 0; k < NI; ++k) vi[k] = hn::MaskedLoad(m, d, in[k] + i);
+    op(d, vi, vo);
+    for (size_t k = 0; k < NO; ++k) hn::BlendedStore(vo[k], m, d, out[k] + i);
+    return;
+#endif
     HWY_ALIGN float buf[NI + NO][k_max_lanes] = {};
     for (size_t k = 0; k < NI; ++k) {
       std::memcpy(buf[k], in[k] + i, r * sizeof(float));
@@ -110,6 +124,10 @@ HWY_INLINE void Map(int64_t n, const float* const (&in)[NI], float* const (&out)
 /// Loads the tail x[i, n) padded with `pad` (i < n < i + Lanes).
 HWY_INLINE VF LoadTail(const float* x, int64_t i, int64_t n, float pad) {
   const DF d;
+#if FLOWRUN_MASKED_TAILS
+  const auto m = hn::FirstN(d, static_cast<size_t>(n - i));
+  return hn::IfThenElse(m, hn::MaskedLoad(m, d, x + i), hn::Set(d, pad));
+#endif
   HWY_ALIGN float buf[k_max_lanes];
   for (size_t k = 0; k < hn::Lanes(d); ++k) buf[k] = pad;
   std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
@@ -206,6 +224,8 @@ double ExpSum(const float* x, float shift, int64_t n, float* out) {
     if (out) {
       if (r == N) {
         hn::StoreU(e, d, out + i);
+      } else if (FLOWRUN_MASKED_TAILS) {
+        hn::BlendedStore(e, hn::FirstN(d, static_cast<size_t>(r)), d, out + i);
       } else {
         HWY_ALIGN float buf[k_max_lanes];
         hn::Store(e, d, buf);

@@ -3,6 +3,7 @@
 // the scalar fallback on an AVX-512 x86 machine; NEON and the fallback on ARM64)
 // is forced in turn and each kernel checked against a float64 reference written
 // here, at lengths that leave every tail size of 1, 4, 8 and 16-lane vectors.
+// (dot_f and axpy_f are inline loops, the same on every path; checked here too.)
 //
 // Tolerances: exp is a degree-6 polynomial with ~2 ulp error (Cephes expf.c), so
 // exp and what is built from it (sigmoid, GELU, softmax) get 8 ulp = 1e-6

@@ -2,9 +2,13 @@
 // limits measured, in the same run, on this machine.
 //
 //   build/bin/bench_core [--quick] [--profile] [--threads N] [--only ITEMS] [--json FILE] [--seconds S]
+//                        [--simd PATH]
 //
 // --profile: after each training figure, one more step with the op profiler on
 // (ops::profile_start): time per op and what is left outside the ops.
+// --simd PATH: run the vector kernels' PATH (AVX3, AVX2, SSE4, SCALAR, NEON, ...;
+// runtime/kernels/cpu/simd_kernels.h) instead of the CPU's best; the header
+// line names the path taken and those available.
 //
 // ITEMS (comma separated; default all but the extra shapes):
 //   machine          FMA peak (AVX-512 or AVX2 loop), memory read bandwidth, the GEMM library
@@ -12,6 +16,8 @@
 //   train_gpt2       GPT-2 124M shape (random weights), B=4, T=64 (llm.c's train_gpt2 default)
 //   train_gpt2_large GPT-2 124M shape, B=8, T=256
 //   train_llama124m, train_opt125m   extra shapes (not in the default set)
+//   kernels          the non-GEMM kernels of a GPT-2 124M step at B=4, T=64 (AdamW over
+//                    2^25 parameters), ms per call (best of 5), not in the default set
 //   decode           greedy decode with the KV cache, batch 1 and 16: stories260K and a
 //                    stories15M-shaped model (dim 288, 6 layers, 6 heads, vocab 32000, seq 256)
 //
@@ -30,6 +36,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -49,6 +56,7 @@
 #include "models/llama2c.h"
 #include "models/train/zero.h"
 #include "runtime/kernels/backend.h"
+#include "runtime/kernels/cpu/simd_kernels.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 
@@ -314,6 +322,66 @@ static void bench_decode(const char* key, const char* name, decoder& m, int64_t 
   json_line(buf);
 }
 
+// ------------------------------------------------------------------ kernels
+
+// ms per call of each non-GEMM kernel at GPT-2 124M's B=4, T=64 shapes (N = 256
+// rows, C = 768, 4C = 3072, V = 50257), best of 5 after a warm-up call.
+static void bench_kernels() {
+  const int64_t N = 256, C = 768, H = 4 * C, V = 50257, P = int64_t(1) << 25;
+  auto fill = [](tensor& t, float scale) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = scale * std::sin(0.37f * static_cast<float>(i % 10007));
+  };
+  auto mk = [&](shape_t s, float scale) {
+    auto t = tensor::empty(s);
+    fill(t, scale);
+    return t;
+  };
+  auto x = mk({N, C}, 1.0f), w = mk({C}, 1.0f), b = mk({C}, 0.1f), out = mk({N, C}, 0.f), dx = mk({N, C}, 0.f);
+  auto dw = mk({C}, 0.f), db = mk({C}, 0.f), mean = mk({N}, 0.f), rstd = mk({N}, 0.f);
+  auto h = mk({N, H}, 2.0f), hu = mk({N, H}, 1.0f), ho = mk({N, H}, 0.f), hd = mk({N, H}, 0.f);
+  auto logits = mk({N, V}, 4.0f), dlogits = mk({N, V}, 0.f), probs = mk({N, V}, 0.f), losses = mk({N}, 0.f);
+  std::vector<int32_t> tv(N);
+  for (int64_t i = 0; i < N; ++i) tv[i] = static_cast<int32_t>((i * 104729) % V);
+  auto targets = tensor::from_ints({N}, tv);
+  auto p = mk({P}, 0.02f), g = mk({P}, 0.001f), m = mk({P}, 0.f), v = mk({P}, 0.f);
+  ops::adamw_config cfg;
+  cfg.weight_decay = 0.1f;
+  int64_t step = 0;
+  struct item { const char* name; const char* shape; std::function<void()> run; };
+  const std::vector<item> items = {
+      {"adamw", "2^25", [&] { ops::adamw_step(p, g, m, v, ++step, cfg); }},
+      {"gelu_forward", "256x3072", [&] { ops::activation_forward(ho, h, ops::activation::gelu_tanh); }},
+      {"gelu_backward", "256x3072", [&] { ops::activation_backward(hd, hu, h, ops::activation::gelu_tanh); }},
+      {"swiglu_forward", "256x3072", [&] { ops::swiglu_forward(ho, h, hu); }},
+      {"swiglu_backward", "256x3072", [&] { ops::swiglu_backward(hd, ho, hu, h, hu); }},
+      {"layernorm_forward", "256x768", [&] { ops::layernorm_forward(out, mean, rstd, x, w, b, 1e-5f); }},
+      {"layernorm_backward", "256x768", [&] { ops::layernorm_backward(dx, dw, db, out, x, w, mean, rstd); }},
+      {"rmsnorm_forward", "256x768", [&] { ops::rmsnorm_forward(out, rstd, x, w, 1e-5f); }},
+      {"rmsnorm_backward", "256x768", [&] { ops::rmsnorm_backward(dx, dw, out, x, w, rstd); }},
+      {"softmax_forward", "256x50257", [&] { ops::softmax_forward(probs, logits); }},
+      {"cross_entropy_forward", "256x50257", [&] { ops::cross_entropy_forward(losses, logits, targets); }},
+      {"cross_entropy_backward", "256x50257",
+       [&] { ops::cross_entropy_backward(dlogits, logits, targets, 1.0f / N); }},
+  };
+  std::printf("\n| kernel | shape | ms per call (best of 5) |\n|---|---|---|\n");
+  for (const auto& it : items) {
+    it.run();  // warm-up
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      auto t = clk::now();
+      it.run();
+      best = std::min(best, seconds_since(t));
+    }
+    std::printf("| %s | %s | %.3f |\n", it.name, it.shape, best * 1e3);
+    std::fflush(stdout);
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "{\"kind\": \"kernel\", \"kernel\": \"%s\", \"simd\": \"%s\", \"ms\": %.4f}", it.name,
+                  simd::active_target().c_str(), best * 1e3);
+    json_line(buf);
+  }
+}
+
 int main(int argc, char** argv) {
   bool quick = false;
   double seconds = 3.0;
@@ -332,15 +400,26 @@ int main(int argc, char** argv) {
       ops::set_thread_budget(std::atoi(argv[++i]));
     } else if (a == "--seconds" && i + 1 < argc) {
       seconds = std::atof(argv[++i]);
+    } else if (a == "--simd" && i + 1 < argc) {
+      try {
+        simd::force_target(argv[++i]);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_core: --simd: %s\n", e.what());
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: bench_core [--quick] [--profile] [--threads N] [--only ITEMS] [--json FILE] [--seconds S]\n");
+      std::fprintf(stderr, "usage: bench_core [--quick] [--profile] [--threads N] [--only ITEMS] [--json FILE] [--seconds S] "
+                           "[--simd PATH]\n");
       return 2;
     }
   }
   if (quick) seconds = std::min(seconds, 1.0);
   auto want = [&](const char* k, bool by_default = true) { return only.empty() ? by_default : only.count(k) > 0; };
 
-  std::printf("# bench_core\nGEMM: %s; OpenMP threads %d\n\n", ops::cpu_gemm_library().c_str(), omp_get_max_threads());
+  std::string paths;
+  for (const auto& t : simd::available_targets()) paths += (paths.empty() ? "" : " ") + t;
+  std::printf("# bench_core\nGEMM: %s; OpenMP threads %d; SIMD path %s (available: %s)\n\n",
+              ops::cpu_gemm_library().c_str(), omp_get_max_threads(), simd::active_target().c_str(), paths.c_str());
   if (want("machine")) {
     const double gf = peak();
     const double dram = read_gbs(size_t(1) << 30, quick ? 2 : 3);
@@ -381,6 +460,7 @@ int main(int argc, char** argv) {
     m.init_random(1);
     bench_train("opt_125m", "OPT-125m (12L, 768)", m, 4, 64, seconds, reps);
   }
+  if (want("kernels", false)) bench_kernels();
   if (want("decode")) {
     std::printf("\n| greedy decode, KV cache   | batch |   tokens/s | weights MB |\n");
     std::printf("|--------------------------|-------|------------|------------|\n");

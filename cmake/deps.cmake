@@ -69,6 +69,9 @@ add_library(flowrun_caf INTERFACE)
 target_include_directories(flowrun_caf INTERFACE ${CAF_INCLUDE_DIR})
 target_link_libraries(flowrun_caf INTERFACE ${CAF_IO_LIB} ${CAF_CORE_LIB} Threads::Threads)
 
+# Google Highway (libhwy-dev): the CPU backend's vector kernels, one source per kernel for every
+# instruction set, the path chosen at run time (runtime/kernels/cpu/simd_kernels.cpp).
+pkg_check_modules(HWY REQUIRED IMPORTED_TARGET libhwy)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 # ICU (libicu-dev): Unicode character classes for the GPT-2 BPE tokenizer.
 pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)

@@ -5,6 +5,8 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "runtime/kernels/cpu/simd_kernels.h"
+
 namespace flowrun {
 
 int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& cfg, rng64& rng,
@@ -21,22 +23,27 @@ int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& c
   if (cfg.temperature <= 0.0f || cfg.top_k == 1) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  // probabilities at temperature
-  float mx = *std::max_element(logits.begin(), logits.end());
+  // probabilities at temperature: exp((l - max) / T) on the CPU's vector path
+  // (runtime/kernels/cpu/simd_kernels.h, ~2 ulp), the sum in double
+  const float mx = *std::max_element(logits.begin(), logits.end());
   std::vector<float> probs(n);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    probs[i] = std::exp((logits[i] - mx) / cfg.temperature);
-    sum += probs[i];
-  }
+  for (int64_t i = 0; i < n; ++i) probs[i] = (logits[i] - mx) / cfg.temperature;
+  const double sum = simd::exp_sum(probs.data(), 0.0f, n, probs.data());
   for (auto& p : probs) p = static_cast<float>(p / sum);
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   int64_t keep = n;
-  bool filtered = (cfg.top_k > 0 && cfg.top_k < n) || cfg.top_p < 1.0f;
-  if (filtered) {
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
-    if (cfg.top_k > 0 && cfg.top_k < n) keep = cfg.top_k;
+  const bool by_k = cfg.top_k > 0 && cfg.top_k < n;
+  if (by_k || cfg.top_p < 1.0f) {
+    // most probable first, ties by id: a strict total order, so sorting only the
+    // top k (partial_sort: n log k, not n log n) gives the full sort's first k
+    auto before = [&](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); };
+    if (by_k) {
+      keep = cfg.top_k;
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+    } else {
+      std::sort(order.begin(), order.end(), before);
+    }
     if (cfg.top_p < 1.0f) {
       double cum = 0;
       for (int64_t i = 0; i < keep; ++i) {

@@ -2,8 +2,12 @@
 // batched left-padded generation against per-sequence generation.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <vector>
+
 #include "models/generate.h"
 #include "models/llama2c.h"
+#include "models/sampler.h"
 #include "models/tokenizer.h"
 #include "test_util.h"
 
@@ -60,4 +64,38 @@ TEST_CASE("sampling is reproducible for a seed and differs across seeds") {
   g.seed = 8;
   auto c = generate(model, {{1}}, g);
   CHECK(a[0].tokens != c[0].tokens);
+}
+
+TEST_CASE("sample_token: top-k keeps the k most probable (ties by id), frequencies follow the renormalised softmax") {
+  // logits with a tie inside the top 3 (ids 1 and 3) and one at the top-2 boundary below
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f};
+  sampling_config cfg;
+  cfg.temperature = 0.7f;
+  cfg.top_k = 3;
+  // float64 reference: softmax(l / T) over the kept ids {1, 3, 2}, renormalised
+  const std::vector<int> kept = {1, 3, 2};
+  double z = 0;
+  for (int id : kept) z += std::exp(logits[id] / 0.7);
+  rng64 rng(12345);
+  const int draws = 30000;
+  std::vector<int> count(logits.size(), 0);
+  for (int i = 0; i < draws; ++i) ++count[sample_token(logits.data(), 6, cfg, rng)];
+  CHECK(count[0] == 0);
+  CHECK(count[4] == 0);
+  CHECK(count[5] == 0);
+  // binomial standard deviation <= sqrt(0.25 / 30000) = 0.0029: 0.015 is > 5 sigma
+  for (int id : kept) {
+    CAPTURE(id);
+    CHECK(std::fabs(count[id] / double(draws) - std::exp(logits[id] / 0.7) / z) <= 0.015);
+  }
+  // top-2 of {3, 1, 3, 3}: the ties at 3 are kept in id order, so ids 0 and 2, never 3
+  const std::vector<float> tie = {3.0f, 1.0f, 3.0f, 3.0f};
+  cfg.top_k = 2;
+  std::vector<int> tc(4, 0);
+  for (int i = 0; i < 2000; ++i) ++tc[sample_token(tie.data(), 4, cfg, rng)];
+  CHECK(tc[1] == 0);
+  CHECK(tc[3] == 0);
+  CHECK(tc[0] + tc[2] == 2000);
+  CHECK(tc[0] > 800);
+  CHECK(tc[2] > 800);
 }

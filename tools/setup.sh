@@ -16,6 +16,8 @@ packages=(
   libcaf-dev libsentencepiece-dev libmsgpack-cxx-dev libspdlog-dev doctest-dev
   libopenblas-openmp-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libicu-dev zlib1g-dev libgloo-dev
+  # Google Highway: the CPU backend's vector kernels (AVX2, AVX-512, NEON, ... chosen at run time)
+  libhwy-dev
   # cluster authentication (HMAC-SHA256, libcrypto) and TLS between nodes (caf_openssl links libssl)
   libssl-dev
   # the CPU backend's GEMM (oneDNN's dnnl_sgemm: AVX-512 kernels on CPUs OpenBLAS 0.3.21 does not know;

@@ -1,7 +1,8 @@
 // The CPU backend: a GEMM library for matrix products (runtime/kernels/cpu/gemm.h:
 // oneDNN, BLIS or OpenBLAS, chosen at configure time by measurement), and
-// llm.c-style loops for the rest, vectorised with AVX-512 where the build
-// targets it (runtime/kernels/cpu/simd.h) and parallelised over rows with OpenMP.
+// llm.c-style loops for the rest, parallelised over rows with OpenMP, whose
+// inner loops are the Highway kernels of runtime/kernels/cpu/simd_kernels.h
+// (AVX-512, AVX2, SSE4, NEON or scalar, chosen at run time from the CPU).
 //
 // Every function receives tensors already validated by ops.cpp (shapes, dtypes,
 // devices), so nothing here re-checks shapes; the only throws are the data
@@ -13,7 +14,7 @@
 // are accumulated in double, so f32 results agree with a float64 reference to
 // ~1e-6 relative. Column reductions over rows (dw, dbias) are done per column
 // block in a fixed order: results do not depend on the number of threads.
-// exp is a vector polynomial (simd.h, ~2 ulp). AdamW's element math is f32
+// exp is a vector polynomial (simd_kernels.h, ~2 ulp). AdamW's element math is f32
 // (see adamw_step). Attention at training sizes runs on GEMMs per (batch, head).
 //
 // Aliasing: elementwise ops (add, axpy, activations, swiglu, softmax, the
@@ -29,7 +30,7 @@
 
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/cpu/gemm.h"
-#include "runtime/kernels/cpu/simd.h"
+#include "runtime/kernels/cpu/simd_kernels.h"
 
 namespace flowrun {
 namespace {
@@ -46,38 +47,19 @@ constexpr int64_t k_col_block = 32;
 
 using simd::dot_f;
 
-inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-// GELU, tanh approximation (Hendrycks & Gimpel 2016, sec. 2; llm.c gelu_forward).
-constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float k_gelu_cube = 0.044715f;
-
-/// Runs f(i, mask) over [0, n) in 16-lane steps (mask: the lanes of the step
-/// inside [0, n)), in chunks spread over the OpenMP team when `par`.
+/// Runs f(i0, len) over [0, n) in chunks of 4K elements, spread over the
+/// OpenMP team when `par` (the chunking, and so the results, do not depend on
+/// the number of threads).
 template <class F>
-inline void for_lanes(int64_t n, bool par, F&& f) {
+inline void for_chunks(int64_t n, bool par, F&& f) {
   constexpr int64_t CH = 1 << 12;
   const int64_t nch = (n + CH - 1) / CH;
 #pragma omp parallel for schedule(static) if (par && nch > 1)
   for (int64_t c = 0; c < nch; ++c) {
-    const int64_t i1 = std::min(n, (c + 1) * CH);
-#if FLOWRUN_AVX512
-    for (int64_t i = c * CH; i < i1; i += 16) f(i, simd::tail_mask(i1 - i));
-#else
-    for (int64_t i = c * CH; i < i1; ++i) f(i, 1);
-#endif
+    const int64_t i0 = c * CH;
+    f(i0, std::min(n, i0 + CH) - i0);
   }
 }
-
-#if FLOWRUN_AVX512
-inline __m512 ld(__mmask16 k, const float* p) { return _mm512_maskz_loadu_ps(k, p); }
-inline void st(__mmask16 k, float* p, __m512 v) { _mm512_mask_storeu_ps(p, k, v); }
-inline __m512 bc(float v) { return _mm512_set1_ps(v); }
-/// 1 / (1 + exp(-x))
-inline __m512 sigmoid_ps(__m512 x) {
-  return _mm512_div_ps(bc(1.0f), _mm512_add_ps(bc(1.0f), simd::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-}
-#endif
 
 class cpu_backend_impl final : public backend {
  public:
@@ -136,9 +118,10 @@ class cpu_backend_impl final : public backend {
     ldc = std::max<int64_t>(ldc, 1);
     cpu_gemm::check_sizes(M, N, K, lda, ldb, ldc);
     // decoding: a few rows times a transposed weight, one pass over the weight
-    if (!trans_a && trans_b && M <= cpu_gemm::k_small_m &&
-        cpu_gemm::small_m_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+    if (!trans_a && trans_b && M <= cpu_gemm::k_small_m) {
+      cpu_gemm::small_m_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       return;
+    }
     cpu_gemm::library_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
 
@@ -238,17 +221,7 @@ class cpu_backend_impl final : public backend {
     const float* xp = x.data<float>();
     const float* __restrict__ wp = w.data<float>();
 #pragma omp parallel for schedule(static) if (N * C >= k_par_min)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* xr = xp + n * C;
-      float* orow = o + n * C;
-      double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(xr[c]) * xr[c];
-      const double r = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
-      const float rf = static_cast<float>(r);
-      for (int64_t c = 0; c < C; ++c) orow[c] = xr[c] * rf * wp[c];
-      rs[n] = rf;
-    }
+    for (int64_t n = 0; n < N; ++n) rs[n] = simd::rmsnorm_row_forward(o + n * C, xp + n * C, wp, C, eps);
   }
 
   // y_c = x_c r w_c with r = (mean(x^2) + eps)^(-1/2), dr/dx_c = -r^3 x_c / C:
@@ -266,16 +239,7 @@ class cpu_backend_impl final : public backend {
     const bool par = N * C >= k_par_min;
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t n = 0; n < N; ++n) {
-      const float* __restrict__ dy = dop + n * C;
-      const float* __restrict__ xr = xp + n * C;
-      float* __restrict__ dxr = dxp + n * C;
-      const double r = rs[n];
-      double dot = 0.0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(dy[c]) * wp[c] * xr[c];
-      const float a = static_cast<float>(r);
-      const float b = static_cast<float>(r * r * r * dot / static_cast<double>(C));
-      for (int64_t c = 0; c < C; ++c) dxr[c] += a * wp[c] * dy[c] - b * xr[c];
+      simd::rmsnorm_row_backward(dxp + n * C, dop + n * C, xp + n * C, wp, rs[n], C);
     }
     const int64_t nblk = (C + k_col_block - 1) / k_col_block;
 #pragma omp parallel for schedule(static) if (par)
@@ -304,28 +268,7 @@ class cpu_backend_impl final : public backend {
     const float* __restrict__ wp = w.data<float>();
     const float* __restrict__ bp = b.defined() ? b.data<float>() : nullptr;
 #pragma omp parallel for schedule(static) if (N * C >= k_par_min)
-    for (int64_t n = 0; n < N; ++n) {
-      const float* xr = xp + n * C;
-      float* orow = o + n * C;
-      double s = 0.0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t c = 0; c < C; ++c) s += xr[c];
-      const double m = s / static_cast<double>(C);
-      double v = 0.0;
-#pragma omp simd reduction(+ : v)
-      for (int64_t c = 0; c < C; ++c) {
-        const double d = xr[c] - m;
-        v += d * d;
-      }
-      const double r = 1.0 / std::sqrt(v / static_cast<double>(C) + eps);
-      const float mf = static_cast<float>(m), rf = static_cast<float>(r);
-      if (bp)
-        for (int64_t c = 0; c < C; ++c) orow[c] = (xr[c] - mf) * rf * wp[c] + bp[c];
-      else
-        for (int64_t c = 0; c < C; ++c) orow[c] = (xr[c] - mf) * rf * wp[c];
-      mp[n] = mf;
-      rs[n] = rf;
-    }
+    for (int64_t n = 0; n < N; ++n) simd::layernorm_row_forward(o + n * C, mp + n, rs + n, xp + n * C, wp, bp, C, eps);
   }
 
   // llm.c layernorm_backward: norm = (x - mean) rstd, dnorm = w dy,
@@ -345,23 +288,7 @@ class cpu_backend_impl final : public backend {
     const bool par = N * C >= k_par_min;
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t n = 0; n < N; ++n) {
-      const float* __restrict__ dy = dop + n * C;
-      const float* __restrict__ xr = xp + n * C;
-      float* __restrict__ dxr = dxp + n * C;
-      const float m = mp[n], r = rs[n];
-      double s1 = 0.0, s2 = 0.0;
-#pragma omp simd reduction(+ : s1, s2)
-      for (int64_t c = 0; c < C; ++c) {
-        const double dn = static_cast<double>(wp[c]) * dy[c];
-        s1 += dn;
-        s2 += dn * ((xr[c] - m) * r);
-      }
-      const float mean_dn = static_cast<float>(s1 / static_cast<double>(C));
-      const float mean_dnn = static_cast<float>(s2 / static_cast<double>(C));
-      for (int64_t c = 0; c < C; ++c) {
-        const float norm = (xr[c] - m) * r;
-        dxr[c] += r * (wp[c] * dy[c] - mean_dn - norm * mean_dnn);
-      }
+      simd::layernorm_row_backward(dxp + n * C, dop + n * C, xp + n * C, wp, mp[n], rs[n], C);
     }
     const int64_t nblk = (C + k_col_block - 1) / k_col_block;
 #pragma omp parallel for schedule(static) if (par)
@@ -393,31 +320,10 @@ class cpu_backend_impl final : public backend {
     const bool par = n >= k_par_min;
     switch (a) {
       case ops::activation::silu:
-#if FLOWRUN_AVX512
-        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
-          const __m512 v = ld(k, xp + i);
-          st(k, o + i, _mm512_mul_ps(v, sigmoid_ps(v)));
-        });
-#else
-        for_lanes(n, par, [&](int64_t i, int) { o[i] = xp[i] * sigmoidf(xp[i]); });
-#endif
+        for_chunks(n, par, [&](int64_t i, int64_t len) { simd::silu_forward(o + i, xp + i, len); });
         break;
       case ops::activation::gelu_tanh:
-        // 0.5 v (1 + tanh(u)) == v sigmoid(2u), u = sqrt(2/pi) (v + 0.044715 v^3)
-#if FLOWRUN_AVX512
-        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
-          const __m512 v = ld(k, xp + i);
-          const __m512 u2 = _mm512_mul_ps(_mm512_mul_ps(bc(-2.0f * k_gelu_scale), v),
-                                          _mm512_fmadd_ps(_mm512_mul_ps(bc(k_gelu_cube), v), v, bc(1.0f)));
-          st(k, o + i, _mm512_div_ps(v, _mm512_add_ps(bc(1.0f), simd::exp_ps(u2))));
-        });
-#else
-        for_lanes(n, par, [&](int64_t i, int) {
-          const float v = xp[i];
-          const float u = k_gelu_scale * (v + k_gelu_cube * v * v * v);
-          o[i] = v / (1.0f + std::exp(-2.0f * u));
-        });
-#endif
+        for_chunks(n, par, [&](int64_t i, int64_t len) { simd::gelu_forward(o + i, xp + i, len); });
         break;
       case ops::activation::relu:
 #pragma omp parallel for simd schedule(static) if (par)
@@ -435,44 +341,10 @@ class cpu_backend_impl final : public backend {
     const bool par = n >= k_par_min;
     switch (a) {
       case ops::activation::silu:
-#if FLOWRUN_AVX512
-        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
-          const __m512 v = ld(k, xp + i), s = sigmoid_ps(v);
-          // dy s (1 + v (1 - s))
-          const __m512 g = _mm512_mul_ps(s, _mm512_fmadd_ps(v, _mm512_sub_ps(bc(1.0f), s), bc(1.0f)));
-          st(k, d + i, _mm512_mul_ps(ld(k, dy + i), g));
-        });
-#else
-        for_lanes(n, par, [&](int64_t i, int) {
-          const float v = xp[i], s = sigmoidf(v);
-          d[i] = dy[i] * s * (1.0f + v * (1.0f - s));
-        });
-#endif
+        for_chunks(n, par, [&](int64_t i, int64_t len) { simd::silu_backward(d + i, dy + i, xp + i, len); });
         break;
       case ops::activation::gelu_tanh:
-        // llm.c gelu_backward with s = sigmoid(2u): 0.5 (1 + tanh u) = s, 0.5 sech^2 u = 2 s (1 - s)
-#if FLOWRUN_AVX512
-        for_lanes(n, par, [&](int64_t i, __mmask16 k) {
-          const __m512 v = ld(k, xp + i);
-          const __m512 v2 = _mm512_mul_ps(v, v);
-          const __m512 u2 = _mm512_mul_ps(_mm512_mul_ps(bc(-2.0f * k_gelu_scale), v),
-                                          _mm512_fmadd_ps(bc(k_gelu_cube), v2, bc(1.0f)));
-          const __m512 s = _mm512_div_ps(bc(1.0f), _mm512_add_ps(bc(1.0f), simd::exp_ps(u2)));
-          // g = s + v 2 s (1 - s) k (1 + 3 c v^2)
-          const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(bc(2.0f * k_gelu_scale), v),
-                                                       _mm512_mul_ps(s, _mm512_sub_ps(bc(1.0f), s))),
-                                         _mm512_fmadd_ps(bc(3.0f * k_gelu_cube), v2, bc(1.0f)));
-          st(k, d + i, _mm512_mul_ps(_mm512_add_ps(s, t), ld(k, dy + i)));
-        });
-#else
-        for_lanes(n, par, [&](int64_t i, int) {
-          const float v = xp[i];
-          const float u = k_gelu_scale * (v + k_gelu_cube * v * v * v);
-          const float s = 1.0f / (1.0f + std::exp(-2.0f * u));
-          const float g = s + v * 2.0f * s * (1.0f - s) * k_gelu_scale * (1.0f + 3.0f * k_gelu_cube * v * v);
-          d[i] = g * dy[i];
-        });
-#endif
+        for_chunks(n, par, [&](int64_t i, int64_t len) { simd::gelu_backward(d + i, dy + i, xp + i, len); });
         break;
       case ops::activation::relu:
 #pragma omp parallel for simd schedule(static) if (par)
@@ -487,14 +359,7 @@ class cpu_backend_impl final : public backend {
     float* o = out.data<float>();
     const float* g = gate.data<float>();
     const float* u = up.data<float>();
-#if FLOWRUN_AVX512
-    for_lanes(n, n >= k_par_min, [&](int64_t i, __mmask16 k) {
-      const __m512 gv = ld(k, g + i);
-      st(k, o + i, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid_ps(gv)), ld(k, u + i)));
-    });
-#else
-    for_lanes(n, n >= k_par_min, [&](int64_t i, int) { o[i] = g[i] * sigmoidf(g[i]) * u[i]; });
-#endif
+    for_chunks(n, n >= k_par_min, [&](int64_t i, int64_t len) { simd::swiglu_forward(o + i, g + i, u + i, len); });
   }
 
   // dgate = dout * up * silu'(gate), dup = dout * silu(gate) (overwrite).
@@ -506,22 +371,9 @@ class cpu_backend_impl final : public backend {
     const float* dy = dout.data<float>();
     const float* g = gate.data<float>();
     const float* u = up.data<float>();
-#if FLOWRUN_AVX512
-    for_lanes(n, n >= k_par_min, [&](int64_t i, __mmask16 k) {
-      const __m512 gv = ld(k, g + i), uv = ld(k, u + i), d = ld(k, dy + i);
-      const __m512 s = sigmoid_ps(gv);
-      const __m512 ds = _mm512_mul_ps(s, _mm512_fmadd_ps(gv, _mm512_sub_ps(bc(1.0f), s), bc(1.0f)));
-      st(k, dg + i, _mm512_mul_ps(_mm512_mul_ps(d, uv), ds));
-      st(k, du + i, _mm512_mul_ps(_mm512_mul_ps(d, gv), s));
+    for_chunks(n, n >= k_par_min, [&](int64_t i, int64_t len) {
+      simd::swiglu_backward(dg + i, du + i, dy + i, g + i, u + i, len);
     });
-#else
-    for_lanes(n, n >= k_par_min, [&](int64_t i, int) {
-      const float gv = g[i], uv = u[i], d = dy[i];
-      const float s = sigmoidf(gv);
-      dg[i] = d * uv * s * (1.0f + gv * (1.0f - s));
-      du[i] = d * gv * s;
-    });
-#endif
   }
 
   // ---------------------------------------------------------------- RoPE
@@ -867,9 +719,7 @@ class cpu_backend_impl final : public backend {
         for (int64_t i = 0; i < V; ++i) orow[i] = static_cast<float>(xr[i] - lse);
       } else {
         const double sum = simd::exp_sum(xr, maxv, V, orow);  // reads xr[i] before writing orow[i]
-        const float inv = static_cast<float>(1.0 / sum);
-#pragma omp simd
-        for (int64_t i = 0; i < V; ++i) orow[i] *= inv;
+        simd::scale_f(orow, static_cast<float>(1.0 / sum), V);
       }
     }
   }
@@ -891,14 +741,7 @@ class cpu_backend_impl final : public backend {
 #pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < V; ++i) s += dy[i];
         const float sf = static_cast<float>(s);
-#if FLOWRUN_AVX512
-        for (int64_t i = 0; i < V; i += 16) {
-          const __mmask16 k = simd::tail_mask(V - i);
-          st(k, dxr + i, _mm512_fnmadd_ps(simd::exp_ps(ld(k, y + i)), bc(sf), ld(k, dy + i)));
-        }
-#else
-        for (int64_t i = 0; i < V; ++i) dxr[i] = dy[i] - std::exp(y[i]) * sf;
-#endif
+        simd::log_softmax_backward_row(dxr, dy, y, sf, V);
       } else {
 #pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < V; ++i) s += static_cast<double>(dy[i]) * y[i];
@@ -954,9 +797,7 @@ class cpu_backend_impl final : public backend {
       }
       const float maxv = simd::max_f(x, V);
       const double sum = simd::exp_sum(x, maxv, V, d);  // x[i] is read before d[i] is written
-      const float scale = static_cast<float>(dloss / sum);
-#pragma omp simd
-      for (int64_t i = 0; i < V; ++i) d[i] *= scale;
+      simd::scale_f(d, static_cast<float>(dloss / sum), V);
       d[tg[n]] -= dloss;
     }
   }
@@ -977,29 +818,8 @@ class cpu_backend_impl final : public backend {
     float* __restrict__ vp = v.data<float>();
     const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps, lr = cfg.lr;
     const auto [omb1, omb2, inv_bc1, inv_sqrt_bc2, lr_wd] = ops::adamw_coeffs::of(cfg, t);
-#if FLOWRUN_AVX512
-    for_lanes(n, n >= k_par_min, [&](int64_t i, __mmask16 k) {
-      const __m512 gi = ld(k, g + i), pi = ld(k, p + i);
-      const __m512 mi = _mm512_fmadd_ps(bc(b1), ld(k, mp + i), _mm512_mul_ps(bc(omb1), gi));
-      const __m512 vi = _mm512_fmadd_ps(bc(b2), ld(k, vp + i), _mm512_mul_ps(_mm512_mul_ps(bc(omb2), gi), gi));
-      // mhat / (sqrt(vhat) + eps) with mhat = m / bc1, sqrt(vhat) = sqrt(v) / sqrt(bc2)
-      const __m512 den = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), bc(inv_sqrt_bc2), bc(eps));
-      const __m512 upd = _mm512_div_ps(_mm512_mul_ps(mi, bc(inv_bc1)), den);
-      st(k, p + i, _mm512_sub_ps(_mm512_fnmadd_ps(bc(lr_wd), pi, pi), _mm512_mul_ps(bc(lr), upd)));
-      st(k, mp + i, mi);
-      st(k, vp + i, vi);
-    });
-#else
-    for_lanes(n, n >= k_par_min, [&](int64_t i, int) {
-      const float gi = g[i], pi = p[i];
-      const float mi = b1 * mp[i] + omb1 * gi;
-      const float vi = b2 * vp[i] + omb2 * gi * gi;
-      const float upd = (mi * inv_bc1) / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-      p[i] = (pi - lr_wd * pi) - lr * upd;
-      mp[i] = mi;
-      vp[i] = vi;
-    });
-#endif
+    const simd::adamw_scalars sc{b1, b2, omb1, omb2, inv_bc1, inv_sqrt_bc2, eps, lr, lr_wd};
+    for_chunks(n, n >= k_par_min, [&](int64_t i, int64_t len) { simd::adamw(p + i, g + i, mp + i, vp + i, len, sc); });
   }
 
   // Fixed-size chunks summed in order: the result does not depend on the thread count.

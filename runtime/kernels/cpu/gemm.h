@@ -24,7 +24,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/kernels/cpu/simd.h"
+#include "runtime/kernels/cpu/simd_kernels.h"
 
 #if defined(FLOWRUN_GEMM_DNNL)
 #include <oneapi/dnnl/dnnl.h>
@@ -137,94 +137,13 @@ inline void library_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
 
 // ------------------------------------------------------------------ small M: C = alpha A Bᵀ + beta C
 
-#if FLOWRUN_AVX512
-/// The 16 horizontal sums of v[0..15] as one vector (lane i = sum of v[i]):
-/// a transposing add tree, 45 shuffles and adds instead of 16 separate reductions.
-inline __m512 hsum16(const __m512* v) {
-  __m512 x[8], y[4], z[2];
-  for (int i = 0; i < 8; ++i)
-    x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(x[2 * i]), b = _mm512_castps_pd(x[2 * i + 1]);
-    y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  for (int i = 0; i < 2; ++i)
-    z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-/// One MR x NR tile of C from rows A[0, MR) and B[0, NR) over K (dot products
-/// of rows, 16 lanes at a time, masked tail). MR x NR == 16 tiles reduce with hsum16.
-template <int MR, int NR>
-inline void small_tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                       float* C, int64_t ldc) {
-  __m512 acc[MR * NR];
-  for (int i = 0; i < MR * NR; ++i) acc[i] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 b[NR];
-    for (int j = 0; j < NR; ++j) b[j] = _mm512_loadu_ps(B + j * ldb + k);
-    // the next tile's rows of B (the weight streams from memory once; with one
-    // row of A the tile is a plain sequential stream the hardware prefetches)
-    if constexpr (MR > 1)
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(B + (NR + j) * ldb + k), _MM_HINT_T0);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 a = _mm512_loadu_ps(A + i * lda + k);
-      for (int j = 0; j < NR; ++j) acc[i * NR + j] = _mm512_fmadd_ps(a, b[j], acc[i * NR + j]);
-    }
-  }
-  if (k < K) {
-    const __mmask16 m = simd::tail_mask(K - k);
-    __m512 b[NR];
-    for (int j = 0; j < NR; ++j) b[j] = _mm512_maskz_loadu_ps(m, B + j * ldb + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 a = _mm512_maskz_loadu_ps(m, A + i * lda + k);
-      for (int j = 0; j < NR; ++j) acc[i * NR + j] = _mm512_fmadd_ps(a, b[j], acc[i * NR + j]);
-    }
-  }
-  if constexpr (MR * NR == 16) {
-    alignas(64) float r[16];
-    _mm512_store_ps(r, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(alpha)));
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) {
-        float& c = C[i * ldc + j];
-        c = beta == 0.0f ? r[i * NR + j] : r[i * NR + j] + beta * c;
-      }
-  } else {
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) {
-        const float s = alpha * _mm512_reduce_add_ps(acc[i * NR + j]);
-        float& c = C[i * ldc + j];
-        c = beta == 0.0f ? s : s + beta * c;
-      }
-  }
-}
-
-/// Rows [0, M) of C against NR rows of B: 4-row tiles (MR x NR = 16 when NR = 4),
-/// then the remaining 1-3 rows.
-template <int NR>
-inline void small_rows(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
-                       float beta, float* C, int64_t ldc) {
-  int64_t i = 0;
-  for (; i + 4 <= M; i += 4) small_tile<4, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc);
-  switch (M - i) {
-    case 3: small_tile<3, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
-    case 2: small_tile<2, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
-    case 1: small_tile<1, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
-    default: break;
-  }
-}
-#endif
-
 /// x·Wᵀ for M <= k_small_m rows: parallel over blocks of W's rows (each thread
-/// streams its part of W once). Returns false where the build has no AVX-512.
-inline bool small_m_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+/// streams its part of W once), each block on the vector kernel of the CPU
+/// (simd::gemm_small_nt: AVX-512, AVX2, NEON, ... chosen at run time).
+inline void small_m_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                        int64_t ldb, float beta, float* C, int64_t ldc) {
-#if FLOWRUN_AVX512
-  // B rows per block: 16 for one row of A (a 1x16 tile), 8 for two, 4 otherwise
-  const int64_t NB = M == 1 ? 16 : M == 2 ? 8 : 4;
+  // B rows per block: a multiple of the kernel's tiles (8 rows for one or two rows of A, 4 otherwise)
+  constexpr int64_t NB = 16;
   const int64_t nblk = (N + NB - 1) / NB;
   // streaming the weight once: worth two threads from ~128K multiply-adds (a
   // 288x288 layer is 83K: one thread; the LM head of stories15M: two)
@@ -232,25 +151,8 @@ inline bool small_m_nt(int64_t M, int64_t N, int64_t K, float alpha, const float
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t bk = 0; bk < nblk; ++bk) {
     const int64_t n0 = bk * NB, nn = std::min(NB, N - n0);
-    const float* Bb = B + n0 * ldb;
-    float* Cb = C + n0;
-    if (nn == 16) {
-      small_tile<1, 16>(K, alpha, A, lda, Bb, ldb, beta, Cb, ldc);
-    } else if (nn == 8 && M == 2) {
-      small_tile<2, 8>(K, alpha, A, lda, Bb, ldb, beta, Cb, ldc);
-    } else if (nn == 4) {
-      small_rows<4>(M, K, alpha, A, lda, Bb, ldb, beta, Cb, ldc);
-    } else {  // the last, partial block: 4, 2 and 1 rows of B at a time
-      int64_t j = 0;
-      for (; j + 4 <= nn; j += 4) small_rows<4>(M, K, alpha, A, lda, Bb + j * ldb, ldb, beta, Cb + j, ldc);
-      for (; j + 2 <= nn; j += 2) small_rows<2>(M, K, alpha, A, lda, Bb + j * ldb, ldb, beta, Cb + j, ldc);
-      for (; j < nn; ++j) small_rows<1>(M, K, alpha, A, lda, Bb + j * ldb, ldb, beta, Cb + j, ldc);
-    }
+    simd::gemm_small_nt(M, nn, K, alpha, A, lda, B + n0 * ldb, ldb, beta, C + n0, ldc);
   }
-  return true;
-#else
-  return false;
-#endif
 }
 
 }  // namespace flowrun::cpu_gemm

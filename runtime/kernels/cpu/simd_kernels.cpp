@@ -1,0 +1,690 @@
+// Highway kernels of the CPU backend: see simd_kernels.h for what each one
+// computes. This file is compiled once per target by hwy/foreach_target.h
+// (it re-includes itself through HWY_TARGET_INCLUDE); the HWY_ONCE part at the
+// end defines the plain functions that dispatch to the best target at run time.
+//
+// Every target Highway can build here is compiled, not only those above the
+// build's -march baseline (HWY_COMPILE_ALL_ATTAINABLE): so that a native build
+// still has the AVX2 and portable paths the parity tests run, and a
+// FLOWRUN_NATIVE=OFF build has the AVX-512 one. Left out: SSSE3 (SSE4 covers
+// its CPUs), AVX3_DL (it adds only integer/crypto instructions these float
+// kernels do not use; its CPUs run the AVX3 path), and the sizeless-vector
+// targets SVE/SVE2/RVV, because the kernels below keep arrays of vectors
+// (Map's operands, the GEMM tile's accumulators), which sizeless types cannot
+// be; ARM64 CPUs with SVE run the NEON path.
+#ifndef HWY_COMPILE_ALL_ATTAINABLE
+#define HWY_COMPILE_ALL_ATTAINABLE
+#endif
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_AVX3_DL | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "runtime/kernels/cpu/simd_kernels.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "runtime/kernels/cpu/simd_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace flowrun::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+// the most f32 lanes any target has (SVE: 2048 bits): tail buffers
+constexpr size_t k_max_lanes = HWY_MAX_BYTES / sizeof(float);
+
+/// e^x, see simd_kernels.h (Cephes expf.c's constants, as the AVX-512 code before it).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V Exp(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const auto nan = hn::IsNaN(x);
+  // below -87.33 the result would be denormal (< 2^-126): 0 instead (a change of < 1.2e-38)
+  const auto tiny = hn::Lt(x, hn::Set(d, -87.33f));
+  V xc = hn::IfThenZeroElse(nan, x);  // NaN lanes: any finite input, replaced at the end
+  xc = hn::Min(hn::Set(d, 88.8f), hn::Max(hn::Set(d, -87.33f), xc));
+  const V n = hn::Round(hn::Mul(xc, hn::Set(d, 1.44269504088896341f)));
+  V r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), xc);
+  r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
+  V p = hn::Set(d, 1.9875691500e-4f);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894e-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
+  p = hn::MulAdd(p, hn::Mul(r, r), hn::Add(r, hn::Set(d, 1.0f)));
+  // 2^n, n in [-126, 128], as 2^(n>>1) 2^(n - (n>>1)): each factor a normal float, both products exact
+  const auto ni = hn::ConvertTo(di, n);
+  const auto n1 = hn::ShiftRight<1>(ni);
+  const auto n2 = hn::Sub(ni, n1);
+  const auto bias = hn::Set(di, 127);
+  const V s1 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n1, bias)));
+  const V s2 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n2, bias)));
+  const V y = hn::IfThenZeroElse(tiny, hn::Mul(hn::Mul(p, s1), s2));
+  return hn::IfThenElse(nan, x, y);
+}
+
+/// 1 / (1 + exp(-x))
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V Sigmoid(D d, V x) {
+  return hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), Exp(d, hn::Neg(x))));
+}
+
+// Tails: masked loads and stores where the target's float masked memory ops
+// never touch the masked-off lanes (AVX-512's masked moves, AVX2's vmaskmovps),
+// else through a stack buffer (SSE4, NEON and the scalar fallback emulate them
+// with full-width accesses, which could fault past the end of a buffer).
+#undef FLOWRUN_MASKED_TAILS
+#define FLOWRUN_MASKED_TAILS (!HWY_MEM_OPS_MIGHT_FAULT || HWY_TARGET == HWY_AVX2)
+
+/// Runs op(d, in[NI] vectors, out[NO] vectors) over [0, n): full vectors, then
+/// the tail through zero-padded stack buffers (no access outside [0, n)).
+/// All inputs of a vector are loaded before its outputs are stored.
+template <size_t NI, size_t NO, class Op>
+HWY_INLINE void Map(int64_t n, const float* const (&in)[NI], float* const (&out)[NO], const Op& op) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF vi[NI], vo[NO];
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    for (size_t k = 0; k < NI; ++k) vi[k] = hn::LoadU(d, in[k] + i);
+    op(d, vi, vo);
+    for (size_t k = 0; k < NO; ++k) hn::StoreU(vo[k], d, out[k] + i);
+  }
+  if (i < n) {
+    const size_t r = static_cast<size_t>(n - i);
+#if FLOWRUN_MASKED_TAILS
+    const auto m = hn::FirstN(d, r);
+    for (size_t k = 0; k < NI; ++k) vi[k] = hn::MaskedLoad(m, d, in[k] + i);
+    op(d, vi, vo);
+    for (size_t k = 0; k < NO; ++k) hn::BlendedStore(vo[k], m, d, out[k] + i);
+    return;
+#endif
+    HWY_ALIGN float buf[NI + NO][k_max_lanes] = {};
+    for (size_t k = 0; k < NI; ++k) {
+      std::memcpy(buf[k], in[k] + i, r * sizeof(float));
+      vi[k] = hn::Load(d, buf[k]);
+    }
+    op(d, vi, vo);
+    for (size_t k = 0; k < NO; ++k) {
+      hn::Store(vo[k], d, buf[NI + k]);
+      std::memcpy(out[k] + i, buf[NI + k], r * sizeof(float));
+    }
+  }
+}
+
+/// Loads the tail x[i, n) padded with `pad` (i < n < i + Lanes).
+HWY_INLINE VF LoadTail(const float* x, int64_t i, int64_t n, float pad) {
+  const DF d;
+#if FLOWRUN_MASKED_TAILS
+  const auto m = hn::FirstN(d, static_cast<size_t>(n - i));
+  return hn::IfThenElse(m, hn::MaskedLoad(m, d, x + i), hn::Set(d, pad));
+#endif
+  HWY_ALIGN float buf[k_max_lanes];
+  for (size_t k = 0; k < hn::Lanes(d); ++k) buf[k] = pad;
+  std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
+  return hn::Load(d, buf);
+}
+
+// ---------------------------------------------------------------- double accumulation
+
+// double accumulators from the two halves of an f32 vector (not on HWY_SCALAR,
+// one lane, nor on armv7 NEON, which has no f64 lanes: those sum lane by lane)
+#undef FLOWRUN_WIDE
+#define FLOWRUN_WIDE (HWY_HAVE_FLOAT64 && HWY_TARGET != HWY_SCALAR)
+#if FLOWRUN_WIDE
+using DD = hn::Repartition<double, DF>;  // half the lanes of DF
+using VD = hn::Vec<DD>;
+/// acc += both halves of v, widened to double.
+HWY_INLINE VD AddWide(VD acc, VF v) {
+  const DD dd;
+  const hn::Half<DF> dh;
+  acc = hn::Add(acc, hn::PromoteTo(dd, hn::LowerHalf(dh, v)));
+  return hn::Add(acc, hn::PromoteTo(dd, hn::UpperHalf(dh, v)));
+}
+/// acc += a b over both halves, widened to double before the product.
+HWY_INLINE VD MulAddWide(VD acc, VF a, VF b) {
+  const DD dd;
+  const hn::Half<DF> dh;
+  acc = hn::MulAdd(hn::PromoteTo(dd, hn::LowerHalf(dh, a)), hn::PromoteTo(dd, hn::LowerHalf(dh, b)), acc);
+  return hn::MulAdd(hn::PromoteTo(dd, hn::UpperHalf(dh, a)), hn::PromoteTo(dd, hn::UpperHalf(dh, b)), acc);
+}
+/// acc += a b c over both halves, each factor widened to double.
+HWY_INLINE VD Mul3AddWide(VD acc, VF a, VF b, VF c) {
+  const DD dd;
+  const hn::Half<DF> dh;
+  auto lo = [&](VF v) { return hn::PromoteTo(dd, hn::LowerHalf(dh, v)); };
+  auto hi = [&](VF v) { return hn::PromoteTo(dd, hn::UpperHalf(dh, v)); };
+  acc = hn::MulAdd(hn::Mul(lo(a), lo(b)), lo(c), acc);
+  return hn::MulAdd(hn::Mul(hi(a), hi(b)), hi(c), acc);
+}
+HWY_INLINE double SumD(VD v) { return hn::GetLane(hn::SumOfLanes(DD(), v)); }
+#endif
+
+// ---------------------------------------------------------------- reductions
+
+float MaxF(const float* x, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  VF m0 = hn::Set(d, ninf), m1 = m0;
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    m0 = hn::Max(m0, hn::LoadU(d, x + i));
+    m1 = hn::Max(m1, hn::LoadU(d, x + i + N));
+  }
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::LoadU(d, x + i));
+  if (i < n) m1 = hn::Max(m1, LoadTail(x, i, n, ninf));
+  return hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+}
+
+double ExpSum(const float* x, float shift, int64_t n, float* out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF s = hn::Set(d, shift);
+#if FLOWRUN_WIDE
+  const DD dd;
+  VD acc0 = hn::Zero(dd), acc1 = hn::Zero(dd);
+#else
+  double acc = 0.0;
+  HWY_ALIGN float lanes[k_max_lanes];
+  auto add_lanes = [&](VF e) {
+    hn::Store(e, d, lanes);
+    for (int64_t k = 0; k < N; ++k) acc += lanes[k];
+  };
+#endif
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const VF e0 = Exp(d, hn::Sub(hn::LoadU(d, x + i), s));
+    const VF e1 = Exp(d, hn::Sub(hn::LoadU(d, x + i + N), s));
+    if (out) {
+      hn::StoreU(e0, d, out + i);
+      hn::StoreU(e1, d, out + i + N);
+    }
+#if FLOWRUN_WIDE
+    acc0 = AddWide(acc0, e0);
+    acc1 = AddWide(acc1, e1);
+#else
+    add_lanes(e0);
+    add_lanes(e1);
+#endif
+  }
+  for (; i < n; i += N) {
+    const int64_t r = n - i < N ? n - i : N;
+    const VF xv = r == N ? hn::LoadU(d, x + i) : LoadTail(x, i, n, 0.0f);
+    const VF e = hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(r)), Exp(d, hn::Sub(xv, s)));
+    if (out) {
+      if (r == N) {
+        hn::StoreU(e, d, out + i);
+      } else if (FLOWRUN_MASKED_TAILS) {
+        hn::BlendedStore(e, hn::FirstN(d, static_cast<size_t>(r)), d, out + i);
+      } else {
+        HWY_ALIGN float buf[k_max_lanes];
+        hn::Store(e, d, buf);
+        std::memcpy(out + i, buf, static_cast<size_t>(r) * sizeof(float));
+      }
+    }
+#if FLOWRUN_WIDE
+    acc0 = AddWide(acc0, e);
+#else
+    add_lanes(e);
+#endif
+  }
+#if FLOWRUN_WIDE
+  return SumD(hn::Add(acc0, acc1));
+#else
+  return acc;
+#endif
+}
+
+// ---------------------------------------------------------------- elementwise
+
+void ExpF(float* out, const float* x, int64_t n) {
+  Map<1, 1>(n, {x}, {out}, [](DF d, const VF* in, VF* o) { o[0] = Exp(d, in[0]); });
+}
+
+void ScaleF(float* y, float s, int64_t n) {
+  Map<1, 1>(n, {y}, {y}, [s](DF d, const VF* in, VF* o) { o[0] = hn::Mul(in[0], hn::Set(d, s)); });
+}
+
+void LogSoftmaxBackwardRow(float* dx, const float* dy, const float* y, float sdy, int64_t n) {
+  Map<2, 1>(n, {dy, y}, {dx}, [sdy](DF d, const VF* in, VF* o) {
+    o[0] = hn::NegMulAdd(Exp(d, in[1]), hn::Set(d, sdy), in[0]);
+  });
+}
+
+void SiluForward(float* out, const float* x, int64_t n) {
+  Map<1, 1>(n, {x}, {out}, [](DF d, const VF* in, VF* o) { o[0] = hn::Mul(in[0], Sigmoid(d, in[0])); });
+}
+
+void SiluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  Map<2, 1>(n, {dy, x}, {dx}, [](DF d, const VF* in, VF* o) {
+    const VF v = in[1], s = Sigmoid(d, v);
+    const VF one = hn::Set(d, 1.0f);
+    o[0] = hn::Mul(in[0], hn::Mul(s, hn::MulAdd(v, hn::Sub(one, s), one)));
+  });
+}
+
+constexpr float k_gelu_scale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float k_gelu_cube = 0.044715f;
+
+void GeluForward(float* out, const float* x, int64_t n) {
+  Map<1, 1>(n, {x}, {out}, [](DF d, const VF* in, VF* o) {
+    const VF v = in[0];
+    // x sigmoid(2u) = x / (1 + exp(-2u))
+    const VF u2 = hn::Mul(hn::Mul(hn::Set(d, -2.0f * k_gelu_scale), v),
+                          hn::MulAdd(hn::Mul(hn::Set(d, k_gelu_cube), v), v, hn::Set(d, 1.0f)));
+    o[0] = hn::Div(v, hn::Add(hn::Set(d, 1.0f), Exp(d, u2)));
+  });
+}
+
+void GeluBackward(float* dx, const float* dy, const float* x, int64_t n) {
+  Map<2, 1>(n, {dy, x}, {dx}, [](DF d, const VF* in, VF* o) {
+    const VF v = in[1], one = hn::Set(d, 1.0f);
+    const VF v2 = hn::Mul(v, v);
+    const VF u2 = hn::Mul(hn::Mul(hn::Set(d, -2.0f * k_gelu_scale), v), hn::MulAdd(hn::Set(d, k_gelu_cube), v2, one));
+    const VF s = hn::Div(one, hn::Add(one, Exp(d, u2)));
+    // g = s + v 2 s (1 - s) k (1 + 3 c v^2)
+    const VF t = hn::Mul(hn::Mul(hn::Mul(hn::Set(d, 2.0f * k_gelu_scale), v), hn::Mul(s, hn::Sub(one, s))),
+                         hn::MulAdd(hn::Set(d, 3.0f * k_gelu_cube), v2, one));
+    o[0] = hn::Mul(hn::Add(s, t), in[0]);
+  });
+}
+
+void SwigluForward(float* out, const float* gate, const float* up, int64_t n) {
+  Map<2, 1>(n, {gate, up}, {out}, [](DF d, const VF* in, VF* o) {
+    o[0] = hn::Mul(hn::Mul(in[0], Sigmoid(d, in[0])), in[1]);
+  });
+}
+
+void SwigluBackward(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {
+  Map<3, 2>(n, {dy, gate, up}, {dgate, dup}, [](DF d, const VF* in, VF* o) {
+    const VF dv = in[0], gv = in[1], uv = in[2], one = hn::Set(d, 1.0f);
+    const VF s = Sigmoid(d, gv);
+    const VF ds = hn::Mul(s, hn::MulAdd(gv, hn::Sub(one, s), one));
+    o[0] = hn::Mul(hn::Mul(dv, uv), ds);
+    o[1] = hn::Mul(hn::Mul(dv, gv), s);
+  });
+}
+
+void Adamw(float* p, const float* g, float* m, float* v, int64_t n, const adamw_scalars& c) {
+  Map<4, 3>(n, {p, g, m, v}, {p, m, v}, [&c](DF d, const VF* in, VF* o) {
+    const VF pi = in[0], gi = in[1];
+    const VF mi = hn::MulAdd(hn::Set(d, c.beta1), in[2], hn::Mul(hn::Set(d, c.one_minus_beta1), gi));
+    const VF vi = hn::MulAdd(hn::Set(d, c.beta2), in[3], hn::Mul(hn::Mul(hn::Set(d, c.one_minus_beta2), gi), gi));
+    // mhat / (sqrt(vhat) + eps) with mhat = m / bc1, sqrt(vhat) = sqrt(v) / sqrt(bc2)
+    const VF den = hn::MulAdd(hn::Sqrt(vi), hn::Set(d, c.inv_sqrt_bc2), hn::Set(d, c.eps));
+    const VF upd = hn::Div(hn::Mul(mi, hn::Set(d, c.inv_bc1)), den);
+    o[0] = hn::Sub(hn::NegMulAdd(hn::Set(d, c.lr_wd), pi, pi), hn::Mul(hn::Set(d, c.lr), upd));
+    o[1] = mi;
+    o[2] = vi;
+  });
+}
+
+// ---------------------------------------------------------------- norms
+
+/// sum of x^2 (x widened to double first).
+double SumSqD(const float* x, int64_t n) {
+#if FLOWRUN_WIDE
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VD acc = hn::Zero(DD());
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF v = hn::LoadU(d, x + i);
+    acc = MulAddWide(acc, v, v);
+  }
+  if (i < n) {
+    const VF v = LoadTail(x, i, n, 0.0f);
+    acc = MulAddWide(acc, v, v);
+  }
+  return SumD(acc);
+#else
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+#endif
+}
+
+float RmsnormRowForward(float* out, const float* x, const float* w, int64_t C, float eps) {
+  const double r = 1.0 / std::sqrt(SumSqD(x, C) / static_cast<double>(C) + eps);
+  const float rf = static_cast<float>(r);
+  Map<2, 1>(C, {x, w}, {out}, [rf](DF d, const VF* in, VF* o) { o[0] = hn::Mul(hn::Mul(in[0], hn::Set(d, rf)), in[1]); });
+  return rf;
+}
+
+void RmsnormRowBackward(float* dx, const float* dy, const float* x, const float* w, float rstd, int64_t C) {
+  double dot = 0.0;
+#if FLOWRUN_WIDE
+  {
+    const DF d;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    VD acc = hn::Zero(DD());
+    int64_t i = 0;
+    for (; i + N <= C; i += N)
+      acc = Mul3AddWide(acc, hn::LoadU(d, dy + i), hn::LoadU(d, w + i), hn::LoadU(d, x + i));
+    if (i < C) acc = Mul3AddWide(acc, LoadTail(dy, i, C, 0.0f), LoadTail(w, i, C, 0.0f), LoadTail(x, i, C, 0.0f));
+    dot = SumD(acc);
+  }
+#else
+  for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(dy[c]) * w[c] * x[c];
+#endif
+  const double r = rstd;
+  const float a = rstd;
+  const float b = static_cast<float>(r * r * r * dot / static_cast<double>(C));
+  Map<4, 1>(C, {dx, dy, x, w}, {dx}, [a, b](DF d, const VF* in, VF* o) {
+    // dx + a w dy - b x
+    o[0] = hn::NegMulAdd(hn::Set(d, b), in[2], hn::MulAdd(hn::Mul(hn::Set(d, a), in[3]), in[1], in[0]));
+  });
+}
+
+void LayernormRowForward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                         int64_t C, float eps) {
+  double s = 0.0, v = 0.0;
+#if FLOWRUN_WIDE
+  {
+    const DF d;
+    const DD dd;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    VD acc = hn::Zero(dd);
+    int64_t i = 0;
+    for (; i + N <= C; i += N) acc = AddWide(acc, hn::LoadU(d, x + i));
+    if (i < C) acc = AddWide(acc, LoadTail(x, i, C, 0.0f));
+    s = SumD(acc);
+    // sum of (x - m)^2 in double; a padded lane would add m^2, so the tail goes lane by lane
+    const VD m = hn::Set(dd, s / static_cast<double>(C));
+    const hn::Half<DF> dh;
+    VD acc2 = hn::Zero(dd);
+    for (i = 0; i + N <= C; i += N) {
+      const VF xv = hn::LoadU(d, x + i);
+      const VD lo = hn::Sub(hn::PromoteTo(dd, hn::LowerHalf(dh, xv)), m);
+      const VD hi = hn::Sub(hn::PromoteTo(dd, hn::UpperHalf(dh, xv)), m);
+      acc2 = hn::MulAdd(lo, lo, acc2);
+      acc2 = hn::MulAdd(hi, hi, acc2);
+    }
+    v = SumD(acc2);
+    const double md = s / static_cast<double>(C);
+    for (; i < C; ++i) {
+      const double dv = x[i] - md;
+      v += dv * dv;
+    }
+  }
+#else
+  for (int64_t c = 0; c < C; ++c) s += x[c];
+  const double md = s / static_cast<double>(C);
+  for (int64_t c = 0; c < C; ++c) {
+    const double dv = x[c] - md;
+    v += dv * dv;
+  }
+#endif
+  const double m = s / static_cast<double>(C);
+  const double r = 1.0 / std::sqrt(v / static_cast<double>(C) + eps);
+  const float mf = static_cast<float>(m), rf = static_cast<float>(r);
+  if (b)
+    Map<3, 1>(C, {x, w, b}, {out}, [mf, rf](DF d, const VF* in, VF* o) {
+      o[0] = hn::MulAdd(hn::Mul(hn::Sub(in[0], hn::Set(d, mf)), hn::Set(d, rf)), in[1], in[2]);
+    });
+  else
+    Map<2, 1>(C, {x, w}, {out}, [mf, rf](DF d, const VF* in, VF* o) {
+      o[0] = hn::Mul(hn::Mul(hn::Sub(in[0], hn::Set(d, mf)), hn::Set(d, rf)), in[1]);
+    });
+  *mean = mf;
+  *rstd = rf;
+}
+
+void LayernormRowBackward(float* dx, const float* dy, const float* x, const float* w, float mean, float rstd,
+                          int64_t C) {
+  double s1 = 0.0, s2 = 0.0;
+#if FLOWRUN_WIDE
+  {
+    const DF d;
+    const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+    const VF mv = hn::Set(d, mean), rv = hn::Set(d, rstd);
+    VD a1 = hn::Zero(DD()), a2 = hn::Zero(DD());
+    const DD dd;
+    const hn::Half<DF> dh;
+    auto step = [&](VF dyv, VF wv, VF xv) {
+      const VF norm = hn::Mul(hn::Sub(xv, mv), rv);
+      // dn = w dy in double
+      const VD dlo = hn::Mul(hn::PromoteTo(dd, hn::LowerHalf(dh, wv)), hn::PromoteTo(dd, hn::LowerHalf(dh, dyv)));
+      const VD dhi = hn::Mul(hn::PromoteTo(dd, hn::UpperHalf(dh, wv)), hn::PromoteTo(dd, hn::UpperHalf(dh, dyv)));
+      a1 = hn::Add(a1, hn::Add(dlo, dhi));
+      a2 = hn::MulAdd(dlo, hn::PromoteTo(dd, hn::LowerHalf(dh, norm)), a2);
+      a2 = hn::MulAdd(dhi, hn::PromoteTo(dd, hn::UpperHalf(dh, norm)), a2);
+    };
+    int64_t i = 0;
+    for (; i + N <= C; i += N) step(hn::LoadU(d, dy + i), hn::LoadU(d, w + i), hn::LoadU(d, x + i));
+    // padded lanes have w = dy = 0: dn = 0 adds nothing to either sum
+    if (i < C) step(LoadTail(dy, i, C, 0.0f), LoadTail(w, i, C, 0.0f), LoadTail(x, i, C, 0.0f));
+    s1 = SumD(a1);
+    s2 = SumD(a2);
+  }
+#else
+  for (int64_t c = 0; c < C; ++c) {
+    const double dn = static_cast<double>(w[c]) * dy[c];
+    s1 += dn;
+    s2 += dn * ((x[c] - mean) * rstd);
+  }
+#endif
+  const float mean_dn = static_cast<float>(s1 / static_cast<double>(C));
+  const float mean_dnn = static_cast<float>(s2 / static_cast<double>(C));
+  Map<4, 1>(C, {dx, dy, x, w}, {dx}, [=](DF d, const VF* in, VF* o) {
+    const VF norm = hn::Mul(hn::Sub(in[2], hn::Set(d, mean)), hn::Set(d, rstd));
+    const VF t = hn::NegMulAdd(norm, hn::Set(d, mean_dnn), hn::Sub(hn::Mul(in[3], in[1]), hn::Set(d, mean_dn)));
+    o[0] = hn::MulAdd(hn::Set(d, rstd), t, in[0]);
+  });
+}
+
+// ---------------------------------------------------------------- small-M GEMM
+
+#if HWY_TARGET != HWY_SCALAR
+/// out[0..3] = the lane sums of v[0..3]: a transposing add tree within each
+/// 128-bit block (InterleaveLower/Upper work per block on every x86 and NEON
+/// target), then the blocks added: 9 vector ops and 4 (blocks - 1) scalar adds
+/// instead of four full reductions.
+HWY_INLINE void Sum4(const VF* v, float* out) {
+  const DF d;
+  const hn::Repartition<uint64_t, DF> du;
+  const VF t0 = hn::Add(hn::InterleaveLower(d, v[0], v[1]), hn::InterleaveUpper(d, v[0], v[1]));
+  const VF t1 = hn::Add(hn::InterleaveLower(d, v[2], v[3]), hn::InterleaveUpper(d, v[2], v[3]));
+  const auto a = hn::BitCast(du, t0), b = hn::BitCast(du, t1);
+  // lane j of each block: the block's sum of v[j]
+  const VF s = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, a, b)), hn::BitCast(d, hn::InterleaveUpper(du, a, b)));
+  HWY_ALIGN float buf[k_max_lanes];
+  hn::Store(s, d, buf);
+  const size_t N = hn::Lanes(d);
+  for (int j = 0; j < 4; ++j) {
+    float t = buf[j];
+    for (size_t k = 4 + j; k < N; k += 4) t += buf[k];
+    out[j] = t;
+  }
+}
+#endif
+
+/// One MR x NR tile of C = alpha A Bᵀ + beta C: MR rows of A against NR rows of
+/// B over K, one vector accumulator per output, the tail zero-padded.
+template <int MR, int NR>
+HWY_INLINE void SmallTile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                          float beta, float* C, int64_t ldc) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF acc[MR * NR];
+  for (int i = 0; i < MR * NR; ++i) acc[i] = hn::Zero(d);
+  int64_t k = 0;
+  for (; k + N <= K; k += N) {
+    VF b[NR];
+    for (int j = 0; j < NR; ++j) b[j] = hn::LoadU(d, B + j * ldb + k);
+    // the next tile's rows of B (the weight streams from memory once)
+    if constexpr (MR > 1)
+      for (int j = 0; j < NR; ++j) hwy::Prefetch(B + (NR + j) * ldb + k);
+    for (int i = 0; i < MR; ++i) {
+      const VF a = hn::LoadU(d, A + i * lda + k);
+      for (int j = 0; j < NR; ++j) acc[i * NR + j] = hn::MulAdd(a, b[j], acc[i * NR + j]);
+    }
+  }
+  if (k < K) {
+    VF b[NR];
+    for (int j = 0; j < NR; ++j) b[j] = LoadTail(B + j * ldb, k, K, 0.0f);
+    for (int i = 0; i < MR; ++i) {
+      const VF a = LoadTail(A + i * lda, k, K, 0.0f);
+      for (int j = 0; j < NR; ++j) acc[i * NR + j] = hn::MulAdd(a, b[j], acc[i * NR + j]);
+    }
+  }
+  float sums[MR * NR];
+  int q = 0;
+#if HWY_TARGET != HWY_SCALAR
+  for (; q + 4 <= MR * NR; q += 4) Sum4(acc + q, sums + q);
+#endif
+  for (; q < MR * NR; ++q) sums[q] = hn::GetLane(hn::SumOfLanes(d, acc[q]));
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      const float s = alpha * sums[i * NR + j];
+      float& c = C[i * ldc + j];
+      c = beta == 0.0f ? s : s + beta * c;
+    }
+}
+
+template <int NR>
+HWY_INLINE void SmallRows(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                          float beta, float* C, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 4 <= M; i += 4) SmallTile<4, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc);
+  switch (M - i) {
+    case 3: SmallTile<3, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
+    case 2: SmallTile<2, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
+    case 1: SmallTile<1, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
+    default: break;
+  }
+}
+
+void GemmSmallNT(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc) {
+  int64_t j = 0;
+  if (M == 1) {
+    for (; j + 16 <= Nn; j += 16) SmallTile<1, 16>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+    for (; j + 8 <= Nn; j += 8) SmallTile<1, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+  } else if (M == 2) {
+    for (; j + 8 <= Nn; j += 8) SmallTile<2, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+  }
+  for (; j + 4 <= Nn; j += 4) SmallRows<4>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+  for (; j + 2 <= Nn; j += 2) SmallRows<2>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+  for (; j < Nn; ++j) SmallRows<1>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+}
+
+/// The name of the target this copy was compiled for (what the dispatcher calls now).
+const char* TargetNameOf() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace flowrun::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <stdexcept>
+
+namespace flowrun::simd {
+
+HWY_EXPORT(MaxF);
+HWY_EXPORT(ExpSum);
+HWY_EXPORT(ExpF);
+HWY_EXPORT(ScaleF);
+HWY_EXPORT(LogSoftmaxBackwardRow);
+HWY_EXPORT(SiluForward);
+HWY_EXPORT(SiluBackward);
+HWY_EXPORT(GeluForward);
+HWY_EXPORT(GeluBackward);
+HWY_EXPORT(SwigluForward);
+HWY_EXPORT(SwigluBackward);
+HWY_EXPORT(Adamw);
+HWY_EXPORT(RmsnormRowForward);
+HWY_EXPORT(RmsnormRowBackward);
+HWY_EXPORT(LayernormRowForward);
+HWY_EXPORT(LayernormRowBackward);
+HWY_EXPORT(GemmSmallNT);
+HWY_EXPORT(TargetNameOf);
+
+std::string active_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOf)(); }
+
+namespace {
+/// The compiled targets this CPU supports, best first; read once, before any
+/// force_target (the mock it sets would hide the others).
+const std::vector<int64_t>& cpu_targets() {
+  static const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  return targets;
+}
+}  // namespace
+
+std::vector<std::string> available_targets() {
+  std::vector<std::string> names;
+  for (int64_t t : cpu_targets()) names.emplace_back(hwy::TargetName(t));
+  return names;
+}
+
+void force_target(const std::string& name) {
+  std::string known;
+  for (int64_t t : cpu_targets()) {
+    if (name == hwy::TargetName(t)) {
+      hwy::SetSupportedTargetsForTest(t);
+      return;
+    }
+    known += std::string(known.empty() ? "" : ", ") + hwy::TargetName(t);
+  }
+  throw std::invalid_argument("simd::force_target: no path '" + name + "' on this CPU (available: " + known + ")");
+}
+
+void reset_target() { hwy::SetSupportedTargetsForTest(0); }
+
+float max_f(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxF)(x, n); }
+double exp_sum(const float* x, float shift, int64_t n, float* out) {
+  return HWY_DYNAMIC_DISPATCH(ExpSum)(x, shift, n, out);
+}
+void exp_f(float* out, const float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(ExpF)(out, x, n); }
+void scale_f(float* y, float s, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleF)(y, s, n); }
+void log_softmax_backward_row(float* dx, const float* dy, const float* y, float sdy, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(LogSoftmaxBackwardRow)(dx, dy, y, sdy, n);
+}
+void silu_forward(float* out, const float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(SiluForward)(out, x, n); }
+void silu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SiluBackward)(dx, dy, x, n);
+}
+void gelu_forward(float* out, const float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(GeluForward)(out, x, n); }
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(GeluBackward)(dx, dy, x, n);
+}
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SwigluForward)(out, gate, up, n);
+}
+void swiglu_backward(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(SwigluBackward)(dgate, dup, dy, gate, up, n);
+}
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, const adamw_scalars& s) {
+  HWY_DYNAMIC_DISPATCH(Adamw)(p, g, m, v, n, s);
+}
+float rmsnorm_row_forward(float* out, const float* x, const float* w, int64_t C, float eps) {
+  return HWY_DYNAMIC_DISPATCH(RmsnormRowForward)(out, x, w, C, eps);
+}
+void rmsnorm_row_backward(float* dx, const float* dy, const float* x, const float* w, float rstd, int64_t C) {
+  HWY_DYNAMIC_DISPATCH(RmsnormRowBackward)(dx, dy, x, w, rstd, C);
+}
+void layernorm_row_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                           int64_t C, float eps) {
+  HWY_DYNAMIC_DISPATCH(LayernormRowForward)(out, mean, rstd, x, w, b, C, eps);
+}
+void layernorm_row_backward(float* dx, const float* dy, const float* x, const float* w, float mean, float rstd,
+                            int64_t C) {
+  HWY_DYNAMIC_DISPATCH(LayernormRowBackward)(dx, dy, x, w, mean, rstd, C);
+}
+void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                   int64_t ldb, float beta, float* C, int64_t ldc) {
+  HWY_DYNAMIC_DISPATCH(GemmSmallNT)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace flowrun::simd
+#endif  // HWY_ONCE

@@ -1,0 +1,150 @@
+// Vector kernels of the CPU backend, one source for every instruction set.
+//
+// runtime/kernels/cpu/simd_kernels.cpp compiles each function once per target
+// of Google Highway (x86: SSE4, AVX2, AVX-512 "AVX3"; ARM: NEON; plus the
+// portable fallback everywhere) and calls the best one the running CPU
+// supports (hwy's foreach_target.h + HWY_DYNAMIC_DISPATCH). The build's own
+// -march flags do not limit the choice: a FLOWRUN_NATIVE=OFF build runs the
+// AVX-512 path on an AVX-512 CPU. The functions below are plain C++ and hide
+// Highway from their callers (cpu_backend.cpp, gemm.h, the tests, bench_core).
+//
+// All buffers are f32, contiguous, of n elements (n >= 0, no alignment needed);
+// tails shorter than a vector go through a stack buffer, so no read or write
+// leaves [0, n). Unless said otherwise an output may alias an input of the same
+// index range (each element is read before it is written).
+//
+// exp: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, and Cephes'
+// degree-6 polynomial for e^r (Moshier, Cephes expf.c), then 2^n from the
+// exponent bits (as two factors, so n = 128 is representable). Max error about
+// 2 ulp over [-87, 88] (tests/test_simd.cpp checks it against double exp on
+// every target); exp(x < -87.33) = 0 (no denormal results: attention's P
+// feeds GEMMs, where denormals cost microcode assists), exp(-inf) = 0,
+// exp(+large) = inf, NaN propagates.
+//
+// Sums that feed a statistic (exp_sum, the norms' moments) are accumulated in
+// double; the elementwise math is f32.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flowrun::simd {
+
+// ------------------------------------------------------------------ dispatch
+
+/// Name of the path the kernels take now (Highway's target name: "AVX3",
+/// "AVX2", "SSE4", "NEON", or the portable fallback "SCALAR" (GCC 12) / "EMU128").
+std::string active_target();
+
+/// The compiled paths this CPU can run, best first.
+std::vector<std::string> available_targets();
+
+/// Makes every kernel take the path `name` (one of available_targets()) until
+/// reset_target(); for tests and bench_core, not thread-safe against running
+/// kernels. Throws std::invalid_argument naming the available paths.
+void force_target(const std::string& name);
+
+/// Back to the best path of this CPU.
+void reset_target();
+
+// ------------------------------------------------------------------ reductions and row helpers
+
+/// max over x[0, n) (-inf when n == 0).
+float max_f(const float* x, int64_t n);
+
+/// sum over i of exp(x[i] - shift), accumulated in double; if `out` is not
+/// null, out[i] = exp(x[i] - shift) (out may be x).
+double exp_sum(const float* x, float shift, int64_t n, float* out);
+
+/// out[i] = exp(x[i]) (the vector exp above; out may be x).
+void exp_f(float* out, const float* x, int64_t n);
+
+// dot_f and axpy_f run on one attention head's row (8 to 128 floats) once per
+// key: a dispatched call with its tail handling costs more than that work, so
+// these two stay inline loops the compiler vectorises for the build's ISA.
+
+/// sum of a[i] b[i] in f32.
+inline float dot_f(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+/// y[i] += a x[i] (y must not overlap x).
+inline void axpy_f(float* __restrict__ y, const float* __restrict__ x, float a, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+/// y[i] *= s
+void scale_f(float* y, float s, int64_t n);
+
+/// log-softmax backward of one row: dx[i] = dy[i] - exp(y[i]) sdy, where y is
+/// the log-softmax output and sdy = sum(dy) (dx may alias dy).
+void log_softmax_backward_row(float* dx, const float* dy, const float* y, float sdy, int64_t n);
+
+// ------------------------------------------------------------------ activations (x, dy, out: (n))
+
+/// SiLU (Elfwing et al. 2018): out = x sigmoid(x).
+void silu_forward(float* out, const float* x, int64_t n);
+/// dx = dy s (1 + x (1 - s)), s = sigmoid(x) (overwrites dx).
+void silu_backward(float* dx, const float* dy, const float* x, int64_t n);
+
+/// GELU, tanh form (Hendrycks & Gimpel 2016, sec. 2; llm.c gelu_forward):
+/// out = 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+void gelu_forward(float* out, const float* x, int64_t n);
+/// llm.c gelu_backward with s = sigmoid(2u): dx = dy (s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 0.044715 x^2)).
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+
+/// SwiGLU (Shazeer 2020, eq. 6): out = silu(gate) up.
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+/// dgate = dy up silu'(gate), dup = dy silu(gate) (overwrites both).
+void swiglu_backward(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n);
+
+// ------------------------------------------------------------------ norms, one row of C (C >= 1)
+
+/// RMSNorm (Zhang & Sennrich 2019, eq. 4) of one row: out = (x rstd) w with
+/// rstd = 1/sqrt(mean(x^2) + eps), mean(x^2) in double. Returns rstd (f32).
+float rmsnorm_row_forward(float* out, const float* x, const float* w, int64_t C, float eps);
+/// dx += rstd w dy - rstd^3 x / C sum_k(dy_k w_k x_k) (the sum in double).
+void rmsnorm_row_backward(float* dx, const float* dy, const float* x, const float* w, float rstd, int64_t C);
+
+/// LayerNorm (Ba et al. 2016; llm.c layernorm_forward), biased variance, the
+/// mean and variance in double: out = ((x - mean) rstd) w + b (b may be null).
+/// Writes the row's mean and rstd (f32).
+void layernorm_row_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                           int64_t C, float eps);
+/// llm.c layernorm_backward: norm = (x - mean) rstd, dnorm = w dy,
+/// dx += rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)) (the means in double).
+void layernorm_row_backward(float* dx, const float* dy, const float* x, const float* w, float mean, float rstd,
+                            int64_t C);
+
+// ------------------------------------------------------------------ AdamW
+
+/// The per-step scalars of torch.optim.AdamW (decoupled weight decay, bias
+/// corrected moments); see ops::adamw_coeffs.
+struct adamw_scalars {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2;
+  float inv_bc1;       // 1 / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float eps, lr, lr_wd;
+};
+
+/// One AdamW step over n parameters, f32 element math:
+///   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+///   p = (p - lr wd p) - lr (m / bc1) / (sqrt(v) / sqrt(bc2) + eps).
+/// p, m, v are updated in place; none may overlap another.
+void adamw(float* p, const float* g, float* m, float* v, int64_t n, const adamw_scalars& s);
+
+// ------------------------------------------------------------------ small-M GEMM
+
+/// C (M, N) = alpha A Bᵀ + beta C for a few rows of A (M >= 1): A (M, K) row
+/// stride lda, B (N, K) row stride ldb, C row stride ldc; beta == 0 ignores
+/// C's old contents. Dot products of rows accumulated in f32, vector lanes in
+/// parallel over K. Single-threaded (the caller splits N over threads).
+void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                   int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace flowrun::simd

@@ -1,0 +1,346 @@
+// Parity tests of the CPU backend's vector kernels (runtime/kernels/cpu/simd_kernels.h):
+// every path this CPU can run (simd::available_targets(): AVX3, AVX2, SSE4 and
+// the scalar fallback on an AVX-512 x86 machine; NEON and the fallback on ARM64)
+// is forced in turn and each kernel checked against a float64 reference written
+// here, at lengths that leave every tail size of 1, 4, 8 and 16-lane vectors.
+// (dot_f and axpy_f are inline loops, the same on every path; checked here too.)
+//
+// Tolerances: exp is a degree-6 polynomial with ~2 ulp error (Cephes expf.c), so
+// exp and what is built from it (sigmoid, GELU, softmax) get 8 ulp = 1e-6
+// relative at the element and 1e-5 relative (+ a small absolute floor where
+// the formula cancels: GELU' and SiLU' cross zero) for the composite formulas;
+// f32 reductions (dot, GEMM) get 1e-5 of the sum of |terms| (n rounding steps
+// of 6e-8 each for n up to ~150, in a tree); the double-accumulated sums
+// (exp_sum, the norms' moments) 1e-6 relative.
+#include <doctest/doctest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/cpu/simd_kernels.h"
+
+using namespace flowrun;
+
+namespace {
+
+const std::vector<int64_t> k_lengths = {0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 64, 100, 771};
+
+std::vector<float> randv(int64_t n, double sd, uint64_t seed, double mean = 0.0) {
+  std::mt19937_64 r(seed);
+  std::normal_distribution<double> nd(mean, sd);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<float>(nd(r));
+  return v;
+}
+
+/// |got - want| <= atol + rtol |want| for every element (NaN fails).
+void close(const std::vector<float>& got, const std::vector<double>& want, double rtol, double atol,
+           const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+      FAIL_CHECK(what << " [" << i << "] of " << got.size() << ": got " << got[i] << " want " << want[i]);
+      return;
+    }
+  }
+}
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double gelu(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
+double gelu_grad(double x) {
+  const double k = std::sqrt(2.0 / M_PI), u = k * (x + 0.044715 * x * x * x), t = std::tanh(u);
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+/// Runs body(path) once per path this CPU supports, forced; resets afterwards.
+template <class F>
+void for_each_path(F&& body) {
+  const auto paths = simd::available_targets();
+  REQUIRE(!paths.empty());
+  for (const auto& p : paths) {
+    simd::force_target(p);
+    CAPTURE(p);
+    CHECK(simd::active_target() == p);
+    body(p);
+  }
+  simd::reset_target();
+}
+
+}  // namespace
+
+TEST_CASE("simd dispatch: the best path by default, each one forced, unknown names refused") {
+  const auto paths = simd::available_targets();
+  REQUIRE(!paths.empty());
+  MESSAGE("simd paths on this CPU, best first: " << [&] {
+    std::string s;
+    for (const auto& p : paths) s += p + " ";
+    return s;
+  }());
+  CHECK(simd::active_target() == paths.front());
+  for (const auto& p : paths) {
+    simd::force_target(p);
+    CHECK(simd::active_target() == p);
+  }
+  simd::reset_target();
+  CHECK(simd::active_target() == paths.front());
+  CHECK_THROWS_AS(simd::force_target("NOT_A_PATH"), std::invalid_argument);
+  CHECK(simd::active_target() == paths.front());
+#if defined(__x86_64__)
+  // every x86-64 CPU this runs on has at least SSE4 (or gets the scalar fallback), and both are compiled
+  CHECK(paths.back() == "SCALAR");
+#endif
+}
+
+TEST_CASE("simd exp: within 2 ulp of double exp over [-87.3, 88.7], special values") {
+  for_each_path([](const std::string& path) {
+    std::vector<float> x;
+    for (double v = -87.3; v <= 88.7; v += 0.0137) x.push_back(static_cast<float>(v));
+    for (float v : randv(1001, 3.0, 7)) x.push_back(v);
+    std::vector<float> y(x.size());
+    simd::exp_f(y.data(), x.data(), static_cast<int64_t>(x.size()));
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(static_cast<double>(x[i]));
+      // ulp of the double result rounded to f32 (its exponent), so a correctly rounded value is <= 0.5 ulp
+      const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+      worst = std::max(worst, std::fabs(y[i] - want) / ulp);
+    }
+    MESSAGE(path << ": exp worst error " << worst << " ulp over " << x.size() << " points");
+    CHECK(worst <= 2.0);
+
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> s = {0.0f, -inf, inf, nan, -88.0f, -87.4f, -1000.0f, 88.5f, 88.72f, 88.8f, 89.0f, 1000.0f, 1.0f};
+    std::vector<float> o(s.size());
+    simd::exp_f(o.data(), s.data(), static_cast<int64_t>(s.size()));
+    CHECK(o[0] == 1.0f);
+    CHECK(o[1] == 0.0f);
+    CHECK(o[2] == inf);
+    CHECK(std::isnan(o[3]));
+    CHECK(o[4] == 0.0f);  // would be denormal: 0 by design
+    CHECK(o[5] == 0.0f);
+    CHECK(o[6] == 0.0f);
+    CHECK(o[7] == doctest::Approx(std::exp(88.5)).epsilon(3e-7));  // n = 128: 2^n split in two factors
+    CHECK(o[8] == doctest::Approx(std::exp(static_cast<double>(88.72f))).epsilon(3e-7));
+    CHECK(o[9] == inf);
+    CHECK(o[10] == inf);
+    CHECK(o[11] == inf);
+    CHECK(o[12] == doctest::Approx(M_E).epsilon(3e-7));
+  });
+}
+
+TEST_CASE("simd reductions: max, exp_sum, dot, axpy, scale, log-softmax backward row vs float64") {
+  for_each_path([](const std::string&) {
+    for (int64_t n : k_lengths) {
+      CAPTURE(n);
+      const auto x = randv(n, 3.0, 11 + n), y = randv(n, 1.0, 13 + n);
+      // max
+      float want_max = -std::numeric_limits<float>::infinity();
+      for (float v : x) want_max = std::max(want_max, v);
+      CHECK(simd::max_f(x.data(), n) == want_max);
+      // exp_sum with and without out, in place too
+      const float shift = n ? want_max : 0.0f;
+      double want_sum = 0;
+      std::vector<double> want_e(static_cast<size_t>(n));
+      // x - shift is one f32 rounding in the kernel: the reference takes the same f32 difference
+      for (int64_t i = 0; i < n; ++i) want_sum += want_e[i] = std::exp(static_cast<double>(float(x[i] - shift)));
+      CHECK(simd::exp_sum(x.data(), shift, n, nullptr) == doctest::Approx(want_sum).epsilon(1e-6));
+      std::vector<float> e(x);
+      CHECK(simd::exp_sum(e.data(), shift, n, e.data()) == doctest::Approx(want_sum).epsilon(1e-6));
+      close(e, want_e, 1e-6, 1e-30, "exp_sum out");
+      // dot (f32 accumulation): 1e-5 of the sum of |terms|
+      double want_dot = 0, abs_dot = 0;
+      for (int64_t i = 0; i < n; ++i) want_dot += double(x[i]) * y[i], abs_dot += std::fabs(double(x[i]) * y[i]);
+      CHECK(std::fabs(simd::dot_f(x.data(), y.data(), n) - want_dot) <= 1e-5 * abs_dot + 1e-30);
+      // axpy, scale: one f32 rounding (or one fma) per element
+      std::vector<float> a(y);
+      simd::axpy_f(a.data(), x.data(), 0.37f, n);
+      std::vector<double> want_a(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) want_a[i] = y[i] + 0.37f * double(x[i]);
+      close(a, want_a, 1e-6, 1e-6, "axpy");
+      simd::scale_f(a.data(), -1.5f, n);
+      for (auto& v : want_a) v *= -1.5;
+      close(a, want_a, 1e-6, 1.5e-6, "scale");
+      // log-softmax backward: dx = dy - exp(y) sum(dy), y a log-probability (<= 0)
+      std::vector<float> ly(static_cast<size_t>(n)), dx(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) ly[i] = -std::fabs(x[i]);
+      simd::log_softmax_backward_row(dx.data(), y.data(), ly.data(), 0.8f, n);
+      std::vector<double> want_dx(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) want_dx[i] = y[i] - std::exp(double(ly[i])) * 0.8;
+      close(dx, want_dx, 1e-5, 1e-6, "log_softmax_backward_row");
+    }
+  });
+}
+
+TEST_CASE("simd activations: silu, gelu (tanh), swiglu forward and backward vs float64") {
+  for_each_path([](const std::string&) {
+    for (int64_t n : k_lengths) {
+      CAPTURE(n);
+      const auto x = randv(n, 3.0, 21 + n), u = randv(n, 1.0, 23 + n), dy = randv(n, 1.0, 25 + n);
+      const size_t sz = static_cast<size_t>(n);
+      std::vector<float> o(sz), d(sz), d2(sz);
+      std::vector<double> w(sz), w2(sz);
+      simd::silu_forward(o.data(), x.data(), n);
+      for (size_t i = 0; i < sz; ++i) w[i] = x[i] * sigmoid(x[i]);
+      close(o, w, 1e-5, 1e-6, "silu");
+      simd::silu_backward(d.data(), dy.data(), x.data(), n);
+      for (size_t i = 0; i < sz; ++i) {
+        const double s = sigmoid(x[i]);
+        w[i] = dy[i] * s * (1.0 + x[i] * (1.0 - s));
+      }
+      close(d, w, 1e-5, 1e-6, "silu backward");
+      simd::gelu_forward(o.data(), x.data(), n);
+      for (size_t i = 0; i < sz; ++i) w[i] = gelu(x[i]);
+      close(o, w, 1e-5, 1e-6, "gelu");
+      std::vector<float> inplace(x);
+      simd::gelu_forward(inplace.data(), inplace.data(), n);
+      CHECK(inplace == o);
+      simd::gelu_backward(d.data(), dy.data(), x.data(), n);
+      for (size_t i = 0; i < sz; ++i) w[i] = dy[i] * gelu_grad(x[i]);
+      close(d, w, 1e-5, 1e-6, "gelu backward");
+      simd::swiglu_forward(o.data(), x.data(), u.data(), n);
+      for (size_t i = 0; i < sz; ++i) w[i] = x[i] * sigmoid(x[i]) * u[i];
+      close(o, w, 1e-5, 1e-6, "swiglu");
+      simd::swiglu_backward(d.data(), d2.data(), dy.data(), x.data(), u.data(), n);
+      for (size_t i = 0; i < sz; ++i) {
+        const double s = sigmoid(x[i]);
+        w[i] = dy[i] * u[i] * s * (1.0 + x[i] * (1.0 - s));
+        w2[i] = dy[i] * x[i] * s;
+      }
+      close(d, w, 1e-5, 1e-6, "swiglu dgate");
+      close(d2, w2, 1e-5, 1e-6, "swiglu dup");
+    }
+  });
+}
+
+TEST_CASE("simd adamw: 3 steps vs the float64 formula of torch.optim.AdamW") {
+  for_each_path([](const std::string&) {
+    for (int64_t n : k_lengths) {
+      CAPTURE(n);
+      auto p = randv(n, 0.5, 31 + n);
+      std::vector<float> m(static_cast<size_t>(n), 0.0f), v(m);
+      std::vector<double> pd(p.begin(), p.end()), md(m.begin(), m.end()), vd(md);
+      const double b1 = 0.9, b2 = 0.95, eps = 1e-8, lr = 1e-2, wd = 0.1;
+      for (int t = 1; t <= 3; ++t) {
+        const auto g = randv(n, 0.01, 37 + n + t);
+        const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+        simd::adamw_scalars s{float(b1), float(b2), float(1 - b1), float(1 - b2), float(1 / bc1),
+                              float(1 / std::sqrt(bc2)), float(eps), float(lr), float(lr * wd)};
+        simd::adamw(p.data(), g.data(), m.data(), v.data(), n, s);
+        for (int64_t i = 0; i < n; ++i) {
+          // the f32 constants, as the kernel receives them (b1 = 0.9f is not 0.9)
+          const double fb1 = float(b1), fb2 = float(b2);
+          md[i] = fb1 * md[i] + (1 - fb1) * g[i];
+          vd[i] = fb2 * vd[i] + (1 - fb2) * double(g[i]) * g[i];
+          pd[i] = pd[i] - lr * wd * pd[i] - lr * (md[i] / bc1) / (std::sqrt(vd[i] / bc2) + eps);
+        }
+      }
+      close(p, pd, 1e-6, 1e-7, "adamw param");
+      close(m, md, 1e-5, 1e-9, "adamw m");
+      close(v, vd, 1e-5, 1e-12, "adamw v");
+    }
+  });
+}
+
+TEST_CASE("simd norms: rmsnorm and layernorm rows forward and backward vs float64") {
+  for_each_path([](const std::string&) {
+    for (int64_t C : k_lengths) {
+      if (C == 0) continue;
+      CAPTURE(C);
+      const size_t sz = static_cast<size_t>(C);
+      const auto x = randv(C, 2.0, 41 + C, 0.5), w = randv(C, 0.3, 43 + C, 1.0), b = randv(C, 1.0, 45 + C),
+                 dy = randv(C, 1.0, 47 + C), dx0 = randv(C, 1.0, 49 + C);
+      const double eps = 1e-5;
+      // rmsnorm
+      double ss = 0;
+      for (float v : x) ss += double(v) * v;
+      const double r = 1.0 / std::sqrt(ss / C + eps);
+      std::vector<float> o(sz);
+      const float rf = simd::rmsnorm_row_forward(o.data(), x.data(), w.data(), C, float(eps));
+      CHECK(rf == doctest::Approx(r).epsilon(1e-6));
+      std::vector<double> want(sz);
+      for (size_t i = 0; i < sz; ++i) want[i] = x[i] * r * w[i];
+      close(o, want, 1e-5, 1e-6, "rmsnorm forward");
+      double dot = 0;
+      for (size_t i = 0; i < sz; ++i) dot += double(dy[i]) * w[i] * x[i];
+      std::vector<float> dx(dx0);
+      simd::rmsnorm_row_backward(dx.data(), dy.data(), x.data(), w.data(), rf, C);
+      for (size_t i = 0; i < sz; ++i) want[i] = dx0[i] + rf * w[i] * dy[i] - double(rf) * rf * rf * x[i] / C * dot;
+      close(dx, want, 1e-5, 1e-5, "rmsnorm backward");
+      // layernorm, with and without bias
+      double s = 0, v = 0;
+      for (float e : x) s += e;
+      const double m = s / C;
+      for (float e : x) v += (e - m) * (e - m);
+      const double rs = 1.0 / std::sqrt(v / C + eps);
+      for (const float* bp : {b.data(), static_cast<const float*>(nullptr)}) {
+        float mean = 0, rstd = 0;
+        simd::layernorm_row_forward(o.data(), &mean, &rstd, x.data(), w.data(), bp, C, float(eps));
+        CHECK(mean == doctest::Approx(m).epsilon(1e-6));
+        CHECK(rstd == doctest::Approx(rs).epsilon(1e-6));
+        for (size_t i = 0; i < sz; ++i) want[i] = (x[i] - m) * rs * w[i] + (bp ? bp[i] : 0.0);
+        close(o, want, 1e-5, 1e-5, bp ? "layernorm forward" : "layernorm forward, no bias");
+      }
+      float mean = 0, rstd = 0;
+      simd::layernorm_row_forward(o.data(), &mean, &rstd, x.data(), w.data(), b.data(), C, float(eps));
+      double s1 = 0, s2 = 0;
+      for (size_t i = 0; i < sz; ++i) {
+        const double dn = double(w[i]) * dy[i], nrm = (x[i] - double(mean)) * rstd;
+        s1 += dn;
+        s2 += dn * nrm;
+      }
+      dx = dx0;
+      simd::layernorm_row_backward(dx.data(), dy.data(), x.data(), w.data(), mean, rstd, C);
+      for (size_t i = 0; i < sz; ++i) {
+        const double nrm = (x[i] - double(mean)) * rstd;
+        want[i] = dx0[i] + rstd * (double(w[i]) * dy[i] - s1 / C - nrm * s2 / C);
+      }
+      close(dx, want, 1e-5, 1e-5, "layernorm backward");
+    }
+  });
+}
+
+TEST_CASE("simd small-M GEMM: C = alpha A Bᵀ + beta C for M = 1..6, every N and K tail, vs float64") {
+  for_each_path([](const std::string&) {
+    for (int64_t M : {1, 2, 3, 4, 5, 6})
+      for (int64_t N : {1, 2, 3, 5, 8, 9, 16, 19})
+        for (int64_t K : {1, 7, 16, 33, 100}) {
+          CAPTURE(M);
+          CAPTURE(N);
+          CAPTURE(K);
+          const int64_t lda = K + 3, ldb = K + 1, ldc = N + 2;
+          const auto A = randv(M * lda, 1.0, 51 + M * 100 + K), B = randv(N * ldb, 1.0, 53 + N * 100 + K);
+          const auto C0 = randv(M * ldc, 1.0, 55 + M + N);
+          for (float beta : {0.0f, 0.5f}) {
+            std::vector<float> C(C0);
+            if (beta == 0.0f)
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+            simd::gemm_small_nt(M, N, K, 0.75f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < ldc; ++j) {
+                if (j >= N) {  // outside the N columns: untouched
+                  CHECK(C[i * ldc + j] == C0[i * ldc + j]);
+                  continue;
+                }
+                double want = 0, absum = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  want += double(A[i * lda + k]) * B[j * ldb + k];
+                  absum += std::fabs(double(A[i * lda + k]) * B[j * ldb + k]);
+                }
+                want = 0.75 * want + (beta != 0.0f ? beta * double(C0[i * ldc + j]) : 0.0);
+                const double tol = 1e-5 * (0.75 * absum + std::fabs(beta * C0[i * ldc + j])) + 1e-30;
+                if (!(std::fabs(C[i * ldc + j] - want) <= tol)) {
+                  FAIL_CHECK("C[" << i << "," << j << "] = " << C[i * ldc + j] << " want " << want << " beta " << beta);
+                  return;
+                }
+              }
+          }
+        }
+  });
+}

@@ -16,6 +16,8 @@ packages=(
   libcaf-dev libsentencepiece-dev libmsgpack-cxx-dev libspdlog-dev doctest-dev
   libopenblas-openmp-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libicu-dev zlib1g-dev libgloo-dev
+  # Hugging Face tokenizer.json: the Split pre-tokenizer's regexes (Llama 3, Qwen2)
+  libpcre2-dev
   # cluster authentication (HMAC-SHA256, libcrypto) and TLS between nodes (caf_openssl links libssl)
   libssl-dev
   # the CPU backend's GEMM (oneDNN's dnnl_sgemm: AVX-512 kernels on CPUs OpenBLAS 0.3.21 does not know;

@@ -96,6 +96,25 @@ TEST_CASE("hf tokenizer.json mistral (Digits + Metaspace first, Metaspace decode
   check_against_tokenizers("mistral");
 }
 
+TEST_CASE("hf tokenizer.json llama2 without byte fallback: unknown characters become <unk>, fused as fuse_unk says") {
+  const auto ref = read(k_dir / "cases.json")["tokenizers"]["llama2"];
+  for (bool fuse : {true, false}) {
+    const fs::path dir = edited("llama2", fuse ? "unk_fused" : "unk", [&](nlohmann::json& j) {
+      j["model"]["byte_fallback"] = false;
+      j["model"]["fuse_unk"] = fuse;
+    });
+    auto tok = load_tokenizer(dir.string());
+    int n = 0;
+    for (auto& c : ref[fuse ? "unk_cases" : "unk_cases_unfused"]) {
+      INFO("fuse_unk " << fuse << ": \"" << c[0].get<std::string>() << "\"");
+      CHECK(tok->encode(c[0].get<std::string>()) == c[1].get<std::vector<int32_t>>());
+      ++n;
+    }
+    CHECK(n >= 10);
+    fs::remove_all(dir);
+  }
+}
+
 TEST_CASE("hf tokenizer.json: load_tokenizer takes the file or its folder, folder_has_tokenizer sees it") {
   auto a = load_tokenizer((k_dir / "llama3" / "tokenizer.json").string());
   auto b = load_tokenizer((k_dir / "llama3").string());

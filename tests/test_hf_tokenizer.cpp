@@ -115,6 +115,30 @@ TEST_CASE("hf tokenizer.json llama2 without byte fallback: unknown characters be
   }
 }
 
+TEST_CASE("hf tokenizer.json: other pre-tokenizers, normalizers and decoders on the fixtures' vocabularies equal tokenizers'") {
+  const auto cases = read(k_dir / "cases.json");
+  int variants = 0;
+  for (const auto& v : cases["variants"]) {
+    const std::string name = v["name"];
+    const fs::path dir = edited(v["base"], name, [&](nlohmann::json& j) {
+      for (auto& [key, value] : v["set"].items()) j[key] = value;
+    });
+    auto tok = load_tokenizer(dir.string());
+    REQUIRE(v["texts"].size() == v["ids"].size());
+    for (size_t i = 0; i < v["texts"].size(); ++i) {
+      const std::string text = v["texts"][i];
+      const auto want = v["ids"][i].get<std::vector<int32_t>>();
+      INFO("variant " << name << ": \"" << text << "\"");
+      CHECK(tok->encode(text) == want);
+      if (v.contains("decoded")) CHECK(tok->decode(want) == v["decoded"][i].get<std::string>());
+    }
+    ++variants;
+    fs::remove_all(dir);
+  }
+  MESSAGE(variants << " variants checked");
+  CHECK(variants >= 10);
+}
+
 TEST_CASE("hf tokenizer.json: load_tokenizer takes the file or its folder, folder_has_tokenizer sees it") {
   auto a = load_tokenizer((k_dir / "llama3" / "tokenizer.json").string());
   auto b = load_tokenizer((k_dir / "llama3").string());

@@ -258,6 +258,11 @@ struct normalizer {
         in.resize(n);
         std::u16string out(in.size() * 4 + 16, u'\0');
         int32_t m = unorm2_normalize(norm, in.data(), n, out.data(), static_cast<int32_t>(out.size()), &st);
+        if (st == U_BUFFER_OVERFLOW_ERROR) {  // NFKC can expand one unit to 18 (U+FDFA)
+          st = U_ZERO_ERROR;
+          out.assign(static_cast<size_t>(m), u'\0');
+          m = unorm2_normalize(norm, in.data(), n, out.data(), static_cast<int32_t>(out.size()), &st);
+        }
         if (U_FAILURE(st)) throw std::runtime_error(std::string("tokenizer normalizer: ") + u_errorName(st));
         std::string res(static_cast<size_t>(m) * 3 + 1, '\0');
         int32_t k8 = 0;
@@ -665,6 +670,12 @@ class hf_tokenizer final : public tokenizer {
     for (const char* key : {"truncation", "padding"})
       if (j.contains(key) && !j[key].is_null())
         r_.fail(key, "is set; flowrun truncates and pads itself: save the tokenizer with it null");
+    for (int32_t id : prefix_)
+      if (id >= vocab_size() || id_to_token_[id].empty())
+        r_.fail("post_processor", "puts id " + std::to_string(id) + " before the text; it is not in the vocabulary");
+    for (int32_t id : suffix_)
+      if (id >= vocab_size() || id_to_token_[id].empty())
+        r_.fail("post_processor", "puts id " + std::to_string(id) + " after the text; it is not in the vocabulary");
     read_config(fs::path(path).parent_path() / "tokenizer_config.json");
   }
 
@@ -789,11 +800,11 @@ class hf_tokenizer final : public tokenizer {
       const json& t = list[i];
       const json& id = r_.get(t, at, "id");
       if (!id.is_number_integer()) r_.fail(at + ".id", "must be an integer, got " + id.dump());
+      set_token(r_.str(t, at, "content"), id.get<int64_t>(), at + ".id");  // checks the range
       added_token a{r_.str(t, at, "content"), id.get<int32_t>(), r_.flag(t, at, "special", false),
                     r_.flag(t, at, "lstrip", false), r_.flag(t, at, "rstrip", false), r_.flag(t, at, "normalized", false)};
       if (a.content.empty()) r_.fail(at + ".content", "is empty");
       if (r_.flag(t, at, "single_word", false)) r_.fail(at + ".single_word", "true is not supported (only false)");
-      set_token(a.content, a.id, at + ".id");
       if (a.normalized) {  // matched in the normalized text: its content normalized the same way
         for (const auto& n : normalizers_) a.content = n.apply(a.content);
         normalized_added_.push_back(a);
@@ -834,7 +845,8 @@ class hf_tokenizer final : public tokenizer {
           const json& ids = r_.get(specials[name], sp, "ids");
           if (!ids.is_array()) r_.fail(sp + ".ids", "must be a list of ids");
           for (auto& id : ids) {
-            if (!id.is_number_integer()) r_.fail(sp + ".ids", "must be a list of ids, got " + ids.dump());
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > 100'000'000)
+              r_.fail(sp + ".ids", "must be a list of ids, got " + ids.dump());
             (seen_a ? suffix_ : prefix_).push_back(id.get<int32_t>());
           }
         } else {
@@ -868,7 +880,9 @@ class hf_tokenizer final : public tokenizer {
         out = -1;
         return;
       }
-      std::string tok = v.is_string() ? v.get<std::string>() : v.is_object() ? v.value("content", "") : "";
+      std::string tok;
+      if (v.is_string()) tok = v.get<std::string>();
+      else if (v.is_object() && v.contains("content") && v["content"].is_string()) tok = v["content"].get<std::string>();
       if (tok.empty()) throw std::runtime_error(where + ": " + key + " must be a token string or {\"content\": ...}");
       if (auto a = added_by_content_.find(tok); a != added_by_content_.end()) out = a->second;
       else if (auto m = vocab_.find(tok); m != vocab_.end()) out = m->second;
@@ -884,15 +898,20 @@ class hf_tokenizer final : public tokenizer {
   static std::vector<std::pair<std::string, int32_t>> find_added(const std::string& s, const std::vector<added_token>& tokens) {
     std::vector<std::pair<std::string, int32_t>> out;
     size_t start = 0, search = 0;
+    // each token's next occurrence at or after `search`: found again only once passed, so a text is
+    // scanned once per token however many tokens it holds
+    std::vector<size_t> next(tokens.size(), 0);
+    for (size_t k = 0; k < tokens.size(); ++k) next[k] = s.find(tokens[k].content);
     while (!tokens.empty()) {
       size_t best = std::string::npos;
       const added_token* hit = nullptr;
-      for (const auto& t : tokens) {
-        const size_t at = s.find(t.content, search);
+      for (size_t k = 0; k < tokens.size(); ++k) {
+        if (next[k] != std::string::npos && next[k] < search) next[k] = s.find(tokens[k].content, search);
+        const size_t at = next[k];
         if (at == std::string::npos) continue;
-        if (at < best || (at == best && t.content.size() > hit->content.size())) {
+        if (at < best || (at == best && tokens[k].content.size() > hit->content.size())) {
           best = at;
-          hit = &t;
+          hit = &tokens[k];
         }
       }
       if (!hit) break;

@@ -194,6 +194,10 @@ TEST_CASE("hf tokenizer.json: what is not read is refused naming the file and th
        "model.unk_token \"<nope>\" is not in model.vocab"},
       {"template", "llama2", [](auto& j) { j["post_processor"]["single"][0]["SpecialToken"]["id"] = "<bos>"; },
        "post_processor.special_tokens[\"<bos>\"] is missing"},
+      {"template_id", "llama2", [](auto& j) { j["post_processor"]["special_tokens"]["<s>"]["ids"] = {5000}; },
+       "post_processor puts id 5000 before the text; it is not in the vocabulary"},
+      {"config_json", "llama3", [](auto& j) { j["added_tokens"][0]["id"] = 1LL << 40; },
+       "added_tokens[0].id id 1099511627776 of \"<|begin_of_text|>\" is out of range"},
       {"padding", "qwen2", [](auto& j) { j["padding"] = {{"strategy", "BatchLongest"}}; }, "padding is set"},
   };
   for (const auto& c : cases) {

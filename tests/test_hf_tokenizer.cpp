@@ -139,6 +139,60 @@ TEST_CASE("hf tokenizer.json: other pre-tokenizers, normalizers and decoders on 
   CHECK(variants >= 10);
 }
 
+TEST_CASE("hf tokenizer.json: random bytes encode to ids in range, random valid UTF-8 decodes back (llama3, llama2)") {
+  // a fixed-seed xorshift: the same 400 strings on every run
+  uint64_t state = 0x9e3779b97f4a7c15ULL;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  // code points from the ranges the fixtures' texts use, and any byte
+  const std::vector<std::pair<uint32_t, uint32_t>> ranges = {
+      {0x20, 0x7e}, {0x09, 0x0d}, {0xa0, 0x17f}, {0x300, 0x36f}, {0x400, 0x4ff}, {0x600, 0x6ff},
+      {0x900, 0x97f}, {0x3000, 0x303f}, {0x4e00, 0x4fff}, {0xac00, 0xad00}, {0x1f600, 0x1f64f}, {0x2000, 0x206f}};
+  const std::vector<std::string> names = {"llama3", "qwen2", "llama2", "mistral"};
+  std::vector<std::unique_ptr<tokenizer>> toks;
+  for (auto& n : names) toks.push_back(load_tokenizer((k_dir / n).string()));
+  int round_trips = 0;
+  for (int i = 0; i < 400; ++i) {
+    std::string text;
+    const bool raw = i % 4 == 3;  // every fourth: arbitrary bytes, not necessarily UTF-8
+    const int len = static_cast<int>(next() % 40);
+    for (int k = 0; k < len; ++k) {
+      if (raw) {
+        text += static_cast<char>(next() & 0xff);
+        continue;
+      }
+      const auto& r = ranges[next() % ranges.size()];
+      uint32_t cp = r.first + static_cast<uint32_t>(next() % (r.second - r.first + 1));
+      if (cp == 0x2581 || (cp >= 0x2028 && cp <= 0x202e) || (cp >= 0x2060 && cp <= 0x206f)) cp = ' ';
+      // UTF-8 by hand (the test does not use the code under test to build its input)
+      if (cp < 0x80) text += static_cast<char>(cp);
+      else if (cp < 0x800) text += {static_cast<char>(0xc0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3f))};
+      else if (cp < 0x10000)
+        text += {static_cast<char>(0xe0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3f)),
+                 static_cast<char>(0x80 | (cp & 0x3f))};
+      else
+        text += {static_cast<char>(0xf0 | (cp >> 18)), static_cast<char>(0x80 | ((cp >> 12) & 0x3f)),
+                 static_cast<char>(0x80 | ((cp >> 6) & 0x3f)), static_cast<char>(0x80 | (cp & 0x3f))};
+    }
+    for (size_t t = 0; t < toks.size(); ++t) {
+      INFO(names[t] << " string " << i << " (" << text.size() << " bytes)");
+      const auto ids = toks[t]->encode(text);
+      for (auto id : ids) REQUIRE((id >= 0 && id < toks[t]->vocab_size()));
+      // byte-level without a normalizer (llama3) and Llama 2's Prepend/Replace + Strip give valid UTF-8 back as is
+      if (!raw && (names[t] == "llama3" || names[t] == "llama2")) {
+        CHECK(toks[t]->decode(ids) == text);
+        ++round_trips;
+      }
+    }
+  }
+  MESSAGE(round_trips << " random texts decoded back exactly");
+  CHECK(round_trips == 600);
+}
+
 TEST_CASE("hf tokenizer.json: load_tokenizer takes the file or its folder, folder_has_tokenizer sees it") {
   auto a = load_tokenizer((k_dir / "llama3" / "tokenizer.json").string());
   auto b = load_tokenizer((k_dir / "llama3").string());

@@ -139,7 +139,7 @@ std::string oniguruma_spaces(const std::string& pat) {
 
 class regex {
  public:
-  regex(const std::string& pattern, const reader& r, const std::string& path) {
+  regex(const std::string& pattern, const reader& r, const std::string& path) : where_(r.file + ": " + path) {
     int err = 0;
     PCRE2_SIZE off = 0;
     const std::string pat = oniguruma_spaces(pattern);
@@ -170,7 +170,7 @@ class regex {
         pcre2_match_data_free(md);
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        throw std::runtime_error(std::string("tokenizer regex match failed: ") + reinterpret_cast<char*>(msg));
+        throw std::runtime_error(where_ + " regex: matching failed (PCRE2: " + reinterpret_cast<char*>(msg) + ")");
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
       const size_t b = ov[0], e = ov[1];
@@ -189,6 +189,7 @@ class regex {
   }
 
  private:
+  std::string where_;  // "file: json.path" for errors
   pcre2_code* code_ = nullptr;
 };
 
@@ -643,6 +644,8 @@ void read_decoder(const json& v, const reader& r, const std::string& path, std::
 // ---------------------------------------------------------------------------------------------
 // The tokenizer
 
+constexpr int64_t k_max_vocab = 10'000'000;
+
 struct added_token {
   std::string content;
   int32_t id;
@@ -693,8 +696,7 @@ class hf_tokenizer final : public tokenizer {
         first = false;
         continue;
       }
-      std::string norm = gap;
-      for (const auto& n : normalizers_) norm = n.apply(norm);
+      const std::string norm = normalize(gap);
       bool gap_first = first;
       for (auto& [piece, id2] : find_added(norm, normalized_added_)) {
         if (id2 >= 0) out.push_back(id2);
@@ -736,7 +738,9 @@ class hf_tokenizer final : public tokenizer {
 
  private:
   void set_token(const std::string& tok, int64_t id, const std::string& path) {
-    if (id < 0 || id > 100'000'000) r_.fail(path, "id " + std::to_string(id) + " of \"" + tok + "\" is out of range");
+    // 10M: far above any real vocabulary (Gemma's 256K), and a bound on the id -> token table
+    if (id < 0 || id >= k_max_vocab)
+      r_.fail(path, "id " + std::to_string(id) + " of \"" + tok + "\" is out of range [0, 10000000)");
     if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
     id_to_token_[id] = tok;
   }
@@ -806,7 +810,8 @@ class hf_tokenizer final : public tokenizer {
       if (a.content.empty()) r_.fail(at + ".content", "is empty");
       if (r_.flag(t, at, "single_word", false)) r_.fail(at + ".single_word", "true is not supported (only false)");
       if (a.normalized) {  // matched in the normalized text: its content normalized the same way
-        for (const auto& n : normalizers_) a.content = n.apply(a.content);
+        a.content = normalize(a.content);
+        if (a.content.empty()) r_.fail(at + ".content", "is empty once normalized");
         normalized_added_.push_back(a);
       } else {
         raw_added_.push_back(a);
@@ -845,7 +850,7 @@ class hf_tokenizer final : public tokenizer {
           const json& ids = r_.get(specials[name], sp, "ids");
           if (!ids.is_array()) r_.fail(sp + ".ids", "must be a list of ids");
           for (auto& id : ids) {
-            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > 100'000'000)
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= k_max_vocab)
               r_.fail(sp + ".ids", "must be a list of ids, got " + ids.dump());
             (seen_a ? suffix_ : prefix_).push_back(id.get<int32_t>());
           }
@@ -942,6 +947,22 @@ class hf_tokenizer final : public tokenizer {
     }
     if (start < s.size() || out.empty()) out.emplace_back(s.substr(start), -1);
     return out;
+  }
+
+  // The normalizers in order. A text that grows past 32 times its size (+ 4 KiB) is refused: no real
+  // normalizer does that (NFKC's largest expansion is 18 characters for U+FDFA), and a chain of Replace
+  // steps could grow it exponentially.
+  std::string normalize(const std::string& text) const {
+    std::string s = text;
+    const size_t limit = 32 * text.size() + 4096;
+    for (size_t i = 0; i < normalizers_.size(); ++i) {
+      s = normalizers_[i].apply(s);
+      if (s.size() > limit)
+        throw std::runtime_error(r_.file + ": normalizer step " + std::to_string(i + 1) + " grows a text of " +
+                                 std::to_string(text.size()) + " bytes to " + std::to_string(s.size()) +
+                                 "; refusing (a Replace that inserts more than it removes?)");
+    }
+    return s;
   }
 
   // A gap of text without added tokens: pre-tokenize, then BPE each piece.

@@ -44,7 +44,7 @@ std::unique_ptr<tokenizer> load_gpt2_bpe(const std::string& vocab_json, const st
 /// Load a Hugging Face tokenizer.json (the `tokenizers` library's format): a BPE model, byte-level
 /// (GPT-2, Llama 3, Qwen2) or with byte fallback (Llama 2, Mistral), with its normalizer,
 /// pre-tokenizer (including Split by a regex, run by PCRE2), added/special tokens, decoder and
-/// post-processor; docs/architecture.md "Tokenizers" lists the types read. encode gives the ids of
+/// post-processor; docs/rlhf.md "Tokenizers" lists the types read. encode gives the ids of
 /// tokenizers' encode(text, add_special_tokens=False); with add_bos, the ids its post-processor
 /// (TemplateProcessing) puts before the text, or BOS when it has none; with add_eos, those it puts
 /// after, or EOS. adds_bos() is true when the template puts ids before the text (Llama 2/3: BOS;
@@ -54,7 +54,9 @@ std::unique_ptr<tokenizer> load_gpt2_bpe(const std::string& vocab_json, const st
 /// template's one leading token, EOS its one trailing token, and there is no pad.
 /// Throws std::runtime_error naming the file and the JSON path of anything it does not read
 /// (e.g. "tok/tokenizer.json: model.type \"Unigram\" is not supported; supported: BPE ..."),
-/// never approximating it.
+/// never approximating it. encode throws std::runtime_error naming the file for a character the model
+/// cannot spell (not in the vocabulary, and no unk_token or byte_fallback), a normalizer that grows a
+/// text past 32 times its size, or a regex that hits PCRE2's match limit. Thread-safe (const).
 std::unique_ptr<tokenizer> load_hf_tokenizer(const std::string& tokenizer_json);
 
 /// Load by type: a *.model file → SentencePiece; a vocab.json file (merges.txt

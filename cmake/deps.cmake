@@ -75,6 +75,8 @@ pkg_check_modules(HWY REQUIRED IMPORTED_TARGET libhwy)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 # ICU (libicu-dev): Unicode character classes for the GPT-2 BPE tokenizer.
 pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)
+# PCRE2 (libpcre2-dev): regexes of Hugging Face tokenizer.json pre-tokenizers (models/hf_tokenizer.cpp).
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 find_package(spdlog REQUIRED)
 find_package(doctest REQUIRED)
 find_package(tomlplusplus REQUIRED)

@@ -14,6 +14,9 @@
 //      rank until no ranked pair is left, and look the symbols up in vocab.json.
 // Decoding maps the code points back to bytes.
 //
+// Steps 2 and 3 (and the UTF-8 helpers) are shared with the Hugging Face tokenizer.json
+// reader (models/hf_tokenizer.cpp) through models/bpe.h; they are defined here.
+//
 // Unicode classes: \p{L} = general categories Lu Ll Lt Lm Lo, \p{N} = Nd Nl No,
 // \s = the White_Space property (what Python's `regex` module, which encoder.py
 // uses, matches), from ICU (libicu-dev: u_charType, u_isUWhiteSpace), with an
@@ -23,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <queue>
 #include <set>
 #include <stdexcept>
 #include <unordered_map>
@@ -30,6 +34,7 @@
 #include <nlohmann/json.hpp>
 #include <unicode/uchar.h>
 
+#include "models/bpe.h"
 #include "models/tokenizer.h"
 
 namespace flowrun {
@@ -62,10 +67,14 @@ char_class classify(uint32_t cp) {
   }
 }
 
-// One code point of `s` at byte i: its value and byte length. Invalid UTF-8
-// (a stray byte) decodes as U+FFFD (class "other") of length 1, so every byte is
+}  // namespace
+
+namespace bpe {
+
+// Invalid UTF-8 (a stray byte) decodes as U+FFFD (class "other") of length 1, so every byte is
 // still tokenized (byte-level BPE covers all 256 bytes).
-uint32_t next_cp(const std::string& s, size_t i, size_t& len) {
+
+uint32_t next_cp(std::string_view s, size_t i, size_t& len) {
   const auto b0 = static_cast<unsigned char>(s[i]);
   auto cont = [&](size_t k) { return i + k < s.size() && (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80; };
   auto bits = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k]) & 0x3f); };
@@ -113,8 +122,7 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
-// Pre-tokenize `text` (no special tokens in it) with GPT-2's regex; returns byte ranges.
-std::vector<std::pair<size_t, size_t>> pretokenize(const std::string& text) {
+std::vector<std::pair<size_t, size_t>> gpt2_pretokenize(std::string_view text) {
   struct cpi {
     uint32_t cp;
     size_t pos;
@@ -161,6 +169,123 @@ std::vector<std::pair<size_t, size_t>> pretokenize(const std::string& text) {
   return out;
 }
 
+std::string utf8_lossy(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char b0 = byte(i);
+    if (b0 < 0x80) {
+      out += static_cast<char>(b0);
+      ++i;
+      continue;
+    }
+    // the length of the sequence b0 starts and the range its second byte must fall in (Unicode Table 3-7)
+    size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (b0 >= 0xc2 && b0 <= 0xdf) need = 2;
+    else if (b0 >= 0xe0 && b0 <= 0xef) {
+      need = 3;
+      if (b0 == 0xe0) lo = 0xa0;
+      if (b0 == 0xed) hi = 0x9f;
+    } else if (b0 >= 0xf0 && b0 <= 0xf4) {
+      need = 4;
+      if (b0 == 0xf0) lo = 0x90;
+      if (b0 == 0xf4) hi = 0x8f;
+    }
+    size_t got = 1;
+    while (need && got < need && i + got < s.size()) {
+      const unsigned char b = byte(i + got);
+      const bool ok = got == 1 ? (b >= lo && b <= hi) : (b >= 0x80 && b <= 0xbf);
+      if (!ok) break;
+      ++got;
+    }
+    if (need && got == need) out.append(s.substr(i, need));
+    else out += "\xef\xbf\xbd";  // U+FFFD for the maximal subpart s[i, i + got)
+    i += got;
+  }
+  return out;
+}
+
+const byte_alphabet& bytes_to_unicode() {
+  static const byte_alphabet a = [] {
+    byte_alphabet t;
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+      uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
+      append_utf8(t.enc[b], cp);
+      t.dec[cp] = static_cast<uint8_t>(b);
+    }
+    return t;
+  }();
+  return a;
+}
+
+std::string pair_key(std::string_view a, std::string_view b) {
+  std::string k;
+  k.reserve(a.size() + b.size() + 5);
+  k.append(std::to_string(a.size())).push_back(':');
+  k.append(a).append(b);
+  return k;
+}
+
+void merge(std::vector<std::string>& sym, const ranks_map& ranks) {
+  const int n = static_cast<int>(sym.size());
+  if (n < 2) return;
+  // a doubly linked list over the symbols; a merge keeps the left node and kills the right one
+  std::vector<int> prev(n), next(n);
+  std::vector<uint32_t> version(n, 0);
+  std::vector<char> alive(n, 1);
+  for (int i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
+  struct candidate {
+    int32_t rank;
+    int left, right;
+    uint32_t v_left, v_right;
+  };
+  auto later = [](const candidate& a, const candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
+  };
+  std::priority_queue<candidate, std::vector<candidate>, decltype(later)> heap(later);
+  auto push = [&](int l, int r) {
+    auto it = ranks.find(pair_key(sym[l], sym[r]));
+    if (it != ranks.end()) heap.push({it->second, l, r, version[l], version[r]});
+  };
+  for (int i = 0; i + 1 < n; ++i) push(i, i + 1);
+  while (!heap.empty()) {
+    const candidate c = heap.top();
+    heap.pop();
+    // stale: a side was merged away or changed since this pair was ranked
+    if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || version[c.left] != c.v_left ||
+        version[c.right] != c.v_right)
+      continue;
+    sym[c.left] += sym[c.right];
+    ++version[c.left];
+    alive[c.right] = 0;
+    const int nn = next[c.right];
+    next[c.left] = nn;
+    if (nn >= 0) prev[nn] = c.left;
+    if (prev[c.left] >= 0) push(prev[c.left], c.left);
+    if (nn >= 0) push(c.left, nn);
+  }
+  size_t w = 0;
+  for (int i = 0; i < n; ++i)
+    if (alive[i]) {
+      if (w != static_cast<size_t>(i)) sym[w] = std::move(sym[i]);
+      ++w;
+    }
+  sym.resize(w);
+}
+
+}  // namespace bpe
+
+namespace {
+
+using bpe::next_cp;
+
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream f(p);
   if (!f) throw std::runtime_error(p.string() + ": cannot open");
@@ -181,7 +306,6 @@ std::string token_content(const nlohmann::json& v) {
 class gpt2_bpe_tokenizer final : public tokenizer {
  public:
   gpt2_bpe_tokenizer(const std::string& vocab_json, const std::string& merges_txt) {
-    build_byte_maps();
     load_vocab(vocab_json);
     load_merges(merges_txt);
     load_specials(fs::path(vocab_json).parent_path());
@@ -224,8 +348,8 @@ class gpt2_bpe_tokenizer final : public tokenizer {
       for (size_t i = 0; i < tok.size();) {
         size_t len;
         uint32_t cp = next_cp(tok, i, len);
-        auto it = byte_dec_.find(cp);
-        if (it != byte_dec_.end()) out += static_cast<char>(it->second);
+        auto it = bytes_.dec.find(cp);
+        if (it != bytes_.dec.end()) out += static_cast<char>(it->second);
         else out.append(tok, i, len);  // not a byte symbol (a hand-added token): its text as is
         i += len;
       }
@@ -243,19 +367,6 @@ class gpt2_bpe_tokenizer final : public tokenizer {
   bool adds_bos() const override { return add_bos_; }
 
  private:
-  // encoder.py bytes_to_unicode(): printable Latin-1 bytes map to themselves, the
-  // other 68 bytes to U+0100 onwards, in byte order.
-  void build_byte_maps() {
-    int n = 0;
-    for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-      uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
-      byte_enc_[b].clear();
-      append_utf8(byte_enc_[b], cp);
-      byte_dec_[cp] = static_cast<uint8_t>(b);
-    }
-  }
-
   void add_token(const std::string& tok, int64_t id, const std::string& file) {
     if (id < 0 || id > INT32_MAX) throw std::runtime_error(file + ": token '" + tok + "' has a bad id " + std::to_string(id));
     if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
@@ -286,7 +397,8 @@ class gpt2_bpe_tokenizer final : public tokenizer {
       if (sp == std::string::npos || sp == 0 || sp + 1 == line.size() || line.find(' ', sp + 1) != std::string::npos)
         throw std::runtime_error(path + ":" + std::to_string(lineno) + ": a merge must be two symbols separated by "
                                                                        "one space, got '" + line + "'");
-      ranks_.emplace(line, rank++);  // the key is "first second"
+      ranks_.emplace(bpe::pair_key(std::string_view(line).substr(0, sp), std::string_view(line).substr(sp + 1)),
+                     rank++);
     }
     if (ranks_.empty()) throw std::runtime_error(path + ": no merges");
   }
@@ -363,34 +475,8 @@ class gpt2_bpe_tokenizer final : public tokenizer {
     }
     std::vector<std::string> sym;
     sym.reserve(word.size());
-    for (unsigned char b : word) sym.push_back(byte_enc_[b]);
-    std::string key;
-    while (sym.size() > 1) {
-      int32_t best = INT32_MAX;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        key.assign(sym[i]).append(" ").append(sym[i + 1]);
-        auto it = ranks_.find(key);
-        if (it != ranks_.end() && it->second < best) {
-          best = it->second;
-          at = i;
-        }
-      }
-      if (best == INT32_MAX) break;
-      // merge every occurrence of the pair, left to right (encoder.py bpe())
-      const std::string first = sym[at], second = sym[at + 1];
-      std::vector<std::string> merged;
-      merged.reserve(sym.size());
-      for (size_t i = 0; i < sym.size();) {
-        if (i + 1 < sym.size() && sym[i] == first && sym[i + 1] == second) {
-          merged.push_back(first + second);
-          i += 2;
-        } else {
-          merged.push_back(sym[i++]);
-        }
-      }
-      sym.swap(merged);
-    }
+    for (unsigned char b : word) sym.push_back(bytes_.enc[b]);
+    bpe::merge(sym, ranks_);
     std::vector<int32_t> ids;
     for (const auto& s : sym) {
       auto it = encoder_.find(s);
@@ -406,14 +492,13 @@ class gpt2_bpe_tokenizer final : public tokenizer {
   }
 
   void encode_ordinary(const std::string& text, std::vector<int32_t>& out) const {
-    for (auto [b, e] : pretokenize(text)) bpe(text.substr(b, e - b), out);
+    for (auto [b, e] : bpe::gpt2_pretokenize(text)) bpe(text.substr(b, e - b), out);
   }
 
-  std::string byte_enc_[256];
-  std::unordered_map<uint32_t, uint8_t> byte_dec_;
+  const bpe::byte_alphabet& bytes_ = bpe::bytes_to_unicode();
   std::unordered_map<std::string, int32_t> encoder_;
   std::vector<std::string> id_to_token_;
-  std::unordered_map<std::string, int32_t> ranks_;
+  bpe::ranks_map ranks_;
   std::vector<std::pair<std::string, int32_t>> specials_;
   std::set<int32_t> special_ids_;
   int32_t bos_ = -1, eos_ = -1, pad_ = -1, unk_ = -1;

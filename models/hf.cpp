@@ -149,9 +149,7 @@ std::string list_names(const std::vector<std::string>& v, size_t max = 12) {
 
 // The size of a tokenizer stored in an HF folder, or -1 when there is none.
 int64_t folder_tokenizer_size(const fs::path& dir) {
-  bool sp = fs::exists(dir / "tokenizer.model");
-  bool bpe = fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt");
-  if (!sp && !bpe) return -1;
+  if (!folder_has_tokenizer(dir.string())) return -1;
   try {
     return load_tokenizer(dir.string())->vocab_size();
   } catch (const std::exception& e) {

@@ -59,17 +59,25 @@ std::unique_ptr<tokenizer> load_sentencepiece(const std::string& path) {
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path) {
   std::filesystem::path p(path);
   if (std::filesystem::is_directory(p)) {
+    if (std::filesystem::exists(p / "tokenizer.json")) return load_hf_tokenizer((p / "tokenizer.json").string());
     if (std::filesystem::exists(p / "tokenizer.model")) return load_sentencepiece((p / "tokenizer.model").string());
     if (std::filesystem::exists(p / "vocab.json") && std::filesystem::exists(p / "merges.txt"))
       return load_gpt2_bpe((p / "vocab.json").string(), (p / "merges.txt").string());
-    throw std::runtime_error(path + ": no tokenizer in the folder: expected tokenizer.model (SentencePiece) or "
-                                    "vocab.json + merges.txt (GPT-2 byte-level BPE)");
+    throw std::runtime_error(path + ": no tokenizer in the folder: expected tokenizer.json (Hugging Face), "
+                                    "tokenizer.model (SentencePiece) or vocab.json + merges.txt (GPT-2 byte-level BPE)");
   }
   if (p.extension() == ".model") return load_sentencepiece(path);
+  if (p.filename() == "tokenizer.json") return load_hf_tokenizer(path);
   if (p.filename() == "vocab.json") return load_gpt2_bpe(path, (p.parent_path() / "merges.txt").string());
   throw std::runtime_error(path + ": unknown tokenizer format; give a SentencePiece .model file "
                                   "(e.g. model/stories260K/tok512.model), a GPT-2 BPE vocab.json (with merges.txt "
-                                  "beside it), or a folder holding either");
+                                  "beside it), a Hugging Face tokenizer.json, or a folder holding one of them");
+}
+
+bool folder_has_tokenizer(const std::string& dir) {
+  const std::filesystem::path d(dir);
+  return std::filesystem::exists(d / "tokenizer.json") || std::filesystem::exists(d / "tokenizer.model") ||
+         (std::filesystem::exists(d / "vocab.json") && std::filesystem::exists(d / "merges.txt"));
 }
 
 std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const std::string& dst_in, bool hf_names) {

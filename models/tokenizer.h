@@ -1,5 +1,6 @@
 // Tokenizers behind one interface: SentencePiece (LLaMA, via the SentencePiece
-// library) and GPT-2 byte-level BPE (GPT-2, OPT; models/bpe_tokenizer.cpp).
+// library), GPT-2 byte-level BPE (GPT-2, OPT; models/bpe_tokenizer.cpp) and Hugging Face
+// tokenizer.json (Llama 2/3, Mistral, Qwen2; models/hf_tokenizer.cpp).
 #pragma once
 
 #include <cstdint>
@@ -40,10 +41,33 @@ std::unique_ptr<tokenizer> load_sentencepiece(const std::string& path);
 /// Throws std::runtime_error naming the file and the problem.
 std::unique_ptr<tokenizer> load_gpt2_bpe(const std::string& vocab_json, const std::string& merges_txt);
 
+/// Load a Hugging Face tokenizer.json (the `tokenizers` library's format): a BPE model, byte-level
+/// (GPT-2, Llama 3, Qwen2) or with byte fallback (Llama 2, Mistral), with its normalizer,
+/// pre-tokenizer (including Split by a regex, run by PCRE2), added/special tokens, decoder and
+/// post-processor; docs/rlhf.md "Tokenizers" lists the types read. encode gives the ids of
+/// tokenizers' encode(text, add_special_tokens=False); with add_bos, the ids its post-processor
+/// (TemplateProcessing) puts before the text, or BOS when it has none; with add_eos, those it puts
+/// after, or EOS. adds_bos() is true when the template puts ids before the text (Llama 2/3: BOS;
+/// Qwen2: none). decode is tokenizers' decode(ids, skip_special_tokens=False) of the ids less
+/// BOS, EOS and pad (invalid UTF-8 becomes U+FFFD, as there). bos/eos/pad come from
+/// tokenizer_config.json beside the file (bos_token, eos_token, pad_token); without it, BOS is the
+/// template's one leading token, EOS its one trailing token, and there is no pad.
+/// Throws std::runtime_error naming the file and the JSON path of anything it does not read
+/// (e.g. "tok/tokenizer.json: model.type \"Unigram\" is not supported; supported: BPE ..."),
+/// never approximating it. encode throws std::runtime_error naming the file for a character the model
+/// cannot spell (not in the vocabulary, and no unk_token or byte_fallback), a normalizer that grows a
+/// text past 32 times its size, or a regex that hits PCRE2's match limit. Thread-safe (const).
+std::unique_ptr<tokenizer> load_hf_tokenizer(const std::string& tokenizer_json);
+
 /// Load by type: a *.model file → SentencePiece; a vocab.json file (merges.txt
-/// beside it) → GPT-2 BPE; a folder holding tokenizer.model (SentencePiece) or
-/// vocab.json + merges.txt (GPT-2 BPE). Throws std::runtime_error with a hint otherwise.
+/// beside it) → GPT-2 BPE; a tokenizer.json file → Hugging Face tokenizers; a folder
+/// holding tokenizer.json (taken first, as transformers' AutoTokenizer does), tokenizer.model
+/// (SentencePiece) or vocab.json + merges.txt (GPT-2 BPE). Throws std::runtime_error with a hint otherwise.
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
+
+/// Whether folder `dir` holds a tokenizer load_tokenizer reads (tokenizer.json, tokenizer.model,
+/// or vocab.json + merges.txt). Does not read the files.
+bool folder_has_tokenizer(const std::string& dir);
 
 /// Copy the files of the tokenizer at `src` (what load_tokenizer takes: a SentencePiece
 /// .model file, a vocab.json with merges.txt beside it, or a folder) into folder `dst_dir`

@@ -18,6 +18,8 @@ packages=(
   libicu-dev zlib1g-dev libgloo-dev
   # Google Highway: the CPU backend's vector kernels (AVX2, AVX-512, NEON, ... chosen at run time)
   libhwy-dev
+  # Hugging Face tokenizer.json: the Split pre-tokenizer's regexes (Llama 3, Qwen2)
+  libpcre2-dev
   # cluster authentication (HMAC-SHA256, libcrypto) and TLS between nodes (caf_openssl links libssl)
   libssl-dev
   # the CPU backend's GEMM (oneDNN's dnnl_sgemm: AVX-512 kernels on CPUs OpenBLAS 0.3.21 does not know;

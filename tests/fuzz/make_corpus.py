@@ -253,6 +253,74 @@ def gen_tokenizer():
     write("tokenizer", "decode_wild", b"\x80" + struct.pack("<5i", -1, 2**31 - 1, -2**31, 400, 401))
 
 
+# ---- hf_tokenizer ------------------------------------------------------------------------------------------
+
+def mini_tokenizer_json(model, normalizer=None, pre_tokenizer=None, decoder=None, post_processor=None, added=()):
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None,
+                       "added_tokens": [dict(id=i, content=c, single_word=False, lstrip=ls, rstrip=rs,
+                                             normalized=False, special=True) for i, c, ls, rs in added],
+                       "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "model": model,
+                       "decoder": decoder, "post_processor": post_processor}, ensure_ascii=False)
+
+
+def gen_hf_tokenizer():
+    # the shapes of tests/fixtures/hftok (Llama 3, Qwen2, Llama 2, Mistral) with a vocabulary of a few tokens
+    bl_chars = [chr(c) for c in range(0x21, 0x7f)] + ["\u0120", "\u010a", "\u0109"]
+    bl_vocab = {"<|begin_of_text|>": 0, "<|eot_id|>": 1}
+    for c in bl_chars:
+        bl_vocab[c] = len(bl_vocab)
+    bl_vocab.update({"\u0120t": len(bl_vocab), "he": len(bl_vocab) + 1, "\u0120the": len(bl_vocab) + 2})
+    bl_model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                "vocab": bl_vocab, "merges": [["\u0120", "t"], ["h", "e"], ["\u0120t", "he"]]}
+    llama3_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    template = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [], "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [0],
+                                                                     "tokens": ["<|begin_of_text|>"]}}}
+    write("hf_tokenizer", "llama3_like", mini_tokenizer_json(
+        bl_model, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": llama3_re}, "behavior": "Isolated", "invert": False}, bl]},
+        decoder=dict(bl), post_processor={"type": "Sequence", "processors": [dict(bl), template]},
+        added=[(0, "<|begin_of_text|>", False, False), (1, "<|eot_id|>", False, False)]))
+    write("hf_tokenizer", "qwen2_like_text", parts(mini_tokenizer_json(
+        dict(bl_model, ignore_merges=False), normalizer={"type": "NFC"},
+        pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": llama3_re.replace("{1,3}", "")}, "behavior": "Isolated",
+             "invert": False}, bl]}, decoder=dict(bl), added=[(1, "<|eot_id|>", True, True)]),
+        "cafe\u0301 \u4e2d\u6587 12345  <|eot_id|>  the\n\n\tend"))
+    fb_vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        fb_vocab["<0x%02X>" % b] = len(fb_vocab)
+    for p in ["\u2581", "t", "h", "e", "a", "\u2581t", "he", "\u2581the"]:
+        fb_vocab[p] = len(fb_vocab)
+    fb_model = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                "vocab": fb_vocab, "merges": ["\u2581 t", "h e", "\u2581t he"]}
+    write("hf_tokenizer", "llama2_like", mini_tokenizer_json(
+        fb_model, normalizer={"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        decoder={"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        post_processor=dict(template, single=[{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                              {"Sequence": {"id": "A", "type_id": 0}}],
+                            special_tokens={"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}),
+        added=[(0, "<unk>", False, False), (1, "<s>", False, False), (2, "</s>", False, False)]))
+    write("hf_tokenizer", "mistral_like", mini_tokenizer_json(
+        fb_model, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True},
+            {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}]},
+        decoder={"type": "Sequence", "decoders": [
+            {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                                       "split": False}]},
+        added=[(0, "<unk>", False, False), (1, "<s>", True, False), (2, "</s>", False, True)]))
+    write("hf_tokenizer", "unsupported_pre_tokenizer", mini_tokenizer_json(
+        fb_model, pre_tokenizer={"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}]}))
+
+
 # ---- console -----------------------------------------------------------------------------------------------
 
 def http(method, path, headers=(), body=b""):
@@ -359,7 +427,7 @@ def gen_cluster():
 
 def main():
     for g in [gen_graph, gen_dschat, gen_lm, gen_ds_config, gen_safetensors, gen_hf, gen_llama2c, gen_adapter,
-              gen_tokenizer, gen_console, gen_cluster]:
+              gen_tokenizer, gen_hf_tokenizer, gen_console, gen_cluster]:
         g()
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
     print("wrote %d files, %d bytes, in %s" % (sum(len(fs) for _, _, fs in os.walk(OUT)), total, OUT))

@@ -19,10 +19,10 @@ shift 2
 # name and -max_len: enough for the largest seed, small enough to stay fast
 declare -A max_len=(
   [graph]=4096 [dschat_data]=4096 [lm_data]=4096 [ds_config]=4096 [safetensors]=8192 [hf]=8192
-  [llama2c]=4096 [adapter]=8192 [tokenizer]=1024 [console]=2048 [cluster]=4096
+  [llama2c]=4096 [adapter]=8192 [tokenizer]=1024 [hf_tokenizer]=8192 [console]=2048 [cluster]=4096
 )
 targets=("$@")
-((${#targets[@]})) || targets=(graph dschat_data lm_data ds_config safetensors hf llama2c adapter tokenizer console cluster)
+((${#targets[@]})) || targets=(graph dschat_data lm_data ds_config safetensors hf llama2c adapter tokenizer hf_tokenizer console cluster)
 work="$build/fuzz-work"
 # stack traces with file:line (Debian's llvm-symbolizer, where installed)
 for s in llvm-symbolizer-16 llvm-symbolizer; do

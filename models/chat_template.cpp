@@ -71,17 +71,20 @@ hf_chat_template load_hf_chat_template(const std::string& path) {
 }
 
 std::string apply_chat_template(const hf_chat_template& t, const nlohmann::ordered_json& messages,
-                                bool add_generation_prompt, const nlohmann::ordered_json& extra) {
+                                bool add_generation_prompt, const nlohmann::ordered_json& extra,
+                                const nlohmann::ordered_json& tools) {
   if (!messages.is_array())
     throw chat_template_error(t.tmpl.name() + ": messages must be a JSON array of {\"role\", \"content\"} objects");
   for (const auto& m : messages)
     if (!m.is_object())
       throw chat_template_error(t.tmpl.name() + ": each message must be a JSON object, got " + m.dump());
   if (!extra.is_object()) throw chat_template_error(t.tmpl.name() + ": the extra variables must be a JSON object");
+  if (!tools.is_null() && !tools.is_array())
+    throw chat_template_error(t.tmpl.name() + ": tools must be null or a JSON array of function schemas");
   // render_jinja_template(messages=..., tools=None, documents=None, add_generation_prompt=..., **special_tokens, **kwargs)
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
   vars["messages"] = messages;
-  vars["tools"] = nullptr;
+  vars["tools"] = tools;
   vars["documents"] = nullptr;
   vars["add_generation_prompt"] = add_generation_prompt;
   for (auto it = t.special_tokens.begin(); it != t.special_tokens.end(); ++it) vars[it.key()] = it.value();

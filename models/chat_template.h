@@ -75,12 +75,14 @@ struct hf_chat_template {
 /// chat_template_error when the template does not parse.
 hf_chat_template load_hf_chat_template(const std::string& path);
 
-/// transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...): renders
-/// with messages, tools=None, documents=None, add_generation_prompt, the special tokens and `extra`
-/// (extra keys win, as apply_chat_template's **kwargs do; e.g. {"date_string": "26 Jul 2024"}).
-/// `messages`: a JSON array of {"role": ..., "content": ...}. Throws chat_template_error.
+/// transformers' apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=...):
+/// renders with messages, tools (JSON null: None, or an array of JSON schemas), documents=None,
+/// add_generation_prompt, the special tokens and `extra` (extra keys win, as apply_chat_template's
+/// **kwargs do; e.g. {"date_string": "26 Jul 2024"}).
+/// `messages`: a JSON array of {"role": ..., "content": ..., ...} objects. Throws chat_template_error.
 std::string apply_chat_template(const hf_chat_template& t, const nlohmann::ordered_json& messages,
                                 bool add_generation_prompt,
-                                const nlohmann::ordered_json& extra = nlohmann::ordered_json::object());
+                                const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
+                                const nlohmann::ordered_json& tools = nullptr);
 
 }  // namespace flowrun

@@ -1,12 +1,16 @@
 // Chat templates (models/chat_template.h) against transformers' apply_chat_template: the expected
 // texts in tests/fixtures/chat_templates/expected.json were rendered by make_expected.py beside it
-// (transformers + Jinja2); every comparison is byte for byte.
+// (transformers + Jinja2); every comparison is byte for byte. Also the rows-to-messages functions of
+// models/chat_format.h against the same script's Python rule.
 #include <doctest/doctest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
+#include "models/chat_format.h"
 #include "models/chat_template.h"
 
 using flowrun::chat_template;
@@ -198,4 +202,77 @@ TEST_CASE("load_hf_chat_template reads tokenizer_config.json: a string, a named 
                          chat_template_error);
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("dschat_messages splits DS-Chat / HH-RLHF prompts into turns as the fixtures' Python rule does") {
+  int n = 0;
+  for (const auto& c : expected()["dschat_split"]) {
+    const std::string prompt = c["prompt"].get<std::string>();
+    CAPTURE(prompt);
+    if (c.contains("messages")) {
+      CHECK(flowrun::dschat_messages(prompt) == c["messages"]);
+    } else {
+      CHECK_THROWS_WITH_AS(flowrun::dschat_messages(prompt), doctest::Contains("DS-Chat prompt"), std::runtime_error);
+    }
+    ++n;
+  }
+  CHECK(n == 8);
+  // the response is appended, stripped, as the assistant's message
+  std::string resp = "  fine.\n";
+  CHECK(flowrun::dschat_messages("\n\nHuman: hi\n\nAssistant:", &resp) ==
+        json::parse(R"([{"role":"user","content":"hi"},{"role":"assistant","content":"fine."}])"));
+}
+
+TEST_CASE("chat_formatter renders DS-Chat rows and GSM8K questions with each model's template as transformers does") {
+  const json& ex = expected();
+  auto conv = [&](const std::string& name) -> const json& {
+    for (const auto& c : ex["conversations"])
+      if (c["name"] == name) return c;
+    FAIL("no conversation " << name);
+    return ex;
+  };
+  const json& prompt_conv = conv("dschat_hh_rlhf_prompt");
+  const json& chosen_conv = conv("dschat_hh_rlhf_chosen");
+  const json& gsm8k_conv = conv("gsm8k_question");
+  const std::string dschat_prompt = prompt_conv["dschat_prompt"].get<std::string>();
+  const std::string chosen = chosen_conv["dschat_response"].get<std::string>();
+  const std::string question = gsm8k_conv["gsm8k_question"].get<std::string>();
+  int n = 0;
+  for (auto it = ex["templates"].begin(); it != ex["templates"].end(); ++it) {
+    const std::string file = it.key();
+    CAPTURE(file);
+    const json& t = it.value();
+    flowrun::hf_chat_template ht{chat_template::parse(slurp(fixtures / file), file), json::object()};
+    if (!t["bos_token"].is_null()) ht.special_tokens["bos_token"] = t["bos_token"];
+    if (!t["eos_token"].is_null()) ht.special_tokens["eos_token"] = t["eos_token"];
+    flowrun::chat_formatter f(ht, t["variables"]);
+    CHECK(f.dschat_prompt(dschat_prompt) == t["results"]["dschat_hh_rlhf_prompt"]["text"].get<std::string>());
+    auto pr = f.dschat_prompt_response(dschat_prompt, chosen);
+    CHECK(pr.full == t["results"]["dschat_hh_rlhf_chosen"]["text"].get<std::string>());
+    CHECK(pr.prompt == t["results"]["dschat_hh_rlhf_prompt"]["text"].get<std::string>());
+    CHECK(f.gsm8k_prompt(question) == t["results"]["gsm8k_question"]["text"].get<std::string>());
+    ++n;
+  }
+  CHECK(n == 7);
+
+  // from a model folder's tokenizer_config.json (Llama 3.1's template, its special tokens)
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("flowrun_chat_format_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string llama = "meta-llama-Llama-3.1-8B-Instruct.jinja";
+  std::ofstream(dir / "tokenizer_config.json")
+      << json({{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}, {"chat_template", slurp(fixtures / llama)}})
+             .dump();
+  flowrun::chat_formatter f(dir.string(), {{"date_string", "26 Jul 2024"}});
+  CHECK(f.dschat_prompt(dschat_prompt) == ex["templates"][llama]["results"]["dschat_hh_rlhf_prompt"]["text"].get<std::string>());
+  fs::remove_all(dir);
+
+  // a template whose generation prompt is not a prefix of the whole conversation is refused for pairs
+  flowrun::hf_chat_template odd{
+      chat_template::parse("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}>>{% endif %}",
+                           "odd.jinja"),
+      json::object()};
+  CHECK_THROWS_WITH_AS(flowrun::chat_formatter(odd).dschat_prompt_response("\n\nHuman: q\n\nAssistant:", "a"),
+                       doctest::Contains("odd.jinja: the rendered prompt (add_generation_prompt=true) is not a prefix"),
+                       chat_template_error);
 }

@@ -138,6 +138,12 @@ TEST_CASE("chat template errors name the template, the line and column, and the 
   CHECK(render_error("{{ foo() }}") == "t.jinja:1:4: 'foo' is undefined or not a supported function or method");
   CHECK(render_error("{% set x = 1 %}{% set x.a = 2 %}") ==
         "t.jinja:1:16: cannot assign attribute 'a' on 'x' (a int, not a namespace())");
+  // limits: nesting that would overflow the stack, and memory a template would exhaust
+  CHECK(render_error("{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}") ==
+        "t.jinja:1:204: nested more than 200 levels deep");
+  CHECK(render_error("{{ " + std::string(1000, '-') + "1 }}").find("nested more than 200 levels deep") != std::string::npos);
+  CHECK(render_error("{{ range(100000000000) | length }}") == "t.jinja:1:4: range() of more than 10000000 items");
+  CHECK(render_error("{{ 'ab' * 1000000000000 }}") == "t.jinja:1:9: a string repeated to more than 268435456 bytes");
   // a template that is not parsed renders nothing and says so
   CHECK_THROWS_AS(chat_template().render(json::object()), chat_template_error);
 }

@@ -318,6 +318,7 @@ class parser {
   }
 
   std::unique_ptr<stmt> parse_statement(const std::string& tag, pos at) {
+    depth_guard guard(*this, at);
     auto s = std::make_unique<stmt>();
     s->at = at;
     if (tag == "for") {
@@ -476,6 +477,7 @@ class parser {
   expr_ptr parse_not() {
     if (peek().k == token::kind::name && peek().text == "not") {
       pos at = peek().at;
+      depth_guard guard(*this, at);
       ++i_;
       auto e = node(expr::kind::unary, at);
       e->name = "not";
@@ -548,6 +550,7 @@ class parser {
   }
   expr_ptr parse_unary(bool with_filter = true) {
     const token& t = peek();
+    depth_guard guard(*this, t.at);
     expr_ptr e;
     if (t.k == token::kind::op && (t.text == "-" || t.text == "+")) {
       pos at = t.at;
@@ -809,10 +812,23 @@ class parser {
     if (!at_end()) fail(name_, peek().at, "unexpected '" + peek().text + "' (expected the end of the tag)");
   }
 
+  // Nesting limit: a template nested deeper (brackets, unary operators, blocks) is refused rather than
+  // overflowing the stack of this recursive parser and of the evaluator.
+  static constexpr int max_depth = 200;
+  struct depth_guard {
+    parser& p;
+    depth_guard(parser& p_, pos at) : p(p_) {
+      if (++p.depth_ > max_depth)
+        fail(p.name_, at, "nested more than " + std::to_string(max_depth) + " levels deep");
+    }
+    ~depth_guard() { --p.depth_; }
+  };
+
   lexer lex_;
   const std::string& name_;
   std::vector<token> toks_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

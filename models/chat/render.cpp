@@ -29,6 +29,11 @@ const std::set<std::string>& test_names() {
   return n;
 }
 
+// Limits against templates that would exhaust memory (Python would try): range() length and the size
+// of a repeated string.
+constexpr int64_t max_items = 10'000'000;
+constexpr uint64_t max_string = 256ull << 20;
+
 struct break_signal {};
 struct continue_signal {};
 
@@ -396,6 +401,8 @@ class renderer {
           (b.k == value::kind::string && (a.k == value::kind::integer || a.k == value::kind::boolean))) {
         const std::string& s = a.k == value::kind::string ? a.s : b.s;
         int64_t n = a.k == value::kind::string ? as_i(b) : as_i(a);
+        if (n > 0 && !s.empty() && static_cast<uint64_t>(n) > max_string / s.size())
+          fail(e.at, "a string repeated to more than " + std::to_string(max_string) + " bytes");
         std::string out;
         for (int64_t i = 0; i < n; ++i) out += s;
         return value::str_v(std::move(out));
@@ -530,6 +537,8 @@ class renderer {
         if (p.size() == 3) step = p[2];
       } else fail(e.at, "range() takes 1 to 3 arguments");
       if (step == 0) fail(e.at, "range() arg 3 must not be zero");
+      const double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
+      if (count > static_cast<double>(max_items)) fail(e.at, "range() of more than " + std::to_string(max_items) + " items");
       list_t l;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l.push_back(value::int_v(i));
       return value::list_v(std::move(l));

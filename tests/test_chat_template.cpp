@@ -105,14 +105,18 @@ TEST_CASE("chat template constructs match Jinja2 in transformers' environment") 
     CHECK(got == f["text"].get<std::string>());
     ++n;
   }
-  CHECK(n == 23);
+  CHECK(n == 25);
 }
 
 TEST_CASE("chat template errors name the template, the line and column, and the construct") {
   // an unsupported tag, filter and test are refused when parsing
-  CHECK(render_error("ab\n  {% macro m() %}{% endmacro %}") ==
-        "t.jinja:2:3: unsupported tag '{% macro %}' (supported: for, if/elif/else, set, generation, break, continue; "
-        "docs/chat_templates.md)");
+  CHECK(render_error("ab\n  {% call m() %}{% endcall %}") ==
+        "t.jinja:2:3: unsupported tag '{% call %}' (supported: for, if/elif/else, set, macro, generation, break, "
+        "continue; docs/chat_templates.md)");
+  CHECK(render_error("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}") ==
+        "t.jinja:1:41: macro 'm' takes 1 arguments, 2 given");
+  CHECK(render_error("{% macro m(a) %}{{ m(a) }}{% endmacro %}{{ m(1) }}") ==
+        "t.jinja:1:20: macro 'm' calls nested more than 100 deep");
   CHECK(render_error("{{ x | wordwrap }}") ==
         "t.jinja:1:8: unsupported filter 'wordwrap' (docs/chat_templates.md lists the supported ones)");
   CHECK(render_error("{{ x is escaped }}") ==
@@ -120,7 +124,7 @@ TEST_CASE("chat template errors name the template, the line and column, and the 
   CHECK(render_error("{% if x %}a") == "t.jinja:1:11: unexpected end of template: '{% endif %}' missing");
   CHECK(render_error("{{ 'abc }}") == "t.jinja:1:4: string literal not closed");
   CHECK(render_error("{% for x in y %}{% endif %}") == "t.jinja:1:17: unsupported tag '{% endif %}' (supported: for, "
-                                                         "if/elif/else, set, generation, break, continue; "
+                                                         "if/elif/else, set, macro, generation, break, continue; "
                                                          "docs/chat_templates.md)");
   // raise_exception carries the template's message
   std::string raised;

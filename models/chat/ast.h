@@ -61,8 +61,9 @@ using body = std::vector<std::unique_ptr<stmt>>;
 ///   set          {% set targets = e %} (attr_target: {% set ns.attr = e %}), or block set (e null, body)
 ///   generation   {% generation %} body {% endgeneration %}
 ///   brk, cont    {% break %}, {% continue %}
+///   macro        {% macro name(targets[i] = conds[i] or null, ...) %} main {% endmacro %} (name in text)
 struct stmt {
-  enum class kind { text, output, for_loop, if_chain, set, generation, brk, cont };
+  enum class kind { text, output, for_loop, if_chain, set, generation, brk, cont, macro };
   kind k;
   pos at;
   std::string text;

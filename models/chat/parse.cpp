@@ -387,13 +387,34 @@ class parser {
       std::string stop;
       parse_body(s->main, {"endgeneration"}, stop);
       expect_end();
+    } else if (tag == "macro") {
+      s->k = stmt::kind::macro;
+      if (peek().k != token::kind::name) fail(name_, peek().at, "macro: expected its name");
+      s->text = peek().text;
+      ++i_;
+      expect_op("(");
+      while (!accept_op(")")) {
+        if (!s->targets.empty()) {
+          expect_op(",");
+          if (accept_op(")")) break;
+        }
+        if (peek().k != token::kind::name) fail(name_, peek().at, "macro: expected a parameter name");
+        s->targets.push_back(peek().text);
+        ++i_;
+        s->conds.push_back(accept_op("=") ? parse_expr() : nullptr);
+      }
+      expect_end();
+      std::string stop;
+      parse_body(s->main, {"endmacro"}, stop);
+      if (peek().k == token::kind::name && peek().text == s->text) ++i_;  // {% endmacro name %}
+      expect_end();
     } else if (tag == "break" || tag == "continue") {
       s->k = tag == "break" ? stmt::kind::brk : stmt::kind::cont;
       expect_end();
     } else {
       fail(name_, at,
            "unsupported tag '{% " + tag +
-               " %}' (supported: for, if/elif/else, set, generation, break, continue; docs/chat_templates.md)");
+               " %}' (supported: for, if/elif/else, set, macro, generation, break, continue; docs/chat_templates.md)");
     }
     return s;
   }

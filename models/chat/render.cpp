@@ -107,6 +107,12 @@ class renderer {
         return;
       }
       case stmt::kind::for_loop: exec_for(s, out); return;
+      case stmt::kind::macro: {
+        value m = value::func_v(s.text);
+        m.macro = &s;
+        frames_.back()[s.text] = m;
+        return;
+      }
     }
   }
 
@@ -303,7 +309,7 @@ class renderer {
       case expr::kind::tuple: {
         list_t l;
         for (const auto& a : e.args) l.push_back(eval(*a));
-        return value::list_v(std::move(l));
+        return e.k == expr::kind::tuple ? value::tuple_v(std::move(l)) : value::list_v(std::move(l));
       }
       case expr::kind::dict: {
         dict_t m;
@@ -499,6 +505,7 @@ class renderer {
       fail(e.at, what + " (a " + type_name(f) + ") is not callable");
     }
     if (f.self) return call_method(*f.self, f.s, a, e.at);
+    if (f.macro) return call_macro(*static_cast<const stmt*>(f.macro), a, e.at);
     const std::string& n = f.s;
     if (n == "raise_exception") {
       const value* m = a.get(0, "message");
@@ -544,6 +551,42 @@ class renderer {
       return value::list_v(std::move(l));
     }
     fail(e.at, "unsupported function '" + n + "'");
+  }
+
+  // A macro runs with the render's variables and the template's top-level names, its parameters in
+  // a frame of their own (the caller's loop variables are not visible, as in Jinja2); it returns its text.
+  value call_macro(const stmt& m, const args_t& a, pos at) {
+    if (a.pos.size() > m.targets.size())
+      fail(at, "macro '" + m.text + "' takes " + std::to_string(m.targets.size()) + " arguments, " +
+                   std::to_string(a.pos.size()) + " given");
+    for (const auto& [k, v] : a.kw)
+      if (std::find(m.targets.begin(), m.targets.end(), k) == m.targets.end())
+        fail(at, "macro '" + m.text + "' has no parameter '" + k + "'");
+    if (++macro_depth_ > 100) fail(at, "macro '" + m.text + "' calls nested more than 100 deep");
+    std::vector<frame> saved = std::move(frames_);
+    frames_ = {saved[0], saved[1], frame{}};
+    struct restore {
+      renderer& r;
+      std::vector<frame>& saved;
+      ~restore() {
+        r.frames_ = std::move(saved);
+        --r.macro_depth_;
+      }
+    } guard{*this, saved};
+    // the macro sees itself and the template's other macros defined so far
+    for (auto it = saved.begin() + 2; it != saved.end(); ++it)
+      for (const auto& [k, v] : *it)
+        if (v.k == value::kind::func && v.macro) frames_.back()[k] = v;
+    for (size_t i = 0; i < m.targets.size(); ++i) {
+      const value* given = i < a.pos.size() ? &a.pos[i] : nullptr;
+      if (!given)
+        for (const auto& [k, v] : a.kw)
+          if (k == m.targets[i]) given = &v;
+      frames_.back()[m.targets[i]] = given ? *given : (m.conds[i] ? eval(*m.conds[i]) : value{});
+    }
+    std::string out;
+    exec(m.main, out);
+    return value::str_v(std::move(out));
   }
 
   static std::string case_map(const std::string& s, int how) {  // 0 lower, 1 upper (full Unicode, ICU)
@@ -706,7 +749,7 @@ class renderer {
     if (self.k == value::kind::dict) {
       if (n == "items") {
         list_t out;
-        for (const auto& [k, v] : *self.m) out.push_back(value::list_v({value::str_v(k), v}));
+        for (const auto& [k, v] : *self.m) out.push_back(value::tuple_v({value::str_v(k), v}));
         return value::list_v(std::move(out));
       }
       if (n == "keys" || n == "values") {
@@ -866,7 +909,7 @@ class renderer {
       if (v.is_undefined()) return value::list_v();
       if (v.k != value::kind::dict) fail(at, "items: expected a mapping, got " + type_name(v));
       list_t out;
-      for (const auto& [k, x] : *v.m) out.push_back(value::list_v({value::str_v(k), x}));
+      for (const auto& [k, x] : *v.m) out.push_back(value::tuple_v({value::str_v(k), x}));
       return value::list_v(std::move(out));
     }
     if (n == "list") return value::list_v(iterate(v, at));
@@ -972,6 +1015,39 @@ class renderer {
       }
       return value::list_v(std::move(out));
     }
+    if (n == "sort" || n == "dictsort") {
+      // Jinja2: strings compare case-insensitively unless case_sensitive; dictsort gives (key, value) pairs
+      const bool dict_sort = n == "dictsort";
+      const value* rev = a.get(dict_sort ? 2 : 0, "reverse");
+      const value* cs = a.get(dict_sort ? 0 : 1, "case_sensitive");
+      const value* attr = dict_sort ? nullptr : a.get(2, "attribute");
+      const value* by = dict_sort ? a.get(1, "by") : nullptr;
+      const bool by_value = by && by->k == value::kind::string && by->s == "value";
+      list_t items;
+      if (dict_sort) {
+        if (v.k != value::kind::dict) fail(at, "dictsort: expected a mapping, got " + type_name(v));
+        for (const auto& [k, x] : *v.m) items.push_back(value::tuple_v({value::str_v(k), x}));
+      } else {
+        items = iterate(v, at);
+      }
+      auto key = [&](const value& x) {
+        value k = dict_sort ? (*x.l)[by_value ? 1 : 0] : attr ? attr_path(x, to_str(*attr), at) : x;
+        if (k.k == value::kind::string && !(cs && truthy(*cs))) k.s = case_map(k.s, 0);
+        return k;
+      };
+      auto less = [&](const value& x, const value& y) {
+        value kx = key(x), ky = key(y);
+        if (kx.is_number() && ky.is_number()) return as_double(kx) < as_double(ky);
+        if (kx.k == value::kind::string && ky.k == value::kind::string) return kx.s < ky.s;
+        fail(at, n + ": cannot compare a " + type_name(kx) + " with a " + type_name(ky));
+      };
+      std::stable_sort(items.begin(), items.end(), less);
+      if (rev && truthy(*rev)) {
+        // Python's sorted(reverse=True) keeps equal items in their order
+        std::stable_sort(items.begin(), items.end(), [&](const value& x, const value& y) { return less(y, x); });
+      }
+      return value::list_v(std::move(items));
+    }
     if (n == "unique") {
       list_t out;
       for (const auto& x : iterate(v, at)) {
@@ -1008,6 +1084,7 @@ class renderer {
 
   const template_root& root_;
   std::vector<frame> frames_;
+  int macro_depth_ = 0;
 };
 
 }  // namespace
@@ -1016,7 +1093,7 @@ bool known_filter(const std::string& name) {
   static const std::set<std::string> implemented = {
       "trim", "length", "count", "tojson", "default", "d", "upper", "lower", "capitalize", "title", "first", "last",
       "join", "items", "list", "string", "int", "float", "abs", "selectattr", "rejectattr", "select", "reject", "map",
-      "replace", "safe", "reverse", "unique", "min", "max", "sum"};
+      "replace", "safe", "reverse", "unique", "min", "max", "sum", "sort", "dictsort"};
   return implemented.count(name) > 0;
 }
 bool known_test(const std::string& name) { return test_names().count(name) > 0; }

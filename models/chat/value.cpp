@@ -187,8 +187,9 @@ std::string to_repr(const value& v) {
   switch (v.k) {
     case value::kind::string: return py_str_repr(v.s);
     case value::kind::list: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t i = 0; i < v.l->size(); ++i) out += (i ? ", " : "") + to_repr((*v.l)[i]);
+      if (v.tuple) return out + (v.l->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case value::kind::dict: {

@@ -20,7 +20,7 @@ using dict_t = std::vector<std::pair<std::string, value>>;
 /// One value. `undefined` is Jinja2's Undefined (a missing variable, attribute or item), `none` is
 /// Python's None (JSON null). `ns` is a namespace() (a dict shared by every copy, the one mutable
 /// kind: `set ns.attr = ...`). `func` is a global function (raise_exception, strftime_now, namespace,
-/// range, dict) or a method bound to `self` (e.g. "strip" of a string, "items" of a dict).
+/// range, dict), a method bound to `self` (e.g. "strip" of a string, "items" of a dict) or a macro.
 struct value {
   enum class kind { undefined, none, boolean, integer, real, string, list, dict, ns, func };
   kind k = kind::undefined;
@@ -31,6 +31,8 @@ struct value {
   std::shared_ptr<list_t> l;         // list (tuples too)
   std::shared_ptr<dict_t> m;         // dict, ns
   std::shared_ptr<value> self;       // func: the bound receiver (null for a global)
+  const void* macro = nullptr;       // func: a {% macro %} of the template (models/chat/ast.h stmt)
+  bool tuple = false;                // list: a Python tuple (repr "(a, b)"; `items` and tuple literals)
 
   static value none_v() { value v; v.k = kind::none; return v; }
   static value boolean_v(bool x) { value v; v.k = kind::boolean; v.b = x; return v; }
@@ -38,6 +40,7 @@ struct value {
   static value real_v(double x) { value v; v.k = kind::real; v.d = x; return v; }
   static value str_v(std::string x) { value v; v.k = kind::string; v.s = std::move(x); return v; }
   static value list_v(list_t x = {}) { value v; v.k = kind::list; v.l = std::make_shared<list_t>(std::move(x)); return v; }
+  static value tuple_v(list_t x) { value v = list_v(std::move(x)); v.tuple = true; return v; }
   static value dict_v(dict_t x = {}) { value v; v.k = kind::dict; v.m = std::make_shared<dict_t>(std::move(x)); return v; }
   static value ns_v(dict_t x = {}) { value v; v.k = kind::ns; v.m = std::make_shared<dict_t>(std::move(x)); return v; }
   static value func_v(std::string name, std::shared_ptr<value> self = nullptr) {

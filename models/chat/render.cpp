@@ -2,6 +2,7 @@
 // on the values of models/chat/value.h, Jinja2's attribute / item lookup, filters, tests, the globals
 // transformers defines, and the string / dict methods the templates call.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <ctime>
 #include <functional>
@@ -731,6 +732,50 @@ class renderer {
         for (size_t q = s.find(sub); q != std::string::npos; q = s.find(sub, q + sub.size())) ++c;
         return value::int_v(c);
       }
+      if (n == "format") {
+        // str.format with "{}", "{0}", "{name}" fields and "{{" / "}}" (no conversions or format specs)
+        std::string out;
+        size_t auto_idx = 0;
+        int numbering = 0;  // 1 automatic ({}), 2 manual ({0}): Python refuses a mix
+        for (size_t i = 0; i < s.size(); ++i) {
+          char c = s[i];
+          if (c == '}' && i + 1 < s.size() && s[i + 1] == '}') { out += '}'; ++i; continue; }
+          if (c != '{') {
+            if (c == '}') fail(at, "format: single '}' encountered in format string");
+            out += c;
+            continue;
+          }
+          if (i + 1 < s.size() && s[i + 1] == '{') { out += '{'; ++i; continue; }
+          size_t e = s.find('}', i);
+          if (e == std::string::npos) fail(at, "format: single '{' encountered in format string");
+          std::string field = s.substr(i + 1, e - i - 1);
+          if (field.find_first_of(":!.[") != std::string::npos)
+            fail(at, "format: only plain {} / {N} / {name} fields are supported, not {" + field + "}");
+          const value* v = nullptr;
+          const bool numbered = !field.empty() && std::isdigit(static_cast<unsigned char>(field[0]));
+          if (field.empty() || numbered) {
+            int mode = field.empty() ? 1 : 2;
+            if (numbering != 0 && numbering != mode)
+              fail(at, "format: cannot switch between automatic and manual field numbering");
+            numbering = mode;
+          }
+          if (field.empty()) {
+            if (auto_idx >= a.pos.size()) fail(at, "format: not enough arguments");
+            v = &a.pos[auto_idx++];
+          } else if (std::all_of(field.begin(), field.end(), [](char d) { return d >= '0' && d <= '9'; })) {
+            size_t k = std::stoul(field);
+            if (k >= a.pos.size()) fail(at, "format: no argument " + field);
+            v = &a.pos[k];
+          } else {
+            for (const auto& [k, x] : a.kw)
+              if (k == field) v = &x;
+            if (!v) fail(at, "format: no argument named '" + field + "'");
+          }
+          out += to_str(*v);
+          i = e;
+        }
+        return value::str_v(std::move(out));
+      }
       if (n == "join") {
         const value* it = a.get(0, "iterable");
         if (!it) fail(at, "join() takes one argument");
@@ -979,6 +1024,7 @@ class renderer {
         targs.assign(a.pos.begin() + static_cast<long>(first) + 1, a.pos.end());
       }
       list_t out;
+      if (!truthy(v)) return value::list_v();  // Jinja2's select_or_reject: `if value:` (None gives nothing)
       for (const auto& x : iterate(v, at)) {
         value probe = by_attr ? attr_path(x, attr, at) : x;
         bool r = tname.empty() ? truthy(probe) : run_test(tname, probe, targs, at);
@@ -988,6 +1034,7 @@ class renderer {
     }
     if (n == "map") {
       list_t out;
+      if (!truthy(v)) return value::list_v();  // Jinja2's do_map: `if value:`
       if (const value* attr = a.get(99, "attribute")) {
         const value* dflt = a.get(99, "default");
         for (const auto& x : iterate(v, at)) {

@@ -336,6 +336,26 @@ TEST_CASE("PEFT adapter: errors name the file and tensor") {
     auto m = load_hf(k_base.string());
     CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains("has shape"), std::runtime_error);
   }
+  SUBCASE("a rank or alpha per module, rsLoRA or DoRA: other math, refused") {
+    named_tensors ts(peft.begin(), peft.end());
+    save_safetensors((tmp.path / "adapter_model.safetensors").string(), ts);
+    for (auto [key, value] : {std::pair<const char*, nlohmann::json>{"rank_pattern", {{"q_proj", 8}}},
+                              {"alpha_pattern", {{"v_proj", 4}}},
+                              {"use_rslora", true},
+                              {"use_dora", true}}) {
+      CAPTURE(key);
+      auto c = cfg;
+      c[key] = value;
+      std::ofstream(tmp.path / "adapter_config.json") << c.dump();
+      auto m = load_hf(k_base.string());
+      const std::string want = std::string("adapter_config.json: \"") + key;
+      CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains(want.c_str()), std::runtime_error);
+    }
+    cfg["rank_pattern"] = nlohmann::json::object();  // PEFT writes empty ones: fine
+    std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+    auto m = load_hf(k_base.string());
+    CHECK_NOTHROW(load_adapter(m, tmp.str()));
+  }
   SUBCASE("not a LoRA adapter") {
     named_tensors ts(peft.begin(), peft.end());
     save_safetensors((tmp.path / "adapter_model.safetensors").string(), ts);

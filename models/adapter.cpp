@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -47,11 +48,57 @@ tensor permute_rope_rows(const tensor& t, int64_t n_heads, int64_t hs, bool to_h
 }
 }  // namespace
 
-std::string peft_name(const std::string& ours) {
-  return ours == "v_head.weight" ? ours : k_prefix + ours;
+namespace {
+// Our module path (decoder.cpp module_path, or the fused k_fused_qkv_path) -> the family's HF module path
+// under its layer prefix, as PEFT names the adapted module. Empty: the family has no such module in HF.
+std::string hf_module(model_family f, const std::string& path) {
+  if (f == model_family::opt) {  // modeling_opt.py OPTDecoderLayer
+    if (path == "self_attn.q_proj" || path == "self_attn.k_proj" || path == "self_attn.v_proj") return path;
+    if (path == "self_attn.o_proj") return "self_attn.out_proj";
+    if (path == "mlp.up_proj") return "fc1";
+    if (path == "mlp.down_proj") return "fc2";
+    return "";
+  }
+  if (f == model_family::gpt2) {  // modeling_gpt2.py GPT2Block: Conv1D c_attn (q, k, v), c_proj, c_fc, c_proj
+    if (path == k_fused_qkv_path) return "attn.c_attn";
+    if (path == "self_attn.o_proj") return "attn.c_proj";
+    if (path == "mlp.up_proj") return "mlp.c_fc";
+    if (path == "mlp.down_proj") return "mlp.c_proj";
+    return "";
+  }
+  return path;
 }
 
-std::string ours_from_peft(const std::string& peft) {
+std::string hf_layer_prefix(model_family f) {
+  return f == model_family::opt ? "model.decoder.layers." : f == model_family::gpt2 ? "transformer.h." : "model.layers.";
+}
+
+// "model.layers.N.<path>.lora_A.weight" -> {N, path, "lora_A.weight"}; false for other names
+bool split_ours(const std::string& n, std::string& layer, std::string& path, std::string& leaf) {
+  static const std::regex re(R"(model\.layers\.(\d+)\.(.+)\.(lora_[AB]\.weight))");
+  std::smatch m;
+  if (!std::regex_match(n, m, re)) return false;
+  layer = m[1], path = m[2], leaf = m[3];
+  return true;
+}
+}  // namespace
+
+std::string peft_name(const model_config& c, const std::string& ours) {
+  if (ours == "v_head.weight") return ours;
+  std::string layer, path, leaf;
+  if (c.family == model_family::llama || !split_ours(ours, layer, path, leaf)) return k_prefix + ours;
+  const std::string hf = hf_module(c.family, path);
+  if (hf.empty())
+    throw std::invalid_argument(
+        "save_adapter: " + ours + " has no PEFT name for " + c.summary() +
+        (c.family == model_family::gpt2
+             ? ": GPT-2's q, k and v are one Conv1D, c_attn, which PEFT adapts as a whole; target c_attn (or "
+               "all-linear) rather than q_proj / k_proj / v_proj alone"
+             : ": the model has no such HF module"));
+  return k_prefix + hf_layer_prefix(c.family) + layer + "." + hf + "." + leaf;
+}
+
+std::string ours_from_peft(const model_config& c, const std::string& peft) {
   std::string n = peft;
   if (n.rfind(k_prefix, 0) == 0) n = n.substr(k_prefix.size());
   // PEFT keeps the adapter name inside the key in memory ("lora_A.default.weight"); files drop it
@@ -59,6 +106,19 @@ std::string ours_from_peft(const std::string& peft) {
     auto p = n.find(std::string(ab) + "default.");
     if (p != std::string::npos) n.erase(p + std::string(ab).size(), std::string("default.").size());
   }
+  if (c.family == model_family::llama) return n;
+  const std::string pre = hf_layer_prefix(c.family);
+  if (n.rfind(pre, 0) != 0) return n;
+  static const std::regex re(R"((\d+)\.(.+)\.(lora_[AB]\.weight))");
+  std::smatch m;
+  const std::string rest = n.substr(pre.size());
+  if (!std::regex_match(rest, m, re)) return n;
+  for (const auto& ours_path : {std::string(k_fused_qkv_path), std::string("self_attn.q_proj"),
+                                std::string("self_attn.k_proj"), std::string("self_attn.v_proj"),
+                                std::string("self_attn.o_proj"), std::string("mlp.up_proj"),
+                                std::string("mlp.down_proj")})
+    if (hf_module(c.family, ours_path) == m[2].str())
+      return "model.layers." + m[1].str() + "." + ours_path + "." + m[3].str();
   return n;
 }
 
@@ -73,21 +133,34 @@ void save_adapter(const decoder& model_in, const std::string& dir) {
   for (auto& e : model.adapter_params()) {
     const tensor& t = model.w().by_name.at(e.name);
     int64_t nh = rope_rows_heads(c, e.name);
-    ts.emplace_back(peft_name(e.name), nh ? permute_rope_rows(t, nh, c.head_dim(), true) : t);
+    ts.emplace_back(peft_name(c, e.name), nh ? permute_rope_rows(t, nh, c.head_dim(), true) : t);
   }
   save_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), ts);
   const auto& lc = model.lora();
+  // target_modules: PEFT writes "all-linear" as a string, not a one-name list. OPT and GPT-2 adapters
+  // name the HF modules adapted (our aliases o_proj, up_proj, ... are not OPT's or GPT-2's names).
+  nlohmann::json targets = lc.target_modules == std::vector<std::string>{"all-linear"}
+                               ? nlohmann::json("all-linear")
+                               : nlohmann::json(lc.target_modules);
+  if (c.family != model_family::llama && !targets.is_string()) {
+    std::set<std::string> mods;
+    for (auto& e : model.adapter_params()) {
+      std::string layer, path, leaf;
+      if (split_ours(e.name, layer, path, leaf)) mods.insert(hf_module(c.family, path));
+    }
+    targets = nlohmann::json(std::vector<std::string>(mods.begin(), mods.end()));
+  }
   nlohmann::json j = {{"peft_type", "LORA"},
                       {"task_type", "CAUSAL_LM"},
                       {"r", lc.lora_r},
                       {"lora_alpha", lc.lora_alpha},
                       {"lora_dropout", lc.lora_dropout},
                       // PEFT writes its "all-linear" as a string, not a one-name list
-                      {"target_modules", lc.target_modules == std::vector<std::string>{"all-linear"}
-                                             ? nlohmann::json("all-linear")
-                                             : nlohmann::json(lc.target_modules)},
+                      {"target_modules", targets},
                       {"bias", "none"},
-                      {"fan_in_fan_out", false},
+                      // GPT-2's Conv1D stores its weight (in, out): PEFT's fan_in_fan_out transposes B A when
+                      // merging. lora_A (r, in) and lora_B (out, r) are shaped as for a Linear either way.
+                      {"fan_in_fan_out", c.family == model_family::gpt2},
                       {"inference_mode", false},
                       {"modules_to_save", model.has_value_head() ? nlohmann::json{"v_head"} : nlohmann::json(nullptr)}};
   write_text_atomic((fs::path(dir) / "adapter_config.json").string(), j.dump(2));
@@ -124,6 +197,15 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
       throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (lora_dropout is " +
                                std::to_string(dropout) + ", not a probability in [0, 1))");
     lc.lora_dropout = static_cast<float>(dropout);
+    // variants whose math differs from y = x Wᵀ + (lora_alpha / r) B A x with one r: refused, not approximated
+    for (const char* k : {"rank_pattern", "alpha_pattern"})
+      if (j.contains(k) && !j[k].is_null() && !j[k].empty())
+        throw std::runtime_error(cfg_path.string() + ": \"" + k + "\" " + j[k].dump() +
+                                 " (a rank or alpha per module) is not supported: flowrun's LoRA has one r and "
+                                 "lora_alpha for every module");
+    for (const char* k : {"use_rslora", "use_dora"})
+      if (j.contains(k) && j[k].is_boolean() && j[k].get<bool>())
+        throw std::runtime_error(cfg_path.string() + ": \"" + k + "\": true is not supported (plain LoRA only)");
     if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
     else lc.target_modules = j.at("target_modules").get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
@@ -133,14 +215,14 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
   }
   auto tensors = load_safetensors(st_path.string());
   std::map<std::string, tensor> ours;
-  for (auto& [name, t] : tensors) ours[ours_from_peft(name)] = t;
+  for (auto& [name, t] : tensors) ours[ours_from_peft(model.config(), name)] = t;
   if (ours.count("v_head.weight") && !model.has_value_head()) model.add_value_head();
   model.enable_lora(lc, freeze_base);
   std::set<std::string> used;
   for (auto& e : model.adapter_params()) {
     auto it = ours.find(e.name);
     if (it == ours.end())
-      throw std::runtime_error(st_path.string() + ": tensor '" + peft_name(e.name) +
+      throw std::runtime_error(st_path.string() + ": tensor '" + peft_name(model.config(), e.name) +
                                "' is missing (the adapter's target_modules do not match the file)");
     if (it->second.shape() != e.shape)
       throw std::runtime_error(st_path.string() + ": tensor '" + it->first + "' has shape " +

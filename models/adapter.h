@@ -11,10 +11,10 @@
 namespace flowrun {
 
 /// Write the adapter of `model` (which must have LoRA) into folder `dir`:
-/// adapter_model.safetensors with PEFT's names
-/// ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight", and
+/// adapter_model.safetensors with PEFT's names for the model's family (see peft_name;
 /// "v_head.weight" when present) and adapter_config.json (peft_type LORA, r,
-/// lora_alpha, lora_dropout, target_modules, bias "none"). No base weight is
+/// lora_alpha, lora_dropout, target_modules (OPT / GPT-2: the HF names of the modules
+/// adapted, or "all-linear"), bias "none", fan_in_fan_out true for GPT-2). No base weight is
 /// written. Atomic per file. Throws std::invalid_argument when the model has no
 /// LoRA, std::runtime_error naming the file on I/O errors.
 void save_adapter(const decoder& model, const std::string& dir);
@@ -40,8 +40,21 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base = tru
 /// module list is empty; decoder::enable_lora then checks the names against the model.
 lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std::string& modules, uint64_t seed);
 
-/// PEFT's tensor name for one of our adapter tensors, and back.
-std::string peft_name(const std::string& ours);
-std::string ours_from_peft(const std::string& peft);
+/// PEFT's tensor name for one of our adapter tensors of a model with config `c`, and back
+/// (PEFT's in-memory ".default." adapter name is dropped). "v_head.weight" is the same in both.
+///   LLaMA  model.layers.N.self_attn.q_proj.lora_A.weight
+///            <-> base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight
+///   OPT    base_model.model.model.decoder.layers.N.{self_attn.{q,k,v,out}_proj, fc1, fc2}.lora_{A,B}.weight
+///            (our o_proj, up_proj, down_proj are out_proj, fc1, fc2)
+///   GPT-2  base_model.model.transformer.h.N.{attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj}.lora_{A,B}.weight:
+///            c_attn is our fused self_attn.qkv_proj (k_fused_qkv_path: one A (r, C) for q, k, v and
+///            B (3C, r)), c_proj / c_fc / mlp.c_proj our o_proj / up_proj / down_proj. PEFT adapts GPT-2's
+///            Conv1D with fan_in_fan_out = true, which only transposes the merged B A (the Conv1D weight
+///            is (in, out)); lora_A is (r, in) and lora_B (out, r) as for a Linear.
+/// peft_name throws std::invalid_argument for an adapter the family's HF model cannot hold (a GPT-2 with
+/// q_proj alone adapted: PEFT adapts c_attn as a whole). ours_from_peft returns names it does not know
+/// unchanged (load_adapter then reports them as unexpected).
+std::string peft_name(const model_config& c, const std::string& ours);
+std::string ours_from_peft(const model_config& c, const std::string& peft);
 
 }  // namespace flowrun

@@ -1,5 +1,6 @@
 #include "models/config.h"
 
+#include <cmath>
 #include <sstream>
 #include <stdexcept>
 
@@ -23,6 +24,14 @@ void model_config::validate() const {
                                           " exceeds the embedding rows vocab_size " + std::to_string(vocab_size));
   need(max_seq_len > 0, "max_seq_len must be > 0");
   need(!use_rope || head_dim() % 2 == 0, "RoPE needs an even head_dim");
+  if (rope_scaling == rope_scaling_kind::llama3) {
+    need(use_rope, "llama3 RoPE scaling needs RoPE");
+    need(rope_factor > 0.0f, "rope_scaling factor must be > 0, got " + std::to_string(rope_factor));
+    need(rope_low_freq_factor > 0.0f && rope_low_freq_factor < rope_high_freq_factor,
+         "rope_scaling needs 0 < low_freq_factor < high_freq_factor, got " + std::to_string(rope_low_freq_factor) +
+             " and " + std::to_string(rope_high_freq_factor));
+    need(rope_original_max_pos > 0, "rope_scaling original_max_position_embeddings must be > 0");
+  }
   need(embed_dim >= 0, "embed_dim (word_embed_proj_dim) must be >= 0 (0: same as dim)");
   // Sizes come from file headers and config.json: a corrupt or hostile one must be refused here, before
   // num_parameters() (whose int64 products would overflow) or any allocation. Real models are far inside
@@ -44,7 +53,8 @@ void model_config::validate() const {
 int64_t model_config::num_parameters() const {
   int64_t C = dim, hs = head_dim(), kv = n_kv_heads * hs, b = bias ? 1 : 0;
   int64_t norm_p = norm == norm_kind::layernorm && bias ? 2 * C : C;
-  int64_t attn = C * C + b * C + 2 * (kv * C + b * kv) + C * C + b * C;
+  const int64_t qb = has_qkv_bias() ? 1 : 0;
+  int64_t attn = C * C + qb * C + 2 * (kv * C + qb * kv) + C * C + b * C;
   int64_t mlp = (gated_mlp ? 2 : 1) * (hidden_dim * C + b * hidden_dim) + C * hidden_dim + b * C;
   const int64_t E = embed_width();
   int64_t n = vocab_size * E + n_layers * (2 * norm_p + attn + mlp) + (post_norm ? 0 : norm_p);
@@ -62,7 +72,31 @@ std::string model_config::summary() const {
      << " params=" << num_parameters();
   if (has_projection()) os << " embed_dim=" << embed_dim;
   if (post_norm) os << " post_norm";
+  if (qkv_bias && !bias) os << " qkv_bias";
+  if (rope_scaling == rope_scaling_kind::llama3) os << " rope_scaling=llama3(factor " << rope_factor << ")";
   return os.str();
+}
+
+std::vector<float> model_config::rope_inv_freq() const {
+  const int64_t hs = head_dim();
+  std::vector<float> f(static_cast<size_t>(hs / 2));
+  for (int64_t i = 0; i < hs / 2; ++i)  // as ops::rope_forward and HF's inv_freq (f32 throughout)
+    f[i] = 1.0f / powf(rope_theta, static_cast<float>(2 * i) / static_cast<float>(hs));
+  if (rope_scaling != rope_scaling_kind::llama3) return f;
+  // transformers modeling_rope_utils.py _compute_llama3_parameters, in f32 like torch
+  const float old_ctx = static_cast<float>(rope_original_max_pos);
+  const float low_wavelen = old_ctx / rope_low_freq_factor, high_wavelen = old_ctx / rope_high_freq_factor;
+  const float two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+  for (auto& x : f) {
+    const float wavelen = two_pi * (1.0f / x);  // torch: 2π / t is t.reciprocal() * 2π
+    if (wavelen > low_wavelen) {
+      x = x / rope_factor;
+    } else if (!(wavelen < high_wavelen)) {  // medium: interpolate
+      const float s = (old_ctx * (1.0f / wavelen) - rope_low_freq_factor) / (rope_high_freq_factor - rope_low_freq_factor);
+      x = (1.0f - s) * x / rope_factor + s * x;
+    }
+  }
+  return f;
 }
 
 model_config stories260k_config() {
@@ -136,6 +170,13 @@ void to_json(nlohmann::json& j, const model_config& c) {
                      {"tie_word_embeddings", c.tied_embeddings}};
   if (c.has_projection()) j["embed_dim"] = c.embed_dim;
   if (c.post_norm) j["post_norm"] = true;
+  if (c.qkv_bias) j["qkv_bias"] = true;
+  if (c.rope_scaling == rope_scaling_kind::llama3)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_factor},
+                         {"low_freq_factor", c.rope_low_freq_factor},
+                         {"high_freq_factor", c.rope_high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_original_max_pos}};
 }
 
 void from_json(const nlohmann::json& j, model_config& c) {
@@ -162,6 +203,18 @@ void from_json(const nlohmann::json& j, model_config& c) {
   c.tied_embeddings = j.value("tie_word_embeddings", true);
   c.embed_dim = j.value("embed_dim", int64_t{0});
   c.post_norm = j.value("post_norm", false);
+  c.qkv_bias = j.value("qkv_bias", false);
+  if (j.contains("rope_scaling")) {
+    const auto& rs = j.at("rope_scaling");
+    const std::string type = rs.value("rope_type", std::string("llama3"));
+    if (type != "llama3")
+      throw std::invalid_argument("model config: rope_scaling type \"" + type + "\" is not supported (only llama3)");
+    c.rope_scaling = rope_scaling_kind::llama3;
+    c.rope_factor = rs.at("factor");
+    c.rope_low_freq_factor = rs.at("low_freq_factor");
+    c.rope_high_freq_factor = rs.at("high_freq_factor");
+    c.rope_original_max_pos = rs.at("original_max_position_embeddings");
+  }
   c.validate();
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -13,11 +14,16 @@ namespace flowrun {
 
 enum class model_family : uint8_t { llama, opt, gpt2 };
 enum class norm_kind : uint8_t { rmsnorm, layernorm };
+/// RoPE frequency scaling (HF config.json "rope_scaling" / "rope_parameters" rope_type):
+/// none ("default"), or Llama 3.1's "llama3" (see model_config::rope_inv_freq).
+enum class rope_scaling_kind : uint8_t { none, llama3 };
 
 /// Shape and switches of a decoder-only transformer.
 ///
 /// LLaMA (Touvron et al. 2023): RMSNorm, RoPE, SwiGLU (gated MLP), no biases,
-/// grouped-query attention, tied or untied classifier.
+/// grouped-query attention, tied or untied classifier. Llama 3.x is the same with
+/// rope_theta 500000 and (3.1+) llama3 RoPE scaling; Qwen2 / Qwen2.5 (HF
+/// Qwen2ForCausalLM) is the same with biases on q_proj, k_proj and v_proj (qkv_bias).
 /// OPT (Zhang et al. 2022) and GPT-2 (Radford et al. 2019): pre-LayerNorm with
 /// bias, learned positions, ReLU/GELU MLP, biases on every Linear.
 struct model_config {
@@ -39,6 +45,17 @@ struct model_config {
   bool gated_mlp = true;           ///< SwiGLU (gate_proj, up_proj) vs a plain act(fc1)
   ops::activation act = ops::activation::silu;
   bool bias = false;               ///< biases on Linear layers and LayerNorm
+  /// Biases on q_proj, k_proj and v_proj only, none on o_proj or the MLP (Qwen2's
+  /// Qwen2Attention). Implied by `bias`.
+  bool qkv_bias = false;
+  /// RoPE scaling (rope_scaling_kind::llama3: transformers' _compute_llama3_parameters,
+  /// modeling_rope_utils.py; Meta's llama3 apply_scaling). The four numbers are its
+  /// factor, low_freq_factor, high_freq_factor and original_max_position_embeddings.
+  rope_scaling_kind rope_scaling = rope_scaling_kind::none;
+  float rope_factor = 8.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  int64_t rope_original_max_pos = 8192;
   bool tied_embeddings = true;     ///< lm_head shares model.embed_tokens.weight
   /// Width of the token embedding and the LM head (HF OPT word_embed_proj_dim);
   /// 0 = dim. When it differs from dim, project_in (dim, embed_dim) follows the token
@@ -52,8 +69,19 @@ struct model_config {
   int64_t embed_width() const { return embed_dim > 0 ? embed_dim : dim; }
   bool has_projection() const { return embed_width() != dim; }
   int64_t vocab_limit() const { return real_vocab_size > 0 ? real_vocab_size : vocab_size; }
+  /// Whether q_proj / k_proj / v_proj have biases (bias or qkv_bias).
+  bool has_qkv_bias() const { return bias || qkv_bias; }
+  /// RoPE's inverse frequencies (head_dim() / 2,) f32: inv_freq[i] = 1 / theta^(2i / hs)
+  /// (computed in f32 as transformers' and ops::rope_forward do), then with llama3 scaling,
+  /// per transformers' _compute_llama3_parameters (all in f32): wavelen = 2π / inv_freq;
+  /// wavelen > original / low_freq_factor: inv_freq / factor; wavelen < original /
+  /// high_freq_factor: unchanged; in between: (1 - s) inv_freq / factor + s inv_freq with
+  /// s = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
+  std::vector<float> rope_inv_freq() const;
   /// Throws std::invalid_argument naming the bad field: a size <= 0, heads that do not
-  /// divide dim (or kv heads n_heads), an odd RoPE head_dim, a size above 2^31 or sizes
+  /// divide dim (or kv heads n_heads), an odd RoPE head_dim, llama3 RoPE scaling with a
+  /// factor <= 0, low_freq_factor >= high_freq_factor or original_max_position_embeddings
+  /// <= 0, a size above 2^31 or sizes
   /// that give more than 2^48 parameters (a corrupt header: num_parameters() would overflow).
   void validate() const;
   /// Parameters counted as stored (tied embeddings once).

@@ -130,11 +130,11 @@ decoder::decoder(const model_config& cfg, device dev) : cfg_(cfg), dev_(dev) {
     add(p + "input_layernorm.weight", {C}, true);
     if (ln_bias) add(p + "input_layernorm.bias", {C}, true);
     add(p + "self_attn.q_proj.weight", {qd, C});
-    if (cfg_.bias) add(p + "self_attn.q_proj.bias", {qd}, true);
+    if (cfg_.has_qkv_bias()) add(p + "self_attn.q_proj.bias", {qd}, true);
     add(p + "self_attn.k_proj.weight", {kvd, C});
-    if (cfg_.bias) add(p + "self_attn.k_proj.bias", {kvd}, true);
+    if (cfg_.has_qkv_bias()) add(p + "self_attn.k_proj.bias", {kvd}, true);
     add(p + "self_attn.v_proj.weight", {kvd, C});
-    if (cfg_.bias) add(p + "self_attn.v_proj.bias", {kvd}, true);
+    if (cfg_.has_qkv_bias()) add(p + "self_attn.v_proj.bias", {kvd}, true);
     add(p + "self_attn.o_proj.weight", {C, qd});
     if (cfg_.bias) add(p + "self_attn.o_proj.bias", {C}, true);
     add(p + "post_attention_layernorm.weight", {C}, true);
@@ -336,6 +336,8 @@ void decoder::norm_backward(tensor& dx, tensor& dw, tensor& db, const tensor& do
 
 // ------------------------------------------------------------------ LoRA and the value head
 
+const char* const k_fused_qkv_path = "self_attn.qkv_proj";
+
 const char* lora_module_name(int m) {
   static const char* names[lm_count] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   return m >= 0 && m < lm_count ? names[m] : "?";
@@ -411,9 +413,21 @@ void decoder::enable_lora(const lora_config& cfg, bool freeze_base) {
   lora_ = cfg;
   lora_on_ = true;
   base_trainable_ = !freeze_base;
-  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+  // GPT-2's q, k and v are one Conv1D (c_attn): PEFT gives it ONE adapter, lora_A (r, C) and lora_B
+  // (3C, r), so the three share A. So do we: one "qkv_proj" pair whose B rows are q's, k's and v's.
+  const bool fused_qkv = cfg_.family == model_family::gpt2 && want[lm_q] && want[lm_k] && want[lm_v];
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
+    if (fused_qkv) {
+      const auto& L = w_.layers[l];
+      const int64_t in = L.wq.size(1), out = L.wq.size(0) + L.wk.size(0) + L.wv.size(0);
+      std::string p = "model.layers." + std::to_string(l) + "." + k_fused_qkv_path + ".";
+      adapter_entries_.push_back({p + "lora_A.weight", {cfg.lora_r, in}, n_adapter_, cfg.lora_r * in});
+      n_adapter_ += adapter_entries_.back().numel;
+      adapter_entries_.push_back({p + "lora_B.weight", {out, cfg.lora_r}, n_adapter_, out * cfg.lora_r});
+      n_adapter_ += adapter_entries_.back().numel;
+    }
     for (int m = 0; m < lm_count; ++m) {
-      if (!want[m]) continue;
+      if (!want[m] || (fused_qkv && (m == lm_q || m == lm_k || m == lm_v))) continue;
       auto [w, b] = module_wb(w_.layers[l], m);
       std::string p = "model.layers." + std::to_string(l) + "." + module_path(m) + ".";
       adapter_entries_.push_back({p + "lora_A.weight", {cfg.lora_r, w->size(1)}, n_adapter_, cfg.lora_r * w->size(1)});
@@ -421,6 +435,7 @@ void decoder::enable_lora(const lora_config& cfg, bool freeze_base) {
       adapter_entries_.push_back({p + "lora_B.weight", {w->size(0), cfg.lora_r}, n_adapter_, w->size(0) * cfg.lora_r});
       n_adapter_ += adapter_entries_.back().numel;
     }
+  }
   rebuild_adapter();
   // A ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT: kaiming_uniform_(a=sqrt(5))), B = 0
   splitmix64 rng{cfg.seed * 0x9e3779b97f4a7c15ull + 17};
@@ -462,7 +477,7 @@ void decoder::bind_adapter(weights& dst, const tensor& flat) {
   dst.adapter_flat = flat;
   for (auto& e : adapter_entries_) dst.by_name[e.name] = flat.flat_view(e.offset, e.shape);
   dst.v_head = value_head_ ? dst.by_name.at("v_head.weight") : tensor{};
-  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) {
     for (int m = 0; m < lm_count; ++m) {
       std::string p = "model.layers." + std::to_string(l) + "." + module_path(m) + ".";
       auto a = dst.by_name.find(p + "lora_A.weight");
@@ -470,6 +485,17 @@ void decoder::bind_adapter(weights& dst, const tensor& flat) {
       dst.layers[l].lora[m].A = a == dst.by_name.end() ? tensor{} : a->second;
       dst.layers[l].lora[m].B = b == dst.by_name.end() ? tensor{} : b->second;
     }
+    // a fused q/k/v adapter (GPT-2's c_attn): q, k and v share A; their B are row ranges of one B
+    const std::string p = "model.layers." + std::to_string(l) + "." + k_fused_qkv_path + ".";
+    auto a = dst.by_name.find(p + "lora_A.weight");
+    if (a == dst.by_name.end()) continue;
+    const tensor& B = dst.by_name.at(p + "lora_B.weight");
+    const int64_t qd = cfg_.n_heads * cfg_.head_dim(), kvd = cfg_.n_kv_heads * cfg_.head_dim();
+    auto& lr = dst.layers[l].lora;
+    lr[lm_q] = {a->second, B.rows(0, qd)};
+    lr[lm_k] = {a->second, B.rows(qd, qd + kvd)};
+    lr[lm_v] = {a->second, B.rows(qd + kvd, qd + 2 * kvd)};
+  }
 }
 
 void decoder::merge_lora() {
@@ -570,6 +596,52 @@ void decoder::lin_bwd(int64_t l, int m, tensor& dx, const tensor& dout, const te
   }
 }
 
+// ------------------------------------------------------------------ RoPE
+
+tensor decoder::rope_rotations(const tensor& positions_host) const {
+  if (!cfg_.use_rope || cfg_.rope_scaling == rope_scaling_kind::none) return {};
+  const int64_t N = positions_host.numel(), hs = cfg_.head_dim(), half = hs / 2;
+  const std::vector<float> inv_freq = cfg_.rope_inv_freq();
+  auto host = tensor::zeros({N, hs, hs});
+  float* r = host.data<float>();
+  const int32_t* pos = positions_host.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n) {
+    float* R = r + n * hs * hs;
+    for (int64_t i = 0; i < half; ++i) {
+      // HF LlamaRotaryEmbedding: freqs = position (f32) * inv_freq (f32), then cos / sin in f32
+      const float ang = static_cast<float>(pos[n]) * inv_freq[static_cast<size_t>(i)];
+      const float c = std::cos(ang), s = std::sin(ang);
+      // the pair (j0, j1): (i, i + hs/2) in the half layout, (2i, 2i+1) in the adjacent one
+      const int64_t j0 = cfg_.rope == ops::rope_layout::half ? i : 2 * i;
+      const int64_t j1 = cfg_.rope == ops::rope_layout::half ? i + half : 2 * i + 1;
+      R[j0 * hs + j0] = c;  // out[j0] = x[j0] cos - x[j1] sin
+      R[j0 * hs + j1] = -s;
+      R[j1 * hs + j1] = c;  // out[j1] = x[j1] cos + x[j0] sin
+      R[j1 * hs + j0] = s;
+    }
+  }
+  return host.to(dev_);
+}
+
+void decoder::rope_apply(tensor& x, const tensor& positions, const tensor& rot, bool inverse) const {
+  if (!rot.defined()) {  // unscaled RoPE: the kernel computes its frequencies from theta
+    if (inverse) ops::rope_backward(x, positions, cfg_.rope_theta, cfg_.rope);
+    else ops::rope_forward(x, positions, cfg_.rope_theta, cfg_.rope);
+    return;
+  }
+  // scaled RoPE: x (B, T, NH, hs) viewed as (N, NH, hs); out[n] = x[n] R[n]ᵀ (forward) or x[n] R[n]
+  // (inverse: R is orthogonal, and the backward of x Rᵀ is dout R). Always f32 products (a bf16
+  // matmul setting would round the rotation).
+  const int64_t N = x.size(0) * x.size(1), NH = x.size(2), hs = x.size(3);
+  if (rot.numel() != N * hs * hs)
+    throw std::logic_error("decoder: the RoPE rotations are for " + std::to_string(rot.numel() / (hs * hs)) +
+                           " positions, the tensor has " + std::to_string(N));
+  ops::matmul_precision_scope f32(ops::matmul_precision::f32);
+  tensor src = x.clone().view({N, NH, hs});
+  tensor out = x.view({N, NH, hs});
+  ops::matmul_batched(out, src, rot.view({N, hs, hs}), false, !inverse);
+}
+
 // ------------------------------------------------------------------ training forward
 
 double decoder::forward(activations& a, const tensor& ids, const tensor& targets, const tensor& mask,
@@ -634,6 +706,7 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   a.targets = targets_d;
   a.mask = mask_d;
   a.positions = pos_host.to(dev_);
+  a.rope_rot = rope_rotations(pos_host);
   a.training = training_;
   a.slot_layer = -1;
   if (a.checkpointed) a.layer_rng.assign(static_cast<size_t>(NL), 0);
@@ -762,8 +835,8 @@ void decoder::attn_fwd(activations& a, int64_t l, const tensor& in, const tensor
   lin_fwd(l, lm_k, k, in, &L);
   lin_fwd(l, lm_v, v, in, &L);
   if (cfg_.use_rope) {
-    ops::rope_forward(L.q, a.positions, cfg_.rope_theta, cfg_.rope);
-    ops::rope_forward(L.k, a.positions, cfg_.rope_theta, cfg_.rope);
+    rope_apply(L.q, a.positions, a.rope_rot, false);
+    rope_apply(L.k, a.positions, a.rope_rot, false);
   }
   ops::attention_forward(L.atty, L.att, L.q, L.k, L.v, mask);
   lin_fwd(l, lm_o, out, L.atty.view({N, C}), &L);
@@ -795,8 +868,8 @@ void decoder::attn_bwd(activations& a, int64_t l, const tensor& in, const tensor
   tensor datty4 = a.datty.view({B, T, H, hs});
   ops::attention_backward(a.dq, a.dk, a.dv, datty4, L.q, L.k, L.v, L.att);
   if (cfg_.use_rope) {
-    ops::rope_backward(a.dq, a.positions, cfg_.rope_theta, cfg_.rope);
-    ops::rope_backward(a.dk, a.positions, cfg_.rope_theta, cfg_.rope);
+    rope_apply(a.dq, a.positions, a.rope_rot, true);
+    rope_apply(a.dk, a.positions, a.rope_rot, true);
   }
   lin_bwd(l, lm_q, din, a.dq.view({N, H * hs}), in, a, L);
   lin_bwd(l, lm_k, din, a.dk.view({N, KV * hs}), in, a, L);
@@ -984,6 +1057,7 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   const tensor positions = positions_in.defined() && positions_in.dev() == dev_ ? positions_in : pos_host.to(dev_);
   const tensor ids_d = on_device(ids, dev_), mask_d = on_device(mask, dev_);
   const bool ln = cfg_.norm == norm_kind::layernorm;
+  const tensor rot = rope_rotations(pos_host);  // scaled RoPE only
 
   auto x = tensor::empty({N, C}, dtype::f32, dev_);
   auto h = tensor::empty({N, C}, dtype::f32, dev_);
@@ -1028,8 +1102,8 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     lin_fwd(l, lm_k, k2, h, nullptr);
     lin_fwd(l, lm_v, v2, h, nullptr);
     if (cfg_.use_rope) {
-      ops::rope_forward(q, positions, cfg_.rope_theta, cfg_.rope);
-      ops::rope_forward(k, positions, cfg_.rope_theta, cfg_.rope);
+      rope_apply(q, positions, rot, false);
+      rope_apply(k, positions, rot, false);
     }
     if (dev_.kind == device_kind::cpu) {
       for (int64_t b = 0; b < B; ++b) {

@@ -31,11 +31,19 @@ struct lora_config {
   /// the entry). LLaMA names q_proj k_proj v_proj o_proj gate_proj up_proj down_proj;
   /// OPT's out_proj fc1 fc2 and GPT-2's c_attn (q, k and v) c_proj c_fc are aliases.
   /// "all-linear" (PEFT's name) is every Linear of the blocks the model has (gate_proj
-  /// only with a gated MLP).
+  /// only with a gated MLP). On GPT-2, q, k and v targeted together (c_attn, all-linear)
+  /// share one adapter as PEFT's c_attn does (see k_fused_qkv_path).
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};
   uint64_t seed = 0;  ///< init of A and the dropout masks
   float scale() const { return lora_alpha / static_cast<float>(lora_r); }
 };
+
+/// The module path of a fused q/k/v LoRA adapter, "self_attn.qkv_proj": a GPT-2 whose q, k and v
+/// are all targeted (its Conv1D c_attn, as PEFT adapts it) gets ONE adapter per layer,
+/// model.layers.N.self_attn.qkv_proj.lora_A.weight (r, C) shared by q, k and v, and lora_B
+/// (H*hs + 2*KV*hs, r) whose row ranges are q's, k's and v's B (layer_weights::lora views them).
+/// With lora_dropout > 0, q, k and v still draw their own dropout masks (PEFT draws one).
+extern const char* const k_fused_qkv_path;
 
 /// The Linear layers of a decoder layer, in a fixed order.
 enum lora_module : int { lm_q, lm_k, lm_v, lm_o, lm_gate, lm_up, lm_down, lm_count };
@@ -149,6 +157,9 @@ struct activations {
   /// Scale on dloss (fp16 loss scaling; 1 otherwise).
   float loss_scale = 1.0f;
   tensor ids, targets, positions, mask;  ///< (B, T) i32 on the model's device; mask may be undefined
+  /// (B*T, hs, hs) f32 on the model's device: the RoPE rotation of each position, with scaled RoPE
+  /// (model_config::rope_scaling) only; undefined otherwise (the rope kernel computes its own angles).
+  tensor rope_rot;
   /// (B*T) i32 positions + position_offset on the model's device: the rows of
   /// embed_positions that forward read (learned positions only; backward reuses them).
   tensor pos_ids;
@@ -322,6 +333,15 @@ class decoder {
     if (hooks_) hooks_->grads_ready(b);
   }
   void bind_adapter(weights& dst, const tensor& flat);
+  // Scaled RoPE (cfg_.rope_scaling): the rotation matrix R (hs, hs) of each position of
+  // positions_host (B, T) i32 on the host, from model_config::rope_inv_freq, as (B*T, hs, hs) on
+  // dev_: R rotates each pair of the layout by position * inv_freq[i] (cos and sin in f32, as
+  // transformers' LlamaRotaryEmbedding). Undefined without scaling.
+  tensor rope_rotations(const tensor& positions_host) const;
+  // In place on x (B, T, NH, hs): RoPE (inverse: its transpose, for backward). With `rot`
+  // undefined, ops::rope_forward / rope_backward with rope_theta; else x[n] Rᵀ (or x[n] R) by
+  // ops::matmul_batched (no new kernel: the rotation is a (hs, hs) matrix per position).
+  void rope_apply(tensor& x, const tensor& positions, const tensor& rot, bool inverse) const;
   void rebuild_adapter();
   // y = x Wᵀ + b (+ LoRA) for module m of layer l; `la` saves what backward needs (null: inference)
   void lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activations::layer* la);

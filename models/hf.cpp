@@ -183,7 +183,25 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
   json_reader r{j, where};
   const std::string mt = r.s("model_type", "");
   model_config c;
-  if (mt == "llama") {
+  // The architectures flowrun reads, by model_type: LLaMA-style decoders (LlamaForCausalLM: LLaMA 1/2,
+  // Llama 3.x with llama3 RoPE scaling; Qwen2ForCausalLM: Qwen2 / Qwen2.5, the same with q/k/v biases),
+  // OPT and GPT-2.
+  static const char* const k_supported =
+      "LlamaForCausalLM (model_type \"llama\": LLaMA 1/2, Llama 3.x), Qwen2ForCausalLM (\"qwen2\": Qwen2, "
+      "Qwen2.5), OPTForCausalLM (\"opt\") and GPT2LMHeadModel (\"gpt2\")";
+  if (r.has("architectures")) {
+    static const std::set<std::string> known = {"LlamaForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM",
+                                                "GPT2LMHeadModel", "LlamaModel", "Qwen2Model", "OPTModel",
+                                                "GPT2Model"};
+    const auto& a = j["architectures"];
+    if (!a.is_array()) throw std::runtime_error(where + ": \"architectures\" is not a list: " + a.dump());
+    for (const auto& x : a)
+      if (!x.is_string() || !known.count(x.get<std::string>()))
+        throw std::runtime_error(where + ": architecture " + x.dump() + " (model_type \"" + mt +
+                                 "\") is not supported; flowrun's decoder runs " + k_supported);
+  }
+  if (mt == "llama" || mt == "qwen2") {
+    const bool qwen2 = mt == "qwen2";
     c.family = model_family::llama;
     c.dim = r.i("hidden_size");
     c.hidden_dim = r.i("intermediate_size");
@@ -191,11 +209,11 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
     c.n_heads = r.i("num_attention_heads");
     c.n_kv_heads = r.i("num_key_value_heads", c.n_heads);
     c.vocab_size = r.i("vocab_size");
-    c.max_seq_len = r.i("max_position_embeddings", 2048);
+    c.max_seq_len = r.i("max_position_embeddings", qwen2 ? 32768 : 2048);
     c.norm_eps = static_cast<float>(r.f("rms_norm_eps", 1e-6));
     c.norm = norm_kind::rmsnorm;
-    // transformers < 5 writes "rope_theta" (and "rope_scaling" for scaled variants);
-    // transformers 5 writes "rope_parameters": {"rope_theta": ..., "rope_type": "default"}
+    // transformers < 5 writes "rope_theta" and "rope_scaling" (null, or {"rope_type"/"type": "llama3", ...});
+    // transformers 5 writes "rope_parameters": {"rope_theta": ..., "rope_type": "default" | "llama3", ...}
     double theta = r.f("rope_theta", 10000.0);
     for (const char* key : {"rope_parameters", "rope_scaling"}) {
       if (!r.has(key)) continue;
@@ -203,21 +221,54 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
       if (!rp.is_object()) throw std::runtime_error(where + ": \"" + key + "\" is not an object: " + rp.dump());
       json_reader rr{rp, where};
       std::string type = rr.s("rope_type", rr.s("type", "default"));
-      if (type != "default") unsupported(where, std::string("RoPE scaling (\"") + key + "\": " + rp.dump() + ")");
       theta = rr.f("rope_theta", theta);
+      if (type == "default") continue;
+      if (type != "llama3")
+        throw std::runtime_error(where + ": \"" + key + "\" rope_type \"" + type +
+                                 "\" is not supported; flowrun's decoder has \"default\" RoPE and \"llama3\" "
+                                 "scaling (Llama 3.1+); see " + rp.dump());
+      auto num = [&](const char* k) {
+        if (!rr.has(k)) throw std::runtime_error(where + ": \"" + key + "\" (llama3 RoPE scaling) lacks \"" + k + "\"");
+        return rr.f(k, 0.0);
+      };
+      c.rope_scaling = rope_scaling_kind::llama3;
+      c.rope_factor = static_cast<float>(num("factor"));
+      c.rope_low_freq_factor = static_cast<float>(num("low_freq_factor"));
+      c.rope_high_freq_factor = static_cast<float>(num("high_freq_factor"));
+      if (!rr.has("original_max_position_embeddings") && !r.has("original_max_position_embeddings"))
+        throw std::runtime_error(where + ": \"" + key + "\" (llama3 RoPE scaling) lacks "
+                                 "\"original_max_position_embeddings\"");
+      c.rope_original_max_pos = rr.has("original_max_position_embeddings") ? rr.i("original_max_position_embeddings")
+                                                                           : r.i("original_max_position_embeddings");
     }
     c.rope_theta = static_cast<float>(theta);
-    c.rope = ops::rope_layout::half;  // modeling_llama.py rotate_half
+    c.rope = ops::rope_layout::half;  // modeling_llama.py / modeling_qwen2.py rotate_half
     c.use_rope = true;
     c.gated_mlp = true;
     c.act = hf_activation(r.s("hidden_act", "silu"), where, "hidden_act");
-    if (c.act != ops::activation::silu) unsupported(where, "a LLaMA with hidden_act \"" + r.s("hidden_act", "") + "\"");
-    if (r.b("attention_bias", false) || r.b("mlp_bias", false))
+    const std::string name = qwen2 ? "a Qwen2" : "a LLaMA";
+    if (c.act != ops::activation::silu) unsupported(where, name + " with hidden_act \"" + r.s("hidden_act", "") + "\"");
+    if (r.has("partial_rotary_factor") && r.f("partial_rotary_factor", 1.0) != 1.0)
+      unsupported(where, name + " with \"partial_rotary_factor\" " + j["partial_rotary_factor"].dump());
+    if (qwen2) {
+      // Qwen2Attention: bias on q_proj, k_proj, v_proj; none on o_proj or the MLP. Sliding-window layers
+      // (use_sliding_window, layer_types "sliding_attention") are not in flowrun's attention.
+      if (r.b("use_sliding_window", false))
+        unsupported(where, "a Qwen2 with \"use_sliding_window\": true (sliding-window attention)");
+      if (r.has("layer_types")) {
+        const auto& lt = j["layer_types"];
+        if (!lt.is_array()) throw std::runtime_error(where + ": \"layer_types\" is not a list: " + lt.dump());
+        for (const auto& t : lt)
+          if (t != "full_attention") unsupported(where, "a Qwen2 with layer_types " + t.dump() + " (only full_attention)");
+      }
+      c.qkv_bias = true;
+    } else if (r.b("attention_bias", false) || r.b("mlp_bias", false)) {
       unsupported(where, "a LLaMA with attention_bias / mlp_bias");
+    }
     if (r.has("head_dim") && c.n_heads > 0 && (c.dim % c.n_heads != 0 || r.i("head_dim") != c.dim / c.n_heads))
       unsupported(where, "a head_dim (" + std::to_string(r.i("head_dim")) + ") other than hidden_size / num_attention_heads");
     c.bias = false;
-    c.tied_embeddings = r.b("tie_word_embeddings", false);  // LlamaConfig's default
+    c.tied_embeddings = r.b("tie_word_embeddings", false);  // LlamaConfig's and Qwen2Config's default
   } else if (mt == "opt") {
     c.family = model_family::opt;
     // do_layer_norm_before = false (facebook/opt-350m): post-LayerNorm and no final
@@ -270,8 +321,8 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
     c.bias = true;
     c.tied_embeddings = r.b("tie_word_embeddings", true);
   } else {
-    throw std::runtime_error(where + ": model_type \"" + mt +
-                             "\" is not supported; flowrun loads \"llama\", \"opt\" and \"gpt2\"");
+    throw std::runtime_error(where + ": model_type \"" + mt + "\" is not supported; flowrun's decoder runs " +
+                             k_supported);
   }
   c.real_vocab_size = r.i("flowrun_real_vocab_size", 0);
   try {
@@ -299,12 +350,22 @@ nlohmann::json hf_config_to_json(const model_config& c, dtype on_disk) {
   };
   const bool ln_bias = c.norm == norm_kind::layernorm && c.bias;
   switch (c.family) {
-    case model_family::llama:
+    case model_family::llama: {
       need(c.norm == norm_kind::rmsnorm && c.use_rope && c.gated_mlp && c.act == ops::activation::silu && !c.bias,
-           "LlamaForCausalLM has RMSNorm, RoPE, a SwiGLU MLP and no biases");
+           "LlamaForCausalLM / Qwen2ForCausalLM have RMSNorm, RoPE, a SwiGLU MLP and no o_proj / MLP biases");
       need(!c.post_norm && !c.has_projection(), "LlamaForCausalLM has pre-norm and no embedding projection");
-      j = {{"architectures", nlohmann::json::array({"LlamaForCausalLM"})},
-           {"model_type", "llama"},
+      // q/k/v biases alone are Qwen2 (Qwen2ForCausalLM); without them, LlamaForCausalLM
+      const bool qwen2 = c.qkv_bias;
+      nlohmann::json rope = {{"rope_theta", short_float(c.rope_theta)}, {"rope_type", "default"}};
+      if (c.rope_scaling == rope_scaling_kind::llama3)
+        rope = {{"rope_theta", short_float(c.rope_theta)},
+                {"rope_type", "llama3"},
+                {"factor", short_float(c.rope_factor)},
+                {"low_freq_factor", short_float(c.rope_low_freq_factor)},
+                {"high_freq_factor", short_float(c.rope_high_freq_factor)},
+                {"original_max_position_embeddings", c.rope_original_max_pos}};
+      j = {{"architectures", nlohmann::json::array({qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"})},
+           {"model_type", qwen2 ? "qwen2" : "llama"},
            {"hidden_size", c.dim},
            {"intermediate_size", c.hidden_dim},
            {"num_hidden_layers", c.n_layers},
@@ -314,15 +375,21 @@ nlohmann::json hf_config_to_json(const model_config& c, dtype on_disk) {
            {"max_position_embeddings", c.max_seq_len},
            {"rms_norm_eps", short_float(c.norm_eps)},
            {"rope_theta", short_float(c.rope_theta)},
-           {"rope_parameters", {{"rope_theta", short_float(c.rope_theta)}, {"rope_type", "default"}}},
-           {"head_dim", c.head_dim()},
+           {"rope_parameters", rope},
            {"hidden_act", "silu"},
-           {"attention_bias", false},
-           {"mlp_bias", false},
            {"initializer_range", 0.02},
            {"tie_word_embeddings", c.tied_embeddings}};
-      token_ids(1, 2, -1);
+      if (c.rope_scaling == rope_scaling_kind::llama3) j["rope_scaling"] = rope;  // transformers < 5 reads this key
+      if (qwen2) {
+        j["use_sliding_window"] = false;
+      } else {
+        j["head_dim"] = c.head_dim();
+        j["attention_bias"] = false;
+        j["mlp_bias"] = false;
+        token_ids(1, 2, -1);
+      }
       break;
+    }
     case model_family::opt:
       need(c.norm == norm_kind::layernorm && ln_bias && !c.use_rope && c.position_offset == 2 && !c.gated_mlp &&
                c.n_kv_heads == c.n_heads,
@@ -393,9 +460,12 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& c) {
       for (int64_t l = 0; l < c.n_layers; ++l) {
         auto p = layer_prefix(l);
         add(p + "input_layernorm.weight", {C}, {p + "input_layernorm.weight"});
-        add(p + "self_attn.q_proj.weight", {qd, C}, {p + "self_attn.q_proj.weight"});
-        add(p + "self_attn.k_proj.weight", {kvd, C}, {p + "self_attn.k_proj.weight"});
-        add(p + "self_attn.v_proj.weight", {kvd, C}, {p + "self_attn.v_proj.weight"});
+        for (const char* x : {"q", "k", "v"}) {
+          const std::string s = std::string("self_attn.") + x + "_proj.";
+          const int64_t rows = std::string(x) == "q" ? qd : kvd;
+          add(p + s + "weight", {rows, C}, {p + s + "weight"});
+          if (c.has_qkv_bias()) add(p + s + "bias", {rows}, {p + s + "bias"});  // Qwen2
+        }
         add(p + "self_attn.o_proj.weight", {C, qd}, {p + "self_attn.o_proj.weight"});
         add(p + "post_attention_layernorm.weight", {C}, {p + "post_attention_layernorm.weight"});
         add(p + "mlp.gate_proj.weight", {F, C}, {p + "mlp.gate_proj.weight"});

@@ -1,15 +1,20 @@
 // Hugging Face checkpoint folders (config.json + model.safetensors or shards)
-// for the three decoder families flowrun runs: LLaMA (LlamaForCausalLM), OPT
-// (OPTForCausalLM) and GPT-2 (GPT2LMHeadModel).
+// for the decoder families flowrun runs: LLaMA (LlamaForCausalLM: LLaMA 1/2 and
+// Llama 3.x, whose llama3 RoPE scaling is model_config::rope_scaling), Qwen2 /
+// Qwen2.5 (Qwen2ForCausalLM: the LLaMA decoder with q/k/v biases,
+// model_config::qkv_bias), OPT (OPTForCausalLM) and GPT-2 (GPT2LMHeadModel).
 //
 // References (transformers): models/llama/modeling_llama.py and
-// configuration_llama.py, models/opt/modeling_opt.py and configuration_opt.py,
+// configuration_llama.py, modeling_rope_utils.py (_compute_llama3_parameters),
+// models/qwen2/modeling_qwen2.py and configuration_qwen2.py,
+// models/opt/modeling_opt.py and configuration_opt.py,
 // models/gpt2/modeling_gpt2.py and configuration_gpt2.py,
 // models/llama/convert_llama_weights_to_hf.py (the RoPE row permutation),
 // modeling_utils.py (safetensors sharding, tied weights).
 //
 // Tensor names, HF ↔ flowrun (flowrun uses LlamaForCausalLM names for all):
 //   LLaMA  identity.
+//   Qwen2  identity, plus model.layers.N.self_attn.{q,k,v}_proj.bias.
 //   OPT    model.decoder.embed_tokens.weight       ↔ model.embed_tokens.weight
 //          model.decoder.embed_positions.weight    ↔ model.embed_positions.weight (P + 2 rows)
 //          model.decoder.layers.N.self_attn_layer_norm ↔ model.layers.N.input_layernorm
@@ -55,11 +60,15 @@
 
 namespace flowrun {
 
-/// The model_config described by an HF config.json (model_type llama, opt or gpt2).
+/// The model_config described by an HF config.json (model_type llama, qwen2, opt or gpt2).
 /// real_vocab_size is taken from "flowrun_real_vocab_size" when present, else
-/// left at vocab_size. Throws std::runtime_error naming `where` (the file) and the
-/// key for an unsupported model_type or architecture variant (OPT with
-/// _remove_final_layer_norm, RoPE scaling, an activation flowrun lacks, ...), and
+/// left at vocab_size. RoPE: "rope_theta" and "rope_parameters" (transformers 5) or
+/// "rope_scaling" (transformers 4) of rope_type / type "default" or "llama3" (factor,
+/// low_freq_factor, high_freq_factor, original_max_position_embeddings). Throws
+/// std::runtime_error naming `where` (the file) and the key for an unsupported
+/// "architectures" entry or model_type (naming the supported architectures), or
+/// architecture variant (OPT with _remove_final_layer_norm, RoPE scaling other than
+/// llama3, Qwen2 sliding-window layers, an activation flowrun lacks, ...), and
 /// for sizes model_config::validate refuses (e.g. num_attention_heads 0).
 /// OPT's word_embed_proj_dim and do_layer_norm_before = false (facebook/opt-350m)
 /// map to model_config::embed_dim and post_norm.
@@ -67,7 +76,9 @@ model_config hf_config_from_json(const nlohmann::json& config_json, const std::s
 
 /// config.json for `cfg`, with the keys transformers reads for the family
 /// (architectures, model_type, sizes, eps, activation, tie_word_embeddings,
-/// token ids, torch_dtype from `on_disk`) plus "flowrun_real_vocab_size".
+/// token ids, torch_dtype from `on_disk`) plus "flowrun_real_vocab_size". A LLaMA-family
+/// config with qkv_bias is written as Qwen2ForCausalLM; llama3 RoPE scaling as
+/// "rope_parameters" (and "rope_scaling", for transformers 4).
 /// Throws std::invalid_argument when `cfg` has switches the HF architecture of its
 /// family cannot express (e.g. a LLaMA with biases, an OPT with RoPE).
 nlohmann::json hf_config_to_json(const model_config& cfg, dtype on_disk = dtype::f32);

@@ -150,8 +150,9 @@ decoder load_llama2c(const std::string& path, device dev) {
 void save_llama2c(const decoder& model_in, const std::string& path, int version) {
   const auto& c = model_in.config();
   if (c.family != model_family::llama || c.rope != ops::rope_layout::adjacent || c.bias || !c.gated_mlp ||
-      c.has_projection() || c.post_norm)
-    throw std::runtime_error(path + ": only LLaMA-family models with adjacent-pair RoPE can be written as llama2.c");
+      c.has_projection() || c.post_norm || c.qkv_bias || c.rope_scaling != rope_scaling_kind::none)
+    throw std::runtime_error(path + ": only LLaMA-family models with adjacent-pair RoPE (no q/k/v biases, no RoPE "
+                                    "scaling) can be written as llama2.c");
   if (version != 0 && version != 1) throw std::runtime_error(path + ": llama2.c version must be 0 or 1");
   auto& model = const_cast<decoder&>(model_in);
   std::vector<char> out;

@@ -1,5 +1,6 @@
 // Hugging Face formats: safetensors, config.json + tensor names for LLaMA / OPT /
-// GPT-2 against transformers' logits (tests/fixtures/hf, made by
+// GPT-2 / Llama 3 (llama3 RoPE scaling) / Qwen2 (q/k/v biases) against transformers'
+// logits (tests/fixtures/hf, made by
 // tests/fixtures/make_hf_fixtures.py), llama2.c <-> HF on stories260K, and the
 // GPT-2 byte-level BPE tokenizer against tests/fixtures/bpe/cases.json.
 #include <doctest/doctest.h>
@@ -110,7 +111,13 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-const char* const k_families[] = {"opt", "gpt2", "llama"};
+const char* const k_families[] = {"opt", "gpt2", "llama", "llama3", "qwen2"};
+
+// config.json's model_type of each fixture folder
+std::string model_type_of(const std::string& family) { return family == "llama3" ? "llama" : family; }
+
+// Parity with transformers: 1e-5 for the Llama 3 and Qwen2 fixtures, 1e-4 for the older ones.
+double logit_tol(const std::string& family) { return family == "llama3" || family == "qwen2" ? 1e-5 : 1e-4; }
 
 // Optionally keep folders flowrun writes, for make_hf_fixtures.py --check-saved.
 void keep_saved(const decoder& m, const std::string& family) {
@@ -215,7 +222,7 @@ TEST_CASE("safetensors: bad files are refused naming the file and the tensor") {
 
 // ------------------------------------------------------------------ HF models vs transformers
 
-TEST_CASE("hf: logits match transformers for OPT, GPT-2 and LLaMA (left-padded batch with a mask)") {
+TEST_CASE("hf: logits match transformers for OPT, GPT-2, LLaMA, Llama 3 and Qwen2 (left-padded batch with a mask)") {
   for (const char* family : k_families) {
     INFO("family " << std::string(family));
     auto m = load_hf((k_fixtures / "hf" / family).string());
@@ -224,11 +231,11 @@ TEST_CASE("hf: logits match transformers for OPT, GPT-2 and LLaMA (left-padded b
     auto got = logits_of(m, b.ids, b.mask);
     double d = max_diff_valid(got, b.logits, b.mask_v, b.V);
     MESSAGE(std::string(family) << ": " << m.config().summary() << "; max |logits - transformers| = " << d);
-    CHECK(d < 1e-4);
+    CHECK(d < logit_tol(family));
     // the unpadded first row alone, without a mask
     auto row0 = logits_of(m, b.ids.rows(0, 1));
     std::vector<float> want0(b.logits.begin(), b.logits.begin() + b.T * b.V);
-    CHECK(max_diff_valid(row0, want0, {}, b.V) < 1e-4);
+    CHECK(max_diff_valid(row0, want0, {}, b.V) < logit_tol(family));
     keep_saved(m, family);
   }
 }
@@ -309,7 +316,7 @@ TEST_CASE("hf: load -> save -> load is exact, bf16/f16 within rounding, sharded 
     CHECK(orig.names() == ours.names());
     for (auto& n : orig.names()) CHECK(orig.entry(n).shape == ours.entry(n).shape);
     auto cj = read_json(tmp.path / "f32" / "config.json");
-    CHECK(cj["model_type"] == family);
+    CHECK(cj["model_type"] == model_type_of(family));
     CHECK(cj["flowrun_real_vocab_size"] == m.config().vocab_limit());
 
     for (dtype dt : {dtype::bf16, dtype::f16}) {
@@ -329,7 +336,9 @@ TEST_CASE("hf: load -> save -> load is exact, bf16/f16 within rounding, sharded 
     // sharded: several files plus the index, read back exactly
     auto files = save_safetensors_checkpoint(tmp / "unused", {}, dtype::f32);  // an empty checkpoint is allowed
     CHECK(files.size() == 1);
-    save_hf(m, tmp / "f32", dtype::f32, 30000);
+    const bool small = std::string(family) == "llama3" || std::string(family) == "qwen2";  // 60-70 KB of weights
+    const int64_t shard = small ? 15000 : 30000;
+    save_hf(m, tmp / "f32", dtype::f32, shard);
     CHECK(fs::exists(tmp / "f32/model.safetensors.index.json"));
     CHECK_FALSE(fs::exists(tmp / "f32/model.safetensors"));  // the stale single file is gone
     safetensors_checkpoint sh(tmp / "f32");
@@ -423,6 +432,216 @@ TEST_CASE("hf: mismatches are refused with both sizes and the tensor names") {
 }
 
 // ------------------------------------------------------------------ OPT project_in/out + post-LayerNorm
+
+TEST_CASE("hf: Llama 3 (llama3 RoPE scaling, theta 500000) and Qwen2 (q/k/v biases) read as config.json says") {
+  auto l3 = load_hf((k_fixtures / "hf" / "llama3").string());
+  const auto& c = l3.config();
+  CHECK(c.family == model_family::llama);
+  CHECK(c.rope_scaling == rope_scaling_kind::llama3);
+  CHECK(c.rope_theta == 500000.0f);
+  CHECK(c.rope_factor == 8.0f);
+  CHECK(c.rope_low_freq_factor == 1.0f);
+  CHECK(c.rope_high_freq_factor == 4.0f);
+  CHECK(c.rope_original_max_pos == 256);
+  CHECK(c.tied_embeddings);
+  CHECK(c.n_kv_heads == 2);
+  CHECK_FALSE(c.has_qkv_bias());
+  // the scaled inverse frequencies against transformers' rotary_emb.inv_freq (f32, written with 9 digits)
+  auto exp = read_json(k_fixtures / "hf" / "llama3" / "expected.json");
+  auto want_f = exp["rope_inv_freq"].get<std::vector<double>>();
+  auto got_f = c.rope_inv_freq();
+  REQUIRE(got_f.size() == want_f.size());
+  for (size_t i = 0; i < got_f.size(); ++i) CHECK(got_f[i] == doctest::Approx(want_f[i]).epsilon(1e-6));
+  // and by hand (head_dim 8: 500000^(-i/4); wavelengths 6.3 (kept), 167.1 (smoothed: s = (256/167.08 - 1)/3
+  // = 0.1774, f (0.8226/8 + 0.1774) = 0.02802 f), 4443 and 118000 (divided by 8))
+  const double f1 = std::pow(500000.0, -0.25), s1 = (256.0 / (2 * M_PI / f1) - 1.0) / 3.0;
+  CHECK(got_f[0] == 1.0f);
+  CHECK(got_f[1] == doctest::Approx((1 - s1) * f1 / 8 + s1 * f1).epsilon(1e-6));
+  CHECK(got_f[2] == doctest::Approx(std::pow(500000.0, -0.5) / 8).epsilon(1e-6));
+  CHECK(got_f[3] == doctest::Approx(std::pow(500000.0, -0.75) / 8).epsilon(1e-6));
+
+  // the scaling matters: the same weights with plain RoPE are as far from transformers as its own unscaled run
+  model_config plain_c = c;
+  plain_c.rope_scaling = rope_scaling_kind::none;
+  decoder plain(plain_c);
+  plain.w().flat.copy_from(l3.w().flat);
+  auto b = load_batch("llama3");
+  const double d_plain = max_diff_valid(logits_of(plain, b.ids, b.mask), b.logits, b.mask_v, b.V);
+  MESSAGE("llama3 without its RoPE scaling: max |logits - transformers| = " << d_plain << " (transformers' own: "
+                                                                          << exp["max_abs_diff_unscaled"] << ")");
+  CHECK(d_plain == doctest::Approx(exp["max_abs_diff_unscaled"].get<double>()).epsilon(1e-3));
+
+  auto qw = load_hf((k_fixtures / "hf" / "qwen2").string());
+  const auto& q = qw.config();
+  CHECK(q.family == model_family::llama);
+  CHECK(q.qkv_bias);
+  CHECK_FALSE(q.bias);
+  CHECK(q.rope_theta == 1000000.0f);
+  CHECK(q.rope_scaling == rope_scaling_kind::none);
+  CHECK_FALSE(q.tied_embeddings);
+  CHECK(qw.param("model.layers.1.self_attn.q_proj.bias").shape() == shape_t{32});
+  CHECK(qw.param("model.layers.1.self_attn.k_proj.bias").shape() == shape_t{16});
+  CHECK(qw.param("model.layers.1.self_attn.v_proj.bias").shape() == shape_t{16});
+  CHECK_THROWS_AS(qw.param("model.layers.1.self_attn.o_proj.bias"), std::out_of_range);
+  CHECK_THROWS_AS(qw.param("model.layers.1.mlp.up_proj.bias"), std::out_of_range);
+  // every stored parameter is a transformers tensor and the reverse
+  safetensors_checkpoint ck((k_fixtures / "hf" / "qwen2").string());
+  int64_t stored = 0;
+  for (const auto& n : ck.names()) stored += shape_numel(ck.entry(n).shape);
+  CHECK(stored == qw.num_parameters());
+  CHECK(q.num_parameters() == qw.num_parameters());
+  // the biases matter: zeroing them moves the logits
+  auto bq = load_batch("qwen2");
+  decoder nob = clone_decoder(qw);
+  for (const char* x : {"q", "k", "v"})
+    for (int l = 0; l < 2; ++l) nob.param("model.layers." + std::to_string(l) + ".self_attn." + x + "_proj.bias").zero_();
+  CHECK(max_diff_valid(logits_of(nob, bq.ids, bq.mask), bq.logits, bq.mask_v, bq.V) > 1e-3);
+}
+
+TEST_CASE("hf: Llama 3 and Qwen2 decode with the KV cache as they run whole, and llama3 RoPE's backward is right") {
+  for (const char* family : {"llama3", "qwen2"}) {
+    INFO("family " << std::string(family));
+    auto m = load_hf((k_fixtures / "hf" / family).string());
+    auto b = load_batch(family);
+    auto cache = m.make_cache(b.B, b.T);
+    auto all = m.forward_cached(cache, b.ids, {}, b.mask, 0, true).to_floats();
+    CHECK(max_diff_valid(all, b.logits, b.mask_v, b.V) < logit_tol(family));
+    // prefill then one token at a time: the last position's logits against transformers'
+    auto inc = m.make_cache(b.B, b.T);
+    const int64_t P = b.T - 3;
+    std::vector<int32_t> ids_v(b.ids.data<int32_t>(), b.ids.data<int32_t>() + b.B * b.T);
+    auto cols = [&](const std::vector<int32_t>& v, int64_t from, int64_t to) {
+      std::vector<int32_t> o;
+      for (int64_t r = 0; r < b.B; ++r)
+        for (int64_t t = from; t < to; ++t) o.push_back(v[r * b.T + t]);
+      return tensor::from_ints({b.B, to - from}, o);
+    };
+    double dinc = 0;
+    auto check_last = [&](const tensor& lg, int64_t t) {  // lg (B, V) at position t
+      auto g = lg.to_floats();
+      for (int64_t r = 0; r < b.B; ++r)
+        for (int64_t v = 0; v < b.V; ++v)
+          dinc = std::max(dinc, static_cast<double>(std::fabs(g[r * b.V + v] - b.logits[(r * b.T + t) * b.V + v])));
+    };
+    check_last(m.forward_cached(inc, cols(ids_v, 0, P), {}, cols(b.mask_v, 0, P), 0), P - 1);
+    for (int64_t t = P; t < b.T; ++t)
+      check_last(m.forward_cached(inc, cols(ids_v, t, t + 1), {}, cols(b.mask_v, 0, t + 1), t), t);
+    MESSAGE(std::string(family) << ": incremental decoding max |logits - transformers| = " << dinc);
+    CHECK(dinc < logit_tol(family));
+  }
+
+  // The scaled-RoPE path (rotation matrices by matmul_batched) with factor 1 is plain RoPE (every band keeps
+  // its frequency), so it must give the rope kernel's logits and gradients: a wrong rotation or a transposed
+  // backward would not.
+  auto l3 = load_hf((k_fixtures / "hf" / "llama3").string());
+  model_config one = l3.config();
+  one.rope_factor = 1.0f;
+  model_config plain = one;
+  plain.rope_scaling = rope_scaling_kind::none;
+  decoder a(one), p(plain);
+  a.w().flat.copy_from(l3.w().flat);
+  p.w().flat.copy_from(l3.w().flat);
+  auto fa = one.rope_inv_freq(), fp = plain.rope_inv_freq();
+  for (size_t i = 0; i < fa.size(); ++i) CHECK(fa[i] == doctest::Approx(fp[i]).epsilon(1e-6));
+  auto b = load_batch("llama3");
+  std::vector<int32_t> tg(b.ids.data<int32_t>(), b.ids.data<int32_t>() + b.B * b.T);
+  std::rotate(tg.begin(), tg.begin() + 1, tg.end());
+  for (size_t i = 0; i < tg.size(); ++i)
+    if (b.mask_v[i] == 0) tg[i] = -100;
+  const tensor targets = tensor::from_ints({b.B, b.T}, tg);
+  auto grads = [&](decoder& m, double& loss) {
+    activations act;
+    m.zero_grad();
+    loss = m.forward(act, b.ids, targets, b.mask);
+    m.backward(act);
+    return m.grads().flat.to_floats();
+  };
+  double la = 0, lp = 0;
+  auto ga = grads(a, la), gp = grads(p, lp);
+  CHECK(la == doctest::Approx(lp).epsilon(1e-6));
+  double gmax = 0, gd = 0;
+  for (size_t i = 0; i < ga.size(); ++i) {
+    gmax = std::max(gmax, static_cast<double>(std::fabs(gp[i])));
+    gd = std::max(gd, static_cast<double>(std::fabs(ga[i] - gp[i])));
+  }
+  MESSAGE("llama3 path with factor 1 vs the rope kernel: loss " << la << " vs " << lp << ", max |dgrad| = " << gd
+                                                                << " (max |grad| " << gmax << ")");
+  CHECK(gmax > 1e-3);
+  CHECK(gd < 1e-5 * std::max(1.0, gmax));
+
+  // with the real scaling: a central difference on a q_proj weight agrees with backward (f64 loss difference)
+  auto gs_model = clone_decoder(l3);
+  double ls = 0;
+  auto gs = grads(gs_model, ls);
+  const auto& e = *std::find_if(gs_model.params().begin(), gs_model.params().end(),
+                                [](const param_entry& pe) { return pe.name == "model.layers.0.self_attn.q_proj.weight"; });
+  for (int64_t k : {int64_t{3}, int64_t{37}, int64_t{200}}) {
+    const int64_t at = e.offset + k;
+    auto loss_at = [&](float delta) {
+      auto m2 = clone_decoder(l3);
+      auto f = m2.w().flat.to_floats();
+      f[static_cast<size_t>(at)] += delta;
+      m2.w().flat.copy_from(tensor::from_floats({static_cast<int64_t>(f.size())}, f));
+      activations act;
+      return m2.forward(act, b.ids, targets, b.mask);
+    };
+    const float h = 1e-2f;
+    const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
+    CAPTURE(k);
+    CHECK(gs[static_cast<size_t>(at)] == doctest::Approx(fd).epsilon(2e-2).scale(1e-3));
+  }
+}
+
+TEST_CASE("hf: an unsupported architecture or RoPE scaling is refused naming the file and what is supported") {
+  const auto base = read_json(k_fixtures / "hf" / "qwen2" / "config.json");
+  auto refused = [&](nlohmann::json j, std::vector<std::string> parts) {
+    std::string msg;
+    try {
+      hf_config_from_json(j, "m/config.json");
+    } catch (const std::runtime_error& e) {
+      msg = e.what();
+    }
+    CAPTURE(msg);
+    REQUIRE_FALSE(msg.empty());
+    CHECK(msg.rfind("m/config.json: ", 0) == 0);
+    for (const auto& p : parts) CHECK_MESSAGE(msg.find(p) != std::string::npos, p);
+  };
+  nlohmann::json mistral = base;
+  mistral["model_type"] = "mistral";
+  mistral["architectures"] = {"MistralForCausalLM"};
+  refused(mistral, {"MistralForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM", "GPT2LMHeadModel"});
+  nlohmann::json mt_only = base;
+  mt_only.erase("architectures");
+  mt_only["model_type"] = "gemma";
+  refused(mt_only, {"model_type \"gemma\"", "Qwen2ForCausalLM"});
+  nlohmann::json seqcls = base;
+  seqcls["architectures"] = {"Qwen2ForSequenceClassification"};
+  refused(seqcls, {"Qwen2ForSequenceClassification", "Qwen2ForCausalLM"});
+  nlohmann::json yarn = read_json(k_fixtures / "hf" / "llama3" / "config.json");
+  yarn["rope_parameters"]["rope_type"] = "yarn";
+  refused(yarn, {"yarn", "llama3", "rope_parameters"});
+  nlohmann::json old_style = read_json(k_fixtures / "hf" / "llama3" / "config.json");  // transformers 4's keys
+  old_style.erase("rope_parameters");
+  old_style["rope_theta"] = 500000.0;
+  old_style["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  refused(old_style, {"dynamic", "rope_scaling"});
+  old_style["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}};
+  refused(old_style, {"original_max_position_embeddings"});
+  old_style["rope_scaling"]["original_max_position_embeddings"] = 256;
+  auto c = hf_config_from_json(old_style);  // Llama 3.1's transformers-4 config.json reads
+  CHECK(c.rope_scaling == rope_scaling_kind::llama3);
+  CHECK(c.rope_original_max_pos == 256);
+  CHECK(c.rope_theta == 500000.0f);
+  old_style["rope_scaling"]["low_freq_factor"] = 4.0;
+  refused(old_style, {"low_freq_factor < high_freq_factor"});
+  nlohmann::json sliding = base;
+  sliding["use_sliding_window"] = true;
+  refused(sliding, {"use_sliding_window"});
+  nlohmann::json layer_types = base;
+  layer_types["layer_types"] = {"full_attention", "sliding_attention"};
+  refused(layer_types, {"sliding_attention"});
+}
 
 TEST_CASE("hf: OPT with word_embed_proj_dim != hidden_size and post-LayerNorm (facebook/opt-350m's switches)") {
   const auto dir = (k_fixtures / "hf" / "opt_proj").string();
@@ -801,6 +1020,9 @@ TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged int
     std::vector<model_format> formats;
   };
   for (const auto& src : {source{(k_fixtures / "hf" / "llama").string(), {model_format::hf, model_format::flowrun}},
+                          // Llama 3 (llama3 RoPE scaling) and Qwen2 (q/k/v biases): the switches survive both formats
+                          source{(k_fixtures / "hf" / "llama3").string(), {model_format::hf, model_format::flowrun}},
+                          source{(k_fixtures / "hf" / "qwen2").string(), {model_format::hf, model_format::flowrun}},
                           source{asset_path("model/stories260K/stories260K.bin").string(),
                                  {model_format::llama2c, model_format::hf, model_format::flowrun}}}) {
     auto m = load_model(src.path);
@@ -835,6 +1057,7 @@ TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged int
       if (f == model_format::flowrun) CHECK(d == 0.0);  // adapters kept apart: bit-exact
       auto r = load_model(out);
       CHECK(r.has_lora() == (f == model_format::flowrun));
+      CHECK(r.config().summary() == m.config().summary());  // qkv_bias, rope_scaling=llama3(...) included
       CHECK(max_diff_valid(logits_of(r, x), want, {}, m.config().vocab_size) <= tol);
       fs::remove_all(tmp.path / "sub");
     }

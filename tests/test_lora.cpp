@@ -316,8 +316,9 @@ TEST_CASE("LoRA: one config from settings for every trainer, DS-Chat's decoder.l
     m.enable_lora(lc);
     const int64_t per_layer = static_cast<int64_t>(m.adapter_params().size()) / m.config().n_layers;
     INFO("family " << static_cast<int>(f));
-    // A and B for q, k, v, o, up, down (+ gate with a gated MLP)
-    CHECK(per_layer == 2 * (m.config().gated_mlp ? 7 : 6));
+    // A and B for q, k, v, o, up, down (+ gate with a gated MLP); GPT-2's q, k and v are one
+    // adapter (its Conv1D c_attn, as PEFT adapts it)
+    CHECK(per_layer == 2 * (f == model_family::gpt2 ? 4 : m.config().gated_mlp ? 7 : 6));
   }
   CHECK(make_lora_config(8, 16.0f, 0.1f, " q_proj , v_proj ", 0).target_modules ==
         std::vector<std::string>{"q_proj", "v_proj"});

@@ -2,11 +2,15 @@
 // tests/fixtures/peft/llama_lora is a LoRA adapter (r 4, alpha 8, q_proj and
 // v_proj, random A and B) of tests/fixtures/hf/llama saved by peft's
 // save_pretrained, with PEFT's logits and the merged model's logits
-// (tests/fixtures/make_peft_fixture.py). Here: base + adapter give PEFT's logits,
-// merged too, and save_adapter writes PEFT's file back (same names and values).
+// (tests/fixtures/make_peft_fixture.py); opt_lora and gpt2_lora the same for
+// tests/fixtures/hf/opt (every Linear: q/k/v/out_proj, fc1, fc2) and
+// tests/fixtures/hf/gpt2 (c_attn, c_proj, c_fc: Conv1D, fan_in_fan_out).
+// Here: base + adapter give PEFT's logits, merged too, and save_adapter writes
+// PEFT's file back (same names and values).
 //
-// With FLOWRUN_PEFT_SAVE_DIR set, the adapter folder flowrun writes is kept there
-// for make_peft_fixture.py --check-saved (PeftModel.from_pretrained on it).
+// With FLOWRUN_PEFT_SAVE_DIR set, the adapter folders flowrun writes are kept there
+// (OPT's and GPT-2's in its subfolders opt/ and gpt2/) for make_peft_fixture.py
+// --check-saved (PeftModel.from_pretrained on them).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -58,15 +62,15 @@ struct expected {
   std::vector<std::string> names;
 };
 
-expected load_expected() {
-  auto j = read_json(k_adapter / "expected.json");
+expected load_expected(const fs::path& adapter = k_adapter) {
+  auto j = read_json(adapter / "expected.json");
   expected e;
   auto ids = j["input_ids"].get<std::vector<std::vector<int32_t>>>();
   std::vector<int32_t> flat;
   for (auto& r : ids) flat.insert(flat.end(), r.begin(), r.end());
   e.ids = tensor::from_ints({static_cast<int64_t>(ids.size()), static_cast<int64_t>(ids[0].size())}, flat);
   e.logits = j["logits"].get<std::vector<float>>();
-  e.merged_logits = j["merged_logits"].get<std::vector<float>>();
+  if (j.contains("merged_logits")) e.merged_logits = j["merged_logits"].get<std::vector<float>>();
   e.names = j["adapter_tensors"].get<std::vector<std::string>>();
   return e;
 }
@@ -154,16 +158,145 @@ TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits, merged too, sa
 TEST_CASE("PEFT adapter: the tensor names are PEFT's, both ways") {
   auto e = load_expected();
   REQUIRE(e.names.size() == 8);
+  const model_config llama = load_hf(k_base.string()).config();
   for (const auto& n : e.names) {
     CHECK(n.rfind("base_model.model.model.layers.", 0) == 0);
-    CHECK(peft_name(ours_from_peft(n)) == n);
+    CHECK(peft_name(llama, ours_from_peft(llama, n)) == n);
   }
-  CHECK(ours_from_peft("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight") ==
+  CHECK(ours_from_peft(llama, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight") ==
         "model.layers.0.self_attn.q_proj.lora_A.weight");
   // in-memory state dicts carry the adapter name; files do not
-  CHECK(ours_from_peft("base_model.model.model.layers.1.self_attn.v_proj.lora_B.default.weight") ==
+  CHECK(ours_from_peft(llama, "base_model.model.model.layers.1.self_attn.v_proj.lora_B.default.weight") ==
         "model.layers.1.self_attn.v_proj.lora_B.weight");
-  CHECK(peft_name("v_head.weight") == "v_head.weight");
+  CHECK(peft_name(llama, "v_head.weight") == "v_head.weight");
+
+  // OPT and GPT-2: PEFT's names (modeling_opt.py / modeling_gpt2.py module paths), both ways
+  for (const char* family : {"opt", "gpt2"}) {
+    const model_config c = load_hf((k_fixtures / "hf" / family).string()).config();
+    auto fe = load_expected(k_fixtures / "peft" / (std::string(family) + "_lora"));
+    REQUIRE(fe.names.size() == (std::string(family) == "opt" ? 24u : 16u));
+    for (const auto& n : fe.names) {
+      CAPTURE(n);
+      const auto ours = ours_from_peft(c, n);
+      CHECK(ours.rfind("model.layers.", 0) == 0);
+      CHECK(peft_name(c, ours) == n);
+    }
+  }
+  const model_config opt = load_hf((k_fixtures / "hf" / "opt").string()).config();
+  CHECK(peft_name(opt, "model.layers.1.self_attn.o_proj.lora_A.weight") ==
+        "base_model.model.model.decoder.layers.1.self_attn.out_proj.lora_A.weight");
+  CHECK(peft_name(opt, "model.layers.0.mlp.up_proj.lora_B.weight") == "base_model.model.model.decoder.layers.0.fc1.lora_B.weight");
+  CHECK(ours_from_peft(opt, "base_model.model.model.decoder.layers.0.fc2.lora_A.default.weight") ==
+        "model.layers.0.mlp.down_proj.lora_A.weight");
+  const model_config gpt2 = load_hf((k_fixtures / "hf" / "gpt2").string()).config();
+  CHECK(peft_name(gpt2, "model.layers.0.self_attn.qkv_proj.lora_B.weight") ==
+        "base_model.model.transformer.h.0.attn.c_attn.lora_B.weight");
+  CHECK(ours_from_peft(gpt2, "base_model.model.transformer.h.1.mlp.c_proj.lora_A.weight") ==
+        "model.layers.1.mlp.down_proj.lora_A.weight");
+  CHECK(ours_from_peft(gpt2, "base_model.model.transformer.h.1.attn.c_proj.lora_A.weight") ==
+        "model.layers.1.self_attn.o_proj.lora_A.weight");
+  // GPT-2 has no q_proj of its own in HF: an adapter on q alone has no PEFT name
+  CHECK_THROWS_WITH_AS(peft_name(gpt2, "model.layers.0.self_attn.q_proj.lora_A.weight"), doctest::Contains("c_attn"),
+                       std::invalid_argument);
+}
+
+namespace {
+
+// OPT and GPT-2: PEFT's adapter (saved by peft) loads to PEFT's logits within 1e-5, merged too; save_adapter
+// writes PEFT's tensors back bit for bit, and what it wrote reloads to the same logits.
+void check_family_adapter(const std::string& family, const std::vector<std::string>& want_targets) {
+  const fs::path adapter = k_fixtures / "peft" / (family + "_lora");
+  const fs::path base = k_fixtures / "hf" / family;
+  auto e = load_expected(adapter);
+  auto m = load_hf(base.string());
+  CHECK(max_diff(logits_of(m, e.ids), e.logits) > 0.1);  // the adapter matters
+  load_adapter(m, adapter.string());
+  REQUIRE(m.has_lora());
+  CHECK(m.lora().lora_r == 4);
+  CHECK(m.lora().scale() == 2.0f);
+  // as many adapter numbers as PEFT's file holds
+  auto peft = load_safetensors((adapter / "adapter_model.safetensors").string());
+  int64_t n_peft = 0;
+  for (auto& [n, t] : peft) n_peft += t.numel();
+  CHECK(m.num_adapter_parameters() == n_peft);
+  const double d = max_diff(logits_of(m, e.ids), e.logits);
+  MESSAGE(family << ": max |flowrun + PEFT's adapter - PEFT| = " << d);
+  CHECK(d < 1e-5);
+  m.merge_lora();
+  const double dm = max_diff(logits_of(m, e.ids), e.logits);
+  MESSAGE(family << ": merged, max |flowrun - PEFT| = " << dm);
+  CHECK(dm < 1e-5);
+
+  temp_dir tmp("save_" + family);
+  save_adapter(m, tmp.str());
+  check_same_tensors(tmp.path / "adapter_model.safetensors", adapter / "adapter_model.safetensors");
+  auto cfg = read_json(tmp.path / "adapter_config.json");
+  auto pcfg = read_json(adapter / "adapter_config.json");
+  for (const char* k : {"peft_type", "r", "lora_alpha", "lora_dropout", "bias", "fan_in_fan_out"})
+    CHECK_MESSAGE(cfg.at(k) == pcfg.at(k), k);
+  CHECK(cfg["fan_in_fan_out"] == (family == "gpt2"));
+  auto tm = cfg["target_modules"].get<std::vector<std::string>>();
+  CHECK(tm == want_targets);
+  auto m2 = load_hf(base.string());
+  load_adapter(m2, tmp.str());
+  const double d2 = max_diff(logits_of(m2, e.ids), e.logits);
+  MESSAGE(family << ": flowrun's saved adapter reloaded, max |logits - PEFT| = " << d2);
+  CHECK(d2 < 1e-5);
+  if (const char* dir = std::getenv("FLOWRUN_PEFT_SAVE_DIR"); dir && *dir) save_adapter(m2, (fs::path(dir) / family).string());
+}
+
+}  // namespace
+
+TEST_CASE("PEFT adapter for OPT: PEFT's names (out_proj, fc1, fc2 under model.decoder.layers.N), both ways") {
+  check_family_adapter("opt", {"fc1", "fc2", "self_attn.k_proj", "self_attn.out_proj", "self_attn.q_proj",
+                               "self_attn.v_proj"});
+}
+
+TEST_CASE("PEFT adapter for GPT-2: c_attn is one adapter shared by q, k and v; Conv1D's fan_in_fan_out") {
+  check_family_adapter("gpt2", {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"});
+
+  // c_attn (or all-linear) on GPT-2: q, k and v share lora_A, their lora_B are rows of one (3C, r)
+  decoder m(load_hf((k_fixtures / "hf" / "gpt2").string()));
+  m.enable_lora(make_lora_config(4, 8.0f, 0.0f, "c_attn", 3), true);
+  REQUIRE(m.adapter_params().size() == 4u);  // 2 layers x (A, B)
+  CHECK(m.adapter_params()[0].name == "model.layers.0.self_attn.qkv_proj.lora_A.weight");
+  CHECK(m.adapter_params()[1].shape == shape_t{96, 4});
+  const auto& lr = m.w().layers[0].lora;
+  CHECK(lr[lm_q].A.raw() == lr[lm_k].A.raw());
+  CHECK(lr[lm_q].A.raw() == lr[lm_v].A.raw());
+  CHECK(lr[lm_k].B.raw() == static_cast<const float*>(lr[lm_q].B.raw()) + 32 * 4);
+  // the shared A's gradient sums q's, k's and v's: against a central difference of the loss
+  float* b = m.w().adapter_flat.data<float>();
+  for (int64_t i = 0; i < m.num_adapter_parameters(); ++i) b[i] = 0.05f * static_cast<float>((i * 7919) % 13 - 6);
+  auto e = load_expected(k_fixtures / "peft" / "gpt2_lora");
+  std::vector<int32_t> tg(e.ids.data<int32_t>(), e.ids.data<int32_t>() + e.ids.numel());
+  std::rotate(tg.begin(), tg.begin() + 1, tg.end());
+  const tensor targets = tensor::from_ints(e.ids.shape(), tg);
+  activations a;
+  m.zero_grad();
+  m.forward(a, e.ids, targets);
+  m.backward(a);
+  const auto g = m.grads().adapter_flat.to_floats();
+  for (int64_t k : {int64_t{1}, int64_t{50}, int64_t{100}}) {  // elements of layer 0's c_attn lora_A (4 x 32)
+    auto loss_at = [&](float delta) {
+      const float keep = b[k];
+      b[k] = keep + delta;
+      activations a2;
+      const double l = m.forward(a2, e.ids, targets);
+      b[k] = keep;
+      return l;
+    };
+    const float h = 1e-2f;
+    const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
+    CAPTURE(k);
+    CHECK(g[static_cast<size_t>(k)] == doctest::Approx(fd).epsilon(2e-2).scale(1e-3));
+  }
+
+  // q_proj alone on GPT-2 trains in flowrun, but PEFT has no such module: save_adapter says so
+  decoder q(load_hf((k_fixtures / "hf" / "gpt2").string()));
+  q.enable_lora(make_lora_config(2, 4.0f, 0.0f, "q_proj", 1), true);
+  temp_dir tmp("gpt2_q");
+  CHECK_THROWS_WITH_AS(save_adapter(q, tmp.str()), doctest::Contains("target c_attn"), std::invalid_argument);
 }
 
 TEST_CASE("PEFT adapter on a model in llama2.c's adjacent RoPE layout: lora_B rows of q_proj follow the base") {
@@ -202,6 +335,26 @@ TEST_CASE("PEFT adapter: errors name the file and tensor") {
     std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
     auto m = load_hf(k_base.string());
     CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains("has shape"), std::runtime_error);
+  }
+  SUBCASE("a rank or alpha per module, rsLoRA or DoRA: other math, refused") {
+    named_tensors ts(peft.begin(), peft.end());
+    save_safetensors((tmp.path / "adapter_model.safetensors").string(), ts);
+    for (auto [key, value] : {std::pair<const char*, nlohmann::json>{"rank_pattern", {{"q_proj", 8}}},
+                              {"alpha_pattern", {{"v_proj", 4}}},
+                              {"use_rslora", true},
+                              {"use_dora", true}}) {
+      CAPTURE(key);
+      auto c = cfg;
+      c[key] = value;
+      std::ofstream(tmp.path / "adapter_config.json") << c.dump();
+      auto m = load_hf(k_base.string());
+      const std::string want = std::string("adapter_config.json: \"") + key;
+      CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains(want.c_str()), std::runtime_error);
+    }
+    cfg["rank_pattern"] = nlohmann::json::object();  // PEFT writes empty ones: fine
+    std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+    auto m = load_hf(k_base.string());
+    CHECK_NOTHROW(load_adapter(m, tmp.str()));
   }
   SUBCASE("not a LoRA adapter") {
     named_tensors ts(peft.begin(), peft.end());

@@ -105,9 +105,16 @@ zero_settings engine_settings(const decoder& model, const dschat_settings& s) {
       if (ae.name.size() < a_suffix.size() ||
           ae.name.compare(ae.name.size() - a_suffix.size(), a_suffix.size(), a_suffix) != 0)
         continue;
-      const std::string weight = ae.name.substr(0, ae.name.size() - a_suffix.size()) + "weight";
+      const std::string prefix = ae.name.substr(0, ae.name.size() - a_suffix.size());
+      std::vector<std::string> weights = {prefix + "weight"};
+      const std::string fused = std::string(k_fused_qkv_path) + ".";  // GPT-2's c_attn: q, k and v
+      if (prefix.size() > fused.size() && prefix.compare(prefix.size() - fused.size(), fused.size(), fused) == 0) {
+        const std::string layer = prefix.substr(0, prefix.size() - fused.size());
+        weights = {layer + "self_attn.q_proj.weight", layer + "self_attn.k_proj.weight", layer + "self_attn.v_proj.weight"};
+      }
       for (const auto& e : model.params())
-        if (e.name == weight) z.frozen_ranges.push_back({e.offset, e.offset + e.numel});
+        for (const auto& weight : weights)
+          if (e.name == weight) z.frozen_ranges.push_back({e.offset, e.offset + e.numel});
     }
   }
   return z;

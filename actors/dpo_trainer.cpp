@@ -90,8 +90,12 @@ class dpo_trainer final : public dschat_trainer {
       tokens += 2 * micro.back().B * micro.back().T;
     }
     const auto r = dschat::dpo_update(*engine_.engine, *reference_, micro, s_, engine_.next_lr(d_));
-    ctx.signal("loss", r.loss);
-    ctx.signal("accuracy", r.accuracy);
+    ctx.signal("loss", r.loss, step);
+    ctx.signal("accuracy", r.accuracy, step);
+    ctx.signal("rewards/chosen", r.chosen_reward, step);
+    ctx.signal("rewards/rejected", r.rejected_reward, step);
+    ctx.signal("lr", r.lr, step);
+    ctx.signal("grad_norm", r.grad_norm, step);
     ctx.metric("tokens", tokens);
     acc_sum_ += r.accuracy;
     loss_sum_ += r.loss;

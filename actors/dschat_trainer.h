@@ -95,6 +95,7 @@ class dschat_trainer : public actor::node {
     if (!resumed_ && step_ < steps_) {  // one update: gradient_accumulation_steps micro-batches
       update(ctx, ++step_);
       ctx.metric("steps");
+      ctx.progress(std::string_view(tag_).substr(1, std::strlen(tag_) - 2), step_, steps_);  // "[step 1 sft]"
       if (!ckpt_dir_.empty() && save_every_ > 0 && step_ % save_every_ == 0 && step_ < steps_) save(ctx);
       return true;
     }

@@ -68,6 +68,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
               "the same command resumes from the last one").at_least(0)
       .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed checkpoints kept (the older ones removed)")
       .at_least(1);
+  actor::add_tensorboard_settings(k);
   k.check = check_trainer_output;
 }
 
@@ -107,11 +108,15 @@ class sft_trainer final : public dschat_trainer {
     }
     const auto t = clk::now();
     const step_result r = dschat::sft_update(*engine_.engine, micro, engine_.next_lr(d_));
-    ctx.signal("loss", r.loss);
+    const double tps = tokens / since(t);
+    ctx.signal("loss", r.loss, step);
+    ctx.signal("lr", r.lr, step);
+    ctx.signal("grad_norm", r.grad_norm, step);
+    ctx.signal("tokens_per_s", tps, step);
     ctx.metric("tokens", tokens);
     if (prints(ctx, step))
       ctx.print(fmt::format("[step 1 sft] step {}/{} loss {:.4f} lr {:.2e} ({:.0f} tokens/s)", step, steps_, r.loss,
-                            r.lr, tokens / since(t)));
+                            r.lr, tps));
   }
 
   std::string evaluate(actor::node_context&, bool before, double seconds) override {
@@ -188,8 +193,12 @@ class rm_trainer final : public dschat_trainer {
       tokens += 2 * micro.back().B * micro.back().T;
     }
     const auto r = dschat::rm_update(*engine_.engine, micro, engine_.next_lr(d_));
-    ctx.signal("loss", r.loss);
-    ctx.signal("accuracy", r.accuracy);
+    ctx.signal("loss", r.loss, step);
+    ctx.signal("accuracy", r.accuracy, step);
+    ctx.signal("chosen_mean", r.chosen_mean, step);
+    ctx.signal("rejected_mean", r.rejected_mean, step);
+    ctx.signal("lr", r.lr, step);
+    ctx.signal("grad_norm", r.grad_norm, step);
     ctx.metric("tokens", tokens);
     acc_sum_ += r.accuracy;
     ++acc_n_;

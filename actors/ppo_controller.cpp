@@ -78,12 +78,12 @@ class ppo_controller final : public actor::node {
           break;
         case phase::train:
           if (!it_.actor || (it_.summary->with_critic && !it_.critic)) return;
-          ctx.signal("phase_seconds/train", since(phase_start_));
+          ctx.signal("phase_seconds/train", since(phase_start_), tb_step());
           enter(ctx, phase::report);
           break;
         case phase::report:
           report(ctx);
-          ctx.signal("phase_seconds/report", since(phase_start_));
+          ctx.signal("phase_seconds/report", since(phase_start_), tb_step());
           it_ = {};
           enter(ctx, phase::wait_prompts);
           return;
@@ -106,8 +106,8 @@ class ppo_controller final : public actor::node {
   // generate_experience ends: the generator timed its part, the rest is scoring, rewards and GAE.
   void end_generate_experience(actor::node_context& ctx) {
     const double wall = since(phase_start_), gen = it_.summary->generate_seconds;
-    ctx.signal("phase_seconds/generate", gen);
-    ctx.signal("phase_seconds/score_and_experience", std::max(0.0, wall - gen));
+    ctx.signal("phase_seconds/generate", gen, tb_step());
+    ctx.signal("phase_seconds/score_and_experience", std::max(0.0, wall - gen), tb_step());
   }
 
   // The batch completed an experience batch: the policy and the critic train on it and report.
@@ -119,9 +119,10 @@ class ppo_controller final : public actor::node {
     const summary_msg& s = *it_.summary;
     const double gen_tps = s.generate_seconds > 0 ? s.generated_tokens / s.generate_seconds : 0;
     if (!p.eval && !s.dropped) {
-      ctx.signal("reward", s.reward_mean);
-      ctx.signal("kl", s.kl_mean);
-      ctx.signal("generation_tokens_per_s", gen_tps);
+      ctx.signal("reward", s.reward_mean, p.iteration);
+      ctx.signal("kl", s.kl_mean, p.iteration);
+      ctx.signal("answer_len", s.answer_len_mean, p.iteration);
+      ctx.signal("generation_tokens_per_s", gen_tps, p.iteration);
     }
     if (p.eval) {
       ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f} ± {:.4f}, KL to reference {:.4f}, answer "
@@ -154,9 +155,9 @@ class ppo_controller final : public actor::node {
       const stats_msg& a = *it_.actor;
       const stats_msg c = s.with_critic ? *it_.critic : stats_msg{};  // critic-free: no critic
       const double train_tps = (a.tokens + c.tokens) / std::max(1e-9, a.seconds + c.seconds);
-      ctx.signal("actor_loss", a.loss);
-      if (s.with_critic) ctx.signal("critic_loss", c.loss);
-      ctx.signal("training_tokens_per_s", train_tps);
+      ctx.signal("actor_loss", a.loss, p.iteration);
+      if (s.with_critic) ctx.signal("critic_loss", c.loss, p.iteration);
+      ctx.signal("training_tokens_per_s", train_tps, p.iteration);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{} "
                             "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}",
                             p.iteration, s.reward_mean, s.kl_mean, a.loss,
@@ -189,6 +190,10 @@ class ppo_controller final : public actor::node {
   }
 
   // ---- phase bookkeeping
+
+  // The step of this iteration's signals in TensorBoard: its number, as the printed lines say
+  // ("iter K"); -1 (the console only) for a held-out pass.
+  int64_t tb_step() const { return it_.prompts && !it_.prompts->eval ? it_.prompts->iteration : -1; }
 
   void enter(actor::node_context& ctx, phase p) {
     phase_ = p;
@@ -243,6 +248,7 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
               "iterations (0: never); the same command resumes from the last commit")
       .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
       .at_least(2);
+  actor::add_tensorboard_settings(k);
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new ppo_controller); });
 }
 

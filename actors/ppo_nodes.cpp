@@ -97,6 +97,8 @@ class prompt_loader final : public actor::node {
     ++next_;
     ready_ = false;
     ctx.emit("batch", actor::payload::make("prompt_batch", std::move(m)));
+    // iterations done: batch next_ - 1 went out (0: held-out before, k: iteration k - 1, iterations + 1: after)
+    ctx.progress("step 3 ppo", std::clamp<int64_t>(next_ - 2, 0, iterations_), iterations_);
     return true;
   }
 

@@ -11,8 +11,9 @@ namespace flowrun::actors {
 
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : n.settings)
-    if (!safe.count(k)) j[k] = graph::to_string(v.value);
+  for (const auto& [k, v] : n.settings)  // TensorBoard's settings change nothing trained: never recorded
+    if (!safe.count(k) && k != actor::enable_tensorboard_setting && k != actor::tensorboard_path_setting)
+      j[k] = graph::to_string(v.value);
   return j;
 }
 

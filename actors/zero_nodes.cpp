@@ -217,8 +217,13 @@ class zero_rank final : public actor::node {
                             "scale now {:g}",
                             b.step, r.loss_scale, zs_.loss_scaler->scale()));
     ctx.metric("steps");
-    if (ctx.replica() == 0) ctx.signal("loss", r.loss);
-    if (ctx.replica() == 0) ctx.signal("grad_norm", r.grad_norm);
+    if (ctx.replica() == 0) {
+      ctx.signal("loss", r.loss, b.step);
+      ctx.signal("grad_norm", r.grad_norm, b.step);
+      ctx.signal("lr", r.lr, b.step);
+      ctx.signal("tokens_per_s", r.tokens / dt, b.step);
+      ctx.progress("pretrain", b.step, total_);
+    }
     const memory_report mem = engine_->memory();  // the console's memory per rank
     ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes}, {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
     if (rank_ == 0) {
@@ -422,6 +427,7 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                 "forward per layer)")
         .option("print_every", T::int_, std::int64_t{5}, "print the loss every N steps").at_least(1)
         .input("batch", "lm_batch", "global batches");
+    actor::add_tensorboard_settings(k);
     shared(k);
     add_rank_group_settings(k);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new zero_rank); });

@@ -36,10 +36,17 @@ grep -q "flowrun pretrain" "$out/status.txt" || { echo "status does not name the
 
 echo "== flowctl top: 5 frames, 0.7 s apart"
 # wait for the ranks to train (the first steps load the model)
+# the header names the phase as step k/N with an ETA (zero_rank's ctx.progress; the ETA from its second
+# step on), not the bare step counter
+progress_re="s · pretrain [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}"
 for _ in $(seq 1 300); do
-  ctl status | grep -q "step [1-9]" && break
+  ctl status | head -1 > "$out/status_progress.txt"
+  grep -qE "$progress_re" "$out/status_progress.txt" && break
   sleep 0.1
 done
+cat "$out/status_progress.txt"
+grep -qE "$progress_re" "$out/status_progress.txt" ||
+  { echo "status does not show the pretraining phase as step k/N with an ETA"; exit 1; }
 ctl top -n 5 -d 0.7 > "$out/top.txt"
 cat "$out/top.txt"
 # the ranks' row per frame: HANDLED/s (col 6), BYTES IN/s (col 7-8), BUSY (col 9)

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/actor/cluster_auth.h"
+#include "runtime/actor/console.h"
 #include "runtime/actor/job.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/actor/node.h"
@@ -907,6 +908,69 @@ kind = "collect"
   CHECK(line["nodes"]["sink"]["handled"] == 12);
   CHECK(line["edges"]["src.out -> sink.in"]["max_in_flight"].get<int>() <= 5);
   CHECK(format_progress("g", s, s, 24).find("step 12/24") != std::string::npos);
+}
+
+// node_context::progress: the ETA is the rate since the first report times the units left, less
+// the time since the last report (live.h); worked by hand.
+TEST_CASE("progress: phases under way as step k/N with an ETA") {
+  live_progress p{"sft", "step 1 sft", 40, 160, 10.0, 0, 30.0};  // 40 updates in 20 s: 0.5 s each
+  CHECK(p.eta_s(30.0) == doctest::Approx(60.0));                 // 120 left
+  CHECK(p.eta_s(35.0) == doctest::Approx(55.0));
+  CHECK(p.eta_s(500.0) == 0.0);  // overdue: never negative
+  CHECK(p.text(35.0) == "step 1 sft 40/160 ETA 0:55");
+  live_progress slow{"ranks", "pretrain", 10, 50, 0.0, 0, 1000.0};  // 100 s a step, 40 left
+  CHECK(slow.text(1000.0) == "pretrain 10/50 ETA 1:06:40");
+  live_progress fresh{"rm", "step 2 rm", 5, 250, 3.0, 5, 3.0};  // nothing done since the first report
+  CHECK(fresh.eta_s(4.0) < 0);
+  CHECK(fresh.text(4.0) == "step 2 rm 5/250");
+  CHECK(progress_text({p, fresh}, 35.0) == "step 1 sft 40/160 ETA 0:55 · step 2 rm 5/250");
+
+  metrics_snapshot snap;
+  snap.elapsed_s = 35.0;
+  const std::string line = format_progress("rlhf", snap, snap, 24, {p, fresh});
+  CHECK(line.rfind("[rlhf] step 1 sft 40/160 ETA 0:55 · step 2 rm 5/250 | in 0 |", 0) == 0);
+  CHECK(line.find("/24") == std::string::npos);  // the phases replace graph.steps' count and ETA
+
+  job_live live;
+  live.progress("sft", "step 1 sft", 1, 3);
+  live.progress("rm", "step 2 rm", 1, 2);
+  live.progress("sft", "step 1 sft", 2, 3);
+  auto now = live.progress_now();
+  REQUIRE(now.size() == 2);
+  CHECK(now[0].node == "sft");  // in the order first reported
+  CHECK(now[0].done == 2);
+  CHECK(now[0].first_done == 1);
+  CHECK(now[1].what == "step 2 rm");
+  live.progress("rm", "step 2 rm", 2, 2);  // finished: drops out
+  now = live.progress_now();
+  REQUIRE(now.size() == 1);
+  CHECK(now[0].node == "sft");
+  live.progress("sft", "step 1 sft", 0, 3);  // started over (a restart): the rate counts from here
+  CHECK(live.progress_now().at(0).first_done == 0);
+}
+
+// spdlog through console::log_sink: the progress line is erased before each log line (never garbled).
+TEST_CASE("progress: log lines erase the progress line first") {
+  const std::string path = (std::filesystem::temp_directory_path() / ("flowrun_sink_" + std::to_string(getpid()))).string();
+  const int saved = dup(2);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0);
+  std::fflush(stderr);
+  dup2(fd, 2);
+  spdlog::logger log("t", console::log_sink());
+  log.set_pattern("%v");
+  console::progress("[g] step 1/2");
+  log.info("a log line");
+  console::progress("[g] step 2/2");
+  console::clear_progress();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  ::close(saved);
+  ::close(fd);
+  std::ifstream f(path);
+  const std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(path);
+  CHECK(got == "\r\033[K[g] step 1/2\r\033[Ka log line\n\r\033[K[g] step 2/2\r\033[K");
 }
 
 TEST_CASE("run_graph on the threaded scheduler: completes, writes JSONL metrics, reports failures") {

@@ -30,6 +30,9 @@ packages=(
   # the libFuzzer targets (tests/fuzz): clang 16 (Debian 12's clang 14 lacks C++20 lambda captures of structured
   # bindings), its sanitizer and libFuzzer runtimes, and its OpenMP
   clang-16 libclang-rt-16-dev libomp-16-dev
+  # TensorBoard event files (runtime/tensorboard): protoc and the protobuf library for TensorBoard's Event
+  # messages, Boost.CRC (header-only) for TFRecord's CRC32C; python3-venv for the read-back test's venv (below)
+  libprotobuf-dev protobuf-compiler libboost-dev python3-venv
 )
 
 if [[ "${FLOWRUN_SKIP_APT:-0}" != 1 ]]; then
@@ -45,6 +48,21 @@ if [[ "${FLOWRUN_SKIP_APT:-0}" != 1 ]]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
     echo "setup: all ${#packages[@]} Debian packages present"
+  fi
+fi
+
+# Python packages that tests read flowrun's output back with (never a dependency of flowrun itself): a venv
+# with tensorboard (tests/tensorboard_small.sh), from PyPI where the network allows. FLOWRUN_PYENV moves it;
+# FLOWRUN_SKIP_PYENV=1 skips it (the tests that need it then say so and are skipped).
+pyenv="${FLOWRUN_PYENV:-$root/build/pyenv}"
+if [[ "${FLOWRUN_SKIP_PYENV:-0}" != 1 ]]; then
+  if "$pyenv/bin/python" -c "import tensorboard" 2>/dev/null; then
+    echo "setup: $pyenv has tensorboard"
+  elif /usr/bin/python3 -m venv "$pyenv" && "$pyenv/bin/pip" install -q tensorboard; then
+    echo "setup: made $pyenv with tensorboard (PyPI)"
+  else
+    echo "setup: WARNING: could not install tensorboard into $pyenv (no network?): tests/tensorboard_small.sh" \
+         "will be skipped" >&2
   fi
 fi
 

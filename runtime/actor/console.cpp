@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <mutex>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+
 namespace flowrun::actor::console {
 
 namespace {
@@ -43,5 +45,37 @@ void clear_progress() {
   std::lock_guard<std::mutex> lock(mutex);
   erase_locked();
 }
+
+namespace {
+
+// spdlog's stderr color sink (single-threaded flavour: the console lock serializes it), behind the lock.
+class progress_safe_sink final : public spdlog::sinks::sink {
+ public:
+  void log(const spdlog::details::log_msg& msg) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    erase_locked();
+    inner_.log(msg);
+    inner_.flush();
+  }
+  void flush() override {
+    std::lock_guard<std::mutex> lock(mutex);
+    inner_.flush();
+  }
+  void set_pattern(const std::string& pattern) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    inner_.set_pattern(pattern);
+  }
+  void set_formatter(std::unique_ptr<spdlog::formatter> f) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    inner_.set_formatter(std::move(f));
+  }
+
+ private:
+  spdlog::sinks::stderr_color_sink_st inner_;
+};
+
+}  // namespace
+
+std::shared_ptr<spdlog::sinks::sink> log_sink() { return std::make_shared<progress_safe_sink>(); }
 
 }  // namespace flowrun::actor::console

@@ -6,7 +6,12 @@
 // line on a terminal.
 #pragma once
 
+#include <memory>
 #include <string_view>
+
+namespace spdlog::sinks {
+class sink;
+}
 
 namespace flowrun::actor::console {
 
@@ -18,5 +23,12 @@ void progress(std::string_view line);
 
 /// Erases the progress line, if one is shown.
 void clear_progress();
+
+/// An spdlog sink for standard error (colored on a terminal, as spdlog's
+/// stderr_color_sink) that takes the same lock as print() and progress() and
+/// erases the progress line before each log line, so that log lines never land
+/// inside it; the next progress() draws it again below them. The programs'
+/// loggers use it (tools/flowrun). Thread-safe.
+std::shared_ptr<spdlog::sinks::sink> log_sink();
 
 }  // namespace flowrun::actor::console

@@ -146,6 +146,10 @@ void console_session::publish(const metrics_snapshot& m, const job_live& live, b
   s.exit_code = exit_code;
   s.error = error;
   s.steps = m.steps();
+  const auto phases = live.progress_now();
+  for (const auto& p : phases)
+    s.progress.push_back({p.node, p.what, p.done, p.total, p.eta_s(m.elapsed_s)});
+  s.progress_text = progress_text(phases, m.elapsed_s);
   s.rss_bytes = rss_bytes();
   const std::int64_t now_ns = live.now_ns();
   for (std::size_t i = 0; i < m.nodes.size(); ++i) {

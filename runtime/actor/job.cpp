@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -28,6 +29,7 @@
 #include "runtime/actor/console.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/kernels/ops.h"
+#include "runtime/tensorboard/event_writer.h"
 
 namespace flowrun::actor::rt {
 
@@ -132,6 +134,7 @@ struct node_plan {
   std::vector<port_plan> out_ports;
   std::vector<port_plan> in_ports;
   std::vector<std::uint32_t> out_edges;  // edge ids leaving the node, in spec order
+  std::string tensorboard_dir;  // enable_tensorboard: TENSORBOARD_PATH/NAME, where replica 0 writes; else ""
 };
 
 struct job_plan {
@@ -303,8 +306,12 @@ class replica_actor final : public caf::event_based_actor {
     void wait_for_input() override { a_.waiting_input_ = true; }
     void print(std::string_view line) override { console::print(line); }
     spdlog::logger& log() override { return a_.ctx_log(); }
-    void signal(std::string_view name, double value) override {
+    void signal(std::string_view name, double value, std::int64_t step) override {
       a_.plan_->live->signal(a_.np_.spec.name, a_.replica_, std::string(name), value);
+      if (step >= 0 && a_.tensorboard_) a_.write_tensorboard(name, value, step);
+    }
+    void progress(std::string_view what, std::int64_t done, std::int64_t total) override {
+      a_.plan_->live->progress(a_.np_.spec.name, std::string(what), done, total);
     }
     void phase(std::string_view name) override {
       if (name == a_.last_phase_) return;
@@ -366,6 +373,15 @@ class replica_actor final : public caf::event_based_actor {
       staged_.push_back(std::move(s));
     }
     if (!any) bump(counters_.dropped, 1);
+  }
+
+  // One scalar to the event file; a write that fails (a full disk) is logged once, and the
+  // node's TensorBoard output ends there: training goes on.
+  void write_tensorboard(std::string_view name, double value, std::int64_t step) {
+    if (auto err = tensorboard_->scalar(name, value, step)) {
+      ctx_log().error("TensorBoard output stops: {}", *err);
+      tensorboard_.reset();
+    }
   }
 
   spdlog::logger& ctx_log() {
@@ -499,6 +515,18 @@ class replica_actor final : public caf::event_based_actor {
     }
     table_lock.unlock();
     phase_ = phase::running;
+    // The event file opens before start(), where training begins: a folder that cannot be
+    // written stops the run now (not retried by a restart policy: it would fail alike).
+    if (!np_.tensorboard_dir.empty() && replica_ == 0) {
+      auto w = flowrun::tensorboard::event_writer::open(np_.tensorboard_dir);
+      if (!w) {
+        fail(replica_name(*plan_, node_, replica_) + ": enable_tensorboard: " + w.error() +
+             "; give tensorboard_path a writable folder, or set enable_tensorboard = false");
+        return;
+      }
+      tensorboard_ = std::make_unique<flowrun::tensorboard::event_writer>(std::move(*w));
+      ctx_log().info("TensorBoard event file {}", tensorboard_->path().string());
+    }
     const auto t0 = now();
     bool ok = guarded("start", [&] {
       impl_ = np_.factory();
@@ -1259,6 +1287,7 @@ class replica_actor final : public caf::event_based_actor {
   caf::actor coordinator_;
   std::unique_ptr<flowrun::actor::node> impl_;
   std::shared_ptr<spdlog::logger> logger_;
+  std::unique_ptr<flowrun::tensorboard::event_writer> tensorboard_;  // replica 0 with enable_tensorboard
 
   std::vector<out_link> out_links_;
   std::vector<out_edge> out_edges_;
@@ -1562,6 +1591,17 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
         return error_text{where + ": node '" + n.name + "': max_restarts = " + graph::to_string(s->value) +
                           " must be an integer >= 0"};
       np.policy.max_restarts = *v;
+    }
+    // TensorBoard (node.h, add_tensorboard_settings): declared by the trainer kinds.
+    if (const auto* s = n.find_setting(enable_tensorboard_setting); s && std::get_if<bool>(&s->value) &&
+                                                                      std::get<bool>(s->value)) {
+      const auto* p = n.find_setting(tensorboard_path_setting);
+      const auto* dir = p ? std::get_if<std::string>(&p->value) : nullptr;
+      if (!dir || dir->empty())
+        return error_text{where + ": node '" + n.name +
+                          "': enable_tensorboard = true needs tensorboard_path = \"FOLDER\" (where the event "
+                          "files go; each node writes into FOLDER/" + n.name + ")"};
+      np.tensorboard_dir = (std::filesystem::path(*dir) / n.name).string();
     }
     if (!index.emplace(n.name, static_cast<std::uint32_t>(plan->nodes.size())).second)
       return error_text{where + ": duplicate node name '" + n.name + "'"};

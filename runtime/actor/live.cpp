@@ -1,6 +1,8 @@
 #include "runtime/actor/live.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 namespace flowrun::actor {
 
@@ -128,6 +130,51 @@ void job_live::phase(std::string node, std::int64_t replica, std::string phase) 
 std::string job_live::current_phase() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return current_phase_;
+}
+
+void job_live::progress(std::string node, std::string what, std::int64_t done, std::int64_t total) {
+  const double t = now_s();
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& p : progress_)
+    if (p.node == node && p.what == what) {
+      if (done < p.done) p.first_s = t, p.first_done = done;  // started over (a restart): rate from now
+      p.done = done;
+      p.total = total;
+      p.t_s = t;
+      return;
+    }
+  progress_.push_back(live_progress{std::move(node), std::move(what), done, total, t, done, t});
+}
+
+std::vector<live_progress> job_live::progress_now() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<live_progress> out;
+  for (const auto& p : progress_)
+    if (p.done < p.total) out.push_back(p);
+  return out;
+}
+
+double live_progress::eta_s(double now_s) const {
+  if (done <= first_done || t_s <= first_s) return -1;
+  const double per_unit = (t_s - first_s) / static_cast<double>(done - first_done);
+  return std::max(0.0, per_unit * static_cast<double>(std::max<std::int64_t>(0, total - done)) - (now_s - t_s));
+}
+
+std::string progress_text(const std::vector<live_progress>& phases, double now_s) {
+  std::string out;
+  for (const auto& p : phases) out.append(out.empty() ? "" : " · ").append(p.text(now_s));
+  return out;
+}
+
+std::string live_progress::text(double now_s) const {
+  std::string out = what + " " + std::to_string(done) + "/" + std::to_string(total);
+  const double eta = eta_s(now_s);
+  if (eta < 0) return out;
+  const long s = std::lround(eta);
+  char buf[48];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, " ETA %ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else std::snprintf(buf, sizeof buf, " ETA %ld:%02ld", s / 60, s % 60);
+  return out + buf;
 }
 
 std::vector<live_event> job_live::events_since(std::uint64_t seq) const {

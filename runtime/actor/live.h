@@ -70,6 +70,28 @@ struct live_signal {
   std::string text;  ///< the phase name (phase changes only)
 };
 
+/// How far one long phase of a node is (node_context::progress): `done` of `total` units of
+/// `what` ("step 1 sft": updates; "step 3 ppo": iterations; "pretrain": steps).
+struct live_progress {
+  std::string node;
+  std::string what;
+  std::int64_t done = 0, total = 0;
+  double first_s = 0;             ///< when `what` was first reported by the node (seconds since the job began)
+  std::int64_t first_done = 0;    ///< `done` at that first report
+  double t_s = 0;                 ///< when it was last reported
+
+  /// Seconds left at `now_s` (since the job began): the rate since the first report,
+  /// (t_s - first_s) / (done - first_done) seconds per unit, times the units left, less the
+  /// time since the last report (at least 0). Negative when unknown (no unit done since the
+  /// first report).
+  double eta_s(double now_s) const;
+  /// "WHAT DONE/TOTAL ETA M:SS" (H:MM:SS from an hour on; no ETA while unknown).
+  std::string text(double now_s) const;
+};
+
+/// Each phase's live_progress::text at `now_s`, joined by " · " ("" for none).
+std::string progress_text(const std::vector<live_progress>& phases, double now_s);
+
 /// A copy of one replica's live state.
 struct replica_view {
   replica_state state = replica_state::initializing;
@@ -145,6 +167,11 @@ class job_live {
   void phase(std::string node, std::int64_t replica, std::string phase);
   /// The phase most recently reported by any node ("" if none).
   std::string current_phase() const;
+  /// Records how far `node`'s phase `what` is (node_context::progress).
+  void progress(std::string node, std::string what, std::int64_t done, std::int64_t total);
+  /// The phases under way (done < total), oldest first: what the progress line, the console
+  /// header and flowctl show. A finished phase drops out.
+  std::vector<live_progress> progress_now() const;
 
   /// Events / signals with seq > `seq`, oldest first (at most the last max_*).
   std::vector<live_event> events_since(std::uint64_t seq) const;
@@ -183,6 +210,7 @@ class job_live {
   std::deque<live_signal> signals_;
   std::uint64_t event_seq_ = 0, signal_seq_ = 0;
   std::string current_phase_;
+  std::vector<live_progress> progress_;  // by (node, what), in the order first reported
 };
 
 }  // namespace flowrun::actor

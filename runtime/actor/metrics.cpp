@@ -240,11 +240,17 @@ std::string format_summary(const metrics_snapshot& s) {
 }
 
 std::string format_progress(std::string_view graph_name, const metrics_snapshot& now, const metrics_snapshot& prev,
-                            std::int64_t total_steps) {
+                            std::int64_t total_steps, const std::vector<live_progress>& phases) {
   char buf[256];
   const std::int64_t steps = now.steps();
   std::string out;
-  out.append("[").append(graph_name).append("] step ").append(std::to_string(steps));
+  out.append("[").append(graph_name).append("] ");
+  if (!phases.empty()) {
+    out.append(progress_text(phases, now.elapsed_s));
+    total_steps = 0;  // the phases say how far the run is
+  } else {
+    out.append("step ").append(std::to_string(steps));
+  }
   if (total_steps > 0) out.append("/").append(std::to_string(total_steps));
   const double dt = now.elapsed_s - prev.elapsed_s;
   const double tps = dt > 0 ? static_cast<double>(now.tokens() - prev.tokens()) / dt : 0.0;

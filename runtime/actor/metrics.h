@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/actor/live.h"
+
 namespace flowrun::actor {
 
 /// Counters of one link (producer replica -> consumer replica of one edge).
@@ -178,8 +180,10 @@ std::string format_summary(const metrics_snapshot& s);
 /// The progress line: "[NAME] step S/TOTAL | in P | R tok/s | ETA M:SS | T s"
 /// (S: metrics_snapshot::steps(); P: items the sources produced; TOTAL and
 /// ETA only when total_steps > 0; tok/s from the "tokens" counters between
-/// `prev` and `now`).
+/// `prev` and `now`). When nodes report phases under way (`phases`:
+/// job_live::progress_now()), they replace the step and its ETA:
+/// "[NAME] step 1 sft 37/160 ETA 0:41 · step 2 rm 50/250 ETA 1:10 | in P | R tok/s | T s".
 std::string format_progress(std::string_view graph_name, const metrics_snapshot& now, const metrics_snapshot& prev,
-                            std::int64_t total_steps);
+                            std::int64_t total_steps, const std::vector<live_progress>& phases = {});
 
 }  // namespace flowrun::actor

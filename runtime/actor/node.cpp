@@ -50,6 +50,17 @@ graph::node_kind with_supervision_settings(graph::node_kind kind) {
   return kind;
 }
 
+graph::node_kind& add_tensorboard_settings(graph::node_kind& kind) {
+  using T = graph::setting_type;
+  kind.option(std::string(enable_tensorboard_setting), T::bool_, false,
+              "write the node's training signals (loss, lr, reward, KL, tokens/s, phase times) as TensorBoard "
+              "event files into tensorboard_path/NODE (DeepSpeed-Chat's --enable_tensorboard)")
+      .option(std::string(tensorboard_path_setting), T::output, std::string(""),
+              "the folder of the event files when enable_tensorboard is set (DeepSpeed-Chat's --tensorboard_path); "
+              "`tensorboard --logdir` on it shows one run per node");
+  return kind;
+}
+
 void register_node_kind(graph::node_kind_registry& kinds, node_factory_registry& factories, graph::node_kind kind,
                         node_factory factory) {
   std::string name = kind.name;

@@ -144,8 +144,19 @@ class node_context {
   /// Reports a training signal: `name` (e.g. "loss", "reward", "kl",
   /// "actor_loss") took `value` now. The console keeps a time series per
   /// (node, name) and charts it. Cheap (one lock, no I/O); call it once per
-  /// step, not per token.
-  virtual void signal(std::string_view name, double value) {}
+  /// step, not per token. With `step` >= 0 (the step the value belongs to, as
+  /// the node's printed lines number it), a node with enable_tensorboard also
+  /// writes it to its TensorBoard event file as the scalar `name` at `step`
+  /// (replica 0 only; one record, flushed: docs/console.md, "TensorBoard").
+  virtual void signal(std::string_view name, double value, std::int64_t step = -1) {}
+
+  /// Reports how far a long phase of the node is: `done` of `total` units of
+  /// `what` ("step 1 sft" updates, "step 3 ppo" iterations, "pretrain" steps).
+  /// The runtime shows every phase under way (done < total) as
+  /// "WHAT DONE/TOTAL ETA M:SS" in the progress line, the console header and
+  /// flowctl status; the ETA is the rate since the node's first report of
+  /// `what`. Cheap (one lock); call it once per unit.
+  virtual void progress(std::string_view what, std::int64_t done, std::int64_t total) {}
 
   /// Says which phase of its work the replica is in ("generation",
   /// "scoring", "training", ...). The last phase any node reported is the
@@ -226,6 +237,21 @@ inline constexpr std::string_view max_restarts_setting = "max_restarts";
 
 /// `kind` with the supervision settings appended (unless it declares them).
 graph::node_kind with_supervision_settings(graph::node_kind kind);
+
+/// DeepSpeed-Chat's TensorBoard settings (its --enable_tensorboard, --tensorboard_path),
+/// which the runtime reads for any kind that declares them:
+///   enable_tensorboard = true | false   (default: false)
+///   tensorboard_path = "FOLDER"          (an output path; required when enabled)
+/// Replica 0 of such a node writes every signal reported with a step
+/// (node_context::signal) to an event file in FOLDER/NODE_NAME, opened before
+/// the node starts: a folder that cannot be written stops the run then, naming
+/// the node and the path.
+inline constexpr std::string_view enable_tensorboard_setting = "enable_tensorboard";
+inline constexpr std::string_view tensorboard_path_setting = "tensorboard_path";
+
+/// Declares the TensorBoard settings above on `kind` (the trainer kinds and
+/// ppo_controller call it where they declare their settings).
+graph::node_kind& add_tensorboard_settings(graph::node_kind& kind);
 
 /// Registers a runnable kind: `kind` (with the supervision settings added)
 /// in `kinds` and `factory` in `factories`. Throws std::invalid_argument

@@ -345,8 +345,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         for (const auto& n : snap.nodes)
           if (n.busy_s > busiest_busy) busiest_busy = n.busy_s, busiest = n.name;
         console::clear_progress();
-        spdlog::info("[{}] {:.1f}s: step {}, {} tokens ({:.0f} tok/s), busiest node {} ({:.2f}s busy)", spec.name,
-                     snap.elapsed_s, snap.steps(), snap.tokens(), tps, busiest, busiest_busy);
+        const std::string phases = progress_text(j.live->progress_now(), snap.elapsed_s);
+        spdlog::info("[{}] {:.1f}s: {}, {} tokens ({:.0f} tok/s), busiest node {} ({:.2f}s busy)", spec.name,
+                     snap.elapsed_s, phases.empty() ? "step " + std::to_string(snap.steps()) : phases, snap.tokens(),
+                     tps, busiest, busiest_busy);
         if (cluster) spdlog::info("[{}] cluster: {}", spec.name, cluster->status());
         for (const auto& n : snap.nodes)
           spdlog::debug("node {}: in {} out {} depth {} busy {:.3f}s blocked {:.3f}s", n.name, n.msgs_in, n.msgs_out,
@@ -366,7 +368,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         next_progress = now + std::chrono::milliseconds(250);
         metrics_snapshot snap = j.metrics->snapshot();
         // tok/s over the last few seconds rather than the last tick.
-        console::progress(format_progress(spec.name, snap, prev_progress, spec.steps));
+        console::progress(format_progress(spec.name, snap, prev_progress, spec.steps, j.live->progress_now()));
         if (snap.elapsed_s - prev_progress.elapsed_s > 3.0) prev_progress = std::move(snap);
       }
     }

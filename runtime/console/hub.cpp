@@ -339,6 +339,10 @@ struct hub_json {
     for (const auto& n : s.nodes)
       for (const auto& r : n.replicas)
         for (const auto& [c, b] : r.memory) mem += b;
+    json progress = json::array();
+    for (const auto& p : s.progress)
+      progress.push_back({{"node", p.node}, {"what", p.what}, {"done", p.done}, {"total", p.total},
+                          {"eta_s", p.eta_s < 0 ? json(nullptr) : json(num(p.eta_s))}});
     return json{{"graph", h.graph_.name},
                 {"file", h.graph_.file},
                 {"run_state", s.run_state},
@@ -349,6 +353,8 @@ struct hub_json {
                 {"error", s.error},
                 {"steps", s.steps},
                 {"total_steps", h.graph_.steps},
+                {"progress", progress},
+                {"progress_text", s.progress_text},
                 {"tokens_per_s", num(h.rates_.tokens_per_s, 10)},
                 {"rate_window_s", num(h.rates_.window_s)},
                 {"frame", h.frame_},

@@ -141,6 +141,13 @@ struct cluster_sample {
   std::vector<cluster_node_sample> nodes;
 };
 
+/// One long phase under way (node_context::progress): `done` of `total` units of `what`.
+struct progress_sample {
+  std::string node, what;
+  std::int64_t done = 0, total = 0;
+  double eta_s = -1;  ///< seconds left at the phase's rate so far; -1: not known yet
+};
+
 struct sample {
   double t_s = 0;                     ///< seconds since the run began
   std::string run_state = "running";  ///< starting, running, paused, draining, stopping, finished
@@ -149,6 +156,8 @@ struct sample {
   int exit_code = 0;
   std::string error;
   std::int64_t steps = 0;             ///< progress steps (metrics_snapshot::steps)
+  std::vector<progress_sample> progress;  ///< the phases under way, oldest first
+  std::string progress_text;          ///< them as the progress line shows them ("step 1 sft 37/160 ETA 0:41")
   std::int64_t rss_bytes = 0;         ///< the process's resident memory
   std::vector<node_sample> nodes;     ///< in graph order
   std::vector<edge_sample> edges;     ///< in graph order

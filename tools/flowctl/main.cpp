@@ -171,8 +171,13 @@ std::string status_line(const json& s) {
   std::ostringstream o;
   o << "flowrun " << s.value("graph", "") << " · " << s.value("run_state", "");
   if (!s.value("phase", "").empty()) o << " · phase " << s.value("phase", "");
-  o << " · " << num(d(s, "elapsed_s")) << " s · step " << s.value("steps", 0);
-  if (s.value("total_steps", 0) > 0) o << "/" << s.value("total_steps", 0);
+  o << " · " << num(d(s, "elapsed_s")) << " s · ";
+  if (!s.value("progress_text", "").empty()) {
+    o << s.value("progress_text", "");  // the phases under way: step k/N with an ETA
+  } else {
+    o << "step " << s.value("steps", 0);
+    if (s.value("total_steps", 0) > 0) o << "/" << s.value("total_steps", 0);
+  }
   o << " · " << num(d(s, "tokens_per_s")) << " tok/s";
   if (s.value("finished", false)) o << " · exit code " << s.value("exit_code", 0);
   return o.str();

@@ -9,11 +9,11 @@
 #include <set>
 #include <thread>
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "actors/register.h"
 #include "runtime/actor/cluster.h"
+#include "runtime/actor/console.h"
 #include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/runtime.h"
 #include "runtime/graph/parse.h"
@@ -75,7 +75,7 @@ void log_to_stderr() {
   static bool done = false;
   if (done) return;
   done = true;
-  auto logger = std::make_shared<spdlog::logger>("", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+  auto logger = std::make_shared<spdlog::logger>("", actor::console::log_sink());  // never inside the progress line
   logger->set_level(spdlog::default_logger()->level());
   spdlog::set_default_logger(logger);
 }

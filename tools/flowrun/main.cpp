@@ -3,9 +3,11 @@
 #include <cstdio>
 #include <exception>
 
-#include <spdlog/sinks/stdout_color_sinks.h>
+#include <memory>
+
 #include <spdlog/spdlog.h>
 
+#include "runtime/actor/console.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 
@@ -14,7 +16,7 @@ int main(int argc, char** argv) {
   // SIGPIPE ending this process silently.
   std::signal(SIGPIPE, SIG_IGN);
   // logs go to stderr; stdout carries the program's output (generated text, results)
-  spdlog::set_default_logger(spdlog::stderr_color_mt("flowrun"));
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("flowrun", flowrun::actor::console::log_sink()));
   CLI::App app{"flowrun: a dataflow runtime that trains and aligns language models"};
   app.require_subcommand(1);
   flowrun::cli::add_generate(app);

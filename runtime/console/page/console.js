@@ -555,7 +555,8 @@
     rs.className = 'badge ' + s.run_state;
     $('phase').textContent = s.phase || '';
     $('elapsed').textContent = fmtNum(s.elapsed_s, 1);
-    $('steps').textContent = s.steps + (s.total_steps > 0 ? '/' + s.total_steps : '');
+    // the phases under way as step k/N with an ETA (node_context::progress); else the largest step counter
+    $('steps').textContent = s.progress_text ? s.progress_text : 'step ' + s.steps + (s.total_steps > 0 ? '/' + s.total_steps : '');
     $('tps').textContent = fmtNum(s.tokens_per_s);
     $('rss').textContent = fmtBytes(s.rss_bytes);
     const running = !s.finished && s.run_state !== 'stopping';

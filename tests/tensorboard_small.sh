@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# enable_tensorboard / tensorboard_path (DeepSpeed-Chat's names; docs/console.md, "TensorBoard")
+# on graphs/rlhf.graph with small settings: sft, rm and ppo_controller write event files that
+# the tensorboard Python package reads back with the values of the printed lines
+# (tests/tensorboard_check.py); a tensorboard_path that cannot be written stops the run before
+# training, naming the node and the path; enable_tensorboard without a path is refused.
+# The read-back needs a Python with tensorboard: $FLOWRUN_PYENV (default build/pyenv, made by
+# tools/setup.sh from PyPI), else python3; without one the test says so and is skipped (77).
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+small=(--no-progress --set graph.checkpoint_dir="$out/checkpoints" --set node.sft.steps=6 --set node.rm.steps=6
+       --set node.sft.print_every=1 --set node.rm.print_every=1 --set node.prompts.iterations=3
+       --set node.prompts.eval_prompts=8 --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm"
+       --set node.policy.output="$out/ppo.bin")
+
+# an unwritable folder (below a regular file): the run stops before sft trains, naming both
+echo x > "$out/a_file"
+if "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set node.sft.enable_tensorboard=true \
+     --set node.sft.tensorboard_path="$out/a_file/tb" > "$out/bad.log" 2> "$out/bad.err"; then
+  echo "a tensorboard_path below a file did not stop the run"; exit 1
+fi
+grep -q "node 'sft': enable_tensorboard: cannot create the folder $out/a_file/tb/sft: Not a directory; give tensorboard_path a writable folder" "$out/bad.err" ||
+  { echo "the error does not name the node and the path:"; cat "$out/bad.err"; exit 1; }
+if grep -q "step 1 sft\]" "$out/bad.log"; then echo "sft started despite the unwritable path:"; cat "$out/bad.log"; exit 1; fi
+# enabled without a folder: refused before anything runs
+if "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set node.rm.enable_tensorboard=true \
+     > "$out/nopath.log" 2> "$out/nopath.err"; then
+  echo "enable_tensorboard without tensorboard_path was accepted"; exit 1
+fi
+grep -q "node 'rm': enable_tensorboard = true needs tensorboard_path" "$out/nopath.err" ||
+  { echo "the error does not name the node and the setting:"; cat "$out/nopath.err"; exit 1; }
+
+# the run, with TensorBoard on three nodes
+tb=()
+for n in sft rm ppo_controller; do
+  tb+=(--set "node.$n.enable_tensorboard=true" --set "node.$n.tensorboard_path=$out/tb")
+done
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" "${tb[@]}" > "$out/log" 2> "$out/err" ||
+  { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
+cat "$out/log"
+grep -q "step 3 ppo\] iter 2 reward" "$out/log" || { echo "step 3 did not finish"; exit 1; }
+
+py=""
+for cand in "${FLOWRUN_PYENV:-$root/build/pyenv}/bin/python" python3; do
+  if command -v "$cand" > /dev/null && "$cand" -c "import tensorboard" 2> /dev/null; then py=$cand; break; fi
+done
+if [ -z "$py" ]; then
+  echo "SKIP: no Python with the tensorboard package to read the event files back (tools/setup.sh makes" \
+       "build/pyenv with it from PyPI; or set FLOWRUN_PYENV to a venv that has it)"
+  exit 77
+fi
+"$py" "$root/tests/tensorboard_check.py" "$out/log" "$out/tb"
+echo "tensorboard_small: ok"

@@ -260,10 +260,7 @@ class model_source final : public actor::node {
                                " has no value head; give the folder written by rm_trainer's output");
     ctx.log().info("loaded {}: {}", ctx.spec().get_string("model"), m->config().summary());
     // an HF folder carries its tokenizer (a trainer that starts from it copies it on)
-    const std::filesystem::path dir(path);
-    const bool has_tok = info.format == model_format::hf &&
-                         (std::filesystem::exists(dir / "tokenizer.model") ||
-                          (std::filesystem::exists(dir / "vocab.json") && std::filesystem::exists(dir / "merges.txt")));
+    const bool has_tok = info.format == model_format::hf && folder_has_tokenizer(path);
     ctx.emit("model", actor::payload::make("model", model_msg{m, 0, info.format, has_tok ? path : ""}));
     done_ = true;
     return false;

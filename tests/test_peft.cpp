@@ -252,7 +252,7 @@ TEST_CASE("PEFT adapter for OPT: PEFT's names (out_proj, fc1, fc2 under model.de
                                "self_attn.v_proj"});
 }
 
-TEST_CASE("PEFT adapter for GPT-2: c_attn is one adapter shared by q, k and v; Conv1D's fan_in_fan_out") {
+TEST_CASE("PEFT adapter for GPT-2: c_attn is one adapter shared by q, k and v, and Conv1D's fan_in_fan_out") {
   check_family_adapter("gpt2", {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"});
 
   // c_attn (or all-linear) on GPT-2: q, k and v share lora_A, their lora_B are rows of one (3C, r)

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -1202,10 +1203,9 @@ TEST_CASE("socket numbers: accepted and created sockets get fresh numbers, not t
   }
 }
 
-// runtime/actor/teardown.h: when CAF 0.17's ~actor_system never returns, the watchdog ends the process with
-// the run's exit code, and says the run's error first (it was lost once: a run stopped by a lost node exited 1
-// without a word). In a child process, since the watchdog ends it.
-TEST_CASE("teardown: a hung actor system ends with the run's error printed and its exit code") {
+// Runs `body` in a child process with its standard output and error captured; returns the child's exit
+// status (waitpid's) and what it wrote. For code that ends the process (the teardown watchdog).
+static std::pair<int, std::string> run_in_child(const std::function<void()>& body) {
   int out[2];
   REQUIRE(::pipe(out) == 0);
   const pid_t pid = ::fork();
@@ -1214,13 +1214,8 @@ TEST_CASE("teardown: a hung actor system ends with the run's error printed and i
     ::dup2(out[1], 1);
     ::dup2(out[1], 2);
     ::close(out[0]);
-    auto cfg = std::make_unique<caf::actor_system_config>();
-    auto sys = std::make_unique<caf::actor_system>(*cfg);
-    // a detached actor that never quits, held by a handle that outlives the system (as CAF 0.17 held the
-    // replica): ~actor_system waits for it for good
-    new caf::actor(sys->spawn<caf::detached>([]() -> caf::behavior { return {[](int) {}}; }));
-    flowrun::actor::teardown_actor_system(std::move(sys), true, 7, "cluster node 'w2' lost (a test); its actors: x");
-    std::_Exit(99);  // not reached: the watchdog exits
+    body();
+    std::_Exit(99);  // not reached when body ends the process
   }
   ::close(out[1]);
   std::string text;
@@ -1229,6 +1224,21 @@ TEST_CASE("teardown: a hung actor system ends with the run's error printed and i
   ::close(out[0]);
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return {status, text};
+}
+
+// runtime/actor/teardown.h: when CAF 0.17's ~actor_system never returns, the watchdog ends the process with
+// the run's exit code, and says the run's error first (it was lost once: a run stopped by a lost node exited 1
+// without a word). In a child process, since the watchdog ends it.
+TEST_CASE("teardown: a hung actor system ends with the run's error printed and its exit code") {
+  auto [status, text] = run_in_child([] {
+    auto cfg = std::make_unique<caf::actor_system_config>();
+    auto sys = std::make_unique<caf::actor_system>(*cfg);
+    // a detached actor that never quits, held by a handle that outlives the system (as CAF 0.17 held the
+    // replica): ~actor_system waits for it for good
+    new caf::actor(sys->spawn<caf::detached>([]() -> caf::behavior { return {[](int) {}}; }));
+    flowrun::actor::teardown_actor_system(std::move(sys), true, 7, "cluster node 'w2' lost (a test); its actors: x");
+  });
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 7);
   CHECK(text.find("cluster node 'w2' lost (a test); its actors: x") != std::string::npos);
@@ -1239,14 +1249,7 @@ TEST_CASE("teardown: a hung actor system ends with the run's error printed and i
 // The watchdog also names what CAF still holds: here a blocking (detached) replica of a finished job whose
 // handle is kept past the system, as CAF 0.17 kept one after a node loss (docs/reliability.md).
 TEST_CASE("teardown: the watchdog names the detached replica still held and its reference count") {
-  int out[2];
-  REQUIRE(::pipe(out) == 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(out[1], 2);
-    ::close(out[0]);
+  auto [status, text] = run_in_child([] {
     graph::node_kind_registry kinds;
     node_factory_registry factories;
     register_test_kinds(kinds, factories);
@@ -1275,15 +1278,7 @@ kind = "blocking_collect"
     new caf::actor(j->replicas[1][0]);  // the leak: one strong reference that outlives the system
     *j = job{};
     flowrun::actor::teardown_actor_system(std::move(sys), true, 5, "");
-    std::_Exit(99);  // not reached: the watchdog exits
-  }
-  ::close(out[1]);
-  std::string text;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
-  ::close(out[0]);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  });
   REQUIRE(WIFEXITED(status));
   INFO(text);
   CHECK(WEXITSTATUS(status) == 5);

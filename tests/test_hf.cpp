@@ -80,6 +80,30 @@ fixture_batch load_batch(const std::string& family) {
   return b;
 }
 
+// Prefill of the first P positions, then one token at a time through the KV cache: the largest
+// |logits - transformers'| over the last position of each call (the batch's left padding masked).
+double incremental_decoding_diff(decoder& m, const fixture_batch& b, int64_t P) {
+  auto inc = m.make_cache(b.B, b.T);
+  std::vector<int32_t> ids_v(b.ids.data<int32_t>(), b.ids.data<int32_t>() + b.B * b.T);
+  auto cols = [&](const std::vector<int32_t>& v, int64_t from, int64_t to) {
+    std::vector<int32_t> o;
+    for (int64_t r = 0; r < b.B; ++r)
+      for (int64_t t = from; t < to; ++t) o.push_back(v[r * b.T + t]);
+    return tensor::from_ints({b.B, to - from}, o);
+  };
+  double dinc = 0;
+  auto check_last = [&](const tensor& lg, int64_t t) {  // lg (B, V) at position t
+    auto g = lg.to_floats();
+    for (int64_t r = 0; r < b.B; ++r)
+      for (int64_t v = 0; v < b.V; ++v)
+        dinc = std::max(dinc, static_cast<double>(std::fabs(g[r * b.V + v] - b.logits[(r * b.T + t) * b.V + v])));
+  };
+  check_last(m.forward_cached(inc, cols(ids_v, 0, P), {}, cols(b.mask_v, 0, P), 0), P - 1);
+  for (int64_t t = P; t < b.T; ++t)
+    check_last(m.forward_cached(inc, cols(ids_v, t, t + 1), {}, cols(b.mask_v, 0, t + 1), t), t);
+  return dinc;
+}
+
 std::vector<float> logits_of(decoder& m, const tensor& ids, const tensor& mask = {}) {
   activations a;
   m.forward(a, ids, tensor{}, mask);
@@ -507,25 +531,7 @@ TEST_CASE("hf: Llama 3 and Qwen2 decode with the KV cache as they run whole, and
     auto all = m.forward_cached(cache, b.ids, {}, b.mask, 0, true).to_floats();
     CHECK(max_diff_valid(all, b.logits, b.mask_v, b.V) < logit_tol(family));
     // prefill then one token at a time: the last position's logits against transformers'
-    auto inc = m.make_cache(b.B, b.T);
-    const int64_t P = b.T - 3;
-    std::vector<int32_t> ids_v(b.ids.data<int32_t>(), b.ids.data<int32_t>() + b.B * b.T);
-    auto cols = [&](const std::vector<int32_t>& v, int64_t from, int64_t to) {
-      std::vector<int32_t> o;
-      for (int64_t r = 0; r < b.B; ++r)
-        for (int64_t t = from; t < to; ++t) o.push_back(v[r * b.T + t]);
-      return tensor::from_ints({b.B, to - from}, o);
-    };
-    double dinc = 0;
-    auto check_last = [&](const tensor& lg, int64_t t) {  // lg (B, V) at position t
-      auto g = lg.to_floats();
-      for (int64_t r = 0; r < b.B; ++r)
-        for (int64_t v = 0; v < b.V; ++v)
-          dinc = std::max(dinc, static_cast<double>(std::fabs(g[r * b.V + v] - b.logits[(r * b.T + t) * b.V + v])));
-    };
-    check_last(m.forward_cached(inc, cols(ids_v, 0, P), {}, cols(b.mask_v, 0, P), 0), P - 1);
-    for (int64_t t = P; t < b.T; ++t)
-      check_last(m.forward_cached(inc, cols(ids_v, t, t + 1), {}, cols(b.mask_v, 0, t + 1), t), t);
+    const double dinc = incremental_decoding_diff(m, b, b.T - 3);
     MESSAGE(std::string(family) << ": incremental decoding max |logits - transformers| = " << dinc);
     CHECK(dinc < logit_tol(family));
   }
@@ -678,25 +684,7 @@ TEST_CASE("hf: OPT with word_embed_proj_dim != hidden_size and post-LayerNorm (f
     auto cache = m.make_cache(b.B, b.T);
     auto all = m.forward_cached(cache, b.ids, {}, b.mask, 0, true).to_floats();
     CHECK(max_diff_valid(all, b.logits, b.mask_v, b.V) < 1e-4);
-    auto inc = m.make_cache(b.B, b.T);
-    const int64_t P = b.T - 2;
-    std::vector<int32_t> ids_v(b.ids.data<int32_t>(), b.ids.data<int32_t>() + b.B * b.T);
-    auto cols = [&](const std::vector<int32_t>& v, int64_t from, int64_t to) {
-      std::vector<int32_t> o;
-      for (int64_t r = 0; r < b.B; ++r)
-        for (int64_t t = from; t < to; ++t) o.push_back(v[r * b.T + t]);
-      return tensor::from_ints({b.B, to - from}, o);
-    };
-    double dinc = 0;
-    auto check_last = [&](const tensor& lg, int64_t t) {  // lg (B, V) at position t
-      auto g = lg.to_floats();
-      for (int64_t r = 0; r < b.B; ++r)
-        for (int64_t v = 0; v < b.V; ++v)
-          dinc = std::max(dinc, static_cast<double>(std::fabs(g[r * b.V + v] - b.logits[(r * b.T + t) * b.V + v])));
-    };
-    check_last(m.forward_cached(inc, cols(ids_v, 0, P), {}, cols(b.mask_v, 0, P), 0), P - 1);
-    for (int64_t t = P; t < b.T; ++t)
-      check_last(m.forward_cached(inc, cols(ids_v, t, t + 1), {}, cols(b.mask_v, 0, t + 1), t), t);
+    const double dinc = incremental_decoding_diff(m, b, b.T - 2);
     MESSAGE("opt_proj: incremental decoding max |logits - transformers| = " << dinc);
     CHECK(dinc < 1e-4);
     keep_saved(m, "opt_proj");

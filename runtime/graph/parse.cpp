@@ -1012,22 +1012,14 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
     return err(node_off, "override names unknown node '" + node_name + "'", suggest(node_name, names, "nodes"));
   }
   kpos.col = static_cast<int>(key_off) + 1;
-  if (key == "replicas") {
+  if (key == "replicas" || key == "threads") {  // the integer keys of a node table
+    const bool rep = key == "replicas";
     const auto* i = std::get_if<std::int64_t>(&value);
     if (!i)
-      return err(value_offset, "replicas must be an integer, got '" + raw + "'",
-                 "write --set node." + node_name + ".replicas=2");
-    node->replicas = *i;
-    node->replicas_pos = vpos;
-    return std::nullopt;
-  }
-  if (key == "threads") {
-    const auto* i = std::get_if<std::int64_t>(&value);
-    if (!i)
-      return err(value_offset, "threads must be an integer, got '" + raw + "'",
-                 "write --set node." + node_name + ".threads=1");
-    node->threads = *i;
-    node->threads_pos = vpos;
+      return err(value_offset, std::string(key) + " must be an integer, got '" + raw + "'",
+                 "write --set node." + node_name + "." + std::string(key) + (rep ? "=2" : "=1"));
+    (rep ? node->replicas : node->threads) = *i;
+    (rep ? node->replicas_pos : node->threads_pos) = vpos;
     return std::nullopt;
   }
   if (key == "on" || key == "kind") {

@@ -761,14 +761,19 @@ class hf_tokenizer final : public tokenizer {
     if (!vocab.is_object() || vocab.empty()) r_.fail(path + ".vocab", "must be a non-empty {token: id} object");
     for (auto& [tok, id] : vocab.items()) {
       if (!id.is_number_integer()) r_.fail(path + ".vocab[\"" + tok + "\"]", "must be an integer id, got " + id.dump());
-      set_token(tok, id.get<int64_t>(), path + ".vocab[\"" + tok + "\"]");
-      vocab_[tok] = id.get<int32_t>();
+      const int64_t i = id.get<int64_t>();
+      if (i >= 0 && static_cast<size_t>(i) < id_to_token_.size() && !id_to_token_[i].empty())
+        r_.fail(path + ".vocab[\"" + tok + "\"]", "id " + std::to_string(i) + " is also \"" + id_to_token_[i] +
+                                                     "\"'s; each token of model.vocab needs an id of its own");
+      set_token(tok, i, path + ".vocab[\"" + tok + "\"]");
+      vocab_[tok] = static_cast<int32_t>(i);
     }
     if (m.contains("unk_token") && !m["unk_token"].is_null()) {
       const std::string unk = r_.str(m, path, "unk_token");
       auto it = vocab_.find(unk);
       if (it == vocab_.end()) r_.fail(path + ".unk_token", "\"" + unk + "\" is not in model.vocab");
       unk_ = it->second;
+      unk_token_ = unk;  // spelled by name: an added token may reuse its id (read_added_tokens)
     }
     const json& merges = r_.get(m, path, "merges");
     if (!merges.is_array()) r_.fail(path + ".merges", "must be a list");
@@ -992,7 +997,7 @@ class hf_tokenizer final : public tokenizer {
     std::vector<std::string> sym;
     bool pending_unk = false;
     auto flush_unk = [&] {
-      if (pending_unk) sym.push_back(id_to_token_[unk_]);
+      if (pending_unk) sym.push_back(unk_token_);
       pending_unk = false;
     };
     for (size_t i = 0; i < word.size();) {
@@ -1041,6 +1046,7 @@ class hf_tokenizer final : public tokenizer {
   std::vector<std::string> id_to_token_;
   bpe::ranks_map ranks_;
   int32_t unk_ = -1;
+  std::string unk_token_;  // model.unk_token
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   std::vector<normalizer> normalizers_;
   std::vector<pre_tokenizer> pre_tokenizers_;

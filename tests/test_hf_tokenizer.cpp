@@ -115,6 +115,29 @@ TEST_CASE("hf tokenizer.json llama2 without byte fallback: unknown characters be
   }
 }
 
+// Found by fuzz_hf_tokenizer in CI (corpus hf_tokenizer/crash_unk_id_reused): an added token that reuses
+// model.unk_token's id replaced its spelling, and encoding an unknown character then looked that token up in
+// model.vocab: std::out_of_range, which ended the process. And two tokens of model.vocab with one id.
+TEST_CASE("hf tokenizer.json: an added token reusing the unk id leaves <unk> spelled right, and vocab ids must be unique") {
+  const fs::path dir = edited("llama2", "unk_id_reused", [&](nlohmann::json& j) {
+    j["model"]["byte_fallback"] = false;
+    const int unk = j["model"]["vocab"]["<unk>"].get<int>();
+    j["added_tokens"].push_back({{"id", unk}, {"content", "<zzz>"}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+  });
+  auto tok = load_tokenizer(dir.string());
+  const auto ids = tok->encode("\xe4\xb8\xad", false, false);  // a CJK character the vocabulary cannot spell
+  REQUIRE(!ids.empty());
+  CHECK(ids.back() == read(k_dir / "llama2" / "tokenizer.json")["model"]["vocab"]["<unk>"].get<int>());
+  fs::remove_all(dir);
+  const fs::path dup = edited("llama2", "dup_id", [&](nlohmann::json& j) {
+    j["model"]["vocab"]["<0s>"] = j["model"]["vocab"]["<unk>"];
+  });
+  CHECK_THROWS_WITH_AS(load_tokenizer(dup.string()),
+                       doctest::Contains("each token of model.vocab needs an id of its own"), std::runtime_error);
+  fs::remove_all(dup);
+}
+
 TEST_CASE("hf tokenizer.json: other pre-tokenizers, normalizers and decoders on the fixtures' vocabularies equal tokenizers'") {
   const auto cases = read(k_dir / "cases.json");
   int variants = 0;

@@ -1,6 +1,8 @@
 // Values of the chat-template interpreter: conversions with Python's str / repr / json.dumps rules.
 #include "models/chat/value.h"
 
+#include "models/bpe.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -303,22 +305,7 @@ std::u32string utf8_decode(const std::string& s) {
 std::string utf8_encode(const std::u32string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char32_t c : s) {
-    if (c < 0x80) out += static_cast<char>(c);
-    else if (c < 0x800) {
-      out += static_cast<char>(0xc0 | (c >> 6));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    } else if (c < 0x10000) {
-      out += static_cast<char>(0xe0 | (c >> 12));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (c >> 18));
-      out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (c & 0x3f));
-    }
-  }
+  for (char32_t c : s) bpe::append_utf8(out, static_cast<uint32_t>(c));
   return out;
 }
 

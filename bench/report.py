@@ -59,6 +59,7 @@ def main():
 
     fl, th = {}, {}  # key -> list of runs, in run order
     machine, ppo, torch_info, host = {}, None, {}, {}
+    trl = []  # bench/trl_ppo.py: a PPO iteration in flowrun and in TRL, one line per model
     with open(a.results) as f:
         for line in f:
             line = line.strip()
@@ -74,6 +75,8 @@ def main():
                 torch_info = d
             elif d["kind"] == "ppo":
                 ppo = d
+            elif d["kind"] == "trl_ppo":
+                trl.append(d)
             else:
                 (th if src == "torch" else fl).setdefault(key_of(d), []).append(d)
 
@@ -145,8 +148,24 @@ def main():
         out.append("|---|---|---|")
         for name, s in ppo["phases"].items():
             out.append(f'| {name} | {s:.4f} | {100 * s / ppo["seconds_per_iteration"]:.1f}% |')
+    if trl:
+        out.append("")
+        out.append("| PPO iteration vs TRL's PPOTrainer (bench/trl_ppo.py) | flowrun samples/s (median) | "
+                   "TRL samples/s (median) | flowrun / TRL: median (min-max) | answer length (flowrun; TRL 32) |")
+        out.append("|---|---|---|---|---|")
+        for d in trl:
+            ratios[f'ppo {d["model"]} / trl'] = d["ratio_median"]
+            out.append(f'| {d["model"]}, {d["batch"]} prompts x {d["prompt_len"]} + {d["answer_len"]} tokens, '
+                       f'trl {d["trl_version"]} | {d["flowrun_samples_per_s_median"]:.2f} | '
+                       f'{d["trl_samples_per_s_median"]:.2f} | {d["ratio_median"]:.2f}x ({d["ratio_min"]:.2f}-'
+                       f'{d["ratio_max"]:.2f}, {d["pairs"]} pairs) | {d["flowrun_answer_len_mean"]:.1f} |')
     # the goals of the CPU-performance issue (#19), as measured in this run: median ratios
     goals = []
+    for d in trl:
+        goal = {"stories260K": 8, "llama6m": 4}.get(d["model"])
+        if goal:
+            goals.append((f'PPO iteration, {d["model"]} >= {goal}x TRL\'s samples/s (median)',
+                          f'{d["ratio_median"]:.2f}x', d["ratio_median"] >= goal))
     k = "train gpt2_124m B=4 T=64"
     f_runs, t_runs, pairs = summary(k)
     if pairs:

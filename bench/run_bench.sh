@@ -2,7 +2,7 @@
 # The CPU performance figures of docs/performance.md, flowrun and PyTorch side by
 # side in one run, then the regression check against the last recorded ratios.
 #
-#   bench/run_bench.sh [--quick] [--record] [--no-torch] [--no-ppo] [--only ITEMS] [--repeat N]
+#   bench/run_bench.sh [--quick] [--record] [--no-torch] [--no-ppo] [--trl] [--only ITEMS] [--repeat N]
 #
 #   BUILD=build             where bench_core and flowrun are (tools/build.sh builds them)
 #   TORCH_VENV=/tmp/refenv  a venv with torch; made and filled from PyPI if torch is missing
@@ -18,6 +18,8 @@
 # The "host" line records the CPU model and ISA, the machine line the GEMM library;
 # baselines are per machine type (report.py).
 # Items: machine train_260k train_gpt2 train_gpt2_large decode (and the PPO split).
+# --trl adds a PPO iteration side by side with TRL's PPOTrainer (bench/trl_ppo.sh, N pairs per model;
+# it installs trl 1.12 into the venv; about 10 minutes per model).
 # --record makes the median ratios of this run the new baseline of this machine type
 # (bench/baseline.json); otherwise the run fails when a median ratio dropped more than
 # 10% below it.
@@ -30,7 +32,7 @@ build="${BUILD:-$root/build}"
 venv="${TORCH_VENV:-/tmp/refenv}"
 threads="${THREADS:-$(nproc)}"
 out="${OUT:-$build/bench}"
-quick="" record="" torch=1 ppo=1 repeat=5
+quick="" record="" torch=1 ppo=1 trl=0 repeat=5
 items="machine train_260k train_gpt2 train_gpt2_large decode"
 while (($#)); do
   case "$1" in
@@ -38,9 +40,10 @@ while (($#)); do
     --record) record="--record" ;;
     --no-torch) torch=0 ;;
     --no-ppo) ppo=0 ;;
+    --trl) trl=1 ;;
     --only) items="${2//,/ }"; shift ;;
     --repeat) repeat="$2"; shift ;;
-    *) echo "usage: bench/run_bench.sh [--quick] [--record] [--no-torch] [--no-ppo] [--only ITEMS] [--repeat N]" >&2; exit 2 ;;
+    *) echo "usage: bench/run_bench.sh [--quick] [--record] [--no-torch] [--no-ppo] [--trl] [--only ITEMS] [--repeat N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -84,6 +87,12 @@ for ((rep = 1; rep <= repeat; rep++)); do
     fi
   done
 done
+
+if ((trl)); then
+  echo "== PPO side by side with TRL" >&2
+  TORCH_VENV="$venv" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" "$build" \
+    | grep '"kind": "trl_ppo"' >> "$results"
+fi
 
 if ((ppo)); then
   echo "== ppo" >&2

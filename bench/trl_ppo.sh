@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# flowrun's PPO iteration side by side with Hugging Face TRL's PPOTrainer (bench/trl_ppo.py says what is
+# compared and how). Not for CI: about 10 minutes per model on 2 cores at 5 pairs.
+#
+#   bench/trl_ppo.sh [PAIRS=5] [BUILD_DIR=build] [MODELS=stories260K,llama6m]
+#
+#   TORCH_VENV=/tmp/refenv   the venv (as bench/run_bench.sh's); torch, transformers, trl 1.12 (the last
+#                            release with PPOTrainer, under trl.experimental.ppo) installed from PyPI if missing
+# Prints the host line and one JSON line per model; the per-pair figures go to stderr.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+pairs=${1:-5}
+build=$(cd "${2:-$root/build}" && pwd)
+models=${3:-stories260K,llama6m}
+venv="${TORCH_VENV:-/tmp/refenv}"
+if ! "$venv/bin/python" -c "import trl.experimental.ppo, sentencepiece" 2>/dev/null; then
+  echo "trl_ppo: installing torch, transformers and trl 1.12 from PyPI into $venv" >&2
+  [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet torch numpy transformers datasets accelerate sentencepiece "trl==1.12.0"
+fi
+out="$build/trl_ppo"
+mkdir -p "$out"
+"$venv/bin/python" "$root/bench/trl_ppo.py" --flowrun "$build/bin/flowrun" --out "$out" --pairs "$pairs" \
+  --models "$models" | tee "$out/results.jsonl"

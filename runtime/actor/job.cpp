@@ -281,6 +281,12 @@ class replica_actor final : public caf::event_based_actor {
     staged_.clear();
     coordinator_ = nullptr;
     impl_.reset();
+    // The plan holds every replica's handle (job_plan::actors) until the coordinator's finish() or
+    // release_part clears it: a replica that kept the plan after its exit would close the cycle
+    // replica -> plan -> actors -> replica on any path that skips both, and a detached replica
+    // that is never destroyed keeps ~actor_system waiting for its thread (teardown.h). np_,
+    // counters_ and live_ refer into the plan and are not read after this.
+    plan_.reset();
     caf::event_based_actor::on_exit();
   }
 
@@ -1326,6 +1332,17 @@ class coordinator_actor final : public caf::event_based_actor {
       : caf::event_based_actor(cfg), plan_(std::move(plan)) {}
 
   const char* name() const override { return "flowrun_coordinator"; }
+
+  // Whatever ends the coordinator (finish(), or an exception in a handler), the plan's table of
+  // replica handles goes with it, as in finish(): the cycle plan -> actors -> plan is broken.
+  void on_exit() override {
+    if (plan_) {
+      std::lock_guard<std::mutex> lock(plan_->actors_mutex);
+      plan_->actors.clear();
+    }
+    replica_of_.clear();
+    caf::event_based_actor::on_exit();
+  }
 
   caf::behavior make_behavior() override {
     const job_plan& p = *plan_;

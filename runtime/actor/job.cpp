@@ -181,6 +181,12 @@ std::string replica_name(const job_plan& p, std::uint32_t node, std::uint32_t re
   return "node '" + n.spec.name + "'" + (n.replicas > 1 ? " replica " + std::to_string(replica) : std::string());
 }
 
+// Ids of the replicas whose on_exit ran, for held_detached_replicas(): a held
+// replica that never exited keeps ~actor_system in await_all_actors_done, one that
+// exited but was not destroyed keeps it in await_detached_threads.
+std::mutex g_exited_mutex;
+std::set<caf::actor_id> g_exited;
+
 // -- the replica actor ------------------------------------------------------------
 
 class replica_actor final : public caf::event_based_actor {
@@ -287,6 +293,10 @@ class replica_actor final : public caf::event_based_actor {
     // that is never destroyed keeps ~actor_system waiting for its thread (teardown.h). np_,
     // counters_ and live_ refer into the plan and are not read after this.
     plan_.reset();
+    {
+      std::lock_guard<std::mutex> lock(g_exited_mutex);
+      g_exited.insert(id());
+    }
     caf::event_based_actor::on_exit();
   }
 
@@ -1722,9 +1732,20 @@ caf::actor spawn_replica(caf::actor_system& sys, const std::shared_ptr<rt::job_p
 std::vector<std::string> held_detached_replicas() {
   std::vector<std::string> out;
   std::lock_guard<std::mutex> lock(g_detached_mutex);
-  for (const auto& [addr, name] : g_detached)
-    if (const auto refs = addr.get()->strong_refs.load(); refs > 0)
-      out.push_back(name + ": " + std::to_string(refs) + " strong reference" + (refs == 1 ? "" : "s"));
+  for (const auto& [addr, name] : g_detached) {
+    const auto refs = addr.get()->strong_refs.load();
+    if (refs == 0) continue;
+    bool exited = false;
+    {
+      std::lock_guard<std::mutex> exited_lock(rt::g_exited_mutex);
+      exited = rt::g_exited.count(addr.id()) > 0;
+    }
+    // CAF's registry holds a strong reference to each local actor a message carried to
+    // another node, until the actor terminates (actor_registry::put_impl, 0.17.6).
+    const bool registered = addr.get()->home_system->registry().get(addr.id()) != nullptr;
+    out.push_back(name + ": " + std::to_string(refs) + " strong reference" + (refs == 1 ? "" : "s") +
+                  (exited ? ", exited" : ", never exited") + (registered ? ", in CAF's actor registry" : ""));
+  }
   return out;
 }
 

@@ -21,7 +21,8 @@ void teardown_actor_system(std::unique_ptr<caf::actor_system> sys, bool clustere
     return;
   }
   auto done = std::make_shared<std::promise<void>>();
-  std::thread watchdog([finished = done->get_future(), exit_code, error]() mutable {
+  caf::actor_system* raw = sys.get();  // alive until ~actor_system's body ends: its registry with it
+  std::thread watchdog([finished = done->get_future(), exit_code, error, raw]() mutable {
     if (finished.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return;
     if (!error.empty()) spdlog::error("{}", error);  // what the caller would have printed
     spdlog::warn("the CAF actor system did not shut down within 10 s after the run ended (CAF 0.17 still holds an "
@@ -29,6 +30,9 @@ void teardown_actor_system(std::unique_ptr<caf::actor_system> sys, bool clustere
                  exit_code);
     // What CAF still holds (the cause is not found: docs/reliability.md); empty when the
     // held actor is not one of this process's detached replicas.
+    // ~actor_system first waits for CAF's count of running actors to drop to zero (an actor that never
+    // exited), then for every detached actor's thread (one that exited but was not destroyed).
+    spdlog::warn("CAF counts {} running actor(s); its destructor waits for 0", raw->registry().running());
     for (const auto& held : held_detached_replicas()) spdlog::warn("still held: {}", held);
     spdlog::default_logger()->flush();
     std::fflush(stdout);

@@ -116,6 +116,20 @@ for model in llama3 qwen2; do
   check_folder "$o/ppo" "$m"
 done
 
+# A folder whose template is chat_template.jinja (as newer transformers save it; it wins over the key):
+# read from there, and saved on beside the trained model.
+j=$out/jinja_folder
+mkdir -p "$j"
+cp "$fixtures/qwen2/config.json" "$fixtures/qwen2/model.safetensors" "$fixtures/qwen2/tokenizer.json" "$j/"
+python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); open(sys.argv[2]+"/chat_template.jinja","w").write(c.pop("chat_template")); json.dump(c, open(sys.argv[2]+"/tokenizer_config.json","w"))' \
+  "$fixtures/qwen2/tokenizer_config.json" "$j"
+run jinja-sft sft.graph --set node.sft.model="$j" --set node.sft.tokenizer="$j" --set node.sft.data="$data" \
+  --set node.sft.apply_chat_template=true --set node.sft.data_split=4,2,4 --set node.sft.steps=2 \
+  --set node.sft.output="$out/jinja_sft"
+grep -qF "chat template $j/chat_template.jinja: data row" "$out/jinja-sft.log" || fail "chat_template.jinja was not read"
+check_render "$out/jinja-sft.log" qwen2 full
+cmp -s "$j/chat_template.jinja" "$out/jinja_sft/chat_template.jinja" || fail "chat_template.jinja was not saved on"
+
 # Refused before training, naming the file and the fix.
 refused() {  # NAME WANT ARGS...
   local name=$1 want=$2

@@ -308,7 +308,7 @@ void print_chat_row(actor::node_context& ctx, const char* tag, const dschat::ste
   const auto& r = rows.train.front();
   const auto& ref = rows.train_refs.front();
   std::vector<std::string> paths = {resolve_user_path(ctx.spec().get_string("data"), "data").string()};
-  for (const auto& extra : ctx.spec().get_string_list("mix_data")) paths.push_back(extra);
+  for (const auto& extra : ctx.spec().get_string_list("mix_data")) paths.push_back(resolve_user_path(extra, "mix_data").string());
   const std::string text = prompt_only ? dschat::prompt_text(r, ts) : dschat::prompt_answer_text(r, r.chosen, ts).full;
   ctx.print(fmt::format("{} chat template {}: data row {} of {} renders as {}", tag,
                         ts.chat->chat_template_of_model().tmpl.name(), ref.row,

@@ -9,6 +9,8 @@
 #  - sft trains: every loss finite, the held-out loss falls; rm and PPO train, rewards and KL finite;
 #  - every saved HF folder reloads to the outputs of the model in memory (verify_output, <= 1e-5) and
 #    carries tokenizer.json and the chat template (PPO reads its prompts' template from the sft output).
+# GSM8K rows through graphs/grpo.graph on the Qwen2 folder: sft's and prompts' rendered rows are
+# transformers' (the question as the user's message); a folder whose template is chat_template.jinja.
 # Then apply_chat_template is refused, before training and naming the file and the fix, for a
 # tokenizer that is a file, a folder without a template, and a template that cannot render.
 # Needs python3 (standard library only) to read the log's JSON strings and the fixture.
@@ -23,6 +25,8 @@ done
 data=$out/rows.jsonl
 rows=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["data_rows"])' "$fixtures/expected.json")
 head -n "$rows" "$a/data/hh-rlhf/harmless-base-test.dschat.jsonl" > "$data"
+gsm8k=$out/gsm8k.jsonl
+head -n "$rows" "$a/data/gsm8k/test.jsonl" > "$gsm8k"
 
 run() {  # NAME GRAPH ARGS...: run a graph, keep its output in $out/NAME.log / .err
   local name=$1 graph=$2
@@ -32,13 +36,13 @@ run() {  # NAME GRAPH ARGS...: run a graph, keep its output in $out/NAME.log / .
   cut -c1-240 "$out/$name.log"
 }
 
-# LOG MODEL KIND(full|prompt): the log's "chat template ...: data row R of ... renders as "..."" line is
+# LOG MODEL KIND(full|prompt) [ROWS(data_rows|gsm8k_rows)]: the log's "chat template ...: data row R of ... renders as "..."" line is
 # transformers' rendering of row R (sha256 from the fixture).
 check_render() {
-  python3 - "$1" "$fixtures/expected.json" "$2" "$3" <<'PY' || fail "$1: the rendered row is not transformers'"
+  python3 - "$1" "$fixtures/expected.json" "$2" "$3" "${4:-data_rows}" <<'PY' || fail "$1: the rendered row is not transformers'"
 import hashlib, json, re, sys
-log, exp, model, kind = sys.argv[1:5]
-want_rows = json.load(open(exp, encoding="utf-8"))["models"][model]["data_rows"]
+log, exp, model, kind, rows = sys.argv[1:6]
+want_rows = json.load(open(exp, encoding="utf-8"))["models"][model][rows]
 n = 0
 for line in open(log, encoding="utf-8"):
     m = re.search(r" chat template \S+: data row (\d+) of \S+ renders as (\".*\")$", line.rstrip("\n"))
@@ -115,6 +119,24 @@ for model in llama3 qwen2; do
   check_reload "$out/$model-ppo.log" "step 3 ppo"
   check_folder "$o/ppo" "$m"
 done
+
+# GSM8K through graphs/grpo.graph (its sft and prompts read {question, answer} rows): the question is the
+# user's message; sft trains on it and the answer, GRPO on the generation prompt.
+m=$fixtures/qwen2
+run gsm8k-grpo grpo.graph --set node.sft.model="$m" --set node.sft.tokenizer="$m" --set node.sft.data="$gsm8k" \
+  --set node.sft.apply_chat_template=true --set node.sft.data_split=4,2,4 --set node.sft.steps=4 \
+  --set node.sft.per_device_train_batch_size=4 --set node.sft.max_seq_len=128 --set node.sft.print_every=1 \
+  --set node.prompts.tokenizer="$m" --set node.prompts.data="$gsm8k" --set node.prompts.apply_chat_template=true \
+  --set node.prompts.data_split=4,2,4 --set node.prompts.max_prompt_seq_len=64 \
+  --set node.prompts.per_device_generation_batch_size=4 --set node.prompts.iterations=2 --set node.prompts.eval_prompts=4 \
+  --set node.generator.tokenizer="$m" --set node.generator.max_answer_seq_len=8 --set node.generator.num_generations=4 \
+  --set node.reward.tokenizer="$m" --set node.policy.per_device_training_batch_size=16
+grep "\[step 1 sft\] chat template" "$out/gsm8k-grpo.log" > "$out/gsm8k-sft.log" || fail "grpo: sft printed no rendered row"
+grep "\[step 3 prompts\] chat template" "$out/gsm8k-grpo.log" > "$out/gsm8k-prompts.log" ||
+  fail "grpo: prompts printed no rendered row"
+check_render "$out/gsm8k-sft.log" qwen2 full gsm8k_rows
+check_render "$out/gsm8k-prompts.log" qwen2 prompt gsm8k_rows
+grep -q "iter 1 reward" "$out/gsm8k-grpo.log" || fail "grpo: no second iteration"
 
 # A folder whose template is chat_template.jinja (as newer transformers save it; it wins over the key):
 # read from there, and saved on beside the trained model.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A Hugging Face model folder with tokenizer.json and a chat template, end to end (issue 22):
-# graphs/sft.graph, rm.graph and ppo.graph with apply_chat_template = true on the tiny random Llama 3
+# graphs/sft.graph, rm.graph, dpo.graph and ppo.graph with apply_chat_template = true on the tiny random Llama 3
 # and Qwen2 folders of tests/fixtures/hf_chat (made by tests/fixtures/make_hf_chat_fixtures.py, with
 # Llama 3.1's and Qwen2.5's real templates). For each folder:
 #  - the text each step prints for its first training row (sft, rm: prompt + chosen; prompts: the
@@ -104,6 +104,17 @@ for model in llama3 qwen2; do
   grep -q "step 2 rm\] held-out accuracy .* over" "$out/$model-rm.log" || fail "$model: step 2 did not finish"
   check_reload "$out/$model-rm.log" "step 2 rm"
   check_folder "$o/rm" "$m"
+
+  # DPO from the sft output (its template travelled with it): the first loss is ln 2 = 0.6931 (policy =
+  # reference, every margin 0: -log sigmoid(0))
+  run "$model-dpo" dpo.graph --set node.dpo.model="$o/sft" --set node.dpo.tokenizer="$o/sft" --set node.dpo.data="$data" \
+    --set node.dpo.apply_chat_template=true --set node.dpo.data_split=4,2,4 --set node.dpo.steps=4 \
+    --set node.dpo.per_device_train_batch_size=4 --set node.dpo.max_seq_len=128 --set node.dpo.print_every=1 \
+    --set node.dpo.output="$o/dpo" --set node.dpo.verify_output=true
+  check_render "$out/$model-dpo.log" "$model" full
+  grep -q "^\[step 2 dpo\] step 1/4 loss 0.6931 " "$out/$model-dpo.log" || fail "$model: DPO's first loss is not ln 2"
+  check_reload "$out/$model-dpo.log" "step 2 dpo"
+  check_folder "$o/dpo" "$m"
 
   # step 3 reads its prompts' chat template from the sft output folder
   run "$model-ppo" ppo.graph --set node.actor_model.model="$o/sft" --set node.reward_model.model="$o/rm" \

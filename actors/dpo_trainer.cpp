@@ -42,6 +42,8 @@ class dpo_trainer final : public dschat_trainer {
     ts.max_seq_len = d_.max_seq_len;
     ts.truncation = truncation_of(ctx);
     ts.skip_identical = true;  // no preference to learn: the DPO margin of such a pair is 0 whatever the model
+    ts.chat = chat_template_setting(ctx);
+    print_chat_row(ctx, "[step 2 dpo]", rows, ts, false);
     dschat::process_report rep;
     try {
       train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);

@@ -32,7 +32,7 @@ namespace flowrun::actors {
 void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
   using T = graph::setting_type;
   k.require("model", T::path, "initial weights: llama2.c .bin, a flowrun model folder, or a HF folder (LLaMA, OPT, GPT-2)")
-      .require("tokenizer", T::path, "SentencePiece .model, GPT-2 BPE vocab.json, or a folder holding either")
+      .require("tokenizer", T::path, "SentencePiece .model, GPT-2 BPE vocab.json, tokenizer.json, or a folder holding one")
       .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
       .option("mix_data", T::path_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
       .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
@@ -46,6 +46,9 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut").at_least(2)
       .option("truncation", T::string, std::string("prompt_start"),
               "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
+      .option("apply_chat_template", T::bool_, false,
+              "render rows with the chat template of the tokenizer's HF folder (tokenizer_config.json): "
+              "HH-RLHF turns as user/assistant messages, the answer as the assistant's reply (TRL's name)")
       .option("steps", T::int_, steps, "optimizer updates, each of gradient_accumulation_steps micro-batches").at_least(1)
       .option("zero_stage", T::int_, std::int64_t{0}, "ZeRO stage 0-3 of the trainer's engine (DS-Chat's --zero_stage)").in_range(0, 3)
       .option("dtype", T::string, std::string("fp32"),
@@ -90,6 +93,8 @@ class sft_trainer final : public dschat_trainer {
     ts.max_seq_len = d_.max_seq_len;
     ts.mask_prompt = d_.mask_prompt;
     ts.truncation = truncation_of(ctx);
+    ts.chat = chat_template_setting(ctx);
+    print_chat_row(ctx, "[step 1 sft]", rows, ts, false);
     train_ = dschat::make_sft_examples(rows.train, *tok_, ts);
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed);
     order_.check(ctx.name(), "per_device_train_batch_size");
@@ -171,6 +176,8 @@ class rm_trainer final : public dschat_trainer {
     dschat::tokenize_settings ts;
     ts.max_seq_len = d_.max_seq_len;
     ts.truncation = truncation_of(ctx);
+    ts.chat = chat_template_setting(ctx);
+    print_chat_row(ctx, "[step 2 rm]", rows, ts, false);
     dschat::process_report rep;
     try {
       train_ = dschat::make_rm_examples(rows.train, *tok_, ts, &rep);

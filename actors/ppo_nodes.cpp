@@ -58,6 +58,8 @@ class prompt_loader final : public actor::node {
     dschat::tokenize_settings ts;
     ts.max_prompt_seq_len = ctx.spec().get_int("max_prompt_seq_len");
     ts.overflow = dschat::prompt_overflow::keep_end;
+    ts.chat = chat_template_setting(ctx);
+    print_chat_row(ctx, "[step 3 prompts]", rows, ts, true);
     train_ = dschat::make_prompt_examples(rows.train, *tok, ts);
     eval_ = dschat::make_prompt_examples(rows.eval, *tok, ts);
     B_ = ctx.spec().get_int("per_device_generation_batch_size");
@@ -120,6 +122,9 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split")
       .option("eval_fraction", T::float_, 0.1, "held-out share").in_range(0, 1, false, /*high_open=*/true)
       .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)").at_least(1)
+      .option("apply_chat_template", T::bool_, false,
+              "render prompts with the chat template of the tokenizer's HF folder (HH-RLHF turns or a GSM8K "
+              "question as messages, add_generation_prompt = true; TRL's name)")
       .option("per_device_generation_batch_size", T::int_, std::int64_t{8}, "prompts per PPO iteration").at_least(1)
       .option("iterations", T::int_, std::int64_t{20}, "PPO iterations").at_least(1)
       .because("0 iterations train nothing (to compare models without training: flowrun eval prompts)")

@@ -1,7 +1,7 @@
 // Turning the project's data rows into chat messages and rendering them with a model folder's chat
 // template (models/chat_template.h): DeepSpeed-Chat / HH-RLHF rows ("\n\nHuman: ...\n\nAssistant: ...")
 // and GSM8K questions. This is the one place that knows those row formats as conversations; the
-// data loaders and trainers call it (they are not wired here).
+// tokenization of DS-Chat rows calls it (models/rlhf/dschat_data.h tokenize_settings::chat).
 //
 // Tokenizing a rendered text: the template already wrote the model's BOS when it has one (Llama 3's
 // <|begin_of_text|>, Gemma's <bos>), so encode it without adding BOS again, as transformers'

@@ -84,7 +84,7 @@ std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const s
   namespace fs = std::filesystem;
   static const char* const files[] = {"tokenizer.model",       "vocab.json",        "merges.txt",
                                       "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
-                                      "tokenizer.json"};
+                                      "tokenizer.json",        "chat_template.jinja"};  // newer transformers' template file
   const fs::path src(src_in), dst(dst_in);
   fs::create_directories(dst);
   std::vector<std::string> written;

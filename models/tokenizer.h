@@ -73,7 +73,7 @@ bool folder_has_tokenizer(const std::string& dir);
 /// .model file, a vocab.json with merges.txt beside it, or a folder) into folder `dst_dir`
 /// (created if needed), so that a saved model carries its tokenizer. From a vocab.json or a
 /// folder: those of tokenizer.model, vocab.json, merges.txt, special_tokens_map.json,
-/// tokenizer_config.json, added_tokens.json and tokenizer.json that exist. A .model file is
+/// tokenizer_config.json, added_tokens.json, tokenizer.json, chat_template.jinja that exist. A .model file is
 /// named tokenizer.model when `hf_names` (Hugging Face's name), else keeps its name.
 /// With `hf_names`, a folder that then holds a tokenizer.model but no tokenizer_config.json
 /// gets one (write_sentencepiece_tokenizer_config), so that transformers' AutoTokenizer loads it

@@ -1,5 +1,7 @@
 #include "models/rlhf/dschat_data.h"
 
+#include "models/chat/value.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -256,6 +258,7 @@ source load_source(const std::string& path, data_format format) {
       s.prompt = std::move(vals[0]);
       s.chosen = std::move(vals[1]);
       if (format == data_format::prompt_chosen_rejected) s.rejected = std::move(vals[2]);
+      s.question = format == data_format::question_answer;
     }
     src.rows.push_back(std::move(s));
   }
@@ -450,6 +453,19 @@ std::string process_report::summary() const {
   return os.str();
 }
 
+nlohmann::ordered_json row_messages(const sample& row) {
+  return row.question ? gsm8k_messages(row.prompt) : dschat_messages(row.prompt);
+}
+
+std::string prompt_text(const sample& row, const tokenize_settings& cfg) {
+  return cfg.chat ? cfg.chat->prompt(row_messages(row)) : row.prompt;
+}
+
+chat_prompt_response prompt_answer_text(const sample& row, const std::string& answer, const tokenize_settings& cfg) {
+  if (!cfg.chat) return {row.prompt, row.prompt + answer};
+  return cfg.chat->prompt_response(row_messages(row), chat::py_strip(answer, nullptr, true, true));
+}
+
 bool truncate_keep_eos(std::vector<int32_t>& ids, int64_t max_len, bool keep_eos, int32_t eos) {
   if (max_len < 1) throw std::invalid_argument("truncate_keep_eos: max_len must be >= 1");
   if (static_cast<int64_t>(ids.size()) <= max_len) return false;
@@ -468,22 +484,49 @@ std::vector<int32_t> with_bos(const tokenizer& tok, const std::string& text, boo
   return ids;
 }
 
+// BOS (without a chat template, when add_bos; a template writes its own) + the text's tokens.
+std::vector<int32_t> text_ids(const tokenizer& tok, const std::string& text, const tokenize_settings& cfg) {
+  return with_bos(tok, text, cfg.add_bos && !cfg.chat);
+}
+
+// How many leading ids truncation keeps: the BOS (added, or written by the chat template).
+int64_t head_of(const std::vector<int32_t>& ids, const tokenizer& tok, const tokenize_settings& cfg) {
+  if (!cfg.chat) return cfg.add_bos ? 1 : 0;
+  return !ids.empty() && ids[0] == tok.bos_id() ? 1 : 0;
+}
+
+// "row I: " + the cause, for a row the chat template (or the HH-RLHF turn split) refused.
+template <typename F>
+auto for_row(size_t i, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::invalid_argument&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("row " + std::to_string(i) + ": " + e.what());
+  }
+}
+
 // BOS + prompt + answer + EOS (uncut), and how many leading ids are prompt tokens (BOS
 // included): the longest common prefix with BOS + the prompt's own tokens, so a token
-// merged across the boundary counts as answer.
+// merged across the boundary counts as answer. With a chat template: the template's renderings
+// (prompt_answer_text), EOS only when the answer's tokens hold none.
 struct split_seq {
   std::vector<int32_t> ids;
   int64_t prompt_len = 0;
 };
-split_seq full_sequence(const tokenizer& tok, const std::string& prompt, const std::string& answer,
+split_seq full_sequence(const tokenizer& tok, const sample& row, const std::string& answer,
                         const tokenize_settings& cfg) {
+  const auto texts = prompt_answer_text(row, answer, cfg);
   split_seq s;
-  s.ids = with_bos(tok, prompt + answer, cfg.add_bos);
-  if (cfg.add_eos) s.ids.push_back(tok.eos_id());
-  auto p = with_bos(tok, prompt, cfg.add_bos);
+  s.ids = text_ids(tok, texts.full, cfg);
+  auto p = text_ids(tok, texts.prompt, cfg);
   size_t k = 0;
   while (k < p.size() && k < s.ids.size() && p[k] == s.ids[k]) ++k;
   s.prompt_len = static_cast<int64_t>(k);
+  const bool has_eos = cfg.chat && std::find(s.ids.begin() + static_cast<std::ptrdiff_t>(k), s.ids.end(),
+                                             tok.eos_id()) != s.ids.end();
+  if (cfg.add_eos && !has_eos) s.ids.push_back(tok.eos_id());
   return s;
 }
 
@@ -518,9 +561,9 @@ std::vector<sft_example> make_sft_examples(const std::vector<sample>& rows, cons
   process_report rep;
   rep.input = static_cast<int64_t>(rows.size());
   double sum = 0;
-  const int64_t head = cfg.add_bos ? 1 : 0;
   for (const auto& r : rows) {
-    auto q = full_sequence(tok, r.prompt, r.chosen, cfg);
+    auto q = for_row(static_cast<size_t>(&r - rows.data()), [&] { return full_sequence(tok, r, r.chosen, cfg); });
+    const int64_t head = head_of(q.ids, tok, cfg);
     const int64_t excess = static_cast<int64_t>(q.ids.size()) - cfg.max_seq_len;
     bool cut = false;
     if (excess > 0 && cfg.truncation == truncation_mode::prompt_start) {
@@ -553,14 +596,14 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
   process_report rep;
   rep.input = static_cast<int64_t>(rows.size());
   double sum = 0;
-  const int64_t head = cfg.add_bos ? 1 : 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     if (r.rejected.empty())
       throw std::invalid_argument("row " + std::to_string(i) +
                                   " has no rejected answer: this is {prompt, chosen} data (for SFT); a reward model or DPO learns from pairs, {prompt, chosen, rejected} or raw HH-RLHF {chosen, rejected}");
-    auto c = full_sequence(tok, r.prompt, r.chosen, cfg);
-    auto j = full_sequence(tok, r.prompt, r.rejected, cfg);
+    auto c = for_row(i, [&] { return full_sequence(tok, r, r.chosen, cfg); });
+    auto j = for_row(i, [&] { return full_sequence(tok, r, r.rejected, cfg); });
+    const int64_t head = head_of(c.ids, tok, cfg);
     const int64_t excess =
         static_cast<int64_t>(std::max(c.ids.size(), j.ids.size())) - cfg.max_seq_len;
     bool cut = false;
@@ -605,9 +648,10 @@ std::vector<prompt_example> make_prompt_examples(const std::vector<sample>& rows
   process_report rep;
   rep.input = static_cast<int64_t>(rows.size());
   double sum = 0;
-  for (const auto& r : rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
     prompt_example e;
-    e.ids = with_bos(tok, r.prompt, cfg.add_bos);
+    e.ids = text_ids(tok, for_row(i, [&] { return prompt_text(r, cfg); }), cfg);
     e.reference = r.chosen;
     const int64_t n = static_cast<int64_t>(e.ids.size());
     if (n > P) {
@@ -616,7 +660,7 @@ std::vector<prompt_example> make_prompt_examples(const std::vector<sample>& rows
         continue;
       }
       // keep the end of the prompt (its last turn and "Assistant:"), and BOS first
-      const int64_t head = cfg.add_bos ? 1 : 0;
+      const int64_t head = head_of(e.ids, tok, cfg);
       std::vector<int32_t> cut(e.ids.begin(), e.ids.begin() + head);
       cut.insert(cut.end(), e.ids.end() - (P - head), e.ids.end());
       e.ids = std::move(cut);

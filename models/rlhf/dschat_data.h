@@ -26,9 +26,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "models/chat_format.h"
 #include "models/tokenizer.h"
 #include "runtime/tensor/tensor.h"
 
@@ -40,6 +42,9 @@ namespace flowrun::dschat {
 /// (DahoasRmstaticDataset.get_prompt_and_chosen). rejected is empty for {prompt, chosen} data.
 struct sample {
   std::string prompt, chosen, rejected;
+  /// A GSM8K row (data_format::question_answer): prompt is the question itself, not HH-RLHF turns;
+  /// with a chat template it becomes the user's message as is (gsm8k_messages).
+  bool question = false;
 };
 
 /// File layouts the loaders understand.
@@ -200,7 +205,34 @@ struct tokenize_settings {
   /// (and counted in process_report::identical). The DPO step sets it: such a pair has no
   /// preference to learn (its DPO margin is 0 whatever the model). The reward model keeps them.
   bool skip_identical = false;
+  /// Render rows with a model's chat template before tokenizing (the trainers' apply_chat_template
+  /// setting, TRL's and OpenRLHF's name); null: the row's text as is (DS-Chat). With a template:
+  ///  - the prompt is row_messages(row) rendered with add_generation_prompt = true; steps 1-2 tokenize
+  ///    those messages plus the stripped answer as the assistant's message (add_generation_prompt =
+  ///    false), as TRL's SFT and reward trainers do for conversational prompt/completion data;
+  ///  - add_bos is ignored: the template writes the model's BOS when it has one (Llama 3's
+  ///    <|begin_of_text|>; Qwen2 has none), as apply_chat_template(tokenize=True) encodes with
+  ///    add_special_tokens=False;
+  ///  - add_eos appends EOS only when the answer's tokens hold none (Llama 3.1's and Qwen2.5's templates
+  ///    end the turn with their EOS, <|eot_id|> / <|im_end|>; a base model's template may not);
+  ///  - truncation keeps a leading BOS as without a template.
+  std::shared_ptr<const chat_formatter> chat;
 };
+
+/// A row's prompt as chat messages (models/chat_format.h): a GSM8K question (sample::question) is the
+/// user's one message (gsm8k_messages); a DS-Chat / HH-RLHF prompt is split into its user and assistant
+/// turns (dschat_messages, which throws std::runtime_error quoting a prompt with no "\n\nHuman:" turn).
+nlohmann::ordered_json row_messages(const sample& row);
+
+/// The text step 3 tokenizes for a row: its prompt as is, or with cfg.chat its messages rendered for
+/// generation (add_generation_prompt = true). Throws chat_template_error naming the template file.
+std::string prompt_text(const sample& row, const tokenize_settings& cfg);
+
+/// The texts steps 1-2 tokenize for a row and one of its answers: {prompt, prompt + answer} as is, or
+/// with cfg.chat {the prompt's messages rendered with add_generation_prompt = true, those messages and
+/// the stripped answer as the assistant's reply} (chat_formatter::prompt_response; the first is a
+/// prefix of the second). Throws chat_template_error naming the template file.
+chat_prompt_response prompt_answer_text(const sample& row, const std::string& answer, const tokenize_settings& cfg);
 
 /// What tokenizing a list of rows did.
 struct process_report {
@@ -246,6 +278,10 @@ struct prompt_example {
 /// replaced by `eos`. Returns whether it cut. max_len < 1 throws std::invalid_argument.
 bool truncate_keep_eos(std::vector<int32_t>& ids, int64_t max_len, bool keep_eos, int32_t eos);
 
+/// With cfg.chat the three below tokenize each row's chat rendering (prompt_text / prompt_answer_text);
+/// a row whose prompt has no HH-RLHF turn, or that the template cannot render, throws
+/// std::invalid_argument "row I: ..." carrying the cause (chat_template_error's file, line and construct).
+///
 /// Step 1 examples (create_dataset_split, train_phase 1). Rows whose prompt + chosen is
 /// empty are impossible (loaders reject empty answers). Throws std::invalid_argument on
 /// max_seq_len < 2 (BOS and EOS).

@@ -125,6 +125,10 @@ class ppo_controller final : public actor::node {
       ctx.signal("generation_tokens_per_s", gen_tps, p.iteration);
     }
     if (p.eval) {
+      // held-out passes: no step (-1; TensorBoard skips them), before then after (`flowrun report`)
+      ctx.signal("held_out/reward", s.reward_mean);
+      ctx.signal("held_out/kl", s.kl_mean);
+      ctx.signal("held_out/answer_len", s.answer_len_mean);
       ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f} ± {:.4f}, KL to reference {:.4f}, answer "
                             "length {:.1f} ({} prompts)",
                             p.iteration == -1 ? "before" : "after", s.reward_mean, s.reward_stderr, s.kl_mean,

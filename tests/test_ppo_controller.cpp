@@ -377,6 +377,10 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, ke
   CHECK(series(j, "actor_loss") == std::vector<double>{0.75, 0.5, -0.0625});
   CHECK(series(j, "critic_loss") == std::vector<double>{1.5, 0.25, 2.0});
   CHECK(series(j, "training_tokens_per_s") == std::vector<double>{400, 400, 400});
+  // the held-out passes (step -1), before then after
+  CHECK(series(j, "held_out/reward") == std::vector<double>{0.5, 0.875});
+  CHECK(series(j, "held_out/kl") == std::vector<double>{0.0, 0.125});
+  CHECK(series(j, "held_out/answer_len") == std::vector<double>{7.25, 6.0});
   // the generator's own time, from the summary; the controller's wall times are >= 0
   CHECK(series(j, "phase_seconds/generate") == std::vector<double>{2.0, 0.5, 0.25, 0.5, 0.25, 0.5, 1.5});
   CHECK(series(j, "phase_seconds/score_and_experience").size() == 7);

@@ -323,7 +323,7 @@ class replica_actor final : public caf::event_based_actor {
     void print(std::string_view line) override { console::print(line); }
     spdlog::logger& log() override { return a_.ctx_log(); }
     void signal(std::string_view name, double value, std::int64_t step) override {
-      a_.plan_->live->signal(a_.np_.spec.name, a_.replica_, std::string(name), value);
+      a_.plan_->live->signal(a_.np_.spec.name, a_.replica_, std::string(name), value, step);
       if (step >= 0 && a_.tensorboard_) a_.write_tensorboard(name, value, step);
     }
     void progress(std::string_view what, std::int64_t done, std::int64_t total) override {

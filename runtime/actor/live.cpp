@@ -112,10 +112,10 @@ void job_live::event(std::string kind, std::string node, std::int64_t replica, s
   while (events_.size() > max_events) events_.pop_front();
 }
 
-void job_live::signal(std::string node, std::int64_t replica, std::string name, double value) {
+void job_live::signal(std::string node, std::int64_t replica, std::string name, double value, std::int64_t step) {
   const double t = now_s();
   std::lock_guard<std::mutex> lock(mutex_);
-  signals_.push_back(live_signal{++signal_seq_, t, std::move(node), replica, std::move(name), value, {}});
+  signals_.push_back(live_signal{++signal_seq_, t, std::move(node), replica, std::move(name), value, {}, step});
   while (signals_.size() > max_signals) signals_.pop_front();
 }
 

@@ -68,6 +68,7 @@ struct live_signal {
   std::string name;  ///< e.g. "loss"; "phase" for a phase change
   double value = 0;  ///< the value (0 for phase changes)
   std::string text;  ///< the phase name (phase changes only)
+  std::int64_t step = -1;  ///< the step the value belongs to (node_context::signal); -1: none (held-out, phases)
 };
 
 /// How far one long phase of a node is (node_context::progress): `done` of `total` units of
@@ -161,8 +162,8 @@ class job_live {
 
   /// Appends to the event log.
   void event(std::string kind, std::string node, std::int64_t replica, std::string text);
-  /// Records a signal value (a non-finite value is recorded as is; readers decide).
-  void signal(std::string node, std::int64_t replica, std::string name, double value);
+  /// Records a signal value at `step` (-1: none; a non-finite value is recorded as is; readers decide).
+  void signal(std::string node, std::int64_t replica, std::string name, double value, std::int64_t step = -1);
   /// Records a phase change of a replica (and makes it the job's current phase).
   void phase(std::string node, std::int64_t replica, std::string phase);
   /// The phase most recently reported by any node ("" if none).

@@ -214,6 +214,22 @@ std::string to_json_line(const metrics_snapshot& s, bool final) {
   return j.dump();
 }
 
+std::string to_json_line(const live_signal& s) {
+  nlohmann::json j;
+  j["signal"] = s.name;
+  j["node"] = s.node;
+  j["replica"] = s.replica;
+  j["step"] = s.step;
+  if (std::isfinite(s.value)) {
+    j["value"] = s.value;
+  } else {
+    j["value"] = nullptr;
+    j["nonfinite"] = std::isnan(s.value) ? "nan" : s.value > 0 ? "inf" : "-inf";
+  }
+  j["t"] = std::round(s.t_s * 1000.0) / 1000.0;
+  return j.dump();
+}
+
 std::string format_summary(const metrics_snapshot& s) {
   std::string out;
   char buf[512];

@@ -174,6 +174,16 @@ bool apply_replica_counters(job_metrics& m, const std::vector<char>& bytes);
 /// {"t":ELAPSED_S,"final":BOOL,"steps":N,"tokens":N,"nodes":{NAME:{...}},"edges":{NAME:{...}}}.
 std::string to_json_line(const metrics_snapshot& s, bool final);
 
+/// One JSON object (no newline) for a JSONL metrics file, a signal record
+/// (node_context::signal), one per reported point:
+/// {"signal":NAME,"node":NODE,"replica":R,"step":S,"value":V,"t":T_S}.
+/// `step` is -1 for a value reported without one (held-out passes); a
+/// non-finite value is written as "value":null with "nonfinite":"nan",
+/// "inf" or "-inf" (JSON has no such numbers). Snapshot lines
+/// (to_json_line above) have no "signal" key, signal records no "nodes" key,
+/// so a reader tells them apart by either. `flowrun report` plots them.
+std::string to_json_line(const live_signal& s);
+
 /// A multi-line human summary (one line per node, then one per edge) for the log.
 std::string format_summary(const metrics_snapshot& s);
 

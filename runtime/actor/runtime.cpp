@@ -13,6 +13,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -165,6 +166,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
   run_result result;
   std::ofstream metrics_file;
   if (!options.metrics_path.empty()) {
+    // its folder is made, like every output's (`--metrics out/rlhf/metrics.jsonl` before out/rlhf exists)
+    const auto parent = std::filesystem::path(options.metrics_path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
     metrics_file.open(options.metrics_path, std::ios::out | std::ios::trunc);
     if (!metrics_file) {
       result.exit_code = exit_failed;
@@ -314,7 +319,21 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     auto next_progress = clk::now();
     metrics_snapshot prev = j.metrics->snapshot();
     metrics_snapshot prev_progress = prev;
+    // Signal records (node_context::signal, through job_live) go to the metrics file as they
+    // come, one line per point; job_live keeps the last max_signals, so a gap in the sequence
+    // numbers (a reader far behind) is counted and reported, never silent.
+    std::uint64_t signal_seq = 0, signals_lost = 0;
+    auto write_signals = [&] {
+      if (!metrics_file) return;
+      for (const auto& p : j.live->signals_since(signal_seq)) {
+        signals_lost += p.seq - signal_seq - 1;
+        signal_seq = p.seq;
+        if (p.name != "phase") metrics_file << to_json_line(p) << '\n';
+      }
+      metrics_file << std::flush;
+    };
     while (!j.state->wait_for_ms(50)) {
+      write_signals();
       if (cluster) cluster->sync_metrics();  // the other nodes' replicas, as of their last heartbeat
       // Forward each signal once (the first drains, the second stops at once).
       const int seen = g_signal_count.load();
@@ -399,6 +418,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       spdlog::error("[{}] not restarting: {}", spec.name,
                     forwarded > 0 ? std::string("the run was interrupted")
                                   : "max_restarts = " + std::to_string(spec.cluster.max_restarts) + " used up");
+    write_signals();
+    if (signals_lost > 0)
+      spdlog::warn("[{}] {} signal records were not written to the metrics file (more than {} came between two "
+                   "reads)", spec.name, signals_lost, job_live::max_signals);
     if (metrics_file) metrics_file << to_json_line(result.metrics, !restart) << '\n' << std::flush;
     if (console_live && !restart) console_live->finish(result.metrics, *j.live, result.exit_code, result.error);
     if (options.summary) {

@@ -34,6 +34,9 @@ void add_explain(CLI::App& app);
 /// `flowrun launch --nproc P FILE.graph`: one graph over P processes (gloo ranks).
 void add_launch(CLI::App& app);
 
+/// `flowrun report METRICS.jsonl [-o DIR] [--signals a,b]`: the run's signals as an SVG per node and REPORT.md.
+void add_report(CLI::App& app);
+
 /// The most CAF worker threads `--threads` accepts: 8 per hardware thread and
 /// never more than 1024. More workers than that only contend for the cores
 /// (and `--threads 5000` hung at start).

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   flowrun::cli::add_chat(app);
   flowrun::cli::add_launch(app);
   flowrun::cli::add_node(app);
+  flowrun::cli::add_report(app);
   // `flowrun x.graph ...` is `flowrun run x.graph ...`.
   auto args = flowrun::cli::expand_graph_shorthand(app, argc, argv);
   std::vector<char*> args_c;

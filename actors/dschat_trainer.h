@@ -83,7 +83,7 @@ class dschat_trainer : public actor::node {
       ctx.log().warn("save_checkpoint_steps = {} but the graph has no [graph] checkpoint_dir: no checkpoints",
                      save_every_);
     const std::string from = resume_point(ctx);
-    const std::string before = from.empty() ? evaluate(ctx, true, 0) : "";
+    const std::string before = from.empty() ? held_out_pass(ctx, true, 0) : "";
     engine_.make(*model_, d_, steps_);
     if (from.empty()) ctx.print(before);
     else restore(ctx, from);
@@ -95,13 +95,13 @@ class dschat_trainer : public actor::node {
     if (!resumed_ && step_ < steps_) {  // one update: gradient_accumulation_steps micro-batches
       update(ctx, ++step_);
       ctx.metric("steps");
-      ctx.progress(std::string_view(tag_).substr(1, std::strlen(tag_) - 2), step_, steps_);  // "[step 1 sft]"
+      ctx.progress(phase_name(), step_, steps_);
       if (!ckpt_dir_.empty() && save_every_ > 0 && step_ % save_every_ == 0 && step_ < steps_) save(ctx);
       return true;
     }
     if (!resumed_) {
       engine_.finish();
-      ctx.print(evaluate(ctx, false, since(t0_)));
+      ctx.print(held_out_pass(ctx, false, since(t0_)));
       if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
         save_output(ctx, tag_, *model_, format_, tokenizer_);
         // llama2.c and HF files hold the merged weights: bit-exact on reload only without LoRA;
@@ -136,6 +136,18 @@ class dschat_trainer : public actor::node {
   }
 
  protected:
+  /// The step's phase for node_context::progress: "step 1 sft" from the tag "[step 1 sft]".
+  std::string phase_name() const { return std::string(tag_ + 1, std::strlen(tag_) - 2); }
+  /// evaluate() as a phase of its own on the progress line and the console ("step 1 sft held-out
+  /// 0/1" while it runs, finished after): the held-out pass is one call with no count of its own.
+  std::string held_out_pass(actor::node_context& ctx, bool before, double seconds) {
+    const std::string what = phase_name() + " held-out";
+    ctx.progress(what, 0, 1);
+    std::string line = evaluate(ctx, before, seconds);
+    ctx.progress(what, 1, 1);
+    return line;
+  }
+
   /// Tokenize this step's share of the data (load_step_rows) into train and eval batches.
   virtual void prepare_data(actor::node_context& ctx) = 0;
   /// One optimizer update (the `step`-th, 1-based) through engine_; prints every print_every.

@@ -948,10 +948,25 @@ TEST_CASE("progress: phases under way as step k/N with an ETA") {
   CHECK(now[0].node == "sft");
   live.progress("sft", "step 1 sft", 0, 3);  // started over (a restart): the rate counts from here
   CHECK(live.progress_now().at(0).first_done == 0);
+  // the header's phase: while a phase is under way the finished ones never show (the RM's 2/2 is
+  // not the current phase); with none under way, the phase reported last, as done
+  live.progress("ppo", "step 3 ppo", 0, 4);
+  live.progress("ppo", "step 3 ppo", 1, 4);
+  now = live.progress_now();
+  REQUIRE(now.size() == 2);
+  CHECK(now[1].what == "step 3 ppo");
+  CHECK(now[1].done == 1);
+  live.progress("sft", "step 1 sft", 3, 3);
+  live.progress("ppo", "step 3 ppo", 4, 4);
+  now = live.progress_now();
+  REQUIRE(now.size() == 1);
+  CHECK(now[0].what == "step 3 ppo");
+  CHECK(progress_text(now, live.now_s()) == "step 3 ppo 4/4 done");
 }
 
-// spdlog through console::log_sink: the progress line is erased before each log line (never garbled).
-TEST_CASE("progress: log lines erase the progress line first") {
+// spdlog through console::log_sink: the progress line is erased before each log line (never garbled)
+// and drawn again right after it.
+TEST_CASE("progress: log lines erase the progress line first and draw it again after") {
   const std::string path = (std::filesystem::temp_directory_path() / ("flowrun_sink_" + std::to_string(getpid()))).string();
   const int saved = dup(2);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -963,7 +978,10 @@ TEST_CASE("progress: log lines erase the progress line first") {
   console::progress("[g] step 1/2");
   log.info("a log line");
   console::progress("[g] step 2/2");
+  log.warn("two");
+  log.warn("three");
   console::clear_progress();
+  log.info("after the run");  // the line was cleared for good: not drawn again
   std::fflush(stderr);
   dup2(saved, 2);
   ::close(saved);
@@ -971,7 +989,22 @@ TEST_CASE("progress: log lines erase the progress line first") {
   std::ifstream f(path);
   const std::string got((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::filesystem::remove(path);
-  CHECK(got == "\r\033[K[g] step 1/2\r\033[Ka log line\n\r\033[K[g] step 2/2\r\033[K");
+  // each log line: erase ("\r\033[K"), the line, then the progress line drawn again below it
+  const std::string erase = "\r\033[K";
+  CHECK(got == erase + "[g] step 1/2" + erase + "a log line\n" + erase + "[g] step 1/2" +  //
+                   erase + "[g] step 2/2" + erase + "two\n" + erase + "[g] step 2/2" + erase + "three\n" + erase +
+                   "[g] step 2/2" + erase + "after the run\n");
+}
+
+// A progress line never wraps on a terminal: cut to the width less one, counting "·" (2 bytes) as one.
+TEST_CASE("progress: the line is cut to the terminal's width") {
+  const std::string line = "[g] a 1/2 \xc2\xb7 b 3/4";  // 17 characters, 18 bytes
+  CHECK(console::fit_width(line, 0) == line);            // width unknown
+  CHECK(console::fit_width(line, 80) == line);
+  CHECK(console::fit_width(line, 18) == line);                 // 17 fit in 18 - 1
+  CHECK(console::fit_width(line, 17) == "[g] a 1/2 \xc2\xb7 b 3/");  // 16 characters
+  CHECK(console::fit_width(line, 12) == "[g] a 1/2 \xc2\xb7");       // 11: the "·" whole, never half of it
+  CHECK(console::fit_width(line, 11) == "[g] a 1/2 ");
 }
 
 TEST_CASE("run_graph on the threaded scheduler: completes, writes JSONL metrics, reports failures") {

@@ -151,6 +151,12 @@ std::vector<live_progress> job_live::progress_now() const {
   std::vector<live_progress> out;
   for (const auto& p : progress_)
     if (p.done < p.total) out.push_back(p);
+  if (out.empty() && !progress_.empty()) {  // between phases, or after the last: the one reported last
+    const live_progress* last = &progress_.front();
+    for (const auto& p : progress_)
+      if (p.t_s >= last->t_s) last = &p;
+    out.push_back(*last);
+  }
   return out;
 }
 
@@ -168,6 +174,7 @@ std::string progress_text(const std::vector<live_progress>& phases, double now_s
 
 std::string live_progress::text(double now_s) const {
   std::string out = what + " " + std::to_string(done) + "/" + std::to_string(total);
+  if (total > 0 && done >= total) return out + " done";
   const double eta = eta_s(now_s);
   if (eta < 0) return out;
   const long s = std::lround(eta);

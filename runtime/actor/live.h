@@ -86,7 +86,8 @@ struct live_progress {
   /// time since the last report (at least 0). Negative when unknown (no unit done since the
   /// first report).
   double eta_s(double now_s) const;
-  /// "WHAT DONE/TOTAL ETA M:SS" (H:MM:SS from an hour on; no ETA while unknown).
+  /// "WHAT DONE/TOTAL ETA M:SS" (H:MM:SS from an hour on; no ETA while unknown; "WHAT N/N done"
+  /// once finished).
   std::string text(double now_s) const;
 };
 
@@ -171,7 +172,9 @@ class job_live {
   /// Records how far `node`'s phase `what` is (node_context::progress).
   void progress(std::string node, std::string what, std::int64_t done, std::int64_t total);
   /// The phases under way (done < total), oldest first: what the progress line, the console
-  /// header and flowctl show. A finished phase drops out.
+  /// header and flowctl show. A finished phase drops out; when none is under way (between
+  /// step 2's end and step 3's first iteration, or after the last), the phase reported last,
+  /// finished, so that the line never falls back to the largest step counter.
   std::vector<live_progress> progress_now() const;
 
   /// Events / signals with seq > `seq`, oldest first (at most the last max_*).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -562,10 +563,119 @@ std::string hub::render_graph() const {
                          {"credit", e.credit},
                          {"links", e.links},
                          {"feedback", e.feedback}});
-  return json{{"name", graph_.name},      {"file", graph_.file},       {"seed", graph_.seed},
-              {"steps", graph_.steps},    {"nodes", std::move(nodes)}, {"replica_groups", std::move(groups)},
-              {"edges", std::move(edges)}}
+  const graph_layout lay = layout_graph(graph_);
+  json boxes = json::array();
+  for (const auto& b : lay.boxes)
+    boxes.push_back(json{{"name", b.name}, {"column", b.column}, {"band", b.band}, {"x", num(b.x)},
+                         {"y", num(b.y)},  {"w", num(b.w)},           {"h", num(b.h)}});
+  return json{{"name", graph_.name},
+              {"file", graph_.file},
+              {"seed", graph_.seed},
+              {"steps", graph_.steps},
+              {"nodes", std::move(nodes)},
+              {"replica_groups", std::move(groups)},
+              {"edges", std::move(edges)},
+              {"layout", json{{"width", num(lay.width)}, {"height", num(lay.height)}, {"nodes", std::move(boxes)}}}}
       .dump(-1, ' ', false, k_replace);
+}
+
+graph_layout layout_graph(const graph_info& g, double max_width) {
+  constexpr double node_w = 200, node_h = 76, gap_x = 170, gap_y = 34, pad = 24;
+  constexpr double min_gap_x = 70, min_node_w = 150, band_gap = 2 * gap_y;
+  const std::size_t n = g.nodes.size();
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < n; ++i) index.emplace(g.nodes[i].name, i);
+  std::vector<std::vector<std::size_t>> preds(n), succs(n);
+  for (const auto& e : g.edges) {
+    auto f = index.find(e.from), t = index.find(e.to);
+    if (e.feedback || f == index.end() || t == index.end() || f->second == t->second) continue;
+    preds[t->second].push_back(f->second);
+    succs[f->second].push_back(t->second);
+  }
+  // longest path from the sources (Kahn's order); a node left on an unmarked cycle starts one
+  // column after its placed predecessors, and the walk goes on from it
+  std::vector<int> layer(n, -1);
+  std::vector<std::size_t> indeg(n);
+  std::vector<std::size_t> queue;
+  for (std::size_t i = 0; i < n; ++i)
+    if ((indeg[i] = preds[i].size()) == 0) queue.push_back(i), layer[i] = 0;
+  for (std::size_t placed = 0;;) {
+    for (; placed < queue.size(); ++placed) {
+      const std::size_t a = queue[placed];
+      for (std::size_t b : succs[a]) {
+        if (layer[b] >= 0 && indeg[b] == 0) continue;  // already walked (placed by the cycle rule)
+        layer[b] = std::max(layer[b], layer[a] + 1);
+        if (indeg[b] > 0 && --indeg[b] == 0) queue.push_back(b);
+      }
+    }
+    std::size_t next = n;
+    for (std::size_t i = 0; i < n && next == n; ++i)
+      if (indeg[i] > 0) next = i;
+    if (next == n) break;
+    int l = 0;
+    for (std::size_t p : preds[next])
+      if (indeg[p] == 0) l = std::max(l, layer[p] + 1);
+    layer[next] = l;
+    indeg[next] = 0;
+    queue.push_back(next);
+  }
+  int columns = 0;
+  for (int l : layer) columns = std::max(columns, l + 1);
+  std::vector<std::vector<std::size_t>> cols(static_cast<std::size_t>(columns));
+  for (std::size_t i = 0; i < n; ++i) cols[static_cast<std::size_t>(layer[i])].push_back(i);
+  // order within a column by the mean row of the predecessors (one pass, left to right)
+  std::vector<double> row(n, 0);
+  for (std::size_t c = 0; c < cols.size(); ++c) {
+    if (c > 0) {
+      auto key = [&](std::size_t i) {
+        if (preds[i].empty()) return 1e9;
+        double sum = 0;
+        for (std::size_t p : preds[i]) sum += row[p];
+        return sum / static_cast<double>(preds[i].size());
+      };
+      std::stable_sort(cols[c].begin(), cols[c].end(), [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+    }
+    for (std::size_t r = 0; r < cols[c].size(); ++r) row[cols[c][r]] = static_cast<double>(r);
+  }
+  // the widths: full size if it fits, then narrower gaps, then narrower boxes, then bands
+  const double room = std::max(0.0, max_width - 2 * pad);
+  auto fits = [&](int k, double w, double gap) { return k * w + (k - 1) * gap <= room + 1e-9; };
+  double w = node_w, gap = gap_x;
+  int per_band = std::max(columns, 1);
+  if (!fits(per_band, w, gap)) {
+    gap = per_band > 1 ? std::max(min_gap_x, (room - per_band * w) / (per_band - 1)) : gap;
+    if (!fits(per_band, w, gap)) w = std::max(min_node_w, (room - (per_band - 1) * gap) / per_band);
+    if (!fits(per_band, w, gap)) {
+      per_band = std::max(1, static_cast<int>(std::floor((room + gap) / (w + gap))));
+      w = std::min(w, room);
+    }
+  }
+  graph_layout out;
+  out.boxes.resize(n);
+  double band_top = pad, width = 0;
+  for (int b0 = 0; b0 < columns; b0 += per_band) {
+    double bottom = band_top;
+    for (int c = b0; c < std::min(columns, b0 + per_band); ++c) {
+      double y = band_top;
+      for (std::size_t i : cols[static_cast<std::size_t>(c)]) {
+        node_box& box = out.boxes[i];
+        box.name = g.nodes[i].name;
+        box.column = c;
+        box.band = b0 / per_band;
+        box.x = pad + (c - b0) * (w + gap);
+        box.y = y;
+        box.w = w;
+        box.h = node_h;
+        y += node_h + gap_y;
+        width = std::max(width, box.x + w + pad);
+      }
+      bottom = std::max(bottom, y - gap_y);
+    }
+    band_top = bottom + band_gap;
+  }
+  out.width = std::min(max_width, std::max(width, 2 * pad));
+  out.height = band_top - band_gap + pad + 40;  // 40: room for the loops of feedback edges below the nodes
+  return out;
 }
 
 std::string hub::status_json() const {

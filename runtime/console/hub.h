@@ -71,6 +71,38 @@ struct graph_info {
   std::vector<edge_info> edges;
 };
 
+// -- where the page draws the graph ---------------------------------------------------
+
+/// One node's box as the console page draws it (collapsed: replicas not expanded), in SVG pixels
+/// from the graph's top-left corner.
+struct node_box {
+  std::string name;
+  int column = 0;  ///< the node's layer: the longest path from a source, feedback edges left out
+  int band = 0;    ///< the row of columns it is in (0 unless the columns wrap)
+  double x = 0, y = 0, w = 0, h = 0;
+};
+
+/// The graph's drawing: a box per node (in graph_info::nodes order) and the drawing's size.
+struct graph_layout {
+  std::vector<node_box> boxes;
+  double width = 0, height = 0;
+};
+
+/// The widest the graph may be drawn: the graph panel's inner width in a 1600-pixel-wide window
+/// (console.css: 1600 - 2 x 14 page padding - 12 grid gap - 400 side column - 2 x 11 panel
+/// padding and border - 18 for a scroll bar).
+inline constexpr double layout_max_width = 1120;
+
+/// Lays the graph out in columns, left to right: a node's column is the longest path to it from a
+/// source, feedback edges left out (a cycle not closed by a feedback edge is broken at the node
+/// first in graph order); within a column nodes are ordered by the mean row of their
+/// predecessors. Columns are 200 px wide with 170 px between them (room for an edge's label);
+/// when they do not fit `max_width` the gaps shrink to 70 px, then the boxes to 150 px, and past
+/// that the columns wrap into bands, one below the other. Every box lies within
+/// [0, max_width] x [0, height]; `width` <= max_width. The page draws these boxes (GET /api/graph,
+/// "layout") and only moves boxes down when a replica group is expanded.
+graph_layout layout_graph(const graph_info& g, double max_width = layout_max_width);
+
 // -- one sample of the live state (cumulative counters) ----------------------------------
 
 /// One replica. Counters are cumulative since the start; the hub derives rates.

@@ -2,6 +2,9 @@
 // fine-tuned answers side by side), `flowrun eval reward` (rw_eval.py: accuracy
 // and scores on held-out pairs) and `flowrun chat` (chat.py: a multi-turn
 // Human:/Assistant: conversation).
+#include <unistd.h>
+
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -14,6 +17,8 @@
 #include "models/rlhf/dschat_steps.h"
 #include "models/generate.h"
 #include "models/tokenizer.h"
+#include "runtime/actor/console.h"
+#include "runtime/actor/live.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 
@@ -96,14 +101,24 @@ void add_eval(CLI::App& app) {
     const int64_t n = std::min<int64_t>(o->n, static_cast<int64_t>(prompts.size()));
     std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); greedy answers, at most {} tokens\n", n,
                              rows.summary, o->max_new_tokens);
+    // the progress line (standard error, on a terminal): prompts answered of n, with the runtime's ETA
+    const bool tty = isatty(STDERR_FILENO) == 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    actor::live_progress p{"", "eval prompts", 0, n};
     for (int64_t i = 0; i < n; ++i) {
+      const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens);
+      const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens);
+      actor::console::clear_progress();
       std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
                                tail(tok->decode(prompts[i].ids), 300));
-      std::cout << "---------- baseline (" << o->baseline << ") ----------\n"
-                << answer(base, *tok, prompts[i].ids, o->max_new_tokens) << "\n";
-      std::cout << "---------- fine-tuned (" << o->finetuned << ") ----------\n"
-                << answer(tuned, *tok, prompts[i].ids, o->max_new_tokens) << "\n";
+      std::cout << "---------- baseline (" << o->baseline << ") ----------\n" << a_base << "\n";
+      std::cout << "---------- fine-tuned (" << o->finetuned << ") ----------\n" << a_tuned << std::endl;
+      p.done = i + 1;
+      p.t_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (tty && p.done < n) actor::console::progress("[flowrun eval] " + p.text(p.t_s));
     }
+    actor::console::clear_progress();
+    spdlog::info("[flowrun eval] {} prompts answered by both models in {:.1f} s", n, p.t_s);
   });
 
   auto r = std::make_shared<eval_opts>();

@@ -7,7 +7,7 @@
   const SVG = 'http://www.w3.org/2000/svg';
   const STATES = ['busy', 'idle', 'waiting_credit', 'waiting_request', 'initializing', 'restarting', 'paused',
                   'failed', 'done', 'stopped', 'remote'];
-  const NODE_W = 200, NODE_H = 76, REP_H = 22, GAP_X = 170, GAP_Y = 34, PAD = 24;
+  const NODE_H = 76, REP_H = 22;  // as hub.cpp layout_graph draws the boxes
 
   // -- state -------------------------------------------------------------------------------
   const st = {
@@ -111,57 +111,32 @@
     $('legend').appendChild(span);
   }
 
-  // -- layout: layers by longest path from the sources, ignoring feedback edges ------------------
+  // -- layout: the server's (GET /api/graph "layout", hub.cpp layout_graph: columns by longest
+  // path, fitted to a 1600-pixel window); an expanded replica group pushes the boxes below it down
   function layout() {
-    const g = st.graph;
-    const names = g.nodes.map((n) => n.name);
-    const preds = {}, succs = {};
-    for (const n of names) { preds[n] = []; succs[n] = []; }
-    for (const e of g.edges) {
-      if (e.feedback || !(e.from in preds) || !(e.to in preds)) continue;
-      preds[e.to].push(e.from);
-      succs[e.from].push(e.to);
-    }
-    const layer = {}, indeg = {};
-    for (const n of names) indeg[n] = preds[n].length;
-    const queue = names.filter((n) => indeg[n] === 0);
-    for (const n of queue) layer[n] = 0;
-    while (queue.length) {
-      const n = queue.shift();
-      for (const m of succs[n]) {
-        layer[m] = Math.max(layer[m] || 0, layer[n] + 1);
-        if (--indeg[m] === 0) queue.push(m);
-      }
-    }
-    let maxLayer = 0;
-    for (const n of names) if (layer[n] !== undefined) maxLayer = Math.max(maxLayer, layer[n]);
-    for (const n of names) if (layer[n] === undefined) layer[n] = ++maxLayer;  // an unmarked cycle
-    const layers = [];
-    for (const n of names) (layers[layer[n]] = layers[layer[n]] || []).push(n);
-    // order within a layer by the mean position of the predecessors (one pass)
-    const pos = {};
-    layers.forEach((ns, li) => {
-      if (li > 0) {
-        const key = (n) => preds[n].length ? preds[n].reduce((a, p) => a + (pos[p] || 0), 0) / preds[n].length : 1e9;
-        ns.sort((a, b) => key(a) - key(b));
-      }
-      ns.forEach((n, i) => { pos[n] = i; });
-    });
+    const L = st.graph.layout;
+    const extra = (n) => {
+      const info = st.graph.nodes.find((x) => x.name === n);
+      const reps = (info && info.replicas) || 1;
+      return reps > 1 && st.expanded[n] ? reps * (REP_H + 4) + 4 : 0;
+    };
+    const bandExtra = {};  // per band: the most any of its columns grew
+    const colExtra = {};   // per band and column: how much it has grown so far, top to bottom
+    const sorted = L.nodes.slice().sort((p, q) => p.band - q.band || p.column - q.column || p.y - q.y);
     const box = {};
-    let width = 0, height = 0;
-    layers.forEach((ns, li) => {
-      let y = PAD;
-      for (const n of ns) {
-        const info = g.nodes.find((x) => x.name === n);
-        const reps = info.replicas || 1;
-        const h = reps > 1 && st.expanded[n] ? NODE_H + reps * (REP_H + 4) + 4 : NODE_H;
-        box[n] = {x: PAD + li * (NODE_W + GAP_X), y, w: NODE_W, h};
-        y += h + GAP_Y;
-        height = Math.max(height, y);
-      }
-      width = Math.max(width, PAD + (li + 1) * (NODE_W + GAP_X));
-    });
-    return {box, width: width - GAP_X + PAD + 40, height: height + 40};
+    for (const n of sorted) {
+      const key = n.band + ':' + n.column;
+      colExtra[key] = colExtra[key] || 0;
+      box[n.name] = {x: n.x, y: n.y + colExtra[key], w: n.w, h: n.h + extra(n.name), band: n.band};
+      colExtra[key] += extra(n.name);
+      bandExtra[n.band] = Math.max(bandExtra[n.band] || 0, colExtra[key]);
+    }
+    let shift = 0, height = L.height;
+    const bands = Object.keys(bandExtra).map(Number).sort((p, q) => p - q);
+    const before = {};
+    for (const b of bands) { before[b] = shift; shift += bandExtra[b]; }
+    for (const name of Object.keys(box)) box[name].y += before[box[name].band] || 0;
+    return {box, width: L.width, height: height + shift};
   }
 
   // -- drawing -------------------------------------------------------------------------------

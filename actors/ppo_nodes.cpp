@@ -563,7 +563,7 @@ class ppo_trainer final : public actor::node {
         break;
       }
     if (!buf) {
-      buf = std::make_shared<decoder>(model_->config());
+      buf = std::make_shared<decoder>(model_->config(), model_->dev());  // where the generator runs today
       if (model_->has_lora()) buf->enable_lora(model_->lora(), false);
       if (snapshots_.size() < 2)
         snapshots_.push_back(buf);

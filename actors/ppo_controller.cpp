@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <optional>
 #include <string>
 
@@ -28,6 +29,10 @@ class ppo_controller final : public actor::node {
     dir_ = ctx.checkpoint_dir();
     save_every_ = ctx.spec().get_int("save_checkpoint_steps");
     keep_ = static_cast<int>(ctx.spec().get_int("keep_checkpoints"));
+    S_ = ctx.spec().get_int("max_staleness");
+    drop_ = ctx.spec().get_string("staleness_policy") == "drop";
+    if (!drop_ && ctx.spec().get_string("staleness_policy") != "wait")
+      throw std::invalid_argument("node '" + ctx.name() + "': staleness_policy must be \"wait\" or \"drop\"");
     if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
       for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
       commit_.eval_before = eval_before_ = rp->commit.eval_before;
@@ -43,6 +48,10 @@ class ppo_controller final : public actor::node {
 
   // Records what arrived, then runs the loop as far as it can go.
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (S_ > 0) {
+      on_async(ctx, port, msg);
+      return;
+    }
     if (port == "prompts") {
       if (phase_ != phase::wait_prompts)
         throw std::logic_error(fmt::format("node '{}': a prompt batch arrived in phase {} of iteration {} (the "
@@ -82,7 +91,8 @@ class ppo_controller final : public actor::node {
           enter(ctx, phase::report);
           break;
         case phase::report:
-          report(ctx);
+          report(ctx, it_);
+          ctx.emit("next", actor::payload::make("tick", it_.prompts->iteration));
           ctx.signal("phase_seconds/report", since(phase_start_), tb_step());
           it_ = {};
           enter(ctx, phase::wait_prompts);
@@ -111,12 +121,16 @@ class ppo_controller final : public actor::node {
   }
 
   // The batch completed an experience batch: the policy and the critic train on it and report.
-  bool trains() const { return !it_.prompts->eval && !it_.summary->dropped && it_.summary->trains; }
+  bool trains() const { return trains(it_); }
+  struct iteration;
+  static bool trains(const iteration& it) { return !it.prompts->eval && !it.summary->dropped && it.summary->trains; }
 
-  // report: DS-Chat's per-iteration print, the console's signals, the checkpoint commit; then `next`.
-  void report(actor::node_context& ctx) {
-    const prompt_msg& p = *it_.prompts;
-    const summary_msg& s = *it_.summary;
+  // report: DS-Chat's per-iteration print, the console's signals, the checkpoint commit (then
+  // the caller sends `next`, or with max_staleness >= 1 the pipeline asks when it may).
+  void report(actor::node_context& ctx, const iteration& it) {
+    const prompt_msg& p = *it.prompts;
+    const summary_msg& s = *it.summary;
+    if (S_ > 0 && p.checkpoint) commit_due_ = true;  // the synchronous loop sets it when it generates
     const double gen_tps = s.generate_seconds > 0 ? s.generated_tokens / s.generate_seconds : 0;
     if (!p.eval && !s.dropped) {
       ctx.signal("reward", s.reward_mean, p.iteration);
@@ -155,15 +169,30 @@ class ppo_controller final : public actor::node {
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f} gen {:.0f} tok/s "
                             "(experience kept for the next update)",
                             p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean, gen_tps));
+    } else if (S_ > 0 && !it.actor->updated) {  // max_staleness >= 1, drop: every item was too stale
+      const stats_msg& a = *it.actor;
+      stale_dropped_ += a.stale_dropped;
+      ctx.signal("staleness", static_cast<double>(a.staleness), p.iteration);
+      ctx.signal("stale_dropped", static_cast<double>(stale_dropped_), p.iteration);
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f}: sampled with policy "
+                            "version {}, {} updates behind at training (max_staleness {}), batch dropped "
+                            "(staleness_policy = \"drop\"; {} dropped so far)",
+                            p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean, s.policy_version, a.staleness,
+                            S_, stale_dropped_));
+      if (commit_due_) commit(ctx, p.iteration, a.policy_version);
     } else {
-      const stats_msg& a = *it_.actor;
-      const stats_msg c = s.with_critic ? *it_.critic : stats_msg{};  // critic-free: no critic
+      const stats_msg& a = *it.actor;
+      const stats_msg c = s.with_critic ? *it.critic : stats_msg{};  // critic-free: no critic
       const double train_tps = (a.tokens + c.tokens) / std::max(1e-9, a.seconds + c.seconds);
+      if (S_ > 0 && a.stale_dropped > 0) {  // some generation batches of a multi-batch update were too stale
+        stale_dropped_ += a.stale_dropped;
+        ctx.signal("stale_dropped", static_cast<double>(stale_dropped_), p.iteration);
+      }
       ctx.signal("actor_loss", a.loss, p.iteration);
       if (s.with_critic) ctx.signal("critic_loss", c.loss, p.iteration);
       ctx.signal("training_tokens_per_s", train_tps, p.iteration);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{} "
-                            "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}",
+                            "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}{}",
                             p.iteration, s.reward_mean, s.kl_mean, a.loss,
                             s.with_critic ? fmt::format(" critic_loss {:.4f}", c.loss) : "",
                             a.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", a.unsup_loss) : "",
@@ -173,21 +202,123 @@ class ppo_controller final : public actor::node {
                             a.gather_theory_bytes > 0
                                 ? fmt::format(" hybrid-engine gather {:.3f} MB/rank (theory {:.3f})",
                                               a.gather_bytes / 1e6, a.gather_theory_bytes / 1e6)
-                                : ""));
+                                : "",
+                            S_ > 0 ? async_suffix(s, a) : ""));
       ctx.metric("steps");
-      if (commit_due_) commit(ctx, p.iteration);
+      if (S_ > 0) ctx.signal("staleness", static_cast<double>(a.staleness), p.iteration);
+      if (commit_due_) commit(ctx, p.iteration, S_ > 0 ? a.policy_version : updates_);
     }
-    ctx.emit("next", actor::payload::make("tick", p.iteration));
+  }
+
+  // max_staleness >= 1: the version the batch was sampled with, how stale it was when trained,
+  // the weight snapshot the policy copied for the generator, the wait for weights (wait
+  // policy), and the stale batches of a multi-batch update that were dropped (drop policy).
+  std::string async_suffix(const summary_msg& s, const stats_msg& a) const {
+    std::string out = fmt::format(" policy v{} staleness {}", s.policy_version, a.staleness);
+    if (a.snapshot_bytes > 0) out += fmt::format(" snapshot {:.3f} MB", a.snapshot_bytes / 1e6);
+    if (s.weights_wait_seconds > 0) out += fmt::format(" waited {:.3f} s for weights", s.weights_wait_seconds);
+    if (a.stale_dropped > 0)
+      out += fmt::format(" ({} stale generation batches dropped; {} so far)", a.stale_dropped, stale_dropped_);
+    return out;
+  }
+
+  // ---- max_staleness = S >= 1: the pipelined loop. Batch k + 1 is asked for as soon as batch k's
+  // experience is made (its summary), while at most S + 1 batches are between the start of their
+  // generation and the end of their training (the report); reports stay in order. A held-out
+  // batch is generated only when nothing else is in flight (after every update before it), and
+  // the next batch is asked for only after it is reported: held-out passes stay synchronous.
+
+  void on_async(actor::node_context& ctx, std::string_view port, const actor::payload& msg) {
+    if (port == "prompts") {
+      if (!outstanding_)
+        throw std::logic_error(fmt::format("node '{}': a prompt batch arrived that was not asked for (the prompt "
+                                           "loader must wait for `next`)",
+                                           ctx.name()));
+      outstanding_ = false;
+      const auto& p = msg.as<prompt_msg>();
+      if (p.eval && !flight_.empty())
+        held_eval_ = p;  // after the updates of every batch in flight
+      else
+        launch(ctx, p);
+    } else if (port == "summary") {
+      const auto& s = msg.as<summary_msg>();
+      auto x = std::find_if(flight_.begin(), flight_.end(),
+                            [&](const iteration& f) { return !f.summary && f.prompts->iteration == s.iteration; });
+      if (x == flight_.end())
+        throw std::logic_error(fmt::format("node '{}': a summary of iteration {}, which is not in flight", ctx.name(),
+                                           s.iteration));
+      x->summary = s;
+      x->summarised = clk::now();
+      const int64_t step = x->prompts->eval ? -1 : s.iteration;
+      ctx.signal("phase_seconds/generate", s.generate_seconds, step);
+      ctx.signal("phase_seconds/score_and_experience", std::max(0.0, since(x->launched) - s.generate_seconds), step);
+      if (s.weights_wait_seconds > 0) ctx.signal("stale_waited", static_cast<double>(++waited_), step);
+      if (newest_.iteration == s.iteration) newest_.summarised = true;
+    } else {  // the trainers' stats name the training batch (the last of their experience batch)
+      const bool actor = port == "actor_stats";
+      const auto& st = msg.as<stats_msg>();
+      auto x = std::find_if(flight_.begin(), flight_.end(), [&](const iteration& f) {
+        return !f.prompts->eval && f.prompts->iteration == st.iteration && !(actor ? f.actor : f.critic);
+      });
+      if (x == flight_.end())
+        throw std::logic_error(fmt::format("node '{}': {} of iteration {}, which is not in flight", ctx.name(), port,
+                                           st.iteration));
+      (actor ? x->actor : x->critic) = st;
+      if (actor && st.updated) ++updates_;
+    }
+    pump(ctx);
+  }
+
+  static bool complete(const iteration& x) {
+    return x.summary && (!trains(x) || (x.actor && (!x.summary->with_critic || x.critic)));
+  }
+
+  // Reports what is complete, oldest first; then asks for the next batch if it may.
+  void pump(actor::node_context& ctx) {
+    while (!flight_.empty() && complete(flight_.front())) {
+      const iteration& x = flight_.front();
+      if (trains(x)) ctx.signal("phase_seconds/train", since(x.summarised), x.prompts->iteration);
+      report(ctx, x);
+      flight_.pop_front();
+      if (flight_.empty() && held_eval_) {
+        prompt_msg p = std::move(*held_eval_);
+        held_eval_.reset();
+        launch(ctx, std::move(p));
+      }
+    }
+    if (!outstanding_ && !held_eval_ && !newest_.ticked && newest_.summarised && (!newest_.eval || flight_.empty()) &&
+        static_cast<int64_t>(flight_.size()) < S_ + 1) {
+      newest_.ticked = true;
+      outstanding_ = true;
+      ctx.emit("next", actor::payload::make("tick", newest_.iteration));
+    }
+    const char* ph = flight_.empty() ? "wait_prompts" : flight_.front().summary ? "train" : "generate_experience";
+    if (ph != async_phase_) ctx.phase(async_phase_ = ph);
+  }
+
+  // Stamps the batch with the updates reported so far and the staleness settings, and asks the
+  // generator to roll it out.
+  void launch(actor::node_context& ctx, prompt_msg p) {
+    p.policy_version = updates_;
+    p.max_staleness = S_;
+    p.drop_stale = drop_;
+    p.checkpoint = !p.eval && !dir_.empty() && save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
+    newest_ = {p.iteration, p.eval, false, false};
+    iteration x;
+    x.prompts = p;
+    x.launched = clk::now();
+    flight_.push_back(std::move(x));
+    ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
   }
 
   // The trainers saved their shards of this update before they reported: commit it. A
   // stamped batch that did not train (dropped, or kept) is committed with the next update,
   // the one whose save it asked for (the experience maker carries the stamp to it).
-  void commit(actor::node_context& ctx, int64_t iteration) {
+  void commit(actor::node_context& ctx, int64_t iteration, int64_t version) {
     commit_due_ = false;
     commit_.eval_before = eval_before_;
     commit_.eval_before_stderr = eval_before_se_;
-    commit_.committed.push_back({iteration + 1, updates_});
+    commit_.committed.push_back({iteration + 1, version});
     ppo::write_step3_commit(dir_, commit_);
     ppo::prune_step3(dir_, commit_, keep_);
     ctx.print(fmt::format("[step 3 ppo] checkpoint after iteration {} -> {}", iteration, dir_));
@@ -219,6 +350,7 @@ class ppo_controller final : public actor::node {
     std::optional<prompt_msg> prompts;
     std::optional<summary_msg> summary;
     std::optional<stats_msg> actor, critic;
+    clk::time_point launched, summarised;  // max_staleness >= 1: when it was sent to the generator, its summary came
   };
 
   phase phase_ = phase::wait_prompts;
@@ -233,6 +365,18 @@ class ppo_controller final : public actor::node {
   int keep_ = 2;
   bool commit_due_ = false;
   ppo::step3_commit commit_;
+  // max_staleness >= 1 (on_async)
+  int64_t S_ = 0;       // max_staleness
+  bool drop_ = false;   // staleness_policy = "drop"
+  std::deque<iteration> flight_;        // generated and not yet reported, in generation order
+  std::optional<prompt_msg> held_eval_;  // a held-out batch waiting for the batches in flight
+  bool outstanding_ = true;  // a batch is on its way from the loader (the first comes unasked)
+  struct {
+    int64_t iteration = 0;
+    bool eval = false, summarised = false, ticked = true;
+  } newest_;  // the batch launched last: `next` is sent once per batch
+  int64_t stale_dropped_ = 0, waited_ = 0;
+  const char* async_phase_ = nullptr;
 };
 
 }  // namespace
@@ -251,7 +395,22 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
               "with [graph] checkpoint_dir: the policy and critic save and the controller commits every N "
               "iterations (0: never); the same command resumes from the last commit")
       .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
-      .at_least(2);
+      .at_least(2)
+      .option("max_staleness", T::int_, std::int64_t{0},
+              "asynchronous RLHF: the generator may run up to this many policy updates ahead of training (at most "
+              "max_staleness + 1 batches between generation and the end of their training); 0: the synchronous "
+              "loop of DS-Chat, bit for bit (docs/rlhf.md)")
+      .in_range(0, 8)
+      .option("staleness_policy", T::string, std::string("wait"),
+              "max_staleness >= 1: wait (the generator waits for the weights the controller stamped, so no batch "
+              "is staler than max_staleness) or drop (the generator samples with the newest weights it has, never "
+              "waiting; a batch staler than max_staleness at training is dropped and counted)");
+  k.check = [](const graph::node_spec& n, const graph::graph_spec&) -> std::vector<graph::node_kind::problem> {
+    const auto p = n.get_string("staleness_policy");
+    if (p != "wait" && p != "drop")
+      return {{"staleness_policy", "staleness_policy = \"" + p + "\" is not a policy", "use \"wait\" or \"drop\""}};
+    return {};
+  };
   actor::add_tensorboard_settings(k);
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new ppo_controller); });
 }

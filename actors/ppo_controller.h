@@ -16,7 +16,18 @@
 //
 // Ports: in `prompts` (prompt_batch), `summary` (summary), `actor_stats`, `critic_stats`
 // (stats); out `generate` (prompt_batch, stamped with policy_version and checkpoint), `next`
-// (tick: the iteration just reported). Settings: save_checkpoint_steps, keep_checkpoints.
+// (tick: the iteration just reported). Settings: save_checkpoint_steps, keep_checkpoints,
+// max_staleness and staleness_policy.
+//
+// max_staleness = S >= 1 (docs/rlhf.md "Asynchronous RLHF") overlaps the phases of successive
+// batches: the next batch is asked for (`next`, naming the batch whose experience was just made)
+// as soon as a batch's summary arrives, while at most S + 1 batches are between generation and
+// the end of their training; the phases above then describe the oldest batch in flight, and
+// reports stay in order. Each batch is stamped with max_staleness and staleness_policy too;
+// the trainers' stats say which iteration they trained (the last of their experience batch),
+// its staleness, whether they updated (drop: a batch staler than S is not trained) and the
+// policy's version after it. Held-out batches are generated when nothing else is in flight.
+// More signals: staleness (per trained batch), stale_dropped and stale_waited (running counts).
 //
 // What it reports: each iteration's line on standard output (formats in docs/rlhf.md),
 // the console signals reward, kl, generation_tokens_per_s (training batches),

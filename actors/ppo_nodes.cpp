@@ -13,6 +13,7 @@
 // batch, generate_experience, then train_rlhf, then print. Phases are ordered by
 // messages: the controller asks for the next batch only when the policy and the
 // critic have reported, so the generator never runs while the policy trains.
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -135,8 +136,15 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
 
 // ---------------------------------------------------------------- step 3: generation
 
-/// The hybrid engine: generates with the policy's live weights (a handle, never
-/// reloaded from disk); buffers prompt batches until the policy has sent them.
+/// The hybrid engine: generates with the policy's weights (a handle, never reloaded from
+/// disk); buffers prompt batches until the policy has sent weights of their stamped version.
+/// With max_staleness = 0 (the synchronous loop) the handle is the policy's live model, read
+/// only while the policy waits for this batch's experience. With max_staleness >= 1 the policy
+/// trains while this generates, so it generates only from snapshots: copies the policy made on
+/// its own thread between its updates (double-buffered, ppo_trainer::publish_weights), taken up
+/// here between batches, never mid-sequence. staleness_policy = "wait": a batch waits for
+/// weights of the version the controller stamped; "drop": it is sampled with the newest weights
+/// here, never waiting (a batch that proves too stale is dropped by the trainers).
 class rollout_generator final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
@@ -160,9 +168,15 @@ class rollout_generator final : public actor::node {
     // A batch waits for the policy version the controller stamped on it: on
     // another node the weights are a copy that arrives on its own path, and
     // may come after the prompts that need it.
-    while (weights_.model && !pending_.empty() &&
-           weights_.version >= pending_.front().as<prompt_msg>().policy_version) {
+    while (weights_.model && !pending_.empty()) {
       const auto& p = pending_.front().as<prompt_msg>();
+      if (p.max_staleness > 0 && !weights_.snapshot)  // ppo_trainer publishes snapshots from init on
+        throw std::logic_error("node '" + ctx.name() + "': max_staleness >= 1 and the policy's weights are its live "
+                               "model, which it trains while this generates");
+      if (!(p.max_staleness > 0 && p.drop_stale) && weights_.version < p.policy_version) {
+        if (!waiting_since_) waiting_since_ = clk::now();
+        break;  // the batch's weights are on their way
+      }
       ppo::ppo_settings s = ps_;
       if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
       // GRPO / RLOO: each prompt's num_generations samples are adjacent rows, a group kept whole
@@ -187,6 +201,11 @@ class rollout_generator final : public actor::node {
       r.references = std::move(refs);
       r.batch = emitted_++ * static_cast<int64_t>(ctx.replicas()) + static_cast<int64_t>(ctx.replica());
       r.checkpoint = p.checkpoint;
+      r.policy_version = weights_.version;
+      r.weights_wait_seconds = waiting_since_ ? std::chrono::duration<double>(t - *waiting_since_).count() : 0.0;
+      waiting_since_.reset();
+      r.max_staleness = p.max_staleness;
+      r.drop_stale = p.drop_stale;
       r.generate_seconds = since(t);
       if (e) {
         for (auto n : e->answer_len) r.generated_tokens += n;
@@ -212,14 +231,17 @@ class rollout_generator final : public actor::node {
   }
 
   std::deque<actor::payload> pending_;
+  std::optional<clk::time_point> waiting_since_;  // the front batch has waited for its weights since
   int64_t emitted_ = 0, num_generations_ = 1;
 };
 
 void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
   using T = graph::setting_type;
-  graph::node_kind k{"rollout_generator", "the hybrid engine: answers prompts with the policy's live weights"};
+  graph::node_kind k{"rollout_generator",
+                     "the hybrid engine: answers prompts with the policy's weights (live, or a snapshot with the "
+                     "controller's max_staleness >= 1)"};
   k.input("prompts", "prompt_batch", "prompts to answer")
-      .input("weights", "model", "the policy's model handle, after each update", true, true)
+      .input("weights", "model", "the policy's model handle (or snapshot), after each update", true, true)
       .output("rollouts", "rollouts", "prompt + answer sequences", true)
       .require("tokenizer", T::path, "SentencePiece .model (EOS id)")
       .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most").at_least(1)
@@ -392,6 +414,7 @@ class ppo_trainer final : public actor::node {
       ps_.policy.use_kl_loss = s.get_bool("use_kl_loss");
       ps_.policy.kl_loss_coef = s.get_float("kl_loss_coef");
       ps_.policy.kl_loss_type = rlhf::parse_kl_estimator(s.get_string("kl_loss_type"));
+      ps_.policy.behav_imp_weight_cap = s.get_float("behav_imp_weight_cap");
       ps_.enable_ema = s.get_bool("enable_ema");
       ps_.unsup_coef = static_cast<float>(s.get_float("unsup_coef"));
       if (const auto& u = s.get_string("unsup_data"); !u.empty()) {  // ptx: DS-Chat's unsupervised mixing
@@ -471,7 +494,9 @@ class ppo_trainer final : public actor::node {
     engine_.make(*model_, d_, 1, group_.comm.get());
     if (ps_.enable_ema) ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
     if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) restore(ctx, rp->point.iteration);
-    if (policy_) publish_weights(ctx);
+    // a snapshot: the generator may run while the first update trains (max_staleness >= 1); with
+    // max_staleness = 0 it is released after the first update, which publishes the live model
+    if (policy_) publish_weights(ctx, /*snapshot=*/true);
     if (speaks())
       ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {}, {})", model_->config().summary(), group_.world,
                      d_.zero_stage, d_.dtype);
@@ -502,13 +527,16 @@ class ppo_trainer final : public actor::node {
   }
 
   // The hybrid engine: the generator reads the policy's current weights. Below stage 3 rank 0's
-  // model holds them all (a handle, no copy). At stage 3 every rank gathers the blocks once per
-  // update (DS-Chat's hybrid engine gathers the ZeRO-3 partitions to generate) into a model
-  // that lives until the generator has used it; the bytes moved are counted.
-  void publish_weights(actor::node_context& ctx) {
+  // model holds them all (a handle, no copy), or with `snapshot` (max_staleness >= 1, when the
+  // generator runs while this trains) a copy made here, between updates (take_snapshot). At
+  // stage 3 every rank gathers the blocks once per update (DS-Chat's hybrid engine gathers the
+  // ZeRO-3 partitions to generate) into a model that lives until the generator has used it
+  // (a snapshot too); the bytes moved are counted.
+  void publish_weights(actor::node_context& ctx, bool snapshot) {
     std::shared_ptr<decoder> gen = model_;
-    gather_bytes_ = 0;
+    gather_bytes_ = snapshot_bytes_ = 0;
     if (d_.zero_stage == 3) {
+      snapshot = true;
       const int64_t b0 = group_.comm->stats().bytes_sent;
       tensor full = engine_.engine->gather_full_params();  // a collective: every rank
       gather_bytes_ = group_.comm->stats().bytes_sent - b0;
@@ -521,7 +549,39 @@ class ppo_trainer final : public actor::node {
         }
       }
     }
-    if (speaks()) ctx.emit("weights", actor::payload::make("model", model_msg{gen, version_, format_, tokenizer_}));
+    if (d_.zero_stage != 3 && snapshot && speaks()) gen = take_snapshot();
+    if (speaks())
+      ctx.emit("weights", actor::payload::make("model", model_msg{gen, version_, format_, tokenizer_, snapshot}));
+  }
+
+  // A copy of the weights for the generator, double-buffered: into one of two buffers that no one
+  // else holds (the generator has let it go: it takes up a newer one between batches), else into
+  // a new one. Made on this thread between updates, so the generator never reads weights an
+  // optimizer step writes. Counts the bytes copied (snapshot_bytes_).
+  std::shared_ptr<decoder> take_snapshot() {
+    std::shared_ptr<decoder> buf;
+    for (const auto& b : snapshots_)
+      if (b.use_count() == 1) {
+        // the generator's release of it (an acq_rel decrement) happens before the writes below
+        std::atomic_thread_fence(std::memory_order_acquire);
+        buf = b;
+        break;
+      }
+    if (!buf) {
+      buf = std::make_shared<decoder>(model_->config(), model_->dev());  // where the generator runs today
+      if (model_->has_lora()) buf->enable_lora(model_->lora(), false);
+      if (snapshots_.size() < 2)
+        snapshots_.push_back(buf);
+      else
+        snapshots_[static_cast<size_t>(version_ % 2)] = buf;  // the other stays with its holder until it lets go
+    }
+    buf->w().flat.copy_from(model_->w().flat);
+    snapshot_bytes_ = buf->w().flat.numel() * static_cast<int64_t>(dtype_size(buf->w().flat.type()));
+    if (model_->has_lora()) {
+      buf->w().adapter_flat.copy_from(model_->w().adapter_flat);
+      snapshot_bytes_ += buf->w().adapter_flat.numel() * static_cast<int64_t>(dtype_size(buf->w().adapter_flat.type()));
+    }
+    return buf;
   }
 
   // Rank r scores its rows, the group all-gathers them: (B, L) log-probs or values.
@@ -545,14 +605,43 @@ class ppo_trainer final : public actor::node {
     auto t = clk::now();
     stats_msg st;
     st.iteration = xb.iteration;
+    const bool async = xb.max_staleness > 0;
+    if (!async) snapshots_.clear();  // the synchronous loop hands the generator the live model
+    // max_staleness >= 1: an item's staleness is this trainer's version (its updates so far: the
+    // policy's and the critic's agree) minus the version it was sampled with; with
+    // staleness_policy = "drop" the items staler than max_staleness are left out
+    std::vector<int64_t> sampled_with;
+    for (const auto& x : xb.items) sampled_with.push_back(x.policy_version);
+    std::vector<const experience_msg*> items;
+    for (size_t i : ppo::fresh_items(sampled_with, version_, xb.max_staleness, xb.drop_stale, st.staleness))
+      items.push_back(&xb.items[i]);
+    st.stale_dropped = static_cast<int64_t>(xb.items.size() - items.size());
+    // Decoupled PPO (AReaL): the proximal log-probs are recomputed with the weights at the start
+    // of this update; the generator's behaviour log-probs weight each token
+    std::vector<std::shared_ptr<const ppo::experience>> exps;
+    for (const auto* x : items) {
+      if (!(policy_ && async)) {
+        exps.push_back(x->exp);
+        continue;
+      }
+      auto e = std::make_shared<ppo::experience>(*x->exp);  // tensor handles
+      ctx.phase("proximal_logprobs");
+      e->logprobs = score_on_ranks(group_, *e, [&](const tensor& seq, const tensor& mask) {
+        activations a;
+        return ppo::sequence_logprobs(*model_, a, seq, mask);
+      });
+      exps.push_back(std::move(e));
+      ctx.phase("training");
+    }
+    ps_.policy.decoupled = policy_ && async;
     const int64_t mb = ps_.per_device_training_batch_size;
     const double lr = d_.learning_rate;  // DS-Chat step 3 here: a constant learning rate
     double loss_sum = 0;
     int64_t updates = 0, tokens = 0;
-    for (const auto& x : xb.items) tokens += x.exp->seq.numel();
-    for (int64_t ep = 0; ep < ps_.ppo_epochs * static_cast<int64_t>(xb.items.size()); ++ep) {
-      const auto& x = xb.items[static_cast<size_t>(ep) % xb.items.size()];  // ppo_epochs passes over the batches
-      const auto& e = *x.exp;
+    for (const auto* x : items) tokens += x->exp->seq.numel();
+    for (int64_t ep = 0; ep < ps_.ppo_epochs * static_cast<int64_t>(items.size()); ++ep) {
+      const auto& x = *items[static_cast<size_t>(ep) % items.size()];  // ppo_epochs passes over the batches
+      const auto& e = *exps[static_cast<size_t>(ep) % items.size()];
       const int64_t B = e.seq.size(0);
       for (int64_t a = 0; a < B; a += mb) {  // DS-Chat: one train_rlhf per mini-batch of the experience
         const int64_t b = std::min(B, a + mb);
@@ -579,14 +668,19 @@ class ppo_trainer final : public actor::node {
       }
     }
     st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
-    if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
-    const memory_report mem = engine_.engine->memory();
-    ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
-                {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
-    if (policy_) ++version_;
+    st.updated = !items.empty();  // else every item was too stale: nothing trained, the weights unchanged
+    if (st.updated) {
+      if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
+      const memory_report mem = engine_.engine->memory();
+      ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
+                  {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
+      ++version_;
+    }
+    st.policy_version = version_;
     if (xb.checkpoint && !ctx.checkpoint_dir().empty()) save(ctx, xb.iteration + 1);
-    if (policy_) {
-      publish_weights(ctx);
+    if (policy_ && st.updated) {
+      publish_weights(ctx, /*snapshot=*/async);
+      st.snapshot_bytes = snapshot_bytes_;
       st.gather_bytes = gather_bytes_;
       if (d_.zero_stage == 3)
         for (const auto& blk : model_->param_blocks())
@@ -686,7 +780,8 @@ class ppo_trainer final : public actor::node {
   dschat::dschat_settings d_;
   rank_group group_;
   trainer_engine engine_;
-  int64_t version_ = 0, gather_bytes_ = 0;
+  int64_t version_ = 0, gather_bytes_ = 0, snapshot_bytes_ = 0;  // version_: updates so far
+  std::vector<std::shared_ptr<decoder>> snapshots_;  // the generator's weight buffers (take_snapshot)
   int64_t planned_T_ = 0;  // the longest rows the memory plan was checked for
   std::shared_ptr<decoder> model_;
   tensor ema_;
@@ -751,6 +846,11 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
           .option("kl_loss_coef", T::float_, 0.001, "weight of the KL loss term (veRL's default)").at_least(0)
           .option("kl_loss_type", T::string, std::string("low_var_kl"),
                   "the KL estimator of the loss term: kl (k1), mse (k2), low_var_kl (k3, clamped to +-10), abs")
+          .option("behav_imp_weight_cap", T::float_, 0.0,
+                  "the controller's max_staleness >= 1 (decoupled PPO): tokens whose behaviour importance weight "
+                  "exp(proximal - behaviour log-prob) exceeds this are left out of the loss (AReaL's name and "
+                  "default: no cap, 0); else above 1")
+          .at_least(0)
           .option("enable_ema", T::bool_, false, "keep an EMA of the actor (beta 0.992)")
           .option("unsup_coef", T::float_, 27.8, "weight of the unsupervised (ptx) LM loss").at_least(0)
           .option("unsup_data", T::path, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
@@ -776,6 +876,11 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         } catch (const std::invalid_argument& e) {
           problems.push_back({"kl_loss_type", e.what(), "use one of the values named"});
         }
+        if (const double w = n.get_float("behav_imp_weight_cap"); w != 0 && w <= 1)
+          problems.push_back({"behav_imp_weight_cap",
+                              fmt::format("behav_imp_weight_cap = {} would leave out tokens of an on-policy batch "
+                                          "(whose weights are all 1)", w),
+                              "use a cap above 1, or 0 for none"});
         const double c = n.get_float("clip_ratio_c");
         if (c != 0 && c <= 1)
           problems.push_back({"clip_ratio_c", fmt::format("clip_ratio_c = {} must be above 1 (a bound on -A x ratio "
@@ -843,6 +948,8 @@ class experience_maker final : public actor::node {
     sum.with_critic = ppo::needs_critic(cf_.estimator);
     sum.generate_seconds = r.generate_seconds;
     sum.generated_tokens = r.generated_tokens;
+    sum.policy_version = r.policy_version;
+    sum.weights_wait_seconds = r.weights_wait_seconds;
     if (r.checkpoint) pending_.checkpoint = true;  // kept past a dropped batch, to the next update
     if (!r.exp) {
       sum.dropped = true;
@@ -888,6 +995,9 @@ class experience_maker final : public actor::node {
     }
     experience_msg x;
     x.iteration = r.iteration;
+    x.policy_version = r.policy_version;
+    pending_.max_staleness = r.max_staleness;
+    pending_.drop_stale = r.drop_stale;
     if (sum.with_critic) {
       ppo::make_advantages(*e, cfg_, x.advantages, x.returns);
     } else {

@@ -35,7 +35,7 @@ using codec_io::bulk_codec;
 
 void put_experience(writer& w, const ppo::experience& e) {
   for (const tensor* t : {&e.prompts, &e.seq, &e.attention_mask, &e.logprobs, &e.ref_logprobs, &e.values,
-                          &e.reward_score})
+                          &e.reward_score, &e.behav_logprobs})
     w.put_tensor(*t);
   w.put<std::uint64_t>(e.answer_len.size());
   for (auto n : e.answer_len) w.put<std::int64_t>(n);
@@ -58,7 +58,8 @@ std::vector<std::string> get_strings(reader& r) {
 
 ppo::experience get_experience(reader& r) {
   ppo::experience e;
-  for (tensor* t : {&e.prompts, &e.seq, &e.attention_mask, &e.logprobs, &e.ref_logprobs, &e.values, &e.reward_score})
+  for (tensor* t : {&e.prompts, &e.seq, &e.attention_mask, &e.logprobs, &e.ref_logprobs, &e.values, &e.reward_score,
+                    &e.behav_logprobs})
     *t = r.get_tensor();
   const auto n = r.get<std::uint64_t>();
   if (n > (1u << 24)) throw std::invalid_argument("implausible answer_len count");
@@ -80,6 +81,10 @@ void put_rollouts(writer& w, const rollout_msg& m) {
   w.put<std::uint8_t>(m.checkpoint ? 1 : 0);
   w.put(m.group_size);
   put_strings(w, m.references);
+  w.put(m.policy_version);
+  w.put(m.weights_wait_seconds);
+  w.put(m.max_staleness);
+  w.put<std::uint8_t>(m.drop_stale ? 1 : 0);
 }
 
 rollout_msg get_rollouts(reader& r) {
@@ -93,6 +98,10 @@ rollout_msg get_rollouts(reader& r) {
   m.checkpoint = r.get<std::uint8_t>() != 0;
   m.group_size = r.get<std::int64_t>();
   m.references = get_strings(r);
+  m.policy_version = r.get<std::int64_t>();
+  m.weights_wait_seconds = r.get<double>();
+  m.max_staleness = r.get<std::int64_t>();
+  m.drop_stale = r.get<std::uint8_t>() != 0;
   return m;
 }
 
@@ -151,6 +160,7 @@ void register_rlhf_codecs() {
                        d->w().v_head.copy_from(v.view(d->w().v_head.shape()));
                      }
                      m.model = std::move(d);
+                     m.snapshot = true;  // this process's own copy: its owner trains elsewhere
                      return m;
                    }));
   actor::register_payload_codec("rollouts", bulk_codec<rollout_msg>(put_rollouts, get_rollouts));
@@ -171,6 +181,8 @@ void register_rlhf_codecs() {
                         [](writer& w, const experience_batch& b) {
                           w.put(b.iteration);
                           w.put<std::uint8_t>(b.checkpoint ? 1 : 0);
+                          w.put(b.max_staleness);
+                          w.put<std::uint8_t>(b.drop_stale ? 1 : 0);
                           w.put<std::uint64_t>(b.items.size());
                           for (const auto& x : b.items) {
                             w.put<std::uint8_t>(x.exp ? 1 : 0);
@@ -178,12 +190,15 @@ void register_rlhf_codecs() {
                             w.put_tensor(x.advantages);
                             w.put_tensor(x.returns);
                             w.put(x.iteration);
+                            w.put(x.policy_version);
                           }
                         },
                         [](reader& r) {
                           experience_batch b;
                           b.iteration = r.get<std::int64_t>();
                           b.checkpoint = r.get<std::uint8_t>() != 0;
+                          b.max_staleness = r.get<std::int64_t>();
+                          b.drop_stale = r.get<std::uint8_t>() != 0;
                           const auto n = r.get<std::uint64_t>();
                           if (n > 4096) throw std::invalid_argument("implausible experience count");
                           for (std::uint64_t i = 0; i < n; ++i) {
@@ -192,6 +207,7 @@ void register_rlhf_codecs() {
                             x.advantages = r.get_tensor();
                             x.returns = r.get_tensor();
                             x.iteration = r.get<std::int64_t>();
+                            x.policy_version = r.get<std::int64_t>();
                             b.items.push_back(std::move(x));
                           }
                           return b;
@@ -208,6 +224,8 @@ void register_rlhf_codecs() {
                             w.put(m.policy_version);
                             w.put<std::uint8_t>(m.checkpoint ? 1 : 0);
                             put_strings(w, m.references);
+                            w.put(m.max_staleness);
+                            w.put<std::uint8_t>(m.drop_stale ? 1 : 0);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -218,6 +236,8 @@ void register_rlhf_codecs() {
                             m.policy_version = r.get<std::int64_t>();
                             m.checkpoint = r.get<std::uint8_t>() != 0;
                             m.references = get_strings(r);
+                            m.max_staleness = r.get<std::int64_t>();
+                            m.drop_stale = r.get<std::uint8_t>() != 0;
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(
@@ -230,6 +250,11 @@ void register_rlhf_codecs() {
                                                w.put(s.tokens);
                                                w.put(s.gather_bytes);
                                                w.put(s.gather_theory_bytes);
+                                               w.put<std::uint8_t>(s.updated ? 1 : 0);
+                                               w.put(s.stale_dropped);
+                                               w.put(s.staleness);
+                                               w.put(s.policy_version);
+                                               w.put(s.snapshot_bytes);
                                              },
                                              [](reader& r) {
                                                stats_msg s;
@@ -241,6 +266,11 @@ void register_rlhf_codecs() {
                                                s.tokens = r.get<std::int64_t>();
                                                s.gather_bytes = r.get<std::int64_t>();
                                                s.gather_theory_bytes = r.get<std::int64_t>();
+                                               s.updated = r.get<std::uint8_t>() != 0;
+                                               s.stale_dropped = r.get<std::int64_t>();
+                                               s.staleness = r.get<std::int64_t>();
+                                               s.policy_version = r.get<std::int64_t>();
+                                               s.snapshot_bytes = r.get<std::int64_t>();
                                                return s;
                                              }));
   actor::register_payload_codec("summary", codec<summary_msg>(
@@ -257,6 +287,8 @@ void register_rlhf_codecs() {
                                                  w.put(s.reward_stderr);
                                                  w.put(s.groups);
                                                  w.put(s.groups_kept);
+                                                 w.put(s.policy_version);
+                                                 w.put(s.weights_wait_seconds);
                                                },
                                                [](reader& r) {
                                                  summary_msg s;
@@ -275,6 +307,8 @@ void register_rlhf_codecs() {
                                                  s.reward_stderr = r.get<double>();
                                                  s.groups = r.get<std::int64_t>();
                                                  s.groups_kept = r.get<std::int64_t>();
+                                                 s.policy_version = r.get<std::int64_t>();
+                                                 s.weights_wait_seconds = r.get<double>();
                                                  return s;
                                                }));
 }

@@ -24,7 +24,7 @@
 namespace flowrun::actors {
 
 struct model_msg {
-  std::shared_ptr<decoder> model;  ///< the owner's live model: readers must not run while it trains
+  std::shared_ptr<decoder> model;  ///< the owner's live model (readers must not run while it trains), or a snapshot
   int64_t version = 0;             ///< bumped by the owner after each update
   /// The format the model was given in (models/checkpoint.h): a trainer that
   /// starts from it saves in this format (saved_format).
@@ -32,6 +32,10 @@ struct model_msg {
   /// The tokenizer that goes with the model (what load_tokenizer takes; empty:
   /// unknown): copied next to a model saved as a Hugging Face folder.
   std::string tokenizer;
+  /// `model` is a private copy the owner never writes while anyone else holds it (the policy's
+  /// double-buffered snapshot for max_staleness >= 1, a ZeRO-3 gather, or a copy from another
+  /// process): safe to read while the owner trains. false: the owner's live model.
+  bool snapshot = false;
 };
 
 struct prompt_msg {
@@ -44,6 +48,11 @@ struct prompt_msg {
   /// Step-3 checkpoints: the trainers save after training on this batch's experience and
   /// the controller commits the iteration (docs/rlhf.md, models/rlhf/ppo_checkpoint.h).
   bool checkpoint = false;
+  /// The controller's max_staleness (0: the synchronous loop) and staleness_policy ("drop":
+  /// drop_stale), carried to the generator and, through the rollouts and the experience, to
+  /// the trainers (docs/rlhf.md "Asynchronous RLHF").
+  int64_t max_staleness = 0;
+  bool drop_stale = false;
   /// Per row: the data's reference answer (the row's `chosen`), for rule rewards
   /// (reward_function); empty when the loader has none.
   std::vector<std::string> references;
@@ -65,6 +74,10 @@ struct rollout_msg {
   int64_t group_size = 1;
   /// Per generated row before any drop (exp->source_rows indexes it): the reference answer.
   std::vector<std::string> references;
+  int64_t policy_version = 0;  ///< the version of the weights the rows were sampled with
+  double weights_wait_seconds = 0;  ///< how long the batch waited for weights of its stamped version
+  int64_t max_staleness = 0;   ///< the prompt batch's (prompt_msg)
+  bool drop_stale = false;     ///< the prompt batch's
 };
 
 struct score_msg {
@@ -76,6 +89,7 @@ struct experience_msg {
   std::shared_ptr<const ppo::experience> exp;
   tensor advantages, returns;  ///< (B, n)
   int64_t iteration = 0;
+  int64_t policy_version = 0;  ///< the version of the weights its rows were sampled with
 };
 
 /// What the trainers train on: the experiences of `generation_batches` generation
@@ -84,6 +98,12 @@ struct experience_batch {
   std::vector<experience_msg> items;
   int64_t iteration = 0;  ///< the last batch's iteration
   bool checkpoint = false;  ///< save after training on it (a batch of it was stamped so)
+  /// The controller's max_staleness and staleness_policy (prompt_msg): with max_staleness >= 1
+  /// the trainers check each item's staleness (their version - its policy_version) and, with
+  /// drop_stale, leave out the items staler than max_staleness; the policy trains with the
+  /// decoupled loss (the generator's behaviour log-probs) and publishes weight snapshots.
+  int64_t max_staleness = 0;
+  bool drop_stale = false;
 };
 
 struct stats_msg {
@@ -96,6 +116,12 @@ struct stats_msg {
   int64_t gather_bytes = 0;
   /// ... and what a ring all-gather of the padded f32 blocks sends: (N - 1) · Σ_b ceil(n_b / N) · 4.
   int64_t gather_theory_bytes = 0;
+  /// max_staleness >= 1: whether the trainer updated (false: every item was staler than
+  /// max_staleness and dropped), the items dropped so, the largest staleness trained on
+  /// (its version at train time - the item's policy_version), its version after the update,
+  /// and the bytes it copied into the generator's weight snapshot.
+  bool updated = true;
+  int64_t stale_dropped = 0, staleness = 0, policy_version = 0, snapshot_bytes = 0;
 };
 
 struct summary_msg {
@@ -110,6 +136,8 @@ struct summary_msg {
   double generate_seconds = 0;
   int64_t generated_tokens = 0;
   int64_t rows = 0;
+  int64_t policy_version = 0;       ///< the version of the weights the batch was sampled with
+  double weights_wait_seconds = 0;  ///< how long the generator waited for that version
 };
 
 }  // namespace flowrun::actors

@@ -1,6 +1,7 @@
 #include "models/generate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace flowrun {
@@ -77,8 +78,15 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
     for (int64_t b = 0; b < B; ++b) {
       int32_t next = cfg.pad_id;
       if (!done[b]) {
-        next = sample_token(host.data<float>() + b * Vrow, V, cfg.sampling, rngs[b], history[b]);
+        const float* row = host.data<float>() + b * Vrow;
+        next = sample_token(row, V, cfg.sampling, rngs[b], history[b]);
         out[b].tokens.push_back(next);
+        if (cfg.record_logprobs) {  // the trainer's formula (rlhf::gather_log_probs_forward)
+          const float mx = *std::max_element(row, row + Vrow);
+          double s = 0;
+          for (int64_t v = 0; v < Vrow; ++v) s += std::exp(static_cast<double>(row[v] - mx));
+          out[b].logprobs.push_back(static_cast<float>(row[next] - mx - std::log(s)));
+        }
         history[b].push_back(next);
         if (std::find(cfg.stop_ids.begin(), cfg.stop_ids.end(), next) != cfg.stop_ids.end()) {
           done[b] = true;

@@ -366,3 +366,79 @@ TEST_CASE("PPO: with ppo_epochs = 1 the first ratio is exactly 1, whatever the m
     }
   }
 }
+
+TEST_CASE("PPO: the generator's behaviour log-probs are the trainer's old log-probs, at any temperature") {
+  // Asynchronous RLHF (docs/rlhf.md, max_staleness): the generator records each sampled token's
+  // log-prob while it samples, the raw logits' log-softmax as sequence_logprobs computes it
+  // (temperature and top-k shape what is sampled, not what is recorded: the trainer applies
+  // neither). With the same weights (max_staleness = 0, ppo_epochs = 1) the generator's numbers
+  // must be the trainer's old log-probs; only the KV cache's summation order differs (fp32).
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto actor = load_llama2c(test::model_path());
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben", "Tom had a red"}, prompts, pmask);
+  for (float temperature : {1.0f, 0.7f}) {
+    CAPTURE(temperature);
+    ppo::ppo_settings s;
+    s.max_answer_seq_len = 12;
+    s.temperature = temperature;
+    s.top_k = temperature < 1 ? 20 : 0;
+    auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 5);
+    REQUIRE(e.has_value());
+    activations a;
+    const tensor old = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
+    REQUIRE(e->behav_logprobs.defined());
+    REQUIRE(e->behav_logprobs.shape() == old.shape());
+    const int64_t B = e->seq.size(0), S = e->seq.size(1), L = S - 1, P = prompts.size(1);
+    double worst = 0;
+    int64_t answer = 0, off = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < L; ++t) {
+        const float bl = e->behav_logprobs.data<float>()[b * L + t];
+        const bool real = t + 1 >= P && e->attention_mask.data<int32_t>()[b * S + t + 1];
+        if (!real) {
+          off += bl != 0.0f;
+          continue;
+        }
+        ++answer;
+        CHECK(bl <= 0.0f);
+        worst = std::max(worst, std::abs(static_cast<double>(bl) - old.data<float>()[b * L + t]));
+      }
+    CHECK(off == 0);  // 0 off the answer
+    CHECK(answer > 8);
+    CHECK(worst < 1e-5);
+
+    // the decoupled loss with these behaviour log-probs (w = exp(old - behav) ~ 1) is the plain
+    // clipped loss; with behav = old exactly it is the plain loss bit for bit (pg_math.h)
+    e->logprobs = old;
+    const int64_t n = L - e->start();
+    auto adv = tensor::empty({B, n});
+    for (int64_t i = 0; i < adv.numel(); ++i) adv.data<float>()[i] = static_cast<float>(std::sin(0.7 * i));
+    ppo::policy_loss_settings plain, dec;
+    dec.decoupled = true;
+    dec.behav_imp_weight_cap = 5;
+    auto loss = [&](const ppo::experience& x, const ppo::policy_loss_settings& p) {
+      activations am;
+      return ppo::actor_batch_loss(x, adv, 0.2f, p, 1).forward(0, actor, am).loss;
+    };
+    const double l0 = loss(*e, plain), l1 = loss(*e, dec);
+    CHECK(std::isfinite(l0));
+    CHECK(std::abs(l1 - l0) <= 1e-5 * std::max(1.0, std::abs(l0)));
+    ppo::experience same = *e;
+    same.behav_logprobs = old;
+    CHECK(loss(same, dec) == l0);
+  }
+}
+
+TEST_CASE("PPO: fresh_items leaves out the stale items only with the drop policy") {
+  // a trainer at version 5; items sampled with versions 5, 3, 4, 2: staleness 0, 2, 1, 3
+  int64_t worst = -1;
+  CHECK(ppo::fresh_items({5, 3, 4, 2}, 5, 1, /*drop=*/true, worst) == std::vector<size_t>{0, 2});
+  CHECK(worst == 3);
+  CHECK(ppo::fresh_items({5, 3, 4, 2}, 5, 2, true, worst) == std::vector<size_t>{0, 1, 2});
+  CHECK(ppo::fresh_items({5, 3, 4, 2}, 5, 1, /*drop=*/false, worst) == std::vector<size_t>{0, 1, 2, 3});  // wait
+  CHECK(worst == 3);
+  CHECK(ppo::fresh_items({2}, 5, 1, true, worst).empty());  // nothing left: no update
+  CHECK(ppo::fresh_items({5, 3}, 5, 0, true, worst) == std::vector<size_t>{0, 1});  // synchronous: nothing checked
+  CHECK(worst == 0);
+}

@@ -19,10 +19,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -500,4 +502,257 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: critic-free, the policy alone report
   CHECK(script.generate[2].policy_version == 1);  // the filtered batch updated nothing
   CHECK(series(j, "actor_loss") == std::vector<double>{0.75, 0.5});
   CHECK(series(j, "critic_loss").empty());
+}
+
+// ---- max_staleness >= 1: the pipelined loop ----------------------------------------------
+//
+// script_async stands in for generate -> score -> experience -> train as an asynchronous graph
+// runs them: each batch's summary comes as soon as it is generated, but a training batch's stats
+// only when the generator is `lag` batches further (the trainers are busy), or at once for the
+// iterations in `flush`. Every message it got or sent goes to one event log, in order.
+
+namespace {
+
+struct async_script {
+  std::mutex m;
+  std::vector<std::string> events;     // "gen K vV", "summary K", "stats K", "tick K"
+  std::map<int64_t, turn> turns;
+  std::vector<int64_t> flush;          // iterations whose stats come at once
+  std::size_t lag = 1;
+  std::vector<int64_t> held;           // training batches whose stats are not sent yet
+  std::vector<prompt_msg> batches;
+  void reset() {
+    events.clear();
+    turns.clear();
+    flush.clear();
+    held.clear();
+    batches.clear();
+    lag = 1;
+  }
+};
+async_script as;
+
+class async_loader final : public actor::node {
+ public:
+  bool produce(actor::node_context& ctx) override {
+    std::lock_guard<std::mutex> lock(as.m);
+    if (next_ >= as.batches.size()) return false;
+    ctx.emit("batch", actor::payload::make("prompt_batch", as.batches[next_++]));
+    ctx.wait_for_input();
+    return true;
+  }
+  void on_message(actor::node_context&, std::string_view, actor::payload msg) override {
+    std::lock_guard<std::mutex> lock(as.m);
+    as.events.push_back("tick " + std::to_string(msg.as<int64_t>()));
+  }
+
+ private:
+  std::size_t next_ = 0;
+};
+
+class async_rollout final : public actor::node {
+ public:
+  void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
+    std::lock_guard<std::mutex> lock(as.m);
+    const auto& p = msg.as<prompt_msg>();
+    as.events.push_back("gen " + std::to_string(p.iteration) + " v" + std::to_string(p.policy_version));
+    CHECK(p.max_staleness == 1);
+    turn t = as.turns.at(p.iteration);
+    t.summary.policy_version = p.policy_version;  // the generator had the stamped weights
+    ctx.emit("summary", actor::payload::make("summary", t.summary));
+    as.events.push_back("summary " + std::to_string(p.iteration));
+    if (t.stats) as.held.push_back(p.iteration);
+    const bool flush = std::find(as.flush.begin(), as.flush.end(), p.iteration) != as.flush.end();
+    while (!as.held.empty() && (flush || as.held.size() > as.lag)) {
+      const int64_t k = as.held.front();
+      as.held.erase(as.held.begin());
+      const turn& h = as.turns.at(k);
+      ctx.emit("actor_stats", actor::payload::make("stats", h.actor));
+      if (h.summary.with_critic) ctx.emit("critic_stats", actor::payload::make("stats", h.critic));
+      as.events.push_back("stats " + std::to_string(k));
+    }
+  }
+};
+
+const char* async_graph_toml = R"(
+edges = [
+  "loader.batch -> ppo_controller.prompts",
+  "ppo_controller.generate -> rollout.prompts",
+  "rollout.summary -> ppo_controller.summary",
+  "rollout.actor_stats -> ppo_controller.actor_stats",
+  "rollout.critic_stats -> ppo_controller.critic_stats",
+  "ppo_controller.next -> loader.next",
+]
+[node.loader]
+kind = "async_loader"
+[node.rollout]
+kind = "async_rollout"
+[node.ppo_controller]
+kind = "ppo_controller"
+max_staleness = 1
+staleness_policy = "POLICY"
+)";
+
+struct async_fixture {
+  caf::actor_system_config cfg;
+  caf::actor_system sys;
+  caf::scheduler::test_coordinator& sched;
+  graph::node_kind_registry kinds;
+  actor::node_factory_registry factories;
+  std::vector<std::string> printed;
+
+  async_fixture() : sys(fixture::init(cfg)), sched(dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler())) {
+    actor::register_node_kind(kinds, factories,
+                              graph::node_kind{"async_loader", "scripted prompt batches"}
+                                  .input("next", "tick", "", true, true)
+                                  .output("batch", "prompt_batch"),
+                              [] { return std::unique_ptr<actor::node>(new async_loader); });
+    actor::register_node_kind(kinds, factories,
+                              graph::node_kind{"async_rollout", "scripted summaries, stats that lag"}
+                                  .input("prompts", "prompt_batch")
+                                  .output("summary", "summary")
+                                  .output("actor_stats", "stats")
+                                  .output("critic_stats", "stats"),
+                              [] { return std::unique_ptr<actor::node>(new async_rollout); });
+    register_ppo_controller(kinds, factories);
+  }
+  ~async_fixture() { sched.run(); }
+
+  actor::job run(const std::string& policy) {
+    std::string toml = async_graph_toml;
+    toml.replace(toml.find("POLICY"), 6, policy);
+    auto parsed = graph::parse_graph_string(toml, "test.graph");
+    REQUIRE(parsed.ok());
+    graph::validate_options vo;
+    vo.check_files = false;
+    auto v = graph::validate(parsed.spec, kinds, vo);
+    INFO(graph::format_errors(v.errors));
+    REQUIRE(v.ok());
+    actor::run_options o;
+    o.progress = false;
+    o.summary = false;
+    std::optional<actor::job> j;
+    {
+      stdout_capture out;
+      auto launched = actor::launch(sys, v.spec, kinds, factories, o);
+      if (launched) {
+        j = *launched;
+        sched.run();
+      }
+      printed = out.lines("[step 3 ppo]");
+    }
+    REQUIRE(j.has_value());
+    REQUIRE(j->state->finished());
+    INFO(j->state->error());
+    CHECK(j->state->exit_code() == 0);
+    return *j;
+  }
+};
+
+// A training turn: its summary, and the trainers' stats naming it (the policy's version after
+// the update, the staleness it trained at).
+turn train_turn(int64_t k, double reward, int64_t version_after, int64_t staleness) {
+  turn t{summary(k, reward, 0.0625, 4.0, 64, 0.5), true, false, stats(0.5, 100, 0.25), stats(1.0, 100, 0.25)};
+  t.summary.trains = true;
+  for (stats_msg* s : {&t.actor, &t.critic}) {
+    s->iteration = k;
+    s->policy_version = version_after;
+    s->staleness = staleness;
+  }
+  return t;
+}
+
+/// The most training batches between their generation and their stats, over the event log.
+std::size_t most_in_flight(const std::vector<std::string>& events) {
+  std::set<std::string> open;
+  std::size_t most = 0;
+  for (const auto& e : events) {
+    if (e.rfind("gen -", 0) == 0) continue;  // held-out batches do not train
+    if (e.rfind("gen ", 0) == 0) open.insert(e.substr(4, e.find(' ', 4) - 4));
+    if (e.rfind("stats ", 0) == 0) open.erase(e.substr(6));
+    most = std::max(most, open.size());
+  }
+  return most;
+}
+
+}  // namespace
+
+// S = 1, wait: batch k + 1 is asked for when batch k's experience is made, generated before k
+// trains; at most 2 batches between generation and training; each stamped with the updates
+// reported when it was sent; the held-out passes wait for every update before them.
+TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1 overlaps generation with training, in order") {
+  {
+    std::lock_guard<std::mutex> lock(as.m);
+    as.reset();
+    as.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(-2, true)};
+    as.turns[-1].summary = summary(-1, 0.5, 0.0, 7.0, 256, 2.0);
+    as.turns[-1].summary.eval = true;
+    as.turns[0] = train_turn(0, 0.25, 1, 0);
+    as.turns[1] = train_turn(1, 0.375, 2, 1);  // generated at v0, trained at v1
+    as.turns[2] = train_turn(2, 0.5, 3, 1);
+    as.turns[3] = train_turn(3, 0.625, 4, 1);
+    as.turns[3].summary.weights_wait_seconds = 0.25;  // the generator waited for its weights
+    as.turns[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+    as.turns[-2].summary.eval = true;
+    as.flush = {3};
+  }
+  actor::job j = run("wait");
+  std::lock_guard<std::mutex> lock(as.m);
+  const std::vector<std::string> want = {
+      "gen -1 v0", "summary -1", "tick -1",                // held-out before: synchronous
+      "gen 0 v0",  "summary 0",  "tick 0",                 // batch 1 asked for before batch 0 trains
+      "gen 1 v0",  "summary 1",  "stats 0", "tick 1",      // two in flight: batch 2 waits for 0's update
+      "gen 2 v1",  "summary 2",  "stats 1", "tick 2",
+      "gen 3 v2",  "summary 3",  "stats 2", "stats 3", "tick 3",
+      "gen -2 v4", "summary -2", "tick -2"};               // held-out after: every update before it
+  CHECK(as.events == want);
+  CHECK(most_in_flight(as.events) == 2);
+  REQUIRE(printed.size() == 7);
+  CHECK(printed[1] == "[step 3 ppo] iter 0 reward 0.2500 kl 0.0625 actor_loss 0.5000 critic_loss 1.0000 answer_len "
+                      "4.0 gen 128 tok/s train 400 tok/s policy v0 staleness 0");
+  CHECK(printed[2] == "[step 3 ppo] iter 1 reward 0.3750 kl 0.0625 actor_loss 0.5000 critic_loss 1.0000 answer_len "
+                      "4.0 gen 128 tok/s train 400 tok/s policy v0 staleness 1");
+  CHECK(printed[4] == "[step 3 ppo] iter 3 reward 0.6250 kl 0.0625 actor_loss 0.5000 critic_loss 1.0000 answer_len "
+                      "4.0 gen 128 tok/s train 400 tok/s policy v2 staleness 1 waited 0.250 s for weights");
+  CHECK(printed[5].rfind("[step 3 ppo] held-out after: mean reward 0.8750", 0) == 0);
+  CHECK(series(j, "staleness") == std::vector<double>{0, 1, 1, 1});
+  CHECK(series(j, "stale_waited") == std::vector<double>{1});
+  CHECK(series(j, "reward") == std::vector<double>{0.25, 0.375, 0.5, 0.625});
+  CHECK(series(j, "stale_dropped").empty());
+}
+
+// S = 1, drop: a batch the trainers found staler than max_staleness (they trained nothing and
+// said so) is reported as dropped and counted; it is no update, so the stamps after it do not
+// count it.
+TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1, drop: a stale batch is counted, never an update") {
+  {
+    std::lock_guard<std::mutex> lock(as.m);
+    as.reset();
+    as.batches = {batch(0), batch(1), batch(2), batch(-2, true)};
+    as.turns[0] = train_turn(0, 0.25, 1, 0);
+    as.turns[1] = train_turn(1, 0.375, 1, 2);  // sampled with older weights than stamped: 2 > 1
+    for (stats_msg* s : {&as.turns[1].actor, &as.turns[1].critic}) {
+      s->updated = false;
+      s->stale_dropped = 1;
+    }
+    as.turns[2] = train_turn(2, 0.5, 2, 1);
+    as.turns[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+    as.turns[-2].summary.eval = true;
+    as.flush = {2};
+  }
+  actor::job j = run("drop");
+  std::lock_guard<std::mutex> lock(as.m);
+  const std::vector<std::string> want = {"gen 0 v0",  "summary 0", "tick 0",  "gen 1 v0", "summary 1", "stats 0",
+                                         "tick 1",    "gen 2 v1",  "summary 2", "stats 1", "stats 2",  "tick 2",
+                                         "gen -2 v2", "summary -2", "tick -2"};
+  CHECK(as.events == want);  // batch 1 updated nothing: the held-out pass has version 2, not 3
+  REQUIRE(printed.size() == 5);
+  CHECK(printed[1] == "[step 3 ppo] iter 1 reward 0.3750 kl 0.0625 answer_len 4.0: sampled with policy version 0, 2 "
+                      "updates behind at training (max_staleness 1), batch dropped (staleness_policy = \"drop\"; 1 "
+                      "dropped so far)");
+  CHECK(series(j, "stale_dropped") == std::vector<double>{1});
+  CHECK(series(j, "actor_loss") == std::vector<double>{0.5, 0.5});  // batches 0 and 2: 1 never trained
+  CHECK(series(j, "staleness") == std::vector<double>{0, 2, 1});
+  const auto snap = j.metrics->snapshot();
+  CHECK(snap.node("ppo_controller")->counters.at("steps") == 2);
 }

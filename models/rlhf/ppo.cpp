@@ -58,6 +58,7 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
   g.seed = seed;
   g.stop_ids = {eos_id};
   g.pad_id = pad_id;
+  g.record_logprobs = true;
   auto res = generate(actor, rows, g);
   std::vector<int64_t> keep;
   int64_t A = 0;
@@ -72,6 +73,7 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
   e.prompts = tensor::empty({K, P}, dtype::i32);
   e.seq = tensor::empty({K, S}, dtype::i32);
   e.attention_mask = tensor::zeros({K, S}, dtype::i32);
+  e.behav_logprobs = tensor::zeros({K, S - 1});  // entry t: the token at t + 1
   for (int64_t k = 0; k < K; ++k) {
     int64_t b = keep[k];
     for (int64_t t = 0; t < P; ++t) {
@@ -86,6 +88,8 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
       e.seq.data<int32_t>()[k * S + P + t] = real ? ans[t] : pad_id;
       e.attention_mask.data<int32_t>()[k * S + P + t] = real ? 1 : 0;
     }
+    for (size_t t = 0; t < ans.size(); ++t)
+      e.behav_logprobs.data<float>()[k * (S - 1) + P - 1 + static_cast<int64_t>(t)] = res[b].logprobs[t];
     e.answer_len.push_back(static_cast<int64_t>(ans.size()));
     e.source_rows.push_back(b);
   }
@@ -129,6 +133,7 @@ experience slice_rows(const experience& e, int64_t a, int64_t b) {
   if (e.ref_logprobs.defined()) s.ref_logprobs = e.ref_logprobs.rows(a, b);
   if (e.values.defined()) s.values = e.values.rows(a, b);
   if (e.reward_score.defined()) s.reward_score = e.reward_score.rows(a, b);
+  if (e.behav_logprobs.defined()) s.behav_logprobs = e.behav_logprobs.rows(a, b);
   s.answer_len.assign(e.answer_len.begin() + a, e.answer_len.begin() + b);
   if (!e.source_rows.empty()) s.source_rows.assign(e.source_rows.begin() + a, e.source_rows.begin() + b);
   return s;
@@ -225,11 +230,24 @@ experience take_rows(const experience& e, const std::vector<int64_t>& rows) {
   s.ref_logprobs = pick(e.ref_logprobs);
   s.values = pick(e.values);
   s.reward_score = pick(e.reward_score);
+  s.behav_logprobs = pick(e.behav_logprobs);
   for (auto r : rows) {
     s.answer_len.push_back(e.answer_len.at(static_cast<size_t>(r)));
     if (!e.source_rows.empty()) s.source_rows.push_back(e.source_rows.at(static_cast<size_t>(r)));
   }
   return s;
+}
+
+std::vector<size_t> fresh_items(const std::vector<int64_t>& sampled_with, int64_t version, int64_t max_staleness,
+                                bool drop, int64_t& staleness) {
+  std::vector<size_t> keep;
+  staleness = 0;
+  for (size_t i = 0; i < sampled_with.size(); ++i) {
+    const int64_t s = version - sampled_with[i];
+    if (max_staleness > 0) staleness = std::max(staleness, s);
+    if (!(max_staleness > 0 && drop && s > max_staleness)) keep.push_back(i);
+  }
+  return keep;
 }
 
 micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k) {
@@ -291,8 +309,15 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
     c.clip_ratio_low = c.clip_ratio_high = cliprange;
     c.clip_ratio_c = p.clip_ratio_c;
     c.agg = p.loss_agg_mode;
+    c.behav_imp_weight_cap = p.behav_imp_weight_cap;
+    tensor behav;  // decoupled PPO: the generator's log-probs; sub.logprobs are the proximal policy's
+    if (p.decoupled) {
+      if (!sub.behav_logprobs.defined())
+        throw std::invalid_argument("actor_batch_loss: decoupled PPO needs the generator's behav_logprobs");
+      behav = cols(sub.behav_logprobs, start, L);
+    }
     r.loss = rlhf::clipped_policy_loss(lp_ans, cols(sub.logprobs, start, L), advantages.rows(m.a, m.b), mask, c,
-                                       &dlp_ans).loss;
+                                       &dlp_ans, p.decoupled ? &behav : nullptr).loss;
     if (p.use_kl_loss) {  // veRL: policy_loss + kl_loss_coef x agg_loss(kl_penalty(logprob, ref_logprob))
       tensor dkl, dagg;
       const tensor kl = rlhf::kl_estimate(lp_ans, cols(sub.ref_logprobs, start, L), p.kl_loss_type, &dkl);

@@ -37,6 +37,11 @@ struct policy_loss_settings {
   bool use_kl_loss = false;    ///< add kl_loss_coef x the aggregated KL to the reference (GRPO)
   double kl_loss_coef = 0.001;  ///< veRL's default
   rlhf::kl_estimator kl_loss_type = rlhf::kl_estimator::k3;  ///< veRL's low_var_kl
+  /// Decoupled PPO (AReaL; rlhf::clipped_policy_loss with behav_logprobs): the experience's
+  /// logprobs are the proximal policy's (recomputed just before the update) and its
+  /// behav_logprobs the generator's; the asynchronous loop (max_staleness >= 1) sets it.
+  bool decoupled = false;
+  double behav_imp_weight_cap = 0;  ///< AReaL's name: 0 no cap, else > 1 (pg_math.h)
 };
 
 struct ppo_settings {
@@ -66,6 +71,10 @@ struct experience {
   tensor ref_logprobs;    ///< (B, L) under the frozen reference
   tensor values;          ///< (B, L) critic values (DS-Chat: values[:, :-1])
   tensor reward_score;    ///< (B,) reward model score at the answer's last real token
+  /// (B, L) the behaviour log-probs: log p(seq[t+1]) under the weights that sampled it, recorded
+  /// by the generator while sampling (the raw logits' log-softmax, as sequence_logprobs computes
+  /// it), 0 off the answer
+  tensor behav_logprobs;
   std::vector<int64_t> answer_len;  ///< real answer tokens per row (EOS included)
   /// Per row: the row of the prompts given to generate_rollouts it answers (rows may be dropped).
   std::vector<int64_t> source_rows;
@@ -75,7 +84,10 @@ struct experience {
 /// Generate answers for left-padded prompts with the actor's current weights (the
 /// hybrid engine: no copy, no reload). Rows whose answer has at most one real
 /// token are dropped, as DS-Chat drops them (unless s.drop_short_answers is off); returns
-/// nullopt when all are dropped. Fills prompts, seq, attention_mask, answer_len and source_rows.
+/// nullopt when all are dropped. Fills prompts, seq, attention_mask, answer_len, source_rows and
+/// behav_logprobs (each sampled token's log-prob under the raw logits, recorded while sampling:
+/// the temperature and top-k/top-p shape the sampling, not the recorded log-prob, as the trainer's
+/// sequence_logprobs applies none).
 std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompts, const tensor& prompt_mask,
                                             const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed);
 
@@ -168,6 +180,14 @@ step_result critic_update(zero_engine& engine, const experience& e, const tensor
                           double lr);
 /// One ptx update (train_unsupervised, its own optimizer step): ptx_batch_loss.
 step_result ptx_update(zero_engine& engine, const tensor& ids, const tensor& labels, const ppo_settings& s, double lr);
+
+/// Asynchronous RLHF (the controller's max_staleness, docs/rlhf.md): of the experience items
+/// sampled with policy versions `sampled_with`, the indices a trainer at version `version` (its
+/// updates so far) trains on, in order: all of them, except with `drop` those staler than
+/// max_staleness (version − v > max_staleness). `staleness` gets the largest version − v over all
+/// items (0 when max_staleness is 0: the synchronous loop checks nothing).
+std::vector<size_t> fresh_items(const std::vector<int64_t>& sampled_with, int64_t version, int64_t max_staleness,
+                                bool drop, int64_t& staleness);
 
 /// Mean per-token KL estimate sum((logprobs - ref_logprobs) · mask) / sum(mask) over the answer.
 double mean_kl(const experience& e);

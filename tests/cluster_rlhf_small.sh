@@ -33,8 +33,11 @@ cluster_file "$out/cluster.toml"
   > "$out/cluster.log" 2> "$out/cluster.err" || { echo "cluster run failed:"; tail -20 "$out/cluster.err"; exit 1; }
 wait "${pids[@]}" || { echo "a --once node did not exit cleanly"; cat "$out/w1.err" "$out/w2.err"; exit 1; }
 # steps 1 and 2 print on w1; step 3's results are printed by the controller, on w2
-results "$out/single.log" > "$out/single.results"
-{ results "$out/w1.out"; results "$out/w2.out"; } > "$out/cluster.results"
+# steps 1 and 2 train at once, so their lines interleave by timing (in either run): compare each step's
+# lines in their own order (a stable sort on the "[step N name]" tag)
+by_step() { LC_ALL=C sort -s -t']' -k1,1; }
+results "$out/single.log" | by_step > "$out/single.results"
+{ results "$out/w1.out"; results "$out/w2.out"; } | by_step > "$out/cluster.results"
 grep -q "^\[step 1 sft\] step 3/3" "$out/w1.out" || { echo "step 1 did not run on w1:"; cat "$out/w1.out"; exit 1; }
 grep -q "^\[step 3 ppo\] iter 1 reward" "$out/w2.out" || { echo "the controller did not run on w2:"; cat "$out/w2.out"; exit 1; }
 # tensors crossed through the communicator, not inside CAF messages

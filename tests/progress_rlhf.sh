@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Progress from sft_trainer and rm_trainer reaches the job's live state (docs/console.md, "Progress and
-# ETA"): graphs/rlhf.graph runs steps 1 and 2 at once; flowctl status (GET /api/status) names both as
+# ETA"): graphs/rlhf.graph runs steps 1 and 2 at once; flowctl status (GET /api/status) names each, in any order, as
 # "step 1 sft k/N ETA m:ss · step 2 rm k/N ETA m:ss", never the largest counter; /api/status's
 # progress records carry both nodes with a non-negative eta_s; /api/graph's layout fits 1120 px.
 # The steps are many so that the run is still training when polled; stop ends it (exit 130).
@@ -28,17 +28,20 @@ done
 [[ -n "$port" ]] || { echo "flowrun printed no console address:"; cat "$log"; exit 1; }
 ctl() { "$flowctl" --port "$port" "$@"; }
 
-# both trainers report from their second update on with an ETA (the first report starts the rate)
-re="step 1 sft [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}(:[0-9]{2})? · step 2 rm [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}"
-re_rm_first="step 2 rm [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}(:[0-9]{2})? · step 1 sft [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}"
+# both trainers report from their second update on with an ETA (the first report starts the rate); the
+# phases are listed in the order they first reported, which is timing (prompt_loader's "step 3 ppo 0/40"
+# may come between them), so each is looked for on its own
+re_sft="step 1 sft [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}"
+re_rm="step 2 rm [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}"
+both() { grep -qE "$re_sft" "$1" && grep -qE "$re_rm" "$1"; }
 for _ in $(seq 1 600); do
   ctl status | head -1 > "$out/status.txt"
-  grep -qE "$re|$re_rm_first" "$out/status.txt" && break
+  both "$out/status.txt" && break
   kill -0 $pid 2> /dev/null || { echo "flowrun exited early:"; cat "$log"; exit 1; }
   sleep 0.1
 done
 cat "$out/status.txt"
-grep -qE "$re|$re_rm_first" "$out/status.txt" || { echo "status does not show steps 1 and 2 as step k/N with an ETA"; exit 1; }
+both "$out/status.txt" || { echo "status does not show steps 1 and 2 as step k/N with an ETA"; exit 1; }
 
 # the JSON records behind it, and the page's layout
 curl -sf "http://127.0.0.1:$port/api/status" > "$out/status.json"

@@ -181,7 +181,8 @@ std::string replica_name(const job_plan& p, std::uint32_t node, std::uint32_t re
   return "node '" + n.spec.name + "'" + (n.replicas > 1 ? " replica " + std::to_string(replica) : std::string());
 }
 
-// Ids of the replicas whose on_exit ran, for held_detached_replicas(): a held
+// Ids of the detached replicas whose on_exit ran (pruned with g_detached), for
+// held_detached_replicas(): a held
 // replica that never exited keeps ~actor_system in await_all_actors_done, one that
 // exited but was not destroyed keeps it in await_detached_threads.
 std::mutex g_exited_mutex;
@@ -292,8 +293,9 @@ class replica_actor final : public caf::event_based_actor {
     // replica -> plan -> actors -> replica on any path that skips both, and a detached replica
     // that is never destroyed keeps ~actor_system waiting for its thread (teardown.h). np_,
     // counters_ and live_ refer into the plan and are not read after this.
+    const bool detached = np_.blocking;  // read before the plan may go
     plan_.reset();
-    {
+    if (detached) {
       std::lock_guard<std::mutex> lock(g_exited_mutex);
       g_exited.insert(id());
     }
@@ -1722,7 +1724,12 @@ caf::actor spawn_replica(caf::actor_system& sys, const std::shared_ptr<rt::job_p
   std::lock_guard<std::mutex> lock(g_detached_mutex);
   // forget the ones already destroyed (earlier attempts), so the list stays short
   g_detached.erase(std::remove_if(g_detached.begin(), g_detached.end(),
-                                  [](const auto& x) { return x.first.get()->strong_refs.load() == 0; }),
+                                  [](const auto& x) {
+                                    if (x.first.get()->strong_refs.load() != 0) return false;
+                                    std::lock_guard<std::mutex> exited_lock(rt::g_exited_mutex);
+                                    rt::g_exited.erase(x.first.id());
+                                    return true;
+                                  }),
                    g_detached.end());
   g_detached.emplace_back(a.address(), rt::replica_name(*plan, n, r) + " (actor " + std::to_string(a.id()) + ")");
   return a;

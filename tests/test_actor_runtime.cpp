@@ -1322,4 +1322,13 @@ kind = "blocking_collect"
   CHECK(text.find("): 1 strong reference, exited\n") != std::string::npos);
   CHECK(text.find("CAF counts 0 running actor(s)") != std::string::npos);
   CHECK(text.find("node 'src'") == std::string::npos);  // not detached: never listed
+  // and the pointer scan finds the leaked handle among its lines (stale words of freed memory are
+  // listed too): a heap word holding the control block's address (+0)
+  bool leak_found = false;
+  for (auto at = text.find("points at a held replica: node 'held' (actor "); at != std::string::npos;
+       at = text.find("points at a held replica: node 'held' (actor ", at + 1)) {
+    const auto line = text.substr(at, text.find('\n', at) - at);
+    leak_found = leak_found || (line.find("(in [heap]) = 0x") != std::string::npos && line.find(" (+0)") != std::string::npos);
+  }
+  CHECK(leak_found);
 }

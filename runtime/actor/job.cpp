@@ -27,6 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/console.h"
+#include "runtime/actor/holder_scan.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/tensorboard/event_writer.h"
@@ -1756,6 +1757,22 @@ std::vector<std::string> held_detached_replicas() {
   return out;
 }
 
+std::vector<std::string> held_detached_pointers() {
+  std::vector<std::string> out;
+  std::lock_guard<std::mutex> lock(g_detached_mutex);
+  // g_detached's own weak handles point at every control block: not holders
+  const std::vector<std::pair<const void*, const void*>> skip{
+      {g_detached.data(), g_detached.data() + g_detached.size()}};
+  for (const auto& [addr, name] : g_detached) {
+    caf::actor_control_block* ctrl = addr.get();
+    if (ctrl->strong_refs.load() == 0) continue;
+    // the actor's storage: its control block, then the replica object
+    const auto* object = reinterpret_cast<const char*>(ctrl->get());
+    for (auto& line : scan_pointers_into(ctrl, object + sizeof(rt::replica_actor), skip))
+      out.push_back(name + ": " + line);
+  }
+  return out;
+}
 
 expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
                      const node_factory_registry& factories, const run_options& options) {

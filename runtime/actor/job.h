@@ -143,6 +143,12 @@ void release_part(job_part& part);
 /// holds. Empty when every one was destroyed.
 std::vector<std::string> held_detached_replicas();
 
+/// For each replica held_detached_replicas() lists: the words of this process's memory that
+/// point into its actor (its control block or object), one line each, prefixed with its name
+/// (scan_pointers_into, holder_scan.h). Names the holder CAF 0.17 cannot: a mailbox element, a
+/// handle table, a closure. For the teardown watchdog only: it reads all writable memory.
+std::vector<std::string> held_detached_pointers();
+
 /// Sends `interrupt_atom, signal` to the job's coordinator.
 void interrupt(const job& j, int signal);
 

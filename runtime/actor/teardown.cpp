@@ -34,6 +34,7 @@ void teardown_actor_system(std::unique_ptr<caf::actor_system> sys, bool clustere
     // exited), then for every detached actor's thread (one that exited but was not destroyed).
     spdlog::warn("CAF counts {} running actor(s); its destructor waits for 0", raw->registry().running());
     for (const auto& held : held_detached_replicas()) spdlog::warn("still held: {}", held);
+    for (const auto& word : held_detached_pointers()) spdlog::warn("points at a held replica: {}", word);
     spdlog::default_logger()->flush();
     std::fflush(stdout);
     std::fflush(stderr);

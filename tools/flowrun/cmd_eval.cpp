@@ -1,10 +1,8 @@
 // DeepSpeed-Chat's tools: `flowrun eval prompts` (prompt_eval.py: baseline and
 // fine-tuned answers side by side), `flowrun eval reward` (rw_eval.py: accuracy
 // and scores on held-out pairs) and `flowrun chat` (chat.py: a multi-turn
-// Human:/Assistant: conversation).
-#include <unistd.h>
-
-#include <chrono>
+// Human:/Assistant: conversation). Both eval tools show a progress line on a terminal
+// (tools/flowrun/progress_line.h).
 #include <iostream>
 #include <memory>
 #include <string>
@@ -17,10 +15,9 @@
 #include "models/rlhf/dschat_steps.h"
 #include "models/generate.h"
 #include "models/tokenizer.h"
-#include "runtime/actor/console.h"
-#include "runtime/actor/live.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "tools/flowrun/progress_line.h"
 
 namespace flowrun::cli {
 
@@ -101,24 +98,20 @@ void add_eval(CLI::App& app) {
     const int64_t n = std::min<int64_t>(o->n, static_cast<int64_t>(prompts.size()));
     std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); greedy answers, at most {} tokens\n", n,
                              rows.summary, o->max_new_tokens);
-    // the progress line (standard error, on a terminal): prompts answered of n, with the runtime's ETA
-    const bool tty = isatty(STDERR_FILENO) == 1;
-    const auto t0 = std::chrono::steady_clock::now();
-    actor::live_progress p{"", "eval prompts", 0, n};
+    progress_line line("flowrun eval", "eval prompts");  // prompts answered by both models, of n
+    line.update(0, n);
     for (int64_t i = 0; i < n; ++i) {
       const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens);
       const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens);
-      actor::console::clear_progress();
+      line.clear();
       std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
                                tail(tok->decode(prompts[i].ids), 300));
       std::cout << "---------- baseline (" << o->baseline << ") ----------\n" << a_base << "\n";
       std::cout << "---------- fine-tuned (" << o->finetuned << ") ----------\n" << a_tuned << std::endl;
-      p.done = i + 1;
-      p.t_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (tty && p.done < n) actor::console::progress("[flowrun eval] " + p.text(p.t_s));
+      line.update(i + 1, n);
     }
-    actor::console::clear_progress();
-    spdlog::info("[flowrun eval] {} prompts answered by both models in {:.1f} s", n, p.t_s);
+    line.clear();
+    spdlog::info("[flowrun eval] {} prompts answered by both models in {:.1f} s", n, line.seconds());
   });
 
   auto r = std::make_shared<eval_opts>();
@@ -146,7 +139,10 @@ void add_eval(CLI::App& app) {
     std::vector<dschat::rm_batch_data> batches;
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(ex.size()), 16, 0, 0, false))
       batches.push_back(dschat::rm_batch(ex, b));
-    auto e = dschat::rm_eval(m, batches);
+    progress_line line("flowrun eval", "eval reward");  // batches of 16 pairs scored
+    auto e = dschat::rm_eval(m, batches, [&line](int64_t done, int64_t total) { line.update(done, total); });
+    line.clear();
+    spdlog::info("[flowrun eval] {} batches of held-out pairs scored in {:.1f} s", batches.size(), line.seconds());
     std::cout << fmt::format("{}\nheld-out pairs {}: accuracy {:.3f} ± {:.3f} (stderr), mean chosen score {:.4f}, "
                              "mean rejected score {:.4f}, loss {:.4f}\n",
                              rows.summary, e.pairs, e.accuracy, e.accuracy_stderr, e.chosen_mean, e.rejected_mean,

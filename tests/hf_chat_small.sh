@@ -9,10 +9,13 @@
 #  - sft trains: every loss finite, the held-out loss falls; rm and PPO train, rewards and KL finite;
 #  - every saved HF folder reloads to the outputs of the model in memory (verify_output, <= 1e-5) and
 #    carries tokenizer.json and the chat template (PPO reads its prompts' template from the sft output).
+#  - flowrun eval reward / eval prompts with --apply_chat_template print their first held-out row as
+#    transformers renders it, and eval reward's figures are rm_trainer's held-out ones.
 # GSM8K rows through graphs/grpo.graph on the Qwen2 folder: sft's and prompts' rendered rows are
 # transformers' (the question as the user's message); a folder whose template is chat_template.jinja.
 # Then apply_chat_template is refused, before training and naming the file and the fix, for a
-# tokenizer that is a file, a folder without a template, and a template that cannot render.
+# tokenizer that is a file, a folder without a template, and a template that cannot render; and
+# flowrun eval's --apply_chat_template for a tokenizer that is a file.
 # Needs python3 (standard library only) to read the log's JSON strings and the fixture.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3

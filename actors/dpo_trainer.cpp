@@ -112,8 +112,9 @@ class dpo_trainer final : public dschat_trainer {
     }
   }
 
-  std::string evaluate(actor::node_context&, bool before, double seconds) override {
-    const auto e = dschat::dpo_eval(*model_, *reference_, eval_, s_);
+  std::string evaluate(actor::node_context&, bool before, double seconds,
+                       const dschat::batch_progress_fn& progress) override {
+    const auto e = dschat::dpo_eval(*model_, *reference_, eval_, s_, progress);
     const std::string line = fmt::format(
         "preference accuracy {:.3f} ± {:.3f}, log-prob accuracy {:.3f} ± {:.3f}, DPO loss {:.4f} over {} pairs",
         e.accuracy, e.accuracy_stderr, e.logp_accuracy, e.logp_accuracy_stderr, e.loss, e.pairs);

@@ -283,21 +283,8 @@ std::unique_ptr<tokenizer> load_tok(const actor::node_context& ctx) {
 std::shared_ptr<const chat_formatter> chat_template_setting(actor::node_context& ctx) {
   if (!ctx.spec().get_bool("apply_chat_template")) return nullptr;
   const auto dir = resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer");
-  if (!std::filesystem::is_directory(dir))
-    throw std::invalid_argument(
-        "node '" + ctx.name() + "': apply_chat_template = true renders the rows with the chat template of a "
-        "Hugging Face model folder, but tokenizer \"" + dir.string() + "\" is not a folder: set tokenizer to the "
-        "model folder (tokenizer.json and tokenizer_config.json with \"chat_template\"), or apply_chat_template = false");
-  std::shared_ptr<const chat_formatter> f;
-  try {
-    f = std::make_shared<const chat_formatter>(dir.string());
-  } catch (const chat_template_error&) {
-    throw;  // names the template, the line and the construct
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("node '" + ctx.name() + "': apply_chat_template = true: " + e.what() +
-                                ": use a model folder whose tokenizer_config.json has \"chat_template\" (an "
-                                "instruct or chat model's), or set apply_chat_template = false");
-  }
+  auto f = chat_formatter_for_tokenizer(dir.string(), "node '" + ctx.name() + "'", "apply_chat_template = true",
+                                        "tokenizer", "set apply_chat_template = false");
   ctx.log().info("rows rendered with the chat template of {}", f->chat_template_of_model().tmpl.name());
   return f;
 }
@@ -309,10 +296,7 @@ void print_chat_row(actor::node_context& ctx, const char* tag, const dschat::ste
   const auto& ref = rows.train_refs.front();
   std::vector<std::string> paths = {resolve_user_path(ctx.spec().get_string("data"), "data").string()};
   for (const auto& extra : ctx.spec().get_string_list("mix_data")) paths.push_back(resolve_user_path(extra, "mix_data").string());
-  const std::string text = prompt_only ? dschat::prompt_text(r, ts) : dschat::prompt_answer_text(r, r.chosen, ts).full;
-  ctx.print(fmt::format("{} chat template {}: data row {} of {} renders as {}", tag,
-                        ts.chat->chat_template_of_model().tmpl.name(), ref.row,
-                        paths.at(static_cast<size_t>(ref.source)), nlohmann::json(text).dump()));
+  ctx.print(dschat::rendered_row_line(tag, r, ref, paths.at(static_cast<size_t>(ref.source)), ts, prompt_only));
 }
 
 }  // namespace flowrun::actors

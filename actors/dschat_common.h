@@ -63,16 +63,18 @@ std::unique_ptr<tokenizer> load_tok(const actor::node_context& ctx);
 
 /// The node's `apply_chat_template` setting (TRL's and OpenRLHF's name): null when false; when true,
 /// the chat template of the Hugging Face folder its `tokenizer` names (tokenizer_config.json
-/// "chat_template", or chat_template.jinja beside it), for dschat::tokenize_settings::chat. Logs which
+/// "chat_template", or chat_template.jinja beside it; chat_formatter_for_tokenizer, which `flowrun
+/// eval --apply_chat_template` calls too), for dschat::tokenize_settings::chat. Logs which
 /// file. Throws std::invalid_argument naming the node, the file and the fix when `tokenizer` is not a
 /// folder or the folder has no template, and chat_template_error (file, line, construct) when the
 /// template does not parse.
 std::shared_ptr<const chat_formatter> chat_template_setting(actor::node_context& ctx);
 
-/// With a chat template (`ts.chat`), prints what the first training row of `rows` becomes:
-/// "TAG chat template FILE: data row R of PATH renders as JSON-STRING" (R 0-based among the file's
-/// loaded rows; the prompt with add_generation_prompt = true when `prompt_only`, else the prompt and
-/// its chosen answer), so that a run shows, and tests/hf_chat_small.sh checks, the exact text trained on.
+/// With a chat template (`ts.chat`), prints what the first training row of `rows` becomes
+/// (dschat::rendered_row_line: "TAG chat template FILE: data row R of PATH renders as JSON-STRING", R
+/// 0-based among the file's loaded rows; the prompt with add_generation_prompt = true when
+/// `prompt_only`, else the prompt and its chosen answer), so that a run shows, and
+/// tests/hf_chat_small.sh checks, the exact text trained on.
 void print_chat_row(actor::node_context& ctx, const char* tag, const dschat::step_rows& rows,
                     const dschat::tokenize_settings& ts, bool prompt_only);
 

@@ -138,14 +138,14 @@ class dschat_trainer : public actor::node {
  protected:
   /// The step's phase for node_context::progress: "step 1 sft" from the tag "[step 1 sft]".
   std::string phase_name() const { return std::string(tag_ + 1, std::strlen(tag_) - 2); }
-  /// evaluate() as a phase of its own on the progress line and the console ("step 1 sft held-out
-  /// 0/1" while it runs, finished after): the held-out pass is one call with no count of its own.
+  /// evaluate() as a phase of its own on the progress line and the console, per held-out batch
+  /// ("step 1 sft held-out 3/12 ETA 0:04" while it runs, "12/12 done" after; the pass after
+  /// training starts the count again, so its ETA is its own). No held-out batch: no phase.
   std::string held_out_pass(actor::node_context& ctx, bool before, double seconds) {
     const std::string what = phase_name() + " held-out";
-    ctx.progress(what, 0, 1);
-    std::string line = evaluate(ctx, before, seconds);
-    ctx.progress(what, 1, 1);
-    return line;
+    return evaluate(ctx, before, seconds, [&ctx, &what](int64_t done, int64_t total) {
+      if (total > 0) ctx.progress(what, done, total);
+    });
   }
 
   /// Tokenize this step's share of the data (load_step_rows) into train and eval batches.
@@ -153,8 +153,10 @@ class dschat_trainer : public actor::node {
   /// One optimizer update (the `step`-th, 1-based) through engine_; prints every print_every.
   virtual void update(actor::node_context& ctx, int64_t step) = 0;
   /// The held-out figures before (`before`) or after training (`seconds` after the start), as
-  /// the line to print.
-  virtual std::string evaluate(actor::node_context& ctx, bool before, double seconds) = 0;
+  /// the line to print; `progress` goes to the step's eval helper (dschat::sft_eval, rm_eval,
+  /// dpo_eval), which reports each batch done.
+  virtual std::string evaluate(actor::node_context& ctx, bool before, double seconds,
+                               const dschat::batch_progress_fn& progress) = 0;
 
   /// The model as loaded (a value head added when the step has one), before LoRA and the
   /// engine: e.g. the DPO step's frozen reference is a copy of it. Default: nothing.

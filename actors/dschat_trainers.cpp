@@ -124,8 +124,9 @@ class sft_trainer final : public dschat_trainer {
                             r.lr, tps));
   }
 
-  std::string evaluate(actor::node_context&, bool before, double seconds) override {
-    const auto e = dschat::sft_eval(*model_, eval_);
+  std::string evaluate(actor::node_context&, bool before, double seconds,
+                       const dschat::batch_progress_fn& progress) override {
+    const auto e = dschat::sft_eval(*model_, eval_, progress);
     if (before) {
       before_ = e;
       return fmt::format("[step 1 sft] {} train / {} held-out examples; held-out loss {:.4f} (ppl {:.2f}) before",
@@ -217,8 +218,9 @@ class rm_trainer final : public dschat_trainer {
     }
   }
 
-  std::string evaluate(actor::node_context&, bool before, double seconds) override {
-    const auto ev = dschat::rm_eval(*model_, eval_);
+  std::string evaluate(actor::node_context&, bool before, double seconds,
+                       const dschat::batch_progress_fn& progress) override {
+    const auto ev = dschat::rm_eval(*model_, eval_, progress);
     if (before)
       return fmt::format("[step 2 rm] {} train / {} held-out pairs; held-out accuracy {:.3f} ± {:.3f} before",
                          train_.size(), ev.pairs, ev.accuracy, ev.accuracy_stderr);

@@ -75,7 +75,10 @@ class prompt_loader final : public actor::node {
       next_ = 1 + rp->point.iteration;
     }
   }
-  void on_message(actor::node_context&, std::string_view, actor::payload) override { ready_ = true; }
+  void on_message(actor::node_context&, std::string_view, actor::payload) override {
+    ready_ = true;
+    ticked_ = true;
+  }
   bool produce(actor::node_context& ctx) override {
     if (!ready_) {
       ctx.wait_for_input();
@@ -100,8 +103,11 @@ class prompt_loader final : public actor::node {
     ++next_;
     ready_ = false;
     ctx.emit("batch", actor::payload::make("prompt_batch", std::move(m)));
-    // iterations done: batch next_ - 1 went out (0: held-out before, k: iteration k - 1, iterations + 1: after)
-    ctx.progress("step 3 ppo", std::clamp<int64_t>(next_ - 2, 0, iterations_), iterations_);
+    // iterations done: batch next_ - 1 went out (0: held-out before, k: iteration k - 1, iterations + 1: after).
+    // The phase appears once the controller has asked for a batch (step 3's loop runs): the first
+    // batch goes out at the job's start, while steps 1 and 2 may still be training, and "step 3 ppo
+    // 0/N" on the status line then would name a phase that has not started.
+    if (ticked_) ctx.progress("step 3 ppo", std::clamp<int64_t>(next_ - 2, 0, iterations_), iterations_);
     return true;
   }
 
@@ -110,6 +116,7 @@ class prompt_loader final : public actor::node {
   batch_cycle order_;
   int64_t B_ = 4, iterations_ = 0, eval_rows_ = 0, next_ = 0;
   bool ready_ = true;
+  bool ticked_ = false;  // a tick has come: the controller runs step 3's loop
 };
 
 void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {

@@ -1,6 +1,7 @@
 // DS-Chat / HH-RLHF rows and GSM8K questions as chat messages, rendered by a model's chat template.
 #include "models/chat_format.h"
 
+#include <filesystem>
 #include <stdexcept>
 
 #include "models/chat/value.h"
@@ -95,6 +96,26 @@ chat_prompt_response chat_formatter::prompt_response(const nlohmann::ordered_jso
 
 chat_prompt_response chat_formatter::dschat_prompt_response(const std::string& prompt, const std::string& response) const {
   return prompt_response(dschat_messages(prompt), py_strip(response));
+}
+
+std::shared_ptr<const chat_formatter> chat_formatter_for_tokenizer(const std::string& tokenizer,
+                                                                   const std::string& who, const std::string& on,
+                                                                   const std::string& tokenizer_name,
+                                                                   const std::string& off) {
+  if (!std::filesystem::is_directory(tokenizer))
+    throw std::invalid_argument(who + ": " + on + " renders the rows with the chat template of a Hugging Face model "
+                                "folder, but " + tokenizer_name + " \"" + tokenizer + "\" is not a folder: set " +
+                                tokenizer_name + " to the model folder (tokenizer.json and tokenizer_config.json "
+                                "with \"chat_template\"), or " + off);
+  try {
+    return std::make_shared<const chat_formatter>(tokenizer);
+  } catch (const chat_template_error&) {
+    throw;  // names the template, the line and the construct
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(who + ": " + on + ": " + e.what() +
+                                ": use a model folder whose tokenizer_config.json has \"chat_template\" (an "
+                                "instruct or chat model's), or " + off);
+  }
 }
 
 }  // namespace flowrun

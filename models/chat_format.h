@@ -8,6 +8,7 @@
 // apply_chat_template(tokenize=True) does (add_special_tokens=False).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -69,5 +70,20 @@ class chat_formatter {
   hf_chat_template t_;
   nlohmann::ordered_json extra_;
 };
+
+/// The one switch every user of chat templates has (the trainers' and prompt_loader's
+/// `apply_chat_template` setting, `flowrun eval --apply_chat_template`): the chat_formatter of the
+/// Hugging Face model folder that `tokenizer` names (tokenizer.json beside tokenizer_config.json with
+/// "chat_template", or chat_template.jinja). `who` starts each error ("node 'sft'", "flowrun eval"),
+/// `on` names the switch as the user set it ("apply_chat_template = true", "--apply_chat_template"),
+/// `tokenizer_name` the tokenizer's setting or option ("tokenizer", "--tokenizer") and `off` how to
+/// turn the switch off ("set apply_chat_template = false", "drop --apply_chat_template").
+/// Throws std::invalid_argument when `tokenizer` is not a folder or has no template (naming the
+/// folder, the file and the fix), and chat_template_error (file, line, construct) when the template
+/// does not parse.
+std::shared_ptr<const chat_formatter> chat_formatter_for_tokenizer(const std::string& tokenizer,
+                                                                   const std::string& who, const std::string& on,
+                                                                   const std::string& tokenizer_name,
+                                                                   const std::string& off);
 
 }  // namespace flowrun

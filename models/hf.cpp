@@ -537,7 +537,7 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& c) {
 
 // ------------------------------------------------------------------ load / save
 
-decoder load_hf(const std::string& dir, device dev) {
+decoder load_hf(const std::string& dir, device dev, const tensor_progress_fn& progress) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) throw std::runtime_error(dir + ": not a folder (an HF model is a folder with config.json)");
   const fs::path cfg_path = d / "config.json";
@@ -622,10 +622,32 @@ decoder load_hf(const std::string& dir, device dev) {
     throw std::runtime_error(cfg_path.string() + ": " + e.what());
   }
   decoder m(c, device::cpu());
+  tensor_progress at;  // the tensors read, for `progress`
+  auto report = [&](const std::string& n) {
+    if (!progress) return;
+    const auto& e = ck.entry(n);
+    ++at.tensors_done;
+    at.bytes_done += static_cast<int64_t>(e.end - e.begin);
+    at.name = n;
+    progress(at);
+  };
+  if (progress) {
+    at.tensors_total = static_cast<int64_t>(specs.size()) + (value_head ? 1 : 0);
+    for (const auto& s : specs) {
+      const auto& e = ck.entry(present.at(s.hf_name));
+      at.bytes_total += static_cast<int64_t>(e.end - e.begin);
+    }
+    if (value_head) {
+      const auto& e = ck.entry(present.at(k_value_head_name));
+      at.bytes_total += static_cast<int64_t>(e.end - e.begin);
+    }
+    progress(at);
+  }
   for (const auto& s : specs) {
     const auto& n = present.at(s.hf_name);
     if (s.parts.size() == 1 && !s.transpose) {
       ck.read_into(n, m.param(s.parts[0]));
+      report(n);
       continue;
     }
     tensor t = ck.read(n);
@@ -644,6 +666,7 @@ decoder load_hf(const std::string& dir, device dev) {
     if (off != t.numel())
       throw std::logic_error("load_hf: parts of " + s.hf_name + " cover " + std::to_string(off) + " of " +
                              std::to_string(t.numel()) + " elements");
+    report(n);
   }
   if (value_head) {
     const auto& n = present.at(k_value_head_name);
@@ -653,13 +676,14 @@ decoder load_hf(const std::string& dir, device dev) {
                                " but the value head of this config is " + shape_str(want));
     m.add_value_head();
     ck.read_into(n, m.w().v_head);
+    report(n);
   }
   if (dev != device::cpu()) return clone_decoder(m, dev);
   return m;
 }
 
 void save_hf(const decoder& model, const std::string& dir, dtype on_disk, int64_t max_shard_bytes,
-             const nlohmann::json& extra_config) {
+             const nlohmann::json& extra_config, const tensor_progress_fn& progress) {
   const decoder* src = &model;
   decoder permuted;
   if (model.config().family == model_family::llama && model.config().use_rope &&
@@ -703,7 +727,7 @@ void save_hf(const decoder& model, const std::string& dir, dtype on_disk, int64_
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) throw std::runtime_error(dir + ": cannot create the model folder: " + ec.message());
-  save_safetensors_checkpoint(dir, tensors, on_disk, max_shard_bytes, {{"format", "pt"}});
+  save_safetensors_checkpoint(dir, tensors, on_disk, max_shard_bytes, {{"format", "pt"}}, progress);
   // config.json last: a folder with a config.json is complete
   write_text_atomic((fs::path(dir) / "config.json").string(), cj.dump(2) + "\n");
 }

@@ -57,6 +57,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/decoder.h"
+#include "models/safetensors.h"
 
 namespace flowrun {
 
@@ -105,7 +106,9 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
 /// config.json, and in particular an embedding whose rows differ from
 /// config.json's vocab_size ("model.decoder.embed_tokens.weight has 50265 rows
 /// but config.json vocab_size is 50272"), or a tokenizer larger than the embedding.
-decoder load_hf(const std::string& dir, device dev = device::cpu());
+/// `progress`, when given, hears of each tensor read (tensor_progress: the bytes are the tensors'
+/// in the files), after the checks above; `flowrun convert` draws its progress line from it.
+decoder load_hf(const std::string& dir, device dev = device::cpu(), const tensor_progress_fn& progress = {});
 
 /// Write `model` as an HF folder `dir` (created if needed; a value head as
 /// "v_head.weight"; LoRA adapters are not written: merge them into a copy first,
@@ -116,10 +119,11 @@ decoder load_hf(const std::string& dir, device dev = device::cpu());
 /// q_proj/k_proj rows permuted to HF's half layout (see to_half_rope), so the
 /// folder loads in transformers with the same logits. `extra_config` keys are
 /// merged into config.json last (e.g. bos_token_id / eos_token_id of the source).
+/// `progress`, when given, hears of each tensor written (save_safetensors_checkpoint's report).
 /// Throws std::invalid_argument when the model has no HF equivalent,
 /// std::runtime_error on an I/O error.
 void save_hf(const decoder& model, const std::string& dir, dtype on_disk = dtype::f32, int64_t max_shard_bytes = 0,
-             const nlohmann::json& extra_config = nlohmann::json::object());
+             const nlohmann::json& extra_config = nlohmann::json::object(), const tensor_progress_fn& progress = {});
 
 /// A copy of a RoPE model with HF's half layout (pairs (i, i + hs/2)): the rows
 /// of each head of q_proj and k_proj (and their biases) are permuted as

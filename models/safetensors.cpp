@@ -385,10 +385,10 @@ void write_data(atomic_file& f, const std::string& name, const tensor& t_in, dty
   }
 }
 
-}  // namespace
-
-void save_safetensors(const std::string& path, const named_tensors& tensors, dtype on_disk,
-                      const std::map<std::string, std::string>& metadata) {
+// save_safetensors with a progress report after each tensor (`at` counts over all files of a checkpoint).
+void write_file(const std::string& path, const named_tensors& tensors, dtype on_disk,
+                const std::map<std::string, std::string>& metadata, tensor_progress* at,
+                const tensor_progress_fn& progress) {
   check_storable(path, on_disk);
   // nlohmann::ordered_json keeps the data order in the header, like the Rust writer.
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
@@ -409,13 +409,29 @@ void save_safetensors(const std::string& path, const named_tensors& tensors, dty
   atomic_file f(path);
   f.write(&n, 8);
   f.write(text);
-  for (auto& [name, t] : tensors) write_data(f, name, t, on_disk);
+  for (auto& [name, t] : tensors) {
+    write_data(f, name, t, on_disk);
+    if (progress) {
+      ++at->tensors_done;
+      at->bytes_done += t.numel() * static_cast<int64_t>(dtype_size(on_disk));
+      at->name = name;
+      progress(*at);
+    }
+  }
   f.commit();
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const named_tensors& tensors, dtype on_disk,
+                      const std::map<std::string, std::string>& metadata) {
+  write_file(path, tensors, on_disk, metadata, nullptr, {});
 }
 
 std::vector<std::string> save_safetensors_checkpoint(const std::string& dir, const named_tensors& tensors,
                                                      dtype on_disk, int64_t max_shard_bytes,
-                                                     const std::map<std::string, std::string>& metadata) {
+                                                     const std::map<std::string, std::string>& metadata,
+                                                     const tensor_progress_fn& progress) {
   check_storable(dir, on_disk);
   fs::path d(dir);
   std::error_code ec;
@@ -434,10 +450,14 @@ std::vector<std::string> save_safetensors_checkpoint(const std::string& dir, con
     cur += nb;
     total += nb;
   }
+  tensor_progress at;
+  at.tensors_total = static_cast<int64_t>(tensors.size());
+  at.bytes_total = static_cast<int64_t>(total);
+  if (progress) progress(at);
   std::vector<std::string> written;
   std::set<std::string> keep;
   if (shards.size() == 1) {
-    save_safetensors((d / "model.safetensors").string(), tensors, on_disk, metadata);
+    write_file((d / "model.safetensors").string(), tensors, on_disk, metadata, &at, progress);
     written.push_back("model.safetensors");
   } else {
     const size_t K = shards.size();
@@ -445,7 +465,7 @@ std::vector<std::string> save_safetensors_checkpoint(const std::string& dir, con
     char buf[64];
     for (size_t i = 0; i < K; ++i) {
       std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, K);
-      save_safetensors((d / buf).string(), shards[i], on_disk, metadata);
+      write_file((d / buf).string(), shards[i], on_disk, metadata, &at, progress);
       for (auto& [name, t] : shards[i]) wm[name] = buf;
       written.push_back(buf);
     }

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -79,6 +80,19 @@ class safetensors_file {
   std::map<std::string, std::string> metadata_;
 };
 
+/// How far a long read or write of many tensors is (load_hf, save_hf, save_safetensors_checkpoint):
+/// reported after each tensor, so `flowrun convert` can show "tensors k/N, bytes" with an ETA.
+struct tensor_progress {
+  int64_t tensors_done = 0, tensors_total = 0;  ///< tensors read or written so far, of all
+  int64_t bytes_done = 0, bytes_total = 0;      ///< their bytes in the file(s) (the dtype on disk)
+  std::string name;                             ///< the tensor just done (its name in the file)
+};
+/// Called once with nothing done (tensors_done 0) before the first tensor, then after each tensor,
+/// on the calling thread. An empty function: no reports. An exception it throws ends the read or
+/// write (each file is atomic_file: none is left half-written; of a sharded write the shards already
+/// committed stay, without the index, and save_hf writes no config.json).
+using tensor_progress_fn = std::function<void(const tensor_progress&)>;
+
 /// A checkpoint: one .safetensors file, or a folder holding model.safetensors
 /// or model.safetensors.index.json with its shards (transformers prefers
 /// model.safetensors when both exist, and so do we).
@@ -130,11 +144,13 @@ void save_safetensors(const std::string& path, const named_tensors& tensors, dty
 /// tensor gets a shard of its own, as transformers' shard_checkpoint does) plus
 /// model.safetensors.index.json, written last. Stale files of the other layout
 /// (an older single file, index or shards) are removed afterwards so the folder
-/// is unambiguous. Returns the file names written (without the folder).
+/// is unambiguous. Returns the file names written (without the folder). `progress`, when given,
+/// hears of each tensor as its bytes are written, over all shards (tensor_progress).
 std::vector<std::string> save_safetensors_checkpoint(const std::string& dir, const named_tensors& tensors,
                                                      dtype on_disk = dtype::f32, int64_t max_shard_bytes = 0,
                                                      const std::map<std::string, std::string>& metadata = {
-                                                         {"format", "pt"}});
+                                                         {"format", "pt"}},
+                                                     const tensor_progress_fn& progress = {});
 
 /// The safetensors spelling of a storable dtype ("F32", "BF16", "F16", "I32", "I64").
 const char* safetensors_dtype_name(dtype t);

@@ -9,10 +9,13 @@
 #  - sft trains: every loss finite, the held-out loss falls; rm and PPO train, rewards and KL finite;
 #  - every saved HF folder reloads to the outputs of the model in memory (verify_output, <= 1e-5) and
 #    carries tokenizer.json and the chat template (PPO reads its prompts' template from the sft output).
+#  - flowrun eval reward / eval prompts with --apply_chat_template print their first held-out row as
+#    transformers renders it, and eval reward's figures are rm_trainer's held-out ones.
 # GSM8K rows through graphs/grpo.graph on the Qwen2 folder: sft's and prompts' rendered rows are
 # transformers' (the question as the user's message); a folder whose template is chat_template.jinja.
 # Then apply_chat_template is refused, before training and naming the file and the fix, for a
-# tokenizer that is a file, a folder without a template, and a template that cannot render.
+# tokenizer that is a file, a folder without a template, and a template that cannot render; and
+# flowrun eval's --apply_chat_template for a tokenizer that is a file.
 # Needs python3 (standard library only) to read the log's JSON strings and the fixture.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -105,6 +108,28 @@ for model in llama3 qwen2; do
   check_reload "$out/$model-rm.log" "step 2 rm"
   check_folder "$o/rm" "$m"
 
+  # flowrun eval reward --apply_chat_template on the saved reward model: its first held-out pair renders as
+  # transformers' does, and its figures are rm_trainer's own held-out ones after training (the same rows through
+  # the same template, the same weights reloaded within 1e-5): pairs equal, accuracy within one pair, means
+  # within 0.002 (rm prints 3 decimals)
+  "$flowrun" eval reward --model "$o/rm" --tokenizer "$o/rm" --data "$data" --data_split 4,2,4 --max_seq_len 128 \
+    --apply_chat_template > "$out/$model-eval-reward.log" 2> "$out/$model-eval-reward.err" ||
+    { tail "$out/$model-eval-reward.err"; fail "$model: eval reward --apply_chat_template failed"; }
+  check_render "$out/$model-eval-reward.log" "$model" full
+  python3 - "$out/$model-rm.log" "$out/$model-eval-reward.log" <<'PY' || fail "$model: eval reward's figures are not rm_trainer's"
+import re, sys
+rm = re.search(r"held-out accuracy ([0-9.]+) ± [0-9.]+ over (\d+) pairs; mean chosen (-?[0-9.]+), rejected (-?[0-9.]+)",
+               open(sys.argv[1], encoding="utf-8").read())
+ev = re.search(r"held-out pairs (\d+): accuracy ([0-9.]+) ± [0-9.]+ \(stderr\), mean chosen score (-?[0-9.]+), "
+               r"mean rejected score (-?[0-9.]+)", open(sys.argv[2], encoding="utf-8").read())
+assert rm and ev, (rm, ev)
+acc, pairs, ch, rj = float(rm[1]), int(rm[2]), float(rm[3]), float(rm[4])
+print(f"rm_trainer: {pairs} pairs, accuracy {acc}, chosen {ch}, rejected {rj}; eval reward: {ev[0]}")
+assert int(ev[1]) == pairs
+assert abs(float(ev[2]) - acc) <= 1.0 / pairs + 1e-3
+assert abs(float(ev[3]) - ch) <= 2e-3 and abs(float(ev[4]) - rj) <= 2e-3
+PY
+
   # DPO from the sft output (its template travelled with it): the first loss is ln 2 = 0.6931 (policy =
   # reference, every margin 0: -log sigmoid(0))
   run "$model-dpo" dpo.graph --set node.dpo.model="$o/sft" --set node.dpo.tokenizer="$o/sft" --set node.dpo.data="$data" \
@@ -125,6 +150,12 @@ for model in llama3 qwen2; do
     --set node.policy.per_device_training_batch_size=4 --set node.critic.per_device_training_batch_size=4 \
     --set node.policy.output="$o/ppo" --set node.policy.verify_output=true
   check_render "$out/$model-ppo.log" "$model" prompt
+  # flowrun eval prompts --apply_chat_template: its first held-out prompt renders as transformers' does
+  "$flowrun" eval prompts --baseline "$m" --finetuned "$o/ppo" --tokenizer "$o/sft" --data "$data" --data_split 4,2,4 \
+    --apply_chat_template --n 2 --max_prompt_seq_len 64 --max_new_tokens 4 > "$out/$model-eval-prompts.log" \
+    2> "$out/$model-eval-prompts.err" || { tail "$out/$model-eval-prompts.err"; fail "$model: eval prompts failed"; }
+  check_render "$out/$model-eval-prompts.log" "$model" prompt
+  [ "$(grep -c -- "---------- fine-tuned" "$out/$model-eval-prompts.log")" = 2 ] || fail "$model: eval prompts: not 2 answers"
   awk '/\[step 3 ppo\] iter [0-9]+ reward/ { n++; for (i = 7; i <= 13; i += 2) if ($i !~ /^-?[0-9.]+$/) bad = 1 }
        END { exit !(n == 3 && !bad) }' "$out/$model-ppo.log" || fail "$model: not 3 PPO iterations with finite numbers"
   check_reload "$out/$model-ppo.log" "step 3 ppo"
@@ -192,4 +223,12 @@ echo '{"eos_token": "<|im_end|>", "chat_template": "{% for m in messages %}{{ m.
 refused bad-template "$out/bad_template/tokenizer_config.json:chat_template:1:" \
   "${base[@]}" --set node.sft.tokenizer="$out/bad_template"
 grep -qF "shout" "$out/bad-template.err" || fail "bad-template: the error does not name the filter"
+# flowrun eval --apply_chat_template is refused the same way, naming the option and the fix
+if "$flowrun" eval reward --model "$out/qwen2/rm" --tokenizer "$m/tokenizer.json" --data "$data" --apply_chat_template \
+  > "$out/eval-refused.log" 2> "$out/eval-refused.err"; then
+  fail "eval reward --apply_chat_template with a tokenizer file was not refused"
+fi
+want="flowrun eval: --apply_chat_template renders the rows with the chat template of a Hugging Face model folder, but --tokenizer \"$m/tokenizer.json\" is not a folder"
+grep -qF -- "$want" "$out/eval-refused.err" || { cat "$out/eval-refused.err"; fail "eval-refused: the error does not say '$want'"; }
+grep -qF "or drop --apply_chat_template" "$out/eval-refused.err" || fail "eval-refused: no fix named"
 echo "hf_chat_small: ok"

@@ -2,7 +2,9 @@
 # Progress from sft_trainer and rm_trainer reaches the job's live state (docs/console.md, "Progress and
 # ETA"): graphs/rlhf.graph runs steps 1 and 2 at once; flowctl status (GET /api/status) names each, in any order, as
 # "step 1 sft k/N ETA m:ss · step 2 rm k/N ETA m:ss", never the largest counter; /api/status's
-# progress records carry both nodes with a non-negative eta_s; /api/graph's layout fits 1120 px.
+# progress records carry both nodes with a non-negative eta_s; step 3 ("step 3 ppo", prompt_loader) is not among
+# them, in the status line or the records, while steps 1 and 2 train (a phase shows once it has started, though
+# prompt_loader sends its first batch at the job's start); /api/graph's layout fits 1120 px.
 # The steps are many so that the run is still training when polled; stop ends it (exit 130).
 set -euo pipefail
 flowrun=$1 flowctl=$2 root=$3 out=$4
@@ -29,8 +31,8 @@ done
 ctl() { "$flowctl" --port "$port" "$@"; }
 
 # both trainers report from their second update on with an ETA (the first report starts the rate); the
-# phases are listed in the order they first reported, which is timing (prompt_loader's "step 3 ppo 0/40"
-# may come between them), so each is looked for on its own
+# phases are listed in the order they first reported, which is timing (each held-out pass before training
+# is a phase of its own), so each is looked for on its own
 re_sft="step 1 sft [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}"
 re_rm="step 2 rm [1-9][0-9]*/100000 ETA [0-9]+:[0-9]{2}"
 both() { grep -qE "$re_sft" "$1" && grep -qE "$re_rm" "$1"; }
@@ -42,6 +44,7 @@ for _ in $(seq 1 600); do
 done
 cat "$out/status.txt"
 both "$out/status.txt" || { echo "status does not show steps 1 and 2 as step k/N with an ETA"; exit 1; }
+if grep -q "step 3" "$out/status.txt"; then echo "status shows step 3 while steps 1 and 2 train"; exit 1; fi
 
 # the JSON records behind it, and the page's layout
 curl -sf "http://127.0.0.1:$port/api/status" > "$out/status.json"
@@ -57,6 +60,7 @@ for node, what in (("sft", "step 1 sft"), ("rm", "step 2 rm")):
     assert p["eta_s"] is not None and p["eta_s"] >= 0, p
     print(f"{node}: {p['what']} {p['done']}/{p['total']} eta_s {p['eta_s']}")
 assert st["progress_text"].count(" · ") >= 1, st["progress_text"]
+assert "prompts" not in by and "step 3" not in st["progress_text"], st["progress"]  # step 3 has not started
 lay = json.load(open(sys.argv[2]))["layout"]
 assert lay["width"] <= 1120, lay["width"]
 for b in lay["nodes"]:

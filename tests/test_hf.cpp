@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <unistd.h>
@@ -318,6 +319,62 @@ TEST_CASE("hf: config switches per family, and OPT's padded vocabulary") {
   CHECK(llama.config().n_kv_heads == 2);
   CHECK(!llama.config().tied_embeddings);
   CHECK(llama.config().norm_eps == doctest::Approx(1e-6));
+}
+
+// The per-tensor report `flowrun convert` draws its progress line from: (0, N) first, then one report per
+// tensor with its name, N and the bytes being those of the files written / read (safetensors_checkpoint's
+// entries), the weights the same as without a report; a report that throws stops the write.
+TEST_CASE("hf: save_hf and load_hf report each tensor with its bytes (tensor_progress)") {
+  for (const char* family : {"gpt2", "llama"}) {
+    INFO("family " << std::string(family));
+    auto m = load_hf((k_fixtures / "hf" / family).string());
+    m.add_value_head(3);
+    temp_dir tmp(std::string("progress_") + family);
+    std::vector<tensor_progress> saved;
+    save_hf(m, tmp / "bf16", dtype::bf16, 20000, nlohmann::json::object(),
+            [&saved](const tensor_progress& p) { saved.push_back(p); });
+    safetensors_checkpoint ck(tmp / "bf16");
+    REQUIRE(ck.files().size() >= 2);  // shards: the count runs over all of them
+    const auto names = ck.names();
+    int64_t bytes = 0;
+    for (const auto& n : names) bytes += static_cast<int64_t>(ck.entry(n).end - ck.entry(n).begin);
+    const auto check_reports = [&](const std::vector<tensor_progress>& r) {
+      REQUIRE(r.size() == names.size() + 1);
+      CHECK(r.front().tensors_done == 0);
+      CHECK(r.front().bytes_done == 0);
+      std::set<std::string> seen;
+      for (size_t k = 0; k < r.size(); ++k) {
+        CHECK(r[k].tensors_done == static_cast<int64_t>(k));
+        CHECK(r[k].tensors_total == static_cast<int64_t>(names.size()));
+        CHECK(r[k].bytes_total == bytes);
+        if (k == 0) continue;
+        CHECK(ck.contains(r[k].name));
+        seen.insert(r[k].name);
+        const auto& e = ck.entry(r[k].name);
+        CHECK(r[k].bytes_done - r[k - 1].bytes_done == static_cast<int64_t>(e.end - e.begin));
+      }
+      CHECK(seen.size() == names.size());  // each tensor once, v_head.weight among them
+      CHECK(seen.count("v_head.weight") == 1);
+      CHECK(r.back().bytes_done == bytes);
+    };
+    check_reports(saved);
+    std::vector<tensor_progress> loaded;
+    auto r = load_hf(tmp / "bf16", device::cpu(), [&loaded](const tensor_progress& p) { loaded.push_back(p); });
+    check_reports(loaded);
+    CHECK(same_weights(r, load_hf(tmp / "bf16")));
+    // a report that throws: the write stops, no file is left half-written and no config.json says "complete"
+    int calls = 0;
+    CHECK_THROWS_WITH(save_hf(m, tmp / "stopped", dtype::f32, 0, nlohmann::json::object(),
+                              [&calls](const tensor_progress&) {
+                                if (++calls == 3) throw std::runtime_error("stop here");
+                              }),
+                      "stop here");
+    CHECK(calls == 3);
+    CHECK_FALSE(fs::exists(tmp / "stopped/config.json"));
+    CHECK_FALSE(fs::exists(tmp / "stopped/model.safetensors"));
+    for (auto& e : fs::directory_iterator(tmp.path / "stopped"))
+      CHECK(e.path().filename().string().find(".tmp") == std::string::npos);
+  }
 }
 
 TEST_CASE("hf: load -> save -> load is exact, bf16/f16 within rounding, sharded too") {

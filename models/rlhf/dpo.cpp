@@ -183,14 +183,20 @@ dpo_step_result dpo_update(zero_engine& engine, decoder& reference, const std::v
 }
 
 dpo_eval_result dpo_eval(decoder& policy, decoder& reference, const std::vector<rm_batch_data>& batches,
-                         const dpo_settings& s) {
+                         const dpo_settings& s, const batch_progress_fn& progress) {
   dpo_eval_result out;
   eval_mode ev(policy), evr(reference);
   activations a;
   int64_t correct = 0, logp_correct = 0;
   double loss = 0, cs = 0, rs = 0;
-  for (const auto& b : batches) {
-    if (b.B == 0) continue;
+  const auto total = static_cast<int64_t>(batches.size());
+  if (progress) progress(0, total);
+  for (int64_t k = 0; k < total; ++k) {
+    const auto& b = batches[static_cast<size_t>(k)];
+    if (b.B == 0) {
+      if (progress) progress(k + 1, total);
+      continue;
+    }
     const pair_log_probs pol = dpo_log_probs(policy, a, b, s);
     const pair_log_probs ref = dpo_log_probs(reference, a, b, s);
     const auto res = rlhf::dpo_loss(pol.chosen, pol.rejected, ref.chosen, ref.rejected, s.loss);
@@ -202,6 +208,7 @@ dpo_eval_result dpo_eval(decoder& policy, decoder& reference, const std::vector<
     }
     loss += res.loss * static_cast<double>(b.B);
     out.pairs += b.B;
+    if (progress) progress(k + 1, total);
   }
   if (out.pairs > 0) {
     const double n = static_cast<double>(out.pairs);

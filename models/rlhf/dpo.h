@@ -27,6 +27,7 @@
 
 #include "models/decoder.h"
 #include "models/rlhf/dschat_data.h"
+#include "models/rlhf/dschat_steps.h"
 #include "models/rlhf/pg_math.h"
 #include "models/train/zero.h"
 
@@ -90,7 +91,8 @@ struct dpo_step_result {
 dpo_step_result dpo_update(zero_engine& engine, decoder& reference, const std::vector<rm_batch_data>& micro,
                            const dpo_settings& s, double lr);
 
-/// Held-out DPO figures over all pairs of `batches` (the policy in evaluation mode).
+/// Held-out DPO figures over all pairs of `batches` (the policy in evaluation mode); `progress`
+/// hears of each batch done (batch_progress_fn; an empty batch counts as done).
 struct dpo_eval_result {
   double accuracy = 0;         ///< share with β(Δ chosen) > β(Δ rejected); 0 while policy == reference
   double accuracy_stderr = 0;  ///< sqrt(p (1 − p) / n)
@@ -101,6 +103,6 @@ struct dpo_eval_result {
   int64_t pairs = 0;
 };
 dpo_eval_result dpo_eval(decoder& policy, decoder& reference, const std::vector<rm_batch_data>& batches,
-                         const dpo_settings& s);
+                         const dpo_settings& s, const batch_progress_fn& progress = {});
 
 }  // namespace flowrun::dschat

@@ -466,6 +466,14 @@ chat_prompt_response prompt_answer_text(const sample& row, const std::string& an
   return cfg.chat->prompt_response(row_messages(row), chat::py_strip(answer, nullptr, true, true));
 }
 
+std::string rendered_row_line(const std::string& tag, const sample& row, const row_ref& ref, const std::string& path,
+                              const tokenize_settings& cfg, bool prompt_only) {
+  if (!cfg.chat) return "";
+  const std::string text = prompt_only ? prompt_text(row, cfg) : prompt_answer_text(row, row.chosen, cfg).full;
+  return tag + " chat template " + cfg.chat->chat_template_of_model().tmpl.name() + ": data row " +
+         std::to_string(ref.row) + " of " + path + " renders as " + nlohmann::json(text).dump();
+}
+
 bool truncate_keep_eos(std::vector<int32_t>& ids, int64_t max_len, bool keep_eos, int32_t eos) {
   if (max_len < 1) throw std::invalid_argument("truncate_keep_eos: max_len must be >= 1");
   if (static_cast<int64_t>(ids.size()) <= max_len) return false;

@@ -234,6 +234,14 @@ std::string prompt_text(const sample& row, const tokenize_settings& cfg);
 /// prefix of the second). Throws chat_template_error naming the template file.
 chat_prompt_response prompt_answer_text(const sample& row, const std::string& answer, const tokenize_settings& cfg);
 
+/// With a chat template (cfg.chat), what a row becomes, as a run prints it so that it can be checked
+/// (tests/hf_chat_small.sh): "TAG chat template FILE: data row R of PATH renders as JSON-STRING", the
+/// text being prompt_text (`prompt_only`) or prompt_answer_text with the row's chosen answer; R is the
+/// row's index in its file `path` (row_ref::row, 0-based). "" without a template. The trainers and
+/// prompt_loader print it for their first training row, `flowrun eval` for its first held-out row.
+std::string rendered_row_line(const std::string& tag, const sample& row, const row_ref& ref, const std::string& path,
+                              const tokenize_settings& cfg, bool prompt_only);
+
 /// What tokenizing a list of rows did.
 struct process_report {
   int64_t input = 0;      ///< rows given

@@ -147,20 +147,26 @@ step_result sft_update(zero_engine& engine, const std::vector<sft_batch_data>& m
   return engine.train_step(sft_loss(micro), lr);
 }
 
-sft_eval_result sft_eval(decoder& model, const std::vector<sft_batch_data>& batches) {
+sft_eval_result sft_eval(decoder& model, const std::vector<sft_batch_data>& batches,
+                         const batch_progress_fn& progress) {
   sft_eval_result r;
   eval_mode ev(model);
   activations a;
   double tok_sum = 0, batch_sum = 0;
   int64_t nb = 0;
-  for (const auto& b : batches) {
-    if (b.n_target_tokens == 0) continue;
-    const double loss = model.forward(a, b.ids, b.targets);
-    tok_sum += loss * static_cast<double>(a.n_valid);
-    r.tokens += a.n_valid;
-    r.rows += b.B;
-    batch_sum += loss;
-    ++nb;
+  const auto total = static_cast<int64_t>(batches.size());
+  if (progress) progress(0, total);
+  for (int64_t k = 0; k < total; ++k) {
+    const auto& b = batches[static_cast<size_t>(k)];
+    if (b.n_target_tokens > 0) {
+      const double loss = model.forward(a, b.ids, b.targets);
+      tok_sum += loss * static_cast<double>(a.n_valid);
+      r.tokens += a.n_valid;
+      r.rows += b.B;
+      batch_sum += loss;
+      ++nb;
+    }
+    if (progress) progress(k + 1, total);
   }
   if (r.tokens > 0) {
     r.loss = tok_sum / static_cast<double>(r.tokens);
@@ -239,13 +245,17 @@ rm_step_result rm_update(zero_engine& engine, const std::vector<rm_batch_data>& 
   return r;
 }
 
-rm_eval_result rm_eval(decoder& value_model, const std::vector<rm_batch_data>& batches) {
+rm_eval_result rm_eval(decoder& value_model, const std::vector<rm_batch_data>& batches,
+                       const batch_progress_fn& progress) {
   rm_eval_result r;
   eval_mode ev(value_model);
   activations a;
   int64_t correct = 0;
   double cs = 0, rs = 0, ls = 0;
-  for (const auto& b : batches) {
+  const auto total = static_cast<int64_t>(batches.size());
+  if (progress) progress(0, total);
+  for (int64_t k = 0; k < total; ++k) {
+    const auto& b = batches[static_cast<size_t>(k)];
     auto res = rm_forward(value_model, a, b);
     for (size_t i = 0; i < res.chosen_scores.size(); ++i) {
       correct += res.chosen_scores[i] > res.rejected_scores[i];
@@ -254,6 +264,7 @@ rm_eval_result rm_eval(decoder& value_model, const std::vector<rm_batch_data>& b
     }
     ls += res.loss * static_cast<double>(b.B);
     r.pairs += b.B;
+    if (progress) progress(k + 1, total);
   }
   if (r.pairs > 0) {
     const double n = static_cast<double>(r.pairs);

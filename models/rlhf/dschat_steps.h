@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,12 @@ batch_loss sft_loss(const std::vector<sft_batch_data>& micro);
 /// std::runtime_error on a non-finite loss or gradient (nothing is updated).
 step_result sft_update(zero_engine& engine, const std::vector<sft_batch_data>& micro, double lr);
 
+/// How far a held-out pass is (sft_eval, rm_eval, dschat::dpo_eval): called with (0, N) before the
+/// first of the N batches, then (k, N) after the k-th, on the calling thread; the trainers turn it
+/// into node_context::progress ("step 1 sft held-out k/N ETA m:ss"), `flowrun eval reward` into its
+/// progress line. An empty function: no reports.
+using batch_progress_fn = std::function<void(int64_t done, int64_t total)>;
+
 /// Step 1 evaluation on the held-out batches (step1 main.py evaluation).
 struct sft_eval_result {
   double loss = 0;             ///< token-mean cross-entropy over all eval target tokens
@@ -159,7 +166,9 @@ struct sft_eval_result {
   int64_t tokens = 0;
   int64_t rows = 0;
 };
-sft_eval_result sft_eval(decoder& model, const std::vector<sft_batch_data>& batches);
+/// A batch without target tokens adds nothing (it still counts as done for `progress`).
+sft_eval_result sft_eval(decoder& model, const std::vector<sft_batch_data>& batches,
+                         const batch_progress_fn& progress = {});
 
 /// The reward model's forward on a pair batch: chosen and rejected as one (2B, T) batch
 /// (DataCollatorReward concatenates them), values split back, and rlhf::pairwise_loss.
@@ -198,6 +207,7 @@ struct rm_eval_result {
   double loss = 0;             ///< pair-weighted mean pairwise loss
   int64_t pairs = 0;
 };
-rm_eval_result rm_eval(decoder& value_model, const std::vector<rm_batch_data>& batches);
+rm_eval_result rm_eval(decoder& value_model, const std::vector<rm_batch_data>& batches,
+                       const batch_progress_fn& progress = {});
 
 }  // namespace flowrun::dschat

@@ -1,10 +1,8 @@
 // DeepSpeed-Chat's tools: `flowrun eval prompts` (prompt_eval.py: baseline and
 // fine-tuned answers side by side), `flowrun eval reward` (rw_eval.py: accuracy
 // and scores on held-out pairs) and `flowrun chat` (chat.py: a multi-turn
-// Human:/Assistant: conversation).
-#include <unistd.h>
-
-#include <chrono>
+// Human:/Assistant: conversation). Both eval tools show a progress line on a terminal
+// (tools/flowrun/progress_line.h) and take `--apply_chat_template` as the trainers do.
 #include <iostream>
 #include <memory>
 #include <string>
@@ -12,15 +10,15 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "models/chat_format.h"
 #include "models/checkpoint.h"
 #include "models/rlhf/dschat_data.h"
 #include "models/rlhf/dschat_steps.h"
 #include "models/generate.h"
 #include "models/tokenizer.h"
-#include "runtime/actor/console.h"
-#include "runtime/actor/live.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "tools/flowrun/progress_line.h"
 
 namespace flowrun::cli {
 
@@ -40,7 +38,27 @@ struct eval_opts {
   int64_t max_new_tokens = 48;
   int64_t max_seq_len = 96;
   int64_t step = 3;
+  bool apply_chat_template = false;
 };
+
+// --apply_chat_template: the trainers' rule (chat_formatter_for_tokenizer) on --tokenizer, into the
+// tokenization of the held-out rows (dschat::tokenize_settings::chat); null without it.
+std::shared_ptr<const chat_formatter> chat_option(const eval_opts& o) {
+  if (!o.apply_chat_template) return nullptr;
+  auto f = chat_formatter_for_tokenizer(resolve_user_path(o.tokenizer, "tokenizer").string(), "flowrun eval",
+                                        "--apply_chat_template", "--tokenizer", "drop --apply_chat_template");
+  spdlog::info("rows rendered with the chat template of {}", f->chat_template_of_model().tmpl.name());
+  return f;
+}
+
+// With a chat template, what the first held-out row becomes (dschat::rendered_row_line), on standard output.
+void print_rendered_row(const eval_opts& o, const dschat::step_rows& rows, const dschat::tokenize_settings& ts,
+                        bool prompt_only) {
+  if (!ts.chat || rows.eval.empty()) return;
+  std::cout << dschat::rendered_row_line("[flowrun eval]", rows.eval.front(), rows.eval_refs.front(),
+                                         resolve_user_path(o.data, "data").string(), ts, prompt_only)
+            << "\n";
+}
 
 // The held-out rows of one DS-Chat step (the same split the training graphs use).
 dschat::step_rows held_out(const eval_opts& o, int step_index) {
@@ -81,44 +99,47 @@ void add_eval(CLI::App& app) {
   auto* pr = ev->add_subcommand("prompts", "Answers of a baseline and a fine-tuned model, side by side, on held-out prompts");
   pr->add_option("--baseline", o->baseline, "baseline model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
   pr->add_option("--finetuned", o->finetuned, "fine-tuned model")->capture_default_str();
-  pr->add_option("--tokenizer", o->tokenizer, "SentencePiece .model")->capture_default_str();
+  pr->add_option("--tokenizer", o->tokenizer, "SentencePiece .model, GPT-2 vocab.json or an HF model folder")
+      ->capture_default_str();
   pr->add_option("--data", o->data, "DS-Chat JSONL")->capture_default_str();
   pr->add_option("--data_split", o->data_split, "as in training")->capture_default_str();
   pr->add_option("--seed", o->seed, "as in training")->capture_default_str();
   pr->add_option("--n", o->n, "prompts to show")->capture_default_str();
   pr->add_option("--max_prompt_seq_len", o->max_prompt_seq_len, "prompt tokens kept (the end)")->capture_default_str();
   pr->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
+  pr->add_flag("--apply_chat_template", o->apply_chat_template,
+               "render the prompts with the chat template of the --tokenizer HF folder, as prompt_loader's "
+               "apply_chat_template does");
   pr->callback([o] {
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
+    auto chat = chat_option(*o);  // before the models: a refused template costs no load
     auto base = load_policy(o->baseline);
     auto tuned = load_policy(o->finetuned);
     auto rows = held_out(*o, 2);
     dschat::tokenize_settings ts;
     ts.max_prompt_seq_len = o->max_prompt_seq_len;
     ts.overflow = dschat::prompt_overflow::keep_end;
+    ts.chat = chat;
     auto prompts = dschat::make_prompt_examples(rows.eval, *tok, ts);
     const int64_t n = std::min<int64_t>(o->n, static_cast<int64_t>(prompts.size()));
     std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); greedy answers, at most {} tokens\n", n,
                              rows.summary, o->max_new_tokens);
-    // the progress line (standard error, on a terminal): prompts answered of n, with the runtime's ETA
-    const bool tty = isatty(STDERR_FILENO) == 1;
-    const auto t0 = std::chrono::steady_clock::now();
-    actor::live_progress p{"", "eval prompts", 0, n};
+    print_rendered_row(*o, rows, ts, /*prompt_only=*/true);
+    progress_line line("flowrun eval", "eval prompts");  // prompts answered by both models, of n
+    line.update(0, n);
     for (int64_t i = 0; i < n; ++i) {
       const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens);
       const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens);
-      actor::console::clear_progress();
+      line.clear();
       std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
                                tail(tok->decode(prompts[i].ids), 300));
       std::cout << "---------- baseline (" << o->baseline << ") ----------\n" << a_base << "\n";
       std::cout << "---------- fine-tuned (" << o->finetuned << ") ----------\n" << a_tuned << std::endl;
-      p.done = i + 1;
-      p.t_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (tty && p.done < n) actor::console::progress("[flowrun eval] " + p.text(p.t_s));
+      line.update(i + 1, n);
     }
-    actor::console::clear_progress();
-    spdlog::info("[flowrun eval] {} prompts answered by both models in {:.1f} s", n, p.t_s);
+    line.clear();
+    spdlog::info("[flowrun eval] {} prompts answered by both models in {:.1f} s", n, line.seconds());
   });
 
   auto r = std::make_shared<eval_opts>();
@@ -126,15 +147,20 @@ void add_eval(CLI::App& app) {
   r->step = 2;
   auto* rw = ev->add_subcommand("reward", "Reward model accuracy and scores on held-out chosen/rejected pairs");
   rw->add_option("--model", r->model, "reward model folder (written by rm_trainer's output)")->capture_default_str();
-  rw->add_option("--tokenizer", r->tokenizer, "SentencePiece .model")->capture_default_str();
+  rw->add_option("--tokenizer", r->tokenizer, "SentencePiece .model, GPT-2 vocab.json or an HF model folder")
+      ->capture_default_str();
   rw->add_option("--data", r->data, "DS-Chat JSONL")->capture_default_str();
   rw->add_option("--data_split", r->data_split, "as in training")->capture_default_str();
   rw->add_option("--eval_fraction", r->eval_fraction, "as in training")->capture_default_str();
   rw->add_option("--seed", r->seed, "as in training")->capture_default_str();
   rw->add_option("--max_seq_len", r->max_seq_len, "as in training")->capture_default_str();
   rw->add_option("--step", r->step, "whose held-out share to use (2: the RM's own)")->capture_default_str();
+  rw->add_flag("--apply_chat_template", r->apply_chat_template,
+               "render the pairs with the chat template of the --tokenizer HF folder, as rm_trainer's "
+               "apply_chat_template does");
   rw->callback([r] {
     auto tok = load_tokenizer(resolve_user_path(r->tokenizer, "tokenizer").string());
+    auto chat = chat_option(*r);
     auto m = load_model(r->model);
     if (!m.has_value_head())
       throw std::runtime_error(r->model + " has no value head: give a reward model (rm_trainer's output folder)");
@@ -142,11 +168,16 @@ void add_eval(CLI::App& app) {
     dschat::tokenize_settings ts;
     ts.max_seq_len = r->max_seq_len;
     ts.truncation = dschat::truncation_mode::prompt_start;
+    ts.chat = chat;
+    print_rendered_row(*r, rows, ts, /*prompt_only=*/false);
     auto ex = dschat::make_rm_examples(rows.eval, *tok, ts);
     std::vector<dschat::rm_batch_data> batches;
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(ex.size()), 16, 0, 0, false))
       batches.push_back(dschat::rm_batch(ex, b));
-    auto e = dschat::rm_eval(m, batches);
+    progress_line line("flowrun eval", "eval reward");  // batches of 16 pairs scored
+    auto e = dschat::rm_eval(m, batches, [&line](int64_t done, int64_t total) { line.update(done, total); });
+    line.clear();
+    spdlog::info("[flowrun eval] {} batches of held-out pairs scored in {:.1f} s", batches.size(), line.seconds());
     std::cout << fmt::format("{}\nheld-out pairs {}: accuracy {:.3f} ± {:.3f} (stderr), mean chosen score {:.4f}, "
                              "mean rejected score {:.4f}, loss {:.4f}\n",
                              rows.summary, e.pairs, e.accuracy, e.accuracy_stderr, e.chosen_mean, e.rejected_mean,

@@ -1,0 +1,208 @@
+// The progress reports of DeepSpeed-Chat's long phases (docs/console.md, "Progress and ETA"): the
+// held-out passes report each batch (dschat::sft_eval / rm_eval / dpo_eval's batch_progress_fn, and
+// the trainer nodes' "step 1 sft held-out k/N"), and prompt_loader's "step 3 ppo" appears only once
+// step 3's loop runs (not at the job's start, while steps 1 and 2 still train). The nodes run here
+// on a context that records what they report, on stories260K and the HH-RLHF test file.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <spdlog/sinks/null_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "actors/register.h"
+#include "models/hf.h"
+#include "models/llama2c.h"
+#include "models/rlhf/dpo.h"
+#include "models/rlhf/dschat_data.h"
+#include "models/rlhf/dschat_steps.h"
+#include "models/tokenizer.h"
+#include "runtime/actor/node.h"
+#include "runtime/graph/validate.h"
+#include "runtime/util/assets.h"
+#include "test_util.h"
+
+using namespace flowrun;
+
+namespace {
+
+using report = std::tuple<std::string, int64_t, int64_t>;  // (what, done, total)
+
+// A node_context that records progress reports, printed lines and emitted ports.
+class recording_context final : public actor::node_context {
+ public:
+  explicit recording_context(graph::node_spec spec)
+      : spec_(std::move(spec)), log_("test", std::make_shared<spdlog::sinks::null_sink_mt>()) {}
+  const graph::node_spec& spec() const override { return spec_; }
+  std::size_t replica() const override { return 0; }
+  std::size_t replicas() const override { return 1; }
+  std::uint64_t seed() const override { return 1234; }
+  std::int64_t graph_steps() const override { return 0; }
+  std::int64_t restarts() const override { return 0; }
+  actor::stop_reason reason() const override { return actor::stop_reason::running; }
+  void emit(std::string_view out_port, actor::payload) override { emitted.emplace_back(out_port); }
+  void metric(std::string_view, std::int64_t) override {}
+  void wait_for_input() override { waiting = true; }
+  void print(std::string_view line) override { printed.emplace_back(line); }
+  spdlog::logger& log() override { return log_; }
+  void progress(std::string_view what, std::int64_t done, std::int64_t total) override {
+    reports.emplace_back(std::string(what), done, total);
+  }
+
+  std::vector<report> reports;
+  std::vector<std::string> printed, emitted;
+  bool waiting = false;
+
+ private:
+  graph::node_spec spec_;
+  spdlog::logger log_;
+};
+
+// Node `name` of the shipped graph `file` with the `--set` overrides, validated (settings filled in,
+// paths resolved), and a fresh object of its kind.
+std::pair<graph::node_spec, std::unique_ptr<actor::node>> shipped_node(const std::string& file, const std::string& name,
+                                                                       const std::vector<std::string>& overrides) {
+  static graph::node_kind_registry kinds;
+  static actor::node_factory_registry factories;
+  static const bool once = (actors::register_builtin_nodes(kinds, factories), true);
+  (void)once;
+  graph::validate_options vo;
+  vo.asset_root = assets_root();  // as flowrun run: the graph's relative inputs, then the assets
+  auto v = graph::load_graph(std::string(FLOWRUN_SOURCE_DIR) + "/graphs/" + file, kinds, vo, overrides);
+  INFO(graph::format_errors(v.errors));
+  REQUIRE(v.ok());
+  for (const auto& n : v.spec.nodes)
+    if (n.name == name) return {n, (*factories.find(n.kind))()};
+  FAIL("no node " << name << " in " << file);
+  throw 0;
+}
+
+// The reports of `what` only.
+std::vector<report> of(const std::vector<report>& all, const std::string& what) {
+  std::vector<report> out;
+  for (const auto& r : all)
+    if (std::get<0>(r) == what) out.push_back(r);
+  return out;
+}
+
+// `r` is one pass: (0, N), (1, N), ..., (N, N).
+void check_pass(const std::vector<report>& r, const std::string& what, int64_t n) {
+  REQUIRE(r.size() == static_cast<size_t>(n + 1));
+  for (int64_t k = 0; k <= n; ++k) CHECK(r[static_cast<size_t>(k)] == report{what, k, n});
+}
+
+}  // namespace
+
+// Each eval helper reports (0, N) first and then every batch, and the figures are the ones it gives
+// without a callback (the report changes nothing).
+TEST_CASE("held-out progress: the eval helpers report each batch, figures unchanged") {
+  auto tok = load_tokenizer(asset_path("model/stories260K/tok512.model").string());
+  auto model = load_llama2c(asset_path("model/stories260K/stories260K.bin").string());
+  auto src = dschat::load_sources({asset_path("data/hh-rlhf/harmless-base-test.dschat.jsonl").string()});
+  dschat::split_settings sp;
+  auto rows = dschat::rows_for_step(src, 1, sp);
+  rows.eval.resize(std::min<size_t>(rows.eval.size(), 20));
+  dschat::tokenize_settings ts;
+  ts.max_seq_len = 64;
+
+  auto sft_ex = dschat::make_sft_examples(rows.eval, *tok, ts);
+  std::vector<dschat::sft_batch_data> sft_batches;
+  for (auto& b : dschat::epoch_batches(static_cast<int64_t>(sft_ex.size()), 6, 0, 0, false))
+    sft_batches.push_back(dschat::sft_batch(sft_ex, b, false));
+  const auto n_sft = static_cast<int64_t>(sft_batches.size());
+  REQUIRE(n_sft == (static_cast<int64_t>(sft_ex.size()) + 5) / 6);
+  std::vector<report> got;
+  auto rec = [&got](int64_t done, int64_t total) { got.emplace_back("", done, total); };
+  const auto plain = dschat::sft_eval(model, sft_batches);
+  const auto reported = dschat::sft_eval(model, sft_batches, rec);
+  check_pass(got, "", n_sft);
+  CHECK(reported.loss == plain.loss);
+  CHECK(reported.tokens == plain.tokens);
+  CHECK(std::isfinite(plain.loss));
+
+  auto rm_ex = dschat::make_rm_examples(rows.eval, *tok, ts);
+  std::vector<dschat::rm_batch_data> rm_batches;
+  for (auto& b : dschat::epoch_batches(static_cast<int64_t>(rm_ex.size()), 4, 0, 0, false))
+    rm_batches.push_back(dschat::rm_batch(rm_ex, b));
+  const auto n_rm = static_cast<int64_t>(rm_batches.size());
+  REQUIRE(n_rm >= 3);
+  decoder rm = clone_decoder(model);
+  rm.add_value_head(7);
+  got.clear();
+  const auto rm_plain = dschat::rm_eval(rm, rm_batches);
+  const auto rm_reported = dschat::rm_eval(rm, rm_batches, rec);
+  check_pass(got, "", n_rm);
+  CHECK(rm_reported.pairs == rm_plain.pairs);
+  CHECK(rm_reported.accuracy == rm_plain.accuracy);
+  CHECK(rm_reported.chosen_mean == rm_plain.chosen_mean);
+
+  decoder ref = clone_decoder(model);
+  got.clear();
+  dschat::dpo_settings ds;
+  const auto dpo_plain = dschat::dpo_eval(model, ref, rm_batches, ds);
+  const auto dpo_reported = dschat::dpo_eval(model, ref, rm_batches, ds, rec);
+  check_pass(got, "", n_rm);
+  CHECK(dpo_reported.pairs == dpo_plain.pairs);
+  CHECK(dpo_reported.loss == dpo_plain.loss);
+  CHECK(dpo_plain.loss == doctest::Approx(std::log(2.0)).epsilon(1e-5));  // policy == reference
+}
+
+// sft_trainer: the held-out pass before training and the one after each report every batch of the
+// held-out examples (ceil(examples / per_device_train_batch_size) of them, the count its first line
+// prints), around the updates' "step 1 sft k/N".
+TEST_CASE("held-out progress: sft_trainer reports each held-out batch, before and after training") {
+  auto [spec, node] = shipped_node("sft.graph", "sft",
+                                   {"node.sft.steps=2", "node.sft.output=", "node.sft.per_device_train_batch_size=8",
+                                    "node.sft.eval_fraction=0.2"});
+  recording_context ctx(spec);
+  node->start(ctx);
+  while (node->produce(ctx)) {
+  }
+  // "[step 1 sft] T train / E held-out examples; ..."
+  REQUIRE(!ctx.printed.empty());
+  int64_t train = 0, held = 0;
+  REQUIRE(std::sscanf(ctx.printed.front().c_str(), "[step 1 sft] %ld train / %ld held-out", &train, &held) == 2);
+  const int64_t n = (held + 7) / 8;
+  REQUIRE(n >= 2);  // a pass of several batches, so each is seen
+  const auto passes = of(ctx.reports, "step 1 sft held-out");
+  REQUIRE(passes.size() == static_cast<size_t>(2 * (n + 1)));
+  check_pass({passes.begin(), passes.begin() + n + 1}, "step 1 sft held-out", n);
+  check_pass({passes.begin() + n + 1, passes.end()}, "step 1 sft held-out", n);
+  CHECK(of(ctx.reports, "step 1 sft") == std::vector<report>{{"step 1 sft", 1, 2}, {"step 1 sft", 2, 2}});
+  // the order: the pass before, the updates, the pass after
+  CHECK(std::get<0>(ctx.reports[static_cast<size_t>(n)]) == "step 1 sft held-out");
+  CHECK(ctx.reports[static_cast<size_t>(n + 1)] == report{"step 1 sft", 1, 2});
+  CHECK(ctx.emitted == std::vector<std::string>{"model"});
+}
+
+// prompt_loader: the held-out batch goes out at the job's start (the generator holds it until the
+// policy's weights come), but "step 3 ppo" is reported only once the controller's first tick says
+// step 3's loop runs: a phase shows once it has started.
+TEST_CASE("step 3 progress: prompt_loader reports its phase once the controller asks for a batch") {
+  auto [spec, node] = shipped_node("rlhf.graph", "prompts", {"node.prompts.iterations=3"});
+  recording_context ctx(spec);
+  node->start(ctx);
+  CHECK(node->produce(ctx));  // the held-out "before" batch
+  CHECK(ctx.emitted.size() == 1);
+  CHECK(ctx.reports.empty());  // nothing of step 3 yet: steps 1 and 2 may still be training
+  CHECK(node->produce(ctx));   // no tick yet: it waits
+  CHECK(ctx.waiting);
+  CHECK(ctx.emitted.size() == 1);
+  CHECK(ctx.reports.empty());
+  std::vector<report> want;
+  for (int64_t k = 0; k <= 3; ++k) {  // a tick per batch: iterations 0, 1, 2, then the held-out "after"
+    node->on_message(ctx, "next", actor::payload{});
+    CHECK(node->produce(ctx));
+    want.emplace_back("step 3 ppo", k, 3);
+  }
+  CHECK(ctx.emitted.size() == 5);
+  CHECK(ctx.reports == want);  // 0/3 as iteration 0's prompts go out ... 3/3 with the held-out "after"
+  node->on_message(ctx, "next", actor::payload{});
+  CHECK_FALSE(node->produce(ctx));  // all batches out
+}

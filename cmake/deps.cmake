@@ -27,8 +27,8 @@ else()
 endif()
 
 # The CPU backend's GEMM library (runtime/kernels/cpu/gemm.h), chosen by measurement
-# (bench/bench_gemm.cpp, docs/performance.md). AUTO: oneDNN (libdnnl-dev) when found,
-# else OpenBLAS. oneDNN picks its AVX-512 kernels from CPUID feature bits; Debian's
+# (bench/bench_gemm.cpp, docs/performance.md). AUTO: oneDNN (libdnnl-dev) when found
+# (with BLIS beside it for CPUs without AVX-512, when libblis-openmp-dev is found), else OpenBLAS. oneDNN picks its AVX-512 kernels from CPUID feature bits; Debian's
 # OpenBLAS 0.3.21 runs its Prescott kernels on CPUs it does not know. `blis` links
 # BLIS's static library (libblis-openmp-dev) to select its skx kernels in code.
 # The target keeps the name flowrun_openblas (runtime/CMakeLists.txt links it).
@@ -47,6 +47,16 @@ if(FLOWRUN_GEMM STREQUAL "onednn" OR (FLOWRUN_GEMM STREQUAL "AUTO" AND DNNL_INCL
   target_include_directories(flowrun_openblas INTERFACE ${DNNL_INCLUDE_DIR})
   target_link_libraries(flowrun_openblas INTERFACE ${DNNL_LIB})
   target_compile_definitions(flowrun_openblas INTERFACE FLOWRUN_GEMM_DNNL=1)
+  # AUTO with BLIS installed too: oneDNN on AVX-512 CPUs, BLIS on the others, chosen at run time
+  # (gemm.h: oneDNN's AVX2 sgemm gives a row different bits for different M). BLIS's include folder
+  # goes after OpenBLAS's (its cblas.h must not shadow OpenBLAS's), its static library after
+  # OpenBLAS on the link line (OpenBLAS keeps the BLAS names).
+  if(FLOWRUN_GEMM STREQUAL "AUTO" AND BLIS_INCLUDE_DIR AND BLIS_STATIC_LIB)
+    set(FLOWRUN_GEMM_LIB "onednn (AVX-512) / blis (others)")
+    target_include_directories(flowrun_openblas INTERFACE ${BLIS_INCLUDE_DIR})
+    target_link_libraries(flowrun_openblas INTERFACE ${BLIS_STATIC_LIB} m)
+    target_compile_definitions(flowrun_openblas INTERFACE FLOWRUN_GEMM_BLIS=1)
+  endif()
 elseif(FLOWRUN_GEMM STREQUAL "blis")
   if(NOT BLIS_INCLUDE_DIR OR NOT BLIS_STATIC_LIB)
     message(FATAL_ERROR "FLOWRUN_GEMM=blis but BLIS was not found: apt-get install libblis-openmp-dev")

@@ -8,8 +8,17 @@
 //  - FLOWRUN_GEMM_BLIS: BLIS, with its skx (AVX-512) context picked explicitly
 //    when the CPU has AVX-512F/DQ/BW/VL (BLIS 0.9's own detection looks for
 //    "Gold"/"Platinum" in the model name and falls back to haswell);
+//  - both (AUTO when both are installed): chosen at run time by the CPU, oneDNN
+//    where it has AVX-512 and BLIS (its detected haswell/zen kernels) where it
+//    has not. oneDNN 2.6's AVX2 sgemm gives a row a result that depends on M
+//    (how many rows share the call: 1-2 ulp in some rows for M = 1, 2, 3, 8,
+//    13, 19, 25, 32, 38, 57, 128 against M = 152, K = 64, N = 512), so a row's
+//    log-probs changed with its micro-batch and PPO's first ratio was not 1
+//    (test_ppo); BLIS gives every row the same bits whatever M and wherever the
+//    row sits (docs/performance.md, "GEMM per ISA"). FLOWRUN_CPU_GEMM=onednn or
+//    blis in the environment overrides the choice (bench_gemm, checks);
 //  - otherwise OpenBLAS cblas_sgemm (its own core detection).
-// All three use the calling thread's OpenMP team size (ops::set_thread_budget)
+// All use the calling thread's OpenMP team size (ops::set_thread_budget)
 // and run single-threaded when called inside a parallel region.
 //
 // Few rows times a transposed weight (x·Wᵀ with M <= k_small_m: decoding) goes
@@ -26,12 +35,17 @@
 
 #include "runtime/kernels/cpu/simd_kernels.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #if defined(FLOWRUN_GEMM_DNNL)
 #include <oneapi/dnnl/dnnl.h>
-#elif defined(FLOWRUN_GEMM_BLIS)
+#endif
+#if defined(FLOWRUN_GEMM_BLIS)
 #include <blis.h>
 extern "C" cntx_t* bli_gks_lookup_nat_cntx(arch_t id);  // defined in libblis.a (hidden in the .so only)
-#else
+#endif
+#if !defined(FLOWRUN_GEMM_DNNL) && !defined(FLOWRUN_GEMM_BLIS)
 #include <cblas.h>
 #endif
 
@@ -60,14 +74,36 @@ class single_thread_scope {
   int saved_;
 };
 
+/// AVX-512F/DQ/BW/VL, the set oneDNN's and BLIS's AVX-512 kernels need.
+inline bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+/// Whether library_sgemm calls BLIS (else oneDNN or OpenBLAS, as built). Fixed for the process.
+inline bool use_blis() {
+#if defined(FLOWRUN_GEMM_DNNL) && defined(FLOWRUN_GEMM_BLIS)
+  static const bool blis = [] {
+    if (const char* e = std::getenv("FLOWRUN_CPU_GEMM")) {
+      if (std::strcmp(e, "blis") == 0) return true;
+      if (std::strcmp(e, "onednn") == 0) return false;
+    }
+    return !cpu_has_avx512();
+  }();
+  return blis;
+#elif defined(FLOWRUN_GEMM_BLIS)
+  return true;
+#else
+  return false;
+#endif
+}
+
 #if defined(FLOWRUN_GEMM_BLIS)
 inline cntx_t* blis_context() {
   static cntx_t* cx = [] {
     bli_init();
-    __builtin_cpu_init();
-    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-    cntx_t* c = avx512 ? bli_gks_lookup_nat_cntx(BLIS_ARCH_SKX) : nullptr;
+    cntx_t* c = cpu_has_avx512() ? bli_gks_lookup_nat_cntx(BLIS_ARCH_SKX) : nullptr;
     return c ? c : bli_gks_query_cntx();
   }();
   return cx;
@@ -75,6 +111,14 @@ inline cntx_t* blis_context() {
 #endif
 
 inline std::string library_name() {
+#if defined(FLOWRUN_GEMM_BLIS)
+  if (use_blis()) {
+    cntx_t* cx = blis_context();
+    const bool skx = cx == bli_gks_lookup_nat_cntx(BLIS_ARCH_SKX);
+    return std::string("BLIS ") + bli_info_get_version_str() + ", " + (skx ? "skx" : "detected") +
+           " kernels (BLIS detects " + bli_arch_string(bli_arch_query_id()) + ")";
+  }
+#endif
 #if defined(FLOWRUN_GEMM_DNNL)
   const dnnl_version_t* v = dnnl_version();
   const char* isa = "?";
@@ -89,13 +133,10 @@ inline std::string library_name() {
   }
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
          " dnnl_sgemm, ISA " + isa;
-#elif defined(FLOWRUN_GEMM_BLIS)
-  cntx_t* cx = blis_context();
-  const bool skx = cx == bli_gks_lookup_nat_cntx(BLIS_ARCH_SKX);
-  return std::string("BLIS ") + bli_info_get_version_str() + ", " + (skx ? "skx" : "detected") + " kernels (BLIS detects " +
-         bli_arch_string(bli_arch_query_id()) + ")";
-#else
+#elif !defined(FLOWRUN_GEMM_BLIS)
   return std::string("OpenBLAS ") + openblas_get_config() + ", core " + openblas_get_corename();
+#else
+  return "BLIS";  // not reached: use_blis() is true in a BLIS-only build
 #endif
 }
 
@@ -118,17 +159,21 @@ inline void check_sizes(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ld
 inline void library_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   single_thread_scope small(M * N * K < k_par_macs && !omp_in_parallel() && omp_get_max_threads() > 1);
+#if defined(FLOWRUN_GEMM_BLIS)
+  if (use_blis()) {
+    rntm_t r = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads(omp_in_parallel() ? 1 : omp_get_max_threads(), &r);
+    bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K, &alpha,
+                 const_cast<float*>(A), lda, 1, const_cast<float*>(B), ldb, 1, &beta, C, ldc, 1, blis_context(), &r);
+    return;
+  }
+#endif
 #if defined(FLOWRUN_GEMM_DNNL)
   const dnnl_status_t st =
       dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success && !omp_in_parallel())
     throw std::runtime_error("dnnl_sgemm failed with status " + std::to_string(static_cast<int>(st)));
-#elif defined(FLOWRUN_GEMM_BLIS)
-  rntm_t r = BLIS_RNTM_INITIALIZER;
-  bli_rntm_set_num_threads(omp_in_parallel() ? 1 : omp_get_max_threads(), &r);
-  bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K, &alpha,
-               const_cast<float*>(A), lda, 1, const_cast<float*>(B), ldb, 1, &beta, C, ldc, 1, blis_context(), &r);
-#else
+#elif !defined(FLOWRUN_GEMM_BLIS)
   auto i32 = [](int64_t v) { return static_cast<int>(v); };
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, i32(M), i32(N), i32(K),
               alpha, A, i32(lda), B, i32(ldb), beta, C, i32(ldc));

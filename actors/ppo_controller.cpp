@@ -205,6 +205,14 @@ class ppo_controller final : public actor::node {
                                 : "",
                             S_ > 0 ? async_suffix(s, a) : ""));
       ctx.metric("steps");
+      // the time each phase's actor waited in this iteration: the interval since the last
+      // trained batch's report less the generator's and the policy's own time on the batch
+      if (last_trained_) {
+        const double cycle = since(*last_trained_);
+        ctx.signal("wait_seconds/generate", std::max(0.0, cycle - s.generate_seconds), p.iteration);
+        ctx.signal("wait_seconds/train", std::max(0.0, cycle - a.seconds), p.iteration);
+      }
+      last_trained_ = clk::now();
       if (S_ > 0) ctx.signal("staleness", static_cast<double>(a.staleness), p.iteration);
       if (commit_due_) commit(ctx, p.iteration, S_ > 0 ? a.policy_version : updates_);
     }
@@ -376,6 +384,7 @@ class ppo_controller final : public actor::node {
     bool eval = false, summarised = false, ticked = true;
   } newest_;  // the batch launched last: `next` is sent once per batch
   int64_t stale_dropped_ = 0, waited_ = 0;
+  std::optional<clk::time_point> last_trained_;  // when the last trained batch was reported
   const char* async_phase_ = nullptr;
 };
 

@@ -34,7 +34,10 @@
 // actor_loss, critic_loss, training_tokens_per_s (updates), and the phase durations in
 // seconds as signals phase_seconds/generate (the generator's own time),
 // phase_seconds/score_and_experience (the rest of generate_experience), phase_seconds/train
-// and phase_seconds/report; ctx.phase() names the phase it is in.
+// and phase_seconds/report, and what the generator and the policy waited per update:
+// wait_seconds/generate and wait_seconds/train (the interval since the last trained batch's
+// report less the generator's, the policy's own seconds on the batch); ctx.phase() names the
+// phase it is in.
 #pragma once
 
 #include "runtime/actor/node.h"

@@ -168,7 +168,9 @@ class rollout_generator final : public actor::node {
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     if (port == "weights") {
+      const int64_t before = weights_.model ? weights_.version : 0;
       weights_ = msg.as<model_msg>();
+      ctx.metric("policy_version", weights_.version - before);  // the console's version of this node
     } else {
       pending_.push_back(msg);
     }
@@ -604,6 +606,7 @@ class ppo_trainer final : public actor::node {
       rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
                          policy_ ? "logprobs" : "values");
     }
+    if (policy_) scored_with_[r->iteration] = version_;  // train() reuses them while the weights are these
     if (speaks()) ctx.emit("scored", actor::payload::make("scores", std::move(out)));
   }
 
@@ -623,11 +626,17 @@ class ppo_trainer final : public actor::node {
     for (size_t i : ppo::fresh_items(sampled_with, version_, xb.max_staleness, xb.drop_stale, st.staleness))
       items.push_back(&xb.items[i]);
     st.stale_dropped = static_cast<int64_t>(xb.items.size() - items.size());
-    // Decoupled PPO (AReaL): the proximal log-probs are recomputed with the weights at the start
-    // of this update; the generator's behaviour log-probs weight each token
+    // Decoupled PPO (AReaL): the proximal log-probs are the policy's log-probs with the weights
+    // at the start of this update; the generator's behaviour log-probs weight each token. The
+    // log-probs this node scored the rollouts with (the experience's `logprobs`) are those when
+    // no update came between the scoring and now (the usual case at max_staleness = 1: the next
+    // batch is scored right after the update before it), else they are computed again here.
     std::vector<std::shared_ptr<const ppo::experience>> exps;
     for (const auto* x : items) {
-      if (!(policy_ && async)) {
+      const auto at = scored_with_.find(x->iteration);
+      const bool current = at != scored_with_.end() && at->second == version_;
+      if (!(policy_ && async) || current) {
+        if (policy_ && async) ctx.metric("proximal_reused");
         exps.push_back(x->exp);
         continue;
       }
@@ -640,6 +649,7 @@ class ppo_trainer final : public actor::node {
       exps.push_back(std::move(e));
       ctx.phase("training");
     }
+    for (const auto& x : xb.items) scored_with_.erase(x.iteration);
     ps_.policy.decoupled = policy_ && async;
     const int64_t mb = ps_.per_device_training_batch_size;
     const double lr = d_.learning_rate;  // DS-Chat step 3 here: a constant learning rate
@@ -675,6 +685,10 @@ class ppo_trainer final : public actor::node {
       }
     }
     st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
+    // what reached the optimizer and what did not (the console; the drop policy's end-to-end test)
+    ctx.metric("optimizer_steps", updates);
+    ctx.metric("experience_trained", static_cast<int64_t>(items.size()));
+    if (st.stale_dropped > 0) ctx.metric("experience_dropped", st.stale_dropped);
     st.updated = !items.empty();  // else every item was too stale: nothing trained, the weights unchanged
     if (st.updated) {
       if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
@@ -682,6 +696,7 @@ class ppo_trainer final : public actor::node {
       ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
                   {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
       ++version_;
+      ctx.metric("policy_version", 1);
     }
     st.policy_version = version_;
     if (xb.checkpoint && !ctx.checkpoint_dir().empty()) save(ctx, xb.iteration + 1);
@@ -775,6 +790,7 @@ class ppo_trainer final : public actor::node {
     }
     if (unsup_) unsup_->set_position(m0.data_epoch, m0.data_cursor);
     version_ = m0.extra.value("policy_version", int64_t{0});
+    ctx.metric("policy_version", version_);
     if (speaks())
       ctx.log().info("restored iteration {} from {} ({} ranks, stage {}) on {} ranks, stage {}", iteration, f,
                      m0.world_size, m0.zero_stage, group_.world, d_.zero_stage);
@@ -789,6 +805,7 @@ class ppo_trainer final : public actor::node {
   trainer_engine engine_;
   int64_t version_ = 0, gather_bytes_ = 0, snapshot_bytes_ = 0;  // version_: updates so far
   std::vector<std::shared_ptr<decoder>> snapshots_;  // the generator's weight buffers (take_snapshot)
+  std::map<int64_t, int64_t> scored_with_;  // the policy: iteration -> version_ when its rollouts were scored
   int64_t planned_T_ = 0;  // the longest rows the memory plan was checked for
   std::shared_ptr<decoder> model_;
   tensor ema_;

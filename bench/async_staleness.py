@@ -15,6 +15,19 @@ The models: ppo.graph starts from step-1 and step-2 models made once with graphs
 steps, as bench/ppo_split.py); grpo.graph trains its own SFT model first (fewer steps here), whose time
 is outside the measured intervals.
 Prints one JSON line per graph and S: {"kind": "staleness", ...}, and a table to stderr.
+
+With --profile each run also writes its --metrics file (DIR/GRAPH.S<S>.r<R>.metrics.jsonl) and the
+script prints, per graph and S, where an iteration's time goes, from the run's own metrics
+(medians over the rounds; the first iteration dropped): {"kind": "profile", ...} and a table:
+- phase_seconds: the controller's signals per iteration: generate (the generator's own time),
+  score (phase_seconds/score_and_experience: the four scorers, rewards, advantages and the messages
+  between), train (from the experience to both trainers' stats: with S >= 1 this includes the wait
+  for the trainers to finish the batch before), report;
+- wait_seconds: the controller's wait_seconds/generate and wait_seconds/train: one iteration's
+  interval less the generator's (the policy's) own time on the batch;
+- per node, seconds per iteration busy in the node's calls and waiting for input between them
+  (the metrics' busy_s and wait_s over the steady window, times the median interval);
+- cores: the process's CPU time (/proc/PID/stat, user + system) over the same window's wall time.
 """
 import argparse
 import json
@@ -34,19 +47,81 @@ def run_quiet(cmd, log):
         sys.exit(f"async_staleness: {' '.join(cmd)} failed (exit {r.returncode}); see {log}")
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of process pid so far (/proc/PID/stat fields 14 and 15)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return None
+
+
 def one_run(cmd):
-    """Runs cmd; returns (intervals between iteration lines, held-out result after, the log)."""
+    """Runs cmd; returns (intervals between iteration lines, held-out result after, the log, cores used
+    between the second and the last iteration line)."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    stamps, after, log = [], None, []
+    stamps, cpus, after, log = [], [], None, []
     for line in p.stdout:
         log.append(line)
         if "[step 3 ppo] iter " in line:
             stamps.append(time.perf_counter())
+            cpus.append(cpu_seconds(p.pid))
         if "[step 3 ppo] held-out mean reward" in line and "->" in line:
             after = float(line.split("->")[1].split()[0])
     if p.wait():
         sys.exit("async_staleness: flowrun failed:\n" + "".join(log[-30:]))
-    return [b - a for a, b in zip(stamps, stamps[1:])], after, log
+    cores = None
+    if len(stamps) >= 3 and cpus[1] is not None and cpus[-1] is not None:
+        cores = (cpus[-1] - cpus[1]) / (stamps[-1] - stamps[1])
+    return [b - a for a, b in zip(stamps, stamps[1:])], after, log, cores
+
+
+def profile_of(metrics_file, controller, cycle):
+    """Where one iteration's time goes, from a --metrics file (see the module's doc)."""
+    sig, snaps = {}, []
+    with open(metrics_file) as f:
+        for line in f:
+            d = json.loads(line)
+            if "signal" in d:
+                if d["node"] == controller and d.get("value") is not None and d["step"] >= 1:
+                    sig.setdefault(d["signal"], []).append((d["step"], d["value"], d["t"]))
+            elif "nodes" in d:
+                snaps.append(d)
+    med = lambda name: statistics.median([v for _, v, _ in sig[name]]) if sig.get(name) else None
+    out = {"phase_seconds": {"generate": med("phase_seconds/generate"),
+                             "score": med("phase_seconds/score_and_experience"),
+                             "train": med("phase_seconds/train"), "report": med("phase_seconds/report")},
+           "wait_seconds": {"generate": med("wait_seconds/generate"), "train": med("wait_seconds/train")},
+           "nodes": {}}
+    reports = sorted(t for _, _, t in sig.get("actor_loss", []))
+    if len(reports) >= 2:  # the steady window: from the second trained report to the last
+        inside = [s for s in snaps if reports[0] <= s["t"] <= reports[-1]]
+        if len(inside) >= 2:
+            a, b = inside[0], inside[-1]
+            dt = b["t"] - a["t"]
+            for name, n in b["nodes"].items():
+                m = a["nodes"].get(name)
+                if m is None:
+                    continue
+                out["nodes"][name] = {"busy": (n["busy_s"] - m["busy_s"]) / dt * cycle,
+                                      "wait": (n.get("wait_s", 0) - m.get("wait_s", 0)) / dt * cycle}
+    return out
+
+
+def median_profile(profiles):
+    """The median of each number over the rounds' profiles."""
+    def med(xs):
+        xs = [x for x in xs if x is not None]
+        return statistics.median(xs) if xs else None
+    out = {}
+    for key in ("phase_seconds", "wait_seconds"):
+        out[key] = {k: med([p[key][k] for p in profiles]) for k in profiles[0][key]}
+    names = set().union(*[p["nodes"].keys() for p in profiles])
+    out["nodes"] = {n: {k: med([p["nodes"].get(n, {}).get(k) for p in profiles]) for k in ("busy", "wait")}
+                    for n in sorted(names)}
+    out["cores"] = med([p.get("cores") for p in profiles])
+    return out
 
 
 def main():
@@ -57,6 +132,9 @@ def main():
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--graphs", default="ppo,grpo")
     ap.add_argument("--staleness", default="0,1,2")
+    ap.add_argument("--profile", action="store_true", help="also print where each iteration's time goes")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="more --set for every run (e.g. node.generator.threads=2)")
     a = ap.parse_args()
     out = os.path.abspath(a.out)
     os.makedirs(out, exist_ok=True)
@@ -93,14 +171,26 @@ def main():
                     "--set", f"node.policy.output={os.path.join(out, 'grpo.bin')}"] + \
                 one_thread(["generator", "policy", "reference"])
             controller, per_iter = "controller", 64 * 8
+        for kv in a.set:
+            base += ["--set", kv]
         runs = {s: [] for s in svals}
+        profiles = {s: [] for s in svals}
         for r in range(a.rounds):
             for s in (svals if r % 2 == 0 else list(reversed(svals))):
-                iv, after, log = one_run(base + ["--set", f"node.{controller}.max_staleness={s}"])
+                extra = []
+                mfile = os.path.join(out, f"{g}.S{s}.r{r}.metrics.jsonl")
+                if a.profile:
+                    extra = ["--metrics", mfile, "--metrics-interval", "0.2"]
+                iv, after, log, cores = one_run(base + ["--set", f"node.{controller}.max_staleness={s}"] + extra)
                 with open(os.path.join(out, f"{g}.S{s}.r{r}.log"), "w") as f:
                     f.writelines(log)
                 sps = per_iter / statistics.median(iv)
                 runs[s].append((sps, after))
+                if a.profile:
+                    p = profile_of(mfile, controller, statistics.median(iv))
+                    p["cores"] = cores
+                    p["cycle"] = statistics.median(iv)
+                    profiles[s].append(p)
                 print(f"# {g} S={s} round {r + 1}: {sps:.1f} samples/s, held-out after {after}", file=sys.stderr,
                       flush=True)
         s0 = statistics.median([x[0] for x in runs[svals[0]]])
@@ -112,6 +202,20 @@ def main():
                  "held_out_after": [x[1] for x in runs[s]]}
             results.append(d)
             print(json.dumps(d), flush=True)
+        if a.profile:
+            print(f"\n{g}: seconds per iteration (medians of {a.rounds} rounds)", file=sys.stderr)
+            for s in svals:
+                mp = median_profile(profiles[s])
+                cycle = statistics.median([p["cycle"] for p in profiles[s]])
+                pl = {"kind": "profile", "graph": g, "S": s, "cycle_s": cycle, **mp}
+                print(json.dumps(pl), flush=True)
+                ph, w = mp["phase_seconds"], mp["wait_seconds"]
+                f = lambda x: "-" if x is None else f"{x:.3f}"
+                print(f"S={s}: iteration {cycle:.3f} s, cores used {f(mp['cores'])}; phases: generate {f(ph['generate'])}, "
+                      f"score {f(ph['score'])}, train {f(ph['train'])}, report {f(ph['report'])}; waits: generator "
+                      f"{f(w['generate'])}, policy {f(w['train'])}", file=sys.stderr)
+                for n, v in mp["nodes"].items():
+                    print(f"    {n:16s} busy {f(v['busy'])}  waiting for input {f(v['wait'])}", file=sys.stderr)
     print("\n| graph | S | samples/s (median) | vs S = 0 | held-out after (each round) |", file=sys.stderr)
     print("|---|---|---|---|---|", file=sys.stderr)
     for d in results:

@@ -1042,6 +1042,12 @@ kind = "collect"
   CHECK(r.error == "");
   CHECK(r.reason == stop_reason::completed);
   CHECK(r.metrics.node("sink")->handled == 2000);
+  // busy (inside calls) and waiting for input (between calls) are disjoint parts of each replica's time
+  for (const auto& n : r.metrics.nodes) {
+    INFO(n.name);
+    CHECK(n.wait_s >= 0.0);
+    CHECK(n.busy_s + n.wait_s <= r.metrics.elapsed_s * static_cast<double>(n.replicas) + 1e-3);
+  }
   {
     std::lock_guard<std::mutex> lock(rec.m);
     CHECK(rec.items["sink[0]"] == iota(2000));
@@ -1052,6 +1058,8 @@ kind = "collect"
   auto j = nlohmann::json::parse(last);
   CHECK(j["final"] == true);
   CHECK(j["nodes"]["sink"]["handled"] == 2000);
+  CHECK(r.metrics.node("sink")->wait_s > 0.0);  // it waited for its first message after start
+  CHECK(j["nodes"]["sink"]["wait_s"].get<double>() == doctest::Approx(r.metrics.node("sink")->wait_s));
   std::filesystem::remove(file);
 
   o.metrics_path.clear();
@@ -1163,6 +1171,7 @@ TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors t
   c.msgs_in = 7;
   c.handled = 7;
   c.busy_ns = 123456789;
+  c.wait_ns = 500000000;
   c.add("tokens", 1500);
   c.add("batches", 3);
   node_side.replica(1, 0).msgs_in = 99;  // not sent: only (0, 1) runs on that node
@@ -1174,6 +1183,8 @@ TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors t
   CHECK(gen->per_replica.at(1).msgs_in == 7);
   CHECK(gen->per_replica.at(1).handled == 7);
   CHECK(gen->per_replica.at(1).busy_s == doctest::Approx(0.123456789));
+  CHECK(gen->per_replica.at(1).wait_s == doctest::Approx(0.5));
+  CHECK(gen->wait_s == doctest::Approx(0.5));
   CHECK(gen->per_replica.at(1).counters.at("tokens") == 1500);
   CHECK(gen->per_replica.at(0).msgs_in == 0);
   CHECK(snap.node("sink")->msgs_in == 0);

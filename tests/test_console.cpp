@@ -300,7 +300,9 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
       rb.msgs_in = n / 2;
       rb.handled = n / 2;
       rb.busy_s = busy_b;
+      rb.wait_s = t * 0.05;
       rb.counters["tokens"] = static_cast<std::int64_t>(n * 8);
+      rb.counters["policy_version"] = static_cast<std::int64_t>(n / 100) + r;  // replica 1 holds a newer one
       b.replicas.push_back(rb);
     }
     s.nodes = {a, b};
@@ -322,6 +324,7 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   s1.events.push_back({2, 1.0, "restart", "b", 1, "restart 1 of 3"});
   s1.signals.push_back({2, 1.5, "b", 0, "loss", 2.0, ""});
   s1.signals.push_back({3, 1.6, "b", 1, "phase", 0, "training"});
+  s1.signals.push_back({4, 1.7, "b", 0, "staleness", 1.0, ""});
   h.publish(s1);
 
   json nodes = json::parse(h.nodes_json())["nodes"];
@@ -338,6 +341,17 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   CHECK(nodes[1]["load"]["busy_ms_per_s"].get<double>() == doctest::Approx(1900.0));  // 950 per replica
   CHECK(nodes[1]["load"]["idle_ms_per_s"].get<double>() == doctest::Approx(100.0));
   CHECK(nodes[1]["load"]["mailbox_depth"] == 6);
+  // asynchronous RLHF: the newest policy version a replica holds, the seconds waiting for input
+  CHECK(nodes[0]["policy_version"].is_null());  // a node without the counter has none
+  CHECK(nodes[1]["policy_version"] == 3);       // 200 / 100 + 1: replica 1's
+  CHECK(nodes[1]["totals"]["wait_s"].get<double>() == doctest::Approx(0.2));  // 2 replicas x 2 s x 0.05
+  {
+    json a = json::parse(h.status_json())["async"];
+    CHECK(a["policy_versions"] == json{{"b", 3}});
+    CHECK(a["wait_s"]["b"].get<double>() == doctest::Approx(0.2));
+    CHECK(a["staleness"].get<double>() == 1.0);  // the last trained batch's
+    CHECK(a["stale_dropped"] == 0);
+  }
   json edges = json::parse(h.edges_json())["edges"];
   CHECK(edges[0]["msgs_per_s"].get<double>() == doctest::Approx(100.0));
   CHECK(edges[0]["transport"] == "in-process");
@@ -364,7 +378,7 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   std::uint64_t es = 0, ss = 0;
   json f1 = json::parse(h.frame_json(&es, &ss));
   CHECK(f1["events"].size() == 2);
-  CHECK(f1["signals"].size() == 3);
+  CHECK(f1["signals"].size() == 4);
   json f2 = json::parse(h.frame_json(&es, &ss));
   CHECK(f2["events"].empty());
   CHECK(f2["signals"].empty());

@@ -180,6 +180,7 @@ void console_session::publish(const metrics_snapshot& m, const job_live& live, b
       x.dropped = rs.dropped;
       x.busy_s = rs.busy_s;
       x.blocked_s = rs.blocked_s;
+      x.wait_s = rs.wait_s;
       x.counters = rs.counters;
       n.replicas.push_back(std::move(x));
     }

@@ -1204,6 +1204,23 @@ class replica_actor final : public caf::event_based_actor {
     ops::set_thread_budget(n);
   }
 
+  // Waiting for input (replica_counters::wait_ns): the time from the end of one call into the
+  // node to the start of the next, less the time blocked on credit in between.
+  void note_wait_start() {
+    idle_since_ = now();
+    idle_blocked_ns_ = counters_.blocked_ns.load(std::memory_order_relaxed);
+    idle_valid_ = true;
+  }
+  void note_wait_end(clock_type::time_point t0) {
+    if (!idle_valid_) return;
+    idle_valid_ = false;
+    const auto gap = static_cast<std::int64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - idle_since_).count());
+    const auto blocked =
+        static_cast<std::int64_t>(counters_.blocked_ns.load(std::memory_order_relaxed) - idle_blocked_ns_);
+    if (gap > blocked) bump(counters_.wait_ns, static_cast<std::uint64_t>(gap - blocked));
+  }
+
   // Runs `f` (a call into the node). On an exception: discard its emits and,
   // per the restart policy, make a fresh node, start it and run `f` again;
   // or fail for good. Returns true once `f` returned normally.
@@ -1212,12 +1229,14 @@ class replica_actor final : public caf::event_based_actor {
     for (;;) {
       std::string why;
       auto t0 = now();
+      note_wait_end(t0);
       set_state(phase_ == phase::running && impl_ ? replica_state::busy : replica_state::initializing);
       apply_thread_budget();
       try {
         f();
         fresh_now();
         bump(counters_.busy_ns, elapsed_ns(t0));
+        note_wait_start();
         return true;
       } catch (const std::exception& e) {
         why = e.what();
@@ -1226,6 +1245,7 @@ class replica_actor final : public caf::event_based_actor {
       }
       fresh_now();
       bump(counters_.busy_ns, elapsed_ns(t0));
+      note_wait_start();
       staged_.clear();
       waiting_input_ = false;
       if (!restart(what, why)) return false;
@@ -1333,6 +1353,9 @@ class replica_actor final : public caf::event_based_actor {
   std::int64_t produced_ = 0;
   bool paused_ = false;
   int requested_threads_ = 0;  // node_context::thread_budget (0: not asked)
+  clock_type::time_point idle_since_;  // the end of the last call into the node (note_wait_start)
+  std::uint64_t idle_blocked_ns_ = 0;  // counters_.blocked_ns then
+  bool idle_valid_ = false;
   std::string last_phase_;
   std::uint64_t checkpoint_seen_ = 0;
 };

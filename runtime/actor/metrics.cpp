@@ -124,6 +124,7 @@ metrics_snapshot job_metrics::snapshot() const {
       rs.produced = r->produced.load(rx);
       rs.busy_s = ns_to_s(r->busy_ns.load(rx));
       rs.blocked_s = ns_to_s(r->blocked_ns.load(rx));
+      rs.wait_s = ns_to_s(r->wait_ns.load(rx));
       rs.restarts = r->restarts.load(rx);
       rs.dropped = r->dropped.load(rx);
       rs.counters = r->counters();
@@ -135,6 +136,7 @@ metrics_snapshot job_metrics::snapshot() const {
       ns.produced += rs.produced;
       ns.busy_s += rs.busy_s;
       ns.blocked_s += rs.blocked_s;
+      ns.wait_s += rs.wait_s;
       ns.restarts += rs.restarts;
       ns.dropped += rs.dropped;
       for (const auto& [k, v] : rs.counters) ns.counters[k] += v;
@@ -191,6 +193,7 @@ std::string to_json_line(const metrics_snapshot& s, bool final) {
     o["mailbox_depth"] = n.depth;
     o["busy_s"] = n.busy_s;
     o["blocked_s"] = n.blocked_s;
+    o["wait_s"] = n.wait_s;
     o["restarts"] = n.restarts;
     o["dropped"] = n.dropped;
     o["counters"] = n.counters;
@@ -296,7 +299,7 @@ std::vector<char> encode_replica_counters(job_metrics& m,
     byte_io::put<std::uint32_t>(out, n);
     byte_io::put<std::uint32_t>(out, r);
     for (const auto* a : {&c.msgs_in, &c.bytes_in, &c.msgs_out, &c.bytes_out, &c.handled, &c.produced, &c.busy_ns,
-                          &c.blocked_ns, &c.restarts, &c.dropped})
+                          &c.blocked_ns, &c.restarts, &c.dropped, &c.wait_ns})
       byte_io::put<std::uint64_t>(out, a->load(std::memory_order_relaxed));
     const auto custom = c.counters();
     byte_io::put<std::uint32_t>(out, static_cast<std::uint32_t>(custom.size()));
@@ -315,7 +318,7 @@ bool apply_replica_counters(job_metrics& m, const std::vector<char>& bytes) {
   if (!byte_io::get(bytes, at, count) || count > 100000) return false;
   for (std::uint32_t i = 0; i < count; ++i) {
     std::uint32_t n = 0, r = 0;
-    std::uint64_t v[10];
+    std::uint64_t v[11];
     if (!byte_io::get(bytes, at, n) || !byte_io::get(bytes, at, r)) return false;
     for (auto& x : v)
       if (!byte_io::get(bytes, at, x)) return false;
@@ -335,7 +338,7 @@ bool apply_replica_counters(job_metrics& m, const std::vector<char>& bytes) {
     replica_counters& c = m.replica(n, r);
     std::size_t k = 0;
     for (auto* a : {&c.msgs_in, &c.bytes_in, &c.msgs_out, &c.bytes_out, &c.handled, &c.produced, &c.busy_ns,
-                    &c.blocked_ns, &c.restarts, &c.dropped})
+                    &c.blocked_ns, &c.restarts, &c.dropped, &c.wait_ns})
       a->store(v[k++], std::memory_order_relaxed);
     for (const auto& [name, value] : custom) c.set(name, value);
   }

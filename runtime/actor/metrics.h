@@ -48,6 +48,11 @@ struct replica_counters {
   std::atomic<std::uint64_t> produced{0};    ///< produce() calls that returned true
   std::atomic<std::uint64_t> busy_ns{0};     ///< time inside start/on_message/produce/finish/stop
   std::atomic<std::uint64_t> blocked_ns{0};  ///< time with work to do but no credit
+  /// Time waiting for input: from the end of one call into the node to the start of the next,
+  /// less the time blocked on credit between them (the time before the first call and after
+  /// the last is not counted). busy + blocked + wait is the replica's time between its first
+  /// call's start and its last call's end.
+  std::atomic<std::uint64_t> wait_ns{0};
   std::atomic<std::uint64_t> restarts{0};
   std::atomic<std::uint64_t> dropped{0};     ///< emits on unconnected ports, messages after the end
 
@@ -67,7 +72,7 @@ struct replica_counters {
 /// One replica's counters at one moment.
 struct replica_stats {
   std::uint64_t msgs_in = 0, bytes_in = 0, msgs_out = 0, bytes_out = 0, handled = 0, produced = 0;
-  double busy_s = 0, blocked_s = 0;
+  double busy_s = 0, blocked_s = 0, wait_s = 0;  ///< wait_s: replica_counters::wait_ns in seconds
   std::uint64_t restarts = 0, dropped = 0;
   std::map<std::string, std::int64_t> counters;
 };
@@ -80,7 +85,7 @@ struct node_stats {
   bool terminal = false;  ///< no out edges (a sink of the graph)
   std::uint64_t msgs_in = 0, bytes_in = 0, msgs_out = 0, bytes_out = 0, handled = 0, produced = 0;
   std::int64_t depth = 0;  ///< approximate mailbox depth: messages sent to the node minus handled
-  double busy_s = 0, blocked_s = 0;
+  double busy_s = 0, blocked_s = 0, wait_s = 0;  ///< summed over replicas (wait_s: replica_counters::wait_ns)
   std::uint64_t restarts = 0, dropped = 0;
   std::map<std::string, std::int64_t> counters;
   std::vector<replica_stats> per_replica;  ///< the same counters, per replica
@@ -160,7 +165,7 @@ class job_metrics {
 };
 
 /// Cluster runs: the counters of `ids` ((node, replica) pairs of `m`) as
-/// bytes, integers only (busy and blocked times in ns), for main to mirror:
+/// bytes, integers only (busy, blocked and wait times in ns), for main to mirror:
 /// each node sends its replicas' counters with every heartbeat reply and at
 /// the end of the job (docs/scaling.md). Ids out of range are skipped.
 std::vector<char> encode_replica_counters(job_metrics& m,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -139,7 +140,8 @@ struct hub_json {
     std::string reason, phase;
     json states = json::array();
     std::uint64_t tot[8] = {};
-    double busy = 0, blocked = 0;
+    double busy = 0, blocked = 0, wait = 0;
+    std::optional<std::int64_t> version;  // the policy version the node holds (asynchronous RLHF)
     for (std::size_t k = 0; k < n.replicas.size(); ++k) {
       const auto& rs = n.replicas[k];
       if (rs.state == state) for_s = std::max(for_s, rs.state_for_s);
@@ -152,7 +154,9 @@ struct hub_json {
                             {"reason", rs.reason}});
       tot[0] += rs.msgs_in, tot[1] += rs.bytes_in, tot[2] += rs.msgs_out, tot[3] += rs.bytes_out;
       tot[4] += rs.handled, tot[5] += rs.produced, tot[6] += rs.restarts, tot[7] += rs.dropped;
-      busy += rs.busy_s, blocked += rs.blocked_s;
+      busy += rs.busy_s, blocked += rs.blocked_s, wait += rs.wait_s;
+      if (auto v = rs.counters.find("policy_version"); v != rs.counters.end())
+        version = std::max(version.value_or(v->second), v->second);
     }
     j["state_for_s"] = num(for_s);
     j["reason"] = reason;
@@ -160,6 +164,7 @@ struct hub_json {
     j["source"] = ni && ni->source;
     j["terminal"] = ni && ni->terminal;
     j["rates"] = rates(r);
+    j["policy_version"] = version ? json(*version) : json(nullptr);
     std::int64_t out_total = 0;
     double oldest = 0;
     json outs = outstanding(n.name, &out_total, &oldest);
@@ -174,7 +179,7 @@ struct hub_json {
                      {"outstanding_by_edge", outs}};
     j["totals"] = json{{"msgs_in", tot[0]},   {"bytes_in", tot[1]},       {"msgs_out", tot[2]}, {"bytes_out", tot[3]},
                        {"handled", tot[4]},   {"produced", tot[5]},       {"restarts", tot[6]}, {"dropped", tot[7]},
-                       {"busy_s", num(busy)}, {"blocked_s", num(blocked)}};
+                       {"busy_s", num(busy)}, {"blocked_s", num(blocked)}, {"wait_s", num(wait)}};
     j["replica_states"] = std::move(states);
     return j;
   }
@@ -219,6 +224,7 @@ struct hub_json {
                           {"restarts", rs.restarts},
                           {"busy_s", num(rs.busy_s)},
                           {"blocked_s", num(rs.blocked_s)},
+                          {"wait_s", num(rs.wait_s)},
                           {"counters", rs.counters},
                           {"memory_bytes", mem},
                           {"checkpoint_capable", rs.checkpoint_capable},
@@ -340,6 +346,30 @@ struct hub_json {
     for (const auto& n : s.nodes)
       for (const auto& r : n.replicas)
         for (const auto& [c, b] : r.memory) mem += b;
+    // Asynchronous RLHF (docs/rlhf.md): the policy version each node holds (its
+    // "policy_version" counter), the seconds each waited for input, and the staleness of the
+    // last trained batch with the stale-batch counts (the controller's signals)
+    json versions = json::object(), waits = json::object(), stale = json::object();
+    for (const auto& n : s.nodes) {
+      std::optional<std::int64_t> v;
+      double w = 0;
+      for (const auto& r : n.replicas) {
+        w += r.wait_s;
+        if (auto c = r.counters.find("policy_version"); c != r.counters.end()) v = std::max(v.value_or(c->second), c->second);
+      }
+      if (v) {
+        versions[n.name] = *v;
+        waits[n.name] = num(w);
+      }
+    }
+    for (const auto& [key, v] : h.latest_)
+      if (key.second == "staleness" || key.second == "stale_dropped" || key.second == "stale_waited")
+        stale[key.second] = num(v, 1e6);
+    json async = versions.empty() ? json(nullptr)
+                                  : json{{"policy_versions", versions}, {"wait_s", waits},
+                                         {"staleness", stale.value("staleness", json(nullptr))},
+                                         {"stale_dropped", stale.value("stale_dropped", json(0))},
+                                         {"stale_waited", stale.value("stale_waited", json(0))}};
     json progress = json::array();
     for (const auto& p : s.progress)
       progress.push_back({{"node", p.node}, {"what", p.what}, {"done", p.done}, {"total", p.total},
@@ -363,6 +393,7 @@ struct hub_json {
                 {"replicas", replicas},
                 {"nodes_by_state", by_state},
                 {"signals", sig},
+                {"async", async},
                 {"memory_reported_bytes", mem},
                 {"rss_bytes", s.rss_bytes},
                 {"last_event_seq", h.events_.empty() ? 0 : h.events_.back().seq}};

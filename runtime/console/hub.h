@@ -114,6 +114,7 @@ struct replica_sample {
   std::uint64_t msgs_in = 0, bytes_in = 0, msgs_out = 0, bytes_out = 0, handled = 0, produced = 0;
   std::uint64_t restarts = 0, dropped = 0;
   double busy_s = 0, blocked_s = 0;                          ///< seconds inside node calls / waiting for credit
+  double wait_s = 0;  ///< seconds waiting for input between calls (metrics.h: replica_counters::wait_ns)
   std::map<std::string, std::int64_t> counters;              ///< node_context::metric
   std::vector<std::pair<double, std::string>> errors;        ///< recent errors (t_s, text)
   std::vector<std::pair<std::string, std::int64_t>> memory;  ///< bytes by category (node_context::memory)

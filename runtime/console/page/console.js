@@ -240,7 +240,9 @@
       const r = n.rates;
       const inout = n.source ? fmtRate(r.msgs_out_per_s) + ' out' : fmtRate(r.handled_per_s) + ' handled';
       g.querySelector('text.line').textContent = n.state.replace('_', ' ') + (n.phase ? ' · ' + n.phase : '');
-      g.querySelector('text.rates').textContent = `${inout} · busy ${Math.round(n.load.utilization * 100)}%`;
+      // asynchronous RLHF: the policy version the node holds and the seconds it waited for input
+      const async = n.policy_version == null ? '' : ` · v${n.policy_version} · waited ${fmtSec(n.totals.wait_s)}`;
+      g.querySelector('text.rates').textContent = `${inout} · busy ${Math.round(n.load.utilization * 100)}%${async}`;
       for (const rr of g.querySelectorAll('rect.replica')) {
         const k = +rr.getAttribute('data-replica');
         const rs = (n.replica_states || [])[k];
@@ -342,7 +344,9 @@
       const T = d.totals;
       const crow = [['messages in', T.msgs_in], ['messages out', T.msgs_out], ['handled', T.handled],
                     ['produced', T.produced], ['bytes in', fmtBytes(T.bytes_in)], ['bytes out', fmtBytes(T.bytes_out)],
-                    ['busy s', T.busy_s], ['blocked s', T.blocked_s], ['restarts', T.restarts], ['dropped', T.dropped]];
+                    ['busy s', T.busy_s], ['blocked s', T.blocked_s], ['waiting for input s', T.wait_s],
+                    ['restarts', T.restarts], ['dropped', T.dropped]];
+      if (d.policy_version != null) crow.push(['policy version', d.policy_version]);
       for (const [k, v] of Object.entries(d.counters || {})) crow.push([k, v]);
       for (const [k, v] of Object.entries(d.signals || {})) crow.push(['signal ' + k, v]);
       const ct = table(crow);
@@ -528,7 +532,10 @@
     const rs = $('run-state');
     rs.textContent = s.run_state + (s.finished ? ` (exit ${s.exit_code})` : '');
     rs.className = 'badge ' + s.run_state;
-    $('phase').textContent = s.phase || '';
+    // asynchronous RLHF: the staleness of the last trained batch and the stale batches so far
+    const a = s.async;
+    $('phase').textContent = (s.phase || '') + (a && a.staleness != null
+        ? ` · staleness ${a.staleness} (dropped ${a.stale_dropped}, waited ${a.stale_waited})` : '');
     $('elapsed').textContent = fmtNum(s.elapsed_s, 1);
     // the phases under way as step k/N with an ETA (node_context::progress); else the largest step counter
     $('steps').textContent = s.progress_text ? s.progress_text : 'step ' + s.steps + (s.total_steps > 0 ? '/' + s.total_steps : '');

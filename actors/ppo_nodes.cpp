@@ -651,8 +651,10 @@ class ppo_trainer final : public actor::node {
         const ppo::experience sub = ppo::slice_rows(e, a, b);
         // the synchronous loop's first update on the batch this trainer scored last: the weights
         // are those it scored with, so the engine's activations may hold this forward already
-        // (the loss checks that they are of these very rows)
-        const bool scored = !async && updates == 0 && e.seq.raw() == scored_;
+        // (the loss checks that they are of these very rows). Not at stage 3, where a forward
+        // gathers each block: ranks on other cluster nodes get copies of the batches (other
+        // memory), so they would run the forward and its gathers while rank 0 skips them
+        const bool scored = !async && updates == 0 && e.seq.raw() == scored_ && d_.zero_stage != 3;
         step_result r;
         try {
         if (policy_) {

@@ -172,6 +172,8 @@ micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k);
 /// forward (same rows, weights and shapes), so the loss and gradients are those of running it.
 /// Micro-batch 0 still runs its forward when the activations do not hold these rows
 /// (holds_forward_of) or the model has LoRA dropout (a training forward draws new masks).
+/// At ZeRO stage 3 a forward gathers blocks (collectives): every rank must then pass the same
+/// `scored` and hold the same rows, or none pass it (ppo_trainer does not at stage 3).
 batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange,
                             const policy_loss_settings& p, int64_t micro_batches, bool scored = false);
 /// The critic's clipped value loss (critic_loss_fn: 0.5 · masked mean of the larger squared

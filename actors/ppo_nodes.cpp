@@ -332,8 +332,8 @@ class frozen_scorer final : public actor::node {
       out.rollouts = r;
       if (r->exp) {
         out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
-          activations a;
-          return reward_ ? ppo::reward_scores(*model_, seq, mask) : ppo::sequence_logprobs(*model_, a, seq, mask);
+          return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask)
+                         : ppo::sequence_logprobs(*model_, acts_, seq, mask);
         });
         rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
                            reward_ ? "reward_score" : "ref_logprobs");
@@ -353,6 +353,7 @@ class frozen_scorer final : public actor::node {
   rank_group group_;
   std::shared_ptr<decoder> model_;
   std::unique_ptr<zero_engine> engine_;
+  activations acts_;  // every batch's forward: reallocated only when the rollouts' shape changes
   std::deque<actor::payload> pending_;
 };
 
@@ -593,16 +594,19 @@ class ppo_trainer final : public actor::node {
     return buf;
   }
 
-  // Rank r scores its rows, the group all-gathers them: (B, L) log-probs or values.
+  // Rank r scores its rows, the group all-gathers them: (B, L) log-probs or values. The forward
+  // runs in the engine's activations, so that the first update on these rows can take it over
+  // (train: ppo::actor_update's `scored`) instead of running the same forward again.
   void score(actor::node_context& ctx, const std::shared_ptr<const rollout_msg>& r) {
     ctx.phase("scoring");
     score_msg out;
     out.rollouts = r;
     if (r->exp) {
       out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
-        activations a;
+        activations& a = engine_.engine->forward_activations();
         return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
       });
+      scored_ = r->exp->seq.raw();
       rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
                          policy_ ? "logprobs" : "values");
     }
@@ -643,8 +647,7 @@ class ppo_trainer final : public actor::node {
       auto e = std::make_shared<ppo::experience>(*x->exp);  // tensor handles
       ctx.phase("proximal_logprobs");
       e->logprobs = score_on_ranks(group_, *e, [&](const tensor& seq, const tensor& mask) {
-        activations a;
-        return ppo::sequence_logprobs(*model_, a, seq, mask);
+        return ppo::sequence_logprobs(*model_, engine_.engine->forward_activations(), seq, mask);
       });
       exps.push_back(std::move(e));
       ctx.phase("training");
@@ -663,17 +666,23 @@ class ppo_trainer final : public actor::node {
       for (int64_t a = 0; a < B; a += mb) {  // DS-Chat: one train_rlhf per mini-batch of the experience
         const int64_t b = std::min(B, a + mb);
         const ppo::experience sub = ppo::slice_rows(e, a, b);
+        // the synchronous loop's first update on the batch this trainer scored last: the weights
+        // are those it scored with, so the engine's activations may hold this forward already
+        // (the loss checks that they are of these very rows). Not at stage 3, where a forward
+        // gathers each block: ranks on other cluster nodes get copies of the batches (other
+        // memory), so they would run the forward and its gathers while rank 0 skips them
+        const bool scored = !async && updates == 0 && e.seq.raw() == scored_ && d_.zero_stage != 3;
         step_result r;
         try {
         if (policy_) {
-          r = ppo::actor_update(*engine_.engine, sub, x.advantages.rows(a, b), ps_, lr);
+          r = ppo::actor_update(*engine_.engine, sub, x.advantages.rows(a, b), ps_, lr, scored);
           if (unsup_) {  // DS-Chat train_unsupervised: unsup_coef x LM loss, its own optimizer step
             tensor ids, tg;
             unsup_->next_batch(b - a, ids, tg);
             st.unsup_loss = ppo::ptx_update(*engine_.engine, ids, tg, ps_, lr).loss;
           }
         } else {
-          r = ppo::critic_update(*engine_.engine, sub, x.returns.rows(a, b), ps_, lr);
+          r = ppo::critic_update(*engine_.engine, sub, x.returns.rows(a, b), ps_, lr, scored);
         }
         } catch (const std::runtime_error& err) {  // non-finite: nothing was updated, nothing is saved
           throw std::runtime_error(fmt::format("node '{}', iteration {}, mini-batch rows [{}, {}): {}", ctx.name(),
@@ -684,6 +693,7 @@ class ppo_trainer final : public actor::node {
         ++updates;
       }
     }
+    scored_ = nullptr;  // the activations hold a training forward now
     st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
     // what reached the optimizer and what did not (the console; the drop policy's end-to-end test)
     ctx.metric("optimizer_steps", updates);
@@ -807,6 +817,9 @@ class ppo_trainer final : public actor::node {
   std::vector<std::shared_ptr<decoder>> snapshots_;  // the generator's weight buffers (take_snapshot)
   std::map<int64_t, int64_t> scored_with_;  // the policy: iteration -> version_ when its rollouts were scored
   int64_t planned_T_ = 0;  // the longest rows the memory plan was checked for
+  // the rollouts (their seq's memory) last scored into the engine's activations, until a train
+  // call overwrites them; null: none
+  const void* scored_ = nullptr;
   std::shared_ptr<decoder> model_;
   tensor ema_;
   std::deque<actor::payload> pending_;

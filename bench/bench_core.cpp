@@ -20,6 +20,12 @@
 //                    2^25 parameters), ms per call (best of 5), not in the default set
 //   decode           greedy decode with the KV cache, batch 1 and 16: stories260K and a
 //                    stories15M-shaped model (dim 288, 6 layers, 6 heads, vocab 32000, seq 256)
+//   ppo              one PPO iteration of graphs/ppo.graph's phases (models/rlhf/ppo.h) without the
+//                    actors, at bench/trl_ppo.py's shapes (8 prompts x 48 tokens, 32-token answers at
+//                    temperature 1, one mini-batch of 8): the 6.1 M random LLaMA (dim 288, 6 layers,
+//                    vocab 512) as policy, reference, reward model and critic; seconds per phase
+//                    (median of 5 iterations after a warm-up), and with --profile the ops of each
+//                    phase. Not in the default set.
 //
 // A training step is forward + backward + AdamW. For each training shape the
 // table gives tokens/s, the sgemm rate measured through the backend at the
@@ -37,6 +43,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -54,6 +61,7 @@
 #include "models/decoder.h"
 #include "models/generate.h"
 #include "models/llama2c.h"
+#include "models/rlhf/ppo.h"
 #include "models/train/zero.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/cpu/simd_kernels.h"
@@ -322,6 +330,119 @@ static void bench_decode(const char* key, const char* name, decoder& m, int64_t 
   json_line(buf);
 }
 
+// ------------------------------------------------------------------ PPO iteration
+
+// The 6.1 M model of bench/trl_ppo.py: stories15M's shape with tok512's vocabulary (dim 288,
+// hidden 768, 6 layers, 6 heads, vocab 512, tied head).
+static model_config llama6m_config() {
+  model_config c = stories15m_config();
+  c.vocab_size = 512;
+  return c;
+}
+
+// One PPO iteration's phases, in graphs/ppo.graph's order, on one thread of control (the graph
+// runs the four scorers as actors at once; here they run one after the other, so each phase's
+// time is its own). Shapes: B = 8 prompts of P = 48 tokens, answers of up to 32 tokens.
+static void bench_ppo(int iterations) {
+  const int64_t B = 8, P = 48;
+  const model_config c = llama6m_config();
+  decoder actor(c), ref(c), rm(c), critic(c);
+  actor.init_random(1234);
+  ref.w().flat.copy_from(actor.w().flat);
+  rm.w().flat.copy_from(actor.w().flat);
+  rm.add_value_head(1);
+  critic.w().flat.copy_from(actor.w().flat);
+  critic.add_value_head(1);
+  critic.w().v_head.copy_from(rm.w().v_head);
+  auto comm_a = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  auto comm_c = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  zero_settings zs;
+  zs.micro_batch = B;
+  zs.gradient_clipping = 1.0;
+  zs.adamw.lr = 1e-4f;
+  zs.adamw.weight_decay = 0.0f;
+  zero_engine ea(actor, *comm_a, zs), ec(critic, *comm_c, zs);
+  ppo::ppo_settings s;
+  s.per_device_training_batch_size = B;
+  s.max_prompt_seq_len = P;
+  s.max_answer_seq_len = 32;
+  s.temperature = 1.0f;
+  std::vector<int32_t> ids(B * P), ones(B * P, 1);
+  const char* names[] = {"generate", "score policy", "score reference", "score reward", "score critic",
+                         "advantages", "actor update", "critic update"};
+  const int n_phases = 8;
+  std::vector<std::vector<double>> secs(n_phases);
+  std::vector<double> total;
+  std::vector<std::vector<ops::op_time>> prof(n_phases);
+  activations ref_acts, rm_acts;
+  for (int it = 0; it <= iterations; ++it) {
+    for (int64_t i = 0; i < B * P; ++i) ids[i] = static_cast<int32_t>(3 + (i * 7919 + it * 104729) % 509);
+    const auto prompts = tensor::from_ints({B, P}, ids), mask = tensor::from_ints({B, P}, ones);
+    const bool profiled = g_profile && it == iterations;
+    double t_all = 0;
+    std::optional<ppo::experience> e;
+    tensor adv, ret;
+    int phase = 0;
+    auto timed = [&](const std::function<void()>& f) {
+      if (profiled) ops::profile_start();
+      auto t = clk::now();
+      f();
+      const double dt = seconds_since(t);
+      if (profiled) prof[phase] = ops::profile_stop();
+      if (it > 0) secs[phase].push_back(dt);
+      t_all += dt;
+      ++phase;
+    };
+    timed([&] { e = ppo::generate_rollouts(actor, prompts, mask, s, 2, 0, 42 + it); });
+    if (!e) {
+      std::printf("ppo: every answer was dropped\n");
+      return;
+    }
+    // as the nodes do (actors/ppo_nodes.cpp): the trainers score into their engine's activations
+    // and their update takes that forward over; the frozen scorers keep theirs
+    timed([&] { e->logprobs = ppo::sequence_logprobs(actor, ea.forward_activations(), e->seq, e->attention_mask); });
+    timed([&] { e->ref_logprobs = ppo::sequence_logprobs(ref, ref_acts, e->seq, e->attention_mask); });
+    timed([&] { e->reward_score = ppo::reward_scores(rm, rm_acts, e->seq, e->attention_mask); });
+    timed([&] { e->values = ppo::sequence_values(critic, ec.forward_activations(), e->seq, e->attention_mask); });
+    timed([&] { ppo::make_advantages(*e, s.ppo, adv, ret); });
+    timed([&] { ppo::actor_update(ea, *e, adv, s, 1e-4, /*scored=*/true); });
+    timed([&] { ppo::critic_update(ec, *e, ret, s, 1e-4, /*scored=*/true); });
+    if (it > 0) total.push_back(t_all);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  std::printf("\nPPO iteration, 6.1 M LLaMA (dim 288, 6 layers, vocab 512), 8 x 48 prompt tokens, 32-token answers: "
+              "median of %d iterations\n\n| phase | s | share |\n|---|---|---|\n", iterations);
+  const double tot = median(total);
+  std::string js;
+  for (int p = 0; p < n_phases; ++p) {
+    const double m = median(secs[p]);
+    std::printf("| %s | %.4f | %.1f%% |\n", names[p], m, 100 * m / tot);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s\"%s\": %.5f", js.empty() ? "" : ", ", names[p], m);
+    js += buf;
+  }
+  std::printf("| iteration | %.4f | |\n", tot);
+  std::fflush(stdout);
+  json_line("{\"kind\": \"ppo_phases\", \"model\": \"llama6m\", \"seconds\": {" + js + "}, \"iteration_s\": " +
+            std::to_string(tot) + "}");
+  if (!g_profile) return;
+  for (int p = 0; p < n_phases; ++p) {
+    double in_ops = 0;
+    for (auto& e : prof[p]) in_ops += e.seconds;
+    const double st = secs[p].empty() ? 0 : secs[p].back();
+    std::printf("\nprofile of phase '%s' (last iteration): %.1f ms\n\n| op | calls | ms | share |\n|---|---|---|---|\n",
+                names[p], st * 1e3);
+    for (auto& e : prof[p])
+      if (e.seconds / st >= 0.01)
+        std::printf("| %s | %ld | %.1f | %.1f%% |\n", e.op.c_str(), (long)e.calls, e.seconds * 1e3, 100 * e.seconds / st);
+    std::printf("| (outside ops) | | %.1f | %.1f%% |\n", (st - in_ops) * 1e3, 100 * (st - in_ops) / st);
+  }
+  std::fflush(stdout);
+}
+
 // ------------------------------------------------------------------ kernels
 
 // ms per call of each non-GEMM kernel at GPT-2 124M's B=4, T=64 shapes (N = 256
@@ -477,6 +598,7 @@ int main(int argc, char** argv) {
       bench_decode("stories15m", "stories15M shape (random)", m, 16, dreps);
     }
   }
+  if (want("ppo", false)) bench_ppo(quick ? 2 : 5);
   if (g_json) std::fclose(g_json);
   return 0;
 }

@@ -3,7 +3,11 @@
 
   bench/trl_ppo.sh [PAIRS=5] [BUILD=build]          (makes the venv, then runs this file with it)
   VENV/bin/python bench/trl_ppo.py --flowrun BUILD/bin/flowrun --out DIR [--pairs 5] [--iterations 8]
-                                   [--models stories260K,llama6m] [--quick]
+                                   [--models stories260K,llama6m] [--quick] [--baseline OTHER/bin/flowrun]
+
+--baseline: a second flowrun binary (e.g. the main branch's build) run in the same rounds, so that a
+change's before and after are measured against TRL in one script: each round then runs the three
+sides in a rotating order, and the result adds the baseline's figures and ratios.
 
 Both sides get the same model, the same shapes and the same PPO settings:
 - the models: stories260K after a few SFT steps (graphs/rlhf.graph, then `flowrun convert` to an HF
@@ -181,6 +185,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", default="stories260K,llama6m")
     ap.add_argument("--quick", action="store_true", help="1 pair of 3 iterations")
+    ap.add_argument("--baseline", default="", help="a second flowrun binary measured in the same rounds")
     a = ap.parse_args()
     if a.quick:
         a.pairs, a.iterations = 1, 3
@@ -192,22 +197,35 @@ def main():
     print(json.dumps({"kind": "host", **h}), flush=True)
     for name in a.models.split(","):
         policy, rm, hf = make_models(a.flowrun, out, name)
-        fr, tr, ratios, lens = [], [], [], []
+        fr, tr, ratios, lens, br, bratios = [], [], [], [], [], []
+        sides = ["flowrun", "trl"] + (["baseline"] if a.baseline else [])
         for k in range(a.pairs):
-            order = ("flowrun", "trl") if k % 2 == 0 else ("trl", "flowrun")
+            order = sides[k % len(sides):] + sides[:k % len(sides)] if a.baseline else \
+                (sides if k % 2 == 0 else sides[::-1])
             got = {}
             for side in order:
-                if side == "flowrun":
-                    iv, alen = flowrun_pass(a.flowrun, policy, rm, out, a.iterations)
-                    lens.append(alen)
-                else:
+                if side == "trl":
                     iv = trl_pass(hf, out, a.iterations, a.threads)
+                else:
+                    iv, alen = flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, policy, rm, out,
+                                            a.iterations)
+                    if side == "flowrun":
+                        lens.append(alen)
                 got[side] = statistics.median(iv)
             fr.append(got["flowrun"])
             tr.append(got["trl"])
             ratios.append(got["trl"] / got["flowrun"])
-            print(f"# {name} pair {k + 1}: flowrun {got['flowrun']:.3f} s/iter, TRL {got['trl']:.3f} s/iter, "
-                  f"ratio {ratios[-1]:.2f}", file=sys.stderr, flush=True)
+            line = (f"# {name} pair {k + 1}: flowrun {got['flowrun']:.3f} s/iter, TRL {got['trl']:.3f} s/iter, "
+                    f"ratio {ratios[-1]:.2f}")
+            if a.baseline:
+                br.append(got["baseline"])
+                bratios.append(got["trl"] / got["baseline"])
+                line += f"; baseline {got['baseline']:.3f} s/iter, ratio {bratios[-1]:.2f}"
+            print(line, file=sys.stderr, flush=True)
+        base = {} if not a.baseline else {
+            "baseline": a.baseline, "baseline_s_per_iter": br,
+            "baseline_ratio_median": statistics.median(bratios), "baseline_ratio_min": min(bratios),
+            "baseline_ratio_max": max(bratios)}
         print(json.dumps({
             "kind": "trl_ppo", "model": name, "pairs": a.pairs, "iterations": a.iterations, "threads": a.threads,
             "batch": BATCH, "prompt_len": PROMPT_LEN, "answer_len": ANSWER_LEN,
@@ -216,7 +234,7 @@ def main():
             "trl_samples_per_s_median": BATCH / statistics.median(tr),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "flowrun_answer_len_mean": statistics.mean(lens), "trl_version": __import__("trl").__version__,
-            "torch_version": __import__("torch").__version__, "host": h}), flush=True)
+            "torch_version": __import__("torch").__version__, "host": h, **base}), flush=True)
 
 
 if __name__ == "__main__":

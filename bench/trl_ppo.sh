@@ -6,6 +6,7 @@
 #
 #   TORCH_VENV=/tmp/refenv   the venv (as bench/run_bench.sh's); torch, transformers, trl 1.12 (the last
 #                            release with PPOTrainer, under trl.experimental.ppo) installed from PyPI if missing
+#   BASELINE=OTHER/bin/flowrun  a second flowrun (e.g. main's build) measured in the same rounds (before/after)
 # Prints the host line and one JSON line per model; the per-pair figures go to stderr.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,4 +22,4 @@ fi
 out="$build/trl_ppo"
 mkdir -p "$out"
 "$venv/bin/python" "$root/bench/trl_ppo.py" --flowrun "$build/bin/flowrun" --out "$out" --pairs "$pairs" \
-  --models "$models" | tee "$out/results.jsonl"
+  --models "$models" ${BASELINE:+--baseline "$BASELINE"} | tee "$out/results.jsonl"

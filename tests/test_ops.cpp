@@ -10,14 +10,19 @@
 
 #include <cmath>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <omp.h>
+
 #include "runtime/kernels/backend.h"
+#include "runtime/kernels/compute_scope.h"
 #include "runtime/kernels/ops.h"
 
 using namespace flowrun;
@@ -1207,4 +1212,46 @@ TEST_CASE("shape, dtype and argument errors throw std::invalid_argument") {
   tensor undef;
   CHECK_THROWS_AS(ops::scale(undef, 2.0f), std::invalid_argument);
   CHECK_THROWS_AS(ops::sum_squares(undef), std::invalid_argument);
+}
+
+TEST_CASE("compute_scope: threads running ops at once split the cores, and a caller left alone gets them back") {
+  // Two threads inside a compute_scope at once: each op either starts runs on max(1, hw / 2)
+  // OpenMP threads (its budget is hw). Alone in a scope: hw again. Outside: the budget, untouched.
+  const int hw = ops::hardware_threads();
+  auto x = tensor::from_floats({4}, {1, 2, 3, 4});
+  std::latch both_in(2), both_ran(2);
+  int team[2] = {0, 0}, alone = 0, after = 0, busy_seen[2] = {0, 0};
+  auto caller = [&](int i) {
+    ops::set_thread_budget(hw);
+    {
+      ops::compute_scope scope;
+      both_in.arrive_and_wait();
+      busy_seen[i] = ops::busy_compute_threads();
+      ops::scale(x, 1.0f);  // an op: takes this thread's share
+      team[i] = omp_get_max_threads();
+      both_ran.arrive_and_wait();
+      if (i == 0) {
+        while (ops::busy_compute_threads() > 1) std::this_thread::yield();  // thread 1 has left its scope
+        ops::scale(x, 1.0f);
+        alone = omp_get_max_threads();
+      }
+    }
+    if (i == 0) after = omp_get_max_threads();
+  };
+  std::thread t0(caller, 0), t1(caller, 1);
+  t0.join();
+  t1.join();
+  CHECK(busy_seen[0] == 2);
+  CHECK(busy_seen[1] == 2);
+  CHECK(team[0] == std::max(1, hw / 2));
+  CHECK(team[1] == std::max(1, hw / 2));
+  CHECK(alone == hw);
+  CHECK(after == hw);
+  CHECK(ops::busy_compute_threads() == 0);
+  // outside any scope an op keeps the thread's budget
+  ops::set_thread_budget(1);
+  ops::scale(x, 1.0f);
+  CHECK(omp_get_max_threads() == 1);
+  ops::set_thread_budget(hw);
+  CHECK(x.data<float>()[3] == 4.0f);
 }

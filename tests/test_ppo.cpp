@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "models/generate.h"
 #include "models/llama2c.h"
@@ -35,6 +36,11 @@ void prompt_batch(const tokenizer& tok, const std::vector<std::string>& texts, t
   }
 }
 
+// Whether two f32 tensors of one shape hold the very same bits.
+bool same_bits(const tensor& x, const tensor& y) {
+  return x.shape() == y.shape() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+
 }  // namespace
 
 TEST_CASE("PPO: rollouts, scores, advantages and one actor/critic update") {
@@ -63,7 +69,7 @@ TEST_CASE("PPO: rollouts, scores, advantages and one actor/critic update") {
   e->logprobs = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
   e->ref_logprobs = ppo::sequence_logprobs(ref, a, e->seq, e->attention_mask);
   e->values = ppo::sequence_values(critic, a, e->seq, e->attention_mask);
-  e->reward_score = ppo::reward_scores(reward, e->seq, e->attention_mask);
+  e->reward_score = ppo::reward_scores(reward, a, e->seq, e->attention_mask);
   CHECK(e->logprobs.shape() == shape_t{B, S - 1});
   // the actor and the reference are the same weights: KL is exactly zero
   CHECK(ppo::mean_kl(*e) == 0.0);
@@ -94,6 +100,67 @@ TEST_CASE("PPO: rollouts, scores, advantages and one actor/critic update") {
   // after the update the policy moved away from the reference
   e->logprobs = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
   CHECK(std::fabs(ppo::mean_kl(*e)) > 0.0);
+}
+
+TEST_CASE("PPO: an update that takes over the trainer's scoring forward equals one that runs it again") {
+  // The trainers score the rows into the engine's activations; the synchronous loop's first
+  // update on them (`scored`) skips its own forward. Two actors and two critics from the same
+  // weights: one pair runs every forward, the other reuses the scoring forward; the losses,
+  // gradient norms and updated weights must be bitwise equal.
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto a1 = load_llama2c(test::model_path()), a2 = load_llama2c(test::model_path());
+  auto c1 = load_llama2c(test::model_path()), c2 = load_llama2c(test::model_path());
+  c1.add_value_head(1);
+  c2.add_value_head(1);
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben"}, prompts, pmask);
+  ppo::ppo_settings s;
+  s.max_answer_seq_len = 12;
+  auto e = ppo::generate_rollouts(a1, prompts, pmask, s, tok->eos_id(), 0, 11);
+  REQUIRE(e.has_value());
+  auto comms = std::vector<std::shared_ptr<comm::communicator>>{};
+  for (int i = 0; i < 4; ++i) comms.push_back(comm::inproc_communicator(comm::make_inproc_group(1), 0));
+  zero_settings zs;
+  zs.gradient_clipping = 1.0;
+  zero_engine ea1(a1, *comms[0], zs), ea2(a2, *comms[1], zs), ec1(c1, *comms[2], zs), ec2(c2, *comms[3], zs);
+  activations fresh;
+  e->logprobs = ppo::sequence_logprobs(a1, fresh, e->seq, e->attention_mask);
+  e->ref_logprobs = e->logprobs.clone();
+  e->values = ppo::sequence_values(c1, fresh, e->seq, e->attention_mask);
+  e->reward_score = tensor::from_floats({e->seq.size(0)}, std::vector<float>(static_cast<size_t>(e->seq.size(0)), 0.5f));
+  tensor adv, ret;
+  ppo::make_advantages(*e, s.ppo, adv, ret);
+  // the reusing pair scores into its engines' activations, as ppo_trainer::score does
+  const tensor lp2 = ppo::sequence_logprobs(a2, ea2.forward_activations(), e->seq, e->attention_mask);
+  const tensor v2 = ppo::sequence_values(c2, ec2.forward_activations(), e->seq, e->attention_mask);
+  CHECK(ppo::holds_forward_of(ea2.forward_activations(), e->seq, e->attention_mask));
+  CHECK_FALSE(ppo::holds_forward_of(ea2.forward_activations(), e->seq.clone(), e->attention_mask));
+  CHECK_FALSE(ppo::holds_forward_of(ea2.forward_activations(), e->seq.rows(0, 1), e->attention_mask.rows(0, 1)));
+  CHECK(same_bits(lp2, e->logprobs));
+  CHECK(same_bits(v2, e->values));
+  const step_result r1 = ppo::actor_update(ea1, *e, adv, s, 1e-3);
+  const step_result r2 = ppo::actor_update(ea2, *e, adv, s, 1e-3, /*scored=*/true);
+  CHECK(r1.loss == r2.loss);
+  CHECK(r1.grad_norm == r2.grad_norm);
+  CHECK(r1.grad_norm > 0.0);
+  CHECK(same_bits(a1.w().flat, a2.w().flat));
+  const step_result q1 = ppo::critic_update(ec1, *e, ret, s, 1e-3);
+  const step_result q2 = ppo::critic_update(ec2, *e, ret, s, 1e-3, /*scored=*/true);
+  CHECK(q1.loss == q2.loss);
+  CHECK(q1.grad_norm == q2.grad_norm);
+  CHECK(same_bits(c1.w().flat, c2.w().flat));
+  CHECK(same_bits(c1.w().adapter_flat, c2.w().adapter_flat));
+  // `scored` on activations of other rows (the update above left a training forward of the
+  // same rows under the old weights: what a second epoch would see, which the trainer never
+  // marks scored) is guarded only by the rows; rows that differ run the forward: the second
+  // update with scored = true on a copy of the rows equals one without
+  ppo::experience copy = *e;
+  copy.seq = e->seq.clone();
+  copy.attention_mask = e->attention_mask.clone();
+  const step_result s1 = ppo::actor_update(ea1, copy, adv, s, 1e-3);
+  const step_result s2 = ppo::actor_update(ea2, copy, adv, s, 1e-3, /*scored=*/true);
+  CHECK(s1.loss == s2.loss);
+  CHECK(same_bits(a1.w().flat, a2.w().flat));
 }
 
 TEST_CASE("PPO: micro_slice_of cuts a mini-batch over ranks x accumulation, empty slices run a row with no weight") {
@@ -184,7 +251,7 @@ TEST_CASE("PPO through the engine: 2 ranks at ZeRO stages 0-3, with accumulation
   e->ref_logprobs = e->logprobs.clone();
   for (int64_t i = 0; i < e->logprobs.numel(); ++i) e->logprobs.data<float>()[i] += 0.3f * std::sin(0.7f * i);
   e->values = ppo::sequence_values(critic, a, e->seq, e->attention_mask);
-  e->reward_score = ppo::reward_scores(reward, e->seq, e->attention_mask);
+  e->reward_score = ppo::reward_scores(reward, a, e->seq, e->attention_mask);
   tensor adv, ret;
   ppo::make_advantages(*e, s.ppo, adv, ret);
   // ptx rows: 3 rows of 10 tokens of text, the last label ignored (-100)

@@ -110,8 +110,7 @@ tensor sequence_values(decoder& model, activations& acts, const tensor& seq, con
   return cols(acts.values, 0, seq.size(1) - 1);
 }
 
-tensor reward_scores(decoder& reward_model, const tensor& seq, const tensor& mask) {
-  activations a;
+tensor reward_scores(decoder& reward_model, activations& a, const tensor& seq, const tensor& mask) {
   if (!reward_model.has_value_head()) throw std::invalid_argument("reward_scores: the reward model has no value head");
   reward_model.forward(a, seq, {}, mask);
   const int64_t B = seq.size(0), S = seq.size(1);
@@ -122,6 +121,13 @@ tensor reward_scores(decoder& reward_model, const tensor& seq, const tensor& mas
     out.data<float>()[b] = a.values.data<float>()[b * S + last];
   }
   return out;
+}
+
+bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& mask) {
+  const auto same = [](const tensor& x, const tensor& y) {
+    return x.defined() == y.defined() && (!x.defined() || (x.raw() == y.raw() && x.shape() == y.shape()));
+  };
+  return acts.ids.defined() && same(acts.ids, seq) && same(acts.mask, mask);
 }
 
 experience slice_rows(const experience& e, int64_t a, int64_t b) {
@@ -282,21 +288,29 @@ std::function<int64_t(int64_t)> answer_units(const experience& e, int64_t M, boo
   };
 }
 
+// Micro-batch k's forward into `a`, or none when the caller scored exactly these rows into `a`
+// with the current weights (`scored`, micro-batch 0 only; see actor_batch_loss).
+void forward_unless_scored(decoder& model, activations& a, const experience& sub, int64_t k, bool scored) {
+  const bool dropout = model.has_lora() && model.lora().lora_dropout > 0.0f;
+  if (scored && k == 0 && !dropout && holds_forward_of(a, sub.seq, sub.attention_mask)) return;
+  model.forward(a, sub.seq, {}, sub.attention_mask);
+}
+
 }  // namespace
 
 batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange,
-                            const policy_loss_settings& p, int64_t M) {
+                            const policy_loss_settings& p, int64_t M, bool scored) {
   const int64_t B = e.seq.size(0);
   if (p.use_kl_loss && !e.ref_logprobs.defined())
     throw std::invalid_argument("actor_batch_loss: use_kl_loss needs the reference log-probs");
   batch_loss l;
   l.units = answer_units(e, M, /*rows=*/p.loss_agg_mode != rlhf::loss_agg_mode::token_mean);
-  l.forward = [e, advantages, cliprange, p, B, M](int64_t k, decoder& actor, activations& a) {
+  l.forward = [e, advantages, cliprange, p, B, M, scored](int64_t k, decoder& actor, activations& a) {
     const auto m = micro_slice_of(B, M, k);
     const experience sub = slice_rows(e, m.a, m.b);
     const int64_t rows = m.b - m.a, S = sub.seq.size(1), L = S - 1, start = sub.start();
     // (rows, S, V) logits -> log p of the taken tokens (rows, S); the answer part (rows, n)
-    actor.forward(a, sub.seq, {}, sub.attention_mask);
+    forward_unless_scored(actor, a, sub, k, scored);
     const tensor labels = shifted_labels(sub.seq);
     tensor lp;
     rlhf::gather_log_probs_forward(lp, a.logits, labels);
@@ -334,16 +348,17 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
   return l;
 }
 
-batch_loss critic_batch_loss(const experience& e, const tensor& returns, float cliprange_value, int64_t M) {
+batch_loss critic_batch_loss(const experience& e, const tensor& returns, float cliprange_value, int64_t M,
+                             bool scored) {
   const int64_t B = e.seq.size(0);
   batch_loss l;
   l.units = answer_units(e, M);
-  l.forward = [e, returns, cliprange_value, B, M](int64_t k, decoder& critic, activations& a) {
+  l.forward = [e, returns, cliprange_value, B, M, scored](int64_t k, decoder& critic, activations& a) {
     if (!critic.has_value_head()) throw std::invalid_argument("critic_batch_loss: the model has no value head");
     const auto m = micro_slice_of(B, M, k);
     const experience sub = slice_rows(e, m.a, m.b);
     const int64_t rows = m.b - m.a, S = sub.seq.size(1), L = S - 1, start = sub.start();
-    critic.forward(a, sub.seq, {}, sub.attention_mask);  // values (rows, S)
+    forward_unless_scored(critic, a, sub, k, scored);  // values (rows, S)
     const tensor v = cols(a.values, start, L);
     rlhf::check_finite(v, "critic", "values");
     tensor dv;
@@ -389,13 +404,14 @@ int64_t micro_batches(const zero_engine& engine) {
 }  // namespace
 
 step_result actor_update(zero_engine& engine, const experience& e, const tensor& advantages, const ppo_settings& s,
-                         double lr) {
-  return engine.train_step(actor_batch_loss(e, advantages, s.ppo.cliprange, s.policy, micro_batches(engine)), lr);
+                         double lr, bool scored) {
+  return engine.train_step(actor_batch_loss(e, advantages, s.ppo.cliprange, s.policy, micro_batches(engine), scored),
+                           lr);
 }
 
 step_result critic_update(zero_engine& engine, const experience& e, const tensor& returns, const ppo_settings& s,
-                          double lr) {
-  return engine.train_step(critic_batch_loss(e, returns, s.ppo.cliprange_value, micro_batches(engine)), lr);
+                          double lr, bool scored) {
+  return engine.train_step(critic_batch_loss(e, returns, s.ppo.cliprange_value, micro_batches(engine), scored), lr);
 }
 
 step_result ptx_update(zero_engine& engine, const tensor& ids, const tensor& labels, const ppo_settings& s,

@@ -92,12 +92,19 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
                                             const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed);
 
 /// log p(seq[t+1] | seq[:t+1]) for t < S-1: (B, L). The model keeps `acts` for a backward.
+/// A caller that scores often passes the same `acts` each time (forward reallocates them only on
+/// a new shape); a trainer passes its engine's (zero_engine::activations), so that the update on
+/// exactly these rows can reuse this forward (actor_batch_loss's `scored`).
 tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask);
-/// Values of a value-head model at t < S-1: (B, L).
+/// Values of a value-head model at t < S-1: (B, L). `acts` as sequence_logprobs.
 tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask);
 /// Reward model scores: the value at each row's last real token (B,)
-/// (reward_model.py forward_value's chosen_end_scores, found from the mask).
-tensor reward_scores(decoder& reward_model, const tensor& seq, const tensor& mask);
+/// (reward_model.py forward_value's chosen_end_scores, found from the mask). `acts` as sequence_logprobs.
+tensor reward_scores(decoder& reward_model, activations& acts, const tensor& seq, const tensor& mask);
+/// Whether `acts` hold a forward of exactly these rows: the last decoder::forward into them read
+/// these very `seq` and `mask` tensors (the same memory and shape; on the CPU forward keeps the
+/// caller's handles). Whether the weights are still the ones it ran with is the caller's to know.
+bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& mask);
 
 /// Rows [a, b) of an experience (views of its tensors, no copy).
 experience slice_rows(const experience& e, int64_t a, int64_t b);
@@ -159,25 +166,33 @@ micro_slice micro_slice_of(int64_t B, int64_t M, int64_t k);
 /// the whole mini-batch at any rank count and accumulation, as DS-Chat's with one rank.
 /// Refers to `e` and `advantages` (tensor handles are copied); the KL term needs
 /// e.ref_logprobs. Throws std::runtime_error on non-finite log-probs.
+/// `scored`: the caller scored micro-batch 0's rows into the engine's activations with the
+/// weights this step starts from (ppo_trainer: the synchronous loop's first update after scoring
+/// the batch), so micro-batch 0 takes that forward instead of running it again; it is the same
+/// forward (same rows, weights and shapes), so the loss and gradients are those of running it.
+/// Micro-batch 0 still runs its forward when the activations do not hold these rows
+/// (holds_forward_of) or the model has LoRA dropout (a training forward draws new masks).
+/// At ZeRO stage 3 a forward gathers blocks (collectives): every rank must then pass the same
+/// `scored` and hold the same rows, or none pass it (ppo_trainer does not at stage 3).
 batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float cliprange,
-                            const policy_loss_settings& p, int64_t micro_batches);
+                            const policy_loss_settings& p, int64_t micro_batches, bool scored = false);
 /// The critic's clipped value loss (critic_loss_fn: 0.5 · masked mean of the larger squared
-/// error) against `returns` (B, n); dout is dvalues (rows, S). As actor_batch_loss.
+/// error) against `returns` (B, n); dout is dvalues (rows, S). As actor_batch_loss, `scored` too.
 batch_loss critic_batch_loss(const experience& e, const tensor& returns, float cliprange_value,
-                             int64_t micro_batches);
+                             int64_t micro_batches, bool scored = false);
 /// The unsupervised (ptx) loss, DS-Chat train_unsupervised: unsup_coef x the causal-LM loss
 /// on ids/labels (B, T) i32 (-100: ignored). The step's reported loss is the LM loss itself
 /// (without the coefficient); the gradient carries unsup_coef. Units: valid labels.
 batch_loss ptx_batch_loss(const tensor& ids, const tensor& labels, float unsup_coef, int64_t micro_batches);
 
 /// One actor update through the engine on mini-batch `e` (DS-Chat train_rlhf, actor half):
-/// train_step(actor_batch_loss(e, advantages, cliprange, s.policy, gas x ranks), lr). The engine clips
-/// and steps; every rank calls it with the same mini-batch (each runs its micro-batches).
+/// train_step(actor_batch_loss(e, advantages, cliprange, s.policy, gas x ranks, scored), lr). The engine
+/// clips and steps; every rank calls it with the same mini-batch (each runs its micro-batches).
 step_result actor_update(zero_engine& engine, const experience& e, const tensor& advantages, const ppo_settings& s,
-                         double lr);
+                         double lr, bool scored = false);
 /// One critic update (train_rlhf, critic half): critic_batch_loss against the returns.
 step_result critic_update(zero_engine& engine, const experience& e, const tensor& returns, const ppo_settings& s,
-                          double lr);
+                          double lr, bool scored = false);
 /// One ptx update (train_unsupervised, its own optimizer step): ptx_batch_loss.
 step_result ptx_update(zero_engine& engine, const tensor& ids, const tensor& labels, const ppo_settings& s, double lr);
 

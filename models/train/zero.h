@@ -231,6 +231,10 @@ class zero_engine : private param_hooks {
   int world_size() const { return N_; }
   decoder& model() { return model_; }
   comm::communicator& comm() { return comm_; }
+  /// The activations train_step's forwards run in. A trainer may run a forward-only pass in them
+  /// (the PPO trainers score the rows they then train on: ppo::actor_batch_loss's `scored`), which
+  /// also saves allocating activations of its own; the next train_step overwrites them.
+  activations& forward_activations() { return act_; }
 
   // ---- checkpoint state: this rank's pieces, compact (padding left out)
   /// Real element ranges [begin, end) of the flat base buffer this rank owns, in shard order.

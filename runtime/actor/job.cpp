@@ -29,6 +29,7 @@
 #include "runtime/actor/console.h"
 #include "runtime/actor/holder_scan.h"
 #include "runtime/actor/payload_codec.h"
+#include "runtime/kernels/compute_scope.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/tensorboard/event_writer.h"
 
@@ -1233,7 +1234,10 @@ class replica_actor final : public caf::event_based_actor {
       set_state(phase_ == phase::running && impl_ ? replica_state::busy : replica_state::initializing);
       apply_thread_budget();
       try {
-        f();
+        {
+          ops::compute_scope sharing;  // nodes busy at once split the cores (runtime/kernels/compute_scope.h)
+          f();
+        }
         fresh_now();
         bump(counters_.busy_ns, elapsed_ns(t0));
         note_wait_start();

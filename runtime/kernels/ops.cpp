@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "runtime/kernels/backend.h"
+#include "runtime/kernels/compute_scope.h"
 
 namespace flowrun {
 
@@ -70,6 +71,7 @@ struct check {
   std::chrono::steady_clock::time_point t0;
 
   explicit check(const char* name) : op(name) {
+    share_cores();  // inside a compute_scope: this thread's share of the cores (compute_scope.h)
     if (!g_profiling.load(std::memory_order_relaxed)) return;
     counted = true;
     if (t_op_depth++ == 0) {

@@ -857,11 +857,50 @@ backend& cpu_backend_instance() {
 
 #include <omp.h>
 
+#include <atomic>
 #include <thread>
+
+#include "runtime/kernels/compute_scope.h"
 
 namespace flowrun::ops {
 
-void set_thread_budget(int n) { omp_set_num_threads(n < 1 ? 1 : n); }
+namespace {
+std::atomic<int> g_busy_callers{0};  // threads inside a compute_scope
+thread_local int t_budget = 0;       // the thread's own team size while share_cores has set another (0: none)
+thread_local int t_team = 0;         // the team size share_cores set last (0: none since the budget was set)
+thread_local int t_scopes = 0;       // compute_scope nesting depth of this thread
+}  // namespace
+
+void set_thread_budget(int n) {
+  t_team = 0;
+  omp_set_num_threads(n < 1 ? 1 : n);
+}
+
+compute_scope::compute_scope() {
+  if (t_scopes++ == 0) g_busy_callers.fetch_add(1, std::memory_order_relaxed);
+}
+
+compute_scope::~compute_scope() {
+  if (--t_scopes > 0) return;
+  g_busy_callers.fetch_sub(1, std::memory_order_relaxed);
+  if (t_team > 0) {  // back to the thread's own budget
+    omp_set_num_threads(t_budget);
+    t_team = 0;
+  }
+}
+
+int busy_compute_threads() { return g_busy_callers.load(std::memory_order_relaxed); }
+
+void share_cores() {
+  if (t_scopes == 0 || omp_in_parallel()) return;
+  if (t_team == 0) t_budget = omp_get_max_threads();  // the budget (set_thread_budget or OpenMP's default)
+  const int hw = hardware_threads(), busy = std::max(1, g_busy_callers.load(std::memory_order_relaxed));
+  const int want = std::min(t_budget, std::max(1, hw / busy));
+  if (want != (t_team == 0 ? t_budget : t_team)) {
+    omp_set_num_threads(want);
+    t_team = want;
+  }
+}
 
 std::string cpu_gemm_library() { return cpu_gemm::library_name(); }
 

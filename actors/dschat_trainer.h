@@ -93,6 +93,7 @@ class dschat_trainer : public actor::node {
   bool produce(actor::node_context& ctx) final {
     if (done_) return false;
     if (!resumed_ && step_ < steps_) {  // one update: gradient_accumulation_steps micro-batches
+      ctx.phase(phase_name());  // the console's and status header's phase (said once: node_context dedups)
       update(ctx, ++step_);
       ctx.metric("steps");
       ctx.progress(phase_name(), step_, steps_);
@@ -143,6 +144,7 @@ class dschat_trainer : public actor::node {
   /// training starts the count again, so its ETA is its own). No held-out batch: no phase.
   std::string held_out_pass(actor::node_context& ctx, bool before, double seconds) {
     const std::string what = phase_name() + " held-out";
+    ctx.phase(what);
     return evaluate(ctx, before, seconds, [&ctx, &what](int64_t done, int64_t total) {
       if (total > 0) ctx.progress(what, done, total);
     });

@@ -48,6 +48,10 @@ class ppo_controller final : public actor::node {
 
   // Records what arrived, then runs the loop as far as it can go.
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    if (port == "summary" && !step3_runs_) {  // the first experience: step 3 runs, its phases show from now
+      step3_runs_ = true;
+      if (!shown_.empty()) ctx.phase(shown_);
+    }
     if (S_ > 0) {
       on_async(ctx, port, msg);
       return;
@@ -301,7 +305,7 @@ class ppo_controller final : public actor::node {
       ctx.emit("next", actor::payload::make("tick", newest_.iteration));
     }
     const char* ph = flight_.empty() ? "wait_prompts" : flight_.front().summary ? "train" : "generate_experience";
-    if (ph != async_phase_) ctx.phase(async_phase_ = ph);
+    if (ph != async_phase_) show_phase(ctx, async_phase_ = ph);
   }
 
   // Stamps the batch with the updates reported so far and the staleness settings, and asks the
@@ -341,7 +345,15 @@ class ppo_controller final : public actor::node {
   void enter(actor::node_context& ctx, phase p) {
     phase_ = p;
     phase_start_ = clk::now();
-    ctx.phase(name(p));
+    show_phase(ctx, name(p));
+  }
+  // The phase the console and the status header show. Until the first experience comes back the
+  // controller's phases say nothing true of the job: the held-out batch reaches it at the job's
+  // start, while steps 1 and 2 still train (the generator waits for their models), so they show
+  // from the first summary on; until then the header shows the trainers' and the generator's.
+  void show_phase(actor::node_context& ctx, const char* p) {
+    shown_ = p;
+    if (step3_runs_) ctx.phase(shown_);
   }
   static const char* name(phase p) {
     switch (p) {
@@ -386,6 +398,8 @@ class ppo_controller final : public actor::node {
   int64_t stale_dropped_ = 0, waited_ = 0;
   std::optional<clk::time_point> last_trained_;  // when the last trained batch was reported
   const char* async_phase_ = nullptr;
+  bool step3_runs_ = false;  // a summary has arrived: the controller's phases show (show_phase)
+  std::string shown_;        // the phase it is in, shown once step3_runs_
 };
 
 }  // namespace

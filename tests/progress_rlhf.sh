@@ -4,7 +4,8 @@
 # "step 1 sft k/N ETA m:ss · step 2 rm k/N ETA m:ss", never the largest counter; /api/status's
 # progress records carry both nodes with a non-negative eta_s; step 3 ("step 3 ppo", prompt_loader) is not among
 # them, in the status line or the records, while steps 1 and 2 train (a phase shows once it has started, though
-# prompt_loader sends its first batch at the job's start); /api/graph's layout fits 1120 px.
+# prompt_loader sends its first batch at the job's start), nor is ppo_controller's phase the job's phase;
+# /api/graph's layout fits 1120 px.
 # The steps are many so that the run is still training when polled; stop ends it (exit 130).
 set -euo pipefail
 flowrun=$1 flowctl=$2 root=$3 out=$4
@@ -61,6 +62,10 @@ for node, what in (("sft", "step 1 sft"), ("rm", "step 2 rm")):
     print(f"{node}: {p['what']} {p['done']}/{p['total']} eta_s {p['eta_s']}")
 assert st["progress_text"].count(" · ") >= 1, st["progress_text"]
 assert "prompts" not in by and "step 3" not in st["progress_text"], st["progress"]  # step 3 has not started
+# the header's phase is one of the training steps', never the PPO controller's (its held-out batch arrives
+# at the job's start, but step 3 has not begun)
+assert st["phase"] in ("step 1 sft", "step 2 rm", "step 1 sft held-out", "step 2 rm held-out"), st["phase"]
+print(f"phase: {st['phase']}")
 lay = json.load(open(sys.argv[2]))["layout"]
 assert lay["width"] <= 1120, lay["width"]
 for b in lay["nodes"]:

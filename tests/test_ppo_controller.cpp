@@ -390,8 +390,10 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, ke
   CHECK(series(j, "phase_seconds/report").size() == 7);
   for (const char* name : {"phase_seconds/score_and_experience", "phase_seconds/train", "phase_seconds/report"})
     for (double s : series(j, name)) CHECK((std::isfinite(s) && s >= 0));
-  // the phases, in order: a batch that does not train goes from generate_experience to report
-  std::vector<std::string> want = {"wait_prompts"};
+  // the phases, in order: a batch that does not train goes from generate_experience to report; none
+  // shows before the first summary (steps 1 and 2 may still train then), so the first is that batch's
+  // generate_experience, not the wait_prompts the controller starts in
+  std::vector<std::string> want;
   for (int64_t i : it) {
     want.push_back("generate_experience");
     if (i == 0 || i == 3 || i == 4) want.push_back("train");

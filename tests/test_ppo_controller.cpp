@@ -38,6 +38,7 @@
 #include "runtime/actor/node.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
+#include "stdout_capture.h"
 
 using namespace flowrun;
 using namespace flowrun::actors;
@@ -124,40 +125,7 @@ void register_script_kinds(graph::node_kind_registry& kinds, actor::node_factory
 
 // -- standard output, captured (the controller prints through node_context::print) -----------
 
-class stdout_capture {
- public:
-  stdout_capture() : file_(std::tmpfile()) {
-    REQUIRE(file_ != nullptr);
-    std::fflush(stdout);
-    saved_ = ::dup(1);
-    ::dup2(::fileno(file_), 1);
-  }
-  ~stdout_capture() { restore(); }
-  /// Restores standard output; the captured lines that start with `prefix`.
-  std::vector<std::string> lines(const std::string& prefix) {
-    restore();
-    std::vector<std::string> out;
-    std::rewind(file_);
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, file_)) {
-      std::string l(buf);
-      if (!l.empty() && l.back() == '\n') l.pop_back();
-      if (l.rfind(prefix, 0) == 0) out.push_back(l);
-    }
-    return out;
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stdout);
-    ::dup2(saved_, 1);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::FILE* file_;
-  int saved_ = -1;
-};
+using test::stdout_capture;  // tests/stdout_capture.h
 
 // -- fixture: the graph on the deterministic scheduler ---------------------------------------
 

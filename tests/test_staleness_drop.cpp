@@ -33,6 +33,7 @@
 #include "runtime/actor/runtime.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
+#include "stdout_capture.h"
 #include "test_util.h"
 
 using namespace flowrun;
@@ -57,42 +58,7 @@ class frozen_weights final : public actor::node {
 };
 
 /// Standard output of the run, the lines that start with a prefix (ctx.print writes there).
-class stdout_capture {
- public:
-  stdout_capture() : file_(std::tmpfile()) {
-    REQUIRE(file_ != nullptr);
-    std::fflush(stdout);
-    saved_ = ::dup(1);
-    ::dup2(::fileno(file_), 1);
-  }
-  ~stdout_capture() {
-    restore();
-    std::fclose(file_);
-  }
-  std::vector<std::string> lines(const std::string& prefix) {
-    restore();
-    std::vector<std::string> out;
-    std::rewind(file_);
-    char buf[4096];
-    while (std::fgets(buf, sizeof buf, file_)) {
-      std::string l(buf);
-      if (!l.empty() && l.back() == '\n') l.pop_back();
-      if (l.rfind(prefix, 0) == 0) out.push_back(l);
-    }
-    return out;
-  }
-
- private:
-  void restore() {
-    if (saved_ < 0) return;
-    std::fflush(stdout);
-    ::dup2(saved_, 1);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  std::FILE* file_;
-  int saved_ = -1;
-};
+using test::stdout_capture;  // tests/stdout_capture.h
 
 constexpr int64_t prompts_per_batch = 4, generations = 4, mini_batch = 8;
 

@@ -15,16 +15,23 @@
 #include <string>
 
 #include "models/decoder.h"
+#include "models/safetensors.h"  // tensor_progress
 
 namespace flowrun {
 
 /// Load a llama2.c v0 or v1 file into a new decoder on `dev`.
 /// Throws std::runtime_error naming the file and the problem (bad magic, unknown
-/// version, truncated or oversized file with the expected and actual byte counts).
-decoder load_llama2c(const std::string& path, device dev = device::cpu());
+/// version, truncated or oversized file with the expected and actual byte counts), all before the
+/// weights are allocated. The weights are read tensor by tensor, straight into the decoder;
+/// `progress`, when given, hears of each one (tensor_progress: HF names, f32 bytes; version 0's
+/// freq_cis block is skipped and not counted), as `flowrun convert` shows it.
+decoder load_llama2c(const std::string& path, device dev = device::cpu(), const tensor_progress_fn& progress = {});
 
 /// Write a LLaMA-family decoder as a llama2.c file: version 0 (legacy) or 1.
-/// Atomic: written to PATH.tmp, fsynced, then renamed. Throws std::runtime_error.
-void save_llama2c(const decoder& model, const std::string& path, int version = 1);
+/// Atomic (atomic_file): written to PATH.tmp tensor by tensor, fsynced, then renamed; `progress` hears
+/// of each tensor as it is written. An exception (a full disk, or one `progress` throws) leaves no
+/// PATH.tmp and PATH as it was. Throws std::runtime_error.
+void save_llama2c(const decoder& model, const std::string& path, int version = 1,
+                  const tensor_progress_fn& progress = {});
 
 }  // namespace flowrun

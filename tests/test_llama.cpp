@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <set>
 
 #include <unistd.h>
 
@@ -147,6 +148,68 @@ TEST_CASE("llama2.c save/load round trip, versions 0 and 1, is exact") {
     auto a = m.w().flat.to_floats(), b = back.w().flat.to_floats();
     CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
     if (version == 0) CHECK(std::filesystem::file_size(p) == std::filesystem::file_size(test::model_path()));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The per-tensor report `flowrun convert` draws its progress line from, for llama2.c files as for HF folders
+// (test_hf "save_hf and load_hf report each tensor ..."): (0, N) first, then one report per tensor in the file's
+// order with its HF name and f32 bytes, ending at the model's parameter bytes; version 0's freq_cis block is
+// not counted. A report that throws stops the write and leaves neither the file nor PATH.tmp.
+TEST_CASE("llama2.c: load and save report each tensor with its bytes (tensor_progress)") {
+  auto dir = std::filesystem::temp_directory_path() / ("flowrun_test_llama2c_progress_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<tensor_progress> loaded;
+  auto m = load_llama2c(test::model_path(), device::cpu(), [&](const tensor_progress& p) { loaded.push_back(p); });
+  const auto& c = m.config();
+  // stories260K (version 0, tied): the embedding, 9 tensors per layer and the final norm
+  const int64_t n_tensors = 1 + 9 * c.n_layers + 1;
+  const int64_t bytes = static_cast<int64_t>(c.num_parameters()) * 4;
+  const auto check_reports = [&](const std::vector<tensor_progress>& r, const char* first, const char* last) {
+    REQUIRE(r.size() == static_cast<size_t>(n_tensors + 1));
+    CHECK(r.front().tensors_done == 0);
+    CHECK(r.front().bytes_done == 0);
+    std::set<std::string> seen;
+    for (size_t k = 0; k < r.size(); ++k) {
+      CHECK(r[k].tensors_done == static_cast<int64_t>(k));
+      CHECK(r[k].tensors_total == n_tensors);
+      CHECK(r[k].bytes_total == bytes);
+      if (k == 0) continue;
+      seen.insert(r[k].name);
+      CHECK(r[k].bytes_done - r[k - 1].bytes_done == static_cast<int64_t>(m.param(r[k].name).nbytes()));
+    }
+    CHECK(seen.size() == static_cast<size_t>(n_tensors));  // each tensor once
+    CHECK(r[1].name == first);
+    CHECK(r.back().name == last);
+    CHECK(r.back().bytes_done == bytes);
+  };
+  check_reports(loaded, "model.embed_tokens.weight", "model.norm.weight");  // run.c's order
+  for (int version : {0, 1}) {
+    INFO("version " << version);
+    auto p = (dir / ("v" + std::to_string(version) + ".bin")).string();
+    std::vector<tensor_progress> saved;
+    save_llama2c(m, p, version, [&](const tensor_progress& r) { saved.push_back(r); });
+    check_reports(saved, version == 0 ? "model.embed_tokens.weight" : "model.layers.0.input_layernorm.weight",
+                  version == 0 ? "model.norm.weight" : ("model.layers." + std::to_string(c.n_layers - 1) +
+                                                        ".mlp.up_proj.weight").c_str());
+    std::vector<tensor_progress> back;
+    auto m2 = load_llama2c(p, device::cpu(), [&](const tensor_progress& r) { back.push_back(r); });
+    REQUIRE(back.size() == saved.size());
+    for (size_t k = 1; k < back.size(); ++k) CHECK(back[k].name == saved[k].name);
+    const auto a = m.w().flat.to_floats(), b = m2.w().flat.to_floats();
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    // a report that throws: the old file stays as it was and no PATH.tmp is left
+    const auto before = std::filesystem::file_size(p);
+    int calls = 0;
+    CHECK_THROWS_WITH(save_llama2c(m, p, 1 - version,
+                                   [&calls](const tensor_progress&) {
+                                     if (++calls == 3) throw std::runtime_error("stop here");
+                                   }),
+                      "stop here");
+    CHECK(calls == 3);
+    CHECK(std::filesystem::file_size(p) == before);
+    CHECK_FALSE(std::filesystem::exists(p + ".tmp"));
+    CHECK(load_llama2c(p).config().n_layers == c.n_layers);
   }
   std::filesystem::remove_all(dir);
 }

@@ -7,8 +7,8 @@
 // LLaMA RoPE layouts are converted on the way (llama2.c pairs adjacent channels,
 // HF rotates halves; models/hf.h, to_half_rope), so the logits stay the same.
 //
-// Reading and writing an HF folder shows a progress line on a terminal (tools/flowrun/progress_line.h,
-// fed by load_hf's and save_hf's per-tensor report): "[flowrun convert] save tensors 12/291, 1.2 GB of 4.5 GB
+// Reading and writing either format shows a progress line on a terminal (tools/flowrun/progress_line.h,
+// fed by the per-tensor report of load_hf, save_hf, load_llama2c and save_llama2c): "[flowrun convert] save tensors 12/291, 1.2 GB of 4.5 GB
 // ETA 0:12", the ETA by bytes; each ends with a log line of the time taken.
 #include <filesystem>
 #include <fstream>
@@ -66,7 +66,7 @@ nlohmann::json token_keys(const fs::path& hf_dir) {
   return out;
 }
 
-// load_hf's / save_hf's per-tensor report on `line`: tensors k/N and bytes, the ETA by bytes.
+// load_hf's / save_hf's / load_llama2c's / save_llama2c's per-tensor report on `line`: tensors k/N and bytes, the ETA by bytes.
 tensor_progress_fn on_line(progress_line& line) {
   return [&line](const tensor_progress& p) {
     line.update(p.bytes_done, p.bytes_total,
@@ -83,7 +83,10 @@ void run_convert(const convert_opts& o) {
   decoder model;
   nlohmann::json extra = nlohmann::json::object();
   if (src_fmt == "llama2c") {
-    model = load_llama2c(resolve_user_path(o.from[1], "llama2.c model").string());
+    progress_line line("flowrun convert", "load");
+    model = load_llama2c(resolve_user_path(o.from[1], "llama2.c model").string(), device::cpu(), on_line(line));
+    line.clear();
+    spdlog::info("read {} in {:.1f} s", o.from[1], line.seconds());
   } else if (src_fmt == "hf") {
     progress_line line("flowrun convert", "load");
     model = load_hf(o.from[1], device::cpu(), on_line(line));
@@ -135,9 +138,11 @@ void run_convert(const convert_opts& o) {
     decoder adj = to_adjacent_rope(model);
     fs::path parent = fs::absolute(dst).parent_path();
     fs::create_directories(parent);
-    save_llama2c(adj, dst, o.llama2c_version);
+    progress_line line("flowrun convert", "save");
+    save_llama2c(adj, dst, o.llama2c_version, on_line(line));
+    line.clear();
     if (tok) copy_tokenizer(tok_path, parent, /*hf_names=*/false);
-    spdlog::info("wrote llama2.c v{} file {}", o.llama2c_version, dst);
+    spdlog::info("wrote llama2.c v{} file {} in {:.1f} s", o.llama2c_version, dst, line.seconds());
   } else {
     throw std::runtime_error("convert: --to " + dst_fmt + ": use hf or llama2c");
   }

@@ -5,7 +5,7 @@
 #
 #   bench/cluster_under_load.sh [RUNS=20] [BUILD_DIR=build] [TESTS="cluster_small cluster_rlhf_small cluster_pretrain_small"]
 #
-# Prints one line per run (test, run, exit code, seconds, loss lines seen) and a summary per test; the logs of a
+# Prints one line per run (test, run, exit code, seconds, loss lines seen, teardown watchdogs) and a summary per test; the logs of a
 # failed run stay in $BUILD_DIR/under_load/TEST.RUN.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +27,7 @@ fi
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 export OMP_WAIT_POLICY=PASSIVE
 for t in $tests; do
-  pass=0 fail=0 false_losses=0
+  pass=0 fail=0 false_losses=0 watchdogs=0
   for r in $(seq 1 "$runs"); do
     dir="$out/$t.$r"
     rm -rf "$dir"
@@ -41,8 +41,11 @@ for t in $tests; do
     # a loss by heartbeat where the test killed nothing by SIGSTOP is false (the tests' SIGKILLs drop the connection)
     fl=$(grep -rh "lost (no heartbeat" "$dir" "$dir.log" 2>/dev/null | grep -v "'w5'" | wc -l)
     false_losses=$((false_losses + fl))
+    # the teardown watchdog (runtime/actor/teardown.h) ending a process whose actor system did not shut down
+    wd=$(grep -rh "did not shut down within" "$dir" "$dir.log" 2>/dev/null | wc -l)
+    watchdogs=$((watchdogs + wd))
     if [[ $rc -eq 0 ]]; then pass=$((pass + 1)); rm -rf "$dir"; else fail=$((fail + 1)); fi
-    echo "$t run $r: exit $rc, ${s} s, heartbeat losses of healthy nodes: $fl"
+    echo "$t run $r: exit $rc, ${s} s, heartbeat losses of healthy nodes: $fl, teardown watchdogs: $wd"
   done
-  echo "SUMMARY $t: $pass passed, $fail failed, $false_losses false losses in $runs runs under the hog"
+  echo "SUMMARY $t: $pass passed, $fail failed, $false_losses false losses, $watchdogs teardown watchdogs in $runs runs under the hog"
 done

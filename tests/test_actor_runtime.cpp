@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -1290,9 +1291,13 @@ TEST_CASE("teardown: a hung actor system ends with the run's error printed and i
   CHECK(text.find("cluster node 'w2' lost") < text.find("did not shut down"));
 }
 
-// The watchdog also names what CAF still holds: here a blocking (detached) replica of a finished job whose
-// handle is kept past the system, as CAF 0.17 kept one after a node loss (docs/reliability.md).
-TEST_CASE("teardown: the watchdog names the detached replica still held and its reference count") {
+// A blocking replica is a caf::blocking_actor, whose thread ends when act() returns, however long something
+// holds the actor. As a detached event-based actor (before), a handle kept past the job (as CAF 0.17 kept one
+// in the BASP broker after a cluster node's loss: docs/reliability.md) held ~actor_system for good: this test
+// then ended by the watchdog after 10 s with exit code 5. Now the teardown returns, and the child reaches its
+// own exit (99), quickly.
+TEST_CASE("teardown: a blocking replica held past the end of its job no longer holds up the actor system") {
+  const auto t0 = std::chrono::steady_clock::now();
   auto [status, text] = run_in_child([] {
     graph::node_kind_registry kinds;
     node_factory_registry factories;
@@ -1319,27 +1324,17 @@ kind = "blocking_collect"
     if (!j) std::_Exit(97);
     while (!j->state->wait_for_ms(50)) {
     }
+    if (j->state->exit_code() != 0) std::_Exit(96);
     new caf::actor(j->replicas[1][0]);  // the leak: one strong reference that outlives the system
     *j = job{};
     flowrun::actor::teardown_actor_system(std::move(sys), true, 5, "");
+    std::fflush(stdout);
+    std::_Exit(99);  // the teardown returned
   });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE(WIFEXITED(status));
   INFO(text);
-  CHECK(WEXITSTATUS(status) == 5);
-  CHECK(text.find("did not shut down within 10 s") != std::string::npos);
-  CHECK(text.find("still held: node 'held' (actor ") != std::string::npos);
-  // it exited (the job finished) but was never destroyed: CAF's running count is already 0, and
-  // the replica is not in CAF's registry (no message carried it to another node)
-  CHECK(text.find("): 1 strong reference, exited\n") != std::string::npos);
-  CHECK(text.find("CAF counts 0 running actor(s)") != std::string::npos);
-  CHECK(text.find("node 'src'") == std::string::npos);  // not detached: never listed
-  // and the pointer scan finds the leaked handle among its lines (stale words of freed memory are
-  // listed too): a heap word holding the control block's address (+0)
-  bool leak_found = false;
-  for (auto at = text.find("points at a held replica: node 'held' (actor "); at != std::string::npos;
-       at = text.find("points at a held replica: node 'held' (actor ", at + 1)) {
-    const auto line = text.substr(at, text.find('\n', at) - at);
-    leak_found = leak_found || (line.find("(in [heap]) = 0x") != std::string::npos && line.find(" (+0)") != std::string::npos);
-  }
-  CHECK(leak_found);
+  CHECK(WEXITSTATUS(status) == 99);
+  CHECK(text.find("did not shut down") == std::string::npos);
+  CHECK(seconds < 9.0);  // the watchdog's 10 s never ran out
 }

@@ -22,12 +22,12 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <type_traits>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/console.h"
-#include "runtime/actor/holder_scan.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/kernels/compute_scope.h"
 #include "runtime/kernels/ops.h"
@@ -132,7 +132,7 @@ struct node_plan {
   node_factory factory;
   restart_policy policy;
   bool source = false;
-  bool blocking = false;  // graph::node_kind::blocking: a detached actor per replica
+  bool blocking = false;  // graph::node_kind::blocking: a caf::blocking_actor per replica (a thread of its own)
   std::vector<port_plan> out_ports;
   std::vector<port_plan> in_ports;
   std::vector<std::uint32_t> out_edges;  // edge ids leaving the node, in spec order
@@ -183,19 +183,22 @@ std::string replica_name(const job_plan& p, std::uint32_t node, std::uint32_t re
   return "node '" + n.spec.name + "'" + (n.replicas > 1 ? " replica " + std::to_string(replica) : std::string());
 }
 
-// Ids of the detached replicas whose on_exit ran (pruned with g_detached), for
-// held_detached_replicas(): a held
-// replica that never exited keeps ~actor_system in await_all_actors_done, one that
-// exited but was not destroyed keeps it in await_detached_threads.
-std::mutex g_exited_mutex;
-std::set<caf::actor_id> g_exited;
 
 // -- the replica actor ------------------------------------------------------------
 
-class replica_actor final : public caf::event_based_actor {
+// One replica of a node: its links, its credit and its calls into the node. Base is
+// caf::event_based_actor for the kinds that run on CAF's scheduler, caf::blocking_actor for the
+// blocking kinds (graph::node_kind::blocking: collectives, long training steps), which get a thread
+// of their own. Not a detached event-based actor: CAF 0.17's private thread of one waits for the
+// actor object's destruction, so a reference CAF keeps (a down message in the BASP broker after a
+// cluster node's loss) kept ~actor_system waiting for good (actor-framework issue #1196); a
+// blocking_actor's thread ends when act() returns (blocking_actor::launch, 0.17.6), whoever still
+// holds the object (docs/reliability.md, "Liveness under load").
+template <class Base>
+class replica_actor_t : public Base {
  public:
-  replica_actor(caf::actor_config& cfg, std::shared_ptr<job_plan> plan, std::uint32_t node, std::uint32_t replica)
-      : caf::event_based_actor(cfg),
+  replica_actor_t(caf::actor_config& cfg, std::shared_ptr<job_plan> plan, std::uint32_t node, std::uint32_t replica)
+      : Base(cfg),
         plan_(std::move(plan)),
         node_(node),
         replica_(replica),
@@ -203,20 +206,27 @@ class replica_actor final : public caf::event_based_actor {
         counters_(plan_->metrics->replica(node, replica)),
         live_(plan_->live->replica(node, replica)),
         ctx_(*this) {
-    set_exception_handler([](caf::scheduled_actor*, std::exception_ptr& eptr) -> caf::error {
-      try {
-        std::rethrow_exception(eptr);
-      } catch (const std::exception& e) {
-        return caf::make_error(caf::sec::runtime_error, std::string(e.what()));
-      } catch (...) {
-        return caf::make_error(caf::sec::runtime_error, std::string("unknown exception"));
-      }
-    });
+    if constexpr (std::is_base_of_v<caf::scheduled_actor, Base>)
+      this->set_exception_handler([](caf::scheduled_actor*, std::exception_ptr& eptr) -> caf::error {
+        return exception_error(eptr);
+      });
+  }
+
+  // An exception out of a handler as the replica's exit reason (the coordinator's down message says it).
+  static caf::error exception_error(const std::exception_ptr& eptr) {
+    try {
+      std::rethrow_exception(eptr);
+    } catch (const std::exception& e) {
+      return caf::make_error(caf::sec::runtime_error, std::string(e.what()));
+    } catch (...) {
+      return caf::make_error(caf::sec::runtime_error, std::string("unknown exception"));
+    }
   }
 
   const char* name() const override { return "flowrun_replica"; }
 
-  caf::behavior make_behavior() override {
+  // The messages a replica handles, for either base.
+  caf::behavior handlers() {
     return {
         [this](init_atom, caf::actor coordinator) {
           now_valid_ = false;
@@ -292,24 +302,32 @@ class replica_actor final : public caf::event_based_actor {
     impl_.reset();
     // The plan holds every replica's handle (job_plan::actors) until the coordinator's finish() or
     // release_part clears it: a replica that kept the plan after its exit would close the cycle
-    // replica -> plan -> actors -> replica on any path that skips both, and a detached replica
-    // that is never destroyed keeps ~actor_system waiting for its thread (teardown.h). np_,
-    // counters_ and live_ refer into the plan and are not read after this.
-    const bool detached = np_.blocking;  // read before the plan may go
+    // replica -> plan -> actors -> replica on any path that skips both. np_, counters_ and live_
+    // refer into the plan and are not read after this.
     plan_.reset();
-    if (detached) {
-      std::lock_guard<std::mutex> lock(g_exited_mutex);
-      g_exited.insert(id());
-    }
-    caf::event_based_actor::on_exit();
+    Base::on_exit();
   }
+
+ protected:
+  using Base::mailbox;
+  using Base::send;
+  using Base::system;
+
+  // Ends the actor once the current message is handled (blocking: act()'s loop ends).
+  void quit() {
+    if constexpr (std::is_base_of_v<caf::scheduled_actor, Base>)
+      Base::quit();
+    else
+      quit_ = true;
+  }
+  bool quit_ = false;  // blocking_actor only: act() returns
 
  private:
   // The node_context handed to the node: forwards to the actor (kept apart
   // from the actor class so that node_context's names never meet CAF's).
   class context final : public node_context {
    public:
-    explicit context(replica_actor& a) : a_(a) {}
+    explicit context(replica_actor_t& a) : a_(a) {}
     const graph::node_spec& spec() const override { return a_.np_.spec; }
     std::size_t replica() const override { return a_.replica_; }
     std::size_t replicas() const override { return a_.np_.replicas; }
@@ -354,7 +372,7 @@ class replica_actor final : public caf::event_based_actor {
     }
 
    private:
-    replica_actor& a_;
+    replica_actor_t& a_;
   };
 
   // -- node calls ------------------------------------------------------------------
@@ -1364,6 +1382,27 @@ class replica_actor final : public caf::event_based_actor {
   std::uint64_t checkpoint_seen_ = 0;
 };
 
+// A replica of a kind that runs on CAF's scheduler.
+class replica_actor final : public replica_actor_t<caf::event_based_actor> {
+ public:
+  using replica_actor_t::replica_actor_t;
+  caf::behavior make_behavior() override { return handlers(); }
+};
+
+// A replica of a blocking kind, on a thread of its own: handles one message at a time until it quits.
+class blocking_replica_actor final : public replica_actor_t<caf::blocking_actor> {
+ public:
+  using replica_actor_t::replica_actor_t;
+  void act() override {
+    caf::behavior b = handlers();
+    try {
+      while (!quit_) receive(b);
+    } catch (...) {
+      fail_state(exception_error(std::current_exception()));
+    }
+  }
+};
+
 // -- the coordinator ---------------------------------------------------------------------------------
 
 class coordinator_actor final : public caf::event_based_actor {
@@ -1740,66 +1779,12 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
 namespace flowrun::actor {
 
 namespace {
-// Weak handles (they keep only CAF's control block, never the actor) of the
-// detached replicas this process spawned, for held_detached_replicas().
-std::mutex g_detached_mutex;
-std::vector<std::pair<caf::actor_addr, std::string>> g_detached;
-
 caf::actor spawn_replica(caf::actor_system& sys, const std::shared_ptr<rt::job_plan>& plan, std::uint32_t n,
                          std::uint32_t r) {
   if (!plan->nodes[n].blocking) return sys.spawn<rt::replica_actor>(plan, n, r);
-  auto a = sys.spawn<rt::replica_actor, caf::detached>(plan, n, r);
-  std::lock_guard<std::mutex> lock(g_detached_mutex);
-  // forget the ones already destroyed (earlier attempts), so the list stays short
-  g_detached.erase(std::remove_if(g_detached.begin(), g_detached.end(),
-                                  [](const auto& x) {
-                                    if (x.first.get()->strong_refs.load() != 0) return false;
-                                    std::lock_guard<std::mutex> exited_lock(rt::g_exited_mutex);
-                                    rt::g_exited.erase(x.first.id());
-                                    return true;
-                                  }),
-                   g_detached.end());
-  g_detached.emplace_back(a.address(), rt::replica_name(*plan, n, r) + " (actor " + std::to_string(a.id()) + ")");
-  return a;
+  return sys.spawn<rt::blocking_replica_actor>(plan, n, r);  // a thread of its own
 }
 }  // namespace
-
-std::vector<std::string> held_detached_replicas() {
-  std::vector<std::string> out;
-  std::lock_guard<std::mutex> lock(g_detached_mutex);
-  for (const auto& [addr, name] : g_detached) {
-    const auto refs = addr.get()->strong_refs.load();
-    if (refs == 0) continue;
-    bool exited = false;
-    {
-      std::lock_guard<std::mutex> exited_lock(rt::g_exited_mutex);
-      exited = rt::g_exited.count(addr.id()) > 0;
-    }
-    // CAF's registry holds a strong reference to each local actor a message carried to
-    // another node, until the actor terminates (actor_registry::put_impl, 0.17.6).
-    const bool registered = addr.get()->home_system->registry().get(addr.id()) != nullptr;
-    out.push_back(name + ": " + std::to_string(refs) + " strong reference" + (refs == 1 ? "" : "s") +
-                  (exited ? ", exited" : ", never exited") + (registered ? ", in CAF's actor registry" : ""));
-  }
-  return out;
-}
-
-std::vector<std::string> held_detached_pointers() {
-  std::vector<std::string> out;
-  std::lock_guard<std::mutex> lock(g_detached_mutex);
-  // g_detached's own weak handles point at every control block: not holders
-  const std::vector<std::pair<const void*, const void*>> skip{
-      {g_detached.data(), g_detached.data() + g_detached.size()}};
-  for (const auto& [addr, name] : g_detached) {
-    caf::actor_control_block* ctrl = addr.get();
-    if (ctrl->strong_refs.load() == 0) continue;
-    // the actor's storage: its control block, then the replica object
-    const auto* object = reinterpret_cast<const char*>(ctrl->get());
-    for (auto& line : scan_pointers_into(ctrl, object + sizeof(rt::replica_actor), skip))
-      out.push_back(name + ": " + line);
-  }
-  return out;
-}
 
 expected<job> launch(caf::actor_system& sys, const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
                      const node_factory_registry& factories, const run_options& options) {

@@ -136,19 +136,6 @@ void abort_part(job_part& part);
 /// Releases the part's handles (the table refers to actors in other processes).
 void release_part(job_part& part);
 
-/// This process's replicas spawned detached (blocking kinds) whose actor object
-/// still exists, as "node 'NAME' replica R (actor ID): N strong references".
-/// For the teardown watchdog (teardown.h): a detached actor's thread ends only
-/// once the last strong reference to it is gone, so these name what CAF still
-/// holds. Empty when every one was destroyed.
-std::vector<std::string> held_detached_replicas();
-
-/// For each replica held_detached_replicas() lists: the words of this process's memory that
-/// point into its actor (its control block or object), one line each, prefixed with its name
-/// (scan_pointers_into, holder_scan.h). Names the holder CAF 0.17 cannot: a mailbox element, a
-/// handle table, a closure. For the teardown watchdog only: it reads all writable memory.
-std::vector<std::string> held_detached_pointers();
-
 /// Sends `interrupt_atom, signal` to the job's coordinator.
 void interrupt(const job& j, int signal);
 

@@ -1,8 +1,6 @@
 // The end of a run's actor system: why and how in teardown.h.
 #include "runtime/actor/teardown.h"
 
-#include "runtime/actor/job.h"
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,13 +26,9 @@ void teardown_actor_system(std::unique_ptr<caf::actor_system> sys, bool clustere
     spdlog::warn("the CAF actor system did not shut down within 10 s after the run ended (CAF 0.17 still holds an "
                  "actor of it); exiting with the run's exit code {}",
                  exit_code);
-    // What CAF still holds (the cause is not found: docs/reliability.md); empty when the
-    // held actor is not one of this process's detached replicas.
     // ~actor_system first waits for CAF's count of running actors to drop to zero (an actor that never
-    // exited), then for every detached actor's thread (one that exited but was not destroyed).
+    // exited), then for every detached event-based actor's thread (one that exited but was not destroyed).
     spdlog::warn("CAF counts {} running actor(s); its destructor waits for 0", raw->registry().running());
-    for (const auto& held : held_detached_replicas()) spdlog::warn("still held: {}", held);
-    for (const auto& word : held_detached_pointers()) spdlog::warn("points at a held replica: {}", word);
     spdlog::default_logger()->flush();
     std::fflush(stdout);
     std::fflush(stderr);

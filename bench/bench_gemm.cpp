@@ -10,7 +10,7 @@
 //    its small-M kernel), through ops::matmul;
 //  - OpenBLAS (Debian 0.3.21, its own core detection: the environment is left alone);
 //  - BLIS (Debian 0.9.0), the sandybridge..skx kernels: "detected" is what BLIS's
-//    own detection picks, "skx" is its AVX-512 context chosen explicitly;
+//    own detection picks, "skx" is its AVX-512 context chosen explicitly (on CPUs with AVX-512F);
 //  - oneDNN (Debian 2.6.3) dnnl_sgemm.
 // Every library's result is compared against the first one's (max relative error).
 #include <omp.h>
@@ -67,6 +67,8 @@ static std::vector<lib> libraries() {
 #ifdef FLOWRUN_BENCH_BLIS
   bli_init();
   for (arch_t id : {bli_arch_query_id(), BLIS_ARCH_SKX}) {
+    // the skx context runs AVX-512 kernels: only where the CPU has them (SIGILL on Zen 3), and not twice
+    if (id == BLIS_ARCH_SKX && (bli_arch_query_id() == BLIS_ARCH_SKX || !__builtin_cpu_supports("avx512f"))) continue;
     cntx_t* cx = bli_gks_lookup_nat_cntx(id);
     if (!cx) continue;
     ls.push_back({std::string("BLIS ") + bli_arch_string(id),

@@ -4,6 +4,14 @@
 // This is how the CPU backend's GEMM library was chosen (docs/performance.md).
 //
 //   build/bin/bench_gemm [--rows N] [--reps R] [--threads N]
+//   build/bin/bench_gemm --row-invariance [--threads N]
+//
+// --row-invariance: whether a row's result depends on how many rows share the call (PPO's first
+// ratio is exactly 1 only if it does not: test_ppo, docs/performance.md "GEMM per ISA"). Per
+// library, C = A·Bᵀ (K = 64, N = 512) is computed for all 152 rows, then for rows [s, s + M) alone
+// at several M and starts s; it prints the number of elements whose bits differ from the full call.
+// Exit code 1 when flowrun's own gemm gives a row other bits for another M on the same side of its
+// small-M threshold (16 rows; across it the kernels differ: see row_invariance below).
 //
 // Libraries, each only when CMake found it (cmake/deps.cmake):
 //  - flowrun: the CPU backend's own gemm (the library it was built with, plus
@@ -91,14 +99,84 @@ static std::vector<lib> libraries() {
   return ls;
 }
 
+// --row-invariance (see the top): one table row per library, the differing elements per M (start 0 and
+// a shifted start), and the total. flowrun's own gemm sends x·Wᵀ with at most k_small_m (16) rows to its
+// small-M kernel, whose sums run in another order than the library's: its rows there are compared with
+// the full call (they differ) and, on a line of their own, with a 16-row call (the same kernel). Returns
+// flowrun's differing elements that matter: above 16 rows against the full call, and within the band.
+static long row_invariance(const std::vector<lib>& libs) {
+  const int full = 152, K = 64, N = 512, small_m = 16;
+  std::vector<float> a(size_t(full) * K), b(size_t(N) * K);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(std::sin(0.37 * double(i)) * 0.5);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(std::cos(0.11 * double(i)) * 0.02);
+  const std::vector<int> ms = {1, 2, 3, 8, 13, 16, 17, 19, 25, 32, 38, 57, 128};
+  std::printf("# row invariance: C = A·Bᵀ, K = %d, N = %d; elements of rows [s, s+M) computed alone whose bits "
+              "differ from the %d-row call, for s = 0 and s = 7\n\n| library |",
+              K, N, full);
+  for (int m : ms) std::printf(" M=%d |", m);
+  std::printf(" total |\n|---|");
+  for (size_t i = 0; i <= ms.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  // rows [start, start + m) alone, against `ref` (rows [ref_start, ...) of a call): elements whose bits differ
+  auto differing = [&](const lib& l, int start, int m, const std::vector<float>& ref, int ref_start) {
+    std::vector<float> c(size_t(m) * N);
+    l.f(false, true, m, N, K, 1.f, a.data() + size_t(start) * K, K, b.data(), K, 0.f, c.data(), N);
+    long diff = 0;
+    for (size_t i = 0; i < c.size(); ++i)
+      diff += std::memcmp(&c[i], &ref[size_t(start - ref_start) * N + i], sizeof(float)) != 0;
+    return diff;
+  };
+  long flowrun_bad = 0;
+  for (size_t li = 0; li < libs.size(); ++li) {
+    std::vector<float> c_full(size_t(full) * N);
+    libs[li].f(false, true, full, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c_full.data(), N);
+    long total = 0;
+    std::printf("| %s |", libs[li].name.c_str());
+    for (int m : ms) {
+      long diff = 0;
+      for (int start : {0, 7}) diff += differing(libs[li], start, m, c_full, 0);
+      total += diff;
+      if (li == 0 && m > small_m) flowrun_bad += diff;
+      std::printf(" %ld |", diff);
+    }
+    std::printf(" **%ld** |\n", total);
+  }
+  // flowrun's small-M band against itself: rows alone against the same rows in a 16-row call
+  std::printf("| %s, M <= %d against a %d-row call |", libs[0].name.c_str(), small_m, small_m);
+  long band = 0;
+  for (int m : ms) {
+    if (m > small_m) {
+      std::printf(" |");
+      continue;
+    }
+    long diff = 0;
+    for (int start : {0, 7}) {
+      std::vector<float> c16(size_t(small_m) * N);
+      libs[0].f(false, true, small_m, N, K, 1.f, a.data() + size_t(start) * K, K, b.data(), K, 0.f, c16.data(), N);
+      diff += differing(libs[0], start, m, c16, start);
+    }
+    band += diff;
+    std::printf(" %ld |", diff);
+  }
+  std::printf(" **%ld** |\n", band);
+  return flowrun_bad + band;
+}
+
 int main(int argc, char** argv) {
   int rows = 256, reps = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool invariance = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--row-invariance")) invariance = true;
+    if (i + 1 >= argc) continue;
     if (!std::strcmp(argv[i], "--rows")) rows = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--threads")) ops::set_thread_budget(std::atoi(argv[i + 1]));
   }
   auto libs = libraries();
+  if (invariance) {
+    std::printf("# bench_gemm --row-invariance: %d OpenMP threads\n", omp_get_max_threads());
+    return row_invariance(libs) == 0 ? 0 : 1;  // flowrun's own gemm: row-invariant on each side of 16 rows
+  }
   std::printf("# bench_gemm: %d OpenMP threads, rows %d, best of %d (GFLOP/s)\n\n", omp_get_max_threads(), rows,
               reps);
 

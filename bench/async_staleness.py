@@ -2,10 +2,15 @@
 """Samples per second and held-out results of step 3 at max_staleness S = 0, 1, 2 (issue 21).
 
   python3 bench/async_staleness.py --flowrun build/bin/flowrun --out DIR [--rounds 2] [--iterations 12]
-                                   [--graphs ppo,grpo] [--staleness 0,1,2]
+                                   [--graphs ppo,grpo] [--staleness 0,1,2] [--placement one|split]
 
-One process per run; the generator and the trainers get one OpenMP thread each (the nodes' `threads`
-setting), so on a 2-core machine generation and training can overlap only when S >= 1. For each graph
+The generator and the trainers get one OpenMP thread each (the nodes' `threads` setting), so on a
+2-core machine generation and training can overlap only when S >= 1. Placement:
+- one (the default): one process, the threads placed by the OS;
+- split: the generator in a process of its own, pinned to core 1 (`taskset -c 1 flowrun node`, a
+  cluster on 127.0.0.1, docs/scaling.md), everything else (the trainers, scorers, loader and
+  controller) in the main process pinned to core 0: the issue's "one core each". Rollouts and the
+  policy's weights then cross processes through the bulk plane (gloo), every update. For each graph
 the S values run interleaved (S = 0, 1, 2, then 2, 1, 0, ...), `rounds` times. Per run:
 - samples/s: prompts per iteration (times num_generations for GRPO) over the median interval between
   consecutive `[step 3 ppo] iter` lines, the first dropped (warm-up);
@@ -27,7 +32,8 @@ script prints, per graph and S, where an iteration's time goes, from the run's o
   interval less the generator's (the policy's) own time on the batch;
 - per node, seconds per iteration busy in the node's calls and waiting for input between them
   (the metrics' busy_s and wait_s over the steady window, times the median interval);
-- cores: the process's CPU time (/proc/PID/stat, user + system) over the same window's wall time.
+- cores: the CPU time of the run's processes (/proc/PID/stat, user + system; with split, the node daemon's too) over
+  the same window's wall time.
 """
 import argparse
 import json
@@ -57,20 +63,55 @@ def cpu_seconds(pid):
         return None
 
 
-def one_run(cmd):
+def start_node(flowrun, out, core):
+    """A `flowrun node` daemon pinned to one core, for one job (--once); returns (process, cluster file,
+    secret file)."""
+    secret, port_file = os.path.join(out, "secret"), os.path.join(out, "w1.port")
+    with open(secret, "w") as f:
+        f.write(f"async-bench-{os.getpid()}-{time.time()}\n")
+    if os.path.exists(port_file):
+        os.remove(port_file)
+    log = open(os.path.join(out, "w1.log"), "a")
+    node = subprocess.Popen(["taskset", "-c", str(core), flowrun, "node", "--listen", "127.0.0.1:0", "--secret-file",
+                             secret, "--port-file", port_file, "--threads", "1", "--once"], stdout=log,
+                            stderr=subprocess.STDOUT)
+    for _ in range(200):
+        if os.path.exists(port_file) and os.path.getsize(port_file):
+            break
+        time.sleep(0.05)
+    else:
+        node.kill()
+        sys.exit(f"async_staleness: the node daemon did not start; see {log.name}")
+    with open(port_file) as f:
+        port = f.read().strip()
+    cluster = os.path.join(out, "cluster.toml")
+    with open(cluster, "w") as f:
+        f.write(f'[cluster]\nheartbeat_ms = 250\n[cluster.nodes.w1]\naddress = "127.0.0.1:{port}"\n')
+    return node, cluster, secret
+
+
+def one_run(cmd, node=None):
     """Runs cmd; returns (intervals between iteration lines, held-out result after, the log, cores used
-    between the second and the last iteration line)."""
+    between the second and the last iteration line, by cmd and by the node daemon if any)."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     stamps, cpus, after, log = [], [], None, []
+    def cpu_now():
+        a = cpu_seconds(p.pid)
+        b = cpu_seconds(node.pid) if node else 0.0
+        return None if a is None or b is None else a + b
     for line in p.stdout:
         log.append(line)
         if "[step 3 ppo] iter " in line:
             stamps.append(time.perf_counter())
-            cpus.append(cpu_seconds(p.pid))
+            cpus.append(cpu_now())
         if "[step 3 ppo] held-out mean reward" in line and "->" in line:
             after = float(line.split("->")[1].split()[0])
     if p.wait():
+        if node:
+            node.kill()
         sys.exit("async_staleness: flowrun failed:\n" + "".join(log[-30:]))
+    if node and node.wait(timeout=60):
+        sys.exit(f"async_staleness: the node daemon exited with {node.returncode}")
     cores = None
     if len(stamps) >= 3 and cpus[1] is not None and cpus[-1] is not None:
         cores = (cpus[-1] - cpus[1]) / (stamps[-1] - stamps[1])
@@ -135,6 +176,8 @@ def main():
     ap.add_argument("--profile", action="store_true", help="also print where each iteration's time goes")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="more --set for every run (e.g. node.generator.threads=2)")
+    ap.add_argument("--placement", choices=("one", "split"), default="one",
+                    help="one process, or the generator pinned to core 1 in its own process and the rest to core 0")
     a = ap.parse_args()
     out = os.path.abspath(a.out)
     os.makedirs(out, exist_ok=True)
@@ -181,7 +224,12 @@ def main():
                 mfile = os.path.join(out, f"{g}.S{s}.r{r}.metrics.jsonl")
                 if a.profile:
                     extra = ["--metrics", mfile, "--metrics-interval", "0.2"]
-                iv, after, log, cores = one_run(base + ["--set", f"node.{controller}.max_staleness={s}"] + extra)
+                cmd, node = base + ["--set", f"node.{controller}.max_staleness={s}"] + extra, None
+                if a.placement == "split":
+                    node, cluster, secret = start_node(a.flowrun, out, 1)
+                    cmd = ["taskset", "-c", "0"] + cmd + ["--cluster", cluster, "--secret-file", secret,
+                                                          "--set", "node.generator.on=w1"]
+                iv, after, log, cores = one_run(cmd, node)
                 with open(os.path.join(out, f"{g}.S{s}.r{r}.log"), "w") as f:
                     f.writelines(log)
                 sps = per_iter / statistics.median(iv)
@@ -196,7 +244,8 @@ def main():
         s0 = statistics.median([x[0] for x in runs[svals[0]]])
         for s in svals:
             sps = [x[0] for x in runs[s]]
-            d = {"kind": "staleness", "graph": g, "S": s, "rounds": a.rounds, "iterations": a.iterations,
+            d = {"kind": "staleness", "graph": g, "S": s, "placement": a.placement, "rounds": a.rounds,
+                 "iterations": a.iterations,
                  "samples_per_s": sps, "samples_per_s_median": statistics.median(sps),
                  "speedup_vs_S0": statistics.median(sps) / s0,
                  "held_out_after": [x[1] for x in runs[s]]}

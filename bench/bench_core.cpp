@@ -62,6 +62,8 @@
 #include "models/generate.h"
 #include "models/llama2c.h"
 #include "models/rlhf/ppo.h"
+#include "models/rlhf/rlhf_math.h"
+#include "models/sampler.h"
 #include "models/train/zero.h"
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/cpu/simd_kernels.h"
@@ -469,6 +471,15 @@ static void bench_kernels() {
   ops::adamw_config cfg;
   cfg.weight_decay = 0.1f;
   int64_t step = 0;
+  // the log-prob gather of the RLHF scorers and trainers (B, T, V) = (1, 256, 50257), and greedy
+  // picks from 16 rows of a 32000-token vocabulary (one batch-16 decode step's sampling)
+  auto logits3 = logits.view({1, N, V}), dlogits3 = dlogits.view({1, N, V}), lp = mk({1, N}, 0.f);
+  auto dlp = mk({1, N}, 1.0f), labels = targets.view({1, N});
+  sampling_config greedy;
+  greedy.temperature = 0.0f;
+  rng64 rng(1);
+  const std::vector<int32_t> no_history;
+  int64_t picked = 0;
   struct item { const char* name; const char* shape; std::function<void()> run; };
   const std::vector<item> items = {
       {"adamw", "2^25", [&] { ops::adamw_step(p, g, m, v, ++step, cfg); }},
@@ -484,6 +495,14 @@ static void bench_kernels() {
       {"cross_entropy_forward", "256x50257", [&] { ops::cross_entropy_forward(losses, logits, targets); }},
       {"cross_entropy_backward", "256x50257",
        [&] { ops::cross_entropy_backward(dlogits, logits, targets, 1.0f / N); }},
+      {"gather_log_probs_forward", "1x256x50257", [&] { rlhf::gather_log_probs_forward(lp, logits3, labels); }},
+      {"gather_log_probs_backward", "1x256x50257",
+       [&] { rlhf::gather_log_probs_backward(dlogits3, dlp, logits3, labels); }},
+      {"sample_greedy", "16x32000",
+       [&] {
+         for (int64_t r = 0; r < 16; ++r)
+           picked += sample_token(logits.data<float>() + r * V, 32000, greedy, rng, no_history);
+       }},
   };
   std::printf("\n| kernel | shape | ms per call (best of 5) |\n|---|---|---|\n");
   for (const auto& it : items) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "runtime/kernels/cpu/simd_kernels.h"
+
 namespace flowrun {
 
 std::vector<generation_result> generate(decoder& model, const std::vector<std::vector<int32_t>>& prompts,
@@ -81,12 +83,8 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
         const float* row = host.data<float>() + b * Vrow;
         next = sample_token(row, V, cfg.sampling, rngs[b], history[b]);
         out[b].tokens.push_back(next);
-        if (cfg.record_logprobs) {  // the trainer's formula (rlhf::gather_log_probs_forward)
-          const float mx = *std::max_element(row, row + Vrow);
-          double s = 0;
-          for (int64_t v = 0; v < Vrow; ++v) s += std::exp(static_cast<double>(row[v] - mx));
-          out[b].logprobs.push_back(static_cast<float>(row[next] - mx - std::log(s)));
-        }
+        if (cfg.record_logprobs)  // the trainer's formula (rlhf::gather_log_probs_forward)
+          out[b].logprobs.push_back(simd::log_softmax_at(row, Vrow, next));
         history[b].push_back(next);
         if (std::find(cfg.stop_ids.begin(), cfg.stop_ids.end(), next) != cfg.stop_ids.end()) {
           done[b] = true;

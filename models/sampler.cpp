@@ -11,30 +11,42 @@ namespace flowrun {
 
 int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& cfg, rng64& rng,
                      const std::vector<int32_t>& history) {
-  std::vector<float> logits(logits_in, logits_in + n);
+  // the row is read in place; a copy only when the repetition penalty changes it
+  const float* logits = logits_in;
+  std::vector<float> penalised;
   if (cfg.repetition_penalty != 1.0f && !history.empty()) {
+    penalised.assign(logits_in, logits_in + n);
     std::unordered_set<int32_t> seen(history.begin(), history.end());
     for (int32_t id : seen) {
       if (id < 0 || id >= n) continue;
-      float& l = logits[id];
+      float& l = penalised[id];
       l = l > 0 ? l / cfg.repetition_penalty : l * cfg.repetition_penalty;
     }
+    logits = penalised.data();
   }
-  if (cfg.temperature <= 0.0f || cfg.top_k == 1) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  }
+  if (cfg.temperature <= 0.0f || cfg.top_k == 1) return static_cast<int32_t>(simd::argmax_f(logits, n));
   // probabilities at temperature: exp((l - max) / T) on the CPU's vector path
   // (runtime/kernels/cpu/simd_kernels.h, ~2 ulp), the sum in double
-  const float mx = *std::max_element(logits.begin(), logits.end());
+  const float mx = *std::max_element(logits, logits + n);
   std::vector<float> probs(n);
   for (int64_t i = 0; i < n; ++i) probs[i] = (logits[i] - mx) / cfg.temperature;
   const double sum = simd::exp_sum(probs.data(), 0.0f, n, probs.data());
   for (auto& p : probs) p = static_cast<float>(p / sum);
+  const bool by_k = cfg.top_k > 0 && cfg.top_k < n;
+  if (!by_k && !(cfg.top_p < 1.0f)) {  // plain sampling: the inverse CDF over the ids in order
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) total += probs[i];
+    double r = rng.next_f32() * total, cdf = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      cdf += probs[i];
+      if (r < cdf) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(n - 1);
+  }
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   int64_t keep = n;
-  const bool by_k = cfg.top_k > 0 && cfg.top_k < n;
-  if (by_k || cfg.top_p < 1.0f) {
+  {
     // most probable first, ties by id: a strict total order, so sorting only the
     // top k (partial_sort: n log k, not n log n) gives the full sort's first k
     auto before = [&](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); };

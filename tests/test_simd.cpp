@@ -14,6 +14,7 @@
 // (exp_sum, the norms' moments) 1e-6 relative.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -174,6 +175,46 @@ TEST_CASE("simd reductions: max, exp_sum, dot, axpy, scale, log-softmax backward
       for (int64_t i = 0; i < n; ++i) want_dx[i] = y[i] - std::exp(double(ly[i])) * 0.8;
       close(dx, want_dx, 1e-5, 1e-6, "log_softmax_backward_row");
     }
+  });
+}
+
+TEST_CASE("simd argmax_f is std::max_element's index (ties, tails, NaN), log_softmax_at vs float64") {
+  for_each_path([](const std::string&) {
+    for (int64_t n : k_lengths) {
+      CAPTURE(n);
+      auto x = randv(n, 3.0, 17 + n);
+      auto want = [&] { return n ? std::max_element(x.begin(), x.end()) - x.begin() : -1; };
+      CHECK(simd::argmax_f(x.data(), n) == want());
+      if (n == 0) continue;
+      // the max at every position in turn, with a tie later in the row: the first one wins
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        auto t = x;
+        t[at] = 1e3f;
+        if (at + 1 < n) t[n - 1] = 1e3f;
+        CHECK(simd::argmax_f(t.data(), n) == at);
+      }
+      // all equal: 0; all -inf: 0 (max_element's answer)
+      std::vector<float> flat(static_cast<size_t>(n), -2.5f), ninf(static_cast<size_t>(n), -INFINITY);
+      CHECK(simd::argmax_f(flat.data(), n) == 0);
+      CHECK(simd::argmax_f(ninf.data(), n) == 0);
+      // a NaN anywhere: whatever std::max_element answers
+      for (int64_t at : {int64_t{0}, n - 1}) {
+        auto t = x;
+        t[at] = NAN;
+        CHECK(simd::argmax_f(t.data(), n) == std::max_element(t.begin(), t.end()) - t.begin());
+      }
+      // log-softmax at each of a few indices: x[i] - m - log sum exp(x - m), in double
+      double m = -INFINITY, s = 0;
+      for (float v : x) m = std::max(m, double(v));
+      for (float v : x) s += std::exp(double(v) - m);
+      for (int64_t i : {int64_t{0}, n / 3, n - 1}) {
+        const double want_lp = double(x[i]) - m - std::log(s);
+        CHECK(std::fabs(simd::log_softmax_at(x.data(), n, i) - want_lp) <= 2e-6 * (1.0 + std::fabs(want_lp)));
+      }
+    }
+    // a vocabulary-sized row (a 32000-token model's logits)
+    const auto big = randv(32000, 4.0, 5);
+    CHECK(simd::argmax_f(big.data(), 32000) == std::max_element(big.begin(), big.end()) - big.begin());
   });
 }
 

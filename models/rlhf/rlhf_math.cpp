@@ -1,6 +1,7 @@
 #include "models/rlhf/rlhf_math.h"
 
 #include "models/rlhf/pg_math.h"
+#include "runtime/kernels/cpu/simd_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -39,11 +40,7 @@ void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& l
                               std::to_string(V));
 #pragma omp parallel for
   for (int64_t n = 0; n < B * T; ++n) {
-    const float* row = lg + n * V;
-    float mx = *std::max_element(row, row + V);
-    double s = 0;
-    for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(row[v] - mx));
-    o[n] = static_cast<float>(row[lb[n]] - mx - std::log(s));
+    o[n] = simd::log_softmax_at(lg + n * V, V, lb[n]);
   }
 }
 
@@ -59,10 +56,11 @@ void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor
   for (int64_t n = 0; n < B * T; ++n) {
     const float* row = lg + n * V;
     float* gr = g + n * V;
-    float mx = *std::max_element(row, row + V);
-    double s = 0;
-    for (int64_t v = 0; v < V; ++v) s += std::exp(static_cast<double>(row[v] - mx));
-    for (int64_t v = 0; v < V; ++v) gr[v] = static_cast<float>(-d[n] * std::exp(static_cast<double>(row[v] - mx)) / s);
+    // d logp[label] / d row = onehot(label) - softmax(row): softmax through the same vector exp
+    // and double sum as the forward (simd::log_softmax_at)
+    const float mx = simd::max_f(row, V);
+    const double s = simd::exp_sum(row, mx, V, gr);  // gr = exp(row - mx)
+    simd::scale_f(gr, static_cast<float>(-d[n] / s), V);
     gr[lb[n]] += d[n];
   }
 }

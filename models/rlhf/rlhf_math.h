@@ -30,7 +30,8 @@ struct ppo_config {
 };
 
 /// log p(labels) under softmax(logits): out (B, T) from logits (B, T, V), labels (B, T) i32.
-/// ppo_trainer.py gather_log_probs.
+/// ppo_trainer.py gather_log_probs. Each row is simd::log_softmax_at (the vector exp, the sum
+/// in double), the formula the generator records its behaviour log-probs with.
 void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels);
 /// dlogits (B, T, V) = dout * (onehot(labels) - softmax(logits)) (overwrites).
 void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor& logits, const tensor& labels);

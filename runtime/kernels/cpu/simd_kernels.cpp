@@ -25,6 +25,7 @@
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -184,6 +185,38 @@ float MaxF(const float* x, int64_t n) {
   for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::LoadU(d, x + i));
   if (i < n) m1 = hn::Max(m1, LoadTail(x, i, n, ninf));
   return hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+}
+
+int64_t ArgmaxF(const float* x, int64_t n) {
+  if (n <= 0) return -1;
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  // pass 1: the max, and whether any lane held a NaN (x86's max drops NaNs, NEON's keeps them)
+  VF m = hn::Set(d, ninf);
+  auto nan = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF v = hn::LoadU(d, x + i);
+    m = hn::Max(m, v);
+    nan = hn::Or(nan, hn::VecFromMask(d, hn::IsNaN(v)));
+  }
+  if (i < n) {
+    const VF v = LoadTail(x, i, n, ninf);
+    m = hn::Max(m, v);
+    nan = hn::Or(nan, hn::VecFromMask(d, hn::IsNaN(v)));
+  }
+  if (!hn::AllFalse(d, hn::MaskFromVec(nan))) return std::max_element(x, x + n) - x;  // the scalar rule
+  const float mx = hn::GetLane(hn::MaxOfLanes(d, m));
+  // pass 2: the first index holding it
+  const VF mv = hn::Set(d, mx);
+  for (i = 0; i + N <= n; i += N) {
+    const intptr_t k = hn::FindFirstTrue(d, hn::Eq(hn::LoadU(d, x + i), mv));
+    if (k >= 0) return i + k;
+  }
+  for (; i < n; ++i)
+    if (x[i] == mx) return i;
+  return 0;  // unreachable: mx is one of x
 }
 
 double ExpSum(const float* x, float shift, int64_t n, float* out) {
@@ -592,6 +625,7 @@ HWY_AFTER_NAMESPACE();
 namespace flowrun::simd {
 
 HWY_EXPORT(MaxF);
+HWY_EXPORT(ArgmaxF);
 HWY_EXPORT(ExpSum);
 HWY_EXPORT(ExpF);
 HWY_EXPORT(ScaleF);
@@ -642,6 +676,12 @@ void force_target(const std::string& name) {
 void reset_target() { hwy::SetSupportedTargetsForTest(0); }
 
 float max_f(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxF)(x, n); }
+int64_t argmax_f(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(ArgmaxF)(x, n); }
+float log_softmax_at(const float* x, int64_t n, int64_t i) {
+  const float mx = max_f(x, n);
+  const double s = exp_sum(x, mx, n, nullptr);
+  return static_cast<float>(static_cast<double>(x[i] - mx) - std::log(s));
+}
 double exp_sum(const float* x, float shift, int64_t n, float* out) {
   return HWY_DYNAMIC_DISPATCH(ExpSum)(x, shift, n, out);
 }

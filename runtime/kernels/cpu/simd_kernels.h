@@ -53,6 +53,17 @@ void reset_target();
 /// max over x[0, n) (-inf when n == 0).
 float max_f(const float* x, int64_t n);
 
+/// Index of the first largest element of x[0, n) (-1 when n == 0): std::max_element's
+/// answer, in two vector passes (the max, then the first lane equal to it). A row with
+/// a NaN takes std::max_element itself, so NaNs give the same index as before.
+int64_t argmax_f(const float* x, int64_t n);
+
+/// The log-softmax of x[0, n) at index i (0 <= i < n): x[i] - m - log(sum_j exp(x[j] - m)),
+/// m = max(x), the sum in double over the vector exp (about 2 ulp per term). The one formula
+/// of a token's log-prob: the trainers' rlhf::gather_log_probs_forward and the generator's
+/// recorded behaviour log-probs (models/generate.cpp) both call it, so they agree bit for bit.
+float log_softmax_at(const float* x, int64_t n, int64_t i);
+
 /// sum over i of exp(x[i] - shift), accumulated in double; if `out` is not
 /// null, out[i] = exp(x[i] - shift) (out may be x).
 double exp_sum(const float* x, float shift, int64_t n, float* out);

@@ -1,6 +1,7 @@
 // flowrun: the command-line entry point.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/console.h"
+#include "runtime/kernels/cpu/simd_kernels.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 
@@ -17,6 +19,16 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   // logs go to stderr; stdout carries the program's output (generated text, results)
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("flowrun", flowrun::actor::console::log_sink()));
+  // FLOWRUN_SIMD=PATH runs the vector kernels' PATH (AVX3, AVX2, SSE4, SCALAR, NEON, ...) instead of the
+  // CPU's best, as bench_core --simd: to tell a kernel path's numerics from the rest.
+  if (const char* path = std::getenv("FLOWRUN_SIMD"); path && *path) {
+    try {
+      flowrun::simd::force_target(path);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "flowrun: FLOWRUN_SIMD: %s\n", e.what());
+      return 2;
+    }
+  }
   CLI::App app{"flowrun: a dataflow runtime that trains and aligns language models"};
   app.require_subcommand(1);
   flowrun::cli::add_generate(app);

@@ -234,9 +234,10 @@ class ppo_controller final : public actor::node {
     return out;
   }
 
-  // ---- max_staleness = S >= 1: the pipelined loop. Batch k + 1 is asked for as soon as batch k's
-  // experience is made (its summary), while at most S + 1 batches are between the start of their
-  // generation and the end of their training (the report); reports stay in order. A held-out
+  // ---- max_staleness = S >= 1: the pipelined loop. Batch k + 1 is asked for as soon as batch k is
+  // sent to the generator, while at most S + 1 batches are between the start of their generation
+  // and the end of their training (the report), so the generator works on k + 1 while k is scored
+  // and trained (veRL's one-step-off at S = 1); reports stay in order. A held-out
   // batch is generated only when nothing else is in flight (after every update before it), and
   // the next batch is asked for only after it is reported: held-out passes stay synchronous.
 
@@ -265,7 +266,6 @@ class ppo_controller final : public actor::node {
       ctx.signal("phase_seconds/generate", s.generate_seconds, step);
       ctx.signal("phase_seconds/score_and_experience", std::max(0.0, since(x->launched) - s.generate_seconds), step);
       if (s.weights_wait_seconds > 0) ctx.signal("stale_waited", static_cast<double>(++waited_), step);
-      if (newest_.iteration == s.iteration) newest_.summarised = true;
     } else {  // the trainers' stats name the training batch (the last of their experience batch)
       const bool actor = port == "actor_stats";
       const auto& st = msg.as<stats_msg>();
@@ -298,7 +298,7 @@ class ppo_controller final : public actor::node {
         launch(ctx, std::move(p));
       }
     }
-    if (!outstanding_ && !held_eval_ && !newest_.ticked && newest_.summarised && (!newest_.eval || flight_.empty()) &&
+    if (!outstanding_ && !held_eval_ && !newest_.ticked && (!newest_.eval || flight_.empty()) &&
         static_cast<int64_t>(flight_.size()) < S_ + 1) {
       newest_.ticked = true;
       outstanding_ = true;
@@ -315,7 +315,7 @@ class ppo_controller final : public actor::node {
     p.max_staleness = S_;
     p.drop_stale = drop_;
     p.checkpoint = !p.eval && !dir_.empty() && save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
-    newest_ = {p.iteration, p.eval, false, false};
+    newest_ = {p.iteration, p.eval, false};
     iteration x;
     x.prompts = p;
     x.launched = clk::now();
@@ -393,7 +393,7 @@ class ppo_controller final : public actor::node {
   bool outstanding_ = true;  // a batch is on its way from the loader (the first comes unasked)
   struct {
     int64_t iteration = 0;
-    bool eval = false, summarised = false, ticked = true;
+    bool eval = false, ticked = true;
   } newest_;  // the batch launched last: `next` is sent once per batch
   int64_t stale_dropped_ = 0, waited_ = 0;
   std::optional<clk::time_point> last_trained_;  // when the last trained batch was reported

@@ -966,6 +966,7 @@ class experience_maker final : public actor::node {
     cf_.epsilon = s.get_float("epsilon");
     cf_.ppo = cfg_;
     filter_groups_ = s.get_bool("filter_groups");
+    reference_ = s.get_bool("reference");
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     const auto& sm = msg.as<score_msg>();
@@ -975,7 +976,7 @@ class experience_maker final : public actor::node {
     auto& slot = joins_[sm.rollouts->batch];
     if (!slot.rollouts) slot.rollouts = sm.rollouts;
     slot.parts[std::string(port)] = sm.value;
-    if (slot.parts.size() < (ppo::needs_critic(cf_.estimator) ? 4u : 3u)) return;
+    if (slot.parts.size() < 2u + (ppo::needs_critic(cf_.estimator) ? 1u : 0u) + (reference_ ? 1u : 0u)) return;
     auto j = std::move(slot);
     joins_.erase(sm.rollouts->batch);
     const auto& r = *j.rollouts;
@@ -995,7 +996,7 @@ class experience_maker final : public actor::node {
     }
     auto e = std::make_shared<ppo::experience>(*r.exp);
     e->logprobs = j.parts.at("logprobs");
-    e->ref_logprobs = j.parts.at("ref_logprobs");
+    if (reference_) e->ref_logprobs = j.parts.at("ref_logprobs");
     if (sum.with_critic) e->values = j.parts.at("values");
     e->reward_score = j.parts.at("reward");
     const int64_t B = e->seq.size(0);
@@ -1061,6 +1062,7 @@ class experience_maker final : public actor::node {
   rlhf::ppo_config cfg_;
   ppo::critic_free_config cf_;
   bool filter_groups_ = false;
+  bool reference_ = true;  // the reference's log-probs come to ref_logprobs (else no KL anywhere)
   int64_t generation_batches_ = 1;
   experience_batch pending_;
   std::map<int64_t, join> joins_;  // by rollout_msg::batch
@@ -1084,7 +1086,7 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
                      "advantages of each rollout batch: DS-Chat's KL-penalised rewards and GAE (with a critic), or "
                      "GRPO, RLOO, REINFORCE++ (critic-free)"};
   k.input("logprobs", "scores", "the policy's log-probs")
-      .input("ref_logprobs", "scores", "the reference's log-probs")
+      .input("ref_logprobs", "scores", "the reference's log-probs (none with reference = false)", false)
       .input("values", "scores", "the critic's values (gae only)", false)
       .input("reward", "scores", "the reward model's or reward_function's scores")
       .output("experience", "experience", "to the policy (and the critic)", true)
@@ -1108,7 +1110,11 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
               "drop the groups whose rewards are all equal before training (DAPO's dynamic sampling, Yu et al. "
               "2025); a batch with no group left trains nothing")
       .option("generation_batches", T::int_, std::int64_t{1},
-              "generation batches collected before each PPO update (DS-Chat's exp_dataset size)").at_least(1);
+              "generation batches collected before each PPO update (DS-Chat's exp_dataset size)").at_least(1)
+      .option("reference", T::bool_, true,
+              "a reference model's log-probs come to ref_logprobs; false: the graph has none (veRL builds no "
+              "reference without use_kl_in_reward and use_kl_loss, as DAPO and Dr. GRPO train): needs kl_ctl = 0, a "
+              "critic-free estimator and use_kl_loss = false on the policy, and saves the reference's forward");
   // the estimator and the graph agree: GAE has a critic, GRPO and RLOO groups of >= 2
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems;
@@ -1123,8 +1129,31 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
     } catch (const std::invalid_argument& e) {
       return {{"scale_rewards", e.what(), "use one of the values named"}};
     }
-    bool has_values = false;
-    for (const auto& e : g.edges) has_values |= e.to_node == n.name && e.to_port == "values";
+    bool has_values = false, has_ref = false;
+    for (const auto& e : g.edges) {
+      has_values |= e.to_node == n.name && e.to_port == "values";
+      has_ref |= e.to_node == n.name && e.to_port == "ref_logprobs";
+    }
+    const bool reference = n.get_bool("reference");
+    if (reference && !has_ref)
+      problems.push_back({"reference", "no edge brings the reference's log-probs to " + n.name + ".ref_logprobs",
+                          "add \"reference.scored -> " + n.name + ".ref_logprobs\" (and a reference_model node), or "
+                          "set reference = false to train without a reference model (no KL)"});
+    if (!reference && has_ref)
+      problems.push_back({"reference", "reference = false, but an edge brings log-probs to " + n.name + ".ref_logprobs",
+                          "remove the reference model and its edges, or set reference = true"});
+    if (!reference && n.get_float("kl_ctl") > 0)
+      problems.push_back({"kl_ctl", fmt::format("kl_ctl = {} puts a KL to the reference in the reward, and "
+                                                "reference = false: there is no reference", n.get_float("kl_ctl")),
+                          "set kl_ctl = 0, or keep a reference model (reference = true)"});
+    if (!reference && ppo::needs_critic(est))
+      problems.push_back({"reference", "advantage_estimator = \"gae\" (DS-Chat's PPO) keeps the reference model",
+                          "set reference = true, or choose grpo, rloo or reinforce_plus_plus"});
+    for (const auto& m : g.nodes)
+      if (!reference && m.kind == "policy" && m.find_setting("use_kl_loss") && m.get_bool("use_kl_loss"))
+        problems.push_back({"reference", "reference = false, and the policy '" + m.name +
+                                             "' has use_kl_loss = true: its KL loss needs the reference's log-probs",
+                            "set node." + m.name + ".use_kl_loss = false, or keep a reference model"});
     if (ppo::needs_critic(est) && !has_values)
       problems.push_back({"advantage_estimator", "advantage_estimator = \"gae\" needs the critic's values, and no "
                                                  "edge brings them to " + n.name + ".values",

@@ -30,8 +30,9 @@ Model (every assumption is a flag):
     iteration on the N devices (default 0.03: 14 GB of a 7B model in bf16 at ~100 GB/s is ~0.15 s
     beside steps of several seconds), overlapped with generation (double buffer), and the
     generator pauses pause_share of an S = 0 iteration between batches to take them up. The
-    schedule is the controller's: batch k + 1 is asked for when batch k's experience is made, at
-    most S + 1 batches between generation and the end of their training, the generator takes the
+    schedule is the controller's: batch k + 1 is asked for when batch k is sent to the generator
+    (so generating k + 1 overlaps scoring and training k), at most S + 1 batches between the start
+    of their generation and the end of their training, the generator takes the
     weights the batch was stamped with (`wait`); scoring and training share the training devices
     in arrival order.
 Result = samples/s at S over samples/s at S = 0 on the same N devices (steady state: the first
@@ -61,16 +62,18 @@ def simulate(S, G, C, T, R, sync_s, latency_s, iterations):
     """
     gen_free = 0.0      # when the generator devices are next free
     train_free = 0.0    # when the training devices are next free (after the last training)
+    launched = {}       # batch -> when it was sent to the generator
     summary = {}        # batch -> when its experience was made
     trained = {}        # batch -> when its update was reported
     weights_at = {0: 0.0}  # version -> when the generator has it
     launch = 0.0
     for k in range(iterations):
         if k > 0:
-            # asked for once batch k-1's experience is made, at most S+1 batches in flight
-            launch = summary[k - 1]
+            # asked for once batch k-1 is sent to the generator, at most S+1 batches in flight
+            launch = launched[k - 1]
             if k - (S + 1) >= 0:
                 launch = max(launch, trained[k - (S + 1)] + R)
+        launched[k] = launch
         # the stamp: updates reported at launch; the generator waits for those weights
         version = sum(1 for j in trained if trained[j] + R <= launch)
         start = max(gen_free, launch, weights_at.get(version, launch)) + latency_s

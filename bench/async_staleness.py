@@ -2,7 +2,7 @@
 """Samples per second and held-out results of step 3 at max_staleness S = 0, 1, 2 (issue 21).
 
   python3 bench/async_staleness.py --flowrun build/bin/flowrun --out DIR [--rounds 2] [--iterations 12]
-                                   [--graphs ppo,grpo] [--staleness 0,1,2] [--placement one|split]
+                                   [--graphs ppo,grpo,grpo_noref] [--staleness 0,1,2] [--placement one|split]
 
 The generator and the trainers get one OpenMP thread each (the nodes' `threads` setting), so on a
 2-core machine generation and training can overlap only when S >= 1. Placement:
@@ -12,13 +12,17 @@ The generator and the trainers get one OpenMP thread each (the nodes' `threads` 
   controller) in the main process pinned to core 0: the issue's "one core each". Rollouts and the
   policy's weights then cross processes through the bulk plane (gloo), every update. For each graph
 the S values run interleaved (S = 0, 1, 2, then 2, 1, 0, ...), `rounds` times. Per run:
-- samples/s: prompts per iteration (times num_generations for GRPO) over the median interval between
-  consecutive `[step 3 ppo] iter` lines, the first dropped (warm-up);
+- samples/s: prompts per iteration (times num_generations for GRPO) over the mean interval between
+  consecutive `[step 3 ppo] iter` lines from the second to the last (the first interval dropped:
+  warm-up). The mean, not the median: with S >= 1 the reports can come in bursts (two batches
+  reported 0.4 s apart, then 2.6 s to the next), where the median interval says nothing of the rate;
 - the held-out result the controller prints after training (ppo: the reward model's mean reward on the
   held-out prompts; grpo: the same line, whose reward is the rule reward, i.e. accuracy).
 The models: ppo.graph starts from step-1 and step-2 models made once with graphs/rlhf.graph (a few
-steps, as bench/ppo_split.py); grpo.graph trains its own SFT model first (fewer steps here), whose time
-is outside the measured intervals.
+steps, as bench/ppo_split.py); grpo.graph trains its own SFT model first (the graph's 500 steps), whose time
+is outside the measured intervals. grpo_noref is grpo.graph less its reference model (node and edges;
+the experience maker's reference = false, the policy's use_kl_loss = false: no KL, as DAPO trains), the
+same job with one frozen forward fewer per batch.
 Prints one JSON line per graph and S: {"kind": "staleness", ...}, and a table to stderr.
 
 With --profile each run also writes its --metrics file (DIR/GRAPH.S<S>.r<R>.metrics.jsonl) and the
@@ -31,13 +35,14 @@ script prints, per graph and S, where an iteration's time goes, from the run's o
 - wait_seconds: the controller's wait_seconds/generate and wait_seconds/train: one iteration's
   interval less the generator's (the policy's) own time on the batch;
 - per node, seconds per iteration busy in the node's calls and waiting for input between them
-  (the metrics' busy_s and wait_s over the steady window, times the median interval);
+  (the metrics' busy_s and wait_s over the steady window, times the mean interval);
 - cores: the CPU time of the run's processes (/proc/PID/stat, user + system; with split, the node daemon's too) over
   the same window's wall time.
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -207,12 +212,19 @@ def main():
             if not os.path.exists(data):
                 run_quiet([sys.executable, os.path.join(ROOT, "tools/make_addition_data.py"), "--out", data],
                           os.path.join(out, "addition.log"))
-            base = [a.flowrun, os.path.join(ROOT, "graphs/grpo.graph"), "--set", f"node.sft.data={data}",
+            graph, threaded, extra_sets = os.path.join(ROOT, "graphs/grpo.graph"), ["generator", "policy", "reference"], []
+            if g == "grpo_noref":  # without the reference model: no KL (veRL with neither KL option, as DAPO)
+                graph, threaded = os.path.join(out, "grpo_noref.graph"), ["generator", "policy"]
+                extra_sets = ["--set", "node.experience.reference=false", "--set", "node.policy.use_kl_loss=false"]
+                with open(os.path.join(ROOT, "graphs/grpo.graph")) as f:
+                    text = f.read().replace(", reference.init", "").replace(", reference.rollouts", "")
+                text = re.sub(r'\s*"reference\.scored -> experience\.ref_logprobs",', "", text)
+                with open(graph, "w") as f:  # its model inputs resolve under FLOWRUN_ASSETS from there
+                    f.write(re.sub(r"\[node\.reference\]\n(?:(?!\[).*\n)*", "", text))
+            base = [a.flowrun, graph, "--set", f"node.sft.data={data}",
                     "--set", f"node.prompts.data={data}", "--no-progress", "--set", "graph.checkpoint_dir=",
-                    "--set", "node.sft.steps=200", "--set", f"node.prompts.iterations={a.iterations}",
-                    "--set", "node.prompts.eval_prompts=64",
-                    "--set", f"node.policy.output={os.path.join(out, 'grpo.bin')}"] + \
-                one_thread(["generator", "policy", "reference"])
+                    "--set", f"node.prompts.iterations={a.iterations}",
+                    "--set", f"node.policy.output={os.path.join(out, 'grpo.bin')}"] + one_thread(threaded) + extra_sets
             controller, per_iter = "controller", 64 * 8
         for kv in a.set:
             base += ["--set", kv]
@@ -232,12 +244,13 @@ def main():
                 iv, after, log, cores = one_run(cmd, node)
                 with open(os.path.join(out, f"{g}.S{s}.r{r}.log"), "w") as f:
                     f.writelines(log)
-                sps = per_iter / statistics.median(iv)
+                cycle = statistics.mean(iv[1:] if len(iv) > 1 else iv)  # seconds per batch over the steady window
+                sps = per_iter / cycle
                 runs[s].append((sps, after))
                 if a.profile:
-                    p = profile_of(mfile, controller, statistics.median(iv))
+                    p = profile_of(mfile, controller, cycle)
                     p["cores"] = cores
-                    p["cycle"] = statistics.median(iv)
+                    p["cycle"] = cycle
                     profiles[s].append(p)
                 print(f"# {g} S={s} round {r + 1}: {sps:.1f} samples/s, held-out after {after}", file=sys.stderr,
                       flush=True)

@@ -7,6 +7,7 @@
 #    with on_error = "zero" the run goes on and counts them;
 #  - REINFORCE++ runs, and GRPO with the policy on 2 ZeRO-3 ranks;
 #  - a critic-free run resumes from its step-3 checkpoint with the uninterrupted run's lines;
+#  - GRPO without a reference model runs (reference = false), and its inconsistent settings are refused;
 #  - num_generations = 1 for GRPO, and GAE without a critic, are refused before anything runs.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -65,6 +66,31 @@ grep -q "iter 1 reward" "$out/rpp.log" || fail "REINFORCE++ printed no iteration
 run ranks "$g" --set node.policy.replicas=2 --set node.policy.actor_zero_stage=3 ||
   { tail -20 "$out/ranks.err"; fail "the policy on 2 ZeRO-3 ranks failed"; }
 grep -q "actor_loss" "$out/ranks.log" || fail "the 2-rank policy never trained"
+
+# without a reference model (veRL with neither use_kl_in_reward nor use_kl_loss, as DAPO): the graph
+# less its reference node and edges, reference = false; the job runs and its KL reads 0. A reference
+# edge with reference = false, reference = true without one, kl_ctl > 0 or the policy's KL loss
+# without a reference are refused before anything runs.
+python3 - "$g" "$out/noref.graph" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read().replace(", reference.init", "").replace(", reference.rollouts", "")
+text = re.sub(r'\s*"reference\.scored -> experience\.ref_logprobs",', "", text)
+text = re.sub(r"\[node\.reference\]\n(?:(?!\[).*\n)*", "", text)
+open(sys.argv[2], "w").write(text)
+PY
+noref=(--set node.experience.reference=false --set node.policy.use_kl_loss=false)
+run noref "$out/noref.graph" "${noref[@]}" || { tail -20 "$out/noref.err"; fail "GRPO without a reference failed"; }
+grep -q "iter 1 reward [0-9.-]* kl 0.0000 " "$out/noref.log" || { cat "$out/noref.log"; fail "no iteration without a reference"; }
+grep -q "held-out mean reward" "$out/noref.log" || fail "GRPO without a reference printed no held-out result"
+if run noref_edge "$g" "${noref[@]}"; then fail "reference = false with a reference edge was accepted"; fi
+grep -q "reference = false, but an edge brings log-probs" "$out/noref_edge.err" || { cat "$out/noref_edge.err"; fail "no reason given for the reference edge"; }
+if run noref_true "$out/noref.graph" --set node.policy.use_kl_loss=false; then fail "reference = true without an edge was accepted"; fi
+grep -q "no edge brings the reference's log-probs" "$out/noref_true.err" || { cat "$out/noref_true.err"; fail "no reason given for the missing reference"; }
+if run noref_kl "$out/noref.graph" "${noref[@]}" --set node.experience.kl_ctl=0.1 --set node.policy.use_kl_loss=true; then
+  fail "a KL without a reference was accepted"
+fi
+grep -q "kl_ctl = 0.1 puts a KL to the reference in the reward" "$out/noref_kl.err" || { cat "$out/noref_kl.err"; fail "no reason given for kl_ctl"; }
+grep -q "has use_kl_loss = true: its KL loss needs the reference" "$out/noref_kl.err" || { cat "$out/noref_kl.err"; fail "no reason given for use_kl_loss"; }
 
 # step-3 checkpoints without a critic: a run that committed iterations 2 and 4, cut back to its
 # commit of iteration 2, resumes there and prints the uninterrupted run's lines from iteration 2 on

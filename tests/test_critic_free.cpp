@@ -116,6 +116,31 @@ TEST_CASE("critic-free advantages: REINFORCE++ puts the score on the answer's la
   CHECK(at(b, 1, 0) == doctest::Approx(-1.1547005).epsilon(1e-4));
 }
 
+TEST_CASE("critic-free advantages without a reference model: no KL term, kl_ctl > 0 refused, mean_kl 0") {
+  // a graph without a reference (experience_maker reference = false) leaves ref_logprobs
+  // undefined: each estimator's advantages are those of kl_ctl = 0 with a reference (the hand
+  // values above: GRPO 0.75 / (0.5 + 1e-4) on row 0), whatever the policy's log-probs are
+  for (auto est : {ppo::advantage_estimator::grpo, ppo::advantage_estimator::rloo,
+                   ppo::advantage_estimator::reinforce_plus_plus}) {
+    CAPTURE(static_cast<int>(est));
+    auto with_ref = hand_experience({3, 2, 1, 3}, {1, 0, 0, 0}, 0.2f);
+    auto no_ref = with_ref;
+    no_ref.ref_logprobs = tensor();
+    ppo::critic_free_config c;
+    c.estimator = est;
+    c.num_generations = 4;
+    c.ppo.kl_ctl = 0;
+    const tensor a = ppo::critic_free_advantages(with_ref, c), b = ppo::critic_free_advantages(no_ref, c);
+    REQUIRE(a.shape() == b.shape());
+    for (int64_t i = 0; i < a.numel(); ++i) CHECK(a.data<float>()[i] == b.data<float>()[i]);
+    if (est == ppo::advantage_estimator::grpo) CHECK(at(b, 0, 0) == doctest::Approx(0.75 / (0.5 + 1e-4)).epsilon(1e-6));
+    c.ppo.kl_ctl = 0.1f;  // a KL penalty needs the reference
+    CHECK_THROWS_AS(ppo::critic_free_advantages(no_ref, c), std::invalid_argument);
+    CHECK(ppo::mean_kl(no_ref) == 0.0);
+    CHECK(ppo::mean_kl(with_ref) == doctest::Approx(0.2).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("take_rows copies the rows DAPO's filter keeps, with their lengths and sources") {
   auto e = hand_experience({3, 2, 1, 3}, {1, 0, 0.5f, 0}, 0.0f);
   e.source_rows = {0, 1, 2, 3};

@@ -479,7 +479,10 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: critic-free, the policy alone report
 // script_async stands in for generate -> score -> experience -> train as an asynchronous graph
 // runs them: each batch's summary comes as soon as it is generated, but a training batch's stats
 // only when the generator is `lag` batches further (the trainers are busy), or at once for the
-// iterations in `flush`. Every message it got or sent goes to one event log, in order.
+// iterations in `flush`. With `hold_summary` a training batch's summary (its experience) comes
+// only when the next batch reaches the generator (or at once for held-out batches and the
+// iterations in `flush`): scoring that outlasts the next batch's generation. Every message it got
+// or sent goes to one event log, in order.
 
 namespace {
 
@@ -491,7 +494,11 @@ struct async_script {
   std::size_t lag = 1;
   std::vector<int64_t> held;           // training batches whose stats are not sent yet
   std::vector<prompt_msg> batches;
+  bool hold_summary = false;
+  std::optional<turn> pending;         // hold_summary: the summary not sent yet
   void reset() {
+    hold_summary = false;
+    pending.reset();
     events.clear();
     turns.clear();
     flush.clear();
@@ -529,10 +536,15 @@ class async_rollout final : public actor::node {
     CHECK(p.max_staleness == 1);
     turn t = as.turns.at(p.iteration);
     t.summary.policy_version = p.policy_version;  // the generator had the stamped weights
-    ctx.emit("summary", actor::payload::make("summary", t.summary));
-    as.events.push_back("summary " + std::to_string(p.iteration));
-    if (t.stats) as.held.push_back(p.iteration);
     const bool flush = std::find(as.flush.begin(), as.flush.end(), p.iteration) != as.flush.end();
+    if (as.pending) {
+      send_summary(ctx, *as.pending);
+      as.pending.reset();
+    }
+    if (as.hold_summary && !p.eval && !flush)
+      as.pending = t;
+    else
+      send_summary(ctx, t);
     while (!as.held.empty() && (flush || as.held.size() > as.lag)) {
       const int64_t k = as.held.front();
       as.held.erase(as.held.begin());
@@ -541,6 +553,13 @@ class async_rollout final : public actor::node {
       if (h.summary.with_critic) ctx.emit("critic_stats", actor::payload::make("stats", h.critic));
       as.events.push_back("stats " + std::to_string(k));
     }
+  }
+
+ private:
+  static void send_summary(actor::node_context& ctx, const turn& t) {
+    ctx.emit("summary", actor::payload::make("summary", t.summary));
+    as.events.push_back("summary " + std::to_string(t.summary.iteration));
+    if (t.stats) as.held.push_back(t.summary.iteration);
   }
 };
 
@@ -647,7 +666,7 @@ std::size_t most_in_flight(const std::vector<std::string>& events) {
 
 }  // namespace
 
-// S = 1, wait: batch k + 1 is asked for when batch k's experience is made, generated before k
+// S = 1, wait: batch k + 1 is asked for when batch k is sent to the generator, generated before k
 // trains; at most 2 batches between generation and training; each stamped with the updates
 // reported when it was sent; the held-out passes wait for every update before them.
 TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1 overlaps generation with training, in order") {
@@ -689,6 +708,40 @@ TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1 overlaps gen
   CHECK(series(j, "stale_waited") == std::vector<double>{1});
   CHECK(series(j, "reward") == std::vector<double>{0.25, 0.375, 0.5, 0.625});
   CHECK(series(j, "stale_dropped").empty());
+}
+
+// S = 1 is one step off (veRL): batch k + 1 is asked for as soon as batch k goes to the
+// generator, so its generation overlaps batch k's scoring as well as its training. Here each
+// batch's experience comes only after the next batch reached the generator; a controller that
+// waited for batch k's summary before asking for k + 1 would never finish.
+TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1 asks for batch k + 1 before batch k is scored") {
+  {
+    std::lock_guard<std::mutex> lock(as.m);
+    as.reset();
+    as.hold_summary = true;
+    as.lag = 0;  // the stats come right after their summary
+    as.batches = {batch(0), batch(1), batch(2), batch(-2, true)};
+    as.turns[0] = train_turn(0, 0.25, 1, 0);
+    as.turns[1] = train_turn(1, 0.375, 2, 1);
+    as.turns[2] = train_turn(2, 0.5, 3, 1);
+    as.turns[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+    as.turns[-2].summary.eval = true;
+    as.flush = {2};
+  }
+  actor::job j = run("wait");
+  std::lock_guard<std::mutex> lock(as.m);
+  const std::vector<std::string> want = {
+      "gen 0 v0",  "tick 0",                               // batch 1 asked for while 0 is being scored
+      "gen 1 v0",  "summary 0", "stats 0", "tick 1",       // 0 reported: batch 2, stamped after 0's update
+      "gen 2 v1",  "summary 1", "summary 2", "stats 1", "stats 2", "tick 2",
+      "gen -2 v3", "summary -2", "tick -2"};               // held-out after: every update before it
+  std::string got;
+  for (const auto& e : as.events) got += e + "; ";
+  INFO("events: " << got);
+  CHECK(as.events == want);
+  CHECK(most_in_flight(as.events) == 2);
+  CHECK(series(j, "staleness") == std::vector<double>{0, 1, 1});
+  CHECK(series(j, "reward") == std::vector<double>{0.25, 0.375, 0.5});
 }
 
 // S = 1, drop: a batch the trainers found staler than max_staleness (they trained nothing and

@@ -170,6 +170,9 @@ tensor critic_free_advantages(const experience& e, const critic_free_config& c) 
   const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start(), n = L - start;
   const tensor mask = cols(e.attention_mask, start + 1, S);  // (B, n) the answer's real tokens
   const int32_t* m = mask.data<int32_t>();
+  const bool ref = e.ref_logprobs.defined();  // else no reference model: no KL term
+  if (!ref && c.ppo.kl_ctl > 0)
+    throw std::invalid_argument("critic_free_advantages: kl_ctl > 0 needs the reference's log-probs");
   if (c.estimator == advantage_estimator::reinforce_plus_plus) {
     // veRL's token_level_rewards: −kl_ctl · KL on each answer token, the score on the last one
     // (not DS-Chat's index one past it, which REINFORCE++'s masked returns would drop)
@@ -178,8 +181,9 @@ tensor critic_free_advantages(const experience& e, const critic_free_config& c) 
       int64_t last = -1;
       for (int64_t t = 0; t < n; ++t)
         if (m[b * n + t]) {
-          tr.data<float>()[b * n + t] = -c.ppo.kl_ctl * (e.logprobs.data<float>()[b * L + start + t] -
-                                                         e.ref_logprobs.data<float>()[b * L + start + t]);
+          if (ref)
+            tr.data<float>()[b * n + t] = -c.ppo.kl_ctl * (e.logprobs.data<float>()[b * L + start + t] -
+                                                           e.ref_logprobs.data<float>()[b * L + start + t]);
           last = t;
         }
       if (last >= 0)
@@ -196,7 +200,7 @@ tensor critic_free_advantages(const experience& e, const critic_free_config& c) 
   auto R = tensor::empty({B});  // (B) sequence rewards
   for (int64_t b = 0; b < B; ++b) {
     double kl = 0;
-    for (int64_t t = 0; t < n; ++t)
+    for (int64_t t = 0; ref && t < n; ++t)
       if (m[b * n + t])
         kl += static_cast<double>(e.logprobs.data<float>()[b * L + start + t]) -
               e.ref_logprobs.data<float>()[b * L + start + t];
@@ -420,6 +424,7 @@ step_result ptx_update(zero_engine& engine, const tensor& ids, const tensor& lab
 }
 
 double mean_kl(const experience& e) {
+  if (!e.ref_logprobs.defined()) return 0.0;  // no reference model
   const int64_t B = e.seq.size(0), S = e.seq.size(1), L = S - 1, start = e.start();
   double s = 0, n = 0;
   for (int64_t b = 0; b < B; ++b)

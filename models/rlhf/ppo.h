@@ -140,7 +140,10 @@ struct critic_free_config {
 ///  - reinforce_plus_plus: per-token rewards −kl_ctl · (logprobs − ref_logprobs) with the score,
 ///    clipped to ±clip_reward_value, added on the answer's last real token (veRL's
 ///    token_level_rewards), then rlhf::reinforce_pp_advantages with gamma.
-/// Throws std::invalid_argument for gae, or when B is not a multiple of num_generations (grpo, rloo).
+/// ref_logprobs may be undefined (a graph without a reference model: veRL with neither
+/// use_kl_in_reward nor use_kl_loss, as DAPO and Dr. GRPO): no KL term, which needs kl_ctl = 0.
+/// Throws std::invalid_argument for gae, when B is not a multiple of num_generations (grpo, rloo),
+/// or for kl_ctl > 0 without ref_logprobs.
 tensor critic_free_advantages(const experience& e, const critic_free_config& c);
 
 /// Rows `rows` of an experience, copied (DAPO's filter keeps the groups with signal).
@@ -204,7 +207,8 @@ step_result ptx_update(zero_engine& engine, const tensor& ids, const tensor& lab
 std::vector<size_t> fresh_items(const std::vector<int64_t>& sampled_with, int64_t version, int64_t max_staleness,
                                 bool drop, int64_t& staleness);
 
-/// Mean per-token KL estimate sum((logprobs - ref_logprobs) · mask) / sum(mask) over the answer.
+/// Mean per-token KL estimate sum((logprobs - ref_logprobs) · mask) / sum(mask) over the answer;
+/// 0 without ref_logprobs (no reference model).
 double mean_kl(const experience& e);
 
 }  // namespace flowrun::ppo

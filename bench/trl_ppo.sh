@@ -4,7 +4,8 @@
 #
 #   bench/trl_ppo.sh [PAIRS=5] [BUILD_DIR=build] [MODELS=stories260K,llama6m]
 #
-#   TORCH_VENV=/tmp/refenv   the venv (as bench/run_bench.sh's); torch, transformers, trl 1.12 (the last
+#   TORCH_VENV=/tmp/refenv   the venv (as bench/run_bench.sh's); torch, transformers, protobuf (transformers 5 reads
+#                            tok512.model through it), trl 1.12 (the last
 #                            release with PPOTrainer, under trl.experimental.ppo) installed from PyPI if missing
 #   BASELINE=OTHER/bin/flowrun  a second flowrun (e.g. main's build) measured in the same rounds (before/after)
 # Prints the host line and one JSON line per model; the per-pair figures go to stderr.
@@ -14,10 +15,10 @@ pairs=${1:-5}
 build=$(cd "${2:-$root/build}" && pwd)
 models=${3:-stories260K,llama6m}
 venv="${TORCH_VENV:-/tmp/refenv}"
-if ! "$venv/bin/python" -c "import trl.experimental.ppo, sentencepiece" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import trl.experimental.ppo, sentencepiece, google.protobuf" 2>/dev/null; then
   echo "trl_ppo: installing torch, transformers and trl 1.12 from PyPI into $venv" >&2
   [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet torch numpy transformers datasets accelerate sentencepiece "trl==1.12.0"
+  "$venv/bin/pip" install --quiet torch numpy transformers datasets accelerate sentencepiece protobuf "trl==1.12.0"
 fi
 out="$build/trl_ppo"
 mkdir -p "$out"

@@ -633,8 +633,10 @@ class ppo_trainer final : public actor::node {
     // Decoupled PPO (AReaL): the proximal log-probs are the policy's log-probs with the weights
     // at the start of this update; the generator's behaviour log-probs weight each token. The
     // log-probs this node scored the rollouts with (the experience's `logprobs`) are those when
-    // no update came between the scoring and now (the usual case at max_staleness = 1: the next
-    // batch is scored right after the update before it), else they are computed again here.
+    // no update came between the scoring and now (counted: proximal_reused), else they are
+    // computed again here (proximal_recomputed: the rollouts of batch k+1 reached the policy
+    // before batch k's experience, so it scored them before that update; at max_staleness = 1
+    // this depends on timing).
     std::vector<std::shared_ptr<const ppo::experience>> exps;
     for (const auto* x : items) {
       const auto at = scored_with_.find(x->iteration);
@@ -645,6 +647,7 @@ class ppo_trainer final : public actor::node {
         continue;
       }
       auto e = std::make_shared<ppo::experience>(*x->exp);  // tensor handles
+      ctx.metric("proximal_recomputed");
       ctx.phase("proximal_logprobs");
       e->logprobs = score_on_ranks(group_, *e, [&](const tensor& seq, const tensor& mask) {
         return ppo::sequence_logprobs(*model_, engine_.engine->forward_activations(), seq, mask);

@@ -200,9 +200,12 @@ TEST_CASE("max_staleness = 1, drop, end to end: a stale batch's experience never
   CHECK(count(policy, "experience_dropped") == iterations - 2);
   CHECK(count(policy, "optimizer_steps") == 2 * steps_per_batch);
   CHECK(count(policy, "policy_version") == 2);
-  // each trained batch was scored by the policy right after the update before it, so its
-  // scored log-probs are the proximal ones of the decoupled loss: not computed again
-  CHECK(count(policy, "proximal_reused") == 2);
+  // the decoupled loss's proximal log-probs: batch 0's scored log-probs are them (no update came
+  // before it); batch 1's are when the policy scored it after update 0, else they are computed
+  // again. Which, depends on whether batch 1's rollouts reached the policy before batch 0's
+  // experience (the generator works on batch 1 while batch 0 is scored): timing.
+  CHECK(count(policy, "proximal_reused") >= 1);
+  CHECK(count(policy, "proximal_reused") + count(policy, "proximal_recomputed") == 2);
   CHECK(count(a.result.metrics.node("controller"), "steps") == 2);
   CHECK(count(a.result.metrics.node("frozen"), "held_back") == 2);        // the snapshots of v1 and v2
   CHECK(count(a.result.metrics.node("generator"), "policy_version") == 0);  // it only ever had v0

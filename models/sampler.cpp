@@ -27,7 +27,7 @@ int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& c
   if (cfg.temperature <= 0.0f || cfg.top_k == 1) return static_cast<int32_t>(simd::argmax_f(logits, n));
   // probabilities at temperature: exp((l - max) / T) on the CPU's vector path
   // (runtime/kernels/cpu/simd_kernels.h, ~2 ulp), the sum in double
-  const float mx = *std::max_element(logits, logits + n);
+  const float mx = simd::max_f(logits, n);
   std::vector<float> probs(n);
   for (int64_t i = 0; i < n; ++i) probs[i] = (logits[i] - mx) / cfg.temperature;
   const double sum = simd::exp_sum(probs.data(), 0.0f, n, probs.data());

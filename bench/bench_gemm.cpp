@@ -5,6 +5,12 @@
 //
 //   build/bin/bench_gemm [--rows N] [--reps R] [--threads N]
 //   build/bin/bench_gemm --row-invariance [--threads N]
+//   build/bin/bench_gemm --small [--threads N]
+//
+// --small: the products of the small models' steps (stories260K at B=8, T=64: 512 rows, dim 64,
+// hidden 172, vocab 512, head size 8; the 6.1 M LLaMA's 288 x 288 layers at 640 rows), each
+// timed per call (median of 7 timings of enough calls to last ~20 ms), flowrun's own gemm
+// against each library, interleaved shape by shape. What flowrun's packed kernel is measured by.
 //
 // --row-invariance: whether a row's result depends on how many rows share the call (PPO's first
 // ratio is exactly 1 only if it does not: test_ppo, docs/performance.md "GEMM per ISA"). Per
@@ -162,11 +168,79 @@ static long row_invariance(const std::vector<lib>& libs) {
   return flowrun_bad + band;
 }
 
+// --small: microseconds per call of each library at the small models' shapes.
+static void small_shapes(const std::vector<lib>& libs) {
+  struct prod {
+    const char* what;
+    bool ta, tb;
+    int M, N, K, count;  // count: calls per training step (forward + backward of every layer)
+  };
+  // stories260K (dim 64, hidden 172, 5 layers, 8 heads of 8, 4 kv heads, vocab 512), B=8 T=64;
+  // the attention products per (batch, head), as attention_forward_gemm / attention_backward_gemm
+  const int R = 512;
+  const std::vector<prod> ps = {
+      {"260K wq/wo x·Wᵀ (512x64x64)", false, true, R, 64, 64, 10},
+      {"260K wk/wv x·Wᵀ (512x32x64)", false, true, R, 32, 64, 10},
+      {"260K w1/w3 x·Wᵀ (512x172x64)", false, true, R, 172, 64, 10},
+      {"260K w2 x·Wᵀ (512x64x172)", false, true, R, 64, 172, 5},
+      {"260K head x·Wᵀ (512x512x64)", false, true, R, 512, 64, 1},
+      {"260K w1 dy·W (512x64x172)", false, false, R, 64, 172, 10},
+      {"260K head dy·W (512x64x512)", false, false, R, 64, 512, 1},
+      {"260K w1 dyᵀ·x (172x64x512)", true, false, 172, 64, R, 10},
+      {"260K head dyᵀ·x (512x64x512)", true, false, 512, 64, R, 1},
+      {"260K attn Q·Kᵀ (64x64x8)", false, true, 64, 64, 8, 320},
+      {"260K attn P·V (64x8x64)", false, false, 64, 8, 64, 320},
+      {"260K attn Pᵀ·dO (64x8x64)", true, false, 64, 8, 64, 320},
+      {"6.1M wq x·Wᵀ (640x288x288)", false, true, 640, 288, 288, 24},
+      {"6.1M wq dy·W (640x288x288)", false, false, 640, 288, 288, 24},
+      {"6.1M wq dyᵀ·x (288x288x640)", true, false, 288, 288, 640, 24},
+      {"6.1M w1/w3 x·Wᵀ (640x768x288)", false, true, 640, 768, 288, 12},
+      {"6.1M w2 x·Wᵀ (640x288x768)", false, true, 640, 288, 768, 6},
+  };
+  std::printf("| product (M x N x K) | calls / step |");
+  for (auto& l : libs) std::printf(" %s us |", l.name.c_str());
+  std::printf(" others / flowrun |\n|---|---|");
+  for (size_t i = 0; i <= libs.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  std::vector<double> step(libs.size(), 0.0);
+  for (auto& p : ps) {
+    std::vector<float> a(size_t(p.M) * p.K), b(size_t(p.N) * p.K), c(size_t(p.M) * p.N);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37 * i) * 0.5f;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.11 * i) * 0.2f;
+    const int lda = p.ta ? p.M : p.K, ldb = p.tb ? p.K : p.N;
+    std::vector<double> us(libs.size());
+    for (size_t li = 0; li < libs.size(); ++li) {
+      auto call = [&] { libs[li].f(p.ta, p.tb, p.M, p.N, p.K, 1.f, a.data(), lda, b.data(), ldb, 0.f, c.data(), p.N); };
+      call();
+      auto t = clk::now();
+      int n = 0;
+      while (std::chrono::duration<double>(clk::now() - t).count() < 0.02) call(), ++n;
+      std::vector<double> ts;
+      for (int r = 0; r < 7; ++r) {
+        auto t0 = clk::now();
+        for (int i = 0; i < n; ++i) call();
+        ts.push_back(std::chrono::duration<double>(clk::now() - t0).count() / n);
+      }
+      std::sort(ts.begin(), ts.end());
+      us[li] = ts[3] * 1e6;
+      step[li] += us[li] * p.count;
+    }
+    std::printf("| %s | %d |", p.what, p.count);
+    for (double u : us) std::printf(" %.2f |", u);
+    for (size_t li = 1; li < libs.size(); ++li) std::printf(" %.2fx", us[li] / us[0]);
+    std::printf(" |\n");
+  }
+  std::printf("| **these products, weighted by calls per step (ms)** | |");
+  for (double s : step) std::printf(" **%.2f** |", s / 1e3);
+  std::printf(" |\n");
+}
+
 int main(int argc, char** argv) {
   int rows = 256, reps = 3;
-  bool invariance = false;
+  bool invariance = false, small = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--row-invariance")) invariance = true;
+    if (!std::strcmp(argv[i], "--small")) small = true;
     if (i + 1 >= argc) continue;
     if (!std::strcmp(argv[i], "--rows")) rows = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
@@ -176,6 +250,11 @@ int main(int argc, char** argv) {
   if (invariance) {
     std::printf("# bench_gemm --row-invariance: %d OpenMP threads\n", omp_get_max_threads());
     return row_invariance(libs) == 0 ? 0 : 1;  // flowrun's own gemm: row-invariant on each side of 16 rows
+  }
+  if (small) {
+    std::printf("# bench_gemm --small: %d OpenMP threads, us per call (median of 7)\n\n", omp_get_max_threads());
+    small_shapes(libs);
+    return 0;
   }
   std::printf("# bench_gemm: %d OpenMP threads, rows %d, best of %d (GFLOP/s)\n\n", omp_get_max_threads(), rows,
               reps);

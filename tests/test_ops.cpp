@@ -1099,6 +1099,60 @@ TEST_CASE("large shapes: parallel paths agree with float64 references") {
     check_dir(dk, [&](const vecd& X) { return dot(attention_ref(qv, X, vv, &mv, T, c.d), Rv); }, kv, "att large dk");
     check_dir(dv, [&](const vecd& X) { return dot(attention_ref(qv, kv, X, &mv, T, c.d), Rv); }, vv, "att large dv");
   }
+  SUBCASE("attention on causal row blocks: a block cut short, one to three packed panels, a KV-cache offset") {
+    // the GEMM path (Tq >= 32) works in blocks of 12 queries that see keys [0, kend): T = 37 ends
+    // with a block of one row; hs = 8, 20 and 40 take one, two and three panels of 16 (AVX2; one
+    // and two of 32 on AVX-512). B 4 x T 64 x hs 64 is above k_par_macs: the threads' own buffers.
+    struct shape { int64_t B, T, H, KV, hs; };
+    for (const shape sh : {shape{2, 37, 4, 2, 8}, shape{2, 37, 4, 2, 20}, shape{2, 37, 4, 2, 40}, shape{4, 64, 4, 2, 64}}) {
+      const int64_t B = sh.B, T = sh.T, H = sh.H, KV = sh.KV, hs = sh.hs;
+      CAPTURE(T);
+      CAPTURE(hs);
+      auto c = make_attn(B, T, H, hs, T, KV, T);
+      std::vector<int32_t> m(B * T, 1);
+      for (int64_t j = 0; j < 13; ++j) m[j] = 0;        // batch 0 left padded past the first block
+      for (int64_t j = 30; j < T; ++j) m[T + j] = 0;    // batch 1 right padded
+      c.mask = tensor::from_ints({B, T}, m);
+      check_attention_forward(c, "attention blocks hs=" + std::to_string(hs));
+      const std::vector<int> mv(m.begin(), m.end());
+      auto out = tensor::empty({B, T, H, hs}), att = tensor::empty({B, H, T, T});
+      ops::attention_forward(out, att, c.q, c.k, c.v, c.mask);
+      // the blocks skip exact zeros only: batch 1, head 3's output is, bit for bit, the whole
+      // product P V over every key (the same packed kernel through ops::matmul)
+      {
+        const int64_t b = 1, h = 3, kvh = h / (H / KV);
+        auto P = att.view({B * H, T, T}).rows(b * H + h, b * H + h + 1).view({T, T}).clone();
+        auto Vh = tensor::empty({T, hs}), want = tensor::empty({T, hs});
+        for (int64_t j = 0; j < T; ++j)
+          std::copy_n(c.v.data<float>() + ((b * T + j) * KV + kvh) * hs, hs, Vh.data<float>() + j * hs);
+        ops::matmul(want, P, Vh, false, false);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t e = 0; e < hs; ++e)
+            differ += out.data<float>()[((b * T + i) * H + h) * hs + e] != want.data<float>()[i * hs + e];
+        CHECK(differ == 0);
+      }
+      // backward reads att's causal part only: NaN above the diagonal must not reach the gradients
+      float* ap = att.data<float>();
+      for (int64_t r = 0; r < B * H; ++r)
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t j = i + 1; j < T; ++j) ap[(r * T + i) * T + j] = std::numeric_limits<float>::quiet_NaN();
+      auto R = randn({B, T, H, hs});
+      const vecd Rv = dvec(R), qv = dvec(c.q), kv = dvec(c.k), vv = dvec(c.v);
+      auto dq = nan_filled(c.q.shape()), dk = nan_filled(c.k.shape()), dv = nan_filled(c.v.shape());
+      ops::attention_backward(dq, dk, dv, R, c.q, c.k, c.v, att);
+      check_dir(dq, [&](const vecd& X) { return dot(attention_ref(X, kv, vv, &mv, T, c.d), Rv); }, qv, "blocks dq");
+      check_dir(dk, [&](const vecd& X) { return dot(attention_ref(qv, X, vv, &mv, T, c.d), Rv); }, kv, "blocks dk");
+      check_dir(dv, [&](const vecd& X) { return dot(attention_ref(qv, kv, X, &mv, T, c.d), Rv); }, vv, "blocks dv");
+    }
+    // a prefill after 10 cached keys (query i at position 10 + i), keys past n_keys unused
+    auto c = make_attn(2, 34, 4, 8, 50, 2, 44);
+    check_attention_forward(c, "attention blocks, n_keys > Tq");
+    std::vector<int32_t> m(2 * 50, 1);
+    for (int64_t j = 0; j < 3; ++j) m[j] = 0;
+    c.mask = tensor::from_ints({2, 50}, m);
+    check_attention_forward(c, "attention blocks, n_keys > Tq, padded");
+  }
   SUBCASE("rope, activations, swiglu, adamw") {
     const int64_t B = 4, T = 64, NH = 8, hs = 64;
     std::vector<int32_t> pv(B * T);
@@ -1254,4 +1308,49 @@ TEST_CASE("compute_scope: threads running ops at once split the cores, and a cal
   CHECK(omp_get_max_threads() == 1);
   ops::set_thread_budget(hw);
   CHECK(x.data<float>()[3] == 4.0f);
+}
+
+TEST_CASE("cpu gemm, small op(B) (the packed kernel): a team gives the one-thread bits, rows above 16 ignore M") {
+  // 512 x 128 x 128: 8.4 M multiply-adds, above the one-thread limit (cpu_gemm::k_par_macs), so a team
+  // packs its shares of op(B), meets at a barrier and splits the tiles; op(B) is 64 KiB: the packed kernel
+  const int64_t M = 512, N = 128, K = 128;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> A(M * K), B(N * K);
+  for (auto& v : A) v = nd(rng);
+  for (auto& v : B) v = nd(rng);
+  const int hw = ops::hardware_threads();
+  auto run = [&](int threads, bool tb, int64_t m, int64_t row0) {
+    ops::set_thread_budget(threads);
+    std::vector<float> C(m * N, std::numeric_limits<float>::quiet_NaN());
+    cpu_backend().gemm(false, tb, m, N, K, 1.0f, A.data() + row0 * K, K, B.data(), tb ? K : N, 0.0f, C.data(), N);
+    return C;
+  };
+  for (bool tb : {true, false}) {
+    CAPTURE(tb);
+    const auto one = run(1, tb, M, 0), team = run(std::max(2, hw), tb, M, 0);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < M * N; ++i) differ += one[i] != team[i];
+    CHECK(differ == 0);
+    double worst = 0;  // against float64, a few rows
+    for (int64_t i : {int64_t(0), int64_t(255), M - 1})
+      for (int64_t j = 0; j < N; ++j) {
+        double want = 0, absum = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = double(A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+          want += p;
+          absum += std::fabs(p);
+        }
+        worst = std::max(worst, std::fabs(team[i * N + j] - want) / absum);
+      }
+    CHECK(worst < 1e-6);
+    for (int64_t m : {17, 100}) {  // rows [37, 37 + m) alone: the bits of the 512-row call
+      CAPTURE(m);
+      const auto part = run(std::max(2, hw), tb, m, 37);
+      int64_t diff = 0;
+      for (int64_t i = 0; i < m * N; ++i) diff += part[i] != one[37 * N + i];
+      CHECK(diff == 0);
+    }
+  }
+  ops::set_thread_budget(hw);
 }

@@ -385,3 +385,114 @@ TEST_CASE("simd small-M GEMM: C = alpha A Bᵀ + beta C for M = 1..6, every N an
         }
   });
 }
+
+namespace {
+/// C = alpha op(A) op(B) + beta C through gemm_pack_b + gemm_packed, in two tile ranges (as two threads would).
+void packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t W = simd::gemm_panel_width();
+  std::vector<float> P(static_cast<size_t>((N + W - 1) / W * W * K) + 1, -7.0f);
+  const int64_t panels = (N + W - 1) / W;  // packed in two ranges, as two threads do
+  simd::gemm_pack_b(tb, N, K, B, ldb, P.data(), 0, panels / 2);
+  simd::gemm_pack_b(tb, N, K, B, ldb, P.data(), panels / 2, panels);
+  CHECK(P.back() == -7.0f);  // the packing writes ceil(N / W) W K floats, no more
+  const int64_t tiles = simd::gemm_packed_tiles(M, N);
+  simd::gemm_packed(ta, M, N, K, alpha, A, lda, P.data(), beta, C, ldc, 0, tiles / 2);
+  simd::gemm_packed(ta, M, N, K, alpha, A, lda, P.data(), beta, C, ldc, tiles / 2, tiles);
+}
+}  // namespace
+
+TEST_CASE("simd packed GEMM: every transpose, M/N/K tail and beta vs float64, and on FMA paths bit for bit a fused chain") {
+  for_each_path([](const std::string& path) {
+    // AVX2, AVX-512 and 64-bit NEON have a fused multiply-add: there each output is exactly the chain
+    // acc = fma(a_k, b_k, acc) over k in order, then alpha acc (+ fma(beta, c, .)) (simd_kernels.h)
+    const bool fused = path == "AVX2" || path.rfind("AVX3", 0) == 0 || (path == "NEON" && sizeof(void*) == 8);
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (int64_t M : {1, 5, 6, 7, 13, 25})
+          for (int64_t N : {1, 3, 8, 9, 16, 17, 33, 40})
+            for (int64_t K : {1, 7, 64, 100}) {
+              CAPTURE(ta);
+              CAPTURE(tb);
+              CAPTURE(M);
+              CAPTURE(N);
+              CAPTURE(K);
+              const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+              const auto A = randv((ta ? K : M) * lda, 1.0, 61 + M * 100 + K);
+              const auto B = randv((tb ? N : K) * ldb, 1.0, 63 + N * 100 + K);
+              const auto C0 = randv(M * ldc, 1.0, 65 + M + N);
+              auto a = [&](int64_t i, int64_t k) { return ta ? A[k * lda + i] : A[i * lda + k]; };
+              auto b = [&](int64_t k, int64_t j) { return tb ? B[j * ldb + k] : B[k * ldb + j]; };
+              for (float beta : {0.0f, 0.5f}) {
+                std::vector<float> C(C0);
+                if (beta == 0.0f)  // beta == 0 ignores C: NaN there must not show
+                  for (int64_t i = 0; i < M; ++i)
+                    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = std::numeric_limits<float>::quiet_NaN();
+                packed(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+                for (int64_t i = 0; i < M; ++i)
+                  for (int64_t j = 0; j < ldc; ++j) {
+                    const float got = C[i * ldc + j];
+                    if (j >= N) {
+                      if (got != C0[i * ldc + j]) FAIL_CHECK("C[" << i << "," << j << "] past N was written");
+                      continue;
+                    }
+                    double want = 0, absum = 0;
+                    float chain = 0.0f;
+                    for (int64_t k = 0; k < K; ++k) {
+                      want += double(a(i, k)) * b(k, j);
+                      absum += std::fabs(double(a(i, k)) * b(k, j));
+                      chain = std::fma(a(i, k), b(k, j), chain);
+                    }
+                    want = 0.75 * want + (beta != 0.0f ? beta * double(C0[i * ldc + j]) : 0.0);
+                    const double tol = 1e-5 * (0.75 * absum + std::fabs(beta * C0[i * ldc + j])) + 1e-30;
+                    if (!(std::fabs(got - want) <= tol)) {
+                      FAIL_CHECK("C[" << i << "," << j << "] = " << got << " want " << want << " beta " << beta);
+                      return;
+                    }
+                    float exact = 0.75f * chain;
+                    if (beta != 0.0f) exact = std::fma(beta, C0[i * ldc + j], exact);
+                    if (fused && got != exact) {
+                      FAIL_CHECK("C[" << i << "," << j << "] = " << got << " is not the fused chain's " << exact);
+                      return;
+                    }
+                  }
+              }
+            }
+  });
+}
+
+TEST_CASE("simd packed GEMM: a row's bits do not depend on M, on where the row starts, nor on N's tiling") {
+  for_each_path([](const std::string&) {
+    const int64_t M = 40, K = 64;
+    for (int64_t N : {8, 9, 50}) {  // one-vector tiles (N <= 8 on AVX2), two-vector ones, and (N = 9, its
+                                     // first 5 columns alone) one against the other
+      CAPTURE(N);
+      const auto A = randv(M * K, 1.0, 71), B = randv(N * K, 1.0, 73);
+      std::vector<float> full(M * N);
+      packed(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, full.data(), N);
+      for (int64_t s : {0, 3, 11})
+        for (int64_t m : {1, 2, 5, 6, 7, 12, 13, 17}) {
+          if (s + m > M) continue;
+          CAPTURE(s);
+          CAPTURE(m);
+          std::vector<float> part(m * N);
+          packed(false, true, m, N, K, 1.0f, A.data() + s * K, K, B.data(), K, 0.0f, part.data(), N);
+          for (int64_t i = 0; i < m * N; ++i)
+            if (part[i] != full[s * N + i]) {
+              FAIL_CHECK("row " << s + i / N << " col " << i % N << " differs");
+              break;
+            }
+          // columns [0, n) alone: the same bits as in the N-column call
+          const int64_t n = N / 2 + 1;
+          std::vector<float> cols(m * n);
+          packed(false, true, m, n, K, 1.0f, A.data() + s * K, K, B.data(), K, 0.0f, cols.data(), n);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j)
+              if (cols[i * n + j] != full[(s + i) * N + j]) {
+                FAIL_CHECK("row " << s + i << " col " << j << " differs with " << n << " columns");
+                return;
+              }
+        }
+    }
+  });
+}

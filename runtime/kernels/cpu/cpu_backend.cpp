@@ -122,6 +122,11 @@ class cpu_backend_impl final : public backend {
       cpu_gemm::small_m_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       return;
     }
+    // small op(B) (stories260K's weights, attention heads): our packed kernel, no library overhead
+    if (cpu_gemm::use_packed(N, K)) {
+      cpu_gemm::packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
     cpu_gemm::library_sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
 
@@ -427,13 +432,69 @@ class cpu_backend_impl final : public backend {
 
   // ---------------------------------------------------------------- attention
 
-  // Training and prefill sizes run attention on GEMMs per (batch, head): the
-  // score matrix S = scale Q Kᵀ (Tq x n_keys), the row softmax with the causal
-  // and padding masks, then out = P V. Both products include the masked
-  // (upper) part, which costs at most 2x their FLOPs but runs at GEMM speed
-  // instead of one horizontal dot product per (query, key) (stories260K, hs 8:
-  // 2.2x faster; GPT-2, hs 64: 4x). Decoding (Tq < 32) keeps the row loops below.
+  // Training and prefill sizes run attention on GEMMs per (batch, head), on the
+  // packed kernel (simd::gemm_packed) in causal row blocks of k_att_rows queries:
+  // block [i0, i1) sees keys [0, kend), kend = q0 + i1, so
+  //   S[i0:i1, :kend] = scale Q[i0:i1] K[:kend]ᵀ;  row softmax with the causal and
+  //   padding masks;  out[i0:i1] = P[i0:i1, :kend] V[:kend]
+  // and the keys no query of the block can see are never multiplied (about half
+  // of each product at T >> k_att_rows). Each output is the packed kernel's one
+  // FMA chain, which ends at kend instead of n_keys: for finite inputs the dropped
+  // terms are exact zeros (P = 0 there), so the bits are those of the whole
+  // product on the packed kernel (tests/test_ops.cpp checks it against
+  // ops::matmul; shapes whose op(B) is over cpu_gemm::k_packed_max went to the
+  // GEMM library before, whose bits differ). Kᵀ and V are packed once per head
+  // into per-thread buffers of n_keys x hs floats (padded to whole panels).
+  // Decoding (Tq < 32) keeps the row loops below.
   static bool gemm_attention(int64_t Tq, int64_t /*hs*/) { return Tq >= 32; }
+  /// Query rows per causal block: a multiple of the packed kernel's tile rows (6 and 12).
+  static constexpr int64_t k_att_rows = 12;
+
+  /// C (M, N) = alpha op(A) (M, K) · rows [k0, k0 + K) of op(B), where `packed` holds op(B)
+  /// (Ktot, N) packed by simd::gemm_pack_b (panel p at p W Ktot): one gemm_packed call per
+  /// panel, each reading its panel from row k0. beta as gemm_packed (0 ignores C).
+  static void packed_rows(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                          const float* packed, int64_t Ktot, int64_t k0, float beta, float* C, int64_t ldc) {
+    const int64_t W = simd::gemm_panel_width();
+    for (int64_t j0 = 0; j0 < N; j0 += W) {
+      const int64_t nj = std::min(W, N - j0);
+      simd::gemm_packed(ta, M, nj, K, alpha, A, lda, packed + j0 * Ktot + k0 * W, beta, C + j0, ldc, 0,
+                        simd::gemm_packed_tiles(M, nj));
+    }
+  }
+
+  /// The padding positions (mask 0) among keys [0, n_keys) of each batch row, ascending; empty
+  /// lists without a mask. attn_mask (B, mstride) i32 or null.
+  static std::vector<std::vector<int32_t>> padded_keys(const int32_t* mp, int64_t mstride, int64_t B,
+                                                        int64_t n_keys) {
+    std::vector<std::vector<int32_t>> pads(static_cast<size_t>(B));
+    if (mp)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < n_keys; ++j)
+          if (mp[b * mstride + j] == 0) pads[b].push_back(static_cast<int32_t>(j));
+    return pads;
+  }
+
+  /// One attention row in place: a[0, nvis) holds the scaled scores of the causally visible
+  /// keys, `pad` the padding keys (ascending). Writes the softmax over the visible non-padding
+  /// keys (max-subtracted, sum in double; padding keys get exp(-inf) = 0). Each probability is
+  /// rounded once, from the double product with 1 / sum: a float scale by a rounded 1 / sum
+  /// adds an ulp of noise that test_dpo's finite differences of the loss saw. Returns false,
+  /// the row left unnormalised, when no key is visible.
+  static bool softmax_row(float* a, int64_t nvis, const std::vector<int32_t>& pad) {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (const int32_t j : pad) {
+      if (j >= nvis) break;
+      a[j] = neg_inf;
+    }
+    const float maxv = simd::max_f(a, nvis);
+    if (maxv == neg_inf) return false;
+    const double inv = 1.0 / simd::exp_sum(a, maxv, nvis, a);
+    for (int64_t j = 0; j < nvis; ++j) a[j] = static_cast<float>(a[j] * inv);
+    return true;
+  }
+
+  static size_t packed_size(int64_t N, int64_t K) { return static_cast<size_t>(cpu_gemm::packed_floats(N, K)); }
 
   void attention_forward_gemm(float* op, float* ap, const float* qp, const float* kp, const float* vp,
                               const int32_t* mp, int64_t mstride, int64_t B, int64_t Tq, int64_t H, int64_t hs,
@@ -441,10 +502,11 @@ class cpu_backend_impl final : public backend {
     const int64_t group = H / KV;
     const int64_t q0 = n_keys - Tq;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const auto pads = padded_keys(mp, mstride, B, n_keys);
 #pragma omp parallel if (B * H * Tq * n_keys * hs >= cpu_gemm::k_par_macs)
     {
       std::vector<float> scratch(ap ? 0 : static_cast<size_t>(Tq * n_keys));
+      std::vector<float> kt(packed_size(n_keys, hs)), vpk(packed_size(hs, n_keys));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < B * H; ++bh) {
         const int64_t b = bh / H, h = bh % H, kvh = h / group;
@@ -453,37 +515,35 @@ class cpu_backend_impl final : public backend {
         const float* K = kp + (b * S * KV + kvh) * hs;
         const float* Vv = vp + (b * S * KV + kvh) * hs;
         float* O = op + (b * Tq * H + h) * hs;
-        const int32_t* m = mp ? mp + b * mstride : nullptr;
-        gemm(false, true, Tq, n_keys, hs, scale, Q, H * hs, K, KV * hs, 0.0f, P, n_keys);
-        for (int64_t i = 0; i < Tq; ++i) {
-          float* a = P + i * n_keys;
-          const int64_t nvis = q0 + i + 1;
-          if (m)
-            for (int64_t j = 0; j < nvis; ++j)
-              if (m[j] == 0) a[j] = neg_inf;
-          const float maxv = simd::max_f(a, nvis);
-          if (maxv == neg_inf) {  // no visible key: zero probabilities (and output)
-            std::fill(a, a + n_keys, 0.0f);
-            continue;
+        const int64_t W = simd::gemm_panel_width();
+        simd::gemm_pack_b(true, n_keys, hs, K, KV * hs, kt.data(), 0, (n_keys + W - 1) / W);  // Kᵀ (hs, n_keys)
+        simd::gemm_pack_b(false, hs, n_keys, Vv, KV * hs, vpk.data(), 0, (hs + W - 1) / W);   // V (n_keys, hs)
+        for (int64_t i0 = 0; i0 < Tq; i0 += k_att_rows) {
+          const int64_t i1 = std::min(Tq, i0 + k_att_rows), rows = i1 - i0, kend = q0 + i1;
+          float* Pb = P + i0 * n_keys;
+          simd::gemm_packed(false, rows, kend, hs, scale, Q + i0 * H * hs, H * hs, kt.data(), 0.0f, Pb, n_keys, 0,
+                            simd::gemm_packed_tiles(rows, kend));
+          for (int64_t i = i0; i < i1; ++i) {
+            float* a = P + i * n_keys;
+            const int64_t nvis = q0 + i + 1;
+            // zeros past the visible keys: to kend for the product, to n_keys when att is kept
+            if (!softmax_row(a, nvis, pads[b])) std::fill(a, a + nvis, 0.0f);
+            std::fill(a + nvis, a + (ap ? n_keys : kend), 0.0f);
           }
-          const double inv = 1.0 / simd::exp_sum(a, maxv, nvis, a);
-          for (int64_t j = 0; j < nvis; ++j) a[j] = static_cast<float>(a[j] * inv);
-          if (m)
-            for (int64_t j = 0; j < nvis; ++j)
-              if (m[j] == 0) a[j] = 0.0f;
-          std::fill(a + nvis, a + n_keys, 0.0f);
+          packed_rows(false, rows, hs, kend, 1.0f, Pb, n_keys, vpk.data(), n_keys, 0, 0.0f, O + i0 * H * hs, H * hs);
         }
-        gemm(false, false, Tq, hs, n_keys, 1.0f, P, n_keys, Vv, KV * hs, 0.0f, O, H * hs);
       }
     }
   }
 
-  // Backward on GEMMs, one task per (batch, kv head) so dk/dv of a kv head are
-  // summed over its query heads in a fixed order (no atomics):
-  //   dV += Pᵀ dO;  dP = dO Vᵀ;  dS = P ∘ (dP - rowsum(P ∘ dP)) scale;
-  //   dQ = dS K;  dK += dSᵀ Q.
+  // Backward on the packed kernel in the forward's causal blocks, one task per
+  // (batch, kv head) so dk/dv of a kv head are summed over its query heads in a
+  // fixed order (no atomics):
+  //   dP = dO Vᵀ;  dS = P ∘ (dP - rowsum(P ∘ dP)) scale;  dQ = dS K   (query blocks, keys < kend)
+  //   dV += Pᵀ dO;  dK += dSᵀ Q                                      (key blocks, queries >= j0)
   // P is re-read from att's causal part only (copied with zeros above the
-  // diagonal), as the row loops do.
+  // diagonal, to the block's kend), as the row loops do. As in the forward, the
+  // products skip only exact zeros: the bits are those of the whole products.
   void attention_backward_gemm(float* dqp, float* dkp, float* dvp, const float* dop, const float* qp,
                                const float* kp, const float* vp, const float* ap, int64_t B, int64_t T, int64_t H,
                                int64_t KV, int64_t hs) {
@@ -492,6 +552,9 @@ class cpu_backend_impl final : public backend {
 #pragma omp parallel if (B * H * T * T * hs >= cpu_gemm::k_par_macs)
     {
       std::vector<float> pm(static_cast<size_t>(T * T)), ds(static_cast<size_t>(T * T));
+      std::vector<float> vt(packed_size(T, hs)), kpk(packed_size(hs, T)), qpk(packed_size(hs, T)),
+          dopk(packed_size(hs, T));
+      const int64_t W = simd::gemm_panel_width(), np_t = (T + W - 1) / W, np_hs = (hs + W - 1) / W;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bk = 0; bk < B * KV; ++bk) {
         const int64_t b = bk / KV, kvh = bk % KV;
@@ -499,31 +562,46 @@ class cpu_backend_impl final : public backend {
         const float* Vv = vp + (b * T * KV + kvh) * hs;
         float* dK = dkp + (b * T * KV + kvh) * hs;
         float* dV = dvp + (b * T * KV + kvh) * hs;
+        simd::gemm_pack_b(true, T, hs, Vv, KV * hs, vt.data(), 0, np_t);   // Vᵀ (hs, T)
+        simd::gemm_pack_b(false, hs, T, K, KV * hs, kpk.data(), 0, np_hs);  // K (T, hs)
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
           const float beta = h == kvh * group ? 0.0f : 1.0f;
           const float* A = ap + (b * H + h) * T * T;
           const float* Q = qp + (b * T * H + h) * hs;
           const float* dO = dop + (b * T * H + h) * hs;
           float* dQ = dqp + (b * T * H + h) * hs;
-          for (int64_t i = 0; i < T; ++i) {
-            std::copy(A + i * T, A + i * T + i + 1, pm.data() + i * T);
-            std::fill(pm.data() + i * T + i + 1, pm.data() + (i + 1) * T, 0.0f);
-          }
-          gemm(true, false, T, hs, T, 1.0f, pm.data(), T, dO, H * hs, beta, dV, KV * hs);
-          gemm(false, true, T, T, hs, 1.0f, dO, H * hs, Vv, KV * hs, 0.0f, ds.data(), T);
-          for (int64_t i = 0; i < T; ++i) {
-            const float* p = pm.data() + i * T;
-            float* d = ds.data() + i * T;
-            double D = 0.0;
+          simd::gemm_pack_b(false, hs, T, Q, H * hs, qpk.data(), 0, np_hs);    // Q (T, hs)
+          simd::gemm_pack_b(false, hs, T, dO, H * hs, dopk.data(), 0, np_hs);  // dO (T, hs)
+          for (int64_t i0 = 0; i0 < T; i0 += k_att_rows) {
+            const int64_t i1 = std::min(T, i0 + k_att_rows), rows = i1 - i0, kend = i1;
+            for (int64_t i = i0; i < i1; ++i) {
+              std::copy(A + i * T, A + i * T + i + 1, pm.data() + i * T);
+              std::fill(pm.data() + i * T + i + 1, pm.data() + i * T + kend, 0.0f);
+            }
+            simd::gemm_packed(false, rows, kend, hs, 1.0f, dO + i0 * H * hs, H * hs, vt.data(), 0.0f,
+                              ds.data() + i0 * T, T, 0, simd::gemm_packed_tiles(rows, kend));
+            for (int64_t i = i0; i < i1; ++i) {
+              const float* p = pm.data() + i * T;
+              float* d = ds.data() + i * T;
+              double D = 0.0;
 #pragma omp simd reduction(+ : D)
-            for (int64_t j = 0; j <= i; ++j) D += static_cast<double>(p[j]) * d[j];
-            const float Df = static_cast<float>(D);
+              for (int64_t j = 0; j <= i; ++j) D += static_cast<double>(p[j]) * d[j];
+              const float Df = static_cast<float>(D);
 #pragma omp simd
-            for (int64_t j = 0; j <= i; ++j) d[j] = p[j] * (d[j] - Df) * scale;
-            std::fill(d + i + 1, d + T, 0.0f);
+              for (int64_t j = 0; j <= i; ++j) d[j] = p[j] * (d[j] - Df) * scale;
+              std::fill(d + i + 1, d + kend, 0.0f);
+            }
+            packed_rows(false, rows, hs, kend, 1.0f, ds.data() + i0 * T, T, kpk.data(), T, 0, 0.0f, dQ + i0 * H * hs,
+                        H * hs);
           }
-          gemm(false, false, T, hs, T, 1.0f, ds.data(), T, K, KV * hs, 0.0f, dQ, H * hs);
-          gemm(true, false, T, hs, T, 1.0f, ds.data(), T, Q, H * hs, beta, dK, KV * hs);
+          // key block [j0, j1): the queries i >= j0 see it
+          for (int64_t j0 = 0; j0 < T; j0 += k_att_rows) {
+            const int64_t cols = std::min(T, j0 + k_att_rows) - j0;
+            packed_rows(true, cols, hs, T - j0, 1.0f, pm.data() + j0 * T + j0, T, dopk.data(), T, j0, beta,
+                        dV + j0 * KV * hs, KV * hs);
+            packed_rows(true, cols, hs, T - j0, 1.0f, ds.data() + j0 * T + j0, T, qpk.data(), T, j0, beta,
+                        dK + j0 * KV * hs, KV * hs);
+          }
         }
       }
     }
@@ -547,7 +625,6 @@ class cpu_backend_impl final : public backend {
     const int32_t* mp = attn_mask.defined() ? attn_mask.data<int32_t>() : nullptr;
     const int64_t mstride = attn_mask.defined() ? attn_mask.size(1) : 0;
     const int64_t rows = B * H * Tq;
-    const float neg_inf = -std::numeric_limits<float>::infinity();
     if (gemm_attention(Tq, hs)) {
       attention_forward_gemm(op, ap, qp, kp, vp, mp, mstride, B, Tq, H, hs, S, KV, n_keys);
       return;
@@ -557,6 +634,7 @@ class cpu_backend_impl final : public backend {
     // row is read once per group: scores = q_g Kᵀ on the small-M GEMM kernel
     // (16 keys per tile), then the masked softmax per row, then out_g += p v_j.
     const int64_t tasks = B * KV * Tq;
+    const auto pads = padded_keys(mp, mstride, B, n_keys);
 #pragma omp parallel if (rows * n_keys * hs >= k_par_min)
     {
       std::vector<float> scratch(ap ? 0 : static_cast<size_t>(group * n_keys));
@@ -571,23 +649,13 @@ class cpu_backend_impl final : public backend {
         // probability rows of the group: att (B, H, Tq, n_keys) or the scratch
         float* A = ap ? ap + ((b * H + h0) * Tq + i) * n_keys : scratch.data();
         const int64_t lda = ap ? Tq * n_keys : n_keys;
-        const int32_t* m = mp ? mp + b * mstride : nullptr;
         const int64_t nvis = q0 + i + 1;  // keys [0, nvis) are causally visible
         gemm(false, true, group, nvis, hs, scale, Q, hs, kp + (b * S * KV + kvh) * hs, KV * hs, 0.0f, A, lda);
         std::fill(O, O + group * hs, 0.0f);
         for (int64_t g = 0; g < group; ++g) {
           float* a = A + g * lda;
-          if (m)
-            for (int64_t j = 0; j < nvis; ++j)
-              if (m[j] == 0) a[j] = neg_inf;
           std::fill(a + nvis, a + n_keys, 0.0f);
-          const float maxv = simd::max_f(a, nvis);
-          if (maxv == neg_inf) {  // no visible key: zero output and probabilities
-            std::fill(a, a + nvis, 0.0f);
-            continue;
-          }
-          const double inv = 1.0 / simd::exp_sum(a, maxv, nvis, a);  // exp(-inf) = 0 for masked keys
-          for (int64_t j = 0; j < nvis; ++j) a[j] = static_cast<float>(a[j] * inv);
+          if (!softmax_row(a, nvis, pads[b])) std::fill(a, a + nvis, 0.0f);  // no visible key: zeros
         }
         for (int64_t j = 0; j < nvis; ++j) {
           const float* vj = vp + ((b * S + j) * KV + kvh) * hs;
@@ -902,11 +970,19 @@ void share_cores() {
   }
 }
 
-std::string cpu_gemm_library() { return cpu_gemm::library_name(); }
+std::string cpu_gemm_library() {
+  const int64_t mib = cpu_gemm::k_packed_max * static_cast<int64_t>(sizeof(float)) >> 20;
+  return cpu_gemm::library_name() + "; op(B) <= " + std::to_string(mib) + " MiB on flowrun's packed kernel";
+}
 
 int hardware_threads() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
+  // read once: glibc's hardware_concurrency() opens and parses /sys/devices/system/cpu/online on
+  // every call, and share_cores asks at every op (4% of the generator's time in a PPO graph)
+  static const int n = [] {
+    const unsigned c = std::thread::hardware_concurrency();
+    return c == 0 ? 1 : static_cast<int>(c);
+  }();
+  return n;
 }
 
 }  // namespace flowrun::ops

@@ -22,7 +22,13 @@
 // and run single-threaded when called inside a parallel region.
 //
 // Few rows times a transposed weight (x·Wᵀ with M <= k_small_m: decoding) goes
-// to small_m_nt below instead: one pass over W, no packing.
+// to small_m_nt below instead: one pass over W, no packing. Other products whose
+// op(B) is small (at most k_packed_max floats once padded to whole panels: every
+// weight of stories260K and the 6.1 M LLaMA, the attention heads) go to
+// packed_gemm: no library call overhead, and a row's bits do not depend on M
+// (simd_kernels.h, "packed GEMM"), except that x·Wᵀ with at most k_small_m
+// rows gets small_m_nt's bits (another summation order; decoding would pay the
+// packing per token otherwise).
 #pragma once
 
 #include <omp.h>
@@ -32,6 +38,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "runtime/kernels/cpu/simd_kernels.h"
 
@@ -53,6 +60,9 @@ namespace flowrun::cpu_gemm {
 
 /// Rows up to which x·Wᵀ uses the small-M kernel.
 constexpr int64_t k_small_m = 16;
+/// op(B) of at most this many floats once packed (1 MiB: every weight of stories260K and of the
+/// 6.1 M LLaMA of bench/trl_ppo.py, dim 288, hidden 768, vocab 512) goes to packed_gemm, whatever M.
+constexpr int64_t k_packed_max = int64_t(1) << 18;
 /// GEMMs below this many multiply-adds run on one thread (~40 us of work): a
 /// parallel region on shared cores can cost milliseconds (cpu_backend.cpp, k_par_min).
 constexpr int64_t k_par_macs = int64_t(1) << 22;
@@ -197,6 +207,48 @@ inline void small_m_nt(int64_t M, int64_t N, int64_t K, float alpha, const float
   for (int64_t bk = 0; bk < nblk; ++bk) {
     const int64_t n0 = bk * NB, nn = std::min(NB, N - n0);
     simd::gemm_small_nt(M, nn, K, alpha, A, lda, B + n0 * ldb, ldb, beta, C + n0, ldc);
+  }
+}
+
+// ------------------------------------------------------------------ small op(B): our packed kernel
+
+/// Floats of op(B) (K, N) packed by simd::gemm_pack_b: ceil(N / W) panels of W x K.
+inline int64_t packed_floats(int64_t N, int64_t K) {
+  const int64_t W = simd::gemm_panel_width();
+  return (N + W - 1) / W * W * K;
+}
+
+/// Whether C = op(A) op(B) with op(B) (K, N) goes to packed_gemm: op(B) padded to whole panels
+/// (ceil(N / W) W K floats, W = simd::gemm_panel_width()) fits k_packed_max, so the per-thread
+/// buffer stays within 1 MiB (N = 1 with a long K goes to the library). Depends on N, K and the
+/// CPU's path only, so every micro-batch of a layer's forward with more than k_small_m rows takes
+/// the same kernel as the whole batch.
+inline bool use_packed(int64_t N, int64_t K) { return packed_floats(N, K) <= k_packed_max; }
+
+/// C = alpha op(A) op(B) + beta C on simd::gemm_packed: op(B) packed once into the calling thread's
+/// buffer (the team packs a share of the panels each, then waits), the tiles split over the team in
+/// contiguous ranges (no team inside a parallel region or below k_par_macs). Bits independent of M
+/// and of the thread count.
+inline void packed_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  thread_local std::vector<float> packed;
+  const int64_t W = simd::gemm_panel_width(), panels = (N + W - 1) / W;
+  const size_t need = static_cast<size_t>(packed_floats(N, K));
+  if (packed.size() < need) packed.resize(need);
+  float* P = packed.data();
+  const int64_t tiles = simd::gemm_packed_tiles(M, N);
+  const int nt = omp_in_parallel() || M * N * K < k_par_macs ? 1 : std::min<int64_t>(omp_get_max_threads(), tiles);
+  if (nt <= 1) {
+    simd::gemm_pack_b(tb, N, K, B, ldb, P, 0, panels);
+    simd::gemm_packed(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, 0, tiles);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    simd::gemm_pack_b(tb, N, K, B, ldb, P, panels * t / n, panels * (t + 1) / n);
+#pragma omp barrier
+    simd::gemm_packed(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, tiles * t / n, tiles * (t + 1) / n);
   }
 }
 

@@ -612,6 +612,118 @@ void GemmSmallNT(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, 
   for (; j < Nn; ++j) SmallRows<1>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
 }
 
+// ---------------------------------------------------------------- packed GEMM (small weights)
+
+/// Width of a packed panel of op(B): two vectors (16 floats on AVX2, 32 on AVX-512, 8 on SSE4/NEON).
+int64_t GemmPanelWidth() { return 2 * static_cast<int64_t>(hn::Lanes(DF())); }
+
+/// Panels [p0, p1) of op(B) (K, N) as ceil(N / W) panels of K rows of W floats, columns past N zero.
+void GemmPackB(bool tb, int64_t N, int64_t K, const float* B, int64_t ldb, float* P, int64_t p0, int64_t p1) {
+  const int64_t W = GemmPanelWidth();
+  for (int64_t j0 = p0 * W; j0 < std::min(N, p1 * W); j0 += W) {
+    const int64_t nj = std::min(W, N - j0);
+    float* dst = P + j0 * K;  // panel j0 / W starts at (j0 / W) K W = j0 K
+    if (!tb) {                // B (K, N): row k holds the panel's columns contiguously
+      for (int64_t k = 0; k < K; ++k) {
+        float* d = dst + k * W;
+        std::memcpy(d, B + k * ldb + j0, static_cast<size_t>(nj) * sizeof(float));
+        for (int64_t j = nj; j < W; ++j) d[j] = 0.0f;
+      }
+    } else {  // B (N, K): column j of op(B) is row j of B
+      for (int64_t j = 0; j < W; ++j) {
+        if (j < nj) {
+          const float* src = B + (j0 + j) * ldb;
+          for (int64_t k = 0; k < K; ++k) dst[k * W + j] = src[k];
+        } else {
+          for (int64_t k = 0; k < K; ++k) dst[k * W + j] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+/// Rows of a tile: 6 rows x 2 vectors, or 12 rows x 1 vector when N fits one vector (attention's
+/// P V at head size 8 on AVX2): 12 accumulators either way, enough to hide the FMA latency.
+HWY_INLINE int64_t PackedTileRows(int64_t N) { return N <= static_cast<int64_t>(hn::Lanes(DF())) ? 12 : 6; }
+
+/// Tiles of an (M, N) product, row block major.
+int64_t GemmPackedTiles(int64_t M, int64_t N) {
+  const int64_t W = GemmPanelWidth(), mr = PackedTileRows(N);
+  return (M + mr - 1) / mr * ((N + W - 1) / W);
+}
+
+/// One MR x (NV vectors) tile: acc[NV r + v] = sum over k, in order, of a(r, k) * panel[k][v L ..]:
+/// one fused multiply-add chain per output, so an output's bits depend on neither the tile it is
+/// in nor the number of rows or columns of the call. Rows past M read row M - 1 (results dropped).
+template <bool TA, int MR, int NV>
+HWY_INLINE void PackedTile(int64_t K, const float* const* a, int64_t lda, const float* panel, VF* acc) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  for (int q = 0; q < MR * NV; ++q) acc[q] = hn::Zero(d);
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = panel + k * 2 * L;  // panels are two vectors wide whatever NV
+    VF b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = hn::LoadU(d, bk + v * L);
+    for (int r = 0; r < MR; ++r) {
+      const VF ar = hn::Set(d, TA ? a[r][k * lda] : a[r][k]);
+      for (int v = 0; v < NV; ++v) acc[NV * r + v] = hn::MulAdd(ar, b[v], acc[NV * r + v]);
+    }
+  }
+}
+
+template <int MR, int NV>
+HWY_INLINE void PackedTiles(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                            const float* P, float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d)), W = 2 * L;
+  const int64_t np = (N + W - 1) / W;
+  const VF va = hn::Set(d, alpha), vb = hn::Set(d, beta);
+  VF acc[MR * NV];
+  HWY_ALIGN float buf[k_max_lanes];
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t i0 = (t / np) * MR, j0 = (t % np) * W;
+    const float* a[MR];
+    for (int64_t r = 0; r < MR; ++r) {
+      const int64_t i = std::min(i0 + r, M - 1);
+      a[r] = ta ? A + i : A + i * lda;
+    }
+    if (ta)
+      PackedTile<true, MR, NV>(K, a, lda, P + j0 * K, acc);
+    else
+      PackedTile<false, MR, NV>(K, a, lda, P + j0 * K, acc);
+    const int64_t rows = std::min<int64_t>(MR, M - i0), nj = std::min(W, N - j0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* c = C + (i0 + r) * ldc + j0;
+      for (int64_t v = 0; v < NV; ++v) {
+        const int64_t n = std::min(L, nj - v * L);
+        if (n <= 0) break;
+        VF res = hn::Mul(va, acc[NV * r + v]);
+        if (n == L) {
+          if (beta != 0.0f) res = hn::MulAdd(vb, hn::LoadU(d, c + v * L), res);
+          hn::StoreU(res, d, c + v * L);
+        } else {  // the same vector math through a buffer, n < L columns kept
+          if (beta != 0.0f) {
+            for (int64_t j = 0; j < L; ++j) buf[j] = j < n ? c[v * L + j] : 0.0f;
+            res = hn::MulAdd(vb, hn::Load(d, buf), res);
+          }
+          hn::Store(res, d, buf);
+          std::memcpy(c + v * L, buf, static_cast<size_t>(n) * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+/// Tiles [t0, t1) of C = alpha op(A) op(B) + beta C, op(B) packed by GemmPackB; tile t covers rows
+/// [MR (t / np), + MR) and panel t % np (np = ceil(N / W), MR = PackedTileRows(N)).
+void GemmPacked(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* P,
+                float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {
+  if (PackedTileRows(N) == 12)
+    PackedTiles<12, 1>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
+  else
+    PackedTiles<6, 2>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
+}
+
 /// The name of the target this copy was compiled for (what the dispatcher calls now).
 const char* TargetNameOf() { return hwy::TargetName(HWY_TARGET); }
 
@@ -642,6 +754,10 @@ HWY_EXPORT(RmsnormRowBackward);
 HWY_EXPORT(LayernormRowForward);
 HWY_EXPORT(LayernormRowBackward);
 HWY_EXPORT(GemmSmallNT);
+HWY_EXPORT(GemmPanelWidth);
+HWY_EXPORT(GemmPackB);
+HWY_EXPORT(GemmPacked);
+HWY_EXPORT(GemmPackedTiles);
 HWY_EXPORT(TargetNameOf);
 
 std::string active_target() { return HWY_DYNAMIC_DISPATCH(TargetNameOf)(); }
@@ -724,6 +840,16 @@ void layernorm_row_backward(float* dx, const float* dy, const float* x, const fl
 void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float beta, float* C, int64_t ldc) {
   HWY_DYNAMIC_DISPATCH(GemmSmallNT)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+int64_t gemm_panel_width() { return HWY_DYNAMIC_DISPATCH(GemmPanelWidth)(); }
+void gemm_pack_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb, float* packed, int64_t p0,
+                 int64_t p1) {
+  HWY_DYNAMIC_DISPATCH(GemmPackB)(trans_b, N, K, B, ldb, packed, p0, p1);
+}
+int64_t gemm_packed_tiles(int64_t M, int64_t N) { return HWY_DYNAMIC_DISPATCH(GemmPackedTiles)(M, N); }
+void gemm_packed(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* packed, float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {
+  HWY_DYNAMIC_DISPATCH(GemmPacked)(trans_a, M, N, K, alpha, A, lda, packed, beta, C, ldc, t0, t1);
 }
 
 }  // namespace flowrun::simd

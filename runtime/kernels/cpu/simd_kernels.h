@@ -158,4 +158,39 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const adamw_
 void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float beta, float* C, int64_t ldc);
 
+// ------------------------------------------------------------------ packed GEMM (small weights)
+//
+// C (M, N) = alpha op(A) op(B) + beta C, row-major, op(A) (M, K), op(B) (K, N):
+// op(B) is packed once into panels of gemm_panel_width() columns (K rows each,
+// zero past N), then each tile (6 rows x one panel, or 12 rows x half a panel
+// when N fits in half: attention's P V at head size 8) keeps one
+// accumulator per output and runs ONE fused multiply-add chain over k = 0 ..
+// K-1 in order; C = alpha acc (+ beta C). So an output's bits depend only on
+// its row of op(A), its column of op(B), K and the path: not on M, N, the tile
+// it falls in, nor the thread that runs it. The paths with a fused multiply-add
+// (AVX-512, AVX2, 64-bit NEON) give the same bits, those of a std::fma chain;
+// SSE4 and the portable fallback round the product and the sum separately
+// (tests/test_simd.cpp). No per-call setup besides the packing (ceil(N / W) W K
+// floats), which is what small products need: BLIS spent ~10 us per call on the
+// attention heads of stories260K (docs/performance.md).
+
+/// Columns of one packed panel on this path (16 on AVX2, 32 on AVX-512, 8 on SSE4/NEON).
+int64_t gemm_panel_width();
+
+/// Packs panels [p0, p1) of op(B) (K, N) into `packed`, which holds ceil(N / W) W K floats in all
+/// (W = gemm_panel_width(); panel p at p W K): B is (K, N) with row stride ldb, or (N, K) when
+/// trans_b. Threads may pack disjoint panel ranges at once.
+void gemm_pack_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb, float* packed, int64_t p0,
+                 int64_t p1);
+
+/// Number of tiles of an (M, N) product: ceil(M / rows) ceil(N / W), row block major (rows 6, or 12
+/// when N <= W / 2).
+int64_t gemm_packed_tiles(int64_t M, int64_t N);
+
+/// Computes tiles [t0, t1) of C = alpha op(A) op(B) + beta C from op(B) packed by gemm_pack_b:
+/// A is (M, K) with row stride lda, or (K, M) when trans_a; beta == 0 ignores C's old contents.
+/// Tiles are independent: threads may run disjoint ranges at once.
+void gemm_packed(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* packed, float beta, float* C, int64_t ldc, int64_t t0, int64_t t1);
+
 }  // namespace flowrun::simd

@@ -47,6 +47,7 @@
 #include "runtime/actor/liveness.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/actor/socket_numbers.h"
+#include "runtime/comm/caf_scheduler.h"
 #include "runtime/comm/caf_store_actor.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/graph/parse.h"
@@ -416,9 +417,7 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
     cfg.openssl_cafile = options.tls_ca;
     cfg.load<caf::openssl::manager>();
   }
-  std::size_t threads = options.threads ? options.threads : std::max(2u, std::thread::hardware_concurrency());
-  cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(threads));
-  cfg.set("scheduler.max-throughput", static_cast<caf::config_value::integer>(4));
+  comm::configure_scheduler(cfg, options.threads);
   int code = 0;
   caf::actor_system sys{cfg};
   auto g = sys.spawn(cl::gate, shared);

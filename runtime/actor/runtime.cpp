@@ -33,6 +33,7 @@
 #include "runtime/actor/console_bridge.h"
 #include "runtime/actor/job.h"
 #include "runtime/actor/teardown.h"
+#include "runtime/comm/caf_scheduler.h"
 #include "runtime/console/hub.h"
 #include "runtime/graph/parse.h"
 
@@ -191,14 +192,8 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     }
   }
   const bool show_progress = options.progress.value_or(isatty(STDERR_FILENO) == 1);
-  std::size_t threads = options.threads;
-  if (threads == 0) threads = std::max(2u, std::thread::hardware_concurrency());
-
   caf::actor_system_config cfg;
-  cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(threads));
-  // an actor yields its worker after a few messages: a busy source (a training node that
-  // produces step after step) must not keep the coordinator from handling a signal
-  cfg.set("scheduler.max-throughput", static_cast<caf::config_value::integer>(4));
+  comm::configure_scheduler(cfg, options.threads);
   // A graph placed over cluster nodes needs CAF's middleman (docs/scaling.md).
   const bool clustered = needs_cluster(spec);
   if (clustered) cfg.load<caf::io::middleman>();

@@ -10,6 +10,7 @@
 // A parked get whose requester gave up (timeout) is answered later into the
 // void, or dropped with the actor.
 #include "runtime/comm/caf_store.h"
+#include "runtime/comm/caf_scheduler.h"
 #include "runtime/comm/caf_store_actor.h"
 
 #include <arpa/inet.h>
@@ -79,7 +80,7 @@ struct caf_env {
   std::unique_ptr<caf::actor_system> sys;
   caf_env() {
     cfg.load<caf::io::middleman>();
-    cfg.set("scheduler.max-threads", static_cast<caf::config_value::integer>(2));
+    configure_scheduler(cfg, 2);
     sys = std::make_unique<caf::actor_system>(cfg);
   }
   ~caf_env() { sys.reset(); }

@@ -23,7 +23,10 @@ messages and bytes).
    - weight sync: the policy -> generator "weights" edge carries a handle to
      the live model (the hybrid engine), no copy: its bytes are reported;
    - loading: model sources, prompt loader, controller;
-   - runtime: wall time minus the sum of all busy times.
+   - runtime: wall time minus the sum of all busy times; null when the busy
+     times add up to more than the wall time (the policy and the critic are
+     blocking kinds with threads of their own and overlap the others even
+     with one CAF worker: then this split cannot see the runtime's share).
 Prints one JSON line {"kind": "ppo", ...} for bench/report.py.
 """
 import argparse
@@ -98,7 +101,13 @@ def main():
     other = sum(v for k, v in busy.items() if k not in known)
     if other:
         phases["other nodes"] = other
-    phases["runtime (wall - sum of busy)"] = max(0.0, t - sum(busy.values()))
+    # The policy and the critic are blocking node kinds (threads of their own: their ranks block in
+    # collectives), so they run beside the CAF worker even with --threads 1 and the busy times can
+    # add up to more than the wall time. Then wall - busy says nothing about the runtime: reported
+    # as unknown (null), with the overlap, instead of a clamped 0.
+    busy_sum = sum(busy.values())
+    overlap = busy_sum > t
+    phases["runtime (wall - sum of busy)"] = None if overlap else t - busy_sum
     weights = final["edges"].get("policy.weights -> generator.weights", {})
     res = {
         "kind": "ppo",
@@ -107,8 +116,9 @@ def main():
         "seconds": t,
         "process_seconds": wall,
         "seconds_per_iteration": t / iters,
-        "phases": {k: v / iters for k, v in phases.items()},
-        "runtime_overhead_share": phases["runtime (wall - sum of busy)"] / t,
+        "phases": {k: (None if v is None else v / iters) for k, v in phases.items()},
+        "busy_over_wall": busy_sum / t,
+        "runtime_overhead_share": None if overlap else phases["runtime (wall - sum of busy)"] / t,
         "weights_edge": {"messages": weights.get("sent", 0), "bytes": weights.get("bytes", 0)},
         "messages": sum(e.get("sent", 0) for e in final["edges"].values()),
     }

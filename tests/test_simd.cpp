@@ -496,3 +496,112 @@ TEST_CASE("simd packed GEMM: a row's bits do not depend on M, on where the row s
     }
   });
 }
+
+TEST_CASE("simd softmax_row and attend_decode: probabilities and outputs vs float64, and bit for bit the separate calls they fuse") {
+  // One decode task: `group` query heads sharing a kv head, `nvis` visible keys, some padding keys.
+  // Reference 1 (float64): softmax of scale q.k over the non-padding keys, o = sum p v.
+  // Reference 2 (the arithmetic attend_decode documents): scores from gemm_small_nt in blocks of
+  // 16 keys, exp_sum in double, p = float(e / sum), o = the chain fma(p_j, v_j, o) over j (p_j = 0
+  // skipped); on FMA paths equal bit for bit (on the others the chain rounds twice per step).
+  for_each_path([](const std::string& path) {
+    const bool fused = path == "AVX2" || path.rfind("AVX3", 0) == 0 || (path == "NEON" && sizeof(void*) == 8);
+    for (int64_t group : {1, 2, 3, 5})
+      for (int64_t hs : {1, 3, 8, 9, 16, 48})
+        for (int64_t nvis : {1, 2, 7, 16, 17, 40, 80}) {
+          CAPTURE(group);
+          CAPTURE(hs);
+          CAPTURE(nvis);
+          const int64_t ldq = hs + 2, ldkv = 3 * hs + 1, lda = nvis + 5, ldo = hs + 3;
+          const auto q = randv(group * ldq, 1.0, 71 + group * 7 + hs);
+          const auto k = randv(nvis * ldkv, 1.0, 73 + hs + nvis);
+          const auto v = randv(nvis * ldkv, 1.0, 79 + hs * 3 + nvis);
+          // padding keys: every third key from 1, and one past the visible ones (ignored)
+          std::vector<int32_t> pad;
+          for (int64_t j = 1; j < nvis; j += 3) pad.push_back(static_cast<int32_t>(j));
+          pad.push_back(static_cast<int32_t>(nvis + 2));
+          const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+          std::vector<float> a(group * lda, -7.0f), o(group * ldo, -7.0f);
+          simd::attend_decode(group, hs, nvis, scale, q.data(), ldq, k.data(), v.data(), ldkv, pad.data(),
+                              static_cast<int64_t>(pad.size()), a.data(), lda, o.data(), ldo);
+          auto padded = [&](int64_t j) { return std::find(pad.begin(), pad.end(), j) != pad.end(); };
+          // reference 2's scores and probabilities
+          std::vector<float> s(group * nvis);
+          for (int64_t n0 = 0; n0 < nvis; n0 += 16)
+            simd::gemm_small_nt(group, std::min<int64_t>(16, nvis - n0), hs, scale, q.data(), ldq, k.data() + n0 * ldkv,
+                                ldkv, 0.0f, s.data() + n0, nvis);
+          for (int64_t g = 0; g < group; ++g) {
+            float* row = s.data() + g * nvis;
+            for (int64_t j = 0; j < nvis; ++j)
+              if (padded(j)) row[j] = -std::numeric_limits<float>::infinity();
+            const double inv = 1.0 / simd::exp_sum(row, simd::max_f(row, nvis), nvis, row);
+            for (int64_t j = 0; j < nvis; ++j) row[j] = static_cast<float>(row[j] * inv);
+            // float64
+            std::vector<double> sc(nvis);
+            double mx = -1e300, sum = 0;
+            for (int64_t j = 0; j < nvis; ++j) {
+              double dot = 0;
+              for (int64_t c = 0; c < hs; ++c) dot += double(q[g * ldq + c]) * k[j * ldkv + c];
+              sc[j] = dot * scale;
+              if (!padded(j)) mx = std::max(mx, sc[j]);
+            }
+            for (int64_t j = 0; j < nvis; ++j) sum += padded(j) ? 0.0 : std::exp(sc[j] - mx);
+            for (int64_t j = 0; j < nvis; ++j) {
+              const double p = padded(j) ? 0.0 : std::exp(sc[j] - mx) / sum;
+              const float got = a[g * lda + j];
+              if (!(std::fabs(got - p) <= 1e-5 * p + 1e-7)) FAIL_CHECK("a[" << g << "," << j << "] " << got << " want " << p);
+              if (got != row[j]) FAIL_CHECK("a[" << g << "," << j << "] is not the separate calls' " << row[j]);
+            }
+            for (int64_t j = nvis; j < lda; ++j)
+              if (a[g * lda + j] != -7.0f) FAIL_CHECK("a[" << g << "," << j << "] past the visible keys was written");
+            for (int64_t c = 0; c < ldo; ++c) {
+              const float got = o[g * ldo + c];
+              if (c >= hs) {
+                if (got != -7.0f) FAIL_CHECK("o[" << g << "," << c << "] past hs was written");
+                continue;
+              }
+              double want = 0, absum = 0;
+              float chain = 0.0f;
+              for (int64_t j = 0; j < nvis; ++j) {
+                const double p = padded(j) ? 0.0 : std::exp(sc[j] - mx) / sum;
+                want += p * v[j * ldkv + c];
+                absum += std::fabs(p * v[j * ldkv + c]);
+                if (row[j] != 0.0f) chain = std::fma(row[j], v[j * ldkv + c], chain);
+              }
+              if (!(std::fabs(got - want) <= 1e-5 * absum + 1e-7)) FAIL_CHECK("o[" << g << "," << c << "] " << got << " want " << want);
+              if (fused && got != chain) FAIL_CHECK("o[" << g << "," << c << "] " << got << " is not the fma chain's " << chain);
+            }
+          }
+        }
+    // softmax_row alone at every tail length: bit for bit max_f, exp_sum and the double product
+    for (int64_t n : k_lengths) {
+      if (n == 0) continue;
+      CAPTURE(n);
+      auto x = randv(n, 3.0, 91 + n);
+      const std::vector<int32_t> pad = {0, 5, 6, 40};
+      std::vector<float> ref(x);
+      for (int32_t j : pad)
+        if (j < n) ref[j] = -std::numeric_limits<float>::infinity();
+      const float m = simd::max_f(ref.data(), n);
+      std::vector<double> want(n, 0.0);
+      if (m == -std::numeric_limits<float>::infinity()) {
+        std::fill(ref.begin(), ref.end(), 0.0f);
+      } else {
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += std::exp(double(ref[j]) - m);
+        for (int64_t j = 0; j < n; ++j) want[j] = std::exp(double(ref[j]) - m) / sum;
+        const double inv = 1.0 / simd::exp_sum(ref.data(), m, n, ref.data());
+        for (int64_t j = 0; j < n; ++j) ref[j] = static_cast<float>(ref[j] * inv);
+      }
+      simd::softmax_row(x.data(), n, pad.data(), static_cast<int64_t>(pad.size()));
+      CHECK(x == ref);
+      close(x, want, 1e-5, 1e-7, "softmax_row");
+    }
+    // no visible key (every one padding): zero probabilities and outputs
+    const std::vector<float> q(8, 1.0f), kv(2 * 8, 1.0f);
+    const std::vector<int32_t> pad = {0, 1};
+    std::vector<float> a(2, -7.0f), o(8, -7.0f);
+    simd::attend_decode(1, 8, 2, 0.5f, q.data(), 8, kv.data(), kv.data(), 8, pad.data(), 2, a.data(), 2, o.data(), 8);
+    CHECK(a == std::vector<float>(2, 0.0f));
+    CHECK(o == std::vector<float>(8, 0.0f));
+  });
+}

@@ -475,25 +475,6 @@ class cpu_backend_impl final : public backend {
     return pads;
   }
 
-  /// One attention row in place: a[0, nvis) holds the scaled scores of the causally visible
-  /// keys, `pad` the padding keys (ascending). Writes the softmax over the visible non-padding
-  /// keys (max-subtracted, sum in double; padding keys get exp(-inf) = 0). Each probability is
-  /// rounded once, from the double product with 1 / sum: a float scale by a rounded 1 / sum
-  /// adds an ulp of noise that test_dpo's finite differences of the loss saw. Returns false,
-  /// the row left unnormalised, when no key is visible.
-  static bool softmax_row(float* a, int64_t nvis, const std::vector<int32_t>& pad) {
-    const float neg_inf = -std::numeric_limits<float>::infinity();
-    for (const int32_t j : pad) {
-      if (j >= nvis) break;
-      a[j] = neg_inf;
-    }
-    const float maxv = simd::max_f(a, nvis);
-    if (maxv == neg_inf) return false;
-    const double inv = 1.0 / simd::exp_sum(a, maxv, nvis, a);
-    for (int64_t j = 0; j < nvis; ++j) a[j] = static_cast<float>(a[j] * inv);
-    return true;
-  }
-
   static size_t packed_size(int64_t N, int64_t K) { return static_cast<size_t>(cpu_gemm::packed_floats(N, K)); }
 
   void attention_forward_gemm(float* op, float* ap, const float* qp, const float* kp, const float* vp,
@@ -527,7 +508,7 @@ class cpu_backend_impl final : public backend {
             float* a = P + i * n_keys;
             const int64_t nvis = q0 + i + 1;
             // zeros past the visible keys: to kend for the product, to n_keys when att is kept
-            if (!softmax_row(a, nvis, pads[b])) std::fill(a, a + nvis, 0.0f);
+            simd::softmax_row(a, nvis, pads[b].data(), static_cast<int64_t>(pads[b].size()));
             std::fill(a + nvis, a + (ap ? n_keys : kend), 0.0f);
           }
           packed_rows(false, rows, hs, kend, 1.0f, Pb, n_keys, vpk.data(), n_keys, 0, 0.0f, O + i0 * H * hs, H * hs);
@@ -629,10 +610,9 @@ class cpu_backend_impl final : public backend {
       attention_forward_gemm(op, ap, qp, kp, vp, mp, mstride, B, Tq, H, hs, S, KV, n_keys);
       return;
     }
-    // Decoding and short queries: one task per (batch, kv head, query) does the
-    // `group` query heads that share a kv head together, so each key and value
-    // row is read once per group: scores = q_g Kᵀ on the small-M GEMM kernel
-    // (16 keys per tile), then the masked softmax per row, then out_g += p v_j.
+    // Decoding and short queries: one task per (batch, kv head, query) does the `group` query
+    // heads that share a kv head together, so each key and value row is read once per group:
+    // simd::attend_decode (scores, masked softmax, P V in one call).
     const int64_t tasks = B * KV * Tq;
     const auto pads = padded_keys(mp, mstride, B, n_keys);
 #pragma omp parallel if (rows * n_keys * hs >= k_par_min)
@@ -650,20 +630,10 @@ class cpu_backend_impl final : public backend {
         float* A = ap ? ap + ((b * H + h0) * Tq + i) * n_keys : scratch.data();
         const int64_t lda = ap ? Tq * n_keys : n_keys;
         const int64_t nvis = q0 + i + 1;  // keys [0, nvis) are causally visible
-        gemm(false, true, group, nvis, hs, scale, Q, hs, kp + (b * S * KV + kvh) * hs, KV * hs, 0.0f, A, lda);
-        std::fill(O, O + group * hs, 0.0f);
-        for (int64_t g = 0; g < group; ++g) {
-          float* a = A + g * lda;
-          std::fill(a + nvis, a + n_keys, 0.0f);
-          if (!softmax_row(a, nvis, pads[b])) std::fill(a, a + nvis, 0.0f);  // no visible key: zeros
-        }
-        for (int64_t j = 0; j < nvis; ++j) {
-          const float* vj = vp + ((b * S + j) * KV + kvh) * hs;
-          for (int64_t g = 0; g < group; ++g) {
-            const float p = A[g * lda + j];
-            if (p != 0.0f) simd::axpy_f(O + g * hs, vj, p, hs);
-          }
-        }
+        if (ap)
+          for (int64_t g = 0; g < group; ++g) std::fill(A + g * lda + nvis, A + g * lda + n_keys, 0.0f);
+        simd::attend_decode(group, hs, nvis, scale, Q, hs, kp + (b * S * KV + kvh) * hs, vp + (b * S * KV + kvh) * hs,
+                            KV * hs, pads[b].data(), static_cast<int64_t>(pads[b].size()), A, lda, O, hs);
       }
     }
   }

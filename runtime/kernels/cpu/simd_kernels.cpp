@@ -612,6 +612,76 @@ void GemmSmallNT(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, 
   for (; j < Nn; ++j) SmallRows<1>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
 }
 
+// ---------------------------------------------------------------- attention rows
+
+void SoftmaxRow(float* a, int64_t n, const int32_t* pad, int64_t npad) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < npad && pad[p] < n; ++p) a[pad[p]] = neg_inf;
+  const float m = MaxF(a, n);
+  if (m == neg_inf) {  // no visible key: zeros
+    std::fill(a, a + n, 0.0f);
+    return;
+  }
+  const double inv = 1.0 / ExpSum(a, m, n, a);
+  int64_t j = 0;
+#if FLOWRUN_WIDE
+  // each probability float(e_j * inv) from the double product, as the scalar tail below
+  const DF d;
+  const DD dd;
+  const hn::Half<DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VD vinv = hn::Set(dd, inv);
+  for (; j + N <= n; j += N) {
+    const VF e = hn::LoadU(d, a + j);
+    const auto lo = hn::DemoteTo(dh, hn::Mul(hn::PromoteTo(dd, hn::LowerHalf(dh, e)), vinv));
+    const auto hi = hn::DemoteTo(dh, hn::Mul(hn::PromoteTo(dd, hn::UpperHalf(dh, e)), vinv));
+    hn::StoreU(hn::Combine(d, hi, lo), d, a + j);
+  }
+#endif
+  for (; j < n; ++j) a[j] = static_cast<float>(a[j] * inv);
+}
+
+// ---------------------------------------------------------------- decode attention
+
+void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const float* q, int64_t ldq, const float* k,
+                  const float* v, int64_t ldkv, const int32_t* pad, int64_t npad, float* a, int64_t lda, float* o,
+                  int64_t ldo) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // scores (group, nvis) = scale q Kᵀ: cpu_gemm::small_m_nt's blocks of 16 keys on the small-M tiles
+  for (int64_t n0 = 0; n0 < nvis; n0 += 16)
+    GemmSmallNT(group, std::min<int64_t>(16, nvis - n0), hs, scale, q, ldq, k + n0 * ldkv, ldkv, 0.0f, a + n0, lda);
+  for (int64_t g = 0; g < group; ++g) SoftmaxRow(a + g * lda, nvis, pad, npad);
+  // o_g = sum_j a[g, j] v_j: per output element one FMA chain over the keys in order (zero
+  // probabilities skipped), the group's heads side by side, a chunk of lanes in registers
+  constexpr int64_t G = 4;
+  for (int64_t g0 = 0; g0 < group; g0 += G) {
+    const int64_t ng = std::min(G, group - g0);
+    int64_t c = 0;
+    for (; c + N <= hs; c += N) {
+      VF acc[G];
+      for (int64_t g = 0; g < G; ++g) acc[g] = hn::Zero(d);
+      for (int64_t j = 0; j < nvis; ++j) {
+        const VF vj = hn::LoadU(d, v + j * ldkv + c);
+        for (int64_t g = 0; g < ng; ++g) {
+          const float pj = a[(g0 + g) * lda + j];
+          if (pj != 0.0f) acc[g] = hn::MulAdd(hn::Set(d, pj), vj, acc[g]);
+        }
+      }
+      for (int64_t g = 0; g < ng; ++g) hn::StoreU(acc[g], d, o + (g0 + g) * ldo + c);
+    }
+    for (; c < hs; ++c)  // the tail of a head size that is not a multiple of the lanes
+      for (int64_t g = 0; g < ng; ++g) {
+        const float* ag = a + (g0 + g) * lda;
+        float s = 0.0f;
+        for (int64_t j = 0; j < nvis; ++j)
+          if (ag[j] != 0.0f) s = std::fma(ag[j], v[j * ldkv + c], s);
+        o[(g0 + g) * ldo + c] = s;
+      }
+  }
+}
+
 // ---------------------------------------------------------------- packed GEMM (small weights)
 
 /// Width of a packed panel of op(B): two vectors (16 floats on AVX2, 32 on AVX-512, 8 on SSE4/NEON).
@@ -754,6 +824,8 @@ HWY_EXPORT(RmsnormRowBackward);
 HWY_EXPORT(LayernormRowForward);
 HWY_EXPORT(LayernormRowBackward);
 HWY_EXPORT(GemmSmallNT);
+HWY_EXPORT(AttendDecode);
+HWY_EXPORT(SoftmaxRow);
 HWY_EXPORT(GemmPanelWidth);
 HWY_EXPORT(GemmPackB);
 HWY_EXPORT(GemmPacked);
@@ -840,6 +912,14 @@ void layernorm_row_backward(float* dx, const float* dy, const float* x, const fl
 void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float beta, float* C, int64_t ldc) {
   HWY_DYNAMIC_DISPATCH(GemmSmallNT)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void softmax_row(float* a, int64_t n, const int32_t* pad, int64_t npad) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRow)(a, n, pad, npad);
+}
+void attend_decode(int64_t group, int64_t hs, int64_t nvis, float scale, const float* q, int64_t ldq, const float* k,
+                   const float* v, int64_t ldkv, const int32_t* pad, int64_t npad, float* a, int64_t lda, float* o,
+                   int64_t ldo) {
+  HWY_DYNAMIC_DISPATCH(AttendDecode)(group, hs, nvis, scale, q, ldq, k, v, ldkv, pad, npad, a, lda, o, ldo);
 }
 int64_t gemm_panel_width() { return HWY_DYNAMIC_DISPATCH(GemmPanelWidth)(); }
 void gemm_pack_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb, float* packed, int64_t p0,

@@ -158,6 +158,36 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const adamw_
 void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float beta, float* C, int64_t ldc);
 
+// ------------------------------------------------------------------ attention rows
+
+/// One attention row in place: a[0, n) holds the scaled scores of the causally visible keys,
+/// pad[0, npad) the padding keys (ascending; those >= n are ignored). Writes the softmax over the
+/// visible non-padding keys: a[j] = exp(a[j] - max) / sum, the max over the non-padding keys, the
+/// sum in double, each probability rounded once from its double product with 1 / sum (a float
+/// scale by a rounded 1 / sum adds an ulp that test_dpo's finite differences of the loss saw);
+/// padding keys 0, and a row with no visible key all 0. The one softmax of attention's forward
+/// (the causal blocks of the GEMM path and attend_decode).
+void softmax_row(float* a, int64_t n, const int32_t* pad, int64_t npad);
+
+// ------------------------------------------------------------------ decode attention
+
+/// One task of attention for decoding and short queries: one query position, the `group` query
+/// heads that share one kv head (grouped-query attention; group = 1 for multi-head).
+///   q (group, hs), row stride ldq; k, v (nvis, hs), row stride ldkv: the visible keys and values
+///   pad[0, npad): ascending padding-key indices (masked out; those >= nvis are ignored)
+///   a (group, nvis), row stride lda: out, the probabilities
+///     a[g, j] = exp(s_gj - max_j s_gj) / sum_j exp(s_gj - max), s_gj = scale q_g . k_j,
+///     padding keys 0, a row with no visible key all 0 (a[g, nvis..) is not touched)
+///   o (group, hs), row stride ldo: out, o_g = sum_j a[g, j] v_j
+/// The scores on gemm_small_nt's tiles in blocks of 16 keys, the probabilities by softmax_row, and
+/// each output element one FMA
+/// chain over the keys in order (zero probabilities skipped): the arithmetic of the separate
+/// calls it replaces (docs/performance.md, issue 19 change 14), without their dispatch and loop
+/// overhead, which at head size 8 cost more than the work. Single-threaded.
+void attend_decode(int64_t group, int64_t hs, int64_t nvis, float scale, const float* q, int64_t ldq, const float* k,
+                   const float* v, int64_t ldkv, const int32_t* pad, int64_t npad, float* a, int64_t lda, float* o,
+                   int64_t ldo);
+
 // ------------------------------------------------------------------ packed GEMM (small weights)
 //
 // C (M, N) = alpha op(A) op(B) + beta C, row-major, op(A) (M, K), op(B) (K, N):

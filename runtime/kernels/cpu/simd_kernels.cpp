@@ -643,6 +643,29 @@ void SoftmaxRow(float* a, int64_t n, const int32_t* pad, int64_t npad) {
 
 // ---------------------------------------------------------------- decode attention
 
+/// Rows [0, NG) and lane chunks [0, NC) of O = P V: o[g, c] = sum_j p[g, j] v[j, c], NG NC vector
+/// FMA chains over the keys j < nvis in order, zero probabilities skipped. p row stride lda, v row
+/// stride ldkv, o row stride ldo.
+template <int NG, int NC>
+HWY_INLINE void PvTile(int64_t nvis, const float* p, int64_t lda, const float* v, int64_t ldkv, float* o,
+                       int64_t ldo) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF acc[NG * NC];
+  for (int i = 0; i < NG * NC; ++i) acc[i] = hn::Zero(d);
+  for (int64_t j = 0; j < nvis; ++j) {
+    const float* vj = v + j * ldkv;
+    for (int g = 0; g < NG; ++g) {
+      const float pj = p[g * lda + j];
+      if (pj == 0.0f) continue;
+      const VF pv = hn::Set(d, pj);
+      for (int c = 0; c < NC; ++c) acc[g * NC + c] = hn::MulAdd(pv, hn::LoadU(d, vj + c * N), acc[g * NC + c]);
+    }
+  }
+  for (int g = 0; g < NG; ++g)
+    for (int c = 0; c < NC; ++c) hn::StoreU(acc[g * NC + c], d, o + g * ldo + c * N);
+}
+
 void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const float* q, int64_t ldq, const float* k,
                   const float* v, int64_t ldkv, const int32_t* pad, int64_t npad, float* a, int64_t lda, float* o,
                   int64_t ldo) {
@@ -654,32 +677,40 @@ void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const fl
     GemmSmallNT(group, std::min<int64_t>(16, nvis - n0), hs, scale, q, ldq, k + n0 * ldkv, ldkv, 0.0f, a + n0, lda);
   for (int64_t g = 0; g < group; ++g) SoftmaxRow(a + g * lda, nvis, pad, npad);
   // o_g = sum_j a[g, j] v_j: per output element one FMA chain over the keys in order (zero
-  // probabilities skipped), the group's heads side by side, a chunk of lanes in registers
-  constexpr int64_t G = 4;
-  for (int64_t g0 = 0; g0 < group; g0 += G) {
-    const int64_t ng = std::min(G, group - g0);
-    int64_t c = 0;
-    for (; c + N <= hs; c += N) {
-      VF acc[G];
-      for (int64_t g = 0; g < G; ++g) acc[g] = hn::Zero(d);
-      for (int64_t j = 0; j < nvis; ++j) {
-        const VF vj = hn::LoadU(d, v + j * ldkv + c);
-        for (int64_t g = 0; g < ng; ++g) {
-          const float pj = a[(g0 + g) * lda + j];
-          if (pj != 0.0f) acc[g] = hn::MulAdd(hn::Set(d, pj), vj, acc[g]);
-        }
+  // probabilities skipped), up to 8 chains at once over the group's heads and the head's chunks
+  // of lanes (one chain at a time ran at one FMA per latency)
+  const int64_t chunks = hs / N;
+  if (chunks == 1) {
+    int64_t g = 0;
+    for (; g + 4 <= group; g += 4) PvTile<4, 1>(nvis, a + g * lda, lda, v, ldkv, o + g * ldo, ldo);
+    for (; g + 2 <= group; g += 2) PvTile<2, 1>(nvis, a + g * lda, lda, v, ldkv, o + g * ldo, ldo);
+    for (; g < group; ++g) PvTile<1, 1>(nvis, a + g * lda, lda, v, ldkv, o + g * ldo, ldo);
+  } else if (chunks > 1) {
+    for (int64_t g = 0; g < group; ++g) {
+      const float* ag = a + g * lda;
+      float* og = o + g * ldo;
+      int64_t c = 0;
+      for (; c + 8 <= chunks; c += 8) PvTile<1, 8>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo);
+      switch (chunks - c) {
+        case 7: PvTile<1, 7>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo); break;
+        case 6: PvTile<1, 6>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo); break;
+        case 5: PvTile<1, 5>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo); break;
+        case 4: PvTile<1, 4>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo); break;
+        case 3: PvTile<1, 3>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo); break;
+        case 2: PvTile<1, 2>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo); break;
+        case 1: PvTile<1, 1>(nvis, ag, lda, v + c * N, ldkv, og + c * N, ldo); break;
+        default: break;
       }
-      for (int64_t g = 0; g < ng; ++g) hn::StoreU(acc[g], d, o + (g0 + g) * ldo + c);
     }
-    for (; c < hs; ++c)  // the tail of a head size that is not a multiple of the lanes
-      for (int64_t g = 0; g < ng; ++g) {
-        const float* ag = a + (g0 + g) * lda;
-        float s = 0.0f;
-        for (int64_t j = 0; j < nvis; ++j)
-          if (ag[j] != 0.0f) s = std::fma(ag[j], v[j * ldkv + c], s);
-        o[(g0 + g) * ldo + c] = s;
-      }
   }
+  for (int64_t c = chunks * N; c < hs; ++c)  // the tail of a head size that is not a multiple of the lanes
+    for (int64_t g = 0; g < group; ++g) {
+      const float* ag = a + g * lda;
+      float s = 0.0f;
+      for (int64_t j = 0; j < nvis; ++j)
+        if (ag[j] != 0.0f) s = std::fma(ag[j], v[j * ldkv + c], s);
+      o[g * ldo + c] = s;
+    }
 }
 
 // ---------------------------------------------------------------- packed GEMM (small weights)

@@ -526,8 +526,8 @@ TEST_CASE("simd softmax_row and attend_decode: probabilities and outputs vs floa
           auto padded = [&](int64_t j) { return std::find(pad.begin(), pad.end(), j) != pad.end(); };
           // reference 2's scores and probabilities
           std::vector<float> s(group * nvis);
-          for (int64_t n0 = 0; n0 < nvis; n0 += 16)
-            simd::gemm_small_nt(group, std::min<int64_t>(16, nvis - n0), hs, scale, q.data(), ldq, k.data() + n0 * ldkv,
+          for (int64_t n0 = 0; n0 < nvis; n0 += simd::k_small_nt_block)
+            simd::gemm_small_nt(group, std::min(simd::k_small_nt_block, nvis - n0), hs, scale, q.data(), ldq, k.data() + n0 * ldkv,
                                 ldkv, 0.0f, s.data() + n0, nvis);
           for (int64_t g = 0; g < group; ++g) {
             float* row = s.data() + g * nvis;

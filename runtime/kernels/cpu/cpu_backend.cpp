@@ -445,7 +445,7 @@ class cpu_backend_impl final : public backend {
   // ops::matmul; shapes whose op(B) is over cpu_gemm::k_packed_max went to the
   // GEMM library before, whose bits differ). Kᵀ and V are packed once per head
   // into per-thread buffers of n_keys x hs floats (padded to whole panels).
-  // Decoding (Tq < 32) keeps the row loops below.
+  // Decoding (Tq < 32) goes to simd::attend_decode instead (attention_forward).
   static bool gemm_attention(int64_t Tq, int64_t /*hs*/) { return Tq >= 32; }
   /// Query rows per causal block: a multiple of the packed kernel's tile rows (6 and 12).
   static constexpr int64_t k_att_rows = 12;

@@ -198,7 +198,7 @@ inline void library_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
 inline void small_m_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                        int64_t ldb, float beta, float* C, int64_t ldc) {
   // B rows per block: a multiple of the kernel's tiles (8 rows for one or two rows of A, 4 otherwise)
-  constexpr int64_t NB = 16;
+  constexpr int64_t NB = simd::k_small_nt_block;
   const int64_t nblk = (N + NB - 1) / NB;
   // streaming the weight once: worth two threads from ~128K multiply-adds (a
   // 288x288 layer is 83K: one thread; the LM head of stories15M: two)

@@ -672,8 +672,8 @@ void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const fl
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   // scores (group, nvis) = scale q Kᵀ: cpu_gemm::small_m_nt's blocks of 16 keys on the small-M tiles
-  for (int64_t n0 = 0; n0 < nvis; n0 += 16)
-    GemmSmallNT(group, std::min<int64_t>(16, nvis - n0), hs, scale, q, ldq, k + n0 * ldkv, ldkv, 0.0f, a + n0, lda);
+  for (int64_t n0 = 0; n0 < nvis; n0 += k_small_nt_block)
+    GemmSmallNT(group, std::min(k_small_nt_block, nvis - n0), hs, scale, q, ldq, k + n0 * ldkv, ldkv, 0.0f, a + n0, lda);
   for (int64_t g = 0; g < group; ++g) SoftmaxRow(a + g * lda, nvis, pad, npad);
   // o_g = sum_j a[g, j] v_j: per output element one FMA chain over the keys in order (zero
   // probabilities skipped), up to 8 chains at once over the group's heads and the head's chunks

@@ -155,6 +155,9 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const adamw_
 /// stride lda, B (N, K) row stride ldb, C row stride ldc; beta == 0 ignores
 /// C's old contents. Dot products of rows accumulated in f32, vector lanes in
 /// parallel over K. Single-threaded (the caller splits N over threads).
+/// Rows of B per gemm_small_nt call where a caller splits a longer B (cpu_gemm::small_m_nt over
+/// threads, attend_decode over keys): the tiles, and so the bits, depend on this split.
+constexpr int64_t k_small_nt_block = 16;
 void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                    int64_t ldb, float beta, float* C, int64_t ldc);
 
@@ -179,7 +182,7 @@ void softmax_row(float* a, int64_t n, const int32_t* pad, int64_t npad);
 ///     a[g, j] = exp(s_gj - max_j s_gj) / sum_j exp(s_gj - max), s_gj = scale q_g . k_j,
 ///     padding keys 0, a row with no visible key all 0 (a[g, nvis..) is not touched)
 ///   o (group, hs), row stride ldo: out, o_g = sum_j a[g, j] v_j
-/// The scores on gemm_small_nt's tiles in blocks of 16 keys, the probabilities by softmax_row, and
+/// The scores on gemm_small_nt's tiles in blocks of k_small_nt_block keys, the probabilities by softmax_row, and
 /// each output element one FMA
 /// chain over the keys in order (zero probabilities skipped): the arithmetic of the separate
 /// calls it replaces (docs/performance.md, issue 19 change 14), without their dispatch and loop

@@ -8,9 +8,11 @@
 //   build/bin/bench_gemm --small [--threads N]
 //
 // --small: the products of the small models' steps (stories260K at B=8, T=64: 512 rows, dim 64,
-// hidden 172, vocab 512, head size 8; the 6.1 M LLaMA's 288 x 288 layers at 640 rows), each
-// timed per call (median of 7 timings of enough calls to last ~20 ms), flowrun's own gemm
-// against each library, interleaved shape by shape. What flowrun's packed kernel is measured by.
+// hidden 172, vocab 512, head size 8; the 6.1 M LLaMA's 288 x 288 layers at 640 rows; decoding's
+// products at 2-8 rows), each timed per call (median of 7 timings of enough calls to last ~20 ms),
+// flowrun's own gemm against each library, interleaved shape by shape. What flowrun's packed and
+// small-M kernels are measured by. Then one decode step of the 6.1 M LLaMA at 8 rows through every
+// layer's own weights (streamed) and through one weight per shape (cache-resident): decode_6m.
 //
 // --row-invariance: whether a row's result depends on how many rows share the call (PPO's first
 // ratio is exactly 1 only if it does not: test_ppo, docs/performance.md "GEMM per ISA"). Per
@@ -169,6 +171,55 @@ static long row_invariance(const std::vector<lib>& libs) {
 }
 
 // --small: microseconds per call of each library at the small models' shapes.
+// One decode step of the 6.1 M LLaMA (dim 288, hidden 768, 6 layers, 6 kv heads, vocab 512) at
+// M = 8 rows, as the PPO bench's generation runs it: x·Wᵀ through every Linear layer and the head,
+// each with its own weights (24.5 MB a step, streamed from L3 or memory), against the same
+// products all on one weight of each shape (0.9 MB at most: L2-resident). The ratio of the two
+// says whether the small-M kernel or the weights' bandwidth bounds decoding. Median of 7.
+static void decode_6m(const std::vector<lib>& libs) {
+  struct shp {
+    int O, I;
+  };
+  std::vector<shp> seq;
+  for (int l = 0; l < 6; ++l)
+    for (shp s : {shp{288, 288}, shp{288, 288}, shp{288, 288}, shp{288, 288}, shp{768, 288}, shp{768, 288},
+                  shp{288, 768}})
+      seq.push_back(s);
+  seq.push_back({512, 288});
+  std::vector<std::vector<float>> own;  // each call its own weight
+  std::vector<std::vector<float>> one;  // one weight per shape
+  double bytes = 0, flop = 0;
+  const int M = 8;
+  for (auto s : seq) own.emplace_back(size_t(s.O) * s.I, 0.02f), bytes += 4.0 * s.O * s.I, flop += 2.0 * M * s.O * s.I;
+  auto shape_slot = [](shp s) { return s.O == 288 && s.I == 288 ? 0 : s.O == 768 ? 1 : s.I == 768 ? 2 : 3; };
+  const shp slots[4] = {{288, 288}, {768, 288}, {288, 768}, {512, 288}};
+  for (auto s : slots) one.emplace_back(size_t(s.O) * s.I, 0.02f);
+  std::vector<float> x(size_t(M) * 768, 0.01f), y(size_t(M) * 768);
+  std::printf("\n| decode step of the 6.1 M LLaMA at M = %d (%.1f MB of weights, %.0f MFLOP) | per-layer weights us "
+              "(GB/s, GFLOP/s) | one weight per shape us (GFLOP/s) | ratio |\n|---|---|---|---|\n",
+              M, bytes / 1e6, flop / 1e6);
+  for (auto& l : libs) {
+    auto run = [&](bool hot) {
+      for (size_t i = 0; i < seq.size(); ++i) {
+        const float* w = hot ? one[shape_slot(seq[i])].data() : own[i].data();
+        l.f(false, true, M, seq[i].O, seq[i].I, 1.f, x.data(), seq[i].I, w, seq[i].I, 0.f, y.data(), seq[i].O);
+      }
+    };
+    std::vector<double> cold, hot;
+    run(false), run(true);
+    for (int r = 0; r < 7; ++r)  // interleaved
+      for (int h = 0; h < 2; ++h) {
+        auto t = clk::now();
+        run(h == 1);
+        (h ? hot : cold).push_back(std::chrono::duration<double>(clk::now() - t).count());
+      }
+    std::sort(cold.begin(), cold.end()), std::sort(hot.begin(), hot.end());
+    const double c = cold[3], h = hot[3];
+    std::printf("| %s | %.0f (%.1f, %.0f) | %.0f (%.0f) | %.2fx |\n", l.name.c_str(), c * 1e6, bytes / c / 1e9,
+                flop / c / 1e9, h * 1e6, flop / h / 1e9, c / h);
+  }
+}
+
 static void small_shapes(const std::vector<lib>& libs) {
   struct prod {
     const char* what;
@@ -196,6 +247,10 @@ static void small_shapes(const std::vector<lib>& libs) {
       {"6.1M wq dyᵀ·x (288x288x640)", true, false, 288, 288, 640, 24},
       {"6.1M w1/w3 x·Wᵀ (640x768x288)", false, true, 640, 768, 288, 12},
       {"6.1M w2 x·Wᵀ (640x288x768)", false, true, 640, 288, 768, 6},
+      {"6.1M decode wq x·Wᵀ (8x288x288)", false, true, 8, 288, 288, 0},
+      {"6.1M decode w1 x·Wᵀ (8x768x288)", false, true, 8, 768, 288, 0},
+      {"260K decode scores q·Kᵀ (2x16x8)", false, true, 2, 16, 8, 0},
+      {"GQA decode scores q·Kᵀ (4x16x128)", false, true, 4, 16, 128, 0},
   };
   std::printf("| product (M x N x K) | calls / step |");
   for (auto& l : libs) std::printf(" %s us |", l.name.c_str());
@@ -233,6 +288,7 @@ static void small_shapes(const std::vector<lib>& libs) {
   std::printf("| **these products, weighted by calls per step (ms)** | |");
   for (double s : step) std::printf(" **%.2f** |", s / 1e3);
   std::printf(" |\n");
+  decode_6m(libs);
 }
 
 int main(int argc, char** argv) {

@@ -542,6 +542,18 @@ HWY_INLINE void Sum4(const VF* v, float* out) {
 }
 #endif
 
+/// v, kept in a register in a tile of MR > 1 rows: GCC otherwise folds the load of a row of A or B
+/// into each of its multiply-adds' memory operand and reads the row again for each (the load
+/// ports, not the FMA units, then bound the tile). A one-row tile uses each row of B once, and
+/// pinning its 16 rows would spill. Changes no value.
+template <int MR>
+HWY_INLINE VF Pin(VF v) {
+#if HWY_ARCH_X86 && (defined(__GNUC__) || defined(__clang__)) && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  if constexpr (MR > 1) asm("" : "+v"(v.raw));
+#endif
+  return v;
+}
+
 /// One MR x NR tile of C = alpha A Bᵀ + beta C: MR rows of A against NR rows of
 /// B over K, one vector accumulator per output, the tail zero-padded.
 template <int MR, int NR>
@@ -554,12 +566,12 @@ HWY_INLINE void SmallTile(int64_t K, float alpha, const float* A, int64_t lda, c
   int64_t k = 0;
   for (; k + N <= K; k += N) {
     VF b[NR];
-    for (int j = 0; j < NR; ++j) b[j] = hn::LoadU(d, B + j * ldb + k);
+    for (int j = 0; j < NR; ++j) b[j] = Pin<MR>(hn::LoadU(d, B + j * ldb + k));
     // the next tile's rows of B (the weight streams from memory once)
     if constexpr (MR > 1)
       for (int j = 0; j < NR; ++j) hwy::Prefetch(B + (NR + j) * ldb + k);
     for (int i = 0; i < MR; ++i) {
-      const VF a = hn::LoadU(d, A + i * lda + k);
+      const VF a = Pin<MR>(hn::LoadU(d, A + i * lda + k));
       for (int j = 0; j < NR; ++j) acc[i * NR + j] = hn::MulAdd(a, b[j], acc[i * NR + j]);
     }
   }
@@ -585,12 +597,26 @@ HWY_INLINE void SmallTile(int64_t K, float alpha, const float* A, int64_t lda, c
     }
 }
 
+/// Rows of A per SmallRows tile. 4 (16 accumulators at NR = 4) where the ISA has 32 vector
+/// registers; 2 on x86's 16-register paths (AVX2, SSE4), where a 4 x 4 tile's accumulators and
+/// loaded rows spilled to the stack and a 3 x 4 tile re-read every row of B from memory at each
+/// multiply-add (docs/performance.md, issue 19 change 17). Each output keeps its own FMA chain,
+/// and the reduction groups (Sum4 over 4 consecutive outputs of a tile) are a row's 4 columns at
+/// NR = 4 and two even-aligned rows' 2 columns at NR = 2 for either row count, so those bits do
+/// not depend on it; a single tail column (odd N) reduces each row alone at 2 rows.
+#if HWY_ARCH_X86 && HWY_TARGET >= HWY_AVX2
+constexpr int k_small_rows = 2;
+#else
+constexpr int k_small_rows = 4;
+#endif
+
 template <int NR>
 HWY_INLINE void SmallRows(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                           float beta, float* C, int64_t ldc) {
+  constexpr int R = k_small_rows;
   int64_t i = 0;
-  for (; i + 4 <= M; i += 4) SmallTile<4, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc);
-  switch (M - i) {
+  for (; i + R <= M; i += R) SmallTile<R, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc);
+  switch (M - i) {  // R = 2 leaves at most 1
     case 3: SmallTile<3, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
     case 2: SmallTile<2, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
     case 1: SmallTile<1, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
@@ -604,7 +630,7 @@ void GemmSmallNT(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, 
   if (M == 1) {
     for (; j + 16 <= Nn; j += 16) SmallTile<1, 16>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
     for (; j + 8 <= Nn; j += 8) SmallTile<1, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
-  } else if (M == 2) {
+  } else if (M == 2 && k_small_rows == 4) {  // 16 accumulators: only where 32 registers hold them
     for (; j + 8 <= Nn; j += 8) SmallTile<2, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
   }
   for (; j + 4 <= Nn; j += 4) SmallRows<4>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);

@@ -346,10 +346,10 @@ TEST_CASE("simd norms: rmsnorm and layernorm rows forward and backward vs float6
   });
 }
 
-TEST_CASE("simd small-M GEMM: C = alpha A Bᵀ + beta C for M = 1..6, every N and K tail, vs float64") {
+TEST_CASE("simd small-M GEMM: C = alpha A Bᵀ + beta C for M = 1..8 and 16, every N and K tail, vs float64") {
   for_each_path([](const std::string&) {
-    for (int64_t M : {1, 2, 3, 4, 5, 6})
-      for (int64_t N : {1, 2, 3, 5, 8, 9, 16, 19})
+    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 16})
+      for (int64_t N : {1, 2, 3, 5, 8, 9, 16, 19, 36})
         for (int64_t K : {1, 7, 16, 33, 100}) {
           CAPTURE(M);
           CAPTURE(N);
@@ -383,6 +383,33 @@ TEST_CASE("simd small-M GEMM: C = alpha A Bᵀ + beta C for M = 1..6, every N an
               }
           }
         }
+  });
+}
+
+// A row's result must not depend on the other rows of the call (cpu_gemm::small_m_nt's contract
+// for M <= k_small_m; PPO's generation and bench_gemm --row-invariance rely on it): the tiles'
+// row count differs per path (4 rows, or 2 on x86's 16-register paths), the reduction groups
+// must not. N a multiple of 4 (a 2-column tail pairs rows: see SmallRows).
+TEST_CASE("simd small-M GEMM: each row's bits are the same in a call of 1..16 rows, from any start row") {
+  for_each_path([](const std::string&) {
+    for (int64_t N : {4, 16, 20, 36})
+      for (int64_t K : {7, 64, 100}) {
+        CAPTURE(N);
+        CAPTURE(K);
+        const int64_t R = 16;
+        const auto A = randv(R * K, 1.0, 71 + K), B = randv(N * K, 1.0, 73 + N);
+        std::vector<float> full(R * N);
+        simd::gemm_small_nt(R, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, full.data(), N);
+        int bad = 0;
+        for (int64_t M = 1; M < R; ++M)
+          for (int64_t s0 : {int64_t(0), int64_t(1), R - M}) {
+            if (s0 + M > R) continue;
+            std::vector<float> part(M * N);
+            simd::gemm_small_nt(M, N, K, 1.0f, A.data() + s0 * K, K, B.data(), K, 0.0f, part.data(), N);
+            for (int64_t i = 0; i < M * N; ++i) bad += part[i] != full[s0 * N + i];
+          }
+        CHECK(bad == 0);
+      }
   });
 }
 

@@ -170,7 +170,6 @@ static long row_invariance(const std::vector<lib>& libs) {
   return flowrun_bad + band;
 }
 
-// --small: microseconds per call of each library at the small models' shapes.
 // One decode step of the 6.1 M LLaMA (dim 288, hidden 768, 6 layers, 6 kv heads, vocab 512) at
 // M = 8 rows, as the PPO bench's generation runs it: x·Wᵀ through every Linear layer and the head,
 // each with its own weights (24.5 MB a step, streamed from L3 or memory), against the same
@@ -220,6 +219,7 @@ static void decode_6m(const std::vector<lib>& libs) {
   }
 }
 
+// --small: microseconds per call of each library at the small models' shapes, then decode_6m.
 static void small_shapes(const std::vector<lib>& libs) {
   struct prod {
     const char* what;

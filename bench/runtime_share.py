@@ -84,7 +84,11 @@ def main():
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         ap.error("no command (put it after --)")
-    data = a.keep or tempfile.mktemp(suffix=".perf")
+    if a.keep:
+        data = a.keep
+    else:
+        with tempfile.NamedTemporaryFile(suffix=".perf", delete=False) as f:
+            data = f.name
     rec = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(a.freq), "--call-graph", "dwarf,16384",
                           "-o", data, "--"] + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if rec.returncode != 0:

@@ -17,10 +17,15 @@ runs 2-3x.
 The ratios checked are the ones a noisy machine does not move much: the median
 flowrun / PyTorch ratio, and flowrun / the sgemm bound and flowrun / the FMA-peak
 bound (measured in the same process; median over the runs). Baselines are kept
-per machine type (CPU model and ISA): a drop of more than --tolerance (10%) below
-this machine type's baseline fails (exit 1); a machine type without one is
-reported as such. --record stores this run's medians as its machine type's
-baseline.
+per machine type (CPU model and ISA) and, within a type, per host class: the same
+CPU model can be a whole core on one host and half of one on another (the FMA
+peak measured 80 and 190 GFLOP/s on two 2-vCPU AMD EPYC hosts), which moves the
+fractions of the FMA bound and the ratios to PyTorch, so a run is checked against
+the baseline of its type whose recorded FMA peak is nearest its own, and only
+when the two are within --peak-match (1.3x). A drop of more than --tolerance
+(10%) below that baseline fails (exit 1); a run with no baseline of its type and
+host class is reported as such. --record stores this run's medians as the
+baseline of its type and host class (replacing one recorded within --peak-match).
 """
 import argparse
 import json
@@ -49,12 +54,38 @@ def machine_type(host):
     return f'{host.get("cpu", "unknown CPU")} | {host.get("isa", "unknown ISA")}' if host else "unknown"
 
 
+def baselines_of(entry):
+    """The baselines recorded for one machine type: a list of {"ratios", "machine", ...}
+    (an entry written before host classes holds one baseline itself)."""
+    if not entry:
+        return []
+    return entry["baselines"] if "baselines" in entry else [entry]
+
+
+def nearest_baseline(bases, peak, peak_match):
+    """(index, baseline) of the baseline whose recorded FMA peak is nearest peak (GFLOP/s,
+    as a ratio) when within peak_match of it; (None, None) if none is. With peak unknown
+    (the run has no machine figures) the only baseline is taken, or none if there are several."""
+    if peak is None:
+        return (0, bases[0]) if len(bases) == 1 else (None, None)
+    best, best_i, best_d = None, None, None
+    for i, b in enumerate(bases):
+        bp = b.get("machine", {}).get("peak_gflops")
+        if not bp:
+            continue
+        d = max(peak / bp, bp / peak)
+        if d <= peak_match and (best_d is None or d < best_d):
+            best, best_i, best_d = b, i, d
+    return best_i, best
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
     ap.add_argument("--baseline", default=None)
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--tolerance", type=float, default=0.10)
+    ap.add_argument("--peak-match", type=float, default=1.3)
     a = ap.parse_args()
 
     fl, th = {}, {}  # key -> list of runs, in run order
@@ -218,29 +249,49 @@ def main():
         except FileNotFoundError:
             book = {}
     machines = book.get("machines", {})
+    bases = baselines_of(machines.get(mtype))
+    peak = machine.get("peak_gflops")
+    peak_text = f"{peak:.0f} GFLOP/s" if peak else "not measured in this run"
+    recorded = ", ".join(f'{b.get("machine", {}).get("peak_gflops", 0):.0f}' for b in bases) or "none"
+    idx, chosen = nearest_baseline(bases, peak, a.peak_match)
     if a.baseline and not a.record:
-        base = machines.get(mtype, {}).get("ratios")
-        if not base:
+        if not bases:
             print(f"\nregression check: no baseline for this machine type ({mtype}) in {a.baseline}; "
                   f"known: {', '.join(machines) or 'none'} (run with --record to make one)")
+        elif chosen is None:
+            print(f"\nregression check: no baseline of {mtype} for a host of this FMA peak ({peak_text}; "
+                  f"recorded for peaks of {recorded} GFLOP/s, matched within {a.peak_match}x): "
+                  "not checked (run with --record to add one)")
         else:
+            base = chosen["ratios"]
             drops = []
             for k, b in base.items():
                 if k in ratios and ratios[k] < (1 - a.tolerance) * b:
                     drops.append(f"  {k}: {ratios[k]:.3f} < {b:.3f} - {100 * a.tolerance:.0f}%")
+            bp = chosen.get("machine", {}).get("peak_gflops")
+            against = f"the baseline of {mtype}" + (f" recorded at an FMA peak of {bp:.0f} GFLOP/s (this run: {peak_text})" if bp else "")
             if drops:
                 print("\nregression check FAILED (a median ratio dropped more than "
-                      f"{100 * a.tolerance:.0f}% below this machine type's baseline):\n" + "\n".join(drops))
+                      f"{100 * a.tolerance:.0f}% below {against}):\n" + "\n".join(drops))
                 status = 1
             else:
                 print(f"\nregression check: ok ({sum(k in ratios for k in base)} median ratios within "
-                      f"{100 * a.tolerance:.0f}% of the baseline of {mtype}, or above)")
+                      f"{100 * a.tolerance:.0f}% of {against}, or above)")
     if a.record and a.baseline:
-        machines[mtype] = {"ratios": ratios, "machine": machine, "torch": torch_info, "host": host}
+        if not peak:
+            print("\nnot recorded: this run has no machine figures (the FMA peak picks the host class; "
+                  "keep machine in --only)")
+            return 1
+        entry = {"ratios": ratios, "machine": machine, "torch": torch_info, "host": host}
+        if idx is None:
+            bases.append(entry)
+        else:
+            bases[idx] = entry
+        machines[mtype] = {"baselines": bases}
         with open(a.baseline, "w") as f:
             json.dump({"machines": machines}, f, indent=1, sort_keys=True)
             f.write("\n")
-        print(f"\nrecorded {len(ratios)} median ratios in {a.baseline} for {mtype}")
+        print(f"\nrecorded {len(ratios)} median ratios in {a.baseline} for {mtype} at an FMA peak of {peak_text}")
     return status
 
 

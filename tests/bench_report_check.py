@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""bench/report.py's regression check against hand-made results (standard library only).
+
+usage: bench_report_check.py REPO_ROOT WORK_DIR
+
+A machine type holds one baseline per host class (its recorded FMA peak): a run is checked
+against the baseline whose peak is nearest its own within 1.3x, is not checked when no
+baseline is that near, fails (exit 1) on a median ratio more than 10% below the chosen one,
+and --record adds a new host class or replaces the one it matches.
+"""
+import json
+import os
+import subprocess
+import sys
+
+root, work = sys.argv[1:3]
+os.makedirs(work, exist_ok=True)
+report = os.path.join(root, "bench", "report.py")
+HOST = {"kind": "host", "cpu": "Test CPU", "isa": "avx2", "cores": 2}
+TYPE = "Test CPU | avx2"
+
+
+def results(name, peak, flow_tok_s, torch_tok_s):
+    """A results file: one machine line and 3 interleaved pairs of one training item."""
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        f.write(json.dumps(dict(HOST, source="flowrun")) + "\n")
+        f.write(json.dumps({"source": "flowrun", "kind": "machine", "threads": 2, "peak_gflops": peak,
+                            "read_gbs_1g": 8.0, "read_gbs_64m": 8.0, "gemm": "test"}) + "\n")
+        for fl, th in zip(flow_tok_s, torch_tok_s):
+            item = {"kind": "train", "model": "m", "B": 4, "T": 64}
+            f.write(json.dumps(dict(item, source="flowrun", tok_s=fl, sgemm_bound_tok_s=2 * fl,
+                                    peak_bound_tok_s=4 * fl)) + "\n")
+            f.write(json.dumps(dict(item, source="torch", tok_s=th)) + "\n")
+    return path
+
+
+def run(res, base, *extra):
+    p = subprocess.run([sys.executable, report, res, "--baseline", base, *extra],
+                       capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+base = os.path.join(work, "baseline.json")
+# two host classes of one type: ratio 2.0 recorded at 80 GFLOP/s, 1.5 at 190
+slow = results("slow.jsonl", 80.0, [200, 210, 190], [100, 100, 100])    # median ratio 2.0
+fast = results("fast.jsonl", 190.0, [150, 160, 140], [100, 100, 100])   # median ratio 1.5
+if os.path.exists(base):
+    os.remove(base)
+rc, out = run(slow, base, "--record")
+assert rc == 0 and "at an FMA peak of 80 GFLOP/s" in out, out
+rc, out = run(fast, base)
+assert rc == 0 and "not checked" in out and "recorded for peaks of 80 GFLOP/s" in out, out
+rc, out = run(fast, base, "--record")
+assert rc == 0, out
+book = json.load(open(base))
+peaks = sorted(b["machine"]["peak_gflops"] for b in book["machines"][TYPE]["baselines"])
+assert peaks == [80.0, 190.0], peaks
+
+# a full-core run at ratio 1.6 passes against 1.5 though it is far below the 80 GFLOP/s host's 2.0
+rc, out = run(results("fast_ok.jsonl", 181.0, [160, 150, 170], [100, 100, 100]), base)
+assert rc == 0 and "regression check: ok" in out and "recorded at an FMA peak of 190" in out, out
+# a slow-host run at 1.7 fails against its own class's 2.0 (15% below)
+rc, out = run(results("slow_bad.jsonl", 85.0, [170, 165, 175], [100, 100, 100]), base)
+assert rc == 1 and "FAILED" in out and "1.700 < 2.000" in out, out
+# a legacy entry (one baseline, no host classes) is still read
+legacy = os.path.join(work, "legacy.json")
+with open(legacy, "w") as f:
+    json.dump({"machines": {TYPE: book["machines"][TYPE]["baselines"][0]}}, f)
+rc, out = run(results("slow_ok.jsonl", 79.0, [200, 195, 205], [100, 100, 100]), legacy)
+assert rc == 0 and "regression check: ok" in out, out
+# re-recording a class replaces it rather than adding a third
+rc, out = run(results("fast_new.jsonl", 200.0, [170, 170, 170], [100, 100, 100]), base, "--record")
+book = json.load(open(base))
+bases = book["machines"][TYPE]["baselines"]
+assert rc == 0 and len(bases) == 2, out
+assert sorted(round(b["ratios"]["train m B=4 T=64 / torch"], 3) for b in bases) == [1.7, 2.0], bases
+print("bench_report_check: ok")

@@ -91,6 +91,7 @@ def main():
     fl, th = {}, {}  # key -> list of runs, in run order
     machine, ppo, torch_info, host = {}, None, {}, {}
     trl = []  # bench/trl_ppo.py: a PPO iteration in flowrun and in TRL, one line per model
+    trl_grpo = []  # bench/trl_grpo.py: a GRPO iteration in flowrun and in TRL's GRPOTrainer, one line per model
     with open(a.results) as f:
         for line in f:
             line = line.strip()
@@ -108,6 +109,8 @@ def main():
                 ppo = d
             elif d["kind"] == "trl_ppo":
                 trl.append(d)
+            elif d["kind"] == "trl_grpo":
+                trl_grpo.append(d)
             else:
                 (th if src == "torch" else fl).setdefault(key_of(d), []).append(d)
 
@@ -194,6 +197,18 @@ def main():
                        f'trl {d["trl_version"]} | {d["flowrun_samples_per_s_median"]:.2f} | '
                        f'{d["trl_samples_per_s_median"]:.2f} | {d["ratio_median"]:.2f}x ({d["ratio_min"]:.2f}-'
                        f'{d["ratio_max"]:.2f}, {d["pairs"]} pairs) | {d["flowrun_answer_len_mean"]:.1f} |')
+    if trl_grpo:
+        out.append("")
+        out.append("| GRPO iteration vs TRL's GRPOTrainer (bench/trl_grpo.py) | flowrun samples/s (median) | "
+                   "TRL samples/s (median) | flowrun / TRL: median (min-max) | answer length (flowrun; TRL) |")
+        out.append("|---|---|---|---|---|")
+        for d in trl_grpo:
+            ratios[f'grpo {d["model"]} / trl'] = d["ratio_median"]
+            out.append(f'| {d["model"]}, {d["prompts"]} prompts x {d["num_generations"]} answers, '
+                       f'{d["prompt_len"]} + {d["answer_len"]} tokens, trl {d["trl_version"]} | '
+                       f'{d["flowrun_samples_per_s_median"]:.2f} | {d["trl_samples_per_s_median"]:.2f} | '
+                       f'{d["ratio_median"]:.2f}x ({d["ratio_min"]:.2f}-{d["ratio_max"]:.2f}, {d["pairs"]} pairs) | '
+                       f'{d["flowrun_answer_len_mean"]:.1f}; {d["trl_answer_len_mean"]:.1f} |')
     # the goals of the CPU-performance issue (#19), as measured in this run: median ratios
     goals = []
     for d in trl:

@@ -18,8 +18,9 @@
 # The "host" line records the CPU model and ISA, the machine line the GEMM library;
 # baselines are per machine type (report.py).
 # Items: machine train_260k train_gpt2 train_gpt2_large decode (and the PPO split).
-# --trl adds a PPO iteration side by side with TRL's PPOTrainer (bench/trl_ppo.sh, N pairs per model;
-# it installs trl 1.12 into the venv; about 10 minutes per model).
+# --trl adds a PPO iteration side by side with TRL's PPOTrainer and a GRPO iteration with its
+# GRPOTrainer (bench/trl_ppo.sh, N pairs per model and algorithm; it installs trl 1.12 into the venv;
+# about 10 minutes per model and algorithm).
 # --record makes the median ratios of this run the new baseline of this machine type
 # (bench/baseline.json); otherwise the run fails when a median ratio dropped more than
 # 10% below it.
@@ -89,9 +90,9 @@ for ((rep = 1; rep <= repeat; rep++)); do
 done
 
 if ((trl)); then
-  echo "== PPO side by side with TRL" >&2
+  echo "== PPO and GRPO side by side with TRL" >&2
   TORCH_VENV="$venv" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" "$build" \
-    | grep '"kind": "trl_ppo"' >> "$results"
+    stories260K,llama6m ppo,grpo | grep -E '"kind": "trl_(ppo|grpo)"' >> "$results"
 fi
 
 if ((ppo)); then

@@ -176,6 +176,36 @@ def trl_pass(hf, out, iterations, threads):
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
+def pair_rounds(name, pairs, baseline, one):
+    """The interleaved rounds of one model: each round runs flowrun and TRL (and the baseline
+    binary when given) through one(side) -> (seconds between iterations, mean answer length or
+    None), alternating which goes first (rotating with a baseline). Each side's figure in a round
+    is the median of its intervals; returns the lists (flowrun s/iter, TRL s/iter, TRL / flowrun
+    ratios, flowrun answer lengths, baseline s/iter, TRL / baseline ratios)."""
+    fr, tr, ratios, lens, br, bratios = [], [], [], [], [], []
+    sides = ["flowrun", "trl"] + (["baseline"] if baseline else [])
+    for k in range(pairs):
+        order = sides[k % len(sides):] + sides[:k % len(sides)] if baseline else \
+            (sides if k % 2 == 0 else sides[::-1])
+        got = {}
+        for side in order:
+            iv, alen = one(side)
+            if side == "flowrun":
+                lens.append(alen)
+            got[side] = statistics.median(iv)
+        fr.append(got["flowrun"])
+        tr.append(got["trl"])
+        ratios.append(got["trl"] / got["flowrun"])
+        line = (f"# {name} pair {k + 1}: flowrun {got['flowrun']:.3f} s/iter, TRL {got['trl']:.3f} s/iter, "
+                f"ratio {ratios[-1]:.2f}")
+        if baseline:
+            br.append(got["baseline"])
+            bratios.append(got["trl"] / got["baseline"])
+            line += f"; baseline {got['baseline']:.3f} s/iter, ratio {bratios[-1]:.2f}"
+        print(line, file=sys.stderr, flush=True)
+    return fr, tr, ratios, lens, br, bratios
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flowrun", required=True)
@@ -197,31 +227,11 @@ def main():
     print(json.dumps({"kind": "host", **h}), flush=True)
     for name in a.models.split(","):
         policy, rm, hf = make_models(a.flowrun, out, name)
-        fr, tr, ratios, lens, br, bratios = [], [], [], [], [], []
-        sides = ["flowrun", "trl"] + (["baseline"] if a.baseline else [])
-        for k in range(a.pairs):
-            order = sides[k % len(sides):] + sides[:k % len(sides)] if a.baseline else \
-                (sides if k % 2 == 0 else sides[::-1])
-            got = {}
-            for side in order:
-                if side == "trl":
-                    iv = trl_pass(hf, out, a.iterations, a.threads)
-                else:
-                    iv, alen = flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, policy, rm, out,
-                                            a.iterations)
-                    if side == "flowrun":
-                        lens.append(alen)
-                got[side] = statistics.median(iv)
-            fr.append(got["flowrun"])
-            tr.append(got["trl"])
-            ratios.append(got["trl"] / got["flowrun"])
-            line = (f"# {name} pair {k + 1}: flowrun {got['flowrun']:.3f} s/iter, TRL {got['trl']:.3f} s/iter, "
-                    f"ratio {ratios[-1]:.2f}")
-            if a.baseline:
-                br.append(got["baseline"])
-                bratios.append(got["trl"] / got["baseline"])
-                line += f"; baseline {got['baseline']:.3f} s/iter, ratio {bratios[-1]:.2f}"
-            print(line, file=sys.stderr, flush=True)
+        def one(side):
+            if side == "trl":
+                return trl_pass(hf, out, a.iterations, a.threads), None
+            return flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, policy, rm, out, a.iterations)
+        fr, tr, ratios, lens, br, bratios = pair_rounds(name, a.pairs, a.baseline, one)
         base = {} if not a.baseline else {
             "baseline": a.baseline, "baseline_s_per_iter": br,
             "baseline_ratio_median": statistics.median(bratios), "baseline_ratio_min": min(bratios),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# flowrun's PPO iteration side by side with Hugging Face TRL's PPOTrainer (bench/trl_ppo.py says what is
-# compared and how). Not for CI: about 10 minutes per model on 2 cores at 5 pairs.
+# flowrun's PPO iteration side by side with Hugging Face TRL's PPOTrainer, and its GRPO iteration with TRL's
+# GRPOTrainer (bench/trl_ppo.py and bench/trl_grpo.py say what is compared and how). Not for CI: about 10
+# minutes per model and algorithm on 2 cores at 5 pairs.
 #
-#   bench/trl_ppo.sh [PAIRS=5] [BUILD_DIR=build] [MODELS=stories260K,llama6m]
+#   bench/trl_ppo.sh [PAIRS=5] [BUILD_DIR=build] [MODELS=stories260K,llama6m] [ALGOS=ppo]   (ALGOS: ppo,grpo)
 #
 #   TORCH_VENV=/tmp/refenv   the venv (as bench/run_bench.sh's); torch, transformers, protobuf (transformers 5 reads
 #                            tok512.model through it), trl 1.12 (the last
@@ -14,13 +15,18 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 pairs=${1:-5}
 build=$(cd "${2:-$root/build}" && pwd)
 models=${3:-stories260K,llama6m}
+algos=${4:-ppo}
 venv="${TORCH_VENV:-/tmp/refenv}"
-if ! "$venv/bin/python" -c "import trl.experimental.ppo, sentencepiece, google.protobuf" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import trl.experimental.ppo, trl.trainer.grpo_trainer, sentencepiece, google.protobuf" 2>/dev/null; then
   echo "trl_ppo: installing torch, transformers and trl 1.12 from PyPI into $venv" >&2
   [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet torch numpy transformers datasets accelerate sentencepiece protobuf "trl==1.12.0"
+  "$venv/bin/pip" install --quiet torch numpy transformers datasets accelerate sentencepiece protobuf requests "trl==1.12.0"
 fi
 out="$build/trl_ppo"
 mkdir -p "$out"
-"$venv/bin/python" "$root/bench/trl_ppo.py" --flowrun "$build/bin/flowrun" --out "$out" --pairs "$pairs" \
-  --models "$models" ${BASELINE:+--baseline "$BASELINE"} | tee "$out/results.jsonl"
+: > "$out/results.jsonl"
+for algo in ${algos//,/ }; do
+  case "$algo" in ppo|grpo) ;; *) echo "trl_ppo: ALGOS takes ppo and grpo, not '$algo'" >&2; exit 2 ;; esac
+  "$venv/bin/python" "$root/bench/trl_$algo.py" --flowrun "$build/bin/flowrun" --out "$out" --pairs "$pairs" \
+    --models "$models" ${BASELINE:+--baseline "$BASELINE"} | tee -a "$out/results.jsonl"
+done

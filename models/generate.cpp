@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "runtime/kernels/cpu/simd_kernels.h"
@@ -70,7 +71,46 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
   for (int64_t b = 0; b < B; ++b) rngs.emplace_back(cfg.seed + static_cast<uint64_t>(b) + 1);
   std::vector<bool> done(B, false);
 
-  tensor logits = model.forward_cached(cache, ids, positions_for(0, P), mask_upto(P), 0);
+  // Rows with equal prompts (GRPO's num_generations answers per prompt) share one prefill: each
+  // distinct prompt runs once, in a cache of its own, whose rows are then copied to every row
+  // that has that prompt, with its logits. A row's K/V and logits are those of a prefill of that
+  // prompt alone (the attention is per row; GEMMs give a row the same bits at any row count on
+  // flowrun's packed kernel, and round differently, within float tolerance, on BLIS or cuBLAS).
+  std::vector<int64_t> distinct, slot(B);  // distinct prompts' first rows; row -> its prompt's index in them
+  {
+    std::map<std::vector<int32_t>, int64_t> seen;
+    for (int64_t b = 0; b < B; ++b) {
+      auto [it, fresh] = seen.emplace(prompts[b], static_cast<int64_t>(distinct.size()));
+      if (fresh) distinct.push_back(b);
+      slot[b] = it->second;
+    }
+  }
+  tensor logits;
+  if (static_cast<int64_t>(distinct.size()) == B) {
+    logits = model.forward_cached(cache, ids, positions_for(0, P), mask_upto(P), 0);
+  } else {
+    const int64_t U = static_cast<int64_t>(distinct.size());
+    auto pick = [&](const tensor& t) -> tensor {  // rows `distinct` of a host (B, n) i32 tensor
+      if (!t.defined()) return {};
+      const int64_t n = t.size(1);
+      auto u = tensor::empty({U, n}, dtype::i32);
+      for (int64_t i = 0; i < U; ++i)
+        std::copy_n(t.data<int32_t>() + distinct[i] * n, n, u.data<int32_t>() + i * n);
+      return u;
+    };
+    kv_cache shared = model.make_cache(U, S);
+    const tensor lu = model.forward_cached(shared, pick(ids), pick(positions_for(0, P)), pick(mask_upto(P)), 0)
+                          .to(device::cpu());
+    const int64_t Vrow = lu.size(1);
+    logits = tensor::empty({B, Vrow});
+    for (int64_t b = 0; b < B; ++b) {
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        cache.k[l].rows(b, b + 1).copy_from(shared.k[l].rows(slot[b], slot[b] + 1));
+        cache.v[l].rows(b, b + 1).copy_from(shared.v[l].rows(slot[b], slot[b] + 1));
+      }
+      std::copy_n(lu.data<float>() + slot[b] * Vrow, Vrow, logits.data<float>() + b * Vrow);
+    }
+  }
   int64_t n_past = P;
   const int64_t V = mc.vocab_limit();
   auto step_ids = tensor::empty({B, 1}, dtype::i32);

@@ -99,3 +99,32 @@ TEST_CASE("sample_token: top-k keeps the k most probable (ties by id), frequenci
   CHECK(tc[0] > 800);
   CHECK(tc[2] > 800);
 }
+
+TEST_CASE("rows with equal prompts share one prefill: each row samples what it samples alone") {
+  // GRPO's rollouts: num_generations rows per prompt. generate() runs each distinct prompt once
+  // and copies its K/V rows and logits to the rows that repeat it; every row must still be the
+  // row generated alone with its own sampler seed (row b of a batch draws from seed + b + 1).
+  auto model = load_llama2c(test::model_path());
+  auto tok = load_tokenizer(test::tokenizer_path());
+  const auto p = tok->encode("Once upon a time", true), q = tok->encode("The cat sat", true);
+  const std::vector<std::vector<int32_t>> prompts = {p, q, p, p, q, p};  // q shorter: left padding too
+  generation_config g;
+  g.sampling.temperature = 1.0f;
+  g.max_new_tokens = 24;
+  g.seed = 11;
+  g.record_logprobs = true;
+  const auto batched = generate(model, prompts, g);
+  int differ = 0;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    generation_config one = g;
+    one.seed = g.seed + b;  // the batch's row b: seed + b + 1
+    const auto alone = generate(model, {prompts[b]}, one);
+    INFO("row " << b);
+    REQUIRE(batched[b].tokens == alone[0].tokens);
+    REQUIRE(batched[b].logprobs.size() == alone[0].logprobs.size());
+    for (size_t t = 0; t < alone[0].logprobs.size(); ++t)
+      CHECK(std::fabs(batched[b].logprobs[t] - alone[0].logprobs[t]) < 1e-4f);
+    differ += batched[b].tokens != batched[0].tokens;
+  }
+  CHECK(differ > 0);  // the rows of one prompt sampled different answers: they share only the prompt
+}

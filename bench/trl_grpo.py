@@ -35,17 +35,16 @@ What could not be made equal:
 Time per iteration, per pair and the result line as in bench/trl_ppo.py; one JSON line per model:
 {"kind": "trl_grpo", ...} (bench/report.py reads it).
 """
-import argparse
+import contextlib
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from trl_ppo import ASSETS, ROOT, TOK, host, make_models, pair_rounds  # noqa: E402
+from trl_ppo import ASSETS, TOK, iteration_intervals, make_models, pair_rounds, result, start  # noqa: E402
 
 DATA = os.path.join(ASSETS, "data/gsm8k/test.jsonl")
 PROMPT_LEN, ANSWER_LEN, PROMPTS, GENERATIONS = 48, 32, 2, 8
@@ -140,20 +139,7 @@ output = {out_model}
 def flowrun_pass(flowrun, graph):
     """One flowrun run of the bench graph: the seconds between consecutive iteration lines, and the
     mean answer length."""
-    p = subprocess.Popen([flowrun, graph, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, bufsize=1)
-    stamps, lens, log = [], [], []
-    for line in p.stdout:
-        log.append(line)
-        if "[step 3 ppo] iter " in line:
-            stamps.append(time.perf_counter())
-            if " answer_len " in line:
-                lens.append(float(line.split(" answer_len ")[1].split()[0].rstrip(":")))
-    if p.wait():
-        sys.exit("trl_grpo: flowrun failed:\n" + "".join(log[-20:]))
-    if len(stamps) < 2:
-        sys.exit("trl_grpo: flowrun printed fewer than 2 iteration lines:\n" + "".join(log[-20:]))
-    return [b - a for a, b in zip(stamps, stamps[1:])], statistics.mean(lens) if lens else float("nan")
+    return iteration_intervals([flowrun, graph, "--no-progress"])
 
 
 def trl_pass(hf, out, iterations, threads):
@@ -203,7 +189,6 @@ def trl_pass(hf, out, iterations, threads):
                      report_to=[], save_strategy="no", logging_steps=1, use_cpu=True, bf16=False, fp16=False,
                      seed=1234, disable_tqdm=True, log_completions=False)
     model = AutoModelForCausalLM.from_pretrained(hf)
-    import contextlib
     with contextlib.redirect_stdout(sys.stderr):  # TRL prints its metrics: keep stdout to JSON lines
         FixedIds(model=model, reward_funcs=gsm8k, args=cfg, processing_class=tok,
                  train_dataset=Dataset.from_dict(rows), callbacks=[Stamp()]).train()
@@ -213,24 +198,7 @@ def trl_pass(hf, out, iterations, threads):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--flowrun", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--iterations", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--models", default="stories260K,llama6m")
-    ap.add_argument("--quick", action="store_true", help="1 pair of 3 iterations")
-    ap.add_argument("--baseline", default="", help="a second flowrun binary measured in the same rounds")
-    a = ap.parse_args()
-    if a.quick:
-        a.pairs, a.iterations = 1, 3
-    out = os.path.abspath(a.out)
-    os.makedirs(out, exist_ok=True)
-    os.environ["OMP_NUM_THREADS"] = str(a.threads)
-    import trl  # noqa: F401  (fail early without it)
-    h = host()
-    print(json.dumps({"kind": "host", **h}), flush=True)
+    a, out, h = start("A GRPO iteration in flowrun and in TRL's GRPOTrainer, side by side")
     for name in a.models.split(","):
         policy, _, hf = make_models(a.flowrun, out, name)  # the PPO bench's models (its reward model unused)
         work = os.path.join(out, "grpo_" + name)
@@ -244,21 +212,10 @@ def main():
                 trl_lens.append(alen)
                 return iv, None
             return flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, graph)
-        fr, tr, ratios, lens, br, bratios = pair_rounds(name, a.pairs, a.baseline, one)
-        base = {} if not a.baseline else {
-            "baseline": a.baseline, "baseline_s_per_iter": br,
-            "baseline_ratio_median": statistics.median(bratios), "baseline_ratio_min": min(bratios),
-            "baseline_ratio_max": max(bratios)}
-        print(json.dumps({
-            "kind": "trl_grpo", "model": name, "pairs": a.pairs, "iterations": a.iterations, "threads": a.threads,
-            "prompts": PROMPTS, "num_generations": GENERATIONS, "batch": ROWS, "prompt_len": PROMPT_LEN,
-            "answer_len": ANSWER_LEN, "flowrun_s_per_iter": fr, "trl_s_per_iter": tr,
-            "flowrun_samples_per_s_median": ROWS / statistics.median(fr),
-            "trl_samples_per_s_median": ROWS / statistics.median(tr),
-            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "flowrun_answer_len_mean": statistics.mean(lens), "trl_answer_len_mean": statistics.mean(trl_lens),
-            "trl_version": __import__("trl").__version__, "torch_version": __import__("torch").__version__,
-            "host": h, **base}), flush=True)
+        rounds = pair_rounds(name, a.pairs, a.baseline, one)
+        print(result("trl_grpo", name, a, h, ROWS, rounds, prompts=PROMPTS, num_generations=GENERATIONS,
+                     prompt_len=PROMPT_LEN, answer_len=ANSWER_LEN, trl_answer_len_mean=statistics.mean(trl_lens)),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,13 @@ def flowrun_pass(flowrun, policy, rm, out, iterations):
            "--set", f"node.policy.per_device_training_batch_size={BATCH}",
            "--set", f"node.critic.per_device_training_batch_size={BATCH}",
            "--set", f"node.policy.output={os.path.join(out, 'flowrun_ppo' + ('' if os.path.isdir(policy) else '.bin'))}"]
+    return iteration_intervals(cmd)
+
+
+def iteration_intervals(cmd):
+    """Runs one flowrun step-3 job (PPO or GRPO): the seconds between consecutive iteration lines,
+    read live, and the mean answer length they print. Exits with the job's last lines if it fails or
+    prints fewer than 2 iterations."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     stamps, lens, log = [], [], []
     for line in p.stdout:
@@ -129,9 +136,11 @@ def flowrun_pass(flowrun, policy, rm, out, iterations):
         if "[step 3 ppo] iter " in line:
             stamps.append(time.perf_counter())
             if " answer_len " in line:
-                lens.append(float(line.split(" answer_len ")[1].split()[0]))
+                lens.append(float(line.split(" answer_len ")[1].split()[0].rstrip(":")))
     if p.wait():
-        sys.exit("trl_ppo: flowrun failed:\n" + "".join(log[-20:]))
+        sys.exit(f"{os.path.basename(sys.argv[0])}: flowrun failed:\n" + "".join(log[-20:]))
+    if len(stamps) < 2:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: flowrun printed fewer than 2 iteration lines:\n" + "".join(log[-20:]))
     return [b - a for a, b in zip(stamps, stamps[1:])], statistics.mean(lens) if lens else float("nan")
 
 
@@ -206,8 +215,10 @@ def pair_rounds(name, pairs, baseline, one):
     return fr, tr, ratios, lens, br, bratios
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def start(description):
+    """The command line of the side-by-side scripts (this file and bench/trl_grpo.py), the output
+    folder, the threads' environment and the host line, printed: returns (args, out, host)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--flowrun", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--pairs", type=int, default=5)
@@ -225,26 +236,38 @@ def main():
     import trl  # noqa: F401  (fail early without it)
     h = host()
     print(json.dumps({"kind": "host", **h}), flush=True)
+    return a, out, h
+
+
+def result(kind, name, a, h, rows, rounds, **extra):
+    """One model's JSON line (bench/report.py reads it): pair_rounds' lists `rounds`, `rows`
+    samples per iteration, and the script's own fields in `extra`."""
+    fr, tr, ratios, lens, br, bratios = rounds
+    base = {} if not a.baseline else {
+        "baseline": a.baseline, "baseline_s_per_iter": br,
+        "baseline_ratio_median": statistics.median(bratios), "baseline_ratio_min": min(bratios),
+        "baseline_ratio_max": max(bratios)}
+    return json.dumps({
+        "kind": kind, "model": name, "pairs": a.pairs, "iterations": a.iterations, "threads": a.threads,
+        "batch": rows, **extra, "flowrun_s_per_iter": fr, "trl_s_per_iter": tr,
+        "flowrun_samples_per_s_median": rows / statistics.median(fr),
+        "trl_samples_per_s_median": rows / statistics.median(tr),
+        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+        "flowrun_answer_len_mean": statistics.mean(lens), "trl_version": __import__("trl").__version__,
+        "torch_version": __import__("torch").__version__, "host": h, **base})
+
+
+def main():
+    a, out, h = start("A PPO iteration in flowrun and in TRL's PPOTrainer, side by side")
     for name in a.models.split(","):
         policy, rm, hf = make_models(a.flowrun, out, name)
+
         def one(side):
             if side == "trl":
                 return trl_pass(hf, out, a.iterations, a.threads), None
             return flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, policy, rm, out, a.iterations)
-        fr, tr, ratios, lens, br, bratios = pair_rounds(name, a.pairs, a.baseline, one)
-        base = {} if not a.baseline else {
-            "baseline": a.baseline, "baseline_s_per_iter": br,
-            "baseline_ratio_median": statistics.median(bratios), "baseline_ratio_min": min(bratios),
-            "baseline_ratio_max": max(bratios)}
-        print(json.dumps({
-            "kind": "trl_ppo", "model": name, "pairs": a.pairs, "iterations": a.iterations, "threads": a.threads,
-            "batch": BATCH, "prompt_len": PROMPT_LEN, "answer_len": ANSWER_LEN,
-            "flowrun_s_per_iter": fr, "trl_s_per_iter": tr,
-            "flowrun_samples_per_s_median": BATCH / statistics.median(fr),
-            "trl_samples_per_s_median": BATCH / statistics.median(tr),
-            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "flowrun_answer_len_mean": statistics.mean(lens), "trl_version": __import__("trl").__version__,
-            "torch_version": __import__("torch").__version__, "host": h, **base}), flush=True)
+        rounds = pair_rounds(name, a.pairs, a.baseline, one)
+        print(result("trl_ppo", name, a, h, BATCH, rounds, prompt_len=PROMPT_LEN, answer_len=ANSWER_LEN), flush=True)
 
 
 if __name__ == "__main__":

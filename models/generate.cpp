@@ -74,8 +74,9 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
   // Rows with equal prompts (GRPO's num_generations answers per prompt) share one prefill: each
   // distinct prompt runs once, in a cache of its own, whose rows are then copied to every row
   // that has that prompt, with its logits. A row's K/V and logits are those of a prefill of that
-  // prompt alone (the attention is per row; GEMMs give a row the same bits at any row count on
-  // flowrun's packed kernel, and round differently, within float tolerance, on BLIS or cuBLAS).
+  // prompt alone: the attention is per row, and the GEMMs give a row the same bits at any row
+  // count above cpu_gemm::k_small_m on flowrun's packed kernel and BLIS; fewer token rows take
+  // the small-M kernel, and oneDNN's AVX2 sgemm or cuBLAS may round by row count (1-2 ulp).
   std::vector<int64_t> distinct, slot(B);  // distinct prompts' first rows; row -> its prompt's index in them
   {
     std::map<std::vector<int32_t>, int64_t> seen;

@@ -11,7 +11,8 @@ its whole call stack, first rule that matches:
   - start-up: the dynamic loader or the CUDA libraries (loaded even on a CPU-only run);
   - openmp: a libgomp frame at the leaf (the team's barriers and waits, spinning or asleep);
   - kernels: any frame of flowrun's kernels (flowrun::simd, flowrun::ops, the CPU backend,
-    the decoder) or a libgomp frame above the leaf (a kernel's parallel body);
+    the decoder), of a GEMM library (BLIS, OpenBLAS, oneDNN: their stacks often outrun perf's
+    16 KB copy before a flowrun frame), or a libgomp frame above the leaf (a kernel's parallel body);
   - actor runtime: a CAF frame and no frame of a node's own code (only flowrun::rt, comm
     and graph frames besides CAF and the standard library), or a clock_nanosleep with no
     node frame: CAF's workers poll their queues with short sleeps (comm::configure_scheduler);
@@ -32,6 +33,10 @@ import tempfile
 NODE_EXEMPT = re.compile(r"(flowrun::rt::|flowrun::actor::|flowrun::comm::|flowrun::graph::|caf::|std::|void caf|"
                          r"flowrun::\(anonymous namespace\)::(replica|coord|blocking))")
 KERNEL = re.compile(r"flowrun::(simd::|ops::|cpu_gemm::|decoder::|\(anonymous namespace\)::cpu_backend_impl)")
+# a GEMM library's own frames: BLIS (linked into the binary), OpenBLAS, oneDNN. Their call stacks are
+# deep enough that perf's 16 KB stack copy often ends before flowrun's frames are reached
+GEMM_LIB = re.compile(r"^(bli_|sgemm_|cblas_|dnnl_|dnnl::)")
+GEMM_DSO = ("libblis", "libopenblas", "libdnnl")
 
 
 def parse(script_text):
@@ -64,7 +69,8 @@ def classify(frames):
         return "start-up"
     if user and user[0][1].startswith("libgomp"):
         return "openmp"
-    if any(KERNEL.search(s) for s in syms) or any(d.startswith("libgomp") for d in dsos):
+    if any(KERNEL.search(s) or GEMM_LIB.match(s) for s in syms) or \
+            any(d.startswith(("libgomp",) + GEMM_DSO) for d in dsos):
         return "kernels"
     flowrun_frames = [s for s, d in frames if d in ("flowrun", "libflowrun_core.so")]
     node = [s for s in flowrun_frames if not NODE_EXEMPT.match(s)]

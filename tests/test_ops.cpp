@@ -8,10 +8,12 @@
 // directional derivatives <grad, U> = dL(x + hU)/dh instead.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <latch>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -1310,6 +1312,55 @@ TEST_CASE("compute_scope: threads running ops at once split the cores, and a cal
   CHECK(x.data<float>()[3] == 4.0f);
 }
 
+// The largest relative error of C = c0 + A op(B) against float64 over the given rows and columns: A is (M, K) row-major,
+// B is (N, K) when tb (op(B) = Bᵀ) else (K, N), C is (M, N); the error of C[i][j] is divided by |c0| + sum_k |A[i][k] op(B)[k][j]|.
+static double gemm_worst_rel(const std::vector<float>& A, const std::vector<float>& B, bool tb, int64_t N, int64_t K,
+                             const float* C, const std::vector<int64_t>& rows, const std::vector<int64_t>& cols, double c0) {
+  double worst = 0;
+  for (int64_t i : rows)
+    for (int64_t j : cols) {
+      double want = c0, absum = std::fabs(c0);
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+        want += p;
+        absum += std::fabs(p);
+      }
+      worst = std::max(worst, std::fabs(C[i * N + j] - want) / absum);
+    }
+  return worst;
+}
+
+TEST_CASE("cpu gemm, large op(B): every product against float64, and x·Wᵀ keeps a row's bits whatever M where split") {
+  // op(B) of 1,100 x 1,000 floats (4.4 MB): above the packed kernel's 1 MiB, so dy·W and dyᵀ·x go to the
+  // library (OpenBLAS or BLIS on CPUs without AVX-512, runtime/kernels/cpu/gemm.h), and x·Wᵀ, where the
+  // products are split, to the packed kernel in two column chunks (4 MiB each at most: 1,040 + 60 columns)
+  const int64_t M = 64, N = 1100, K = 1000;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> A(M * K), B(N * K), At(K * M);
+  for (auto& v : A) v = nd(rng);
+  for (auto& v : B) v = nd(rng);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
+  const bool split = ops::cpu_gemm_library().find("x·Wᵀ on flowrun's packed kernel at every size") != std::string::npos;
+  for (int layout = 0; layout < 3; ++layout) {  // x·Wᵀ (N, T), dy·W (N, N), dyᵀ·x (T, N)
+    const bool ta = layout == 2, tb = layout == 0;
+    CAPTURE(layout);
+    std::vector<float> C(M * N, 0.5f);  // beta = 1 accumulates into 0.5, as linear_backward's dx and dW do
+    cpu_backend().gemm(ta, tb, M, N, K, 1.0f, ta ? At.data() : A.data(), ta ? M : K, B.data(), tb ? K : N, 1.0f,
+                       C.data(), N);
+    CHECK(gemm_worst_rel(A, B, tb, N, K, C.data(), {0, 17, M - 1}, {0, 1039, 1040, N - 1}, 0.5) < 1e-6);
+  }
+  if (!split) return;
+  // the forward's rule: rows [5, 5 + 20) alone give the bits of the 64-row call, bit for bit
+  std::vector<float> all(M * N), part(20 * N);
+  cpu_backend().gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, all.data(), N);
+  cpu_backend().gemm(false, true, 20, N, K, 1.0f, A.data() + 5 * K, K, B.data(), K, 0.0f, part.data(), N);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < 20 * N; ++i) differ += part[i] != all[5 * N + i];
+  CHECK(differ == 0);
+}
+
 TEST_CASE("cpu gemm, small op(B) (the packed kernel): a team gives the one-thread bits, rows above 16 ignore M") {
   // 512 x 128 x 128: 8.4 M multiply-adds, above the one-thread limit (cpu_gemm::k_par_macs), so a team
   // packs its shares of op(B), meets at a barrier and splits the tiles; op(B) is 64 KiB: the packed kernel
@@ -1332,18 +1383,9 @@ TEST_CASE("cpu gemm, small op(B) (the packed kernel): a team gives the one-threa
     int64_t differ = 0;
     for (int64_t i = 0; i < M * N; ++i) differ += one[i] != team[i];
     CHECK(differ == 0);
-    double worst = 0;  // against float64, a few rows
-    for (int64_t i : {int64_t(0), int64_t(255), M - 1})
-      for (int64_t j = 0; j < N; ++j) {
-        double want = 0, absum = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          const double p = double(A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
-          want += p;
-          absum += std::fabs(p);
-        }
-        worst = std::max(worst, std::fabs(team[i * N + j] - want) / absum);
-      }
-    CHECK(worst < 1e-6);
+    std::vector<int64_t> every_column(N);  // against float64, a few rows
+    std::iota(every_column.begin(), every_column.end(), int64_t(0));
+    CHECK(gemm_worst_rel(A, B, tb, N, K, team.data(), {0, 255, M - 1}, every_column, 0.0) < 1e-6);
     for (int64_t m : {17, 100}) {  // rows [37, 37 + m) alone: the bits of the 512-row call
       CAPTURE(m);
       const auto part = run(std::max(2, hw), tb, m, 37);

@@ -122,8 +122,9 @@ class cpu_backend_impl final : public backend {
       cpu_gemm::small_m_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       return;
     }
-    // small op(B) (stories260K's weights, attention heads): our packed kernel, no library overhead
-    if (cpu_gemm::use_packed(N, K)) {
+    // small op(B) (stories260K's weights, attention heads): our packed kernel, no library overhead;
+    // and x·Wᵀ at every size where the products are split (gemm.h)
+    if (cpu_gemm::use_packed(N, K) || (!trans_a && trans_b && cpu_gemm::use_packed_nt(K))) {
       cpu_gemm::packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       return;
     }

@@ -21,6 +21,17 @@
 // All use the calling thread's OpenMP team size (ops::set_thread_budget)
 // and run single-threaded when called inside a parallel region.
 //
+// Per product where BLIS is the library (CPUs without AVX-512, AUTO; change 23 in
+// docs/performance.md): BLIS 0.9's zen3 kernels ran x·Wᵀ at 55-100 GFLOP/s on
+// GPT-2's products where flowrun's packed kernel ran them at 110-150, and dy·W
+// at 63-118 where OpenBLAS's Haswell/Zen kernels ran them at 120-171 (bench_gemm,
+// 2 threads, rows 256). So x·Wᵀ (a Linear forward) goes to packed_gemm at every
+// size, in column chunks (split_products), and dy·W (a Linear's dx) to OpenBLAS
+// when OpenBLAS runs its Haswell or Zen kernels (nn_on_openblas); dyᵀ·x and the
+// batched products stay on BLIS. A forward row's bits so stay independent of M
+// (the packed kernel's rule); backward products need no such rule.
+// FLOWRUN_CPU_GEMM=blis sends every library-sized product to BLIS as before.
+//
 // Few rows times a transposed weight (x·Wᵀ with M <= k_small_m: decoding) goes
 // to small_m_nt below instead: one pass over W, no packing. Other products whose
 // op(B) is small (at most k_packed_max floats once padded to whole panels: every
@@ -45,15 +56,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cblas.h>  // OpenBLAS's, linked in every build (cmake/deps.cmake); before blis.h
+
 #if defined(FLOWRUN_GEMM_DNNL)
 #include <oneapi/dnnl/dnnl.h>
 #endif
 #if defined(FLOWRUN_GEMM_BLIS)
 #include <blis.h>
 extern "C" cntx_t* bli_gks_lookup_nat_cntx(arch_t id);  // defined in libblis.a (hidden in the .so only)
-#endif
-#if !defined(FLOWRUN_GEMM_DNNL) && !defined(FLOWRUN_GEMM_BLIS)
-#include <cblas.h>
 #endif
 
 namespace flowrun::cpu_gemm {
@@ -63,6 +73,9 @@ constexpr int64_t k_small_m = 16;
 /// op(B) of at most this many floats once packed (1 MiB: every weight of stories260K and of the
 /// 6.1 M LLaMA of bench/trl_ppo.py, dim 288, hidden 768, vocab 512) goes to packed_gemm, whatever M.
 constexpr int64_t k_packed_max = int64_t(1) << 18;
+/// Floats of op(B) packed at once when packed_gemm takes a larger op(B) in column chunks (4 MiB: a chunk
+/// of GPT-2's 768-wide products is 1,360 columns).
+constexpr int64_t k_packed_chunk = int64_t(1) << 20;
 /// GEMMs below this many multiply-adds run on one thread (~40 us of work): a
 /// parallel region on shared cores can cost milliseconds (cpu_backend.cpp, k_par_min).
 constexpr int64_t k_par_macs = int64_t(1) << 22;
@@ -109,6 +122,29 @@ inline bool use_blis() {
 #endif
 }
 
+/// Whether the products are split by kind (the header comment): a build with BLIS choosing BLIS by
+/// the CPU (no AVX-512) and FLOWRUN_CPU_GEMM unset. Fixed for the process.
+inline bool split_products() {
+#if defined(FLOWRUN_GEMM_BLIS)
+  static const bool on = use_blis() && std::getenv("FLOWRUN_CPU_GEMM") == nullptr;
+  return on;
+#else
+  return false;
+#endif
+}
+
+/// Whether dy·W (neither operand transposed) goes to OpenBLAS: split_products() and OpenBLAS's
+/// detected core is one whose kernels were measured faster than BLIS's (Haswell, Zen). OpenBLAS runs
+/// its slow generic kernels on a core it does not know (Prescott on the Xeon of "The GEMM library").
+inline bool nn_on_openblas() {
+  static const bool on = [] {
+    if (!split_products()) return false;
+    const std::string core = openblas_get_corename();
+    return core == "Haswell" || core == "Zen";
+  }();
+  return on;
+}
+
 #if defined(FLOWRUN_GEMM_BLIS)
 inline cntx_t* blis_context() {
   static cntx_t* cx = [] {
@@ -125,8 +161,11 @@ inline std::string library_name() {
   if (use_blis()) {
     cntx_t* cx = blis_context();
     const bool skx = cx == bli_gks_lookup_nat_cntx(BLIS_ARCH_SKX);
-    return std::string("BLIS ") + bli_info_get_version_str() + ", " + (skx ? "skx" : "detected") +
-           " kernels (BLIS detects " + bli_arch_string(bli_arch_query_id()) + ")";
+    std::string name = std::string("BLIS ") + bli_info_get_version_str() + ", " + (skx ? "skx" : "detected") +
+                       " kernels (BLIS detects " + bli_arch_string(bli_arch_query_id()) + ")";
+    if (nn_on_openblas()) name += std::string("; dy·W on OpenBLAS, core ") + openblas_get_corename();
+    if (split_products()) name += "; x·Wᵀ on flowrun's packed kernel at every size";
+    return name;
   }
 #endif
 #if defined(FLOWRUN_GEMM_DNNL)
@@ -169,6 +208,13 @@ inline void check_sizes(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ld
 inline void library_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   single_thread_scope small(M * N * K < k_par_macs && !omp_in_parallel() && omp_get_max_threads() > 1);
+  constexpr int64_t i32_max = std::numeric_limits<int>::max();
+  if (!ta && !tb && nn_on_openblas() && std::max({M, N, K, lda, ldb, ldc}) <= i32_max) {
+    auto i32 = [](int64_t v) { return static_cast<int>(v); };
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(M), i32(N), i32(K), alpha, A, i32(lda), B, i32(ldb),
+                beta, C, i32(ldc));
+    return;
+  }
 #if defined(FLOWRUN_GEMM_BLIS)
   if (use_blis()) {
     rntm_t r = BLIS_RNTM_INITIALIZER;
@@ -225,11 +271,14 @@ inline int64_t packed_floats(int64_t N, int64_t K) {
 /// the same kernel as the whole batch.
 inline bool use_packed(int64_t N, int64_t K) { return packed_floats(N, K) <= k_packed_max; }
 
-/// C = alpha op(A) op(B) + beta C on simd::gemm_packed: op(B) packed once into the calling thread's
-/// buffer (the team packs a share of the panels each, then waits), the tiles split over the team in
+/// Whether x·Wᵀ with op(B) (K, N) goes to packed_gemm whatever its size: split_products() and one panel
+/// (W x K floats) fits a chunk. Depends on N, K and the process only, as use_packed does.
+inline bool use_packed_nt(int64_t K) { return split_products() && simd::gemm_panel_width() * K <= k_packed_chunk; }
+
+/// One chunk of packed_gemm: op(B) packed once into the calling thread's buffer (the team packs a share of the panels each, then waits), the tiles split over the team in
 /// contiguous ranges (no team inside a parallel region or below k_par_macs). Bits independent of M
 /// and of the thread count.
-inline void packed_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+inline void packed_gemm_chunk(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                         const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   thread_local std::vector<float> packed;
   const int64_t W = simd::gemm_panel_width(), panels = (N + W - 1) / W;
@@ -250,6 +299,19 @@ inline void packed_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
 #pragma omp barrier
     simd::gemm_packed(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, tiles * t / n, tiles * (t + 1) / n);
   }
+}
+
+/// C = alpha op(A) op(B) + beta C on simd::gemm_packed: op(B) (K, N) whole when it fits k_packed_max
+/// floats once packed, else in chunks of whole panels of at most k_packed_chunk floats (each packed and
+/// computed by packed_gemm_chunk in turn). An output's bits depend on its row of op(A), its column of
+/// op(B), K and the SIMD path only: not on M, on the chunking, nor on the thread count.
+inline void packed_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const int64_t W = simd::gemm_panel_width();
+  const int64_t chunk = use_packed(N, K) ? N : std::max<int64_t>(W, k_packed_chunk / K / W * W);
+  for (int64_t n0 = 0; n0 < N; n0 += chunk)
+    packed_gemm_chunk(ta, tb, M, std::min(chunk, N - n0), K, alpha, A, lda, tb ? B + n0 * ldb : B + n0, ldb, beta,
+                      C + n0, ldc);
 }
 
 }  // namespace flowrun::cpu_gemm

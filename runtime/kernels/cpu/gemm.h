@@ -15,8 +15,8 @@
 //    13, 19, 25, 32, 38, 57, 128 against M = 152, K = 64, N = 512), so a row's
 //    log-probs changed with its micro-batch and PPO's first ratio was not 1
 //    (test_ppo); BLIS gives every row the same bits whatever M and wherever the
-//    row sits (docs/performance.md, "GEMM per ISA"). FLOWRUN_CPU_GEMM=onednn or
-//    blis in the environment overrides the choice (bench_gemm, checks);
+//    row sits (docs/performance.md, "GEMM per ISA"). FLOWRUN_CPU_GEMM=onednn,
+//    blis or split (below) in the environment overrides the choice (bench_gemm, checks);
 //  - otherwise OpenBLAS cblas_sgemm (its own core detection).
 // All use the calling thread's OpenMP team size (ops::set_thread_budget)
 // and run single-threaded when called inside a parallel region.
@@ -30,7 +30,9 @@
 // when OpenBLAS runs its Haswell or Zen kernels (nn_on_openblas); dyᵀ·x and the
 // batched products stay on BLIS. A forward row's bits so stay independent of M
 // (the packed kernel's rule); backward products need no such rule.
-// FLOWRUN_CPU_GEMM=blis sends every library-sized product to BLIS as before.
+// FLOWRUN_CPU_GEMM=blis sends every library-sized product to BLIS as before;
+// FLOWRUN_CPU_GEMM=split takes this split on any CPU (with OPENBLAS_CORETYPE=Zen
+// for the dy·W part where OpenBLAS detects another core).
 //
 // Few rows times a transposed weight (x·Wᵀ with M <= k_small_m: decoding) goes
 // to small_m_nt below instead: one pass over W, no packing. Other products whose
@@ -53,6 +55,7 @@
 
 #include "runtime/kernels/cpu/simd_kernels.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -109,8 +112,9 @@ inline bool use_blis() {
 #if defined(FLOWRUN_GEMM_DNNL) && defined(FLOWRUN_GEMM_BLIS)
   static const bool blis = [] {
     if (const char* e = std::getenv("FLOWRUN_CPU_GEMM")) {
-      if (std::strcmp(e, "blis") == 0) return true;
+      if (std::strcmp(e, "blis") == 0 || std::strcmp(e, "split") == 0) return true;
       if (std::strcmp(e, "onednn") == 0) return false;
+      std::fprintf(stderr, "flowrun: FLOWRUN_CPU_GEMM=%s is none of onednn, blis, split: ignored, the CPU chooses\n", e);
     }
     return !cpu_has_avx512();
   }();
@@ -123,10 +127,14 @@ inline bool use_blis() {
 }
 
 /// Whether the products are split by kind (the header comment): a build with BLIS choosing BLIS by
-/// the CPU (no AVX-512) and FLOWRUN_CPU_GEMM unset. Fixed for the process.
+/// the CPU (no AVX-512) and FLOWRUN_CPU_GEMM unset (or ignored), or FLOWRUN_CPU_GEMM=split on any CPU (the ctest
+/// gemm_split_path runs test_ops' GEMM cases so where the CPU has AVX-512). Fixed for the process.
 inline bool split_products() {
 #if defined(FLOWRUN_GEMM_BLIS)
-  static const bool on = use_blis() && std::getenv("FLOWRUN_CPU_GEMM") == nullptr;
+  static const bool on = [] {
+    const char* e = std::getenv("FLOWRUN_CPU_GEMM");
+    return use_blis() && !(e != nullptr && std::strcmp(e, "blis") == 0);  // split, unset, or ignored
+  }();
   return on;
 #else
   return false;

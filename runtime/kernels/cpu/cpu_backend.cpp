@@ -123,7 +123,7 @@ class cpu_backend_impl final : public backend {
       return;
     }
     // small op(B) (stories260K's weights, attention heads): our packed kernel, no library overhead;
-    // and x·Wᵀ at every size where the products are split (gemm.h)
+    // and x·Wᵀ of any size up to use_packed_nt's K where the products are split (gemm.h)
     if (cpu_gemm::use_packed(N, K) || (!trans_a && trans_b && cpu_gemm::use_packed_nt(K))) {
       cpu_gemm::packed_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       return;

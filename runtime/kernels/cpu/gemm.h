@@ -25,11 +25,13 @@
 // docs/performance.md): BLIS 0.9's zen3 kernels ran x·Wᵀ at 55-100 GFLOP/s on
 // GPT-2's products where flowrun's packed kernel ran them at 110-150, and dy·W
 // at 63-118 where OpenBLAS's Haswell/Zen kernels ran them at 120-171 (bench_gemm,
-// 2 threads, rows 256). So x·Wᵀ (a Linear forward) goes to packed_gemm at every
-// size, in column chunks (split_products), and dy·W (a Linear's dx) to OpenBLAS
-// when OpenBLAS runs its Haswell or Zen kernels (nn_on_openblas); dyᵀ·x and the
-// batched products stay on BLIS. A forward row's bits so stay independent of M
-// (the packed kernel's rule); backward products need no such rule.
+// 2 threads, rows 256). So x·Wᵀ (a Linear forward) goes to packed_gemm at any
+// row count above k_small_m, in column chunks (split_products), up to K =
+// k_packed_chunk / panel width (32,768 on AVX-512, 65,536 on AVX2; BLIS above),
+// and dy·W (a Linear's dx) to OpenBLAS when OpenBLAS runs its Haswell or Zen
+// kernels (nn_on_openblas); dyᵀ·x stays on BLIS. gemm_batched takes the same
+// rule item by item. A forward row's bits so stay independent of M (the packed
+// kernel's rule, and BLIS's); backward products need no such rule.
 // FLOWRUN_CPU_GEMM=blis sends every library-sized product to BLIS as before;
 // FLOWRUN_CPU_GEMM=split takes this split on any CPU (with OPENBLAS_CORETYPE=Zen
 // for the dy·W part where OpenBLAS detects another core).
@@ -107,15 +109,28 @@ inline bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 }
 
+/// FLOWRUN_CPU_GEMM, read once for the process: "" when unset or empty, else "onednn", "blis" or "split".
+/// Another value is named on stderr and ignored (the CPU chooses). A value naming a library the build
+/// lacks (onednn without oneDNN, blis or split without BLIS) changes nothing.
+inline const std::string& gemm_override() {
+  static const std::string v = [] {
+    const char* e = std::getenv("FLOWRUN_CPU_GEMM");
+    if (e == nullptr || *e == '\0') return std::string();
+    const std::string s(e);
+    if (s == "onednn" || s == "blis" || s == "split") return s;
+    std::fprintf(stderr, "flowrun: FLOWRUN_CPU_GEMM=%s is none of onednn, blis, split: ignored, the CPU chooses\n", e);
+    return std::string();
+  }();
+  return v;
+}
+
 /// Whether library_sgemm calls BLIS (else oneDNN or OpenBLAS, as built). Fixed for the process.
 inline bool use_blis() {
 #if defined(FLOWRUN_GEMM_DNNL) && defined(FLOWRUN_GEMM_BLIS)
   static const bool blis = [] {
-    if (const char* e = std::getenv("FLOWRUN_CPU_GEMM")) {
-      if (std::strcmp(e, "blis") == 0 || std::strcmp(e, "split") == 0) return true;
-      if (std::strcmp(e, "onednn") == 0) return false;
-      std::fprintf(stderr, "flowrun: FLOWRUN_CPU_GEMM=%s is none of onednn, blis, split: ignored, the CPU chooses\n", e);
-    }
+    const std::string& o = gemm_override();
+    if (o == "blis" || o == "split") return true;
+    if (o == "onednn") return false;
     return !cpu_has_avx512();
   }();
   return blis;
@@ -126,14 +141,15 @@ inline bool use_blis() {
 #endif
 }
 
-/// Whether the products are split by kind (the header comment): a build with BLIS choosing BLIS by
-/// the CPU (no AVX-512) and FLOWRUN_CPU_GEMM unset (or ignored), or FLOWRUN_CPU_GEMM=split on any CPU (the ctest
-/// gemm_split_path runs test_ops' GEMM cases so where the CPU has AVX-512). Fixed for the process.
+/// Whether the products are split by kind (the header comment): BLIS is the library, the CPU has no
+/// AVX-512 (where the split was measured) and FLOWRUN_CPU_GEMM is unset, or FLOWRUN_CPU_GEMM=split on
+/// any CPU (the ctest gemm_split_path runs test_ops' GEMM cases so where the CPU has AVX-512).
+/// Fixed for the process.
 inline bool split_products() {
 #if defined(FLOWRUN_GEMM_BLIS)
   static const bool on = [] {
-    const char* e = std::getenv("FLOWRUN_CPU_GEMM");
-    return use_blis() && !(e != nullptr && std::strcmp(e, "blis") == 0);  // split, unset, or ignored
+    const std::string& o = gemm_override();
+    return use_blis() && (o == "split" || (o.empty() && !cpu_has_avx512()));
   }();
   return on;
 #else
@@ -172,7 +188,9 @@ inline std::string library_name() {
     std::string name = std::string("BLIS ") + bli_info_get_version_str() + ", " + (skx ? "skx" : "detected") +
                        " kernels (BLIS detects " + bli_arch_string(bli_arch_query_id()) + ")";
     if (nn_on_openblas()) name += std::string("; dy·W on OpenBLAS, core ") + openblas_get_corename();
-    if (split_products()) name += "; x·Wᵀ on flowrun's packed kernel at every size";
+    if (split_products())
+      name += "; x·Wᵀ on flowrun's packed kernel (more than " + std::to_string(k_small_m) + " rows, K <= " +
+              std::to_string(k_packed_chunk / simd::gemm_panel_width()) + ")";
     return name;
   }
 #endif

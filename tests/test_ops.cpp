@@ -1333,8 +1333,8 @@ static double gemm_worst_rel(const std::vector<float>& A, const std::vector<floa
 TEST_CASE("cpu gemm, large op(B): every product against float64, and x·Wᵀ keeps a row's bits whatever M where split") {
   // op(B) of 1,100 x 1,000 floats (4.4 MB): above the packed kernel's 1 MiB, so dy·W and dyᵀ·x go to the
   // library (OpenBLAS or BLIS on CPUs without AVX-512, runtime/kernels/cpu/gemm.h), and x·Wᵀ, where the
-  // products are split, to the packed kernel in two column chunks (4 MiB each at most: 1,040 + 60 columns on AVX2, 1,024 + 76 on AVX-512;
-  // the columns checked sit on both boundaries)
+  // products are split, to the packed kernel in two column chunks (4 MiB each at most: 1,040 + 60 columns on
+  // AVX2, 1,024 + 76 on AVX-512; the columns checked sit on both boundaries)
   const int64_t M = 64, N = 1100, K = 1000;
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0.0f, 1.0f);

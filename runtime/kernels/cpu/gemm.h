@@ -301,11 +301,11 @@ inline bool use_packed(int64_t N, int64_t K) { return packed_floats(N, K) <= k_p
 /// (W x K floats) fits a chunk. Depends on N, K and the process only, as use_packed does.
 inline bool use_packed_nt(int64_t K) { return split_products() && simd::gemm_panel_width() * K <= k_packed_chunk; }
 
-/// One chunk of packed_gemm: op(B) packed once into the calling thread's buffer (the team packs a share of the panels each, then waits), the tiles split over the team in
-/// contiguous ranges (no team inside a parallel region or below k_par_macs). Bits independent of M
-/// and of the thread count.
-inline void packed_gemm_chunk(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                        const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+/// One chunk of packed_gemm: op(B) packed once into the calling thread's buffer (the team packs a
+/// share of the panels each, then waits), the tiles split over the team in contiguous ranges (no team
+/// inside a parallel region or below k_par_macs). Bits independent of M and of the thread count.
+inline void packed_gemm_chunk(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                              int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   thread_local std::vector<float> packed;
   const int64_t W = simd::gemm_panel_width(), panels = (N + W - 1) / W;
   const size_t need = static_cast<size_t>(packed_floats(N, K));

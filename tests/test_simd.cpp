@@ -429,6 +429,33 @@ void packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
 }
 }  // namespace
 
+TEST_CASE("simd gemm_pack_b: the packed panels are op(B) exactly, columns past N zero, for both layouts") {
+  for_each_path([](const std::string&) {
+    const int64_t W = simd::gemm_panel_width();
+    for (int tb = 0; tb < 2; ++tb)
+      for (int64_t N : {1, 3, 4, 5, 31, 32, 33, 70})
+        for (int64_t K : {1, 3, 4, 63, 64, 65, 130}) {  // 4 x 4 blocks, their tails, the 64-row k blocks
+          CAPTURE(tb);
+          CAPTURE(N);
+          CAPTURE(K);
+          const int64_t ldb = (tb ? K : N) + 5, panels = (N + W - 1) / W;
+          const auto B = randv((tb ? N : K) * ldb, 1.0, 83 + N * 1000 + K);
+          std::vector<float> P(static_cast<size_t>(panels * W * K), std::numeric_limits<float>::quiet_NaN());
+          simd::gemm_pack_b(tb, N, K, B.data(), ldb, P.data(), 0, panels);
+          int64_t bad = 0;
+          for (int64_t p = 0; p < panels; ++p)
+            for (int64_t k = 0; k < K; ++k)
+              for (int64_t j = 0; j < W; ++j) {
+                const int64_t n = p * W + j;
+                const float want = n >= N ? 0.0f : tb ? B[n * ldb + k] : B[k * ldb + n];
+                const float got = P[(p * K + k) * W + j];
+                if (!(got == want)) ++bad;  // NaN (never written) counts too
+              }
+          CHECK(bad == 0);
+        }
+  });
+}
+
 TEST_CASE("simd packed GEMM: every transpose, M/N/K tail and beta vs float64, and on FMA paths bit for bit a fused chain") {
   for_each_path([](const std::string& path) {
     // AVX2, AVX-512 and 64-bit NEON have a fused multiply-add: there each output is exactly the chain

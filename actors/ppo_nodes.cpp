@@ -331,8 +331,12 @@ class frozen_scorer final : public actor::node {
       score_msg out;
       out.rollouts = r;
       if (r->exp) {
+        // GRPO / RLOO groups (group_size answers per prompt): the reference runs each prompt once
+        // (not at ZeRO-3, whose ranks must gather layers in step: one forward each)
+        const bool share = !reward_ && r->group_size > 1 && !engine_;
         out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
           return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask)
+                 : share ? ppo::shared_prompt_logprobs(*model_, acts_, seq, mask, r->exp->prompts.size(1))
                          : ppo::sequence_logprobs(*model_, acts_, seq, mask);
         });
         rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),

@@ -2,12 +2,34 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <stdexcept>
 
 #include "runtime/kernels/cpu/simd_kernels.h"
 
 namespace flowrun {
+
+tensor prefill_shared(decoder& model, kv_cache& cache, const row_groups& g, const tensor& ids, const tensor& positions,
+                      const tensor& mask, bool all_logits) {
+  const int64_t U = static_cast<int64_t>(g.first.size()), B = static_cast<int64_t>(g.slot.size());
+  auto pick = [&](const tensor& t) -> tensor {  // rows g.first of a host (B, n) i32 tensor
+    if (!t.defined()) return {};
+    const int64_t n = t.size(1);
+    auto u = tensor::empty({U, n}, dtype::i32);
+    for (int64_t i = 0; i < U; ++i)
+      std::copy_n(t.data<int32_t>() + g.first[static_cast<size_t>(i)] * n, n, u.data<int32_t>() + i * n);
+    return u;
+  };
+  kv_cache shared = model.make_cache(U, cache.S);
+  tensor out = model.forward_cached(shared, pick(ids), pick(positions), pick(mask), 0, all_logits);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t u = g.slot[static_cast<size_t>(b)];
+    for (size_t l = 0; l < cache.k.size(); ++l) {
+      cache.k[l].rows(b, b + 1).copy_from(shared.k[l].rows(u, u + 1));
+      cache.v[l].rows(b, b + 1).copy_from(shared.v[l].rows(u, u + 1));
+    }
+  }
+  return out;
+}
 
 std::vector<generation_result> generate(decoder& model, const std::vector<std::vector<int32_t>>& prompts,
                                         const generation_config& cfg) {
@@ -71,46 +93,18 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
   for (int64_t b = 0; b < B; ++b) rngs.emplace_back(cfg.seed + static_cast<uint64_t>(b) + 1);
   std::vector<bool> done(B, false);
 
-  // Rows with equal prompts (GRPO's num_generations answers per prompt) share one prefill: each
-  // distinct prompt runs once, in a cache of its own, whose rows are then copied to every row
-  // that has that prompt, with its logits. A row's K/V and logits are those of a prefill of that
-  // prompt alone: the attention is per row, and the GEMMs give a row the same bits at any row
-  // count above cpu_gemm::k_small_m on flowrun's packed kernel and BLIS; fewer token rows take
-  // the small-M kernel, and oneDNN's AVX2 sgemm or cuBLAS may round by row count (1-2 ulp).
-  std::vector<int64_t> distinct, slot(B);  // distinct prompts' first rows; row -> its prompt's index in them
-  {
-    std::map<std::vector<int32_t>, int64_t> seen;
-    for (int64_t b = 0; b < B; ++b) {
-      auto [it, fresh] = seen.emplace(prompts[b], static_cast<int64_t>(distinct.size()));
-      if (fresh) distinct.push_back(b);
-      slot[b] = it->second;
-    }
-  }
+  // Rows with equal prompts (GRPO's num_generations answers per prompt) share one prefill
+  // (prefill_shared: the same K/V and logits as a prefill of each prompt alone)
+  const row_groups groups = group_rows(B, [&](int64_t b) { return prompts[static_cast<size_t>(b)]; });
   tensor logits;
-  if (static_cast<int64_t>(distinct.size()) == B) {
+  if (static_cast<int64_t>(groups.first.size()) == B) {
     logits = model.forward_cached(cache, ids, positions_for(0, P), mask_upto(P), 0);
   } else {
-    const int64_t U = static_cast<int64_t>(distinct.size());
-    auto pick = [&](const tensor& t) -> tensor {  // rows `distinct` of a host (B, n) i32 tensor
-      if (!t.defined()) return {};
-      const int64_t n = t.size(1);
-      auto u = tensor::empty({U, n}, dtype::i32);
-      for (int64_t i = 0; i < U; ++i)
-        std::copy_n(t.data<int32_t>() + distinct[i] * n, n, u.data<int32_t>() + i * n);
-      return u;
-    };
-    kv_cache shared = model.make_cache(U, S);
-    const tensor lu = model.forward_cached(shared, pick(ids), pick(positions_for(0, P)), pick(mask_upto(P)), 0)
-                          .to(device::cpu());
+    const tensor lu = prefill_shared(model, cache, groups, ids, positions_for(0, P), mask_upto(P), false).to(device::cpu());
     const int64_t Vrow = lu.size(1);
     logits = tensor::empty({B, Vrow});
-    for (int64_t b = 0; b < B; ++b) {
-      for (size_t l = 0; l < cache.k.size(); ++l) {
-        cache.k[l].rows(b, b + 1).copy_from(shared.k[l].rows(slot[b], slot[b] + 1));
-        cache.v[l].rows(b, b + 1).copy_from(shared.v[l].rows(slot[b], slot[b] + 1));
-      }
-      std::copy_n(lu.data<float>() + slot[b] * Vrow, Vrow, logits.data<float>() + b * Vrow);
-    }
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(lu.data<float>() + groups.slot[static_cast<size_t>(b)] * Vrow, Vrow, logits.data<float>() + b * Vrow);
   }
   int64_t n_past = P;
   const int64_t V = mc.vocab_limit();

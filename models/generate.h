@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "models/decoder.h"
@@ -26,6 +27,37 @@ struct generation_result {
   bool stopped = false;         ///< ended on a stop id (not by max_new_tokens or the context length)
   std::vector<float> logprobs;  ///< with record_logprobs: one per new token
 };
+
+/// The rows of a batch grouped by equal keys: `first` holds each distinct key's first row, in
+/// order; slot[b] is row b's index into `first`.
+struct row_groups {
+  std::vector<int64_t> first, slot;
+};
+/// Groups rows [0, B) by key(b) (any value std::map can order, e.g. a prompt's tokens).
+template <class KeyFn>
+row_groups group_rows(int64_t B, KeyFn key) {
+  row_groups g;
+  g.slot.resize(static_cast<size_t>(B));
+  std::map<decltype(key(int64_t{0})), int64_t> seen;
+  for (int64_t b = 0; b < B; ++b) {
+    auto [it, fresh] = seen.emplace(key(b), static_cast<int64_t>(g.first.size()));
+    if (fresh) g.first.push_back(b);
+    g.slot[static_cast<size_t>(b)] = it->second;
+  }
+  return g;
+}
+
+/// Prefill rows that share prompts once: rows g.first of ids (B, P) i32, positions (B, P) i32 and
+/// mask (B, P) i32 (positions and mask may be undefined, as for forward_cached; host tensors) run
+/// through decoder::forward_cached in a cache of their own, and each row b of `cache` (B rows, made
+/// by model.make_cache) receives the K/V of row slot[b]. Returns forward_cached's result for the U
+/// distinct rows (U, P, V) with all_logits, else (U, V); row slot[b] is row b's. A row's K/V and
+/// logits are those of a prefill of its prompt alone (the attention is per row; the GEMMs give a
+/// row the same bits at any row count above cpu_gemm::k_small_m on flowrun's packed kernel and on
+/// BLIS, while fewer rows take the small-M kernel, and oneDNN's AVX2 sgemm or cuBLAS may round by
+/// row count, 1-2 ulp).
+tensor prefill_shared(decoder& model, kv_cache& cache, const row_groups& g, const tensor& ids, const tensor& positions,
+                      const tensor& mask, bool all_logits);
 
 /// Generate for each prompt (token ids, each non-empty). Prompts are left-padded
 /// into one batch; a padded sequence yields the same tokens as when run alone.

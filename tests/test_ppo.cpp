@@ -509,3 +509,48 @@ TEST_CASE("PPO: fresh_items leaves out the stale items only with the drop policy
   CHECK(ppo::fresh_items({5, 3}, 5, 0, true, worst) == std::vector<size_t>{0, 1});  // synchronous: nothing checked
   CHECK(worst == 0);
 }
+
+TEST_CASE("PPO: shared_prompt_logprobs (one prompt forward per group) gives sequence_logprobs' log-probs") {
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto ref = load_llama2c(test::model_path());
+  auto actor = load_llama2c(test::model_path());
+  // two prompts of different lengths (so the shorter is left-padded), each answered G = 3 times, as
+  // GRPO's generator repeats them; sampled answers of different lengths (right-padded)
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was very happy because"}, prompts, pmask);
+  const int64_t G = 3, U = prompts.size(0), P = prompts.size(1);
+  auto ids = tensor::empty({U * G, P}, dtype::i32), m = tensor::empty({U * G, P}, dtype::i32);
+  for (int64_t b = 0; b < U * G; ++b) {
+    ids.rows(b, b + 1).copy_from(prompts.rows(b / G, b / G + 1));
+    m.rows(b, b + 1).copy_from(pmask.rows(b / G, b / G + 1));
+  }
+  ppo::ppo_settings s;
+  s.max_answer_seq_len = 40;  // over 32 answer tokens: the answers' attention takes the GEMM path
+  s.drop_short_answers = false;
+  auto e = ppo::generate_rollouts(actor, ids, m, s, tok->eos_id(), 0, 11);
+  REQUIRE(e.has_value());
+  const int64_t B = e->seq.size(0), S = e->seq.size(1);
+  REQUIRE(B == U * G);
+  activations a;
+  const tensor want = ppo::sequence_logprobs(ref, a, e->seq, e->attention_mask);
+  const tensor got = ppo::shared_prompt_logprobs(ref, a, e->seq, e->attention_mask, P);
+  REQUIRE(got.shape() == want.shape());
+  double worst = 0;
+  int64_t compared = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < S; ++t) {
+      if (!e->attention_mask.data<int32_t>()[b * S + t + 1]) continue;  // the log-prob of a real token
+      const double d = std::fabs(double(got.data<float>()[b * (S - 1) + t]) - want.data<float>()[b * (S - 1) + t]);
+      worst = std::max(worst, d);
+      ++compared;
+    }
+  MESSAGE("largest difference " << worst << " over " << compared << " log-probs");
+  CHECK(compared > B * (P / 2));
+  CHECK(worst < 2e-5);
+  // no repeated prompt: the plain forward, bit for bit
+  const tensor one = ppo::shared_prompt_logprobs(ref, a, e->seq.rows(0, 1).clone(),
+                                                 e->attention_mask.rows(0, 1).clone(), P);
+  const tensor one_want = ppo::sequence_logprobs(ref, a, e->seq.rows(0, 1).clone(), e->attention_mask.rows(0, 1).clone());
+  CHECK(same_bits(one, one_want));
+  CHECK_THROWS_AS(ppo::shared_prompt_logprobs(ref, a, e->seq, e->attention_mask, S), std::invalid_argument);
+}

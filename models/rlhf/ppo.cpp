@@ -6,6 +6,7 @@
 #include <functional>
 #include <stdexcept>
 
+#include "models/generate.h"
 #include "runtime/kernels/ops.h"
 
 namespace flowrun::ppo {
@@ -101,6 +102,45 @@ tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, c
   model.forward(acts, seq, {}, mask);
   tensor lp;
   rlhf::gather_log_probs_forward(lp, acts.logits, shifted_labels(seq));
+  return cols(lp, 0, S - 1);
+}
+
+tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
+                              int64_t prompt_len) {
+  const int64_t B = seq.size(0), S = seq.size(1), P = prompt_len, A = S - P;
+  if (P <= 0 || P >= S)
+    throw std::invalid_argument("shared_prompt_logprobs: prompt_len " + std::to_string(P) + " outside (0, " +
+                                std::to_string(S) + ")");
+  // rows grouped by prompt (the first P columns' tokens and mask)
+  const row_groups g = group_rows(B, [&](int64_t b) {
+    std::vector<int32_t> key(seq.data<int32_t>() + b * S, seq.data<int32_t>() + b * S + P);
+    key.insert(key.end(), mask.data<int32_t>() + b * S, mask.data<int32_t>() + b * S + P);
+    return key;
+  });
+  if (static_cast<int64_t>(g.first.size()) == B || model.dev().kind != device_kind::cpu)
+    return sequence_logprobs(model, acts, seq, mask);
+  // columns [c0, c1) of a (B, S) i32 tensor as a new (B, c1 - c0) one
+  auto take = [&](const tensor& t, int64_t c0, int64_t c1) {
+    auto out = tensor::empty({B, c1 - c0}, dtype::i32);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(t.data<int32_t>() + b * S + c0, c1 - c0, out.data<int32_t>() + b * (c1 - c0));
+    return out;
+  };
+  // each distinct prompt once, its (P, V) logits kept, its K/V copied to its rows; then the answers on top
+  kv_cache cache = model.make_cache(B, S);
+  const tensor lp_prompt = prefill_shared(model, cache, g, take(seq, 0, P), {}, take(mask, 0, P), /*all_logits=*/true);
+  const tensor la = model.forward_cached(cache, take(seq, P, S), {}, mask, P, /*all_logits=*/true);  // (B, A, V)
+  // the (B, S, V) logits a full forward gives, then sequence_logprobs' gather
+  const int64_t V = la.size(2);
+  auto logits = tensor::empty({B, S, V});
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t u = g.slot[static_cast<size_t>(b)];
+    std::copy_n(lp_prompt.data<float>() + u * P * V, P * V, logits.data<float>() + b * S * V);
+    std::copy_n(la.data<float>() + b * A * V, A * V, logits.data<float>() + (b * S + P) * V);
+  }
+  (void)acts;  // nothing kept: the rows' activations are not those of one forward
+  tensor lp;
+  rlhf::gather_log_probs_forward(lp, logits, shifted_labels(seq));
   return cols(lp, 0, S - 1);
 }
 

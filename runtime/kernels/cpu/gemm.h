@@ -110,8 +110,9 @@ inline bool cpu_has_avx512() {
 }
 
 /// FLOWRUN_CPU_GEMM, read once for the process: "" when unset or empty, else "onednn", "blis" or "split".
-/// Another value is named on stderr and ignored (the CPU chooses). A value naming a library the build
-/// lacks (onednn without oneDNN, blis or split without BLIS) changes nothing.
+/// Another value is named on stderr and ignored (the CPU chooses); the CPU backend reads it when first
+/// used, so that happens in every build. A value naming a library the build lacks (onednn without
+/// oneDNN, blis or split without BLIS) changes nothing.
 inline const std::string& gemm_override() {
   static const std::string v = [] {
     const char* e = std::getenv("FLOWRUN_CPU_GEMM");

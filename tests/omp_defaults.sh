@@ -17,4 +17,13 @@ got=$(show env OMP_WAIT_POLICY=PASSIVE "$flowrun" run /nonexistent/omp_defaults.
 [[ "$got" == *"OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=(unset) (the user's)"* ]] || fail "passive: got '$got'"
 got=$(show env GOMP_SPINCOUNT=5 "$flowrun" run /nonexistent/omp_defaults.graph)
 [[ "$got" == *"OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=5 (the user's)"* ]] || fail "spincount: got '$got'"
+# FLOWRUN_OMP_DEFAULTS=1 alone (a user's export) is not flowrun's settings
+got=$(show env FLOWRUN_OMP_DEFAULTS=1 "$flowrun" kinds)
+[[ "$got" == *"(libgomp's defaults)"* ]] || fail "marker alone: got '$got'"
+# started through the dynamic loader, /proc/self/exe is the loader: no re-exec, the run goes on
+loader=$(readlink -f /lib64/ld-linux-x86-64.so.2 2>/dev/null || true)
+if [[ -x "$loader" ]]; then
+  got=$(show "$loader" "$flowrun" run /nonexistent/omp_defaults.graph)
+  [[ "$got" == *"(libgomp's defaults)"* && "$got" == *"omp_defaults.graph"* ]] || fail "loader: got '$got'"
+fi
 echo "omp_defaults: ok"

@@ -5,7 +5,10 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include <unistd.h>
@@ -23,6 +26,29 @@ TEST_CASE("line_process: one answer per line, in order, from a long-lived child"
     CHECK(*a.line == std::string("got ") + x);
   }
   p.stop();
+}
+
+TEST_CASE("line_process: the child gets the user's OpenMP settings, not those flowrun gave itself") {
+  auto ask_env = [] {
+    line_process p("while read l; do echo \"${OMP_WAIT_POLICY:-none} ${GOMP_SPINCOUNT:-none} ${FLOWRUN_OMP_DEFAULTS:-none}\"; done");
+    const auto a = p.ask("x", 5000ms);
+    p.stop();
+    return a.line ? *a.line : std::string("(no answer)");
+  };
+  auto saved = [](const char* n) { const char* v = std::getenv(n); return v ? std::optional<std::string>(v) : std::nullopt; };
+  const auto policy = saved("OMP_WAIT_POLICY"), spins = saved("GOMP_SPINCOUNT");  // ctest sets the policy
+  setenv("OMP_WAIT_POLICY", "active", 1);
+  setenv("GOMP_SPINCOUNT", "300000", 1);
+  setenv("FLOWRUN_OMP_DEFAULTS", "1", 1);  // as tools/flowrun/omp_defaults.cpp leaves them
+  CHECK(ask_env() == "none none none");
+  unsetenv("FLOWRUN_OMP_DEFAULTS");  // the user's own settings pass through
+  CHECK(ask_env() == "active 300000 none");
+  auto restore = [](const char* n, const std::optional<std::string>& v) {
+    if (v) setenv(n, v->c_str(), 1);
+    else unsetenv(n);
+  };
+  restore("OMP_WAIT_POLICY", policy);
+  restore("GOMP_SPINCOUNT", spins);
 }
 
 TEST_CASE("line_process: a child that exits, hangs or writes to stderr is an error value, then restarts") {

@@ -514,15 +514,22 @@ TEST_CASE("PPO: shared_prompt_logprobs (one prompt forward per group) gives sequ
   auto tok = load_tokenizer(test::tokenizer_path());
   auto ref = load_llama2c(test::model_path());
   auto actor = load_llama2c(test::model_path());
-  // two prompts of different lengths (so the shorter is left-padded), each answered G = 3 times, as
-  // GRPO's generator repeats them; sampled answers of different lengths (right-padded)
+  // three prompts: a short one (left-padded with id 0), a long one, and the short one's very ids with
+  // every position real (its padding ids become tokens: equal ids, another mask, another prompt);
+  // their rows repeat out of order, so the groups are not adjacent rows
   tensor prompts, pmask;
   prompt_batch(*tok, {"Once upon a time", "The little dog was very happy because"}, prompts, pmask);
-  const int64_t G = 3, U = prompts.size(0), P = prompts.size(1);
-  auto ids = tensor::empty({U * G, P}, dtype::i32), m = tensor::empty({U * G, P}, dtype::i32);
-  for (int64_t b = 0; b < U * G; ++b) {
-    ids.rows(b, b + 1).copy_from(prompts.rows(b / G, b / G + 1));
-    m.rows(b, b + 1).copy_from(pmask.rows(b / G, b / G + 1));
+  const int64_t P = prompts.size(1);
+  REQUIRE(pmask.data<int32_t>()[0] == 0);  // the short prompt is padded
+  const std::vector<int64_t> order = {0, 1, 2, 1, 0, 2, 1};  // 2: the short prompt, all real
+  const int64_t R = static_cast<int64_t>(order.size());
+  auto ids = tensor::empty({R, P}, dtype::i32), m = tensor::empty({R, P}, dtype::i32);
+  for (int64_t b = 0; b < R; ++b) {
+    const int64_t src = order[static_cast<size_t>(b)] == 1 ? 1 : 0;
+    ids.rows(b, b + 1).copy_from(prompts.rows(src, src + 1));
+    m.rows(b, b + 1).copy_from(pmask.rows(src, src + 1));
+    if (order[static_cast<size_t>(b)] == 2)
+      for (int64_t t = 0; t < P; ++t) m.data<int32_t>()[b * P + t] = 1;
   }
   ppo::ppo_settings s;
   s.max_answer_seq_len = 40;  // over 32 answer tokens: the answers' attention takes the GEMM path
@@ -530,21 +537,23 @@ TEST_CASE("PPO: shared_prompt_logprobs (one prompt forward per group) gives sequ
   auto e = ppo::generate_rollouts(actor, ids, m, s, tok->eos_id(), 0, 11);
   REQUIRE(e.has_value());
   const int64_t B = e->seq.size(0), S = e->seq.size(1);
-  REQUIRE(B == U * G);
+  REQUIRE(B == R);
   activations a;
   const tensor want = ppo::sequence_logprobs(ref, a, e->seq, e->attention_mask);
   const tensor got = ppo::shared_prompt_logprobs(ref, a, e->seq, e->attention_mask, P);
   REQUIRE(got.shape() == want.shape());
   double worst = 0;
-  int64_t compared = 0;
+  int64_t compared = 0, not_finite = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t + 1 < S; ++t) {
+      const float g = got.data<float>()[b * (S - 1) + t];
+      not_finite += !std::isfinite(g);
       if (!e->attention_mask.data<int32_t>()[b * S + t + 1]) continue;  // the log-prob of a real token
-      const double d = std::fabs(double(got.data<float>()[b * (S - 1) + t]) - want.data<float>()[b * (S - 1) + t]);
-      worst = std::max(worst, d);
+      worst = std::max(worst, std::fabs(double(g) - want.data<float>()[b * (S - 1) + t]));
       ++compared;
     }
   MESSAGE("largest difference " << worst << " over " << compared << " log-probs");
+  CHECK(not_finite == 0);
   CHECK(compared > B * (P / 2));
   CHECK(worst < 2e-5);
   // no repeated prompt: the plain forward, bit for bit
@@ -553,4 +562,7 @@ TEST_CASE("PPO: shared_prompt_logprobs (one prompt forward per group) gives sequ
   const tensor one_want = ppo::sequence_logprobs(ref, a, e->seq.rows(0, 1).clone(), e->attention_mask.rows(0, 1).clone());
   CHECK(same_bits(one, one_want));
   CHECK_THROWS_AS(ppo::shared_prompt_logprobs(ref, a, e->seq, e->attention_mask, S), std::invalid_argument);
+  auto valued = load_llama2c(test::model_path());
+  valued.add_value_head(1);
+  CHECK_THROWS_AS(ppo::shared_prompt_logprobs(valued, a, e->seq, e->attention_mask, P), std::invalid_argument);
 }

@@ -111,6 +111,8 @@ tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& s
   if (P <= 0 || P >= S)
     throw std::invalid_argument("shared_prompt_logprobs: prompt_len " + std::to_string(P) + " outside (0, " +
                                 std::to_string(S) + ")");
+  if (model.has_value_head())
+    throw std::invalid_argument("shared_prompt_logprobs: the model has a value head (values, not log-probs)");
   // rows grouped by prompt (the first P columns' tokens and mask)
   const row_groups g = group_rows(B, [&](int64_t b) {
     std::vector<int32_t> key(seq.data<int32_t>() + b * S, seq.data<int32_t>() + b * S + P);

@@ -103,7 +103,8 @@ tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, c
 /// instead of G. The same log-probs up to rounding (the attention sums keys in other blocks), not the
 /// same bits, so only for a model nothing trains against bit for bit (the reference); keeps nothing
 /// for a backward. Falls back to sequence_logprobs when no prompt repeats or the model is not on the
-/// CPU. Throws std::invalid_argument unless 0 < prompt_len < S.
+/// CPU. It holds the (B, S, V) logits besides the two parts they are made of. Throws
+/// std::invalid_argument unless 0 < prompt_len < S, or when the model has a value head.
 tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
                               int64_t prompt_len);
 /// Values of a value-head model at t < S-1: (B, L). `acts` as sequence_logprobs.

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -64,8 +65,17 @@ std::string line_process::start() {
   posix_spawn_file_actions_adddup2(&fa, sv[1], 1);
   posix_spawn_file_actions_addopen(&fa, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   std::vector<std::string> env_store;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "PYTHONUNBUFFERED=", 17) != 0) env_store.emplace_back(*e);
+  // The OpenMP wait settings flowrun gave itself (tools/flowrun/omp_defaults.cpp) stay flowrun's: the
+  // child gets the user's environment (an active wait would make its own OpenMP threads spin)
+  const char* ours = std::getenv("FLOWRUN_OMP_DEFAULTS");
+  const bool drop_omp = ours && std::strcmp(ours, "1") == 0;
+  auto is = [](const char* e, const char* name) { return std::strncmp(e, name, std::strlen(name)) == 0; };
+  for (char** e = environ; *e; ++e) {
+    if (is(*e, "PYTHONUNBUFFERED=")) continue;
+    if (drop_omp && (is(*e, "OMP_WAIT_POLICY=") || is(*e, "GOMP_SPINCOUNT=") || is(*e, "FLOWRUN_OMP_DEFAULTS=")))
+      continue;
+    env_store.emplace_back(*e);
+  }
   env_store.emplace_back("PYTHONUNBUFFERED=1");
   std::vector<char*> envp;
   for (auto& s : env_store) envp.push_back(s.data());

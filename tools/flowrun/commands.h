@@ -64,11 +64,13 @@ struct exit_request {
 /// OMP_WAIT_POLICY nor GOMP_SPINCOUNT: re-executes this program (argv unchanged) with
 /// OMP_WAIT_POLICY=active, GOMP_SPINCOUNT=300000 and FLOWRUN_OMP_DEFAULTS=1, since libgomp reads them
 /// before main (tools/flowrun/omp_defaults.cpp says why). Returns when nothing is to be done, or when
-/// the exec failed (then with the environment as it was). Linux only; elsewhere a no-op.
+/// the exec failed (then with the environment as it was), or /proc/self/exe is the dynamic loader.
+/// Linux only; elsewhere a no-op.
 void apply_omp_defaults(const std::vector<std::string>& args, char** argv);
 
-/// Whether this process runs with flowrun's OpenMP wait settings (FLOWRUN_OMP_DEFAULTS=1, set by
-/// apply_omp_defaults and inherited by the processes it starts).
+/// Whether this process runs with flowrun's OpenMP wait settings (FLOWRUN_OMP_DEFAULTS=1 with
+/// OMP_WAIT_POLICY=active and GOMP_SPINCOUNT=300000, as apply_omp_defaults sets them and the flowrun
+/// processes it starts inherit them).
 bool omp_defaults_applied();
 
 /// argv as strings, with "run" inserted before argv[1] when argv[1] names a

@@ -15,9 +15,16 @@
 // the process's original block. So the process re-executes itself once (same pid, arguments and
 // standard streams) with the two variables set, and with FLOWRUN_OMP_DEFAULTS=1, which says who chose
 // them. A user's own setting of either variable wins: then nothing is set and nothing re-executed.
+// Nor is anything when /proc/self/exe is the dynamic loader (`ld-linux-x86-64.so.2 flowrun run ...`:
+// exec-ing it with flowrun's arguments would load the wrong program). The re-exec costs one more
+// process start (~0.1 s) per graph run; the commands that run no graph (generate, chat, eval, ...)
+// hold one OpenMP pool, which libgomp does not throttle, and are left alone. Child processes that are
+// not flowrun (a reward function's script, runtime/util/line_process.cpp) get the user's environment.
 #include <unistd.h>
 
+#include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -31,6 +38,13 @@ void apply_omp_defaults(const std::vector<std::string>& args, char** argv) {
   if (sub != "run" && sub != "train" && sub != "launch" && sub != "node") return;
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
 #if defined(__linux__)
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return;
+  exe[n] = '\0';
+  const char* base = std::strrchr(exe, '/');
+  base = base ? base + 1 : exe;
+  if (std::strncmp(base, "ld-", 3) == 0 || std::strncmp(base, "ld.so", 5) == 0) return;  // run through the loader
   setenv("OMP_WAIT_POLICY", "active", 1);
   setenv("GOMP_SPINCOUNT", "300000", 1);
   setenv("FLOWRUN_OMP_DEFAULTS", "1", 1);
@@ -44,8 +58,11 @@ void apply_omp_defaults(const std::vector<std::string>& args, char** argv) {
 }
 
 bool omp_defaults_applied() {
-  const char* v = std::getenv("FLOWRUN_OMP_DEFAULTS");
-  return v && *v == '1';
+  auto is = [](const char* name, const char* want) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, want) == 0;
+  };
+  return is("FLOWRUN_OMP_DEFAULTS", "1") && is("OMP_WAIT_POLICY", "active") && is("GOMP_SPINCOUNT", "300000");
 }
 
 }  // namespace flowrun::cli

@@ -776,11 +776,12 @@ HWY_INLINE void PackTransposed(int64_t W, int64_t nj, int64_t K, const float* sr
     for (int64_t k = k4; k < K; ++k) dst[k * W + j] = src[j * ldb + k];
 #endif
   for (int64_t j = j4; j < W; ++j) {  // the rows past the last whole block, then the zero padding
-    const float* s = src + j * ldb;
-    if (j < nj)
+    if (j < nj) {
+      const float* s = src + j * ldb;
       for (int64_t k = 0; k < K; ++k) dst[k * W + j] = s[k];
-    else
+    } else {
       for (int64_t k = 0; k < K; ++k) dst[k * W + j] = 0.0f;
+    }
   }
 }
 

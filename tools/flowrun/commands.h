@@ -68,10 +68,9 @@ struct exit_request {
 /// Linux only; elsewhere a no-op.
 void apply_omp_defaults(const std::vector<std::string>& args, char** argv);
 
-/// Whether this process runs with flowrun's OpenMP wait settings (FLOWRUN_OMP_DEFAULTS=1 with
-/// OMP_WAIT_POLICY=active and GOMP_SPINCOUNT=300000, as apply_omp_defaults sets them and the flowrun
-/// processes it starts inherit them).
-bool omp_defaults_applied();
+/// With FLOWRUN_SHOW_OMP=1: prints to stderr the OpenMP wait settings this process runs with and who
+/// chose them (flowrun's defaults, the user's, or libgomp's defaults).
+void show_omp_settings_if_asked();
 
 /// argv as strings, with "run" inserted before argv[1] when argv[1] names a
 /// graph (ends in ".graph", or is an existing file) and is not the name of

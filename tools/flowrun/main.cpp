@@ -46,15 +46,7 @@ int main(int argc, char** argv) {
   // `flowrun x.graph ...` is `flowrun run x.graph ...`.
   auto args = flowrun::cli::expand_graph_shorthand(app, argc, argv);
   flowrun::cli::apply_omp_defaults(args, argv);  // may re-execute this program (same pid and arguments)
-  // FLOWRUN_SHOW_OMP=1: the OpenMP wait settings this process runs with, and who chose them (tests/CMakeLists.txt)
-  if (const char* show = std::getenv("FLOWRUN_SHOW_OMP"); show && *show == '1') {
-    auto val = [](const char* n) { const char* v = std::getenv(n); return v ? v : "(unset)"; };
-    const char* who = flowrun::cli::omp_defaults_applied()                                  ? "flowrun's defaults"
-                      : std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") ? "the user's"
-                                                                                          : "libgomp's defaults";
-    std::fprintf(stderr, "flowrun: OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s (%s)\n", val("OMP_WAIT_POLICY"),
-                 val("GOMP_SPINCOUNT"), who);
-  }
+  flowrun::cli::show_omp_settings_if_asked();  // FLOWRUN_SHOW_OMP=1 (tests/omp_defaults.sh)
   std::vector<char*> args_c;
   for (auto& a : args) args_c.push_back(a.data());
   try {

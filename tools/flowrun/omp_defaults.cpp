@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -31,6 +32,20 @@
 #include "tools/flowrun/commands.h"
 
 namespace flowrun::cli {
+
+namespace {
+
+/// Whether this process runs with flowrun's settings: the marker and both values as apply_omp_defaults
+/// sets them (the flowrun processes it starts inherit them; a hand-exported marker alone is not enough).
+bool omp_defaults_applied() {
+  auto is = [](const char* name, const char* want) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, want) == 0;
+  };
+  return is("FLOWRUN_OMP_DEFAULTS", "1") && is("OMP_WAIT_POLICY", "active") && is("GOMP_SPINCOUNT", "300000");
+}
+
+}  // namespace
 
 void apply_omp_defaults(const std::vector<std::string>& args, char** argv) {
   if (args.size() < 2) return;
@@ -57,12 +72,16 @@ void apply_omp_defaults(const std::vector<std::string>& args, char** argv) {
 #endif
 }
 
-bool omp_defaults_applied() {
-  auto is = [](const char* name, const char* want) {
-    const char* v = std::getenv(name);
-    return v && std::strcmp(v, want) == 0;
-  };
-  return is("FLOWRUN_OMP_DEFAULTS", "1") && is("OMP_WAIT_POLICY", "active") && is("GOMP_SPINCOUNT", "300000");
+void show_omp_settings_if_asked() {
+  const char* show = std::getenv("FLOWRUN_SHOW_OMP");
+  if (!show || *show != '1') return;
+  auto val = [](const char* n) { const char* v = std::getenv(n); return v ? v : "(unset)"; };
+  const char* who = omp_defaults_applied()                                            ? "flowrun's defaults"
+                    : std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") ? "the user's"
+                                                                                      : "libgomp's defaults";
+  std::fprintf(stderr, "flowrun: OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s (%s)\n", val("OMP_WAIT_POLICY"),
+               val("GOMP_SPINCOUNT"), who);
 }
+
 
 }  // namespace flowrun::cli

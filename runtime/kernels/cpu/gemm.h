@@ -59,7 +59,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 #include <cblas.h>  // OpenBLAS's, linked in every build (cmake/deps.cmake); before blis.h
 

@@ -21,6 +21,8 @@
 # --trl adds a PPO iteration side by side with TRL's PPOTrainer and a GRPO iteration with its
 # GRPOTrainer (bench/trl_ppo.sh, N pairs per model and algorithm; it installs trl 1.12 into the venv;
 # about 10 minutes per model and algorithm).
+# With --trl or the PPO split, bench/runtime_share.py measures the actor runtime's share of a PPO
+# iteration's CPU samples under Linux perf (skipped where perf cannot record).
 # --record makes the median ratios of this run the new baseline of this machine type
 # (bench/baseline.json); otherwise the run fails when a median ratio dropped more than
 # 10% below it.
@@ -98,6 +100,41 @@ fi
 if ((ppo)); then
   echo "== ppo" >&2
   python3 "$root/bench/ppo_split.py" --flowrun "$build/bin/flowrun" --out "$out/ppo" $quick | tee -a "$results"
+fi
+
+# The actor runtime's share of a PPO iteration's CPU samples (bench/runtime_share.py, Linux perf):
+# with --trl on the TRL bench's two models at its shapes (8 prompts x 48 + 32 tokens), else on the
+# PPO split's stories260K at graphs/ppo.graph's own. Skipped, with a line, where perf cannot record.
+share_item() {  # LABEL ACTOR REWARD ITERATIONS [--set ...]
+  local label="$1" actor="$2" reward="$3" iters="$4"
+  shift 4
+  rm -rf "$out/share_policy"
+  python3 "$root/bench/runtime_share.py" --label "$label" -- "$build/bin/flowrun" "$root/graphs/ppo.graph" \
+    --no-progress --set graph.checkpoint_dir= --set "node.actor_model.model=$actor" \
+    --set "node.reward_model.model=$reward" --set "node.prompts.iterations=$iters" \
+    --set node.prompts.eval_prompts=8 --set "node.policy.output=$out/share_policy" "$@" |
+    grep '"kind": "runtime_share"' | tee -a "$results"
+}
+if ((ppo || trl)); then
+  echo "== the actor runtime's share (perf)" >&2
+  if ! command -v perf >/dev/null || ! perf record -q -e cpu-clock -o /dev/null -- true >/dev/null 2>&1; then
+    echo "run_bench: perf cannot record here (not installed, or kernel.perf_event_paranoid > 2): the runtime's share is not measured" >&2
+  elif ((trl)); then
+    shapes=(--set node.prompts.max_prompt_seq_len=48 --set node.prompts.per_device_generation_batch_size=8
+            --set node.generator.max_answer_seq_len=32 --set node.policy.per_device_training_batch_size=8
+            --set node.critic.per_device_training_batch_size=8)
+    for m in stories260K llama6m; do
+      d="$build/trl_ppo/$m"
+      [[ -d "$d/hf" && -d "$d/rm" ]] || continue
+      iters=$([[ $m == stories260K ]] && echo 30 || echo 10)
+      ((${#quick})) && iters=3
+      share_item "$m, 8 prompts x 48 + 32 tokens" "$d/hf" "$d/rm" "$iters" "${shapes[@]}" ||
+        echo "run_bench: the runtime share of $m failed" >&2
+    done
+  elif [[ -f "$out/ppo/sft.bin" && -d "$out/ppo/rm" ]]; then
+    share_item "stories260K, graphs/ppo.graph" "$out/ppo/sft.bin" "$out/ppo/rm" "$( ((${#quick})) && echo 3 || echo 30)" ||
+      echo "run_bench: the runtime share failed" >&2
+  fi
 fi
 
 python3 "$root/bench/report.py" "$results" --baseline "$root/bench/baseline.json" $record | tee "$out/report.md"

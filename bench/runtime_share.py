@@ -2,8 +2,9 @@
 """The actor runtime's share of a job's CPU time (issue 19's "actor-runtime overhead < 2% of a
 PPO iteration"), from `perf record` with DWARF call stacks.
 
-  bench/runtime_share.py [--freq HZ=1000] [--keep FILE] -- COMMAND...
+  bench/runtime_share.py [--freq HZ=1000] [--keep FILE] [--label TEXT] -- COMMAND...
   e.g. bench/runtime_share.py -- build/bin/flowrun graphs/ppo.graph --no-progress --set ...
+  (bench/run_bench.sh runs it on graphs/ppo.graph, one line per model, for its goals table)
 
 Runs COMMAND under `perf record -e cpu-clock --call-graph dwarf` (Linux perf; a
 perf_event_paranoid of 2 is enough for one's own processes), then files every sample by
@@ -85,6 +86,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--freq", type=int, default=1000, help="samples per second per CPU (perf -F)")
     ap.add_argument("--keep", help="keep perf's data file here")
+    ap.add_argument("--label", help="what was run, copied into the JSON line (bench/run_bench.sh: the model)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -114,9 +116,11 @@ def main():
     for k in ("kernels", "openmp", "node code", "actor runtime", "other", "start-up"):
         print(f"| {k} | {100 * counts[k] / n:.2f}% | " +
               (f"{100 * counts[k] / steady:.2f}% |" if k != "start-up" and steady else "|"))
-    print(json.dumps({"kind": "runtime_share", "samples": n,
-                      "share": {k: counts[k] / n for k in counts},
-                      "runtime_share_steady": counts["actor runtime"] / steady if steady else None}))
+    line = {"kind": "runtime_share", "samples": n, "share": {k: counts[k] / n for k in counts},
+            "runtime_share_steady": counts["actor runtime"] / steady if steady else None}
+    if a.label:
+        line["label"] = a.label
+    print(json.dumps(line))
 
 
 if __name__ == "__main__":

@@ -671,25 +671,36 @@ void SoftmaxRow(float* a, int64_t n, const int32_t* pad, int64_t npad) {
 
 /// Rows [0, NG) and lane chunks [0, NC) of O = P V: o[g, c] = sum_j p[g, j] v[j, c], NG NC vector
 /// FMA chains over the keys j < nvis in order, zero probabilities skipped. p row stride lda, v row
-/// stride ldkv, o row stride ldo.
-template <int NG, int NC>
+/// stride ldkv, o row stride ldo. D: the vectors (the full width, or a capped one for the lanes of
+/// a head that a full vector would overrun); each output lane is the same chain whatever the width.
+template <int NG, int NC, class D = DF>
 HWY_INLINE void PvTile(int64_t nvis, const float* p, int64_t lda, const float* v, int64_t ldkv, float* o,
                        int64_t ldo) {
-  const DF d;
+  const D d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  VF acc[NG * NC];
+  hn::Vec<D> acc[NG * NC];
   for (int i = 0; i < NG * NC; ++i) acc[i] = hn::Zero(d);
   for (int64_t j = 0; j < nvis; ++j) {
     const float* vj = v + j * ldkv;
     for (int g = 0; g < NG; ++g) {
       const float pj = p[g * lda + j];
       if (pj == 0.0f) continue;
-      const VF pv = hn::Set(d, pj);
+      const auto pv = hn::Set(d, pj);
       for (int c = 0; c < NC; ++c) acc[g * NC + c] = hn::MulAdd(pv, hn::LoadU(d, vj + c * N), acc[g * NC + c]);
     }
   }
   for (int g = 0; g < NG; ++g)
     for (int c = 0; c < NC; ++c) hn::StoreU(acc[g * NC + c], d, o + g * ldo + c * N);
+}
+
+/// One lane chunk of D's width for every head of the group: PvTile over 4, 2 and 1 heads at once.
+template <class D>
+HWY_INLINE void PvGroups(int64_t group, int64_t nvis, const float* p, int64_t lda, const float* v, int64_t ldkv,
+                         float* o, int64_t ldo) {
+  int64_t g = 0;
+  for (; g + 4 <= group; g += 4) PvTile<4, 1, D>(nvis, p + g * lda, lda, v, ldkv, o + g * ldo, ldo);
+  for (; g + 2 <= group; g += 2) PvTile<2, 1, D>(nvis, p + g * lda, lda, v, ldkv, o + g * ldo, ldo);
+  for (; g < group; ++g) PvTile<1, 1, D>(nvis, p + g * lda, lda, v, ldkv, o + g * ldo, ldo);
 }
 
 void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const float* q, int64_t ldq, const float* k,
@@ -706,10 +717,7 @@ void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const fl
   // of lanes (one chain at a time ran at one FMA per latency)
   const int64_t chunks = hs / N;
   if (chunks == 1) {
-    int64_t g = 0;
-    for (; g + 4 <= group; g += 4) PvTile<4, 1>(nvis, a + g * lda, lda, v, ldkv, o + g * ldo, ldo);
-    for (; g + 2 <= group; g += 2) PvTile<2, 1>(nvis, a + g * lda, lda, v, ldkv, o + g * ldo, ldo);
-    for (; g < group; ++g) PvTile<1, 1>(nvis, a + g * lda, lda, v, ldkv, o + g * ldo, ldo);
+    PvGroups<DF>(group, nvis, a, lda, v, ldkv, o, ldo);
   } else if (chunks > 1) {
     for (int64_t g = 0; g < group; ++g) {
       const float* ag = a + g * lda;
@@ -728,7 +736,23 @@ void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const fl
       }
     }
   }
-  for (int64_t c = chunks * N; c < hs; ++c)  // the tail of a head size that is not a multiple of the lanes
+  // lanes past the whole vectors (a head size under the lanes: stories260K's 8 on AVX-512) in
+  // vectors of 8 and 4 lanes, then one by one: the same chains, so the same bits (1.9x decode at
+  // head size 8 on AVX-512: docs/performance.md change 27)
+  int64_t c0 = chunks * N;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (HWY_MAX_BYTES / sizeof(float) > 8)
+    if (hs - c0 >= 8) {
+      PvGroups<hn::CappedTag<float, 8>>(group, nvis, a, lda, v + c0, ldkv, o + c0, ldo);
+      c0 += 8;
+    }
+  if constexpr (HWY_MAX_BYTES / sizeof(float) > 4)
+    if (hs - c0 >= 4) {
+      PvGroups<hn::CappedTag<float, 4>>(group, nvis, a, lda, v + c0, ldkv, o + c0, ldo);
+      c0 += 4;
+    }
+#endif
+  for (int64_t c = c0; c < hs; ++c)  // the tail of a head size that is not a multiple of the lanes
     for (int64_t g = 0; g < group; ++g) {
       const float* ag = a + g * lda;
       float s = 0.0f;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -410,6 +411,36 @@ TEST_CASE("simd small-M GEMM: each row's bits are the same in a call of 1..16 ro
           }
         CHECK(bad == 0);
       }
+  });
+}
+
+// The epilogue with beta != 0 is fma(beta, c, s), s = alpha (A Bᵀ) rounded (the packed kernel's
+// form), in every tile shape: it was left to the compiler's contraction, which fused some tile
+// shapes into fma(alpha, sum, beta c) and not others. And K <= 8 (on paths wider than 8 lanes,
+// vectors of 8 lanes) gives the bits of the same product with K padded by zeros to 16 (the full
+// width): adding zero products changes no sum. beta = 0.3: beta c is not exact, so each of the
+// three forms rounds differently.
+TEST_CASE("simd small-M GEMM: beta != 0 is fma(beta, c, alpha A Bᵀ) in every tile, and K <= 8 has the bits of K padded to 16") {
+  for_each_path([](const std::string&) {
+    int bad_beta = 0, bad_pad = 0;
+    for (int64_t M : {1, 2, 3, 4, 5, 8, 16})
+      for (int64_t N : {1, 2, 3, 4, 7, 8, 9, 16, 17, 33})
+        for (int64_t K : {1, 3, 4, 5, 8, 16, 48}) {
+          const auto A = randv(M * K, 1.0, 81 + M * 100 + K), B = randv(N * K, 1.0, 83 + N * 100 + K);
+          const auto C0 = randv(M * N, 1.0, 85 + M + N);
+          std::vector<float> S(M * N), C(C0);
+          simd::gemm_small_nt(M, N, K, 0.75f, A.data(), K, B.data(), K, 0.0f, S.data(), N);
+          simd::gemm_small_nt(M, N, K, 0.75f, A.data(), K, B.data(), K, 0.3f, C.data(), N);
+          for (int64_t i = 0; i < M * N; ++i) bad_beta += C[i] != std::fma(0.3f, C0[i], S[i]);
+          if (K > 8) continue;
+          std::vector<float> Ap(M * 16, 0.0f), Bp(N * 16, 0.0f), P(M * N);
+          for (int64_t i = 0; i < M; ++i) std::copy_n(A.data() + i * K, K, Ap.data() + i * 16);
+          for (int64_t j = 0; j < N; ++j) std::copy_n(B.data() + j * K, K, Bp.data() + j * 16);
+          simd::gemm_small_nt(M, N, 16, 0.75f, Ap.data(), 16, Bp.data(), 16, 0.0f, P.data(), N);
+          for (int64_t i = 0; i < M * N; ++i) bad_pad += std::memcmp(&P[i], &S[i], sizeof(float)) != 0;
+        }
+    CHECK(bad_beta == 0);
+    CHECK(bad_pad == 0);
   });
 }
 

@@ -122,9 +122,11 @@ HWY_INLINE void Map(int64_t n, const float* const (&in)[NI], float* const (&out)
   }
 }
 
-/// Loads the tail x[i, n) padded with `pad` (i < n < i + Lanes).
-HWY_INLINE VF LoadTail(const float* x, int64_t i, int64_t n, float pad) {
-  const DF d;
+/// Loads the tail x[i, n) padded with `pad` (i < n < i + Lanes), in vectors of D (the full width
+/// by default).
+template <class D = DF>
+HWY_INLINE hn::Vec<D> LoadTail(const float* x, int64_t i, int64_t n, float pad) {
+  const D d;
 #if FLOWRUN_MASKED_TAILS
   const auto m = hn::FirstN(d, static_cast<size_t>(n - i));
   return hn::IfThenElse(m, hn::MaskedLoad(m, d, x + i), hn::Set(d, pad));
@@ -523,14 +525,15 @@ void LayernormRowBackward(float* dx, const float* dy, const float* x, const floa
 /// 128-bit block (InterleaveLower/Upper work per block on every x86 and NEON
 /// target), then the blocks added: 9 vector ops and 4 (blocks - 1) scalar adds
 /// instead of four full reductions.
-HWY_INLINE void Sum4(const VF* v, float* out) {
-  const DF d;
-  const hn::Repartition<uint64_t, DF> du;
-  const VF t0 = hn::Add(hn::InterleaveLower(d, v[0], v[1]), hn::InterleaveUpper(d, v[0], v[1]));
-  const VF t1 = hn::Add(hn::InterleaveLower(d, v[2], v[3]), hn::InterleaveUpper(d, v[2], v[3]));
+template <class D = DF>
+HWY_INLINE void Sum4(const hn::Vec<D>* v, float* out) {
+  const D d;
+  const hn::Repartition<uint64_t, D> du;
+  const auto t0 = hn::Add(hn::InterleaveLower(d, v[0], v[1]), hn::InterleaveUpper(d, v[0], v[1]));
+  const auto t1 = hn::Add(hn::InterleaveLower(d, v[2], v[3]), hn::InterleaveUpper(d, v[2], v[3]));
   const auto a = hn::BitCast(du, t0), b = hn::BitCast(du, t1);
   // lane j of each block: the block's sum of v[j]
-  const VF s = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, a, b)), hn::BitCast(d, hn::InterleaveUpper(du, a, b)));
+  const auto s = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, a, b)), hn::BitCast(d, hn::InterleaveUpper(du, a, b)));
   HWY_ALIGN float buf[k_max_lanes];
   hn::Store(s, d, buf);
   const size_t N = hn::Lanes(d);
@@ -546,8 +549,8 @@ HWY_INLINE void Sum4(const VF* v, float* out) {
 /// into each of its multiply-adds' memory operand and reads the row again for each (the load
 /// ports, not the FMA units, then bound the tile). A one-row tile uses each row of B once, and
 /// pinning its 16 rows would spill. Changes no value.
-template <int MR>
-HWY_INLINE VF Pin(VF v) {
+template <int MR, class V>
+HWY_INLINE V Pin(V v) {
 #if HWY_ARCH_X86 && (defined(__GNUC__) || defined(__clang__)) && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
   if constexpr (MR > 1) asm("" : "+v"(v.raw));
 #endif
@@ -555,45 +558,50 @@ HWY_INLINE VF Pin(VF v) {
 }
 
 /// One MR x NR tile of C = alpha A Bᵀ + beta C: MR rows of A against NR rows of
-/// B over K, one vector accumulator per output, the tail zero-padded.
-template <int MR, int NR>
+/// B over K, one vector accumulator of D per output, the tail zero-padded.
+template <int MR, int NR, class D = DF>
 HWY_INLINE void SmallTile(int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                           float beta, float* C, int64_t ldc) {
-  const DF d;
+  using V = hn::Vec<D>;
+  const D d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  VF acc[MR * NR];
+  V acc[MR * NR];
   for (int i = 0; i < MR * NR; ++i) acc[i] = hn::Zero(d);
   int64_t k = 0;
   for (; k + N <= K; k += N) {
-    VF b[NR];
+    V b[NR];
     for (int j = 0; j < NR; ++j) b[j] = Pin<MR>(hn::LoadU(d, B + j * ldb + k));
     // the next tile's rows of B (the weight streams from memory once), at one row too: decoding
     // at batch 1 read its weights at 10-13 GB/s without, 14-16 with (docs/performance.md change 18)
     for (int j = 0; j < NR; ++j) hwy::Prefetch(B + (NR + j) * ldb + k);
     for (int i = 0; i < MR; ++i) {
-      const VF a = Pin<MR>(hn::LoadU(d, A + i * lda + k));
+      const V a = Pin<MR>(hn::LoadU(d, A + i * lda + k));
       for (int j = 0; j < NR; ++j) acc[i * NR + j] = hn::MulAdd(a, b[j], acc[i * NR + j]);
     }
   }
   if (k < K) {
-    VF b[NR];
-    for (int j = 0; j < NR; ++j) b[j] = LoadTail(B + j * ldb, k, K, 0.0f);
+    V b[NR];
+    for (int j = 0; j < NR; ++j) b[j] = LoadTail<D>(B + j * ldb, k, K, 0.0f);
     for (int i = 0; i < MR; ++i) {
-      const VF a = LoadTail(A + i * lda, k, K, 0.0f);
+      const V a = LoadTail<D>(A + i * lda, k, K, 0.0f);
       for (int j = 0; j < NR; ++j) acc[i * NR + j] = hn::MulAdd(a, b[j], acc[i * NR + j]);
     }
   }
   float sums[MR * NR];
   int q = 0;
 #if HWY_TARGET != HWY_SCALAR
-  for (; q + 4 <= MR * NR; q += 4) Sum4(acc + q, sums + q);
+  for (; q + 4 <= MR * NR; q += 4) Sum4<D>(acc + q, sums + q);
 #endif
   for (; q < MR * NR; ++q) sums[q] = hn::GetLane(hn::SumOfLanes(d, acc[q]));
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
+      // s = alpha sum rounded, then fma(beta, c, s): the packed kernel's epilogue (PackedTiles),
+      // written out. `s + beta * c` left the contraction to the compiler, which fused it into
+      // fma(alpha, sum, beta c) in some tile shapes and ISAs and not in others, so with beta != 0
+      // an output's bits hung on the tile it fell in (docs/performance.md change 28)
       const float s = alpha * sums[i * NR + j];
       float& c = C[i * ldc + j];
-      c = beta == 0.0f ? s : s + beta * c;
+      c = beta == 0.0f ? s : std::fma(beta, c, s);
     }
 }
 
@@ -610,32 +618,45 @@ constexpr int k_small_rows = 2;
 constexpr int k_small_rows = 4;
 #endif
 
-template <int NR>
+template <int NR, class D>
 HWY_INLINE void SmallRows(int64_t M, int64_t K, float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                           float beta, float* C, int64_t ldc) {
   constexpr int R = k_small_rows;
   int64_t i = 0;
-  for (; i + R <= M; i += R) SmallTile<R, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc);
+  for (; i + R <= M; i += R) SmallTile<R, NR, D>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc);
   switch (M - i) {  // R = 2 leaves at most 1
-    case 3: SmallTile<3, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
-    case 2: SmallTile<2, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
-    case 1: SmallTile<1, NR>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
+    case 3: SmallTile<3, NR, D>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
+    case 2: SmallTile<2, NR, D>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
+    case 1: SmallTile<1, NR, D>(K, alpha, A + i * lda, lda, B, ldb, beta, C + i * ldc, ldc); break;
     default: break;
   }
 }
 
-void GemmSmallNT(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-                 int64_t ldb, float beta, float* C, int64_t ldc) {
+template <class D>
+HWY_INLINE void GemmSmallNTIn(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, int64_t lda,
+                              const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   int64_t j = 0;
   if (M == 1) {
-    for (; j + 16 <= Nn; j += 16) SmallTile<1, 16>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
-    for (; j + 8 <= Nn; j += 8) SmallTile<1, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+    for (; j + 16 <= Nn; j += 16) SmallTile<1, 16, D>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+    for (; j + 8 <= Nn; j += 8) SmallTile<1, 8, D>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
   } else if (M == 2 && k_small_rows == 4) {  // 16 accumulators: only where 32 registers hold them
-    for (; j + 8 <= Nn; j += 8) SmallTile<2, 8>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+    for (; j + 8 <= Nn; j += 8) SmallTile<2, 8, D>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
   }
-  for (; j + 4 <= Nn; j += 4) SmallRows<4>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
-  for (; j + 2 <= Nn; j += 2) SmallRows<2>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
-  for (; j < Nn; ++j) SmallRows<1>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+  for (; j + 4 <= Nn; j += 4) SmallRows<4, D>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+  for (; j + 2 <= Nn; j += 2) SmallRows<2, D>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+  for (; j < Nn; ++j) SmallRows<1, D>(M, K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+}
+
+void GemmSmallNT(int64_t M, int64_t Nn, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+                 int64_t ldb, float beta, float* C, int64_t ldc) {
+#if HWY_TARGET != HWY_SCALAR
+  // K <= 8 on a path wider than 8 lanes (decode attention's scores at head size 8, stories260K, on
+  // AVX-512): vectors of 8 lanes. The lanes past K are zeros either way, and adding a zero changes no
+  // sum, so the bits are those of the full width, at half the loads and reductions (change 28)
+  if constexpr (k_max_lanes > 8)
+    if (K <= 8) return GemmSmallNTIn<hn::CappedTag<float, 8>>(M, Nn, K, alpha, A, lda, B, ldb, beta, C, ldc);
+#endif
+  GemmSmallNTIn<DF>(M, Nn, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // ---------------------------------------------------------------- attention rows

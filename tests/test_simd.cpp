@@ -591,7 +591,7 @@ TEST_CASE("simd softmax_row and attend_decode: probabilities and outputs vs floa
   for_each_path([](const std::string& path) {
     const bool fused = path == "AVX2" || path.rfind("AVX3", 0) == 0 || (path == "NEON" && sizeof(void*) == 8);
     for (int64_t group : {1, 2, 3, 5})
-      for (int64_t hs : {1, 3, 8, 9, 16, 48, 128})
+      for (int64_t hs : {1, 3, 4, 8, 9, 12, 13, 16, 29, 48, 128})  // 4-7, 12-15 mod 16 and 29 (16 + 8 + 4 + 1): the capped vectors
         for (int64_t nvis : {1, 2, 7, 16, 17, 40, 80}) {
           CAPTURE(group);
           CAPTURE(hs);

@@ -758,8 +758,8 @@ void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const fl
     }
   }
   // lanes past the whole vectors (a head size under the lanes: stories260K's 8 on AVX-512) in
-  // vectors of 8 and 4 lanes, then one by one: the same chains, so the same bits (1.9x decode at
-  // head size 8 on AVX-512: docs/performance.md change 27)
+  // vectors of 8 and 4 lanes, then one by one: the same chains, so the same bits (stories260K
+  // decode on AVX-512 1.36x at batch 1, 1.51x at batch 16: docs/performance.md change 27)
   int64_t c0 = chunks * N;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (HWY_MAX_BYTES / sizeof(float) > 8)

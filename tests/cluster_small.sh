@@ -116,7 +116,10 @@ echo "== 1c. the console's cluster view: GET /api/cluster and flowctl cluster, t
 node w9 "$out/secret" --once; p9=$port
 node w10 "$out/secret" --once; p10=$port
 cluster_file "$out/c910.toml" w9 "$p9" w10 "$p10"
-"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+# The job must still be running when w10 is killed below, after ~5 s of checks: 2000 lines of up to
+# 400 new tokens take ~30 s in one process on the Zen 4 host (48 tokens, ~5 s there since decode got
+# faster, finished first in 2 runs of 3). The run ends at the kill, so the size costs no time.
+"$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=400 \
   --cluster "$out/c910.toml" --secret-file "$out/secret" --set node.tokenizer.on=w9 --set node.generator.on=w10 \
   --set node.sink.path="$out/view.txt" --console 0 --console-linger 6 > "$out/view.log" 2>&1 &
 run_pid=$!

@@ -43,6 +43,11 @@ TEST_CASE("line_process: the child gets the user's OpenMP settings, not those fl
   CHECK(ask_env() == "none none none");
   unsetenv("FLOWRUN_OMP_DEFAULTS");  // the user's own settings pass through
   CHECK(ask_env() == "active 300000 none");
+  setenv("OMP_WAIT_POLICY", "passive", 1);  // a hand-exported marker beside the user's own values
+  unsetenv("GOMP_SPINCOUNT");
+  setenv("FLOWRUN_OMP_DEFAULTS", "1", 1);
+  CHECK(ask_env() == "passive none 1");
+  unsetenv("FLOWRUN_OMP_DEFAULTS");
   auto restore = [](const char* n, const std::optional<std::string>& v) {
     if (v) setenv(n, v->c_str(), 1);
     else unsetenv(n);

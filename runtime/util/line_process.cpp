@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "runtime/util/omp_defaults.h"
+
 extern char** environ;
 
 namespace flowrun {
@@ -67,8 +69,7 @@ std::string line_process::start() {
   std::vector<std::string> env_store;
   // The OpenMP wait settings flowrun gave itself (tools/flowrun/omp_defaults.cpp) stay flowrun's: the
   // child gets the user's environment (an active wait would make its own OpenMP threads spin)
-  const char* ours = std::getenv("FLOWRUN_OMP_DEFAULTS");
-  const bool drop_omp = ours && std::strcmp(ours, "1") == 0;
+  const bool drop_omp = omp_defaults_applied();
   auto is = [](const char* e, const char* name) { return std::strncmp(e, name, std::strlen(name)) == 0; };
   for (char** e = environ; *e; ++e) {
     if (is(*e, "PYTHONUNBUFFERED=")) continue;

@@ -29,23 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/util/omp_defaults.h"
 #include "tools/flowrun/commands.h"
 
 namespace flowrun::cli {
-
-namespace {
-
-/// Whether this process runs with flowrun's settings: the marker and both values as apply_omp_defaults
-/// sets them (the flowrun processes it starts inherit them; a hand-exported marker alone is not enough).
-bool omp_defaults_applied() {
-  auto is = [](const char* name, const char* want) {
-    const char* v = std::getenv(name);
-    return v && std::strcmp(v, want) == 0;
-  };
-  return is("FLOWRUN_OMP_DEFAULTS", "1") && is("OMP_WAIT_POLICY", "active") && is("GOMP_SPINCOUNT", "300000");
-}
-
-}  // namespace
 
 void apply_omp_defaults(const std::vector<std::string>& args, char** argv) {
   if (args.size() < 2) return;
@@ -60,8 +47,8 @@ void apply_omp_defaults(const std::vector<std::string>& args, char** argv) {
   const char* base = std::strrchr(exe, '/');
   base = base ? base + 1 : exe;
   if (std::strncmp(base, "ld-", 3) == 0 || std::strncmp(base, "ld.so", 5) == 0) return;  // run through the loader
-  setenv("OMP_WAIT_POLICY", "active", 1);
-  setenv("GOMP_SPINCOUNT", "300000", 1);
+  setenv("OMP_WAIT_POLICY", k_omp_wait_policy, 1);
+  setenv("GOMP_SPINCOUNT", k_gomp_spincount, 1);
   setenv("FLOWRUN_OMP_DEFAULTS", "1", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: then run on with libgomp's defaults
   unsetenv("OMP_WAIT_POLICY");
@@ -76,7 +63,7 @@ void show_omp_settings_if_asked() {
   const char* show = std::getenv("FLOWRUN_SHOW_OMP");
   if (!show || *show != '1') return;
   auto val = [](const char* n) { const char* v = std::getenv(n); return v ? v : "(unset)"; };
-  const char* who = omp_defaults_applied()                                            ? "flowrun's defaults"
+  const char* who = flowrun::omp_defaults_applied()                                            ? "flowrun's defaults"
                     : std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") ? "the user's"
                                                                                       : "libgomp's defaults";
   std::fprintf(stderr, "flowrun: OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s (%s)\n", val("OMP_WAIT_POLICY"),

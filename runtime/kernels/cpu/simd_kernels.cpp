@@ -762,12 +762,12 @@ void AttendDecode(int64_t group, int64_t hs, int64_t nvis, float scale, const fl
   // decode on AVX-512 1.36x at batch 1, 1.51x at batch 16: docs/performance.md change 27)
   int64_t c0 = chunks * N;
 #if HWY_TARGET != HWY_SCALAR
-  if constexpr (HWY_MAX_BYTES / sizeof(float) > 8)
+  if constexpr (k_max_lanes > 8)
     if (hs - c0 >= 8) {
       PvGroups<hn::CappedTag<float, 8>>(group, nvis, a, lda, v + c0, ldkv, o + c0, ldo);
       c0 += 8;
     }
-  if constexpr (HWY_MAX_BYTES / sizeof(float) > 4)
+  if constexpr (k_max_lanes > 4)
     if (hs - c0 >= 4) {
       PvGroups<hn::CappedTag<float, 4>>(group, nvis, a, lda, v + c0, ldkv, o + c0, ldo);
       c0 += 4;

@@ -112,6 +112,7 @@ class dpo_trainer final : public dschat_trainer {
     }
   }
 
+  bool has_held_out() const override { return !eval_.empty(); }
   std::string evaluate(actor::node_context&, bool before, double seconds,
                        const dschat::batch_progress_fn& progress) override {
     const auto e = dschat::dpo_eval(*model_, *reference_, eval_, s_, progress);

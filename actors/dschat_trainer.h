@@ -143,6 +143,10 @@ class dschat_trainer : public actor::node {
   /// ("step 1 sft held-out 3/12 ETA 0:04" while it runs, "12/12 done" after; the pass after
   /// training starts the count again, so its ETA is its own). No held-out batch: no phase.
   std::string held_out_pass(actor::node_context& ctx, bool before, double seconds) {
+    if (!has_held_out())  // a loss or accuracy over no example would print as 0
+      return fmt::format("{} no held-out example {}: this step's share of the data left none at eval_fraction = {}; "
+                         "give more rows or raise eval_fraction",
+                         tag_, before ? "before training" : "after training", ctx.spec().get_float("eval_fraction"));
     const std::string what = phase_name() + " held-out";
     ctx.phase(what);
     return evaluate(ctx, before, seconds, [&ctx, &what](int64_t done, int64_t total) {
@@ -159,6 +163,8 @@ class dschat_trainer : public actor::node {
   /// dpo_eval), which reports each batch done.
   virtual std::string evaluate(actor::node_context& ctx, bool before, double seconds,
                                const dschat::batch_progress_fn& progress) = 0;
+  /// Whether prepare_data() left at least one held-out batch for evaluate().
+  virtual bool has_held_out() const = 0;
 
   /// The model as loaded (a value head added when the step has one), before LoRA and the
   /// engine: e.g. the DPO step's frozen reference is a copy of it. Default: nothing.

@@ -124,6 +124,7 @@ class sft_trainer final : public dschat_trainer {
                             r.lr, tps));
   }
 
+  bool has_held_out() const override { return !eval_.empty(); }
   std::string evaluate(actor::node_context&, bool before, double seconds,
                        const dschat::batch_progress_fn& progress) override {
     const auto e = dschat::sft_eval(*model_, eval_, progress);
@@ -218,6 +219,7 @@ class rm_trainer final : public dschat_trainer {
     }
   }
 
+  bool has_held_out() const override { return !eval_.empty(); }
   std::string evaluate(actor::node_context&, bool before, double seconds,
                        const dschat::batch_progress_fn& progress) override {
     const auto ev = dschat::rm_eval(*model_, eval_, progress);

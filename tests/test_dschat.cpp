@@ -168,6 +168,11 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
         std::string::npos);
   CHECK(error_of([&] { load_source((tmp.path / "nope.jsonl").string()); }).find("nope.jsonl: cannot open") !=
         std::string::npos);
+  // a folder given as the data: said so, not reported as a damaged gzip file
+  std::filesystem::create_directories(tmp.path / "adir");
+  const auto dir_msg = error_of([&] { load_source((tmp.path / "adir").string()); });
+  CHECK(dir_msg.find("adir: is a folder, not a data file") != std::string::npos);
+  CHECK(dir_msg.find("gzip") == std::string::npos);
 
   // raw HH-RLHF dialogues, gzip: mismatched prompts are dropped and counted, a dialogue
   // without an Assistant turn or with an empty last answer is malformed

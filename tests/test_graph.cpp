@@ -1557,3 +1557,37 @@ TEST_CASE("paths: one rule for inputs and outputs, a file's folder for written p
   CHECK(contains(explain(*kinds.lookup("sink")), "output"));
   fs::remove_all(root);
 }
+
+TEST_CASE("an unconnected port's hint names a port no edge uses yet, not a connected sibling") {
+  // src2 and b were left out of the edges; the hint must pair them with each other, not with the
+  // already connected src1 / a (as ppo.graph's critic.stats, missing, belongs to critic_stats,
+  // not to actor_stats).
+  auto r = parse_graph_string(R"(edges = ["src1.lines -> a.items"]
+[graph]
+name = "two_pairs"
+[node.src1]
+kind = "text_source"
+path = "x.txt"
+[node.src2]
+kind = "text_source"
+path = "y.txt"
+[node.a]
+kind = "sink"
+[node.b]
+kind = "sink"
+)",
+                              "two_pairs.graph");
+  REQUIRE(r.ok());
+  validate_options no_files = test_options();
+  no_files.check_files = false;
+  auto v = validate(r.spec, test_kinds(), no_files);
+  bool saw_in = false;
+  for (const auto& e : v.errors) {
+    if (contains(e.message, "port 'items'")) {
+      saw_in = true;
+      CHECK(contains(e.hint, "\"src2.lines -> b.items\""));
+    }
+    if (contains(e.message, "port 'lines'")) CHECK(contains(e.hint, "\"src2.lines -> b.items\""));
+  }
+  CHECK(saw_in);
+}

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -34,6 +35,8 @@ uint64_t bounded(uint64_t& s, uint64_t bound) {
 
 // The whole (decompressed) file. gzread passes plain files through unchanged.
 std::string read_maybe_gzip(const std::string& path) {
+  if (std::error_code ec; std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(path + ": is a folder, not a data file; give the path of the JSONL file (or .jsonl.gz) in it");
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + "); check the path");
   std::string out;
@@ -213,7 +216,8 @@ source load_source(const std::string& path, data_format format) {
       throw std::runtime_error(path + ": cannot tell the data layout: no line is a JSON object with the keys "
                                       "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected} or {question, answer}" +
                                (bad.empty() ? std::string(" (the file is empty)") : " (" + list_bad(bad, 5) + ")") +
-                               "; fix the file or pass the format explicitly");
+                               "; fix the file: one JSON object per line, such as {\"prompt\": \"...\", \"chosen\": \"...\", "
+                                 "\"rejected\": \"...\"} (DS-Chat's layout)");
     }
   }
   rep.format = format;

@@ -265,8 +265,11 @@ class validator {
   void report_missing(const node_spec& node, const std::string& name, const std::string& text, const source_pos& pos,
                       const std::vector<fs::path>& tried) {
     std::string looked;
-    for (std::size_t i = 0; i < tried.size(); ++i)
-      looked += (i ? " and '" : "'") + (tried[i].empty() ? std::string(".") : tried[i].string()) + "'";
+    for (std::size_t i = 0; i < tried.size(); ++i) {  // absolute, whatever the asset root was given as
+      std::error_code ec;
+      const fs::path abs = fs::absolute(tried[i].empty() ? fs::path(".") : tried[i], ec).lexically_normal();
+      looked += (i ? " and '" : "'") + (ec ? tried[i].string() : abs.string()) + "'";
+    }
     const std::string base = pos.from_command_line() ? "relative paths given with --set are looked up in the "
                                                        "working directory"
                                                      : "relative paths in a file are looked up next to that file";
@@ -339,6 +342,23 @@ class validator {
         if (p->message_type == type) out.push_back(result_.spec.nodes[i].name + "." + p->name);
     }
     return out;
+  }
+
+  /// The port to suggest for a missing edge of `type` into (d = in) or out of (d = out) node `self`:
+  /// one on another node, a port no edge uses yet first (a stats port left unconnected pairs with the
+  /// other one left unconnected, not with its connected sibling); "" when the graph has none.
+  std::string suggested_port(const std::string& type, port_dir d, std::size_t self) const {
+    std::string used;
+    for (std::size_t i = 0; i < kind_of_.size(); ++i) {
+      if (!kind_of_[i] || i == self) continue;
+      for (const auto* p : kind_of_[i]->ports_of(d)) {
+        if (p->message_type != type) continue;
+        const std::string name = result_.spec.nodes[i].name + "." + p->name;
+        if (!connected_.count({i, p->name})) return name;
+        if (used.empty()) used = name;
+      }
+    }
+    return used;
   }
 
   std::optional<std::size_t> find_index(const std::string& name, const source_pos& at, std::string_view role) {
@@ -483,15 +503,15 @@ class validator {
         std::string here = node.name + "." + p.name;
         std::string hint;
         if (p.dir == port_dir::in) {
-          auto producers = ports_of_type(p.message_type, port_dir::out);
-          hint = producers.empty() ? "add an edge \"NODE.PORT -> " + here + "\" from an out port of type '" +
-                                         p.message_type + "' to edges"
-                                   : "add an edge such as \"" + producers[0] + " -> " + here + "\" to edges";
+          const std::string producer = suggested_port(p.message_type, port_dir::out, i);
+          hint = producer.empty() ? "add an edge \"NODE.PORT -> " + here + "\" from an out port of type '" +
+                                        p.message_type + "' to edges"
+                                  : "add an edge such as \"" + producer + " -> " + here + "\" to edges";
         } else {
-          auto consumers = ports_of_type(p.message_type, port_dir::in);
-          hint = consumers.empty() ? "add an edge \"" + here + " -> NODE.PORT\" to an in port of type '" +
-                                         p.message_type + "' to edges"
-                                   : "add an edge such as \"" + here + " -> " + consumers[0] + "\" to edges";
+          const std::string consumer = suggested_port(p.message_type, port_dir::in, i);
+          hint = consumer.empty() ? "add an edge \"" + here + " -> NODE.PORT\" to an in port of type '" +
+                                        p.message_type + "' to edges"
+                                  : "add an edge such as \"" + here + " -> " + consumer + "\" to edges";
         }
         error(node.pos,
               "required " + std::string(to_string(p.dir)) + " port '" + p.name + "' (" + p.message_type + ") of " +

@@ -38,8 +38,10 @@ fs::path resolve_user_path(const std::string& path, const std::string& what) {
   if (p.is_relative()) {
     fs::path under = assets_root() / p;
     if (fs::exists(under)) return under;
+    std::error_code ec;
+    const fs::path shown = fs::absolute(under, ec).lexically_normal();
     throw asset_missing(what + " file not found: '" + path + "' (looked in the working directory and in " +
-                        under.string() + "). Check the path, or set FLOWRUN_ASSETS.");
+                        (ec ? under : shown).string() + "). Check the path, or set FLOWRUN_ASSETS.");
   }
   throw asset_missing(what + " file not found: '" + path + "'. Check the path.");
 }

@@ -113,6 +113,8 @@ void add_eval(CLI::App& app) {
   pr->callback([o] {
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
+    if (o->n < 1) throw std::invalid_argument("--n must be >= 1");
+    if (o->max_prompt_seq_len < 1) throw std::invalid_argument("--max_prompt_seq_len must be >= 1");
     auto chat = chat_option(*o);  // before the models: a refused template costs no load
     auto base = load_policy(o->baseline);
     auto tuned = load_policy(o->finetuned);

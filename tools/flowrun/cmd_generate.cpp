@@ -1,3 +1,4 @@
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -116,7 +117,19 @@ void add_generate(CLI::App& app) {
       ->capture_default_str()
       ->check(check("top_p"));
   sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(check("top_k"));
-  sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off")->capture_default_str();
+  sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off; > 1 discourages repeats (CTRL)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            float x = 0;
+            try {
+              x = std::stof(v);
+            } catch (const std::exception&) {
+              return std::string("must be a number, got ") + v;
+            }
+            return std::isfinite(x) && x > 0 ? std::string() : "must be finite and > 0 (1 = off), got " + v;
+          },
+          "FLOAT > 0"));
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str()

@@ -57,7 +57,12 @@ void add_train_lm(CLI::App& app) {
     if (o->per_device_train_batch_size < 1) throw std::invalid_argument("--per_device_train_batch_size must be >= 1");
     if (o->seq_length < 1) throw std::invalid_argument("--seq_length must be >= 1");
     if (o->steps < 0) throw std::invalid_argument("--steps must be >= 0");
-    if (o->learning_rate <= 0) throw std::invalid_argument("--learning_rate must be > 0");
+    if (!std::isfinite(o->learning_rate) || o->learning_rate <= 0)
+      throw std::invalid_argument("--learning_rate must be finite and > 0");
+    if (!std::isfinite(o->weight_decay) || o->weight_decay < 0)
+      throw std::invalid_argument("--weight_decay must be finite and >= 0");
+    if (!std::isfinite(o->gradient_clipping) || o->gradient_clipping < 0)
+      throw std::invalid_argument("--gradient_clipping must be finite and >= 0 (0 = off)");
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     lm_dataset data(resolve_user_path(o->data, "training data").string(), *tok, o->seq_length);
     data.set_seed(static_cast<uint64_t>(o->seed));

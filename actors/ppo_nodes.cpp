@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -37,6 +38,7 @@
 #include "models/lm_data.h"
 #include "models/rlhf/ppo.h"
 #include "models/rlhf/ppo_checkpoint.h"
+#include "models/safetensors.h"
 #include "models/train/shard_checkpoint.h"
 #include "runtime/util/assets.h"
 
@@ -70,10 +72,37 @@ class prompt_loader final : public actor::node {
     order_.check(ctx.name(), "per_device_generation_batch_size");
     // step-3 resume: the held-out "before" batch was scored and J batches trained on before the
     // commit; the order is a function of the batches drawn, so draw them again
-    if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) {
+    const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir());
+    check_settings_on_resume(ctx, rp.has_value());
+    if (rp) {
       for (int64_t i = 0; i < std::min(rp->point.iteration, iterations_); ++i) order_.next(ctx.name());
       next_ = 1 + rp->point.iteration;
     }
+  }
+
+  // Which prompts an uninterrupted run draws next hangs on these settings (the split, the batch
+  // size, the seed, the prompts' tokens), and no trainer's checkpoint records them: the loader
+  // writes them into CHECKPOINT_DIR/NAME.settings.json when step 3 starts afresh, and a resume
+  // refuses a change. A longer run (iterations), eval_prompts and supervision may change.
+  static void check_settings_on_resume(actor::node_context& ctx, bool resuming) {
+    if (ctx.checkpoint_dir().empty()) return;
+    const std::set<std::string> safe = {"iterations", "eval_prompts", "restart", "max_restarts"};
+    const std::string path = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".settings.json")).string();
+    if (!resuming) {
+      std::filesystem::create_directories(ctx.checkpoint_dir());
+      write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
+      return;
+    }
+    if (!std::filesystem::exists(path)) return;  // a checkpoint from before the record: accepted
+    nlohmann::json recorded;
+    try {
+      std::ifstream f(path);
+      recorded = nlohmann::json::parse(f);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path + " is not a settings record (" + e.what() + "): delete " + ctx.checkpoint_dir() +
+                               " to start step 3 afresh");
+    }
+    check_resume_settings(ctx, recorded, path, safe, "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
   }
   void on_message(actor::node_context&, std::string_view, actor::payload) override {
     ready_ = true;
@@ -496,6 +525,7 @@ class ppo_trainer final : public actor::node {
       throw std::invalid_argument("node '" + ctx.name() + "': the critic starts from a model with a value head "
                                   "(the reward model of step 2)");
     }
+    init_weights_ = weights_fingerprint(*m.model);  // recorded in the checkpoints, checked on resume
     // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
     model_ = copy_model(*m.model);
     if (m.model->has_value_head()) {
@@ -766,6 +796,7 @@ class ppo_trainer final : public actor::node {
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     m.extra["policy_version"] = version_;
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
+    m.extra["init_weights"] = init_weights_;
     std::vector<shard_group> groups = engine_state_groups(eng, *model_, group_.rank, m);
     if (ema_.defined())
       for (auto& g : groups)
@@ -790,6 +821,15 @@ class ppo_trainer final : public actor::node {
                                "use another [graph] checkpoint_dir, or delete it to start step 3 afresh");
     check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f, safe_to_change(),
                           "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
+    // No setting shows that the model this node starts from changed (step 1 or 2 retrained since,
+    // or another file under the same name): its weights' fingerprint does. A record without one
+    // (an older checkpoint) is accepted.
+    if (const std::string was = m0.extra.value("init_weights", std::string()); !was.empty() && was != init_weights_)
+      throw std::runtime_error(fmt::format(
+          "node '{}': checkpoint {} continues from other initial weights than the model this node got now "
+          "(fingerprint {} then, {} now): the {} it starts from changed since, e.g. retrained with other "
+          "settings; delete {} to start step 3 afresh, or give it the model it was trained from",
+          ctx.name(), f, was, init_weights_, policy_ ? "step-1 model" : "step-2 reward model", ctx.checkpoint_dir()));
     auto& eng = *engine_.engine;
     restore_engine_state(eng, ck);
     if (const tensor e = checkpoint_tensor(ck, "base", "ema"); e.defined() && ema_.defined()) {  // this rank's pieces
@@ -822,6 +862,7 @@ class ppo_trainer final : public actor::node {
   trainer_engine engine_;
   int64_t version_ = 0, gather_bytes_ = 0, snapshot_bytes_ = 0;  // version_: updates so far
   std::vector<std::shared_ptr<decoder>> snapshots_;  // the generator's weight buffers (take_snapshot)
+  std::string init_weights_;  // weights_fingerprint of the model `init` brought
   std::map<int64_t, int64_t> scored_with_;  // the policy: iteration -> version_ when its rollouts were scored
   int64_t planned_T_ = 0;  // the longest rows the memory plan was checked for
   // the rollouts (their seq's memory) last scored into the engine's activations, until a train

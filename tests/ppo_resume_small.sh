@@ -10,8 +10,10 @@
 #      the lines after it equal the uninterrupted run's within 1e-4.
 #   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
 #      which the same command resumes (with the uninterrupted run's lines).
-#   6. A resume whose settings changed: actor_learning_rate is refused, naming it with both values;
+#   6. A resume whose settings changed: actor_learning_rate and the prompts'
+#      per_device_generation_batch_size are refused, naming them with both values;
 #      critic_zero_stage is safe and the run resumes.
+#   7. Step 1 retrained after step 3's checkpoint (no step-3 setting changed): the resume is refused.
 #   4. Non-finite values (actor_learning_rate 1e30: the next scoring overflows) stop the run with a
 #      message naming the node, the iteration and the tensor; no commit follows the failure.
 set -euo pipefail
@@ -39,7 +41,7 @@ grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted r
 [ "$(lines "$out/a.log" | grep -c ' iter ')" = 6 ] || fail "the uninterrupted run did not print 6 iterations"
 
 # 1. SIGKILL once step 3 has committed a checkpoint
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") > "$out/b1.log" 2> "$out/b1.err" &
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") --metrics "$out/b.metrics.jsonl" > "$out/b1.log" 2> "$out/b1.err" &
 pid=$!
 for _ in $(seq 1 1200); do grep -q "checkpoint after iteration 1" "$out/b1.log" 2>/dev/null && break; sleep 0.05; done
 grep -q "checkpoint after iteration 1" "$out/b1.log" || { kill -9 $pid; fail "no checkpoint was committed"; }
@@ -47,7 +49,8 @@ sleep 0.$((RANDOM % 3))  # somewhere in iterations 2-5
 kill -9 $pid
 wait $pid 2>/dev/null || true
 grep -q "held-out after" "$out/b1.log" && fail "killed too late (step 3 had finished)"
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") > "$out/b2.log" 2> "$out/b2.err" ||
+cp "$out/b.metrics.jsonl" "$out/b1.metrics.jsonl"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") --metrics "$out/b.metrics.jsonl" > "$out/b2.log" 2> "$out/b2.err" ||
   { echo "the resumed run failed:"; tail -20 "$out/b2.err"; exit 1; }
 for step in "step 1 sft" "step 2 rm"; do
   grep -q "^\[$step\] resumed: " "$out/b2.log" || fail "$step was trained again after the crash"
@@ -57,6 +60,32 @@ from=$(grep -oE "resuming after iteration [0-9]+" "$out/b2.log" | awk '{ print $
 echo "killed during step 3; resumed after iteration $from"
 diff <(after "$out/a.log" "$from") <(lines "$out/b2.log") || fail "the resumed run's lines differ from the uninterrupted run's"
 cmp "$out/a/ppo.bin" "$out/b/ppo.bin" || fail "the resumed run's policy differs from the uninterrupted run's"
+# the resumed run appended to the killed run's --metrics file (kept whole: step 1's loss curve is
+# only there), and the report's reward curve has each iteration once: those the killed run wrote
+# before the resume point (the runtime writes records every 50 ms, so a kill can beat the last
+# ones to the file) and every one from the resume point on
+# (up to its last whole line: the kill may have cut the last one, which the resumed run drops)
+whole=$(python3 -c "import sys; t = open(sys.argv[1], 'rb').read(); print(t.rfind(b'\n') + 1)" "$out/b1.metrics.jsonl")
+cmp -s <(head -c "$whole" "$out/b1.metrics.jsonl") <(head -c "$whole" "$out/b.metrics.jsonl") ||
+  fail "the resumed run did not keep the killed run's metrics file"
+grep -q '"node":"sft"' "$out/b1.metrics.jsonl" || fail "the killed run's metrics hold no step-1 record"
+expect=$(python3 - "$out/b1.metrics.jsonl" "$from" <<'PY'
+import json, sys
+before = set()
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue  # the line a kill cut
+    if r.get("signal") == "reward" and r.get("node") == "ppo_controller" and 0 <= r["step"] < int(sys.argv[2]):
+        before.add(r["step"])
+print(len(before) + 6 - int(sys.argv[2]))
+PY
+)
+"$flowrun" report "$out/b.metrics.jsonl" -o "$out/b_report" > /dev/null || fail "flowrun report failed on the resumed run's metrics"
+grep -E "^\| reward \| $expect \|" "$out/b_report/REPORT.md" > /dev/null ||
+  fail "the report's reward curve is not $expect points: $(grep -E '^\| reward ' "$out/b_report/REPORT.md")"
+echo "metrics: the resumed run appended to the killed run's file; the report has $expect reward points, each once"
 
 # 2. a corrupt newest checkpoint: refused by name, the previous commit used
 newest=$(ls -d "$out/b/ckpt/policy"/step_* | sort | tail -1)
@@ -147,5 +176,25 @@ grep -q "resuming from .* with settings changed: actor_learning_rate 0.0001 -> 0
   fail "the refusal does not name the changed setting: $(grep -i error "$out/f1.err" | head -2)"
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.critic.critic_zero_stage=2 > "$out/f2.log" 2> "$out/f2.err" ||
   fail "a resume with another critic_zero_stage was refused: $(grep -i error "$out/f2.err" | head -2)"
-echo "settings changed: actor_learning_rate refused, critic_zero_stage accepted"
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.prompts.per_device_generation_batch_size=2 \
+  > "$out/f3.log" 2> "$out/f3.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "a resume with another per_device_generation_batch_size was accepted (other prompts would follow)"
+grep -q "with settings changed: per_device_generation_batch_size 8 -> 2; set them back" "$out/f3.err" ||
+  fail "the refusal does not name the prompts' batch size: $(grep -i error "$out/f3.err" | head -2)"
+echo "settings changed: actor_learning_rate and per_device_generation_batch_size refused, critic_zero_stage accepted"
+# 7. step 1 retrained since step 3's checkpoint (one more SFT step: a longer run is a safe change
+#    for step 1, so it trains on): no step-3 setting changed, but the policy would continue from
+#    weights trained on the old step-1 model while the reference is the new one. Refused, naming why.
+cp -r "$out/a" "$out/g"
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/g") --set node.sft.steps=7 > "$out/g1.log" 2> "$out/g1.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "step 3 resumed onto a retrained step-1 model"
+grep -q "continues from other initial weights than the model this node got now" "$out/g1.err" ||
+  fail "the refusal does not say the initial model changed: $(grep -i error "$out/g1.err" | head -2)"
+echo "step 1 retrained: step 3's resume refused"
 echo "ppo_resume_small: ok"

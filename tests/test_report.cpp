@@ -205,3 +205,50 @@ TEST_CASE("report: SVG file names keep to safe characters") {
   CHECK(rp::svg_file_name("a/b c") == "a_b_c.svg");
   CHECK(rp::svg_file_name("..") == "_...svg");
 }
+
+TEST_CASE("report: a resumed run appended to the file replaces the steps it did again") {
+  // the first run reached step 3 and was killed; the resumed one (from a checkpoint after step 1)
+  // reports steps 2 and 3 again, then 4: the curve is 0, 1 (first run), 2, 3, 4 (resumed run).
+  // "loss" has two points per step; its resumed run starts at the first run's last step, 3.
+  std::istringstream in(
+      R"({"signal":"reward","node":"ppo","step":0,"value":10,"t":1.0})"
+      "\n"
+      R"({"signal":"reward","node":"ppo","step":1,"value":11,"t":1.1})"
+      "\n"
+      R"({"signal":"reward","node":"ppo","step":2,"value":12,"t":1.2})"
+      "\n"
+      R"({"signal":"reward","node":"ppo","step":3,"value":13,"t":1.3})"
+      "\n"
+      R"({"signal":"loss","node":"ppo","step":3,"value":1,"t":1.3})"
+      "\n"
+      R"({"signal":"loss","node":"ppo","step":3,"value":2,"t":1.3})"
+      "\n"
+      R"({"t":1.5,"final":false,"steps":0,"tokens":0,"produced":0,"nodes":{},"edges":{}})"
+      "\n"
+      R"({"resumed":true})"
+      "\n"
+      R"({"signal":"loss","node":"ppo","step":3,"value":5,"t":0.5})"
+      "\n"
+      R"({"signal":"loss","node":"ppo","step":3,"value":6,"t":0.5})"
+      "\n"
+      R"({"signal":"reward","node":"ppo","step":2,"value":22,"t":0.6})"
+      "\n"
+      R"({"signal":"reward","node":"ppo","step":3,"value":23,"t":0.7})"
+      "\n"
+      R"({"signal":"reward","node":"ppo","step":4,"value":24,"t":0.8})"
+      "\n");
+  const rp::metrics_file m = rp::parse_metrics(in, "m.jsonl");
+  CHECK(m.records == 11);
+  CHECK(m.resumes == 1);
+  REQUIRE(m.signals.size() == 2);
+  const auto& loss = m.signals[1].points;
+  REQUIRE(loss.size() == 2);
+  CHECK(loss[0].value == 5);
+  CHECK(loss[1].value == 6);
+  const auto& p = m.signals[0].points;
+  REQUIRE(p.size() == 5);
+  for (std::size_t i = 0; i < p.size(); ++i) CHECK(p[i].step == static_cast<std::int64_t>(i));
+  CHECK(p[1].value == 11);
+  CHECK(p[2].value == 22);
+  CHECK(p[4].value == 24);
+}

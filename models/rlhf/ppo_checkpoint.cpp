@@ -78,6 +78,9 @@ std::optional<step3_resume> find_step3_resume(const std::string& dir) {
       r.point = *p;
       return r;
     }
+    // the loader's advice (write an older step folder into latest) is what happens here anyway
+    if (const auto at = problem.find(" cannot be used; "); at != std::string::npos)
+      problem = problem.substr(0, at + 15) + "; the commit before it is tried";
     r.refused.push_back("iteration " + std::to_string(it) + " refused: " + problem);
   }
   std::string all;

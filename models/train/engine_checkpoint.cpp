@@ -2,6 +2,11 @@
 
 #include "models/config.h"
 
+#include <algorithm>
+#include <cstdint>
+
+#include <fmt/format.h>
+
 namespace flowrun {
 
 std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decoder& model, int rank,
@@ -43,6 +48,27 @@ std::string trainer_config_hash(const decoder& model) {
   j["value_head"] = model.has_value_head();
   j["base_trains"] = model.base_trainable();
   return config_fingerprint(j);
+}
+
+std::string weights_fingerprint(const decoder& model) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bit
+  auto mix = [&h](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  auto add = [&](const tensor& t) {
+    if (!t.defined()) return;
+    const tensor host = t.dev().kind == device_kind::cpu ? t : t.to(device::cpu());
+    const int64_t n = host.numel();
+    const size_t esz = dtype_size(host.type());
+    mix(&n, sizeof n);
+    const int64_t stride = std::max<int64_t>(1, n >> 20);
+    const auto* bytes = static_cast<const unsigned char*>(host.raw());
+    for (int64_t i = 0; i < n; i += stride) mix(bytes + static_cast<size_t>(i) * esz, esz);
+  };
+  add(model.w().flat);
+  if (model.has_value_head()) add(model.w().v_head);
+  return fmt::format("{:016x}", h);
 }
 
 tensor checkpoint_tensor(const loaded_checkpoint& ck, std::string_view group, std::string_view name) {

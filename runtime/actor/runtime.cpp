@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <future>
 #include <memory>
 #include <thread>
@@ -171,7 +172,25 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     const auto parent = std::filesystem::path(options.metrics_path).parent_path();
     std::error_code ec;
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-    metrics_file.open(options.metrics_path, std::ios::out | std::ios::trunc);
+    // A run that resumes (its checkpoint folder holds something) adds to the file of the run it
+    // continues instead of wiping it; `flowrun report` keeps, per series, the later run's values
+    // for the steps it did again (tools/flowrun/report.h, parse_metrics).
+    bool resuming = false, appends_to_records = false;
+    if (!spec.checkpoint_dir.empty() && std::filesystem::is_directory(spec.checkpoint_dir, ec))
+      resuming = !std::filesystem::is_empty(spec.checkpoint_dir, ec);
+    if (resuming && std::filesystem::exists(options.metrics_path, ec)) {
+      // a run killed while writing a line leaves part of it: cut back to the last whole line, so the
+      // appended records start on a line of their own
+      std::ifstream in(options.metrics_path, std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const auto keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+      if (keep != text.size()) std::filesystem::resize_file(options.metrics_path, keep, ec);
+      appends_to_records = keep > 0;
+    }
+    metrics_file.open(options.metrics_path, std::ios::out | (resuming ? std::ios::app : std::ios::trunc));
+    // the resume mark: `flowrun report` lets this run's records replace the earlier run's from the
+    // steps it does again (tools/flowrun/report.h)
+    if (metrics_file && appends_to_records) metrics_file << "{\"resumed\":true}\n" << std::flush;
     if (!metrics_file) {
       result.exit_code = exit_failed;
       result.reason = stop_reason::failed;

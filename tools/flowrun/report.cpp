@@ -63,6 +63,7 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
   std::map<std::tuple<std::string, std::string, std::int64_t>, std::size_t> index;
   std::string text;
   std::size_t line = 0, nonblank = 0;
+  int run = 0;  // resumed runs seen so far
   while (std::getline(in, text)) {
     ++line;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -109,7 +110,19 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
       const std::int64_t st = step.get<std::int64_t>();
       if (!std::isfinite(v)) ++s.nonfinite;
       else if (st < 0) s.held_out.push_back(v);
-      else s.points.push_back(point{st, v});
+      else {
+        // the series' first point after a {"resumed":true} line: the resumed run does again the steps
+        // after its checkpoint, and its values replace the earlier run's from that step on
+        if (s.run < run) {
+          s.points.erase(std::find_if(s.points.begin(), s.points.end(), [st](const point& p) { return p.step >= st; }),
+                         s.points.end());
+          s.run = run;
+        }
+        s.points.push_back(point{st, v});
+      }
+    } else if (j.contains("resumed")) {  // a resumed run appends from here (runtime/actor/runtime.cpp)
+      ++run;
+      ++m.resumes;
     } else if (j.contains("nodes")) {
       ++m.snapshots;
       m.t_s = j.value("t", 0.0);
@@ -118,7 +131,7 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
       m.final = j.value("final", false);
     } else {
       throw line_error(name, line,
-                       "neither a signal record (\"signal\") nor a snapshot (\"nodes\"): not a `flowrun run "
+                       "neither a signal record (\"signal\"), a snapshot (\"nodes\") nor a resume mark: not a `flowrun run "
                        "--metrics` file?");
     }
   }

@@ -23,13 +23,17 @@ struct point {
   double value = 0;
 };
 
-/// Every record of one (node, signal, replica), in file order.
+/// Every record of one (node, signal, replica), in file order, except that after a resume mark
+/// ({"resumed":true}: a resumed run appends to the file of the run it continues, and does the
+/// steps after its checkpoint again) the series' first point drops the earlier points from its
+/// step on: the curve is the later run's there.
 struct series {
   std::string node, signal;
   std::int64_t replica = 0;
   std::vector<point> points;     ///< finite values with step >= 0: the curve
   std::vector<double> held_out;  ///< finite values with step < 0 (held-out passes: before, after), in order
   std::size_t nonfinite = 0;     ///< records whose value was NaN or ±inf ("value":null), skipped
+  int run = 0;                   ///< the resume marks before this series' last point
 };
 
 /// What a metrics file holds.
@@ -38,6 +42,7 @@ struct metrics_file {
   std::vector<series> signals;  ///< in the order each (node, signal, replica) first appears
   std::size_t records = 0;      ///< signal records read (all of them, non-finite included)
   std::size_t snapshots = 0;    ///< snapshot lines read
+  std::size_t resumes = 0;      ///< resume marks read (runs appended to the first)
   /// The last snapshot line's elapsed seconds, "steps" and "tokens" (when snapshots > 0), and its "final".
   double t_s = 0;
   std::int64_t steps = 0, tokens = 0;

@@ -511,6 +511,17 @@ TEST_CASE("overrides: errors name the override and the offending column") {
   CHECK(v.errors[0].to_string() ==
         "--set node.gen.top_k=abc:1:16: error: setting 'top_k' of node 'gen' must be int, got string \"abc\"\n"
         "  hint: write top_k = 0 (`flowrun explain generator`)");
+  // A number TOML cannot hold arrives as a string: the message says it is out of range.
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"node.gen.temperature=1e999", "(1e999 is out of the range of a double"},
+           {"node.gen.top_k=99999999999999999999", "(99999999999999999999 is out of the range of a 64-bit integer)"}}) {
+    CAPTURE(text);
+    graph_spec big = parsed.spec;
+    CHECK_FALSE(apply_override(big, text, &kinds));
+    auto r = validate(big, kinds, test_options());
+    REQUIRE(r.errors.size() == 1);
+    CHECK(contains(r.errors[0].message, says));
+  }
 }
 
 TEST_CASE("overrides: a UTF-8 bare string survives to_toml and a re-read") {

@@ -1,3 +1,4 @@
+#include <cerrno>
 #include "runtime/graph/validate.h"
 
 #include <algorithm>
@@ -190,9 +191,21 @@ class validator {
         continue;
       }
       if (!value_matches(decl->type, s.value)) {
+        // a number TOML could not hold (1e999, an integer past 2^63) arrives as a string
+        std::string why;
+        if (const auto* text = std::get_if<std::string>(&s.value);
+            text && (decl->type == setting_type::float_ || decl->type == setting_type::int_) && !text->empty()) {
+          char* end = nullptr;
+          errno = 0;
+          if (decl->type == setting_type::int_) std::strtoll(text->c_str(), &end, 10);
+          else std::strtod(text->c_str(), &end);
+          if (end == text->c_str() + text->size() && errno == ERANGE)
+            why = " (" + *text + " is out of the range of a " +
+                  (decl->type == setting_type::int_ ? "64-bit integer" : "double, about 1.8e308") + ")";
+        }
         error(first_known(s.value_pos, node.pos),
               "setting '" + name + "' of node '" + node.name + "' must be " + std::string(to_string(decl->type)) +
-                  ", got " + std::string(value_type_name(s.value)) + " " + to_string(s.value),
+                  ", got " + std::string(value_type_name(s.value)) + " " + to_string(s.value) + why,
               "write " + name + " = " + example_value(*decl) + " (`flowrun explain " + kind.name + "`)");
         continue;
       }

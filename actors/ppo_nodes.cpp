@@ -74,6 +74,11 @@ class prompt_loader final : public actor::node {
     // commit; the order is a function of the batches drawn, so draw them again
     const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir());
     check_settings_on_resume(ctx, rp.has_value());
+    if (rp && rp->point.iteration > iterations_)
+      throw std::invalid_argument(fmt::format(
+          "node '{}': {} holds step 3 after iteration {}, more than iterations = {}: a resume only runs longer; set "
+          "iterations >= {}, or delete {} to start step 3 afresh",
+          ctx.name(), ctx.checkpoint_dir(), rp->point.iteration, iterations_, rp->point.iteration, ctx.checkpoint_dir()));
     if (rp) {
       for (int64_t i = 0; i < std::min(rp->point.iteration, iterations_); ++i) order_.next(ctx.name());
       next_ = 1 + rp->point.iteration;
@@ -83,10 +88,11 @@ class prompt_loader final : public actor::node {
   // Which prompts an uninterrupted run draws next hangs on these settings (the split, the batch
   // size, the seed, the prompts' tokens), and no trainer's checkpoint records them: the loader
   // writes them into CHECKPOINT_DIR/NAME.settings.json when step 3 starts afresh, and a resume
-  // refuses a change. A longer run (iterations), eval_prompts and supervision may change.
+  // refuses a change (eval_prompts too: the held-out figure before training, kept in step3.json, is
+  // compared with the one after). A longer run (iterations) and supervision may change.
   static void check_settings_on_resume(actor::node_context& ctx, bool resuming) {
     if (ctx.checkpoint_dir().empty()) return;
-    const std::set<std::string> safe = {"iterations", "eval_prompts", "restart", "max_restarts"};
+    const std::set<std::string> safe = {"iterations", "restart", "max_restarts"};
     const std::string path = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".settings.json")).string();
     if (!resuming) {
       std::filesystem::create_directories(ctx.checkpoint_dir());
@@ -185,10 +191,7 @@ class rollout_generator final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
     const auto& s = ctx.spec();
-    ps_.max_answer_seq_len = s.get_int("max_answer_seq_len");
-    if (ps_.max_answer_seq_len < 2)
-      throw std::invalid_argument("node '" + ctx.name() + "': max_answer_seq_len must be >= 2 (DS-Chat drops answers "
-                                  "of at most one token)");
+    ps_.max_answer_seq_len = s.get_int("max_answer_seq_len");  // >= 2: refused when the graph is checked
     ps_.temperature = static_cast<float>(s.get_float("temperature"));
     ps_.top_k = static_cast<int>(s.get_int("top_k"));
     ps_.top_p = static_cast<float>(s.get_float("top_p"));
@@ -282,7 +285,9 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       .input("weights", "model", "the policy's model handle (or snapshot), after each update", true, true)
       .output("rollouts", "rollouts", "prompt + answer sequences", true)
       .require("tokenizer", T::path, "SentencePiece .model (EOS id)")
-      .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most").at_least(1)
+      .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most")
+      .at_least(2)
+      .because("DS-Chat drops answers of at most one token, so 1 would train on nothing")
       .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy)").at_least(0)
       .option("top_k", T::int_, std::int64_t{0}, "top-k filter (0: off)").at_least(0)
       .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)").in_range(0, 1, /*low_open=*/true)

@@ -1,5 +1,6 @@
 #include "actors/resume_check.h"
 
+#include <filesystem>
 #include <stdexcept>
 
 #include <vector>
@@ -9,11 +10,33 @@
 
 namespace flowrun::actors {
 
+namespace {
+
+// An absolute path (every path setting is one once the graph is validated) with its symbolic links
+// resolved: the same file reached from another working directory, or through another spelling of
+// FLOWRUN_ASSETS (../shared/assets from /tmp, where /tmp/shared links to /work/shared), records the
+// same. A path whose folders do not exist yet (an output) keeps the part that does not.
+std::string same_file_spelling(const std::string& p) {
+  if (p.empty() || p.front() != '/') return p;
+  std::error_code ec;
+  const auto c = std::filesystem::weakly_canonical(p, ec);
+  return ec ? p : c.string();
+}
+
+graph::setting_value canonical_paths(graph::setting_value v) {
+  if (auto* s = std::get_if<std::string>(&v)) *s = same_file_spelling(*s);
+  if (auto* l = std::get_if<std::vector<std::string>>(&v))
+    for (auto& s : *l) s = same_file_spelling(s);
+  return v;
+}
+
+}  // namespace
+
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [k, v] : n.settings)  // TensorBoard's settings change nothing trained: never recorded
     if (!safe.count(k) && k != actor::enable_tensorboard_setting && k != actor::tensorboard_path_setting)
-      j[k] = graph::to_string(v.value);
+      j[k] = graph::to_string(canonical_paths(v.value));
   return j;
 }
 

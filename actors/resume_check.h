@@ -17,7 +17,8 @@ namespace flowrun::actors {
 
 /// The node's settings but those in `safe` and the TensorBoard ones (enable_tensorboard,
 /// tensorboard_path: they change nothing trained, so a resume or a rerun may switch them), as
-/// {name: value as written (graph::to_string)}.
+/// {name: value as written (graph::to_string)}, absolute paths with their symbolic links resolved
+/// (the same files from another working directory or FLOWRUN_ASSETS spelling record the same).
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
 
 /// Compare `recorded` (settings_record of the run that wrote `folder`) with the node's settings

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "actors/node_models.h"
@@ -166,6 +167,25 @@ class zero_rank final : public actor::node {
       if (const auto& p = s.get_string("lora_pretrained"); !p.empty()) {
         // base + LoRA: the adapter's own adapter_config.json sets r, alpha, dropout and targets
         load_adapter(*model_, resolve_user_path(p, "lora_pretrained").string(), /*freeze_base=*/true);
+        // a LoRA setting written in the graph or with --set that the adapter contradicts would be
+        // silently replaced by the adapter's: refused, naming both (defaults are not the user's word)
+        const lora_config& got = model_->lora();
+        std::vector<std::string> differ;
+        auto written = [&](const char* k) { return !s.settings.at(k).from_default; };
+        if (written("lora_r") && lc.lora_r != got.lora_r)
+          differ.push_back(fmt::format("lora_r = {} (the adapter's r: {})", lc.lora_r, got.lora_r));
+        if (written("lora_alpha") && lc.lora_alpha != got.lora_alpha)
+          differ.push_back(fmt::format("lora_alpha = {} (the adapter's: {})", lc.lora_alpha, got.lora_alpha));
+        if (written("lora_dropout") && lc.lora_dropout != got.lora_dropout)
+          differ.push_back(fmt::format("lora_dropout = {} (the adapter's: {})", lc.lora_dropout, got.lora_dropout));
+        if (written("lora_target_modules") && lc.target_modules != got.target_modules)
+          differ.push_back(fmt::format("lora_target_modules = {} (the adapter's: {})", fmt::join(lc.target_modules, ","),
+                                       fmt::join(got.target_modules, ",")));
+        if (!differ.empty())
+          throw std::invalid_argument(fmt::format(
+              "node '{}': lora_pretrained {} was trained with other LoRA settings than those given: {}; its "
+              "adapter_config.json sets them, so remove these settings (or give them the adapter's values)",
+              ctx.name(), p, fmt::join(differ, "; ")));
         if (rank_ == 0) ctx.print(fmt::format("[pretrain] continuing from base + LoRA adapter {}", p));
       } else {
         model_->enable_lora(lc, true);

@@ -11,9 +11,11 @@
 #   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
 #      which the same command resumes (with the uninterrupted run's lines).
 #   6. A resume whose settings changed: actor_learning_rate and the prompts'
-#      per_device_generation_batch_size are refused, naming them with both values;
+#      per_device_generation_batch_size are refused, naming them with both values, and so are
+#      fewer iterations than the checkpoint has done;
 #      critic_zero_stage is safe and the run resumes.
 #   7. Step 1 retrained after step 3's checkpoint (no step-3 setting changed): the resume is refused.
+#   8. The asset folder through a symbolic link (another spelling of the same files): accepted.
 #   4. Non-finite values (actor_learning_rate 1e30: the next scoring overflows) stop the run with a
 #      message naming the node, the iteration and the tensor; no commit follows the failure.
 set -euo pipefail
@@ -184,7 +186,14 @@ set -e
 [ $rc -ne 0 ] || fail "a resume with another per_device_generation_batch_size was accepted (other prompts would follow)"
 grep -q "with settings changed: per_device_generation_batch_size 8 -> 2; set them back" "$out/f3.err" ||
   fail "the refusal does not name the prompts' batch size: $(grep -i error "$out/f3.err" | head -2)"
-echo "settings changed: actor_learning_rate and per_device_generation_batch_size refused, critic_zero_stage accepted"
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.prompts.iterations=3 > "$out/f4.log" 2> "$out/f4.err"
+rc=$?
+set -e
+[ $rc -ne 0 ] || fail "a resume with fewer iterations than the checkpoint's was accepted"
+grep -q "holds step 3 after iteration 6, more than iterations = 3" "$out/f4.err" ||
+  fail "the refusal of fewer iterations does not say so: $(grep -i error "$out/f4.err" | head -2)"
+echo "settings changed: actor_learning_rate, per_device_generation_batch_size and fewer iterations refused, critic_zero_stage accepted"
 # 7. step 1 retrained since step 3's checkpoint (one more SFT step: a longer run is a safe change
 #    for step 1, so it trains on): no step-3 setting changed, but the policy would continue from
 #    weights trained on the old step-1 model while the reference is the new one. Refused, naming why.
@@ -197,4 +206,15 @@ set -e
 grep -q "continues from other initial weights than the model this node got now" "$out/g1.err" ||
   fail "the refusal does not say the initial model changed: $(grep -i error "$out/g1.err" | head -2)"
 echo "step 1 retrained: step 3's resume refused"
+# 8. the same command with the asset folder spelled another way (a symbolic link to it, as
+#    ../shared/assets is from another working directory): the same files, so steps 1-2 are not
+#    redone and step 3 resumes (the settings records hold paths with their links resolved)
+assets=$(readlink -f "${FLOWRUN_ASSETS:-$root/../shared/assets}")
+ln -sfn "$assets" "$out/assets_link"
+FLOWRUN_ASSETS="$out/assets_link" "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") > "$out/h1.log" 2> "$out/h1.err" ||
+  fail "the same run through a linked asset folder was refused: $(grep -i error "$out/h1.err" | head -2)"
+for step in "step 1 sft" "step 2 rm"; do
+  grep -q "^\[$step\] resumed: " "$out/h1.log" || fail "$step was trained again through the linked asset folder"
+done
+echo "the asset folder through a link: steps 1-2 kept, step 3 resumed"
 echo "ppo_resume_small: ok"

@@ -94,6 +94,15 @@ run cont run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont" -
 cstart=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/cont.log")
 echo "  base + LoRA continues at held-out $cstart (the LoRA run ended at $lafter)"
 [[ "$cstart" == "$lafter" ]] || { echo "continuing from base + LoRA did not restore the adapter"; exit 1; }
+# a LoRA setting the adapter contradicts is refused, not silently replaced by the adapter's
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont2" --set node.data.output_dir="$out/cont2" \
+    --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter" --set node.ranks.lora_r=3 \
+    > "$out/cont2.log" 2> "$out/cont2.err"; then
+  echo "lora_r = 3 was accepted beside an adapter of another rank"; exit 1
+fi
+grep -q "was trained with other LoRA settings than those given: lora_r = 3 (the adapter's r: " "$out/cont2.err" ||
+  { echo "the refusal does not name lora_r:"; tail -3 "$out/cont2.err"; exit 1; }
+echo "  lora_r = 3 beside the adapter: refused"
 echo "== a corrupt checkpoint is refused, naming the file; nothing is loaded"
 shard=$(ls "$ck/$(cat "$ck/latest")"/shard_00001-of-*.safetensors)
 pos=$(( $(stat -c %s "$shard") / 2 ))

@@ -225,7 +225,11 @@ TEST_CASE("report: a resumed run appended to the file replaces the steps it did 
       "\n"
       R"({"t":1.5,"final":false,"steps":0,"tokens":0,"produced":0,"nodes":{},"edges":{}})"
       "\n"
+      R"({"signal":"reward","node":"ppo","step":-1,"value":0.5,"t":1.4})"
+      "\n"
       R"({"resumed":true})"
+      "\n"
+      R"({"signal":"reward","node":"ppo","step":-1,"value":0.5,"t":0.1})"
       "\n"
       R"({"signal":"loss","node":"ppo","step":3,"value":5,"t":0.5})"
       "\n"
@@ -238,8 +242,11 @@ TEST_CASE("report: a resumed run appended to the file replaces the steps it did 
       R"({"signal":"reward","node":"ppo","step":4,"value":24,"t":0.8})"
       "\n");
   const rp::metrics_file m = rp::parse_metrics(in, "m.jsonl");
-  CHECK(m.records == 11);
+  CHECK(m.records == 13);
   CHECK(m.resumes == 1);
+  // the held-out figure the resumed run reported again is one figure
+  CHECK(m.signals[0].held_out == std::vector<double>{0.5});
+  CHECK(rp::report_markdown(m, {"ppo"}).find("this file holds 2 runs") != std::string::npos);
   REQUIRE(m.signals.size() == 2);
   const auto& loss = m.signals[1].points;
   REQUIRE(loss.size() == 2);

@@ -173,6 +173,9 @@ void add_eval(CLI::App& app) {
     ts.chat = chat;
     print_rendered_row(*r, rows, ts, /*prompt_only=*/false);
     auto ex = dschat::make_rm_examples(rows.eval, *tok, ts);
+    if (ex.empty())
+      throw std::invalid_argument("no held-out pair to score (" + rows.summary +
+                                  "): raise --eval_fraction, or give --data more rows");
     std::vector<dschat::rm_batch_data> batches;
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(ex.size()), 16, 0, 0, false))
       batches.push_back(dschat::rm_batch(ex, b));

@@ -109,7 +109,12 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
       const double v = value.is_null() ? std::nan("") : value.get<double>();
       const std::int64_t st = step.get<std::int64_t>();
       if (!std::isfinite(v)) ++s.nonfinite;
-      else if (st < 0) s.held_out.push_back(v);
+      else if (st < 0) {
+        // a resumed run that only reports again an evaluation it restored (a rerun of a finished run
+        // prints the held-out figures again): the same value right after a resume mark is one figure
+        if (!(s.held_run < run && !s.held_out.empty() && s.held_out.back() == v)) s.held_out.push_back(v);
+        s.held_run = run;
+      }
       else {
         // the series' first point after a {"resumed":true} line: the resumed run does again the steps
         // after its checkpoint, and its values replace the earlier run's from that step on
@@ -335,7 +340,11 @@ std::string report_markdown(const metrics_file& m, const std::vector<std::string
   if (m.snapshots > 0) {
     o += "Last snapshot" + std::string(m.final ? " (final)" : " (not final: the run did not finish?)") + ": " +
          fmt("%.1f", m.t_s) + " s, " + std::to_string(m.steps) + " steps, " + std::to_string(m.tokens) +
-         " tokens. ";
+         " tokens" +
+         (m.resumes > 0 ? " (the last run's own: this file holds " + std::to_string(m.resumes + 1) +
+                              " runs, each resumed from the one before; the curves join them)"
+                        : std::string()) +
+         ". ";
   }
   std::size_t nonfinite = 0;
   for (const auto& s : m.signals) nonfinite += s.nonfinite;

@@ -169,42 +169,31 @@ else
   diff <(after "$out/a.log" "$kept") <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
 fi
 # 6. settings changed since the checkpoint
-set +e
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.policy.actor_learning_rate=2e-4 > "$out/f1.log" 2> "$out/f1.err"
-rc=$?
-set -e
-[ $rc -ne 0 ] || fail "a resume with another actor_learning_rate was accepted"
-grep -q "resuming from .* with settings changed: actor_learning_rate 0.0001 -> 0.0002; set them back" "$out/f1.err" ||
-  fail "the refusal does not name the changed setting: $(grep -i error "$out/f1.err" | head -2)"
+refused() {  # NAME WHAT PATTERN DIR ARGS...: the run in DIR with ARGS fails, its stderr matching PATTERN
+  local name=$1 what=$2 pattern=$3 dir=$4
+  shift 4
+  if "$flowrun" "$root/graphs/rlhf.graph" $(args "$dir") "$@" > "$out/$name.log" 2> "$out/$name.err"; then
+    fail "a resume with $what was accepted"
+  fi
+  grep -q "$pattern" "$out/$name.err" || fail "the refusal of $what does not say so: $(grep -i error "$out/$name.err" | head -2)"
+}
+refused f1 "another actor_learning_rate" \
+  "resuming from .* with settings changed: actor_learning_rate 0.0001 -> 0.0002; set them back" \
+  "$out/a" --set node.policy.actor_learning_rate=2e-4
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.critic.critic_zero_stage=2 > "$out/f2.log" 2> "$out/f2.err" ||
   fail "a resume with another critic_zero_stage was refused: $(grep -i error "$out/f2.err" | head -2)"
-set +e
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.prompts.per_device_generation_batch_size=2 \
-  > "$out/f3.log" 2> "$out/f3.err"
-rc=$?
-set -e
-[ $rc -ne 0 ] || fail "a resume with another per_device_generation_batch_size was accepted (other prompts would follow)"
-grep -q "with settings changed: per_device_generation_batch_size 8 -> 2; set them back" "$out/f3.err" ||
-  fail "the refusal does not name the prompts' batch size: $(grep -i error "$out/f3.err" | head -2)"
-set +e
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.prompts.iterations=3 > "$out/f4.log" 2> "$out/f4.err"
-rc=$?
-set -e
-[ $rc -ne 0 ] || fail "a resume with fewer iterations than the checkpoint's was accepted"
-grep -q "holds step 3 after iteration 6, more than iterations = 3" "$out/f4.err" ||
-  fail "the refusal of fewer iterations does not say so: $(grep -i error "$out/f4.err" | head -2)"
+refused f3 "another per_device_generation_batch_size (other prompts would follow)" \
+  "with settings changed: per_device_generation_batch_size 8 -> 2; set them back" \
+  "$out/a" --set node.prompts.per_device_generation_batch_size=2
+refused f4 "fewer iterations than the checkpoint's" "holds step 3 after iteration 6, more than iterations = 3" \
+  "$out/a" --set node.prompts.iterations=3
 echo "settings changed: actor_learning_rate, per_device_generation_batch_size and fewer iterations refused, critic_zero_stage accepted"
 # 7. step 1 retrained since step 3's checkpoint (one more SFT step: a longer run is a safe change
 #    for step 1, so it trains on): no step-3 setting changed, but the policy would continue from
 #    weights trained on the old step-1 model while the reference is the new one. Refused, naming why.
 cp -r "$out/a" "$out/g"
-set +e
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/g") --set node.sft.steps=7 > "$out/g1.log" 2> "$out/g1.err"
-rc=$?
-set -e
-[ $rc -ne 0 ] || fail "step 3 resumed onto a retrained step-1 model"
-grep -q "continues from other initial weights than the model this node got now" "$out/g1.err" ||
-  fail "the refusal does not say the initial model changed: $(grep -i error "$out/g1.err" | head -2)"
+refused g1 "a retrained step-1 model" "continues from other initial weights than the model this node got now" \
+  "$out/g" --set node.sft.steps=7
 echo "step 1 retrained: step 3's resume refused"
 # 8. the same command with the asset folder spelled another way (a symbolic link to it, as
 #    ../shared/assets is from another working directory): the same files, so steps 1-2 are not

@@ -2,7 +2,8 @@
 # flowctl against a running graphs/pretrain.graph (docs/console.md):
 #   status; top shows rates that change from frame to frame; graph --dot; inspect; events;
 #   pause without the token is refused, with it the run pauses; resume; checkpoint makes the
-#   ZeRO ranks write one; stop drains and ends the run with 130; then no console answers.
+#   ZeRO ranks write one; stop drains and ends the run with 130; then no console answers; an
+#   unwritable --console-token-file ends the run with exit 1 and the reason, never a hang.
 set -euo pipefail
 flowrun=$1 flowctl=$2 root=$3 out=$4
 rm -rf "$out" && mkdir -p "$out"
@@ -116,4 +117,18 @@ rc=0
 ctl status > /dev/null 2> "$out/after.txt" || rc=$?
 (( rc == 3 )) || { echo "flowctl after the run: expected exit code 3, got $rc"; exit 1; }
 cat "$out/after.txt"
+# a token file that cannot be written ends the run at once with the reason, five times in a row
+# (the server's thread had not reached its accept loop when the error stopped it, and the join
+# waited forever: no line, no exit)
+touch "$out/a_file"
+for i in 1 2 3 4 5; do
+  rc=0
+  timeout 60 "$flowrun" run "$root/graphs/pretrain.graph" --no-progress -q --console 0 \
+    --console-token-file "$out/a_file/token" --set node.ranks.output_dir="$out/tf" --set node.data.output_dir="$out/tf" \
+    > /dev/null 2> "$out/tokenfile.err" || rc=$?
+  (( rc == 1 )) || { echo "an unwritable token file: exit code $rc (124: it hung), not 1"; cat "$out/tokenfile.err"; exit 1; }
+  grep -q "console: cannot write the token to '$out/a_file/token'" "$out/tokenfile.err" ||
+    { echo "an unwritable token file: no reason given"; cat "$out/tokenfile.err"; exit 1; }
+done
+echo "an unwritable token file: exit 1 with the reason, 5 of 5"
 echo "console_flowctl: ok"

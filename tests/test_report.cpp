@@ -198,6 +198,8 @@ TEST_CASE("report: bad lines name the file and the line") {
         std::string::npos);
   CHECK(error_of(R"({"signal":"loss","node":"sft","step":1,"value":"2"})").find("\"value\" must be a number") !=
         std::string::npos);
+  // a number past a double is the file's fault at its line, like the others
+  CHECK(error_of(good + "\n" + R"({"signal":"loss","node":"sft","step":2,"value":1e400})" "\n").find("m.jsonl:2: ") == 0);
 }
 
 TEST_CASE("report: SVG file names keep to safe characters") {

@@ -1,3 +1,5 @@
+#include <chrono>
+#include <thread>
 #include "runtime/console/server.h"
 
 #include <arpa/inet.h>
@@ -191,6 +193,7 @@ struct server::impl {
   httplib::Server svr;
   std::atomic<int> streams{0};
   std::atomic<bool> stopping{false};
+  std::atomic<bool> listened{false};  // listen_after_bind returned
 };
 
 server::server(std::shared_ptr<hub> h, server_options options)
@@ -396,13 +399,22 @@ void server::start() {
     }
     port_ = options_.port;
   }
-  thread_ = std::thread([this] { impl_->svr.listen_after_bind(); });
+  thread_ = std::thread([this] {
+    impl_->svr.listen_after_bind();
+    impl_->listened = true;
+  });
 }
 
 void server::stop() {
   if (!thread_.joinable()) return;
   impl_->stopping = true;
-  impl_->svr.stop();
+  // cpp-httplib's stop() closes the socket only once the accept loop runs: called before the thread
+  // got there (a start that failed just after, e.g. an unwritable --console-token-file), it did
+  // nothing and the join waited forever. So it is repeated until the loop has ended.
+  while (!impl_->listened) {
+    impl_->svr.stop();
+    if (!impl_->listened) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   thread_.join();
 }
 

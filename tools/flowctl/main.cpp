@@ -354,9 +354,13 @@ void print_inspect(const json& n) {
             << ", outstanding " << l.value("outstanding", 0) << " (oldest " << num(d(l, "oldest_outstanding_s"), 2)
             << " s)\n";
   std::cout << "\nsettings:\n";
-  for (const auto& s : n["settings"])
-    std::cout << "  " << pad(s.value("key", ""), 28) << s.value("value", "")
+  std::size_t key_w = 0;  // the longest name and two spaces: a name is never cut or run into its value
+  for (const auto& s : n["settings"]) key_w = std::max(key_w, s.value("key", "").size());
+  for (const auto& s : n["settings"]) {
+    const std::string key = s.value("key", "");
+    std::cout << "  " << key << std::string(key_w + 2 - key.size(), ' ') << s.value("value", "")
               << (s.value("from_default", false) ? "  (default)" : "") << "\n";
+  }
   std::cout << "\ncounters:\n";
   const json& t = n["totals"];
   for (const char* k : {"msgs_in", "msgs_out", "handled", "produced", "bytes_in", "bytes_out", "restarts", "dropped"})

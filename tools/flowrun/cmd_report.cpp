@@ -32,6 +32,9 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 
 void run_report(const report_opts& o) {
   namespace fs = std::filesystem;
+  if (std::error_code ec; fs::is_directory(o.input, ec))
+    throw std::runtime_error("'" + o.input + "' is a folder, not a metrics file: give the file `flowrun run FILE.graph "
+                             "--metrics FILE` wrote");
   std::ifstream in(o.input);
   if (!in) throw std::runtime_error("cannot open the metrics file '" + o.input + "' (written by `flowrun run FILE.graph "
                                     "--metrics FILE`)");

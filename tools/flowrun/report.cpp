@@ -73,6 +73,8 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
       j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
       throw line_error(name, line, std::string("not a JSON line (") + e.what() + ")");
+    } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number past a double (1e400)
+      throw line_error(name, line, std::string("a value JSON cannot hold here (") + e.what() + ")");
     }
     if (!j.is_object()) throw line_error(name, line, "not a JSON object");
     if (j.contains("signal")) {

@@ -836,7 +836,7 @@ fail_always = true
   CHECK(run.done.get().exit_code == exit_failed);
 }
 
-TEST_CASE("console: a console on a non-loopback address needs the token for every request") {
+TEST_CASE("console: a console on a non-loopback address needs the token for every request but the page's script and style") {
   console_options co;
   co.bind = "0.0.0.0";
   co.token = "s3cret-token-for-the-test";
@@ -871,6 +871,17 @@ kind = "c_sink"
   auto x = c.Get("/api/status", httplib::Headers{{"X-Flowrun-Token", "s3cret-token-for-the-test"}});
   REQUIRE(x);
   CHECK(x->status == 200);
+  // the page's script and style (code, no run data) come without the token: the browser asks for
+  // them without the ?token the page was opened with, so the page would load bare otherwise
+  for (const char* path : {"/console.js", "/console.css"}) {
+    auto r = c.Get(path);
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(!r->body.empty());
+  }
+  auto post = c.Post("/console.js");
+  REQUIRE(post);
+  CHECK(post->status == 401);
 }
 
 TEST_CASE("console: a port already in use is refused before anything runs, naming the port and the fix") {

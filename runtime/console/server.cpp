@@ -246,6 +246,11 @@ void server::start() {
     }
     const bool changes_state = req.method != "GET" && req.method != "HEAD";
     if (!changes_state && loopback_) return httplib::Server::HandlerResponse::Unhandled;
+    // The page's script and style are code shipped in the binary, no run data, and the browser
+    // fetches them without the ?token the page was opened with: off loopback they need none, or
+    // the page loads without them and shows nothing. The page itself and /api still do.
+    if (!changes_state && (req.path == "/console.js" || req.path == "/console.css" || req.path == "/favicon.ico"))
+      return httplib::Server::HandlerResponse::Unhandled;
     std::string presented;
     if (req.has_header("Authorization")) {
       const std::string a = req.get_header_value("Authorization");

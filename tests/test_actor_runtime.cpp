@@ -926,6 +926,8 @@ TEST_CASE("progress: phases under way as step k/N with an ETA") {
   CHECK(fresh.eta_s(4.0) < 0);
   CHECK(fresh.text(4.0) == "step 2 rm 5/250");
   CHECK(progress_text({p, fresh}, 35.0) == "step 1 sft 40/160 ETA 0:55 · step 2 rm 5/250");
+  // a run that has ended (stopped, failed) shows where its phases were, with no ETA
+  CHECK(progress_text({p, fresh}, 35.0, /*with_eta=*/false) == "step 1 sft 40/160 · step 2 rm 5/250");
 
   metrics_snapshot snap;
   snap.elapsed_s = 35.0;

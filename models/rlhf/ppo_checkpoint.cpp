@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -69,6 +70,9 @@ std::optional<step3_resume> find_step3_resume(const std::string& dir) {
       const std::string folder = (t / step_folder_name(it)).string();
       try {
         verify_checkpoint(folder);
+      } catch (const checkpoint_error& e) {  // without the loader's advice (use an older step folder):
+        problem = e.problem;                  // that is what happens here anyway
+        break;
       } catch (const std::exception& e) {
         problem = e.what();
         break;
@@ -78,10 +82,8 @@ std::optional<step3_resume> find_step3_resume(const std::string& dir) {
       r.point = *p;
       return r;
     }
-    // the loader's advice (write an older step folder into latest) is what happens here anyway
-    if (const auto at = problem.find(" cannot be used; "); at != std::string::npos)
-      problem = problem.substr(0, at + 15) + "; the commit before it is tried";
-    r.refused.push_back("iteration " + std::to_string(it) + " refused: " + problem);
+    r.refused.push_back("iteration " + std::to_string(it) + " refused: " + problem +
+                        (std::next(p) != c.committed.rend() ? "; the commit before it is tried" : ""));
   }
   std::string all;
   for (const auto& p : r.refused) all += "\n  " + p;

@@ -4,8 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
-
-#include <fmt/format.h>
+#include <string>
 
 namespace flowrun {
 
@@ -51,24 +50,20 @@ std::string trainer_config_hash(const decoder& model) {
 }
 
 std::string weights_fingerprint(const decoder& model) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bit
-  auto mix = [&h](const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
-  auto add = [&](const tensor& t) {
+  std::string sampled;  // per tensor: its element count, then at most 2^20 elements at an even stride
+  auto add = [&sampled](const tensor& t) {
     if (!t.defined()) return;
     const tensor host = t.dev().kind == device_kind::cpu ? t : t.to(device::cpu());
     const int64_t n = host.numel();
     const size_t esz = dtype_size(host.type());
-    mix(&n, sizeof n);
+    sampled.append(reinterpret_cast<const char*>(&n), sizeof n);
     const int64_t stride = std::max<int64_t>(1, n >> 20);
-    const auto* bytes = static_cast<const unsigned char*>(host.raw());
-    for (int64_t i = 0; i < n; i += stride) mix(bytes + static_cast<size_t>(i) * esz, esz);
+    const auto* bytes = static_cast<const char*>(host.raw());
+    for (int64_t i = 0; i < n; i += stride) sampled.append(bytes + static_cast<size_t>(i) * esz, esz);
   };
   add(model.w().flat);
   if (model.has_value_head()) add(model.w().v_head);
-  return fmt::format("{:016x}", h);
+  return bytes_fingerprint(sampled);
 }
 
 tensor checkpoint_tensor(const loaded_checkpoint& ck, std::string_view group, std::string_view name) {

@@ -34,7 +34,7 @@ void restore_engine_state(zero_engine& eng, const loaded_checkpoint& ck);
 std::string trainer_config_hash(const decoder& model);
 
 /// A fingerprint of `model`'s weights as they are now (the base parameters and the value head;
-/// not LoRA): 16 hex digits, a 64-bit FNV-1a hash over the element count and at most 2^20
+/// not LoRA): bytes_fingerprint (16 hex digits, FNV-1a 64) of the element count and at most 2^20
 /// elements read at an even stride (so a 7 B model costs a copy only when it is not on the CPU).
 /// Step 3 records its initial models' fingerprints in its checkpoints and refuses a resume onto
 /// different initial weights (step 1 or 2 retrained since, or another file), which no setting shows.

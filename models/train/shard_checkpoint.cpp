@@ -530,17 +530,17 @@ loaded_checkpoint verify_checkpoint(const std::string& path_in) {
 
   auto files = manifest_files(folder);
   if (files.empty())
-    throw checkpoint_error(folder.string() + " holds no shard manifests (shard_RRRRR-of-NNNNN.msgpack)" + fail);
+    throw checkpoint_error(folder.string() + " holds no shard manifests (shard_RRRRR-of-NNNNN.msgpack)", fail);
   std::set<int> worlds;
   for (auto& f : files) worlds.insert(f.world);
   if (worlds.size() > 1) {
     std::string list;
     for (int w : worlds) list += (list.empty() ? "" : ", ") + std::to_string(w);
     throw checkpoint_error(folder.string() + " mixes shards of different world sizes (" + list +
-                           ") (an interrupted save of another world size)" + fail);
+                           ") (an interrupted save of another world size)", fail);
   }
   const int N = files.front().world;
-  if (N < 1) throw checkpoint_error(files.front().path.string() + " has world size 0 in its name" + fail);
+  if (N < 1) throw checkpoint_error(files.front().path.string() + " has world size 0 in its name", fail);
 
   loaded_checkpoint ck;
   ck.folder = folder.string();
@@ -550,31 +550,31 @@ loaded_checkpoint verify_checkpoint(const std::string& path_in) {
     const fs::path mp = folder / (shard_file_stem(r, N) + ".msgpack");
     if (!fs::is_regular_file(mp, ec))
       throw checkpoint_error(mp.string() + " is missing (the manifest of rank " + std::to_string(r) + " of " +
-                             std::to_string(N) + ")" + fail);
+                             std::to_string(N) + ")", fail);
     shard_manifest m;
     try {
       m = read_shard_manifest(mp.string());
     } catch (const checkpoint_error& e) {
-      throw checkpoint_error(e.what() + fail);
+      throw checkpoint_error(e.what(), fail);
     }
     const std::string mname = mp.filename().string();
     if (m.world_size != N)
       throw checkpoint_error(mp.string() + " says world_size " + std::to_string(m.world_size) +
-                             " but its name and the other manifests say " + std::to_string(N) + fail);
+                             " but its name and the other manifests say " + std::to_string(N), fail);
     if (m.rank != r)
       throw checkpoint_error(mp.string() + " says rank " + std::to_string(m.rank) + " but its name says " +
-                             std::to_string(r) + fail);
+                             std::to_string(r), fail);
     if (folder_step >= 0 && m.step != folder_step)
       throw checkpoint_error(mp.string() + " says step " + std::to_string(m.step) + " but its folder is " +
-                             folder.filename().string() + fail);
+                             folder.filename().string(), fail);
     if (m.tensors_file != shard_file_stem(r, N) + ".safetensors")
       throw checkpoint_error(mp.string() + " names tensors file '" + m.tensors_file + "', expected " +
-                             shard_file_stem(r, N) + ".safetensors" + fail);
+                             shard_file_stem(r, N) + ".safetensors", fail);
     if (r > 0) {
       const auto& m0 = ck.manifests[0];
       auto disagree = [&](const std::string& what, const std::string& a, const std::string& b) {
         return checkpoint_error(mp.string() + " disagrees with rank 0's manifest on " + what + " (" + a + " vs " + b +
-                                ")" + fail);
+                                ")", fail);
       };
       if (m.step != m0.step) throw disagree("the step", std::to_string(m.step), std::to_string(m0.step));
       if (m.zero_stage != m0.zero_stage)
@@ -608,7 +608,7 @@ loaded_checkpoint verify_checkpoint(const std::string& path_in) {
         if (rg.begin < 0 || rg.end < rg.begin || rg.end > g.full_numel)
           throw checkpoint_error((folder / (shard_file_stem(r, N) + ".msgpack")).string() + ": group '" + g.name +
                                  "' range [" + std::to_string(rg.begin) + ", " + std::to_string(rg.end) +
-                                 ") is reversed or outside [0, " + std::to_string(g.full_numel) + ")" + fail);
+                                 ") is reversed or outside [0, " + std::to_string(g.full_numel) + ")", fail);
         if (rg.end > rg.begin) ps.push_back({rg.begin, rg.end, r});
       }
     }
@@ -618,17 +618,17 @@ loaded_checkpoint verify_checkpoint(const std::string& path_in) {
     for (auto& p : ps) {
       if (p.b > at)
         throw checkpoint_error(folder.string() + ": group '" + g0.name + "' elements [" + std::to_string(at) + ", " +
-                               std::to_string(p.b) + ") are in no shard's ranges" + fail);
+                               std::to_string(p.b) + ") are in no shard's ranges", fail);
       if (p.b < at)
         throw checkpoint_error(folder.string() + ": group '" + g0.name + "' elements [" + std::to_string(p.b) + ", " +
                                std::to_string(std::min(at, p.e)) + ") are in the ranges of both rank " +
-                               std::to_string(prev_rank) + " and rank " + std::to_string(p.rank) + fail);
+                               std::to_string(prev_rank) + " and rank " + std::to_string(p.rank), fail);
       at = p.e;
       prev_rank = p.rank;
     }
     if (at != g0.full_numel)
       throw checkpoint_error(folder.string() + ": group '" + g0.name + "' elements [" + std::to_string(at) + ", " +
-                             std::to_string(g0.full_numel) + ") are in no shard's ranges" + fail);
+                             std::to_string(g0.full_numel) + ") are in no shard's ranges", fail);
   }
 
   // tensors files: size, checksum, contents
@@ -637,22 +637,22 @@ loaded_checkpoint verify_checkpoint(const std::string& path_in) {
     const fs::path tp = folder / m.tensors_file;
     const std::string mname = shard_file_stem(r, N) + ".msgpack";
     if (!fs::is_regular_file(tp, ec))
-      throw checkpoint_error(tp.string() + " is missing (the tensors of rank " + std::to_string(r) + ")" + fail);
+      throw checkpoint_error(tp.string() + " is missing (the tensors of rank " + std::to_string(r) + ")", fail);
     const uint64_t sz = fs::file_size(tp, ec);
     if (sz != m.tensors_bytes)
       throw checkpoint_error(tp.string() + " is corrupt (" + std::to_string(sz) + " bytes, but " + mname +
-                             " records " + std::to_string(m.tensors_bytes) + (sz < m.tensors_bytes ? ": truncated)" : ")") +
+                             " records " + std::to_string(m.tensors_bytes) + (sz < m.tensors_bytes ? ": truncated)" : ")"),
                              fail);
     uint64_t read_bytes = 0;
     const uint32_t crc = file_crc32(tp.string(), read_bytes);
     if (crc != m.tensors_crc32)
       throw checkpoint_error(tp.string() + " is corrupt (CRC-32 " + hex32(crc) + " != " + hex32(m.tensors_crc32) +
-                             " recorded in " + mname + ")" + fail);
+                             " recorded in " + mname + ")", fail);
     std::unique_ptr<safetensors_file> sf;
     try {
       sf = std::make_unique<safetensors_file>(tp.string());
     } catch (const std::exception& e) {
-      throw checkpoint_error(std::string(e.what()) + fail);
+      throw checkpoint_error(std::string(e.what()), fail);
     }
     std::set<std::string> want;
     for (auto& g : m.groups) {
@@ -662,16 +662,16 @@ loaded_checkpoint verify_checkpoint(const std::string& path_in) {
         const std::string name = g.name + "." + tn;
         want.insert(name);
         const auto* e = sf->find(name);
-        if (!e) throw checkpoint_error(tp.string() + " has no tensor '" + name + "' listed in " + mname + fail);
+        if (!e) throw checkpoint_error(tp.string() + " has no tensor '" + name + "' listed in " + mname, fail);
         if (e->dtype != "F32" || shape_numel(e->shape) != n)
           throw checkpoint_error(tp.string() + ": tensor '" + name + "' is " + e->dtype + shape_str(e->shape) +
                                  ", expected F32 with " + std::to_string(n) + " elements (its ranges in " + mname +
-                                 ")" + fail);
+                                 ")", fail);
       }
     }
     for (auto& e : sf->entries())
       if (!want.count(e.name))
-        throw checkpoint_error(tp.string() + " has tensor '" + e.name + "' that " + mname + " does not list" + fail);
+        throw checkpoint_error(tp.string() + " has tensor '" + e.name + "' that " + mname + " does not list", fail);
   }
   return ck;
 }
@@ -706,7 +706,7 @@ loaded_checkpoint load_checkpoint(const std::string& path) {
     } catch (const checkpoint_error&) {
       throw;
     } catch (const std::runtime_error& e) {
-      throw checkpoint_error(std::string(e.what()) + cannot_use(folder));
+      throw checkpoint_error(std::string(e.what()), cannot_use(folder));
     }
   }
   return ck;
@@ -764,9 +764,9 @@ void export_consolidated(const loaded_checkpoint& ck, const model_config& cfg, c
   save_hf(model, out_dir);
 }
 
-std::string config_fingerprint(const nlohmann::json& j) {
+std::string bytes_fingerprint(std::string_view bytes) {
   uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : j.dump()) {
+  for (unsigned char c : bytes) {
     h ^= c;
     h *= 1099511628211ull;
   }
@@ -774,5 +774,7 @@ std::string config_fingerprint(const nlohmann::json& j) {
   std::snprintf(b, sizeof b, "%016" PRIx64, h);
   return b;
 }
+
+std::string config_fingerprint(const nlohmann::json& j) { return bytes_fingerprint(j.dump()); }
 
 }  // namespace flowrun

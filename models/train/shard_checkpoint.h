@@ -51,6 +51,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -63,9 +64,13 @@ namespace flowrun {
 class decoder;
 
 /// A checkpoint that cannot be written or used: what() names the exact file, what
-/// is wrong with it and what to do.
+/// is wrong with it and what to do. `problem` is what() without the advice, for a caller
+/// that acts on its own (the step-3 resume falls back to the commit before).
 struct checkpoint_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit checkpoint_error(const std::string& what) : std::runtime_error(what), problem(what) {}
+  checkpoint_error(const std::string& what_is_wrong, const std::string& advice)
+      : std::runtime_error(what_is_wrong + advice), problem(what_is_wrong) {}
+  std::string problem;
 };
 
 /// Elements [begin, end) of a full flat buffer.
@@ -201,8 +206,10 @@ void export_consolidated(const loaded_checkpoint& ckpt, const model_config& cfg,
 /// when the model has LoRA, the PEFT adapter into out_dir/adapter (save_adapter).
 void export_consolidated(const loaded_checkpoint& ckpt, decoder& model, const std::string& out_dir);
 
-/// A short fingerprint of a JSON value (16 hex digits, FNV-1a 64 of j.dump(), whose
-/// object keys are sorted): for shard_manifest::config_hash.
+/// A short fingerprint of bytes: 16 hex digits of their 64-bit FNV-1a hash.
+std::string bytes_fingerprint(std::string_view bytes);
+
+/// bytes_fingerprint of j.dump() (whose object keys are sorted): for shard_manifest::config_hash.
 std::string config_fingerprint(const nlohmann::json& j);
 
 }  // namespace flowrun

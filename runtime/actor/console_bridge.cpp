@@ -150,14 +150,7 @@ void console_session::publish(const metrics_snapshot& m, const job_live& live, b
   // a run that ended (stopped, failed or lost a node before its phases were done) has no ETA left
   for (const auto& p : phases)
     s.progress.push_back({p.node, p.what, p.done, p.total, finished ? -1.0 : p.eta_s(m.elapsed_s)});
-  if (!finished) {
-    s.progress_text = progress_text(phases, m.elapsed_s);
-  } else {
-    for (const auto& p : phases)
-      s.progress_text.append(s.progress_text.empty() ? "" : " · ")
-          .append(p.what + " " + std::to_string(p.done) + "/" + std::to_string(p.total) +
-                  (p.total > 0 && p.done >= p.total ? " done" : ""));
-  }
+  s.progress_text = progress_text(phases, m.elapsed_s, /*with_eta=*/!finished);
   s.rss_bytes = rss_bytes();
   const std::int64_t now_ns = live.now_ns();
   for (std::size_t i = 0; i < m.nodes.size(); ++i) {

@@ -166,16 +166,16 @@ double live_progress::eta_s(double now_s) const {
   return std::max(0.0, per_unit * static_cast<double>(std::max<std::int64_t>(0, total - done)) - (now_s - t_s));
 }
 
-std::string progress_text(const std::vector<live_progress>& phases, double now_s) {
+std::string progress_text(const std::vector<live_progress>& phases, double now_s, bool with_eta) {
   std::string out;
-  for (const auto& p : phases) out.append(out.empty() ? "" : " · ").append(p.text(now_s));
+  for (const auto& p : phases) out.append(out.empty() ? "" : " · ").append(p.text(now_s, with_eta));
   return out;
 }
 
-std::string live_progress::text(double now_s) const {
+std::string live_progress::text(double now_s, bool with_eta) const {
   std::string out = what + " " + std::to_string(done) + "/" + std::to_string(total);
   if (total > 0 && done >= total) return out + " done";
-  const double eta = eta_s(now_s);
+  const double eta = with_eta ? eta_s(now_s) : -1;
   if (eta < 0) return out;
   const long s = std::lround(eta);
   char buf[48];

@@ -86,13 +86,13 @@ struct live_progress {
   /// time since the last report (at least 0). Negative when unknown (no unit done since the
   /// first report).
   double eta_s(double now_s) const;
-  /// "WHAT DONE/TOTAL ETA M:SS" (H:MM:SS from an hour on; no ETA while unknown; "WHAT N/N done"
-  /// once finished).
-  std::string text(double now_s) const;
+  /// "WHAT DONE/TOTAL ETA M:SS" (H:MM:SS from an hour on; no ETA while unknown, or without
+  /// `with_eta`: a run that has ended; "WHAT N/N done" once finished).
+  std::string text(double now_s, bool with_eta = true) const;
 };
 
 /// Each phase's live_progress::text at `now_s`, joined by " · " ("" for none).
-std::string progress_text(const std::vector<live_progress>& phases, double now_s);
+std::string progress_text(const std::vector<live_progress>& phases, double now_s, bool with_eta = true);
 
 /// A copy of one replica's live state.
 struct replica_view {

@@ -180,11 +180,16 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       resuming = !std::filesystem::is_empty(spec.checkpoint_dir, ec);
     if (resuming && std::filesystem::exists(options.metrics_path, ec)) {
       // a run killed while writing a line leaves part of it: cut back to the last whole line, so the
-      // appended records start on a line of their own
-      std::ifstream in(options.metrics_path, std::ios::binary);
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      const auto keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
-      if (keep != text.size()) std::filesystem::resize_file(options.metrics_path, keep, ec);
+      // appended records start on a line of their own (the file is read only then)
+      std::ifstream in(options.metrics_path, std::ios::binary | std::ios::ate);
+      std::size_t keep = static_cast<std::size_t>(std::max<std::streamoff>(0, in.tellg()));
+      if (keep > 0 && (in.seekg(-1, std::ios::end), in.get() != '\n')) {
+        in.clear();
+        in.seekg(0);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+        std::filesystem::resize_file(options.metrics_path, keep, ec);
+      }
       appends_to_records = keep > 0;
     }
     metrics_file.open(options.metrics_path, std::ios::out | (resuming ? std::ios::app : std::ios::trunc));

@@ -63,7 +63,6 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
   std::map<std::tuple<std::string, std::string, std::int64_t>, std::size_t> index;
   std::string text;
   std::size_t line = 0, nonblank = 0;
-  int run = 0;  // resumed runs seen so far
   while (std::getline(in, text)) {
     ++line;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -114,21 +113,19 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
       else if (st < 0) {
         // a resumed run that only reports again an evaluation it restored (a rerun of a finished run
         // prints the held-out figures again): the same value right after a resume mark is one figure
-        if (!(s.held_run < run && !s.held_out.empty() && s.held_out.back() == v)) s.held_out.push_back(v);
-        s.held_run = run;
-      }
-      else {
+        if (!(s.held_run < m.resumes && !s.held_out.empty() && s.held_out.back() == v)) s.held_out.push_back(v);
+        s.held_run = m.resumes;
+      } else {
         // the series' first point after a {"resumed":true} line: the resumed run does again the steps
         // after its checkpoint, and its values replace the earlier run's from that step on
-        if (s.run < run) {
+        if (s.run < m.resumes) {
           s.points.erase(std::find_if(s.points.begin(), s.points.end(), [st](const point& p) { return p.step >= st; }),
                          s.points.end());
-          s.run = run;
+          s.run = m.resumes;
         }
         s.points.push_back(point{st, v});
       }
     } else if (j.contains("resumed")) {  // a resumed run appends from here (runtime/actor/runtime.cpp)
-      ++run;
       ++m.resumes;
     } else if (j.contains("nodes")) {
       ++m.snapshots;

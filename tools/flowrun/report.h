@@ -33,8 +33,8 @@ struct series {
   std::vector<point> points;     ///< finite values with step >= 0: the curve
   std::vector<double> held_out;  ///< finite values with step < 0 (held-out passes: before, after), in order
   std::size_t nonfinite = 0;     ///< records whose value was NaN or ±inf ("value":null), skipped
-  int run = 0;                   ///< the resume marks before this series' last point
-  int held_run = 0;              ///< ... and before its last held-out value (one equal to the one
+  std::size_t run = 0;           ///< the resume marks before this series' last point
+  std::size_t held_run = 0;      ///< ... and before its last held-out value (one equal to the one
                                  ///< before it, first after a mark, is a rerun reporting it again)
 };
 

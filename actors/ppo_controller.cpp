@@ -40,8 +40,9 @@ class ppo_controller final : public actor::node {
       for (const auto& pt : rp->commit.committed)
         if (pt.iteration <= rp->point.iteration) commit_.committed.push_back(pt);
       updates_ = rp->point.policy_version;
+      // numbered as the "iter K" and "checkpoint after iteration K" lines: the last one done
       ctx.print(fmt::format("[step 3 ppo] resuming after iteration {} from {} (policy version {})",
-                            rp->point.iteration, dir_, updates_));
+                            rp->point.iteration - 1, dir_, updates_));
     }
     enter(ctx, phase::wait_prompts);
   }

@@ -76,9 +76,10 @@ class prompt_loader final : public actor::node {
     check_settings_on_resume(ctx, rp.has_value());
     if (rp && rp->point.iteration > iterations_)
       throw std::invalid_argument(fmt::format(
-          "node '{}': {} holds step 3 after iteration {}, more than iterations = {}: a resume only runs longer; set "
-          "iterations >= {}, or delete {} to start step 3 afresh",
-          ctx.name(), ctx.checkpoint_dir(), rp->point.iteration, iterations_, rp->point.iteration, ctx.checkpoint_dir()));
+          "node '{}': {} holds step 3 after iteration {} ({} iterations done), more than iterations = {}: a resume "
+          "only runs longer; set iterations >= {}, or delete {} to start step 3 afresh",
+          ctx.name(), ctx.checkpoint_dir(), rp->point.iteration - 1, rp->point.iteration, iterations_,
+          rp->point.iteration, ctx.checkpoint_dir()));
     if (rp) {
       for (int64_t i = 0; i < std::min(rp->point.iteration, iterations_); ++i) order_.next(ctx.name());
       next_ = 1 + rp->point.iteration;
@@ -498,9 +499,9 @@ class ppo_trainer final : public actor::node {
   void stop(actor::node_context& ctx) override {
     if (policy_ && speaks() && ctx.reason() == actor::stop_reason::interrupted) {  // SIGINT: say what is kept
       const auto rp = ctx.checkpoint_dir().empty() ? std::nullopt : ppo::find_step3_resume(ctx.checkpoint_dir());
-      ctx.print(rp ? fmt::format("[step 3 ppo] interrupted: the last committed checkpoint is iteration {} in {}; the "
-                                 "same command resumes there",
-                                 rp->point.iteration, ctx.checkpoint_dir())
+      ctx.print(rp ? fmt::format("[step 3 ppo] interrupted: the last committed checkpoint is after iteration {} in {}; "
+                                 "the same command resumes there",
+                                 rp->point.iteration - 1, ctx.checkpoint_dir())
                    : std::string("[step 3 ppo] interrupted: no checkpoint was saved, nothing of step 3 is kept (set "
                                  "[graph] checkpoint_dir and the controller's save_checkpoint_steps)"));
     }

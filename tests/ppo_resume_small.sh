@@ -39,7 +39,7 @@ after() {  # LOG ITER: A's lines from iteration ITER on
 mkdir -p "$out/a" "$out/b"
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") > "$out/a.log" 2> "$out/a.err" ||
   { echo "uninterrupted run failed:"; tail -20 "$out/a.err"; exit 1; }
-grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted run committed no checkpoint at iteration 6"
+grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted run committed no checkpoint after iteration 5"
 [ "$(lines "$out/a.log" | grep -c ' iter ')" = 6 ] || fail "the uninterrupted run did not print 6 iterations"
 
 # 1. SIGKILL once step 3 has committed a checkpoint
@@ -60,7 +60,7 @@ done
 from=$(grep -oE "resuming after iteration [0-9]+" "$out/b2.log" | awk '{ print $4 }')
 [ -n "$from" ] || fail "the second run did not resume step 3"
 echo "killed during step 3; resumed after iteration $from"
-diff <(after "$out/a.log" "$from") <(lines "$out/b2.log") || fail "the resumed run's lines differ from the uninterrupted run's"
+diff <(after "$out/a.log" $((from + 1))) <(lines "$out/b2.log") || fail "the resumed run's lines differ from the uninterrupted run's"
 cmp "$out/a/ppo.bin" "$out/b/ppo.bin" || fail "the resumed run's policy differs from the uninterrupted run's"
 # the resumed run appended to the killed run's --metrics file (kept whole: step 1's loss curve is
 # only there), and the report's reward curve has each iteration once: those the killed run wrote
@@ -98,8 +98,8 @@ python3 -c "import sys; f = open(sys.argv[1], 'r+b'); f.seek(-5, 2); b = f.read(
 grep -F "$(basename "$shard")" "$out/b3.log" | grep -q "refused" || fail "the corrupt shard was not named: $(grep checkpoint "$out/b3.log")"
 grep "refused" "$out/b3.log" | head -1 | cut -c1-200
 from=$(grep -oE "resuming after iteration [0-9]+" "$out/b3.log" | awk '{ print $4 }')
-[ "$from" = 4 ] || fail "after the corruption the run resumed after iteration '$from', not 4"
-diff <(after "$out/a.log" "$from") <(lines "$out/b3.log") || fail "the lines after the older commit differ"
+[ "$from" = 3 ] || fail "after the corruption the run resumed after iteration '$from', not 3"
+diff <(after "$out/a.log" $((from + 1))) <(lines "$out/b3.log") || fail "the lines after the older commit differ"
 
 # 3. another world size and stage: a's commit of iteration 4 on 2 ranks
 cp -r "$out/a" "$out/c"
@@ -112,7 +112,7 @@ PY
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/c") --set node.policy.replicas=2 --set node.policy.actor_zero_stage=3 \
   --set node.critic.replicas=2 --set node.critic.critic_zero_stage=2 > "$out/c.log" 2> "$out/c.err" ||
   { echo "the 2-rank resume failed:"; tail -20 "$out/c.err"; exit 1; }
-grep -q "resuming after iteration 4" "$out/c.log" || fail "the 2-rank run did not resume after iteration 4"
+grep -q "resuming after iteration 3 " "$out/c.log" || fail "the 2-rank run did not resume after iteration 3"
 python3 - <(after "$out/a.log" 4) <(lines "$out/c.log") <<'PY' || fail "the 2-rank resume differs by more than 1e-4"
 import re, sys
 a, c = open(sys.argv[1]).read(), open(sys.argv[2]).read()
@@ -159,14 +159,14 @@ if grep -q "held-out after" "$out/e1.log"; then
   echo "SIGINT came after step 3 had finished (rc $rc): case 5 not exercised this time"
 else
   [ $rc -eq 130 ] || fail "SIGINT: exit code $rc, not 130"
-  line=$(grep -F "[step 3 ppo] interrupted: the last committed checkpoint is iteration" "$out/e1.log") ||
+  line=$(grep -F "[step 3 ppo] interrupted: the last committed checkpoint is after iteration" "$out/e1.log") ||
     fail "SIGINT: no line saying what was kept: $(tail -3 "$out/e1.log")"
   echo "$line"
   kept=$(echo "$line" | grep -oE "iteration [0-9]+" | awk '{ print $2 }')
   "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") > "$out/e2.log" 2> "$out/e2.err" ||
     { echo "the run after SIGINT failed:"; tail -20 "$out/e2.err"; exit 1; }
   grep -q "resuming after iteration $kept " "$out/e2.log" || fail "after SIGINT the run did not resume after iteration $kept"
-  diff <(after "$out/a.log" "$kept") <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
+  diff <(after "$out/a.log" $((kept + 1))) <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
 fi
 # 6. settings changed since the checkpoint
 refused() {  # NAME WHAT PATTERN DIR ARGS...: the run in DIR with ARGS fails, its stderr matching PATTERN
@@ -185,7 +185,7 @@ refused f1 "another actor_learning_rate" \
 refused f3 "another per_device_generation_batch_size (other prompts would follow)" \
   "with settings changed: per_device_generation_batch_size 8 -> 2; set them back" \
   "$out/a" --set node.prompts.per_device_generation_batch_size=2
-refused f4 "fewer iterations than the checkpoint's" "holds step 3 after iteration 6, more than iterations = 3" \
+refused f4 "fewer iterations than the checkpoint's" "holds step 3 after iteration 5 (6 iterations done), more than iterations = 3" \
   "$out/a" --set node.prompts.iterations=3
 echo "settings changed: actor_learning_rate, per_device_generation_batch_size and fewer iterations refused, critic_zero_stage accepted"
 # 7. step 1 retrained since step 3's checkpoint (one more SFT step: a longer run is a safe change

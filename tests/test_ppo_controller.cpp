@@ -400,7 +400,7 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: the same command resumes after the l
   CHECK(script.generate[2].policy_version == 4);
   CHECK(script.ticks == std::vector<int64_t>{4, 5, -2});
   REQUIRE(lines.size() == 6);
-  CHECK(lines[0] == "[step 3 ppo] resuming after iteration 4 from " + dir.string() + " (policy version 2)");
+  CHECK(lines[0] == "[step 3 ppo] resuming after iteration 3 from " + dir.string() + " (policy version 2)");
   CHECK(lines[1].rfind("[step 3 ppo] iter 4 reward 0.3750 ", 0) == 0);
   CHECK(lines[2] == "[step 3 ppo] iter 5 reward 0.6250 kl 0.1875 actor_loss 0.1250 critic_loss 0.5000 answer_len 5.0 "
                     "gen 128 tok/s train 200 tok/s");

@@ -82,7 +82,8 @@ std::optional<step3_resume> find_step3_resume(const std::string& dir) {
       r.point = *p;
       return r;
     }
-    r.refused.push_back("iteration " + std::to_string(it) + " refused: " + problem +
+    // numbered as the "iter K" lines: the commit of `it` iterations is "after iteration it - 1"
+    r.refused.push_back("after iteration " + std::to_string(it - 1) + " refused: " + problem +
                         (std::next(p) != c.committed.rend() ? "; the commit before it is tried" : ""));
   }
   std::string all;

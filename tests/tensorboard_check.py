@@ -2,13 +2,18 @@
 """Reads a run's TensorBoard event files back with the tensorboard package (PyPI) and checks
 that they hold the values of the run's printed lines (tests/tensorboard_small.sh).
 
-    python tensorboard_check.py LOG TB_DIR
+    python tensorboard_check.py [--resumed] LOG TB_DIR
 
 LOG is the run's standard output; TB_DIR the nodes' tensorboard_path. For each node (sft, rm,
 ppo_controller) there must be exactly one file events.out.tfevents.* in TB_DIR/NODE whose first
 record is the file_version event; every printed step must have its scalars, at that step, equal
 to the printed numbers within the printed precision (TensorBoard keeps float32: its rounding is
-allowed too), and no step may be there that was not printed. Exits 1 naming what differs.
+allowed too), and no step may be there that was not printed, nor any twice. Exits 1 naming what
+differs.
+
+--resumed: TB_DIR/ppo_controller holds an interrupted run's file and its resumed run's, whose
+second record is SessionLog START at the first step it wrote; LOG holds both runs' lines (a step
+printed twice counts with its last line). Only ppo_controller is checked.
 """
 import math
 import os
@@ -18,7 +23,11 @@ import time
 
 from tensorboard.backend.event_processing import event_accumulator, event_file_loader
 
-log_path, tb_dir = sys.argv[1], sys.argv[2]
+args = sys.argv[1:]
+resumed = "--resumed" in args
+if resumed:
+    args.remove("--resumed")
+log_path, tb_dir = args[0], args[1]
 lines = open(log_path, encoding="utf-8").read().splitlines()
 failures = []
 checked = 0
@@ -37,12 +46,21 @@ def tolerance(text):
 def load(node):
     d = os.path.join(tb_dir, node)
     files = [f for f in os.listdir(d) if f.startswith("events.out.tfevents.")] if os.path.isdir(d) else []
-    if len(files) != 1:
-        failures.append(f"{d}: {len(files)} event files, want 1 ({files})")
+    want = 2 if resumed else 1
+    if len(files) != want:
+        failures.append(f"{d}: {len(files)} event files, want {want} ({files})")
         return None
-    first = next(iter(event_file_loader.EventFileLoader(os.path.join(d, files[0])).Load()))
-    if first.file_version != "brain.Event:2":
-        failures.append(f"{d}/{files[0]}: first record is not the file_version event: {first}")
+    files.sort()  # TensorBoard's order: by name, whose first part is the time of opening
+    for f in files:
+        first = next(iter(event_file_loader.EventFileLoader(os.path.join(d, f)).Load()))
+        if first.file_version != "brain.Event:2":
+            failures.append(f"{d}/{f}: first record is not the file_version event: {first}")
+    if resumed:
+        events = list(event_file_loader.EventFileLoader(os.path.join(d, files[1])).Load())
+        if len(events) < 3 or not events[1].HasField("session_log") or events[1].session_log.status != 1 or \
+                events[1].step != events[2].step:
+            failures.append(f"{d}/{files[1]}: the second record is not SessionLog START at the first step: "
+                            f"{events[1:3]}")
     acc = event_accumulator.EventAccumulator(d, size_guidance={event_accumulator.SCALARS: 0})
     acc.Reload()
     return acc
@@ -72,7 +90,7 @@ def check(node, pattern, tags):
             continue
         events = acc.Scalars(tag)
         steps = [e.step for e in events]
-        if sorted(steps) != sorted(printed):
+        if sorted(steps) != sorted(printed):  # each printed step once (a resumed run's purged)
             failures.append(f"{node}/{tag}: steps {steps}, printed steps {sorted(printed)}")
         for e in events:
             if not (now - 3600 < e.wall_time <= now + 1):
@@ -89,10 +107,11 @@ def check(node, pattern, tags):
 
 
 num = r"(-?[0-9.]+(?:e[-+][0-9]+)?)"
-check("sft", rf"\[step 1 sft\] step (\d+)/\d+ loss {num} lr {num} \({num} tokens/s\)",
-      ["loss", "lr", "tokens_per_s"])
-check("rm", rf"\[step 2 rm\] step (\d+)/\d+ loss {num} acc {num} chosen {num} rejected {num}",
-      ["loss", "accuracy", "chosen_mean", "rejected_mean"])
+if not resumed:
+    check("sft", rf"\[step 1 sft\] step (\d+)/\d+ loss {num} lr {num} \({num} tokens/s\)",
+          ["loss", "lr", "tokens_per_s"])
+    check("rm", rf"\[step 2 rm\] step (\d+)/\d+ loss {num} acc {num} chosen {num} rejected {num}",
+          ["loss", "accuracy", "chosen_mean", "rejected_mean"])
 ppo = check("ppo_controller",
             rf"\[step 3 ppo\] iter (\d+) reward {num} kl {num} actor_loss {num} critic_loss {num} .*answer_len {num} "
             rf"gen {num} tok/s train {num} tok/s",

@@ -3,7 +3,8 @@
 # on graphs/rlhf.graph with small settings: sft, rm and ppo_controller write event files that
 # the tensorboard Python package reads back with the values of the printed lines
 # (tests/tensorboard_check.py); a tensorboard_path that cannot be written stops the run before
-# training, naming the node and the path; enable_tensorboard without a path is refused.
+# training, naming the node and the path; enable_tensorboard without a path is refused; a
+# resumed step 3 shows each iteration once in TensorBoard.
 # The read-back needs a Python with tensorboard: $FLOWRUN_PYENV (default build/pyenv, made by
 # tools/setup.sh from PyPI), else python3; without one the test says so and is skipped (77).
 set -euo pipefail
@@ -31,7 +32,8 @@ fi
 grep -q "node 'rm': enable_tensorboard = true needs tensorboard_path" "$out/nopath.err" ||
   { echo "the error does not name the node and the setting:"; cat "$out/nopath.err"; exit 1; }
 
-# the run, with TensorBoard on three nodes
+# the run, with TensorBoard on three nodes (step 3 commits every iteration, for the resume below)
+small+=(--set node.ppo_controller.save_checkpoint_steps=1)
 tb=()
 for n in sft rm ppo_controller; do
   tb+=(--set "node.$n.enable_tensorboard=true" --set "node.$n.tensorboard_path=$out/tb")
@@ -51,4 +53,26 @@ if [ -z "$py" ]; then
   exit 77
 fi
 "$py" "$root/tests/tensorboard_check.py" "$out/log" "$out/tb"
+
+# a resumed run writes again the steps the interrupted one wrote after its last commit: the run's
+# state cut back to its commit after iteration 1 (as a kill after iteration 2's report would
+# leave it), the same command resumes after iteration 1 and writes iteration 2 again, into a
+# second event file that starts with SessionLog START at step 2, so TensorBoard shows each
+# iteration once, iteration 2 with the resumed run's values (tensorboard_check.py --resumed)
+cp -r "$out/checkpoints" "$out/r_checkpoints"
+mkdir -p "$out/r_tb" && cp -r "$out/tb/ppo_controller" "$out/r_tb/"
+"$py" - "$out/r_checkpoints/step3.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["committed"] = [p for p in c["committed"] if p["iteration"] <= 2]
+assert c["committed"], "no commit after iteration 1"
+json.dump(c, open(sys.argv[1], "w"))
+PY
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set graph.checkpoint_dir="$out/r_checkpoints" \
+  --set node.ppo_controller.enable_tensorboard=true --set node.ppo_controller.tensorboard_path="$out/r_tb" \
+  > "$out/r_log" 2> "$out/r_err" || { echo "the resumed run failed:"; tail -20 "$out/r_err"; exit 1; }
+grep -q "resuming after iteration 1 " "$out/r_log" || { echo "the run did not resume after iteration 1:"; cat "$out/r_log"; exit 1; }
+grep "step 3 ppo\] iter" "$out/r_log"
+cat "$out/log" "$out/r_log" > "$out/both_log"  # iteration 2 printed twice: the resumed run's line last
+"$py" "$root/tests/tensorboard_check.py" --resumed "$out/both_log" "$out/r_tb"
 echo "tensorboard_small: ok"

@@ -119,6 +119,30 @@ TEST_CASE("tensorboard: an event file holds the file_version event, then the sca
   CHECK(w2->path().filename().string() == name + ".1");
 }
 
+TEST_CASE("tensorboard: a file that joins an earlier run's starts its scalars with SessionLog START at the first step") {
+  temp_dir t;
+  auto first = tb::event_writer::open(t.p / "run", 1.5);
+  REQUIRE(first.has_value());
+  CHECK_FALSE(first->follows_earlier_run());  // an empty folder: nothing to purge
+  REQUIRE_FALSE(first->scalar("loss", 0.25, 7, 1.5).has_value());
+  CHECK(records(read_all(first->path())).size() == 2);
+
+  // the resumed job: its first scalar is at step 5, so the first file's steps >= 5 are orphaned
+  auto second = tb::event_writer::open(t.p / "run", 1.5);
+  REQUIRE(second.has_value());
+  CHECK(second->follows_earlier_run());
+  CHECK(records(read_all(second->path())).size() == 1);  // the START waits for the first step
+  REQUIRE_FALSE(second->scalar("loss", 0.25, 5, 1.5).has_value());
+  REQUIRE_FALSE(second->scalar("loss", 0.25, 6, 1.5).has_value());
+  const auto recs = records(read_all(second->path()));
+  REQUIRE(recs.size() == 4);
+  const std::string time15 = bytes({0x09, 0, 0, 0, 0, 0, 0, 0xF8, 0x3F});
+  // Event{wall_time, step (2) = 5, session_log (7, bytes) = SessionLog{status (1, enum) = START = 1}}
+  CHECK(recs[1] == time15 + bytes({0x10, 5, 0x3A, 2, 0x08, 1}));
+  CHECK(recs[2] == time15 + bytes({0x10, 5, 0x2A, 13, 0x0A, 11, 0x0A, 4}) + "loss" + bytes({0x15, 0, 0, 0x80, 0x3E}));
+  CHECK(recs[3].substr(0, 11) == time15 + bytes({0x10, 6}));  // once: no START before later scalars
+}
+
 TEST_CASE("tensorboard: a folder that cannot be made is an error naming it") {
   temp_dir t;
   fs::create_directories(t.p);

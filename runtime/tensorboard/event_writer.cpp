@@ -30,6 +30,9 @@ actor::expected<event_writer> event_writer::open(const std::filesystem::path& di
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return actor::error_text{"cannot create the folder " + dir.string() + ": " + ec.message()};
+  bool earlier = false;  // event files of an earlier run in this folder
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) earlier = true;
   char stamp[32];
   std::snprintf(stamp, sizeof stamp, "%010lld", static_cast<long long>(wall_time));
   const std::string base = "events.out.tfevents." + std::string(stamp) + "." + host_name() + "." +
@@ -40,6 +43,7 @@ actor::expected<event_writer> event_writer::open(const std::filesystem::path& di
     if (!f && errno == EEXIST && n < 1000) continue;
     if (!f) return actor::error_text{"cannot create " + p.string() + ": " + std::strerror(errno)};
     event_writer w(p, f);
+    w.purge_pending_ = earlier;
     proto::Event e;
     e.set_wall_time(wall_time);
     e.set_step(0);
@@ -51,6 +55,15 @@ actor::expected<event_writer> event_writer::open(const std::filesystem::path& di
 
 std::optional<std::string> event_writer::scalar(std::string_view tag, double value, std::int64_t step,
                                                 double wall_time) {
+  if (purge_pending_) {
+    proto::Event start;
+    start.set_wall_time(wall_time);
+    start.set_step(step);
+    start.mutable_session_log()->set_status(proto::SessionLog::START);
+    if (auto err = write(start.SerializeAsString())) return err;
+    purge_pending_ = false;
+    purged_ = true;
+  }
   proto::Event e;
   e.set_wall_time(wall_time);
   e.set_step(step);

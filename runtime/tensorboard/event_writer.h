@@ -31,6 +31,13 @@ class event_writer {
   /// (".1", ".2", ... appended when that name exists), and writes its first record: the
   /// file_version event at `wall_time`. An error (as a value) names `dir` or the file and
   /// the system's reason (e.g. "Permission denied", "Not a directory").
+  ///
+  /// When `dir` already holds event files (the job was interrupted and resumed, or run again
+  /// into the same tensorboard_path), the first scalar is preceded by a SessionLog START event
+  /// at its step S: TensorBoard's reader (EventAccumulator's purge_orphaned_data, on by
+  /// default) then drops the earlier files' events at steps >= S, so a step the interrupted
+  /// run wrote after its last checkpoint, and this run writes again, shows once, with this
+  /// run's value. It is what PyTorch's SummaryWriter(purge_step = S) writes.
   static actor::expected<event_writer> open(const std::filesystem::path& dir, double wall_time = wall_time_now());
 
   /// Appends one scalar: Summary.Value{tag, simple_value} (TensorBoard stores float32, so
@@ -41,12 +48,16 @@ class event_writer {
 
   /// The event file.
   const std::filesystem::path& path() const { return path_; }
+  /// Whether `dir` held other event files when this one was opened (see open).
+  bool follows_earlier_run() const { return purge_pending_ || purged_; }
 
  private:
   event_writer(std::filesystem::path path, std::FILE* f) : path_(std::move(path)), file_(f, &std::fclose) {}
   std::optional<std::string> write(const std::string& event_bytes);
 
   std::filesystem::path path_;
+  bool purge_pending_ = false;  // the folder held earlier event files: START before the first scalar
+  bool purged_ = false;         // that START was written
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_;
 };
 

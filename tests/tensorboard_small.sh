@@ -24,13 +24,17 @@ fi
 grep -q "node 'sft': enable_tensorboard: cannot create the folder $out/a_file/tb/sft: Not a directory; give tensorboard_path a writable folder" "$out/bad.err" ||
   { echo "the error does not name the node and the path:"; cat "$out/bad.err"; exit 1; }
 if grep -q "step 1 sft\]" "$out/bad.log"; then echo "sft started despite the unwritable path:"; cat "$out/bad.log"; exit 1; fi
-# enabled without a folder: refused before anything runs
-if "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set node.rm.enable_tensorboard=true \
-     > "$out/nopath.log" 2> "$out/nopath.err"; then
-  echo "enable_tensorboard without tensorboard_path was accepted"; exit 1
-fi
-grep -q "node 'rm': enable_tensorboard = true needs tensorboard_path" "$out/nopath.err" ||
+# enabled without a folder: refused when the graph is checked (exit 2, as every bad setting),
+# at the setting's place, before anything runs
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set node.rm.enable_tensorboard=true > "$out/nopath.log" 2> "$out/nopath.err"
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "enable_tensorboard without tensorboard_path: exit $rc, not 2"; cat "$out/nopath.err"; exit 1; }
+grep -q "^--set node.rm.enable_tensorboard=true:1:[0-9]*: error: node 'rm': enable_tensorboard = true needs tensorboard_path" "$out/nopath.err" ||
   { echo "the error does not name the node and the setting:"; cat "$out/nopath.err"; exit 1; }
+grep -q "hint: set tensorboard_path" "$out/nopath.err" || { echo "no fix named:"; cat "$out/nopath.err"; exit 1; }
+if [ -s "$out/nopath.log" ]; then echo "something ran:"; cat "$out/nopath.log"; exit 1; fi
 
 # the run, with TensorBoard on three nodes (step 3 commits every iteration, for the resume below)
 small+=(--set node.ppo_controller.save_checkpoint_steps=1)

@@ -61,9 +61,32 @@ graph::node_kind& add_tensorboard_settings(graph::node_kind& kind) {
   return kind;
 }
 
+namespace {
+
+// The kind's own check, then: enable_tensorboard = true needs a tensorboard_path.
+void add_tensorboard_check(graph::node_kind& kind) {
+  kind.check = [own = std::move(kind.check)](const graph::node_spec& n, const graph::graph_spec& g) {
+    std::vector<graph::node_kind::problem> problems;
+    if (own) problems = own(n, g);
+    const auto* on = n.find_setting(enable_tensorboard_setting);
+    if (!on || !std::get_if<bool>(&on->value) || !std::get<bool>(on->value)) return problems;
+    const auto* p = n.find_setting(tensorboard_path_setting);
+    const auto* dir = p ? std::get_if<std::string>(&p->value) : nullptr;
+    if (!dir || dir->empty())
+      problems.push_back({std::string(enable_tensorboard_setting),
+                          "node '" + n.name + "': enable_tensorboard = true needs tensorboard_path = \"FOLDER\" (where "
+                          "the event files go; each node writes into FOLDER/" + n.name + ")",
+                          "set tensorboard_path = \"FOLDER\", or enable_tensorboard = false"});
+    return problems;
+  };
+}
+
+}  // namespace
+
 void register_node_kind(graph::node_kind_registry& kinds, node_factory_registry& factories, graph::node_kind kind,
                         node_factory factory) {
   std::string name = kind.name;
+  if (kind.find_setting(enable_tensorboard_setting)) add_tensorboard_check(kind);
   if (factories.find(name)) throw std::invalid_argument("node_factory_registry: kind '" + name + "' has a factory already");
   kinds.register_kind(with_supervision_settings(std::move(kind)));
   factories.add(std::move(name), std::move(factory));

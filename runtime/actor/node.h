@@ -250,7 +250,9 @@ inline constexpr std::string_view enable_tensorboard_setting = "enable_tensorboa
 inline constexpr std::string_view tensorboard_path_setting = "tensorboard_path";
 
 /// Declares the TensorBoard settings above on `kind` (the trainer kinds and
-/// ppo_controller call it where they declare their settings).
+/// ppo_controller call it where they declare their settings). register_node_kind
+/// adds to such a kind's check that enable_tensorboard = true has a tensorboard_path,
+/// so the graph is refused when it is checked (exit 2, at the setting's file:line).
 graph::node_kind& add_tensorboard_settings(graph::node_kind& kind);
 
 /// Registers a runnable kind: `kind` (with the supervision settings added)

@@ -560,6 +560,19 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
     REQUIRE(missing);
     CHECK(missing->status == 404);
     CHECK(json::parse(missing->body)["error"].get<std::string>().find("GET /api lists them") != std::string::npos);
+    // a known path with another method: 405 with the methods it takes (RFC 9110 sec. 15.5.6)
+    auto get_pause = c.Get("/api/pause");
+    REQUIRE(get_pause);
+    CHECK(get_pause->status == 405);
+    CHECK(get_pause->get_header_value("Allow") == "POST");
+    CHECK(json::parse(get_pause->body)["error"] == "GET /api/pause is not allowed: it takes POST (GET /api lists the endpoints)");
+    auto post_graph = c.Post("/api/graph", httplib::Headers{{"Authorization", "Bearer " + run.token}}, "", "text/plain");
+    REQUIRE(post_graph);
+    CHECK(post_graph->status == 405);
+    CHECK(post_graph->get_header_value("Allow") == "GET, HEAD");
+    auto post_node = c.Post("/api/nodes/work", httplib::Headers{{"Authorization", "Bearer " + run.token}}, "", "text/plain");
+    REQUIRE(post_node);
+    CHECK(post_node->status == 405);
     // loopback consoles answer only to loopback Host names (a DNS-rebinding guard)
     auto evil = c.Get("/api/status", httplib::Headers{{"Host", "evil.example:80"}});
     REQUIRE(evil);

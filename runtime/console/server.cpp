@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "runtime/console/console_assets.h"  // generated from page/ (CMakeLists.txt)
 #include "runtime/console/hub.h"
@@ -275,6 +276,18 @@ void server::start() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
+  // Every route's pattern and method, so that a known path asked with another method answers 405
+  // with Allow (RFC 9110 sec. 15.5.6) rather than cpp-httplib's 404.
+  struct route {
+    std::regex pattern;
+    const char* method;
+  };
+  auto routes = std::make_shared<std::vector<route>>();
+  auto get = [&svr, routes](const std::string& pattern, httplib::Server::Handler handler) {
+    routes->push_back({std::regex(pattern), "GET"});
+    svr.Get(pattern, std::move(handler));
+  };
+
   // The page (no build step, no outside network: shipped inside the binary).
   auto page = [](std::string_view body, const char* type) {
     return [body, type](const httplib::Request&, httplib::Response& res) {
@@ -285,41 +298,41 @@ void server::start() {
       res.set_content(std::string(body), type);
     };
   };
-  svr.Get("/", page(assets::index_html(), "text/html; charset=utf-8"));
-  svr.Get("/index.html", page(assets::index_html(), "text/html; charset=utf-8"));
-  svr.Get("/console.js", page(assets::console_js(), "application/javascript; charset=utf-8"));
-  svr.Get("/console.css", page(assets::console_css(), "text/css; charset=utf-8"));
-  svr.Get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+  get("/", page(assets::index_html(), "text/html; charset=utf-8"));
+  get("/index.html", page(assets::index_html(), "text/html; charset=utf-8"));
+  get("/console.js", page(assets::console_js(), "application/javascript; charset=utf-8"));
+  get("/console.css", page(assets::console_css(), "text/css; charset=utf-8"));
+  get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
 
   auto h = hub_;
-  svr.Get("/api", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, api_index); });
-  svr.Get("/api/graph", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->graph_json()); });
-  svr.Get("/api/status",
+  get("/api", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, api_index); });
+  get("/api/graph", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->graph_json()); });
+  get("/api/status",
           [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->status_json()); });
-  svr.Get("/api/nodes", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->nodes_json()); });
-  svr.Get(R"(/api/nodes/([^/]+))", [h](const httplib::Request& req, httplib::Response& res) {
+  get("/api/nodes", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->nodes_json()); });
+  get(R"(/api/nodes/([^/]+))", [h](const httplib::Request& req, httplib::Response& res) {
     const std::string name = req.matches[1];
     if (auto j = h->node_json(name))
       send_json(res, 200, *j);
     else
       send_error(res, 404, "no node called '" + name + "' (GET /api/graph lists the nodes)");
   });
-  svr.Get("/api/edges", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->edges_json()); });
-  svr.Get("/api/bottlenecks", [h](const httplib::Request& req, httplib::Response& res) {
+  get("/api/edges", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->edges_json()); });
+  get("/api/bottlenecks", [h](const httplib::Request& req, httplib::Response& res) {
     const double n = param_double(req, "n", 5);
     send_json(res, 200, h->bottlenecks_json(static_cast<std::size_t>(std::clamp(n, 1.0, 1000.0))));
   });
-  svr.Get("/api/signals", [h](const httplib::Request& req, httplib::Response& res) {
+  get("/api/signals", [h](const httplib::Request& req, httplib::Response& res) {
     send_json(res, 200, h->signals_json(param_double(req, "since", -1.0)));
   });
-  svr.Get("/api/memory",
+  get("/api/memory",
           [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->memory_json()); });
-  svr.Get("/api/cluster",
+  get("/api/cluster",
           [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->cluster_json()); });
-  svr.Get("/api/events", [h](const httplib::Request& req, httplib::Response& res) {
+  get("/api/events", [h](const httplib::Request& req, httplib::Response& res) {
     send_json(res, 200, h->events_json(static_cast<std::uint64_t>(std::max(0.0, param_double(req, "since", 0)))));
   });
-  svr.Get("/api/stream", [this, h](const httplib::Request&, httplib::Response& res) {
+  get("/api/stream", [this, h](const httplib::Request&, httplib::Response& res) {
     if (impl_->streams.load() >= options_.max_streams) {
       send_error(res, 503,
                  "too many open event streams (" + std::to_string(options_.max_streams) +
@@ -373,6 +386,7 @@ void server::start() {
   // request without Content-Length until the connection closes (a `curl -X POST` stalled for the 5 s read
   // timeout, then got 400), while RFC 9112 sec. 6.3 says such a request has no body. A body that is declared
   // (Content-Length or chunked) is read and ignored, so a kept-alive connection stays in step.
+  routes->push_back({std::regex(R"(/api/(pause|resume|stop|checkpoint))"), "POST"});
   svr.Post(R"(/api/(pause|resume|stop|checkpoint))",
            [h](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
              if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
@@ -380,9 +394,18 @@ void server::start() {
              reply r = h->act(std::string(req.matches[1]));
              send_json(res, r.status, r.body);
            });
-  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  svr.set_error_handler([routes](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    std::string allow;  // the methods the path has
     if (res.status == 404)
+      for (const auto& r : *routes)
+        if (std::regex_match(req.path, r.pattern) && allow.find(r.method) == std::string::npos)
+          allow += (allow.empty() ? "" : ", ") + std::string(r.method) + (r.method == std::string("GET") ? ", HEAD" : "");
+    if (!allow.empty()) {
+      res.set_header("Allow", allow);
+      send_error(res, 405, req.method + " " + req.path + " is not allowed: it takes " + allow +
+                               " (GET /api lists the endpoints)");
+    } else if (res.status == 404)
       send_error(res, 404, "no such endpoint: " + req.method + " " + req.path + " (GET /api lists them)");
     else
       send_error(res, res.status, "request failed");

@@ -299,7 +299,7 @@ class ppo_controller final : public actor::node {
         launch(ctx, std::move(p));
       }
     }
-    if (!outstanding_ && !held_eval_ && !newest_.ticked && (!newest_.eval || flight_.empty()) &&
+    if (!outstanding_ && !held_eval_ && !newest_.ticked && (!newest_.ends_stream || flight_.empty()) &&
         static_cast<int64_t>(flight_.size()) < S_ + 1) {
       newest_.ticked = true;
       outstanding_ = true;
@@ -316,7 +316,7 @@ class ppo_controller final : public actor::node {
     p.max_staleness = S_;
     p.drop_stale = drop_;
     p.checkpoint = !p.eval && !dir_.empty() && save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
-    newest_ = {p.iteration, p.eval, false};
+    newest_ = {p.iteration, p.eval || p.last, false};
     iteration x;
     x.prompts = p;
     x.launched = clk::now();
@@ -394,7 +394,10 @@ class ppo_controller final : public actor::node {
   bool outstanding_ = true;  // a batch is on its way from the loader (the first comes unasked)
   struct {
     int64_t iteration = 0;
-    bool eval = false, ticked = true;
+    // a held-out batch (synchronous), or the loader's last (asked for another, the loader ends
+    // its stream, which would end this node and the ones after it with batches in flight)
+    bool ends_stream = false;
+    bool ticked = true;
   } newest_;  // the batch launched last: `next` is sent once per batch
   int64_t stale_dropped_ = 0, waited_ = 0;
   std::optional<clk::time_point> last_trained_;  // when the last trained batch was reported

@@ -84,6 +84,10 @@ class prompt_loader final : public actor::node {
       for (int64_t i = 0; i < std::min(rp->point.iteration, iterations_); ++i) order_.next(ctx.name());
       next_ = 1 + rp->point.iteration;
     }
+    if (eval_rows_ == 0)
+      ctx.print(fmt::format("[step 3 prompts] no held-out prompts (eval_prompts = {}, {} held-out rows): the "
+                            "held-out passes before and after training are skipped",
+                            ctx.spec().get_int("eval_prompts"), eval_.size()));
   }
 
   // Which prompts an uninterrupted run draws next hangs on these settings (the split, the batch
@@ -120,6 +124,7 @@ class prompt_loader final : public actor::node {
       ctx.wait_for_input();
       return true;
     }
+    if (eval_rows_ == 0 && (next_ == 0 || next_ == iterations_ + 1)) ++next_;  // no held-out pass
     if (next_ > iterations_ + 1) return false;
     prompt_msg m;
     std::vector<int64_t> idx;
@@ -135,6 +140,7 @@ class prompt_loader final : public actor::node {
     m.mask = pb.mask;
     m.iteration = eval ? (next_ == 0 ? -1 : -2) : next_ - 1;
     m.eval = eval;
+    m.last = next_ == iterations_ + 1 || (eval_rows_ == 0 && next_ == iterations_);
     for (auto i : idx) m.references.push_back(rows[static_cast<size_t>(i)].reference);
     ++next_;
     ready_ = false;
@@ -172,7 +178,8 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .option("per_device_generation_batch_size", T::int_, std::int64_t{8}, "prompts per PPO iteration").at_least(1)
       .option("iterations", T::int_, std::int64_t{20}, "PPO iterations").at_least(1)
       .because("0 iterations train nothing (to compare models without training: flowrun eval prompts)")
-      .option("eval_prompts", T::int_, std::int64_t{32}, "held-out prompts scored before and after").at_least(0)
+      .option("eval_prompts", T::int_, std::int64_t{32},
+              "held-out prompts scored before and after (0: no held-out passes)").at_least(0)
       .option("seed", T::int_, std::int64_t{1234}, "data split and order");
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
 }

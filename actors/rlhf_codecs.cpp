@@ -226,6 +226,7 @@ void register_rlhf_codecs() {
                             put_strings(w, m.references);
                             w.put(m.max_staleness);
                             w.put<std::uint8_t>(m.drop_stale ? 1 : 0);
+                            w.put<std::uint8_t>(m.last ? 1 : 0);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -238,6 +239,7 @@ void register_rlhf_codecs() {
                             m.references = get_strings(r);
                             m.max_staleness = r.get<std::int64_t>();
                             m.drop_stale = r.get<std::uint8_t>() != 0;
+                            m.last = r.get<std::uint8_t>() != 0;
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(

@@ -42,6 +42,11 @@ struct prompt_msg {
   tensor ids, mask;        ///< (B, P) i32, left-padded
   int64_t iteration = 0;   ///< PPO iteration (eval batches: -1 before training, -2 after)
   bool eval = false;       ///< held-out prompts: scored, never trained on
+  /// The loader's last batch: asked for another, it ends its stream. With max_staleness >= 1
+  /// the controller asks for the next batch only once nothing is in flight after it, so the end
+  /// of the stream never overtakes batches still being trained (the held-out batch after
+  /// training is the last one; with eval_prompts = 0 the last training batch is).
+  bool last = false;
   /// The policy version (updates so far) to generate with: the controller
   /// stamps it, the generator waits until it holds weights of that version.
   int64_t policy_version = 0;

@@ -4,7 +4,8 @@
 #    figures (rewards, KL, losses, held-out results) and the same saved policy bytes;
 #  - max_staleness = 1 (wait) completes, its lines carry the version and staleness of each
 #    batch (never above 1), and its held-out reward is a finite number;
-#  - max_staleness = 1 with staleness_policy = "drop" completes too.
+#  - max_staleness = 1 with staleness_policy = "drop" completes too;
+#  - eval_prompts = 0 skips the held-out passes and reports every iteration, at 0 and 1.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
@@ -37,4 +38,14 @@ after=$(sed -nE 's/.*held-out after: mean reward (-?[0-9]+\.[0-9]+) .*/\1/p' "$o
 
 run s1drop --set node.controller.max_staleness=1 --set node.controller.staleness_policy=drop
 grep -q "held-out mean reward" "$out/s1drop.log" || fail "max_staleness = 1, drop: no held-out result"
+# eval_prompts = 0: no held-out passes (a line says so); the loader's last batch is then a
+# training batch, and at max_staleness = 1 its end of stream must not overtake the batches still
+# in flight (it did: the run ended after iteration 1 with exit 0)
+for s in 0 1; do
+  run noeval$s --set node.prompts.eval_prompts=0 --set node.controller.max_staleness=$s
+  grep -q "no held-out prompts (eval_prompts = 0" "$out/noeval$s.log" || fail "eval_prompts = 0: no line saying so"
+  grep -q "step 3 ppo\] held-out" "$out/noeval$s.log" && fail "eval_prompts = 0 ran a held-out pass"
+  [ "$(grep -cE "iter [0-9]+ reward" "$out/noeval$s.log")" = 3 ] ||
+    { cat "$out/noeval$s.log"; fail "eval_prompts = 0, max_staleness = $s: not every iteration was reported"; }
+done
 echo "max_staleness_small: ok (held-out after at max_staleness = 1: $after)"

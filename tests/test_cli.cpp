@@ -47,6 +47,18 @@ TEST_CASE("a missing model file is named, with exit code 2") {
   CHECK(out.find("no/such/model.bin") != std::string::npos);
 }
 
+TEST_CASE("flowrun chat refuses --max_new_tokens that leave the conversation no room, naming the bound") {
+  int rc = -1;
+  // stories260K's context is 512 tokens: 512 crashed (a negative room cut the history past its end)
+  auto out = run("printf 'Hi there\\nquit\\n' | " + std::string(FLOWRUN_BIN) + " chat --model model/stories260K/stories260K.bin --max_new_tokens 512 2>&1", &rc);
+  CHECK(rc == 1);  // as chat's other option checks (--max_new_tokens -1)
+  CHECK(out.find("--max_new_tokens 512 leaves no room for the conversation") != std::string::npos);
+  CHECK(out.find("use at most 510") != std::string::npos);
+  out = run("printf 'Hi there\\nquit\\n' | " + std::string(FLOWRUN_BIN) + " chat --model model/stories260K/stories260K.bin --max_new_tokens 510 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(out.find("Assistant:") != std::string::npos);
+}
+
 TEST_CASE("usage errors exit with code 2 and say what is wrong, --help exits 0") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " generate --no-such-option 2>&1", &rc);

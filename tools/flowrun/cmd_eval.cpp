@@ -202,6 +202,10 @@ void add_chat(CLI::App& app) {
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
     auto m = load_policy(o->finetuned);
     const int64_t ctx_len = m.config().max_seq_len;
+    if (o->max_new_tokens >= ctx_len)  // the conversation needs at least BOS and one token
+      throw std::invalid_argument(fmt::format(
+          "--max_new_tokens {} leaves no room for the conversation in {}'s context of {} tokens: use at most {}",
+          o->max_new_tokens, o->finetuned, ctx_len, ctx_len - 2));
     std::string history;
     std::string line;
     std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
@@ -218,7 +222,7 @@ void add_chat(CLI::App& app) {
       }
       history += "\n\nHuman: " + line + "\n\nAssistant:";
       auto ids = tok->encode(history, true);
-      const int64_t room = ctx_len - o->max_new_tokens;
+      const int64_t room = ctx_len - o->max_new_tokens;  // >= 2: BOS and the last token at least
       if (static_cast<int64_t>(ids.size()) > room) {  // keep BOS and the most recent turns
         ids.erase(ids.begin() + 1, ids.end() - (room - 1));
       }

@@ -65,6 +65,8 @@ class prompt_loader final : public actor::node {
     print_chat_row(ctx, "[step 3 prompts]", rows, ts, true);
     train_ = dschat::make_prompt_examples(rows.train, *tok, ts);
     eval_ = dschat::make_prompt_examples(rows.eval, *tok, ts);
+    for (const auto* set : {&train_, &eval_})
+      for (const auto& e : *set) longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(e.ids.size()));
     B_ = ctx.spec().get_int("per_device_generation_batch_size");
     iterations_ = ctx.spec().get_int("iterations");
     eval_rows_ = std::min<int64_t>(ctx.spec().get_int("eval_prompts"), static_cast<int64_t>(eval_.size()));
@@ -141,6 +143,7 @@ class prompt_loader final : public actor::node {
     m.iteration = eval ? (next_ == 0 ? -1 : -2) : next_ - 1;
     m.eval = eval;
     m.last = next_ == iterations_ + 1 || (eval_rows_ == 0 && next_ == iterations_);
+    m.longest_prompt = longest_;
     for (auto i : idx) m.references.push_back(rows[static_cast<size_t>(i)].reference);
     ++next_;
     ready_ = false;
@@ -157,6 +160,7 @@ class prompt_loader final : public actor::node {
   std::vector<dschat::prompt_example> train_, eval_;
   batch_cycle order_;
   int64_t B_ = 4, iterations_ = 0, eval_rows_ = 0, next_ = 0;
+  int64_t longest_ = 0;  // the longest prompt, training and held-out rows (tokens)
   bool ready_ = true;
   bool ticked_ = false;  // a tick has come: the controller runs step 3's loop
 };
@@ -226,6 +230,18 @@ class rollout_generator final : public actor::node {
         if (!waiting_since_) waiting_since_ = clk::now();
         break;  // the batch's weights are on their way
       }
+      // the scorers and trainers take P + max_answer_seq_len tokens per row: refused at the first
+      // batch (the held-out one), before any step-3 update, rather than in the scorers when the
+      // longest prompt comes
+      if (const int64_t P = std::max<int64_t>(p.ids.size(1), p.longest_prompt),
+          ctx_len = weights_.model->config().max_seq_len;
+          P + ps_.max_answer_seq_len > ctx_len)
+        throw std::invalid_argument(fmt::format(
+            "node '{}': the longest prompt, {} tokens (at most the prompt loader's max_prompt_seq_len), + "
+            "max_answer_seq_len {} = {} exceed the policy's context, max_seq_len {}: {}",
+            ctx.name(), P, ps_.max_answer_seq_len, P + ps_.max_answer_seq_len, ctx_len,
+            P + 2 <= ctx_len ? fmt::format("lower max_answer_seq_len to {} or max_prompt_seq_len", ctx_len - P)
+                             : fmt::format("lower max_prompt_seq_len to at most {}", ctx_len - 2)));
       ppo::ppo_settings s = ps_;
       if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
       // GRPO / RLOO: each prompt's num_generations samples are adjacent rows, a group kept whole

@@ -227,6 +227,7 @@ void register_rlhf_codecs() {
                             w.put(m.max_staleness);
                             w.put<std::uint8_t>(m.drop_stale ? 1 : 0);
                             w.put<std::uint8_t>(m.last ? 1 : 0);
+                            w.put(m.longest_prompt);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -240,6 +241,7 @@ void register_rlhf_codecs() {
                             m.max_staleness = r.get<std::int64_t>();
                             m.drop_stale = r.get<std::uint8_t>() != 0;
                             m.last = r.get<std::uint8_t>() != 0;
+                            m.longest_prompt = r.get<std::int64_t>();
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(

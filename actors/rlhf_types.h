@@ -47,6 +47,10 @@ struct prompt_msg {
   /// of the stream never overtakes batches still being trained (the held-out batch after
   /// training is the last one; with eval_prompts = 0 the last training batch is).
   bool last = false;
+  /// The longest prompt of the loader's data, training and held-out rows (tokens, after
+  /// max_prompt_seq_len): the generator checks it with max_answer_seq_len against the policy's
+  /// context at the first batch, before any update, not when that prompt comes.
+  int64_t longest_prompt = 0;
   /// The policy version (updates so far) to generate with: the controller
   /// stamps it, the generator waits until it holds weights of that version.
   int64_t policy_version = 0;

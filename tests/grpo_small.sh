@@ -8,7 +8,8 @@
 #  - REINFORCE++ runs, and GRPO with the policy on 2 ZeRO-3 ranks;
 #  - a critic-free run resumes from its step-3 checkpoint with the uninterrupted run's lines;
 #  - GRPO without a reference model runs (reference = false), and its inconsistent settings are refused;
-#  - num_generations = 1 for GRPO, and GAE without a critic, are refused before anything runs.
+#  - num_generations = 1 for GRPO, and GAE without a critic, are refused before anything runs;
+#  - prompts + answers past the policy's context are refused at the first batch.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
@@ -45,6 +46,13 @@ grep -q "critic_loss" "$out/grpo.log" && fail "a critic-free run printed a criti
 from_sft grpo.graph
 from_sft rloo.graph
 g=$out/grpo.graph
+
+# prompts + answers longer than the policy's context (512): refused at the first batch, before
+# any step-3 update, naming both settings and the bound (the scorers failed on T = 513 before)
+if run toolong "$g" --set node.generator.max_answer_seq_len=600; then fail "answers past the context were accepted"; fi
+grep -qE "node 'generator': the longest prompt, [0-9]+ tokens \(at most the prompt loader's max_prompt_seq_len\), \+ max_answer_seq_len 600 = [0-9]+ exceed the policy's context, max_seq_len 512: lower max_answer_seq_len to [0-9]+" "$out/toolong.err" ||
+  { tail -5 "$out/toolong.err"; fail "the error does not name the settings and the bound"; }
+grep -q "iter 0 reward" "$out/toolong.log" && fail "an iteration ran with answers past the context"
 
 run rloo "$out/rloo.graph" || { tail -20 "$out/rloo.err"; fail "rloo.graph failed"; }
 grep -q "held-out mean reward" "$out/rloo.log" || fail "rloo.graph printed no held-out result"

@@ -4,7 +4,8 @@
 #      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3);
 #   2. a run killed with SIGKILL at a random step and resumed continues the curve exactly;
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
-#      adapter; continuing from base + LoRA starts where the LoRA run ended.
+#      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; continuing from
+#      base + LoRA starts where the LoRA run ended.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
@@ -89,6 +90,17 @@ if grep -a -q '"model.layers.0.self_attn.q_proj.weight"' "$out/lora/adapter/adap
   echo "a base weight is in the adapter"; exit 1
 fi
 du -sb "$out/lora/$(cat "$out/lora/latest")" | awk '{ if ($1 > 200000) { print "the LoRA checkpoint holds more than adapters"; exit 1 } }'
+# the LoRA run's checkpoint of step 10 (2 ranks: only rank 0 holds the replicated adapter) resumes,
+# on 2 ranks and on 1, and continues its curve (a 2-rank LoRA checkpoint was refused: rank 1's
+# manifest had no adapter group)
+for w in 2 1; do
+  cp -r "$out/lora" "$out/lora_r$w" && echo step_00000010 > "$out/lora_r$w/latest"
+  run lora_r$w run "$graph" --no-progress -q --set node.ranks.output_dir="$out/lora_r$w" \
+    --set node.data.output_dir="$out/lora_r$w" --set node.ranks.use_lora=true --set node.ranks.replicas=$w
+  grep -q "resuming after step 10 " "$out/lora_r$w.log" || { echo "the LoRA checkpoint did not resume on $w ranks"; exit 1; }
+  echo "  LoRA resumed after step 10 on $w rank(s):"
+  same_curve "$out/lora.log" "$out/lora_r$w.log" 1e-5 || { echo "the resumed LoRA run left the curve"; exit 1; }
+done
 run cont run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont" --set node.data.output_dir="$out/cont" \
   --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter"
 cstart=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/cont.log")

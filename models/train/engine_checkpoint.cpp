@@ -28,14 +28,17 @@ std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decod
     if (auto t = eng.owned_exp_avg_sq(); t.defined()) g.tensors["exp_avg_sq"] = t;
     groups.push_back(std::move(g));
   }
-  if (model.num_adapter_parameters() > 0 && rank == 0) {  // replicated: rank 0 saves it
+  if (model.num_adapter_parameters() > 0) {  // replicated: rank 0 saves it, the others list it empty
     shard_group g;
     g.name = "adapter";
     g.full_numel = model.num_adapter_parameters();
-    g.ranges.push_back({0, g.full_numel});
-    g.tensors["fp32_master"] = eng.adapter_params().clone();
-    if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = t;
-    if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = t;
+    // every rank's manifest names the same groups and tensors (load_shard_checkpoint checks it):
+    // rank 0's range is the whole adapter, the others hold no range and 0-element tensors
+    auto part = [rank](const tensor& t) { return rank == 0 ? t : tensor::empty({0}, t.type(), t.dev()); };
+    if (rank == 0) g.ranges.push_back({0, g.full_numel});
+    g.tensors["fp32_master"] = rank == 0 ? eng.adapter_params().clone() : part(eng.adapter_params());
+    if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = part(t);
+    if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = part(t);
     groups.push_back(std::move(g));
   }
   return groups;

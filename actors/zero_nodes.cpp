@@ -450,6 +450,25 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     actor::add_tensorboard_settings(k);
     shared(k);
     add_rank_group_settings(k);
+    // The run's length and the rows' width are settings of both nodes (as TencentPretrain's
+    // --total_steps and --seq_length are one flag each): the data node's total_steps ends the
+    // stream, the ranks' sets the schedule, the ETA and the end-of-run export; seq_length is the
+    // data's width and the ranks' memory plan. They must agree.
+    k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
+      std::vector<graph::node_kind::problem> problems;
+      for (const auto& e : g.edges) {
+        const auto* src = e.to_node == n.name ? g.find_node(e.from_node) : nullptr;
+        if (!src || src->kind != "lm_batches") continue;
+        for (const char* key : {"total_steps", "seq_length"})
+          if (src->get_int(key) != n.get_int(key))
+            problems.push_back({key,
+                                fmt::format("node '{}': {} = {} but its data node '{}' has {} = {}: the two must "
+                                            "be equal",
+                                            n.name, key, n.get_int(key), src->name, key, src->get_int(key)),
+                                fmt::format("set {} to one value on both nodes", key)});
+      }
+      return problems;
+    };
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new zero_rank); });
   }
 }

@@ -169,6 +169,23 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
   CHECK(has(out, "setting 'iterations' of node 'prompts' (kind prompt_loader) must be >= 1, got 0"));
 }
 
+TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length, refused when the graph is checked") {
+  // A data node shorter than the ranks' total_steps ended the run early with exit 0 and no export;
+  // a longer one trained past it ("step 40/12"); another seq_length misled the memory plan.
+  const std::string pre = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                          "/graphs/pretrain.graph --no-progress -q --set node.ranks.output_dir= --set "
+                          "node.data.output_dir= --set node.ranks.export_hf=";
+  int rc = -1;
+  auto out = run(pre + " --set node.ranks.total_steps=100 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: node 'ranks': total_steps = 100 but its data node 'data' has total_steps = 40: the two "
+                 "must be equal"));
+  CHECK(has(out, "hint: set total_steps to one value on both nodes"));
+  out = run(pre + " --set node.data.seq_length=256 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: node 'ranks': seq_length = 64 but its data node 'data' has seq_length = 256"));
+}
+
 TEST_CASE("out-of-range training and sampling settings are refused before anything starts, naming the value") {
   // Each was accepted silently (a negative learning rate trains uphill; a negative warmup, a negative rank).
   const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --no-progress";

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "actors/dschat_common.h"
+#include "actors/resume_check.h"
 #include "actors/rlhf_types.h"
 #include "models/rlhf/ppo_checkpoint.h"
 
@@ -33,6 +34,7 @@ class ppo_controller final : public actor::node {
     drop_ = ctx.spec().get_string("staleness_policy") == "drop";
     if (!drop_ && ctx.spec().get_string("staleness_policy") != "wait")
       throw std::invalid_argument("node '" + ctx.name() + "': staleness_policy must be \"wait\" or \"drop\"");
+    check_step3_settings(ctx, {"save_checkpoint_steps", "keep_checkpoints"});  // the schedule
     if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
       for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
       commit_.eval_before = eval_before_ = rp->commit.eval_before;

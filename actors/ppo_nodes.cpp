@@ -75,7 +75,10 @@ class prompt_loader final : public actor::node {
     // step-3 resume: the held-out "before" batch was scored and J batches trained on before the
     // commit; the order is a function of the batches drawn, so draw them again
     const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir());
-    check_settings_on_resume(ctx, rp.has_value());
+    // which prompts an uninterrupted run draws next hangs on these settings (the split, the batch
+    // size, the seed, the prompts' tokens), and eval_prompts too: the held-out figure before
+    // training, kept in step3.json, is compared with the one after. A longer run may come.
+    check_step3_settings(ctx, {"iterations"});
     if (rp && rp->point.iteration > iterations_)
       throw std::invalid_argument(fmt::format(
           "node '{}': {} holds step 3 after iteration {} ({} iterations done), more than iterations = {}: a resume "
@@ -92,31 +95,6 @@ class prompt_loader final : public actor::node {
                             ctx.spec().get_int("eval_prompts"), eval_.size()));
   }
 
-  // Which prompts an uninterrupted run draws next hangs on these settings (the split, the batch
-  // size, the seed, the prompts' tokens), and no trainer's checkpoint records them: the loader
-  // writes them into CHECKPOINT_DIR/NAME.settings.json when step 3 starts afresh, and a resume
-  // refuses a change (eval_prompts too: the held-out figure before training, kept in step3.json, is
-  // compared with the one after). A longer run (iterations) and supervision may change.
-  static void check_settings_on_resume(actor::node_context& ctx, bool resuming) {
-    if (ctx.checkpoint_dir().empty()) return;
-    const std::set<std::string> safe = {"iterations", "restart", "max_restarts"};
-    const std::string path = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".settings.json")).string();
-    if (!resuming) {
-      std::filesystem::create_directories(ctx.checkpoint_dir());
-      write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
-      return;
-    }
-    if (!std::filesystem::exists(path)) return;  // a checkpoint from before the record: accepted
-    nlohmann::json recorded;
-    try {
-      std::ifstream f(path);
-      recorded = nlohmann::json::parse(f);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(path + " is not a settings record (" + e.what() + "): delete " + ctx.checkpoint_dir() +
-                               " to start step 3 afresh");
-    }
-    check_resume_settings(ctx, recorded, path, safe, "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
-  }
   void on_message(actor::node_context&, std::string_view, actor::payload) override {
     ready_ = true;
     ticked_ = true;
@@ -209,6 +187,7 @@ class rollout_generator final : public actor::node {
     ps_.top_p = static_cast<float>(s.get_float("top_p"));
     num_generations_ = s.get_int("num_generations");
     tok_ = load_tok(ctx);
+    check_step3_settings(ctx, {});  // sampling shapes every answer a resume trains on
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     if (port == "weights") {
@@ -1043,6 +1022,7 @@ class experience_maker final : public actor::node {
     cf_.epsilon = s.get_float("epsilon");
     cf_.ppo = cfg_;
     filter_groups_ = s.get_bool("filter_groups");
+    check_step3_settings(ctx, {});  // the rewards, the KL penalty and the advantages
     reference_ = s.get_bool("reference");
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {

@@ -1,12 +1,16 @@
 #include "actors/resume_check.h"
 
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "models/rlhf/ppo_checkpoint.h"
+#include "models/safetensors.h"
 
 namespace flowrun::actors {
 
@@ -52,6 +56,27 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
   if (!refused.empty())
     throw std::runtime_error(fmt::format("node '{}': resuming from {} with settings changed: {}; set them back, or {}",
                                          ctx.name(), folder, fmt::join(refused, "; "), afresh));
+}
+
+void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe) {
+  if (ctx.checkpoint_dir().empty()) return;
+  safe.insert({"restart", "max_restarts"});
+  const std::string path = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".settings.json")).string();
+  if (!ppo::step3_committed(ctx.checkpoint_dir())) {  // step 3 starts afresh
+    std::filesystem::create_directories(ctx.checkpoint_dir());
+    write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
+    return;
+  }
+  if (!std::filesystem::exists(path)) return;  // a checkpoint from before the record: accepted
+  nlohmann::json recorded;
+  try {
+    std::ifstream f(path);
+    recorded = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path + " is not a settings record (" + e.what() + "): delete " + ctx.checkpoint_dir() +
+                             " to start step 3 afresh");
+  }
+  check_resume_settings(ctx, recorded, path, safe, "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
 }
 
 }  // namespace flowrun::actors

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/dschat_common.h"
+#include "actors/resume_check.h"
 #include "actors/reward_function.h"
 #include "actors/rlhf_types.h"
 #include "models/rlhf/rule_rewards.h"
@@ -48,6 +49,9 @@ class reward_function final : public actor::node {
     on_error_ = s.get_string("on_error");
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>(s.get_float("timeout_s") * 1000.0));
     if (reward_ == "command") proc_ = std::make_unique<line_process>(s.get_string("command"));
+    // the rule and its scores (the held-out reward before training, kept in step3.json, is
+    // compared with the one after: another format_score made a gain of nothing but the scale)
+    check_step3_settings(ctx, {"timeout_s"});
   }
 
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {

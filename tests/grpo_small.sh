@@ -6,7 +6,8 @@
 #    the node, the sample and why;
 #    with on_error = "zero" the run goes on and counts them;
 #  - REINFORCE++ runs, and GRPO with the policy on 2 ZeRO-3 ranks;
-#  - a critic-free run resumes from its step-3 checkpoint with the uninterrupted run's lines;
+#  - a critic-free run resumes from its step-3 checkpoint with the uninterrupted run's lines, and a
+#    resume whose reward, estimator, sampling or schedule changed is refused, naming each;
 #  - GRPO without a reference model runs (reference = false), and its inconsistent settings are refused;
 #  - num_generations = 1 for GRPO, and GAE without a critic, are refused before anything runs;
 #  - prompts + answers past the policy's context are refused at the first batch.
@@ -117,6 +118,19 @@ run ck_b "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_b" || { tail -20 "$
 grep -q "resuming after iteration 1 " "$out/ck_b.log" || fail "the run did not resume after iteration 1"
 from2() { results "$1" | grep -v "held-out before" | awk '{ if ($4 == "iter" && $5 + 0 < 2) next; print }'; }
 diff <(from2 ck_a) <(from2 ck_b) || fail "the resumed run's lines differ from the uninterrupted run's"
+# a resume with the reward, the estimator, the sampling or the schedule changed is refused, naming
+# each node and setting (another format_score printed a held-out "gain" of nothing but the scale)
+for change in "reward format_score 0.25 -> 0.9|node.reward.format_score=0.9" \
+              "experience advantage_estimator \"grpo\" -> \"rloo\"|node.experience.advantage_estimator=rloo" \
+              "generator temperature 0.5 -> 2.0|node.generator.temperature=2.0" \
+              "controller max_staleness 0 -> 1|node.controller.max_staleness=1"; do
+  want=${change%%|*} set=${change#*|} node=${want%% *} what=${want#* }
+  rm -rf "$out/ck_c" && cp -r "$out/ck_a" "$out/ck_c"
+  if run ck_c "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_c" --set "$set"; then fail "a resume with $set was accepted"; fi
+  grep -qF "node '$node': resuming from $out/ck_c/$node.settings.json with settings changed: $what; set them back, or delete $out/ck_c to start step 3 afresh" "$out/ck_c.err" ||
+    { grep -i error "$out/ck_c.err" | head -3; fail "the refusal of $set does not name it"; }
+  grep -q "iter 4 reward" "$out/ck_c.log" && fail "a refused resume trained"
+done
 
 # a scorer that crashes: the run stops, naming the node, the sample and the exit status
 if run crash "$g" --set node.reward.reward=command --set node.reward.command="python3 -c 'import sys; sys.exit(3)'"; then

@@ -45,8 +45,10 @@ void write_step3_commit(const std::string& dir, const step3_commit& c) {
   write_text_atomic(commit_path(dir), j.dump(1) + "\n");
 }
 
+bool step3_committed(const std::string& dir) { return !dir.empty() && fs::exists(commit_path(dir)); }
+
 std::optional<step3_resume> find_step3_resume(const std::string& dir) {
-  if (dir.empty() || !fs::exists(commit_path(dir))) return std::nullopt;
+  if (!step3_committed(dir)) return std::nullopt;
   step3_commit c;
   try {
     std::ifstream f(commit_path(dir));

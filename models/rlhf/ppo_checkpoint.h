@@ -39,6 +39,10 @@ struct step3_commit {
   step3_point last() const { return committed.empty() ? step3_point{} : committed.back(); }
 };
 
+/// Whether DIR holds step 3's commit file, DIR/step3.json (false for DIR ""): step 3 resumes
+/// (find_step3_resume then names where, or throws). A cheap test: no checkpoint is read.
+bool step3_committed(const std::string& dir);
+
 /// Write DIR/step3.json atomically (temp file, fsync, rename). Throws std::runtime_error
 /// naming the file on an I/O error.
 void write_step3_commit(const std::string& dir, const step3_commit& c);

@@ -29,6 +29,9 @@ class ppo_controller final : public actor::node {
     t0_ = clk::now();
     dir_ = ctx.checkpoint_dir();
     save_every_ = ctx.spec().get_int("save_checkpoint_steps");
+    if (save_every_ > 0 && dir_.empty())  // as the DS-Chat trainers say it
+      ctx.log().warn("save_checkpoint_steps = {} but the graph has no [graph] checkpoint_dir: no checkpoints",
+                     save_every_);
     keep_ = static_cast<int>(ctx.spec().get_int("keep_checkpoints"));
     S_ = ctx.spec().get_int("max_staleness");
     drop_ = ctx.spec().get_string("staleness_policy") == "drop";
@@ -423,6 +426,7 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
       .option("save_checkpoint_steps", T::int_, std::int64_t{0},
               "with [graph] checkpoint_dir: the policy and critic save and the controller commits every N "
               "iterations (0: never); the same command resumes from the last commit")
+      .at_least(0)
       .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
       .at_least(2)
       .option("max_staleness", T::int_, std::int64_t{0},

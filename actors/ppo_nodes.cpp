@@ -298,7 +298,8 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
               "answers sampled per training prompt, adjacent rows forming the prompt's group (TRL/veRL's name; "
               "GRPO and RLOO need >= 2); held-out prompts are answered once, greedily. Above 1, answers of one "
               "token are kept (a group stays whole)")
-      .at_least(1);
+      .in_range(1, 4096)
+      .because("published GRPO runs use 4-64; a larger group is most likely a typo, and 3e9 ran out of memory");
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
 }
 
@@ -1229,6 +1230,19 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
                                         "no baseline (its advantage would be 0 or undefined)",
                                         n.get_string("advantage_estimator"), gen->name, gen->get_int("num_generations")),
                             "set node." + gen->name + ".num_generations to 2 or more (GRPO papers use 8-64)"});
+      // greedy sampling answers a prompt the same way every time: every group's rewards are
+      // equal, every advantage 0, nothing trains (the same case as a group of one)
+      if (gen && gen->get_int("num_generations") >= 2 &&
+          (gen->get_float("temperature") == 0 || gen->get_int("top_k") == 1))
+        problems.push_back({"advantage_estimator",
+                            fmt::format("{} compares the answers to the same prompt, and the generator '{}' samples "
+                                        "greedily ({}): its num_generations = {} answers are all the same, every "
+                                        "advantage is 0 and nothing trains",
+                                        n.get_string("advantage_estimator"), gen->name,
+                                        gen->get_float("temperature") == 0 ? "temperature = 0" : "top_k = 1",
+                                        gen->get_int("num_generations")),
+                            "sample: set node." + gen->name + ".temperature above 0 (veRL's rollout default is "
+                            "1.0) and top_k to 0 or 2 or more"});
     }
     return problems;
   };

@@ -212,6 +212,9 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
     if (r == "command" && n.get_string("command").empty())
       problems.push_back({"command", "reward = \"command\" needs the command to run",
                           "set command, e.g. \"python3 my_reward.py\""});
+    if (r != "command" && !n.get_string("command").empty())  // the user's scorer would never run
+      problems.push_back({"command", "command is set, but reward = \"" + r + "\" scores with the built-in rule",
+                          "set reward = \"command\" to score with the command, or remove command"});
     const auto& e = n.get_string("on_error");
     if (e != "stop" && e != "zero")
       problems.push_back({"on_error", "on_error = \"" + e + "\" is not a policy here", "use stop or zero"});

@@ -169,6 +169,29 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
   CHECK(has(out, "setting 'iterations' of node 'prompts' (kind prompt_loader) must be >= 1, got 0"));
 }
 
+TEST_CASE("GRPO settings that train nothing or do nothing are refused when the graph is checked") {
+  const std::string grpo = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                           "/graphs/grpo.graph --no-progress --set node.sft.data=data/gsm8k/test.jsonl --set "
+                           "node.prompts.data=data/gsm8k/test.jsonl";  // the graph's own data is made by a script
+  int rc = -1;
+  // greedy sampling: the group's answers are all the same, so every advantage is 0 (it ran, every batch dropped)
+  auto out = run(grpo + " --set node.generator.temperature=0 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "samples greedily (temperature = 0): its num_generations = 8 answers are all the same, every "
+                 "advantage is 0 and nothing trains"));
+  out = run(grpo + " --set node.generator.top_k=1 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "samples greedily (top_k = 1)"));
+  // a command without reward = "command" never ran: the built-in rule scored instead
+  out = run(grpo + " --set node.reward.command=\"python3 my_reward.py\" 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: command is set, but reward = \"gsm8k\" scores with the built-in rule"));
+  // a group of 3e9 answers ran out of memory in the generator
+  out = run(grpo + " --set node.generator.num_generations=3000000000 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "must be in [1, 4096], got 3000000000"));
+}
+
 TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length, refused when the graph is checked") {
   // A data node shorter than the ranks' total_steps ended the run early with exit 0 and no export;
   // a longer one trained past it ("step 40/12"); another seq_length misled the memory plan.

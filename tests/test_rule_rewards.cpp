@@ -57,6 +57,14 @@ TEST_CASE("GSM8K exact match: the last #### answer of the whole completion again
   // a bare reference number
   CHECK(gsm8k_exact_match("#### 72", "72") == 1.0);
   CHECK(gsm8k_exact_match("#### 72", "no number") == 0.0);
+  // a reference without a number matches no answer: a well-formed one is wrong (format_score), as in
+  // veRL and graphs/examples/gsm8k_reward.py (this rule gave 0: a run's rewards hung on which was used)
+  CHECK(gsm8k_reference_answer("The answer is 10") == std::nullopt);
+  CHECK(gsm8k_reference_answer("#### ten") == std::nullopt);
+  CHECK(gsm8k_reference_answer(" 1,080 ") == std::optional<std::string>("1080"));
+  CHECK(gsm8k_exact_match("#### 10", "The answer is 10", 0.25) == doctest::Approx(0.25));
+  CHECK(gsm8k_exact_match("#### 10", "#### ten", 0.25) == doctest::Approx(0.25));
+  CHECK(gsm8k_exact_match("10", "The answer is 10", 0.25) == 0.0);  // no marker: no answer
 }
 
 TEST_CASE("every GSM8K reference answer matches itself and not its neighbour's (real data)") {

@@ -66,16 +66,19 @@ std::optional<std::string> gsm8k_final_answer(std::string_view text) {
   return norm;
 }
 
+std::optional<std::string> gsm8k_reference_answer(std::string_view reference) {
+  if (auto a = gsm8k_final_answer(reference)) return a;
+  if (reference.find("####") != std::string_view::npos) return std::nullopt;  // a marker without a number
+  std::string whole = normalize_number(reference);
+  if (whole.empty()) return std::nullopt;
+  return whole;
+}
+
 double gsm8k_exact_match(std::string_view completion, std::string_view reference, double format_score) {
-  auto want = gsm8k_final_answer(reference);
-  if (!want) {
-    std::string whole = normalize_number(reference);
-    if (whole.empty()) return 0.0;  // a reference that holds no number matches nothing
-    want = whole;
-  }
+  const auto want = gsm8k_reference_answer(reference);  // none: matches no answer
   const auto got = gsm8k_final_answer(completion);
   if (!got) return 0.0;
-  return *got == *want ? 1.0 : format_score;
+  return want && *got == *want ? 1.0 : format_score;
 }
 
 double final_answer_format(std::string_view completion) {

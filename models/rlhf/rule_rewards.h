@@ -32,10 +32,17 @@ std::string normalize_number(std::string_view text);
 /// skipped), normalised; nullopt when there is no marker or no number after it.
 std::optional<std::string> gsm8k_final_answer(std::string_view text);
 
-/// 1 when the completion's final answer equals the reference's (both by
-/// gsm8k_final_answer; a reference without a marker is taken whole as the
-/// number), else 0. `format_score` (veRL's, default 0) is given instead when the
-/// completion has a well-formed final answer that is wrong.
+/// The reference's answer: gsm8k_final_answer, or without a marker the whole
+/// reference as a number; nullopt when it holds none ("The answer is 10",
+/// "#### ten"), which no completion can match.
+std::optional<std::string> gsm8k_reference_answer(std::string_view reference);
+
+/// 1 when the completion's final answer equals the reference's
+/// (gsm8k_final_answer, gsm8k_reference_answer), else 0. `format_score` (veRL's,
+/// default 0) is given instead when the completion has a well-formed final
+/// answer that is wrong, also against a reference without a number (veRL
+/// compares the answer with the ground truth as given: it matches nothing, so
+/// the answer is wrong, not unformatted).
 double gsm8k_exact_match(std::string_view completion, std::string_view reference, double format_score = 0.0);
 
 /// 1 when the completion ends with a final-answer line "#### N" (only

@@ -353,8 +353,17 @@ class zero_rank final : public actor::node {
       if (rank_ == 0) {
         decoder out(model_->config());
         out.w().flat.copy_from(full);
-        save_hf(out, dir);
-        ctx.print("[pretrain] consolidated model -> " + dir);
+        if (model_->has_lora()) {  // the adapters (replicated: every rank has them) go in merged
+          out.enable_lora(model_->lora(), /*freeze_base=*/false);
+          for (const auto& e : model_->adapter_params())
+            out.w().by_name.at(e.name).copy_from(model_->w().by_name.at(e.name));
+        }
+        // save_model's HF path, as the trainers': LoRA merged, and an HF source's tokenizer files and
+        // special-token ids beside the weights (a llama2.c source has no tokenizer of its own)
+        const std::string src = resolve_user_path(s.get_string("model"), "model").string();
+        save_model(out, dir, model_format::hf, inspect_model(src).format == model_format::hf ? src : "");
+        ctx.print(std::string("[pretrain] consolidated model") + (model_->has_lora() ? " (LoRA merged)" : "") +
+                  " -> " + dir);
       }
     }
     if (const auto& dir = s.get_string("save_lora"); !dir.empty() && model_->has_lora() && rank_ == 0) {

@@ -4,8 +4,9 @@
 #      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3);
 #   2. a run killed with SIGKILL at a random step and resumed continues the curve exactly;
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
-#      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; continuing from
-#      base + LoRA starts where the LoRA run ended.
+#      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; its export_hf is the
+#      merged model; continuing from base + LoRA starts where the LoRA run ended; an HF source's
+#      export keeps its tokenizer and special tokens.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
@@ -101,6 +102,35 @@ for w in 2 1; do
   echo "  LoRA resumed after step 10 on $w rank(s):"
   same_curve "$out/lora.log" "$out/lora_r$w.log" 1e-5 || { echo "the resumed LoRA run left the curve"; exit 1; }
 done
+# export_hf of a LoRA run holds the merged model (it held the base model before): a run from it
+# starts at the held-out loss the LoRA run ended with
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
+  --set node.ranks.use_lora=true --set node.data.total_steps=6 --set node.ranks.total_steps=6 \
+  --set node.ranks.export_hf="$out/lora_hf" > "$out/lora_hf.log" 2>&1 || { tail -5 "$out/lora_hf.log"; exit 1; }
+grep -q "consolidated model (LoRA merged) -> $out/lora_hf" "$out/lora_hf.log" || { echo "no merged export"; exit 1; }
+read -r _ hafter < <(heldout "$out/lora_hf.log")
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
+  --set node.ranks.model="$out/lora_hf" --set node.data.total_steps=1 --set node.ranks.total_steps=1 \
+  --set node.ranks.export_hf= > "$out/from_hf.log" 2>&1 || { tail -5 "$out/from_hf.log"; exit 1; }
+fstart=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/from_hf.log")
+echo "  the LoRA run's HF export starts at held-out $fstart (the LoRA run ended at $hafter)"
+[[ -n "$fstart" && "$fstart" == "$hafter" ]] || { echo "the LoRA run's export is not the merged model"; exit 1; }
+# an HF source's export keeps its tokenizer files and special-token ids (a Llama 3 fixture: BOS 0,
+# EOS 4 <|eot_id|>; the export wrote 1 and 2, and no tokenizer)
+l3="$root/tests/fixtures/hf_chat/llama3"
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
+  --set node.ranks.model="$l3" --set node.data.tokenizer="$l3" --set node.data.total_steps=2 \
+  --set node.ranks.total_steps=2 --set node.ranks.export_hf="$out/l3_hf" > "$out/l3_hf.log" 2>&1 ||
+  { tail -5 "$out/l3_hf.log"; exit 1; }
+python3 - "$l3" "$out/l3_hf" <<'PY' || { echo "the export lost the source's tokenizer or special tokens"; exit 1; }
+import json, os, sys
+src, dst = sys.argv[1:]
+a, b = (json.load(open(os.path.join(d, "config.json"))) for d in (src, dst))
+for k in ("bos_token_id", "eos_token_id"):
+    assert a.get(k) == b.get(k), f"{k}: source {a.get(k)}, export {b.get(k)}"
+assert open(os.path.join(src, "tokenizer.json")).read() == open(os.path.join(dst, "tokenizer.json")).read()
+print(f"  a Llama 3 source's export: BOS {b['bos_token_id']}, EOS {b['eos_token_id']}, tokenizer.json copied")
+PY
 run cont run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont" --set node.data.output_dir="$out/cont" \
   --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter"
 cstart=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/cont.log")

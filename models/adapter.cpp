@@ -251,7 +251,16 @@ lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std
   c.lora_dropout = dropout;
   c.seed = seed;
   c.target_modules.clear();
-  if (modules.empty() || modules.find("layers") != std::string::npos) {
+  // DS-Chat's lora_module_name is a prefix of module names ("decoder.layers.", "layers."): every
+  // Linear of the blocks. A PEFT name with a layer in it ("layers.0.self_attn.q_proj") is not one:
+  // enable_lora refuses it (one layer only)
+  auto trimmed = modules;
+  trimmed.erase(0, trimmed.find_first_not_of(" \t"));
+  trimmed.erase(trimmed.find_last_not_of(" \t") + 1);
+  const auto ends = [&](std::string_view s) {
+    return trimmed.size() >= s.size() && trimmed.compare(trimmed.size() - s.size(), s.size(), s) == 0;
+  };
+  if (modules.empty() || (trimmed.find(',') == std::string::npos && (ends("layers.") || ends("layers")))) {
     c.target_modules.push_back("all-linear");
     return c;
   }

@@ -32,10 +32,11 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base = tru
 ///   rank     DS-Chat's lora_dim / actor_lora_dim / critic_lora_dim, TencentPretrain's lora_r (>= 1)
 ///   alpha    DS-Chat's LinearLayer_LoRA scales by lora_scaling / lora_dim with lora_scaling 1, so
 ///            its trainers pass 1; TencentPretrain and PEFT pass lora_alpha
-///   modules  DS-Chat's lora_module_name: a value containing "layers" (its default
+///   modules  DS-Chat's lora_module_name: a prefix ending in "layers" or "layers." (its default
 ///            "decoder.layers.", or "layers.") means every Linear of the blocks ("all-linear",
 ///            whatever the family); "all-linear" itself; otherwise a comma-separated list of PEFT
-///            target_modules ("q_proj,v_proj"; OPT and GPT-2 names are aliases, see lora_config)
+///            target_modules ("q_proj,v_proj"), matched by PEFT's rule with the model family's
+///            own names (decoder::enable_lora)
 /// Throws std::invalid_argument naming the setting when rank < 1, dropout is outside [0, 1) or the
 /// module list is empty; decoder::enable_lora then checks the names against the model.
 lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std::string& modules, uint64_t seed);

@@ -363,25 +363,43 @@ std::pair<const tensor*, const tensor*> module_wb(const layer_weights& L, int m)
   }
 }
 
-// Which modules a PEFT-style target_modules entry selects (family aliases included).
-std::vector<int> modules_for_pattern(const std::string& pat) {
-  auto ends = [&](const char* suffix) {
-    std::string s(suffix);
-    return pat.size() >= s.size() && pat.compare(pat.size() - s.size(), s.size(), s) == 0;
-  };
+// Module m's name inside a layer of a Hugging Face model of family `f` (LlamaDecoderLayer,
+// OPTDecoderLayer, GPT2Block), "" where the family has none (the gate outside LLaMA). GPT-2's
+// q, k and v are one Conv1D, attn.c_attn.
+const char* hf_module_path(int m, model_family f) {
+  static const char* llama[lm_count] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  static const char* opt[lm_count] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
+                                      "",                 "fc1",              "fc2"};
+  static const char* gpt2[lm_count] = {"attn.c_attn", "attn.c_attn", "attn.c_attn", "attn.c_proj",
+                                       "",            "mlp.c_fc",    "mlp.c_proj"};
+  return (f == model_family::opt ? opt : f == model_family::gpt2 ? gpt2 : llama)[m];
+}
+
+bool ends_at_dot(const std::string& name, const std::string& suffix) {  // name == suffix or "...." + suffix
+  return name == suffix || (name.size() > suffix.size() && name[name.size() - suffix.size() - 1] == '.' &&
+                            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0);
+}
+
+// Which modules a target_modules entry selects, by PEFT's rule (peft/tuners/tuners_utils.py,
+// check_target_module_exists): a module whose full name equals the entry or ends with "." + entry,
+// with the family's own names ("foo_proj" and "xq_proj" select nothing; "c_attn" nothing on a
+// LLaMA). "all-linear" is every Linear. An entry longer than the module's name within its layer
+// ("layers.0.self_attn.q_proj") selects that module in one layer only, which flowrun cannot do
+// (a module is adapted in every layer): *one_layer is set, and nothing returned.
+std::vector<int> modules_for_pattern(const std::string& pat, model_family f, bool* one_layer) {
   std::vector<int> out;
   if (pat == "all-linear") {  // PEFT's target_modules="all-linear" (the gate is dropped where there is none)
     for (int m = 0; m < lm_count; ++m) out.push_back(m);
     return out;
   }
-  for (int m = 0; m < lm_count; ++m)
-    if (ends(lora_module_name(m)) || pat == module_path(m)) out.push_back(m);
-  if (ends("out_proj")) out.push_back(lm_o);                             // OPT
-  if (ends("fc1") || ends("c_fc")) out.push_back(lm_up);                 // OPT, GPT-2
-  if (ends("fc2") || ends("mlp.c_proj")) out.push_back(lm_down);         // OPT, GPT-2
-  if (ends("attn.c_proj")) out.push_back(lm_o);                          // GPT-2
-  if (pat == "c_proj") out.insert(out.end(), {lm_o, lm_down});           // GPT-2, both
-  if (ends("c_attn")) out.insert(out.end(), {lm_q, lm_k, lm_v});         // GPT-2 fused qkv
+  for (int m = 0; m < lm_count; ++m) {
+    const std::string path = hf_module_path(m, f);
+    if (path.empty()) continue;
+    if (ends_at_dot(path, pat)) out.push_back(m);
+    else if (ends_at_dot(pat, path)) *one_layer = true;
+  }
+  if (*one_layer) out.clear();
   return out;
 }
 
@@ -402,12 +420,24 @@ void decoder::enable_lora(const lora_config& cfg, bool freeze_base) {
   if (has_lora()) throw std::logic_error("enable_lora: LoRA is already enabled");
   bool want[lm_count] = {};
   for (const auto& pat : cfg.target_modules) {
-    auto ms = modules_for_pattern(pat);
+    bool one_layer = false;
+    auto ms = modules_for_pattern(pat, cfg_.family, &one_layer);
     ms.erase(std::remove_if(ms.begin(), ms.end(), [&](int m) { return m == lm_gate && !cfg_.gated_mlp; }), ms.end());
+    std::string names;  // the family's module names, as PEFT matches them
+    for (int m = 0; m < lm_count; ++m) {
+      const std::string p = hf_module_path(m, cfg_.family);
+      const std::string leaf = p.substr(p.find('.') + 1);
+      if (!p.empty() && (m != lm_gate || cfg_.gated_mlp) && names.find(leaf) == std::string::npos)
+        names += (names.empty() ? "" : ", ") + leaf;
+    }
+    if (one_layer)
+      throw std::invalid_argument("enable_lora: target module '" + pat + "' names a module of one layer (PEFT would "
+                                  "adapt that layer only); flowrun adapts a module in every layer: write its name "
+                                  "alone, one of " + names + ", or all-linear");
     if (ms.empty())
       throw std::invalid_argument("enable_lora: target module '" + pat + "' matches no Linear layer of " +
-                                  cfg_.summary() + "; use names such as q_proj, k_proj, v_proj, o_proj, " +
-                                  (cfg_.gated_mlp ? "gate_proj, " : "") + "up_proj, down_proj");
+                                  cfg_.summary() + " by PEFT's rule (the module's name, or its end after a '.'); " +
+                                  "use " + names + ", or all-linear");
     for (int m : ms) want[m] = true;
   }
   lora_ = cfg;

@@ -159,13 +159,42 @@ TEST_CASE("LoRA: use_lora trains only the adapters and lowers the loss") {
   CHECK(max_abs_diff(m.w().flat.to_floats(), base_before) == 0.0);
 }
 
-TEST_CASE("LoRA: a target pattern that matches no layer is an error") {
+TEST_CASE("LoRA: target modules match as PEFT matches them, with the family's names") {
+  // PEFT (tuners_utils.py check_target_module_exists): a module whose full name equals the entry or
+  // ends with "." + entry. The old suffix test took "foo_proj" for o_proj and "xq_proj" for q_proj,
+  // OPT's and GPT-2's names on a LLaMA (adapters PEFT then refused to load), and a one-layer name for
+  // every layer.
   auto m = load_llama2c(test::model_path());
-  lora_config lc;
-  lc.target_modules = {"q_proj", "query_key_value"};
-  CHECK_THROWS_WITH_AS(m.enable_lora(lc), doctest::Contains("query_key_value"), std::invalid_argument);
-  lc.target_modules = {"fc1"};  // OPT's name for up_proj is an alias
-  CHECK_NOTHROW(m.enable_lora(lc));
+  auto refused = [&](std::vector<std::string> targets, const char* why) {
+    lora_config lc;
+    lc.target_modules = std::move(targets);
+    CHECK_THROWS_WITH_AS(m.enable_lora(lc), doctest::Contains(why), std::invalid_argument);
+    CHECK_FALSE(m.has_lora());
+  };
+  refused({"q_proj", "query_key_value"}, "'query_key_value' matches no Linear layer");
+  refused({"foo_proj"}, "'foo_proj' matches no Linear layer");
+  refused({"xq_proj"}, "'xq_proj' matches no Linear layer");
+  refused({"elf_attn.q_proj"}, "'elf_attn.q_proj' matches no Linear layer");
+  refused({"fc1"}, "use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear");
+  refused({"c_attn"}, "'c_attn' matches no Linear layer");
+  refused({"layers.0.self_attn.q_proj"}, "names a module of one layer");
+  refused({"model.layers.1.mlp.up_proj"}, "names a module of one layer");
+  for (const auto& ok : {"q_proj", "self_attn.q_proj", "all-linear"}) {
+    decoder d = load_llama2c(test::model_path());
+    lora_config lc;
+    lc.target_modules = {ok};
+    CHECK_NOTHROW(d.enable_lora(lc));
+  }
+  // OPT's own names on OPT, GPT-2's on GPT-2; LLaMA's o_proj is not OPT's out_proj
+  decoder opt(test::eight_layer_config(model_family::opt)), gpt2(test::eight_layer_config(model_family::gpt2));
+  CHECK_NOTHROW(opt.enable_lora(make_lora_config(2, 4.0f, 0.0f, "out_proj,fc1,fc2", 0)));
+  CHECK_NOTHROW(gpt2.enable_lora(make_lora_config(2, 4.0f, 0.0f, "c_attn,c_proj", 0)));
+  decoder opt2(test::eight_layer_config(model_family::opt)), gpt2b(test::eight_layer_config(model_family::gpt2));
+  CHECK_THROWS_WITH_AS(opt2.enable_lora(make_lora_config(2, 4.0f, 0.0f, "o_proj", 0)),
+                       doctest::Contains("use q_proj, k_proj, v_proj, out_proj, fc1, fc2, or all-linear"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(gpt2b.enable_lora(make_lora_config(2, 4.0f, 0.0f, "q_proj", 0)),
+                       doctest::Contains("use c_attn, c_proj, c_fc, or all-linear"), std::invalid_argument);
 }
 
 TEST_CASE("LoRA: a rank above the model's dim is refused before anything is allocated") {
@@ -322,6 +351,10 @@ TEST_CASE("LoRA: one config from settings for every trainer, DS-Chat's decoder.l
   }
   CHECK(make_lora_config(8, 16.0f, 0.1f, " q_proj , v_proj ", 0).target_modules ==
         std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(make_lora_config(8, 16.0f, 0.1f, "layers.", 0).target_modules == std::vector<std::string>{"all-linear"});
+  // a PEFT name that holds "layers" is not DS-Chat's prefix: enable_lora refuses its one layer
+  CHECK(make_lora_config(8, 16.0f, 0.1f, "layers.0.self_attn.q_proj", 0).target_modules ==
+        std::vector<std::string>{"layers.0.self_attn.q_proj"});
   CHECK_THROWS_WITH_AS(make_lora_config(0, 1.0f, 0.0f, "q_proj", 0), doctest::Contains("at least 1"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(make_lora_config(-1, 1.0f, 0.0f, "q_proj", 0), doctest::Contains("got -1"), std::invalid_argument);
   CHECK_THROWS_AS(make_lora_config(4, 1.0f, 1.0f, "q_proj", 0), std::invalid_argument);

@@ -145,8 +145,7 @@ TEST_CASE("gradient checkpointing: the same gradients for LLaMA, OPT and GPT-2 (
       lora_config lc;
       lc.lora_r = 4;
       lc.lora_dropout = 0.25f;
-      lc.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
-      if (cfg.gated_mlp) lc.target_modules.push_back("gate_proj");
+      lc.target_modules = {"all-linear"};  // each family's own names (PEFT's rule)
       lc.seed = 9;
       m.enable_lora(lc, /*freeze_base=*/false);
       set_lora_B(m);

@@ -159,6 +159,19 @@ class zero_rank final : public actor::node {
 
     // the model: the full initial weights (every rank reads the same file)
     model_ = std::make_unique<decoder>(load_node_model(ctx, resolve_user_path(s.get_string("model"), "model").string()));
+    // LoRA settings without use_lora did nothing (full training, no adapter written): refused
+    if (!s.get_bool("use_lora"))
+      for (const char* k : {"save_lora", "lora_pretrained"})
+        if (!s.get_string(k).empty())
+          throw std::invalid_argument(fmt::format("node '{}': {} is set but use_lora = false (the whole model trains "
+                                                  "and no adapter is read or written): set use_lora = true, or remove "
+                                                  "{}",
+                                                  ctx.name(), k, k));
+    // the end-of-run outputs, checked now rather than after training (save_problem writes nothing)
+    for (const char* k : {"export_hf", "save_lora"})
+      if (const auto& out = s.get_string(k); !out.empty() && rank_ == 0)
+        if (auto why = save_problem(model_format::hf, out, model_->config().family, false); !why.empty())
+          throw std::invalid_argument(fmt::format("node '{}': {} {}", ctx.name(), k, why));
     if (s.get_bool("use_lora")) {
       // the seed is the same on every rank: the adapter is replicated
       const lora_config lc = make_lora_config(s.get_int("lora_r"), static_cast<float>(s.get_float("lora_alpha")),
@@ -211,6 +224,14 @@ class zero_rank final : public actor::node {
       if (auto f = resume_folder(out_dir_); !f.empty()) restore(ctx, f);
     }
     total_ = s.get_int("total_steps");
+    // DeepSpeed's decaying schedules reach their end at total_num_steps and stay there (lr 0 for
+    // WarmupDecayLR): the steps past it train at that rate, as in DeepSpeed, but say so
+    if (const auto& sc = ds_.scheduler; rank_ == 0 && (sc.type == "WarmupDecayLR" || sc.type == "WarmupCosineLR") &&
+                                        sc.total_num_steps > 0 && total_ > sc.total_num_steps)
+      ctx.log().warn("total_steps = {} but the DeepSpeed config's {} is over at total_num_steps = {}: the steps past "
+                     "it train at the schedule's end (learning rate {:.3g} at step {}), as in DeepSpeed; set "
+                     "scheduler.params.total_num_steps to {}",
+                     total_, sc.type, sc.total_num_steps, sc.lr_at(total_ - 1, ds_.lr), total_, total_);
     t0_ = clk::now();
   }
 
@@ -259,6 +280,13 @@ class zero_rank final : public actor::node {
     if (!out_dir_.empty() && every > 0 && (b.step % every == 0 || b.step == total_)) save(ctx, b.step);
     else if (!out_dir_.empty() && ctx.checkpoint_requested(b.step)) save(ctx, b.step);  // the console's POST /api/checkpoint
     if (b.step == total_) finish_run(ctx);
+  }
+
+  // The data ended. A resumed run that had done every step before gets no batch: its end of run
+  // (the held-out loss is not known then; the export and the adapter are written) comes now, so
+  // the same command with a fixed export path writes it.
+  void finish(actor::node_context& ctx) override {
+    if (!finished_ && done_ > 0 && done_ >= total_) finish_run(ctx);
   }
 
   void stop(actor::node_context& ctx) override {
@@ -322,6 +350,11 @@ class zero_rank final : public actor::node {
                                "elsewhere or set resume = false");
     check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(),
                           "point output_dir elsewhere or set resume = false");
+    if (m0.step > ctx.spec().get_int("total_steps"))
+      throw std::invalid_argument(fmt::format(
+          "node '{}': {} holds step {}, more than total_steps = {}: a resume only runs longer; set total_steps >= {}, "
+          "or point output_dir elsewhere (or set resume = false) to start afresh",
+          ctx.name(), folder, m0.step, ctx.spec().get_int("total_steps"), m0.step));
     restore_engine_state(*engine_, ck);
     done_ = m0.step;
     // RNG: this rank's stream when the world size is unchanged, else rank 0's
@@ -339,6 +372,7 @@ class zero_rank final : public actor::node {
   }
 
   void finish_run(actor::node_context& ctx) {
+    finished_ = true;
     if (val_ids_.defined()) {
       const double l = engine_->eval_loss(val_ids_, val_targets_);
       if (rank_ == 0)
@@ -383,6 +417,7 @@ class zero_rank final : public actor::node {
   std::string out_dir_;
   int64_t total_ = 0, epoch_ = 0, cursor_ = 0, done_ = 0;
   bool evaluated_ = false;
+  bool finished_ = false;  // finish_run ran
   double before_ = 0;
   tensor val_ids_, val_targets_;
   clk::time_point t0_;

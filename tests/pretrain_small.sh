@@ -157,6 +157,41 @@ fi
 grep -q "$(basename "$shard") is corrupt" "$out/corrupt.err" || { echo "the error does not name the shard:"; cat "$out/corrupt.err"; exit 1; }
 grep -o "[^ ]*$(basename "$shard") is corrupt[^:]*" "$out/corrupt.err" | head -1
 
+echo "== end-of-run outputs: checked at start, written by a rerun of a finished run"
+fin=(run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin"
+     --set node.data.total_steps=3 --set node.ranks.total_steps=3)
+echo x > "$out/a_file"
+if "$flowrun" "${fin[@]}" --set node.ranks.export_hf="$out/a_file/hf" > "$out/fin0.log" 2>&1; then
+  echo "an export below a file was accepted"; exit 1
+fi
+grep -q "node 'ranks': export_hf '$out/a_file' (above the output '$out/a_file/hf') is not a folder" "$out/fin0.log" ||
+  { echo "the bad export path is not named:"; tail -3 "$out/fin0.log"; exit 1; }
+grep -q "step 1/" "$out/fin0.log" && { echo "it trained before refusing the export path"; exit 1; }
+"$flowrun" "${fin[@]}" --set node.ranks.export_hf= > "$out/fin1.log" 2>&1 || { tail -5 "$out/fin1.log"; exit 1; }
+# the same command with an export: the run is done, so it writes the export and trains nothing
+"$flowrun" "${fin[@]}" --set node.ranks.export_hf="$out/fin/hf" > "$out/fin2.log" 2>&1 || { tail -5 "$out/fin2.log"; exit 1; }
+[[ -f "$out/fin/hf/model.safetensors" ]] || { echo "the rerun of a finished run wrote no export"; exit 1; }
+grep -q "step [0-9]*/3 loss" "$out/fin2.log" && { echo "the rerun of a finished run trained again"; exit 1; }
+# fewer total_steps than the checkpoint holds: refused (it exited 0 doing nothing)
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \
+     --set node.data.total_steps=2 --set node.ranks.total_steps=2 --set node.ranks.export_hf= > "$out/fin3.log" 2>&1; then
+  echo "total_steps below the checkpoint's step was accepted"; exit 1
+fi
+grep -q "holds step 3, more than total_steps = 2: a resume only runs longer" "$out/fin3.log" ||
+  { echo "the refusal does not say why:"; tail -3 "$out/fin3.log"; exit 1; }
+# a LoRA output without LoRA did nothing: refused
+if "$flowrun" "${fin[@]}" --set node.ranks.output_dir= --set node.data.output_dir= --set node.ranks.export_hf= \
+     --set node.ranks.save_lora="$out/ad" > "$out/fin4.log" 2>&1; then
+  echo "save_lora without use_lora was accepted"; exit 1
+fi
+grep -q "save_lora is set but use_lora = false" "$out/fin4.log" || { tail -3 "$out/fin4.log"; exit 1; }
+# total_steps past the DeepSpeed schedule's total_num_steps (40 in configs/ds_zero3.json): said at start
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
+  --set node.ranks.export_hf= --set node.data.total_steps=41 --set node.ranks.total_steps=41 > "$out/fin5.log" 2>&1 ||
+  { tail -5 "$out/fin5.log"; exit 1; }
+grep -q "total_steps = 41 but the DeepSpeed config's WarmupDecayLR is over at total_num_steps = 40: the steps past it train at the schedule's end" "$out/fin5.log" ||
+  { echo "no warning that the schedule ended"; exit 1; }
+echo "  ok: a bad export path, fewer total_steps and save_lora without LoRA refused; the finished run's rerun exported"
 echo "== a plan over the memory limit is refused before training"
 if "$flowrun" run "$graph" --no-progress -q "${nodir[@]}" --set node.ranks.memory_limit_gb=0.001 \
     > "$out/mem.log" 2> "$out/mem.err"; then

@@ -541,6 +541,12 @@ TEST_CASE("settings: update counts, LoRA mapping, the engine's settings") {
   decoder m2 = clone_decoder(test::stories260k());
   apply_lora(m2, e);
   CHECK(engine_settings(m2, e).frozen_ranges.empty());
+  // only_optimize_lora without LoRA trained the whole model: refused, naming both settings
+  dschat_settings no_lora = e;
+  no_lora.lora_dim = 0;
+  decoder m2b = clone_decoder(test::stories260k());
+  CHECK(error_of([&] { apply_lora(m2b, no_lora); }).find("only_optimize_lora = true trains only the LoRA weights, and "
+                                                          "lora_dim = 0 adds none") != std::string::npos);
 
   // a global batch of the wrong size is refused, naming the setting
   auto tok = load_tokenizer(test::tokenizer_path());

@@ -51,6 +51,11 @@ lora_config lora_from(const dschat_settings& s) {
 }
 
 void apply_lora(decoder& model, const dschat_settings& s) {
+  // DS-Chat's only_optimize_lora_parameters freezes all but the LoRA weights; without LoRA there are
+  // none, and flowrun trained the whole model instead
+  if (s.lora_dim <= 0 && s.only_optimize_lora)
+    throw std::invalid_argument("only_optimize_lora = true trains only the LoRA weights, and lora_dim = 0 adds none: "
+                                "set lora_dim (e.g. 128, DS-Chat's), or only_optimize_lora = false");
   if (s.lora_dim <= 0) return;
   model.enable_lora(lora_from(s), /*freeze_base=*/s.only_optimize_lora);
 }

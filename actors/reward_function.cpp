@@ -48,10 +48,11 @@ class reward_function final : public actor::node {
     overlong_cache_ = s.get_int("overlong_cache_length");
     on_error_ = s.get_string("on_error");
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>(s.get_float("timeout_s") * 1000.0));
+    startup_ = std::chrono::milliseconds(static_cast<int64_t>(s.get_float("startup_timeout_s") * 1000.0));
     if (reward_ == "command") proc_ = std::make_unique<line_process>(s.get_string("command"));
     // the rule and its scores (the held-out reward before training, kept in step3.json, is
     // compared with the one after: another format_score made a gain of nothing but the scale)
-    check_step3_settings(ctx, {"timeout_s"});
+    check_step3_settings(ctx, {"timeout_s", "startup_timeout_s"});
   }
 
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
@@ -112,13 +113,20 @@ class reward_function final : public actor::node {
     if (ctx.stop_requested()) return 0.0;  // the run is stopping: nothing scored now is used
     const nlohmann::json q = {{"prompt", prompt}, {"completion", completion}, {"reference", reference},
                               {"iteration", r.iteration}, {"row", row}};
-    const auto a = proc_->ask(q.dump(), timeout_, [&ctx] { return ctx.stop_requested(); });
+    // the first answer of a fresh command also waits for its start-up (imports, a model to load)
+    const bool fresh = !proc_->running();
+    const auto a = proc_->ask(q.dump(), fresh ? timeout_ + startup_ : timeout_, [&ctx] { return ctx.stop_requested(); });
     if (!a.line && ctx.stop_requested()) return 0.0;
     std::string why;
     double v = 0;
     if (!a.line) {
       why = "the command " + a.error;
-      if (a.error.find("gave no answer") != std::string::npos)
+      if (a.error.find("gave no answer") != std::string::npos && fresh)
+        why += fmt::format(" (its first answer, which includes its start-up: timeout_s + startup_timeout_s = {:g} s; "
+                           "raise startup_timeout_s for a scorer that loads a model, or check that it answers each "
+                           "line as it arrives and flushes)",
+                           std::chrono::duration<double>(timeout_ + startup_).count());
+      else if (a.error.find("gave no answer") != std::string::npos)
         why += " (a command must answer each line as it arrives, on one line, and flush its output: Python's "
                "print flushes here, PYTHONUNBUFFERED is set; awk needs fflush(), sed -u)";
       if (!a.stderr_tail.empty()) why += "; its stderr ends:\n" + a.stderr_tail;
@@ -172,6 +180,7 @@ class reward_function final : public actor::node {
   double format_score_ = 0;
   int64_t overlong_max_ = 0, overlong_cache_ = 0, errors_ = 0;
   std::chrono::milliseconds timeout_{10000};
+  std::chrono::milliseconds startup_{60000};  // added to the first answer of a fresh command
   std::unique_ptr<line_process> proc_;
   bool warned_ = false;
 };
@@ -205,6 +214,10 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
               "asked; it runs under /bin/sh -c in flowrun's working directory, with PYTHONUNBUFFERED=1, in a "
               "process group of its own (killed whole on a timeout)")
       .option("timeout_s", T::float_, 10.0, "the longest wait for one answer of the command").above(0)
+      .option("startup_timeout_s", T::float_, 60.0,
+              "added to timeout_s for the first answer of a command just started (or restarted): its imports "
+              "and model loading")
+      .at_least(0)
       .option("on_error", T::string, std::string("stop"),
               "when the command crashes, times out, answers something that is not a finite number, or answers "
               "more lines than it was asked: stop (the run fails with the node, the sample and the command's "

@@ -140,10 +140,17 @@ grep -q "node 'reward'.*sample 0.*exited with status 3" "$out/crash.err" || { ta
 # one that prints a word, and one that hangs
 if run word "$g" --set node.reward.reward=command --set node.reward.command="sed -u s/.*/hello/"; then fail "a word was taken as a reward"; fi
 grep -q 'answered "hello", which is not a number' "$out/word.err" || { tail -5 "$out/word.err"; fail "no clear error for a word"; }
-if run hang "$g" --set node.reward.reward=command --set node.reward.command="sleep 60" --set node.reward.timeout_s=0.5; then
+if run hang "$g" --set node.reward.reward=command --set node.reward.command="sleep 60" --set node.reward.timeout_s=0.5 \
+     --set node.reward.startup_timeout_s=0.5; then
   fail "a hanging scorer did not stop the run"
 fi
-grep -q "gave no answer within 0.5 s" "$out/hang.err" || { tail -5 "$out/hang.err"; fail "no clear error for a timeout"; }
+grep -q "gave no answer within 1 s (killed) (its first answer, which includes its start-up: timeout_s + startup_timeout_s = 1 s; raise startup_timeout_s" "$out/hang.err" ||
+  { tail -5 "$out/hang.err"; fail "no clear error for a timeout"; }
+# one that takes longer to start than timeout_s (imports, a model to load): its first answer gets
+# startup_timeout_s more, the others timeout_s (it could never answer before)
+run slow "$g" --set node.reward.reward=command --set node.reward.timeout_s=0.5 --set node.reward.startup_timeout_s=10 \
+  --set node.reward.command="python3 -c 'import sys, time; time.sleep(1.5); [print(0.5, flush=True) for _ in sys.stdin]'" ||
+  { tail -5 "$out/slow.err"; fail "a scorer slow to start never answered"; }
 # one that answers two lines per question: never a shifted reward, the run stops saying so
 if run shift "$g" --set node.reward.reward=command --set node.reward.command="sed -u 's/.*/1\n2/'"; then
   fail "a scorer answering two lines per question was taken"

@@ -56,6 +56,9 @@ class line_process {
   void stop();
 
   const std::string& command() const { return command_; }
+  /// Whether the child is running: false before the first ask() and after an error or stop(),
+  /// when the next ask() starts one (and its answer includes the child's start-up).
+  bool running() const { return pid_ > 0; }
 
  private:
   std::string start();  // "" or why it could not start

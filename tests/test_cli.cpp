@@ -69,6 +69,11 @@ TEST_CASE("usage errors exit with code 2 and say what is wrong, --help exits 0")
   out = run(std::string(FLOWRUN_BIN) + " generate --help 2>&1", &rc);
   CHECK(rc == 0);
   CHECK(out.find("--temperature") != std::string::npos);
+  // a word that is no command (CLI11 said only "A subcommand is required")
+  out = run(std::string(FLOWRUN_BIN) + " genrate 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("flowrun: 'genrate' is not a command (did you mean 'generate'?); the commands are generate, ") !=
+        std::string::npos);
 }
 
 TEST_CASE("flowrun train refuses a missing GPU and multi_node with what to change") {

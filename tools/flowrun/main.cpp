@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/console.h"
+#include "runtime/graph/graph_spec.h"
 #include "runtime/kernels/cpu/simd_kernels.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
@@ -45,6 +46,24 @@ int main(int argc, char** argv) {
   flowrun::cli::add_report(app);
   // `flowrun x.graph ...` is `flowrun run x.graph ...`.
   auto args = flowrun::cli::expand_graph_shorthand(app, argc, argv);
+  // A first word that is no command (and no graph file): say so, with the commands (CLI11 said
+  // only "A subcommand is required")
+  if (args.size() >= 2 && !args[1].empty() && args[1][0] != '-' &&
+      app.get_subcommands([&](const CLI::App* sub) { return sub->check_name(args[1]); }).empty()) {
+    std::string names, closest;
+    std::size_t best = 3;  // at most 2 edits away to be suggested
+    for (const auto* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (const std::size_t d = flowrun::graph::edit_distance(args[1], sub->get_name()); d < best) {
+        best = d;
+        closest = sub->get_name();
+      }
+    }
+    std::fprintf(stderr, "flowrun: '%s' is not a command%s; the commands are %s, and `flowrun FILE.graph` runs a "
+                 "graph (flowrun --help)\n",
+                 args[1].c_str(), closest.empty() ? "" : (" (did you mean '" + closest + "'?)").c_str(), names.c_str());
+    return 2;
+  }
   flowrun::cli::apply_omp_defaults(args, argv);  // may re-execute this program (same pid and arguments)
   flowrun::cli::show_omp_settings_if_asked();  // FLOWRUN_SHOW_OMP=1 (tests/omp_defaults.sh)
   std::vector<char*> args_c;

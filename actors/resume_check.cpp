@@ -34,13 +34,40 @@ graph::setting_value canonical_paths(graph::setting_value v) {
   return v;
 }
 
+// The DeepSpeed JSON sets the optimizer, the batch and the stage, and is edited in place between
+// runs: it is recorded with a fingerprint of its bytes, "PATH @fnv1a:HEX", and compared by it
+// (the same file copied elsewhere is the same config; an edited one is not).
+constexpr std::string_view content_setting = "deepspeed_config";
+constexpr std::string_view content_mark = " @fnv1a:";
+
+std::string with_content(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (path.empty() || !f) return path;
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return path + std::string(content_mark) + fmt::format("{:016x}", graph::fnv1a64(bytes));
+}
+
+// Two recorded values of one setting agree: by content when both carry a fingerprint, else by
+// what is left without it (a record from before fingerprints holds the path alone).
+bool same_value(const std::string& then, const std::string& now) {
+  const auto a = then.find(content_mark), b = now.find(content_mark);
+  if (a != std::string::npos && b != std::string::npos) return then.substr(a) == now.substr(b);
+  auto strip = [](const std::string& s, std::size_t at) {  // keeps to_string's closing quote
+    return at == std::string::npos ? s : s.substr(0, at) + s.substr(at + content_mark.size() + 16);
+  };
+  return strip(then, a) == strip(now, b);
+}
+
 }  // namespace
 
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : n.settings)  // TensorBoard's settings change nothing trained: never recorded
-    if (!safe.count(k) && k != actor::enable_tensorboard_setting && k != actor::tensorboard_path_setting)
-      j[k] = graph::to_string(canonical_paths(v.value));
+  for (const auto& [k, v] : n.settings) {  // TensorBoard's settings change nothing trained: never recorded
+    if (safe.count(k) || k == actor::enable_tensorboard_setting || k == actor::tensorboard_path_setting) continue;
+    graph::setting_value value = canonical_paths(v.value);
+    if (auto* s = std::get_if<std::string>(&value); s && k == content_setting) *s = with_content(*s);
+    j[k] = graph::to_string(value);
+  }
   return j;
 }
 
@@ -51,7 +78,8 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
   std::vector<std::string> refused;
   for (const auto& [k, v] : now.items()) {
     const std::string then = recorded.contains(k) ? recorded[k].get<std::string>() : std::string("(not set)");
-    if (then != v.get<std::string>()) refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
+    if (!same_value(then, v.get<std::string>()))
+      refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
   }
   if (!refused.empty())
     throw std::runtime_error(fmt::format("node '{}': resuming from {} with settings changed: {}; set them back, or {}",

@@ -179,6 +179,21 @@ if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fi
 fi
 grep -q "holds step 3, more than total_steps = 2: a resume only runs longer" "$out/fin3.log" ||
   { echo "the refusal does not say why:"; tail -3 "$out/fin3.log"; exit 1; }
+# the DeepSpeed JSON is compared by content on resume: a copy elsewhere is the same config (it was
+# refused), the same file edited is not (it was accepted)
+mkdir -p "$out/cfg" && cp "$root/configs/ds_zero3.json" "$out/cfg/ds.json"
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \
+  --set node.data.total_steps=4 --set node.ranks.total_steps=4 --set node.ranks.export_hf= \
+  --set node.ranks.deepspeed_config="$out/cfg/ds.json" > "$out/fin6.log" 2>&1 || { tail -3 "$out/fin6.log"; exit 1; }
+grep -q "resuming after step 3 " "$out/fin6.log" || { echo "a copy of the DeepSpeed JSON was not taken as the same"; exit 1; }
+sed -i 's/"lr": [0-9.e-]*/"lr": 0.05/' "$out/cfg/ds.json"
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \
+     --set node.data.total_steps=5 --set node.ranks.total_steps=5 --set node.ranks.export_hf= \
+     --set node.ranks.deepspeed_config="$out/cfg/ds.json" > "$out/fin7.log" 2>&1; then
+  echo "a DeepSpeed JSON edited since the checkpoint was accepted"; exit 1
+fi
+grep -q "settings changed: deepspeed_config \"$out/cfg/ds.json @fnv1a:[0-9a-f]*\" -> \"$out/cfg/ds.json @fnv1a:" "$out/fin7.log" ||
+  { tail -3 "$out/fin7.log"; exit 1; }
 # a LoRA output without LoRA did nothing: refused
 if "$flowrun" "${fin[@]}" --set node.ranks.output_dir= --set node.data.output_dir= --set node.ranks.export_hf= \
      --set node.ranks.save_lora="$out/ad" > "$out/fin4.log" 2>&1; then

@@ -210,6 +210,22 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
   CHECK(sft_only.report.format == data_format::prompt_chosen);
   auto tok = load_tokenizer(test::tokenizer_path());
   CHECK(error_of([&] { make_rm_examples(sft_only.rows, *tok, {}); }).find("no rejected answer") != std::string::npos);
+
+  // {prompt} rows alone (TRL's and OpenRLHF's RL prompt datasets): step 3's prompts; steps 1-2 refuse
+  // them by name (such a file was refused as having no prompt key)
+  auto prompts = load_source(tmp.write("prompts.jsonl", R"({"prompt": "p1", "source": "x"})" "\n"
+                                                        R"({"prompt": "p2"})" "\n"));
+  CHECK(prompts.report.format == data_format::prompt_only);
+  REQUIRE(prompts.rows.size() == 2);
+  CHECK(prompts.rows[1].prompt == "p2");
+  CHECK(prompts.rows[1].chosen.empty());
+  tokenize_settings pts;
+  pts.max_prompt_seq_len = 16;
+  pts.overflow = prompt_overflow::keep_end;
+  CHECK(make_prompt_examples(prompts.rows, *tok, pts).size() == 2);
+  CHECK(error_of([&] { make_sft_examples(prompts.rows, *tok, {}); }).find("row 0 has no answer: this is {prompt} data") !=
+        std::string::npos);
+  CHECK(error_of([&] { make_rm_examples(prompts.rows, *tok, {}); }).find("this is {prompt} data") != std::string::npos);
 }
 
 TEST_CASE("GSM8K's {question, answer} rows load as prompt/chosen, the reference answer of rule rewards (real data)") {

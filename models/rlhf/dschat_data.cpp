@@ -100,6 +100,7 @@ std::vector<const char*> keys_of(data_format f) {
     case data_format::prompt_chosen: return {"prompt", "chosen"};
     case data_format::hh_rlhf_raw: return {"chosen", "rejected"};
     case data_format::question_answer: return {"question", "answer"};
+    case data_format::prompt_only: return {"prompt"};
     default: return {};
   }
 }
@@ -111,6 +112,7 @@ data_format detect(const nlohmann::json& j) {
   if (has("prompt") && has("chosen")) return data_format::prompt_chosen;
   if (has("chosen") && has("rejected")) return data_format::hh_rlhf_raw;
   if (has("question") && has("answer")) return data_format::question_answer;
+  if (has("prompt")) return data_format::prompt_only;
   return data_format::automatic;
 }
 
@@ -150,6 +152,7 @@ const char* format_name(data_format f) {
     case data_format::prompt_chosen: return "prompt/chosen";
     case data_format::hh_rlhf_raw: return "raw HH-RLHF chosen/rejected dialogues";
     case data_format::question_answer: return "question/answer (GSM8K)";
+    case data_format::prompt_only: return "prompt only (RL prompts)";
   }
   return "?";
 }
@@ -214,7 +217,8 @@ source load_source(const std::string& path, data_format format) {
           bad.push_back({static_cast<int64_t>(i + 1),
                          parse_error[i].empty() ? "a JSON object without prompt/chosen/rejected or question/answer keys" : parse_error[i]});
       throw std::runtime_error(path + ": cannot tell the data layout: no line is a JSON object with the keys "
-                                      "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected} or {question, answer}" +
+                                      "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected}, {question, answer} or "
+                                      "{prompt} (RL prompts only)" +
                                (bad.empty() ? std::string(" (the file is empty)") : " (" + list_bad(bad, 5) + ")") +
                                "; fix the file: one JSON object per line, such as {\"prompt\": \"...\", \"chosen\": \"...\", "
                                  "\"rejected\": \"...\"} (DS-Chat's layout)");
@@ -260,7 +264,7 @@ source load_source(const std::string& path, data_format format) {
       s.rejected = std::move(ar);
     } else {
       s.prompt = std::move(vals[0]);
-      s.chosen = std::move(vals[1]);
+      if (format != data_format::prompt_only) s.chosen = std::move(vals[1]);
       if (format == data_format::prompt_chosen_rejected) s.rejected = std::move(vals[2]);
       s.question = format == data_format::question_answer;
     }
@@ -574,6 +578,10 @@ std::vector<sft_example> make_sft_examples(const std::vector<sample>& rows, cons
   rep.input = static_cast<int64_t>(rows.size());
   double sum = 0;
   for (const auto& r : rows) {
+    if (r.chosen.empty())  // prompt-only data (a prompt with an empty answer is dropped by the loader)
+      throw std::invalid_argument("row " + std::to_string(&r - rows.data()) +
+                                  " has no answer: this is {prompt} data (RL prompts, for step 3); SFT learns from "
+                                  "{prompt, chosen} rows");
     auto q = for_row(static_cast<size_t>(&r - rows.data()), [&] { return full_sequence(tok, r, r.chosen, cfg); });
     const int64_t head = head_of(q.ids, tok, cfg);
     const int64_t excess = static_cast<int64_t>(q.ids.size()) - cfg.max_seq_len;
@@ -611,8 +619,9 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     if (r.rejected.empty())
-      throw std::invalid_argument("row " + std::to_string(i) +
-                                  " has no rejected answer: this is {prompt, chosen} data (for SFT); a reward model or DPO learns from pairs, {prompt, chosen, rejected} or raw HH-RLHF {chosen, rejected}");
+      throw std::invalid_argument("row " + std::to_string(i) + " has no rejected answer: this is " +
+                                  (r.chosen.empty() ? "{prompt} data (RL prompts, for step 3)" : "{prompt, chosen} data (for SFT)") +
+                                  "; a reward model or DPO learns from pairs, {prompt, chosen, rejected} or raw HH-RLHF {chosen, rejected}");
     auto c = for_row(i, [&] { return full_sequence(tok, r, r.chosen, cfg); });
     auto j = for_row(i, [&] { return full_sequence(tok, r, r.rejected, cfg); });
     const int64_t head = head_of(c.ids, tok, cfg);

@@ -54,6 +54,7 @@ enum class data_format {
   prompt_chosen,           ///< {"prompt", "chosen"} (SFT-only data; other keys ignored)
   hh_rlhf_raw,             ///< Anthropic HH-RLHF {"chosen", "rejected"} full dialogues
   question_answer,         ///< GSM8K {"question", "answer"}: prompt = question, chosen = answer (ends "#### N")
+  prompt_only,             ///< {"prompt"} alone: RL prompts (TRL's and OpenRLHF's prompt datasets); step 3 only
 };
 const char* format_name(data_format f);
 

@@ -23,6 +23,9 @@ void model_config::validate() const {
   need(real_vocab_size <= vocab_size, "real_vocab_size " + std::to_string(real_vocab_size) +
                                           " exceeds the embedding rows vocab_size " + std::to_string(vocab_size));
   need(max_seq_len > 0, "max_seq_len must be > 0");
+  // the norm divides by sqrt(mean + eps): a negative or NaN eps gives NaN on a zero row
+  need(norm_eps > 0.0f && std::isfinite(norm_eps),
+       "norm_eps (rms_norm_eps, layer_norm_epsilon) must be a positive number, got " + std::to_string(norm_eps));
   need(!use_rope || head_dim() % 2 == 0, "RoPE needs an even head_dim");
   if (rope_scaling == rope_scaling_kind::llama3) {
     need(use_rope, "llama3 RoPE scaling needs RoPE");

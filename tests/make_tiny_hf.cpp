@@ -92,9 +92,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (argc != 2) {
+  if (argc != 2 || argv[1][0] == '-') {  // --help and any other option: never a folder named so
     std::cerr << "usage: make_tiny_hf OUT_DIR | make_tiny_hf --outputs MODEL\n";
-    return 2;
+    return argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") ? 0 : 2;
   }
   try {
     const fs::path out = argv[1];

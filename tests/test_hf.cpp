@@ -284,6 +284,8 @@ TEST_CASE("hf: config.json sizes that model_config::validate refuses are refused
   refused("hidden_size", std::int64_t{1} << 40, "larger than 2^31");
   refused("vocab_size", 0, "vocab_size must be > 0");
   refused("head_dim", std::int64_t{1} << 62, "head_dim");
+  refused("rms_norm_eps", -1.0, "norm_eps (rms_norm_eps, layer_norm_epsilon) must be a positive number");  // NaN norms
+  refused("rms_norm_eps", 0.0, "must be a positive number");
   nlohmann::json big = base;
   big["hidden_size"] = 1 << 20;
   big["intermediate_size"] = 1 << 22;

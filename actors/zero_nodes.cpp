@@ -238,6 +238,17 @@ class zero_rank final : public actor::node {
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
     const auto& b = msg.as<lm_batch_msg>();
     if (b.step <= done_) return;  // already in the checkpoint we resumed from
+    if (!ids_checked_) {  // the data's tokenizer must be the model's: a larger one fails in the embedding
+      ids_checked_ = true;
+      const tensor ids = b.ids.to(device::cpu());
+      const int32_t* p = ids.data<int32_t>();
+      const int32_t top = ids.numel() ? *std::max_element(p, p + ids.numel()) : 0;
+      if (top >= model_->config().vocab_size)
+        throw std::invalid_argument(fmt::format(
+            "node '{}': the data's tokens reach id {}, and the model's vocab_size is {}: the data node's tokenizer "
+            "is not the model's; give the data node the tokenizer the model was trained with",
+            ctx.name(), top, model_->config().vocab_size));
+    }
     if (!evaluated_ && b.val_ids.defined() && b.val_ids.size(0) % world_ == 0) {
       evaluated_ = true;
       const double l = engine_->eval_loss(b.val_ids, b.val_targets);
@@ -418,6 +429,7 @@ class zero_rank final : public actor::node {
   int64_t total_ = 0, epoch_ = 0, cursor_ = 0, done_ = 0;
   bool evaluated_ = false;
   bool finished_ = false;  // finish_run ran
+  bool ids_checked_ = false;  // the first batch's token ids against the model's vocabulary
   double before_ = 0;
   tensor val_ids_, val_targets_;
   clk::time_point t0_;

@@ -89,6 +89,10 @@ class prompt_loader final : public actor::node {
       for (int64_t i = 0; i < std::min(rp->point.iteration, iterations_); ++i) order_.next(ctx.name());
       next_ = 1 + rp->point.iteration;
     }
+    if (eval_rows_ > 0 && eval_rows_ < ctx.spec().get_int("eval_prompts"))
+      ctx.print(fmt::format("[step 3 prompts] eval_prompts = {}, but the held-out split has {} rows: the held-out "
+                            "passes score those {}",
+                            ctx.spec().get_int("eval_prompts"), eval_.size(), eval_rows_));
     if (eval_rows_ == 0)
       ctx.print(fmt::format("[step 3 prompts] no held-out prompts (eval_prompts = {}, {} held-out rows): the "
                             "held-out passes before and after training are skipped",
@@ -1221,6 +1225,16 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
       problems.push_back({"advantage_estimator", "advantage_estimator = \"" + n.get_string("advantage_estimator") +
                                                  "\" uses no critic, but an edge brings values to " + n.name + ".values",
                           "remove the critic and its edges, or set advantage_estimator = \"gae\""});
+    // DS-Chat's exp_dataset: an update every generation_batches batches; a run whose iterations
+    // leave a remainder generates its last batches and never trains on them
+    const int64_t gb = n.get_int("generation_batches");
+    for (const auto& m : g.nodes)
+      if (m.kind == "prompt_loader" && gb > 1 && m.get_int("iterations") % gb != 0)
+        problems.push_back({"generation_batches",
+                            fmt::format("generation_batches = {} trains once per {} batches, and the loader '{}' runs "
+                                        "iterations = {}: its last {} batch(es) would be generated and never trained",
+                                        gb, gb, m.name, m.get_int("iterations"), m.get_int("iterations") % gb),
+                            fmt::format("make node.{}.iterations a multiple of {}", m.name, gb)});
     if (est == ppo::advantage_estimator::grpo || est == ppo::advantage_estimator::rloo) {
       const auto* gen = the_generator(g);
       if (gen && gen->get_int("num_generations") < 2)

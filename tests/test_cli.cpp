@@ -191,6 +191,11 @@ TEST_CASE("GRPO settings that train nothing or do nothing are refused when the g
   out = run(grpo + " --set node.reward.command=\"python3 my_reward.py\" 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: command is set, but reward = \"gsm8k\" scores with the built-in rule"));
+  // an update every 3 batches over a run whose iterations leave 1: that batch was generated, never trained
+  out = run(grpo + " --set node.prompts.iterations=10 --set node.experience.generation_batches=3 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "generation_batches = 3 trains once per 3 batches, and the loader 'prompts' runs iterations = 10: "
+                 "its last 1 batch(es) would be generated and never trained"));
   // a group of 3e9 answers ran out of memory in the generator
   out = run(grpo + " --set node.generator.num_generations=3000000000 2>&1", &rc);
   CHECK(rc == 2);

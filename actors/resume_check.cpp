@@ -91,6 +91,7 @@ void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe) 
   safe.insert({"restart", "max_restarts"});
   const std::string path = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".settings.json")).string();
   if (!ppo::step3_committed(ctx.checkpoint_dir())) {  // step 3 starts afresh
+    if (ctx.replica() != 0) return;  // one writer: replicas of a node would race on the file's temporary
     std::filesystem::create_directories(ctx.checkpoint_dir());
     write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
     return;

@@ -32,7 +32,8 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
 /// prompt loader, the generator, the reward function, the experience maker, the controller):
 /// when step 3 starts afresh (CHECKPOINT_DIR holds no step3.json) the node's settings record
 /// (settings_record, but those in `safe`, restart and max_restarts) goes to
-/// CHECKPOINT_DIR/NAME.settings.json; when it resumes, a change is refused as
+/// CHECKPOINT_DIR/NAME.settings.json (written by replica 0); when it resumes, every replica
+/// compares, and a change is refused as
 /// check_resume_settings does ("... set them back, or delete CHECKPOINT_DIR to start step 3
 /// afresh"); a record that is missing (an older checkpoint) is accepted, one that is not JSON
 /// refused. Without a checkpoint_dir: nothing. Throws std::runtime_error.

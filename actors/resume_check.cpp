@@ -34,28 +34,30 @@ graph::setting_value canonical_paths(graph::setting_value v) {
   return v;
 }
 
-// The DeepSpeed JSON sets the optimizer, the batch and the stage, and is edited in place between
-// runs: it is recorded with a fingerprint of its bytes, "PATH @fnv1a:HEX", and compared by it
-// (the same file copied elsewhere is the same config; an edited one is not).
-constexpr std::string_view content_setting = "deepspeed_config";
-constexpr std::string_view content_mark = " @fnv1a:";
-
-std::string with_content(const std::string& path) {
+// Files recorded by their contents beside their path, under "NAME (contents)", and compared by
+// them when both records have them (the same file copied elsewhere is the same; one edited in
+// place is not): the DeepSpeed JSON, parsed, without the keys a resume may change (printing, the
+// schedule's length for a longer run, the ZeRO stage: zero_rank resumes at another), so that a
+// change names its keys; a tokenizer file by a fingerprint of its bytes.
+constexpr std::string_view contents_suffix = " (contents)";
+nlohmann::json contents_of(std::string_view key, const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;
   std::ifstream f(path, std::ios::binary);
-  if (path.empty() || !f) return path;
   const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return path + std::string(content_mark) + fmt::format("{:016x}", graph::fnv1a64(bytes));
-}
-
-// Two recorded values of one setting agree: by content when both carry a fingerprint, else by
-// what is left without it (a record from before fingerprints holds the path alone).
-bool same_value(const std::string& then, const std::string& now) {
-  const auto a = then.find(content_mark), b = now.find(content_mark);
-  if (a != std::string::npos && b != std::string::npos) return then.substr(a) == now.substr(b);
-  auto strip = [](const std::string& s, std::size_t at) {  // keeps to_string's closing quote
-    return at == std::string::npos ? s : s.substr(0, at) + s.substr(at + content_mark.size() + 16);
-  };
-  return strip(then, a) == strip(now, b);
+  if (key == "deepspeed_config") {
+    auto j = nlohmann::json::parse(bytes, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return fmt::format("fnv1a:{:016x}", graph::fnv1a64(bytes));
+    for (const char* safe : {"/steps_per_print", "/wall_clock_breakdown", "/scheduler/params/total_num_steps",
+                             "/zero_optimization/stage", "/tensorboard", "/flops_profiler", "/comms_logger",
+                             "/csv_monitor", "/wandb"}) {
+      const nlohmann::json::json_pointer p(safe);
+      if (j.contains(p)) j.at(p.parent_pointer()).erase(p.back());
+    }
+    return j;
+  }
+  if (key == "tokenizer") return fmt::format("fnv1a:{:016x}", graph::fnv1a64(bytes));
+  return nullptr;
 }
 
 }  // namespace
@@ -64,9 +66,10 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [k, v] : n.settings) {  // TensorBoard's settings change nothing trained: never recorded
     if (safe.count(k) || k == actor::enable_tensorboard_setting || k == actor::tensorboard_path_setting) continue;
-    graph::setting_value value = canonical_paths(v.value);
-    if (auto* s = std::get_if<std::string>(&value); s && k == content_setting) *s = with_content(*s);
+    const graph::setting_value value = canonical_paths(v.value);
     j[k] = graph::to_string(value);
+    if (const auto* path = std::get_if<std::string>(&value))
+      if (auto c = contents_of(k, *path); !c.is_null()) j[k + std::string(contents_suffix)] = std::move(c);
   }
   return j;
 }
@@ -76,10 +79,32 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
   if (!recorded.is_object()) return;
   const nlohmann::json now = settings_record(ctx.spec(), safe);
   std::vector<std::string> refused;
+  auto has = [](const nlohmann::json& j, const std::string& k) { return j.contains(k); };
   for (const auto& [k, v] : now.items()) {
-    const std::string then = recorded.contains(k) ? recorded[k].get<std::string>() : std::string("(not set)");
-    if (!same_value(then, v.get<std::string>()))
-      refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
+    const std::string c = k + std::string(contents_suffix);
+    if (k.size() > contents_suffix.size() && k.compare(k.size() - contents_suffix.size(), contents_suffix.size(),
+                                                       contents_suffix) == 0) {
+      if (!has(recorded, k)) continue;  // a record from before contents: the path decides
+      const nlohmann::json& then = recorded[k];
+      if (then == v) continue;
+      if (then.is_object() && v.is_object()) {  // the DeepSpeed JSON: name the keys that differ
+        const auto a = then.flatten(), b = v.flatten();
+        for (const auto& [key, val] : b.items())
+          if (!a.contains(key) || a[key] != val)
+            refused.push_back(fmt::format("{} {} {} -> {}", k.substr(0, k.size() - contents_suffix.size()), key,
+                                          a.contains(key) ? a[key].dump() : "(not set)", val.dump()));
+        for (const auto& [key, val] : a.items())
+          if (!b.contains(key))
+            refused.push_back(fmt::format("{} {} {} -> (not set)", k.substr(0, k.size() - contents_suffix.size()),
+                                          key, val.dump()));
+      } else {
+        refused.push_back(fmt::format("{}: the file's bytes changed", k.substr(0, k.size() - contents_suffix.size())));
+      }
+      continue;
+    }
+    if (has(recorded, c) && has(now, c)) continue;  // compared by contents: the same file elsewhere is fine
+    const std::string then = has(recorded, k) ? recorded[k].get<std::string>() : std::string("(not set)");
+    if (then != v.get<std::string>()) refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
   }
   if (!refused.empty())
     throw std::runtime_error(fmt::format("node '{}': resuming from {} with settings changed: {}; set them back, or {}",
@@ -96,7 +121,14 @@ void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe) 
     write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
     return;
   }
-  if (!std::filesystem::exists(path)) return;  // a checkpoint from before the record: accepted
+  if (!std::filesystem::exists(path)) {  // a checkpoint from before the record: accepted, and recorded from now
+    if (ctx.replica() != 0) return;
+    write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
+    ctx.log().info("{} holds no record of this node's settings (a checkpoint from before records): the settings "
+                   "of this run are recorded now, and later resumes compare with them",
+                   ctx.checkpoint_dir());
+    return;
+  }
   nlohmann::json recorded;
   try {
     std::ifstream f(path);

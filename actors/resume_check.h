@@ -19,6 +19,10 @@ namespace flowrun::actors {
 /// tensorboard_path: they change nothing trained, so a resume or a rerun may switch them), as
 /// {name: value as written (graph::to_string)}, absolute paths with their symbolic links resolved
 /// (the same files from another working directory or FLOWRUN_ASSETS spelling record the same).
+/// The DeepSpeed JSON (deepspeed_config) and a tokenizer file are also recorded by their contents
+/// under "NAME (contents)": the JSON parsed, without the keys a resume may change (steps_per_print,
+/// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a tokenizer by an FNV-1a
+/// of its bytes; check_resume_settings compares those instead of the path.
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
 
 /// Compare `recorded` (settings_record of the run that wrote `folder`) with the node's settings
@@ -35,7 +39,8 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
 /// CHECKPOINT_DIR/NAME.settings.json (written by replica 0); when it resumes, every replica
 /// compares, and a change is refused as
 /// check_resume_settings does ("... set them back, or delete CHECKPOINT_DIR to start step 3
-/// afresh"); a record that is missing (an older checkpoint) is accepted, one that is not JSON
+/// afresh"); a record that is missing (an older checkpoint) is accepted and written then, so later
+/// resumes compare with it; one that is not JSON
 /// refused. Without a checkpoint_dir: nothing. Throws std::runtime_error.
 void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe);
 

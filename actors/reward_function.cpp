@@ -52,7 +52,8 @@ class reward_function final : public actor::node {
     if (reward_ == "command") proc_ = std::make_unique<line_process>(s.get_string("command"));
     // the rule and its scores (the held-out reward before training, kept in step3.json, is
     // compared with the one after: another format_score made a gain of nothing but the scale)
-    check_step3_settings(ctx, {"timeout_s", "startup_timeout_s"});
+    // (on_error changes no reward a run without errors gets; the stop message advises it)
+    check_step3_settings(ctx, {"timeout_s", "startup_timeout_s", "on_error"});
   }
 
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {

@@ -131,6 +131,11 @@ for change in "reward format_score 0.25 -> 0.9|node.reward.format_score=0.9" \
     { grep -i error "$out/ck_c.err" | head -3; fail "the refusal of $set does not name it"; }
   grep -q "iter 4 reward" "$out/ck_c.log" && fail "a refused resume trained"
 done
+# safe changes resume: on_error (the stop message advises it), and a copy of the tokenizer elsewhere
+# (compared by its bytes; its other path was refused)
+rm -rf "$out/ck_c" && cp -r "$out/ck_a" "$out/ck_c" && cp "$(readlink -f "${FLOWRUN_ASSETS:-$root/../shared/assets}")/model/stories260K/tok512.model" "$out/tok_copy.model"
+run ck_c "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_c" --set node.reward.on_error=zero \
+  --set node.generator.tokenizer="$out/tok_copy.model" || { grep -i error "$out/ck_c.err" | head -3; fail "a safe resume was refused"; }
 
 # a scorer that crashes: the run stops, naming the node, the sample and the exit status
 if run crash "$g" --set node.reward.reward=command --set node.reward.command="python3 -c 'import sys; sys.exit(3)'"; then

@@ -179,9 +179,12 @@ if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fi
 fi
 grep -q "holds step 3, more than total_steps = 2: a resume only runs longer" "$out/fin3.log" ||
   { echo "the refusal does not say why:"; tail -3 "$out/fin3.log"; exit 1; }
-# the DeepSpeed JSON is compared by content on resume: a copy elsewhere is the same config (it was
-# refused), the same file edited is not (it was accepted)
-mkdir -p "$out/cfg" && cp "$root/configs/ds_zero3.json" "$out/cfg/ds.json"
+# the DeepSpeed JSON is compared by content on resume: a copy elsewhere, reformatted, with a longer
+# schedule (total_num_steps, as the schedule warning advises) is the same config (a copy was
+# refused), the same file with another lr is not (it was accepted), and the key is named
+mkdir -p "$out/cfg"
+python3 -c "import json, sys; j = json.load(open(sys.argv[1])); j['scheduler']['params']['total_num_steps'] = 60; json.dump(j, open(sys.argv[2], 'w'))" \
+  "$root/configs/ds_zero3.json" "$out/cfg/ds.json"
 "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \
   --set node.data.total_steps=4 --set node.ranks.total_steps=4 --set node.ranks.export_hf= \
   --set node.ranks.deepspeed_config="$out/cfg/ds.json" > "$out/fin6.log" 2>&1 || { tail -3 "$out/fin6.log"; exit 1; }
@@ -192,7 +195,7 @@ if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fi
      --set node.ranks.deepspeed_config="$out/cfg/ds.json" > "$out/fin7.log" 2>&1; then
   echo "a DeepSpeed JSON edited since the checkpoint was accepted"; exit 1
 fi
-grep -q "settings changed: deepspeed_config \"$out/cfg/ds.json @fnv1a:[0-9a-f]*\" -> \"$out/cfg/ds.json @fnv1a:" "$out/fin7.log" ||
+grep -q "settings changed: deepspeed_config /optimizer/params/lr 0.001 -> 0.05; set them back" "$out/fin7.log" ||
   { tail -3 "$out/fin7.log"; exit 1; }
 # a data tokenizer larger than the model's vocabulary: named at the first batch (it failed in the
 # embedding with a bare token id)

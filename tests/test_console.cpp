@@ -729,6 +729,16 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
     CHECK(two.rfind("HTTP/1.1 200", 0) == 0);
     CHECK(two.find("HTTP/1.1 200", 1) != std::string::npos);
     CHECK(two.find("run_state") != std::string::npos);
+    // the same for a path that takes another method, and for no path at all: 405 / 404 at once (they
+    // waited the 5 s read timeout, then said 400)
+    for (const auto& [line, want] : std::vector<std::pair<std::string, std::string>>{
+             {"POST /api/graph", "HTTP/1.1 405"}, {"PUT /api/pause", "HTTP/1.1 405"}, {"POST /api/nosuch", "HTTP/1.1 404"}}) {
+      double t = 0;
+      const std::string a = raw_http(run.port, {line + " HTTP/1.1\r\n" + auth + "\r\n"}, &t);
+      INFO(line << ": " << a);
+      CHECK(a.rfind(want, 0) == 0);
+      CHECK(t < 2000);
+    }
   }
   // A node name that decodes to bytes that are not UTF-8 is a 404 with a message, not a 500
   {

@@ -394,19 +394,35 @@ void server::start() {
              reply r = h->act(std::string(req.matches[1]));
              send_json(res, r.status, r.body);
            });
-  svr.set_error_handler([routes](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
+  // No route for the method and path: 405 with Allow when the path has other methods, else 404.
+  auto unrouted = [routes](const httplib::Request& req, httplib::Response& res) {
     std::string allow;  // the methods the path has
-    if (res.status == 404)
-      for (const auto& r : *routes)
-        if (std::regex_match(req.path, r.pattern) && allow.find(r.method) == std::string::npos)
-          allow += (allow.empty() ? "" : ", ") + std::string(r.method) + (r.method == std::string("GET") ? ", HEAD" : "");
+    for (const auto& r : *routes)
+      if (std::regex_match(req.path, r.pattern) && allow.find(r.method) == std::string::npos)
+        allow += (allow.empty() ? "" : ", ") + std::string(r.method) + (r.method == std::string("GET") ? ", HEAD" : "");
     if (!allow.empty()) {
       res.set_header("Allow", allow);
       send_error(res, 405, req.method + " " + req.path + " is not allowed: it takes " + allow +
                                " (GET /api lists the endpoints)");
-    } else if (res.status == 404)
+    } else {
       send_error(res, 404, "no such endpoint: " + req.method + " " + req.path + " (GET /api lists them)");
+    }
+  };
+  // The other body-carrying methods on every path: answered at once, as the controls are (cpp-httplib
+  // otherwise reads a request without Content-Length until the 5 s read timeout, then says 400); a
+  // declared body is read and ignored. Registered after the controls, which match first.
+  auto fallback = [unrouted](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+      content([](const char*, std::size_t) { return true; });
+    unrouted(req, res);
+  };
+  svr.Post(".*", fallback);
+  svr.Put(".*", fallback);
+  svr.Patch(".*", fallback);
+  svr.Delete(".*", fallback);
+  svr.set_error_handler([unrouted](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 404) unrouted(req, res);
     else
       send_error(res, res.status, "request failed");
   });

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -921,8 +922,9 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
         .option(who + "_weight_decay", T::float_, 0.0, "AdamW decoupled weight decay (DS-Chat's default 0)").at_least(0)
         .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
-                "which Linear layers get LoRA: a value containing 'layers' = all of them (DS-Chat's default), "
-                "else PEFT target_modules such as q_proj,v_proj")
+                "which Linear layers get LoRA: a prefix ending in 'layers.' = all of them (DS-Chat's default "
+                "'decoder.layers.'), else PEFT target_modules such as q_proj,v_proj (the model family's names, "
+                "matched as PEFT matches them; one layer's module, 'layers.0.self_attn.q_proj', is refused)")
         .option(who + "_gradient_checkpointing", T::bool_, false,
                 "recompute each layer's activations in backward (less memory, one more forward per layer)")
         .option("memory_limit_gb", T::float_, 0.0,
@@ -963,6 +965,24 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     // a plan that leaves a rank no rows of a mini-batch trains nothing there: refused when the graph is checked
     k.check = [policy](const graph::node_spec& n, const graph::graph_spec& g) {
       auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
+      // a LoRA target naming one layer's module is refused from its name alone, before step 1 trains
+      // (decoder::enable_lora refuses it too, once the model is there)
+      const std::string who = policy ? "actor" : "critic";
+      if (n.get_int(who + "_lora_dim") > 0) {
+        try {
+          const auto lc = make_lora_config(1, 1.0f, 0.0f, n.get_string(who + "_lora_module_name"), 0);
+          static const std::regex one_layer(R"((^|\.)[0-9]+\.)");
+          for (const auto& t : lc.target_modules)
+            if (std::regex_search(t, one_layer))
+              problems.push_back({who + "_lora_module_name",
+                                  "LoRA target '" + t + "' names a module of one layer (PEFT would adapt that layer "
+                                  "only); flowrun adapts a module in every layer",
+                                  "write the module's name alone (q_proj), or a prefix such as decoder.layers. for "
+                                  "every Linear"});
+        } catch (const std::invalid_argument& e) {
+          problems.push_back({who + "_lora_module_name", e.what(), "write e.g. q_proj,v_proj or decoder.layers."});
+        }
+      }
       if (policy) {
         try {
           (void)rlhf::parse_loss_agg_mode(n.get_string("loss_agg_mode"));

@@ -103,9 +103,10 @@ class reward_function final : public actor::node {
         ctx.log().warn("the prompts carry no reference answers (the data's `chosen`): every gsm8k score is 0");
       } else if (!warned_ && !rlhf::gsm8k_reference_answer(reference)) {
         warned_ = true;  // once: the data's answers are of one kind
-        ctx.log().warn("the reference answer of row {} holds no number (\"{}\"; gsm8k wants \"#### N\" or a bare "
-                       "number): no answer can score 1 against it, a well-formed one scores format_score",
-                       row, reference.size() > 60 ? reference.substr(0, 60) + "..." : reference);
+        auto cut = [](const std::string& s) { return s.size() > 60 ? s.substr(0, 60) + "..." : s; };
+        ctx.log().warn("the reference answer \"{}\" of the prompt \"{}\" holds no number (gsm8k wants \"#### N\" or "
+                       "a bare number): no answer can score 1 against it, a well-formed one scores format_score",
+                       cut(reference), cut(prompt));
       }
       return rlhf::gsm8k_exact_match(completion, reference, format_score_);
     }

@@ -168,6 +168,11 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
   out = run(rlhf + " --set node.critic.gradient_accumulation_steps=16 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "replicas (1) x gradient_accumulation_steps (16) = 16 micro-batches"));
+  // a LoRA target of one layer: refused from its name before step 1 trains (it failed after SFT)
+  out = run(rlhf + " --set node.policy.actor_lora_dim=4 --set node.policy.actor_lora_module_name=layers.0.self_attn.q_proj 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "LoRA target 'layers.0.self_attn.q_proj' names a module of one layer"));
   // 0 PPO iterations
   out = run(rlhf + " --set node.prompts.iterations=0 2>&1", &rc);
   CHECK(rc == 2);

@@ -202,7 +202,7 @@ void add_chat(CLI::App& app) {
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
     auto m = load_policy(o->finetuned);
     const int64_t ctx_len = m.config().max_seq_len;
-    if (o->max_new_tokens >= ctx_len)  // the conversation needs at least BOS and one token
+    if (o->max_new_tokens > ctx_len - 2)  // the conversation needs at least BOS and one token
       throw std::invalid_argument(fmt::format(
           "--max_new_tokens {} leaves no room for the conversation in {}'s context of {} tokens: use at most {}",
           o->max_new_tokens, o->finetuned, ctx_len, ctx_len - 2));
@@ -224,6 +224,14 @@ void add_chat(CLI::App& app) {
       auto ids = tok->encode(history, true);
       const int64_t room = ctx_len - o->max_new_tokens;  // >= 2: BOS and the last token at least
       if (static_cast<int64_t>(ids.size()) > room) {  // keep BOS and the most recent turns
+        // said, not silent: the model no longer sees the start (and with a small room not even the
+        // whole of this message)
+        const auto turn = tok->encode("\n\nHuman: " + line + "\n\nAssistant:", false).size();
+        std::cerr << fmt::format("(the conversation, {} tokens, is longer than the {} the context of {} leaves beside "
+                                 "--max_new_tokens {}: {}; 'clear' starts afresh)\n",
+                                 ids.size(), room, ctx_len, o->max_new_tokens,
+                                 static_cast<int64_t>(turn) + 1 > room ? "not even this message fits, it is cut"
+                                                                       : "its oldest turns are dropped");
         ids.erase(ids.begin() + 1, ids.end() - (room - 1));
       }
       std::string reply = answer(m, *tok, ids, o->max_new_tokens);

@@ -59,9 +59,14 @@ int main(int argc, char** argv) {
         closest = sub->get_name();
       }
     }
-    std::fprintf(stderr, "flowrun: '%s' is not a command%s; the commands are %s, and `flowrun FILE.graph` runs a "
-                 "graph (flowrun --help)\n",
-                 args[1].c_str(), closest.empty() ? "" : (" (did you mean '" + closest + "'?)").c_str(), names.c_str());
+    if (args[1].find_first_of("./") != std::string::npos)  // a path: the graph file is what is missing
+      std::fprintf(stderr, "flowrun: no file '%s' (a graph file runs with `flowrun FILE.graph`), and it is not a "
+                   "command either (flowrun --help)\n",
+                   args[1].c_str());
+    else
+      std::fprintf(stderr, "flowrun: '%s' is not a command%s; the commands are %s, and `flowrun FILE.graph` runs a "
+                   "graph (flowrun --help)\n",
+                   args[1].c_str(), closest.empty() ? "" : (" (did you mean '" + closest + "'?)").c_str(), names.c_str());
     return 2;
   }
   flowrun::cli::apply_omp_defaults(args, argv);  // may re-execute this program (same pid and arguments)

@@ -232,7 +232,10 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   for (const auto& extra : ctx.spec().get_string_list("mix_data"))  // DS-Chat's blending of several datasets
     paths.push_back(resolve_user_path(extra, "mix_data").string());
   auto src = dschat::load_sources(paths);
-  for (auto& s : src) ctx.log().info("{}", s.report.summary());
+  for (auto& s : src) {  // lines dropped as malformed are a warning: the step trains on fewer rows than the file has
+    if (s.report.malformed.empty()) ctx.log().info("{}", s.report.summary());
+    else ctx.log().warn("{}", s.report.summary());
+  }
   dschat::split_settings sp;
   sp.data_split = d.data_split;
   sp.seed = d.seed;

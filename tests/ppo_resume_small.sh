@@ -64,14 +64,14 @@ diff <(after "$out/a.log" $((from + 1))) <(lines "$out/b2.log") || fail "the res
 cmp "$out/a/ppo.bin" "$out/b/ppo.bin" || fail "the resumed run's policy differs from the uninterrupted run's"
 # the resumed run appended to the killed run's --metrics file (kept whole: step 1's loss curve is
 # only there), and the report's reward curve has each iteration once: those the killed run wrote
-# before the resume point (the runtime writes records every 50 ms, so a kill can beat the last
+# before the resume point (iterations 0..from: from + 1 of them; the runtime writes records every 50 ms, so a kill can beat the last
 # ones to the file) and every one from the resume point on
 # (up to its last whole line: the kill may have cut the last one, which the resumed run drops)
 whole=$(python3 -c "import sys; t = open(sys.argv[1], 'rb').read(); print(t.rfind(b'\n') + 1)" "$out/b1.metrics.jsonl")
 cmp -s <(head -c "$whole" "$out/b1.metrics.jsonl") <(head -c "$whole" "$out/b.metrics.jsonl") ||
   fail "the resumed run did not keep the killed run's metrics file"
 grep -q '"node":"sft"' "$out/b1.metrics.jsonl" || fail "the killed run's metrics hold no step-1 record"
-expect=$(python3 - "$out/b1.metrics.jsonl" "$from" <<'PY'
+expect=$(python3 - "$out/b1.metrics.jsonl" $((from + 1)) <<'PY'
 import json, sys
 before = set()
 for line in open(sys.argv[1]):

@@ -18,7 +18,6 @@
 #include <deque>
 #include <functional>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -39,7 +38,6 @@
 #include "models/lm_data.h"
 #include "models/rlhf/ppo.h"
 #include "models/rlhf/ppo_checkpoint.h"
-#include "models/safetensors.h"
 #include "models/train/shard_checkpoint.h"
 #include "runtime/util/assets.h"
 

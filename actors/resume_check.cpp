@@ -79,31 +79,27 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
   if (!recorded.is_object()) return;
   const nlohmann::json now = settings_record(ctx.spec(), safe);
   std::vector<std::string> refused;
-  auto has = [](const nlohmann::json& j, const std::string& k) { return j.contains(k); };
   for (const auto& [k, v] : now.items()) {
-    const std::string c = k + std::string(contents_suffix);
-    if (k.size() > contents_suffix.size() && k.compare(k.size() - contents_suffix.size(), contents_suffix.size(),
-                                                       contents_suffix) == 0) {
-      if (!has(recorded, k)) continue;  // a record from before contents: the path decides
+    if (const auto at = k.rfind(contents_suffix); at != std::string::npos && at + contents_suffix.size() == k.size()) {
+      if (!recorded.contains(k) || recorded[k] == v) continue;  // no contents then: the path decides
+      const std::string name = k.substr(0, at);
       const nlohmann::json& then = recorded[k];
-      if (then == v) continue;
-      if (then.is_object() && v.is_object()) {  // the DeepSpeed JSON: name the keys that differ
-        const auto a = then.flatten(), b = v.flatten();
-        for (const auto& [key, val] : b.items())
-          if (!a.contains(key) || a[key] != val)
-            refused.push_back(fmt::format("{} {} {} -> {}", k.substr(0, k.size() - contents_suffix.size()), key,
-                                          a.contains(key) ? a[key].dump() : "(not set)", val.dump()));
-        for (const auto& [key, val] : a.items())
-          if (!b.contains(key))
-            refused.push_back(fmt::format("{} {} {} -> (not set)", k.substr(0, k.size() - contents_suffix.size()),
-                                          key, val.dump()));
-      } else {
-        refused.push_back(fmt::format("{}: the file's bytes changed", k.substr(0, k.size() - contents_suffix.size())));
+      if (!then.is_object() || !v.is_object()) {
+        refused.push_back(name + ": the file's bytes changed");
+        continue;
       }
+      const auto a = then.flatten(), b = v.flatten();  // the DeepSpeed JSON: name the keys that differ
+      for (const auto& [key, val] : b.items())
+        if (!a.contains(key) || a[key] != val)
+          refused.push_back(fmt::format("{} {} {} -> {}", name, key, a.contains(key) ? a[key].dump() : "(not set)",
+                                        val.dump()));
+      for (const auto& [key, val] : a.items())
+        if (!b.contains(key)) refused.push_back(fmt::format("{} {} {} -> (not set)", name, key, val.dump()));
       continue;
     }
-    if (has(recorded, c) && has(now, c)) continue;  // compared by contents: the same file elsewhere is fine
-    const std::string then = has(recorded, k) ? recorded[k].get<std::string>() : std::string("(not set)");
+    const std::string c = k + std::string(contents_suffix);
+    if (recorded.contains(c) && now.contains(c)) continue;  // compared by contents: the same file elsewhere is fine
+    const std::string then = recorded.contains(k) ? recorded[k].get<std::string>() : std::string("(not set)");
     if (then != v.get<std::string>()) refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
   }
   if (!refused.empty())
@@ -115,18 +111,16 @@ void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe) 
   if (ctx.checkpoint_dir().empty()) return;
   safe.insert({"restart", "max_restarts"});
   const std::string path = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".settings.json")).string();
-  if (!ppo::step3_committed(ctx.checkpoint_dir())) {  // step 3 starts afresh
+  const bool resuming = ppo::step3_committed(ctx.checkpoint_dir());
+  // step 3 starts afresh, or resumes a checkpoint from before the records (accepted, and recorded from now)
+  if (!resuming || !std::filesystem::exists(path)) {
     if (ctx.replica() != 0) return;  // one writer: replicas of a node would race on the file's temporary
     std::filesystem::create_directories(ctx.checkpoint_dir());
     write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
-    return;
-  }
-  if (!std::filesystem::exists(path)) {  // a checkpoint from before the record: accepted, and recorded from now
-    if (ctx.replica() != 0) return;
-    write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
-    ctx.log().info("{} holds no record of this node's settings (a checkpoint from before records): the settings "
-                   "of this run are recorded now, and later resumes compare with them",
-                   ctx.checkpoint_dir());
+    if (resuming)
+      ctx.log().info("{} holds no record of this node's settings (a checkpoint from before records): the settings "
+                     "of this run are recorded now, and later resumes compare with them",
+                     ctx.checkpoint_dir());
     return;
   }
   nlohmann::json recorded;

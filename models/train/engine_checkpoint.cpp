@@ -36,7 +36,7 @@ std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decod
     // rank 0's range is the whole adapter, the others hold no range and 0-element tensors
     auto part = [rank](const tensor& t) { return rank == 0 ? t : tensor::empty({0}, t.type(), t.dev()); };
     if (rank == 0) g.ranges.push_back({0, g.full_numel});
-    g.tensors["fp32_master"] = rank == 0 ? eng.adapter_params().clone() : part(eng.adapter_params());
+    g.tensors["fp32_master"] = part(rank == 0 ? eng.adapter_params().clone() : eng.adapter_params());
     if (auto t = eng.adapter_exp_avg(); t.numel() > 0) g.tensors["exp_avg"] = part(t);
     if (auto t = eng.adapter_exp_avg_sq(); t.numel() > 0) g.tensors["exp_avg_sq"] = part(t);
     groups.push_back(std::move(g));

@@ -1,5 +1,3 @@
-#include <chrono>
-#include <thread>
 #include "runtime/console/server.h"
 
 #include <arpa/inet.h>
@@ -14,11 +12,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <thread>
 
 #include "runtime/console/console_assets.h"  // generated from page/ (CMakeLists.txt)
 #include "runtime/console/hub.h"
@@ -155,6 +155,15 @@ void send_error(httplib::Response& res, int status, const std::string& message) 
   // rather than let nlohmann's dump throw (which httplib turned into a bare 500).
   send_json(res, status,
             json{{"error", message}, {"status", status}}.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+// Reads and drops a request's body when it declares one (Content-Length or chunked), so a kept-alive
+// connection stays in step; a request that declares none has none (RFC 9112 sec. 6.3), and is not
+// waited for: cpp-httplib 0.11 would read it until the connection closes (a `curl -X POST` stalled for
+// the 5 s read timeout, then got 400). For the handlers that take a content reader.
+void skip_body(const httplib::Request& req, const httplib::ContentReader& content) {
+  if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
+    content([](const char*, std::size_t) { return true; });
 }
 
 double param_double(const httplib::Request& req, const char* name, double dflt) {
@@ -382,15 +391,11 @@ void server::start() {
         },
         [im](bool) { --im->streams; });
   });
-  // These take no body. With a content reader the handler decides what is read: cpp-httplib 0.11 reads a
-  // request without Content-Length until the connection closes (a `curl -X POST` stalled for the 5 s read
-  // timeout, then got 400), while RFC 9112 sec. 6.3 says such a request has no body. A body that is declared
-  // (Content-Length or chunked) is read and ignored, so a kept-alive connection stays in step.
+  // These take no body (skip_body).
   routes->push_back({std::regex(R"(/api/(pause|resume|stop|checkpoint))"), "POST"});
   svr.Post(R"(/api/(pause|resume|stop|checkpoint))",
            [h](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
-             if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
-               content([](const char*, std::size_t) { return true; });
+             skip_body(req, content);
              reply r = h->act(std::string(req.matches[1]));
              send_json(res, r.status, r.body);
            });
@@ -408,12 +413,10 @@ void server::start() {
       send_error(res, 404, "no such endpoint: " + req.method + " " + req.path + " (GET /api lists them)");
     }
   };
-  // The other body-carrying methods on every path: answered at once, as the controls are (cpp-httplib
-  // otherwise reads a request without Content-Length until the 5 s read timeout, then says 400); a
-  // declared body is read and ignored. Registered after the controls, which match first.
+  // The other body-carrying methods on every path: answered at once, as the controls are (skip_body).
+  // Registered after the controls, which match first.
   auto fallback = [unrouted](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
-    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding"))
-      content([](const char*, std::size_t) { return true; });
+    skip_body(req, content);
     unrouted(req, res);
   };
   svr.Post(".*", fallback);

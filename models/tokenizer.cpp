@@ -1,5 +1,6 @@
 #include "models/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -93,13 +94,27 @@ std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const s
     fs::copy_file(from, to, fs::copy_options::overwrite_existing);
     written.push_back(to.string());
   };
+  // the (source, destination) pairs of this tokenizer
+  std::vector<std::pair<fs::path, fs::path>> pairs;
   if (fs::is_directory(src) || src.filename() == "vocab.json") {
     const fs::path dir = fs::is_directory(src) ? src : src.parent_path();
     for (const char* f : files)
-      if (fs::exists(dir / f)) copy(dir / f, dst / f);
+      if (fs::exists(dir / f)) pairs.emplace_back(dir / f, dst / f);
   } else {
-    copy(src, dst / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
+    pairs.emplace_back(src, dst / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
   }
+  // A model folder holds one tokenizer: another one's files left there (an earlier conversion into the same
+  // folder) would be read before the new one (load_tokenizer takes tokenizer.json first) or describe it wrongly
+  // (its tokenizer_config.json), so they go. Not when the source is the folder itself, and not without hf_names
+  // (the folder is then a llama2.c file's parent, which may hold anything).
+  const bool same_folder = std::any_of(pairs.begin(), pairs.end(), [](const auto& pr) {
+    return fs::exists(pr.second) && fs::equivalent(pr.first, pr.second);
+  });
+  if (hf_names && !same_folder)
+    for (const char* f : files)
+      if (std::none_of(pairs.begin(), pairs.end(), [&](const auto& pr) { return pr.second.filename() == f; }))
+        fs::remove(dst / f);
+  for (const auto& [from, to] : pairs) copy(from, to);
   if (hf_names && fs::exists(dst / "tokenizer.model") && !fs::exists(dst / "tokenizer_config.json")) {
     write_sentencepiece_tokenizer_config((dst / "tokenizer.model").string(), (dst / "tokenizer_config.json").string());
     written.push_back((dst / "tokenizer_config.json").string());

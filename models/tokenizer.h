@@ -78,6 +78,9 @@ bool folder_has_tokenizer(const std::string& dir);
 /// With `hf_names`, a folder that then holds a tokenizer.model but no tokenizer_config.json
 /// gets one (write_sentencepiece_tokenizer_config), so that transformers' AutoTokenizer loads it
 /// as LlamaTokenizer (without it, transformers 5 takes a generic tokenizer that adds no BOS).
+/// With `hf_names`, the destination is a model folder and holds this tokenizer only: the files of
+/// that list that the source lacks are removed from it (an earlier tokenizer's tokenizer.json would
+/// otherwise be loaded in place of the new tokenizer.model), unless the source is that folder.
 /// Returns the paths written (a file already in place is skipped). Throws
 /// std::filesystem::filesystem_error naming the file, std::runtime_error for a bad .model.
 std::vector<std::string> copy_tokenizer_files(const std::string& src, const std::string& dst_dir, bool hf_names = true);

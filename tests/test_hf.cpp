@@ -1029,7 +1029,22 @@ TEST_CASE("SentencePiece in an HF folder: a tokenizer_config.json for transforme
   fs::copy_file(tok, tmp.path / "bare" / "tokenizer.model");
   copy_tokenizer_files((tmp.path / "bare").string(), (tmp.path / "hf3").string(), true);
   CHECK(read_json(tmp.path / "hf3" / "tokenizer_config.json").at("eos_token") == "</s>");
+  // a folder that held another tokenizer keeps none of its files: tokenizer.json would be loaded first
+  fs::create_directories(tmp.path / "hf4");
+  for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json", "chat_template.jinja"})
+    std::ofstream(tmp.path / "hf4" / f) << "{}";
+  copy_tokenizer_files(tok, (tmp.path / "hf4").string(), true);
+  for (const char* f : {"tokenizer.json", "vocab.json", "merges.txt", "chat_template.jinja"})
+    CHECK_MESSAGE(!fs::exists(tmp.path / "hf4" / f), f);
+  CHECK(read_json(tmp.path / "hf4" / "tokenizer_config.json").at("tokenizer_class") == "LlamaTokenizer");
+  CHECK(load_tokenizer((tmp.path / "hf4").string())->vocab_size() == 512);
+  copy_tokenizer_files((tmp.path / "hf4").string(), (tmp.path / "hf4").string(), true);  // onto itself: all kept
+  CHECK(fs::exists(tmp.path / "hf4" / "tokenizer.model"));
+  CHECK(fs::exists(tmp.path / "hf4" / "tokenizer_config.json"));
+  fs::create_directories(tmp.path / "plain");
+  std::ofstream(tmp.path / "plain" / "tokenizer.json") << "{}";  // a llama2.c file's parent: nothing removed
   copy_tokenizer_files(tok, (tmp.path / "plain").string(), /*hf_names=*/false);
+  CHECK(fs::exists(tmp.path / "plain" / "tokenizer.json"));
   CHECK(fs::exists(tmp.path / "plain" / "tok512.model"));
   CHECK(!fs::exists(tmp.path / "plain" / "tokenizer_config.json"));
   CHECK_THROWS_WITH_AS(write_sentencepiece_tokenizer_config((tmp.path / "hf" / "merges.txt").string(),

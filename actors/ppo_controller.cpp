@@ -142,7 +142,9 @@ class ppo_controller final : public actor::node {
     const summary_msg& s = *it.summary;
     if (S_ > 0 && p.checkpoint) commit_due_ = true;  // the synchronous loop sets it when it generates
     const double gen_tps = s.generate_seconds > 0 ? s.generated_tokens / s.generate_seconds : 0;
-    if (!p.eval && !s.dropped) {
+    // a batch filter_groups dropped was scored (its groups' rewards were equal): its reward belongs in the
+    // curves, else they skip exactly the all-0 and all-1 batches; a batch of too-short answers has no scores
+    if (!p.eval && (!s.dropped || s.groups > 0)) {
       ctx.signal("reward", s.reward_mean, p.iteration);
       ctx.signal("kl", s.kl_mean, p.iteration);
       ctx.signal("answer_len", s.answer_len_mean, p.iteration);

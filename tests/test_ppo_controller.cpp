@@ -472,6 +472,10 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: critic-free, the policy alone report
   CHECK(script.generate[2].policy_version == 1);  // the filtered batch updated nothing
   CHECK(series(j, "actor_loss") == std::vector<double>{0.75, 0.5});
   CHECK(series(j, "critic_loss").empty());
+  // the dropped batch's scores are in the curves (TensorBoard, --metrics): they are as printed
+  CHECK(series(j, "reward") == std::vector<double>{0.25, 0.5, 0.375});
+  CHECK(series(j, "kl") == std::vector<double>{0.0125, 0.0, 0.025});
+  CHECK(series(j, "answer_len") == std::vector<double>{6.5, 7.0, 6.0});
 }
 
 // ---- max_staleness >= 1: the pipelined loop ----------------------------------------------

@@ -934,7 +934,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
           .option("clip_ratio_c", T::float_, 0.0,
                   "dual clip: for negative advantages the loss is at most -A x clip_ratio_c (Ye et al. 2020; veRL's "
-                  "default 3); 0: off, as DS-Chat and TRL")
+                  "default 3); above 1, or 0: off, as DS-Chat and TRL")
           .option("loss_agg_mode", T::string, std::string("token-mean"),
                   "how per-token losses become the loss (veRL's names): token-mean over the mini-batch (DS-Chat, "
                   "veRL's default), seq-mean-token-mean (GRPO as published), seq-mean-token-sum (Dr. GRPO)")

@@ -74,7 +74,12 @@ json.dump(c, open(sys.argv[1], "w"))
 PY
 "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set graph.checkpoint_dir="$out/r_checkpoints" \
   --set node.ppo_controller.enable_tensorboard=true --set node.ppo_controller.tensorboard_path="$out/r_tb" \
+  --set node.rm.tensorboard_path="$out/tb_off" \
   > "$out/r_log" 2> "$out/r_err" || { echo "the resumed run failed:"; tail -20 "$out/r_err"; exit 1; }
+# a tensorboard_path without enable_tensorboard writes nothing (DeepSpeed-Chat's meaning) and says so
+grep -q "node 'rm': tensorboard_path = \"$out/tb_off\" but enable_tensorboard is false: no event files are written" \
+  "$out/r_err" || { echo "no warning for a tensorboard_path without enable_tensorboard:"; cat "$out/r_err"; exit 1; }
+[ ! -e "$out/tb_off" ] || { echo "$out/tb_off was written"; exit 1; }
 grep -q "resuming after iteration 1 " "$out/r_log" || { echo "the run did not resume after iteration 1:"; cat "$out/r_log"; exit 1; }
 grep "step 3 ppo\] iter" "$out/r_log"
 cat "$out/log" "$out/r_log" > "$out/both_log"  # iteration 2 printed twice: the resumed run's line last

@@ -1698,6 +1698,12 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
                           "': enable_tensorboard = true needs tensorboard_path = \"FOLDER\" (where the event "
                           "files go; each node writes into FOLDER/" + n.name + ")"};
       np.tensorboard_dir = (std::filesystem::path(*dir) / n.name).string();
+    } else if (const auto* p = n.find_setting(tensorboard_path_setting)) {
+      // DeepSpeed-Chat's semantics (the path alone turns nothing on), but said: TRL users expect the path to
+      if (const auto* dir = std::get_if<std::string>(&p->value); dir && !dir->empty())
+        spdlog::warn("node '{}': tensorboard_path = \"{}\" but enable_tensorboard is false: no event files are "
+                     "written (set enable_tensorboard = true to write them)",
+                     n.name, *dir);
     }
     if (!index.emplace(n.name, static_cast<std::uint32_t>(plan->nodes.size())).second)
       return error_text{where + ": duplicate node name '" + n.name + "'"};

@@ -134,4 +134,19 @@ refused rm-llama2c-bin "saved as a flowrun model folder (it was given as a llama
 refused ppo-hf-to-bin "node 'policy': output \"$out/ppo.bin\" cannot be written" \
   ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
   --set node.policy.output="$out/ppo.bin"
+
+# generate and chat read an HF folder's own tokenizer unless --tokenizer says otherwise (stories260K's
+# tok512.model, the llama2.c default, has 512 ids and this GPT-2 400: its ids fail in the embedding),
+# and a tokenizer with more ids than the model's embedding is refused, naming both and the fix
+"$flowrun" generate --model "$m" --prompt "Once upon a time" --max_new_tokens 4 > "$out/gen.log" 2> "$out/gen.err" ||
+  { cat "$out/gen.err"; fail "generate on an HF folder failed"; }
+grep -qF "tokenizer: $m (the model's own" "$out/gen.err" || { cat "$out/gen.err"; fail "generate did not take the folder's tokenizer"; }
+grep -q "^Once upon a time" "$out/gen.log" || { cat "$out/gen.log"; fail "generate printed no text after the prompt"; }
+printf 'Hello\nquit\n' | "$flowrun" chat --model "$m" --max_new_tokens 4 > "$out/chat.log" 2> "$out/chat.err" ||
+  { cat "$out/chat.err"; fail "chat on an HF folder failed"; }
+grep -qF "tokenizer: $m (the model's own" "$out/chat.err" || { cat "$out/chat.err"; fail "chat did not take the folder's tokenizer"; }
+if "$flowrun" generate --model "$m" --tokenizer model/stories260K/tok512.model --prompt "Once" > "$out/gen2.log" \
+  2> "$out/gen2.err"; then fail "generate with a tokenizer larger than the model was not refused"; fi
+grep -qF "the tokenizer model/stories260K/tok512.model has 512 tokens, and the model $m has 400 embedding rows: it is not the model's tokenizer; give the model's own with --tokenizer" \
+  "$out/gen2.err" || { cat "$out/gen2.err"; fail "the refusal does not name the tokenizer, the model and the fix"; }
 echo "hf_trainers_small: ok"

@@ -18,6 +18,7 @@
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "tools/flowrun/model_tokenizer.h"
 #include "tools/flowrun/progress_line.h"
 
 namespace flowrun::cli {
@@ -99,8 +100,10 @@ void add_eval(CLI::App& app) {
   auto* pr = ev->add_subcommand("prompts", "Answers of a baseline and a fine-tuned model, side by side, on held-out prompts");
   pr->add_option("--baseline", o->baseline, "baseline model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
   pr->add_option("--finetuned", o->finetuned, "fine-tuned model")->capture_default_str();
-  pr->add_option("--tokenizer", o->tokenizer, "SentencePiece .model, GPT-2 vocab.json or an HF model folder")
-      ->capture_default_str();
+  auto* pr_tok = pr->add_option("--tokenizer", o->tokenizer,
+                                "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
+                                "fine-tuned (else the baseline) model folder's own tokenizer, else this")
+                    ->capture_default_str();
   pr->add_option("--data", o->data, "DS-Chat JSONL")->capture_default_str();
   pr->add_option("--data_split", o->data_split, "as in training")->capture_default_str();
   pr->add_option("--seed", o->seed, "as in training")->capture_default_str();
@@ -110,7 +113,8 @@ void add_eval(CLI::App& app) {
   pr->add_flag("--apply_chat_template", o->apply_chat_template,
                "render the prompts with the chat template of the --tokenizer HF folder, as prompt_loader's "
                "apply_chat_template does");
-  pr->callback([o] {
+  pr->callback([o, pr_tok] {
+    o->tokenizer = tokenizer_for({o->finetuned, o->baseline}, o->tokenizer, pr_tok->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
     if (o->n < 1) throw std::invalid_argument("--n must be >= 1");
@@ -118,6 +122,8 @@ void add_eval(CLI::App& app) {
     auto chat = chat_option(*o);  // before the models: a refused template costs no load
     auto base = load_policy(o->baseline);
     auto tuned = load_policy(o->finetuned);
+    check_tokenizer_fits(*tok, o->tokenizer, base, o->baseline);
+    check_tokenizer_fits(*tok, o->tokenizer, tuned, o->finetuned);
     auto rows = held_out(*o, 2);
     dschat::tokenize_settings ts;
     ts.max_prompt_seq_len = o->max_prompt_seq_len;
@@ -149,8 +155,10 @@ void add_eval(CLI::App& app) {
   r->step = 2;
   auto* rw = ev->add_subcommand("reward", "Reward model accuracy and scores on held-out chosen/rejected pairs");
   rw->add_option("--model", r->model, "reward model folder (written by rm_trainer's output)")->capture_default_str();
-  rw->add_option("--tokenizer", r->tokenizer, "SentencePiece .model, GPT-2 vocab.json or an HF model folder")
-      ->capture_default_str();
+  auto* rw_tok = rw->add_option("--tokenizer", r->tokenizer,
+                                "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
+                                "model folder's own tokenizer, else this")
+                    ->capture_default_str();
   rw->add_option("--data", r->data, "DS-Chat JSONL")->capture_default_str();
   rw->add_option("--data_split", r->data_split, "as in training")->capture_default_str();
   rw->add_option("--eval_fraction", r->eval_fraction, "as in training")->capture_default_str();
@@ -160,12 +168,14 @@ void add_eval(CLI::App& app) {
   rw->add_flag("--apply_chat_template", r->apply_chat_template,
                "render the pairs with the chat template of the --tokenizer HF folder, as rm_trainer's "
                "apply_chat_template does");
-  rw->callback([r] {
+  rw->callback([r, rw_tok] {
+    r->tokenizer = tokenizer_for({r->model}, r->tokenizer, rw_tok->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(r->tokenizer, "tokenizer").string());
     auto chat = chat_option(*r);
     auto m = load_model(r->model);
     if (!m.has_value_head())
       throw std::runtime_error(r->model + " has no value head: give a reward model (rm_trainer's output folder)");
+    check_tokenizer_fits(*tok, r->tokenizer, m, r->model);
     auto rows = held_out(*r, static_cast<int>(r->step) - 1);
     dschat::tokenize_settings ts;
     ts.max_seq_len = r->max_seq_len;
@@ -195,12 +205,17 @@ void add_chat(CLI::App& app) {
   o->max_new_tokens = 64;
   auto* ch = app.add_subcommand("chat", "Interactive multi-turn chat (Human:/Assistant:); 'clear' resets, 'quit' ends");
   ch->add_option("--model", o->finetuned, "model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
-  ch->add_option("--tokenizer", o->tokenizer, "SentencePiece .model")->capture_default_str();
+  auto* ch_tok = ch->add_option("--tokenizer", o->tokenizer,
+                                "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
+                                "model folder's own tokenizer, else this")
+                    ->capture_default_str();
   ch->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
-  ch->callback([o] {
+  ch->callback([o, ch_tok] {
+    o->tokenizer = tokenizer_for({o->finetuned}, o->tokenizer, ch_tok->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
     auto m = load_policy(o->finetuned);
+    check_tokenizer_fits(*tok, o->tokenizer, m, o->finetuned);
     const int64_t ctx_len = m.config().max_seq_len;
     if (o->max_new_tokens > ctx_len - 2)  // the conversation needs at least BOS and one token
       throw std::invalid_argument(fmt::format(

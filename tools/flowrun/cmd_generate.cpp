@@ -18,6 +18,7 @@
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "tools/flowrun/model_tokenizer.h"
 
 namespace flowrun::cli {
 
@@ -102,10 +103,14 @@ std::vector<int32_t> generate_from_zero(const std::string& path, int world, cons
 
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_opts>();
-  auto* sub = app.add_subcommand("generate", "Generate text from a model (llama2.c file) and a prompt");
-  sub->add_option("--model", o->model, "llama2.c checkpoint (relative paths also resolve under FLOWRUN_ASSETS)")
+  auto* sub = app.add_subcommand("generate", "Generate text from a model (llama2.c file, flowrun or HF folder) and a prompt");
+  sub->add_option("--model", o->model,
+                  "llama2.c file, flowrun or HF folder (relative paths also resolve under FLOWRUN_ASSETS)")
       ->capture_default_str();
-  sub->add_option("--tokenizer", o->tokenizer, "SentencePiece .model file")->capture_default_str();
+  auto* tok_opt = sub->add_option("--tokenizer", o->tokenizer,
+                                  "SentencePiece .model, GPT-2 vocab.json or an HF folder; default: the model "
+                                  "folder's own tokenizer, else this")
+                      ->capture_default_str();
   sub->add_option("--prompt", o->prompt, "Prompt text (empty: start from BOS)");
   // The sampling options follow the graph's generator settings: one declaration of their ranges.
   graph::node_kind_registry declared;
@@ -139,7 +144,7 @@ void add_generate(CLI::App& app) {
                   "--world_size ranks that gather each layer as it runs (instead of --model)");
   sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint")->capture_default_str()->check(
       CLI::PositiveNumber);
-  sub->callback([o] {
+  sub->callback([o, tok_opt] {
     if (!o->zero_checkpoint.empty()) {
       auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
       auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
@@ -152,7 +157,9 @@ void add_generate(CLI::App& app) {
     auto model = load_model(o->model);
     if (model.has_value_head())
       throw std::invalid_argument(o->model + " is a reward/value model (it has a v_head, no LM head): give a policy model");
-    auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
+    const std::string tok_path = tokenizer_for({o->model}, o->tokenizer, tok_opt->count() > 0);
+    auto tok = load_tokenizer(resolve_user_path(tok_path, "tokenizer").string());
+    check_tokenizer_fits(*tok, tok_path, model, o->model);
     spdlog::info("model: {}", model.config().summary());
     auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
     auto res = generate(model, {prompt}, generation_of(*o, *tok));

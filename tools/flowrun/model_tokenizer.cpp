@@ -1,0 +1,57 @@
+#include "tools/flowrun/model_tokenizer.h"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "runtime/util/assets.h"
+
+namespace flowrun::cli {
+
+namespace {
+
+// The folder of a model path that holds a tokenizer, or "" (a file, a missing path, a bare folder).
+std::string tokenizer_folder(const std::string& model) {
+  std::error_code ec;
+  std::filesystem::path p;
+  try {
+    p = resolve_user_path(model, "model");
+  } catch (const std::exception&) {
+    return "";  // the model's own load says what is missing
+  }
+  return std::filesystem::is_directory(p, ec) && folder_has_tokenizer(p.string()) ? p.string() : "";
+}
+
+}  // namespace
+
+std::string tokenizer_for(const std::vector<std::string>& models, const std::string& tokenizer, bool given) {
+  for (const auto& m : models) {
+    const std::string dir = tokenizer_folder(m);
+    if (dir.empty()) continue;
+    if (!given) {
+      spdlog::info("tokenizer: {} (the model's own; --tokenizer to use another)", dir);
+      return dir;
+    }
+    const auto own = load_tokenizer(dir)->vocab_size();
+    const auto mine = load_tokenizer(resolve_user_path(tokenizer, "tokenizer").string())->vocab_size();
+    if (own != mine)
+      spdlog::warn("--tokenizer {} has {} tokens, and the tokenizer in the model folder {} has {}: the model's "
+                   "text would be read with another vocabulary (drop --tokenizer to use the folder's)",
+                   tokenizer, mine, dir, own);
+  }
+  return tokenizer;
+}
+
+void check_tokenizer_fits(const tokenizer& tok, const std::string& tok_path, const decoder& m,
+                          const std::string& model_path) {
+  if (tok.vocab_size() > m.config().vocab_size)
+    throw std::invalid_argument(fmt::format(
+        "the tokenizer {} has {} tokens, and the model {} has {} embedding rows: it is not the model's tokenizer; "
+        "give the model's own with --tokenizer (an HF folder holds it: tokenizer.json, tokenizer.model or "
+        "vocab.json + merges.txt)",
+        tok_path, tok.vocab_size(), model_path, m.config().vocab_size));
+}
+
+}  // namespace flowrun::cli

@@ -6,11 +6,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -160,4 +163,35 @@ TEST_CASE("apply_chat_template: a row that is not HH-RLHF turns is an error nami
     CHECK(w.rfind("row 1: raising.jinja:", 0) == 0);
     CHECK(w.find("first message must be the user") != std::string::npos);
   }
+}
+
+// An HF tokenizer.json without tokenizer_config.json has no EOS (eos_id -1): steps 1-2 append none
+// (tokenizer::encode's rule) rather than the id -1, which failed in embedding_forward at the first batch.
+TEST_CASE("tokenization: a tokenizer without EOS appends none to SFT and RM sequences") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_noeos_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(kDir + "/qwen2/tokenizer.json", dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  auto tok = load_tokenizer(dir.string());
+  REQUIRE(tok->eos_id() < 0);
+  dschat::sample row;
+  row.prompt = "\n\nHuman: What is two plus two?\n\nAssistant:";
+  row.chosen = " Four, of course, as anyone can count.";
+  row.rejected = " Five.";
+  for (const int64_t max_len : {int64_t{96}, int64_t{8}}) {  // whole, and cut
+    CAPTURE(max_len);
+    dschat::tokenize_settings ts;
+    ts.max_seq_len = max_len;
+    const auto sft = dschat::make_sft_examples({row}, *tok, ts);
+    REQUIRE(sft.size() == 1);
+    auto want = tok->encode(row.prompt + row.chosen, /*add_bos=*/true);
+    if (static_cast<int64_t>(want.size()) > max_len) want.resize(static_cast<size_t>(max_len));
+    CHECK(sft[0].ids == want);  // no -1 anywhere
+    CHECK(sft[0].prompt_len <= static_cast<int64_t>(sft[0].ids.size()));
+    const auto rm = dschat::make_rm_examples({row}, *tok, ts);
+    REQUIRE(rm.size() == 1);
+    for (const auto* v : {&rm[0].chosen, &rm[0].rejected})
+      CHECK(std::all_of(v->begin(), v->end(), [&](int32_t id) { return id >= 0 && id < tok->vocab_size(); }));
+  }
+  fs::remove_all(dir);
 }

@@ -561,6 +561,14 @@ bool cut_end(split_seq& s, const tokenize_settings& cfg, int32_t eos) {
   return cut;
 }
 
+// The settings as `tok` can follow them: a tokenizer without BOS or EOS (an HF tokenizer.json whose
+// tokenizer_config.json names none) adds none, as tokenizer::encode does, rather than the id -1.
+tokenize_settings for_tokenizer(tokenize_settings cfg, const tokenizer& tok) {
+  cfg.add_bos = cfg.add_bos && tok.bos_id() >= 0;
+  cfg.add_eos = cfg.add_eos && tok.eos_id() >= 0;
+  return cfg;
+}
+
 void check_len(const tokenize_settings& cfg) {
   if (cfg.max_seq_len < 2)
     throw std::invalid_argument("dschat tokenization: max_seq_len " + std::to_string(cfg.max_seq_len) +
@@ -570,7 +578,8 @@ void check_len(const tokenize_settings& cfg) {
 }  // namespace
 
 std::vector<sft_example> make_sft_examples(const std::vector<sample>& rows, const tokenizer& tok,
-                                           const tokenize_settings& cfg, process_report* report) {
+                                           const tokenize_settings& cfg_in, process_report* report) {
+  const tokenize_settings cfg = for_tokenizer(cfg_in, tok);
   check_len(cfg);
   std::vector<sft_example> out;
   out.reserve(rows.size());
@@ -609,7 +618,8 @@ std::vector<sft_example> make_sft_examples(const std::vector<sample>& rows, cons
 }
 
 std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const tokenizer& tok,
-                                         const tokenize_settings& cfg, process_report* report) {
+                                         const tokenize_settings& cfg_in, process_report* report) {
+  const tokenize_settings cfg = for_tokenizer(cfg_in, tok);
   check_len(cfg);
   std::vector<rm_example> out;
   out.reserve(rows.size());
@@ -661,7 +671,8 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
 }
 
 std::vector<prompt_example> make_prompt_examples(const std::vector<sample>& rows, const tokenizer& tok,
-                                                 const tokenize_settings& cfg, process_report* report) {
+                                                 const tokenize_settings& cfg_in, process_report* report) {
+  const tokenize_settings cfg = for_tokenizer(cfg_in, tok);
   const int64_t P = cfg.max_prompt_seq_len;
   if (P < 1 || (cfg.add_bos && P < 2))
     throw std::invalid_argument("make_prompt_examples: max_prompt_seq_len " + std::to_string(P) + " is too small");

@@ -197,6 +197,8 @@ struct tokenize_settings {
   /// the model's tokenizer); stories260K was trained with BOS first.
   bool add_bos = true;
   /// Append EOS (DS-Chat appends end_of_conversation_token; here the model's EOS id).
+  /// A tokenizer without BOS or EOS (an HF folder whose tokenizer_config.json names none) adds
+  /// none, as tokenizer::encode does.
   bool add_eos = true;
   /// Step 1: labels -100 on prompt tokens too. DS-Chat trains on the prompt (labels =
   /// input_ids where attention_mask, PromptDataset.__getitem__), so the default is off.

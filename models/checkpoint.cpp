@@ -14,6 +14,7 @@
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
+#include "runtime/util/writable.h"
 
 namespace flowrun {
 
@@ -106,15 +107,9 @@ std::string save_problem(model_format f, const std::string& path, model_family f
       return "'" + path + "' is an existing file, but the model is written as a " + std::string(to_string(f)) +
              ": give a folder path, or remove the file";
   }
-  // the nearest existing folder above the path must be writable: the save creates the rest
-  fs::path probe = fs::absolute(path);
-  if (f == model_format::llama2c || !fs::is_directory(probe)) probe = probe.parent_path();
-  while (!probe.empty() && !fs::exists(probe) && probe != probe.root_path()) probe = probe.parent_path();
-  if (!fs::is_directory(probe))
-    return "'" + probe.string() + "' (above the output '" + path + "') is not a folder: give another path";
-  if (::access(probe.c_str(), W_OK | X_OK) != 0)
-    return "the folder '" + probe.string() + "' (where '" + path + "' would be created) is not writable: give a "
-           "path in a writable folder";
+  // the nearest existing folder above the path must take a new file: the save creates the rest
+  if (auto why = unwritable_reason(path, f == model_format::llama2c); !why.empty())
+    return why + ": give a path in a writable folder";
   return "";
 }
 

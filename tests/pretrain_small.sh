@@ -164,7 +164,7 @@ echo x > "$out/a_file"
 if "$flowrun" "${fin[@]}" --set node.ranks.export_hf="$out/a_file/hf" > "$out/fin0.log" 2>&1; then
   echo "an export below a file was accepted"; exit 1
 fi
-grep -q "node 'ranks': export_hf '$out/a_file' (above the output '$out/a_file/hf') is not a folder" "$out/fin0.log" ||
+grep -q "setting 'export_hf' of node 'ranks': '$out/a_file' (above the output '$out/a_file/hf') is not a folder" "$out/fin0.log" ||
   { echo "the bad export path is not named:"; tail -3 "$out/fin0.log"; exit 1; }
 grep -q "step 1/" "$out/fin0.log" && { echo "it trained before refusing the export path"; exit 1; }
 "$flowrun" "${fin[@]}" --set node.ranks.export_hf= > "$out/fin1.log" 2>&1 || { tail -5 "$out/fin1.log"; exit 1; }

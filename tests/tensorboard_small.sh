@@ -15,13 +15,16 @@ small=(--no-progress --set graph.checkpoint_dir="$out/checkpoints" --set node.sf
        --set node.prompts.eval_prompts=8 --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm"
        --set node.policy.output="$out/ppo.bin")
 
-# an unwritable folder (below a regular file): the run stops before sft trains, naming both
+# an unwritable folder (below a regular file): refused when the graph is checked (exit 2, as every
+# output that cannot be written), before sft trains, naming both
 echo x > "$out/a_file"
-if "$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set node.sft.enable_tensorboard=true \
-     --set node.sft.tensorboard_path="$out/a_file/tb" > "$out/bad.log" 2> "$out/bad.err"; then
-  echo "a tensorboard_path below a file did not stop the run"; exit 1
-fi
-grep -q "node 'sft': enable_tensorboard: cannot create the folder $out/a_file/tb/sft: Not a directory; give tensorboard_path a writable folder" "$out/bad.err" ||
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set node.sft.enable_tensorboard=true \
+  --set node.sft.tensorboard_path="$out/a_file/tb" > "$out/bad.log" 2> "$out/bad.err"
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "a tensorboard_path below a file: exit $rc, not 2"; cat "$out/bad.err"; exit 1; }
+grep -q "error: setting 'tensorboard_path' of node 'sft': '$out/a_file' (above the output '$out/a_file/tb') is not a folder" "$out/bad.err" ||
   { echo "the error does not name the node and the path:"; cat "$out/bad.err"; exit 1; }
 if grep -q "step 1 sft\]" "$out/bad.log"; then echo "sft started despite the unwritable path:"; cat "$out/bad.log"; exit 1; fi
 # enabled without a folder: refused when the graph is checked (exit 2, as every bad setting),

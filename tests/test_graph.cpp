@@ -1569,6 +1569,53 @@ TEST_CASE("paths: one rule for inputs and outputs, a file's folder for written p
   fs::remove_all(root);
 }
 
+// Outputs are checked before anything runs: a folder that cannot take a file (below a regular file,
+// or /proc, where even root's access(W_OK) says yes) would fail the save after the training before it,
+// and two nodes saving a model to one path would overwrite each other's model.
+TEST_CASE("outputs: unwritable outputs and two nodes saving to one path are refused at validation") {
+  const fs::path root = fs::temp_directory_path() / ("flowrun_outputs_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  write_file(root / "data.txt", "a\n");
+  write_file(root / "a_file", "x\n");
+  node_kind_registry kinds;
+  register_example_kinds(kinds);
+  kinds.register_kind(node_kind{"saver", "saves a model"}
+                          .input("items", "text")
+                          .option("output", setting_type::output, std::string(""), "where the model goes")
+                          .option("logs", setting_type::output, std::string(""), "a shared folder"));
+  write_file(root / "g.graph",
+             "edges = [\"src.lines -> a.items, b.items\"]\n"
+             "[node.src]\nkind = \"text_source\"\npath = \"data.txt\"\n"
+             "[node.a]\nkind = \"saver\"\noutput = \"out/a\"\nlogs = \"out/logs\"\n"
+             "[node.b]\nkind = \"saver\"\noutput = \"out/b\"\nlogs = \"out/logs\"\n");
+  validate_options vo;
+  auto ok = load_graph(root / "g.graph", kinds, vo);  // a shared folder that is not a model output is fine
+  CHECK_MESSAGE(ok.ok(), format_errors(ok.errors));
+  CHECK(!fs::exists(root / "out"));  // the check creates nothing
+  auto dup = load_graph(root / "g.graph", kinds, vo, {"node.b.output=" + (root / "out" / "a").string()});
+  REQUIRE(dup.errors.size() == 1);
+  CHECK_MESSAGE(contains(dup.errors[0].message, "setting 'output' of node 'b' saves to '" +
+                                                    (root / "out" / "a").string() + "', as 'output' of node 'a' does"),
+                dup.errors[0].message);
+  CHECK(contains(dup.errors[0].message, "the later save would overwrite the earlier model"));
+  auto below = load_graph(root / "g.graph", kinds, vo, {"node.a.output=" + (root / "a_file" / "m").string()});
+  REQUIRE(below.errors.size() == 1);
+  CHECK(contains(below.errors[0].message, "setting 'output' of node 'a': '" + (root / "a_file").string() +
+                                              "' (above the output '" + (root / "a_file" / "m").string() +
+                                              "') is not a folder"));
+  if (fs::is_directory("/proc/self")) {  // Linux: nothing can be created in /proc, not even by root
+    auto proc = load_graph(root / "g.graph", kinds, vo, {"graph.checkpoint_dir=/proc/flowrun_ck"});
+    REQUIRE(proc.errors.size() == 1);
+    CHECK_MESSAGE(contains(proc.errors[0].message, "graph checkpoint_dir: '/proc' (where '/proc/flowrun_ck' would be "
+                                                   "created) is not writable"),
+                  proc.errors[0].message);
+  }
+  validate_options no_files;  // without file checks (a graph checked for its shape only) nothing is probed
+  no_files.check_files = false;
+  CHECK(load_graph(root / "g.graph", kinds, no_files, {"node.a.output=" + (root / "a_file" / "m").string()}).ok());
+  fs::remove_all(root);
+}
+
 TEST_CASE("an unconnected port's hint names a port no edge uses yet, not a connected sibling") {
   // src2 and b were left out of the edges; the hint must pair them with each other, not with the
   // already connected src1 / a (as ppo.graph's critic.stats, missing, belongs to critic_stats,

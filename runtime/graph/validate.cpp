@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "runtime/graph/parse.h"
+#include "runtime/util/writable.h"
 
 namespace flowrun::graph {
 
@@ -72,6 +73,11 @@ class validator {
       error({default_file_, 1, 1}, "graph '" + spec.name + "' has no nodes",
             "add a [node.NAME] table with kind = \"...\" for each node (`flowrun kinds` lists the kinds)");
     resolve_output(spec.checkpoint_dir, spec.checkpoint_dir_pos);  // the run's checkpoint folder: an output
+    if (options_.check_files && !spec.checkpoint_dir.empty())
+      if (auto why = unwritable_reason(spec.checkpoint_dir, /*is_file=*/false); !why.empty())
+        error(spec.checkpoint_dir_pos, "graph checkpoint_dir: " + why,
+              "give checkpoint_dir a folder that can be created and written (the first checkpoint would fail "
+              "there, after the training before it)");
     check_nodes();
     check_edges();
     if (!spec.incomplete) check_required_ports();
@@ -95,6 +101,7 @@ class validator {
     std::size_t edge;
   };
   std::vector<std::vector<arc>> arcs_;  // non-feedback edges, by source node
+  std::map<std::string, std::tuple<std::string, std::string, source_pos>> model_outputs_;  // path -> node, setting, where
 
   void error(source_pos p, std::string message, std::string hint) {
     if (p.file.empty()) p.file = default_file_;
@@ -221,7 +228,7 @@ class validator {
       }
       if (decl->type == setting_type::path) check_path(node, name, s, *decl);
       if (decl->type == setting_type::path_list) check_path_list(node, name, s);
-      if (decl->type == setting_type::output) resolve_output(std::get<std::string>(s.value), s.value_pos);
+      if (decl->type == setting_type::output) check_output(node, name, s);
     }
     for (const auto& decl : kind.settings) {
       if (node.settings.count(decl.name)) continue;
@@ -250,6 +257,27 @@ class validator {
     std::error_code ec;
     fs::path abs = fs::absolute(p, ec);
     return (ec ? p : abs).lexically_normal().string();
+  }
+
+  // An output setting: resolved; with check_files, its folder must take a file (else the work before
+  // the save is lost when the save fails), and no two nodes may save a model to the same path (the
+  // later save would overwrite the earlier model, which a rerun then takes as its own).
+  void check_output(const node_spec& node, const std::string& name, setting& s) {
+    std::string& text = std::get<std::string>(s.value);
+    resolve_output(text, s.value_pos);
+    if (text.empty() || !options_.check_files) return;
+    if (auto why = unwritable_reason(text, /*is_file=*/false); !why.empty())
+      error(first_known(s.value_pos, node.pos), "setting '" + name + "' of node '" + node.name + "': " + why,
+            "give " + name + " a path in a folder that can be written");
+    if (name != "output" && name != "export_hf" && name != "save_lora") return;  // shared folders are by design
+    auto [it, fresh] = model_outputs_.emplace(text, std::make_tuple(node.name, name, s.value_pos));
+    if (!fresh && std::get<0>(it->second) != node.name)
+      error(first_known(s.value_pos, node.pos),
+            "setting '" + name + "' of node '" + node.name + "' saves to '" + text + "', as '" +
+                std::get<1>(it->second) + "' of node '" + std::get<0>(it->second) + "' does" +
+                (std::get<2>(it->second).known() ? " (" + where(std::get<2>(it->second)) + ")" : std::string()) +
+                ": the later save would overwrite the earlier model",
+            "give each node's " + name + " a path of its own");
   }
 
   // An output (a file or folder a node writes): absolute, from the same base as an input; it need not exist.

@@ -1,0 +1,37 @@
+// Whether an output path can be written, asked before the work that would write it.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace flowrun {
+
+/// Why `path` (a file when `is_file`, else a folder; either may not exist yet) cannot be written,
+/// or "" when it can. The nearest existing folder at or above what must be created has to be a
+/// folder in which a file can be created: checked by creating and removing an empty probe file
+/// there (".flowrun-write-probe-PID"), since access(W_OK) says yes to root on a read-only mount or
+/// /proc. The reason reads "'FOLDER' (where 'PATH' would be created) is not writable (ERROR)" or
+/// "'X' (above the output 'PATH') is not a folder".
+inline std::string unwritable_reason(const std::string& path, bool is_file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path probe = fs::absolute(path, ec);
+  if (ec) return "'" + path + "' is not a usable path (" + ec.message() + ")";
+  if (is_file || !fs::is_directory(probe, ec)) probe = probe.parent_path();
+  while (!probe.empty() && !fs::exists(probe, ec) && probe != probe.root_path()) probe = probe.parent_path();
+  if (!fs::is_directory(probe, ec)) return "'" + probe.string() + "' (above the output '" + path + "') is not a folder";
+  const fs::path f = probe / (".flowrun-write-probe-" + std::to_string(::getpid()));
+  const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const std::string why = std::error_code(errno, std::generic_category()).message();
+    return "'" + probe.string() + "' (where '" + path + "' would be created) is not writable (" + why + ")";
+  }
+  ::close(fd);
+  ::unlink(f.c_str());
+  return "";
+}
+
+}  // namespace flowrun

@@ -31,6 +31,8 @@ namespace flowrun::actors {
 
 void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
   using T = graph::setting_type;
+  k.single_replica = "its copies would each train on every row and write the same output and checkpoint files "
+                     "(it is not data-parallel; ZeRO stages run inside its one engine)";
   k.require("model", T::path, "initial weights: llama2.c .bin, a flowrun model folder, or a HF folder (LLaMA, OPT, GPT-2)")
       .require("tokenizer", T::path, "SentencePiece .model, GPT-2 BPE vocab.json, tokenizer.json, or a folder holding one")
       .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")

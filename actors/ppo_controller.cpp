@@ -419,6 +419,7 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
   using T = graph::setting_type;
   graph::node_kind k{"ppo_controller",
                      "owns the PPO loop: generate_experience, train, report per prompt batch; prints each iteration"};
+  k.single_replica = "it owns the loop, and two would drive it twice";
   k.input("prompts", "prompt_batch", "prompt batches from the loader")
       .input("summary", "summary", "rewards and KL of a batch", true, true)
       .input("actor_stats", "stats", "the policy's update", true, true)

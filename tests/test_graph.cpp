@@ -1572,7 +1572,7 @@ TEST_CASE("paths: one rule for inputs and outputs, a file's folder for written p
 // Outputs are checked before anything runs: a folder that cannot take a file (below a regular file,
 // or /proc, where even root's access(W_OK) says yes) would fail the save after the training before it,
 // and two nodes saving a model to one path would overwrite each other's model.
-TEST_CASE("outputs: unwritable outputs and two nodes saving to one path are refused at validation") {
+TEST_CASE("outputs: unwritable outputs, two nodes saving to one path, and copies of a one-replica kind are refused") {
   const fs::path root = fs::temp_directory_path() / ("flowrun_outputs_" + std::to_string(::getpid()));
   fs::remove_all(root);
   write_file(root / "data.txt", "a\n");
@@ -1610,6 +1610,15 @@ TEST_CASE("outputs: unwritable outputs and two nodes saving to one path are refu
                                                    "created) is not writable"),
                   proc.errors[0].message);
   }
+  // a kind that runs as one replica refuses more, with its reason
+  node_kind solo{"solo_saver", "saves a model, alone"};
+  solo.input("items", "text").single_replica = "its copies would write the same files";
+  kinds.register_kind(solo);
+  auto two = load_graph(root / "g.graph", kinds, vo, {"node.a.kind=solo_saver", "node.a.replicas=2"});
+  REQUIRE(two.errors.size() >= 1);
+  CHECK_MESSAGE(contains(two.errors[0].message, "node 'a' has replicas = 2, but kind solo_saver runs as one replica: "
+                                                "its copies would write the same files"),
+                two.errors[0].message);
   validate_options no_files;  // without file checks (a graph checked for its shape only) nothing is probed
   no_files.check_files = false;
   CHECK(load_graph(root / "g.graph", kinds, no_files, {"node.a.output=" + (root / "a_file" / "m").string()}).ok());

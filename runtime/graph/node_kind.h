@@ -122,6 +122,10 @@ struct node_kind {
   /// ZeRO rank does): each replica then runs on a thread of its own rather than
   /// on the shared scheduler, so blocked replicas cannot starve the others.
   bool blocking = false;
+  /// Non-empty: the kind runs as one replica only, and this says why (the validator's error for
+  /// replicas > 1 quotes it, e.g. a trainer whose copies would train the same rows and write the
+  /// same files).
+  std::string single_replica;
 
   /// A problem that check() found: the setting it is about (empty: the node), what
   /// is wrong and how to fix it.

@@ -184,6 +184,11 @@ class validator {
         continue;
       }
       kind_of_[i] = kind;
+      if (!kind->single_replica.empty() && node.replicas > 1)
+        error(first_known(node.replicas_pos, node.pos),
+              "node '" + node.name + "' has replicas = " + std::to_string(node.replicas) + ", but kind " + kind->name +
+                  " runs as one replica: " + kind->single_replica,
+              "leave replicas out (one)");
       check_settings(node, *kind);
     }
   }

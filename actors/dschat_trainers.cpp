@@ -43,7 +43,8 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("gradient_accumulation_steps", T::int_, std::int64_t{1}, "micro-batches per optimizer step").at_least(1)
       .option("learning_rate", T::float_, lr, "AdamW peak learning rate").at_least(0)
       .option("weight_decay", T::float_, 0.0, "AdamW decoupled weight decay").at_least(0)
-      .option("lr_scheduler_type", T::string, std::string("cosine"), "cosine, linear or constant")
+      .option("lr_scheduler_type", T::string, std::string("cosine"), "transformers.get_scheduler's cosine, linear, constant or constant_with_warmup; a "
+              "deepspeed_config with a scheduler section replaces it (DeepSpeed's configured scheduler wins)")
       .option("num_warmup_steps", T::int_, std::int64_t{0}, "linear warmup steps").at_least(0)
       .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut").at_least(2)
       .option("truncation", T::string, std::string("prompt_start"),

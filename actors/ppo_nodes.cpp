@@ -462,6 +462,9 @@ class ppo_trainer final : public actor::node {
       dschat::apply_ds_config(d_, c);
       if (group_.rank == 0 && !c.ignored_keys.empty())
         ctx.log().info("{}: keys that do not apply here, ignored: {}", c.where, fmt::join(c.ignored_keys, ", "));
+      if (group_.rank == 0 && !c.scheduler.type.empty())
+        ctx.log().warn("{}: its scheduler ({}) is not used here: step 3 trains at a constant {}_learning_rate", c.where,
+                       c.scheduler.type, who);
     }
     if (policy_) {
       ps_.policy.clip_ratio_c = s.get_float("clip_ratio_c");

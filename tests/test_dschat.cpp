@@ -621,6 +621,27 @@ TEST_CASE("settings: a user's DeepSpeed JSON (deepspeed_config) and dtype reach 
   CHECK(h.loss_scaler->scale() == 65536.0);
   d.dtype = "fp8";
   CHECK_THROWS_WITH_AS(dschat::engine_settings(m, d), doctest::Contains("fp32, bf16 or fp16"), std::invalid_argument);
+  // no scheduler section: DS-Chat's lr_scheduler_type (cosine over the run, warmup 0: the base lr first)
+  CHECK(d.ds_scheduler.type.empty());
+  CHECK(dschat::schedule_from(d, 10).lr_at(0, 3e-4) == doctest::Approx(3e-4));
+  // a scheduler section wins over lr_scheduler_type, as DeepSpeed prefers a configured scheduler to the
+  // client's: WarmupLR, linear warmup 0 -> 4e-3 over 4 updates (deepspeed/runtime/lr_schedules.py WarmupLR:
+  // lr = min + (max - min) * i / warmup_num_steps at last_batch_iteration i = update - 1, clamped at 0, so
+  // updates 0 and 1 run at min (models/train/lr_schedule.h's step convention); max from update 5), by hand
+  dschat::dschat_settings w;
+  dschat::apply_ds_config(w, parse_ds_config(R"({"train_batch_size": 8,
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 4e-3, "warmup_num_steps": 4,
+                                                  "warmup_type": "linear"}}})", 1));
+  CHECK(w.ds_scheduler.type == "WarmupLR");
+  const lr_schedule ws = dschat::schedule_from(w, 10);
+  const double lr = w.learning_rate;
+  CHECK(ws.lr_at(0, lr) == doctest::Approx(0.0));
+  CHECK(ws.lr_at(1, lr) == doctest::Approx(0.0));
+  CHECK(ws.lr_at(2, lr) == doctest::Approx(1e-3));
+  CHECK(ws.lr_at(3, lr) == doctest::Approx(2e-3));
+  CHECK(ws.lr_at(4, lr) == doctest::Approx(3e-3));
+  CHECK(ws.lr_at(5, lr) == doctest::Approx(4e-3));
+  CHECK(ws.lr_at(9, lr) == doctest::Approx(4e-3));
   // Adam with L2 decay (adam_w_mode false) is not what the engine runs: refused, naming the file
   dschat::dschat_settings e;
   CHECK_THROWS_WITH_AS(dschat::apply_ds_config(e, parse_ds_config(R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})", 1, "user.json")),

@@ -76,9 +76,11 @@ void apply_ds_config(dschat_settings& s, const ds_config& c) {
     s.adam_eps = static_cast<float>(c.eps);
     s.weight_decay = static_cast<float>(c.weight_decay);
   }
+  s.ds_scheduler = c.scheduler;
 }
 
 lr_schedule schedule_from(const dschat_settings& s, int64_t total) {
+  if (!s.ds_scheduler.type.empty()) return s.ds_scheduler;  // DeepSpeed: the configured scheduler wins
   return lr_schedule::transformers(s.lr_scheduler_type, s.num_warmup_steps, total);
 }
 

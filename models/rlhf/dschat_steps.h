@@ -48,6 +48,10 @@ struct dschat_settings {
   int64_t max_seq_len = 512;
   int64_t max_prompt_seq_len = 256;     ///< step 3 (step3 main.py)
   std::string lr_scheduler_type = "cosine";  ///< cosine, linear, constant, constant_with_warmup
+  /// A DeepSpeed JSON's "scheduler" section (apply_ds_config; type "" without one). When set it
+  /// is the schedule (schedule_from), as in DeepSpeed, whose configured scheduler wins over the
+  /// client's (engine._configure_lr_scheduler).
+  lr_schedule ds_scheduler;
   int64_t num_warmup_steps = 0;
   uint64_t seed = 1234;
   std::string data_split = "2,4,4";
@@ -81,8 +85,9 @@ struct dschat_settings {
 /// zero_optimization.stage, bf16/fp16, gradient_clipping, gradient_accumulation_steps,
 /// train_micro_batch_size_per_gpu, and the optimizer's lr, betas, eps and weight_decay when the
 /// config has an optimizer section. The config's keys win over the node's settings (DeepSpeed
-/// reads them from the JSON too); its scheduler is not used (DS-Chat schedules with
-/// transformers.get_scheduler: lr_scheduler_type). Throws std::invalid_argument for the
+/// reads them from the JSON too). Its "scheduler" section, when there is one, goes to
+/// ds_scheduler and replaces lr_scheduler_type's schedule, as DeepSpeed prefers a configured
+/// scheduler to the one DS-Chat hands it (transformers.get_scheduler). Throws std::invalid_argument for the
 /// Adam (L2) optimizer, which the engine does not run.
 void apply_ds_config(dschat_settings& s, const ds_config& c);
 
@@ -100,8 +105,9 @@ lora_config lora_from(const dschat_settings& s);
 /// Call before making the engine (engine_settings). No-op when lora_dim == 0.
 void apply_lora(decoder& model, const dschat_settings& s);
 
-/// The learning-rate schedule DS-Chat's settings mean: lr_schedule::transformers(
-/// lr_scheduler_type, num_warmup_steps, total) (main.py get_scheduler). Throws
+/// The learning-rate schedule DS-Chat's settings mean: the DeepSpeed JSON's scheduler when it has
+/// one (ds_scheduler), else lr_schedule::transformers(lr_scheduler_type, num_warmup_steps, total)
+/// (main.py get_scheduler). Throws
 /// std::invalid_argument naming an unknown lr_scheduler_type.
 lr_schedule schedule_from(const dschat_settings& s, int64_t total_update_steps);
 

@@ -71,10 +71,6 @@ class dpo_trainer final : public dschat_trainer {
   }
 
   void model_loaded(actor::node_context& ctx) override {
-    if (model_->has_value_head())
-      throw std::invalid_argument("node '" + ctx.name() + "': " + ctx.spec().get_string("model") +
-                                  " has a value head (a reward model); DPO trains a language model: give the SFT "
-                                  "model (sft_trainer's output)");
     reference_ = copy_model(*model_);  // frozen: DS-Chat's ref_model, the starting weights
     reference_->set_training(false);
   }

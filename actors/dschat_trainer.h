@@ -61,6 +61,11 @@ class dschat_trainer : public actor::node {
     prepare_data(ctx);
     model_ = std::make_shared<decoder>(load_node_model(ctx, model_path));
     if (value_head_ && !model_->has_value_head()) model_->add_value_head(ctx.seed());
+    if (!value_head_ && model_->has_value_head())  // its loss would fail at the first step, after the held-out pass
+      throw std::invalid_argument("node '" + ctx.name() + "': " + ctx.spec().get_string("model") +
+                                  " has a value head (a reward model), and " + phase_name() +
+                                  " trains a language model: give a language model (the base model, or "
+                                  "sft_trainer's output)");
     model_loaded(ctx);
     check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
     dschat::apply_lora(*model_, d_);

@@ -131,6 +131,9 @@ refused sft-unwritable "(above the output '$out/a_file/sft') is not a folder" \
   sft.graph --set node.sft.model="$m" --set node.sft.tokenizer="$m" --set node.sft.output="$out/a_file/sft"
 refused rm-llama2c-bin "saved as a flowrun model folder (it was given as a llama2.c file, which cannot hold its value head)" \
   rm.graph --set node.rm.output="$out/rm.bin"
+refused sft-on-rm "node 'sft': $out/llama/rm has a value head (a reward model), and step 1 sft trains a language model" \
+  sft.graph --set node.sft.model="$out/llama/rm" --set node.sft.tokenizer="$out/llama/rm" --set node.sft.output="$out/x_sft"
+grep -q "held-out" "$out/sft-on-rm.log" && fail "sft-on-rm: a held-out pass ran before the refusal"
 refused ppo-hf-to-bin "node 'policy': output \"$out/ppo.bin\" cannot be written" \
   ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
   --set node.policy.output="$out/ppo.bin"

@@ -41,11 +41,12 @@ static std::string settings_fingerprint(const graph::node_spec& n) {
   return fmt::format("{:016x}", graph::fnv1a64(n.kind + "\n" + settings_record(n, {}).dump()));
 }
 
-void write_run_marker(const actor::node_context& ctx, const std::string& out) {
+void write_run_marker(const actor::node_context& ctx, const std::string& out, const std::string& exact) {
   if (!ctx.checkpoint_dir().empty()) {
     std::filesystem::create_directories(ctx.checkpoint_dir());
-    write_text_atomic(done_marker(ctx),
-                      nlohmann::json{{"output", out}, {"settings", settings_fingerprint(ctx.spec())}}.dump() + "\n");
+    nlohmann::json j{{"output", out}, {"settings", settings_fingerprint(ctx.spec())}};
+    if (!exact.empty()) j["exact"] = exact;
+    write_text_atomic(done_marker(ctx), j.dump() + "\n");
   }
   if (ctx.run_id().empty()) return;
   const std::string path = run_marker(out), tmp = path + ".tmp";
@@ -57,15 +58,20 @@ void write_run_marker(const actor::node_context& ctx, const std::string& out) {
   std::filesystem::rename(tmp, path);
 }
 
-/// True when an earlier attempt of this run saved `out` completely.
-static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::string& out) {
+/// True when an earlier attempt of this run saved `out` completely; `exact` gets the done marker's
+/// exact copy of the trained tensors, when it names one that exists.
+static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::string& out, std::string& exact) {
   if (!ctx.checkpoint_dir().empty() && !out.empty() && std::filesystem::exists(out)) {
     std::ifstream f(done_marker(ctx));
     try {
       if (f) {
         const auto j = nlohmann::json::parse(f);
-        if (j.value("output", std::string()) == out && j.value("settings", std::string()) == settings_fingerprint(ctx.spec()))
+        if (j.value("output", std::string()) == out && j.value("settings", std::string()) == settings_fingerprint(ctx.spec())) {
+          const std::string e = j.value("exact", std::string());
+          if (!e.empty() && !std::filesystem::exists(e)) return false;  // the exact copy is gone: train again
+          exact = e;
           return true;
+        }
       }
     } catch (const std::exception&) {
       // a torn marker: train again
@@ -87,8 +93,9 @@ static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::
 /// run saved it (and a line saying that training is skipped); else null.
 std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step) {
   const auto& out = ctx.spec().get_string("output");
-  if (!saved_by_earlier_attempt(ctx, out)) return nullptr;
-  auto m = std::make_shared<decoder>(load_node_model(ctx, out));
+  std::string exact;
+  if (!saved_by_earlier_attempt(ctx, out, exact)) return nullptr;
+  auto m = std::make_shared<decoder>(load_node_model(ctx, exact.empty() ? out : exact));
   if (ctx.attempt() > 0)
     ctx.print(fmt::format("{} resumed (attempt {}): {} was saved by an earlier attempt of this run; training skipped",
                           step, ctx.attempt() + 1, out));

@@ -32,7 +32,12 @@ inline double since(clk::time_point t) { return std::chrono::duration<double>(cl
 
 std::shared_ptr<decoder> copy_model(const decoder& m);
 
-void write_run_marker(const actor::node_context& ctx, const std::string& out);
+/// Marks `out` as this node's finished output: the done marker under [graph] checkpoint_dir (a rerun
+/// of the graph with the same settings takes the output instead of training) and, in a run with a
+/// run id, the marker beside `out` (a restarted attempt does the same). `exact`, when given, is a
+/// flowrun model folder holding the very tensors the node trained (LoRA unmerged: `out` holds them
+/// merged, which reloads within rounding only); the rerun loads that instead of `out`.
+void write_run_marker(const actor::node_context& ctx, const std::string& out, const std::string& exact = "");
 
 /// The trainer's `output` loaded with `load`, when an earlier attempt of this
 /// run saved it (and a line saying that training is skipped); else null.

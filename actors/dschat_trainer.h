@@ -112,7 +112,13 @@ class dschat_trainer : public actor::node {
         save_output(ctx, tag_, *model_, format_, tokenizer_);
         // llama2.c and HF files hold the merged weights: bit-exact on reload only without LoRA;
         // a flowrun folder keeps every tensor in f32, LoRA and v_head included
-        if (!model_->has_lora() || format_ == model_format::flowrun) write_run_marker(ctx, out);
+        if (!model_->has_lora() || format_ == model_format::flowrun) {
+          write_run_marker(ctx, out);
+        } else if (!ctx.checkpoint_dir().empty()) {  // the trained tensors, LoRA unmerged, for a rerun
+          const std::string exact = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".final")).string();
+          save_model(*model_, exact, model_format::flowrun, "");
+          write_run_marker(ctx, out, exact);
+        }
       }
       // the step is over (its output and done marker, when it has them, are on disk): its
       // mid-run checkpoints are of no more use, and step 3 reads every step folder under

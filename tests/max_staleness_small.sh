@@ -20,8 +20,12 @@ run() {  # run NAME ARGS...: the job's stdout in $out/NAME.log, stderr in $out/N
     --set node.sft.steps=40 --set node.sft.learning_rate=3e-3 --set node.policy.output="$out/$name.bin" "$@" \
     > "$out/$name.log" 2> "$out/$name.err" || { tail -20 "$out/$name.err"; fail "the run $name failed"; }
 }
-# the figures a run prints: every iteration's and held-out line without its speeds and times
-figures() { grep -E "iter [0-9]+ reward|held-out" "$out/$1.log" | sed -E 's/ gen [0-9]+ tok.*//; s/, [0-9.]+ s$//'; }
+# the figures a run prints: step 3's iteration and held-out lines without their speeds and times (the
+# lines of nodes starting side by side, such as sft's first held-out loss and the prompt loader's note on
+# its held-out split, come in either order: they made this comparison fail one run in twenty under load)
+figures() {
+  grep -E "^\[step 3 ppo\] (iter [0-9]+ reward|held-out)" "$out/$1.log" | sed -E 's/ gen [0-9]+ tok.*//; s/, [0-9.]+ s$//'
+}
 
 run default
 run s0 --set node.controller.max_staleness=0

@@ -191,7 +191,14 @@ void save_model_dir(const decoder& model_in, const std::string& dir) {
 
 decoder load_model(const std::string& path_in) {
   fs::path p = resolve_user_path(path_in, "model");
-  if (fs::is_regular_file(p)) return load_llama2c(p.string());
+  if (fs::is_regular_file(p)) {
+    // a file of a model folder (model.safetensors, config.json, a shard): the folder is the model
+    const auto ext = p.extension().string();
+    if (ext == ".safetensors" || ext == ".json")
+      throw std::runtime_error(p.string() + " is one file of a model folder: give the folder, " +
+                               p.parent_path().string());
+    return load_llama2c(p.string());
+  }
   if (fs::exists(p / "flowrun_config.json")) {
     std::ifstream f(p / "flowrun_config.json");
     auto j = nlohmann::json::parse(f);

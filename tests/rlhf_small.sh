@@ -18,4 +18,19 @@ done
 "$flowrun" eval prompts --baseline "$out/sft.bin" --finetuned "$out/ppo.bin" --n 2 --max_new_tokens 8 > "$out/eval"
 grep -c "fine-tuned" "$out/eval" | grep -qx 2 || { echo "eval prompts did not print 2 answers"; exit 1; }
 "$flowrun" eval reward --model "$out/rm" | grep -q "accuracy" || { echo "eval reward printed no accuracy"; exit 1; }
+# what the eval tools refuse before any work, naming the fix (they failed mid-way, printed nothing with
+# exit 0, or spoke of internal names)
+refused() {  # WANT COMMAND...: exit status 1 or 2 and WANT on stderr
+  local want=$1; shift
+  if "$flowrun" "$@" > "$out/refused.log" 2> "$out/refused.err"; then echo "accepted: $*"; exit 1; fi
+  grep -qF -- "$want" "$out/refused.err" || { echo "flowrun $*: the error does not say '$want':"; cat "$out/refused.err"; exit 1; }
+}
+refused "--max_prompt_seq_len 512 + --max_new_tokens 8 = 520 tokens do not fit" \
+  eval prompts --baseline "$out/sft.bin" --finetuned "$out/ppo.bin" --max_prompt_seq_len 512 --max_new_tokens 8
+refused "--data_split \"1,1,0\" gives step 3 no share of the data" \
+  eval prompts --baseline "$out/sft.bin" --finetuned "$out/ppo.bin" --data_split 1,1,0
+refused "--step: Value 4 not in range 1 to 3" eval reward --model "$out/rm" --step 4
+refused "--max_seq_len 100000 exceeds the model's 512 positions" eval reward --model "$out/rm" --max_seq_len 100000
+refused "$out/rm/model.safetensors is one file of a model folder: give the folder, $out/rm" \
+  eval reward --model "$out/rm/model.safetensors"
 echo "rlhf_small: ok"

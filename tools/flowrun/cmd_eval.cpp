@@ -63,6 +63,13 @@ void print_rendered_row(const eval_opts& o, const dschat::step_rows& rows, const
 
 // The held-out rows of one DS-Chat step (the same split the training graphs use).
 dschat::step_rows held_out(const eval_opts& o, int step_index) {
+  const auto parts = dschat::parse_data_split(o.data_split);
+  if (parts.size() != 3)
+    throw std::invalid_argument("--data_split \"" + o.data_split + "\" must have 3 parts, one per DS-Chat step");
+  if (parts[static_cast<size_t>(step_index)] <= 0)
+    throw std::invalid_argument(fmt::format("--data_split \"{}\" gives step {} no share of the data, so it has no "
+                                            "held-out rows: give the split the training used",
+                                            o.data_split, step_index + 1));
   auto src = dschat::load_sources({resolve_user_path(o.data, "data").string()});
   dschat::split_settings sp;
   sp.data_split = o.data_split;
@@ -124,6 +131,13 @@ void add_eval(CLI::App& app) {
     auto tuned = load_policy(o->finetuned);
     check_tokenizer_fits(*tok, o->tokenizer, base, o->baseline);
     check_tokenizer_fits(*tok, o->tokenizer, tuned, o->finetuned);
+    for (const auto* m : {&o->baseline, &o->finetuned}) {  // before any answer: a long prompt failed mid-way
+      const int64_t ctx_len = (m == &o->baseline ? base : tuned).config().max_seq_len;
+      if (o->max_prompt_seq_len + o->max_new_tokens > ctx_len)
+        throw std::invalid_argument(fmt::format(
+            "--max_prompt_seq_len {} + --max_new_tokens {} = {} tokens do not fit {}'s context of {}: lower either",
+            o->max_prompt_seq_len, o->max_new_tokens, o->max_prompt_seq_len + o->max_new_tokens, *m, ctx_len));
+    }
     auto rows = held_out(*o, 2);
     dschat::tokenize_settings ts;
     ts.max_prompt_seq_len = o->max_prompt_seq_len;
@@ -131,6 +145,9 @@ void add_eval(CLI::App& app) {
     ts.chat = chat;
     auto prompts = dschat::make_prompt_examples(rows.eval, *tok, ts);
     const int64_t n = std::min<int64_t>(o->n, static_cast<int64_t>(prompts.size()));
+    if (n == 0)
+      throw std::invalid_argument("no held-out prompt to answer (" + rows.summary +
+                                  "): give --data more rows, or the --data_split and --seed the training used");
     std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); greedy answers, at most {} tokens\n", n,
                              rows.summary, o->max_new_tokens);
     print_rendered_row(*o, rows, ts, /*prompt_only=*/true);
@@ -164,7 +181,9 @@ void add_eval(CLI::App& app) {
   rw->add_option("--eval_fraction", r->eval_fraction, "as in training")->capture_default_str();
   rw->add_option("--seed", r->seed, "as in training")->capture_default_str();
   rw->add_option("--max_seq_len", r->max_seq_len, "as in training")->capture_default_str();
-  rw->add_option("--step", r->step, "whose held-out share to use (2: the RM's own)")->capture_default_str();
+  rw->add_option("--step", r->step, "whose held-out share to use (2: the RM's own)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3));
   rw->add_flag("--apply_chat_template", r->apply_chat_template,
                "render the pairs with the chat template of the --tokenizer HF folder, as rm_trainer's "
                "apply_chat_template does");
@@ -176,6 +195,10 @@ void add_eval(CLI::App& app) {
     if (!m.has_value_head())
       throw std::runtime_error(r->model + " has no value head: give a reward model (rm_trainer's output folder)");
     check_tokenizer_fits(*tok, r->tokenizer, m, r->model);
+    if (r->max_seq_len > m.config().max_seq_len)
+      throw std::invalid_argument(fmt::format("--max_seq_len {} exceeds the model's {} positions ({}): give at most {}",
+                                              r->max_seq_len, m.config().max_seq_len, r->model,
+                                              m.config().max_seq_len));
     auto rows = held_out(*r, static_cast<int>(r->step) - 1);
     dschat::tokenize_settings ts;
     ts.max_seq_len = r->max_seq_len;

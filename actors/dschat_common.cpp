@@ -189,6 +189,23 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
   const auto& out = ctx.spec().get_string("output");
   if (out.empty()) return;
   save_model(m, out, f, tokenizer);
+  const auto& s = ctx.spec();
+  // a steps 1-2 trainer's folder says which rows it held out, for flowrun eval's defaults (not step 3's)
+  if (f != model_format::llama2c && s.find_setting("data_split") && s.find_setting("eval_fraction")) {
+    nlohmann::json mix = nlohmann::json::array();
+    for (const auto& p : s.get_string_list("mix_data")) mix.push_back(resolve_user_path(p, "mix_data").string());
+    write_text_atomic((std::filesystem::path(out) / "flowrun_data.json").string(),
+                      nlohmann::json{{"node", ctx.name()},
+                                     {"kind", s.kind},
+                                     {"data", resolve_user_path(s.get_string("data"), "data").string()},
+                                     {"mix_data", mix},
+                                     {"data_split", s.get_string("data_split")},
+                                     {"eval_fraction", s.get_float("eval_fraction")},
+                                     {"seed", s.get_int("seed")},
+                                     {"max_seq_len", s.get_int("max_seq_len")}}
+                              .dump(2) +
+                          "\n");
+  }
   ctx.log().info("saved the trained model to {} ({})", out, to_string(f));
   if (ctx.spec().get_bool("verify_output"))
     ctx.print(fmt::format("{} saved {} as a {}; reloaded: max |output difference| {:.3g}", step, out, to_string(f),

@@ -3,11 +3,14 @@
 // and scores on held-out pairs) and `flowrun chat` (chat.py: a multi-turn
 // Human:/Assistant: conversation). Both eval tools show a progress line on a terminal
 // (tools/flowrun/progress_line.h) and take `--apply_chat_template` as the trainers do.
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "models/chat_format.h"
@@ -176,19 +179,39 @@ void add_eval(CLI::App& app) {
                                 "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
                                 "model folder's own tokenizer, else this")
                     ->capture_default_str();
-  rw->add_option("--data", r->data, "DS-Chat JSONL")->capture_default_str();
-  rw->add_option("--data_split", r->data_split, "as in training")->capture_default_str();
-  rw->add_option("--eval_fraction", r->eval_fraction, "as in training")->capture_default_str();
-  rw->add_option("--seed", r->seed, "as in training")->capture_default_str();
-  rw->add_option("--max_seq_len", r->max_seq_len, "as in training")->capture_default_str();
+  // the split options default to what the model folder's flowrun_data.json recorded at training
+  const char* recorded = "; default: the training's, from the model folder's flowrun_data.json, else this";
+  auto* rw_data = rw->add_option("--data", r->data, std::string("DS-Chat JSONL") + recorded)->capture_default_str();
+  auto* rw_split = rw->add_option("--data_split", r->data_split, std::string("as in training") + recorded)
+                       ->capture_default_str();
+  auto* rw_frac = rw->add_option("--eval_fraction", r->eval_fraction, std::string("as in training") + recorded)
+                      ->capture_default_str();
+  auto* rw_seed = rw->add_option("--seed", r->seed, std::string("as in training") + recorded)->capture_default_str();
+  auto* rw_len = rw->add_option("--max_seq_len", r->max_seq_len, std::string("as in training") + recorded)
+                     ->capture_default_str();
   rw->add_option("--step", r->step, "whose held-out share to use (2: the RM's own)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3));
   rw->add_flag("--apply_chat_template", r->apply_chat_template,
                "render the pairs with the chat template of the --tokenizer HF folder, as rm_trainer's "
                "apply_chat_template does");
-  rw->callback([r, rw_tok] {
+  rw->callback([r, rw_tok, rw_data, rw_split, rw_frac, rw_seed, rw_len] {
     r->tokenizer = tokenizer_for({r->model}, r->tokenizer, rw_tok->count() > 0);
+    const auto rec = std::filesystem::path(resolve_user_path(r->model, "model")) / "flowrun_data.json";
+    if (std::filesystem::is_regular_file(rec)) {  // rm_trainer's split: its held-out rows, not others
+      std::ifstream f(rec);
+      const auto j = nlohmann::json::parse(f);
+      if (!j.value("mix_data", nlohmann::json::array()).empty())
+        spdlog::warn("{}: the model trained on mix_data too; eval reward reads --data only", rec.string());
+      if (rw_data->count() == 0) r->data = j.value("data", r->data);
+      if (rw_split->count() == 0) r->data_split = j.value("data_split", r->data_split);
+      if (rw_frac->count() == 0) r->eval_fraction = j.value("eval_fraction", r->eval_fraction);
+      if (rw_seed->count() == 0) r->seed = j.value("seed", r->seed);
+      if (rw_len->count() == 0) r->max_seq_len = j.value("max_seq_len", r->max_seq_len);
+      spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {} ({} recorded "
+                   "the training's; options given win)",
+                   r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, rec.string());
+    }
     auto tok = load_tokenizer(resolve_user_path(r->tokenizer, "tokenizer").string());
     auto chat = chat_option(*r);
     auto m = load_model(r->model);

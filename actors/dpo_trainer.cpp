@@ -51,16 +51,7 @@ class dpo_trainer final : public dschat_trainer {
       throw std::invalid_argument(ctx.spec().get_string("data") + " (this step's training rows): " + e.what());
     }
     ctx.print(fmt::format("[step 2 dpo] train pairs: {}", rep.summary()));
-    if (train_.empty()) {
-      const bool cut_end = ts.truncation == dschat::truncation_mode::end;
-      throw std::invalid_argument(fmt::format(
-          "node '{}': every one of the {} training pairs of {} has chosen equal to rejected after tokenization "
-          "(max_seq_len {}, truncation \"{}\"): nothing to prefer. Give pairs whose answers differ{}",
-          ctx.name(), rep.input, ctx.spec().get_string("data"), d_.max_seq_len, ctx.spec().get_string("truncation"),
-          cut_end ? ", raise max_seq_len, or set truncation = \"prompt_start\" so that long prompts do not cut the "
-                    "answers away"
-                  : " (or raise max_seq_len when the answers differ only past it)"));
-    }
+    if (train_.empty()) throw_all_pairs_identical(ctx, rep.input, ts, d_.max_seq_len);
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
     order_.check(ctx.name(), "per_device_train_batch_size");
     dschat::process_report erep;

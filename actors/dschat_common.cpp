@@ -41,6 +41,18 @@ static std::string settings_fingerprint(const graph::node_spec& n) {
   return fmt::format("{:016x}", graph::fnv1a64(n.kind + "\n" + settings_record(n, {}).dump()));
 }
 
+void throw_all_pairs_identical(const actor::node_context& ctx, int64_t pairs, const dschat::tokenize_settings& ts,
+                               int64_t max_seq_len) {
+  const bool cut_end = ts.truncation == dschat::truncation_mode::end;
+  throw std::invalid_argument(fmt::format(
+      "node '{}': every one of the {} training pairs of {} has chosen equal to rejected after tokenization "
+      "(max_seq_len {}, truncation \"{}\"): nothing to prefer. Give pairs whose answers differ{}",
+      ctx.name(), pairs, ctx.spec().get_string("data"), max_seq_len, ctx.spec().get_string("truncation"),
+      cut_end ? ", raise max_seq_len, or set truncation = \"prompt_start\" so that long prompts do not cut the "
+                "answers away"
+              : " (or raise max_seq_len when the answers differ only past it)"));
+}
+
 void write_run_marker(const actor::node_context& ctx, const std::string& out, const std::string& exact) {
   if (!ctx.checkpoint_dir().empty()) {
     std::filesystem::create_directories(ctx.checkpoint_dir());

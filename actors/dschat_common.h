@@ -32,6 +32,12 @@ inline double since(clk::time_point t) { return std::chrono::duration<double>(cl
 
 std::shared_ptr<decoder> copy_model(const decoder& m);
 
+/// Throws std::invalid_argument for a step-2 share whose `pairs` training pairs all have chosen equal
+/// to rejected after tokenization (`ts`, `max_seq_len`): nothing to prefer (a reward model's loss stays
+/// log 2 with a zero gradient; DPO's margin is 0). Names the node, the data and the fix for the truncation.
+[[noreturn]] void throw_all_pairs_identical(const actor::node_context& ctx, int64_t pairs,
+                                            const dschat::tokenize_settings& ts, int64_t max_seq_len);
+
 /// Marks `out` as this node's finished output: the done marker under [graph] checkpoint_dir (a rerun
 /// of the graph with the same settings takes the output instead of training) and, in a run with a
 /// run id, the marker beside `out` (a restarted attempt does the same). `exact`, when given, is a

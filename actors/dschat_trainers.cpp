@@ -189,6 +189,10 @@ class rm_trainer final : public dschat_trainer {
     } catch (const std::invalid_argument& e) {  // name the file: the rows are its step share
       throw std::invalid_argument(ctx.spec().get_string("data") + " (this step's training rows): " + e.what());
     }
+    // DS-Chat keeps a pair whose answers tokenize alike (its loss is log 2, its gradient 0); a share of
+    // nothing else would train nothing
+    if (!train_.empty() && rep.identical == static_cast<int64_t>(train_.size()))
+      throw_all_pairs_identical(ctx, rep.input, ts, d_.max_seq_len);
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
     order_.check(ctx.name(), "per_device_train_batch_size");
     ctx.log().info("{}", rep.summary());

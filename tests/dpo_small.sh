@@ -51,4 +51,12 @@ fi
 grep -q "identical after tokenization (skipped: chosen = rejected)" "$out/log2" || { echo "no skip count:"; cat "$out/log2"; exit 1; }
 grep -q "every one of the .* training pairs of .*same.jsonl has chosen equal to rejected" "$out/err2" ||
   { echo "the error does not name the file:"; tail -5 "$out/err2"; exit 1; }
+# the reward model too (it trained at loss log 2 and accuracy 0 to the end, exit 0), before any held-out pass
+if "$flowrun" "$root/graphs/rm.graph" --no-progress --set node.rm.data="$out/same.jsonl" --set node.rm.steps=3 \
+     --set node.rm.output="$out/none_rm" > "$out/log3" 2> "$out/err3"; then
+  echo "rm_trainer accepted a dataset whose pairs are all identical"; exit 1
+fi
+grep -q "node 'rm': every one of the .* training pairs of .*same.jsonl has chosen equal to rejected" "$out/err3" ||
+  { echo "rm_trainer's error does not name the node and the file:"; tail -5 "$out/err3"; exit 1; }
+grep -q "held-out" "$out/log3" && { echo "rm_trainer evaluated before refusing"; exit 1; }
 echo "dpo_small: ok"

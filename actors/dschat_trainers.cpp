@@ -63,7 +63,9 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
       .option("gradient_checkpointing", T::bool_, false,
               "recompute each layer's activations in backward (less memory, one more forward per layer)")
-      .option("seed", T::int_, std::int64_t{1234}, "data split and order")
+      .option("seed", T::int_, std::int64_t{1234},
+              "DS-Chat's --seed: the data split and order and LoRA's initial weights ([graph] seed does not "
+              "change them; it seeds the runtime's per-node seeds: the value head's initial weights, sampling)")
       .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps").at_least(1)
       .option("memory_limit_gb", T::float_, 0.0,
               "refuse at start a plan (weights, gradients, AdamW states, activations, logits) over this many GB "

@@ -272,6 +272,17 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
     if (s.report.malformed.empty()) ctx.log().info("{}", s.report.summary());
     else ctx.log().warn("{}", s.report.summary());
   }
+  // step 2 (a reward model, DPO) learns from pairs: a file without them is named here, before its rows are
+  // blended with the others' (the row of the blended share that failed named the `data` file, even when a
+  // mix_data file was the one without pairs)
+  for (size_t i = 0; step_index == 1 && i < src.size(); ++i) {
+    const auto f = src[i].report.format;
+    if (f == dschat::data_format::prompt_chosen_rejected || f == dschat::data_format::hh_rlhf_raw) continue;
+    throw std::invalid_argument(fmt::format(
+        "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line): a reward model or DPO "
+        "learns from pairs; give {{prompt, chosen, rejected}} rows or raw HH-RLHF {{chosen, rejected}}",
+        ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(f)));
+  }
   dschat::split_settings sp;
   sp.data_split = d.data_split;
   sp.seed = d.seed;

@@ -59,4 +59,12 @@ fi
 grep -q "node 'rm': every one of the .* training pairs of .*same.jsonl has chosen equal to rejected" "$out/err3" ||
   { echo "rm_trainer's error does not name the node and the file:"; tail -5 "$out/err3"; exit 1; }
 grep -q "held-out" "$out/log3" && { echo "rm_trainer evaluated before refusing"; exit 1; }
+# a mix_data file without pairs is named (the error named the data file, whose rows were fine)
+for i in $(seq 1 40); do echo "{\"prompt\": \"\\n\\nHuman: q $i\\n\\nAssistant:\", \"chosen\": \" a $i\"}"; done > "$out/pc.jsonl"
+if "$flowrun" "$root/graphs/rm.graph" --no-progress --set "node.rm.mix_data=[\"$out/pc.jsonl\"]" --set node.rm.steps=2 \
+     --set node.rm.output="$out/none_rm2" > "$out/log4" 2> "$out/err4"; then
+  echo "rm_trainer accepted a mix_data file without pairs"; exit 1
+fi
+grep -qF "node 'rm': mix_data file $out/pc.jsonl holds prompt/chosen rows" "$out/err4" ||
+  { echo "the error does not name the mix_data file:"; tail -5 "$out/err4"; exit 1; }
 echo "dpo_small: ok"

@@ -3,6 +3,8 @@
 // validator, over the good and bad graphs in tests/graphs.
 #include <doctest/doctest.h>
 
+#include <atomic>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -20,6 +23,7 @@
 #include "runtime/graph/node_kind.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
+#include "runtime/util/writable.h"
 
 #ifndef FLOWRUN_TEST_DIR
 #error "FLOWRUN_TEST_DIR must name the tests folder"
@@ -1619,6 +1623,19 @@ TEST_CASE("outputs: unwritable outputs, two nodes saving to one path, and copies
   CHECK_MESSAGE(contains(two.errors[0].message, "node 'a' has replicas = 2, but kind solo_saver runs as one replica: "
                                                 "its copies would write the same files"),
                 two.errors[0].message);
+  // threads of one process probing one folder at once all see it writable (a node's two replicas checked
+  // their output together, and the second's probe file collided with the first's: "File exists")
+  {
+    std::atomic<int> refused{0};
+    std::vector<std::thread> probes;
+    for (int t = 0; t < 8; ++t)
+      probes.emplace_back([&] {
+        for (int i = 0; i < 200; ++i)
+          if (!flowrun::unwritable_reason((root / "out" / "m.bin").string(), /*is_file=*/true).empty()) ++refused;
+      });
+    for (auto& t : probes) t.join();
+    CHECK(refused.load() == 0);
+  }
   validate_options no_files;  // without file checks (a graph checked for its shape only) nothing is probed
   no_files.check_files = false;
   CHECK(load_graph(root / "g.graph", kinds, no_files, {"node.a.output=" + (root / "a_file" / "m").string()}).ok());

@@ -1,6 +1,8 @@
 // Whether an output path can be written, asked before the work that would write it.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -12,7 +14,7 @@ namespace flowrun {
 /// Why `path` (a file when `is_file`, else a folder; either may not exist yet) cannot be written,
 /// or "" when it can. The nearest existing folder at or above what must be created has to be a
 /// folder in which a file can be created: checked by creating and removing an empty probe file
-/// there (".flowrun-write-probe-PID"), since access(W_OK) says yes to root on a read-only mount or
+/// there (".flowrun-write-probe-PID-N", N counting the calls of the process), since access(W_OK) says yes to root on a read-only mount or
 /// /proc. The reason reads "'FOLDER' (where 'PATH' would be created) is not writable (ERROR)" or
 /// "'X' (above the output 'PATH') is not a folder".
 inline std::string unwritable_reason(const std::string& path, bool is_file) {
@@ -23,7 +25,10 @@ inline std::string unwritable_reason(const std::string& path, bool is_file) {
   if (is_file || !fs::is_directory(probe, ec)) probe = probe.parent_path();
   while (!probe.empty() && !fs::exists(probe, ec) && probe != probe.root_path()) probe = probe.parent_path();
   if (!fs::is_directory(probe, ec)) return "'" + probe.string() + "' (above the output '" + path + "') is not a folder";
-  const fs::path f = probe / (".flowrun-write-probe-" + std::to_string(::getpid()));
+  // unique per call: threads of one process probe at once (a node's replicas check their output together,
+  // and O_EXCL failed the second with "File exists")
+  static std::atomic<std::uint64_t> calls{0};
+  const fs::path f = probe / (".flowrun-write-probe-" + std::to_string(::getpid()) + "-" + std::to_string(++calls));
   const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     const std::string why = std::error_code(errno, std::generic_category()).message();

@@ -303,6 +303,32 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
               "token are kept (a group stays whole)")
       .in_range(1, 4096)
       .because("published GRPO runs use 4-64; a larger group is most likely a typo, and 3e9 ran out of memory");
+  // The prompt loader's token ids reach the generator, and its answers a rule reward, which decodes them: the
+  // three must read ids alike (another tokenizer on the reward scored every answer 0 without a word, and one
+  // on the loader failed in the embedding at the first batch)
+  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
+    std::vector<graph::node_kind::problem> problems;
+    const std::string mine = n.get_string("tokenizer");
+    std::unique_ptr<tokenizer> tok;
+    for (const auto& other : g.nodes) {
+      if (other.kind != "prompt_loader" && other.kind != "reward_function") continue;
+      const auto* s = other.find_setting("tokenizer");
+      const auto* theirs = s ? std::get_if<std::string>(&s->value) : nullptr;
+      if (!theirs || theirs->empty() || *theirs == mine) continue;
+      try {
+        if (!tok) tok = load_tokenizer(mine);
+        const std::string why = tokenizer_difference(*load_tokenizer(*theirs), *tok);
+        if (!why.empty())
+          problems.push_back({"tokenizer",
+                              fmt::format("node '{}' reads token ids with the tokenizer {}, and node '{}' ({}) with "
+                                          "{}: they differ ({})",
+                                          n.name, mine, other.name, other.kind, *theirs, why),
+                              "give every node of the loop the policy's tokenizer"});
+      } catch (const std::exception&) {  // an unreadable tokenizer: its node's start names it
+      }
+    }
+    return problems;
+  };
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rollout_generator); });
 }
 

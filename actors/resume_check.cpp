@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include <vector>
@@ -40,9 +42,43 @@ graph::setting_value canonical_paths(graph::setting_value v) {
 // schedule's length for a longer run, the ZeRO stage: zero_rank resumes at another), so that a
 // change names its keys; a tokenizer file by a fingerprint of its bytes.
 constexpr std::string_view contents_suffix = " (contents)";
+
+// FNV-1a of a data file's bytes (graph::fnv1a64's, read in chunks: a pretraining corpus may be
+// gigabytes), once per process for a file of the same size and modification time, since a node records
+// its settings at every checkpoint.
+std::string data_fingerprint(const std::string& path) {
+  static std::mutex m;
+  static std::map<std::string, std::string> cache;  // "path size mtime" -> fingerprint
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto mtime = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+  const std::string key = fmt::format("{} {} {}", path, size, mtime);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> buf(1 << 20);
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    for (std::streamsize i = 0; i < f.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buf[static_cast<size_t>(i)]);
+      h *= 0x100000001b3ull;
+    }
+  }
+  std::string fp = fmt::format("fnv1a:{:016x}", h);
+  std::lock_guard<std::mutex> lock(m);
+  cache[key] = fp;
+  return fp;
+}
+
 nlohmann::json contents_of(std::string_view key, const std::string& path) {
   std::error_code ec;
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;
+  // the training data: a file edited in place between a run and its resume would train on other rows
+  // (or the same rows in another order) from the resumed position on
+  if (key == "data" || key == "unsup_data") return data_fingerprint(path);
   std::ifstream f(path, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (key == "deepspeed_config") {
@@ -70,6 +106,11 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
     j[k] = graph::to_string(value);
     if (const auto* path = std::get_if<std::string>(&value))
       if (auto c = contents_of(k, *path); !c.is_null()) j[k + std::string(contents_suffix)] = std::move(c);
+    if (const auto* paths = std::get_if<std::vector<std::string>>(&value); paths && k == "mix_data") {
+      nlohmann::json all = nlohmann::json::array();  // each blended file by its contents, in order
+      for (const auto& p : *paths) all.push_back(contents_of("data", p));
+      if (!paths->empty()) j[k + std::string(contents_suffix)] = std::move(all);
+    }
   }
   return j;
 }

@@ -21,8 +21,9 @@ namespace flowrun::actors {
 /// (the same files from another working directory or FLOWRUN_ASSETS spelling record the same).
 /// The DeepSpeed JSON (deepspeed_config) and a tokenizer file are also recorded by their contents
 /// under "NAME (contents)": the JSON parsed, without the keys a resume may change (steps_per_print,
-/// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a tokenizer by an FNV-1a
-/// of its bytes; check_resume_settings compares those instead of the path.
+/// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a tokenizer and the data
+/// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes; check_resume_settings compares
+/// those instead of the path (a data file edited in place is refused: "data: the file's bytes changed").
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
 
 /// Compare `recorded` (settings_record of the run that wrote `folder`) with the node's settings

@@ -75,6 +75,18 @@ std::unique_ptr<tokenizer> load_tokenizer(const std::string& path) {
                                   "beside it), a Hugging Face tokenizer.json, or a folder holding one of them");
 }
 
+std::string tokenizer_difference(const tokenizer& a, const tokenizer& b) {
+  if (a.vocab_size() != b.vocab_size())
+    return std::to_string(a.vocab_size()) + " tokens against " + std::to_string(b.vocab_size());
+  if (a.bos_id() != b.bos_id() || a.eos_id() != b.eos_id() || a.pad_id() != b.pad_id())
+    return "special ids (BOS, EOS, pad) " + std::to_string(a.bos_id()) + ", " + std::to_string(a.eos_id()) + ", " +
+           std::to_string(a.pad_id()) + " against " + std::to_string(b.bos_id()) + ", " + std::to_string(b.eos_id()) +
+           ", " + std::to_string(b.pad_id());
+  for (int32_t id = 0; id < a.vocab_size(); ++id)
+    if (a.piece(id) != b.piece(id)) return "id " + std::to_string(id) + " is \"" + a.piece(id) + "\" against \"" + b.piece(id) + "\"";
+  return "";
+}
+
 bool folder_has_tokenizer(const std::string& dir) {
   const std::filesystem::path d(dir);
   return std::filesystem::exists(d / "tokenizer.json") || std::filesystem::exists(d / "tokenizer.model") ||

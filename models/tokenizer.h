@@ -65,6 +65,11 @@ std::unique_ptr<tokenizer> load_hf_tokenizer(const std::string& tokenizer_json);
 /// (SentencePiece) or vocab.json + merges.txt (GPT-2 BPE). Throws std::runtime_error with a hint otherwise.
 std::unique_ptr<tokenizer> load_tokenizer(const std::string& path);
 
+/// Why `a` and `b` are not the same tokenizer, or "" when they are: the vocabulary size, the
+/// BOS/EOS/pad ids, then the first id whose piece differs (every id is compared). For a graph whose
+/// nodes must read one another's token ids (the prompt loader, the generator, a rule reward).
+std::string tokenizer_difference(const tokenizer& a, const tokenizer& b);
+
 /// Whether folder `dir` holds a tokenizer load_tokenizer reads (tokenizer.json, tokenizer.model,
 /// or vocab.json + merges.txt). Does not read the files.
 bool folder_has_tokenizer(const std::string& dir);

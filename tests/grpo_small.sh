@@ -101,6 +101,16 @@ fi
 grep -q "kl_ctl = 0.1 puts a KL to the reference in the reward" "$out/noref_kl.err" || { cat "$out/noref_kl.err"; fail "no reason given for kl_ctl"; }
 grep -q "has use_kl_loss = true: its KL loss needs the reference" "$out/noref_kl.err" || { cat "$out/noref_kl.err"; fail "no reason given for use_kl_loss"; }
 
+# the loop's tokenizers must read ids alike: a rule reward with another one scored every answer 0 (exit 0);
+# a copy of the same tokenizer elsewhere is the same tokenizer
+set +e
+run tokmix "$g" --set node.reward.tokenizer="$root/tests/fixtures/hf_chat/qwen2"
+rc=$?
+set -e
+[ $rc -eq 2 ] || { tail -5 "$out/tokmix.err"; fail "a reward tokenizer unlike the generator's: exit $rc, not 2"; }
+grep -qF "and node 'reward' (reward_function) with $root/tests/fixtures/hf_chat/qwen2: they differ (902 tokens against 512)" \
+  "$out/tokmix.err" || { cat "$out/tokmix.err"; fail "the refusal does not name the reward's tokenizer"; }
+
 # step-3 checkpoints without a critic: a run that committed iterations 2 and 4, cut back to its
 # commit of iteration 2, resumes there and prints the uninterrupted run's lines from iteration 2 on
 ck=(--set node.prompts.iterations=4 --set node.controller.save_checkpoint_steps=2 --set node.experience.filter_groups=false)
@@ -136,6 +146,20 @@ done
 rm -rf "$out/ck_c" && cp -r "$out/ck_a" "$out/ck_c" && cp "$(readlink -f "${FLOWRUN_ASSETS:-$root/../shared/assets}")/model/stories260K/tok512.model" "$out/tok_copy.model"
 run ck_c "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_c" --set node.reward.on_error=zero \
   --set node.generator.tokenizer="$out/tok_copy.model" || { grep -i error "$out/ck_c.err" | head -3; fail "a safe resume was refused"; }
+# the prompts file is recorded by its bytes too: a copy elsewhere resumes, the same file edited (one row's
+# question changed) is refused (it resumed without a word, on other prompts)
+cp "$out/addition.jsonl" "$out/add_copy.jsonl"
+rm -rf "$out/ck_c" && cp -r "$out/ck_a" "$out/ck_c"
+run ck_c "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_c" --set node.prompts.data="$out/add_copy.jsonl" ||
+  { grep -i error "$out/ck_c.err" | head -3; fail "a resume from a copy of the prompts file was refused"; }
+sed -i '1s/+/-/' "$out/add_copy.jsonl"
+cmp -s "$out/addition.jsonl" "$out/add_copy.jsonl" && fail "the edit changed nothing"
+rm -rf "$out/ck_c" && cp -r "$out/ck_a" "$out/ck_c"
+if run ck_c "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_c" --set node.prompts.data="$out/add_copy.jsonl"; then
+  fail "a resume with an edited prompts file was accepted"
+fi
+grep -qF "node 'prompts': resuming from $out/ck_c/prompts.settings.json with settings changed: data: the file's bytes changed" \
+  "$out/ck_c.err" || { grep -i error "$out/ck_c.err" | head -3; fail "the refusal does not name the edited data"; }
 
 # a scorer that crashes: the run stops, naming the node, the sample and the exit status
 if run crash "$g" --set node.reward.reward=command --set node.reward.command="python3 -c 'import sys; sys.exit(3)'"; then

@@ -371,6 +371,10 @@ class frozen_scorer final : public actor::node {
   }
 
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    aborting_on_failure(group_.comm.get(), [&] { handle(ctx, port, std::move(msg)); });
+  }
+
+  void handle(actor::node_context& ctx, std::string_view port, actor::payload msg) {
     if (port == "init") {
       const auto& m = msg.as<model_msg>();
       model_ = copy_model(*m.model);
@@ -516,6 +520,10 @@ class ppo_trainer final : public actor::node {
   }
 
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    aborting_on_failure(group_.comm.get(), [&] { handle(ctx, port, std::move(msg)); });
+  }
+
+  void handle(actor::node_context& ctx, std::string_view port, actor::payload msg) {
     if (port == "init") {
       init(ctx, msg.as<model_msg>());
     } else if (port == "rollouts") {

@@ -25,6 +25,20 @@ struct rank_group {
   int local_ranks = 1; ///< R: the ranks in this process
 };
 
+/// Runs `f` (a node callback's body); when it throws, aborts `comm` (when not null) with the error
+/// before rethrowing, so that this rank's peers waiting in a collective fail now, naming it, rather
+/// than at comm_timeout_s (300 s by default; a replica that failed at init left its peer waiting that
+/// long). inproc peers only: see communicator::abort.
+template <class F>
+void aborting_on_failure(comm::communicator* comm, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    if (comm) comm->abort(e.what());
+    throw;
+  }
+}
+
 /// The process index and count of a `flowrun launch` (0 and 1 otherwise: FLOWRUN_PROCESS_INDEX, FLOWRUN_NPROC).
 int process_index();
 int process_count();

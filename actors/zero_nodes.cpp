@@ -235,7 +235,11 @@ class zero_rank final : public actor::node {
     t0_ = clk::now();
   }
 
-  void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
+  void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
+    aborting_on_failure(comm_.get(), [&] { handle(ctx, port, std::move(msg)); });
+  }
+
+  void handle(actor::node_context& ctx, std::string_view, actor::payload msg) {
     const auto& b = msg.as<lm_batch_msg>();
     if (b.step <= done_) return;  // already in the checkpoint we resumed from
     if (!ids_checked_) {  // the data's tokenizer must be the model's: a larger one fails in the embedding

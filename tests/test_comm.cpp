@@ -531,6 +531,31 @@ TEST_CASE("test_comm: inproc: a rank that never arrives times out, naming it") {
   CHECK_THROWS_WITH_AS(c0->barrier(), doctest::Contains("broken"), std::runtime_error);
 }
 
+// A rank that fails (communicator::abort) wakes the ranks waiting for it at once, naming it: a policy
+// replica that failed at init left its peer in an all_gather until comm_timeout_s (300 s).
+TEST_CASE("test_comm: inproc: abort wakes the waiting ranks at once, naming the failed rank") {
+  const auto start = std::chrono::steady_clock::now();
+  auto errors = run_threads(
+      3,
+      [&](communicator& c) {
+        auto x = tensor::zeros({8});
+        if (c.rank() == 1) {
+          std::this_thread::sleep_for(50ms);
+          c.abort("its init threw");
+          return;
+        }
+        c.all_reduce(x);
+      },
+      60s);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(secs < 10.0);  // not the 60 s timeout
+  for (int r : {0, 2}) {
+    CAPTURE(errors[r]);
+    CHECK(contains(errors[r], "all_reduce"));
+    CHECK(contains(errors[r], "the inproc group is broken: rank 1 failed: its init threw"));
+  }
+}
+
 TEST_CASE("test_comm: inproc: construction errors") {
   CHECK_THROWS_AS(make_inproc_group(0), std::invalid_argument);
   auto g = make_inproc_group(2);

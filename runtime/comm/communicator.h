@@ -167,6 +167,12 @@ class communicator {
   /// Receive into x (overwritten) the send_tagged of rank `peer` with `tag` (see send_tagged).
   void recv_tagged(tensor& x, int peer, uint64_t tag);
 
+  /// This rank fails and will call no more collectives (`why`: its error): the ranks waiting in a
+  /// collective for it should fail now rather than at the timeout. inproc marks the group broken,
+  /// which wakes every waiting rank with "the inproc group is broken: WHY"; gloo and nccl do nothing
+  /// (their peers, in other processes, time out). Thread-safe; never throws.
+  virtual void abort(const std::string& why) noexcept { (void)why; }
+
   /// Counters since construction or the last reset_stats().
   comm_stats stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

@@ -181,6 +181,18 @@ class inproc_group {
     throw std::runtime_error(where + ": the inproc group is broken: " + broken_why_);
   }
 
+  /// Marks the group broken (the first reason stays) and wakes every waiting rank.
+  void mark_broken(const std::string& why) {
+    {
+      std::lock_guard lk(mu_);
+      if (!broken_) {
+        broken_ = true;
+        broken_why_ = why;
+      }
+    }
+    cv_.notify_all();
+  }
+
  private:
   std::string check_entries() const {
     std::string bad;
@@ -251,6 +263,12 @@ class inproc_comm final : public communicator {
     g_->claim(rank_);
   }
   ~inproc_comm() override { g_->release(rank_); }
+  void abort(const std::string& why) noexcept override {
+    try {
+      g_->mark_broken("rank " + std::to_string(rank_) + " failed: " + why);
+    } catch (...) {  // a string that cannot be made: the waiting ranks time out as before
+    }
+  }
 
   int rank() const override { return rank_; }
   int world_size() const override { return g_->world(); }

@@ -214,7 +214,7 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
               "\"completion\", \"reference\", \"iteration\" (-1: the held-out pass before training, -2: after), "
               "\"row\"}) and answers each with one line, a number or {\"reward\": number}, flushed as it is "
               "asked; it runs under /bin/sh -c in flowrun's working directory, with PYTHONUNBUFFERED=1, in a "
-              "process group of its own (killed whole on a timeout)")
+              "process group of its own (killed whole on a timeout, and when flowrun dies, even by kill -9)")
       .option("timeout_s", T::float_, 10.0, "the longest wait for one answer of the command").above(0)
       .option("startup_timeout_s", T::float_, 60.0,
               "added to timeout_s for the first answer of a command just started (or restarted): its imports "

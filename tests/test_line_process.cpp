@@ -10,7 +10,9 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "runtime/util/line_process.h"
@@ -138,4 +140,49 @@ TEST_CASE("line_process: a timeout kills the whole process group, and a cancelle
   CHECK(!c.line);
   CHECK_MESSAGE(c.error.find("was cancelled") != std::string::npos, c.error);
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+}
+
+namespace {
+// Gone: no such process, or a zombie waiting for init to reap it.
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_s, comm, state;
+  stat >> pid_s >> comm >> state;
+  return state == "Z";
+}
+}  // namespace
+
+// The owner killed with SIGKILL (no destructor runs): the watchdog kills the command's whole group,
+// so a scorer does not outlive the run that started it (it kept running, holding its model).
+TEST_CASE("line_process: the command's group dies with its owner, even by SIGKILL") {
+  const std::string pidfile = "/tmp/flowrun_line_process_owner_" + std::to_string(::getpid());
+  std::remove(pidfile.c_str());
+  const pid_t owner = ::fork();
+  REQUIRE(owner >= 0);
+  if (owner == 0) {  // the owner: starts the command and waits for an answer that never comes
+    line_process p("echo $$ > " + pidfile + ".tmp; sleep 60 & echo $! >> " + pidfile + ".tmp; mv " + pidfile +
+                   ".tmp " + pidfile + "; wait");
+    (void)p.ask("q", 60000ms);
+    std::_Exit(0);
+  }
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 500 && pids.size() < 2; ++i) {
+    std::this_thread::sleep_for(10ms);
+    std::ifstream f(pidfile);
+    pids.clear();
+    for (pid_t x; f >> x;) pids.push_back(x);
+  }
+  REQUIRE(pids.size() == 2);  // the shell and the child it started
+  ::kill(owner, SIGKILL);
+  int st = 0;
+  ::waitpid(owner, &st, 0);
+  bool gone = false;
+  for (int i = 0; i < 250 && !gone; ++i) {
+    gone = process_gone(pids[0]) && process_gone(pids[1]);
+    if (!gone) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(gone);
+  for (pid_t x : pids) ::kill(x, SIGKILL);  // whatever the check found, nothing stays behind
+  std::remove(pidfile.c_str());
 }

@@ -100,10 +100,52 @@ std::string line_process::start() {
   pid_ = pid;
   pgid_ = pid;
   buffer_.clear();
+  start_watchdog();
   return "";
 }
 
+// The watchdog: `sh -c 'read -r _; kill -9 -PGID'` in a process group of its own, its standard input
+// the read end of a pipe whose only write end (close-on-exec) is ours. When this process dies
+// (kill -9 included), the kernel closes that end, the read returns, and the command's whole group
+// is killed: a scorer that loaded a model (or holds a GPU) does not outlive the run. On our own
+// exit paths kill_child() ends the watchdog first. Without one (it could not be started) nothing
+// else changes.
+void line_process::start_watchdog() {
+  int wp[2];
+  if (::pipe2(wp, O_CLOEXEC) != 0) return;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, wp[0], 0);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // a terminal's Ctrl-C does not end it
+  posix_spawnattr_setpgroup(&attr, 0);
+  std::string sh = "sh", dash_c = "-c", script = "read -r _; kill -9 -\"$1\" 2>/dev/null", name = "flowrun-watchdog",
+              group = std::to_string(pgid_);
+  char* argv[] = {sh.data(), dash_c.data(), script.data(), name.data(), group.data(), nullptr};
+  char* envp[] = {nullptr};
+  pid_t w = -1;
+  const int rc = ::posix_spawn(&w, "/bin/sh", &fa, &attr, argv, envp);
+  posix_spawnattr_destroy(&attr);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(wp[0]);
+  if (rc != 0) {
+    ::close(wp[1]);
+    return;
+  }
+  watch_fd_ = wp[1];
+  watch_pid_ = w;
+}
+
 void line_process::kill_child() {
+  if (watch_pid_ > 0) {  // first, so that it never acts on a group number the system may reuse
+    ::kill(watch_pid_, SIGKILL);
+    int st;
+    ::waitpid(watch_pid_, &st, 0);
+    watch_pid_ = -1;
+  }
+  if (watch_fd_ >= 0) ::close(watch_fd_);
+  watch_fd_ = -1;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   if (pgid_ > 0) ::kill(-pgid_, SIGKILL);  // the group: the shell and whatever it started

@@ -8,7 +8,8 @@
 // is set, so a Python `print(...)` reaches us without an explicit flush.
 //
 // The child leads a process group of its own, and a kill ends the whole group (the shell and
-// what it started), so no scorer is left running.
+// what it started), so no scorer is left running; a watchdog process (start_watchdog) kills that
+// group when this process dies without doing so itself (kill -9).
 //
 // Errors are values: ask() returns the answer line or what went wrong (the child exited, with
 // its status; it did not answer in time; it answered more than one line, or wrote a line
@@ -62,6 +63,7 @@ class line_process {
 
  private:
   std::string start();  // "" or why it could not start
+  void start_watchdog();  // after start(): see line_process.cpp
   void kill_child();
   // Waits up to tries x 10 ms for the child to exit; when it did, `a` gets its status and stderr.
   bool reaped(answer& a, int tries);
@@ -71,6 +73,8 @@ class line_process {
   int fd_ = -1;       // our end of the socket pair
   pid_t pid_ = -1;
   pid_t pgid_ = -1;  // the child's process group (its pid), killed whole
+  int watch_fd_ = -1;     // the write end of the watchdog's pipe (closed by our death)
+  pid_t watch_pid_ = -1;  // the watchdog
   std::string err_path_;
   std::string buffer_;  // bytes read past the last answer line
 };

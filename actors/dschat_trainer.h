@@ -161,6 +161,7 @@ class dschat_trainer : public actor::node {
     const std::string what = phase_name() + " held-out";
     ctx.phase(what);
     return evaluate(ctx, before, seconds, [&ctx, &what](int64_t done, int64_t total) {
+      if (ctx.stop_requested()) throw actor::stopped{};  // a second Ctrl-C: the pass may take minutes
       if (total > 0) ctx.progress(what, done, total);
     });
   }

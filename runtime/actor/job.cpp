@@ -1270,6 +1270,10 @@ class replica_actor_t : public Base {
       note_wait_start();
       staged_.clear();
       waiting_input_ = false;
+      if (plan_->live->get_run_phase() == run_phase::stopping) {  // node.h `stopped`: gave up, not failed
+        ctx_log().info("{} gave up in {} as the run stops ({})", replica_name(*plan_, node_, replica_), what, why);
+        return false;
+      }
       if (!restart(what, why)) return false;
     }
   }

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -45,6 +46,15 @@
 #include "runtime/graph/node_kind.h"
 
 namespace flowrun::actor {
+
+/// Thrown by a node callback that gives up because the run is stopping without draining
+/// (node_context::stop_requested(): a second SIGINT, a failure elsewhere), e.g. from the progress
+/// callback of a long held-out pass. The runtime takes it, and any other exception that escapes a
+/// callback while the run is stopping, as the replica having stopped: no restart, no failure of
+/// its own (the run's exit code stays the signal's or the first failure's).
+struct stopped : std::exception {
+  const char* what() const noexcept override { return "the run is stopping"; }
+};
 
 /// Why the run is stopping (see node_context::reason()).
 enum class stop_reason {
@@ -178,7 +188,8 @@ class node_context {
   virtual bool checkpoint_requested(std::int64_t step = -1) { return false; }
   /// True once the run is stopping without draining (a second SIGINT, a failure elsewhere):
   /// a handler that waits on something outside the run (a child process, a long poll) should
-  /// give up, since nothing it produces will be used. Thread-safe.
+  /// give up, since nothing it produces will be used. Thread-safe. A long computation may
+  /// throw stopped{} then (see `stopped`).
   virtual bool stop_requested() const { return false; }
   /// Asks for at most n threads in this replica's ops (the OpenMP team of its kernels), e.g.
   /// the machine's cores shared among the ranks it runs with. The runtime applies

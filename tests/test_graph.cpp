@@ -471,6 +471,19 @@ TEST_CASE("overrides: --set node.NAME.SETTING=VALUE as a TOML scalar") {
   INFO(all_errors(v.errors));
   CHECK(v.ok());
   CHECK(v.spec.find_node("gen")->get_int("max_new_tokens") == 128);
+
+  // A node whose kind is unknown takes any setting: the validator names the kind alone (the override's
+  // "unknown setting ... valid settings: ..." only confused, and a setting new to the node crashed)
+  graph_spec typo = parsed.spec;
+  typo.find_node("gen")->kind = "generatr";
+  CHECK_FALSE(apply_override(typo, "node.gen.brand_new=3", &kinds));
+  CHECK_FALSE(apply_override(typo, "node.gen.out_path=/tmp/x", &kinds));
+  auto tv = validate(typo, kinds, test_options());
+  INFO(all_errors(tv.errors));
+  CHECK(std::none_of(tv.errors.begin(), tv.errors.end(),
+                     [](const graph_error& e) { return contains(e.message, "unknown setting"); }));
+  CHECK(std::any_of(tv.errors.begin(), tv.errors.end(),
+                    [](const graph_error& e) { return contains(e.message, "unknown node kind 'generatr'"); }));
 }
 
 TEST_CASE("overrides: errors name the override and the offending column") {

@@ -1045,7 +1045,9 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   const node_kind* kind = kinds ? kinds->lookup(node->kind) : nullptr;
   const setting* current = node->find_setting(key);
   const setting_decl* decl = kind ? kind->find_setting(key) : nullptr;
-  if (!current && !decl) {
+  // a node whose kind is unknown (a typo in the file or in another override) gets its own error from the
+  // validator; "unknown setting ... there are no settings" before it only confused
+  if (!current && !decl && (kind || !kinds)) {
     std::vector<std::string> names;
     for (const auto& [n, s] : node->settings) names.push_back(n);
     if (kind)
@@ -1057,7 +1059,8 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   // A string setting takes the text as is (unless it was written as a TOML string).
   bool wants_string = decl ? (decl->type == setting_type::string || decl->type == setting_type::path ||
                                     decl->type == setting_type::output)
-                           : std::holds_alternative<std::string>(current->value);
+                           : current ? std::holds_alternative<std::string>(current->value)
+                                     : std::holds_alternative<std::string>(value);  // an unknown kind's: as given
   if (wants_string && !std::holds_alternative<std::string>(value)) value = as_string;
   node->settings[key] = setting{std::move(value), kpos, vpos, false};
   return std::nullopt;

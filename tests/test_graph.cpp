@@ -1615,6 +1615,15 @@ TEST_CASE("outputs: unwritable outputs, two nodes saving to one path, and copies
                                                     (root / "out" / "a").string() + "', as 'output' of node 'a' does"),
                 dup.errors[0].message);
   CHECK(contains(dup.errors[0].message, "the later save would overwrite the earlier model"));
+  // the same place spelled otherwise: a trailing '/', a symbolic link to the folder
+  fs::create_directories(root / "out");
+  fs::create_directory_symlink(root / "out", root / "out_link");
+  for (const std::string& other : {(root / "out" / "a").string() + "/", (root / "out_link" / "a").string()}) {
+    CAPTURE(other);
+    auto same = load_graph(root / "g.graph", kinds, vo, {"node.b.output=" + other});
+    REQUIRE(same.errors.size() == 1);
+    CHECK(contains(same.errors[0].message, "as 'output' of node 'a' does"));
+  }
   auto below = load_graph(root / "g.graph", kinds, vo, {"node.a.output=" + (root / "a_file" / "m").string()});
   REQUIRE(below.errors.size() == 1);
   CHECK(contains(below.errors[0].message, "setting 'output' of node 'a': '" + (root / "a_file").string() +

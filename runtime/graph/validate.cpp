@@ -275,7 +275,13 @@ class validator {
       error(first_known(s.value_pos, node.pos), "setting '" + name + "' of node '" + node.name + "': " + why,
             "give " + name + " a path in a folder that can be written");
     if (name != "output" && name != "export_hf" && name != "save_lora") return;  // shared folders are by design
-    auto [it, fresh] = model_outputs_.emplace(text, std::make_tuple(node.name, name, s.value_pos));
+    // the same place however it is spelled: symbolic links in the part that exists resolved, no trailing '/'
+    std::error_code ec;
+    fs::path same = fs::weakly_canonical(fs::path(text), ec);
+    if (ec) same = fs::path(text);
+    std::string key = same.lexically_normal().string();
+    while (key.size() > 1 && key.back() == '/') key.pop_back();
+    auto [it, fresh] = model_outputs_.emplace(key, std::make_tuple(node.name, name, s.value_pos));
     if (!fresh && std::get<0>(it->second) != node.name)
       error(first_known(s.value_pos, node.pos),
             "setting '" + name + "' of node '" + node.name + "' saves to '" + text + "', as '" +

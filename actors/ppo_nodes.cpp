@@ -303,15 +303,19 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
               "token are kept (a group stays whole)")
       .in_range(1, 4096)
       .because("published GRPO runs use 4-64; a larger group is most likely a typo, and 3e9 ran out of memory");
-  // The prompt loader's token ids reach the generator, and its answers a rule reward, which decodes them: the
-  // three must read ids alike (another tokenizer on the reward scored every answer 0 without a word, and one
+  // The prompt loader's token ids reach the generator, and its answers a rule reward, which decodes them, and
+  // the models trained in the same graph (steps 1-2) read them too: all must read ids alike (another tokenizer on the reward scored every answer 0 without a word, and one
   // on the loader failed in the embedding at the first batch)
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     std::vector<graph::node_kind::problem> problems;
     const std::string mine = n.get_string("tokenizer");
     std::unique_ptr<tokenizer> tok;
     for (const auto& other : g.nodes) {
-      if (other.kind != "prompt_loader" && other.kind != "reward_function") continue;
+      // the loop's readers, and the trainers in the same graph whose models it runs (the policy from sft, the
+      // reward model from rm: they read the loop's token ids as they were trained to)
+      static const std::set<std::string> readers = {"prompt_loader", "reward_function", "sft_trainer", "rm_trainer",
+                                                    "dpo_trainer"};
+      if (!readers.count(other.kind)) continue;
       const auto* s = other.find_setting("tokenizer");
       const auto* theirs = s ? std::get_if<std::string>(&s->value) : nullptr;
       if (!theirs || theirs->empty() || *theirs == mine) continue;

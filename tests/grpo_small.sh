@@ -110,6 +110,15 @@ set -e
 [ $rc -eq 2 ] || { tail -5 "$out/tokmix.err"; fail "a reward tokenizer unlike the generator's: exit $rc, not 2"; }
 grep -qF "and node 'reward' (reward_function) with $root/tests/fixtures/hf_chat/qwen2: they differ (902 tokens against 512)" \
   "$out/tokmix.err" || { cat "$out/tokmix.err"; fail "the refusal does not name the reward's tokenizer"; }
+# and the SFT model the loop starts from (trained on another tokenizer's ids, the policy read tok512's)
+set +e
+run tokmix2 "$root/graphs/grpo.graph" --set node.sft.data="$out/addition.jsonl" \
+  --set node.sft.tokenizer="$root/tests/fixtures/hf_chat/qwen2"
+rc=$?
+set -e
+[ $rc -eq 2 ] || { tail -5 "$out/tokmix2.err"; fail "an sft tokenizer unlike the generator's: exit $rc, not 2"; }
+grep -qF "and node 'sft' (sft_trainer) with $root/tests/fixtures/hf_chat/qwen2" "$out/tokmix2.err" ||
+  { cat "$out/tokmix2.err"; fail "the refusal does not name the sft tokenizer"; }
 
 # step-3 checkpoints without a critic: a run that committed iterations 2 and 4, cut back to its
 # commit of iteration 2, resumes there and prints the uninterrupted run's lines from iteration 2 on

@@ -18,6 +18,7 @@
 
 #include "actors/dschat_common.h"
 #include "actors/node_models.h"
+#include "actors/rank_group.h"
 #include "actors/register.h"
 #include "actors/resume_check.h"
 #include "actors/rlhf_types.h"
@@ -46,6 +47,12 @@ class dschat_trainer : public actor::node {
   dschat_trainer(const char* tag, bool value_head) : tag_(tag), value_head_(value_head) {}
 
   void start(actor::node_context& ctx) final {
+    if (process_count() > 1)  // flowrun launch runs the graph in every process: P copies on the same files
+      throw std::invalid_argument(fmt::format(
+          "node '{}' runs as one replica, and flowrun launch --nproc {} runs the graph in every process: its copies "
+          "would each train on every row and write the same output and checkpoint files; run it without launch "
+          "(launch is for ranks: zero_rank, the step-3 policy and critic)",
+          ctx.name(), process_count()));
     const auto [model_path, given] = given_model(ctx);
     format_ = saved_format(given.format, value_head_);
     check_output(ctx, given, value_head_);

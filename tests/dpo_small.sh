@@ -86,4 +86,12 @@ ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 grep -q "held-out accuracy" "$out/int.log" && { echo "the held-out pass ran to its end after two SIGINTs"; exit 1; }
 [ $ms -lt 6000 ] || { echo "the run took $ms ms to stop after two SIGINTs"; exit 1; }
 echo "two SIGINTs in the held-out pass: exit 130 after $ms ms"
+# flowrun launch runs the graph in every process: a trainer of one replica is refused there (two copies
+# trained every row and wrote one output file)
+if "$flowrun" launch --nproc 2 "$root/graphs/rm.graph" --set node.rm.steps=2 --set node.rm.output="$out/rm_launch" \
+     > "$out/launch.log" 2>&1; then
+  echo "rm_trainer ran under flowrun launch --nproc 2"; exit 1
+fi
+grep -q "node 'rm' runs as one replica, and flowrun launch --nproc 2 runs the graph in every process" "$out/launch.log" ||
+  { tail -5 "$out/launch.log"; echo "the launch refusal does not say why"; exit 1; }
 echo "dpo_small: ok"

@@ -214,7 +214,8 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
                                      {"data_split", s.get_string("data_split")},
                                      {"eval_fraction", s.get_float("eval_fraction")},
                                      {"seed", s.get_int("seed")},
-                                     {"max_seq_len", s.get_int("max_seq_len")}}
+                                     {"max_seq_len", s.get_int("max_seq_len")},
+                                     {"tokenizer", resolve_user_path(s.get_string("tokenizer"), "tokenizer").string()}}
                               .dump(2) +
                           "\n");
   }

@@ -152,4 +152,10 @@ if "$flowrun" generate --model "$m" --tokenizer model/stories260K/tok512.model -
   2> "$out/gen2.err"; then fail "generate with a tokenizer larger than the model was not refused"; fi
 grep -qF "the tokenizer model/stories260K/tok512.model has 512 tokens, and the model $m has 400 embedding rows: it is not the model's tokenizer; give the model's own with --tokenizer" \
   "$out/gen2.err" || { cat "$out/gen2.err"; fail "the refusal does not name the tokenizer, the model and the fix"; }
+# eval prompts answers both models from one tokenization: two models of other tokenizers are refused (the
+# first folder's tokenizer read stories260K's prompts, exit 0)
+if "$flowrun" eval prompts --baseline "$m" --finetuned model/stories260K/stories260K.bin --n 1 --max_new_tokens 4 \
+  > "$out/ev2.log" 2> "$out/ev2.err"; then fail "eval prompts took two models of other tokenizers"; fi
+grep -qF "the baseline $m reads text with the tokenizer $m and the fine-tuned model/stories260K/stories260K.bin with" \
+  "$out/ev2.err" || { cat "$out/ev2.err"; fail "the refusal does not name both models' tokenizers"; }
 echo "hf_trainers_small: ok"

@@ -26,6 +26,8 @@ evaled=$(sed -nE 's/^held-out pairs ([0-9]+): accuracy ([0-9.]+) .*/\1 \2/p' "$o
 [ -n "$trained" ] && [ "$trained" = "$evaled" ] ||
   { cat "$out/eval_rm" "$out/eval_rm.err"; echo "eval reward scored other pairs than rm_trainer's: '$evaled' vs '$trained'"; exit 1; }
 echo "eval reward: $evaled (pairs, accuracy), as rm_trainer's held-out pass"
+grep -q "tokenizer: .*tok512.model (the one the model trained with, from $out/rm/flowrun_data.json)" "$out/eval_rm.err" ||
+  { cat "$out/eval_rm.err"; echo "eval reward did not take the tokenizer the reward model trained with"; exit 1; }
 # what the eval tools refuse before any work, naming the fix (they failed mid-way, printed nothing with
 # exit 0, or spoke of internal names)
 refused() {  # WANT COMMAND...: exit status 1 or 2 and WANT on stderr

@@ -124,7 +124,20 @@ void add_eval(CLI::App& app) {
                "render the prompts with the chat template of the --tokenizer HF folder, as prompt_loader's "
                "apply_chat_template does");
   pr->callback([o, pr_tok] {
-    o->tokenizer = tokenizer_for({o->finetuned, o->baseline}, o->tokenizer, pr_tok->count() > 0);
+    if (pr_tok->count() == 0) {  // each model's own: one tokenization serves both, so they must agree
+      const std::string t_tuned = tokenizer_for({o->finetuned}, o->tokenizer, false);
+      const std::string t_base = tokenizer_for({o->baseline}, o->tokenizer, false);
+      if (t_tuned != t_base) {
+        const std::string why = tokenizer_difference(*load_tokenizer(resolve_user_path(t_base, "tokenizer").string()),
+                                                     *load_tokenizer(resolve_user_path(t_tuned, "tokenizer").string()));
+        if (!why.empty())
+          throw std::invalid_argument(fmt::format(
+              "the baseline {} reads text with the tokenizer {} and the fine-tuned {} with {}: they differ ({}); "
+              "eval prompts answers both from one tokenization of the prompts: compare models of one tokenizer",
+              o->baseline, t_base, o->finetuned, t_tuned, why));
+      }
+      o->tokenizer = t_tuned;
+    }
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
     if (o->n < 1) throw std::invalid_argument("--n must be >= 1");
@@ -208,6 +221,18 @@ void add_eval(CLI::App& app) {
       if (rw_frac->count() == 0) r->eval_fraction = j.value("eval_fraction", r->eval_fraction);
       if (rw_seed->count() == 0) r->seed = j.value("seed", r->seed);
       if (rw_len->count() == 0) r->max_seq_len = j.value("max_seq_len", r->max_seq_len);
+      // the tokenizer it trained with (a flowrun folder holds none of its own)
+      if (const std::string t = j.value("tokenizer", std::string()); !t.empty() && std::filesystem::exists(t)) {
+        if (rw_tok->count() == 0 && !folder_has_tokenizer(rec.parent_path().string())) {
+          r->tokenizer = t;
+          spdlog::info("tokenizer: {} (the one the model trained with, from {})", t, rec.string());
+        } else if (const std::string why = tokenizer_difference(*load_tokenizer(t), *load_tokenizer(
+                       resolve_user_path(r->tokenizer, "tokenizer").string()));
+                   !why.empty()) {
+          spdlog::warn("the tokenizer {} is not the one the model trained with, {} ({}): its scores read other ids",
+                       r->tokenizer, t, why);
+        }
+      }
       spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {} ({} recorded "
                    "the training's; options given win)",
                    r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, rec.string());

@@ -1615,6 +1615,18 @@ TEST_CASE("outputs: unwritable outputs, two nodes saving to one path, and copies
                                                     (root / "out" / "a").string() + "', as 'output' of node 'a' does"),
                 dup.errors[0].message);
   CHECK(contains(dup.errors[0].message, "the later save would overwrite the earlier model"));
+  // two settings of one node saving to one place (a LoRA adapter and the merged model in one folder)
+  kinds.register_kind(node_kind{"two_saver", "saves two models"}
+                          .input("items", "text")
+                          .option("export_hf", setting_type::output, std::string(""), "the merged model")
+                          .option("save_lora", setting_type::output, std::string(""), "the adapter"));
+  auto both = load_graph(root / "g.graph", kinds, vo,
+                         {"node.a.kind=two_saver", "node.a.export_hf=" + (root / "out" / "x").string(),
+                          "node.a.save_lora=" + (root / "out" / "x").string()});
+  CHECK(std::any_of(both.errors.begin(), both.errors.end(), [](const graph_error& e) {
+    return contains(e.message, "setting 'save_lora' of node 'a' saves to") &&
+           contains(e.message, "as 'export_hf' of node 'a' does");
+  }));
   // the same place spelled otherwise: a trailing '/', a symbolic link to the folder
   fs::create_directories(root / "out");
   fs::create_directory_symlink(root / "out", root / "out_link");

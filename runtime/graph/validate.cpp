@@ -282,7 +282,7 @@ class validator {
     std::string key = same.lexically_normal().string();
     while (key.size() > 1 && key.back() == '/') key.pop_back();
     auto [it, fresh] = model_outputs_.emplace(key, std::make_tuple(node.name, name, s.value_pos));
-    if (!fresh && std::get<0>(it->second) != node.name)
+    if (!fresh)  // another node's, or another setting of this node (export_hf and save_lora in one folder)
       error(first_known(s.value_pos, node.pos),
             "setting '" + name + "' of node '" + node.name + "' saves to '" + text + "', as '" +
                 std::get<1>(it->second) + "' of node '" + std::get<0>(it->second) + "' does" +

@@ -2,13 +2,18 @@
 #include "actors/dschat_common.h"
 #include "actors/resume_check.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "models/safetensors.h"
 #include "runtime/util/assets.h"
@@ -41,6 +46,26 @@ static std::string settings_fingerprint(const graph::node_spec& n) {
   return fmt::format("{:016x}", graph::fnv1a64(n.kind + "\n" + settings_record(n, {}).dump()));
 }
 
+// An output's state on disk (each regular file's relative path, size and modification time), recorded in
+// the done marker: a rerun takes the output only while it is the one the node wrote (a file replaced by
+// hand, or by another graph's node, was taken for the trained model).
+static std::string output_state(const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> parts;
+  auto add = [&](const fs::path& p, const std::string& rel) {
+    parts.push_back(fmt::format("{}:{}:{}", rel, fs::file_size(p, ec), fs::last_write_time(p, ec).time_since_epoch().count()));
+  };
+  if (fs::is_regular_file(out, ec)) {
+    add(out, ".");
+  } else if (fs::is_directory(out, ec)) {
+    for (const auto& e : fs::recursive_directory_iterator(out, ec))
+      if (e.is_regular_file(ec)) add(e.path(), fs::relative(e.path(), out, ec).string());
+  }
+  std::sort(parts.begin(), parts.end());
+  return fmt::format("{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
+}
+
 void throw_all_pairs_identical(const actor::node_context& ctx, int64_t pairs, const dschat::tokenize_settings& ts,
                                int64_t max_seq_len) {
   const bool cut_end = ts.truncation == dschat::truncation_mode::end;
@@ -56,7 +81,7 @@ void throw_all_pairs_identical(const actor::node_context& ctx, int64_t pairs, co
 void write_run_marker(const actor::node_context& ctx, const std::string& out, const std::string& exact) {
   if (!ctx.checkpoint_dir().empty()) {
     std::filesystem::create_directories(ctx.checkpoint_dir());
-    nlohmann::json j{{"output", out}, {"settings", settings_fingerprint(ctx.spec())}};
+    nlohmann::json j{{"output", out}, {"settings", settings_fingerprint(ctx.spec())}, {"output_state", output_state(out)}};
     if (!exact.empty()) j["exact"] = exact;
     write_text_atomic(done_marker(ctx), j.dump() + "\n");
   }
@@ -79,6 +104,12 @@ static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::
       if (f) {
         const auto j = nlohmann::json::parse(f);
         if (j.value("output", std::string()) == out && j.value("settings", std::string()) == settings_fingerprint(ctx.spec())) {
+          if (j.contains("output_state") && j["output_state"] != output_state(out)) {
+            spdlog::warn("node '{}': {} changed since the run that wrote it and {} (its files' sizes or times): "
+                         "it is trained again",
+                         ctx.name(), out, done_marker(ctx));
+            return false;
+          }
           const std::string e = j.value("exact", std::string());
           if (!e.empty() && !std::filesystem::exists(e)) return false;  // the exact copy is gone: train again
           exact = e;

@@ -157,4 +157,13 @@ grep -q "^\[step 1 sft\] resumed: " "$out/e2.log" || fail "the rerun trained the
 grep -q "^\[step 1 sft\] step " "$out/e2.log" && fail "the rerun printed step 1 updates"
 grep -q "held-out mean reward" "$out/e2.log" || fail "the rerun did not print step 3's results"
 echo "LoRA step 1: not trained again on the rerun ($(grep -c 'resumed:' "$out/e2.log") steps taken as saved)"
+# an output replaced since (here by the base model) is not taken for the trained one: step 1 trains again,
+# to the same weights, so step 3 still finds the weights it committed with
+cp "$a/model/stories260K/stories260K.bin" "$out/e/sft.bin"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") "${lora[@]}" > "$out/e3.log" 2> "$out/e3.err" ||
+  { tail -20 "$out/e3.err"; fail "the rerun after the output was replaced failed"; }
+grep -q "^\[step 1 sft\] resumed: " "$out/e3.log" && fail "a replaced step-1 output was taken as the trained model"
+grep -q "node 'sft': $out/e/sft.bin changed since the run that wrote it" "$out/e3.err" ||
+  { grep -i warn "$out/e3.err" | head -3; fail "no line says the output changed"; }
+grep -q "held-out mean reward" "$out/e3.log" || fail "step 3 did not print its results after step 1 trained again"
 echo "dschat_resume_small: ok"

@@ -59,13 +59,10 @@ std::string data_fingerprint(const std::string& path) {
   }
   std::ifstream f(path, std::ios::binary);
   std::vector<char> buf(1 << 20);
-  std::uint64_t h = 0xcbf29ce484222325ull;
+  std::uint64_t h = graph::fnv1a64_basis;
   while (f) {
     f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    for (std::streamsize i = 0; i < f.gcount(); ++i) {
-      h ^= static_cast<unsigned char>(buf[static_cast<size_t>(i)]);
-      h *= 0x100000001b3ull;
-    }
+    h = graph::fnv1a64(std::string_view(buf.data(), static_cast<size_t>(f.gcount())), h);
   }
   std::string fp = fmt::format("fnv1a:{:016x}", h);
   std::lock_guard<std::mutex> lock(m);

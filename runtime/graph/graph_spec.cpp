@@ -182,8 +182,7 @@ node_spec* graph_spec::find_node(std::string_view n) {
   return nullptr;
 }
 
-std::uint64_t fnv1a64(std::string_view s) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
+std::uint64_t fnv1a64(std::string_view s, std::uint64_t h) {
   for (unsigned char c : s) {
     h ^= c;
     h *= 0x100000001b3ull;

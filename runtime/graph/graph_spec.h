@@ -261,8 +261,11 @@ struct graph_spec {
   node_spec* find_node(std::string_view name);
 };
 
-/// 64-bit FNV-1a hash of the bytes of `s`.
-std::uint64_t fnv1a64(std::string_view s);
+/// FNV-1a's 64-bit offset basis: the hash of no bytes.
+inline constexpr std::uint64_t fnv1a64_basis = 0xcbf29ce484222325ull;
+/// 64-bit FNV-1a hash of the bytes of `s`, continuing from `h` (the hash of the bytes before them),
+/// so that a stream hashed in pieces equals the whole hashed at once.
+std::uint64_t fnv1a64(std::string_view s, std::uint64_t h = fnv1a64_basis);
 
 /// One step of the splitmix64 generator: a bijective mix of `x`.
 std::uint64_t splitmix64(std::uint64_t x);

@@ -372,6 +372,11 @@ class frozen_scorer final : public actor::node {
     group_ = join_rank_group(ctx);
     if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
     stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
+    const std::string dt = ctx.spec().get_string("dtype");
+    if (dt != "fp32" && dt != "bf16" && dt != "fp16")
+      throw std::invalid_argument("node '" + ctx.name() + "': dtype = \"" + dt +
+                                  "\" is none of fp32, bf16, fp16 (DS-Chat's --dtype); set it as the policy's");
+    precision_ = dt == "bf16" ? dtype::bf16 : dt == "fp16" ? dtype::f16 : dtype::f32;
   }
 
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
@@ -388,11 +393,15 @@ class frozen_scorer final : public actor::node {
       }
       if (reward_ && !model_->has_value_head())
         throw std::invalid_argument("node '" + ctx.name() + "': the reward model needs a value head (rm_trainer's output)");
-      if (stage_ == 3) {  // the engine only partitions and gathers: nothing trains
+      if (stage_ == 3) {  // the engine only partitions and gathers (in the working precision): nothing trains
         model_->set_base_trainable(false);
         zero_settings zs;
         zs.stage = 3;
+        zs.precision = precision_;
         engine_ = std::make_unique<zero_engine>(*model_, *group_.comm, zs);
+      } else if (precision_ != dtype::f32) {  // DS-Chat's eval engine in bf16 / fp16: the base weights rounded
+        tensor& flat = model_->w().flat;  // (the engine's rule: the adapter buffer, v_head included, stays fp32)
+        flat.copy_from(flat.to(precision_).to(dtype::f32));
       }
       if (group_.rank == 0) ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {})", model_->config().summary(),
                                            group_.world, stage_);
@@ -409,6 +418,10 @@ class frozen_scorer final : public actor::node {
         // GRPO / RLOO groups (group_size answers per prompt): the reference runs each prompt once
         // (not at ZeRO-3, whose ranks must gather layers in step: one forward each)
         const bool share = !reward_ && r->group_size > 1 && !engine_;
+        // bf16: the products' inputs in bf16 too (ops::matmul_precision; fp16 computes in fp32)
+        ops::matmul_precision_scope gemm(engine_                       ? engine_->compute_precision()
+                                         : precision_ == dtype::bf16 ? ops::matmul_precision::bf16
+                                                                     : ops::get_matmul_precision());
         out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
           return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask)
                  : share ? ppo::shared_prompt_logprobs(*model_, acts_, seq, mask, r->exp->prompts.size(1))
@@ -429,6 +442,7 @@ class frozen_scorer final : public actor::node {
  private:
   bool reward_;
   int stage_ = 0;
+  dtype precision_ = dtype::f32;  // the dtype setting: the weights' working precision
   rank_group group_;
   std::shared_ptr<decoder> model_;
   std::unique_ptr<zero_engine> engine_;
@@ -446,6 +460,9 @@ void register_frozen_scorers(graph::node_kind_registry& kinds, actor::node_facto
              "shard); 3: the weights are sharded over the replicas and each layer gathered when it runs "
              "(DS-Chat's reference / reward model under ZeRO-3)")
         .in_range(0, 3);
+    k.option("dtype", T::string, std::string("fp32"),
+             "fp32, bf16 or fp16: the weights rounded to it, and bf16 products in bf16 (DS-Chat runs the reference "
+             "and reward models in its --dtype, as the policy and critic)");
     add_rank_group_settings(k);
     k.input("init", "model", "the model this node starts from (copied)")
         .input("rollouts", "rollouts", "sequences to score")
@@ -689,6 +706,8 @@ class ppo_trainer final : public actor::node {
     score_msg out;
     out.rollouts = r;
     if (r->exp) {
+      // the precision of the update whose forward this stands for (bf16 products in a bf16 model)
+      ops::matmul_precision_scope gemm(engine_.engine->compute_precision());
       out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
         activations& a = engine_.engine->forward_activations();
         return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
@@ -736,6 +755,7 @@ class ppo_trainer final : public actor::node {
       auto e = std::make_shared<ppo::experience>(*x->exp);  // tensor handles
       ctx.metric("proximal_recomputed");
       ctx.phase("proximal_logprobs");
+      ops::matmul_precision_scope gemm(engine_.engine->compute_precision());
       e->logprobs = score_on_ranks(group_, *e, [&](const tensor& seq, const tensor& mask) {
         return ppo::sequence_logprobs(*model_, engine_.engine->forward_activations(), seq, mask);
       });

@@ -207,8 +207,9 @@ def main():
                    "TRL samples/s (median) | flowrun / TRL: median (min-max) | answer length (flowrun; TRL 32) |")
         out.append("|---|---|---|---|---|")
         for d in trl:
-            ratios[f'ppo {d["model"]} / trl'] = d["ratio_median"]
-            out.append(f'| {d["model"]}, {d["batch"]} prompts x {d["prompt_len"]} + {d["answer_len"]} tokens, '
+            bf16 = d.get("dtype", "fp32") == "bf16"  # a separate measure: both sides in bf16 (--dtype bf16)
+            ratios[f'ppo {d["model"]}{" bf16" if bf16 else ""} / trl'] = d["ratio_median"]
+            out.append(f'| {d["model"]}{", bf16 on both" if bf16 else ""}, {d["batch"]} prompts x {d["prompt_len"]} + {d["answer_len"]} tokens, '
                        f'trl {d["trl_version"]} | {d["flowrun_samples_per_s_median"]:.2f} | '
                        f'{d["trl_samples_per_s_median"]:.2f} | {d["ratio_median"]:.2f}x ({d["ratio_min"]:.2f}-'
                        f'{d["ratio_max"]:.2f}, {d["pairs"]} pairs) | {d["flowrun_answer_len_mean"]:.1f} |')

@@ -199,6 +199,8 @@ def trl_pass(hf, out, iterations, threads):
 
 def main():
     a, out, h = start("A GRPO iteration in flowrun and in TRL's GRPOTrainer, side by side")
+    if a.dtype != "fp32":
+        sys.exit("trl_grpo: --dtype bf16 is measured for PPO only (bench/trl_ppo.py); GRPO runs in fp32")
     for name in a.models.split(","):
         policy, _, hf = make_models(a.flowrun, out, name)  # the PPO bench's models (its reward model unused)
         work = os.path.join(out, "grpo_" + name)

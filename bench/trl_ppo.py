@@ -19,6 +19,9 @@ Both sides get the same model, the same shapes and the same PPO settings:
   per_device_training_batch_size = 8, ppo_epochs = 1; TRL: per_device_train_batch_size = 8,
   num_mini_batches = 1, num_ppo_epochs = 1, local_rollout_forward_batch_size = 8);
   kl 0.1, cliprange 0.2, gamma 1, lam 0.95, learning rate 1e-4, fp32, 2 threads.
+--dtype bf16 runs both in bf16 instead: flowrun with dtype = bf16 on the policy, critic, reference
+and reward models (fp32 masters, bf16 weights and products: runtime/kernels/cpu/gemm_bf16.h), TRL
+with bf16=True (accelerate's torch.autocast(bfloat16) on the CPU, fp32 weights).
 What could not be made equal (listed in the output and in docs/performance.md):
 - the reward and value models: flowrun's step-2 reward model (a few rm_trainer steps from the same
   base) versus TRL's AutoModelForSequenceClassification of the same base with a fresh score head;
@@ -111,9 +114,10 @@ def make_models(flowrun, out, name):
     return hf, rm, hf
 
 
-def flowrun_pass(flowrun, policy, rm, out, iterations):
+def flowrun_pass(flowrun, policy, rm, out, iterations, dtype="fp32"):
     """One flowrun run of graphs/ppo.graph: the seconds between consecutive iteration lines."""
-    cmd = [flowrun, os.path.join(ROOT, "graphs/ppo.graph"), "--no-progress", "--set", "graph.checkpoint_dir=",
+    precision = [x for n in ("policy", "critic", "reference", "reward") for x in ("--set", f"node.{n}.dtype={dtype}")]
+    cmd = [flowrun, os.path.join(ROOT, "graphs/ppo.graph"), "--no-progress", *precision, "--set", "graph.checkpoint_dir=",
            "--set", f"node.actor_model.model={policy}", "--set", f"node.reward_model.model={rm}",
            "--set", f"node.prompts.iterations={iterations}", "--set", "node.prompts.eval_prompts=8",
            "--set", f"node.prompts.max_prompt_seq_len={PROMPT_LEN}",
@@ -144,7 +148,7 @@ def iteration_intervals(cmd):
     return [b - a for a, b in zip(stamps, stamps[1:])], statistics.mean(lens) if lens else float("nan")
 
 
-def trl_pass(hf, out, iterations, threads):
+def trl_pass(hf, out, iterations, threads, dtype="fp32"):
     """One TRL PPOTrainer run: the seconds between consecutive on_step_end calls."""
     import torch
     from datasets import Dataset
@@ -177,8 +181,8 @@ def trl_pass(hf, out, iterations, threads):
                     gradient_accumulation_steps=1, num_mini_batches=1, local_rollout_forward_batch_size=BATCH,
                     num_ppo_epochs=1, total_episodes=BATCH * iterations, response_length=ANSWER_LEN, temperature=1.0,
                     learning_rate=1e-4, kl_coef=0.1, cliprange=0.2, gamma=1.0, lam=0.95, num_sample_generations=0,
-                    report_to=[], save_strategy="no", logging_steps=10**6, use_cpu=True, bf16=False, fp16=False,
-                    seed=1234, disable_tqdm=True)
+                    report_to=[], save_strategy="no", logging_steps=10**6, use_cpu=True, bf16=dtype == "bf16",
+                    fp16=False, seed=1234, disable_tqdm=True)
     with contextlib.redirect_stdout(sys.stderr):  # TRL prints its metrics: keep stdout to JSON lines
         PPOTrainer(args=cfg, processing_class=tok, model=pol, ref_model=ref, reward_model=rm, value_model=vm,
                    train_dataset=Dataset.from_dict({"input_ids": ids}), callbacks=[Stamp()]).train()
@@ -227,6 +231,8 @@ def start(description):
     ap.add_argument("--models", default="stories260K,llama6m")
     ap.add_argument("--quick", action="store_true", help="1 pair of 3 iterations")
     ap.add_argument("--baseline", default="", help="a second flowrun binary measured in the same rounds")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="both sides in this precision (bf16: flowrun's dtype = bf16, TRL's bf16=True)")
     a = ap.parse_args()
     if a.quick:
         a.pairs, a.iterations = 1, 3
@@ -249,7 +255,7 @@ def result(kind, name, a, h, rows, rounds, **extra):
         "baseline_ratio_max": max(bratios)}
     return json.dumps({
         "kind": kind, "model": name, "pairs": a.pairs, "iterations": a.iterations, "threads": a.threads,
-        "batch": rows, **extra, "flowrun_s_per_iter": fr, "trl_s_per_iter": tr,
+        "batch": rows, "dtype": a.dtype, **extra, "flowrun_s_per_iter": fr, "trl_s_per_iter": tr,
         "flowrun_samples_per_s_median": rows / statistics.median(fr),
         "trl_samples_per_s_median": rows / statistics.median(tr),
         "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -264,8 +270,9 @@ def main():
 
         def one(side):
             if side == "trl":
-                return trl_pass(hf, out, a.iterations, a.threads), None
-            return flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, policy, rm, out, a.iterations)
+                return trl_pass(hf, out, a.iterations, a.threads, a.dtype), None
+            return flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, policy, rm, out, a.iterations,
+                                a.dtype)
         rounds = pair_rounds(name, a.pairs, a.baseline, one)
         print(result("trl_ppo", name, a, h, BATCH, rounds, prompt_len=PROMPT_LEN, answer_len=ANSWER_LEN), flush=True)
 

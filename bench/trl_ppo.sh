@@ -9,6 +9,7 @@
 #                            tok512.model through it), trl 1.12 (the last
 #                            release with PPOTrainer, under trl.experimental.ppo) installed from PyPI if missing
 #   BASELINE=OTHER/bin/flowrun  a second flowrun (e.g. main's build) measured in the same rounds (before/after)
+#   DTYPE=bf16                  both sides in bf16 (flowrun's dtype = bf16 on its four models, TRL's bf16=True); PPO only
 # Prints the host line and one JSON line per model; the per-pair figures go to stderr.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,5 +29,5 @@ mkdir -p "$out"
 for algo in ${algos//,/ }; do
   case "$algo" in ppo|grpo) ;; *) echo "trl_ppo: ALGOS takes ppo and grpo, not '$algo'" >&2; exit 2 ;; esac
   "$venv/bin/python" "$root/bench/trl_$algo.py" --flowrun "$build/bin/flowrun" --out "$out" --pairs "$pairs" \
-    --models "$models" ${BASELINE:+--baseline "$BASELINE"} | tee -a "$out/results.jsonl"
+    --models "$models" ${BASELINE:+--baseline "$BASELINE"} ${DTYPE:+--dtype "$DTYPE"} | tee -a "$out/results.jsonl"
 done

@@ -1397,3 +1397,88 @@ TEST_CASE("cpu gemm, small op(B) (the packed kernel): a team gives the one-threa
   }
   ops::set_thread_budget(hw);
 }
+
+// The float64 value of a float rounded to bf16 (round to nearest even), as the bf16 products read it.
+static double bf16_of(float v) { return static_cast<double>(bf16_to_float(float_to_bf16(v))); }
+
+TEST_CASE("cpu gemm, bf16 precision: bf16 inputs and fp32 accumulation where the CPU has bf16, fp32 elsewhere") {
+  // C = alpha op(A) op(B) + beta C under ops::matmul_precision::bf16, every transpose, leading dims
+  // wider than the rows, against float64 on the bf16-rounded inputs (runtime/kernels/cpu/gemm_bf16.h);
+  // one product on a thread alone and one on a team (above cpu_gemm::k_par_macs)
+  std::mt19937 rng(37);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const bool native = ops::cpu_bf16_matmul();
+  MESSAGE("bf16 products on this CPU: " << (native ? "yes (oneDNN)" : "no: the setting is ignored"));
+  const float alpha = 0.7f, beta = 0.3f;
+  for (const auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{7, 9, 13}, {200, 300, 250}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        CAPTURE(M);
+        CAPTURE(ta);
+        CAPTURE(tb);
+        const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+        std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C0(M * ldc);
+        for (auto* v : {&A, &B, &C0})
+          for (auto& x : *v) x = nd(rng);
+        auto a_at = [&](int64_t i, int64_t k) { return ta ? A[k * lda + i] : A[i * lda + k]; };
+        auto b_at = [&](int64_t k, int64_t j) { return tb ? B[j * ldb + k] : B[k * ldb + j]; };
+        std::vector<float> C = C0, F = C0;
+        {
+          ops::matmul_precision_scope bf16(ops::matmul_precision::bf16);
+          cpu_backend().gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+        }
+        cpu_backend().gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, F.data(), ldc);
+        double worst16 = 0, worst32 = 0;  // against the rounded inputs, and against the fp32 inputs
+        int64_t same_as_f32 = 0;
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double s16 = 0, s32 = 0, absum = std::fabs(beta * C0[i * ldc + j]);
+            for (int64_t k = 0; k < K; ++k) {
+              s16 += bf16_of(a_at(i, k)) * bf16_of(b_at(k, j));
+              s32 += double(a_at(i, k)) * b_at(k, j);
+              absum += std::fabs(alpha * double(a_at(i, k)) * b_at(k, j));
+            }
+            const double c0 = beta * double(C0[i * ldc + j]), got = C[i * ldc + j];
+            worst16 = std::max(worst16, std::fabs(got - (alpha * s16 + c0)) / absum);
+            worst32 = std::max(worst32, std::fabs(got - (alpha * s32 + c0)) / absum);
+            same_as_f32 += C[i * ldc + j] == F[i * ldc + j];
+          }
+        for (int64_t i = 0; i < M; ++i)  // the padding between rows is left alone
+          for (int64_t j = N; j < ldc; ++j) CHECK(C[i * ldc + j] == C0[i * ldc + j]);
+        if (native) {
+          CHECK_MESSAGE(worst16 < 1e-5, "against float64 on the bf16 inputs: " << worst16);
+          CHECK_MESSAGE(worst32 > 1e-4, "looks like fp32 products (" << worst32 << "): inputs not rounded?");
+        } else {
+          CHECK(same_as_f32 == M * N);
+        }
+      }
+  // batched small products run on an OpenMP team whose threads start at f32: they take the caller's setting
+  auto a = randn({16, 24, 40}), b = randn({16, 40, 12});
+  auto out = tensor::empty({16, 24, 12});
+  {
+    ops::matmul_precision_scope bf16(ops::matmul_precision::bf16);
+    ops::matmul_batched(out, a, b, false, false);
+  }
+  const vecd av = dvec(a), bv = dvec(b), ov = dvec(out);
+  double worst16 = 0, worst32 = 0;
+  for (int64_t t = 0; t < 16; ++t)
+    for (int64_t i = 0; i < 24; ++i)
+      for (int64_t j = 0; j < 12; ++j) {
+        double s16 = 0, s32 = 0, absum = 0;
+        for (int64_t k = 0; k < 40; ++k) {
+          const double x = av[(t * 24 + i) * 40 + k], y = bv[(t * 40 + k) * 12 + j];
+          s16 += bf16_of(static_cast<float>(x)) * bf16_of(static_cast<float>(y));
+          s32 += x * y;
+          absum += std::fabs(x * y);
+        }
+        const double got = ov[(t * 24 + i) * 12 + j];
+        worst16 = std::max(worst16, std::fabs(got - s16) / absum);
+        worst32 = std::max(worst32, std::fabs(got - s32) / absum);
+      }
+  if (native) {
+    CHECK_MESSAGE(worst16 < 1e-5, "batched, against float64 on the bf16 inputs: " << worst16);
+    CHECK_MESSAGE(worst32 > 1e-4, "batched: some items were fp32 products (" << worst32 << ")");
+  } else {
+    CHECK(worst32 < 1e-5);
+  }
+}

@@ -52,6 +52,7 @@ struct run_spec {
   std::string resume_from;  // a checkpoint folder to continue from
   dtype precision = dtype::f32;
   int fp16_scale_power = -1;  // >= 0: fp16 with a dynamic loss scaler starting at 2^power
+  bool bf16_matmul = true;     // zero_settings::bf16_matmul
   std::function<void(decoder&)> prepare;
 };
 
@@ -74,6 +75,7 @@ run_result run_spec_ranks(const run_spec& sp) {
     s.adamw.lr = sp.lr;
     s.adamw.weight_decay = 0.1f;
     s.precision = sp.precision;
+    s.bf16_matmul = sp.bf16_matmul;
     if (sp.fp16_scale_power >= 0)
       s.loss_scaler = std::make_shared<dynamic_loss_scaler>(parse_ds_config(
           R"({"train_batch_size": 8, "fp16": {"enabled": true, "initial_scale_power": )" +
@@ -346,6 +348,31 @@ TEST_CASE("zero: bf16 keeps fp32 masters, halves the bytes, and follows the fp32
     CHECK(ratio == doctest::Approx(0.5).epsilon(0.01));
     CHECK(r.mem[0].param_bytes > 0);
   }
+}
+
+TEST_CASE("zero: bf16 products on a CPU with bf16 (bf16_matmul), fp32 products on the rounded weights elsewhere") {
+  // the same bf16 run with the engine's GEMMs in bf16 (the default) and in fp32: where the CPU multiplies
+  // bf16 (ops::cpu_bf16_matmul) the activations are rounded too, so the curves part, but stay close;
+  // elsewhere the setting is ignored and both runs give the same bits
+  run_spec sp;
+  sp.stage = 2;
+  sp.world = 2;
+  sp.precision = dtype::bf16;
+  sp.steps = 6;
+  auto on = run_spec_ranks(sp);
+  sp.bf16_matmul = false;
+  auto off = run_spec_ranks(sp);
+  double worst = 0;
+  for (int64_t i = 0; i < sp.steps; ++i) worst = std::max(worst, std::abs(on.loss[i] - off.loss[i]));
+  MESSAGE("bf16 products " << std::string(ops::cpu_bf16_matmul() ? "on this CPU" : "not on this CPU") << ": max |loss difference| "
+                           << worst << " over " << sp.steps << " steps; last loss " << on.loss.back());
+  if (ops::cpu_bf16_matmul()) {
+    CHECK(worst > 0);
+    CHECK(worst < 0.03);
+  } else {
+    CHECK(worst == 0);
+  }
+  CHECK(on.loss.back() < on.loss.front());
 }
 
 TEST_CASE("zero: fp16 with dynamic loss scaling skips overflowing steps, lowers the scale, and trains") {

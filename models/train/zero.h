@@ -63,17 +63,17 @@ struct zero_settings {
   /// Mixed precision (DeepSpeed's "bf16" / "fp16" sections): the working
   /// parameters are the fp32 master rounded to this type, parameters travel and
   /// gradients are reduced in it (DeepSpeed's communication_data_type default);
-  /// the master weights, AdamW moments and the update stay fp32. The CPU kernels
-  /// compute in f32 on the rounded values. f32 = full precision.
+  /// the master weights, AdamW moments and the update stay fp32. The kernels compute
+  /// in f32 on the rounded values, but for bf16's GEMMs (bf16_matmul). f32 = full precision.
   dtype precision = dtype::f32;
   /// fp16 only: the loss scaler (DeepSpeed's DynamicLossScaler, or a static
   /// scale); the engine scales dloss, unscales the reduced gradients, skips a
   /// step whose gradients overflowed and updates the scale. Null: no scaling.
   std::shared_ptr<dynamic_loss_scaler> loss_scaler;
-  /// bf16 on a CUDA model: forward and backward run their GEMMs with bf16 inputs and
-  /// fp32 accumulation (ops::set_matmul_precision(bf16), for the engine's calls only);
-  /// false: fp32 GEMMs on the bf16-rounded weights, as on the CPU (whose GEMMs ignore
-  /// the setting). No effect for f32/f16 or on the CPU.
+  /// bf16: forward and backward run their GEMMs with bf16 inputs and fp32 accumulation
+  /// (ops::set_matmul_precision(bf16), for the engine's calls only), on CUDA and on a CPU
+  /// with bf16 dot products (ops::cpu_bf16_matmul(); other CPUs ignore the setting);
+  /// false: fp32 GEMMs on the bf16-rounded weights. No effect for f32/f16.
   bool bf16_matmul = true;
   /// Ranges [begin, end) of the flat base buffer whose gradients are zeroed after the
   /// reduction, before the norm, the clip and the step (DeepSpeed-Chat's
@@ -235,6 +235,10 @@ class zero_engine : private param_hooks {
   /// (the PPO trainers score the rows they then train on: ppo::actor_batch_loss's `scored`), which
   /// also saves allocating activations of its own; the next train_step overwrites them.
   activations& forward_activations() { return act_; }
+  /// The matmul precision of the engine's forwards and backwards (zero_settings::bf16_matmul):
+  /// bf16 for a bf16 model with bf16_matmul, else the calling thread's. A forward-only pass that
+  /// stands for a train_step's forward (the PPO trainers' scoring) runs under it too.
+  ops::matmul_precision compute_precision() const;
 
   // ---- checkpoint state: this rank's pieces, compact (padding left out)
   /// Real element ranges [begin, end) of the flat base buffer this rank owns, in shard order.
@@ -275,7 +279,6 @@ class zero_engine : private param_hooks {
   void reduce_scatter_block(const tensor& send, tensor& dst);
   bool grads_overflowed();
   void zero_frozen_grads();
-  ops::matmul_precision compute_precision() const;
   void round_working_params();
   void reduce_grads_stage01();
   void optimizer_step(double lr, double clip_coef);

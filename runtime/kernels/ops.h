@@ -59,7 +59,10 @@ void matmul(tensor& out, const tensor& a, const tensor& b, bool trans_a, bool tr
 ///    scratch memory and multiplied by cublasGemmEx / cublasGemmStridedBatchedEx with
 ///    bf16 inputs, fp32 output and fp32 accumulation (CUBLAS_COMPUTE_32F); alpha, beta
 ///    and the output stay fp32. Expect ~1e-2 norm-wise relative error against fp32.
-///    The CPU backend ignores the setting (its GEMMs stay fp32).
+///    On the CPU the same: op(a) and op(b) rounded to bf16, oneDNN's bf16 matmul, fp32
+///    accumulation (runtime/kernels/cpu/gemm_bf16.h), where the CPU has bf16 dot products
+///    (cpu_bf16_matmul(): AVX512_BF16, AMX); elsewhere the CPU backend ignores the setting
+///    (its GEMMs stay fp32, as emulated bf16 would be slower).
 /// Only GEMMs use it; attention, norms, losses and optimizer math stay fp32.
 /// The setting is per thread (like set_thread_budget); threads start at f32.
 enum class matmul_precision : uint8_t { f32, bf16 };
@@ -266,5 +269,9 @@ std::vector<op_time> profile_stop();
 /// The CPU backend's GEMM library, its version and the kernels it runs on this
 /// CPU (runtime/kernels/cpu/gemm.h), e.g. "oneDNN 2.6.3 dnnl_sgemm, ISA avx512_core".
 std::string cpu_gemm_library();
+/// Whether the CPU backend honours matmul_precision::bf16: a oneDNN build on a CPU with bf16
+/// dot products (AVX512_BF16 or AMX; runtime/kernels/cpu/gemm_bf16.h). Where false it ignores
+/// the setting and its products stay fp32. Fixed for the process.
+bool cpu_bf16_matmul();
 
 }  // namespace flowrun::ops

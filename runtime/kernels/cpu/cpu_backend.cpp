@@ -30,7 +30,9 @@
 
 #include "runtime/kernels/backend.h"
 #include "runtime/kernels/cpu/gemm.h"
+#include "runtime/kernels/cpu/gemm_bf16.h"
 #include "runtime/kernels/cpu/simd_kernels.h"
+#include "runtime/kernels/ops.h"
 
 namespace flowrun {
 namespace {
@@ -105,6 +107,18 @@ class cpu_backend_impl final : public backend {
 
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
             int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    gemm_at(bf16_products(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
+  /// Whether the calling thread's products are bf16 ones (ops::matmul_precision::bf16 on a CPU
+  /// with bf16 dot products: gemm_bf16.h); read by the caller, as OpenMP's threads start at f32.
+  static bool bf16_products() {
+    return ops::get_matmul_precision() == ops::matmul_precision::bf16 && cpu_gemm::bf16_native();
+  }
+
+  /// gemm with the precision given: bf16 = gemm_bf16.h's products, whatever the shape.
+  void gemm_at(bool bf16, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
     if (M == 0 || N == 0) return;
     if (K == 0 || alpha == 0.0f) {  // C = beta C (BLAS semantics: beta == 0 ignores C's old contents)
       for (int64_t i = 0; i < M; ++i) {
@@ -120,6 +134,10 @@ class cpu_backend_impl final : public backend {
     ldb = std::max<int64_t>(ldb, 1);
     ldc = std::max<int64_t>(ldc, 1);
     cpu_gemm::check_sizes(M, N, K, lda, ldb, ldc);
+    if (bf16) {
+      cpu_gemm::bf16_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return;
+    }
     // decoding: a few rows times a transposed weight, one pass over the weight
     if (!trans_a && trans_b && M <= cpu_gemm::k_small_m) {
       cpu_gemm::small_m_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -141,16 +159,17 @@ class cpu_backend_impl final : public backend {
     // thread (the libraries run single-threaded inside a parallel region).
     // Large ones: let the library thread each GEMM.
     const bool small = M * N * K < (1 << 18);
+    const bool bf16 = bf16_products();  // the caller's setting: the team's threads have their own
     if (small && batch > 1) {
       cpu_gemm::check_sizes(M, N, K, lda, ldb, ldc);  // throws here, not inside the parallel region
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < batch; ++i)
-        gemm(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
-             C + i * stride_c, ldc);
+        gemm_at(bf16, trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+                C + i * stride_c, ldc);
     } else {
       for (int64_t i = 0; i < batch; ++i)
-        gemm(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
-             C + i * stride_c, ldc);
+        gemm_at(bf16, trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+                C + i * stride_c, ldc);
     }
   }
 
@@ -948,6 +967,8 @@ std::string cpu_gemm_library() {
   const int64_t mib = cpu_gemm::k_packed_max * static_cast<int64_t>(sizeof(float)) >> 20;
   return cpu_gemm::library_name() + "; op(B) <= " + std::to_string(mib) + " MiB on flowrun's packed kernel";
 }
+
+bool cpu_bf16_matmul() { return cpu_gemm::bf16_native(); }
 
 int hardware_threads() {
   // read once: glibc's hardware_concurrency() opens and parses /sys/devices/system/cpu/online on

@@ -20,7 +20,8 @@
 # Items: machine train_260k train_gpt2 train_gpt2_large decode (and the PPO split).
 # --trl adds a PPO iteration side by side with TRL's PPOTrainer and a GRPO iteration with its
 # GRPOTrainer (bench/trl_ppo.sh, N pairs per model and algorithm; it installs trl 1.12 into the venv;
-# about 10 minutes per model and algorithm).
+# about 10 minutes per model and algorithm); where the CPU has AVX512_BF16 or AMX, also the 6.1 M
+# model's PPO iteration with both sides in bf16 (about 5 minutes more).
 # With --trl or the PPO split, bench/runtime_share.py measures the actor runtime's share of a PPO
 # iteration's CPU samples under Linux perf (skipped where perf cannot record).
 # --record makes the median ratios of this run the new baseline of this machine type
@@ -95,6 +96,13 @@ if ((trl)); then
   echo "== PPO and GRPO side by side with TRL" >&2
   TORCH_VENV="$venv" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" "$build" \
     stories260K,llama6m ppo,grpo | grep -E '"kind": "trl_(ppo|grpo)"' >> "$results"
+  # where the CPU multiplies bf16 (AVX512_BF16, AMX: runtime/kernels/cpu/gemm_bf16.h), the 6.1 M PPO
+  # iteration with both sides in bf16 too (flowrun's dtype = bf16, TRL's bf16=True), beside the fp32 goal
+  if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then
+    echo "== PPO side by side with TRL, both in bf16" >&2
+    DTYPE=bf16 TORCH_VENV="$venv" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" \
+      "$build" llama6m ppo | grep -E '"kind": "trl_ppo"' >> "$results"
+  fi
 fi
 
 if ((ppo)); then

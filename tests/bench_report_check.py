@@ -75,4 +75,30 @@ book = json.load(open(base))
 bases = book["machines"][TYPE]["baselines"]
 assert rc == 0 and len(bases) == 2, out
 assert sorted(round(b["ratios"]["train m B=4 T=64 / torch"], 3) for b in bases) == [1.7, 2.0], bases
+
+# a PPO-vs-TRL line in fp32 and one with both sides in bf16 (bench/trl_ppo.py --dtype bf16): two ratios and two
+# goal rows, the bf16 one named as such (the goal's own measure is fp32)
+def trl_line(dtype, ratio):
+    d = {"kind": "trl_ppo", "model": "llama6m", "pairs": 3, "iterations": 8, "threads": 2, "batch": 8,
+         "prompt_len": 48, "answer_len": 32, "flowrun_s_per_iter": [0.3] * 3, "trl_s_per_iter": [0.3 * ratio] * 3,
+         "flowrun_samples_per_s_median": 8 / 0.3, "trl_samples_per_s_median": 8 / (0.3 * ratio),
+         "ratio_median": ratio, "ratio_min": ratio, "ratio_max": ratio, "flowrun_answer_len_mean": 32.0,
+         "trl_version": "1.12.0", "torch_version": "2", "host": HOST}
+    if dtype:
+        d["dtype"] = dtype
+    return json.dumps(d)
+
+
+both = results("trl.jsonl", 190.0, [170, 170, 170], [100, 100, 100])
+with open(both, "a") as f:
+    f.write(trl_line(None, 2.8) + "\n")  # a line from before --dtype: fp32
+    f.write(trl_line("bf16", 4.1) + "\n")
+rc, out = run(both, os.path.join(work, "trl_base.json"), "--record")
+assert rc == 0, out
+rows = [l for l in out.splitlines() if l.startswith("| PPO iteration, llama6m >= 4x")]
+assert len(rows) == 2, out
+assert "2.80x" in rows[0] and "(the goal's measure is fp32)" not in rows[0] and "no" in rows[0], rows
+assert "both sides in bf16 (the goal's measure is fp32)" in rows[1] and "4.10x" in rows[1], rows
+ratios = json.load(open(os.path.join(work, "trl_base.json")))["machines"][TYPE]["baselines"][0]["ratios"]
+assert ratios["ppo llama6m / trl"] == 2.8 and ratios["ppo llama6m bf16 / trl"] == 4.1, ratios
 print("bench_report_check: ok")

@@ -20,6 +20,10 @@ namespace flowrun::actors {
 
 namespace {
 
+/// v for a figure printed with 4 decimals: 0 when it rounds to zero, so that a tiny negative KL
+/// (the k1 estimate's mean over tokens can be -1e-6 right after a step) prints 0.0000, not -0.0000.
+double shown4(double v) { return std::fabs(v) < 5e-5 ? 0.0 : v; }
+
 class ppo_controller final : public actor::node {
  public:
   /// The phases of one iteration, in order (ppo_controller.h).
@@ -157,7 +161,7 @@ class ppo_controller final : public actor::node {
       ctx.signal("held_out/answer_len", s.answer_len_mean);
       ctx.print(fmt::format("[step 3 ppo] held-out {}: mean reward {:.4f} ± {:.4f}, KL to reference {:.4f}, answer "
                             "length {:.1f} ({} prompts)",
-                            p.iteration == -1 ? "before" : "after", s.reward_mean, s.reward_stderr, s.kl_mean,
+                            p.iteration == -1 ? "before" : "after", s.reward_mean, s.reward_stderr, shown4(s.kl_mean),
                             s.answer_len_mean, s.rows));
       if (p.iteration == -1) {
         eval_before_ = s.reward_mean;
@@ -173,14 +177,14 @@ class ppo_controller final : public actor::node {
     } else if (s.dropped && s.groups > 0) {
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f}: every group's rewards "
                             "were equal, batch dropped (filter_groups)",
-                            p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean));
+                            p.iteration, s.reward_mean, shown4(s.kl_mean), s.answer_len_mean));
     } else if (s.dropped) {
       ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)",
                             p.iteration));
     } else if (!s.trains) {
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f} gen {:.0f} tok/s "
                             "(experience kept for the next update)",
-                            p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean, gen_tps));
+                            p.iteration, s.reward_mean, shown4(s.kl_mean), s.answer_len_mean, gen_tps));
     } else if (S_ > 0 && !it.actor->updated) {  // max_staleness >= 1, drop: every item was too stale
       const stats_msg& a = *it.actor;
       stale_dropped_ += a.stale_dropped;
@@ -189,7 +193,7 @@ class ppo_controller final : public actor::node {
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f}: sampled with policy "
                             "version {}, {} updates behind at training (max_staleness {}), batch dropped "
                             "(staleness_policy = \"drop\"; {} dropped so far)",
-                            p.iteration, s.reward_mean, s.kl_mean, s.answer_len_mean, s.policy_version, a.staleness,
+                            p.iteration, s.reward_mean, shown4(s.kl_mean), s.answer_len_mean, s.policy_version, a.staleness,
                             S_, stale_dropped_));
       if (commit_due_) commit(ctx, p.iteration, a.policy_version);
     } else {
@@ -205,7 +209,7 @@ class ppo_controller final : public actor::node {
       ctx.signal("training_tokens_per_s", train_tps, p.iteration);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{} "
                             "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}{}",
-                            p.iteration, s.reward_mean, s.kl_mean, a.loss,
+                            p.iteration, s.reward_mean, shown4(s.kl_mean), a.loss,
                             s.with_critic ? fmt::format(" critic_loss {:.4f}", c.loss) : "",
                             a.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", a.unsup_loss) : "",
                             s.answer_len_mean,

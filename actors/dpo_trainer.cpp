@@ -169,12 +169,13 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
               "tokenizer)");
   // the string settings and their combinations, refused when the graph is checked (before any model loads)
   k.check = [](const graph::node_spec& n, const graph::graph_spec&) -> std::vector<graph::node_kind::problem> {
-    std::vector<graph::node_kind::problem> problems;
+    std::vector<graph::node_kind::problem> problems = dtype_problems(n);
     rlhf::dpo_loss_type type;
     try {
       type = rlhf::parse_dpo_loss_type(n.get_string("loss_type"));
     } catch (const std::invalid_argument& e) {
-      return {{"loss_type", e.what(), "use sigmoid (DPO) or ipo"}};
+      problems.push_back({"loss_type", e.what(), "use sigmoid (DPO) or ipo"});
+      return problems;
     }
     if (type == rlhf::dpo_loss_type::ipo && n.get_float("label_smoothing") > 0)
       problems.push_back({"label_smoothing",

@@ -270,6 +270,25 @@ void check_seq_len(const actor::node_context& ctx, const model_config& c, int64_
                                             ctx.name(), setting, T, c.max_seq_len, setting));
 }
 
+namespace {
+bool known_dtype(const std::string& dt) { return dt == "fp32" || dt == "bf16" || dt == "fp16"; }
+std::string unknown_dtype(const std::string& dt) {
+  return fmt::format("dtype = \"{}\" is none of fp32, bf16, fp16 (DS-Chat's --dtype)", dt);
+}
+}  // namespace
+
+std::string dtype_setting(const actor::node_context& ctx) {
+  std::string dt = ctx.spec().get_string("dtype");
+  if (!known_dtype(dt)) throw std::invalid_argument(fmt::format("node '{}': {}", ctx.name(), unknown_dtype(dt)));
+  return dt;
+}
+
+std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n) {
+  const std::string dt = n.get_string("dtype");
+  if (known_dtype(dt)) return {};
+  return {{"dtype", unknown_dtype(dt), "write fp32, bf16 or fp16, the same on every model of the run"}};
+}
+
 dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   const auto& s = ctx.spec();
   dschat::dschat_settings d;
@@ -285,7 +304,7 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.lora_dim = s.get_int("lora_dim");
   d.gradient_checkpointing = s.get_bool("gradient_checkpointing");
   d.zero_stage = static_cast<int>(s.get_int("zero_stage"));
-  d.dtype = s.get_string("dtype");
+  d.dtype = dtype_setting(ctx);
   d.only_optimize_lora = s.get_bool("only_optimize_lora");
   if (const auto& p = s.get_string("deepspeed_config"); !p.empty())  // one rank: the triple for world size 1
     dschat::apply_ds_config(d, load_ds_config(resolve_user_path(p, "deepspeed_config").string(), 1));

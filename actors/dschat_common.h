@@ -64,6 +64,14 @@ void check_seq_len(const actor::node_context& ctx, const model_config& c, int64_
 
 dschat::dschat_settings common_settings(const actor::node_context& ctx);
 
+/// The node's `dtype` setting (DS-Chat's --dtype: fp32, bf16 or fp16), read when the node starts.
+/// Throws std::invalid_argument naming the node, the value and the choices on anything else, so a
+/// typo on a step-3 node is refused before steps 1 and 2 train.
+std::string dtype_setting(const actor::node_context& ctx);
+/// The same check of `dtype` when the graph is checked, before any node starts (a kind's check):
+/// no problem, or one at the setting.
+std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n);
+
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d);
 
 // "end" cuts the end of prompt + answer (DS-Chat); "prompt_start" drops the oldest prompt

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,6 +74,15 @@ class dschat_trainer : public actor::node {
                                   " has a value head (a reward model), and " + phase_name() +
                                   " trains a language model: give a language model (the base model, or "
                                   "sft_trainer's output)");
+    // DeepSpeed converts the module to bf16 / fp16 before it makes the fp32 master from it: the
+    // master starts from the rounded weights, and so do DPO's reference (model_loaded copies it)
+    // and the held-out pass before training, whose products run in the step's precision too
+    // (DS-Chat evaluates its bf16 engine in bf16). The value head stays fp32, as the engine keeps it.
+    if (const zero_settings zs = dschat::engine_settings(*model_, d_); zs.precision != dtype::f32) {
+      tensor& flat = model_->w().flat;
+      flat.copy_from(flat.to(zs.precision).to(dtype::f32));
+      if (zs.precision == dtype::bf16 && zs.bf16_matmul) held_out_precision_ = ops::matmul_precision::bf16;
+    }
     model_loaded(ctx);
     check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
     dschat::apply_lora(*model_, d_);
@@ -167,6 +177,7 @@ class dschat_trainer : public actor::node {
                          tag_, before ? "before training" : "after training", ctx.spec().get_float("eval_fraction"));
     const std::string what = phase_name() + " held-out";
     ctx.phase(what);
+    ops::matmul_precision_scope gemm(held_out_precision_ ? *held_out_precision_ : ops::get_matmul_precision());
     return evaluate(ctx, before, seconds, [&ctx, &what](int64_t done, int64_t total) {
       if (ctx.stop_requested()) throw actor::stopped{};  // a second Ctrl-C: the pass may take minutes
       if (total > 0) ctx.progress(what, done, total);
@@ -305,6 +316,7 @@ class dschat_trainer : public actor::node {
   }
 
   bool resumed_ = false, done_ = false;
+  std::optional<ops::matmul_precision> held_out_precision_;  // bf16 in a bf16 step (as its engine's products)
   int64_t step_ = 0;
   std::string ckpt_dir_;  // CHECKPOINT_DIR/NAME, or "" without [graph] checkpoint_dir
   int64_t save_every_ = 0;

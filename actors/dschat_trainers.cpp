@@ -77,7 +77,11 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed checkpoints kept (the older ones removed)")
       .at_least(1);
   actor::add_tensorboard_settings(k);
-  k.check = check_trainer_output;
+  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
+    auto problems = check_trainer_output(n, g);
+    for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
+    return problems;
+  };
 }
 
 namespace {

@@ -372,10 +372,7 @@ class frozen_scorer final : public actor::node {
     group_ = join_rank_group(ctx);
     if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
     stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
-    const std::string dt = ctx.spec().get_string("dtype");
-    if (dt != "fp32" && dt != "bf16" && dt != "fp16")
-      throw std::invalid_argument("node '" + ctx.name() + "': dtype = \"" + dt +
-                                  "\" is none of fp32, bf16, fp16 (DS-Chat's --dtype); set it as the policy's");
+    const std::string dt = dtype_setting(ctx);
     precision_ = dt == "bf16" ? dtype::bf16 : dt == "fp16" ? dtype::f16 : dtype::f32;
   }
 
@@ -464,6 +461,7 @@ void register_frozen_scorers(graph::node_kind_registry& kinds, actor::node_facto
              "fp32, bf16 or fp16: the weights rounded to it, and bf16 products in bf16 (DS-Chat runs the reference "
              "and reward models in its --dtype, as the policy and critic)");
     add_rank_group_settings(k);
+    k.check = [](const graph::node_spec& n, const graph::graph_spec&) { return dtype_problems(n); };
     k.input("init", "model", "the model this node starts from (copied)")
         .input("rollouts", "rollouts", "sequences to score")
         .output("scored", "scores", reward ? "per-row reward scores" : "per-token log-probs", true);
@@ -504,7 +502,7 @@ class ppo_trainer final : public actor::node {
     d_.gradient_checkpointing = s.get_bool(who + "_gradient_checkpointing");
     d_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
     d_.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
-    d_.dtype = s.get_string("dtype");
+    d_.dtype = dtype_setting(ctx);
     d_.seed = 0;  // the LoRA init: the same on every rank
     group_ = join_rank_group(ctx);
     if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
@@ -652,7 +650,9 @@ class ppo_trainer final : public actor::node {
     if (d_.zero_stage == 3) {
       snapshot = true;
       const int64_t b0 = group_.comm->stats().bytes_sent;
-      tensor full = engine_.engine->gather_full_params();  // a collective: every rank
+      // a collective: every rank; the weights the forwards use (bf16-rounded in a bf16 model, gathered
+      // in bf16), as below stage 3 the generator reads the working copy
+      tensor full = engine_.engine->gather_full_params(/*exact=*/false);
       gather_bytes_ = group_.comm->stats().bytes_sent - b0;
       if (speaks()) {
         gen = std::make_shared<decoder>(model_->config());
@@ -826,7 +826,8 @@ class ppo_trainer final : public actor::node {
       st.gather_bytes = gather_bytes_;
       if (d_.zero_stage == 3)
         for (const auto& blk : model_->param_blocks())
-          st.gather_theory_bytes += (group_.world - 1) * ((blk.numel() + group_.world - 1) / group_.world) * 4;
+          st.gather_theory_bytes += (group_.world - 1) * ((blk.numel() + group_.world - 1) / group_.world) *
+                                    static_cast<int64_t>(dtype_size(engine_.engine->settings().precision));
     }
     st.seconds = since(t);
     st.tokens = tokens * ps_.ppo_epochs;
@@ -1024,6 +1025,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     // a plan that leaves a rank no rows of a mini-batch trains nothing there: refused when the graph is checked
     k.check = [policy](const graph::node_spec& n, const graph::graph_spec& g) {
       auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
+      for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
       // a LoRA target naming one layer's module is refused from its name alone, before step 1 trains
       // (decoder::enable_lora refuses it too, once the model is there)
       const std::string who = policy ? "actor" : "critic";

@@ -146,6 +146,9 @@ dpo_step_result dpo_update(zero_engine& engine, decoder& reference, const std::v
   std::vector<dpo_batch_data> batches(micro.size());
   {
     eval_mode ev(reference);
+    // the reference's products in the policy's precision (bf16 products in a bf16 model): before the
+    // first step the two give the same log-probs and every margin is 0
+    ops::matmul_precision_scope gemm(engine.compute_precision());
     activations a;
     for (size_t k = 0; k < micro.size(); ++k) {
       batches[k].pairs = micro[k];

@@ -847,13 +847,14 @@ void zero_engine::restore(const tensor& params, const tensor& exp_avg, const ten
   t_ = step;
 }
 
-tensor zero_engine::gather_full_params() {
-  if (!master_.defined()) return on_gpu(model_.w().flat) ? model_.w().flat.to(device::cpu()) : model_.w().flat.clone();
+tensor zero_engine::gather_full_params(bool exact) {
+  if (!master_.defined() || (s_.stage == 0 && !exact))  // the model's own buffer: the working parameters
+    return on_gpu(model_.w().flat) ? model_.w().flat.to(device::cpu()) : model_.w().flat.clone();
   if (s_.stage == 0) return on_gpu(master_) ? master_.to(device::cpu()) : master_.clone();
   auto full = tensor::empty({model_.num_parameters()});
   for (size_t b = 0; b < blocks_.size(); ++b) {
     tensor buf;
-    gather_block(static_cast<int>(b), buf, /*exact=*/true);
+    gather_block(static_cast<int>(b), buf, exact);
     full.flat_view(blocks_[b].begin, {blocks_[b].numel()}).copy_from(buf.flat_view(0, {blocks_[b].numel()}));
   }
   return full;

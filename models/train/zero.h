@@ -257,8 +257,11 @@ class zero_engine : private param_hooks {
   /// adapter the same over its buffer; `step` the optimizer step count.
   void restore(const tensor& params, const tensor& exp_avg, const tensor& exp_avg_sq, const tensor& adapter,
                const tensor& adapter_m, const tensor& adapter_v, int64_t step);
-  /// All parameters, gathered (every rank calls; every rank gets the full (n_params,) f32 buffer).
-  tensor gather_full_params();
+  /// All parameters, gathered (every rank calls; every rank gets the full (n_params,) f32 buffer):
+  /// the fp32 master (exact, for checkpoints and outputs), or the working parameters, the master
+  /// rounded to the precision the forwards use (!exact: what the hybrid engine generates with,
+  /// gathered in that precision at stage 3, as a forward's layers are).
+  tensor gather_full_params(bool exact = true);
   /// Hand the model back whole: every rank calls; the model gets the full fp32 parameters
   /// (gathered at stage 3, the master in mixed precision) and loses the engine's hooks, so
   /// it can be saved or used alone. The engine trains no more (train_step throws).

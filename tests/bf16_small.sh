@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# dtype = bf16 across DS-Chat's steps (DS-Chat's --dtype bf16): every model in bf16, so the models that
+# stand for one another give the same numbers before any update.
+# - Step 3: the reference model's dtype is honoured: it rounds its weights as the policy's engine does and
+#   runs its products in the same precision (bf16 products where the CPU has AVX512_BF16 or AMX,
+#   runtime/kernels/cpu/gemm_bf16.h), so at iteration 0 the policy's log-probs equal the reference's bit for
+#   bit and the KL signal is exactly 0, also with the reference sharded at ZeRO-3. With the reference left in
+#   fp32 it is not. At actor_zero_stage 3 the generator samples from the same (bf16) weights as at stage 0:
+#   iteration 0's reward is the same.
+# - DPO: the reference is the starting model rounded as the policy is, scored in its precision: the first
+#   update's loss is ln 2 and both rewards 0, as in fp32.
+# - A dtype that is none of fp32, bf16, fp16 is refused when the graph is checked, naming the setting (on a
+#   policy or critic it was refused only after steps 1 and 2 had trained).
+set -euo pipefail
+flowrun=$1 root=$2 out=$3
+rm -rf "$out" && mkdir -p "$out"
+bf16=(--set node.policy.dtype=bf16 --set node.critic.dtype=bf16 --set node.reward.dtype=bf16)
+"$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir= \
+  --set node.sft.steps=4 --set node.rm.steps=4 --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 \
+  --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
+  "${bf16[@]}" --set node.reference.dtype=bf16 --metrics "$out/bf16.jsonl" --metrics-interval 1 \
+  > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
+grep "step 3 ppo\] iter" "$out/log"
+first_kl() {  # the kl signal of iteration 0 in a metrics file, full precision
+  python3 -c 'import json,sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("signal") == "kl" and r.get("step") == 0: print(repr(r["value"])); break' "$1"
+}
+kl=$(first_kl "$out/bf16.jsonl")
+[ "$kl" = "0.0" ] || { echo "all in bf16: the first KL is $kl, not 0 (the reference's forward is not the policy's)"; exit 1; }
+"$flowrun" "$root/graphs/ppo.graph" --no-progress --set graph.checkpoint_dir= \
+  --set node.actor_model.model="$out/sft.bin" --set node.reward_model.model="$out/rm" \
+  --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 --set node.policy.output="$out/ppo2.bin" \
+  "${bf16[@]}" --set node.reference.dtype=fp32 --metrics "$out/mixed.jsonl" --metrics-interval 1 \
+  > "$out/log2" 2> "$out/err2" || { echo "flowrun failed:"; tail -20 "$out/err2"; exit 1; }
+kl2=$(first_kl "$out/mixed.jsonl")
+python3 -c "import sys; sys.exit(0 if abs(float('$kl2')) > 0 else 1)" ||
+  { echo "the reference in fp32 against a bf16 policy: the first KL is $kl2, the same as in bf16"; exit 1; }
+# the reference sharded (ZeRO-3 over 2 replicas: its engine gathers the layers rounded to bf16)
+"$flowrun" "$root/graphs/ppo.graph" --no-progress --set graph.checkpoint_dir= \
+  --set node.actor_model.model="$out/sft.bin" --set node.reward_model.model="$out/rm" \
+  --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 --set node.policy.output="$out/ppo3.bin" \
+  "${bf16[@]}" --set node.reference.dtype=bf16 --set node.reference.zero_stage=3 --set node.reference.replicas=2 \
+  --metrics "$out/zero3.jsonl" --metrics-interval 1 > "$out/log4" 2> "$out/err4" ||
+  { echo "flowrun failed:"; tail -20 "$out/err4"; exit 1; }
+kl3=$(first_kl "$out/zero3.jsonl")
+[ "$kl3" = "0.0" ] || { echo "the reference at ZeRO-3 in bf16: the first KL is $kl3, not 0"; exit 1; }
+echo "first KL: all bf16 $kl, reference in fp32 $kl2, reference at ZeRO-3 in bf16 $kl3"
+if "$flowrun" "$root/graphs/ppo.graph" --no-progress --set graph.checkpoint_dir= \
+  --set node.actor_model.model="$out/sft.bin" --set node.reward_model.model="$out/rm" \
+  --set node.reference.dtype=bf17 > "$out/log3" 2> "$out/err3"; then
+  echo "dtype = bf17 was accepted"; exit 1
+fi
+grep -qF "node.reference.dtype=bf17:1:22: error: dtype = \"bf17\" is none of fp32, bf16, fp16" "$out/err3" ||
+  { cat "$out/err3"; echo "the refusal does not name the node and the choices"; exit 1; }
+# the policy at ZeRO-3 (one rank): the generator gathers the bf16 working weights, as below stage 3
+reward_of() { sed -nE 's/^\[step 3 ppo\] iter 0 reward ([-0-9.]+) .*/\1/p' "$1"; }
+"$flowrun" "$root/graphs/ppo.graph" --no-progress --set graph.checkpoint_dir= \
+  --set node.actor_model.model="$out/sft.bin" --set node.reward_model.model="$out/rm" \
+  --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 --set node.policy.output="$out/ppo5.bin" \
+  "${bf16[@]}" --set node.reference.dtype=bf16 --set node.policy.actor_zero_stage=3 > "$out/log5" 2> "$out/err5" ||
+  { echo "flowrun failed:"; tail -20 "$out/err5"; exit 1; }
+r0=$(reward_of "$out/log"); r3=$(reward_of "$out/log5")
+[ -n "$r0" ] && [ "$r0" = "$r3" ] ||
+  { echo "iteration 0's reward at actor_zero_stage 3 is '$r3', at stage 0 '$r0': the generator's weights differ"; exit 1; }
+echo "iteration 0's reward at actor_zero_stage 0 and 3: $r0 $r3"
+# DPO in bf16: the first update's loss is ln 2 and its rewards 0 (the reference is the policy before it)
+"$flowrun" "$root/graphs/dpo.graph" --no-progress --set graph.checkpoint_dir= --set node.dpo.model="$out/sft.bin" \
+  --set node.dpo.steps=1 --set node.dpo.print_every=1 --set node.dpo.dtype=bf16 --set node.dpo.output="$out/dpo.bin" \
+  > "$out/dpo.log" 2> "$out/dpo.err" || { echo "flowrun failed:"; tail -20 "$out/dpo.err"; exit 1; }
+grep "step 2 dpo\] step 1/1" "$out/dpo.log"
+grep -q "step 2 dpo\] step 1/1 loss 0.6931 acc 0.000 rewards chosen 0.000 rejected 0.000" "$out/dpo.log" ||
+  { echo "DPO in bf16: the first update is not at loss ln 2 with rewards 0"; exit 1; }
+# a misspelt dtype on a step-3 node: refused at the start, before step 1 trains
+if "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=3 \
+  --set node.rm.steps=3 --set node.sft.output="$out/s6.bin" --set node.rm.output="$out/rm6" \
+  --set node.policy.output="$out/p6.bin" --set node.critic.dtype=bf17 > "$out/log6" 2> "$out/err6"; then
+  echo "critic dtype = bf17 was accepted"; exit 1
+fi
+grep -qF "node.critic.dtype=bf17:1:19: error: dtype = \"bf17\" is none of fp32, bf16, fp16" "$out/err6" ||
+  { tail -5 "$out/err6"; echo "the refusal does not name the node and the choices"; exit 1; }
+grep -q "step 1 sft\] step" "$out/log6" && { echo "step 1 trained before the critic's dtype was refused"; exit 1; }
+echo "bf16_small: ok"

@@ -65,8 +65,8 @@ tensor convert(const tensor& t, dtype to) {
 }
 
 // d[i] = s[i] rounded to `via` (bf16/f16, round to nearest even, half_bits) and back, on the host;
-// d may be s. The bits of src.to(via).to(f32), without its two temporaries (a bf16 step of the 6.1 M
-// LLaMA spent 7% of its time in their allocation and page faults: docs/performance.md, change 29).
+// d may be s. The bits of src.to(via).to(f32), without its two temporaries (fresh pages each call: with
+// them a bf16 PPO iteration of the 6.1 M LLaMA ran 1.35x slower; docs/performance.md, change 30).
 void round_host(float* d, const float* s, int64_t n, dtype via) {
   if (via == dtype::bf16) {
     for (int64_t i = 0; i < n; ++i) {

@@ -12,7 +12,7 @@
 // Lake, Zen 4 and later; avx512_core_amx: AMX on Sapphire Rapids and later). There the
 // primitive is brgemm (its bf16 kernels); on the 6.1 M LLaMA's products (M = 640, N and K 288
 // or 768) it ran at 316-426 GFLOP/s on two Zen 4 cores where fp32 ran at 200-212
-// (docs/performance.md, change 29). On other CPUs (AVX2 only, AVX-512 without bf16) oneDNN
+// (docs/performance.md, change 30). On other CPUs (AVX2 only, AVX-512 without bf16) oneDNN
 // would emulate bf16 more slowly than fp32, so bf16_native() is false and the backend ignores
 // the setting (fp32 products), as it did everywhere before.
 //

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dtype = bf16 across DS-Chat's steps (DS-Chat's --dtype bf16): every model in bf16, so the models that
 # stand for one another give the same numbers before any update.
+# - Steps 1 and 2 run in bf16 (the model rounded before the engine, held-out passes in bf16).
 # - Step 3: the reference model's dtype is honoured: it rounds its weights as the policy's engine does and
 #   runs its products in the same precision (bf16 products where the CPU has AVX512_BF16 or AMX,
 #   runtime/kernels/cpu/gemm_bf16.h), so at iteration 0 the policy's log-probs equal the reference's bit for
@@ -18,15 +19,18 @@ bf16=(--set node.policy.dtype=bf16 --set node.critic.dtype=bf16 --set node.rewar
 "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir= \
   --set node.sft.steps=4 --set node.rm.steps=4 --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 \
   --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
+  --set node.sft.dtype=bf16 --set node.rm.dtype=bf16 \
   "${bf16[@]}" --set node.reference.dtype=bf16 --metrics "$out/bf16.jsonl" --metrics-interval 1 \
   > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
 grep "step 3 ppo\] iter" "$out/log"
-first_kl() {  # the kl signal of iteration 0 in a metrics file, full precision
+signal_at() {  # METRICS NODE SIGNAL STEP: the signal's value at that step, full precision
   python3 -c 'import json,sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    if r.get("signal") == "kl" and r.get("step") == 0: print(repr(r["value"])); break' "$1"
+    if r.get("node") == sys.argv[2] and r.get("signal") == sys.argv[3] and r.get("step") == int(sys.argv[4]):
+        print(repr(r["value"])); break' "$@"
 }
+first_kl() { signal_at "$1" ppo_controller kl 0; }
 kl=$(first_kl "$out/bf16.jsonl")
 [ "$kl" = "0.0" ] || { echo "all in bf16: the first KL is $kl, not 0 (the reference's forward is not the policy's)"; exit 1; }
 "$flowrun" "$root/graphs/ppo.graph" --no-progress --set graph.checkpoint_dir= \
@@ -65,13 +69,26 @@ r0=$(reward_of "$out/log"); r3=$(reward_of "$out/log5")
 [ -n "$r0" ] && [ "$r0" = "$r3" ] ||
   { echo "iteration 0's reward at actor_zero_stage 3 is '$r3', at stage 0 '$r0': the generator's weights differ"; exit 1; }
 echo "iteration 0's reward at actor_zero_stage 0 and 3: $r0 $r3"
-# DPO in bf16: the first update's loss is ln 2 and its rewards 0 (the reference is the policy before it)
-"$flowrun" "$root/graphs/dpo.graph" --no-progress --set graph.checkpoint_dir= --set node.dpo.model="$out/sft.bin" \
-  --set node.dpo.steps=1 --set node.dpo.print_every=1 --set node.dpo.dtype=bf16 --set node.dpo.output="$out/dpo.bin" \
+# DPO in bf16: the first update's loss is ln 2 and its rewards exactly 0 (the reference is the policy before
+# it), in full precision; and where the CPU has bf16 dot products its products are oneDNN's bf16 ones
+# (ONEDNN_VERBOSE names each matmul it runs: bf16 weights on a bf16 kernel), elsewhere none are
+ONEDNN_VERBOSE=1 "$flowrun" "$root/graphs/dpo.graph" --no-progress --set graph.checkpoint_dir= \
+  --set node.dpo.model="$out/sft.bin" --set node.dpo.steps=1 --set node.dpo.print_every=1 --set node.dpo.dtype=bf16 \
+  --set node.dpo.output="$out/dpo.bin" --metrics "$out/dpo.jsonl" --metrics-interval 1 \
   > "$out/dpo.log" 2> "$out/dpo.err" || { echo "flowrun failed:"; tail -20 "$out/dpo.err"; exit 1; }
 grep "step 2 dpo\] step 1/1" "$out/dpo.log"
-grep -q "step 2 dpo\] step 1/1 loss 0.6931 acc 0.000 rewards chosen 0.000 rejected 0.000" "$out/dpo.log" ||
-  { echo "DPO in bf16: the first update is not at loss ln 2 with rewards 0"; exit 1; }
+loss=$(signal_at "$out/dpo.jsonl" dpo loss 1) chosen=$(signal_at "$out/dpo.jsonl" dpo rewards/chosen 1)
+rejected=$(signal_at "$out/dpo.jsonl" dpo rewards/rejected 1)
+python3 -c "import math,sys; sys.exit(0 if abs(float('$loss') - math.log(2)) < 1e-6 else 1)" &&
+  [ "$chosen" = "0.0" ] && [ "$rejected" = "0.0" ] ||
+  { echo "DPO in bf16: the first update's loss is '$loss' (not ln 2) or its rewards '$chosen' '$rejected' (not 0)"; exit 1; }
+bf16_products=$(grep -c "exec,cpu,matmul,.*bf16" "$out/dpo.log" || true)
+if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
+  [ "$bf16_products" -gt 0 ] || { echo "this CPU has bf16 dot products, and no oneDNN bf16 matmul ran"; exit 1; }
+else
+  [ "$bf16_products" -eq 0 ] || { echo "oneDNN bf16 matmuls ran on a CPU without bf16 dot products"; exit 1; }
+fi
+echo "DPO in bf16: first loss $loss, rewards $chosen $rejected; oneDNN bf16 matmuls run: $bf16_products"
 # a misspelt dtype on a step-3 node: refused at the start, before step 1 trains
 if "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=3 \
   --set node.rm.steps=3 --set node.sft.output="$out/s6.bin" --set node.rm.output="$out/rm6" \
@@ -80,5 +97,5 @@ if "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir
 fi
 grep -qF "node.critic.dtype=bf17:1:19: error: dtype = \"bf17\" is none of fp32, bf16, fp16" "$out/err6" ||
   { tail -5 "$out/err6"; echo "the refusal does not name the node and the choices"; exit 1; }
-grep -q "step 1 sft\] step" "$out/log6" && { echo "step 1 trained before the critic's dtype was refused"; exit 1; }
+grep -q "step 1 sft\]" "$out/log6" && { echo "step 1 started before the critic's dtype was refused"; exit 1; }
 echo "bf16_small: ok"

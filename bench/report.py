@@ -219,8 +219,9 @@ def main():
                    "TRL samples/s (median) | flowrun / TRL: median (min-max) | answer length (flowrun; TRL) |")
         out.append("|---|---|---|---|---|")
         for d in trl_grpo:
-            ratios[f'grpo {d["model"]} / trl'] = d["ratio_median"]
-            out.append(f'| {d["model"]}, {d["prompts"]} prompts x {d["num_generations"]} answers, '
+            bf16 = d.get("dtype", "fp32") == "bf16"
+            ratios[f'grpo {d["model"]}{" bf16" if bf16 else ""} / trl'] = d["ratio_median"]
+            out.append(f'| {d["model"]}{", bf16 on both" if bf16 else ""}, {d["prompts"]} prompts x {d["num_generations"]} answers, '
                        f'{d["prompt_len"]} + {d["answer_len"]} tokens, trl {d["trl_version"]} | '
                        f'{d["flowrun_samples_per_s_median"]:.2f} | {d["trl_samples_per_s_median"]:.2f} | '
                        f'{d["ratio_median"]:.2f}x ({d["ratio_min"]:.2f}-{d["ratio_max"]:.2f}, {d["pairs"]} pairs) | '

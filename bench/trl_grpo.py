@@ -22,6 +22,8 @@ settings of veRL's and TRL's GSM8K recipes, scaled to these models:
   loss_agg_mode = "token-mean"; TRL loss_type = "dapo"), a k3 KL loss to the frozen reference at
   0.001 (flowrun use_kl_loss, kl_loss_coef; TRL beta, which loads its reference model); no KL in
   the reward (kl_ctl = 0); gradient-norm clip 1; learning rate 1e-4, fp32, 2 threads.
+--dtype bf16 runs both in bf16 (flowrun's dtype = bf16 on the policy and the reference, TRL's bf16=True),
+as bench/trl_ppo.py's.
 What could not be made equal:
 - the prompts' rows: flowrun's step-3 share of the data split (2,4,4, seed 1234) versus the file's
   first rows of 48 pieces or more; the same lengths;
@@ -58,8 +60,9 @@ def final_number(text):
     return m[-1].replace(",", "").rstrip(".") if m else None
 
 
-def write_graph(out, policy, iterations):
-    """graphs/grpo.graph's GRPO stage on a given model (no SFT node), at the shapes above."""
+def write_graph(out, policy, iterations, dtype="fp32"):
+    """graphs/grpo.graph's GRPO stage on a given model (no SFT node), at the shapes above; dtype on the
+    policy and the reference."""
     path = os.path.join(out, "grpo_bench.graph")
     tok, out_model = json.dumps(TOK), json.dumps(os.path.join(out, "flowrun_grpo" + ("" if os.path.isdir(policy)
                                                                                       else ".bin")))
@@ -116,6 +119,7 @@ reward = "gsm8k"
 
 [node.reference]
 kind = "reference_model"
+dtype = "{dtype}"
 
 [node.experience]
 kind = "experience_maker"
@@ -131,6 +135,7 @@ ppo_epochs = 1
 use_kl_loss = true
 kl_loss_coef = 0.001
 loss_agg_mode = "token-mean"
+dtype = "{dtype}"
 output = {out_model}
 """)
     return path
@@ -142,7 +147,7 @@ def flowrun_pass(flowrun, graph):
     return iteration_intervals([flowrun, graph, "--no-progress"])
 
 
-def trl_pass(hf, out, iterations, threads):
+def trl_pass(hf, out, iterations, threads, dtype="fp32"):
     """One TRL GRPOTrainer run: the seconds between consecutive on_step_end calls, and the mean
     completion length TRL logged."""
     import torch
@@ -186,7 +191,7 @@ def trl_pass(hf, out, iterations, threads):
                      gradient_accumulation_steps=1, num_generations=GENERATIONS, max_completion_length=ANSWER_LEN,
                      temperature=1.0, top_k=0, top_p=1.0, learning_rate=1e-4, beta=0.001, epsilon=0.2,
                      num_iterations=1, loss_type="dapo", scale_rewards="group", max_steps=iterations,
-                     report_to=[], save_strategy="no", logging_steps=1, use_cpu=True, bf16=False, fp16=False,
+                     report_to=[], save_strategy="no", logging_steps=1, use_cpu=True, bf16=dtype == "bf16", fp16=False,
                      seed=1234, disable_tqdm=True, log_completions=False)
     model = AutoModelForCausalLM.from_pretrained(hf)
     with contextlib.redirect_stdout(sys.stderr):  # TRL prints its metrics: keep stdout to JSON lines
@@ -199,18 +204,16 @@ def trl_pass(hf, out, iterations, threads):
 
 def main():
     a, out, h = start("A GRPO iteration in flowrun and in TRL's GRPOTrainer, side by side")
-    if a.dtype != "fp32":
-        sys.exit("trl_grpo: --dtype bf16 is measured for PPO only (bench/trl_ppo.py); GRPO runs in fp32")
     for name in a.models.split(","):
         policy, _, hf = make_models(a.flowrun, out, name)  # the PPO bench's models (its reward model unused)
         work = os.path.join(out, "grpo_" + name)
         os.makedirs(work, exist_ok=True)
-        graph = write_graph(work, policy, a.iterations)
+        graph = write_graph(work, policy, a.iterations, a.dtype)
         trl_lens = []
 
         def one(side):
             if side == "trl":
-                iv, alen = trl_pass(hf, work, a.iterations, a.threads)
+                iv, alen = trl_pass(hf, work, a.iterations, a.threads, a.dtype)
                 trl_lens.append(alen)
                 return iv, None
             return flowrun_pass(a.flowrun if side == "flowrun" else a.baseline, graph)

@@ -9,7 +9,7 @@
 #                            tok512.model through it), trl 1.12 (the last
 #                            release with PPOTrainer, under trl.experimental.ppo) installed from PyPI if missing
 #   BASELINE=OTHER/bin/flowrun  a second flowrun (e.g. main's build) measured in the same rounds (before/after)
-#   DTYPE=bf16                  both sides in bf16 (flowrun's dtype = bf16 on its four models, TRL's bf16=True); PPO only
+#   DTYPE=bf16                  both sides in bf16 (flowrun's dtype = bf16 on its models, TRL's bf16=True)
 # Prints the host line and one JSON line per model; the per-pair figures go to stderr.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -89,10 +89,18 @@ def trl_line(dtype, ratio):
     return json.dumps(d)
 
 
+def grpo_line(dtype, ratio):
+    d = json.loads(trl_line(dtype, ratio))
+    d.update(kind="trl_grpo", prompts=2, num_generations=8, trl_answer_len_mean=32.0)
+    return json.dumps(d)
+
+
 both = results("trl.jsonl", 190.0, [170, 170, 170], [100, 100, 100])
 with open(both, "a") as f:
     f.write(trl_line(None, 2.8) + "\n")  # a line from before --dtype: fp32
     f.write(trl_line("bf16", 4.1) + "\n")
+    f.write(grpo_line("fp32", 2.2) + "\n")
+    f.write(grpo_line("bf16", 2.9) + "\n")
 rc, out = run(both, os.path.join(work, "trl_base.json"), "--record")
 assert rc == 0, out
 rows = [l for l in out.splitlines() if l.startswith("| PPO iteration, llama6m >= 4x")]
@@ -101,4 +109,6 @@ assert "2.80x" in rows[0] and "(the goal's measure is fp32)" not in rows[0] and 
 assert "both sides in bf16 (the goal's measure is fp32)" in rows[1] and "4.10x" in rows[1], rows
 ratios = json.load(open(os.path.join(work, "trl_base.json")))["machines"][TYPE]["baselines"][0]["ratios"]
 assert ratios["ppo llama6m / trl"] == 2.8 and ratios["ppo llama6m bf16 / trl"] == 4.1, ratios
+assert ratios["grpo llama6m / trl"] == 2.2 and ratios["grpo llama6m bf16 / trl"] == 2.9, ratios
+assert "| llama6m, bf16 on both, 2 prompts x 8 answers" in out, out
 print("bench_report_check: ok")

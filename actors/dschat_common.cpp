@@ -289,6 +289,14 @@ std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n)
   return {{"dtype", unknown_dtype(dt), "write fp32, bf16 or fp16, the same on every model of the run"}};
 }
 
+void warn_dtype_overridden(const std::string& node, const std::string& own, const std::string& json_dtype,
+                           const std::string& json_where) {
+  if (own != "fp32" && own != json_dtype)
+    spdlog::warn("node '{}': dtype = \"{}\", but {} makes it {} (its bf16 / fp16 sections), and the JSON wins: set "
+                 "one of the two",
+                 node, own, json_where, json_dtype);
+}
+
 dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   const auto& s = ctx.spec();
   dschat::dschat_settings d;
@@ -306,8 +314,12 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.zero_stage = static_cast<int>(s.get_int("zero_stage"));
   d.dtype = dtype_setting(ctx);
   d.only_optimize_lora = s.get_bool("only_optimize_lora");
-  if (const auto& p = s.get_string("deepspeed_config"); !p.empty())  // one rank: the triple for world size 1
-    dschat::apply_ds_config(d, load_ds_config(resolve_user_path(p, "deepspeed_config").string(), 1));
+  if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {  // one rank: the triple for world size 1
+    const std::string own = d.dtype;
+    const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), 1);
+    dschat::apply_ds_config(d, c);
+    warn_dtype_overridden(ctx.name(), own, d.dtype, c.where);
+  }
   return d;
 }
 

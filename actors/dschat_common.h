@@ -71,6 +71,11 @@ std::string dtype_setting(const actor::node_context& ctx);
 /// The same check of `dtype` when the graph is checked, before any node starts (a kind's check):
 /// no problem, or one at the setting.
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n);
+/// After a DeepSpeed JSON replaced the node's settings (dschat::apply_ds_config): warns, naming the
+/// node and the JSON, when the node's own dtype was set (not the default fp32) and the JSON's bf16 /
+/// fp16 sections give another, which wins (a dtype = fp16 trained in bf16 without a word).
+void warn_dtype_overridden(const std::string& node, const std::string& own, const std::string& json_dtype,
+                           const std::string& json_where);
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d);
 

@@ -53,6 +53,8 @@ using stopped_atom = caf::atom_constant<caf::atom("fr_stopd")>;
 using flush_atom = caf::atom_constant<caf::atom("fr_flush")>;
 /// A payload from a replica in another process, as bytes (see on_remote_data).
 using rdata_atom = caf::atom_constant<caf::atom("fr_rdata")>;
+// the coordinator to itself while draining: say which replicas it still waits for
+using drain_report_atom = caf::atom_constant<caf::atom("fr_drrep")>;
 
 // -- what crosses processes (cluster runs; all of it is counted) ----------------
 
@@ -1465,6 +1467,7 @@ class coordinator_actor final : public caf::event_based_actor {
           begin_stop(stop_reason::failed);
         },
         [this](interrupt_atom, std::int32_t sig) { on_interrupt(sig); },
+        [this](drain_report_atom) { report_drain(); },
         [this](pause_atom) { set_paused(true); },
         [this](resume_atom) { set_paused(false); },
         [this](stopped_atom, std::uint32_t n, std::uint32_t r, std::string& err) {
@@ -1561,10 +1564,31 @@ class coordinator_actor final : public caf::event_based_actor {
       for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
         if (plan_->nodes[n].source)
           for (auto& a : plan_->actors[n]) send_counted(a, end_atom::value);
+      drain_began_ = std::chrono::steady_clock::now();
+      delayed_send(this, k_drain_report, drain_report_atom::value);
     } else if (phase_ == phase::draining) {
       spdlog::warn("signal {}: stopping without draining", sig);
       begin_stop(stop_reason::interrupted);
     }
+  }
+
+  // While a drain lasts, every k_drain_report: the replicas still inside a call (a node waiting
+  // on a hung reward command drains only when its timeout ends), and how to stop now.
+  void report_drain() {
+    if (phase_ != phase::draining) return;
+    const std::int64_t now = plan_->live->now_ns();
+    std::string busy;
+    for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
+      for (std::uint32_t r = 0; r < plan_->nodes[n].replicas; ++r) {
+        const replica_view v = plan_->live->replica(n, r).read(now);
+        if (v.state != replica_state::busy) continue;
+        busy += (busy.empty() ? ": " : ", ") + replica_name(*plan_, n, r) + " busy " +
+                std::to_string(static_cast<long long>(v.state_for_s)) + " s" +
+                (v.phase.empty() ? std::string() : " (" + v.phase + ")");
+      }
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - drain_began_);
+    spdlog::warn("still draining after {} s{}; again to stop now", waited.count(), busy);
+    delayed_send(this, k_drain_report, drain_report_atom::value);
   }
 
   void begin_stop(stop_reason why) {
@@ -1636,6 +1660,8 @@ class coordinator_actor final : public caf::event_based_actor {
   int interrupts_ = 0;
   int signal_ = 0;
   bool paused_ = false;
+  static constexpr std::chrono::seconds k_drain_report{10};
+  std::chrono::steady_clock::time_point drain_began_;
   std::set<std::uint32_t> lost_;  // cluster processes lost
 };
 

@@ -78,11 +78,9 @@ class dschat_trainer : public actor::node {
     // master starts from the rounded weights, and so do DPO's reference (model_loaded copies it)
     // and the held-out pass before training, whose products run in the step's precision too
     // (DS-Chat evaluates its bf16 engine in bf16). The value head stays fp32, as the engine keeps it.
-    if (const zero_settings zs = dschat::engine_settings(*model_, d_); zs.precision != dtype::f32) {
-      tensor& flat = model_->w().flat;
-      flat.copy_from(flat.to(zs.precision).to(dtype::f32));
-      if (zs.precision == dtype::bf16 && zs.bf16_matmul) held_out_precision_ = ops::matmul_precision::bf16;
-    }
+    const zero_settings zs = dschat::engine_settings(*model_, d_);
+    if (zs.precision != dtype::f32) round_through(model_->w().flat, zs.precision);
+    if (zs.precision == dtype::bf16 && zs.bf16_matmul) held_out_precision_ = ops::matmul_precision::bf16;
     model_loaded(ctx);
     check_seq_len(ctx, model_->config(), d_.max_seq_len, "max_seq_len");
     dschat::apply_lora(*model_, d_);
@@ -93,7 +91,7 @@ class dschat_trainer : public actor::node {
     plan.micro_batch = (value_head_ ? 2 : 1) * d_.per_device_train_batch_size;
     plan.seq_len = d_.max_seq_len;
     plan.stage = d_.zero_stage;
-    plan.precision = dschat::engine_settings(*model_, d_).precision;
+    plan.precision = zs.precision;
     plan.dout = value_head_ ? memory_plan::loss_grad::dvalues : memory_plan::loss_grad::model_cross_entropy;
     plan_memory(plan);
     const memory_report est = check_memory_plan(

@@ -397,8 +397,7 @@ class frozen_scorer final : public actor::node {
         zs.precision = precision_;
         engine_ = std::make_unique<zero_engine>(*model_, *group_.comm, zs);
       } else if (precision_ != dtype::f32) {  // DS-Chat's eval engine in bf16 / fp16: the base weights rounded
-        tensor& flat = model_->w().flat;  // (the engine's rule: the adapter buffer, v_head included, stays fp32)
-        flat.copy_from(flat.to(precision_).to(dtype::f32));
+        round_through(model_->w().flat, precision_);  // (the engine's rule: the adapter buffer, v_head, stays fp32)
       }
       if (group_.rank == 0) ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {})", model_->config().summary(),
                                            group_.world, stage_);
@@ -416,9 +415,8 @@ class frozen_scorer final : public actor::node {
         // (not at ZeRO-3, whose ranks must gather layers in step: one forward each)
         const bool share = !reward_ && r->group_size > 1 && !engine_;
         // bf16: the products' inputs in bf16 too (ops::matmul_precision; fp16 computes in fp32)
-        ops::matmul_precision_scope gemm(engine_                       ? engine_->compute_precision()
-                                         : precision_ == dtype::bf16 ? ops::matmul_precision::bf16
-                                                                     : ops::get_matmul_precision());
+        ops::matmul_precision_scope gemm(precision_ == dtype::bf16 ? ops::matmul_precision::bf16
+                                                                   : ops::get_matmul_precision());
         out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
           return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask)
                  : share ? ppo::shared_prompt_logprobs(*model_, acts_, seq, mask, r->exp->prompts.size(1))

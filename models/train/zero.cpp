@@ -127,6 +127,8 @@ void add_segments(std::vector<segment>& out, const std::vector<param_entry>& es,
 
 }  // namespace
 
+void round_through(tensor& t, dtype via) { copy_rounded(t, t, via); }
+
 std::string memory_report::str() const {
   std::string s = "rank " + std::to_string(rank) + "/" + std::to_string(world_size) + " stage " +
                   std::to_string(stage) + ": params " + mb(param_bytes);

@@ -54,6 +54,13 @@
 namespace flowrun {
 
 /// The DeepSpeed settings the engine uses (ds_config.h fills them from JSON).
+/// t (f32, on the CPU or a CUDA device) rounded in place to `via` (bf16 or f16, round to nearest
+/// even) and back: the engine's working parameters of a mixed-precision model are the master so
+/// rounded, and so are the frozen models DS-Chat runs in its dtype (the reference and reward
+/// models) and the model a DS-Chat step loads before its engine makes the master from it.
+/// Throws std::invalid_argument for a tensor that is not f32.
+void round_through(tensor& t, dtype via);
+
 struct zero_settings {
   int stage = 0;                          ///< zero_optimization.stage: 0, 1, 2 or 3
   int64_t micro_batch = 1;                ///< train_micro_batch_size_per_gpu (rows per rank per micro-step)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -287,6 +288,22 @@ std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n)
   const std::string dt = n.get_string("dtype");
   if (known_dtype(dt)) return {};
   return {{"dtype", unknown_dtype(dt), "write fp32, bf16 or fp16, the same on every model of the run"}};
+}
+
+void warn_mixed_dtypes(const graph::graph_spec& g) {
+  static const std::set<std::string, std::less<>> step3 = {"policy", "critic", "reference_model", "reward_model"};
+  std::set<std::string> seen;
+  std::string each;
+  for (const auto& m : g.nodes) {
+    if (!step3.count(m.kind) || !m.find_setting("dtype")) continue;
+    const std::string& dt = m.get_string("dtype");
+    seen.insert(dt);
+    each += fmt::format("{}{} {}", each.empty() ? "" : ", ", m.name, dt);
+  }
+  if (seen.size() > 1)
+    spdlog::warn("step 3's models have different dtypes ({}): DS-Chat's --dtype is one for all four, and a reference "
+                 "in another dtype than the policy starts the KL away from 0; set node.NAME.dtype the same on each",
+                 each);
 }
 
 void warn_dtype_overridden(const std::string& node, const std::string& own, const std::string& json_dtype,

@@ -71,6 +71,13 @@ std::string dtype_setting(const actor::node_context& ctx);
 /// The same check of `dtype` when the graph is checked, before any node starts (a kind's check):
 /// no problem, or one at the setting.
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n);
+/// DS-Chat's --dtype is one setting for the four models of step 3. Warns when the graph's policy,
+/// critic, reference_model and reward_model nodes set different dtypes (a reference left in fp32
+/// against a bf16 policy starts PPO from a KL of about 1e-3 instead of 0), naming each node's dtype
+/// and the fix; silent when they agree. Called by the policy kind's graph check, so it is printed
+/// before steps 1 and 2 train. The node settings are compared: a DeepSpeed JSON's bf16 section is
+/// not read here.
+void warn_mixed_dtypes(const graph::graph_spec& g);
 /// After a DeepSpeed JSON replaced the node's settings (dschat::apply_ds_config): warns, naming the
 /// node and the JSON, when the node's own dtype was set (not the default fp32) and the JSON's bf16 /
 /// fp16 sections give another, which wins (a dtype = fp16 trained in bf16 without a word).

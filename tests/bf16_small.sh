@@ -10,6 +10,7 @@
 #   iteration 0's reward is the same.
 # - DPO: the reference is the starting model rounded as the policy is, scored in its precision: the first
 #   update's loss is ln 2 and both rewards 0, as in fp32.
+# - A reference left in fp32 against the bf16 policy is named in a warning (DS-Chat's --dtype is one for all).
 # - A DeepSpeed JSON's bf16 section wins over a node's other dtype, with a warning naming both.
 # - A dtype that is none of fp32, bf16, fp16 is refused when the graph is checked, naming the setting (on a
 #   policy or critic it was refused only after steps 1 and 2 had trained).
@@ -42,6 +43,9 @@ kl=$(first_kl "$out/bf16.jsonl")
 kl2=$(first_kl "$out/mixed.jsonl")
 python3 -c "import sys; sys.exit(0 if abs(float('$kl2')) > 0 else 1)" ||
   { echo "the reference in fp32 against a bf16 policy: the first KL is $kl2, the same as in bf16"; exit 1; }
+grep -qF "step 3's models have different dtypes (policy bf16, reference fp32, reward bf16, critic bf16)" "$out/err2" ||
+  { echo "no warning named the reference left in fp32:"; grep -i dtype "$out/err2"; exit 1; }
+grep -q "different dtypes" "$out/err" && { echo "warned of different dtypes with every model in bf16"; exit 1; }
 # the reference sharded (ZeRO-3 over 2 replicas: its engine gathers the layers rounded to bf16)
 "$flowrun" "$root/graphs/ppo.graph" --no-progress --set graph.checkpoint_dir= \
   --set node.actor_model.model="$out/sft.bin" --set node.reward_model.model="$out/rm" \

@@ -374,6 +374,8 @@ class frozen_scorer final : public actor::node {
     stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
     const std::string dt = dtype_setting(ctx);
     precision_ = dt == "bf16" ? dtype::bf16 : dt == "fp16" ? dtype::f16 : dtype::f32;
+    // the dtype moves every score a resume trains on; where ranks talk and the ZeRO stage do not
+    check_step3_settings(ctx, {"comm_backend", "rendezvous", "store_dir", "comm_timeout_s", "zero_stage"});
   }
 
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {

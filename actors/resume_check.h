@@ -34,7 +34,8 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
                            const std::set<std::string>& safe, const std::string& afresh);
 
 /// Step 3's nodes that keep no checkpoint of their own but shape what the trainers learn (the
-/// prompt loader, the generator, the reward function, the experience maker, the controller):
+/// prompt loader, the generator, the reward function, the experience maker, the controller, the
+/// frozen reference and reward models):
 /// when step 3 starts afresh (CHECKPOINT_DIR holds no step3.json) the node's settings record
 /// (settings_record, but those in `safe`, restart and max_restarts) goes to
 /// CHECKPOINT_DIR/NAME.settings.json (written by replica 0); when it resumes, every replica

@@ -10,7 +10,7 @@
 #      the lines after it equal the uninterrupted run's within 1e-4.
 #   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
 #      which the same command resumes (with the uninterrupted run's lines).
-#   6. A resume whose settings changed: actor_learning_rate and the prompts'
+#   6. A resume whose settings changed: actor_learning_rate, the reference model's dtype and the prompts'
 #      per_device_generation_batch_size are refused, naming them with both values, and so are
 #      fewer iterations than the checkpoint has done;
 #      critic_zero_stage is safe and the run resumes.
@@ -187,7 +187,10 @@ refused f3 "another per_device_generation_batch_size (other prompts would follow
   "$out/a" --set node.prompts.per_device_generation_batch_size=2
 refused f4 "fewer iterations than the checkpoint's" "holds step 3 after iteration 5 (6 iterations done), more than iterations = 3" \
   "$out/a" --set node.prompts.iterations=3
-echo "settings changed: actor_learning_rate, per_device_generation_batch_size and fewer iterations refused, critic_zero_stage accepted"
+refused f5 "the reference model in another dtype (other KL penalties would follow)" \
+  "node 'reference': resuming from .* with settings changed: dtype \"fp32\" -> \"bf16\"; set them back" \
+  "$out/a" --set node.reference.dtype=bf16
+echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage accepted"
 # 7. step 1 retrained since step 3's checkpoint (one more SFT step: a longer run is a safe change
 #    for step 1, so it trains on): no step-3 setting changed, but the policy would continue from
 #    weights trained on the old step-1 model while the reference is the new one. Refused, naming why.

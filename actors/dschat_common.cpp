@@ -306,12 +306,13 @@ void warn_mixed_dtypes(const graph::graph_spec& g) {
                  each);
 }
 
-void warn_dtype_overridden(const std::string& node, const std::string& own, const std::string& json_dtype,
+void warn_dtype_overridden(const actor::node_context& ctx, const std::string& own, const std::string& json_dtype,
                            const std::string& json_where) {
-  if (own != "fp32" && own != json_dtype)
+  const auto* written = ctx.spec().find_setting("dtype");
+  if (written && !written->from_default && own != json_dtype)
     spdlog::warn("node '{}': dtype = \"{}\", but {} makes it {} (its bf16 / fp16 sections), and the JSON wins: set "
                  "one of the two",
-                 node, own, json_where, json_dtype);
+                 ctx.name(), own, json_where, json_dtype);
 }
 
 dschat::dschat_settings common_settings(const actor::node_context& ctx) {
@@ -335,7 +336,7 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
     const std::string own = d.dtype;
     const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), 1);
     dschat::apply_ds_config(d, c);
-    warn_dtype_overridden(ctx.name(), own, d.dtype, c.where);
+    warn_dtype_overridden(ctx, own, d.dtype, c.where);
   }
   return d;
 }

@@ -79,9 +79,11 @@ std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n)
 /// not read here.
 void warn_mixed_dtypes(const graph::graph_spec& g);
 /// After a DeepSpeed JSON replaced the node's settings (dschat::apply_ds_config): warns, naming the
-/// node and the JSON, when the node's own dtype was set (not the default fp32) and the JSON's bf16 /
-/// fp16 sections give another, which wins (a dtype = fp16 trained in bf16 without a word).
-void warn_dtype_overridden(const std::string& node, const std::string& own, const std::string& json_dtype,
+/// node and the JSON, when the node's `dtype` was written (in the graph or with --set, fp32 too; not
+/// the kind's default, which the JSON replaces as it does every setting) and the JSON's bf16 / fp16
+/// sections give another, which wins (a dtype = fp16 trained in bf16 without a word). `ctx` is the
+/// node's; `own` its dtype before the JSON.
+void warn_dtype_overridden(const actor::node_context& ctx, const std::string& own, const std::string& json_dtype,
                            const std::string& json_where);
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d);

@@ -510,7 +510,7 @@ class ppo_trainer final : public actor::node {
       const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), group_.world);
       const std::string own = d_.dtype;
       dschat::apply_ds_config(d_, c);
-      if (group_.rank == 0) warn_dtype_overridden(ctx.name(), own, d_.dtype, c.where);
+      if (group_.rank == 0) warn_dtype_overridden(ctx, own, d_.dtype, c.where);
       if (group_.rank == 0 && !c.ignored_keys.empty())
         ctx.log().info("{}: keys that do not apply here, ignored: {}", c.where, fmt::join(c.ignored_keys, ", "));
       if (group_.rank == 0 && !c.scheduler.type.empty())

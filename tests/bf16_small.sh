@@ -11,7 +11,8 @@
 # - DPO: the reference is the starting model rounded as the policy is, scored in its precision: the first
 #   update's loss is ln 2 and both rewards 0, as in fp32.
 # - A reference left in fp32 against the bf16 policy is named in a warning (DS-Chat's --dtype is one for all).
-# - A DeepSpeed JSON's bf16 section wins over a node's other dtype, with a warning naming both.
+# - A DeepSpeed JSON's bf16 section wins over a node's other dtype (fp32 too, when written), with a warning
+#   naming both.
 # - A dtype that is none of fp32, bf16, fp16 is refused when the graph is checked, naming the setting (on a
 #   policy or critic it was refused only after steps 1 and 2 had trained).
 set -euo pipefail
@@ -103,16 +104,21 @@ fi
 grep -qF "node.critic.dtype=bf17:1:19: error: dtype = \"bf17\" is none of fp32, bf16, fp16" "$out/err6" ||
   { tail -5 "$out/err6"; echo "the refusal does not name the node and the choices"; exit 1; }
 grep -q "step 1 sft\]" "$out/log6" && { echo "step 1 started before the critic's dtype was refused"; exit 1; }
-# a DeepSpeed JSON whose bf16 section is on wins over a node's dtype = fp16, and the node says so; a dtype
-# that agrees with it (or the default fp32, which the JSON replaces as it does every setting) says nothing
+# a DeepSpeed JSON whose bf16 section is on wins over a node's dtype = fp16 or a written fp32, and the node
+# says so; a dtype that agrees with it, or none written (the default fp32, which the JSON replaces as it does
+# every setting), says nothing
 echo '{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "bf16": {"enabled": true}}' > "$out/ds.json"
-for dt in fp16 bf16 fp32; do
+for dt in fp16 bf16 fp32 default; do
+  own=(--set node.sft.dtype=$dt)
+  [ $dt = default ] && own=()
   "$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=1 \
-    --set node.sft.dtype=$dt --set node.sft.deepspeed_config="$out/ds.json" --set node.sft.output="$out/ds_$dt.bin" \
+    "${own[@]}" --set node.sft.deepspeed_config="$out/ds.json" --set node.sft.output="$out/ds_$dt.bin" \
     > "$out/ds_$dt.log" 2> "$out/ds_$dt.err" || { echo "flowrun failed:"; tail -20 "$out/ds_$dt.err"; exit 1; }
 done
-grep -qF "node 'sft': dtype = \"fp16\", but $out/ds.json makes it bf16" "$out/ds_fp16.err" ||
-  { tail -5 "$out/ds_fp16.err"; echo "dtype = fp16 under a bf16 JSON: no warning"; exit 1; }
-cat "$out/ds_bf16.err" "$out/ds_fp32.err" | grep -q "and the JSON wins" && { echo "a warning where nothing conflicts"; exit 1; }
+for dt in fp16 fp32; do
+  grep -qF "node 'sft': dtype = \"$dt\", but $out/ds.json makes it bf16" "$out/ds_$dt.err" ||
+    { tail -5 "$out/ds_$dt.err"; echo "dtype = $dt written under a bf16 JSON: no warning"; exit 1; }
+done
+cat "$out/ds_bf16.err" "$out/ds_default.err" | grep -q "and the JSON wins" && { echo "a warning where nothing conflicts"; exit 1; }
 cmp "$out/ds_fp16.bin" "$out/ds_bf16.bin" || { echo "the JSON did not win: the fp16 run's model differs"; exit 1; }
 echo "bf16_small: ok"

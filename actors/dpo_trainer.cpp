@@ -79,6 +79,7 @@ class dpo_trainer final : public dschat_trainer {
       tokens += 2 * micro.back().B * micro.back().T;
     }
     const auto r = dschat::dpo_update(*engine_.engine, *reference_, micro, s_, engine_.next_lr(d_));
+    engine_.report_overflows(ctx, fmt::format("[step 2 dpo] step {}:", step));
     ctx.signal("loss", r.loss, step);
     ctx.signal("accuracy", r.accuracy, step);
     ctx.signal("rewards/chosen", r.chosen_reward, step);

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "models/checkpoint.h"
 #include "models/rlhf/dschat_data.h"
 #include "models/rlhf/dschat_steps.h"
@@ -217,8 +219,23 @@ struct trainer_engine {
       comm = own_comm.get();
     }
     engine = std::make_unique<zero_engine>(model, *comm, dschat::engine_settings(model, d));
+    overflows_reported = 0;
     schedule = dschat::schedule_from(d, steps);
   }
+  /// fp16 (a dynamic or static loss scale): on rank 0, prints "LABEL fp16 gradients overflowed: N
+  /// update(s) skipped (M in all), loss scale now S" when updates were skipped
+  /// since the last call (DeepSpeed's "OVERFLOW! Skipping step ... reducing to"), so a run whose
+  /// updates are skipped says so on its log, not only in its grad_norm signal; nothing otherwise.
+  void report_overflows(actor::node_context& ctx, const std::string& label) {
+    const auto& scaler = engine ? engine->settings().loss_scaler : nullptr;
+    if (!scaler || scaler->overflows() == overflows_reported) return;
+    const int64_t n = scaler->overflows() - overflows_reported;
+    overflows_reported = scaler->overflows();
+    if (engine->rank() == 0)
+      ctx.print(fmt::format("{} fp16 gradients overflowed: {} update{} skipped ({} in all), loss scale now {:g}",
+                            label, n, n == 1 ? "" : "s", overflows_reported, scaler->scale()));
+  }
+  int64_t overflows_reported = 0;
   /// The lr of the next update (transformers.get_scheduler over `steps` updates).
   double next_lr(const dschat::dschat_settings& d) const {
     return schedule.lr_at(engine->step_count(), d.learning_rate);

@@ -122,6 +122,7 @@ class sft_trainer final : public dschat_trainer {
     }
     const auto t = clk::now();
     const step_result r = dschat::sft_update(*engine_.engine, micro, engine_.next_lr(d_));
+    engine_.report_overflows(ctx, fmt::format("[step 1 sft] step {}:", step));
     const double tps = tokens / since(t);
     ctx.signal("loss", r.loss, step);
     ctx.signal("lr", r.lr, step);
@@ -215,6 +216,7 @@ class rm_trainer final : public dschat_trainer {
       tokens += 2 * micro.back().B * micro.back().T;
     }
     const auto r = dschat::rm_update(*engine_.engine, micro, engine_.next_lr(d_));
+    engine_.report_overflows(ctx, fmt::format("[step 2 rm] step {}:", step));
     ctx.signal("loss", r.loss, step);
     ctx.signal("accuracy", r.accuracy, step);
     ctx.signal("chosen_mean", r.chosen_mean, step);

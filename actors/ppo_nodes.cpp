@@ -807,6 +807,7 @@ class ppo_trainer final : public actor::node {
     }
     scored_ = nullptr;  // the activations hold a training forward now
     st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
+    engine_.report_overflows(ctx, fmt::format("[step 3 ppo] {}, iteration {}:", ctx.name(), xb.iteration));
     // what reached the optimizer and what did not (the console; the drop policy's end-to-end test)
     ctx.metric("optimizer_steps", updates);
     ctx.metric("experience_trained", static_cast<int64_t>(items.size()));

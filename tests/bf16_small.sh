@@ -13,6 +13,7 @@
 # - A reference left in fp32 against the bf16 policy is named in a warning (DS-Chat's --dtype is one for all).
 # - A DeepSpeed JSON's bf16 section wins over a node's other dtype (fp32 too, when written), with a warning
 #   naming both.
+# - fp16: an update skipped for overflowed gradients is named on the log with the new loss scale.
 # - A dtype that is none of fp32, bf16, fp16 is refused when the graph is checked, naming the setting (on a
 #   policy or critic it was refused only after steps 1 and 2 had trained).
 set -euo pipefail
@@ -121,4 +122,13 @@ for dt in fp16 fp32; do
 done
 cat "$out/ds_bf16.err" "$out/ds_default.err" | grep -q "and the JSON wins" && { echo "a warning where nothing conflicts"; exit 1; }
 cmp "$out/ds_fp16.bin" "$out/ds_bf16.bin" || { echo "the JSON did not win: the fp16 run's model differs"; exit 1; }
+# fp16 at a learning rate that blows the model up: the updates whose gradients overflow are skipped, and the
+# log says so at each (DeepSpeed's "OVERFLOW! Skipping step"), not only the metrics' grad_norm
+"$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=4 \
+  --set node.sft.dtype=fp16 --set node.sft.learning_rate=10 --set node.sft.print_every=1 \
+  --set node.sft.output="$out/fp16hot.bin" > "$out/fp16.log" 2> "$out/fp16.err" ||
+  { echo "flowrun failed:"; tail -20 "$out/fp16.err"; exit 1; }
+grep -qF "fp16 gradients overflowed: 1 update skipped (1 in all), loss scale now 32768" "$out/fp16.log" ||
+  { grep "step 1 sft" "$out/fp16.log"; echo "fp16 updates skipped without a line saying so"; exit 1; }
+grep "overflowed" "$out/fp16.log" | head -2
 echo "bf16_small: ok"

@@ -860,6 +860,7 @@ dynamic_loss_scaler::dynamic_loss_scaler(const ds_config& cfg) {
 }
 
 bool dynamic_loss_scaler::update(bool overflow) {
+  if (overflow) ++overflows_;
   if (!dynamic_) return overflow;
   if (overflow) {
     if (!use_hysteresis_) {

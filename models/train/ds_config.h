@@ -208,6 +208,10 @@ class dynamic_loss_scaler {
   /// cur_hysteresis); always fp16.hysteresis under stage 0's rule.
   int64_t hysteresis_left() const { return hysteresis_left_; }
 
+  /// Updates skipped for overflowed gradients since this scaler was made (not checkpointed: the
+  /// trainers report them as they happen, trainer_engine::report_overflows).
+  int64_t overflows() const { return overflows_; }
+
   /// Restores checkpointed state (scale(), good_steps(), hysteresis_left()) of
   /// a dynamic scaler; a static or absent scale stays as the config says.
   /// Throws std::invalid_argument for scale <= 0 or non-finite, good_steps < 0
@@ -224,6 +228,7 @@ class dynamic_loss_scaler {
   bool consecutive_hysteresis_ = false;
   int64_t good_steps_ = 0;
   int64_t hysteresis_left_ = 2;
+  int64_t overflows_ = 0;
 };
 
 }  // namespace flowrun

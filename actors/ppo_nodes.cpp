@@ -401,8 +401,9 @@ class frozen_scorer final : public actor::node {
       } else if (precision_ != dtype::f32) {  // DS-Chat's eval engine in bf16 / fp16: the base weights rounded
         round_through(model_->w().flat, precision_);  // (the engine's rule: the adapter buffer, v_head, stays fp32)
       }
-      if (group_.rank == 0) ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {})", model_->config().summary(),
-                                           group_.world, stage_);
+      if (group_.rank == 0)
+        ctx.log().info("model ready: {} ({} rank(s), ZeRO stage {}, {})", model_->config().summary(), group_.world,
+                       stage_, ctx.spec().get_string("dtype"));
     } else if (port == "rollouts") {
       pending_.push_back(msg);
     }

@@ -13,6 +13,7 @@
 # - A reference left in fp32 against the bf16 policy is named in a warning (DS-Chat's --dtype is one for all).
 # - A DeepSpeed JSON's bf16 section wins over a node's other dtype (fp32 too, when written), with a warning
 #   naming both.
+# - The log names each model's precision (the trainers' memory plans, the frozen scorers' model ready line).
 # - fp16: an update skipped for overflowed gradients is named on the log with the new loss scale.
 # - A dtype that is none of fp32, bf16, fp16 is refused when the graph is checked, naming the setting (on a
 #   policy or critic it was refused only after steps 1 and 2 had trained).
@@ -35,6 +36,15 @@ for line in open(sys.argv[1]):
         print(repr(r["value"])); break' "$@"
 }
 first_kl() { signal_at "$1" ppo_controller kl 0; }
+# the log names each model's precision: the trainers' memory plans, the frozen scorers' "model ready"
+for who in sft rm; do
+  grep -q "\[$who\[0\]\] \[info\] memory plan: rank 0/1 stage 0, bf16: params" "$out/err" ||
+    { echo "the $who node's log does not name bf16"; grep "memory plan" "$out/err"; exit 1; }
+done
+for who in reference reward; do
+  grep -q "\[$who\[0\]\] \[info\] model ready: .*ZeRO stage 0, bf16)" "$out/err" ||
+    { echo "the $who node's log does not name bf16"; grep "model ready" "$out/err"; exit 1; }
+done
 kl=$(first_kl "$out/bf16.jsonl")
 [ "$kl" = "0.0" ] || { echo "all in bf16: the first KL is $kl, not 0 (the reference's forward is not the policy's)"; exit 1; }
 "$flowrun" "$root/graphs/ppo.graph" --no-progress --set graph.checkpoint_dir= \

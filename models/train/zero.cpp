@@ -130,8 +130,9 @@ void add_segments(std::vector<segment>& out, const std::vector<param_entry>& es,
 void round_through(tensor& t, dtype via) { copy_rounded(t, t, via); }
 
 std::string memory_report::str() const {
-  std::string s = "rank " + std::to_string(rank) + "/" + std::to_string(world_size) + " stage " +
-                  std::to_string(stage) + ": params " + mb(param_bytes);
+  std::string s = "rank " + std::to_string(rank) + "/" + std::to_string(world_size) + " stage " + std::to_string(stage) +
+                  (precision == dtype::f32 ? "" : precision == dtype::f16 ? ", fp16" : ", bf16") + ": params " +
+                  mb(param_bytes);
   if (gathered_peak_bytes > 0) s += " (+" + mb(gathered_peak_bytes) + " gathered peak)";
   s += ", grads " + mb(grad_bytes) + ", optimizer " + mb(optimizer_bytes) + ", activations " +
        mb(activation_bytes);
@@ -164,6 +165,7 @@ memory_report estimate_memory(const decoder& model, const memory_plan& p) {
   memory_report m;
   m.world_size = N;
   m.stage = stage;
+  m.precision = p.precision;
   m.max_block_bytes = max_block * 4;
   int64_t master = 0;  // fp32 master: pieces at stages 1-3, a full copy at stage 0 in mixed precision
   if ((stage >= 1 && base_trains) || stage == 3) master = shard;
@@ -733,6 +735,7 @@ memory_report zero_engine::memory() const {
   m.rank = r_;
   m.world_size = N_;
   m.stage = s_.stage;
+  m.precision = s_.precision;
   // the working parameters (full below stage 3) and the fp32 master (pieces, or a full copy at stage 0 in mixed precision)
   m.param_bytes = bytes_of(master_) + (s_.stage == 3 ? 0 : bytes_of(model_.w().flat)) + bytes_of(model_.w().adapter_flat);
   m.gathered_peak_bytes = gathered_peak_;

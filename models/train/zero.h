@@ -92,6 +92,7 @@ struct zero_settings {
 /// Bytes one rank holds, by kind (what DeepSpeed's see_memory_usage splits).
 struct memory_report {
   int rank = 0, world_size = 1, stage = 0;
+  dtype precision = dtype::f32;     ///< zero_settings::precision (named by str() when not f32)
   int64_t param_bytes = 0;          ///< persistent parameters held: the working copy (below stage 3), the fp32 master
                                     ///< (this rank's pieces at stages 1-3, a full copy at stage 0 in bf16/fp16) and
                                     ///< the adapter buffer (LoRA A/B, v_head)
@@ -105,7 +106,8 @@ struct memory_report {
   int64_t total() const {
     return param_bytes + gathered_peak_bytes + grad_bytes + optimizer_bytes + activation_bytes + loss_bytes;
   }
-  /// One line: "rank 0/2 stage 3: params 0.52 MB (+0.18 MB gathered peak) grads ... total ...".
+  /// One line: "rank 0/2 stage 3: params 0.52 MB (+0.18 MB gathered peak) grads ... total ...";
+  /// "rank 0/1 stage 0, bf16: ..." in mixed precision.
   std::string str() const;
 };
 

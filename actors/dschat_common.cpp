@@ -229,7 +229,7 @@ void check_output(const actor::node_context& ctx, const model_file_info& in, boo
 /// Saves `m` to the node's `output` (when set) as `f`, with `tokenizer` beside an HF
 /// folder; with verify_output, reloads it and prints the largest output difference.
 void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
-                 const std::string& tokenizer) {
+                 const std::string& tokenizer, const std::string& dtype) {
   const auto& out = ctx.spec().get_string("output");
   if (out.empty()) return;
   save_model(m, out, f, tokenizer);
@@ -247,6 +247,7 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
                                      {"eval_fraction", s.get_float("eval_fraction")},
                                      {"seed", s.get_int("seed")},
                                      {"max_seq_len", s.get_int("max_seq_len")},
+                                     {"dtype", dtype},
                                      {"tokenizer", resolve_user_path(s.get_string("tokenizer"), "tokenizer").string()}}
                               .dump(2) +
                           "\n");

@@ -114,9 +114,11 @@ void print_chat_row(actor::node_context& ctx, const char* tag, const dschat::ste
                     const dschat::tokenize_settings& ts, bool prompt_only);
 
 /// Saves `m` to the node's `output` (when set) as `f`, with `tokenizer` beside an HF
-/// folder; with verify_output, reloads it and prints the largest output difference.
+/// folder; with verify_output, reloads it and prints the largest output difference. A steps 1-2
+/// trainer's folder output also gets flowrun_data.json: its held-out split and `dtype`, the
+/// precision it trained and evaluated in (after a DeepSpeed JSON's), for flowrun eval's defaults.
 void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
-                 const std::string& tokenizer);
+                 const std::string& tokenizer, const std::string& dtype = "fp32");
 
 /// The settings a trainer kind names when its memory plan does not fit (what to lower or set).
 struct plan_settings {

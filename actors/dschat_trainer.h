@@ -124,7 +124,7 @@ class dschat_trainer : public actor::node {
       engine_.finish();
       ctx.print(held_out_pass(ctx, false, since(t0_)));
       if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
-        save_output(ctx, tag_, *model_, format_, tokenizer_);
+        save_output(ctx, tag_, *model_, format_, tokenizer_, d_.dtype);
         // llama2.c and HF files hold the merged weights: bit-exact on reload only without LoRA;
         // a flowrun folder keeps every tensor in f32, LoRA and v_head included
         if (!model_->has_lora() || format_ == model_format::flowrun) {

@@ -13,6 +13,7 @@
 # - A reference left in fp32 against the bf16 policy is named in a warning (DS-Chat's --dtype is one for all).
 # - A DeepSpeed JSON's bf16 section wins over a node's other dtype (fp32 too, when written), with a warning
 #   naming both.
+# - flowrun eval reward scores in the recorded dtype: rm_trainer's held-out figures.
 # - The log names each model's precision (the trainers' memory plans, the frozen scorers' model ready line).
 # - fp16: an update skipped for overflowed gradients is named on the log with the new loss scale.
 # - A dtype that is none of fp32, bf16, fp16 is refused when the graph is checked, naming the setting (on a
@@ -36,6 +37,25 @@ for line in open(sys.argv[1]):
         print(repr(r["value"])); break' "$@"
 }
 first_kl() { signal_at "$1" ppo_controller kl 0; }
+# flowrun eval reward on the bf16-trained reward model: the dtype recorded in its flowrun_data.json, so the
+# held-out scores are rm_trainer's own (its products in bf16)
+after=$(grep -oE "\[step 2 rm\] held-out accuracy .* over [0-9]+ pairs; mean chosen [-0-9.]+, rejected [-0-9.]+" "$out/log")
+want=$(echo "$after" | sed -E 's/.*accuracy ([0-9.]+) .* over ([0-9]+) pairs; mean chosen ([-0-9.]+), rejected ([-0-9.]+)/\1 \2 \3 \4/')
+"$flowrun" eval reward --model "$out/rm" > "$out/eval_rm.log" 2> "$out/eval_rm.err" ||
+  { echo "flowrun eval reward failed:"; tail -5 "$out/eval_rm.err"; exit 1; }
+grep -q "dtype bf16 (.*flowrun_data.json recorded the training's" "$out/eval_rm.err" ||
+  { echo "eval reward did not take the recorded dtype:"; cat "$out/eval_rm.err"; exit 1; }
+python3 - "$out/eval_rm.log" $want <<'PY' || exit 1
+import re, sys
+m = re.search(r"held-out pairs (\d+): accuracy ([0-9.]+) .* mean chosen score ([-0-9.]+), mean rejected score ([-0-9.]+)",
+              open(sys.argv[1]).read())
+got = [float(m[2]), int(m[1]), float(m[3]), float(m[4])]
+want = [float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])]
+# the trainer prints 3 decimals, eval 4: equal within their rounding
+if got[1] != want[1] or any(abs(a - b) > 6e-4 for a, b in zip(got[::2] + got[3:], want[::2] + want[3:])):
+    sys.exit(f"eval reward on the bf16 model: {got}, rm_trainer's held-out pass: {want}")
+print(f"eval reward in the recorded bf16: {got}, rm_trainer's: {want}")
+PY
 # the log names each model's precision: the trainers' memory plans, the frozen scorers' "model ready"
 for who in sft rm; do
   grep -q "\[$who\[0\]\] \[info\] memory plan: rank 0/1 stage 0, bf16: params" "$out/err" ||

@@ -19,6 +19,7 @@
 #include "models/rlhf/dschat_steps.h"
 #include "models/generate.h"
 #include "models/tokenizer.h"
+#include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 #include "tools/flowrun/model_tokenizer.h"
@@ -43,6 +44,7 @@ struct eval_opts {
   int64_t max_seq_len = 96;
   int64_t step = 3;
   bool apply_chat_template = false;
+  std::string dtype = "fp32";  ///< eval reward: the products' precision (the training's, from flowrun_data.json)
 };
 
 // --apply_chat_template: the trainers' rule (chat_formatter_for_tokenizer) on --tokenizer, into the
@@ -205,10 +207,17 @@ void add_eval(CLI::App& app) {
   rw->add_option("--step", r->step, "whose held-out share to use (2: the RM's own)")
       ->capture_default_str()
       ->check(CLI::Range(1, 3));
+  auto* rw_dtype = rw->add_option("--dtype", r->dtype,
+                                  std::string("fp32, bf16 or fp16: bf16 multiplies in bf16 where the CPU has "
+                                              "AVX512_BF16 or AMX, as rm_trainer's held-out pass in bf16 (fp16 "
+                                              "computes in fp32, as it does)") +
+                                      recorded)
+                      ->capture_default_str()
+                      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   rw->add_flag("--apply_chat_template", r->apply_chat_template,
                "render the pairs with the chat template of the --tokenizer HF folder, as rm_trainer's "
                "apply_chat_template does");
-  rw->callback([r, rw_tok, rw_data, rw_split, rw_frac, rw_seed, rw_len] {
+  rw->callback([r, rw_tok, rw_data, rw_split, rw_frac, rw_seed, rw_len, rw_dtype] {
     r->tokenizer = tokenizer_for({r->model}, r->tokenizer, rw_tok->count() > 0);
     const auto rec = std::filesystem::path(resolve_user_path(r->model, "model")) / "flowrun_data.json";
     if (std::filesystem::is_regular_file(rec)) {  // rm_trainer's split: its held-out rows, not others
@@ -221,6 +230,7 @@ void add_eval(CLI::App& app) {
       if (rw_frac->count() == 0) r->eval_fraction = j.value("eval_fraction", r->eval_fraction);
       if (rw_seed->count() == 0) r->seed = j.value("seed", r->seed);
       if (rw_len->count() == 0) r->max_seq_len = j.value("max_seq_len", r->max_seq_len);
+      if (rw_dtype->count() == 0) r->dtype = j.value("dtype", r->dtype);
       // the tokenizer it trained with (a flowrun folder holds none of its own)
       if (const std::string t = j.value("tokenizer", std::string()); !t.empty() && std::filesystem::exists(t)) {
         if (rw_tok->count() == 0 && !folder_has_tokenizer(rec.parent_path().string())) {
@@ -233,9 +243,9 @@ void add_eval(CLI::App& app) {
                        r->tokenizer, t, why);
         }
       }
-      spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {} ({} recorded "
-                   "the training's; options given win)",
-                   r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, rec.string());
+      spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {}, dtype {} ({} "
+                   "recorded the training's; options given win)",
+                   r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, r->dtype, rec.string());
     }
     auto tok = load_tokenizer(resolve_user_path(r->tokenizer, "tokenizer").string());
     auto chat = chat_option(*r);
@@ -261,6 +271,8 @@ void add_eval(CLI::App& app) {
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(ex.size()), 16, 0, 0, false))
       batches.push_back(dschat::rm_batch(ex, b));
     progress_line line("flowrun eval", "eval reward");  // batches of 16 pairs scored
+    // rm_trainer's held-out pass: the fp32 weights it saved, its products in bf16 in a bf16 step
+    ops::matmul_precision_scope gemm(r->dtype == "bf16" ? ops::matmul_precision::bf16 : ops::matmul_precision::f32);
     auto e = dschat::rm_eval(m, batches, [&line](int64_t done, int64_t total) { line.update(done, total); });
     line.clear();
     spdlog::info("[flowrun eval] {} batches of held-out pairs scored in {:.1f} s", batches.size(), line.seconds());

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "models/rlhf/ppo_checkpoint.h"
 #include "models/safetensors.h"
 #include "runtime/util/assets.h"
 
@@ -82,7 +83,10 @@ void throw_all_pairs_identical(const actor::node_context& ctx, int64_t pairs, co
 void write_run_marker(const actor::node_context& ctx, const std::string& out, const std::string& exact) {
   if (!ctx.checkpoint_dir().empty()) {
     std::filesystem::create_directories(ctx.checkpoint_dir());
-    nlohmann::json j{{"output", out}, {"settings", settings_fingerprint(ctx.spec())}, {"output_state", output_state(out)}};
+    nlohmann::json j{{"output", out},
+                     {"settings", settings_fingerprint(ctx.spec())},
+                     {"settings_record", settings_record(ctx.spec(), {})},  // names a change (refuse_retrain_under_step3)
+                     {"output_state", output_state(out)}};
     if (!exact.empty()) j["exact"] = exact;
     write_text_atomic(done_marker(ctx), j.dump() + "\n");
   }
@@ -148,6 +152,35 @@ std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step
                           "({}); training skipped",
                           step, out, done_marker(ctx)));
   return m;
+}
+
+void refuse_retrain_under_step3(const actor::node_context& ctx) {
+  if (ctx.checkpoint_dir().empty() || !ppo::step3_committed(ctx.checkpoint_dir())) return;
+  nlohmann::json j;
+  try {
+    std::ifstream f(done_marker(ctx));
+    if (!f) return;  // it never finished here: no step-3 checkpoint continues from its output
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception&) {
+    return;  // a torn marker: nothing to compare
+  }
+  const std::string out = ctx.spec().get_string("output");
+  if (out.empty()) return;
+  const bool same_output = j.value("output", std::string()) == out;
+  nlohmann::json then = j.value("settings_record", nlohmann::json());
+  if (then.is_object()) then.erase("output");
+  std::string why;
+  if (const auto changes = settings_changes(then, settings_record(ctx.spec(), {"output"})); !changes.empty())
+    why = fmt::format("its settings changed: {}", fmt::join(changes, "; "));
+  else if (same_output && !then.is_object() && j.value("settings", std::string()) != settings_fingerprint(ctx.spec()))
+    why = "its settings changed";  // a marker from before the settings records
+  else  // the same settings: it trains again to the same weights (its output changed or gone, or moved)
+    return;
+  throw std::runtime_error(fmt::format(
+      "node '{}': step 3 has a checkpoint in {} that continues from this step's output {}, and this step would train "
+      "again ({}): the new output would replace the model that checkpoint continues from; undo that to resume step "
+      "3, or delete {} to train every step afresh",
+      ctx.name(), ctx.checkpoint_dir(), out, why, ctx.checkpoint_dir()));
 }
 
 // -- the models the trainers read and write (models/checkpoint.h) ------------------------

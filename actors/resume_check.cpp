@@ -112,11 +112,9 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
   return j;
 }
 
-void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recorded, const std::string& folder,
-                           const std::set<std::string>& safe, const std::string& afresh) {
-  if (!recorded.is_object()) return;
-  const nlohmann::json now = settings_record(ctx.spec(), safe);
+std::vector<std::string> settings_changes(const nlohmann::json& recorded, const nlohmann::json& now) {
   std::vector<std::string> refused;
+  if (!recorded.is_object()) return refused;
   for (const auto& [k, v] : now.items()) {
     if (const auto at = k.rfind(contents_suffix); at != std::string::npos && at + contents_suffix.size() == k.size()) {
       if (!recorded.contains(k) || recorded[k] == v) continue;  // no contents then: the path decides
@@ -140,6 +138,12 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
     const std::string then = recorded.contains(k) ? recorded[k].get<std::string>() : std::string("(not set)");
     if (then != v.get<std::string>()) refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
   }
+  return refused;
+}
+
+void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recorded, const std::string& folder,
+                           const std::set<std::string>& safe, const std::string& afresh) {
+  const auto refused = settings_changes(recorded, settings_record(ctx.spec(), safe));
   if (!refused.empty())
     throw std::runtime_error(fmt::format("node '{}': resuming from {} with settings changed: {}; set them back, or {}",
                                          ctx.name(), folder, fmt::join(refused, "; "), afresh));

@@ -8,6 +8,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,11 @@ namespace flowrun::actors {
 /// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes; check_resume_settings compares
 /// those instead of the path (a data file edited in place is refused: "data: the file's bytes changed").
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
+
+/// The changes from `recorded` to `now` (two settings_record's), each "name then -> now" (a file
+/// recorded by its contents: "name: the file's bytes changed", or a DeepSpeed JSON's keys); none when
+/// `recorded` is not an object (no record). A setting now that is absent then reads "(not set)".
+std::vector<std::string> settings_changes(const nlohmann::json& recorded, const nlohmann::json& now);
 
 /// Compare `recorded` (settings_record of the run that wrote `folder`) with the node's settings
 /// but those in `safe`: a change throws std::runtime_error: "node 'NAME': resuming from FOLDER

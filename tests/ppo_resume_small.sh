@@ -191,13 +191,23 @@ refused f5 "the reference model in another dtype (other KL penalties would follo
   "node 'reference': resuming from .* with settings changed: dtype \"fp32\" -> \"bf16\"; set them back" \
   "$out/a" --set node.reference.dtype=bf16
 echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage accepted"
-# 7. step 1 retrained since step 3's checkpoint (one more SFT step: a longer run is a safe change
-#    for step 1, so it trains on): no step-3 setting changed, but the policy would continue from
-#    weights trained on the old step-1 model while the reference is the new one. Refused, naming why.
+# 7. step 1 would train again under step 3's checkpoint (one more SFT step): no step-3 setting
+#    changed, but the policy would continue from weights trained on the old step-1 model while the
+#    reference is the new one. Refused by step 1, naming the change, before it trains and replaces
+#    its output (step 3 refused it only after step 1 had overwritten sft.bin).
 cp -r "$out/a" "$out/g"
-refused g1 "a retrained step-1 model" "continues from other initial weights than the model this node got now" \
+sum_before=$(cksum < "$out/g/sft.bin")
+refused g1 "a retrained step-1 model" \
+  "node 'sft': step 3 has a checkpoint in .* and this step would train again (its settings changed: steps 6 -> 7)" \
   "$out/g" --set node.sft.steps=7
-echo "step 1 retrained: step 3's resume refused"
+grep -q "\[step 1 sft\] step 1/" "$out/g1.log" && fail "step 1 trained before the refusal"
+[ "$(cksum < "$out/g/sft.bin")" = "$sum_before" ] || fail "the refused run replaced sft.bin"
+# without step 1's done marker (nothing says it finished here) it trains again; the policy's own check
+# of the weights it gets then refuses the resume
+rm "$out/g/ckpt/sft.done.json"
+refused g2 "a retrained step-1 model (no done marker)" \
+  "continues from other initial weights than the model this node got now" "$out/g" --set node.sft.steps=7
+echo "step 1 would train again: refused before training, sft.bin kept; without its marker the policy refuses"
 # 8. the same command with the asset folder spelled another way (a symbolic link to it, as
 #    ../shared/assets is from another working directory): the same files, so steps 1-2 are not
 #    redone and step 3 resumes (the settings records hold paths with their links resolved)

@@ -85,7 +85,7 @@ void write_run_marker(const actor::node_context& ctx, const std::string& out, co
     std::filesystem::create_directories(ctx.checkpoint_dir());
     nlohmann::json j{{"output", out},
                      {"settings", settings_fingerprint(ctx.spec())},
-                     {"settings_record", settings_record(ctx.spec(), {})},  // names a change (refuse_retrain_under_step3)
+                     {"settings_record", settings_record(ctx.spec(), {})},  // names a change (check_retrain)
                      {"output_state", output_state(out)}};
     if (!exact.empty()) j["exact"] = exact;
     write_text_atomic(done_marker(ctx), j.dump() + "\n");
@@ -154,12 +154,12 @@ std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step
   return m;
 }
 
-void refuse_retrain_under_step3(const actor::node_context& ctx) {
-  if (ctx.checkpoint_dir().empty() || !ppo::step3_committed(ctx.checkpoint_dir())) return;
+void check_retrain(actor::node_context& ctx, const char* step) {
+  if (ctx.checkpoint_dir().empty()) return;
   nlohmann::json j;
   try {
     std::ifstream f(done_marker(ctx));
-    if (!f) return;  // it never finished here: no step-3 checkpoint continues from its output
+    if (!f) return;  // it never finished here: nothing continues from its output
     j = nlohmann::json::parse(f);
   } catch (const std::exception&) {
     return;  // a torn marker: nothing to compare
@@ -174,13 +174,19 @@ void refuse_retrain_under_step3(const actor::node_context& ctx) {
     why = fmt::format("its settings changed: {}", fmt::join(changes, "; "));
   else if (same_output && !then.is_object() && j.value("settings", std::string()) != settings_fingerprint(ctx.spec()))
     why = "its settings changed";  // a marker from before the settings records
-  else  // the same settings: it trains again to the same weights (its output changed or gone, or moved)
+  else if (!same_output)
+    why = fmt::format("its output is now {}, not {}", out, j.value("output", std::string()));
+  else  // its output changed or is gone (saved_by_earlier_attempt warned)
     return;
-  throw std::runtime_error(fmt::format(
-      "node '{}': step 3 has a checkpoint in {} that continues from this step's output {}, and this step would train "
-      "again ({}): the new output would replace the model that checkpoint continues from; undo that to resume step "
-      "3, or delete {} to train every step afresh",
-      ctx.name(), ctx.checkpoint_dir(), out, why, ctx.checkpoint_dir()));
+  const bool same_settings = why.rfind("its settings changed", 0) != 0;
+  if (!same_settings && ppo::step3_committed(ctx.checkpoint_dir()))
+    throw std::runtime_error(fmt::format(
+        "node '{}': step 3 has a checkpoint in {} that continues from this step's output {}, and this step would "
+        "train again ({}): the new output would replace the model that checkpoint continues from; undo that to "
+        "resume step 3, or delete {} to train every step afresh",
+        ctx.name(), ctx.checkpoint_dir(), out, why, ctx.checkpoint_dir()));
+  // the same settings train again to the same weights (step 3, if any, compares them)
+  ctx.print(fmt::format("{} trains again, though it finished in {} before: {}", step, ctx.checkpoint_dir(), why));
 }
 
 // -- the models the trainers read and write (models/checkpoint.h) ------------------------

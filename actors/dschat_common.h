@@ -51,15 +51,15 @@ void write_run_marker(const actor::node_context& ctx, const std::string& out, co
 /// run saved it (and a line saying that training is skipped); else null.
 std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step);
 
-/// Before a steps 1-2 trainer that resume_saved could not take trains again: when it finished
-/// before in this checkpoint_dir (its done marker) and step 3 has committed a checkpoint there,
-/// throws std::runtime_error naming the settings that changed since, since the new output would
-/// replace the model that checkpoint continues from (step 3 refused it then, after steps 1-2 had
-/// trained and overwritten their outputs). Nothing without a checkpoint_dir, a marker or a step-3
-/// commit, or when no setting but `output` changed: the step trains again to the same weights (its
-/// output replaced or gone, or a copy of a run's folder training into its own), and the policy
-/// compares the weights it gets.
-void refuse_retrain_under_step3(const actor::node_context& ctx);
+/// Before a steps 1-2 trainer that resume_saved could not take trains again, when it finished
+/// before in this checkpoint_dir (its done marker): prints "STEP trains again, though it finished
+/// in CHECKPOINT_DIR before: WHY", naming the settings that changed, or the output path that moved
+/// (an output changed or gone is warned about by resume_saved). When settings changed and step 3 has committed a checkpoint there, throws
+/// std::runtime_error naming them instead, since the new output would replace the model that
+/// checkpoint continues from (step 3 refused it then, after steps 1-2 had trained and overwritten
+/// their outputs); with the same settings the step trains again to the same weights, which the
+/// policy compares. Nothing without a checkpoint_dir or a marker.
+void check_retrain(actor::node_context& ctx, const char* step);
 
 /// The graph check of the trainers (node_kind::check): their `output` fits the format of
 /// the model they get (their `model` setting, or for the policy what its init edge brings).

@@ -62,7 +62,7 @@ class dschat_trainer : public actor::node {
       resumed_ = true;
       return;
     }
-    refuse_retrain_under_step3(ctx);  // before anything trains or is overwritten
+    check_retrain(ctx, tag_);  // before anything trains or is overwritten
     d_ = common_settings(ctx);
     steps_ = ctx.spec().get_int("steps");
     if (steps_ < 1) throw std::invalid_argument("node '" + ctx.name() + "': steps must be >= 1");

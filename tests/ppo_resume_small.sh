@@ -113,6 +113,8 @@ PY
   --set node.critic.replicas=2 --set node.critic.critic_zero_stage=2 > "$out/c.log" 2> "$out/c.err" ||
   { echo "the 2-rank resume failed:"; tail -20 "$out/c.err"; exit 1; }
 grep -q "resuming after iteration 3 " "$out/c.log" || fail "the 2-rank run did not resume after iteration 3"
+grep -q "^\[step 1 sft\] trains again, though it finished in $out/c/ckpt before: its output is now $out/c/sft.bin, not $out/a/sft.bin" \
+  "$out/c.log" || fail "step 1 trained again in the copied run without a line saying why"
 python3 - <(after "$out/a.log" 4) <(lines "$out/c.log") <<'PY' || fail "the 2-rank resume differs by more than 1e-4"
 import re, sys
 a, c = open(sys.argv[1]).read(), open(sys.argv[2]).read()

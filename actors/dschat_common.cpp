@@ -3,6 +3,7 @@
 #include "actors/resume_check.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -313,8 +314,20 @@ void check_seq_len(const actor::node_context& ctx, const model_config& c, int64_
 
 namespace {
 bool known_dtype(const std::string& dt) { return dt == "fp32" || dt == "bf16" || dt == "fp16"; }
+// The spelling meant by a common other name of the three (torch's and numpy's, any case), or "".
+std::string meant_dtype(std::string dt) {
+  for (auto& c : dt) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* p : {"torch.", "np.", "numpy."})
+    if (dt.rfind(p, 0) == 0) dt = dt.substr(std::string(p).size());
+  if (dt == "fp32" || dt == "float32" || dt == "float" || dt == "f32" || dt == "single") return "fp32";
+  if (dt == "bf16" || dt == "bfloat16") return "bf16";
+  if (dt == "fp16" || dt == "float16" || dt == "half" || dt == "f16") return "fp16";
+  return "";
+}
 std::string unknown_dtype(const std::string& dt) {
-  return fmt::format("dtype = \"{}\" is none of fp32, bf16, fp16 (DS-Chat's --dtype)", dt);
+  const std::string m = meant_dtype(dt);
+  return fmt::format("dtype = \"{}\" is none of fp32, bf16, fp16 (DS-Chat's --dtype){}", dt,
+                     m.empty() ? "" : fmt::format("; did you mean {}?", m));
 }
 }  // namespace
 

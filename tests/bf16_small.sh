@@ -135,6 +135,11 @@ fi
 grep -qF "node.critic.dtype=bf17:1:19: error: dtype = \"bf17\" is none of fp32, bf16, fp16" "$out/err6" ||
   { tail -5 "$out/err6"; echo "the refusal does not name the node and the choices"; exit 1; }
 grep -q "step 1 sft\]" "$out/log6" && { echo "step 1 started before the critic's dtype was refused"; exit 1; }
+# torch's name for it: the refusal says which spelling was meant
+if "$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.dtype=torch.bfloat16 \
+  > "$out/log7" 2> "$out/err7"; then echo "dtype = torch.bfloat16 was accepted"; exit 1; fi
+grep -qF 'is none of fp32, bf16, fp16 (DS-Chat'"'"'s --dtype); did you mean bf16?' "$out/err7" ||
+  { tail -3 "$out/err7"; echo "the refusal of torch.bfloat16 does not name bf16"; exit 1; }
 # a DeepSpeed JSON whose bf16 section is on wins over a node's dtype = fp16 or a written fp32, and the node
 # says so; a dtype that agrees with it, or none written (the default fp32, which the JSON replaces as it does
 # every setting), says nothing

@@ -378,3 +378,31 @@ TEST_CASE("flowrun train --step 2 3 from a folder without graphs/: step 3 reads 
   CHECK(out.find("[step 3 ppo] held-out after") != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("flowrun train --dtype bf16 sets the dtype of every model of the steps run (DS-Chat's --dtype)") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_train_dtype_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  int rc = -1;
+  auto out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) +
+                     " train --step 2 3 --dtype bf16 --actor-model model/stories260K/stories260K.bin"
+                     " --set node.rm.steps=2 --set node.rm.output=runs/rm --set node.policy.output=runs/ppo.bin"
+                     " --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 --set graph.checkpoint_dir="
+                     " --set node.reference.dtype=fp32 2>&1",
+                 &rc);
+  INFO(out);
+  REQUIRE(rc == 0);
+  // step 2 and the step-3 models in bf16, but the node a --set names (it wins), with the mixed-dtype warning
+  CHECK(out.find("[rm[0]] [info] memory plan: rank 0/1 stage 0, bf16: params") != std::string::npos);
+  for (const char* who : {"policy", "critic"})
+    CHECK(out.find(std::string("[") + who + "[0]] [info] model ready: ") != std::string::npos);
+  CHECK(out.find("[reward[0]] [info] model ready: ") != std::string::npos);
+  CHECK(out.find("ZeRO stage 0, bf16)") != std::string::npos);
+  CHECK(out.find("(policy bf16, reference fp32, reward bf16, critic bf16)") != std::string::npos);
+  int bad = -1;
+  auto refused = run(std::string(FLOWRUN_BIN) + " train --step 1 --dtype bfloat16 2>&1", &bad);
+  CHECK(bad != 0);
+  CHECK(refused.find("--dtype: bfloat16 not in {fp32,bf16,fp16}") != std::string::npos);
+  fs::remove_all(dir);
+}

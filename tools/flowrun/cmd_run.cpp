@@ -320,6 +320,7 @@ void add_train(CLI::App& app) {
     std::string actor_model = "model/stories260K/stories260K.bin";
     std::string reward_model = "model/stories260K/stories260K.bin";
     std::vector<std::string> overrides;
+    std::string dtype;  // "": each node's own
   };
   auto o = std::make_shared<train_opts>();
   auto* sub = app.add_subcommand("train", "DeepSpeed-Chat's train.py: picks the graphs for --step and runs them");
@@ -333,6 +334,10 @@ void add_train(CLI::App& app) {
                   "Step 2's base model; with step 3 alone, the reward model folder (default there: what graphs/rm.graph writes)")
       ->capture_default_str();
   sub->add_option("--set", o->overrides, "Extra overrides (node.NAME.KEY=VALUE), each given to the graphs that have NAME");
+  sub->add_option("--dtype", o->dtype,
+                  "fp32, bf16 or fp16 for every model of the steps (DS-Chat's --dtype): dtype set on the nodes sft, "
+                  "rm, policy, critic, reference and reward of the graphs run; default: each node's own (fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub->callback([o, actor_opt, reward_opt] {
     log_to_stderr();
     std::set<int> steps(o->steps.begin(), o->steps.end());
@@ -367,6 +372,12 @@ void add_train(CLI::App& app) {
     std::vector<std::pair<std::string, std::vector<std::string>>> plan;
     auto add = [&](const std::string& name, std::vector<std::string> ov) {  // then the user's overrides for it
       const std::string file = graph_path(name);
+      if (!o->dtype.empty()) {  // DS-Chat's --dtype: every model node the graph has (before --set, which wins)
+        std::vector<std::string> dt;
+        for (const char* n : {"sft", "rm", "policy", "critic", "reference", "reward"})
+          dt.push_back(std::string("node.") + n + ".dtype=" + o->dtype);
+        for (auto& x : overrides_for(file, dt)) ov.push_back(std::move(x));
+      }
       for (auto& x : overrides_for(file, o->overrides)) ov.push_back(std::move(x));
       plan.push_back({file, std::move(ov)});
     };

@@ -171,16 +171,19 @@ void check_retrain(actor::node_context& ctx, const char* step) {
   nlohmann::json then = j.value("settings_record", nlohmann::json());
   if (then.is_object()) then.erase("output");
   std::string why;
-  if (const auto changes = settings_changes(then, settings_record(ctx.spec(), {"output"})); !changes.empty())
+  bool settings_changed = true;
+  if (const auto changes = settings_changes(then, settings_record(ctx.spec(), {"output"})); !changes.empty()) {
     why = fmt::format("its settings changed: {}", fmt::join(changes, "; "));
-  else if (same_output && !then.is_object() && j.value("settings", std::string()) != settings_fingerprint(ctx.spec()))
+  } else if (same_output && !then.is_object() &&
+             j.value("settings", std::string()) != settings_fingerprint(ctx.spec())) {
     why = "its settings changed";  // a marker from before the settings records
-  else if (!same_output)
+  } else if (!same_output) {
     why = fmt::format("its output is now {}, not {}", out, j.value("output", std::string()));
-  else  // its output changed or is gone (saved_by_earlier_attempt warned)
-    return;
-  const bool same_settings = why.rfind("its settings changed", 0) != 0;
-  if (!same_settings && ppo::step3_committed(ctx.checkpoint_dir()))
+    settings_changed = false;
+  } else {
+    return;  // its output changed or is gone (saved_by_earlier_attempt warned)
+  }
+  if (settings_changed && ppo::step3_committed(ctx.checkpoint_dir()))
     throw std::runtime_error(fmt::format(
         "node '{}': step 3 has a checkpoint in {} that continues from this step's output {}, and this step would "
         "train again ({}): the new output would replace the model that checkpoint continues from; undo that to "

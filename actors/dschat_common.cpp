@@ -45,8 +45,17 @@ static std::string done_marker(const actor::node_context& ctx) {
   return (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".done.json")).string();
 }
 
+const std::set<std::string>& trainer_safe_settings() {
+  static const std::set<std::string> safe = {"print_every",   "save_checkpoint_steps", "keep_checkpoints",
+                                             "zero_stage",    "gradient_checkpointing", "memory_limit_gb",
+                                             "output",        "verify_output"};
+  return safe;
+}
+
+// What the done marker compares: the settings but those that change nothing trained (the output
+// is compared by its path beside it)
 static std::string settings_fingerprint(const graph::node_spec& n) {
-  return fmt::format("{:016x}", graph::fnv1a64(n.kind + "\n" + settings_record(n, {}).dump()));
+  return fmt::format("{:016x}", graph::fnv1a64(n.kind + "\n" + settings_record(n, trainer_safe_settings()).dump()));
 }
 
 // An output's state on disk (each regular file's relative path, size and modification time), recorded in
@@ -86,7 +95,7 @@ void write_run_marker(const actor::node_context& ctx, const std::string& out, co
     std::filesystem::create_directories(ctx.checkpoint_dir());
     nlohmann::json j{{"output", out},
                      {"settings", settings_fingerprint(ctx.spec())},
-                     {"settings_record", settings_record(ctx.spec(), {})},  // names a change (check_retrain)
+                     {"settings_record", settings_record(ctx.spec(), trainer_safe_settings())},  // check_retrain
                      {"output_state", output_state(out)}};
     if (!exact.empty()) j["exact"] = exact;
     write_text_atomic(done_marker(ctx), j.dump() + "\n");
@@ -168,20 +177,23 @@ void check_retrain(actor::node_context& ctx, const char* step) {
   const std::string out = ctx.spec().get_string("output");
   if (out.empty()) return;
   const bool same_output = j.value("output", std::string()) == out;
-  nlohmann::json then = j.value("settings_record", nlohmann::json());
-  if (then.is_object()) then.erase("output");
+  const nlohmann::json then = j.value("settings_record", nlohmann::json());
   std::string why;
   bool settings_changed = true;
-  if (const auto changes = settings_changes(then, settings_record(ctx.spec(), {"output"})); !changes.empty()) {
+  if (const auto changes = settings_changes(then, settings_record(ctx.spec(), trainer_safe_settings()));
+      !changes.empty()) {
     why = fmt::format("its settings changed: {}", fmt::join(changes, "; "));
-  } else if (same_output && !then.is_object() &&
-             j.value("settings", std::string()) != settings_fingerprint(ctx.spec())) {
-    why = "its settings changed";  // a marker from before the settings records
+  } else if (!then.is_object() && j.value("settings", std::string()) != settings_fingerprint(ctx.spec())) {
+    why = fmt::format("{} is from an older flowrun (no record of each setting)", done_marker(ctx));
+    settings_changed = false;  // unknown: step 3's policy compares the weights it gets
   } else if (!same_output) {
     why = fmt::format("its output is now {}, not {}", out, j.value("output", std::string()));
     settings_changed = false;
+  } else if (!std::filesystem::exists(out)) {
+    why = fmt::format("its output {} is gone", out);
+    settings_changed = false;
   } else {
-    return;  // its output changed or is gone (saved_by_earlier_attempt warned)
+    return;  // its output changed (saved_by_earlier_attempt warned) or its exact copy is gone
   }
   if (settings_changed && ppo::step3_committed(ctx.checkpoint_dir()))
     throw std::runtime_error(fmt::format(

@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -50,6 +51,12 @@ void write_run_marker(const actor::node_context& ctx, const std::string& out, co
 /// The trainer's `output` loaded with `load`, when an earlier attempt of this
 /// run saved it (and a line saying that training is skipped); else null.
 std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step);
+
+/// The steps 1-2 trainers' settings that change nothing trained: printing, the checkpoint schedule,
+/// the ZeRO stage, gradient checkpointing, the memory limit, the output path (compared apart) and
+/// verify_output. A resume from a mid-run checkpoint may change them, and so may a rerun of a
+/// finished step (its done marker leaves them out): docs/rlhf.md, "Steps 1-2 checkpoints".
+const std::set<std::string>& trainer_safe_settings();
 
 /// Before a steps 1-2 trainer that resume_saved could not take trains again, when it finished
 /// before in this checkpoint_dir (its done marker): prints "STEP trains again, though it finished

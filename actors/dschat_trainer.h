@@ -229,12 +229,7 @@ class dschat_trainer : public actor::node {
   // position (epoch, batch index of the seeded order), the dropout RNG and state().
 
   // Settings a resume may change: what is printed or saved, how the one rank shards, memory.
-  static const std::set<std::string>& safe_to_change() {
-    static const std::set<std::string> safe = {"print_every", "save_checkpoint_steps", "keep_checkpoints",
-                                               "zero_stage", "gradient_checkpointing", "memory_limit_gb",
-                                               "output", "verify_output"};
-    return safe;
-  }
+  static const std::set<std::string>& safe_to_change() { return trainer_safe_settings(); }
 
   std::string config_hash() const { return trainer_config_hash(*model_); }
 

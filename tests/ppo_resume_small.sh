@@ -210,6 +210,15 @@ rm "$out/g/ckpt/sft.done.json"
 refused g2 "a retrained step-1 model (no done marker)" \
   "continues from other initial weights than the model this node got now" "$out/g" --set node.sft.steps=7
 echo "step 1 would train again: refused before training, sft.bin kept; without its marker the policy refuses"
+# 7b. settings that change nothing trained (printing, the ZeRO stage, the checkpoint schedule): steps 1-2
+#     take their outputs, step 3 resumes (they were in the done marker's fingerprint: refused)
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.sft.print_every=3 --set node.sft.zero_stage=2 \
+  --set node.rm.keep_checkpoints=3 --set node.rm.gradient_checkpointing=true > "$out/g3.log" 2> "$out/g3.err" ||
+  fail "a rerun with only safe settings changed failed: $(grep -i error "$out/g3.err" | head -2)"
+for step in "step 1 sft" "step 2 rm"; do
+  grep -q "^\[$step\] resumed: " "$out/g3.log" || fail "$step trained again for a change of print_every or zero_stage"
+done
+echo "safe settings changed: steps 1-2 taken as saved"
 # 8. the same command with the asset folder spelled another way (a symbolic link to it, as
 #    ../shared/assets is from another working directory): the same files, so steps 1-2 are not
 #    redone and step 3 resumes (the settings records hold paths with their links resolved)

@@ -242,7 +242,8 @@ struct trainer_engine {
     schedule = dschat::schedule_from(d, steps);
   }
   /// fp16 (a dynamic or static loss scale): on rank 0, prints "LABEL fp16 gradients overflowed: N
-  /// update(s) skipped (M in all), loss scale now S" when updates were skipped
+  /// update(s) skipped, loss scale now S" when updates were skipped (no running total: the count is
+  /// not checkpointed, and a resumed run's lines equal the uninterrupted run's)
   /// since the last call (DeepSpeed's "OVERFLOW! Skipping step ... reducing to"), so a run whose
   /// updates are skipped says so on its log, not only in its grad_norm signal; nothing otherwise.
   void report_overflows(actor::node_context& ctx, const std::string& label) {
@@ -251,8 +252,8 @@ struct trainer_engine {
     const int64_t n = scaler->overflows() - overflows_reported;
     overflows_reported = scaler->overflows();
     if (engine->rank() == 0)
-      ctx.print(fmt::format("{} fp16 gradients overflowed: {} update{} skipped ({} in all), loss scale now {:g}",
-                            label, n, n == 1 ? "" : "s", overflows_reported, scaler->scale()));
+      ctx.print(fmt::format("{} fp16 gradients overflowed: {} update{} skipped, loss scale now {:g}", label, n,
+                            n == 1 ? "" : "s", scaler->scale()));
   }
   int64_t overflows_reported = 0;
   /// The lr of the next update (transformers.get_scheduler over `steps` updates).

@@ -549,6 +549,7 @@ class ppo_trainer final : public actor::node {
     if (port == "init") {
       init(ctx, msg.as<model_msg>());
     } else if (port == "rollouts") {
+      rolled_out_ = true;
       pending_.push_back(msg);
     } else if (port == "train") {
       train(ctx, msg.as<experience_batch>());
@@ -562,13 +563,20 @@ class ppo_trainer final : public actor::node {
   }
 
   void stop(actor::node_context& ctx) override {
-    if (policy_ && speaks() && ctx.reason() == actor::stop_reason::interrupted) {  // SIGINT: say what is kept
+    // SIGINT: say what is kept (before step 3's first rollout, the step that ran says it)
+    if (policy_ && speaks() && ctx.reason() == actor::stop_reason::interrupted && rolled_out_) {
       const auto rp = ctx.checkpoint_dir().empty() ? std::nullopt : ppo::find_step3_resume(ctx.checkpoint_dir());
-      ctx.print(rp ? fmt::format("[step 3 ppo] interrupted: the last committed checkpoint is after iteration {} in {}; "
-                                 "the same command resumes there",
-                                 rp->point.iteration - 1, ctx.checkpoint_dir())
-                   : std::string("[step 3 ppo] interrupted: no checkpoint was saved, nothing of step 3 is kept (set "
-                                 "[graph] checkpoint_dir and the controller's save_checkpoint_steps)"));
+      if (rp)
+        ctx.print(fmt::format("[step 3 ppo] interrupted: the last committed checkpoint is after iteration {} in {}; "
+                              "the same command resumes there",
+                              rp->point.iteration - 1, ctx.checkpoint_dir()));
+      else if (ctx.checkpoint_dir().empty())
+        ctx.print("[step 3 ppo] interrupted: no checkpoint was saved, nothing of step 3 is kept (set [graph] "
+                  "checkpoint_dir and the controller's save_checkpoint_steps)");
+      else
+        ctx.print(fmt::format("[step 3 ppo] interrupted before step 3's first checkpoint in {}: nothing of step 3 is "
+                              "kept (the controller commits one every save_checkpoint_steps iterations)",
+                              ctx.checkpoint_dir()));
     }
     if (!engine_.engine || ctx.reason() != actor::stop_reason::completed) return;
     if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
@@ -949,6 +957,7 @@ class ppo_trainer final : public actor::node {
   std::shared_ptr<decoder> model_;
   tensor ema_;
   std::deque<actor::payload> pending_;
+  bool rolled_out_ = false;  // a rollout arrived: step 3 had begun (what SIGINT says it kept)
   std::unique_ptr<tokenizer> unsup_tok_;
   std::unique_ptr<lm_dataset> unsup_;
 };

@@ -209,7 +209,7 @@ class dynamic_loss_scaler {
   int64_t hysteresis_left() const { return hysteresis_left_; }
 
   /// Updates skipped for overflowed gradients since this scaler was made (not checkpointed: the
-  /// trainers report them as they happen, trainer_engine::report_overflows).
+  /// trainers report each as it happens, trainer_engine::report_overflows).
   int64_t overflows() const { return overflows_; }
 
   /// Restores checkpointed state (scale(), good_steps(), hysteresis_left()) of

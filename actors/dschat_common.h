@@ -252,7 +252,7 @@ struct trainer_engine {
     const int64_t n = scaler->overflows() - overflows_reported;
     overflows_reported = scaler->overflows();
     if (engine->rank() == 0)
-      ctx.print(fmt::format("{} fp16 gradients overflowed: {} update{} skipped, loss scale now {:g}", label, n,
+      ctx.print(fmt::format("{} fp16 gradients overflowed: {} update{} skipped, loss scale now {:.10g}", label, n,
                             n == 1 ? "" : "s", scaler->scale()));
   }
   int64_t overflows_reported = 0;

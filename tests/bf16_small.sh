@@ -15,7 +15,8 @@
 #   naming both.
 # - flowrun eval reward scores in the recorded dtype: rm_trainer's held-out figures.
 # - The log names each model's precision (the trainers' memory plans, the frozen scorers' model ready line).
-# - fp16: an update skipped for overflowed gradients is named on the log with the new loss scale.
+# - fp16: an update skipped for overflowed gradients is named on the log with the new loss scale; a DeepSpeed
+#   JSON's fp16 section sets the scaling.
 # - A dtype that is none of fp32, bf16, fp16 is refused when the graph is checked, naming the setting (on a
 #   policy or critic it was refused only after steps 1 and 2 had trained).
 set -euo pipefail
@@ -166,4 +167,14 @@ cmp "$out/ds_fp16.bin" "$out/ds_bf16.bin" || { echo "the JSON did not win: the f
 grep -qF "fp16 gradients overflowed: 1 update skipped, loss scale now 32768" "$out/fp16.log" ||
   { grep "step 1 sft" "$out/fp16.log"; echo "fp16 updates skipped without a line saying so"; exit 1; }
 grep "overflowed" "$out/fp16.log" | head -2
+# a DeepSpeed JSON's fp16 section sets the scaling: dynamic from 2^30 here, which overflows at once and halves
+# (the defaults' 2^16 were used)
+echo '{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+       "fp16": {"enabled": true, "initial_scale_power": 30}}' > "$out/ds16.json"
+"$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=3 \
+  --set node.sft.deepspeed_config="$out/ds16.json" --set node.sft.learning_rate=10 --set node.sft.print_every=1 \
+  --set node.sft.output="$out/fp16json.bin" > "$out/fp16json.log" 2> "$out/fp16json.err" ||
+  { echo "flowrun failed:"; tail -20 "$out/fp16json.err"; exit 1; }
+grep -qF "fp16 gradients overflowed: 1 update skipped, loss scale now 536870912" "$out/fp16json.log" ||
+  { grep "step 1 sft" "$out/fp16json.log"; echo "the JSON's initial_scale_power was not used"; exit 1; }
 echo "bf16_small: ok"

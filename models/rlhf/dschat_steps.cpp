@@ -63,12 +63,7 @@ void apply_lora(decoder& model, const dschat_settings& s) {
 void apply_ds_config(dschat_settings& s, const ds_config& c) {
   s.zero_stage = c.zero_stage;
   s.dtype = c.bf16 ? "bf16" : c.fp16 ? "fp16" : "fp32";
-  s.loss_scale = c.loss_scale;
-  s.initial_scale_power = c.initial_scale_power;
-  s.loss_scale_window = c.loss_scale_window;
-  s.hysteresis = c.hysteresis;
-  s.consecutive_hysteresis = c.consecutive_hysteresis;
-  s.min_loss_scale = c.min_loss_scale;
+  s.ds = std::make_shared<const ds_config>(c);
   s.gradient_clipping = static_cast<float>(c.gradient_clipping);
   s.gradient_accumulation_steps = c.gradient_accumulation_steps;
   s.per_device_train_batch_size = c.train_micro_batch_size_per_gpu;
@@ -104,15 +99,9 @@ zero_settings engine_settings(const decoder& model, const dschat_settings& s) {
     z.precision = dtype::bf16;
   } else if (s.dtype == "fp16") {
     z.precision = dtype::f16;
-    ds_config c;  // the settings' fp16 section (a JSON's, else DeepSpeed's defaults)
+    ds_config c = s.ds ? *s.ds : ds_config{};  // the JSON's fp16 section, else DeepSpeed's defaults
     c.fp16 = true;
     c.zero_stage = s.zero_stage;
-    c.loss_scale = s.loss_scale;
-    c.initial_scale_power = s.initial_scale_power;
-    c.loss_scale_window = s.loss_scale_window;
-    c.hysteresis = s.hysteresis;
-    c.consecutive_hysteresis = s.consecutive_hysteresis;
-    c.min_loss_scale = s.min_loss_scale;
     z.loss_scaler = std::make_shared<dynamic_loss_scaler>(c);
   } else if (s.dtype != "fp32") {
     throw std::invalid_argument("dschat: dtype must be fp32, bf16 or fp16, got \"" + s.dtype + "\"");

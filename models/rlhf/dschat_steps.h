@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,16 +79,10 @@ struct dschat_settings {
   /// DS-Chat's --dtype: fp32, bf16 (fp32 masters, bf16 working weights and communication) or
   /// fp16 (the same with DeepSpeed's dynamic loss scaling).
   std::string dtype = "fp32";
-  /// fp16's loss scaling, DeepSpeed's fp16 section (ds_config's fields of the same names; a JSON's,
-  /// copied by apply_ds_config, else DeepSpeed's defaults): loss_scale 0 scales dynamically from
-  /// 2^initial_scale_power, doubling after loss_scale_window clean updates, halving after
-  /// `hysteresis` overflows, down to min_loss_scale; loss_scale > 0 is a static scale.
-  double loss_scale = 0;
-  int initial_scale_power = 16;
-  int64_t loss_scale_window = 1000;
-  int64_t hysteresis = 2;
-  bool consecutive_hysteresis = false;
-  double min_loss_scale = 1;
+  /// The DeepSpeed JSON these settings came from (apply_ds_config), or null: fp16's loss scaling
+  /// reads its fp16 section (loss_scale, initial_scale_power, loss_scale_window, hysteresis,
+  /// consecutive_hysteresis, min_loss_scale), else DeepSpeed's defaults (dynamic from 2^16).
+  std::shared_ptr<const ds_config> ds;
   float adam_beta1 = 0.9f, adam_beta2 = 0.95f, adam_eps = 1e-8f;  ///< step1/2 main.py betas=(0.9, 0.95)
 };
 

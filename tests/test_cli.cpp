@@ -406,3 +406,15 @@ TEST_CASE("flowrun train --dtype bf16 sets the dtype of every model of the steps
   CHECK(refused.find("--dtype: bfloat16 not in {fp32,bf16,fp16}") != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("flowrun train --step 1 3 without step 2's reward model is refused before step 1 trains, naming --reward-model") {
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " train --step 1 3 --set node.sft.steps=2 --set graph.checkpoint_dir="
+                     " --set node.reward_model.model=no/such/reward_model 2>&1",
+                 &rc);
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK(out.find("step 3 without step 2 reads reward_model's model from no/such/reward_model, which does not exist: "
+                 "give --reward-model (step 2's output), or add step 2 to --step") != std::string::npos);
+  CHECK(out.find("[step 1 sft]") == std::string::npos);  // it trained step 1 first, then failed
+}

@@ -289,21 +289,28 @@ std::vector<std::string> overrides_for(const std::string& file, const std::vecto
   return out;
 }
 
-// The absolute path node `node` of a planned graph (file, all its overrides) will write its `output` to: what a
-// later step of the same `flowrun train` must read.
-std::string planned_output(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node) {
+// The resolved (absolute) path setting `key` of node `node` in a planned graph (file, all its overrides), or ""
+// when the node or setting is missing.
+std::string planned_path(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node,
+                         const std::string& key) {
   registries r;
   graph::validate_options vo;
   vo.asset_root = assets_root();
-  vo.check_files = false;  // only the output's resolution is wanted here; the run checks the inputs
+  vo.check_files = false;  // only the path's resolution is wanted here; the run checks the inputs
   auto v = graph::load_graph(entry.first, r.kinds, vo, entry.second);
   if (!v.ok()) {
     std::cerr << graph::format_errors(v.errors);
     throw exit_request{2};
   }
   const auto* n = v.spec.find_node(node);
-  const auto* s = n ? n->find_setting("output") : nullptr;
-  const std::string out = s ? std::get<std::string>(s->value) : std::string();
+  const auto* s = n ? n->find_setting(key) : nullptr;
+  return s ? std::get<std::string>(s->value) : std::string();
+}
+
+// The absolute path node `node` of a planned graph will write its `output` to: what a later step of the same
+// `flowrun train` must read.
+std::string planned_output(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node) {
+  const std::string out = planned_path(entry, node, "output");
   if (out.empty()) {
     spdlog::error("flowrun train: {} has no output for node '{}', so the next step cannot read what it writes: "
                   "set one with --set node.{}.output=PATH",
@@ -394,6 +401,27 @@ void add_train(CLI::App& app) {
         if (steps.count(2)) ov.push_back("node.reward_model.model=" + planned_output(plan.back(), "rm"));
         else if (reward_opt->count()) ov.push_back("node.reward_model.model=" + o->reward_model);
         add("ppo.graph", std::move(ov));
+        // step 3 without the step that makes one of its models reads that model from disk: refused now if it is
+        // not there, before the steps planned before it train (it failed after them, pointing at FLOWRUN_ASSETS)
+        const struct { int step; const char* node; const char* option; } reads[] = {
+            {1, "actor_model", "--actor-model"}, {2, "reward_model", "--reward-model"}};
+        for (const auto& r : reads) {
+          if (steps.count(r.step)) continue;
+          namespace fs = std::filesystem;
+          const std::string p = planned_path(plan.back(), r.node, "model");  // as written: inputs resolve at the run
+          // where the run's rule may find it: absolute, beside the graph file, from the working directory (--set),
+          // under FLOWRUN_ASSETS (lenient: only a model found nowhere is refused here)
+          const fs::path graph_dir = fs::path(plan.back().first).parent_path();
+          const bool found = fs::path(p).is_absolute()
+                                 ? fs::exists(p)
+                                 : fs::exists(graph_dir / p) || fs::exists(p) || fs::exists(assets_root() / p);
+          if (!p.empty() && !found) {
+            spdlog::error("flowrun train --step {}: step 3 without step {} reads {}'s model from {}, which does not "
+                          "exist: give {} (step {}'s output), or add step {} to --step",
+                          fmt::join(o->steps, " "), r.step, r.node, p, r.option, r.step, r.step);
+            throw exit_request{2};
+          }
+        }
       }
     }
     for (const auto& x : o->overrides) {  // a node that no planned graph has is a mistake, not a no-op

@@ -15,9 +15,12 @@ std::string describe_model_file(const std::string& path) {
   std::error_code ec;
   fs::file_time_type t = fs::last_write_time(path, ec);
   if (ec) return path;
-  if (fs::is_directory(path, ec))
+  if (fs::is_directory(path, ec)) {  // its newest file: the folder's own time moves when anything is renamed in it
+    t = fs::file_time_type::min();
     for (const auto& e : fs::directory_iterator(path, ec))
       if (e.is_regular_file(ec)) t = std::max(t, e.last_write_time(ec));
+    if (t == fs::file_time_type::min()) return path;
+  }
   // (GCC 12 has no clock_cast: carry the offset between the two clocks' "now")
   const auto sys = std::chrono::system_clock::now() +
                    std::chrono::duration_cast<std::chrono::system_clock::duration>(t - fs::file_time_type::clock::now());

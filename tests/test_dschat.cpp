@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <type_traits>
 
 #include "actors/dschat_common.h"
+#include "actors/node_models.h"
 #include "models/decoder.h"
 #include "models/rlhf/dschat_data.h"
 #include "models/rlhf/dschat_steps.h"
@@ -1008,4 +1010,28 @@ TEST_CASE("step 2: a reward model from stories260K + value head trains, and its 
   CHECK(after.accuracy >= 0.0);
   CHECK(after.accuracy <= 1.0);
   CHECK(after.accuracy_stderr == doctest::Approx(std::sqrt(after.accuracy * (1 - after.accuracy) / after.pairs)));
+}
+
+TEST_CASE("describe_model_file names a folder by its newest file's time, not the folder's own") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_describe_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  { std::ofstream(dir / "model.safetensors") << "x"; }
+  const auto old_time = fs::file_time_type::clock::now() - std::chrono::hours(30 * 24);
+  fs::last_write_time(dir / "model.safetensors", old_time);
+  { std::ofstream(dir / "tmp") << "y"; }  // a file made and renamed away moves the folder's time to now
+  fs::rename(dir / "tmp", dir.parent_path() / ("flowrun_describe_moved_" + std::to_string(::getpid())));
+  fs::remove(dir.parent_path() / ("flowrun_describe_moved_" + std::to_string(::getpid())));
+  const std::string d = flowrun::actors::describe_model_file(dir.string());
+  // the file's time, 30 days ago: not today's date (the folder's)
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char today[16];
+  std::strftime(today, sizeof today, "%Y-%m-%d", &tm);
+  INFO(d);
+  CHECK(d.find("(modified ") != std::string::npos);
+  CHECK(d.find(std::string("(modified ") + today) == std::string::npos);
+  fs::remove_all(dir);
 }

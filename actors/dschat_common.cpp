@@ -121,7 +121,7 @@ static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::
         if (j.value("output", std::string()) == out && j.value("settings", std::string()) == settings_fingerprint(ctx.spec())) {
           if (j.contains("output_state") && j["output_state"] != output_state(out)) {
             spdlog::warn("node '{}': {} changed since the run that wrote it and {} (its files' sizes or times): "
-                         "it is trained again",
+                         "it is trained again, and the output written over",
                          ctx.name(), out, done_marker(ctx));
             return false;
           }

@@ -60,8 +60,9 @@ const std::set<std::string>& trainer_safe_settings();
 
 /// Before a steps 1-2 trainer that resume_saved could not take trains again, when it finished
 /// before in this checkpoint_dir (its done marker): prints "STEP trains again, though it finished
-/// in CHECKPOINT_DIR before: WHY", naming the settings that changed, or the output path that moved
-/// (an output changed or gone is warned about by resume_saved). When settings changed and step 3 has committed a checkpoint there, throws
+/// in CHECKPOINT_DIR before: WHY", naming the settings that changed (but trainer_safe_settings),
+/// the output path that moved, or the output that is gone (one changed on disk is warned about by
+/// resume_saved). When settings changed and step 3 has committed a checkpoint there, throws
 /// std::runtime_error naming them instead, since the new output would replace the model that
 /// checkpoint continues from (step 3 refused it then, after steps 1-2 had trained and overwritten
 /// their outputs); with the same settings the step trains again to the same weights, which the
@@ -242,10 +243,10 @@ struct trainer_engine {
     schedule = dschat::schedule_from(d, steps);
   }
   /// fp16 (a dynamic or static loss scale): on rank 0, prints "LABEL fp16 gradients overflowed: N
-  /// update(s) skipped, loss scale now S" when updates were skipped (no running total: the count is
-  /// not checkpointed, and a resumed run's lines equal the uninterrupted run's)
-  /// since the last call (DeepSpeed's "OVERFLOW! Skipping step ... reducing to"), so a run whose
-  /// updates are skipped says so on its log, not only in its grad_norm signal; nothing otherwise.
+  /// update(s) skipped, loss scale now S" when updates were skipped since the last call (DeepSpeed's
+  /// "OVERFLOW! Skipping step ... reducing to"), so a run whose updates are skipped says so on its
+  /// log, not only in its grad_norm signal; nothing otherwise. No running total: the count is not
+  /// checkpointed, and a resumed run's lines equal the uninterrupted run's.
   void report_overflows(actor::node_context& ctx, const std::string& label) {
     const auto& scaler = engine ? engine->settings().loss_scaler : nullptr;
     if (!scaler || scaler->overflows() == overflows_reported) return;

@@ -289,8 +289,8 @@ std::vector<std::string> overrides_for(const std::string& file, const std::vecto
   return out;
 }
 
-// The resolved (absolute) path setting `key` of node `node` in a planned graph (file, all its overrides), or ""
-// when the node or setting is missing.
+// Path setting `key` of node `node` in a planned graph (file, all its overrides) as validation without file checks
+// leaves it: an output absolute, an input as written (the run resolves it); "" when the node or setting is missing.
 std::string planned_path(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node,
                          const std::string& key) {
   registries r;

@@ -374,8 +374,7 @@ class frozen_scorer final : public actor::node {
     stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
     const std::string dt = dtype_setting(ctx);
     precision_ = dt == "bf16" ? dtype::bf16 : dt == "fp16" ? dtype::f16 : dtype::f32;
-    // the dtype moves every score a resume trains on; where ranks talk and the ZeRO stage do not
-    check_step3_settings(ctx, {"comm_backend", "rendezvous", "store_dir", "comm_timeout_s", "zero_stage"});
+    check_step3_settings(ctx, {"zero_stage"});  // the dtype moves every score a resume trains on; the stage not
   }
 
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
@@ -852,8 +851,7 @@ class ppo_trainer final : public actor::node {
   // Settings a resume may change (where ranks meet, how they shard, what is printed or saved
   // at the end); the optimizer, the losses, LoRA and the ptx data may not.
   static const std::set<std::string>& safe_to_change() {
-    static const std::set<std::string> safe = {"comm_backend", "rendezvous", "store_dir", "comm_timeout_s",
-                                               "actor_zero_stage", "critic_zero_stage", "actor_gradient_checkpointing",
+    static const std::set<std::string> safe = {"actor_zero_stage", "critic_zero_stage", "actor_gradient_checkpointing",
                                                "critic_gradient_checkpointing", "output", "verify_output",
                                                "memory_limit_gb"};
     return safe;

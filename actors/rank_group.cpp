@@ -79,6 +79,11 @@ rank_group join_rank_group(actor::node_context& ctx) {
   return g;
 }
 
+const std::set<std::string>& rank_group_setting_names() {
+  static const std::set<std::string> names = {"comm_backend", "rendezvous", "store_dir", "comm_timeout_s"};
+  return names;
+}
+
 void add_rank_group_settings(graph::node_kind& k) {
   using T = graph::setting_type;
   k.option("comm_backend", T::string, std::string("inproc"), "inproc (threads), gloo (processes) or nccl (GPUs)")

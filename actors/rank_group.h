@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 
 #include "runtime/actor/node.h"
@@ -51,5 +52,8 @@ rank_group join_rank_group(actor::node_context& ctx);
 
 /// Declare comm_backend, rendezvous, store_dir and comm_timeout_s on `k`.
 void add_rank_group_settings(graph::node_kind& k);
+/// The names add_rank_group_settings declares: where the ranks meet, never what they compute
+/// (settings_record leaves them out, so a resume or rerun may change them).
+const std::set<std::string>& rank_group_setting_names();
 
 }  // namespace flowrun::actors

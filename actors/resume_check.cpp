@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "actors/rank_group.h"
 #include "models/rlhf/ppo_checkpoint.h"
 #include "models/safetensors.h"
 
@@ -98,7 +99,9 @@ nlohmann::json contents_of(std::string_view key, const std::string& path) {
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [k, v] : n.settings) {  // TensorBoard's settings change nothing trained: never recorded
-    if (safe.count(k) || k == actor::enable_tensorboard_setting || k == actor::tensorboard_path_setting) continue;
+    if (safe.count(k) || k == actor::enable_tensorboard_setting || k == actor::tensorboard_path_setting ||
+        rank_group_setting_names().count(k))
+      continue;
     const graph::setting_value value = canonical_paths(v.value);
     j[k] = graph::to_string(value);
     if (const auto* path = std::get_if<std::string>(&value))

@@ -16,8 +16,9 @@
 
 namespace flowrun::actors {
 
-/// The node's settings but those in `safe` and the TensorBoard ones (enable_tensorboard,
-/// tensorboard_path: they change nothing trained, so a resume or a rerun may switch them), as
+/// The node's settings but those in `safe`, the TensorBoard ones (enable_tensorboard,
+/// tensorboard_path) and where the ranks meet (rank_group_setting_names): they change nothing
+/// trained, so a resume or a rerun may switch them. As
 /// {name: value as written (graph::to_string)}, absolute paths with their symbolic links resolved
 /// (the same files from another working directory or FLOWRUN_ASSETS spelling record the same).
 /// The DeepSpeed JSON (deepspeed_config) and a tokenizer file are also recorded by their contents

@@ -320,8 +320,7 @@ class zero_rank final : public actor::node {
   // LoRA may not.
   static const std::set<std::string>& safe_to_change() {
     static const std::set<std::string> safe = {
-        "total_steps",     "zero_stage",       "comm_backend", "rendezvous",      "store_dir",
-        "comm_timeout_s",  "save_checkpoint_steps", "keep_checkpoints", "export_hf", "save_lora",
+        "total_steps",     "zero_stage",       "save_checkpoint_steps", "keep_checkpoints", "export_hf", "save_lora",
         "memory_limit_gb", "gradient_checkpointing", "print_every", "resume", "output_dir"};
     return safe;
   }

@@ -294,7 +294,9 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most")
       .at_least(2)
       .because("DS-Chat drops answers of at most one token, so 1 would train on nothing")
-      .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy)").at_least(0)
+      .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy); the rollouts' log-probs "
+              "(policy, reference, loss) are taken under logits / temperature, as TRL and veRL take them")
+      .at_least(0)
       .option("top_k", T::int_, std::int64_t{0}, "top-k filter (0: off)").at_least(0)
       .option("top_p", T::float_, 1.0, "nucleus threshold (1: off)").in_range(0, 1, /*low_open=*/true)
       .option("num_generations", T::int_, std::int64_t{1},
@@ -421,8 +423,9 @@ class frozen_scorer final : public actor::node {
                                                                    : ops::get_matmul_precision());
         out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
           return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask)
-                 : share ? ppo::shared_prompt_logprobs(*model_, acts_, seq, mask, r->exp->prompts.size(1))
-                         : ppo::sequence_logprobs(*model_, acts_, seq, mask);
+                 : share ? ppo::shared_prompt_logprobs(*model_, acts_, seq, mask, r->exp->prompts.size(1),
+                                                       r->exp->temperature)
+                         : ppo::sequence_logprobs(*model_, acts_, seq, mask, r->exp->temperature);
         });
         rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
                            reward_ ? "reward_score" : "ref_logprobs");
@@ -720,7 +723,8 @@ class ppo_trainer final : public actor::node {
       ops::matmul_precision_scope gemm(engine_.engine->compute_precision());
       out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
         activations& a = engine_.engine->forward_activations();
-        return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask) : ppo::sequence_values(*model_, a, seq, mask);
+        return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask, r->exp->temperature)
+                       : ppo::sequence_values(*model_, a, seq, mask);
       });
       scored_ = r->exp->seq.raw();
       rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
@@ -767,7 +771,7 @@ class ppo_trainer final : public actor::node {
       ctx.phase("proximal_logprobs");
       ops::matmul_precision_scope gemm(engine_.engine->compute_precision());
       e->logprobs = score_on_ranks(group_, *e, [&](const tensor& seq, const tensor& mask) {
-        return ppo::sequence_logprobs(*model_, engine_.engine->forward_activations(), seq, mask);
+        return ppo::sequence_logprobs(*model_, engine_.engine->forward_activations(), seq, mask, e->temperature);
       });
       exps.push_back(std::move(e));
       ctx.phase("training");

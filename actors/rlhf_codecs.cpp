@@ -12,7 +12,9 @@
 // each tensor its index in the bulk list; the tensors themselves go through
 // the cluster's bulk plane (bulk_plane.h, gloo), so models and scorers can
 // run on other nodes than the generator and the trainers.
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <stdexcept>
 #include <type_traits>
 
@@ -41,6 +43,7 @@ void put_experience(writer& w, const ppo::experience& e) {
   for (auto n : e.answer_len) w.put<std::int64_t>(n);
   w.put<std::uint64_t>(e.source_rows.size());
   for (auto n : e.source_rows) w.put<std::int64_t>(n);
+  w.put(e.temperature);  // the float's bytes
 }
 
 void put_strings(writer& w, const std::vector<std::string>& v) {
@@ -67,6 +70,9 @@ ppo::experience get_experience(reader& r) {
   const auto k = r.get<std::uint64_t>();
   if (k > (1u << 24)) throw std::invalid_argument("implausible source_rows count");
   for (std::uint64_t i = 0; i < k; ++i) e.source_rows.push_back(r.get<std::int64_t>());
+  e.temperature = r.get<float>();
+  if (!(e.temperature > 0.0f) || !std::isfinite(e.temperature))
+    throw std::invalid_argument("experience: temperature " + std::to_string(e.temperature) + " is not > 0");
   return e;
 }
 

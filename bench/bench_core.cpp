@@ -487,6 +487,18 @@ static void bench_kernels() {
   rng64 rng(1);
   const std::vector<int32_t> no_history;
   int64_t picked = 0;
+  // attention of the 6.1 M PPO bench's scoring and updates: (B, T, H, hs) = (8, 80, 6, 48), prompts
+  // left-padded (the first rows of each sequence masked), and one decode step's (8, 1) queries
+  const int64_t aB = 8, aT = 80, aH = 6, ahs = 48;
+  auto aq = mk({aB, aT, aH, ahs}, 0.5f), ak = mk({aB, aT, aH, ahs}, 0.5f), av = mk({aB, aT, aH, ahs}, 1.0f);
+  auto ao = mk({aB, aT, aH, ahs}, 0.f), aatt = mk({aB, aH, aT, aT}, 0.f), ado = mk({aB, aT, aH, ahs}, 0.3f);
+  auto adq = mk({aB, aT, aH, ahs}, 0.f), adk = mk({aB, aT, aH, ahs}, 0.f), adv = mk({aB, aT, aH, ahs}, 0.f);
+  auto aq1 = mk({aB, 1, aH, ahs}, 0.5f), ao1 = mk({aB, 1, aH, ahs}, 0.f);
+  std::vector<int32_t> amv(aB * aT, 1);
+  for (int64_t b = 0; b < aB; ++b)
+    for (int64_t t = 0; t < b; ++t) amv[b * aT + t] = 0;
+  auto amask = tensor::from_ints({aB, aT}, amv);
+  tensor no_att;
   struct item { const char* name; const char* shape; std::function<void()> run; };
   const std::vector<item> items = {
       {"adamw", "2^25", [&] { ops::adamw_step(p, g, m, v, ++step, cfg); }},
@@ -505,6 +517,9 @@ static void bench_kernels() {
       {"gather_log_probs_forward", "1x256x50257", [&] { rlhf::gather_log_probs_forward(lp, logits3, labels); }},
       {"gather_log_probs_backward", "1x256x50257",
        [&] { rlhf::gather_log_probs_backward(dlogits3, dlp, logits3, labels); }},
+      {"attention_forward", "8x80x6x48", [&] { ops::attention_forward(ao, aatt, aq, ak, av, amask); }},
+      {"attention_backward", "8x80x6x48", [&] { ops::attention_backward(adq, adk, adv, ado, aq, ak, av, aatt); }},
+      {"attention_decode", "8x1x6x48, 80 keys", [&] { ops::attention_forward(ao1, no_att, aq1, ak, av, amask); }},
       {"sample_greedy", "16x32000",
        [&] {
          for (int64_t r = 0; r < 16; ++r)

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "runtime/kernels/cpu/simd_kernels.h"
 
 namespace flowrun {
 
@@ -109,6 +108,7 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
   int64_t n_past = P;
   const int64_t V = mc.vocab_limit();
   auto step_ids = tensor::empty({B, 1}, dtype::i32);
+  std::vector<float> scratch;  // token_log_prob's scaled row
   for (int64_t step = 0; step < cfg.max_new_tokens; ++step) {
     auto host = logits.to(device::cpu());
     const int64_t Vrow = host.size(1);
@@ -118,8 +118,8 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
         const float* row = host.data<float>() + b * Vrow;
         next = sample_token(row, V, cfg.sampling, rngs[b], history[b]);
         out[b].tokens.push_back(next);
-        if (cfg.record_logprobs)  // the trainer's formula (rlhf::gather_log_probs_forward)
-          out[b].logprobs.push_back(simd::log_softmax_at(row, Vrow, next));
+        if (cfg.record_logprobs)  // the trainer's formula (rlhf::gather_log_probs_forward), at the sampling temperature
+          out[b].logprobs.push_back(token_log_prob(row, Vrow, next, log_prob_temperature(cfg.sampling), scratch));
         history[b].push_back(next);
         if (std::find(cfg.stop_ids.begin(), cfg.stop_ids.end(), next) != cfg.stop_ids.end()) {
           done[b] = true;

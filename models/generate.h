@@ -17,8 +17,9 @@ struct generation_config {
   uint64_t seed = 42;              ///< sequence i samples with seed + i
   std::vector<int32_t> stop_ids;   ///< generation of a sequence ends after one of these (kept in the output)
   int32_t pad_id = 0;              ///< fills left padding and finished sequences
-  /// Record each new token's log-prob under the raw logits (log-softmax over the whole logits
-  /// row, float64 sum, as rlhf::gather_log_probs_forward computes it): generation_result::logprobs.
+  /// Record each new token's log-prob under the logits divided by the sampling temperature (1 for
+  /// greedy rows: log_prob_temperature), over the whole logits row (token_log_prob, as
+  /// rlhf::gather_log_probs_forward computes it): generation_result::logprobs.
   bool record_logprobs = false;
 };
 

@@ -3,11 +3,26 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <unordered_set>
 
 #include "runtime/kernels/cpu/simd_kernels.h"
 
 namespace flowrun {
+
+float token_log_prob(const float* logits, int64_t n, int32_t token, float temperature, std::vector<float>& scratch) {
+  if (!(temperature > 0.0f))
+    throw std::invalid_argument("token_log_prob: temperature must be > 0, got " + std::to_string(temperature));
+  if (temperature == 1.0f) return simd::log_softmax_at(logits, n, token);
+  scratch.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) scratch[static_cast<size_t>(i)] = logits[i] / temperature;
+  return simd::log_softmax_at(scratch.data(), n, token);
+}
+
+float log_prob_temperature(const sampling_config& cfg) {
+  return cfg.temperature <= 0.0f || cfg.top_k == 1 ? 1.0f : cfg.temperature;
+}
 
 int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& cfg, rng64& rng,
                      const std::vector<int32_t>& history) {

@@ -35,4 +35,21 @@ struct rng64 {
 int32_t sample_token(const float* logits, int64_t n_valid, const sampling_config& cfg, rng64& rng,
                      const std::vector<int32_t>& history = {});
 
+/// log p(token) under softmax(logits[0, n) / temperature), temperature > 0: the log-prob the RL
+/// trainers give a token sampled at that temperature. TRL's, veRL's and OpenRLHF's actors divide
+/// the logits by the rollout temperature before their log-softmax (veRL dp_actor.py
+/// `logits.div_(temperature)`; TRL grpo_trainer.py and ppo_trainer.py `logits /= temperature`), so
+/// the PPO ratio compares the policy that sampled with the one being trained; top-k, top-p and the
+/// repetition penalty stay out of it, as there. At temperature 1 this is simd::log_softmax_at(logits,
+/// n, token) itself; otherwise the row divided by the temperature goes to `scratch` (resized to n)
+/// and through the same formula. The generator's recorded behaviour log-probs and
+/// rlhf::gather_log_probs_forward both call it, so they agree bit for bit.
+/// Throws std::invalid_argument for temperature <= 0 (a greedy row's log-probs are temperature 1's).
+float token_log_prob(const float* logits, int64_t n, int32_t token, float temperature, std::vector<float>& scratch);
+
+/// The temperature a row's log-probs are taken at (token_log_prob) after sampling with `cfg`:
+/// cfg.temperature, or 1 for greedy rows (temperature 0 or top_k 1 pick the argmax; their
+/// log-probs are the raw logits').
+float log_prob_temperature(const sampling_config& cfg);
+
 }  // namespace flowrun

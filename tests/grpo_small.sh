@@ -44,6 +44,9 @@ for want in "step 1 sft\] held-out loss" "held-out before: mean reward" "iter 1 
   grep -q "$want" "$out/grpo.log" || fail "missing in grpo.graph's output: $want"
 done
 grep -q "critic_loss" "$out/grpo.log" && fail "a critic-free run printed a critic loss"
+# the first rollouts are scored before any update, by a policy that is the reference: the KL is 0, as
+# both take log-probs at the sampling temperature (0.5 here; TRL and veRL divide the logits by it)
+grep -qE "iter 0 reward [0-9.-]+ kl 0.0000 " "$out/grpo.log" || fail "the policy and the reference disagree before any update"
 from_sft grpo.graph
 from_sft rloo.graph
 g=$out/grpo.graph

@@ -314,7 +314,8 @@ TEST_CASE("PPO: temperature near 0 samples the greedy path and its log-probs sta
     REQUIRE(e->seq.shape() == greedy->seq.shape());
     CHECK(std::equal(e->seq.data<int32_t>(), e->seq.data<int32_t>() + e->seq.numel(), greedy->seq.data<int32_t>()));
     activations a;
-    tensor lp = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
+    CHECK(e->temperature == t);  // log-probs at the sampling temperature: logits / 1e-6 stay finite
+    tensor lp = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask, e->temperature);
     const int64_t B = lp.size(0), L = lp.size(1);
     int64_t counted = 0;
     for (int64_t b = 0; b < B; ++b)
@@ -436,10 +437,12 @@ TEST_CASE("PPO: with ppo_epochs = 1 the first ratio is exactly 1, whatever the m
 
 TEST_CASE("PPO: the generator's behaviour log-probs are the trainer's old log-probs, at any temperature") {
   // Asynchronous RLHF (docs/rlhf.md, max_staleness): the generator records each sampled token's
-  // log-prob while it samples, the raw logits' log-softmax as sequence_logprobs computes it
-  // (temperature and top-k shape what is sampled, not what is recorded: the trainer applies
-  // neither). With the same weights (max_staleness = 0, ppo_epochs = 1) the generator's numbers
-  // must be the trainer's old log-probs; only the KV cache's summation order differs (fp32).
+  // log-prob while it samples, the log-softmax of the logits divided by the sampling temperature, as
+  // sequence_logprobs computes it at the experience's temperature (TRL, veRL and OpenRLHF divide
+  // by it; top-k shapes what is sampled, not the log-prob). With the same weights (max_staleness =
+  // 0, ppo_epochs = 1) the generator's numbers must be the trainer's old log-probs; only the KV
+  // cache's summation order differs (fp32). The actor's loss takes them at that temperature too:
+  // with old = its own log-probs every ratio is exactly 1 and the clipped loss is -token-mean(A).
   auto tok = load_tokenizer(test::tokenizer_path());
   auto actor = load_llama2c(test::model_path());
   tensor prompts, pmask;
@@ -452,12 +455,14 @@ TEST_CASE("PPO: the generator's behaviour log-probs are the trainer's old log-pr
     s.top_k = temperature < 1 ? 20 : 0;
     auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 5);
     REQUIRE(e.has_value());
+    CHECK(e->temperature == temperature);
     activations a;
-    const tensor old = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
+    const tensor old = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask, e->temperature);
+    const tensor raw = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);  // temperature 1
     REQUIRE(e->behav_logprobs.defined());
     REQUIRE(e->behav_logprobs.shape() == old.shape());
     const int64_t B = e->seq.size(0), S = e->seq.size(1), L = S - 1, P = prompts.size(1);
-    double worst = 0;
+    double worst = 0, from_raw = 0;
     int64_t answer = 0, off = 0;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < L; ++t) {
@@ -470,10 +475,13 @@ TEST_CASE("PPO: the generator's behaviour log-probs are the trainer's old log-pr
         ++answer;
         CHECK(bl <= 0.0f);
         worst = std::max(worst, std::abs(static_cast<double>(bl) - old.data<float>()[b * L + t]));
+        from_raw = std::max(from_raw, std::abs(static_cast<double>(bl) - raw.data<float>()[b * L + t]));
       }
     CHECK(off == 0);  // 0 off the answer
     CHECK(answer > 8);
     CHECK(worst < 1e-5);
+    if (temperature != 1.0f) CHECK(from_raw > 1e-2);  // the temperature changes the log-probs
+    else CHECK(from_raw < 1e-5);
 
     // the decoupled loss with these behaviour log-probs (w = exp(old - behav) ~ 1) is the plain
     // clipped loss; with behav = old exactly it is the plain loss bit for bit (pg_math.h)
@@ -490,6 +498,14 @@ TEST_CASE("PPO: the generator's behaviour log-probs are the trainer's old log-pr
     };
     const double l0 = loss(*e, plain), l1 = loss(*e, dec);
     CHECK(std::isfinite(l0));
+    double sum_a = 0, n_a = 0;  // ratio 1: the clipped loss is -token-mean(A) over the answer tokens
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n; ++i)
+        if (e->attention_mask.data<int32_t>()[b * S + e->start() + 1 + i]) {
+          sum_a += adv.data<float>()[b * n + i];
+          n_a += 1;
+        }
+    CHECK(l0 == doctest::Approx(-sum_a / n_a).epsilon(1e-6));
     CHECK(std::abs(l1 - l0) <= 1e-5 * std::max(1.0, std::abs(l0)));
     ppo::experience same = *e;
     same.behav_logprobs = old;

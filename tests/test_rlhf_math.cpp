@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "models/rlhf/rlhf_math.h"
+#include "models/sampler.h"
 
 using namespace flowrun;
 using namespace flowrun::rlhf;
@@ -187,6 +188,41 @@ TEST_CASE("gather_log_probs: forward against a hand softmax, backward by finite 
     CHECK(dl.item(i) == doctest::Approx(fd).epsilon(2e-3));
   }
   CHECK_THROWS_AS(gather_log_probs_forward(out, logits, tensor::from_ints({1, 2}, {3, 0})), std::out_of_range);
+}
+
+TEST_CASE("gather_log_probs at a sampling temperature: log-softmax(logits / T), by hand and finite differences") {
+  // TRL (grpo_trainer.py, ppo_trainer.py: logits /= temperature) and veRL (dp_actor.py:
+  // logits.div_(temperature)) take the log-probs of rollouts sampled at T under logits / T.
+  // logits [2, 1, 0] at T = 0.5: z = [4, 2, 0], log p = z - log(e^4 + e^2 + 1).
+  auto logits = tensor::from_floats({1, 3, 3}, {2.0f, 1.0f, 0.0f, 2.0f, 1.0f, 0.0f, -0.3f, 0.8f, 0.1f});
+  auto labels = tensor::from_ints({1, 3}, {0, 2, 1});
+  const double lse = std::log(std::exp(4.0) + std::exp(2.0) + 1.0);
+  tensor out;
+  gather_log_probs_forward(out, logits, labels, 0.5f);
+  CHECK(out.item(0) == doctest::Approx(4.0 - lse).epsilon(1e-6));  // -0.14293
+  CHECK(out.item(1) == doctest::Approx(0.0 - lse).epsilon(1e-6));  // -4.14293
+  tensor at1;
+  gather_log_probs_forward(at1, logits, labels);
+  CHECK(at1.item(0) == doctest::Approx(2.0 - std::log(std::exp(2.0) + std::exp(1.0) + 1.0)).epsilon(1e-6));
+  // the generator's recorded log-prob (token_log_prob) is the same number, bit for bit
+  std::vector<float> scratch;
+  CHECK(token_log_prob(logits.data<float>(), 3, 0, 0.5f, scratch) == out.item(0));
+  auto dout = tensor::from_floats({1, 3}, {0.7f, -1.1f, 0.4f});
+  tensor dl;
+  gather_log_probs_backward(dl, dout, logits, labels, 0.5f);
+  for (int i = 0; i < 9; ++i) {
+    auto p = logits.clone(), m = logits.clone();
+    p.data<float>()[i] += 1e-3f;
+    m.data<float>()[i] -= 1e-3f;
+    tensor op, om;
+    gather_log_probs_forward(op, p, labels, 0.5f);
+    gather_log_probs_forward(om, m, labels, 0.5f);
+    double fd = 0;
+    for (int r = 0; r < 3; ++r) fd += dout.item(r) * (op.item(r) - om.item(r)) / 2e-3;
+    CHECK(dl.item(i) == doctest::Approx(fd).epsilon(3e-3));
+  }
+  CHECK_THROWS_AS(gather_log_probs_forward(out, logits, labels, 0.0f), std::invalid_argument);
+  CHECK_THROWS_AS(token_log_prob(logits.data<float>(), 3, 0, -1.0f, scratch), std::invalid_argument);
 }
 
 TEST_CASE("EMA and the non-finite diagnostic") {

@@ -71,6 +71,7 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
   if (keep.empty()) return std::nullopt;
   const int64_t K = static_cast<int64_t>(keep.size()), S = P + A;
   experience e;
+  e.temperature = log_prob_temperature(g.sampling);
   e.prompts = tensor::empty({K, P}, dtype::i32);
   e.seq = tensor::empty({K, S}, dtype::i32);
   e.attention_mask = tensor::zeros({K, S}, dtype::i32);
@@ -97,16 +98,17 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
   return e;
 }
 
-tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask) {
+tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
+                         float temperature) {
   const int64_t S = seq.size(1);
   model.forward(acts, seq, {}, mask);
   tensor lp;
-  rlhf::gather_log_probs_forward(lp, acts.logits, shifted_labels(seq));
+  rlhf::gather_log_probs_forward(lp, acts.logits, shifted_labels(seq), temperature);
   return cols(lp, 0, S - 1);
 }
 
 tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                              int64_t prompt_len) {
+                              int64_t prompt_len, float temperature) {
   const int64_t B = seq.size(0), S = seq.size(1), P = prompt_len, A = S - P;
   if (P <= 0 || P >= S)
     throw std::invalid_argument("shared_prompt_logprobs: prompt_len " + std::to_string(P) + " outside (0, " +
@@ -120,7 +122,8 @@ tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& s
     return key;
   });
   const int64_t U = static_cast<int64_t>(g.first.size());
-  if (U == B || P == 1 || model.dev().kind != device_kind::cpu) return sequence_logprobs(model, acts, seq, mask);
+  if (U == B || P == 1 || model.dev().kind != device_kind::cpu)
+    return sequence_logprobs(model, acts, seq, mask, temperature);
   // columns [c0, c1) of rows `rows` of a (B, S) i32 tensor, as a new (rows, c1 - c0) one
   auto take = [&](const std::vector<int64_t>& rows, const tensor& t, int64_t c0, int64_t c1) {
     auto out = tensor::empty({static_cast<int64_t>(rows.size()), c1 - c0}, dtype::i32);
@@ -138,9 +141,9 @@ tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& s
   tensor lp_prompt, lp_rest;
   rlhf::gather_log_probs_forward(
       lp_prompt, prefill_shared(model, cache, g, take(all, seq, 0, P - 1), {}, take(all, mask, 0, P - 1), true),
-      take(g.first, labels, 0, P - 1));  // (U, P - 1)
+      take(g.first, labels, 0, P - 1), temperature);  // (U, P - 1)
   rlhf::gather_log_probs_forward(lp_rest, model.forward_cached(cache, take(all, seq, P - 1, S), {}, mask, P - 1, true),
-                                 take(all, labels, P - 1, S));  // (B, A + 1), the last entry unused
+                                 take(all, labels, P - 1, S), temperature);  // (B, A + 1), the last entry unused
   auto out = tensor::empty({B, S - 1});
   for (int64_t b = 0; b < B; ++b) {
     const int64_t u = g.slot[static_cast<size_t>(b)];
@@ -187,6 +190,7 @@ experience slice_rows(const experience& e, int64_t a, int64_t b) {
   if (e.values.defined()) s.values = e.values.rows(a, b);
   if (e.reward_score.defined()) s.reward_score = e.reward_score.rows(a, b);
   if (e.behav_logprobs.defined()) s.behav_logprobs = e.behav_logprobs.rows(a, b);
+  s.temperature = e.temperature;
   s.answer_len.assign(e.answer_len.begin() + a, e.answer_len.begin() + b);
   if (!e.source_rows.empty()) s.source_rows.assign(e.source_rows.begin() + a, e.source_rows.begin() + b);
   return s;
@@ -288,6 +292,7 @@ experience take_rows(const experience& e, const std::vector<int64_t>& rows) {
   s.values = pick(e.values);
   s.reward_score = pick(e.reward_score);
   s.behav_logprobs = pick(e.behav_logprobs);
+  s.temperature = e.temperature;
   for (auto r : rows) {
     s.answer_len.push_back(e.answer_len.at(static_cast<size_t>(r)));
     if (!e.source_rows.empty()) s.source_rows.push_back(e.source_rows.at(static_cast<size_t>(r)));
@@ -364,7 +369,7 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
     forward_unless_scored(actor, a, sub, k, scored);
     const tensor labels = shifted_labels(sub.seq);
     tensor lp;
-    rlhf::gather_log_probs_forward(lp, a.logits, labels);
+    rlhf::gather_log_probs_forward(lp, a.logits, labels, sub.temperature);
     const tensor lp_ans = cols(lp, start, L);
     rlhf::check_finite(lp_ans, "policy", "actor_log_prob");
     tensor dlp_ans;
@@ -393,7 +398,7 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
     }
     auto dlp = tensor::zeros({rows, S});
     put_cols(dlp, dlp_ans, start);
-    rlhf::gather_log_probs_backward(r.dout, dlp, a.logits, labels);  // (rows, S, V)
+    rlhf::gather_log_probs_backward(r.dout, dlp, a.logits, labels, sub.temperature);  // (rows, S, V)
     return r;
   };
   return l;

@@ -75,6 +75,11 @@ struct experience {
   /// by the generator while sampling (the raw logits' log-softmax, as sequence_logprobs computes
   /// it), 0 off the answer
   tensor behav_logprobs;
+  /// The temperature every log-prob of these rows is taken at (rlhf::gather_log_probs_forward,
+  /// token_log_prob): the rollouts' sampling temperature, 1 for greedy rows (log_prob_temperature).
+  /// The policy's and the reference's scores, the actor's loss and the behaviour log-probs all use
+  /// it, as TRL, veRL and OpenRLHF divide the logits by it; DS-Chat samples at 1.
+  float temperature = 1.0f;
   std::vector<int64_t> answer_len;  ///< real answer tokens per row (EOS included)
   /// Per row: the row of the prompts given to generate_rollouts it answers (rows may be dropped).
   std::vector<int64_t> source_rows;
@@ -84,18 +89,20 @@ struct experience {
 /// Generate answers for left-padded prompts with the actor's current weights (the
 /// hybrid engine: no copy, no reload). Rows whose answer has at most one real
 /// token are dropped, as DS-Chat drops them (unless s.drop_short_answers is off); returns
-/// nullopt when all are dropped. Fills prompts, seq, attention_mask, answer_len, source_rows and
-/// behav_logprobs (each sampled token's log-prob under the raw logits, recorded while sampling:
-/// the temperature and top-k/top-p shape the sampling, not the recorded log-prob, as the trainer's
-/// sequence_logprobs applies none).
+/// nullopt when all are dropped. Fills prompts, seq, attention_mask, answer_len, source_rows, temperature
+/// (log_prob_temperature of the sampling) and behav_logprobs (each sampled token's log-prob under
+/// the logits divided by that temperature, recorded while sampling; top-k/top-p shape the sampling,
+/// not the log-prob, as sequence_logprobs at the same temperature gives it).
 std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompts, const tensor& prompt_mask,
                                             const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed);
 
-/// log p(seq[t+1] | seq[:t+1]) for t < S-1: (B, L). The model keeps `acts` for a backward.
+/// log p(seq[t+1] | seq[:t+1]) for t < S-1: (B, L), under the logits divided by `temperature`
+/// (experience::temperature). The model keeps `acts` for a backward.
 /// A caller that scores often passes the same `acts` each time (forward reallocates them only on
 /// a new shape); a trainer passes its engine's (zero_engine::activations), so that the update on
 /// exactly these rows can reuse this forward (actor_batch_loss's `scored`).
-tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask);
+tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
+                         float temperature = 1.0f);
 /// sequence_logprobs (B, L) for a frozen model whose rows repeat prompts (GRPO's num_generations
 /// answers per prompt): each distinct prompt (seq's first `prompt_len` tokens and their mask) runs
 /// once through decoder::forward_cached, but its last token, its K/V rows are copied to every row with
@@ -107,7 +114,7 @@ tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, c
 /// not on the CPU. Throws std::invalid_argument unless 0 < prompt_len < S, or when the model has a
 /// value head.
 tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                              int64_t prompt_len);
+                              int64_t prompt_len, float temperature = 1.0f);
 /// Values of a value-head model at t < S-1: (B, L). `acts` as sequence_logprobs.
 tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask);
 /// Reward model scores: the value at each row's last real token (B,)

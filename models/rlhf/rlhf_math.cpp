@@ -1,6 +1,7 @@
 #include "models/rlhf/rlhf_math.h"
 
 #include "models/rlhf/pg_math.h"
+#include "models/sampler.h"
 #include "runtime/kernels/cpu/simd_kernels.h"
 
 #include <algorithm>
@@ -26,7 +27,8 @@ double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp
 
 }  // namespace
 
-void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels) {
+void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels, float temperature) {
+  need(temperature > 0, "gather_log_probs: temperature must be > 0, got " + std::to_string(temperature));
   need(logits.dim() == 3, "gather_log_probs: logits must be (B, T, V), got " + logits.str());
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   need(labels.shape() == shape_t{B, T} && labels.type() == dtype::i32, "gather_log_probs: labels must be (B, T) i32");
@@ -38,13 +40,17 @@ void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& l
     if (lb[n] < 0 || lb[n] >= V)
       throw std::out_of_range("gather_log_probs: label " + std::to_string(lb[n]) + " outside the vocabulary of " +
                               std::to_string(V));
-#pragma omp parallel for
-  for (int64_t n = 0; n < B * T; ++n) {
-    o[n] = simd::log_softmax_at(lg + n * V, V, lb[n]);
+#pragma omp parallel
+  {
+    std::vector<float> scratch;  // the row / temperature (token_log_prob)
+#pragma omp for
+    for (int64_t n = 0; n < B * T; ++n) o[n] = token_log_prob(lg + n * V, V, lb[n], temperature, scratch);
   }
 }
 
-void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor& logits, const tensor& labels) {
+void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor& logits, const tensor& labels,
+                               float temperature) {
+  need(temperature > 0, "gather_log_probs_backward: temperature must be > 0, got " + std::to_string(temperature));
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   need(dout.shape() == shape_t{B, T}, "gather_log_probs_backward: dout must be (B, T)");
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = tensor::empty(logits.shape());
@@ -56,12 +62,18 @@ void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor
   for (int64_t n = 0; n < B * T; ++n) {
     const float* row = lg + n * V;
     float* gr = g + n * V;
-    // d logp[label] / d row = onehot(label) - softmax(row): softmax through the same vector exp
-    // and double sum as the forward (simd::log_softmax_at)
-    const float mx = simd::max_f(row, V);
-    const double s = simd::exp_sum(row, mx, V, gr);  // gr = exp(row - mx)
-    simd::scale_f(gr, static_cast<float>(-d[n] / s), V);
-    gr[lb[n]] += d[n];
+    // z = row / T; d logp[label] / d row = (onehot(label) - softmax(z)) / T: softmax through the
+    // same vector exp and double sum as the forward (token_log_prob, simd::log_softmax_at)
+    const float* z = row;
+    if (temperature != 1.0f) {
+      for (int64_t i = 0; i < V; ++i) gr[i] = row[i] / temperature;
+      z = gr;
+    }
+    const float mx = simd::max_f(z, V);
+    const double s = simd::exp_sum(z, mx, V, gr);  // gr = exp(z - mx)
+    const float dn = temperature == 1.0f ? d[n] : d[n] / temperature;
+    simd::scale_f(gr, static_cast<float>(-dn / s), V);
+    gr[lb[n]] += dn;
   }
 }
 

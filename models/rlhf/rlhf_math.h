@@ -29,12 +29,16 @@ struct ppo_config {
   float lam = 0.95f;
 };
 
-/// log p(labels) under softmax(logits): out (B, T) from logits (B, T, V), labels (B, T) i32.
-/// ppo_trainer.py gather_log_probs. Each row is simd::log_softmax_at (the vector exp, the sum
-/// in double), the formula the generator records its behaviour log-probs with.
-void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels);
-/// dlogits (B, T, V) = dout * (onehot(labels) - softmax(logits)) (overwrites).
-void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor& logits, const tensor& labels);
+/// log p(labels) under softmax(logits / temperature): out (B, T) from logits (B, T, V), labels
+/// (B, T) i32. ppo_trainer.py gather_log_probs (DS-Chat: temperature 1); the rollouts' sampling
+/// temperature otherwise, as TRL's, veRL's and OpenRLHF's actors take it (models/sampler.h
+/// token_log_prob, the formula the generator records its behaviour log-probs with: the vector exp,
+/// the sum in double). Throws std::invalid_argument for temperature <= 0, std::out_of_range for a
+/// label outside [0, V).
+void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels, float temperature = 1.0f);
+/// dlogits (B, T, V) = dout * (onehot(labels) - softmax(logits / T)) / T (overwrites).
+void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor& logits, const tensor& labels,
+                               float temperature = 1.0f);
 
 /// Per-token rewards (B, L): -kl_ctl · (log_probs - ref_log_probs), plus the reward
 /// score clipped to ±clip_reward_value at index min(start + n_j, L - 1), where n_j =

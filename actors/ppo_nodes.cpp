@@ -1014,7 +1014,9 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                   "default 3); above 1, or 0: off, as DS-Chat and TRL")
           .option("loss_agg_mode", T::string, std::string("token-mean"),
                   "how per-token losses become the loss (veRL's names): token-mean over the mini-batch (DS-Chat, "
-                  "veRL's default), seq-mean-token-mean (GRPO as published), seq-mean-token-sum (Dr. GRPO)")
+                  "veRL's default), seq-mean-token-mean (GRPO as published), seq-mean-token-sum (each answer's token "
+                  "sum averaged over rows: no length normalisation; Dr. GRPO's loss, TRL's dr_grpo, also divides it "
+                  "by the maximum answer length, a constant that only scales the step)")
           .option("use_kl_loss", T::bool_, false,
                   "add kl_loss_coef x the KL to the reference as a loss term (GRPO; veRL's actor.use_kl_loss); the "
                   "experience maker's kl_ctl puts it inside the reward instead")
@@ -1256,8 +1258,13 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
               "2025): veRL's algorithm.adv_estimator")
       .option("kl_ctl", T::float_, 0.1,
               "KL penalty coefficient inside the reward (gae, reinforce_plus_plus: per token; grpo, rloo: summed "
-              "over the answer, veRL's use_kl_in_reward; 0 with the policy's use_kl_loss for GRPO as published)")
+              "over the answer, veRL's use_kl_in_reward). Unwritten, it follows advantage_estimator: 0.1 with gae "
+              "(DS-Chat), 0 with grpo and rloo (veRL's use_kl_in_reward = false: GRPO as published puts the KL in "
+              "the policy's loss, use_kl_loss), 0.001 with reinforce_plus_plus (veRL's kl_coef)")
       .at_least(0)
+      .default_by([](const graph::node_spec& n) -> graph::setting_value {
+        return ppo::default_kl_ctl(n.get_string("advantage_estimator"));
+      })
       .option("clip_reward_value", T::float_, 5.0, "reward score clip (gae, reinforce_plus_plus)").above(0)
       .option("gamma", T::float_, 1.0, "discount (gae, reinforce_plus_plus)").in_range(0, 1)
       .option("lam", T::float_, 0.95, "GAE lambda").in_range(0, 1)

@@ -80,7 +80,8 @@ run ranks "$g" --set node.policy.replicas=2 --set node.policy.actor_zero_stage=3
 grep -q "actor_loss" "$out/ranks.log" || fail "the 2-rank policy never trained"
 
 # without a reference model (veRL with neither use_kl_in_reward nor use_kl_loss, as DAPO): the graph
-# less its reference node and edges, reference = false; the job runs and its KL reads 0. A reference
+# less its reference node and edges and its kl_ctl line (unwritten, grpo's kl_ctl is 0: veRL's
+# use_kl_in_reward = false), reference = false; the job runs and its KL reads 0. A reference
 # edge with reference = false, reference = true without one, kl_ctl > 0 or the policy's KL loss
 # without a reference are refused before anything runs.
 python3 - "$g" "$out/noref.graph" <<'PY'
@@ -88,6 +89,8 @@ import re, sys
 text = open(sys.argv[1]).read().replace(", reference.init", "").replace(", reference.rollouts", "")
 text = re.sub(r'\s*"reference\.scored -> experience\.ref_logprobs",', "", text)
 text = re.sub(r"\[node\.reference\]\n(?:(?!\[).*\n)*", "", text)
+text, n = re.subn(r"\nkl_ctl = .*\n", "\n", text)
+assert n == 1, "the GRPO graph's kl_ctl line"
 open(sys.argv[2], "w").write(text)
 PY
 noref=(--set node.experience.reference=false --set node.policy.use_kl_loss=false)

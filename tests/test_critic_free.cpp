@@ -75,6 +75,12 @@ TEST_CASE("critic-free advantages: GRPO and RLOO by hand, each row's value on it
   c.estimator = ppo::advantage_estimator::gae;
   CHECK_THROWS_AS(ppo::critic_free_advantages(e, c), std::invalid_argument);
   CHECK_THROWS_AS(ppo::parse_advantage_estimator("ppo"), std::invalid_argument);
+  // kl_ctl left unwritten: DS-Chat's 0.1 for gae (ppo_trainer.py), none in the reward for grpo and rloo
+  // (veRL's algorithm.use_kl_in_reward = false), veRL's kl_coef 0.001 for REINFORCE++
+  CHECK(ppo::default_kl_ctl("gae") == 0.1);
+  CHECK(ppo::default_kl_ctl("grpo") == 0.0);
+  CHECK(ppo::default_kl_ctl("rloo") == 0.0);
+  CHECK(ppo::default_kl_ctl("reinforce_plus_plus") == 0.001);
 }
 
 TEST_CASE("critic-free advantages: the KL penalty inside the reward is summed over each answer (veRL use_kl_in_reward)") {

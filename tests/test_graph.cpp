@@ -690,6 +690,49 @@ out = "src"
   CHECK(contains(rb.errors[0].message, "node 'out' (kind checked_sink): the check failed"));
 }
 
+TEST_CASE("node_kind::default_by: an unwritten setting's default follows the node's other settings") {
+  // as the experience maker's kl_ctl follows advantage_estimator (DS-Chat's 0.1 for gae, 0 for grpo)
+  node_kind_registry r;
+  r.register_kind(node_kind{"lines_source", "emits lines"}.output("lines", "text"));
+  auto k = node_kind{"mode_sink", "a sink whose coef default depends on its mode"}
+               .input("items", "text")
+               .option("mode", setting_type::string, std::string("a"), "a or b")
+               .option("coef", setting_type::float_, 0.1, "0.1 with mode a, 0 with mode b")
+               .at_least(0)
+               .default_by([](const node_spec& n) -> setting_value {
+                 if (n.get_string("mode") == "b") return 0.0;
+                 if (n.get_string("mode") == "bad") return -1.0;  // outside the range: reported
+                 return 0.1;
+               });
+  r.register_kind(k);
+  CHECK_THROWS_AS(node_kind{"x"}.default_by([](const node_spec&) { return setting_value{1.0}; }),
+                  std::invalid_argument);  // no setting to attach it to
+  auto run = [&](const std::string& extra) {
+    auto parsed = parse_graph_string("edges = [\"src.lines -> out.items\"]\n[graph]\nname = \"g\"\n[node.src]\n"
+                                     "kind = \"lines_source\"\n[node.out]\nkind = \"mode_sink\"\n" + extra,
+                                     "modes.graph");
+    REQUIRE(parsed.errors.empty());
+    return validate(parsed.spec, r);
+  };
+  auto coef = [](const validation_result& v) { return v.spec.nodes[1].settings.at("coef"); };
+  auto a = run("");
+  REQUIRE(a.ok());
+  CHECK(coef(a).value == setting_value{0.1});
+  CHECK(coef(a).from_default);
+  auto b = run("mode = \"b\"\n");
+  REQUIRE(b.ok());
+  CHECK(coef(b).value == setting_value{0.0});
+  CHECK(coef(b).from_default);
+  auto written = run("mode = \"b\"\ncoef = 0.5\n");  // a written value wins
+  REQUIRE(written.ok());
+  CHECK(coef(written).value == setting_value{0.5});
+  CHECK_FALSE(coef(written).from_default);
+  auto bad = run("mode = \"bad\"\n");
+  REQUIRE(bad.errors.size() == 1);
+  CHECK(contains(bad.errors[0].message, "the default of setting 'coef' of node 'out' (kind mode_sink)"));
+  CHECK(contains(bad.errors[0].hint, "write coef = "));
+}
+
 // ------------------------------------------------------------ bad graphs
 
 namespace {

@@ -242,6 +242,30 @@ TEST_CASE("clipped policy loss: ratio clip, dual clip for negative advantages, g
 }
 
 // Decoupled PPO (AReaL, pg_math.h): the clipped loss times w = exp(old − behav), w > cap left out.
+TEST_CASE("clipped policy loss: the log-ratio is clamped to +-20 (no inf from a diverged token), gradient 0 there") {
+  // pg_math.h: ratio = exp(clamp(logprobs - old, +-20)), and d/dlogprobs is 0 where the clamp holds (DS-Chat's
+  // actor_loss_fn has no clamp: a log-ratio of 100 gives inf there)
+  auto one = [](float v) { return tensor::from_floats({1, 1}, {v}); };
+  auto mask1 = tensor::from_ints({1, 1}, {1});
+  policy_loss_config cfg;
+  cfg.clip_ratio_c = 0;  // no dual clip: the unclipped term decides for A < 0
+  tensor d;
+  // A = -1, log-ratio 30: l1 = exp(20) (clamped, not exp(30)), l2 = 1.2, the loss is exp(20)
+  auto r = clipped_policy_loss(one(30.0f), one(0.0f), one(-1.0f), mask1, cfg, &d);
+  CHECK(r.loss == doctest::Approx(std::exp(20.0)).epsilon(1e-9));
+  CHECK(floats(d)[0] == 0.0f);
+  // log-ratio 100 stays finite
+  r = clipped_policy_loss(one(100.0f), one(0.0f), one(-1.0f), mask1, cfg, &d);
+  CHECK(r.loss == doctest::Approx(std::exp(20.0)).epsilon(1e-9));
+  // A = +1, log-ratio -30: l1 = -exp(-20), l2 = -0.8, max = -exp(-20)
+  r = clipped_policy_loss(one(-30.0f), one(0.0f), one(1.0f), mask1, cfg, &d);
+  CHECK(r.loss == doctest::Approx(-std::exp(-20.0)).epsilon(1e-9));
+  CHECK(floats(d)[0] == 0.0f);
+  // just inside the clamp the gradient is the ratio's: d(-A r)/dx = -A r = exp(19.5) for A = -1
+  r = clipped_policy_loss(one(19.5f), one(0.0f), one(-1.0f), mask1, cfg, &d);
+  CHECK(floats(d)[0] == doctest::Approx(std::exp(19.5)).epsilon(1e-5));
+}
+
 TEST_CASE("decoupled PPO: behaviour importance weights by hand, the cap, gradient, and w = 1 on-policy") {
   // Four tokens of one row; old (proximal) log-probs 0, so ratio = e^lp; behav = −ln w.
   //  t0: ratio 1.5, A = 1:  l1 = −1.5, l2 = −1.2 -> −1.2 (clip, gradient 0); w = 2   -> −2.4

@@ -78,6 +78,27 @@ TEST_CASE("GAE advantages and returns, with values and rewards zeroed after the 
   }
 }
 
+TEST_CASE("GAE with gamma < 1: the discount on the next value and on the next advantage") {
+  // gamma 0.9, lam 0.8, start 0, r = [0.2, -0.1, 1.0], v = [0.5, 0.4, 0.3], V(L) = 0:
+  //  t2: delta = 1.0 - 0.3 = 0.7                        A2 = 0.7
+  //  t1: delta = -0.1 + 0.9 x 0.3 - 0.4 = -0.23        A1 = -0.23 + 0.72 x 0.7 = 0.274
+  //  t0: delta = 0.2 + 0.9 x 0.4 - 0.5 = 0.06          A0 = 0.06 + 0.72 x 0.274 = 0.25728
+  //  returns = A + v = [0.75728, 0.674, 1.0]
+  ppo_config cfg;
+  cfg.gamma = 0.9f;
+  cfg.lam = 0.8f;
+  auto rewards = tensor::from_floats({1, 3}, {0.2f, -0.1f, 1.0f});
+  auto values = tensor::from_floats({1, 3}, {0.5f, 0.4f, 0.3f});
+  tensor adv, ret;
+  advantages_and_returns(adv, ret, values, rewards, 0, cfg);
+  REQUIRE(adv.shape() == shape_t{1, 3});
+  const double want_a[] = {0.25728, 0.274, 0.7}, want_r[] = {0.75728, 0.674, 1.0};
+  for (int i = 0; i < 3; ++i) {
+    CHECK(adv.item(i) == doctest::Approx(want_a[i]).epsilon(1e-6));
+    CHECK(ret.item(i) == doctest::Approx(want_r[i]).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("actor loss: ratio clipping and masking, with its gradient") {
   // i0: ratio 1, -A r = -1 (grad -A r = -1)
   // i1: ratio e^.5 = 1.6487 > 1.2: max(-3.297, -2.4) = -2.4, clipped: grad 0

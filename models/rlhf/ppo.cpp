@@ -208,6 +208,12 @@ tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor&
   return rewards;
 }
 
+double default_kl_ctl(const std::string& estimator) {
+  if (estimator == "grpo" || estimator == "rloo") return 0.0;
+  if (estimator == "reinforce_plus_plus") return 0.001;
+  return 0.1;
+}
+
 advantage_estimator parse_advantage_estimator(const std::string& s) {
   if (s == "gae") return advantage_estimator::gae;
   if (s == "grpo") return advantage_estimator::grpo;

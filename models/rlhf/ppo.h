@@ -139,6 +139,12 @@ enum class advantage_estimator { gae, grpo, rloo, reinforce_plus_plus };
 advantage_estimator parse_advantage_estimator(const std::string& s);
 /// Whether `a` needs a value model (only GAE does).
 inline bool needs_critic(advantage_estimator a) { return a == advantage_estimator::gae; }
+/// The KL coefficient inside the reward (kl_ctl) when a graph does not write one, per estimator name:
+/// 0.1 for gae (DS-Chat's ppo_trainer.py kl_ctl), 0 for grpo and rloo (veRL's algorithm.use_kl_in_reward
+/// defaults to false; GRPO as published puts the KL in the loss), 0.001 for reinforce_plus_plus (veRL's
+/// algorithm.kl_ctrl.kl_coef; REINFORCE++ keeps the KL in the per-token reward). An unknown name gets
+/// gae's (the estimator's own check names it).
+double default_kl_ctl(const std::string& estimator);
 
 /// The critic-free estimators' settings (experience_maker's, veRL's and TRL's names).
 struct critic_free_config {

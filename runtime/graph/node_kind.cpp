@@ -134,6 +134,14 @@ node_kind& node_kind::option(std::string setting_name, setting_type type, settin
   return *this;
 }
 
+node_kind& node_kind::default_by(std::function<setting_value(const node_spec& node)> f) {
+  if (settings.empty()) throw std::invalid_argument("node_kind::default_by: no setting declared yet");
+  if (settings.back().required)
+    throw std::invalid_argument("node_kind::default_by: setting '" + settings.back().name + "' is required");
+  settings.back().default_for = std::move(f);
+  return *this;
+}
+
 node_kind& node_kind::require(std::string setting_name, setting_type type, std::string setting_doc) {
   settings.push_back({std::move(setting_name), type, std::monostate{}, std::move(setting_doc), true});
   return *this;

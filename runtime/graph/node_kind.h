@@ -95,6 +95,9 @@ struct setting_decl {
   std::string doc;
   bool required = false;
   setting_range range;
+  /// Optional: the default when it depends on the node's other settings (node_kind::default_by), e.g. the
+  /// experience maker's kl_ctl, whose field default differs per advantage_estimator. Unset: default_value.
+  std::function<setting_value(const node_spec& node)> default_for;
 };
 
 /// Why `v` (a value of `d`'s type, an int or a float) is outside `d`'s range,
@@ -170,6 +173,13 @@ struct node_kind {
   node_kind& allow_nonfinite();  ///< a float setting that accepts NaN and +-inf
   /// Why the range is what it is, added to errors (e.g. a bound tied to the machine).
   node_kind& because(std::string why);
+  /// The setting declared just before it takes its default from `f` when the graph does not write it:
+  /// validate() calls f(node) once every other setting of the node has its value (written, or its
+  /// kind's default_value) and range, and stores the result, marked from_default. f must return a value
+  /// of the setting's type inside its range for any node (fall back to default_value for values it does
+  /// not know); validate() reports a violation as an error at the node. default_value stays the one
+  /// `flowrun explain` shows, so the doc should name the other defaults.
+  node_kind& default_by(std::function<setting_value(const node_spec& node)> f);
 
   /// The port called `port`, or nullptr.
   const port_decl* find_port(std::string_view port) const;

@@ -247,6 +247,24 @@ class validator {
       }
       node.settings.emplace(decl.name, setting{decl.default_value, {}, {}, true});
     }
+    // defaults that depend on the node's other settings (node_kind::default_by), once all have a value
+    for (const auto& decl : kind.settings) {
+      auto it = node.settings.find(decl.name);
+      if (!decl.default_for || it == node.settings.end() || !it->second.from_default) continue;
+      setting_value v = decl.default_for(node);
+      if (decl.type == setting_type::float_)
+        if (const auto* i = std::get_if<std::int64_t>(&v)) v = static_cast<double>(*i);
+      std::optional<std::string> why;
+      if (!value_matches(decl.type, v)) why = "is " + std::string(value_type_name(v)) + ", not " + std::string(to_string(decl.type));
+      else why = range_violation(decl, v);
+      if (why) {
+        error(node.pos, "the default of setting '" + decl.name + "' of node '" + node.name + "' (kind " + kind.name +
+                            ") for its other settings " + *why,
+              "write " + decl.name + " = " + example_value(decl) + " in [node." + node.name + "]");
+        continue;
+      }
+      it->second.value = std::move(v);
+    }
   }
 
   // The folder a relative path in a value written at `p` resolves against (validate.h, "Path settings"): the

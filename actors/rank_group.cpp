@@ -76,6 +76,7 @@ rank_group join_rank_group(actor::node_context& ctx) {
     co.prefix = "flowrun/" + ctx.name();
   }
   g.comm = comm::make_communicator(co);
+  g.rendezvous = co.kv;
   return g;
 }
 

@@ -20,6 +20,12 @@ namespace flowrun::actors {
 
 /// This replica's place in its node's rank group, and the group's communicator.
 struct rank_group {
+  /// The rendezvous store the group met through (a CAF store client, or null), kept as long as the
+  /// group: the last of a process's CAF store clients ends the process's store actor system, and ending
+  /// it in start() waited in ~actor_system while this process's other rank sat in the group's first
+  /// collective (`flowrun launch --nproc 2` with replicas = 2 hung until comm_timeout_s). Declared
+  /// before `comm`, so the communicator goes first.
+  std::shared_ptr<comm::store> rendezvous;
   std::unique_ptr<comm::communicator> comm;
   int rank = 0;        ///< p·R + replica
   int world = 1;       ///< P·R

@@ -132,6 +132,7 @@ class zero_rank final : public actor::node {
     rank_group g = join_rank_group(ctx);
     world_ = g.world;
     rank_ = g.rank;
+    rendezvous_ = std::move(g.rendezvous);  // kept while the group lives (rank_group::rendezvous)
     comm_ = std::move(g.comm);
     // the host's cores shared among the ranks of all launched processes (one thread each)
     ctx.thread_budget(std::max(1, ops::hardware_threads() / world_));
@@ -423,6 +424,7 @@ class zero_rank final : public actor::node {
   }
 
   int world_ = 1, rank_ = 0;
+  std::shared_ptr<comm::store> rendezvous_;
   std::unique_ptr<comm::communicator> comm_;
   ds_config ds_;
   zero_settings zs_;

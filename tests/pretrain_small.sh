@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # graphs/pretrain.graph (stories260K on TinyStories, ZeRO) end to end:
 #   1. 2 ranks in 2 processes over gloo give the 1-rank loss curve (1e-5 per step) at every ZeRO stage
-#      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3);
+#      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3), and 4
+#      ranks as 2 processes x 2 replicas;
 #   2. a run killed with SIGKILL at a random step and resumed continues the curve exactly;
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
 #      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; its export_hf is the
@@ -43,6 +44,14 @@ for stage in 0 1 2 3; do
     --set node.ranks.comm_backend=gloo --set node.ranks.zero_stage=$stage --run-arg=--no-progress
   same_curve "$out/ref.log" "$out/gloo$stage.log" 1e-5 || { echo "gloo stage $stage: curve differs"; exit 1; }
 done
+# 4 ranks as 2 processes x 2 replicas (zero.md: process p hosts ranks 2p, 2p + 1), through the launcher's
+# CAF store: a process's second store client ended its store actor system in start() and hung the first
+# collective until comm_timeout_s (60 s here: a hang fails the test in a minute, not 5)
+echo "== 4 ranks as 2 processes x 2 replicas over gloo, stage 3, rendezvous caf"
+run gloo2x2 launch --nproc 2 --rendezvous caf "$graph" "${nodir[@]}" --set node.ranks.replicas=2 \
+  --set node.ranks.comm_backend=gloo --set node.ranks.comm_timeout_s=60 --set node.ranks.zero_stage=3 --run-arg=--no-progress
+grep -q "rank 0/4 stage 3" "$out/gloo2x2.log" || { echo "gloo 2x2: not 4 ranks"; exit 1; }
+same_curve "$out/ref.log" "$out/gloo2x2.log" 1e-5 || { echo "gloo 2x2: curve differs"; exit 1; }
 
 echo "== SIGKILL at a random step, then resume (2 ranks, stage 3, a checkpoint every step)"
 run whole run "$graph" --no-progress -q "${nodir[@]}"

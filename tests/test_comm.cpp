@@ -934,6 +934,52 @@ TEST_CASE("test_comm: gloo worker" * doctest::skip()) {
   if (failures.empty()) std::ofstream(std::string(o.store_dir) + "/ran." + rank_s) << "ok\n";
 }
 
+TEST_CASE("test_comm: gloo worker, 2 ranks per process" * doctest::skip()) {
+  // Runs only in the processes spawned by "gloo: 2 processes x 2 ranks": process p hosts ranks 2p and
+  // 2p + 1 on two threads (flowrun launch --nproc P with replicas = 2), each its own gloo group member.
+  const char* proc_s = std::getenv("FLOWRUN_COMM_WORKER");
+  if (!proc_s) return;
+  const int p = std::atoi(proc_s), procs = std::atoi(std::getenv("FLOWRUN_COMM_WORLD"));
+  std::vector<std::string> failures[2];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        gloo_options o;
+        o.rank = 2 * p + t;
+        o.world_size = 2 * procs;
+        o.store_dir = std::getenv("FLOWRUN_COMM_STORE");
+        o.timeout = 20s;
+        auto c = gloo_communicator(o);
+        failures[t] = run_suite(*c);
+        // a ZeRO-3 gather's size: 8192 floats from each rank
+        auto mine = tensor::from_floats({8192}, std::vector<float>(8192, static_cast<float>(o.rank)));
+        auto all = tensor::zeros({8192 * o.world_size});
+        c->all_gather(mine, all);
+        for (int r = 0; r < o.world_size; ++r)
+          if (all.data<float>()[r * 8192 + 17] != static_cast<float>(r)) failures[t].push_back("all_gather: wrong data");
+        c->barrier();
+      } catch (const std::exception& e) {
+        failures[t].push_back(e.what());
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (auto& f : failures)
+    for (auto& x : f) FAIL_CHECK(x);
+  if (failures[0].empty() && failures[1].empty())
+    std::ofstream(std::string(std::getenv("FLOWRUN_COMM_STORE")) + "/ran." + proc_s) << "ok\n";
+}
+
+TEST_CASE("test_comm: gloo: 2 processes x 2 ranks (two group members in one process)") {
+  const std::string dir = temp_dir("gloo2x2");
+  auto codes = spawn_gloo_workers(2, dir, 120s, "", "test_comm: gloo worker, 2 ranks per process");
+  for (int r = 0; r < 2; ++r) {
+    CHECK_MESSAGE(codes[r] == 0, "gloo process " << r << " exited with " << codes[r]);
+    CHECK_MESSAGE(std::filesystem::remove(dir + "/ran." + std::to_string(r)), "gloo process " << r << " did not run");
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("test_comm: gloo: 2 processes run every collective against the reference") {
   const std::string dir = temp_dir("gloo2");
   auto codes = spawn_gloo_workers(2, dir, 120s);

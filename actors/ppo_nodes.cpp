@@ -372,11 +372,14 @@ class frozen_scorer final : public actor::node {
 
   void start(actor::node_context& ctx) override {
     group_ = join_rank_group(ctx);
-    if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
-    stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
-    const std::string dt = dtype_setting(ctx);
-    precision_ = dt == "bf16" ? dtype::bf16 : dt == "fp16" ? dtype::f16 : dtype::f32;
-    check_step3_settings(ctx, {"zero_stage"});  // the dtype moves every score a resume trains on; the stage not
+    // a rank that refuses now fails its peers' first collective now, not at comm_timeout_s
+    aborting_on_failure(group_.comm.get(), [&] {
+      if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
+      stage_ = static_cast<int>(ctx.spec().get_int("zero_stage"));
+      const std::string dt = dtype_setting(ctx);
+      precision_ = dt == "bf16" ? dtype::bf16 : dt == "fp16" ? dtype::f16 : dtype::f32;
+      check_step3_settings(ctx, {"zero_stage"});  // the dtype moves every score a resume trains on; the stage not
+    });
   }
 
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
@@ -508,6 +511,14 @@ class ppo_trainer final : public actor::node {
     d_.dtype = dtype_setting(ctx);
     d_.seed = 0;  // the LoRA init: the same on every rank
     group_ = join_rank_group(ctx);
+    // a rank that refuses now (a resume whose settings changed) fails its peers' first collective now
+    aborting_on_failure(group_.comm.get(), [&] { start_ranked(ctx); });
+  }
+
+  // start() once this replica has joined its rank group
+  void start_ranked(actor::node_context& ctx) {
+    const auto& s = ctx.spec();
+    const std::string who = policy_ ? "actor" : "critic";
     if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
     if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {
       const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), group_.world);

@@ -128,15 +128,20 @@ class lm_batches final : public actor::node {
 class zero_rank final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
-    const auto& s = ctx.spec();
     rank_group g = join_rank_group(ctx);
     world_ = g.world;
     rank_ = g.rank;
     rendezvous_ = std::move(g.rendezvous);  // kept while the group lives (rank_group::rendezvous)
     comm_ = std::move(g.comm);
+    // a rank that refuses now (a resume whose settings changed) fails its peers' first collective now
+    aborting_on_failure(comm_.get(), [&] { start_rank(ctx, g.local_ranks); });
+  }
+
+  // start() once this replica has joined its rank group (`local`: the group's ranks in this process)
+  void start_rank(actor::node_context& ctx, int local) {
+    const auto& s = ctx.spec();
     // the host's cores shared among the ranks of all launched processes (one thread each)
     ctx.thread_budget(std::max(1, ops::hardware_threads() / world_));
-    const int local = g.local_ranks;
 
     // DeepSpeed's config
     ds_ = load_ds_config(resolve_user_path(s.get_string("deepspeed_config"), "deepspeed_config").string(), world_);

@@ -239,6 +239,20 @@ class ping_node final : public test_node {
   std::int64_t count_ = 0, next_ = 0;
 };
 
+// refuser: every replica's start() throws (as every ZeRO rank refuses a resume whose settings changed);
+// on_message records what it is handed, which must be nothing.
+class refuser_node final : public test_node {
+ public:
+  void start(node_context& ctx) override {
+    test_node::start(ctx);
+    throw std::invalid_argument("refused: settings changed");
+  }
+  void on_message(node_context& ctx, std::string_view, payload msg) override {
+    std::lock_guard<std::mutex> lock(rec.m);
+    rec.items[key(ctx)].push_back(msg.as<counted>().v);
+  }
+};
+
 class echo_node final : public test_node {
  public:
   void on_message(node_context& ctx, std::string_view, payload msg) override { ctx.emit("back", msg); }
@@ -292,6 +306,8 @@ void register_test_kinds(graph::node_kind_registry& kinds, node_factory_registry
                          .output("out", "num")
                          .option("count", T::int_, std::int64_t{10}, "pings"),
                      [] { return std::make_unique<ping_node>(); });
+  register_node_kind(kinds, factories, graph::node_kind{"refuser", "refuses in start"}.input("in", "num"),
+                     [] { return std::make_unique<refuser_node>(); });
   register_node_kind(kinds, factories, graph::node_kind{"echo", "echoes"}.input("in", "num").output("back", "num"),
                      [] { return std::make_unique<echo_node>(); });
   register_node_kind(kinds, factories,
@@ -590,6 +606,37 @@ kind = "collect"
     sched.run();
     CHECK(j.state->exit_code() == exit_failed);
     CHECK_MESSAGE(j.state->error().find("node 'boom' replica 1 failed") != std::string::npos, j.state->error());
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "a replica whose start() gave up as the run stops handles none of the messages queued for it") {
+  // The first replica to refuse fails the run; the others refuse while it stops ("gave up"). A pretraining
+  // rank whose start gave up then took the batches queued for it and waited in a collective for its
+  // refused peer until comm_timeout_s (300 s). In every interleaving: no message reaches a replica whose
+  // start threw, and no stop() is called on a node that never started.
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    CAPTURE(seed);
+    rec.clear();
+    auto j = start(R"(
+edges = ["src.out -> ref.in [dispatch=broadcast]"]
+[node.src]
+kind = "src"
+count = 20
+[node.ref]
+kind = "refuser"
+replicas = 3
+)");
+    run_random(seed);
+    REQUIRE(j.state->finished());
+    CHECK(j.state->exit_code() == exit_failed);
+    CHECK_MESSAGE(j.state->error().find("refused: settings changed") != std::string::npos, j.state->error());
+    for (int r = 0; r < 3; ++r) {
+      const std::string k = "ref[" + std::to_string(r) + "]";
+      CAPTURE(k);
+      CHECK(rec.starts[k] == 1);
+      CHECK(items(k).empty());
+      CHECK(rec.stops[k] == 0);
+    }
   }
 }
 

@@ -590,8 +590,8 @@ class replica_actor_t : public Base {
     in_link& in = in_links_[e.link];
     bump(counters_.msgs_in, 1);
     bump(counters_.bytes_in, e.data.byte_size());
-    if (phase_ != phase::running || finished_) {
-      // Failed, stopping, or past finish(): acknowledge and drop.
+    if (phase_ != phase::running || finished_ || gave_up_) {
+      // Failed, stopping, gave up, or past finish(): acknowledge and drop.
       bump(in.c->handled, 1);
       if (!e.t.tombstone) bump(counters_.dropped, 1);
       ++in.pending_acks;
@@ -770,7 +770,7 @@ class replica_actor_t : public Base {
   // Handles what is queued, finishes when the input ended, sends acks and
   // end-of-stream. Returns false when the replica is no longer running.
   bool pump_once() {
-    if (phase_ != phase::running || !running_) return false;
+    if (phase_ != phase::running || !running_ || gave_up_) return false;
     flush();
     if (paused_) {  // the console paused the run: nothing is handled or produced until resume
       flush_acks();
@@ -822,7 +822,7 @@ class replica_actor_t : public Base {
     return true;
   }
 
-  bool wants_to_produce() const { return np_.source && !exhausted_ && !finished_ && !waiting_input_; }
+  bool wants_to_produce() const { return np_.source && !exhausted_ && !finished_ && !waiting_input_ && !gave_up_; }
 
   bool has_backlog() const {
     for (const auto& l : out_links_)
@@ -1274,10 +1274,23 @@ class replica_actor_t : public Base {
       waiting_input_ = false;
       if (plan_->live->get_run_phase() == run_phase::stopping) {  // node.h `stopped`: gave up, not failed
         ctx_log().info("{} gave up in {} as the run stops ({})", replica_name(*plan_, node_, replica_), what, why);
+        give_up(std::string_view(what).substr(0, 5) == "start");
         return false;
       }
       if (!restart(what, why)) return false;
     }
+  }
+
+  // A call gave up as the run stops: the replica handles, produces and finishes nothing more (what is
+  // queued is acknowledged and dropped, as after fail()). A node whose start() gave up is discarded, so
+  // stop() is not called on a node that never started: a rank that refused a resume kept handling the
+  // batches queued for it and waited in a collective for its refused peer until comm_timeout_s.
+  void give_up(bool in_start) {
+    gave_up_ = true;
+    if (in_start) impl_.reset();
+    for (auto& item : ready_)
+      item.for_each_ack([&](std::uint32_t l) { ack_now(l); });
+    ready_.clear();
   }
 
   // Makes a fresh node and starts it; false (after fail()) when the policy
@@ -1368,6 +1381,7 @@ class replica_actor_t : public Base {
   phase phase_ = phase::created;
   stop_reason reason_ = stop_reason::running;
   bool running_ = false;
+  bool gave_up_ = false;  // give_up(): a call gave up as the run stops
   bool exhausted_ = false;
   bool finished_ = false;
   bool waiting_input_ = false;

@@ -402,11 +402,35 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.only_optimize_lora = s.get_bool("only_optimize_lora");
   if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {  // one rank: the triple for world size 1
     const std::string own = d.dtype;
-    const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), 1);
+    const auto c = load_node_ds_config(ctx, p, 1, true);
     dschat::apply_ds_config(d, c);
     warn_dtype_overridden(ctx, own, d.dtype, c.where);
   }
   return d;
+}
+
+std::vector<std::pair<std::string, std::string>> ds_config_typos(const ds_config& c) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& k : c.ignored_keys)
+    if (k.find('.') == std::string::npos)
+      if (std::string near = graph::nearest_name(k, ds_config_top_level_keys()); !near.empty()) out.emplace_back(k, near);
+  return out;
+}
+
+ds_config load_node_ds_config(const actor::node_context& ctx, const std::string& path, int world, bool speaks) {
+  ds_config c = load_ds_config(resolve_user_path(path, "deepspeed_config").string(), world);
+  if (!speaks) return c;
+  std::vector<std::string> ignored;
+  const auto typos = ds_config_typos(c);
+  for (const auto& k : c.ignored_keys)
+    if (std::none_of(typos.begin(), typos.end(), [&](const auto& t) { return t.first == k; })) ignored.push_back(k);
+  for (const auto& [k, near] : typos)
+    spdlog::warn("node '{}': {}: \"{}\" is not a setting flowrun reads, and is ignored: did you mean \"{}\"?",
+                 ctx.name(), c.where, k, near);
+  if (!ignored.empty())
+    spdlog::info("node '{}': {}: keys that do not apply here, ignored: {}", ctx.name(), c.where, fmt::join(ignored, ", "));
+  for (const auto& w : c.warnings) spdlog::warn("node '{}': {}", ctx.name(), w);
+  return c;
 }
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {

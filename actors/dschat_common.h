@@ -23,6 +23,7 @@
 #include "models/rlhf/dschat_data.h"
 #include "models/rlhf/dschat_steps.h"
 #include "models/tokenizer.h"
+#include "models/train/ds_config.h"
 #include "models/train/shard_checkpoint.h"
 #include "runtime/actor/node.h"
 #include "runtime/graph/node_kind.h"
@@ -105,6 +106,18 @@ void warn_mixed_dtypes(const graph::graph_spec& g);
 /// node's; `own` its dtype before the JSON.
 void warn_dtype_overridden(const actor::node_context& ctx, const std::string& own, const std::string& json_dtype,
                            const std::string& json_where);
+
+/// The top-level keys of `c` that flowrun ignored (ds_config::ignored_keys) and that lie a letter or two
+/// from a key it reads (ds_config_top_level_keys), each with that key: likely typos.
+std::vector<std::pair<std::string, std::string>> ds_config_typos(const ds_config& c);
+
+/// The node's deepspeed_config (the setting's value `path`, resolved as a user path) for `world` ranks:
+/// load_ds_config, then, when `speaks` (the group's rank 0), its report on the node's log: the keys
+/// flowrun does not act on (info), a top-level key a letter or two from one it reads as a warning with
+/// "did you mean" (a "train_batch_sizee" was ignored, and the batch triple resolved without it), and
+/// the config's own warnings (DeepSpeed's: an unknown warmup_type, total_num_steps < warmup_num_steps).
+/// Throws as load_ds_config.
+ds_config load_node_ds_config(const actor::node_context& ctx, const std::string& path, int world, bool speaks);
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d);
 

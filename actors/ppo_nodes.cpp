@@ -521,12 +521,10 @@ class ppo_trainer final : public actor::node {
     const std::string who = policy_ ? "actor" : "critic";
     if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
     if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {
-      const auto c = load_ds_config(resolve_user_path(p, "deepspeed_config").string(), group_.world);
+      const auto c = load_node_ds_config(ctx, p, group_.world, group_.rank == 0);
       const std::string own = d_.dtype;
       dschat::apply_ds_config(d_, c);
       if (group_.rank == 0) warn_dtype_overridden(ctx, own, d_.dtype, c.where);
-      if (group_.rank == 0 && !c.ignored_keys.empty())
-        ctx.log().info("{}: keys that do not apply here, ignored: {}", c.where, fmt::join(c.ignored_keys, ", "));
       if (group_.rank == 0 && !c.scheduler.type.empty())
         ctx.log().warn("{}: its scheduler ({}) is not used here: step 3 trains at a constant {}_learning_rate", c.where,
                        c.scheduler.type, who);

@@ -12,6 +12,8 @@
 // (`flowrun launch --nproc P`): process p hosts ranks p·R .. p·R + R - 1 of the
 // R = replicas ranks per process.
 #include <chrono>
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -144,10 +146,8 @@ class zero_rank final : public actor::node {
     ctx.thread_budget(std::max(1, ops::hardware_threads() / world_));
 
     // DeepSpeed's config
-    ds_ = load_ds_config(resolve_user_path(s.get_string("deepspeed_config"), "deepspeed_config").string(), world_);
+    ds_ = load_node_ds_config(ctx, s.get_string("deepspeed_config"), world_, rank_ == 0);
     if (s.get_int("zero_stage") >= 0) ds_.zero_stage = static_cast<int>(s.get_int("zero_stage"));
-    if (rank_ == 0 && !ds_.ignored_keys.empty())
-      ctx.log().info("{}: keys that do not apply here, ignored: {}", ds_.where, fmt::join(ds_.ignored_keys, ", "));
     if (ds_.bf16) zs_.precision = dtype::bf16;
     if (ds_.fp16) {
       zs_.precision = dtype::f16;
@@ -364,12 +364,13 @@ class zero_rank final : public actor::node {
   void restore(actor::node_context& ctx, const std::string& folder) {
     auto ck = load_checkpoint(folder);
     const auto& m0 = ck.manifests.at(0);
+    // the settings first: they name what changed (use_lora false -> true), where the hash only says "differs"
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(),
+                          "point output_dir elsewhere or set resume = false");
     if (m0.config_hash != config_hash())
       throw std::runtime_error("checkpoint " + folder +
                                " was made for another model or LoRA setting (config hash differs): point output_dir "
                                "elsewhere or set resume = false");
-    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(),
-                          "point output_dir elsewhere or set resume = false");
     if (m0.step > ctx.spec().get_int("total_steps"))
       throw std::invalid_argument(fmt::format(
           "node '{}': {} holds step {}, more than total_steps = {}: a resume only runs longer; set total_steps >= {}, "
@@ -532,6 +533,46 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                                             "be equal",
                                             n.name, key, n.get_int(key), src->name, key, src->get_int(key)),
                                 fmt::format("set {} to one value on both nodes", key)});
+        // the global batch the data node cuts must be the DeepSpeed JSON's (it failed at the first batch, in
+        // the engine, naming neither); a JSON that does not load is reported by start(), with its place
+        try {
+          const int world = static_cast<int>(n.replicas) * process_count();
+          const ds_config c = load_ds_config(n.get_string("deepspeed_config"), world);
+          std::string typos;  // a misspelt batch key is why the triple resolved to another size
+          for (const auto& [k, near] : ds_config_typos(c)) typos += fmt::format("; \"{}\" is not read: did you mean \"{}\"?", k, near);
+          if (src->get_int("train_batch_size") != c.train_batch_size)
+            problems.push_back(
+                {"deepspeed_config",
+                 fmt::format("node '{}': {} resolves train_batch_size to {} (train_micro_batch_size_per_gpu {} x "
+                             "gradient_accumulation_steps {} x {} rank(s)), but its data node '{}' cuts batches of "
+                             "train_batch_size = {}{}",
+                             n.name, c.where, c.train_batch_size, c.train_micro_batch_size_per_gpu,
+                             c.gradient_accumulation_steps, world, src->name, src->get_int("train_batch_size"), typos),
+                 fmt::format("make them equal: set node.{}.train_batch_size = {}, or the JSON's train_batch_size "
+                             "to {}",
+                             src->name, c.train_batch_size, src->get_int("train_batch_size"))});
+        } catch (const std::exception&) {
+        }
+      }
+      // LoRA settings without use_lora change nothing (the whole model trains, no adapter is made)
+      if (!n.get_bool("use_lora"))
+        for (const char* key : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"})
+          if (const auto* w = n.find_setting(key); w && !w->from_default)
+            problems.push_back({key,
+                                fmt::format("node '{}': {} is set but use_lora = false: the whole model trains and no "
+                                            "adapter is made",
+                                            n.name, key),
+                                fmt::format("set use_lora = true, or remove {}", key)});
+      if (const auto* w = n.find_setting("lora_target_modules"); w && !w->from_default) {
+        std::string t = n.get_string("lora_target_modules");
+        t.erase(std::remove_if(t.begin(), t.end(), [](unsigned char ch) { return std::isspace(ch) || ch == ','; }),
+                t.end());
+        if (t.empty())
+          problems.push_back({"lora_target_modules",
+                              fmt::format("node '{}': lora_target_modules is empty (PEFT would take its default, "
+                                          "q_proj,v_proj for LLaMA; this used to mean all-linear)",
+                                          n.name),
+                              "name the modules: q_proj,v_proj (the default), all-linear, or others"});
       }
       return problems;
     };

@@ -81,6 +81,13 @@ run resumed4 run "$graph" --no-progress -q --set node.ranks.output_dir="$out/kil
   --set node.data.output_dir="$out/killed4" --set node.ranks.replicas=4 --set node.ranks.zero_stage=1
 grep "resuming after step" "$out/resumed4.log"
 same_curve "$out/whole.log" "$out/resumed4.log" 1e-5 || { echo "the curve resumed on 4 ranks differs"; exit 1; }
+echo "== a resume that turns LoRA on is refused, naming use_lora (it said only \"config hash differs\")"
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
+     --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps --set node.ranks.export_hf= \
+     --set node.ranks.use_lora=true > "$out/lora_on.log" 2>&1; then
+  echo "a full-model checkpoint resumed with use_lora = true"; exit 1
+fi
+grep -q "with settings changed: use_lora false -> true" "$out/lora_on.log" || { tail -3 "$out/lora_on.log"; echo "use_lora not named"; exit 1; }
 
 echo "== pretraining lowers the held-out loss (stage 3), with and without LoRA"
 heldout() { sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) -> \([0-9.]*\) after.*/\1 \2/p' "$1"; }

@@ -222,6 +222,47 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   out = run(pre + " --set node.data.seq_length=256 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: node 'ranks': seq_length = 64 but its data node 'data' has seq_length = 256"));
+  // a global batch other than the DeepSpeed JSON's failed at the first batch, inside the engine, naming neither
+  out = run(pre + " --set node.data.train_batch_size=16 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "ds_zero3.json resolves train_batch_size to 8 (train_micro_batch_size_per_gpu 2 x "
+                 "gradient_accumulation_steps 2 x 2 rank(s)), but its data node 'data' cuts batches of "
+                 "train_batch_size = 16"));
+  CHECK(has(out, "hint: make them equal: set node.data.train_batch_size = 8, or the JSON's train_batch_size to 16"));
+  // LoRA settings without use_lora trained the whole model without a word; an empty target list meant all-linear
+  out = run(pre + " --set node.ranks.lora_r=4 --set node.ranks.lora_dropout=0.1 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: node 'ranks': lora_r is set but use_lora = false: the whole model trains and no adapter is "
+                 "made"));
+  CHECK(has(out, "error: node 'ranks': lora_dropout is set but use_lora = false"));
+  CHECK(has(out, "hint: set use_lora = true, or remove lora_r"));
+  out = run(pre + " --set node.ranks.use_lora=true --set 'node.ranks.lora_target_modules=\"\"' 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: node 'ranks': lora_target_modules is empty"));
+  // a misspelt DeepSpeed key is named with the key it was likely meant as; the config's own warnings (an
+  // unknown warmup_type) reach the log (they were parsed, then never shown)
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_ds_typos_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ifstream in(std::string(FLOWRUN_SOURCE_DIR) + "/configs/ds_zero3.json");
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto swap = [](std::string t, const std::string& a, const std::string& b) { return t.replace(t.find(a), a.size(), b); };
+  std::ofstream((dir / "batch.json").string()) << swap(json, "\"train_batch_size\"", "\"train_batch_sizee\"");
+  std::ofstream((dir / "clip.json").string())
+      << swap(swap(json, "\"gradient_clipping\"", "\"gradient_clippin\""), "\"warmup_type\": \"linear\"",
+              "\"warmup_type\": \"cosinee\"");
+  out = run(pre + " --set node.ranks.deepspeed_config=" + (dir / "batch.json").string() + " 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "cuts batches of train_batch_size = 8; \"train_batch_sizee\" is not read: did you mean "
+                 "\"train_batch_size\"?"));
+  out = run(pre + " --set node.ranks.deepspeed_config=" + (dir / "clip.json").string() +
+                " --set node.data.total_steps=2 --set node.ranks.total_steps=2 2>&1",
+            &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "\"gradient_clippin\" is not a setting flowrun reads, and is ignored: did you mean "
+                 "\"gradient_clipping\"?"));
+  CHECK(has(out, "unknown warmup_type \"cosinee\""));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("out-of-range training and sampling settings are refused before anything starts, naming the value") {

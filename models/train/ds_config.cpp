@@ -763,6 +763,13 @@ std::string ds_config::summary() const {
   return os.str();
 }
 
+const std::vector<std::string>& ds_config_top_level_keys() {
+  static const std::vector<std::string> keys = {"train_batch_size", "train_micro_batch_size_per_gpu",
+                                                "gradient_accumulation_steps", "gradient_clipping", "zero_optimization",
+                                                "fp16", "bf16", "bfloat16", "optimizer", "scheduler"};
+  return keys;
+}
+
 ds_config parse_ds_config(const std::string& json_text, int world_size, const std::string& where,
                           const ds_parse_options& options) {
   if (world_size < 1)
@@ -797,7 +804,7 @@ ds_config parse_ds_config(const std::string& json_text, int world_size, const st
   cfg.world_size = world_size;
 
   static const std::set<std::string> batch_keys = {"train_batch_size", "train_micro_batch_size_per_gpu",
-                                                   "gradient_accumulation_steps"};
+                                                   "gradient_accumulation_steps"};  // ds_config_top_level_keys too
   bool bf16_section = root.contains("bf16") && !root["bf16"].is_null();
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& k = it.key();

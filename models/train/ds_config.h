@@ -165,6 +165,10 @@ ds_config parse_ds_config(const std::string& json_text, int world_size,
                           const std::string& where = "<string>",
                           const ds_parse_options& options = {});
 
+/// The top-level keys parse_ds_config acts on (the batch triple, gradient_clipping, zero_optimization,
+/// fp16, bf16, bfloat16, optimizer, scheduler): any other top-level key lands in ignored_keys.
+const std::vector<std::string>& ds_config_top_level_keys();
+
 /// Reads the file at `path` and parses it (ds_config::where = path). A file
 /// that cannot be read is an std::invalid_argument naming it.
 ds_config load_ds_config(const std::string& path, int world_size, const ds_parse_options& options = {});

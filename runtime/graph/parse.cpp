@@ -1237,6 +1237,10 @@ std::string to_toml(const graph_spec& spec) {
     }
 
     for (const auto& [k, s] : n.settings) {
+      // a kind's default stays unwritten: validating the text fills it in again, marked from_default, so a
+      // check that tells the user's settings from the defaults (LoRA settings without use_lora) reads the same
+      // on a cluster node as here
+      if (s.from_default) continue;
       std::visit(
           [&](const auto& v) {
             using V = std::decay_t<decltype(v)>;

@@ -148,7 +148,9 @@ std::vector<graph_error> assign_placement(graph_spec& spec);
 std::string placement_of(const node_spec& n, std::int64_t replica);
 
 /// Serialises a spec back to `.graph` TOML (no includes: everything inline).
-/// Reading the result gives an equal spec, positions aside.
+/// Settings filled in from their kind's default (setting::from_default) are left out: validating
+/// the result fills them in again. Reading and validating the result gives an equal spec, positions
+/// aside.
 std::string to_toml(const graph_spec& spec);
 
 }  // namespace flowrun::graph

@@ -18,6 +18,25 @@
 
 namespace flowrun {
 
+namespace {
+// What a folder that is not a model is, when it is something else flowrun writes: a ZeRO checkpoint
+// (zero_rank's output_dir or a step folder: shard_*.msgpack, or a `latest` file) or a PEFT adapter.
+std::string not_a_model_hint(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(p, ec)) return "";
+  if (std::filesystem::is_regular_file(p / "adapter_config.json", ec))
+    return " (it is a LoRA adapter, which goes on top of its base model: `flowrun generate --model BASE --lora " +
+           p.string() + "`, or a trainer's lora_pretrained)";
+  bool shards = std::filesystem::is_regular_file(p / "latest", ec);
+  for (const auto& e : std::filesystem::directory_iterator(p, ec))
+    shards |= e.path().extension() == ".msgpack" && e.path().filename().string().rfind("shard_", 0) == 0;
+  if (shards)
+    return " (it is a ZeRO checkpoint: `flowrun generate --zero_checkpoint " + p.string() +
+           "` reads it; zero_rank's export_hf writes the model whole)";
+  return "";
+}
+}  // namespace
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -78,7 +97,8 @@ model_file_info inspect_model(const std::string& path_in) {
     return info;
   }
   throw std::runtime_error(p.string() + ": not a model: expected a llama2.c .bin file, a folder with "
-                                        "flowrun_config.json, or a Hugging Face folder with config.json");
+                                        "flowrun_config.json, or a Hugging Face folder with config.json" +
+                           not_a_model_hint(p));
 }
 
 model_format saved_format(model_format given, bool value_head) {
@@ -226,7 +246,8 @@ decoder load_model(const std::string& path_in) {
   }
   if (fs::exists(p / "config.json")) return load_hf(p.string());
   throw std::runtime_error(p.string() + ": not a model: expected a llama2.c .bin file, a folder with "
-                                        "flowrun_config.json, or a Hugging Face folder with config.json");
+                                        "flowrun_config.json, or a Hugging Face folder with config.json" +
+                           not_a_model_hint(p));
 }
 
 }  // namespace flowrun

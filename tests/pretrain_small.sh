@@ -119,10 +119,12 @@ for w in 2 1; do
   same_curve "$out/lora.log" "$out/lora_r$w.log" 1e-5 || { echo "the resumed LoRA run left the curve"; exit 1; }
 done
 # export_hf of a LoRA run holds the merged model (it held the base model before): a run from it
-# starts at the held-out loss the LoRA run ended with
+# starts at the held-out loss the LoRA run ended with (alpha 128: 6 steps change the greedy text below)
 "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
   --set node.ranks.use_lora=true --set node.data.total_steps=6 --set node.ranks.total_steps=6 \
-  --set node.ranks.export_hf="$out/lora_hf" > "$out/lora_hf.log" 2>&1 || { tail -5 "$out/lora_hf.log"; exit 1; }
+  --set node.ranks.export_hf="$out/lora_hf" --set node.ranks.save_lora="$out/lora_hf_adapter" \
+  --set node.ranks.lora_alpha=128 \
+  > "$out/lora_hf.log" 2>&1 || { tail -5 "$out/lora_hf.log"; exit 1; }
 grep -q "consolidated model (LoRA merged) -> $out/lora_hf" "$out/lora_hf.log" || { echo "no merged export"; exit 1; }
 read -r _ hafter < <(heldout "$out/lora_hf.log")
 "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
@@ -131,6 +133,20 @@ read -r _ hafter < <(heldout "$out/lora_hf.log")
 fstart=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/from_hf.log")
 echo "  the LoRA run's HF export starts at held-out $fstart (the LoRA run ended at $hafter)"
 [[ -n "$fstart" && "$fstart" == "$hafter" ]] || { echo "the LoRA run's export is not the merged model"; exit 1; }
+# generation from base + adapter (flowrun generate --lora) is generation from the merged export; the
+# LoRA-only ZeRO checkpoint points there (it pointed at a flowrun convert that takes no adapter)
+base_model=$(sed -n 's/^model = "\(.*\)"$/\1/p' "$graph" | head -1)
+gen() { "$flowrun" generate --prompt "Once upon a time" --temperature 0 --max_new_tokens 48 "$@" 2> /dev/null; }
+g_lora=$(gen --model "$base_model" --lora "$out/lora_hf_adapter") g_hf=$(gen --model "$out/lora_hf")
+g_base=$(gen --model "$base_model")
+[[ -n "$g_lora" && "$g_lora" == "$g_hf" ]] || { printf 'base + LoRA: %s\nexport:      %s\n' "$g_lora" "$g_hf"; exit 1; }
+[[ "$g_lora" != "$g_base" ]] || { echo "the adapter changed no greedy token: the comparison proves nothing"; exit 1; }
+echo "  generate --model base --lora adapter = generate --model export (greedy, 48 tokens), not the base's"
+if "$flowrun" generate --zero_checkpoint "$out/lora" --max_new_tokens 2 > "$out/gen_lora.log" 2>&1; then
+  echo "generation from a LoRA-only checkpoint was accepted"; exit 1
+fi
+grep -q "holds only LoRA weights: generate from the base model and the run's adapter (its save_lora folder): --model BASE --lora ADAPTER" \
+  "$out/gen_lora.log" || { tail -2 "$out/gen_lora.log"; exit 1; }
 # an HF source's export keeps its tokenizer files and special-token ids (a Llama 3 fixture: BOS 0,
 # EOS 4 <|eot_id|>; the export wrote 1 and 2, and no tokenizer)
 l3="$root/tests/fixtures/hf_chat/llama3"

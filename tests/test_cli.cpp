@@ -47,6 +47,34 @@ TEST_CASE("a missing model file is named, with exit code 2") {
   CHECK(out.find("no/such/model.bin") != std::string::npos);
 }
 
+TEST_CASE("flowrun generate: a ZeRO folder or an adapter given as --model, and bad --zero_checkpoint values, say what to do") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_gen_hints_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "ck" / "step_00000005");
+  std::ofstream((dir / "ck" / "step_00000005" / "shard_00000-of-00001.msgpack").string()) << "x";
+  fs::create_directories(dir / "ad");
+  std::ofstream((dir / "ad" / "adapter_config.json").string()) << "{}";
+  const std::string gen = std::string(FLOWRUN_BIN) + " generate --max_new_tokens 2 ";
+  int rc = -1;
+  auto out = run(gen + "--model " + (dir / "ck" / "step_00000005").string() + " 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("(it is a ZeRO checkpoint: `flowrun generate --zero_checkpoint") != std::string::npos);
+  out = run(gen + "--model " + (dir / "ad").string() + " 2>&1", &rc);
+  CHECK(out.find("(it is a LoRA adapter, which goes on top of its base model: `flowrun generate --model BASE --lora") !=
+        std::string::npos);
+  out = run(gen + "--zero_checkpoint " + (dir / "nothing").string() + " 2>&1", &rc);
+  CHECK(out.find("no such folder (zero_rank's output_dir, or one of its step_NNNNNNNN folders)") != std::string::npos);
+  out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " 2>&1", &rc);  // no 'latest' file: the steps named
+  CHECK(out.find("no committed checkpoint there (no 'latest' file); it holds 1 step folder(s): pass one, e.g. "
+                 "--zero_checkpoint " + (dir / "ck" / "step_00000005").string()) != std::string::npos);
+  out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " --world_size 0 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("--world_size: Value 0 not in range 1 to 256") != std::string::npos);
+  out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " --lora " + (dir / "ad").string() + " 2>&1", &rc);
+  CHECK(out.find("--lora goes with --model (the base model), not --zero_checkpoint") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("flowrun chat refuses --max_new_tokens that leave the conversation no room, naming the bound") {
   int rc = -1;
   // stories260K's context is 512 tokens: 512 crashed (a negative room cut the history past its end)

@@ -1,10 +1,13 @@
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
+#include "models/adapter.h"
 #include "models/generate.h"
 #include "models/checkpoint.h"
 #include "models/llama2c.h"
@@ -35,6 +38,7 @@ struct generate_opts {
   int64_t max_new_tokens = 256;
   std::string zero_checkpoint;
   int world_size = 2;
+  std::string lora;  // a PEFT adapter folder on top of --model
 };
 
 // The sampling settings of the command line.
@@ -57,16 +61,29 @@ generation_config generation_of(const generate_opts& o, const tokenizer& tok) {
 // (same gathered weights, same seed); rank 0's are returned.
 std::vector<int32_t> generate_from_zero(const std::string& path, int world, const std::vector<int32_t>& prompt,
                                         const generation_config& g) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw std::invalid_argument("--zero_checkpoint " + path + ": no such folder (zero_rank's output_dir, or one of its "
+                                "step_NNNNNNNN folders)");
   const std::string folder = is_checkpoint(path) ? path : latest_checkpoint(path);
-  if (folder.empty())
-    throw std::invalid_argument("--zero_checkpoint " + path + ": no committed checkpoint there (no 'latest' file)");
+  if (folder.empty()) {
+    std::vector<std::string> steps;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().string());
+    std::sort(steps.begin(), steps.end());
+    throw std::invalid_argument(
+        "--zero_checkpoint " + path + ": no committed checkpoint there (no 'latest' file)" +
+        (steps.empty() ? std::string()
+                       : "; it holds " + std::to_string(steps.size()) + " step folder(s): pass one, e.g. --zero_checkpoint " +
+                             steps.back()));
+  }
   auto ck = load_checkpoint(folder);
   const auto& extra = ck.manifests.at(0).extra;
   if (!extra.contains("model_config"))
     throw std::invalid_argument(folder + ": the manifest has no model_config (not written by zero_rank)");
   if (ck.full.count("base") == 0)
-    throw std::invalid_argument(folder + " holds only LoRA weights: generate from the base model with --model and "
-                                "merge the adapter (flowrun convert), or resume training");
+    throw std::invalid_argument(folder + " holds only LoRA weights: generate from the base model and the run's "
+                                "adapter (its save_lora folder): --model BASE --lora ADAPTER");
   const model_config cfg = extra.at("model_config").get<model_config>();
   auto group = comm::make_inproc_group(world);
   std::vector<std::vector<int32_t>> out(world);
@@ -142,9 +159,15 @@ void add_generate(CLI::App& app) {
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
                   "--world_size ranks that gather each layer as it runs (instead of --model)");
-  sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint (threads of this process)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  sub->add_option("--lora", o->lora,
+                  "A LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors: zero_rank's "
+                  "save_lora, a trainer's LoRA output) applied on top of --model, merged before generating");
   sub->callback([o, tok_opt] {
+    if (!o->zero_checkpoint.empty() && !o->lora.empty())
+      throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     if (!o->zero_checkpoint.empty()) {
       auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
       auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
@@ -155,6 +178,11 @@ void add_generate(CLI::App& app) {
       return;
     }
     auto model = load_model(o->model);
+    if (!o->lora.empty()) {  // base + LoRA, merged (W + alpha/r B A): one product per Linear while decoding
+      load_adapter(model, resolve_user_path(o->lora, "lora").string(), /*freeze_base=*/true);
+      model.merge_lora();
+      spdlog::info("LoRA adapter {} merged into {}", o->lora, o->model);
+    }
     if (model.has_value_head())
       throw std::invalid_argument(o->model + " is a reward/value model (it has a v_head, no LM head): give a policy model");
     const std::string tok_path = tokenizer_for({o->model}, o->tokenizer, tok_opt->count() > 0);

@@ -207,7 +207,14 @@ class zero_rank final : public actor::node {
               ctx.name(), p, fmt::join(differ, "; ")));
         if (rank_ == 0) ctx.print(fmt::format("[pretrain] continuing from base + LoRA adapter {}", p));
       } else {
-        model_->enable_lora(lc, true);
+        try {
+          model_->enable_lora(lc, true);
+        } catch (const std::invalid_argument& e) {  // name the setting: the decoder speaks of target modules
+          std::string why = e.what();
+          if (why.rfind("enable_lora: ", 0) == 0) why.erase(0, 13);
+          throw std::invalid_argument(fmt::format("node '{}': lora_target_modules = \"{}\": {}", ctx.name(),
+                                                  s.get_string("lora_target_modules"), why));
+        }
       }
     }
     model_->set_gradient_checkpointing(s.get_bool("gradient_checkpointing"));

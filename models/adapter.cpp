@@ -4,6 +4,9 @@
 #include <cstdint>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <string>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -150,11 +153,18 @@ void save_adapter(const decoder& model_in, const std::string& dir) {
     }
     targets = nlohmann::json(std::vector<std::string>(mods.begin(), mods.end()));
   }
+  // the float's shortest decimal (0.1, not 0.10000000149011612: the float32 widened to a double), which
+  // reads back as the same float
+  const auto decimal = [](float f) {
+    char buf[32];
+    const auto end = std::to_chars(buf, buf + sizeof buf, f).ptr;  // shortest round-trip form
+    return std::strtod(std::string(buf, end).c_str(), nullptr);
+  };
   nlohmann::json j = {{"peft_type", "LORA"},
                       {"task_type", "CAUSAL_LM"},
                       {"r", lc.lora_r},
-                      {"lora_alpha", lc.lora_alpha},
-                      {"lora_dropout", lc.lora_dropout},
+                      {"lora_alpha", decimal(lc.lora_alpha)},
+                      {"lora_dropout", decimal(lc.lora_dropout)},
                       // PEFT writes its "all-linear" as a string, not a one-name list
                       {"target_modules", targets},
                       {"bias", "none"},

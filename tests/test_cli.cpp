@@ -267,6 +267,10 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   out = run(pre + " --set node.ranks.use_lora=true --set 'node.ranks.lora_target_modules=\"\"' 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: node 'ranks': lora_target_modules is empty"));
+  // a target that matches nothing names the setting (it began "enable_lora: target module ...")
+  out = run(pre + " --set node.ranks.use_lora=true --set node.ranks.lora_target_modules=foo_proj 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "node 'ranks': lora_target_modules = \"foo_proj\": target module 'foo_proj' matches no Linear layer"));
   // a misspelt DeepSpeed key is named with the key it was likely meant as; the config's own warnings (an
   // unknown warmup_type) reach the log (they were parsed, then never shown)
   namespace fs = std::filesystem;

@@ -780,8 +780,8 @@ const std::vector<bad_graph>& bad_graphs() {
       {"unknown_setting.graph",
        {{13, 1, "unknown setting 'temprature' for node 'gen' (kind generator)", "did you mean 'temperature'?"}}},
       {"wrong_setting_type.graph",
-       {{13, 18, "setting 'max_new_tokens' of node 'gen' must be int, got string \"64\"",
-         "write max_new_tokens = 64"}}},
+       {{13, 18, "setting 'max_new_tokens' of node 'gen' must be int, got string \"48\"",
+         "write max_new_tokens = 48"}}},  // the user's number, not the default (64)
       {"cycle.graph",
        {{5, 3, "cycle without a feedback edge: tok -> gen -> tok", "\"gen.completions -> tok.text [feedback]\""}}},
       {"missing_file.graph",

@@ -269,11 +269,18 @@ TEST_CASE("use_lora checkpoints: only LoRA and head tensors are saved, base + ad
   lora_config lc;
   lc.lora_r = 4;
   lc.lora_alpha = 8;
+  lc.lora_dropout = 0.1f;
   m.enable_lora(lc);
   randomize_b(m, 21);
   auto dir = (std::filesystem::temp_directory_path() / "flowrun_test_adapter").string();
   std::filesystem::remove_all(dir);
   save_adapter(m, dir);
+  {  // adapter_config.json holds the float's decimal (0.1), not the float32 widened (0.10000000149011612)
+    std::ifstream f(dir + "/adapter_config.json");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    CHECK(text.find("\"lora_dropout\": 0.1,") != std::string::npos);
+    CHECK(text.find("0.10000000149") == std::string::npos);
+  }
   auto saved = load_safetensors(dir + "/adapter_model.safetensors");
   int64_t n_lora = 0, n_head = 0;
   for (auto& [name, t] : saved) {

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -428,6 +429,10 @@ class replica_actor_t : public Base {
     if (!logger_) {
       auto def = spdlog::default_logger();
       std::string n = np_.spec.name + "[" + std::to_string(replica_) + "]";
+      // under `flowrun launch --nproc P` every process runs replica 0 of each node: its index tells them apart
+      const char* nproc = std::getenv("FLOWRUN_NPROC");
+      const char* pidx = std::getenv("FLOWRUN_PROCESS_INDEX");
+      if (nproc && pidx && std::atoi(nproc) > 1) n = "p" + std::string(pidx) + ":" + n;
       logger_ = std::make_shared<spdlog::logger>(n, def->sinks().begin(), def->sinks().end());
       logger_->set_level(def->level());
     }
@@ -1581,7 +1586,9 @@ class coordinator_actor final : public caf::event_based_actor {
       drain_began_ = std::chrono::steady_clock::now();
       delayed_send(this, k_drain_report, drain_report_atom::value);
     } else if (phase_ == phase::draining) {
-      spdlog::warn("signal {}: stopping without draining", sig);
+      spdlog::warn("signal {}: stopping without draining; a third exits at once (a node blocked in a collective "
+                   "waits out comm_timeout_s otherwise; the last committed checkpoint stays)",
+                   sig);
       begin_stop(stop_reason::interrupted);
     }
   }

@@ -215,10 +215,20 @@ class validator {
             why = " (" + *text + " is out of the range of a " +
                   (decl->type == setting_type::int_ ? "64-bit integer" : "double, about 1.8e308") + ")";
         }
+        // the hint keeps the user's value when it is one of the right type in quotes ("40" for an int: 40)
+        std::string fix = example_value(*decl);
+        if (const auto* text = std::get_if<std::string>(&s.value); text && why.empty() && !text->empty()) {
+          char* end = nullptr;
+          errno = 0;
+          if (decl->type == setting_type::int_) std::strtoll(text->c_str(), &end, 10);
+          else if (decl->type == setting_type::float_) std::strtod(text->c_str(), &end);
+          if (end && end == text->c_str() + text->size() && errno == 0) fix = *text;
+          if (decl->type == setting_type::bool_ && (*text == "true" || *text == "false")) fix = *text;
+        }
         error(first_known(s.value_pos, node.pos),
               "setting '" + name + "' of node '" + node.name + "' must be " + std::string(to_string(decl->type)) +
                   ", got " + std::string(value_type_name(s.value)) + " " + to_string(s.value) + why,
-              "write " + name + " = " + example_value(*decl) + " (`flowrun explain " + kind.name + "`)");
+              "write " + name + " = " + fix + " (`flowrun explain " + kind.name + "`)");
         continue;
       }
       if (decl->type == setting_type::float_)

@@ -42,6 +42,13 @@ void forward_signal(int sig) {
     if (p > 0) ::kill(p, sig);
 }
 
+volatile std::sig_atomic_t user_signal = 0;  // the SIGINT/SIGTERM the user sent launch, passed on
+
+void on_user_signal(int sig) {
+  user_signal = sig;
+  forward_signal(sig);
+}
+
 }  // namespace
 
 void add_launch(CLI::App& app) {
@@ -108,8 +115,8 @@ void add_launch(CLI::App& app) {
     }
     if (mode == "file") std::filesystem::create_directories(store);
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    std::signal(SIGINT, forward_signal);
-    std::signal(SIGTERM, forward_signal);
+    std::signal(SIGINT, on_user_signal);
+    std::signal(SIGTERM, on_user_signal);
     children.assign(o->nproc, -1);
     for (int p = 0; p < o->nproc; ++p) {
       std::vector<std::string> args = {self, "run", o->file};
@@ -158,7 +165,10 @@ void add_launch(CLI::App& app) {
       int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (code != 0 && result == 0) {
         result = code;
-        if (WIFSIGNALED(status))
+        if (user_signal != 0 && (code == 128 + SIGINT || code == 128 + SIGTERM))  // the user's stop, not a failure
+          spdlog::info("launch: process {} stopped on the signal passed on ({}: exit {})", idx, strsignal(user_signal),
+                       code);
+        else if (WIFSIGNALED(status))
           spdlog::error("launch: process {} was killed by signal {} ({}); stopping the others", idx, WTERMSIG(status),
                         strsignal(WTERMSIG(status)));
         else

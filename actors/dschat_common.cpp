@@ -409,19 +409,11 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   return d;
 }
 
-std::vector<std::pair<std::string, std::string>> ds_config_typos(const ds_config& c) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& k : c.ignored_keys)
-    if (k.find('.') == std::string::npos)
-      if (std::string near = graph::nearest_name(k, ds_config_top_level_keys()); !near.empty()) out.emplace_back(k, near);
-  return out;
-}
-
 ds_config load_node_ds_config(const actor::node_context& ctx, const std::string& path, int world, bool speaks) {
   ds_config c = load_ds_config(resolve_user_path(path, "deepspeed_config").string(), world);
   if (!speaks) return c;
   std::vector<std::string> ignored;
-  const auto typos = ds_config_typos(c);
+  const auto& typos = c.likely_typos;
   for (const auto& k : c.ignored_keys)
     if (std::none_of(typos.begin(), typos.end(), [&](const auto& t) { return t.first == k; })) ignored.push_back(k);
   for (const auto& [k, near] : typos)

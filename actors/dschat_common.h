@@ -107,10 +107,6 @@ void warn_mixed_dtypes(const graph::graph_spec& g);
 void warn_dtype_overridden(const actor::node_context& ctx, const std::string& own, const std::string& json_dtype,
                            const std::string& json_where);
 
-/// The top-level keys of `c` that flowrun ignored (ds_config::ignored_keys) and that lie a letter or two
-/// from a key it reads (ds_config_top_level_keys), each with that key: likely typos.
-std::vector<std::pair<std::string, std::string>> ds_config_typos(const ds_config& c);
-
 /// The node's deepspeed_config (the setting's value `path`, resolved as a user path) for `world` ranks:
 /// load_ds_config, then, when `speaks` (the group's rank 0), its report on the node's log: the keys
 /// flowrun does not act on (info), a top-level key a letter or two from one it reads as a warning with

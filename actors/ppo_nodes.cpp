@@ -191,6 +191,13 @@ class rollout_generator final : public actor::node {
     num_generations_ = s.get_int("num_generations");
     tok_ = load_tok(ctx);
     check_step3_settings(ctx, {});  // sampling shapes every answer a resume trains on
+    // the log-probs are taken under logits / temperature: near 0 every sampled token's probability is 1 (the
+    // ratio is 1 and the update vanishes) or another token's is ~0 (the KL to the reference explodes)
+    if (ps_.temperature > 0 && ps_.temperature < 0.1 && ctx.replica() == 0)
+      ctx.log().warn("temperature = {:g}: the rollouts' log-probs are taken under logits / temperature (as TRL and "
+                     "veRL take them), which near 0 saturate: the update vanishes or the KL diverges; use 0 for "
+                     "greedy rollouts (log-probs at 1), or 0.5-1.0 to explore",
+                     ps_.temperature);
   }
   void on_message(actor::node_context& ctx, std::string_view port, actor::payload msg) override {
     if (port == "weights") {
@@ -310,6 +317,13 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
   // on the loader failed in the embedding at the first batch)
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     std::vector<graph::node_kind::problem> problems;
+    // logits / T overflow a float below ~1e-6 (NaN log-probs at 1e-38; 1e-50 rounds to 0, greedy unasked)
+    if (const double t = n.get_float("temperature"); t > 0 && t < 1e-6)
+      problems.push_back({"temperature",
+                          fmt::format("node '{}': temperature = {:g} is above 0 but below 1e-6: the logits divided by "
+                                      "it overflow a float",
+                                      n.name, t),
+                          "use 0 for greedy rollouts, or a temperature of 0.1 or more"});
     const std::string mine = n.get_string("tokenizer");
     std::unique_ptr<tokenizer> tok;
     for (const auto& other : g.nodes) {
@@ -1317,10 +1331,16 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
     if (!reference && has_ref)
       problems.push_back({"reference", "reference = false, but an edge brings log-probs to " + n.name + ".ref_logprobs",
                           "remove the reference model and its edges, or set reference = true"});
-    if (!reference && n.get_float("kl_ctl") > 0)
-      problems.push_back({"kl_ctl", fmt::format("kl_ctl = {} puts a KL to the reference in the reward, and "
-                                                "reference = false: there is no reference", n.get_float("kl_ctl")),
+    if (!reference && n.get_float("kl_ctl") > 0) {
+      const auto* w = n.find_setting("kl_ctl");
+      const std::string whose = w && w->from_default ? fmt::format(" (unwritten: advantage_estimator {}'s default)",
+                                                                   n.get_string("advantage_estimator"))
+                                                     : "";
+      problems.push_back({"kl_ctl", fmt::format("kl_ctl = {}{} puts a KL to the reference in the reward, and "
+                                                "reference = false: there is no reference",
+                                                n.get_float("kl_ctl"), whose),
                           "set kl_ctl = 0, or keep a reference model (reference = true)"});
+    }
     if (!reference && ppo::needs_critic(est))
       problems.push_back({"reference", "advantage_estimator = \"gae\" (DS-Chat's PPO) keeps the reference model",
                           "set reference = true, or choose grpo, rloo or reinforce_plus_plus"});

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <optional>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -165,14 +166,6 @@ class zero_rank final : public actor::node {
 
     // the model: the full initial weights (every rank reads the same file)
     model_ = std::make_unique<decoder>(load_node_model(ctx, resolve_user_path(s.get_string("model"), "model").string()));
-    // LoRA settings without use_lora did nothing (full training, no adapter written): refused
-    if (!s.get_bool("use_lora"))
-      for (const char* k : {"save_lora", "lora_pretrained"})
-        if (!s.get_string(k).empty())
-          throw std::invalid_argument(fmt::format("node '{}': {} is set but use_lora = false (the whole model trains "
-                                                  "and no adapter is read or written): set use_lora = true, or remove "
-                                                  "{}",
-                                                  ctx.name(), k, k));
     // the end-of-run outputs, checked now rather than after training (save_problem writes nothing)
     for (const char* k : {"export_hf", "save_lora"})
       if (const auto& out = s.get_string(k); !out.empty() && rank_ == 0)
@@ -530,6 +523,18 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     // data's width and the ranks' memory plan. They must agree.
     k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
       std::vector<graph::node_kind::problem> problems;
+      // the DeepSpeed JSON for this run's ranks (replicas x launched processes): a JSON that does not load
+      // (a key DeepSpeed refuses, a batch triple that contradicts itself) is refused now, once, rather than
+      // by every rank's start()
+      const int world = static_cast<int>(n.replicas) * process_count();
+      std::optional<ds_config> ds;
+      try {
+        ds = load_ds_config(n.get_string("deepspeed_config"), world);
+      } catch (const std::exception& e) {
+        problems.push_back({"deepspeed_config", fmt::format("node '{}': {}", n.name, e.what()),
+                            fmt::format("fix the DeepSpeed JSON at the place named ({} rank(s): replicas x processes)",
+                                        world)});
+      }
       for (const auto& e : g.edges) {
         const auto* src = e.to_node == n.name ? g.find_node(e.from_node) : nullptr;
         if (!src || src->kind != "lm_batches") continue;
@@ -541,12 +546,11 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                                             n.name, key, n.get_int(key), src->name, key, src->get_int(key)),
                                 fmt::format("set {} to one value on both nodes", key)});
         // the global batch the data node cuts must be the DeepSpeed JSON's (it failed at the first batch, in
-        // the engine, naming neither); a JSON that does not load is reported by start(), with its place
-        try {
-          const int world = static_cast<int>(n.replicas) * process_count();
-          const ds_config c = load_ds_config(n.get_string("deepspeed_config"), world);
+        // the engine, naming neither)
+        if (ds) {
+          const ds_config& c = *ds;
           std::string typos;  // a misspelt batch key is why the triple resolved to another size
-          for (const auto& [k, near] : ds_config_typos(c)) typos += fmt::format("; \"{}\" is not read: did you mean \"{}\"?", k, near);
+          for (const auto& [k, near] : c.likely_typos) typos += fmt::format("; \"{}\" is not read: did you mean \"{}\"?", k, near);
           if (src->get_int("train_batch_size") != c.train_batch_size)
             problems.push_back(
                 {"deepspeed_config",
@@ -558,16 +562,17 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                  fmt::format("make them equal: set node.{}.train_batch_size = {}, or the JSON's train_batch_size "
                              "to {}",
                              src->name, c.train_batch_size, src->get_int("train_batch_size"))});
-        } catch (const std::exception&) {
         }
       }
-      // LoRA settings without use_lora change nothing (the whole model trains, no adapter is made)
+      // LoRA settings without use_lora change nothing (the whole model trains, no adapter is read or written)
       if (!n.get_bool("use_lora"))
-        for (const char* key : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"})
-          if (const auto* w = n.find_setting(key); w && !w->from_default)
+        for (const char* key : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_pretrained",
+                                "save_lora"})
+          if (const auto* w = n.find_setting(key);
+              w && !w->from_default && !(std::holds_alternative<std::string>(w->value) && n.get_string(key).empty()))
             problems.push_back({key,
                                 fmt::format("node '{}': {} is set but use_lora = false: the whole model trains and no "
-                                            "adapter is made",
+                                            "adapter is read or written",
                                             n.name, key),
                                 fmt::format("set use_lora = true, or remove {}", key)});
       if (const auto* w = n.find_setting("lora_target_modules"); w && !w->from_default) {

@@ -106,6 +106,15 @@ if run noref_kl "$out/noref.graph" "${noref[@]}" --set node.experience.kl_ctl=0.
 fi
 grep -q "kl_ctl = 0.1 puts a KL to the reference in the reward" "$out/noref_kl.err" || { cat "$out/noref_kl.err"; fail "no reason given for kl_ctl"; }
 grep -q "has use_kl_loss = true: its KL loss needs the reference" "$out/noref_kl.err" || { cat "$out/noref_kl.err"; fail "no reason given for use_kl_loss"; }
+# unwritten, REINFORCE++'s kl_ctl is 0.001: refused without a reference, saying whose default it is
+if run noref_rpp "$out/noref.graph" "${noref[@]}" --set node.experience.advantage_estimator=reinforce_plus_plus; then
+  fail "REINFORCE++'s default KL without a reference was accepted"
+fi
+grep -q "kl_ctl = 0.001 (unwritten: advantage_estimator reinforce_plus_plus's default) puts a KL to the reference" \
+  "$out/noref_rpp.err" || { cat "$out/noref_rpp.err"; fail "the refusal does not say the KL is the estimator's default"; }
+# a temperature above 0 but below 1e-6: logits / T overflow a float (NaN log-probs at 1e-38), refused when checked
+if run tiny_t "$g" --set node.generator.temperature=1e-38; then fail "temperature 1e-38 was accepted"; fi
+grep -q "temperature = 1e-38 is above 0 but below 1e-6" "$out/tiny_t.err" || { cat "$out/tiny_t.err"; fail "no reason for the tiny temperature"; }
 
 # the loop's tokenizers must read ids alike: a rule reward with another one scored every answer 0 (exit 0);
 # a copy of the same tokenizer elsewhere is the same tokenizer

@@ -261,9 +261,14 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   out = run(pre + " --set node.ranks.lora_r=4 --set node.ranks.lora_dropout=0.1 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: node 'ranks': lora_r is set but use_lora = false: the whole model trains and no adapter is "
-                 "made"));
+                 "read or written"));
   CHECK(has(out, "error: node 'ranks': lora_dropout is set but use_lora = false"));
   CHECK(has(out, "hint: set use_lora = true, or remove lora_r"));
+  // save_lora and lora_pretrained too, when the graph is checked (they were refused by each rank's start)
+  out = run(pre + " --set node.ranks.save_lora=/tmp/flowrun_no_adapter --set node.ranks.lora_pretrained=/tmp 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: node 'ranks': save_lora is set but use_lora = false"));
+  CHECK(has(out, "error: node 'ranks': lora_pretrained is set but use_lora = false"));
   out = run(pre + " --set node.ranks.use_lora=true --set 'node.ranks.lora_target_modules=\"\"' 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: node 'ranks': lora_target_modules is empty"));
@@ -294,6 +299,13 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   CHECK(has(out, "\"gradient_clippin\" is not a setting flowrun reads, and is ignored: did you mean "
                  "\"gradient_clipping\"?"));
   CHECK(has(out, "unknown warmup_type \"cosinee\""));
+  // a misspelt zero_optimization key trained at stage 0 with an info line; DeepSpeed refuses it, so do we, when
+  // the graph is checked (not once per rank at start)
+  std::ofstream((dir / "stage.json").string()) << swap(json, "\"stage\"", "\"stgae\"");
+  out = run(pre + " --set node.ranks.deepspeed_config=" + (dir / "stage.json").string() + " 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "zero_optimization.stgae is not a zero_optimization setting (DeepSpeed rejects it too): did you mean "
+                 "\"stage\"?"));
   fs::remove_all(dir);
 }
 

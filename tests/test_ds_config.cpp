@@ -468,6 +468,22 @@ TEST_CASE("ds_config: bad inputs malformed JSON and stage 5 and fp16 with bf16 a
     parse_ds_config("{\n  \"train_batch_size\": 8,\n  \"zero_optimization\": {\n    \"stage\": 5\n  }\n}", 1, "z.json");
   });
   CHECK(contains(e, "z.json:4:5: zero_optimization.stage is 5; zero_optimization.stage must be 0, 1, 2 or 3"));
+  // a misspelt zero_optimization key: DeepSpeed refuses it (its config models forbid extras); it fell back to
+  // stage 0 with an info line. Its other keys (overlap_comm, the stage3_ aliases) are accepted and ignored.
+  e = error_of([] {
+    parse_ds_config(R"({"train_batch_size": 8, "zero_optimization": {"stgae": 3, "overlap_comm": true}})", 1, "t.json");
+  });
+  CHECK(contains(e, "t.json:1:47: zero_optimization.stgae is not a zero_optimization setting (DeepSpeed rejects it "
+                    "too): did you mean \"stage\"?"));
+  {
+    ds_config z = parse_ds_config(
+        R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9, "sub_group_size": 1e9}})", 1);
+    CHECK(z.zero_stage == 3);
+    // a top-level key a letter from one read here is kept as a likely typo; other unread sections are not
+    ds_config t = parse_ds_config(R"({"train_batch_size": 8, "gradient_clippin": 1.0, "steps_per_print": 10})", 1);
+    REQUIRE(t.likely_typos.size() == 1);
+    CHECK(t.likely_typos[0] == std::pair<std::string, std::string>{"gradient_clippin", "gradient_clipping"});
+  }
 
   e = error_of([] {
     parse_ds_config("{\"train_batch_size\": 8,\n \"fp16\": {\"enabled\": true},\n \"bf16\": {\"enabled\": true}}", 1,

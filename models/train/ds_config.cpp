@@ -1,6 +1,7 @@
 // DeepSpeed's JSON configuration: see ds_config.h for the semantics and the
 // DeepSpeed sources each part follows.
 #include "models/train/ds_config.h"
+#include "runtime/util/nearest.h"
 
 #include <algorithm>
 #include <cctype>
@@ -421,9 +422,33 @@ void parse_zero(reader& r, const ojson& sec, ds_config& cfg) {
     return;
   }
   r.as_object(base, sec);
+  // DeepSpeedZeroConfig's fields and their aliases (deepspeed/runtime/zero/config.py, 0.19): DeepSpeed
+  // refuses any other key (its config models forbid extras), and a misspelt "stage" fell back to stage 0
+  static const std::vector<std::string> known = {
+      "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
+      "allgather_partitions", "allgather_bucket_size", "allgather_size", "overlap_comm", "load_from_fp32_weights",
+      "elastic_checkpoint", "offload_param", "offload_optimizer", "zenflow", "sub_group_size", "cpu_offload_param",
+      "cpu_offload_use_pin_memory", "cpu_offload", "prefetch_bucket_size", "stage3_prefetch_bucket_size",
+      "param_persistence_threshold", "stage3_param_persistence_threshold", "model_persistence_threshold",
+      "stage3_model_persistence_threshold", "max_live_parameters", "stage3_max_live_parameters", "max_reuse_distance",
+      "stage3_max_reuse_distance", "gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save",
+      "stage3_gather_fp16_weights_on_model_save", "module_granularity_threshold",
+      "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
+      "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
+      "partition_stream_chunk_size", "stage3_partition_stream_chunk_size", "ignore_unused_parameters",
+      "legacy_stage1", "round_robin_gradients", "zero_hpz_partition_size", "zero_quantized_weights",
+      "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
+      "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
+      "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+      "save_muon_momentum_buffer_in_memory", "leaf_module"};
   for (auto it = sec.begin(); it != sec.end(); ++it) {
     const std::string& k = it.key();
     std::string path = join_path(base, k);
+    if (std::find(known.begin(), known.end(), k) == known.end()) {
+      const std::string near = nearest_name(k, known);
+      r.fail(path, path + " is not a zero_optimization setting (DeepSpeed rejects it too)" +
+                       (near.empty() ? std::string() : ": did you mean \"" + near + "\"?"));
+    }
     if (k == "stage") {
       auto v = r.get(sec, path, k);
       if (!v) continue;
@@ -826,6 +851,10 @@ ds_config parse_ds_config(const std::string& json_text, int world_size, const st
       parse_scheduler(r, v, cfg);
     } else {
       cfg.ignored_keys.push_back(k);
+      // DeepSpeed's other sections are many and let through; one a letter or two from a key read here is
+      // most likely that key misspelt ("train_batch_sizee" left the batch triple to resolve without it)
+      if (std::string near = nearest_name(k, ds_config_top_level_keys()); !near.empty())
+        cfg.likely_typos.emplace_back(k, near);
     }
   }
   resolve_batch(r, root, cfg);

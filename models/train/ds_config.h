@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/train/lr_schedule.h"
@@ -119,6 +120,9 @@ struct ds_config {
   /// "zero_optimization.stage3_max_live_parameters", "hybrid_engine"), in
   /// file order. The caller reports them once (ignored_keys_warning()).
   std::vector<std::string> ignored_keys;
+  /// The top-level ignored keys a letter or two from a key flowrun reads (ds_config_top_level_keys), each
+  /// with that key ("train_batch_sizee", "train_batch_size"): likely typos, for the caller to warn about.
+  std::vector<std::pair<std::string, std::string>> likely_typos;
   /// Things DeepSpeed would log as warnings (deprecated forms, an unknown
   /// warmup_type, total_num_steps < warmup_num_steps).
   std::vector<std::string> warnings;

@@ -17,6 +17,8 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/util/nearest.h"
+
 namespace flowrun::graph {
 
 /// A place in a source file: 1-based line and column (in characters, as
@@ -275,13 +277,9 @@ std::uint64_t splitmix64(std::uint64_t x);
 /// fnv1a64(node_name)) ^ replica). Same inputs, same seed, on every machine.
 std::uint64_t node_seed(std::uint64_t graph_seed, std::string_view node_name, std::uint64_t replica = 0);
 
-/// Edit distance between two strings (bytes): insertions, deletions,
-/// substitutions and swaps of neighbouring characters each count 1.
-std::size_t edit_distance(std::string_view a, std::string_view b);
-
-/// The candidate nearest to `name` by edit distance if it is close enough to
-/// be a plausible typo (distance <= max(1, min(3, size/3))), else "".
-std::string nearest_name(std::string_view name, const std::vector<std::string>& candidates);
+/// "Did you mean": runtime/util/nearest.h's, for the graph layer's callers.
+using flowrun::edit_distance;
+using flowrun::nearest_name;
 
 /// True for a valid node, port or setting name: [A-Za-z_][A-Za-z0-9_]*.
 bool is_identifier(std::string_view s);

@@ -345,9 +345,10 @@ std::string explain(const node_kind& kind) {
   out += "\n";
   std::size_t wdef = 8;
   for (const auto& s : kind.settings)
-    wdef = std::max(wdef, s.required ? std::size_t{8} : to_string(s.default_value).size() + 2);
+    wdef = std::max(wdef, s.required ? std::size_t{8} : to_string(s.default_value).size() + (s.default_for ? 11 : 2));
   for (const auto& s : kind.settings) {
-    std::string def = s.required ? "required" : "= " + to_string(s.default_value);
+    // a default that follows other settings (default_by) shows its static value, marked
+    std::string def = s.required ? "required" : "= " + to_string(s.default_value) + (s.default_for ? " (varies)" : "");
     std::string line =
         "  " + pad(s.name, wname) + "  " + pad(std::string(to_string(s.type)), wtype) + "  " + pad(def, wdef);
     if (!s.doc.empty()) line += "  " + s.doc;

@@ -415,10 +415,10 @@ ds_config load_node_ds_config(const actor::node_context& ctx, const std::string&
   std::vector<std::string> ignored;
   const auto& typos = c.likely_typos;
   for (const auto& k : c.ignored_keys)
-    if (std::none_of(typos.begin(), typos.end(), [&](const auto& t) { return t.first == k; })) ignored.push_back(k);
-  for (const auto& [k, near] : typos)
+    if (std::none_of(typos.begin(), typos.end(), [&](const auto& t) { return t.key == k; })) ignored.push_back(k);
+  for (const auto& t : typos)
     spdlog::warn("node '{}': {}: \"{}\" is not a setting flowrun reads, and is ignored: did you mean \"{}\"?",
-                 ctx.name(), c.where, k, near);
+                 ctx.name(), t.place, t.key, t.nearest);
   if (!ignored.empty())
     spdlog::info("node '{}': {}: keys that do not apply here, ignored: {}", ctx.name(), c.where, fmt::join(ignored, ", "));
   for (const auto& w : c.warnings) spdlog::warn("node '{}': {}", ctx.name(), w);

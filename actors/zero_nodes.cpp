@@ -550,7 +550,7 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         if (ds) {
           const ds_config& c = *ds;
           std::string typos;  // a misspelt batch key is why the triple resolved to another size
-          for (const auto& [k, near] : c.likely_typos) typos += fmt::format("; \"{}\" is not read: did you mean \"{}\"?", k, near);
+          for (const auto& t : c.likely_typos) typos += "; " + t.str();
           if (src->get_int("train_batch_size") != c.train_batch_size)
             problems.push_back(
                 {"deepspeed_config",

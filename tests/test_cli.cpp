@@ -290,8 +290,8 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
               "\"warmup_type\": \"cosinee\"");
   out = run(pre + " --set node.ranks.deepspeed_config=" + (dir / "batch.json").string() + " 2>&1", &rc);
   CHECK(rc == 2);
-  CHECK(has(out, "cuts batches of train_batch_size = 8; \"train_batch_sizee\" is not read: did you mean "
-                 "\"train_batch_size\"?"));
+  CHECK(has(out, "cuts batches of train_batch_size = 8; " + (dir / "batch.json").string() +
+                     ":2:3: \"train_batch_sizee\" is not read: did you mean \"train_batch_size\"?"));
   out = run(pre + " --set node.ranks.deepspeed_config=" + (dir / "clip.json").string() +
                 " --set node.data.total_steps=2 --set node.ranks.total_steps=2 2>&1",
             &rc);

@@ -480,9 +480,31 @@ TEST_CASE("ds_config: bad inputs malformed JSON and stage 5 and fp16 with bf16 a
         R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9, "sub_group_size": 1e9}})", 1);
     CHECK(z.zero_stage == 3);
     // a top-level key a letter from one read here is kept as a likely typo; other unread sections are not
-    ds_config t = parse_ds_config(R"({"train_batch_size": 8, "gradient_clippin": 1.0, "steps_per_print": 10})", 1);
+    ds_config t =
+        parse_ds_config(R"({"train_batch_size": 8, "gradient_clippin": 1.0, "steps_per_print": 10})", 1, "g.json");
     REQUIRE(t.likely_typos.size() == 1);
-    CHECK(t.likely_typos[0] == std::pair<std::string, std::string>{"gradient_clippin", "gradient_clipping"});
+    CHECK(t.likely_typos[0] == ds_config::typo{"gradient_clippin", "gradient_clipping", "g.json:1:25"});
+    // bfloat16 beside bf16 is ignored as the older spelling of a section given, not as a typo of itself
+    ds_config b = parse_ds_config(R"({"train_batch_size": 8, "bf16": {"enabled": true}, "bfloat16": {"enabled": true}})", 1);
+    CHECK(b.likely_typos.empty());
+    // a batch triple that does not resolve names the misspelt batch key
+    e = error_of([] { parse_ds_config(R"({"train_micro_batch_size_per_gpu_": 4, "gradient_accumulation_steps": 1})", 1, "m.json"); });
+    CHECK(contains(e, "m.json:1:2: \"train_micro_batch_size_per_gpu_\" is not read: did you mean "
+                      "\"train_micro_batch_size_per_gpu\"?"));
+  }
+  {
+    // an optimizer or scheduler key a letter from "params" or "type": DeepSpeed ignores it and trains at the
+    // section's defaults ("param" ran at lr 1e-3 instead of 3e-5)
+    std::string e = error_of([] {
+      parse_ds_config(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "param": {"lr": 3e-5}}})", 1, "o.json");
+    });
+    CHECK(contains(e, "o.json:1:56: optimizer.param is not read (DeepSpeed ignores it too, and the optimizer would run "
+                      "at its defaults (lr 1e-3)): did you mean \"optimizer.params\"?"));
+    e = error_of([] {
+      parse_ds_config(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "parmas": {}}})", 1, "s.json");
+    });
+    CHECK(contains(e, "scheduler.parmas is not read (DeepSpeed ignores it too, and the schedule would run at its "
+                      "defaults): did you mean \"scheduler.params\"?"));
   }
 
   e = error_of([] {

@@ -489,12 +489,26 @@ void parse_zero(reader& r, const ojson& sec, ds_config& cfg) {
   }
 }
 
+// An optimizer or scheduler key other than "type" and "params", a letter or two from one of them: DeepSpeed
+// ignores it as it ignores every unknown key there, and then trains at the section's defaults ("param" for
+// "params" ran at lr 1e-3 instead of the file's 3e-5). Refused, naming the key meant.
+void refuse_misspelt(reader& r, const std::string& base, const std::string& key, const std::string& effect) {
+  const std::string near = nearest_name(key, {"type", "params"});
+  if (near.empty()) return;
+  const std::string path = join_path(base, key);
+  r.fail(path, path + " is not read (DeepSpeed ignores it too, and " + effect + "): did you mean \"" + base + "." +
+                   near + "\"?");
+}
+
 void parse_optimizer(reader& r, const ojson& sec, ds_config& cfg) {
   const std::string base = "optimizer";
   r.as_object(base, sec);
   cfg.optimizer_given = true;
   for (auto it = sec.begin(); it != sec.end(); ++it)
-    if (it.key() != "type" && it.key() != "params") cfg.ignored_keys.push_back(join_path(base, it.key()));
+    if (it.key() != "type" && it.key() != "params") {
+      refuse_misspelt(r, base, it.key(), "the optimizer would run at its defaults (lr 1e-3)");
+      cfg.ignored_keys.push_back(join_path(base, it.key()));
+    }
   auto tv = r.get(sec, "optimizer.type", "type");
   if (!tv)
     r.fail(base, "optimizer.type is missing; flowrun runs \"AdamW\" or \"Adam\" (drop the optimizer section for "
@@ -581,7 +595,10 @@ void parse_scheduler(reader& r, const ojson& sec, ds_config& cfg) {
   const std::string base = "scheduler";
   r.as_object(base, sec);
   for (auto it = sec.begin(); it != sec.end(); ++it)
-    if (it.key() != "type" && it.key() != "params") cfg.ignored_keys.push_back(join_path(base, it.key()));
+    if (it.key() != "type" && it.key() != "params") {
+      refuse_misspelt(r, base, it.key(), "the schedule would run at its defaults");
+      cfg.ignored_keys.push_back(join_path(base, it.key()));
+    }
   static const std::vector<std::string> types = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
   auto tv = r.get(sec, "scheduler.type", "type");
   if (!tv) r.fail(base, "scheduler.type is missing; it must be " + list_keys(types) + " (or drop the section)");
@@ -853,11 +870,17 @@ ds_config parse_ds_config(const std::string& json_text, int world_size, const st
       cfg.ignored_keys.push_back(k);
       // DeepSpeed's other sections are many and let through; one a letter or two from a key read here is
       // most likely that key misspelt ("train_batch_sizee" left the batch triple to resolve without it)
-      if (std::string near = nearest_name(k, ds_config_top_level_keys()); !near.empty())
-        cfg.likely_typos.emplace_back(k, near);
+      if (std::string near = nearest_name(k, ds_config_top_level_keys()); !near.empty() && near != k)
+        cfg.likely_typos.push_back({k, near, r.place(k)});
     }
   }
-  resolve_batch(r, root, cfg);
+  try {
+    resolve_batch(r, root, cfg);
+  } catch (const std::invalid_argument& e) {  // a misspelt batch key is likely why the triple does not resolve
+    std::string msg = e.what();
+    for (const auto& t : cfg.likely_typos) msg += "; " + t.str();
+    throw std::invalid_argument(msg);
+  }
   if (cfg.fp16 && cfg.bf16) {
     std::string b = bf16_section ? "bf16" : "bfloat16";
     r.fail(b + ".enabled", "fp16.enabled and " + b +

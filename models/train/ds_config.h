@@ -120,9 +120,19 @@ struct ds_config {
   /// "zero_optimization.stage3_max_live_parameters", "hybrid_engine"), in
   /// file order. The caller reports them once (ignored_keys_warning()).
   std::vector<std::string> ignored_keys;
-  /// The top-level ignored keys a letter or two from a key flowrun reads (ds_config_top_level_keys), each
-  /// with that key ("train_batch_sizee", "train_batch_size"): likely typos, for the caller to warn about.
-  std::vector<std::pair<std::string, std::string>> likely_typos;
+  /// A top-level ignored key a letter or two from a key flowrun reads: a likely typo.
+  struct typo {
+    std::string key;      ///< as written ("train_batch_sizee")
+    std::string nearest;  ///< the key flowrun reads it is close to ("train_batch_size")
+    std::string place;    ///< "file:line:col" of the key
+    /// "FILE:L:C: \"KEY\" is not read: did you mean \"NEAREST\"?"
+    std::string str() const { return place + ": \"" + key + "\" is not read: did you mean \"" + nearest + "\"?"; }
+    bool operator==(const typo&) const = default;
+  };
+  /// The top-level ignored keys a letter or two from a key flowrun reads (ds_config_top_level_keys), in file
+  /// order: likely typos, for the caller to warn about (a key that names a section another one overrides,
+  /// bfloat16 beside bf16, is not one). A batch triple that does not resolve names them in its error.
+  std::vector<typo> likely_typos;
   /// Things DeepSpeed would log as warnings (deprecated forms, an unknown
   /// warmup_type, total_num_steps < warmup_num_steps).
   std::vector<std::string> warnings;

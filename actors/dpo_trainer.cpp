@@ -171,6 +171,7 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
   // the string settings and their combinations, refused when the graph is checked (before any model loads)
   k.check = [](const graph::node_spec& n, const graph::graph_spec&) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems = dtype_problems(n);
+    for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
     rlhf::dpo_loss_type type;
     try {
       type = rlhf::parse_dpo_loss_type(n.get_string("loss_type"));

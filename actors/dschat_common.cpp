@@ -352,6 +352,18 @@ std::string dtype_setting(const actor::node_context& ctx) {
   return dt;
 }
 
+std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world) {
+  const auto* s = n.find_setting("deepspeed_config");
+  if (!s || n.get_string("deepspeed_config").empty()) return {};
+  try {
+    load_ds_config(n.get_string("deepspeed_config"), world);
+  } catch (const std::exception& e) {
+    return {{"deepspeed_config", fmt::format("node '{}': {}", n.name, e.what()),
+             fmt::format("fix the DeepSpeed JSON at the place named ({} rank(s))", world)}};
+  }
+  return {};
+}
+
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n) {
   const std::string dt = n.get_string("dtype");
   if (known_dtype(dt)) return {};

@@ -92,6 +92,10 @@ std::string dtype_setting(const actor::node_context& ctx);
 /// The same check of `dtype` when the graph is checked, before any node starts (a kind's check):
 /// no problem, or one at the setting.
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n);
+/// The node's deepspeed_config, when set, loaded for `world` ranks when the graph is checked: a JSON that
+/// does not load (a key DeepSpeed refuses, a misspelt params, a batch triple that contradicts itself) is one
+/// problem at the setting, reported once, rather than by each replica's start().
+std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world);
 /// DS-Chat's --dtype is one setting for the four models of step 3. Warns when the graph's policy,
 /// critic, reference_model and reward_model nodes set different dtypes (a reference left in fp32
 /// against a bf16 policy starts PPO from a KL of about 1e-3 instead of 0), naming each node's dtype

@@ -80,6 +80,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     auto problems = check_trainer_output(n, g);
     for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
+    for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
     return problems;
   };
 }

@@ -1066,6 +1066,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     k.check = [policy](const graph::node_spec& n, const graph::graph_spec& g) {
       auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
       for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
+      for (auto& p : ds_config_problems(n, static_cast<int>(n.replicas) * process_count())) problems.push_back(std::move(p));
       if (policy && problems.empty()) warn_mixed_dtypes(g);
       // a LoRA target naming one layer's module is refused from its name alone, before step 1 trains
       // (decoder::enable_lora refuses it too, once the model is there)

@@ -306,6 +306,16 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   CHECK(rc == 2);
   CHECK(has(out, "zero_optimization.stgae is not a zero_optimization setting (DeepSpeed rejects it too): did you mean "
                  "\"stage\"?"));
+  // DS-Chat's trainers read the same JSON when the graph is checked: one error, not one per replica at start
+  for (const char* node : {"sft", "rm", "policy", "critic"}) {
+    CAPTURE(node);
+    out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --no-progress --set node." +
+                  node + ".deepspeed_config=" + (dir / "stage.json").string() + " --set node.policy.replicas=2 2>&1",
+              &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, std::string("error: node '") + node + "': " + (dir / "stage.json").string()));
+    CHECK(out.find("failed in start") == std::string::npos);
+  }
   fs::remove_all(dir);
 }
 

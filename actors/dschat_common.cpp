@@ -352,16 +352,24 @@ std::string dtype_setting(const actor::node_context& ctx) {
   return dt;
 }
 
-std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world) {
+std::optional<ds_config> check_ds_config(const graph::node_spec& n, int world,
+                                         std::vector<graph::node_kind::problem>& problems) {
   const auto* s = n.find_setting("deepspeed_config");
-  if (!s || n.get_string("deepspeed_config").empty()) return {};
+  if (!s || n.get_string("deepspeed_config").empty()) return std::nullopt;
   try {
-    load_ds_config(n.get_string("deepspeed_config"), world);
+    return load_ds_config(n.get_string("deepspeed_config"), world);
   } catch (const std::exception& e) {
-    return {{"deepspeed_config", fmt::format("node '{}': {}", n.name, e.what()),
-             fmt::format("fix the DeepSpeed JSON at the place named ({} rank(s))", world)}};
+    problems.push_back({"deepspeed_config", fmt::format("node '{}': {}", n.name, e.what()),
+                        fmt::format("fix the DeepSpeed JSON at the place named ({} rank(s): replicas x processes)",
+                                    world)});
+    return std::nullopt;
   }
-  return {};
+}
+
+std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world) {
+  std::vector<graph::node_kind::problem> problems;
+  check_ds_config(n, world, problems);
+  return problems;
 }
 
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n) {

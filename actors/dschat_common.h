@@ -94,7 +94,11 @@ std::string dtype_setting(const actor::node_context& ctx);
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n);
 /// The node's deepspeed_config, when set, loaded for `world` ranks when the graph is checked: a JSON that
 /// does not load (a key DeepSpeed refuses, a misspelt params, a batch triple that contradicts itself) is one
-/// problem at the setting, reported once, rather than by each replica's start().
+/// problem at the setting, appended to `problems` and reported once, rather than by each replica's start().
+/// Returns the config when it loads (nullopt when unset or refused), for checks that compare with it.
+std::optional<ds_config> check_ds_config(const graph::node_spec& n, int world,
+                                         std::vector<graph::node_kind::problem>& problems);
+/// check_ds_config's problems alone.
 std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world);
 /// DS-Chat's --dtype is one setting for the four models of step 3. Warns when the graph's policy,
 /// critic, reference_model and reward_model nodes set different dtypes (a reference left in fp32

@@ -11,16 +11,16 @@
 // A run over several processes (gloo) starts the same graph in each process
 // (`flowrun launch --nproc P`): process p hosts ranks p·R .. p·R + R - 1 of the
 // R = replicas ranks per process.
-#include <chrono>
 #include <algorithm>
 #include <cctype>
-#include <cstring>
-#include <optional>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include <unistd.h>
@@ -527,14 +527,7 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
       // (a key DeepSpeed refuses, a batch triple that contradicts itself) is refused now, once, rather than
       // by every rank's start()
       const int world = static_cast<int>(n.replicas) * process_count();
-      std::optional<ds_config> ds;
-      try {
-        ds = load_ds_config(n.get_string("deepspeed_config"), world);
-      } catch (const std::exception& e) {
-        problems.push_back({"deepspeed_config", fmt::format("node '{}': {}", n.name, e.what()),
-                            fmt::format("fix the DeepSpeed JSON at the place named ({} rank(s): replicas x processes)",
-                                        world)});
-      }
+      const std::optional<ds_config> ds = check_ds_config(n, world, problems);
       for (const auto& e : g.edges) {
         const auto* src = e.to_node == n.name ? g.find_node(e.from_node) : nullptr;
         if (!src || src->kind != "lm_batches") continue;

@@ -203,27 +203,23 @@ class validator {
         continue;
       }
       if (!value_matches(decl->type, s.value)) {
-        // a number TOML could not hold (1e999, an integer past 2^63) arrives as a string
-        std::string why;
-        if (const auto* text = std::get_if<std::string>(&s.value);
-            text && (decl->type == setting_type::float_ || decl->type == setting_type::int_) && !text->empty()) {
-          char* end = nullptr;
-          errno = 0;
-          if (decl->type == setting_type::int_) std::strtoll(text->c_str(), &end, 10);
-          else std::strtod(text->c_str(), &end);
-          if (end == text->c_str() + text->size() && errno == ERANGE)
-            why = " (" + *text + " is out of the range of a " +
-                  (decl->type == setting_type::int_ ? "64-bit integer" : "double, about 1.8e308") + ")";
-        }
-        // the hint keeps the user's value when it is one of the right type in quotes ("40" for an int: 40)
-        std::string fix = example_value(*decl);
-        if (const auto* text = std::get_if<std::string>(&s.value); text && why.empty() && !text->empty()) {
-          char* end = nullptr;
-          errno = 0;
-          if (decl->type == setting_type::int_) std::strtoll(text->c_str(), &end, 10);
-          else if (decl->type == setting_type::float_) std::strtod(text->c_str(), &end);
-          if (end && end == text->c_str() + text->size() && errno == 0) fix = *text;
-          if (decl->type == setting_type::bool_ && (*text == "true" || *text == "false")) fix = *text;
+        // a number TOML could not hold (1e999, an integer past 2^63) arrives as a string; one that parses
+        // whole ("40" for an int) is kept in the hint instead of the default
+        std::string why, fix = example_value(*decl);
+        if (const auto* text = std::get_if<std::string>(&s.value); text && !text->empty()) {
+          if (decl->type == setting_type::float_ || decl->type == setting_type::int_) {
+            char* end = nullptr;
+            errno = 0;
+            if (decl->type == setting_type::int_) std::strtoll(text->c_str(), &end, 10);
+            else std::strtod(text->c_str(), &end);
+            if (end == text->c_str() + text->size() && errno == ERANGE)
+              why = " (" + *text + " is out of the range of a " +
+                    (decl->type == setting_type::int_ ? "64-bit integer" : "double, about 1.8e308") + ")";
+            else if (end == text->c_str() + text->size())
+              fix = *text;
+          } else if (decl->type == setting_type::bool_ && (*text == "true" || *text == "false")) {
+            fix = *text;
+          }
         }
         error(first_known(s.value_pos, node.pos),
               "setting '" + name + "' of node '" + node.name + "' must be " + std::string(to_string(decl->type)) +

@@ -385,8 +385,27 @@ TEST_CASE("ds_config: optimizer Adam is AdamW unless adam_w_mode is false and De
 TEST_CASE("ds_config: HF Trainer auto values are an error naming the key or come from auto_values") {
   const std::string path = fixture("hf_trainer_auto.json").string();
   std::string e = error_of([&] { load_ds_config(path, 2); });
-  CHECK(contains(e, path + ":5:5: fp16.enabled is \"auto\""));
-  CHECK(contains(e, "auto_values[\"fp16.enabled\"]"));
+  // every "auto" key read is named in one error, each with its place (they were refused one per try)
+  CHECK(contains(e, path + ": 14 keys are \"auto\": fp16.enabled (5:5), bf16.enabled (13:5), optimizer.params.lr "
+                           "(18:7), optimizer.params.betas (19:7)"));
+  // the scheduler's missing total_num_steps stopped the reading; the keys after it are named too
+  CHECK(contains(e, "scheduler.params.total_num_steps (30:7), gradient_accumulation_steps (46:3), gradient_clipping "
+                    "(47:3), train_batch_size (49:3), train_micro_batch_size_per_gpu (50:3)."));
+  CHECK(contains(e, "write a value for each in the file"));
+  CHECK_FALSE(contains(e, "reduce_bucket_size"));  // "auto" at a key flowrun does not read is fine
+  // one key: its place first; with some filled, the fix names those
+  e = error_of([] { parse_ds_config(R"({"train_batch_size": 8, "gradient_clipping": "auto"})", 1, "g.json"); });
+  CHECK(contains(e, "g.json:1:25: gradient_clipping is \"auto\": HF Trainer's DeepSpeed integration fills \"auto\" in "
+                    "from its own arguments, and nothing here gives a value for it: write a value for it in the file"));
+  {
+    ds_parse_options partial;
+    partial.auto_values = {{"train_batch_size", "8"}};
+    e = error_of([&] {
+      parse_ds_config(R"({"train_batch_size": "auto", "gradient_clipping": "auto"})", 1, "g.json", partial);
+    });
+    CHECK(contains(e, "gradient_clipping is \"auto\""));
+    CHECK(contains(e, "(\"auto\" is filled here only for train_batch_size)"));
+  }
 
   ds_parse_options o;
   o.auto_values = {{"fp16.enabled", "false"},
@@ -475,6 +494,25 @@ TEST_CASE("ds_config: bad inputs malformed JSON and stage 5 and fp16 with bf16 a
   });
   CHECK(contains(e, "t.json:1:47: zero_optimization.stgae is not a zero_optimization setting (DeepSpeed rejects it "
                     "too): did you mean \"stage\"?"));
+  // a misspelt key inside offload_optimizer / offload_param: DeepSpeed's offload configs forbid extras too
+  e = error_of([] {
+    parse_ds_config(
+        R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}})",
+        1, "f.json");
+  });
+  CHECK(contains(e, "f.json:1:98: zero_optimization.offload_optimizer.pin_memroy is not an offload_optimizer setting "
+                    "(DeepSpeed rejects it too): did you mean \"pin_memory\"?"));
+  e = error_of([] {
+    parse_ds_config(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "ratio": 0.5}}})",
+                    1, "p.json");
+  });
+  CHECK(contains(e, "zero_optimization.offload_param.ratio is not an offload_param setting"));
+  {
+    ds_config z = parse_ds_config(
+        R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": true, "max_in_cpu": 1e9}, "offload_optimizer": {"device": "cpu", "ratio": 0.3, "fast_init": false}}})", 1);
+    CHECK(z.offload_param_device == "cpu");
+    CHECK(z.offload_optimizer_device == "cpu");
+  }
   {
     ds_config z = parse_ds_config(
         R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9, "sub_group_size": 1e9}})", 1);

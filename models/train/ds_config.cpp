@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
@@ -258,15 +259,57 @@ class reader {
     if (it == obj.end() || it->is_null()) return std::nullopt;
     if (is_auto(*it)) {
       auto a = opts_.auto_values.find(path);
-      if (a == opts_.auto_values.end())
-        fail(path, path + " is \"auto\": only HF Trainer's DeepSpeed integration fills that in. Give a value, or "
-                          "pass one for it in auto_values[\"" + path + "\"]");
+      if (a == opts_.auto_values.end()) {  // reported with every other such key by check_auto()
+        auto_missing_.push_back(path);
+        return std::nullopt;
+      }
       auto_used_[path] = a->second;
       ojson v = value_from_text(a->second);
       if (v.is_null() || is_auto(v)) fail(path, "auto_values[\"" + path + "\"] must be a value, not " + a->second);
       return v;
     }
     return *it;
+  }
+
+  /// Throws when a key read was "auto" with no entry in auto_values: one error naming every such key and
+  /// its place (each refused in turn, an HF Trainer config took a dozen tries).
+  /// After another error (`root` given), every other "auto" outside zero_optimization is named too: that
+  /// error stopped the reading before the keys after it (zero_optimization's "auto" keys are not read).
+  void check_auto(const ojson* root = nullptr) {
+    if (auto_missing_.empty()) return;
+    if (root) {
+      std::vector<std::string> all;
+      std::function<void(const ojson&, const std::string&)> scan = [&](const ojson& v, const std::string& path) {
+        if (is_auto(v) && path != "zero_optimization" && path.rfind("zero_optimization.", 0) != 0 &&
+            !opts_.auto_values.count(path))
+          all.push_back(path);
+        if (v.is_object())
+          for (auto it = v.begin(); it != v.end(); ++it) scan(it.value(), join_path(path, it.key()));
+      };
+      scan(*root, "");
+      for (const auto& p : auto_missing_)
+        if (std::find(all.begin(), all.end(), p) == all.end()) all.push_back(p);
+      auto_missing_ = all;
+    }
+    std::string fix = "write a value for it in the file";
+    if (auto_missing_.size() > 1) fix = "write a value for each in the file";
+    if (!opts_.auto_values.empty()) {
+      std::vector<std::string> filled;
+      for (const auto& [k, v] : opts_.auto_values) filled.push_back(k);
+      fix += " (\"auto\" is filled here only for " + list_keys(filled) + ")";
+    }
+    const std::string why = "HF Trainer's DeepSpeed integration fills \"auto\" in from its own arguments, and "
+                            "nothing here gives a value for ";
+    if (auto_missing_.size() == 1)
+      fail(auto_missing_[0], auto_missing_[0] + " is \"auto\": " + why + "it: " + fix);
+    std::string keys;
+    for (const auto& p : auto_missing_) {  // "key (line:col)", the file named once
+      std::string at = place(p);
+      if (at.rfind(where_ + ":", 0) == 0) at = at.substr(where_.size() + 1);
+      keys += (keys.empty() ? "" : ", ") + p + " (" + at + ")";
+    }
+    throw std::invalid_argument(where_ + ": " + std::to_string(auto_missing_.size()) + " keys are \"auto\": " +
+                                keys + ". " + why + "them: " + fix);
   }
 
   int64_t as_int(const std::string& path, const ojson& v, const std::string& what = "an integer") const {
@@ -320,6 +363,7 @@ class reader {
   const key_locator& loc_;
   const ds_parse_options& opts_;
   std::map<std::string, std::string> auto_used_;
+  std::vector<std::string> auto_missing_;
 };
 
 void apply_overrides(ojson& root, const ds_parse_options& opts, const std::string& where) {
@@ -467,8 +511,22 @@ void parse_zero(reader& r, const ojson& sec, ds_config& cfg) {
       continue;
     }
     cfg.ignored_keys.push_back(path);
+    // DeepSpeedZeroOffloadParamConfig's and DeepSpeedZeroOffloadOptimizerConfig's fields
+    // (deepspeed/runtime/zero/offload_config.py): DeepSpeed refuses any other key there too
+    static const std::vector<std::string> param_keys = {"device",     "nvme_path",  "buffer_count",
+                                                        "buffer_size", "max_in_cpu", "pin_memory"};
+    static const std::vector<std::string> optimizer_keys = {
+        "device",        "nvme_path", "buffer_count", "pin_memory",          "pipeline_read",     "pipeline_write",
+        "fast_init",     "ratio",     "super_offload", "convert_grad_on_cpu", "cpuadam_cores_perc"};
     auto device_of = [&](const ojson& o, const std::string& opath) -> std::optional<std::string> {
       if (!o.is_object()) return std::nullopt;
+      const auto& keys = k == "offload_param" ? param_keys : optimizer_keys;
+      for (auto f = o.begin(); f != o.end(); ++f)
+        if (std::find(keys.begin(), keys.end(), f.key()) == keys.end()) {
+          const std::string fpath = join_path(opath, f.key()), near = nearest_name(f.key(), keys);
+          r.fail(fpath, fpath + " is not an " + k + " setting (DeepSpeed rejects it too)" +
+                            (near.empty() ? std::string() : ": did you mean \"" + near + "\"?"));
+        }
       auto d = o.find("device");
       if (d == o.end() || d->is_null()) return std::nullopt;
       std::string dpath = join_path(opath, "device");
@@ -812,35 +870,8 @@ const std::vector<std::string>& ds_config_top_level_keys() {
   return keys;
 }
 
-ds_config parse_ds_config(const std::string& json_text, int world_size, const std::string& where,
-                          const ds_parse_options& options) {
-  if (world_size < 1)
-    throw std::invalid_argument(where + ": world_size must be >= 1 (data-parallel ranks), got " +
-                                std::to_string(world_size));
-  ojson root;
-  try {
-    root = ojson::parse(json_text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const nlohmann::json::parse_error& e) {
-    auto [line, col] = line_col(json_text, e.byte);
-    std::string msg = e.what();
-    // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..." -> "syntax error ..."
-    auto p = msg.find(": ", msg.find("parse error"));
-    if (p != std::string::npos) msg = msg.substr(p + 2);
-    throw std::invalid_argument(where + ":" + std::to_string(line) + ":" + std::to_string(col) +
-                                ": not valid JSON: " + msg);
-  } catch (const nlohmann::json::out_of_range& e) {
-    // e.g. 1e999 (tests/fuzz/fuzz_ds_config): nlohmann's out_of_range.406 escaped, naming neither file nor fix
-    std::string msg = e.what();
-    const auto p = msg.find("] ");
-    if (p != std::string::npos) msg = msg.substr(p + 2);
-    throw std::invalid_argument(where + ": not valid JSON: " + msg + " (larger than a double can hold)");
-  }
-  if (!root.is_object())
-    throw std::invalid_argument(where + ": a DeepSpeed config is a JSON object {...}, not " + describe(root));
-  key_locator loc = locate_keys(json_text, where);
-  apply_overrides(root, options, where);
-
-  reader r(where, loc, options);
+// The sections of a parsed config, read through r (parse_ds_config's body).
+ds_config read_ds_config(reader& r, const ojson& root, const std::string& where, int world_size) {
   ds_config cfg;
   cfg.where = where;
   cfg.world_size = world_size;
@@ -888,6 +919,45 @@ ds_config parse_ds_config(const std::string& json_text, int world_size, const st
                                "loss scaling)");
   }
   return cfg;
+}
+
+ds_config parse_ds_config(const std::string& json_text, int world_size, const std::string& where,
+                          const ds_parse_options& options) {
+  if (world_size < 1)
+    throw std::invalid_argument(where + ": world_size must be >= 1 (data-parallel ranks), got " +
+                                std::to_string(world_size));
+  ojson root;
+  try {
+    root = ojson::parse(json_text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const nlohmann::json::parse_error& e) {
+    auto [line, col] = line_col(json_text, e.byte);
+    std::string msg = e.what();
+    // "[json.exception.parse_error.101] parse error at line 3, column 5: syntax error ..." -> "syntax error ..."
+    auto p = msg.find(": ", msg.find("parse error"));
+    if (p != std::string::npos) msg = msg.substr(p + 2);
+    throw std::invalid_argument(where + ":" + std::to_string(line) + ":" + std::to_string(col) +
+                                ": not valid JSON: " + msg);
+  } catch (const nlohmann::json::out_of_range& e) {
+    // e.g. 1e999 (tests/fuzz/fuzz_ds_config): nlohmann's out_of_range.406 escaped, naming neither file nor fix
+    std::string msg = e.what();
+    const auto p = msg.find("] ");
+    if (p != std::string::npos) msg = msg.substr(p + 2);
+    throw std::invalid_argument(where + ": not valid JSON: " + msg + " (larger than a double can hold)");
+  }
+  if (!root.is_object())
+    throw std::invalid_argument(where + ": a DeepSpeed config is a JSON object {...}, not " + describe(root));
+  key_locator loc = locate_keys(json_text, where);
+  apply_overrides(root, options, where);
+
+  reader r(where, loc, options);
+  try {
+    ds_config cfg = read_ds_config(r, root, where, world_size);
+    r.check_auto();
+    return cfg;
+  } catch (const std::invalid_argument&) {
+    r.check_auto(&root);  // a key left "auto" is the likelier cause (an unresolved batch triple, say)
+    throw;
+  }
 }
 
 ds_config load_ds_config(const std::string& path, int world_size, const ds_parse_options& options) {

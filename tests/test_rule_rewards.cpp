@@ -49,6 +49,16 @@ TEST_CASE("GSM8K exact match: the last #### answer of the whole completion again
   // the last marker counts
   CHECK(gsm8k_exact_match("first #### 3, then\n#### 18", ref) == 1.0);
   CHECK(gsm8k_exact_match("#### 18 no wait\n#### 3", ref) == 0.0);
+  // the last marker with a number after it (veRL's findall of "#### number"): a markdown heading or a stray
+  // marker after the answer scored 0
+  CHECK(gsm8k_exact_match("#### 18\n\n#### Explanation\nbecause 9 x 2", ref) == 1.0);
+  CHECK(gsm8k_exact_match("#### 18 ####", ref) == 1.0);
+  CHECK(gsm8k_exact_match("#### Step 1\n9 x 2\n#### 18\n#### Note", ref) == 1.0);
+  CHECK(gsm8k_exact_match("#### Note", ref, 0.1) == 0.0);
+  // "1.5.2" is an answer (veRL reads the run of digits, '.' and ',') but no number: wrong, not 1.5
+  CHECK(gsm8k_final_answer("#### 1.5.2") == std::optional<std::string>("1.5.2"));
+  CHECK(gsm8k_exact_match("#### 1.5.2", "#### 1.5", 0.1) == doctest::Approx(0.1));
+  CHECK(gsm8k_exact_match("#### 1.5.", "#### 1.5") == 1.0);  // a full stop after the number
   // no clipping: a marker far from the end (veRL looks at the last 300 characters only)
   CHECK(gsm8k_exact_match("#### 18" + std::string(1000, ' ') + "\n", ref) == 1.0);
   // separators on either side

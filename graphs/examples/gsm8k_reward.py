@@ -9,7 +9,7 @@ written as a plain Python function, behind the JSON-lines loop the node speaks.
 
 Each input line is {"prompt", "completion", "reference", "iteration", "row"}; each output line
 is one number. It scores like the built-in reward = "gsm8k" with the same format_score (the
-last "#### N" of the completion against the reference's, numbers compared after removing
+last "#### N" of the completion that has a number against the reference's, numbers compared after removing
 thousands separators and a zero decimal part), so a run with either gives the same rewards
 (tests/grpo_small.sh).
 """
@@ -20,7 +20,7 @@ import sys
 
 def normalize(text):
     """'1,080' -> '1080', '42.0' -> '42', '$18' -> '18', '-0' -> '0'; None if not a number."""
-    m = re.fullmatch(r"([-+]?)\$?(\d+(?:,\d+)*)(?:\.(\d*))?", text.strip())
+    m = re.fullmatch(r"([-+]?)\$?([0-9]+(?:,[0-9]+)*)(?:\.([0-9]*))?", text.strip())
     if not m:
         return None
     sign, whole, frac = m.groups()
@@ -30,13 +30,26 @@ def normalize(text):
     return "-" + out if sign == "-" and out != "0" else out
 
 
+NUMBER = re.compile(r"[-+]?\$?[0-9]+(?:,[0-9]+)*(?:\.[0-9]*)?")  # ASCII digits only, as the built-in rule
+
+
 def final_answer(text):
-    """The number after the last '####', or None."""
-    at = text.rfind("####")
-    if at < 0:
-        return None
-    m = re.match(r"[-+]?\$?\d+(?:,\d+)*(?:\.\d*)?", text[at + 4:].lstrip(" \t"))
-    return normalize(m.group(0)) if m else None
+    """The number after the last '####' that has one, or None ('1.5.2': the raw text, matching nothing)."""
+    at = len(text)
+    while (at := text.rfind("####", 0, at + 3)) >= 0:
+        rest = text[at + 4:].lstrip(" \t")
+        m = NUMBER.match(rest)
+        if m:
+            end = m.end()
+            if re.match(r"\.[0-9]", rest[end:]):
+                run = re.match(r"[0-9.,]*", rest[end:]).group(0)
+                return rest[:end] + run
+            norm = normalize(m.group(0))
+            if norm is not None:
+                return norm
+        if at == 0:
+            return None
+    return None
 
 
 def gsm8k_reward(completion, reference, format_score=0.0):

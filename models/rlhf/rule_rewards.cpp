@@ -54,16 +54,25 @@ std::string normalize_number(std::string_view text) {
 }
 
 std::optional<std::string> gsm8k_final_answer(std::string_view text) {
-  const auto at = text.rfind("####");
-  if (at == std::string_view::npos) return std::nullopt;
-  std::string_view rest = text.substr(at + 4);
-  while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
-  const std::size_t n = number_length(rest);
-  if (n == 0) return std::nullopt;
-  // "3." at the end of a sentence: the '.' is punctuation, which normalisation drops anyway
-  std::string norm = normalize_number(rest.substr(0, n));
-  if (norm.empty()) return std::nullopt;
-  return norm;
+  // the last marker with a number after it: "#### 72\n\n#### Explanation" answered 72 (veRL's findall of
+  // "#### number" takes its last match; a heading or stray marker after the answer hid it)
+  for (auto at = text.rfind("####"); at != std::string_view::npos; at = at == 0 ? std::string_view::npos : text.rfind("####", at - 1)) {
+    std::string_view rest = text.substr(at + 4);
+    while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
+    const std::size_t n = number_length(rest);
+    if (n == 0) continue;
+    // "1.5.2": veRL reads the whole run of digits, '.' and ','; an answer, but not a number, so it matches
+    // no reference (format_score) rather than being read as 1.5
+    if (n + 1 < rest.size() && rest[n] == '.' && is_digit(rest[n + 1])) {
+      std::size_t e = n;
+      while (e < rest.size() && (is_digit(rest[e]) || rest[e] == '.' || rest[e] == ',')) ++e;
+      return std::string(rest.substr(0, e));
+    }
+    // "3." at the end of a sentence: the '.' is punctuation, which normalisation drops anyway
+    std::string norm = normalize_number(rest.substr(0, n));
+    if (!norm.empty()) return norm;
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> gsm8k_reference_answer(std::string_view reference) {

@@ -2,13 +2,18 @@
 // reward_function node kind and its tests (issue 18).
 //
 // GSM8K (Cobbe et al. 2021): a reference answer ends with "#### N". The
-// completion is scored by its own last "#### N", the convention of veRL's
-// verl/utils/reward_score/gsm8k.py ("strict" extraction), with two
-// differences, both deliberate:
+// completion is scored by its own last "#### N" (the last marker with a number
+// after it: a "#### Explanation" heading after the answer does not hide it),
+// the convention of veRL's verl/utils/reward_score/gsm8k.py ("strict"
+// extraction: the last match of "#### number"), with these differences:
 //  - the whole completion is searched (veRL clips it to its last 300
 //    characters for speed, which can cut the marker off a long answer);
-//  - the last marker counts, not the first (a model that writes "#### 3"
-//    while thinking and "#### 5" at the end answered 5).
+//  - more spellings are read: no space or a tab after the marker ("####72"),
+//    a leading '+' or '$', "42." and "42.0" (veRL compares the text, so
+//    "42.0" is wrong there); a number must start with a digit after its sign
+//    ("#### ,5" is no answer here, 5 in veRL);
+//  - "1.5.2" is an answer but not a number: it matches no reference (as in
+//    veRL), where reading it as 1.5 would have scored it right.
 // Numbers compare after normalisation: thousands separators and a leading '+'
 // or '$' dropped, and a decimal part of zeros ("42.0", "42.") removed, so
 // "1,080" = "1080" and "42.0" = "42"; "-0" = "0". Nothing is parsed into a
@@ -28,8 +33,9 @@ namespace flowrun::rlhf {
 /// optional '.' and digits.
 std::string normalize_number(std::string_view text);
 
-/// The number after the last "####" in `text` (spaces after the marker
-/// skipped), normalised; nullopt when there is no marker or no number after it.
+/// The number after the last "####" in `text` that has one (spaces after the
+/// marker skipped), normalised; a run like "1.5.2" is returned as written (it
+/// equals no normalised number); nullopt when no marker has a number after it.
 std::optional<std::string> gsm8k_final_answer(std::string_view text);
 
 /// The reference's answer: gsm8k_final_answer, or without a marker the whole

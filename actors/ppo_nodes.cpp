@@ -1005,7 +1005,10 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         .option("gradient_accumulation_steps", T::int_, std::int64_t{1},
                 "micro-batches per rank per PPO update (the mini-batch is cut into ranks x this)").at_least(1)
         .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch").at_least(1)
-        .option("cliprange", T::float_, 0.2, "policy ratio clip").above(0)
+        .option("cliprange", T::float_, 0.2, "policy ratio clip: the ratio is kept in [1 - cliprange, 1 + cliprange]")
+        .above(0)
+        .below(1)
+        .because("a ratio floor 1 - cliprange of 0 or less bounds nothing; veRL calls it clip_ratio, TRL epsilon")
         .option("cliprange_value", T::float_, 0.2, "value clip").above(0)
         .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip (0: off)").at_least(0)
         .option(who + "_zero_stage", T::int_, std::int64_t{0},
@@ -1369,6 +1372,14 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
                                         "iterations = {}: its last {} batch(es) would be generated and never trained",
                                         gb, gb, m.name, m.get_int("iterations"), m.get_int("iterations") % gb),
                             fmt::format("make node.{}.iterations a multiple of {}", m.name, gb)});
+    // DAPO's filter drops a group whose rewards are all equal: a group of one always is
+    if (const auto* gen = the_generator(g); gen && n.get_bool("filter_groups") && gen->get_int("num_generations") < 2)
+      problems.push_back({"filter_groups",
+                          fmt::format("filter_groups drops the groups whose rewards are all equal, and the generator "
+                                      "'{}' samples num_generations = {} per prompt: every group of one would be "
+                                      "dropped, and nothing would train",
+                                      gen->name, gen->get_int("num_generations")),
+                          "set node." + gen->name + ".num_generations to 2 or more, or filter_groups = false"});
     if (est == ppo::advantage_estimator::grpo || est == ppo::advantage_estimator::rloo) {
       const auto* gen = the_generator(g);
       if (gen && gen->get_int("num_generations") < 2)

@@ -233,6 +233,21 @@ TEST_CASE("GRPO settings that train nothing or do nothing are refused when the g
   out = run(grpo + " --set node.generator.num_generations=3000000000 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "must be in [1, 4096], got 3000000000"));
+  // DAPO's filter with groups of one dropped every row, silently: refused
+  out = run(grpo + " --set node.generator.num_generations=1 --set node.experience.advantage_estimator=reinforce_plus_plus "
+                   "--set node.experience.filter_groups=true 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "filter_groups drops the groups whose rewards are all equal, and the generator 'generator' samples "
+                 "num_generations = 1 per prompt"));
+  // cliprange 1 or more: validation refuses it (the first update failed, naming clip_ratio_low)
+  out = run(grpo + " --set node.policy.cliprange=1.5 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "setting 'cliprange' of node 'policy' (kind policy) must be finite, in (0, 1), got 1.5"));
+  // a setting under another node than its own: the hint names the node that has it
+  out = run(grpo + " --set node.experience.loss_agg_mode=token-mean 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "'loss_agg_mode' is a setting of [node.policy] (kind policy): write it there"));
 }
 
 TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length, refused when the graph is checked") {

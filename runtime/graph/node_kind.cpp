@@ -367,6 +367,17 @@ std::string explain(const node_kind& kind) {
   return out;
 }
 
+std::string setting_owner_hint(const graph_spec& graph, const node_kind_registry& kinds, std::string_view setting_name,
+                               std::string_view except) {
+  std::string owners;
+  for (const auto& other : graph.nodes)
+    if (other.name != except)
+      if (const node_kind* k = kinds.lookup(other.kind); k && k->find_setting(setting_name))
+        owners += (owners.empty() ? "" : " and of ") + ("[node." + other.name + "] (kind " + k->name + ")");
+  if (owners.empty()) return {};
+  return "'" + std::string(setting_name) + "' is a setting of " + owners + ": write it there";
+}
+
 std::string path_rule_text() {
   return "paths (path and path_list: read, must exist; output: written):\n"
          "  a relative path written in a graph file resolves against that file's folder; one given on the command\n"

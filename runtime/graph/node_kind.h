@@ -223,6 +223,12 @@ class node_kind_registry {
   std::map<std::string, node_kind, std::less<>> kinds_;
 };
 
+/// The hint for a setting `setting_name` written on node `except` whose kind lacks it, when other nodes of
+/// `graph` have it: "'loss_agg_mode' is a setting of [node.policy] (kind policy): write it there" (a
+/// setting put under the wrong node of a pipeline). Empty when no other node's kind declares it.
+std::string setting_owner_hint(const graph_spec& graph, const node_kind_registry& kinds, std::string_view setting_name,
+                               std::string_view except);
+
 /// The one rule relative paths follow (validate.h, "Path settings"), as
 /// `flowrun explain` prints it under every kind that has path settings.
 std::string path_rule_text();

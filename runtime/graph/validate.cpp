@@ -193,13 +193,21 @@ class validator {
     }
   }
 
+  // "did you mean" a near name of the kind's; else the other nodes of the graph whose kind has this very
+  // setting (loss_agg_mode written under the experience maker belongs to the policy); else the valid names
+  std::string setting_hint(const std::string& name, const node_spec& node, const node_kind& kind) const {
+    if (nearest_name(name, kind.setting_names()).empty())
+      if (std::string owner = setting_owner_hint(result_.spec, kinds_, name, node.name); !owner.empty()) return owner;
+    return suggest(name, kind.setting_names(), "settings of " + kind.name);
+  }
+
   void check_settings(node_spec& node, const node_kind& kind) {
     for (auto& [name, s] : node.settings) {
       const setting_decl* decl = kind.find_setting(name);
       if (!decl) {
         error(first_known(s.key_pos, node.pos),
               "unknown setting '" + name + "' for node '" + node.name + "' (kind " + kind.name + ")",
-              suggest(name, kind.setting_names(), "settings of " + kind.name));
+              setting_hint(name, node, kind));
         continue;
       }
       if (!value_matches(decl->type, s.value)) {

@@ -35,7 +35,7 @@ class generator_node final : public actor::node {
     cfg_.sampling.temperature = static_cast<float>(s.get_float("temperature"));
     cfg_.sampling.top_k = static_cast<int>(s.get_int("top_k"));
     cfg_.sampling.top_p = static_cast<float>(s.get_float("top_p"));
-    cfg_.stop_ids = {tok_->eos_id(), tok_->bos_id()};
+    cfg_.stop_ids = stop_ids_for(s.get_string("model"), tok_->bos_id(), tok_->eos_id());
     const std::int64_t seed = s.get_int("seed");
     base_seed_ = seed >= 0 ? static_cast<std::uint64_t>(seed) : ctx.seed();
     batch_size_ = static_cast<std::size_t>(std::max<std::int64_t>(1, s.get_int("batch_size")));

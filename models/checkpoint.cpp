@@ -101,6 +101,32 @@ model_file_info inspect_model(const std::string& path_in) {
                            not_a_model_hint(p));
 }
 
+std::vector<int32_t> stop_ids_for(const std::string& path, int32_t bos_id, int32_t eos_id) {
+  std::vector<int32_t> ids;
+  auto add = [&](int64_t id) {
+    if (id >= 0 && id <= INT32_MAX && std::find(ids.begin(), ids.end(), id) == ids.end())
+      ids.push_back(static_cast<int32_t>(id));
+  };
+  add(eos_id);
+  if (inspect_model(path).format != model_format::hf) {
+    add(bos_id);
+    return ids;
+  }
+  const fs::path p = resolve_user_path(path, "model");
+  for (const char* f : {"generation_config.json", "config.json"}) {
+    if (!fs::exists(p / f)) continue;
+    const auto j = read_json_file(p / f);
+    const auto e = j.find("eos_token_id");
+    if (e == j.end() || e->is_null()) continue;
+    if (e->is_number_integer()) add(e->get<int64_t>());
+    if (e->is_array())
+      for (const auto& v : *e)
+        if (v.is_number_integer()) add(v.get<int64_t>());
+    break;
+  }
+  return ids;
+}
+
 model_format saved_format(model_format given, bool value_head) {
   return given == model_format::llama2c && value_head ? model_format::flowrun : given;
 }

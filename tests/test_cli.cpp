@@ -29,6 +29,8 @@ std::string run(const std::string& cmd, int* rc) {
   return out;
 }
 
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
 }  // namespace
 
 TEST_CASE("flowrun generate with temperature 0 prints greedy_from_bos_text") {
@@ -38,6 +40,18 @@ TEST_CASE("flowrun generate with temperature 0 prints greedy_from_bos_text") {
   auto out = run(std::string(FLOWRUN_BIN) + " generate --temperature 0 --max_new_tokens 200 2>/dev/null", &rc);
   CHECK(rc == 0);
   CHECK(out == want + "\n");
+}
+
+TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about before the default reads its text") {
+  // AutoTokenizer refuses such a folder; the default tok512.model read it silently
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " generate --model " + FLOWRUN_SOURCE_DIR +
+                     "/tests/fixtures/hf/llama --prompt hi --temperature 0 --max_new_tokens 2 2>&1",
+                 &rc);
+  CHECK(has(out, "tests/fixtures/hf/llama holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json + "
+                 "merges.txt): its text is read with model/stories260K/tok512.model"));
+  CHECK(rc != 0);  // and then refused: tok512's 512 ids do not fit the fixture's 96 embedding rows
+  CHECK(has(out, "has 96 embedding rows: it is not the model's tokenizer"));
 }
 
 TEST_CASE("a missing model file is named, with exit code 2") {
@@ -140,7 +154,6 @@ TEST_CASE("flowrun launch refuses a rendezvous it cannot use, naming it") {
 
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // A fresh folder for this test run's files.
 std::filesystem::path temp_folder() {

@@ -1070,6 +1070,20 @@ TEST_CASE("checkpoint: a value head travels in HF folders as v_head.weight") {
   }
 }
 
+TEST_CASE("stop_ids_for: EOS and a new BOS for llama2.c models; an HF folder's eos_token_id, not BOS") {
+  // a greedy Qwen2 that emitted BOS mid-text stopped there, while transformers' generate() went on
+  using ids = std::vector<int32_t>;
+  CHECK(stop_ids_for(asset_path("model/stories260K/stories260K.bin").string(), 1, 2) == ids{2, 1});
+  CHECK(stop_ids_for((k_fixtures / "hf" / "llama").string(), 1, 2) == ids{2});  // config.json: eos 2
+  temp_dir d("stop_ids");
+  fs::copy_file(k_fixtures / "hf" / "llama" / "config.json", d.path / "config.json");
+  CHECK(stop_ids_for(d.path.string(), 1, 5) == ids{5, 2});  // the tokenizer's EOS and the config's
+  // generation_config.json's list wins over config.json (Llama 3: <|end_of_text|>, <|eom_id|>, <|eot_id|>)
+  write_json(d.path / "generation_config.json", {{"bos_token_id", 1}, {"eos_token_id", {2, 7, 9}}});
+  CHECK(stop_ids_for(d.path.string(), 1, 2) == ids{2, 7, 9});
+  CHECK(stop_ids_for(d.path.string(), 1, -1) == ids{2, 7, 9});  // a tokenizer without EOS
+}
+
 TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged into a copy") {
   // An HF LLaMA (half RoPE, GQA, untied head, eps 1e-6) and stories260K (llama2.c: adjacent RoPE),
   // each with trained-looking LoRA adapters, written in every format that holds them exactly

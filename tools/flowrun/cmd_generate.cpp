@@ -50,8 +50,9 @@ generation_config generation_of(const generate_opts& o, const tokenizer& tok) {
   g.sampling.repetition_penalty = o.repetition_penalty;
   g.seed = static_cast<uint64_t>(o.seed);
   g.max_new_tokens = o.max_new_tokens;
-  // llama2.c models mark a story's end with EOS or a new BOS
-  g.stop_ids = {tok.eos_id(), tok.bos_id()};
+  // a ZeRO checkpoint holds pretraining's llama2.c-style models: EOS or a new BOS, as llama2.c's files
+  g.stop_ids = o.zero_checkpoint.empty() ? stop_ids_for(o.model, tok.bos_id(), tok.eos_id())
+                                         : std::vector<int32_t>{tok.eos_id(), tok.bos_id()};
   return g;
 }
 

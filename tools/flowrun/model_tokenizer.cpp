@@ -13,22 +13,35 @@ namespace flowrun::cli {
 namespace {
 
 // The folder of a model path that holds a tokenizer, or "" (a file, a missing path, a bare folder).
-std::string tokenizer_folder(const std::string& model) {
+// `hf_without` is set when the path is a Hugging Face folder (config.json, no flowrun_config.json)
+// with no tokenizer in it.
+std::string tokenizer_folder(const std::string& model, bool& hf_without) {
   std::error_code ec;
   std::filesystem::path p;
+  hf_without = false;
   try {
     p = resolve_user_path(model, "model");
   } catch (const std::exception&) {
     return "";  // the model's own load says what is missing
   }
-  return std::filesystem::is_directory(p, ec) && folder_has_tokenizer(p.string()) ? p.string() : "";
+  if (!std::filesystem::is_directory(p, ec)) return "";
+  if (folder_has_tokenizer(p.string())) return p.string();
+  hf_without = std::filesystem::exists(p / "config.json", ec) && !std::filesystem::exists(p / "flowrun_config.json", ec);
+  return "";
 }
 
 }  // namespace
 
 std::string tokenizer_for(const std::vector<std::string>& models, const std::string& tokenizer, bool given) {
   for (const auto& m : models) {
-    const std::string dir = tokenizer_folder(m);
+    bool hf_without = false;
+    const std::string dir = tokenizer_folder(m, hf_without);
+    // transformers' AutoTokenizer refuses such a folder; here the default reads the text, so say so
+    if (hf_without && !given)
+      spdlog::warn("the Hugging Face folder {} holds no tokenizer (tokenizer.json, tokenizer.model or vocab.json + "
+                   "merges.txt): its text is read with {}, which may not be its vocabulary; give its own with "
+                   "--tokenizer",
+                   m, tokenizer);
     if (dir.empty()) continue;
     if (!given) {
       spdlog::info("tokenizer: {} (the model's own; --tokenizer to use another)", dir);

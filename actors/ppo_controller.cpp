@@ -124,6 +124,7 @@ class ppo_controller final : public actor::node {
     // every save_checkpoint_steps iterations the trainers save after this batch's update
     p.checkpoint = !p.eval && !dir_.empty() && save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
     if (p.checkpoint) commit_due_ = true;  // committed after the update that trains on it
+    it_.launched = clk::now();
     ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
   }
 
@@ -222,12 +223,12 @@ class ppo_controller final : public actor::node {
                             S_ > 0 ? async_suffix(s, a) : ""));
       ctx.metric("steps");
       // the time each phase's actor waited in this iteration: the interval since the last
-      // trained batch's report less the generator's and the policy's own time on the batch
-      if (last_trained_) {
-        const double cycle = since(*last_trained_);
-        ctx.signal("wait_seconds/generate", std::max(0.0, cycle - s.generate_seconds), p.iteration);
-        ctx.signal("wait_seconds/train", std::max(0.0, cycle - a.seconds), p.iteration);
-      }
+      // trained batch's report (the run's first: since the batch went to the generator) less the
+      // generator's and the policy's own time on the batch. Every trained iteration has its point:
+      // a resumed run's first one replaces the point its START marker drops from the older run
+      const double cycle = since(last_trained_ ? *last_trained_ : it.launched);
+      ctx.signal("wait_seconds/generate", std::max(0.0, cycle - s.generate_seconds), p.iteration);
+      ctx.signal("wait_seconds/train", std::max(0.0, cycle - a.seconds), p.iteration);
       last_trained_ = clk::now();
       if (S_ > 0) ctx.signal("staleness", static_cast<double>(a.staleness), p.iteration);
       if (commit_due_) commit(ctx, p.iteration, S_ > 0 ? a.policy_version : updates_);
@@ -382,7 +383,8 @@ class ppo_controller final : public actor::node {
     std::optional<prompt_msg> prompts;
     std::optional<summary_msg> summary;
     std::optional<stats_msg> actor, critic;
-    clk::time_point launched, summarised;  // max_staleness >= 1: when it was sent to the generator, its summary came
+    clk::time_point launched;    // when it was sent to the generator
+    clk::time_point summarised;  // max_staleness >= 1: when its summary came
   };
 
   phase phase_ = phase::wait_prompts;

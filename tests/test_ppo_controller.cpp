@@ -246,6 +246,14 @@ std::vector<double> series(const actor::job& j, const std::string& name) {
   return v;
 }
 
+/// The steps of the controller's signals named `name`, in order.
+std::vector<int64_t> steps_of(const actor::job& j, const std::string& name) {
+  std::vector<int64_t> v;
+  for (const auto& s : j.live->signals_since(0))
+    if (s.node == "ppo_controller" && s.name == name) v.push_back(s.step);
+  return v;
+}
+
 std::vector<std::string> phases(const actor::job& j) {
   std::vector<std::string> v;
   for (const auto& s : j.live->signals_since(0))
@@ -347,6 +355,10 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: held-out before, update, dropped, ke
   CHECK(series(j, "actor_loss") == std::vector<double>{0.75, 0.5, -0.0625});
   CHECK(series(j, "critic_loss") == std::vector<double>{1.5, 0.25, 2.0});
   CHECK(series(j, "training_tokens_per_s") == std::vector<double>{400, 400, 400});
+  // each trained iteration's waits, the run's first too (since its batch went to the generator)
+  CHECK(steps_of(j, "wait_seconds/generate") == steps_of(j, "actor_loss"));
+  CHECK(steps_of(j, "wait_seconds/train") == steps_of(j, "actor_loss"));
+  CHECK(steps_of(j, "actor_loss").size() == 3);
   // the held-out passes (step -1), before then after
   CHECK(series(j, "held_out/reward") == std::vector<double>{0.5, 0.875});
   CHECK(series(j, "held_out/kl") == std::vector<double>{0.0, 0.125});
@@ -390,7 +402,11 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: the same command resumes after the l
     t[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
     t[-2].summary.eval = true;
   }
-  run();
+  const auto j = run();
+  // a resumed run's first trained iteration has its waits: TensorBoard's START marker drops the
+  // older run's points from iteration 4 on, and nothing replaced iteration 4's
+  CHECK(steps_of(j, "wait_seconds/generate") == std::vector<int64_t>{4, 5});
+  CHECK(steps_of(j, "wait_seconds/train") == std::vector<int64_t>{4, 5});
   const auto& lines = printed;
   std::lock_guard<std::mutex> lock(script.m);
   REQUIRE(script.generate.size() == 3);

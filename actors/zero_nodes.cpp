@@ -261,13 +261,17 @@ class zero_rank final : public actor::node {
     }
     if (!evaluated_ && b.val_ids.defined() && b.val_ids.size(0) % world_ == 0) {
       evaluated_ = true;
-      const double l = engine_->eval_loss(b.val_ids, b.val_targets);
       val_ids_ = b.val_ids;
       val_targets_ = b.val_targets;
-      if (rank_ == 0)
-        ctx.print(fmt::format("[pretrain] held-out loss {:.6f} before step {} ({} instances)", l, b.step,
-                              b.val_ids.size(0)));
-      before_ = l;
+      // a resumed run keeps the figure from before the first step (its checkpoint holds it): measured
+      // again at the resume point, the closing line set it against every update since step 1
+      if (!before_restored_) {
+        const double l = engine_->eval_loss(b.val_ids, b.val_targets);
+        if (rank_ == 0)
+          ctx.print(fmt::format("[pretrain] held-out loss {:.6f} before step {} ({} instances)", l, b.step,
+                                b.val_ids.size(0)));
+        before_ = l;
+      }
     }
     const double lr = ds_.scheduler.lr_at(engine_->step_count(), ds_.lr);
     auto t = clk::now();
@@ -348,6 +352,7 @@ class zero_rank final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
+    if (evaluated_) m.extra["eval_before"] = before_;  // the held-out loss before step 1, for the closing line
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     const std::vector<shard_group> groups = engine_state_groups(*engine_, *model_, rank_, m);
@@ -387,6 +392,10 @@ class zero_rank final : public actor::node {
     }
     epoch_ = m0.data_epoch;
     cursor_ = m0.data_cursor;
+    if (const auto e = m0.extra.find("eval_before"); e != m0.extra.end() && e->is_number()) {
+      before_ = e->get<double>();
+      before_restored_ = true;
+    }
     if (rank_ == 0)
       ctx.print(fmt::format("[pretrain] restored step {} ({} ranks, stage {}) on {} ranks, stage {}", m0.step,
                             m0.world_size, m0.zero_stage, world_, zs_.stage));
@@ -442,6 +451,7 @@ class zero_rank final : public actor::node {
   bool finished_ = false;  // finish_run ran
   bool ids_checked_ = false;  // the first batch's token ids against the model's vocabulary
   double before_ = 0;
+  bool before_restored_ = false;  // before_ came from the checkpoint resumed
   tensor val_ids_, val_targets_;
   clk::time_point t0_;
 };

@@ -76,6 +76,14 @@ run resumed run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --se
 grep -q "resuming after step" "$out/resumed.log" || { echo "the second run did not resume"; exit 1; }
 grep "resuming after step" "$out/resumed.log"
 same_curve "$out/whole.log" "$out/resumed.log" 0 || { echo "the resumed curve differs"; exit 1; }
+# its closing line sets the final loss against the one before step 1, which the checkpoint keeps (it was
+# measured again at the resume point, and set against every update since step 1)
+closing() { grep -o 'held-out loss .* after step .*' "$1"; }
+[ -n "$(closing "$out/whole.log")" ] && [ "$(closing "$out/whole.log")" = "$(closing "$out/resumed.log")" ] || {
+  echo "the resumed run's closing held-out line differs: $(closing "$out/resumed.log") against $(closing "$out/whole.log")"
+  exit 1
+}
+grep -q "held-out loss .* before step" "$out/resumed.log" && { echo "the resumed run measured the loss before again"; exit 1; }
 echo "== the same checkpoint resumed on 4 ranks at stage 1"
 run resumed4 run "$graph" --no-progress -q --set node.ranks.output_dir="$out/killed4" \
   --set node.data.output_dir="$out/killed4" --set node.ranks.replicas=4 --set node.ranks.zero_stage=1

@@ -315,6 +315,11 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
   // The prompt loader's token ids reach the generator, and its answers a rule reward, which decodes them, and
   // the models trained in the same graph (steps 1-2) read them too: all must read ids alike (another tokenizer on the reward scored every answer 0 without a word, and one
   // on the loader failed in the embedding at the first batch)
+  // other tools' names for these settings: the hint an unknown setting of that name gets
+  k.known_as("n", "veRL's rollout.n is num_generations here")
+      .known_as("max_completion_length", "TRL's max_completion_length is max_answer_seq_len here")
+      .known_as("response_length", "veRL's data.max_response_length is max_answer_seq_len here")
+      .known_as("max_response_length", "veRL's data.max_response_length is max_answer_seq_len here");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     std::vector<graph::node_kind::problem> problems;
     // logits / T overflow a float below ~1e-6 (NaN log-probs at 1e-38; 1e-50 rounds to 0, greedy unasked)
@@ -545,6 +550,7 @@ class ppo_trainer final : public actor::node {
     }
     if (policy_) {
       ps_.policy.clip_ratio_c = s.get_float("clip_ratio_c");
+      ps_.policy.clip_ratio_high = s.get_float("clip_ratio_high");
       ps_.policy.loss_agg_mode = rlhf::parse_loss_agg_mode(s.get_string("loss_agg_mode"));
       ps_.policy.use_kl_loss = s.get_bool("use_kl_loss");
       ps_.policy.kl_loss_coef = s.get_float("kl_loss_coef");
@@ -1034,7 +1040,17 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                 "trained on (0: 90% of the available memory)").at_least(0);
     add_rank_group_settings(k);
     if (policy) {
+      k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
+          .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")
+          .known_as("clip_ratio_low", "veRL's clip_ratio_low is cliprange here (the floor 1 - cliprange)")
+          .known_as("epsilon_high", "TRL's epsilon_high is clip_ratio_high here")
+          .known_as("beta", "TRL's beta is kl_loss_coef with use_kl_loss = true here (or the experience maker's "
+                            "kl_ctl, which puts the KL in the reward)");
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
+          .option("clip_ratio_high", T::float_, 0.0,
+                  "DAPO's clip-higher (Yu et al. 2025): the ratio ceiling 1 + clip_ratio_high, the floor staying "
+                  "1 - cliprange (veRL's clip_ratio_high, TRL's epsilon_high; DAPO uses 0.28); 0: cliprange")
+          .at_least(0)
           .option("clip_ratio_c", T::float_, 0.0,
                   "dual clip: for negative advantages the loss is at most -A x clip_ratio_c (Ye et al. 2020; veRL's "
                   "default 3); above 1, or 0: off, as DS-Chat and TRL")
@@ -1309,6 +1325,11 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
               "reference without use_kl_in_reward and use_kl_loss, as DAPO and Dr. GRPO train): needs kl_ctl = 0, a "
               "critic-free estimator and use_kl_loss = false on the policy, and saves the reference's forward");
   // the estimator and the graph agree: GAE has a critic, GRPO and RLOO groups of >= 2
+  k.known_as("norm_adv_by_std_in_grpo",
+             "veRL's norm_adv_by_std_in_grpo = false is scale_rewards = \"none\" here (true: \"group\", the default)")
+      .known_as("adv_estimator", "veRL's algorithm.adv_estimator is advantage_estimator here")
+      .known_as("kl_coef", "veRL's algorithm.kl_ctrl.kl_coef (the KL in the reward) is kl_ctl here")
+      .known_as("use_kl_in_reward", "veRL's use_kl_in_reward is kl_ctl > 0 here (0: no KL in the reward)");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems;
     ppo::advantage_estimator est;

@@ -261,6 +261,16 @@ TEST_CASE("GRPO settings that train nothing or do nothing are refused when the g
   out = run(grpo + " --set node.experience.loss_agg_mode=token-mean 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "'loss_agg_mode' is a setting of [node.policy] (kind policy): write it there"));
+  // veRL's and TRL's names: the hint says what they are here (clip_ratio was offered clip_ratio_c, the dual clip)
+  out = run(grpo + " --set node.policy.clip_ratio=0.2 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)"));
+  out = run(grpo + " --set node.experience.norm_adv_by_std_in_grpo=false 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: veRL's norm_adv_by_std_in_grpo = false is scale_rewards = \"none\" here"));
+  out = run(grpo + " --set node.policy.loss_agg_mode=seq-mean-token-sum-norm 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "veRL's seq-mean-token-sum-norm is seq-mean-token-sum here"));
 }
 
 TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length, refused when the graph is checked") {

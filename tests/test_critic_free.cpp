@@ -231,6 +231,21 @@ TEST_CASE("GRPO actor loss: dual clip, seq-mean-token-mean and the k3 KL loss, g
                                            mask, p.loss_agg_mode);
     CHECK(kl > 0.01);
     CHECK(micro_loss_at(m, l) == doctest::Approx(pg + 0.5 * kl).epsilon(1e-6));
+    // DAPO's clip-higher reaches the loss: the ceiling 1 + clip_ratio_high, the floor 1 - cliprange. With
+    // old log-probs 0.1 lower (ratio e^0.1 = 1.105) a ceiling of 1.05 clips the positive advantages' tokens
+    // that cliprange 0.2 leaves alone, so the two losses differ
+    ppo::experience eh = e;
+    eh.logprobs = e.logprobs.clone();
+    for (int64_t i = 0; i < eh.logprobs.numel(); ++i) eh.logprobs.data<float>()[i] -= 0.1f;
+    ppo::policy_loss_settings ph = p;
+    ph.clip_ratio_high = 0.05;
+    const auto lh = ppo::actor_batch_loss(eh, adv, 0.2f, ph, 1);
+    rlhf::policy_loss_config ch = c;
+    const double pg_sym = rlhf::clipped_policy_loss(lp_a, cols(eh.logprobs, 3, 8), adv, mask, ch).loss;
+    ch.clip_ratio_high = 0.05;
+    const double pgh = rlhf::clipped_policy_loss(lp_a, cols(eh.logprobs, 3, 8), adv, mask, ch).loss;
+    REQUIRE(std::fabs(pgh - pg_sym) > 1e-3);
+    CHECK(micro_loss_at(m, lh) == doctest::Approx(pgh + 0.5 * kl).epsilon(1e-6));
   }
   // analytic gradient along its own direction vs central differences of the loss
   m.zero_grad();

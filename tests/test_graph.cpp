@@ -52,7 +52,8 @@ const node_kind_registry& test_kinds() {
                         .input("data", "text")
                         .output("weights", "weights", "new weights after each step", true)
                         .option("lr", setting_type::float_, 1e-4, "learning rate")
-                        .option("tags", setting_type::string_list, std::vector<std::string>{}, "labels"));
+                        .option("tags", setting_type::string_list, std::vector<std::string>{}, "labels")
+                        .known_as("learning_rate_init", "sklearn's learning_rate_init is lr here"));
     r.register_kind(node_kind{"player", "plays games with the latest weights"}
                         .input("weights", "weights", "weights from the trainer", true, /*feedback=*/true)
                         .output("games", "text"));
@@ -484,6 +485,41 @@ TEST_CASE("overrides: --set node.NAME.SETTING=VALUE as a TOML scalar") {
                      [](const graph_error& e) { return contains(e.message, "unknown setting"); }));
   CHECK(std::any_of(tv.errors.begin(), tv.errors.end(),
                     [](const graph_error& e) { return contains(e.message, "unknown node kind 'generatr'"); }));
+}
+
+TEST_CASE("unknown settings: another tool's name gets its hint; a setting of another node names that node") {
+  const std::string text = R"(edges = ["src.lines -> t.data", "t.weights -> p.weights [feedback]", "p.games -> out"]
+[node.src]
+kind = "text_source"
+path = "data/prompts.txt"
+[node.t]
+kind = "trainer"
+[node.p]
+kind = "player"
+lr = 0.5
+[node.out]
+kind = "sink"
+)";
+  auto parsed = parse_graph_string(text, graphs_dir / "good" / "hints.graph");
+  REQUIRE(parsed.ok());
+  auto v = validate(parsed.spec, test_kinds(), test_options());
+  REQUIRE(v.errors.size() == 1);
+  CHECK(v.errors[0].message == "unknown setting 'lr' for node 'p' (kind player)");
+  CHECK(v.errors[0].hint == "'lr' is a setting of [node.t] (kind trainer): write it there");
+  // the same through --set, and a foreign name's hint (not "did you mean")
+  graph_spec spec = parsed.spec;
+  auto e = apply_override(spec, "node.p.tags=[]", &test_kinds());
+  REQUIRE(e);
+  CHECK(e->hint == "'tags' is a setting of [node.t] (kind trainer): write it there");
+  e = apply_override(spec, "node.t.learning_rate_init=0.1", &test_kinds());
+  REQUIRE(e);
+  CHECK(e->hint == "sklearn's learning_rate_init is lr here");
+  CHECK(contains(explain(*test_kinds().lookup("trainer")),
+                 "other tools' names:\n  learning_rate_init: sklearn's learning_rate_init is lr here\n"));
+  // a kind whose foreign name is one of its own settings is a programmer error
+  node_kind_registry r;
+  CHECK_THROWS_WITH_AS(r.register_kind(node_kind{"k"}.option("lr", setting_type::float_, 0.1, "").known_as("lr", "x")),
+                       "node kind 'k': known_as(\"lr\") names a setting of the kind itself", std::invalid_argument);
 }
 
 TEST_CASE("overrides: errors name the override and the offending column") {

@@ -236,8 +236,14 @@ loss_agg_mode parse_loss_agg_mode(const std::string& s) {
   if (s == "token-mean") return loss_agg_mode::token_mean;
   if (s == "seq-mean-token-mean") return loss_agg_mode::seq_mean_token_mean;
   if (s == "seq-mean-token-sum") return loss_agg_mode::seq_mean_token_sum;
+  // veRL's Dr. GRPO mode divides the batch's token sum by the longest answer length, not by the rows: the
+  // same gradient direction up to that constant factor
+  const std::string norm = s == "seq-mean-token-sum-norm"
+                               ? " (veRL's seq-mean-token-sum-norm is seq-mean-token-sum here, times rows / the longest "
+                                 "answer length, a constant: use seq-mean-token-sum and scale the learning rate)"
+                               : "";
   throw std::invalid_argument("loss_agg_mode = \"" + s +
-                              "\": expected \"token-mean\", \"seq-mean-token-mean\" or \"seq-mean-token-sum\"");
+                              "\": expected \"token-mean\", \"seq-mean-token-mean\" or \"seq-mean-token-sum\"" + norm);
 }
 
 double aggregate_loss(const tensor& losses, const tensor& mask, loss_agg_mode mode, tensor* dlosses) {

@@ -382,7 +382,8 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
     micro_loss r;
     const tensor mask = cols(sub.attention_mask, start + 1, S);
     rlhf::policy_loss_config c;
-    c.clip_ratio_low = c.clip_ratio_high = cliprange;
+    c.clip_ratio_low = cliprange;
+    c.clip_ratio_high = p.clip_ratio_high > 0 ? p.clip_ratio_high : cliprange;
     c.clip_ratio_c = p.clip_ratio_c;
     c.agg = p.loss_agg_mode;
     c.behav_imp_weight_cap = p.behav_imp_weight_cap;

@@ -33,6 +33,9 @@ namespace flowrun::ppo {
 /// the defaults are DS-Chat's loss exactly (no dual clip, token-mean, no KL term).
 struct policy_loss_settings {
   double clip_ratio_c = 0;  ///< dual clip for A < 0 (0: off, DS-Chat and TRL; veRL's default is 3)
+  /// DAPO's clip-higher (Yu et al. 2025): the ratio ceiling 1 + clip_ratio_high (veRL's clip_ratio_high,
+  /// TRL's epsilon_high; DAPO 0.28); 0: cliprange, the floor's width (a symmetric clip)
+  double clip_ratio_high = 0;
   rlhf::loss_agg_mode loss_agg_mode = rlhf::loss_agg_mode::token_mean;
   bool use_kl_loss = false;    ///< add kl_loss_coef x the aggregated KL to the reference (GRPO)
   double kl_loss_coef = 0.001;  ///< veRL's default

@@ -217,6 +217,11 @@ node_kind& node_kind::because(std::string why) {
   return *this;
 }
 
+node_kind& node_kind::known_as(std::string foreign_name, std::string hint) {
+  other_names[std::move(foreign_name)] = std::move(hint);
+  return *this;
+}
+
 const port_decl* node_kind::find_port(std::string_view port) const {
   for (const auto& p : ports)
     if (p.name == port) return &p;
@@ -259,6 +264,8 @@ void node_kind_registry::register_kind(node_kind kind) {
     if (p.message_type.empty()) fail("port '" + p.name + "' has no message type");
     if (p.feedback && p.dir == port_dir::out) fail("out port '" + p.name + "' cannot be a feedback port");
   }
+  for (const auto& [foreign, hint] : kind.other_names)
+    if (kind.find_setting(foreign)) fail("known_as(\"" + foreign + "\") names a setting of the kind itself");
   seen.clear();
   for (auto& s : kind.settings) {
     if (!is_identifier(s.name)) fail("setting '" + s.name + "' is not an identifier");
@@ -358,6 +365,10 @@ std::string explain(const node_kind& kind) {
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out += line + "\n";
+  }
+  if (!kind.other_names.empty()) {
+    out += "other tools' names:\n";
+    for (const auto& [foreign, hint] : kind.other_names) out += "  " + foreign + ": " + hint + "\n";
   }
   bool has_paths = false;
   for (const auto& s : kind.settings)

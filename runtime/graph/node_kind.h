@@ -144,6 +144,10 @@ struct node_kind {
   /// (check may read them); each problem becomes an error at the setting. Must
   /// not throw.
   std::function<std::vector<problem>(const node_spec& node, const graph_spec& graph)> check;
+  /// Setting names of other tools (veRL, TRL, DeepSpeed) that this kind spells otherwise, with
+  /// what to write here: an unknown setting of such a name gets that hint instead of "did you
+  /// mean" (veRL's clip_ratio was offered clip_ratio_c, the dual clip). Added by known_as().
+  std::map<std::string, std::string, std::less<>> other_names;
 
   /// Appends an in port (required unless told otherwise).
   node_kind& input(std::string port, std::string message_type, std::string port_doc = {}, bool required = true,
@@ -180,6 +184,10 @@ struct node_kind {
   /// not know); validate() reports a violation as an error at the node. default_value stays the one
   /// `flowrun explain` shows, so the doc should name the other defaults.
   node_kind& default_by(std::function<setting_value(const node_spec& node)> f);
+
+  /// Another tool's name for a setting of this kind, and the hint an unknown setting of that name
+  /// gets (other_names), e.g. .known_as("clip_ratio", "veRL's clip_ratio is cliprange here").
+  node_kind& known_as(std::string foreign_name, std::string hint);
 
   /// The port called `port`, or nullptr.
   const port_decl* find_port(std::string_view port) const;

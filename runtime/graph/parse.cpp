@@ -1056,6 +1056,8 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
       for (const auto& n : kind->setting_names())
         if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
     std::string owner = kind && nearest_name(key, names).empty() ? setting_owner_hint(spec, *kinds, key, node_name) : "";
+    if (kind)
+      if (auto o = kind->other_names.find(key); o != kind->other_names.end()) owner = o->second;
     return err(key_off, "override names unknown setting '" + key + "' of node '" + node_name + "'",
                owner.empty() ? suggest(key, names, "settings") : owner);
   }

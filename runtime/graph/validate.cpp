@@ -196,6 +196,7 @@ class validator {
   // "did you mean" a near name of the kind's; else the other nodes of the graph whose kind has this very
   // setting (loss_agg_mode written under the experience maker belongs to the policy); else the valid names
   std::string setting_hint(const std::string& name, const node_spec& node, const node_kind& kind) const {
+    if (auto o = kind.other_names.find(name); o != kind.other_names.end()) return o->second;
     if (nearest_name(name, kind.setting_names()).empty())
       if (std::string owner = setting_owner_hint(result_.spec, kinds_, name, node.name); !owner.empty()) return owner;
     return suggest(name, kind.setting_names(), "settings of " + kind.name);

@@ -564,6 +564,13 @@ TEST_CASE("overrides: errors name the override and the offending column") {
   CHECK(v.errors[0].to_string() ==
         "--set node.gen.top_k=abc:1:16: error: setting 'top_k' of node 'gen' must be int, got string \"abc\"\n"
         "  hint: write top_k = 0 (`flowrun explain generator`)");
+  {  // a fraction for an int: the hint keeps the user's number (it offered the default)
+    graph_spec s2 = parsed.spec;
+    CHECK_FALSE(apply_override(s2, "node.gen.top_k=8.5", &kinds));
+    auto v2 = validate(s2, kinds, test_options());
+    REQUIRE(v2.errors.size() == 1);
+    CHECK(v2.errors[0].hint == "write top_k = 8 (`flowrun explain generator`)");
+  }
   // A number TOML cannot hold arrives as a string: the message says it is out of range.
   for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
            {"node.gen.temperature=1e999", "(1e999 is out of the range of a double"},

@@ -1,7 +1,8 @@
-#include <cerrno>
 #include "runtime/graph/validate.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <set>
@@ -229,6 +230,10 @@ class validator {
           } else if (decl->type == setting_type::bool_ && (*text == "true" || *text == "false")) {
             fix = *text;
           }
+        } else if (const auto* f = std::get_if<double>(&s.value);
+                   f && decl->type == setting_type::int_ && std::isfinite(*f) && std::fabs(*f) < 9e15) {
+          // 8.5 for an int: the user's number without its fraction, not the default
+          fix = std::to_string(static_cast<std::int64_t>(std::trunc(*f)));
         }
         error(first_known(s.value_pos, node.pos),
               "setting '" + name + "' of node '" + node.name + "' must be " + std::string(to_string(decl->type)) +

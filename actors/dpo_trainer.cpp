@@ -84,18 +84,23 @@ class dpo_trainer final : public dschat_trainer {
     ctx.signal("accuracy", r.accuracy, step);
     ctx.signal("rewards/chosen", r.chosen_reward, step);
     ctx.signal("rewards/rejected", r.rejected_reward, step);
+    ctx.signal("rewards/margins", r.chosen_reward - r.rejected_reward, step);  // TRL's, beside its chosen/rejected
     ctx.signal("lr", r.lr, step);
     ctx.signal("grad_norm", r.grad_norm, step);
     ctx.metric("tokens", tokens);
+    // every figure of the line is its mean over the steps since the last line (TRL averages each
+    // logged metric over the logging interval); the rewards were the last step's beside the others' means
     acc_sum_ += r.accuracy;
     loss_sum_ += r.loss;
+    chosen_sum_ += r.chosen_reward;
+    rejected_sum_ += r.rejected_reward;
     ++acc_n_;
     if (prints(ctx, step)) {
       ctx.print(fmt::format("[step 2 dpo] step {}/{} loss {:.4f} acc {:.3f} rewards chosen {:.3f} rejected {:.3f} "
                             "lr {:.2e}",
-                            step, steps_, loss_sum_ / acc_n_, acc_sum_ / acc_n_, r.chosen_reward, r.rejected_reward,
-                            r.lr));
-      acc_sum_ = loss_sum_ = 0;
+                            step, steps_, loss_sum_ / acc_n_, acc_sum_ / acc_n_, chosen_sum_ / acc_n_,
+                            rejected_sum_ / acc_n_, r.lr));
+      acc_sum_ = loss_sum_ = chosen_sum_ = rejected_sum_ = 0;
       acc_n_ = 0;
     }
   }
@@ -120,12 +125,16 @@ class dpo_trainer final : public dschat_trainer {
   }
 
   nlohmann::json state() const override {
-    return {{"acc_sum", acc_sum_}, {"loss_sum", loss_sum_}, {"acc_n", acc_n_},  // since the last print
+    return {{"acc_sum", acc_sum_},         {"loss_sum", loss_sum_},  // since the last print
+            {"chosen_sum", chosen_sum_},   {"rejected_sum", rejected_sum_},
+            {"acc_n", acc_n_},
             {"before_logp_accuracy", before_.logp_accuracy}, {"before_loss", before_.loss}};
   }
   void set_state(const nlohmann::json& j) override {
     acc_sum_ = j.value("acc_sum", 0.0);
     loss_sum_ = j.value("loss_sum", 0.0);
+    chosen_sum_ = j.value("chosen_sum", 0.0);
+    rejected_sum_ = j.value("rejected_sum", 0.0);
     acc_n_ = j.value("acc_n", int64_t{0});
     before_.logp_accuracy = j.value("before_logp_accuracy", 0.0);
     before_.loss = j.value("before_loss", 0.0);
@@ -134,7 +143,7 @@ class dpo_trainer final : public dschat_trainer {
 
   dschat::dpo_settings s_;
   std::shared_ptr<decoder> reference_;
-  double acc_sum_ = 0, loss_sum_ = 0;
+  double acc_sum_ = 0, loss_sum_ = 0, chosen_sum_ = 0, rejected_sum_ = 0;
   int64_t acc_n_ = 0;
   dschat::dpo_eval_result before_;
   std::vector<dschat::rm_example> train_;

@@ -171,7 +171,9 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
       if (m.config().rope != ops::rope_layout::adjacent) m = to_adjacent_rope(m);
       fs::path parent = fs::absolute(path).parent_path();
       fs::create_directories(parent);
-      save_llama2c(m, path, 1);
+      // version 0, the layout of the stories models and the one llama2.c's run.c reads (it reads no
+      // version header): a trainer's output from stories260K.bin runs in run.c as its input did
+      save_llama2c(m, path, 0);
       return;
     }
     case model_format::hf: {

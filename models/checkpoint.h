@@ -71,7 +71,8 @@ std::string save_problem(model_format f, const std::string& path, model_family f
 
 /// Write `model` at `path` as `f` (folders are created). llama2c and hf get a copy
 /// with the LoRA adapters merged (the model itself is not changed) and the RoPE layout
-/// the format uses (models/hf.h to_half_rope / to_adjacent_rope). For hf, `tokenizer`
+/// the format uses (models/hf.h to_half_rope / to_adjacent_rope); llama2c files are version 0
+/// (legacy: run.c reads no other). For hf, `tokenizer`
 /// (what load_tokenizer takes; empty: none) is copied into the folder
 /// (copy_tokenizer_files) and its BOS/EOS/pad ids go into config.json. Throws
 /// std::runtime_error with save_problem's sentence when the model cannot be written

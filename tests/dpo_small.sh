@@ -10,8 +10,27 @@ flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
 "$flowrun" "$root/graphs/dpo.graph" --no-progress --set node.dpo.model=model/stories260K/stories260K.bin \
   --set node.dpo.steps=4 --set node.dpo.print_every=2 --set node.dpo.output="$out/dpo.bin" \
-  --set node.dpo.verify_output=true > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
+  --set node.dpo.verify_output=true --metrics "$out/m.jsonl" --metrics-interval 1 > "$out/log" 2> "$out/err" ||
+  { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
 cat "$out/log"
+# the line of step 4 (print_every 2) gives every figure as its mean over steps 3 and 4, the rewards too
+# (they were step 4's alone beside the others' means), and TRL's rewards/margins is a signal
+python3 - "$out/m.jsonl" "$out/log" <<'PY' || exit 1
+import json, re, sys
+sig = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("node") == "dpo" and "signal" in r and r.get("step") in (3, 4):
+        sig.setdefault(r["signal"], {})[r["step"]] = r["value"]
+mean = lambda k: (sig[k][3] + sig[k][4]) / 2
+m = re.search(r"step 4/4 loss ([-0-9.]+) acc ([0-9.]+) rewards chosen ([-0-9.]+) rejected ([-0-9.]+)", open(sys.argv[2]).read())
+assert m, "no step 4/4 line"
+for got, key, digits in zip(m.groups(), ["loss", "accuracy", "rewards/chosen", "rewards/rejected"], [4, 3, 3, 3]):
+    assert abs(float(got) - mean(key)) <= 0.6 * 10 ** -digits, f"{key}: the line says {got}, the mean of steps 3-4 is {mean(key)}"
+for s in (3, 4):
+    assert abs(sig["rewards/margins"][s] - (sig["rewards/chosen"][s] - sig["rewards/rejected"][s])) < 1e-9, "margins"
+print("  the step 4 line is the mean of steps 3 and 4; rewards/margins = chosen - rejected")
+PY
 for want in "step 2 dpo\] train pairs: 738 of 738 examples" \
             "step 2 dpo\] 738 train / 184 held-out pairs; held-out preference accuracy 0.000 ± 0.000, log-prob accuracy" \
             "step 2 dpo\] step 4/4 loss" "step 2 dpo\] held-out preference accuracy .* after" \

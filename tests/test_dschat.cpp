@@ -155,6 +155,7 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
   CHECK(r.malformed[3].reason == "\"chosen\" is number, not a string");
   CHECK(r.malformed[4].reason.find("not a JSON object") != std::string::npos);
   CHECK(r.summary().find("5 malformed (line 2: bad JSON") != std::string::npos);
+  CHECK(r.summary().find("), skipped: fix or remove those lines to train on them") != std::string::npos);
   CHECK(src.rows[1].chosen == " Hello.");
 
   // no usable line: an error naming the file and the first bad lines with reasons

@@ -1124,6 +1124,12 @@ TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged int
       const std::string out = f == model_format::llama2c ? tmp / "sub/actor.bin" : tmp / "sub/actor";
       save_model(m, out, f);
       CHECK(inspect_model(out).format == f);
+      if (f == model_format::llama2c) {  // version 0, run.c's only layout: the header's first int is dim
+        std::ifstream in(out, std::ios::binary);
+        int32_t first = 0;
+        in.read(reinterpret_cast<char*>(&first), sizeof first);
+        CHECK(first == m.config().dim);
+      }
       CHECK(!m.lora_merged());
       CHECK(m.w().flat.to_floats() == before);  // the model itself is not changed
       const double d = reload_max_diff(m, out);

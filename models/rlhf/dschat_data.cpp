@@ -162,7 +162,8 @@ std::string load_report::summary(size_t max_listed) const {
   os << path << ": " << loaded << " rows loaded (" << format_name(format) << ") of " << lines << " lines";
   if (blank) os << " (" << blank << " blank)";
   os << "; " << malformed.size() << " malformed";
-  if (!malformed.empty()) os << " (" << list_bad(malformed, max_listed) << ")";
+  if (!malformed.empty())
+    os << " (" << list_bad(malformed, max_listed) << "), skipped: fix or remove those lines to train on them";
   if (format == data_format::hh_rlhf_raw) {
     os << "; " << prompt_mismatch_lines.size() << " dropped: prompts differ";
     if (!prompt_mismatch_lines.empty()) {

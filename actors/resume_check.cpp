@@ -88,6 +88,12 @@ nlohmann::json contents_of(std::string_view key, const std::string& path) {
       const nlohmann::json::json_pointer p(safe);
       if (j.contains(p)) j.at(p.parent_pointer()).erase(p.back());
     }
+    // a global batch given: the micro-batch and accumulation are only its split over the ranks, which a
+    // resume may change as it may change the ranks (the trainer compares the resolved global batch)
+    if (j.contains("train_batch_size") && j["train_batch_size"].is_number()) {
+      j.erase("train_micro_batch_size_per_gpu");
+      j.erase("gradient_accumulation_steps");
+    }
     return j;
   }
   if (key == "tokenizer") return fmt::format("fnv1a:{:016x}", graph::fnv1a64(bytes));

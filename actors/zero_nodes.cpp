@@ -352,7 +352,8 @@ class zero_rank final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
-    if (evaluated_) m.extra["eval_before"] = before_;  // the held-out loss before step 1, for the closing line
+    if (evaluated_) m.extra["eval_before"] = before_;
+    m.extra["train_batch_size"] = ds_.train_batch_size;  // the global batch, resolved for this world size  // the held-out loss before step 1, for the closing line
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     const std::vector<shard_group> groups = engine_state_groups(*engine_, *model_, rank_, m);
@@ -381,6 +382,17 @@ class zero_rank final : public actor::node {
           "node '{}': {} holds step {}, more than total_steps = {}: a resume only runs longer; set total_steps >= {}, "
           "or point output_dir elsewhere (or set resume = false) to start afresh",
           ctx.name(), folder, m0.step, ctx.spec().get_int("total_steps"), m0.step));
+    // the global batch: another world size resolves another one when the JSON gives only the micro-batch
+    // and accumulation (the split of a given train_batch_size may change, as the ranks may)
+    if (const auto g = m0.extra.find("train_batch_size"); g != m0.extra.end() && g->is_number_integer() &&
+        g->get<int64_t>() != ds_.train_batch_size)
+      throw std::invalid_argument(fmt::format(
+          "node '{}': {} trained with a global batch of {} rows per update, and this run's is {} "
+          "(train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x {} rank(s)): set train_batch_size "
+          "= {} in the DeepSpeed JSON (the micro-batch and accumulation then split it over the ranks), or point "
+          "output_dir elsewhere (or set resume = false) to start afresh",
+          ctx.name(), folder, g->get<int64_t>(), ds_.train_batch_size, ds_.train_micro_batch_size_per_gpu,
+          ds_.gradient_accumulation_steps, world_, g->get<int64_t>()));
     restore_engine_state(*engine_, ck);
     done_ = m0.step;
     // RNG: this rank's stream when the world size is unchanged, else rank 0's

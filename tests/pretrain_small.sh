@@ -71,6 +71,7 @@ kill -9 $pid 2> /dev/null || { echo "the run ended before the kill at step $kill
 wait $pid 2> /dev/null || true
 echo "  killed with SIGKILL after checkpoint $(cat "$ck/latest") (aimed at step $kill_at)"
 rm -rf "$out/killed4" && cp -r "$ck" "$out/killed4"  # the same checkpoint, for a resume at another world size
+rm -rf "$out/killed_mb" && cp -r "$ck" "$out/killed_mb"  # ... and for one with another micro-batch
 run resumed run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
   --set node.ranks.save_checkpoint_steps=1
 grep -q "resuming after step" "$out/resumed.log" || { echo "the second run did not resume"; exit 1; }
@@ -89,6 +90,31 @@ run resumed4 run "$graph" --no-progress -q --set node.ranks.output_dir="$out/kil
   --set node.data.output_dir="$out/killed4" --set node.ranks.replicas=4 --set node.ranks.zero_stage=1
 grep "resuming after step" "$out/resumed4.log"
 same_curve "$out/whole.log" "$out/resumed4.log" 1e-5 || { echo "the curve resumed on 4 ranks differs"; exit 1; }
+# train_batch_size 8 split as 4 x 1 per rank instead of 2 x 2: the same global batch, as another world size
+# splits it (it was refused: "deepspeed_config /train_micro_batch_size_per_gpu 2 -> 4")
+echo "== the same checkpoint resumed with another micro-batch of the same train_batch_size"
+sed 's/"train_micro_batch_size_per_gpu": 2/"train_micro_batch_size_per_gpu": 4/' "$root/configs/ds_zero3.json" > "$out/ds_mb4.json"
+run resumed_mb run "$graph" --no-progress -q --set node.ranks.output_dir="$out/killed_mb" \
+  --set node.data.output_dir="$out/killed_mb" --set node.ranks.deepspeed_config="$out/ds_mb4.json"
+grep "resuming after step" "$out/resumed_mb.log"
+same_curve "$out/whole.log" "$out/resumed_mb.log" 1e-5 || { echo "the curve resumed with micro-batch 4 differs"; exit 1; }
+# without train_batch_size the JSON's micro-batch x accumulation x ranks is the global batch: a resume on
+# fewer ranks would train on half the rows per update; refused, naming the global batch
+echo "== a resume whose global batch differs (no train_batch_size, another world size) is refused"
+python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); del j["train_batch_size"]; j["gradient_accumulation_steps"] = 2
+json.dump(j, open(sys.argv[2], "w"))' "$root/configs/ds_zero3.json" "$out/ds_split.json"
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/split" --set node.data.output_dir="$out/split" \
+  --set node.ranks.deepspeed_config="$out/ds_split.json" --set node.data.total_steps=2 --set node.ranks.total_steps=2 \
+  --set node.ranks.save_checkpoint_steps=1 --set node.ranks.export_hf= > "$out/split1.log" 2>&1 ||
+  { tail -3 "$out/split1.log"; echo "the run without train_batch_size failed"; exit 1; }
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/split" --set node.data.output_dir="$out/split" \
+     --set node.ranks.deepspeed_config="$out/ds_split.json" --set node.data.total_steps=4 --set node.ranks.total_steps=4 \
+     --set node.ranks.replicas=1 --set node.data.train_batch_size=4 --set node.ranks.export_hf= > "$out/split2.log" 2>&1; then
+  echo "a resume with global batch 4 of a run with 8 went on"; exit 1
+fi
+grep -q "trained with a global batch of 8 rows per update, and this run's is 4" "$out/split2.log" ||
+  { tail -3 "$out/split2.log"; echo "the global batch not named"; exit 1; }
 echo "== a resume that turns LoRA on is refused, naming use_lora (it said only \"config hash differs\")"
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
      --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps --set node.ranks.export_hf= \

@@ -71,7 +71,7 @@ std::string data_fingerprint(const std::string& path) {
   return fp;
 }
 
-nlohmann::json contents_of(std::string_view key, const std::string& path) {
+nlohmann::json contents_of(std::string_view key, const std::string& path, bool batch_split_safe = false) {
   std::error_code ec;
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;
   // the training data: a file edited in place between a run and its resume would train on other rows
@@ -89,8 +89,9 @@ nlohmann::json contents_of(std::string_view key, const std::string& path) {
       if (j.contains(p)) j.at(p.parent_pointer()).erase(p.back());
     }
     // a global batch given: the micro-batch and accumulation are only its split over the ranks, which a
-    // resume may change as it may change the ranks (the trainer compares the resolved global batch)
-    if (j.contains("train_batch_size") && j["train_batch_size"].is_number()) {
+    // resume may change as it may change the ranks, where the trainer says so (zero_rank: its data node
+    // cuts global batches, and it compares the resolved global batch itself)
+    if (batch_split_safe && j.contains("train_batch_size") && j["train_batch_size"].is_number()) {
       j.erase("train_micro_batch_size_per_gpu");
       j.erase("gradient_accumulation_steps");
     }
@@ -111,7 +112,8 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
     const graph::setting_value value = canonical_paths(v.value);
     j[k] = graph::to_string(value);
     if (const auto* path = std::get_if<std::string>(&value))
-      if (auto c = contents_of(k, *path); !c.is_null()) j[k + std::string(contents_suffix)] = std::move(c);
+      if (auto c = contents_of(k, *path, safe.count(std::string(ds_batch_split_safe)) > 0); !c.is_null())
+        j[k + std::string(contents_suffix)] = std::move(c);
     if (const auto* paths = std::get_if<std::vector<std::string>>(&value); paths && k == "mix_data") {
       nlohmann::json all = nlohmann::json::array();  // each blended file by its contents, in order
       for (const auto& p : *paths) all.push_back(contents_of("data", p));

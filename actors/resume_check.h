@@ -26,7 +26,13 @@ namespace flowrun::actors {
 /// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a tokenizer and the data
 /// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes; check_resume_settings compares
 /// those instead of the path (a data file edited in place is refused: "data: the file's bytes changed").
+/// With ds_batch_split_safe in `safe`, a DeepSpeed JSON that gives train_batch_size is recorded without
+/// train_micro_batch_size_per_gpu and gradient_accumulation_steps (their split of it may change, as the
+/// ranks may: the trainer then checks the resolved global batch itself).
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
+
+/// The entry of settings_record's `safe` that lets a resume split train_batch_size otherwise.
+inline constexpr std::string_view ds_batch_split_safe = "deepspeed_config (batch split)";
 
 /// The changes from `recorded` to `now` (two settings_record's), each "name then -> now" (a file
 /// recorded by its contents: "name: the file's bytes changed", or a DeepSpeed JSON's keys); none when

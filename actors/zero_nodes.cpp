@@ -331,7 +331,8 @@ class zero_rank final : public actor::node {
   static const std::set<std::string>& safe_to_change() {
     static const std::set<std::string> safe = {
         "total_steps",     "zero_stage",       "save_checkpoint_steps", "keep_checkpoints", "export_hf", "save_lora",
-        "memory_limit_gb", "gradient_checkpointing", "print_every", "resume", "output_dir"};
+        "memory_limit_gb", "gradient_checkpointing", "print_every", "resume", "output_dir",
+        std::string(ds_batch_split_safe)};  // the global batch is checked in restore()
     return safe;
   }
 

@@ -1036,3 +1036,33 @@ TEST_CASE("describe_model_file names a folder by its newest file's time, not the
   CHECK(d.find(std::string("(modified ") + today) == std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("prompt_start truncation: examples that keep no prompt token are counted in the report") {
+  // answers alone at max_seq_len: the whole prompt went, and the report said only "truncated"
+  auto tok = load_tokenizer(test::tokenizer_path());
+  sample shortish;
+  shortish.prompt = "Human: hi Assistant:";
+  shortish.chosen = " Once upon a time there was a little girl who liked to play in the park with her dog.";
+  shortish.rejected = " no";
+  sample fits = shortish;
+  fits.chosen = fits.rejected = " ok";
+  fits.rejected = " no";
+  tokenize_settings ts;
+  ts.max_seq_len = 12;
+  ts.truncation = truncation_mode::prompt_start;
+  process_report rep;
+  const auto sft = make_sft_examples({shortish, fits}, *tok, ts, &rep);
+  REQUIRE(sft.size() == 2);
+  CHECK(sft[0].prompt_len == 1);  // BOS alone
+  CHECK(sft[1].prompt_len > 1);
+  CHECK(rep.prompt_lost == 1);
+  CHECK(rep.summary().find(" truncated (1 of them kept no prompt token: their answers alone reach max_seq_len") !=
+        std::string::npos);
+  const auto rm = make_rm_examples({shortish, fits}, *tok, ts, &rep);
+  REQUIRE(rm.size() == 2);
+  CHECK(rep.prompt_lost == 1);
+  ts.max_seq_len = 64;  // room for every prompt: none lost, and no note
+  make_sft_examples({shortish, fits}, *tok, ts, &rep);
+  CHECK(rep.prompt_lost == 0);
+  CHECK(rep.summary().find("kept no prompt token") == std::string::npos);
+}

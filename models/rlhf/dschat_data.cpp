@@ -455,6 +455,9 @@ std::string process_report::summary() const {
   os << kept << " of " << input << " examples";
   if (filtered) os << ", " << filtered << " filtered (prompt longer than max_prompt_seq_len)";
   os << ", " << truncated << " truncated";
+  if (prompt_lost)
+    os << " (" << prompt_lost << " of them kept no prompt token: their answers alone reach max_seq_len; raise it "
+       << "to keep the prompts)";
   if (identical)
     os << ", " << identical << " pairs identical after tokenization"
        << (identical_skipped ? " (skipped: chosen = rejected)" : "");
@@ -598,6 +601,7 @@ std::vector<sft_example> make_sft_examples(const std::vector<sample>& rows, cons
     bool cut = false;
     if (excess > 0 && cfg.truncation == truncation_mode::prompt_start) {
       const int64_t d = std::min(excess, q.prompt_len - head);
+      rep.prompt_lost += d > 0 && d == q.prompt_len - head;
       drop_prompt_start(q, head, d);
       cut = d > 0;
     }
@@ -638,10 +642,11 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
     const int64_t head = head_of(c.ids, tok, cfg);
     const int64_t excess =
         static_cast<int64_t>(std::max(c.ids.size(), j.ids.size())) - cfg.max_seq_len;
-    bool cut = false;
+    bool cut = false, lost = false;
     if (excess > 0 && cfg.truncation == truncation_mode::prompt_start) {
       // both start with the same min(prompt_len) tokens: drop the same count from both
       const int64_t d = std::min(excess, std::min(c.prompt_len, j.prompt_len) - head);
+      lost = d > 0 && d == std::min(c.prompt_len, j.prompt_len) - head;
       drop_prompt_start(c, head, d);
       drop_prompt_start(j, head, d);
       cut = d > 0;
@@ -659,6 +664,7 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
       if (cfg.skip_identical) continue;
     }
     rep.truncated += e.truncated;
+    rep.prompt_lost += lost;
     rep.max_len = std::max<int64_t>({rep.max_len, static_cast<int64_t>(e.chosen.size()),
                                      static_cast<int64_t>(e.rejected.size())});
     sum += static_cast<double>(e.chosen.size() + e.rejected.size()) / 2.0;

@@ -252,6 +252,9 @@ struct process_report {
   int64_t truncated = 0;  ///< examples cut at max_seq_len (EOS kept) / prompts cut (keep_end)
   int64_t filtered = 0;   ///< step 3 prompts dropped for length (prompt_overflow::drop)
   int64_t identical = 0;  ///< step 2 pairs whose chosen and rejected ids are equal (after truncation)
+  /// examples whose whole prompt was dropped (truncation = "prompt_start" with answers alone reaching
+  /// max_seq_len): the model learns their answers with no question before them
+  int64_t prompt_lost = 0;
   bool identical_skipped = false;  ///< those pairs were left out (tokenize_settings::skip_identical)
   int64_t max_len = 0;    ///< longest kept sequence (tokens)
   double mean_len = 0;    ///< mean kept sequence length (for step 2: over chosen and rejected)

@@ -444,7 +444,9 @@ class zero_rank final : public actor::node {
       }
     }
     if (const auto& dir = s.get_string("save_lora"); !dir.empty() && model_->has_lora() && rank_ == 0) {
-      save_adapter(*model_, dir);
+      // PEFT's AutoPeftModelForCausalLM loads the base named in the config: an HF source's folder
+      const std::string src = resolve_user_path(s.get_string("model"), "model").string();
+      save_adapter(*model_, dir, inspect_model(src).format == model_format::hf ? src : "");
       ctx.print("[pretrain] LoRA adapter (only the LoRA weights) -> " + dir);
     }
     const double dt = std::chrono::duration<double>(clk::now() - t0_).count();

@@ -125,7 +125,7 @@ std::string ours_from_peft(const model_config& c, const std::string& peft) {
   return n;
 }
 
-void save_adapter(const decoder& model_in, const std::string& dir) {
+void save_adapter(const decoder& model_in, const std::string& dir, const std::string& base) {
   auto& model = const_cast<decoder&>(model_in);
   if (!model.has_lora()) throw std::invalid_argument("save_adapter: the model has no LoRA adapter");
   const bool merged = model.lora_merged();
@@ -173,9 +173,50 @@ void save_adapter(const decoder& model_in, const std::string& dir) {
                       {"fan_in_fan_out", c.family == model_family::gpt2},
                       {"inference_mode", false},
                       {"modules_to_save", model.has_value_head() ? nlohmann::json{"v_head"} : nlohmann::json(nullptr)}};
+  if (!base.empty()) j["base_model_name_or_path"] = base;
   write_text_atomic((fs::path(dir) / "adapter_config.json").string(), j.dump(2));
   if (merged) model.merge_lora();
 }
+
+namespace {
+
+// LoraConfig's fields (peft/tuners/lora/config.py, 0.21) beyond those load_adapter reads: those that
+// change nothing in a loaded adapter's forward (metadata, how the weights were initialised) may hold
+// anything; every other one must be unset (null, false, empty), or the adapter is refused, naming
+// it: an allow-list, so a variant PEFT adds later is refused too rather than applied as plain LoRA
+// (aLoRA's alora_invocation_tokens was merged into every position).
+void check_plain_lora(const nlohmann::json& j, const std::string& where) {
+  static const std::set<std::string> read = {"peft_type", "r", "lora_alpha", "lora_dropout", "target_modules",
+                                             "bias", "fan_in_fan_out", "modules_to_save"};
+  static const std::set<std::string> no_effect = {
+      "task_type",     "auto_mapping",  "peft_version",   "base_model_name_or_path", "revision",
+      "inference_mode", "init_lora_weights", "megatron_config", "megatron_core", "loftq_config",
+      "eva_config",    "corda_config",  "lora_ga_config", "qalora_group_size",       "runtime_config",
+      "layers_pattern"};  // layers_pattern only with layers_to_transform, which must be unset
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const auto& v = it.value();
+    if (read.count(k) || no_effect.count(k)) continue;
+    const bool unset = v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_object() && v.empty()) ||
+                       (v.is_array() && v.empty()) || (v.is_string() && v.get<std::string>().empty());
+    if (!unset)
+      throw std::runtime_error(where + ": \"" + k + "\": " + v.dump() +
+                               " is not supported: flowrun applies plain LoRA (y = x Wᵀ + lora_alpha / r · B A x on "
+                               "every target module), which this setting changes; train or save the adapter without "
+                               "it");
+  }
+  if (const auto m = j.find("modules_to_save"); m != j.end() && !m->is_null() && !m->empty() &&
+                                                  *m != nlohmann::json{"v_head"})
+    throw std::runtime_error(where + ": \"modules_to_save\": " + m->dump() +
+                             " (full copies of modules trained beside the adapter) is not supported; a value head "
+                             "(v_head) is");
+  if (const auto t = j.find("target_modules"); t != j.end() && t->is_string() && *t != "all-linear")
+    throw std::runtime_error(where + ": target_modules is the string \"" + t->get<std::string>() +
+                             "\", which PEFT matches as a regular expression over the full module names: not "
+                             "supported; list the module names ([\"q_proj\", \"v_proj\"]) or write \"all-linear\"");
+}
+
+}  // namespace
 
 void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
   fs::path cfg_path = fs::path(dir) / "adapter_config.json";
@@ -213,9 +254,7 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
         throw std::runtime_error(cfg_path.string() + ": \"" + k + "\" " + j[k].dump() +
                                  " (a rank or alpha per module) is not supported: flowrun's LoRA has one r and "
                                  "lora_alpha for every module");
-    for (const char* k : {"use_rslora", "use_dora"})
-      if (j.contains(k) && j[k].is_boolean() && j[k].get<bool>())
-        throw std::runtime_error(cfg_path.string() + ": \"" + k + "\": true is not supported (plain LoRA only)");
+    check_plain_lora(j, cfg_path.string());
     if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
     else lc.target_modules = j.at("target_modules").get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
@@ -223,6 +262,11 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
                              "): it needs peft_type \"LORA\", r and lora_alpha (numbers) and target_modules "
                              "(a string or a list of strings)");
   }
+  if (std::error_code ec; !fs::exists(st_path, ec) && fs::exists(fs::path(dir) / "adapter_model.bin", ec))
+    throw std::runtime_error(st_path.string() + ": missing; the folder holds adapter_model.bin (PEFT's "
+                             "safe_serialization=False, a PyTorch pickle), which flowrun does not read: save the "
+                             "adapter with safe_serialization=True, or convert it (safetensors.torch.save_file of "
+                             "torch.load of the .bin)");
   auto tensors = load_safetensors(st_path.string());
   std::map<std::string, tensor> ours;
   for (auto& [name, t] : tensors) ours[ours_from_peft(model.config(), name)] = t;

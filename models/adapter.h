@@ -14,17 +14,23 @@ namespace flowrun {
 /// adapter_model.safetensors with PEFT's names for the model's family (see peft_name;
 /// "v_head.weight" when present) and adapter_config.json (peft_type LORA, r,
 /// lora_alpha, lora_dropout, target_modules (OPT / GPT-2: the HF names of the modules
-/// adapted, or "all-linear"), bias "none", fan_in_fan_out true for GPT-2). No base weight is
-/// written. Atomic per file. Throws std::invalid_argument when the model has no
-/// LoRA, std::runtime_error naming the file on I/O errors.
-void save_adapter(const decoder& model, const std::string& dir);
+/// adapted, or "all-linear"), bias "none", fan_in_fan_out true for GPT-2, and
+/// base_model_name_or_path = `base` when given: the base model's folder or file, which
+/// PEFT's AutoPeftModelForCausalLM loads). No base weight is written. Atomic per file.
+/// Throws std::invalid_argument when the model has no LoRA, std::runtime_error naming the
+/// file on I/O errors.
+void save_adapter(const decoder& model, const std::string& dir, const std::string& base = "");
 
 /// Add the adapter in `dir` to `model` (a base without LoRA): reads
 /// adapter_config.json, enables LoRA with its r, lora_alpha, lora_dropout and
 /// target_modules (freezing the base when freeze_base), and loads the tensors.
 /// A value head in the file is added to the model. Throws std::runtime_error
 /// naming the file and tensor when a tensor is missing, unexpected or of the
-/// wrong shape, or the config is not a LoRA config.
+/// wrong shape, or the config is not a LoRA config; and naming the key when the
+/// config asks for more than plain LoRA (any LoraConfig field flowrun does not read
+/// that is set: DoRA, rsLoRA, aLoRA's invocation tokens, layers_to_transform,
+/// exclude_modules, modules_to_save, lora_bias, a regex target_modules, ...), so
+/// that no adapter is applied otherwise than PEFT applies it.
 void load_adapter(decoder& model, const std::string& dir, bool freeze_base = true);
 
 /// The one way a trainer's settings become a LoRA config (sft_trainer, rm_trainer, policy, critic,

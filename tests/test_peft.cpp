@@ -130,7 +130,7 @@ TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits, merged too, sa
 
   // save while merged: the adapter written is still the unmerged A and B, bit for bit PEFT's
   temp_dir tmp("save");
-  save_adapter(m, tmp.str());
+  save_adapter(m, tmp.str(), k_base.string());
   CHECK(m.lora_merged());
   check_same_tensors(tmp.path / "adapter_model.safetensors", k_adapter / "adapter_model.safetensors");
   auto cfg = read_json(tmp.path / "adapter_config.json");
@@ -141,6 +141,8 @@ TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits, merged too, sa
   std::sort(tm.begin(), tm.end());
   std::sort(ptm.begin(), ptm.end());
   CHECK(tm == ptm);
+  // the base, for PEFT's AutoPeftModelForCausalLM (it tried the Hub without one)
+  CHECK(cfg.at("base_model_name_or_path") == k_base.string());
 
   // and what we wrote loads back to the same logits
   m.unmerge_lora();
@@ -342,19 +344,46 @@ TEST_CASE("PEFT adapter: errors name the file and tensor") {
     for (auto [key, value] : {std::pair<const char*, nlohmann::json>{"rank_pattern", {{"q_proj", 8}}},
                               {"alpha_pattern", {{"v_proj", 4}}},
                               {"use_rslora", true},
-                              {"use_dora", true}}) {
+                              {"use_dora", true},
+                              // aLoRA: active only after its invocation tokens; it was merged into every position
+                              {"alora_invocation_tokens", {403, 407}},
+                              {"layers_to_transform", {0}},
+                              {"exclude_modules", {"model.layers.1.self_attn.q_proj"}},
+                              {"lora_bias", true},
+                              {"target_parameters", {"self_attn.q_proj.weight"}},
+                              {"modules_to_save", {"lm_head"}},
+                              {"target_modules", ".*\\.(q|v)_proj"},  // a string is a regex in PEFT
+                              {"a_field_of_a_later_peft", 1}}) {
       CAPTURE(key);
       auto c = cfg;
       c[key] = value;
       std::ofstream(tmp.path / "adapter_config.json") << c.dump();
       auto m = load_hf(k_base.string());
-      const std::string want = std::string("adapter_config.json: \"") + key;
+      const std::string want = std::string("adapter_config.json: ") + (std::string(key) == "target_modules" ? "" : "\"") + key;
       CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains(want.c_str()), std::runtime_error);
     }
     cfg["rank_pattern"] = nlohmann::json::object();  // PEFT writes empty ones: fine
+    // unset fields as PEFT 0.21 writes them, and those that change nothing in a loaded adapter: fine
+    for (const char* k : {"alora_invocation_tokens", "layers_to_transform", "exclude_modules", "target_parameters",
+                          "trainable_token_indices", "layer_replication", "arrow_config"})
+      cfg[k] = nullptr;
+    cfg["use_qalora"] = cfg["lora_bias"] = cfg["ensure_weight_tying"] = false;
+    cfg["qalora_group_size"] = 16;
+    cfg["megatron_core"] = "megatron.core";
+    cfg["init_lora_weights"] = true;
+    cfg["runtime_config"] = {{"ephemeral_gpu_offload", false}};
+    cfg["base_model_name_or_path"] = "some/base";
     std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
     auto m = load_hf(k_base.string());
     CHECK_NOTHROW(load_adapter(m, tmp.str()));
+  }
+  SUBCASE("adapter_model.bin only (PEFT's safe_serialization=False): named, with the fix") {
+    std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+    std::ofstream(tmp.path / "adapter_model.bin") << "pickle";
+    auto m = load_hf(k_base.string());
+    CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()),
+                         doctest::Contains("the folder holds adapter_model.bin (PEFT's safe_serialization=False"),
+                         std::runtime_error);
   }
   SUBCASE("not a LoRA adapter") {
     named_tensors ts(peft.begin(), peft.end());

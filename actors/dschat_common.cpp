@@ -6,6 +6,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "models/adapter.h"
 #include "models/rlhf/ppo_checkpoint.h"
 #include "models/safetensors.h"
 #include "runtime/util/assets.h"
@@ -366,6 +368,32 @@ std::optional<ds_config> check_ds_config(const graph::node_spec& n, int world,
   }
 }
 
+std::string lora_module_name_doc() {
+  return "which Linear layers get LoRA: a prefix ending in 'layers.' = all of them (DS-Chat's default "
+         "'decoder.layers.'), else PEFT target_modules such as q_proj,v_proj (the model family's names, matched as "
+         "PEFT matches them; one layer's module, 'layers.0.self_attn.q_proj', is refused)";
+}
+
+std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_spec& n, const std::string& dim_setting,
+                                                           const std::string& module_setting) {
+  std::vector<graph::node_kind::problem> problems;
+  if (n.get_int(dim_setting) <= 0) return problems;
+  try {
+    const auto lc = make_lora_config(1, 1.0f, 0.0f, n.get_string(module_setting), 0);
+    static const std::regex one_layer(R"((^|\.)[0-9]+\.)");
+    for (const auto& t : lc.target_modules)
+      if (std::regex_search(t, one_layer))
+        problems.push_back({module_setting,
+                            "LoRA target '" + t + "' names a module of one layer (PEFT would adapt that layer only); "
+                            "flowrun adapts a module in every layer",
+                            "write the module's name alone (q_proj), or a prefix such as decoder.layers. for every "
+                            "Linear"});
+  } catch (const std::invalid_argument& e) {
+    problems.push_back({module_setting, e.what(), "write e.g. q_proj,v_proj or decoder.layers."});
+  }
+  return problems;
+}
+
 std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world) {
   std::vector<graph::node_kind::problem> problems;
   check_ds_config(n, world, problems);
@@ -416,6 +444,8 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.data_split = s.get_string("data_split");
   d.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
   d.lora_dim = s.get_int("lora_dim");
+  d.lora_module_name = s.get_string("lora_module_name");
+  d.lora_learning_rate = static_cast<float>(s.get_float("lora_learning_rate"));
   d.gradient_checkpointing = s.get_bool("gradient_checkpointing");
   d.zero_stage = static_cast<int>(s.get_int("zero_stage"));
   d.dtype = dtype_setting(ctx);

@@ -100,6 +100,16 @@ std::optional<ds_config> check_ds_config(const graph::node_spec& n, int world,
                                          std::vector<graph::node_kind::problem>& problems);
 /// check_ds_config's problems alone.
 std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world);
+
+/// The doc of a DS-Chat trainer's LoRA module setting (lora_module_name, actor_/critic_lora_module_name).
+std::string lora_module_name_doc();
+
+/// When n's `dim_setting` (lora_dim, actor_lora_dim, ...) is above 0: the problems of its
+/// `module_setting`, found from its text before any model loads: a name make_lora_config refuses, or
+/// a target naming one layer's module ("layers.0.self_attn.q_proj": PEFT would adapt that layer
+/// only; flowrun adapts the module in every layer; decoder::enable_lora refuses it too, later).
+std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_spec& n, const std::string& dim_setting,
+                                                           const std::string& module_setting);
 /// DS-Chat's --dtype is one setting for the four models of step 3. Warns when the graph's policy,
 /// critic, reference_model and reward_model nodes set different dtypes (a reference left in fp32
 /// against a bf16 policy starts PPO from a KL of about 1e-3 instead of 0), naming each node's dtype

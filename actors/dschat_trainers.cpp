@@ -61,6 +61,10 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
               "optimizer override these settings")
       .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
       .option("lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
+      .option("lora_module_name", T::string, std::string("decoder.layers."), lora_module_name_doc())
+      .option("lora_learning_rate", T::float_, 5e-4,
+              "the LoRA weights' peak learning rate, on learning_rate's schedule (DS-Chat's --lora_learning_rate)")
+      .at_least(0)
       .option("gradient_checkpointing", T::bool_, false,
               "recompute each layer's activations in backward (less memory, one more forward per layer)")
       .option("seed", T::int_, std::int64_t{1234},
@@ -81,6 +85,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
     auto problems = check_trainer_output(n, g);
     for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
     for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
+    for (auto& p : lora_module_problems(n, "lora_dim", "lora_module_name")) problems.push_back(std::move(p));
     return problems;
   };
 }

@@ -523,6 +523,7 @@ class ppo_trainer final : public actor::node {
     d_.zero_stage = static_cast<int>(s.get_int(who + "_zero_stage"));
     d_.lora_dim = s.get_int(who + "_lora_dim");
     d_.lora_module_name = s.get_string(who + "_lora_module_name");
+    d_.lora_learning_rate = static_cast<float>(s.get_float(who + "_lora_learning_rate"));
     d_.only_optimize_lora = s.get_bool("only_optimize_lora");
     d_.gradient_checkpointing = s.get_bool(who + "_gradient_checkpointing");
     d_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
@@ -1028,10 +1029,11 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         .option(who + "_lora_dim", T::int_, std::int64_t{0}, "LoRA rank (0: full fine-tuning)").at_least(0)
         .option("only_optimize_lora", T::bool_, false, "train only the LoRA weights (DS-Chat's --only_optimize_lora)")
         .option(who + "_weight_decay", T::float_, 0.0, "AdamW decoupled weight decay (DS-Chat's default 0)").at_least(0)
-        .option(who + "_lora_module_name", T::string, std::string("decoder.layers."),
-                "which Linear layers get LoRA: a prefix ending in 'layers.' = all of them (DS-Chat's default "
-                "'decoder.layers.'), else PEFT target_modules such as q_proj,v_proj (the model family's names, "
-                "matched as PEFT matches them; one layer's module, 'layers.0.self_attn.q_proj', is refused)")
+        .option(who + "_lora_module_name", T::string, std::string("decoder.layers."), lora_module_name_doc())
+        .option(who + "_lora_learning_rate", T::float_, 5e-4,
+                "the LoRA weights' peak learning rate beside " + who + "_learning_rate (DS-Chat's --" + who +
+                    "_lora_learning_rate)")
+        .at_least(0)
         .option(who + "_gradient_checkpointing", T::bool_, false,
                 "recompute each layer's activations in backward (less memory, one more forward per layer)")
         .option("memory_limit_gb", T::float_, 0.0,
@@ -1087,24 +1089,9 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
       for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
       for (auto& p : ds_config_problems(n, static_cast<int>(n.replicas) * process_count())) problems.push_back(std::move(p));
       if (policy && problems.empty()) warn_mixed_dtypes(g);
-      // a LoRA target naming one layer's module is refused from its name alone, before step 1 trains
-      // (decoder::enable_lora refuses it too, once the model is there)
       const std::string who = policy ? "actor" : "critic";
-      if (n.get_int(who + "_lora_dim") > 0) {
-        try {
-          const auto lc = make_lora_config(1, 1.0f, 0.0f, n.get_string(who + "_lora_module_name"), 0);
-          static const std::regex one_layer(R"((^|\.)[0-9]+\.)");
-          for (const auto& t : lc.target_modules)
-            if (std::regex_search(t, one_layer))
-              problems.push_back({who + "_lora_module_name",
-                                  "LoRA target '" + t + "' names a module of one layer (PEFT would adapt that layer "
-                                  "only); flowrun adapts a module in every layer",
-                                  "write the module's name alone (q_proj), or a prefix such as decoder.layers. for "
-                                  "every Linear"});
-        } catch (const std::invalid_argument& e) {
-          problems.push_back({who + "_lora_module_name", e.what(), "write e.g. q_proj,v_proj or decoder.layers."});
-        }
-      }
+      for (auto& p : lora_module_problems(n, who + "_lora_dim", who + "_lora_module_name"))
+        problems.push_back(std::move(p));
       if (policy) {
         try {
           (void)rlhf::parse_loss_agg_mode(n.get_string("loss_agg_mode"));

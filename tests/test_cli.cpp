@@ -209,6 +209,10 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
   out = run(rlhf + " --set node.critic.gradient_accumulation_steps=16 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "replicas (1) x gradient_accumulation_steps (16) = 16 micro-batches"));
+  // step 1's lora_module_name (DS-Chat's; it was no setting there): the same check as step 3's
+  out = run(rlhf + " --set node.sft.lora_dim=4 --set node.sft.lora_module_name=layers.0.self_attn.q_proj 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "LoRA target 'layers.0.self_attn.q_proj' names a module of one layer"));
   // a LoRA target of one layer: refused from its name before step 1 trains (it failed after SFT)
   out = run(rlhf + " --set node.policy.actor_lora_dim=4 --set node.policy.actor_lora_module_name=layers.0.self_attn.q_proj 2>&1",
             &rc);

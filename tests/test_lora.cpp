@@ -159,6 +159,36 @@ TEST_CASE("LoRA: use_lora trains only the adapters and lowers the loss") {
   CHECK(max_abs_diff(m.w().flat.to_floats(), base_before) == 0.0);
 }
 
+TEST_CASE("LoRA: adapter_lr is the adapters' own peak lr on the base lr's schedule (DS-Chat's lora_learning_rate)") {
+  // AdamW's first step moves each element by lr x g / (|g| + eps): lr itself where |g| >> eps. B starts at
+  // 0, so only B moves; its largest move is the adapters' lr of that step
+  auto tok = load_tokenizer(test::tokenizer_path());
+  lm_dataset data(asset_path("data/shakespeare/tinyshakespeare.txt").string(), *tok, 32);
+  tensor ids, tg;
+  data.next_batch(4, ids, tg);
+  auto first_move = [&](double adapter_lr, double step_lr) {
+    auto m = load_llama2c(test::model_path());
+    lora_config lc;
+    lc.lora_r = 4;
+    lc.lora_alpha = 4;
+    m.enable_lora(lc, /*freeze_base=*/false);
+    const auto before = m.w().adapter_flat.to_floats();
+    auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+    zero_settings zs;
+    zs.micro_batch = 4;
+    zs.adamw.lr = 1e-3f;
+    zs.adamw.weight_decay = 0.0f;
+    zs.adapter_lr = adapter_lr;
+    zero_engine eng(m, *comm, zs);
+    eng.train_step(ids, tg, step_lr);
+    return max_abs_diff(m.w().adapter_flat.to_floats(), before);
+  };
+  // relative: doctest's Approx adds 1 to its scale, so an absolute 1e-3 would pass any of these
+  CHECK(first_move(-1, 1e-3) / 1e-3 == doctest::Approx(1.0).epsilon(1e-3));          // the base lr
+  CHECK(first_move(5e-4, 1e-3) / 5e-4 == doctest::Approx(1.0).epsilon(1e-3));        // its own peak
+  CHECK(first_move(5e-4, 2.5e-4) / 1.25e-4 == doctest::Approx(1.0).epsilon(1e-3));   // a quarter: the schedule
+}
+
 TEST_CASE("LoRA: target modules match as PEFT matches them, with the family's names") {
   // PEFT (tuners_utils.py check_target_module_exists): a module whose full name equals the entry or
   // ends with "." + entry. The old suffix test took "foo_proj" for o_proj and "xq_proj" for q_proj,

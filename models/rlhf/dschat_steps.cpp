@@ -95,6 +95,7 @@ zero_settings engine_settings(const decoder& model, const dschat_settings& s) {
   z.gradient_accumulation_steps = s.gradient_accumulation_steps;
   z.gradient_clipping = s.gradient_clipping > 0 ? s.gradient_clipping : 0.0;
   z.adamw = adamw_from(s);
+  if (s.lora_dim > 0) z.adapter_lr = s.lora_learning_rate;  // DS-Chat's LoRA group (utils.py, lora_lr)
   if (s.dtype == "bf16") {
     z.precision = dtype::bf16;
   } else if (s.dtype == "fp16") {

@@ -66,6 +66,10 @@ struct dschat_settings {
   /// value containing "layers" means all of q,k,v,o,gate,up,down_proj, anything else is a
   /// comma-separated list of module names ("q_proj,v_proj").
   std::string lora_module_name = "decoder.layers.";
+  /// The LoRA tensors' peak learning rate (DS-Chat's --lora_learning_rate, --actor_lora_learning_rate,
+  /// default 5e-4): its own AdamW group beside learning_rate, on the same schedule
+  /// (zero_settings::adapter_lr). Used when lora_dim > 0.
+  float lora_learning_rate = 5e-4f;
   /// Train only the LoRA tensors (and the value head). Without it DS-Chat still freezes
   /// the weights of the LoRA'd Linears (LinearLayer_LoRA sets requires_grad = False) and
   /// trains everything else; we zero those weights' gradients (exactly frozen when

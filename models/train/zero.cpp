@@ -491,6 +491,8 @@ void zero_engine::optimizer_step(double lr, double clip_coef) {
     }
   }
   if (model_.num_adapter_parameters() > 0) {
+    if (s_.adapter_lr >= 0)  // DS-Chat's LoRA group: its own peak lr, the base's schedule
+      c.lr = static_cast<float>(s_.adamw.lr > 0 ? s_.adapter_lr * lr / s_.adamw.lr : s_.adapter_lr);
     tensor& G = model_.grads().adapter_flat;
     if (clip_coef != 1.0) ops::scale(G, static_cast<float>(clip_coef));
     std::vector<segment> segs;

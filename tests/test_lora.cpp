@@ -187,6 +187,41 @@ TEST_CASE("LoRA: adapter_lr is the adapters' own peak lr on the base lr's schedu
   CHECK(first_move(-1, 1e-3) / 1e-3 == doctest::Approx(1.0).epsilon(1e-3));          // the base lr
   CHECK(first_move(5e-4, 1e-3) / 5e-4 == doctest::Approx(1.0).epsilon(1e-3));        // its own peak
   CHECK(first_move(5e-4, 2.5e-4) / 1.25e-4 == doctest::Approx(1.0).epsilon(1e-3));   // a quarter: the schedule
+
+  // a value head in the adapter buffer (a LoRA critic) keeps the base lr: DS-Chat's v_head is in the base's group
+  auto m = load_llama2c(test::model_path());
+  m.add_value_head(5);
+  lora_config lc;
+  lc.lora_r = 4;
+  lc.lora_alpha = 4;
+  m.enable_lora(lc, /*freeze_base=*/true);
+  const auto before = m.w().adapter_flat.to_floats();
+  auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  zero_settings zs;
+  zs.micro_batch = 4;
+  zs.adamw.lr = 1e-3f;
+  zs.adamw.weight_decay = 0.0f;
+  zs.adapter_lr = 5e-4;
+  zero_engine eng(m, *comm, zs);
+  batch_loss l;  // the mean of the values: a gradient for v_head and (through the blocks) for B
+  l.units = [](int64_t) { return int64_t{1}; };
+  l.forward = [&](int64_t, decoder& model, activations& a) {
+    model.forward(a, ids, tensor());
+    micro_loss r;
+    const int64_t n = a.values.numel();
+    for (int64_t i = 0; i < n; ++i) r.loss += a.values.data<float>()[i] / static_cast<double>(n);
+    r.dout = tensor::from_floats(a.values.shape(), std::vector<float>(static_cast<size_t>(n), 1.0f / static_cast<float>(n)));
+    return r;
+  };
+  eng.train_step(l, 1e-3);
+  const auto after = m.w().adapter_flat.to_floats();
+  double head = 0, lora = 0;
+  for (const auto& e : m.adapter_params())
+    for (int64_t i = e.offset; i < e.offset + e.numel; ++i)
+      (e.name == "v_head.weight" ? head : lora) =
+          std::max(e.name == "v_head.weight" ? head : lora, static_cast<double>(std::fabs(after[i] - before[i])));
+  CHECK(head / 1e-3 == doctest::Approx(1.0).epsilon(1e-3));
+  CHECK(lora / 5e-4 == doctest::Approx(1.0).epsilon(1e-3));
 }
 
 TEST_CASE("LoRA: target modules match as PEFT matches them, with the family's names") {

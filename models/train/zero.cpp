@@ -491,12 +491,19 @@ void zero_engine::optimizer_step(double lr, double clip_coef) {
     }
   }
   if (model_.num_adapter_parameters() > 0) {
-    if (s_.adapter_lr >= 0)  // DS-Chat's LoRA group: its own peak lr, the base's schedule
-      c.lr = static_cast<float>(s_.adamw.lr > 0 ? s_.adapter_lr * lr / s_.adamw.lr : s_.adapter_lr);
     tensor& G = model_.grads().adapter_flat;
     if (clip_coef != 1.0) ops::scale(G, static_cast<float>(clip_coef));
+    // the LoRA tensors, at adapter_lr when set (DS-Chat's LoRA group: its own peak lr, the base's
+    // schedule); a value head in the same buffer at the base lr, as DS-Chat's v_head is in the base's group
+    std::vector<param_entry> lora, head;
+    for (const auto& e : model_.adapter_params()) (e.name.rfind("v_head", 0) == 0 ? head : lora).push_back(e);
     std::vector<segment> segs;
-    add_segments(segs, model_.adapter_params(), 0, model_.num_adapter_parameters(), 0);
+    add_segments(segs, head, 0, model_.num_adapter_parameters(), 0);
+    step_segments(segs, model_.w().adapter_flat, G, am_, av_, false);
+    segs.clear();
+    if (s_.adapter_lr >= 0)
+      c.lr = static_cast<float>(s_.adamw.lr > 0 ? s_.adapter_lr * lr / s_.adamw.lr : s_.adapter_lr);
+    add_segments(segs, lora, 0, model_.num_adapter_parameters(), 0);
     step_segments(segs, model_.w().adapter_flat, G, am_, av_, false);
   }
 }

@@ -87,7 +87,7 @@ struct zero_settings {
   /// LinearLayer_LoRA freezes the weight of a LoRA'd Linear while the rest trains).
   /// AdamW's weight decay still applies to them (exactly frozen when weight_decay = 0).
   std::vector<std::pair<int64_t, int64_t>> frozen_ranges;
-  /// The adapters' (LoRA A and B, a value head beside them) peak learning rate, when >= 0: a step
+  /// The LoRA tensors' (A and B; not a value head in the adapter buffer) peak learning rate, when >= 0: a step
   /// given lr steps them at adapter_lr x lr / adamw.lr (adapter_lr itself when adamw.lr is 0), the
   /// schedule shared as DS-Chat's LoRA parameter group shares LambdaLR's (utils.py
   /// get_optimizer_grouped_parameters' lora_lr beside the base learning_rate). < 0: the base lr.

@@ -359,13 +359,50 @@ std::optional<ds_config> check_ds_config(const graph::node_spec& n, int world,
   const auto* s = n.find_setting("deepspeed_config");
   if (!s || n.get_string("deepspeed_config").empty()) return std::nullopt;
   try {
-    return load_ds_config(n.get_string("deepspeed_config"), world);
+    ds_parse_options o;
+    o.auto_values = hf_auto_values(n, world);
+    return load_ds_config(n.get_string("deepspeed_config"), world, o);
   } catch (const std::exception& e) {
     problems.push_back({"deepspeed_config", fmt::format("node '{}': {}", n.name, e.what()),
                         fmt::format("fix the DeepSpeed JSON at the place named ({} rank(s): replicas x processes)",
                                     world)});
     return std::nullopt;
   }
+}
+
+std::map<std::string, std::string> hf_auto_values(const graph::node_spec& n, int world) {
+  std::map<std::string, std::string> a;
+  auto has = [&](const std::string& k) { return n.find_setting(k) != nullptr; };
+  auto num = [](double v) { return fmt::format("{}", v); };  // shortest round-trip form, JSON-readable
+  const std::string who = n.kind == "policy" ? "actor_" : n.kind == "critic" ? "critic_" : "";
+  const int64_t gas = has("gradient_accumulation_steps") ? n.get_int("gradient_accumulation_steps") : 0;
+  int64_t micro = 0;
+  if (has("per_device_train_batch_size")) {
+    micro = n.get_int("per_device_train_batch_size");
+  } else if (has("per_device_training_batch_size") && gas > 0) {  // step 3: the mini-batch over all ranks
+    const int64_t rows = n.get_int("per_device_training_batch_size"), parts = gas * world;
+    if (rows % parts == 0) micro = rows / parts;
+  }
+  if (micro > 0) a["train_micro_batch_size_per_gpu"] = std::to_string(micro);
+  if (gas > 0) a["gradient_accumulation_steps"] = std::to_string(gas);
+  if (micro > 0 && gas > 0) a["train_batch_size"] = std::to_string(micro * gas * world);
+  if (has(who + "learning_rate")) {  // a trainer with its own optimizer settings (not zero_rank: the JSON's)
+    const std::string lr = num(n.get_float(who + "learning_rate"));
+    a["optimizer.params.lr"] = lr;
+    a["scheduler.params.warmup_max_lr"] = lr;
+    a["scheduler.params.warmup_min_lr"] = "0";
+    a["optimizer.params.betas"] = "[0.9, 0.95]";  // dschat_settings' adam_beta1 / adam_beta2 (step1 main.py)
+    a["optimizer.params.eps"] = "1e-08";
+    a["gradient_clipping"] = has("gradient_clipping") ? num(n.get_float("gradient_clipping")) : "1.0";
+  }
+  if (has(who + "weight_decay")) a["optimizer.params.weight_decay"] = num(n.get_float(who + "weight_decay"));
+  if (has("dtype")) {
+    a["fp16.enabled"] = n.get_string("dtype") == "fp16" ? "true" : "false";
+    a["bf16.enabled"] = n.get_string("dtype") == "bf16" ? "true" : "false";
+  }
+  if (has("num_warmup_steps")) a["scheduler.params.warmup_num_steps"] = std::to_string(n.get_int("num_warmup_steps"));
+  if (has("steps")) a["scheduler.params.total_num_steps"] = std::to_string(n.get_int("steps"));
+  return a;
 }
 
 std::string lora_module_name_doc() {
@@ -460,8 +497,13 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
 }
 
 ds_config load_node_ds_config(const actor::node_context& ctx, const std::string& path, int world, bool speaks) {
-  ds_config c = load_ds_config(resolve_user_path(path, "deepspeed_config").string(), world);
+  ds_parse_options o;
+  o.auto_values = hf_auto_values(ctx.spec(), world);
+  ds_config c = load_ds_config(resolve_user_path(path, "deepspeed_config").string(), world, o);
   if (!speaks) return c;
+  if (!c.auto_filled.empty())
+    spdlog::info("node '{}': {}: \"auto\" filled from the node's settings (as HF Trainer fills it): {}", ctx.name(),
+                 c.where, fmt::join(c.auto_filled, ", "));
   std::vector<std::string> ignored;
   const auto& typos = c.likely_typos;
   for (const auto& k : c.ignored_keys)

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -100,6 +101,18 @@ std::optional<ds_config> check_ds_config(const graph::node_spec& n, int world,
                                          std::vector<graph::node_kind::problem>& problems);
 /// check_ds_config's problems alone.
 std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world);
+
+/// HF Trainer's "auto" values of a DeepSpeed JSON, filled from node n's own settings as
+/// transformers' HfTrainerDeepSpeedConfig.trainer_config_process fills them from TrainingArguments:
+/// train_micro_batch_size_per_gpu (per_device_train_batch_size; a PPO trainer's
+/// per_device_training_batch_size / (world x accumulation) when it divides), gradient_accumulation_steps,
+/// train_batch_size (their product with `world`); for a node with a learning rate of its own
+/// (learning_rate; actor_ / critic_learning_rate for step 3) optimizer.params lr / betas [0.9, 0.95] /
+/// eps 1e-8 (DS-Chat's AdamW) and gradient_clipping (the node's, else DS-Chat's 1.0);
+/// optimizer.params.weight_decay (weight_decay), fp16.enabled / bf16.enabled (dtype), scheduler.params
+/// warmup_min_lr 0 / warmup_max_lr (the lr) / warmup_num_steps (num_warmup_steps) / total_num_steps
+/// (steps). A key the node has no setting for is left out: its "auto" stays an error naming it.
+std::map<std::string, std::string> hf_auto_values(const graph::node_spec& n, int world);
 
 /// The doc of a DS-Chat trainer's LoRA module setting (lora_module_name, actor_/critic_lora_module_name).
 std::string lora_module_name_doc();

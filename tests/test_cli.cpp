@@ -173,6 +173,25 @@ std::string graph_setting(const std::filesystem::path& dir, const std::string& b
 
 }  // namespace
 
+TEST_CASE("an HF Trainer DeepSpeed JSON: its \"auto\" values come from the trainer node's settings, as HF Trainer's") {
+  // they were refused one key per try, the fix naming auto_values, which no graph setting reaches
+  const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                          "/graphs/sft.graph --no-progress --set node.sft.steps=2 --set node.sft.print_every=1 "
+                          "--set node.sft.per_device_train_batch_size=4 --set node.sft.gradient_accumulation_steps=2 "
+                          "--set node.sft.learning_rate=0.002 --set node.sft.output=" +
+                          (std::filesystem::temp_directory_path() / "flowrun_cli_auto.bin").string() +
+                          " --set node.sft.deepspeed_config=" + FLOWRUN_SOURCE_DIR + "/tests/fixtures/ds/hf_trainer_auto.json";
+  int rc = -1;
+  auto out = run(sft + " 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "\"auto\" filled from the node's settings (as HF Trainer fills it): fp16.enabled=false, bf16.enabled=false, "
+                 "optimizer.params.lr=0.002, optimizer.params.betas=[0.9, 0.95]"));
+  CHECK(has(out, "scheduler.params.total_num_steps=2, gradient_clipping=1.0, train_batch_size=8, "
+                 "train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2"));
+  CHECK(has(out, "[step 1 sft] step 2/2 loss"));
+  std::filesystem::remove(std::filesystem::temp_directory_path() / "flowrun_cli_auto.bin");
+}
+
 TEST_CASE("print_every = 0 is refused when the graph is checked, at file:line:col, for every kind that has it") {
   // It killed sft_trainer, rm_trainer and zero_rank with SIGFPE (exit 136) at their first step.
   const auto dir = temp_folder();

@@ -243,9 +243,12 @@ TEST_CASE("ds_config: scheduler defaults and warnings and errors") {
   });
   CHECK(contains(e, "scheduler.params.total_num_steps is required for WarmupDecayLR"));
   e = error_of([] {
-    parse_ds_config(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})", 1);
+    parse_ds_config(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -1}}})", 1);
   });
-  CHECK(contains(e, "scheduler.params.warmup_num_steps is 0; it must be a positive integer"));
+  CHECK(contains(e, "scheduler.params.warmup_num_steps is -1; it must be an integer >= 0"));
+  // 0 (HF Trainer's default warmup): DeepSpeed's WarmupLR warms up over max(2, 0) = 2 steps
+  CHECK(parse_ds_config(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})", 1)
+            .scheduler.warmup_num_steps == 0);
   e = error_of([] {
     parse_ds_config(
         R"({"train_batch_size": 1, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_max_lr": 0.1}}})",

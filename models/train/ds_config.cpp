@@ -263,7 +263,7 @@ class reader {
         auto_missing_.push_back(path);
         return std::nullopt;
       }
-      auto_used_[path] = a->second;
+      if (auto_used_.emplace(path, a->second).second) auto_order_.push_back(path + "=" + a->second);
       ojson v = value_from_text(a->second);
       if (v.is_null() || is_auto(v)) fail(path, "auto_values[\"" + path + "\"] must be a value, not " + a->second);
       return v;
@@ -364,6 +364,11 @@ class reader {
   const ds_parse_options& opts_;
   std::map<std::string, std::string> auto_used_;
   std::vector<std::string> auto_missing_;
+  std::vector<std::string> auto_order_;
+
+ public:
+  /// "key=value" of each "auto" filled from auto_values, in the order read.
+  const std::vector<std::string>& auto_filled() const { return auto_order_; }
 };
 
 void apply_overrides(ojson& root, const ds_parse_options& opts, const std::string& where) {
@@ -710,11 +715,14 @@ void parse_scheduler(reader& r, const ojson& sec, ds_config& cfg) {
   num("warmup_min_ratio", s.warmup_min_ratio);
   num("cos_min_ratio", s.cos_min_ratio);
   if (auto v = r.get(p, "scheduler.params.warmup_num_steps", "warmup_num_steps")) {
-    s.warmup_num_steps = r.as_int("scheduler.params.warmup_num_steps", *v, "a positive integer");
-    if (s.warmup_num_steps <= 0)
+    s.warmup_num_steps = r.as_int("scheduler.params.warmup_num_steps", *v, "an integer >= 0");
+    // 0 is HF Trainer's default warmup, which it writes for "auto"; DeepSpeed's WarmupLR takes
+    // max(2, warmup_num_steps) (lr_schedules.py), as lr_at does. A negative count is a typo: refused
+    if (s.warmup_num_steps < 0)
       r.fail("scheduler.params.warmup_num_steps", "scheduler.params.warmup_num_steps is " +
                                                       std::to_string(s.warmup_num_steps) +
-                                                      "; it must be a positive integer (DeepSpeed refuses it too)");
+                                                      "; it must be an integer >= 0 (DeepSpeed would warm up over 2 "
+                                                      "steps, as for 0 to 2)");
   }
   if (auto v = r.get(p, "scheduler.params.warmup_type", "warmup_type")) {
     s.warmup_type = r.as_string("scheduler.params.warmup_type", *v);
@@ -953,6 +961,7 @@ ds_config parse_ds_config(const std::string& json_text, int world_size, const st
   try {
     ds_config cfg = read_ds_config(r, root, where, world_size);
     r.check_auto();
+    cfg.auto_filled = r.auto_filled();
     return cfg;
   } catch (const std::invalid_argument&) {
     r.check_auto(&root);  // a key left "auto" is the likelier cause (an unresolved batch triple, say)

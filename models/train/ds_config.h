@@ -136,6 +136,8 @@ struct ds_config {
   /// Things DeepSpeed would log as warnings (deprecated forms, an unknown
   /// warmup_type, total_num_steps < warmup_num_steps).
   std::vector<std::string> warnings;
+  /// The keys whose "auto" came from ds_parse_options::auto_values, as "key=value", in the order read.
+  std::vector<std::string> auto_filled;
   /// The file (or "<string>") the config came from.
   std::string where;
 

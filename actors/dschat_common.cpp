@@ -289,7 +289,15 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
                  const std::string& tokenizer, const std::string& dtype) {
   const auto& out = ctx.spec().get_string("output");
   if (out.empty()) return;
-  save_model(m, out, f, tokenizer);
+  // an HF source folder's stop ids (its eos_token_id list, generation_config.json) go with the output
+  std::string source;
+  if (ctx.spec().find_setting("model") && !ctx.spec().get_string("model").empty()) {
+    try {
+      source = resolve_user_path(ctx.spec().get_string("model"), "model").string();
+    } catch (const std::exception&) {  // resolved when the model loaded; none: no source ids to keep
+    }
+  }
+  save_model(m, out, f, tokenizer, source);
   const auto& s = ctx.spec();
   // a steps 1-2 trainer's folder says which rows it held out, for flowrun eval's defaults (not step 3's)
   if (f != model_format::llama2c && s.find_setting("data_split") && s.find_setting("eval_fraction")) {

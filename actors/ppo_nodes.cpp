@@ -1301,7 +1301,10 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
       .option("scale_rewards", T::string, std::string("group"),
               "grpo: divide the centred rewards by the std of the group (GRPO), of the batch, or none (Dr. GRPO): "
               "TRL's scale_rewards")
-      .option("epsilon", T::float_, 1e-4, "grpo: added to the std (TRL's 1e-4; veRL's 1e-6)").above(0)
+      .option("epsilon", T::float_, 1e-4, "grpo: added to the std (TRL's 1e-4; veRL's 1e-6)")
+      .in_range(0, 0.01, /*low_open=*/true)
+      .because("it only keeps a group of equal rewards from dividing by 0; TRL's GRPOConfig.epsilon (0.2) is the "
+               "ratio clip, the policy's cliprange here")
       .option("filter_groups", T::bool_, false,
               "drop the groups whose rewards are all equal before training (DAPO's dynamic sampling, Yu et al. "
               "2025); a batch with no group left trains nothing")

@@ -71,6 +71,14 @@ std::string data_fingerprint(const std::string& path) {
   return fp;
 }
 
+// The batch triple of a DeepSpeed JSON's contents: where the trainer says so (zero_rank: its data node
+// cuts global batches, and it compares the resolved global batch itself), the micro-batch and
+// accumulation are only a split of the global batch over the ranks, which a resume may change as it
+// may change the ranks, and train_batch_size may be written or resolved
+void strip_batch_triple(nlohmann::json& j) {
+  for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) j.erase(k);
+}
+
 nlohmann::json contents_of(std::string_view key, const std::string& path, bool batch_split_safe = false) {
   std::error_code ec;
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;
@@ -88,13 +96,7 @@ nlohmann::json contents_of(std::string_view key, const std::string& path, bool b
       const nlohmann::json::json_pointer p(safe);
       if (j.contains(p)) j.at(p.parent_pointer()).erase(p.back());
     }
-    // a global batch given: the micro-batch and accumulation are only its split over the ranks, which a
-    // resume may change as it may change the ranks, where the trainer says so (zero_rank: its data node
-    // cuts global batches, and it compares the resolved global batch itself)
-    if (batch_split_safe && j.contains("train_batch_size") && j["train_batch_size"].is_number()) {
-      j.erase("train_micro_batch_size_per_gpu");
-      j.erase("gradient_accumulation_steps");
-    }
+    if (batch_split_safe) strip_batch_triple(j);
     return j;
   }
   if (key == "tokenizer") return fmt::format("fnv1a:{:016x}", graph::fnv1a64(bytes));
@@ -154,7 +156,11 @@ std::vector<std::string> settings_changes(const nlohmann::json& recorded, const 
 
 void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recorded, const std::string& folder,
                            const std::set<std::string>& safe, const std::string& afresh) {
-  const auto refused = settings_changes(recorded, settings_record(ctx.spec(), safe));
+  nlohmann::json then = recorded;  // a record written before the triple was left out: compared alike
+  const std::string ds = "deepspeed_config" + std::string(contents_suffix);
+  if (safe.count(std::string(ds_batch_split_safe)) && then.is_object() && then.contains(ds) && then[ds].is_object())
+    strip_batch_triple(then[ds]);
+  const auto refused = settings_changes(then, settings_record(ctx.spec(), safe));
   if (!refused.empty())
     throw std::runtime_error(fmt::format("node '{}': resuming from {} with settings changed: {}; set them back, or {}",
                                          ctx.name(), folder, fmt::join(refused, "; "), afresh));

@@ -26,9 +26,10 @@ namespace flowrun::actors {
 /// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a tokenizer and the data
 /// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes; check_resume_settings compares
 /// those instead of the path (a data file edited in place is refused: "data: the file's bytes changed").
-/// With ds_batch_split_safe in `safe`, a DeepSpeed JSON that gives train_batch_size is recorded without
-/// train_micro_batch_size_per_gpu and gradient_accumulation_steps (their split of it may change, as the
-/// ranks may: the trainer then checks the resolved global batch itself).
+/// With ds_batch_split_safe in `safe`, a DeepSpeed JSON is recorded without its batch triple
+/// (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: the split of the
+/// global batch may change, as the ranks may, and the trainer checks the resolved global batch itself;
+/// check_resume_settings leaves the triple out of an older record too).
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
 
 /// The entry of settings_record's `safe` that lets a resume split train_batch_size otherwise.

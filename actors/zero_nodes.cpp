@@ -353,8 +353,8 @@ class zero_rank final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
-    if (evaluated_) m.extra["eval_before"] = before_;
-    m.extra["train_batch_size"] = ds_.train_batch_size;  // the global batch, resolved for this world size  // the held-out loss before step 1, for the closing line
+    if (evaluated_) m.extra["eval_before"] = before_;     // the held-out loss before step 1, for the closing line
+    m.extra["train_batch_size"] = ds_.train_batch_size;  // the global batch, resolved for this world size
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     const std::vector<shard_group> groups = engine_state_groups(*engine_, *model_, rank_, m);
@@ -366,6 +366,25 @@ class zero_rank final : public actor::node {
                             (std::filesystem::path(out_dir_) / step_folder_name(step)).string()));
     }
     comm_->barrier();
+  }
+
+  // The global batch a checkpoint trained with: its manifest's train_batch_size, or (a manifest from
+  // before it was kept) its recorded DeepSpeed JSON's, or that JSON's micro-batch x accumulation x the
+  // checkpoint's ranks; 0 when neither says.
+  static int64_t recorded_global_batch(const shard_manifest& m0) {
+    if (const auto g = m0.extra.find("train_batch_size"); g != m0.extra.end() && g->is_number_integer())
+      return g->get<int64_t>();
+    const auto s = m0.extra.find("settings");
+    if (s == m0.extra.end() || !s->is_object()) return 0;
+    const auto c = s->find("deepspeed_config (contents)");
+    if (c == s->end() || !c->is_object()) return 0;
+    auto int_at = [&](const char* k, int64_t dflt) {
+      const auto v = c->find(k);
+      return v != c->end() && v->is_number() ? static_cast<int64_t>(v->get<double>()) : dflt;
+    };
+    if (const int64_t t = int_at("train_batch_size", 0); t > 0) return t;
+    const int64_t micro = int_at("train_micro_batch_size_per_gpu", 0);
+    return micro > 0 ? micro * int_at("gradient_accumulation_steps", 1) * m0.world_size : 0;
   }
 
   void restore(actor::node_context& ctx, const std::string& folder) {
@@ -383,17 +402,17 @@ class zero_rank final : public actor::node {
           "node '{}': {} holds step {}, more than total_steps = {}: a resume only runs longer; set total_steps >= {}, "
           "or point output_dir elsewhere (or set resume = false) to start afresh",
           ctx.name(), folder, m0.step, ctx.spec().get_int("total_steps"), m0.step));
-    // the global batch: another world size resolves another one when the JSON gives only the micro-batch
-    // and accumulation (the split of a given train_batch_size may change, as the ranks may)
-    if (const auto g = m0.extra.find("train_batch_size"); g != m0.extra.end() && g->is_number_integer() &&
-        g->get<int64_t>() != ds_.train_batch_size)
+    // the global batch (the settings record leaves the JSON's batch triple out: its split over the ranks
+    // may change, as the ranks may): the manifest's, or for an older one its recorded JSON's triple
+    const int64_t then = recorded_global_batch(m0);
+    if (then > 0 && then != ds_.train_batch_size)
       throw std::invalid_argument(fmt::format(
           "node '{}': {} trained with a global batch of {} rows per update, and this run's is {} "
           "(train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x {} rank(s)): set train_batch_size "
           "= {} in the DeepSpeed JSON (the micro-batch and accumulation then split it over the ranks), or point "
           "output_dir elsewhere (or set resume = false) to start afresh",
-          ctx.name(), folder, g->get<int64_t>(), ds_.train_batch_size, ds_.train_micro_batch_size_per_gpu,
-          ds_.gradient_accumulation_steps, world_, g->get<int64_t>()));
+          ctx.name(), folder, then, ds_.train_batch_size, ds_.train_micro_batch_size_per_gpu,
+          ds_.gradient_accumulation_steps, world_, then));
     restore_engine_state(*engine_, ck);
     done_ = m0.step;
     // RNG: this rank's stream when the world size is unchanged, else rank 0's

@@ -159,7 +159,8 @@ std::string save_problem(model_format f, const std::string& path, model_family f
   return "";
 }
 
-void save_model(const decoder& model, const std::string& path, model_format f, const std::string& tokenizer) {
+void save_model(const decoder& model, const std::string& path, model_format f, const std::string& tokenizer,
+                const std::string& source) {
   if (auto why = save_problem(f, path, model.config().family, model.has_value_head()); !why.empty())
     throw std::runtime_error("cannot save the model to " + path + ": " + why);
   switch (f) {
@@ -186,8 +187,20 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
         if (tok->eos_id() >= 0 && tok->eos_id() < real) extra["eos_token_id"] = tok->eos_id();
         if (tok->pad_id() >= 0 && tok->pad_id() < real) extra["pad_token_id"] = tok->pad_id();
       }
+      std::error_code ec;
+      const fs::path src = !source.empty() ? fs::path(source) : tok ? fs::path(tokenizer) : fs::path();
+      const bool from_hf = !src.empty() && fs::is_directory(src, ec) && fs::exists(src / "config.json", ec);
+      if (from_hf) {  // the source's own stop ids, as save_pretrained keeps them
+        const auto j = read_json_file(src / "config.json");
+        if (const auto e = j.find("eos_token_id"); e != j.end() && e->is_array() && !e->empty()) extra["eos_token_id"] = *e;
+      }
       save_hf(merged_copy(model), path, dtype::f32, 0, extra);
       if (tok) copy_tokenizer_files(tokenizer, path, /*hf_names=*/true);
+      if (from_hf && fs::exists(src / "generation_config.json", ec)) {
+        std::ifstream in(src / "generation_config.json", std::ios::binary);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        write_text_atomic((fs::path(path) / "generation_config.json").string(), text);
+      }
       return;
     }
   }

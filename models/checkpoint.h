@@ -74,10 +74,15 @@ std::string save_problem(model_format f, const std::string& path, model_family f
 /// the format uses (models/hf.h to_half_rope / to_adjacent_rope); llama2c files are version 0
 /// (legacy: run.c reads no other). For hf, `tokenizer`
 /// (what load_tokenizer takes; empty: none) is copied into the folder
-/// (copy_tokenizer_files) and its BOS/EOS/pad ids go into config.json. Throws
+/// (copy_tokenizer_files) and its BOS/EOS/pad ids go into config.json; `source`, the HF
+/// folder the model came from (default: `tokenizer` when it is a folder), gives its stop ids
+/// as transformers' save_pretrained keeps them: config.json's eos_token_id list (Llama 3.1:
+/// [128001, 128008, 128009]) replaces the tokenizer's one EOS, and its generation_config.json
+/// is copied (stop_ids_for reads both: the trained model stops where its source did). Throws
 /// std::runtime_error with save_problem's sentence when the model cannot be written
 /// so, or naming the file on an I/O error.
-void save_model(const decoder& model, const std::string& path, model_format f, const std::string& tokenizer = "");
+void save_model(const decoder& model, const std::string& path, model_format f, const std::string& tokenizer = "",
+                const std::string& source = "");
 
 /// The largest |difference| between `model`'s outputs and those of the model that
 /// load_model reads back from `path`, on a fixed probe batch (2 rows of up to 8 tokens,

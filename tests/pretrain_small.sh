@@ -115,6 +115,16 @@ if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/sp
 fi
 grep -q "trained with a global batch of 8 rows per update, and this run's is 4" "$out/split2.log" ||
   { tail -3 "$out/split2.log"; echo "the global batch not named"; exit 1; }
+# its fix resumes: train_batch_size = 8 in the JSON, split over 1 rank as 2 x 4 (the record leaves the
+# triple out; the hint's fix was then refused as a settings change)
+python3 -c 'import json, sys
+j = json.load(open(sys.argv[1])); j["train_batch_size"] = 8; del j["gradient_accumulation_steps"]
+json.dump(j, open(sys.argv[2], "w"))' "$out/ds_split.json" "$out/ds_split8.json"
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/split" --set node.data.output_dir="$out/split" \
+  --set node.ranks.deepspeed_config="$out/ds_split8.json" --set node.data.total_steps=4 --set node.ranks.total_steps=4 \
+  --set node.ranks.replicas=1 --set node.ranks.export_hf= > "$out/split3.log" 2>&1 ||
+  { tail -3 "$out/split3.log"; echo "the hint's fix did not resume"; exit 1; }
+grep -q "resuming after step 2" "$out/split3.log" || { tail -3 "$out/split3.log"; echo "the hint's fix did not resume"; exit 1; }
 echo "== a resume that turns LoRA on is refused, naming use_lora (it said only \"config hash differs\")"
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
      --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps --set node.ranks.export_hf= \

@@ -54,6 +54,28 @@ TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about be
   CHECK(has(out, "has 96 embedding rows: it is not the model's tokenizer"));
 }
 
+TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, as generate does") {
+  // chat and eval stopped at the tokenizer's EOS alone
+  const auto dir = std::filesystem::temp_directory_path() / "flowrun_cli_chat_stops";
+  std::filesystem::remove_all(dir);
+  int rc = -1;
+  run(std::string(FLOWRUN_BIN) + " convert --from llama2c model/stories260K/stories260K.bin --to hf " + dir.string() +
+          " --tokenizer model/stories260K/tok512.model 2>&1",
+      &rc);
+  REQUIRE(rc == 0);
+  const std::string chat = "printf 'Once upon a time\\nquit\\n' | " + std::string(FLOWRUN_BIN) + " chat --model " +
+                           dir.string() + " --max_new_tokens 60 2>/dev/null";
+  const auto free_run = run(chat, &rc);
+  REQUIRE(rc == 0);
+  REQUIRE(has(free_run, "to the park. Anna"));  // without the list: on past the full stop (id 426)
+  std::ofstream(dir / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [2, 426]})";
+  const auto stopped = run(chat, &rc);
+  CHECK(rc == 0);
+  CHECK(has(stopped, "to the park.\n"));
+  CHECK_FALSE(has(stopped, "to the park. Anna"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a missing model file is named, with exit code 2") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " generate --model no/such/model.bin 2>&1", &rc);

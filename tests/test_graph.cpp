@@ -53,6 +53,8 @@ const node_kind_registry& test_kinds() {
                         .output("weights", "weights", "new weights after each step", true)
                         .option("lr", setting_type::float_, 1e-4, "learning rate")
                         .option("tags", setting_type::string_list, std::vector<std::string>{}, "labels")
+                        .option("batch", setting_type::int_, std::int64_t{8}, "rows per step")
+                        .at_least(1)
                         .known_as("learning_rate_init", "sklearn's learning_rate_init is lr here"));
     r.register_kind(node_kind{"player", "plays games with the latest weights"}
                         .input("weights", "weights", "weights from the trainer", true, /*feedback=*/true)
@@ -516,6 +518,13 @@ kind = "sink"
   CHECK(e->hint == "sklearn's learning_rate_init is lr here");
   CHECK(contains(explain(*test_kinds().lookup("trainer")),
                  "other tools' names:\n  learning_rate_init: sklearn's learning_rate_init is lr here\n"));
+  // a fraction for an int setting >= 1: offered 1, inside the range (0.5 was offered 0)
+  e = apply_override(spec, "node.t.batch=0.5", &test_kinds());
+  REQUIRE_FALSE(e);
+  auto vb = validate(spec, test_kinds(), test_options());
+  REQUIRE(vb.errors.size() == 2);  // and p's lr
+  CHECK(std::any_of(vb.errors.begin(), vb.errors.end(),
+                    [](const graph_error& x) { return x.hint == "write batch = 1 (`flowrun explain trainer`)"; }));
   // a kind whose foreign name is one of its own settings is a programmer error
   node_kind_registry r;
   CHECK_THROWS_WITH_AS(r.register_kind(node_kind{"k"}.option("lr", setting_type::float_, 0.1, "").known_as("lr", "x")),

@@ -1082,6 +1082,17 @@ TEST_CASE("stop_ids_for: EOS and a new BOS for llama2.c models; an HF folder's e
   write_json(d.path / "generation_config.json", {{"bos_token_id", 1}, {"eos_token_id", {2, 7, 9}}});
   CHECK(stop_ids_for(d.path.string(), 1, 2) == ids{2, 7, 9});
   CHECK(stop_ids_for(d.path.string(), 1, -1) == ids{2, 7, 9});  // a tokenizer without EOS
+  // a trainer's HF output keeps its source's stop ids (config.json's list, generation_config.json), as
+  // save_pretrained does: the trained model stopped elsewhere than its source with the same weights
+  auto cfg = nlohmann::json::parse(std::ifstream(d.path / "config.json"));
+  cfg["eos_token_id"] = {2, 11};
+  write_json(d.path / "config.json", cfg);
+  const auto m = load_hf((k_fixtures / "hf" / "llama").string());
+  save_model(m, d / "out", model_format::hf, "", d.path.string());
+  CHECK(nlohmann::json::parse(std::ifstream(d.path / "out" / "config.json"))["eos_token_id"] == nlohmann::json{2, 11});
+  CHECK(stop_ids_for(d / "out", 1, 2) == ids{2, 7, 9});  // its generation_config.json, copied
+  fs::remove(d.path / "out" / "generation_config.json");
+  CHECK(stop_ids_for(d / "out", 1, 2) == ids{2, 11});  // config.json's list
 }
 
 TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged into a copy") {

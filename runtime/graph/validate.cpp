@@ -232,8 +232,14 @@ class validator {
           }
         } else if (const auto* f = std::get_if<double>(&s.value);
                    f && decl->type == setting_type::int_ && std::isfinite(*f) && std::fabs(*f) < 9e15) {
-          // 8.5 for an int: the user's number without its fraction, not the default
-          fix = std::to_string(static_cast<std::int64_t>(std::trunc(*f)));
+          // 8.5 for an int: the user's number without its fraction, not the default, moved inside the
+          // setting's range (0.5 for a setting >= 1 offered 0)
+          std::int64_t v = static_cast<std::int64_t>(std::trunc(*f));
+          const auto& r = decl->range;
+          if (r.low && v < *r.low + (r.low_open ? 1 : 0)) v = static_cast<std::int64_t>(std::ceil(*r.low)) + (r.low_open ? 1 : 0);
+          if (r.high && v > *r.high - (r.high_open ? 1 : 0)) v = static_cast<std::int64_t>(std::floor(*r.high)) - (r.high_open ? 1 : 0);
+          if (r.non_zero && v == 0) v = 1;
+          fix = std::to_string(v);
         }
         error(first_known(s.value_pos, node.pos),
               "setting '" + name + "' of node '" + node.name + "' must be " + std::string(to_string(decl->type)) +

@@ -38,7 +38,7 @@ struct convert_opts {
   std::string dtype_name = "f32";
   std::string tokenizer;
   int64_t max_shard_bytes = 0;
-  int llama2c_version = 1;
+  int llama2c_version = 0;  // the layout llama2.c's run.c reads, as the trainers write
 };
 
 dtype parse_dtype(const std::string& s) {
@@ -165,7 +165,7 @@ void add_convert(CLI::App& app) {
                   "recorded as flowrun_real_vocab_size");
   sub->add_option("--max_shard_bytes", o->max_shard_bytes, "hf: shard model.safetensors above this size (0 = one file)")
       ->capture_default_str();
-  sub->add_option("--llama2c_version", o->llama2c_version, "llama2c: file version 0 (legacy) or 1")
+  sub->add_option("--llama2c_version", o->llama2c_version, "llama2c: file version 0 (legacy: what llama2.c's run.c reads) or 1 (export.py's version1_export)")
       ->capture_default_str();
   sub->callback([o] { run_convert(*o); });
 }

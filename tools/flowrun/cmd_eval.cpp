@@ -93,11 +93,13 @@ decoder load_policy(const std::string& path) {
   return m;
 }
 
-std::string answer(decoder& m, const tokenizer& tok, const std::vector<int32_t>& prompt, int64_t max_new) {
+// `stops`: stop_ids_for the model's path (flowrun generate's): an HF folder's eos_token_id list
+std::string answer(decoder& m, const tokenizer& tok, const std::vector<int32_t>& prompt, int64_t max_new,
+                   const std::vector<int32_t>& stops) {
   generation_config g;
   g.sampling.temperature = 0.0f;  // greedy: prompt_eval.py's default search
   g.max_new_tokens = max_new;
-  g.stop_ids = {tok.eos_id()};
+  g.stop_ids = stops;
   auto r = generate(m, {prompt}, g);
   return tok.decode(r[0].tokens);
 }
@@ -171,9 +173,11 @@ void add_eval(CLI::App& app) {
     print_rendered_row(*o, rows, ts, /*prompt_only=*/true);
     progress_line line("flowrun eval", "eval prompts");  // prompts answered by both models, of n
     line.update(0, n);
+    const auto base_stops = stop_ids_for(o->baseline, tok->bos_id(), tok->eos_id());
+    const auto tuned_stops = stop_ids_for(o->finetuned, tok->bos_id(), tok->eos_id());
     for (int64_t i = 0; i < n; ++i) {
-      const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens);
-      const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens);
+      const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens, base_stops);
+      const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens, tuned_stops);
       line.clear();
       std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
                                tail(tok->decode(prompts[i].ids), 300));
@@ -304,6 +308,7 @@ void add_chat(CLI::App& app) {
       throw std::invalid_argument(fmt::format(
           "--max_new_tokens {} leaves no room for the conversation in {}'s context of {} tokens: use at most {}",
           o->max_new_tokens, o->finetuned, ctx_len, ctx_len - 2));
+    const auto stops = stop_ids_for(o->finetuned, tok->bos_id(), tok->eos_id());
     std::string history;
     std::string line;
     std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
@@ -332,7 +337,7 @@ void add_chat(CLI::App& app) {
                                                                        : "its oldest turns are dropped");
         ids.erase(ids.begin() + 1, ids.end() - (room - 1));
       }
-      std::string reply = answer(m, *tok, ids, o->max_new_tokens);
+      std::string reply = answer(m, *tok, ids, o->max_new_tokens, stops);
       // an answer ends where the model starts the next turn
       if (auto cut = reply.find("Human:"); cut != std::string::npos) reply = reply.substr(0, cut);
       while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();

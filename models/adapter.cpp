@@ -216,6 +216,41 @@ void check_plain_lora(const nlohmann::json& j, const std::string& where) {
                              "supported; list the module names ([\"q_proj\", \"v_proj\"]) or write \"all-linear\"");
 }
 
+// PEFT saves "all-linear" (and a regex it resolved) as the full name of every module it adapted
+// ("model.layers.0.mlp.gate_proj", "transformer.h.3.attn.c_proj"): names of one layer each. When they
+// name the same modules in every one of the model's n_layers layers, that is plain LoRA on those
+// modules: returned as their names within a layer ("mlp.gate_proj", PEFT's suffix rule matches them
+// in every layer); a module named in some layers only is refused (flowrun adapts a module in every layer).
+std::vector<std::string> per_layer_targets(const std::vector<std::string>& targets, int64_t n_layers,
+                                           const std::string& where) {
+  static const std::regex full(R"(^(?:.*\.)?(?:layers|h)\.([0-9]+)\.(.+)$)");
+  std::map<std::string, std::set<int64_t>> layers_of;
+  std::vector<std::string> other;
+  for (const auto& t : targets) {
+    std::smatch m;
+    if (std::regex_match(t, m, full)) layers_of[m[2].str()].insert(std::stoll(m[1].str()));
+    else other.push_back(t);
+  }
+  if (layers_of.empty()) return targets;  // module names (q_proj): as they are
+  if (!other.empty())
+    throw std::runtime_error(where + ": target_modules mixes full names of one layer's modules with others ('" +
+                             other.front() + "'): list module names (q_proj), or every layer's full names as PEFT "
+                             "writes them");
+  std::vector<std::string> inner;
+  for (const auto& [name, ls] : layers_of) {
+    if (static_cast<int64_t>(ls.size()) != n_layers || *ls.begin() != 0 || *ls.rbegin() != n_layers - 1) {
+      std::string which;
+      for (int64_t l : ls) which += (which.empty() ? "" : ", ") + std::to_string(l);
+      throw std::runtime_error(where + ": target_modules adapts " + name + " in layer(s) " + which + " of " +
+                               std::to_string(n_layers) +
+                               " only: flowrun adapts a module in every layer (PEFT's layers_to_transform is not "
+                               "supported)");
+    }
+    inner.push_back(name);
+  }
+  return inner;
+}
+
 }  // namespace
 
 void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
@@ -256,7 +291,8 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
                                  "lora_alpha for every module");
     check_plain_lora(j, cfg_path.string());
     if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
-    else lc.target_modules = j.at("target_modules").get<std::vector<std::string>>();
+    else lc.target_modules = per_layer_targets(j.at("target_modules").get<std::vector<std::string>>(),
+                                               model.config().n_layers, cfg_path.string());
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (" + e.what() +
                              "): it needs peft_type \"LORA\", r and lora_alpha (numbers) and target_modules "

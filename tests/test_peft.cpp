@@ -157,6 +157,32 @@ TEST_CASE("PEFT adapter: base + load_adapter gives PEFT's logits, merged too, sa
   }
 }
 
+TEST_CASE("PEFT adapter: every layer's full module names (PEFT's all-linear as saved) are plain LoRA on those modules") {
+  // PEFT writes "all-linear" expanded, one name per layer's module; they were refused as "a module of one layer"
+  auto e = load_expected();
+  temp_dir tmp("full_names");
+  fs::copy_file(k_adapter / "adapter_model.safetensors", tmp.path / "adapter_model.safetensors");
+  auto cfg = read_json(k_adapter / "adapter_config.json");
+  auto base = load_hf(k_base.string());
+  const int64_t L = base.config().n_layers;
+  nlohmann::json full = nlohmann::json::array();
+  for (int64_t l = 0; l < L; ++l)
+    for (const char* mod : {"self_attn.q_proj", "self_attn.v_proj"})
+      full.push_back("model.layers." + std::to_string(l) + "." + mod);
+  cfg["target_modules"] = full;
+  std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+  load_adapter(base, tmp.str());
+  CHECK(max_diff(logits_of(base, e.ids), e.logits) < 1e-4);  // PEFT's logits, as with ["q_proj", "v_proj"]
+  // a module named in some layers only: refused, naming the layers
+  full.erase(full.begin());  // layer 0's q_proj
+  cfg["target_modules"] = full;
+  std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+  auto m2 = load_hf(k_base.string());
+  CHECK_THROWS_WITH_AS(load_adapter(m2, tmp.str()),
+                       doctest::Contains("target_modules adapts self_attn.q_proj in layer(s) 1 of 2 only"),
+                       std::runtime_error);
+}
+
 TEST_CASE("PEFT adapter: the tensor names are PEFT's, both ways") {
   auto e = load_expected();
   REQUIRE(e.names.size() == 8);

@@ -286,18 +286,10 @@ void check_output(const actor::node_context& ctx, const model_file_info& in, boo
 /// Saves `m` to the node's `output` (when set) as `f`, with `tokenizer` beside an HF
 /// folder; with verify_output, reloads it and prints the largest output difference.
 void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
-                 const std::string& tokenizer, const std::string& dtype) {
+                 const std::string& tokenizer, const std::string& source, const std::string& dtype) {
   const auto& out = ctx.spec().get_string("output");
   if (out.empty()) return;
-  // an HF source folder's stop ids (its eos_token_id list, generation_config.json) go with the output
-  std::string source;
-  if (ctx.spec().find_setting("model") && !ctx.spec().get_string("model").empty()) {
-    try {
-      source = resolve_user_path(ctx.spec().get_string("model"), "model").string();
-    } catch (const std::exception&) {  // resolved when the model loaded; none: no source ids to keep
-    }
-  }
-  save_model(m, out, f, tokenizer, source);
+  save_model(m, out, f, tokenizer, source);  // an HF source's stop ids go with the output
   const auto& s = ctx.spec();
   // a steps 1-2 trainer's folder says which rows it held out, for flowrun eval's defaults (not step 3's)
   if (f != model_format::llama2c && s.find_setting("data_split") && s.find_setting("eval_fraction")) {
@@ -410,6 +402,10 @@ std::map<std::string, std::string> hf_auto_values(const graph::node_spec& n, int
   }
   if (has("num_warmup_steps")) a["scheduler.params.warmup_num_steps"] = std::to_string(n.get_int("num_warmup_steps"));
   if (has("steps")) a["scheduler.params.total_num_steps"] = std::to_string(n.get_int("steps"));
+  if (!who.empty()) {  // step 3 trains at a constant lr and ignores the scheduler (its start warns): any valid value
+    a["scheduler.params.warmup_num_steps"] = "0";
+    a["scheduler.params.total_num_steps"] = "1";
+  }
   return a;
 }
 

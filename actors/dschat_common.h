@@ -111,7 +111,8 @@ std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec
 /// eps 1e-8 (DS-Chat's AdamW) and gradient_clipping (the node's, else DS-Chat's 1.0);
 /// optimizer.params.weight_decay (weight_decay), fp16.enabled / bf16.enabled (dtype), scheduler.params
 /// warmup_min_lr 0 / warmup_max_lr (the lr) / warmup_num_steps (num_warmup_steps) / total_num_steps
-/// (steps). A key the node has no setting for is left out: its "auto" stays an error naming it.
+/// (steps; for step 3's policy and critic, which ignore the scheduler, 0 and 1). A key the node has no
+/// setting for is left out: its "auto" stays an error naming it.
 std::map<std::string, std::string> hf_auto_values(const graph::node_spec& n, int world);
 
 /// The doc of a DS-Chat trainer's LoRA module setting (lora_module_name, actor_/critic_lora_module_name).
@@ -176,7 +177,7 @@ void print_chat_row(actor::node_context& ctx, const char* tag, const dschat::ste
 /// trainer's folder output also gets flowrun_data.json: its held-out split and `dtype`, the
 /// precision it trained and evaluated in (after a DeepSpeed JSON's), for flowrun eval's defaults.
 void save_output(actor::node_context& ctx, const char* step, const decoder& m, model_format f,
-                 const std::string& tokenizer, const std::string& dtype = "fp32");
+                 const std::string& tokenizer, const std::string& source, const std::string& dtype = "fp32");
 
 /// The settings a trainer kind names when its memory plan does not fit (what to lower or set).
 struct plan_settings {

@@ -58,6 +58,7 @@ class dschat_trainer : public actor::node {
     format_ = saved_format(given.format, value_head_);
     check_output(ctx, given, value_head_);
     tokenizer_ = resolve_user_path(ctx.spec().get_string("tokenizer"), "tokenizer").string();
+    if (given.format == model_format::hf) source_ = model_path;  // its stop ids go with the output
     if ((model_ = resume_saved(ctx, tag_))) {
       resumed_ = true;
       return;
@@ -125,7 +126,7 @@ class dschat_trainer : public actor::node {
       engine_.finish();
       ctx.print(held_out_pass(ctx, false, since(t0_)));
       if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
-        save_output(ctx, tag_, *model_, format_, tokenizer_, d_.dtype);
+        save_output(ctx, tag_, *model_, format_, tokenizer_, source_, d_.dtype);
         // llama2.c and HF files hold the merged weights: bit-exact on reload only without LoRA;
         // a flowrun folder keeps every tensor in f32, LoRA and v_head included
         if (!model_->has_lora() || format_ == model_format::flowrun) {
@@ -141,7 +142,9 @@ class dschat_trainer : public actor::node {
       // checkpoint_dir as its own
       if (!ckpt_dir_.empty()) std::filesystem::remove_all(ckpt_dir_);
     }
-    ctx.emit("model", actor::payload::make("model", model_msg{model_, 0, format_, tokenizer_}));
+    model_msg msg{model_, 0, format_, tokenizer_};
+    msg.source = source_;
+    ctx.emit("model", actor::payload::make("model", std::move(msg)));
     done_ = true;
     return false;
   }
@@ -316,6 +319,7 @@ class dschat_trainer : public actor::node {
   int64_t save_every_ = 0;
   model_format format_ = model_format::llama2c;
   std::string tokenizer_;
+  std::string source_;  // the HF folder the model came from (model_msg::source)
   clk::time_point t0_;
 };
 

@@ -614,7 +614,7 @@ class ppo_trainer final : public actor::node {
     if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
       ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_.engine->memory().str()));
     engine_.finish();  // every rank: at stage 3 the parameters are gathered
-    if (policy_ && group_.rank == 0) save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_);
+    if (policy_ && group_.rank == 0) save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_, source_);
   }
 
  private:
@@ -626,6 +626,7 @@ class ppo_trainer final : public actor::node {
       format_ = saved_format(m.format, false);
       const auto& t = ctx.spec().get_string("tokenizer");
       tokenizer_ = t.empty() ? m.tokenizer : resolve_user_path(t, "tokenizer").string();
+      source_ = m.source;
       // the model's own tokenizer path is the sender's: on another cluster node it may be missing
       if (format_ == model_format::hf && !tokenizer_.empty() && !ctx.spec().get_string("output").empty() &&
           !std::filesystem::exists(tokenizer_))
@@ -708,7 +709,7 @@ class ppo_trainer final : public actor::node {
     }
     if (d_.zero_stage != 3 && snapshot && speaks()) gen = take_snapshot();
     if (speaks())
-      ctx.emit("weights", actor::payload::make("model", model_msg{gen, version_, format_, tokenizer_, snapshot}));
+      ctx.emit("weights", actor::payload::make("model", model_msg{gen, version_, format_, tokenizer_, snapshot, source_}));
   }
 
   // A copy of the weights for the generator, double-buffered: into one of two buffers that no one
@@ -973,6 +974,7 @@ class ppo_trainer final : public actor::node {
 
   bool policy_;
   model_format format_ = model_format::llama2c;
+  std::string source_;  // the HF folder the policy's model came from (model_msg::source)
   std::string tokenizer_;
   ppo::ppo_settings ps_;
   dschat::dschat_settings d_;

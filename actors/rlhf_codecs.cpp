@@ -134,6 +134,7 @@ void register_rlhf_codecs() {
                      w.put<std::uint8_t>(m.model->has_value_head() ? 1 : 0);
                      w.put_tensor(m.model->w().flat.clone());
                      if (m.model->has_value_head()) w.put_tensor(m.model->w().v_head.clone());
+                     w.put_string(m.source);
                    },
                    [](reader& r) {
                      model_msg m;
@@ -167,6 +168,7 @@ void register_rlhf_codecs() {
                      }
                      m.model = std::move(d);
                      m.snapshot = true;  // this process's own copy: its owner trains elsewhere
+                     m.source = r.get_string();
                      return m;
                    }));
   actor::register_payload_codec("rollouts", bulk_codec<rollout_msg>(put_rollouts, get_rollouts));

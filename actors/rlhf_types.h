@@ -36,6 +36,9 @@ struct model_msg {
   /// double-buffered snapshot for max_staleness >= 1, a ZeRO-3 gather, or a copy from another
   /// process): safe to read while the owner trains. false: the owner's live model.
   bool snapshot = false;
+  /// The Hugging Face folder the model came from (empty: none): a trainer that starts from it keeps
+  /// its stop ids beside its HF output (save_model's `source`: the eos_token_id list, generation_config.json).
+  std::string source;
 };
 
 struct prompt_msg {

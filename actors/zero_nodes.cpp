@@ -409,10 +409,11 @@ class zero_rank final : public actor::node {
       throw std::invalid_argument(fmt::format(
           "node '{}': {} trained with a global batch of {} rows per update, and this run's is {} "
           "(train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x {} rank(s)): set train_batch_size "
-          "= {} in the DeepSpeed JSON (the micro-batch and accumulation then split it over the ranks), or point "
-          "output_dir elsewhere (or set resume = false) to start afresh",
+          "= {} in the DeepSpeed JSON and leave gradient_accumulation_steps out (DeepSpeed then splits it over the "
+          "ranks), or make micro-batch x accumulation x ranks {}; or point output_dir elsewhere (or set resume = "
+          "false) to start afresh",
           ctx.name(), folder, then, ds_.train_batch_size, ds_.train_micro_batch_size_per_gpu,
-          ds_.gradient_accumulation_steps, world_, then));
+          ds_.gradient_accumulation_steps, world_, then, then));
     restore_engine_state(*engine_, ck);
     done_ = m0.step;
     // RNG: this rank's stream when the world size is unchanged, else rank 0's

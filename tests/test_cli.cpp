@@ -73,6 +73,13 @@ TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, 
   CHECK(rc == 0);
   CHECK(has(stopped, "to the park.\n"));
   CHECK_FALSE(has(stopped, "to the park. Anna"));
+  // train-lm from it keeps its generation_config.json beside the output (it was dropped)
+  const auto out = std::filesystem::temp_directory_path() / "flowrun_cli_chat_stops_tl";
+  std::filesystem::remove_all(out);
+  run(std::string(FLOWRUN_BIN) + " train-lm --init " + dir.string() + " --steps 1 --output " + out.string() + " 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(std::filesystem::exists(out / "generation_config.json"));
+  std::filesystem::remove_all(out);
   std::filesystem::remove_all(dir);
 }
 
@@ -263,6 +270,15 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
   out = run(rlhf + " --set node.prompts.iterations=0 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "setting 'iterations' of node 'prompts' (kind prompt_loader) must be >= 1, got 0"));
+  // an HF Trainer JSON on step 3's trainers: its "auto" keys come from their settings, the ignored
+  // scheduler's too (it asked for numbers step 3 then ignored); only the iterations error is left
+  const std::string hf_json = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/ds/hf_trainer_auto.json";
+  out = run(rlhf + " --set node.prompts.iterations=0 --set node.policy.deepspeed_config=" + hf_json +
+                " --set node.critic.deepspeed_config=" + hf_json + " 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "must be >= 1, got 0"));
+  CHECK_FALSE(has(out, "\"auto\""));
 }
 
 TEST_CASE("GRPO settings that train nothing or do nothing are refused when the graph is checked") {

@@ -211,7 +211,9 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     auto m = std::make_shared<decoder>(stories260k_config());
     m->init_random(3);
     m->add_value_head(4);
-    auto p = actor::payload::make("model", actors::model_msg{m, 5, model_format::hf, "/models/opt-tiny"});
+    actors::model_msg msg{m, 5, model_format::hf, "/models/opt-tiny"};
+    msg.source = "/models/opt-tiny-src";  // its stop ids go with a trainer's output on the other process
+    auto p = actor::payload::make("model", std::move(msg));
     std::vector<tensor> bulk;
     auto bytes = actor::encode_payload(p, &bulk);
     REQUIRE(bytes);
@@ -225,6 +227,7 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     CHECK(mm.version == 5);
     CHECK(mm.format == model_format::hf);  // where it came from: the policy saves in this format
     CHECK(mm.tokenizer == "/models/opt-tiny");
+    CHECK(mm.source == "/models/opt-tiny-src");
     CHECK(mm.model != m);
     CHECK(mm.model->config().dim == m->config().dim);
     CHECK(mm.model->config().norm_eps == m->config().norm_eps);
@@ -369,6 +372,7 @@ TEST_CASE("cluster bulk: malformed step 3 messages are refused before anything i
     w.put_string(cfg.dump());
     w.put<std::uint8_t>(0);                                                 // no value head
     w.put<std::int32_t>(0);                                                 // the weights: bulk tensor 0
+    w.put_string("");                                                       // source
     return actor::decode_payload("model", w.out, &bulk);
   };
   nlohmann::json cfg = stories260k_config();

@@ -126,7 +126,8 @@ void add_train_lm(CLI::App& app) {
     std::printf("final held-out loss %.4f (%.1f s)\n", eval(), total);
     engine.release_model();
     if (!o->output.empty()) {
-      save_model(model, o->output, format, resolve_user_path(o->tokenizer, "tokenizer").string());
+      save_model(model, o->output, format, resolve_user_path(o->tokenizer, "tokenizer").string(),
+                 format == model_format::hf ? resolve_user_path(o->init, "model").string() : "");
       spdlog::info("wrote {} ({})", o->output, to_string(format));
     }
   });

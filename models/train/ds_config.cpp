@@ -312,6 +312,9 @@ class reader {
                                 keys + ". " + why + "them: " + fix);
   }
 
+  /// "key=value" of each "auto" filled from auto_values, in the order read.
+  const std::vector<std::string>& auto_filled() const { return auto_order_; }
+
   int64_t as_int(const std::string& path, const ojson& v, const std::string& what = "an integer") const {
     if (v.is_number_integer()) {
       if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -365,10 +368,6 @@ class reader {
   std::map<std::string, std::string> auto_used_;
   std::vector<std::string> auto_missing_;
   std::vector<std::string> auto_order_;
-
- public:
-  /// "key=value" of each "auto" filled from auto_values, in the order read.
-  const std::vector<std::string>& auto_filled() const { return auto_order_; }
 };
 
 void apply_overrides(ojson& root, const ds_parse_options& opts, const std::string& where) {

@@ -42,8 +42,9 @@ struct ds_parse_options {
   /// are created. Errors about an overridden key name the override.
   std::map<std::string, std::string> overrides;
   /// Key path -> JSON text used where the config says "auto" (HF Trainer's
-  /// DeepSpeed integration fills these in from its own arguments; flowrun has
-  /// no such arguments, so an "auto" without an entry here is an error).
+  /// DeepSpeed integration fills these in from its own arguments; flowrun's
+  /// trainer nodes from their settings: actors/dschat_common.h hf_auto_values).
+  /// An "auto" read without an entry here is an error naming every such key.
   std::map<std::string, std::string> auto_values;
 };
 

@@ -489,7 +489,7 @@ TEST_CASE("overrides: --set node.NAME.SETTING=VALUE as a TOML scalar") {
                     [](const graph_error& e) { return contains(e.message, "unknown node kind 'generatr'"); }));
 }
 
-TEST_CASE("unknown settings: another tool's name gets its hint; a setting of another node names that node") {
+TEST_CASE("unknown settings: another tool's name gets its hint, a setting of another node names that node") {
   const std::string text = R"(edges = ["src.lines -> t.data", "t.weights -> p.weights [feedback]", "p.games -> out"]
 [node.src]
 kind = "text_source"

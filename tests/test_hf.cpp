@@ -1070,7 +1070,7 @@ TEST_CASE("checkpoint: a value head travels in HF folders as v_head.weight") {
   }
 }
 
-TEST_CASE("stop_ids_for: EOS and a new BOS for llama2.c models; an HF folder's eos_token_id, not BOS") {
+TEST_CASE("stop_ids_for: EOS and a new BOS for llama2.c models, an HF folder's eos_token_id, not BOS") {
   // a greedy Qwen2 that emitted BOS mid-text stopped there, while transformers' generate() went on
   using ids = std::vector<int32_t>;
   CHECK(stop_ids_for(asset_path("model/stories260K/stories260K.bin").string(), 1, 2) == ids{2, 1});

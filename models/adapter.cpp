@@ -283,12 +283,8 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
       throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (lora_dropout is " +
                                std::to_string(dropout) + ", not a probability in [0, 1))");
     lc.lora_dropout = static_cast<float>(dropout);
-    // variants whose math differs from y = x Wᵀ + (lora_alpha / r) B A x with one r: refused, not approximated
-    for (const char* k : {"rank_pattern", "alpha_pattern"})
-      if (j.contains(k) && !j[k].is_null() && !j[k].empty())
-        throw std::runtime_error(cfg_path.string() + ": \"" + k + "\" " + j[k].dump() +
-                                 " (a rank or alpha per module) is not supported: flowrun's LoRA has one r and "
-                                 "lora_alpha for every module");
+    // variants whose math differs from y = x Wᵀ + (lora_alpha / r) B A x with one r (rank_pattern, DoRA,
+    // aLoRA, ...): refused, not approximated
     check_plain_lora(j, cfg_path.string());
     if (j.at("target_modules").is_string()) lc.target_modules = {j["target_modules"].get<std::string>()};
     else lc.target_modules = per_layer_targets(j.at("target_modules").get<std::vector<std::string>>(),

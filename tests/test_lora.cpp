@@ -166,20 +166,29 @@ TEST_CASE("LoRA: adapter_lr is the adapters' own peak lr on the base lr's schedu
   lm_dataset data(asset_path("data/shakespeare/tinyshakespeare.txt").string(), *tok, 32);
   tensor ids, tg;
   data.next_batch(4, ids, tg);
-  auto first_move = [&](double adapter_lr, double step_lr) {
+  // stories260K with rank-4 LoRA (a value head too, for a critic: then the base is frozen)
+  auto lora_model = [](bool value_head) {
     auto m = load_llama2c(test::model_path());
+    if (value_head) m.add_value_head(5);
     lora_config lc;
     lc.lora_r = 4;
     lc.lora_alpha = 4;
-    m.enable_lora(lc, /*freeze_base=*/false);
-    const auto before = m.w().adapter_flat.to_floats();
-    auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+    m.enable_lora(lc, /*freeze_base=*/value_head);
+    return m;
+  };
+  auto settings = [](double adapter_lr) {  // base lr 1e-3, no decay: AdamW's first step is lr x sign(g)
     zero_settings zs;
     zs.micro_batch = 4;
     zs.adamw.lr = 1e-3f;
     zs.adamw.weight_decay = 0.0f;
     zs.adapter_lr = adapter_lr;
-    zero_engine eng(m, *comm, zs);
+    return zs;
+  };
+  auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
+  auto first_move = [&](double adapter_lr, double step_lr) {
+    auto m = lora_model(false);
+    const auto before = m.w().adapter_flat.to_floats();
+    zero_engine eng(m, *comm, settings(adapter_lr));
     eng.train_step(ids, tg, step_lr);
     return max_abs_diff(m.w().adapter_flat.to_floats(), before);
   };
@@ -189,20 +198,9 @@ TEST_CASE("LoRA: adapter_lr is the adapters' own peak lr on the base lr's schedu
   CHECK(first_move(5e-4, 2.5e-4) / 1.25e-4 == doctest::Approx(1.0).epsilon(1e-3));   // a quarter: the schedule
 
   // a value head in the adapter buffer (a LoRA critic) keeps the base lr: DS-Chat's v_head is in the base's group
-  auto m = load_llama2c(test::model_path());
-  m.add_value_head(5);
-  lora_config lc;
-  lc.lora_r = 4;
-  lc.lora_alpha = 4;
-  m.enable_lora(lc, /*freeze_base=*/true);
+  auto m = lora_model(true);
   const auto before = m.w().adapter_flat.to_floats();
-  auto comm = comm::inproc_communicator(comm::make_inproc_group(1), 0);
-  zero_settings zs;
-  zs.micro_batch = 4;
-  zs.adamw.lr = 1e-3f;
-  zs.adamw.weight_decay = 0.0f;
-  zs.adapter_lr = 5e-4;
-  zero_engine eng(m, *comm, zs);
+  zero_engine eng(m, *comm, settings(5e-4));
   batch_loss l;  // the mean of the values: a gradient for v_head and (through the blocks) for B
   l.units = [](int64_t) { return int64_t{1}; };
   l.forward = [&](int64_t, decoder& model, activations& a) {

@@ -6,6 +6,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "runtime/util/nearest.h"
+
 namespace flowrun::graph {
 
 std::string_view to_string(port_dir d) { return d == port_dir::in ? "in" : "out"; }
@@ -378,11 +380,14 @@ std::string explain(const node_kind& kind) {
   return out;
 }
 
-std::string setting_owner_hint(const graph_spec& graph, const node_kind_registry& kinds, std::string_view setting_name,
-                               std::string_view except) {
+std::string unknown_setting_hint(const graph_spec& graph, const node_kind_registry& kinds, const node_kind& kind,
+                                 std::string_view setting_name, std::string_view node,
+                                 const std::vector<std::string>& valid) {
+  if (auto o = kind.other_names.find(setting_name); o != kind.other_names.end()) return o->second;
+  if (!nearest_name(setting_name, valid).empty()) return {};
   std::string owners;
   for (const auto& other : graph.nodes)
-    if (other.name != except)
+    if (other.name != node)
       if (const node_kind* k = kinds.lookup(other.kind); k && k->find_setting(setting_name))
         owners += (owners.empty() ? "" : " and of ") + ("[node." + other.name + "] (kind " + k->name + ")");
   if (owners.empty()) return {};

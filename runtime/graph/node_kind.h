@@ -231,11 +231,15 @@ class node_kind_registry {
   std::map<std::string, node_kind, std::less<>> kinds_;
 };
 
-/// The hint for a setting `setting_name` written on node `except` whose kind lacks it, when other nodes of
-/// `graph` have it: "'loss_agg_mode' is a setting of [node.policy] (kind policy): write it there" (a
-/// setting put under the wrong node of a pipeline). Empty when no other node's kind declares it.
-std::string setting_owner_hint(const graph_spec& graph, const node_kind_registry& kinds, std::string_view setting_name,
-                               std::string_view except);
+/// The hint for an unknown setting `setting_name` written on node `node` of kind `kind`, before a "did you
+/// mean": another tool's name for one of the kind's settings (node_kind::other_names: "veRL's clip_ratio is
+/// cliprange here"); else, when none of `valid` (the names the caller suggests from) is near, the other
+/// nodes of `graph` whose kind has it ("'loss_agg_mode' is a setting of [node.policy] (kind policy): write
+/// it there"). Empty otherwise: the caller's "did you mean" or list of valid names. The graph file's
+/// validator and --set use it alike.
+std::string unknown_setting_hint(const graph_spec& graph, const node_kind_registry& kinds, const node_kind& kind,
+                                 std::string_view setting_name, std::string_view node,
+                                 const std::vector<std::string>& valid);
 
 /// The one rule relative paths follow (validate.h, "Path settings"), as
 /// `flowrun explain` prints it under every kind that has path settings.

@@ -1055,11 +1055,9 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
     if (kind)
       for (const auto& n : kind->setting_names())
         if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
-    std::string owner = kind && nearest_name(key, names).empty() ? setting_owner_hint(spec, *kinds, key, node_name) : "";
-    if (kind)
-      if (auto o = kind->other_names.find(key); o != kind->other_names.end()) owner = o->second;
+    const std::string hint = kind ? unknown_setting_hint(spec, *kinds, *kind, key, node_name, names) : "";
     return err(key_off, "override names unknown setting '" + key + "' of node '" + node_name + "'",
-               owner.empty() ? suggest(key, names, "settings") : owner);
+               hint.empty() ? suggest(key, names, "settings") : hint);
   }
   // A string setting takes the text as is (unless it was written as a TOML string).
   bool wants_string = decl ? (decl->type == setting_type::string || decl->type == setting_type::path ||

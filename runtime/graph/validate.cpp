@@ -194,13 +194,12 @@ class validator {
     }
   }
 
-  // "did you mean" a near name of the kind's; else the other nodes of the graph whose kind has this very
-  // setting (loss_agg_mode written under the experience maker belongs to the policy); else the valid names
+  // another tool's name, or the node that has the setting (unknown_setting_hint); else "did you mean"
+  // a near name of the kind's, or its valid names
   std::string setting_hint(const std::string& name, const node_spec& node, const node_kind& kind) const {
-    if (auto o = kind.other_names.find(name); o != kind.other_names.end()) return o->second;
-    if (nearest_name(name, kind.setting_names()).empty())
-      if (std::string owner = setting_owner_hint(result_.spec, kinds_, name, node.name); !owner.empty()) return owner;
-    return suggest(name, kind.setting_names(), "settings of " + kind.name);
+    const auto valid = kind.setting_names();
+    if (std::string h = unknown_setting_hint(result_.spec, kinds_, kind, name, node.name, valid); !h.empty()) return h;
+    return suggest(name, valid, "settings of " + kind.name);
   }
 
   void check_settings(node_spec& node, const node_kind& kind) {

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -190,4 +191,26 @@ TEST_CASE("line_process: the command's group dies with its owner, even by SIGKIL
   CHECK(gone);
   for (pid_t x : pids) ::kill(x, SIGKILL);  // whatever the check found, nothing stays behind
   std::remove(pidfile.c_str());
+}
+
+// The child's stderr file has no name while the child lives (unlinked at creation): a run killed by
+// SIGKILL, whose destructors never run, used to leave one /tmp/flowrun-reward-stderr-* file behind.
+TEST_CASE("line_process: the stderr file is unlinked from the start, so a killed run leaves no file") {
+  line_process p("while read l; do echo \"got $l\"; echo \"to stderr $l\" >&2; done");
+  const auto a = p.ask("x", 5000ms);
+  REQUIRE(a.line);
+  std::vector<std::string> held;  // what this process's descriptors name
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.find("flowrun-reward-stderr-") != std::string::npos) held.push_back(target);
+  }
+  REQUIRE(held.size() == 1);  // the child's stderr, held open by its owner
+  CHECK(held[0].find(" (deleted)") != std::string::npos);
+  p.stop();
+  // and the stderr still reaches error messages: a child that writes to stderr and exits
+  line_process q("read l; echo \"bad input $l\" >&2; exit 3");
+  const auto b = q.ask("y", 5000ms);
+  CHECK_FALSE(b.line);
+  CHECK(b.stderr_tail.find("bad input y") != std::string::npos);
 }

@@ -6,7 +6,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -43,29 +42,40 @@ std::string head_of(const std::string& out) {
 
 line_process::~line_process() {
   stop();
-  if (!err_path_.empty()) ::unlink(err_path_.c_str());
+  if (err_fd_ >= 0) ::close(err_fd_);
 }
 
 std::string line_process::start() {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     return std::string("socketpair failed: ") + std::strerror(errno);
-  if (err_path_.empty()) {
-    char tmpl[] = "/tmp/flowrun-reward-stderr-XXXXXX";
-    const int efd = ::mkstemp(tmpl);
+  if (err_fd_ < 0) {
+    // The child's stderr goes to a file that has no name from the start: unlinked here, it lives as
+    // long as this descriptor, so nothing is left in the temporary folder by a run that is killed
+    // (SIGKILL runs no destructor) or crashes.
+    const char* dir = std::getenv("TMPDIR");
+    std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/flowrun-reward-stderr-XXXXXX";
+    const int efd = ::mkostemp(tmpl.data(), O_CLOEXEC);
     if (efd < 0) {
       ::close(sv[0]);
       ::close(sv[1]);
-      return std::string("mkstemp failed: ") + std::strerror(errno);
+      return "mkostemp in " + tmpl.substr(0, tmpl.rfind('/')) + " failed: " + std::strerror(errno) +
+             " (set TMPDIR to a writable folder)";
     }
-    ::close(efd);
-    err_path_ = tmpl;
+    ::unlink(tmpl.c_str());
+    err_fd_ = efd;
+  }
+  // each start keeps only this child's stderr: the file emptied, the shared offset back at 0
+  if (::ftruncate(err_fd_, 0) != 0 || ::lseek(err_fd_, 0, SEEK_SET) != 0) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    return std::string("could not empty the stderr file: ") + std::strerror(errno);
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
   posix_spawn_file_actions_adddup2(&fa, sv[1], 1);
-  posix_spawn_file_actions_addopen(&fa, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, err_fd_, 2);
   std::vector<std::string> env_store;
   // The OpenMP wait settings flowrun gave itself (tools/flowrun/omp_defaults.cpp) stay flowrun's: the
   // child gets the user's environment (an active wait would make its own OpenMP threads spin)
@@ -159,10 +169,16 @@ void line_process::kill_child() {
 }
 
 std::string line_process::stderr_tail() const {
-  std::ifstream f(err_path_);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string s = ss.str();
+  std::string s;
+  if (err_fd_ >= 0) {
+    char buf[4096];
+    for (off_t at = 0;;) {
+      const ssize_t n = ::pread(err_fd_, buf, sizeof buf, at);
+      if (n <= 0) break;
+      s.append(buf, static_cast<size_t>(n));
+      at += n;
+    }
+  }
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   if (s.size() > 600) {
     s.erase(0, s.size() - 600);

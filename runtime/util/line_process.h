@@ -4,7 +4,8 @@
 //
 // The child runs `/bin/sh -c COMMAND` with its standard input and output on one end of a
 // socket pair (so a child that dies turns our writes into an error, never a SIGPIPE) and its
-// standard error in a temporary file whose tail goes into error messages. PYTHONUNBUFFERED=1
+// standard error in an unlinked temporary file (in $TMPDIR, else /tmp; nothing is left there,
+// even by kill -9) whose tail goes into error messages. PYTHONUNBUFFERED=1
 // is set, so a Python `print(...)` reaches us without an explicit flush.
 //
 // The child leads a process group of its own, and a kill ends the whole group (the shell and
@@ -75,7 +76,7 @@ class line_process {
   pid_t pgid_ = -1;  // the child's process group (its pid), killed whole
   int watch_fd_ = -1;     // the write end of the watchdog's pipe (closed by our death)
   pid_t watch_pid_ = -1;  // the watchdog
-  std::string err_path_;
+  int err_fd_ = -1;       // the child's stderr: an unlinked temporary file (see start())
   std::string buffer_;  // bytes read past the last answer line
 };
 

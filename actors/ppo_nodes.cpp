@@ -934,12 +934,14 @@ class ppo_trainer final : public actor::node {
     const std::string f = (std::filesystem::path(folder(ctx)) / step_folder_name(iteration)).string();
     const auto ck = load_checkpoint(f);
     const auto& m0 = ck.manifests.at(0);
+    // the settings first: they name what changed (only_optimize_lora true -> false), where the hash only
+    // says "differs"
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f, safe_to_change(),
+                          "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
     if (m0.config_hash != config_hash())
       throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + f +
                                " was made for another model, LoRA or value-head setting (config hash differs): "
                                "use another [graph] checkpoint_dir, or delete it to start step 3 afresh");
-    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f, safe_to_change(),
-                          "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
     // No setting shows that the model this node starts from changed (step 1 or 2 retrained since,
     // or another file under the same name): its weights' fingerprint does. A record without one
     // (an older checkpoint) is accepted.

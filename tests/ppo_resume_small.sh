@@ -14,6 +14,8 @@
 #      per_device_generation_batch_size are refused, naming them with both values, and so are
 #      fewer iterations than the checkpoint has done;
 #      critic_zero_stage is safe and the run resumes.
+#  6b. Step 3 with LoRA (actor and critic, only_optimize_lora) resumes, and a changed only_optimize_lora
+#      is refused naming it.
 #   7. Step 1 retrained after step 3's checkpoint (no step-3 setting changed): the resume is refused.
 #   8. The asset folder through a symbolic link (another spelling of the same files): accepted.
 #   4. Non-finite values (actor_learning_rate 1e30: the next scoring overflows) stop the run with a
@@ -193,6 +195,25 @@ refused f5 "the reference model in another dtype (other KL penalties would follo
   "node 'reference': resuming from .* with settings changed: dtype \"fp32\" -> \"bf16\"; set them back" \
   "$out/a" --set node.reference.dtype=bf16
 echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage accepted"
+# 6b. LoRA in step 3 (actor_lora_dim, critic_lora_dim, only_optimize_lora): a LoRA checkpoint resumes,
+#     and a changed only_optimize_lora is refused naming it (it was refused by the config hash alone,
+#     "config hash differs", which names nothing and offers only deleting the checkpoint)
+cp -r "$out/a" "$out/l"
+rm -rf "$out/l/ckpt/step3.json" "$out/l/ckpt/policy" "$out/l/ckpt/critic"
+for f in "$out/l/ckpt/"*.settings.json; do rm "$f"; done
+lora=(--set node.policy.actor_lora_dim=4 --set node.critic.critic_lora_dim=4 --set node.policy.only_optimize_lora=true
+      --set node.critic.only_optimize_lora=true)
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/l") "${lora[@]}" --set node.prompts.iterations=2 > "$out/l1.log" \
+  2> "$out/l1.err" || { echo "the step-3 LoRA run failed:"; tail -20 "$out/l1.err"; exit 1; }
+grep -q "checkpoint after iteration 1" "$out/l1.log" || fail "the step-3 LoRA run committed no checkpoint"
+refused l2 "another only_optimize_lora (the whole actor would train)" \
+  "node 'policy': resuming from .* with settings changed: only_optimize_lora true -> false; set them back" \
+  "$out/l" "${lora[@]}" --set node.prompts.iterations=4 --set node.policy.only_optimize_lora=false
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/l") "${lora[@]}" --set node.prompts.iterations=4 > "$out/l3.log" \
+  2> "$out/l3.err" || { echo "the step-3 LoRA resume failed:"; tail -20 "$out/l3.err"; exit 1; }
+grep -q "resuming after iteration 1 " "$out/l3.log" || fail "the step-3 LoRA run did not resume after iteration 1"
+[ "$(lines "$out/l3.log" | grep -c ' iter ')" = 2 ] || fail "the step-3 LoRA resume did not run iterations 2-3"
+echo "step-3 LoRA: resumed after iteration 1; a changed only_optimize_lora refused, naming it"
 # 7. step 1 would train again under step 3's checkpoint (one more SFT step): no step-3 setting
 #    changed, but the policy would continue from weights trained on the old step-1 model while the
 #    reference is the new one. Refused by step 1, naming the change, before it trains and replaces

@@ -117,6 +117,16 @@ rc=0
 ctl status > /dev/null 2> "$out/after.txt" || rc=$?
 (( rc == 3 )) || { echo "flowctl after the run: expected exit code 3, got $rc"; exit 1; }
 cat "$out/after.txt"
+# usage errors exit 2 and say what is wrong: a misspelt subcommand is named (CLI11 said only "A subcommand
+# is required"), a port out of range is refused (it was tried, and said "no console answers", exit 3)
+rc=0
+"$flowctl" --port 8080 stauts 2> "$out/usage.txt" || rc=$?
+(( rc == 2 )) && grep -q "unknown subcommand 'stauts': use one of status," "$out/usage.txt" ||
+  { echo "flowctl stauts: exit code $rc, $(cat "$out/usage.txt")"; exit 1; }
+rc=0
+"$flowctl" --port 70000 status 2> "$out/usage.txt" || rc=$?
+(( rc == 2 )) && grep -q "70000 not in range" "$out/usage.txt" ||
+  { echo "flowctl --port 70000: exit code $rc, $(cat "$out/usage.txt")"; exit 1; }
 # a token file that cannot be written ends the run at once with the reason, five times in a row
 # (the server's thread had not reached its accept loop when the error stopped it, and the join
 # waited forever: no line, no exit)

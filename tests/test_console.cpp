@@ -325,6 +325,7 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   s1.signals.push_back({2, 1.5, "b", 0, "loss", 2.0, ""});
   s1.signals.push_back({3, 1.6, "b", 1, "phase", 0, "training"});
   s1.signals.push_back({4, 1.7, "b", 0, "staleness", 1.0, ""});
+  s1.signals.push_back({5, 1.8, "b", 0, "lr", 7.7012345e-6, ""});  // DS-Chat's learning rates: digits, not decimals
   h.publish(s1);
 
   json nodes = json::parse(h.nodes_json())["nodes"];
@@ -365,6 +366,12 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   CHECK((*loss)["points"].size() == 2);
   CHECK((*loss)["latest"].get<double>() == doctest::Approx(2.0));
   CHECK(json::parse(h.signals_json(1.0))["series"][0]["points"].size() <= 1);
+  // a small value keeps 7 significant digits everywhere (6 decimal places showed lr 7.7e-6 as 8e-06, 1.5e-8 as 0)
+  const json* lr = find_by(sig["series"], "name", "lr");
+  REQUIRE(lr);
+  CHECK((*lr)["latest"].get<double>() / 7.7012345e-6 == doctest::Approx(1.0).epsilon(1e-6));
+  CHECK((*lr)["points"][0][1].get<double>() / 7.7012345e-6 == doctest::Approx(1.0).epsilon(1e-6));
+  CHECK(json::parse(h.status_json())["signals"]["b/lr"].get<double>() / 7.7012345e-6 == doctest::Approx(1.0).epsilon(1e-6));
   CHECK(sig["phases"][0]["phase"] == "training");
   json ev = json::parse(h.events_json(1));
   REQUIRE(ev["events"].size() == 1);
@@ -378,7 +385,8 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   std::uint64_t es = 0, ss = 0;
   json f1 = json::parse(h.frame_json(&es, &ss));
   CHECK(f1["events"].size() == 2);
-  CHECK(f1["signals"].size() == 4);
+  CHECK(f1["signals"].size() == 5);
+  CHECK(f1["signals"][4]["value"].get<double>() / 7.7012345e-6 == doctest::Approx(1.0).epsilon(1e-6));
   json f2 = json::parse(h.frame_json(&es, &ss));
   CHECK(f2["events"].empty());
   CHECK(f2["signals"].empty());
@@ -691,6 +699,16 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
     CHECK(run.post(a, "0123456789abcdef0123456789abcdef") == 403);
   }
   CHECK(run.get("/api/status")["run_state"] == "running");  // none of them did anything
+  // another method on a path that changes nothing: 405 (or 404) without the token on loopback, as the docs
+  // say (it was 401, "this request changes the run's state")
+  for (const auto& [line, want] : std::vector<std::pair<std::string, std::string>>{
+           {"POST /api/graph", "HTTP/1.1 405"}, {"DELETE /api/status", "HTTP/1.1 405"}, {"PUT /api/pause", "HTTP/1.1 405"},
+           {"POST /api/nosuch", "HTTP/1.1 404"}, {"POST /api/stop", "HTTP/1.1 401"}}) {
+    const std::string a = raw_http(run.port, {line + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"});
+    INFO(line << ": " << a);
+    CHECK(a.rfind(want, 0) == 0);
+  }
+  CHECK(run.get("/api/status")["run_state"] == "running");
 
   // pause: nothing is produced until resume
   CHECK(run.post("/api/pause", run.token, &body) == 200);
@@ -704,6 +722,20 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
   CHECK(run.post("/api/resume", run.token) == 200);
   run.wait_for("/api/nodes", [&](const json& j) { return produced_by(j, "src") > p0 + 5; });
   CHECK(run.get("/api/status")["run_state"] == "running");
+  // a query parameter that is not a number of its range is a 400 naming it (it was taken as the default);
+  // a host name in another case is the same host (RFC 3986 3.2.2)
+  for (const auto& [path, want] : std::vector<std::pair<std::string, std::string>>{
+           {"/api/bottlenecks?n=0", "HTTP/1.1 400"}, {"/api/bottlenecks?n=abc", "HTTP/1.1 400"},
+           {"/api/bottlenecks?n=1.5", "HTTP/1.1 400"}, {"/api/bottlenecks?n=1000", "HTTP/1.1 200"},
+           {"/api/signals?since=nan", "HTTP/1.1 400"}, {"/api/signals?since=abc", "HTTP/1.1 400"},
+           {"/api/signals?since=1.5", "HTTP/1.1 200"}, {"/api/events?since=1.5", "HTTP/1.1 400"},
+           {"/api/events?since=-1", "HTTP/1.1 400"}, {"/api/events?since=3", "HTTP/1.1 200"}}) {
+    const std::string a = raw_http(run.port, {"GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"});
+    INFO(path << ": " << a);
+    CHECK(a.rfind(want, 0) == 0);
+    if (want == "HTTP/1.1 400") CHECK(a.find("query parameter ") != std::string::npos);
+  }
+  CHECK(raw_http(run.port, {"GET /api/status HTTP/1.1\r\nHost: LocalHost:1\r\n\r\n"}).rfind("HTTP/1.1 200", 0) == 0);
 
   // checkpoint: the source polls checkpoint_requested() and honours it
   CHECK(run.post("/api/checkpoint", run.token, &body) == 200);
@@ -825,7 +857,7 @@ TEST_CASE("console: replies go out without Nagle's delay, from threads below the
 
 TEST_CASE("console: a failed node shows failed with its reason, linger keeps the final state") {
   console_options co;
-  co.linger_s = 1.5;
+  co.linger_s = 4;
   live_run run(R"(
 edges = ["src.out -> work.in"]
 [graph]
@@ -855,6 +887,29 @@ fail_always = true
   std::string body;
   CHECK(run.post("/api/pause", run.token, &body) == 409);
   CHECK(body.find("finished") != std::string::npos);
+  // a stream opened during the linger: one frame, then "end" with the final status, and it closes, while
+  // the server still serves (it sent keep-alives until the linger ended)
+  {
+    auto c = run.client();
+    c.set_read_timeout(10, 0);
+    std::string buf;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c.Get("/api/stream", [&](const char* data, std::size_t n) {
+      buf.append(data, n);
+      return true;
+    });
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(buf);
+    CHECK(r);
+    CHECK(took < 3.0);
+    const auto end = buf.find("event: end\ndata: ");
+    REQUIRE(end != std::string::npos);
+    CHECK(buf.find("event: frame") < end);
+    json fin = json::parse(buf.substr(end + 17, buf.find("\n\n", end) - end - 17));
+    CHECK(fin["run_state"] == "finished");
+    CHECK(fin["exit_code"] == 1);
+    CHECK(run.done.wait_for(0s) != std::future_status::ready);  // still lingering
+  }
   REQUIRE(run.done.wait_for(20s) == std::future_status::ready);
   CHECK(run.done.get().exit_code == exit_failed);
 }

@@ -25,6 +25,15 @@ json num(double x, double scale = 1000.0) {
   return std::round(x * scale) / scale;
 }
 
+// A training signal's value (loss, lr, kl, ...) rounded to 7 significant digits, not to decimal places: a
+// learning rate of 9.65e-6 or a KL of 1e-7 keeps its digits (6 decimal places showed them as 1e-05 and 0).
+json sig_num(double x) {
+  if (!std::isfinite(x)) return nullptr;
+  if (x == 0) return 0.0;
+  const double scale = std::pow(10.0, 6 - static_cast<int>(std::floor(std::log10(std::fabs(x)))));
+  return std::isfinite(scale) && scale > 0 ? std::round(x * scale) / scale : x;
+}
+
 int state_rank(std::string_view s) {
   static const char* order[] = {"failed", "restarting",   "busy",   "waiting_credit", "waiting_request", "paused",
                                 "initializing", "remote", "idle", "done",           "stopped"};
@@ -43,7 +52,7 @@ json signal_json(const signal_point& p) {
   if (p.name == "phase")
     j["text"] = p.text;
   else
-    j["value"] = num(p.value, 1e6);
+    j["value"] = sig_num(p.value);
   return j;
 }
 
@@ -244,7 +253,7 @@ struct hub_json {
     j["edges_out"] = std::move(outs);
     json sig = json::object();
     for (const auto& [key, v] : h.latest_)
-      if (key.first == n.name) sig[key.second] = num(v, 1e6);
+      if (key.first == n.name) sig[key.second] = sig_num(v);
     j["signals"] = std::move(sig);
     json evs = json::array();
     for (auto it = h.events_.rbegin(); it != h.events_.rend() && evs.size() < 20; ++it)
@@ -341,7 +350,7 @@ struct hub_json {
       replicas += n.replicas.size();
     }
     json sig = json::object();
-    for (const auto& [key, v] : h.latest_) sig[key.first + "/" + key.second] = num(v, 1e6);
+    for (const auto& [key, v] : h.latest_) sig[key.first + "/" + key.second] = sig_num(v);
     std::int64_t mem = 0;
     for (const auto& n : s.nodes)
       for (const auto& r : n.replicas)
@@ -364,7 +373,7 @@ struct hub_json {
     }
     for (const auto& [key, v] : h.latest_)
       if (key.second == "staleness" || key.second == "stale_dropped" || key.second == "stale_waited")
-        stale[key.second] = num(v, 1e6);
+        stale[key.second] = sig_num(v);
     json async = versions.empty() ? json(nullptr)
                                   : json{{"policy_versions", versions}, {"wait_s", waits},
                                          {"staleness", stale.value("staleness", json(nullptr))},
@@ -543,6 +552,11 @@ void hub::close() {
 bool hub::closed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return closed_;
+}
+
+bool hub::ended() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_ || current_.finished;
 }
 
 std::uint64_t hub::frame() const {
@@ -756,13 +770,13 @@ std::string hub::render_signals(double since_t) const {
   for (const auto& [key, points] : series_) {
     json pts = json::array();
     for (const auto& [t, v] : points)
-      if (t > since_t) pts.push_back(json::array({num(t), num(v, 1e6)}));
+      if (t > since_t) pts.push_back(json::array({num(t), sig_num(v)}));
     auto it = latest_.find(key);
     series.push_back(
         json{{"node", key.first},
              {"name", key.second},
-             {"latest", it != latest_.end() ? num(it->second, 1e6)
-                                            : (points.empty() ? json(nullptr) : num(points.back().second, 1e6))},
+             {"latest", it != latest_.end() ? sig_num(it->second)
+                                            : (points.empty() ? json(nullptr) : sig_num(points.back().second))},
              {"points", std::move(pts)}});
   }
   json phases = json::array();

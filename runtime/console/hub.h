@@ -228,6 +228,9 @@ class hub {
   /// No more samples: stream readers get an "end" event and finish.
   void close();
   bool closed() const;
+  /// The run is over: closed, or its final sample (sample::finished) published. Streams end here, not
+  /// after `--console-linger` (during the linger a new stream gets one frame, then "end").
+  bool ended() const;
 
   // -- the documents (docs/console.md lists their fields) --
 

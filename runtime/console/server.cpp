@@ -11,7 +11,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -166,13 +170,27 @@ void skip_body(const httplib::Request& req, const httplib::ContentReader& conten
     content([](const char*, std::size_t) { return true; });
 }
 
-double param_double(const httplib::Request& req, const char* name, double dflt) {
-  if (!req.has_param(name)) return dflt;
-  try {
-    return std::stod(req.get_param_value(name));
-  } catch (...) {
-    return dflt;
+// A query parameter that is a number: absent -> `dflt`; a number in [lo, hi] (a whole one when `whole`)
+// -> it; anything else (abc, 1.5 for a sequence number, nan, 0 for n) -> false, with a 400 naming the
+// parameter and its range in `res` (it was taken as the default, silently).
+bool query_number(const httplib::Request& req, httplib::Response& res, const char* name, double dflt, double lo,
+                  double hi, bool whole, double& out) {
+  out = dflt;
+  if (!req.has_param(name)) return true;
+  const std::string v = req.get_param_value(name);
+  char* end = nullptr;
+  errno = 0;
+  const double x = v.empty() ? std::nan("") : std::strtod(v.c_str(), &end);
+  if (std::isfinite(x) && errno == 0 && end && *end == '\0' && x >= lo && x <= hi && (!whole || x == std::floor(x))) {
+    out = x;
+    return true;
   }
+  char range[96];
+  std::snprintf(range, sizeof range, " from %.15g to %.15g", lo, hi);
+  send_error(res, 400,
+             "query parameter " + std::string(name) + "='" + v + "' is not " + (whole ? "a whole number" : "a number") +
+                 range + " (GET /api lists the endpoints)");
+  return false;
 }
 
 const char* const api_index = R"json({
@@ -246,7 +264,8 @@ void server::start() {
   // Every request: the Host check (loopback binds: a DNS-rebinding guard) and the token.
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (loopback_ && req.has_header("Host")) {
-      const std::string host = host_of(req.get_header_value("Host"));
+      std::string host = host_of(req.get_header_value("Host"));  // host names are case-insensitive (RFC 3986 3.2.2)
+      std::transform(host.begin(), host.end(), host.begin(), [](unsigned char c) { return std::tolower(c); });
       if (host != "127.0.0.1" && host != "localhost" && host != "::1" && host != options_.bind) {
         send_error(res, 403,
                    "unexpected Host header '" + req.get_header_value("Host") +
@@ -254,12 +273,17 @@ void server::start() {
         return httplib::Server::HandlerResponse::Handled;
       }
     }
-    const bool changes_state = req.method != "GET" && req.method != "HEAD";
+    // Only the controls change the run's state: another method (POST /api/graph, DELETE /api/status)
+    // is answered 405 or 404 by the routes below, on loopback without the token (it asked for one, saying
+    // the request "changes the run's state")
+    static const std::regex controls(R"(/api/(pause|resume|stop|checkpoint))");
+    const bool changes_state = req.method == "POST" && std::regex_match(req.path, controls);
+    const bool reads = req.method == "GET" || req.method == "HEAD";
     if (!changes_state && loopback_) return httplib::Server::HandlerResponse::Unhandled;
     // The page's script and style are code shipped in the binary, no run data, and the browser
     // fetches them without the ?token the page was opened with: off loopback they need none, or
     // the page loads without them and shows nothing. The page itself and /api still do.
-    if (!changes_state && (req.path == "/console.js" || req.path == "/console.css" || req.path == "/favicon.ico"))
+    if (reads && (req.path == "/console.js" || req.path == "/console.css" || req.path == "/favicon.ico"))
       return httplib::Server::HandlerResponse::Unhandled;
     std::string presented;
     if (req.has_header("Authorization")) {
@@ -328,18 +352,22 @@ void server::start() {
   });
   get("/api/edges", [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->edges_json()); });
   get("/api/bottlenecks", [h](const httplib::Request& req, httplib::Response& res) {
-    const double n = param_double(req, "n", 5);
-    send_json(res, 200, h->bottlenecks_json(static_cast<std::size_t>(std::clamp(n, 1.0, 1000.0))));
+    double n = 5;
+    if (query_number(req, res, "n", 5, 1, 1000, true, n))
+      send_json(res, 200, h->bottlenecks_json(static_cast<std::size_t>(n)));
   });
   get("/api/signals", [h](const httplib::Request& req, httplib::Response& res) {
-    send_json(res, 200, h->signals_json(param_double(req, "since", -1.0)));
+    double since = -1;  // seconds since the run began
+    if (query_number(req, res, "since", -1, -1e300, 1e300, false, since)) send_json(res, 200, h->signals_json(since));
   });
   get("/api/memory",
           [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->memory_json()); });
   get("/api/cluster",
           [h](const httplib::Request&, httplib::Response& res) { send_json(res, 200, h->cluster_json()); });
   get("/api/events", [h](const httplib::Request& req, httplib::Response& res) {
-    send_json(res, 200, h->events_json(static_cast<std::uint64_t>(std::max(0.0, param_double(req, "since", 0)))));
+    double since = 0;  // an event's sequence number
+    if (query_number(req, res, "since", 0, 0, 9007199254740992.0, true, since))
+      send_json(res, 200, h->events_json(static_cast<std::uint64_t>(since)));
   });
   get("/api/stream", [this, h](const httplib::Request&, httplib::Response& res) {
     if (impl_->streams.load() >= options_.max_streams) {
@@ -378,7 +406,7 @@ void server::start() {
             if (f > st->frame) {
               st->frame = f;
               out = "event: frame\ndata: " + h->frame_json(&st->event_seq, &st->signal_seq) + "\n\n";
-            } else if (h->closed()) {
+            } else if (h->ended()) {  // the run is over (its final frame went out above): end now, not after the linger
               out = "event: end\ndata: " + h->status_json() + "\n\n";
               st->ended = true;
             } else if (++st->quiet % 10 == 0) {
@@ -392,7 +420,7 @@ void server::start() {
         [im](bool) { --im->streams; });
   });
   // These take no body (skip_body).
-  routes->push_back({std::regex(R"(/api/(pause|resume|stop|checkpoint))"), "POST"});
+  routes->push_back({std::regex(R"(/api/(pause|resume|stop|checkpoint))"), "POST"});  // the pre-routing's `controls`
   svr.Post(R"(/api/(pause|resume|stop|checkpoint))",
            [h](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
              skip_body(req, content);

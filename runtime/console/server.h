@@ -38,8 +38,9 @@ struct server_options {
   int port = 0;
   /// The token; empty: 32 random hex digits from /dev/urandom.
   std::string token;
-  /// Worker threads (each open event stream holds one).
-  int threads = 16;
+  /// Worker threads: each connection holds one while its request is read, each open event stream one.
+  /// 64 (it was 16): 16 slow clients, each sending a header line every 2 s, kept everyone else out.
+  int threads = 64;
   /// The most event streams open at once (more are answered 503).
   int max_streams = 8;
 };

@@ -136,6 +136,14 @@ double d(const json& j, const char* key) {
   return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
 }
 
+// A training signal (loss, lr, kl): 5 significant digits, so that lr 9.65e-06 does not print as 0.0000
+std::string signal_num(double x) {
+  char buf[64];
+  if (!std::isfinite(x)) return "-";
+  std::snprintf(buf, sizeof buf, "%.5g", x);
+  return buf;
+}
+
 std::string num(double x, int prec = 1) {
   char buf[64];
   if (!std::isfinite(x)) return "-";
@@ -192,7 +200,7 @@ void print_status(const json& s) {
   if (!s["signals"].empty()) {
     std::cout << "signals:";
     for (const auto& [k, v] : s["signals"].items())
-      std::cout << " " << k << " " << (v.is_number() ? num(v.get<double>(), 4) : "-");
+      std::cout << " " << k << " " << (v.is_number() ? signal_num(v.get<double>()) : "-");
     std::cout << "\n";
   }
   if (d(s, "memory_reported_bytes") > 0)
@@ -406,7 +414,8 @@ int main(int argc, char** argv) {
   app.fallthrough();
   options o;
   app.add_option("--url", o.url, "The console's address, e.g. http://127.0.0.1:8080 (or $FLOWRUN_CONSOLE_URL)");
-  app.add_option("--port,-p", o.port, "The console's port on --host (or $FLOWRUN_CONSOLE_PORT)");
+  app.add_option("--port,-p", o.port, "The console's port on --host (or $FLOWRUN_CONSOLE_PORT)")
+      ->check(CLI::Range(1, 65535));
   app.add_option("--host", o.host, "Host for --port")->capture_default_str();
   app.add_option("--token", o.token, "The console's token (or $FLOWRUN_CONSOLE_TOKEN)");
   app.add_option("--token-file", o.token_file,
@@ -447,6 +456,25 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // a misspelt subcommand (`flowctl stauts`): CLI11 says only "A subcommand is required"
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--url" || a == "--port" || a == "-p" || a == "--host" || a == "--token" || a == "--token-file" ||
+          a == "--timeout") {
+        ++i;  // its value
+        continue;
+      }
+      if (a.empty() || a[0] == '-') continue;
+      std::string names;
+      bool known = false;
+      for (const auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+        known |= sub->get_name() == a;
+      }
+      if (known) break;
+      std::cerr << "flowctl: unknown subcommand '" << a << "': use one of " << names << " (flowctl --help)\n";
+      return 2;
+    }
     // --help and --version exit 0; a usage error (unknown option, missing or bad value) exits 2,
     // not CLI11's own codes (105 and so on), like every other refused input
     return app.exit(e) == 0 ? 0 : 2;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -13,20 +14,126 @@ namespace flowrun {
 
 namespace {
 
+// A token entry of tokenizer_config.json / special_tokens_map.json: "<s>" or {"content": "<s>", ...}.
+std::string token_content(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+// Protocol-buffer wire format (developers.google.com/protocol-buffers/docs/encoding): a varint at `at`.
+bool read_varint(const std::string& b, size_t& at, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; at < b.size() && shift < 64; shift += 7) {
+    const auto c = static_cast<unsigned char>(b[at++]);
+    v |= static_cast<uint64_t>(c & 0x7f) << shift;
+    if (!(c & 0x80)) return true;
+  }
+  return false;
+}
+
+void write_varint(std::string& out, uint64_t v) {
+  do {
+    unsigned char c = v & 0x7f;
+    v >>= 7;
+    if (v) c |= 0x80;
+    out.push_back(static_cast<char>(c));
+  } while (v);
+}
+
+// A serialized SentencePiece ModelProto with normalizer_spec (field 3) remove_extra_whitespaces (its field 4)
+// false: a scalar given twice takes the last value, so "field 4 = 0" is appended to the spec. "" when the
+// bytes are not a message this reads (then the model is loaded as it is). transformers' LlamaTokenizer
+// (a `tokenizers` Metaspace over the same vocabulary) keeps every space; SentencePiece with this flag on
+// (the proto's default, tok512's setting) collapses runs of spaces and drops them at the ends.
+std::string without_whitespace_removal(const std::string& b) {
+  std::string out;
+  bool patched = false;
+  for (size_t at = 0; at < b.size();) {
+    const size_t start = at;
+    uint64_t key = 0, v = 0;
+    if (!read_varint(b, at, key)) return "";
+    switch (key & 7) {
+      case 0:
+        if (!read_varint(b, at, v)) return "";
+        break;
+      case 1: at += 8; break;
+      case 5: at += 4; break;
+      case 2: {
+        if (!read_varint(b, at, v) || v > b.size() - at) return "";
+        if ((key >> 3) == 3 && !patched) {  // normalizer_spec
+          std::string spec = b.substr(at, v);
+          spec += std::string("\x20\x00", 2);  // field 4 (remove_extra_whitespaces), varint 0
+          write_varint(out, key);
+          write_varint(out, spec.size());
+          out += spec;
+          at += v;
+          patched = true;
+          continue;
+        }
+        at += v;
+        break;
+      }
+      default: return "";
+    }
+    if (at > b.size()) return "";
+    out.append(b, start, at - start);
+  }
+  if (!patched) {
+    write_varint(out, (3 << 3) | 2);
+    out += std::string("\x02\x20\x00", 3);
+  }
+  return out;
+}
+
 class sentencepiece_tokenizer final : public tokenizer {
  public:
   explicit sentencepiece_tokenizer(const std::string& path) {
     auto st = sp_.Load(path);
     if (!st.ok()) throw std::runtime_error(path + ": cannot load SentencePiece model: " + st.ToString());
+    load_hf_specials(std::filesystem::path(path).parent_path());
+    if (hf_folder_) {  // every space kept, as transformers does (see without_whitespace_removal)
+      std::ifstream in(path, std::ios::binary);
+      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (const std::string kept = without_whitespace_removal(bytes); !kept.empty()) {
+        sentencepiece::SentencePieceProcessor sp;
+        if (sp.LoadFromSerializedProto(kept).ok() && sp.GetPieceSize() == sp_.GetPieceSize())
+          st = sp_.LoadFromSerializedProto(kept);
+        if (!st.ok()) throw std::runtime_error(path + ": cannot load SentencePiece model: " + st.ToString());
+      }
+    }
   }
   std::vector<int32_t> encode(const std::string& text, bool add_bos, bool add_eos) const override {
-    std::vector<int> ids;
-    auto st = sp_.Encode(text, &ids);
-    if (!st.ok()) throw std::runtime_error("SentencePiece encode failed: " + st.ToString());
     std::vector<int32_t> out;
-    out.reserve(ids.size() + 2);
     if (add_bos && bos_id() >= 0) out.push_back(bos_id());
-    out.insert(out.end(), ids.begin(), ids.end());
+    if (specials_.empty()) {
+      append_pieces(text, out);
+    } else {
+      // transformers' LlamaTokenizer: the special and added tokens are cut out of the text first (their
+      // ids), then each piece of text between them is encoded on its own: with SentencePiece's dummy
+      // prefix (legacy = true, transformers' default), or, with legacy = false, only the text's first piece
+      size_t at = 0;
+      bool first = true;
+      while (at <= text.size()) {
+        size_t hit = std::string::npos, len = 0;
+        int32_t id = -1;
+        for (const auto& [str, sid] : specials_) {  // the earliest, the longest there
+          const size_t f = text.find(str, at);
+          if (f != std::string::npos && (f < hit || (f == hit && str.size() > len))) hit = f, len = str.size(), id = sid;
+        }
+        const std::string chunk = text.substr(at, hit == std::string::npos ? std::string::npos : hit - at);
+        if (!chunk.empty()) {
+          if (legacy_ || first)
+            append_pieces(chunk, out);
+          else
+            append_without_prefix(chunk, out);
+        }
+        if (hit == std::string::npos) break;
+        out.push_back(id);
+        first = false;
+        at = hit + len;
+      }
+    }
     if (add_eos && eos_id() >= 0) out.push_back(eos_id());
     return out;
   }
@@ -47,7 +154,75 @@ class sentencepiece_tokenizer final : public tokenizer {
   int32_t pad_id() const override { return sp_.pad_id(); }
 
  private:
+  void append_pieces(const std::string& text, std::vector<int32_t>& out) const {
+    std::vector<int> ids;
+    // an HF folder's text that starts with a space: that space is the "▁" SentencePiece's dummy prefix
+    // would add (transformers' Metaspace prepends one only to text not starting with one)
+    const bool lead = hf_folder_ && !text.empty() && text[0] == ' ';
+    if (lead && text.size() == 1) {  // " ": the prefix alone (SentencePiece encodes "" as nothing)
+      if (const int id = sp_.PieceToId("\xe2\x96\x81"); id != sp_.unk_id()) out.push_back(id);
+      return;
+    }
+    auto st = sp_.Encode(lead ? std::string_view(text).substr(1) : std::string_view(text), &ids);
+    if (!st.ok()) throw std::runtime_error("SentencePiece encode failed: " + st.ToString());
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+  // Text after a special token with legacy = false: no dummy prefix. transformers' slow LlamaTokenizer
+  // encodes unk_token + text and drops the unk_token's own pieces (its fast one gives the same ids).
+  void append_without_prefix(const std::string& text, std::vector<int32_t>& out) const {
+    std::vector<int> unk, ids;
+    auto st = sp_.Encode(unk_piece_, &unk);
+    if (st.ok()) st = sp_.Encode(unk_piece_ + text, &ids);
+    if (!st.ok()) throw std::runtime_error("SentencePiece encode failed: " + st.ToString());
+    out.insert(out.end(), ids.begin() + static_cast<std::ptrdiff_t>(std::min(unk.size(), ids.size())), ids.end());
+  }
+  // A Hugging Face folder (tokenizer_config.json beside tokenizer.model): its special tokens (bos, eos, unk,
+  // pad and added_tokens_decoder; special_tokens_map.json; added_tokens.json) stand for their ids wherever a
+  // text holds them, as in transformers (a chat template's "<s>[INST] ... </s>" gives BOS and EOS, not the
+  // characters '<', 's', '>'). A bare .model file (llama2.c's tok512) keeps SentencePiece's plain encoding.
+  void load_hf_specials(const std::filesystem::path& dir) {
+    const auto cfg_path = dir / "tokenizer_config.json";
+    if (dir.empty() || !std::filesystem::exists(cfg_path)) return;
+    auto read = [](const std::filesystem::path& f) {
+      std::ifstream in(f);
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) throw std::runtime_error(f.string() + ": not valid JSON");
+      return j;
+    };
+    const nlohmann::json cfg = read(cfg_path);
+    hf_folder_ = true;
+    if (cfg.contains("legacy") && cfg["legacy"].is_boolean()) legacy_ = cfg["legacy"].get<bool>();
+    unk_piece_ = sp_.unk_id() >= 0 ? sp_.IdToPiece(sp_.unk_id()) : "<unk>";
+    std::map<std::string, int32_t> found;
+    auto add_piece = [&](const std::string& content) {  // a token named by its content: the model's piece
+      if (content.empty() || found.count(content)) return;
+      const int id = sp_.PieceToId(content);
+      if (id >= 0 && (id != sp_.unk_id() || content == unk_piece_)) found[content] = id;
+    };
+    if (cfg.contains("added_tokens_decoder") && cfg["added_tokens_decoder"].is_object())
+      for (const auto& [id, v] : cfg["added_tokens_decoder"].items())
+        if (const std::string c = token_content(v); !c.empty() && !id.empty() &&
+                                                     id.find_first_not_of("0123456789") == std::string::npos)
+          found[c] = static_cast<int32_t>(std::stol(id));
+    if (std::filesystem::exists(dir / "added_tokens.json")) {
+      const nlohmann::json added = read(dir / "added_tokens.json");
+      for (const auto& [c, id] : added.items())
+        if (id.is_number_integer()) found.emplace(c, id.get<int32_t>());
+    }
+    const nlohmann::json map = std::filesystem::exists(dir / "special_tokens_map.json") ? read(dir / "special_tokens_map.json")
+                                                                                  : nlohmann::json::object();
+    for (const nlohmann::json* src : {&cfg, &map})
+      for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"})
+        if (src->contains(key)) add_piece(token_content((*src)[key]));
+    for (const auto& [c, id] : found)
+      if (id >= 0 && id < vocab_size()) specials_.emplace_back(c, id);
+  }
+
   sentencepiece::SentencePieceProcessor sp_;
+  std::vector<std::pair<std::string, int32_t>> specials_;  // content -> id (an HF folder's special tokens)
+  bool legacy_ = true;                                      // tokenizer_config.json "legacy" (transformers' default)
+  bool hf_folder_ = false;                                  // tokenizer_config.json beside the model
+  std::string unk_piece_ = "<unk>";
 };
 
 }  // namespace

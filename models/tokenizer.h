@@ -30,7 +30,11 @@ class tokenizer {
   virtual bool adds_bos() const { return false; }
 };
 
-/// Load a SentencePiece .model file. Throws std::runtime_error naming the file.
+/// Load a SentencePiece .model file. Beside a tokenizer_config.json (a Hugging Face folder) it encodes as
+/// transformers' LlamaTokenizer: the folder's special and added tokens in a text are their ids, the text
+/// between them is encoded piece by piece (the "▁" prefix on each piece; with "legacy": false on the first
+/// only), and every space is kept (SentencePiece's remove_extra_whitespaces off). A bare .model file keeps
+/// SentencePiece's own encoding (llama2.c's). Throws std::runtime_error naming the file.
 std::unique_ptr<tokenizer> load_sentencepiece(const std::string& path);
 
 /// Load a GPT-2 byte-level BPE tokenizer (GPT-2, OPT, RoBERTa-style vocab.json +
@@ -93,8 +97,8 @@ std::vector<std::string> copy_tokenizer_files(const std::string& src, const std:
 /// Write the tokenizer_config.json of a Hugging Face LLaMA folder for SentencePiece model `model_path`:
 /// tokenizer_class "LlamaTokenizer", the model's BOS / EOS / UNK / pad pieces (null for an id the model
 /// lacks), add_bos_token (when it has a BOS), add_eos_token false, legacy true (the keys of Meta's LLaMA
-/// folders). transformers then encodes text as SentencePiece does, except that it keeps runs of spaces
-/// that a model trained with remove_extra_whitespaces (stories260K's tok512) collapses. Throws
+/// folders). transformers and load_sentencepiece then encode the folder's text alike (every space kept,
+/// special tokens as their ids). Throws
 /// std::runtime_error naming the file.
 void write_sentencepiece_tokenizer_config(const std::string& model_path, const std::string& out_path);
 

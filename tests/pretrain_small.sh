@@ -3,7 +3,8 @@
 #   1. 2 ranks in 2 processes over gloo give the 1-rank loss curve (1e-5 per step) at every ZeRO stage
 #      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3), and 4
 #      ranks as 2 processes x 2 replicas;
-#   2. a run killed with SIGKILL at a random step and resumed continues the curve exactly;
+#   2. flowrun launch killed with SIGKILL takes its processes with it; a run killed with SIGKILL at a
+#      random step and resumed continues the curve exactly;
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
 #      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; its export_hf is the
 #      merged model; continuing from base + LoRA starts where the LoRA run ended; an HF source's
@@ -52,6 +53,27 @@ run gloo2x2 launch --nproc 2 --rendezvous caf "$graph" "${nodir[@]}" --set node.
   --set node.ranks.comm_backend=gloo --set node.ranks.comm_timeout_s=60 --set node.ranks.zero_stage=3 --run-arg=--no-progress
 grep -q "rank 0/4 stage 3" "$out/gloo2x2.log" || { echo "gloo 2x2: not 4 ranks"; exit 1; }
 same_curve "$out/ref.log" "$out/gloo2x2.log" 1e-5 || { echo "gloo 2x2: curve differs"; exit 1; }
+
+# the launcher killed with SIGKILL: its processes stop too (SIGTERM from the kernel, PR_SET_PDEATHSIG).
+# They kept training as orphans and committing checkpoints into the output_dir a resume would use.
+echo "== flowrun launch killed with SIGKILL: its processes stop"
+"$flowrun" launch --nproc 2 "$graph" "${nodir[@]}" --set node.ranks.replicas=1 --set node.ranks.comm_backend=gloo \
+  --set node.data.total_steps=100000 --set node.ranks.total_steps=100000 --set node.ranks.print_every=1 \
+  --set node.ranks.export_hf= --run-arg=--no-progress > "$out/orphans.log" 2> "$out/orphans.err" &
+launcher=$!
+for _ in $(seq 1 3000); do grep -q "step 2/" "$out/orphans.log" 2> /dev/null && break; sleep 0.01; done
+children=$(pgrep -P $launcher | tr '\n' ' ')
+[[ $(echo $children | wc -w) == 2 ]] || { kill -9 $launcher; echo "launch did not start 2 processes: '$children'"; exit 1; }
+kill -9 $launcher
+wait $launcher 2> /dev/null || true
+for _ in $(seq 1 1500); do
+  alive=0
+  for c in $children; do kill -0 "$c" 2> /dev/null && alive=1; done
+  (( alive == 0 )) && break
+  sleep 0.02
+done
+if (( alive )); then kill -9 $children 2> /dev/null; echo "the launch's processes outlived it: $children"; exit 1; fi
+echo "  both processes stopped with their launcher"
 
 echo "== SIGKILL at a random step, then resume (2 ranks, stage 3, a checkpoint every step)"
 run whole run "$graph" --no-progress -q "${nodir[@]}"

@@ -127,11 +127,13 @@ void add_launch(CLI::App& app) {
       for (char** e = environ; *e; ++e) {
         std::string kv = *e;
         if (kv.rfind("FLOWRUN_PROCESS_INDEX=", 0) == 0 || kv.rfind("FLOWRUN_NPROC=", 0) == 0 ||
-            kv.rfind("FLOWRUN_STORE_DIR=", 0) == 0 || kv.rfind("FLOWRUN_RENDEZVOUS=", 0) == 0)
+            kv.rfind("FLOWRUN_STORE_DIR=", 0) == 0 || kv.rfind("FLOWRUN_RENDEZVOUS=", 0) == 0 ||
+            kv.rfind("FLOWRUN_LAUNCHER_PID=", 0) == 0)
           continue;
         env_s.push_back(kv);
       }
       env_s.push_back("FLOWRUN_PROCESS_INDEX=" + std::to_string(p));
+      env_s.push_back("FLOWRUN_LAUNCHER_PID=" + std::to_string(::getpid()));  // see watch_launcher in main.cpp
       env_s.push_back("FLOWRUN_NPROC=" + std::to_string(o->nproc));
       if (mode == "caf")
         env_s.push_back("FLOWRUN_RENDEZVOUS=" + rendezvous);

@@ -5,6 +5,10 @@
 #include <exception>
 
 #include <memory>
+#include <string>
+
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -14,10 +18,29 @@
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 
+namespace {
+
+// A process `flowrun launch` started (FLOWRUN_LAUNCHER_PID: the launcher's pid) gets SIGTERM when the
+// launcher dies, kill -9 included, and drains as on SIGTERM: it kept training (and committing checkpoints
+// into the output_dir a resume would use) as an orphan. A launcher gone before this ran: exit at once.
+bool watch_launcher() {
+  const char* v = std::getenv("FLOWRUN_LAUNCHER_PID");
+  if (!v || !*v) return true;
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (std::to_string(::getppid()) != v) {
+    std::fprintf(stderr, "flowrun: the flowrun launch that started this process (pid %s) has ended; stopping\n", v);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // A peer that goes away (a killed cluster node, a console client) must be an error on the write, not
   // SIGPIPE ending this process silently.
   std::signal(SIGPIPE, SIG_IGN);
+  if (!watch_launcher()) return 1;
   // logs go to stderr; stdout carries the program's output (generated text, results)
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("flowrun", flowrun::actor::console::log_sink()));
   // FLOWRUN_SIMD=PATH runs the vector kernels' PATH (AVX3, AVX2, SSE4, SCALAR, NEON, ...) instead of the

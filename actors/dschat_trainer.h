@@ -52,7 +52,8 @@ class dschat_trainer : public actor::node {
       throw std::invalid_argument(fmt::format(
           "node '{}' runs as one replica, and flowrun launch --nproc {} runs the graph in every process: its copies "
           "would each train on every row and write the same output and checkpoint files; run it without launch "
-          "(launch is for ranks: zero_rank, the step-3 policy and critic)",
+          "(launch is for zero_rank's ranks; step 3's policy and critic ranks go over processes as a cluster: "
+          "docs/rlhf.md \"Across processes\")",
           ctx.name(), process_count()));
     const auto [model_path, given] = given_model(ctx);
     format_ = saved_format(given.format, value_head_);
@@ -142,8 +143,7 @@ class dschat_trainer : public actor::node {
       // checkpoint_dir as its own
       if (!ckpt_dir_.empty()) std::filesystem::remove_all(ckpt_dir_);
     }
-    model_msg msg{model_, 0, format_, tokenizer_};
-    msg.source = source_;
+    model_msg msg{model_, 0, format_, tokenizer_, /*snapshot=*/false, source_};
     ctx.emit("model", actor::payload::make("model", std::move(msg)));
     done_ = true;
     return false;

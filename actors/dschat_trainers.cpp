@@ -293,8 +293,9 @@ class model_source final : public actor::node {
     ctx.log().info("loaded {}: {}", ctx.spec().get_string("model"), m->config().summary());
     // an HF folder carries its tokenizer (a trainer that starts from it copies it on)
     const bool has_tok = info.format == model_format::hf && folder_has_tokenizer(path);
-    model_msg msg{m, 0, info.format, has_tok ? path : ""};
-    if (info.format == model_format::hf) msg.source = path;  // its stop ids go with the outputs trained from it
+    // an HF source's stop ids go with the outputs trained from it
+    model_msg msg{m, 0, info.format, has_tok ? path : "", /*snapshot=*/false,
+                  info.format == model_format::hf ? path : ""};
     ctx.emit("model", actor::payload::make("model", std::move(msg)));
     done_ = true;
     return false;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "actors/dschat_common.h"
+#include "actors/rank_group.h"
 #include "actors/resume_check.h"
 #include "actors/rlhf_types.h"
 #include "models/rlhf/ppo_checkpoint.h"
@@ -448,6 +449,15 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
               "is staler than max_staleness) or drop (the generator samples with the newest weights it has, never "
               "waiting; a batch staler than max_staleness at training is dropped and counted)");
   k.check = [](const graph::node_spec& n, const graph::graph_spec&) -> std::vector<graph::node_kind::problem> {
+    // flowrun launch runs the whole graph in every process: P controllers, generators and prompt loaders, whose
+    // policies' ranks met in one group while only rank 0 handed its generator weights, so the others' loops
+    // never started and the first collective waited until comm_timeout_s (300 s, nothing printed)
+    if (process_count() > 1)
+      return {{"", fmt::format("node '{}': flowrun launch --nproc {} runs the whole step-3 graph in every process "
+                               "(one loop, generator and prompt loader each): their ranks would wait for each other",
+                               n.name, process_count()),
+               "run the graph without launch; to spread the policy's and critic's ranks over processes, run it as "
+               "a cluster (on = \"main,w1\" with comm_backend = \"gloo\": docs/rlhf.md \"Across processes\")"}};
     const auto p = n.get_string("staleness_policy");
     if (p != "wait" && p != "drop")
       return {{"staleness_policy", "staleness_policy = \"" + p + "\" is not a policy", "use \"wait\" or \"drop\""}};

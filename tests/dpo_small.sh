@@ -113,4 +113,15 @@ if "$flowrun" launch --nproc 2 "$root/graphs/rm.graph" --set node.rm.steps=2 --s
 fi
 grep -q "node 'rm' runs as one replica, and flowrun launch --nproc 2 runs the graph in every process" "$out/launch.log" ||
   { tail -5 "$out/launch.log"; echo "the launch refusal does not say why"; exit 1; }
+# step 3 likewise (P loops and generators: the ranks waited for each other until comm_timeout_s, 300 s with
+# nothing printed): refused when the graph is checked, naming the cluster route
+launch_rc=0
+timeout 120 "$flowrun" launch --nproc 2 "$root/graphs/rlhf.graph" --set graph.checkpoint_dir="$out/launch_ck" \
+  --set node.sft.output="$out/launch_sft.bin" --set node.rm.output="$out/launch_rm" --set node.policy.output="$out/launch_ppo.bin" \
+  > "$out/launch_ppo.log" 2>&1 || launch_rc=$?
+[ -e "$out/launch_sft.bin" ] && { echo "step 1 trained under launch before the refusal"; exit 1; }
+[ $launch_rc -ne 0 ] && [ $launch_rc -ne 124 ] || { tail -5 "$out/launch_ppo.log"; echo "ppo.graph under launch: exit $launch_rc"; exit 1; }
+grep -q "node 'ppo_controller': flowrun launch --nproc 2 runs the whole step-3 graph in every process" "$out/launch_ppo.log" &&
+  grep -q "run it as a cluster" "$out/launch_ppo.log" ||
+  { tail -5 "$out/launch_ppo.log"; echo "the step-3 launch refusal does not say why"; exit 1; }
 echo "dpo_small: ok"

@@ -4,7 +4,14 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "actors/resume_check.h"
 #include "runtime/comm/caf_store.h"
 
 namespace flowrun::actors {
@@ -28,6 +35,74 @@ std::shared_ptr<comm::inproc_group> join_inproc(const std::string& key, int worl
   auto g = slot.first;
   if (++slot.second == members) groups.erase(key);
   return g;
+}
+
+// The settings that ranks in other processes must share, each "name" -> a hash of its value: the node's
+// settings record (resume_check.h: a file by its contents where the record has them), less what only prints
+// (print_every, ...) and the paths the record holds only as paths (absolute: each machine may spell them its
+// own way). Sorted by name (the record is a sorted JSON object).
+std::vector<std::pair<std::string, std::uint64_t>> shared_settings(const graph::node_spec& n) {
+  const nlohmann::json rec = settings_record(n, {});
+  const std::string contents = " (contents)";
+  std::vector<std::pair<std::string, std::uint64_t>> out;
+  for (const auto& [k, v] : rec.items()) {
+    if (k.find("print") != std::string::npos) continue;
+    const bool by_contents = k.size() > contents.size() && k.compare(k.size() - contents.size(), contents.size(), contents) == 0;
+    if (!by_contents) {
+      if (rec.contains(k + contents)) continue;
+      if (v.is_string() && !v.get<std::string>().empty() && v.get<std::string>()[0] == '/') continue;
+    }
+    out.emplace_back(k, graph::fnv1a64(v.dump()));
+  }
+  return out;
+}
+
+// Ranks in several processes (flowrun launch, processes started by hand, cluster nodes) check at the
+// rendezvous that they run the node with the same settings: two processes started by hand with another
+// learning rate trained their shards at different rates without a word, another zero_stage hung until
+// comm_timeout_s. Two all_gathers: the count, then each setting's hash as four 16-bit floats (exact).
+// Every rank sees the same gathered values and reaches the same verdict (all throw, or none).
+void check_same_settings(actor::node_context& ctx, comm::communicator& c, int local_ranks) {
+  const int W = c.world_size();
+  if (W == local_ranks) return;  // one process: one spec
+  const auto mine = shared_settings(ctx.spec());
+  const auto K = static_cast<int64_t>(mine.size());
+  const device dev = c.tensor_device();
+  auto gather = [&](const std::vector<float>& v) {
+    tensor send = tensor::from_floats({static_cast<int64_t>(v.size())}, v).to(dev);
+    tensor recv = tensor::zeros({W * static_cast<int64_t>(v.size())}, dtype::f32, dev);
+    c.all_gather(send, recv);
+    return recv.to(device::cpu());
+  };
+  const tensor counts = gather({static_cast<float>(K)});
+  std::string other;
+  for (int r = 0; r < W; ++r)
+    if (counts.data<float>()[r] != static_cast<float>(K)) other += (other.empty() ? "" : ", ") + std::to_string(r);
+  std::vector<std::string> differ;
+  if (other.empty()) {
+    std::vector<float> h;
+    for (const auto& [k, x] : mine)
+      for (int q = 0; q < 4; ++q) h.push_back(static_cast<float>((x >> (16 * q)) & 0xffff));
+    const tensor all = gather(h);
+    const float* a = all.data<float>();
+    for (int64_t i = 0; i < K; ++i)
+      for (int r = 1; r < W; ++r) {
+        bool same = true;
+        for (int q = 0; q < 4; ++q) same &= a[r * 4 * K + 4 * i + q] == a[4 * i + q];
+        if (!same) {
+          differ.push_back(mine[static_cast<size_t>(i)].first + " (rank " + std::to_string(r) + ")");
+          break;
+        }
+      }
+  }
+  c.reset_stats();  // the check is no traffic of the node's
+  if (other.empty() && differ.empty()) return;
+  throw std::invalid_argument(fmt::format(
+      "node '{}': its {} ranks do not run with the same settings as rank 0: {}; start every process with the "
+      "same graph file, --set overrides and files (flowrun launch and a cluster do)",
+      ctx.name(), W,
+      other.empty() ? "they differ in " + fmt::format("{}", fmt::join(differ, ", "))
+                    : "rank(s) " + other + " have other settings altogether (another graph or kind)"));
 }
 
 }  // namespace
@@ -77,6 +152,7 @@ rank_group join_rank_group(actor::node_context& ctx) {
   }
   g.comm = comm::make_communicator(co);
   g.rendezvous = co.kv;
+  if (co.backend != "inproc") check_same_settings(ctx, *g.comm, g.local_ranks);
   return g;
 }
 

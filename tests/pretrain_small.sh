@@ -3,7 +3,8 @@
 #   1. 2 ranks in 2 processes over gloo give the 1-rank loss curve (1e-5 per step) at every ZeRO stage
 #      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3), and 4
 #      ranks as 2 processes x 2 replicas;
-#   2. flowrun launch killed with SIGKILL takes its processes with it; a run killed with SIGKILL at a
+#   2. flowrun launch killed with SIGKILL takes its processes with it; processes started by hand with
+#      other settings are refused, naming them; a run killed with SIGKILL at a
 #      random step and resumed continues the curve exactly;
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
 #      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; its export_hf is the
@@ -74,6 +75,30 @@ for _ in $(seq 1 1500); do
 done
 if (( alive )); then kill -9 $children 2> /dev/null; echo "the launch's processes outlived it: $children"; exit 1; fi
 echo "  both processes stopped with their launcher"
+
+# processes started by hand (FLOWRUN_PROCESS_INDEX, FLOWRUN_NPROC, a store folder) with other settings are
+# refused at the rendezvous by both, naming the setting: another learning rate in the DeepSpeed JSON trained
+# one shard 50x faster without a word, another zero_stage hung until comm_timeout_s
+echo "== processes started by hand with other settings: refused, naming them"
+sed 's/"lr": 1e-3/"lr": 5e-2/' "$root/configs/ds_zero3.json" > "$out/ds_other_lr.json"
+cmp -s "$root/configs/ds_zero3.json" "$out/ds_other_lr.json" && { echo "the sed changed nothing"; exit 1; }
+for what in "node.ranks.zero_stage=2:zero_stage" "node.ranks.deepspeed_config=$out/ds_other_lr.json:deepspeed_config (contents)"; do
+  rm -rf "$out/hand_store" && mkdir -p "$out/hand_store"
+  hand=(run "$graph" --no-progress -q "${nodir[@]}" --set node.ranks.replicas=1 --set node.ranks.comm_backend=gloo
+        --set node.ranks.comm_timeout_s=60 --set node.ranks.export_hf= --set node.data.total_steps=4 --set node.ranks.total_steps=4)
+  FLOWRUN_PROCESS_INDEX=0 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/hand_store" "$flowrun" "${hand[@]}" \
+    > "$out/hand0.log" 2>&1 &
+  p0=$!
+  rc1=0; FLOWRUN_PROCESS_INDEX=1 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/hand_store" timeout 50 "$flowrun" "${hand[@]}" \
+    --set "${what%%:*}" > "$out/hand1.log" 2>&1 || rc1=$?
+  rc0=0; wait $p0 || rc0=$?
+  for i in 0 1; do
+    grep -qF "its 2 ranks do not run with the same settings as rank 0: they differ in ${what#*:} (rank 1)" "$out/hand$i.log" ||
+      { tail -3 "$out/hand$i.log"; echo "process $i with another ${what#*:}: no refusal naming it (exit codes $rc0 $rc1)"; exit 1; }
+  done
+  (( rc0 != 0 && rc1 != 0 && rc1 != 124 )) || { echo "another ${what#*:}: exit codes $rc0 $rc1"; exit 1; }
+  echo "  another ${what#*:}: both processes refused it"
+done
 
 echo "== SIGKILL at a random step, then resume (2 ranks, stage 3, a checkpoint every step)"
 run whole run "$graph" --no-progress -q "${nodir[@]}"

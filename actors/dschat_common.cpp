@@ -412,13 +412,26 @@ std::map<std::string, std::string> hf_auto_values(const graph::node_spec& n, int
 std::string lora_module_name_doc() {
   return "which Linear layers get LoRA: a prefix ending in 'layers.' = all of them (DS-Chat's default "
          "'decoder.layers.'), else PEFT target_modules such as q_proj,v_proj (the model family's names, matched as "
-         "PEFT matches them; one layer's module, 'layers.0.self_attn.q_proj', is refused)";
+         "PEFT matches them; one layer's module, 'layers.0.self_attn.q_proj', and an empty value are refused)";
 }
 
 std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_spec& n, const std::string& dim_setting,
                                                            const std::string& module_setting) {
   std::vector<graph::node_kind::problem> problems;
   if (n.get_int(dim_setting) <= 0) return problems;
+  // written empty: DS-Chat's `"" in name` adapts every nn.Linear (lm_head and the value head too), flowrun
+  // took it as its default; neither is what an empty value says (zero_rank refuses its empty
+  // lora_target_modules alike)
+  if (const auto* w = n.find_setting(module_setting); w && !w->from_default) {
+    std::string t = n.get_string(module_setting);
+    t.erase(std::remove_if(t.begin(), t.end(), [](unsigned char c) { return std::isspace(c) || c == ','; }), t.end());
+    if (t.empty())
+      return {{module_setting,
+               module_setting + " is empty: DS-Chat's \"\" in name adapts every Linear, lm_head and the value head "
+                                "included; flowrun does not guess",
+               "write all-linear (every Linear of the blocks), a prefix such as decoder.layers., or names such as "
+               "q_proj,v_proj"}};
+  }
   try {
     const auto lc = make_lora_config(1, 1.0f, 0.0f, n.get_string(module_setting), 0);
     static const std::regex one_layer(R"((^|\.)[0-9]+\.)");

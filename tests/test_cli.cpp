@@ -266,6 +266,13 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
             &rc);
   CHECK(rc == 2);
   CHECK(has(out, "LoRA target 'layers.0.self_attn.q_proj' names a module of one layer"));
+  // an empty module name: refused (it was taken as the default; DS-Chat's "" adapts lm_head and v_head too)
+  out = run(rlhf + " --set node.sft.lora_dim=4 --set node.sft.lora_module_name= 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "lora_module_name is empty: DS-Chat's \"\" in name adapts every Linear"));
+  out = run(rlhf + " --set node.critic.critic_lora_dim=4 --set \"node.critic.critic_lora_module_name= ,\" 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "critic_lora_module_name is empty"));
   // 0 PPO iterations
   out = run(rlhf + " --set node.prompts.iterations=0 2>&1", &rc);
   CHECK(rc == 2);

@@ -535,6 +535,14 @@ TEST_CASE("settings: update counts, LoRA mapping, the engine's settings") {
   e.per_device_train_batch_size = 4;
   e.gradient_accumulation_steps = 3;
   e.lora_dim = 2;
+  e.lora_module_name = "foo_proj";  // matches nothing: the error names the setting, not only the decoder's words
+  {
+    decoder bad = clone_decoder(test::stories260k());
+    CHECK_THROWS_WITH_AS(apply_lora(bad, e),
+                         doctest::Contains("lora_module_name = \"foo_proj\" (step 3: actor_lora_module_name / "
+                                           "critic_lora_module_name): target module 'foo_proj' matches no Linear"),
+                         std::invalid_argument);
+  }
   e.lora_module_name = "q_proj,v_proj";
   apply_lora(m, e);  // only_optimize_lora false: the base trains, the adapted weights do not
   auto z = engine_settings(m, e);

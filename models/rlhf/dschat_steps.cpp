@@ -57,7 +57,14 @@ void apply_lora(decoder& model, const dschat_settings& s) {
     throw std::invalid_argument("only_optimize_lora = true trains only the LoRA weights, and lora_dim = 0 adds none: "
                                 "set lora_dim (e.g. 128, DS-Chat's), or only_optimize_lora = false");
   if (s.lora_dim <= 0) return;
-  model.enable_lora(lora_from(s), /*freeze_base=*/s.only_optimize_lora);
+  try {
+    model.enable_lora(lora_from(s), /*freeze_base=*/s.only_optimize_lora);
+  } catch (const std::invalid_argument& e) {  // name the setting: the decoder speaks of target modules
+    std::string why = e.what();
+    if (why.rfind("enable_lora: ", 0) == 0) why.erase(0, 13);
+    throw std::invalid_argument("lora_module_name = \"" + s.lora_module_name +
+                                "\" (step 3: actor_lora_module_name / critic_lora_module_name): " + why);
+  }
 }
 
 void apply_ds_config(dschat_settings& s, const ds_config& c) {

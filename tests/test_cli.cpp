@@ -54,15 +54,22 @@ TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about be
   CHECK(has(out, "has 96 embedding rows: it is not the model's tokenizer"));
 }
 
-TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, as generate does") {
-  // chat and eval stopped at the tokenizer's EOS alone
-  const auto dir = std::filesystem::temp_directory_path() / "flowrun_cli_chat_stops";
+// stories260K as an HF folder (flowrun convert) in a fresh temporary folder NAME.
+std::filesystem::path stories_hf_folder(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
   std::filesystem::remove_all(dir);
   int rc = -1;
   run(std::string(FLOWRUN_BIN) + " convert --from llama2c model/stories260K/stories260K.bin --to hf " + dir.string() +
           " --tokenizer model/stories260K/tok512.model 2>&1",
       &rc);
   REQUIRE(rc == 0);
+  return dir;
+}
+
+TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, as generate does") {
+  // chat and eval stopped at the tokenizer's EOS alone
+  const auto dir = stories_hf_folder("flowrun_cli_chat_stops");
+  int rc = -1;
   const std::string chat = "printf 'Once upon a time\\nquit\\n' | " + std::string(FLOWRUN_BIN) + " chat --model " +
                            dir.string() + " --max_new_tokens 60 2>/dev/null";
   const auto free_run = run(chat, &rc);
@@ -116,6 +123,36 @@ TEST_CASE("flowrun generate: a ZeRO folder or an adapter given as --model, and b
   out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " --lora " + (dir / "ad").string() + " 2>&1", &rc);
   CHECK(out.find("--lora goes with --model (the base model), not --zero_checkpoint") != std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST_CASE("flowrun chat --apply_chat_template renders the conversation with the folder's template") {
+  // chat knew only DS-Chat's Human:/Assistant: turns, so a model trained with apply_chat_template = true was
+  // chatted with a format it never saw. A template that writes BOS and the messages as they are: the first
+  // answer is the greedy continuation of the user's text, what generate gives for the same prompt.
+  const auto dir = stories_hf_folder("flowrun_cli_chat_template");
+  int rc = -1;
+  const std::string chat = "printf 'Once upon a time\\nquit\\n' | " + std::string(FLOWRUN_BIN) + " chat --model " +
+                           dir.string() + " --apply_chat_template --max_new_tokens 20 2>&1";
+  auto out = run(chat, &rc);  // no template in the folder: refused, naming the file
+  CHECK(rc != 0);
+  CHECK(has(out, "tokenizer_config.json"));
+  CHECK(has(out, "drop --apply_chat_template"));
+  {
+    std::ifstream in(dir / "tokenizer_config.json");
+    auto cfg = nlohmann::json::parse(in);
+    cfg["chat_template"] = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}";
+    std::ofstream(dir / "tokenizer_config.json") << cfg.dump(1);
+  }
+  out = run(chat, &rc);
+  REQUIRE(rc == 0);
+  const auto gen = run(std::string(FLOWRUN_BIN) + " generate --model " + dir.string() +
+                           " --prompt 'Once upon a time' --temperature 0 --max_new_tokens 20 2>/dev/null",
+                       &rc);
+  REQUIRE(rc == 0);
+  const std::string story = ", there was a little girl named Lily.";
+  REQUIRE(has(gen, "Once upon a time" + story));
+  CHECK(has(out, "Assistant: " + story));
+  CHECK_FALSE(has(out, "Human:"));
 }
 
 TEST_CASE("flowrun chat refuses --max_new_tokens that leave the conversation no room, naming the bound") {

@@ -290,13 +290,20 @@ void add_eval(CLI::App& app) {
 void add_chat(CLI::App& app) {
   auto o = std::make_shared<eval_opts>();
   o->max_new_tokens = 64;
-  auto* ch = app.add_subcommand("chat", "Interactive multi-turn chat (Human:/Assistant:); 'clear' resets, 'quit' ends");
+  auto* ch = app.add_subcommand("chat",
+                                "Interactive multi-turn chat (DS-Chat's Human:/Assistant: turns, or the model's chat "
+                                "template with --apply_chat_template); 'clear' resets, 'quit' ends");
   ch->add_option("--model", o->finetuned, "model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
   auto* ch_tok = ch->add_option("--tokenizer", o->tokenizer,
                                 "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
                                 "model folder's own tokenizer, else this")
                     ->capture_default_str();
   ch->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
+  ch->add_flag("--apply_chat_template", o->apply_chat_template,
+               "render the conversation with the tokenizer folder's chat template (tokenizer_config.json's "
+               "chat_template, as transformers' apply_chat_template with add_generation_prompt; TRL's chat does) "
+               "instead of DS-Chat's \"\\n\\nHuman: ...\\n\\nAssistant:\"; for a model trained with "
+               "apply_chat_template = true");
   ch->callback([o, ch_tok] {
     o->tokenizer = tokenizer_for({o->finetuned}, o->tokenizer, ch_tok->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
@@ -309,6 +316,13 @@ void add_chat(CLI::App& app) {
           "--max_new_tokens {} leaves no room for the conversation in {}'s context of {} tokens: use at most {}",
           o->max_new_tokens, o->finetuned, ctx_len, ctx_len - 2));
     const auto stops = stop_ids_for(o->finetuned, tok->bos_id(), tok->eos_id());
+    // --apply_chat_template: the conversation as messages, rendered whole each turn (the template writes
+    // BOS and the turn markers: its text is encoded without adding BOS, as apply_chat_template(tokenize=True))
+    std::shared_ptr<const chat_formatter> tmpl;
+    if (o->apply_chat_template)
+      tmpl = chat_formatter_for_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string(), "flowrun chat",
+                                          "--apply_chat_template", "--tokenizer", "drop --apply_chat_template");
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     std::string history;
     std::string line;
     std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
@@ -320,12 +334,37 @@ void add_chat(CLI::App& app) {
       }
       if (line == "clear") {
         history.clear();
+        messages = nlohmann::ordered_json::array();
         std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
+        continue;
+      }
+      const int64_t room = ctx_len - o->max_new_tokens;  // >= 2: BOS and the last token at least
+      if (tmpl) {
+        messages.push_back({{"role", "user"}, {"content", line}});
+        auto ids = tok->encode(tmpl->prompt(messages), false);
+        // too long: the oldest exchanges go first (whole user + assistant pairs), then the message itself is cut
+        size_t dropped = 0;
+        while (static_cast<int64_t>(ids.size()) > room && messages.size() > 1) {
+          messages.erase(messages.begin(), messages.begin() + std::min<std::ptrdiff_t>(2, messages.size() - 1));
+          ids = tok->encode(tmpl->prompt(messages), false);
+          ++dropped;
+        }
+        if (dropped > 0 || static_cast<int64_t>(ids.size()) > room)
+          std::cerr << fmt::format("(the conversation is longer than the {} tokens the context of {} leaves beside "
+                                   "--max_new_tokens {}: {}; 'clear' starts afresh)\n",
+                                   room, ctx_len, o->max_new_tokens,
+                                   static_cast<int64_t>(ids.size()) > room ? "not even this message fits, its start is cut"
+                                                                           : "its oldest turns are dropped");
+        if (static_cast<int64_t>(ids.size()) > room) ids.erase(ids.begin(), ids.end() - room);
+        std::string reply = answer(m, *tok, ids, o->max_new_tokens, stops);
+        while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
+        messages.push_back({{"role", "assistant"}, {"content", reply}});
+        std::cout << "Assistant: " << reply << "\n\nEnter input (type 'quit' to exit, 'clear' to clean memory): "
+                  << std::flush;
         continue;
       }
       history += "\n\nHuman: " + line + "\n\nAssistant:";
       auto ids = tok->encode(history, true);
-      const int64_t room = ctx_len - o->max_new_tokens;  // >= 2: BOS and the last token at least
       if (static_cast<int64_t>(ids.size()) > room) {  // keep BOS and the most recent turns
         // said, not silent: the model no longer sees the start (and with a small room not even the
         // whole of this message)

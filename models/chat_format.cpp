@@ -111,6 +111,8 @@ std::shared_ptr<const chat_formatter> chat_formatter_for_tokenizer(const std::st
     return std::make_shared<const chat_formatter>(tokenizer);
   } catch (const chat_template_error&) {
     throw;  // names the template, the line and the construct
+  } catch (const std::invalid_argument& e) {  // a message with its own fix (a list of templates without "default")
+    throw std::invalid_argument(who + ": " + on + ": " + e.what());
   } catch (const std::exception& e) {
     throw std::invalid_argument(who + ": " + on + ": " + e.what() +
                                 ": use a model folder whose tokenizer_config.json has \"chat_template\" (an "

@@ -47,13 +47,22 @@ hf_chat_template load_hf_chat_template(const std::string& path) {
         source = t["template"].get<std::string>();
         name = cfg.string() + ":chat_template[default]";
       }
-    if (name.empty())
-      throw std::runtime_error(cfg.string() +
-                               ": chat_template is a list of named templates without one named \"default\"");
+    if (name.empty()) {
+      std::string names;
+      for (const auto& t : j["chat_template"])
+        if (t.is_object() && t.contains("name") && t["name"].is_string())
+          names += (names.empty() ? "" : ", ") + t["name"].get<std::string>();
+      // complete with its fix (invalid_argument: chat_formatter_for_tokenizer adds none of its own)
+      throw std::invalid_argument(cfg.string() + ": chat_template is a list of named templates (" +
+                                  (names.empty() ? std::string("none named") : names) +
+                                  ") without one named \"default\", the one transformers takes when none is named: "
+                                  "name the template to use \"default\", or write it to chat_template.jinja beside "
+                                  "the file");
+    }
   } else {
     throw std::runtime_error(cfg.string() +
                              ": no chat_template (the key is missing or not a string, and there is no chat_template.jinja "
-                             "beside it); a base model has none: use its instruct variant's tokenizer files");
+                             "beside it; a base model has none)");
   }
 
   hf_chat_template out{chat_template::parse(source, name), nlohmann::ordered_json::object()};

@@ -71,7 +71,8 @@ struct hf_chat_template {
 /// named "default" is taken); a chat_template.jinja beside tokenizer_config.json (newer
 /// transformers save it there) wins over the key, as transformers' loading does.
 /// Special tokens may be strings or AddedToken objects ({"content": ...}).
-/// Throws std::runtime_error naming the file when there is no template or the JSON is bad, and
+/// Throws std::runtime_error naming the file when there is no template or the JSON is bad,
+/// std::invalid_argument (with its fix) for a list of named templates without "default", and
 /// chat_template_error when the template does not parse.
 hf_chat_template load_hf_chat_template(const std::string& path);
 

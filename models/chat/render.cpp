@@ -360,6 +360,10 @@ class renderer {
   [[noreturn]] void type_error(const expr& e, const std::string& op, const value& a, const value& b) const {
     if (a.is_undefined() || b.is_undefined())
       fail(e.at, "an undefined value used in '" + op + "' (jinja2.exceptions.UndefinedError)");
+    if (op == "%" && a.k == value::kind::string)  // a feature flowrun lacks, not a fault of the template
+      fail(e.at, "Python's '%' string formatting ('" + type_name(a) + "' % '" + type_name(b) +
+                     "') is not supported by flowrun's renderer: build the text with ~ and |string instead "
+                     "(e.g. n|string ~ ': ')");
     fail(e.at, "unsupported operand types for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'");
   }
 

@@ -68,13 +68,24 @@ int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& c
     if (by_k) {
       keep = cfg.top_k;
       std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+      // transformers' TopKLogitsWarper removes only the scores below the k-th (scores < topk(scores)[-1]): a
+      // token tied with the k-th stays, so k ties at the boundary keep them all (by id after the first k)
+      const float kth = logits[order[keep - 1]] / cfg.temperature;
+      auto tail = std::partition(order.begin() + keep, order.end(),
+                                 [&](int32_t i) { return logits[i] / cfg.temperature >= kth; });
+      std::sort(order.begin() + keep, tail);
+      keep = tail - order.begin();
     } else {
       std::sort(order.begin(), order.end(), before);
     }
     if (cfg.top_p < 1.0f) {
+      // the nucleus of what top k left, renormalised (transformers' TopPLogitsWarper softmaxes the scores
+      // TopK has already set to -inf): k = 2 of probabilities 0.69 and 0.08 keeps one token at top_p 0.75
+      double kept = 0;
+      for (int64_t i = 0; i < keep; ++i) kept += probs[order[i]];
       double cum = 0;
       for (int64_t i = 0; i < keep; ++i) {
-        cum += probs[order[i]];
+        cum += probs[order[i]] / kept;
         if (cum >= cfg.top_p) {
           keep = i + 1;
           break;

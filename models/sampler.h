@@ -10,8 +10,8 @@ namespace flowrun {
 
 struct sampling_config {
   float temperature = 1.0f;        ///< 0 = greedy (argmax)
-  int top_k = 0;                   ///< 0 = off
-  float top_p = 1.0f;              ///< 1 = off
+  int top_k = 0;                   ///< 0 = off; the k most probable and those tied with the k-th (HF's TopK)
+  float top_p = 1.0f;              ///< 1 = off; the nucleus of what top_k left, renormalised (HF's TopP after TopK)
   float repetition_penalty = 1.0f; ///< 1 = off; > 1 discourages tokens already present
 };
 

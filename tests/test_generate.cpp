@@ -66,7 +66,7 @@ TEST_CASE("sampling is reproducible for a seed and differs across seeds") {
   CHECK(a[0].tokens != c[0].tokens);
 }
 
-TEST_CASE("sample_token: top-k keeps the k most probable (ties by id), frequencies follow the renormalised softmax") {
+TEST_CASE("sample_token: top-k keeps the k most probable (and ties with the k-th), frequencies follow the renormalised softmax") {
   // logits with a tie inside the top 3 (ids 1 and 3) and one at the top-2 boundary below
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f};
   sampling_config cfg;
@@ -88,16 +88,39 @@ TEST_CASE("sample_token: top-k keeps the k most probable (ties by id), frequenci
     CAPTURE(id);
     CHECK(std::fabs(count[id] / double(draws) - std::exp(logits[id] / 0.7) / z) <= 0.015);
   }
-  // top-2 of {3, 1, 3, 3}: the ties at 3 are kept in id order, so ids 0 and 2, never 3
+  // top-2 of {3, 1, 3, 3}: transformers' TopKLogitsWarper removes only scores below the k-th
+  // (generation/logits_process.py: scores < topk(scores, k)[0][..., -1]), so the three tied at 3 all stay,
+  // each a third (they were cut to ids 0 and 2 by id)
   const std::vector<float> tie = {3.0f, 1.0f, 3.0f, 3.0f};
   cfg.top_k = 2;
   std::vector<int> tc(4, 0);
-  for (int i = 0; i < 2000; ++i) ++tc[sample_token(tie.data(), 4, cfg, rng)];
+  for (int i = 0; i < 3000; ++i) ++tc[sample_token(tie.data(), 4, cfg, rng)];
   CHECK(tc[1] == 0);
-  CHECK(tc[3] == 0);
-  CHECK(tc[0] + tc[2] == 2000);
-  CHECK(tc[0] > 800);
-  CHECK(tc[2] > 800);
+  CHECK(tc[0] + tc[2] + tc[3] == 3000);
+  for (int id : {0, 2, 3}) CHECK(std::fabs(tc[id] / 3000.0 - 1.0 / 3) <= 0.05);  // sd 0.009
+}
+
+TEST_CASE("sample_token: top_p after top_k measures the nucleus on the renormalised top k, as transformers") {
+  // probabilities 0.70, 0.10 and 0.20 spread over 8 ids: top_k = 2 leaves 0.70 and 0.10, renormalised
+  // 0.875 and 0.125 (TopPLogitsWarper softmaxes the scores TopK set to -inf). top_p = 0.75: the first alone
+  // reaches it, so id 0 only (the nucleus on the raw mass, 0.70 < 0.75, also kept id 1: 1 draw in 8);
+  // top_p = 0.9: both, 7 : 1.
+  std::vector<double> p = {0.70, 0.10};
+  for (int i = 0; i < 8; ++i) p.push_back(0.20 / 8);
+  std::vector<float> logits;
+  for (double x : p) logits.push_back(static_cast<float>(std::log(x)));
+  sampling_config cfg;
+  cfg.top_k = 2;
+  cfg.top_p = 0.75f;
+  rng64 rng(99);
+  std::vector<int> count(p.size(), 0);
+  for (int i = 0; i < 2000; ++i) ++count[sample_token(logits.data(), static_cast<int64_t>(p.size()), cfg, rng)];
+  CHECK(count[0] == 2000);
+  cfg.top_p = 0.9f;
+  std::fill(count.begin(), count.end(), 0);
+  for (int i = 0; i < 8000; ++i) ++count[sample_token(logits.data(), static_cast<int64_t>(p.size()), cfg, rng)];
+  CHECK(count[0] + count[1] == 8000);
+  CHECK(std::fabs(count[1] / 8000.0 - 0.125) <= 0.02);  // sd 0.0037
 }
 
 TEST_CASE("rows with equal prompts share one prefill: each row samples what it samples alone") {

@@ -458,7 +458,11 @@ class zero_rank final : public actor::node {
         // save_model's HF path, as the trainers': LoRA merged, and an HF source's tokenizer files and
         // special-token ids beside the weights (a llama2.c source has no tokenizer of its own)
         const std::string src = resolve_user_path(s.get_string("model"), "model").string();
-        save_model(out, dir, model_format::hf, inspect_model(src).format == model_format::hf ? src : "");
+        // a llama2.c source: no tokenizer files, and its stop convention (EOS or a new BOS) as generation_config.json
+        if (inspect_model(src).format == model_format::hf)
+          save_model(out, dir, model_format::hf, src);
+        else
+          save_model(out, dir, model_format::hf, "", src);
         ctx.print(std::string("[pretrain] consolidated model") + (model_->has_lora() ? " (LoRA merged)" : "") +
                   " -> " + dir);
       }

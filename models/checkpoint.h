@@ -78,7 +78,11 @@ std::string save_problem(model_format f, const std::string& path, model_family f
 /// folder the model came from (default: `tokenizer` when it is a folder), gives its stop ids
 /// as transformers' save_pretrained keeps them: config.json's eos_token_id list (Llama 3.1:
 /// [128001, 128008, 128009]) replaces the tokenizer's one EOS, and its generation_config.json
-/// is copied (stop_ids_for reads both: the trained model stops where its source did). Throws
+/// is copied (stop_ids_for reads both: the trained model stops where its source did). A model that is
+/// not from an HF folder (a llama2.c file or flowrun folder as `source`, or a `tokenizer` given) gets a
+/// generation_config.json with eos_token_id [EOS, BOS] (the tokenizer's; llama2.c's 2 and 1 without
+/// one): the llama2.c convention that a new BOS ends a text, which stop_ids_for applies to those
+/// formats, carried to transformers' generate. Throws
 /// std::runtime_error with save_problem's sentence when the model cannot be written
 /// so, or naming the file on an I/O error.
 void save_model(const decoder& model, const std::string& path, model_format f, const std::string& tokenizer = "",

@@ -295,6 +295,15 @@ grep -q "step 1/" "$out/fin0.log" && { echo "it trained before refusing the expo
 "$flowrun" "${fin[@]}" --set node.ranks.export_hf="$out/fin/hf" > "$out/fin2.log" 2>&1 || { tail -5 "$out/fin2.log"; exit 1; }
 [[ -f "$out/fin/hf/model.safetensors" ]] || { echo "the rerun of a finished run wrote no export"; exit 1; }
 grep -q "step [0-9]*/3 loss" "$out/fin2.log" && { echo "the rerun of a finished run trained again"; exit 1; }
+# the export of a llama2.c source stops where the ZeRO checkpoint does (EOS or a new BOS, llama2.c's rule): its
+# generation_config.json says so, for transformers and flowrun (the export went on past a story's end)
+python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["eos_token_id"] != [2, 1])' \
+  "$out/fin/hf/generation_config.json" || { echo "the export's generation_config.json does not stop at EOS and BOS"; exit 1; }
+gen=(--tokenizer model/stories260K/tok512.model --prompt Tom --temperature 0 --max_new_tokens 400)  # a BOS before 400
+"$flowrun" generate --model "$out/fin/hf" "${gen[@]}" > "$out/gen_export.txt" 2> /dev/null
+"$flowrun" generate --zero_checkpoint "$out/fin" --world_size 2 "${gen[@]}" > "$out/gen_zero.txt" 2> /dev/null
+cmp -s "$out/gen_export.txt" "$out/gen_zero.txt" ||
+  { echo "the export and the ZeRO checkpoint generate differently:"; diff "$out/gen_export.txt" "$out/gen_zero.txt"; exit 1; }
 # fewer total_steps than the checkpoint holds: refused (it exited 0 doing nothing)
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \
      --set node.data.total_steps=2 --set node.ranks.total_steps=2 --set node.ranks.export_hf= > "$out/fin3.log" 2>&1; then

@@ -211,7 +211,7 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     auto m = std::make_shared<decoder>(stories260k_config());
     m->init_random(3);
     m->add_value_head(4);
-    actors::model_msg msg{m, 5, model_format::hf, "/models/opt-tiny"};
+    actors::model_msg msg{m, 5, model_format::hf, "/models/opt-tiny", /*snapshot=*/false, ""};
     msg.source = "/models/opt-tiny-src";  // its stop ids go with a trainer's output on the other process
     auto p = actor::payload::make("model", std::move(msg));
     std::vector<tensor> bulk;
@@ -244,7 +244,7 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     lc.lora_r = 2;
     m->enable_lora(lc);
     std::vector<tensor> none;
-    auto lora = actor::encode_payload(actor::payload::make("model", actors::model_msg{m, 0}), &none);
+    auto lora = actor::encode_payload(actor::payload::make("model", actors::model_msg{m, 0, model_format::llama2c, "", false, ""}), &none);
     REQUIRE_FALSE(lora);
     CHECK(lora.error().find("LoRA") != std::string::npos);
   }

@@ -178,8 +178,9 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
               "also save the policy here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
               "tokenizer)");
   // the string settings and their combinations, refused when the graph is checked (before any model loads)
-  k.check = [](const graph::node_spec& n, const graph::graph_spec&) -> std::vector<graph::node_kind::problem> {
+  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems = dtype_problems(n);
+    for (auto& p : split_overlap_problems(n, g)) problems.push_back(std::move(p));
     for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
     rlhf::dpo_loss_type type;
     try {

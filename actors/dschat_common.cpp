@@ -448,6 +448,32 @@ std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_sp
   return problems;
 }
 
+std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g) {
+  static const std::set<std::string, std::less<>> steps = {"sft_trainer", "rm_trainer", "dpo_trainer", "prompt_loader"};
+  auto same_data = [](const graph::node_spec& a, const graph::node_spec& b) {
+    for (const char* k : {"data", "data_split", "seed"})
+      if (!a.find_setting(k) || !b.find_setting(k) ||
+          graph::to_string(a.find_setting(k)->value) != graph::to_string(b.find_setting(k)->value))
+        return false;
+    return a.find_setting("eval_fraction") && b.find_setting("eval_fraction");
+  };
+  for (const auto& m : g.nodes) {
+    if (m.name == n.name) break;  // only earlier nodes: a difference is reported on the later node
+    if (!steps.count(m.kind) || !same_data(m, n)) continue;
+    // the first node of the data is the one the others follow: one problem for each node that differs from it
+    const double mine = n.get_float("eval_fraction"), theirs = m.get_float("eval_fraction");
+    if (mine == theirs) return {};
+    return {{"eval_fraction",
+             fmt::format("node '{}': eval_fraction = {} but node '{}' takes its share of the same data (data_split {}, "
+                         "seed {}) with eval_fraction = {}: each step holds out its rows first (DS-Chat's fixed eval "
+                         "split) and splits the rest by data_split, so with other fractions the steps' shares overlap "
+                         "(a step would train on rows another step trained or evaluated on)",
+                         n.name, mine, m.name, n.get_string("data_split"), n.get_int("seed"), theirs),
+             fmt::format("give the steps one eval_fraction: set eval_fraction = {} on node '{}'", theirs, n.name)}};
+  }
+  return {};
+}
+
 std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world) {
   std::vector<graph::node_kind::problem> problems;
   check_ds_config(n, world, problems);

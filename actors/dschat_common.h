@@ -124,6 +124,13 @@ std::string lora_module_name_doc();
 /// only; flowrun adapts the module in every layer; decoder::enable_lora refuses it too, later).
 std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_spec& n, const std::string& dim_setting,
                                                            const std::string& module_setting);
+/// DS-Chat's steps share one dataset: each holds out its eval rows first (DS-Chat's fixed "9,1" eval
+/// split) and splits the rest by data_split, so the steps' shares are disjoint only when they hold out
+/// the same fraction. A problem on n when an earlier node of the graph (sft_trainer, rm_trainer,
+/// dpo_trainer, prompt_loader) reads the same data with the same data_split and seed but another
+/// eval_fraction: their training rows come from other remainders and overlap (rlhf.graph's rm at 0.2
+/// trained on 143 of sft's 416 rows, and 292 of PPO's 830 prompts were its pairs).
+std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g);
 /// DS-Chat's --dtype is one setting for the four models of step 3. Warns when the graph's policy,
 /// critic, reference_model and reward_model nodes set different dtypes (a reference left in fp32
 /// against a bf16 policy starts PPO from a KL of about 1e-3 instead of 0), naming each node's dtype

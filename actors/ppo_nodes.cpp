@@ -166,6 +166,7 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .option("eval_prompts", T::int_, std::int64_t{32},
               "held-out prompts scored before and after (0: no held-out passes)").at_least(0)
       .option("seed", T::int_, std::int64_t{1234}, "data split and order");
+  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) { return split_overlap_problems(n, g); };
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
 }
 

@@ -31,8 +31,8 @@ for s in (3, 4):
     assert abs(sig["rewards/margins"][s] - (sig["rewards/chosen"][s] - sig["rewards/rejected"][s])) < 1e-9, "margins"
 print("  the step 4 line is the mean of steps 3 and 4; rewards/margins = chosen - rejected")
 PY
-for want in "step 2 dpo\] train pairs: 738 of 738 examples" \
-            "step 2 dpo\] 738 train / 184 held-out pairs; held-out preference accuracy 0.000 ± 0.000, log-prob accuracy" \
+for want in "step 2 dpo\] train pairs: 830 of 830 examples" \
+            "step 2 dpo\] 830 train / 92 held-out pairs; held-out preference accuracy 0.000 ± 0.000, log-prob accuracy" \
             "step 2 dpo\] step 4/4 loss" "step 2 dpo\] held-out preference accuracy .* after" \
             "step 2 dpo\] saved .*dpo.bin as a llama2.c file; reloaded: max |output difference| 0"; do
   grep -q "$want" "$out/log" || { echo "missing in the output: $want"; exit 1; }

@@ -6,7 +6,8 @@ flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
 "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir="$out/checkpoints" \
   --set node.sft.steps=10 --set node.rm.steps=10 --set node.prompts.iterations=3 --set node.prompts.eval_prompts=8 \
-  --set node.rm.eval_fraction=0.3 --set node.rm.max_seq_len=80 \
+  --set node.sft.eval_fraction=0.3 --set node.rm.eval_fraction=0.3 --set node.prompts.eval_fraction=0.3 \
+  --set node.rm.max_seq_len=80 \
   --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
   --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \
   --set node.policy.tokenizer=model/stories260K/tok512.model --set node.policy.per_device_training_batch_size=4 \
@@ -19,7 +20,8 @@ done
 "$flowrun" eval prompts --baseline "$out/sft.bin" --finetuned "$out/ppo.bin" --n 2 --max_new_tokens 8 > "$out/eval"
 grep -c "fine-tuned" "$out/eval" | grep -qx 2 || { echo "eval prompts did not print 2 answers"; exit 1; }
 # eval reward without split options scores rm_trainer's own held-out pairs (the folder's flowrun_data.json
-# records its split: eval_fraction 0.3 and max_seq_len 80 here, not the command's defaults 0.2 and 96)
+# records its split: eval_fraction 0.3 (every step's: one held-out share) and max_seq_len 80 here, not the
+# command's defaults 0.1 and 96)
 "$flowrun" eval reward --model "$out/rm" > "$out/eval_rm" 2> "$out/eval_rm.err"
 trained=$(sed -nE 's/^\[step 2 rm\] held-out accuracy ([0-9.]+) .* over ([0-9]+) pairs.*/\2 \1/p' "$out/log")
 evaled=$(sed -nE 's/^held-out pairs ([0-9]+): accuracy ([0-9.]+) .*/\1 \2/p' "$out/eval_rm")

@@ -310,6 +310,14 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
   out = run(rlhf + " --set node.critic.critic_lora_dim=4 --set \"node.critic.critic_lora_module_name= ,\" 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "critic_lora_module_name is empty"));
+  // two held-out fractions on one dataset: the steps' data_split shares would overlap (each step holds out its
+  // rows first); reported once, on the node that differs from the first
+  out = run(rlhf + " --set node.rm.eval_fraction=0.2 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'rm': eval_fraction = 0.2 but node 'sft' takes its share of the same data (data_split 2,4,4, "
+                 "seed 1234) with eval_fraction = 0.1"));
+  CHECK(has(out, "hint: give the steps one eval_fraction: set eval_fraction = 0.1 on node 'rm'"));
+  CHECK_FALSE(has(out, "node 'prompts': eval_fraction"));
   // 0 PPO iterations
   out = run(rlhf + " --set node.prompts.iterations=0 2>&1", &rc);
   CHECK(rc == 2);

@@ -190,7 +190,7 @@ void add_eval(CLI::App& app) {
   });
 
   auto r = std::make_shared<eval_opts>();
-  r->eval_fraction = 0.2;
+  r->eval_fraction = 0.1;  // rm.graph's (the default of every step: one held-out share, disjoint steps)
   r->step = 2;
   auto* rw = ev->add_subcommand("reward", "Reward model accuracy and scores on held-out chosen/rejected pairs");
   rw->add_option("--model", r->model, "reward model folder (written by rm_trainer's output)")->capture_default_str();

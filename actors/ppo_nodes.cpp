@@ -59,11 +59,21 @@ class prompt_loader final : public actor::node {
     auto rows = load_step_rows(ctx, 2, d);
     dschat::tokenize_settings ts;
     ts.max_prompt_seq_len = ctx.spec().get_int("max_prompt_seq_len");
-    ts.overflow = dschat::prompt_overflow::keep_end;
+    const std::string overflow = ctx.spec().get_string("prompt_overflow");
+    ts.overflow = overflow == "drop" ? dschat::prompt_overflow::drop : dschat::prompt_overflow::keep_end;
     ts.chat = chat_template_setting(ctx);
     print_chat_row(ctx, "[step 3 prompts]", rows, ts, true);
-    train_ = dschat::make_prompt_examples(rows.train, *tok, ts);
-    eval_ = dschat::make_prompt_examples(rows.eval, *tok, ts);
+    dschat::process_report train_report, eval_report;
+    train_ = dschat::make_prompt_examples(rows.train, *tok, ts, &train_report);
+    eval_ = dschat::make_prompt_examples(rows.eval, *tok, ts, &eval_report);
+    // said, not silent: how many prompts were longer than max_prompt_seq_len, and what became of them
+    for (const auto& [what, r] : {std::pair<const char*, const dschat::process_report&>{"train", train_report},
+                                  std::pair<const char*, const dschat::process_report&>{"held-out", eval_report}})
+      if (r.truncated > 0 || r.filtered > 0)
+        ctx.log().info("[step 3 prompts] {} prompts: {} of {} longer than max_prompt_seq_len = {}: {}", what,
+                       r.truncated + r.filtered, r.input, ts.max_prompt_seq_len,
+                       r.filtered > 0 ? "dropped (prompt_overflow = \"drop\", DS-Chat's filter)"
+                                      : "cut to their last tokens (prompt_overflow = \"keep_end\")");
     for (const auto* set : {&train_, &eval_})
       for (const auto& e : *set) longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(e.ids.size()));
     B_ = ctx.spec().get_int("per_device_generation_batch_size");
@@ -156,7 +166,12 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .option("mix_data", T::path_list, std::vector<std::string>{}, "more datasets blended with data")
       .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split")
       .option("eval_fraction", T::float_, 0.1, "held-out share").in_range(0, 1, false, /*high_open=*/true)
-      .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens kept (the end of the prompt)").at_least(1)
+      .option("max_prompt_seq_len", T::int_, std::int64_t{48}, "prompt tokens at most (prompt_overflow: what "
+              "becomes of a longer prompt)").at_least(1)
+      .option("prompt_overflow", T::string, std::string("keep_end"),
+              "a prompt longer than max_prompt_seq_len: keep_end (its BOS and last tokens) or drop (DS-Chat's "
+              "create_dataset_split: train_phase 3 keeps a prompt only when it fits, counting the others as "
+              "filtered)")
       .option("apply_chat_template", T::bool_, false,
               "render prompts with the chat template of the tokenizer's HF folder (HH-RLHF turns or a GSM8K "
               "question as messages, add_generation_prompt = true; TRL's name)")
@@ -166,7 +181,13 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .option("eval_prompts", T::int_, std::int64_t{32},
               "held-out prompts scored before and after (0: no held-out passes)").at_least(0)
       .option("seed", T::int_, std::int64_t{1234}, "data split and order");
-  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) { return split_overlap_problems(n, g); };
+  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
+    auto problems = split_overlap_problems(n, g);
+    if (const auto o = n.get_string("prompt_overflow"); o != "keep_end" && o != "drop")
+      problems.push_back({"prompt_overflow", "prompt_overflow = \"" + o + "\" is not a way to treat a long prompt",
+                          "use \"keep_end\" (its last tokens) or \"drop\" (DS-Chat's filter)"});
+    return problems;
+  };
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new prompt_loader); });
 }
 

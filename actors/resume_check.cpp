@@ -160,7 +160,15 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
   const std::string ds = "deepspeed_config" + std::string(contents_suffix);
   if (safe.count(std::string(ds_batch_split_safe)) && then.is_object() && then.contains(ds) && then[ds].is_object())
     strip_batch_triple(then[ds]);
-  const auto refused = settings_changes(then, settings_record(ctx.spec(), safe));
+  const nlohmann::json now = settings_record(ctx.spec(), safe);
+  // a setting newer than the record (flowrun gained it since the checkpoint), left at its default: the run
+  // that wrote the record behaved as that default, so it is no change (it was refused, "(not set) -> ...",
+  // and no value could set it back)
+  if (then.is_object())
+    for (const auto& [k, v] : now.items())
+      if (!then.contains(k))
+        if (const auto* w = ctx.spec().find_setting(k); w && w->from_default) then[k] = v;
+  const auto refused = settings_changes(then, now);
   if (!refused.empty())
     throw std::runtime_error(fmt::format("node '{}': resuming from {} with settings changed: {}; set them back, or {}",
                                          ctx.name(), folder, fmt::join(refused, "; "), afresh));

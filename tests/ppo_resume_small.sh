@@ -194,7 +194,20 @@ refused f4 "fewer iterations than the checkpoint's" "holds step 3 after iteratio
 refused f5 "the reference model in another dtype (other KL penalties would follow)" \
   "node 'reference': resuming from .* with settings changed: dtype \"fp32\" -> \"bf16\"; set them back" \
   "$out/a" --set node.reference.dtype=bf16
+# a setting newer than the checkpoint's record (prompt_overflow here, taken out of the record as flowrun
+# before it wrote), left at its default: no change (it was refused as "(not set) -> keep_end", and no value
+# could set it back); given another value, refused
+cp -r "$out/a" "$out/n"
+python3 -c 'import json,sys; p=sys.argv[1]; r=json.load(open(p)); r.pop("prompt_overflow"); json.dump(r, open(p, "w"))' \
+  "$out/n/ckpt/prompts.settings.json"
+refused f6 "prompt_overflow drop on a record without it" \
+  "node 'prompts': resuming from .* with settings changed: prompt_overflow (not set) -> \"drop\"; set them back" \
+  "$out/n" --set node.prompts.prompt_overflow=drop
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/n") --set node.prompts.iterations=8 > "$out/f7.log" 2> "$out/f7.err" ||
+  fail "a resume whose record predates prompt_overflow (at its default) was refused: $(grep -i error "$out/f7.err" | head -2)"
+grep -q "resuming after iteration 5 " "$out/f7.log" || fail "the resume whose record predates prompt_overflow did not resume"
 echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage accepted"
+echo "a setting newer than the record: at its default accepted, another value refused"
 # 6b. LoRA in step 3 (actor_lora_dim, critic_lora_dim, only_optimize_lora): a LoRA checkpoint resumes,
 #     and a changed only_optimize_lora is refused naming it (it was refused by the config hash alone,
 #     "config hash differs", which names nothing and offers only deleting the checkpoint)

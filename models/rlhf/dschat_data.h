@@ -16,7 +16,8 @@
 //  - Tokenization: step 1 and 2 sequences = prompt + answer + EOS (DS-Chat's
 //    end_of_conversation_token is the model's EOS id here), cut at max_seq_len
 //    with EOS kept last; step 3 prompts longer than max_prompt_seq_len are dropped
-//    as create_dataset_split does (or, optionally, cut keeping their end).
+//    as create_dataset_split does, or cut keeping their end (tokenize_settings::overflow;
+//    prompt_loader's prompt_overflow, "keep_end" by default).
 //  - The tok512 tokenizer has no pad id: pad_id (default 0, unk) is only a filler;
 //    every batch carries explicit lengths and masks, and nothing here detects
 //    padding by id.

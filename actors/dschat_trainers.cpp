@@ -111,9 +111,15 @@ class sft_trainer final : public dschat_trainer {
     ts.truncation = truncation_of(ctx);
     ts.chat = chat_template_setting(ctx);
     print_chat_row(ctx, "[step 1 sft]", rows, ts, false);
-    train_ = dschat::make_sft_examples(rows.train, *tok_, ts);
+    dschat::process_report rep;  // how many were cut, and how many lost their whole prompt (as step 2 says)
+    try {
+      train_ = dschat::make_sft_examples(rows.train, *tok_, ts, &rep);
+    } catch (const std::invalid_argument& e) {  // name the file: the rows are its step share
+      throw std::invalid_argument(ctx.spec().get_string("data") + " (this step's training rows): " + e.what());
+    }
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed);
     order_.check(ctx.name(), "per_device_train_batch_size");
+    ctx.log().info("{}", rep.summary());
     auto eval = dschat::make_sft_examples(rows.eval, *tok_, ts);
     n_eval_ = static_cast<int64_t>(eval.size());
     for (auto& b : dschat::epoch_batches(n_eval_, d_.per_device_train_batch_size, 0, 0, false))

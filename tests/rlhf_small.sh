@@ -13,6 +13,9 @@ rm -rf "$out" && mkdir -p "$out"
   --set node.policy.tokenizer=model/stories260K/tok512.model --set node.policy.per_device_training_batch_size=4 \
   > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
 cat "$out/log"
+# step 1 says what tokenizing did, as step 2 does (how many were cut, how many lost their whole prompt)
+grep -qE "\[sft\[0\]\] \[info\] [0-9]+ of [0-9]+ examples, [0-9]+ truncated" "$out/err" ||
+  { grep sft "$out/err" | head -5; echo "step 1 printed no tokenization report"; exit 1; }
 for want in "step 1 sft\] held-out loss" "step 2 rm\] held-out accuracy" "step 3 ppo\] iter 2 reward" \
             "unsup_loss" "held-out mean reward"; do
   grep -q "$want" "$out/log" || { echo "missing in the output: $want"; exit 1; }
@@ -45,4 +48,13 @@ refused "--step: Value 4 not in range 1 to 3" eval reward --model "$out/rm" --st
 refused "--max_seq_len 100000 exceeds the model's 512 positions" eval reward --model "$out/rm" --max_seq_len 100000
 refused "$out/rm/model.safetensors is one file of a model folder: give the folder, $out/rm" \
   eval reward --model "$out/rm/model.safetensors"
+# a step-1 row without an answer names the file (it said "row 0 has no answer" alone)
+printf '{"prompt":"p"}\n{"prompt":"q"}\n' > "$out/prompts_only.jsonl"
+if "$flowrun" "$root/graphs/sft.graph" --no-progress --set node.sft.data="$out/prompts_only.jsonl" --set node.sft.data_split=1,0,0 \
+     --set node.sft.eval_fraction=0 --set node.sft.per_device_train_batch_size=1 --set node.sft.output="$out/none.bin" \
+     > "$out/noanswer.log" 2>&1; then
+  echo "SFT on rows without answers was accepted"; exit 1
+fi
+grep -qF "$out/prompts_only.jsonl (this step's training rows): row 0 has no answer" "$out/noanswer.log" ||
+  { tail -3 "$out/noanswer.log"; echo "the no-answer error does not name the file"; exit 1; }
 echo "rlhf_small: ok"

@@ -42,6 +42,22 @@ TEST_CASE("flowrun generate with temperature 0 prints greedy_from_bos_text") {
   CHECK(out == want + "\n");
 }
 
+TEST_CASE("flowrun generate: an empty prompt without a BOS, and a length past the context, are said") {
+  int rc = -1;
+  // Qwen2's tokenizer has no BOS: "empty prompt (add a BOS token)" came from inside generate()
+  auto out = run(std::string(FLOWRUN_BIN) + " generate --model " + FLOWRUN_SOURCE_DIR +
+                     "/tests/fixtures/hf_chat/qwen2 --prompt '' 2>&1",
+                 &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "--prompt is empty and the tokenizer"));
+  CHECK(has(out, "has no BOS token to start from: give a prompt"));
+  // 1000 new tokens after 2 in a 512-token context: it stopped at the context without a word
+  out = run(std::string(FLOWRUN_BIN) + " generate --prompt Once --temperature 0 --max_new_tokens 1000 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "--max_new_tokens 1000 after a prompt of 2 tokens passes"));
+  CHECK(has(out, "generation stops at the context, after at most 510 new tokens"));
+}
+
 TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about before the default reads its text") {
   // AutoTokenizer refuses such a folder; the default tok512.model read it silently
   int rc = -1;

@@ -129,7 +129,7 @@ void add_generate(CLI::App& app) {
                                   "SentencePiece .model, GPT-2 vocab.json or an HF folder; default: the model "
                                   "folder's own tokenizer, else this")
                       ->capture_default_str();
-  sub->add_option("--prompt", o->prompt, "Prompt text (empty: start from BOS)");
+  sub->add_option("--prompt", o->prompt, "Prompt text (empty: start from BOS, for a tokenizer that has one)");
   // The sampling options follow the graph's generator settings: one declaration of their ranges.
   graph::node_kind_registry declared;
   graph::register_example_kinds(declared);
@@ -191,6 +191,15 @@ void add_generate(CLI::App& app) {
     check_tokenizer_fits(*tok, tok_path, model, o->model);
     spdlog::info("model: {}", model.config().summary());
     auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
+    if (prompt.empty())  // a tokenizer without BOS (Qwen2's) has nothing to start from
+      throw std::invalid_argument("--prompt is empty and the tokenizer " + tok_path +
+                                  " has no BOS token to start from: give a prompt");
+    if (const int64_t ctx = model.config().max_seq_len;
+        static_cast<int64_t>(prompt.size()) + o->max_new_tokens > ctx)  // said, as chat refuses it
+      spdlog::warn("--max_new_tokens {} after a prompt of {} tokens passes {}'s context of {} tokens: generation "
+                   "stops at the context, after at most {} new tokens",
+                   o->max_new_tokens, prompt.size(), o->model, ctx,
+                   std::max<int64_t>(0, ctx - static_cast<int64_t>(prompt.size())));
     auto res = generate(model, {prompt}, generation_of(*o, *tok));
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), res[0].tokens.begin(), res[0].tokens.end());

@@ -97,9 +97,9 @@ class dpo_trainer final : public dschat_trainer {
     ++acc_n_;
     if (prints(ctx, step)) {
       ctx.print(fmt::format("[step 2 dpo] step {}/{} loss {:.4f} acc {:.3f} rewards chosen {:.3f} rejected {:.3f} "
-                            "lr {:.2e}",
+                            "lr {}",
                             step, steps_, loss_sum_ / acc_n_, acc_sum_ / acc_n_, chosen_sum_ / acc_n_,
-                            rejected_sum_ / acc_n_, r.lr));
+                            rejected_sum_ / acc_n_, engine_.shown_lr(d_, r.lr)));
       acc_sum_ = loss_sum_ = chosen_sum_ = rejected_sum_ = 0;
       acc_n_ = 0;
     }

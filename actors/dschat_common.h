@@ -305,6 +305,14 @@ struct trainer_engine {
                             n == 1 ? "" : "s", scaler->scale()));
   }
   int64_t overflows_reported = 0;
+  /// The learning rate to print for an update at `lr`: with only_optimize_lora (only the LoRA tensors
+  /// train) the LoRA group's, lr x lora_learning_rate / learning_rate (zero_settings::adapter_lr), with
+  /// " (LoRA)" after it; else lr. It printed the frozen base's rate, which trained nothing.
+  static std::string shown_lr(const dschat::dschat_settings& d, double lr) {
+    if (d.only_optimize_lora && d.lora_dim > 0 && d.learning_rate > 0)
+      return fmt::format("{:.2e} (LoRA)", lr * d.lora_learning_rate / d.learning_rate);
+    return fmt::format("{:.2e}", lr);
+  }
   /// The lr of the next update (transformers.get_scheduler over `steps` updates).
   double next_lr(const dschat::dschat_settings& d) const {
     return schedule.lr_at(engine->step_count(), d.learning_rate);

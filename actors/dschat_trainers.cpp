@@ -143,8 +143,8 @@ class sft_trainer final : public dschat_trainer {
     ctx.signal("tokens_per_s", tps, step);
     ctx.metric("tokens", tokens);
     if (prints(ctx, step))
-      ctx.print(fmt::format("[step 1 sft] step {}/{} loss {:.4f} lr {:.2e} ({:.0f} tokens/s)", step, steps_, r.loss,
-                            r.lr, tps));
+      ctx.print(fmt::format("[step 1 sft] step {}/{} loss {:.4f} lr {} ({:.0f} tokens/s)", step, steps_, r.loss,
+                            engine_.shown_lr(d_, r.lr), tps));
   }
 
   bool has_held_out() const override { return !eval_.empty(); }

@@ -486,6 +486,25 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   fs::remove_all(dir);
 }
 
+TEST_CASE("with only_optimize_lora the printed lr is the LoRA group's, the one that trains") {
+  // it printed learning_rate's schedule while only lora_learning_rate's group trained
+  const auto out_bin = std::filesystem::temp_directory_path() / "flowrun_cli_lora_lr.bin";
+  const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                          "/graphs/sft.graph --no-progress --set node.sft.steps=2 --set node.sft.print_every=1 "
+                          "--set node.sft.num_warmup_steps=0 --set node.sft.lr_scheduler_type=constant "
+                          "--set node.sft.learning_rate=1e-3 --set node.sft.output=" + out_bin.string();
+  int rc = -1;
+  auto out = run(sft + " --set node.sft.lora_dim=4 --set node.sft.only_optimize_lora=true "
+                       "--set node.sft.lora_learning_rate=5e-4 2>&1", &rc);
+  REQUIRE(rc == 0);
+  CHECK(has(out, "[step 1 sft] step 1/2 loss "));
+  CHECK(has(out, " lr 5.00e-04 (LoRA) ("));
+  out = run(sft + " 2>&1", &rc);  // the whole model trains: learning_rate's
+  REQUIRE(rc == 0);
+  CHECK(has(out, " lr 1.00e-03 ("));
+  std::filesystem::remove(out_bin);
+}
+
 TEST_CASE("out-of-range training and sampling settings are refused before anything starts, naming the value") {
   // Each was accepted silently (a negative learning rate trains uphill; a negative warmup, a negative rank).
   const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --no-progress";

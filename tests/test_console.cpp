@@ -390,6 +390,22 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   json f2 = json::parse(h.frame_json(&es, &ss));
   CHECK(f2["events"].empty());
   CHECK(f2["signals"].empty());
+  // the final sample (the run is over): nothing flows, so no rate or load is shown (the last window's
+  // stayed: a stopped node at BUSY 1000 and 1644 tokens/s)
+  {
+    console::sample fin = make(4.0, 400, 3.9, "stopped");
+    fin.finished = true;
+    fin.run_state = "finished";
+    h.publish(fin);
+    json after = json::parse(h.nodes_json())["nodes"];
+    for (const auto& n : after) {
+      INFO(n.dump());
+      CHECK(n["rates"]["msgs_out_per_s"].get<double>() == 0);
+      CHECK(n["rates"]["handled_per_s"].get<double>() == 0);
+      CHECK(n["load"]["busy_ms_per_s"].get<double>() == 0);
+    }
+    CHECK(json::parse(h.status_json())["tokens_per_s"].get<double>() == 0);
+  }
   CHECK(h.act("pause").status == 503);  // no controls yet
   h.set_controls({[] { return std::string("paused"); }, nullptr, nullptr, nullptr});
   CHECK(h.act("pause").status == 200);
@@ -878,6 +894,14 @@ fail_always = true
   CHECK(s["error"].get<std::string>().find("injected failure at 3") != std::string::npos);
   json w = run.get("/api/nodes/work");
   CHECK(w["state"] == "failed");
+  // the run is over: nothing flows, so no node shows a rate or load (the last window's stayed: a stopped
+  // node at BUSY 1000 and 1644 tokens/s)
+  for (const auto& n : run.get("/api/nodes")["nodes"]) {
+    INFO(n.dump());
+    CHECK(n["rates"]["handled_per_s"].get<double>() == 0);
+    CHECK(n["rates"]["msgs_out_per_s"].get<double>() == 0);
+    CHECK(n["load"]["busy_ms_per_s"].get<double>() == 0);
+  }
   CHECK(w["reason"].get<std::string>().find("injected failure at 3") != std::string::npos);
   json ev = run.get("/api/events");
   std::set<std::string> kinds;

@@ -513,8 +513,13 @@ void hub::publish(sample s) {
       }
     if (!ref && !history_.empty()) ref = &history_.front();
     rates_ = ref ? derive(s, *ref) : derived{};
-    if (!ref) {
+    if (!ref || s.finished) {  // the run is over: nothing flows (a stopped node showed BUSY 1000 at 1644 tok/s)
+      const double window = rates_.window_s;
+      rates_ = derived{};
+      rates_.window_s = window;
       rates_.nodes.resize(s.nodes.size());
+      rates_.replicas.resize(s.nodes.size());
+      for (std::size_t i = 0; i < s.nodes.size(); ++i) rates_.replicas[i].resize(s.nodes[i].replicas.size());
       rates_.edges.resize(s.edges.size());
       rates_.edge_blocked_ms.resize(s.edges.size());
     }

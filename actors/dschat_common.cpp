@@ -450,11 +450,29 @@ std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_sp
 
 std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g) {
   static const std::set<std::string, std::less<>> steps = {"sft_trainer", "rm_trainer", "dpo_trainer", "prompt_loader"};
-  auto same_data = [](const graph::node_spec& a, const graph::node_spec& b) {
-    for (const char* k : {"data", "data_split", "seed"})
+  // data_split by its shares ("2, 4, 4" and "20,40,40" split as "2,4,4" does); unreadable: never the same
+  auto shares = [](const graph::node_spec& x) {
+    std::vector<double> w;
+    try {
+      w = dschat::parse_data_split(x.get_string("data_split"));
+    } catch (const std::exception&) {
+      return w;
+    }
+    double sum = 0;
+    for (double v : w) sum += v;
+    for (double& v : w) v = sum > 0 ? v / sum : v;
+    return w;
+  };
+  auto same_data = [&](const graph::node_spec& a, const graph::node_spec& b) {
+    for (const char* k : {"data", "seed"})
       if (!a.find_setting(k) || !b.find_setting(k) ||
           graph::to_string(a.find_setting(k)->value) != graph::to_string(b.find_setting(k)->value))
         return false;
+    if (!a.find_setting("data_split") || !b.find_setting("data_split")) return false;
+    const auto wa = shares(a), wb = shares(b);
+    if (wa.empty() || wa.size() != wb.size()) return false;
+    for (size_t i = 0; i < wa.size(); ++i)
+      if (std::fabs(wa[i] - wb[i]) > 1e-12) return false;
     return a.find_setting("eval_fraction") && b.find_setting("eval_fraction");
   };
   for (const auto& m : g.nodes) {

@@ -1,6 +1,7 @@
 #include "actors/rank_group.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -39,8 +40,10 @@ std::shared_ptr<comm::inproc_group> join_inproc(const std::string& key, int worl
 
 // The settings that ranks in other processes must share, each "name" -> a hash of its value: the node's
 // settings record (resume_check.h: a file by its contents where the record has them), less what only prints
-// (print_every, ...) and the paths the record holds only as paths (absolute: each machine may spell them its
-// own way). Sorted by name (the record is a sorted JSON object).
+// (print_every, ...). A path the record holds only as a path (a model, an output folder) is compared by its
+// last name and, for a file, its size: each machine may spell the folders its own way (another
+// FLOWRUN_ASSETS), while another model file or checkpoint mostly differs there. Sorted by name (the record
+// is a sorted JSON object; its values are graph::to_string's, a string quoted).
 std::vector<std::pair<std::string, std::uint64_t>> shared_settings(const graph::node_spec& n) {
   const nlohmann::json rec = settings_record(n, {});
   const std::string contents = " (contents)";
@@ -48,11 +51,18 @@ std::vector<std::pair<std::string, std::uint64_t>> shared_settings(const graph::
   for (const auto& [k, v] : rec.items()) {
     if (k.find("print") != std::string::npos) continue;
     const bool by_contents = k.size() > contents.size() && k.compare(k.size() - contents.size(), contents.size(), contents) == 0;
+    std::string value = v.dump();
     if (!by_contents) {
       if (rec.contains(k + contents)) continue;
-      if (v.is_string() && !v.get<std::string>().empty() && v.get<std::string>()[0] == '/') continue;
+      const auto* set = n.find_setting(k);
+      if (const auto* p = set ? std::get_if<std::string>(&set->value) : nullptr; p && !p->empty() && (*p)[0] == '/') {
+        std::error_code ec;
+        const std::filesystem::path path(*p);
+        const auto size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+        value = path.filename().string() + "|" + std::to_string(ec ? 0 : size);
+      }
     }
-    out.emplace_back(k, graph::fnv1a64(v.dump()));
+    out.emplace_back(k, graph::fnv1a64(value));
   }
   return out;
 }

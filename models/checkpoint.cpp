@@ -101,6 +101,18 @@ model_file_info inspect_model(const std::string& path_in) {
                            not_a_model_hint(p));
 }
 
+void write_llama2c_generation_config(const std::string& dir, int64_t bos_id, int64_t eos_id, int64_t vocab_limit) {
+  nlohmann::json stops = nlohmann::json::array();
+  for (int64_t id : {eos_id, bos_id})
+    if (id >= 0 && id < vocab_limit && std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+  if (stops.empty()) return;
+  nlohmann::json g = {{"eos_token_id", stops}};
+  if (bos_id >= 0 && bos_id < vocab_limit) g["bos_token_id"] = bos_id;
+  std::string text = g.dump(2);
+  text.push_back('\n');
+  write_text_atomic((fs::path(dir) / "generation_config.json").string(), text);
+}
+
 std::vector<int32_t> stop_ids_for(const std::string& path, int32_t bos_id, int32_t eos_id) {
   std::vector<int32_t> ids;
   auto add = [&](int64_t id) {
@@ -201,22 +213,9 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
         const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         write_text_atomic((fs::path(path) / "generation_config.json").string(), text);
       } else if (!from_hf && (tok || (!src.empty() && inspect_model(src.string()).format != model_format::hf))) {
-        // a llama2.c model (a .bin or a flowrun folder): a new BOS ends a text as EOS does (run.c; stop_ids_for),
-        // so the HF folder says so, and transformers' generate and flowrun's stop where the source stopped (the
-        // export stopped only at EOS, and generated past a story's end where --zero_checkpoint stopped). Without
-        // a tokenizer, llama2.c's own ids: BOS 1, EOS 2
-        const int64_t bos = tok ? tok->bos_id() : 1, eos = tok ? tok->eos_id() : 2;
-        nlohmann::json stops = nlohmann::json::array();
-        for (int64_t id : {eos, bos})
-          if (id >= 0 && id < model.config().vocab_limit() && std::find(stops.begin(), stops.end(), id) == stops.end())
-            stops.push_back(id);
-        if (!stops.empty()) {
-          nlohmann::json g = {{"eos_token_id", stops}};
-          if (bos >= 0 && bos < model.config().vocab_limit()) g["bos_token_id"] = bos;
-          std::string text = g.dump(2);
-          text.push_back('\n');
-          write_text_atomic((fs::path(path) / "generation_config.json").string(), text);
-        }
+        // a llama2.c model (a .bin or a flowrun folder): without a tokenizer, llama2.c's own ids
+        write_llama2c_generation_config(path, tok ? tok->bos_id() : 1, tok ? tok->eos_id() : 2,
+                                        model.config().vocab_limit());
       }
       return;
     }

@@ -43,6 +43,14 @@ model_file_info inspect_model(const std::string& path);
 /// that emitted BOS mid-text stopped here and not in transformers. Throws as inspect_model.
 std::vector<int32_t> stop_ids_for(const std::string& path, int32_t bos_id, int32_t eos_id);
 
+/// Write DIR/generation_config.json for a model from a llama2.c file: eos_token_id [eos_id, bos_id] (the
+/// ids in 0..vocab_limit-1; one when they are equal; none written when neither is) and bos_token_id. A new
+/// BOS ends a text there as EOS does (llama2.c's run.c; stop_ids_for's rule for llama2.c files), and
+/// transformers' generate and flowrun read this list, so the HF folder stops where its source did (it went
+/// on past a story's end). save_model's HF path and `flowrun convert --from llama2c --to hf` write it.
+/// Throws std::runtime_error naming the file on an I/O error.
+void write_llama2c_generation_config(const std::string& dir, int64_t bos_id, int64_t eos_id, int64_t vocab_limit);
+
 /// Save `model` into folder `dir`: flowrun_config.json (the model_config, LoRA
 /// and value-head flags) and model.safetensors (every base and adapter tensor,
 /// f32, HF LlamaForCausalLM names plus v_head.weight and PEFT-style lora_A/lora_B).

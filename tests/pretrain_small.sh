@@ -99,6 +99,19 @@ for what in "node.ranks.zero_stage=2:zero_stage" "node.ranks.deepspeed_config=$o
   (( rc0 != 0 && rc1 != 0 && rc1 != 124 )) || { echo "another ${what#*:}: exit codes $rc0 $rc1"; exit 1; }
   echo "  another ${what#*:}: both processes refused it"
 done
+# the same model file at another path (another FLOWRUN_ASSETS on another machine) is the same setting
+for assets in "${FLOWRUN_ASSETS:-}" ../shared/assets "$root/../shared/assets"; do  # assets_root()'s order
+  [[ -n "$assets" && -d "$assets/model" ]] && break
+done
+mkdir -p "$out/model_copy" && cp "$assets/model/stories260K/stories260K.bin" "$out/model_copy/"
+rm -rf "$out/hand_store" && mkdir -p "$out/hand_store"
+FLOWRUN_PROCESS_INDEX=0 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/hand_store" "$flowrun" "${hand[@]}" > "$out/hand0.log" 2>&1 &
+p0=$!
+rc1=0; FLOWRUN_PROCESS_INDEX=1 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/hand_store" timeout 50 "$flowrun" "${hand[@]}" \
+  --set node.ranks.model="$out/model_copy/stories260K.bin" > "$out/hand1.log" 2>&1 || rc1=$?
+rc0=0; wait $p0 || rc0=$?
+(( rc0 == 0 && rc1 == 0 )) || { tail -3 "$out/hand0.log" "$out/hand1.log"; echo "the same model at another path was refused"; exit 1; }
+echo "  the same model file at another path: accepted"
 
 echo "== SIGKILL at a random step, then resume (2 ranks, stage 3, a checkpoint every step)"
 run whole run "$graph" --no-progress -q "${nodir[@]}"

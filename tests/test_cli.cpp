@@ -88,6 +88,12 @@ TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, 
   int rc = -1;
   const std::string chat = "printf 'Once upon a time\\nquit\\n' | " + std::string(FLOWRUN_BIN) + " chat --model " +
                            dir.string() + " --max_new_tokens 60 2>/dev/null";
+  // convert from a llama2.c file: the folder stops where the file does, at EOS or a new BOS (run.c's rule)
+  {
+    std::ifstream in(dir / "generation_config.json");
+    REQUIRE(in);
+    CHECK(nlohmann::json::parse(in)["eos_token_id"] == nlohmann::json::array({2, 1}));
+  }
   const auto free_run = run(chat, &rc);
   REQUIRE(rc == 0);
   REQUIRE(has(free_run, "to the park. Anna"));  // without the list: on past the full stop (id 426)
@@ -334,6 +340,12 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
                  "seed 1234) with eval_fraction = 0.1"));
   CHECK(has(out, "hint: give the steps one eval_fraction: set eval_fraction = 0.1 on node 'rm'"));
   CHECK_FALSE(has(out, "node 'prompts': eval_fraction"));
+  // the same split spelt otherwise ("2, 4, 4", "20,40,40": the same shares) is the same split
+  for (const char* split : {"2, 4, 4", "20,40,40"}) {
+    out = run(rlhf + " --set node.rm.eval_fraction=0.2 --set 'node.rm.data_split=" + split + "' 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, "node 'rm': eval_fraction = 0.2 but node 'sft' takes its share of the same data"));
+  }
   // 0 PPO iterations
   out = run(rlhf + " --set node.prompts.iterations=0 2>&1", &rc);
   CHECK(rc == 2);

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "models/checkpoint.h"
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/tokenizer.h"
@@ -128,6 +129,9 @@ void run_convert(const convert_opts& o) {
     save_hf(model, dst, on_disk, o.max_shard_bytes, extra, on_line(line));
     line.clear();
     if (tok) copy_tokenizer(tok_path, dst, /*hf_names=*/true);
+    if (src_fmt == "llama2c")  // a new BOS ends a text, as in run.c: the folder stops where the file did
+      write_llama2c_generation_config(dst, tok ? tok->bos_id() : 1, tok ? tok->eos_id() : 2,
+                                      model.config().vocab_limit());
     spdlog::info("wrote HF folder {} ({}) in {:.1f} s", dst, dtype_name(on_disk), line.seconds());
   } else if (dst_fmt == "llama2c") {
     if (on_disk != dtype::f32) throw std::runtime_error("convert: llama2.c files hold f32 weights only; drop --dtype");

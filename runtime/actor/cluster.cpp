@@ -136,7 +136,9 @@ void end_part(caf::stateful_actor<session_state>* self, bool aborted) {
   if (!st.part) return;
   if (aborted) abort_part(*st.part);
   const auto snap = st.part->metrics->snapshot();
-  spdlog::info("[{}] this node's part ({}): {}", st.self_name, aborted ? "aborted" : "finished",
+  // "ended": the coordinator ended the run, which may have failed elsewhere (another node lost); this node
+  // does not know the run's outcome (it said "finished" after a run that failed)
+  spdlog::info("[{}] this node's part ({}): {}", st.self_name, aborted ? "aborted" : "ended by the coordinator",
                format_summary(snap));
   release_part(*st.part);
   st.part.reset();

@@ -162,6 +162,7 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
   for (auto& d : k.settings)  // DPO learns from pairs: {prompt, chosen} rows cannot feed it
     if (d.name == "data") d.doc = "DS-Chat JSONL pairs: {prompt, chosen, rejected}, or raw HH-RLHF {chosen, rejected}";
   k.output("model", "model", "the DPO-trained policy, when training ends")
+      .option("save_lora", T::output, std::string(""), save_lora_doc())
       .option("beta", T::float_, 0.1,
               "β of the DPO loss: the strength of the implicit KL to the reference (DS-Chat's and TRL's default 0.1)")
       .above(0)
@@ -181,6 +182,7 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems = dtype_problems(n);
     for (auto& p : split_overlap_problems(n, g)) problems.push_back(std::move(p));
+    for (auto& p : save_lora_problems(n)) problems.push_back(std::move(p));
     for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
     rlhf::dpo_loss_type type;
     try {

@@ -492,6 +492,28 @@ std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_
   return {};
 }
 
+std::string save_lora_doc() {
+  return "at the end, also save only the LoRA weights here (a PEFT adapter folder: adapter_model.safetensors and "
+         "adapter_config.json, as TRL saves a peft model; base_model_name_or_path is an HF source's folder); needs "
+         "lora_dim > 0 and only_optimize_lora = true (then base + adapter is the trained model)";
+}
+
+std::vector<graph::node_kind::problem> save_lora_problems(const graph::node_spec& n) {
+  if (!n.find_setting("save_lora") || n.get_string("save_lora").empty()) return {};
+  if (n.get_int("lora_dim") <= 0)
+    return {{"save_lora", "node '" + n.name + "': save_lora is set but lora_dim = 0: there is no adapter to save",
+             "set lora_dim (e.g. 128, DS-Chat's), or remove save_lora"}};
+  // DS-Chat's LoRA without only_optimize_lora trains the embeddings and norms too: base + adapter would not be
+  // the trained model (PEFT trains the adapters alone)
+  if (!n.get_bool("only_optimize_lora"))
+    return {{"save_lora",
+             "node '" + n.name + "': save_lora with only_optimize_lora = false: the embeddings and norms train too, "
+             "and an adapter holds only the LoRA weights, so base + adapter would not be the trained model",
+             "set only_optimize_lora = true (as PEFT, only the adapters train), or remove save_lora (output holds "
+             "the whole model)"}};
+  return {};
+}
+
 std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec& n, int world) {
   std::vector<graph::node_kind::problem> problems;
   check_ds_config(n, world, problems);

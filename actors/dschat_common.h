@@ -131,6 +131,10 @@ std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_sp
 /// eval_fraction: their training rows come from other remainders and overlap (rlhf.graph's rm at 0.2
 /// trained on 143 of sft's 416 rows, and 292 of PPO's 830 prompts were its pairs).
 std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g);
+/// sft_trainer's and dpo_trainer's save_lora: its documentation, and the problem of a save_lora without
+/// LoRA (lora_dim 0: there is no adapter to save).
+std::string save_lora_doc();
+std::vector<graph::node_kind::problem> save_lora_problems(const graph::node_spec& n);
 /// DS-Chat's --dtype is one setting for the four models of step 3. Warns when the graph's policy,
 /// critic, reference_model and reward_model nodes set different dtypes (a reference left in fp32
 /// against a bf16 policy starts PPO from a KL of about 1e-3 instead of 0), naming each node's dtype

@@ -138,6 +138,13 @@ class dschat_trainer : public actor::node {
           write_run_marker(ctx, out, exact);
         }
       }
+      // only the LoRA weights, as PEFT saves them (TRL's save_model of a peft model), beside the merged output;
+      // an HF source is the adapter's base_model_name_or_path
+      if (const auto* w = ctx.spec().find_setting("save_lora"); w && !ctx.spec().get_string("save_lora").empty()) {
+        const std::string dir = ctx.spec().get_string("save_lora");
+        save_adapter(*model_, dir, source_);
+        ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {}", tag_, dir));
+      }
       // the step is over (its output and done marker, when it has them, are on disk): its
       // mid-run checkpoints are of no more use, and step 3 reads every step folder under
       // checkpoint_dir as its own

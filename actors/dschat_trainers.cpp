@@ -87,6 +87,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
     for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
     for (auto& p : lora_module_problems(n, "lora_dim", "lora_module_name")) problems.push_back(std::move(p));
     for (auto& p : split_overlap_problems(n, g)) problems.push_back(std::move(p));
+    for (auto& p : save_lora_problems(n)) problems.push_back(std::move(p));
     return problems;
   };
 }
@@ -182,6 +183,7 @@ void register_sft_trainer(graph::node_kind_registry& kinds, actor::node_factory_
   add_trainer_settings(k, 1e-3, 150);
   k.output("model", "model", "the fine-tuned model, when training ends")
       .option("mask_prompt", T::bool_, false, "no loss on prompt tokens")
+      .option("save_lora", T::output, std::string(""), save_lora_doc())
       .option("output", T::output, std::string(""),
               "also save the model here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
               "tokenizer)");

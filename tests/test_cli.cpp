@@ -517,6 +517,39 @@ TEST_CASE("with only_optimize_lora the printed lr is the LoRA group's, the one t
   std::filesystem::remove(out_bin);
 }
 
+TEST_CASE("save_lora on sft_trainer and dpo_trainer writes a PEFT adapter that gives the merged output's model") {
+  // TRL saves a peft model's adapter alone; DS-Chat's trainers wrote the merged model only
+  const auto dir = std::filesystem::temp_directory_path() / "flowrun_cli_save_lora";
+  std::filesystem::remove_all(dir);
+  int rc = -1;
+  const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                          "/graphs/sft.graph --no-progress --set node.sft.steps=20 --set node.sft.output=" +
+                          (dir / "merged.bin").string() + " --set node.sft.save_lora=" + (dir / "adapter").string();
+  auto out = run(sft + " 2>&1", &rc);  // without LoRA there is nothing to save: refused before training
+  CHECK(rc == 2);
+  CHECK(has(out, "save_lora is set but lora_dim = 0: there is no adapter to save"));
+  out = run(sft + " --set node.sft.lora_dim=4 2>&1", &rc);  // the base's embeddings and norms train too
+  CHECK(rc == 2);
+  CHECK(has(out, "save_lora with only_optimize_lora = false"));
+  out = run(sft + " --set node.sft.lora_dim=4 --set node.sft.only_optimize_lora=true --set node.sft.lora_learning_rate=1e-2 2>&1",
+            &rc);
+  REQUIRE(rc == 0);
+  CHECK(has(out, "[step 1 sft] LoRA adapter (only the LoRA weights, PEFT format) -> "));
+  CHECK(std::filesystem::exists(dir / "adapter" / "adapter_config.json"));
+  CHECK(std::filesystem::exists(dir / "adapter" / "adapter_model.safetensors"));
+  const std::string gen = " --prompt 'Once upon' --temperature 0 --max_new_tokens 30 2>/dev/null";
+  const auto merged = run(std::string(FLOWRUN_BIN) + " generate --model " + (dir / "merged.bin").string() + gen, &rc);
+  REQUIRE(rc == 0);
+  const auto base_lora = run(std::string(FLOWRUN_BIN) + " generate --model model/stories260K/stories260K.bin --lora " +
+                                 (dir / "adapter").string() + gen,
+                             &rc);
+  REQUIRE(rc == 0);
+  CHECK(merged == base_lora);
+  const auto base = run(std::string(FLOWRUN_BIN) + " generate --model model/stories260K/stories260K.bin" + gen, &rc);
+  CHECK(base != merged);  // the adapter changed something
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("out-of-range training and sampling settings are refused before anything starts, naming the value") {
   // Each was accepted silently (a negative learning rate trains uphill; a negative warmup, a negative rank).
   const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --no-progress";

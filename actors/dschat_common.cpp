@@ -120,7 +120,14 @@ static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::
     try {
       if (f) {
         const auto j = nlohmann::json::parse(f);
-        if (j.value("output", std::string()) == out && j.value("settings", std::string()) == settings_fingerprint(ctx.spec())) {
+        // the settings by their record where the marker has one (a setting newer than it, at its default,
+        // is no change: with_newer_defaults), else by the fingerprint
+        const nlohmann::json now = settings_record(ctx.spec(), trainer_safe_settings());
+        const bool same_settings =
+            j.contains("settings_record") && j["settings_record"].is_object()
+                ? settings_changes(with_newer_defaults(j["settings_record"], now, ctx.spec()), now).empty()
+                : j.value("settings", std::string()) == settings_fingerprint(ctx.spec());
+        if (j.value("output", std::string()) == out && same_settings) {
           if (j.contains("output_state") && j["output_state"] != output_state(out)) {
             spdlog::warn("node '{}': {} changed since the run that wrote it and {} (its files' sizes or times): "
                          "it is trained again, and the output written over",
@@ -179,11 +186,11 @@ void check_retrain(actor::node_context& ctx, const char* step) {
   const std::string out = ctx.spec().get_string("output");
   if (out.empty()) return;
   const bool same_output = j.value("output", std::string()) == out;
-  const nlohmann::json then = j.value("settings_record", nlohmann::json());
+  const nlohmann::json now = settings_record(ctx.spec(), trainer_safe_settings());
+  const nlohmann::json then = with_newer_defaults(j.value("settings_record", nlohmann::json()), now, ctx.spec());
   std::string why;
   bool settings_changed = true;
-  if (const auto changes = settings_changes(then, settings_record(ctx.spec(), trainer_safe_settings()));
-      !changes.empty()) {
+  if (const auto changes = settings_changes(then, now); !changes.empty()) {
     why = fmt::format("its settings changed: {}", fmt::join(changes, "; "));
   } else if (!then.is_object() && j.value("settings", std::string()) != settings_fingerprint(ctx.spec())) {
     why = fmt::format("{} is from an older flowrun (no record of each setting)", done_marker(ctx));

@@ -125,6 +125,14 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
   return j;
 }
 
+nlohmann::json with_newer_defaults(nlohmann::json recorded, const nlohmann::json& now, const graph::node_spec& n) {
+  if (!recorded.is_object()) return recorded;
+  for (const auto& [k, v] : now.items())
+    if (!recorded.contains(k))
+      if (const auto* w = n.find_setting(k); w && w->from_default) recorded[k] = v;
+  return recorded;
+}
+
 std::vector<std::string> settings_changes(const nlohmann::json& recorded, const nlohmann::json& now) {
   std::vector<std::string> refused;
   if (!recorded.is_object()) return refused;
@@ -161,14 +169,7 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
   if (safe.count(std::string(ds_batch_split_safe)) && then.is_object() && then.contains(ds) && then[ds].is_object())
     strip_batch_triple(then[ds]);
   const nlohmann::json now = settings_record(ctx.spec(), safe);
-  // a setting newer than the record (flowrun gained it since the checkpoint), left at its default: the run
-  // that wrote the record behaved as that default, so it is no change (it was refused, "(not set) -> ...",
-  // and no value could set it back)
-  if (then.is_object())
-    for (const auto& [k, v] : now.items())
-      if (!then.contains(k))
-        if (const auto* w = ctx.spec().find_setting(k); w && w->from_default) then[k] = v;
-  const auto refused = settings_changes(then, now);
+  const auto refused = settings_changes(with_newer_defaults(then, now, ctx.spec()), now);
   if (!refused.empty())
     throw std::runtime_error(fmt::format("node '{}': resuming from {} with settings changed: {}; set them back, or {}",
                                          ctx.name(), folder, fmt::join(refused, "; "), afresh));

@@ -40,6 +40,13 @@ inline constexpr std::string_view ds_batch_split_safe = "deepspeed_config (batch
 /// `recorded` is not an object (no record). A setting now that is absent then reads "(not set)".
 std::vector<std::string> settings_changes(const nlohmann::json& recorded, const nlohmann::json& now);
 
+/// `recorded` with the settings of `now` (n's settings_record) that it lacks and that n leaves at their
+/// default filled in: a setting newer than the record (flowrun gained it since) at its default is no
+/// change, as the run that wrote the record behaved as that default (it was refused as "(not set) -> ...",
+/// with no value to set back). Every comparison of a record with now goes through it: resumes
+/// (check_resume_settings) and the DS-Chat steps' done markers.
+nlohmann::json with_newer_defaults(nlohmann::json recorded, const nlohmann::json& now, const graph::node_spec& n);
+
 /// Compare `recorded` (settings_record of the run that wrote `folder`) with the node's settings
 /// but those in `safe`: a change throws std::runtime_error: "node 'NAME': resuming from FOLDER
 /// with settings changed: lr 1e-4 -> 2e-4; set them back, or AFRESH". A missing record (an

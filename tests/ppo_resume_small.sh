@@ -207,7 +207,18 @@ refused f6 "prompt_overflow drop on a record without it" \
   fail "a resume whose record predates prompt_overflow (at its default) was refused: $(grep -i error "$out/f7.err" | head -2)"
 grep -q "resuming after iteration 5 " "$out/f7.log" || fail "the resume whose record predates prompt_overflow did not resume"
 echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage accepted"
-echo "a setting newer than the record: at its default accepted, another value refused"
+# the same for steps 1-2's done markers (a setting sft_trainer gained since, at its default): step 1 is taken as
+# saved and step 3 resumes (step 1 was retrained, or refused under step 3's checkpoint). The copy's markers
+# name a's outputs, which the run is pointed at (read only: they are taken as saved)
+cp -r "$out/a" "$out/m"
+python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["settings_record"].pop("truncation"); json.dump(d, open(p, "w"))' \
+  "$out/m/ckpt/sft.done.json"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/m") --set node.prompts.iterations=8 --set node.sft.output="$out/a/sft.bin" \
+  --set node.rm.output="$out/a/rm" > "$out/f8.log" 2> "$out/f8.err" ||
+  fail "a done marker that predates truncation (at its default) refused the resume: $(grep -i error "$out/f8.err" | head -2)"
+grep -q "^\[step 1 sft\] resumed: " "$out/f8.log" || fail "step 1 trained again for a setting newer than its done marker"
+grep -q "resuming after iteration 5 " "$out/f8.log" || fail "step 3 did not resume after a done marker that predates a setting"
+echo "a setting newer than the record: at its default accepted, another value refused (step 3's records and steps 1-2's done markers)"
 # 6b. LoRA in step 3 (actor_lora_dim, critic_lora_dim, only_optimize_lora): a LoRA checkpoint resumes,
 #     and a changed only_optimize_lora is refused naming it (it was refused by the config hash alone,
 #     "config hash differs", which names nothing and offers only deleting the checkpoint)

@@ -211,8 +211,18 @@ echo "settings changed: actor_learning_rate, per_device_generation_batch_size, t
 # saved and step 3 resumes (step 1 was retrained, or refused under step 3's checkpoint). The copy's markers
 # name a's outputs, which the run is pointed at (read only: they are taken as saved)
 cp -r "$out/a" "$out/m"
-python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["settings_record"].pop("truncation"); json.dump(d, open(p, "w"))' \
-  "$out/m/ckpt/sft.done.json"
+python3 - "$out/m/ckpt/sft.done.json" <<'PY'
+import json, sys
+p = sys.argv[1]
+d = json.load(open(p))
+d["settings_record"].pop("truncation")
+# the marker's fingerprint as the older flowrun wrote it: FNV-1a 64 of kind + "\n" + the record (compact, sorted)
+h = 0xcbf29ce484222325
+for b in ("sft_trainer\n" + json.dumps(d["settings_record"], separators=(",", ":"), sort_keys=True, ensure_ascii=False)).encode():
+    h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+d["settings"] = "%016x" % h
+json.dump(d, open(p, "w"))
+PY
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/m") --set node.prompts.iterations=8 --set node.sft.output="$out/a/sft.bin" \
   --set node.rm.output="$out/a/rm" > "$out/f8.log" 2> "$out/f8.err" ||
   fail "a done marker that predates truncation (at its default) refused the resume: $(grep -i error "$out/f8.err" | head -2)"

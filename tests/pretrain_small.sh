@@ -55,7 +55,7 @@ run gloo2x2 launch --nproc 2 --rendezvous caf "$graph" "${nodir[@]}" --set node.
 grep -q "rank 0/4 stage 3" "$out/gloo2x2.log" || { echo "gloo 2x2: not 4 ranks"; exit 1; }
 same_curve "$out/ref.log" "$out/gloo2x2.log" 1e-5 || { echo "gloo 2x2: curve differs"; exit 1; }
 
-# the launcher killed with SIGKILL: its processes stop too (SIGTERM from the kernel, PR_SET_PDEATHSIG).
+# the launcher killed with SIGKILL: its processes stop too (one SIGTERM each, from a thread watching the parent).
 # They kept training as orphans and committing checkpoints into the output_dir a resume would use.
 echo "== flowrun launch killed with SIGKILL: its processes stop"
 "$flowrun" launch --nproc 2 "$graph" "${nodir[@]}" --set node.ranks.replicas=1 --set node.ranks.comm_backend=gloo \
@@ -74,7 +74,10 @@ for _ in $(seq 1 1500); do
   sleep 0.02
 done
 if (( alive )); then kill -9 $children 2> /dev/null; echo "the launch's processes outlived it: $children"; exit 1; fi
-echo "  both processes stopped with their launcher"
+# one SIGTERM each, so they drained (PR_SET_PDEATHSIG sent one per launcher thread: the third was "exit at once")
+grep -q "third signal" "$out/orphans.err" && { grep signal "$out/orphans.err"; echo "the processes got 3 signals"; exit 1; }
+grep -q "signal 15: draining" "$out/orphans.err" || { tail -3 "$out/orphans.err"; echo "process 0 did not drain"; exit 1; }
+echo "  both processes stopped with their launcher, draining"
 
 # processes started by hand (FLOWRUN_PROCESS_INDEX, FLOWRUN_NPROC, a store folder) with other settings are
 # refused at the rendezvous by both, naming the setting: another learning rate in the DeepSpeed JSON trained

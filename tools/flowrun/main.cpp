@@ -6,8 +6,9 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <chrono>
 
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -20,17 +21,24 @@
 
 namespace {
 
-// A process `flowrun launch` started (FLOWRUN_LAUNCHER_PID: the launcher's pid) gets SIGTERM when the
+// A process `flowrun launch` started (FLOWRUN_LAUNCHER_PID: the launcher's pid) gets one SIGTERM when the
 // launcher dies, kill -9 included, and drains as on SIGTERM: it kept training (and committing checkpoints
-// into the output_dir a resume would use) as an orphan. A launcher gone before this ran: exit at once.
+// into the output_dir a resume would use) as an orphan. A thread of its own watches the parent's pid (it
+// changes when the launcher dies and the process is re-parented). PR_SET_PDEATHSIG did this first, but it
+// fires on the death of each launcher thread the process is re-parented to: two or three SIGTERMs, and
+// the third is "exit at once" (no drain). A launcher gone before this ran: exit at once.
 bool watch_launcher() {
   const char* v = std::getenv("FLOWRUN_LAUNCHER_PID");
   if (!v || !*v) return true;
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (std::to_string(::getppid()) != v) {
+  const pid_t launcher = static_cast<pid_t>(std::atol(v));
+  if (::getppid() != launcher) {
     std::fprintf(stderr, "flowrun: the flowrun launch that started this process (pid %s) has ended; stopping\n", v);
     return false;
   }
+  std::thread([launcher] {
+    while (::getppid() == launcher) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::kill(::getpid(), SIGTERM);  // once
+  }).detach();
   return true;
 }
 

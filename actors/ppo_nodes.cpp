@@ -77,6 +77,12 @@ class prompt_loader final : public actor::node {
     for (const auto* set : {&train_, &eval_})
       for (const auto& e : *set) longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(e.ids.size()));
     B_ = ctx.spec().get_int("per_device_generation_batch_size");
+    if (train_report.filtered > 0 && static_cast<int64_t>(train_.size()) < B_)  // the drop, not the share, left too few
+      throw std::invalid_argument(fmt::format(
+          "node '{}': prompt_overflow = \"drop\" dropped {} of the share's {} training prompts (longer than "
+          "max_prompt_seq_len = {}), leaving {}, too few for a batch of {}: raise max_prompt_seq_len, or set "
+          "prompt_overflow = \"keep_end\"",
+          ctx.name(), train_report.filtered, train_report.input, ts.max_prompt_seq_len, train_.size(), B_));
     iterations_ = ctx.spec().get_int("iterations");
     eval_rows_ = std::min<int64_t>(ctx.spec().get_int("eval_prompts"), static_cast<int64_t>(eval_.size()));
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), B_, d.seed + 2, /*full_only=*/true);

@@ -57,4 +57,12 @@ if "$flowrun" "$root/graphs/sft.graph" --no-progress --set node.sft.data="$out/p
 fi
 grep -qF "$out/prompts_only.jsonl (this step's training rows): row 0 has no answer" "$out/noanswer.log" ||
   { tail -3 "$out/noanswer.log"; echo "the no-answer error does not name the file"; exit 1; }
+# prompt_overflow = "drop" that leaves too few prompts says so (it said the share had 0 rows)
+if "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=2 --set node.rm.steps=2 \
+     --set node.prompts.prompt_overflow=drop --set node.prompts.max_prompt_seq_len=12 --set node.sft.output="$out/d1.bin" \
+     --set node.rm.output="$out/d2" --set node.policy.output="$out/d3.bin" > "$out/drop.log" 2>&1; then
+  echo "a prompt_overflow drop that left no prompt was accepted"; exit 1
+fi
+grep -q "prompt_overflow = \"drop\" dropped 830 of the share's 830 training prompts (longer than max_prompt_seq_len = 12)" \
+  "$out/drop.log" || { grep error "$out/drop.log" | head -2; echo "the drop's refusal does not say why"; exit 1; }
 echo "rlhf_small: ok"

@@ -355,7 +355,10 @@ void add_chat(CLI::App& app) {
                                    room, ctx_len, o->max_new_tokens,
                                    static_cast<int64_t>(ids.size()) > room ? "not even this message fits, its start is cut"
                                                                            : "its oldest turns are dropped");
-        if (static_cast<int64_t>(ids.size()) > room) ids.erase(ids.begin(), ids.end() - room);
+        if (static_cast<int64_t>(ids.size()) > room) {  // the template's BOS stays, as the DS-Chat branch's
+          const bool bos = !ids.empty() && ids.front() == tok->bos_id();
+          ids.erase(ids.begin() + (bos ? 1 : 0), ids.end() - (room - (bos ? 1 : 0)));
+        }
         std::string reply = answer(m, *tok, ids, o->max_new_tokens, stops);
         while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
         messages.push_back({{"role", "assistant"}, {"content", reply}});

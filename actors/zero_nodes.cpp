@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <fstream>
 #include <set>
 
 #include <unistd.h>
@@ -105,12 +106,35 @@ class lm_batches final : public actor::node {
   }
 
  private:
-  // Resume: continue after the committed checkpoint's step, at its data position.
+  // Resume: continue after the committed checkpoint's step, at its data position. The data's settings
+  // (the file and the tokenizer by their contents, seq_length, seed) are recorded in
+  // OUTPUT_DIR/NAME.settings.json and a resume compares them: another data file or data order was taken
+  // without a word, at the saved cursor (zero_rank's record holds its own settings only). A checkpoint from
+  // before the record is accepted and recorded from now. The schedule's length, the global batch (zero_rank
+  // checks it) and the held-out rows may change.
   void position(actor::node_context& ctx) {
     positioned_ = true;
     const auto& s = ctx.spec();
-    if (!s.get_bool("resume")) return;
-    auto folder = resume_folder(s.get_string("output_dir"));
+    const std::string dir = s.get_string("output_dir");
+    if (dir.empty()) return;
+    const std::string folder = s.get_bool("resume") ? resume_folder(dir) : "";
+    const std::string rec_path = (std::filesystem::path(dir) / (ctx.name() + ".settings.json")).string();
+    static const std::set<std::string> safe = {"total_steps", "train_batch_size", "eval_rows", "output_dir", "resume"};
+    if (!folder.empty() && std::filesystem::exists(rec_path)) {
+      nlohmann::json recorded;
+      try {
+        std::ifstream f(rec_path);
+        recorded = nlohmann::json::parse(f);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(rec_path + " is not a settings record (" + e.what() +
+                                 "): delete it to take this run's data settings as the checkpoint's");
+      }
+      check_resume_settings(ctx, recorded, rec_path, safe, "point output_dir elsewhere or set resume = false");
+    }
+    if (process_index() == 0) {  // one writer: under flowrun launch every process runs this node on one folder
+      std::filesystem::create_directories(dir);
+      write_text_atomic(rec_path, settings_record(ctx.spec(), safe).dump(1) + "\n");
+    }
     if (folder.empty()) return;
     auto ck = verify_checkpoint(folder);
     const auto& m = ck.manifests.at(0);

@@ -148,6 +148,19 @@ closing() { grep -o 'held-out loss .* after step .*' "$1"; }
   exit 1
 }
 grep -q "held-out loss .* before step" "$out/resumed.log" && { echo "the resumed run measured the loss before again"; exit 1; }
+rm -rf "$out/killed_data" && cp -r "$ck" "$out/killed_data"
+# the data node's settings are recorded beside the checkpoints: a resume with another data file or data order
+# is refused, naming it (it went on at the saved cursor of the other data without a word)
+for what in "node.data.data=data/shakespeare/tinyshakespeare.txt:data: the file's bytes changed" "node.data.seed=7:seed 1234 -> 7"; do
+  if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/killed_data" --set node.data.output_dir="$out/killed_data" \
+       --set node.data.total_steps=$((steps + 2)) --set node.ranks.total_steps=$((steps + 2)) --set node.ranks.export_hf= \
+       --set "${what%%:*}" > "$out/data_changed.log" 2>&1; then
+    echo "a resume with ${what%%:*} was accepted"; exit 1
+  fi
+  grep -qF "node 'data': resuming from $out/killed_data/data.settings.json with settings changed: ${what#*:}; set them back" \
+    "$out/data_changed.log" || { grep error "$out/data_changed.log" | head -2; echo "the refusal of ${what%%:*} does not name it"; exit 1; }
+done
+echo "  a resume with another data file or data seed: refused, naming it"
 echo "== the same checkpoint resumed on 4 ranks at stage 1"
 run resumed4 run "$graph" --no-progress -q --set node.ranks.output_dir="$out/killed4" \
   --set node.data.output_dir="$out/killed4" --set node.ranks.replicas=4 --set node.ranks.zero_stage=1
@@ -295,6 +308,7 @@ if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --
 fi
 grep -q "$(basename "$shard") is corrupt" "$out/corrupt.err" || { echo "the error does not name the shard:"; cat "$out/corrupt.err"; exit 1; }
 grep -o "[^ ]*$(basename "$shard") is corrupt[^:]*" "$out/corrupt.err" | head -1
+
 
 echo "== end-of-run outputs: checked at start, written by a rerun of a finished run"
 fin=(run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin"

@@ -1,14 +1,19 @@
 // The pieces of byte-pair encoding shared by the two BPE readers: GPT-2's vocab.json +
 // merges.txt (models/bpe_tokenizer.cpp, where these are defined) and Hugging Face's
-// tokenizer.json (models/hf_tokenizer.cpp). Internal to models/: not a public API.
+// tokenizer.json (models/hf_tokenizer.cpp); and the special-token handling that the GPT-2 reader
+// and SentencePiece in an HF folder (models/tokenizer.cpp) share. Internal to models/: not a
+// public API.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace flowrun::bpe {
 
@@ -21,6 +26,18 @@ void append_utf8(std::string& out, uint32_t cp);
 /// returns): each maximal invalid subsequence becomes one U+FFFD (Unicode 15 §3.9 "U+FFFD
 /// substitution of maximal subparts").
 std::string utf8_lossy(std::string_view bytes);
+
+/// A token entry of tokenizer_config.json / special_tokens_map.json: "<s>" or {"content": "<s>", ...}
+/// (an AddedToken); "" for anything else.
+std::string token_content(const nlohmann::json& v);
+
+/// Cut `text` at the special tokens `specials` (content, id), as transformers does before the model
+/// encodes: at each step the earliest occurrence, the longest one there, whose id goes into `out`;
+/// `ordinary(piece, first)` encodes each non-empty text between them into `out` (first: no special
+/// token came before it).
+void split_at_specials(std::string_view text, const std::vector<std::pair<std::string, int32_t>>& specials,
+                       const std::function<void(std::string_view piece, bool first)>& ordinary,
+                       std::vector<int32_t>& out);
 
 /// GPT-2's bytes_to_unicode() (OpenAI gpt-2 src/encoder.py): printable Latin-1 bytes map to
 /// themselves, the other 68 bytes to U+0100 onwards in byte order. enc[b] is the UTF-8 of

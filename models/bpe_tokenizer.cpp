@@ -280,6 +280,36 @@ void merge(std::vector<std::string>& sym, const ranks_map& ranks) {
   sym.resize(w);
 }
 
+std::string token_content(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return {};
+}
+
+void split_at_specials(std::string_view text, const std::vector<std::pair<std::string, int32_t>>& specials,
+                       const std::function<void(std::string_view piece, bool first)>& ordinary,
+                       std::vector<int32_t>& out) {
+  size_t start = 0;
+  bool first = true;
+  while (start <= text.size()) {
+    size_t best = std::string_view::npos;
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    for (const auto& sp : specials) {  // the earliest special token, the longest one at that position
+      const size_t at = text.find(sp.first, start);
+      if (at != std::string_view::npos && (at < best || (at == best && sp.first.size() > hit->first.size()))) {
+        best = at;
+        hit = &sp;
+      }
+    }
+    if (const auto piece = text.substr(start, (hit ? best : text.size()) - start); !piece.empty())
+      ordinary(piece, first);
+    if (!hit) break;
+    out.push_back(hit->second);
+    first = false;
+    start = best + hit->first.size();
+  }
+}
+
 }  // namespace bpe
 
 namespace {
@@ -296,13 +326,6 @@ nlohmann::json read_json(const fs::path& p) {
   }
 }
 
-// A special token entry: "<s>" or {"content": "<s>", ...} (an AddedToken).
-std::string token_content(const nlohmann::json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return {};
-}
-
 class gpt2_bpe_tokenizer final : public tokenizer {
  public:
   gpt2_bpe_tokenizer(const std::string& vocab_json, const std::string& merges_txt) {
@@ -314,23 +337,8 @@ class gpt2_bpe_tokenizer final : public tokenizer {
   std::vector<int32_t> encode(const std::string& text, bool add_bos, bool add_eos) const override {
     std::vector<int32_t> out;
     if (add_bos && bos_ >= 0) out.push_back(bos_);
-    size_t start = 0;
-    while (start <= text.size()) {
-      // the earliest special token, the longest one at that position
-      size_t best = std::string::npos;
-      const std::pair<std::string, int32_t>* hit = nullptr;
-      for (const auto& sp : specials_) {
-        size_t at = text.find(sp.first, start);
-        if (at != std::string::npos && (at < best || (at == best && sp.first.size() > hit->first.size()))) {
-          best = at;
-          hit = &sp;
-        }
-      }
-      encode_ordinary(text.substr(start, (hit ? best : text.size()) - start), out);
-      if (!hit) break;
-      out.push_back(hit->second);
-      start = best + hit->first.size();
-    }
+    bpe::split_at_specials(
+        text, specials_, [&](std::string_view piece, bool) { encode_ordinary(std::string(piece), out); }, out);
     if (add_eos && eos_ >= 0) out.push_back(eos_);
     return out;
   }
@@ -422,7 +430,7 @@ class gpt2_bpe_tokenizer final : public tokenizer {
     if (fs::exists(dir / "config.json")) model = read_json(dir / "config.json");
     if (cfg.contains("added_tokens_decoder") && cfg["added_tokens_decoder"].is_object())
       for (auto& [id, v] : cfg["added_tokens_decoder"].items()) {
-        std::string tok = token_content(v);
+        std::string tok = bpe::token_content(v);
         if (tok.empty()) continue;
         int64_t n = -1;
         try {
@@ -434,8 +442,8 @@ class gpt2_bpe_tokenizer final : public tokenizer {
       }
     auto resolve = [&](const char* key, const char* id_key, int32_t def) -> int32_t {
       std::string tok;
-      if (map.contains(key)) tok = token_content(map[key]);
-      if (tok.empty() && cfg.contains(key)) tok = token_content(cfg[key]);
+      if (map.contains(key)) tok = bpe::token_content(map[key]);
+      if (tok.empty() && cfg.contains(key)) tok = bpe::token_content(cfg[key]);
       if (!tok.empty()) {
         auto it = encoder_.find(tok);
         if (it == encoder_.end())

@@ -10,16 +10,11 @@
 
 #include <sentencepiece_processor.h>
 
+#include "models/bpe.h"
+
 namespace flowrun {
 
 namespace {
-
-// A token entry of tokenizer_config.json / special_tokens_map.json: "<s>" or {"content": "<s>", ...}.
-std::string token_content(const nlohmann::json& v) {
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  return "";
-}
 
 // Protocol-buffer wire format (developers.google.com/protocol-buffers/docs/encoding): a varint at `at`.
 bool read_varint(const std::string& b, size_t& at, uint64_t& v) {
@@ -45,7 +40,10 @@ void write_varint(std::string& out, uint64_t v) {
 // false: a scalar given twice takes the last value, so "field 4 = 0" is appended to the spec. "" when the
 // bytes are not a message this reads (then the model is loaded as it is). transformers' LlamaTokenizer
 // (a `tokenizers` Metaspace over the same vocabulary) keeps every space; SentencePiece with this flag on
-// (the proto's default, tok512's setting) collapses runs of spaces and drops them at the ends.
+// (the proto's default, tok512's setting) collapses runs of spaces and drops them at the ends. Edited on
+// the wire (a varint walk of the top level) rather than through libprotobuf: SentencePiece ships no
+// sentencepiece_model.pb.h, and a second protobuf copy in this library is what runtime/tensorboard's
+// CMakeLists.txt had to fence off (libsentencepiece exports its own).
 std::string without_whitespace_removal(const std::string& b) {
   std::string out;
   bool patched = false;
@@ -89,51 +87,35 @@ std::string without_whitespace_removal(const std::string& b) {
 class sentencepiece_tokenizer final : public tokenizer {
  public:
   explicit sentencepiece_tokenizer(const std::string& path) {
-    auto st = sp_.Load(path);
-    if (!st.ok()) throw std::runtime_error(path + ": cannot load SentencePiece model: " + st.ToString());
-    load_hf_specials(std::filesystem::path(path).parent_path());
-    if (hf_folder_) {  // every space kept, as transformers does (see without_whitespace_removal)
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    hf_folder_ = !dir.empty() && std::filesystem::exists(dir / "tokenizer_config.json");
+    // an HF folder's model with every space kept, as transformers encodes (see without_whitespace_removal);
+    // bytes this does not read load as they are
+    std::string kept;
+    if (hf_folder_) {
       std::ifstream in(path, std::ios::binary);
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (const std::string kept = without_whitespace_removal(bytes); !kept.empty()) {
-        sentencepiece::SentencePieceProcessor sp;
-        if (sp.LoadFromSerializedProto(kept).ok() && sp.GetPieceSize() == sp_.GetPieceSize())
-          st = sp_.LoadFromSerializedProto(kept);
-        if (!st.ok()) throw std::runtime_error(path + ": cannot load SentencePiece model: " + st.ToString());
-      }
+      kept = without_whitespace_removal(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
     }
+    auto st = kept.empty() ? sp_.Load(path) : sp_.LoadFromSerializedProto(kept);
+    if (!st.ok() && !kept.empty()) st = sp_.Load(path);
+    if (!st.ok()) throw std::runtime_error(path + ": cannot load SentencePiece model: " + st.ToString());
+    if (hf_folder_) load_hf_specials(dir);
   }
   std::vector<int32_t> encode(const std::string& text, bool add_bos, bool add_eos) const override {
     std::vector<int32_t> out;
     if (add_bos && bos_id() >= 0) out.push_back(bos_id());
-    if (specials_.empty()) {
-      append_pieces(text, out);
-    } else {
-      // transformers' LlamaTokenizer: the special and added tokens are cut out of the text first (their
-      // ids), then each piece of text between them is encoded on its own: with SentencePiece's dummy
-      // prefix (legacy = true, transformers' default), or, with legacy = false, only the text's first piece
-      size_t at = 0;
-      bool first = true;
-      while (at <= text.size()) {
-        size_t hit = std::string::npos, len = 0;
-        int32_t id = -1;
-        for (const auto& [str, sid] : specials_) {  // the earliest, the longest there
-          const size_t f = text.find(str, at);
-          if (f != std::string::npos && (f < hit || (f == hit && str.size() > len))) hit = f, len = str.size(), id = sid;
-        }
-        const std::string chunk = text.substr(at, hit == std::string::npos ? std::string::npos : hit - at);
-        if (!chunk.empty()) {
+    // transformers' LlamaTokenizer: the special and added tokens are cut out of the text first (their ids),
+    // then each piece of text between them is encoded on its own: with SentencePiece's dummy prefix (legacy =
+    // true, transformers' default), or, with legacy = false, only the text's first piece
+    bpe::split_at_specials(
+        text, specials_,
+        [&](std::string_view piece, bool first) {
           if (legacy_ || first)
-            append_pieces(chunk, out);
+            append_pieces(piece, out);
           else
-            append_without_prefix(chunk, out);
-        }
-        if (hit == std::string::npos) break;
-        out.push_back(id);
-        first = false;
-        at = hit + len;
-      }
-    }
+            append_without_prefix(piece, out);
+        },
+        out);
     if (add_eos && eos_id() >= 0) out.push_back(eos_id());
     return out;
   }
@@ -154,7 +136,7 @@ class sentencepiece_tokenizer final : public tokenizer {
   int32_t pad_id() const override { return sp_.pad_id(); }
 
  private:
-  void append_pieces(const std::string& text, std::vector<int32_t>& out) const {
+  void append_pieces(std::string_view text, std::vector<int32_t>& out) const {
     std::vector<int> ids;
     // an HF folder's text that starts with a space: that space is the "▁" SentencePiece's dummy prefix
     // would add (transformers' Metaspace prepends one only to text not starting with one)
@@ -163,16 +145,16 @@ class sentencepiece_tokenizer final : public tokenizer {
       if (const int id = sp_.PieceToId("\xe2\x96\x81"); id != sp_.unk_id()) out.push_back(id);
       return;
     }
-    auto st = sp_.Encode(lead ? std::string_view(text).substr(1) : std::string_view(text), &ids);
+    auto st = sp_.Encode(lead ? text.substr(1) : text, &ids);
     if (!st.ok()) throw std::runtime_error("SentencePiece encode failed: " + st.ToString());
     out.insert(out.end(), ids.begin(), ids.end());
   }
   // Text after a special token with legacy = false: no dummy prefix. transformers' slow LlamaTokenizer
   // encodes unk_token + text and drops the unk_token's own pieces (its fast one gives the same ids).
-  void append_without_prefix(const std::string& text, std::vector<int32_t>& out) const {
+  void append_without_prefix(std::string_view text, std::vector<int32_t>& out) const {
     std::vector<int> unk, ids;
     auto st = sp_.Encode(unk_piece_, &unk);
-    if (st.ok()) st = sp_.Encode(unk_piece_ + text, &ids);
+    if (st.ok()) st = sp_.Encode(unk_piece_ + std::string(text), &ids);
     if (!st.ok()) throw std::runtime_error("SentencePiece encode failed: " + st.ToString());
     out.insert(out.end(), ids.begin() + static_cast<std::ptrdiff_t>(std::min(unk.size(), ids.size())), ids.end());
   }
@@ -182,7 +164,6 @@ class sentencepiece_tokenizer final : public tokenizer {
   // characters '<', 's', '>'). A bare .model file (llama2.c's tok512) keeps SentencePiece's plain encoding.
   void load_hf_specials(const std::filesystem::path& dir) {
     const auto cfg_path = dir / "tokenizer_config.json";
-    if (dir.empty() || !std::filesystem::exists(cfg_path)) return;
     auto read = [](const std::filesystem::path& f) {
       std::ifstream in(f);
       nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -190,7 +171,6 @@ class sentencepiece_tokenizer final : public tokenizer {
       return j;
     };
     const nlohmann::json cfg = read(cfg_path);
-    hf_folder_ = true;
     if (cfg.contains("legacy") && cfg["legacy"].is_boolean()) legacy_ = cfg["legacy"].get<bool>();
     unk_piece_ = sp_.unk_id() >= 0 ? sp_.IdToPiece(sp_.unk_id()) : "<unk>";
     std::map<std::string, int32_t> found;
@@ -201,7 +181,7 @@ class sentencepiece_tokenizer final : public tokenizer {
     };
     if (cfg.contains("added_tokens_decoder") && cfg["added_tokens_decoder"].is_object())
       for (const auto& [id, v] : cfg["added_tokens_decoder"].items())
-        if (const std::string c = token_content(v); !c.empty() && !id.empty() &&
+        if (const std::string c = bpe::token_content(v); !c.empty() && !id.empty() &&
                                                      id.find_first_not_of("0123456789") == std::string::npos)
           found[c] = static_cast<int32_t>(std::stol(id));
     if (std::filesystem::exists(dir / "added_tokens.json")) {
@@ -213,7 +193,7 @@ class sentencepiece_tokenizer final : public tokenizer {
                                                                                   : nlohmann::json::object();
     for (const nlohmann::json* src : {&cfg, &map})
       for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"})
-        if (src->contains(key)) add_piece(token_content((*src)[key]));
+        if (src->contains(key)) add_piece(bpe::token_content((*src)[key]));
     for (const auto& [c, id] : found)
       if (id >= 0 && id < vocab_size()) specials_.emplace_back(c, id);
   }

@@ -193,6 +193,9 @@ bool query_number(const httplib::Request& req, httplib::Response& res, const cha
   return false;
 }
 
+// The paths of the controls, the only requests that change the run's state (POST).
+const char* const control_paths = R"(/api/(pause|resume|stop|checkpoint))";
+
 const char* const api_index = R"json({
   "endpoints": [
     {"method": "GET", "path": "/", "what": "the web page"},
@@ -276,7 +279,7 @@ void server::start() {
     // Only the controls change the run's state: another method (POST /api/graph, DELETE /api/status)
     // is answered 405 or 404 by the routes below, on loopback without the token (it asked for one, saying
     // the request "changes the run's state")
-    static const std::regex controls(R"(/api/(pause|resume|stop|checkpoint))");
+    static const std::regex controls(control_paths);
     const bool changes_state = req.method == "POST" && std::regex_match(req.path, controls);
     const bool reads = req.method == "GET" || req.method == "HEAD";
     if (!changes_state && loopback_) return httplib::Server::HandlerResponse::Unhandled;
@@ -420,8 +423,8 @@ void server::start() {
         [im](bool) { --im->streams; });
   });
   // These take no body (skip_body).
-  routes->push_back({std::regex(R"(/api/(pause|resume|stop|checkpoint))"), "POST"});  // the pre-routing's `controls`
-  svr.Post(R"(/api/(pause|resume|stop|checkpoint))",
+  routes->push_back({std::regex(control_paths), "POST"});
+  svr.Post(control_paths,
            [h](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& content) {
              skip_body(req, content);
              reply r = h->act(std::string(req.matches[1]));

@@ -339,51 +339,44 @@ void add_chat(CLI::App& app) {
         continue;
       }
       const int64_t room = ctx_len - o->max_new_tokens;  // >= 2: BOS and the last token at least
+      std::vector<int32_t> ids;
+      bool dropped = false;     // whole exchanges left out (the template's conversation)
+      bool whole_cut = false;   // not even this message fits
       if (tmpl) {
         messages.push_back({{"role", "user"}, {"content", line}});
-        auto ids = tok->encode(tmpl->prompt(messages), false);
-        // too long: the oldest exchanges go first (whole user + assistant pairs), then the message itself is cut
-        size_t dropped = 0;
-        while (static_cast<int64_t>(ids.size()) > room && messages.size() > 1) {
+        ids = tok->encode(tmpl->prompt(messages), false);
+        while (static_cast<int64_t>(ids.size()) > room && messages.size() > 1) {  // the oldest user + assistant pair
           messages.erase(messages.begin(), messages.begin() + std::min<std::ptrdiff_t>(2, messages.size() - 1));
           ids = tok->encode(tmpl->prompt(messages), false);
-          ++dropped;
+          dropped = true;
         }
-        if (dropped > 0 || static_cast<int64_t>(ids.size()) > room)
-          std::cerr << fmt::format("(the conversation is longer than the {} tokens the context of {} leaves beside "
-                                   "--max_new_tokens {}: {}; 'clear' starts afresh)\n",
-                                   room, ctx_len, o->max_new_tokens,
-                                   static_cast<int64_t>(ids.size()) > room ? "not even this message fits, its start is cut"
-                                                                           : "its oldest turns are dropped");
-        if (static_cast<int64_t>(ids.size()) > room) {  // the template's BOS stays, as the DS-Chat branch's
-          const bool bos = !ids.empty() && ids.front() == tok->bos_id();
-          ids.erase(ids.begin() + (bos ? 1 : 0), ids.end() - (room - (bos ? 1 : 0)));
-        }
-        std::string reply = answer(m, *tok, ids, o->max_new_tokens, stops);
-        while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
-        messages.push_back({{"role", "assistant"}, {"content", reply}});
-        std::cout << "Assistant: " << reply << "\n\nEnter input (type 'quit' to exit, 'clear' to clean memory): "
-                  << std::flush;
-        continue;
+        whole_cut = static_cast<int64_t>(ids.size()) > room;
+      } else {
+        history += "\n\nHuman: " + line + "\n\nAssistant:";
+        ids = tok->encode(history, true);
+        whole_cut = static_cast<int64_t>(ids.size()) > room &&
+                    static_cast<int64_t>(tok->encode("\n\nHuman: " + line + "\n\nAssistant:", false).size()) + 1 > room;
       }
-      history += "\n\nHuman: " + line + "\n\nAssistant:";
-      auto ids = tok->encode(history, true);
-      if (static_cast<int64_t>(ids.size()) > room) {  // keep BOS and the most recent turns
-        // said, not silent: the model no longer sees the start (and with a small room not even the
-        // whole of this message)
-        const auto turn = tok->encode("\n\nHuman: " + line + "\n\nAssistant:", false).size();
-        std::cerr << fmt::format("(the conversation, {} tokens, is longer than the {} the context of {} leaves beside "
+      // said, not silent: the model no longer sees the start (and with a small room not even the whole of
+      // this message)
+      if (dropped || static_cast<int64_t>(ids.size()) > room)
+        std::cerr << fmt::format("(the conversation is longer than the {} tokens the context of {} leaves beside "
                                  "--max_new_tokens {}: {}; 'clear' starts afresh)\n",
-                                 ids.size(), room, ctx_len, o->max_new_tokens,
-                                 static_cast<int64_t>(turn) + 1 > room ? "not even this message fits, it is cut"
-                                                                       : "its oldest turns are dropped");
-        ids.erase(ids.begin() + 1, ids.end() - (room - 1));
+                                 room, ctx_len, o->max_new_tokens,
+                                 whole_cut ? "not even this message fits, it is cut" : "its oldest turns are dropped");
+      if (static_cast<int64_t>(ids.size()) > room) {  // BOS (the template's too) and the most recent tokens
+        const bool bos = !ids.empty() && ids.front() == tok->bos_id();
+        ids.erase(ids.begin() + (bos ? 1 : 0), ids.end() - (room - (bos ? 1 : 0)));
       }
       std::string reply = answer(m, *tok, ids, o->max_new_tokens, stops);
       // an answer ends where the model starts the next turn
-      if (auto cut = reply.find("Human:"); cut != std::string::npos) reply = reply.substr(0, cut);
+      if (!tmpl)
+        if (auto cut = reply.find("Human:"); cut != std::string::npos) reply = reply.substr(0, cut);
       while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
-      history += " " + reply;
+      if (tmpl)
+        messages.push_back({{"role", "assistant"}, {"content", reply}});
+      else
+        history += " " + reply;
       std::cout << "Assistant: " << reply << "\n\nEnter input (type 'quit' to exit, 'clear' to clean memory): "
                 << std::flush;
     }

@@ -160,6 +160,10 @@ static bool saved_by_earlier_attempt(const actor::node_context& ctx, const std::
 /// run saved it (and a line saying that training is skipped); else null.
 std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step) {
   const auto& out = ctx.spec().get_string("output");
+  if (out.empty() && !ctx.checkpoint_dir().empty())  // nothing to load from: each rerun trains it again
+    ctx.log().info("{} has no output: a rerun of this graph (a resume from {}) trains it again; set the node's "
+                   "output for a rerun to load the trained weights instead",
+                   step, ctx.checkpoint_dir());
   std::string exact;
   if (!saved_by_earlier_attempt(ctx, out, exact)) return nullptr;
   auto m = std::make_shared<decoder>(load_node_model(ctx, exact.empty() ? out : exact));

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <deque>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -42,7 +44,15 @@ class ppo_controller final : public actor::node {
     drop_ = ctx.spec().get_string("staleness_policy") == "drop";
     if (!drop_ && ctx.spec().get_string("staleness_policy") != "wait")
       throw std::invalid_argument("node '" + ctx.name() + "': staleness_policy must be \"wait\" or \"drop\"");
-    check_step3_settings(ctx, {"save_checkpoint_steps", "keep_checkpoints"});  // the schedule
+    // the schedule; staleness_policy acts only at max_staleness >= 1 (a change at 0 changes nothing)
+    std::set<std::string> safe{"save_checkpoint_steps", "keep_checkpoints"};
+    if (S_ == 0) {
+      safe.insert("staleness_policy");
+      if (drop_)
+        ctx.log().warn("staleness_policy = \"drop\" has no effect at max_staleness = 0 (the synchronous loop): "
+                       "set max_staleness >= 1 for it to act");
+    }
+    check_step3_settings(ctx, std::move(safe));
     if (const auto rp = ppo::find_step3_resume(dir_)) {  // the same answer every node gets
       for (const auto& why : rp->refused) ctx.print("[step 3 ppo] checkpoint " + why);
       commit_.eval_before = eval_before_ = rp->commit.eval_before;

@@ -169,4 +169,11 @@ grep -q "^\[step 1 sft\] resumed: " "$out/e3.log" && fail "a replaced step-1 out
 grep -q "node 'sft': $out/e/sft.bin changed since the run that wrote it" "$out/e3.err" ||
   { grep -i warn "$out/e3.err" | head -3; fail "no line says the output changed"; }
 grep -q "held-out mean reward" "$out/e3.log" || fail "step 3 did not print its results after step 1 trained again"
+# 5. a trainer without an output keeps nothing to load: with a checkpoint_dir, its run says that a rerun trains it
+#    again, and how not to (grpo.graph's sft node had no output, and each resume retrained it without a word)
+"$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir="$out/noout/ckpt" --set node.sft.data="$data" \
+  --set node.sft.steps=2 --set node.sft.output= > "$out/noout.log" 2> "$out/noout.err" ||
+  { tail -5 "$out/noout.err"; fail "the step-1 run without an output failed"; }
+grep -q "\[step 1 sft\] has no output: a rerun of this graph (a resume from $out/noout/ckpt) trains it again; set the node's output" \
+  "$out/noout.err" || fail "a step-1 run without an output, with a checkpoint_dir, did not say that a rerun trains again"
 echo "dschat_resume_small: ok"

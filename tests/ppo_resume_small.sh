@@ -186,6 +186,11 @@ refused f1 "another actor_learning_rate" \
   "$out/a" --set node.policy.actor_learning_rate=2e-4
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.critic.critic_zero_stage=2 > "$out/f2.log" 2> "$out/f2.err" ||
   fail "a resume with another critic_zero_stage was refused: $(grep -i error "$out/f2.err" | head -2)"
+# staleness_policy acts only at max_staleness >= 1: at 0 (this run's), a change is no change, and is named
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") --set node.ppo_controller.staleness_policy=drop > "$out/stale.log" 2> "$out/stale.err" ||
+  fail "a resume at max_staleness = 0 with another staleness_policy was refused: $(grep -i error "$out/stale.err" | head -2)"
+grep -q 'staleness_policy = "drop" has no effect at max_staleness = 0' "$out/stale.err" ||
+  fail "staleness_policy = drop at max_staleness = 0 was not named as doing nothing"
 refused f3 "another per_device_generation_batch_size (other prompts would follow)" \
   "with settings changed: per_device_generation_batch_size 8 -> 2; set them back" \
   "$out/a" --set node.prompts.per_device_generation_batch_size=2
@@ -206,7 +211,7 @@ refused f6 "prompt_overflow drop on a record without it" \
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/n") --set node.prompts.iterations=8 > "$out/f7.log" 2> "$out/f7.err" ||
   fail "a resume whose record predates prompt_overflow (at its default) was refused: $(grep -i error "$out/f7.err" | head -2)"
 grep -q "resuming after iteration 5 " "$out/f7.log" || fail "the resume whose record predates prompt_overflow did not resume"
-echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage accepted"
+echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage and staleness_policy (at max_staleness 0) accepted"
 # the same for steps 1-2's done markers (a setting sft_trainer gained since, at its default): step 1 is taken as
 # saved and step 3 resumes (step 1 was retrained, or refused under step 3's checkpoint). The copy's markers
 # name a's outputs, which the run is pointed at (read only: they are taken as saved)

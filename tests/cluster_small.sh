@@ -379,6 +379,35 @@ if command -v openssl > /dev/null; then
     echo "  $how coordinator refused: $(grep -o "cannot reach cluster node 'w7'.*" "$out/tls_$how.log" | head -1)"
   done
   kill "$w7_pid"; wait "$w7_pid" 2>/dev/null || true
+  # bad TLS files are refused when the process starts, naming the file (caf_openssl loads them at the first
+  # connection only: the daemon listened, then aborted there on a key that was not its certificate's)
+  mkdir -p "$out/ca_db" && : > "$out/ca_db/index.txt" && echo 01 > "$out/ca_db/serial"
+  printf '[ca]\ndefault_ca = c\n[c]\ndatabase = %s/ca_db/index.txt\nserial = %s/ca_db/serial\nnew_certs_dir = %s/ca_db\ncertificate = %s/cert.pem\nprivate_key = %s/key.pem\ndefault_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n' \
+    "$out" "$out" "$out" "$out" "$out" > "$out/ca.cnf"
+  openssl req -newkey rsa:2048 -nodes -keyout "$out/exp.key" -out "$out/exp.csr" -subj /CN=expired > /dev/null 2>&1
+  openssl ca -batch -config "$out/ca.cnf" -in "$out/exp.csr" -out "$out/exp.pem" -startdate 20200101000000Z \
+    -enddate 20200102000000Z > /dev/null 2>&1
+  for bad in "cert.pem key2.pem cert.pem|--tls-key '$out/key2.pem' is not the private key of --tls-cert '$out/cert.pem'" \
+             "cert.pem key.pem key.pem|--tls-ca '$out/key.pem' holds no PEM CA certificate" \
+             "key.pem key.pem cert.pem|--tls-cert '$out/key.pem' is not a PEM certificate" \
+             "exp.pem exp.key cert.pem|--tls-cert '$out/exp.pem' expired on Jan  2 00:00:00 2020 GMT"; do
+    read -r c k a <<< "${bad%%|*}"
+    for who in node run; do
+      set +e
+      if [[ $who == node ]]; then
+        timeout 20 "$flowrun" node --listen 127.0.0.1:0 --secret-file "$out/secret" --once \
+          --tls-cert "$out/$c" --tls-key "$out/$k" --tls-ca "$out/$a" > "$out/badtls.log" 2>&1
+      else
+        timeout 20 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/c7.toml" --secret-file "$out/secret" \
+          --tls-cert "$out/$c" --tls-key "$out/$k" --tls-ca "$out/$a" --set node.generator.on=w7 > "$out/badtls.log" 2>&1
+      fi
+      rc=$?
+      set -e
+      [[ $rc -eq 2 ]] || { echo "$who with TLS files $c $k $a: exit code $rc, not 2"; tail -3 "$out/badtls.log"; exit 1; }
+      grep -qF -e "${bad#*|}" "$out/badtls.log" || { echo "$who with TLS files $c $k $a: no error naming them:"; tail -3 "$out/badtls.log"; exit 1; }
+    done
+  done
+  echo "  refused at start (node and run): a key not the certificate's, a CA file without a certificate, a key as the certificate, an expired certificate"
 else
   echo "  skipped: no openssl command to make a certificate"
 fi

@@ -858,8 +858,11 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       blame(cn->name);
       return error_text{"cannot reach " + who + ": " + gate.error() + " (is `flowrun node --listen " +
                         address + "` running there" +
-                        (options.cluster.tls_cert.empty() ? std::string(", without TLS?)")
-                                                          : std::string(", with TLS and a certificate our CA trusts?)"))};
+                        (options.cluster.tls_cert.empty()
+                             ? std::string("? A daemon started with --tls-cert/--tls-key/--tls-ca refuses a run "
+                                           "without them: give this run the same three options)")
+                             : std::string(" with TLS, and is its certificate one our --tls-ca trusts, and ours one "
+                                           "its CA trusts? A daemon without TLS refuses this run's TLS)"))};
     }
     const std::string client_nonce = random_nonce();
     std::string daemon_nonce, daemon_proof, failure;

@@ -16,6 +16,7 @@
 #include "runtime/actor/console.h"
 #include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/runtime.h"
+#include "runtime/actor/tls_files.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 #include "runtime/tensor/device_memory.h"
@@ -49,19 +50,14 @@ struct run_opts {
   std::string tls_cert, tls_key, tls_ca;
 };
 
-// --tls-cert, --tls-key and --tls-ca: all three or none. Returns false (after logging) otherwise.
+// --tls-cert, --tls-key and --tls-ca: all three or none, loaded and checked now (actor::tls_files_check:
+// the key is the certificate's, the CA file is PEM, the certificate valid today). Returns false (after
+// logging the file and the fix) otherwise; what peers may refuse is logged as a warning.
 bool tls_files_ok(const std::string& cert, const std::string& key, const std::string& ca) {
-  const int given = !cert.empty() + !key.empty() + !ca.empty();
-  if (given != 0 && given != 3) {
-    spdlog::error("TLS needs --tls-cert, --tls-key and --tls-ca together (PEM files; see docs/scaling.md)");
-    return false;
-  }
-  for (const auto* f : {&cert, &key, &ca})
-    if (!f->empty() && !std::filesystem::is_regular_file(*f)) {
-      spdlog::error("TLS file '{}' does not exist", *f);
-      return false;
-    }
-  return true;
+  const auto r = actor::tls_files_check(cert, key, ca);
+  for (const auto& w : r.warnings) spdlog::warn("{}", w);
+  if (!r.error.empty()) spdlog::error("{}", r.error);
+  return r.error.empty();
 }
 
 void add_tls_options(CLI::App* sub, std::string& cert, std::string& key, std::string& ca) {

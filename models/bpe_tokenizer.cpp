@@ -362,7 +362,10 @@ class gpt2_bpe_tokenizer final : public tokenizer {
         i += len;
       }
     }
-    return out;  // raw bytes: a cut through a multi-byte character stays cut (transformers substitutes U+FFFD)
+    // as transformers' GPT2Tokenizer (bytearray(...).decode("utf-8", errors="replace")): bytes that do not
+    // form UTF-8 (a character cut at the end, a model's stray byte) become U+FFFD; raw, they went to stdout,
+    // a reward command's JSON line and the console, which all need UTF-8
+    return bpe::utf8_lossy(out);
   }
 
   std::string piece(int32_t id) const override {

@@ -434,6 +434,11 @@ void decoder::enable_lora(const lora_config& cfg, bool freeze_base) {
       throw std::invalid_argument("enable_lora: target module '" + pat + "' names a module of one layer (PEFT would "
                                   "adapt that layer only); flowrun adapts a module in every layer: write its name "
                                   "alone, one of " + names + ", or all-linear");
+    const std::string leaf = pat.substr(pat.rfind('.') == std::string::npos ? 0 : pat.rfind('.') + 1);
+    if (ms.empty() && (leaf == "lm_head" || leaf == "embed_tokens" || leaf == "wte" || leaf == "embed_out"))
+      throw std::invalid_argument("enable_lora: target module '" + pat + "': LoRA on the LM head or the token "
+                                  "embedding is not supported (flowrun adapts the Linear layers of the blocks): "
+                                  "use " + names + ", or all-linear (which leaves lm_head out, as PEFT's does)");
     if (ms.empty())
       throw std::invalid_argument("enable_lora: target module '" + pat + "' matches no Linear layer of " +
                                   cfg_.summary() + " by PEFT's rule (the module's name, or its end after a '.'); " +

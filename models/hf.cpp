@@ -563,6 +563,29 @@ decoder load_hf(const std::string& dir, device dev, const tensor_progress_fn& pr
   }
   auto specs = hf_tensor_map(c);
 
+  // tie_word_embeddings with a separate lm_head.weight in the file too: transformers ties the two only
+  // where they are equal, and keeps the file's head, untied, where they differ (modeling_utils.py
+  // tie_weights: "...both are present in the checkpoints with different values, so we will NOT tie them").
+  // It was dropped here without a word, and the logits came from the embedding.
+  if (c.tied_embeddings && present.count("lm_head.weight")) {
+    for (const auto& s : specs) {
+      if (s.parts.size() != 1 || s.parts[0] != "model.embed_tokens.weight" || !present.count(s.hf_name)) continue;
+      const auto& emb = present.at(s.hf_name);
+      const auto& head = present.at("lm_head.weight");
+      if (ck.entry(emb).shape != ck.entry(head).shape) break;  // named below as a shape mismatch
+      const tensor a = ck.read(emb), b = ck.read(head);
+      if (std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>())) break;  // truly tied
+      std::fprintf(stderr,
+                   "flowrun: warning: %s: config.json says tie_word_embeddings = true but %s and %s differ: loaded "
+                   "untied, with the file's lm_head.weight (as transformers does); set \"tie_word_embeddings\": "
+                   "false in config.json\n",
+                   dir.c_str(), emb.c_str(), head.c_str());
+      c.tied_embeddings = false;
+      specs = hf_tensor_map(c);
+      break;
+    }
+  }
+
   // the embedding rows against config.json's vocab_size first: the commonest mismatch
   for (const auto& s : specs) {
     if (s.parts.size() != 1 || (s.parts[0] != "model.embed_tokens.weight" && s.parts[0] != "lm_head.weight")) continue;

@@ -131,6 +131,9 @@ class sentencepiece_tokenizer final : public tokenizer {
   }
   std::string piece(int32_t id) const override { return sp_.IdToPiece(id); }
   int32_t vocab_size() const override { return sp_.GetPieceSize(); }
+  /// llama2.c's run.c puts BOS before every prompt (a bare .model file); a Hugging Face folder as its
+  /// tokenizer_config.json says (add_bos_token, true by default as in LlamaTokenizer).
+  bool adds_bos() const override { return add_bos_ && bos_id() >= 0; }
   int32_t bos_id() const override { return sp_.bos_id(); }
   int32_t eos_id() const override { return sp_.eos_id(); }
   int32_t pad_id() const override { return sp_.pad_id(); }
@@ -172,6 +175,8 @@ class sentencepiece_tokenizer final : public tokenizer {
     };
     const nlohmann::json cfg = read(cfg_path);
     if (cfg.contains("legacy") && cfg["legacy"].is_boolean()) legacy_ = cfg["legacy"].get<bool>();
+    // transformers' LlamaTokenizer puts BOS first unless add_bos_token is false (its default is true)
+    if (cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) add_bos_ = cfg["add_bos_token"].get<bool>();
     unk_piece_ = sp_.unk_id() >= 0 ? sp_.IdToPiece(sp_.unk_id()) : "<unk>";
     std::map<std::string, int32_t> found;
     auto add_piece = [&](const std::string& content) {  // a token named by its content: the model's piece
@@ -201,6 +206,7 @@ class sentencepiece_tokenizer final : public tokenizer {
   sentencepiece::SentencePieceProcessor sp_;
   std::vector<std::pair<std::string, int32_t>> specials_;  // content -> id (an HF folder's special tokens)
   bool legacy_ = true;                                      // tokenizer_config.json "legacy" (transformers' default)
+  bool add_bos_ = true;                                     // tokenizer_config.json "add_bos_token" (LlamaTokenizer: true)
   bool hf_folder_ = false;                                  // tokenizer_config.json beside the model
   std::string unk_piece_ = "<unk>";
 };
@@ -310,6 +316,12 @@ void write_sentencepiece_tokenizer_config(const std::string& model_path, const s
   std::ofstream f(out_path);
   f << j.dump(2) << "\n";
   if (!f) throw std::runtime_error(out_path + ": cannot write the tokenizer config");
+}
+
+std::vector<int32_t> prompt_ids(const tokenizer& tok, const std::string& text) {
+  auto ids = tok.encode(text, tok.adds_bos());
+  if (ids.empty() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
+  return ids;
 }
 
 }  // namespace flowrun

@@ -26,9 +26,16 @@ class tokenizer {
   virtual int32_t pad_id() const = 0;
   /// Whether the model's Hugging Face tokenizer puts BOS before every text it
   /// encodes (tokenizer_config.json "add_bos_token": OPT's does, GPT-2's does not).
-  /// Callers pass it as encode's add_bos to tokenize as transformers does.
+  /// Callers pass it as encode's add_bos to tokenize as transformers does. A bare SentencePiece
+  /// .model file (llama2.c's) does: run.c puts BOS before every prompt.
   virtual bool adds_bos() const { return false; }
 };
+
+/// A prompt's ids as transformers' tokenizer gives them (tokenizer(text).input_ids): BOS first only
+/// where the tokenizer puts it there (tok.adds_bos(): llama2.c and LLaMA/Llama 3 folders yes,
+/// GPT-2 and Qwen2 no), and [BOS] for an empty text when the tokenizer has one (as generate
+/// starts from bos_token_id without input ids). Empty when the text is and there is no BOS.
+std::vector<int32_t> prompt_ids(const tokenizer& tok, const std::string& text);
 
 /// Load a SentencePiece .model file. Beside a tokenizer_config.json (a Hugging Face folder) it encodes as
 /// transformers' LlamaTokenizer: the folder's special and added tokens in a text are their ids, the text
@@ -41,7 +48,9 @@ std::unique_ptr<tokenizer> load_sentencepiece(const std::string& path);
 /// merges.txt, as transformers' GPT2Tokenizer). Special tokens (bos/eos/pad/unk
 /// and added tokens) come from special_tokens_map.json, tokenizer_config.json,
 /// added_tokens.json and config.json beside vocab.json; without them BOS = EOS =
-/// <|endoftext|> when the vocabulary has it (GPT-2), and no pad.
+/// <|endoftext|> when the vocabulary has it (GPT-2), and no pad. adds_bos() is tokenizer_config.json's
+/// add_bos_token (else true for OPT only). decode turns bytes that are not UTF-8 into U+FFFD, as
+/// GPT2Tokenizer's errors="replace" does.
 /// Throws std::runtime_error naming the file and the problem.
 std::unique_ptr<tokenizer> load_gpt2_bpe(const std::string& vocab_json, const std::string& merges_txt);
 

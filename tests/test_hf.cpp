@@ -503,6 +503,27 @@ TEST_CASE("hf: mismatches are refused with both sizes and the tensor names") {
     CHECK_THROWS_WITH_AS(load_hf(d.string()), doctest::Contains("model_type \"bloom\" is not supported"),
                          std::runtime_error);
   }
+  SUBCASE("tie_word_embeddings = true beside a different lm_head.weight: untied, as transformers loads it") {
+    // modeling_utils.py tie_weights: both tensors present with different values are not tied, the file's head kept
+    auto d = copy_fixture("llama", "tie");
+    auto j = read_json(d / "config.json");
+    REQUIRE(j.value("tie_word_embeddings", false) == false);
+    j["tie_word_embeddings"] = true;
+    write_json(d / "config.json", j);
+    auto m = load_hf(d.string());
+    CHECK_FALSE(m.config().tied_embeddings);
+    CHECK(same_weights(m, load_hf((k_fixtures / "hf" / "llama").string())));  // the head is the file's lm_head
+    // the same with lm_head.weight equal to the embedding: tied, and the one tensor loads
+    auto all = load_safetensors((d / "model.safetensors").string());
+    const tensor* emb = nullptr;
+    for (auto& [n, t] : all)
+      if (n == "model.embed_tokens.weight") emb = &t;
+    REQUIRE(emb != nullptr);
+    named_tensors same;
+    for (auto& [n, t] : all) same.emplace_back(n, n == "lm_head.weight" ? *emb : t);
+    save_safetensors((d / "model.safetensors").string(), same);
+    CHECK(load_hf(d.string()).config().tied_embeddings);
+  }
   SUBCASE("base-model checkpoints (no CausalLM prefix) load") {
     auto d = copy_fixture("opt", "base");
     auto all = load_safetensors((d / "model.safetensors").string());
@@ -959,9 +980,16 @@ TEST_CASE("GPT-2 BPE: ids equal transformers' for every case, and decode round-t
   }
   MESSAGE(n << " GPT-2 BPE cases checked");
   CHECK(n >= 15);
-  // any bytes survive encode -> decode, invalid UTF-8 included
+  // any bytes encode; decode gives valid UTF-8 as transformers does (bytes.decode("utf-8", errors="replace"):
+  // each maximal invalid subpart one U+FFFD; Python gives 'a\ufffd\ufffd b\ufffd(\ufffd \ufffdz' for these bytes)
   std::string raw = "a\xff\xfe b\xc3(\xe2\x82 \x80z";
-  CHECK(tok->decode(tok->encode(raw)) == raw);
+  CHECK(tok->decode(tok->encode(raw)) ==
+        "a\xef\xbf\xbd\xef\xbf\xbd b\xef\xbf\xbd(\xef\xbf\xbd \xef\xbf\xbdz");
+  CHECK(tok->decode(tok->encode("caf\xc3\xa9 \xe2\x82\xac")) == "caf\xc3\xa9 \xe2\x82\xac");  // valid text as it was
+  // a prompt as transformers' tokenizer(text).input_ids gives it: GPT-2's puts no BOS (generate and chat put
+  // <|endoftext|> first, and their greedy answers differed from transformers'); an empty prompt starts from BOS
+  CHECK(prompt_ids(*tok, "Hello world") == tok->encode("Hello world"));
+  CHECK(prompt_ids(*tok, "") == std::vector<int32_t>{tok->bos_id()});
   // a vocab.json path works too, and a missing merges.txt is named
   CHECK(load_tokenizer((k_fixtures / "bpe" / "vocab.json").string())->encode("Hello") == tok->encode("Hello"));
   CHECK_THROWS_WITH_AS(load_gpt2_bpe((k_fixtures / "bpe" / "vocab.json").string(), "/nonexistent/merges.txt"),
@@ -983,6 +1011,9 @@ TEST_CASE("OPT BPE: special tokens from the folder, BOS prepended as transformer
     CHECK(tok->encode(text, tok->adds_bos()) == c["ids"].get<std::vector<int32_t>>());
   }
   CHECK(tok->decode(tok->encode("Hello world", true, true)) == "Hello world");
+  auto hello = tok->encode("Hello");
+  hello.insert(hello.begin(), 2);
+  CHECK(prompt_ids(*tok, "Hello") == hello);  // OPT's tokenizer puts </s> (BOS) first
 }
 
 // ------------------------------------------------------------------ checkpoint.h: every format in, the same out

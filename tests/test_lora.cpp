@@ -240,6 +240,9 @@ TEST_CASE("LoRA: target modules match as PEFT matches them, with the family's na
   refused({"elf_attn.q_proj"}, "'elf_attn.q_proj' matches no Linear layer");
   refused({"fc1"}, "use q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear");
   refused({"c_attn"}, "'c_attn' matches no Linear layer");
+  // PEFT adapts lm_head (a Linear) and embed_tokens (an Embedding) when named; flowrun says it does not
+  refused({"q_proj", "lm_head"}, "'lm_head': LoRA on the LM head or the token embedding is not supported");
+  refused({"embed_tokens"}, "'embed_tokens': LoRA on the LM head or the token embedding is not supported");
   refused({"layers.0.self_attn.q_proj"}, "names a module of one layer");
   refused({"model.layers.1.mlp.up_proj"}, "names a module of one layer");
   for (const auto& ok : {"q_proj", "self_attn.q_proj", "all-linear"}) {

@@ -92,6 +92,7 @@ TEST_CASE("tok512 in an HF folder: special tokens in the text are their ids, as 
       CHECK(tok->encode(x.text) == x.legacy);
     }
     CHECK(tok->encode("Hi", true) == std::vector<int32_t>{1, 320, 417});  // add_bos as before
+    CHECK(tok->adds_bos());  // LlamaTokenizer's add_bos_token, true by default
   }
   {
     std::ifstream in(dir / "tokenizer_config.json");
@@ -106,8 +107,16 @@ TEST_CASE("tok512 in an HF folder: special tokens in the text are their ids, as 
       CHECK(tok->encode(x.text) == x.non_legacy);
     }
   }
+  {  // "add_bos_token": false (transformers then encodes a prompt without BOS; generate and the DS-Chat data follow)
+    std::ifstream in(dir / "tokenizer_config.json");
+    auto cfg = nlohmann::json::parse(in);
+    cfg["add_bos_token"] = false;
+    std::ofstream(dir / "tokenizer_config.json") << cfg.dump(1);
+  }
+  CHECK(!load_tokenizer(dir.string())->adds_bos());
   // the bare .model (llama2.c's tokenizer, no tokenizer_config.json beside it): SentencePiece's own encoding
   auto bare = load_tokenizer(model);
+  CHECK(bare->adds_bos());  // llama2.c's run.c puts BOS before every prompt
   std::vector<int32_t> plain = bare->encode("<s>x");
   CHECK(std::find(plain.begin(), plain.end(), 1) == plain.end());
   fs::remove_all(dir);

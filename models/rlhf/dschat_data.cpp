@@ -566,9 +566,11 @@ bool cut_end(split_seq& s, const tokenize_settings& cfg, int32_t eos) {
 }
 
 // The settings as `tok` can follow them: a tokenizer without BOS or EOS (an HF tokenizer.json whose
-// tokenizer_config.json names none) adds none, as tokenizer::encode does, rather than the id -1.
+// tokenizer_config.json names none) adds none, as tokenizer::encode does, rather than the id -1; BOS
+// only where the model's tokenizer puts it (tok.adds_bos(): DS-Chat tokenizes with the model's
+// tokenizer, and GPT-2's puts none).
 tokenize_settings for_tokenizer(tokenize_settings cfg, const tokenizer& tok) {
-  cfg.add_bos = cfg.add_bos && tok.bos_id() >= 0;
+  cfg.add_bos = cfg.add_bos && tok.bos_id() >= 0 && tok.adds_bos();
   cfg.add_eos = cfg.add_eos && tok.eos_id() >= 0;
   return cfg;
 }

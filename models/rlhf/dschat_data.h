@@ -194,8 +194,9 @@ struct tokenize_settings {
   int64_t max_seq_len = 512;         ///< steps 1 and 2: prompt + answer + EOS
   truncation_mode truncation = truncation_mode::end;
   int64_t max_prompt_seq_len = 256;  ///< step 3 (DS-Chat's --max_prompt_seq_len, default 256)
-  /// Begin each sequence with BOS, as the HF LLaMA tokenizer does (DS-Chat tokenizes with
-  /// the model's tokenizer); stories260K was trained with BOS first.
+  /// Begin each sequence with BOS where the model's tokenizer does (tokenizer::adds_bos: the HF
+  /// LLaMA and OPT tokenizers, llama2.c's, not GPT-2's; DS-Chat tokenizes with the model's
+  /// tokenizer); stories260K was trained with BOS first.
   bool add_bos = true;
   /// Append EOS (DS-Chat appends end_of_conversation_token; here the model's EOS id).
   /// A tokenizer without BOS or EOS (an HF folder whose tokenizer_config.json names none) adds

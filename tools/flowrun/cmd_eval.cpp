@@ -353,9 +353,11 @@ void add_chat(CLI::App& app) {
         whole_cut = static_cast<int64_t>(ids.size()) > room;
       } else {
         history += "\n\nHuman: " + line + "\n\nAssistant:";
-        ids = tok->encode(history, true);
+        ids = prompt_ids(*tok, history);
         whole_cut = static_cast<int64_t>(ids.size()) > room &&
-                    static_cast<int64_t>(tok->encode("\n\nHuman: " + line + "\n\nAssistant:", false).size()) + 1 > room;
+                    static_cast<int64_t>(tok->encode("\n\nHuman: " + line + "\n\nAssistant:", false).size()) +
+                            (tok->adds_bos() ? 1 : 0) >
+                        room;
       }
       // said, not silent: the model no longer sees the start (and with a small room not even the whole of
       // this message)

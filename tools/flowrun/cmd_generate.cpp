@@ -171,7 +171,7 @@ void add_generate(CLI::App& app) {
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     if (!o->zero_checkpoint.empty()) {
       auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
-      auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
+      auto prompt = prompt_ids(*tok, o->prompt);
       auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, prompt, generation_of(*o, *tok));
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), gen.begin(), gen.end());
@@ -190,7 +190,7 @@ void add_generate(CLI::App& app) {
     auto tok = load_tokenizer(resolve_user_path(tok_path, "tokenizer").string());
     check_tokenizer_fits(*tok, tok_path, model, o->model);
     spdlog::info("model: {}", model.config().summary());
-    auto prompt = tok->encode(o->prompt, /*add_bos=*/true);
+    auto prompt = prompt_ids(*tok, o->prompt);
     if (prompt.empty())  // a tokenizer without BOS (Qwen2's) has nothing to start from
       throw std::invalid_argument("--prompt is empty and the tokenizer " + tok_path +
                                   " has no BOS token to start from: give a prompt");

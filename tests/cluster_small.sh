@@ -278,9 +278,10 @@ set -e
 echo "  $(grep -o 'port [0-9]* is already in use' "$out/busy.err"); $(grep -o 'cannot write the port file.*' "$out/portfile.err")"
 kill "$w3_pid"; wait "$w3_pid" 2>/dev/null || true
 
-echo "== 3. SIGKILL of the generator's node in the middle of the run"
+echo "== 3. SIGKILL of the generator's node in the middle of the run (on_node_lost = \"restart\" with max_restarts = 0)"
 node w4 "$out/secret" --once
 cluster_file "$out/c4.toml" w4 "$port"
+sed -i 's/^\[cluster\]$/[cluster]\non_node_lost = "restart"\nmax_restarts = 0/' "$out/c4.toml"
 "$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
   --cluster "$out/c4.toml" --secret-file "$out/secret" --set node.generator.on=w4 --set node.sink.path="$out/killed.txt" \
   > "$out/killed.log" 2>&1 &
@@ -296,8 +297,9 @@ rc=$?
 set -e
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 [[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/killed.log"; exit 1; }
-grep -q "cluster node 'w4' lost (.*); its actors: generator; the run stops" "$out/killed.log" \
-  || { echo "no error naming the lost node and its actors:"; tail -20 "$out/killed.log"; exit 1; }
+# no restart is left: the message says so (it said on_node_lost = "stop", which the file did not)
+grep -q "cluster node 'w4' lost (.*); its actors: generator; the run stops (on_node_lost = \"restart\", but max_restarts = 0 are used up)" "$out/killed.log" \
+  || { echo "no error naming the lost node, its actors and why it does not restart:"; tail -20 "$out/killed.log"; exit 1; }
 n=$(wc -l < "$out/killed.txt")
 [[ $n -lt 2000 ]] || { echo "the run finished all 2000 lines before the kill: make it longer"; exit 1; }
 cmp <(head -n "$lines" "$out/killed.txt") "$out/single.txt" || { echo "the surviving sink's lines are not intact"; exit 1; }
@@ -320,7 +322,7 @@ set -e
 [[ $node_rc -eq 143 ]] || { echo "the node's exit code is $node_rc, not 143:"; tail "$out/w8.err"; exit 1; }
 [[ $rc -eq 1 ]] || { echo "the run's exit code is $rc, not 1:"; tail -20 "$out/termed.log"; exit 1; }
 grep -q "shutting down: stopping this node's replicas" "$out/w8.err" || { echo "the node did not stop its replicas:"; cat "$out/w8.err"; exit 1; }
-grep -q "cluster node 'w8' lost (its daemon is shutting down (SIGINT or SIGTERM)); its actors: generator" "$out/termed.log" || { echo "no error naming w8:"; tail "$out/termed.log"; exit 1; }
+grep -q "cluster node 'w8' lost (its daemon is shutting down (SIGINT or SIGTERM)); its actors: generator; the run stops (on_node_lost = \"stop\")" "$out/termed.log" || { echo "no error naming w8:"; tail "$out/termed.log"; exit 1; }
 echo "  node exit code 143; $(grep -o "cluster node 'w8' lost.*its actors: generator" "$out/termed.log" | head -1)"
 
 echo "== 4. a node that stops answering (SIGSTOP) is lost by heartbeat; resumed, it stops its own replicas"

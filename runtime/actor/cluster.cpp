@@ -754,6 +754,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   pl.on_node_lost = spec.cluster.on_node_lost == "restart" && options.attempt < spec.cluster.max_restarts
                         ? std::string("restart")
                         : std::string("stop");
+  if (spec.cluster.on_node_lost == "restart" && options.attempt >= spec.cluster.max_restarts)
+    pl.restarts_used_up = spec.cluster.max_restarts;
   pl.processes.push_back(std::string(graph::main_process_name));
   std::map<std::string, std::uint32_t> index{{std::string(graph::main_process_name), 0}};
   for (const auto& cn : spec.cluster.nodes) {

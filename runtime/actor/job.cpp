@@ -1539,8 +1539,11 @@ class coordinator_actor final : public caf::event_based_actor {
                            ? std::string("; the run stops and starts again from its checkpoints (on_node_lost = "
                                          "\"restart\"): the other nodes' stop() runs first, so what they checkpoint "
                                          "is intact")
-                           : std::string("; the run stops (on_node_lost = \"stop\"): the other nodes' stop() runs, so "
-                                         "what they checkpoint is intact"));
+                           : (w.restarts_used_up >= 0
+                                  ? "; the run stops (on_node_lost = \"restart\", but max_restarts = " +
+                                        std::to_string(w.restarts_used_up) + " are used up)"
+                                  : std::string("; the run stops (on_node_lost = \"stop\")")) +
+                                 ": the other nodes' stop() runs, so what they checkpoint is intact");
     plan_->live->event("run", "", -1, msg);
     report(std::move(msg));
     if (phase_ < phase::stopping) begin_stop(stop_reason::failed);

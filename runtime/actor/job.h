@@ -68,6 +68,9 @@ struct placement {
   std::shared_ptr<bulk_plane> bulk;
   /// [cluster] on_node_lost ("stop" or "restart"), for the lost-node message.
   std::string on_node_lost = "stop";
+  /// max_restarts when on_node_lost = "restart" but none is left (this attempt's loss stops the run,
+  /// and the message says why); -1 otherwise.
+  std::int64_t restarts_used_up = -1;
 };
 
 /// Messages and bytes this process sent to actors in other processes, since

@@ -433,10 +433,14 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     // or the restarts are used up.
     const bool restart = !lost.empty() && spec.cluster.on_node_lost == "restart" && forwarded == 0 &&
                          result.reason == stop_reason::failed && attempt_options.attempt < spec.cluster.max_restarts;
-    if (!lost.empty() && spec.cluster.on_node_lost == "restart" && !restart)
-      spdlog::error("[{}] not restarting: {}", spec.name,
-                    forwarded > 0 ? std::string("the run was interrupted")
-                                  : "max_restarts = " + std::to_string(spec.cluster.max_restarts) + " used up");
+    if (!lost.empty() && spec.cluster.on_node_lost == "restart" && !restart) {
+      const std::string why = forwarded > 0 ? std::string("the run was interrupted")
+                                            : "max_restarts = " + std::to_string(spec.cluster.max_restarts) + " used up";
+      spdlog::error("[{}] not restarting: {}", spec.name, why);
+      // the lost-node message, written before the interruption, promised a restart: say that none comes
+      if (const auto at = result.error.find("; the run stops and starts again"); at != std::string::npos)
+        result.error = result.error.substr(0, at) + "; the run stops, not restarted (" + why + ")";
+    }
     write_signals();
     if (signals_lost > 0)
       spdlog::warn("[{}] {} signal records were not written to the metrics file (more than {} came between two "
@@ -494,6 +498,11 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     }
     if (g_signal_count.load() > 0) {  // interrupted while waiting for a node to come back: no restart
       spdlog::error("[{}] interrupted before the restart; the run stops", spec.name);
+      // the lost-node message promised a restart: say that none came
+      if (const auto at = result.error.find("; the run stops and starts again"); at != std::string::npos)
+        result.error = result.error.substr(0, at) +
+                       "; the run was interrupted before its restart: it stops (the same command starts it again "
+                       "from its checkpoints)";
       result.exit_code = g_last_signal.load() == SIGTERM ? exit_sigterm : exit_sigint;
       result.reason = stop_reason::interrupted;
       if (console_live) console_live->finish(result.metrics, *last_live, result.exit_code, result.error);

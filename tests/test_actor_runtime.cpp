@@ -1178,6 +1178,10 @@ TEST_CASE("cluster: HMAC-SHA256 matches RFC 4231 and proofs depend on secret, ro
   CHECK(*env == "from-env");
   ::unsetenv("FLOWRUN_CLUSTER_SECRET");
   CHECK_FALSE(load_cluster_secret("/nonexistent/secret"));
+  // a folder is named as one (it was "is empty")
+  auto folder = load_cluster_secret(std::filesystem::temp_directory_path().string());
+  REQUIRE_FALSE(folder);
+  CHECK(folder.error().find("is a folder") != std::string::npos);
 }
 
 TEST_CASE("cluster auth: the daemon's handshake gate accepts a right proof once and refuses forgeries") {
@@ -1192,7 +1196,7 @@ TEST_CASE("cluster auth: the daemon's handshake gate accepts a right proof once 
   CHECK(answer->second == cluster_proof("s3cret", "daemon", client, answer->first));
   // a proof made with another secret, role or order is refused and uses the nonce up
   CHECK(gate.auth(client, answer->first, cluster_proof("other", "client", client, answer->first)) ==
-        "wrong cluster secret (the node's secret differs from yours)");
+        "wrong cluster secret (its proof does not match ours)");
   CHECK(gate.auth(client, answer->first, cluster_proof("s3cret", "client", client, answer->first)) ==
         "malformed or replayed handshake");
   // a fresh hello with the right proof is accepted once; the replay is refused

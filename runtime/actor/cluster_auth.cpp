@@ -3,8 +3,10 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
@@ -27,18 +29,24 @@ std::string to_hex(const unsigned char* p, std::size_t n) {
 expected<std::string> load_cluster_secret(const std::string& file) {
   std::string secret;
   if (!file.empty()) {
+    if (std::filesystem::is_directory(file))
+      return error_text{"the cluster secret file '" + file + "' is a folder: give the file whose first line is the secret"};
     std::ifstream in(file);
     if (!in) return error_text{"cannot read the cluster secret file '" + file + "'"};
     std::getline(in, secret);
     while (!secret.empty() && (secret.back() == '\r' || secret.back() == ' ' || secret.back() == '\t'))
       secret.pop_back();
     if (secret.empty()) return error_text{"the cluster secret file '" + file + "' is empty (its first line is the secret)"};
-    return secret;
+  } else {
+    if (const char* env = std::getenv("FLOWRUN_CLUSTER_SECRET")) secret = env;
+    if (secret.empty())
+      return error_text{"no cluster secret: give --secret-file FILE (its first line is the secret) or set "
+                        "FLOWRUN_CLUSTER_SECRET, the same on every node and on the flowrun run process"};
   }
-  if (const char* env = std::getenv("FLOWRUN_CLUSTER_SECRET")) secret = env;
-  if (secret.empty())
-    return error_text{"no cluster secret: give --secret-file FILE (its first line is the secret) or set "
-                      "FLOWRUN_CLUSTER_SECRET, the same on every node and on the flowrun run process"};
+  if (secret.size() < 16)  // whoever has it can run jobs, and so code, on the nodes
+    spdlog::warn("the cluster secret is {} characters long: a node accepts jobs from whoever knows it; use a long "
+                 "random one (openssl rand -hex 32)",
+                 secret.size());
   return secret;
 }
 
@@ -93,7 +101,7 @@ std::string handshake_gate::auth(std::string_view client_nonce, std::string_view
   if (it == issued_.end() || !is_nonce(client_nonce)) return "malformed or replayed handshake";
   issued_.erase(it);
   if (!constant_time_equal(proof, cluster_proof(secret_, "client", client_nonce, daemon_nonce)))
-    return "wrong cluster secret (the node's secret differs from yours)";
+    return "wrong cluster secret (its proof does not match ours)";
   return {};
 }
 

@@ -478,7 +478,11 @@ void add_node(CLI::App& app) {
     } catch (const std::exception&) {
       port = -1;
     }
-    if (port < 0 || port > 65535) {
+    if (port > 65535) {
+      spdlog::error("--listen {}: port {} is past 65535: give a port in 1..65535 (0: a free one)", o->listen, port);
+      throw exit_request{2};
+    }
+    if (port < 0) {
       spdlog::error("--listen {}: write HOST:PORT, e.g. 127.0.0.1:7001 (port 0: a free one)", o->listen);
       throw exit_request{2};
     }

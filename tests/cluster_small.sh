@@ -389,7 +389,9 @@ if command -v openssl > /dev/null; then
   openssl req -newkey rsa:2048 -nodes -keyout "$out/exp.key" -out "$out/exp.csr" -subj /CN=expired > /dev/null 2>&1
   openssl ca -batch -config "$out/ca.cnf" -in "$out/exp.csr" -out "$out/exp.pem" -startdate 20200101000000Z \
     -enddate 20200102000000Z > /dev/null 2>&1
-  for bad in "cert.pem key2.pem cert.pem|--tls-key '$out/key2.pem' is not the private key of --tls-cert '$out/cert.pem'" \
+  openssl pkey -in "$out/key.pem" -out "$out/key_enc.pem" -aes256 -passout pass:not-typed > /dev/null 2>&1
+  for bad in "cert.pem key_enc.pem cert.pem|--tls-key '$out/key_enc.pem' is encrypted" \
+             "cert.pem key2.pem cert.pem|--tls-key '$out/key2.pem' is not the private key of --tls-cert '$out/cert.pem'" \
              "cert.pem key.pem key.pem|--tls-ca '$out/key.pem' holds no PEM CA certificate" \
              "key.pem key.pem cert.pem|--tls-cert '$out/key.pem' is not a PEM certificate" \
              "exp.pem exp.key cert.pem|--tls-cert '$out/exp.pem' expired on Jan  2 00:00:00 2020 GMT"; do
@@ -409,7 +411,7 @@ if command -v openssl > /dev/null; then
       grep -qF -e "${bad#*|}" "$out/badtls.log" || { echo "$who with TLS files $c $k $a: no error naming them:"; tail -3 "$out/badtls.log"; exit 1; }
     done
   done
-  echo "  refused at start (node and run): a key not the certificate's, a CA file without a certificate, a key as the certificate, an expired certificate"
+  echo "  refused at start (node and run): an encrypted key (no passphrase prompt), a key not the certificate's, a CA file without a certificate, a key as the certificate, an expired certificate"
 else
   echo "  skipped: no openssl command to make a certificate"
 fi

@@ -62,9 +62,22 @@ tls_files_report tls_files_check(const std::string& cert, const std::string& key
     return r;
   }
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(nullptr, EVP_PKEY_free);
+  bool encrypted = false;  // OpenSSL asked for a passphrase: the key is encrypted
   {
     std::unique_ptr<BIO, decltype(&BIO_free)> b(BIO_new_file(key.c_str(), "r"), BIO_free);
-    if (b) pkey.reset(PEM_read_bio_PrivateKey(b.get(), nullptr, nullptr, nullptr));
+    // A callback that gives no passphrase: with none, OpenSSL's default one prompts on the terminal
+    // (and caf_openssl's load at the first connection prompted again, the daemon waiting there).
+    auto no_passphrase = [](char*, int, int, void* asked) -> int {
+      *static_cast<bool*>(asked) = true;
+      return 0;
+    };
+    if (b) pkey.reset(PEM_read_bio_PrivateKey(b.get(), nullptr, no_passphrase, &encrypted));
+  }
+  if (!pkey && encrypted) {
+    ERR_clear_error();
+    r.error = "--tls-key '" + key + "' is encrypted (a passphrase protects it), which a daemon cannot type in: "
+              "give an unencrypted copy (openssl pkey -in " + key + " -out KEY.pem) kept readable by its owner only";
+    return r;
   }
   if (!pkey) {
     r.error = "--tls-key '" + key + "' is not a PEM private key" + openssl_reason() +

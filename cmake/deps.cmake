@@ -40,7 +40,14 @@ find_path(BLIS_INCLUDE_DIR blis.h PATHS /usr/include/x86_64-linux-gnu/blis-openm
 find_library(BLIS_STATIC_LIB NAMES libblis.a PATHS /usr/lib/x86_64-linux-gnu/blis-openmp NO_DEFAULT_PATH)
 set(FLOWRUN_GEMM_LIB openblas)
 set(FLOWRUN_HAVE_BLIS OFF)  # BLIS linked (FLOWRUN_GEMM_BLIS): the GEMM split of gemm.h can run (tests/CMakeLists.txt)
-if(FLOWRUN_GEMM STREQUAL "onednn" OR (FLOWRUN_GEMM STREQUAL "AUTO" AND DNNL_INCLUDE_DIR AND DNNL_LIB))
+# ARM64: AUTO takes OpenBLAS (its NEON/SVE kernels per core type, chosen at run time): oneDNN's dnnl_sgemm
+# there is its unoptimised reference loop unless oneDNN was built against the Arm Compute Library or a
+# vendor BLAS, and Debian's is not (ARM-software/Tool-Solutions issue 168, answered by Arm's oneDNN team).
+set(FLOWRUN_ARM64 OFF)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+  set(FLOWRUN_ARM64 ON)
+endif()
+if(FLOWRUN_GEMM STREQUAL "onednn" OR (FLOWRUN_GEMM STREQUAL "AUTO" AND NOT FLOWRUN_ARM64 AND DNNL_INCLUDE_DIR AND DNNL_LIB))
   if(NOT DNNL_INCLUDE_DIR OR NOT DNNL_LIB)
     message(FATAL_ERROR "FLOWRUN_GEMM=onednn but oneDNN was not found: run tools/setup.sh (apt-get install libdnnl-dev)")
   endif()

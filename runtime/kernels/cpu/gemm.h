@@ -101,11 +101,16 @@ class single_thread_scope {
   int saved_;
 };
 
-/// AVX-512F/DQ/BW/VL, the set oneDNN's and BLIS's AVX-512 kernels need.
+/// AVX-512F/DQ/BW/VL, the set oneDNN's and BLIS's AVX-512 kernels need. False on every other
+/// architecture (GCC's __builtin_cpu_supports exists for x86 only: an ARM64 build did not compile).
 inline bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
 }
 
 /// FLOWRUN_CPU_GEMM, read once for the process: "" when unset or empty, else "onednn", "blis" or "split".

@@ -37,7 +37,8 @@ if [ ! -e "$sysroot/.done" ]; then
   dev=(libcaf-dev libsentencepiece-dev libmsgpack-cxx-dev libspdlog-dev libopenblas-openmp-dev libicu-dev zlib1g-dev
     libgloo-dev libpcre2-dev libssl-dev libdnnl-dev libblis-openmp-dev libprotobuf-dev libfmt-dev libhwy-dev
     libtomlplusplus-dev libcpp-httplib-dev libbrotli-dev libc6-dev libstdc++-12-dev libgcc-12-dev linux-libc-dev
-    libcrypt-dev libgomp1 libatomic1 libasan8 liblsan0 libtsan2 libubsan1 libhwasan0 libitm1)
+    libcrypt-dev libgomp1 libatomic1 libasan8 liblsan0 libtsan2 libubsan1 libhwasan0 libitm1
+    libc6 libgcc-s1 libstdc++6 libhwy1)  # the last, named: apt lists no dependency already installed for arm64
   arch_all=(nlohmann-json3-dev libcli11-dev doctest-dev)
   names=()
   for p in "${dev[@]}"; do names+=("$p:arm64"); done

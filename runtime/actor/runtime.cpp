@@ -163,6 +163,13 @@ bool port_answers(const std::string& host, int port, std::int64_t timeout_ms) {
 
 // -- run_graph ----------------------------------------------------------------------------
 
+// The lost-node message (job.cpp) promised a restart ("; the run stops and starts again ..."), but
+// none comes (restarts used up, or an interruption): `error` gets `instead` in place of the promise.
+static void no_restart_after_all(std::string& error, const std::string& instead) {
+  if (const auto at = error.find("; the run stops and starts again"); at != std::string::npos)
+    error = error.substr(0, at) + instead;
+}
+
 run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
                      const node_factory_registry& factories, const run_options& options) {
   run_result result;
@@ -437,9 +444,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       const std::string why = forwarded > 0 ? std::string("the run was interrupted")
                                             : "max_restarts = " + std::to_string(spec.cluster.max_restarts) + " used up";
       spdlog::error("[{}] not restarting: {}", spec.name, why);
-      // the lost-node message, written before the interruption, promised a restart: say that none comes
-      if (const auto at = result.error.find("; the run stops and starts again"); at != std::string::npos)
-        result.error = result.error.substr(0, at) + "; the run stops, not restarted (" + why + ")";
+      no_restart_after_all(result.error, "; the run stops, not restarted (" + why + ")");
     }
     write_signals();
     if (signals_lost > 0)
@@ -498,11 +503,8 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     }
     if (g_signal_count.load() > 0) {  // interrupted while waiting for a node to come back: no restart
       spdlog::error("[{}] interrupted before the restart; the run stops", spec.name);
-      // the lost-node message promised a restart: say that none came
-      if (const auto at = result.error.find("; the run stops and starts again"); at != std::string::npos)
-        result.error = result.error.substr(0, at) +
-                       "; the run was interrupted before its restart: it stops (the same command starts it again "
-                       "from its checkpoints)";
+      no_restart_after_all(result.error, "; the run was interrupted before its restart: it stops (the same command "
+                                         "starts it again from its checkpoints)");
       result.exit_code = g_last_signal.load() == SIGTERM ? exit_sigterm : exit_sigint;
       result.reason = stop_reason::interrupted;
       if (console_live) console_live->finish(result.metrics, *last_live, result.exit_code, result.error);

@@ -26,7 +26,7 @@ std::string openssl_reason() {
   return why.empty() ? std::string() : " (" + why + ")";
 }
 
-// An ASN.1 time as "2020-01-02 00:00:00 GMT"-like text, as OpenSSL prints it.
+// An ASN.1 time as OpenSSL prints it ("Jan  2 00:00:00 2020 GMT").
 std::string time_text(const ASN1_TIME* t) {
   std::unique_ptr<BIO, decltype(&BIO_free)> b(BIO_new(BIO_s_mem()), BIO_free);
   if (!b || ASN1_TIME_print(b.get(), t) != 1) return "(unreadable date)";

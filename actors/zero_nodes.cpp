@@ -190,6 +190,13 @@ class zero_rank final : public actor::node {
 
     // the model: the full initial weights (every rank reads the same file)
     model_ = std::make_unique<decoder>(load_node_model(ctx, resolve_user_path(s.get_string("model"), "model").string()));
+    // rows longer than the model's context: every rank failed at its first forward ("decoder::forward: T = 600
+    // exceeds max_seq_len 512"), naming no setting
+    if (const int64_t ctx_len = model_->config().max_seq_len; s.get_int("seq_length") > ctx_len)
+      throw std::invalid_argument(fmt::format(
+          "node '{}': seq_length = {} is past the context of {} ({} positions, max_seq_len): set seq_length to at "
+          "most {} on this node and its data node",
+          ctx.name(), s.get_int("seq_length"), s.get_string("model"), ctx_len, ctx_len));
     // the end-of-run outputs, checked now rather than after training (save_problem writes nothing)
     for (const char* k : {"export_hf", "save_lora"})
       if (const auto& out = s.get_string(k); !out.empty() && rank_ == 0)
@@ -590,6 +597,19 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     actor::add_tensorboard_settings(k);
     shared(k);
     add_rank_group_settings(k);
+    // TencentPretrain's flags (tencentpretrain/opts.py) that are DeepSpeed JSON keys or other settings here
+    k.known_as("learning_rate",
+               "TencentPretrain's --learning_rate is the DeepSpeed JSON's optimizer.params.lr here (and the "
+               "scheduler's warmup_max_lr), in the file deepspeed_config names")
+        .known_as("accumulation_steps",
+                  "TencentPretrain's --accumulation_steps is the DeepSpeed JSON's gradient_accumulation_steps here")
+        .known_as("warmup", "TencentPretrain's --warmup (a fraction of total_steps) is the DeepSpeed JSON's "
+                            "scheduler.params.warmup_num_steps here (a number of steps)")
+        .known_as("report_steps", "TencentPretrain's --report_steps is print_every here")
+        .known_as("batch_size", "TencentPretrain's --batch_size is the DeepSpeed JSON's "
+                                "train_micro_batch_size_per_gpu here (the data node's train_batch_size is the global "
+                                "batch)")
+        .known_as("world_size", "TencentPretrain's --world_size is replicas here (x the processes of flowrun launch)");
     // The run's length and the rows' width are settings of both nodes (as TencentPretrain's
     // --total_steps and --seq_length are one flag each): the data node's total_steps ends the
     // stream, the ranks' sets the schedule, the ETA and the end-of-run export; seq_length is the

@@ -388,4 +388,11 @@ fi
 grep -q "node 'ranks': the plan needs about.*(memory_limit_gb).*lower train_micro_batch_size_per_gpu or seq_length" \
   "$out/mem.err" || { echo "no memory message naming the node and the settings:"; cat "$out/mem.err"; exit 1; }
 grep -o "the plan needs about.*" "$out/mem.err" | head -1
+echo "== rows longer than the model's context are refused at start, naming seq_length"
+if "$flowrun" run "$graph" --no-progress -q "${nodir[@]}" --set node.data.seq_length=600 --set node.ranks.seq_length=600 \
+    > "$out/ctx.log" 2> "$out/ctx.err"; then
+  echo "seq_length past the model's context ran"; exit 1
+fi
+grep -q "node 'ranks': seq_length = 600 is past the context of .*stories260K.bin (512 positions, max_seq_len): set seq_length to at most 512" \
+  "$out/ctx.err" || { echo "no message naming seq_length and the context:"; grep -i error "$out/ctx.err" | head -3; exit 1; }
 echo "pretrain_small: ok"

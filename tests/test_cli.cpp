@@ -412,14 +412,6 @@ TEST_CASE("GRPO settings that train nothing or do nothing are refused when the g
   out = run(grpo + " --set node.policy.loss_agg_mode=seq-mean-token-sum-norm 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "veRL's seq-mean-token-sum-norm is seq-mean-token-sum here"));
-  // TencentPretrain's flags on zero_rank: where each one is set here (an unknown setting, and the valid list)
-  const std::string pretrain = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/pretrain.graph";
-  out = run(pretrain + " --set node.ranks.learning_rate=1e-4 2>&1", &rc);
-  CHECK(rc == 2);
-  CHECK(has(out, "hint: TencentPretrain's --learning_rate is the DeepSpeed JSON's optimizer.params.lr here"));
-  out = run(pretrain + " --set node.ranks.accumulation_steps=2 2>&1", &rc);
-  CHECK(rc == 2);
-  CHECK(has(out, "hint: TencentPretrain's --accumulation_steps is the DeepSpeed JSON's gradient_accumulation_steps"));
 }
 
 TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length, refused when the graph is checked") {
@@ -437,6 +429,13 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   out = run(pre + " --set node.data.seq_length=256 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: node 'ranks': seq_length = 64 but its data node 'data' has seq_length = 256"));
+  // TencentPretrain's flags on zero_rank: the hint says where each one is set here
+  out = run(pre + " --set node.ranks.learning_rate=1e-4 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: TencentPretrain's --learning_rate is the DeepSpeed JSON's optimizer.params.lr here"));
+  out = run(pre + " --set node.ranks.accumulation_steps=2 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: TencentPretrain's --accumulation_steps is the DeepSpeed JSON's gradient_accumulation_steps"));
   // a global batch other than the DeepSpeed JSON's failed at the first batch, inside the engine, naming neither
   out = run(pre + " --set node.data.train_batch_size=16 2>&1", &rc);
   CHECK(rc == 2);

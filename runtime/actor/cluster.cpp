@@ -750,12 +750,11 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   const auto timeout = milliseconds(std::max<std::int64_t>(1, spec.cluster.connect_timeout_ms));
   // The processes: main, then the cluster nodes that hold a replica, in cluster order.
   placement pl;
-  // the lost-node message promises a restart only while restarts are left
-  pl.on_node_lost = spec.cluster.on_node_lost == "restart" && options.attempt < spec.cluster.max_restarts
-                        ? std::string("restart")
-                        : std::string("stop");
-  if (spec.cluster.on_node_lost == "restart" && options.attempt >= spec.cluster.max_restarts)
-    pl.restarts_used_up = spec.cluster.max_restarts;
+  // the lost-node message promises a restart only while restarts are left, and says when none is
+  const bool restart_policy = spec.cluster.on_node_lost == "restart";
+  const bool restart_left = restart_policy && options.attempt < spec.cluster.max_restarts;
+  pl.on_node_lost = restart_left ? "restart" : "stop";
+  if (restart_policy && !restart_left) pl.restarts_used_up = spec.cluster.max_restarts;
   pl.processes.push_back(std::string(graph::main_process_name));
   std::map<std::string, std::uint32_t> index{{std::string(graph::main_process_name), 0}};
   for (const auto& cn : spec.cluster.nodes) {

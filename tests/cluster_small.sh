@@ -10,7 +10,9 @@
 #   1c. the console's /api/cluster and `flowctl cluster` show both nodes, their replicas and heartbeat ages that
 #      advance; after one is killed, the run's last state names it lost;
 #   3. a node killed (SIGKILL) in the middle of the run stops it with an error naming the node and its actors,
-#      and what the surviving sink wrote is intact.
+#      and what the surviving sink wrote is intact;
+#   5. TLS: the same completions; refusals; bad TLS files refused at start; 5b. a node killed over TLS leaves
+#      the other node's connection healthy (not lost; it takes the next run).
 # Usage: cluster_small.sh FLOWRUN SOURCE_DIR WORK_DIR [FLOWCTL]
 set -euo pipefail
 flowrun=$1 root=$2 out=$3 flowctl=${4:-$(dirname "$1")/flowctl}
@@ -381,6 +383,39 @@ if command -v openssl > /dev/null; then
     echo "  $how coordinator refused: $(grep -o "cannot reach cluster node 'w7'.*" "$out/tls_$how.log" | head -1)"
   done
   kill "$w7_pid"; wait "$w7_pid" 2>/dev/null || true
+  echo "== 5b. TLS: a node killed in the middle of the run; the other node's connection stays healthy"
+  # caf_openssl never cleared OpenSSL's error queue: the killed node's reset was read back on the survivor's
+  # connection, which was then closed (named lost too) or could not carry the next handshake
+  # (runtime/actor/tls_error_queue.h)
+  node w9 "$out/secret" "${tls[@]}"; p9=$port
+  node w10 "$out/secret" --once "${tls[@]}"; p10=$port
+  cluster_file "$out/c910.toml" w9 "$p9" w10 "$p10"
+  "$flowrun" run "$graph" --no-progress --threads 2 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=48 \
+    --cluster "$out/c910.toml" --secret-file "$out/secret" "${tls[@]}" --set node.tokenizer.on=w9 \
+    --set node.generator.on=w10 --set node.sink.path="$out/tls_killed.txt" > "$out/tls_killed.log" 2>&1 &
+  run_pid=$!
+  pids+=($run_pid)
+  for _ in $(seq 1 400); do [[ -f "$out/tls_killed.txt" && $(wc -l < "$out/tls_killed.txt") -gt $lines ]] && break; sleep 0.05; done
+  [[ $(wc -l < "$out/tls_killed.txt") -gt $lines ]] || { echo "the TLS run wrote nothing before the kill:"; tail "$out/tls_killed.log"; exit 1; }
+  kill -9 "$w10_pid"
+  set +e
+  wait "$run_pid"
+  rc=$?
+  set -e
+  [[ $rc -eq 1 ]] || { echo "the TLS run's exit code is $rc, not 1:"; tail -20 "$out/tls_killed.log"; exit 1; }
+  grep -q "cluster node 'w10' lost (.*); its actors: generator" "$out/tls_killed.log" \
+    || { echo "no error naming the killed node:"; tail -20 "$out/tls_killed.log"; exit 1; }
+  if grep -q "cluster node 'w9' .*lost" "$out/tls_killed.log"; then
+    echo "the healthy node w9 was declared lost with the killed one:"; grep "lost" "$out/tls_killed.log"; exit 1
+  fi
+  # the survivor takes the next run over TLS and gives the reference run's completions
+  cluster_file "$out/c9.toml" w9 "$p9"
+  timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/c9.toml" \
+    --secret-file "$out/secret" "${tls[@]}" --set node.generator.on=w9 --set node.sink.path="$out/tls_after.txt" \
+    > "$out/tls_after.log" 2>&1 || { echo "the surviving TLS node did not take the next run:"; tail -5 "$out/tls_after.log"; exit 1; }
+  cmp "$out/single.txt" "$out/tls_after.txt" || { echo "the next run's completions differ"; exit 1; }
+  kill "$w9_pid"; wait "$w9_pid" 2>/dev/null || true
+  echo "  w10 lost, w9 not: $(grep -o "cluster node 'w10' lost.*its actors: generator" "$out/tls_killed.log" | head -1); w9 then ran the next run"
   # bad TLS files are refused when the process starts, naming the file (caf_openssl loads them at the first
   # connection only: the daemon listened, then aborted there on a key that was not its certificate's)
   mkdir -p "$out/ca_db" && : > "$out/ca_db/index.txt" && echo 01 > "$out/ca_db/serial"

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -28,6 +29,8 @@
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <nlohmann/json.hpp>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/console.h"
@@ -38,6 +41,7 @@
 #include "runtime/actor/runtime.h"
 #include "runtime/actor/socket_numbers.h"
 #include "runtime/actor/teardown.h"
+#include "runtime/actor/tls_error_queue.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
@@ -1299,6 +1303,81 @@ TEST_CASE("socket numbers: accepted and created sockets get fresh numbers, not t
     CHECK(flowrun::actor::move_to_fresh_number(high) == high);
     ::close(high);
   }
+}
+
+// runtime/actor/tls_error_queue.h: caf_openssl runs every TLS connection on one thread and never clears
+// OpenSSL's per-thread error queue, so one connection's failure was read back as another's: in a cluster run
+// over TLS, killing one node closed the coordinator's connection to a healthy one. Here: two TLS endpoints
+// joined by an in-memory BIO pair finish their handshake; then a third connection fails (a server fed bytes
+// that are not TLS) and leaves its errors queued, unread, as caf_openssl leaves a reset connection's. A read
+// with nothing to read and a write into a full pipe must still report WANT_READ and WANT_WRITE (the socket is
+// merely not ready), not SSL_ERROR_SSL, on which caf_openssl closes the connection.
+TEST_CASE("tls error queue: a stale error from one TLS connection does not close another") {
+  REQUIRE(flowrun::actor::tls_error_queue_cleared());
+  // anonymous ECDH over TLS 1.2, as caf_openssl without certificates: no certificate to make here
+  SSL_CTX* ctx = SSL_CTX_new(TLS_method());
+  REQUIRE(ctx != nullptr);
+  REQUIRE(SSL_CTX_set_max_proto_version(ctx, TLS1_2_VERSION) == 1);
+  REQUIRE(SSL_CTX_set_cipher_list(ctx, "aNULL:@SECLEVEL=0") == 1);
+  SSL* client = SSL_new(ctx);
+  SSL* server = SSL_new(ctx);
+  BIO *client_end = nullptr, *server_end = nullptr;
+  REQUIRE(BIO_new_bio_pair(&client_end, 4096, &server_end, 4096) == 1);
+  SSL_set_bio(client, client_end, client_end);
+  SSL_set_bio(server, server_end, server_end);
+  SSL_set_connect_state(client);
+  SSL_set_accept_state(server);
+  bool client_done = false, server_done = false;
+  for (int round = 0; round < 20 && !(client_done && server_done); ++round) {
+    client_done = client_done || SSL_do_handshake(client) == 1;
+    server_done = server_done || SSL_do_handshake(server) == 1;
+  }
+  REQUIRE(client_done);
+  REQUIRE(server_done);
+  // leaves a failed connection's errors in this thread's queue, unread (caf_openssl's handle_ssl_result)
+  auto poison = [&] {
+    SSL* bad = SSL_new(ctx);
+    BIO* in = BIO_new(BIO_s_mem());
+    const std::string junk = "GET / HTTP/1.1\r\nHost: not-tls\r\n\r\n" + std::string(64, 'x');
+    BIO_write(in, junk.data(), static_cast<int>(junk.size()));
+    SSL_set_bio(bad, in, BIO_new(BIO_s_mem()));
+    SSL_set_accept_state(bad);
+    const int ret = SSL_accept(bad);
+    CHECK(ret <= 0);
+    CHECK(SSL_get_error(bad, ret) == SSL_ERROR_SSL);
+    SSL_free(bad);
+    REQUIRE(ERR_peek_error() != 0);
+  };
+  char buf[64];
+  // nothing to read yet
+  poison();
+  int ret = SSL_read(client, buf, sizeof buf);
+  CHECK(ret <= 0);
+  CHECK(SSL_get_error(client, ret) == SSL_ERROR_WANT_READ);
+  // libssl's own SSL_read (behind the interposed one) reports the stale error: what closed healthy connections
+  using read_fn = int (*)(SSL*, void*, int);
+  const auto libssl_read = reinterpret_cast<read_fn>(::dlsym(RTLD_NEXT, "SSL_read"));
+  REQUIRE(static_cast<bool>(libssl_read));
+  poison();
+  ret = libssl_read(client, buf, sizeof buf);
+  CHECK(ret <= 0);
+  CHECK(SSL_get_error(client, ret) == SSL_ERROR_SSL);
+  // data arrives after the stale error: it is read
+  REQUIRE(SSL_write(server, "ping", 4) == 4);
+  poison();
+  ret = SSL_read(client, buf, sizeof buf);
+  REQUIRE(ret == 4);
+  CHECK(std::string(buf, 4) == "ping");
+  // a write into a full pipe (the server reads nothing)
+  const std::string big(64 * 1024, 'y');
+  poison();
+  ret = SSL_write(client, big.data(), static_cast<int>(big.size()));
+  CHECK(ret <= 0);
+  CHECK(SSL_get_error(client, ret) == SSL_ERROR_WANT_WRITE);
+  ERR_clear_error();
+  SSL_free(client);
+  SSL_free(server);
+  SSL_CTX_free(ctx);
 }
 
 // Runs `body` in a child process with its standard output and error captured; returns the child's exit

@@ -47,6 +47,7 @@
 #include "runtime/actor/liveness.h"
 #include "runtime/actor/payload_codec.h"
 #include "runtime/actor/socket_numbers.h"
+#include "runtime/actor/tls_error_queue.h"
 #include "runtime/comm/caf_scheduler.h"
 #include "runtime/comm/caf_store_actor.h"
 #include "runtime/comm/communicator.h"
@@ -413,6 +414,10 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   caf::actor_system_config cfg;
   cfg.load<caf::io::middleman>();
   const bool tls = !options.tls_cert.empty();
+  // tls_error_queue.h: without it one peer's dropped TLS connection can close another's.
+  if (tls && !tls_error_queue_cleared())
+    spdlog::warn("flowrun node: SSL_read and SSL_write are not flowrun's here (tls_error_queue.h): when one TLS "
+                 "connection drops, another may be closed with it");
   if (tls) {
     cfg.openssl_certificate = options.tls_cert;
     cfg.openssl_key = options.tls_key;
@@ -820,6 +825,10 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     p->link = handle.get();
   }
   caf::scoped_actor self{sys};
+  // tls_error_queue.h: without it one node's dropped TLS connection can close another's.
+  if (!options.cluster.tls_cert.empty() && options.attempt == 0 && !tls_error_queue_cleared())
+    spdlog::warn("cluster run: SSL_read and SSL_write are not flowrun's here (tls_error_queue.h): when one node's TLS "
+                 "connection drops, another's may be closed with it");
   // Connect and authenticate, both ways.
   for (std::uint32_t i = 1; i < pl.processes.size(); ++i) {
     const auto* cn = spec.cluster.find(pl.processes[i]);

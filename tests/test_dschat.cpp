@@ -270,6 +270,22 @@ TEST_CASE("data_split: DS-Chat's boundaries, disjoint steps that cover the data,
   std::sort(sorted.begin(), sorted.end());
   CHECK(sorted == iota(0, 1000));
   CHECK(p1 != iota(0, 1000));
+  // DS-Chat's get_shuffle_idx, number for number: the values numpy 2.4.6 gives for
+  // x = np.arange(n, dtype=np.uint32); np.random.RandomState(seed).shuffle(x)
+  CHECK(shuffle_indices(10, 1234) == std::vector<int64_t>{7, 2, 9, 1, 0, 8, 4, 5, 6, 3});
+  CHECK(shuffle_indices(7, 0) == std::vector<int64_t>{6, 2, 1, 3, 0, 5, 4});
+  const auto hh = shuffle_indices(2307, 1234);  // the assets' HH-RLHF test file's rows
+  CHECK(std::vector<int64_t>(hh.begin(), hh.begin() + 8) == std::vector<int64_t>{1540, 836, 1546, 1781, 477, 1004, 62, 28});
+  CHECK(std::vector<int64_t>(hh.end() - 5, hh.end()) == std::vector<int64_t>{279, 2041, 664, 1318, 723});
+  CHECK(hh[1000] == 524);
+  const auto big = shuffle_indices(100000, 4294967295u);  // the largest seed numpy takes
+  CHECK(std::vector<int64_t>(big.begin(), big.begin() + 5) == std::vector<int64_t>{85117, 19600, 4648, 56853, 35772});
+  CHECK(big[77777] == 49443);
+  CHECK_THROWS_WITH_AS(shuffle_indices(10, 4294967296ull), doctest::Contains("give a seed below 4294967296"),
+                       std::invalid_argument);
+  // so step 1 of "2,4,4" over 10 rows takes DS-Chat's rows 7 and 2, step 2 rows 9, 1, 0, 8
+  CHECK(split_for_step(10, "2,4,4", 0, 1234) == std::vector<int64_t>{7, 2});
+  CHECK(split_for_step(10, "2,4,4", 1, 1234) == std::vector<int64_t>{9, 1, 0, 8});
 
   // the three steps: disjoint, covering, sized by the boundaries
   const int64_t n = 2307;

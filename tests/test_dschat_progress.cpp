@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/register.h"
+#include "actors/resume_check.h"
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/rlhf/dpo.h"
@@ -205,4 +206,24 @@ TEST_CASE("step 3 progress: prompt_loader reports its phase once the controller 
   CHECK(ctx.reports == want);  // 0/3 as iteration 0's prompts go out ... 3/3 with the held-out "after"
   node->on_message(ctx, "next", actor::payload{});
   CHECK_FALSE(node->produce(ctx));  // all batches out
+}
+
+// actors/resume_check.h: the data split took DS-Chat's own row order on 2026-12-05 (dschat::shuffle_indices),
+// so a finished step or a checkpoint recorded before then trained on other rows. Its record lacks
+// data_split_order, which must read as a change (a rerun trains again; a resume is refused), not as the same rows.
+TEST_CASE("settings record: a node with data_split records the split's row order, and an older record reads as a change") {
+  auto [sft, sft_node] = shipped_node("rlhf.graph", "sft", {});
+  const auto now = actors::settings_record(sft, {});
+  REQUIRE(now.contains("data_split_order"));
+  CHECK(now["data_split_order"] == std::string(actors::data_split_order_value));
+  CHECK(actors::settings_changes(actors::with_newer_defaults(now, now, sft), now).empty());
+  auto then = now;
+  then.erase("data_split_order");
+  CHECK(actors::settings_changes(actors::with_newer_defaults(then, now, sft), now) ==
+        std::vector<std::string>{"data_split_order (not set) -> DS-Chat get_shuffle_idx (numpy RandomState)"});
+  // the prompts of step 3 too; a node without data_split (pretraining's ranks) records none
+  auto [prompts, prompts_node] = shipped_node("rlhf.graph", "prompts", {});
+  CHECK(actors::settings_record(prompts, {}).contains("data_split_order"));
+  auto [ranks, ranks_node] = shipped_node("pretrain.graph", "ranks", {});
+  CHECK_FALSE(actors::settings_record(ranks, {}).contains("data_split_order"));
 }

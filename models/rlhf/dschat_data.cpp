@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -27,10 +28,25 @@ uint64_t splitmix64_next(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
-// Uniform integer in [0, bound) from a 64-bit draw (Lemire's multiply-shift; the bias,
-// at most bound / 2^64, is immaterial here).
-uint64_t bounded(uint64_t& s, uint64_t bound) {
-  return static_cast<uint64_t>((static_cast<unsigned __int128>(splitmix64_next(s)) * bound) >> 64);
+// numpy's random_interval (numpy/random/src/distributions/distributions.c), which the
+// legacy RandomState.shuffle draws each swap partner with: a uniform integer in
+// [0, max] by rejection under the smallest all-ones mask >= max, from 32-bit draws
+// while max fits 32 bits, else from 64-bit ones (two draws, the first high).
+uint64_t numpy_random_interval(std::mt19937& mt, uint64_t max) {
+  if (max == 0) return 0;
+  uint64_t mask = max;
+  for (int shift = 1; shift <= 32; shift *= 2) mask |= mask >> shift;
+  uint64_t value = 0;
+  if (max <= 0xffffffffull) {
+    do value = static_cast<uint64_t>(mt()) & mask;
+    while (value > max);
+  } else {
+    do {
+      const uint64_t hi = mt();
+      value = ((hi << 32) | static_cast<uint64_t>(mt())) & mask;
+    } while (value > max);
+  }
+  return value;
 }
 
 // The whole (decompressed) file. gzread passes plain files through unchanged.
@@ -340,11 +356,16 @@ std::vector<int64_t> split_boundaries(int64_t n, const std::vector<double>& weig
 }
 
 std::vector<int64_t> shuffle_indices(int64_t n, uint64_t seed) {
+  if (seed > 0xffffffffull)
+    throw std::invalid_argument("seed " + std::to_string(seed) +
+                                " is 2^32 or more: DS-Chat's data split shuffles with numpy's RandomState, whose seed is "
+                                "a 32-bit number; give a seed below 4294967296");
   std::vector<int64_t> idx(static_cast<size_t>(std::max<int64_t>(n, 0)));
   for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = i;
-  uint64_t s = seed;
+  // RandomState(seed) seeds MT19937 by init_genrand(seed), as std::mt19937(seed) does
+  std::mt19937 mt(static_cast<std::mt19937::result_type>(seed));
   for (int64_t i = n - 1; i > 0; --i) {
-    auto j = static_cast<int64_t>(bounded(s, static_cast<uint64_t>(i + 1)));
+    const auto j = static_cast<int64_t>(numpy_random_interval(mt, static_cast<uint64_t>(i)));
     std::swap(idx[static_cast<size_t>(i)], idx[static_cast<size_t>(j)]);
   }
   return idx;
@@ -437,7 +458,7 @@ std::vector<std::vector<int64_t>> epoch_batches(int64_t n, int64_t batch_size, u
   std::vector<int64_t> order;
   if (shuffle) {
     uint64_t s = seed ^ (0xd1b54a32d192ed03ull * static_cast<uint64_t>(epoch + 1));
-    order = shuffle_indices(n, splitmix64_next(s));
+    order = shuffle_indices(n, splitmix64_next(s) & 0xffffffffull);
   } else {
     order.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
     for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;

@@ -116,9 +116,12 @@ std::vector<double> parse_data_split(const std::string& data_split);
 /// Returns parts + 1 boundaries.
 std::vector<int64_t> split_boundaries(int64_t n, const std::vector<double>& weights);
 
-/// A seeded permutation of 0..n-1: Fisher–Yates driven by splitmix64, the same on
-/// every platform (DS-Chat's get_shuffle_idx uses numpy's RandomState; the numbers
-/// differ from DS-Chat's, the construction does not).
+/// DS-Chat's get_shuffle_idx(seed, n) (data_utils.py): the permutation of 0..n-1 that
+/// numpy's np.random.RandomState(seed).shuffle(np.arange(n)) makes, number for number
+/// (MT19937 seeded by init_genrand; Fisher–Yates from the end, each partner drawn by
+/// numpy's random_interval). So each step trains on the rows DS-Chat's does with the
+/// same data_split and seed. Throws std::invalid_argument when seed >= 2^32 (numpy's
+/// RandomState refuses it too).
 std::vector<int64_t> shuffle_indices(int64_t n, uint64_t seed);
 
 /// Indices (into 0..n-1) of part `part` of `weights`: shuffle_indices(n, seed)[b_part : b_part+1].
@@ -162,8 +165,9 @@ struct step_rows {
 /// (create_prompt_dataset's blending). Deterministic for the settings.
 step_rows rows_for_step(const std::vector<source>& sources, int step_index, const split_settings& cfg);
 
-/// The batches of one epoch over n rows: DS-Chat's RandomSampler order (shuffle = true;
-/// a permutation seeded by (seed, epoch)) or SequentialSampler (shuffle = false), cut
+/// The batches of one epoch over n rows: a RandomSampler-like order (shuffle = true;
+/// shuffle_indices with a 32-bit seed mixed from (seed, epoch): not torch's randperm, so
+/// the order differs from DS-Chat's) or SequentialSampler (shuffle = false), cut
 /// into batches of batch_size; the last batch may be smaller (drop_last = False).
 std::vector<std::vector<int64_t>> epoch_batches(int64_t n, int64_t batch_size, uint64_t seed, int64_t epoch,
                                                 bool shuffle = true);

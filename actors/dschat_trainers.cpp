@@ -48,7 +48,8 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("num_warmup_steps", T::int_, std::int64_t{0}, "linear warmup steps").at_least(0)
       .option("max_seq_len", T::int_, std::int64_t{128}, "prompt + answer tokens, EOS kept when cut").at_least(2)
       .option("truncation", T::string, std::string("prompt_start"),
-              "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end (DS-Chat)")
+              "over max_seq_len: prompt_start drops the oldest prompt tokens; end cuts the end, as DS-Chat does, "
+              "but keeps EOS last (DS-Chat's cut drops it)")
       .option("apply_chat_template", T::bool_, false,
               "render rows with the chat template of the tokenizer's HF folder (tokenizer_config.json): "
               "HH-RLHF turns as user/assistant messages, the answer as the assistant's reply (TRL's name)")

@@ -79,7 +79,9 @@ double critic_loss(const tensor& values, const tensor& old_values, const tensor&
 /// The reward model's pairwise loss and scores for B pairs of right-padded
 /// sequences (dschat/utils/model/reward_model.py RewardModel.forward), with the
 /// real lengths given instead of searched for a pad id (so a score does not
-/// depend on the padding):
+/// depend on the padding). The lengths count the appended EOS, so the score is
+/// read at it; DS-Chat with GPT-2 (pad = EOS) reads one token earlier, at the
+/// last answer token (docs/rlhf.md, "Where the sequences differ"):
 ///  - chosen score = chosen_rewards[i, c_len-1], rejected score = rejected_rewards[i, r_len-1];
 ///  - the loss of pair i is mean over t in [div, end) of -log σ(c_t - r_t), where div
 ///    is the first index at which the two sequences differ (within max(c_len, r_len))

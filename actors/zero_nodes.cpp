@@ -34,6 +34,7 @@
 #include "actors/codec_io.h"
 #include "actors/dschat_common.h"
 #include "actors/rank_group.h"
+#include "runtime/util/dir_lock.h"
 #include "actors/register.h"
 #include "actors/resume_check.h"
 #include "models/adapter.h"
@@ -75,6 +76,8 @@ class lm_batches final : public actor::node {
  public:
   void start(actor::node_context& ctx) override {
     const auto& s = ctx.spec();
+    if (const auto& dir = s.get_string("output_dir"); !dir.empty())  // one run writes it (runtime/util/dir_lock.h)
+      out_lock_ = dir_lock::acquire(dir, ctx.run_id(), "node '" + ctx.name() + "' output_dir");
     tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer").string());
     data_ = std::make_unique<lm_dataset>(resolve_user_path(s.get_string("data"), "data").string(), *tok_,
                                          s.get_int("seq_length"));
@@ -145,6 +148,7 @@ class lm_batches final : public actor::node {
 
   std::unique_ptr<tokenizer> tok_;
   std::unique_ptr<lm_dataset> data_;
+  dir_lock out_lock_;  // output_dir's writer lock, held while the node lives
   tensor val_ids_, val_targets_;
   int64_t batch_ = 0, total_ = 0, step_ = 0;
   bool positioned_ = false;
@@ -257,6 +261,8 @@ class zero_rank final : public actor::node {
 
     engine_ = std::make_unique<zero_engine>(*model_, *comm_, zs_);
     out_dir_ = s.get_string("output_dir");
+    if (!out_dir_.empty())  // one run writes it (runtime/util/dir_lock.h)
+      out_lock_ = dir_lock::acquire(out_dir_, ctx.run_id(), "node '" + ctx.name() + "' output_dir");
     if (s.get_bool("resume")) {
       if (auto f = resume_folder(out_dir_); !f.empty()) restore(ctx, f);
     }
@@ -516,6 +522,7 @@ class zero_rank final : public actor::node {
   std::unique_ptr<decoder> model_;
   std::unique_ptr<zero_engine> engine_;
   std::string out_dir_;
+  dir_lock out_lock_;  // output_dir's writer lock, held while the node lives
   int64_t total_ = 0, epoch_ = 0, cursor_ = 0, done_ = 0;
   bool evaluated_ = false;
   bool finished_ = false;  // finish_run ran

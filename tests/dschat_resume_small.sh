@@ -4,7 +4,8 @@
 # step 2: 64 pairs, batches of 8 with gradient_accumulation_steps 2 = 4 updates per epoch), each
 # step over 4+ epochs, step 3 one iteration.
 #   1. The uninterrupted run, without checkpoints: the reference lines and models.
-#   2. SIGKILL in the middle of step 1 (checkpoints every 2 updates), then the same command:
+#   2. SIGKILL in the middle of step 1 (checkpoints every 2 updates; before it, a second run on the same
+#      checkpoint_dir is refused, naming the first), then the same command:
 #      step 1 resumes at its last commit, every step-1/2 line after it equals the uninterrupted
 #      run's, the saved models are byte-identical.
 #   3. SIGKILL in the middle of step 2 (step 1 finished), its commit of update 6 made the newest
@@ -66,6 +67,7 @@ run_until() {
     at=$n
   done
   kill -"$sig" $pid 2>/dev/null || true  # (it may have ended)
+  [ "$sig" = STOP ] && return  # stopped, not ended: the caller kills it ($bg)
   rc=0
   wait $pid || rc=$?
   bg=
@@ -87,8 +89,18 @@ done
 grep -q "checkpoint" "$out/a.log" && fail "save_checkpoint_steps 0 saved a checkpoint"
 grep -E "^\[step 1 sft\] [0-9]+ train|^\[step 2 rm\] [0-9]+ train" "$out/a.log"
 
-# 2. SIGKILL in step 1, after its commit at update 4
-run_until "$out/b" b1 9 "^\\[step 1 sft\\] checkpoint at update 4 "
+# 2. SIGKILL in step 1, after its commit at update 4. Before the kill, stopped: a second run on its
+#    checkpoint_dir is refused, naming it (both wrote the same .tmp names and renamed each other's)
+run_until "$out/b" b1 STOP "^\\[step 1 sft\\] checkpoint at update 4 "
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b" 2) > "$out/b_second.log" 2> "$out/b_second.err" &&
+  fail "a second run on the checkpoint_dir in use was accepted"
+grep -qF "[graph] checkpoint_dir '$out/b/ckpt' is in use by another flowrun run (run id " "$out/b_second.err" &&
+  grep -qF ", pid $bg on host " "$out/b_second.err" ||
+  fail "the second run's refusal does not name the first: $(grep -i error "$out/b_second.err" | head -2)"
+echo "a second run on the same checkpoint_dir: $(grep -o "is in use by another flowrun run ([^)]*)" "$out/b_second.err" | head -1)"
+kill -9 $bg
+wait $bg 2>/dev/null || true
+bg=
 grep -q "^\[step 1 sft\] held-out loss .* ->" "$out/b1.log" && fail "killed too late (step 1 had finished)"
 run "$out/b" b2 2
 k=$(resumed_at "step 1 sft" "$out/b2.log")

@@ -4,8 +4,9 @@
 #      (rendezvous through a folder at stages 0-2, through flowrun launch's CAF store at stage 3), and 4
 #      ranks as 2 processes x 2 replicas;
 #   2. flowrun launch killed with SIGKILL takes its processes with it; processes started by hand with
-#      other settings are refused, naming them; a run killed with SIGKILL at a
-#      random step and resumed continues the curve exactly;
+#      other settings are refused, naming them; a second run on an output_dir in use is refused, naming the
+#      first; a run killed with SIGKILL at a random step and resumed continues the curve exactly (the lock
+#      the killed run held is free);
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
 #      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; its export_hf is the
 #      merged model; continuing from base + LoRA starts where the LoRA run ended; an HF source's
@@ -130,6 +131,17 @@ for _ in $(seq 1 3000); do
   kill -0 $pid 2> /dev/null || break
   sleep 0.01
 done
+kill -STOP $pid 2> /dev/null || { echo "the run ended before the kill at step $kill_at"; exit 1; }
+# a second run on the output_dir while the first holds it (stopped, so that it cannot end first): refused, naming
+# the first. Both wrote the same .tmp names: one died at a random step, and `latest` could name the other's step
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
+     --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps > "$out/second.log" 2>&1; then
+  echo "a second run on the output_dir in use was accepted"; exit 1
+fi
+grep -qF "output_dir '$ck' is in use by another flowrun run (run id " "$out/second.log" &&
+  grep -qF ", pid $pid on host " "$out/second.log" ||
+  { grep -i error "$out/second.log" | head -3; echo "the second run's refusal does not name the first"; exit 1; }
+echo "  a second run on the same output_dir: $(grep -o "is in use by another flowrun run ([^)]*)" "$out/second.log" | head -1)"
 kill -9 $pid 2> /dev/null || { echo "the run ended before the kill at step $kill_at"; exit 1; }
 wait $pid 2> /dev/null || true
 echo "  killed with SIGKILL after checkpoint $(cat "$ck/latest") (aimed at step $kill_at)"

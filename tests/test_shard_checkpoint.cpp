@@ -13,6 +13,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "models/adapter.h"
@@ -20,6 +24,7 @@
 #include "models/llama2c.h"
 #include "models/safetensors.h"
 #include "models/train/shard_checkpoint.h"
+#include "runtime/util/dir_lock.h"
 #include "test_util.h"
 
 using namespace flowrun;
@@ -493,4 +498,59 @@ TEST_CASE("test_shard_checkpoint: replicated state stored by one rank, bad input
                        checkpoint_error);
   CHECK(config_fingerprint(nlohmann::json{{"a", 1}, {"b", 2}}) == config_fingerprint(nlohmann::json{{"b", 2}, {"a", 1}}));
   CHECK(config_fingerprint(nlohmann::json{{"a", 1}}) != config_fingerprint(nlohmann::json{{"a", 2}}));
+}
+
+// runtime/util/dir_lock.h: two runs on one checkpoint folder renamed each other's .tmp files (one died at a
+// random step, `latest` could name the other's step). A child process holds the lock as a run does
+// (exclusive while it writes its line, then shared), with raw system calls only (it is forked from a
+// process that may run threads); then: another run is refused, naming the holder's line; the same run
+// shares it; the lock is free once the holder is gone, and the next run's line replaces the stale one.
+TEST_CASE("dir lock: one run at a time writes a checkpoint folder, and the same run's ranks share it") {
+  temp_dir d("dir_lock");
+  const std::string lock_file = (d.path / ".flowrun.lock").string();
+  const std::string line = "run-a pid 424242 host elsewhere started 2026-12-05 00:00:00 UTC\n";
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const int fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0 || ::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()) || ::flock(fd, LOCK_SH) != 0)
+      ::_exit(1);
+    char c = 'x';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  // another run: refused, naming the holder
+  const std::string refusal = "node 'ranks' output_dir '" + d.str() +
+                              "' is in use by another flowrun run (run id run-a, pid 424242 on host elsewhere, "
+                              "started 2026-12-05 00:00:00 UTC): two runs";
+  CHECK_THROWS_WITH_AS(dir_lock::acquire(d.str(), "run-b", "node 'ranks' output_dir"),
+                       doctest::Contains(refusal.c_str()), std::runtime_error);
+  {
+    // the same run (another rank, another process of flowrun launch): shares it
+    dir_lock same = dir_lock::acquire(d.str(), "run-a", "x");
+    CHECK(same.held());
+    CHECK(same.path() == lock_file);
+  }
+  // the holder ends (however: the kernel drops a killed process's flock): the lock is free again
+  ::kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  dir_lock mine = dir_lock::acquire(d.str(), "run-b", "x");
+  CHECK(mine.held());
+  std::ifstream f(lock_file);
+  std::string now;
+  std::getline(f, now);
+  CHECK(now.rfind("run-b pid " + std::to_string(::getpid()) + " host ", 0) == 0);
+  // this process again under another run id (flowrun train runs step after step in one process): shares it
+  dir_lock again = dir_lock::acquire(d.str(), "run-c", "x");
+  CHECK(again.held());
+  CHECK_THROWS_AS(dir_lock::acquire(d.str(), "two words", "x"), std::invalid_argument);
 }

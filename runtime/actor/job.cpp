@@ -33,6 +33,7 @@
 #include "runtime/kernels/compute_scope.h"
 #include "runtime/kernels/ops.h"
 #include "runtime/tensorboard/event_writer.h"
+#include "runtime/util/dir_lock.h"
 
 namespace flowrun::actor::rt {
 
@@ -147,6 +148,7 @@ struct job_plan {
   std::uint64_t seed = 0;
   std::int64_t steps = 0;
   std::string checkpoint_dir;  // node_context::checkpoint_dir
+  std::shared_ptr<dir_lock> checkpoint_lock;  // held while the job lives: one run writes checkpoint_dir
   std::string run_id;        // node_context::run_id
   std::int64_t attempt = 0;  // node_context::attempt
   std::shared_ptr<comm::store> rendezvous_store;  // node_context::rendezvous_store
@@ -1700,6 +1702,14 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
   plan->checkpoint_dir = spec.checkpoint_dir;
   plan->run_id = options.run_id;
   plan->attempt = options.attempt;
+  if (!spec.checkpoint_dir.empty()) {  // runtime/util/dir_lock.h
+    try {
+      plan->checkpoint_lock =
+          std::make_shared<dir_lock>(dir_lock::acquire(spec.checkpoint_dir, options.run_id, "[graph] checkpoint_dir"));
+    } catch (const std::exception& e) {
+      return error_text{e.what()};
+    }
+  }
   plan->rendezvous_store = options.rendezvous_store;
   plan->metrics = std::make_shared<job_metrics>();
   plan->live = std::make_shared<job_live>(plan->metrics->start());

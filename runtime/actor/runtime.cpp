@@ -245,6 +245,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     // graph, with the lost nodes' replicas moved to main (unless they answer
     // again); nodes resume from what earlier attempts of this run_id saved.
     run_options attempt_options = options;
+    // flowrun launch gives its processes one id (FLOWRUN_RUN_ID): they are one run (runtime/util/dir_lock.h)
+    if (const char* id = std::getenv("FLOWRUN_RUN_ID"); attempt_options.run_id.empty() && id && *id &&
+                                                         std::string(id).find_first_of(" \n") == std::string::npos)
+      attempt_options.run_id = id;
     if (attempt_options.run_id.empty()) attempt_options.run_id = random_nonce().substr(0, 16);
     graph::graph_spec attempt_spec = spec;
     // Places every replica of cluster node `name` on main; returns what moved.

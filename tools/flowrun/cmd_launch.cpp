@@ -13,6 +13,7 @@
 // in every process. If a child fails, the others are stopped (SIGTERM) and
 // launch exits with the failed child's code. SIGINT/SIGTERM are passed on.
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <cstdlib>
@@ -117,6 +118,10 @@ void add_launch(CLI::App& app) {
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     std::signal(SIGINT, on_user_signal);
     std::signal(SIGTERM, on_user_signal);
+    // the processes' shared run id (FLOWRUN_RUN_ID): unique to this launch
+    const std::string run_id =
+        "launch-" + std::to_string(::getpid()) + "-" +
+        std::to_string(std::chrono::system_clock::now().time_since_epoch() / std::chrono::microseconds(1));
     children.assign(o->nproc, -1);
     for (int p = 0; p < o->nproc; ++p) {
       std::vector<std::string> args = {self, "run", o->file};
@@ -128,11 +133,12 @@ void add_launch(CLI::App& app) {
         std::string kv = *e;
         if (kv.rfind("FLOWRUN_PROCESS_INDEX=", 0) == 0 || kv.rfind("FLOWRUN_NPROC=", 0) == 0 ||
             kv.rfind("FLOWRUN_STORE_DIR=", 0) == 0 || kv.rfind("FLOWRUN_RENDEZVOUS=", 0) == 0 ||
-            kv.rfind("FLOWRUN_LAUNCHER_PID=", 0) == 0)
+            kv.rfind("FLOWRUN_LAUNCHER_PID=", 0) == 0 || kv.rfind("FLOWRUN_RUN_ID=", 0) == 0)
           continue;
         env_s.push_back(kv);
       }
       env_s.push_back("FLOWRUN_PROCESS_INDEX=" + std::to_string(p));
+      env_s.push_back("FLOWRUN_RUN_ID=" + run_id);  // one run: they share its checkpoint folders' lock
       env_s.push_back("FLOWRUN_LAUNCHER_PID=" + std::to_string(::getpid()));  // see watch_launcher in main.cpp
       env_s.push_back("FLOWRUN_NPROC=" + std::to_string(o->nproc));
       if (mode == "caf")

@@ -312,6 +312,7 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
                                      {"data", resolve_user_path(s.get_string("data"), "data").string()},
                                      {"mix_data", mix},
                                      {"data_split", s.get_string("data_split")},
+                                     {"data_split_order", dschat::split_order},
                                      {"eval_fraction", s.get_float("eval_fraction")},
                                      {"seed", s.get_int("seed")},
                                      {"max_seq_len", s.get_int("max_seq_len")},

@@ -1,5 +1,7 @@
 #include "actors/resume_check.h"
 
+#include "models/rlhf/dschat_data.h"
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -122,7 +124,7 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
       if (!paths->empty()) j[k + std::string(contents_suffix)] = std::move(all);
     }
   }
-  if (n.find_setting("data_split") && !safe.count("data_split")) j["data_split_order"] = data_split_order_value;
+  if (n.find_setting("data_split") && !safe.count("data_split")) j["data_split_order"] = dschat::split_order;
   return j;
 }
 

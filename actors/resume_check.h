@@ -30,13 +30,10 @@ namespace flowrun::actors {
 /// (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: the split of the
 /// global batch may change, as the ranks may, and the trainer checks the resolved global batch itself;
 /// check_resume_settings leaves the triple out of an older record too).
-/// A node with data_split also records `data_split_order` (data_split_order_value): how the split
+/// A node with data_split also records `data_split_order` (dschat::split_order): how the split
 /// orders the rows, so a record from before the split took DS-Chat's own order (numpy's
 /// RandomState, 2026-12-05) reads as a change, not as the same rows.
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
-
-/// settings_record's `data_split_order`: the split's row order (dschat::shuffle_indices).
-inline constexpr std::string_view data_split_order_value = "DS-Chat get_shuffle_idx (numpy RandomState)";
 
 /// The entry of settings_record's `safe` that lets a resume split train_batch_size otherwise.
 inline constexpr std::string_view ds_batch_split_safe = "deepspeed_config (batch split)";

@@ -33,6 +33,16 @@ evaled=$(sed -nE 's/^held-out pairs ([0-9]+): accuracy ([0-9.]+) .*/\1 \2/p' "$o
 echo "eval reward: $evaled (pairs, accuracy), as rm_trainer's held-out pass"
 grep -q "tokenizer: .*tok512.model (the one the model trained with, from $out/rm/flowrun_data.json)" "$out/eval_rm.err" ||
   { cat "$out/eval_rm.err"; echo "eval reward did not take the tokenizer the reward model trained with"; exit 1; }
+grep -q "written before the data split took DS-Chat's row order" "$out/eval_rm.err" &&
+  { cat "$out/eval_rm.err"; echo "eval reward warned of an old split order on a folder trained now"; exit 1; }
+# a folder trained before the split took DS-Chat's row order (its record has no data_split_order) held out
+# other pairs: eval reward says so
+rm -rf "$out/rm_old" && cp -r "$out/rm" "$out/rm_old"
+python3 -c 'import json, sys; p = sys.argv[1]; j = json.load(open(p)); del j["data_split_order"]; json.dump(j, open(p, "w"))' \
+  "$out/rm_old/flowrun_data.json"
+"$flowrun" eval reward --model "$out/rm_old" > "$out/eval_rm_old" 2> "$out/eval_rm_old.err"
+grep -q "flowrun_data.json was written before the data split took DS-Chat's row order .*: the pairs held out now are not the ones the model held out" \
+  "$out/eval_rm_old.err" || { cat "$out/eval_rm_old.err"; echo "eval reward did not warn of the old split order"; exit 1; }
 # what the eval tools refuse before any work, naming the fix (they failed mid-way, printed nothing with
 # exit 0, or spoke of internal names)
 refused() {  # WANT COMMAND...: exit status 1 or 2 and WANT on stderr

@@ -215,7 +215,7 @@ TEST_CASE("settings record: a node with data_split records the split's row order
   auto [sft, sft_node] = shipped_node("rlhf.graph", "sft", {});
   const auto now = actors::settings_record(sft, {});
   REQUIRE(now.contains("data_split_order"));
-  CHECK(now["data_split_order"] == std::string(actors::data_split_order_value));
+  CHECK(now["data_split_order"] == std::string(dschat::split_order));
   CHECK(actors::settings_changes(actors::with_newer_defaults(now, now, sft), now).empty());
   auto then = now;
   then.erase("data_split_order");

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,6 +124,11 @@ std::vector<int64_t> split_boundaries(int64_t n, const std::vector<double>& weig
 /// same data_split and seed. Throws std::invalid_argument when seed >= 2^32 (numpy's
 /// RandomState refuses it too).
 std::vector<int64_t> shuffle_indices(int64_t n, uint64_t seed);
+
+/// The name of shuffle_indices' row order, recorded with what a split trained (settings records'
+/// `data_split_order`, a trainer folder's flowrun_data.json): a record without it predates the
+/// order (2026-12-05) and held out other rows.
+inline constexpr std::string_view split_order = "DS-Chat get_shuffle_idx (numpy RandomState)";
 
 /// Indices (into 0..n-1) of part `part` of `weights`: shuffle_indices(n, seed)[b_part : b_part+1].
 std::vector<int64_t> split_part(int64_t n, const std::vector<double>& weights, int part, uint64_t seed);

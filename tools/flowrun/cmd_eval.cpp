@@ -235,6 +235,12 @@ void add_eval(CLI::App& app) {
       if (rw_seed->count() == 0) r->seed = j.value("seed", r->seed);
       if (rw_len->count() == 0) r->max_seq_len = j.value("max_seq_len", r->max_seq_len);
       if (rw_dtype->count() == 0) r->dtype = j.value("dtype", r->dtype);
+      // a folder trained before the split took DS-Chat's row order holds out other rows than these
+      if (j.value("data_split_order", std::string()) != dschat::split_order)
+        spdlog::warn("{} was written before the data split took DS-Chat's row order (flowrun 2026-12-05): the "
+                     "pairs held out now are not the ones the model held out, and may include pairs it trained "
+                     "on; train it again for a clean held-out figure",
+                     rec.string());
       // the tokenizer it trained with (a flowrun folder holds none of its own)
       if (const std::string t = j.value("tokenizer", std::string()); !t.empty() && std::filesystem::exists(t)) {
         if (rw_tok->count() == 0 && !folder_has_tokenizer(rec.parent_path().string())) {

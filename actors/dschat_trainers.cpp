@@ -71,6 +71,8 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("seed", T::int_, std::int64_t{1234},
               "DS-Chat's --seed: the data split and order and LoRA's initial weights ([graph] seed does not "
               "change them; it seeds the runtime's per-node seeds: the value head's initial weights, sampling)")
+      .in_range(0, 4294967295.0)
+      .because("the data split shuffles as DS-Chat's get_shuffle_idx, with numpy's RandomState, whose seed is 32-bit")
       .option("print_every", T::int_, std::int64_t{10}, "print the loss every N steps").at_least(1)
       .option("memory_limit_gb", T::float_, 0.0,
               "refuse at start a plan (weights, gradients, AdamW states, activations, logits) over this many GB "

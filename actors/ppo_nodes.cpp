@@ -186,7 +186,9 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
       .because("0 iterations train nothing (to compare models without training: flowrun eval prompts)")
       .option("eval_prompts", T::int_, std::int64_t{32},
               "held-out prompts scored before and after (0: no held-out passes)").at_least(0)
-      .option("seed", T::int_, std::int64_t{1234}, "data split and order");
+      .option("seed", T::int_, std::int64_t{1234}, "data split and order")
+      .in_range(0, 4294967295.0)
+      .because("the data split shuffles as DS-Chat's get_shuffle_idx, with numpy's RandomState, whose seed is 32-bit");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     auto problems = split_overlap_problems(n, g);
     if (const auto o = n.get_string("prompt_overflow"); o != "keep_end" && o != "drop")
@@ -378,6 +380,40 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
                                           n.name, mine, other.name, other.kind, *theirs, why),
                               "give every node of the loop the policy's tokenizer"});
       } catch (const std::exception&) {  // an unreadable tokenizer: its node's start names it
+      }
+    }
+    // ... and the policy's model: the node that sends policy.init its weights (model_source, sft_trainer) names
+    // it. A tokenizer with more ids than its embedding failed mid-run ("embedding_forward: token id 421 ... is
+    // outside [0, 400)"); a foreign one with fewer trained on another vocabulary and stopped at its EOS, which
+    // is another token to the model, without a word. DS-Chat, TRL and veRL take the actor's own tokenizer.
+    for (const auto& e : g.edges) {
+      const auto* to = g.find_node(e.to_node);
+      const auto* from = g.find_node(e.from_node);
+      if (!to || !from || to->kind != "policy" || (!e.to_port.empty() && e.to_port != "init") ||
+          (from->kind != "model_source" && from->kind != "sft_trainer"))
+        continue;
+      const auto* ms = from->find_setting("model");
+      const auto* model = ms ? std::get_if<std::string>(&ms->value) : nullptr;
+      if (!model || model->empty()) continue;
+      try {
+        const auto info = inspect_model(*model);
+        const std::string folder = resolve_user_path(*model, "model").string();
+        if (!tok) tok = load_tokenizer(mine);
+        if (info.embedding_rows > 0 && tok->vocab_size() > info.embedding_rows)
+          problems.push_back({"tokenizer",
+                              fmt::format("node '{}' reads token ids with the tokenizer {} ({} tokens), and the "
+                                          "policy's model {} (node '{}') has {} embedding rows: it is not the "
+                                          "model's tokenizer",
+                                          n.name, mine, tok->vocab_size(), *model, from->name, info.embedding_rows),
+                              "give every node of the loop the model's own tokenizer"});
+        else if (info.format != model_format::llama2c && folder_has_tokenizer(folder))
+          if (const std::string why = tokenizer_difference(*load_tokenizer(folder), *tok); !why.empty())
+            problems.push_back({"tokenizer",
+                                fmt::format("node '{}' reads token ids with the tokenizer {}, and the policy's model "
+                                            "{} (node '{}') has a tokenizer of its own in its folder: they differ ({})",
+                                            n.name, mine, *model, from->name, why),
+                                "give every node of the loop the model's folder as its tokenizer: " + folder});
+      } catch (const std::exception&) {  // an unreadable model or tokenizer: its node's start names it
       }
     }
     return problems;

@@ -87,13 +87,17 @@ model_file_info inspect_model(const std::string& path_in) {
   if (fs::exists(p / "flowrun_config.json")) {
     auto j = read_json_file(p / "flowrun_config.json");
     info.format = model_format::flowrun;
-    info.family = j.at("model").get<model_config>().family;
+    const auto cfg = j.at("model").get<model_config>();
+    info.family = cfg.family;
+    info.embedding_rows = cfg.vocab_size;
     info.value_head = j.value("value_head", false);
     return info;
   }
   if (fs::exists(p / "config.json")) {
     info.format = model_format::hf;
-    info.family = hf_config_from_json(read_json_file(p / "config.json"), (p / "config.json").string()).family;
+    const auto cfg = hf_config_from_json(read_json_file(p / "config.json"), (p / "config.json").string());
+    info.family = cfg.family;
+    info.embedding_rows = cfg.vocab_size;
     return info;
   }
   throw std::runtime_error(p.string() + ": not a model: expected a llama2.c .bin file, a folder with "

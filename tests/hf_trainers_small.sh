@@ -137,6 +137,16 @@ grep -q "held-out" "$out/sft-on-rm.log" && fail "sft-on-rm: a held-out pass ran 
 refused ppo-hf-to-bin "node 'policy': output \"$out/ppo.bin\" cannot be written" \
   ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
   --set node.policy.output="$out/ppo.bin"
+# step 3's tokenizers against the policy's model: one with more ids than its embedding failed mid-run in the
+# embedding; a foreign one with fewer trained on another vocabulary and stopped at its EOS, without a word
+refused ppo-tok-too-big "node 'generator' reads token ids with the tokenizer" \
+  ppo.graph --set node.actor_model.model="$out/gpt2/sft" --set node.reward_model.model="$out/gpt2/rm" \
+  --set node.policy.output="$out/x_ppo"
+grep -qF "and the policy's model $out/gpt2/sft (node 'actor_model') has 400 embedding rows: it is not the model's tokenizer" \
+  "$out/ppo-tok-too-big.err" || { cat "$out/ppo-tok-too-big.err"; fail "ppo-tok-too-big: no embedding rows named"; }
+refused ppo-tok-foreign "and the policy's model $out/llama/sft (node 'actor_model') has a tokenizer of its own in its folder: they differ" \
+  ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
+  --set node.prompts.tokenizer="$m" --set node.generator.tokenizer="$m" --set node.policy.output="$out/x_ppo"
 
 # generate and chat read an HF folder's own tokenizer unless --tokenizer says otherwise (stories260K's
 # tok512.model, the llama2.c default, has 512 ids and this GPT-2 400: its ids fail in the embedding),

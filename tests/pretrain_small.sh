@@ -108,14 +108,19 @@ for assets in "${FLOWRUN_ASSETS:-}" ../shared/assets "$root/../shared/assets"; d
   [[ -n "$assets" && -d "$assets/model" ]] && break
 done
 mkdir -p "$out/model_copy" && cp "$assets/model/stories260K/stories260K.bin" "$out/model_copy/"
-rm -rf "$out/hand_store" && mkdir -p "$out/hand_store"
-FLOWRUN_PROCESS_INDEX=0 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/hand_store" "$flowrun" "${hand[@]}" > "$out/hand0.log" 2>&1 &
+# (with one output_dir: the processes of one run share its lock, runtime/util/dir_lock.h; they got a random run
+# id each, and the second was refused as another run)
+rm -rf "$out/hand_store" "$out/hand_out" && mkdir -p "$out/hand_store"
+hand_out=(--set node.ranks.output_dir="$out/hand_out" --set node.data.output_dir="$out/hand_out")
+FLOWRUN_PROCESS_INDEX=0 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/hand_store" "$flowrun" "${hand[@]}" "${hand_out[@]}" \
+  > "$out/hand0.log" 2>&1 &
 p0=$!
 rc1=0; FLOWRUN_PROCESS_INDEX=1 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/hand_store" timeout 50 "$flowrun" "${hand[@]}" \
-  --set node.ranks.model="$out/model_copy/stories260K.bin" > "$out/hand1.log" 2>&1 || rc1=$?
+  "${hand_out[@]}" --set node.ranks.model="$out/model_copy/stories260K.bin" > "$out/hand1.log" 2>&1 || rc1=$?
 rc0=0; wait $p0 || rc0=$?
 (( rc0 == 0 && rc1 == 0 )) || { tail -3 "$out/hand0.log" "$out/hand1.log"; echo "the same model at another path was refused"; exit 1; }
-echo "  the same model file at another path: accepted"
+[[ "$(cat "$out/hand_out/latest")" == step_00000004 ]] || { echo "the processes started by hand committed no checkpoint"; exit 1; }
+echo "  the same model file at another path, one output_dir: accepted ($(cut -d' ' -f1 "$out/hand_out/.flowrun.lock"))"
 
 echo "== SIGKILL at a random step, then resume (2 ranks, stage 3, a checkpoint every step)"
 run whole run "$graph" --no-progress -q "${nodir[@]}"

@@ -508,7 +508,10 @@ TEST_CASE("test_shard_checkpoint: replicated state stored by one rank, bad input
 TEST_CASE("dir lock: one run at a time writes a checkpoint folder, and the same run's ranks share it") {
   temp_dir d("dir_lock");
   const std::string lock_file = (d.path / ".flowrun.lock").string();
-  const std::string line = "run-a pid 424242 host elsewhere started 2026-12-05 00:00:00 UTC\n";
+  // the holder's line names this process's pid: in another PID namespace (a container sharing the folder) it
+  // can, and two containers' flowrun (both pid 1) both got in when the pid decided "this process"
+  const std::string pid = std::to_string(::getpid());
+  const std::string line = "run-a pid " + pid + " host elsewhere started 2026-12-05 00:00:00 UTC\n";
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   const pid_t child = ::fork();
@@ -529,8 +532,8 @@ TEST_CASE("dir lock: one run at a time writes a checkpoint folder, and the same 
   ::close(ready[0]);
   // another run: refused, naming the holder
   const std::string refusal = "node 'ranks' output_dir '" + d.str() +
-                              "' is in use by another flowrun run (run id run-a, pid 424242 on host elsewhere, "
-                              "started 2026-12-05 00:00:00 UTC): two runs";
+                              "' is in use by another flowrun run (run id run-a, pid " + pid +
+                              " on host elsewhere, started 2026-12-05 00:00:00 UTC): two runs";
   CHECK_THROWS_WITH_AS(dir_lock::acquire(d.str(), "run-b", "node 'ranks' output_dir"),
                        doctest::Contains(refusal.c_str()), std::runtime_error);
   {

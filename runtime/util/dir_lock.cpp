@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +11,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -17,6 +20,31 @@ namespace flowrun {
 namespace {
 
 std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+// The lock files this process holds now, by (device, inode), with how many dir_lock objects hold each: another
+// holder of one of them is this process (a run of its own before: `flowrun train` runs step after step, and a
+// finished job's plan may outlive it a moment). Not the pid in the file: two containers' flowrun are both pid 1.
+std::mutex held_mutex;
+std::map<std::pair<dev_t, ino_t>, int> held_here;
+
+std::pair<dev_t, ino_t> file_id(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+
+void note_held(int fd, int delta) {
+  const auto id = file_id(fd);
+  std::lock_guard<std::mutex> lock(held_mutex);
+  if ((held_here[id] += delta) <= 0) held_here.erase(id);
+}
+
+bool held_by_this_process(int fd) {
+  const auto id = file_id(fd);
+  std::lock_guard<std::mutex> lock(held_mutex);
+  const auto it = held_here.find(id);
+  return it != held_here.end() && it->second > 0;
+}
 
 // The whole lock file (its first line: "RUN_ID pid P host H started T").
 std::string read_all(int fd) {
@@ -44,7 +72,10 @@ std::string holder_line(const std::string& run_id) {
 
 dir_lock& dir_lock::operator=(dir_lock&& o) noexcept {
   if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) {
+      note_held(fd_, -1);
+      ::close(fd_);
+    }
     fd_ = o.fd_;
     path_ = std::move(o.path_);
     o.fd_ = -1;
@@ -53,7 +84,10 @@ dir_lock& dir_lock::operator=(dir_lock&& o) noexcept {
 }
 
 dir_lock::~dir_lock() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) {
+    note_held(fd_, -1);
+    ::close(fd_);
+  }
 }
 
 dir_lock dir_lock::acquire(const std::string& dir, const std::string& given_run_id, const std::string& what) {
@@ -83,11 +117,11 @@ dir_lock dir_lock::acquire(const std::string& dir, const std::string& given_run_
     // shared now: the file names the run the holders belong to
     const std::string text = read_all(l.fd_);
     const std::string holder = text.substr(0, text.find('\n'));
-    // the same run, or this very process (a run of its own before: `flowrun train` runs step after step,
-    // and a finished job's plan may outlive it a moment)
-    if (holder.substr(0, holder.find(' ')) == run_id ||
-        holder.find(" pid " + std::to_string(::getpid()) + " ") != std::string::npos)
+    // the same run, or this very process (held_here)
+    if (holder.substr(0, holder.find(' ')) == run_id || held_by_this_process(l.fd_)) {
+      note_held(l.fd_, +1);
       return l;
+    }
     ::close(l.fd_);
     l.fd_ = -1;
     // "R pid P host H started T" reads "run id R, pid P on host H, started T"

@@ -11,8 +11,11 @@
 // when the process ends, however it ends: a crashed run leaves no stale lock. The
 // file names the run that holds it (its run id, pid, host and start time). The
 // ranks of one run share the lock (flock's shared mode) and each checks that the
-// file names their run (or their own process): a second run finds another run id
-// there and is refused, naming the holder. A free lock is taken exclusively while the run id is
+// file names their run (or that this process holds it already, from a run before):
+// a second run finds another run id there and is refused, naming the holder. The
+// processes of one run need one run id: flowrun launch sets FLOWRUN_RUN_ID for its
+// processes; processes started by hand get one from their shared rendezvous
+// (runtime.cpp), or may set FLOWRUN_RUN_ID themselves. A free lock is taken exclusively while the run id is
 // written, then shared; a run that lost that race reads another id back and is
 // refused as well. flock is advisory and local: it does not guard a folder that
 // runs on two machines share over NFS.

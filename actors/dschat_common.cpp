@@ -460,6 +460,37 @@ std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_sp
   return problems;
 }
 
+std::string tokenizer_model_mismatch(const std::string& tokenizer_path, const std::string& model) {
+  try {
+    const auto info = inspect_model(model);
+    const std::string folder = resolve_user_path(model, "model").string();
+    const auto tok = load_tokenizer(resolve_user_path(tokenizer_path, "tokenizer").string());
+    if (info.embedding_rows > 0 && tok->vocab_size() > info.embedding_rows)
+      return fmt::format("the tokenizer {} ({} tokens), and the model {} has {} embedding rows: it is not the model's "
+                         "tokenizer",
+                         tokenizer_path, tok->vocab_size(), model, info.embedding_rows);
+    if (info.format != model_format::llama2c && folder_has_tokenizer(folder))
+      if (const std::string why = tokenizer_difference(*load_tokenizer(folder), *tok); !why.empty())
+        return fmt::format("the tokenizer {}, and the model {} has a tokenizer of its own in its folder: they differ "
+                           "({})",
+                           tokenizer_path, model, why);
+  } catch (const std::exception&) {  // unreadable: the node's start names it
+  }
+  return "";
+}
+
+std::vector<graph::node_kind::problem> tokenizer_model_problems(const graph::node_spec& n) {
+  const auto* m = n.find_setting("model");
+  const auto* t = n.find_setting("tokenizer");
+  const auto* model = m ? std::get_if<std::string>(&m->value) : nullptr;
+  const auto* tok = t ? std::get_if<std::string>(&t->value) : nullptr;
+  if (!model || !tok || model->empty() || tok->empty()) return {};
+  const std::string why = tokenizer_model_mismatch(*tok, *model);
+  if (why.empty()) return {};
+  return {{"tokenizer", "node '" + n.name + "' reads its data with " + why,
+           "give the model's own tokenizer (for a Hugging Face folder: tokenizer = the folder)"}};
+}
+
 std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g) {
   static const std::set<std::string, std::less<>> steps = {"sft_trainer", "rm_trainer", "dpo_trainer", "prompt_loader"};
   // data_split by its shares ("2, 4, 4" and "20,40,40" split as "2,4,4" does); unreadable: never the same

@@ -131,6 +131,16 @@ std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_sp
 /// eval_fraction: their training rows come from other remainders and overlap (rlhf.graph's rm at 0.2
 /// trained on 143 of sft's 416 rows, and 292 of PPO's 830 prompts were its pairs).
 std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g);
+/// Why the tokenizer at `tokenizer` cannot read token ids for the model at `model`, or "" when it can:
+/// "the tokenizer T (N tokens), and the model M has R embedding rows: it is not the model's tokenizer", or
+/// "the tokenizer T, and the model M has a tokenizer of its own in its folder: they differ (WHY)". Also ""
+/// when either cannot be read (the node's start names that). DS-Chat, TRL and veRL take the model's own
+/// tokenizer; one with more ids failed mid-run in embedding_forward, a foreign one trained on another
+/// vocabulary without a word. For the kinds' graph checks (a trainer's model and tokenizer; the step-3
+/// loop's tokenizers against the policy's model).
+std::string tokenizer_model_mismatch(const std::string& tokenizer, const std::string& model);
+/// A node's own `tokenizer` against its own `model` (tokenizer_model_mismatch), as a problem of the node.
+std::vector<graph::node_kind::problem> tokenizer_model_problems(const graph::node_spec& n);
 /// sft_trainer's and dpo_trainer's save_lora: its documentation, and the problem of a save_lora without
 /// LoRA (lora_dim 0: there is no adapter to save).
 std::string save_lora_doc();

@@ -91,6 +91,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
     for (auto& p : lora_module_problems(n, "lora_dim", "lora_module_name")) problems.push_back(std::move(p));
     for (auto& p : split_overlap_problems(n, g)) problems.push_back(std::move(p));
     for (auto& p : save_lora_problems(n)) problems.push_back(std::move(p));
+    for (auto& p : tokenizer_model_problems(n)) problems.push_back(std::move(p));
     return problems;
   };
 }

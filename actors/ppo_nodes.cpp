@@ -395,26 +395,12 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       const auto* ms = from->find_setting("model");
       const auto* model = ms ? std::get_if<std::string>(&ms->value) : nullptr;
       if (!model || model->empty()) continue;
-      try {
-        const auto info = inspect_model(*model);
-        const std::string folder = resolve_user_path(*model, "model").string();
-        if (!tok) tok = load_tokenizer(mine);
-        if (info.embedding_rows > 0 && tok->vocab_size() > info.embedding_rows)
-          problems.push_back({"tokenizer",
-                              fmt::format("node '{}' reads token ids with the tokenizer {} ({} tokens), and the "
-                                          "policy's model {} (node '{}') has {} embedding rows: it is not the "
-                                          "model's tokenizer",
-                                          n.name, mine, tok->vocab_size(), *model, from->name, info.embedding_rows),
-                              "give every node of the loop the model's own tokenizer"});
-        else if (info.format != model_format::llama2c && folder_has_tokenizer(folder))
-          if (const std::string why = tokenizer_difference(*load_tokenizer(folder), *tok); !why.empty())
-            problems.push_back({"tokenizer",
-                                fmt::format("node '{}' reads token ids with the tokenizer {}, and the policy's model "
-                                            "{} (node '{}') has a tokenizer of its own in its folder: they differ ({})",
-                                            n.name, mine, *model, from->name, why),
-                                "give every node of the loop the model's folder as its tokenizer: " + folder});
-      } catch (const std::exception&) {  // an unreadable model or tokenizer: its node's start names it
-      }
+      if (const std::string why = tokenizer_model_mismatch(mine, *model); !why.empty())
+        problems.push_back({"tokenizer",
+                            fmt::format("node '{}' reads token ids with {} (the policy's model, from node '{}')",
+                                        n.name, why, from->name),
+                            "give every node of the loop the model's own tokenizer (for a Hugging Face folder: the "
+                            "folder)"});
     }
     return problems;
   };

@@ -212,14 +212,16 @@ refused tokenizer-file "tokenizer \"$m/tokenizer.json\" is not a folder: set tok
   "${base[@]}" --set node.sft.tokenizer="$m/tokenizer.json"
 mkdir -p "$out/no_template"
 cp "$m/tokenizer.json" "$out/no_template/"
-echo '{"eos_token": "<|im_end|>"}' > "$out/no_template/tokenizer_config.json"
+# the model's tokenizer_config.json without its chat_template: the same tokenizer (a foreign one is refused first)
+python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); j.pop("chat_template"); json.dump(j, open(sys.argv[2], "w"))' \
+  "$m/tokenizer_config.json" "$out/no_template/tokenizer_config.json"
 refused no-template "node 'sft': apply_chat_template = true: $out/no_template/tokenizer_config.json: no chat_template" \
   "${base[@]}" --set node.sft.tokenizer="$out/no_template"
 grep -qF "or set apply_chat_template = false" "$out/no-template.err" || fail "no-template: no fix named"
 mkdir -p "$out/bad_template"
 cp "$m/tokenizer.json" "$out/bad_template/"
-echo '{"eos_token": "<|im_end|>", "chat_template": "{% for m in messages %}{{ m.content | shout }}{% endfor %}"}' \
-  > "$out/bad_template/tokenizer_config.json"
+python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); j["chat_template"] = "{% for m in messages %}{{ m.content | shout }}{% endfor %}"; json.dump(j, open(sys.argv[2], "w"))' \
+  "$m/tokenizer_config.json" "$out/bad_template/tokenizer_config.json"
 refused bad-template "$out/bad_template/tokenizer_config.json:chat_template:1:" \
   "${base[@]}" --set node.sft.tokenizer="$out/bad_template"
 grep -qF "shout" "$out/bad-template.err" || fail "bad-template: the error does not name the filter"

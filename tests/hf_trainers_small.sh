@@ -142,11 +142,19 @@ refused ppo-hf-to-bin "node 'policy': output \"$out/ppo.bin\" cannot be written"
 refused ppo-tok-too-big "node 'generator' reads token ids with the tokenizer" \
   ppo.graph --set node.actor_model.model="$out/gpt2/sft" --set node.reward_model.model="$out/gpt2/rm" \
   --set node.policy.output="$out/x_ppo"
-grep -qF "and the policy's model $out/gpt2/sft (node 'actor_model') has 400 embedding rows: it is not the model's tokenizer" \
+grep -qF "(512 tokens), and the model $out/gpt2/sft has 400 embedding rows: it is not the model's tokenizer (the policy's model, from node 'actor_model')" \
   "$out/ppo-tok-too-big.err" || { cat "$out/ppo-tok-too-big.err"; fail "ppo-tok-too-big: no embedding rows named"; }
-refused ppo-tok-foreign "and the policy's model $out/llama/sft (node 'actor_model') has a tokenizer of its own in its folder: they differ" \
+refused ppo-tok-foreign "and the model $out/llama/sft has a tokenizer of its own in its folder: they differ" \
   ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
   --set node.prompts.tokenizer="$m" --set node.generator.tokenizer="$m" --set node.policy.output="$out/x_ppo"
+# ... and a trainer's: the shipped sft.graph's tok512 (512 ids) on a GPT-2 folder (400) failed in start in
+# embedding_forward; on another family's folder it trained on the wrong vocabulary without a word
+refused sft-tok-too-big "node 'sft' reads its data with the tokenizer" \
+  sft.graph --set node.sft.model="$m" --set node.sft.output="$out/x_sft"
+grep -qF "has 400 embedding rows: it is not the model's tokenizer" "$out/sft-tok-too-big.err" ||
+  { cat "$out/sft-tok-too-big.err"; fail "sft-tok-too-big: no embedding rows named"; }
+refused rm-tok-foreign "and the model $out/models/llama has a tokenizer of its own in its folder: they differ" \
+  rm.graph --set node.rm.model="$out/models/llama" --set node.rm.tokenizer="$m" --set node.rm.output="$out/x_rm"
 
 # generate and chat read an HF folder's own tokenizer unless --tokenizer says otherwise (stories260K's
 # tok512.model, the llama2.c default, has 512 ids and this GPT-2 400: its ids fail in the embedding),

@@ -638,6 +638,17 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                                             "be equal",
                                             n.name, key, n.get_int(key), src->name, key, src->get_int(key)),
                                 fmt::format("set {} to one value on both nodes", key)});
+        // the data position is committed with the ranks' checkpoints: a data node resuming from its folder
+        // beside ranks starting afresh in another trained nothing, saved nothing and ended with exit 0
+        if (src->get_string("output_dir") != n.get_string("output_dir"))
+          problems.push_back({"output_dir",
+                              fmt::format("node '{}': output_dir = \"{}\" but its data node '{}' has output_dir = "
+                                          "\"{}\": the data position is saved with the checkpoints, so the two must "
+                                          "be one folder",
+                                          n.name, n.get_string("output_dir"), src->name, src->get_string("output_dir")),
+                              fmt::format("set output_dir to one folder on both nodes (--set node.{}.output_dir=DIR "
+                                          "--set node.{}.output_dir=DIR)",
+                                          src->name, n.name)});
         // the global batch the data node cuts must be the DeepSpeed JSON's (it failed at the first batch, in
         // the engine, naming neither)
         if (ds) {

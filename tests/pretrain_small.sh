@@ -412,4 +412,14 @@ if "$flowrun" run "$graph" --no-progress -q "${nodir[@]}" --set node.data.seq_le
 fi
 grep -q "node 'ranks': seq_length = 600 is past the context of .*stories260K.bin (512 positions, max_seq_len): set seq_length to at most 512" \
   "$out/ctx.err" || { echo "no message naming seq_length and the context:"; grep -i error "$out/ctx.err" | head -3; exit 1; }
+# the ranks' output_dir moved without the data node's (the graph's LoRA line once said so): the data node resumed
+# its finished position from the old folder, the ranks started afresh in the new one, nothing trained or saved,
+# exit 0. Refused when the graph is checked
+echo "== the two nodes' output_dir must be one folder"
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/other_dir" > "$out/dirs.log" 2>&1; then
+  echo "ranks and data with two output_dirs ran"; exit 1
+fi
+grep -qF "node 'ranks': output_dir = \"$out/other_dir\" but its data node 'data' has output_dir = " "$out/dirs.log" ||
+  { echo "no message naming both output_dirs:"; grep -i error "$out/dirs.log" | head -3; exit 1; }
+[[ -e "$out/other_dir" ]] && { echo "the refused run wrote into its output_dir"; exit 1; }
 echo "pretrain_small: ok"

@@ -556,4 +556,7 @@ TEST_CASE("dir lock: one run at a time writes a checkpoint folder, and the same 
   dir_lock again = dir_lock::acquire(d.str(), "run-c", "x");
   CHECK(again.held());
   CHECK_THROWS_AS(dir_lock::acquire(d.str(), "two words", "x"), std::invalid_argument);
+  // a folder that cannot be made (here below a file; a cluster node's missing folder): no lock, no error
+  std::ofstream(d.path / "a_file") << "x";
+  CHECK_FALSE(dir_lock::acquire((d.path / "a_file" / "ckpt").string(), "run-d", "x").held());
 }

@@ -99,9 +99,9 @@ dir_lock dir_lock::acquire(const std::string& dir, const std::string& given_run_
   dir_lock l;
   l.path_ = (std::filesystem::path(dir) / ".flowrun.lock").string();
   l.fd_ = ::open(l.path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (l.fd_ < 0)
-    throw std::runtime_error(what + " '" + dir + "': cannot open its lock file " + l.path_ + ": " +
-                             errno_text(errno));
+  // a folder this process cannot create or write (a cluster node that writes no checkpoint, a read-only
+  // copy): no lock, and whatever writes there fails on its own, naming the file
+  if (l.fd_ < 0) return l;
   // A holder converting its exclusive lock to a shared one holds neither for a moment: retry briefly.
   for (int attempt = 0; attempt < 200; ++attempt) {
     if (::flock(l.fd_, LOCK_EX | LOCK_NB) == 0) {  // free: name this run, then share

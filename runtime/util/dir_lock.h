@@ -42,7 +42,10 @@ class dir_lock {
   /// names the folder's role in the error ("[graph] checkpoint_dir",
   /// "node 'ranks' output_dir"). Throws std::runtime_error when another run
   /// holds it: "DIR is in use by another flowrun run (run id R, pid P on HOST,
-  /// started T): ..." with the fix, or when the lock file cannot be opened.
+  /// started T): ..." with the fix. A lock file that cannot be created (a folder
+  /// this process cannot make or write: a cluster node whose nodes write no
+  /// checkpoint there, a read-only copy) gives a lock not held (held() false):
+  /// what writes there fails on its own, naming the file.
   static dir_lock acquire(const std::string& dir, const std::string& run_id, const std::string& what);
 
   bool held() const { return fd_ >= 0; }

@@ -61,6 +61,10 @@ url=$(grep -o "console: http://127.0.0.1:[0-9]*/" "$out/cluster.log" | head -1 |
 [[ -n "$url" ]] || { echo "no console URL:"; tail "$out/cluster.log"; exit 1; }
 sleep 0.3
 curl -sf "${url}api/nodes" > "$out/nodes.json" || { echo "GET ${url}api/nodes failed"; exit 1; }
+# every edge of this placement crosses processes (main -> w1 -> w2 -> main): the console called them in-process
+curl -sf "${url}api/graph" > "$out/graph.json" || { echo "GET ${url}api/graph failed"; exit 1; }
+python3 -c 'import json, sys; e = json.load(open(sys.argv[1]))["edges"]; assert e and all(x["transport"] == "cross-process" for x in e), [(x["name"], x["transport"]) for x in e]' \
+  "$out/graph.json" || { echo "the console does not show the cross-process edges"; exit 1; }
 grep -q '"on w2 (127.0.0.1:'"$p2"'), heartbeat [0-9]* ms ago"' "$out/nodes.json" \
   || { echo "the console does not show the generator on w2:"; cat "$out/nodes.json"; exit 1; }
 wait "$run_pid" || { echo "cluster run failed:"; tail -30 "$out/cluster.log"; exit 1; }
@@ -446,7 +450,15 @@ if command -v openssl > /dev/null; then
       grep -qF -e "${bad#*|}" "$out/badtls.log" || { echo "$who with TLS files $c $k $a: no error naming them:"; tail -3 "$out/badtls.log"; exit 1; }
     done
   done
-  echo "  refused at start (node and run): an encrypted key (no passphrase prompt), a key not the certificate's, a CA file without a certificate, a key as the certificate, an expired certificate"
+  # ... also by a run that places nothing on a cluster node (it ran with exit 0: a dry run passed a bad key)
+  set +e
+  timeout 20 "$flowrun" run "$graph" "${common[@]}" --tls-cert "$out/cert.pem" --tls-key "$out/key_enc.pem" \
+    --tls-ca "$out/cert.pem" > "$out/badtls.log" 2>&1
+  rc=$?
+  set -e
+  [[ $rc -eq 2 ]] && grep -qF -e "--tls-key '$out/key_enc.pem' is encrypted" "$out/badtls.log" ||
+    { echo "a run without cluster placement and a bad TLS key: exit code $rc"; tail -3 "$out/badtls.log"; exit 1; }
+  echo "  refused at start (node and run): an encrypted key (no passphrase prompt), a key not the certificate's, a CA file without a certificate, a key as the certificate, an expired certificate; the run also without a cluster placement"
 else
   echo "  skipped: no openssl command to make a certificate"
 fi

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "runtime/actor/console.h"
+#include "runtime/graph/parse.h"
 #include "runtime/console/hub.h"
 #include "runtime/console/server.h"
 
@@ -63,13 +64,20 @@ fc::graph_info describe_graph(const graph::graph_spec& spec, std::int64_t defaul
     ei.dispatch = std::string(graph::to_string(e.dispatch));
     ei.credit = e.credit > 0 ? e.credit : std::max<std::int64_t>(1, default_credit);
     ei.feedback = e.feedback;
-    ei.transport = "in-process";
     std::int64_t from_r = 1, to_r = 1;
+    const graph::node_spec *from = nullptr, *to = nullptr;
     for (const auto& n : spec.nodes) {
-      if (n.name == e.from_node) from_r = std::max<std::int64_t>(1, n.replicas);
-      if (n.name == e.to_node) to_r = std::max<std::int64_t>(1, n.replicas);
+      if (n.name == e.from_node) from_r = std::max<std::int64_t>(1, n.replicas), from = &n;
+      if (n.name == e.to_node) to_r = std::max<std::int64_t>(1, n.replicas), to = &n;
     }
     ei.links = from_r * to_r;
+    // a cluster run: a link whose two replicas are placed in different processes serializes its payloads
+    // (the console called such edges in-process, as one process's were)
+    bool crosses = false;
+    for (std::int64_t a = 0; from && to && a < from_r && !crosses; ++a)
+      for (std::int64_t b = 0; b < to_r && !crosses; ++b)
+        crosses = graph::placement_of(*from, a) != graph::placement_of(*to, b);
+    ei.transport = crosses ? "cross-process" : "in-process";
     g.edges.push_back(std::move(ei));
   }
   return g;

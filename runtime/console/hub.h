@@ -55,7 +55,9 @@ struct edge_info {
   std::string from, from_port, to, to_port;
   std::string dispatch = "broadcast";  ///< broadcast, split or round_robin (among the consumer's replicas)
   /// How messages travel: "in-process" (a payload handle between actors of
-  /// one process; nothing is copied or serialized).
+  /// one process; nothing is copied or serialized) or "cross-process" (a
+  /// cluster run places some producer and consumer replica in different
+  /// processes: those links serialize, tensors over the bulk plane).
   std::string transport = "in-process";
   std::int64_t credit = 0;  ///< messages in flight per link
   std::int64_t links = 1;   ///< producer replicas x consumer replicas (each link has its own credit)

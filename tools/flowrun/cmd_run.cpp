@@ -207,6 +207,11 @@ int run_graph_file(const run_opts& o_in) {
     ro.console.token_file = o->console_token_file;
     ro.console.linger_s = o->console_linger;
   }
+  // TLS files given are checked even when the graph places nothing on a cluster node (a dry run
+  // passed a bad key, which the real one refused)
+  if (!(o->tls_cert.empty() && o->tls_key.empty() && o->tls_ca.empty()) &&
+      !tls_files_ok(o->tls_cert, o->tls_key, o->tls_ca))
+    return 2;
   if (actor::needs_cluster(v.spec)) {
     auto secret = actor::load_cluster_secret(o->secret_file);
     if (!secret) {
@@ -214,7 +219,6 @@ int run_graph_file(const run_opts& o_in) {
       return 2;
     }
     ro.cluster.secret = *secret;
-    if (!tls_files_ok(o->tls_cert, o->tls_key, o->tls_ca)) return 2;
     ro.cluster.tls_cert = o->tls_cert;
     ro.cluster.tls_key = o->tls_key;
     ro.cluster.tls_ca = o->tls_ca;

@@ -382,23 +382,25 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       } catch (const std::exception&) {  // an unreadable tokenizer: its node's start names it
       }
     }
-    // ... and the policy's model: the node that sends policy.init its weights (model_source, sft_trainer) names
-    // it. A tokenizer with more ids than its embedding failed mid-run ("embedding_forward: token id 421 ... is
+    // ... and the models that read them: the node that sends policy.init (reward.init, critic.init) its
+    // weights (model_source, sft_trainer, rm_trainer) names each. A tokenizer with more ids than its embedding failed mid-run ("embedding_forward: token id 421 ... is
     // outside [0, 400)"); a foreign one with fewer trained on another vocabulary and stopped at its EOS, which
     // is another token to the model, without a word. DS-Chat, TRL and veRL take the actor's own tokenizer.
     for (const auto& e : g.edges) {
       const auto* to = g.find_node(e.to_node);
       const auto* from = g.find_node(e.from_node);
-      if (!to || !from || to->kind != "policy" || (!e.to_port.empty() && e.to_port != "init") ||
-          (from->kind != "model_source" && from->kind != "sft_trainer"))
+      // the reward model and the critic score the same ids (DS-Chat step 3 feeds them the actor's tokens)
+      static const std::set<std::string> scorers = {"policy", "reward_model", "critic"};
+      if (!to || !from || !scorers.count(to->kind) || (!e.to_port.empty() && e.to_port != "init") ||
+          (from->kind != "model_source" && from->kind != "sft_trainer" && from->kind != "rm_trainer"))
         continue;
       const auto* ms = from->find_setting("model");
       const auto* model = ms ? std::get_if<std::string>(&ms->value) : nullptr;
       if (!model || model->empty()) continue;
       if (const std::string why = tokenizer_model_mismatch(mine, *model); !why.empty())
         problems.push_back({"tokenizer",
-                            fmt::format("node '{}' reads token ids with {} (the policy's model, from node '{}')",
-                                        n.name, why, from->name),
+                            fmt::format("node '{}' reads token ids with {} (the model of node '{}', from node '{}')",
+                                        n.name, why, to->name, from->name),
                             "give every node of the loop the model's own tokenizer (for a Hugging Face folder: the "
                             "folder)"});
     }

@@ -640,7 +640,14 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                                 fmt::format("set {} to one value on both nodes", key)});
         // the data position is committed with the ranks' checkpoints: a data node resuming from its folder
         // beside ranks starting afresh in another trained nothing, saved nothing and ended with exit 0
-        if (src->get_string("output_dir") != n.get_string("output_dir"))
+        // one folder however spelt ("dir" and "dir/", a symbolic link to it)
+        const auto same_folder = [](const std::string& a, const std::string& b) {
+          if (a.empty() || b.empty()) return a == b;
+          std::error_code ec;
+          const auto ca = std::filesystem::weakly_canonical(a, ec), cb = std::filesystem::weakly_canonical(b, ec);
+          return (ca / "").lexically_normal() == (cb / "").lexically_normal();
+        };
+        if (!same_folder(src->get_string("output_dir"), n.get_string("output_dir")))
           problems.push_back({"output_dir",
                               fmt::format("node '{}': output_dir = \"{}\" but its data node '{}' has output_dir = "
                                           "\"{}\": the data position is saved with the checkpoints, so the two must "

@@ -83,7 +83,10 @@ std::string_view to_string(model_format f) {
 model_file_info inspect_model(const std::string& path_in) {
   fs::path p = resolve_user_path(path_in, "model");
   model_file_info info;
-  if (fs::is_regular_file(p)) return info;  // llama2.c: LLaMA, no value head (load_llama2c checks the header)
+  if (fs::is_regular_file(p)) {  // llama2.c: LLaMA, no value head; its header's vocabulary
+    info.embedding_rows = llama2c_config(p.string()).vocab_size;
+    return info;
+  }
   if (fs::exists(p / "flowrun_config.json")) {
     auto j = read_json_file(p / "flowrun_config.json");
     info.format = model_format::flowrun;

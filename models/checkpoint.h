@@ -29,7 +29,7 @@ struct model_file_info {
   model_format format = model_format::llama2c;
   model_family family = model_family::llama;
   bool value_head = false;  ///< flowrun folders only (HF folders: not looked up, false)
-  int64_t embedding_rows = 0;  ///< the config's vocab_size (folders; 0 for a llama2.c file: not read here)
+  int64_t embedding_rows = 0;  ///< the config's vocab_size (a llama2.c file's header, a folder's config)
 };
 
 /// The format and family of the model at `path` (resolved as load_model does).

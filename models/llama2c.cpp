@@ -85,10 +85,21 @@ void report(tensor_progress& at, const std::string& name, size_t bytes, const te
 
 }  // namespace
 
-decoder load_llama2c(const std::string& path, device dev, const tensor_progress_fn& progress) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) throw std::runtime_error(path + ": cannot open llama2.c checkpoint");
+namespace {
+
+// A llama2.c file's header: its config (validated), version, and where the weights begin.
+struct llama2c_header {
+  model_config c;
+  int version = 0;
+  uint64_t pos = 28;
+  uint64_t file_size = 0;
+};
+
+llama2c_header read_header(std::ifstream& f, const std::string& path) {
+  llama2c_header out;
+  f.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(f.tellg());
+  out.file_size = file_size;
   f.seekg(0);
   // The header: 28 bytes (version 0) or 256 (version 1); the weights are read tensor by tensor below.
   std::vector<char> head(static_cast<size_t>(std::min<uint64_t>(file_size, 256)));
@@ -135,6 +146,27 @@ decoder load_llama2c(const std::string& path, device dev, const tensor_progress_
   } catch (const std::exception& e) {
     throw std::runtime_error(path + ": not a llama2.c checkpoint, or a corrupt header: " + e.what());
   }
+  out.c = c;
+  out.version = version;
+  out.pos = pos;
+  return out;
+}
+
+}  // namespace
+
+model_config llama2c_config(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open llama2.c checkpoint");
+  return read_header(f, path).c;
+}
+
+decoder load_llama2c(const std::string& path, device dev, const tensor_progress_fn& progress) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open llama2.c checkpoint");
+  const llama2c_header hd = read_header(f, path);
+  const model_config& c = hd.c;
+  const int version = hd.version;
+  const uint64_t pos = hd.pos, file_size = hd.file_size;
   // The file's size against the header's before anything is allocated (a corrupt header must not ask for
   // gigabytes): the weights are num_parameters() floats (run.c's order holds exactly those), plus in version 0
   // freq_cis_real/imag. validate() bounds the sizes: no overflow here.

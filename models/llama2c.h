@@ -27,6 +27,10 @@ namespace flowrun {
 /// freq_cis block is skipped and not counted), as `flowrun convert` shows it.
 decoder load_llama2c(const std::string& path, device dev = device::cpu(), const tensor_progress_fn& progress = {});
 
+/// The config in a llama2.c file's header (28 or 256 bytes; no weights read), validated. Throws
+/// std::runtime_error as load_llama2c does for the header.
+model_config llama2c_config(const std::string& path);
+
 /// Write a LLaMA-family decoder as a llama2.c file: version 0 (legacy) or 1.
 /// Atomic (atomic_file): written to PATH.tmp tensor by tensor, fsynced, then renamed; `progress` hears
 /// of each tensor as it is written. An exception (a full disk, or one `progress` throws) leaves no

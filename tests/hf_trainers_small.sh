@@ -142,8 +142,12 @@ refused ppo-hf-to-bin "node 'policy': output \"$out/ppo.bin\" cannot be written"
 refused ppo-tok-too-big "node 'generator' reads token ids with the tokenizer" \
   ppo.graph --set node.actor_model.model="$out/gpt2/sft" --set node.reward_model.model="$out/gpt2/rm" \
   --set node.policy.output="$out/x_ppo"
-grep -qF "(512 tokens), and the model $out/gpt2/sft has 400 embedding rows: it is not the model's tokenizer (the policy's model, from node 'actor_model')" \
+grep -qF "(512 tokens), and the model $out/gpt2/sft has 400 embedding rows: it is not the model's tokenizer (the model of node 'policy', from node 'actor_model')" \
   "$out/ppo-tok-too-big.err" || { cat "$out/ppo-tok-too-big.err"; fail "ppo-tok-too-big: no embedding rows named"; }
+# the reward model and the critic read the same ids: a GPT-2 reward model under a LLaMA policy failed mid-run
+refused ppo-tok-reward "has 400 embedding rows: it is not the model's tokenizer (the model of node 'reward', from node 'reward_model')" \
+  ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/gpt2/rm" \
+  --set node.prompts.tokenizer="$out/llama/sft" --set node.generator.tokenizer="$out/llama/sft" --set node.policy.output="$out/x_ppo"
 refused ppo-tok-foreign "and the model $out/llama/sft has a tokenizer of its own in its folder: they differ" \
   ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
   --set node.prompts.tokenizer="$m" --set node.generator.tokenizer="$m" --set node.policy.output="$out/x_ppo"
@@ -153,6 +157,9 @@ refused sft-tok-too-big "node 'sft' reads its data with the tokenizer" \
   sft.graph --set node.sft.model="$m" --set node.sft.output="$out/x_sft"
 grep -qF "has 400 embedding rows: it is not the model's tokenizer" "$out/sft-tok-too-big.err" ||
   { cat "$out/sft-tok-too-big.err"; fail "sft-tok-too-big: no embedding rows named"; }
+# the rows a llama2.c file's header gives (stories260K: 512) against a tokenizer with 902 ids
+refused sft-tok-llama2c "stories260K.bin has 512 embedding rows: it is not the model's tokenizer" \
+  sft.graph --set node.sft.tokenizer="$root/tests/fixtures/hf_chat/qwen2" --set node.sft.output="$out/x_sft.bin"
 refused rm-tok-foreign "and the model $out/models/llama has a tokenizer of its own in its folder: they differ" \
   rm.graph --set node.rm.model="$out/models/llama" --set node.rm.tokenizer="$m" --set node.rm.output="$out/x_rm"
 

@@ -159,26 +159,11 @@ bool port_answers(const std::string& host, int port, std::int64_t timeout_ms) {
   return ok;
 }
 
-// The run id of this process's run (node_context::run_id), shared by every process of one run so that
-// they share its checkpoint folders (runtime/util/dir_lock.h): $FLOWRUN_RUN_ID (flowrun launch sets it);
-// else, for one of several processes started by hand ($FLOWRUN_NPROC > 1), one made of what they share:
-// the process count and the rendezvous ($FLOWRUN_RENDEZVOUS or $FLOWRUN_STORE_DIR; without either, the
-// graph file's name: the processes of two machines may spell its folder differently); else a random one.
-std::string shared_run_id(const graph::graph_spec& spec) {
+// The run id of this process's run (node_context::run_id): $FLOWRUN_RUN_ID (flowrun launch gives its
+// processes one, so that they share the run's checkpoint folders: runtime/util/dir_lock.h), else a random one.
+std::string shared_run_id() {
   if (const char* id = std::getenv("FLOWRUN_RUN_ID"); id && *id && std::string(id).find_first_of(" \n") == std::string::npos)
     return id;
-  const char* nproc = std::getenv("FLOWRUN_NPROC");
-  if (nproc && std::atoi(nproc) > 1) {
-    std::string shared = std::string("nproc ") + nproc;
-    bool rendezvous = false;
-    for (const char* var : {"FLOWRUN_RENDEZVOUS", "FLOWRUN_STORE_DIR"})
-      if (const char* v = std::getenv(var); v && *v) {
-        shared += std::string("\n") + var + "=" + v;
-        rendezvous = true;
-      }
-    if (!rendezvous) shared += "\ngraph " + spec.source_file.filename().string();
-    return fmt::format("ranks-{:016x}", graph::fnv1a64(shared));
-  }
   return random_nonce().substr(0, 16);
 }
 
@@ -268,7 +253,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     // graph, with the lost nodes' replicas moved to main (unless they answer
     // again); nodes resume from what earlier attempts of this run_id saved.
     run_options attempt_options = options;
-    if (attempt_options.run_id.empty()) attempt_options.run_id = shared_run_id(spec);
+    if (attempt_options.run_id.empty()) attempt_options.run_id = shared_run_id();
     graph::graph_spec attempt_spec = spec;
     // Places every replica of cluster node `name` on main; returns what moved.
     auto move_to_main = [&](const std::string& name) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -94,6 +95,13 @@ dir_lock dir_lock::acquire(const std::string& dir, const std::string& given_run_
   if (given_run_id.find_first_of(" \n") != std::string::npos)
     throw std::invalid_argument("dir_lock: the run id must be one word, not '" + given_run_id + "'");
   const std::string run_id = given_run_id.empty() ? "pid" + std::to_string(::getpid()) : given_run_id;
+  // processes started by hand (FLOWRUN_NPROC > 1, no FLOWRUN_RUN_ID): process 0 holds the lock for the run, and
+  // the others, whose work waits on process 0 at the rendezvous, take none (an id they could all work out from
+  // their environment would let a requeued copy of the run in beside the first)
+  const char* nproc = std::getenv("FLOWRUN_NPROC");
+  const char* index = std::getenv("FLOWRUN_PROCESS_INDEX");
+  const char* shared_id = std::getenv("FLOWRUN_RUN_ID");
+  if (nproc && std::atoi(nproc) > 1 && index && std::atoi(index) > 0 && !(shared_id && *shared_id)) return dir_lock{};
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   dir_lock l;

@@ -14,8 +14,10 @@
 // file names their run (or that this process holds it already, from a run before):
 // a second run finds another run id there and is refused, naming the holder. The
 // processes of one run need one run id: flowrun launch sets FLOWRUN_RUN_ID for its
-// processes; processes started by hand get one from their shared rendezvous
-// (runtime.cpp), or may set FLOWRUN_RUN_ID themselves. A free lock is taken exclusively while the run id is
+// processes. Of processes started by hand (FLOWRUN_NPROC > 1, no FLOWRUN_RUN_ID),
+// process 0 holds the lock for the run and the others take none: their work waits
+// on process 0 at the rendezvous, which a refused run never reaches. A free lock
+// is taken exclusively while the run id is
 // written, then shared; a run that lost that race reads another id back and is
 // refused as well. flock is advisory and local: it does not guard a folder that
 // runs on two machines share over NFS.

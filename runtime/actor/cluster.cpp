@@ -1110,7 +1110,9 @@ cluster_view cluster_run::view() const {
     if (n.name == graph::main_process_name) continue;
     for (std::size_t i = 0; i < t.names.size(); ++i) {
       if (t.names[i] != n.name) continue;
-      n.state = t.lost[i] ? "lost" : "connected";
+      // after end() began, a node not lost had its session closed with the run (it read "connected" in the
+      // console's linger after the sessions had closed)
+      n.state = t.lost[i] ? "lost" : t.closing ? "closed" : "connected";
       n.lost_reason = t.lost[i] ? t.lost_why[i] : std::string();
       n.heartbeat_age_ms = t.last_ms[i] < 0 ? -1 : now - t.last_ms[i];
     }

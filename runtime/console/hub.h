@@ -163,7 +163,7 @@ struct cluster_node_sample {
   std::string address;  ///< HOST:PORT of the daemon ("" for main)
   std::int64_t cpus = 0, gpus = 0;
   bool tls = false;
-  std::string state = "local";         ///< local (main), connecting, connected, lost, unused
+  std::string state = "local";         ///< local (main), connecting, connected, lost, unused, closed (the run ended)
   std::int64_t heartbeat_age_ms = -1;  ///< integer ms since its last heartbeat reply; -1: none (JSON null)
   std::string lost_reason;
   std::vector<std::string> replicas;   ///< "tokenizer", "gen[1]"

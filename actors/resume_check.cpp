@@ -16,6 +16,7 @@
 #include "actors/rank_group.h"
 #include "models/rlhf/ppo_checkpoint.h"
 #include "models/safetensors.h"
+#include "runtime/util/same_path.h"
 
 namespace flowrun::actors {
 
@@ -26,10 +27,8 @@ namespace {
 // FLOWRUN_ASSETS (../shared/assets from /tmp, where /tmp/shared links to /work/shared), records the
 // same. A path whose folders do not exist yet (an output) keeps the part that does not.
 std::string same_file_spelling(const std::string& p) {
-  if (p.empty() || p.front() != '/') return p;
-  std::error_code ec;
-  const auto c = std::filesystem::weakly_canonical(p, ec);
-  return ec ? p : c.string();
+  if (p.empty() || p.front() != '/') return p;  // not a path (a model type, a name)
+  return same_path_key(p);
 }
 
 graph::setting_value canonical_paths(graph::setting_value v) {

@@ -35,6 +35,7 @@
 #include "actors/dschat_common.h"
 #include "actors/rank_group.h"
 #include "runtime/util/dir_lock.h"
+#include "runtime/util/same_path.h"
 #include "actors/register.h"
 #include "actors/resume_check.h"
 #include "models/adapter.h"
@@ -641,13 +642,7 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         // the data position is committed with the ranks' checkpoints: a data node resuming from its folder
         // beside ranks starting afresh in another trained nothing, saved nothing and ended with exit 0
         // one folder however spelt ("dir" and "dir/", a symbolic link to it)
-        const auto same_folder = [](const std::string& a, const std::string& b) {
-          if (a.empty() || b.empty()) return a == b;
-          std::error_code ec;
-          const auto ca = std::filesystem::weakly_canonical(a, ec), cb = std::filesystem::weakly_canonical(b, ec);
-          return (ca / "").lexically_normal() == (cb / "").lexically_normal();
-        };
-        if (!same_folder(src->get_string("output_dir"), n.get_string("output_dir")))
+        if (!same_path(src->get_string("output_dir"), n.get_string("output_dir")))
           problems.push_back({"output_dir",
                               fmt::format("node '{}': output_dir = \"{}\" but its data node '{}' has output_dir = "
                                           "\"{}\": the data position is saved with the checkpoints, so the two must "

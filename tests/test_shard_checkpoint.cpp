@@ -25,6 +25,7 @@
 #include "models/safetensors.h"
 #include "models/train/shard_checkpoint.h"
 #include "runtime/util/dir_lock.h"
+#include "runtime/util/same_path.h"
 #include "test_util.h"
 
 using namespace flowrun;
@@ -559,4 +560,28 @@ TEST_CASE("dir lock: one run at a time writes a checkpoint folder, and the same 
   // a folder that cannot be made (here below a file; a cluster node's missing folder): no lock, no error
   std::ofstream(d.path / "a_file") << "x";
   CHECK_FALSE(dir_lock::acquire((d.path / "a_file" / "ckpt").string(), "run-d", "x").held());
+}
+
+TEST_CASE("same_path: one key for every spelling of a folder, and none shared by two folders") {
+  temp_dir d("same_path");
+  fs::create_directories(d.path / "run");
+  fs::create_directory_symlink(d.path / "run", d.path / "link");
+  const std::string run = fs::canonical(d.path / "run").string();  // TMPDIR may itself be a link
+  CHECK(same_path_key(run) == run);
+  CHECK(same_path_key(run + "/") == run);
+  CHECK(same_path_key((d.path / "x" / ".." / "run").string()) == run);
+  CHECK(same_path_key((d.path / "link").string()) == run);       // a symbolic link resolves
+  CHECK(same_path_key((d.path / "link" / "new").string()) == run + "/new");  // not made yet: its tail kept
+  CHECK(same_path((d.path / "link/").string(), run));
+  CHECK_FALSE(same_path((d.path / "run2").string(), run));
+  CHECK_FALSE(same_path("", run));
+  CHECK(same_path("", ""));
+  CHECK(same_path_key("/") == "/");
+  // relative: from the current directory
+  const fs::path cwd = fs::current_path();
+  fs::current_path(d.path);
+  const std::string rel = same_path_key("run/"), rel_link = same_path_key("./link");
+  fs::current_path(cwd);
+  CHECK(rel == run);
+  CHECK(rel_link == run);
 }

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <system_error>
 
+#include "runtime/util/same_path.h"
+
 namespace flowrun::graph {
 
 namespace fs = std::filesystem;
@@ -515,11 +517,7 @@ struct loader {
     result.errors.push_back(graph_error::at(p, std::move(message), std::move(hint)));
   }
 
-  static fs::path canonical_of(const fs::path& p) {
-    std::error_code ec;
-    fs::path c = fs::weakly_canonical(p, ec);
-    return ec ? fs::absolute(p).lexically_normal() : c;
-  }
+  static fs::path canonical_of(const fs::path& p) { return fs::path(same_path_key(p.string())); }
 
   // Loads `path`; `from` is where it was included (unknown for the top file).
   void load_file(const fs::path& path, const source_pos& from) {

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "runtime/graph/parse.h"
+#include "runtime/util/same_path.h"
 #include "runtime/util/writable.h"
 
 namespace flowrun::graph {
@@ -318,12 +319,7 @@ class validator {
       error(first_known(s.value_pos, node.pos), "setting '" + name + "' of node '" + node.name + "': " + why,
             "give " + name + " a path in a folder that can be written");
     if (name != "output" && name != "export_hf" && name != "save_lora") return;  // shared folders are by design
-    // the same place however it is spelled: symbolic links in the part that exists resolved, no trailing '/'
-    std::error_code ec;
-    fs::path same = fs::weakly_canonical(fs::path(text), ec);
-    if (ec) same = fs::path(text);
-    std::string key = same.lexically_normal().string();
-    while (key.size() > 1 && key.back() == '/') key.pop_back();
+    const std::string key = same_path_key(text);  // the same place however it is spelled
     auto [it, fresh] = model_outputs_.emplace(key, std::make_tuple(node.name, name, s.value_pos));
     if (!fresh)  // another node's, or another setting of this node (export_hf and save_lora in one folder)
       error(first_known(s.value_pos, node.pos),

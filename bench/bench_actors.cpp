@@ -223,7 +223,12 @@ int main(int argc, char** argv) {
   int threads = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc && std::atoi(argv[i + 1]) > 0)
+      threads = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: bench_actors [--quick] [--threads N]  (N positive)\n");
+      return std::strcmp(argv[i], "--help") && std::strcmp(argv[i], "-h") ? 2 : 0;
+    }
   }
   spdlog::set_level(spdlog::level::warn);
   if (threads <= 0) threads = static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));

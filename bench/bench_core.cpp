@@ -576,6 +576,21 @@ int main(int argc, char** argv) {
     }
   }
   if (quick) seconds = std::min(seconds, 1.0);
+  // the items: the first six run by default, the others only when --only names them
+  const std::set<std::string> items = {"machine",         "train_260k",     "train_gpt2", "train_gpt2_large",
+                                       "decode",          "train_llama124m", "train_opt125m", "kernels",
+                                       "ppo",             "ppo_260k"};
+  for (const auto& it : only)
+    if (!items.count(it)) {
+      std::string known;
+      for (const auto& k : items) known += (known.empty() ? "" : ", ") + k;
+      std::fprintf(stderr, "bench_core: --only: no item '%s' (items: %s)\n", it.c_str(), known.c_str());
+      return 2;
+    }
+  if (g_json == nullptr && std::find(argv, argv + argc, std::string("--json")) != argv + argc) {
+    std::fprintf(stderr, "bench_core: --json: cannot open the file for appending\n");
+    return 2;
+  }
   auto want = [&](const char* k, bool by_default = true) { return only.empty() ? by_default : only.count(k) > 0; };
 
   std::string paths;

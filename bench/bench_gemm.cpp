@@ -295,12 +295,17 @@ int main(int argc, char** argv) {
   int rows = 256, reps = 3;
   bool invariance = false, small = false;
   for (int i = 1; i < argc; ++i) {
+    const bool valued = i + 1 < argc && std::atoi(argv[i + 1]) > 0;
     if (!std::strcmp(argv[i], "--row-invariance")) invariance = true;
-    if (!std::strcmp(argv[i], "--small")) small = true;
-    if (i + 1 >= argc) continue;
-    if (!std::strcmp(argv[i], "--rows")) rows = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--threads")) ops::set_thread_budget(std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--small")) small = true;
+    else if (!std::strcmp(argv[i], "--rows") && valued) rows = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && valued) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--threads") && valued) ops::set_thread_budget(std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: bench_gemm [--rows N] [--reps R] [--threads N] | --row-invariance [--threads N] | "
+                           "--small [--threads N]  (N, R positive)\n");
+      return std::strcmp(argv[i], "--help") && std::strcmp(argv[i], "-h") ? 2 : 0;
+    }
   }
   auto libs = libraries();
   if (invariance) {

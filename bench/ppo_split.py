@@ -52,6 +52,8 @@ def main():
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--quick", action="store_true")
     a = ap.parse_args()
+    if not (os.path.isfile(a.flowrun) and os.access(a.flowrun, os.X_OK)):
+        ap.error(f"--flowrun {a.flowrun}: no such program (tools/build.sh builds build/bin/flowrun)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = os.path.abspath(a.out)
     os.makedirs(out, exist_ok=True)

@@ -26,7 +26,10 @@ the baseline of its type whose recorded FMA peak is nearest its own, and only
 when the two are within --peak-match (1.3x). A drop of more than --tolerance
 (10%) below that baseline fails (exit 1); a run with no baseline of its type and
 host class is reported as such. --record stores this run's medians as the
-baseline of its type and host class (replacing one recorded within --peak-match).
+baseline of its type and host class: the ratios it measured replace those of the baseline
+recorded within --peak-match, whose other ratios stay (a run of some items updates those).
+A check that compares none of the baseline's ratios, where the run measured some, fails; a results file with no results is
+an error (exit 2), as is an unreadable one.
 """
 import argparse
 import json
@@ -94,12 +97,28 @@ def main():
     trl = []  # bench/trl_ppo.py: a PPO iteration in flowrun and in TRL, one line per model
     trl_grpo = []  # bench/trl_grpo.py: a GRPO iteration in flowrun and in TRL's GRPOTrainer, one line per model
     shares = []  # bench/runtime_share.py: the actor runtime's share of a PPO run's CPU samples, one line per model
-    with open(a.results) as f:
-        for line in f:
+    if a.record and not a.baseline:
+        print("report: --record needs --baseline FILE (the file the median ratios are recorded in)", file=sys.stderr)
+        return 2
+    try:
+        f = open(a.results)
+    except OSError as e:
+        print(f"report: cannot read {a.results}: {e.strerror} (bench/run_bench.sh writes it: OUT/results.jsonl)",
+              file=sys.stderr)
+        return 2
+    n_lines = 0
+    with f:
+        for lineno, line in enumerate(f, 1):
             line = line.strip()
             if not line.startswith("{"):
                 continue
-            d = json.loads(line)
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                print(f"report: {a.results}:{lineno}: not a JSON line ({e.msg}, column {e.colno}); a run cut "
+                      "short leaves one: delete the line or run again", file=sys.stderr)
+                return 2
+            n_lines += 1
             src = d.get("source", "flowrun")
             if d["kind"] == "machine":
                 machine = d
@@ -117,6 +136,10 @@ def main():
                 shares.append(d)
             else:
                 (th if src == "torch" else fl).setdefault(key_of(d), []).append(d)
+    if n_lines == 0 or not (fl or th or trl or trl_grpo or shares or ppo or machine):
+        print(f"report: {a.results} holds no results (an empty or interrupted run, or --only naming no item)",
+              file=sys.stderr)
+        return 2
 
     def summary(k):
         """Medians and spreads of item k: (flowrun runs, torch runs, ratios of the pairs)."""
@@ -182,7 +205,10 @@ def main():
         out.append(f'PPO iteration (stories260K, {ppo["iterations"]} iterations, runtime metrics): '
                    f'{ppo["seconds_per_iteration"]:.3f} s per iteration')
         out.append("")
-        out.append("| phase | s per iteration | share |")
+        out.append("Nodes run side by side (the scorers, the trainers), so the shares of the wall time can add up "
+                   "to more than 100%.")
+        out.append("")
+        out.append("| phase | s per iteration | share of the wall time |")
         out.append("|---|---|---|")
         for name, s in ppo["phases"].items():
             if s is None:
@@ -287,6 +313,10 @@ def main():
                 book = json.load(f)
         except FileNotFoundError:
             book = {}
+        except json.JSONDecodeError as e:
+            print(f"report: {a.baseline}:{e.lineno}: not JSON ({e.msg}); restore it with git checkout {a.baseline}",
+                  file=sys.stderr)
+            return 2
     machines = book.get("machines", {})
     bases = baselines_of(machines.get(mtype))
     peak = machine.get("peak_gflops")
@@ -298,30 +328,48 @@ def main():
             print(f"\nregression check: no baseline for this machine type ({mtype}) in {a.baseline}; "
                   f"known: {', '.join(machines) or 'none'} (run with --record to make one)")
         elif chosen is None:
+            slower = peak and all(b.get("machine", {}).get("peak_gflops", 0) > peak for b in bases)
             print(f"\nregression check: no baseline of {mtype} for a host of this FMA peak ({peak_text}; "
-                  f"recorded for peaks of {recorded} GFLOP/s, matched within {a.peak_match}x): "
-                  "not checked (run with --record to add one)")
+                  f"recorded for peaks of {recorded} GFLOP/s, matched within {a.peak_match}x): not checked. " +
+                  ("The peak is below every recorded one: a loaded host (another job running) reads like this; "
+                   "run again on a quiet one. A slower host class of this CPU gets a baseline of its own with --record."
+                   if slower else "A host class of its own: run with --record to add one."))
         else:
             base = chosen["ratios"]
+            compared = sum(k in ratios for k in base)
             drops = []
             for k, b in base.items():
                 if k in ratios and ratios[k] < (1 - a.tolerance) * b:
                     drops.append(f"  {k}: {ratios[k]:.3f} < {b:.3f} - {100 * a.tolerance:.0f}%")
             bp = chosen.get("machine", {}).get("peak_gflops")
             against = f"the baseline of {mtype}" + (f" recorded at an FMA peak of {bp:.0f} GFLOP/s (this run: {peak_text})" if bp else "")
-            if drops:
+            if not ratios:
+                print("\nregression check: this run measured no ratio (its items give none, as machine alone): "
+                      "not checked")
+            elif compared == 0:
+                print(f"\nregression check FAILED: this run measured none of the {len(base)} median ratios of "
+                      f"{against} (its items: {', '.join(sorted(ratios)) or 'none'}); keep at least one of "
+                      f"{', '.join(sorted(base))}")
+                status = 1
+            elif drops:
                 print("\nregression check FAILED (a median ratio dropped more than "
                       f"{100 * a.tolerance:.0f}% below {against}):\n" + "\n".join(drops))
                 status = 1
             else:
-                print(f"\nregression check: ok ({sum(k in ratios for k in base)} median ratios within "
+                print(f"\nregression check: ok ({compared} median ratios within "
                       f"{100 * a.tolerance:.0f}% of {against}, or above)")
     if a.record and a.baseline:
         if not peak:
             print("\nnot recorded: this run has no machine figures (the FMA peak picks the host class; "
                   "keep machine in --only)")
             return 1
-        entry = {"ratios": ratios, "machine": machine, "torch": torch_info, "host": host}
+        if not ratios:
+            print("\nnot recorded: this run measured no median ratio (nothing to record)")
+            return 1
+        # a run of some items (--only, --no-torch, no --trl) updates those and keeps the baseline's others
+        kept = {k: v for k, v in (chosen or {}).get("ratios", {}).items() if k not in ratios}
+        entry = {"ratios": {**kept, **ratios}, "machine": machine, "torch": torch_info or (chosen or {}).get("torch", {}),
+                 "host": host}
         if idx is None:
             bases.append(entry)
         else:
@@ -330,7 +378,9 @@ def main():
         with open(a.baseline, "w") as f:
             json.dump({"machines": machines}, f, indent=1, sort_keys=True)
             f.write("\n")
-        print(f"\nrecorded {len(ratios)} median ratios in {a.baseline} for {mtype} at an FMA peak of {peak_text}")
+        print(f"\nrecorded {len(ratios)} median ratios in {a.baseline} for {mtype} at an FMA peak of {peak_text}" +
+              (f"; kept {len(kept)} of the baseline's that this run did not measure ({', '.join(sorted(kept))})"
+               if kept else ""))
     return status
 
 

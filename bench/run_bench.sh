@@ -5,8 +5,10 @@
 #   bench/run_bench.sh [--quick] [--record] [--no-torch] [--no-ppo] [--trl] [--only ITEMS] [--repeat N]
 #
 #   BUILD=build             where bench_core and flowrun are (tools/build.sh builds them)
-#   TORCH_VENV=/tmp/refenv  a venv with torch; made and filled from PyPI if torch is missing
-#   THREADS=N               threads for both (default: all hardware threads)
+#   TORCH_VENV=/tmp/refenv  a venv with torch. Left unset, /tmp/refenv is made and filled from PyPI
+#                           when torch is missing there; a TORCH_VENV that is set must hold a python
+#                           (a misspelt path stops the run instead of installing PyTorch into it)
+#   THREADS=N               threads for both, the TRL comparison's too (default: all hardware threads)
 #   OUT=$BUILD/bench        where results.jsonl and report.md go
 #
 # Each item runs flowrun and PyTorch as interleaved pairs (bench_core --only ITEM
@@ -20,7 +22,8 @@
 # Items: machine train_260k train_gpt2 train_gpt2_large decode (and the PPO split).
 # --trl adds a PPO iteration side by side with TRL's PPOTrainer and a GRPO iteration with its
 # GRPOTrainer (bench/trl_ppo.sh, N pairs per model and algorithm; it installs trl 1.12 into the venv;
-# about 10 minutes per model and algorithm); where the CPU has AVX512_BF16 or AMX, also the 6.1 M
+# about 1 minute per pair, model and algorithm on 2 cores: 5 pairs of both models and both algorithms
+# took 12-15 minutes); where the CPU has AVX512_BF16 or AMX, also the 6.1 M
 # model's PPO iteration with both sides in bf16 (about 5 minutes more).
 # With --trl or the PPO split, bench/runtime_share.py measures the actor runtime's share of a PPO
 # iteration's CPU samples under Linux perf (skipped where perf cannot record).
@@ -37,7 +40,10 @@ venv="${TORCH_VENV:-/tmp/refenv}"
 threads="${THREADS:-$(nproc)}"
 out="${OUT:-$build/bench}"
 quick="" record="" torch=1 ppo=1 trl=0 repeat=5
-items="machine train_260k train_gpt2 train_gpt2_large decode"
+known_items="machine train_260k train_gpt2 train_gpt2_large decode"
+items="$known_items"
+usage="usage: bench/run_bench.sh [--quick] [--record] [--no-torch] [--no-ppo] [--trl] [--only ITEMS] [--repeat N]
+  ITEMS: a comma-separated list of $known_items"
 while (($#)); do
   case "$1" in
     --quick) quick="--quick" ;;
@@ -45,20 +51,35 @@ while (($#)); do
     --no-torch) torch=0 ;;
     --no-ppo) ppo=0 ;;
     --trl) trl=1 ;;
-    --only) items="${2//,/ }"; shift ;;
-    --repeat) repeat="$2"; shift ;;
-    *) echo "usage: bench/run_bench.sh [--quick] [--record] [--no-torch] [--no-ppo] [--trl] [--only ITEMS] [--repeat N]" >&2; exit 2 ;;
+    --only|--repeat)
+      if (($# < 2)) || [[ "$2" == --* ]]; then echo "run_bench: $1 needs a value" >&2; echo "$usage" >&2; exit 2; fi
+      if [[ "$1" == --only ]]; then items="${2//,/ }"; else repeat="$2"; fi
+      shift ;;
+    -h|--help) echo "$usage"; exit 0 ;;
+    *) echo "run_bench: unknown option '$1'" >&2; echo "$usage" >&2; exit 2 ;;
   esac
   shift
 done
-mkdir -p "$out"
-results="$out/results.jsonl"
-: > "$results"
+[[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "run_bench: --repeat takes a positive number of pairs, not '$repeat'" >&2; exit 2; }
+[[ "$threads" =~ ^[1-9][0-9]*$ ]] || { echo "run_bench: THREADS takes a positive number, not '$threads'" >&2; exit 2; }
+for item in $items; do
+  [[ " $known_items " == *" $item "* ]] ||
+    { echo "run_bench: --only: no item '$item' (items: $known_items)" >&2; exit 2; }
+done
+[[ -z "$items" ]] && { echo "run_bench: --only names no item (items: $known_items)" >&2; exit 2; }
 
 if [[ ! -x "$build/bin/bench_core" ]]; then
   echo "run_bench: $build/bin/bench_core is missing: build it first (tools/build.sh, or ninja -C $build bench_core flowrun)" >&2
   exit 1
 fi
+if [[ -n "${TORCH_VENV:-}" ]] && ((torch || trl)) && [[ ! -x "$venv/bin/python" ]]; then
+  echo "run_bench: TORCH_VENV=$venv holds no bin/python: give a venv with torch, or leave TORCH_VENV unset to have" \
+    "/tmp/refenv made (or --no-torch without --trl to compare with nothing)" >&2
+  exit 2
+fi
+mkdir -p "$out"
+results="$out/results.jsonl"
+: > "$results"
 
 if ((torch)); then
   if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
@@ -94,13 +115,13 @@ done
 
 if ((trl)); then
   echo "== PPO and GRPO side by side with TRL" >&2
-  TORCH_VENV="$venv" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" "$build" \
+  TORCH_VENV="$venv" THREADS="$threads" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" "$build" \
     stories260K,llama6m ppo,grpo | grep -E '"kind": "trl_(ppo|grpo)"' >> "$results"
   # where the CPU multiplies bf16 (AVX512_BF16, AMX: runtime/kernels/cpu/gemm_bf16.h), the 6.1 M PPO
   # iteration with both sides in bf16 too (flowrun's dtype = bf16, TRL's bf16=True), beside the fp32 goal
   if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then
     echo "== PPO side by side with TRL, both in bf16" >&2
-    DTYPE=bf16 TORCH_VENV="$venv" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" \
+    DTYPE=bf16 TORCH_VENV="$venv" THREADS="$threads" bash "$root/bench/trl_ppo.sh" "$( ((${#quick})) && echo 1 || echo "$repeat")" \
       "$build" llama6m ppo | grep -E '"kind": "trl_ppo"' >> "$results"
   fi
 fi

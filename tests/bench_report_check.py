@@ -111,4 +111,46 @@ ratios = json.load(open(os.path.join(work, "trl_base.json")))["machines"][TYPE][
 assert ratios["ppo llama6m / trl"] == 2.8 and ratios["ppo llama6m bf16 / trl"] == 4.1, ratios
 assert ratios["grpo llama6m / trl"] == 2.2 and ratios["grpo llama6m bf16 / trl"] == 2.9, ratios
 assert "| llama6m, bf16 on both, 2 prompts x 8 answers" in out, out
+
+# a run of some items updates those ratios and keeps the baseline's others (a --only or --no-torch record
+# replaced the whole class: 17 ratios became 0 and every later check passed)
+part = os.path.join(work, "part_base.json")
+with open(part, "w") as f:
+    json.dump(json.load(open(os.path.join(work, "trl_base.json"))), f)
+rc, out = run(results("part.jsonl", 195.0, [180, 180, 180], [100, 100, 100]), part, "--record")
+assert rc == 0 and "kept 4 of the baseline's" in out, out
+kept = json.load(open(part))["machines"][TYPE]["baselines"]
+assert len(kept) == 1 and kept[0]["ratios"]["ppo llama6m / trl"] == 2.8, kept
+assert round(kept[0]["ratios"]["train m B=4 T=64 / torch"], 3) == 1.8, kept
+# a check that compares nothing fails (a misspelt item ran nothing and the check said "ok")
+nothing = os.path.join(work, "nothing.jsonl")
+with open(nothing, "w") as f:
+    f.write(json.dumps(dict(HOST, source="flowrun")) + "\n")
+    f.write(json.dumps({"source": "flowrun", "kind": "machine", "threads": 2, "peak_gflops": 190.0,
+                        "read_gbs_1g": 8.0, "read_gbs_64m": 8.0, "gemm": "test"}) + "\n")
+rc, out = run(nothing, part)  # machine figures alone: no ratio to check
+assert rc == 0 and "measured no ratio" in out and "not checked" in out, out
+other = os.path.join(work, "other.jsonl")
+with open(other, "w") as f:
+    f.write(open(nothing).read())
+    for fl, th in ((180, 100), (170, 100)):
+        item = {"kind": "train", "model": "other", "B": 4, "T": 64}
+        f.write(json.dumps(dict(item, source="flowrun", tok_s=fl, sgemm_bound_tok_s=2 * fl, peak_bound_tok_s=4 * fl)) + "\n")
+        f.write(json.dumps(dict(item, source="torch", tok_s=th)) + "\n")
+rc, out = run(other, part)  # ratios, none of them the baseline's
+assert rc == 1 and "measured none of the" in out, out
+# an empty file, a missing one, a cut line and --record without --baseline: errors (exit 2), no traceback
+empty = os.path.join(work, "empty.jsonl")
+open(empty, "w").close()
+for args in ([empty, "--baseline", part], [os.path.join(work, "missing.jsonl")], [nothing, "--record"]):
+    p = subprocess.run([sys.executable, report, *args], capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.startswith("report: "), (args, p.stderr)
+cut = os.path.join(work, "cut.jsonl")
+with open(cut, "w") as f:
+    f.write(open(nothing).read() + '{"kind": "tra')
+p = subprocess.run([sys.executable, report, cut], capture_output=True, text=True)
+assert p.returncode == 2 and "cut.jsonl:3: not a JSON line" in p.stderr, p.stderr
+# a loaded host's run (its FMA peak below every class's) is not checked, and says why
+rc, out = run(results("loaded.jsonl", 60.0, [100, 100, 100], [100, 100, 100]), part)
+assert rc == 0 and "not checked" in out and "below every recorded one" in out, out
 print("bench_report_check: ok")

@@ -83,6 +83,9 @@ PY
 grep -q "node 'rm': tensorboard_path = \"$out/tb_off\" but enable_tensorboard is false: no event files are written" \
   "$out/r_err" || { echo "no warning for a tensorboard_path without enable_tensorboard:"; cat "$out/r_err"; exit 1; }
 [ ! -e "$out/tb_off" ] || { echo "$out/tb_off was written"; exit 1; }
+# the folder held the interrupted run's events: the resumed run says that TensorBoard hides their later points
+grep -q "ppo_controller.*TensorBoard: $out/r_tb/ppo_controller holds event files of an earlier run" "$out/r_err" ||
+  { echo "no warning for a tensorboard_path with an earlier run's events:"; grep -i tensorboard "$out/r_err"; exit 1; }
 grep -q "resuming after iteration 1 " "$out/r_log" || { echo "the run did not resume after iteration 1:"; cat "$out/r_log"; exit 1; }
 grep "step 3 ppo\] iter" "$out/r_log"
 cat "$out/log" "$out/r_log" > "$out/both_log"  # iteration 2 printed twice: the resumed run's line last

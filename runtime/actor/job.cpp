@@ -573,6 +573,12 @@ class replica_actor_t : public Base {
       }
       tensorboard_ = std::make_unique<flowrun::tensorboard::event_writer>(std::move(*w));
       ctx_log().info("TensorBoard event file {}", tensorboard_->path().string());
+      // nothing hidden without a word: a fresh run into a folder of another run's events replaced that run's curves
+      if (tensorboard_->follows_earlier_run())
+        ctx_log().warn("TensorBoard: {} holds event files of an earlier run: TensorBoard shows this run from its first "
+                       "step on and hides the earlier run's points from that step (their files stay; a resumed run "
+                       "wants this). To compare two runs, give each its own tensorboard_path",
+                       np_.tensorboard_dir);
     }
     const auto t0 = now();
     bool ok = guarded("start", [&] {

@@ -224,6 +224,7 @@ struct server::impl {
   httplib::Server svr;
   std::atomic<int> streams{0};
   std::atomic<bool> stopping{false};
+  std::atomic<bool> draining{false};  // stop() began: each stream sends what is left and its end, then closes
   std::atomic<bool> listened{false};  // listen_after_bind returned
 };
 
@@ -395,6 +396,22 @@ void server::start() {
             sink.done();
             return true;
           }
+          // The server is stopping (the run ended, its linger if any over): the final frame if this stream has
+          // not sent it, then `end` when the run is over, so that a client knows the run finished. (Without a
+          // linger the server stopped as the run ended, and most streams closed with neither.)
+          const auto finish = [&] {
+            std::string out;
+            if (h->frame() > st->frame) {
+              st->frame = h->frame();
+              out = "event: frame\ndata: " + h->frame_json(&st->event_seq, &st->signal_seq) + "\n\n";
+            }
+            if (h->ended()) out += "event: end\ndata: " + h->status_json() + "\n\n";
+            st->ended = true;
+            if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+            sink.done();
+            return true;
+          };
+          if (im->draining.load() && !st->first) return finish();
           std::string out;
           if (st->first) {
             st->first = false;
@@ -406,6 +423,7 @@ void server::start() {
               sink.done();
               return true;
             }
+            if (im->draining.load()) return finish();
             if (f > st->frame) {
               st->frame = f;
               out = "event: frame\ndata: " + h->frame_json(&st->event_seq, &st->signal_seq) + "\n\n";
@@ -485,6 +503,12 @@ void server::start() {
 
 void server::stop() {
   if (!thread_.joinable()) return;
+  // Let the open streams send their last frame and `end` (each does on its next turn, at most the
+  // 1 s wait_frame timeout away, at once when the hub is closed) before the sockets close.
+  impl_->draining = true;
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (impl_->streams.load() > 0 && std::chrono::steady_clock::now() < drain_until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   impl_->stopping = true;
   // cpp-httplib's stop() closes the socket only once the accept loop runs: called before the thread
   // got there (a start that failed just after, e.g. an unwritable --console-token-file), it did

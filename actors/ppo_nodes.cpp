@@ -495,11 +495,13 @@ class frozen_scorer final : public actor::node {
         // bf16: the products' inputs in bf16 too (ops::matmul_precision; fp16 computes in fp32)
         ops::matmul_precision_scope gemm(precision_ == dtype::bf16 ? ops::matmul_precision::bf16
                                                                    : ops::get_matmul_precision());
+        // the answer's positions only (keep_from): the experience reads nothing before them
+        const int64_t keep = r->exp->start();
         out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
-          return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask)
+          return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask, keep)
                  : share ? ppo::shared_prompt_logprobs(*model_, acts_, seq, mask, r->exp->prompts.size(1),
-                                                       r->exp->temperature)
-                         : ppo::sequence_logprobs(*model_, acts_, seq, mask, r->exp->temperature);
+                                                       r->exp->temperature, keep)
+                         : ppo::sequence_logprobs(*model_, acts_, seq, mask, r->exp->temperature, keep);
         });
         rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
                            reward_ ? "reward_score" : "ref_logprobs");
@@ -804,10 +806,12 @@ class ppo_trainer final : public actor::node {
     if (r->exp) {
       // the precision of the update whose forward this stands for (bf16 products in a bf16 model)
       ops::matmul_precision_scope gemm(engine_.engine->compute_precision());
+      // at the answer's positions (keep_from), as the update's forward (ppo::actor_batch_loss) runs
+      const int64_t keep = r->exp->start();
       out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
         activations& a = engine_.engine->forward_activations();
-        return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask, r->exp->temperature)
-                       : ppo::sequence_values(*model_, a, seq, mask);
+        return policy_ ? ppo::sequence_logprobs(*model_, a, seq, mask, r->exp->temperature, keep)
+                       : ppo::sequence_values(*model_, a, seq, mask, keep);
       });
       scored_ = r->exp->seq.raw();
       rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),
@@ -854,7 +858,8 @@ class ppo_trainer final : public actor::node {
       ctx.phase("proximal_logprobs");
       ops::matmul_precision_scope gemm(engine_.engine->compute_precision());
       e->logprobs = score_on_ranks(group_, *e, [&](const tensor& seq, const tensor& mask) {
-        return ppo::sequence_logprobs(*model_, engine_.engine->forward_activations(), seq, mask, e->temperature);
+        return ppo::sequence_logprobs(*model_, engine_.engine->forward_activations(), seq, mask, e->temperature,
+                                      e->start());
       });
       exps.push_back(std::move(e));
       ctx.phase("training");

@@ -407,10 +407,11 @@ static void bench_ppo(int iterations, const model_config& c, const char* model_n
     }
     // as the nodes do (actors/ppo_nodes.cpp): the trainers score into their engine's activations
     // and their update takes that forward over; the frozen scorers keep theirs
-    timed([&] { e->logprobs = ppo::sequence_logprobs(actor, ea.forward_activations(), e->seq, e->attention_mask); });
-    timed([&] { e->ref_logprobs = ppo::sequence_logprobs(ref, ref_acts, e->seq, e->attention_mask); });
-    timed([&] { e->reward_score = ppo::reward_scores(rm, rm_acts, e->seq, e->attention_mask); });
-    timed([&] { e->values = ppo::sequence_values(critic, ec.forward_activations(), e->seq, e->attention_mask); });
+    const int64_t keep = e->start();  // the answer's positions, as the graph's nodes score
+    timed([&] { e->logprobs = ppo::sequence_logprobs(actor, ea.forward_activations(), e->seq, e->attention_mask, 1.0f, keep); });
+    timed([&] { e->ref_logprobs = ppo::sequence_logprobs(ref, ref_acts, e->seq, e->attention_mask, 1.0f, keep); });
+    timed([&] { e->reward_score = ppo::reward_scores(rm, rm_acts, e->seq, e->attention_mask, keep); });
+    timed([&] { e->values = ppo::sequence_values(critic, ec.forward_activations(), e->seq, e->attention_mask, keep); });
     timed([&] { ppo::make_advantages(*e, s.ppo, adv, ret); });
     timed([&] { ppo::actor_update(ea, *e, adv, s, 1e-4, /*scored=*/true); });
     timed([&] { ppo::critic_update(ec, *e, ret, s, 1e-4, /*scored=*/true); });

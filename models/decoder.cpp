@@ -60,6 +60,24 @@ void copy_rows_strided(tensor& dst, int64_t dst_off, int64_t dpitch, const tenso
     dst.flat_view(dst_off + r * dpitch, {width}).copy_from(src.flat_view(src_off + r * spitch, {width}));
 }
 
+// The kept positions t >= t0 of each of the B sequences of x (B*T rows of W elements each)
+// into out (B*(T - t0) rows): the rows decoder::forward(keep_from = t0) computes after the
+// last layer's attention. One strided copy (one cudaMemcpy2D on a GPU).
+void gather_kept(tensor& out, const tensor& x, int64_t B, int64_t T, int64_t t0) {
+  const int64_t Tk = T - t0, W = x.numel() / (B * T);
+  copy_rows_strided(out, 0, Tk * W, x, t0 * W, T * W, Tk * W, B);
+}
+
+// The inverse: full (B*T rows) = zero, then the kept rows from kept (B*(T - t0) rows).
+void scatter_kept(tensor& full, const tensor& kept, int64_t B, int64_t T, int64_t t0) {
+  const int64_t Tk = T - t0, W = full.numel() / (B * T);
+  full.zero_();
+  copy_rows_strided(full, t0 * W, T * W, kept, 0, Tk * W, Tk * W, B);
+}
+
+// The first n rows of t (dim 0), or t itself when undefined (a LayerNorm mean under RMSNorm).
+tensor first_rows(const tensor& t, int64_t n) { return t.defined() ? t.rows(0, n) : t; }
+
 // The head's blocks for one forward pass: the head and, with tied embeddings, the
 // embedding block (lm_head is a view of embed_tokens). Acquired now, released when
 // the pass returns (on every path).
@@ -680,10 +698,16 @@ void decoder::rope_apply(tensor& x, const tensor& positions, const tensor& rot, 
 // ------------------------------------------------------------------ training forward
 
 double decoder::forward(activations& a, const tensor& ids, const tensor& targets, const tensor& mask,
-                        const tensor& positions) {
+                        const tensor& positions, int64_t keep_from) {
   if (ids.dim() != 2 || ids.type() != dtype::i32)
     throw std::invalid_argument("decoder::forward: ids must be (B, T) i32, got " + ids.str());
   const int64_t B = ids.size(0), T = ids.size(1), N = B * T;
+  if (keep_from < 0 || keep_from >= T)
+    throw std::invalid_argument("decoder::forward: keep_from = " + std::to_string(keep_from) + " outside [0, T = " +
+                                std::to_string(T) + ")");
+  if (keep_from > 0 && targets.defined())
+    throw std::invalid_argument("decoder::forward: keep_from > 0 computes no logits before it, and the loss of "
+                                "`targets` reads every position: pass keep_from = 0 with targets");
   const int64_t C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
   const int64_t F = cfg_.hidden_dim, V = cfg_.vocab_size, NL = cfg_.n_layers;
   if (T > cfg_.max_seq_len)
@@ -744,6 +768,9 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   a.rope_rot = rope_rotations(pos_host);
   a.training = training_;
   a.slot_layer = -1;
+  a.keep_from = keep_from;
+  const int64_t Nh = B * (T - keep_from);  // the rows the head reads (N when keep_from = 0)
+  if (keep_from > 0) ensure(a.keep_out, {Nh, C}, dev_);
   if (a.checkpointed) a.layer_rng.assign(static_cast<size_t>(NL), 0);
 
   // embeddings: x = wte[ids] (+ wpe[pos + offset])
@@ -779,24 +806,38 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   }
   if (a.checkpointed) a.slot_layer = NL - 1;  // the slot holds the last layer's tensors
   head_blocks guard(hooks_, head_block, cfg_.tied_embeddings);  // acquired until every return below
-  tensor lnf = a.lnf.view({N, C});
-  if (post) lnf.copy_from(a.resid[NL].view({N, C}));  // no final norm
-  else norm_forward(lnf, a.lnf_mean, a.lnf_rstd, a.resid[NL].view({N, C}), w_.lnf_w, w_.lnf_b);
+  // the head's input: every position's last hidden state, or the kept rows (Nh, C) compacted
+  tensor hx = a.resid[NL].view({N, C});
+  if (keep_from > 0) {
+    if (!kept_last_layer(a)) gather_kept(a.keep_out, hx, B, T, keep_from);  // else the last layer wrote them
+    hx = a.keep_out;
+  }
+  tensor lnf = a.lnf.view({N, C}).rows(0, Nh);
+  if (post) lnf.copy_from(hx);  // no final norm
+  else {
+    tensor mean = first_rows(a.lnf_mean, Nh), rstd = first_rows(a.lnf_rstd, Nh);
+    norm_forward(lnf, mean, rstd, hx, w_.lnf_w, w_.lnf_b);
+  }
   if (proj) {  // OPT project_out
-    tensor ho = a.hout.view({N, E});
+    tensor ho = a.hout.view({N, E}).rows(0, Nh);
     ops::linear_forward(ho, lnf, w_.project_out, none_tensor);
     lnf = ho;
   }
+  const int64_t W = value_head_ ? 1 : V;  // the head's width
+  tensor& out = value_head_ ? a.values : a.logits;
+  ensure(out, value_head_ ? shape_t{B, T} : shape_t{B, T, V}, dev_);
+  tensor head_out = out.view({N, W});
+  if (keep_from > 0) {  // into the kept rows, then to their places (0 before keep_from)
+    ensure(a.keep_head, {Nh, W}, dev_);
+    head_out = a.keep_head;
+  }
+  ops::linear_forward(head_out, lnf, value_head_ ? w_.v_head : w_.lm_head, none_tensor);
+  if (keep_from > 0) scatter_kept(out, a.keep_head, B, T, keep_from);
   if (value_head_) {
-    ensure(a.values, {B, T}, dev_);
-    tensor vals = a.values.view({N, 1});
-    ops::linear_forward(vals, lnf, w_.v_head, none_tensor);
     a.n_valid = 0;
     return 0.0;
   }
-  ensure(a.logits, {B, T, V}, dev_);
   tensor logits = a.logits.view({N, V});
-  ops::linear_forward(logits, lnf, w_.lm_head, none_tensor);
   if (!targets.defined()) {
     a.n_valid = 0;
     return 0.0;
@@ -810,6 +851,10 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
 void decoder::layer_forward(activations& a, int64_t l, const tensor& x, tensor& out, const tensor& mask) {
   if (cfg_.post_norm) {
     forward_post_layer(a, l, x, out, mask);
+    return;
+  }
+  if (l == cfg_.n_layers - 1 && kept_last_layer(a)) {
+    last_layer_forward_kept(a, l, x, mask);
     return;
   }
   const int64_t N = a.B * a.T, C = cfg_.dim;
@@ -863,7 +908,15 @@ void decoder::forward_post_layer(activations& a, int64_t l, const tensor& x, ten
 
 void decoder::attn_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out,
                        const tensor& mask) {
-  const int64_t N = a.B * a.T, C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
+  const int64_t N = a.B * a.T, C = cfg_.dim;
+  auto& L = a.at(l);
+  attn_core_fwd(a, l, in, mask);
+  lin_fwd(l, lm_o, out, L.atty.view({N, C}), &L);
+  ops::axpy(out, resid);
+}
+
+void decoder::attn_core_fwd(activations& a, int64_t l, const tensor& in, const tensor& mask) {
+  const int64_t N = a.B * a.T, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
   auto& L = a.at(l);
   tensor q = L.q.view({N, H * hs}), k = L.k.view({N, KV * hs}), v = L.v.view({N, KV * hs});
   lin_fwd(l, lm_q, q, in, &L);
@@ -874,17 +927,40 @@ void decoder::attn_fwd(activations& a, int64_t l, const tensor& in, const tensor
     rope_apply(L.k, a.positions, a.rope_rot, false);
   }
   ops::attention_forward(L.atty, L.att, L.q, L.k, L.v, mask);
-  lin_fwd(l, lm_o, out, L.atty.view({N, C}), &L);
-  ops::axpy(out, resid);
 }
 
-void decoder::mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out) {
-  const int64_t N = a.B * a.T, F = cfg_.hidden_dim;
+// The last layer under keep_from (pre-norm): ln1, q, k, v and attention at every position (the kept
+// positions attend to all before them), then o_proj, the residual, ln2 and the MLP at the kept rows only
+// (Nh = B * (T - keep_from)), compacted: a.keep_atty and a.keep_x hold the attention output and the
+// input at those rows, the slot's resid2, ln2, gate, up, act their first Nh rows, a.keep_out the output.
+void decoder::last_layer_forward_kept(activations& a, int64_t l, const tensor& x, const tensor& mask) {
+  const int64_t B = a.B, T = a.T, N = B * T, C = cfg_.dim, t0 = a.keep_from, Nh = B * (T - t0);
   auto& L = a.at(l);
-  tensor up = L.up.view({N, F}), act = L.act.view({N, F});
+  const auto& W = w_.layers[l];
+  tensor ln1 = L.ln1.view({N, C});
+  norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
+  attn_core_fwd(a, l, ln1, mask);
+  ensure(a.keep_atty, {Nh, C}, dev_);
+  ensure(a.keep_x, {Nh, C}, dev_);
+  gather_kept(a.keep_atty, L.atty.view({N, C}), B, T, t0);
+  gather_kept(a.keep_x, x, B, T, t0);
+  tensor r2 = L.resid2.view({N, C}).rows(0, Nh);
+  lin_fwd(l, lm_o, r2, a.keep_atty, &L);
+  ops::axpy(r2, a.keep_x);
+  tensor ln2 = L.ln2.view({N, C}).rows(0, Nh);
+  tensor mean = first_rows(L.ln2_mean, Nh), rstd = first_rows(L.ln2_rstd, Nh);
+  norm_forward(ln2, mean, rstd, r2, W.ln2_w, W.ln2_b);
+  mlp_fwd(a, l, ln2, r2, a.keep_out);
+}
+
+// The MLP on the rows of `in` (N, C): every position, or the kept rows of the last layer.
+void decoder::mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out) {
+  const int64_t N = in.numel() / cfg_.dim, F = cfg_.hidden_dim;
+  auto& L = a.at(l);
+  tensor up = L.up.view({a.B * a.T, F}).rows(0, N), act = L.act.view({a.B * a.T, F}).rows(0, N);
   lin_fwd(l, lm_up, up, in, &L);
   if (cfg_.gated_mlp) {
-    tensor gate = L.gate.view({N, F});
+    tensor gate = L.gate.view({a.B * a.T, F}).rows(0, N);
     lin_fwd(l, lm_gate, gate, in, &L);
     ops::swiglu_forward(act, gate, up);
   } else {
@@ -895,11 +971,17 @@ void decoder::mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor&
 }
 
 void decoder::attn_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din) {
-  const int64_t B = a.B, T = a.T, N = B * T, C = cfg_.dim, H = cfg_.n_heads, KV = cfg_.n_kv_heads,
-                hs = cfg_.head_dim();
+  const int64_t N = a.B * a.T, C = cfg_.dim;
   auto& L = a.at(l);
   a.datty.zero_();
   lin_bwd(l, lm_o, a.datty, dout, L.atty.view({N, C}), a, L);
+  attn_core_bwd(a, l, in, din);
+}
+
+// din += d attention(in) for the gradient a.datty (N, C) of the attention output (before o_proj).
+void decoder::attn_core_bwd(activations& a, int64_t l, const tensor& in, tensor& din) {
+  const int64_t B = a.B, T = a.T, N = B * T, H = cfg_.n_heads, KV = cfg_.n_kv_heads, hs = cfg_.head_dim();
+  auto& L = a.at(l);
   tensor datty4 = a.datty.view({B, T, H, hs});
   ops::attention_backward(a.dq, a.dk, a.dv, datty4, L.q, L.k, L.v, L.att);
   if (cfg_.use_rope) {
@@ -911,18 +993,46 @@ void decoder::attn_bwd(activations& a, int64_t l, const tensor& in, const tensor
   lin_bwd(l, lm_v, din, a.dv.view({N, KV * hs}), in, a, L);
 }
 
+// The MLP's backward on the rows of `in` (N, C), as mlp_fwd.
 void decoder::mlp_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din) {
-  const int64_t N = a.B * a.T, F = cfg_.hidden_dim;
+  const int64_t N = in.numel() / cfg_.dim, F = cfg_.hidden_dim, NT = a.B * a.T;
   auto& L = a.at(l);
-  a.dact.zero_();
-  lin_bwd(l, lm_down, a.dact, dout, L.act.view({N, F}), a, L);
+  tensor dact = a.dact.rows(0, N), dup = a.dup.rows(0, N);
+  dact.zero_();
+  lin_bwd(l, lm_down, dact, dout, L.act.view({NT, F}).rows(0, N), a, L);
   if (cfg_.gated_mlp) {
-    ops::swiglu_backward(a.dgate, a.dup, a.dact, L.gate.view({N, F}), L.up.view({N, F}));
-    lin_bwd(l, lm_gate, din, a.dgate, in, a, L);
+    tensor dgate = a.dgate.rows(0, N);
+    ops::swiglu_backward(dgate, dup, dact, L.gate.view({NT, F}).rows(0, N), L.up.view({NT, F}).rows(0, N));
+    lin_bwd(l, lm_gate, din, dgate, in, a, L);
   } else {
-    ops::activation_backward(a.dup, a.dact, L.up.view({N, F}), cfg_.act);
+    ops::activation_backward(dup, dact, L.up.view({NT, F}).rows(0, N), cfg_.act);
   }
-  lin_bwd(l, lm_up, din, a.dup, in, a, L);
+  lin_bwd(l, lm_up, din, dup, in, a, L);
+}
+
+// The backward of last_layer_forward_kept. In: a.keep_dres (Nh, C), the gradient of the kept rows'
+// outputs. Out: a.dres (N, C), the gradient of the layer's input (its residual path 0 before keep_from).
+void decoder::last_layer_backward_kept(activations& a, int64_t l) {
+  const int64_t B = a.B, T = a.T, N = B * T, C = cfg_.dim, t0 = a.keep_from, Nh = B * (T - t0);
+  auto& L = a.at(l);
+  const auto& W = w_.layers[l];
+  auto& G = g_.layers[l];
+  // MLP: out = r2 + mlp(ln2(r2)) at the kept rows
+  tensor dln = a.dln.rows(0, Nh);
+  dln.zero_();
+  const tensor r2 = L.resid2.view({N, C}).rows(0, Nh);
+  mlp_bwd(a, l, L.ln2.view({N, C}).rows(0, Nh), a.keep_dres, dln);
+  norm_backward(a.keep_dres, G.ln2_w, G.ln2_b, dln, r2, W.ln2_w, first_rows(L.ln2_mean, Nh),
+                first_rows(L.ln2_rstd, Nh));
+  // o_proj at the kept rows, then attention at every position: r2 = x + o_proj(attention(ln1(x)))
+  ensure(a.keep_datty, {Nh, C}, dev_);
+  a.keep_datty.zero_();
+  lin_bwd(l, lm_o, a.keep_datty, a.keep_dres, a.keep_atty, a, L);
+  scatter_kept(a.datty, a.keep_datty, B, T, t0);
+  a.dln.zero_();
+  attn_core_bwd(a, l, L.ln1.view({N, C}), a.dln);
+  scatter_kept(a.dres, a.keep_dres, B, T, t0);  // the residual path
+  norm_backward(a.dres, G.ln1_w, G.ln1_b, a.dln, a.resid[l].view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
 }
 
 // In: a.dres = d resid[l+1]. Out: a.dres = d resid[l].
@@ -976,20 +1086,34 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   if (cfg_.tied_embeddings) hook_acquire(0, ph::backward);
   a.dlnf.zero_();
   tensor no_db;
+  // keep_from (forward): the head ran at the kept rows only (Nh of them, compacted); the gradients
+  // given before keep_from are not read (they must be 0: those outputs were 0 constants)
+  const int64_t t0 = a.keep_from, Nh = B * (T - t0);
   // the head reads lnf (N, C), or project_out(lnf) (N, E) with a projection
-  tensor head_in = proj ? a.hout.view({N, E}) : a.lnf.view({N, C});
-  tensor dhead_in = proj ? a.dhout : a.dlnf;
+  tensor head_in = proj ? a.hout.view({N, E}).rows(0, Nh) : a.lnf.view({N, C}).rows(0, Nh);
+  tensor dhead_in = proj ? a.dhout.rows(0, Nh) : a.dlnf.rows(0, Nh);
   if (proj) a.dhout.zero_();
   if (value_head_) {
     if (!dlogits_in.defined() || dlogits_in.numel() != N)
       throw std::invalid_argument("decoder::backward: a value-head model needs dvalues (B, T)");
-    ops::linear_backward(dhead_in, g_.v_head, no_db, dlogits_in.view({N, 1}), head_in, w_.v_head);
+    tensor dvals = dlogits_in.view({N, 1});
+    if (t0 > 0) {
+      ensure(a.keep_dhead, {Nh, 1}, dev_);
+      gather_kept(a.keep_dhead, on_device(dvals, dev_), B, T, t0);
+      dvals = a.keep_dhead;
+    }
+    ops::linear_backward(dhead_in, g_.v_head, no_db, dvals, head_in, w_.v_head);
   } else {
     tensor dlogits;
     if (dlogits_in.defined()) {
       if (dlogits_in.numel() != N * V)
         throw std::invalid_argument("decoder::backward: dlogits " + dlogits_in.str() + " must be (B, T, V)");
       dlogits = dlogits_in.view({N, V});
+      if (t0 > 0) {
+        ensure(a.keep_dhead, {Nh, V}, dev_);
+        gather_kept(a.keep_dhead, on_device(dlogits, dev_), B, T, t0);
+        dlogits = a.keep_dhead;
+      }
     } else {
       if (!a.targets.defined()) throw std::logic_error("decoder::backward: forward ran without targets");
       ensure(a.dlogits, {N, V}, dev_);
@@ -1004,11 +1128,22 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   }
   if (proj) {
     tensor dpo = base_trainable_ ? g_.project_out : tensor{};
-    ops::linear_backward(a.dlnf, dpo, no_db, a.dhout, a.lnf.view({N, C}), w_.project_out);
+    tensor dlnf = a.dlnf.rows(0, Nh);
+    ops::linear_backward(dlnf, dpo, no_db, a.dhout.rows(0, Nh), a.lnf.view({N, C}).rows(0, Nh), w_.project_out);
   }
-  a.dres.zero_();
-  if (post) a.dres.copy_from(a.dlnf);
-  else norm_backward(a.dres, g_.lnf_w, g_.lnf_b, a.dlnf, a.resid[NL].view({N, C}), w_.lnf_w, a.lnf_mean, a.lnf_rstd);
+  // the final norm: into a.dres (N, C), or with keep_from into a.keep_dres (Nh, C), which the kept last
+  // layer reads (or, post-norm, which goes to its rows of a.dres)
+  tensor dres = a.dres;
+  if (t0 > 0) {
+    ensure(a.keep_dres, {Nh, C}, dev_);
+    dres = a.keep_dres;
+  }
+  dres.zero_();
+  const tensor hx = t0 > 0 ? a.keep_out : a.resid[NL].view({N, C});
+  if (post) dres.copy_from(a.dlnf.rows(0, Nh));
+  else norm_backward(dres, g_.lnf_w, g_.lnf_b, a.dlnf.rows(0, Nh), hx, w_.lnf_w, first_rows(a.lnf_mean, Nh),
+                     first_rows(a.lnf_rstd, Nh));
+  if (t0 > 0 && !kept_last_layer(a)) scatter_kept(a.dres, a.keep_dres, B, T, t0);
   hook_grads_ready(head_block);
   // A tied embedding's gradient so far (the head's share) is handed over now, so that its
   // buffer does not live through every layer's backward; the lookup's share follows at the end.
@@ -1025,6 +1160,12 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     auto& G = g_.layers[l];
     if (post) {
       backward_post_layer(a, l);
+      hook_grads_ready(blk);
+      hook_release(blk, ph::backward);
+      continue;
+    }
+    if (l == NL - 1 && kept_last_layer(a)) {
+      last_layer_backward_kept(a, l);
       hook_grads_ready(blk);
       hook_release(blk, ph::backward);
       continue;

@@ -180,6 +180,14 @@ struct activations {
   std::vector<layer> layers;  ///< n_layers entries, or one slot when checkpointed
   /// Layer l's saved tensors: layers[l], or the slot when checkpointed.
   layer& at(int64_t l) { return layers[checkpointed ? 0 : static_cast<size_t>(l)]; }
+  /// forward's keep_from: the outputs at positions t >= keep_from only (decoder::forward). With it,
+  /// Nh = B * (T - keep_from) rows: lnf, lnf_mean/rstd, hout and (pre-norm) the last layer's resid2, ln2,
+  /// ln2_mean/rstd, gate, up, act hold the kept rows in their first Nh rows, compacted, and
+  /// resid[n_layers] is not written (keep_out holds the kept rows of it).
+  int64_t keep_from = 0;
+  tensor keep_x, keep_atty, keep_out;  // (Nh, C): the last layer's input, attention output and output rows
+  tensor keep_head;                    // (Nh, V) or (Nh, 1): the head's output before it goes to its rows
+  tensor keep_dres, keep_datty, keep_dhead;  // backward scratch of the kept rows
   tensor lnf, lnf_mean, lnf_rstd;  // (B,T,C) final hidden (post_norm: a copy of resid[n_layers])
   tensor hout;                     // (B,T,E) project_out(lnf), projection only
   tensor logits;                   // (B,T,V) (LM head)
@@ -264,8 +272,17 @@ class decoder {
   /// they are copied to dev() when needed (positions are built on the host, then copied). mask (B, T) i32 may be undefined (no padding);
   /// positions (B, T) i32 may be undefined (0..T-1, or from the mask's cumsum when
   /// a mask is given, as HF does for left padding). Returns the mean loss (0 without targets).
+  ///
+  /// keep_from (0 <= keep_from < T): the caller reads the logits (or values) at positions
+  /// t >= keep_from only, and backward's dlogits/dvalues before it are not read. After the last
+  /// layer's attention every position is computed on its own row, so its o_proj, MLP, the final
+  /// norm and the head run at the kept B * (T - keep_from) rows only (the K and V of every position
+  /// still are computed): RLHF scoring and updates read the answer, not the prompt (DS-Chat's
+  /// logits[:, start - 1:], HF's logits_to_keep, which stops at the head). Logits/values before
+  /// keep_from are 0. Post-norm (OPT-350m) models keep only at the head. With targets it must be 0
+  /// (std::invalid_argument): the loss reads every position.
   double forward(activations& a, const tensor& ids, const tensor& targets, const tensor& mask = {},
-                 const tensor& positions = {});
+                 const tensor& positions = {}, int64_t keep_from = 0);
   /// Backward of the mean cross-entropy of the last forward; accumulates into grads().
   /// `dlogits` may be given instead (B, T, V) for other losses (then targets are unused).
   /// With a value head, `dout` is dvalues (B, T) and is required.
@@ -360,6 +377,15 @@ class decoder {
   void mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor& resid, tensor& out);
   // din += d block / d in for gradient dout of the block's output (the residual path is the caller's).
   void attn_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din);
+  // attention without o_proj: q, k, v of `in` (N, C), RoPE, attention into the layer's atty; its
+  // backward adds d in for the gradient a.datty of atty
+  void attn_core_fwd(activations& a, int64_t l, const tensor& in, const tensor& mask);
+  void attn_core_bwd(activations& a, int64_t l, const tensor& in, tensor& din);
+  // The last layer at the kept rows of forward's keep_from (pre-norm): writes a.keep_out (Nh, C); its
+  // backward reads a.keep_dres (Nh, C) and writes a.dres (N, C).
+  bool kept_last_layer(const activations& a) const { return a.keep_from > 0 && !cfg_.post_norm; }
+  void last_layer_forward_kept(activations& a, int64_t l, const tensor& x, const tensor& mask);
+  void last_layer_backward_kept(activations& a, int64_t l);
   void mlp_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din);
   void backward_post_layer(activations& a, int64_t l);
   void norm_forward(tensor& out, tensor& mean, tensor& rstd, const tensor& x, const tensor& w, const tensor& b);

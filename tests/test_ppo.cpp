@@ -406,6 +406,53 @@ TEST_CASE("PPO hybrid engine at ZeRO-3: ranks whose answers end at different ste
   CHECK(std::isfinite(losses[0]));
 }
 
+TEST_CASE("PPO: scoring at the answer's positions (keep_from) gives the full forward's log-probs, values and scores") {
+  // The answers' rows only: the last layer's MLP and the head skip the prompt (decoder::forward's keep_from).
+  // The answers end at different steps (EOS), so the reward reads each row's own last token.
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto actor = load_llama2c(test::model_path());
+  auto critic = load_llama2c(test::model_path());
+  critic.add_value_head(1);
+  auto reward = load_llama2c(test::model_path());
+  reward.add_value_head(2);
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben", "Tom had a red"}, prompts, pmask);
+  ppo::ppo_settings s;
+  s.max_answer_seq_len = 24;
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 11);
+  REQUIRE(e.has_value());
+  const int64_t keep = e->start(), L = e->seq.size(1) - 1, B = e->seq.size(0);
+  REQUIRE(keep > 0);
+  activations a;
+  const auto same_from = [&](const tensor& full, const tensor& kept, int64_t from) {
+    int64_t differ = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = from; t < L; ++t) differ += full.data<float>()[b * L + t] != kept.data<float>()[b * L + t];
+    return differ;
+  };
+  // answers of several lengths: row b's last 3b answer tokens are padding (an EOS came earlier)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = L + 1 - 3 * b; t <= L; ++t) e->attention_mask.data<int32_t>()[b * (L + 1) + t] = 0;
+  const tensor lp_full = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
+  const tensor lp_kept = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask, 1.0f, keep);
+  CHECK(a.keep_from == keep);
+  CHECK(same_from(lp_full, lp_kept, keep) == 0);
+  const tensor v_full = ppo::sequence_values(critic, a, e->seq, e->attention_mask);
+  const tensor v_kept = ppo::sequence_values(critic, a, e->seq, e->attention_mask, keep);
+  CHECK(same_from(v_full, v_kept, keep) == 0);
+  const tensor full = ppo::reward_scores(reward, a, e->seq, e->attention_mask);
+  const tensor kept = ppo::reward_scores(reward, a, e->seq, e->attention_mask, keep);
+  CHECK(a.keep_from == L - 3 * (B - 1));  // from the earliest row's last token
+  for (int64_t b = 0; b < B; ++b) CHECK(kept.data<float>()[b] == doctest::Approx(full.data<float>()[b]).epsilon(1e-6));
+  // a row whose last real token lies before keep_from (an empty answer and its prompt's padding cut): a full forward
+  tensor m2 = e->attention_mask.clone();
+  for (int64_t t = keep; t <= L; ++t) m2.data<int32_t>()[t] = 0;
+  m2.data<int32_t>()[keep - 1] = 1;
+  const tensor cut = ppo::reward_scores(reward, a, e->seq, m2, keep);
+  CHECK(a.keep_from == 0);
+  CHECK(cut.data<float>()[0] == doctest::Approx(ppo::reward_scores(reward, a, e->seq, m2).data<float>()[0]));
+}
+
 TEST_CASE("PPO: with ppo_epochs = 1 the first ratio is exactly 1, whatever the micro-batch split") {
   // The old log-probs are scored on the whole rollout batch (or on each rank's rows); the first
   // update recomputes them on each micro-batch. On the CPU in fp32 a row's log-probs do not

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "models/decoder.h"
 #include "models/llama2c.h"
@@ -126,9 +127,9 @@ void set_lora_B(decoder& m) {
     }
 }
 
-}  // namespace
-
-TEST_CASE("gradient checkpointing: the same gradients for LLaMA, OPT and GPT-2 (8 layers), LoRA and a value head") {
+// `check` on each family (LLaMA, OPT's post-norm layout, GPT-2; 8 layers) as a full model, with LoRA r=4 on
+// every Linear (the base trained too: both gradient buffers) at `lora_dropout`, and with a value head.
+void each_family_variant(float lora_dropout, const std::function<void(decoder&, const std::string&)>& check) {
   const std::pair<model_family, const char*> fams[] = {
       {model_family::llama, "llama"}, {model_family::opt, "opt-350m layout"}, {model_family::gpt2, "gpt2"}};
   for (const auto& [f, name] : fams) {
@@ -136,28 +137,33 @@ TEST_CASE("gradient checkpointing: the same gradients for LLaMA, OPT and GPT-2 (
     {
       decoder m(cfg);
       m.init_random(5);
-      check_checkpointing(m, std::string(name) + ", full training", 2, 24);
+      check(m, std::string(name) + ", full training");
     }
     {
-      // LoRA on every Linear with dropout, the base trained too: both gradient buffers
       decoder m(cfg);
       m.init_random(6);
       lora_config lc;
       lc.lora_r = 4;
-      lc.lora_dropout = 0.25f;
+      lc.lora_dropout = lora_dropout;
       lc.target_modules = {"all-linear"};  // each family's own names (PEFT's rule)
       lc.seed = 9;
       m.enable_lora(lc, /*freeze_base=*/false);
       set_lora_B(m);
-      check_checkpointing(m, std::string(name) + ", LoRA r=4 dropout 0.25", 2, 24);
+      check(m, std::string(name) + ", LoRA r=4 dropout " + std::to_string(lora_dropout));
     }
     {
       decoder m(cfg);
       m.init_random(7);
       m.add_value_head(3);
-      check_checkpointing(m, std::string(name) + ", value head", 2, 24);
+      check(m, std::string(name) + ", value head");
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("gradient checkpointing: the same gradients for LLaMA, OPT and GPT-2 (8 layers), LoRA and a value head") {
+  each_family_variant(0.25f, [](decoder& m, const std::string& what) { check_checkpointing(m, what, 2, 24); });
 }
 
 TEST_CASE("gradient checkpointing: stories260K gives the same gradients, plain and with LoRA dropout") {
@@ -170,6 +176,74 @@ TEST_CASE("gradient checkpointing: stories260K gives the same gradients, plain a
   m.enable_lora(lc, /*freeze_base=*/true);
   set_lora_B(m);
   check_checkpointing(m, "stories260K, LoRA q_proj v_proj, frozen base", 2, 64);
+}
+
+namespace {
+
+struct kept_pass {
+  std::vector<float> out, base, adapter;  // logits or values (B*T*W), the gradients
+};
+
+// One forward (keep_from = t0, no targets) and a backward of L = sum(out * R) with a fixed R that is 0
+// before r0 (what an RLHF loss on the answer gives): the outputs and every gradient.
+kept_pass run_kept(decoder& m, int64_t t0, int64_t r0, bool checkpointing, int64_t B, int64_t T) {
+  const int64_t V = m.config().vocab_limit(), W = m.has_value_head() ? 1 : m.config().vocab_size;
+  std::vector<int32_t> ids(B * T), mask(B * T, 1);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = static_cast<int32_t>((i * 37 + 5) % V);
+  for (int64_t t = 0; t < 3; ++t) mask[1 * T + t] = 0;  // row 1 left-padded by 3
+  m.set_gradient_checkpointing(checkpointing);
+  activations a;
+  m.forward(a, tensor::from_ints({B, T}, ids), tensor{}, tensor::from_ints({B, T}, mask), tensor{}, t0);
+  kept_pass r;
+  r.out = (m.has_value_head() ? a.values : a.logits).to_floats();
+  std::vector<float> R(B * T * W, 0.0f);
+  for (int64_t i = 0; i < B * T * W; ++i)
+    if ((i / W) % T >= r0) R[i] = 0.01f * static_cast<float>((i * 13) % 17) - 0.08f;
+  m.zero_grad();
+  m.backward(a, m.has_value_head() ? tensor::from_floats({B, T}, R) : tensor::from_floats({B, T, W}, R));
+  if (m.base_trainable()) r.base = m.grads().flat.to_floats();
+  if (m.num_adapter_parameters() > 0) r.adapter = m.grads().adapter_flat.to_floats();
+  return r;
+}
+
+// keep_from = t0 gives the full pass's outputs at t >= t0 (0 before) and its gradients, to float rounding.
+void check_keep_from(decoder& m, const std::string& what, int64_t B, int64_t T, int64_t t0) {
+  for (bool ckpt : {false, true}) {
+    const std::string name = what + (ckpt ? ", checkpointed" : "");
+    INFO(name);
+    const auto full = run_kept(m, 0, t0, ckpt, B, T), kept = run_kept(m, t0, t0, ckpt, B, T);
+    const int64_t W = static_cast<int64_t>(full.out.size()) / (B * T);
+    std::vector<float> full_kept(full.out.size(), 0.0f);
+    for (size_t i = 0; i < full.out.size(); ++i)
+      if ((static_cast<int64_t>(i) / W) % T >= t0) full_kept[i] = full.out[i];
+    int64_t zeros_before = 0;
+    for (size_t i = 0; i < kept.out.size(); ++i) zeros_before += (static_cast<int64_t>(i) / W) % T < t0 && kept.out[i] == 0.0f;
+    CHECK(zeros_before == B * t0 * W);
+    const double dout = rel_diff(full_kept, kept.out), db = rel_diff(full.base, kept.base),
+                 da = rel_diff(full.adapter, kept.adapter);
+    MESSAGE(name << ": outputs " << dout << ", base gradients " << db
+                 << ", adapter gradients " << da << " (max relative difference)");
+    CHECK(full.base.size() + full.adapter.size() > 0);
+    CHECK(dout <= 1e-5);
+    CHECK(db <= 1e-5);
+    CHECK(da <= 1e-5);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("keep_from: the kept positions' outputs and every gradient equal the full pass's (LLaMA, OPT, GPT-2, LoRA, value head)") {
+  // (no LoRA dropout: its masks are drawn per row, so fewer rows draw other masks)
+  const int64_t t0s[] = {15, 1, 23, 7, 12, 22, 3, 18, 10};  // from the second position to the last
+  size_t k = 0;
+  each_family_variant(0.0f, [&](decoder& m, const std::string& what) { check_keep_from(m, what, 2, 24, t0s[k++ % 9]); });
+  decoder m(test::eight_layer_config(model_family::llama));
+  activations a;
+  auto ids = tensor::from_ints({1, 4}, {1, 2, 3, 4});
+  CHECK_THROWS_WITH_AS(m.forward(a, ids, ids, tensor{}, tensor{}, 1), doctest::Contains("pass keep_from = 0 with targets"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(m.forward(a, ids, tensor{}, tensor{}, tensor{}, 4), doctest::Contains("outside [0, T = 4)"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("random init, stories260K shape, TinyStories: loss goes down") {

@@ -99,16 +99,16 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
 }
 
 tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                         float temperature) {
+                         float temperature, int64_t keep_from) {
   const int64_t S = seq.size(1);
-  model.forward(acts, seq, {}, mask);
+  model.forward(acts, seq, {}, mask, {}, keep_from);
   tensor lp;
   rlhf::gather_log_probs_forward(lp, acts.logits, shifted_labels(seq), temperature);
   return cols(lp, 0, S - 1);
 }
 
 tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                              int64_t prompt_len, float temperature) {
+                              int64_t prompt_len, float temperature, int64_t keep_from) {
   const int64_t B = seq.size(0), S = seq.size(1), P = prompt_len, A = S - P;
   if (P <= 0 || P >= S)
     throw std::invalid_argument("shared_prompt_logprobs: prompt_len " + std::to_string(P) + " outside (0, " +
@@ -123,7 +123,7 @@ tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& s
   });
   const int64_t U = static_cast<int64_t>(g.first.size());
   if (U == B || P == 1 || model.dev().kind != device_kind::cpu)
-    return sequence_logprobs(model, acts, seq, mask, temperature);
+    return sequence_logprobs(model, acts, seq, mask, temperature, keep_from);
   // columns [c0, c1) of rows `rows` of a (B, S) i32 tensor, as a new (rows, c1 - c0) one
   auto take = [&](const std::vector<int64_t>& rows, const tensor& t, int64_t c0, int64_t c1) {
     auto out = tensor::empty({static_cast<int64_t>(rows.size()), c1 - c0}, dtype::i32);
@@ -154,30 +154,38 @@ tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& s
   return out;
 }
 
-tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask) {
+tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
+                       int64_t keep_from) {
   if (!model.has_value_head()) throw std::invalid_argument("sequence_values: the model has no value head");
-  model.forward(acts, seq, {}, mask);
+  model.forward(acts, seq, {}, mask, {}, keep_from);
   return cols(acts.values, 0, seq.size(1) - 1);
 }
 
-tensor reward_scores(decoder& reward_model, activations& a, const tensor& seq, const tensor& mask) {
+tensor reward_scores(decoder& reward_model, activations& a, const tensor& seq, const tensor& mask,
+                     int64_t keep_from) {
   if (!reward_model.has_value_head()) throw std::invalid_argument("reward_scores: the reward model has no value head");
-  reward_model.forward(a, seq, {}, mask);
   const int64_t B = seq.size(0), S = seq.size(1);
-  auto out = tensor::empty({B});
+  std::vector<int64_t> last(static_cast<size_t>(B), S - 1);  // each row's last real token
+  int64_t first_last = S - 1;
   for (int64_t b = 0; b < B; ++b) {
-    int64_t last = S - 1;
-    while (last > 0 && mask.data<int32_t>()[b * S + last] == 0) --last;
-    out.data<float>()[b] = a.values.data<float>()[b * S + last];
+    while (last[b] > 0 && mask.data<int32_t>()[b * S + last[b]] == 0) --last[b];
+    first_last = std::min(first_last, last[b]);
   }
+  // the scores are read at the rows' last tokens: keep from the earliest (answers of one length: one
+  // position), or from nothing when one lies before the caller's keep_from
+  keep_from = keep_from > 0 && first_last >= keep_from ? first_last : 0;
+  reward_model.forward(a, seq, {}, mask, {}, keep_from);
+  const tensor values = a.values.to(device::cpu());
+  auto out = tensor::empty({B});
+  for (int64_t b = 0; b < B; ++b) out.data<float>()[b] = values.data<float>()[b * S + last[b]];
   return out;
 }
 
-bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& mask) {
+bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& mask, int64_t keep_from) {
   const auto same = [](const tensor& x, const tensor& y) {
     return x.defined() == y.defined() && (!x.defined() || (x.raw() == y.raw() && x.shape() == y.shape()));
   };
-  return acts.ids.defined() && same(acts.ids, seq) && same(acts.mask, mask);
+  return acts.ids.defined() && same(acts.ids, seq) && same(acts.mask, mask) && acts.keep_from == keep_from;
 }
 
 experience slice_rows(const experience& e, int64_t a, int64_t b) {
@@ -354,8 +362,8 @@ std::function<int64_t(int64_t)> answer_units(const experience& e, int64_t M, boo
 // with the current weights (`scored`, micro-batch 0 only; see actor_batch_loss).
 void forward_unless_scored(decoder& model, activations& a, const experience& sub, int64_t k, bool scored) {
   const bool dropout = model.has_lora() && model.lora().lora_dropout > 0.0f;
-  if (scored && k == 0 && !dropout && holds_forward_of(a, sub.seq, sub.attention_mask)) return;
-  model.forward(a, sub.seq, {}, sub.attention_mask);
+  if (scored && k == 0 && !dropout && holds_forward_of(a, sub.seq, sub.attention_mask, sub.start())) return;
+  model.forward(a, sub.seq, {}, sub.attention_mask, {}, sub.start());  // the loss reads the answer's columns
 }
 
 }  // namespace

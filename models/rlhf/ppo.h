@@ -101,11 +101,15 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
 
 /// log p(seq[t+1] | seq[:t+1]) for t < S-1: (B, L), under the logits divided by `temperature`
 /// (experience::temperature). The model keeps `acts` for a backward.
+/// keep_from (every function below that takes it): only columns t >= keep_from are read by the
+/// caller (experience::start(), the answer's); the forward then runs the last layer's MLP and the
+/// head at those positions only (decoder::forward's keep_from), and the columns before it hold the
+/// log-probs of zero logits, -log V (values: 0). 0 computes every column.
 /// A caller that scores often passes the same `acts` each time (forward reallocates them only on
 /// a new shape); a trainer passes its engine's (zero_engine::activations), so that the update on
 /// exactly these rows can reuse this forward (actor_batch_loss's `scored`).
 tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                         float temperature = 1.0f);
+                         float temperature = 1.0f, int64_t keep_from = 0);
 /// sequence_logprobs (B, L) for a frozen model whose rows repeat prompts (GRPO's num_generations
 /// answers per prompt): each distinct prompt (seq's first `prompt_len` tokens and their mask) runs
 /// once through decoder::forward_cached, but its last token, its K/V rows are copied to every row with
@@ -117,16 +121,22 @@ tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, c
 /// not on the CPU. Throws std::invalid_argument unless 0 < prompt_len < S, or when the model has a
 /// value head.
 tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                              int64_t prompt_len, float temperature = 1.0f);
-/// Values of a value-head model at t < S-1: (B, L). `acts` as sequence_logprobs.
-tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask);
+                              int64_t prompt_len, float temperature = 1.0f, int64_t keep_from = 0);
+/// Values of a value-head model at t < S-1: (B, L). `acts` and keep_from as sequence_logprobs.
+tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
+                       int64_t keep_from = 0);
 /// Reward model scores: the value at each row's last real token (B,)
 /// (reward_model.py forward_value's chosen_end_scores, found from the mask). `acts` as sequence_logprobs.
-tensor reward_scores(decoder& reward_model, activations& acts, const tensor& seq, const tensor& mask);
+/// keep_from > 0: the forward keeps the positions from the earliest row's last token on (one position
+/// when every answer has the same length); a row whose last token lies before keep_from makes it a
+/// full forward.
+tensor reward_scores(decoder& reward_model, activations& acts, const tensor& seq, const tensor& mask,
+                     int64_t keep_from = 0);
 /// Whether `acts` hold a forward of exactly these rows: the last decoder::forward into them read
 /// these very `seq` and `mask` tensors (the same memory and shape; on the CPU forward keeps the
-/// caller's handles). Whether the weights are still the ones it ran with is the caller's to know.
-bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& mask);
+/// caller's handles) with this keep_from. Whether the weights are still the ones it ran with is the
+/// caller's to know.
+bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& mask, int64_t keep_from = 0);
 
 /// Rows [a, b) of an experience (views of its tensors, no copy).
 experience slice_rows(const experience& e, int64_t a, int64_t b);

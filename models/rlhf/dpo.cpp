@@ -56,8 +56,14 @@ pair_forward forward_pairs(decoder& model, activations& a, const rm_batch_data& 
   const tensor ids = stack(b.chosen_ids, b.rejected_ids);
   f.lmask = stack(m.chosen, m.rejected);
   f.labels = next_labels(ids, f.lmask);
+  // only the positions a log-prob is counted at need logits: from the earliest counted one on (the
+  // answers; decoder::forward's keep_from)
+  const int64_t T = ids.size(1);
+  int64_t keep = T - 1;
+  for (int64_t i = 0; i < f.lmask.numel(); ++i)
+    if (f.lmask.data<int32_t>()[i] != 0) keep = std::min(keep, i % T);
   // right padding: causal attention keeps real positions independent of the padding (rm_forward)
-  model.forward(a, ids, tensor{});
+  model.forward(a, ids, tensor{}, tensor{}, tensor{}, keep);
   f.logits = a.logits.to(device::cpu());
   tensor lp;
   rlhf::gather_log_probs_forward(lp, f.logits, f.labels);  // (2B, T)

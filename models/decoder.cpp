@@ -1251,6 +1251,9 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   const int64_t E = cfg_.embed_width();
   using ph = param_hooks::phase;
   const int head_block = static_cast<int>(cfg_.n_layers) + 1;
+  // the caller reads each sequence's last position only: the last layer after attention runs on those rows
+  const bool last_only = !all_logits && Tq > 1;
+  int64_t rows_now = N;  // the rows x holds: N, or B once last_only has taken the last positions
 
   hook_acquire(0, ph::forward);
   if (proj) {
@@ -1292,7 +1295,24 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
       copy_rows_strided(cache.v[l], at, pitch, v, 0, row, row, B);
     }
     ops::attention_forward(y, no_att, q, cache.k[l], cache.v[l], mask_d, n_keys);
-    lin_fwd(l, lm_o, h, y.view({N, C}), nullptr);
+    tensor yv = y.view({N, C});
+    if (l == cfg_.n_layers - 1 && last_only) {
+      // from here on each row is its own, and only each sequence's last position is read: o_proj, the MLP
+      // and the head run on B rows (a prefill of Tq positions skips Tq - 1 of them; as forward's keep_from)
+      auto yl = tensor::empty({B, C}, dtype::f32, dev_), xl = tensor::empty({B, C}, dtype::f32, dev_);
+      copy_rows_strided(yl, 0, C, yv, (Tq - 1) * C, Tq * C, C, B);
+      copy_rows_strided(xl, 0, C, x, (Tq - 1) * C, Tq * C, C, B);
+      yv = yl;
+      x = xl;
+      h = tensor::empty({B, C}, dtype::f32, dev_);
+      mean = ln ? tensor::empty({B}, dtype::f32, dev_) : tensor{};
+      rstd = tensor::empty({B}, dtype::f32, dev_);
+      up = up.rows(0, B);
+      act = act.rows(0, B);
+      if (gate.defined()) gate = gate.rows(0, B);
+      rows_now = B;
+    }
+    lin_fwd(l, lm_o, h, yv, nullptr);
     ops::axpy(x, h);
     if (post) {  // x = LN1(x + attn); h = x (the MLP input and its residual)
       norm_forward(h, mean, rstd, x, W.ln1_w, W.ln1_b);
@@ -1328,9 +1348,10 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   };
   if (value_head_) {
     tensor hh = head_input(x, h, mean, rstd);
-    auto vals = tensor::empty({N, 1}, dtype::f32, dev_);
+    auto vals = tensor::empty({rows_now, 1}, dtype::f32, dev_);
     ops::linear_forward(vals, hh, w_.v_head, none_tensor);
     if (all_logits) return vals.view({B, Tq});
+    if (rows_now == B) return vals.view({B});
     auto last = tensor::empty({B}, dtype::f32, dev_);
     if (dev_.kind == device_kind::cpu)
       for (int64_t b = 0; b < B; ++b) last.flat_view(b, {1}).copy_from(vals.rows(b * Tq + Tq - 1, b * Tq + Tq));
@@ -1345,12 +1366,12 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     ops::linear_forward(l2, hh, w_.lm_head, none_tensor);
     return logits;
   }
-  // last position of each sequence only
-  auto xl = tensor::empty({B, C}, dtype::f32, dev_);
-  if (dev_.kind == device_kind::cpu)
-    for (int64_t b = 0; b < B; ++b) xl.rows(b, b + 1).copy_from(x.rows(b * Tq + Tq - 1, b * Tq + Tq));
-  else
+  // last position of each sequence only (x holds just those rows after a last_only layer, or Tq = 1)
+  tensor xl = x;
+  if (rows_now != B) {
+    xl = tensor::empty({B, C}, dtype::f32, dev_);
     copy_rows_strided(xl, 0, C, x, (Tq - 1) * C, Tq * C, C, B);
+  }
   auto hl = tensor::empty({B, C}, dtype::f32, dev_);
   auto ml = ln ? tensor::empty({B}, dtype::f32, dev_) : tensor{};
   auto rl = tensor::empty({B}, dtype::f32, dev_);

@@ -237,6 +237,29 @@ TEST_CASE("keep_from: the kept positions' outputs and every gradient equal the f
   const int64_t t0s[] = {15, 1, 23, 7, 12, 22, 3, 18, 10};  // from the second position to the last
   size_t k = 0;
   each_family_variant(0.0f, [&](decoder& m, const std::string& what) { check_keep_from(m, what, 2, 24, t0s[k++ % 9]); });
+  // the prefill of generation (forward_cached, the last position's output only) runs the last layer's MLP and
+  // the head at that position only: the same outputs as the full pass's last position
+  each_family_variant(0.0f, [](decoder& m, const std::string& what) {
+    INFO(what);
+    const int64_t B = 2, T = 12, V = m.config().vocab_limit(), W = m.has_value_head() ? 1 : m.config().vocab_size;
+    std::vector<int32_t> ids(B * T), mask(B * T, 1);
+    for (int64_t i = 0; i < B * T; ++i) ids[i] = static_cast<int32_t>((i * 29 + 3) % V);
+    mask[T] = mask[T + 1] = 0;  // row 1 left-padded by 2
+    const tensor I = tensor::from_ints({B, T}, ids), M = tensor::from_ints({B, T}, mask);
+    activations a;
+    m.forward(a, I, tensor{}, M);
+    const auto full = (m.has_value_head() ? a.values : a.logits).to_floats();
+    auto cache = m.make_cache(B, T);
+    const auto last = m.forward_cached(cache, I, {}, M, 0).to_floats();
+    REQUIRE(static_cast<int64_t>(last.size()) == B * W);
+    double d = 0, n = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t w = 0; w < W; ++w) {
+        d = std::max(d, std::fabs(static_cast<double>(last[b * W + w]) - full[(b * T + T - 1) * W + w]));
+        n = std::max(n, std::fabs(static_cast<double>(full[(b * T + T - 1) * W + w])));
+      }
+    CHECK(d <= 1e-5 * n);
+  });
   decoder m(test::eight_layer_config(model_family::llama));
   activations a;
   auto ids = tensor::from_ints({1, 4}, {1, 2, 3, 4});

@@ -33,6 +33,7 @@
 #include "actors/resume_check.h"
 #include "actors/reward_function.h"
 #include "actors/rlhf_types.h"
+#include "actors/trainer_order.h"
 #include "models/adapter.h"
 #include "models/train/engine_checkpoint.h"
 #include "models/lm_data.h"
@@ -631,20 +632,32 @@ class ppo_trainer final : public actor::node {
     aborting_on_failure(group_.comm.get(), [&] { handle(ctx, port, std::move(msg)); });
   }
 
+  // The work goes in trainer_order's sequence (actors/trainer_order.h): what arrived decides it,
+  // not when, so the ranks of the group run the same collectives in the same order.
   void handle(actor::node_context& ctx, std::string_view port, actor::payload msg) {
     if (port == "init") {
       init(ctx, msg.as<model_msg>());
     } else if (port == "rollouts") {
       rolled_out_ = true;
+      const auto& r = msg.as<rollout_msg>();
+      order_.rollouts_arrived(r.iteration, r.eval);
       pending_.push_back(msg);
     } else if (port == "train") {
-      train(ctx, msg.as<experience_batch>());
+      order_.experience_arrived(msg.as<experience_batch>().iteration);
+      to_train_.push_back(msg);
     }
-    while (engine_.engine && !pending_.empty()) {
-      auto r = pending_.front().shared<rollout_msg>();
-      pending_.pop_front();
-      if (r->exp) check_plan(ctx, r->exp->seq.size(1));  // before anything is trained on rows this long
-      score(ctx, r);
+    for (auto w = order_.next(); engine_.engine && w != trainer_order::work::none; w = order_.next()) {
+      if (w == trainer_order::work::train) {
+        const auto xb = to_train_.front().shared<experience_batch>();
+        to_train_.pop_front();
+        if (!xb->items.empty()) train(ctx, *xb);  // empty: dropped, or kept for generation_batches > 1
+      } else {
+        auto r = pending_.front().shared<rollout_msg>();
+        pending_.pop_front();
+        if (r->exp) check_plan(ctx, r->exp->seq.size(1));  // before anything is trained on rows this long
+        score(ctx, r);
+      }
+      order_.done(w);
     }
   }
 
@@ -841,9 +854,9 @@ class ppo_trainer final : public actor::node {
     // at the start of this update; the generator's behaviour log-probs weight each token. The
     // log-probs this node scored the rollouts with (the experience's `logprobs`) are those when
     // no update came between the scoring and now (counted: proximal_reused), else they are
-    // computed again here (proximal_recomputed: the rollouts of batch k+1 reached the policy
-    // before batch k's experience, so it scored them before that update; at max_staleness = 1
-    // this depends on timing).
+    // computed again here (proximal_recomputed). With trainer_order the policy scores a batch
+    // only after the update before it, so they are always reused; the check stays, so that no
+    // order of work can train on log-probs of other weights.
     std::vector<std::shared_ptr<const ppo::experience>> exps;
     for (const auto* x : items) {
       const auto at = scored_with_.find(x->iteration);
@@ -1049,7 +1062,9 @@ class ppo_trainer final : public actor::node {
   const void* scored_ = nullptr;
   std::shared_ptr<decoder> model_;
   tensor ema_;
-  std::deque<actor::payload> pending_;
+  std::deque<actor::payload> pending_;   // rollouts to score, in order
+  std::deque<actor::payload> to_train_;  // experience batches (empty ones: nothing to train), in order
+  trainer_order order_;                  // which of the two goes next
   bool rolled_out_ = false;  // a rollout arrived: step 3 had begun (what SIGINT says it kept)
   std::unique_ptr<tokenizer> unsup_tok_;
   std::unique_ptr<lm_dataset> unsup_;
@@ -1241,8 +1256,16 @@ class experience_maker final : public actor::node {
     sum.policy_version = r.policy_version;
     sum.weights_wait_seconds = r.weights_wait_seconds;
     if (r.checkpoint) pending_.checkpoint = true;  // kept past a dropped batch, to the next update
+    // a training batch that sends the trainers no experience sends them this: they score the next
+    // rollouts only once every earlier batch's experience, or this, is through (ppo_trainer::handle)
+    const auto nothing_to_train = [&] {
+      experience_batch marker;
+      marker.iteration = r.iteration;
+      ctx.emit("experience", actor::payload::make("experience", std::move(marker)));
+    };
     if (!r.exp) {
       sum.dropped = true;
+      if (!r.eval) nothing_to_train();
       ctx.emit("summary", actor::payload::make("summary", sum));
       return;
     }
@@ -1278,6 +1301,7 @@ class experience_maker final : public actor::node {
       sum.groups_kept = static_cast<int64_t>(keep.size()) / G;
       if (keep.empty()) {  // nothing to learn from: as a dropped batch (the stamp goes to the next update)
         sum.dropped = true;
+        nothing_to_train();
         ctx.emit("summary", actor::payload::make("summary", sum));
         return;
       }
@@ -1302,6 +1326,8 @@ class experience_maker final : public actor::node {
       sum.trains = true;
       ctx.emit("experience", actor::payload::make("experience", std::move(pending_)));
       pending_ = experience_batch{};
+    } else {
+      nothing_to_train();  // kept for the next update (generation_batches > 1)
     }
     ctx.emit("summary", actor::payload::make("summary", sum));
   }

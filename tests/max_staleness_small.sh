@@ -4,6 +4,7 @@
 #    figures (rewards, KL, losses, held-out results) and the same saved policy bytes;
 #  - max_staleness = 1 (wait) completes, its lines carry the version and staleness of each
 #    batch (never above 1), and its held-out reward is a finite number;
+#  - max_staleness = 1 with two policy ranks at ZeRO-2 completes (the ranks work in one order);
 #  - max_staleness = 1 with staleness_policy = "drop" completes too;
 #  - eval_prompts = 0 skips the held-out passes and reports every iteration, at 0 and 1.
 set -euo pipefail
@@ -39,6 +40,18 @@ grep -qE "iter 2 reward .* policy v[0-9]+ staleness [01]( |$)" "$out/s1.log" || 
 grep -E "staleness [2-9]" "$out/s1.log" && fail "max_staleness = 1 trained a batch staler than 1"
 after=$(sed -nE 's/.*held-out after: mean reward (-?[0-9]+\.[0-9]+) .*/\1/p' "$out/s1.log")
 [ -n "$after" ] || fail "max_staleness = 1: no finite held-out reward after training"
+
+# two policy ranks at ZeRO-2: the rollouts of k + 1 and the experience of k reach the ranks in either order,
+# and ranks that took them as they came called different collectives (one run in five failed: "the ranks
+# called different collectives"); now each rank works in trainer_order's sequence. Twice, with
+# generation_batches = 2 (an empty experience batch for each first batch of two) the second time.
+run s1ranks --set node.controller.max_staleness=1 --set node.policy.replicas=2 --set node.policy.actor_zero_stage=2 \
+  --set node.policy.per_device_training_batch_size=8
+run s1ranks_gb2 --set node.controller.max_staleness=1 --set node.policy.replicas=2 --set node.policy.actor_zero_stage=2 \
+  --set node.policy.per_device_training_batch_size=8 --set node.experience.generation_batches=2 --set node.prompts.iterations=4
+for r in s1ranks s1ranks_gb2; do
+  grep -q "held-out mean reward" "$out/$r.log" || fail "max_staleness = 1, 2 policy ranks ($r): no held-out result"
+done
 
 run s1drop --set node.controller.max_staleness=1 --set node.controller.staleness_policy=drop
 grep -q "held-out mean reward" "$out/s1drop.log" || fail "max_staleness = 1, drop: no held-out result"

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,7 @@
 
 #include "actors/ppo_controller.h"
 #include "actors/rlhf_types.h"
+#include "actors/trainer_order.h"
 #include "runtime/actor/job.h"
 #include "runtime/actor/node.h"
 #include "runtime/graph/parse.h"
@@ -798,4 +800,58 @@ TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1, drop: a sta
   CHECK(series(j, "staleness") == std::vector<double>{0, 2, 1});
   const auto snap = j.metrics->snapshot();
   CHECK(snap.node("ppo_controller")->counters.at("steps") == 2);
+}
+
+// ---- the trainers' order of work (actors/trainer_order.h)
+
+namespace {
+
+// Feeds `arrivals` to a trainer_order one by one ("R n": rollouts of iteration n, "E n": held-out
+// rollouts, "X n": an experience batch ending at n, empty or not) and does all the work it allows
+// after each; returns the work done, in order ("score n", "train n").
+std::vector<std::string> work_done(const std::vector<std::string>& arrivals) {
+  flowrun::actors::trainer_order o;
+  std::deque<int64_t> rollouts, experience;
+  std::vector<std::string> done;
+  for (const auto& a : arrivals) {
+    const int64_t n = std::stoll(a.substr(2));
+    if (a[0] == 'X') {
+      o.experience_arrived(n);
+      experience.push_back(n);
+    } else {
+      o.rollouts_arrived(n, a[0] == 'E');
+      rollouts.push_back(n);
+    }
+    using w = flowrun::actors::trainer_order::work;
+    for (auto next = o.next(); next != w::none; next = o.next()) {
+      std::deque<int64_t>& q = next == w::train ? experience : rollouts;
+      done.push_back((next == w::train ? "train " : "score ") + std::to_string(q.front()));
+      q.pop_front();
+      o.done(next);
+    }
+  }
+  return done;
+}
+
+}  // namespace
+
+TEST_CASE("trainer order: two ranks that got the rollouts of k + 1 and the experience of k in either order work alike") {
+  // max_staleness = 1: the generator's batch k + 1 and the experience maker's batch k race to each rank.
+  // Taken in arrival order, rank B scored 1 while rank A trained on 0: different collectives, the run failed.
+  const auto a = work_done({"E -1", "R 0", "X 0", "R 1", "X 1", "R 2", "X 2", "E -2"});
+  const auto b = work_done({"E -1", "R 0", "R 1", "X 0", "R 2", "X 1", "X 2", "E -2"});
+  const std::vector<std::string> want = {"score -1", "score 0", "train 0", "score 1", "train 1",
+                                         "score 2",  "train 2", "score -2"};
+  CHECK(a == want);
+  CHECK(b == want);
+  // a batch that trains nothing (dropped, filtered to nothing, or kept for generation_batches = 2) sends an
+  // empty experience batch: the next rollouts wait for it, not for an update that never comes
+  const std::vector<std::string> kept = {"score 0", "train 0", "score 1", "train 1", "score 2", "train 2", "score 3",
+                                         "train 3"};
+  CHECK(work_done({"R 0", "R 1", "X 0", "X 1", "R 2", "R 3", "X 2", "X 3"}) == kept);
+  CHECK(work_done({"R 0", "X 0", "R 1", "R 2", "X 1", "R 3", "X 2", "X 3"}) == kept);
+  // the rollouts of k + 1 alone wait; the experience of k lets them through
+  CHECK(work_done({"R 0", "R 1"}) == std::vector<std::string>{"score 0"});
+  // held-out rollouts never train: nothing waits for them
+  CHECK(work_done({"E -1", "R 0", "X 0", "E -2"}) == std::vector<std::string>{"score -1", "score 0", "train 0", "score -2"});
 }

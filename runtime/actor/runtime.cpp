@@ -480,6 +480,8 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     j = job{};  // release the handles before the actor system goes away
     cluster.reset();
     if (!restart) break;
+    // what stopped it (naming the lost node's actors) first, before any wait for the node to come back
+    spdlog::error("[{}] attempt {} stopped: {}", spec.name, attempt_options.attempt + 1, result.error);
     // Every node of the last attempt that does not answer now (the lost one,
     // or a survivor whose daemon ended with --once) has its replicas moved to
     // main; a lost node whose daemon came back on the same address keeps them.
@@ -518,7 +520,6 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       if (console_live) console_live->finish(result.metrics, *last_live, result.exit_code, result.error);
       break;
     }
-    spdlog::error("[{}] attempt {} stopped: {}", spec.name, attempt_options.attempt + 1, result.error);
     ++attempt_options.attempt;
     const std::string msg = "restarting the run (attempt " + std::to_string(attempt_options.attempt + 1) + " of at most " +
                             std::to_string(spec.cluster.max_restarts + 1) +

@@ -741,6 +741,7 @@ class ppo_trainer final : public actor::node {
     plan.stage = d_.zero_stage;
     plan.precision = dschat::engine_settings(*model_, d_).precision;
     plan.dout = policy_ ? memory_plan::loss_grad::dlogits : memory_plan::loss_grad::dvalues;
+    plan.keep_rows = true;  // scoring and updates keep the answer's rows (ppo::actor_batch_loss)
     const std::string who = policy_ ? "actor" : "critic";
     const memory_report est = check_memory_plan(
         ctx, *model_, plan, group_.local_ranks,

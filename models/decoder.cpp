@@ -78,6 +78,14 @@ void scatter_kept(tensor& full, const tensor& kept, int64_t B, int64_t T, int64_
 // The first n rows of t (dim 0), or t itself when undefined (a LayerNorm mean under RMSNorm).
 tensor first_rows(const tensor& t, int64_t n) { return t.defined() ? t.rows(0, n) : t; }
 
+// The kept rows' view of one of activations' keep_* buffers: allocated at (B*T, C), so that the bytes a
+// trainer holds do not depend on keep_from (estimate_memory's memory_plan::keep_rows), and used for
+// its first B * (T - keep_from) rows.
+tensor kept_view(tensor& buf, const activations& a, int64_t C, device dev) {
+  ensure(buf, {a.B * a.T, C}, dev);
+  return buf.rows(0, a.B * (a.T - a.keep_from));
+}
+
 // The head's blocks for one forward pass: the head and, with tied embeddings, the
 // embedding block (lm_head is a view of embed_tokens). Acquired now, released when
 // the pass returns (on every path).
@@ -575,7 +583,7 @@ void decoder::unmerge_lora() {
   merged_ = false;
 }
 
-void decoder::lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activations::layer* la) {
+void decoder::lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activations::layer* la, int64_t hold_rows) {
   const auto& L = w_.layers[l];
   auto [w, b] = module_wb(L, m);
   ops::linear_forward(out, x, *w, *b);
@@ -584,13 +592,20 @@ void decoder::lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activation
   const int64_t in = w->size(1), N = x.numel() / in, r = lora_.lora_r;
   tensor x2 = x.view({N, in});
   tensor xd = x2;
+  // the saved u and mask: buffers of the layer's full rows, used for the N rows of this call (fewer in the
+  // last layer under forward's keep_from), so that their bytes do not depend on keep_from (estimate_memory)
+  const auto saved_rows = [&](tensor& buf, int64_t width) {
+    if (!buf.defined() || buf.size(0) < N || buf.size(1) != width || buf.dev() != dev_)
+      buf = tensor::empty({std::max(N, hold_rows), width}, dtype::f32, dev_);
+    return buf.rows(0, N);
+  };
   if (la && training_ && lora_.lora_dropout > 0.0f) {  // training: inverted dropout, mask saved for backward
     if (dev_.kind != device_kind::cpu) throw std::runtime_error("lora_dropout is implemented on CPU only");
-    ensure(la->lora_mask[m], {N, in}, dev_);
+    tensor mask = saved_rows(la->lora_mask[m], in);
     xd = tensor::empty({N, in}, dtype::f32, dev_);
     splitmix64 rng{lora_.seed * 0x9e3779b97f4a7c15ull + (++dropout_calls_) * 0xd1b54a32d192ed03ull};
     const float keep = 1.0f - lora_.lora_dropout, inv = 1.0f / keep;
-    float* mk = la->lora_mask[m].data<float>();
+    float* mk = mask.data<float>();
     const float* xs = x2.data<float>();
     float* xo = xd.data<float>();
     for (int64_t i = 0; i < N * in; ++i) {
@@ -598,9 +613,7 @@ void decoder::lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activation
       xo[i] = xs[i] * mk[i];
     }
   }
-  tensor u = la ? la->lora_u[m] : tensor{};
-  if (!u.defined() || u.shape() != shape_t{N, r}) u = tensor::empty({N, r}, dtype::f32, dev_);
-  if (la) la->lora_u[m] = u;
+  tensor u = la ? saved_rows(la->lora_u[m], r) : tensor::empty({N, r}, dtype::f32, dev_);
   tensor none;
   ops::linear_forward(u, xd, lp.A, none);  // u = dropout(x) Aᵀ (N, r)
   tensor o2 = out.view({N, w->size(0)});
@@ -633,7 +646,8 @@ void decoder::lin_bwd(int64_t l, int m, tensor& dx, const tensor& dout, const te
     for (int64_t i = 0; i < N * in; ++i) xo[i] = xs[i] * mk[i];
   }
   ensure(a.lora_du, {N, r}, dev_);
-  ops::matmul(gp.B, d2, la.lora_u[m], true, false, s, 1.0f);  // dB += s · doutᵀ u   (out, r)
+  const tensor u = la.lora_u[m].rows(0, N);                   // forward's rows (saved_rows in lin_fwd)
+  ops::matmul(gp.B, d2, u, true, false, s, 1.0f);              // dB += s · doutᵀ u   (out, r)
   ops::matmul(a.lora_du, d2, lp.B, false, false, s, 0.0f);    // du = s · dout B      (N, r)
   ops::matmul(gp.A, a.lora_du, xd, true, false, 1.0f, 1.0f);  // dA += duᵀ dropout(x) (r, in)
   tensor dx2 = dx.view({N, in});
@@ -770,7 +784,7 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   a.slot_layer = -1;
   a.keep_from = keep_from;
   const int64_t Nh = B * (T - keep_from);  // the rows the head reads (N when keep_from = 0)
-  if (keep_from > 0) ensure(a.keep_out, {Nh, C}, dev_);
+  tensor keep_out = keep_from > 0 ? kept_view(a.keep_out, a, C, dev_) : tensor{};
   if (a.checkpointed) a.layer_rng.assign(static_cast<size_t>(NL), 0);
 
   // embeddings: x = wte[ids] (+ wpe[pos + offset])
@@ -809,8 +823,8 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   // the head's input: every position's last hidden state, or the kept rows (Nh, C) compacted
   tensor hx = a.resid[NL].view({N, C});
   if (keep_from > 0) {
-    if (!kept_last_layer(a)) gather_kept(a.keep_out, hx, B, T, keep_from);  // else the last layer wrote them
-    hx = a.keep_out;
+    if (!kept_last_layer(a)) gather_kept(keep_out, hx, B, T, keep_from);  // else the last layer wrote them
+    hx = keep_out;
   }
   tensor lnf = a.lnf.view({N, C}).rows(0, Nh);
   if (post) lnf.copy_from(hx);  // no final norm
@@ -827,12 +841,17 @@ double decoder::forward(activations& a, const tensor& ids, const tensor& targets
   tensor& out = value_head_ ? a.values : a.logits;
   ensure(out, value_head_ ? shape_t{B, T} : shape_t{B, T, V}, dev_);
   tensor head_out = out.view({N, W});
-  if (keep_from > 0) {  // into the kept rows, then to their places (0 before keep_from)
-    ensure(a.keep_head, {Nh, W}, dev_);
-    head_out = a.keep_head;
+  const tensor& head_w = value_head_ ? w_.v_head : w_.lm_head;
+  if (keep_from == 0) {
+    ops::linear_forward(head_out, lnf, head_w, none_tensor);
+  } else {  // each sequence's kept rows straight into their places (no (Nh, V) copy), 0 before them
+    const int64_t Tk = T - keep_from;
+    for (int64_t b = 0; b < B; ++b) {
+      tensor o = head_out.rows(b * T + keep_from, (b + 1) * T), z = head_out.rows(b * T, b * T + keep_from);
+      ops::linear_forward(o, lnf.rows(b * Tk, (b + 1) * Tk), head_w, none_tensor);
+      z.zero_();
+    }
   }
-  ops::linear_forward(head_out, lnf, value_head_ ? w_.v_head : w_.lm_head, none_tensor);
-  if (keep_from > 0) scatter_kept(out, a.keep_head, B, T, keep_from);
   if (value_head_) {
     a.n_valid = 0;
     return 0.0;
@@ -940,17 +959,17 @@ void decoder::last_layer_forward_kept(activations& a, int64_t l, const tensor& x
   tensor ln1 = L.ln1.view({N, C});
   norm_forward(ln1, L.ln1_mean, L.ln1_rstd, x, W.ln1_w, W.ln1_b);
   attn_core_fwd(a, l, ln1, mask);
-  ensure(a.keep_atty, {Nh, C}, dev_);
-  ensure(a.keep_x, {Nh, C}, dev_);
-  gather_kept(a.keep_atty, L.atty.view({N, C}), B, T, t0);
-  gather_kept(a.keep_x, x, B, T, t0);
+  tensor katty = kept_view(a.keep_atty, a, C, dev_), kx = kept_view(a.keep_x, a, C, dev_),
+         kout = kept_view(a.keep_out, a, C, dev_);
+  gather_kept(katty, L.atty.view({N, C}), B, T, t0);
+  gather_kept(kx, x, B, T, t0);
   tensor r2 = L.resid2.view({N, C}).rows(0, Nh);
-  lin_fwd(l, lm_o, r2, a.keep_atty, &L);
-  ops::axpy(r2, a.keep_x);
+  lin_fwd(l, lm_o, r2, katty, &L, N);
+  ops::axpy(r2, kx);
   tensor ln2 = L.ln2.view({N, C}).rows(0, Nh);
   tensor mean = first_rows(L.ln2_mean, Nh), rstd = first_rows(L.ln2_rstd, Nh);
   norm_forward(ln2, mean, rstd, r2, W.ln2_w, W.ln2_b);
-  mlp_fwd(a, l, ln2, r2, a.keep_out);
+  mlp_fwd(a, l, ln2, r2, kout);
 }
 
 // The MLP on the rows of `in` (N, C): every position, or the kept rows of the last layer.
@@ -958,15 +977,15 @@ void decoder::mlp_fwd(activations& a, int64_t l, const tensor& in, const tensor&
   const int64_t N = in.numel() / cfg_.dim, F = cfg_.hidden_dim;
   auto& L = a.at(l);
   tensor up = L.up.view({a.B * a.T, F}).rows(0, N), act = L.act.view({a.B * a.T, F}).rows(0, N);
-  lin_fwd(l, lm_up, up, in, &L);
+  lin_fwd(l, lm_up, up, in, &L, a.B * a.T);
   if (cfg_.gated_mlp) {
     tensor gate = L.gate.view({a.B * a.T, F}).rows(0, N);
-    lin_fwd(l, lm_gate, gate, in, &L);
+    lin_fwd(l, lm_gate, gate, in, &L, a.B * a.T);
     ops::swiglu_forward(act, gate, up);
   } else {
     ops::activation_forward(act, up, cfg_.act);
   }
-  lin_fwd(l, lm_down, out, act, &L);
+  lin_fwd(l, lm_down, out, act, &L, a.B * a.T);
   ops::axpy(out, resid);
 }
 
@@ -1021,17 +1040,17 @@ void decoder::last_layer_backward_kept(activations& a, int64_t l) {
   tensor dln = a.dln.rows(0, Nh);
   dln.zero_();
   const tensor r2 = L.resid2.view({N, C}).rows(0, Nh);
-  mlp_bwd(a, l, L.ln2.view({N, C}).rows(0, Nh), a.keep_dres, dln);
-  norm_backward(a.keep_dres, G.ln2_w, G.ln2_b, dln, r2, W.ln2_w, first_rows(L.ln2_mean, Nh),
+  tensor kdres = a.keep_dres.rows(0, Nh), katty = a.keep_atty.rows(0, Nh), kdatty = kept_view(a.keep_datty, a, C, dev_);
+  mlp_bwd(a, l, L.ln2.view({N, C}).rows(0, Nh), kdres, dln);
+  norm_backward(kdres, G.ln2_w, G.ln2_b, dln, r2, W.ln2_w, first_rows(L.ln2_mean, Nh),
                 first_rows(L.ln2_rstd, Nh));
   // o_proj at the kept rows, then attention at every position: r2 = x + o_proj(attention(ln1(x)))
-  ensure(a.keep_datty, {Nh, C}, dev_);
-  a.keep_datty.zero_();
-  lin_bwd(l, lm_o, a.keep_datty, a.keep_dres, a.keep_atty, a, L);
-  scatter_kept(a.datty, a.keep_datty, B, T, t0);
+  kdatty.zero_();
+  lin_bwd(l, lm_o, kdatty, kdres, katty, a, L);
+  scatter_kept(a.datty, kdatty, B, T, t0);
   a.dln.zero_();
   attn_core_bwd(a, l, L.ln1.view({N, C}), a.dln);
-  scatter_kept(a.dres, a.keep_dres, B, T, t0);  // the residual path
+  scatter_kept(a.dres, kdres, B, T, t0);  // the residual path
   norm_backward(a.dres, G.ln1_w, G.ln1_b, a.dln, a.resid[l].view({N, C}), W.ln1_w, L.ln1_mean, L.ln1_rstd);
 }
 
@@ -1056,6 +1075,22 @@ void decoder::backward_post_layer(activations& a, int64_t l) {
 }
 
 // ------------------------------------------------------------------ training backward
+
+// The head's backward: dx (Nh, E) += dout W, dw += doutᵀ x for dout (N, W) and its input x (Nh, E),
+// Nh = B * (T - keep_from): with keep_from, each sequence's kept rows of dout (the rest are not read).
+void decoder::head_backward(const activations& a, tensor& dx, tensor& dw, const tensor& dout, const tensor& x,
+                            const tensor& w) {
+  tensor no_db;
+  const int64_t t0 = a.keep_from, T = a.T, Tk = T - t0;
+  if (t0 == 0) {
+    ops::linear_backward(dx, dw, no_db, dout, x, w);
+    return;
+  }
+  for (int64_t b = 0; b < a.B; ++b) {
+    tensor dxb = dx.rows(b * Tk, (b + 1) * Tk);
+    ops::linear_backward(dxb, dw, no_db, dout.rows(b * T + t0, (b + 1) * T), x.rows(b * Tk, (b + 1) * Tk), w);
+  }
+}
 
 void decoder::backward(activations& a, const tensor& dlogits_in) {
   if (!value_head_ && !a.logits.defined()) throw std::logic_error("decoder::backward: no forward to differentiate");
@@ -1096,24 +1131,13 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   if (value_head_) {
     if (!dlogits_in.defined() || dlogits_in.numel() != N)
       throw std::invalid_argument("decoder::backward: a value-head model needs dvalues (B, T)");
-    tensor dvals = dlogits_in.view({N, 1});
-    if (t0 > 0) {
-      ensure(a.keep_dhead, {Nh, 1}, dev_);
-      gather_kept(a.keep_dhead, on_device(dvals, dev_), B, T, t0);
-      dvals = a.keep_dhead;
-    }
-    ops::linear_backward(dhead_in, g_.v_head, no_db, dvals, head_in, w_.v_head);
+    head_backward(a, dhead_in, g_.v_head, on_device(dlogits_in, dev_).view({N, 1}), head_in, w_.v_head);
   } else {
     tensor dlogits;
     if (dlogits_in.defined()) {
       if (dlogits_in.numel() != N * V)
         throw std::invalid_argument("decoder::backward: dlogits " + dlogits_in.str() + " must be (B, T, V)");
-      dlogits = dlogits_in.view({N, V});
-      if (t0 > 0) {
-        ensure(a.keep_dhead, {Nh, V}, dev_);
-        gather_kept(a.keep_dhead, on_device(dlogits, dev_), B, T, t0);
-        dlogits = a.keep_dhead;
-      }
+      dlogits = on_device(dlogits_in, dev_).view({N, V});
     } else {
       if (!a.targets.defined()) throw std::logic_error("decoder::backward: forward ran without targets");
       ensure(a.dlogits, {N, V}, dev_);
@@ -1124,7 +1148,7 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
     }
     // classifier (its weight gradient only when the base trains)
     tensor dhead = base_trainable_ ? g_.lm_head : tensor{};
-    ops::linear_backward(dhead_in, dhead, no_db, dlogits, head_in, w_.lm_head);
+    head_backward(a, dhead_in, dhead, dlogits, head_in, w_.lm_head);
   }
   if (proj) {
     tensor dpo = base_trainable_ ? g_.project_out : tensor{};
@@ -1134,16 +1158,13 @@ void decoder::backward(activations& a, const tensor& dlogits_in) {
   // the final norm: into a.dres (N, C), or with keep_from into a.keep_dres (Nh, C), which the kept last
   // layer reads (or, post-norm, which goes to its rows of a.dres)
   tensor dres = a.dres;
-  if (t0 > 0) {
-    ensure(a.keep_dres, {Nh, C}, dev_);
-    dres = a.keep_dres;
-  }
+  if (t0 > 0) dres = kept_view(a.keep_dres, a, C, dev_);
   dres.zero_();
-  const tensor hx = t0 > 0 ? a.keep_out : a.resid[NL].view({N, C});
+  const tensor hx = t0 > 0 ? a.keep_out.rows(0, Nh) : a.resid[NL].view({N, C});
   if (post) dres.copy_from(a.dlnf.rows(0, Nh));
   else norm_backward(dres, g_.lnf_w, g_.lnf_b, a.dlnf.rows(0, Nh), hx, w_.lnf_w, first_rows(a.lnf_mean, Nh),
                      first_rows(a.lnf_rstd, Nh));
-  if (t0 > 0 && !kept_last_layer(a)) scatter_kept(a.dres, a.keep_dres, B, T, t0);
+  if (t0 > 0 && !kept_last_layer(a)) scatter_kept(a.dres, dres, B, T, t0);
   hook_grads_ready(head_block);
   // A tied embedding's gradient so far (the head's share) is handed over now, so that its
   // buffer does not live through every layer's backward; the lookup's share follows at the end.

@@ -186,8 +186,7 @@ struct activations {
   /// resid[n_layers] is not written (keep_out holds the kept rows of it).
   int64_t keep_from = 0;
   tensor keep_x, keep_atty, keep_out;  // (Nh, C): the last layer's input, attention output and output rows
-  tensor keep_head;                    // (Nh, V) or (Nh, 1): the head's output before it goes to its rows
-  tensor keep_dres, keep_datty, keep_dhead;  // backward scratch of the kept rows
+  tensor keep_dres, keep_datty;        // (Nh, C): backward scratch of the kept rows
   tensor lnf, lnf_mean, lnf_rstd;  // (B,T,C) final hidden (post_norm: a copy of resid[n_layers])
   tensor hout;                     // (B,T,E) project_out(lnf), projection only
   tensor logits;                   // (B,T,V) (LM head)
@@ -360,8 +359,9 @@ class decoder {
   // ops::matmul_batched (no new kernel: the rotation is a (hs, hs) matrix per position).
   void rope_apply(tensor& x, const tensor& positions, const tensor& rot, bool inverse) const;
   void rebuild_adapter();
-  // y = x Wᵀ + b (+ LoRA) for module m of layer l; `la` saves what backward needs (null: inference)
-  void lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activations::layer* la);
+  // y = x Wᵀ + b (+ LoRA) for module m of layer l; `la` saves what backward needs (null: inference), in
+  // buffers of at least hold_rows rows (the layer's B*T: the kept last layer's calls have fewer)
+  void lin_fwd(int64_t l, int m, tensor& out, const tensor& x, activations::layer* la, int64_t hold_rows = 0);
   // dx += dout W (+ LoRA); dW, db (+ dA, dB) accumulate when trainable
   void lin_bwd(int64_t l, int m, tensor& dx, const tensor& dout, const tensor& x, activations& a,
                activations::layer& la);
@@ -384,6 +384,9 @@ class decoder {
   // The last layer at the kept rows of forward's keep_from (pre-norm): writes a.keep_out (Nh, C); its
   // backward reads a.keep_dres (Nh, C) and writes a.dres (N, C).
   bool kept_last_layer(const activations& a) const { return a.keep_from > 0 && !cfg_.post_norm; }
+  // dx (Nh, E) += dout W, dw += doutᵀ x for the head: dout (N, V or 1), x (Nh, E); per sequence with keep_from
+  void head_backward(const activations& a, tensor& dx, tensor& dw, const tensor& dout, const tensor& x,
+                     const tensor& w);
   void last_layer_forward_kept(activations& a, int64_t l, const tensor& x, const tensor& mask);
   void last_layer_backward_kept(activations& a, int64_t l);
   void mlp_bwd(activations& a, int64_t l, const tensor& in, const tensor& dout, tensor& din);

@@ -558,6 +558,7 @@ std::vector<std::pair<memory_report, memory_report>> run_plan(const plan_case& p
     plan.stage = pc.stage;
     plan.precision = pc.precision;
     plan.dout = pc.dout;
+    plan.keep_rows = pc.dout != memory_plan::loss_grad::model_cross_entropy;  // the PPO losses keep the answer's rows
     out[r].first = estimate_memory(m, plan);
     zero_settings s;
     s.stage = pc.stage;
@@ -629,6 +630,18 @@ TEST_CASE("zero: estimate_memory equals the bytes the engine and the decoder hol
          m.set_gradient_checkpointing(true);
        }},
       {"PPO policy (float dlogits), stage 3, 2 ranks, tied embeddings", gpt2, 2, 3, dtype::f32, lg::dlogits, nullptr},
+      // the answer's rows only in the last layer (keep_from): its adapters see fewer rows than the others
+      {"PPO policy + LoRA (all-linear, dropout 0.1) + checkpointing, stage 0, 1 rank", llama, 1, 0, dtype::f32,
+       lg::dlogits,
+       [&](decoder& m) {
+         lora(4, 0.1f, {"all-linear"}, false)(m);
+         m.set_gradient_checkpointing(true);
+       }},
+      {"critic (value head + LoRA), stage 2, 2 ranks", llama, 2, 2, dtype::f32, lg::dvalues,
+       [&](decoder& m) {
+         m.add_value_head(4);
+         lora(4, 0.0f, {"all-linear"}, true)(m);
+       }},
       {"PPO policy (float dlogits), bf16, stage 0, 1 rank, checkpointing", opt, 1, 0, dtype::bf16, lg::dlogits,
        [](decoder& m) { m.set_gradient_checkpointing(true); }},
       {"critic (value head, dvalues), stage 3, 2 ranks, checkpointing", llama, 2, 3, dtype::f32, lg::dvalues,

@@ -36,7 +36,8 @@ int64_t activation_bytes(const activations& a) {
   }
   for (const tensor* t : {&a.emb, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.hout, &a.logits, &a.values, &a.losses,
                           &a.dlogits, &a.dlnf, &a.dres, &a.dln, &a.dact, &a.dgate, &a.dup, &a.datty, &a.dq, &a.dk,
-                          &a.dv, &a.lora_du, &a.lora_dx, &a.dhout, &a.demb})
+                          &a.dv, &a.lora_du, &a.lora_dx, &a.dhout, &a.demb, &a.keep_x, &a.keep_atty, &a.keep_out,
+                          &a.keep_dres, &a.keep_datty})
     n += bytes_of(*t);
   return n;
 }
@@ -177,14 +178,15 @@ memory_report estimate_memory(const decoder& model, const memory_plan& p) {
   m.optimizer_bytes = 2 * ((base_trains ? (stage == 0 ? P : shard) : 0) + A) * 4;
   const int64_t BT = p.micro_batch * p.seq_len;
   m.activation_bytes = estimate_activation_bytes(model, p.micro_batch, p.seq_len,
-                                                 p.dout == memory_plan::loss_grad::model_cross_entropy);
+                                                 p.dout == memory_plan::loss_grad::model_cross_entropy, p.keep_rows);
   m.loss_bytes = p.dout == memory_plan::loss_grad::dlogits  ? BT * model.config().vocab_size * 4
                  : p.dout == memory_plan::loss_grad::dvalues ? BT * 4
                                                              : 0;
   return m;
 }
 
-int64_t estimate_activation_bytes(const decoder& model, int64_t B, int64_t T, bool model_cross_entropy) {
+int64_t estimate_activation_bytes(const decoder& model, int64_t B, int64_t T, bool model_cross_entropy,
+                                  bool keep_rows) {
   // What decoder::forward and backward allocate (activations in decoder.h), in floats.
   const model_config& c = model.config();
   const int64_t N = B * T, C = c.dim, F = c.hidden_dim, H = c.n_heads, hs = c.head_dim(), KV = c.n_kv_heads;
@@ -220,6 +222,8 @@ int64_t estimate_activation_bytes(const decoder& model, int64_t B, int64_t T, bo
   else floats += (model_cross_entropy ? 2 : 1) * N * V;  // logits (+ dlogits of the model's cross-entropy)
   floats += 4 * N * C + (c.gated_mlp ? 3 : 2) * N * F + N * (H * hs + 2 * KV * hs);  // backward scratch
   if (c.has_projection()) floats += 4 * N * E;  // emb, hout, dhout, demb
+  // keep_from: keep_out, keep_dres (+ keep_x, keep_atty, keep_datty: the last layer's kept rows, pre-norm)
+  if (keep_rows) floats += (c.post_norm ? 2 : 5) * N * C;
   return floats * 4;
 }
 

@@ -129,6 +129,9 @@ struct memory_plan {
   /// policy, the ptx loss), or dvalues ((B, T) f32: a value head's loss, RM or critic).
   enum class loss_grad { model_cross_entropy, dlogits, dvalues };
   loss_grad dout = loss_grad::model_cross_entropy;
+  /// The trainer's forward keeps the answer's rows (decoder::forward's keep_from: PPO's and GRPO's
+  /// policy and critic, DPO): activations::keep_* buffers, (B·T, C) each, five (two post-norm) more.
+  bool keep_rows = false;
 };
 
 /// An estimate made before a run (no allocation beyond `model` itself): the bytes
@@ -147,7 +150,9 @@ memory_report estimate_memory(const decoder& model, const memory_plan& plan);
 /// Linear, and in training mode with lora_dropout the (B·T, in) masks and backward scratch; its
 /// gradient checkpointing: one layer's tensors instead of n_layers'), f32: exactly what
 /// decoder::forward and backward allocate, i.e. zero_engine::memory().activation_bytes after a step.
-int64_t estimate_activation_bytes(const decoder& model, int64_t B, int64_t T, bool model_cross_entropy = true);
+/// keep_rows: the forward runs with keep_from > 0 (memory_plan::keep_rows).
+int64_t estimate_activation_bytes(const decoder& model, int64_t B, int64_t T, bool model_cross_entropy = true,
+                                  bool keep_rows = false);
 
 /// What one optimizer step did (identical on every rank).
 struct step_result {

@@ -353,6 +353,16 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       .known_as("max_response_length", "veRL's data.max_response_length is max_answer_seq_len here");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     std::vector<graph::node_kind::problem> problems;
+    // the controller, the experience maker and the trainers follow one rollout batch per prompt batch, in
+    // order: two generators split each batch in halves (a run at max_staleness 0 trained on half batches and
+    // held out 4 prompts before and 32 after; at 1 the controller failed on a summary not in flight)
+    if (n.replicas > 1)
+      problems.push_back({"replicas",
+                          fmt::format("node '{}': replicas = {}: step 3 rolls out each prompt batch on one generator "
+                                      "(the controller, the experience maker and the trainers follow one rollout "
+                                      "batch per prompt batch, in order)",
+                                      n.name, n.replicas),
+                          "set replicas = 1; give the generator more cores with `threads`"});
     // logits / T overflow a float below ~1e-6 (NaN log-probs at 1e-38; 1e-50 rounds to 0, greedy unasked)
     if (const double t = n.get_float("temperature"); t > 0 && t < 1e-6)
       problems.push_back({"temperature",
@@ -1331,6 +1341,16 @@ class experience_maker final : public actor::node {
       nothing_to_train();  // kept for the next update (generation_batches > 1)
     }
     ctx.emit("summary", actor::payload::make("summary", sum));
+  }
+
+  // a run that ends with experience kept for the next update (generation_batches > 1, and filter_groups
+  // dropped a batch of the last group, so the update never came) says so: those batches never trained
+  void stop(actor::node_context& ctx) override {
+    if (pending_.items.empty() || ctx.reason() != actor::stop_reason::completed) return;
+    ctx.log().warn("the run ended with {} generated batch(es) kept for the next update (generation_batches = {}), "
+                   "the last at iteration {}: never trained{}",
+                   pending_.items.size(), generation_batches_, pending_.iteration,
+                   filter_groups_ ? " (filter_groups dropped batches of their group, so the group never filled)" : "");
   }
 
  private:

@@ -394,6 +394,14 @@ TEST_CASE("GRPO settings that train nothing or do nothing are refused when the g
   CHECK(rc == 2);
   CHECK(has(out, "filter_groups drops the groups whose rewards are all equal, and the generator 'generator' samples "
                  "num_generations = 1 per prompt"));
+  // two generators split each prompt batch in halves: at max_staleness 0 it trained on halves and held out 4 prompts
+  // before and 32 after; at 1 the controller failed on a summary not in flight
+  for (const char* s : {"0", "1"}) {
+    out = run(grpo + " --set node.generator.replicas=2 --set node.controller.max_staleness=" + s + " 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, "error: node 'generator': replicas = 2: step 3 rolls out each prompt batch on one generator"));
+    CHECK(has(out, "hint: set replicas = 1; give the generator more cores with `threads`"));
+  }
   // cliprange 1 or more: validation refuses it (the first update failed, naming clip_ratio_low)
   out = run(grpo + " --set node.policy.cliprange=1.5 2>&1", &rc);
   CHECK(rc == 2);

@@ -22,8 +22,8 @@
 # Items: machine train_260k train_gpt2 train_gpt2_large decode (and the PPO split).
 # --trl adds a PPO iteration side by side with TRL's PPOTrainer and a GRPO iteration with its
 # GRPOTrainer (bench/trl_ppo.sh, N pairs per model and algorithm; it installs trl 1.12 into the venv;
-# about 1 minute per pair, model and algorithm on 2 cores: 5 pairs of both models and both algorithms
-# took 12-15 minutes); where the CPU has AVX512_BF16 or AMX, also the 6.1 M
+# about 1 minute per pair, model and algorithm on 2 cores, from a 39 s stories260K PPO pair to the
+# 6.1 M model's longer ones); where the CPU has AVX512_BF16 or AMX, also the 6.1 M
 # model's PPO iteration with both sides in bf16 (about 5 minutes more).
 # With --trl or the PPO split, bench/runtime_share.py measures the actor runtime's share of a PPO
 # iteration's CPU samples under Linux perf (skipped where perf cannot record).

@@ -1274,7 +1274,6 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
   const int head_block = static_cast<int>(cfg_.n_layers) + 1;
   // the caller reads each sequence's last position only: the last layer after attention runs on those rows
   const bool last_only = !all_logits && Tq > 1;
-  int64_t rows_now = N;  // the rows x holds: N, or B once last_only has taken the last positions
 
   hook_acquire(0, ph::forward);
   if (proj) {
@@ -1331,7 +1330,6 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
       up = up.rows(0, B);
       act = act.rows(0, B);
       if (gate.defined()) gate = gate.rows(0, B);
-      rows_now = B;
     }
     lin_fwd(l, lm_o, h, yv, nullptr);
     ops::axpy(x, h);
@@ -1357,49 +1355,19 @@ tensor decoder::forward_cached(kv_cache& cache, const tensor& ids, const tensor&
     hook_release(static_cast<int>(l) + 1, ph::forward);
   }
   head_blocks guard(hooks_, head_block, cfg_.tied_embeddings);  // acquired until every return below
-  // the final hidden (M, C) -> what the head reads: lnf (no final norm with post_norm), then project_out
-  auto head_input = [&](const tensor& xs, const tensor& hs_buf, const tensor& m, const tensor& r) -> tensor {
-    tensor hb = hs_buf, mb = m, rb = r;
-    if (post) hb.copy_from(xs);
-    else norm_forward(hb, mb, rb, xs, w_.lnf_w, w_.lnf_b);
-    if (!proj) return hb;
-    auto o = tensor::empty({xs.size(0), E}, dtype::f32, dev_);
-    ops::linear_forward(o, hb, w_.project_out, none_tensor);
-    return o;
-  };
-  if (value_head_) {
-    tensor hh = head_input(x, h, mean, rstd);
-    auto vals = tensor::empty({rows_now, 1}, dtype::f32, dev_);
-    ops::linear_forward(vals, hh, w_.v_head, none_tensor);
-    if (all_logits) return vals.view({B, Tq});
-    if (rows_now == B) return vals.view({B});
-    auto last = tensor::empty({B}, dtype::f32, dev_);
-    if (dev_.kind == device_kind::cpu)
-      for (int64_t b = 0; b < B; ++b) last.flat_view(b, {1}).copy_from(vals.rows(b * Tq + Tq - 1, b * Tq + Tq));
-    else
-      copy_rows_strided(last, 0, 1, vals, Tq - 1, Tq, 1, B);
-    return last;
+  // x holds the rows the caller reads: every position (all_logits), or each sequence's last (the last layer
+  // took them, or Tq = 1); the head reads lnf(x) (no final norm with post_norm), then project_out
+  if (post) h.copy_from(x);
+  else norm_forward(h, mean, rstd, x, w_.lnf_w, w_.lnf_b);
+  tensor hh = h;
+  if (proj) {
+    hh = tensor::empty({x.size(0), E}, dtype::f32, dev_);
+    ops::linear_forward(hh, h, w_.project_out, none_tensor);
   }
-  if (all_logits) {
-    tensor hh = head_input(x, h, mean, rstd);
-    auto logits = tensor::empty({B, Tq, V}, dtype::f32, dev_);
-    tensor l2 = logits.view({N, V});
-    ops::linear_forward(l2, hh, w_.lm_head, none_tensor);
-    return logits;
-  }
-  // last position of each sequence only (x holds just those rows after a last_only layer, or Tq = 1)
-  tensor xl = x;
-  if (rows_now != B) {
-    xl = tensor::empty({B, C}, dtype::f32, dev_);
-    copy_rows_strided(xl, 0, C, x, (Tq - 1) * C, Tq * C, C, B);
-  }
-  auto hl = tensor::empty({B, C}, dtype::f32, dev_);
-  auto ml = ln ? tensor::empty({B}, dtype::f32, dev_) : tensor{};
-  auto rl = tensor::empty({B}, dtype::f32, dev_);
-  tensor hh = head_input(xl, hl, ml, rl);
-  auto logits = tensor::empty({B, V}, dtype::f32, dev_);
-  ops::linear_forward(logits, hh, w_.lm_head, none_tensor);
-  return logits;
+  auto out = tensor::empty({x.size(0), value_head_ ? 1 : V}, dtype::f32, dev_);
+  ops::linear_forward(out, hh, value_head_ ? w_.v_head : w_.lm_head, none_tensor);
+  if (value_head_) return all_logits ? out.view({B, Tq}) : out.view({B});
+  return all_logits ? out.view({B, Tq, V}) : out;
 }
 
 }  // namespace flowrun

@@ -209,6 +209,15 @@ TEST_CASE("gather_log_probs: forward against a hand softmax, backward by finite 
     CHECK(dl.item(i) == doctest::Approx(fd).epsilon(2e-3));
   }
   CHECK_THROWS_AS(gather_log_probs_forward(out, logits, tensor::from_ints({1, 2}, {3, 0})), std::out_of_range);
+  // from = 1 (decoder::forward's keep_from): position 0 is neither computed nor its gradient, position 1 as above
+  tensor out1, dl1;
+  gather_log_probs_forward(out1, logits, labels, 1.0f, 1);
+  CHECK(out1.item(0) == 0.0f);
+  CHECK(out1.item(1) == out.item(1));
+  gather_log_probs_backward(dl1, dout, logits, labels, 1.0f, 1);
+  for (int i = 0; i < 3; ++i) CHECK(dl1.item(i) == 0.0f);
+  for (int i = 3; i < 6; ++i) CHECK(dl1.item(i) == dl.item(i));
+  CHECK_THROWS_AS(gather_log_probs_forward(out1, logits, labels, 1.0f, 2), std::invalid_argument);
 }
 
 TEST_CASE("gather_log_probs at a sampling temperature: log-softmax(logits / T), by hand and finite differences") {

@@ -43,6 +43,7 @@ tensor next_labels(const tensor& ids, const tensor& lmask) {
 // (2B, T), the per-token log-probs (2B, T) and the sequence log-probs of both sides.
 struct pair_forward {
   tensor logits, labels, lmask;
+  int64_t keep = 0;  // the first position a log-prob is counted at (decoder::forward's keep_from)
   pair_log_probs seq;
 };
 
@@ -59,14 +60,14 @@ pair_forward forward_pairs(decoder& model, activations& a, const rm_batch_data& 
   // only the positions a log-prob is counted at need logits: from the earliest counted one on (the
   // answers; decoder::forward's keep_from)
   const int64_t T = ids.size(1);
-  int64_t keep = T - 1;
+  f.keep = T - 1;
   for (int64_t i = 0; i < f.lmask.numel(); ++i)
-    if (f.lmask.data<int32_t>()[i] != 0) keep = std::min(keep, i % T);
+    if (f.lmask.data<int32_t>()[i] != 0) f.keep = std::min(f.keep, i % T);
   // right padding: causal attention keeps real positions independent of the padding (rm_forward)
-  model.forward(a, ids, tensor{}, tensor{}, tensor{}, keep);
+  model.forward(a, ids, tensor{}, tensor{}, tensor{}, f.keep);
   f.logits = a.logits.to(device::cpu());
   tensor lp;
-  rlhf::gather_log_probs_forward(lp, f.logits, f.labels);  // (2B, T)
+  rlhf::gather_log_probs_forward(lp, f.logits, f.labels, 1.0f, f.keep);  // (2B, T)
   const tensor seq = rlhf::sequence_log_probs(lp, f.lmask, averages(s));
   f.seq.chosen = tensor::empty({B});
   f.seq.rejected = tensor::empty({B});
@@ -138,7 +139,7 @@ batch_loss dpo_batch_loss(const std::vector<dpo_batch_data>& micro, const dpo_se
     }
     micro_loss out;
     out.loss = res.loss;
-    rlhf::gather_log_probs_backward(out.dout, dlp, f.logits, f.labels);  // (2B, T, V)
+    rlhf::gather_log_probs_backward(out.dout, dlp, f.logits, f.labels, 1.0f, f.keep);  // (2B, T, V)
     if (results) results->push_back(std::move(res));
     return out;
   };

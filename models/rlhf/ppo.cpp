@@ -103,7 +103,7 @@ tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, c
   const int64_t S = seq.size(1);
   model.forward(acts, seq, {}, mask, {}, keep_from);
   tensor lp;
-  rlhf::gather_log_probs_forward(lp, acts.logits, shifted_labels(seq), temperature);
+  rlhf::gather_log_probs_forward(lp, acts.logits, shifted_labels(seq), temperature, keep_from);
   return cols(lp, 0, S - 1);
 }
 
@@ -383,7 +383,7 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
     forward_unless_scored(actor, a, sub, k, scored);
     const tensor labels = shifted_labels(sub.seq);
     tensor lp;
-    rlhf::gather_log_probs_forward(lp, a.logits, labels, sub.temperature);
+    rlhf::gather_log_probs_forward(lp, a.logits, labels, sub.temperature, start);
     const tensor lp_ans = cols(lp, start, L);
     rlhf::check_finite(lp_ans, "policy", "actor_log_prob");
     tensor dlp_ans;
@@ -413,7 +413,7 @@ batch_loss actor_batch_loss(const experience& e, const tensor& advantages, float
     }
     auto dlp = tensor::zeros({rows, S});
     put_cols(dlp, dlp_ans, start);
-    rlhf::gather_log_probs_backward(r.dout, dlp, a.logits, labels, sub.temperature);  // (rows, S, V)
+    rlhf::gather_log_probs_backward(r.dout, dlp, a.logits, labels, sub.temperature, start);  // (rows, S, V)
     return r;
   };
   return l;

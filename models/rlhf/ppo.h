@@ -103,8 +103,8 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
 /// (experience::temperature). The model keeps `acts` for a backward.
 /// keep_from (every function below that takes it): only columns t >= keep_from are read by the
 /// caller (experience::start(), the answer's); the forward then runs the last layer's MLP and the
-/// head at those positions only (decoder::forward's keep_from), and the columns before it hold the
-/// log-probs of zero logits, -log V (values: 0). 0 computes every column.
+/// head at those positions only (decoder::forward's keep_from), and the columns before it are not
+/// to be read (0 where they were skipped). 0 computes every column.
 /// A caller that scores often passes the same `acts` each time (forward reallocates them only on
 /// a new shape); a trainer passes its engine's (zero_engine::activations), so that the update on
 /// exactly these rows can reuse this forward (actor_batch_loss's `scored`).

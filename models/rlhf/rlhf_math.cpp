@@ -27,11 +27,13 @@ double sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp
 
 }  // namespace
 
-void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels, float temperature) {
+void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels, float temperature,
+                              int64_t from) {
   need(temperature > 0, "gather_log_probs: temperature must be > 0, got " + std::to_string(temperature));
   need(logits.dim() == 3, "gather_log_probs: logits must be (B, T, V), got " + logits.str());
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   need(labels.shape() == shape_t{B, T} && labels.type() == dtype::i32, "gather_log_probs: labels must be (B, T) i32");
+  need(from >= 0 && from < T, "gather_log_probs: from " + std::to_string(from) + " outside [0, T)");
   if (!out.defined() || out.shape() != shape_t{B, T}) out = tensor::empty({B, T});
   const float* lg = logits.data<float>();
   const int32_t* lb = labels.data<int32_t>();
@@ -44,12 +46,13 @@ void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& l
   {
     std::vector<float> scratch;  // the row / temperature (token_log_prob)
 #pragma omp for
-    for (int64_t n = 0; n < B * T; ++n) o[n] = token_log_prob(lg + n * V, V, lb[n], temperature, scratch);
+    for (int64_t n = 0; n < B * T; ++n)
+      o[n] = n % T < from ? 0.0f : token_log_prob(lg + n * V, V, lb[n], temperature, scratch);
   }
 }
 
 void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor& logits, const tensor& labels,
-                               float temperature) {
+                               float temperature, int64_t from) {
   need(temperature > 0, "gather_log_probs_backward: temperature must be > 0, got " + std::to_string(temperature));
   const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
   need(dout.shape() == shape_t{B, T}, "gather_log_probs_backward: dout must be (B, T)");
@@ -62,6 +65,10 @@ void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor
   for (int64_t n = 0; n < B * T; ++n) {
     const float* row = lg + n * V;
     float* gr = g + n * V;
+    if (n % T < from) {
+      std::fill(gr, gr + V, 0.0f);
+      continue;
+    }
     // z = row / T; d logp[label] / d row = (onehot(label) - softmax(z)) / T: softmax through the
     // same vector exp and double sum as the forward (token_log_prob, simd::log_softmax_at)
     const float* z = row;

@@ -34,11 +34,13 @@ struct ppo_config {
 /// temperature otherwise, as TRL's, veRL's and OpenRLHF's actors take it (models/sampler.h
 /// token_log_prob, the formula the generator records its behaviour log-probs with: the vector exp,
 /// the sum in double). Throws std::invalid_argument for temperature <= 0, std::out_of_range for a
-/// label outside [0, V).
-void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels, float temperature = 1.0f);
-/// dlogits (B, T, V) = dout * (onehot(labels) - softmax(logits / T)) / T (overwrites).
+/// label outside [0, V). `from`: only positions t >= from are computed, out (b, t < from) is 0 (the
+/// logits of decoder::forward's keep_from: the rows before it were never computed).
+void gather_log_probs_forward(tensor& out, const tensor& logits, const tensor& labels, float temperature = 1.0f,
+                              int64_t from = 0);
+/// dlogits (B, T, V) = dout * (onehot(labels) - softmax(logits / T)) / T (overwrites); rows t < from are 0.
 void gather_log_probs_backward(tensor& dlogits, const tensor& dout, const tensor& logits, const tensor& labels,
-                               float temperature = 1.0f);
+                               float temperature = 1.0f, int64_t from = 0);
 
 /// Per-token rewards (B, L): -kl_ctl · (log_probs - ref_log_probs), plus the reward
 /// score clipped to ±clip_reward_value at index min(start + n_j, L - 1), where n_j =

@@ -650,24 +650,21 @@ class ppo_trainer final : public actor::node {
     } else if (port == "rollouts") {
       rolled_out_ = true;
       const auto& r = msg.as<rollout_msg>();
-      order_.rollouts_arrived(r.iteration, r.eval);
-      pending_.push_back(msg);
+      order_.rollouts_arrived(r.iteration, r.eval, msg);
     } else if (port == "train") {
-      order_.experience_arrived(msg.as<experience_batch>().iteration);
-      to_train_.push_back(msg);
+      order_.experience_arrived(msg.as<experience_batch>().iteration, msg);
     }
-    for (auto w = order_.next(); engine_.engine && w != trainer_order::work::none; w = order_.next()) {
-      if (w == trainer_order::work::train) {
-        const auto xb = to_train_.front().shared<experience_batch>();
-        to_train_.pop_front();
+    using work = trainer_order<actor::payload>::work;
+    for (auto w = order_.next(); engine_.engine && w != work::none; w = order_.next()) {
+      const actor::payload m = order_.take(w);
+      if (w == work::train) {
+        const auto xb = m.shared<experience_batch>();
         if (!xb->items.empty()) train(ctx, *xb);  // empty: dropped, or kept for generation_batches > 1
       } else {
-        auto r = pending_.front().shared<rollout_msg>();
-        pending_.pop_front();
+        auto r = m.shared<rollout_msg>();
         if (r->exp) check_plan(ctx, r->exp->seq.size(1));  // before anything is trained on rows this long
         score(ctx, r);
       }
-      order_.done(w);
     }
   }
 
@@ -1073,9 +1070,7 @@ class ppo_trainer final : public actor::node {
   const void* scored_ = nullptr;
   std::shared_ptr<decoder> model_;
   tensor ema_;
-  std::deque<actor::payload> pending_;   // rollouts to score, in order
-  std::deque<actor::payload> to_train_;  // experience batches (empty ones: nothing to train), in order
-  trainer_order order_;                  // which of the two goes next
+  trainer_order<actor::payload> order_;  // the rollouts to score and the experience to train on, and which goes next
   bool rolled_out_ = false;  // a rollout arrived: step 3 had begun (what SIGINT says it kept)
   std::unique_ptr<tokenizer> unsup_tok_;
   std::unique_ptr<lm_dataset> unsup_;

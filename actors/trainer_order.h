@@ -19,17 +19,22 @@
 #include <cstdint>
 #include <deque>
 #include <set>
+#include <utility>
 
 namespace flowrun::actors {
 
+/// Item: what arrived (the node keeps its messages here; a test, names).
+template <class Item>
 class trainer_order {
  public:
   enum class work { none, train, score };
 
   /// Rollouts of `iteration` arrived (held-out passes: eval, which never train).
-  void rollouts_arrived(int64_t iteration, bool eval) { rollouts_.push_back({iteration, eval}); }
+  void rollouts_arrived(int64_t iteration, bool eval, Item item) {
+    rollouts_.push_back({iteration, eval, std::move(item)});
+  }
   /// An experience batch (or an empty one: nothing to train) ending at `iteration` arrived.
-  void experience_arrived(int64_t iteration) { experience_.push_back(iteration); }
+  void experience_arrived(int64_t iteration, Item item) { experience_.push_back({iteration, false, std::move(item)}); }
 
   /// What to do next: train on the oldest experience batch, score the oldest rollouts, or wait.
   work next() const {
@@ -37,24 +42,27 @@ class trainer_order {
     if (rollouts_.empty()) return work::none;
     return !awaiting_.empty() && *awaiting_.begin() < rollouts_.front().iteration ? work::none : work::score;
   }
-  /// The work next() named is done: its item leaves the queue.
-  void done(work w) {
+  /// The item of the work next() named (train or score), taken out of the queue: that work is done.
+  Item take(work w) {
     if (w == work::train) {
-      awaiting_.erase(awaiting_.begin(), awaiting_.upper_bound(experience_.front()));
+      entry e = std::move(experience_.front());
       experience_.pop_front();
-    } else if (w == work::score) {
-      if (!rollouts_.front().eval) awaiting_.insert(rollouts_.front().iteration);
-      rollouts_.pop_front();
+      awaiting_.erase(awaiting_.begin(), awaiting_.upper_bound(e.iteration));
+      return std::move(e.item);
     }
+    entry e = std::move(rollouts_.front());
+    rollouts_.pop_front();
+    if (!e.eval) awaiting_.insert(e.iteration);
+    return std::move(e.item);
   }
 
  private:
-  struct rollouts {
+  struct entry {
     int64_t iteration;
     bool eval;
+    Item item;
   };
-  std::deque<rollouts> rollouts_;
-  std::deque<int64_t> experience_;
+  std::deque<entry> rollouts_, experience_;
   std::set<int64_t> awaiting_;  // training batches scored whose experience (or empty batch) has not come
 };
 

@@ -810,25 +810,14 @@ namespace {
 // rollouts, "X n": an experience batch ending at n, empty or not) and does all the work it allows
 // after each; returns the work done, in order ("score n", "train n").
 std::vector<std::string> work_done(const std::vector<std::string>& arrivals) {
-  flowrun::actors::trainer_order o;
-  std::deque<int64_t> rollouts, experience;
+  using order = flowrun::actors::trainer_order<std::string>;
+  order o;
   std::vector<std::string> done;
   for (const auto& a : arrivals) {
     const int64_t n = std::stoll(a.substr(2));
-    if (a[0] == 'X') {
-      o.experience_arrived(n);
-      experience.push_back(n);
-    } else {
-      o.rollouts_arrived(n, a[0] == 'E');
-      rollouts.push_back(n);
-    }
-    using w = flowrun::actors::trainer_order::work;
-    for (auto next = o.next(); next != w::none; next = o.next()) {
-      std::deque<int64_t>& q = next == w::train ? experience : rollouts;
-      done.push_back((next == w::train ? "train " : "score ") + std::to_string(q.front()));
-      q.pop_front();
-      o.done(next);
-    }
+    if (a[0] == 'X') o.experience_arrived(n, "train " + std::to_string(n));
+    else o.rollouts_arrived(n, a[0] == 'E', "score " + std::to_string(n));
+    for (auto next = o.next(); next != order::work::none; next = o.next()) done.push_back(o.take(next));
   }
   return done;
 }

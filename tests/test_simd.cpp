@@ -444,6 +444,55 @@ TEST_CASE("simd small-M GEMM: beta != 0 is fma(beta, c, alpha A Bᵀ) in every t
   });
 }
 
+// The small-M kernel's arithmetic, written out lane by lane (simd_kernels.cpp, SmallTile and
+// SumsOfLanes): each output keeps one accumulator of L lanes (L = the path's floats per vector, 8
+// where K <= 8 on a wider path), lane l the fma chain over k = l, l + L, ... (zeros past K); each
+// 128-bit block of 4 lanes x0..x3 sums as (x0 + x2) + (x1 + x3), the blocks in order ((b0 + b1) +
+// b2) + b3; then s = alpha sum rounded, and c = s, or fma(beta, c, s). N a multiple of 4, where every
+// output of every tile goes through these 4-output reduction groups. The bits must not depend on the
+// tile an output falls in (1 x 16, 1 x 8, 4 x 4, 2 x 4, ...), which this pins for every shape here.
+TEST_CASE("simd small-M GEMM: every output has the bits of its written-out lane arithmetic, in every tile shape") {
+  for_each_path([](const std::string& path) {
+    int bad = 0, checked = 0;
+    for (int64_t M : {1, 2, 3, 5, 8, 16})
+      for (int64_t N : {4, 8, 12, 16, 20, 36})
+        for (int64_t K : {3, 8, 16, 48, 100, 288}) {
+          const int64_t vec = simd::gemm_panel_width() / 2;  // floats per vector on this path
+          const int64_t L = K <= 8 && vec > 8 ? 8 : vec;
+          const int64_t lda = K + 1, ldb = K + 3;
+          const auto A = randv(M * lda, 1.0, 91 + M * 100 + K), B = randv(N * ldb, 1.0, 93 + N * 100 + K);
+          const auto C0 = randv(M * N, 1.0, 95 + M + N);
+          for (float beta : {0.0f, 0.3f}) {
+            std::vector<float> C(C0);
+            simd::gemm_small_nt(M, N, K, 0.75f, A.data(), lda, B.data(), ldb, beta, C.data(), N);
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                std::vector<float> acc(static_cast<size_t>(L), 0.0f);
+                for (int64_t k0 = 0; k0 < K; k0 += L)
+                  for (int64_t l = 0; l < L && k0 + l < K; ++l)
+                    acc[l] = std::fma(A[i * lda + k0 + l], B[j * ldb + k0 + l], acc[l]);
+                float sum = acc[0];
+                if (L >= 4) {
+                  sum = 0.0f;
+                  for (int64_t b = 0; b < L / 4; ++b) {
+                    const float* x = acc.data() + 4 * b;
+                    const float block = (x[0] + x[2]) + (x[1] + x[3]);
+                    sum = b == 0 ? block : sum + block;
+                  }
+                }
+                const float s = 0.75f * sum;
+                const float want = beta == 0.0f ? s : std::fma(beta, C0[i * N + j], s);
+                bad += std::memcmp(&want, &C[i * N + j], sizeof(float)) != 0;
+                ++checked;
+              }
+          }
+        }
+    CAPTURE(path);
+    CHECK(checked > 0);
+    CHECK(bad == 0);
+  });
+}
+
 namespace {
 /// C = alpha op(A) op(B) + beta C through gemm_pack_b + gemm_packed, in two tile ranges (as two threads would).
 void packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

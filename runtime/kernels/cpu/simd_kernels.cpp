@@ -521,27 +521,78 @@ void LayernormRowBackward(float* dx, const float* dy, const float* x, const floa
 // ---------------------------------------------------------------- small-M GEMM
 
 #if HWY_TARGET != HWY_SCALAR
-/// out[0..3] = the lane sums of v[0..3]: a transposing add tree within each
-/// 128-bit block (InterleaveLower/Upper work per block on every x86 and NEON
-/// target), then the blocks added: 9 vector ops and 4 (blocks - 1) scalar adds
-/// instead of four full reductions.
+/// Lane j of each 128-bit block of the result: that block's sum of v[j], j < 4. A transposing add
+/// tree within each block (InterleaveLower/Upper work per block on every x86 and NEON target): 9
+/// vector ops instead of four full reductions.
 template <class D = DF>
-HWY_INLINE void Sum4(const hn::Vec<D>* v, float* out) {
+HWY_INLINE hn::Vec<D> BlockSums4(const hn::Vec<D>* v) {
   const D d;
   const hn::Repartition<uint64_t, D> du;
   const auto t0 = hn::Add(hn::InterleaveLower(d, v[0], v[1]), hn::InterleaveUpper(d, v[0], v[1]));
   const auto t1 = hn::Add(hn::InterleaveLower(d, v[2], v[3]), hn::InterleaveUpper(d, v[2], v[3]));
   const auto a = hn::BitCast(du, t0), b = hn::BitCast(du, t1);
-  // lane j of each block: the block's sum of v[j]
-  const auto s = hn::Add(hn::BitCast(d, hn::InterleaveLower(du, a, b)), hn::BitCast(d, hn::InterleaveUpper(du, a, b)));
+  return hn::Add(hn::BitCast(d, hn::InterleaveLower(du, a, b)), hn::BitCast(d, hn::InterleaveUpper(du, a, b)));
+}
+
+/// out[0..3] = the lane sums of v[0..3]: BlockSums4, then the blocks added in order
+/// (((block 0 + block 1) + block 2) + block 3) in scalar adds.
+template <class D = DF>
+HWY_INLINE void Sum4(const hn::Vec<D>* v, float* out) {
+  const D d;
   HWY_ALIGN float buf[k_max_lanes];
-  hn::Store(s, d, buf);
+  hn::Store(BlockSums4<D>(v), d, buf);
   const size_t N = hn::Lanes(d);
   for (int j = 0; j < 4; ++j) {
     float t = buf[j];
     for (size_t k = 4 + j; k < N; k += 4) t += buf[k];
     out[j] = t;
   }
+}
+
+/// out[0..n) = the lane sums of v[0..n), n a multiple of 4, with room in out for n rounded up to the
+/// lanes. Where a vector holds 2 or 4 blocks (AVX2; AVX-512), the BlockSums4 of 2 or 4 groups are
+/// transposed by blocks, so that one vector add per block adds 8 or 16 outputs at once: the same
+/// additions in the same order as Sum4's scalar ones, so the same bits (test_simd's "every output has
+/// the bits of its written-out lane arithmetic" checks every tile shape against that order), without
+/// the scalar adds and the reload of a stored vector lane by lane (docs/performance.md change 35).
+/// Elsewhere (SSE4, NEON: one block; scalable vectors) Sum4's path.
+template <class D = DF>
+HWY_INLINE void SumsOfLanes(const hn::Vec<D>* v, int n, float* out) {
+  const D d;
+#if !HWY_HAVE_SCALABLE
+  constexpr size_t L = hn::MaxLanes(D());
+  if constexpr (L == 4) {
+    for (int q = 0; q < n; q += 4) hn::StoreU(BlockSums4<D>(v + q), d, out + q);
+    return;
+  } else if constexpr (L == 8) {
+    const auto z = hn::Zero(d);
+    for (int q = 0; q < n; q += 8) {
+      const auto u0 = BlockSums4<D>(v + q), u1 = q + 4 < n ? BlockSums4<D>(v + q + 4) : z;
+      // [u0 block 0, u1 block 0] + [u0 block 1, u1 block 1]
+      hn::StoreU(hn::Add(hn::ConcatLowerLower(d, u1, u0), hn::ConcatUpperUpper(d, u1, u0)), d, out + q);
+    }
+    return;
+  } else if constexpr (L == 16) {
+    const auto z = hn::Zero(d);
+    for (int q = 0; q < n; q += 16) {
+      const auto u0 = BlockSums4<D>(v + q);
+      const auto u1 = q + 4 < n ? BlockSums4<D>(v + q + 4) : z;
+      const auto u2 = q + 8 < n ? BlockSums4<D>(v + q + 8) : z;
+      const auto u3 = q + 12 < n ? BlockSums4<D>(v + q + 12) : z;
+      // a = [u0.0 u1.0 u0.2 u1.2], b = [u0.1 u1.1 u0.3 u1.3] (blocks), c and e the same of u2, u3
+      const auto a = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(u1), u0);
+      const auto b = hn::OddEvenBlocks(u1, hn::SwapAdjacentBlocks(u0));
+      const auto c = hn::OddEvenBlocks(hn::SwapAdjacentBlocks(u3), u2);
+      const auto e = hn::OddEvenBlocks(u3, hn::SwapAdjacentBlocks(u2));
+      // block k of every group side by side: t_k = [u0.k u1.k u2.k u3.k]
+      const auto t0 = hn::ConcatLowerLower(d, c, a), t1 = hn::ConcatLowerLower(d, e, b);
+      const auto t2 = hn::ConcatUpperUpper(d, c, a), t3 = hn::ConcatUpperUpper(d, e, b);
+      hn::StoreU(hn::Add(hn::Add(hn::Add(t0, t1), t2), t3), d, out + q);
+    }
+    return;
+  }
+#endif
+  for (int q = 0; q < n; q += 4) Sum4<D>(v + q, out + q);
 }
 #endif
 
@@ -587,10 +638,11 @@ HWY_INLINE void SmallTile(int64_t K, float alpha, const float* A, int64_t lda, c
       for (int j = 0; j < NR; ++j) acc[i * NR + j] = hn::MulAdd(a, b[j], acc[i * NR + j]);
     }
   }
-  float sums[MR * NR];
+  HWY_ALIGN float sums[(MR * NR + k_max_lanes - 1) / k_max_lanes * k_max_lanes];
   int q = 0;
 #if HWY_TARGET != HWY_SCALAR
-  for (; q + 4 <= MR * NR; q += 4) Sum4<D>(acc + q, sums + q);
+  q = MR * NR / 4 * 4;
+  SumsOfLanes<D>(acc, q, sums);
 #endif
   for (; q < MR * NR; ++q) sums[q] = hn::GetLane(hn::SumOfLanes(d, acc[q]));
   for (int i = 0; i < MR; ++i)
@@ -637,7 +689,11 @@ HWY_INLINE void GemmSmallNTIn(int64_t M, int64_t Nn, int64_t K, float alpha, con
                               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   int64_t j = 0;
   if (M == 1) {
-    for (; j + 16 <= Nn; j += 16) SmallTile<1, 16, D>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
+    // 16 rows of B at once only where K is long (a weight): at a head's K (decode attention's scores,
+    // K = 48) the 16 row offsets did not fit the registers, and their reloads cost more than the 3
+    // multiply-adds per row (change 35). The tile changes no bits (SumsOfLanes)
+    if (K > 64)
+      for (; j + 16 <= Nn; j += 16) SmallTile<1, 16, D>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
     for (; j + 8 <= Nn; j += 8) SmallTile<1, 8, D>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);
   } else if (M == 2 && k_small_rows == 4) {  // 16 accumulators: only where 32 registers hold them
     for (; j + 8 <= Nn; j += 8) SmallTile<2, 8, D>(K, alpha, A, lda, B + j * ldb, ldb, beta, C + j, ldc);

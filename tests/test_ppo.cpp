@@ -225,6 +225,14 @@ double max_abs_diff(const tensor& a, const tensor& b) {
   return d;
 }
 
+/// How many elements of a and b differ by more than tol.
+int64_t count_over(const tensor& a, const tensor& b, double tol) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    n += std::fabs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]) > tol;
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("PPO through the engine: 2 ranks at ZeRO stages 0-3, with accumulation, give the 1-rank losses and weights") {
@@ -275,11 +283,18 @@ TEST_CASE("PPO through the engine: 2 ranks at ZeRO stages 0-3, with accumulation
       const ppo_run r = run_ppo_ranks(*e, adv, ret, ids, labels, 2, stage, gas);
       for (size_t i = 0; i < r.losses.size(); ++i) CHECK(r.losses[i] == doctest::Approx(ref1.losses[i]).epsilon(1e-5));
       // AdamW moves every element by about lr per step whatever its gradient's size, so the
-      // summation-order noise of a near-zero gradient shows in the weights: 2e-5 is 2% of
-      // one step (lr 1e-3); the 4 actor steps moved the weights by up to 4e-3
-      CHECK(max_abs_diff(r.actor_params, ref1.actor_params) < 2e-5);
-      CHECK(max_abs_diff(r.critic_params, ref1.critic_params) < 2e-5);
-      CHECK(max_abs_diff(r.critic_v_head, ref1.critic_v_head) < 2e-5);
+      // summation-order noise of a near-zero gradient shows in the weights of single elements:
+      // the largest difference at most 5e-5 (5% of one step at lr 1e-3; the 4 actor steps moved
+      // the weights by up to 4e-3), and at most 10 of the 260,032 elements over 1e-5. Measured:
+      // every x86 path <= 1.2e-5; NEON (tools/arm64_check.sh, under qemu) 2.6e-5 on one critic
+      // element at gas = 2, none other over 1e-5. A wrong split or weighting moves most
+      // elements, by up to lr
+      for (const auto& [got, want] : {std::pair{&r.actor_params, &ref1.actor_params},
+                                      std::pair{&r.critic_params, &ref1.critic_params},
+                                      std::pair{&r.critic_v_head, &ref1.critic_v_head}}) {
+        CHECK(max_abs_diff(*got, *want) < 5e-5);
+        CHECK(count_over(*got, *want, 1e-5) <= 10);
+      }
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <latch>
 #include <limits>
@@ -19,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <omp.h>
@@ -1395,6 +1397,56 @@ TEST_CASE("cpu gemm, small op(B) (the packed kernel): a team gives the one-threa
       CHECK(diff == 0);
     }
   }
+  ops::set_thread_budget(hw);
+}
+
+// A graph's node runs its ops on as many threads as the cores it shares allow at that moment
+// (ops::compute_scope), so a product's bits must not depend on the thread count, or a run would not
+// be deterministic. Checked for a Linear's backward products at the shapes of the bench's models
+// (stories260K and the 6.1 M LLaMA: the packed kernel; GPT-2 at 256 rows: the library), both layouts,
+// against float64 too; ctest's gemm_split_path runs it on the split of CPUs without AVX-512, where dy·W
+// goes to OpenBLAS (cpu_gemm::library_sgemm: fixed column blocks).
+TEST_CASE("cpu gemm, backward products (dy·W, dyᵀ·x): the same bits at 1 and 2 threads") {
+  MESSAGE("GEMM: " << ops::cpu_gemm_library());
+  const int hw = ops::hardware_threads();
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  // (rows, in, out) of a Linear: dy·W is (rows, in) = (rows, out)(out, in); dyᵀ·x is (out, in) = (out, rows)(rows, in)
+  for (const auto [T, I, O] : {std::tuple<int64_t, int64_t, int64_t>{384, 64, 64}, {384, 64, 172}, {384, 172, 64},
+                               {640, 288, 288}, {640, 288, 768}, {640, 768, 288}, {80, 288, 288}, {256, 768, 768},
+                               {256, 768, 3072}})
+    for (bool dw : {false, true}) {
+      CAPTURE(T);
+      CAPTURE(I);
+      CAPTURE(O);
+      CAPTURE(dw);
+      std::vector<float> dy(T * O), w(O * I), x(T * I);
+      for (auto* v : {&dy, &w, &x})
+        for (auto& e : *v) e = nd(rng);
+      const int64_t M = dw ? O : T, N = I, K = dw ? T : O;
+      auto run = [&](int threads) {
+        ops::set_thread_budget(threads);
+        std::vector<float> C(M * N, 0.25f);  // beta = 1, as linear_backward accumulates
+        cpu_backend().gemm(dw, false, M, N, K, 1.0f, dy.data(), O, dw ? x.data() : w.data(), I, 1.0f, C.data(), N);
+        return C;
+      };
+      const auto one = run(1), team = run(std::max(2, hw));
+      int64_t differ = 0;
+      for (int64_t i = 0; i < M * N; ++i) differ += std::memcmp(&one[i], &team[i], sizeof(float)) != 0;
+      CHECK(differ == 0);
+      double worst = 0;  // a few outputs against float64
+      for (int64_t i : {int64_t(0), M / 2, M - 1})
+        for (int64_t j : {int64_t(0), N / 3, N - 1}) {
+          double want = 0.25, mag = 0.25;
+          for (int64_t k = 0; k < K; ++k) {
+            const double a = dw ? dy[k * O + i] : dy[i * O + k], b = dw ? x[k * I + j] : w[k * I + j];
+            want += a * b;
+            mag += std::fabs(a * b);
+          }
+          worst = std::max(worst, std::fabs(team[i * N + j] - want) / mag);
+        }
+      CHECK(worst < 1e-6);
+    }
   ops::set_thread_budget(hw);
 }
 

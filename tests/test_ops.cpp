@@ -1405,7 +1405,7 @@ TEST_CASE("cpu gemm, small op(B) (the packed kernel): a team gives the one-threa
 // be deterministic. Checked for a Linear's backward products at the shapes of the bench's models
 // (stories260K and the 6.1 M LLaMA: the packed kernel; GPT-2 at 256 rows: the library), both layouts,
 // against float64 too; ctest's gemm_split_path runs it on the split of CPUs without AVX-512, where dy·W
-// goes to OpenBLAS (cpu_gemm::library_sgemm: fixed column blocks).
+// goes to OpenBLAS (cpu_gemm::openblas_blocks: fixed blocks, one thread each).
 TEST_CASE("cpu gemm, backward products (dy·W, dyᵀ·x): the same bits at 1 and 2 threads") {
   MESSAGE("GEMM: " << ops::cpu_gemm_library());
   const int hw = ops::hardware_threads();

@@ -29,7 +29,7 @@
 // row count above k_small_m, in column chunks (split_products), up to K =
 // k_packed_chunk / panel width (32,768 on AVX-512, 65,536 on AVX2; BLIS above),
 // and dy·W (a Linear's dx) to OpenBLAS when OpenBLAS runs its Haswell or Zen
-// kernels (nn_on_openblas; in fixed column blocks, one thread each, change 36);
+// kernels (nn_on_openblas; in fixed blocks, one thread each: openblas_blocks);
 // dyᵀ·x stays on BLIS. gemm_batched takes the same
 // rule item by item. A forward row's bits so stay independent of M (the packed
 // kernel's rule, and BLIS's); backward products need no such rule.
@@ -236,9 +236,35 @@ inline void check_sizes(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ld
 #endif
 }
 
-/// Columns per single-threaded OpenBLAS call of dy·W (library_sgemm): fixed, so the bits do not depend on
-/// the thread count; 128 splits GPT-2's 768 and 3,072 columns evenly over 2 or 4 threads.
-constexpr int64_t k_openblas_nn_block = 128;
+/// Columns (rows where N fits one block) per single-threaded OpenBLAS call (openblas_blocks): fixed, so
+/// the bits do not depend on the thread count; 128 splits GPT-2's 768 and 3,072 columns evenly over 2
+/// or 4 threads.
+constexpr int64_t k_openblas_block = 128;
+
+/// C = alpha op(A) op(B) + beta C on OpenBLAS in fixed blocks, each on one thread, the team taking
+/// blocks in turn. OpenBLAS's threaded sgemm gives bits that depend on its thread count (test_ops "cpu
+/// gemm, backward products ...": 17,814 of 196,608 outputs of a GPT-2 dy·W differed at 1 and 2
+/// threads), and a graph's node runs on 1 or 2 threads as the cores it shares allow
+/// (ops::compute_scope), so a run would not be deterministic. Here a block's bits are one-thread
+/// OpenBLAS's for that block, whatever the team (docs/performance.md change 36). Blocks of columns, or
+/// of rows where N fits one block. Sizes fit OpenBLAS's 32-bit ints (check_sizes).
+inline void openblas_blocks(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  auto i32 = [](int64_t v) { return static_cast<int>(v); };
+  const bool by_cols = N > k_openblas_block;
+  const int64_t blocks = ((by_cols ? N : M) + k_openblas_block - 1) / k_openblas_block;
+  const bool team = blocks > 1 && !omp_in_parallel() && omp_get_max_threads() > 1;
+  single_thread_scope one(!team && !omp_in_parallel() && omp_get_max_threads() > 1);
+#pragma omp parallel for schedule(dynamic) if (team)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t p0 = b * k_openblas_block, n = std::min(k_openblas_block, (by_cols ? N : M) - p0);
+    const float* Ab = by_cols ? A : (ta ? A + p0 : A + p0 * lda);  // op(A)'s rows [p0, p0 + n)
+    const float* Bb = !by_cols ? B : (tb ? B + p0 * ldb : B + p0);  // op(B)'s columns [p0, p0 + n)
+    float* Cb = by_cols ? C + p0 : C + p0 * ldc;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, i32(by_cols ? M : n),
+                i32(by_cols ? n : N), i32(K), alpha, Ab, i32(lda), Bb, i32(ldb), beta, Cb, i32(ldc));
+  }
+}
 
 /// The library call (sizes checked by check_sizes): C = alpha op(A) op(B) + beta C, row-major, M, N, K > 0.
 inline void library_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -246,19 +272,7 @@ inline void library_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
   single_thread_scope small(M * N * K < k_par_macs && !omp_in_parallel() && omp_get_max_threads() > 1);
   constexpr int64_t i32_max = std::numeric_limits<int>::max();
   if (!ta && !tb && nn_on_openblas() && std::max({M, N, K, lda, ldb, ldc}) <= i32_max) {
-    // OpenBLAS's threaded sgemm gives bits that depend on its thread count (test_ops "cpu gemm, backward
-    // products ...": 17,814 of 196,608 outputs of a GPT-2 dy·W differed at 1 and 2 threads), and a graph's
-    // node runs on 1 or 2 threads as the cores it shares allow (ops::compute_scope): so columns in fixed
-    // blocks of k_openblas_nn_block, each on one thread, the team taking blocks in turn. A block's bits
-    // are then one-thread OpenBLAS's for that block, whatever the team
-    auto i32 = [](int64_t v) { return static_cast<int>(v); };
-    const int64_t blocks = (N + k_openblas_nn_block - 1) / k_openblas_nn_block;
-#pragma omp parallel for schedule(dynamic) if (blocks > 1 && !omp_in_parallel() && omp_get_max_threads() > 1)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t n0 = b * k_openblas_nn_block, n = std::min(k_openblas_nn_block, N - n0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(M), i32(n), i32(K), alpha, A, i32(lda), B + n0,
-                  i32(ldb), beta, C + n0, i32(ldc));
-    }
+    openblas_blocks(false, false, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
 #if defined(FLOWRUN_GEMM_BLIS)
@@ -276,9 +290,7 @@ inline void library_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
   if (st != dnnl_success && !omp_in_parallel())
     throw std::runtime_error("dnnl_sgemm failed with status " + std::to_string(static_cast<int>(st)));
 #elif !defined(FLOWRUN_GEMM_BLIS)
-  auto i32 = [](int64_t v) { return static_cast<int>(v); };
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, i32(M), i32(N), i32(K),
-              alpha, A, i32(lda), B, i32(ldb), beta, C, i32(ldc));
+  openblas_blocks(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #endif
 }
 

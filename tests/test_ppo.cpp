@@ -41,16 +41,24 @@ bool same_bits(const tensor& x, const tensor& y) {
   return x.shape() == y.shape() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
 }
 
+/// stories260K three times: the policy, the critic (a value head of 1 output) and the reward model (a
+/// value head of 2 outputs).
+struct ppo_models {
+  decoder actor, critic, reward;
+};
+ppo_models load_ppo_models() {
+  ppo_models m{load_llama2c(test::model_path()), load_llama2c(test::model_path()), load_llama2c(test::model_path())};
+  m.critic.add_value_head(1);
+  m.reward.add_value_head(2);
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("PPO: rollouts, scores, advantages and one actor/critic update") {
   auto tok = load_tokenizer(test::tokenizer_path());
-  auto actor = load_llama2c(test::model_path());
+  auto [actor, critic, reward] = load_ppo_models();
   auto ref = load_llama2c(test::model_path());
-  auto critic = load_llama2c(test::model_path());
-  critic.add_value_head(1);
-  auto reward = load_llama2c(test::model_path());
-  reward.add_value_head(2);
   tensor prompts, pmask;
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben"}, prompts, pmask);
   ppo::ppo_settings s;
@@ -241,11 +249,7 @@ TEST_CASE("PPO through the engine: 2 ranks at ZeRO stages 0-3, with accumulation
   // and the updates equal one rank's to float tolerance. 3 rows over 2 ranks is uneven, and
   // with 2 accumulation steps one rank's second micro-batch is empty (a row run with no weight).
   auto tok = load_tokenizer(test::tokenizer_path());
-  auto actor = load_llama2c(test::model_path());
-  auto critic = load_llama2c(test::model_path());
-  critic.add_value_head(1);
-  auto reward = load_llama2c(test::model_path());
-  reward.add_value_head(2);
+  auto [actor, critic, reward] = load_ppo_models();
   tensor prompts, pmask;
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben"}, prompts, pmask);
   ppo::ppo_settings s;
@@ -425,11 +429,7 @@ TEST_CASE("PPO: scoring at the answer's positions (keep_from) gives the full for
   // The answers' rows only: the last layer's MLP and the head skip the prompt (decoder::forward's keep_from).
   // The answers end at different steps (EOS), so the reward reads each row's own last token.
   auto tok = load_tokenizer(test::tokenizer_path());
-  auto actor = load_llama2c(test::model_path());
-  auto critic = load_llama2c(test::model_path());
-  critic.add_value_head(1);
-  auto reward = load_llama2c(test::model_path());
-  reward.add_value_head(2);
+  auto [actor, critic, reward] = load_ppo_models();
   tensor prompts, pmask;
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben", "Tom had a red"}, prompts, pmask);
   ppo::ppo_settings s;

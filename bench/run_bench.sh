@@ -89,16 +89,9 @@ if ((torch)); then
   fi
 fi
 
-# The machine type (report.py keeps a baseline per type): CPU model and the widest SIMD ISA.
-cpu=$(grep -m1 -E '^(model name|Model name|Hardware)' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')
-[[ -z "$cpu" ]] && cpu=$(lscpu 2>/dev/null | grep -m1 'Model name' | cut -d: -f2- | sed 's/^ *//')
-flags=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | cut -d: -f2-)
-isa=scalar
-for f in sse4_2:sse4 avx2:avx2 avx512f:avx512 asimd:neon sve:sve; do
-  [[ " $flags " == *" ${f%%:*} "* ]] && isa=${f##*:}
-done
-[[ "$isa" == avx2 && " $flags " != *" fma "* ]] && isa=avx2-nofma
-printf '{"kind": "host", "cpu": "%s", "isa": "%s", "cores": %s}\n' "${cpu:-unknown}" "$isa" "$(nproc)" >> "$results"
+# The machine type (report.py keeps a baseline per type): CPU model (with its family and model
+# numbers on x86) and the widest SIMD ISA, from bench/host.py.
+python3 "$root/bench/host.py" >> "$results"
 
 flowrun_item() { "$build/bin/bench_core" --threads "$threads" --only "$1" --json "$results" $quick; }
 torch_item() { "$venv/bin/python" "$root/bench/torch_ref.py" --threads "$threads" --only "$1" $quick | tee -a "$results"; }

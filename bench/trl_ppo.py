@@ -41,31 +41,19 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host  # noqa: E402  (bench/host.py: CPU model with family and model, ISA, cores)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASSETS = os.environ.get("FLOWRUN_ASSETS", os.path.join(ROOT, "..", "shared", "assets"))
 TOK = os.path.join(ASSETS, "model/stories260K/tok512.model")
 DATA = os.path.join(ASSETS, "data/hh-rlhf/harmless-base-test.dschat.jsonl")
 PROMPT_LEN, ANSWER_LEN, BATCH = 48, 32, 8
-
-
-def host():
-    cpu, flags = "unknown", ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and cpu == "unknown":
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = " " + line.split(":", 1)[1].strip() + " "
-    except OSError:
-        pass
-    isa = "avx512" if " avx512f " in flags else "avx2" if " avx2 " in flags else platform.machine()
-    return {"cpu": cpu, "isa": isa, "cores": os.cpu_count()}
 
 
 def run(cmd, log):

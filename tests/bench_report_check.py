@@ -153,4 +153,27 @@ assert p.returncode == 2 and "cut.jsonl:3: not a JSON line" in p.stderr, p.stder
 # a loaded host's run (its FMA peak below every class's) is not checked, and says why
 rc, out = run(results("loaded.jsonl", 60.0, [100, 100, 100], [100, 100, 100]), part)
 assert rc == 0 and "not checked" in out and "below every recorded one" in out, out
+
+# bench/host.py names the machine type: two AMD EPYC generations that share a model name
+# are two types (a Zen 5 run was checked against the Zen 4 baseline), and the ISA is the widest
+sys.path.insert(0, os.path.join(root, "bench"))
+from host import host  # noqa: E402
+
+
+def cpuinfo(name, text):
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+zen = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: AMD EPYC\n" \
+      "flags\t\t: fpu sse4_2 avx2 fma avx512f avx512bw\n\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 99\n"
+z4, z5 = host(cpuinfo("zen4", zen.format(25, 17))), host(cpuinfo("zen5", zen.format(26, 2)))
+assert z4["cpu"] == "AMD EPYC (family 25 model 17)" and z4["isa"] == "avx512", z4
+assert z5["cpu"] == "AMD EPYC (family 26 model 2)", z5
+old = host(cpuinfo("noavx512", "cpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC 7B12\nflags\t\t: sse4_2 avx2\n"))
+assert old == dict(old, cpu="AMD EPYC 7B12 (family 23 model 49)", isa="avx2-nofma"), old
+arm = host(cpuinfo("arm", "processor\t: 0\nFeatures\t: fp asimd evtstrm sve\nCPU implementer\t: 0x41\n"))
+assert arm["isa"] == "sve" and "family" not in arm["cpu"], arm
 print("bench_report_check: ok")

@@ -38,20 +38,41 @@ lines() { grep -E '^\[step 3 ppo\] (iter [0-9]+ reward|held-out after|held-out m
 after() {  # LOG ITER: A's lines from iteration ITER on
   lines "$1" | awk -v n="$2" '{ if ($4 == "iter" && $5 + 0 < n) next; print }'
 }
+# LOG SIGNAL LINE COMMAND...: runs COMMAND in the background, its stdout through a FIFO into LOG and
+# its stderr into LOG's .err, and sends SIGNAL the moment a line containing LINE is read; returns when
+# the command's stdout closes (every line it printed is in LOG), leaving its pid in $pid. Polling
+# the log file and then sleeping up to 0.2 s landed after the end of step 3 on a Zen 5 host, where
+# an iteration here takes 45 ms (one run in six failed alone); a read on a FIFO wakes on the line.
+signal_on_line() {
+  local log=$1 sig=$2 want=$3 line sent=0
+  shift 3
+  rm -f "$log.fifo" && mkfifo "$log.fifo"
+  "$@" > "$log.fifo" 2> "${log%.log}.err" &
+  pid=$!
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >> "$log"
+    if ((!sent)) && [[ $line == *"$want"* ]]; then
+      kill -"$sig" $pid 2>/dev/null || true
+      sent=1
+    fi
+  done < "$log.fifo"
+  rm -f "$log.fifo"
+}
 mkdir -p "$out/a" "$out/b"
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") > "$out/a.log" 2> "$out/a.err" ||
   { echo "uninterrupted run failed:"; tail -20 "$out/a.err"; exit 1; }
 grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted run committed no checkpoint after iteration 5"
 [ "$(lines "$out/a.log" | grep -c ' iter ')" = 6 ] || fail "the uninterrupted run did not print 6 iterations"
 
-# 1. SIGKILL once step 3 has committed a checkpoint
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") --metrics "$out/b.metrics.jsonl" > "$out/b1.log" 2> "$out/b1.err" &
-pid=$!
-for _ in $(seq 1 1200); do grep -q "checkpoint after iteration 1" "$out/b1.log" 2>/dev/null && break; sleep 0.05; done
-grep -q "checkpoint after iteration 1" "$out/b1.log" || { kill -9 $pid; fail "no checkpoint was committed"; }
-sleep 0.$((RANDOM % 3))  # somewhere in iterations 2-5
-kill -9 $pid
+# 1. SIGKILL once step 3 has committed a checkpoint: right after a commit (iteration 1 or 3), or in
+#    the middle of iteration 3 or 4
+triggers=("checkpoint after iteration 1" "iter 2 reward" "iter 3 reward" "checkpoint after iteration 3")
+trigger=${triggers[RANDOM % 4]}
+signal_on_line "$out/b1.log" 9 "[step 3 ppo] $trigger" \
+  "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") --metrics "$out/b.metrics.jsonl"
 wait $pid 2>/dev/null || true
+grep -q "checkpoint after iteration 1" "$out/b1.log" || fail "no checkpoint was committed"
+grep -qF "[step 3 ppo] $trigger" "$out/b1.log" || fail "step 3 never printed '$trigger'"
 grep -q "held-out after" "$out/b1.log" && fail "killed too late (step 3 had finished)"
 cp "$out/b.metrics.jsonl" "$out/b1.metrics.jsonl"
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/b") --metrics "$out/b.metrics.jsonl" > "$out/b2.log" 2> "$out/b2.err" ||
@@ -61,7 +82,7 @@ for step in "step 1 sft" "step 2 rm"; do
 done
 from=$(grep -oE "resuming after iteration [0-9]+" "$out/b2.log" | awk '{ print $4 }')
 [ -n "$from" ] || fail "the second run did not resume step 3"
-echo "killed during step 3; resumed after iteration $from"
+echo "killed during step 3 (at '$trigger'); resumed after iteration $from"
 diff <(after "$out/a.log" $((from + 1))) <(lines "$out/b2.log") || fail "the resumed run's lines differ from the uninterrupted run's"
 cmp "$out/a/ppo.bin" "$out/b/ppo.bin" || fail "the resumed run's policy differs from the uninterrupted run's"
 # the resumed run appended to the killed run's --metrics file (kept whole: step 1's loss curve is
@@ -151,27 +172,21 @@ sys.exit(0 if max(done) <= int(sys.argv[2]) else 1)  # commit J = J iterations d
 PY
 # 5. SIGINT: says what is kept; the same command resumes there
 mkdir -p "$out/e"
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") > "$out/e1.log" 2> "$out/e1.err" &
-pid=$!
-for _ in $(seq 1 1200); do grep -q "checkpoint after iteration 1" "$out/e1.log" 2>/dev/null && break; sleep 0.05; done
-kill -INT $pid
+signal_on_line "$out/e1.log" INT "[step 3 ppo] checkpoint after iteration 1" "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e")
 set +e
 wait $pid
 rc=$?
 set -e
-if grep -q "held-out after" "$out/e1.log"; then
-  echo "SIGINT came after step 3 had finished (rc $rc): case 5 not exercised this time"
-else
-  [ $rc -eq 130 ] || fail "SIGINT: exit code $rc, not 130"
-  line=$(grep -F "[step 3 ppo] interrupted: the last committed checkpoint is after iteration" "$out/e1.log") ||
-    fail "SIGINT: no line saying what was kept: $(tail -3 "$out/e1.log")"
-  echo "$line"
-  kept=$(echo "$line" | grep -oE "iteration [0-9]+" | awk '{ print $2 }')
-  "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") > "$out/e2.log" 2> "$out/e2.err" ||
-    { echo "the run after SIGINT failed:"; tail -20 "$out/e2.err"; exit 1; }
-  grep -q "resuming after iteration $kept " "$out/e2.log" || fail "after SIGINT the run did not resume after iteration $kept"
-  diff <(after "$out/a.log" $((kept + 1))) <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
-fi
+grep -q "held-out after" "$out/e1.log" && fail "SIGINT came after step 3 had finished (rc $rc)"
+[ $rc -eq 130 ] || fail "SIGINT: exit code $rc, not 130"
+line=$(grep -F "[step 3 ppo] interrupted: the last committed checkpoint is after iteration" "$out/e1.log") ||
+  fail "SIGINT: no line saying what was kept: $(tail -3 "$out/e1.log")"
+echo "$line"
+kept=$(echo "$line" | grep -oE "iteration [0-9]+" | awk '{ print $2 }')
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") > "$out/e2.log" 2> "$out/e2.err" ||
+  { echo "the run after SIGINT failed:"; tail -20 "$out/e2.err"; exit 1; }
+grep -q "resuming after iteration $kept " "$out/e2.log" || fail "after SIGINT the run did not resume after iteration $kept"
+diff <(after "$out/a.log" $((kept + 1))) <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
 # 6. settings changed since the checkpoint
 refused() {  # NAME WHAT PATTERN DIR ARGS...: the run in DIR with ARGS fails, its stderr matching PATTERN
   local name=$1 what=$2 pattern=$3 dir=$4

@@ -8,7 +8,9 @@ and a Zen 5 run was compared with the Zen 4 baseline. So on x86 the model name i
 its CPUID family and model, e.g. "AMD EPYC (family 26 model 2)".
 
 Used by bench/run_bench.sh (`python3 bench/host.py` prints the results file's host line) and
-bench/trl_ppo.py (imports host()). Reads /proc/cpuinfo; a field it cannot read is "unknown".
+bench/trl_ppo.py (imports host()). Reads /proc/cpuinfo, and lscpu for a model name cpuinfo lacks
+(ARM); a field it cannot read is "unknown". `python3 bench/host.py FILE` reads FILE instead, alone
+(no lscpu: the line describes the file), and stops with exit 2 when FILE cannot be read.
 """
 import json
 import os
@@ -16,17 +18,19 @@ import subprocess
 import sys
 
 
-def cpuinfo(path="/proc/cpuinfo"):
-    """The first value of each /proc/cpuinfo field, keyed by its name (the first CPU's block)."""
+def cpuinfo(path="/proc/cpuinfo", strict=False):
+    """The first value of each /proc/cpuinfo field, keyed by its name (the first CPU's block).
+    An unreadable file gives {} (raises OSError when strict); bytes that are not UTF-8 are replaced."""
     fields = {}
     try:
-        with open(path) as f:
+        with open(path, errors="replace") as f:
             for line in f:
                 if ":" in line:
                     k, v = line.split(":", 1)
                     fields.setdefault(k.strip(), v.strip())
     except OSError:
-        pass
+        if strict:
+            raise
     return fields
 
 
@@ -46,7 +50,8 @@ def isa_of(flags):
 def lscpu_model():
     """lscpu's "Model name" (ARM kernels' cpuinfo has none), or "" where lscpu is missing."""
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, errors="replace", timeout=10,
+                             env=dict(os.environ, LC_ALL="C")).stdout  # English field names
     except (OSError, subprocess.SubprocessError):
         return ""
     for line in out.splitlines():
@@ -55,14 +60,32 @@ def lscpu_model():
     return ""
 
 
-def host(path="/proc/cpuinfo"):
-    """{"cpu", "isa", "cores"} of this machine (cpu: model name, plus "(family F model M)" on x86)."""
-    c = cpuinfo(path)
-    cpu = c.get("model name") or c.get("Model name") or c.get("Hardware") or lscpu_model() or "unknown"
+def cores():
+    """The cores this process may run on (as nproc counts them: the affinity mask, not the machine)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def host(path=None):
+    """{"cpu", "isa", "cores"} of this machine (cpu: model name, plus "(family F model M)" on x86).
+    With path, that cpuinfo file alone describes the CPU (OSError when it cannot be read)."""
+    c = cpuinfo(path, strict=True) if path else cpuinfo()
+    cpu = c.get("model name") or c.get("Model name") or c.get("Hardware") or ("" if path else lscpu_model())
+    cpu = cpu or "unknown"
     if "cpu family" in c and "model" in c:
         cpu = f'{cpu} (family {c["cpu family"]} model {c["model"]})'
-    return {"cpu": cpu, "isa": isa_of(c.get("flags") or c.get("Features") or ""), "cores": os.cpu_count()}
+    return {"cpu": cpu, "isa": isa_of(c.get("flags") or c.get("Features") or ""), "cores": cores()}
 
 
 if __name__ == "__main__":
-    print(json.dumps({"kind": "host", **host(*sys.argv[1:2])}))
+    if len(sys.argv) > 2 or sys.argv[1:2] in (["-h"], ["--help"]):
+        print("usage: bench/host.py [CPUINFO_FILE]: the bench's host line (JSON) for this machine or that file",
+              file=sys.stderr)
+        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
+    try:
+        print(json.dumps({"kind": "host", **host(*sys.argv[1:2])}))
+    except OSError as e:
+        print(f"host.py: cannot read {sys.argv[1]}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)

@@ -325,8 +325,11 @@ def main():
     idx, chosen = nearest_baseline(bases, peak, a.peak_match)
     if a.baseline and not a.record:
         if not bases:
+            old = host.get("isa") in ("sse4", "avx2", "avx2-nofma", "avx512") and "(family " not in host.get("cpu", "")
             print(f"\nregression check: no baseline for this machine type ({mtype}) in {a.baseline}; "
-                  f"known: {', '.join(machines) or 'none'} (run with --record to make one)")
+                  f"known: {', '.join(machines) or 'none'} (run with --record to make one)" +
+                  ("; this results file's host line has no CPU family and model: it predates bench/host.py, "
+                   "whose machine types the baselines use" if old else ""))
         elif chosen is None:
             slower = peak and all(b.get("machine", {}).get("peak_gflops", 0) > peak for b in bases)
             print(f"\nregression check: no baseline of {mtype} for a host of this FMA peak ({peak_text}; "

@@ -155,25 +155,49 @@ rc, out = run(results("loaded.jsonl", 60.0, [100, 100, 100], [100, 100, 100]), p
 assert rc == 0 and "not checked" in out and "below every recorded one" in out, out
 
 # bench/host.py names the machine type: two AMD EPYC generations that share a model name
-# are two types (a Zen 5 run was checked against the Zen 4 baseline), and the ISA is the widest
-sys.path.insert(0, os.path.join(root, "bench"))
-from host import host  # noqa: E402
+# are two types (a Zen 5 run was checked against the Zen 4 baseline), and the ISA is the widest.
+# Run as run_bench.sh runs it: one JSON line on stdout, from the cpuinfo file given alone.
+host_py = os.path.join(root, "bench", "host.py")
 
 
-def cpuinfo(name, text):
+def host_line(name, text):
     path = os.path.join(work, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    with open(path, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+    p = subprocess.run([sys.executable, host_py, path], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stderr == "", (name, p.returncode, p.stderr)
+    d = json.loads(p.stdout)
+    assert d["kind"] == "host" and d["cores"] >= 1 and p.stdout.count("\n") == 1, p.stdout
+    return d
 
 
 zen = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {}\nmodel\t\t: {}\nmodel name\t: AMD EPYC\n" \
       "flags\t\t: fpu sse4_2 avx2 fma avx512f avx512bw\n\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 99\n"
-z4, z5 = host(cpuinfo("zen4", zen.format(25, 17))), host(cpuinfo("zen5", zen.format(26, 2)))
-assert z4["cpu"] == "AMD EPYC (family 25 model 17)" and z4["isa"] == "avx512", z4
-assert z5["cpu"] == "AMD EPYC (family 26 model 2)", z5
-old = host(cpuinfo("noavx512", "cpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC 7B12\nflags\t\t: sse4_2 avx2\n"))
-assert old == dict(old, cpu="AMD EPYC 7B12 (family 23 model 49)", isa="avx2-nofma"), old
-arm = host(cpuinfo("arm", "processor\t: 0\nFeatures\t: fp asimd evtstrm sve\nCPU implementer\t: 0x41\n"))
-assert arm["isa"] == "sve" and "family" not in arm["cpu"], arm
+z4, z5 = host_line("zen4", zen.format(25, 17)), host_line("zen5", zen.format(26, 2))
+assert (z4["cpu"], z4["isa"]) == ("AMD EPYC (family 25 model 17)", "avx512"), z4
+assert (z5["cpu"], z5["isa"]) == ("AMD EPYC (family 26 model 2)", "avx512"), z5
+for name, text, cpu, isa in (
+        ("nofma", "cpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC 7B12\nflags\t\t: sse4_2 avx2\n",
+         "AMD EPYC 7B12 (family 23 model 49)", "avx2-nofma"),
+        ("sse4", "cpu family\t: 6\nmodel\t\t: 26\nmodel name\t: Intel Xeon\nflags\t\t: sse2 sse4_1 sse4_2\n",
+         "Intel Xeon (family 6 model 26)", "sse4"),
+        ("neon", "processor\t: 0\nFeatures\t: fp asimd evtstrm\nCPU implementer\t: 0x41\n", "unknown", "neon"),
+        ("sve", "processor\t: 0\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\n", "unknown", "sve"),
+        ("armv7", "Hardware\t: BCM2835\nFeatures\t: half thumb\n", "BCM2835", "scalar"),
+        ("noflags", "model name\t: Some CPU\n", "Some CPU", "scalar"),
+        ("empty", "", "unknown", "scalar"),
+        ("notutf8", b"model name\t: \xff CPU\nflags\t: avx2 fma\n", "\ufffd CPU", "avx2")):
+    d = host_line(name, text)
+    assert (d["cpu"], d["isa"]) == (cpu, isa), (name, d)
+p = subprocess.run([sys.executable, host_py, os.path.join(work, "no-such-cpuinfo")], capture_output=True, text=True)
+assert p.returncode == 2 and p.stdout == "" and "cannot read" in p.stderr and "Traceback" not in p.stderr, p
+# a results file from before host.py ("Test CPU", no family and model) is told so, not checked
+rc, out = run(results("old_host.jsonl", 80.0, [200, 210, 190], [100, 100, 100]),
+              os.path.join(root, "bench", "baseline.json"))
+assert rc == 0 and "predates bench/host.py" in out, out
+# the committed baseline's keys are host.py's machine types of the hosts each entry records
+book = json.load(open(os.path.join(root, "bench", "baseline.json")))
+for key, entry in book["machines"].items():
+    for b in entry.get("baselines", [entry]):
+        assert key == f'{b["host"]["cpu"]} | {b["host"]["isa"]}' and "(family " in key, key
 print("bench_report_check: ok")

@@ -49,7 +49,7 @@ signal_on_line() {
   rm -f "$log.fifo" && mkfifo "$log.fifo"
   "$@" > "$log.fifo" 2> "${log%.log}.err" &
   pid=$!
-  while IFS= read -r line; do
+  while IFS= read -r line || [[ -n $line ]]; do  # (a last line without a newline too)
     printf '%s\n' "$line" >> "$log"
     if ((!sent)) && [[ $line == *"$want"* ]]; then
       kill -"$sig" $pid 2>/dev/null || true
@@ -64,8 +64,10 @@ mkdir -p "$out/a" "$out/b"
 grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted run committed no checkpoint after iteration 5"
 [ "$(lines "$out/a.log" | grep -c ' iter ')" = 6 ] || fail "the uninterrupted run did not print 6 iterations"
 
-# 1. SIGKILL once step 3 has committed a checkpoint: right after a commit (iteration 1 or 3), or in
-#    the middle of iteration 3 or 4
+# 1. SIGKILL once step 3 has committed a checkpoint, at one of four lines (iterations numbered from
+#    0, as the log's "iter K" lines): right after the commit of iteration 1 or of iteration 3, or
+#    right after iteration 2 or 3 printed its line (during iteration 3, or before or during the commit
+#    of iteration 3): the run resumes after iteration 1 or 3
 triggers=("checkpoint after iteration 1" "iter 2 reward" "iter 3 reward" "checkpoint after iteration 3")
 trigger=${triggers[RANDOM % 4]}
 signal_on_line "$out/b1.log" 9 "[step 3 ppo] $trigger" \

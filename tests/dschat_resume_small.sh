@@ -134,7 +134,9 @@ same "step 2 rm" "$out/a.log" "$out/c2.log" 4
 for f in "$out"/a/rm/*; do cmp "$f" "$out/c/rm/$(basename "$f")" || fail "step 2's $(basename "$f") differs"; done
 
 # 4. SIGINT once step 1 has committed (the runtime stops at its next check: in step 1 or 2); step 3, not
-#    begun, says nothing of what it kept (it said "no checkpoint was saved ... set [graph] checkpoint_dir")
+#    begun, says nothing of what it kept (it said "no checkpoint was saved ... set [graph] checkpoint_dir").
+#    Once step 1 has finished, step 3's generator and policy start on its model while step 2 trains: a
+#    SIGINT that lands in step 2 then finds step 3 begun, and its only true line is that it kept nothing
 run_until "$out/d" d1 INT "^\\[step 1 sft\\] checkpoint at update 2 "
 [ $rc -eq 130 ] || fail "SIGINT: exit code $rc, not 130"
 line=$(grep -E "^\[step (1 sft|2 rm)\] interrupted at update" "$out/d1.log" | head -1) ||
@@ -143,8 +145,13 @@ echo "$line"
 s=$(echo "$line" | grep -oE "^\[step (1 sft|2 rm)\]" | tr -d '[]') node=$(echo "$line" | awk '{ print $3 }' | tr -d ']')
 echo "$line" | grep -qE "the last committed checkpoint is $out/d/ckpt/$node/step_[0-9]+; the same command resumes there" ||
   fail "SIGINT: the line names no checkpoint of $node"
-grep -q "^\[step 3 ppo\] interrupted" "$out/d1.log" &&
-  fail "SIGINT in $s: step 3, which had not begun, said what it kept: $(grep '^\[step 3 ppo\] interrupted' "$out/d1.log")"
+if l3=$(grep "^\[step 3 ppo\] interrupted" "$out/d1.log"); then
+  grep -q "^\[step 1 sft\] held-out loss .* ->" "$out/d1.log" ||
+    fail "SIGINT in $s: step 3, which had not begun (step 1 had not finished), said what it kept: $l3"
+  [[ $l3 == "[step 3 ppo] interrupted before step 3's first checkpoint in $out/d/ckpt: nothing of step 3 is kept"* ]] ||
+    fail "SIGINT in $s after step 1 finished: step 3, which had committed nothing, said: $l3"
+  echo "step 3 had begun on step 1's model: $l3"
+fi
 kept=$(echo "$line" | grep -oE "step_[0-9]+" | sed -E 's/step_0*//')
 rc=0
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/d" 2) --set node.$node.learning_rate=2e-3 > "$out/d2.log" 2> "$out/d2.err" ||

@@ -1470,3 +1470,34 @@ kind = "blocking_collect"
   CHECK(text.find("did not shut down") == std::string::npos);
   CHECK(seconds < 9.0);  // the watchdog's 10 s never ran out
 }
+
+TEST_CASE("attempt_stop_reason: the lost node and its actors first, whatever error stopped the attempt first") {
+  // cluster_rlhf_small under ctest -j4: a transfer from the killed node failed, and became the run's
+  // first error, before the coordinator saw the node lost; the "attempt 1 stopped" line must still
+  // name the node (the restart's cause) and the actors it held
+  graph::graph_spec spec;
+  auto add = [&](const std::string& name, std::int64_t replicas, std::string on, std::vector<std::string> each = {}) {
+    graph::node_spec n;
+    n.name = name;
+    n.replicas = replicas;
+    n.on = std::move(on);
+    n.on_replicas = std::move(each);
+    spec.nodes.push_back(n);
+  };
+  add("experience", 1, "");
+  add("ppo_controller", 1, "w2");
+  add("critic", 2, "", {"w1", "w2"});
+  add("reward", 1, "w2");
+  const std::string transfer = "node 'experience' received from another process: the tensors of a 'scores' payload "
+                               "did not arrive";
+  CHECK(attempt_stop_reason(spec, {"w2"}, transfer) ==
+        "cluster node 'w2' lost; its actors: ppo_controller, critic[1], reward (the run's first error: " + transfer + ")");
+  // the loss itself was the first error: it is the line, as job.cpp wrote it
+  const std::string loss = "cluster node 'w2' lost (its connection dropped); its actors: ppo_controller, critic[1], reward";
+  CHECK(attempt_stop_reason(spec, {"w2"}, loss) == loss);
+  // two nodes lost: both named, each with its actors, then the first error
+  CHECK(attempt_stop_reason(spec, {"w1", "w2"}, loss) ==
+        "cluster node 'w1' lost; its actors: critic[0]; cluster node 'w2' lost; its actors: ppo_controller, critic[1], "
+        "reward (the run's first error: " + loss + ")");
+  CHECK(attempt_stop_reason(spec, {"w3"}, "") == "cluster node 'w3' lost; its actors: none");
+}

@@ -178,6 +178,24 @@ static void no_restart_after_all(std::string& error, const std::string& instead)
     error = error.substr(0, at) + instead;
 }
 
+std::string attempt_stop_reason(const graph::graph_spec& spec, const std::vector<std::string>& lost,
+                                const std::string& first_error) {
+  std::string why;
+  bool named = true;
+  for (const auto& name : lost) {
+    std::string actors;
+    for (const auto& n : spec.nodes)
+      for (std::int64_t r = 0; r < n.replicas; ++r)
+        if (graph::placement_of(n, r) == name)
+          actors += (actors.empty() ? "" : ", ") + n.name + (n.replicas > 1 ? "[" + std::to_string(r) + "]" : "");
+    named = named && first_error.rfind("cluster node '" + name + "' lost", 0) == 0;
+    why += (why.empty() ? "" : "; ") + ("cluster node '" + name + "' lost; its actors: ") +
+           (actors.empty() ? std::string("none") : actors);
+  }
+  if (lost.size() == 1 && named) return first_error;  // the loss was the first error: it says it all
+  return why + (first_error.empty() ? std::string() : " (the run's first error: " + first_error + ")");
+}
+
 run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_registry& kinds,
                      const node_factory_registry& factories, const run_options& options) {
   run_result result;
@@ -481,7 +499,8 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     cluster.reset();
     if (!restart) break;
     // what stopped it (naming the lost node's actors) first, before any wait for the node to come back
-    spdlog::error("[{}] attempt {} stopped: {}", spec.name, attempt_options.attempt + 1, result.error);
+    spdlog::error("[{}] attempt {} stopped: {}", spec.name, attempt_options.attempt + 1,
+                  attempt_stop_reason(attempt_spec, lost, result.error));
     // Every node of the last attempt that does not answer now (the lost one,
     // or a survivor whose daemon ended with --once) has its replicas moved to
     // main; a lost node whose daemon came back on the same address keeps them.

@@ -126,6 +126,16 @@ class run_state {
   stop_reason reason_ = stop_reason::completed;
 };
 
+/// What stopped an attempt that restarts (on_node_lost = "restart"), for its "attempt N stopped"
+/// line: each cluster node in `lost` with the actors `spec` places on it (the restart's cause), then
+/// `first_error`, the run's first error, where that is another ("... lost; its actors: a, b (the
+/// run's first error: ...)"); `first_error` itself where it is the loss of the one lost node. A
+/// transfer from the lost node can fail, and stop the attempt, before the coordinator sees the node
+/// lost: cluster_rlhf_small saw a node's "tensors ... did not arrive" as the run's error under
+/// `ctest -j4`, and the line then did not name the lost node.
+std::string attempt_stop_reason(const graph::graph_spec& spec, const std::vector<std::string>& lost,
+                                const std::string& first_error);
+
 /// Runs `spec` (validated against `kinds`, so settings and ports are filled
 /// in) to its end. With options.console.enabled the console's server starts
 /// first; if it cannot (e.g. the port is in use) nothing runs and the result

@@ -503,7 +503,7 @@ void packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   simd::gemm_pack_b(tb, N, K, B, ldb, P.data(), 0, panels / 2);
   simd::gemm_pack_b(tb, N, K, B, ldb, P.data(), panels / 2, panels);
   CHECK(P.back() == -7.0f);  // the packing writes ceil(N / W) W K floats, no more
-  const int64_t tiles = simd::gemm_packed_tiles(M, N);
+  const int64_t tiles = simd::gemm_packed_tiles(ta, M, N);
   simd::gemm_packed(ta, M, N, K, alpha, A, lda, P.data(), beta, C, ldc, 0, tiles / 2);
   simd::gemm_packed(ta, M, N, K, alpha, A, lda, P.data(), beta, C, ldc, tiles / 2, tiles);
 }

@@ -482,7 +482,7 @@ class cpu_backend_impl final : public backend {
     for (int64_t j0 = 0; j0 < N; j0 += W) {
       const int64_t nj = std::min(W, N - j0);
       simd::gemm_packed(ta, M, nj, K, alpha, A, lda, packed + j0 * Ktot + k0 * W, beta, C + j0, ldc, 0,
-                        simd::gemm_packed_tiles(M, nj));
+                        simd::gemm_packed_tiles(ta, M, nj));
     }
   }
 
@@ -526,7 +526,7 @@ class cpu_backend_impl final : public backend {
           const int64_t i1 = std::min(Tq, i0 + k_att_rows), rows = i1 - i0, kend = q0 + i1;
           float* Pb = P + i0 * n_keys;
           simd::gemm_packed(false, rows, kend, hs, scale, Q + i0 * H * hs, H * hs, kt.data(), 0.0f, Pb, n_keys, 0,
-                            simd::gemm_packed_tiles(rows, kend));
+                            simd::gemm_packed_tiles(false, rows, kend));
           for (int64_t i = i0; i < i1; ++i) {
             float* a = P + i * n_keys;
             const int64_t nvis = q0 + i + 1;
@@ -583,7 +583,7 @@ class cpu_backend_impl final : public backend {
               std::fill(pm.data() + i * T + i + 1, pm.data() + i * T + kend, 0.0f);
             }
             simd::gemm_packed(false, rows, kend, hs, 1.0f, dO + i0 * H * hs, H * hs, vt.data(), 0.0f,
-                              ds.data() + i0 * T, T, 0, simd::gemm_packed_tiles(rows, kend));
+                              ds.data() + i0 * T, T, 0, simd::gemm_packed_tiles(false, rows, kend));
             for (int64_t i = i0; i < i1; ++i) {
               const float* p = pm.data() + i * T;
               float* d = ds.data() + i * T;

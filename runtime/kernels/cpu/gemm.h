@@ -343,7 +343,7 @@ inline void packed_gemm_chunk(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
   const size_t need = static_cast<size_t>(packed_floats(N, K));
   if (packed.size() < need) packed.resize(need);
   float* P = packed.data();
-  const int64_t tiles = simd::gemm_packed_tiles(M, N);
+  const int64_t tiles = simd::gemm_packed_tiles(ta, M, N);
   const int nt = omp_in_parallel() || M * N * K < k_par_macs ? 1 : std::min<int64_t>(omp_get_max_threads(), tiles);
   if (nt <= 1) {
     simd::gemm_pack_b(tb, N, K, B, ldb, P, 0, panels);

@@ -912,13 +912,23 @@ void GemmPackB(bool tb, int64_t N, int64_t K, const float* B, int64_t ldb, float
   }
 }
 
-/// Rows of a tile: 6 rows x 2 vectors, or 12 rows x 1 vector when N fits one vector (attention's
-/// P V at head size 8 on AVX2): 12 accumulators either way, enough to hide the FMA latency.
-HWY_INLINE int64_t PackedTileRows(int64_t N) { return N <= static_cast<int64_t>(hn::Lanes(DF())) ? 12 : 6; }
+/// Whether the target has 32 vector registers (x86's AVX-512), room for a 12 x 2 tile: 24
+/// accumulators, two panel vectors and a broadcast. AVX2's 16 hold the 6 x 2 tile.
+constexpr bool k_wide_tiles = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
+
+/// Rows of a tile: 12 rows x 1 vector when N fits one vector (attention's P V at head size 8 on
+/// AVX2), else 6 rows x 2 vectors: 12 accumulators, enough to hide the FMA latency. With op(A) = Aᵀ
+/// on AVX-512, 12 rows x 2 vectors: there a tile's values of A at each k are MR neighbours of one
+/// row of A, and 12 of them per panel load ran the 6.1 M LLaMA's dyᵀ·x 1.11-1.19x faster than 6 on
+/// a Zen 5 host (docs/performance.md, change 38); on x·Wᵀ and dy·W the wider tile gained at most 2%
+/// at K >= 288 and lost 3-12% at K <= 172 (stories260K), so those keep 6 rows.
+HWY_INLINE int64_t PackedTileRows(bool ta, int64_t N) {
+  return N <= static_cast<int64_t>(hn::Lanes(DF())) || (ta && k_wide_tiles) ? 12 : 6;
+}
 
 /// Tiles of an (M, N) product, row block major.
-int64_t GemmPackedTiles(int64_t M, int64_t N) {
-  const int64_t W = GemmPanelWidth(), mr = PackedTileRows(N);
+int64_t GemmPackedTiles(bool ta, int64_t M, int64_t N) {
+  const int64_t W = GemmPanelWidth(), mr = PackedTileRows(ta, N);
   return (M + mr - 1) / mr * ((N + W - 1) / W);
 }
 
@@ -941,6 +951,26 @@ HWY_INLINE void PackedTile(int64_t K, const float* const* a, int64_t lda, const 
   }
 }
 
+/// PackedTile for op(A) = Aᵀ (A (K, M)) when the tile's MR rows of op(A) are all inside M: a0 = A + i0,
+/// and a(r, k) = a0[k lda + r], so one pointer and MR fixed offsets address them (the pointer array
+/// of the general tile costs a load per row per k). The same multiply-adds in the same order.
+template <int MR, int NV>
+HWY_INLINE void PackedTileTA(int64_t K, const float* a0, int64_t lda, const float* panel, VF* acc) {
+  const DF d;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d));
+  for (int q = 0; q < MR * NV; ++q) acc[q] = hn::Zero(d);
+  for (int64_t k = 0; k < K; ++k) {
+    const float* bk = panel + k * 2 * L;
+    const float* ak = a0 + k * lda;
+    VF b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = hn::LoadU(d, bk + v * L);
+    for (int r = 0; r < MR; ++r) {
+      const VF ar = hn::Set(d, ak[r]);
+      for (int v = 0; v < NV; ++v) acc[NV * r + v] = hn::MulAdd(ar, b[v], acc[NV * r + v]);
+    }
+  }
+}
+
 template <int MR, int NV>
 HWY_INLINE void PackedTiles(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                             const float* P, float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {
@@ -957,7 +987,9 @@ HWY_INLINE void PackedTiles(bool ta, int64_t M, int64_t N, int64_t K, float alph
       const int64_t i = std::min(i0 + r, M - 1);
       a[r] = ta ? A + i : A + i * lda;
     }
-    if (ta)
+    if (ta && i0 + MR <= M)
+      PackedTileTA<MR, NV>(K, A + i0, lda, P + j0 * K, acc);
+    else if (ta)
       PackedTile<true, MR, NV>(K, a, lda, P + j0 * K, acc);
     else
       PackedTile<false, MR, NV>(K, a, lda, P + j0 * K, acc);
@@ -985,11 +1017,13 @@ HWY_INLINE void PackedTiles(bool ta, int64_t M, int64_t N, int64_t K, float alph
 }
 
 /// Tiles [t0, t1) of C = alpha op(A) op(B) + beta C, op(B) packed by GemmPackB; tile t covers rows
-/// [MR (t / np), + MR) and panel t % np (np = ceil(N / W), MR = PackedTileRows(N)).
+/// [MR (t / np), + MR) and panel t % np (np = ceil(N / W), MR = PackedTileRows(ta, N)).
 void GemmPacked(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* P,
                 float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {
-  if (PackedTileRows(N) == 12)
+  if (N <= static_cast<int64_t>(hn::Lanes(DF())))
     PackedTiles<12, 1>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
+  else if (PackedTileRows(ta, N) == 12)
+    PackedTiles<12, 2>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
   else
     PackedTiles<6, 2>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
 }
@@ -1126,7 +1160,9 @@ void gemm_pack_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb
                  int64_t p1) {
   HWY_DYNAMIC_DISPATCH(GemmPackB)(trans_b, N, K, B, ldb, packed, p0, p1);
 }
-int64_t gemm_packed_tiles(int64_t M, int64_t N) { return HWY_DYNAMIC_DISPATCH(GemmPackedTiles)(M, N); }
+int64_t gemm_packed_tiles(bool trans_a, int64_t M, int64_t N) {
+  return HWY_DYNAMIC_DISPATCH(GemmPackedTiles)(trans_a, M, N);
+}
 void gemm_packed(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  const float* packed, float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {
   HWY_DYNAMIC_DISPATCH(GemmPacked)(trans_a, M, N, K, alpha, A, lda, packed, beta, C, ldc, t0, t1);

@@ -2,6 +2,7 @@
 
 #include "models/rlhf/dschat_data.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -72,6 +73,28 @@ std::string data_fingerprint(const std::string& path) {
   return fp;
 }
 
+// The model a DS-Chat trainer starts from, by its contents: a file's FNV-1a (data_fingerprint), or for a
+// folder (Hugging Face, flowrun's) that of each file directly in it, by name. Its path alone let a resume,
+// or a rerun that skips a finished step, go on from a file replaced since (DPO scored its resumed policy
+// against another reference; a finished SFT kept an output trained from the old file).
+std::string model_fingerprint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return data_fingerprint(path);
+  std::vector<std::string> parts;
+  for (const auto& e : fs::directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) parts.push_back(e.path().filename().string() + " " + data_fingerprint(e.path().string()));
+  std::sort(parts.begin(), parts.end());
+  return fmt::format("fnv1a:{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
+}
+
+// The kinds whose `model` is recorded by its contents: DS-Chat's steps 1 and 2 and DPO, whose model file
+// may be another step's output, rewritten by a later run. Step 3's trainers compare the weights they
+// start from themselves (ppo_nodes.cpp, init_weights); pretraining starts from a model_config.
+bool records_model_contents(const graph::node_spec& n) {
+  return n.kind == "sft_trainer" || n.kind == "rm_trainer" || n.kind == "dpo_trainer";
+}
+
 // The batch triple of a DeepSpeed JSON's contents: where the trainer says so (zero_rank: its data node
 // cuts global batches, and it compares the resolved global batch itself), the micro-batch and
 // accumulation are only a split of the global batch over the ranks, which a resume may change as it
@@ -117,6 +140,14 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
     if (const auto* path = std::get_if<std::string>(&value))
       if (auto c = contents_of(k, *path, safe.count(std::string(ds_batch_split_safe)) > 0); !c.is_null())
         j[k + std::string(contents_suffix)] = std::move(c);
+    if (const auto* path = std::get_if<std::string>(&value); path && k == "model" && records_model_contents(n)) {
+      std::error_code ec;
+      const auto* out = n.find_setting("output");  // a model trained in place changes by design
+      const bool in_place = out && std::holds_alternative<std::string>(out->value) &&
+                            same_file_spelling(std::get<std::string>(out->value)) == *path;
+      if (!in_place && !path->empty() && std::filesystem::exists(*path, ec))
+        j[k + std::string(contents_suffix)] = model_fingerprint(*path);
+    }
     if (const auto* paths = std::get_if<std::vector<std::string>>(&value); paths && k == "mix_data") {
       nlohmann::json all = nlohmann::json::array();  // each blended file by its contents, in order
       for (const auto& p : *paths) all.push_back(contents_of("data", p));

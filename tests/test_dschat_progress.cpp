@@ -5,9 +5,14 @@
 // on a context that records what they report, on stories260K and the HH-RLHF test file.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -226,4 +231,52 @@ TEST_CASE("settings record: a node with data_split records the split's row order
   CHECK(actors::settings_record(prompts, {}).contains("data_split_order"));
   auto [ranks, ranks_node] = shipped_node("pretrain.graph", "ranks", {});
   CHECK_FALSE(actors::settings_record(ranks, {}).contains("data_split_order"));
+}
+
+TEST_CASE("settings record: DS-Chat's trainers record the model they start from by its contents, a file or a folder") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_model_contents_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "hf");
+  const std::string file = (dir / "base.bin").string();
+  fs::copy_file(assets_root() / "model" / "stories260K" / "stories260K.bin", file);
+  auto flip_last_byte = [](const fs::path& p) {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(c ^ 1));
+  };
+  for (const char* graph_node : {"sft.graph:sft", "dpo.graph:dpo"}) {
+    const std::string g(graph_node), gf = g.substr(0, g.find(':')), name = g.substr(g.find(':') + 1);
+    CAPTURE(g);
+    auto record = [&](const std::string& model, const std::string& output) {
+      auto [n, node] = shipped_node(gf, name, {"node." + name + ".model=" + model, "node." + name + ".output=" + output});
+      return actors::settings_record(n, {});
+    };
+    const std::string out = (dir / "out.bin").string();
+    const auto then = record(file, out);
+    REQUIRE(then.contains("model (contents)"));
+    CHECK(actors::settings_changes(then, record(file, out)).empty());
+    flip_last_byte(file);  // the same path, other bytes (a data file's size and time key its cached fingerprint:
+    fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(2));  // a replaced file has another)
+    CHECK(actors::settings_changes(then, record(file, out)) ==
+          std::vector<std::string>{"model: the file's bytes changed"});
+    // trained in place (model = output): its bytes change by design, so only the path is recorded
+    CHECK_FALSE(record(file, file).contains("model (contents)"));
+  }
+  // a folder: each file directly in it, by name
+  std::ofstream(dir / "hf" / "config.json") << "{\"model_type\": \"llama\"}\n";
+  std::ofstream(dir / "hf" / "model.safetensors") << "weights";
+  const auto fp = [&] {
+    auto [n, node] = shipped_node("sft.graph", "sft", {"node.sft.output=" + (dir / "o").string()});
+    n.settings["model"].value = (dir / "hf").string();  // the record reads the setting; no load happens here
+    return actors::settings_record(n, {}).at("model (contents)");
+  };
+  const auto before = fp();
+  std::ofstream(dir / "hf" / "model.safetensors", std::ios::app) << "!";
+  fs::last_write_time(dir / "hf" / "model.safetensors", fs::last_write_time(dir / "hf" / "model.safetensors") + std::chrono::seconds(2));
+  CHECK(fp() != before);
+  fs::remove_all(dir);
 }

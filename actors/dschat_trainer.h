@@ -108,6 +108,9 @@ class dschat_trainer : public actor::node {
     const std::string from = resume_point(ctx);
     const std::string before = from.empty() ? held_out_pass(ctx, true, 0) : "";
     engine_.make(*model_, d_, steps_);
+    if (const std::string past = engine_.schedule.past_end(steps_, d_.learning_rate); !past.empty())
+      ctx.log().warn("{} updates but {}, as in DeepSpeed; set scheduler.params.total_num_steps to {} in {}", steps_,
+                     past, steps_, ctx.spec().get_string("deepspeed_config"));
     if (from.empty()) ctx.print(before);
     else restore(ctx, from);
     t0_ = clk::now();

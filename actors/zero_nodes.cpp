@@ -270,12 +270,9 @@ class zero_rank final : public actor::node {
     total_ = s.get_int("total_steps");
     // DeepSpeed's decaying schedules reach their end at total_num_steps and stay there (lr 0 for
     // WarmupDecayLR): the steps past it train at that rate, as in DeepSpeed, but say so
-    if (const auto& sc = ds_.scheduler; rank_ == 0 && (sc.type == "WarmupDecayLR" || sc.type == "WarmupCosineLR") &&
-                                        sc.total_num_steps > 0 && total_ > sc.total_num_steps)
-      ctx.log().warn("total_steps = {} but the DeepSpeed config's {} is over at total_num_steps = {}: the steps past "
-                     "it train at the schedule's end (learning rate {:.3g} at step {}), as in DeepSpeed; set "
-                     "scheduler.params.total_num_steps to {}",
-                     total_, sc.type, sc.total_num_steps, sc.lr_at(total_ - 1, ds_.lr), total_, total_);
+    if (const std::string past = ds_.scheduler.past_end(total_, ds_.lr); rank_ == 0 && !past.empty())
+      ctx.log().warn("total_steps = {} but {}, as in DeepSpeed; set scheduler.params.total_num_steps to {}", total_,
+                     past, total_);
     t0_ = clk::now();
   }
 

@@ -280,6 +280,28 @@ TEST_CASE("an HF Trainer DeepSpeed JSON: its \"auto\" values come from the train
   std::filesystem::remove(std::filesystem::temp_directory_path() / "flowrun_cli_auto.bin");
 }
 
+TEST_CASE("sft_trainer warns when its DeepSpeed JSON's decaying scheduler ends before its last update") {
+  // a WarmupDecayLR over 4 steps left 14 of 20 updates at lr 0 without a word (zero_rank said so)
+  const auto dir = temp_folder();
+  std::ofstream(dir / "short.json")
+      << R"({"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, )"
+      << R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 2, "total_num_steps": 4}}})";
+  auto sft = [&](int steps) {
+    return std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --no-progress --set node.sft.steps=" +
+           std::to_string(steps) + " --set node.sft.output=" + (dir / "out.bin").string() +
+           " --set node.sft.deepspeed_config=" + (dir / "short.json").string() + " 2>&1";
+  };
+  int rc = -1;
+  auto out = run(sft(6), &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "6 updates but the DeepSpeed config's WarmupDecayLR is over at total_num_steps = 4: the steps past it "
+                 "train at the schedule's end (learning rate 0 at step 6), as in DeepSpeed; set "
+                 "scheduler.params.total_num_steps to 6 in " + (dir / "short.json").string()));
+  out = run(sft(4), &rc);
+  CHECK(rc == 0);
+  CHECK_FALSE(has(out, "is over at total_num_steps"));
+}
+
 TEST_CASE("print_every = 0 is refused when the graph is checked, at file:line:col, for every kind that has it") {
   // It killed sft_trainer, rm_trainer and zero_rank with SIGFPE (exit 136) at their first step.
   const auto dir = temp_folder();

@@ -207,6 +207,25 @@ TEST_CASE("ds_config: lr schedules match DeepSpeed WarmupLR and WarmupDecayLR an
   CHECK_THROWS_AS(c.lr_at(-1), std::invalid_argument);
 }
 
+TEST_CASE("lr_schedule past_end: a decaying DeepSpeed schedule shorter than the run is named, with the lr it ends at") {
+  ds_config c = parse_ds_config(
+      R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 2, "total_num_steps": 4}}})",
+      1);
+  CHECK(c.scheduler.past_end(4, 1e-3).empty());  // the run ends where the schedule does
+  CHECK(c.scheduler.past_end(20, 1e-3) ==
+        "the DeepSpeed config's WarmupDecayLR is over at total_num_steps = 4: the steps past it train at the "
+        "schedule's end (learning rate 0 at step 20)");
+  // WarmupCosineLR ends at cos_min_ratio x lr (DeepSpeed's default 0.0001); WarmupLR holds its lr: no note
+  ds_config cos = parse_ds_config(
+      R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": 10}}})",
+      1);
+  CHECK(cos.scheduler.past_end(12, 1e-3).find("learning rate 1e-07 at step 12") != std::string::npos);
+  ds_config flat = parse_ds_config(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 2}}})", 1);
+  CHECK(flat.scheduler.past_end(1000, 1e-3).empty());
+  CHECK(lr_schedule::transformers("cosine", 0, 10).past_end(1000, 1e-3).empty());  // transformers' types: never
+}
+
 TEST_CASE("ds_config: scheduler defaults and warnings and errors") {
   // WarmupLR without warmup_max_lr warms up to the optimizer's lr (DeepSpeed 0.19.8 lr_schedules.py)
   ds_config c = parse_ds_config(

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numbers>
 #include <stdexcept>
 
@@ -83,6 +84,16 @@ double lr_schedule::lr_at(int64_t step, double base_lr) const {
   throw std::invalid_argument("lr_schedule: unknown scheduler type \"" + type +
                               "\" (transformers: cosine, linear, constant, constant_with_warmup; DeepSpeed: "
                               "WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+}
+
+std::string lr_schedule::past_end(int64_t updates, double base_lr) const {
+  if ((type != "WarmupDecayLR" && type != "WarmupCosineLR") || total_num_steps <= 0 || updates <= total_num_steps)
+    return "";
+  char lr[32];
+  std::snprintf(lr, sizeof lr, "%.3g", lr_at(updates - 1, base_lr));
+  return "the DeepSpeed config's " + type + " is over at total_num_steps = " + std::to_string(total_num_steps) +
+         ": the steps past it train at the schedule's end (learning rate " + lr + " at step " +
+         std::to_string(updates) + ")";
 }
 
 }  // namespace flowrun

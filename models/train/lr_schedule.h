@@ -69,6 +69,13 @@ struct lr_schedule {
   /// types there are).
   double lr_at(int64_t step, double base_lr) const;
 
+  /// For DeepSpeed's decaying types (WarmupDecayLR, WarmupCosineLR) with total_num_steps > 0 and a run
+  /// of more `updates`: "the DeepSpeed config's TYPE is over at total_num_steps = N: the steps past it
+  /// train at the schedule's end (learning rate LR at step U)", U the run's last update (0-based), as
+  /// DeepSpeed does (its schedule stays at its end: lr 0 for WarmupDecayLR). "" otherwise. Every trainer
+  /// that takes a DeepSpeed JSON warns with it (zero_rank, DS-Chat's steps 1-2 and DPO).
+  std::string past_end(int64_t updates, double base_lr) const;
+
   /// A transformers.get_scheduler schedule (DeepSpeed-Chat's
   /// --lr_scheduler_type, --num_warmup_steps and its num_training_steps).
   /// Throws std::invalid_argument naming an unknown type.

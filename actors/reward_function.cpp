@@ -202,7 +202,11 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
               "gsm8k: 1 when the answer's last \"#### N\" equals the reference's (numbers normalised: \"1,080\" = "
               "\"1080\", \"42.0\" = \"42\"), else format_score for a well-formed wrong answer, else 0; format: 1 when "
               "the answer ends with a \"#### N\" line; command: ask `command`")
-      .option("format_score", T::float_, 0.0, "gsm8k: the reward of a well-formed wrong answer (veRL's)")
+      .option("format_score", T::float_, 0.0,
+              "gsm8k: the reward of a well-formed wrong answer (veRL's), below a right answer's 1 (at 1 or more a "
+              "wrong answer scores as much or more, and training learns the format only: reward = \"format\" "
+              "says so)")
+      .below(1)
       .option("overlong_max_length", T::int_, std::int64_t{0},
               "DAPO's soft overlong punishment: answers near and over this many tokens lose up to 1 (0: off)")
       .at_least(0)

@@ -302,6 +302,21 @@ TEST_CASE("sft_trainer warns when its DeepSpeed JSON's decaying scheduler ends b
   CHECK_FALSE(has(out, "is over at total_num_steps"));
 }
 
+TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer would score as a right one, or above") {
+  // format_score = 2 (a typo for 0.2) trained toward wrong answers and printed a held-out "gain"
+  const std::string grpo = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/grpo.graph --no-progress";
+  int rc = -1;
+  auto out = run(grpo + " --set node.reward.format_score=2 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "--set node.reward.format_score=2:1:26: error: setting 'format_score' of node 'reward' (kind "
+                 "reward_function) must be finite, < 1, got 2.0"));
+  CHECK(has(out, "training learns the format only: reward = \"format\" says so"));
+  out = run(grpo + " --set node.reward.format_score=1 2>&1", &rc);
+  CHECK(has(out, "must be finite, < 1, got 1.0"));
+  out = run(grpo + " --set node.reward.format_score=0.1 2>&1", &rc);
+  CHECK_FALSE(has(out, "format_score' of node"));
+}
+
 TEST_CASE("print_every = 0 is refused when the graph is checked, at file:line:col, for every kind that has it") {
   // It killed sft_trainer, rm_trainer and zero_rank with SIGFPE (exit 136) at their first step.
   const auto dir = temp_folder();

@@ -1819,3 +1819,21 @@ kind = "sink"
   }
   CHECK(saw_in);
 }
+
+TEST_CASE("an unconnected port's hint names the likeliest partner: unconnected, required or same-named first") {
+  // grpo.graph without "reward.scored -> experience.reward" hinted "reward.scored -> experience.values" for the
+  // reward's port: the critic's values port (optional, unconnected there), which would have fed rewards as values
+  node_kind_registry r;
+  r.register_kind(node_kind{"scorer", "scores"}.output("scored", "scores", "one score per row", true));
+  r.register_kind(node_kind{"maker", "makes experience"}
+                      .input("values", "scores", "the critic's values", false)
+                      .input("reward", "scores", "the rewards", true));
+  auto parsed = parse_graph_string("[node.reward]\nkind = \"scorer\"\n\n[node.experience]\nkind = \"maker\"\n");
+  REQUIRE(parsed.ok());
+  auto v = validate(parsed.spec, r, test_options());
+  REQUIRE(v.errors.size() == 2);
+  CHECK(contains(v.errors[0].message, "required out port 'scored' (scores) of node 'reward'"));
+  CHECK(v.errors[0].hint == "add an edge such as \"reward.scored -> experience.reward\" to edges");
+  CHECK(contains(v.errors[1].message, "required in port 'reward' (scores) of node 'experience'"));
+  CHECK(v.errors[1].hint == "add an edge such as \"reward.scored -> experience.reward\" to edges");
+}

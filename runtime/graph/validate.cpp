@@ -438,18 +438,28 @@ class validator {
   /// The port to suggest for a missing edge of `type` into (d = in) or out of (d = out) node `self`:
   /// one on another node, a port no edge uses yet first (a stats port left unconnected pairs with the
   /// other one left unconnected, not with its connected sibling); "" when the graph has none.
-  std::string suggested_port(const std::string& type, port_dir d, std::size_t self) const {
-    std::string used;
+  // The port of `type` and direction d, on another node than `self`, that an edge to or from self's port
+  // `own` most likely misses: an unconnected one before a connected one; among those, one that is required,
+  // or whose name is self's node or port name (experience.reward for reward.scored), before the rest;
+  // then the first in the graph. "" when no port has the type.
+  std::string suggested_port(const std::string& type, port_dir d, std::size_t self, const std::string& own) const {
+    std::string best;
+    int best_rank = -1;
+    const std::string& self_name = result_.spec.nodes[self].name;
     for (std::size_t i = 0; i < kind_of_.size(); ++i) {
       if (!kind_of_[i] || i == self) continue;
       for (const auto* p : kind_of_[i]->ports_of(d)) {
         if (p->message_type != type) continue;
-        const std::string name = result_.spec.nodes[i].name + "." + p->name;
-        if (!connected_.count({i, p->name})) return name;
-        if (used.empty()) used = name;
+        const bool named = p->name == self_name || p->name == own ||
+                           result_.spec.nodes[i].name == own;  // reward.scored -> experience.reward
+        const int rank = (connected_.count({i, p->name}) ? 0 : 4) + (p->required ? 2 : 0) + (named ? 1 : 0);
+        if (rank > best_rank) {
+          best_rank = rank;
+          best = result_.spec.nodes[i].name + "." + p->name;
+        }
       }
     }
-    return used;
+    return best;
   }
 
   std::optional<std::size_t> find_index(const std::string& name, const source_pos& at, std::string_view role) {
@@ -594,12 +604,12 @@ class validator {
         std::string here = node.name + "." + p.name;
         std::string hint;
         if (p.dir == port_dir::in) {
-          const std::string producer = suggested_port(p.message_type, port_dir::out, i);
+          const std::string producer = suggested_port(p.message_type, port_dir::out, i, p.name);
           hint = producer.empty() ? "add an edge \"NODE.PORT -> " + here + "\" from an out port of type '" +
                                         p.message_type + "' to edges"
                                   : "add an edge such as \"" + producer + " -> " + here + "\" to edges";
         } else {
-          const std::string consumer = suggested_port(p.message_type, port_dir::in, i);
+          const std::string consumer = suggested_port(p.message_type, port_dir::in, i, p.name);
           hint = consumer.empty() ? "add an edge \"" + here + " -> NODE.PORT\" to an in port of type '" +
                                         p.message_type + "' to edges"
                                   : "add an edge such as \"" + here + " -> " + consumer + "\" to edges";

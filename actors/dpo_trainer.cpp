@@ -179,6 +179,9 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
       .option("output", T::output, std::string(""),
               "also save the policy here, in the format of `model`: a llama2.c file, or a folder (HF: with the "
               "tokenizer)");
+  k.known_as("max_prompt_length",
+             "TRL's max_prompt_length has no separate setting here: max_seq_len bounds prompt + answer, and "
+             "truncation = \"prompt_start\" drops the oldest prompt tokens first");
   // the string settings and their combinations, refused when the graph is checked (before any model loads)
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems = dtype_problems(n);

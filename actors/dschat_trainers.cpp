@@ -84,6 +84,17 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed checkpoints kept (the older ones removed)")
       .at_least(1);
   actor::add_tensorboard_settings(k);
+  // DS-Chat's and HF Trainer's flags that are another setting here, or a node or edge of the graph
+  k.known_as("model_name_or_path", "DS-Chat's --model_name_or_path is model here (a file or a folder)")
+      .known_as("data_path", "DS-Chat's --data_path is data here (more files: mix_data)")
+      .known_as("num_train_epochs",
+                "DS-Chat's --num_train_epochs is steps here: optimizer updates (an epoch is the step's training rows / "
+                "(per_device_train_batch_size x gradient_accumulation_steps); the run prints its row counts)")
+      .known_as("per_device_eval_batch_size",
+                "the held-out pass batches as training does (per_device_train_batch_size); eval_fraction sets its rows")
+      .known_as("output_dir", "DS-Chat's --output_dir is output here (a file, or a folder for an HF model)")
+      .known_as("lora_r", "DS-Chat's LoRA rank is lora_dim here (TencentPretrain's lora_r)")
+      .known_as("max_length", "TRL's max_length is max_seq_len here (prompt + answer tokens)");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     auto problems = check_trainer_output(n, g);
     for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));

@@ -302,6 +302,21 @@ TEST_CASE("sft_trainer warns when its DeepSpeed JSON's decaying scheduler ends b
   CHECK_FALSE(has(out, "is over at total_num_steps"));
 }
 
+TEST_CASE("DS-Chat's and TRL's own flag names on sft, rm and dpo trainers: the hint says what they are here") {
+  // they were answered with the list of valid settings only
+  const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
+  int rc = -1;
+  auto out = run(bin + "sft.graph --no-progress --set node.sft.num_train_epochs=1 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: DS-Chat's --num_train_epochs is steps here: optimizer updates"));
+  out = run(bin + "rm.graph --no-progress --set node.rm.model_name_or_path=x 2>&1", &rc);
+  CHECK(has(out, "hint: DS-Chat's --model_name_or_path is model here"));
+  out = run(bin + "dpo.graph --no-progress --set node.dpo.max_prompt_length=64 2>&1", &rc);
+  CHECK(has(out, "hint: TRL's max_prompt_length has no separate setting here: max_seq_len bounds prompt + answer"));
+  out = run(bin + "dpo.graph --no-progress --set node.dpo.max_length=64 2>&1", &rc);
+  CHECK(has(out, "hint: TRL's max_length is max_seq_len here"));
+}
+
 TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer would score as a right one, or above") {
   // format_score = 2 (a typo for 0.2) trained toward wrong answers and printed a held-out "gain"
   const std::string grpo = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/grpo.graph --no-progress";

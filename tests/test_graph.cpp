@@ -1837,3 +1837,22 @@ TEST_CASE("an unconnected port's hint names the likeliest partner: unconnected, 
   CHECK(contains(v.errors[1].message, "required in port 'reward' (scores) of node 'experience'"));
   CHECK(v.errors[1].hint == "add an edge such as \"reward.scored -> experience.reward\" to edges");
 }
+
+TEST_CASE("a list setting given one string: the hint writes the user's value as a list, a comma-separated one split") {
+  // mix_data = "a.jsonl" was answered "write mix_data = []", the default, not the syntax that works
+  for (const auto& [written, fix] : std::vector<std::pair<std::string, std::string>>{
+           {"\"ppo\"", "write tags = [\"ppo\"]"}, {"\"ppo, demo\"", "write tags = [\"ppo\", \"demo\"]"}}) {
+    CAPTURE(written);
+    auto parsed = parse_graph_string("edges = [\"src.lines -> learner.data\"]\n\n[node.learner]\nkind = \"trainer\"\n"
+                                     "tags = " + written + "\n\n[node.src]\nkind = \"text_source\"\n"
+                                     "path = \"data/prompts.txt\"\n",
+                                     graphs_dir / "hint_list.graph");
+    REQUIRE(parsed.ok());
+    auto v = validate(parsed.spec, test_kinds(), test_options());
+    const auto it = std::find_if(v.errors.begin(), v.errors.end(), [](const graph_error& e) {
+      return contains(e.message, "setting 'tags' of node 'learner' must be string_list, got string");
+    });
+    REQUIRE(it != v.errors.end());
+    CHECK(contains(it->hint, fix));
+  }
+}

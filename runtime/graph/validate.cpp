@@ -229,6 +229,19 @@ class validator {
               fix = *text;
           } else if (decl->type == setting_type::bool_ && (*text == "true" || *text == "false")) {
             fix = *text;
+          } else if (decl->type == setting_type::path_list || decl->type == setting_type::string_list) {
+            // one name for a list: the user's value in a list (mix_data = "a.jsonl" offered the empty default);
+            // a comma-separated string becomes one entry each
+            std::vector<std::string> items;
+            for (std::size_t at = 0; at <= text->size();) {
+              const std::size_t end = std::min(text->find(',', at), text->size());
+              std::string item = text->substr(at, end - at);
+              item.erase(0, item.find_first_not_of(' '));
+              item.erase(item.find_last_not_of(' ') + 1);
+              if (!item.empty()) items.push_back(item);
+              at = end + 1;
+            }
+            fix = to_string(setting_value(items));
           }
         } else if (const auto* f = std::get_if<double>(&s.value);
                    f && decl->type == setting_type::int_ && std::isfinite(*f) && std::fabs(*f) < 9e15) {

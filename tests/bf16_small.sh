@@ -57,6 +57,14 @@ if got[1] != want[1] or any(abs(a - b) > 6e-4 for a, b in zip(got[::2] + got[3:]
     sys.exit(f"eval reward on the bf16 model: {got}, rm_trainer's held-out pass: {want}")
 print(f"eval reward in the recorded bf16: {got}, rm_trainer's: {want}")
 PY
+# a data file with a malformed line: eval reward names the line it skipped, as rm_trainer does (it said nothing)
+printf '%s\n' '{"prompt": "Human: hi\n\nAssistant:", "chosen": "", "rejected": " no"}' \
+  '{"prompt": "Human: yes?\n\nAssistant:", "chosen": " yes", "rejected": " no"}' > "$out/odd.jsonl"
+"$flowrun" eval reward --model "$out/rm" --data "$out/odd.jsonl" --data_split 0,1,0 --eval_fraction 0.9 \
+  > "$out/eval_odd.log" 2> "$out/eval_odd.err" || { echo "flowrun eval reward failed:"; tail -5 "$out/eval_odd.err"; exit 1; }
+grep -q 'odd.jsonl: 1 rows loaded (prompt/chosen/rejected) of 2 lines; 1 malformed (line 1: empty "chosen")' \
+  "$out/eval_odd.err" || { echo "eval reward did not name the malformed line:"; cat "$out/eval_odd.err"; exit 1; }
+grep -q "held-out pairs 1:" "$out/eval_odd.log" || { echo "eval reward on the odd file:"; cat "$out/eval_odd.log"; exit 1; }
 # the log names each model's precision: the trainers' memory plans, the frozen scorers' "model ready"
 for who in sft rm; do
   grep -q "\[$who\[0\]\] \[info\] memory plan: rank 0/1 stage 0, bf16: params" "$out/err" ||

@@ -76,6 +76,8 @@ dschat::step_rows held_out(const eval_opts& o, int step_index) {
                                             "held-out rows: give the split the training used",
                                             o.data_split, step_index + 1));
   auto src = dschat::load_sources({resolve_user_path(o.data, "data").string()});
+  for (const auto& s : src)  // as the trainers say it: lines dropped as malformed are held out of the figures too
+    if (!s.report.malformed.empty()) spdlog::warn("{}", s.report.summary());
   dschat::split_settings sp;
   sp.data_split = o.data_split;
   sp.seed = static_cast<uint64_t>(o.seed);

@@ -706,6 +706,27 @@ TEST_CASE("flowrun generate checks its sampling options with the generator's ran
   }
 }
 
+TEST_CASE("seeds and eval_every on the command line: the graph files' ranges, refused before any work") {
+  // train-lm --seed -1 and --eval_every -5, generate --seed -1 and eval's --seed -1 were accepted
+  const std::string bin = FLOWRUN_BIN;
+  struct one {
+    std::string args;
+    const char* says;
+  };
+  for (const one& c : {one{" train-lm --steps 1 --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
+                       one{" train-lm --steps 1 --seed 4294967296", "--seed: Value 4294967296 not in range 0 to 4294967295"},
+                       one{" train-lm --steps 1 --eval_every -5", "--eval_every must be >= 0 (0 = only at the end)"},
+                       one{" generate --max_new_tokens 1 --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
+                       one{" eval reward --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
+                       one{" eval prompts --seed -1", "--seed: Value -1 not in range 0 to 4294967295"}}) {
+    CAPTURE(c.args);
+    int rc = -1;
+    auto out = run(bin + c.args + " 2>&1", &rc);
+    CHECK(rc != 0);
+    CHECK(has(out, c.says));
+  }
+}
+
 TEST_CASE("flowrun explain prints each setting's range") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " explain sft_trainer", &rc);

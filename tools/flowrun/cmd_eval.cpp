@@ -122,7 +122,9 @@ void add_eval(CLI::App& app) {
                     ->capture_default_str();
   pr->add_option("--data", o->data, "DS-Chat JSONL")->capture_default_str();
   pr->add_option("--data_split", o->data_split, "as in training")->capture_default_str();
-  pr->add_option("--seed", o->seed, "as in training")->capture_default_str();
+  pr->add_option("--seed", o->seed, "as in training")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));
   pr->add_option("--n", o->n, "prompts to show")->capture_default_str();
   pr->add_option("--max_prompt_seq_len", o->max_prompt_seq_len, "prompt tokens kept (the end)")->capture_default_str();
   pr->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
@@ -207,7 +209,9 @@ void add_eval(CLI::App& app) {
                        ->capture_default_str();
   auto* rw_frac = rw->add_option("--eval_fraction", r->eval_fraction, std::string("as in training") + recorded)
                       ->capture_default_str();
-  auto* rw_seed = rw->add_option("--seed", r->seed, std::string("as in training") + recorded)->capture_default_str();
+  auto* rw_seed = rw->add_option("--seed", r->seed, std::string("as in training") + recorded)
+                      ->capture_default_str()
+                      ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));
   auto* rw_len = rw->add_option("--max_seq_len", r->max_seq_len, std::string("as in training") + recorded)
                      ->capture_default_str();
   rw->add_option("--step", r->step, "whose held-out share to use (2: the RM's own)")

@@ -153,7 +153,9 @@ void add_generate(CLI::App& app) {
             return std::isfinite(x) && x > 0 ? std::string() : "must be finite and > 0 (1 = off), got " + v;
           },
           "FLOAT > 0"));
-  sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  sub->add_option("--seed", o->seed, "Sampling seed")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));
   sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str()
       ->check(check("max_new_tokens"));

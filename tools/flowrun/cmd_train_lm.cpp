@@ -50,13 +50,16 @@ void add_train_lm(CLI::App& app) {
   sub->add_option("--weight_decay", o->weight_decay, "AdamW decoupled weight decay")->capture_default_str();
   sub->add_option("--gradient_clipping", o->gradient_clipping, "Global gradient-norm clip (0 = off)")
       ->capture_default_str();
-  sub->add_option("--seed", o->seed, "Seed for init and data order")->capture_default_str();
+  sub->add_option("--seed", o->seed, "Seed for init and data order")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));  // the graph files' seeds' range
   sub->add_option("--eval_every", o->eval_every, "Held-out loss every N steps (0 = only at the end)")
       ->capture_default_str();
   sub->callback([o] {
     if (o->per_device_train_batch_size < 1) throw std::invalid_argument("--per_device_train_batch_size must be >= 1");
     if (o->seq_length < 1) throw std::invalid_argument("--seq_length must be >= 1");
     if (o->steps < 0) throw std::invalid_argument("--steps must be >= 0");
+    if (o->eval_every < 0) throw std::invalid_argument("--eval_every must be >= 0 (0 = only at the end)");
     if (!std::isfinite(o->learning_rate) || o->learning_rate <= 0)
       throw std::invalid_argument("--learning_rate must be finite and > 0");
     if (!std::isfinite(o->weight_decay) || o->weight_decay < 0)

@@ -24,6 +24,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "actors/dschat_common.h"
@@ -1185,6 +1186,14 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         } catch (const std::invalid_argument& e) {
           problems.push_back({"kl_loss_type", e.what(), "use one of the values named"});
         }
+        // the KL loss's own settings, written with the loss off, do nothing: said, not refused (a graph file
+        // that sets both, with use_kl_loss = false given by --set, is how the loss is turned off for one run)
+        if (!n.get_bool("use_kl_loss"))
+          for (const char* k : {"kl_loss_coef", "kl_loss_type"})
+            if (const auto* set = n.find_setting(k); set && !set->from_default)
+              spdlog::warn("node '{}': {} = {} changes nothing: use_kl_loss = false turns the KL loss off (set "
+                           "use_kl_loss = true to train with it, veRL's actor.use_kl_loss)",
+                           n.name, k, graph::to_string(set->value));
         if (const double w = n.get_float("behav_imp_weight_cap"); w != 0 && w <= 1)
           problems.push_back({"behav_imp_weight_cap",
                               fmt::format("behav_imp_weight_cap = {} would leave out tokens of an on-policy batch "

@@ -97,6 +97,9 @@ noref=(--set node.experience.reference=false --set node.policy.use_kl_loss=false
 run noref "$out/noref.graph" "${noref[@]}" || { tail -20 "$out/noref.err"; fail "GRPO without a reference failed"; }
 grep -q "iter 1 reward [0-9.-]* kl 0.0000 " "$out/noref.log" || { cat "$out/noref.log"; fail "no iteration without a reference"; }
 grep -q "held-out mean reward" "$out/noref.log" || fail "GRPO without a reference printed no held-out result"
+# the graph's kl_loss_coef, with use_kl_loss = false given here: it changes nothing, and the run says so
+grep -q "node 'policy': kl_loss_coef = 0.001 changes nothing: use_kl_loss = false turns the KL loss off" "$out/noref.err" ||
+  { cat "$out/noref.err"; fail "kl_loss_coef with the KL loss off was not named"; }
 if run noref_edge "$g" "${noref[@]}"; then fail "reference = false with a reference edge was accepted"; fi
 grep -q "reference = false, but an edge brings log-probs" "$out/noref_edge.err" || { cat "$out/noref_edge.err"; fail "no reason given for the reference edge"; }
 if run noref_true "$out/noref.graph" --set node.policy.use_kl_loss=false; then fail "reference = true without an edge was accepted"; fi

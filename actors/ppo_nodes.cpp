@@ -889,7 +889,9 @@ class ppo_trainer final : public actor::node {
     for (const auto& x : xb.items) scored_with_.erase(x.iteration);
     ps_.policy.decoupled = policy_ && async;
     const int64_t mb = ps_.per_device_training_batch_size;
-    const double lr = d_.learning_rate;  // DS-Chat step 3 here: a constant learning rate
+    // a constant learning rate: DS-Chat's step 3 schedules it (lr_scheduler_type, num_warmup_steps over the
+    // run's updates), flowrun's does not (docs/rlhf.md; the settings are refused with that said)
+    const double lr = d_.learning_rate;
     double loss_sum = 0;
     int64_t updates = 0, tokens = 0;
     for (const auto* x : items) tokens += x->exp->seq.numel();
@@ -1124,6 +1126,12 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                 "over this many GB per process, at init and before the first rollouts of a new length are "
                 "trained on (0: 90% of the available memory)").at_least(0);
     add_rank_group_settings(k);
+    k.known_as("lr_scheduler_type",
+               "step 3 trains at a constant " + who + "_learning_rate here: DS-Chat's step-3 scheduler (cosine with "
+               "num_warmup_steps over the run) is not implemented for the policy and critic (docs/rlhf.md)")
+        .known_as("num_warmup_steps", "step 3 trains at a constant " + who +
+                                          "_learning_rate here, without warmup: DS-Chat's step-3 scheduler is not "
+                                          "implemented for the policy and critic (docs/rlhf.md)");
     if (policy) {
       k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
           .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")

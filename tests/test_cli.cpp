@@ -315,6 +315,12 @@ TEST_CASE("DS-Chat's and TRL's own flag names on sft, rm and dpo trainers: the h
   CHECK(has(out, "hint: TRL's max_prompt_length has no separate setting here: max_seq_len bounds prompt + answer"));
   out = run(bin + "dpo.graph --no-progress --set node.dpo.max_length=64 2>&1", &rc);
   CHECK(has(out, "hint: TRL's max_length is max_seq_len here"));
+  // DS-Chat's step-3 scheduler flags: not taken by the policy and critic, and the hint says so
+  out = run(bin + "rlhf.graph --no-progress --set node.policy.lr_scheduler_type=cosine 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: step 3 trains at a constant actor_learning_rate here: DS-Chat's step-3 scheduler"));
+  out = run(bin + "rlhf.graph --no-progress --set node.critic.num_warmup_steps=100 2>&1", &rc);
+  CHECK(has(out, "hint: step 3 trains at a constant critic_learning_rate here, without warmup"));
 }
 
 TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer would score as a right one, or above") {

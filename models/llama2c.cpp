@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include <fmt/format.h>
+
 namespace flowrun {
 
 namespace {
@@ -209,6 +211,14 @@ void save_llama2c(const decoder& model_in, const std::string& path, int version,
       c.has_projection() || c.post_norm || c.qkv_bias || c.rope_scaling != rope_scaling_kind::none)
     throw std::runtime_error(path + ": only LLaMA-family models with adjacent-pair RoPE (no q/k/v biases, no RoPE "
                                     "scaling) can be written as llama2.c");
+  // llama2.c's header has no field for these: run.c and our loader take 10000 and 1e-5, so another value
+  // written there would load as another model (Llama 3's theta 500000 gave other text, silently)
+  if (c.rope_theta != 10000.0f || c.norm_eps != 1e-5f)
+    throw std::runtime_error(fmt::format(
+        "{}: the model has rope_theta {:g} and rms_norm_eps {:g}, and a llama2.c file holds neither (it means "
+        "10000 and 1e-05, as run.c computes): written so, it would load as another model; keep it as an HF folder "
+        "(flowrun convert --to hf)",
+        path, c.rope_theta, c.norm_eps));
   if (version != 0 && version != 1) throw std::runtime_error(path + ": llama2.c version must be 0 or 1");
   auto& model = const_cast<decoder&>(model_in);
   int32_t h[7] = {int32_t(c.dim), int32_t(c.hidden_dim), int32_t(c.n_layers), int32_t(c.n_heads),

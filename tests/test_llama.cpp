@@ -152,6 +152,29 @@ TEST_CASE("llama2.c save/load round trip, versions 0 and 1, is exact") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("llama2.c: a model whose rope_theta or rms_norm_eps the format cannot hold is refused, not written") {
+  // convert --to llama2c of an HF folder with rope_theta 500000 (Llama 3) or rms_norm_eps 1e-6 wrote a file that
+  // loads with 10000 and 1e-5: another model, silently
+  const auto base = load_llama2c(test::model_path());
+  const auto dir = std::filesystem::temp_directory_path() / "flowrun_test_llama2c_theta";
+  std::filesystem::create_directories(dir);
+  const std::string p = (dir / "m.bin").string();
+  for (const auto& [theta, eps] : std::vector<std::pair<float, float>>{{500000.0f, 1e-5f}, {10000.0f, 1e-6f}}) {
+    model_config c = base.config();
+    c.rope_theta = theta;
+    c.norm_eps = eps;
+    decoder m(c);
+    m.w().flat.copy_from(base.w().flat);
+    CAPTURE(theta);
+    CAPTURE(eps);
+    CHECK_THROWS_WITH(save_llama2c(m, p, 1), doctest::Contains("a llama2.c file holds neither"));
+    CHECK_FALSE(std::filesystem::exists(p));
+  }
+  save_llama2c(base, p, 1);  // 10000 and 1e-5: written
+  CHECK(std::filesystem::exists(p));
+  std::filesystem::remove_all(dir);
+}
+
 // The per-tensor report `flowrun convert` draws its progress line from, for llama2.c files as for HF folders
 // (test_hf "save_hf and load_hf report each tensor ..."): (0, N) first, then one report per tensor in the file's
 // order with its HF name and f32 bytes, ending at the model's parameter bytes; version 0's freq_cis block is

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 
 #include <vector>
@@ -89,10 +90,11 @@ std::string model_fingerprint(const std::string& path) {
 }
 
 // The kinds whose `model` is recorded by its contents: DS-Chat's steps 1 and 2 and DPO, whose model file
-// may be another step's output, rewritten by a later run. Step 3's trainers compare the weights they
-// start from themselves (ppo_nodes.cpp, init_weights); pretraining starts from a model_config.
+// may be another step's output, rewritten by a later run, and pretraining's ranks (a LoRA checkpoint holds
+// the adapter only: resumed on a replaced base, it trained on another model). Step 3's trainers compare
+// the weights they start from themselves (ppo_nodes.cpp, init_weights).
 bool records_model_contents(const graph::node_spec& n) {
-  return n.kind == "sft_trainer" || n.kind == "rm_trainer" || n.kind == "dpo_trainer";
+  return n.kind == "sft_trainer" || n.kind == "rm_trainer" || n.kind == "dpo_trainer" || n.kind == "zero_rank";
 }
 
 // The batch triple of a DeepSpeed JSON's contents: where the trainer says so (zero_rank: its data node
@@ -105,6 +107,19 @@ void strip_batch_triple(nlohmann::json& j) {
 
 nlohmann::json contents_of(std::string_view key, const std::string& path, bool batch_split_safe = false) {
   std::error_code ec;
+  // a tokenizer folder (an HF model's, or one holding tokenizer.json): the files a tokenizer is read from, by
+  // name and bytes (the folder's path alone let a resume go on with another tokenizer copied into it)
+  if (key == "tokenizer" && !path.empty() && std::filesystem::is_directory(path, ec)) {
+    static const std::set<std::string> names = {"tokenizer.json",  "tokenizer.model",          "tokenizer_config.json",
+                                                "vocab.json",      "merges.txt",               "special_tokens_map.json",
+                                                "added_tokens.json", "chat_template.jinja",    "chat_template.json"};
+    std::vector<std::string> parts;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec))
+      if (e.is_regular_file(ec) && names.count(e.path().filename().string()))
+        parts.push_back(e.path().filename().string() + " " + data_fingerprint(e.path().string()));
+    std::sort(parts.begin(), parts.end());
+    return fmt::format("fnv1a:{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
+  }
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;
   // the training data: a file edited in place between a run and its resume would train on other rows
   // (or the same rows in another order) from the resumed position on

@@ -21,11 +21,12 @@ namespace flowrun::actors {
 /// trained, so a resume or a rerun may switch them. As
 /// {name: value as written (graph::to_string)}, absolute paths with their symbolic links resolved
 /// (the same files from another working directory or FLOWRUN_ASSETS spelling record the same).
-/// The DeepSpeed JSON (deepspeed_config) and a tokenizer file are also recorded by their contents
+/// The DeepSpeed JSON (deepspeed_config) and a tokenizer file or folder (its tokenizer files: tokenizer.json,
+/// tokenizer.model, tokenizer_config.json, vocab.json, merges.txt, ...) are also recorded by their contents
 /// under "NAME (contents)": the JSON parsed, without the keys a resume may change (steps_per_print,
 /// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a tokenizer and the data
 /// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes, and the `model` that
-/// sft_trainer, rm_trainer and dpo_trainer start from (unless it is their output) by that of its
+/// sft_trainer, rm_trainer, dpo_trainer and zero_rank start from (unless it is their output) by that of its
 /// bytes, or of each file directly in its folder; check_resume_settings compares
 /// those instead of the path (a data file edited in place is refused: "data: the file's bytes changed").
 /// With ds_batch_split_safe in `safe`, a DeepSpeed JSON is recorded without its batch triple

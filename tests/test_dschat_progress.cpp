@@ -233,7 +233,7 @@ TEST_CASE("settings record: a node with data_split records the split's row order
   CHECK_FALSE(actors::settings_record(ranks, {}).contains("data_split_order"));
 }
 
-TEST_CASE("settings record: DS-Chat's trainers record the model they start from by its contents, a file or a folder") {
+TEST_CASE("settings record: the trainers record the model they start from and a tokenizer folder by their contents") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("flowrun_model_contents_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -266,6 +266,32 @@ TEST_CASE("settings record: DS-Chat's trainers record the model they start from 
     // trained in place (model = output): its bytes change by design, so only the path is recorded
     CHECK_FALSE(record(file, file).contains("model (contents)"));
   }
+  {  // pretraining's ranks too: a LoRA checkpoint resumed on a replaced base trained on another model
+    auto ranks = [&] {
+      auto [n, node] = shipped_node("pretrain.graph", "ranks", {"node.ranks.model=" + file});
+      return actors::settings_record(n, {});
+    };
+    const auto then = ranks();
+    REQUIRE(then.contains("model (contents)"));
+    flip_last_byte(file);
+    fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(2));
+    CHECK(actors::settings_changes(then, ranks()) == std::vector<std::string>{"model: the file's bytes changed"});
+  }
+  // a tokenizer folder: its tokenizer files by their bytes (its path alone let another tokenizer copied in resume)
+  fs::create_directories(dir / "tok");
+  fs::copy_file(assets_root() / "model" / "stories260K" / "tok512.model", dir / "tok" / "tokenizer.model");
+  auto tok_record = [&] {
+    auto [n, node] = shipped_node("sft.graph", "sft", {"node.sft.tokenizer=" + (dir / "tok").string()});
+    return actors::settings_record(n, {});
+  };
+  const auto tok_then = tok_record();
+  REQUIRE(tok_then.contains("tokenizer (contents)"));
+  std::ofstream(dir / "tok" / "README.md") << "not a tokenizer file";  // other files do not count
+  CHECK(actors::settings_changes(tok_then, tok_record()).empty());
+  flip_last_byte(dir / "tok" / "tokenizer.model");
+  fs::last_write_time(dir / "tok" / "tokenizer.model", fs::last_write_time(dir / "tok" / "tokenizer.model") + std::chrono::seconds(2));
+  CHECK(actors::settings_changes(tok_then, tok_record()) ==
+        std::vector<std::string>{"tokenizer: the file's bytes changed"});
   // a folder: each file directly in it, by name
   std::ofstream(dir / "hf" / "config.json") << "{\"model_type\": \"llama\"}\n";
   std::ofstream(dir / "hf" / "model.safetensors") << "weights";

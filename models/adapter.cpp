@@ -193,6 +193,20 @@ void check_plain_lora(const nlohmann::json& j, const std::string& where) {
       "inference_mode", "init_lora_weights", "megatron_config", "megatron_core", "loftq_config",
       "eva_config",    "corda_config",  "lora_ga_config", "qalora_group_size",       "runtime_config",
       "layers_pattern"};  // layers_pattern only with layers_to_transform, which must be unset
+  // init_lora_weights: how PEFT initialised the adapter, which a saved one no longer depends on, except for
+  // the initialisations that also change the base weights (PiSSA, OLoRA, CorDA, LoftQ: PEFT redoes them on
+  // the base at load, so base + B A is not the model they trained): refused, and any name not known here
+  if (const auto w = j.find("init_lora_weights"); w != j.end() && w->is_string()) {
+    const std::string init = w->get<std::string>();
+    if (init != "gaussian" && init != "eva")
+      throw std::runtime_error(where + ": \"init_lora_weights\": \"" + init + "\" is not supported: " +
+                               (init.rfind("pissa", 0) == 0 || init == "olora" || init == "corda" || init == "loftq"
+                                    ? "that initialisation also changes the base model's weights, which PEFT redoes "
+                                      "when it loads the adapter, and flowrun applies plain LoRA on the base as it is"
+                                    : std::string("flowrun knows true, false, \"gaussian\" and \"eva\"")) +
+                               "; convert the adapter to plain LoRA first (PEFT's save_pretrained with "
+                               "path_initial_model_for_weight_conversion), or merge it into the model");
+  }
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     const auto& v = it.value();

@@ -379,6 +379,13 @@ TEST_CASE("PEFT adapter: errors name the file and tensor") {
                               {"target_parameters", {"self_attn.q_proj.weight"}},
                               {"modules_to_save", {"lm_head"}},
                               {"target_modules", ".*\\.(q|v)_proj"},  // a string is a regex in PEFT
+                              // initialisations that also change the base weights (PEFT redoes them at load)
+                              {"init_lora_weights", "pissa"},
+                              {"init_lora_weights", "pissa_niter_4"},
+                              {"init_lora_weights", "olora"},
+                              {"init_lora_weights", "corda"},
+                              {"init_lora_weights", "loftq"},
+                              {"init_lora_weights", "a_later_init"},
                               {"a_field_of_a_later_peft", 1}}) {
       CAPTURE(key);
       auto c = cfg;
@@ -402,6 +409,13 @@ TEST_CASE("PEFT adapter: errors name the file and tensor") {
     std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
     auto m = load_hf(k_base.string());
     CHECK_NOTHROW(load_adapter(m, tmp.str()));
+    for (const nlohmann::json init : {nlohmann::json(false), nlohmann::json("gaussian"), nlohmann::json("eva")}) {
+      CAPTURE(init.dump());  // initialisations of the adapter alone: a saved one does not depend on them
+      cfg["init_lora_weights"] = init;
+      std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+      auto m2 = load_hf(k_base.string());
+      CHECK_NOTHROW(load_adapter(m2, tmp.str()));
+    }
   }
   SUBCASE("adapter_model.bin only (PEFT's safe_serialization=False): named, with the fix") {
     std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();

@@ -493,13 +493,20 @@ class zero_rank final : public actor::node {
         // save_model's HF path, as the trainers': LoRA merged, and an HF source's tokenizer files and
         // special-token ids beside the weights (a llama2.c source has no tokenizer of its own)
         const std::string src = resolve_user_path(s.get_string("model"), "model").string();
-        // a llama2.c source: no tokenizer files, and its stop convention (EOS or a new BOS) as generation_config.json
-        if (inspect_model(src).format == model_format::hf)
+        // a llama2.c source: no tokenizer files, and its stop convention (EOS or a new BOS) as generation_config.json;
+        // an HF folder without tokenizer files (flowrun convert --to hf without --tokenizer, an earlier export):
+        // its stop ids, no tokenizer (copying one failed after the last step, and every rerun failed there again)
+        const bool hf = inspect_model(src).format == model_format::hf;
+        const bool src_tok = hf && folder_has_tokenizer(src);
+        if (src_tok)
           save_model(out, dir, model_format::hf, src);
         else
           save_model(out, dir, model_format::hf, "", src);
         ctx.print(std::string("[pretrain] consolidated model") + (model_->has_lora() ? " (LoRA merged)" : "") +
-                  " -> " + dir);
+                  " -> " + dir +
+                  (hf && !src_tok ? " (no tokenizer files: " + src + " has none; give flowrun generate --tokenizer, "
+                                    "the data node's)"
+                                  : ""));
       }
     }
     if (const auto& dir = s.get_string("save_lora"); !dir.empty() && model_->has_lora() && rank_ == 0) {

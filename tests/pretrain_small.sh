@@ -422,4 +422,14 @@ fi
 grep -qF "node 'ranks': output_dir = \"$out/other_dir\" but its data node 'data' has output_dir = " "$out/dirs.log" ||
   { echo "no message naming both output_dirs:"; grep -i error "$out/dirs.log" | head -3; exit 1; }
 [[ -e "$out/other_dir" ]] && { echo "the refused run wrote into its output_dir"; exit 1; }
+# continued pretraining from an HF folder without tokenizer files (flowrun convert --to hf without --tokenizer): the
+# export failed after the last step, naming the missing tokenizer, and every rerun failed there again
+echo "== export_hf from an HF source without a tokenizer"
+"$flowrun" convert --from llama2c "$assets/model/stories260K/stories260K.bin" --to hf "$out/notok_src" > /dev/null 2>&1
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.model="$out/notok_src" --set node.ranks.output_dir="$out/notok" \
+  --set node.data.output_dir="$out/notok" --set node.ranks.export_hf="$out/notok/hf" --set node.ranks.total_steps=2 \
+  --set node.data.total_steps=2 > "$out/notok.log" 2>&1 || { echo "export from a source without a tokenizer failed:"; tail -5 "$out/notok.log"; exit 1; }
+grep -qF "consolidated model -> $out/notok/hf (no tokenizer files: $out/notok_src has none" "$out/notok.log" ||
+  { echo "the export did not say it has no tokenizer:"; grep consolidated "$out/notok.log"; exit 1; }
+[[ -f "$out/notok/hf/model.safetensors" ]] || { echo "no exported weights"; exit 1; }
 echo "pretrain_small: ok"

@@ -226,6 +226,19 @@ TEST_CASE("lr_schedule past_end: a decaying DeepSpeed schedule shorter than the 
   CHECK(lr_schedule::transformers("cosine", 0, 10).past_end(1000, 1e-3).empty());  // transformers' types: never
 }
 
+TEST_CASE("ds_config: DeepSpeed's TensorBoard monitor turned on is named, with the node settings that write event files") {
+  auto has_tb_warning = [](const ds_config& c) {
+    for (const auto& w : c.warnings)
+      if (w.find("DeepSpeed's TensorBoard monitor is not read here: set enable_tensorboard = true") != std::string::npos)
+        return true;
+    return false;
+  };
+  CHECK(has_tb_warning(parse_ds_config(
+      R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_path": "tb/", "job_name": "x"}})", 1)));
+  CHECK_FALSE(has_tb_warning(parse_ds_config(R"({"train_batch_size": 8, "tensorboard": {"enabled": false}})", 1)));
+  CHECK_FALSE(has_tb_warning(parse_ds_config(R"({"train_batch_size": 8})", 1)));
+}
+
 TEST_CASE("ds_config: scheduler defaults and warnings and errors") {
   // WarmupLR without warmup_max_lr warms up to the optimizer's lr (DeepSpeed 0.19.8 lr_schedules.py)
   ds_config c = parse_ds_config(

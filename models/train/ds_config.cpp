@@ -906,6 +906,13 @@ ds_config read_ds_config(reader& r, const ojson& root, const std::string& where,
       parse_scheduler(r, v, cfg);
     } else {
       cfg.ignored_keys.push_back(k);
+      // DeepSpeed's TensorBoard monitor, turned on: the user expects event files, which flowrun writes from the
+      // node's own settings (a line among the ignored keys went unseen, and no files came)
+      if (k == "tensorboard" && v.is_object() && v.contains("enabled") && v["enabled"].is_boolean() &&
+          v["enabled"].get<bool>())
+        cfg.warnings.push_back(r.place("tensorboard") +
+                               ": DeepSpeed's TensorBoard monitor is not read here: set enable_tensorboard = true "
+                               "(and tensorboard_path, its output_path) on the node to write event files");
       // DeepSpeed's other sections are many and let through; one a letter or two from a key read here is
       // most likely that key misspelt ("train_batch_sizee" left the batch triple to resolve without it)
       if (std::string near = nearest_name(k, ds_config_top_level_keys()); !near.empty() && near != k)

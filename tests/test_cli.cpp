@@ -112,6 +112,20 @@ TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("train-lm --init an HF folder trains on the folder's own tokenizer unless --tokenizer is given") {
+  // it trained a Qwen2 folder (vocab 902) on tok512's ids and wrote tok512 over its tokenizer in --output
+  const std::string qwen = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";
+  const auto out = std::filesystem::temp_directory_path() / "flowrun_cli_tl_own_tok";
+  std::filesystem::remove_all(out);
+  int rc = -1;
+  auto log = run(std::string(FLOWRUN_BIN) + " train-lm --init " + qwen + " --steps 1 --output " + out.string() + " 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(log, "tokenizer: " + qwen + "'s own (--tokenizer not given)"));
+  CHECK(std::filesystem::exists(out / "tokenizer.json"));
+  CHECK_FALSE(std::filesystem::exists(out / "tokenizer.model"));  // tok512's file, which it wrote before
+  std::filesystem::remove_all(out);
+}
+
 TEST_CASE("a missing model file is named, with exit code 2") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " generate --model no/such/model.bin 2>&1", &rc);

@@ -1,6 +1,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <spdlog/spdlog.h>
@@ -37,7 +38,10 @@ void add_train_lm(CLI::App& app) {
   auto o = std::make_shared<train_opts>();
   auto* sub = app.add_subcommand("train-lm", "Train a causal LM on a text file; prints the loss each step");
   sub->add_option("--data", o->data, "UTF-8 text, documents separated by blank lines")->capture_default_str();
-  sub->add_option("--tokenizer", o->tokenizer, "SentencePiece .model, GPT-2 BPE vocab.json, or a folder holding either")->capture_default_str();
+  auto* tok_opt = sub->add_option("--tokenizer", o->tokenizer,
+                                  "SentencePiece .model, GPT-2 BPE vocab.json, or a folder holding either (default: "
+                                  "the --init folder's own tokenizer when it has one, else tok512)")
+                      ->capture_default_str();
   sub->add_option("--init", o->init, "'random' (stories260K shape), or a model to continue from: llama2.c .bin, HF or flowrun model folder")
       ->capture_default_str();
   sub->add_option("--output", o->output, "Write the trained model here at the end, in the format of --init (a llama2.c file for random or a "
@@ -55,7 +59,7 @@ void add_train_lm(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));  // the graph files' seeds' range
   sub->add_option("--eval_every", o->eval_every, "Held-out loss every N steps (0 = only at the end)")
       ->capture_default_str();
-  sub->callback([o] {
+  sub->callback([o, tok_opt] {
     if (o->per_device_train_batch_size < 1) throw std::invalid_argument("--per_device_train_batch_size must be >= 1");
     if (o->seq_length < 1) throw std::invalid_argument("--seq_length must be >= 1");
     if (o->steps < 0) throw std::invalid_argument("--steps must be >= 0");
@@ -66,6 +70,15 @@ void add_train_lm(CLI::App& app) {
       throw std::invalid_argument("--weight_decay must be finite and >= 0");
     if (!std::isfinite(o->gradient_clipping) || o->gradient_clipping < 0)
       throw std::invalid_argument("--gradient_clipping must be finite and >= 0 (0 = off)");
+    // a model folder that carries its tokenizer (an HF folder) trains on it unless --tokenizer says otherwise: the
+    // default tok512 trained a Qwen2 folder on other ids and wrote tok512 over its tokenizer in --output
+    if (tok_opt->count() == 0 && o->init != "random") {
+      const std::string init = resolve_user_path(o->init, "--init").string();
+      if (std::filesystem::is_directory(init) && folder_has_tokenizer(init)) {
+        o->tokenizer = init;
+        spdlog::info("tokenizer: {}'s own (--tokenizer not given)", init);
+      }
+    }
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     lm_dataset data(resolve_user_path(o->data, "training data").string(), *tok, o->seq_length);
     data.set_seed(static_cast<uint64_t>(o->seed));

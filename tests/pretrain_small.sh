@@ -351,6 +351,18 @@ gen=(--tokenizer model/stories260K/tok512.model --prompt Tom --temperature 0 --m
 "$flowrun" generate --zero_checkpoint "$out/fin" --world_size 2 "${gen[@]}" > "$out/gen_zero.txt" 2> /dev/null
 cmp -s "$out/gen_export.txt" "$out/gen_zero.txt" ||
   { echo "the export and the ZeRO checkpoint generate differently:"; diff "$out/gen_export.txt" "$out/gen_zero.txt"; exit 1; }
+# without --tokenizer, --zero_checkpoint reads the run's own (its data node's, in data.settings.json), as --model
+# reads a folder's: the same text; a tokenizer with more ids than the model's embedding is refused (it sampled garbage)
+"$flowrun" generate --zero_checkpoint "$out/fin" --world_size 2 "${gen[@]:2}" > "$out/gen_zero_own.txt" 2> "$out/gen_zero_own.err"
+grep -q "the run's (its data.settings.json; --tokenizer not given)" "$out/gen_zero_own.err" ||
+  { echo "--zero_checkpoint did not take the run's tokenizer:"; cat "$out/gen_zero_own.err"; exit 1; }
+cmp -s "$out/gen_zero.txt" "$out/gen_zero_own.txt" || { echo "the run's own tokenizer generates otherwise"; exit 1; }
+if "$flowrun" generate --zero_checkpoint "$out/fin" --tokenizer "$root/tests/fixtures/hf_chat/llama3" --max_new_tokens 2 \
+     > /dev/null 2> "$out/gen_zero_vocab.err"; then
+  echo "a tokenizer larger than the ZeRO checkpoint's vocabulary was accepted"; exit 1
+fi
+grep -q "has 902 tokens, and the model .* has 512 embedding rows" "$out/gen_zero_vocab.err" ||
+  { echo "no message naming both vocabularies:"; cat "$out/gen_zero_vocab.err"; exit 1; }
 # fewer total_steps than the checkpoint holds: refused (it exited 0 doing nothing)
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \
      --set node.data.total_steps=2 --set node.ranks.total_steps=2 --set node.ranks.export_hf= > "$out/fin3.log" 2>&1; then

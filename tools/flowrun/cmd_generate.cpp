@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -61,7 +62,7 @@ generation_config generation_of(const generate_opts& o, const tokenizer& tok) {
 // runs for every decoded token, then freed. Every rank samples the same tokens
 // (same gathered weights, same seed); rank 0's are returned.
 std::vector<int32_t> generate_from_zero(const std::string& path, int world, const std::vector<int32_t>& prompt,
-                                        const generation_config& g) {
+                                        const generation_config& g, const tokenizer& tok, const std::string& tok_path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     throw std::invalid_argument("--zero_checkpoint " + path + ": no such folder (zero_rank's output_dir, or one of its "
@@ -86,6 +87,7 @@ std::vector<int32_t> generate_from_zero(const std::string& path, int world, cons
     throw std::invalid_argument(folder + " holds only LoRA weights: generate from the base model and the run's "
                                 "adapter (its save_lora folder): --model BASE --lora ADAPTER");
   const model_config cfg = extra.at("model_config").get<model_config>();
+  check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
   auto group = comm::make_inproc_group(world);
   std::vector<std::vector<int32_t>> out(world);
   std::vector<std::string> errors(world);
@@ -116,6 +118,24 @@ std::vector<int32_t> generate_from_zero(const std::string& path, int world, cons
   spdlog::info("generated from {} over {} ZeRO-3 ranks (step {}): {} tokens, {:.2f} MB all-gathered per rank",
                folder, world, ck.step, out[0].size(), bytes[0] / 1e6);
   return out[0];
+}
+// The tokenizer a pretraining run's data node read, from OUTPUT_DIR/data.settings.json beside the step folders
+// (`path` is OUTPUT_DIR or one of its step folders), when that file names one that exists; "" otherwise.
+std::string zero_checkpoint_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path rec_path = fs::path(path) / "data.settings.json";
+  std::error_code ec;
+  if (!fs::exists(rec_path, ec)) rec_path = fs::path(path).parent_path() / "data.settings.json";  // a step folder
+  std::ifstream f(rec_path);
+  if (!f) return "";
+  try {
+    const auto rec = nlohmann::json::parse(f);
+    // the setting as the graph spells it: a quoted string (graph::to_string), which JSON reads back
+    const auto tok = nlohmann::json::parse(rec.at("tokenizer").get<std::string>()).get<std::string>();
+    return fs::exists(tok, ec) ? tok : "";
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 }  // namespace
 
@@ -172,9 +192,16 @@ void add_generate(CLI::App& app) {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     if (!o->zero_checkpoint.empty()) {
-      auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
+      // the run's own tokenizer (its data node's), as --model reads a folder's: tok512 encoded a Llama 3 run's text
+      std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();
+      if (tok_opt->count() == 0)
+        if (const std::string run_tok = zero_checkpoint_tokenizer(o->zero_checkpoint); !run_tok.empty()) {
+          tok_path = run_tok;
+          spdlog::info("tokenizer: {}, the run's (its data.settings.json; --tokenizer not given)", tok_path);
+        }
+      auto tok = load_tokenizer(tok_path);
       auto prompt = prompt_ids(*tok, o->prompt);
-      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, prompt, generation_of(*o, *tok));
+      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, prompt, generation_of(*o, *tok), *tok, tok_path);
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), gen.begin(), gen.end());
       std::cout << tok->decode(all) << std::endl;

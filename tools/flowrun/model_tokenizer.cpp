@@ -59,12 +59,17 @@ std::string tokenizer_for(const std::vector<std::string>& models, const std::str
 
 void check_tokenizer_fits(const tokenizer& tok, const std::string& tok_path, const decoder& m,
                           const std::string& model_path) {
-  if (tok.vocab_size() > m.config().vocab_size)
+  check_tokenizer_fits(tok, tok_path, m.config().vocab_size, model_path);
+}
+
+void check_tokenizer_fits(const tokenizer& tok, const std::string& tok_path, int64_t model_vocab,
+                          const std::string& model_path) {
+  if (tok.vocab_size() > model_vocab)
     throw std::invalid_argument(fmt::format(
         "the tokenizer {} has {} tokens, and the model {} has {} embedding rows: it is not the model's tokenizer; "
         "give the model's own with --tokenizer (an HF folder holds it: tokenizer.json, tokenizer.model or "
         "vocab.json + merges.txt)",
-        tok_path, tok.vocab_size(), model_path, m.config().vocab_size));
+        tok_path, tok.vocab_size(), model_path, model_vocab));
 }
 
 }  // namespace flowrun::cli

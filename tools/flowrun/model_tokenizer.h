@@ -23,4 +23,8 @@ std::string tokenizer_for(const std::vector<std::string>& models, const std::str
 void check_tokenizer_fits(const tokenizer& tok, const std::string& tok_path, const decoder& m,
                           const std::string& model_path);
 
+/// The same check against a model known by its vocab_size alone (a ZeRO checkpoint's manifest).
+void check_tokenizer_fits(const tokenizer& tok, const std::string& tok_path, int64_t model_vocab,
+                          const std::string& model_path);
+
 }  // namespace flowrun::cli

@@ -51,9 +51,14 @@ done
 # CAF store: a process's second store client ended its store actor system in start() and hung the first
 # collective until comm_timeout_s (60 s here: a hang fails the test in a minute, not 5)
 echo "== 4 ranks as 2 processes x 2 replicas over gloo, stage 3, rendezvous caf"
+rm -rf "$out/tb2x2"
 run gloo2x2 launch --nproc 2 --rendezvous caf "$graph" "${nodir[@]}" --set node.ranks.replicas=2 \
-  --set node.ranks.comm_backend=gloo --set node.ranks.comm_timeout_s=60 --set node.ranks.zero_stage=3 --run-arg=--no-progress
+  --set node.ranks.comm_backend=gloo --set node.ranks.comm_timeout_s=60 --set node.ranks.zero_stage=3 --run-arg=--no-progress \
+  --set node.ranks.enable_tensorboard=true --set node.ranks.tensorboard_path="$out/tb2x2"
 grep -q "rank 0/4 stage 3" "$out/gloo2x2.log" || { echo "gloo 2x2: not 4 ranks"; exit 1; }
+# one TensorBoard writer, as DeepSpeed's global rank 0: each process wrote an event file, every point twice
+n_events=$(find "$out/tb2x2/ranks" -name 'events.out.tfevents.*' | wc -l)
+[[ $n_events == 1 ]] || { echo "gloo 2x2: $n_events TensorBoard event files, not 1:"; ls "$out/tb2x2/ranks"; exit 1; }
 same_curve "$out/ref.log" "$out/gloo2x2.log" 1e-5 || { echo "gloo 2x2: curve differs"; exit 1; }
 
 # the launcher killed with SIGKILL: its processes stop too (one SIGTERM each, from a thread watching the parent).

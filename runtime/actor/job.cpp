@@ -427,6 +427,12 @@ class replica_actor_t : public Base {
     }
   }
 
+  // FLOWRUN_PROCESS_INDEX of `flowrun launch --nproc P` (0 otherwise)
+  static int launch_process_index() {
+    const char* pidx = std::getenv("FLOWRUN_PROCESS_INDEX");
+    return pidx ? std::atoi(pidx) : 0;
+  }
+
   spdlog::logger& ctx_log() {
     if (!logger_) {
       auto def = spdlog::default_logger();
@@ -563,8 +569,10 @@ class replica_actor_t : public Base {
     table_lock.unlock();
     phase_ = phase::running;
     // The event file opens before start(), where training begins: a folder that cannot be
-    // written stops the run now (not retried by a restart policy: it would fail alike).
-    if (!np_.tensorboard_dir.empty() && replica_ == 0) {
+    // written stops the run now (not retried by a restart policy: it would fail alike). One writer, as
+    // DeepSpeed's global rank 0: replica 0 of `flowrun launch`'s process 0 (every process runs replica 0
+    // of each node, and each wrote its own event file into the folder: every point twice)
+    if (!np_.tensorboard_dir.empty() && replica_ == 0 && launch_process_index() == 0) {
       auto w = flowrun::tensorboard::event_writer::open(np_.tensorboard_dir);
       if (!w) {
         fail(replica_name(*plan_, node_, replica_) + ": enable_tensorboard: " + w.error() +

@@ -38,6 +38,16 @@ grep -q "^--set node.rm.enable_tensorboard=true:1:[0-9]*: error: node 'rm': enab
   { echo "the error does not name the node and the setting:"; cat "$out/nopath.err"; exit 1; }
 grep -q "hint: set tensorboard_path" "$out/nopath.err" || { echo "no fix named:"; cat "$out/nopath.err"; exit 1; }
 if [ -s "$out/nopath.log" ]; then echo "something ran:"; cat "$out/nopath.log"; exit 1; fi
+# a tensorboard_path that is a file: refused when the graph is checked too (it failed at start, exit 1)
+: > "$out/a_file"
+set +e
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set node.rm.enable_tensorboard=true \
+  --set node.rm.tensorboard_path="$out/a_file" > "$out/tbfile.log" 2> "$out/tbfile.err"
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "tensorboard_path a file: exit $rc, not 2"; cat "$out/tbfile.err"; exit 1; }
+grep -q "error: node 'rm': tensorboard_path = \"$out/a_file\": $out/a_file is a file, not a folder" "$out/tbfile.err" ||
+  { echo "the error does not say the path is a file:"; cat "$out/tbfile.err"; exit 1; }
 
 # the run, with TensorBoard on three nodes (step 3 commits every iteration, for the resume below)
 small+=(--set node.ppo_controller.save_checkpoint_steps=1)

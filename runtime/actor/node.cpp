@@ -1,5 +1,7 @@
 #include "runtime/actor/node.h"
 
+#include <filesystem>
+
 #include <stdexcept>
 
 namespace flowrun::actor {
@@ -77,6 +79,18 @@ void add_tensorboard_check(graph::node_kind& kind) {
                           "node '" + n.name + "': enable_tensorboard = true needs tensorboard_path = \"FOLDER\" (where "
                           "the event files go; each node writes into FOLDER/" + n.name + ")",
                           "set tensorboard_path = \"FOLDER\", or enable_tensorboard = false"});
+    // a path that is a file (or whose node folder is one): caught here, exit 2, not at start after the graph began
+    std::error_code ec;
+    if (dir && !dir->empty())
+      for (const std::filesystem::path& f : {std::filesystem::path(*dir), std::filesystem::path(*dir) / n.name})
+        if (std::filesystem::exists(f, ec) && !std::filesystem::is_directory(f, ec)) {
+          problems.push_back({std::string(tensorboard_path_setting),
+                              "node '" + n.name + "': tensorboard_path = \"" + *dir + "\": " + f.string() +
+                                  " is a file, not a folder (the event files go into " +
+                                  (std::filesystem::path(*dir) / n.name).string() + "/)",
+                              "give tensorboard_path a folder, or a path that does not exist yet"});
+          break;
+        }
     return problems;
   };
 }

@@ -300,6 +300,15 @@ class zero_rank final : public actor::node {
       val_targets_ = b.val_targets;
       // a resumed run keeps the figure from before the first step (its checkpoint holds it): measured
       // again at the resume point, the closing line set it against every update since step 1
+      // eval_rows changed since the checkpoint (a safe setting): its figure is over other rows, so the closing
+      // line would set one set of rows against another; measured again here, and said
+      if (before_restored_ && before_rows_ > 0 && b.val_ids.size(0) != before_rows_) {
+        before_restored_ = false;
+        if (rank_ == 0)
+          ctx.print(fmt::format("[pretrain] eval_rows changed since the checkpoint ({} -> {} held-out instances): "
+                                "the held-out loss is measured again at the resume point",
+                                before_rows_, b.val_ids.size(0)));
+      }
       if (!before_restored_) {
         const double l = engine_->eval_loss(b.val_ids, b.val_targets);
         if (rank_ == 0)
@@ -388,7 +397,10 @@ class zero_rank final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
-    if (evaluated_) m.extra["eval_before"] = before_;     // the held-out loss before step 1, for the closing line
+    if (evaluated_) {  // the held-out loss before step 1, for the closing line, and over how many instances
+      m.extra["eval_before"] = before_;
+      m.extra["eval_before_rows"] = val_ids_.size(0);
+    }
     m.extra["train_batch_size"] = ds_.train_batch_size;  // the global batch, resolved for this world size
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
@@ -463,6 +475,7 @@ class zero_rank final : public actor::node {
     if (const auto e = m0.extra.find("eval_before"); e != m0.extra.end() && e->is_number()) {
       before_ = e->get<double>();
       before_restored_ = true;
+      before_rows_ = m0.extra.value("eval_before_rows", int64_t{0});  // 0: a checkpoint from before the count
     }
     if (rank_ == 0)
       ctx.print(fmt::format("[pretrain] restored step {} ({} ranks, stage {}) on {} ranks, stage {}", m0.step,
@@ -534,6 +547,7 @@ class zero_rank final : public actor::node {
   bool ids_checked_ = false;  // the first batch's token ids against the model's vocabulary
   double before_ = 0;
   bool before_restored_ = false;  // before_ came from the checkpoint resumed
+  int64_t before_rows_ = 0;       // the held-out instances before_ was measured over (the checkpoint's; 0: unknown)
   tensor val_ids_, val_targets_;
   clk::time_point t0_;
 };
@@ -589,7 +603,11 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     k.require("model", T::path, "initial weights: llama2.c .bin, HF folder or flowrun folder")
         .require("deepspeed_config", T::path, "DeepSpeed JSON (batch sizes, zero_optimization.stage, optimizer, scheduler)")
         .option("zero_stage", T::int_, std::int64_t{-1}, "override zero_optimization.stage (-1: the config's)").in_range(-1, 3)
-        .option("save_checkpoint_steps", T::int_, std::int64_t{10}, "checkpoint every N steps (and at the end); 0: only when the console asks").at_least(0)
+        .option("save_checkpoint_steps", T::int_, std::int64_t{10},
+                "checkpoint every N steps and at the last step; 0: only when the console asks (no final checkpoint: "
+                "a rerun trains afresh, and generate --zero_checkpoint has none to read; export_hf still writes the "
+                "model)")
+        .at_least(0)
         .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed step folders kept").at_least(1)
         .option("export_hf", T::output, std::string(""), "at the end, write the consolidated model here (HF format)")
         .option("use_lora", T::bool_, false, "train LoRA adapters only (TencentPretrain --use_lora)")

@@ -449,4 +449,17 @@ echo "== export_hf from an HF source without a tokenizer"
 grep -qF "consolidated model -> $out/notok/hf (no tokenizer files: $out/notok_src has none" "$out/notok.log" ||
   { echo "the export did not say it has no tokenizer:"; grep consolidated "$out/notok.log"; exit 1; }
 [[ -f "$out/notok/hf/model.safetensors" ]] || { echo "no exported weights"; exit 1; }
+# eval_rows changed on a resume (a setting a resume may change): the checkpoint's figure was over 64 rows, and the
+# closing line set it against the new 8 rows' loss; now measured again at the resume point, and said
+echo "== eval_rows changed on a resume"
+er=(run "$graph" --no-progress -q --set node.ranks.output_dir="$out/evalrows" --set node.data.output_dir="$out/evalrows"
+    --set node.ranks.export_hf=)
+"$flowrun" "${er[@]}" --set node.ranks.total_steps=2 --set node.data.total_steps=2 > "$out/er1.log" 2>&1 ||
+  { tail -5 "$out/er1.log"; exit 1; }
+"$flowrun" "${er[@]}" --set node.ranks.total_steps=4 --set node.data.total_steps=4 --set node.data.eval_rows=8 \
+  > "$out/er2.log" 2>&1 || { tail -5 "$out/er2.log"; exit 1; }
+grep -q "eval_rows changed since the checkpoint (64 -> 8 held-out instances): the held-out loss is measured again" \
+  "$out/er2.log" || { echo "the changed eval_rows was not said:"; grep held-out "$out/er2.log"; exit 1; }
+grep -q "held-out loss [0-9.]* before step 3 (8 instances)" "$out/er2.log" ||
+  { echo "no figure at the resume point over the 8 rows:"; grep held-out "$out/er2.log"; exit 1; }
 echo "pretrain_small: ok"

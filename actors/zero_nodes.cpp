@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
@@ -692,6 +693,20 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                              src->name, c.train_batch_size, src->get_int("train_batch_size"))});
         }
       }
+      // the end-of-run outputs outside output_dir: a run given another output_dir (and so its own checkpoints)
+      // still writes them where the graph says, over the first run's (said, not refused: one place for every
+      // run's export may be wanted)
+      if (const auto& od = n.get_string("output_dir"); !od.empty())
+        for (const char* key : {"export_hf", "save_lora"})
+          if (const auto& to = n.get_string(key); !to.empty()) {
+            const auto rel = std::filesystem::path(to).lexically_normal().lexically_relative(
+                std::filesystem::path(od).lexically_normal());
+            if (rel.empty() || *rel.begin() == "..")
+              spdlog::warn("node '{}': {} = \"{}\" is outside output_dir = \"{}\": another run with another "
+                           "output_dir writes it there too, over this one's; set {} beside output_dir to keep each "
+                           "run's",
+                           n.name, key, to, od, key);
+          }
       // LoRA settings without use_lora change nothing (the whole model trains, no adapter is read or written)
       if (!n.get_bool("use_lora"))
         for (const char* key : {"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_pretrained",

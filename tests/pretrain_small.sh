@@ -462,4 +462,10 @@ grep -q "eval_rows changed since the checkpoint (64 -> 8 held-out instances): th
   "$out/er2.log" || { echo "the changed eval_rows was not said:"; grep held-out "$out/er2.log"; exit 1; }
 grep -q "held-out loss [0-9.]* before step 3 (8 instances)" "$out/er2.log" ||
   { echo "no figure at the resume point over the 8 rows:"; grep held-out "$out/er2.log"; exit 1; }
+# an export outside output_dir: a run given another output_dir wrote over the first run's export; now said
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/od" --set node.data.output_dir="$out/od" \
+  --set node.ranks.export_hf="$out/elsewhere/hf" --set node.ranks.total_steps=1 --set node.data.total_steps=1 \
+  > "$out/od.log" 2>&1 || { tail -5 "$out/od.log"; exit 1; }
+grep -qF "node 'ranks': export_hf = \"$out/elsewhere/hf\" is outside output_dir = \"$out/od\"" "$out/od.log" ||
+  { echo "an export outside output_dir was not said:"; grep -i warn "$out/od.log"; exit 1; }
 echo "pretrain_small: ok"

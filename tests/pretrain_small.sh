@@ -468,4 +468,19 @@ grep -q "held-out loss [0-9.]* before step 3 (8 instances)" "$out/er2.log" ||
   > "$out/od.log" 2>&1 || { tail -5 "$out/od.log"; exit 1; }
 grep -qF "node 'ranks': export_hf = \"$out/elsewhere/hf\" is outside output_dir = \"$out/od\"" "$out/od.log" ||
   { echo "an export outside output_dir was not said:"; grep -i warn "$out/od.log"; exit 1; }
+# flowrun launch with one --console port for both processes: the second is refused (cpp-httplib's SO_REUSEPORT let
+# both bind it, and the kernel split the requests between them), and the launch then ends within seconds: the
+# other process, whose collectives wait on the failed one, stops without draining (it drained for ever)
+echo "== flowrun launch --nproc 2 with one console port"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+t0=$(date +%s)
+rc=0
+timeout 60 "$flowrun" launch --nproc 2 "$graph" "${nodir[@]}" --set node.ranks.replicas=1 --set node.ranks.comm_backend=gloo \
+  --set node.ranks.comm_timeout_s=60 --set node.data.total_steps=2000 --set node.ranks.total_steps=2000 \
+  --set node.ranks.export_hf= --run-arg=--no-progress --run-arg=--console --run-arg="$port" > "$out/console2.log" 2>&1 || rc=$?
+secs=$(( $(date +%s) - t0 ))
+[[ $rc == 1 ]] || { echo "launch with one console port for two processes: exit $rc, not 1:"; tail -5 "$out/console2.log"; exit 1; }
+grep -q "console: port $port on 127.0.0.1 is already in use" "$out/console2.log" ||
+  { echo "the second console was not refused:"; grep -i console "$out/console2.log"; exit 1; }
+(( secs < 40 )) || { echo "the launch took $secs s to stop after a process failed"; exit 1; }
 echo "pretrain_small: ok"

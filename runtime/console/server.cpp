@@ -479,6 +479,12 @@ void server::start() {
       send_error(res, res.status, "request failed");
   });
 
+  // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, with which two processes that passed probe_bind
+  // together (flowrun launch's, started at once) both bound the port and the kernel split requests between them
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   if (options_.port == 0) {
     port_ = svr.bind_to_any_port(options_.bind);
     if (port_ <= 0) {

@@ -10,8 +10,10 @@
 //   --rendezvous file (the default when --store is given): a folder,
 //     FLOWRUN_STORE_DIR = --store or a fresh temporary folder.
 // Node kinds that span processes (zero_rank) read them; the others run as usual
-// in every process. If a child fails, the others are stopped (SIGTERM) and
-// launch exits with the failed child's code. SIGINT/SIGTERM are passed on.
+// in every process. If a child fails, the others are stopped (SIGTERM twice: no draining, their collectives
+// wait on the failed peer; a third SIGTERM, exit at once, for those still running 15 s later, SIGKILL 5 s
+// after that) and launch exits with the failed
+// child's code. SIGINT/SIGTERM are passed on.
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -19,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <spawn.h>
@@ -37,6 +40,8 @@ namespace flowrun::cli {
 namespace {
 
 std::vector<pid_t> children;
+// seconds the other processes get to stop after one failed, before SIGKILL
+constexpr int k_stop_grace_s = 15;
 
 void forward_signal(int sig) {
   for (pid_t p : children)
@@ -157,9 +162,28 @@ void add_launch(CLI::App& app) {
     }
     int result = 0;
     int left = o->nproc;
+    // after a child failed: when the others are killed if they still run (their collectives wait on the dead peer)
+    std::chrono::steady_clock::time_point kill_at{};
+    bool killing = false, third_sent = false;
     while (left > 0) {
       int status = 0;
-      pid_t pid = ::waitpid(-1, &status, 0);
+      pid_t pid = ::waitpid(-1, &status, killing ? WNOHANG : 0);
+      if (pid == 0) {  // children still running after a failure: wait a little, then end them
+        if (std::chrono::steady_clock::now() >= kill_at && !third_sent) {
+          spdlog::error("launch: {} process(es) still running {} s after the failure: a third signal ends them", left,
+                        k_stop_grace_s);
+          forward_signal(SIGTERM);  // flowrun's third signal: exit at once
+          third_sent = true;
+          kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        } else if (std::chrono::steady_clock::now() >= kill_at) {
+          spdlog::error("launch: {} process(es) still running: killed", left);
+          forward_signal(SIGKILL);
+          killing = false;  // waitpid blocks again: SIGKILL ends them
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        continue;
+      }
       if (pid < 0) {
         if (errno == EINTR) continue;
         break;
@@ -182,6 +206,15 @@ void add_launch(CLI::App& app) {
         else
           spdlog::error("launch: process {} exited with {}; stopping the others", idx, code);
         forward_signal(SIGTERM);
+        if (user_signal == 0) {
+          // a failure, not the user's stop: no draining (a rank whose peer died waits in its collectives, and a
+          // drain waited with it until comm_timeout_s or for ever): the second signal stops without draining,
+          // and what still runs k_stop_grace_s later is killed
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          forward_signal(SIGTERM);
+          kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(k_stop_grace_s);
+          killing = true;
+        }
       }
     }
     if (temp) {

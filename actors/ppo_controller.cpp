@@ -458,6 +458,10 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
               "max_staleness >= 1: wait (the generator waits for the weights the controller stamped, so no batch "
               "is staler than max_staleness) or drop (the generator samples with the newest weights it has, never "
               "waiting; a batch staler than max_staleness at training is dropped and counted)");
+  // OpenRLHF's and veRL's names for asynchronous training
+  k.known_as("async_train", "OpenRLHF's --async_train is max_staleness >= 1 here (0: the synchronous loop)")
+      .known_as("staleness_threshold", "the policy updates the generator may run ahead is max_staleness here")
+      .known_as("off_policy_steps", "the policy updates the generator may run ahead is max_staleness here");
   k.check = [](const graph::node_spec& n, const graph::graph_spec&) -> std::vector<graph::node_kind::problem> {
     // flowrun launch runs the whole graph in every process: P controllers, generators and prompt loaders, whose
     // policies' ranks met in one group while only rank 0 handed its generator weights, so the others' loops

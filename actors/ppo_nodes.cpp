@@ -349,6 +349,7 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
   // on the loader failed in the embedding at the first batch)
   // other tools' names for these settings: the hint an unknown setting of that name gets
   k.known_as("n", "veRL's rollout.n is num_generations here")
+      .known_as("n_samples_per_prompt", "OpenRLHF's --n_samples_per_prompt is num_generations here")
       .known_as("max_completion_length", "TRL's max_completion_length is max_answer_seq_len here")
       .known_as("response_length", "veRL's data.max_response_length is max_answer_seq_len here")
       .known_as("max_response_length", "veRL's data.max_response_length is max_answer_seq_len here");
@@ -1126,7 +1127,10 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                 "over this many GB per process, at init and before the first rollouts of a new length are "
                 "trained on (0: 90% of the available memory)").at_least(0);
     add_rank_group_settings(k);
-    k.known_as("lr_scheduler_type",
+    k.known_as("ppo_mini_batch_size",
+               "veRL's ppo_mini_batch_size (rollouts per update) is per_device_training_batch_size here, all ranks "
+               "together")
+        .known_as("lr_scheduler_type",
                "step 3 trains at a constant " + who + "_learning_rate here: DS-Chat's step-3 scheduler (cosine with "
                "num_warmup_steps over the run) is not implemented for the policy and critic (docs/rlhf.md)")
         .known_as("num_warmup_steps", "step 3 trains at a constant " + who +

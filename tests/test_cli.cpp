@@ -316,7 +316,7 @@ TEST_CASE("sft_trainer warns when its DeepSpeed JSON's decaying scheduler ends b
   CHECK_FALSE(has(out, "is over at total_num_steps"));
 }
 
-TEST_CASE("DS-Chat's and TRL's own flag names on sft, rm and dpo trainers: the hint says what they are here") {
+TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says what they are here") {
   // they were answered with the list of valid settings only
   const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
   int rc = -1;
@@ -335,6 +335,13 @@ TEST_CASE("DS-Chat's and TRL's own flag names on sft, rm and dpo trainers: the h
   CHECK(has(out, "hint: step 3 trains at a constant actor_learning_rate here: DS-Chat's step-3 scheduler"));
   out = run(bin + "rlhf.graph --no-progress --set node.critic.num_warmup_steps=100 2>&1", &rc);
   CHECK(has(out, "hint: step 3 trains at a constant critic_learning_rate here, without warmup"));
+  // OpenRLHF's and veRL's names for asynchronous training and its batches
+  out = run(bin + "rlhf.graph --no-progress --set node.ppo_controller.async_train=true 2>&1", &rc);
+  CHECK(has(out, "hint: OpenRLHF's --async_train is max_staleness >= 1 here"));
+  out = run(bin + "rlhf.graph --no-progress --set node.generator.n_samples_per_prompt=4 2>&1", &rc);
+  CHECK(has(out, "hint: OpenRLHF's --n_samples_per_prompt is num_generations here"));
+  out = run(bin + "rlhf.graph --no-progress --set node.policy.ppo_mini_batch_size=4 2>&1", &rc);
+  CHECK(has(out, "hint: veRL's ppo_mini_batch_size (rollouts per update) is per_device_training_batch_size here"));
 }
 
 TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer would score as a right one, or above") {
@@ -726,7 +733,7 @@ TEST_CASE("flowrun generate checks its sampling options with the generator's ran
   }
 }
 
-TEST_CASE("seeds and eval_every on the command line: the graph files' ranges, refused before any work") {
+TEST_CASE("seeds, eval_every and chat's max_new_tokens on the command line: refused before any work") {
   // train-lm --seed -1 and --eval_every -5, generate --seed -1 and eval's --seed -1 were accepted
   const std::string bin = FLOWRUN_BIN;
   struct one {
@@ -738,7 +745,8 @@ TEST_CASE("seeds and eval_every on the command line: the graph files' ranges, re
                        one{" train-lm --steps 1 --eval_every -5", "--eval_every must be >= 0 (0 = only at the end)"},
                        one{" generate --max_new_tokens 1 --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
                        one{" eval reward --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
-                       one{" eval prompts --seed -1", "--seed: Value -1 not in range 0 to 4294967295"}}) {
+                       one{" eval prompts --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
+                       one{" chat --max_new_tokens 0 < /dev/null", "--max_new_tokens must be >= 1 (a reply needs a token)"}}) {
     CAPTURE(c.args);
     int rc = -1;
     auto out = run(bin + c.args + " 2>&1", &rc);

@@ -319,7 +319,8 @@ void add_chat(CLI::App& app) {
   ch->callback([o, ch_tok] {
     o->tokenizer = tokenizer_for({o->finetuned}, o->tokenizer, ch_tok->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
-    if (o->max_new_tokens < 0) throw std::invalid_argument("--max_new_tokens must be >= 0");
+    if (o->max_new_tokens < 1)  // 0 printed an empty reply to every message
+      throw std::invalid_argument("--max_new_tokens must be >= 1 (a reply needs a token)");
     auto m = load_policy(o->finetuned);
     check_tokenizer_fits(*tok, o->tokenizer, m, o->finetuned);
     const int64_t ctx_len = m.config().max_seq_len;

@@ -87,6 +87,12 @@ export FLOWRUN_CONSOLE_TOKEN_FILE="$out/token"
 ctl pause
 for _ in $(seq 1 100); do ctl status | grep -q " paused " && break; sleep 0.05; done
 ctl status | grep " paused " || { echo "the run did not pause"; exit 1; }
+# no ETA while paused (the console samples every 0.5 s): it counted down to 0:00 with nothing running
+sleep 1.2
+ctl status | head -1 > "$out/status_paused.txt"
+cat "$out/status_paused.txt"
+grep -q "pretrain [0-9]*/100000" "$out/status_paused.txt" || { echo "the paused status shows no phase"; exit 1; }
+if grep -q "ETA" "$out/status_paused.txt"; then echo "a paused run shows an ETA"; exit 1; fi
 ctl resume
 for _ in $(seq 1 100); do ctl status | grep -q " running " && break; sleep 0.05; done
 ctl status | grep " running " || { echo "the run did not resume"; exit 1; }

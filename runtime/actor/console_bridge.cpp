@@ -155,10 +155,12 @@ void console_session::publish(const metrics_snapshot& m, const job_live& live, b
   s.error = error;
   s.steps = m.steps();
   const auto phases = live.progress_now();
-  // a run that ended (stopped, failed or lost a node before its phases were done) has no ETA left
+  // a run that ended (stopped, failed or lost a node before its phases were done) has no ETA left, and a paused
+  // one none to give (its rate so far, less the time since the last report, counted down to 0:00 while paused)
+  const bool eta = !finished && live.get_run_phase() != run_phase::paused;
   for (const auto& p : phases)
-    s.progress.push_back({p.node, p.what, p.done, p.total, finished ? -1.0 : p.eta_s(m.elapsed_s)});
-  s.progress_text = progress_text(phases, m.elapsed_s, /*with_eta=*/!finished);
+    s.progress.push_back({p.node, p.what, p.done, p.total, eta ? p.eta_s(m.elapsed_s) : -1.0});
+  s.progress_text = progress_text(phases, m.elapsed_s, /*with_eta=*/eta);
   s.rss_bytes = rss_bytes();
   const std::int64_t now_ns = live.now_ns();
   for (std::size_t i = 0; i < m.nodes.size(); ++i) {

@@ -126,6 +126,17 @@ class ppo_controller final : public actor::node {
     }
   }
 
+  // Whether the trainers save after batch p's update and the controller commits it: every save_checkpoint_steps
+  // iterations, and at the next batch after a console checkpoint request (POST /api/checkpoint, flowctl
+  // checkpoint: it was acknowledged and never honoured in step 3). Needs a [graph] checkpoint_dir.
+  bool checkpoint_due(actor::node_context& ctx, const prompt_msg& p) {
+    if (p.eval || dir_.empty()) return false;
+    const bool every = save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
+    const bool asked = ctx.checkpoint_requested();  // polled at every batch: the console sees a node that honours it
+    if (asked && !every) ctx.log().info("honouring the console's checkpoint request after iteration {}", p.iteration + 1);
+    return every || asked;
+  }
+
   // ---- the phases
 
   // wait_prompts -> generate_experience: ask the generator to roll out this batch.
@@ -133,7 +144,7 @@ class ppo_controller final : public actor::node {
     prompt_msg p = *it_.prompts;  // tensor handles: no data copy
     p.policy_version = updates_;  // generate with the weights of every update reported so far
     // every save_checkpoint_steps iterations the trainers save after this batch's update
-    p.checkpoint = !p.eval && !dir_.empty() && save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
+    p.checkpoint = checkpoint_due(ctx, p);
     if (p.checkpoint) commit_due_ = true;  // committed after the update that trains on it
     it_.launched = clk::now();
     ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
@@ -338,7 +349,7 @@ class ppo_controller final : public actor::node {
     p.policy_version = updates_;
     p.max_staleness = S_;
     p.drop_stale = drop_;
-    p.checkpoint = !p.eval && !dir_.empty() && save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
+    p.checkpoint = checkpoint_due(ctx, p);
     newest_ = {p.iteration, p.eval || p.last, false};
     iteration x;
     x.prompts = p;

@@ -147,4 +147,24 @@ for i in 1 2 3 4 5; do
     { echo "an unwritable token file: no reason given"; cat "$out/tokenfile.err"; exit 1; }
 done
 echo "an unwritable token file: exit 1 with the reason, 5 of 5"
+
+# step 3 honours a console checkpoint request at its next batch (it was acknowledged, "no node has asked yet",
+# and never written: a stop then lost every iteration since the last scheduled commit)
+echo "== step 3: a console checkpoint request is committed"
+rm -rf "$out/s3"
+"$flowrun" run "$root/graphs/rlhf.graph" --no-progress --console 0 --console-token-file "$out/s3_token" \
+  --set graph.checkpoint_dir="$out/s3/ck" --set node.sft.output="$out/s3/sft.bin" --set node.rm.output="$out/s3/rm" \
+  --set node.policy.output="$out/s3/p.bin" --set node.prompts.iterations=300 > "$out/s3.log" 2>&1 &
+s3=$!
+for _ in $(seq 1 600); do grep -q "iter 3 " "$out/s3.log" && break; sleep 0.1; done
+grep -q "iter 3 " "$out/s3.log" || { kill $s3; echo "step 3 did not start"; tail -5 "$out/s3.log"; exit 1; }
+s3port=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$out/s3.log" | head -1)
+"$flowctl" --port "$s3port" --token "$(cat "$out/s3_token")" checkpoint | tee "$out/s3_ck.txt"
+grep -q "nodes that honour it at their next step: ppo_controller" "$out/s3_ck.txt" ||
+  { kill $s3; echo "the controller does not honour checkpoint requests"; exit 1; }
+for _ in $(seq 1 300); do grep -q "checkpoint after iteration" "$out/s3.log" && break; sleep 0.1; done
+"$flowctl" --port "$s3port" --token "$(cat "$out/s3_token")" stop > /dev/null || true
+wait $s3 || true
+grep -q "\[step 3 ppo\] checkpoint after iteration [0-9]* -> $out/s3/ck" "$out/s3.log" ||
+  { echo "the requested checkpoint was not committed:"; grep -E "checkpoint|iter " "$out/s3.log" | tail -5; exit 1; }
 echo "console_flowctl: ok"

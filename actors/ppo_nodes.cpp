@@ -24,8 +24,8 @@
 #include <set>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/dschat_common.h"
 #include "actors/ppo_controller.h"

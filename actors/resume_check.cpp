@@ -74,19 +74,25 @@ std::string data_fingerprint(const std::string& path) {
   return fp;
 }
 
+// A folder by the files directly in it that `keep` takes (all when empty): an FNV-1a over each one's name and
+// data_fingerprint, in name order.
+std::string folder_fingerprint(const std::string& dir, const std::set<std::string>& keep = {}) {
+  std::error_code ec;
+  std::vector<std::string> parts;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.is_regular_file(ec) && (keep.empty() || keep.count(e.path().filename().string())))
+      parts.push_back(e.path().filename().string() + " " + data_fingerprint(e.path().string()));
+  std::sort(parts.begin(), parts.end());
+  return fmt::format("fnv1a:{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
+}
+
 // The model a DS-Chat trainer starts from, by its contents: a file's FNV-1a (data_fingerprint), or for a
 // folder (Hugging Face, flowrun's) that of each file directly in it, by name. Its path alone let a resume,
 // or a rerun that skips a finished step, go on from a file replaced since (DPO scored its resumed policy
 // against another reference; a finished SFT kept an output trained from the old file).
 std::string model_fingerprint(const std::string& path) {
-  namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::is_regular_file(path, ec)) return data_fingerprint(path);
-  std::vector<std::string> parts;
-  for (const auto& e : fs::directory_iterator(path, ec))
-    if (e.is_regular_file(ec)) parts.push_back(e.path().filename().string() + " " + data_fingerprint(e.path().string()));
-  std::sort(parts.begin(), parts.end());
-  return fmt::format("fnv1a:{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
+  return std::filesystem::is_regular_file(path, ec) ? data_fingerprint(path) : folder_fingerprint(path);
 }
 
 // The kinds whose `model` is recorded by its contents: DS-Chat's steps 1 and 2 and DPO, whose model file
@@ -113,12 +119,7 @@ nlohmann::json contents_of(std::string_view key, const std::string& path, bool b
     static const std::set<std::string> names = {"tokenizer.json",  "tokenizer.model",          "tokenizer_config.json",
                                                 "vocab.json",      "merges.txt",               "special_tokens_map.json",
                                                 "added_tokens.json", "chat_template.jinja",    "chat_template.json"};
-    std::vector<std::string> parts;
-    for (const auto& e : std::filesystem::directory_iterator(path, ec))
-      if (e.is_regular_file(ec) && names.count(e.path().filename().string()))
-        parts.push_back(e.path().filename().string() + " " + data_fingerprint(e.path().string()));
-    std::sort(parts.begin(), parts.end());
-    return fmt::format("fnv1a:{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
+    return folder_fingerprint(path, names);
   }
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;
   // the training data: a file edited in place between a run and its resume would train on other rows

@@ -27,9 +27,9 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/node_models.h"
 #include "actors/codec_io.h"

@@ -448,13 +448,11 @@ class validator {
     return out;
   }
 
-  /// The port to suggest for a missing edge of `type` into (d = in) or out of (d = out) node `self`:
-  /// one on another node, a port no edge uses yet first (a stats port left unconnected pairs with the
-  /// other one left unconnected, not with its connected sibling); "" when the graph has none.
-  // The port of `type` and direction d, on another node than `self`, that an edge to or from self's port
-  // `own` most likely misses: an unconnected one before a connected one; among those, one that is required,
-  // or whose name is self's node or port name (experience.reward for reward.scored), before the rest;
-  // then the first in the graph. "" when no port has the type.
+  /// The port to suggest for a missing edge of `type` into (d = in) or out of (d = out) port `own` of node
+  /// `self`: one on another node; a port no edge uses yet first (a stats port left unconnected pairs with
+  /// the other one left unconnected, not with its connected sibling); among those, a required one, or one
+  /// named as self or `own` (experience.reward for reward.scored, not the critic's experience.values);
+  /// then the first in the graph. "" when the graph has none.
   std::string suggested_port(const std::string& type, port_dir d, std::size_t self, const std::string& own) const {
     std::string best;
     int best_rank = -1;

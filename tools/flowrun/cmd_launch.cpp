@@ -10,10 +10,9 @@
 //   --rendezvous file (the default when --store is given): a folder,
 //     FLOWRUN_STORE_DIR = --store or a fresh temporary folder.
 // Node kinds that span processes (zero_rank) read them; the others run as usual
-// in every process. If a child fails, the others are stopped (SIGTERM twice: no draining, their collectives
-// wait on the failed peer; a third SIGTERM, exit at once, for those still running 15 s later, SIGKILL 5 s
-// after that) and launch exits with the failed
-// child's code. SIGINT/SIGTERM are passed on.
+// in every process. If a child fails, the others are stopped (SIGTERM twice: no draining, as their
+// collectives wait on the failed peer; a third SIGTERM, exit at once, for those still running 15 s later;
+// SIGKILL 5 s after that) and launch exits with the failed child's code. SIGINT/SIGTERM are passed on.
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -40,7 +39,7 @@ namespace flowrun::cli {
 namespace {
 
 std::vector<pid_t> children;
-// seconds the other processes get to stop after one failed, before SIGKILL
+// seconds the other processes get to stop after one failed, before the third signal (exit at once)
 constexpr int k_stop_grace_s = 15;
 
 void forward_signal(int sig) {

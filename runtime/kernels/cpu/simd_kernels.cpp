@@ -982,17 +982,19 @@ HWY_INLINE void PackedTiles(bool ta, int64_t M, int64_t N, int64_t K, float alph
   HWY_ALIGN float buf[k_max_lanes];
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t i0 = (t / np) * MR, j0 = (t % np) * W;
-    const float* a[MR];
-    for (int64_t r = 0; r < MR; ++r) {
-      const int64_t i = std::min(i0 + r, M - 1);
-      a[r] = ta ? A + i : A + i * lda;
-    }
-    if (ta && i0 + MR <= M)
+    if (ta && i0 + MR <= M) {
       PackedTileTA<MR, NV>(K, A + i0, lda, P + j0 * K, acc);
-    else if (ta)
-      PackedTile<true, MR, NV>(K, a, lda, P + j0 * K, acc);
-    else
-      PackedTile<false, MR, NV>(K, a, lda, P + j0 * K, acc);
+    } else {
+      const float* a[MR];
+      for (int64_t r = 0; r < MR; ++r) {
+        const int64_t i = std::min(i0 + r, M - 1);
+        a[r] = ta ? A + i : A + i * lda;
+      }
+      if (ta)
+        PackedTile<true, MR, NV>(K, a, lda, P + j0 * K, acc);
+      else
+        PackedTile<false, MR, NV>(K, a, lda, P + j0 * K, acc);
+    }
     const int64_t rows = std::min<int64_t>(MR, M - i0), nj = std::min(W, N - j0);
     for (int64_t r = 0; r < rows; ++r) {
       float* c = C + (i0 + r) * ldc + j0;

@@ -188,6 +188,7 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
     for (auto& p : split_overlap_problems(n, g)) problems.push_back(std::move(p));
     for (auto& p : save_lora_problems(n)) problems.push_back(std::move(p));
     for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
+    for (auto& p : lr_scheduler_problems(n)) problems.push_back(std::move(p));
     for (auto& p : tokenizer_model_problems(n)) problems.push_back(std::move(p));
     rlhf::dpo_loss_type type;
     try {

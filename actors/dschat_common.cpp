@@ -563,6 +563,15 @@ std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec
   return problems;
 }
 
+std::vector<graph::node_kind::problem> lr_scheduler_problems(const graph::node_spec& n) {
+  try {
+    (void)lr_schedule::transformers(n.get_string("lr_scheduler_type"), 0, 1);
+  } catch (const std::invalid_argument& e) {
+    return {{"lr_scheduler_type", e.what(), "write one of the names given (DS-Chat's default is cosine)"}};
+  }
+  return {};
+}
+
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n) {
   const std::string dt = n.get_string("dtype");
   if (known_dtype(dt)) return {};

@@ -93,6 +93,10 @@ std::string dtype_setting(const actor::node_context& ctx);
 /// The same check of `dtype` when the graph is checked, before any node starts (a kind's check):
 /// no problem, or one at the setting.
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n);
+/// The node's lr_scheduler_type when the graph is checked (a kind's check): a name that
+/// transformers.get_scheduler (lr_schedule::transformers) does not take is one problem at the setting,
+/// refused before any node starts, where it failed the node's start after the steps before it trained.
+std::vector<graph::node_kind::problem> lr_scheduler_problems(const graph::node_spec& n);
 /// The node's deepspeed_config, when set, loaded for `world` ranks when the graph is checked: a JSON that
 /// does not load (a key DeepSpeed refuses, a misspelt params, a batch triple that contradicts itself) is one
 /// problem at the setting, appended to `problems` and reported once, rather than by each replica's start().

@@ -230,10 +230,13 @@ class ppo_controller final : public actor::node {
       ctx.signal("actor_loss", a.loss, p.iteration);
       if (s.with_critic) ctx.signal("critic_loss", c.loss, p.iteration);
       ctx.signal("training_tokens_per_s", train_tps, p.iteration);
-      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{} "
+      if (a.scheduled) ctx.signal("actor_lr", a.lr, p.iteration);  // a rate that moves (lr_scheduler_type)
+      if (s.with_critic && c.scheduled) ctx.signal("critic_lr", c.lr, p.iteration);
+      ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{}{} "
                             "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}{}",
                             p.iteration, s.reward_mean, shown4(s.kl_mean), a.loss,
                             s.with_critic ? fmt::format(" critic_loss {:.4f}", c.loss) : "",
+                            a.scheduled ? fmt::format(" lr {:.2e}", a.lr) : "",
                             a.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", a.unsup_loss) : "",
                             s.answer_len_mean,
                             s.groups_kept < s.groups ? fmt::format(" groups {}/{}", s.groups_kept, s.groups) : "",

@@ -143,6 +143,7 @@ class prompt_loader final : public actor::node {
     m.eval = eval;
     m.last = next_ == iterations_ + 1 || (eval_rows_ == 0 && next_ == iterations_);
     m.longest_prompt = longest_;
+    m.iterations = iterations_;
     for (auto i : idx) m.references.push_back(rows[static_cast<size_t>(i)].reference);
     ++next_;
     ready_ = false;
@@ -284,6 +285,8 @@ class rollout_generator final : public actor::node {
       r.iteration = p.iteration;
       r.eval = p.eval;
       r.group_size = G;
+      r.iterations = p.iterations;
+      r.generated_rows = ids.size(0);
       r.references = std::move(refs);
       r.batch = emitted_++ * static_cast<int64_t>(ctx.replicas()) + static_cast<int64_t>(ctx.replica());
       r.checkpoint = p.checkpoint;
@@ -595,6 +598,8 @@ class ppo_trainer final : public actor::node {
     d_.gradient_checkpointing = s.get_bool(who + "_gradient_checkpointing");
     d_.gradient_clipping = static_cast<float>(s.get_float("gradient_clipping"));
     d_.gradient_accumulation_steps = s.get_int("gradient_accumulation_steps");
+    d_.lr_scheduler_type = s.get_string("lr_scheduler_type");
+    d_.num_warmup_steps = s.get_int("num_warmup_steps");
     d_.dtype = dtype_setting(ctx);
     d_.seed = 0;  // the LoRA init: the same on every rank
     group_ = join_rank_group(ctx);
@@ -612,9 +617,6 @@ class ppo_trainer final : public actor::node {
       const std::string own = d_.dtype;
       dschat::apply_ds_config(d_, c);
       if (group_.rank == 0) warn_dtype_overridden(ctx, own, d_.dtype, c.where);
-      if (group_.rank == 0 && !c.scheduler.type.empty())
-        ctx.log().warn("{}: its scheduler ({}) is not used here: step 3 trains at a constant {}_learning_rate", c.where,
-                       c.scheduler.type, who);
     }
     if (policy_) {
       ps_.policy.clip_ratio_c = s.get_float("clip_ratio_c");
@@ -664,6 +666,7 @@ class ppo_trainer final : public actor::node {
         if (!xb->items.empty()) train(ctx, *xb);  // empty: dropped, or kept for generation_batches > 1
       } else {
         auto r = m.shared<rollout_msg>();
+        if (!r->eval) plan_schedule(ctx, *r);  // before the first update: its learning rate is the schedule's
         if (r->exp) check_plan(ctx, r->exp->seq.size(1));  // before anything is trained on rows this long
         score(ctx, r);
       }
@@ -724,6 +727,7 @@ class ppo_trainer final : public actor::node {
     model_->set_gradient_checkpointing(d_.gradient_checkpointing);
     check_plan(ctx, 1);  // the engine's state, before it is allocated; the rows' length comes with the rollouts
     engine_.make(*model_, d_, 1, group_.comm.get());
+    engine_.schedule = lr_schedule{};  // base lr until the first training rollouts give the run's length (plan_schedule)
     if (ps_.enable_ema) ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
     if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) restore(ctx, rp->point.iteration);
     // a snapshot: the generator may run while the first update trains (max_staleness >= 1); with
@@ -757,6 +761,56 @@ class ppo_trainer final : public actor::node {
         {"per_device_training_batch_size", "max_prompt_seq_len + max_answer_seq_len" + std::string(unsup_ ? " (or unsup_seq_len)" : ""),
          who + "_zero_stage", who + "_lora_dim", who + "_gradient_checkpointing"});
     if (speaks()) ctx.log().info("memory plan for {} x {} tokens per micro-batch: {}", plan.micro_batch, plan.seq_len, est.str());
+  }
+
+  // The learning-rate schedule (DS-Chat's step 3: rlhf_engine.py hands each of the actor and the
+  // critic transformers.get_scheduler(lr_scheduler_type, num_warmup_steps, num_total_iters); a
+  // DeepSpeed JSON's scheduler section wins, as there). The run's updates, planned from the first
+  // training rollouts: iterations x ppo_epochs x the mini-batches of a generation batch's rows,
+  // ceil(rows / per_device_training_batch_size), as train() cuts them (DS-Chat's main.py:
+  // len(prompt_train_dataloader) x generation / training batch x ppo_epochs, its
+  // gradient_accumulation_steps counting micro-batches where flowrun's mini-batch is one update).
+  // Rows dropped later (short answers, stale items) make fewer updates: the schedule then ends
+  // early, as DS-Chat's, planned from the loader's length, does.
+  void plan_schedule(actor::node_context& ctx, const rollout_msg& r) {
+    if (r.iterations <= 0 || r.generated_rows <= 0) return;  // a source that does not say: the base rate
+    const int64_t mb = ps_.per_device_training_batch_size;
+    const int64_t per_iteration = ps_.ppo_epochs * ((r.generated_rows + mb - 1) / mb);
+    const int64_t total = r.iterations * per_iteration;
+    if (total == planned_updates_) return;
+    const bool first = planned_updates_ == 0;
+    planned_updates_ = total;
+    engine_.schedule = dschat::schedule_from(d_, total);
+    if (!speaks() || !scheduled()) return;
+    const std::string who = policy_ ? "actor" : "critic";
+    const lr_schedule& sc = engine_.schedule;
+    if (first)
+      ctx.print(fmt::format(
+          "[step 3 ppo] {}: learning rate {} over {} updates ({} iterations x {} ppo_epochs x {} mini-batches of "
+          "{} rows), {} warmup updates, peak {}_learning_rate {:.2e}; the next update's {:.2e}",
+          ctx.name(), sc.type, total, r.iterations, ps_.ppo_epochs, per_iteration / ps_.ppo_epochs, mb,
+          sc.warmup_num_steps, who, d_.learning_rate, sc.lr_at(lr_steps_, d_.learning_rate)));
+    else  // the rows per batch changed within the run: rare (a generator whose num_generations differs)
+      ctx.log().warn("the run's updates are now planned at {}: the learning rate follows the new plan", total);
+    if (saved_plan_ > 0 && saved_plan_ != total)  // a resume with more iterations
+      ctx.log().warn("the checkpoint's schedule spanned {} updates and this run's spans {} (iterations changed): "
+                     "the learning rate continues at update {} of the new one ({:.2e})",
+                     saved_plan_, total, lr_steps_, sc.lr_at(lr_steps_, d_.learning_rate));
+    if (const std::string past = sc.past_end(total, d_.learning_rate); !past.empty())
+      ctx.log().warn("{} updates but {}, as in DeepSpeed; set scheduler.params.total_num_steps to {} in {}", total,
+                     past, total, ctx.spec().get_string("deepspeed_config"));
+    else if (d_.ds_scheduler.type.empty() && sc.type != "constant" && d_.num_warmup_steps >= total)
+      ctx.log().warn("num_warmup_steps = {} and the run has {} updates: every update is in warmup, the last at "
+                     "{:.2e}, {:.0f}% of {}_learning_rate (DS-Chat's scripts warm up over 100 updates of a far longer "
+                     "run); lower num_warmup_steps",
+                     d_.num_warmup_steps, total, sc.lr_at(total - 1, d_.learning_rate),
+                     100.0 * sc.lr_at(total - 1, d_.learning_rate) / d_.learning_rate, who);
+  }
+  // Whether the learning rate moves over the run (not a constant schedule without warmup).
+  bool scheduled() const {
+    if (!d_.ds_scheduler.type.empty()) return true;
+    return !(d_.lr_scheduler_type == "constant" ||
+             (d_.lr_scheduler_type == "constant_with_warmup" && d_.num_warmup_steps == 0));
   }
 
   // The hybrid engine: the generator reads the policy's current weights. Below stage 3 rank 0's
@@ -890,9 +944,6 @@ class ppo_trainer final : public actor::node {
     for (const auto& x : xb.items) scored_with_.erase(x.iteration);
     ps_.policy.decoupled = policy_ && async;
     const int64_t mb = ps_.per_device_training_batch_size;
-    // a constant learning rate: DS-Chat's step 3 schedules it (lr_scheduler_type, num_warmup_steps over the
-    // run's updates), flowrun's does not (docs/rlhf.md; the settings are refused with that said)
-    const double lr = d_.learning_rate;
     double loss_sum = 0;
     int64_t updates = 0, tokens = 0;
     for (const auto* x : items) tokens += x->exp->seq.numel();
@@ -909,6 +960,10 @@ class ppo_trainer final : public actor::node {
         // gathers each block: ranks on other cluster nodes get copies of the batches (other
         // memory), so they would run the forward and its gathers while rank 0 skips them
         const bool scored = !async && updates == 0 && e.seq.raw() == scored_ && d_.zero_stage != 3;
+        // DS-Chat's step 3: transformers.get_scheduler over the run's updates, stepped by each applied one
+        // (plan_schedule); the ptx step shares its update's rate (DS-Chat accumulates the two into one step)
+        const double lr = engine_.schedule.lr_at(lr_steps_, d_.learning_rate);
+        st.lr = lr;
         step_result r;
         try {
         if (policy_) {
@@ -927,11 +982,13 @@ class ppo_trainer final : public actor::node {
         }
         loss_sum += r.loss;
         st.grad_norm = r.grad_norm;
+        if (!r.skipped) ++lr_steps_;  // DeepSpeed steps its scheduler only after an applied update
         ++updates;
       }
     }
     scored_ = nullptr;  // the activations hold a training forward now
     st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, updates));
+    st.scheduled = scheduled();
     engine_.report_overflows(ctx, fmt::format("[step 3 ppo] {}, iteration {}:", ctx.name(), xb.iteration));
     // what reached the optimizer and what did not (the console; the drop policy's end-to-end test)
     ctx.metric("optimizer_steps", updates);
@@ -996,6 +1053,8 @@ class ppo_trainer final : public actor::node {
     m.rng_state.resize(sizeof rng);
     std::memcpy(m.rng_state.data(), &rng, sizeof rng);
     m.extra["policy_version"] = version_;
+    m.extra["lr_steps"] = lr_steps_;               // the schedule's position: updates applied
+    m.extra["lr_total_updates"] = planned_updates_;  // what it was planned over (0: not yet)
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
     m.extra["init_weights"] = init_weights_;
     std::vector<shard_group> groups = engine_state_groups(eng, *model_, group_.rank, m);
@@ -1051,6 +1110,9 @@ class ppo_trainer final : public actor::node {
     if (unsup_) unsup_->set_position(m0.data_epoch, m0.data_cursor);
     version_ = m0.extra.value("policy_version", int64_t{0});
     ctx.metric("policy_version", version_);
+    // a checkpoint from before step 3 scheduled its rate trained at the base rate: its updates count
+    lr_steps_ = m0.extra.value("lr_steps", eng.step_count());
+    saved_plan_ = m0.extra.value("lr_total_updates", int64_t{0});
     if (speaks())
       ctx.log().info("restored iteration {} from {} ({} ranks, stage {}) on {} ranks, stage {}", iteration, f,
                      m0.world_size, m0.zero_stage, group_.world, d_.zero_stage);
@@ -1065,6 +1127,9 @@ class ppo_trainer final : public actor::node {
   rank_group group_;
   trainer_engine engine_;
   int64_t version_ = 0, gather_bytes_ = 0, snapshot_bytes_ = 0;  // version_: updates so far
+  // the learning-rate schedule (plan_schedule): updates applied on it, the updates it spans (0: not
+  // planned yet), and what the checkpoint resumed from had planned (0: none, or an older checkpoint)
+  int64_t lr_steps_ = 0, planned_updates_ = 0, saved_plan_ = 0;
   std::vector<std::shared_ptr<decoder>> snapshots_;  // the generator's weight buffers (take_snapshot)
   std::string init_weights_;  // weights_fingerprint of the model `init` brought
   std::map<int64_t, int64_t> scored_with_;  // the policy: iteration -> version_ when its rollouts were scored
@@ -1120,6 +1185,14 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                 "the LoRA weights' peak learning rate beside " + who + "_learning_rate (DS-Chat's --" + who +
                     "_lora_learning_rate)")
         .at_least(0)
+        .option("lr_scheduler_type", T::string, std::string("constant"),
+                "transformers.get_scheduler's constant, constant_with_warmup, linear or cosine over the run's "
+                "updates (iterations x ppo_epochs x mini-batches per generation batch), as DS-Chat's step 3 (whose "
+                "default is cosine, with num_warmup_steps 100); a deepspeed_config with a scheduler section "
+                "replaces it")
+        .option("num_warmup_steps", T::int_, std::int64_t{0},
+                "linear warmup updates of lr_scheduler_type (DS-Chat's --num_warmup_steps)")
+        .at_least(0)
         .option(who + "_gradient_checkpointing", T::bool_, false,
                 "recompute each layer's activations in backward (less memory, one more forward per layer)")
         .option("memory_limit_gb", T::float_, 0.0,
@@ -1129,13 +1202,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     add_rank_group_settings(k);
     k.known_as("ppo_mini_batch_size",
                "veRL's ppo_mini_batch_size (rollouts per update) is per_device_training_batch_size here, all ranks "
-               "together")
-        .known_as("lr_scheduler_type",
-               "step 3 trains at a constant " + who + "_learning_rate here: DS-Chat's step-3 scheduler (cosine with "
-               "num_warmup_steps over the run) is not implemented for the policy and critic (docs/rlhf.md)")
-        .known_as("num_warmup_steps", "step 3 trains at a constant " + who +
-                                          "_learning_rate here, without warmup: DS-Chat's step-3 scheduler is not "
-                                          "implemented for the policy and critic (docs/rlhf.md)");
+               "together");
     if (policy) {
       k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
           .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")
@@ -1183,6 +1250,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
       auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
       for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
       for (auto& p : ds_config_problems(n, static_cast<int>(n.replicas) * process_count())) problems.push_back(std::move(p));
+      for (auto& p : lr_scheduler_problems(n)) problems.push_back(std::move(p));
       if (policy && problems.empty()) warn_mixed_dtypes(g);
       const std::string who = policy ? "actor" : "critic";
       for (auto& p : lora_module_problems(n, who + "_lora_dim", who + "_lora_module_name"))

@@ -86,6 +86,8 @@ void put_rollouts(writer& w, const rollout_msg& m) {
   w.put(m.batch);
   w.put<std::uint8_t>(m.checkpoint ? 1 : 0);
   w.put(m.group_size);
+  w.put(m.iterations);
+  w.put(m.generated_rows);
   put_strings(w, m.references);
   w.put(m.policy_version);
   w.put(m.weights_wait_seconds);
@@ -103,6 +105,8 @@ rollout_msg get_rollouts(reader& r) {
   m.batch = r.get<std::int64_t>();
   m.checkpoint = r.get<std::uint8_t>() != 0;
   m.group_size = r.get<std::int64_t>();
+  m.iterations = r.get<std::int64_t>();
+  m.generated_rows = r.get<std::int64_t>();
   m.references = get_strings(r);
   m.policy_version = r.get<std::int64_t>();
   m.weights_wait_seconds = r.get<double>();
@@ -236,6 +240,7 @@ void register_rlhf_codecs() {
                             w.put<std::uint8_t>(m.drop_stale ? 1 : 0);
                             w.put<std::uint8_t>(m.last ? 1 : 0);
                             w.put(m.longest_prompt);
+                            w.put(m.iterations);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -250,6 +255,7 @@ void register_rlhf_codecs() {
                             m.drop_stale = r.get<std::uint8_t>() != 0;
                             m.last = r.get<std::uint8_t>() != 0;
                             m.longest_prompt = r.get<std::int64_t>();
+                            m.iterations = r.get<std::int64_t>();
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(
@@ -259,6 +265,8 @@ void register_rlhf_codecs() {
                                                w.put(s.grad_norm);
                                                w.put(s.seconds);
                                                w.put(s.unsup_loss);
+                                               w.put(s.lr);
+                                               w.put<std::uint8_t>(s.scheduled ? 1 : 0);
                                                w.put(s.tokens);
                                                w.put(s.gather_bytes);
                                                w.put(s.gather_theory_bytes);
@@ -275,6 +283,8 @@ void register_rlhf_codecs() {
                                                s.grad_norm = r.get<double>();
                                                s.seconds = r.get<double>();
                                                s.unsup_loss = r.get<double>();
+                                               s.lr = r.get<double>();
+                                               s.scheduled = r.get<std::uint8_t>() != 0;
                                                s.tokens = r.get<std::int64_t>();
                                                s.gather_bytes = r.get<std::int64_t>();
                                                s.gather_theory_bytes = r.get<std::int64_t>();

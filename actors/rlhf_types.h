@@ -54,6 +54,9 @@ struct prompt_msg {
   /// max_prompt_seq_len): the generator checks it with max_answer_seq_len against the policy's
   /// context at the first batch, before any update, not when that prompt comes.
   int64_t longest_prompt = 0;
+  /// The run's training iterations (the loader's `iterations`): with the rows of a batch, what the
+  /// policy and critic plan their learning-rate schedules over (DS-Chat's num_total_iters).
+  int64_t iterations = 0;
   /// The policy version (updates so far) to generate with: the controller
   /// stamps it, the generator waits until it holds weights of that version.
   int64_t policy_version = 0;
@@ -84,6 +87,9 @@ struct rollout_msg {
   /// Rows per prompt (the generator's num_generations; 1 for held-out batches): rows
   /// g·group_size .. (g+1)·group_size − 1 answer the same prompt.
   int64_t group_size = 1;
+  /// The run's training iterations (prompt_msg::iterations) and the rows generated for this
+  /// batch before any drop (its prompts x group_size): the trainers' schedule length.
+  int64_t iterations = 0, generated_rows = 0;
   /// Per generated row before any drop (exp->source_rows indexes it): the reference answer.
   std::vector<std::string> references;
   int64_t policy_version = 0;  ///< the version of the weights the rows were sampled with
@@ -122,6 +128,8 @@ struct stats_msg {
   int64_t iteration = 0;
   double loss = 0, grad_norm = 0, seconds = 0;
   double unsup_loss = 0;  ///< the ptx LM loss of the last update (0: no ptx)
+  double lr = 0;          ///< the learning rate of the last update (its schedule's; ptx's too)
+  bool scheduled = false; ///< the learning rate follows a schedule (not constant): printed with the loss
   int64_t tokens = 0;  ///< tokens trained on (for tokens/s)
   /// The hybrid engine at ZeRO stage 3: bytes this rank sent gathering the policy's blocks for
   /// the generator after the update (0 below stage 3: rank 0 holds every weight).

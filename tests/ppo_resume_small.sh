@@ -10,7 +10,10 @@
 #      the lines after it equal the uninterrupted run's within 1e-4.
 #   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
 #      which the same command resumes (with the uninterrupted run's lines).
-#   6. A resume whose settings changed: actor_learning_rate, the reference model's dtype and the prompts'
+#   0. The policy and critic follow DS-Chat's step-3 learning-rate schedules (cosine with warmup, linear):
+#      the policy's printed rates are transformers' cosine over the run's 12 updates; every resume below
+#      continues them (the lines after it, with their rates, equal the uninterrupted run's).
+#   6. A resume whose settings changed: actor_learning_rate, lr_scheduler_type, the reference model's dtype and the prompts'
 #      per_device_generation_batch_size are refused, naming them with both values, and so are
 #      fewer iterations than the checkpoint has done;
 #      critic_zero_stage is safe and the run resumes.
@@ -30,7 +33,9 @@ args() {  # DIR: the command line of a run whose state lives in DIR
     --set node.sft.output="$1/sft.bin" --set node.rm.output="$1/rm" --set node.policy.output="$1/ppo.bin" \
     --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \
     --set node.policy.tokenizer=model/stories260K/tok512.model \
-    --set node.policy.per_device_training_batch_size=4 --set node.critic.per_device_training_batch_size=4
+    --set node.policy.per_device_training_batch_size=4 --set node.critic.per_device_training_batch_size=4 \
+    --set node.policy.lr_scheduler_type=cosine --set node.policy.num_warmup_steps=3 \
+    --set node.critic.lr_scheduler_type=linear
 }
 # the step-3 iteration and held-out-after lines without timings
 lines() { grep -E '^\[step 3 ppo\] (iter [0-9]+ reward|held-out after|held-out mean)' "$1" |
@@ -63,6 +68,23 @@ mkdir -p "$out/a" "$out/b"
   { echo "uninterrupted run failed:"; tail -20 "$out/a.err"; exit 1; }
 grep -q "checkpoint after iteration 5" "$out/a.log" || fail "the uninterrupted run committed no checkpoint after iteration 5"
 [ "$(lines "$out/a.log" | grep -c ' iter ')" = 6 ] || fail "the uninterrupted run did not print 6 iterations"
+# DS-Chat's step-3 schedule (rlhf_engine.py: transformers.get_scheduler over num_total_iters): 6 iterations x
+# 1 ppo_epoch x 8 rows / 4 per update = 12 updates; the line of iteration k prints the rate of its last
+# update, number 2k + 1. The expected rates from transformers/optimization.py's
+# get_cosine_schedule_with_warmup (num_cycles 0.5), written out here: k < W: k / W; else
+# 0.5 (1 + cos(pi (k - W) / (N - W)))
+grep -qF "[step 3 ppo] policy: learning rate cosine over 12 updates (6 iterations x 1 ppo_epochs x 2 mini-batches of 4 rows), 3 warmup updates" \
+  "$out/a.log" || fail "the policy did not plan its schedule over 12 updates: $(grep 'learning rate' "$out/a.log")"
+grep -qF "[step 3 ppo] critic: learning rate linear over 12 updates" "$out/a.log" || fail "the critic planned no linear schedule"
+python3 - "$out/a.log" <<'PY' || fail "the printed learning rates are not transformers' cosine with 3 warmup updates of 12"
+import math, re, sys
+got = [float(x) for x in re.findall(r"^\[step 3 ppo\] iter \d+ .* lr (\S+) ", open(sys.argv[1]).read(), re.M)]
+def cosine(k, W=3, N=12, lr=1e-4):
+    return lr * (k / W if k < W else 0.5 * (1 + math.cos(math.pi * (k - W) / (N - W))))
+want = [cosine(2 * i + 1) for i in range(6)]
+assert len(got) == 6 and all(abs(g - w) <= 0.005 * w for g, w in zip(got, want)), (got, want)
+print("policy learning rates " + " ".join(f"{g:.2e}" for g in got) + ": transformers' cosine, warmup 3 of 12")
+PY
 
 # 1. SIGKILL once step 3 has committed a checkpoint, at one of four lines (iterations numbered from
 #    0, as the log's "iter K" lines): right after the commit of iteration 1 or of iteration 3, or
@@ -228,7 +250,13 @@ refused f6 "prompt_overflow drop on a record without it" \
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/n") --set node.prompts.iterations=8 > "$out/f7.log" 2> "$out/f7.err" ||
   fail "a resume whose record predates prompt_overflow (at its default) was refused: $(grep -i error "$out/f7.err" | head -2)"
 grep -q "resuming after iteration 5 " "$out/f7.log" || fail "the resume whose record predates prompt_overflow did not resume"
-echo "settings changed: actor_learning_rate, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage and staleness_policy (at max_staleness 0) accepted"
+# 8 iterations where the checkpoint planned 6: the schedule stretches to 16 updates, and the run says so
+grep -q "the checkpoint's schedule spanned 12 updates and this run's spans 16 (iterations changed): the learning rate continues at update 12" \
+  "$out/f7.err" || fail "a longer resumed run did not say its schedule changed: $(grep -i schedule "$out/f7.err" | head -2)"
+refused f9 "another lr_scheduler_type (the rates after the checkpoint would differ)" \
+  "node 'policy': resuming from .* with settings changed: lr_scheduler_type \"cosine\" -> \"linear\"; set them back" \
+  "$out/a" --set node.policy.lr_scheduler_type=linear
+echo "settings changed: actor_learning_rate, lr_scheduler_type, per_device_generation_batch_size, the reference's dtype and fewer iterations refused, critic_zero_stage and staleness_policy (at max_staleness 0) accepted"
 # the same for steps 1-2's done markers (a setting sft_trainer gained since, at its default): step 1 is taken as
 # saved and step 3 resumes (step 1 was retrained, or refused under step 3's checkpoint). The copy's markers
 # name a's outputs, which the run is pointed at (read only: they are taken as saved)

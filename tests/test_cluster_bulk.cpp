@@ -257,6 +257,8 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     r.generate_seconds = std::numeric_limits<double>::infinity();
     r.generated_tokens = 7;
     r.batch = 41;
+    r.iterations = 20;       // the trainers' schedule length
+    r.generated_rows = 6;
     auto back = round_trip(actor::payload::make("rollouts", r));
     const auto& rb = back.as<actors::rollout_msg>();
     CHECK(rb.iteration == 3);
@@ -264,6 +266,8 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     CHECK(std::bit_cast<std::uint64_t>(rb.generate_seconds) == std::bit_cast<std::uint64_t>(r.generate_seconds));
     CHECK(rb.generated_tokens == 7);
     CHECK(rb.batch == 41);
+    CHECK(rb.iterations == 20);
+    CHECK(rb.generated_rows == 6);
     REQUIRE(rb.exp);
     CHECK(same_bits(rb.exp->prompts, r.exp->prompts));
     CHECK(same_bits(rb.exp->seq, r.exp->seq));
@@ -335,12 +339,31 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     p.mask = ints({1, 4}, 1);
     p.iteration = 6;
     p.policy_version = 4;
+    p.iterations = 30;
     auto bytes = actor::encode_payload(actor::payload::make("prompt_batch", p));
     REQUIRE(bytes);
     auto back = actor::decode_payload("prompt_batch", *bytes);
     REQUIRE(back);
     CHECK(back->as<actors::prompt_msg>().policy_version == 4);
+    CHECK(back->as<actors::prompt_msg>().iterations == 30);
     CHECK(same_bits(back->as<actors::prompt_msg>().ids, p.ids));
+  }
+
+  SUBCASE("a trainer's stats carry its learning rate as the double's bytes") {
+    actors::stats_msg st;
+    st.iteration = 5;
+    st.lr = 3.25e-6;
+    st.scheduled = true;
+    st.unsup_loss = 0.5;
+    auto bytes = actor::encode_payload(actor::payload::make("stats", st));
+    REQUIRE(bytes);
+    auto back = actor::decode_payload("stats", *bytes);
+    REQUIRE(back);
+    const auto& b = back->as<actors::stats_msg>();
+    CHECK(b.iteration == 5);
+    CHECK(std::bit_cast<std::uint64_t>(b.lr) == std::bit_cast<std::uint64_t>(st.lr));
+    CHECK(b.scheduled);
+    CHECK(b.unsup_loss == 0.5);
   }
 }
 

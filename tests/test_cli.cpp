@@ -117,6 +117,39 @@ TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("convert from an HF folder keeps the folder's tokenizer and generation_config.json") {
+  // hf -> hf (another dtype) and hf -> llama2c dropped the tokenizer unless --tokenizer named it, and
+  // hf -> hf dropped generation_config.json: the new folder neither tokenized nor stopped as its source
+  const auto src = stories_hf_folder("flowrun_cli_convert_keeps");
+  std::ofstream(src / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [2, 426]})";
+  const auto dst = std::filesystem::temp_directory_path() / "flowrun_cli_convert_keeps_bf16";
+  const auto bin = std::filesystem::temp_directory_path() / "flowrun_cli_convert_keeps_c" / "m.bin";
+  std::filesystem::remove_all(dst);
+  std::filesystem::remove_all(bin.parent_path());
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " convert --from hf " + src.string() + " --to hf " + dst.string() +
+                     " --dtype bf16 2>&1",
+                 &rc);
+  REQUIRE(rc == 0);
+  CHECK(has(out, "tokenizer: " + src.string() + "'s own (--tokenizer for another)"));
+  CHECK(std::filesystem::exists(dst / "tokenizer.model"));
+  {
+    std::ifstream in(dst / "generation_config.json");
+    REQUIRE(in);
+    CHECK(nlohmann::json::parse(in)["eos_token_id"] == nlohmann::json::array({2, 426}));
+  }
+  // the new folder generates with its own tokenizer, stopping at the source's full stop (id 426)
+  out = run(std::string(FLOWRUN_BIN) + " generate --model " + dst.string() +
+                " --prompt 'Once upon a time' --temperature 0 --max_new_tokens 60 2>/dev/null",
+            &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "there was a little girl named Lily.\n"));  // without the list: on into the next sentence
+  CHECK_FALSE(has(out, "Lily. "));
+  run(std::string(FLOWRUN_BIN) + " convert --from hf " + src.string() + " --to llama2c " + bin.string() + " 2>&1", &rc);
+  REQUIRE(rc == 0);
+  CHECK(std::filesystem::exists(bin.parent_path() / "tokenizer.model"));
+}
+
 TEST_CASE("train-lm --init an HF folder trains on the folder's own tokenizer unless --tokenizer is given") {
   // it trained a Qwen2 folder (vocab 902) on tok512's ids and wrote tok512 over its tokenizer in --output
   const std::string qwen = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";

@@ -101,10 +101,19 @@ void run_convert(const convert_opts& o) {
 
   std::unique_ptr<tokenizer> tok;
   fs::path tok_path;
-  if (!o.tokenizer.empty()) {
-    tok_path = resolve_user_path(o.tokenizer, "tokenizer");
+  // an HF folder's own tokenizer goes with its weights, as save_pretrained's folder keeps it (it was
+  // dropped unless --tokenizer named it); --tokenizer chooses another
+  const bool own = o.tokenizer.empty() && src_fmt == "hf" && folder_has_tokenizer(o.from[1]);
+  if (!o.tokenizer.empty() || own) {
+    tok_path = own ? fs::path(o.from[1]) : resolve_user_path(o.tokenizer, "tokenizer");
+    if (own) spdlog::info("tokenizer: {}'s own (--tokenizer for another)", o.from[1]);
     tok = load_tokenizer(tok_path.string());
-    if (tok->vocab_size() > model.config().vocab_size)
+    if (own && tok->vocab_size() > model.config().vocab_size) {  // the source's own mismatch: said, not copied
+      spdlog::warn("{}: its tokenizer has {} tokens and its embedding {} rows: the tokenizer is not copied "
+                   "(--tokenizer to give the model's)",
+                   o.from[1], tok->vocab_size(), model.config().vocab_size);
+      tok.reset();
+    } else if (tok->vocab_size() > model.config().vocab_size)
       throw std::runtime_error(tok_path.string() + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
                                " tokens but the model's embedding only " +
                                std::to_string(model.config().vocab_size) + " rows");
@@ -115,7 +124,7 @@ void run_convert(const convert_opts& o) {
     if (tok) {
       // record the tokenizer's real size (the embedding may be padded)
       model_config c = model.config();
-      if (c.real_vocab_size != tok->vocab_size()) {
+      if (!own && c.real_vocab_size != tok->vocab_size()) {  // (a folder's own: its config.json stays as it was)
         c.real_vocab_size = tok->vocab_size();
         decoder m2(c);
         m2.w().flat.copy_from(model.w().flat);
@@ -132,6 +141,12 @@ void run_convert(const convert_opts& o) {
     if (src_fmt == "llama2c")  // a new BOS ends a text, as in run.c: the folder stops where the file did
       write_llama2c_generation_config(dst, tok ? tok->bos_id() : 1, tok ? tok->eos_id() : 2,
                                       model.config().vocab_limit());
+    // from an HF folder: its stop ids and sampling defaults stay (config.json's ids came with `extra`)
+    if (const fs::path gc = fs::path(o.from[1]) / "generation_config.json";
+        src_fmt == "hf" && fs::exists(gc) && !fs::equivalent(fs::path(o.from[1]), fs::path(dst))) {
+      fs::copy_file(gc, fs::path(dst) / "generation_config.json", fs::copy_options::overwrite_existing);
+      spdlog::info("generation_config.json: -> {}", (fs::path(dst) / "generation_config.json").string());
+    }
     spdlog::info("wrote HF folder {} ({}) in {:.1f} s", dst, dtype_name(on_disk), line.seconds());
   } else if (dst_fmt == "llama2c") {
     if (on_disk != dtype::f32) throw std::runtime_error("convert: llama2.c files hold f32 weights only; drop --dtype");
@@ -166,7 +181,7 @@ void add_convert(CLI::App& app) {
   sub->add_option("--dtype", o->dtype_name, "Weights on disk for hf: f32, bf16 or f16")->capture_default_str();
   sub->add_option("--tokenizer", o->tokenizer,
                   "Tokenizer to copy alongside (SentencePiece .model, vocab.json, or a folder); for hf its size is "
-                  "recorded as flowrun_real_vocab_size");
+                  "recorded as flowrun_real_vocab_size. Default from an hf folder: the folder's own tokenizer");
   sub->add_option("--max_shard_bytes", o->max_shard_bytes, "hf: shard model.safetensors above this size (0 = one file)")
       ->capture_default_str();
   sub->add_option("--llama2c_version", o->llama2c_version, "llama2c: file version 0 (legacy: what llama2.c's run.c reads) or 1 (export.py's version1_export)")

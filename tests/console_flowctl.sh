@@ -103,6 +103,7 @@ grep -q "ranks" "$out/checkpoint.txt" || { echo "the checkpoint reply names no n
 for _ in $(seq 1 300); do [[ -f "$ck/latest" ]] && break; sleep 0.1; done
 [[ -f "$ck/latest" ]] || { echo "no checkpoint was committed"; exit 1; }
 echo "  committed $(cat "$ck/latest")"
+first=$(cat "$ck/latest")
 # the console samples the run every 0.5 s: the event may take that long to show
 for _ in $(seq 1 50); do
   ctl events > "$out/events.txt"
@@ -112,13 +113,32 @@ done
 grep -q "honouring checkpoint request #1" "$out/events.txt" || { echo "no checkpoint event"; cat "$out/events.txt"; exit 1; }
 grep -E "spawn|checkpoint" "$out/events.txt" | head -6
 
+echo "== a checkpoint asked while paused, then stop: both replies say the request waits (it was dropped silently)"
+ctl pause
+for _ in $(seq 1 100); do ctl status | grep -q " paused " && break; sleep 0.05; done
+ctl checkpoint | tee "$out/checkpoint_paused.txt"
+grep -q "checkpoint request #2 sent; .*; the run is paused: that step comes after resume (a stop before it writes no checkpoint)" \
+  "$out/checkpoint_paused.txt" || { echo "the paused run's checkpoint reply does not say it waits"; exit 1; }
+
 echo "== stop: the run drains and exits with 130"
-ctl stop
+ctl stop | tee "$out/stop.txt"
+grep -q "^stop: stopping: sources stop.*; checkpoint request #2 was not honoured yet" "$out/stop.txt" ||
+  { echo "the stop reply does not name the pending checkpoint request"; exit 1; }
+ctl stop | tee "$out/stop2.txt" || true  # the run may be gone already
 rc=0
 wait $pid || rc=$?
 trap - EXIT
 echo "  flowrun exit code $rc"
 (( rc == 130 )) || { echo "expected 130"; tail -20 "$log"; exit 1; }
+# the console's stop is named as such on the log (it read "signal 2: draining ...; again to stop now")
+grep -q "the console's stop: draining (sources stop; in-flight messages are handled); a second stop (or Ctrl-C) to stop now" \
+  "$log" || { echo "the console's stop is not named on the log"; grep -i "draining" "$log"; exit 1; }
+# a second stop stops without draining (when the run was still there to hear it), its reply says so; the
+# pending request was honoured by a step of the drain, or the end of the run says it was not
+[[ ! -s "$out/stop2.txt" ]] || grep -q "stopping without draining (the second stop)" "$out/stop2.txt" ||
+  { echo "the second stop's reply: $(cat "$out/stop2.txt")"; exit 1; }
+[[ "$(cat "$ck/latest")" != "$first" ]] || grep -q "checkpoint request #2 was not honoured before the run ended" "$log" ||
+  { echo "the pending request was neither honoured nor named at the end"; tail -5 "$log"; exit 1; }
 rc=0
 ctl status > /dev/null 2> "$out/after.txt" || rc=$?
 (( rc == 3 )) || { echo "flowctl after the run: expected exit code 3, got $rc"; exit 1; }

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -1591,23 +1592,25 @@ class coordinator_actor final : public caf::event_based_actor {
 
   void on_interrupt(std::int32_t sig) {
     ++interrupts_;
-    signal_ = sig;
+    const bool console = sig == 0;  // the console's stop (interrupt()): SIGINT's drain and exit code
+    signal_ = console ? SIGINT : sig;
+    const std::string who = console ? "the console's stop" : "signal " + std::to_string(sig);
     set_paused(false);  // a paused pipeline could not drain
-    plan_->live->event("run", "", -1, "signal " + std::to_string(sig) +
-                                          (phase_ == phase::running ? ": draining" : ": stopping without draining"));
+    plan_->live->event("run", "", -1, who + (phase_ == phase::running ? ": draining" : ": stopping without draining"));
     if (phase_ == phase::running) {
       phase_ = phase::draining;
       plan_->live->set_run_phase(run_phase::draining);
-      spdlog::warn("signal {}: draining (sources stop; in-flight messages are handled); again to stop now", sig);
+      spdlog::warn("{}: draining (sources stop; in-flight messages are handled); {} to stop now", who,
+                   console ? "a second stop (or Ctrl-C)" : "again");
       for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
         if (plan_->nodes[n].source)
           for (auto& a : plan_->actors[n]) send_counted(a, end_atom::value);
       drain_began_ = std::chrono::steady_clock::now();
       delayed_send(this, k_drain_report, drain_report_atom::value);
     } else if (phase_ == phase::draining) {
-      spdlog::warn("signal {}: stopping without draining; a third exits at once (a node blocked in a collective "
+      spdlog::warn("{}: stopping without draining; a third signal exits at once (a node blocked in a collective "
                    "waits out comm_timeout_s otherwise; the last committed checkpoint stays)",
-                   sig);
+                   who);
       begin_stop(stop_reason::interrupted);
     }
   }

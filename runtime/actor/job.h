@@ -139,7 +139,9 @@ void abort_part(job_part& part);
 /// Releases the part's handles (the table refers to actors in other processes).
 void release_part(job_part& part);
 
-/// Sends `interrupt_atom, signal` to the job's coordinator.
+/// Sends `interrupt_atom, signal` to the job's coordinator: the first drains, the second stops
+/// without draining; the exit code is 128 + signal. Signal 0 is the console's stop (POST
+/// /api/stop): as SIGINT (exit code 130), and named so on the log.
 void interrupt(const job& j, int signal);
 
 /// Sends `pause_atom` / `resume_atom` to the job's coordinator.

@@ -220,6 +220,8 @@ bool job_live::checkpoint_due(std::size_t node, std::size_t replica, std::uint64
     if (step < n.target_step) return false;
     seen = gen;
   }
+  for (std::uint64_t h = checkpoint_honoured_.load(); h < gen && !checkpoint_honoured_.compare_exchange_weak(h, gen);) {
+  }
   event("checkpoint", n.name, static_cast<std::int64_t>(replica),
         "honouring checkpoint request #" + std::to_string(gen) + (step >= 0 ? " at step " + std::to_string(step) : ""));
   return true;

@@ -197,6 +197,9 @@ class job_live {
   bool checkpoint_due(std::size_t node, std::size_t replica, std::uint64_t& seen, std::int64_t step);
   /// Names of the nodes that have polled checkpoint_requested() so far.
   std::vector<std::string> checkpoint_capable_nodes() const;
+  /// The latest request some node has honoured (checkpoint_due returned true for it; 0: none).
+  /// A run that ends with checkpoint_generation() above it ends with a request not written.
+  std::uint64_t checkpoint_honoured() const { return checkpoint_honoured_.load(std::memory_order_acquire); }
 
  private:
   struct node_entry {
@@ -209,6 +212,7 @@ class job_live {
   std::vector<node_entry> nodes_;
   std::atomic<run_phase> run_phase_{run_phase::starting};
   std::atomic<std::uint64_t> checkpoint_gen_{0};
+  std::atomic<std::uint64_t> checkpoint_honoured_{0};
   mutable std::mutex mutex_;
   std::deque<live_event> events_;
   std::deque<live_signal> signals_;

@@ -344,11 +344,21 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         requests->push(control_queue::resume);
         return std::string("resuming");
       };
-      c.stop = [requests, live] {
-        live->event("stop", "", -1, "stop requested by the console: draining as on SIGINT");
-        requests->push(control_queue::stop);
-        return std::string("stopping: sources stop, messages in flight are handled, every node's stop() runs "
-                           "(exit code 130); a second stop stops without draining");
+      auto stops = std::make_shared<std::atomic<int>>(0);
+      c.stop = [requests, live, stops] {
+        const int n = ++*stops;
+        if (n == 1) live->event("stop", "", -1, "stop requested by the console: draining as on SIGINT");
+        else if (n == 2) live->event("stop", "", -1, "second stop from the console: stopping without draining");
+        if (n <= 2) requests->push(control_queue::stop);
+        std::string pending;  // a request a paused run never reached: the stop drains, the checkpoint stays unwritten
+        if (live->checkpoint_generation() > live->checkpoint_honoured())
+          pending = "; checkpoint request #" + std::to_string(live->checkpoint_generation()) +
+                    " was not honoured yet and may not be before the run ends (the last committed checkpoint stays)";
+        if (n == 1)
+          return "stopping: sources stop, messages in flight are handled, every node's stop() runs (exit code 130); "
+                 "a second stop stops without draining" + pending;
+        if (n == 2) return "stopping without draining (the second stop)" + pending;
+        return std::string("already stopping without draining");
       };
       c.checkpoint = [live] {
         const std::uint64_t n = live->request_checkpoint();
@@ -358,7 +368,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         return "checkpoint request #" + std::to_string(n) + " sent; " +
                (nodes.empty() ? std::string("no node has asked for checkpoint requests yet (they are honoured by "
                                             "nodes that poll them, e.g. zero_rank, at their next step)")
-                              : "nodes that honour it at their next step: " + names);
+                              : "nodes that honour it at their next step: " + names) +
+               (live->get_run_phase() == run_phase::paused
+                    ? "; the run is paused: that step comes after resume (a stop before it writes no checkpoint)"
+                    : "");
       };
       console_live->set_controls(std::move(c));
       if (attempt_options.attempt == 0) console_live->announce();
@@ -401,7 +414,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       for (int req : requests->take()) {
         if (req == control_queue::pause) pause(j);
         else if (req == control_queue::resume) resume(j);
-        else interrupt(j, SIGINT);
+        else interrupt(j, 0);  // the console's stop: drains as SIGINT, named so
       }
       const auto now = clk::now();
       if (options.metrics_interval_s > 0 && now >= next_metrics) {
@@ -472,6 +485,11 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       spdlog::error("[{}] not restarting: {}", spec.name, why);
       no_restart_after_all(result.error, "; the run stops, not restarted (" + why + ")");
     }
+    // a console checkpoint request the run ended before (paused, then stopped): said, not silent
+    if (j.live->checkpoint_generation() > j.live->checkpoint_honoured() && !j.live->checkpoint_capable_nodes().empty())
+      spdlog::warn("[{}] checkpoint request #{} was not honoured before the run ended ({}): nothing was written for "
+                   "it, the last committed checkpoint stays",
+                   spec.name, j.live->checkpoint_generation(), to_string(result.reason));
     write_signals();
     if (signals_lost > 0)
       spdlog::warn("[{}] {} signal records were not written to the metrics file (more than {} came between two "

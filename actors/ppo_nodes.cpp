@@ -222,8 +222,10 @@ class rollout_generator final : public actor::node {
     ps_.top_k = static_cast<int>(s.get_int("top_k"));
     ps_.top_p = static_cast<float>(s.get_float("top_p"));
     num_generations_ = s.get_int("num_generations");
+    print_answers_ = s.get_bool("print_answers") ? s.get_int("print_answers_interval") : 0;
     tok_ = load_tok(ctx);
-    check_step3_settings(ctx, {});  // sampling shapes every answer a resume trains on
+    // sampling shapes every answer a resume trains on; printing them changes none
+    check_step3_settings(ctx, {"print_answers", "print_answers_interval"});
     // the log-probs are taken under logits / temperature: near 0 every sampled token's probability is 1 (the
     // ratio is 1 and the update vanishes) or another token's is ~0 (the KL to the reference explodes)
     if (ps_.temperature > 0 && ps_.temperature < 0.1 && ctx.replica() == 0)
@@ -299,6 +301,7 @@ class rollout_generator final : public actor::node {
       if (e) {
         for (auto n : e->answer_len) r.generated_tokens += n;
         r.exp = std::make_shared<const ppo::experience>(std::move(*e));
+        if (print_answers_ > 0 && !p.eval && p.iteration % print_answers_ == 0) print_answers(ctx, p.iteration, *r.exp);
       }
       ctx.metric("tokens", r.generated_tokens);
       ctx.emit("rollouts", actor::payload::make("rollouts", std::move(r)));
@@ -321,6 +324,20 @@ class rollout_generator final : public actor::node {
 
   std::deque<actor::payload> pending_;
   std::optional<clk::time_point> waiting_since_;  // the front batch has waited for its weights since
+  // DS-Chat's --print_answers (ppo_trainer.py _generate_sequence): each row's prompt and answer of
+  // every print_answers_interval-th training batch, as text (JSON-quoted: one line each)
+  void print_answers(actor::node_context& ctx, int64_t iteration, const ppo::experience& e) const {
+    auto quoted = [](const std::string& s) {
+      return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
+    for (int64_t b = 0; b < e.seq.size(0); ++b) {
+      const auto [prompt, answer] = ppo::rollout_row_ids(e, b, tok_->eos_id());
+      ctx.print(fmt::format("--- prompt --> iter={}, row={}: {}", iteration, b, quoted(tok_->decode(prompt))));
+      ctx.print(fmt::format("--- ans    --> iter={}, row={}: {}", iteration, b, quoted(tok_->decode(answer))));
+    }
+  }
+
+  int64_t print_answers_ = 0;  // print_answers_interval when print_answers is on, else 0
   int64_t emitted_ = 0, num_generations_ = 1;
 };
 
@@ -346,7 +363,13 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
               "GRPO and RLOO need >= 2); held-out prompts are answered once, greedily. Above 1, answers of one "
               "token are kept (a group stays whole)")
       .in_range(1, 4096)
-      .because("published GRPO runs use 4-64; a larger group is most likely a typo, and 3e9 ran out of memory");
+      .because("published GRPO runs use 4-64; a larger group is most likely a typo, and 3e9 ran out of memory")
+      .option("print_answers", T::bool_, false,
+              "print each training row's prompt and answer as text (DS-Chat's --print_answers), every "
+              "print_answers_interval-th iteration")
+      .option("print_answers_interval", T::int_, std::int64_t{1},
+              "print_answers: every this many iterations (DS-Chat's --print_answers_interval)")
+      .at_least(1);
   // The prompt loader's token ids reach the generator, and its answers a rule reward, which decodes them, and
   // the models trained in the same graph (steps 1-2) read them too: all must read ids alike (another tokenizer on the reward scored every answer 0 without a word, and one
   // on the loader failed in the embedding at the first batch)

@@ -63,15 +63,10 @@ class reward_function final : public actor::node {
     out.rollouts = r;
     if (r->exp) {
       const auto& e = *r->exp;
-      const int64_t B = e.seq.size(0), S = e.seq.size(1), P = e.prompts.size(1);
+      const int64_t B = e.seq.size(0);
       out.value = tensor::empty({B});
       for (int64_t b = 0; b < B; ++b) {
-        std::vector<int32_t> prompt, answer;
-        for (int64_t t = 0; t < S; ++t) {
-          if (!e.attention_mask.data<int32_t>()[b * S + t]) continue;
-          (t < P ? prompt : answer).push_back(e.seq.data<int32_t>()[b * S + t]);
-        }
-        if (!answer.empty() && answer.back() == tok_->eos_id()) answer.pop_back();
+        const auto [prompt, answer] = ppo::rollout_row_ids(e, b, tok_->eos_id());
         const int64_t src = e.source_rows.empty() ? b : e.source_rows[static_cast<size_t>(b)];
         const std::string reference =
             src < static_cast<int64_t>(r->references.size()) ? r->references[static_cast<size_t>(src)] : "";

@@ -11,8 +11,18 @@ rm -rf "$out" && mkdir -p "$out"
   --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
   --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \
   --set node.policy.tokenizer=model/stories260K/tok512.model --set node.policy.per_device_training_batch_size=4 \
+  --set node.generator.print_answers=true --set node.generator.print_answers_interval=2 \
   > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
 cat "$out/log"
+# DS-Chat's --print_answers: iterations 0 and 2 of 3 (interval 2), each of the 8 rows' prompt and answer as
+# text; HH-RLHF prompts end with the turn the answer continues
+for it in 0 2; do
+  [ "$(grep -c "^--- prompt --> iter=$it, row=[0-7]: \".*Assistant:\"$" "$out/log")" = 8 ] ||
+    { echo "print_answers: not 8 prompts of iteration $it ending with Assistant:"; exit 1; }
+  [ "$(grep -cE "^--- ans    --> iter=$it, row=[0-7]: \".+\"$" "$out/log")" = 8 ] ||
+    { echo "print_answers: not 8 answers of iteration $it"; exit 1; }
+done
+grep -q "^--- prompt --> iter=1," "$out/log" && { echo "print_answers printed iteration 1 (interval 2)"; exit 1; }
 # step 1 says what tokenizing did, as step 2 does (how many were cut, how many lost their whole prompt)
 grep -qE "\[sft\[0\]\] \[info\] [0-9]+ of [0-9]+ examples, [0-9]+ truncated" "$out/err" ||
   { grep sft "$out/err" | head -5; echo "step 1 printed no tokenization report"; exit 1; }

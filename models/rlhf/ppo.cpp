@@ -188,6 +188,17 @@ bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& 
   return acts.ids.defined() && same(acts.ids, seq) && same(acts.mask, mask) && acts.keep_from == keep_from;
 }
 
+row_ids rollout_row_ids(const experience& e, int64_t b, int32_t eos_id) {
+  const int64_t S = e.seq.size(1), P = e.prompts.size(1);
+  const int32_t* seq = e.seq.data<int32_t>() + b * S;
+  const int32_t* mask = e.attention_mask.data<int32_t>() + b * S;
+  row_ids r;
+  for (int64_t t = 0; t < S; ++t)
+    if (mask[t]) (t < P ? r.prompt : r.answer).push_back(seq[t]);
+  if (!r.answer.empty() && r.answer.back() == eos_id) r.answer.pop_back();
+  return r;
+}
+
 experience slice_rows(const experience& e, int64_t a, int64_t b) {
   experience s;
   s.prompts = e.prompts.rows(a, b);

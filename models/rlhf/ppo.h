@@ -141,6 +141,15 @@ bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& 
 /// Rows [a, b) of an experience (views of its tensors, no copy).
 experience slice_rows(const experience& e, int64_t a, int64_t b);
 
+/// Row `b` of an experience as token ids, for decoding: the prompt (the real tokens, attention_mask
+/// 1, of seq's first P = prompts.size(1) columns: the left padding left out) and the answer (the
+/// real tokens after them, less a final `eos_id`). Rule rewards score their text; the generator's
+/// print_answers shows it.
+struct row_ids {
+  std::vector<int32_t> prompt, answer;
+};
+row_ids rollout_row_ids(const experience& e, int64_t b, int32_t eos_id);
+
 /// Experience maker: per-token rewards, zeroing after the ends, GAE.
 /// advantages, returns (B, n). Returns the rewards (B, L) for reporting.
 tensor make_advantages(const experience& e, const rlhf::ppo_config& cfg, tensor& advantages, tensor& returns);

@@ -182,6 +182,7 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
   k.known_as("max_prompt_length",
              "TRL's max_prompt_length has no separate setting here: max_seq_len bounds prompt + answer, and "
              "truncation = \"prompt_start\" drops the oldest prompt tokens first");
+  add_schedule_hints(k);
   // the string settings and their combinations, refused when the graph is checked (before any model loads)
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems = dtype_problems(n);

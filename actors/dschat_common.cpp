@@ -414,9 +414,10 @@ std::map<std::string, std::string> hf_auto_values(const graph::node_spec& n, int
   }
   if (has("num_warmup_steps")) a["scheduler.params.warmup_num_steps"] = std::to_string(n.get_int("num_warmup_steps"));
   if (has("steps")) a["scheduler.params.total_num_steps"] = std::to_string(n.get_int("steps"));
-  if (!who.empty()) {  // step 3 trains at a constant lr and ignores the scheduler (its start warns): any valid value
-    a["scheduler.params.warmup_num_steps"] = "0";
-    a["scheduler.params.total_num_steps"] = "1";
+  if (!who.empty()) {  // step 3: the run's updates are known when its first rollouts come (ppo_trainer::plan_schedule
+    // puts them in place of this value, the smallest DeepSpeed takes past the warmup, when the key said "auto")
+    const int64_t w = has("num_warmup_steps") ? n.get_int("num_warmup_steps") : 0;
+    a["scheduler.params.total_num_steps"] = std::to_string(std::max<int64_t>(2, w) + 1);
   }
   return a;
 }
@@ -569,7 +570,39 @@ std::vector<graph::node_kind::problem> lr_scheduler_problems(const graph::node_s
   } catch (const std::invalid_argument& e) {
     return {{"lr_scheduler_type", e.what(), "write one of the names given (DS-Chat's default is cosine)"}};
   }
+  // transformers' get_constant_schedule takes no warmup: a written warmup with it did nothing, silently
+  if (const auto* w = n.find_setting("num_warmup_steps");
+      w && !w->from_default && n.get_int("num_warmup_steps") > 0 && n.get_string("lr_scheduler_type") == "constant")
+    spdlog::warn("node '{}': num_warmup_steps = {} does nothing with lr_scheduler_type = \"constant\" (transformers' "
+                 "constant schedule has no warmup): set lr_scheduler_type = \"constant_with_warmup\", or \"cosine\" "
+                 "(DS-Chat's default)",
+                 n.name, n.get_int("num_warmup_steps"));
   return {};
+}
+
+void add_schedule_hints(graph::node_kind& k) {
+  k.known_as("warmup_ratio", "HF Trainer's and TRL's warmup_ratio (a share of the run) is num_warmup_steps here, in "
+                             "updates: the run's updates x the ratio")
+      .known_as("warmup_steps", "HF Trainer's warmup_steps is num_warmup_steps here (DS-Chat's name)")
+      .known_as("lr_warmup_steps_ratio", "veRL's lr_warmup_steps_ratio is num_warmup_steps here, in updates: the "
+                                         "run's updates x the ratio")
+      .known_as("lr_scheduler", "the schedule is lr_scheduler_type here (transformers' names: constant, "
+                                "constant_with_warmup, linear, cosine; DS-Chat's flag)");
+}
+
+void warn_scheduler_replaced(const actor::node_context& ctx, const ds_config& c) {
+  if (c.scheduler.type.empty()) return;
+  std::vector<std::string> written;
+  for (const char* k : {"lr_scheduler_type", "num_warmup_steps"})
+    if (const auto* w = ctx.spec().find_setting(k); w && !w->from_default) written.push_back(k);
+  // num_warmup_steps that filled the JSON's "auto" warmup is taken, not replaced
+  if (std::any_of(c.auto_filled.begin(), c.auto_filled.end(),
+                  [](const std::string& k) { return k.rfind("scheduler.params.warmup_num_steps=", 0) == 0; }))
+    std::erase(written, std::string("num_warmup_steps"));
+  if (!written.empty())
+    spdlog::warn("node '{}': {}'s scheduler ({}) replaces {} (DeepSpeed prefers a configured scheduler to the one "
+                 "DS-Chat hands it): remove the JSON's scheduler section, or the node's setting",
+                 ctx.name(), c.where, c.scheduler.type, fmt::join(written, " and "));
 }
 
 std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n) {
@@ -626,6 +659,7 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
     const std::string own = d.dtype;
     const auto c = load_node_ds_config(ctx, p, 1, true);
     dschat::apply_ds_config(d, c);
+    warn_scheduler_replaced(ctx, c);
     warn_dtype_overridden(ctx, own, d.dtype, c.where);
   }
   return d;

@@ -96,7 +96,17 @@ std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n)
 /// The node's lr_scheduler_type when the graph is checked (a kind's check): a name that
 /// transformers.get_scheduler (lr_schedule::transformers) does not take is one problem at the setting,
 /// refused before any node starts, where it failed the node's start after the steps before it trained.
+/// Also warns (no problem) when num_warmup_steps is written beside lr_scheduler_type "constant", whose
+/// transformers schedule has no warmup: the warmup a DS-Chat user meant did nothing.
 std::vector<graph::node_kind::problem> lr_scheduler_problems(const graph::node_spec& n);
+
+/// The hints an unknown setting named as HF Trainer, TRL or veRL name the learning-rate schedule gets
+/// on every DS-Chat trainer kind (warmup_ratio, warmup_steps, lr_scheduler, lr_warmup_steps_ratio).
+void add_schedule_hints(graph::node_kind& k);
+
+/// A DeepSpeed JSON with a scheduler section replaces lr_scheduler_type and num_warmup_steps (DeepSpeed
+/// prefers a configured scheduler): a warning naming the ones written on the node, on rank 0.
+void warn_scheduler_replaced(const actor::node_context& ctx, const ds_config& c);
 /// The node's deepspeed_config, when set, loaded for `world` ranks when the graph is checked: a JSON that
 /// does not load (a key DeepSpeed refuses, a misspelt params, a batch triple that contradicts itself) is one
 /// problem at the setting, appended to `problems` and reported once, rather than by each replica's start().
@@ -115,7 +125,8 @@ std::vector<graph::node_kind::problem> ds_config_problems(const graph::node_spec
 /// eps 1e-8 (DS-Chat's AdamW) and gradient_clipping (the node's, else DS-Chat's 1.0);
 /// optimizer.params.weight_decay (weight_decay), fp16.enabled / bf16.enabled (dtype), scheduler.params
 /// warmup_min_lr 0 / warmup_max_lr (the lr) / warmup_num_steps (num_warmup_steps) / total_num_steps
-/// (steps; for step 3's policy and critic, which ignore the scheduler, 0 and 1). A key the node has no
+/// (steps; for step 3's policy and critic max(2, num_warmup_steps) + 1, a placeholder their trainer
+/// replaces with the run's updates once it knows them: ppo_trainer::plan_schedule). A key the node has no
 /// setting for is left out: its "auto" stays an error naming it.
 std::map<std::string, std::string> hf_auto_values(const graph::node_spec& n, int world);
 

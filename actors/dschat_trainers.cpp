@@ -95,6 +95,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .known_as("output_dir", "DS-Chat's --output_dir is output here (a file, or a folder for an HF model)")
       .known_as("lora_r", "DS-Chat's LoRA rank is lora_dim here (TencentPretrain's lora_r)")
       .known_as("max_length", "TRL's max_length is max_seq_len here (prompt + answer tokens)");
+  add_schedule_hints(k);
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     auto problems = check_trainer_output(n, g);
     for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));

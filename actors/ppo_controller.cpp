@@ -235,8 +235,10 @@ class ppo_controller final : public actor::node {
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{}{} "
                             "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}{}",
                             p.iteration, s.reward_mean, shown4(s.kl_mean), a.loss,
-                            s.with_critic ? fmt::format(" critic_loss {:.4f}", c.loss) : "",
                             a.scheduled ? fmt::format(" lr {:.2e}", a.lr) : "",
+                            s.with_critic ? fmt::format(" critic_loss {:.4f}{}", c.loss,
+                                                        c.scheduled ? fmt::format(" critic_lr {:.2e}", c.lr) : "")
+                                          : "",
                             a.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", a.unsup_loss) : "",
                             s.answer_len_mean,
                             s.groups_kept < s.groups ? fmt::format(" groups {}/{}", s.groups_kept, s.groups) : "",

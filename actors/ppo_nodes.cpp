@@ -640,6 +640,12 @@ class ppo_trainer final : public actor::node {
       const std::string own = d_.dtype;
       dschat::apply_ds_config(d_, c);
       if (group_.rank == 0) warn_dtype_overridden(ctx, own, d_.dtype, c.where);
+      if (group_.rank == 0) warn_scheduler_replaced(ctx, c);
+      ds_where_ = c.where;
+      // "auto" (HF Trainer's word) for the scheduler's length: the run's updates, once known (plan_schedule)
+      ds_total_auto_ = std::any_of(c.auto_filled.begin(), c.auto_filled.end(), [](const std::string& k) {
+        return k.rfind("scheduler.params.total_num_steps=", 0) == 0;
+      });
     }
     if (policy_) {
       ps_.policy.clip_ratio_c = s.get_float("clip_ratio_c");
@@ -713,6 +719,7 @@ class ppo_trainer final : public actor::node {
                               ctx.checkpoint_dir()));
     }
     if (!engine_.engine || ctx.reason() != actor::stop_reason::completed) return;
+    report_schedule_end(ctx);
     if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
       ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_.engine->memory().str()));
     engine_.finish();  // every rank: at stage 3 the parameters are gathered
@@ -804,15 +811,24 @@ class ppo_trainer final : public actor::node {
     const bool first = planned_updates_ == 0;
     planned_updates_ = total;
     engine_.schedule = dschat::schedule_from(d_, total);
+    if (ds_total_auto_) engine_.schedule.total_num_steps = total;
     if (!speaks() || !scheduled()) return;
     const std::string who = policy_ ? "actor" : "critic";
     const lr_schedule& sc = engine_.schedule;
-    if (first)
-      ctx.print(fmt::format(
-          "[step 3 ppo] {}: learning rate {} over {} updates ({} iterations x {} ppo_epochs x {} mini-batches of "
-          "{} rows), {} warmup updates, peak {}_learning_rate {:.2e}; the next update's {:.2e}",
-          ctx.name(), sc.type, total, r.iterations, ps_.ppo_epochs, per_iteration / ps_.ppo_epochs, mb,
-          sc.warmup_num_steps, who, d_.learning_rate, sc.lr_at(lr_steps_, d_.learning_rate)));
+    const std::string plan = fmt::format("{} updates ({} iterations x {} ppo_epochs x {} mini-batches of {} rows)",
+                                         total, r.iterations, ps_.ppo_epochs, per_iteration / ps_.ppo_epochs, mb);
+    if (first && d_.ds_scheduler.type.empty())
+      ctx.print(fmt::format("[step 3 ppo] {}: learning rate {} over {}, {} warmup updates, peak {}_learning_rate "
+                            "{:.2e}; the next update's {:.2e}",
+                            ctx.name(), sc.type, plan, sc.warmup_num_steps, who, d_.learning_rate,
+                            sc.lr_at(lr_steps_, d_.learning_rate)));
+    else if (first)  // DeepSpeed's own: its peak and warmup are the JSON's (warmup_max_lr, max(2, warmup_num_steps))
+      ctx.print(fmt::format("[step 3 ppo] {}: learning rate {} of {}{} over this run's {}; the next update's {:.2e}",
+                            ctx.name(), sc.type, ds_where_,
+                            sc.type == "WarmupLR" ? std::string()
+                            : ds_total_auto_      ? " (total_num_steps \"auto\": the run's updates)"
+                                                  : fmt::format(" (total_num_steps {})", sc.total_num_steps),
+                            plan, sc.lr_at(lr_steps_, d_.learning_rate)));
     else  // the rows per batch changed within the run: rare (a generator whose num_generations differs)
       ctx.log().warn("the run's updates are now planned at {}: the learning rate follows the new plan", total);
     if (saved_plan_ > 0 && saved_plan_ != total)  // a resume with more iterations
@@ -829,6 +845,20 @@ class ppo_trainer final : public actor::node {
                      d_.num_warmup_steps, total, sc.lr_at(total - 1, d_.learning_rate),
                      100.0 * sc.lr_at(total - 1, d_.learning_rate) / d_.learning_rate, who);
   }
+  // The end of a scheduled run whose updates were fewer than planned (rows dropped: short answers,
+  // DAPO's filter_groups, stale items): the schedule stopped short of its end, said with the rate
+  // the last update ran at (DS-Chat plans from the loader's length alike, and says nothing).
+  void report_schedule_end(actor::node_context& ctx) const {
+    if (!speaks() || !scheduled() || planned_updates_ == 0 || lr_steps_ >= planned_updates_) return;
+    const double last = engine_.schedule.lr_at(std::max<int64_t>(0, lr_steps_ - 1), d_.learning_rate);
+    ctx.print(fmt::format("[step 3 ppo] {}: {} of the {} updates the learning-rate schedule was planned over were "
+                          "applied (the others' rows were dropped: short answers, filter_groups, staleness, or "
+                          "fp16 overflows), so it stopped short of its end: the last update ran at {:.2e}, {:.0f}% "
+                          "of {}_learning_rate",
+                          ctx.name(), lr_steps_, planned_updates_, last, 100.0 * last / d_.learning_rate,
+                          policy_ ? "actor" : "critic"));
+  }
+
   // Whether the learning rate moves over the run (not a constant schedule without warmup).
   bool scheduled() const {
     if (!d_.ds_scheduler.type.empty()) return true;
@@ -1153,6 +1183,8 @@ class ppo_trainer final : public actor::node {
   // the learning-rate schedule (plan_schedule): updates applied on it, the updates it spans (0: not
   // planned yet), and what the checkpoint resumed from had planned (0: none, or an older checkpoint)
   int64_t lr_steps_ = 0, planned_updates_ = 0, saved_plan_ = 0;
+  bool ds_total_auto_ = false;  // the DeepSpeed JSON's scheduler.params.total_num_steps was "auto"
+  std::string ds_where_;        // the DeepSpeed JSON (its path), when the node has one
   std::vector<std::shared_ptr<decoder>> snapshots_;  // the generator's weight buffers (take_snapshot)
   std::string init_weights_;  // weights_fingerprint of the model `init` brought
   std::map<int64_t, int64_t> scored_with_;  // the policy: iteration -> version_ when its rollouts were scored
@@ -1225,7 +1257,13 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     add_rank_group_settings(k);
     k.known_as("ppo_mini_batch_size",
                "veRL's ppo_mini_batch_size (rollouts per update) is per_device_training_batch_size here, all ranks "
-               "together");
+               "together")
+        .known_as("learning_rate", "the " + std::string(policy ? "policy" : "critic") + "'s rate is " + who +
+                                       "_learning_rate here (DS-Chat's --" + who + "_learning_rate; TRL's learning_rate)")
+        .known_as("num_ppo_epochs", "TRL's num_ppo_epochs is ppo_epochs here")
+        .known_as("num_mini_batches", "TRL's num_mini_batches is per_device_training_batch_size here: the rows of one "
+                                      "update (a generation batch's rows / num_mini_batches), all ranks together");
+    add_schedule_hints(k);
     if (policy) {
       k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
           .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")

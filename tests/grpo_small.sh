@@ -58,8 +58,26 @@ grep -qE "node 'generator': the longest prompt, [0-9]+ tokens \(at most the prom
   { tail -5 "$out/toolong.err"; fail "the error does not name the settings and the bound"; }
 grep -q "iter 0 reward" "$out/toolong.log" && fail "an iteration ran with answers past the context"
 
-run rloo "$out/rloo.graph" || { tail -20 "$out/rloo.err"; fail "rloo.graph failed"; }
+# RLOO with a linear learning-rate schedule over updates of 8 rows: planned over 2 iterations x 32 rows / 8 = 8
+# updates, but filter_groups keeps only the groups whose rewards differ (8 rows, one update, each), so the
+# schedule stops short: the end of the run says how far, with the last update's rate (transformers' linear
+# without warmup: update k at (N - k) / N of actor_learning_rate 3e-4)
+run rloo "$out/rloo.graph" --set node.policy.lr_scheduler_type=linear --set node.policy.per_device_training_batch_size=8 ||
+  { tail -20 "$out/rloo.err"; fail "rloo.graph failed"; }
 grep -q "held-out mean reward" "$out/rloo.log" || fail "rloo.graph printed no held-out result"
+grep -qF "[step 3 ppo] policy: learning rate linear over 8 updates (2 iterations x 1 ppo_epochs x 4 mini-batches of 8 rows)" \
+  "$out/rloo.log" || fail "the RLOO policy did not plan 8 updates: $(grep 'learning rate' "$out/rloo.log")"
+applied=$(grep -oE "iter [0-9]+ reward .* groups [0-9]+/4" "$out/rloo.log" | awk '{ split($NF, g, "/"); n += g[1] } END { print n }')
+[ -n "$applied" ] && [ "$applied" -lt 8 ] || fail "filter_groups kept every group: the short schedule is not shown ($applied)"
+python3 - "$out/rloo.log" "$applied" <<'PY' || fail "the short schedule's report is wrong: $(grep 'were applied' "$out/rloo.log")"
+import re, sys
+log, n = open(sys.argv[1]).read(), int(sys.argv[2])
+lr = 3e-4 * (8 - (n - 1)) / 8
+m = re.search(r"\[step 3 ppo\] policy: (\d+) of the 8 updates the learning-rate schedule was planned over were applied .* "
+              r"the last update ran at (\S+), (\d+)% of actor_learning_rate", log)
+assert m and int(m[1]) == n and abs(float(m[2]) - lr) <= 0.005 * lr and int(m[3]) == round(100 * lr / 3e-4), (m and m.groups(), n, lr)
+print(f"RLOO with filter_groups: {n} of 8 planned updates applied; the last at {lr:.3e}, as the report says")
+PY
 
 # the same job scored by a Python function: the same rewards, so the same numbers (format_score
 # 0.25 makes the rewards of a barely trained model non-zero)

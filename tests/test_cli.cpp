@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -354,37 +355,103 @@ TEST_CASE("sft_trainer warns when its DeepSpeed JSON's decaying scheduler ends b
   CHECK_FALSE(has(out, "is over at total_num_steps"));
 }
 
-TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says what they are here") {
-  // they were answered with the list of valid settings only
+TEST_CASE("step 3 takes a DeepSpeed JSON's scheduler, its auto total_num_steps the run's updates") {
+  // "auto" was filled with total_num_steps 1 (step 3 then ignored the scheduler): with the schedule taken,
+  // the policy's rate fell to 0 after its second update
+  const auto dir = temp_folder();
+  std::ofstream(dir / "auto.json")
+      << R"({"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", )"
+      << R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", )"
+      << R"("warmup_num_steps": "auto", "total_num_steps": "auto"}}})";
+  int rc = -1;
+  const std::string out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --no-progress " +
+                                  "--set graph.checkpoint_dir= --set node.sft.steps=2 --set node.rm.steps=2 " +
+                                  "--set node.prompts.iterations=6 --set node.prompts.eval_prompts=0 " +
+                                  "--set node.sft.output=" + (dir / "sft.bin").string() +
+                                  " --set node.rm.output=" + (dir / "rm").string() +
+                                  " --set node.policy.output=" + (dir / "ppo.bin").string() +
+                                  " --set node.policy.num_warmup_steps=2 --set node.policy.deepspeed_config=" +
+                                  (dir / "auto.json").string() + " 2>&1",
+                              &rc);
+  REQUIRE(rc == 0);
+  CHECK(has(out, "[step 3 ppo] policy: learning rate WarmupDecayLR of " + (dir / "auto.json").string() +
+                     " (total_num_steps \"auto\": the run's updates) over this run's 6 updates (6 iterations x 1 "
+                     "ppo_epochs x 1 mini-batches of 8 rows)"));
+  // the printed rates, one update per iteration: DeepSpeed's WarmupDecayLR over 6 updates, warmup 2 (the
+  // policy's num_warmup_steps, for its "auto"), from warmup_min_lr 0 to warmup_max_lr 1e-4 (actor_learning_rate),
+  // worked by hand from deepspeed/runtime/lr_schedules.py: update k runs at get_lr() with
+  // last_batch_iteration k - 1 (0 below 0); warmup (log): log(k) / log(2) for k - 1 < 2; then decay
+  // (6 - (k - 1)) / (6 - 2)
+  const std::vector<double> want = {0, 0, 1e-4, 1e-4, 0.75e-4, 0.5e-4};
+  std::vector<double> got;
+  static const std::regex line(R"(\[step 3 ppo\] iter \d+ .* lr (\S+) )");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) got.push_back(std::stod((*it)[1]));
+  REQUIRE(got.size() == 6);
+  for (size_t k = 0; k < 6; ++k) {
+    CAPTURE(k);
+    CHECK(got[k] == doctest::Approx(want[k]).epsilon(0.005));
+  }
+  CHECK(got[5] > 0);  // the end of the decay, not past it
+  // the policy's written num_warmup_steps filled the JSON's "auto": no warning that the JSON replaced it
+  CHECK_FALSE(has(out, "replaces num_warmup_steps"));
+}
+
+TEST_CASE("a warmup with the constant schedule is named: transformers' constant schedule takes none") {
   const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
   int rc = -1;
-  auto out = run(bin + "sft.graph --no-progress --set node.sft.num_train_epochs=1 2>&1", &rc);
-  CHECK(rc == 2);
-  CHECK(has(out, "hint: DS-Chat's --num_train_epochs is steps here: optimizer updates"));
-  out = run(bin + "rm.graph --no-progress --set node.rm.model_name_or_path=x 2>&1", &rc);
-  CHECK(has(out, "hint: DS-Chat's --model_name_or_path is model here"));
-  out = run(bin + "dpo.graph --no-progress --set node.dpo.max_prompt_length=64 2>&1", &rc);
-  CHECK(has(out, "hint: TRL's max_prompt_length has no separate setting here: max_seq_len bounds prompt + answer"));
-  out = run(bin + "dpo.graph --no-progress --set node.dpo.max_length=64 2>&1", &rc);
-  CHECK(has(out, "hint: TRL's max_length is max_seq_len here"));
+  // transformers' constant schedule takes no warmup: said when the graph is checked (the bad dtype stops
+  // the run there)
+  for (const std::string node : {"sft", "policy"}) {
+    CAPTURE(node);
+    auto out = run(bin + (node == "sft" ? "sft.graph" : "rlhf.graph") + " --no-progress --set node." + node +
+                       ".lr_scheduler_type=constant --set node." + node + ".num_warmup_steps=3 --set node." + node +
+                       ".dtype=fp8 2>&1",
+                   &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, "node '" + node + "': num_warmup_steps = 3 does nothing with lr_scheduler_type = \"constant\""));
+  }
+}
+
+TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says what they are here") {
+  // they were answered with the list of valid settings only (policy.learning_rate: "a setting of [node.sft]")
+  const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
+  int rc = -1;
+  struct named {
+    const char* set;   // GRAPH --set node.NAME.KEY=VALUE
+    const char* hint;  // what the refusal's hint says
+  };
+  for (const named& n : std::initializer_list<named>{
+           {"sft.graph --set node.sft.num_train_epochs=1", "DS-Chat's --num_train_epochs is steps here: optimizer updates"},
+           {"rm.graph --set node.rm.model_name_or_path=x", "DS-Chat's --model_name_or_path is model here"},
+           {"dpo.graph --set node.dpo.max_prompt_length=64",
+            "TRL's max_prompt_length has no separate setting here: max_seq_len bounds prompt + answer"},
+           {"dpo.graph --set node.dpo.max_length=64", "TRL's max_length is max_seq_len here"},
+           {"rlhf.graph --set node.ppo_controller.async_train=true", "OpenRLHF's --async_train is max_staleness >= 1 here"},
+           {"rlhf.graph --set node.generator.n_samples_per_prompt=4", "OpenRLHF's --n_samples_per_prompt is num_generations here"},
+           {"rlhf.graph --set node.policy.ppo_mini_batch_size=4",
+            "veRL's ppo_mini_batch_size (rollouts per update) is per_device_training_batch_size here"},
+           {"rlhf.graph --set node.policy.learning_rate=1e-5", "the policy's rate is actor_learning_rate here"},
+           {"rlhf.graph --set node.critic.learning_rate=1e-5", "the critic's rate is critic_learning_rate here"},
+           {"rlhf.graph --set node.policy.num_ppo_epochs=2", "TRL's num_ppo_epochs is ppo_epochs here"},
+           {"sft.graph --set node.sft.warmup_ratio=0.1",
+            "HF Trainer's and TRL's warmup_ratio (a share of the run) is num_warmup_steps here"},
+           {"dpo.graph --set node.dpo.lr_scheduler=cosine", "the schedule is lr_scheduler_type here"}}) {
+    CAPTURE(n.set);
+    const auto out = run(bin + n.set + " --no-progress 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, std::string("hint: ") + n.hint));
+  }
   // DS-Chat's scheduler names: one it does not know is refused when the graph is checked, at the
   // setting (steps 1-2 and DPO failed in the node's start, after the steps before had trained)
   for (const char* set : {"rlhf.graph --no-progress --set node.critic.lr_scheduler_type=cosin",
                           "sft.graph --no-progress --set node.sft.lr_scheduler_type=cosin",
                           "dpo.graph --no-progress --set node.dpo.lr_scheduler_type=cosin" DPO_MODEL}) {
     CAPTURE(set);
-    out = run(bin + set + " 2>&1", &rc);
+    const auto out = run(bin + set + " 2>&1", &rc);
     CHECK(rc == 2);
     CHECK(has(out, "lr_scheduler_type=cosin:1:"));
     CHECK(has(out, "error: lr_scheduler_type \"cosin\" is not supported; use cosine, linear, constant or constant_with_warmup"));
   }
-  // OpenRLHF's and veRL's names for asynchronous training and its batches
-  out = run(bin + "rlhf.graph --no-progress --set node.ppo_controller.async_train=true 2>&1", &rc);
-  CHECK(has(out, "hint: OpenRLHF's --async_train is max_staleness >= 1 here"));
-  out = run(bin + "rlhf.graph --no-progress --set node.generator.n_samples_per_prompt=4 2>&1", &rc);
-  CHECK(has(out, "hint: OpenRLHF's --n_samples_per_prompt is num_generations here"));
-  out = run(bin + "rlhf.graph --no-progress --set node.policy.ppo_mini_batch_size=4 2>&1", &rc);
-  CHECK(has(out, "hint: veRL's ppo_mini_batch_size (rollouts per update) is per_device_training_batch_size here"));
 }
 
 TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer would score as a right one, or above") {

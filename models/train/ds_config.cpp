@@ -749,7 +749,9 @@ void parse_scheduler(reader& r, const ojson& sec, ds_config& cfg) {
     if (s.total_num_steps < n)
       cfg.warnings.push_back(r.place("scheduler.params.total_num_steps") + ": total_num_steps " +
                              std::to_string(s.total_num_steps) + " is less than warmup_num_steps " +
-                             std::to_string(s.warmup_num_steps) + " (DeepSpeed warns too)");
+                             std::to_string(s.warmup_num_steps) +
+                             (n != s.warmup_num_steps ? " (DeepSpeed raises it to " + std::to_string(n) + ")" : "") +
+                             " (DeepSpeed warns too)");
   }
 }
 

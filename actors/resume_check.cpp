@@ -156,12 +156,10 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
     if (const auto* path = std::get_if<std::string>(&value))
       if (auto c = contents_of(k, *path, safe.count(std::string(ds_batch_split_safe)) > 0); !c.is_null())
         j[k + std::string(contents_suffix)] = std::move(c);
+    // (a model is never trained in place: an output at the model's path is refused when the graph is checked)
     if (const auto* path = std::get_if<std::string>(&value); path && k == "model" && records_model_contents(n)) {
       std::error_code ec;
-      const auto* out = n.find_setting("output");  // a model trained in place changes by design
-      const bool in_place = out && std::holds_alternative<std::string>(out->value) &&
-                            same_file_spelling(std::get<std::string>(out->value)) == *path;
-      if (!in_place && !path->empty() && std::filesystem::exists(*path, ec))
+      if (!path->empty() && std::filesystem::exists(*path, ec))
         j[k + std::string(contents_suffix)] = model_fingerprint(*path);
     }
     if (const auto* paths = std::get_if<std::vector<std::string>>(&value); paths && k == "mix_data") {

@@ -1,11 +1,49 @@
 #include "models/lm_data.h"
 
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
+
+#include <fmt/format.h>
 
 namespace flowrun {
+
+namespace {
+// The offset of the first byte of `s` that is not part of well-formed UTF-8 (RFC 3629: no overlong
+// forms, no surrogates, at most U+10FFFF) or is a NUL, else npos.
+size_t first_non_text_byte(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0) return i;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int n = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // the first continuation byte's range
+    if (c >= 0xC2 && c <= 0xDF) n = 1;
+    else if (c == 0xE0) n = 2, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC) n = 2;
+    else if (c == 0xED) n = 2, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF) n = 2;
+    else if (c == 0xF0) n = 3, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) n = 3;
+    else if (c == 0xF4) n = 3, hi = 0x8F;
+    else return i;
+    if (i + static_cast<size_t>(n) >= s.size()) return i;  // cut short at the end
+    for (int k = 1; k <= n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return i;
+    }
+    i += static_cast<size_t>(n) + 1;
+  }
+  return std::string_view::npos;
+}
+}  // namespace
 
 std::vector<std::string> split_documents(const std::string& text) {
   std::vector<std::string> docs;
@@ -33,10 +71,19 @@ std::vector<std::string> split_documents(const std::string& text) {
 
 lm_dataset::lm_dataset(const std::string& path, const tokenizer& tok, int64_t seq_length, double val_fraction)
     : T_(seq_length) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(path + ": is a folder; the training data is one UTF-8 text file (documents separated by "
+                             "blank lines, e.g. data/tinystories/tinystories_train_head.txt)");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error(path + ": cannot open training text");
   std::stringstream ss;
   ss << f.rdbuf();
+  // a model file or other binary was tokenized byte by byte and trained on without a word
+  if (const size_t at = first_non_text_byte(ss.view()); at != std::string_view::npos)
+    throw std::runtime_error(path + ": is not UTF-8 text (byte " + std::to_string(at) + ", 0x" +
+                             fmt::format("{:02x}", static_cast<unsigned char>(ss.view()[at])) +
+                             "): the training data is a text file; a binary (a model, an archive) is no data");
   for (const auto& d : split_documents(ss.str())) {
     auto ids = tok.encode(d, /*add_bos=*/true);
     tokens_.insert(tokens_.end(), ids.begin(), ids.end());

@@ -21,8 +21,9 @@ class lm_dataset {
  public:
   /// Tokenize `path` (a UTF-8 text file) into instances of seq_length + 1 tokens.
   /// `val_fraction` of the instances (at least one) are held out from the end.
-  /// Throws std::runtime_error naming the file when it cannot be read or is too
-  /// short for one training and one validation instance.
+  /// Throws std::runtime_error naming the file when it cannot be read, is a folder, is not
+  /// UTF-8 text (a NUL or a malformed sequence: a binary file), or is too short for one
+  /// training and one validation instance.
   lm_dataset(const std::string& path, const tokenizer& tok, int64_t seq_length, double val_fraction = 0.05);
 
   int64_t seq_length() const { return T_; }

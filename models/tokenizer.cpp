@@ -254,11 +254,24 @@ bool folder_has_tokenizer(const std::string& dir) {
          (std::filesystem::exists(d / "vocab.json") && std::filesystem::exists(d / "merges.txt"));
 }
 
+namespace {
+// The files of a tokenizer in a model folder (copy_tokenizer_files, remove_tokenizer_files).
+const char* const tokenizer_files[] = {"tokenizer.model",       "vocab.json",        "merges.txt",
+                                       "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
+                                       "tokenizer.json",        "chat_template.jinja"};  // newer transformers' template file
+}  // namespace
+
+std::vector<std::string> remove_tokenizer_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  for (const char* f : tokenizer_files)
+    if (fs::remove(fs::path(dir) / f)) removed.push_back((fs::path(dir) / f).string());
+  return removed;
+}
+
 std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const std::string& dst_in, bool hf_names) {
   namespace fs = std::filesystem;
-  static const char* const files[] = {"tokenizer.model",       "vocab.json",        "merges.txt",
-                                      "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
-                                      "tokenizer.json",        "chat_template.jinja"};  // newer transformers' template file
+  const auto& files = tokenizer_files;
   const fs::path src(src_in), dst(dst_in);
   fs::create_directories(dst);
   std::vector<std::string> written;

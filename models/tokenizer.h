@@ -103,6 +103,11 @@ bool folder_has_tokenizer(const std::string& dir);
 /// std::filesystem::filesystem_error naming the file, std::runtime_error for a bad .model.
 std::vector<std::string> copy_tokenizer_files(const std::string& src, const std::string& dst_dir, bool hf_names = true);
 
+/// Remove from model folder `dir` the files copy_tokenizer_files would write there (those that exist);
+/// returns their paths. For a folder written again without a tokenizer, where an earlier model's would
+/// otherwise be read as this one's. Throws std::filesystem::filesystem_error naming a file it cannot remove.
+std::vector<std::string> remove_tokenizer_files(const std::string& dir);
+
 /// Write the tokenizer_config.json of a Hugging Face LLaMA folder for SentencePiece model `model_path`:
 /// tokenizer_class "LlamaTokenizer", the model's BOS / EOS / UNK / pad pieces (null for an id the model
 /// lacks), add_bos_token (when it has a BOS), add_eos_token false, legacy true (the keys of Meta's LLaMA

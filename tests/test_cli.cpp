@@ -149,6 +149,22 @@ TEST_CASE("convert from an HF folder keeps the folder's tokenizer and generation
   run(std::string(FLOWRUN_BIN) + " convert --from hf " + src.string() + " --to llama2c " + bin.string() + " 2>&1", &rc);
   REQUIRE(rc == 0);
   CHECK(std::filesystem::exists(bin.parent_path() / "tokenizer.model"));
+  // written over with another model, the folder keeps nothing of the one before: the Qwen2 fixture has no
+  // generation_config.json (the stories one stayed, and its bos 1 / eos [2, 426] were read as Qwen2's)...
+  const std::string qwen = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";
+  out = run(std::string(FLOWRUN_BIN) + " convert --from hf " + qwen + " --to hf " + dst.string() + " 2>&1", &rc);
+  REQUIRE(rc == 0);
+  CHECK_FALSE(std::filesystem::exists(dst / "generation_config.json"));
+  CHECK(has(out, "removed " + (dst / "generation_config.json").string() + ", an earlier model's"));
+  CHECK(std::filesystem::exists(dst / "tokenizer.json"));
+  CHECK_FALSE(std::filesystem::exists(dst / "tokenizer.model"));
+  // ... and a model without a tokenizer leaves none of the earlier one's
+  out = run(std::string(FLOWRUN_BIN) + " convert --from llama2c model/stories260K/stories260K.bin --to hf " +
+                dst.string() + " 2>&1",
+            &rc);
+  REQUIRE(rc == 0);
+  CHECK_FALSE(std::filesystem::exists(dst / "tokenizer.json"));
+  CHECK(has(out, "removed the tokenizer an earlier model left in " + dst.string()));
 }
 
 TEST_CASE("train-lm --init an HF folder trains on the folder's own tokenizer unless --tokenizer is given") {
@@ -163,6 +179,70 @@ TEST_CASE("train-lm --init an HF folder trains on the folder's own tokenizer unl
   CHECK(std::filesystem::exists(out / "tokenizer.json"));
   CHECK_FALSE(std::filesystem::exists(out / "tokenizer.model"));  // tok512's file, which it wrote before
   std::filesystem::remove_all(out);
+}
+
+TEST_CASE("train-lm refuses an --output that is its data or its base model, and a tokenizer the model cannot read") {
+  // --output over --data turned the training text into a model file, over --init lost the base, with exit 0;
+  // a tokenizer with more ids than the embedding failed at its first such id inside embedding_forward
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_cli_tl_inputs_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(std::string(FLOWRUN_SOURCE_DIR) + "/graphs/rlhf.graph", dir / "d.txt");  // any text
+  const std::string tl = std::string(FLOWRUN_BIN) + " train-lm --steps 1 --seq_length 16 ";
+  int rc = -1;
+  auto out = run(tl + "--data " + (dir / "d.txt").string() + " --output " + (dir / "d.txt").string() + " 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "is the training data (--data " + (dir / "d.txt").string() + "): it would be overwritten by the model"));
+  CHECK(fs::file_size(dir / "d.txt") == fs::file_size(std::string(FLOWRUN_SOURCE_DIR) + "/graphs/rlhf.graph"));
+  run(tl + "--data " + (dir / "d.txt").string() + " --output " + (dir / "m.bin").string() + " 2>&1", &rc);
+  REQUIRE(rc == 0);
+  const auto before = fs::file_size(dir / "m.bin");
+  out = run(tl + "--data " + (dir / "d.txt").string() + " --init " + (dir / "m.bin").string() + " --output " +
+                (dir / "." / "m.bin").string() + " 2>&1",
+            &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "is the model it starts from (--init " + (dir / "m.bin").string() + "): the base would be lost"));
+  CHECK(fs::file_size(dir / "m.bin") == before);
+  // the Qwen2 fixture's tokenizer (902 ids) against stories260K (512 rows): named before training
+  const std::string qwen = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";
+  out = run(tl + "--data " + (dir / "d.txt").string() + " --init model/stories260K/stories260K.bin --tokenizer " + qwen +
+                " 2>&1",
+            &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "the tokenizer " + qwen + " has 902 tokens, and the model model/stories260K/stories260K.bin has 512 "
+                 "embedding rows"));
+  // a random model gets an embedding row per token of its tokenizer
+  out = run(tl + "--data " + (dir / "d.txt").string() + " --init random --tokenizer " + qwen + " 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "vocab=902"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a graph whose model output is a file or folder it reads is refused when checked") {
+  // zero_rank's export_hf over its HF base folder replaced the weights it started from (its rerun then
+  // refused its own checkpoint: the model's bytes had changed); sft's output over its model alike
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_cli_out_in_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2", dir / "q", fs::copy_options::recursive);
+  const auto weights = fs::file_size(dir / "q" / "model.safetensors");
+  const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
+  int rc = -1;
+  auto out = run(bin + "pretrain.graph --no-progress --set node.ranks.model=" + (dir / "q").string() +
+                     " --set node.data.tokenizer=" + (dir / "q").string() + " --set node.ranks.export_hf=" +
+                     (dir / "q").string() + "/ 2>&1",
+                 &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: setting 'export_hf' of node 'ranks' saves to the place 'tokenizer' of node 'data' reads"));
+  CHECK(has(out, "the save would overwrite what the run starts from"));
+  CHECK(fs::file_size(dir / "q" / "model.safetensors") == weights);
+  fs::copy_file(flowrun::test::model_path(), dir / "m.bin");
+  out = run(bin + "sft.graph --no-progress --set node.sft.model=" + (dir / "m.bin").string() + " --set node.sft.output=" +
+                (dir / "m.bin").string() + " 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: setting 'output' of node 'sft' saves to the place 'model' of node 'sft' reads"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("a missing model file is named, with exit code 2") {
@@ -197,6 +277,10 @@ TEST_CASE("flowrun generate: a ZeRO folder or an adapter given as --model, and b
   CHECK(out.find("--world_size: Value 0 not in range 1 to 256") != std::string::npos);
   out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " --lora " + (dir / "ad").string() + " 2>&1", &rc);
   CHECK(out.find("--lora goes with --model (the base model), not --zero_checkpoint") != std::string::npos);
+  // --model beside --zero_checkpoint was ignored without a word
+  out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " --model model/stories260K/stories260K.bin 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(out.find("--model and --zero_checkpoint each name the model to generate from: give one") != std::string::npos);
   fs::remove_all(dir);
 }
 

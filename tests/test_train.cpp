@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 
 #include "models/decoder.h"
@@ -295,6 +297,50 @@ TEST_CASE("pretrained stories260K on Tiny Shakespeare: loss goes down") {
   MESSAGE("train loss " << first << " -> " << last << ", held-out " << v0 << " -> " << v1);
   CHECK(last < first);
   CHECK(v1 < v0 - 0.1);
+}
+
+TEST_CASE("lm_dataset refuses a folder and a file that is not UTF-8 text, naming the byte") {
+  // a model file was tokenized byte by byte (1.9 M "tokens") and trained on; a folder made "0 instances"
+  namespace fs = std::filesystem;
+  auto tok = load_tokenizer(test::tokenizer_path());
+  const fs::path dir = fs::temp_directory_path() / "flowrun_lm_data_text";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string story = "Once upon a time there was a cat. It liked the sun.\n\n";
+  std::string good;
+  for (int i = 0; i < 40; ++i) good += story;
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return (dir / name).string();
+  };
+  auto error_of = [&](const std::string& path) {
+    try {
+      lm_dataset d(path, *tok, 16);
+      return std::string();
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+  };
+  // well-formed UTF-8 of every length (1-4 bytes: e, U+00E9, U+20AC, U+1F600) is text
+  CHECK(error_of(write("ok.txt", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\n\n" + good)).empty());
+  CHECK(error_of(dir.string()) == dir.string() + ": is a folder; the training data is one UTF-8 text file (documents "
+                                                 "separated by blank lines, e.g. data/tinystories/tinystories_train_head.txt)");
+  const std::string n = std::to_string(good.size());
+  // RFC 3629's malformed sequences, each after `good`: the offset is good.size()
+  for (const auto& [bad, byte] : std::initializer_list<std::pair<std::string, std::string>>{
+           {std::string("\0", 1), "00"},  // a NUL: binary
+           {"\xc0\xaf", "c0"},            // an overlong '/'
+           {"\xed\xa0\x80", "ed"},        // a UTF-16 surrogate, U+D800
+           {"\xf4\x90\x80\x80", "f4"},    // above U+10FFFF
+           {"\xe2\x82", "e2"},            // cut short at the end
+           {"\x80", "80"}}) {              // a lone continuation byte
+    CAPTURE(byte);
+    CHECK(error_of(write("bad.txt", good + bad)) ==
+          (dir / "bad.txt").string() + ": is not UTF-8 text (byte " + n + ", 0x" + byte +
+              "): the training data is a text file; a binary (a model, an archive) is no data");
+  }
+  CHECK_FALSE(error_of(test::model_path()).empty());  // stories260K.bin itself
+  fs::remove_all(dir);
 }
 
 TEST_CASE("lm_dataset: a position saved exactly at an epoch's end resumes with the next epoch's order") {

@@ -81,6 +81,7 @@ class validator {
               "give checkpoint_dir a folder that can be created and written (the first checkpoint would fail "
               "there, after the training before it)");
     check_nodes();
+    check_outputs_over_inputs();
     check_edges();
     if (!spec.incomplete) check_required_ports();
     check_cycles();
@@ -104,6 +105,24 @@ class validator {
   };
   std::vector<std::vector<arc>> arcs_;  // non-feedback edges, by source node
   std::map<std::string, std::tuple<std::string, std::string, source_pos>> model_outputs_;  // path -> node, setting, where
+  std::map<std::string, std::tuple<std::string, std::string, source_pos>> inputs_;  // the files and folders read, alike
+
+  // A model output (output, export_hf, save_lora) at the place of a file or folder the graph reads (a
+  // node's model, data or tokenizer): the save would overwrite it (zero_rank's export_hf over its HF
+  // base folder replaced the weights it started from, and the rerun then refused its own checkpoint).
+  void check_outputs_over_inputs() {
+    for (const auto& [key, out] : model_outputs_) {
+      const auto in = inputs_.find(key);
+      if (in == inputs_.end()) continue;
+      const auto& [node, name, pos] = out;
+      const auto& [in_node, in_name, in_pos] = in->second;
+      error(pos,
+            "setting '" + name + "' of node '" + node + "' saves to the place '" + in_name + "' of node '" + in_node +
+                "' reads" + (in_pos.known() ? " (" + where(in_pos) + ")" : std::string()) +
+                ": the save would overwrite what the run starts from",
+            "give " + name + " a path of its own");
+    }
+  }
 
   void error(source_pos p, std::string message, std::string hint) {
     if (p.file.empty()) p.file = default_file_;
@@ -402,6 +421,7 @@ class validator {
     std::vector<fs::path> tried;
     if (auto found = resolve_input(text, s.value_pos, tried)) {
       s.value = *found;
+      inputs_.emplace(same_path_key(*found), std::make_tuple(node.name, name, s.value_pos));
       return;
     }
     report_missing(node, name, text, s.value_pos, tried);
@@ -416,9 +436,10 @@ class validator {
         continue;
       }
       std::vector<fs::path> tried;
-      if (auto found = resolve_input(text, s.value_pos, tried))
+      if (auto found = resolve_input(text, s.value_pos, tried)) {
         text = *found;
-      else
+        inputs_.emplace(same_path_key(text), std::make_tuple(node.name, name, s.value_pos));
+      } else
         report_missing(node, name, text, s.value_pos, tried);
     }
   }

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -141,12 +142,21 @@ void run_convert(const convert_opts& o) {
     if (src_fmt == "llama2c")  // a new BOS ends a text, as in run.c: the folder stops where the file did
       write_llama2c_generation_config(dst, tok ? tok->bos_id() : 1, tok ? tok->eos_id() : 2,
                                       model.config().vocab_limit());
-    // from an HF folder: its stop ids and sampling defaults stay (config.json's ids came with `extra`)
-    if (const fs::path gc = fs::path(o.from[1]) / "generation_config.json";
-        src_fmt == "hf" && fs::exists(gc) && !fs::equivalent(fs::path(o.from[1]), fs::path(dst))) {
-      fs::copy_file(gc, fs::path(dst) / "generation_config.json", fs::copy_options::overwrite_existing);
-      spdlog::info("generation_config.json: -> {}", (fs::path(dst) / "generation_config.json").string());
+    // from an HF folder: its stop ids and sampling defaults stay (config.json's ids came with `extra`); a folder
+    // written over keeps nothing of the model before (its generation_config.json and tokenizer were read as this one's)
+    const bool in_place = src_fmt == "hf" && fs::equivalent(fs::path(o.from[1]), fs::path(dst));
+    const fs::path gc = fs::path(o.from[1]) / "generation_config.json", dst_gc = fs::path(dst) / "generation_config.json";
+    if (src_fmt == "hf" && !in_place && fs::exists(gc)) {
+      fs::copy_file(gc, dst_gc, fs::copy_options::overwrite_existing);
+      spdlog::info("generation_config.json: -> {}", dst_gc.string());
+    } else if (src_fmt == "hf" && !in_place && fs::remove(dst_gc)) {
+      spdlog::warn("removed {}, an earlier model's: {} has none", dst_gc.string(), o.from[1]);
     }
+    if (!tok && !in_place)
+      if (const auto gone = remove_tokenizer_files(dst); !gone.empty())
+        spdlog::warn("removed the tokenizer an earlier model left in {} ({}): this model comes without one (--tokenizer "
+                     "to give it one)",
+                     dst, fmt::join(gone, ", "));
     spdlog::info("wrote HF folder {} ({}) in {:.1f} s", dst, dtype_name(on_disk), line.seconds());
   } else if (dst_fmt == "llama2c") {
     if (on_disk != dtype::f32) throw std::runtime_error("convert: llama2.c files hold f32 weights only; drop --dtype");

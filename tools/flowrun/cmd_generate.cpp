@@ -142,9 +142,9 @@ std::string zero_checkpoint_tokenizer(const std::string& path) {
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_opts>();
   auto* sub = app.add_subcommand("generate", "Generate text from a model (llama2.c file, flowrun or HF folder) and a prompt");
-  sub->add_option("--model", o->model,
-                  "llama2.c file, flowrun or HF folder (relative paths also resolve under FLOWRUN_ASSETS)")
-      ->capture_default_str();
+  auto* model_opt = sub->add_option("--model", o->model,
+                                    "llama2.c file, flowrun or HF folder (relative paths also resolve under FLOWRUN_ASSETS)")
+                        ->capture_default_str();
   auto* tok_opt = sub->add_option("--tokenizer", o->tokenizer,
                                   "SentencePiece .model, GPT-2 vocab.json or an HF folder; default: the model "
                                   "folder's own tokenizer, else this")
@@ -188,9 +188,11 @@ void add_generate(CLI::App& app) {
   sub->add_option("--lora", o->lora,
                   "A LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors: zero_rank's "
                   "save_lora, a trainer's LoRA output) applied on top of --model, merged before generating");
-  sub->callback([o, tok_opt] {
+  sub->callback([o, tok_opt, model_opt] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
+    if (!o->zero_checkpoint.empty() && model_opt->count() > 0)  // it generated from the checkpoint without a word
+      throw std::invalid_argument("--model and --zero_checkpoint each name the model to generate from: give one");
     if (!o->zero_checkpoint.empty()) {
       // the run's own tokenizer (its data node's), as --model reads a folder's: tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();

@@ -14,6 +14,7 @@
 #include "runtime/kernels/ops.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "tools/flowrun/model_tokenizer.h"
 
 namespace flowrun::cli {
 
@@ -86,15 +87,32 @@ void add_train_lm(CLI::App& app) {
     model_format format = model_format::llama2c;  // the format --output is written in: that of --init
     if (o->init != "random") format = inspect_model(o->init).format;
     if (!o->output.empty()) {  // refused now rather than after training
+      // --output over the run's own inputs: the data became a model file, the base model the trained one
+      const auto same = [&](const std::string& input, const char* what) {
+        std::error_code ec;
+        const auto a = std::filesystem::weakly_canonical(std::filesystem::absolute(o->output), ec);
+        const auto b = std::filesystem::weakly_canonical(resolve_user_path(input, what), ec);
+        return !ec && a == b;
+      };
+      if (same(o->data, "training data"))
+        throw std::invalid_argument("--output " + o->output + " is the training data (--data " + o->data +
+                                    "): it would be overwritten by the model; write the model elsewhere");
+      if (o->init != "random" && same(o->init, "--init"))
+        throw std::invalid_argument("--output " + o->output + " is the model it starts from (--init " + o->init +
+                                    "): the base would be lost; write the trained model elsewhere");
       const auto family = o->init == "random" ? model_family::llama : inspect_model(o->init).family;
       if (auto why = save_problem(format, o->output, family, false); !why.empty())
         throw std::invalid_argument("--output " + o->output + ": " + why);
     }
-    if (o->init == "random") {
-      model = decoder(stories260k_config());
+    if (o->init == "random") {  // stories260K's shape, with an embedding row per token of the tokenizer
+      model_config c = stories260k_config();
+      c.vocab_size = tok->vocab_size();
+      model = decoder(c);
       model.init_random(static_cast<uint64_t>(o->seed));
     } else {
       model = load_model(o->init);
+      // a tokenizer with ids past the embedding failed deep in embedding_forward, naming neither
+      check_tokenizer_fits(*tok, o->tokenizer, model, o->init);
     }
     if (o->seq_length > model.config().max_seq_len)
       throw std::invalid_argument("--seq_length " + std::to_string(o->seq_length) + " exceeds the model's max_seq_len " +

@@ -165,6 +165,22 @@ TEST_CASE("convert from an HF folder keeps the folder's tokenizer and generation
   REQUIRE(rc == 0);
   CHECK_FALSE(std::filesystem::exists(dst / "tokenizer.json"));
   CHECK(has(out, "removed the tokenizer an earlier model left in " + dst.string()));
+  // a llama2.c file read with the tokenizer convert wrote beside it (tok512 read a BPE model's file silently)
+  const auto bpe_hf = std::filesystem::temp_directory_path() / "flowrun_cli_convert_keeps_bpe";
+  const auto bpe_bin = std::filesystem::temp_directory_path() / "flowrun_cli_convert_keeps_bpe_c" / "m.bin";
+  std::filesystem::remove_all(bpe_hf);
+  std::filesystem::remove_all(bpe_bin.parent_path());
+  run(std::string(FLOWRUN_BIN) + " convert --from llama2c model/stories260K/stories260K.bin --to hf " + bpe_hf.string() +
+          " --tokenizer " + FLOWRUN_SOURCE_DIR + "/tests/fixtures/bpe/vocab.json 2>&1",
+      &rc);
+  REQUIRE(rc == 0);
+  run(std::string(FLOWRUN_BIN) + " convert --from hf " + bpe_hf.string() + " --to llama2c " + bpe_bin.string() + " 2>&1",
+      &rc);
+  REQUIRE(rc == 0);
+  CHECK(std::filesystem::exists(bpe_bin.parent_path() / "vocab.json"));
+  out = run(std::string(FLOWRUN_BIN) + " generate --model " + bpe_bin.string() + " --max_new_tokens 2 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "tokenizer: " + bpe_bin.parent_path().string() + " (the model's own; --tokenizer to use another)"));
 }
 
 TEST_CASE("train-lm --init an HF folder trains on the folder's own tokenizer unless --tokenizer is given") {

@@ -12,9 +12,10 @@ namespace flowrun::cli {
 
 namespace {
 
-// The folder of a model path that holds a tokenizer, or "" (a file, a missing path, a bare folder).
-// `hf_without` is set when the path is a Hugging Face folder (config.json, no flowrun_config.json)
-// with no tokenizer in it.
+// The folder of a model path that holds a tokenizer, or "" (a missing path, a bare folder). A model
+// file's own folder counts when it holds one (convert --to llama2c writes the tokenizer beside the file;
+// tok512 read such a file's text with other ids, silently). `hf_without` is set when the path is a
+// Hugging Face folder (config.json, no flowrun_config.json) with no tokenizer in it.
 std::string tokenizer_folder(const std::string& model, bool& hf_without) {
   std::error_code ec;
   std::filesystem::path p;
@@ -24,6 +25,8 @@ std::string tokenizer_folder(const std::string& model, bool& hf_without) {
   } catch (const std::exception&) {
     return "";  // the model's own load says what is missing
   }
+  if (std::filesystem::is_regular_file(p, ec))
+    return folder_has_tokenizer(p.parent_path().string()) ? p.parent_path().string() : "";
   if (!std::filesystem::is_directory(p, ec)) return "";
   if (folder_has_tokenizer(p.string())) return p.string();
   hf_without = std::filesystem::exists(p / "config.json", ec) && !std::filesystem::exists(p / "flowrun_config.json", ec);

@@ -12,8 +12,9 @@ namespace flowrun::cli {
 /// The tokenizer path of a command (generate, chat, eval) that reads the models `models`
 /// (user paths, resolved as resolve_user_path does): `tokenizer` when the user gave --tokenizer
 /// (`given`); else the first of the models that is a folder holding a tokenizer (an HF folder, a
-/// trainer's output: folder_has_tokenizer); else `tokenizer` (the option's default, stories260K's
-/// tok512.model, the tokenizer of llama2.c files). With `given`, a model folder whose own tokenizer
+/// trainer's output: folder_has_tokenizer), or a file whose folder holds one (convert --to llama2c
+/// writes it beside the file); else `tokenizer` (the option's default, stories260K's tok512.model,
+/// the tokenizer of llama2.c files). With `given`, a model folder whose own tokenizer
 /// has another vocabulary size is warned about (spdlog), since its text would be misread.
 std::string tokenizer_for(const std::vector<std::string>& models, const std::string& tokenizer, bool given);
 

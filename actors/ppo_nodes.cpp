@@ -1310,7 +1310,22 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     k.check = [policy](const graph::node_spec& n, const graph::graph_spec& g) {
       auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
       for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
-      for (auto& p : ds_config_problems(n, static_cast<int>(n.replicas) * process_count())) problems.push_back(std::move(p));
+      const int world = static_cast<int>(n.replicas) * process_count();
+      // the JSON's batch triple is the update's rows, as DeepSpeed reads it: one that contradicts the node's
+      // per_device_training_batch_size was taken in part (its accumulation) and silently (3-row updates cut
+      // into 4 micro-batches, one empty)
+      if (const auto ds = check_ds_config(n, world, problems);
+          ds && ds->train_batch_size != n.get_int("per_device_training_batch_size"))
+        problems.push_back(
+            {"deepspeed_config",
+             fmt::format("node '{}': {} resolves train_batch_size to {} (train_micro_batch_size_per_gpu {} x "
+                         "gradient_accumulation_steps {} x {} rank(s)), but per_device_training_batch_size = {} (the "
+                         "rows of one update, all ranks together)",
+                         n.name, ds->where, ds->train_batch_size, ds->train_micro_batch_size_per_gpu,
+                         ds->gradient_accumulation_steps, world, n.get_int("per_device_training_batch_size")),
+             fmt::format("make them equal: set per_device_training_batch_size = {}, or the JSON's batch keys to "
+                         "\"auto\" (filled from the node)",
+                         ds->train_batch_size)});
       for (auto& p : lr_scheduler_problems(n)) problems.push_back(std::move(p));
       if (policy && problems.empty()) warn_mixed_dtypes(g);
       const std::string who = policy ? "actor" : "critic";

@@ -494,6 +494,15 @@ TEST_CASE("step 3 takes a DeepSpeed JSON's scheduler, its auto total_num_steps t
   CHECK(got[5] > 0);  // the end of the decay, not past it
   // the policy's written num_warmup_steps filled the JSON's "auto": no warning that the JSON replaced it
   CHECK_FALSE(has(out, "replaces num_warmup_steps"));
+  // a JSON whose batch triple contradicts the update's rows: refused when checked (its accumulation was
+  // taken, its batch not: 3-row updates cut into 4 micro-batches, one empty)
+  const std::string bad = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --no-progress " +
+                                  "--set node.policy.deepspeed_config=" + FLOWRUN_SOURCE_DIR + "/configs/ds_zero3.json " +
+                                  "--set node.policy.per_device_training_batch_size=3 2>&1",
+                              &rc);
+  CHECK(rc == 2);
+  CHECK(has(bad, "ds_zero3.json resolves train_batch_size to 8 (train_micro_batch_size_per_gpu 2 x "
+                 "gradient_accumulation_steps 4 x 1 rank(s)), but per_device_training_batch_size = 3"));
 }
 
 TEST_CASE("a warmup with the constant schedule is named: transformers' constant schedule takes none") {

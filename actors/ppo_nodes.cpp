@@ -647,6 +647,7 @@ class ppo_trainer final : public actor::node {
         return k.rfind("scheduler.params.total_num_steps=", 0) == 0;
       });
     }
+    check_settings_before_steps(ctx);
     if (policy_) {
       ps_.policy.clip_ratio_c = s.get_float("clip_ratio_c");
       ps_.policy.clip_ratio_high = s.get_float("clip_ratio_high");
@@ -1121,6 +1122,24 @@ class ppo_trainer final : public actor::node {
     group_.comm->barrier();  // every shard on disk before the folder's commit
     if (group_.rank == 0) commit_checkpoint(folder(ctx), iteration, group_.world, /*keep=*/0);  // the controller prunes
     group_.comm->barrier();
+  }
+
+  // A resume with changed settings, refused at the job's start: restore() refused it only once the model
+  // came, after steps 1 and 2 had trained again where their outputs were gone. Reads the manifest of the
+  // checkpoint's rank 0 (restore() checks again, with the weights' fingerprint and the config hash).
+  void check_settings_before_steps(actor::node_context& ctx) const {
+    const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir());
+    if (!rp) return;
+    const std::filesystem::path f = std::filesystem::path(folder(ctx)) / step_folder_name(rp->point.iteration);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(f, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("shard_00000-of-", 0) != 0 || e.path().extension() != ".msgpack") continue;
+      const shard_manifest m = read_shard_manifest(e.path().string());
+      check_resume_settings(ctx, m.extra.value("settings", nlohmann::json()), f.string(), safe_to_change(),
+                            "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
+      return;
+    }
   }
 
   // Load iteration J's shards (any world size and stage: the buffers are reassembled whole).

@@ -230,6 +230,13 @@ refused f1 "another actor_learning_rate" \
   fail "a resume at max_staleness = 0 with another staleness_policy was refused: $(grep -i error "$out/stale.err" | head -2)"
 grep -q 'staleness_policy = "drop" has no effect at max_staleness = 0' "$out/stale.err" ||
   fail "staleness_policy = drop at max_staleness = 0 was not named as doing nothing"
+# refused when the policy starts, with every node at the job's start (here step 1's output is gone, so step 1
+# trains again meanwhile; the failure stops it): the policy refused only once the model came, after step 1 had
+# retrained whole
+cp -r "$out/a" "$out/r" && rm "$out/r/sft.bin"
+refused f1b "another actor_learning_rate, step 1's output gone" \
+  "node 'policy' failed in start: node 'policy': resuming from .* with settings changed: actor_learning_rate 0.0001 -> 0.0002; set them back" \
+  "$out/r" --set node.policy.actor_learning_rate=2e-4
 refused f3 "another per_device_generation_batch_size (other prompts would follow)" \
   "with settings changed: per_device_generation_batch_size 8 -> 2; set them back" \
   "$out/a" --set node.prompts.per_device_generation_batch_size=2

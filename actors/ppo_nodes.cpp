@@ -528,9 +528,10 @@ class frozen_scorer final : public actor::node {
       score_msg out;
       out.rollouts = r;
       if (r->exp) {
-        // GRPO / RLOO groups (group_size answers per prompt): the reference runs each prompt once
-        // (not at ZeRO-3, whose ranks must gather layers in step: one forward each)
-        const bool share = !reward_ && r->group_size > 1 && !engine_;
+        // the reference's log-probs come from the policy's own path (sequence_logprobs), bit for bit: a
+        // policy that is the reference then has a KL of exactly 0 and no KL-loss gradient. Scoring each
+        // GRPO prompt once (change 26) differed by rounding (3e-8), which AdamW turned into full steps:
+        // with every reward 0, the held-out KL reached 0.158 in two updates (change 39, docs/performance.md)
         // bf16: the products' inputs in bf16 too (ops::matmul_precision; fp16 computes in fp32)
         ops::matmul_precision_scope gemm(precision_ == dtype::bf16 ? ops::matmul_precision::bf16
                                                                    : ops::get_matmul_precision());
@@ -538,8 +539,6 @@ class frozen_scorer final : public actor::node {
         const int64_t keep = r->exp->start();
         out.value = score_on_ranks(group_, *r->exp, [&](const tensor& seq, const tensor& mask) {
           return reward_ ? ppo::reward_scores(*model_, acts_, seq, mask, keep)
-                 : share ? ppo::shared_prompt_logprobs(*model_, acts_, seq, mask, r->exp->prompts.size(1),
-                                                       r->exp->temperature, keep)
                          : ppo::sequence_logprobs(*model_, acts_, seq, mask, r->exp->temperature, keep);
         });
         rlhf::check_finite(out.value, fmt::format("{}, iteration {}", ctx.name(), r->iteration),

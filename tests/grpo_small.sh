@@ -79,6 +79,19 @@ assert m and int(m[1]) == n and abs(float(m[2]) - lr) <= 0.005 * lr and int(m[3]
 print(f"RLOO with filter_groups: {n} of 8 planned updates applied; the last at {lr:.3e}, as the report says")
 PY
 
+# nothing to learn (every reward 0, so every advantage 0), the KL loss on: the policy stays the reference,
+# bit for bit, so the KL is exactly 0 throughout (the reference scored each group's prompt once, which
+# differed by 3e-8, and AdamW made that noise into full steps: a held-out KL of 0.158 after two updates)
+run still "$g" --set node.experience.filter_groups=false --set node.reward.reward=command \
+  --set "node.reward.command=python3 -c 'import sys
+for _ in sys.stdin: print(0, flush=True)'" --set node.policy.per_device_training_batch_size=4 ||
+  { tail -20 "$out/still.err"; fail "the all-zero-reward run failed"; }
+grep -q "use_kl_loss" "$root/graphs/grpo.graph" || fail "grpo.graph no longer sets use_kl_loss: this case proves nothing"
+grep -E "iter [0-9]+ reward|held-out (before|after)" "$out/still.log" | grep -vE "(kl|KL to reference) 0\.0000[, ]" &&
+  fail "a policy with nothing to learn moved away from the reference"
+grep -q "held-out after: .*KL to reference 0.0000," "$out/still.log" || fail "no held-out KL in the all-zero-reward run"
+echo "every reward 0 with the KL loss on: the KL stays exactly 0"
+
 # the same job scored by a Python function: the same rewards, so the same numbers (format_score
 # 0.25 makes the rewards of a barely trained model non-zero)
 run base "$g" || { tail -20 "$out/base.err"; fail "the job from the SFT model failed"; }

@@ -107,53 +107,6 @@ tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, c
   return cols(lp, 0, S - 1);
 }
 
-tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                              int64_t prompt_len, float temperature, int64_t keep_from) {
-  const int64_t B = seq.size(0), S = seq.size(1), P = prompt_len, A = S - P;
-  if (P <= 0 || P >= S)
-    throw std::invalid_argument("shared_prompt_logprobs: prompt_len " + std::to_string(P) + " outside (0, " +
-                                std::to_string(S) + ")");
-  if (model.has_value_head())
-    throw std::invalid_argument("shared_prompt_logprobs: the model has a value head (values, not log-probs)");
-  // rows grouped by prompt (the first P columns' tokens and mask)
-  const row_groups g = group_rows(B, [&](int64_t b) {
-    std::vector<int32_t> key(seq.data<int32_t>() + b * S, seq.data<int32_t>() + b * S + P);
-    key.insert(key.end(), mask.data<int32_t>() + b * S, mask.data<int32_t>() + b * S + P);
-    return key;
-  });
-  const int64_t U = static_cast<int64_t>(g.first.size());
-  if (U == B || P == 1 || model.dev().kind != device_kind::cpu)
-    return sequence_logprobs(model, acts, seq, mask, temperature, keep_from);
-  // columns [c0, c1) of rows `rows` of a (B, S) i32 tensor, as a new (rows, c1 - c0) one
-  auto take = [&](const std::vector<int64_t>& rows, const tensor& t, int64_t c0, int64_t c1) {
-    auto out = tensor::empty({static_cast<int64_t>(rows.size()), c1 - c0}, dtype::i32);
-    for (size_t i = 0; i < rows.size(); ++i)
-      std::copy_n(t.data<int32_t>() + rows[i] * S + c0, c1 - c0, out.data<int32_t>() + static_cast<int64_t>(i) * (c1 - c0));
-    return out;
-  };
-  std::vector<int64_t> all(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) all[static_cast<size_t>(b)] = b;
-  const tensor labels = shifted_labels(seq);  // (B, S): entry t is seq[t + 1]
-  // The first P - 1 prompt tokens of each distinct prompt once: their log-probs (labels inside the
-  // prompt, so the group's), and their K/V copied to the group's rows. Then every row from the last
-  // prompt token on (its first label is its own answer's first token): (B, A + 1) log-probs.
-  kv_cache cache = model.make_cache(B, S);
-  tensor lp_prompt, lp_rest;
-  rlhf::gather_log_probs_forward(
-      lp_prompt, prefill_shared(model, cache, g, take(all, seq, 0, P - 1), {}, take(all, mask, 0, P - 1), true),
-      take(g.first, labels, 0, P - 1), temperature);  // (U, P - 1)
-  rlhf::gather_log_probs_forward(lp_rest, model.forward_cached(cache, take(all, seq, P - 1, S), {}, mask, P - 1, true),
-                                 take(all, labels, P - 1, S), temperature);  // (B, A + 1), the last entry unused
-  auto out = tensor::empty({B, S - 1});
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t u = g.slot[static_cast<size_t>(b)];
-    std::copy_n(lp_prompt.data<float>() + u * (P - 1), P - 1, out.data<float>() + b * (S - 1));
-    std::copy_n(lp_rest.data<float>() + b * (A + 1), A, out.data<float>() + b * (S - 1) + P - 1);
-  }
-  (void)acts;  // nothing kept: the rows' activations are not those of one forward
-  return out;
-}
-
 tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
                        int64_t keep_from) {
   if (!model.has_value_head()) throw std::invalid_argument("sequence_values: the model has no value head");

@@ -110,18 +110,6 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
 /// exactly these rows can reuse this forward (actor_batch_loss's `scored`).
 tensor sequence_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
                          float temperature = 1.0f, int64_t keep_from = 0);
-/// sequence_logprobs (B, L) for a frozen model whose rows repeat prompts (GRPO's num_generations
-/// answers per prompt): each distinct prompt (seq's first `prompt_len` tokens and their mask) runs
-/// once through decoder::forward_cached, but its last token, its K/V rows are copied to every row with
-/// that prompt, and the rest of each row (the last prompt token and the answer) runs on top of them.
-/// So a group of G rows costs one prompt forward instead of G, and no (B, S, V) logits are held. The
-/// same log-probs up to rounding (the attention sums keys in other blocks), not the same bits, so
-/// only for a model nothing trains against bit for bit (the reference); keeps nothing for a
-/// backward. Falls back to sequence_logprobs when no prompt repeats, prompt_len is 1, or the model is
-/// not on the CPU. Throws std::invalid_argument unless 0 < prompt_len < S, or when the model has a
-/// value head.
-tensor shared_prompt_logprobs(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
-                              int64_t prompt_len, float temperature = 1.0f, int64_t keep_from = 0);
 /// Values of a value-head model at t < S-1: (B, L). `acts` and keep_from as sequence_logprobs.
 tensor sequence_values(decoder& model, activations& acts, const tensor& seq, const tensor& mask,
                        int64_t keep_from = 0);

@@ -131,7 +131,10 @@ class ppo_controller final : public actor::node {
   // checkpoint: it was acknowledged and never honoured in step 3). Needs a [graph] checkpoint_dir.
   bool checkpoint_due(actor::node_context& ctx, const prompt_msg& p) {
     if (p.eval || dir_.empty()) return false;
-    const bool every = save_every_ > 0 && (p.iteration + 1) % save_every_ == 0;
+    // every save_checkpoint_steps iterations, and after the last one (the loader's iterations), so that a run
+    // that finished resumes after it, as zero_rank commits its last step: one of 13 iterations at 5 resumed
+    // after iteration 9 and trained 10-12 again
+    const bool every = save_every_ > 0 && ((p.iteration + 1) % save_every_ == 0 || p.iteration + 1 == p.iterations);
     const bool asked = ctx.checkpoint_requested();  // polled at every batch: the console sees a node that honours it
     if (asked && !every) ctx.log().info("honouring the console's checkpoint request after iteration {}", p.iteration + 1);
     return every || asked;
@@ -461,7 +464,7 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
       .output("next", "tick", "ask the loader for the next batch", true)
       .option("save_checkpoint_steps", T::int_, std::int64_t{0},
               "with [graph] checkpoint_dir: the policy and critic save and the controller commits every N "
-              "iterations (0: never); the same command resumes from the last commit")
+              "iterations and after the last (0: never); the same command resumes from the last commit")
       .at_least(0)
       .option("keep_checkpoints", T::int_, std::int64_t{2}, "committed iterations kept (the older ones removed)")
       .at_least(2)

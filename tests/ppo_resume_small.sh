@@ -342,4 +342,17 @@ for step in "step 1 sft" "step 2 rm"; do
   grep -q "^\[$step\] resumed: " "$out/h1.log" || fail "$step was trained again through the linked asset folder"
 done
 echo "the asset folder through a link: steps 1-2 kept, step 3 resumed"
+# 9. the last iteration is committed whatever save_checkpoint_steps is: a finished run of 7 iterations (at 2)
+#    resumes after iteration 6, trains nothing and prints the held-out figures again (it resumed after
+#    iteration 5 and trained iteration 6 again)
+cp -r "$out/a" "$out/k"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/k") --set node.prompts.iterations=7 > "$out/k1.log" 2> "$out/k1.err" ||
+  { tail -5 "$out/k1.err"; fail "the 7-iteration run failed"; }
+grep -q "checkpoint after iteration 6 " "$out/k1.log" || fail "the last iteration (6) was not committed: $(grep checkpoint "$out/k1.log")"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/k") --set node.prompts.iterations=7 > "$out/k2.log" 2> "$out/k2.err" ||
+  { tail -5 "$out/k2.err"; fail "the finished run's rerun failed"; }
+grep -q "resuming after iteration 6 " "$out/k2.log" || fail "the finished run did not resume after its last iteration"
+grep -q " iter [0-9]* reward" "$out/k2.log" && fail "the finished run trained again"
+grep -q "held-out after" "$out/k2.log" || fail "the finished run did not print its held-out figures again"
+echo "a finished run of 7 iterations at save_checkpoint_steps 2: committed after its last, resumed there"
 echo "ppo_resume_small: ok"

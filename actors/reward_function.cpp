@@ -47,13 +47,14 @@ class reward_function final : public actor::node {
     overlong_max_ = s.get_int("overlong_max_length");
     overlong_cache_ = s.get_int("overlong_cache_length");
     on_error_ = s.get_string("on_error");
+    max_in_a_row_ = s.get_int("max_consecutive_errors");
     timeout_ = std::chrono::milliseconds(static_cast<int64_t>(s.get_float("timeout_s") * 1000.0));
     startup_ = std::chrono::milliseconds(static_cast<int64_t>(s.get_float("startup_timeout_s") * 1000.0));
     if (reward_ == "command") proc_ = std::make_unique<line_process>(s.get_string("command"));
     // the rule and its scores (the held-out reward before training, kept in step3.json, is
     // compared with the one after: another format_score made a gain of nothing but the scale)
     // (on_error changes no reward a run without errors gets; the stop message advises it)
-    check_step3_settings(ctx, {"timeout_s", "startup_timeout_s", "on_error"});
+    check_step3_settings(ctx, {"timeout_s", "startup_timeout_s", "on_error", "max_consecutive_errors"});
   }
 
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
@@ -137,6 +138,7 @@ class reward_function final : public actor::node {
           why = "the command answered " + a.line->substr(0, 200) +
                 ", which is not finite as a 32-bit float (rewards are f32: at most about 3.4e38 in magnitude)";
         } else {
+          in_a_row_ = 0;
           return v;
         }
       } catch (const std::exception&) {
@@ -150,6 +152,14 @@ class reward_function final : public actor::node {
     if (on_error_ == "stop")
       throw std::runtime_error(where + "\n(on_error = \"zero\" scores such samples 0 and goes on)");
     ++errors_;
+    // a scorer that fails every sample trains on nothing: with a timeout, each failure waited timeout_s +
+    // startup_timeout_s (70 s by default), hours per batch, and a run of nothing but errors ended with exit 0
+    if (++in_a_row_ >= max_in_a_row_ && max_in_a_row_ > 0)
+      throw std::runtime_error(fmt::format("{}\n(the command failed on {} samples in a row, max_consecutive_errors: "
+                                           "on_error = \"zero\" scores a failing sample 0, but a scorer that fails "
+                                           "every one trains on nothing; fix the command, or raise "
+                                           "max_consecutive_errors, 0 for no limit)",
+                                           where, in_a_row_));
     ctx.log().warn("{}; scored 0 (on_error = \"zero\")", where);
     ctx.metric("errors");
     return 0.0;
@@ -176,6 +186,7 @@ class reward_function final : public actor::node {
   std::string reward_, on_error_;
   double format_score_ = 0;
   int64_t overlong_max_ = 0, overlong_cache_ = 0, errors_ = 0;
+  int64_t in_a_row_ = 0, max_in_a_row_ = 10;  // the command's failures since its last good answer; the limit
   std::chrono::milliseconds timeout_{10000};
   std::chrono::milliseconds startup_{60000};  // added to the first answer of a fresh command
   std::unique_ptr<line_process> proc_;
@@ -222,7 +233,11 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
       .option("on_error", T::string, std::string("stop"),
               "when the command crashes, times out, answers something that is not a finite number, or answers "
               "more lines than it was asked: stop (the run fails with the node, the sample and the command's "
-              "stderr) or zero (the sample scores 0, a warning is logged, the command is restarted)");
+              "stderr) or zero (the sample scores 0, a warning is logged, the command is restarted)")
+      .option("max_consecutive_errors", T::int_, std::int64_t{10},
+              "on_error = zero: the run stops when the command fails on this many samples in a row (a broken "
+              "scorer, not a flaky sample); 0: no limit")
+      .at_least(0);
   k.check = [](const graph::node_spec& n, const graph::graph_spec&) {
     std::vector<graph::node_kind::problem> problems;
     const auto& r = n.get_string("reward");

@@ -243,10 +243,24 @@ if run shift "$g" --set node.reward.reward=command --set node.reward.command="se
   fail "a scorer answering two lines per question was taken"
 fi
 grep -q "out of step\|more than one line\|after its previous answer" "$out/shift.err" || { tail -5 "$out/shift.err"; fail "no clear error for extra lines"; }
-# on_error = "zero": the run completes and says how many samples scored 0
+# on_error = "zero": the run completes and says how many samples scored 0 (max_consecutive_errors = 0: no limit)
 run zero "$g" --set node.reward.reward=command --set node.reward.command="yes hello" \
-  --set node.reward.on_error=zero || { tail -5 "$out/zero.err"; fail "on_error = zero did not go on"; }
+  --set node.reward.on_error=zero --set node.reward.max_consecutive_errors=0 ||
+  { tail -5 "$out/zero.err"; fail "on_error = zero did not go on"; }
 grep -q "sample(s) scored 0 after an error" "$out/zero.log" || fail "on_error = zero did not count the samples"
+# ... but a scorer that fails every sample stops the run after max_consecutive_errors (10) in a row: with a
+# timeout each failure waited timeout_s + startup_timeout_s (hours per batch), and all-zero runs ended with 0
+if run broken "$g" --set node.reward.reward=command --set node.reward.command="yes hello" --set node.reward.on_error=zero; then
+  fail "a scorer that failed every sample did not stop the run"
+fi
+grep -q "the command failed on 10 samples in a row, max_consecutive_errors" "$out/broken.err" ||
+  { tail -5 "$out/broken.err"; fail "no clear error for a scorer that fails every sample"; }
+# a flaky scorer (every other answer not a number) goes on, each failure scored 0
+run flaky "$g" --set node.reward.reward=command --set node.reward.on_error=zero \
+  --set "node.reward.command=python3 -c 'import sys
+for i, _ in enumerate(sys.stdin): print(1 if i % 2 else \"x\", flush=True)'" ||
+  { tail -5 "$out/flaky.err"; fail "a flaky scorer stopped the run"; }
+grep -q "sample(s) scored 0 after an error" "$out/flaky.log" || fail "the flaky scorer's failures were not counted"
 
 # refused before running: GRPO with groups of one, GAE without a critic
 if run one "$g" --set node.generator.num_generations=1; then fail "num_generations = 1 was accepted for GRPO"; fi

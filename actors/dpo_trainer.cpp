@@ -107,9 +107,14 @@ class dpo_trainer final : public dschat_trainer {
   }
 
   bool has_held_out() const override { return !eval_.empty(); }
-  std::string evaluate(actor::node_context&, bool before, double seconds,
+  std::string evaluate(actor::node_context& ctx, bool before, double seconds,
                        const dschat::batch_progress_fn& progress) override {
     const auto e = dschat::dpo_eval(*model_, *reference_, eval_, s_, progress);
+    // TRL's eval_* values: no step (the report's before -> after; TensorBoard at the node's last step)
+    ctx.signal("held_out/loss", e.loss);
+    ctx.signal("held_out/accuracy", e.accuracy);
+    ctx.signal("held_out/rewards/chosen", e.chosen_reward);
+    ctx.signal("held_out/rewards/rejected", e.rejected_reward);
     const std::string line = fmt::format(
         "preference accuracy {:.3f} ± {:.3f}, log-prob accuracy {:.3f} ± {:.3f}, DPO loss {:.4f} over {} pairs",
         e.accuracy, e.accuracy_stderr, e.logp_accuracy, e.logp_accuracy_stderr, e.loss, e.pairs);

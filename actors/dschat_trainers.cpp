@@ -166,9 +166,12 @@ class sft_trainer final : public dschat_trainer {
   }
 
   bool has_held_out() const override { return !eval_.empty(); }
-  std::string evaluate(actor::node_context&, bool before, double seconds,
+  std::string evaluate(actor::node_context& ctx, bool before, double seconds,
                        const dschat::batch_progress_fn& progress) override {
     const auto e = dschat::sft_eval(*model_, eval_, progress);
+    // held-out values: no step (the report's before -> after; TensorBoard at the node's last step)
+    ctx.signal("held_out/loss", e.loss);
+    ctx.signal("held_out/perplexity", e.perplexity);
     if (before) {
       before_ = e;
       return fmt::format("[step 1 sft] {} train / {} held-out examples; held-out loss {:.4f} (ppl {:.2f}) before",
@@ -267,9 +270,12 @@ class rm_trainer final : public dschat_trainer {
   }
 
   bool has_held_out() const override { return !eval_.empty(); }
-  std::string evaluate(actor::node_context&, bool before, double seconds,
+  std::string evaluate(actor::node_context& ctx, bool before, double seconds,
                        const dschat::batch_progress_fn& progress) override {
     const auto ev = dschat::rm_eval(*model_, eval_, progress);
+    ctx.signal("held_out/accuracy", ev.accuracy);
+    ctx.signal("held_out/chosen_mean", ev.chosen_mean);
+    ctx.signal("held_out/rejected_mean", ev.rejected_mean);
     if (before)
       return fmt::format("[step 2 rm] {} train / {} held-out pairs; held-out accuracy {:.3f} ± {:.3f} before",
                          train_.size(), ev.pairs, ev.accuracy, ev.accuracy_stderr);

@@ -181,7 +181,7 @@ class ppo_controller final : public actor::node {
       ctx.signal("generation_tokens_per_s", gen_tps, p.iteration);
     }
     if (p.eval) {
-      // held-out passes: no step (-1; TensorBoard skips them), before then after (`flowrun report`)
+      // held-out passes: no step (-1), before then after (`flowrun report`); TensorBoard at the last iteration written
       ctx.signal("held_out/reward", s.reward_mean);
       ctx.signal("held_out/kl", s.kl_mean);
       ctx.signal("held_out/answer_len", s.answer_len_mean);

@@ -128,6 +128,45 @@ if ppo is not None:  # per-phase times: one per training iteration, none for the
         if sorted(e.step for e in ev) != iters or any(not (0 <= e.value < 3600) for e in ev):
             failures.append(f"ppo_controller/{tag}: {[(e.step, e.value) for e in ev]}, iterations {iters}")
 
+
+def check_held_out(node, tags, before, after):
+    """The held-out values (held_out/NAME, reported without a step): the printed "before" figure at step 0 and
+    the "after" one at the node's last step written (`after` is None: that pass printed no such figure)."""
+    global checked
+    acc = load(node)
+    if acc is None:
+        return
+    have = set(acc.Tags()["scalars"])
+    steps = {e.step for tag in have if not tag.startswith("held_out/") for e in acc.Scalars(tag)}
+    last = max(steps) if steps else 0
+    for tag, b, a in zip(tags, before, after):
+        if tag not in have:
+            failures.append(f"{node}: no scalar {tag!r} (it has {sorted(have)})")
+            continue
+        got = sorted((e.step, e.value) for e in acc.Scalars(tag))
+        want = [(0, b)] + ([(last, a)] if a is not None else [])
+        if len(got) != len(want) or any(gs != ws or abs(gv - float(wv)) > tolerance(wv) + 1e-6 * abs(float(wv))
+                                        for (gs, gv), (ws, wv) in zip(got, want)):
+            failures.append(f"{node}/{tag}: {got}, printed {want}")
+        checked += len(want)
+
+
+if not resumed:
+    log = "\n".join(lines)
+    # (node, before pattern, after pattern, tags, the before groups, the after groups)
+    for node, b_pat, a_pat, tags, b_at, a_at in [
+            ("sft", rf"\[step 1 sft\] .* held-out loss {num} \(ppl {num}\) before",
+             rf"\[step 1 sft\] held-out loss {num} -> {num} \(ppl {num} -> {num}\)",
+             ["held_out/loss", "held_out/perplexity"], [1, 2], [2, 4]),
+            ("ppo_controller", rf"\[step 3 ppo\] held-out before: mean reward {num} ± {num}, KL to reference {num}",
+             rf"\[step 3 ppo\] held-out after: mean reward {num} ± {num}, KL to reference {num}",
+             ["held_out/reward", "held_out/kl"], [1, 3], [1, 3])]:
+        m0, m1 = re.search(b_pat, log), re.search(a_pat, log)
+        if m0 and m1:
+            check_held_out(node, tags, [m0[i] for i in b_at], [m1[i] for i in a_at])
+        else:
+            failures.append(f"{node}: the held-out lines were not printed")
+
 if failures:
     print("tensorboard_check: FAILED\n  " + "\n  ".join(failures))
     sys.exit(1)

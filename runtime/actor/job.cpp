@@ -352,7 +352,11 @@ class replica_actor_t : public Base {
     spdlog::logger& log() override { return a_.ctx_log(); }
     void signal(std::string_view name, double value, std::int64_t step) override {
       a_.plan_->live->signal(a_.np_.spec.name, a_.replica_, std::string(name), value, step);
-      if (step >= 0 && a_.tensorboard_) a_.write_tensorboard(name, value, step);
+      // a held-out value (held_out/NAME, without a step) goes to TensorBoard at the last step this replica
+      // wrote, 0 before any: the "before" figure at 0, the "after" one at the last update (it was left out);
+      // other values without a step (a held-out batch's phase times) stay out
+      if (a_.tensorboard_ && (step >= 0 || name.rfind("held_out/", 0) == 0))
+        a_.write_tensorboard(name, value, step >= 0 ? step : std::max<std::int64_t>(0, a_.tb_last_step_));
     }
     void progress(std::string_view what, std::int64_t done, std::int64_t total) override {
       a_.plan_->live->progress(a_.np_.spec.name, std::string(what), done, total);
@@ -422,6 +426,7 @@ class replica_actor_t : public Base {
   // One scalar to the event file; a write that fails (a full disk) is logged once, and the
   // node's TensorBoard output ends there: training goes on.
   void write_tensorboard(std::string_view name, double value, std::int64_t step) {
+    tb_last_step_ = std::max(tb_last_step_, step);
     if (auto err = tensorboard_->scalar(name, value, step)) {
       ctx_log().error("TensorBoard output stops: {}", *err);
       tensorboard_.reset();
@@ -1390,6 +1395,7 @@ class replica_actor_t : public Base {
   std::unique_ptr<flowrun::actor::node> impl_;
   std::shared_ptr<spdlog::logger> logger_;
   std::unique_ptr<flowrun::tensorboard::event_writer> tensorboard_;  // replica 0 with enable_tensorboard
+  std::int64_t tb_last_step_ = -1;  // the largest step written to TensorBoard (-1: none yet)
 
   std::vector<out_link> out_links_;
   std::vector<out_edge> out_edges_;

@@ -158,6 +158,8 @@ class node_context {
   /// the node's printed lines number it), a node with enable_tensorboard also
   /// writes it to its TensorBoard event file as the scalar `name` at `step`
   /// (replica 0 only; one record, flushed: docs/console.md, "TensorBoard").
+  /// A held-out value, `held_out/...` without a step (the report shows it as
+  /// before -> after), goes there at the last step the replica wrote (0 before any).
   virtual void signal(std::string_view name, double value, std::int64_t step = -1) {}
 
   /// Reports how far a long phase of the node is: `done` of `total` units of

@@ -195,6 +195,8 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
     for (auto& p : save_lora_problems(n)) problems.push_back(std::move(p));
     for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
     for (auto& p : lr_scheduler_problems(n)) problems.push_back(std::move(p));
+    for (auto& p : trainer_choice_problems(n, "lora_dim", "learning_rate", "lora_learning_rate"))
+      problems.push_back(std::move(p));
     for (auto& p : tokenizer_model_problems(n)) problems.push_back(std::move(p));
     rlhf::dpo_loss_type type;
     try {

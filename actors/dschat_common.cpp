@@ -580,6 +580,36 @@ std::vector<graph::node_kind::problem> lr_scheduler_problems(const graph::node_s
   return {};
 }
 
+std::vector<graph::node_kind::problem> trainer_choice_problems(const graph::node_spec& n,
+                                                               const std::string& lora_dim_setting,
+                                                               const std::string& lr_setting,
+                                                               const std::string& lora_lr_setting) {
+  std::vector<graph::node_kind::problem> problems;
+  if (n.find_setting("truncation"))
+    if (const auto& t = n.get_string("truncation"); t != "end" && t != "prompt_start")
+      problems.push_back({"truncation", "truncation = \"" + t + "\" is not a way to cut a long example",
+                          "use \"prompt_start\" (the oldest prompt tokens first, the default) or \"end\" (DS-Chat's)"});
+  if (n.find_setting("apply_chat_template") && n.get_bool("apply_chat_template") && n.find_setting("tokenizer"))
+    try {
+      (void)chat_formatter_for_tokenizer(resolve_user_path(n.get_string("tokenizer"), "tokenizer").string(),
+                                         "node '" + n.name + "'", "apply_chat_template = true", "tokenizer",
+                                         "set apply_chat_template = false");
+    } catch (const std::exception& e) {
+      problems.push_back({"apply_chat_template", e.what(),
+                          "give as tokenizer an HF folder with a chat template, or set apply_chat_template = false"});
+    }
+  if (n.get_bool("only_optimize_lora") && n.get_int(lora_dim_setting) <= 0)
+    problems.push_back({"only_optimize_lora",
+                        "only_optimize_lora = true trains only the LoRA weights, and " + lora_dim_setting +
+                            " = 0 adds none: nothing would train",
+                        "set " + lora_dim_setting + " (e.g. 128, DS-Chat's), or only_optimize_lora = false"});
+  else if (const auto* w = n.find_setting(lr_setting); n.get_bool("only_optimize_lora") && w && !w->from_default)
+    spdlog::warn("node '{}': {} = {} is the frozen base's rate with only_optimize_lora = true: only the LoRA weights "
+                 "train, at {} = {} on the schedule",
+                 n.name, lr_setting, n.get_float(lr_setting), lora_lr_setting, n.get_float(lora_lr_setting));
+  return problems;
+}
+
 void add_schedule_hints(graph::node_kind& k) {
   k.known_as("warmup_ratio", "HF Trainer's and TRL's warmup_ratio (a share of the run) is num_warmup_steps here, in "
                              "updates: the run's updates x the ratio")

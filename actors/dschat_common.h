@@ -100,6 +100,16 @@ std::vector<graph::node_kind::problem> dtype_problems(const graph::node_spec& n)
 /// transformers schedule has no warmup: the warmup a DS-Chat user meant did nothing.
 std::vector<graph::node_kind::problem> lr_scheduler_problems(const graph::node_spec& n);
 
+/// A DS-Chat trainer's settings that failed only in the node's start, after the data was tokenized (and the
+/// steps before it had trained), refused when the graph is checked: truncation other than end and
+/// prompt_start; apply_chat_template with a tokenizer that has no chat template; only_optimize_lora with
+/// `lora_dim_setting` 0 (nothing would train). Warns (no problem) when `lr_setting` is written beside
+/// only_optimize_lora with LoRA on: only the LoRA weights train, at `lora_lr_setting`.
+std::vector<graph::node_kind::problem> trainer_choice_problems(const graph::node_spec& n,
+                                                               const std::string& lora_dim_setting,
+                                                               const std::string& lr_setting,
+                                                               const std::string& lora_lr_setting);
+
 /// The hints an unknown setting named as HF Trainer, TRL or veRL name the learning-rate schedule gets
 /// on every DS-Chat trainer kind (warmup_ratio, warmup_steps, lr_scheduler, lr_warmup_steps_ratio).
 void add_schedule_hints(graph::node_kind& k);

@@ -101,6 +101,8 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
     for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
     for (auto& p : ds_config_problems(n, 1)) problems.push_back(std::move(p));  // one rank (common_settings)
     for (auto& p : lr_scheduler_problems(n)) problems.push_back(std::move(p));
+    for (auto& p : trainer_choice_problems(n, "lora_dim", "learning_rate", "lora_learning_rate"))
+      problems.push_back(std::move(p));
     for (auto& p : lora_module_problems(n, "lora_dim", "lora_module_name")) problems.push_back(std::move(p));
     for (auto& p : split_overlap_problems(n, g)) problems.push_back(std::move(p));
     for (auto& p : save_lora_problems(n)) problems.push_back(std::move(p));

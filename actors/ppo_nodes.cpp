@@ -1345,8 +1345,10 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                          "\"auto\" (filled from the node)",
                          ds->train_batch_size)});
       for (auto& p : lr_scheduler_problems(n)) problems.push_back(std::move(p));
-      if (policy && problems.empty()) warn_mixed_dtypes(g);
       const std::string who = policy ? "actor" : "critic";
+      for (auto& p : trainer_choice_problems(n, who + "_lora_dim", who + "_learning_rate", who + "_lora_learning_rate"))
+        problems.push_back(std::move(p));
+      if (policy && problems.empty()) warn_mixed_dtypes(g);
       for (auto& p : lora_module_problems(n, who + "_lora_dim", who + "_lora_module_name"))
         problems.push_back(std::move(p));
       if (policy) {

@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "actors/dschat_common.h"
 #include "actors/resume_check.h"
@@ -249,6 +250,17 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
     if (r != "command" && !n.get_string("command").empty())  // the user's scorer would never run
       problems.push_back({"command", "command is set, but reward = \"" + r + "\" scores with the built-in rule",
                           "set reward = \"command\" to score with the command, or remove command"});
+    // settings of another rule, written, do nothing: said, not refused (a graph file may carry them for one rule
+    // and a --set pick another)
+    auto idle = [&](const char* key, const char* why) {
+      if (const auto* w = n.find_setting(key); w && !w->from_default)
+        spdlog::warn("node '{}': {} = {} changes nothing with reward = \"{}\": {}", n.name, key,
+                     graph::to_string(w->value), r, why);
+    };
+    if (r != "gsm8k") idle("format_score", "it is the gsm8k rule's score for a well-formed wrong answer");
+    if (r != "command")
+      for (const char* key : {"timeout_s", "startup_timeout_s", "on_error", "max_consecutive_errors"})
+        idle(key, "it is about the command's answers (reward = \"command\")");
     const auto& e = n.get_string("on_error");
     if (e != "stop" && e != "zero")
       problems.push_back({"on_error", "on_error = \"" + e + "\" is not a policy here", "use stop or zero"});

@@ -521,6 +521,38 @@ TEST_CASE("a warmup with the constant schedule is named: transformers' constant 
   }
 }
 
+TEST_CASE("a trainer's or a reward's settings that failed in start, or did nothing, are named when the graph is checked") {
+  // DPO failed in its start, after tokenizing the data, on these (exit 1); the idle ones passed in silence
+  const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
+  int rc = -1;
+  struct refused {
+    const char* set;
+    const char* error;
+  };
+  for (const refused& c : std::initializer_list<refused>{
+           {"dpo.graph --set node.dpo.truncation=start" DPO_MODEL, "error: truncation = \"start\" is not a way to cut a long example"},
+           {"dpo.graph --set node.dpo.apply_chat_template=true" DPO_MODEL, "is not a folder: set tokenizer to the model folder"},
+           {"dpo.graph --set node.dpo.only_optimize_lora=true" DPO_MODEL,
+            "error: only_optimize_lora = true trains only the LoRA weights, and lora_dim = 0 adds none: nothing would train"},
+           {"rlhf.graph --set node.critic.only_optimize_lora=true", "and critic_lora_dim = 0 adds none"}}) {
+    CAPTURE(c.set);
+    const auto out = run(bin + c.set + " --no-progress 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, c.error));
+  }
+  // said, not refused (the bad dtype stops these runs when the graph is checked)
+  auto out = run(bin + "sft.graph --no-progress --set node.sft.only_optimize_lora=true --set node.sft.lora_dim=8 "
+                       "--set node.sft.learning_rate=0.5 --set node.sft.dtype=fp8 2>&1",
+                 &rc);
+  CHECK(has(out, "node 'sft': learning_rate = 0.5 is the frozen base's rate with only_optimize_lora = true"));
+  out = run(bin + "grpo.graph --no-progress" GRPO_DATA " --set node.reward.reward=format --set node.reward.format_score=0.5 "
+                  "--set node.reward.on_error=zero --set node.policy.dtype=fp8 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'reward': format_score = 0.5 changes nothing with reward = \"format\""));
+  CHECK(has(out, "node 'reward': on_error = \"zero\" changes nothing with reward = \"format\""));
+}
+
 TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says what they are here") {
   // they were answered with the list of valid settings only (policy.learning_rate: "a setting of [node.sft]")
   const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";

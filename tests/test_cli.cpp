@@ -364,6 +364,7 @@ TEST_CASE("flowrun train refuses a missing GPU and multi_node with what to chang
   auto out = run(std::string(FLOWRUN_BIN) + " train --step 1 --deployment-type multi_node 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(out.find("use --deployment-type single_node") != std::string::npos);
+  CHECK(out.find("flowrun run graphs/rlhf.graph --cluster CLUSTER.toml") != std::string::npos);  // what spreads it
 }
 
 TEST_CASE("a training plan that cannot fit in memory is refused with what to change") {

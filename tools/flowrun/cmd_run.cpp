@@ -335,10 +335,10 @@ void add_train(CLI::App& app) {
   sub->add_option("--deployment-type", o->deployment_type, "single_gpu, single_node or multi_node")
       ->capture_default_str();
   auto* actor_opt = sub->add_option("--actor-model", o->actor_model,
-                  "Step 1's base model; with step 3 alone, the SFT model PPO starts from (default there: what graphs/sft.graph writes)")
+                  "Step 1's base model; with step 3 but not step 1, the SFT model PPO starts from (default there: what graphs/sft.graph writes)")
       ->capture_default_str();
   auto* reward_opt = sub->add_option("--reward-model", o->reward_model,
-                  "Step 2's base model; with step 3 alone, the reward model folder (default there: what graphs/rm.graph writes)")
+                  "Step 2's base model; with step 3 but not step 2, the reward model folder (default there: what graphs/rm.graph writes)")
       ->capture_default_str();
   sub->add_option("--set", o->overrides, "Extra overrides (node.NAME.KEY=VALUE), each given to the graphs that have NAME");
   sub->add_option("--dtype", o->dtype,
@@ -360,9 +360,10 @@ void add_train(CLI::App& app) {
         throw exit_request{2};
       }
     } else if (o->deployment_type == "multi_node") {
-      spdlog::error("--deployment-type multi_node: the DS-Chat graphs cannot be spread over machines yet (their "
-                    "models and tensors do not cross processes; docs/scaling.md); use --deployment-type single_node. "
-                    "Graphs whose cross-node edges carry text or tokens run with `flowrun run --cluster FILE`");
+      spdlog::error("--deployment-type multi_node: flowrun train runs the graphs in this process; to spread them over "
+                    "machines run the graph with a cluster, e.g. `flowrun run graphs/rlhf.graph --cluster CLUSTER.toml "
+                    "--secret-file SECRET --set node.reward.on=w1 --set node.critic.on=w1` (models and tensors cross "
+                    "through the bulk plane; docs/scaling.md), or use --deployment-type single_node");
       throw exit_request{2};
     } else if (o->deployment_type != "single_node") {
       spdlog::error("--deployment-type {}: use single_gpu, single_node or multi_node", o->deployment_type);

@@ -190,6 +190,16 @@ TEST_CASE("report: bad lines name the file and the line") {
   CHECK(error_of("\n\n").find("m.jsonl is empty") == 0);
   const std::string good = R"({"signal":"loss","node":"sft","step":1,"value":2.0})";
   CHECK(error_of(good + "\n" + good + "\nnot json\n").find("m.jsonl:3: not a JSON line") == 0);
+  // a last line cut without its newline (a run killed while writing it) is left out, not an error; one
+  // with its newline, or one not last, is
+  {
+    std::istringstream in(good + "\n" + good + "\n{\"signal\":\"lo");
+    const rp::metrics_file m = rp::parse_metrics(in, "m.jsonl");
+    CHECK(m.cut_line == 3);
+    CHECK(m.records == 2);
+  }
+  CHECK(error_of(good + "\n{\"signal\":\"lo\n" + good).find("m.jsonl:2: not a JSON line") == 0);
+  CHECK(error_of("{\"signal\":\"lo").find("m.jsonl is empty") == 0);  // nothing whole: no report
   CHECK(error_of("[1, 2]\n").find("m.jsonl:1: not a JSON object") == 0);
   CHECK(error_of("{\"x\": 1}\n").find("m.jsonl:1: neither a signal record") == 0);
   CHECK(error_of(R"({"signal":"loss","node":"sft","value":2.0})").find("m.jsonl:1: signal record without \"step\"") ==

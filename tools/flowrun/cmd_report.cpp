@@ -39,6 +39,9 @@ void run_report(const report_opts& o) {
   if (!in) throw std::runtime_error("cannot open the metrics file '" + o.input + "' (written by `flowrun run FILE.graph "
                                     "--metrics FILE`)");
   report::metrics_file m = report::parse_metrics(in, o.input);
+  if (m.cut_line > 0)  // a run killed while writing its last record: the rest is whole
+    spdlog::warn("{}:{}: the last line was cut (no newline, not JSON: a run killed while writing it) and is left out",
+                 o.input, m.cut_line);
   if (!o.signals.empty()) {
     std::set<std::string> have;
     for (const auto& s : m.signals) have.insert(s.signal);

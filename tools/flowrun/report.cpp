@@ -71,6 +71,11 @@ metrics_file parse_metrics(std::istream& in, const std::string& name) {
     try {
       j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
+      if (in.eof()) {  // no newline after it: the last record of a run killed while writing it
+        m.cut_line = line;
+        --nonblank;
+        break;
+      }
       throw line_error(name, line, std::string("not a JSON line (") + e.what() + ")");
     } catch (const nlohmann::json::exception& e) {  // e.g. out_of_range: a number past a double (1e400)
       throw line_error(name, line, std::string("a value JSON cannot hold here (") + e.what() + ")");

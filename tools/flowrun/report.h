@@ -49,13 +49,18 @@ struct metrics_file {
   double t_s = 0;
   std::int64_t steps = 0, tokens = 0;
   bool final = false;
+  /// The file's last line had no newline and was not JSON: a record a kill cut while it was written,
+  /// left out (its line number; 0: none). The report says so.
+  std::size_t cut_line = 0;
 };
 
 /// Reads a metrics JSONL stream; `name` names it in errors. Blank lines are skipped. Throws
 /// std::runtime_error "NAME:LINE: WHAT" for a line that is not JSON, not an object, neither a
 /// snapshot ("nodes") nor a signal record ("signal"), or a signal record with a field missing
 /// or of the wrong type ("node", "signal": strings; "step", "replica": integers; "value": a
-/// number or null). A file without a single line is an error too ("NAME is empty ...").
+/// number or null). A file without a single line is an error too ("NAME is empty ..."). The one exception:
+/// a last line without its newline that is not JSON (a run killed while writing it) is left out, its
+/// number in cut_line.
 metrics_file parse_metrics(std::istream& in, const std::string& name);
 
 /// first / last (file order), min, max and mean of a series' points (n = 0: all zero).

@@ -995,6 +995,7 @@ TEST_CASE("seeds, eval_every and chat's max_new_tokens on the command line: refu
   for (const one& c : {one{" train-lm --steps 1 --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
                        one{" train-lm --steps 1 --seed 4294967296", "--seed: Value 4294967296 not in range 0 to 4294967295"},
                        one{" train-lm --steps 1 --eval_every -5", "--eval_every must be >= 0 (0 = only at the end)"},
+                       one{" eval reward --eval_fraction 1.5", "--eval_fraction: must be in [0, 1), the held-out share"},
                        one{" generate --max_new_tokens 1 --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
                        one{" eval reward --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},
                        one{" eval prompts --seed -1", "--seed: Value -1 not in range 0 to 4294967295"},

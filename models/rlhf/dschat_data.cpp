@@ -658,7 +658,8 @@ std::vector<rm_example> make_rm_examples(const std::vector<sample>& rows, const 
     const auto& r = rows[i];
     if (r.rejected.empty())
       throw std::invalid_argument("row " + std::to_string(i) + " has no rejected answer: this is " +
-                                  (r.chosen.empty() ? "{prompt} data (RL prompts, for step 3)" : "{prompt, chosen} data (for SFT)") +
+                                  (r.chosen.empty() ? "{prompt} data (RL prompts, for step 3)"
+                                                    : "{prompt, chosen} data (for SFT; GSM8K's {question, answer} reads so)") +
                                   "; a reward model or DPO learns from pairs, {prompt, chosen, rejected} or raw HH-RLHF {chosen, rejected}");
     auto c = for_row(i, [&] { return full_sequence(tok, r, r.chosen, cfg); });
     auto j = for_row(i, [&] { return full_sequence(tok, r, r.rejected, cfg); });

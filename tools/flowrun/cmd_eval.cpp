@@ -208,7 +208,18 @@ void add_eval(CLI::App& app) {
   auto* rw_split = rw->add_option("--data_split", r->data_split, std::string("as in training") + recorded)
                        ->capture_default_str();
   auto* rw_frac = rw->add_option("--eval_fraction", r->eval_fraction, std::string("as in training") + recorded)
-                      ->capture_default_str();
+                      ->capture_default_str()
+                      ->check(CLI::Validator(  // the trainers' range: the message named an internal function
+                          [](std::string& v) {
+                            double x = -1;
+                            try {
+                              x = std::stod(v);
+                            } catch (const std::exception&) {
+                            }
+                            return x >= 0 && x < 1 ? std::string()
+                                                   : "must be in [0, 1), the held-out share of the data, got " + v;
+                          },
+                          "[0, 1)"));
   auto* rw_seed = rw->add_option("--seed", r->seed, std::string("as in training") + recorded)
                       ->capture_default_str()
                       ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));

@@ -261,6 +261,16 @@ TEST_CASE("a graph whose model output is a file or folder it reads is refused wh
   fs::remove_all(dir);
 }
 
+TEST_CASE("a placement without a cluster is named: every node runs in this process") {
+  // on = "w1" with the --cluster forgotten ran everything here without a word (docs/scaling.md: not interpreted)
+  int rc = -1;
+  const auto out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                           "/graphs/examples/generate.graph --no-progress --set node.generator.on=w1 2>&1",
+                       &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "node 'generator': on = \"w1\" places it on a cluster node, but the run has no cluster"));
+}
+
 TEST_CASE("a missing model file is named, with exit code 2") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " generate --model no/such/model.bin 2>&1", &rc);

@@ -173,6 +173,14 @@ int run_graph_file(const run_opts& o_in) {
     std::cerr << graph::format_errors(errors);
     return 2;
   }
+  // `on` means nothing without a cluster (docs/scaling.md): a placement written for one (a --cluster forgotten)
+  // ran every node in this process without a word
+  if (v.spec.cluster.empty() && !v.spec.cluster.pos.known())
+    for (const auto& n : v.spec.nodes)
+      if (!n.on.empty() && n.on != graph::main_process_name)
+        spdlog::warn("node '{}': on = \"{}\" places it on a cluster node, but the run has no cluster: every node runs "
+                     "in this process (give --cluster FILE, or a [cluster] table in the graph, to spread it)",
+                     n.name, n.on);
   // on = "any": the planner picks a cluster node by resources (docs/scaling.md).
   if (auto errors = graph::assign_placement(v.spec); !errors.empty()) {
     std::cerr << graph::format_errors(errors);

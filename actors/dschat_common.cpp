@@ -626,9 +626,7 @@ void warn_scheduler_replaced(const actor::node_context& ctx, const ds_config& c)
   for (const char* k : {"lr_scheduler_type", "num_warmup_steps"})
     if (const auto* w = ctx.spec().find_setting(k); w && !w->from_default) written.push_back(k);
   // num_warmup_steps that filled the JSON's "auto" warmup is taken, not replaced
-  if (std::any_of(c.auto_filled.begin(), c.auto_filled.end(),
-                  [](const std::string& k) { return k.rfind("scheduler.params.warmup_num_steps=", 0) == 0; }))
-    std::erase(written, std::string("num_warmup_steps"));
+  if (c.filled_auto("scheduler.params.warmup_num_steps")) std::erase(written, std::string("num_warmup_steps"));
   if (!written.empty())
     spdlog::warn("node '{}': {}'s scheduler ({}) replaces {} (DeepSpeed prefers a configured scheduler to the one "
                  "DS-Chat hands it): remove the JSON's scheduler section, or the node's setting",

@@ -477,10 +477,11 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
               "max_staleness >= 1: wait (the generator waits for the weights the controller stamped, so no batch "
               "is staler than max_staleness) or drop (the generator samples with the newest weights it has, never "
               "waiting; a batch staler than max_staleness at training is dropped and counted)");
-  // OpenRLHF's and veRL's names for asynchronous training
+  // DS-Chat's flags that are the generator's here
   k.known_as("print_answers", "DS-Chat's --print_answers is the rollout_generator's print_answers here (with "
                               "print_answers_interval): --set node.GENERATOR.print_answers=true")
       .known_as("print_answers_interval", "DS-Chat's --print_answers_interval is the rollout_generator's here");
+  // OpenRLHF's and veRL's names for asynchronous training
   k.known_as("async_train", "OpenRLHF's --async_train is max_staleness >= 1 here (0: the synchronous loop)")
       .known_as("staleness_threshold", "the policy updates the generator may run ahead is max_staleness here")
       .known_as("off_policy_steps", "the policy updates the generator may run ahead is max_staleness here");

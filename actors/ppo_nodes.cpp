@@ -642,9 +642,7 @@ class ppo_trainer final : public actor::node {
       if (group_.rank == 0) warn_scheduler_replaced(ctx, c);
       ds_where_ = c.where;
       // "auto" (HF Trainer's word) for the scheduler's length: the run's updates, once known (plan_schedule)
-      ds_total_auto_ = std::any_of(c.auto_filled.begin(), c.auto_filled.end(), [](const std::string& k) {
-        return k.rfind("scheduler.params.total_num_steps=", 0) == 0;
-      });
+      ds_total_auto_ = c.filled_auto("scheduler.params.total_num_steps");
     }
     check_settings_before_steps(ctx);
     if (policy_) {
@@ -859,12 +857,8 @@ class ppo_trainer final : public actor::node {
                           policy_ ? "actor" : "critic"));
   }
 
-  // Whether the learning rate moves over the run (not a constant schedule without warmup).
-  bool scheduled() const {
-    if (!d_.ds_scheduler.type.empty()) return true;
-    return !(d_.lr_scheduler_type == "constant" ||
-             (d_.lr_scheduler_type == "constant_with_warmup" && d_.num_warmup_steps == 0));
-  }
+  // Whether the learning rate moves over the run (the planned schedule is not a constant one).
+  bool scheduled() const { return !engine_.schedule.constant(); }
 
   // The hybrid engine: the generator reads the policy's current weights. Below stage 3 rank 0's
   // model holds them all (a handle, no copy), or with `snapshot` (max_staleness >= 1, when the
@@ -1146,10 +1140,7 @@ class ppo_trainer final : public actor::node {
     const std::string f = (std::filesystem::path(folder(ctx)) / step_folder_name(iteration)).string();
     const auto ck = load_checkpoint(f);
     const auto& m0 = ck.manifests.at(0);
-    // the settings first: they name what changed (only_optimize_lora true -> false), where the hash only
-    // says "differs"
-    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), f, safe_to_change(),
-                          "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
+    // (the settings were compared with this checkpoint's at start: check_settings_before_steps)
     if (m0.config_hash != config_hash())
       throw std::runtime_error("node '" + ctx.name() + "': checkpoint " + f +
                                " was made for another model, LoRA or value-head setting (config hash differs): "

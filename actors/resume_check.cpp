@@ -18,6 +18,7 @@
 #include "actors/rank_group.h"
 #include "models/rlhf/ppo_checkpoint.h"
 #include "models/safetensors.h"
+#include "models/tokenizer.h"
 #include "runtime/util/same_path.h"
 
 namespace flowrun::actors {
@@ -116,9 +117,7 @@ nlohmann::json contents_of(std::string_view key, const std::string& path, bool b
   // a tokenizer folder (an HF model's, or one holding tokenizer.json): the files a tokenizer is read from, by
   // name and bytes (the folder's path alone let a resume go on with another tokenizer copied into it)
   if (key == "tokenizer" && !path.empty() && std::filesystem::is_directory(path, ec)) {
-    static const std::set<std::string> names = {"tokenizer.json",  "tokenizer.model",          "tokenizer_config.json",
-                                                "vocab.json",      "merges.txt",               "special_tokens_map.json",
-                                                "added_tokens.json", "chat_template.jinja",    "chat_template.json"};
+    static const std::set<std::string> names(tokenizer_file_names().begin(), tokenizer_file_names().end());
     return folder_fingerprint(path, names);
   }
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;

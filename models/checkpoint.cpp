@@ -178,6 +178,16 @@ std::string save_problem(model_format f, const std::string& path, model_family f
   return "";
 }
 
+bool copy_generation_config(const std::string& source, const std::string& dir) {
+  std::error_code ec;
+  const fs::path from = fs::path(source) / "generation_config.json";
+  if (!fs::exists(from, ec) || (fs::exists(dir, ec) && fs::equivalent(source, dir, ec))) return false;
+  std::ifstream in(from, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write_text_atomic((fs::path(dir) / "generation_config.json").string(), text);
+  return true;
+}
+
 void save_model(const decoder& model, const std::string& path, model_format f, const std::string& tokenizer,
                 const std::string& source) {
   if (auto why = save_problem(f, path, model.config().family, model.has_value_head()); !why.empty())
@@ -215,11 +225,9 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
       }
       save_hf(merged_copy(model), path, dtype::f32, 0, extra);
       if (tok) copy_tokenizer_files(tokenizer, path, /*hf_names=*/true);
-      if (from_hf && fs::exists(src / "generation_config.json", ec)) {
-        std::ifstream in(src / "generation_config.json", std::ios::binary);
-        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        write_text_atomic((fs::path(path) / "generation_config.json").string(), text);
-      } else if (!from_hf && (tok || (!src.empty() && inspect_model(src.string()).format != model_format::hf))) {
+      if (from_hf) {
+        copy_generation_config(src.string(), path);  // the source's stop ids and sampling defaults, when it has them
+      } else if (tok || (!src.empty() && inspect_model(src.string()).format != model_format::hf)) {
         // a llama2.c model (a .bin or a flowrun folder): without a tokenizer, llama2.c's own ids
         write_llama2c_generation_config(path, tok ? tok->bos_id() : 1, tok ? tok->eos_id() : 2,
                                         model.config().vocab_limit());

@@ -52,6 +52,12 @@ std::vector<int32_t> stop_ids_for(const std::string& path, int32_t bos_id, int32
 /// Throws std::runtime_error naming the file on an I/O error.
 void write_llama2c_generation_config(const std::string& dir, int64_t bos_id, int64_t eos_id, int64_t vocab_limit);
 
+/// Copy the generation_config.json of the HF folder `source` (its stop ids and sampling defaults, as
+/// save_pretrained keeps them) into folder `dir`; returns false, copying nothing, when the source has none
+/// or is `dir` itself. save_model's HF path and `flowrun convert --from hf --to hf` use it. Throws
+/// std::runtime_error naming the file on an I/O error.
+bool copy_generation_config(const std::string& source, const std::string& dir);
+
 /// Save `model` into folder `dir`: flowrun_config.json (the model_config, LoRA
 /// and value-head flags) and model.safetensors (every base and adapter tensor,
 /// f32, HF LlamaForCausalLM names plus v_head.weight and PEFT-style lora_A/lora_B).

@@ -254,24 +254,25 @@ bool folder_has_tokenizer(const std::string& dir) {
          (std::filesystem::exists(d / "vocab.json") && std::filesystem::exists(d / "merges.txt"));
 }
 
-namespace {
-// The files of a tokenizer in a model folder (copy_tokenizer_files, remove_tokenizer_files).
-const char* const tokenizer_files[] = {"tokenizer.model",       "vocab.json",        "merges.txt",
-                                       "special_tokens_map.json", "tokenizer_config.json", "added_tokens.json",
-                                       "tokenizer.json",        "chat_template.jinja"};  // newer transformers' template file
-}  // namespace
+const std::vector<std::string>& tokenizer_file_names() {
+  static const std::vector<std::string> names = {
+      "tokenizer.model",     "vocab.json",         "merges.txt",          "special_tokens_map.json",
+      "tokenizer_config.json", "added_tokens.json", "tokenizer.json",
+      "chat_template.jinja", "chat_template.json"};  // newer transformers' template files
+  return names;
+}
 
 std::vector<std::string> remove_tokenizer_files(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> removed;
-  for (const char* f : tokenizer_files)
+  for (const auto& f : tokenizer_file_names())
     if (fs::remove(fs::path(dir) / f)) removed.push_back((fs::path(dir) / f).string());
   return removed;
 }
 
 std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const std::string& dst_in, bool hf_names) {
   namespace fs = std::filesystem;
-  const auto& files = tokenizer_files;
+  const auto& files = tokenizer_file_names();
   const fs::path src(src_in), dst(dst_in);
   fs::create_directories(dst);
   std::vector<std::string> written;
@@ -284,7 +285,7 @@ std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const s
   std::vector<std::pair<fs::path, fs::path>> pairs;
   if (fs::is_directory(src) || src.filename() == "vocab.json") {
     const fs::path dir = fs::is_directory(src) ? src : src.parent_path();
-    for (const char* f : files)
+    for (const auto& f : files)
       if (fs::exists(dir / f)) pairs.emplace_back(dir / f, dst / f);
   } else {
     pairs.emplace_back(src, dst / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
@@ -297,7 +298,7 @@ std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const s
     return fs::exists(pr.second) && fs::equivalent(pr.first, pr.second);
   });
   if (hf_names && !same_folder)
-    for (const char* f : files)
+    for (const auto& f : files)
       if (std::none_of(pairs.begin(), pairs.end(), [&](const auto& pr) { return pr.second.filename() == f; }))
         fs::remove(dst / f);
   for (const auto& [from, to] : pairs) copy(from, to);

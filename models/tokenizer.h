@@ -90,9 +90,7 @@ bool folder_has_tokenizer(const std::string& dir);
 /// Copy the files of the tokenizer at `src` (what load_tokenizer takes: a SentencePiece
 /// .model file, a vocab.json with merges.txt beside it, or a folder) into folder `dst_dir`
 /// (created if needed), so that a saved model carries its tokenizer. From a vocab.json or a
-/// folder: those of tokenizer.model, vocab.json, merges.txt, special_tokens_map.json,
-/// tokenizer_config.json, added_tokens.json, tokenizer.json, chat_template.jinja that exist. A .model file is
-/// named tokenizer.model when `hf_names` (Hugging Face's name), else keeps its name.
+/// folder: those of tokenizer_file_names() that exist. A .model file is named tokenizer.model when `hf_names` (Hugging Face's name), else keeps its name.
 /// With `hf_names`, a folder that then holds a tokenizer.model but no tokenizer_config.json
 /// gets one (write_sentencepiece_tokenizer_config), so that transformers' AutoTokenizer loads it
 /// as LlamaTokenizer (without it, transformers 5 takes a generic tokenizer that adds no BOS).
@@ -102,6 +100,11 @@ bool folder_has_tokenizer(const std::string& dir);
 /// Returns the paths written (a file already in place is skipped). Throws
 /// std::filesystem::filesystem_error naming the file, std::runtime_error for a bad .model.
 std::vector<std::string> copy_tokenizer_files(const std::string& src, const std::string& dst_dir, bool hf_names = true);
+
+/// The names of a tokenizer's files in a model folder, what copy_tokenizer_files copies from a folder:
+/// tokenizer.model, vocab.json, merges.txt, special_tokens_map.json, tokenizer_config.json,
+/// added_tokens.json, tokenizer.json, chat_template.jinja, chat_template.json.
+const std::vector<std::string>& tokenizer_file_names();
 
 /// Remove from model folder `dir` the files copy_tokenizer_files would write there (those that exist);
 /// returns their paths. For a folder written again without a tokenizer, where an earlier model's would

@@ -20,9 +20,11 @@
 // No CAF here (layer 3).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -139,6 +141,12 @@ struct ds_config {
   std::vector<std::string> warnings;
   /// The keys whose "auto" came from ds_parse_options::auto_values, as "key=value", in the order read.
   std::vector<std::string> auto_filled;
+  /// Whether `key` (a dotted path, "scheduler.params.total_num_steps") was "auto", filled from the node.
+  bool filled_auto(std::string_view key) const {
+    return std::any_of(auto_filled.begin(), auto_filled.end(), [&](const std::string& k) {
+      return k.size() > key.size() && k.compare(0, key.size(), key) == 0 && k[key.size()] == '=';
+    });
+  }
   /// The file (or "<string>") the config came from.
   std::string where;
 

@@ -69,6 +69,12 @@ struct lr_schedule {
   /// types there are).
   double lr_at(int64_t step, double base_lr) const;
 
+  /// Whether every update runs at base_lr: no schedule (""), "constant", or "constant_with_warmup"
+  /// without warmup. DeepSpeed's types always move.
+  bool constant() const {
+    return type.empty() || type == "constant" || (type == "constant_with_warmup" && warmup_num_steps == 0);
+  }
+
   /// For DeepSpeed's decaying types (WarmupDecayLR, WarmupCosineLR) with total_num_steps > 0 and a run
   /// of more `updates`: "the DeepSpeed config's TYPE is over at total_num_steps = N: the steps past it
   /// train at the schedule's end (learning rate LR at step U)", U the run's last update (0-based), as

@@ -145,13 +145,11 @@ void run_convert(const convert_opts& o) {
     // from an HF folder: its stop ids and sampling defaults stay (config.json's ids came with `extra`); a folder
     // written over keeps nothing of the model before (its generation_config.json and tokenizer were read as this one's)
     const bool in_place = src_fmt == "hf" && fs::equivalent(fs::path(o.from[1]), fs::path(dst));
-    const fs::path gc = fs::path(o.from[1]) / "generation_config.json", dst_gc = fs::path(dst) / "generation_config.json";
-    if (src_fmt == "hf" && !in_place && fs::exists(gc)) {
-      fs::copy_file(gc, dst_gc, fs::copy_options::overwrite_existing);
+    const fs::path dst_gc = fs::path(dst) / "generation_config.json";
+    if (src_fmt == "hf" && copy_generation_config(o.from[1], dst))
       spdlog::info("generation_config.json: -> {}", dst_gc.string());
-    } else if (src_fmt == "hf" && !in_place && fs::remove(dst_gc)) {
+    else if (src_fmt == "hf" && !in_place && fs::remove(dst_gc))
       spdlog::warn("removed {}, an earlier model's: {} has none", dst_gc.string(), o.from[1]);
-    }
     if (!tok && !in_place)
       if (const auto gone = remove_tokenizer_files(dst); !gone.empty())
         spdlog::warn("removed the tokenizer an earlier model left in {} ({}): this model comes without one (--tokenizer "

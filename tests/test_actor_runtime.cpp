@@ -965,6 +965,29 @@ kind = "collect"
 
 // node_context::progress: the ETA is the rate since the first report times the units left, less
 // the time since the last report (live.h); worked by hand.
+TEST_CASE("metrics: steps and tokens of data-parallel replicas fed by a source are not counted twice") {
+  // pretraining's shape: a data source cuts 6 batches of 8 x 64 tokens, two ZeRO ranks train all 6 steps
+  // (each counts its steps; rank 0 the global batch's tokens)
+  job_metrics m;
+  const std::size_t data = m.add_node("data", 1, true), ranks = m.add_node("ranks", 2, false, true);
+  m.replica(data, 0).add("tokens", 6 * 8 * 64);
+  for (std::size_t r = 0; r < 2; ++r) m.replica(ranks, r).add("steps", 6);
+  m.replica(ranks, 0).add("tokens", 6 * 8 * 64);
+  auto s = m.snapshot();
+  CHECK(s.node("ranks")->counters.at("steps") == 12);  // the node's total over its replicas stays a sum
+  CHECK(s.steps() == 6);
+  CHECK(s.tokens() == 3072);
+  auto line = nlohmann::json::parse(to_json_line(s, true));
+  CHECK(line["steps"] == 6);
+  CHECK(line["tokens"] == 3072);
+  // where only a source counts tokens, they are the job's
+  job_metrics only_source;
+  only_source.add_node("src", 1, true);
+  only_source.add_node("sink", 1, false, true);
+  only_source.replica(0, 0).add("tokens", 100);
+  CHECK(only_source.snapshot().tokens() == 100);
+}
+
 TEST_CASE("progress: phases under way as step k/N with an ETA") {
   live_progress p{"sft", "step 1 sft", 40, 160, 10.0, 0, 30.0};  // 40 updates in 20 s: 0.5 s each
   CHECK(p.eta_s(30.0) == doctest::Approx(60.0));                 // 120 left

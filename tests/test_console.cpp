@@ -291,6 +291,7 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
     ra.bytes_out = n * 100;
     ra.produced = n;
     ra.blocked_s = t * 0.8;
+    ra.counters["tokens"] = static_cast<std::int64_t>(n * 16);  // the batches it cut: b counts them again
     a.replicas.push_back(ra);
     console::node_sample b{"b", 6, {}};
     for (int r = 0; r < 2; ++r) {
@@ -376,6 +377,8 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
   json ev = json::parse(h.events_json(1));
   REQUIRE(ev["events"].size() == 1);
   CHECK(ev["events"][0]["kind"] == "restart");
+  // the job's tokens/s: b's, which processes them, not b's plus those the source a cut into batches
+  CHECK(nodes[0]["rates"]["tokens_per_s"].get<double>() == doctest::Approx(1600.0));
   CHECK(json::parse(h.status_json())["tokens_per_s"].get<double>() == doctest::Approx(1600.0));
   auto detail = h.node_json("a");
   REQUIRE(detail);

@@ -53,8 +53,13 @@ const node_stats* metrics_snapshot::node(std::string_view name) const {
 
 std::int64_t metrics_snapshot::steps() const {
   std::int64_t best = -1;
-  for (const auto& n : nodes)
-    if (auto it = n.counters.find("steps"); it != n.counters.end()) best = std::max(best, it->second);
+  for (const auto& n : nodes) {
+    // a node's replicas step together (data-parallel ranks): its steps are its busiest replica's, not their sum
+    for (const auto& r : n.per_replica)
+      if (auto it = r.counters.find("steps"); it != r.counters.end()) best = std::max(best, it->second);
+    if (n.per_replica.empty())
+      if (auto it = n.counters.find("steps"); it != n.counters.end()) best = std::max(best, it->second);
+  }
   if (best >= 0) return best;
   for (const auto& n : nodes)
     if (n.terminal && !n.source) best = std::max(best, static_cast<std::int64_t>(n.handled));
@@ -74,10 +79,16 @@ std::int64_t metrics_snapshot::produced() const {
 }
 
 std::int64_t metrics_snapshot::tokens() const {
-  std::int64_t total = 0;
+  // the nodes that process tokens; a source's count (the batches it cut) only where none does, since the
+  // nodes it feeds count the same tokens again
+  std::int64_t worked = 0, sourced = 0;
+  bool any_worker = false;
   for (const auto& n : nodes)
-    if (auto it = n.counters.find("tokens"); it != n.counters.end()) total += it->second;
-  return total;
+    if (auto it = n.counters.find("tokens"); it != n.counters.end()) {
+      if (n.source) sourced += it->second;
+      else worked += it->second, any_worker = true;
+    }
+  return any_worker ? worked : sourced;
 }
 
 std::size_t job_metrics::add_node(std::string name, std::size_t replicas, bool source, bool terminal) {

@@ -112,14 +112,17 @@ struct metrics_snapshot {
 
   /// The node called `name`, or nullptr.
   const node_stats* node(std::string_view name) const;
-  /// Progress steps: the largest "steps" counter of any node if one counts
-  /// steps, else the most messages handled by a terminal node (one with no
-  /// out edges; summed over its replicas), else the items produced per
-  /// replica by the busiest source.
+  /// Progress steps: the largest "steps" counter of any node's replica if one
+  /// counts steps (a node's replicas step together, so they are not summed),
+  /// else the most messages handled by a terminal node (one with no out
+  /// edges; summed over its replicas), else the items produced per replica by
+  /// the busiest source.
   std::int64_t steps() const;
   /// Items produced by all sources together.
   std::int64_t produced() const;
-  /// The sum of every node's "tokens" counter.
+  /// The sum of the "tokens" counters of the nodes that are not sources, over
+  /// their replicas; the sources' sum where no other node counts tokens (the
+  /// nodes a source feeds count its tokens again).
   std::int64_t tokens() const;
 };
 

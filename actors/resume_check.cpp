@@ -188,7 +188,13 @@ std::vector<std::string> settings_changes(const nlohmann::json& recorded, const 
       const std::string name = k.substr(0, at);
       const nlohmann::json& then = recorded[k];
       if (!then.is_object() || !v.is_object()) {
-        refused.push_back(name + ": the file's bytes changed");
+        // the file by its path then and now: another file elsewhere, or the same path with other bytes
+        const auto path = [&](const nlohmann::json& r) {
+          return r.contains(name) && r[name].is_string() ? r[name].get<std::string>() : std::string();
+        };
+        const std::string from = path(recorded), to = path(now);
+        refused.push_back(from == to || from.empty() ? fmt::format("{}: the bytes of {} changed", name, to)
+                                                     : fmt::format("{} {} -> {} (other bytes)", name, from, to));
         continue;
       }
       const auto a = then.flatten(), b = v.flatten();  // the DeepSpeed JSON: name the keys that differ

@@ -28,7 +28,8 @@ namespace flowrun::actors {
 /// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes, and the `model` that
 /// sft_trainer, rm_trainer, dpo_trainer and zero_rank start from (unless it is their output) by that of its
 /// bytes, or of each file directly in its folder; check_resume_settings compares
-/// those instead of the path (a data file edited in place is refused: "data: the file's bytes changed").
+/// those instead of the path (a data file edited in place is refused: "data: the bytes of \"PATH\" changed";
+/// another file with other bytes: "model \"THEN\" -> \"NOW\" (other bytes)").
 /// With ds_batch_split_safe in `safe`, a DeepSpeed JSON is recorded without its batch triple
 /// (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: the split of the
 /// global batch may change, as the ranks may, and the trainer checks the resolved global batch itself;
@@ -42,7 +43,8 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
 inline constexpr std::string_view ds_batch_split_safe = "deepspeed_config (batch split)";
 
 /// The changes from `recorded` to `now` (two settings_record's), each "name then -> now" (a file
-/// recorded by its contents: "name: the file's bytes changed", or a DeepSpeed JSON's keys); none when
+/// recorded by its contents: "name: the bytes of \"PATH\" changed" at the same path, "name \"THEN\" -> \"NOW\" (other
+/// bytes)" at another, or a DeepSpeed JSON's keys); none when
 /// `recorded` is not an object (no record). A setting now that is absent then reads "(not set)".
 std::vector<std::string> settings_changes(const nlohmann::json& recorded, const nlohmann::json& now);
 

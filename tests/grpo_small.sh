@@ -216,7 +216,7 @@ rm -rf "$out/ck_c" && cp -r "$out/ck_a" "$out/ck_c"
 if run ck_c "$g" "${ck[@]}" --set graph.checkpoint_dir="$out/ck_c" --set node.prompts.data="$out/add_copy.jsonl"; then
   fail "a resume with an edited prompts file was accepted"
 fi
-grep -qF "node 'prompts': resuming from $out/ck_c/prompts.settings.json with settings changed: data: the file's bytes changed" \
+grep -qF "node 'prompts': resuming from $out/ck_c/prompts.settings.json with settings changed: data \"$out/addition.jsonl\" -> \"$out/add_copy.jsonl\" (other bytes)" \
   "$out/ck_c.err" || { grep -i error "$out/ck_c.err" | head -3; fail "the refusal does not name the edited data"; }
 
 # a scorer that crashes: the run stops, naming the node, the sample and the exit status

@@ -261,8 +261,17 @@ TEST_CASE("settings record: the trainers record the model they start from and a 
     CHECK(actors::settings_changes(then, record(file, out)).empty());
     flip_last_byte(file);  // the same path, other bytes (a data file's size and time key its cached fingerprint:
     fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(2));  // a replaced file has another)
+    const std::string canon = fs::canonical(file).string();
     CHECK(actors::settings_changes(then, record(file, out)) ==
-          std::vector<std::string>{"model: the file's bytes changed"});
+          std::vector<std::string>{"model: the bytes of \"" + canon + "\" changed"});
+    // another file with other bytes: both paths named (it read as if the first file had changed)
+    const std::string other = (dir / "other.bin").string();
+    fs::copy_file(file, other, fs::copy_options::overwrite_existing);  // the bytes after the flip
+    fs::last_write_time(other, fs::last_write_time(other) + std::chrono::seconds(4));
+    CHECK(actors::settings_changes(then, record(other, out)) ==
+          std::vector<std::string>{"model \"" + canon + "\" -> \"" + fs::canonical(other).string() + "\" (other bytes)"});
+    // the same bytes elsewhere are the same model
+    CHECK(actors::settings_changes(record(file, out), record(other, out)).empty());
   }
   {  // pretraining's ranks too: a LoRA checkpoint resumed on a replaced base trained on another model
     auto ranks = [&] {
@@ -273,7 +282,8 @@ TEST_CASE("settings record: the trainers record the model they start from and a 
     REQUIRE(then.contains("model (contents)"));
     flip_last_byte(file);
     fs::last_write_time(file, fs::last_write_time(file) + std::chrono::seconds(2));
-    CHECK(actors::settings_changes(then, ranks()) == std::vector<std::string>{"model: the file's bytes changed"});
+    CHECK(actors::settings_changes(then, ranks()) ==
+          std::vector<std::string>{"model: the bytes of \"" + fs::canonical(file).string() + "\" changed"});
   }
   // a tokenizer folder: its tokenizer files by their bytes (its path alone let another tokenizer copied in resume)
   fs::create_directories(dir / "tok");
@@ -289,7 +299,7 @@ TEST_CASE("settings record: the trainers record the model they start from and a 
   flip_last_byte(dir / "tok" / "tokenizer.model");
   fs::last_write_time(dir / "tok" / "tokenizer.model", fs::last_write_time(dir / "tok" / "tokenizer.model") + std::chrono::seconds(2));
   CHECK(actors::settings_changes(tok_then, tok_record()) ==
-        std::vector<std::string>{"tokenizer: the file's bytes changed"});
+        std::vector<std::string>{"tokenizer: the bytes of \"" + fs::canonical(dir / "tok").string() + "\" changed"});
   // a folder: each file directly in it, by name
   std::ofstream(dir / "hf" / "config.json") << "{\"model_type\": \"llama\"}\n";
   std::ofstream(dir / "hf" / "model.safetensors") << "weights";

@@ -223,6 +223,7 @@ def main():
                     f.write(re.sub(r"\[node\.reference\]\n(?:(?!\[).*\n)*", "", text))
             base = [a.flowrun, graph, "--set", f"node.sft.data={data}",
                     "--set", f"node.prompts.data={data}", "--no-progress", "--set", "graph.checkpoint_dir=",
+                    "--set", "node.sft.output=",
                     "--set", f"node.prompts.iterations={a.iterations}",
                     "--set", f"node.policy.output={os.path.join(out, 'grpo.bin')}"] + one_thread(threaded) + extra_sets
             controller, per_iter = "controller", 64 * 8

@@ -9,7 +9,7 @@ rm -rf "$out" && mkdir -p "$out"
 python3 "$root/tools/make_addition_data.py" --out "$out/addition.jsonl" > /dev/null
 "$flowrun" "$root/graphs/grpo.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=1 \
   --set node.sft.data="$out/addition.jsonl" --set node.prompts.data="$out/addition.jsonl" \
-  --set node.sft.output="$out/sft.bin" --set node.prompts.eval_prompts=8 --set node.reward.reward=command --set "node.reward.command=cat > /dev/null" \
+  --set node.sft.output="$out/sft.bin" --set node.policy.output= --set node.prompts.eval_prompts=8 --set node.reward.reward=command --set "node.reward.command=cat > /dev/null" \
   --set node.reward.timeout_s=20 --set node.reward.startup_timeout_s=1 > "$out/log" 2> "$out/err" &
 pid=$!
 trap 'kill -9 $pid 2>/dev/null || true' EXIT

@@ -15,9 +15,10 @@ set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
 python3 "$root/tools/make_addition_data.py" --out "$out/addition.jsonl" --digits 1 --count 100 > /dev/null
+# no checkpoints and no policy output unless a case sets them (the graphs' own are under the source's out/)
 data=(--set node.prompts.data="$out/addition.jsonl" --set node.prompts.iterations=2 --set node.prompts.eval_prompts=16
       --set node.prompts.per_device_generation_batch_size=4 --set node.reward.format_score=0.25
-      --set node.generator.temperature=0.5)
+      --set node.generator.temperature=0.5 --set graph.checkpoint_dir= --set node.policy.output=)
 fail() { echo "grpo_small: $*"; exit 1; }
 # The jobs after the first start from its SFT model (a copy of the graph whose sft node is a
 # model_source), so SFT runs once.
@@ -161,7 +162,7 @@ grep -qF "and node 'reward' (reward_function) with $root/tests/fixtures/hf_chat/
   "$out/tokmix.err" || { cat "$out/tokmix.err"; fail "the refusal does not name the reward's tokenizer"; }
 # and the SFT model the loop starts from (trained on another tokenizer's ids, the policy read tok512's)
 set +e
-run tokmix2 "$root/graphs/grpo.graph" --set node.sft.data="$out/addition.jsonl" \
+run tokmix2 "$root/graphs/grpo.graph" --set node.sft.data="$out/addition.jsonl" --set node.sft.output= \
   --set node.sft.tokenizer="$root/tests/fixtures/hf_chat/qwen2"
 rc=$?
 set -e

@@ -165,7 +165,8 @@ done
 # GSM8K through graphs/grpo.graph (its sft and prompts read {question, answer} rows): the question is the
 # user's message; sft trains on it and the answer, GRPO on the generation prompt.
 m=$fixtures/qwen2
-run gsm8k-grpo grpo.graph --set node.sft.model="$m" --set node.sft.tokenizer="$m" --set node.sft.data="$gsm8k" \
+run gsm8k-grpo grpo.graph --set graph.checkpoint_dir= --set node.sft.output= --set node.policy.output= \
+  --set node.sft.model="$m" --set node.sft.tokenizer="$m" --set node.sft.data="$gsm8k" \
   --set node.sft.apply_chat_template=true --set node.sft.data_split=4,2,4 --set node.sft.steps=4 \
   --set node.sft.per_device_train_batch_size=4 --set node.sft.max_seq_len=128 --set node.sft.print_every=1 \
   --set node.prompts.tokenizer="$m" --set node.prompts.data="$gsm8k" --set node.prompts.apply_chat_template=true \

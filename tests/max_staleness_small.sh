@@ -18,7 +18,8 @@ data=(--set node.prompts.data="$out/addition.jsonl" --set node.prompts.iteration
 run() {  # run NAME ARGS...: the job's stdout in $out/NAME.log, stderr in $out/NAME.err
   local name=$1; shift
   "$flowrun" "$root/graphs/grpo.graph" --no-progress "${data[@]}" --set node.sft.data="$out/addition.jsonl" \
-    --set node.sft.steps=40 --set node.sft.learning_rate=3e-3 --set node.policy.output="$out/$name.bin" "$@" \
+    --set node.sft.steps=40 --set node.sft.learning_rate=3e-3 --set node.policy.output="$out/$name.bin" \
+    --set graph.checkpoint_dir= --set node.sft.output= "$@" \
     > "$out/$name.log" 2> "$out/$name.err" || { tail -20 "$out/$name.err"; fail "the run $name failed"; }
 }
 # the figures a run prints: step 3's iteration and held-out lines without their speeds and times (the

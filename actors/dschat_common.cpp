@@ -267,17 +267,18 @@ static std::string output_problem(const std::string& node, const std::string& ou
 }
 
 /// The graph check of the trainers (node_kind::check): their `output` fits the format of
-/// the model they get (their `model` setting, or for the policy what its init edge brings).
+/// the model they get (their `model` setting, or for the policy and critic what their init edge brings).
 std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g) {
   const auto* o = n.find_setting("output");
   if (!o || !std::holds_alternative<std::string>(o->value) || std::get<std::string>(o->value).empty()) return {};
   const auto& out = std::get<std::string>(o->value);
   std::optional<model_file_info> in;
   bool value_head = false;
-  if (n.kind == "policy") {
+  if (n.kind == "policy" || n.kind == "critic") {  // step 3: what the init edge brings
     for (const auto& e : g.edges)
       if (e.to_node == n.name && e.to_port == "init")
         if (const auto* src = g.find_node(e.from_node)) in = emitted_model(*src);
+    value_head = n.kind == "critic";
   } else {
     in = inspect_model_setting(n);
     value_head = n.kind == "rm_trainer";

@@ -721,7 +721,7 @@ class ppo_trainer final : public actor::node {
     if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
       ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_.engine->memory().str()));
     engine_.finish();  // every rank: at stage 3 the parameters are gathered
-    if (policy_ && group_.rank == 0) save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_, source_);
+    if (group_.rank == 0) save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_, source_);
   }
 
  private:
@@ -734,16 +734,22 @@ class ppo_trainer final : public actor::node {
       const auto& t = ctx.spec().get_string("tokenizer");
       tokenizer_ = t.empty() ? m.tokenizer : resolve_user_path(t, "tokenizer").string();
       source_ = m.source;
-      // the model's own tokenizer path is the sender's: on another cluster node it may be missing
-      if (format_ == model_format::hf && !tokenizer_.empty() && !ctx.spec().get_string("output").empty() &&
-          !std::filesystem::exists(tokenizer_))
-        throw std::invalid_argument("node '" + ctx.name() + "': the tokenizer of the model it got, " + tokenizer_ +
-                                    ", is not on this machine, so it cannot be copied beside the output: set "
-                                    "the policy's tokenizer setting to a copy here");
     } else if (!m.model->has_value_head()) {
       throw std::invalid_argument("node '" + ctx.name() + "': the critic starts from a model with a value head "
                                   "(the reward model of step 2)");
+    } else {  // the critic saves as the reward model it got was saved: a folder with its value head
+      check_output(ctx, {m.format, m.model->config().family, true}, true);
+      format_ = saved_format(m.format, true);
+      tokenizer_ = m.tokenizer;
+      source_ = m.source;
     }
+    // the model's own tokenizer path is the sender's: on another cluster node it may be missing
+    if (format_ == model_format::hf && !tokenizer_.empty() && !ctx.spec().get_string("output").empty() &&
+        !std::filesystem::exists(tokenizer_))
+      throw std::invalid_argument("node '" + ctx.name() + "': the tokenizer of the model it got, " + tokenizer_ +
+                                  ", is not on this machine, so it cannot be copied beside the output" +
+                                  (policy_ ? ": set the policy's tokenizer setting to a copy here"
+                                           : ": copy it there, or leave the critic's output unset"));
     init_weights_ = weights_fingerprint(*m.model);  // recorded in the checkpoints, checked on resume
     // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
     model_ = copy_model(*m.model);
@@ -1312,12 +1318,16 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                   "tokenizer for unsup_data; also copied beside a HF output (default: the model's own)")
           .option("output", T::output, std::string(""),
                   "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
-                  "a HF folder with the tokenizer)")
-          .option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
+                  "a HF folder with the tokenizer)");
+    } else {
+      k.option("output", T::output, std::string(""),
+               "save the trained critic (the value model) here at the end, as the reward model it got was saved: a "
+               "folder with its value head (an HF folder with the tokenizer); DS-Chat's OUTPUT_DIR/critic");
     }
+    k.option("verify_output", T::bool_, false, "reload the saved output and print its largest output difference");
     // a plan that leaves a rank no rows of a mini-batch trains nothing there: refused when the graph is checked
     k.check = [policy](const graph::node_spec& n, const graph::graph_spec& g) {
-      auto problems = policy ? check_trainer_output(n, g) : std::vector<graph::node_kind::problem>{};
+      auto problems = check_trainer_output(n, g);
       for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
       const int world = static_cast<int>(n.replicas) * process_count();
       // the JSON's batch triple is the update's rows, as DeepSpeed reads it: one that contradicts the node's

@@ -137,6 +137,9 @@ grep -q "held-out" "$out/sft-on-rm.log" && fail "sft-on-rm: a held-out pass ran 
 refused ppo-hf-to-bin "node 'policy': output \"$out/ppo.bin\" cannot be written" \
   ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
   --set node.policy.output="$out/ppo.bin"
+refused ppo-critic-to-bin "node 'critic': output \"$out/critic.bin\" cannot be written" \
+  ppo.graph --set node.actor_model.model="$out/llama/sft" --set node.reward_model.model="$out/llama/rm" \
+  --set node.policy.output="$out/x_ppo" --set node.critic.output="$out/critic.bin"
 # step 3's tokenizers against the policy's model: one with more ids than its embedding failed mid-run in the
 # embedding; a foreign one with fewer trained on another vocabulary and stopped at its EOS, without a word
 refused ppo-tok-too-big "node 'generator' reads token ids with the tokenizer" \

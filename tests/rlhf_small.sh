@@ -9,6 +9,7 @@ rm -rf "$out" && mkdir -p "$out"
   --set node.sft.eval_fraction=0.3 --set node.rm.eval_fraction=0.3 --set node.prompts.eval_fraction=0.3 \
   --set node.rm.max_seq_len=80 \
   --set node.sft.output="$out/sft.bin" --set node.rm.output="$out/rm" --set node.policy.output="$out/ppo.bin" \
+  --set node.critic.output="$out/critic" --set node.critic.verify_output=true \
   --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \
   --set node.policy.tokenizer=model/stories260K/tok512.model --set node.policy.per_device_training_batch_size=4 \
   --set node.generator.print_answers=true --set node.generator.print_answers_interval=2 \
@@ -45,6 +46,14 @@ grep -q "tokenizer: .*tok512.model (the one the model trained with, from $out/rm
   { cat "$out/eval_rm.err"; echo "eval reward did not take the tokenizer the reward model trained with"; exit 1; }
 grep -q "written before the data split took DS-Chat's row order" "$out/eval_rm.err" &&
   { cat "$out/eval_rm.err"; echo "eval reward warned of an old split order on a folder trained now"; exit 1; }
+# the trained critic is saved as DS-Chat saves OUTPUT_DIR/critic: a reward-model folder that reloads to the same
+# outputs, with other weights than the reward model it started from (step 3 trained it), which eval reward scores
+grep -qF "[step 3 ppo] saved $out/critic as a flowrun model folder; reloaded: max |output difference| 0" "$out/log" ||
+  { grep -i critic "$out/log" | tail -3; echo "the critic's output was not saved and reloaded"; exit 1; }
+cmp -s "$out/critic/model.safetensors" "$out/rm/model.safetensors" && { echo "the critic's output is the reward model's"; exit 1; }
+"$flowrun" eval reward --model "$out/critic" --tokenizer model/stories260K/tok512.model --max_seq_len 80 \
+  > "$out/eval_critic" 2> "$out/eval_critic.err" || { cat "$out/eval_critic.err"; echo "eval reward did not read the critic"; exit 1; }
+grep -qE "^held-out pairs [0-9]+: accuracy [0-9.]+" "$out/eval_critic" || { cat "$out/eval_critic"; echo "eval reward scored nothing"; exit 1; }
 # a folder trained before the split took DS-Chat's row order (its record has no data_split_order) held out
 # other pairs: eval reward says so
 rm -rf "$out/rm_old" && cp -r "$out/rm" "$out/rm_old"

@@ -100,4 +100,15 @@ grep -q "resuming after iteration 1 " "$out/r_log" || { echo "the run did not re
 grep "step 3 ppo\] iter" "$out/r_log"
 cat "$out/log" "$out/r_log" > "$out/both_log"  # iteration 2 printed twice: the resumed run's line last
 "$py" "$root/tests/tensorboard_check.py" --resumed "$out/both_log" "$out/r_tb"
+# the same command once more: the run had finished, so nothing trains and nothing is written: no new event
+# file, no warning of an earlier run (it opened an empty file and warned that the earlier curves hide)
+ls "$out/r_tb/ppo_controller" > "$out/r_tb_files"
+"$flowrun" "$root/graphs/rlhf.graph" "${small[@]}" --set graph.checkpoint_dir="$out/r_checkpoints" \
+  --set node.ppo_controller.enable_tensorboard=true --set node.ppo_controller.tensorboard_path="$out/r_tb" \
+  > "$out/f_log" 2> "$out/f_err" || { echo "the rerun of the finished run failed:"; tail -20 "$out/f_err"; exit 1; }
+grep -q "held-out mean reward" "$out/f_log" || { echo "the finished run's rerun printed no results:"; cat "$out/f_log"; exit 1; }
+ls "$out/r_tb/ppo_controller" | cmp -s - "$out/r_tb_files" ||
+  { echo "the finished run's rerun changed the event files:"; ls -l "$out/r_tb/ppo_controller"; exit 1; }
+grep -q "holds event files of an earlier run" "$out/f_err" && { echo "the finished run's rerun warned of hidden curves"; exit 1; }
+"$py" "$root/tests/tensorboard_check.py" --resumed "$out/both_log" "$out/r_tb"
 echo "tensorboard_small: ok"

@@ -298,6 +298,14 @@ class replica_actor_t : public Base {
   }
 
   void on_exit() override {
+    // an event file that got no scalar (a finished step's rerun trains nothing) holds only its version
+    // record: removed, so that the folder holds the runs that wrote something
+    if (tensorboard_ && !tb_written_) {
+      const auto path = tensorboard_->path();
+      tensorboard_.reset();
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
     // Break the reference cycles between actors and release node resources.
     out_links_.clear();
     in_links_.clear();
@@ -353,10 +361,20 @@ class replica_actor_t : public Base {
     void signal(std::string_view name, double value, std::int64_t step) override {
       a_.plan_->live->signal(a_.np_.spec.name, a_.replica_, std::string(name), value, step);
       // a held-out value (held_out/NAME, without a step) goes to TensorBoard at the last step this replica
-      // wrote, 0 before any: the "before" figure at 0, the "after" one at the last update (it was left out);
-      // other values without a step (a held-out batch's phase times) stay out
-      if (a_.tensorboard_ && (step >= 0 || name.rfind("held_out/", 0) == 0))
-        a_.write_tensorboard(name, value, step >= 0 ? step : std::max<std::int64_t>(0, a_.tb_last_step_));
+      // wrote: the "after" figure at the last update (it was left out). Before any, it waits for the first
+      // stepped value and goes in at step 0 just before it (the "before" figure); a run that writes no step
+      // (a finished run's rerun reports its results again) writes nothing, which would have hidden the
+      // earlier run's curves from step 0 on. Other values without a step (a held-out batch's phase times)
+      // stay out.
+      if (!a_.tensorboard_) return;
+      if (step >= 0) {
+        for (auto& [held, v] : a_.tb_held_) a_.write_tensorboard(held, v, 0);
+        a_.tb_held_.clear();
+        a_.write_tensorboard(name, value, step);
+      } else if (name.rfind("held_out/", 0) == 0) {
+        if (a_.tb_last_step_ >= 0) a_.write_tensorboard(name, value, a_.tb_last_step_);
+        else a_.tb_held_.emplace_back(std::string(name), value);
+      }
     }
     void progress(std::string_view what, std::int64_t done, std::int64_t total) override {
       a_.plan_->live->progress(a_.np_.spec.name, std::string(what), done, total);
@@ -426,6 +444,17 @@ class replica_actor_t : public Base {
   // One scalar to the event file; a write that fails (a full disk) is logged once, and the
   // node's TensorBoard output ends there: training goes on.
   void write_tensorboard(std::string_view name, double value, std::int64_t step) {
+    if (!tensorboard_) return;  // a failed write ended it
+    if (!tb_written_) {  // said at the first scalar: a run that writes none (a finished step's rerun) hides nothing
+      tb_written_ = true;
+      ctx_log().info("TensorBoard event file {}", tensorboard_->path().string());
+      // nothing hidden without a word: a fresh run into a folder of another run's events replaced that run's curves
+      if (tensorboard_->follows_earlier_run())
+        ctx_log().warn("TensorBoard: {} holds event files of an earlier run: TensorBoard shows this run from step {} "
+                       "on and hides the earlier run's points from that step (their files stay; a resumed run "
+                       "wants this). To compare two runs, give each its own tensorboard_path",
+                       np_.tensorboard_dir, step);
+    }
     tb_last_step_ = std::max(tb_last_step_, step);
     if (auto err = tensorboard_->scalar(name, value, step)) {
       ctx_log().error("TensorBoard output stops: {}", *err);
@@ -586,13 +615,6 @@ class replica_actor_t : public Base {
         return;
       }
       tensorboard_ = std::make_unique<flowrun::tensorboard::event_writer>(std::move(*w));
-      ctx_log().info("TensorBoard event file {}", tensorboard_->path().string());
-      // nothing hidden without a word: a fresh run into a folder of another run's events replaced that run's curves
-      if (tensorboard_->follows_earlier_run())
-        ctx_log().warn("TensorBoard: {} holds event files of an earlier run: TensorBoard shows this run from its first "
-                       "step on and hides the earlier run's points from that step (their files stay; a resumed run "
-                       "wants this). To compare two runs, give each its own tensorboard_path",
-                       np_.tensorboard_dir);
     }
     const auto t0 = now();
     bool ok = guarded("start", [&] {
@@ -1396,6 +1418,8 @@ class replica_actor_t : public Base {
   std::shared_ptr<spdlog::logger> logger_;
   std::unique_ptr<flowrun::tensorboard::event_writer> tensorboard_;  // replica 0 with enable_tensorboard
   std::int64_t tb_last_step_ = -1;  // the largest step written to TensorBoard (-1: none yet)
+  bool tb_written_ = false;         // a scalar was written (the file's name and an earlier run said then)
+  std::vector<std::pair<std::string, double>> tb_held_;  // held-out values before any step: written at 0 with the first
 
   std::vector<out_link> out_links_;
   std::vector<out_edge> out_edges_;

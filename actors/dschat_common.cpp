@@ -621,6 +621,31 @@ void add_schedule_hints(graph::node_kind& k) {
                                 "constant_with_warmup, linear, cosine; DS-Chat's flag)");
 }
 
+void add_dschat_flag_hints(graph::node_kind& k, const std::string& dropout_flag, bool eot) {
+  if (!dropout_flag.empty())
+    k.known_as(dropout_flag, "DS-Chat's --" + dropout_flag +
+                                 ": flowrun's models have no dropout layers, so they train as with --" + dropout_flag +
+                                 " 0.0 (what DS-Chat's LLaMA scripts pass); an OPT or GPT-2 config's dropout is not "
+                                 "applied");
+  k.known_as("offload", "DS-Chat's --offload (ZeRO's states in CPU memory) has no setting here: on the CPU everything "
+                        "is in CPU memory already, and the CUDA backend keeps its states on the GPU; less memory per "
+                        "rank comes from a higher ZeRO stage over more replicas, dtype = \"bf16\" or LoRA")
+      .known_as("compute_fp32_loss", "the losses are computed in fp32 here in every dtype (as DS-Chat's "
+                                     "--compute_fp32_loss): logits and losses are fp32 tensors (docs/zero.md, \"Mixed "
+                                     "precision\")");
+  if (eot)
+    for (const char* flag : {"end_of_conversation_token", "add_eot_token"})
+      k.known_as(flag, "DS-Chat's end-of-conversation token is the tokenizer's EOS here: every training answer ends "
+                       "with it (as with --add_eot_token) and generation stops at it");
+}
+
+void add_padding_hint(graph::node_kind& k) {
+  k.known_as("num_padding_at_beginning",
+             "DS-Chat's --num_padding_at_beginning (1 for OPT) tells its reward model how many pad ids open a row "
+             "before the end is searched for; here each row is scored at its last real token, found from its "
+             "length, so there is nothing to set");
+}
+
 void warn_scheduler_replaced(const actor::node_context& ctx, const ds_config& c) {
   if (c.scheduler.type.empty()) return;
   std::vector<std::string> written;

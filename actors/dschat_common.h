@@ -114,6 +114,17 @@ std::vector<graph::node_kind::problem> trainer_choice_problems(const graph::node
 /// on every DS-Chat trainer kind (warmup_ratio, warmup_steps, lr_scheduler, lr_warmup_steps_ratio).
 void add_schedule_hints(graph::node_kind& k);
 
+/// The hints of DS-Chat's flags that have no setting here (the reason is a fact of flowrun's models and
+/// engine): `dropout_flag` (--dropout, --actor_dropout, --critic_dropout: the models have no dropout
+/// layers), --offload, --compute_fp32_loss (the losses are fp32 in every dtype) and, with `eot`,
+/// --end_of_conversation_token / --add_eot_token (the tokenizer's EOS ends each answer). An empty
+/// dropout_flag adds none of it.
+void add_dschat_flag_hints(graph::node_kind& k, const std::string& dropout_flag, bool eot = true);
+
+/// DS-Chat's --num_padding_at_beginning, for the nodes that score with a value head: flowrun reads
+/// each row's score at its last real token by its length (rlhf::pairwise_loss), searching no pad id.
+void add_padding_hint(graph::node_kind& k);
+
 /// A DeepSpeed JSON with a scheduler section replaces lr_scheduler_type and num_warmup_steps (DeepSpeed
 /// prefers a configured scheduler): a warning naming the ones written on the node, on rank 0.
 void warn_scheduler_replaced(const actor::node_context& ctx, const ds_config& c);

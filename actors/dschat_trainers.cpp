@@ -96,6 +96,7 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
       .known_as("lora_r", "DS-Chat's LoRA rank is lora_dim here (TencentPretrain's lora_r)")
       .known_as("max_length", "TRL's max_length is max_seq_len here (prompt + answer tokens)");
   add_schedule_hints(k);
+  add_dschat_flag_hints(k, "dropout");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     auto problems = check_trainer_output(n, g);
     for (auto& p : dtype_problems(n)) problems.push_back(std::move(p));
@@ -308,6 +309,7 @@ void register_rm_trainer(graph::node_kind_registry& kinds, actor::node_factory_r
       .option("output", T::output, std::string(""),
               "also save it into this folder: HF (with v_head.weight and the tokenizer) from a HF model, else "
               "flowrun_config.json + safetensors");
+  add_padding_hint(k);
   actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new rm_trainer); });
 }
 

@@ -481,6 +481,9 @@ void register_ppo_controller(graph::node_kind_registry& kinds, actor::node_facto
   k.known_as("print_answers", "DS-Chat's --print_answers is the rollout_generator's print_answers here (with "
                               "print_answers_interval): --set node.GENERATOR.print_answers=true")
       .known_as("print_answers_interval", "DS-Chat's --print_answers_interval is the rollout_generator's here");
+  for (const char* flag : {"enable_test_mode", "test_stop_step"})
+    k.known_as(flag, "DS-Chat's --enable_test_mode --test_stop_step N is the prompt loader's iterations = N here "
+                     "(the run's length)");
   // OpenRLHF's and veRL's names for asynchronous training
   k.known_as("async_train", "OpenRLHF's --async_train is max_staleness >= 1 here (0: the synchronous loop)")
       .known_as("staleness_threshold", "the policy updates the generator may run ahead is max_staleness here")

@@ -374,6 +374,12 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
   // the models trained in the same graph (steps 1-2) read them too: all must read ids alike (another tokenizer on the reward scored every answer 0 without a word, and one
   // on the loader failed in the embedding at the first batch)
   // other tools' names for these settings: the hint an unknown setting of that name gets
+  for (const char* flag : {"enable_hybrid_engine", "inference_tp_size", "tp_gather_partition_size"})
+    k.known_as(flag, "DS-Chat's hybrid engine is always on here: the generator reads the policy's live weights (the "
+                     "edge policy.weights -> generator.weights); generation runs on one rank, without tensor "
+                     "parallelism (--inference_tp_size has no equivalent)");
+  for (const char* flag : {"end_of_conversation_token", "add_eot_token"})
+    k.known_as(flag, "DS-Chat's end-of-conversation token is the tokenizer's EOS here: generation stops at it");
   k.known_as("n", "veRL's rollout.n is num_generations here")
       .known_as("n_samples_per_prompt", "OpenRLHF's --n_samples_per_prompt is num_generations here")
       .known_as("max_completion_length", "TRL's max_completion_length is max_answer_seq_len here")
@@ -579,6 +585,11 @@ void register_frozen_scorers(graph::node_kind_registry& kinds, actor::node_facto
              "and reward models in its --dtype, as the policy and critic)");
     add_rank_group_settings(k);
     k.check = [](const graph::node_spec& n, const graph::graph_spec&) { return dtype_problems(n); };
+    if (reward) add_padding_hint(k);
+    else
+      k.known_as("offload_reference_model",
+                 "DS-Chat's --offload_reference_model has no setting here: the reference's weights stay where its "
+                 "backend runs; zero_stage = 3 over its replicas shards them");
     k.input("init", "model", "the model this node starts from (copied)")
         .input("rollouts", "rollouts", "sequences to score")
         .output("scored", "scores", reward ? "per-row reward scores" : "per-token log-probs", true);
@@ -1279,7 +1290,13 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         .known_as("num_mini_batches", "TRL's num_mini_batches is per_device_training_batch_size here: the rows of one "
                                       "update (a generation batch's rows / num_mini_batches), all ranks together");
     add_schedule_hints(k);
+    add_dschat_flag_hints(k, who + "_dropout", policy);
+    if (!policy) add_padding_hint(k);
     if (policy) {
+      for (const char* flag : {"enable_hybrid_engine", "inference_tp_size", "tp_gather_partition_size"})
+        k.known_as(flag, "DS-Chat's hybrid engine is always on here: the generator reads the policy's live weights "
+                         "(the edge policy.weights -> generator.weights); generation runs on one rank, without "
+                         "tensor parallelism (--inference_tp_size has no equivalent)");
       k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
           .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")
           .known_as("clip_ratio_low", "veRL's clip_ratio_low is cliprange here (the floor 1 - cliprange)")

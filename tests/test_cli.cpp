@@ -587,8 +587,22 @@ TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says
            {"rlhf.graph --set node.policy.num_ppo_epochs=2", "TRL's num_ppo_epochs is ppo_epochs here"},
            {"sft.graph --set node.sft.warmup_ratio=0.1",
             "HF Trainer's and TRL's warmup_ratio (a share of the run) is num_warmup_steps here"},
-           {"dpo.graph --set node.dpo.lr_scheduler=cosine", "the schedule is lr_scheduler_type here"}}) {
-    CAPTURE(n.set);
+           {"dpo.graph --set node.dpo.lr_scheduler=cosine", "the schedule is lr_scheduler_type here"},
+           // DS-Chat's script flags with no setting here: why, from what the models and engine do
+           {"sft.graph --set node.sft.dropout=0.0", "DS-Chat's --dropout: flowrun's models have no dropout layers"},
+           {"rlhf.graph --set node.policy.actor_dropout=0.0", "DS-Chat's --actor_dropout: flowrun's models have no dropout"},
+           {"rlhf.graph --set node.critic.critic_dropout=0.0", "DS-Chat's --critic_dropout: flowrun's models have no dropout"},
+           {"rm.graph --set node.rm.num_padding_at_beginning=1", "DS-Chat's --num_padding_at_beginning (1 for OPT)"},
+           {"rlhf.graph --set node.reward.num_padding_at_beginning=1", "DS-Chat's --num_padding_at_beginning (1 for OPT)"},
+           {"rlhf.graph --set node.critic.num_padding_at_beginning=1", "DS-Chat's --num_padding_at_beginning (1 for OPT)"},
+           {"rlhf.graph --set node.generator.enable_hybrid_engine=true", "DS-Chat's hybrid engine is always on here"},
+           {"rlhf.graph --set node.policy.inference_tp_size=2", "DS-Chat's hybrid engine is always on here"},
+           {"rlhf.graph --set node.ppo_controller.test_stop_step=3", "DS-Chat's --enable_test_mode --test_stop_step N is the prompt loader's iterations"},
+           {"rlhf.graph --set node.reference.offload_reference_model=true", "DS-Chat's --offload_reference_model"},
+           {"sft.graph --set node.sft.end_of_conversation_token=x", "DS-Chat's end-of-conversation token is the tokenizer's EOS"},
+           {"rlhf.graph --set node.policy.compute_fp32_loss=true", "the losses are computed in fp32 here in every dtype"},
+           {"rm.graph --set node.rm.offload=true", "DS-Chat's --offload (ZeRO's states in CPU memory) has no setting here"}}) {
+    INFO(n.set);
     const auto out = run(bin + n.set + " --no-progress 2>&1", &rc);
     CHECK(rc == 2);
     CHECK(has(out, std::string("hint: ") + n.hint));

@@ -763,6 +763,14 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
         "learns from pairs; give {{prompt, chosen, rejected}} rows or raw HH-RLHF {{chosen, rejected}}",
         ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(f)));
   }
+  // step 1 learns from answers: a file of prompts alone is named here (a mix_data file of them failed as "row R
+  // has no answer" of the blended share, naming the `data` file)
+  for (size_t i = 0; step_index == 0 && i < src.size(); ++i)
+    if (src[i].report.format == dschat::data_format::prompt_only)
+      throw std::invalid_argument(fmt::format(
+          "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line): SFT learns from answers; "
+          "give {{prompt, chosen}}, {{prompt, completion}} or {{question, answer}} rows",
+          ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(src[i].report.format)));
   dschat::split_settings sp;
   sp.data_split = d.data_split;
   sp.seed = d.seed;

@@ -84,8 +84,16 @@ if "$flowrun" "$root/graphs/sft.graph" --no-progress --set node.sft.data="$out/p
      > "$out/noanswer.log" 2>&1; then
   echo "SFT on rows without answers was accepted"; exit 1
 fi
-grep -qF "$out/prompts_only.jsonl (this step's training rows): row 0 has no answer" "$out/noanswer.log" ||
+grep -qF "node 'sft': data $out/prompts_only.jsonl holds prompt only (RL prompts) rows" "$out/noanswer.log" ||
   { tail -3 "$out/noanswer.log"; echo "the no-answer error does not name the file"; exit 1; }
+# and a mix_data file of prompts is named, not the data file beside it (a review: "data.jsonl ... row 21 has no
+# answer", a row of the blended share)
+if "$flowrun" "$root/graphs/sft.graph" --no-progress --set "node.sft.mix_data=[\"$out/prompts_only.jsonl\"]" \
+     --set node.sft.output="$out/none.bin" > "$out/noanswer_mix.log" 2>&1; then
+  echo "SFT with a mix_data file without answers was accepted"; exit 1
+fi
+grep -qF "node 'sft': mix_data file $out/prompts_only.jsonl holds prompt only (RL prompts) rows" "$out/noanswer_mix.log" ||
+  { tail -3 "$out/noanswer_mix.log"; echo "the no-answer error does not name the mix_data file"; exit 1; }
 # prompt_overflow = "drop" that leaves too few prompts says so (it said the share had 0 rows)
 if "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir= --set node.sft.steps=2 --set node.rm.steps=2 \
      --set node.prompts.prompt_overflow=drop --set node.prompts.max_prompt_seq_len=12 --set node.sft.output="$out/d1.bin" \

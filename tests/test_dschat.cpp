@@ -249,6 +249,39 @@ TEST_CASE("GSM8K's {question, answer} rows load as prompt/chosen, the reference 
   CHECK(pe[1].reference == src.rows[1].chosen);
 }
 
+TEST_CASE("TRL's prompt-completion rows train on prompt + completion, and its other layouts are named with the fix") {
+  temp_dir tmp("trl");
+  // TRL's standard prompt-completion layout: "completion" is the answer (it loaded as {prompt} data, the
+  // completions ignored, and SFT refused "row 0 has no answer")
+  auto pc = load_source(tmp.write("pc.jsonl", R"({"prompt": "The sky is", "completion": " blue."})" "\n"
+                                              R"({"prompt": "Two and two make", "completion": " four.", "id": 7})" "\n"));
+  CHECK(pc.report.format == data_format::prompt_completion);
+  REQUIRE(pc.rows.size() == 2);
+  CHECK(pc.rows[1].chosen == " four.");
+  CHECK(pc.rows[1].question);  // the prompt is the user's text, not HH-RLHF turns
+  CHECK(row_messages(pc.rows[0]) == nlohmann::ordered_json::parse(R"([{"role": "user", "content": "The sky is"}])"));
+  // without a chat template the text is prompt + completion, as TRL's SFTTrainer joins them
+  auto tok = load_tokenizer(test::tokenizer_path());
+  tokenize_settings ts;
+  ts.max_seq_len = 64;
+  const auto sft = make_sft_examples(pc.rows, *tok, ts);
+  REQUIRE(sft.size() == 2);
+  auto want = tok->encode("The sky is blue.");
+  if (tok->adds_bos()) want.insert(want.begin(), tok->bos_id());
+  want.push_back(tok->eos_id());
+  CHECK(sft[0].ids == want);
+  CHECK(sft[0].prompt_len == static_cast<int64_t>(tok->encode("The sky is").size()) + (tok->adds_bos() ? 1 : 0));
+  // TRL's conversational and language-modeling layouts are not read: the error says what to give
+  const auto msgs = error_of([&] {
+    load_source(tmp.write("msgs.jsonl", R"({"messages": [{"role": "user", "content": "hi"}]})" "\n"));
+  });
+  CHECK(msgs.find("msgs.jsonl: cannot tell the data layout") != std::string::npos);
+  CHECK(msgs.find("line 1: a conversational {messages} row (TRL's format) is not read here: give {prompt, completion} "
+                  "rows") != std::string::npos);
+  CHECK(error_of([&] { load_source(tmp.write("text.jsonl", R"({"text": "Once upon a time"})" "\n")); })
+            .find("a {text} row (TRL's language-modeling format) is not read here") != std::string::npos);
+}
+
 TEST_CASE("data_split: DS-Chat's boundaries, disjoint steps that cover the data, deterministic shuffles") {
   CHECK(split_boundaries(10, {2, 4, 4}) == std::vector<int64_t>{0, 2, 6, 10});
   CHECK(split_boundaries(2307, {2, 4, 4}) == std::vector<int64_t>{0, 461, 1384, 2307});

@@ -116,6 +116,7 @@ std::vector<const char*> keys_of(data_format f) {
     case data_format::prompt_chosen: return {"prompt", "chosen"};
     case data_format::hh_rlhf_raw: return {"chosen", "rejected"};
     case data_format::question_answer: return {"question", "answer"};
+    case data_format::prompt_completion: return {"prompt", "completion"};
     case data_format::prompt_only: return {"prompt"};
     default: return {};
   }
@@ -128,6 +129,7 @@ data_format detect(const nlohmann::json& j) {
   if (has("prompt") && has("chosen")) return data_format::prompt_chosen;
   if (has("chosen") && has("rejected")) return data_format::hh_rlhf_raw;
   if (has("question") && has("answer")) return data_format::question_answer;
+  if (has("prompt") && has("completion")) return data_format::prompt_completion;
   if (has("prompt")) return data_format::prompt_only;
   return data_format::automatic;
 }
@@ -168,6 +170,7 @@ const char* format_name(data_format f) {
     case data_format::prompt_chosen: return "prompt/chosen";
     case data_format::hh_rlhf_raw: return "raw HH-RLHF chosen/rejected dialogues";
     case data_format::question_answer: return "question/answer (GSM8K)";
+    case data_format::prompt_completion: return "prompt/completion (TRL)";
     case data_format::prompt_only: return "prompt only (RL prompts)";
   }
   return "?";
@@ -228,14 +231,23 @@ source load_source(const std::string& path, data_format format) {
     for (size_t i = 0; i < lines.size() && format == data_format::automatic; ++i)
       if (parsed[i].is_object()) format = detect(parsed[i]);
     if (format == data_format::automatic) {
+      // TRL's other layouts are named with what to give instead
+      auto unknown = [](const nlohmann::json& j) -> std::string {
+        if (j.contains("messages"))
+          return "a conversational {messages} row (TRL's format) is not read here: give {prompt, completion} rows "
+                 "(the user's text and the assistant's answer) or DS-Chat's {prompt, chosen}";
+        if (j.contains("text"))
+          return "a {text} row (TRL's language-modeling format) is not read here: fine-tuning reads {prompt, "
+                 "completion} rows, and plain-text pretraining is lm_batches' text file (graphs/pretrain.graph)";
+        return "a JSON object without prompt/chosen/rejected, prompt/completion or question/answer keys";
+      };
       std::vector<bad_line> bad;
       for (size_t i = 0; i < lines.size() && bad.size() < 5; ++i)
         if (!is_blank(lines[i]))
-          bad.push_back({static_cast<int64_t>(i + 1),
-                         parse_error[i].empty() ? "a JSON object without prompt/chosen/rejected or question/answer keys" : parse_error[i]});
+          bad.push_back({static_cast<int64_t>(i + 1), parse_error[i].empty() ? unknown(parsed[i]) : parse_error[i]});
       throw std::runtime_error(path + ": cannot tell the data layout: no line is a JSON object with the keys "
-                                      "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected}, {question, answer} or "
-                                      "{prompt} (RL prompts only)" +
+                                      "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected}, {question, answer}, "
+                                      "{prompt, completion} or {prompt} (RL prompts only)" +
                                (bad.empty() ? std::string(" (the file is empty)") : " (" + list_bad(bad, 5) + ")") +
                                "; fix the file: one JSON object per line, such as {\"prompt\": \"...\", \"chosen\": \"...\", "
                                  "\"rejected\": \"...\"} (DS-Chat's layout)");
@@ -283,7 +295,7 @@ source load_source(const std::string& path, data_format format) {
       s.prompt = std::move(vals[0]);
       if (format != data_format::prompt_only) s.chosen = std::move(vals[1]);
       if (format == data_format::prompt_chosen_rejected) s.rejected = std::move(vals[2]);
-      s.question = format == data_format::question_answer;
+      s.question = format == data_format::question_answer || format == data_format::prompt_completion;
     }
     src.rows.push_back(std::move(s));
   }

@@ -44,8 +44,9 @@ namespace flowrun::dschat {
 /// (DahoasRmstaticDataset.get_prompt_and_chosen). rejected is empty for {prompt, chosen} data.
 struct sample {
   std::string prompt, chosen, rejected;
-  /// A GSM8K row (data_format::question_answer): prompt is the question itself, not HH-RLHF turns;
-  /// with a chat template it becomes the user's message as is (gsm8k_messages).
+  /// A GSM8K row (data_format::question_answer) or a TRL prompt-completion row: prompt is the user's text
+  /// itself, not HH-RLHF turns; with a chat template it becomes the user's message as is (gsm8k_messages),
+  /// without one prompt + answer is the text (TRL's prompt + completion).
   bool question = false;
 };
 
@@ -56,6 +57,8 @@ enum class data_format {
   prompt_chosen,           ///< {"prompt", "chosen"} (SFT-only data; other keys ignored)
   hh_rlhf_raw,             ///< Anthropic HH-RLHF {"chosen", "rejected"} full dialogues
   question_answer,         ///< GSM8K {"question", "answer"}: prompt = question, chosen = answer (ends "#### N")
+  prompt_completion,       ///< TRL's standard prompt-completion {"prompt", "completion"}: chosen = completion,
+                           ///< the prompt plain text (the user's message with a chat template), as question_answer
   prompt_only,             ///< {"prompt"} alone: RL prompts (TRL's and OpenRLHF's prompt datasets); step 3 only
 };
 const char* format_name(data_format f);

@@ -181,6 +181,21 @@ TEST_CASE("convert from an HF folder keeps the folder's tokenizer and generation
   out = run(std::string(FLOWRUN_BIN) + " generate --model " + bpe_bin.string() + " --max_new_tokens 2 2>&1", &rc);
   CHECK(rc == 0);
   CHECK(has(out, "tokenizer: " + bpe_bin.parent_path().string() + " (the model's own; --tokenizer to use another)"));
+  // another model's llama2.c file into that folder is refused before anything is written (its tokenizer was
+  // copied beside the BPE one, and neither file read its text again: a review, 2026-12-06)
+  const auto other = bpe_bin.parent_path() / "other.bin";
+  out = run(std::string(FLOWRUN_BIN) + " convert --from hf " + src.string() + " --to llama2c " + other.string() + " 2>&1",
+            &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "convert: " + bpe_bin.parent_path().string() + " already holds another model's tokenizer ("));
+  CHECK(has(out, "write " + other.string() + " into a folder of its own"));
+  CHECK_FALSE(std::filesystem::exists(other));
+  CHECK_FALSE(std::filesystem::exists(bpe_bin.parent_path() / "tokenizer.model"));
+  // the same tokenizer's model again, under another name, is welcome there
+  run(std::string(FLOWRUN_BIN) + " convert --from hf " + bpe_hf.string() + " --to llama2c " +
+          (bpe_bin.parent_path() / "again.bin").string() + " 2>&1",
+      &rc);
+  CHECK(rc == 0);
 }
 
 TEST_CASE("train-lm --init an HF folder trains on the folder's own tokenizer unless --tokenizer is given") {

@@ -162,8 +162,24 @@ void run_convert(const convert_opts& o) {
     const auto& c = model.config();
     if (c.family != model_family::llama)
       throw std::runtime_error("convert: only LLaMA models can be written as llama2.c, not " + c.summary());
-    decoder adj = to_adjacent_rope(model);
     fs::path parent = fs::absolute(dst).parent_path();
+    // a llama2.c file's tokenizer is the one in its folder (generate, chat and eval read it): another model's
+    // there would read this one's text, and this one's copied over it broke that model (its
+    // tokenizer_config.json replaced beside its tokenizer.json), so a folder holding another tokenizer is
+    // refused before anything is written
+    if (tok && folder_has_tokenizer(parent.string())) {
+      std::string why;
+      try {
+        why = tokenizer_difference(*load_tokenizer(parent.string()), *tok);
+      } catch (const std::exception& e) {
+        why = std::string("its files do not load: ") + e.what();
+      }
+      if (!why.empty())
+        throw std::runtime_error("convert: " + parent.string() + " already holds another model's tokenizer (" + why +
+                                 " against " + tok_path.string() + "): a llama2.c file's tokenizer is the one in its "
+                                 "folder, so write " + dst + " into a folder of its own");
+    }
+    decoder adj = to_adjacent_rope(model);
     fs::create_directories(parent);
     progress_line line("flowrun convert", "save");
     save_llama2c(adj, dst, o.llama2c_version, on_line(line));

@@ -166,10 +166,14 @@ class dschat_trainer : public actor::node {
       last = ckpt_dir_.empty() || !std::filesystem::exists(ckpt_dir_) ? "" : latest_checkpoint(ckpt_dir_);
     } catch (const std::exception&) {  // a damaged `latest`: the next start names it
     }
-    if (last.empty())
+    if (last.empty() && (ckpt_dir_.empty() || save_every_ <= 0))
       ctx.print(fmt::format("{} interrupted at update {} of {}: no checkpoint was saved (set [graph] checkpoint_dir "
                             "and save_checkpoint_steps); the same command trains this step again",
                             tag_, step_, steps_));
+    else if (last.empty())  // both set: it stopped before the first one (it told them to set what they had set)
+      ctx.print(fmt::format("{} interrupted at update {} of {}, before its first checkpoint (every {} updates into "
+                            "{}): the same command trains this step again",
+                            tag_, step_, steps_, save_every_, ckpt_dir_));
     else
       ctx.print(fmt::format("{} interrupted at update {} of {}: the last committed checkpoint is {}; the same "
                             "command resumes there",

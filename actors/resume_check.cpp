@@ -146,9 +146,9 @@ nlohmann::json contents_of(std::string_view key, const std::string& path, bool b
 
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe) {
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [k, v] : n.settings) {  // TensorBoard's settings change nothing trained: never recorded
+  for (const auto& [k, v] : n.settings) {  // TensorBoard's and supervision's settings change nothing trained: never recorded
     if (safe.count(k) || k == actor::enable_tensorboard_setting || k == actor::tensorboard_path_setting ||
-        rank_group_setting_names().count(k))
+        k == actor::restart_setting || k == actor::max_restarts_setting || rank_group_setting_names().count(k))
       continue;
     const graph::setting_value value = canonical_paths(v.value);
     j[k] = graph::to_string(value);
@@ -229,7 +229,6 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
 
 void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe) {
   if (ctx.checkpoint_dir().empty()) return;
-  safe.insert({"restart", "max_restarts"});
   const std::string path = (std::filesystem::path(ctx.checkpoint_dir()) / (ctx.name() + ".settings.json")).string();
   const bool resuming = ppo::step3_committed(ctx.checkpoint_dir());
   // step 3 starts afresh, or resumes a checkpoint from before the records (accepted, and recorded from now)

@@ -17,8 +17,9 @@
 namespace flowrun::actors {
 
 /// The node's settings but those in `safe`, the TensorBoard ones (enable_tensorboard,
-/// tensorboard_path) and where the ranks meet (rank_group_setting_names): they change nothing
-/// trained, so a resume or a rerun may switch them. As
+/// tensorboard_path), the supervision ones (restart, max_restarts: a restart policy added after a
+/// crash was refused, and retried the refusal) and where the ranks meet (rank_group_setting_names):
+/// they change nothing trained, so a resume or a rerun may switch them. As
 /// {name: value as written (graph::to_string)}, absolute paths with their symbolic links resolved
 /// (the same files from another working directory or FLOWRUN_ASSETS spelling record the same).
 /// The DeepSpeed JSON (deepspeed_config) and a tokenizer file or folder (its tokenizer files: tokenizer.json,

@@ -195,4 +195,17 @@ grep -q "held-out mean reward" "$out/e3.log" || fail "step 3 did not print its r
   { tail -5 "$out/noout.err"; fail "the step-1 run without an output failed"; }
 grep -q "\[step 1 sft\] has no output: a rerun of this graph (a resume from $out/noout/ckpt) trains it again; set the node's output" \
   "$out/noout.err" || fail "a step-1 run without an output, with a checkpoint_dir, did not say that a rerun trains again"
+# 6. SIGINT before the first checkpoint, with checkpoint_dir and save_checkpoint_steps both set: the line says it
+#    stopped before the first one (it said "no checkpoint was saved (set [graph] checkpoint_dir and
+#    save_checkpoint_steps)", settings that were set)
+"$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir="$out/f/ckpt" --set node.sft.data="$data" \
+  --set node.sft.steps=400 --set node.sft.print_every=1 --set node.sft.save_checkpoint_steps=300 \
+  --set node.sft.output="$out/f/sft.bin" > "$out/f.log" 2> "$out/f.err" &
+bg=$!
+for _ in $(seq 1 600); do grep -q "^\[step 1 sft\] step 3/" "$out/f.log" && break; sleep 0.05; done
+kill -INT $bg
+wait $bg 2>/dev/null || true
+bg=
+grep -qE "^\[step 1 sft\] interrupted at update [0-9]+ of 400, before its first checkpoint \(every 300 updates into $out/f/ckpt/sft\): the same command trains this step again" \
+  "$out/f.log" || fail "SIGINT before the first checkpoint: $(grep interrupted "$out/f.log")"
 echo "dschat_resume_small: ok"

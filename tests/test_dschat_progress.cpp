@@ -233,6 +233,27 @@ TEST_CASE("settings record: a node with data_split records the split's row order
   CHECK_FALSE(actors::settings_record(ranks, {}).contains("data_split_order"));
 }
 
+TEST_CASE("settings record: a restart policy added after a crash is no change to what trains") {
+  // restart = "on-failure" added to the command after a crash was refused as a changed setting (and the refusal
+  // retried max_restarts times), and a finished step trained again; the supervision settings are not recorded
+  for (const char* graph_node : {"sft.graph:sft", "pretrain.graph:ranks", "pretrain.graph:data", "rlhf.graph:policy"}) {
+    const std::string g(graph_node), gf = g.substr(0, g.find(':')), name = g.substr(g.find(':') + 1);
+    CAPTURE(g);
+    auto [then_spec, then_node] = shipped_node(gf, name, {});
+    auto [now_spec, now_node] =
+        shipped_node(gf, name, {"node." + name + ".restart=on-failure", "node." + name + ".max_restarts=5"});
+    const auto then = actors::settings_record(then_spec, {}), now = actors::settings_record(now_spec, {});
+    CHECK_FALSE(now.contains("restart"));
+    CHECK_FALSE(now.contains("max_restarts"));
+    CHECK(actors::settings_changes(then, now).empty());
+    // a record written before (with "restart" in it) reads as the same settings too
+    auto older = then;
+    older["restart"] = "\"never\"";
+    older["max_restarts"] = "3";
+    CHECK(actors::settings_changes(actors::with_newer_defaults(older, now, now_spec), now).empty());
+  }
+}
+
 TEST_CASE("settings record: the trainers record the model they start from and a tokenizer folder by their contents") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("flowrun_model_contents_" + std::to_string(::getpid()));

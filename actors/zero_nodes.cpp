@@ -587,6 +587,14 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("output_dir", T::output, std::string(""), "checkpoint folder (empty: no checkpoints)")
         .option("resume", T::bool_, true, "continue from output_dir's latest committed checkpoint when there is one")
         .option("seed", T::int_, std::int64_t{1234}, "data order and LoRA init");
+    // the run's --metrics file is appended to when the node resumes (run_graph)
+    k.resumes = [](const graph::node_spec& n) {
+      try {
+        return n.get_bool("resume") && !resume_folder(n.get_string("output_dir")).empty();
+      } catch (const std::exception&) {  // a damaged `latest`: the node's start names it
+        return false;
+      }
+    };
   };
   {
     graph::node_kind k{"lm_batches", "LM data: documents tokenized, concatenated, cut to seq_length; one global batch per step"};

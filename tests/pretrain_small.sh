@@ -54,8 +54,15 @@ echo "== 4 ranks as 2 processes x 2 replicas over gloo, stage 3, rendezvous caf"
 rm -rf "$out/tb2x2"
 run gloo2x2 launch --nproc 2 --rendezvous caf "$graph" "${nodir[@]}" --set node.ranks.replicas=2 \
   --set node.ranks.comm_backend=gloo --set node.ranks.comm_timeout_s=60 --set node.ranks.zero_stage=3 --run-arg=--no-progress \
-  --set node.ranks.enable_tensorboard=true --set node.ranks.tensorboard_path="$out/tb2x2"
+  --set node.ranks.enable_tensorboard=true --set node.ranks.tensorboard_path="$out/tb2x2" \
+  --run-arg=--metrics="$out/gloo2x2.jsonl" --run-arg=--metrics-interval=0.05
 grep -q "rank 0/4 stage 3" "$out/gloo2x2.log" || { echo "gloo 2x2: not 4 ranks"; exit 1; }
+# one metrics writer too: both processes wrote the file, their lines interleaved (flowrun report refused it);
+# its steps are the run's, not the sum over the process's two ranks
+"$flowrun" report "$out/gloo2x2.jsonl" -o "$out/gloo2x2_report" > "$out/gloo2x2_report.log" 2>&1 ||
+  { tail -2 "$out/gloo2x2_report.log"; echo "gloo 2x2: the metrics file does not read"; exit 1; }
+grep -q "^Last snapshot (final): [0-9.]* s, $steps steps, " "$out/gloo2x2_report/REPORT.md" ||
+  { head -3 "$out/gloo2x2_report/REPORT.md"; echo "gloo 2x2: the metrics do not say $steps steps"; exit 1; }
 # one TensorBoard writer, as DeepSpeed's global rank 0: each process wrote an event file, every point twice
 n_events=$(find "$out/tb2x2/ranks" -name 'events.out.tfevents.*' | wc -l)
 [[ $n_events == 1 ]] || { echo "gloo 2x2: $n_events TensorBoard event files, not 1:"; ls "$out/tb2x2/ranks"; exit 1; }
@@ -133,7 +140,8 @@ kill_at=$(( 3 + RANDOM % 12 ))
 ck="$out/killed"
 "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
   --set node.ranks.save_checkpoint_steps=1 --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps \
-  --set node.ranks.print_every=1 --set node.ranks.export_hf= > "$out/killed1.log" 2> "$out/killed1.err" &
+  --set node.ranks.print_every=1 --set node.ranks.export_hf= --metrics "$out/killed.jsonl" --metrics-interval 0.05 \
+  > "$out/killed1.log" 2> "$out/killed1.err" &
 pid=$!
 target=$(printf 'step_%08d' "$kill_at")
 for _ in $(seq 1 3000); do
@@ -157,9 +165,18 @@ wait $pid 2> /dev/null || true
 echo "  killed with SIGKILL after checkpoint $(cat "$ck/latest") (aimed at step $kill_at)"
 rm -rf "$out/killed4" && cp -r "$ck" "$out/killed4"  # the same checkpoint, for a resume at another world size
 rm -rf "$out/killed_mb" && cp -r "$ck" "$out/killed_mb"  # ... and for one with another micro-batch
+first=$(head -1 "$out/killed.jsonl")
+[ -n "$first" ] || { echo "the killed run wrote no metrics line"; exit 1; }
 run resumed run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
-  --set node.ranks.save_checkpoint_steps=1
+  --set node.ranks.save_checkpoint_steps=1 --metrics "$out/killed.jsonl"
 grep -q "resuming after step" "$out/resumed.log" || { echo "the second run did not resume"; exit 1; }
+# the resumed run appends to the killed run's metrics file with a resume mark (it started the file again: the
+# history before the kill was lost, as on every rerun of a finished run), and flowrun report joins them
+[ "$(head -1 "$out/killed.jsonl")" = "$first" ] && grep -qx '{"resumed":true}' "$out/killed.jsonl" ||
+  { head -2 "$out/killed.jsonl"; echo "the resumed run did not append to the killed run's metrics"; exit 1; }
+"$flowrun" report "$out/killed.jsonl" -o "$out/killed_report" > /dev/null 2>&1 || { echo "flowrun report failed"; exit 1; }
+grep -q "this file holds 2 runs, each resumed from the one before" "$out/killed_report/REPORT.md" ||
+  { head -5 "$out/killed_report/REPORT.md"; echo "the report does not join the two runs"; exit 1; }
 grep "resuming after step" "$out/resumed.log"
 same_curve "$out/whole.log" "$out/resumed.log" 0 || { echo "the resumed curve differs"; exit 1; }
 # its closing line sets the final loss against the one before step 1, which the checkpoint keeps (it was

@@ -200,7 +200,12 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
                      const node_factory_registry& factories, const run_options& options) {
   run_result result;
   std::ofstream metrics_file;
-  if (!options.metrics_path.empty()) {
+  // the processes of one run (flowrun launch, or started by hand with FLOWRUN_PROCESS_INDEX) share its command
+  // line: process 0 writes the metrics file, as it writes TensorBoard's (both wrote it, their lines interleaved)
+  const char* process_index = std::getenv("FLOWRUN_PROCESS_INDEX");
+  if (!options.metrics_path.empty() && process_index && std::atoi(process_index) > 0)
+    spdlog::info("process {}: the metrics file {} is written by process 0", process_index, options.metrics_path);
+  else if (!options.metrics_path.empty()) {
     // its folder is made, like every output's (`--metrics out/rlhf/metrics.jsonl` before out/rlhf exists)
     const auto parent = std::filesystem::path(options.metrics_path).parent_path();
     std::error_code ec;
@@ -211,6 +216,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     bool resuming = false, appends_to_records = false;
     if (!spec.checkpoint_dir.empty() && std::filesystem::is_directory(spec.checkpoint_dir, ec))
       resuming = !std::filesystem::is_empty(spec.checkpoint_dir, ec);
+    // a node with checkpoints of its own (pretraining's output_dir): its resume kept the file too (it was
+    // started again, the run's history lost, on every resume and every rerun of a finished run)
+    for (const auto& n : spec.nodes)
+      if (const auto* k = kinds.lookup(n.kind); !resuming && k && k->resumes) resuming = k->resumes(n);
     if (resuming && std::filesystem::exists(options.metrics_path, ec)) {
       // a run killed while writing a line leaves part of it: cut back to the last whole line, so the
       // appended records start on a line of their own (the file is read only then)

@@ -144,6 +144,12 @@ struct node_kind {
   /// (check may read them); each problem becomes an error at the setting. Must
   /// not throw.
   std::function<std::vector<problem>(const node_spec& node, const graph_spec& graph)> check;
+  /// Optional, for a kind that keeps its checkpoints in a folder of its own (pretraining's
+  /// zero_rank and lm_batches in output_dir, not [graph] checkpoint_dir): whether this node will
+  /// resume an earlier run's checkpoint. A run resumes when [graph] checkpoint_dir holds something or
+  /// any node's resumes() is true; its --metrics file is then appended to, not started again
+  /// (runtime.cpp, run_graph). Must not throw.
+  std::function<bool(const node_spec& node)> resumes;
   /// Setting names of other tools (veRL, TRL, DeepSpeed) that this kind spells otherwise, with
   /// what to write here: an unknown setting of such a name gets that hint instead of "did you
   /// mean" (veRL's clip_ratio was offered clip_ratio_c, the dual clip). Added by known_as().

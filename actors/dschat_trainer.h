@@ -273,8 +273,10 @@ class dschat_trainer : public actor::node {
   /// the older ones, each refusal printed), or "" when nothing is committed.
   std::string resume_point(actor::node_context& ctx) {
     if (ckpt_dir_.empty() || !std::filesystem::exists(ckpt_dir_)) return "";
-    const std::string latest = latest_checkpoint(ckpt_dir_);
+    std::string note;  // `latest` missing or naming a folder that is gone: which folder was taken
+    const std::string latest = latest_checkpoint(ckpt_dir_, &note);
     if (latest.empty()) return "";
+    if (!note.empty()) ctx.print(fmt::format("{} {}", tag_, note));
     std::vector<std::string> folders;  // newest first, from the committed one down
     for (const auto& e : std::filesystem::directory_iterator(ckpt_dir_)) {
       const auto n = e.path().filename().string();

@@ -67,9 +67,9 @@ struct lm_batch_msg {
 };
 
 /// The latest committed checkpoint of `dir`, or "" (no dir, nothing committed).
-std::string resume_folder(const std::string& dir) {
+std::string resume_folder(const std::string& dir, std::string* note = nullptr) {
   if (dir.empty() || !std::filesystem::exists(dir)) return {};
-  return latest_checkpoint(dir);
+  return latest_checkpoint(dir, note);
 }
 
 // ---------------------------------------------------------------- lm_batches
@@ -266,7 +266,11 @@ class zero_rank final : public actor::node {
     if (!out_dir_.empty())  // one run writes it (runtime/util/dir_lock.h)
       out_lock_ = dir_lock::acquire(out_dir_, ctx.run_id(), "node '" + ctx.name() + "' output_dir");
     if (s.get_bool("resume")) {
-      if (auto f = resume_folder(out_dir_); !f.empty()) restore(ctx, f);
+      std::string note;  // `latest` missing or naming a folder that is gone: which folder was taken
+      if (auto f = resume_folder(out_dir_, &note); !f.empty()) {
+        if (rank_ == 0 && !note.empty()) ctx.print("[pretrain] " + note);
+        restore(ctx, f);
+      }
     }
     total_ = s.get_int("total_steps");
     // DeepSpeed's decaying schedules reach their end at total_num_steps and stay there (lr 0 for

@@ -165,6 +165,8 @@ wait $pid 2> /dev/null || true
 echo "  killed with SIGKILL after checkpoint $(cat "$ck/latest") (aimed at step $kill_at)"
 rm -rf "$out/killed4" && cp -r "$ck" "$out/killed4"  # the same checkpoint, for a resume at another world size
 rm -rf "$out/killed_mb" && cp -r "$ck" "$out/killed_mb"  # ... and for one with another micro-batch
+rm -rf "$out/killed_nl" && cp -r "$ck" "$out/killed_nl" && rm "$out/killed_nl/latest"  # ... and one without `latest`
+kept_at=$(cat "$ck/latest")
 first=$(head -1 "$out/killed.jsonl")
 [ -n "$first" ] || { echo "the killed run wrote no metrics line"; exit 1; }
 run resumed run "$graph" --no-progress -q --set node.ranks.output_dir="$ck" --set node.data.output_dir="$ck" \
@@ -215,6 +217,13 @@ run resumed_mb run "$graph" --no-progress -q --set node.ranks.output_dir="$out/k
   --set node.data.output_dir="$out/killed_mb" --set node.ranks.deepspeed_config="$out/ds_mb4.json"
 grep "resuming after step" "$out/resumed_mb.log"
 same_curve "$out/whole.log" "$out/resumed_mb.log" 1e-5 || { echo "the curve resumed with micro-batch 4 differs"; exit 1; }
+# `latest` deleted: the newest step folder that verifies is taken, and said (the run started afresh without a
+# word, its complete checkpoints discarded)
+run resumed_nl run "$graph" --no-progress -q --set node.ranks.output_dir="$out/killed_nl" --set node.data.output_dir="$out/killed_nl"
+grep -qF "[pretrain] $out/killed_nl/latest is missing: taking $out/killed_nl/$kept_at, the newest step folder there that verifies" \
+  "$out/resumed_nl.log" || { head -3 "$out/resumed_nl.log"; echo "no line says which folder was taken without latest"; exit 1; }
+grep -q "resuming after step" "$out/resumed_nl.log" || { echo "the run without latest did not resume"; exit 1; }
+same_curve "$out/whole.log" "$out/resumed_nl.log" 0 || { echo "the curve resumed without latest differs"; exit 1; }
 # without train_batch_size the JSON's micro-batch x accumulation x ranks is the global batch: a resume on
 # fewer ranks would train on half the rows per update; refused, naming the global batch
 echo "== a resume whose global batch differs (no train_batch_size, another world size) is refused"

@@ -436,9 +436,32 @@ TEST_CASE("test_shard_checkpoint: damaged, missing and inconsistent files are re
     CHECK_MESSAGE(msg.find("group 'base' elements [") != std::string::npos, msg);
     CHECK_MESSAGE(msg.find("are in no shard's ranges") != std::string::npos, msg);
   }
-  SUBCASE("latest naming a missing folder") {
-    fs::remove_all(tmp.path / "step_00000020");
-    CHECK_THROWS_WITH_AS(latest_checkpoint(dir), doctest::Contains("which does not exist"), checkpoint_error);
+  SUBCASE("latest naming a missing folder, or missing itself: the newest folder that verifies, said") {
+    // `latest` deleted: complete checkpoints were discarded without a word (the run started afresh)
+    fs::remove(tmp.path / "latest");
+    std::string note;
+    CHECK(latest_checkpoint(dir, &note) == (tmp.path / "step_00000020").string());
+    CHECK(note == (tmp.path / "latest").string() + " is missing: taking " + (tmp.path / "step_00000020").string() +
+                      ", the newest step folder there that verifies (write another's name into " +
+                      (tmp.path / "latest").string() + " to resume there instead)");
+    // the newest damaged: the older one
+    flip_byte(st1, fs::file_size(st1) / 2);
+    CHECK(latest_checkpoint(dir) == step10);
+    // `latest` naming a folder that is gone: the newest that verifies
+    std::ofstream((tmp.path / "latest").string()) << "step_00000030\n";
+    note.clear();
+    CHECK(latest_checkpoint(dir, &note) == step10);
+    CHECK(note.find("names " + (tmp.path / "step_00000030").string() + ", which does not exist: taking " + step10) !=
+          std::string::npos);
+    // none verifies: refused, or (without `latest`: a crash during the first save) nothing to resume
+    fs::remove_all(step10);
+    CHECK_THROWS_WITH_AS(latest_checkpoint(dir), doctest::Contains("which does not exist, and no other step folder there "
+                                                                   "verifies: start fresh"),
+                         checkpoint_error);
+    fs::remove(tmp.path / "latest");
+    note.clear();
+    CHECK(latest_checkpoint(dir, &note).empty());
+    CHECK(note.empty());
   }
 }
 

@@ -142,7 +142,7 @@ std::string cannot_use(const fs::path& folder) {
     s += "use the older step folder " + older.string() + " (write " + older.filename().string() + " into " +
          (parent / "latest").string() + " to resume from it), or start fresh";
   else
-    s += "use an older step folder if you have one (write its name into DIR/latest), or start fresh";
+    s += "there is no older step folder in " + (parent.empty() ? fs::path(".") : parent).string() + ": start fresh";
   return s;
 }
 
@@ -484,10 +484,36 @@ void commit_checkpoint(const std::string& dir, int64_t step, int world_size, int
   }
 }
 
-std::string latest_checkpoint(const std::string& dir) {
+namespace {
+
+// The newest step folder of `dir` that verifies, or "": where `latest` cannot say (it is missing, or names a
+// folder that is gone), the checkpoints themselves can (each file's size and CRC-32 are in its manifest).
+std::string newest_verified(const fs::path& dir) {
+  const auto folders = step_folders(dir);
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    try {
+      verify_checkpoint(it->second.string());
+      return it->second.string();
+    } catch (const checkpoint_error&) {  // incomplete (a save the crash cut) or damaged: an older one
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string latest_checkpoint(const std::string& dir, std::string* note) {
   const fs::path lp = fs::path(dir) / "latest";
   std::error_code ec;
-  if (!fs::is_regular_file(lp, ec)) return "";
+  if (!fs::is_regular_file(lp, ec)) {
+    // no commit point: before the first commit (a crash during the first save: its folder does not
+    // verify), or `latest` deleted, which discarded complete checkpoints without a word
+    const std::string f = newest_verified(dir);
+    if (!f.empty() && note)
+      *note = lp.string() + " is missing: taking " + f + ", the newest step folder there that verifies (write "
+              "another's name into " + lp.string() + " to resume there instead)";
+    return f;
+  }
   std::string s = read_file(lp.string());
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
   if (parse_step_name(s) < 0)
@@ -495,10 +521,16 @@ std::string latest_checkpoint(const std::string& dir) {
                            "', expected step_XXXXXXXX): write the name of a complete step folder into it, "
                            "or start fresh");
   const fs::path folder = fs::path(dir) / s;
-  if (!fs::is_directory(folder, ec))
+  if (!fs::is_directory(folder, ec)) {
+    if (const std::string f = newest_verified(dir); !f.empty()) {
+      if (note)
+        *note = lp.string() + " names " + folder.string() + ", which does not exist: taking " + f +
+                ", the newest step folder there that verifies";
+      return f;
+    }
     throw checkpoint_error(lp.string() + " names " + folder.string() +
-                           ", which does not exist: write the name of another step folder into it, "
-                           "or start fresh");
+                           ", which does not exist, and no other step folder there verifies: start fresh");
+  }
   return folder.string();
 }
 

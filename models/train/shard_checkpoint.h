@@ -151,10 +151,15 @@ std::string save_shard(const std::string& dir, const shard_manifest& m, const st
 /// the missing or incomplete file.
 void commit_checkpoint(const std::string& dir, int64_t step, int world_size, int keep = 2);
 
-/// The committed step folder DIR/step_XXXXXXXX named by DIR/latest, or "" when
-/// DIR has no `latest` (no checkpoint committed yet). Throws checkpoint_error when
-/// `latest` is malformed or names a missing folder.
-std::string latest_checkpoint(const std::string& dir);
+/// The committed step folder DIR/step_XXXXXXXX named by DIR/latest. Where `latest`
+/// cannot say: without it (nothing committed yet, or the file deleted) the newest step
+/// folder that verifies (verify_checkpoint: complete, every CRC right), else "" (a crash
+/// during the first save leaves a folder that does not verify); when it names a folder
+/// that is gone, the newest one that verifies. `note` (when given) gets a sentence saying
+/// which folder was taken and why, for the caller to print; it is left alone when `latest`
+/// decided. Throws checkpoint_error when `latest` is malformed, or names a missing folder
+/// and no other verifies.
+std::string latest_checkpoint(const std::string& dir, std::string* note = nullptr);
 
 /// Whether `path` looks like a checkpoint: a folder holding `latest` or shard
 /// manifests (shard_*-of-*.msgpack).

@@ -67,7 +67,9 @@ std::vector<int32_t> generate_from_zero(const std::string& path, int world, cons
   if (!std::filesystem::exists(path, ec))
     throw std::invalid_argument("--zero_checkpoint " + path + ": no such folder (zero_rank's output_dir, or one of its "
                                 "step_NNNNNNNN folders)");
-  const std::string folder = is_checkpoint(path) ? path : latest_checkpoint(path);
+  std::string note;  // no `latest`: the newest step folder that verifies, said
+  const std::string folder = is_checkpoint(path) ? path : latest_checkpoint(path, &note);
+  if (!note.empty()) spdlog::warn("--zero_checkpoint {}: {}", path, note);
   if (folder.empty()) {
     std::vector<std::string> steps;
     for (const auto& e : std::filesystem::directory_iterator(path, ec))

@@ -646,7 +646,11 @@ TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer woul
   CHECK(has(out, "training learns the format only: reward = \"format\" says so"));
   out = run(grpo + " --set node.reward.format_score=1 2>&1", &rc);
   CHECK(has(out, "must be finite, < 1, got 1.0"));
-  out = run(grpo + " --set node.reward.format_score=0.1 2>&1", &rc);
+  // 0.1 is taken; greedy sampling is refused beside it, so that the check runs and nothing trains (the job ran
+  // whole where out/grpo/addition.jsonl existed, into the source's out/grpo)
+  out = run(grpo + GRPO_DATA " --set node.reward.format_score=0.1 --set node.generator.temperature=0 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "temperature = 0"));
   CHECK_FALSE(has(out, "format_score' of node"));
 }
 
@@ -1109,6 +1113,33 @@ TEST_CASE("flowrun train --step 2 3 from a folder without graphs/: step 3 reads 
   // step 3's reward model was loaded from that very folder, named with its modification time
   CHECK(out.find("--set node.reward_model.model=" + rm.string()) != std::string::npos);
   CHECK(out.find("[reward_model[0]] [info] loading model " + rm.string() + " (modified ") != std::string::npos);
+  CHECK(out.find("[step 3 ppo] held-out after") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("flowrun train with model folders reads their tokenizers and writes folders under --output-dir (DS-Chat's train.py)") {
+  // DS-Chat's `train.py --step 1 2 3 --actor-model A --reward-model R`: with HF folders it was refused seven times
+  // (the nodes kept tok512, and the graphs' .bin outputs cannot hold an HF model)
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_train_hf_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string qwen = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";
+  int rc = -1;
+  auto out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) + " train --step 1 2 3 --actor-model " + qwen +
+                     " --reward-model " + qwen + " --output-dir runs --set node.sft.steps=2 --set node.rm.steps=2"
+                     " --set node.prompts.iterations=1 --set node.prompts.eval_prompts=2 --set node.rm.max_seq_len=96"
+                     " --set node.sft.max_seq_len=96 2>&1",
+                 &rc);
+  INFO(out);
+  REQUIRE(rc == 0);
+  const fs::path runs = fs::canonical(dir) / "runs";
+  for (const char* folder : {"actor-models/actor", "reward-models/reward_model", "step3-models/actor", "step3-models/critic"})
+    CHECK_MESSAGE(fs::exists(runs / folder / "config.json"), folder);
+  CHECK(fs::exists(runs / "actor-models" / "actor" / "tokenizer.json"));  // an HF folder keeps its tokenizer
+  CHECK(fs::exists(runs / "checkpoints" / "step3.json"));
+  for (const char* n : {"sft", "prompts", "generator", "rm"})
+    CHECK(out.find(std::string("--set node.") + n + ".tokenizer=" + qwen) != std::string::npos);
   CHECK(out.find("[step 3 ppo] held-out after") != std::string::npos);
   fs::remove_all(dir);
 }

@@ -20,8 +20,10 @@
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 #include "runtime/tensor/device_memory.h"
+#include "models/checkpoint.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "tools/flowrun/model_tokenizer.h"
 
 namespace flowrun::cli {
 
@@ -336,6 +338,7 @@ void add_train(CLI::App& app) {
     std::string reward_model = "model/stories260K/stories260K.bin";
     std::vector<std::string> overrides;
     std::string dtype;  // "": each node's own
+    std::string output_dir;  // "": the graphs' own outputs
   };
   auto o = std::make_shared<train_opts>();
   auto* sub = app.add_subcommand("train", "DeepSpeed-Chat's train.py: picks the graphs for --step and runs them");
@@ -353,6 +356,11 @@ void add_train(CLI::App& app) {
                   "fp32, bf16 or fp16 for every model of the steps (DS-Chat's --dtype): dtype set on the nodes sft, "
                   "rm, policy, critic, reference and reward of the graphs run; default: each node's own (fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--output-dir", o->output_dir,
+                  "DS-Chat's --output-dir: the steps write DIR/actor-models/actor, DIR/reward-models/reward_model, "
+                  "DIR/step3-models/actor and DIR/step3-models/critic (a .bin file for a llama2.c actor model, else "
+                  "folders) and their checkpoints into DIR/checkpoints; default: the graphs' own outputs (out/rlhf), "
+                  "as folders for a model folder");
   sub->callback([o, actor_opt, reward_opt] {
     log_to_stderr();
     std::set<int> steps(o->steps.begin(), o->steps.end());
@@ -385,9 +393,44 @@ void add_train(CLI::App& app) {
     // --actor-model / --reward-model are command-line paths: they resolve against the working directory, then
     // FLOWRUN_ASSETS (validate.h, "Path settings"). A step that reads what an earlier step of this command
     // writes is given that step's resolved output, so it reads that very file, wherever either graph points.
+    // DS-Chat's train.py reads every step's text with its model's tokenizer (steps 1 and 3: the actor model's,
+    // step 2: the reward model's): a model with a tokenizer of its own (an HF folder, a llama2.c file convert
+    // wrote beside one) gives it to the nodes that read text (they kept tok512 and were refused)
+    namespace fs = std::filesystem;
+    const bool reads_actor = steps.count(1) || actor_opt->count(), reads_reward = steps.count(2) || reward_opt->count();
+    const std::string actor_tok = reads_actor ? tokenizer_for({o->actor_model}, "", false) : std::string();
+    const std::string reward_tok = reads_reward ? tokenizer_for({o->reward_model}, "", false) : std::string();
+    std::vector<std::string> model_ov;
+    if (!actor_tok.empty())
+      for (const char* n : {"sft", "prompts", "generator"}) model_ov.push_back(std::string("node.") + n + ".tokenizer=" + actor_tok);
+    if (!reward_tok.empty()) model_ov.push_back("node.rm.tokenizer=" + reward_tok);
+    // the trained models are saved in the format they were given in: a llama2.c actor as .bin files, a model
+    // folder as folders (the graphs' .bin outputs were refused for an HF actor)
+    bool actor_file = true;
+    try {
+      actor_file = !reads_actor || inspect_model(resolve_user_path(o->actor_model, "model").string()).format ==
+                                       model_format::llama2c;
+    } catch (const std::exception&) {  // the run names a model that cannot be read
+    }
+    const std::string ext = actor_file ? ".bin" : "";
+    if (!o->output_dir.empty()) {  // DS-Chat's layout under --output-dir
+      const fs::path d = fs::absolute(o->output_dir);
+      model_ov.push_back("graph.checkpoint_dir=" + (d / "checkpoints").string());
+      model_ov.push_back("node.sft.output=" + (d / "actor-models" / ("actor" + ext)).string());
+      model_ov.push_back("node.rm.output=" + (d / "reward-models" / "reward_model").string());
+      model_ov.push_back("node.policy.output=" + (d / "step3-models" / ("actor" + ext)).string());
+      model_ov.push_back("node.critic.output=" + (d / "step3-models" / "critic").string());
+    }
     std::vector<std::pair<std::string, std::vector<std::string>>> plan;
     auto add = [&](const std::string& name, std::vector<std::string> ov) {  // then the user's overrides for it
       const std::string file = graph_path(name);
+      for (auto& x : overrides_for(file, model_ov)) ov.push_back(std::move(x));
+      if (!actor_file && o->output_dir.empty())  // the graph's own .bin outputs, as folders of the same names
+        for (const char* n : {"sft", "policy"}) {
+          const std::string out = planned_path({file, ov}, n, "output");
+          if (out.size() > 4 && out.substr(out.size() - 4) == ".bin")
+            ov.push_back(std::string("node.") + n + ".output=" + out.substr(0, out.size() - 4));
+        }
       if (!o->dtype.empty()) {  // DS-Chat's --dtype: every model node the graph has (before --set, which wins)
         std::vector<std::string> dt;
         for (const char* n : {"sft", "rm", "policy", "critic", "reference", "reward"})

@@ -654,6 +654,29 @@ TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer woul
   CHECK_FALSE(has(out, "format_score' of node"));
 }
 
+TEST_CASE("flowrun generate takes a model folder's generation_config.json sampling defaults, the command line's winning") {
+  // it always sampled at its own defaults (temperature 1, top_p 0.9), where transformers' generate() reads the
+  // folder's: a folder that says do_sample = false decodes greedily there
+  namespace fs = std::filesystem;
+  const fs::path dir = temp_folder() / "gen_defaults";
+  fs::remove_all(dir);
+  fs::copy(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2", dir, fs::copy_options::recursive);
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample": false, "top_k": 20})";
+  const std::string gen = std::string(FLOWRUN_BIN) + " generate --model " + dir.string() + " --prompt Hello --max_new_tokens 12";
+  int rc = -1;
+  const auto a = run(gen + " --seed 1 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(a, "sampling: top_k 20, do_sample false: greedy (" + (dir / "generation_config.json").string() +
+                   "; the command line's options win)"));
+  const auto text = [](const std::string& out) { return out.substr(out.rfind("]") + 1); };  // after the last log line
+  CHECK(text(run(gen + " --seed 2 2>&1", &rc)) == text(a));  // greedy: the seed changes nothing
+  // --temperature given: sampled, the folder's top_k still taken
+  const auto b = run(gen + " --seed 1 --temperature 1 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(b, "sampling: top_k 20 ("));
+  CHECK_FALSE(has(b, "greedy"));
+}
+
 TEST_CASE("print_every = 0 is refused when the graph is checked, at file:line:col, for every kind that has it") {
   // It killed sft_trainer, rm_trainer and zero_rank with SIGFPE (exit 136) at their first step.
   const auto dir = temp_folder();

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -55,6 +56,40 @@ generation_config generation_of(const generate_opts& o, const tokenizer& tok) {
   g.stop_ids = o.zero_checkpoint.empty() ? stop_ids_for(o.model, tok.bos_id(), tok.eos_id())
                                          : std::vector<int32_t>{tok.eos_id(), tok.bos_id()};
   return g;
+}
+
+// A model folder's generation_config.json sampling defaults (transformers' generate() reads them: do_sample,
+// temperature, top_p, top_k, repetition_penalty) for the options the command line did not give (`given`:
+// each option's name -> whether it was given); do_sample = false is greedy. Returns what it took, for the log
+// ("" when nothing: no such file, or no sampling key in it, as a llama2.c conversion's that holds stop ids).
+std::string take_generation_defaults(generate_opts& o, const std::string& model,
+                                     const std::map<std::string, bool>& given) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = resolve_user_path(model, "model");
+  const fs::path file = dir / "generation_config.json";
+  if (!fs::is_directory(dir, ec) || !fs::is_regular_file(file, ec)) return "";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(std::ifstream(file));
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
+  }
+  std::vector<std::string> took;
+  auto take = [&](const char* key, auto& field) {
+    if (!j.contains(key) || !j[key].is_number() || given.at(key)) return;
+    field = j[key].get<std::decay_t<decltype(field)>>();
+    took.push_back(fmt::format("{} {}", key, j[key].dump()));
+  };
+  take("temperature", o.temperature);
+  take("top_p", o.top_p);
+  take("top_k", o.top_k);
+  take("repetition_penalty", o.repetition_penalty);
+  if (j.contains("do_sample") && j["do_sample"] == false && !given.at("temperature")) {
+    o.temperature = 0;  // transformers samples only with do_sample
+    took.push_back("do_sample false: greedy");
+  }
+  return took.empty() ? "" : fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "), file.string());
 }
 
 // TencentPretrain's generate_lm_deepspeed: the model stays sharded over
@@ -157,12 +192,15 @@ void add_generate(CLI::App& app) {
   graph::register_example_kinds(declared);
   const graph::node_kind& gen = *declared.lookup("generator");
   auto check = [&](const char* name) { return setting_check(*gen.find_setting(name), gen.name); };
-  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str()->check(check("temperature"));
-  sub->add_option("--top_p", o->top_p, "Nucleus sampling threshold (1 = off)")
+  // a model folder's generation_config.json sets the defaults of these four, as in transformers' generate()
+  auto* temp_opt = sub->add_option("--temperature", o->temperature, "0 = greedy (default: the model folder's generation_config.json, else 1)")
+      ->capture_default_str()
+      ->check(check("temperature"));
+  auto* top_p_opt = sub->add_option("--top_p", o->top_p, "Nucleus sampling threshold (1 = off)")
       ->capture_default_str()
       ->check(check("top_p"));
-  sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(check("top_k"));
-  sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off; > 1 discourages repeats (CTRL)")
+  auto* top_k_opt = sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(check("top_k"));
+  auto* rep_opt = sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off; > 1 discourages repeats (CTRL)")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) {
@@ -190,7 +228,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--lora", o->lora,
                   "A LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors: zero_rank's "
                   "save_lora, a trainer's LoRA output) applied on top of --model, merged before generating");
-  sub->callback([o, tok_opt, model_opt] {
+  sub->callback([o, tok_opt, model_opt, temp_opt, top_p_opt, top_k_opt, rep_opt] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     if (!o->zero_checkpoint.empty() && model_opt->count() > 0)  // it generated from the checkpoint without a word
@@ -212,6 +250,13 @@ void add_generate(CLI::App& app) {
       return;
     }
     auto model = load_model(o->model);
+    if (const std::string took = take_generation_defaults(*o, o->model,
+                                                          {{"temperature", temp_opt->count() > 0},
+                                                           {"top_p", top_p_opt->count() > 0},
+                                                           {"top_k", top_k_opt->count() > 0},
+                                                           {"repetition_penalty", rep_opt->count() > 0}});
+        !took.empty())
+      spdlog::info("sampling: {}", took);
     if (!o->lora.empty()) {  // base + LoRA, merged (W + alpha/r B A): one product per Linear while decoding
       load_adapter(model, resolve_user_path(o->lora, "lora").string(), /*freeze_base=*/true);
       model.merge_lora();

@@ -188,11 +188,15 @@ model_config hf_config_from_json(const nlohmann::json& j, const std::string& whe
   // OPT and GPT-2.
   static const char* const k_supported =
       "LlamaForCausalLM (model_type \"llama\": LLaMA 1/2, Llama 3.x), Qwen2ForCausalLM (\"qwen2\": Qwen2, "
-      "Qwen2.5), OPTForCausalLM (\"opt\") and GPT2LMHeadModel (\"gpt2\")";
+      "Qwen2.5), OPTForCausalLM (\"opt\") and GPT2LMHeadModel (\"gpt2\"), and their ForSequenceClassification "
+      "reward models with one label (TRL's)";
   if (r.has("architectures")) {
+    // *ForSequenceClassification: TRL's reward models (score.weight read as DS-Chat's v_head, load_hf)
     static const std::set<std::string> known = {"LlamaForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM",
                                                 "GPT2LMHeadModel", "LlamaModel", "Qwen2Model", "OPTModel",
-                                                "GPT2Model"};
+                                                "GPT2Model", "LlamaForSequenceClassification",
+                                                "Qwen2ForSequenceClassification", "OPTForSequenceClassification",
+                                                "GPT2ForSequenceClassification"};
     const auto& a = j["architectures"];
     if (!a.is_array()) throw std::runtime_error(where + ": \"architectures\" is not a list: " + a.dump());
     for (const auto& x : a)
@@ -552,14 +556,31 @@ decoder load_hf(const std::string& dir, device dev, const tensor_progress_fn& pr
   }
   model_config c = hf_config_from_json(j, cfg_path.string());
   safetensors_checkpoint ck(dir);
+  // TRL's reward model (AutoModelForSequenceClassification, num_labels = 1): its score head, Linear(C, 1,
+  // bias=False) on every position and read at the last real token, is DS-Chat's v_head; it has no LM head
+  bool seq_cls = false;
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const auto& a : j["architectures"])
+      if (a.is_string() && a.get<std::string>().find("ForSequenceClassification") != std::string::npos) seq_cls = true;
 
   // file names, normalized to the CausalLM names
   std::map<std::string, std::string> present;  // normalized -> name in the file
   for (const auto& n : ck.names()) {
-    auto norm = normalize_name(c.family, n);
+    auto norm = seq_cls && n == "score.weight" ? k_value_head_name : normalize_name(c.family, n);
     if (!present.emplace(norm, n).second)
       throw std::runtime_error(ck.where() + ": tensors '" + present[norm] + "' and '" + n +
                                "' both map to '" + norm + "'");
+  }
+  if (seq_cls) {
+    if (!present.count(k_value_head_name))
+      throw std::runtime_error(ck.where() + ": a ForSequenceClassification model without score.weight");
+    const auto& e = ck.entry(present.at(k_value_head_name));
+    if (e.shape.size() != 2 || e.shape[0] != 1)
+      throw std::runtime_error(ck.file_of(present.at(k_value_head_name)) + ": score.weight has shape " +
+                               shape_str(e.shape) + ": a reward model scores with one label (TRL's "
+                               "AutoModelForSequenceClassification(num_labels=1)); flowrun reads no classifier of more");
+    // no LM head in the file: the embedding stands in for an untied one (a value model reads none of it)
+    if (!c.tied_embeddings && !present.count("lm_head.weight")) c.tied_embeddings = true;
   }
   auto specs = hf_tensor_map(c);
 

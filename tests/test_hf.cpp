@@ -700,9 +700,9 @@ TEST_CASE("hf: an unsupported architecture or RoPE scaling is refused naming the
   mt_only.erase("architectures");
   mt_only["model_type"] = "gemma";
   refused(mt_only, {"model_type \"gemma\"", "Qwen2ForCausalLM"});
-  nlohmann::json seqcls = base;
-  seqcls["architectures"] = {"Qwen2ForSequenceClassification"};
-  refused(seqcls, {"Qwen2ForSequenceClassification", "Qwen2ForCausalLM"});
+  nlohmann::json tokcls = base;  // (ForSequenceClassification reads: a TRL reward model, below)
+  tokcls["architectures"] = {"Qwen2ForTokenClassification"};
+  refused(tokcls, {"Qwen2ForTokenClassification", "Qwen2ForCausalLM", "ForSequenceClassification reward models"});
   nlohmann::json yarn = read_json(k_fixtures / "hf" / "llama3" / "config.json");
   yarn["rope_parameters"]["rope_type"] = "yarn";
   refused(yarn, {"yarn", "llama3", "rope_parameters"});
@@ -1099,6 +1099,61 @@ TEST_CASE("checkpoint: a value head travels in HF folders as v_head.weight") {
     CHECK(r.w().v_head.to_floats() == m.w().v_head.to_floats());
     CHECK(reload_max_diff(m, tmp / "rm") == 0.0);  // the same f32 values: bit-equal outputs
   }
+}
+
+TEST_CASE("hf: TRL's reward models (ForSequenceClassification, one label) read with score.weight as the value head") {
+  // they were refused ("architecture ... is not supported"); a reward model TRL trained now scores in step 3
+  for (const char* family : {"gpt2", "qwen2", "llama"}) {
+    INFO("family " << std::string(family));
+    const auto dir = k_fixtures / "hf" / (std::string("seqcls_") + family);
+    const auto j = read_json(dir / "expected.json");
+    fixture_batch b;  // the ids and mask (no logits: a reward model has none)
+    const auto ids = j["input_ids"].get<std::vector<std::vector<int32_t>>>();
+    const auto mask = j["attention_mask"].get<std::vector<std::vector<int32_t>>>();
+    b.B = static_cast<int64_t>(ids.size());
+    b.T = static_cast<int64_t>(ids[0].size());
+    std::vector<int32_t> flat;
+    for (int64_t i = 0; i < b.B; ++i) {
+      flat.insert(flat.end(), ids[i].begin(), ids[i].end());
+      b.mask_v.insert(b.mask_v.end(), mask[i].begin(), mask[i].end());
+    }
+    b.ids = tensor::from_ints({b.B, b.T}, flat);
+    b.mask = tensor::from_ints({b.B, b.T}, b.mask_v);
+    auto m = load_model(dir.string());
+    REQUIRE(m.has_value_head());
+    // every position's value of the unpadded row: the score head on each hidden state, as transformers' model.score
+    activations a;
+    m.forward(a, b.ids.rows(0, 1), tensor{});
+    const auto got = a.values.to(device::cpu()).to_floats();
+    const auto want = j["values_row0"].get<std::vector<float>>();
+    REQUIRE(got.size() == want.size());
+    for (size_t t = 0; t < got.size(); ++t) CHECK(std::fabs(got[t] - want[t]) < 1e-4);
+    // transformers' pooled score (the last non-pad token) of both rows, the second left-padded, as DS-Chat's
+    // reward is read at the row's last real token
+    activations ab;
+    m.forward(ab, b.ids, tensor{}, b.mask);
+    const auto all = ab.values.to(device::cpu()).to_floats();
+    const auto scores = j["scores"].get<std::vector<float>>();
+    for (int64_t r = 0; r < b.B; ++r) CHECK(std::fabs(all[r * b.T + b.T - 1] - scores[r]) < 1e-4);
+  }
+  // a classifier of two labels is not a reward model
+  temp_dir tmp("seqcls2");
+  const fs::path two = tmp.path / "two";
+  auto m = load_hf((k_fixtures / "hf" / "llama").string());
+  save_hf(m, two.string());
+  {
+    auto cfg = read_json(two / "config.json");
+    cfg["architectures"] = {"LlamaForSequenceClassification"};
+    std::ofstream(two / "config.json") << cfg.dump();
+    named_tensors t;
+    safetensors_checkpoint ck(two.string());
+    for (const auto& n : ck.names())
+      if (n != "lm_head.weight") t.emplace_back(n, ck.read(n));
+    t.emplace_back("score.weight", tensor::zeros({2, m.config().embed_width()}));
+    save_safetensors((two / "model.safetensors").string(), t);
+  }
+  CHECK_THROWS_WITH(load_model(two.string()), doctest::Contains("score.weight has shape (2, 32): a reward model "
+                                                                "scores with one label"));
 }
 
 TEST_CASE("stop_ids_for: EOS and a new BOS for llama2.c models, an HF folder's eos_token_id, not BOS") {

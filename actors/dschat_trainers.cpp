@@ -94,6 +94,10 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
                 "the held-out pass batches as training does (per_device_train_batch_size); eval_fraction sets its rows")
       .known_as("output_dir", "DS-Chat's --output_dir is output here (a file, or a folder for an HF model)")
       .known_as("lora_r", "DS-Chat's LoRA rank is lora_dim here (TencentPretrain's lora_r)")
+      .known_as("lora_alpha", "DS-Chat's LoRA scales by 1 / lora_dim (its lora_scaling 1: PEFT's lora_alpha = 1, as the "
+                              "saved adapter_config.json says); lora_alpha is zero_rank's (TencentPretrain's)")
+      .known_as("lora_dropout", "DS-Chat's LoRA has no dropout (its lora_droppout 0); lora_dropout is zero_rank's "
+                                "(TencentPretrain's)")
       .known_as("max_length", "TRL's max_length is max_seq_len here (prompt + answer tokens)");
   add_schedule_hints(k);
   add_dschat_flag_hints(k, "dropout");

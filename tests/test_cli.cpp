@@ -616,7 +616,9 @@ TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says
            {"rlhf.graph --set node.reference.offload_reference_model=true", "DS-Chat's --offload_reference_model"},
            {"sft.graph --set node.sft.end_of_conversation_token=x", "DS-Chat's end-of-conversation token is the tokenizer's EOS"},
            {"rlhf.graph --set node.policy.compute_fp32_loss=true", "the losses are computed in fp32 here in every dtype"},
-           {"rm.graph --set node.rm.offload=true", "DS-Chat's --offload (ZeRO's states in CPU memory) has no setting here"}}) {
+           {"rm.graph --set node.rm.offload=true", "DS-Chat's --offload (ZeRO's states in CPU memory) has no setting here"},
+           {"sft.graph --set node.sft.lora_alpha=16", "DS-Chat's LoRA scales by 1 / lora_dim"},
+           {"sft.graph --set node.sft.lora_dropout=0.1", "DS-Chat's LoRA has no dropout"}}) {
     INFO(n.set);
     const auto out = run(bin + n.set + " --no-progress 2>&1", &rc);
     CHECK(rc == 2);

@@ -592,6 +592,16 @@ TEST_CASE("settings: update counts, LoRA mapping, the engine's settings") {
                                            "critic_lora_module_name): target module 'foo_proj' matches no Linear"),
                          std::invalid_argument);
   }
+  {  // a rank above the width names lora_dim (it named lora_module_name)
+    decoder wide = clone_decoder(test::stories260k());
+    dschat_settings r = e;
+    r.lora_module_name = "q_proj,v_proj";
+    r.lora_dim = 128;  // stories260K's dim is 64
+    CHECK_THROWS_WITH_AS(apply_lora(wide, r),
+                         doctest::Contains("lora_dim = 128 (step 3: actor_lora_dim / critic_lora_dim): LoRA rank must be "
+                                           "<= the model's dim (64"),
+                         std::invalid_argument);
+  }
   e.lora_module_name = "q_proj,v_proj";
   apply_lora(m, e);  // only_optimize_lora false: the base trains, the adapted weights do not
   auto z = engine_settings(m, e);

@@ -62,6 +62,9 @@ void apply_lora(decoder& model, const dschat_settings& s) {
   } catch (const std::invalid_argument& e) {  // name the setting: the decoder speaks of target modules
     std::string why = e.what();
     if (why.rfind("enable_lora: ", 0) == 0) why.erase(0, 13);
+    if (why.rfind("LoRA rank", 0) == 0)  // the rank, not the modules (it named lora_module_name)
+      throw std::invalid_argument("lora_dim = " + std::to_string(s.lora_dim) +
+                                  " (step 3: actor_lora_dim / critic_lora_dim): " + why);
     throw std::invalid_argument("lora_module_name = \"" + s.lora_module_name +
                                 "\" (step 3: actor_lora_module_name / critic_lora_module_name): " + why);
   }

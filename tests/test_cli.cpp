@@ -181,6 +181,18 @@ TEST_CASE("convert from an HF folder keeps the folder's tokenizer and generation
   out = run(std::string(FLOWRUN_BIN) + " generate --model " + bpe_bin.string() + " --max_new_tokens 2 2>&1", &rc);
   CHECK(rc == 0);
   CHECK(has(out, "tokenizer: " + bpe_bin.parent_path().string() + " (the model's own; --tokenizer to use another)"));
+  // back to HF without --tokenizer: the tokenizer beside the llama2.c file goes along (it was dropped, and
+  // llama2.c's BOS 1 / EOS 2 written whatever the tokenizer's were)
+  const auto back = std::filesystem::temp_directory_path() / "flowrun_cli_convert_keeps_back";
+  std::filesystem::remove_all(back);
+  out = run(std::string(FLOWRUN_BIN) + " convert --from llama2c " + bpe_bin.string() + " --to hf " + back.string() +
+                " 2>&1",
+            &rc);
+  REQUIRE(rc == 0);
+  CHECK(has(out, "tokenizer: " + bpe_bin.parent_path().string() + ", beside the llama2.c file (--tokenizer for another)"));
+  CHECK(std::filesystem::exists(back / "vocab.json"));
+  CHECK(has(run(std::string(FLOWRUN_BIN) + " generate --model " + back.string() + " --max_new_tokens 2 2>&1", &rc),
+            "tokenizer: " + back.string() + " (the model's own"));
   // another model's llama2.c file into that folder is refused before anything is written (its tokenizer was
   // copied beside the BPE one, and neither file read its text again: a review, 2026-12-06)
   const auto other = bpe_bin.parent_path() / "other.bin";

@@ -104,10 +104,17 @@ void run_convert(const convert_opts& o) {
   fs::path tok_path;
   // an HF folder's own tokenizer goes with its weights, as save_pretrained's folder keeps it (it was
   // dropped unless --tokenizer named it); --tokenizer chooses another
-  const bool own = o.tokenizer.empty() && src_fmt == "hf" && folder_has_tokenizer(o.from[1]);
+  // and a llama2.c file's is the one in its folder (convert --to llama2c writes it there; generate reads it:
+  // converting such a file back to HF dropped it, and wrote llama2.c's BOS 1 / EOS 2 whatever it was)
+  std::string beside;
+  if (o.tokenizer.empty() && src_fmt == "llama2c")
+    if (const auto dir = resolve_user_path(o.from[1], "model").parent_path(); folder_has_tokenizer(dir.string()))
+      beside = dir.string();
+  const bool own = o.tokenizer.empty() && ((src_fmt == "hf" && folder_has_tokenizer(o.from[1])) || !beside.empty());
   if (!o.tokenizer.empty() || own) {
-    tok_path = own ? fs::path(o.from[1]) : resolve_user_path(o.tokenizer, "tokenizer");
-    if (own) spdlog::info("tokenizer: {}'s own (--tokenizer for another)", o.from[1]);
+    tok_path = !beside.empty() ? fs::path(beside) : own ? fs::path(o.from[1]) : resolve_user_path(o.tokenizer, "tokenizer");
+    if (!beside.empty()) spdlog::info("tokenizer: {}, beside the llama2.c file (--tokenizer for another)", beside);
+    else if (own) spdlog::info("tokenizer: {}'s own (--tokenizer for another)", o.from[1]);
     tok = load_tokenizer(tok_path.string());
     if (own && tok->vocab_size() > model.config().vocab_size) {  // the source's own mismatch: said, not copied
       spdlog::warn("{}: its tokenizer has {} tokens and its embedding {} rows: the tokenizer is not copied "
@@ -125,7 +132,8 @@ void run_convert(const convert_opts& o) {
     if (tok) {
       // record the tokenizer's real size (the embedding may be padded)
       model_config c = model.config();
-      if (!own && c.real_vocab_size != tok->vocab_size()) {  // (a folder's own: its config.json stays as it was)
+      // (an HF folder's own: its config.json stays as it was)
+      if ((!own || !beside.empty()) && c.real_vocab_size != tok->vocab_size()) {
         c.real_vocab_size = tok->vocab_size();
         decoder m2(c);
         m2.w().flat.copy_from(model.w().flat);

@@ -194,6 +194,26 @@ run jinja-sft sft.graph --set node.sft.model="$j" --set node.sft.tokenizer="$j" 
 grep -qF "chat template $j/chat_template.jinja: data row" "$out/jinja-sft.log" || fail "chat_template.jinja was not read"
 check_render "$out/jinja-sft.log" qwen2 full
 cmp -s "$j/chat_template.jinja" "$out/jinja_sft/chat_template.jinja" || fail "chat_template.jinja was not saved on"
+# the same rows as TRL's conversational {"messages": [...]} (the HH turns as user / assistant messages, the chosen
+# answer last): the same rendering, transformers' (they were refused as an unknown layout)
+python3 - "$data" "$out/rows_messages.jsonl" <<'PY'
+import json, re, sys
+with open(sys.argv[2], "w") as out:
+    for line in open(sys.argv[1], encoding="utf-8"):
+        r = json.loads(line)
+        parts = re.split(r"\n\n(Human|Assistant):", r["prompt"])
+        msgs = [{"role": "user" if role == "Human" else "assistant", "content": text.strip()}
+                for role, text in zip(parts[1::2], parts[2::2])]
+        if msgs and msgs[-1]["role"] == "assistant" and not msgs[-1]["content"]:
+            msgs.pop()
+        msgs.append({"role": "assistant", "content": r["chosen"].strip()})
+        out.write(json.dumps({"messages": msgs}) + "\n")
+PY
+run messages-sft sft.graph --set node.sft.model="$fixtures/qwen2" --set node.sft.tokenizer="$fixtures/qwen2" \
+  --set node.sft.data="$out/rows_messages.jsonl" --set node.sft.apply_chat_template=true --set node.sft.data_split=4,2,4 \
+  --set node.sft.steps=2 --set node.sft.output="$out/messages_sft"
+grep -q "rows loaded (messages (TRL conversational))" "$out/messages-sft.err" || fail "the messages rows were not read as such"
+check_render "$out/messages-sft.log" qwen2 full
 
 # Refused before training, naming the file and the fix.
 refused() {  # NAME WANT ARGS...

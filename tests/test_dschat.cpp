@@ -249,7 +249,7 @@ TEST_CASE("GSM8K's {question, answer} rows load as prompt/chosen, the reference 
   CHECK(pe[1].reference == src.rows[1].chosen);
 }
 
-TEST_CASE("TRL's prompt-completion rows train on prompt + completion, and its other layouts are named with the fix") {
+TEST_CASE("TRL's prompt-completion and conversational rows train on their answers, and its text rows are named with the fix") {
   temp_dir tmp("trl");
   // TRL's standard prompt-completion layout: "completion" is the answer (it loaded as {prompt} data, the
   // completions ignored, and SFT refused "row 0 has no answer")
@@ -271,13 +271,27 @@ TEST_CASE("TRL's prompt-completion rows train on prompt + completion, and its ot
   want.push_back(tok->eos_id());
   CHECK(sft[0].ids == want);
   CHECK(sft[0].prompt_len == static_cast<int64_t>(tok->encode("The sky is").size()) + (tok->adds_bos() ? 1 : 0));
-  // TRL's conversational and language-modeling layouts are not read: the error says what to give
-  const auto msgs = error_of([&] {
-    load_source(tmp.write("msgs.jsonl", R"({"messages": [{"role": "user", "content": "hi"}]})" "\n"));
-  });
-  CHECK(msgs.find("msgs.jsonl: cannot tell the data layout") != std::string::npos);
-  CHECK(msgs.find("line 1: a conversational {messages} row (TRL's format) is not read here: give {prompt, completion} "
-                  "rows") != std::string::npos);
+  // TRL's conversational layout: the last message is the answer, the ones before it the prompt (as the chat
+  // template reads them; DS-Chat's Human/Assistant text without one)
+  auto conv = load_source(tmp.write(
+      "msgs.jsonl",
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, )"
+      R"({"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sky?"}, )"
+      R"({"role": "assistant", "content": "Blue."}]})" "\n"
+      R"({"messages": [{"role": "user", "content": "Q"}]})" "\n"
+      R"({"messages": [{"role": "user", "content": "Q"}, {"role": "robot", "content": "A"}]})" "\n"));
+  CHECK(conv.report.format == data_format::messages);
+  REQUIRE(conv.rows.size() == 1);
+  CHECK(conv.rows[0].chosen == " Blue.");
+  CHECK(conv.rows[0].prompt == "Be brief.\n\nHuman: Hi\n\nAssistant: Hello.\n\nHuman: Sky?\n\nAssistant:");
+  CHECK(row_messages(conv.rows[0]) ==
+        nlohmann::ordered_json::parse(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                           {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Sky?"}])"));
+  REQUIRE(conv.report.malformed.size() == 2);
+  CHECK(conv.report.malformed[0].reason ==
+        "the last message is the user's: a conversation to learn from ends with the assistant's answer");
+  CHECK(conv.report.malformed[1].reason == "message 1 has role \"robot\" (system, user or assistant)");
+  // TRL's language-modeling layout is not read: the error says what to give
   CHECK(error_of([&] { load_source(tmp.write("text.jsonl", R"({"text": "Once upon a time"})" "\n")); })
             .find("a {text} row (TRL's language-modeling format) is not read here") != std::string::npos);
 }

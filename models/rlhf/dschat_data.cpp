@@ -130,6 +130,7 @@ data_format detect(const nlohmann::json& j) {
   if (has("chosen") && has("rejected")) return data_format::hh_rlhf_raw;
   if (has("question") && has("answer")) return data_format::question_answer;
   if (has("prompt") && has("completion")) return data_format::prompt_completion;
+  if (has("messages")) return data_format::messages;
   if (has("prompt")) return data_format::prompt_only;
   return data_format::automatic;
 }
@@ -140,6 +141,39 @@ std::string list_bad(const std::vector<bad_line>& bad, size_t max_listed) {
     os << (i ? "; " : "") << "line " << bad[i].line << ": " << bad[i].reason;
   if (bad.size() > max_listed) os << "; ... (" << bad.size() - max_listed << " more)";
   return os.str();
+}
+
+// A TRL conversational row {"messages": [{"role", "content"}, ...]} into `s`: the messages before the last,
+// which must be the assistant's (the answer SFT learns), and their DS-Chat text; "" or why it is unusable.
+std::string read_messages(const nlohmann::json& j, sample& s) {
+  const auto& m = j.at("messages");
+  if (!m.is_array() || m.empty()) return "\"messages\" is not a non-empty list of {role, content}";
+  nlohmann::ordered_json kept = nlohmann::ordered_json::array();
+  std::string text;
+  for (size_t k = 0; k < m.size(); ++k) {
+    const auto& x = m[k];
+    if (!x.is_object() || !x.contains("role") || !x["role"].is_string() || !x.contains("content") ||
+        !x["content"].is_string())
+      return "message " + std::to_string(k) + " is not {\"role\": string, \"content\": string}";
+    const std::string role = x["role"].get<std::string>(), content = x["content"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant")
+      return "message " + std::to_string(k) + " has role \"" + role + "\" (system, user or assistant)";
+    if (role == "system" && k != 0) return "a system message after the first (message " + std::to_string(k) + ")";
+    if (k + 1 == m.size()) {
+      if (role != "assistant")
+        return "the last message is the " + role + "'s: a conversation to learn from ends with the assistant's answer";
+      if (content.empty()) return "the last (assistant) message is empty";
+      s.chosen = " " + content;  // DS-Chat's answers begin with their own space
+      break;
+    }
+    kept.push_back({{"role", role}, {"content", content}});
+    text += role == "system" ? content : (role == "user" ? "\n\nHuman: " : "\n\nAssistant: ") + content;
+  }
+  if (kept.empty() || kept.back()["role"] == "assistant")
+    return "no user message before the assistant's answer";
+  s.prompt = text + "\n\nAssistant:";
+  s.messages = std::move(kept);
+  return "";
 }
 
 int32_t i32(int64_t v) { return static_cast<int32_t>(v); }
@@ -171,6 +205,7 @@ const char* format_name(data_format f) {
     case data_format::hh_rlhf_raw: return "raw HH-RLHF chosen/rejected dialogues";
     case data_format::question_answer: return "question/answer (GSM8K)";
     case data_format::prompt_completion: return "prompt/completion (TRL)";
+    case data_format::messages: return "messages (TRL conversational)";
     case data_format::prompt_only: return "prompt only (RL prompts)";
   }
   return "?";
@@ -233,13 +268,10 @@ source load_source(const std::string& path, data_format format) {
     if (format == data_format::automatic) {
       // TRL's other layouts are named with what to give instead
       auto unknown = [](const nlohmann::json& j) -> std::string {
-        if (j.contains("messages"))
-          return "a conversational {messages} row (TRL's format) is not read here: give {prompt, completion} rows "
-                 "(the user's text and the assistant's answer) or DS-Chat's {prompt, chosen}";
         if (j.contains("text"))
           return "a {text} row (TRL's language-modeling format) is not read here: fine-tuning reads {prompt, "
                  "completion} rows, and plain-text pretraining is lm_batches' text file (graphs/pretrain.graph)";
-        return "a JSON object without prompt/chosen/rejected, prompt/completion or question/answer keys";
+        return "a JSON object without prompt/chosen/rejected, prompt/completion, messages or question/answer keys";
       };
       std::vector<bad_line> bad;
       for (size_t i = 0; i < lines.size() && bad.size() < 5; ++i)
@@ -247,7 +279,7 @@ source load_source(const std::string& path, data_format format) {
           bad.push_back({static_cast<int64_t>(i + 1), parse_error[i].empty() ? unknown(parsed[i]) : parse_error[i]});
       throw std::runtime_error(path + ": cannot tell the data layout: no line is a JSON object with the keys "
                                       "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected}, {question, answer}, "
-                                      "{prompt, completion} or {prompt} (RL prompts only)" +
+                                      "{prompt, completion}, {messages} or {prompt} (RL prompts only)" +
                                (bad.empty() ? std::string(" (the file is empty)") : " (" + list_bad(bad, 5) + ")") +
                                "; fix the file: one JSON object per line, such as {\"prompt\": \"...\", \"chosen\": \"...\", "
                                  "\"rejected\": \"...\"} (DS-Chat's layout)");
@@ -264,6 +296,15 @@ source load_source(const std::string& path, data_format format) {
     }
     if (!parse_error[i].empty()) {
       rep.malformed.push_back({ln, parse_error[i]});
+      continue;
+    }
+    if (format == data_format::messages) {  // TRL's conversational rows: their own reading
+      sample s;
+      if (std::string why = read_messages(parsed[i], s); !why.empty()) {
+        rep.malformed.push_back({ln, why});
+        continue;
+      }
+      src.rows.push_back(std::move(s));
       continue;
     }
     std::vector<std::string> vals(keys.size());
@@ -499,6 +540,7 @@ std::string process_report::summary() const {
 }
 
 nlohmann::ordered_json row_messages(const sample& row) {
+  if (!row.messages.empty()) return row.messages;  // a conversational row's own
   return row.question ? gsm8k_messages(row.prompt) : dschat_messages(row.prompt);
 }
 

@@ -48,6 +48,11 @@ struct sample {
   /// itself, not HH-RLHF turns; with a chat template it becomes the user's message as is (gsm8k_messages),
   /// without one prompt + answer is the text (TRL's prompt + completion).
   bool question = false;
+  /// A TRL conversational row ({"messages": [{role, content}, ...]}): the messages before the last,
+  /// assistant, one (whose content is chosen), as the chat template reads them (row_messages); prompt is
+  /// then their DS-Chat text ("\n\nHuman: ...\n\nAssistant: ...\n\nAssistant:", a system message's
+  /// content first) for the runs without a template. Empty otherwise.
+  nlohmann::ordered_json messages;
 };
 
 /// File layouts the loaders understand.
@@ -59,6 +64,7 @@ enum class data_format {
   question_answer,         ///< GSM8K {"question", "answer"}: prompt = question, chosen = answer (ends "#### N")
   prompt_completion,       ///< TRL's standard prompt-completion {"prompt", "completion"}: chosen = completion,
                            ///< the prompt plain text (the user's message with a chat template), as question_answer
+  messages,                ///< TRL's conversational {"messages": [...]}: chosen = the last (assistant) message
   prompt_only,             ///< {"prompt"} alone: RL prompts (TRL's and OpenRLHF's prompt datasets); step 3 only
 };
 const char* format_name(data_format f);

@@ -1178,6 +1178,24 @@ TEST_CASE("flowrun train with model folders reads their tokenizers and writes fo
   for (const char* n : {"sft", "prompts", "generator", "rm"})
     CHECK(out.find(std::string("--set node.") + n + ".tokenizer=" + qwen) != std::string::npos);
   CHECK(out.find("[step 3 ppo] held-out after") != std::string::npos);
+  // step 3 alone reads what steps 1-2 wrote under --output-dir, as train.py does (it read ppo.graph's out/rlhf
+  // models, an older run's)
+  out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) + " train --step 3 --output-dir runs" +
+                " --set node.prompts.iterations=1 --set node.prompts.eval_prompts=2 2>&1",
+            &rc);
+  CHECK(rc == 0);
+  CHECK(out.find("--set node.actor_model.model=" + (runs / "actor-models" / "actor").string()) != std::string::npos);
+  CHECK(out.find("--set node.reward_model.model=" + (runs / "reward-models" / "reward_model").string()) !=
+        std::string::npos);
+  // an actor and a reward model that read text otherwise: refused before step 2 trains (step 3 refused them after)
+  const std::string llama3 = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/llama3";
+  out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) + " train --step 2 3 --actor-model " + qwen +
+                " --reward-model " + llama3 + " --output-dir runs2 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("step 3 reads the actor's and the reward model's text with one tokenizer, as DeepSpeed-Chat's "
+                 "train.py, and the actor model " + qwen) != std::string::npos);
+  CHECK(out.find("[step 2 rm]") == std::string::npos);
   fs::remove_all(dir);
 }
 

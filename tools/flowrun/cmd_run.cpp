@@ -397,18 +397,75 @@ void add_train(CLI::App& app) {
     // step 2: the reward model's): a model with a tokenizer of its own (an HF folder, a llama2.c file convert
     // wrote beside one) gives it to the nodes that read text (they kept tok512 and were refused)
     namespace fs = std::filesystem;
-    const bool reads_actor = steps.count(1) || actor_opt->count(), reads_reward = steps.count(2) || reward_opt->count();
-    const std::string actor_tok = reads_actor ? tokenizer_for({o->actor_model}, "", false) : std::string();
-    const std::string reward_tok = reads_reward ? tokenizer_for({o->reward_model}, "", false) : std::string();
+    // Step 3 without step 1 (2) reads the actor (reward) model step 1 (2) wrote: --actor-model (--reward-model)
+    // when given; under --output-dir its model there (DS-Chat's train.py reads OUTPUT_DIR/actor-models and
+    // reward-models; it read ppo.graph's out/rlhf ones, an older run's); else ppo.graph's own input, as the
+    // folder of that name without .bin where step 1 on a model folder wrote one (it read an older .bin there,
+    // or refused a missing one). "" leaves ppo.graph's input as it is.
+    auto earlier = [&](const fs::path& file, const fs::path& folder, const char* option) -> std::string {
+      std::error_code ec;
+      const bool f = fs::is_regular_file(file, ec), d = fs::is_directory(folder, ec);
+      if (f && d) {
+        spdlog::error("flowrun train --step {}: both {} and {} are there (a llama2.c run's and a model folder's): "
+                      "give {} to say which step 3 starts from",
+                      fmt::join(o->steps, " "), file.string(), folder.string(), option);
+        throw exit_request{2};
+      }
+      return f ? file.string() : d ? folder.string() : std::string();
+    };
+    std::string step3_actor, step3_reward;
+    if (steps.count(3) && !steps.count(1)) {
+      if (actor_opt->count()) step3_actor = o->actor_model;
+      else if (!o->output_dir.empty()) {
+        const fs::path a = fs::absolute(o->output_dir) / "actor-models";
+        step3_actor = earlier(a / "actor.bin", a / "actor", "--actor-model");
+      } else {
+        const std::string p = planned_path({graph_path("ppo.graph"), {}}, "actor_model", "model");
+        const fs::path at = fs::path(p).is_absolute() ? fs::path(p) : fs::path(graph_path("ppo.graph")).parent_path() / p;
+        if (p.size() > 4 && p.substr(p.size() - 4) == ".bin")
+          step3_actor = earlier(at, fs::path(at.string().substr(0, at.string().size() - 4)), "--actor-model");
+      }
+    }
+    if (steps.count(3) && !steps.count(2)) {
+      if (reward_opt->count()) step3_reward = o->reward_model;
+      else if (!o->output_dir.empty()) {
+        const fs::path r = fs::absolute(o->output_dir) / "reward-models";
+        step3_reward = earlier(r / "reward_model.bin", r / "reward_model", "--reward-model");
+      }
+    }
+    // the models whose text the steps read: steps 1-2's bases, or what step 3 reads
+    const std::string actor_model = steps.count(1) ? o->actor_model : step3_actor;
+    const std::string reward_model = steps.count(2) ? o->reward_model : step3_reward;
+    const bool reads_actor = !actor_model.empty(), reads_reward = !reward_model.empty();
+    const std::string actor_tok = reads_actor ? tokenizer_for({actor_model}, "", false) : std::string();
+    const std::string reward_tok = reads_reward ? tokenizer_for({reward_model}, "", false) : std::string();
     std::vector<std::string> model_ov;
     if (!actor_tok.empty())
       for (const char* n : {"sft", "prompts", "generator"}) model_ov.push_back(std::string("node.") + n + ".tokenizer=" + actor_tok);
     if (!reward_tok.empty()) model_ov.push_back("node.rm.tokenizer=" + reward_tok);
+    // step 3 reads the actor's and the reward model's text with one tokenizer (train.py's models are of one family):
+    // two that differ are refused now, before steps 1-2 train (step 3 refused them after)
+    if (steps.count(3) && reads_actor && reads_reward) {
+      const std::string fallback = resolve_user_path("model/stories260K/tok512.model", "tokenizer").string();
+      const std::string a = actor_tok.empty() ? fallback : actor_tok, r = reward_tok.empty() ? fallback : reward_tok;
+      std::string why;
+      try {
+        if (a != r) why = tokenizer_difference(*load_tokenizer(a), *load_tokenizer(r));
+      } catch (const std::exception&) {  // an unreadable tokenizer: the run names it
+      }
+      if (!why.empty()) {
+        spdlog::error("flowrun train --step {}: step 3 reads the actor's and the reward model's text with one "
+                      "tokenizer, as DeepSpeed-Chat's train.py, and the actor model {} reads with {} and the reward "
+                      "model {} with {}: they differ ({}); give a reward model of the actor's family (its tokenizer)",
+                      fmt::join(o->steps, " "), actor_model, a, reward_model, r, why);
+        throw exit_request{2};
+      }
+    }
     // the trained models are saved in the format they were given in: a llama2.c actor as .bin files, a model
     // folder as folders (the graphs' .bin outputs were refused for an HF actor)
     bool actor_file = true;
     try {
-      actor_file = !reads_actor || inspect_model(resolve_user_path(o->actor_model, "model").string()).format ==
+      actor_file = !reads_actor || inspect_model(resolve_user_path(actor_model, "model").string()).format ==
                                        model_format::llama2c;
     } catch (const std::exception&) {  // the run names a model that cannot be read
     }
@@ -446,12 +503,12 @@ void add_train(CLI::App& app) {
       if (steps.count(1)) add("sft.graph", {"node.sft.model=" + o->actor_model});
       if (steps.count(2)) add("rm.graph", {"node.rm.model=" + o->reward_model});
       if (steps.count(3)) {
-        // step 3 alone reads ppo.graph's own inputs (what graphs/sft.graph and rm.graph write), unless told
+        // step 3 alone reads what steps 1-2 wrote (step3_actor / step3_reward above), unless told
         std::vector<std::string> ov;
         if (steps.count(1)) ov.push_back("node.actor_model.model=" + planned_output(plan[0], "sft"));
-        else if (actor_opt->count()) ov.push_back("node.actor_model.model=" + o->actor_model);
+        else if (!step3_actor.empty()) ov.push_back("node.actor_model.model=" + step3_actor);
         if (steps.count(2)) ov.push_back("node.reward_model.model=" + planned_output(plan.back(), "rm"));
-        else if (reward_opt->count()) ov.push_back("node.reward_model.model=" + o->reward_model);
+        else if (!step3_reward.empty()) ov.push_back("node.reward_model.model=" + step3_reward);
         add("ppo.graph", std::move(ov));
         // step 3 without the step that makes one of its models reads that model from disk: refused now if it is
         // not there, before the steps planned before it train (it failed after them, pointing at FLOWRUN_ASSETS)

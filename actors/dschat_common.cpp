@@ -625,8 +625,8 @@ void add_dschat_flag_hints(graph::node_kind& k, const std::string& dropout_flag,
   if (!dropout_flag.empty())
     k.known_as(dropout_flag, "DS-Chat's --" + dropout_flag +
                                  ": flowrun's models have no dropout layers, so they train as with --" + dropout_flag +
-                                 " 0.0 (what DS-Chat's LLaMA scripts pass); an OPT or GPT-2 config's dropout is not "
-                                 "applied");
+                                 " 0.0; an OPT or GPT-2 config's dropout (0.1, which DS-Chat keeps unless the flag is "
+                                 "given) is not applied");
   k.known_as("offload", "DS-Chat's --offload (ZeRO's states in CPU memory) has no setting here: on the CPU everything "
                         "is in CPU memory already, and the CUDA backend keeps its states on the GPU; less memory per "
                         "rank comes from a higher ZeRO stage over more replicas, dtype = \"bf16\" or LoRA")
@@ -636,7 +636,7 @@ void add_dschat_flag_hints(graph::node_kind& k, const std::string& dropout_flag,
   if (eot)
     for (const char* flag : {"end_of_conversation_token", "add_eot_token"})
       k.known_as(flag, "DS-Chat's end-of-conversation token is the tokenizer's EOS here: every training answer ends "
-                       "with it (as with --add_eot_token) and generation stops at it");
+                       "with it (as with --add_eot_token), and step 3's generator stops at it");
 }
 
 void add_padding_hint(graph::node_kind& k) {
@@ -763,6 +763,17 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
         "learns from pairs; give {{prompt, chosen, rejected}} rows or raw HH-RLHF {{chosen, rejected}}",
         ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(f)));
   }
+  // TRL's SFTTrainer trains prompt-completion rows on the completion alone (completion_only_loss); here step 1 is
+  // DS-Chat's, on prompt and answer, unless mask_prompt: said where it was left at its default
+  if (const auto* m = ctx.spec().find_setting("mask_prompt"); step_index == 0 && m && m->from_default && !ctx.spec().get_bool("mask_prompt"))
+    for (const auto& src1 : src)
+      if (src1.report.format == dschat::data_format::prompt_completion) {
+        ctx.log().warn("{} holds TRL's prompt-completion rows, which TRL's SFTTrainer trains on the completion only "
+                       "(completion_only_loss); here the prompt tokens are trained on too, as DS-Chat's step 1 does: "
+                       "set mask_prompt = true for TRL's loss",
+                       src1.path);
+        break;
+      }
   // step 1 learns from answers: a file of prompts alone is named here (a mix_data file of them failed as "row R
   // has no answer" of the blended share, naming the `data` file)
   for (size_t i = 0; step_index == 0 && i < src.size(); ++i)

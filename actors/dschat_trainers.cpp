@@ -35,7 +35,8 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
                      "(it is not data-parallel; ZeRO stages run inside its one engine)";
   k.require("model", T::path, "initial weights: llama2.c .bin, a flowrun model folder, or a HF folder (LLaMA, OPT, GPT-2)")
       .require("tokenizer", T::path, "SentencePiece .model, GPT-2 BPE vocab.json, tokenizer.json, or a folder holding one")
-      .require("data", T::path, "DS-Chat JSONL: {prompt, chosen, rejected} or {prompt, chosen}, or raw HH-RLHF")
+      .require("data", T::path, "JSONL: DS-Chat's {prompt, chosen, rejected} or {prompt, chosen}, raw HH-RLHF, GSM8K's "
+                                "{question, answer}, TRL's {prompt, completion} or {messages} (docs/rlhf.md)")
       .option("mix_data", T::path_list, std::vector<std::string>{}, "more datasets blended with data (each split alike)")
       .option("data_split", T::string, std::string("2,4,4"), "DS-Chat's --data_split: each step's share")
       .option("eval_fraction", T::float_, 0.1, "held-out share of this step's rows").in_range(0, 1, false, /*high_open=*/true)

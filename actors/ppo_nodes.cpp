@@ -168,6 +168,8 @@ class prompt_loader final : public actor::node {
 void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factory_registry& factories) {
   using T = graph::setting_type;
   graph::node_kind k{"prompt_loader", "DS-Chat step 3 prompts: a held-out batch, one batch per tick, held-out again"};
+  for (const char* flag : {"enable_test_mode", "test_stop_step"})
+    k.known_as(flag, "DS-Chat's --enable_test_mode --test_stop_step N is iterations = N here (the run's length)");
   k.input("next", "tick", "the controller asks for the next batch", true, true)
       .output("batch", "prompt_batch", "left-padded prompts")
       .require("tokenizer", T::path, "SentencePiece .model")
@@ -375,9 +377,14 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
   // on the loader failed in the embedding at the first batch)
   // other tools' names for these settings: the hint an unknown setting of that name gets
   for (const char* flag : {"enable_hybrid_engine", "inference_tp_size", "tp_gather_partition_size"})
-    k.known_as(flag, "DS-Chat's hybrid engine is always on here: the generator reads the policy's live weights (the "
-                     "edge policy.weights -> generator.weights); generation runs on one rank, without tensor "
+    k.known_as(flag, "DS-Chat's hybrid engine (its faster generation from the actor's weights) has no switch here: "
+                     "the generator always reads the policy's current weights (the edge policy.weights -> "
+                     "generator.weights; a snapshot at max_staleness >= 1), on one rank, without tensor "
                      "parallelism (--inference_tp_size has no equivalent)");
+  for (const char* flag : {"release_inference_cache", "unpin_actor_parameters"})
+    k.known_as(flag, "DS-Chat's hybrid-engine memory options have no equivalent here: below ZeRO stage 3 at "
+                     "max_staleness 0 the generator reads the policy's weights without a copy (at stage 3 a gathered "
+                     "one, freed after the batch), and its KV cache lives for one batch");
   for (const char* flag : {"end_of_conversation_token", "add_eot_token"})
     k.known_as(flag, "DS-Chat's end-of-conversation token is the tokenizer's EOS here: generation stops at it");
   k.known_as("n", "veRL's rollout.n is num_generations here")
@@ -586,10 +593,9 @@ void register_frozen_scorers(graph::node_kind_registry& kinds, actor::node_facto
     add_rank_group_settings(k);
     k.check = [](const graph::node_spec& n, const graph::graph_spec&) { return dtype_problems(n); };
     if (reward) add_padding_hint(k);
-    else
-      k.known_as("offload_reference_model",
-                 "DS-Chat's --offload_reference_model has no setting here: the reference's weights stay where its "
-                 "backend runs; zero_stage = 3 over its replicas shards them");
+    for (const char* flag : {"offload", "offload_reference_model", "offload_reward_model"})
+      k.known_as(flag, std::string("DS-Chat's --") + flag + " has no setting here: a frozen model's weights stay where "
+                       "its backend runs; zero_stage = 3 over its replicas shards them");
     k.input("init", "model", "the model this node starts from (copied)")
         .input("rollouts", "rollouts", "sequences to score")
         .output("scored", "scores", reward ? "per-row reward scores" : "per-token log-probs", true);
@@ -1293,10 +1299,15 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
     add_dschat_flag_hints(k, who + "_dropout", policy);
     if (!policy) add_padding_hint(k);
     if (policy) {
+      k.known_as("disable_actor_dropout", "flowrun's models have no dropout layers: there is none to disable")
+          .known_as("offload_reference_model", "DS-Chat's --offload_reference_model has no setting here: the "
+                                               "reference's weights stay where its backend runs (zero_stage = 3 on "
+                                               "the reference node shards them)");
       for (const char* flag : {"enable_hybrid_engine", "inference_tp_size", "tp_gather_partition_size"})
-        k.known_as(flag, "DS-Chat's hybrid engine is always on here: the generator reads the policy's live weights "
-                         "(the edge policy.weights -> generator.weights); generation runs on one rank, without "
-                         "tensor parallelism (--inference_tp_size has no equivalent)");
+        k.known_as(flag, "DS-Chat's hybrid engine (its faster generation from the actor's weights) has no switch "
+                         "here: the generator always reads the policy's current weights (the edge policy.weights -> "
+                         "generator.weights; a snapshot at max_staleness >= 1), on one rank, without tensor "
+                         "parallelism (--inference_tp_size has no equivalent)");
       k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
           .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")
           .known_as("clip_ratio_low", "veRL's clip_ratio_low is cliprange here (the floor 1 - cliprange)")

@@ -622,15 +622,20 @@ TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says
            {"rm.graph --set node.rm.num_padding_at_beginning=1", "DS-Chat's --num_padding_at_beginning (1 for OPT)"},
            {"rlhf.graph --set node.reward.num_padding_at_beginning=1", "DS-Chat's --num_padding_at_beginning (1 for OPT)"},
            {"rlhf.graph --set node.critic.num_padding_at_beginning=1", "DS-Chat's --num_padding_at_beginning (1 for OPT)"},
-           {"rlhf.graph --set node.generator.enable_hybrid_engine=true", "DS-Chat's hybrid engine is always on here"},
-           {"rlhf.graph --set node.policy.inference_tp_size=2", "DS-Chat's hybrid engine is always on here"},
+           {"rlhf.graph --set node.generator.enable_hybrid_engine=true", "DS-Chat's hybrid engine (its faster generation"},
+           {"rlhf.graph --set node.policy.inference_tp_size=2", "DS-Chat's hybrid engine (its faster generation"},
            {"rlhf.graph --set node.ppo_controller.test_stop_step=3", "DS-Chat's --enable_test_mode --test_stop_step N is the prompt loader's iterations"},
            {"rlhf.graph --set node.reference.offload_reference_model=true", "DS-Chat's --offload_reference_model"},
            {"sft.graph --set node.sft.end_of_conversation_token=x", "DS-Chat's end-of-conversation token is the tokenizer's EOS"},
            {"rlhf.graph --set node.policy.compute_fp32_loss=true", "the losses are computed in fp32 here in every dtype"},
            {"rm.graph --set node.rm.offload=true", "DS-Chat's --offload (ZeRO's states in CPU memory) has no setting here"},
            {"sft.graph --set node.sft.lora_alpha=16", "DS-Chat's LoRA scales by 1 / lora_dim"},
-           {"sft.graph --set node.sft.lora_dropout=0.1", "DS-Chat's LoRA has no dropout"}}) {
+           {"sft.graph --set node.sft.lora_dropout=0.1", "DS-Chat's LoRA has no dropout"},
+           {"rlhf.graph --set node.reward.offload_reward_model=true", "DS-Chat's --offload_reward_model has no setting"},
+           {"rlhf.graph --set node.prompts.test_stop_step=2", "DS-Chat's --enable_test_mode --test_stop_step N is "
+                                                              "iterations = N here"},
+           {"rlhf.graph --set node.generator.release_inference_cache=true", "DS-Chat's hybrid-engine memory options"},
+           {"rlhf.graph --set node.policy.disable_actor_dropout=true", "flowrun's models have no dropout layers"}}) {
     INFO(n.set);
     const auto out = run(bin + n.set + " --no-progress 2>&1", &rc);
     CHECK(rc == 2);
@@ -689,6 +694,30 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   CHECK(rc == 0);
   CHECK(has(b, "sampling: top_k 20 ("));
   CHECK_FALSE(has(b, "greedy"));
+}
+
+TEST_CASE("SFT on TRL's prompt-completion rows says that TRL trains the completion alone, unless mask_prompt is set") {
+  namespace fs = std::filesystem;
+  const fs::path dir = temp_folder() / "pc_mask";
+  fs::create_directories(dir);
+  {
+    std::ofstream f(dir / "pc.jsonl");
+    for (int i = 0; i < 40; ++i)
+      f << R"({"prompt": "Add )" << i << R"( and 1:", "completion": " )" << i + 1 << R"("})" << "\n";
+  }
+  const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --no-progress" +
+                          " --set graph.checkpoint_dir= --set node.sft.steps=1 --set node.sft.data_split=1,0,0" +
+                          " --set node.sft.data=" + (dir / "pc.jsonl").string() + " --set node.sft.output=" +
+                          (dir / "sft.bin").string();
+  int rc = -1;
+  auto out = run(sft + " 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "rows loaded (prompt/completion (TRL))"));
+  CHECK(has(out, (dir / "pc.jsonl").string() + " holds TRL's prompt-completion rows, which TRL's SFTTrainer trains on "
+                 "the completion only (completion_only_loss)"));
+  out = run(sft + " --set node.sft.mask_prompt=true 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK_FALSE(has(out, "completion_only_loss"));
 }
 
 TEST_CASE("print_every = 0 is refused when the graph is checked, at file:line:col, for every kind that has it") {

@@ -291,6 +291,15 @@ TEST_CASE("TRL's prompt-completion and conversational rows train on their answer
   CHECK(conv.report.malformed[0].reason ==
         "the last message is the user's: a conversation to learn from ends with the assistant's answer");
   CHECK(conv.report.malformed[1].reason == "message 1 has role \"robot\" (system, user or assistant)");
+  // TRL's KTO rows (a label per completion) and conversational prompt-completion rows (lists): named, not trained on
+  auto kto = load_source(tmp.write("kto.jsonl", R"({"prompt": "p", "completion": " c", "label": true})" "\n"
+                                                R"({"prompt": "p", "completion": " c"})" "\n"
+                                                R"({"prompt": [{"role": "user", "content": "p"}], "completion": " c"})" "\n"));
+  REQUIRE(kto.rows.size() == 1);
+  REQUIRE(kto.report.malformed.size() == 2);
+  CHECK(kto.report.malformed[0].reason.rfind("a {prompt, completion, label} row is TRL's KTO layout", 0) == 0);
+  CHECK(kto.report.malformed[1].reason.rfind("\"prompt\" is a list (TRL's conversational layout): give {\"messages\"", 0) ==
+        0);
   // TRL's language-modeling layout is not read: the error says what to give
   CHECK(error_of([&] { load_source(tmp.write("text.jsonl", R"({"text": "Once upon a time"})" "\n")); })
             .find("a {text} row (TRL's language-modeling format) is not read here") != std::string::npos);

@@ -104,6 +104,9 @@ std::string short_json_error(const std::string& what) {
 std::string get_string(const nlohmann::json& j, const char* key, std::string& out) {
   auto it = j.find(key);
   if (it == j.end()) return std::string("missing key \"") + key + "\"";
+  if (it->is_array())  // TRL's conversational prompt-completion or preference rows: lists of messages
+    return std::string("\"") + key + "\" is a list (TRL's conversational layout): give {\"messages\": [...]} rows "
+           "ending with the answer, or the text as a string";
   if (!it->is_string()) return std::string("\"") + key + "\" is " + it->type_name() + ", not a string";
   out = it->get<std::string>();
   if (out.empty()) return std::string("empty \"") + key + "\"";
@@ -309,6 +312,9 @@ source load_source(const std::string& path, data_format format) {
     }
     std::vector<std::string> vals(keys.size());
     std::string why;
+    if (format == data_format::prompt_completion && parsed[i].contains("label"))  // KTO's desirable / undesirable
+      why = "a {prompt, completion, label} row is TRL's KTO layout (an unpaired preference): no trainer here reads it, "
+            "and SFT would learn the undesirable completions too; keep the rows whose label is true, without the key";
     for (size_t k = 0; k < keys.size() && why.empty(); ++k) why = get_string(parsed[i], keys[k], vals[k]);
     if (!why.empty()) {
       rep.malformed.push_back({ln, why});

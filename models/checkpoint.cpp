@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -204,6 +205,24 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
       // version 0, the layout of the stories models and the one llama2.c's run.c reads (it reads no
       // version header): a trainer's output from stories260K.bin runs in run.c as its input did
       save_llama2c(m, path, 0);
+      // a model folder's tokenizer (a llama2.c file convert wrote beside one, an HF tokenizer) goes beside the
+      // file, where generate and the trainers look for it (tok512 read a 902-token model's text); not over
+      // another tokenizer there (a folder of other models' files): then the model alone, said
+      std::error_code ec;
+      if (!tokenizer.empty() && fs::is_directory(tokenizer, ec) && folder_has_tokenizer(tokenizer)) {
+        std::string other;
+        if (folder_has_tokenizer(parent.string()) && !fs::equivalent(parent, tokenizer, ec)) try {
+            other = tokenizer_difference(*load_tokenizer(parent.string()), *load_tokenizer(tokenizer));
+          } catch (const std::exception& e) {
+            other = e.what();
+          }
+        if (other.empty()) copy_tokenizer_files(tokenizer, parent.string(), /*hf_names=*/false);
+        else
+          std::fprintf(stderr,
+                       "flowrun: warning: %s holds another tokenizer (%s): %s is saved without %s beside it; give it "
+                       "--tokenizer %s when you read it\n",
+                       parent.c_str(), other.c_str(), path.c_str(), tokenizer.c_str(), tokenizer.c_str());
+      }
       return;
     }
     case model_format::hf: {

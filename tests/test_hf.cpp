@@ -1243,6 +1243,26 @@ TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged int
   }
 }
 
+TEST_CASE("checkpoint: a llama2.c output gets its model folder's tokenizer beside it, never over another") {
+  // a trainer given a llama2.c file with an HF tokenizer beside it (convert's) wrote the .bin alone: generate then
+  // read its text with tok512, exit 0
+  temp_dir tmp("l2c_tok");
+  const auto m = load_model(asset_path("model/stories260K/stories260K.bin").string());
+  const std::string qwen = (k_fixtures / "hf_chat" / "qwen2").string();
+  const std::string llama3 = (k_fixtures / "hf_chat" / "llama3").string();
+  save_model(m, (tmp.path / "out" / "a.bin").string(), model_format::llama2c, qwen);
+  CHECK(fs::exists(tmp.path / "out" / "tokenizer.json"));
+  CHECK(tokenizer_difference(*load_tokenizer((tmp.path / "out").string()), *load_tokenizer(qwen)).empty());
+  save_model(m, (tmp.path / "out" / "b.bin").string(), model_format::llama2c, qwen);  // the same tokenizer again: fine
+  // another tokenizer into that folder: the model is saved, the folder's tokenizer kept
+  save_model(m, (tmp.path / "out" / "c.bin").string(), model_format::llama2c, llama3);
+  CHECK(fs::exists(tmp.path / "out" / "c.bin"));
+  CHECK(tokenizer_difference(*load_tokenizer((tmp.path / "out").string()), *load_tokenizer(qwen)).empty());
+  // a tokenizer file (tok512.model: no model folder's) stays where it is, as before
+  save_model(m, (tmp.path / "plain" / "d.bin").string(), model_format::llama2c, asset_path("model/stories260K/tok512.model").string());
+  CHECK_FALSE(folder_has_tokenizer((tmp.path / "plain").string()));
+}
+
 TEST_CASE("checkpoint: save_problem refuses what cannot be written, before writing anything") {
   temp_dir tmp("problems");
   const auto llama = model_family::llama;

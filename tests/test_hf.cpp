@@ -62,8 +62,8 @@ struct fixture_batch {
   int64_t B = 0, T = 0, V = 0;
 };
 
-fixture_batch load_batch(const std::string& family) {
-  auto j = read_json(k_fixtures / "hf" / family / "expected.json");
+// The input ids and attention mask of an expected.json (no logits).
+fixture_batch fixture_ids(const nlohmann::json& j) {
   fixture_batch b;
   auto ids = j["input_ids"].get<std::vector<std::vector<int32_t>>>();
   auto mask = j["attention_mask"].get<std::vector<std::vector<int32_t>>>();
@@ -76,6 +76,12 @@ fixture_batch load_batch(const std::string& family) {
   }
   b.ids = tensor::from_ints({b.B, b.T}, flat);
   b.mask = tensor::from_ints({b.B, b.T}, b.mask_v);
+  return b;
+}
+
+fixture_batch load_batch(const std::string& family) {
+  auto j = read_json(k_fixtures / "hf" / family / "expected.json");
+  fixture_batch b = fixture_ids(j);
   b.logits = j["logits"].get<std::vector<float>>();
   b.V = j["logits_shape"][2].get<int64_t>();
   return b;
@@ -1107,18 +1113,7 @@ TEST_CASE("hf: TRL's reward models (ForSequenceClassification, one label) read w
     INFO("family " << std::string(family));
     const auto dir = k_fixtures / "hf" / (std::string("seqcls_") + family);
     const auto j = read_json(dir / "expected.json");
-    fixture_batch b;  // the ids and mask (no logits: a reward model has none)
-    const auto ids = j["input_ids"].get<std::vector<std::vector<int32_t>>>();
-    const auto mask = j["attention_mask"].get<std::vector<std::vector<int32_t>>>();
-    b.B = static_cast<int64_t>(ids.size());
-    b.T = static_cast<int64_t>(ids[0].size());
-    std::vector<int32_t> flat;
-    for (int64_t i = 0; i < b.B; ++i) {
-      flat.insert(flat.end(), ids[i].begin(), ids[i].end());
-      b.mask_v.insert(b.mask_v.end(), mask[i].begin(), mask[i].end());
-    }
-    b.ids = tensor::from_ints({b.B, b.T}, flat);
-    b.mask = tensor::from_ints({b.B, b.T}, b.mask_v);
+    const fixture_batch b = fixture_ids(j);  // no logits: a reward model has none
     auto m = load_model(dir.string());
     REQUIRE(m.has_value_head());
     // every position's value of the unpadded row: the score head on each hidden state, as transformers' model.score

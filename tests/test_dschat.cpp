@@ -290,7 +290,7 @@ TEST_CASE("TRL's prompt-completion and conversational rows train on their answer
   REQUIRE(conv.report.malformed.size() == 2);
   CHECK(conv.report.malformed[0].reason ==
         "the last message is the user's: a conversation to learn from ends with the assistant's answer");
-  CHECK(conv.report.malformed[1].reason == "message 1 has role \"robot\" (system, user or assistant)");
+  CHECK(conv.report.malformed[1].reason == "\"messages\" message 1 has role \"robot\" (system, user or assistant)");
   // TRL's KTO rows (a label per completion) and conversational prompt-completion rows (lists): named, not trained on
   auto kto = load_source(tmp.write("kto.jsonl", R"({"prompt": "p", "completion": " c", "label": true})" "\n"
                                                 R"({"prompt": "p", "completion": " c"})" "\n"
@@ -298,8 +298,31 @@ TEST_CASE("TRL's prompt-completion and conversational rows train on their answer
   REQUIRE(kto.rows.size() == 1);
   REQUIRE(kto.report.malformed.size() == 2);
   CHECK(kto.report.malformed[0].reason.rfind("a {prompt, completion, label} row is TRL's KTO layout", 0) == 0);
-  CHECK(kto.report.malformed[1].reason.rfind("\"prompt\" is a list (TRL's conversational layout): give {\"messages\"", 0) ==
-        0);
+  CHECK(kto.report.malformed[1].reason ==
+        "\"completion\" is not a list of the assistant's one message (TRL's conversational layout)");
+  // TRL's conversational preference rows (UltraFeedback's layout): the prompt's messages, each answer the
+  // assistant's one message; a reward model or DPO trains on them as on DS-Chat's pairs
+  auto pref = load_source(tmp.write(
+      "pref.jsonl",
+      R"({"prompt": [{"role": "user", "content": "Sky?"}], "chosen": [{"role": "assistant", "content": "Blue."}], )"
+      R"("rejected": [{"role": "assistant", "content": "Green."}]})" "\n"
+      R"({"prompt": [{"role": "user", "content": "Sky?"}], "chosen": [{"role": "user", "content": "Blue."}], )"
+      R"("rejected": [{"role": "assistant", "content": "Green."}]})" "\n"));
+  CHECK(pref.report.format == data_format::prompt_chosen_rejected);
+  REQUIRE(pref.rows.size() == 1);
+  CHECK(pref.rows[0].prompt == "\n\nHuman: Sky?\n\nAssistant:");
+  CHECK(pref.rows[0].chosen == " Blue.");
+  CHECK(pref.rows[0].rejected == " Green.");
+  CHECK(row_messages(pref.rows[0]) == nlohmann::ordered_json::parse(R"([{"role": "user", "content": "Sky?"}])"));
+  REQUIRE(pref.report.malformed.size() == 1);
+  CHECK(pref.report.malformed[0].reason ==
+        "\"chosen\"'s message is not the assistant's {\"role\": \"assistant\", \"content\": string}");
+  const auto rm = make_rm_examples(pref.rows, *tok, ts);
+  REQUIRE(rm.size() == 1);
+  auto want_chosen = tok->encode("\n\nHuman: Sky?\n\nAssistant: Blue.");
+  if (tok->adds_bos()) want_chosen.insert(want_chosen.begin(), tok->bos_id());
+  want_chosen.push_back(tok->eos_id());
+  CHECK(rm[0].chosen == want_chosen);
   // TRL's language-modeling layout is not read: the error says what to give
   CHECK(error_of([&] { load_source(tmp.write("text.jsonl", R"({"text": "Once upon a time"})" "\n")); })
             .find("a {text} row (TRL's language-modeling format) is not read here") != std::string::npos);

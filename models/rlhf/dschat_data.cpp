@@ -104,9 +104,9 @@ std::string short_json_error(const std::string& what) {
 std::string get_string(const nlohmann::json& j, const char* key, std::string& out) {
   auto it = j.find(key);
   if (it == j.end()) return std::string("missing key \"") + key + "\"";
-  if (it->is_array())  // TRL's conversational prompt-completion or preference rows: lists of messages
-    return std::string("\"") + key + "\" is a list (TRL's conversational layout): give {\"messages\": [...]} rows "
-           "ending with the answer, or the text as a string";
+  if (it->is_array())  // a conversational field in a row of strings
+    return std::string("\"") + key + "\" is a list while \"prompt\" is a string: TRL's conversational rows hold lists "
+           "in every field (the prompt's messages, each answer's one assistant message), its standard rows strings";
   if (!it->is_string()) return std::string("\"") + key + "\" is " + it->type_name() + ", not a string";
   out = it->get<std::string>();
   if (out.empty()) return std::string("empty \"") + key + "\"";
@@ -146,37 +146,72 @@ std::string list_bad(const std::vector<bad_line>& bad, size_t max_listed) {
   return os.str();
 }
 
+// Messages [0, n) of `m` (each {"role": system | user | assistant, "content": string}, a system message only
+// first) into `s.messages` and s.prompt's DS-Chat text ("\n\nHuman: ..."), the last of them the user's; "" or
+// why they are unusable, naming the message by its index in `what`.
+std::string read_prompt_turns(const nlohmann::json& m, size_t n, const std::string& what, sample& s) {
+  nlohmann::ordered_json kept = nlohmann::ordered_json::array();
+  std::string text;
+  for (size_t k = 0; k < n; ++k) {
+    const auto& x = m[k];
+    if (!x.is_object() || !x.contains("role") || !x["role"].is_string() || !x.contains("content") ||
+        !x["content"].is_string())
+      return what + " message " + std::to_string(k) + " is not {\"role\": string, \"content\": string}";
+    const std::string role = x["role"].get<std::string>(), content = x["content"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant")
+      return what + " message " + std::to_string(k) + " has role \"" + role + "\" (system, user or assistant)";
+    if (role == "system" && k != 0)
+      return what + ": a system message after the first (message " + std::to_string(k) + ")";
+    kept.push_back({{"role", role}, {"content", content}});
+    text += role == "system" ? content : (role == "user" ? "\n\nHuman: " : "\n\nAssistant: ") + content;
+  }
+  if (kept.empty() || kept.back()["role"] != "user") return what + ": no user message before the assistant's answer";
+  s.prompt = text + "\n\nAssistant:";
+  s.messages = std::move(kept);
+  return "";
+}
+
+// The assistant's answer a message `x` holds, as DS-Chat's answers begin: with a space; "" or why not.
+std::string read_answer(const nlohmann::json& x, const std::string& what, std::string& out) {
+  if (!x.is_object() || x.value("role", "") != "assistant" || !x.contains("content") || !x["content"].is_string())
+    return what + " is not the assistant's {\"role\": \"assistant\", \"content\": string}";
+  if (x["content"].get<std::string>().empty()) return what + " is empty";
+  out = " " + x["content"].get<std::string>();
+  return "";
+}
+
 // A TRL conversational row {"messages": [{"role", "content"}, ...]} into `s`: the messages before the last,
 // which must be the assistant's (the answer SFT learns), and their DS-Chat text; "" or why it is unusable.
 std::string read_messages(const nlohmann::json& j, sample& s) {
   const auto& m = j.at("messages");
   if (!m.is_array() || m.empty()) return "\"messages\" is not a non-empty list of {role, content}";
-  nlohmann::ordered_json kept = nlohmann::ordered_json::array();
-  std::string text;
-  for (size_t k = 0; k < m.size(); ++k) {
-    const auto& x = m[k];
-    if (!x.is_object() || !x.contains("role") || !x["role"].is_string() || !x.contains("content") ||
-        !x["content"].is_string())
-      return "message " + std::to_string(k) + " is not {\"role\": string, \"content\": string}";
-    const std::string role = x["role"].get<std::string>(), content = x["content"].get<std::string>();
-    if (role != "system" && role != "user" && role != "assistant")
-      return "message " + std::to_string(k) + " has role \"" + role + "\" (system, user or assistant)";
-    if (role == "system" && k != 0) return "a system message after the first (message " + std::to_string(k) + ")";
-    if (k + 1 == m.size()) {
-      if (role != "assistant")
-        return "the last message is the " + role + "'s: a conversation to learn from ends with the assistant's answer";
-      if (content.empty()) return "the last (assistant) message is empty";
-      s.chosen = " " + content;  // DS-Chat's answers begin with their own space
-      break;
-    }
-    kept.push_back({{"role", role}, {"content", content}});
-    text += role == "system" ? content : (role == "user" ? "\n\nHuman: " : "\n\nAssistant: ") + content;
+  const auto& last = m.back();
+  if (last.is_object() && last.contains("role") && last["role"].is_string() && last["role"] != "assistant") {
+    const std::string role = last["role"].get<std::string>();
+    if (role != "user" && role != "system")
+      return "\"messages\" message " + std::to_string(m.size() - 1) + " has role \"" + role +
+             "\" (system, user or assistant)";
+    return "the last message is the " + role + "'s: a conversation to learn from ends with the assistant's answer";
   }
-  if (kept.empty() || kept.back()["role"] == "assistant")
-    return "no user message before the assistant's answer";
-  s.prompt = text + "\n\nAssistant:";
-  s.messages = std::move(kept);
-  return "";
+  if (auto why = read_answer(last, "the last message", s.chosen); !why.empty()) return why;
+  return read_prompt_turns(m, m.size() - 1, "\"messages\"", s);
+}
+
+// TRL's conversational prompt-completion and preference rows: "prompt" a list of messages ending with the
+// user's, each answer ("completion", or "chosen" and "rejected") a list holding the assistant's one message.
+std::string read_conversational(const nlohmann::json& j, const std::vector<const char*>& answers, sample& s) {
+  for (const char* key : answers) {
+    if (!j.contains(key)) return std::string("missing key \"") + key + "\"";
+    const auto& a = j.at(key);
+    if (!a.is_array() || a.size() != 1)
+      return std::string("\"") + key + "\" is not a list of the assistant's one message (TRL's conversational layout)";
+    std::string text;
+    if (auto why = read_answer(a[0], std::string("\"") + key + "\"'s message", text); !why.empty()) return why;
+    (std::string(key) == "rejected" ? s.rejected : s.chosen) = text;
+  }
+  const auto& p = j.at("prompt");
+  if (p.empty()) return "\"prompt\" is an empty list";
+  return read_prompt_turns(p, p.size(), "\"prompt\"", s);
 }
 
 int32_t i32(int64_t v) { return static_cast<int32_t>(v); }
@@ -315,6 +350,19 @@ source load_source(const std::string& path, data_format format) {
     if (format == data_format::prompt_completion && parsed[i].contains("label"))  // KTO's desirable / undesirable
       why = "a {prompt, completion, label} row is TRL's KTO layout (an unpaired preference): no trainer here reads it, "
             "and SFT would learn the undesirable completions too; keep the rows whose label is true, without the key";
+    // TRL's conversational prompt-completion and preference rows: lists of messages
+    else if ((format == data_format::prompt_completion || format == data_format::prompt_chosen_rejected ||
+              format == data_format::prompt_chosen) &&
+             parsed[i].contains("prompt") && parsed[i]["prompt"].is_array()) {
+      sample s;
+      std::vector<const char*> answers(keys.begin() + 1, keys.end());
+      if (std::string w = read_conversational(parsed[i], answers, s); !w.empty()) {
+        rep.malformed.push_back({ln, w});
+        continue;
+      }
+      src.rows.push_back(std::move(s));
+      continue;
+    }
     for (size_t k = 0; k < keys.size() && why.empty(); ++k) why = get_string(parsed[i], keys[k], vals[k]);
     if (!why.empty()) {
       rep.malformed.push_back({ln, why});

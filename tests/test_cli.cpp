@@ -1176,6 +1176,8 @@ TEST_CASE("flowrun train --step 2 3 from a folder without graphs/: step 3 reads 
   const fs::path rm = fs::canonical(dir) / "runs" / "my_rm";
   CHECK(fs::exists(rm / "flowrun_config.json"));
   CHECK(fs::exists(fs::canonical(dir) / "runs" / "my_ppo.bin"));
+  // the critic beside the policy, as train.py saves OUTPUT_DIR/.../critic (it was not saved at all)
+  CHECK(fs::exists(fs::canonical(dir) / "runs" / "ppo_critic" / "flowrun_config.json"));
   // step 3's reward model was loaded from that very folder, named with its modification time
   CHECK(out.find("--set node.reward_model.model=" + rm.string()) != std::string::npos);
   CHECK(out.find("[reward_model[0]] [info] loading model " + rm.string() + " (modified ") != std::string::npos);

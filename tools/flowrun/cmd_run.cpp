@@ -360,7 +360,7 @@ void add_train(CLI::App& app) {
                   "DS-Chat's --output-dir: the steps write DIR/actor-models/actor, DIR/reward-models/reward_model, "
                   "DIR/step3-models/actor and DIR/step3-models/critic (a .bin file for a llama2.c actor model, else "
                   "folders) and their checkpoints into DIR/checkpoints; default: the graphs' own outputs (out/rlhf), "
-                  "as folders for a model folder");
+                  "as folders for a model folder, and the critic in ppo_critic beside the policy's");
   sub->callback([o, actor_opt, reward_opt] {
     log_to_stderr();
     std::set<int> steps(o->steps.begin(), o->steps.end());
@@ -495,6 +495,14 @@ void add_train(CLI::App& app) {
         for (auto& x : overrides_for(file, dt)) ov.push_back(std::move(x));
       }
       for (auto& x : overrides_for(file, o->overrides)) ov.push_back(std::move(x));
+      // DS-Chat's train.py saves the critic beside the actor (OUTPUT_DIR/.../critic): without --output-dir, into
+      // ppo_critic beside the policy's output, unless the critic's output is given (it was not saved at all)
+      if (o->output_dir.empty() && steps.count(3)) {
+        const std::string critic = planned_path({file, ov}, "critic", "output");
+        const std::string policy = critic.empty() ? planned_path({file, ov}, "policy", "output") : std::string();
+        if (critic.empty() && !policy.empty())
+          ov.push_back("node.critic.output=" + (fs::path(policy).parent_path() / "ppo_critic").string());
+      }
       plan.push_back({file, std::move(ov)});
     };
     if (steps == std::set<int>{1, 2, 3}) {

@@ -218,7 +218,7 @@ TEST_CASE("train-lm --init an HF folder trains on the folder's own tokenizer unl
   int rc = -1;
   auto log = run(std::string(FLOWRUN_BIN) + " train-lm --init " + qwen + " --steps 1 --output " + out.string() + " 2>&1", &rc);
   CHECK(rc == 0);
-  CHECK(has(log, "tokenizer: " + qwen + "'s own (--tokenizer not given)"));
+  CHECK(has(log, "tokenizer: " + qwen + " (the model's own; --tokenizer to use another)"));
   CHECK(std::filesystem::exists(out / "tokenizer.json"));
   CHECK_FALSE(std::filesystem::exists(out / "tokenizer.model"));  // tok512's file, which it wrote before
   std::filesystem::remove_all(out);

@@ -71,15 +71,10 @@ void add_train_lm(CLI::App& app) {
       throw std::invalid_argument("--weight_decay must be finite and >= 0");
     if (!std::isfinite(o->gradient_clipping) || o->gradient_clipping < 0)
       throw std::invalid_argument("--gradient_clipping must be finite and >= 0 (0 = off)");
-    // a model folder that carries its tokenizer (an HF folder) trains on it unless --tokenizer says otherwise: the
-    // default tok512 trained a Qwen2 folder on other ids and wrote tok512 over its tokenizer in --output
-    if (tok_opt->count() == 0 && o->init != "random") {
-      const std::string init = resolve_user_path(o->init, "--init").string();
-      if (std::filesystem::is_directory(init) && folder_has_tokenizer(init)) {
-        o->tokenizer = init;
-        spdlog::info("tokenizer: {}'s own (--tokenizer not given)", init);
-      }
-    }
+    // a model that carries its tokenizer (an HF folder, a llama2.c file with one beside it) trains on it unless
+    // --tokenizer says otherwise, as generate and chat read it (tokenizer_for): the default tok512 trained a Qwen2
+    // folder on other ids and wrote tok512 over its tokenizer in --output
+    if (o->init != "random") o->tokenizer = tokenizer_for({o->init}, o->tokenizer, tok_opt->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     lm_dataset data(resolve_user_path(o->data, "training data").string(), *tok, o->seq_length);
     data.set_seed(static_cast<uint64_t>(o->seed));

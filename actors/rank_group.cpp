@@ -14,6 +14,7 @@
 
 #include "actors/resume_check.h"
 #include "runtime/comm/caf_store.h"
+#include "runtime/graph/parse.h"
 
 namespace flowrun::actors {
 
@@ -119,6 +120,13 @@ void check_same_settings(actor::node_context& ctx, comm::communicator& c, int lo
 
 int process_index() { return env_int("FLOWRUN_PROCESS_INDEX", 0); }
 int process_count() { return env_int("FLOWRUN_NPROC", 1); }
+
+bool console_checkpoints_reach(const actor::node_context& ctx) {
+  if (process_count() > 1) return false;
+  for (std::int64_t r = 0; r < static_cast<std::int64_t>(ctx.replicas()); ++r)
+    if (graph::placement_of(ctx.spec(), r) != graph::main_process_name) return false;
+  return true;
+}
 
 rank_group join_rank_group(actor::node_context& ctx) {
   const auto& s = ctx.spec();

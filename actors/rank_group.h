@@ -50,6 +50,13 @@ void aborting_on_failure(comm::communicator* comm, F&& f) {
 int process_index();
 int process_count();
 
+/// Whether the console's checkpoint requests (node_context::checkpoint_requested) reach every replica of
+/// the node: the run is one process (no flowrun launch) and every replica is placed on main. A request
+/// lives in the process whose console took it: ZeRO ranks split over processes saw it on one side only,
+/// checkpointed there alone and hung the other ranks' next collective; replicas on cluster nodes never
+/// saw it. Nodes that cannot be reached take checkpoints by save_checkpoint_steps only.
+bool console_checkpoints_reach(const actor::node_context& ctx);
+
 /// Join the node's rank group with the settings add_rank_group_settings declares (comm_backend,
 /// rendezvous, store_dir, comm_timeout_s). Every replica calls it in start(). Throws
 /// std::invalid_argument naming the node for inproc across processes or gloo/nccl without a

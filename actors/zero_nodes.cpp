@@ -265,6 +265,11 @@ class zero_rank final : public actor::node {
     out_dir_ = s.get_string("output_dir");
     if (!out_dir_.empty())  // one run writes it (runtime/util/dir_lock.h)
       out_lock_ = dir_lock::acquire(out_dir_, ctx.run_id(), "node '" + ctx.name() + "' output_dir");
+    console_reaches_ = console_checkpoints_reach(ctx);
+    if (!console_reaches_ && rank_ == 0 && !out_dir_.empty())
+      ctx.log().info("the console's checkpoint requests do not reach ranks in other processes (flowrun launch, cluster "
+                     "nodes): checkpoints come every save_checkpoint_steps = {}",
+                     s.get_int("save_checkpoint_steps"));
     if (s.get_bool("resume")) {
       std::string note;  // `latest` missing or naming a folder that is gone: which folder was taken
       if (auto f = resume_folder(out_dir_, &note); !f.empty()) {
@@ -352,7 +357,8 @@ class zero_rank final : public actor::node {
     cursor_ = b.cursor;
     const int64_t every = ctx.spec().get_int("save_checkpoint_steps");
     if (!out_dir_.empty() && every > 0 && (b.step % every == 0 || b.step == total_)) save(ctx, b.step);
-    else if (!out_dir_.empty() && ctx.checkpoint_requested(b.step)) save(ctx, b.step);  // the console's POST /api/checkpoint
+    // the console's POST /api/checkpoint, where it reaches every rank (console_checkpoints_reach)
+    else if (!out_dir_.empty() && console_reaches_ && ctx.checkpoint_requested(b.step)) save(ctx, b.step);
     if (b.step == total_) finish_run(ctx);
   }
 
@@ -552,6 +558,7 @@ class zero_rank final : public actor::node {
   bool ids_checked_ = false;  // the first batch's token ids against the model's vocabulary
   double before_ = 0;
   bool before_restored_ = false;  // before_ came from the checkpoint resumed
+  bool console_reaches_ = true;   // the console's checkpoint requests reach every rank (one process, all on main)
   int64_t before_rows_ = 0;       // the held-out instances before_ was measured over (the checkpoint's; 0: unknown)
   tensor val_ids_, val_targets_;
   clk::time_point t0_;

@@ -376,7 +376,9 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         for (const auto& x : nodes) names += (names.empty() ? "" : ", ") + x;
         return "checkpoint request #" + std::to_string(n) + " sent; " +
                (nodes.empty() ? std::string("no node has asked for checkpoint requests yet (they are honoured by "
-                                            "nodes that poll them, e.g. zero_rank, at their next step)")
+                                            "the nodes of this process that poll them, e.g. zero_rank, at their next "
+                                            "step; replicas on cluster nodes or in flowrun launch's processes "
+                                            "checkpoint by save_checkpoint_steps only)")
                               : "nodes that honour it at their next step: " + names) +
                (live->get_run_phase() == run_phase::paused
                     ? "; the run is paused: that step comes after resume (a stop before it writes no checkpoint)"
@@ -495,10 +497,14 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       no_restart_after_all(result.error, "; the run stops, not restarted (" + why + ")");
     }
     // a console checkpoint request the run ended before (paused, then stopped): said, not silent
-    if (j.live->checkpoint_generation() > j.live->checkpoint_honoured() && !j.live->checkpoint_capable_nodes().empty())
+    if (j.live->checkpoint_generation() > j.live->checkpoint_honoured())
       spdlog::warn("[{}] checkpoint request #{} was not honoured before the run ended ({}): nothing was written for "
-                   "it, the last committed checkpoint stays",
-                   spec.name, j.live->checkpoint_generation(), to_string(result.reason));
+                   "it, the last committed checkpoint stays{}",
+                   spec.name, j.live->checkpoint_generation(), to_string(result.reason),
+                   j.live->checkpoint_capable_nodes().empty()
+                       ? " (no node of this process takes the console's checkpoint requests: replicas on cluster nodes "
+                         "or in flowrun launch's processes checkpoint by save_checkpoint_steps only)"
+                       : "");
     write_signals();
     if (signals_lost > 0)
       spdlog::warn("[{}] {} signal records were not written to the metrics file (more than {} came between two "

@@ -471,4 +471,22 @@ if command -v openssl > /dev/null; then
 else
   echo "  skipped: no openssl command to make a certificate"
 fi
+echo "== 9. a --once daemon whose coordinator dies exits 1 (it exited 0, as after a job that ended: a supervisor saw success)"
+node w20 "$out/secret" --once; p20=$port
+cluster_file "$out/c20.toml" w20 "$p20"
+"$flowrun" run "$graph" "${common[@]}" --cluster "$out/c20.toml" --secret-file "$out/secret" \
+  --set node.generator.on=w20 --set node.stories.max_lines=2000 --set node.generator.max_new_tokens=256 \
+  --set node.sink.path="$out/w20.txt" > "$out/w20run.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 600); do grep -q "\[generator\[0\]\] \[info\] model " "$out/w20.err" && break; sleep 0.05; done
+sleep 0.3
+kill -9 "$run_pid"
+set +e
+wait "$w20_pid"; rc=$?
+set -e
+[[ $rc -eq 1 ]] || { echo "a --once daemon whose coordinator was killed: exit code $rc, not 1"; tail -5 "$out/w20.err"; exit 1; }
+grep -q "flowrun node: --once: its job's part here was aborted" "$out/w20.err" ||
+  { echo "the daemon does not say why it exits 1"; tail -5 "$out/w20.err"; exit 1; }
+echo "  exit 1: $(grep -o "the coordinator's connection dropped" "$out/w20.err" | head -1)"
 echo "cluster_small: OK"

@@ -102,6 +102,7 @@ struct daemon_shared {
   std::condition_variable cv;
   bool busy = false;  // a job is running here
   bool done = false;  // once: the first job ended
+  bool aborted = false;  // a job's part here was aborted (the coordinator's connection dropped, a stop without it)
   std::vector<caf::actor> sessions;
   std::vector<caf::actor> replicas;  // this node's replicas of the running job (for a clean shutdown)
   clk::time_point started = clk::now();
@@ -135,7 +136,11 @@ const char* session_state::name = "flowrun_cluster_session";
 void end_part(caf::stateful_actor<session_state>* self, bool aborted) {
   auto& st = self->state;
   if (!st.part) return;
-  if (aborted) abort_part(*st.part);
+  if (aborted) {
+    abort_part(*st.part);
+    std::lock_guard<std::mutex> lock(st.shared->mutex);
+    st.shared->aborted = true;  // --once: the exit code says so (it exited 0, as after a job that ended)
+  }
   const auto snap = st.part->metrics->snapshot();
   // "ended": the coordinator ended the run, which may have failed elsewhere (another node lost); this node
   // does not know the run's outcome (it said "finished" after a run that failed)
@@ -476,6 +481,12 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   if (int sig = cl::g_daemon_signal.load()) {
     spdlog::warn("flowrun node: signal {}: stopping", sig);
     code = 128 + sig;
+  } else if (options.once) {
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    if (shared->aborted) {
+      spdlog::error("flowrun node: --once: its job's part here was aborted (see above): exit 1");
+      code = 1;
+    }
   }
   // Sessions stop their replicas (stop() runs, the checkpoint hook); wait up
   // to 30 s for the replicas to quit, then leave without waiting on remote

@@ -56,7 +56,8 @@ struct node_daemon_options {
 /// Runs a node daemon until SIGINT/SIGTERM (or, with `once`, the end of its
 /// first job). Prints "flowrun node: listening on HOST:PORT" on standard
 /// output once the gate is published. Returns 0, or 1 after logging why
-/// (the port cannot be bound, the secret is empty).
+/// (the port cannot be bound, the secret is empty; with `once`, its job's
+/// part was aborted: the coordinator's connection dropped).
 int run_node_daemon(const node_daemon_options& options, const graph::node_kind_registry& kinds,
                     const node_factory_registry& factories);
 

@@ -467,6 +467,11 @@ if command -v openssl > /dev/null; then
   set -e
   [[ $rc -eq 2 ]] && grep -qF -e "--tls-key '$out/key_enc.pem' is encrypted" "$out/badtls.log" ||
     { echo "a run without cluster placement and a bad TLS key: exit code $rc"; tail -3 "$out/badtls.log"; exit 1; }
+  # good TLS files on a run that places nothing on a cluster node: they secure nothing there, and the run says so
+  "$flowrun" run "$graph" "${common[@]}" "${tls[@]}" --set node.sink.path="$out/notls.txt" > "$out/notls.log" 2>&1 ||
+    { tail -3 "$out/notls.log"; echo "a run without a cluster placement and good TLS files failed"; exit 1; }
+  grep -q "the graph places nothing on a cluster node, so no connection uses them" "$out/notls.log" ||
+    { echo "TLS files on a run without a cluster were taken silently"; exit 1; }
   echo "  refused at start (node and run): an encrypted key (no passphrase prompt), a key not the certificate's, a CA file without a certificate, a key as the certificate, an expired certificate; the run also without a cluster placement"
 else
   echo "  skipped: no openssl command to make a certificate"

@@ -212,4 +212,12 @@ for st in step_00000200 step_00000400; do
   [ -e "$out/lp/$st/shard_00000-of-00002.msgpack" ] && [ -e "$out/lp/$st/shard_00001-of-00002.msgpack" ] ||
     { ls "$out/lp"; echo "launch: $st is not whole"; exit 1; }
 done
+# a --timeout of 0 is refused (it said no console answers, of one that was there); a short token is warned
+"$flowctl" --timeout 0 status > "$out/t0.txt" 2>&1 && { echo "flowctl --timeout 0 was accepted"; exit 1; }
+grep -q -- "--timeout: must be > 0 seconds, got 0" "$out/t0.txt" || { cat "$out/t0.txt"; echo "flowctl --timeout 0: no reason"; exit 1; }
+"$flowrun" run "$root/graphs/sft.graph" --no-progress -q --console 0 --console-token abc --set graph.checkpoint_dir= \
+  --set node.sft.steps=1 --set node.sft.output="$out/short_token.bin" > /dev/null 2> "$out/short_token.err" ||
+  { tail -3 "$out/short_token.err"; echo "the run with a short token failed"; exit 1; }
+grep -q "the console token is 3 characters: one of 16 or more" "$out/short_token.err" ||
+  { echo "a 3-character console token was not warned"; exit 1; }
 echo "console_flowctl: ok"

@@ -420,7 +420,19 @@ int main(int argc, char** argv) {
   app.add_option("--token", o.token, "The console's token (or $FLOWRUN_CONSOLE_TOKEN)");
   app.add_option("--token-file", o.token_file,
                  "A file holding the token (flowrun --console-token-file; or $FLOWRUN_CONSOLE_TOKEN_FILE)");
-  app.add_option("--timeout", o.timeout_s, "Seconds to wait for an answer")->capture_default_str();
+  app.add_option("--timeout", o.timeout_s, "Seconds to wait for an answer")
+      ->capture_default_str()
+      ->check(CLI::Validator(  // 0 reported "no console answers" of a console that was there
+          [](std::string& v) {
+            double x = 0;
+            try {
+              x = std::stod(v);
+            } catch (const std::exception&) {
+              return std::string("must be a number of seconds, got ") + v;
+            }
+            return std::isfinite(x) && x > 0 ? std::string() : "must be > 0 seconds, got " + v;
+          },
+          "SECONDS > 0"));
 
   auto* status = app.add_subcommand("status", "The run: state, phase, progress, tokens/s, nodes by state, signals");
   auto* top = app.add_subcommand("top", "Nodes and edges with rates and load, refreshed like top");

@@ -216,12 +216,20 @@ int run_graph_file(const run_opts& o_in) {
       if (const char* t = std::getenv("FLOWRUN_CONSOLE_TOKEN")) ro.console.token = t;
     ro.console.token_file = o->console_token_file;
     ro.console.linger_s = o->console_linger;
+    // the token guards pause, stop and checkpoint (and every request off loopback): a short one is guessed
+    if (!ro.console.token.empty() && ro.console.token.size() < 16)
+      spdlog::warn("the console token is {} characters: one of 16 or more (the default is a random one) keeps it "
+                   "from being guessed",
+                   ro.console.token.size());
   }
   // TLS files given are checked even when the graph places nothing on a cluster node (a dry run
   // passed a bad key, which the real one refused)
   if (!(o->tls_cert.empty() && o->tls_key.empty() && o->tls_ca.empty()) &&
       !tls_files_ok(o->tls_cert, o->tls_key, o->tls_ca))
     return 2;
+  if (!actor::needs_cluster(v.spec) && !(o->tls_cert.empty() && o->tls_key.empty() && o->tls_ca.empty()))
+    spdlog::warn("--tls-cert / --tls-key / --tls-ca: the graph places nothing on a cluster node, so no connection "
+                 "uses them (they secure a cluster run's links: docs/scaling.md)");
   if (actor::needs_cluster(v.spec)) {
     auto secret = actor::load_cluster_secret(o->secret_file);
     if (!secret) {

@@ -307,6 +307,7 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
       b.replicas.push_back(rb);
     }
     s.nodes = {a, b};
+    s.tokens = static_cast<std::int64_t>(n * 16);  // metrics_snapshot::tokens(): b's, not a's again
     console::edge_sample e;
     e.name = "a.out -> b.in";
     e.sent = n;

@@ -154,6 +154,7 @@ void console_session::publish(const metrics_snapshot& m, const job_live& live, b
   s.exit_code = exit_code;
   s.error = error;
   s.steps = m.steps();
+  s.tokens = m.tokens();
   const auto phases = live.progress_now();
   // a run that ended (stopped, failed or lost a node before its phases were done) has no ETA left, and a paused
   // one none to give (its rate so far, less the time since the last report, counted down to 0:00 while paused)

@@ -439,8 +439,6 @@ hub::derived hub::derive(const sample& now, const sample& then) const {
   };
   d.nodes.resize(now.nodes.size());
   d.replicas.resize(now.nodes.size());
-  double worked_tps = 0, sourced_tps = 0;
-  bool any_worker = false;
   for (std::size_t i = 0; i < now.nodes.size(); ++i) {
     const auto& a = now.nodes[i];
     const node_sample* b = i < then.nodes.size() ? &then.nodes[i] : nullptr;
@@ -469,16 +467,11 @@ hub::derived hub::derive(const sample& now, const sample& then) const {
       total.idle_ms += r.idle_ms;
       d.replicas[i].push_back(r);
     }
-    const bool source = i < graph_.nodes.size() && graph_.nodes[i].source;
-    (source ? sourced_tps : worked_tps) += total.tokens;
-    if (!source && std::any_of(a.replicas.begin(), a.replicas.end(),
-                               [](const replica_sample& r) { return r.counters.count("tokens") > 0; }))
-      any_worker = true;
     d.nodes[i] = total;
   }
-  // the job's tokens/s as metrics_snapshot::tokens() counts them: the nodes that process tokens, a source's
-  // only where none does (the nodes it feeds count its tokens again)
-  d.tokens_per_s = any_worker ? worked_tps : sourced_tps;
+  // the job's tokens/s: the rate of its tokens as metrics_snapshot::tokens() counts them (the nodes that process
+  // tokens, not a source whose tokens they count again)
+  d.tokens_per_s = rate(static_cast<double>(now.tokens), static_cast<double>(then.tokens));
   d.edges.resize(now.edges.size());
   d.edge_blocked_ms.resize(now.edges.size());
   for (std::size_t e = 0; e < now.edges.size(); ++e) {

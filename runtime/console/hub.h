@@ -191,6 +191,7 @@ struct sample {
   int exit_code = 0;
   std::string error;
   std::int64_t steps = 0;             ///< progress steps (metrics_snapshot::steps)
+  std::int64_t tokens = 0;            ///< the job's tokens (metrics_snapshot::tokens): its tokens/s is their rate
   std::vector<progress_sample> progress;  ///< the phases under way, oldest first
   std::string progress_text;          ///< them as the progress line shows them ("step 1 sft 37/160 ETA 0:41")
   std::int64_t rss_bytes = 0;         ///< the process's resident memory

@@ -210,12 +210,7 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
       // another tokenizer there (a folder of other models' files): then the model alone, said
       std::error_code ec;
       if (!tokenizer.empty() && fs::is_directory(tokenizer, ec) && folder_has_tokenizer(tokenizer)) {
-        std::string other;
-        if (folder_has_tokenizer(parent.string()) && !fs::equivalent(parent, tokenizer, ec)) try {
-            other = tokenizer_difference(*load_tokenizer(parent.string()), *load_tokenizer(tokenizer));
-          } catch (const std::exception& e) {
-            other = e.what();
-          }
+        const std::string other = other_tokenizer_in(parent.string(), tokenizer);
         if (other.empty()) copy_tokenizer_files(tokenizer, parent.string(), /*hf_names=*/false);
         else
           std::fprintf(stderr,

@@ -254,6 +254,16 @@ bool folder_has_tokenizer(const std::string& dir) {
          (std::filesystem::exists(d / "vocab.json") && std::filesystem::exists(d / "merges.txt"));
 }
 
+std::string other_tokenizer_in(const std::string& dir, const std::string& path) {
+  std::error_code ec;
+  if (!folder_has_tokenizer(dir) || std::filesystem::equivalent(dir, path, ec)) return "";
+  try {
+    return tokenizer_difference(*load_tokenizer(dir), *load_tokenizer(path));
+  } catch (const std::exception& e) {
+    return std::string("its files do not load: ") + e.what();
+  }
+}
+
 const std::vector<std::string>& tokenizer_file_names() {
   static const std::vector<std::string> names = {
       "tokenizer.model",     "vocab.json",         "merges.txt",          "special_tokens_map.json",

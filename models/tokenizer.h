@@ -87,6 +87,11 @@ std::string tokenizer_difference(const tokenizer& a, const tokenizer& b);
 /// or vocab.json + merges.txt). Does not read the files.
 bool folder_has_tokenizer(const std::string& dir);
 
+/// Why folder `dir` cannot take the tokenizer at `path` beside a model (a llama2.c file's tokenizer is
+/// the one in its folder): "" when it holds none, or the same one (tokenizer_difference), or is `path`
+/// itself; else the difference, or why its files do not load.
+std::string other_tokenizer_in(const std::string& dir, const std::string& path);
+
 /// Copy the files of the tokenizer at `src` (what load_tokenizer takes: a SentencePiece
 /// .model file, a vocab.json with merges.txt beside it, or a folder) into folder `dst_dir`
 /// (created if needed), so that a saved model carries its tokenizer. From a vocab.json or a

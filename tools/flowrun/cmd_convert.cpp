@@ -175,14 +175,8 @@ void run_convert(const convert_opts& o) {
     // there would read this one's text, and this one's copied over it broke that model (its
     // tokenizer_config.json replaced beside its tokenizer.json), so a folder holding another tokenizer is
     // refused before anything is written
-    if (tok && folder_has_tokenizer(parent.string())) {
-      std::string why;
-      try {
-        why = tokenizer_difference(*load_tokenizer(parent.string()), *tok);
-      } catch (const std::exception& e) {
-        why = std::string("its files do not load: ") + e.what();
-      }
-      if (!why.empty())
+    if (tok) {
+      if (const std::string why = other_tokenizer_in(parent.string(), tok_path.string()); !why.empty())
         throw std::runtime_error("convert: " + parent.string() + " already holds another model's tokenizer (" + why +
                                  " against " + tok_path.string() + "): a llama2.c file's tokenizer is the one in its "
                                  "folder, so write " + dst + " into a folder of its own");

@@ -646,6 +646,18 @@ void add_padding_hint(graph::node_kind& k) {
              "length, so there is nothing to set");
 }
 
+void add_hybrid_engine_hints(graph::node_kind& k) {
+  for (const char* flag : {"enable_hybrid_engine", "inference_tp_size", "tp_gather_partition_size"})
+    k.known_as(flag, "DS-Chat's hybrid engine (its faster generation from the actor's weights) has no switch here: "
+                     "the generator always reads the policy's current weights (the edge policy.weights -> "
+                     "generator.weights; a snapshot at max_staleness >= 1), on one rank, without tensor "
+                     "parallelism (--inference_tp_size has no equivalent)");
+  for (const char* flag : {"release_inference_cache", "unpin_actor_parameters"})
+    k.known_as(flag, "DS-Chat's hybrid-engine memory options have no equivalent here: below ZeRO stage 3 at "
+                     "max_staleness 0 the generator reads the policy's weights without a copy (at stage 3 a gathered "
+                     "one, freed after the batch), and its KV cache lives for one batch");
+}
+
 void warn_scheduler_replaced(const actor::node_context& ctx, const ds_config& c) {
   if (c.scheduler.type.empty()) return;
   std::vector<std::string> written;

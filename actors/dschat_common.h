@@ -125,6 +125,11 @@ void add_dschat_flag_hints(graph::node_kind& k, const std::string& dropout_flag,
 /// each row's score at its last real token by its length (rlhf::pairwise_loss), searching no pad id.
 void add_padding_hint(graph::node_kind& k);
 
+/// DS-Chat's hybrid-engine flags (--enable_hybrid_engine, --inference_tp_size, --tp_gather_partition_size,
+/// --release_inference_cache, --unpin_actor_parameters), for the policy and the generator: the generator
+/// always reads the policy's current weights.
+void add_hybrid_engine_hints(graph::node_kind& k);
+
 /// A DeepSpeed JSON with a scheduler section replaces lr_scheduler_type and num_warmup_steps (DeepSpeed
 /// prefers a configured scheduler): a warning naming the ones written on the node, on rank 0.
 void warn_scheduler_replaced(const actor::node_context& ctx, const ds_config& c);

@@ -376,15 +376,7 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
   // the models trained in the same graph (steps 1-2) read them too: all must read ids alike (another tokenizer on the reward scored every answer 0 without a word, and one
   // on the loader failed in the embedding at the first batch)
   // other tools' names for these settings: the hint an unknown setting of that name gets
-  for (const char* flag : {"enable_hybrid_engine", "inference_tp_size", "tp_gather_partition_size"})
-    k.known_as(flag, "DS-Chat's hybrid engine (its faster generation from the actor's weights) has no switch here: "
-                     "the generator always reads the policy's current weights (the edge policy.weights -> "
-                     "generator.weights; a snapshot at max_staleness >= 1), on one rank, without tensor "
-                     "parallelism (--inference_tp_size has no equivalent)");
-  for (const char* flag : {"release_inference_cache", "unpin_actor_parameters"})
-    k.known_as(flag, "DS-Chat's hybrid-engine memory options have no equivalent here: below ZeRO stage 3 at "
-                     "max_staleness 0 the generator reads the policy's weights without a copy (at stage 3 a gathered "
-                     "one, freed after the batch), and its KV cache lives for one batch");
+  add_hybrid_engine_hints(k);
   for (const char* flag : {"end_of_conversation_token", "add_eot_token"})
     k.known_as(flag, "DS-Chat's end-of-conversation token is the tokenizer's EOS here: generation stops at it");
   k.known_as("n", "veRL's rollout.n is num_generations here")
@@ -1303,11 +1295,7 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
           .known_as("offload_reference_model", "DS-Chat's --offload_reference_model has no setting here: the "
                                                "reference's weights stay where its backend runs (zero_stage = 3 on "
                                                "the reference node shards them)");
-      for (const char* flag : {"enable_hybrid_engine", "inference_tp_size", "tp_gather_partition_size"})
-        k.known_as(flag, "DS-Chat's hybrid engine (its faster generation from the actor's weights) has no switch "
-                         "here: the generator always reads the policy's current weights (the edge policy.weights -> "
-                         "generator.weights; a snapshot at max_staleness >= 1), on one rank, without tensor "
-                         "parallelism (--inference_tp_size has no equivalent)");
+      add_hybrid_engine_hints(k);
       k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
           .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")
           .known_as("clip_ratio_low", "veRL's clip_ratio_low is cliprange here (the floor 1 - cliprange)")

@@ -325,6 +325,18 @@ std::string planned_path(const std::pair<std::string, std::vector<std::string>>&
   return s ? std::get<std::string>(s->value) : std::string();
 }
 
+// Where the run finds input `p` of graph file `file` (p as planned_path leaves it): absolute as it is; else the
+// first that exists of beside the graph file, from the working directory (a --set), under FLOWRUN_ASSETS; else
+// beside the graph file.
+std::string resolve_planned(const std::string& file, const std::string& p) {
+  namespace fs = std::filesystem;
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  const fs::path graph_dir = fs::path(file).parent_path();
+  for (const fs::path& c : {graph_dir / p, fs::path(p), assets_root() / p})
+    if (fs::exists(c)) return c.string();
+  return (graph_dir / p).string();
+}
+
 // The absolute path node `node` of a planned graph will write its `output` to: what a later step of the same
 // `flowrun train` must read.
 std::string planned_output(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node) {
@@ -401,9 +413,6 @@ void add_train(CLI::App& app) {
     // --actor-model / --reward-model are command-line paths: they resolve against the working directory, then
     // FLOWRUN_ASSETS (validate.h, "Path settings"). A step that reads what an earlier step of this command
     // writes is given that step's resolved output, so it reads that very file, wherever either graph points.
-    // DS-Chat's train.py reads every step's text with its model's tokenizer (steps 1 and 3: the actor model's,
-    // step 2: the reward model's): a model with a tokenizer of its own (an HF folder, a llama2.c file convert
-    // wrote beside one) gives it to the nodes that read text (they kept tok512 and were refused)
     namespace fs = std::filesystem;
     // Step 3 without step 1 (2) reads the actor (reward) model step 1 (2) wrote: --actor-model (--reward-model)
     // when given; under --output-dir its model there (DS-Chat's train.py reads OUTPUT_DIR/actor-models and
@@ -428,10 +437,10 @@ void add_train(CLI::App& app) {
         const fs::path a = fs::absolute(o->output_dir) / "actor-models";
         step3_actor = earlier(a / "actor.bin", a / "actor", "--actor-model");
       } else {
-        const std::string p = planned_path({graph_path("ppo.graph"), {}}, "actor_model", "model");
-        const fs::path at = fs::path(p).is_absolute() ? fs::path(p) : fs::path(graph_path("ppo.graph")).parent_path() / p;
-        if (p.size() > 4 && p.substr(p.size() - 4) == ".bin")
-          step3_actor = earlier(at, fs::path(at.string().substr(0, at.string().size() - 4)), "--actor-model");
+        const std::string ppo = graph_path("ppo.graph");
+        const std::string at = resolve_planned(ppo, planned_path({ppo, {}}, "actor_model", "model"));
+        if (at.size() > 4 && at.substr(at.size() - 4) == ".bin")
+          step3_actor = earlier(at, at.substr(0, at.size() - 4), "--actor-model");
       }
     }
     if (steps.count(3) && !steps.count(2)) {
@@ -445,6 +454,9 @@ void add_train(CLI::App& app) {
     const std::string actor_model = steps.count(1) ? o->actor_model : step3_actor;
     const std::string reward_model = steps.count(2) ? o->reward_model : step3_reward;
     const bool reads_actor = !actor_model.empty(), reads_reward = !reward_model.empty();
+    // DS-Chat's train.py reads every step's text with its model's tokenizer (steps 1 and 3: the actor model's,
+    // step 2: the reward model's): a model with a tokenizer of its own (an HF folder, a llama2.c file convert
+    // wrote beside one) gives it to the nodes that read text (they kept tok512 and were refused)
     const std::string actor_tok = reads_actor ? tokenizer_for({actor_model}, "", false) : std::string();
     const std::string reward_tok = reads_reward ? tokenizer_for({reward_model}, "", false) : std::string();
     std::vector<std::string> model_ov;
@@ -454,8 +466,12 @@ void add_train(CLI::App& app) {
     // step 3 reads the actor's and the reward model's text with one tokenizer (train.py's models are of one family):
     // two that differ are refused now, before steps 1-2 train (step 3 refused them after)
     if (steps.count(3) && reads_actor && reads_reward) {
-      const std::string fallback = resolve_user_path("model/stories260K/tok512.model", "tokenizer").string();
-      const std::string a = actor_tok.empty() ? fallback : actor_tok, r = reward_tok.empty() ? fallback : reward_tok;
+      // a model without one is read with its step's graph's tokenizer
+      auto graph_tok = [&](const char* file, const char* node) {
+        return resolve_planned(graph_path(file), planned_path({graph_path(file), {}}, node, "tokenizer"));
+      };
+      const std::string a = actor_tok.empty() ? graph_tok("sft.graph", "sft") : actor_tok;
+      const std::string r = reward_tok.empty() ? graph_tok("rm.graph", "rm") : reward_tok;
       std::string why;
       try {
         if (a != r) why = tokenizer_difference(*load_tokenizer(a), *load_tokenizer(r));
@@ -534,13 +550,8 @@ void add_train(CLI::App& app) {
           if (steps.count(r.step)) continue;
           namespace fs = std::filesystem;
           const std::string p = planned_path(plan.back(), r.node, "model");  // as written: inputs resolve at the run
-          // where the run's rule may find it: absolute, beside the graph file, from the working directory (--set),
-          // under FLOWRUN_ASSETS (lenient: only a model found nowhere is refused here)
-          const fs::path graph_dir = fs::path(plan.back().first).parent_path();
-          const bool found = fs::path(p).is_absolute()
-                                 ? fs::exists(p)
-                                 : fs::exists(graph_dir / p) || fs::exists(p) || fs::exists(assets_root() / p);
-          if (!p.empty() && !found) {
+          // where the run's rule may find it (lenient: only a model found nowhere is refused here)
+          if (!p.empty() && !fs::exists(resolve_planned(plan.back().first, p))) {
             spdlog::error("flowrun train --step {}: step 3 without step {} reads {}'s model from {}, which does not "
                           "exist: give {} (step {}'s output), or add step {} to --step",
                           fmt::join(o->steps, " "), r.step, r.node, p, r.option, r.step, r.step);

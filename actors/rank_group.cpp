@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/resume_check.h"
+#include "runtime/actor/job.h"
 #include "runtime/comm/caf_store.h"
 #include "runtime/graph/parse.h"
 
@@ -118,7 +119,7 @@ void check_same_settings(actor::node_context& ctx, comm::communicator& c, int lo
 
 }  // namespace
 
-int process_index() { return env_int("FLOWRUN_PROCESS_INDEX", 0); }
+int process_index() { return actor::launch_process_index(); }
 int process_count() { return env_int("FLOWRUN_NPROC", 1); }
 
 bool console_checkpoints_reach(const actor::node_context& ctx) {

@@ -462,11 +462,6 @@ class replica_actor_t : public Base {
     }
   }
 
-  // FLOWRUN_PROCESS_INDEX of `flowrun launch --nproc P` (0 otherwise)
-  static int launch_process_index() {
-    const char* pidx = std::getenv("FLOWRUN_PROCESS_INDEX");
-    return pidx ? std::atoi(pidx) : 0;
-  }
 
   spdlog::logger& ctx_log() {
     if (!logger_) {
@@ -2043,6 +2038,11 @@ void interrupt(const job& j, int signal) {
 }
 
 void pause(const job& j) { caf::anon_send(j.coordinator, pause_atom::value); }
+
+int launch_process_index() {
+  const char* pidx = std::getenv("FLOWRUN_PROCESS_INDEX");
+  return pidx ? std::atoi(pidx) : 0;
+}
 
 void resume(const job& j) { caf::anon_send(j.coordinator, resume_atom::value); }
 

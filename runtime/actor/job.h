@@ -148,4 +148,8 @@ void interrupt(const job& j, int signal);
 void pause(const job& j);
 void resume(const job& j);
 
+/// This process's index among the processes of one run: FLOWRUN_PROCESS_INDEX, set by `flowrun launch --nproc P`
+/// (0 .. P-1) or by hand; 0 without it. Process 0 writes what the run writes once (TensorBoard, --metrics).
+int launch_process_index();
+
 }  // namespace flowrun::actor

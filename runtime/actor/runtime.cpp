@@ -202,9 +202,9 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
   std::ofstream metrics_file;
   // the processes of one run (flowrun launch, or started by hand with FLOWRUN_PROCESS_INDEX) share its command
   // line: process 0 writes the metrics file, as it writes TensorBoard's (both wrote it, their lines interleaved)
-  const char* process_index = std::getenv("FLOWRUN_PROCESS_INDEX");
-  if (!options.metrics_path.empty() && process_index && std::atoi(process_index) > 0)
-    spdlog::info("process {}: the metrics file {} is written by process 0", process_index, options.metrics_path);
+  if (!options.metrics_path.empty() && launch_process_index() > 0)
+    spdlog::info("process {}: the metrics file {} is written by process 0", launch_process_index(),
+                 options.metrics_path);
   else if (!options.metrics_path.empty()) {
     // its folder is made, like every output's (`--metrics out/rlhf/metrics.jsonl` before out/rlhf exists)
     const auto parent = std::filesystem::path(options.metrics_path).parent_path();

@@ -171,6 +171,9 @@ rank_group join_rank_group(actor::node_context& ctx) {
   }
   g.comm = comm::make_communicator(co);
   g.rendezvous = co.kv;
+  std::set<std::string> places;
+  for (std::int64_t r = 0; r < static_cast<std::int64_t>(ctx.replicas()); ++r) places.insert(graph::placement_of(s, r));
+  g.abortable = comm::register_abortable(*g.comm, comm::attempt_scope(ctx.run_id(), ctx.attempt()), std::move(places));
   if (co.backend != "inproc") check_same_settings(ctx, *g.comm, g.local_ranks);
   return g;
 }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "runtime/actor/node.h"
+#include "runtime/comm/abort_registry.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/graph/node_kind.h"
 
@@ -27,6 +28,10 @@ struct rank_group {
   /// before `comm`, so the communicator goes first.
   std::shared_ptr<comm::store> rendezvous;
   std::unique_ptr<comm::communicator> comm;
+  /// `comm` in this process's abort registry (comm/abort_registry.h) with the processes its ranks run
+  /// in: a lost cluster node aborts the collectives waiting for its ranks. Declared after `comm`, so
+  /// it unregisters first.
+  comm::abort_registration abortable;
   int rank = 0;        ///< p·R + replica
   int world = 1;       ///< P·R
   int local_ranks = 1; ///< R: the ranks in this process

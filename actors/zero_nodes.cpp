@@ -166,6 +166,7 @@ class zero_rank final : public actor::node {
     rank_ = g.rank;
     rendezvous_ = std::move(g.rendezvous);  // kept while the group lives (rank_group::rendezvous)
     comm_ = std::move(g.comm);
+    abortable_ = std::move(g.abortable);
     // a rank that refuses now (a resume whose settings changed) fails its peers' first collective now
     aborting_on_failure(comm_.get(), [&] { start_rank(ctx, g.local_ranks); });
   }
@@ -546,6 +547,7 @@ class zero_rank final : public actor::node {
   int world_ = 1, rank_ = 0;
   std::shared_ptr<comm::store> rendezvous_;
   std::unique_ptr<comm::communicator> comm_;
+  comm::abort_registration abortable_;  // comm_ in the abort registry (rank_group::abortable): after comm_
   ds_config ds_;
   zero_settings zs_;
   std::unique_ptr<decoder> model_;

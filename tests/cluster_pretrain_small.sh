@@ -5,7 +5,10 @@
 #   1. the per-step losses and the step-40 checkpoint equal the single-process run's (2 in-process ranks);
 #   2. on_node_lost = "restart": w2 (ranks[1]) is killed once step 10 is committed; the run restarts with
 #      ranks[1] on main, both ranks resume from the last committed checkpoint, and the step-40 checkpoint is
-#      again byte-identical to the uninterrupted run's.
+#      again byte-identical to the uninterrupted run's;
+#   3. a frozen node (SIGSTOP of w2) under "restart": the liveness detector loses it, w1's rank group is
+#      aborted (its collective waited for comm_timeout_s before), the restart tells the frozen daemon from a
+#      live one and moves ranks[1] to main, and the step-40 checkpoint is again the uninterrupted run's.
 # Usage: cluster_pretrain_small.sh FLOWRUN SOURCE_DIR WORK_DIR
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -23,6 +26,24 @@ source "$(dirname "$0")/cluster_lib.sh"  # daemons, cluster_file
 start_nodes() {  # PREFIX: daemons w1 and w2 (without --once: a survivor takes the restarted run), a cluster file
   daemons "$1"
   cluster_file "$out/$1cluster.toml" 'on_node_lost = "restart"'
+}
+
+# start_spread NAME CLUSTER_FILE [args...]: the ranks on w1 and w2 in the background (run_pid), logs
+# $out/NAME.log and .err; returns once step 10 or later is committed ($committed), before step 40
+start_spread() {
+  local name=$1 file=$2; shift 2
+  "$flowrun" "$root/graphs/pretrain.graph" "${common[@]}" $(dirs "$name") --cluster "$file" \
+    --secret-file "$out/secret" --set node.ranks.on=w1,w2 --set node.ranks.comm_backend=gloo "$@" \
+    > "$out/$name.log" 2> "$out/$name.err" &
+  run_pid=$!
+  pids+=($run_pid)
+  for _ in $(seq 1 3000); do
+    [[ -f "$out/$name/latest" ]] && [[ "$(cat "$out/$name/latest")" > "step_00000009" ]] && break
+    sleep 0.01
+  done
+  committed=$(cat "$out/$name/latest" 2>/dev/null || echo none)
+  [[ "$committed" > "step_00000009" && "$committed" < "step_00000040" ]] \
+    || { echo "no checkpoint between steps 10 and 35 to stop w2 at (latest: $committed)"; exit 1; }
 }
 
 echo "== one process, 2 ranks (the reference)"
@@ -46,18 +67,7 @@ echo "  $(grep -o "total .*bulk payloads.*" "$out/cluster.err" | head -1)"
 
 echo "== on_node_lost = \"restart\": SIGKILL of w2 (ranks[1]) once step 10 is committed"
 start_nodes b
-"$flowrun" "$root/graphs/pretrain.graph" "${common[@]}" $(dirs restart) --cluster "$out/bcluster.toml" \
-  --secret-file "$out/secret" --set node.ranks.on=w1,w2 --set node.ranks.comm_backend=gloo \
-  > "$out/restart.log" 2> "$out/restart.err" &
-run_pid=$!
-pids+=($run_pid)
-for _ in $(seq 1 3000); do
-  [[ -f "$out/restart/latest" ]] && [[ "$(cat "$out/restart/latest")" > "step_00000009" ]] && break
-  sleep 0.01
-done
-committed=$(cat "$out/restart/latest" 2>/dev/null || echo none)
-[[ "$committed" > "step_00000009" && "$committed" < "step_00000040" ]] \
-  || { echo "no checkpoint between steps 10 and 35 to kill at (latest: $committed)"; exit 1; }
+start_spread restart "$out/bcluster.toml"
 kill -9 "$w2_pid"
 set +e
 wait "$run_pid"
@@ -78,4 +88,32 @@ diff "$out/single.after" <(tail -n "$(wc -l < "$out/single.after")" "$out/restar
   || { echo "the losses after the resume differ"; exit 1; }
 echo "  killed with $committed committed; the second attempt resumed after step $resumed, ranks[1] on main;" \
      "the last $(wc -l < "$out/single.after") losses and the step-40 checkpoint equal the uninterrupted run's"
+echo "== a frozen node (SIGSTOP of w2, ranks[1]) under on_node_lost = \"restart\""
+# w2 keeps its sockets open. Before, ranks[0] on w1 waited in its collective for comm_timeout_s (120 s
+# here), and the restart judged w2 back because it accepted a TCP connection, so attempt 2 waited
+# connect_timeout_ms for its handshake and spent a second restart.
+start_nodes c
+cluster_file "$out/ccluster.toml" 'on_node_lost = "restart"' 'lost_after_ms = 2000' 'connect_timeout_ms = 3000'
+start_spread frozen "$out/ccluster.toml" --set node.ranks.comm_timeout_s=120
+kill -STOP "$w2_pid"
+t0=$(date +%s%N)
+for _ in $(seq 1 6000); do grep -q "restarting the run" "$out/frozen.err" && break; sleep 0.01; done
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+kill -CONT "$w2_pid"
+[[ $rc -eq 0 ]] || { echo "the restarted run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/frozen.err" | tail; exit 1; }
+grep -q "cluster node 'w2' was lost: aborted the collectives of 1 rank group(s) here that span it" "$out/cw1.err" \
+  || { echo "w1 did not abort its rank group:"; tail -20 "$out/cw1.err"; exit 1; }
+grep -q "cluster node 'w2' (127.0.0.1:[0-9]*) accepts connections but its daemon does not answer" "$out/frozen.err" \
+  || { echo "the frozen w2 was not told from a live one:"; grep -i "restart\|answer" "$out/frozen.err"; exit 1; }
+grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): ranks moves from w2 to main" \
+  "$out/frozen.err" || { echo "no restart line moving ranks to main:"; grep -i restart "$out/frozen.err"; exit 1; }
+! grep -q "attempt 3" "$out/frozen.err" || { echo "a second restart:"; grep -i restart "$out/frozen.err"; exit 1; }
+(( ms < 30000 )) || { echo "the restart came $ms ms after the SIGSTOP (comm_timeout_s = 120)"; exit 1; }
+diff -r "$out/single/step_00000040" "$out/frozen/step_00000040" || { echo "the restarted run's step-40 checkpoint differs"; exit 1; }
+echo "  frozen with $committed committed; restarted ${ms} ms later with ranks[1] on main (comm_timeout_s = 120);" \
+     "the step-40 checkpoint equals the uninterrupted run's"
 echo "cluster_pretrain_small: OK"

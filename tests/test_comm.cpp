@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/comm/abort_registry.h"
 #include "runtime/comm/caf_store.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
@@ -1052,6 +1053,74 @@ TEST_CASE("test_comm: gloo: 2 and 3 processes rendezvous over the CAF store") {
     CHECK(std::filesystem::is_empty(dir));  // nothing went through the folder
     CHECK(host->size() == 0);               // every rank erased its addresses
     std::filesystem::remove_all(dir);
+  }
+}
+
+TEST_CASE("test_comm: gloo: abort wakes a collective waiting for a silent peer, and the peer fails at once") {
+  // A cluster node stopped without closing its sockets (SIGSTOP, a partition): rank 1 joins the group
+  // and then calls nothing. Rank 0 waits in each kind of call; another thread aborts it through the
+  // abort registry (as the coordinator does when the liveness detector declares the node lost). The
+  // wait ends at once naming the reason, not at the 60 s timeout; rank 1's next call fails at once too
+  // (its connection to rank 0 was closed), and so does rank 0's next call.
+  using clock = std::chrono::steady_clock;
+  const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "recv", "barrier"};
+  for (const auto& op : ops) {
+    CAPTURE(op);
+    const std::string dir = temp_dir("gloo_abort_" + op);
+    std::unique_ptr<communicator> c[2];
+    std::vector<std::thread> joiners;
+    for (int r = 0; r < 2; ++r)
+      joiners.emplace_back([&, r] {
+        gloo_options o;
+        o.rank = r;
+        o.world_size = 2;
+        o.store_dir = dir;
+        o.timeout = 60s;
+        c[r] = gloo_communicator(o);
+      });
+    for (auto& t : joiners) t.join();
+    REQUIRE(c[0]);
+    REQUIRE(c[1]);
+    auto entry = register_abortable(*c[0], attempt_scope("run", 0), {"main", "w2"});
+    std::string error;
+    const auto t0 = clock::now();
+    std::thread waiter([&] {
+      try {
+        auto x = tensor::from_floats({4}, {1, 2, 3, 4});
+        auto all = tensor::zeros({8});
+        auto half = tensor::zeros({2});
+        if (op == "all_reduce") c[0]->all_reduce(x);
+        else if (op == "all_gather") c[0]->all_gather(x, all);
+        else if (op == "reduce_scatter") c[0]->reduce_scatter(x, half);
+        else if (op == "broadcast") c[0]->broadcast(x, 1);
+        else if (op == "recv") c[0]->recv(x, 1);
+        else c[0]->barrier();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+    std::this_thread::sleep_for(300ms);
+    CHECK(abort_spanning(attempt_scope("run", 0), "w1", "not this group") == 0);  // the group does not span w1
+    CHECK(abort_spanning(attempt_scope("run", 1), "w2", "another attempt") == 0);
+    CHECK(abort_spanning(attempt_scope("run", 0), "w2", "cluster node 'w2' was lost") == 1);
+    waiter.join();
+    CHECK(clock::now() - t0 < 10s);
+    CHECK_MESSAGE(error.find(op + " (rank 0 of 2, gloo)") != std::string::npos, error);
+    CHECK_MESSAGE(error.find("aborted: cluster node 'w2' was lost") != std::string::npos, error);
+    // the silent peer's next call fails at once, as does every later call of the aborted rank
+    const auto t1 = clock::now();
+    CHECK_THROWS_AS(c[1]->barrier(), std::runtime_error);
+    CHECK(clock::now() - t1 < 10s);
+    CHECK_THROWS_WITH_AS(c[0]->barrier(), doctest::Contains("aborted: cluster node 'w2' was lost"), std::runtime_error);
+    std::filesystem::remove_all(dir);
+  }
+  // an entry that went away is not aborted
+  {
+    auto in = make_communicator(comm_options{});
+    { auto entry = register_abortable(*in, "scope", {"w3"}); }
+    CHECK(abort_spanning("scope", "w3", "gone") == 0);
+    auto entry = register_abortable(*in, "scope", {"w3"});
+    CHECK(abort_scope("scope", "the part stops") == 1);
   }
 }
 

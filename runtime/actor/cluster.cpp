@@ -48,6 +48,7 @@
 #include "runtime/actor/payload_codec.h"
 #include "runtime/actor/socket_numbers.h"
 #include "runtime/actor/tls_error_queue.h"
+#include "runtime/comm/abort_registry.h"
 #include "runtime/comm/caf_scheduler.h"
 #include "runtime/comm/caf_store_actor.h"
 #include "runtime/comm/communicator.h"
@@ -70,6 +71,9 @@ using abort_atom = caf::atom_constant<caf::atom("fr_abort")>;
 using lost_atom = caf::atom_constant<caf::atom("fr_lost")>;
 /// The coordinator asks a session to join the bulk plane (a gloo group over the run's processes).
 using comm_atom = caf::atom_constant<caf::atom("fr_comm")>;
+/// peer_lost(place, why), main to every node still in the run: cluster node `place` was lost; abort
+/// this process's collectives that wait for its ranks (comm/abort_registry.h).
+using peer_lost_atom = caf::atom_constant<caf::atom("fr_plost")>;
 
 using clk = std::chrono::steady_clock;
 
@@ -126,6 +130,7 @@ struct session_state {
   bool active = false;
   std::uint32_t self_index = 0;
   std::string self_name;
+  std::string scope;  // comm::attempt_scope of the job: its rank groups' entries in the abort registry
   cross_process_counts at_start;
   std::uint64_t beats = 0;  // counter polls answered (CAF); liveness is the responder's
   std::unique_ptr<liveness_responder> liveness;  // answers main's pings on a UDP socket and thread of its own
@@ -137,6 +142,9 @@ void end_part(caf::stateful_actor<session_state>* self, bool aborted) {
   auto& st = self->state;
   if (!st.part) return;
   if (aborted) {
+    // replicas that wait in a collective would handle their stop only at comm_timeout_s
+    if (int n = comm::abort_scope(st.scope, "node '" + st.self_name + "' stops its part of the run"))
+      spdlog::warn("[{}] aborted the collectives of {} rank group(s) here", st.self_name, n);
     abort_part(*st.part);
     std::lock_guard<std::mutex> lock(st.shared->mutex);
     st.shared->aborted = true;  // --once: the exit code says so (it exited 0, as after a job that ended)
@@ -250,6 +258,7 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         if (!part) return refuse(part.error());
         st.self_index = self_index;
         st.self_name = processes[self_index];
+        st.scope = comm::attempt_scope(run_id, attempt);
         // Liveness on a thread and UDP socket of its own (liveness.h): its verdict comes back as a message.
         try {
           caf::actor_addr me = self->address();
@@ -310,6 +319,15 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         spdlog::error("[{}] {}: stopping this node's replicas (their stop() runs)", st.self_name, why);
         end_part(self, true);
         self->quit();
+      },
+      [=](peer_lost_atom, const std::string& place, const std::string& why) {
+        // another cluster node was lost: its ranks will never answer the collectives of this node's
+        // replicas, which hold their threads (and would see their stop only at comm_timeout_s)
+        auto& st = self->state;
+        if (!trusted() || !st.active) return;
+        if (int n = comm::abort_spanning(st.scope, place, why))
+          spdlog::warn("[{}] cluster node '{}' was lost: aborted the collectives of {} rank group(s) here that span it",
+                       st.self_name, place, n);
       },
       [=](abort_atom) {  // the daemon is shutting down (SIGINT/SIGTERM)
         if (self->state.active)
@@ -571,8 +589,46 @@ struct beat_table {
   std::vector<std::vector<char>> counters;  // the latest replica counters each sent (encode_replica_counters)
   std::vector<bool> counters_new;           // not yet applied to main's metrics
   bool closing = false;  // cluster_run::end() began: a session that now quits normally is closed, not lost
+  std::string scope;     // comm::attempt_scope of the run: its rank groups' entries in the abort registry
   clk::time_point t0 = clk::now();
 };
+
+// Connects to the daemon's gate at host:port (caf_openssl's manager when `tls`). Not the blocking
+// remote_actor: it waits for the connect and the BASP handshake without a time limit, and a port that
+// accepts but never speaks (not a flowrun node, or a frozen one) would hang the run. The same connect
+// request to the middleman, with a timeout; *timed_out says whether it ran out.
+expected<caf::actor> connect_gate(caf::actor_system& sys, caf::scoped_actor& self, const std::string& host, int port,
+                                  bool tls, std::chrono::milliseconds timeout, bool* timed_out) {
+  const caf::io::middleman_actor mm =
+      tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
+  std::string failure;
+  caf::strong_actor_ptr ptr;
+  *timed_out = false;
+  self->request(mm, timeout, caf::connect_atom::value, host, static_cast<std::uint16_t>(port))
+      .receive([&](caf::node_id&, caf::strong_actor_ptr& x, std::set<std::string>&) { ptr = std::move(x); },
+               [&](caf::error& e) {
+                 *timed_out = e == caf::sec::request_timeout;
+                 failure = sys.render(e);
+               });
+  if (!failure.empty()) return error_text{failure};
+  if (!ptr) return error_text{"no actor published at port " + std::to_string(port)};
+  return caf::actor_cast<caf::actor>(std::move(ptr));
+}
+
+// The first step of the handshake: the daemon's nonce and proof for `client_nonce`; "" or the error.
+std::string hello(caf::actor_system& sys, caf::scoped_actor& self, const caf::actor& gate,
+                  const std::string& client_nonce, std::chrono::milliseconds timeout, std::string* daemon_nonce,
+                  std::string* daemon_proof) {
+  std::string failure;
+  self->request(gate, timeout, hello_atom::value, client_nonce)
+      .receive(
+          [&](std::string& n, std::string& proof) {
+            *daemon_nonce = std::move(n);
+            *daemon_proof = std::move(proof);
+          },
+          [&](caf::error& e) { failure = sys.render(e); });
+  return failure;
+}
 
 // The coordinator's link: a blocking actor on a std::thread of its own
 // (link_loop), not a detached CAF actor. It polls the nodes' replica counters
@@ -616,6 +672,16 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
       table->lost_why[i] = why;
     }
     spdlog::error("cluster node '{}' ({}) lost: {}", table->names[i], table->addresses[i], why);
+    // The ranks that wait in a collective for the lost node's ranks, here and on the other nodes, fail
+    // now: a node that stopped without closing its sockets (SIGSTOP, a partition) held them until
+    // comm_timeout_s before the run could stop or restart (docs/scaling.md).
+    const std::string abort_why = "cluster node '" + table->names[i] + "' was lost (" + why + ")";
+    if (int n = comm::abort_spanning(table->scope, table->names[i], abort_why))
+      spdlog::warn("aborted the collectives of {} rank group(s) on main that span '{}'", n, table->names[i]);
+    for (std::size_t j = 0; j < sessions.size(); ++j) {
+      std::lock_guard<std::mutex> lock(table->mutex);
+      if (j != i && !table->lost[j]) self->send(sessions[j], peer_lost_atom::value, table->names[i], abort_why);
+    }
     self->send(coordinator, node_lost_atom::value, process[i], why);
   };
   auto tick = [&] {
@@ -828,6 +894,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       }
   }
   p->table = std::make_shared<cl::beat_table>();
+  p->table->scope = comm::attempt_scope(options.run_id, options.attempt);
   // A thread of its own: heartbeats must not wait for a worker thread that a training step holds.
   {
     std::promise<caf::actor> ready;
@@ -845,23 +912,10 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     const auto* cn = spec.cluster.find(pl.processes[i]);
     const std::string address = cn->host + ":" + std::to_string(cn->port);
     const std::string who = "cluster node '" + cn->name + "' (" + address + ")";
-    // Not the blocking remote_actor: it waits for the connect and the BASP
-    // handshake without a time limit, and a port that accepts but never speaks
-    // (not a flowrun node) would hang the run. The same connect request to the
-    // middleman (or caf_openssl's manager), with a timeout.
-    expected<caf::actor> gate = error_text{"not connected"};
     bool timed_out = false;
+    expected<caf::actor> gate = cl::connect_gate(sys, self, cn->host, cn->port, !options.cluster.tls_cert.empty(),
+                                                 timeout, &timed_out);
     {
-      const caf::io::middleman_actor mm = options.cluster.tls_cert.empty() ? sys.middleman().actor_handle()
-                                                                            : sys.openssl_manager().actor_handle();
-      std::string failure;
-      caf::strong_actor_ptr ptr;
-      self->request(mm, timeout, caf::connect_atom::value, cn->host, static_cast<std::uint16_t>(cn->port))
-          .receive([&](caf::node_id&, caf::strong_actor_ptr& x, std::set<std::string>&) { ptr = std::move(x); },
-                   [&](caf::error& e) {
-                     timed_out = e == caf::sec::request_timeout;
-                     failure = sys.render(e);
-                   });
       if (timed_out) {
         p->abandon();
         blame(cn->name);
@@ -870,9 +924,6 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
                           "` running there? (something accepts connections on that port but does not speak "
                           "flowrun's protocol; [cluster] connect_timeout_ms sets the limit)"};
       }
-      if (!failure.empty()) gate = error_text{failure};
-      else if (!ptr) gate = error_text{"no actor published at port " + std::to_string(cn->port)};
-      else gate = caf::actor_cast<caf::actor>(std::move(ptr));
     }
     if (!gate) {
       p->abandon();
@@ -886,14 +937,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
                                            "its CA trusts? A daemon without TLS refuses this run's TLS)"))};
     }
     const std::string client_nonce = random_nonce();
-    std::string daemon_nonce, daemon_proof, failure;
-    self->request(*gate, timeout, cl::hello_atom::value, client_nonce)
-        .receive(
-            [&](std::string& n, std::string& proof) {
-              daemon_nonce = std::move(n);
-              daemon_proof = std::move(proof);
-            },
-            [&](caf::error& e) { failure = sys.render(e); });
+    std::string daemon_nonce, daemon_proof;
+    std::string failure = cl::hello(sys, self, *gate, client_nonce, timeout, &daemon_nonce, &daemon_proof);
     if (!failure.empty() || !is_nonce(daemon_nonce)) {
       p->abandon();
       blame(cn->name);
@@ -1274,6 +1319,16 @@ std::string cluster_run::end() {
   if (p.kv) caf::anon_send_exit(p.kv, caf::exit_reason::user_shutdown);
   p.kv = nullptr;
   return report;
+}
+
+bool daemon_answers(caf::actor_system& sys, const std::string& host, int port, bool tls,
+                    std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{sys};
+  bool timed_out = false;
+  auto gate = cl::connect_gate(sys, self, host, port, tls, timeout, &timed_out);
+  if (!gate) return false;
+  std::string nonce, proof;
+  return cl::hello(sys, self, *gate, random_nonce(), timeout, &nonce, &proof).empty() && is_nonce(nonce);
 }
 
 }  // namespace flowrun::actor

@@ -2,6 +2,7 @@
 // For run_graph (runtime.cpp) and tests; node code never includes it.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -12,6 +13,13 @@
 #include "runtime/actor/job.h"
 
 namespace flowrun::actor {
+
+/// Whether a flowrun node daemon answers at host:port within `timeout`: the connection, CAF's handshake
+/// and the first step of the cluster handshake (hello: the daemon's nonce). A TCP connect alone is not
+/// enough: a frozen daemon (SIGSTOP) still accepts connections, and the next attempt of a restarted run
+/// would wait connect_timeout_ms for it and spend a restart. `tls`: through caf_openssl's manager.
+bool daemon_answers(caf::actor_system& sys, const std::string& host, int port, bool tls,
+                    std::chrono::milliseconds timeout);
 
 /// A job spread over the cluster nodes of spec.cluster. Needs an actor
 /// system with the middleman loaded.

@@ -556,10 +556,19 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
           answers = port_answers(cn.host, cn.port, std::min<std::int64_t>(1000, attempt_spec.cluster.connect_timeout_ms));
         }
       }
-      if (answers) {
+      // a lost node that accepts connections may still be frozen (SIGSTOP, a hung daemon): it must answer
+      // the cluster handshake's first step, or the next attempt waits connect_timeout_ms for it in vain
+      const bool frozen = was_lost && answers &&
+                          !daemon_answers(sys, cn.host, cn.port, !options.cluster.tls_cert.empty(),
+                                          std::chrono::milliseconds(attempt_spec.cluster.connect_timeout_ms));
+      if (answers && !frozen) {
         if (was_lost) moved += (moved.empty() ? "" : "; ") + name + " answers again: its actors stay there";
         continue;
       }
+      if (frozen)
+        spdlog::warn("[{}] cluster node '{}' ({}:{}) accepts connections but its daemon does not answer within {} ms "
+                     "(connect_timeout_ms): it counts as gone",
+                     spec.name, name, cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms);
       const std::string m = move_to_main(name);
       if (!m.empty()) moved += (moved.empty() ? "" : "; ") + m;
     }

@@ -43,8 +43,8 @@
 //   barrier         0
 //   send            B                     B = x bytes (recv counts 0)
 // in exact integer arithmetic (B / N rounds down). With N = 1 everything is 0.
-// What a backend really sends may differ (gloo's broadcast is a binomial
-// tree; gloo reduces bf16/f16 as f32, twice the bytes): the counters are for
+// What a backend really sends may differ (gloo's broadcast goes from the
+// root to each rank; gloo reduces bf16/f16 as f32, twice the bytes): the counters are for
 // comparing runs and planning, by one formula.
 //
 // Errors: bad arguments (undefined tensor, dtype mismatch, wrong element
@@ -169,8 +169,10 @@ class communicator {
 
   /// This rank fails and will call no more collectives (`why`: its error): the ranks waiting in a
   /// collective for it should fail now rather than at the timeout. inproc marks the group broken,
-  /// which wakes every waiting rank with "the inproc group is broken: WHY"; gloo and nccl do nothing
-  /// (their peers, in other processes, time out). Thread-safe; never throws.
+  /// which wakes every waiting rank with "the inproc group is broken: WHY"; gloo fails its TCP
+  /// connections, so that a call waiting in this process (another thread: abort_registry.h) throws
+  /// "aborted: WHY" at once and the peers' calls fail as the connections close; nccl does nothing
+  /// (its peers time out). Thread-safe; never throws.
   virtual void abort(const std::string& why) noexcept { (void)why; }
 
   /// Counters since construction or the last reset_stats().
@@ -268,11 +270,12 @@ struct gloo_options {
 
 /// A gloo communicator over TCP (libgloo-dev). Connects to all peers in the
 /// constructor (waits up to options.timeout for every rank to rendezvous).
-/// all_gather, all_reduce, broadcast and barrier are gloo's own algorithms
-/// (ring all-gather, ring all-reduce, binomial-tree broadcast); bf16/f16
-/// all_reduce converts to f32, reduces, and rounds back once.
-/// reduce_scatter is a ring over gloo's unbound buffers (N-1 steps; each
-/// rank sends (N-1)/N of the data, accumulating in f32 for bf16/f16).
+/// Every call is ours over gloo's unbound buffers (gloo_comm.cpp), so that
+/// abort() can wake it from another thread: reduce_scatter and all_gather are
+/// rings (N-1 steps; each rank sends (N-1)/N of the data, reduce_scatter
+/// accumulating in f32 for bf16/f16); all_reduce is the two rings over the
+/// tensor padded to N chunks (bf16/f16 in f32, rounded back once); broadcast
+/// sends from the root to each rank; barrier is a one-byte all_gather.
 /// Throws std::invalid_argument for bad options, std::runtime_error when the
 /// rendezvous fails, and std::runtime_error ("flowrun was built without
 /// gloo: ...") when this build has no gloo.

@@ -2,26 +2,39 @@
 // rendezvous through gloo's FileStore on a shared directory, or through any
 // flowrun store (gloo_options::kv, e.g. the CAF store) via store_adapter.
 //
-// all_gather, all_reduce, broadcast and barrier call gloo's collectives
-// (options API: gloo/allgather.h, allreduce.h, broadcast.h, barrier.h).
-// gloo's ring all-reduce reduces each segment along the ring in a fixed
-// order and then all-gathers the owner's result, so every rank ends with the
-// same bytes. bf16/f16 are all-reduced as f32 and rounded back once.
+// gloo gives the transport (TCP pairs, unbound buffers) and the rendezvous;
+// the collectives are rings over unbound buffers this file owns, so that
+// abort() can wake a collective waiting in another thread: gloo's own
+// collectives (gloo/allgather.h, ...) keep their buffers to themselves and
+// wait out their timeout. Rings (Patarasuk & Yuan, JPDC 2009):
 //
-// reduce_scatter: gloo's ReduceScatterHalvingDoubling has a different
-// interface (in place, counts per rank, halving-doubling traffic), so this is
-// a ring over unbound buffers: in step s (0 <= s < N-1) rank r sends its
-// partial sum of chunk (r-s-1) mod N to rank r+1 and receives the partial of
-// chunk (r-s-2) mod N from rank r-1, adding its own contribution; after
-// N-1 steps it holds chunk r summed over all ranks. Each rank sends exactly
-// (N-1) chunks: the ring volume. Partials travel in f32 for bf16/f16.
+// reduce_scatter: in step s (0 <= s < N-1) rank r sends its partial sum of
+// chunk (r-s-1) mod N to rank r+1 and receives the partial of chunk
+// (r-s-2) mod N from rank r-1, adding its own contribution; after N-1 steps
+// it holds chunk r summed over all ranks. Each rank sends exactly (N-1)
+// chunks: the ring volume. Partials travel in f32 for bf16/f16.
+//
+// all_gather: in step s rank r sends chunk (r-s) mod N to rank r+1 and
+// receives chunk (r-s-1) mod N from rank r-1.
+//
+// all_reduce: the reduce-scatter ring over the tensor in its wire type,
+// zero-padded to N equal chunks, then the all-gather ring: chunk c is summed
+// in one fixed order (along the ring, ending at rank c) and every rank ends
+// with the same bytes. bf16/f16 are reduced as f32 and rounded back once.
+//
+// broadcast: the root sends x to every other rank. barrier: an all_gather of
+// one byte per rank (a rank's byte travels only once it has entered).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <map>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,10 +43,6 @@
 #include "runtime/comm/reduce_kernels.h"
 
 #ifdef FLOWRUN_HAVE_GLOO
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -52,6 +61,9 @@ namespace {
 // Slot prefix of flowrun's own ring reduce-scatter; gloo's collectives use
 // 0x01..0x08 (gloo/types.h).
 constexpr uint8_t kReduceScatterSlotPrefix = 0x46;
+// The all-gather ring (all_gather, all_reduce's second half, barrier) and broadcast.
+constexpr uint8_t kAllGatherSlotPrefix = 0x49;
+constexpr uint8_t kBroadcastSlotPrefix = 0x4a;
 // Slot prefix of point-to-point send/recv; the tag counts the messages of one (src, dst) pair.
 constexpr uint8_t kP2PSlotPrefix = 0x47;
 // send_tagged / recv_tagged: the caller's tag is the slot.
@@ -99,6 +111,7 @@ class gloo_comm final : public communicator {
  public:
   explicit gloo_comm(const gloo_options& o) : rank_(o.rank), world_(o.world_size), timeout_(o.timeout) {
     if (world_ > 1) connect(o);
+    connected_ = world_ > 1;
   }
 
   int rank() const override { return rank_; }
@@ -106,68 +119,70 @@ class gloo_comm final : public communicator {
   std::string backend() const override { return "gloo"; }
   device tensor_device() const override { return device::cpu(); }
 
+  /// Wakes every wait of this rank's calls in flight (another thread's: they throw "aborted: WHY"),
+  /// makes every later call throw, and closes the group's connections, so the peers' calls fail
+  /// too ("Connection reset by peer") instead of waiting out their timeout. Before the group has
+  /// connected it does nothing (the rendezvous waits out its timeout). The tagged calls (the bulk
+  /// plane's) are not counted in flight: abort a bulk plane by closing it.
+  void abort(const std::string& why) noexcept override {
+    try {
+      {
+        std::lock_guard<std::mutex> lock(abort_mutex_);
+        if (!aborted_.empty() || !connected_.load()) return;
+        aborted_ = why.empty() ? std::string("(no reason given)") : why;
+        for (auto* b : in_flight_) {
+          b->abortWaitRecv();
+          b->abortWaitSend();
+        }
+      }
+      ctx_->closeConnections();
+    } catch (...) {  // never throws: the peers time out as before
+    }
+  }
+
  protected:
   void do_all_gather(const tensor& send, tensor& recv) override {
     guarded("all_gather", [&] {
-      gloo::AllgatherOptions opts(ctx_);
-      auto* out = static_cast<uint8_t*>(recv.raw());
+      auto* out = static_cast<char*>(recv.raw());
       const size_t nb = send.nbytes();
-      if (send.raw() != out + static_cast<size_t>(rank_) * nb)
-        opts.setInput<uint8_t>(const_cast<uint8_t*>(static_cast<const uint8_t*>(send.raw())), nb);
-      opts.setOutput<uint8_t>(out, recv.nbytes());
-      opts.setTag(next_tag());
-      opts.setTimeout(timeout_);
-      gloo::allgather(opts);
+      if (send.raw() != out + static_cast<size_t>(rank_) * nb) std::memcpy(out + static_cast<size_t>(rank_) * nb, send.raw(), nb);
+      ring_all_gather(out, nb);
     });
   }
 
   void do_reduce_scatter(const tensor& send, tensor& recv) override {
-    guarded("reduce_scatter", [&] { ring_reduce_scatter(send, recv); });
+    guarded("reduce_scatter", [&] {
+      ring_reduce_scatter(send.raw(), send.type(), recv.numel(), recv.raw(), reduce_op::sum);
+    });
   }
 
   void do_all_reduce(tensor& x, reduce_op op) override {
     guarded("all_reduce", [&] {
+      // the wire-type tensor, zero-padded to N chunks of `chunk` elements
       const dtype t = x.type(), w = detail::wire_type(t);
-      const int64_t n = x.numel();
-      void* buf = x.raw();
-      std::vector<float> wide;
-      if (w != t) {
-        wide.resize(static_cast<size_t>(n));
-        detail::to_wire(t, x.raw(), wide.data(), n);
-        buf = wide.data();
-      }
-      gloo::AllreduceOptions opts(ctx_);
-      switch (w) {
-        case dtype::f32:
-          opts.setOutput(static_cast<float*>(buf), static_cast<size_t>(n));
-          break;
-        case dtype::i32:
-          opts.setOutput(static_cast<int32_t*>(buf), static_cast<size_t>(n));
-          break;
-        case dtype::i64:
-          opts.setOutput(static_cast<int64_t*>(buf), static_cast<size_t>(n));
-          break;
-        default:
-          throw std::logic_error("gloo all_reduce: unexpected wire dtype");
-      }
-      opts.setReduceFunction(
-          [w, op](void* c, const void* a, const void* b, size_t k) { detail::combine(w, op, c, a, b, k); });
-      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      opts.setTag(next_tag());
-      opts.setTimeout(timeout_);
-      gloo::allreduce(opts);
-      if (w != t) detail::from_wire(t, wide.data(), x.raw(), n);
+      const int64_t n = x.numel(), chunk = (n + world_ - 1) / world_;
+      const size_t ws = dtype_size(w);
+      std::vector<unsigned char> wide(static_cast<size_t>(chunk * world_) * ws, 0);
+      detail::to_wire(t, x.raw(), wide.data(), n);
+      unsigned char* mine = wide.data() + static_cast<size_t>(rank_ * chunk) * ws;
+      ring_reduce_scatter(wide.data(), w, chunk, mine, op);  // mine aliases its own chunk: read before written
+      ring_all_gather(wide.data(), static_cast<size_t>(chunk) * ws);
+      detail::from_wire(t, wide.data(), x.raw(), n);
     });
   }
 
   void do_broadcast(tensor& x, int root) override {
     guarded("broadcast", [&] {
-      gloo::BroadcastOptions opts(ctx_);
-      opts.setOutput(static_cast<uint8_t*>(x.raw()), x.nbytes());
-      opts.setRoot(root);
-      opts.setTag(next_tag());
-      opts.setTimeout(timeout_);
-      gloo::broadcast(opts);
+      auto buf = ctx_->createUnboundBuffer(x.raw(), x.nbytes());
+      const auto slot = gloo::Slot::build(kBroadcastSlotPrefix, next_tag());
+      if (rank_ != root) {
+        buf->recv(root, slot, 0, x.nbytes());
+        wait(*buf, true, "waiting for the root, rank " + std::to_string(root));
+        return;
+      }
+      for (int p = 0; p < world_; ++p)
+        if (p != root) buf->send(p, slot, 0, x.nbytes());
+      for (int p = 0; p < world_ - 1; ++p) wait(*buf, false, "sending to the other ranks");
     });
   }
 
@@ -179,7 +194,7 @@ class gloo_comm final : public communicator {
     guarded("send", [&] {
       auto buf = ctx_->createUnboundBuffer(const_cast<void*>(x.raw()), x.nbytes());
       buf->send(peer, gloo::Slot::build(kP2PSlotPrefix, sent_to_[peer]++), 0, x.nbytes());
-      if (!buf->waitSend(timeout_)) throw std::runtime_error("sending to rank " + std::to_string(peer) + " was aborted");
+      wait(*buf, false, "sending to rank " + std::to_string(peer));
     });
   }
 
@@ -187,8 +202,7 @@ class gloo_comm final : public communicator {
     guarded("recv", [&] {
       auto buf = ctx_->createUnboundBuffer(x.raw(), x.nbytes());
       buf->recv(peer, gloo::Slot::build(kP2PSlotPrefix, received_from_[peer]++), 0, x.nbytes());
-      if (!buf->waitRecv(timeout_))
-        throw std::runtime_error("receiving from rank " + std::to_string(peer) + " was aborted");
+      wait(*buf, true, "receiving from rank " + std::to_string(peer));
     });
   }
 
@@ -287,14 +301,48 @@ class gloo_comm final : public communicator {
   uint32_t next_tag() { return ++tag_; }
 
   void gloo_barrier() {
-    gloo::BarrierOptions opts(ctx_);
-    opts.setTag(next_tag());
-    opts.setTimeout(timeout_);
-    gloo::barrier(opts);
+    std::vector<char> bytes(static_cast<size_t>(world_), 1);
+    ring_all_gather(bytes.data(), 1);
+  }
+
+  // Waits for one receive (recv) or send completion of `buf`, which abort() can wake from another
+  // thread; throws std::runtime_error naming `what` when it was aborted or failed.
+  void wait(gloo::transport::UnboundBuffer& buf, bool recv, const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (!aborted_.empty()) throw std::runtime_error("aborted: " + aborted_);
+      in_flight_.insert(&buf);
+    }
+    bool done = false;
+    std::exception_ptr failed;
+    try {
+      done = recv ? buf.waitRecv(timeout_) : buf.waitSend(timeout_);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    std::string aborted;
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      in_flight_.erase(&buf);
+      aborted = aborted_;
+    }
+    if (!aborted.empty()) throw std::runtime_error(what + ": aborted: " + aborted);
+    if (failed) {
+      try {
+        std::rethrow_exception(failed);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(what + ": " + e.what());
+      }
+    }
+    if (!done) throw std::runtime_error(what + ": aborted");
   }
 
   template <class F>
   void guarded(const char* op, F&& f) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (broken_.empty() && !aborted_.empty()) broken_ = "aborted: " + aborted_;
+    }
     if (!broken_.empty())
       throw std::runtime_error(where(op) + ": the gloo group is broken by an earlier error: " + broken_);
     try {
@@ -305,14 +353,16 @@ class gloo_comm final : public communicator {
     }
   }
 
-  void ring_reduce_scatter(const tensor& send, tensor& recv) {
+  // The reduce-scatter ring (top of the file): `send` holds N chunks of n elements of dtype t; `out`
+  // (n elements of t) gets chunk rank() reduced with `op` over the ranks. `out` may be send's chunk
+  // rank() (all_reduce's case): that chunk is read only in the last step, where it is written.
+  void ring_reduce_scatter(const void* send, dtype t, int64_t n, void* out, reduce_op op) {
     const int N = world_, r = rank_;
-    const dtype t = send.type(), w = detail::wire_type(t);
-    const int64_t n = recv.numel();
+    const dtype w = detail::wire_type(t);
     const size_t es = dtype_size(t), cb = static_cast<size_t>(n) * dtype_size(w);
     const int right = (r + 1) % N, left = (r + N - 1) % N;
     auto mod = [N](int c) { return ((c % N) + N) % N; };
-    auto own = [&](int c) { return static_cast<const char*>(send.raw()) + static_cast<size_t>(c) * n * es; };
+    auto own = [&](int c) { return static_cast<const char*>(send) + static_cast<size_t>(c) * n * es; };
 
     std::unique_ptr<unsigned char[]> mem(new unsigned char[3 * cb]);
     unsigned char* acc[2] = {mem.get(), mem.get() + cb};
@@ -327,19 +377,29 @@ class gloo_comm final : public communicator {
       const int cur = s & 1;
       in_buf->recv(left, slot, 0, cb);
       acc_buf[cur]->send(right, slot, 0, cb);
-      try {
-        if (!in_buf->waitRecv(timeout_)) throw std::runtime_error("aborted");
-      } catch (const std::exception& e) {
-        throw std::runtime_error("step " + std::to_string(s) + " of the ring: waiting for rank " +
-                                 std::to_string(left) + ": " + e.what());
-      }
+      wait(*in_buf, true, "step " + std::to_string(s) + " of the ring: waiting for rank " + std::to_string(left));
       const int c = mod(r - s - 2);  // the chunk just received; c == r in the last step
       if (s < N - 2)
-        detail::accumulate(t, reduce_op::sum, in, own(c), acc[1 - cur], n, false);
+        detail::accumulate(t, op, in, own(c), acc[1 - cur], n, false);
       else
-        detail::accumulate(t, reduce_op::sum, in, own(c), recv.raw(), n, true);
-      if (!acc_buf[cur]->waitSend(timeout_))
-        throw std::runtime_error("sending to rank " + std::to_string(right) + " was aborted");
+        detail::accumulate(t, op, in, own(c), out, n, true);
+      wait(*acc_buf[cur], false, "step " + std::to_string(s) + " of the ring: sending to rank " + std::to_string(right));
+    }
+  }
+
+  // The all-gather ring (top of the file) in place: `data` holds N chunks of `nb` bytes, this rank's
+  // at rank() * nb; afterwards every chunk is its rank's.
+  void ring_all_gather(void* data, size_t nb) {
+    const int N = world_, r = rank_;
+    const int right = (r + 1) % N, left = (r + N - 1) % N;
+    auto mod = [N](int c) { return ((c % N) + N) % N; };
+    auto buf = ctx_->createUnboundBuffer(data, nb * static_cast<size_t>(N));
+    const auto slot = gloo::Slot::build(kAllGatherSlotPrefix, next_tag());
+    for (int s = 0; s < N - 1; ++s) {
+      buf->recv(left, slot, static_cast<size_t>(mod(r - s - 1)) * nb, nb);
+      buf->send(right, slot, static_cast<size_t>(mod(r - s)) * nb, nb);
+      wait(*buf, true, "step " + std::to_string(s) + " of the all-gather ring: waiting for rank " + std::to_string(left));
+      wait(*buf, false, "step " + std::to_string(s) + " of the all-gather ring: sending to rank " + std::to_string(right));
     }
   }
 
@@ -349,6 +409,12 @@ class gloo_comm final : public communicator {
   uint32_t tag_ = 0;
   std::map<int, uint32_t> sent_to_, received_from_;  // point-to-point message counts per peer
   std::string broken_;
+  // abort() from any thread: connected_ once ctx_ is set for good; aborted_ the first abort's reason;
+  // in_flight_ the buffers whose completion a call of this rank waits for (wait())
+  std::atomic<bool> connected_{false};
+  std::mutex abort_mutex_;
+  std::string aborted_;
+  std::set<gloo::transport::UnboundBuffer*> in_flight_;
 };
 
 }  // namespace

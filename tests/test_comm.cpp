@@ -246,15 +246,18 @@ std::vector<std::string> run_suite(communicator& c) {
 
   // A bigger f32 all_reduce and reduce_scatter (several gloo segments).
   {
-    const int64_t n = 100003;
-    std::vector<tensor> inputs;
-    for (int r = 0; r < N; ++r) inputs.push_back(make_input(dtype::f32, 999, r, n));
-    auto x = inputs[R].clone();
-    c.all_reduce(x);
-    ++calls;
-    expect("all_reduce", x.nbytes());
-    same(tag("big all_reduce", dtype::f32, n), x, reference(dtype::f32, reduce_op::sum, inputs, 0, n));
-    hashes.push_back(fnv1a(x.raw(), x.nbytes()));
+    // 100003: several chunks; 1000003: chunks over 1 MiB, which gloo's all_reduce moves in 1 MiB
+    // segments, four in flight (2 or 3 per chunk)
+    for (const int64_t n : {int64_t{100003}, int64_t{1000003}}) {
+      std::vector<tensor> inputs;
+      for (int r = 0; r < N; ++r) inputs.push_back(make_input(dtype::f32, 999, r, n));
+      auto x = inputs[R].clone();
+      c.all_reduce(x);
+      ++calls;
+      expect("all_reduce", x.nbytes());
+      same(tag("big all_reduce", dtype::f32, n), x, reference(dtype::f32, reduce_op::sum, inputs, 0, n));
+      hashes.push_back(fnv1a(x.raw(), x.nbytes()));
+    }
     const int64_t m = 20001;
     std::vector<tensor> rs;
     for (int r = 0; r < N; ++r) rs.push_back(make_input(dtype::bf16, 998, r, N * m));

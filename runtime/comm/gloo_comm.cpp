@@ -64,6 +64,10 @@ constexpr uint8_t kReduceScatterSlotPrefix = 0x46;
 // The all-gather ring (all_gather, all_reduce's second half, barrier) and broadcast.
 constexpr uint8_t kAllGatherSlotPrefix = 0x49;
 constexpr uint8_t kBroadcastSlotPrefix = 0x4a;
+// all_reduce's reduce-scatter ring moves each chunk in segments of this many bytes (a multiple of
+// every wire type's size), at most kSegmentsAhead of them in flight, reducing one while the next arrive.
+constexpr size_t kSegmentBytes = size_t{1} << 20;
+constexpr size_t kSegmentsAhead = 4;
 // Slot prefix of point-to-point send/recv; the tag counts the messages of one (src, dst) pair.
 constexpr uint8_t kP2PSlotPrefix = 0x47;
 // send_tagged / recv_tagged: the caller's tag is the slot.
@@ -158,15 +162,12 @@ class gloo_comm final : public communicator {
 
   void do_all_reduce(tensor& x, reduce_op op) override {
     guarded("all_reduce", [&] {
-      // the wire-type tensor, zero-padded to N chunks of `chunk` elements
       const dtype t = x.type(), w = detail::wire_type(t);
-      const int64_t n = x.numel(), chunk = (n + world_ - 1) / world_;
-      const size_t ws = dtype_size(w);
-      std::vector<unsigned char> wide(static_cast<size_t>(chunk * world_) * ws, 0);
+      const int64_t n = x.numel();
+      if (w == t) return ring_all_reduce(x.raw(), w, n, op);
+      std::vector<float> wide(static_cast<size_t>(n));  // bf16/f16: reduced in f32, rounded back once
       detail::to_wire(t, x.raw(), wide.data(), n);
-      unsigned char* mine = wide.data() + static_cast<size_t>(rank_ * chunk) * ws;
-      ring_reduce_scatter(wide.data(), w, chunk, mine, op);  // mine aliases its own chunk: read before written
-      ring_all_gather(wide.data(), static_cast<size_t>(chunk) * ws);
+      ring_all_reduce(wide.data(), w, n, op);
       detail::from_wire(t, wide.data(), x.raw(), n);
     });
   }
@@ -387,20 +388,69 @@ class gloo_comm final : public communicator {
     }
   }
 
-  // The all-gather ring (top of the file) in place: `data` holds N chunks of `nb` bytes, this rank's
-  // at rank() * nb; afterwards every chunk is its rank's.
-  void ring_all_gather(void* data, size_t nb) {
+  // The all-gather ring (top of the file) in place over `buf` (the whole data): chunk c is the bytes
+  // [at(c), at(c + 1)); this rank's is filled, afterwards every chunk is its rank's.
+  template <class At>
+  void ring_all_gather(gloo::transport::UnboundBuffer& buf, At at) {
     const int N = world_, r = rank_;
     const int right = (r + 1) % N, left = (r + N - 1) % N;
     auto mod = [N](int c) { return ((c % N) + N) % N; };
-    auto buf = ctx_->createUnboundBuffer(data, nb * static_cast<size_t>(N));
     const auto slot = gloo::Slot::build(kAllGatherSlotPrefix, next_tag());
     for (int s = 0; s < N - 1; ++s) {
-      buf->recv(left, slot, static_cast<size_t>(mod(r - s - 1)) * nb, nb);
-      buf->send(right, slot, static_cast<size_t>(mod(r - s)) * nb, nb);
-      wait(*buf, true, "step " + std::to_string(s) + " of the all-gather ring: waiting for rank " + std::to_string(left));
-      wait(*buf, false, "step " + std::to_string(s) + " of the all-gather ring: sending to rank " + std::to_string(right));
+      const int in = mod(r - s - 1), out = mod(r - s);
+      buf.recv(left, slot, at(in), at(in + 1) - at(in));
+      buf.send(right, slot, at(out), at(out + 1) - at(out));
+      wait(buf, true, "step " + std::to_string(s) + " of the all-gather ring: waiting for rank " + std::to_string(left));
+      wait(buf, false, "step " + std::to_string(s) + " of the all-gather ring: sending to rank " + std::to_string(right));
     }
+  }
+
+  // The same over N chunks of `nb` bytes, this rank's at rank() * nb.
+  void ring_all_gather(void* data, size_t nb) {
+    auto buf = ctx_->createUnboundBuffer(data, nb * static_cast<size_t>(world_));
+    ring_all_gather(*buf, [nb](int c) { return static_cast<size_t>(c) * nb; });
+  }
+
+  // all_reduce (top of the file) in place on n elements of the wire type w: chunk c is the elements
+  // [c·n/N + min(c, n mod N), ...), the first n mod N chunks one longer. The reduce-scatter ring
+  // accumulates each received partial into x's own chunk (partial op own, as ring_reduce_scatter), so
+  // rank r ends with chunk r reduced; the all-gather ring then sends the reduced chunks around.
+  void ring_all_reduce(void* x, dtype w, int64_t n, reduce_op op) {
+    const int N = world_, r = rank_;
+    const int right = (r + 1) % N, left = (r + N - 1) % N;
+    auto mod = [N](int c) { return ((c % N) + N) % N; };
+    const size_t es = dtype_size(w);
+    const int64_t base = n / N, extra = n % N;
+    auto at = [&](int c) { return static_cast<size_t>(c * base + std::min<int64_t>(c, extra)) * es; };
+    auto* bytes = static_cast<unsigned char*>(x);
+    auto buf = ctx_->createUnboundBuffer(x, static_cast<size_t>(n) * es);
+    // Each chunk travels in segments of kSegmentBytes, received into kSegmentsAhead slots of scratch_:
+    // a segment is reduced while the next ones arrive, and the receive into its slot is posted again
+    // only then (sends and receives of one slot between two ranks match in order).
+    if (scratch_.empty()) scratch_.resize(kSegmentsAhead * kSegmentBytes);
+    auto in_buf = ctx_->createUnboundBuffer(scratch_.data(), scratch_.size());
+    auto seg_len = [](size_t total, size_t k) { return std::min(kSegmentBytes, total - std::min(total, k * kSegmentBytes)); };
+    auto segments = [](size_t total) { return std::max<size_t>(1, (total + kSegmentBytes - 1) / kSegmentBytes); };
+    const auto slot = gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
+    for (int s = 0; s < N - 1; ++s) {
+      const int out = mod(r - s - 1), c = mod(r - s - 2);  // send partial of chunk out, receive chunk c's
+      const size_t cb = at(c + 1) - at(c), ob = at(out + 1) - at(out), K = segments(cb), KO = segments(ob);
+      auto post_recv = [&](size_t k) {
+        in_buf->recv(left, slot, (k % kSegmentsAhead) * kSegmentBytes, seg_len(cb, k));
+      };
+      for (size_t k = 0; k < std::min(K, kSegmentsAhead); ++k) post_recv(k);
+      for (size_t k = 0; k < KO; ++k) buf->send(right, slot, at(out) + k * kSegmentBytes, seg_len(ob, k));
+      for (size_t k = 0; k < K; ++k) {
+        wait(*in_buf, true, "step " + std::to_string(s) + " of the ring: waiting for rank " + std::to_string(left));
+        unsigned char* own = bytes + at(c) + k * kSegmentBytes;
+        const unsigned char* partial = scratch_.data() + (k % kSegmentsAhead) * kSegmentBytes;
+        detail::combine(w, op, own, partial, own, seg_len(cb, k) / es);  // partial op own
+        if (k + kSegmentsAhead < K) post_recv(k + kSegmentsAhead);
+      }
+      for (size_t k = 0; k < KO; ++k)
+        wait(*buf, false, "step " + std::to_string(s) + " of the ring: sending to rank " + std::to_string(right));
+    }
+    ring_all_gather(*buf, at);
   }
 
   int rank_, world_;
@@ -415,6 +465,7 @@ class gloo_comm final : public communicator {
   std::mutex abort_mutex_;
   std::string aborted_;
   std::set<gloo::transport::UnboundBuffer*> in_flight_;
+  std::vector<unsigned char> scratch_;  // all_reduce's receive slots (ring_all_reduce)
 };
 
 }  // namespace

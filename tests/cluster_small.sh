@@ -3,6 +3,8 @@
 #   1. graphs/examples/generate.graph spread over 3 processes (main + 2 node daemons) writes the same
 #      completions as the single-process run;
 #   1e. a port that accepts connections but never speaks fails within connect_timeout_ms (no hang);
+#   1f. a daemon started after the run is waited for (connect_timeout_ms); no daemon at all, and a host name
+#      that does not resolve, are refused naming the address's file and line;
 #   2. a node daemon with another secret is refused, with an error on both sides; 2b. a busy --listen port and an
 #      unwritable --port-file stop a daemon at start with the reason;
 #   1d. a graph placed by resources (on = "any", resources = { cpus = N }) writes the same as one process, and
@@ -264,6 +266,38 @@ kill "$silent_pid" 2>/dev/null || true
 grep -q "cluster node 'w1' (127.0.0.1:$ps_): no flowrun node answered within 1500 ms: is \`flowrun node --listen 127.0.0.1:$ps_\` running there?" "$out/silent.log" \
   || { echo "no clear error for a silent port:"; cat "$out/silent.log"; exit 1; }
 echo "  refused after ${ms} ms: $(grep -o "cluster node 'w1'.*running there?" "$out/silent.log" | head -1)"
+
+echo "== 1f. a daemon that starts after the run: the run waits for it (within connect_timeout_ms); no daemon, an unknown host"
+late=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+{ echo "[cluster]"; echo "connect_timeout_ms = 8000"; echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$late\""; } > "$out/late.toml"
+timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/late.toml" --secret-file "$out/secret" \
+  --set node.generator.on=w1 --set node.sink.path="$out/late.txt" > "$out/late.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 200); do grep -q "nothing listens there yet" "$out/late.log" && break; sleep 0.05; done
+grep -q "cluster node 'w1' (127.0.0.1:$late): nothing listens there yet; trying again until connect_timeout_ms = 8000 has passed" \
+  "$out/late.log" || { echo "the run did not say it waits for the late daemon:"; cat "$out/late.log"; exit 1; }
+"$flowrun" node --listen "127.0.0.1:$late" --secret-file "$out/secret" --once --threads 2 > "$out/late_node.out" 2>&1 &
+pids+=($!)
+wait "$run_pid" || { echo "the run with a late daemon failed:"; tail -20 "$out/late.log"; exit 1; }
+cmp "$out/single.txt" "$out/late.txt" || { echo "the late daemon's run wrote other completions"; exit 1; }
+echo "  waited for the daemon started after it, then wrote the same completions"
+free=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+{ echo "[cluster]"; echo "connect_timeout_ms = 1000"; echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$free\""; } > "$out/nobody.toml"
+{ echo "[cluster]"; echo "[cluster.nodes.w1]"; echo "address = \"no-such-host.invalid:7001\""; } > "$out/unknown.toml"
+for how in nobody unknown; do
+  set +e
+  timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/$how.toml" --secret-file "$out/secret" \
+    --set node.generator.on=w1 --set node.sink.path="$out/$how.txt" > "$out/$how.log" 2>&1
+  rc=$?
+  set -e
+  [[ $rc -eq 1 ]] || { echo "the $how run exited $rc, not 1:"; tail "$out/$how.log"; exit 1; }
+done
+grep -q "cannot reach cluster node 'w1' (127.0.0.1:$free): nothing listens on port $free (connections refused for connect_timeout_ms = 1000 ms): start \`flowrun node --listen 127.0.0.1:$free --secret-file FILE\` there first, or fix the address (address at $out/nobody.toml:4)" \
+  "$out/nobody.log" || { echo "no clear error when no daemon listens:"; tail "$out/nobody.log"; exit 1; }
+grep -q "cluster node 'w1': its host 'no-such-host.invalid' does not resolve (address at $out/unknown.toml:3): fix the address" \
+  "$out/unknown.log" || { echo "no clear error for an unknown host:"; tail "$out/unknown.log"; exit 1; }
+echo "  $(grep -o "cluster node 'w1': its host.*" "$out/unknown.log" | head -1)"
 
 echo "== 2. a node with another secret is refused"
 node w3 "$out/wrong"

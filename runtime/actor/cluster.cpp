@@ -615,6 +615,11 @@ expected<caf::actor> connect_gate(caf::actor_system& sys, caf::scoped_actor& sel
   return caf::actor_cast<caf::actor>(std::move(ptr));
 }
 
+// What a failed connect_gate said (CAF 0.17's cannot_connect_to_node context, rendered): the port
+// refused the connection, or the host name does not resolve.
+bool refused(const std::string& e) { return e.find("ip_connect failed") != std::string::npos; }
+bool no_such_host(const std::string& e) { return e.find("no such host") != std::string::npos; }
+
 // The first step of the handshake: the daemon's nonce and proof for `client_nonce`; "" or the error.
 std::string hello(caf::actor_system& sys, caf::scoped_actor& self, const caf::actor& gate,
                   const std::string& client_nonce, std::chrono::milliseconds timeout, std::string* daemon_nonce,
@@ -912,9 +917,40 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     const auto* cn = spec.cluster.find(pl.processes[i]);
     const std::string address = cn->host + ":" + std::to_string(cn->port);
     const std::string who = "cluster node '" + cn->name + "' (" + address + ")";
-    bool timed_out = false;
-    expected<caf::actor> gate = cl::connect_gate(sys, self, cn->host, cn->port, !options.cluster.tls_cert.empty(),
-                                                 timeout, &timed_out);
+    // A daemon started at the same time as the run (a script, a scheduler) may not listen yet: the
+    // first attempt tries again while the port refuses, until connect_timeout_ms has passed.
+    const auto deadline = cl::clk::now() + timeout;
+    const std::string where = cn->address_pos.known() ? " (address at " + cn->address_pos.file + ":" +
+                                                            std::to_string(cn->address_pos.line) + ")"
+                                                      : std::string();
+    bool timed_out = false, waited = false;
+    expected<caf::actor> gate = error_text{"not connected"};
+    for (;;) {
+      const auto left = std::max(milliseconds(1), duration_cast<milliseconds>(deadline - cl::clk::now()));
+      gate = cl::connect_gate(sys, self, cn->host, cn->port, !options.cluster.tls_cert.empty(), left, &timed_out);
+      if (gate || timed_out || options.attempt > 0 || !cl::refused(gate.error()) || cl::clk::now() >= deadline) break;
+      if (!waited)
+        spdlog::info("{}: nothing listens there yet; trying again until connect_timeout_ms = {} has passed", who,
+                     timeout.count());
+      waited = true;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    if (!gate && cl::no_such_host(gate.error())) {
+      p->abandon();
+      blame(cn->name);
+      return error_text{"cluster node '" + cn->name + "': its host '" + cn->host + "' does not resolve" + where +
+                        ": fix the address (HOST:PORT of `flowrun node --listen`)"};
+    }
+    if (!gate && cl::refused(gate.error())) {
+      p->abandon();
+      blame(cn->name);
+      return error_text{"cannot reach " + who + ": nothing listens on port " + std::to_string(cn->port) +
+                        (waited ? " (connections refused for connect_timeout_ms = " + std::to_string(timeout.count()) +
+                                      " ms)"
+                                : std::string(" (connection refused)")) +
+                        ": start `flowrun node --listen " + address + " --secret-file FILE` there first, or fix the address" +
+                        where};
+    }
     {
       if (timed_out) {
         p->abandon();

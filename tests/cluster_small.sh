@@ -108,6 +108,12 @@ lines=$(wc -l < "$out/single.txt")  # 8 completions (a completion may span lines
 [[ $lines -ge 8 ]] || { echo "the single-process run wrote $lines lines, fewer than its 8 completions"; exit 1; }
 cmp "$out/single.txt" "$out/cluster.txt" || { echo "the cluster run's completions differ"; diff "$out/single.txt" "$out/cluster.txt" | head; exit 1; }
 echo "  identical: 8 completions ($lines lines)"
+# main's summary counts every edge, also those whose producer ran on a node (it counted 0 for them)
+for e in "stories.lines -> tokenizer.text" "tokenizer.tokens -> generator.prompts" "generator.completions -> sink.items"; do
+  grep -q "edge $e: sent 8 (.*) in flight 0 " "$out/cluster.log" \
+    || { echo "main's summary does not count the 8 messages of $e:"; grep "edge " "$out/cluster.log"; exit 1; }
+done
+echo "  main's summary: $(grep -o "edge tokenizer.tokens -> generator.prompts: sent [^(]*" "$out/cluster.log" | head -1)(the tokenizer on w1)"
 grep -h "authenticated\|cross-process traffic" "$out/cluster.log" | sed 's/^.*\] //' | sed 's/^/  /'
 grep -q "job 'generate': 1 replicas here" "$out/w1.err" || { echo "w1 ran no replica:"; cat "$out/w1.err"; exit 1; }
 grep -q "job 'generate': 1 replicas here" "$out/w2.err" || { echo "w2 ran no replica:"; cat "$out/w2.err"; exit 1; }

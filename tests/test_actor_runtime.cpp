@@ -1244,9 +1244,15 @@ TEST_CASE("cluster auth: the daemon's handshake gate accepts a right proof once 
 TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors them") {
   using namespace flowrun::actor;
   job_metrics node_side, main_side;
+  link_counters* node_links[2] = {nullptr, nullptr};
+  link_counters* main_links[2] = {nullptr, nullptr};
   for (auto* m : {&node_side, &main_side}) {
     m->add_node("gen", 2, false);
     m->add_node("sink", 1, false, true);
+    const auto e = m->add_edge("gen.out -> sink.in", 1, 8);
+    auto** links = m == &node_side ? node_links : main_links;
+    links[0] = &m->add_link(e, 0, 0, 0);  // from gen[0], on main
+    links[1] = &m->add_link(e, 0, 1, 0);  // from gen[1], on the node; the sink is on main
   }
   auto& c = node_side.replica(0, 1);
   c.msgs_in = 7;
@@ -1270,6 +1276,43 @@ TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors t
   CHECK(gen->per_replica.at(0).msgs_in == 0);
   CHECK(snap.node("sink")->msgs_in == 0);
   CHECK(snap.tokens() == 1500);
+  CHECK(snap.edges.at(0).sent == 0);  // nothing was sent yet
+  // the links: the producer's side of the node's link reaches main (its summary counted 0 for it);
+  // the consumer's side stays main's own count, and main's own link is main's
+  node_links[1]->sent = 5;
+  node_links[1]->bytes = 500;
+  node_links[1]->acked = 3;
+  node_links[1]->blocked_ns = 2000000000;
+  node_links[1]->max_in_flight = 2;
+  node_links[1]->handled = 77;  // the node does not run the sink: not sent
+  node_links[0]->sent = 99;     // nor gen[0]'s link
+  main_links[0]->sent = 4;
+  main_links[1]->handled = 3;
+  REQUIRE(apply_replica_counters(main_side, encode_replica_counters(node_side, {{0, 1}})));
+  snap = main_side.snapshot();
+  CHECK(snap.edges.at(0).sent == 4 + 5);
+  CHECK(snap.edges.at(0).bytes == 500);
+  CHECK(snap.edges.at(0).acked == 3);
+  CHECK(snap.edges.at(0).handled == 3);
+  CHECK(snap.edges.at(0).in_flight == 4 + 2);
+  CHECK(snap.edges.at(0).max_in_flight == 2);
+  CHECK(snap.edges.at(0).blocked_s == doctest::Approx(2.0));
+  // a node that runs the consumer sends its handled count
+  job_metrics sink_node;
+  sink_node.add_node("gen", 2, false);
+  sink_node.add_node("sink", 1, false, true);
+  const auto se = sink_node.add_edge("gen.out -> sink.in", 1, 8);
+  sink_node.add_link(se, 0, 0, 0).handled = 4;
+  sink_node.add_link(se, 0, 1, 0).handled = 5;
+  job_metrics main2;
+  main2.add_node("gen", 2, false);
+  main2.add_node("sink", 1, false, true);
+  const auto me = main2.add_edge("gen.out -> sink.in", 1, 8);
+  main2.add_link(me, 0, 0, 0).sent = 4;
+  main2.add_link(me, 0, 1, 0).sent = 6;
+  REQUIRE(apply_replica_counters(main2, encode_replica_counters(sink_node, {{1, 0}})));
+  CHECK(main2.snapshot().edges.at(0).handled == 9);
+  CHECK(main2.snapshot().edges.at(0).sent == 10);
   // absolute values: a later report replaces, not adds
   c.add("tokens", 500);
   REQUIRE(apply_replica_counters(main_side, encode_replica_counters(node_side, {{0, 1}})));

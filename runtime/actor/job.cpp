@@ -1876,7 +1876,7 @@ expected<std::shared_ptr<job_plan>> make_plan(const graph::graph_spec& spec, con
         auto& ins = plan->in_links[ep.to_node][c];
         l.out_index = static_cast<std::uint32_t>(outs.size());
         l.in_index = static_cast<std::uint32_t>(ins.size());
-        l.counters = &plan->metrics->add_link(ep.metrics_edge);
+        l.counters = &plan->metrics->add_link(ep.metrics_edge, ep.from_node, p, c);
         const auto id = static_cast<std::uint32_t>(plan->links.size());
         outs.push_back(id);
         ins.push_back(id);

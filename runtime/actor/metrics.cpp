@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -106,9 +107,16 @@ std::size_t job_metrics::add_edge(std::string name, std::size_t to_node, std::in
   return edges_.size() - 1;
 }
 
-link_counters& job_metrics::add_link(std::size_t edge) {
-  edges_.at(edge).links.push_back(std::make_unique<link_counters>());
-  return *edges_[edge].links.back();
+link_counters& job_metrics::add_link(std::size_t edge, std::uint32_t from_node, std::uint32_t from_replica,
+                                     std::uint32_t to_replica) {
+  auto& e = edges_.at(edge);
+  e.links.push_back(std::make_unique<link_counters>());
+  auto& l = *e.links.back();
+  l.from_node = from_node;
+  l.from_replica = from_replica;
+  l.to_node = static_cast<std::uint32_t>(e.to_node);
+  l.to_replica = to_replica;
+  return l;
 }
 
 replica_counters& job_metrics::replica(std::size_t node, std::size_t replica) {
@@ -320,6 +328,26 @@ std::vector<char> encode_replica_counters(job_metrics& m,
       byte_io::put<std::int64_t>(out, value);
     }
   }
+  // the links: (edge, link, which sides) and the counters of those sides
+  const std::set<std::pair<std::uint32_t, std::uint32_t>> local(ids.begin(), ids.end());
+  std::vector<char> links;
+  std::uint32_t nlinks = 0;
+  for (std::uint32_t e = 0; e < m.edges_.size(); ++e)
+    for (std::uint32_t k = 0; k < m.edges_[e].links.size(); ++k) {
+      const link_counters& l = *m.edges_[e].links[k];
+      const bool from = local.count({l.from_node, l.from_replica}) > 0, to = local.count({l.to_node, l.to_replica}) > 0;
+      if (!from && !to) continue;
+      ++nlinks;
+      byte_io::put<std::uint32_t>(links, e);
+      byte_io::put<std::uint32_t>(links, k);
+      byte_io::put<std::uint8_t>(links, static_cast<std::uint8_t>((from ? 1 : 0) | (to ? 2 : 0)));
+      if (from)
+        for (const auto* a : {&l.sent, &l.bytes, &l.acked, &l.blocked_ns, &l.max_in_flight})
+          byte_io::put<std::uint64_t>(links, a->load(std::memory_order_relaxed));
+      if (to) byte_io::put<std::uint64_t>(links, l.handled.load(std::memory_order_relaxed));
+    }
+  byte_io::put<std::uint32_t>(out, nlinks);
+  out.insert(out.end(), links.begin(), links.end());
   return out;
 }
 
@@ -352,6 +380,26 @@ bool apply_replica_counters(job_metrics& m, const std::vector<char>& bytes) {
                     &c.blocked_ns, &c.restarts, &c.dropped, &c.wait_ns})
       a->store(v[k++], std::memory_order_relaxed);
     for (const auto& [name, value] : custom) c.set(name, value);
+  }
+  std::uint32_t nlinks = 0;
+  if (!byte_io::get(bytes, at, nlinks) || nlinks > 10000000) return false;
+  for (std::uint32_t i = 0; i < nlinks; ++i) {
+    std::uint32_t e = 0, k = 0;
+    std::uint8_t sides = 0;
+    std::uint64_t v[6] = {0, 0, 0, 0, 0, 0};
+    if (!byte_io::get(bytes, at, e) || !byte_io::get(bytes, at, k) || !byte_io::get(bytes, at, sides) || sides > 3)
+      return false;
+    if (sides & 1)
+      for (int j = 0; j < 5; ++j)
+        if (!byte_io::get(bytes, at, v[j])) return false;
+    if ((sides & 2) && !byte_io::get(bytes, at, v[5])) return false;
+    if (e >= m.edges_.size() || k >= m.edges_[e].links.size()) continue;
+    link_counters& l = *m.edges_[e].links[k];
+    if (sides & 1) {
+      std::size_t j = 0;
+      for (auto* a : {&l.sent, &l.bytes, &l.acked, &l.blocked_ns, &l.max_in_flight}) a->store(v[j++], std::memory_order_relaxed);
+    }
+    if (sides & 2) l.handled.store(v[5], std::memory_order_release);
   }
   return at == bytes.size();
 }

@@ -38,6 +38,10 @@ struct link_counters {
   /// Cluster runs: one end of the link is in another process, which counts that
   /// side; such links add nothing to the consumer's depth. Set before the job starts.
   bool remote = false;
+  /// The (node, replica) of its producer and its consumer (job_metrics::add_link): the process that
+  /// runs the producer counts sent, bytes, acked, blocked_ns and max_in_flight, the consumer's counts
+  /// handled (encode_replica_counters sends each to main).
+  std::uint32_t from_node = 0, from_replica = 0, to_node = 0, to_replica = 0;
 };
 
 /// Counters of one node replica.
@@ -133,8 +137,11 @@ class job_metrics {
   std::size_t add_node(std::string name, std::size_t replicas, bool source, bool terminal = false);
   /// Declares an edge into node `to_node` with per-link `credit`; returns its index.
   std::size_t add_edge(std::string name, std::size_t to_node, std::int64_t credit);
-  /// Declares one link of edge `edge`; returns its counters.
-  link_counters& add_link(std::size_t edge);
+  /// Declares one link of edge `edge`, from replica `from_replica` of node `from_node` to replica
+  /// `to_replica` of the edge's node; returns its counters. Every process of a cluster run declares
+  /// the same links in the same order (encode_replica_counters names them by position).
+  link_counters& add_link(std::size_t edge, std::uint32_t from_node, std::uint32_t from_replica,
+                          std::uint32_t to_replica);
 
   /// The counters of replica `replica` of node `node`.
   replica_counters& replica(std::size_t node, std::size_t replica);
@@ -150,6 +157,9 @@ class job_metrics {
   std::chrono::steady_clock::time_point start() const { return start_; }
 
  private:
+  friend std::vector<char> encode_replica_counters(job_metrics&,
+                                                   const std::vector<std::pair<std::uint32_t, std::uint32_t>>&);
+  friend bool apply_replica_counters(job_metrics&, const std::vector<char>&);
   struct node_entry {
     std::string name;
     bool source = false;
@@ -170,7 +180,10 @@ class job_metrics {
 /// Cluster runs: the counters of `ids` ((node, replica) pairs of `m`) as
 /// bytes, integers only (busy, blocked and wait times in ns), for main to mirror:
 /// each node sends its replicas' counters with every heartbeat reply and at
-/// the end of the job (docs/scaling.md). Ids out of range are skipped.
+/// the end of the job (docs/scaling.md). Ids out of range are skipped. With them
+/// the links these replicas count: the producer's side (sent, bytes, acked,
+/// blocked, max in flight) of links from them, the consumer's (handled) of links
+/// into them, so that main's edges count what nodes sent to each other.
 std::vector<char> encode_replica_counters(job_metrics& m,
                                           const std::vector<std::pair<std::uint32_t, std::uint32_t>>& ids);
 /// Stores what encode_replica_counters wrote into `m`'s counters of the same

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -1243,17 +1244,18 @@ TEST_CASE("cluster auth: the daemon's handshake gate accepts a right proof once 
 
 TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors them") {
   using namespace flowrun::actor;
+  // gen (2 replicas) -> sink (1), as every process of the run declares it; the two links' counters
+  auto declare = [](job_metrics& m) {
+    m.add_node("gen", 2, false);
+    m.add_node("sink", 1, false, true);
+    const auto e = m.add_edge("gen.out -> sink.in", 1, 8);
+    std::array<link_counters*, 2> links{};
+    for (std::uint32_t p = 0; p < 2; ++p) links[p] = &m.add_link(e, 0, p, 0);
+    return links;
+  };
   job_metrics node_side, main_side;
-  link_counters* node_links[2] = {nullptr, nullptr};
-  link_counters* main_links[2] = {nullptr, nullptr};
-  for (auto* m : {&node_side, &main_side}) {
-    m->add_node("gen", 2, false);
-    m->add_node("sink", 1, false, true);
-    const auto e = m->add_edge("gen.out -> sink.in", 1, 8);
-    auto** links = m == &node_side ? node_links : main_links;
-    links[0] = &m->add_link(e, 0, 0, 0);  // from gen[0], on main
-    links[1] = &m->add_link(e, 0, 1, 0);  // from gen[1], on the node; the sink is on main
-  }
+  auto node_links = declare(node_side);  // gen[1] runs on the node; gen[0] and the sink on main
+  auto main_links = declare(main_side);
   auto& c = node_side.replica(0, 1);
   c.msgs_in = 7;
   c.handled = 7;
@@ -1298,18 +1300,13 @@ TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors t
   CHECK(snap.edges.at(0).max_in_flight == 2);
   CHECK(snap.edges.at(0).blocked_s == doctest::Approx(2.0));
   // a node that runs the consumer sends its handled count
-  job_metrics sink_node;
-  sink_node.add_node("gen", 2, false);
-  sink_node.add_node("sink", 1, false, true);
-  const auto se = sink_node.add_edge("gen.out -> sink.in", 1, 8);
-  sink_node.add_link(se, 0, 0, 0).handled = 4;
-  sink_node.add_link(se, 0, 1, 0).handled = 5;
-  job_metrics main2;
-  main2.add_node("gen", 2, false);
-  main2.add_node("sink", 1, false, true);
-  const auto me = main2.add_edge("gen.out -> sink.in", 1, 8);
-  main2.add_link(me, 0, 0, 0).sent = 4;
-  main2.add_link(me, 0, 1, 0).sent = 6;
+  job_metrics sink_node, main2;
+  auto sink_links = declare(sink_node);
+  auto main2_links = declare(main2);
+  sink_links[0]->handled = 4;
+  sink_links[1]->handled = 5;
+  main2_links[0]->sent = 4;
+  main2_links[1]->sent = 6;
   REQUIRE(apply_replica_counters(main2, encode_replica_counters(sink_node, {{1, 0}})));
   CHECK(main2.snapshot().edges.at(0).handled == 9);
   CHECK(main2.snapshot().edges.at(0).sent == 10);

@@ -15,6 +15,7 @@
 #include "actors/resume_check.h"
 #include "runtime/actor/job.h"
 #include "runtime/comm/caf_store.h"
+#include "runtime/comm/store.h"
 #include "runtime/graph/parse.h"
 
 namespace flowrun::actors {
@@ -26,18 +27,27 @@ int env_int(const char* name, int dflt) {
   return v && *v ? std::atoi(v) : dflt;
 }
 
-// The in-process groups of this process's replicas, by node name (the first
-// replica to start makes it; it is forgotten once every replica has joined).
-std::mutex groups_mutex;
-std::map<std::string, std::pair<std::shared_ptr<comm::inproc_group>, std::size_t>> groups;
+// What the `members` replicas of a node in this process share, by key: the first replica to start
+// makes it (`make`); it is forgotten once every replica has taken it.
+std::mutex shared_mutex;
+std::map<std::string, std::pair<std::shared_ptr<void>, std::size_t>> shared_objects;
 
-std::shared_ptr<comm::inproc_group> join_inproc(const std::string& key, int world, std::size_t members) {
-  std::lock_guard<std::mutex> lock(groups_mutex);
-  auto& slot = groups[key];
-  if (!slot.first) slot = {comm::make_inproc_group(world), 0};
-  auto g = slot.first;
-  if (++slot.second == members) groups.erase(key);
+template <class T, class Make>
+std::shared_ptr<T> join_shared(const std::string& key, std::size_t members, Make&& make) {
+  std::lock_guard<std::mutex> lock(shared_mutex);
+  auto& slot = shared_objects[key];
+  if (!slot.first) slot = {std::shared_ptr<void>(make()), 0};
+  auto g = std::static_pointer_cast<T>(slot.first);
+  if (++slot.second == members) shared_objects.erase(key);
   return g;
+}
+
+// Every replica of the node runs in this one process (no flowrun launch; all placed on main).
+bool all_replicas_here(const actor::node_context& ctx) {
+  if (process_count() > 1) return false;
+  for (std::int64_t r = 0; r < static_cast<std::int64_t>(ctx.replicas()); ++r)
+    if (graph::placement_of(ctx.spec(), r) != graph::main_process_name) return false;
+  return true;
 }
 
 // The settings that ranks in other processes must share, each "name" -> a hash of its value: the node's
@@ -122,12 +132,7 @@ void check_same_settings(actor::node_context& ctx, comm::communicator& c, int lo
 int process_index() { return actor::launch_process_index(); }
 int process_count() { return env_int("FLOWRUN_NPROC", 1); }
 
-bool console_checkpoints_reach(const actor::node_context& ctx) {
-  if (process_count() > 1) return false;
-  for (std::int64_t r = 0; r < static_cast<std::int64_t>(ctx.replicas()); ++r)
-    if (graph::placement_of(ctx.spec(), r) != graph::main_process_name) return false;
-  return true;
-}
+bool console_checkpoints_reach(const actor::node_context& ctx) { return all_replicas_here(ctx); }
 
 rank_group join_rank_group(actor::node_context& ctx) {
   const auto& s = ctx.spec();
@@ -145,7 +150,8 @@ rank_group join_rank_group(actor::node_context& ctx) {
     if (nproc > 1)
       throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"inproc\" joins threads of one process; "
                                   "with flowrun launch --nproc " + std::to_string(nproc) + " use \"gloo\"");
-    co.group = join_inproc(ctx.name(), g.world, ctx.replicas());
+    co.group = join_shared<comm::inproc_group>("inproc/" + ctx.name(), ctx.replicas(),
+                                                [&] { return comm::make_inproc_group(g.world); });
   } else {
     // The rendezvous, first found: the node's rendezvous (caf://HOST:PORT or a folder), its
     // store_dir, the cluster run's store (ctx.rendezvous_store()), $FLOWRUN_RENDEZVOUS (flowrun
@@ -163,6 +169,9 @@ rank_group join_rank_group(actor::node_context& ctx) {
       co.kv = comm::open_store(rv, co.timeout);
     else if (sd && *sd)
       co.store_dir = sd;
+    else if (all_replicas_here(ctx))  // threads of this one process (a restart moved a cluster's ranks to main)
+      co.kv = join_shared<comm::store>("store/" + comm::attempt_scope(ctx.run_id(), ctx.attempt()) + "/" + ctx.name(),
+                                       ctx.replicas(), [] { return std::make_shared<comm::memory_store>(); });
     else
       throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"" + co.backend +
                                   "\" needs a rendezvous: rendezvous (caf://HOST:PORT), store_dir (a folder every "

@@ -59,13 +59,16 @@ int process_count();
 /// the node: the run is one process (no flowrun launch) and every replica is placed on main. A request
 /// lives in the process whose console took it: ZeRO ranks split over processes saw it on one side only,
 /// checkpointed there alone and hung the other ranks' next collective; replicas on cluster nodes never
-/// saw it. Nodes that cannot be reached take checkpoints by save_checkpoint_steps only.
+/// saw it. Where it is false, zero_rank's ranks agree on requests by a collective at every step
+/// (zero_nodes.cpp, console_asked); other nodes take checkpoints by save_checkpoint_steps only.
 bool console_checkpoints_reach(const actor::node_context& ctx);
 
 /// Join the node's rank group with the settings add_rank_group_settings declares (comm_backend,
-/// rendezvous, store_dir, comm_timeout_s). Every replica calls it in start(). Throws
-/// std::invalid_argument naming the node for inproc across processes or gloo/nccl without a
-/// rendezvous.
+/// rendezvous, store_dir, comm_timeout_s). Every replica calls it in start(). gloo/nccl ranks that
+/// are all threads of this one process with no rendezvous given meet through a store in memory (a
+/// cluster run whose restart moved every rank to main has no cluster store: it failed at start).
+/// Throws std::invalid_argument naming the node for inproc across processes or gloo/nccl ranks in
+/// several processes without a rendezvous.
 rank_group join_rank_group(actor::node_context& ctx);
 
 /// Declare comm_backend, rendezvous, store_dir and comm_timeout_s on `k`.

@@ -267,10 +267,6 @@ class zero_rank final : public actor::node {
     if (!out_dir_.empty())  // one run writes it (runtime/util/dir_lock.h)
       out_lock_ = dir_lock::acquire(out_dir_, ctx.run_id(), "node '" + ctx.name() + "' output_dir");
     console_reaches_ = console_checkpoints_reach(ctx);
-    if (!console_reaches_ && rank_ == 0 && !out_dir_.empty())
-      ctx.log().info("the console's checkpoint requests do not reach ranks in other processes (flowrun launch, cluster "
-                     "nodes): checkpoints come every save_checkpoint_steps = {}",
-                     s.get_int("save_checkpoint_steps"));
     if (s.get_bool("resume")) {
       std::string note;  // `latest` missing or naming a folder that is gone: which folder was taken
       if (auto f = resume_folder(out_dir_, &note); !f.empty()) {
@@ -357,9 +353,8 @@ class zero_rank final : public actor::node {
     epoch_ = b.epoch;
     cursor_ = b.cursor;
     const int64_t every = ctx.spec().get_int("save_checkpoint_steps");
-    if (!out_dir_.empty() && every > 0 && (b.step % every == 0 || b.step == total_)) save(ctx, b.step);
-    // the console's POST /api/checkpoint, where it reaches every rank (console_checkpoints_reach)
-    else if (!out_dir_.empty() && console_reaches_ && ctx.checkpoint_requested(b.step)) save(ctx, b.step);
+    const bool scheduled = every > 0 && (b.step % every == 0 || b.step == total_);
+    if (!out_dir_.empty() && (console_asked(ctx, b.step, scheduled) || scheduled)) save(ctx, b.step);
     if (b.step == total_) finish_run(ctx);
   }
 
@@ -396,6 +391,21 @@ class zero_rank final : public actor::node {
     nlohmann::json j = model_->config();
     j["zero_lora"] = model_->has_lora();
     return config_fingerprint(j);
+  }
+
+  // Whether the console's POST /api/checkpoint asks for a checkpoint after this step (every rank calls
+  // it at every step). In one process every rank sees the request and the first to see it fixes the
+  // step (console_checkpoints_reach). Across processes (flowrun launch, cluster nodes) a request lives
+  // in the process whose console took it: each rank says whether it saw one and the ranks agree by an
+  // all_reduce (max) of that, so all of them checkpoint at the same step; before, a request taken by one
+  // process's ranks alone hung the others' next collective until comm_timeout_s. A scheduled
+  // checkpoint (save_checkpoint_steps) honours a request seen at its step in one process; across
+  // processes the agreement still runs then, so every rank calls the same collectives.
+  bool console_asked(actor::node_context& ctx, int64_t step, bool scheduled) {
+    if (console_reaches_) return !scheduled && ctx.checkpoint_requested(step);
+    auto flag = tensor::from_ints({1}, {ctx.checkpoint_requested() ? 1 : 0}).to(comm_->tensor_device());
+    comm_->all_reduce(flag, comm::reduce_op::max);
+    return flag.to(device::cpu()).data<int32_t>()[0] > 0;
   }
 
   void save(actor::node_context& ctx, int64_t step) {

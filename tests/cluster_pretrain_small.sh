@@ -8,7 +8,9 @@
 #      again byte-identical to the uninterrupted run's;
 #   3. a frozen node (SIGSTOP of w2) under "restart": the liveness detector loses it, w1's rank group is
 #      aborted (its collective waited for comm_timeout_s before), the restart tells the frozen daemon from a
-#      live one and moves ranks[1] to main, and the step-40 checkpoint is again the uninterrupted run's.
+#      live one and moves ranks[1] to main, and the step-40 checkpoint is again the uninterrupted run's;
+#   4. the same with ranks[0] on main: main aborts its own rank, and attempt 2 runs both gloo ranks on main
+#      (no cluster store left: they meet through a store in memory).
 # Usage: cluster_pretrain_small.sh FLOWRUN SOURCE_DIR WORK_DIR
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -116,4 +118,23 @@ grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\")
 diff -r "$out/single/step_00000040" "$out/frozen/step_00000040" || { echo "the restarted run's step-40 checkpoint differs"; exit 1; }
 echo "  frozen with $committed committed; restarted ${ms} ms later with ranks[1] on main (comm_timeout_s = 120);" \
      "the step-40 checkpoint equals the uninterrupted run's"
+echo "== ranks[0] on main, ranks[1] on w2, w2 frozen: main's own rank is aborted, the restart runs both ranks on main"
+# attempt 2 has no cluster node left, so no cluster store: the gloo ranks, now threads of main, meet through a
+# store in memory (before, attempt 2 failed at start: 'comm_backend "gloo" needs a rendezvous')
+start_nodes d
+cluster_file "$out/dcluster.toml" 'on_node_lost = "restart"' 'lost_after_ms = 2000' 'connect_timeout_ms = 3000'
+start_spread main_frozen "$out/dcluster.toml" --set node.ranks.on=main,w2 --set node.ranks.comm_timeout_s=120
+kill -STOP "$w2_pid"
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+kill -CONT "$w2_pid"
+[[ $rc -eq 0 ]] || { echo "the restarted run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/main_frozen.err" | tail; exit 1; }
+grep -q "aborted the collectives of 1 rank group(s) on main that span 'w2'" "$out/main_frozen.err" \
+  || { echo "main did not abort its rank group:"; grep -i "abort\|lost" "$out/main_frozen.err" | head; exit 1; }
+grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): ranks moves from w2 to main" \
+  "$out/main_frozen.err" || { echo "no restart line moving ranks to main:"; grep -i restart "$out/main_frozen.err"; exit 1; }
+diff -r "$out/single/step_00000040" "$out/main_frozen/step_00000040" || { echo "the step-40 checkpoint differs"; exit 1; }
+echo "  frozen with $committed committed; both ranks finished on main, the step-40 checkpoint the uninterrupted run's"
 echo "cluster_pretrain_small: OK"

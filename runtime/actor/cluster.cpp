@@ -1302,7 +1302,9 @@ std::string cluster_run::end() {
               std::to_string(mb.bytes_sent) + " communicator bytes)";
   for (std::size_t i = 0; i < p.conns.size(); ++i) {
     auto& c = p.conns[i];
-    if (i < lost.size() && lost[i]) {
+    // lost by the link's verdict, or by the coordinator's (a dropped connection reaches it first:
+    // the link may mark it a moment after this end began)
+    if ((i < lost.size() && lost[i]) || (p.j.state && p.j.state->lost(c.process))) {
       report += "; " + c.name + ": lost";
       continue;
     }

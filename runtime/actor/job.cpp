@@ -1564,6 +1564,7 @@ class coordinator_actor final : public caf::event_based_actor {
     const auto& w = plan_->where;
     if (w.where.empty() || process >= w.processes.size() || process == w.self) return;
     if (!lost_.insert(process).second) return;
+    plan_->state->mark_lost(process);
     std::string names;
     for (std::uint32_t n = 0; n < plan_->nodes.size(); ++n)
       for (std::uint32_t r = 0; r < plan_->nodes[n].replicas; ++r) {

@@ -79,6 +79,16 @@ stop_reason run_state::reason() const {
   return reason_;
 }
 
+void run_state::mark_lost(std::uint32_t process) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lost_.insert(process);
+}
+
+bool run_state::lost(std::uint32_t process) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lost_.count(process) > 0;
+}
+
 namespace {
 
 // -- signals: the handler only counts; the run loop forwards them ------------------------
@@ -546,29 +556,36 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       if (!used) continue;
       const bool was_lost = std::find(lost.begin(), lost.end(), name) != lost.end();
       // A lost node may come back (a supervisor restarts its daemon): wait up to rejoin_wait_ms for it.
-      bool answers = port_answers(cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms);
+      // A lost node counts as back once its daemon answers the cluster handshake's first step: a frozen
+      // daemon (SIGSTOP, a hung machine) still accepts TCP connections, and the next attempt would wait
+      // connect_timeout_ms for it in vain and spend a restart. `accepted`: the port took the connection.
+      const bool tls = !options.cluster.tls_cert.empty();
+      bool accepted = false;
+      auto answers_within = [&](std::int64_t ms) {
+        accepted = port_answers(cn.host, cn.port, ms);
+        return accepted && (!was_lost || daemon_answers(sys, cn.host, cn.port, tls, std::chrono::milliseconds(ms)));
+      };
+      bool answers = answers_within(attempt_spec.cluster.connect_timeout_ms);
       if (was_lost && !answers && attempt_spec.cluster.rejoin_wait_ms > 0) {
         spdlog::info("[{}] waiting up to {} ms for cluster node '{}' ({}:{}) to come back (rejoin_wait_ms)", spec.name,
                      attempt_spec.cluster.rejoin_wait_ms, name, cn.host, cn.port);
         const auto until = clk::now() + std::chrono::milliseconds(attempt_spec.cluster.rejoin_wait_ms);
         while (!answers && clk::now() < until && g_signal_count.load() == 0) {  // SIGINT/SIGTERM: stop waiting
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
-          answers = port_answers(cn.host, cn.port, std::min<std::int64_t>(1000, attempt_spec.cluster.connect_timeout_ms));
+          answers = answers_within(std::min<std::int64_t>(1000, attempt_spec.cluster.connect_timeout_ms));
         }
       }
-      // a lost node that accepts connections may still be frozen (SIGSTOP, a hung daemon): it must answer
-      // the cluster handshake's first step, or the next attempt waits connect_timeout_ms for it in vain
-      const bool frozen = was_lost && answers &&
-                          !daemon_answers(sys, cn.host, cn.port, !options.cluster.tls_cert.empty(),
-                                          std::chrono::milliseconds(attempt_spec.cluster.connect_timeout_ms));
-      if (answers && !frozen) {
+      if (answers) {
         if (was_lost) moved += (moved.empty() ? "" : "; ") + name + " answers again: its actors stay there";
         continue;
       }
-      if (frozen)
-        spdlog::warn("[{}] cluster node '{}' ({}:{}) accepts connections but its daemon does not answer within {} ms "
-                     "(connect_timeout_ms): it counts as gone",
-                     spec.name, name, cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms);
+      if (was_lost && accepted)
+        spdlog::warn("[{}] cluster node '{}' ({}:{}) accepts connections but its daemon does not answer the cluster "
+                     "handshake (connect_timeout_ms = {}{}): it counts as gone",
+                     spec.name, name, cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms,
+                     attempt_spec.cluster.rejoin_wait_ms > 0
+                         ? ", rejoin_wait_ms = " + std::to_string(attempt_spec.cluster.rejoin_wait_ms)
+                         : std::string());
       const std::string m = move_to_main(name);
       if (!m.empty()) moved += (moved.empty() ? "" : "; ") + m;
     }

@@ -15,6 +15,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "runtime/comm/store.h"
@@ -116,10 +117,16 @@ class run_state {
   std::string error() const;
   /// Why the run ended (stop_reason::completed until finished).
   stop_reason reason() const;
+  /// Cluster runs: the coordinator counted process `process` (a cluster node) lost. The end of the
+  /// run asks no final counters of it (cluster_run::end: it waited 5 s for a node that was gone).
+  void mark_lost(std::uint32_t process);
+  /// Whether mark_lost(process) was called.
+  bool lost(std::uint32_t process) const;
 
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
+  std::set<std::uint32_t> lost_;
   bool finished_ = false;
   int exit_code_ = exit_ok;
   std::string error_;

@@ -135,9 +135,10 @@ class ppo_controller final : public actor::node {
     // that finished resumes after it, as zero_rank commits its last step: one of 13 iterations at 5 resumed
     // after iteration 9 and trained 10-12 again
     const bool every = save_every_ > 0 && ((p.iteration + 1) % save_every_ == 0 || p.iteration + 1 == p.iterations);
-    // polled at every batch (the console sees a node that honours it), where the console's request reaches it: a
-    // controller on a cluster node never saw it, and said it was honoured by nobody
-    const bool asked = console_checkpoints_reach(ctx) && ctx.checkpoint_requested();
+    // polled at every batch (the console sees a node that honours it), where the console's request reaches it:
+    // on main, or on a cluster node (main forwards its requests with every counter poll), not under flowrun
+    // launch (each process has a console of its own, and a controller of its own)
+    const bool asked = process_count() == 1 && ctx.checkpoint_requested();
     if (asked && !every) ctx.log().info("honouring the console's checkpoint request after iteration {}", p.iteration + 1);
     return every || asked;
   }

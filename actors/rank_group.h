@@ -55,12 +55,12 @@ void aborting_on_failure(comm::communicator* comm, F&& f) {
 int process_index();
 int process_count();
 
-/// Whether the console's checkpoint requests (node_context::checkpoint_requested) reach every replica of
-/// the node: the run is one process (no flowrun launch) and every replica is placed on main. A request
-/// lives in the process whose console took it: ZeRO ranks split over processes saw it on one side only,
-/// checkpointed there alone and hung the other ranks' next collective; replicas on cluster nodes never
-/// saw it. Where it is false, zero_rank's ranks agree on requests by a collective at every step
-/// (zero_nodes.cpp, console_asked); other nodes take checkpoints by save_checkpoint_steps only.
+/// Whether every replica of the node runs in this one process (no flowrun launch, every replica placed on
+/// main), so that the console's checkpoint requests (node_context::checkpoint_requested) reach all of them
+/// at once and the step-based agreement of checkpoint_requested(step) holds. Where it is false, zero_rank's
+/// ranks agree on the latest request by a collective at every step (zero_nodes.cpp, console_asked): split
+/// over processes, a request seen on one side alone had those ranks checkpoint alone and hung the others'
+/// next collective.
 bool console_checkpoints_reach(const actor::node_context& ctx);
 
 /// Join the node's rank group with the settings add_rank_group_settings declares (comm_backend,

@@ -396,16 +396,23 @@ class zero_rank final : public actor::node {
   // Whether the console's POST /api/checkpoint asks for a checkpoint after this step (every rank calls
   // it at every step). In one process every rank sees the request and the first to see it fixes the
   // step (console_checkpoints_reach). Across processes (flowrun launch, cluster nodes) a request lives
-  // in the process whose console took it: each rank says whether it saw one and the ranks agree by an
-  // all_reduce (max) of that, so all of them checkpoint at the same step; before, a request taken by one
-  // process's ranks alone hung the others' next collective until comm_timeout_s. A scheduled
-  // checkpoint (save_checkpoint_steps) honours a request seen at its step in one process; across
-  // processes the agreement still runs then, so every rank calls the same collectives.
+  // in the process whose console took it (a cluster node learns main's with the next counter poll):
+  // the ranks agree by an all_reduce (max) of the latest request each knows, so all of them checkpoint
+  // at one step, once per request; before, a request taken by one process's ranks alone hung the
+  // others' next collective until comm_timeout_s. A scheduled checkpoint (save_checkpoint_steps)
+  // honours a request seen at its step in one process; across processes the agreement still runs
+  // then, so every rank calls the same collectives.
   bool console_asked(actor::node_context& ctx, int64_t step, bool scheduled) {
     if (console_reaches_) return !scheduled && ctx.checkpoint_requested(step);
-    auto flag = tensor::from_ints({1}, {ctx.checkpoint_requested() ? 1 : 0}).to(comm_->tensor_device());
-    comm_->all_reduce(flag, comm::reduce_op::max);
-    return flag.to(device::cpu()).data<int32_t>()[0] > 0;
+    const std::uint64_t known = ctx.checkpoint_generation();
+    auto g = tensor::from_ints({1}, {static_cast<int32_t>(known)}).to(comm_->tensor_device());
+    comm_->all_reduce(g, comm::reduce_op::max);
+    const auto agreed = static_cast<std::uint64_t>(g.to(device::cpu()).data<int32_t>()[0]);
+    if (agreed <= agreed_request_) return false;
+    agreed_request_ = agreed;
+    if (known == agreed) ctx.checkpoint_requested();  // a request of this process: counted honoured here
+    if (rank_ == 0) ctx.log().info("honouring the console's checkpoint request #{} at step {}", agreed, step);
+    return true;
   }
 
   void save(actor::node_context& ctx, int64_t step) {
@@ -571,6 +578,7 @@ class zero_rank final : public actor::node {
   double before_ = 0;
   bool before_restored_ = false;  // before_ came from the checkpoint resumed
   bool console_reaches_ = true;   // the console's checkpoint requests reach every rank (one process, all on main)
+  std::uint64_t agreed_request_ = 0;  // the latest console request the ranks agreed on (console_asked)
   int64_t before_rows_ = 0;       // the held-out instances before_ was measured over (the checkpoint's; 0: unknown)
   tensor val_ids_, val_targets_;
   clk::time_point t0_;

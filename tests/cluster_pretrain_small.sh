@@ -10,7 +10,8 @@
 #      aborted (its collective waited for comm_timeout_s before), the restart tells the frozen daemon from a
 #      live one and moves ranks[1] to main, and the step-40 checkpoint is again the uninterrupted run's;
 #   4. the same with ranks[0] on main: main aborts its own rank, and attempt 2 runs both gloo ranks on main
-#      (no cluster store left: they meet through a store in memory).
+#      (no cluster store left: they meet through a store in memory);
+#   5. a console checkpoint request on main reaches ranks that all run on cluster nodes: one whole checkpoint.
 # Usage: cluster_pretrain_small.sh FLOWRUN SOURCE_DIR WORK_DIR
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -137,4 +138,31 @@ grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\")
   "$out/main_frozen.err" || { echo "no restart line moving ranks to main:"; grep -i restart "$out/main_frozen.err"; exit 1; }
 diff -r "$out/single/step_00000040" "$out/main_frozen/step_00000040" || { echo "the step-40 checkpoint differs"; exit 1; }
 echo "  frozen with $committed committed; both ranks finished on main, the step-40 checkpoint the uninterrupted run's"
+echo "== the console's checkpoint request on main reaches ranks that all run on cluster nodes"
+# main forwards its requests with every counter poll; the ranks on w1 and w2 agree on the step, so the
+# request becomes one whole checkpoint (before, the nodes never saw it and the reply named no node)
+start_nodes e
+cluster_file "$out/ecluster.toml"
+"$flowrun" "$root/graphs/pretrain.graph" --no-progress --set node.data.total_steps=200 --set node.ranks.total_steps=200 \
+  --set node.ranks.print_every=1 --set node.ranks.export_hf= --set node.ranks.save_checkpoint_steps=1000 \
+  --set node.ranks.keep_checkpoints=3 $(dirs asked) --cluster "$out/ecluster.toml" --secret-file "$out/secret" \
+  --set node.ranks.on=w1,w2 --set node.ranks.comm_backend=gloo --console 0 --console-token asked-token-0123456789 \
+  > "$out/asked.log" 2> "$out/asked.err" &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 600); do grep -q "step 5/200 " "$out/ew1.out" 2>/dev/null && break; sleep 0.05; done
+cport=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$out/asked.err" | head -1)
+[[ -n "$cport" ]] || { echo "no console port:"; tail -5 "$out/asked.err"; exit 1; }
+curl -sf -X POST -H "X-Flowrun-Token: asked-token-0123456789" "http://127.0.0.1:$cport/api/checkpoint" > "$out/asked_reply.json" \
+  || { echo "POST /api/checkpoint failed"; exit 1; }
+grep -q "ranks" "$out/asked_reply.json" || { echo "the reply names no node that honours it:"; cat "$out/asked_reply.json"; exit 1; }
+wait "$run_pid" || { echo "the run with a checkpoint request failed:"; tail -5 "$out/asked.err"; exit 1; }
+! grep -q "was not honoured before the run ended" "$out/asked.err" || { echo "the end of the run says not honoured"; exit 1; }
+at=$(sed -n 's/.*honouring the console.s checkpoint request #1 at step \([0-9]*\).*/\1/p' "$out/ew1.err" | head -1)
+[[ -n "$at" && "$at" -lt 200 ]] || { echo "rank 0 on w1 did not honour the request:"; grep -i checkpoint "$out/ew1.err" | tail -3; exit 1; }
+st=$(printf "step_%08d" "$at")
+[ -e "$out/asked/$st/shard_00000-of-00002.msgpack" ] && [ -e "$out/asked/$st/shard_00001-of-00002.msgpack" ] \
+  || { ls "$out/asked"; echo "the requested checkpoint $st is not whole"; exit 1; }
+[[ $(ls -d "$out/asked"/step_* | wc -l) -eq 2 ]] || { ls "$out/asked"; echo "not one requested checkpoint besides step 200"; exit 1; }
+echo "  the request reached both ranks on the nodes: $st with both shards (and step_00000200); reply $(head -c 160 "$out/asked_reply.json")"
 echo "cluster_pretrain_small: OK"

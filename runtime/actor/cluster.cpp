@@ -305,13 +305,24 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         auto ok = set_actor_table(*st.part, all);
         return ok ? std::string() : ok.error();
       },
-      [=](beat_atom, std::uint32_t process, std::int64_t seq) {  // a counter poll (liveness is the responder's)
+      [=](beat_atom, std::uint32_t process, std::int64_t seq, std::int64_t checkpoint_gen) {
+        // a counter poll (liveness is the responder's), with main's latest console checkpoint request
         auto& st = self->state;
         ++st.beats;
-        // with the counters of this node's replicas, which main mirrors (console, summary, progress)
+        if (st.part && st.part->live && checkpoint_gen > 0)
+          st.part->live->raise_checkpoint_generation(static_cast<std::uint64_t>(checkpoint_gen));
+        // with the counters of this node's replicas, which main mirrors (console, summary, progress), and
+        // what its nodes did with checkpoint requests (the console's reply and the end of the run say it)
+        std::int64_t honoured = 0;
+        std::vector<std::string> capable;
+        if (st.part && st.part->live) {
+          honoured = static_cast<std::int64_t>(st.part->live->checkpoint_honoured());
+          capable = st.part->live->checkpoint_capable_nodes();
+        }
         self->send(caf::actor_cast<caf::actor>(self->current_sender()), beat_atom::value, process, seq,
                    static_cast<std::int64_t>(ms_since(st.shared->started)),
-                   st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{});
+                   st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{},
+                   honoured, capable);
       },
       [=](lost_atom, const std::string& why) {  // from the liveness responder's thread
         auto& st = self->state;
@@ -590,6 +601,7 @@ struct beat_table {
   std::vector<bool> counters_new;           // not yet applied to main's metrics
   bool closing = false;  // cluster_run::end() began: a session that now quits normally is closed, not lost
   std::string scope;     // comm::attempt_scope of the run: its rank groups' entries in the abort registry
+  std::shared_ptr<job_live> live;  // main's part: its console's checkpoint requests go to the nodes
   clk::time_point t0 = clk::now();
 };
 
@@ -691,12 +703,17 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
   };
   auto tick = [&] {
     ++seq;
+    std::int64_t checkpoint_gen = 0;  // main's console requests go to the nodes with every poll
+    {
+      std::lock_guard<std::mutex> lock(table->mutex);
+      if (table->live) checkpoint_gen = static_cast<std::int64_t>(table->live->checkpoint_generation());
+    }
     for (std::size_t i = 0; i < sessions.size(); ++i) {
       {
         std::lock_guard<std::mutex> lock(table->mutex);
         if (table->lost[i] || table->closing) continue;
       }
-      self->send(sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), seq);
+      self->send(sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), seq, checkpoint_gen);
     }
   };
   while (running) {
@@ -729,9 +746,11 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           }
           if (i < sessions.size() && !closing) lose(i, why);
         },
-        [&](beat_atom, std::uint32_t i, std::int64_t, std::int64_t, std::vector<char>& counters) {
+        [&](beat_atom, std::uint32_t i, std::int64_t, std::int64_t, std::vector<char>& counters,
+            std::int64_t honoured, const std::vector<std::string>& capable) {
           if (i >= sessions.size()) return;
           std::lock_guard<std::mutex> lock(table->mutex);
+          if (table->live) table->live->note_remote_checkpoints(static_cast<std::uint64_t>(std::max<std::int64_t>(0, honoured)), capable);
           if (i < table->counters.size() && !counters.empty()) {
             table->counters[i] = std::move(counters);
             table->counters_new[i] = true;
@@ -1169,6 +1188,10 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   } catch (const std::exception& e) {
     p->abandon();
     return error_text{std::string("cluster run: ") + e.what()};
+  }
+  {
+    std::lock_guard<std::mutex> lock(p->table->mutex);
+    if (p->part) p->table->live = p->part->live;
   }
   caf::anon_send(p->link, cl::watch_atom::value, p->j.coordinator, sessions, cl::pack(procs), spec.cluster.heartbeat_ms,
                  spec.cluster.lost_after_ms);

@@ -393,6 +393,9 @@ class replica_actor_t : public Base {
     bool checkpoint_requested(std::int64_t step) override {
       return a_.plan_->live->checkpoint_due(a_.node_, a_.replica_, a_.checkpoint_seen_, step);
     }
+    std::uint64_t checkpoint_generation() override {
+      return a_.plan_->live->checkpoint_generation_for(a_.node_, a_.replica_);
+    }
     bool stop_requested() const override { return a_.plan_->live->get_run_phase() == run_phase::stopping; }
     void thread_budget(int n) override {
       a_.requested_threads_ = std::max(1, n);

@@ -204,6 +204,14 @@ std::uint64_t job_live::request_checkpoint() {
   return gen;
 }
 
+namespace {
+// Raises `a` to `v` unless it is already higher.
+void raise_to(std::atomic<std::uint64_t>& a, std::uint64_t v) {
+  for (std::uint64_t cur = a.load(); cur < v && !a.compare_exchange_weak(cur, v);) {
+  }
+}
+}  // namespace
+
 bool job_live::checkpoint_due(std::size_t node, std::size_t replica, std::uint64_t& seen, std::int64_t step) {
   node_entry& n = nodes_.at(node);
   n.replicas.at(replica)->mark_checkpoint_capable();
@@ -220,22 +228,40 @@ bool job_live::checkpoint_due(std::size_t node, std::size_t replica, std::uint64
     if (step < n.target_step) return false;
     seen = gen;
   }
-  for (std::uint64_t h = checkpoint_honoured_.load(); h < gen && !checkpoint_honoured_.compare_exchange_weak(h, gen);) {
-  }
+  raise_to(checkpoint_honoured_, gen);
   event("checkpoint", n.name, static_cast<std::int64_t>(replica),
         "honouring checkpoint request #" + std::to_string(gen) + (step >= 0 ? " at step " + std::to_string(step) : ""));
   return true;
 }
 
+std::uint64_t job_live::checkpoint_generation_for(std::size_t node, std::size_t replica) {
+  nodes_.at(node).replicas.at(replica)->mark_checkpoint_capable();
+  return checkpoint_gen_.load(std::memory_order_acquire);
+}
+
 std::vector<std::string> job_live::checkpoint_capable_nodes() const {
   std::vector<std::string> out;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    out = remote_capable_;
+  }
   for (const auto& n : nodes_)
     for (const auto& r : n.replicas)
       if (r->read(0).checkpoint_capable) {
-        out.push_back(n.name);
+        if (std::find(out.begin(), out.end(), n.name) == out.end()) out.push_back(n.name);
         break;
       }
   return out;
+}
+
+void job_live::raise_checkpoint_generation(std::uint64_t gen) { raise_to(checkpoint_gen_, gen); }
+
+void job_live::note_remote_checkpoints(std::uint64_t honoured, const std::vector<std::string>& capable) {
+  raise_to(checkpoint_honoured_, honoured);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& c : capable)
+    if (std::find(remote_capable_.begin(), remote_capable_.end(), c) == remote_capable_.end())
+      remote_capable_.push_back(c);
 }
 
 }  // namespace flowrun::actor

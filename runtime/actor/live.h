@@ -195,8 +195,18 @@ class job_live {
   /// replica to see it fixes the step at step + 1 (replicas that run in lock
   /// step, like ZeRO ranks, cannot be past it then).
   bool checkpoint_due(std::size_t node, std::size_t replica, std::uint64_t& seen, std::int64_t step);
-  /// Names of the nodes that have polled checkpoint_requested() so far.
+  /// node_context::checkpoint_generation for replica `replica` of `node`: checkpoint_generation(),
+  /// and the replica counts as able to checkpoint.
+  std::uint64_t checkpoint_generation_for(std::size_t node, std::size_t replica);
+  /// Names of the nodes that have polled checkpoint_requested() so far (here, or on a cluster node:
+  /// note_remote_checkpoints).
   std::vector<std::string> checkpoint_capable_nodes() const;
+  /// Cluster runs, a node's part: main's console asked for request `gen` (main forwards its
+  /// checkpoint_generation() with every counter poll); raises this part's generation to it.
+  void raise_checkpoint_generation(std::uint64_t gen);
+  /// Cluster runs, main: what a node's part reported with its counters: the latest request it
+  /// honoured and the names of its nodes that poll checkpoint_requested().
+  void note_remote_checkpoints(std::uint64_t honoured, const std::vector<std::string>& capable);
   /// The latest request some node has honoured (checkpoint_due returned true for it; 0: none).
   /// A run that ends with checkpoint_generation() above it ends with a request not written.
   std::uint64_t checkpoint_honoured() const { return checkpoint_honoured_.load(std::memory_order_acquire); }
@@ -214,6 +224,7 @@ class job_live {
   std::atomic<std::uint64_t> checkpoint_gen_{0};
   std::atomic<std::uint64_t> checkpoint_honoured_{0};
   mutable std::mutex mutex_;
+  std::vector<std::string> remote_capable_;  // note_remote_checkpoints (under mutex_)
   std::deque<live_event> events_;
   std::deque<live_signal> signals_;
   std::uint64_t event_seq_ = 0, signal_seq_ = 0;

@@ -188,6 +188,12 @@ class node_context {
   /// barriers) stay in lock step. Polling also marks the node as able to
   /// checkpoint in the console.
   virtual bool checkpoint_requested(std::int64_t step = -1) { return false; }
+  /// The number of the latest console checkpoint request this process knows of (0: none; 1, 2, ...
+  /// as they come), for replicas in several processes that agree on requests themselves (zero_rank:
+  /// an all_reduce of it at every step; a cluster node learns main's requests a heartbeat later, so
+  /// the number, not a once-only flag, tells a request already taken). Marks the node as able to
+  /// checkpoint in the console, as polling checkpoint_requested does.
+  virtual std::uint64_t checkpoint_generation() { return 0; }
   /// True once the run is stopping without draining (a second SIGINT, a failure elsewhere):
   /// a handler that waits on something outside the run (a child process, a long poll) should
   /// give up, since nothing it produces will be used. Thread-safe. A long computation may

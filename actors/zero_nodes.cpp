@@ -679,7 +679,13 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .known_as("batch_size", "TencentPretrain's --batch_size is the DeepSpeed JSON's "
                                 "train_micro_batch_size_per_gpu here (the data node's train_batch_size is the global "
                                 "batch)")
-        .known_as("world_size", "TencentPretrain's --world_size is replicas here (x the processes of flowrun launch)");
+        .known_as("world_size", "TencentPretrain's --world_size is replicas here (x the processes of flowrun launch)")
+        .known_as("pretrained_model_path", "TencentPretrain's --pretrained_model_path is model here (a llama2.c "
+                                           ".bin, a flowrun folder or a Hugging Face folder)")
+        .known_as("output_model_path", "TencentPretrain's --output_model_path is output_dir here (the ZeRO "
+                                       "checkpoints; export_hf writes the consolidated model, save_lora the adapter)")
+        .known_as("lora_pretrained_model_path",
+                  "TencentPretrain's --lora_pretrained_model_path is lora_pretrained here (a PEFT adapter folder)");
     // The run's length and the rows' width are settings of both nodes (as TencentPretrain's
     // --total_steps and --seq_length are one flag each): the data node's total_steps ends the
     // stream, the ranks' sets the schedule, the ETA and the end-of-run export; seq_length is the
@@ -694,6 +700,16 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
       for (const auto& e : g.edges) {
         const auto* src = e.to_node == n.name ? g.find_node(e.from_node) : nullptr;
         if (!src || src->kind != "lm_batches") continue;
+        // the data's tokens must be the model's: a tokenizer larger than the embedding failed mid-run, and
+        // another one of the same size (GPT-2 BPE ids into a model with tok512) trained without a word
+        if (const std::string why = tokenizer_model_mismatch(src->get_string("tokenizer"), n.get_string("model"));
+            !why.empty())
+          problems.push_back({"model",
+                              fmt::format("node '{}' trains on the tokens of its data node '{}', which reads them with {}",
+                                          n.name, src->name, why),
+                              fmt::format("give node '{}' the model's own tokenizer (for a Hugging Face folder: "
+                                          "--set node.{}.tokenizer=FOLDER)",
+                                          src->name, src->name)});
         for (const char* key : {"total_steps", "seq_length"})
           if (src->get_int(key) != n.get_int(key))
             problems.push_back({key,

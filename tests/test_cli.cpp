@@ -261,6 +261,31 @@ TEST_CASE("train-lm refuses an --output that is its data or its base model, and 
   fs::remove_all(dir);
 }
 
+TEST_CASE("pretraining refuses a data tokenizer that is not the model folder's own, when checked") {
+  // zero_rank checked only that the data's ids fit the embedding, mid-run: tok512's ids trained a Qwen2
+  // folder whose own tokenizer is another (902 tokens) without a word, and its export shipped that folder's
+  // tokenizer with a model trained on other ids (a break-it review, 2026-12-06)
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_cli_pt_tok_" + std::to_string(::getpid()));
+  const std::string qwen = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";
+  const std::string pt = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                         "/graphs/pretrain.graph --no-progress -q --set node.ranks.model=" + qwen +
+                         " --set node.ranks.output_dir=" + dir.string() + " --set node.data.output_dir=" + dir.string() +
+                         " --set node.ranks.export_hf= --set node.data.total_steps=1 --set node.ranks.total_steps=1";
+  int rc = -1;
+  auto out = run(pt + " 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'ranks' trains on the tokens of its data node 'data', which reads them with the tokenizer "));
+  CHECK(has(out, "has a tokenizer of its own in its folder: they differ (902 tokens against 512)"));
+  CHECK(has(out, "give node 'data' the model's own tokenizer (for a Hugging Face folder: --set node.data.tokenizer=FOLDER)"));
+  CHECK_FALSE(fs::exists(dir / "step_00000001"));
+  // the folder's own tokenizer passes the check and trains
+  out = run(pt + " --set node.data.tokenizer=" + qwen + " 2>&1", &rc);
+  CHECK_MESSAGE(rc == 0, out);
+  CHECK(fs::exists(dir / "step_00000001"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a graph whose model output is a file or folder it reads is refused when checked") {
   // zero_rank's export_hf over its HF base folder replaced the weights it started from (its rerun then
   // refused its own checkpoint: the model's bytes had changed); sft's output over its model alike
@@ -884,6 +909,13 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   out = run(pre + " --set node.ranks.accumulation_steps=2 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "hint: TencentPretrain's --accumulation_steps is the DeepSpeed JSON's gradient_accumulation_steps"));
+  for (const auto& [name, here] : {std::pair<std::string, std::string>{"pretrained_model_path", "is model here"},
+                                   {"output_model_path", "is output_dir here"},
+                                   {"lora_pretrained_model_path", "is lora_pretrained here"}}) {
+    out = run(pre + " --set node.ranks." + name + "=/x 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK_MESSAGE(has(out, "hint: TencentPretrain's --" + name + " " + here), out);
+  }
   // a global batch other than the DeepSpeed JSON's failed at the first batch, inside the engine, naming neither
   out = run(pre + " --set node.data.train_batch_size=16 2>&1", &rc);
   CHECK(rc == 2);

@@ -540,15 +540,19 @@ class zero_rank final : public actor::node {
         // its stop ids, no tokenizer (copying one failed after the last step, and every rerun failed there again)
         const bool hf = inspect_model(src).format == model_format::hf;
         const bool src_tok = hf && folder_has_tokenizer(src);
+        // a source without a tokenizer of its own (a llama2.c file): the data node's, which the run trained on
+        // (its settings record in output_dir), so that transformers' AutoTokenizer loads the folder
+        const std::string data_tok = src_tok ? std::string() : run_data_tokenizer(out_dir_);
         if (src_tok)
           save_model(out, dir, model_format::hf, src);
         else
-          save_model(out, dir, model_format::hf, "", src);
+          save_model(out, dir, model_format::hf, data_tok, src);
         ctx.print(std::string("[pretrain] consolidated model") + (model_->has_lora() ? " (LoRA merged)" : "") +
                   " -> " + dir +
-                  (hf && !src_tok ? " (no tokenizer files: " + src + " has none; give flowrun generate --tokenizer, "
-                                    "the data node's)"
-                                  : ""));
+                  (!src_tok && !data_tok.empty() ? " (tokenizer: the data node's, " + data_tok + ")"
+                   : !src_tok ? " (no tokenizer files: " + src + " has none; give flowrun generate --tokenizer, "
+                                "the data node's)"
+                              : ""));
       }
     }
     if (const auto& dir = s.get_string("save_lora"); !dir.empty() && model_->has_lora() && rank_ == 0) {

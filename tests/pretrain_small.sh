@@ -381,6 +381,15 @@ python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["eos_token_id
   "$out/fin/hf/generation_config.json" || { echo "the export's generation_config.json does not stop at EOS and BOS"; exit 1; }
 gen=(--tokenizer model/stories260K/tok512.model --prompt Tom --temperature 0 --max_new_tokens 400)  # a BOS before 400
 "$flowrun" generate --model "$out/fin/hf" "${gen[@]}" > "$out/gen_export.txt" 2> /dev/null
+# a llama2.c source has no tokenizer of its own: the export carries the data node's (it had none, and
+# transformers' AutoTokenizer could not load the folder), and generate reads it from the folder
+[[ -f "$out/fin/hf/tokenizer.model" ]] || { ls "$out/fin/hf"; echo "the export of a llama2.c source has no tokenizer"; exit 1; }
+cmp -s "$out/fin/hf/tokenizer.model" "$assets/model/stories260K/tok512.model" ||
+  { echo "the export's tokenizer.model is not the data node's tok512.model"; exit 1; }
+grep -q "consolidated model -> $out/fin/hf (tokenizer: the data node's, .*tok512.model)" "$out/fin2.log" ||
+  { grep consolidated "$out/fin2.log"; echo "the export does not say whose tokenizer it carries"; exit 1; }
+"$flowrun" generate --model "$out/fin/hf" "${gen[@]:2}" > "$out/gen_export_own.txt" 2> /dev/null
+cmp -s "$out/gen_export.txt" "$out/gen_export_own.txt" || { echo "the export's own tokenizer generates otherwise"; exit 1; }
 "$flowrun" generate --zero_checkpoint "$out/fin" --world_size 2 "${gen[@]}" > "$out/gen_zero.txt" 2> /dev/null
 cmp -s "$out/gen_export.txt" "$out/gen_zero.txt" ||
   { echo "the export and the ZeRO checkpoint generate differently:"; diff "$out/gen_export.txt" "$out/gen_zero.txt"; exit 1; }
@@ -474,9 +483,10 @@ echo "== export_hf from an HF source without a tokenizer"
 "$flowrun" run "$graph" --no-progress -q --set node.ranks.model="$out/notok_src" --set node.ranks.output_dir="$out/notok" \
   --set node.data.output_dir="$out/notok" --set node.ranks.export_hf="$out/notok/hf" --set node.ranks.total_steps=2 \
   --set node.data.total_steps=2 > "$out/notok.log" 2>&1 || { echo "export from a source without a tokenizer failed:"; tail -5 "$out/notok.log"; exit 1; }
-grep -qF "consolidated model -> $out/notok/hf (no tokenizer files: $out/notok_src has none" "$out/notok.log" ||
-  { echo "the export did not say it has no tokenizer:"; grep consolidated "$out/notok.log"; exit 1; }
-[[ -f "$out/notok/hf/model.safetensors" ]] || { echo "no exported weights"; exit 1; }
+# (it had none: now the data node's tokenizer goes beside the weights, as for a llama2.c source)
+grep -q "consolidated model -> $out/notok/hf (tokenizer: the data node's, .*tok512.model)" "$out/notok.log" ||
+  { echo "the export did not say whose tokenizer it carries:"; grep consolidated "$out/notok.log"; exit 1; }
+[[ -f "$out/notok/hf/model.safetensors" && -f "$out/notok/hf/tokenizer.model" ]] || { echo "no exported weights or tokenizer"; exit 1; }
 # eval_rows changed on a resume (a setting a resume may change): the checkpoint's figure was over 64 rows, and the
 # closing line set it against the new 8 rows' loss; now measured again at the resume point, and said
 echo "== eval_rows changed on a resume"

@@ -534,6 +534,30 @@ std::string latest_checkpoint(const std::string& dir, std::string* note) {
   return folder.string();
 }
 
+std::string run_data_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const fs::path dir : {fs::path(path), fs::path(path).parent_path()}) {
+    std::vector<fs::path> records;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (const auto n = e.path().filename().string(); n.size() > 14 && n.compare(n.size() - 14, 14, ".settings.json") == 0)
+        records.push_back(e.path());
+    std::sort(records.begin(), records.end());
+    for (const auto& r : records) {
+      std::ifstream f(r);
+      try {
+        const auto rec = nlohmann::json::parse(f);
+        if (!rec.contains("tokenizer")) continue;
+        // the setting as the graph spells it: a quoted string (graph::to_string), which JSON reads back
+        const auto tok = nlohmann::json::parse(rec.at("tokenizer").get<std::string>()).get<std::string>();
+        if (!tok.empty() && fs::exists(tok, ec)) return tok;
+      } catch (const std::exception&) {  // not a record of ours: skipped
+      }
+    }
+  }
+  return "";
+}
+
 bool is_checkpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return false;

@@ -165,6 +165,13 @@ std::string latest_checkpoint(const std::string& dir, std::string* note = nullpt
 /// manifests (shard_*-of-*.msgpack).
 bool is_checkpoint(const std::string& path);
 
+/// The tokenizer a pretraining run's data node read: the `tokenizer` of the settings record
+/// (NAME.settings.json, actors/zero_nodes.cpp's lm_batches) in `path` (the run's output_dir) or,
+/// when `path` is one of its step folders, beside it; "" when no record names one that exists.
+/// `flowrun generate --zero_checkpoint` reads it when --tokenizer is not given, and zero_rank's
+/// export_hf writes it beside a model whose source has no tokenizer of its own (a llama2.c file).
+std::string run_data_tokenizer(const std::string& path);
+
 /// Read and check one manifest file (its CRC-32, format and keys). Throws
 /// checkpoint_error naming the file.
 shard_manifest read_shard_manifest(const std::string& path);

@@ -156,24 +156,6 @@ std::vector<int32_t> generate_from_zero(const std::string& path, int world, cons
                folder, world, ck.step, out[0].size(), bytes[0] / 1e6);
   return out[0];
 }
-// The tokenizer a pretraining run's data node read, from OUTPUT_DIR/data.settings.json beside the step folders
-// (`path` is OUTPUT_DIR or one of its step folders), when that file names one that exists; "" otherwise.
-std::string zero_checkpoint_tokenizer(const std::string& path) {
-  namespace fs = std::filesystem;
-  fs::path rec_path = fs::path(path) / "data.settings.json";
-  std::error_code ec;
-  if (!fs::exists(rec_path, ec)) rec_path = fs::path(path).parent_path() / "data.settings.json";  // a step folder
-  std::ifstream f(rec_path);
-  if (!f) return "";
-  try {
-    const auto rec = nlohmann::json::parse(f);
-    // the setting as the graph spells it: a quoted string (graph::to_string), which JSON reads back
-    const auto tok = nlohmann::json::parse(rec.at("tokenizer").get<std::string>()).get<std::string>();
-    return fs::exists(tok, ec) ? tok : "";
-  } catch (const std::exception&) {
-    return "";
-  }
-}
 }  // namespace
 
 void add_generate(CLI::App& app) {
@@ -237,7 +219,7 @@ void add_generate(CLI::App& app) {
       // the run's own tokenizer (its data node's), as --model reads a folder's: tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();
       if (tok_opt->count() == 0)
-        if (const std::string run_tok = zero_checkpoint_tokenizer(o->zero_checkpoint); !run_tok.empty()) {
+        if (const std::string run_tok = run_data_tokenizer(o->zero_checkpoint); !run_tok.empty()) {
           tok_path = run_tok;
           spdlog::info("tokenizer: {}, the run's (its data.settings.json; --tokenizer not given)", tok_path);
         }

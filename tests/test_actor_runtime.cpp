@@ -1309,6 +1309,11 @@ TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors t
   main2_links[1]->sent = 6;
   REQUIRE(apply_replica_counters(main2, encode_replica_counters(sink_node, {{1, 0}})));
   CHECK(main2.snapshot().edges.at(0).handled == 9);
+  // across processes a handled message was acknowledged, whatever the producer's last report says: the
+  // final summary said "in flight 1" when an ack had not reached the producer before it reported
+  for (auto* l : main2_links) l->remote = true;
+  CHECK(main2.snapshot().edges.at(0).in_flight == 1);  // gen[1] sent 6, the sink handled 5
+  CHECK(main2.snapshot().edges.at(0).acked == 9);
   CHECK(main2.snapshot().edges.at(0).sent == 10);
   // absolute values: a later report replaces, not adds
   c.add("tokens", 500);

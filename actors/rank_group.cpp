@@ -42,13 +42,6 @@ std::shared_ptr<T> join_shared(const std::string& key, std::size_t members, Make
   return g;
 }
 
-// Every replica of the node runs in this one process (no flowrun launch; all placed on main).
-bool all_replicas_here(const actor::node_context& ctx) {
-  if (process_count() > 1) return false;
-  for (std::int64_t r = 0; r < static_cast<std::int64_t>(ctx.replicas()); ++r)
-    if (graph::placement_of(ctx.spec(), r) != graph::main_process_name) return false;
-  return true;
-}
 
 // The settings that ranks in other processes must share, each "name" -> a hash of its value: the node's
 // settings record (resume_check.h: a file by its contents where the record has them), less what only prints
@@ -132,7 +125,12 @@ void check_same_settings(actor::node_context& ctx, comm::communicator& c, int lo
 int process_index() { return actor::launch_process_index(); }
 int process_count() { return env_int("FLOWRUN_NPROC", 1); }
 
-bool console_checkpoints_reach(const actor::node_context& ctx) { return all_replicas_here(ctx); }
+bool all_replicas_here(const actor::node_context& ctx) {
+  if (process_count() > 1) return false;
+  for (std::int64_t r = 0; r < static_cast<std::int64_t>(ctx.replicas()); ++r)
+    if (graph::placement_of(ctx.spec(), r) != graph::main_process_name) return false;
+  return true;
+}
 
 rank_group join_rank_group(actor::node_context& ctx) {
   const auto& s = ctx.spec();

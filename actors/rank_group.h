@@ -60,8 +60,8 @@ int process_count();
 /// at once and the step-based agreement of checkpoint_requested(step) holds. Where it is false, zero_rank's
 /// ranks agree on the latest request by a collective at every step (zero_nodes.cpp, console_asked): split
 /// over processes, a request seen on one side alone had those ranks checkpoint alone and hung the others'
-/// next collective.
-bool console_checkpoints_reach(const actor::node_context& ctx);
+/// next collective. join_rank_group also asks it: gloo/nccl ranks all here meet through a store in memory.
+bool all_replicas_here(const actor::node_context& ctx);
 
 /// Join the node's rank group with the settings add_rank_group_settings declares (comm_backend,
 /// rendezvous, store_dir, comm_timeout_s). Every replica calls it in start(). gloo/nccl ranks that

@@ -266,7 +266,7 @@ class zero_rank final : public actor::node {
     out_dir_ = s.get_string("output_dir");
     if (!out_dir_.empty())  // one run writes it (runtime/util/dir_lock.h)
       out_lock_ = dir_lock::acquire(out_dir_, ctx.run_id(), "node '" + ctx.name() + "' output_dir");
-    console_reaches_ = console_checkpoints_reach(ctx);
+    console_reaches_ = all_replicas_here(ctx);
     if (s.get_bool("resume")) {
       std::string note;  // `latest` missing or naming a folder that is gone: which folder was taken
       if (auto f = resume_folder(out_dir_, &note); !f.empty()) {
@@ -395,7 +395,7 @@ class zero_rank final : public actor::node {
 
   // Whether the console's POST /api/checkpoint asks for a checkpoint after this step (every rank calls
   // it at every step). In one process every rank sees the request and the first to see it fixes the
-  // step (console_checkpoints_reach). Across processes (flowrun launch, cluster nodes) a request lives
+  // step (all_replicas_here). Across processes (flowrun launch, cluster nodes) a request lives
   // in the process whose console took it (a cluster node learns main's with the next counter poll):
   // the ranks agree by an all_reduce (max) of the latest request each knows, so all of them checkpoint
   // at one step, once per request; before, a request taken by one process's ranks alone hung the

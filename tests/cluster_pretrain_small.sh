@@ -49,6 +49,23 @@ start_spread() {
     || { echo "no checkpoint between steps 10 and 35 to stop w2 at (latest: $committed)"; exit 1; }
 }
 
+# freeze_w2_until_restarted NAME: SIGSTOP w2 under the run start_spread began; $ms: until the restart line.
+# Then the run must end with exit 0, having moved ranks[1] from w2 to main, and its step-40 checkpoint must
+# be the uninterrupted run's.
+freeze_w2_until_restarted() {
+  local name=$1 rc=0 t0
+  kill -STOP "$w2_pid"
+  t0=$(date +%s%N)
+  for _ in $(seq 1 6000); do grep -q "restarting the run" "$out/$name.err" && break; sleep 0.01; done
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  wait "$run_pid" || rc=$?
+  kill -CONT "$w2_pid"
+  [[ $rc -eq 0 ]] || { echo "the restarted run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/$name.err" | tail; exit 1; }
+  grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): ranks moves from w2 to main" \
+    "$out/$name.err" || { echo "no restart line moving ranks to main:"; grep -i restart "$out/$name.err"; exit 1; }
+  diff -r "$out/single/step_00000040" "$out/$name/step_00000040" || { echo "the restarted run's step-40 checkpoint differs"; exit 1; }
+}
+
 echo "== one process, 2 ranks (the reference)"
 "$flowrun" "$root/graphs/pretrain.graph" "${common[@]}" $(dirs single) > "$out/single.log" 2> "$out/single.err" \
   || { echo "single-process run failed:"; tail -20 "$out/single.err"; exit 1; }
@@ -98,25 +115,13 @@ echo "== a frozen node (SIGSTOP of w2, ranks[1]) under on_node_lost = \"restart\
 start_nodes c
 cluster_file "$out/ccluster.toml" 'on_node_lost = "restart"' 'lost_after_ms = 2000' 'connect_timeout_ms = 3000'
 start_spread frozen "$out/ccluster.toml" --set node.ranks.comm_timeout_s=120
-kill -STOP "$w2_pid"
-t0=$(date +%s%N)
-for _ in $(seq 1 6000); do grep -q "restarting the run" "$out/frozen.err" && break; sleep 0.01; done
-ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-set +e
-wait "$run_pid"
-rc=$?
-set -e
-kill -CONT "$w2_pid"
-[[ $rc -eq 0 ]] || { echo "the restarted run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/frozen.err" | tail; exit 1; }
+freeze_w2_until_restarted frozen
 grep -q "cluster node 'w2' was lost: aborted the collectives of 1 rank group(s) here that span it" "$out/cw1.err" \
   || { echo "w1 did not abort its rank group:"; tail -20 "$out/cw1.err"; exit 1; }
 grep -q "cluster node 'w2' (127.0.0.1:[0-9]*) accepts connections but its daemon does not answer" "$out/frozen.err" \
   || { echo "the frozen w2 was not told from a live one:"; grep -i "restart\|answer" "$out/frozen.err"; exit 1; }
-grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): ranks moves from w2 to main" \
-  "$out/frozen.err" || { echo "no restart line moving ranks to main:"; grep -i restart "$out/frozen.err"; exit 1; }
 ! grep -q "attempt 3" "$out/frozen.err" || { echo "a second restart:"; grep -i restart "$out/frozen.err"; exit 1; }
 (( ms < 30000 )) || { echo "the restart came $ms ms after the SIGSTOP (comm_timeout_s = 120)"; exit 1; }
-diff -r "$out/single/step_00000040" "$out/frozen/step_00000040" || { echo "the restarted run's step-40 checkpoint differs"; exit 1; }
 echo "  frozen with $committed committed; restarted ${ms} ms later with ranks[1] on main (comm_timeout_s = 120);" \
      "the step-40 checkpoint equals the uninterrupted run's"
 echo "== ranks[0] on main, ranks[1] on w2, w2 frozen: main's own rank is aborted, the restart runs both ranks on main"
@@ -125,18 +130,9 @@ echo "== ranks[0] on main, ranks[1] on w2, w2 frozen: main's own rank is aborted
 start_nodes d
 cluster_file "$out/dcluster.toml" 'on_node_lost = "restart"' 'lost_after_ms = 2000' 'connect_timeout_ms = 3000'
 start_spread main_frozen "$out/dcluster.toml" --set node.ranks.on=main,w2 --set node.ranks.comm_timeout_s=120
-kill -STOP "$w2_pid"
-set +e
-wait "$run_pid"
-rc=$?
-set -e
-kill -CONT "$w2_pid"
-[[ $rc -eq 0 ]] || { echo "the restarted run's exit code is $rc, not 0:"; grep -v "edge \|  node " "$out/main_frozen.err" | tail; exit 1; }
+freeze_w2_until_restarted main_frozen
 grep -q "aborted the collectives of 1 rank group(s) on main that span 'w2'" "$out/main_frozen.err" \
   || { echo "main did not abort its rank group:"; grep -i "abort\|lost" "$out/main_frozen.err" | head; exit 1; }
-grep -q "restarting the run (attempt 2 of at most 4, on_node_lost = \"restart\"): ranks moves from w2 to main" \
-  "$out/main_frozen.err" || { echo "no restart line moving ranks to main:"; grep -i restart "$out/main_frozen.err"; exit 1; }
-diff -r "$out/single/step_00000040" "$out/main_frozen/step_00000040" || { echo "the step-40 checkpoint differs"; exit 1; }
 echo "  frozen with $committed committed; both ranks finished on main, the step-40 checkpoint the uninterrupted run's"
 echo "== the console's checkpoint request on main reaches ranks that all run on cluster nodes"
 # main forwards its requests with every counter poll; the ranks on w1 and w2 agree on the step, so the

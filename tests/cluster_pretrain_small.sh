@@ -149,6 +149,16 @@ pids+=($run_pid)
 for _ in $(seq 1 600); do grep -q "step 5/200 " "$out/ew1.out" 2>/dev/null && break; sleep 0.05; done
 cport=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$out/asked.err" | head -1)
 [[ -n "$cport" ]] || { echo "no console port:"; tail -5 "$out/asked.err"; exit 1; }
+# main learns that the ranks poll the requests from the nodes' next counter report: its console shows both
+# replicas checkpoint_capable then (a request posted before that report was honoured, but its reply named
+# no node: one run in four)
+for _ in $(seq 1 200); do
+  [[ $(curl -sf "http://127.0.0.1:$cport/api/nodes/ranks" | grep -o '"checkpoint_capable":true' | wc -l) -eq 2 ]] && break
+  sleep 0.05
+done
+curl -sf "http://127.0.0.1:$cport/api/nodes/ranks" > "$out/asked_ranks.json" || { echo "GET /api/nodes/ranks failed"; exit 1; }
+[[ $(grep -o '"checkpoint_capable":true' "$out/asked_ranks.json" | wc -l) -eq 2 ]] ||
+  { echo "the console does not show both ranks taking checkpoint requests:"; head -c 600 "$out/asked_ranks.json"; exit 1; }
 curl -sf -X POST -H "X-Flowrun-Token: asked-token-0123456789" "http://127.0.0.1:$cport/api/checkpoint" > "$out/asked_reply.json" \
   || { echo "POST /api/checkpoint failed"; exit 1; }
 grep -q "ranks" "$out/asked_reply.json" || { echo "the reply names no node that honours it:"; cat "$out/asked_reply.json"; exit 1; }

@@ -258,10 +258,17 @@ void job_live::raise_checkpoint_generation(std::uint64_t gen) { raise_to(checkpo
 
 void job_live::note_remote_checkpoints(std::uint64_t honoured, const std::vector<std::string>& capable) {
   raise_to(checkpoint_honoured_, honoured);
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& c : capable)
-    if (std::find(remote_capable_.begin(), remote_capable_.end(), c) == remote_capable_.end())
-      remote_capable_.push_back(c);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& c : capable)
+      if (std::find(remote_capable_.begin(), remote_capable_.end(), c) == remote_capable_.end())
+        remote_capable_.push_back(c);
+  }
+  // the console's replica view (checkpoint_capable) shows it too: a node reports names, not replicas, and
+  // a kind that polls the requests polls them in every replica
+  for (auto& n : nodes_)
+    if (std::find(capable.begin(), capable.end(), n.name) != capable.end())
+      for (auto& r : n.replicas) r->mark_checkpoint_capable();
 }
 
 }  // namespace flowrun::actor

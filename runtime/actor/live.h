@@ -205,7 +205,8 @@ class job_live {
   /// checkpoint_generation() with every counter poll); raises this part's generation to it.
   void raise_checkpoint_generation(std::uint64_t gen);
   /// Cluster runs, main: what a node's part reported with its counters: the latest request it
-  /// honoured and the names of its nodes that poll checkpoint_requested().
+  /// honoured and the names of its nodes that poll checkpoint_requested(); every replica of those
+  /// nodes then reads checkpoint_capable (the console's replica view).
   void note_remote_checkpoints(std::uint64_t honoured, const std::vector<std::string>& capable);
   /// The latest request some node has honoured (checkpoint_due returned true for it; 0: none).
   /// A run that ends with checkpoint_generation() above it ends with a request not written.

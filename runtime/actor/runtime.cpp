@@ -385,10 +385,11 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         std::string names;
         for (const auto& x : nodes) names += (names.empty() ? "" : ", ") + x;
         return "checkpoint request #" + std::to_string(n) + " sent; " +
-               (nodes.empty() ? std::string("no node has asked for checkpoint requests yet (they are honoured by "
-                                            "the nodes of this process that poll them, e.g. zero_rank, at their next "
-                                            "step; replicas on cluster nodes or in flowrun launch's processes "
-                                            "checkpoint by save_checkpoint_steps only)")
+               (nodes.empty() ? std::string("no node has asked for checkpoint requests yet (the nodes that poll them, "
+                                            "e.g. zero_rank, honour it at their next step; those on cluster nodes say so "
+                                            "with their next counter report, whose replicas the console then shows "
+                                            "checkpoint_capable; flowrun launch's processes checkpoint by "
+                                            "save_checkpoint_steps only)")
                               : "nodes that honour it at their next step: " + names) +
                (live->get_run_phase() == run_phase::paused
                     ? "; the run is paused: that step comes after resume (a stop before it writes no checkpoint)"
@@ -512,8 +513,8 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
                    "it, the last committed checkpoint stays{}",
                    spec.name, j.live->checkpoint_generation(), to_string(result.reason),
                    j.live->checkpoint_capable_nodes().empty()
-                       ? " (no node of this process takes the console's checkpoint requests: replicas on cluster nodes "
-                         "or in flowrun launch's processes checkpoint by save_checkpoint_steps only)"
+                       ? " (no node of this run polled the console's checkpoint requests, here or on a cluster node; "
+                         "flowrun launch's processes checkpoint by save_checkpoint_steps only)"
                        : "");
     write_signals();
     if (signals_lost > 0)

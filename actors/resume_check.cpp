@@ -87,15 +87,6 @@ std::string folder_fingerprint(const std::string& dir, const std::set<std::strin
   return fmt::format("fnv1a:{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
 }
 
-// The model a DS-Chat trainer starts from, by its contents: a file's FNV-1a (data_fingerprint), or for a
-// folder (Hugging Face, flowrun's) that of each file directly in it, by name. Its path alone let a resume,
-// or a rerun that skips a finished step, go on from a file replaced since (DPO scored its resumed policy
-// against another reference; a finished SFT kept an output trained from the old file).
-std::string model_fingerprint(const std::string& path) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(path, ec) ? data_fingerprint(path) : folder_fingerprint(path);
-}
-
 // The kinds whose `model` is recorded by its contents: DS-Chat's steps 1 and 2 and DPO, whose model file
 // may be another step's output, rewritten by a later run, and pretraining's ranks (a LoRA checkpoint holds
 // the adapter only: resumed on a replaced base, it trained on another model). Step 3's trainers compare
@@ -112,6 +103,32 @@ void strip_batch_triple(nlohmann::json& j) {
   for (const char* k : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) j.erase(k);
 }
 
+// A setting's value as a resume compares it (settings_record's spelling: graph::to_string): lora_target_modules
+// as a set, since PEFT matches each name and the order and spaces of the list mean nothing ("v_proj, q_proj"
+// is "q_proj,v_proj"); every other setting as written.
+std::string compared_value(const std::string& key, const std::string& written) {
+  if (key != "lora_target_modules") return written;
+  std::string text;
+  try {
+    text = nlohmann::json::parse(written).get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+    return written;
+  }
+  std::set<std::string> names;
+  std::string part;
+  for (std::size_t at = 0; at <= text.size(); ++at) {
+    if (at == text.size() || text[at] == ',') {
+      part.erase(0, part.find_first_not_of(" \t"));
+      part.erase(part.find_last_not_of(" \t") + 1);
+      if (!part.empty()) names.insert(part);
+      part.clear();
+    } else {
+      part += text[at];
+    }
+  }
+  return fmt::format("{}", fmt::join(names, ","));
+}
+
 nlohmann::json contents_of(std::string_view key, const std::string& path, bool batch_split_safe = false) {
   std::error_code ec;
   // a tokenizer folder (an HF model's, or one holding tokenizer.json): the files a tokenizer is read from, by
@@ -120,6 +137,11 @@ nlohmann::json contents_of(std::string_view key, const std::string& path, bool b
     static const std::set<std::string> names(tokenizer_file_names().begin(), tokenizer_file_names().end());
     return folder_fingerprint(path, names);
   }
+  // a LoRA adapter folder to continue from (zero_rank's lora_pretrained): its config and weights by their bytes, so
+  // the same adapter moved elsewhere resumes (its path alone refused the move; the checkpoint holds the trained
+  // adapter, and the folder gives its start and config)
+  if (key == "lora_pretrained" && !path.empty() && std::filesystem::is_directory(path, ec))
+    return folder_fingerprint(path, {"adapter_config.json", "adapter_model.safetensors"});
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return nullptr;
   // the training data: a file edited in place between a run and its resume would train on other rows
   // (or the same rows in another order) from the resumed position on
@@ -143,6 +165,11 @@ nlohmann::json contents_of(std::string_view key, const std::string& path, bool b
 }
 
 }  // namespace
+
+std::string model_fingerprint(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec) ? data_fingerprint(path) : folder_fingerprint(path);
+}
 
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe) {
   nlohmann::json j = nlohmann::json::object();
@@ -209,7 +236,8 @@ std::vector<std::string> settings_changes(const nlohmann::json& recorded, const 
     const std::string c = k + std::string(contents_suffix);
     if (recorded.contains(c) && now.contains(c)) continue;  // compared by contents: the same file elsewhere is fine
     const std::string then = recorded.contains(k) ? recorded[k].get<std::string>() : std::string("(not set)");
-    if (then != v.get<std::string>()) refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
+    if (compared_value(k, then) != compared_value(k, v.get<std::string>()))
+      refused.push_back(fmt::format("{} {} -> {}", k, then, v.get<std::string>()));
   }
   return refused;
 }

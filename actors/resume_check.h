@@ -25,7 +25,8 @@ namespace flowrun::actors {
 /// The DeepSpeed JSON (deepspeed_config) and a tokenizer file or folder (its tokenizer files: tokenizer.json,
 /// tokenizer.model, tokenizer_config.json, vocab.json, merges.txt, ...) are also recorded by their contents
 /// under "NAME (contents)": the JSON parsed, without the keys a resume may change (steps_per_print,
-/// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a tokenizer and the data
+/// scheduler.params.total_num_steps, zero_optimization.stage, monitors), a LoRA adapter folder to continue
+/// from (lora_pretrained: its adapter_config.json and adapter_model.safetensors), a tokenizer and the data
 /// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes, and the `model` that
 /// sft_trainer, rm_trainer, dpo_trainer and zero_rank start from (unless it is their output) by that of its
 /// bytes, or of each file directly in its folder; check_resume_settings compares
@@ -39,6 +40,13 @@ namespace flowrun::actors {
 /// orders the rows, so a record from before the split took DS-Chat's own order (numpy's
 /// RandomState, 2026-12-05) reads as a change, not as the same rows.
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
+
+/// The model a trainer starts from, by its contents, as settings_record records it under "model
+/// (contents)": a file's FNV-1a of its bytes, or for a folder (Hugging Face, flowrun's) one over each file
+/// directly in it, by name and bytes. Its path alone let a resume, or a rerun that skips a finished step,
+/// go on from a file replaced since (DPO scored its resumed policy against another reference; a finished
+/// SFT kept an output trained from the old file). "fnv1a:" and 16 hex digits.
+std::string model_fingerprint(const std::string& path);
 
 /// The entry of settings_record's `safe` that lets a resume split train_batch_size otherwise.
 inline constexpr std::string_view ds_batch_split_safe = "deepspeed_config (batch split)";

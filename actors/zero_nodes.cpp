@@ -216,7 +216,11 @@ class zero_rank final : public actor::node {
                                               s.get_string("lora_target_modules"), static_cast<uint64_t>(s.get_int("seed")));
       if (const auto& p = s.get_string("lora_pretrained"); !p.empty()) {
         // base + LoRA: the adapter's own adapter_config.json sets r, alpha, dropout and targets
-        load_adapter(*model_, resolve_user_path(p, "lora_pretrained").string(), /*freeze_base=*/true);
+        try {
+          load_adapter(*model_, resolve_user_path(p, "lora_pretrained").string(), /*freeze_base=*/true);
+        } catch (const std::runtime_error& e) {  // the setting first: the adapter's words name files and tensors
+          throw std::invalid_argument(fmt::format("node '{}': lora_pretrained = \"{}\": {}", ctx.name(), p, e.what()));
+        }
         // a LoRA setting written in the graph or with --set that the adapter contradicts would be
         // silently replaced by the adapter's: refused, naming both (defaults are not the user's word)
         const lora_config& got = model_->lora();
@@ -226,9 +230,9 @@ class zero_rank final : public actor::node {
           differ.push_back(fmt::format("lora_r = {} (the adapter's r: {})", lc.lora_r, got.lora_r));
         if (written("lora_alpha") && lc.lora_alpha != got.lora_alpha)
           differ.push_back(fmt::format("lora_alpha = {} (the adapter's: {})", lc.lora_alpha, got.lora_alpha));
-        if (written("lora_dropout") && lc.lora_dropout != got.lora_dropout)
-          differ.push_back(fmt::format("lora_dropout = {} (the adapter's: {})", lc.lora_dropout, got.lora_dropout));
-        if (written("lora_target_modules") && lc.target_modules != got.target_modules)
+        // target modules as sets: PEFT matches each name, so order and spaces mean nothing
+        const auto as_set = [](const std::vector<std::string>& v) { return std::set<std::string>(v.begin(), v.end()); };
+        if (written("lora_target_modules") && as_set(lc.target_modules) != as_set(got.target_modules))
           differ.push_back(fmt::format("lora_target_modules = {} (the adapter's: {})", fmt::join(lc.target_modules, ","),
                                        fmt::join(got.target_modules, ",")));
         if (!differ.empty())
@@ -236,6 +240,14 @@ class zero_rank final : public actor::node {
               "node '{}': lora_pretrained {} was trained with other LoRA settings than those given: {}; its "
               "adapter_config.json sets them, so remove these settings (or give them the adapter's values)",
               ctx.name(), p, fmt::join(differ, "; ")));
+        // lora_dropout may differ from the adapter's (TencentPretrain's --lora_dropout beside
+        // --lora_pretrained_model_path): it shapes training, not what the weights mean; the node's seed draws the masks
+        const float dropout = written("lora_dropout") ? lc.lora_dropout : got.lora_dropout;
+        const bool other_dropout = dropout != got.lora_dropout;
+        if (rank_ == 0 && other_dropout)
+          ctx.print(fmt::format("[pretrain] lora_dropout = {} (the adapter {} was trained with {})", dropout, p,
+                                got.lora_dropout));
+        model_->set_lora_dropout(dropout, lc.seed);
         if (rank_ == 0) ctx.print(fmt::format("[pretrain] continuing from base + LoRA adapter {}", p));
       } else {
         try {
@@ -426,6 +438,9 @@ class zero_rank final : public actor::node {
     const uint64_t rng = model_->rng_state();
     m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
+    // the adapter's config beside it: `flowrun generate --zero_checkpoint` rebuilds base + LoRA from the
+    // base named in the settings (a LoRA checkpoint holds no base weight) without the lora_pretrained folder
+    if (model_->has_lora()) m.extra["lora_config"] = lora_config_record(model_->lora());
     if (evaluated_) {  // the held-out loss before step 1, for the closing line, and over how many instances
       m.extra["eval_before"] = before_;
       m.extra["eval_before_rows"] = val_ids_.size(0);
@@ -657,10 +672,10 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
         .option("use_lora", T::bool_, false, "train LoRA adapters only (TencentPretrain --use_lora)")
         .option("lora_r", T::int_, std::int64_t{8}, "LoRA rank (at most the model's dim)").at_least(1)
         .option("lora_alpha", T::float_, 16.0, "LoRA alpha").above(0)
-        .option("lora_dropout", T::float_, 0.0, "LoRA dropout").in_range(0, 1, false, /*high_open=*/true)
+        .option("lora_dropout", T::float_, 0.0, "LoRA dropout (beside lora_pretrained: replaces the adapter's)").in_range(0, 1, false, /*high_open=*/true)
         .option("lora_target_modules", T::string, std::string("q_proj,v_proj"),
                 "PEFT target_modules, comma-separated (q_proj,v_proj: PEFT's default for LLaMA; all-linear: every Linear)")
-        .option("lora_pretrained", T::path, std::string(""), "continue from this LoRA adapter folder (base + LoRA)")
+        .option("lora_pretrained", T::path, std::string(""), "continue from this LoRA adapter folder (base + LoRA; its adapter_config.json sets lora_r, lora_alpha and lora_target_modules)")
         .option("save_lora", T::output, std::string(""), "at the end, save only the LoRA weights here (PEFT format)")
         .option("memory_limit_gb", T::float_, 0.0, "refuse a plan over this many GB per process (0: available memory)").at_least(0)
         .option("gradient_checkpointing", T::bool_, false,

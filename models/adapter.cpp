@@ -317,16 +317,34 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
   std::map<std::string, tensor> ours;
   for (auto& [name, t] : tensors) ours[ours_from_peft(model.config(), name)] = t;
   if (ours.count("v_head.weight") && !model.has_value_head()) model.add_value_head();
-  model.enable_lora(lc, freeze_base);
+  // an adapter that does not fit this model (another family's, another size's): the tensor or module at fault,
+  // then which model the adapter meets, the base its config names, and the fix
+  const auto misfit = [&](const std::string& why) {
+    std::string base;
+    try {
+      std::ifstream again(cfg_path);
+      base = nlohmann::json::parse(again).value("base_model_name_or_path", std::string());
+    } catch (const std::exception&) {
+    }
+    return std::runtime_error(why + "; the adapter in " + dir + " does not fit the model it is applied to (" +
+                              model.config().summary() + ")" +
+                              (base.empty() ? std::string() : "; its adapter_config.json names its base: " + base) +
+                              ": apply it to the base model it was trained on");
+  };
+  try {
+    model.enable_lora(lc, freeze_base);
+  } catch (const std::invalid_argument& e) {  // a target module this family does not have
+    throw misfit(cfg_path.string() + ": " + e.what());
+  }
   std::set<std::string> used;
   for (auto& e : model.adapter_params()) {
     auto it = ours.find(e.name);
     if (it == ours.end())
-      throw std::runtime_error(st_path.string() + ": tensor '" + peft_name(model.config(), e.name) +
-                               "' is missing (the adapter's target_modules do not match the file)");
+      throw misfit(st_path.string() + ": tensor '" + peft_name(model.config(), e.name) +
+                   "' is missing (the adapter's target_modules do not match the file)");
     if (it->second.shape() != e.shape)
-      throw std::runtime_error(st_path.string() + ": tensor '" + it->first + "' has shape " +
-                               shape_str(it->second.shape()) + ", the model needs " + shape_str(e.shape));
+      throw misfit(st_path.string() + ": tensor '" + it->first + "' has shape " + shape_str(it->second.shape()) +
+                   ", the model needs " + shape_str(e.shape));
     int64_t nh = rope_rows_heads(model.config(), e.name);
     auto& dst = model.w().by_name.at(e.name);
     if (nh) dst.copy_from(permute_rope_rows(it->second, nh, model.config().head_dim(), false).to(dst.dev()));
@@ -335,8 +353,7 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
   }
   for (auto& [name, t] : ours)
     if (!used.count(name))
-      throw std::runtime_error(st_path.string() + ": unexpected tensor '" + name +
-                               "' (not a LoRA tensor of this model's layers)");
+      throw misfit(st_path.string() + ": unexpected tensor '" + name + "' (not a LoRA tensor of this model's layers)");
 }
 
 lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std::string& modules, uint64_t seed) {
@@ -377,6 +394,30 @@ lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std
   }
   if (c.target_modules.empty())
     throw std::invalid_argument("LoRA target modules '" + modules + "' name no module: write e.g. q_proj,v_proj or all-linear");
+  return c;
+}
+
+nlohmann::json lora_config_record(const lora_config& c) {
+  return {{"r", c.lora_r},
+          {"lora_alpha", c.lora_alpha},
+          {"lora_dropout", c.lora_dropout},
+          {"target_modules", c.target_modules}};
+}
+
+lora_config lora_config_from_record(const nlohmann::json& j, const std::string& where) {
+  lora_config c;
+  try {
+    c.lora_r = j.at("r").get<int64_t>();
+    c.lora_alpha = j.at("lora_alpha").get<float>();
+    c.lora_dropout = j.at("lora_dropout").get<float>();
+    c.target_modules = j.at("target_modules").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(where + ": the LoRA config recorded there is malformed (" + e.what() +
+                                "): it needs r, lora_alpha, lora_dropout and target_modules");
+  }
+  if (c.lora_r < 1 || !(c.lora_dropout >= 0 && c.lora_dropout < 1) || c.target_modules.empty())
+    throw std::invalid_argument(where + ": the LoRA config recorded there is out of range (" + j.dump() +
+                                "): r >= 1, lora_dropout in [0, 1) and at least one target module");
   return c;
 }
 

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "models/decoder.h"
 
 namespace flowrun {
@@ -46,6 +48,16 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base = tru
 /// Throws std::invalid_argument naming the setting when rank < 1, dropout is outside [0, 1) or the
 /// module list is empty; decoder::enable_lora then checks the names against the model.
 lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std::string& modules, uint64_t seed);
+
+/// A LoRA config as a checkpoint manifest records it (zero_rank's "lora_config"), with PEFT's
+/// adapter_config.json keys: {"r", "lora_alpha", "lora_dropout", "target_modules"}, the target modules
+/// as decoder::enable_lora reads them (flowrun's names, "all-linear"); the seed is not recorded (it
+/// draws A's start and the dropout masks, neither of which a trained adapter needs).
+nlohmann::json lora_config_record(const lora_config& c);
+
+/// The config lora_config_record wrote. Throws std::invalid_argument naming `where` (the manifest)
+/// when a key is missing or out of range (r < 1, lora_dropout outside [0, 1), no target module).
+lora_config lora_config_from_record(const nlohmann::json& j, const std::string& where);
 
 /// PEFT's tensor name for one of our adapter tensors of a model with config `c`, and back
 /// (PEFT's in-memory ".default." adapter name is dropped). "v_head.weight" is the same in both.

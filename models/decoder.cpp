@@ -431,6 +431,13 @@ std::vector<int> modules_for_pattern(const std::string& pat, model_family f, boo
 
 }  // namespace
 
+void decoder::set_lora_dropout(float p, uint64_t seed) {
+  if (!has_lora()) throw std::logic_error("set_lora_dropout: the model has no LoRA adapter");
+  if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("set_lora_dropout: lora_dropout must be in [0, 1)");
+  lora_.lora_dropout = p;
+  lora_.seed = seed;
+}
+
 void decoder::enable_lora(const lora_config& cfg, bool freeze_base) {
   if (cfg.lora_r < 1) throw std::invalid_argument("enable_lora: lora_r must be >= 1 (got " + std::to_string(cfg.lora_r) + ")");
   // rank(B A) <= min(in, out) of every adapted layer, so a rank above the model's width adds no capacity, only

@@ -248,6 +248,12 @@ class decoder {
   /// W -= scale · B A: the exact inverse of merge_lora (up to float rounding).
   void unmerge_lora();
   bool lora_merged() const { return merged_; }
+  /// The dropout of the adapter in place (lora_dropout, in [0, 1)) and the seed of its masks:
+  /// continuing base + LoRA with another lora_dropout than the adapter was trained with, as
+  /// TencentPretrain's --lora_dropout beside --lora_pretrained_model_path (dropout shapes training,
+  /// not what the weights mean). Throws std::logic_error without LoRA, std::invalid_argument for p
+  /// outside [0, 1).
+  void set_lora_dropout(float p, uint64_t seed);
 
   /// Replace the LM head by a scalar value head v_head (Linear(C, 1), no bias),
   /// as DeepSpeed-Chat's RewardModel (dschat/utils/model/reward_model.py). The

@@ -280,17 +280,24 @@ du -sb "$out/lora/$(cat "$out/lora/latest")" | awk '{ if ($1 > 200000) { print "
 # the LoRA run's checkpoint of step 10 (2 ranks: only rank 0 holds the replicated adapter) resumes,
 # on 2 ranks and on 1, and continues its curve (a 2-rank LoRA checkpoint was refused: rank 1's
 # manifest had no adapter group)
+# (on 1 rank with lora_target_modules reordered and spaced: the same set of modules, as PEFT matches them; it
+# was refused as a changed setting)
 for w in 2 1; do
   cp -r "$out/lora" "$out/lora_r$w" && echo step_00000010 > "$out/lora_r$w/latest"
+  targets=(); [[ $w == 1 ]] && targets=(--set "node.ranks.lora_target_modules=v_proj, q_proj")
   run lora_r$w run "$graph" --no-progress -q --set node.ranks.output_dir="$out/lora_r$w" \
-    --set node.data.output_dir="$out/lora_r$w" --set node.ranks.use_lora=true --set node.ranks.replicas=$w
+    --set node.data.output_dir="$out/lora_r$w" --set node.ranks.use_lora=true --set node.ranks.replicas=$w "${targets[@]}"
   grep -q "resuming after step 10 " "$out/lora_r$w.log" || { echo "the LoRA checkpoint did not resume on $w ranks"; exit 1; }
   echo "  LoRA resumed after step 10 on $w rank(s):"
   same_curve "$out/lora.log" "$out/lora_r$w.log" 1e-5 || { echo "the resumed LoRA run left the curve"; exit 1; }
 done
 # export_hf of a LoRA run holds the merged model (it held the base model before): a run from it
-# starts at the held-out loss the LoRA run ended with (alpha 128: 6 steps change the greedy text below)
-"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
+# starts at the held-out loss the LoRA run ended with (alpha 128: 6 steps change the greedy text below).
+# Its base is a copy of the graph's, moved after the run (below: generation from its checkpoint)
+base_model=$(sed -n 's/^model = "\(.*\)"$/\1/p' "$graph" | head -1)
+cp "$out/model_copy/stories260K.bin" "$out/lora_base.bin"
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/lora_hf_ck" --set node.data.output_dir="$out/lora_hf_ck" \
+  --set node.ranks.model="$out/lora_base.bin" \
   --set node.ranks.use_lora=true --set node.data.total_steps=6 --set node.ranks.total_steps=6 \
   --set node.ranks.export_hf="$out/lora_hf" --set node.ranks.save_lora="$out/lora_hf_adapter" \
   --set node.ranks.lora_alpha=128 \
@@ -305,18 +312,32 @@ echo "  the LoRA run's HF export starts at held-out $fstart (the LoRA run ended 
 [[ -n "$fstart" && "$fstart" == "$hafter" ]] || { echo "the LoRA run's export is not the merged model"; exit 1; }
 # generation from base + adapter (flowrun generate --lora) is generation from the merged export; the
 # LoRA-only ZeRO checkpoint points there (it pointed at a flowrun convert that takes no adapter)
-base_model=$(sed -n 's/^model = "\(.*\)"$/\1/p' "$graph" | head -1)
 gen() { "$flowrun" generate --prompt "Once upon a time" --temperature 0 --max_new_tokens 48 "$@" 2> /dev/null; }
 g_lora=$(gen --model "$base_model" --lora "$out/lora_hf_adapter") g_hf=$(gen --model "$out/lora_hf")
 g_base=$(gen --model "$base_model")
 [[ -n "$g_lora" && "$g_lora" == "$g_hf" ]] || { printf 'base + LoRA: %s\nexport:      %s\n' "$g_lora" "$g_hf"; exit 1; }
 [[ "$g_lora" != "$g_base" ]] || { echo "the adapter changed no greedy token: the comparison proves nothing"; exit 1; }
 echo "  generate --model base --lora adapter = generate --model export (greedy, 48 tokens), not the base's"
-if "$flowrun" generate --zero_checkpoint "$out/lora" --max_new_tokens 2 > "$out/gen_lora.log" 2>&1; then
-  echo "generation from a LoRA-only checkpoint was accepted"; exit 1
+# generation from the LoRA run's ZeRO checkpoint (it holds the adapter alone) is base + adapter, merged: the
+# base the run recorded, or --model once it moved; another model as --model is refused (it was refused
+# outright, pointing to a save_lora folder that a stopped run has not written)
+g_zero=$(gen --zero_checkpoint "$out/lora_hf_ck")
+[[ "$g_zero" == "$g_lora" ]] || { printf 'zero_checkpoint: %s\nbase + LoRA:     %s\n' "$g_zero" "$g_lora"; exit 1; }
+mv "$out/lora_base.bin" "$out/lora_base_moved.bin"
+if "$flowrun" generate --zero_checkpoint "$out/lora_hf_ck" --max_new_tokens 2 > /dev/null 2> "$out/gen_lora.err"; then
+  echo "a base that is gone was not said"; exit 1
 fi
-grep -q "holds only LoRA weights: generate from the base model and the run's adapter (its save_lora folder): --model BASE --lora ADAPTER" \
-  "$out/gen_lora.log" || { tail -2 "$out/gen_lora.log"; exit 1; }
+grep -q "holds only LoRA weights; the run's base model $out/lora_base.bin is gone: give it with --model BASE" \
+  "$out/gen_lora.err" || { tail -2 "$out/gen_lora.err"; exit 1; }
+g_moved=$(gen --zero_checkpoint "$out/lora_hf_ck" --model "$out/lora_base_moved.bin")
+[[ "$g_moved" == "$g_lora" ]] || { printf 'moved base: %s\n' "$g_moved"; exit 1; }
+if "$flowrun" generate --zero_checkpoint "$out/lora_hf_ck" --model "$out/lora_hf" --max_new_tokens 2 > /dev/null \
+     2> "$out/gen_lora.err"; then
+  echo "another model was taken as the LoRA checkpoint's base"; exit 1
+fi
+grep -q "$out/lora_hf is not the base model .*'s adapter was trained on (other bytes than the run's $out/lora_base.bin)" \
+  "$out/gen_lora.err" || { tail -2 "$out/gen_lora.err"; exit 1; }
+echo "  generate --zero_checkpoint of the LoRA run = base + LoRA (the base moved: --model it; another model refused)"
 # an HF source's export keeps its tokenizer files and special-token ids (a Llama 3 fixture: BOS 0,
 # EOS 4 <|eot_id|>; the export wrote 1 and 2, and no tokenizer)
 l3="$root/tests/fixtures/hf_chat/llama3"
@@ -338,6 +359,32 @@ run cont run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont" -
 cstart=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/cont.log")
 echo "  base + LoRA continues at held-out $cstart (the LoRA run ended at $lafter)"
 [[ "$cstart" == "$lafter" ]] || { echo "continuing from base + LoRA did not restore the adapter"; exit 1; }
+# the adapter folder moved between a run and its resume: the same bytes elsewhere resume on the curve (the
+# path was compared, and the move refused); another adapter there is refused, naming both paths
+cp -r "$out/cont" "$out/cont_mv" && echo step_00000010 > "$out/cont_mv/latest" && cp -r "$out/lora/adapter" "$out/adapter_moved"
+run cont_mv run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont_mv" --set node.data.output_dir="$out/cont_mv" \
+  --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/adapter_moved"
+grep -q "resuming after step 10 " "$out/cont_mv.log" || { echo "the moved adapter's run did not resume"; exit 1; }
+same_curve "$out/cont.log" "$out/cont_mv.log" 1e-5 || { echo "the resume with the moved adapter left the curve"; exit 1; }
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont_mv" --set node.data.output_dir="$out/cont_mv" \
+    --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora_hf_adapter" --set node.ranks.total_steps=30 \
+    --set node.data.total_steps=30 > "$out/cont_other.log" 2>&1; then
+  echo "a resume from another adapter was accepted"; exit 1
+fi
+grep -q "with settings changed: lora_pretrained \"$out/adapter_moved\" -> \"$out/lora_hf_adapter\" (other bytes)" \
+  "$out/cont_other.log" || { grep -i error "$out/cont_other.log" | head -3; exit 1; }
+echo "  the adapter moved: resumed on the curve; another adapter in its place refused"
+# lora_dropout beside the adapter replaces its dropout (TencentPretrain's --lora_dropout beside
+# --lora_pretrained_model_path; it was refused), and the adapter's target modules in another order are its own
+run cont3 run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont3" --set node.data.output_dir="$out/cont3" \
+  --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter" --set node.ranks.lora_dropout=0.1 \
+  --set "node.ranks.lora_target_modules=v_proj,q_proj"
+grep -q "^\[pretrain\] lora_dropout = 0.1 (the adapter $out/lora/adapter was trained with 0)" "$out/cont3.log" ||
+  { grep lora "$out/cont3.log"; echo "the replaced lora_dropout is not said"; exit 1; }
+c3start=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/p' "$out/cont3.log")
+[[ "$c3start" == "$lafter" ]] || { echo "with lora_dropout 0.1 the adapter did not start where it ended: $c3start"; exit 1; }
+! same_curve "$out/cont.log" "$out/cont3.log" 0 > /dev/null || { echo "lora_dropout 0.1 trained as 0 did"; exit 1; }
+echo "  lora_dropout = 0.1 beside the adapter: taken (held-out $c3start before step 1, another curve than dropout 0)"
 # a LoRA setting the adapter contradicts is refused, not silently replaced by the adapter's
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont2" --set node.data.output_dir="$out/cont2" \
     --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter" --set node.ranks.lora_r=3 \
@@ -405,6 +452,12 @@ if "$flowrun" generate --zero_checkpoint "$out/fin" --tokenizer "$root/tests/fix
 fi
 grep -q "has 902 tokens, and the model .* has 512 embedding rows" "$out/gen_zero_vocab.err" ||
   { echo "no message naming both vocabularies:"; cat "$out/gen_zero_vocab.err"; exit 1; }
+# --model beside a checkpoint of the whole model (not a LoRA adapter on a base) was ignored without a word
+if "$flowrun" generate --zero_checkpoint "$out/fin" --model "$out/fin/hf" --max_new_tokens 2 > /dev/null 2> "$out/gen_zero_model.err"; then
+  echo "--model beside a whole-model ZeRO checkpoint was accepted"; exit 1
+fi
+grep -q "each name the model to generate from (.* holds the whole model, not a LoRA adapter on a base): give one" \
+  "$out/gen_zero_model.err" || { cat "$out/gen_zero_model.err"; exit 1; }
 # fewer total_steps than the checkpoint holds: refused (it exited 0 doing nothing)
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \
      --set node.data.total_steps=2 --set node.ranks.total_steps=2 --set node.ranks.export_hf= > "$out/fin3.log" 2>&1; then

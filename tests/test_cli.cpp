@@ -355,10 +355,7 @@ TEST_CASE("flowrun generate: a ZeRO folder or an adapter given as --model, and b
   CHECK(out.find("--world_size: Value 0 not in range 1 to 256") != std::string::npos);
   out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " --lora " + (dir / "ad").string() + " 2>&1", &rc);
   CHECK(out.find("--lora goes with --model (the base model), not --zero_checkpoint") != std::string::npos);
-  // --model beside --zero_checkpoint was ignored without a word
-  out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " --model model/stories260K/stories260K.bin 2>&1", &rc);
-  CHECK(rc != 0);
-  CHECK(out.find("--model and --zero_checkpoint each name the model to generate from: give one") != std::string::npos);
+  // (--model beside --zero_checkpoint: pretrain_small.sh, on real checkpoints: a LoRA run's base, else refused)
   fs::remove_all(dir);
 }
 

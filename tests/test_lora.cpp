@@ -454,3 +454,49 @@ TEST_CASE("LoRA: an all-linear adapter is written as PEFT writes it and reloads 
   CHECK(differ == 0);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("LoRA: set_lora_dropout changes an adapter's dropout in place, and a manifest's record of the config reads back") {
+  // zero_rank continues base + LoRA with a lora_dropout other than the adapter's (TencentPretrain's --lora_dropout
+  // beside --lora_pretrained_model_path); generate --zero_checkpoint rebuilds the adapter from the manifest's record
+  auto m = load_llama2c(test::model_path());
+  CHECK_THROWS_AS(m.set_lora_dropout(0.1f, 1), std::logic_error);  // no LoRA yet
+  tensor tg;
+  auto ids = story_ids(2, 32, &tg);
+  lora_config lc;
+  lc.lora_r = 4;
+  lc.lora_alpha = 8;
+  lc.target_modules = {"v_proj", "q_proj"};
+  m.enable_lora(lc);
+  randomize_b(m, 5);
+  activations a;
+  m.forward(a, ids, tg);  // training mode: dropout 0 drops nothing
+  const auto plain = a.logits.to_floats();
+  m.set_lora_dropout(0.5f, 7);
+  CHECK(m.lora().lora_dropout == 0.5f);
+  m.forward(a, ids, tg);
+  CHECK(max_abs_diff(a.logits.to_floats(), plain) > 1e-4);  // half of the adapters' inputs dropped
+  m.set_lora_dropout(0.0f, 7);
+  m.forward(a, ids, tg);
+  CHECK(max_abs_diff(a.logits.to_floats(), plain) == 0.0);
+  CHECK_THROWS_AS(m.set_lora_dropout(1.0f, 7), std::invalid_argument);
+  CHECK_THROWS_AS(m.set_lora_dropout(-0.1f, 7), std::invalid_argument);
+
+  lc.lora_dropout = 0.05f;
+  const nlohmann::json rec = lora_config_record(lc);
+  const lora_config back = lora_config_from_record(rec, "manifest.msgpack");
+  CHECK(back.lora_r == 4);
+  CHECK(back.lora_alpha == 8.0f);
+  CHECK(back.lora_dropout == 0.05f);
+  CHECK(back.target_modules == std::vector<std::string>{"v_proj", "q_proj"});
+  nlohmann::json bad = rec;
+  bad.erase("r");
+  try {
+    (void)lora_config_from_record(bad, "manifest.msgpack");
+    FAIL("a record without r was read");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("manifest.msgpack: the LoRA config recorded there is malformed") == 0);
+  }
+  bad = rec;
+  bad["r"] = 0;
+  CHECK_THROWS_WITH_AS(lora_config_from_record(bad, "m"), doctest::Contains("out of range"), std::invalid_argument);
+}

@@ -24,8 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "models/adapter.h"
+#include "models/checkpoint.h"
 #include "models/hf.h"
 #include "models/safetensors.h"
+#include "test_util.h"
 
 using namespace flowrun;
 namespace fs = std::filesystem;
@@ -409,7 +411,7 @@ TEST_CASE("PEFT adapter: errors name the file and tensor") {
     std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
     auto m = load_hf(k_base.string());
     CHECK_NOTHROW(load_adapter(m, tmp.str()));
-    for (const nlohmann::json init : {nlohmann::json(false), nlohmann::json("gaussian"), nlohmann::json("eva")}) {
+    for (const nlohmann::json& init : {nlohmann::json(false), nlohmann::json("gaussian"), nlohmann::json("eva")}) {
       CAPTURE(init.dump());  // initialisations of the adapter alone: a saved one does not depend on them
       cfg["init_lora_weights"] = init;
       std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
@@ -470,5 +472,36 @@ TEST_CASE("PEFT adapter: a rank, alpha or dropout that is no usable number is re
     auto m = load_hf(k_base.string());
     const std::string expected = std::string("adapter_config.json: not a PEFT LoRA adapter config (") + want;
     CHECK_THROWS_WITH_AS(load_adapter(m, tmp.str()), doctest::Contains(expected.c_str()), std::runtime_error);
+  }
+}
+
+TEST_CASE("PEFT adapter: one that does not fit the model names the misfit, the base its config names, and the fix") {
+  // a GPT-2 adapter on a LLaMA (c_attn is no module of LLaMA's), an OPT adapter on a LLaMA (nor is fc1), and a
+  // LLaMA adapter on a model of another width: the error named the module or tensor only, not which adapter met
+  // which model
+  struct misfit {
+    std::string adapter, model, cause;
+  };
+  const std::vector<misfit> cases = {
+      {"gpt2_lora", (k_fixtures / "hf" / "llama").string(), "adapter_config.json: enable_lora: target module 'c_attn'"},
+      {"opt_lora", (k_fixtures / "hf" / "llama").string(), "adapter_config.json: enable_lora: target module 'fc1'"},
+      {"llama_lora", asset_path("model/stories260K/stories260K.bin").string(), "adapter_model.safetensors: tensor '"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.adapter);
+    decoder m = load_model(c.model);
+    const fs::path dir = k_fixtures / "peft" / c.adapter;
+    const std::string base = nlohmann::json::parse(std::ifstream(dir / "adapter_config.json"))["base_model_name_or_path"];
+    try {
+      load_adapter(m, dir.string());
+      FAIL("the adapter was applied");
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(what.find(c.cause) != std::string::npos);
+      CHECK(what.find("; the adapter in " + dir.string() + " does not fit the model it is applied to (" +
+                      m.config().summary() + "); its adapter_config.json names its base: " + base +
+                      ": apply it to the base model it was trained on") != std::string::npos);
+    }
   }
 }

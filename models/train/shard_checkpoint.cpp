@@ -537,7 +537,7 @@ std::string latest_checkpoint(const std::string& dir, std::string* note) {
 std::string run_data_tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const fs::path dir : {fs::path(path), fs::path(path).parent_path()}) {
+  for (const fs::path& dir : {fs::path(path), fs::path(path).parent_path()}) {
     std::vector<fs::path> records;
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (const auto n = e.path().filename().string(); n.size() > 14 && n.compare(n.size() - 14, 14, ".settings.json") == 0)

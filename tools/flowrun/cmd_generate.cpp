@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "actors/resume_check.h"
 #include "models/adapter.h"
 #include "models/generate.h"
 #include "models/checkpoint.h"
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/config.h"
+#include "models/train/engine_checkpoint.h"
 #include "models/train/shard_checkpoint.h"
 #include "models/tokenizer.h"
 #include "models/train/zero.h"
@@ -92,12 +94,62 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
   return took.empty() ? "" : fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "), file.string());
 }
 
+// A LoRA run's checkpoint (zero_rank with use_lora) holds the adapter and no base weight: the base is the
+// run's `model` (the settings record in the manifest; `base`, --model, when given: the same model elsewhere),
+// checked by its contents, with the recorded adapter merged in. The base was never sharded (it is frozen,
+// every rank read it whole), so neither is it here. Throws std::invalid_argument saying which model to give.
+decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given) {
+  const auto& extra = ck.manifests.at(0).extra;
+  const std::string& folder = ck.folder;
+  if (!extra.contains("lora_config"))  // written before the manifest recorded the adapter's config
+    throw std::invalid_argument(folder + " holds only LoRA weights and no record of their config (a checkpoint "
+                                "from before flowrun kept it): generate from the base model and the run's adapter "
+                                "(its save_lora folder): --model BASE --lora ADAPTER");
+  const lora_config lc = lora_config_from_record(extra.at("lora_config"), folder);
+  const nlohmann::json settings = extra.value("settings", nlohmann::json::object());
+  std::string recorded;  // the setting as the graph spells it: a quoted string (graph::to_string), which JSON reads
+  try {
+    recorded = nlohmann::json::parse(settings.value("model", std::string("\"\""))).get<std::string>();
+  } catch (const nlohmann::json::exception&) {  // not a string: no base named
+  }
+  const std::string fingerprint = settings.value("model (contents)", std::string());
+  std::error_code ec;
+  std::string base = base_given.empty() ? recorded : resolve_user_path(base_given, "model").string();
+  if (base.empty())
+    throw std::invalid_argument(folder + " holds only LoRA weights and names no base model: give the run's base "
+                                "with --model BASE");
+  if (!std::filesystem::exists(base, ec))
+    throw std::invalid_argument(folder + " holds only LoRA weights; the run's base model " + base +
+                                (base_given.empty() ? " is gone: give it with --model BASE (the same model, moved)"
+                                                    : " (--model) does not exist"));
+  if (!fingerprint.empty() && actors::model_fingerprint(base) != fingerprint)
+    throw std::invalid_argument(
+        base + " is not the base model " + folder + "'s adapter was trained on (other bytes than the run's " +
+        (recorded.empty() ? std::string("model") : recorded) + "): " +
+        (base_given.empty() ? "it changed since the run; give the run's base with --model BASE"
+                            : "give the run's base with --model, or leave --model out for " + recorded));
+  decoder model = load_model(base);
+  model.enable_lora(lc, /*freeze_base=*/true);
+  const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
+  if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
+    throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, LoRA (r {}, {}) on {} needs {}", folder,
+                                            adapter.defined() ? adapter.numel() : 0, lc.lora_r,
+                                            fmt::join(lc.target_modules, ","), base, model.num_adapter_parameters()));
+  model.w().adapter_flat.copy_from(adapter);
+  model.merge_lora();  // W + (alpha / r) B A: one product per Linear while decoding
+  spdlog::info("generating from {} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder,
+               ck.step, lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
+  return model;
+}
+
 // TencentPretrain's generate_lm_deepspeed: the model stays sharded over
 // `world` in-process ZeRO-3 ranks; each layer is all-gathered just before it
 // runs for every decoded token, then freed. Every rank samples the same tokens
 // (same gathered weights, same seed); rank 0's are returned.
-std::vector<int32_t> generate_from_zero(const std::string& path, int world, const std::vector<int32_t>& prompt,
-                                        const generation_config& g, const tokenizer& tok, const std::string& tok_path) {
+// A LoRA run's checkpoint goes through lora_checkpoint_model (base_given: --model, its base).
+std::vector<int32_t> generate_from_zero(const std::string& path, int world, const std::string& base_given,
+                                        const std::vector<int32_t>& prompt, const generation_config& g,
+                                        const tokenizer& tok, const std::string& tok_path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     throw std::invalid_argument("--zero_checkpoint " + path + ": no such folder (zero_rank's output_dir, or one of its "
@@ -120,11 +172,15 @@ std::vector<int32_t> generate_from_zero(const std::string& path, int world, cons
   const auto& extra = ck.manifests.at(0).extra;
   if (!extra.contains("model_config"))
     throw std::invalid_argument(folder + ": the manifest has no model_config (not written by zero_rank)");
-  if (ck.full.count("base") == 0)
-    throw std::invalid_argument(folder + " holds only LoRA weights: generate from the base model and the run's "
-                                "adapter (its save_lora folder): --model BASE --lora ADAPTER");
   const model_config cfg = extra.at("model_config").get<model_config>();
   check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
+  if (ck.full.count("base") == 0) {  // LoRA: the base model + the adapter, merged, in this thread
+    decoder model = lora_checkpoint_model(ck, base_given);
+    return generate(model, {prompt}, g)[0].tokens;
+  }
+  if (!base_given.empty())  // it generated from the checkpoint without a word
+    throw std::invalid_argument("--model and --zero_checkpoint each name the model to generate from (" + folder +
+                                " holds the whole model, not a LoRA adapter on a base): give one");
   auto group = comm::make_inproc_group(world);
   std::vector<std::vector<int32_t>> out(world);
   std::vector<std::string> errors(world);
@@ -203,7 +259,8 @@ void add_generate(CLI::App& app) {
       ->check(check("max_new_tokens"));
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
-                  "--world_size ranks that gather each layer as it runs (instead of --model)");
+                  "--world_size ranks that gather each layer as it runs (instead of --model). A LoRA run's "
+                  "checkpoint: its base model (the run's `model`, or --model when it moved) with the adapter merged");
   sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint (threads of this process)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -213,8 +270,6 @@ void add_generate(CLI::App& app) {
   sub->callback([o, tok_opt, model_opt, temp_opt, top_p_opt, top_k_opt, rep_opt] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
-    if (!o->zero_checkpoint.empty() && model_opt->count() > 0)  // it generated from the checkpoint without a word
-      throw std::invalid_argument("--model and --zero_checkpoint each name the model to generate from: give one");
     if (!o->zero_checkpoint.empty()) {
       // the run's own tokenizer (its data node's), as --model reads a folder's: tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();
@@ -225,7 +280,8 @@ void add_generate(CLI::App& app) {
         }
       auto tok = load_tokenizer(tok_path);
       auto prompt = prompt_ids(*tok, o->prompt);
-      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, prompt, generation_of(*o, *tok), *tok, tok_path);
+      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, model_opt->count() > 0 ? o->model : "", prompt,
+                                    generation_of(*o, *tok), *tok, tok_path);
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), gen.begin(), gen.end());
       std::cout << tok->decode(all) << std::endl;
@@ -240,7 +296,11 @@ void add_generate(CLI::App& app) {
         !took.empty())
       spdlog::info("sampling: {}", took);
     if (!o->lora.empty()) {  // base + LoRA, merged (W + alpha/r B A): one product per Linear while decoding
-      load_adapter(model, resolve_user_path(o->lora, "lora").string(), /*freeze_base=*/true);
+      try {
+        load_adapter(model, resolve_user_path(o->lora, "lora").string(), /*freeze_base=*/true);
+      } catch (const std::runtime_error& e) {
+        throw std::invalid_argument("--lora " + o->lora + " on --model " + o->model + ": " + e.what());
+      }
       model.merge_lora();
       spdlog::info("LoRA adapter {} merged into {}", o->lora, o->model);
     }

@@ -481,9 +481,36 @@ class zero_rank final : public actor::node {
   void restore(actor::node_context& ctx, const std::string& folder) {
     auto ck = load_checkpoint(folder);
     const auto& m0 = ck.manifests.at(0);
-    // the settings first: they name what changed (use_lora false -> true), where the hash only says "differs"
-    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(),
+    // the settings first: they name what changed (use_lora false -> true), where the hash only says "differs".
+    // A checkpoint that records the adapter's config (lora_config) compares that instead of the lora_* settings:
+    // beside lora_pretrained the adapter sets r, alpha and the targets and a written lora_dropout replaces its
+    // dropout, so the settings as written said neither what the run trained with nor what this one would
+    // (a resume that changed the dropout was accepted; one that wrote the adapter's own alpha refused)
+    std::set<std::string> safe = safe_to_change();
+    const bool lora_recorded = m0.extra.contains("lora_config");
+    if (lora_recorded) safe.insert({"lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"});
+    check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe,
                           "point output_dir elsewhere or set resume = false");
+    if (lora_recorded && model_->has_lora()) {
+      const lora_config then = lora_config_from_record(m0.extra.at("lora_config"), folder);
+      const lora_config& now = model_->lora();
+      std::vector<std::string> changed;
+      if (then.lora_r != now.lora_r) changed.push_back(fmt::format("lora_r {} -> {}", then.lora_r, now.lora_r));
+      if (then.lora_alpha != now.lora_alpha)
+        changed.push_back(fmt::format("lora_alpha {} -> {}", then.lora_alpha, now.lora_alpha));
+      if (then.lora_dropout != now.lora_dropout)
+        changed.push_back(fmt::format("lora_dropout {} -> {}", then.lora_dropout, now.lora_dropout));
+      const auto as_set = [](const std::vector<std::string>& v) { return std::set<std::string>(v.begin(), v.end()); };
+      if (as_set(then.target_modules) != as_set(now.target_modules))
+        changed.push_back(fmt::format("lora_target_modules {} -> {}", fmt::join(then.target_modules, ","),
+                                      fmt::join(now.target_modules, ",")));
+      if (!changed.empty())
+        throw std::runtime_error(fmt::format(
+            "node '{}': resuming from {} with the LoRA adapter's config changed: {} (what the run trained with -> "
+            "what this run would: the lora_* settings, or beside lora_pretrained its adapter_config.json and a written "
+            "lora_dropout); set them back, or point output_dir elsewhere or set resume = false",
+            ctx.name(), folder, fmt::join(changed, "; ")));
+    }
     if (m0.config_hash != config_hash())
       throw std::runtime_error("checkpoint " + folder +
                                " was made for another model or LoRA setting (config hash differs): point output_dir "

@@ -271,7 +271,25 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
   fs::path cfg_path = fs::path(dir) / "adapter_config.json";
   fs::path st_path = fs::path(dir) / "adapter_model.safetensors";
   std::ifstream f(cfg_path);
-  if (!f) throw std::runtime_error(cfg_path.string() + ": cannot open the adapter config");
+  if (!f) {  // the wrong kind of folder, named with what takes it
+    std::error_code ec;
+    const fs::path d(dir);
+    bool checkpoint = fs::exists(d / "latest", ec);
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("step_", 0) == 0 || (n.rfind("shard_", 0) == 0 && e.path().extension() == ".msgpack"))
+        checkpoint = true;
+    }
+    const std::string what =
+        !fs::is_directory(d, ec) ? " (" + dir + " is not a folder: an adapter is one, as save_lora writes it)"
+        : checkpoint ? " (" + dir + " is a ZeRO checkpoint, not an adapter folder: a LoRA run's checkpoint is read by "
+                       "`flowrun generate --zero_checkpoint` and `flowrun convert --from zero`; its adapter folder is "
+                       "what save_lora writes)"
+        : fs::exists(d / "config.json", ec) ? " (" + dir + " is a model folder, not a LoRA adapter: a base model is "
+                                              "`model` / --model, and the adapter goes on top of it)"
+                                            : std::string();
+    throw std::runtime_error(cfg_path.string() + ": cannot open the adapter config" + what);
+  }
   lora_config lc;
   // nlohmann's own errors (bad JSON, a missing key, a wrong type) name neither the file nor what it must hold
   try {
@@ -386,7 +404,9 @@ lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std
     if (at == modules.size() || modules[at] == ',') {
       part.erase(0, part.find_first_not_of(" \t"));
       part.erase(part.find_last_not_of(" \t") + 1);
-      if (!part.empty()) c.target_modules.push_back(part);
+      // a name given twice is one module (PEFT's target_modules is a set)
+      if (!part.empty() && std::find(c.target_modules.begin(), c.target_modules.end(), part) == c.target_modules.end())
+        c.target_modules.push_back(part);
       part.clear();
     } else {
       part += modules[at];

@@ -338,13 +338,36 @@ fi
 grep -q "$out/lora_hf is not the base model .*'s adapter was trained on (other bytes than the run's $out/lora_base.bin)" \
   "$out/gen_lora.err" || { tail -2 "$out/gen_lora.err"; exit 1; }
 echo "  generate --zero_checkpoint of the LoRA run = base + LoRA (the base moved: --model it; another model refused)"
+# convert --from zero (DeepSpeed's zero_to_fp32.py) of the LoRA run's checkpoint, and --lora of its adapter on the
+# base (PEFT's merge_and_unload), write the weights of the run's own export_hf, byte for byte
+"$flowrun" convert --from zero "$out/lora_hf_ck" --base "$out/lora_base_moved.bin" --to hf "$out/lora_conv" > "$out/lora_conv.log" 2>&1 ||
+  { tail -3 "$out/lora_conv.log"; exit 1; }
+"$flowrun" convert --from llama2c "$out/lora_base_moved.bin" --lora "$out/lora_hf_adapter" --to hf "$out/lora_merged" \
+  > "$out/lora_merged.log" 2>&1 || { tail -3 "$out/lora_merged.log"; exit 1; }
+for d in lora_conv lora_merged; do
+  cmp "$out/$d/model.safetensors" "$out/lora_hf/model.safetensors" || { echo "$d: not the LoRA run's export"; exit 1; }
+done
+if "$flowrun" convert --from zero "$out/lora_hf_ck" --lora "$out/lora_hf_adapter" --to hf "$out/lora_conv2" > "$out/lora_conv2.log" 2>&1; then
+  echo "--lora beside --from zero was accepted"; exit 1
+fi
+grep -q "a LoRA run's ZeRO checkpoint holds its adapter, which --from zero merges" "$out/lora_conv2.log" || { tail -2 "$out/lora_conv2.log"; exit 1; }
+if "$flowrun" convert --from zero "$out/lora_hf_ck" --base "$out/lora_base_moved.bin" --to hf "$out/lora_base_moved.bin" \
+    > "$out/lora_conv3.log" 2>&1; then
+  echo "a conversion over the run's base was accepted"; exit 1
+fi
+grep -q "is the run's base model: write the consolidated model elsewhere" "$out/lora_conv3.log" || { tail -2 "$out/lora_conv3.log"; exit 1; }
+echo "  convert --from zero of the LoRA checkpoint = --lora of its adapter = the run's export_hf (bytes); misuses refused"
 # an HF source's export keeps its tokenizer files and special-token ids (a Llama 3 fixture: BOS 0,
 # EOS 4 <|eot_id|>; the export wrote 1 and 2, and no tokenizer)
 l3="$root/tests/fixtures/hf_chat/llama3"
-"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir= --set node.data.output_dir= \
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/l3_ck" --set node.data.output_dir="$out/l3_ck" \
   --set node.ranks.model="$l3" --set node.data.tokenizer="$l3" --set node.data.total_steps=2 \
   --set node.ranks.total_steps=2 --set node.ranks.export_hf="$out/l3_hf" > "$out/l3_hf.log" 2>&1 ||
   { tail -5 "$out/l3_hf.log"; exit 1; }
+# convert --from zero of its checkpoint writes that export, every file (an HF base's token ids and tokenizer)
+"$flowrun" convert --from zero "$out/l3_ck" --to hf "$out/l3_conv" > "$out/l3_conv.log" 2>&1 || { tail -3 "$out/l3_conv.log"; exit 1; }
+for f in "$out/l3_hf"/*; do cmp "$f" "$out/l3_conv/$(basename "$f")" || { echo "l3: convert --from zero differs"; exit 1; }; done
+[[ $(ls "$out/l3_conv" | wc -l) == $(ls "$out/l3_hf" | wc -l) ]] || { ls "$out/l3_conv" "$out/l3_hf"; exit 1; }
 python3 - "$l3" "$out/l3_hf" <<'PY' || { echo "the export lost the source's tokenizer or special tokens"; exit 1; }
 import json, os, sys
 src, dst = sys.argv[1:]
@@ -385,6 +408,22 @@ c3start=$(sed -n 's/^\[pretrain\] held-out loss \([0-9.]*\) before step 1 .*/\1/
 [[ "$c3start" == "$lafter" ]] || { echo "with lora_dropout 0.1 the adapter did not start where it ended: $c3start"; exit 1; }
 ! same_curve "$out/cont.log" "$out/cont3.log" 0 > /dev/null || { echo "lora_dropout 0.1 trained as 0 did"; exit 1; }
 echo "  lora_dropout = 0.1 beside the adapter: taken (held-out $c3start before step 1, another curve than dropout 0)"
+# its resume compares the adapter the run trained with (the manifest's lora_config), not the settings as written:
+# leaving lora_dropout out (the adapter's 0 then) was accepted as no change; the same adapter config written
+# otherwise resumes on the curve
+cp -r "$out/cont3" "$out/cont3_r" && echo step_00000010 > "$out/cont3_r/latest"
+if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont3_r" --set node.data.output_dir="$out/cont3_r" \
+    --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter" > "$out/cont3_r0.log" 2>&1; then
+  echo "a resume with the adapter's dropout 0 instead of 0.1 was accepted"; exit 1
+fi
+grep -q "with the LoRA adapter's config changed: lora_dropout 0.1 -> 0 (what the run trained with" "$out/cont3_r0.log" ||
+  { grep -i error "$out/cont3_r0.log" | head -2; exit 1; }
+run cont3_r run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont3_r" --set node.data.output_dir="$out/cont3_r" \
+  --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter" --set node.ranks.lora_dropout=0.1 \
+  --set node.ranks.lora_target_modules=q_proj,v_proj
+grep -q "resuming after step 10 " "$out/cont3_r.log" || { echo "the lora_dropout 0.1 run did not resume"; exit 1; }
+same_curve "$out/cont3.log" "$out/cont3_r.log" 1e-5 || { echo "its resume left the curve"; exit 1; }
+echo "  its resume: the adapter's dropout instead refused; the same config written otherwise resumed on the curve"
 # a LoRA setting the adapter contradicts is refused, not silently replaced by the adapter's
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/cont2" --set node.data.output_dir="$out/cont2" \
     --set node.ranks.use_lora=true --set node.ranks.lora_pretrained="$out/lora/adapter" --set node.ranks.lora_r=3 \
@@ -452,11 +491,20 @@ if "$flowrun" generate --zero_checkpoint "$out/fin" --tokenizer "$root/tests/fix
 fi
 grep -q "has 902 tokens, and the model .* has 512 embedding rows" "$out/gen_zero_vocab.err" ||
   { echo "no message naming both vocabularies:"; cat "$out/gen_zero_vocab.err"; exit 1; }
+# convert --from zero of the finished run (output_dir, and its step folder) writes its export_hf, file for file
+for src in "$out/fin" "$out/fin/$(cat "$out/fin/latest")"; do
+  rm -rf "$out/fin_conv"
+  "$flowrun" convert --from zero "$src" --to hf "$out/fin_conv" > "$out/fin_conv.log" 2>&1 || { tail -3 "$out/fin_conv.log"; exit 1; }
+  for f in model.safetensors config.json generation_config.json tokenizer.model; do
+    cmp "$out/fin_conv/$f" "$out/fin/hf/$f" || { echo "convert --from zero $src: $f is not export_hf's"; exit 1; }
+  done
+done
+echo "  convert --from zero (output_dir or step folder) = export_hf: weights, config, generation_config, tokenizer"
 # --model beside a checkpoint of the whole model (not a LoRA adapter on a base) was ignored without a word
 if "$flowrun" generate --zero_checkpoint "$out/fin" --model "$out/fin/hf" --max_new_tokens 2 > /dev/null 2> "$out/gen_zero_model.err"; then
   echo "--model beside a whole-model ZeRO checkpoint was accepted"; exit 1
 fi
-grep -q "each name the model to generate from (.* holds the whole model, not a LoRA adapter on a base): give one" \
+grep -q "holds the whole model, not a LoRA adapter on a base: drop --model $out/fin/hf (it names the base of a LoRA run's checkpoint)" \
   "$out/gen_zero_model.err" || { cat "$out/gen_zero_model.err"; exit 1; }
 # fewer total_steps than the checkpoint holds: refused (it exited 0 doing nothing)
 if "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/fin" --set node.data.output_dir="$out/fin" \

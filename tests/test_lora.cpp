@@ -424,6 +424,9 @@ TEST_CASE("LoRA: one config from settings for every trainer, DS-Chat's decoder.l
   }
   CHECK(make_lora_config(8, 16.0f, 0.1f, " q_proj , v_proj ", 0).target_modules ==
         std::vector<std::string>{"q_proj", "v_proj"});
+  // a name given twice is one module, as in PEFT's set (it was written twice into adapter_config.json)
+  CHECK(make_lora_config(8, 16.0f, 0.1f, "q_proj,v_proj,q_proj", 0).target_modules ==
+        std::vector<std::string>{"q_proj", "v_proj"});
   CHECK(make_lora_config(8, 16.0f, 0.1f, "layers.", 0).target_modules == std::vector<std::string>{"all-linear"});
   // a PEFT name that holds "layers" is not DS-Chat's prefix: enable_lora refuses its one layer
   CHECK(make_lora_config(8, 16.0f, 0.1f, "layers.0.self_attn.q_proj", 0).target_modules ==

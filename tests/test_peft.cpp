@@ -505,3 +505,19 @@ TEST_CASE("PEFT adapter: one that does not fit the model names the misfit, the b
     }
   }
 }
+
+TEST_CASE("PEFT adapter: a model folder or a ZeRO checkpoint given as the adapter says which it is and what takes it") {
+  // both said only "adapter_config.json: cannot open the adapter config"
+  const auto refused = [](const std::string& dir, const std::string& says) {
+    auto m = load_hf(k_base.string());
+    CAPTURE(dir);
+    CHECK_THROWS_WITH_AS(load_adapter(m, dir), doctest::Contains(says.c_str()), std::runtime_error);
+  };
+  refused(k_base.string(), "is a model folder, not a LoRA adapter: a base model is `model` / --model");
+  temp_dir tmp("not_adapter");
+  fs::create_directories(tmp.path / "step_00000004");
+  std::ofstream(tmp.path / "latest") << "step_00000004\n";
+  refused(tmp.str(), "is a ZeRO checkpoint, not an adapter folder: a LoRA run's checkpoint is read by `flowrun generate "
+                     "--zero_checkpoint` and `flowrun convert --from zero`");
+  refused((tmp.path / "latest").string(), "is not a folder");
+}

@@ -3,6 +3,13 @@
 //   flowrun convert --from llama2c stories260K.bin --to hf out/stories260K-hf --tokenizer tok512.model
 //   flowrun convert --from hf out/stories260K-hf --to llama2c out/stories260K.bin
 //   flowrun convert --from hf opt-125m --to hf opt-125m-bf16 --dtype bf16 --max_shard_bytes 500000000
+//   flowrun convert --from hf base --lora out/adapter --to hf out/merged         (PEFT's merge_and_unload)
+//   flowrun convert --from zero out/pretrain --to hf out/pretrain-step-hf        (DeepSpeed's zero_to_fp32.py)
+//
+// A ZeRO checkpoint (zero_rank's output_dir or a step folder; a run stopped half way, which wrote no
+// export_hf) is consolidated from its shards, or for a LoRA run merged into the run's base
+// (tools/flowrun/zero_source.h), and written as that run's export_hf would: with the tokenizer the run
+// trained on (its data node's) and an HF base's token ids and generation_config.json.
 //
 // LLaMA RoPE layouts are converted on the way (llama2.c pairs adjacent channels,
 // HF rotates halves; models/hf.h, to_half_rope), so the logits stay the same.
@@ -27,7 +34,10 @@
 #include "models/tokenizer.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "models/adapter.h"
+#include "models/train/shard_checkpoint.h"
 #include "tools/flowrun/progress_line.h"
+#include "tools/flowrun/zero_source.h"
 
 namespace flowrun::cli {
 
@@ -41,6 +51,8 @@ struct convert_opts {
   std::string tokenizer;
   int64_t max_shard_bytes = 0;
   int llama2c_version = 0;  // the layout llama2.c's run.c reads, as the trainers write
+  std::string lora;  // a PEFT adapter merged into the llama2c / hf source
+  std::string base;  // --from zero of a LoRA run: its base model, when it moved
 };
 
 dtype parse_dtype(const std::string& s) {
@@ -64,7 +76,7 @@ nlohmann::json token_keys(const fs::path& hf_dir) {
   auto j = nlohmann::json::parse(f, nullptr, false);
   if (!j.is_object()) return out;
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
-    if (j.contains(k)) out[k] = j[k];
+    if (j.contains(k) && !j[k].is_null()) out[k] = j[k];  // null: none (transformers' default), as the source says
   return out;
 }
 
@@ -84,7 +96,33 @@ void run_convert(const convert_opts& o) {
   const dtype on_disk = parse_dtype(o.dtype_name);
   decoder model;
   nlohmann::json extra = nlohmann::json::object();
-  if (src_fmt == "llama2c") {
+  // what the written folder takes its tokenizer, token ids and stop convention from: the source, or for a ZeRO
+  // checkpoint the model its run started from (as its export_hf), with the tokenizer the run trained on
+  std::string like_fmt = src_fmt, like_path = o.from[1], tokenizer_opt = o.tokenizer;
+  if (!o.base.empty() && src_fmt != "zero")
+    throw std::runtime_error("convert: --base names the base of a LoRA run's ZeRO checkpoint (--from zero): drop it");
+  if (!o.lora.empty() && src_fmt == "zero")
+    throw std::runtime_error("convert: --lora goes with --from llama2c or hf; a LoRA run's ZeRO checkpoint holds its "
+                             "adapter, which --from zero merges");
+  if (src_fmt == "zero") {
+    const std::string folder = zero_step_folder(o.from[1], "--from zero");
+    const auto ck = load_checkpoint(folder);
+    model = zero_checkpoint_model(ck, o.base, "--base");
+    spdlog::info("read ZeRO checkpoint {} (step {}, {} shard(s))", folder, ck.step, ck.world_size);
+    like_path = o.base.empty() ? zero_run_model(ck) : resolve_user_path(o.base, "model").string();
+    std::error_code ec;
+    like_fmt = !like_path.empty() && fs::exists(like_path, ec) && inspect_model(like_path).format == model_format::hf
+                   ? "hf"
+                   : "llama2c";
+    if (like_fmt == "hf") extra = token_keys(like_path);
+    if (fs::exists(o.to[1], ec) && !like_path.empty() && fs::equivalent(o.to[1], like_path, ec))
+      throw std::runtime_error("convert: --to " + o.to[1] + " is the run's base model: write the consolidated model "
+                               "elsewhere (the base stays what the run started from)");
+    if (tokenizer_opt.empty()) {
+      tokenizer_opt = run_data_tokenizer(o.from[1]);
+      if (!tokenizer_opt.empty()) spdlog::info("tokenizer: {}, the run's (its data.settings.json; --tokenizer for another)", tokenizer_opt);
+    }
+  } else if (src_fmt == "llama2c") {
     progress_line line("flowrun convert", "load");
     model = load_llama2c(resolve_user_path(o.from[1], "llama2.c model").string(), device::cpu(), on_line(line));
     line.clear();
@@ -96,7 +134,22 @@ void run_convert(const convert_opts& o) {
     spdlog::info("read {} in {:.1f} s", o.from[1], line.seconds());
     extra = token_keys(o.from[1]);
   } else {
-    throw std::runtime_error("convert: --from " + src_fmt + ": use llama2c or hf");
+    throw std::runtime_error("convert: --from " + src_fmt + ": use llama2c, hf or zero");
+  }
+  if (!o.lora.empty()) {  // PEFT's merge_and_unload: W + (lora_alpha / r) B A, the adapter's tensors gone
+    try {
+      load_adapter(model, resolve_user_path(o.lora, "lora").string(), /*freeze_base=*/false);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("convert: --lora " + o.lora + " on " + o.from[1] + ": " + e.what());
+    }
+    if (model.has_value_head())
+      throw std::runtime_error("convert: --lora " + o.lora + " holds a value head (a reward or critic adapter): the "
+                               "formats written here hold a language model's head only");
+    model.merge_lora();
+    decoder merged(model.config());  // the base's tensors alone, as save_pretrained of the merged model writes
+    merged.w().flat.copy_from(model.w().flat);
+    model = std::move(merged);
+    spdlog::info("LoRA adapter {} merged", o.lora);
   }
   spdlog::info("model: {}", model.config().summary());
 
@@ -107,19 +160,19 @@ void run_convert(const convert_opts& o) {
   // and a llama2.c file's is the one in its folder (convert --to llama2c writes it there; generate reads it:
   // converting such a file back to HF dropped it, and wrote llama2.c's BOS 1 / EOS 2 whatever it was)
   std::string beside;
-  if (o.tokenizer.empty() && src_fmt == "llama2c")
-    if (const auto dir = resolve_user_path(o.from[1], "model").parent_path(); folder_has_tokenizer(dir.string()))
+  if (tokenizer_opt.empty() && like_fmt == "llama2c" && !like_path.empty())
+    if (const auto dir = resolve_user_path(like_path, "model").parent_path(); folder_has_tokenizer(dir.string()))
       beside = dir.string();
-  const bool own = o.tokenizer.empty() && ((src_fmt == "hf" && folder_has_tokenizer(o.from[1])) || !beside.empty());
-  if (!o.tokenizer.empty() || own) {
-    tok_path = !beside.empty() ? fs::path(beside) : own ? fs::path(o.from[1]) : resolve_user_path(o.tokenizer, "tokenizer");
+  const bool own = tokenizer_opt.empty() && ((like_fmt == "hf" && folder_has_tokenizer(like_path)) || !beside.empty());
+  if (!tokenizer_opt.empty() || own) {
+    tok_path = !beside.empty() ? fs::path(beside) : own ? fs::path(like_path) : resolve_user_path(tokenizer_opt, "tokenizer");
     if (!beside.empty()) spdlog::info("tokenizer: {}, beside the llama2.c file (--tokenizer for another)", beside);
-    else if (own) spdlog::info("tokenizer: {}'s own (--tokenizer for another)", o.from[1]);
+    else if (own) spdlog::info("tokenizer: {}'s own (--tokenizer for another)", like_path);
     tok = load_tokenizer(tok_path.string());
     if (own && tok->vocab_size() > model.config().vocab_size) {  // the source's own mismatch: said, not copied
       spdlog::warn("{}: its tokenizer has {} tokens and its embedding {} rows: the tokenizer is not copied "
                    "(--tokenizer to give the model's)",
-                   o.from[1], tok->vocab_size(), model.config().vocab_size);
+                   like_path, tok->vocab_size(), model.config().vocab_size);
       tok.reset();
     } else if (tok->vocab_size() > model.config().vocab_size)
       throw std::runtime_error(tok_path.string() + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
@@ -147,17 +200,17 @@ void run_convert(const convert_opts& o) {
     save_hf(model, dst, on_disk, o.max_shard_bytes, extra, on_line(line));
     line.clear();
     if (tok) copy_tokenizer(tok_path, dst, /*hf_names=*/true);
-    if (src_fmt == "llama2c")  // a new BOS ends a text, as in run.c: the folder stops where the file did
+    if (like_fmt == "llama2c")  // a new BOS ends a text, as in run.c: the folder stops where the file did
       write_llama2c_generation_config(dst, tok ? tok->bos_id() : 1, tok ? tok->eos_id() : 2,
                                       model.config().vocab_limit());
     // from an HF folder: its stop ids and sampling defaults stay (config.json's ids came with `extra`); a folder
     // written over keeps nothing of the model before (its generation_config.json and tokenizer were read as this one's)
-    const bool in_place = src_fmt == "hf" && fs::equivalent(fs::path(o.from[1]), fs::path(dst));
+    const bool in_place = like_fmt == "hf" && fs::equivalent(fs::path(like_path), fs::path(dst));
     const fs::path dst_gc = fs::path(dst) / "generation_config.json";
-    if (src_fmt == "hf" && copy_generation_config(o.from[1], dst))
+    if (like_fmt == "hf" && copy_generation_config(like_path, dst))
       spdlog::info("generation_config.json: -> {}", dst_gc.string());
-    else if (src_fmt == "hf" && !in_place && fs::remove(dst_gc))
-      spdlog::warn("removed {}, an earlier model's: {} has none", dst_gc.string(), o.from[1]);
+    else if (like_fmt == "hf" && !in_place && fs::remove(dst_gc))
+      spdlog::warn("removed {}, an earlier model's: {} has none", dst_gc.string(), like_path);
     if (!tok && !in_place)
       if (const auto gone = remove_tokenizer_files(dst); !gone.empty())
         spdlog::warn("removed the tokenizer an earlier model left in {} ({}): this model comes without one (--tokenizer "
@@ -198,7 +251,8 @@ void run_convert(const convert_opts& o) {
 void add_convert(CLI::App& app) {
   auto o = std::make_shared<convert_opts>();
   auto* sub = app.add_subcommand("convert", "Convert weights between llama2.c files and Hugging Face folders");
-  sub->add_option("--from", o->from, "Source: FORMAT PATH, FORMAT llama2c (a .bin file) or hf (a folder)")
+  sub->add_option("--from", o->from, "Source: FORMAT PATH, FORMAT llama2c (a .bin file), hf (a folder) or zero (a ZeRO checkpoint: zero_rank's "
+                  "output_dir or a step folder, consolidated)")
       ->expected(2)
       ->required();
   sub->add_option("--to", o->to, "Destination: FORMAT PATH, FORMAT hf (a folder) or llama2c (a .bin file)")
@@ -210,6 +264,11 @@ void add_convert(CLI::App& app) {
                   "recorded as flowrun_real_vocab_size. Default from an hf folder: the folder's own tokenizer");
   sub->add_option("--max_shard_bytes", o->max_shard_bytes, "hf: shard model.safetensors above this size (0 = one file)")
       ->capture_default_str();
+  sub->add_option("--lora", o->lora,
+                  "A PEFT LoRA adapter folder merged into the llama2c / hf source before writing (PEFT's "
+                  "merge_and_unload; zero_rank's save_lora, a trainer's LoRA output)");
+  sub->add_option("--base", o->base,
+                  "--from zero of a LoRA run's checkpoint: the run's base model, when it moved (checked by its bytes)");
   sub->add_option("--llama2c_version", o->llama2c_version, "llama2c: file version 0 (legacy: what llama2.c's run.c reads) or 1 (export.py's version1_export)")
       ->capture_default_str();
   sub->callback([o] { run_convert(*o); });

@@ -9,7 +9,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "actors/resume_check.h"
 #include "models/adapter.h"
 #include "models/generate.h"
 #include "models/checkpoint.h"
@@ -17,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include "models/config.h"
-#include "models/train/engine_checkpoint.h"
 #include "models/train/shard_checkpoint.h"
 #include "models/tokenizer.h"
 #include "models/train/zero.h"
@@ -26,6 +24,7 @@
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 #include "tools/flowrun/model_tokenizer.h"
+#include "tools/flowrun/zero_source.h"
 
 namespace flowrun::cli {
 
@@ -94,54 +93,6 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
   return took.empty() ? "" : fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "), file.string());
 }
 
-// A LoRA run's checkpoint (zero_rank with use_lora) holds the adapter and no base weight: the base is the
-// run's `model` (the settings record in the manifest; `base`, --model, when given: the same model elsewhere),
-// checked by its contents, with the recorded adapter merged in. The base was never sharded (it is frozen,
-// every rank read it whole), so neither is it here. Throws std::invalid_argument saying which model to give.
-decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given) {
-  const auto& extra = ck.manifests.at(0).extra;
-  const std::string& folder = ck.folder;
-  if (!extra.contains("lora_config"))  // written before the manifest recorded the adapter's config
-    throw std::invalid_argument(folder + " holds only LoRA weights and no record of their config (a checkpoint "
-                                "from before flowrun kept it): generate from the base model and the run's adapter "
-                                "(its save_lora folder): --model BASE --lora ADAPTER");
-  const lora_config lc = lora_config_from_record(extra.at("lora_config"), folder);
-  const nlohmann::json settings = extra.value("settings", nlohmann::json::object());
-  std::string recorded;  // the setting as the graph spells it: a quoted string (graph::to_string), which JSON reads
-  try {
-    recorded = nlohmann::json::parse(settings.value("model", std::string("\"\""))).get<std::string>();
-  } catch (const nlohmann::json::exception&) {  // not a string: no base named
-  }
-  const std::string fingerprint = settings.value("model (contents)", std::string());
-  std::error_code ec;
-  std::string base = base_given.empty() ? recorded : resolve_user_path(base_given, "model").string();
-  if (base.empty())
-    throw std::invalid_argument(folder + " holds only LoRA weights and names no base model: give the run's base "
-                                "with --model BASE");
-  if (!std::filesystem::exists(base, ec))
-    throw std::invalid_argument(folder + " holds only LoRA weights; the run's base model " + base +
-                                (base_given.empty() ? " is gone: give it with --model BASE (the same model, moved)"
-                                                    : " (--model) does not exist"));
-  if (!fingerprint.empty() && actors::model_fingerprint(base) != fingerprint)
-    throw std::invalid_argument(
-        base + " is not the base model " + folder + "'s adapter was trained on (other bytes than the run's " +
-        (recorded.empty() ? std::string("model") : recorded) + "): " +
-        (base_given.empty() ? "it changed since the run; give the run's base with --model BASE"
-                            : "give the run's base with --model, or leave --model out for " + recorded));
-  decoder model = load_model(base);
-  model.enable_lora(lc, /*freeze_base=*/true);
-  const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
-  if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
-    throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, LoRA (r {}, {}) on {} needs {}", folder,
-                                            adapter.defined() ? adapter.numel() : 0, lc.lora_r,
-                                            fmt::join(lc.target_modules, ","), base, model.num_adapter_parameters()));
-  model.w().adapter_flat.copy_from(adapter);
-  model.merge_lora();  // W + (alpha / r) B A: one product per Linear while decoding
-  spdlog::info("generating from {} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder,
-               ck.step, lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
-  return model;
-}
-
 // TencentPretrain's generate_lm_deepspeed: the model stays sharded over
 // `world` in-process ZeRO-3 ranks; each layer is all-gathered just before it
 // runs for every decoded token, then freed. Every rank samples the same tokens
@@ -150,37 +101,17 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
 std::vector<int32_t> generate_from_zero(const std::string& path, int world, const std::string& base_given,
                                         const std::vector<int32_t>& prompt, const generation_config& g,
                                         const tokenizer& tok, const std::string& tok_path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw std::invalid_argument("--zero_checkpoint " + path + ": no such folder (zero_rank's output_dir, or one of its "
-                                "step_NNNNNNNN folders)");
-  std::string note;  // no `latest`: the newest step folder that verifies, said
-  const std::string folder = is_checkpoint(path) ? path : latest_checkpoint(path, &note);
-  if (!note.empty()) spdlog::warn("--zero_checkpoint {}: {}", path, note);
-  if (folder.empty()) {
-    std::vector<std::string> steps;
-    for (const auto& e : std::filesystem::directory_iterator(path, ec))
-      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().string());
-    std::sort(steps.begin(), steps.end());
-    throw std::invalid_argument(
-        "--zero_checkpoint " + path + ": no committed checkpoint there (no 'latest' file)" +
-        (steps.empty() ? std::string()
-                       : "; it holds " + std::to_string(steps.size()) + " step folder(s): pass one, e.g. --zero_checkpoint " +
-                             steps.back()));
-  }
+  const std::string folder = zero_step_folder(path, "--zero_checkpoint");
   auto ck = load_checkpoint(folder);
   const auto& extra = ck.manifests.at(0).extra;
   if (!extra.contains("model_config"))
     throw std::invalid_argument(folder + ": the manifest has no model_config (not written by zero_rank)");
   const model_config cfg = extra.at("model_config").get<model_config>();
   check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
-  if (ck.full.count("base") == 0) {  // LoRA: the base model + the adapter, merged, in this thread
-    decoder model = lora_checkpoint_model(ck, base_given);
+  if (ck.full.count("base") == 0 || !base_given.empty()) {  // LoRA: the base model + the adapter, merged, here
+    decoder model = zero_checkpoint_model(ck, base_given, "--model");
     return generate(model, {prompt}, g)[0].tokens;
   }
-  if (!base_given.empty())  // it generated from the checkpoint without a word
-    throw std::invalid_argument("--model and --zero_checkpoint each name the model to generate from (" + folder +
-                                " holds the whole model, not a LoRA adapter on a base): give one");
   auto group = comm::make_inproc_group(world);
   std::vector<std::vector<int32_t>> out(world);
   std::vector<std::string> errors(world);

@@ -1,0 +1,114 @@
+#include "tools/flowrun/zero_source.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/resume_check.h"
+#include "models/adapter.h"
+#include "models/checkpoint.h"
+#include "models/config.h"
+#include "models/train/engine_checkpoint.h"
+#include "runtime/util/assets.h"
+
+namespace flowrun::cli {
+
+std::string zero_step_folder(const std::string& path, const std::string& option) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw std::invalid_argument(option + " " + path + ": no such folder (zero_rank's output_dir, or one of its "
+                                "step_NNNNNNNN folders)");
+  std::string note;  // no `latest`: the newest step folder that verifies, said
+  const std::string folder = is_checkpoint(path) ? path : latest_checkpoint(path, &note);
+  if (!note.empty()) spdlog::warn("{} {}: {}", option, path, note);
+  if (folder.empty()) {
+    std::vector<std::string> steps;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().string());
+    std::sort(steps.begin(), steps.end());
+    throw std::invalid_argument(option + " " + path + ": no committed checkpoint there (no 'latest' file)" +
+                                (steps.empty() ? std::string()
+                                               : "; it holds " + std::to_string(steps.size()) +
+                                                     " step folder(s): pass one, e.g. " + option + " " + steps.back()));
+  }
+  return folder;
+}
+
+std::string zero_run_model(const loaded_checkpoint& ck) {
+  const nlohmann::json settings = ck.manifests.at(0).extra.value("settings", nlohmann::json::object());
+  try {  // the setting as the graph spells it: a quoted string (graph::to_string), which JSON reads
+    return nlohmann::json::parse(settings.value("model", std::string("\"\""))).get<std::string>();
+  } catch (const nlohmann::json::exception&) {  // not a string: no model named
+    return "";
+  }
+}
+
+namespace {
+// A LoRA run's checkpoint: the run's base (or `base_given`) with the recorded adapter merged. The base was
+// never sharded (it is frozen: every rank read it whole).
+decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt) {
+  const auto& extra = ck.manifests.at(0).extra;
+  const std::string& folder = ck.folder;
+  if (!extra.contains("lora_config"))  // written before the manifest recorded the adapter's config
+    throw std::invalid_argument(folder + " holds only LoRA weights and no record of their config (a checkpoint "
+                                "from before flowrun kept it): use the base model and the run's adapter (its "
+                                "save_lora folder): --model BASE --lora ADAPTER");
+  const lora_config lc = lora_config_from_record(extra.at("lora_config"), folder);
+  const std::string recorded = zero_run_model(ck);
+  const std::string fingerprint =
+      extra.value("settings", nlohmann::json::object()).value("model (contents)", std::string());
+  std::error_code ec;
+  const std::string base = base_given.empty() ? recorded : resolve_user_path(base_given, "model").string();
+  if (base.empty())
+    throw std::invalid_argument(folder + " holds only LoRA weights and names no base model: give the run's base with " +
+                                opt + " BASE");
+  if (!std::filesystem::exists(base, ec))
+    throw std::invalid_argument(folder + " holds only LoRA weights; the run's base model " + base +
+                                (base_given.empty() ? " is gone: give it with " + opt + " BASE (the same model, moved)"
+                                                    : " (" + opt + ") does not exist"));
+  if (!fingerprint.empty() && actors::model_fingerprint(base) != fingerprint)
+    throw std::invalid_argument(base + " is not the base model " + folder +
+                                "'s adapter was trained on (other bytes than the run's " +
+                                (recorded.empty() ? std::string("model") : recorded) + "): " +
+                                (base_given.empty() ? "it changed since the run; give the run's base with " + opt + " BASE"
+                                 : !recorded.empty() && std::filesystem::exists(recorded, ec)
+                                     ? "give the run's base with " + opt + ", or leave " + opt + " out for " + recorded
+                                     : "give the run's base with " + opt));
+  decoder model = load_model(base);
+  model.enable_lora(lc, /*freeze_base=*/true);
+  const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
+  if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
+    throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, LoRA (r {}, {}) on {} needs {}", folder,
+                                            adapter.defined() ? adapter.numel() : 0, lc.lora_r,
+                                            fmt::join(lc.target_modules, ","), base, model.num_adapter_parameters()));
+  model.w().adapter_flat.copy_from(adapter);
+  model.merge_lora();  // W + (alpha / r) B A: one product per Linear
+  spdlog::info("{} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder, ck.step,
+               lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
+  return model;
+}
+}  // namespace
+
+decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option) {
+  const auto& extra = ck.manifests.at(0).extra;
+  if (!extra.contains("model_config"))
+    throw std::invalid_argument(ck.folder + ": the manifest has no model_config (not written by zero_rank)");
+  if (ck.full.count("base") == 0) return lora_checkpoint_model(ck, base_given, base_option);
+  if (!base_given.empty())  // it was ignored without a word
+    throw std::invalid_argument(ck.folder + " holds the whole model, not a LoRA adapter on a base: drop " + base_option +
+                                " " + base_given + " (it names the base of a LoRA run's checkpoint)");
+  decoder model(extra.at("model_config").get<model_config>());
+  const tensor full = checkpoint_tensor(ck, "base", "fp32_master");
+  if (full.numel() != model.num_parameters())
+    throw std::invalid_argument(fmt::format("{}: the checkpoint holds {} parameters, its model_config makes {}",
+                                            ck.folder, full.numel(), model.num_parameters()));
+  model.w().flat.copy_from(full);
+  return model;
+}
+
+}  // namespace flowrun::cli

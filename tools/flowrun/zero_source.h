@@ -1,0 +1,37 @@
+// A zero_rank checkpoint as a model source (flowrun generate --zero_checkpoint, flowrun convert
+// --from zero): the step folder a path names, and the whole model consolidated from its shards, as
+// DeepSpeed's zero_to_fp32.py consolidates a ZeRO checkpoint.
+#pragma once
+
+#include <string>
+
+#include "models/decoder.h"
+#include "models/train/shard_checkpoint.h"
+
+namespace flowrun::cli {
+
+/// The step folder that `path` names for `option` (its name in errors, "--zero_checkpoint"): `path`
+/// itself when it is a step folder, else the committed one in `path` (zero_rank's output_dir) by its
+/// `latest` file, or the newest that verifies when `latest` cannot say (warned). Throws
+/// std::invalid_argument: no such folder; nothing committed there (naming its newest step folder, to
+/// pass instead).
+std::string zero_step_folder(const std::string& path, const std::string& option);
+
+/// The `model` setting of the zero_rank run that wrote `ck` (its manifest's settings record,
+/// an absolute path); "" when the record names none.
+std::string zero_run_model(const loaded_checkpoint& ck);
+
+/// The whole model of a zero_rank checkpoint, f32 on the CPU:
+///  - a full run's: the fp32 master weights of every shard (checkpoint group "base"), on the
+///    model_config the manifest records;
+///  - a LoRA run's (the checkpoint holds the adapter alone, group "adapter"): the run's base model
+///    (zero_run_model; `base_given`, the option `base_option` ("--model"), names it after a move) checked by its bytes
+///    (the record's "model (contents)", actors::model_fingerprint), with the adapter of the
+///    manifest's lora_config put in and merged: W + (lora_alpha / r) B A.
+/// Throws std::invalid_argument saying what to give: no model_config (not zero_rank's); a LoRA
+/// checkpoint from before lora_config was recorded; a base that is gone, or has other bytes; an
+/// adapter of another size than the config makes.
+/// A full checkpoint with `base_given` is refused too (the option would be ignored).
+decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option);
+
+}  // namespace flowrun::cli

@@ -436,11 +436,7 @@ class zero_rank final : public actor::node {
     m.data_epoch = epoch_;
     m.data_cursor = cursor_;
     const uint64_t rng = model_->rng_state();
-    m.extra["model_config"] = nlohmann::json(model_->config());  // flowrun's own keys (RoPE layout included)
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
-    // the adapter's config beside it: `flowrun generate --zero_checkpoint` rebuilds base + LoRA from the
-    // base named in the settings (a LoRA checkpoint holds no base weight) without the lora_pretrained folder
-    if (model_->has_lora()) m.extra["lora_config"] = lora_config_record(model_->lora());
     if (evaluated_) {  // the held-out loss before step 1, for the closing line, and over how many instances
       m.extra["eval_before"] = before_;
       m.extra["eval_before_rows"] = val_ids_.size(0);

@@ -208,4 +208,37 @@ wait $bg 2>/dev/null || true
 bg=
 grep -qE "^\[step 1 sft\] interrupted at update [0-9]+ of 400, before its first checkpoint \(every 300 updates into $out/f/ckpt/sft\): the same command trains this step again" \
   "$out/f.log" || fail "SIGINT before the first checkpoint: $(grep interrupted "$out/f.log")"
+# a stopped step 1's checkpoint as a model (DeepSpeed's zero_to_fp32.py): convert --from zero of the step-10 checkpoint
+# of a long run killed later is, byte for byte, the output of the same run given 10 steps (a constant LR: one
+# schedule for both), its lora_dim adapter merged as the trainer merges it; generate --zero_checkpoint reads it too.
+# A reward model's checkpoint (a v_head) is refused, naming its output.
+echo "== convert --from zero and generate --zero_checkpoint of a stopped SFT run; a reward model's refused"
+zs=("$root/graphs/sft.graph" --no-progress -q --set node.sft.lr_scheduler_type=constant --set node.sft.lora_dim=4)
+"$flowrun" "${zs[@]}" --set graph.checkpoint_dir="$out/z/a" --set node.sft.steps=10 --set node.sft.output="$out/z/a.bin" \
+  > "$out/z_a.log" 2>&1 || fail "the 10-step SFT run: $(tail -2 "$out/z_a.log")"
+zlong() {  # zlong GRAPH NAME ARGS...: a long run of NAME, killed once its step-10 checkpoint is committed
+  local graph=$1 name=$2; shift 2
+  "$flowrun" "$graph" --no-progress -q --set graph.checkpoint_dir="$out/z/$name" --set node.$name.save_checkpoint_steps=10 \
+    --set node.$name.keep_checkpoints=100000 \
+    "$@" > "$out/z_$name.log" 2>&1 &
+  local pid=$!
+  # (every checkpoint kept: the step-10 one stays however many follow before the kill)
+  for _ in $(seq 1 1200); do [[ -f "$out/z/$name/$name/latest" ]] && break; sleep 0.05; done
+  kill -9 $pid 2>/dev/null || true
+  wait $pid 2>/dev/null || true
+  [[ -f "$out/z/$name/$name/step_00000010/shard_00000-of-00001.msgpack" ]] || fail "$name: no step-10 checkpoint"
+}
+zlong "${zs[0]}" sft "${zs[@]:1}" --set node.sft.steps=100000 --set node.sft.output="$out/z/b.bin"
+"$flowrun" convert --from zero "$out/z/sft/sft/step_00000010" --to llama2c "$out/z/conv/m.bin" > "$out/z_conv.log" 2>&1 ||
+  fail "convert --from zero: $(tail -2 "$out/z_conv.log")"
+cmp "$out/z/a.bin" "$out/z/conv/m.bin" || fail "the consolidated step-10 checkpoint is not the 10-step run's output"
+zgen() { "$flowrun" generate --prompt "Human: hi" --temperature 0 --max_new_tokens 16 "$@" 2> /dev/null; }
+[[ "$(zgen --zero_checkpoint "$out/z/sft/sft/step_00000010")" == "$(zgen --model "$out/z/a.bin")" ]] ||
+  fail "generate --zero_checkpoint of the SFT checkpoint is not the 10-step output's"
+zlong "$root/graphs/rm.graph" rm --set node.rm.steps=100000 --set node.rm.output="$out/z/rm_out"
+if "$flowrun" convert --from zero "$out/z/rm/rm" --to hf "$out/z/rm_hf" > "$out/z_rm.log" 2>&1; then
+  fail "a reward model's checkpoint was converted to a language model"
+fi
+grep -q "is a value model's checkpoint (a reward model or critic: it has a v_head)" "$out/z_rm.log" || fail "$(tail -1 "$out/z_rm.log")"
+echo "  the step-10 checkpoint = the 10-step run's output (bytes), for convert and generate; a reward model's refused"
 echo "dschat_resume_small: ok"

@@ -482,7 +482,7 @@ cmp -s "$out/gen_export.txt" "$out/gen_zero.txt" ||
 # without --tokenizer, --zero_checkpoint reads the run's own (its data node's, in data.settings.json), as --model
 # reads a folder's: the same text; a tokenizer with more ids than the model's embedding is refused (it sampled garbage)
 "$flowrun" generate --zero_checkpoint "$out/fin" --world_size 2 "${gen[@]:2}" > "$out/gen_zero_own.txt" 2> "$out/gen_zero_own.err"
-grep -q "the run's (its data.settings.json; --tokenizer not given)" "$out/gen_zero_own.err" ||
+grep -q "the run's (--tokenizer not given)" "$out/gen_zero_own.err" ||
   { echo "--zero_checkpoint did not take the run's tokenizer:"; cat "$out/gen_zero_own.err"; exit 1; }
 cmp -s "$out/gen_zero.txt" "$out/gen_zero_own.txt" || { echo "the run's own tokenizer generates otherwise"; exit 1; }
 if "$flowrun" generate --zero_checkpoint "$out/fin" --tokenizer "$root/tests/fixtures/hf_chat/llama3" --max_new_tokens 2 \

@@ -1,5 +1,6 @@
 #include "models/train/engine_checkpoint.h"
 
+#include "models/adapter.h"
 #include "models/config.h"
 
 #include <algorithm>
@@ -12,6 +13,12 @@ std::vector<shard_group> engine_state_groups(const zero_engine& eng, const decod
                                              shard_manifest& m) {
   m.zero_stage = eng.settings().stage;
   m.extra["optimizer_steps"] = eng.step_count();
+  // the model the groups hold, so that the checkpoint alone rebuilds it (flowrun convert --from zero, generate
+  // --zero_checkpoint): its config (flowrun's keys, the RoPE layout included), its LoRA adapter's and whether
+  // a value head is in the adapter group
+  m.extra["model_config"] = nlohmann::json(model.config());
+  if (model.has_lora()) m.extra["lora_config"] = lora_config_record(model.lora());
+  m.extra["value_head"] = model.has_value_head();
   if (const auto& ls = eng.settings().loss_scaler) {
     m.loss_scale = ls->scale();
     m.loss_scale_good_steps = ls->good_steps();

@@ -8,7 +8,9 @@
 //   "adapter" the LoRA adapters and value head that train beside a frozen base (replicated:
 //             rank 0 writes them), the same three tensors
 // Manifest fields: zero_stage, extra.optimizer_steps (fewer than the updates when fp16 skipped
-// some), and with an fp16 loss scaler its scale, good steps and extra.loss_scale_hysteresis_left.
+// some), and with an fp16 loss scaler its scale, good steps and extra.loss_scale_hysteresis_left;
+// the model the groups hold: extra.model_config, extra.lora_config (lora_config_record, with LoRA)
+// and extra.value_head (tools/flowrun/zero_source.h rebuilds the model from them).
 #pragma once
 
 #include <string>

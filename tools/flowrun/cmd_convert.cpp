@@ -119,8 +119,8 @@ void run_convert(const convert_opts& o) {
       throw std::runtime_error("convert: --to " + o.to[1] + " is the run's base model: write the consolidated model "
                                "elsewhere (the base stays what the run started from)");
     if (tokenizer_opt.empty()) {
-      tokenizer_opt = run_data_tokenizer(o.from[1]);
-      if (!tokenizer_opt.empty()) spdlog::info("tokenizer: {}, the run's (its data.settings.json; --tokenizer for another)", tokenizer_opt);
+      tokenizer_opt = zero_run_tokenizer(ck, o.from[1]);
+      if (!tokenizer_opt.empty()) spdlog::info("tokenizer: {}, the run's (--tokenizer for another)", tokenizer_opt);
     }
   } else if (src_fmt == "llama2c") {
     progress_line line("flowrun convert", "load");

@@ -97,18 +97,19 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
 // `world` in-process ZeRO-3 ranks; each layer is all-gathered just before it
 // runs for every decoded token, then freed. Every rank samples the same tokens
 // (same gathered weights, same seed); rank 0's are returned.
-// A LoRA run's checkpoint goes through lora_checkpoint_model (base_given: --model, its base).
-std::vector<int32_t> generate_from_zero(const std::string& path, int world, const std::string& base_given,
+// A checkpoint with a LoRA adapter (a LoRA run's, the adapter alone; DS-Chat's lora_dim beside a base that
+// trains) goes through zero_checkpoint_model (base_given: --model, a LoRA run's base), in this thread.
+std::vector<int32_t> generate_from_zero(const loaded_checkpoint& ck, int world, const std::string& base_given,
                                         const std::vector<int32_t>& prompt, const generation_config& g,
                                         const tokenizer& tok, const std::string& tok_path) {
-  const std::string folder = zero_step_folder(path, "--zero_checkpoint");
-  auto ck = load_checkpoint(folder);
+  const std::string& folder = ck.folder;
   const auto& extra = ck.manifests.at(0).extra;
-  if (!extra.contains("model_config"))
-    throw std::invalid_argument(folder + ": the manifest has no model_config (not written by zero_rank)");
+  if (!extra.contains("model_config"))  // the message of zero_checkpoint_model
+    (void)zero_checkpoint_model(ck, base_given, "--model");
   const model_config cfg = extra.at("model_config").get<model_config>();
   check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
-  if (ck.full.count("base") == 0 || !base_given.empty()) {  // LoRA: the base model + the adapter, merged, here
+  if (ck.full.count("base") == 0 || !base_given.empty() || extra.contains("lora_config") ||
+      extra.value("value_head", false)) {
     decoder model = zero_checkpoint_model(ck, base_given, "--model");
     return generate(model, {prompt}, g)[0].tokens;
   }
@@ -202,16 +203,18 @@ void add_generate(CLI::App& app) {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     if (!o->zero_checkpoint.empty()) {
-      // the run's own tokenizer (its data node's), as --model reads a folder's: tok512 encoded a Llama 3 run's text
+      const auto ck = load_checkpoint(zero_step_folder(o->zero_checkpoint, "--zero_checkpoint"));
+      // the run's own tokenizer (the trainer's, or a pretraining run's data node's), as --model reads a folder's:
+      // tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();
       if (tok_opt->count() == 0)
-        if (const std::string run_tok = run_data_tokenizer(o->zero_checkpoint); !run_tok.empty()) {
+        if (const std::string run_tok = zero_run_tokenizer(ck, o->zero_checkpoint); !run_tok.empty()) {
           tok_path = run_tok;
-          spdlog::info("tokenizer: {}, the run's (its data.settings.json; --tokenizer not given)", tok_path);
+          spdlog::info("tokenizer: {}, the run's (--tokenizer not given)", tok_path);
         }
       auto tok = load_tokenizer(tok_path);
       auto prompt = prompt_ids(*tok, o->prompt);
-      auto gen = generate_from_zero(o->zero_checkpoint, o->world_size, model_opt->count() > 0 ? o->model : "", prompt,
+      auto gen = generate_from_zero(ck, o->world_size, model_opt->count() > 0 ? o->model : "", prompt,
                                     generation_of(*o, *tok), *tok, tok_path);
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), gen.begin(), gen.end());

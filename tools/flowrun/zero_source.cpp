@@ -48,6 +48,18 @@ std::string zero_run_model(const loaded_checkpoint& ck) {
   }
 }
 
+std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& path) {
+  const nlohmann::json settings = ck.manifests.at(0).extra.value("settings", nlohmann::json::object());
+  std::error_code ec;
+  try {  // a trainer's own tokenizer setting (sft_trainer's), as the graph spells it
+    if (const auto t = nlohmann::json::parse(settings.value("tokenizer", std::string("\"\""))).get<std::string>();
+        !t.empty() && std::filesystem::exists(t, ec))
+      return t;
+  } catch (const nlohmann::json::exception&) {
+  }
+  return run_data_tokenizer(path);  // zero_rank's: its data node's, from the record in output_dir
+}
+
 namespace {
 // A LoRA run's checkpoint: the run's base (or `base_given`) with the recorded adapter merged. The base was
 // never sharded (it is frozen: every rank read it whole).
@@ -90,14 +102,20 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
   model.merge_lora();  // W + (alpha / r) B A: one product per Linear
   spdlog::info("{} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder, ck.step,
                lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
-  return model;
+  decoder merged(model.config());  // the merged weights alone, as save_pretrained of PEFT's merge_and_unload
+  merged.w().flat.copy_from(model.w().flat);
+  return merged;
 }
 }  // namespace
 
 decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option) {
   const auto& extra = ck.manifests.at(0).extra;
   if (!extra.contains("model_config"))
-    throw std::invalid_argument(ck.folder + ": the manifest has no model_config (not written by zero_rank)");
+    throw std::invalid_argument(ck.folder + ": the manifest records no model (model_config): a checkpoint from before "
+                                "flowrun recorded it; the trainer's output, or export_hf of a rerun, holds the model");
+  if (extra.value("value_head", false))  // a reward model's or critic's: no language-model format holds v_head
+    throw std::invalid_argument(ck.folder + " is a value model's checkpoint (a reward model or critic: it has a "
+                                "v_head): its trainer's output folder holds it; this reads language models");
   if (ck.full.count("base") == 0) return lora_checkpoint_model(ck, base_given, base_option);
   if (!base_given.empty())  // it was ignored without a word
     throw std::invalid_argument(ck.folder + " holds the whole model, not a LoRA adapter on a base: drop " + base_option +
@@ -108,6 +126,20 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
     throw std::invalid_argument(fmt::format("{}: the checkpoint holds {} parameters, its model_config makes {}",
                                             ck.folder, full.numel(), model.num_parameters()));
   model.w().flat.copy_from(full);
+  if (extra.contains("lora_config")) {  // LoRA beside a base that trains too (DS-Chat's lora_dim without
+    // only_optimize_lora): the adapter merged, as the trainers' outputs are (DS-Chat's convert_lora_to_linear_layer)
+    const lora_config lc = lora_config_from_record(extra.at("lora_config"), ck.folder);
+    model.enable_lora(lc, /*freeze_base=*/false);
+    const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
+    if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
+      throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, its lora_config makes {}", ck.folder,
+                                              adapter.defined() ? adapter.numel() : 0, model.num_adapter_parameters()));
+    model.w().adapter_flat.copy_from(adapter);
+    model.merge_lora();
+    decoder merged(model.config());  // the merged weights alone, as the trainers save them
+    merged.w().flat.copy_from(model.w().flat);
+    return merged;
+  }
   return model;
 }
 

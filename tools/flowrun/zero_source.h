@@ -21,13 +21,21 @@ std::string zero_step_folder(const std::string& path, const std::string& option)
 /// an absolute path); "" when the record names none.
 std::string zero_run_model(const loaded_checkpoint& ck);
 
-/// The whole model of a zero_rank checkpoint, f32 on the CPU:
+/// The tokenizer the run that wrote `ck` (read from `path`, what the user named) trained with: a
+/// trainer's own `tokenizer` setting (sft_trainer's, in the manifest's settings record), else a
+/// pretraining run's data node's (run_data_tokenizer); "" when neither names a file that exists.
+std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& path);
+
+/// The whole model of a checkpoint of the one training engine (zero_rank's, a DS-Chat trainer's:
+/// engine_state_groups records the model), f32 on the CPU, its LoRA merged (a plain model):
 ///  - a full run's: the fp32 master weights of every shard (checkpoint group "base"), on the
 ///    model_config the manifest records;
 ///  - a LoRA run's (the checkpoint holds the adapter alone, group "adapter"): the run's base model
 ///    (zero_run_model; `base_given`, the option `base_option` ("--model"), names it after a move) checked by its bytes
 ///    (the record's "model (contents)", actors::model_fingerprint), with the adapter of the
-///    manifest's lora_config put in and merged: W + (lora_alpha / r) B A.
+///    manifest's lora_config put in and merged: W + (lora_alpha / r) B A;
+///  - a DS-Chat trainer's with lora_dim beside a base that trains: both groups, the adapter merged.
+/// A value model's (a reward model's or critic's v_head) is refused: no language-model format holds it.
 /// Throws std::invalid_argument saying what to give: no model_config (not zero_rank's); a LoRA
 /// checkpoint from before lora_config was recorded; a base that is gone, or has other bytes; an
 /// adapter of another size than the config makes.

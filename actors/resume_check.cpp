@@ -171,6 +171,11 @@ std::string model_fingerprint(const std::string& path) {
   return std::filesystem::is_regular_file(path, ec) ? data_fingerprint(path) : folder_fingerprint(path);
 }
 
+std::string tokenizer_fingerprint(const std::string& path) {
+  const nlohmann::json c = contents_of("tokenizer", path);
+  return c.is_string() ? c.get<std::string>() : std::string();
+}
+
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [k, v] : n.settings) {  // TensorBoard's and supervision's settings change nothing trained: never recorded

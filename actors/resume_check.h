@@ -48,6 +48,10 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
 /// SFT kept an output trained from the old file). "fnv1a:" and 16 hex digits.
 std::string model_fingerprint(const std::string& path);
 
+/// A tokenizer (a file, or a folder's tokenizer files) by its bytes, as settings_record records it
+/// under "tokenizer (contents)"; "" when `path` is neither.
+std::string tokenizer_fingerprint(const std::string& path);
+
 /// The entry of settings_record's `safe` that lets a resume split train_batch_size otherwise.
 inline constexpr std::string_view ds_batch_split_safe = "deepspeed_config (batch split)";
 

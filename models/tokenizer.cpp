@@ -298,7 +298,9 @@ std::vector<std::string> copy_tokenizer_files(const std::string& src_in, const s
     for (const auto& f : files)
       if (fs::exists(dir / f)) pairs.emplace_back(dir / f, dst / f);
   } else {
-    pairs.emplace_back(src, dst / (hf_names && src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
+    // a SentencePiece file is tokenizer.model in any model folder: what the readers look for beside a llama2.c
+    // file too (folder_has_tokenizer: a run's mod.model kept its name there, and its text was read with tok512)
+    pairs.emplace_back(src, dst / (src.extension() == ".model" ? fs::path("tokenizer.model") : src.filename()));
   }
   // A model folder holds one tokenizer: another one's files left there (an earlier conversion into the same
   // folder) would be read before the new one (load_tokenizer takes tokenizer.json first) or describe it wrongly

@@ -95,7 +95,8 @@ std::string other_tokenizer_in(const std::string& dir, const std::string& path);
 /// Copy the files of the tokenizer at `src` (what load_tokenizer takes: a SentencePiece
 /// .model file, a vocab.json with merges.txt beside it, or a folder) into folder `dst_dir`
 /// (created if needed), so that a saved model carries its tokenizer. From a vocab.json or a
-/// folder: those of tokenizer_file_names() that exist. A .model file is named tokenizer.model when `hf_names` (Hugging Face's name), else keeps its name.
+/// folder: those of tokenizer_file_names() that exist. A .model file is named tokenizer.model (Hugging Face's
+/// name, and what folder_has_tokenizer finds beside a llama2.c file).
 /// With `hf_names`, a folder that then holds a tokenizer.model but no tokenizer_config.json
 /// gets one (write_sentencepiece_tokenizer_config), so that transformers' AutoTokenizer loads it
 /// as LlamaTokenizer (without it, transformers 5 takes a generic tokenizer that adds no BOS).

@@ -327,7 +327,7 @@ mv "$out/lora_base.bin" "$out/lora_base_moved.bin"
 if "$flowrun" generate --zero_checkpoint "$out/lora_hf_ck" --max_new_tokens 2 > /dev/null 2> "$out/gen_lora.err"; then
   echo "a base that is gone was not said"; exit 1
 fi
-grep -q "holds only LoRA weights; the run's base model $out/lora_base.bin is gone: give it with --model BASE" \
+grep -q "the run's base model $out/lora_base.bin is gone: give it with --model BASE" \
   "$out/gen_lora.err" || { tail -2 "$out/gen_lora.err"; exit 1; }
 g_moved=$(gen --zero_checkpoint "$out/lora_hf_ck" --model "$out/lora_base_moved.bin")
 [[ "$g_moved" == "$g_lora" ]] || { printf 'moved base: %s\n' "$g_moved"; exit 1; }
@@ -335,7 +335,7 @@ if "$flowrun" generate --zero_checkpoint "$out/lora_hf_ck" --model "$out/lora_hf
      2> "$out/gen_lora.err"; then
   echo "another model was taken as the LoRA checkpoint's base"; exit 1
 fi
-grep -q "$out/lora_hf is not the base model .*'s adapter was trained on (other bytes than the run's $out/lora_base.bin)" \
+grep -q "$out/lora_hf is not the base model .*'s run started from (other bytes than the run's $out/lora_base.bin)" \
   "$out/gen_lora.err" || { tail -2 "$out/gen_lora.err"; exit 1; }
 echo "  generate --zero_checkpoint of the LoRA run = base + LoRA (the base moved: --model it; another model refused)"
 # convert --from zero (DeepSpeed's zero_to_fp32.py) of the LoRA run's checkpoint, and --lora of its adapter on the
@@ -359,7 +359,7 @@ grep -q "is the run's base model: write the consolidated model elsewhere" "$out/
 echo "  convert --from zero of the LoRA checkpoint = --lora of its adapter = the run's export_hf (bytes); misuses refused"
 # an HF source's export keeps its tokenizer files and special-token ids (a Llama 3 fixture: BOS 0,
 # EOS 4 <|eot_id|>; the export wrote 1 and 2, and no tokenizer)
-l3="$root/tests/fixtures/hf_chat/llama3"
+l3="$out/l3copy" && cp -r "$root/tests/fixtures/hf_chat/llama3" "$l3"  # a copy: moved below
 "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/l3_ck" --set node.data.output_dir="$out/l3_ck" \
   --set node.ranks.model="$l3" --set node.data.tokenizer="$l3" --set node.data.total_steps=2 \
   --set node.ranks.total_steps=2 --set node.ranks.export_hf="$out/l3_hf" > "$out/l3_hf.log" 2>&1 ||
@@ -368,6 +368,37 @@ l3="$root/tests/fixtures/hf_chat/llama3"
 "$flowrun" convert --from zero "$out/l3_ck" --to hf "$out/l3_conv" > "$out/l3_conv.log" 2>&1 || { tail -3 "$out/l3_conv.log"; exit 1; }
 for f in "$out/l3_hf"/*; do cmp "$f" "$out/l3_conv/$(basename "$f")" || { echo "l3: convert --from zero differs"; exit 1; }; done
 [[ $(ls "$out/l3_conv" | wc -l) == $(ls "$out/l3_hf" | wc -l) ]] || { ls "$out/l3_conv" "$out/l3_hf"; exit 1; }
+# the HF base gives the folder its token ids and generation_config.json: once it moved, --base names it (the
+# conversion failed on a missing model file, and --tokenizer alone wrote llama2.c's stop ids for a Llama 3)
+mv "$l3" "$out/l3moved"
+if "$flowrun" convert --from zero "$out/l3_ck" --to hf "$out/l3_conv2" > "$out/l3_conv2.log" 2>&1; then
+  echo "a conversion without the run's HF base was accepted"; exit 1
+fi
+grep -q "the run's base model $out/l3copy is gone: give it with --base BASE" "$out/l3_conv2.log" || { tail -1 "$out/l3_conv2.log"; exit 1; }
+"$flowrun" convert --from zero "$out/l3_ck" --base "$out/l3moved" --to hf "$out/l3_conv2" \
+  > "$out/l3_conv2.log" 2>&1 || { tail -3 "$out/l3_conv2.log"; exit 1; }
+for f in "$out/l3_hf"/*; do cmp "$f" "$out/l3_conv2/$(basename "$f")" || { echo "l3 moved: convert differs"; exit 1; }; done
+mv "$out/l3moved" "$l3"
+# the run's tokenizer edited since the run is refused (it was copied as it is now); gone, it is said
+mkdir -p "$out/tokrun" && cp "$assets/model/stories260K/tok512.model" "$out/tokrun/mod.model"
+"$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/tokrun/ck" --set node.data.output_dir="$out/tokrun/ck" \
+  --set node.data.total_steps=2 --set node.ranks.total_steps=2 --set node.ranks.export_hf= \
+  --set node.data.tokenizer="$out/tokrun/mod.model" > "$out/tokrun.log" 2>&1 || { tail -3 "$out/tokrun.log"; exit 1; }
+"$flowrun" convert --from zero "$out/tokrun/ck" --to llama2c "$out/tokrun/conv/m.bin" > "$out/tokrun_c.log" 2>&1 || { tail -2 "$out/tokrun_c.log"; exit 1; }
+# (a SentencePiece file beside a llama2.c file is tokenizer.model, which the readers look for: mod.model kept its
+# name, and generate read the text with tok512)
+[[ -f "$out/tokrun/conv/tokenizer.model" ]] || { ls "$out/tokrun/conv"; echo "the llama2.c file's tokenizer is not tokenizer.model"; exit 1; }
+printf 'x' | dd of="$out/tokrun/mod.model" bs=1 seek=100 conv=notrunc status=none
+if "$flowrun" convert --from zero "$out/tokrun/ck" --to hf "$out/tokrun/conv2" > "$out/tokrun_c2.log" 2>&1; then
+  echo "a tokenizer edited since the run was copied"; exit 1
+fi
+grep -q "the tokenizer the run trained with, $out/tokrun/mod.model, changed since the run" "$out/tokrun_c2.log" ||
+  { tail -1 "$out/tokrun_c2.log"; exit 1; }
+rm "$out/tokrun/mod.model"
+"$flowrun" convert --from zero "$out/tokrun/ck" --to hf "$out/tokrun/conv3" > "$out/tokrun_c3.log" 2>&1 || { tail -2 "$out/tokrun_c3.log"; exit 1; }
+grep -q "the tokenizer the run trained with is not found .* gets no tokenizer files; give the run's with --tokenizer" \
+  "$out/tokrun_c3.log" || { tail -2 "$out/tokrun_c3.log"; exit 1; }
+echo "  convert --from zero: an HF base moved (--base), the run's tokenizer edited (refused) or gone (said)"
 python3 - "$l3" "$out/l3_hf" <<'PY' || { echo "the export lost the source's tokenizer or special tokens"; exit 1; }
 import json, os, sys
 src, dst = sys.argv[1:]

@@ -1082,7 +1082,10 @@ TEST_CASE("SentencePiece in an HF folder: a tokenizer_config.json for transforme
   std::ofstream(tmp.path / "plain" / "tokenizer.json") << "{}";  // a llama2.c file's parent: nothing removed
   copy_tokenizer_files(tok, (tmp.path / "plain").string(), /*hf_names=*/false);
   CHECK(fs::exists(tmp.path / "plain" / "tokenizer.json"));
-  CHECK(fs::exists(tmp.path / "plain" / "tok512.model"));
+  // a SentencePiece file is tokenizer.model beside a llama2.c file too: what the readers look for there (it kept
+  // its name, and generate read that model's text with the default tok512)
+  CHECK(fs::exists(tmp.path / "plain" / "tokenizer.model"));
+  CHECK(!fs::exists(tmp.path / "plain" / "tok512.model"));
   CHECK(!fs::exists(tmp.path / "plain" / "tokenizer_config.json"));
   CHECK_THROWS_WITH_AS(write_sentencepiece_tokenizer_config((tmp.path / "hf" / "merges.txt").string(),
                                                             (tmp.path / "x.json").string()),

@@ -534,7 +534,7 @@ std::string latest_checkpoint(const std::string& dir, std::string* note) {
   return folder.string();
 }
 
-std::string run_data_tokenizer(const std::string& path) {
+std::string run_data_tokenizer(const std::string& path, std::string* contents) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (const fs::path& dir : {fs::path(path), fs::path(path).parent_path()}) {
@@ -550,7 +550,13 @@ std::string run_data_tokenizer(const std::string& path) {
         if (!rec.contains("tokenizer")) continue;
         // the setting as the graph spells it: a quoted string (graph::to_string), which JSON reads back
         const auto tok = nlohmann::json::parse(rec.at("tokenizer").get<std::string>()).get<std::string>();
-        if (!tok.empty() && fs::exists(tok, ec)) return tok;
+        if (!tok.empty() && fs::exists(tok, ec)) {
+          if (contents) {
+            const auto c = rec.find("tokenizer (contents)");
+            *contents = c != rec.end() && c->is_string() ? c->get<std::string>() : std::string();
+          }
+          return tok;
+        }
       } catch (const std::exception&) {  // not a record of ours: skipped
       }
     }

@@ -170,7 +170,9 @@ bool is_checkpoint(const std::string& path);
 /// when `path` is one of its step folders, beside it; "" when no record names one that exists.
 /// `flowrun generate --zero_checkpoint` reads it when --tokenizer is not given, and zero_rank's
 /// export_hf writes it beside a model whose source has no tokenizer of its own (a llama2.c file).
-std::string run_data_tokenizer(const std::string& path);
+/// `contents` (when given) gets the record's fingerprint of the tokenizer's bytes ("tokenizer (contents)",
+/// actors::tokenizer_fingerprint), "" when the record has none.
+std::string run_data_tokenizer(const std::string& path, std::string* contents = nullptr);
 
 /// Read and check one manifest file (its CRC-32, format and keys). Throws
 /// checkpoint_error naming the file.

@@ -107,10 +107,25 @@ void run_convert(const convert_opts& o) {
   if (src_fmt == "zero") {
     const std::string folder = zero_step_folder(o.from[1], "--from zero");
     const auto ck = load_checkpoint(folder);
+    // never into the checkpoint it reads: a step folder's files, `latest`, the records beside them
+    const fs::path root = fs::weakly_canonical(fs::exists(fs::path(folder) / "latest") ? fs::path(folder)
+                                                                                      : fs::path(folder).parent_path());
+    const fs::path to = fs::weakly_canonical(fs::absolute(o.to[1]));
+    const auto rel = to.lexically_relative(root);
+    std::error_code ec;
+    if (to == root || (!rel.empty() && *rel.begin() != ".." &&
+                       (rel.begin()->string().rfind("step_", 0) == 0 ||
+                        (std::distance(rel.begin(), rel.end()) == 1 && fs::is_regular_file(to, ec)))))
+      throw std::runtime_error("convert: --to " + o.to[1] + " is in the checkpoint " + root.string() +
+                               " it reads (its step folders or the files beside them): write the model elsewhere");
     model = zero_checkpoint_model(ck, o.base, "--base");
     spdlog::info("read ZeRO checkpoint {} (step {}, {} shard(s))", folder, ck.step, ck.world_size);
-    like_path = o.base.empty() ? zero_run_model(ck) : resolve_user_path(o.base, "model").string();
-    std::error_code ec;
+    // the run's base: an HF folder's token ids, generation_config.json and tokenizer go with the model (as its
+    // export_hf writes them), so it must be there, as it was; a llama2.c file gives only its stop convention
+    const std::string recorded = zero_run_model(ck);
+    const bool folder_base = !recorded.empty() && fs::path(recorded).extension() != ".bin";
+    like_path = !o.base.empty() || folder_base || ck.full.count("base") == 0 ? zero_run_base(ck, o.base, "--base")
+                                                                            : recorded;
     like_fmt = !like_path.empty() && fs::exists(like_path, ec) && inspect_model(like_path).format == model_format::hf
                    ? "hf"
                    : "llama2c";
@@ -120,8 +135,19 @@ void run_convert(const convert_opts& o) {
                                "elsewhere (the base stays what the run started from)");
     if (tokenizer_opt.empty()) {
       tokenizer_opt = zero_run_tokenizer(ck, o.from[1]);
-      if (!tokenizer_opt.empty()) spdlog::info("tokenizer: {}, the run's (--tokenizer for another)", tokenizer_opt);
+      if (!tokenizer_opt.empty())
+        spdlog::info("tokenizer: {}, the run's (--tokenizer for another)", tokenizer_opt);
+      else if (!(like_fmt == "hf" && folder_has_tokenizer(like_path)))
+        spdlog::warn("{}: the tokenizer the run trained with is not found (no record beside the checkpoint names a file "
+                     "that exists): {} gets no tokenizer files; give the run's with --tokenizer",
+                     folder, o.to[1]);
     }
+  } else if ((src_fmt == "llama2c" || src_fmt == "hf") && is_checkpoint(o.from[1])) {
+    throw std::runtime_error("convert: --from " + src_fmt + " " + o.from[1] + " is a ZeRO checkpoint: --from zero " +
+                             o.from[1]);
+  } else if (src_fmt == "llama2c" && fs::is_directory(o.from[1])) {
+    throw std::runtime_error("convert: --from llama2c " + o.from[1] + " is a folder: --from hf for a Hugging Face "
+                             "folder (a llama2.c model is one .bin file)");
   } else if (src_fmt == "llama2c") {
     progress_line line("flowrun convert", "load");
     model = load_llama2c(resolve_user_path(o.from[1], "llama2.c model").string(), device::cpu(), on_line(line));
@@ -136,6 +162,9 @@ void run_convert(const convert_opts& o) {
   } else {
     throw std::runtime_error("convert: --from " + src_fmt + ": use llama2c, hf or zero");
   }
+  if (std::error_code ec; !o.lora.empty() && fs::exists(o.to[1], ec) && fs::equivalent(o.from[1], o.to[1], ec))
+    throw std::runtime_error("convert: --lora: --to " + o.to[1] + " is the base model --from reads: write the merged "
+                             "model elsewhere (the base stays what the adapter was trained on)");
   if (!o.lora.empty()) {  // PEFT's merge_and_unload: W + (lora_alpha / r) B A, the adapter's tensors gone
     try {
       load_adapter(model, resolve_user_path(o.lora, "lora").string(), /*freeze_base=*/false);

@@ -108,8 +108,10 @@ std::vector<int32_t> generate_from_zero(const loaded_checkpoint& ck, int world, 
     (void)zero_checkpoint_model(ck, base_given, "--model");
   const model_config cfg = extra.at("model_config").get<model_config>();
   check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
-  if (ck.full.count("base") == 0 || !base_given.empty() || extra.contains("lora_config") ||
-      extra.value("value_head", false)) {
+  if (ck.full.count("base") > 0 && !base_given.empty())  // it generated from the checkpoint without a word
+    throw std::invalid_argument(folder + " holds the whole model, not a LoRA adapter on a base: drop --model " +
+                                base_given + " (it names the base of a LoRA run's checkpoint)");
+  if (ck.full.count("base") == 0 || extra.contains("lora_config") || extra.value("value_head", false)) {
     decoder model = zero_checkpoint_model(ck, base_given, "--model");
     return generate(model, {prompt}, g)[0].tokens;
   }
@@ -211,6 +213,10 @@ void add_generate(CLI::App& app) {
         if (const std::string run_tok = zero_run_tokenizer(ck, o->zero_checkpoint); !run_tok.empty()) {
           tok_path = run_tok;
           spdlog::info("tokenizer: {}, the run's (--tokenizer not given)", tok_path);
+        } else {
+          spdlog::warn("{}: the tokenizer the run trained with is not found (no record beside the checkpoint names a "
+                       "file that exists): reading with {}; give the run's with --tokenizer",
+                       ck.folder, tok_path);
         }
       auto tok = load_tokenizer(tok_path);
       auto prompt = prompt_ids(*tok, o->prompt);

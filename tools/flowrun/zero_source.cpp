@@ -23,20 +23,36 @@ std::string zero_step_folder(const std::string& path, const std::string& option)
   if (!std::filesystem::exists(path, ec))
     throw std::invalid_argument(option + " " + path + ": no such folder (zero_rank's output_dir, or one of its "
                                 "step_NNNNNNNN folders)");
-  std::string note;  // no `latest`: the newest step folder that verifies, said
-  const std::string folder = is_checkpoint(path) ? path : latest_checkpoint(path, &note);
-  if (!note.empty()) spdlog::warn("{} {}: {}", option, path, note);
-  if (folder.empty()) {
-    std::vector<std::string> steps;
-    for (const auto& e : std::filesystem::directory_iterator(path, ec))
-      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().string());
-    std::sort(steps.begin(), steps.end());
-    throw std::invalid_argument(option + " " + path + ": no committed checkpoint there (no 'latest' file)" +
-                                (steps.empty() ? std::string()
-                                               : "; it holds " + std::to_string(steps.size()) +
-                                                     " step folder(s): pass one, e.g. " + option + " " + steps.back()));
+  namespace fs = std::filesystem;
+  // a step folder (manifests), or an output_dir whose `latest` names one that is there: a resume would take the
+  // newest that verifies where `latest` cannot say, but a model read from a checkpoint is the one the user names
+  // (DeepSpeed's zero_to_fp32.py stops too): any doubt is an error naming the step folders to choose from
+  const bool steps_here = is_checkpoint(path) && !fs::exists(fs::path(path) / "latest", ec);
+  std::string note, folder;
+  if (steps_here) return path;
+  try {
+    folder = latest_checkpoint(path, &note);
+  } catch (const std::exception& e) {
+    note = e.what();
+    folder.clear();
   }
-  return folder;
+  if (!folder.empty() && note.empty()) return folder;
+  std::vector<std::string> steps, nodes;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    if (!e.is_directory()) continue;
+    if (e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().string());
+    else if (is_checkpoint(e.path().string())) nodes.push_back(e.path().string());  // a graph's checkpoint_dir
+  }
+  std::sort(steps.begin(), steps.end());
+  std::sort(nodes.begin(), nodes.end());
+  const std::string why = !note.empty() ? note : std::string("no committed checkpoint there (no 'latest' file)");
+  throw std::invalid_argument(
+      option + " " + path + ": " + why +
+      (!steps.empty()   ? "; it holds " + std::to_string(steps.size()) + " step folder(s): pass the one you mean, e.g. " +
+                              option + " " + steps.back()
+       : !nodes.empty() ? "; it is a graph's checkpoint_dir, holding the checkpoints of " + std::to_string(nodes.size()) +
+                              " node(s): pass one, e.g. " + option + " " + nodes.front()
+                        : std::string()));
 }
 
 std::string zero_run_model(const loaded_checkpoint& ck) {
@@ -51,13 +67,41 @@ std::string zero_run_model(const loaded_checkpoint& ck) {
 std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& path) {
   const nlohmann::json settings = ck.manifests.at(0).extra.value("settings", nlohmann::json::object());
   std::error_code ec;
+  std::string tok, contents;
   try {  // a trainer's own tokenizer setting (sft_trainer's), as the graph spells it
-    if (const auto t = nlohmann::json::parse(settings.value("tokenizer", std::string("\"\""))).get<std::string>();
-        !t.empty() && std::filesystem::exists(t, ec))
-      return t;
+    tok = nlohmann::json::parse(settings.value("tokenizer", std::string("\"\""))).get<std::string>();
+    contents = settings.value("tokenizer (contents)", std::string());
   } catch (const nlohmann::json::exception&) {
   }
-  return run_data_tokenizer(path);  // zero_rank's: its data node's, from the record in output_dir
+  if (tok.empty() || !std::filesystem::exists(tok, ec))
+    tok = run_data_tokenizer(path, &contents);  // zero_rank's: its data node's, from the record in output_dir
+  // a tokenizer edited since the run would write or read the model's ids as other text
+  if (!tok.empty() && !contents.empty() && actors::tokenizer_fingerprint(tok) != contents)
+    throw std::invalid_argument("the tokenizer the run trained with, " + tok + ", changed since the run (other bytes "
+                                "than its record): give that tokenizer as it was with --tokenizer");
+  return tok;
+}
+
+std::string zero_run_base(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt) {
+  const std::string& folder = ck.folder;
+  const std::string recorded = zero_run_model(ck);
+  const std::string fingerprint =
+      ck.manifests.at(0).extra.value("settings", nlohmann::json::object()).value("model (contents)", std::string());
+  std::error_code ec;
+  const std::string base = base_given.empty() ? recorded : resolve_user_path(base_given, "model").string();
+  if (base.empty()) return "";
+  if (!std::filesystem::exists(base, ec))
+    throw std::invalid_argument(folder + ": the run's base model " + base +
+                                (base_given.empty() ? " is gone: give it with " + opt + " BASE (the same model, moved)"
+                                                    : " (" + opt + ") does not exist"));
+  if (!fingerprint.empty() && actors::model_fingerprint(base) != fingerprint)
+    throw std::invalid_argument(base + " is not the base model " + folder + "'s run started from (other bytes than the run's " +
+                                (recorded.empty() ? std::string("model") : recorded) + "): " +
+                                (base_given.empty() ? "it changed since the run; give the run's base with " + opt + " BASE"
+                                 : !recorded.empty() && std::filesystem::exists(recorded, ec)
+                                     ? "give the run's base with " + opt + ", or leave " + opt + " out for " + recorded
+                                     : "give the run's base with " + opt));
+  return base;
 }
 
 namespace {
@@ -71,26 +115,10 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
                                 "from before flowrun kept it): use the base model and the run's adapter (its "
                                 "save_lora folder): --model BASE --lora ADAPTER");
   const lora_config lc = lora_config_from_record(extra.at("lora_config"), folder);
-  const std::string recorded = zero_run_model(ck);
-  const std::string fingerprint =
-      extra.value("settings", nlohmann::json::object()).value("model (contents)", std::string());
-  std::error_code ec;
-  const std::string base = base_given.empty() ? recorded : resolve_user_path(base_given, "model").string();
+  const std::string base = zero_run_base(ck, base_given, opt);
   if (base.empty())
     throw std::invalid_argument(folder + " holds only LoRA weights and names no base model: give the run's base with " +
                                 opt + " BASE");
-  if (!std::filesystem::exists(base, ec))
-    throw std::invalid_argument(folder + " holds only LoRA weights; the run's base model " + base +
-                                (base_given.empty() ? " is gone: give it with " + opt + " BASE (the same model, moved)"
-                                                    : " (" + opt + ") does not exist"));
-  if (!fingerprint.empty() && actors::model_fingerprint(base) != fingerprint)
-    throw std::invalid_argument(base + " is not the base model " + folder +
-                                "'s adapter was trained on (other bytes than the run's " +
-                                (recorded.empty() ? std::string("model") : recorded) + "): " +
-                                (base_given.empty() ? "it changed since the run; give the run's base with " + opt + " BASE"
-                                 : !recorded.empty() && std::filesystem::exists(recorded, ec)
-                                     ? "give the run's base with " + opt + ", or leave " + opt + " out for " + recorded
-                                     : "give the run's base with " + opt));
   decoder model = load_model(base);
   model.enable_lora(lc, /*freeze_base=*/true);
   const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
@@ -117,9 +145,6 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
     throw std::invalid_argument(ck.folder + " is a value model's checkpoint (a reward model or critic: it has a "
                                 "v_head): its trainer's output folder holds it; this reads language models");
   if (ck.full.count("base") == 0) return lora_checkpoint_model(ck, base_given, base_option);
-  if (!base_given.empty())  // it was ignored without a word
-    throw std::invalid_argument(ck.folder + " holds the whole model, not a LoRA adapter on a base: drop " + base_option +
-                                " " + base_given + " (it names the base of a LoRA run's checkpoint)");
   decoder model(extra.at("model_config").get<model_config>());
   const tensor full = checkpoint_tensor(ck, "base", "fp32_master");
   if (full.numel() != model.num_parameters())

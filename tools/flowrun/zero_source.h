@@ -21,9 +21,16 @@ std::string zero_step_folder(const std::string& path, const std::string& option)
 /// an absolute path); "" when the record names none.
 std::string zero_run_model(const loaded_checkpoint& ck);
 
+/// The model the run that wrote `ck` started from (zero_run_model; `base_given`, the option `opt`,
+/// names it after a move), checked by its bytes against the record ("model (contents)"); "" when
+/// the record names none. Throws std::invalid_argument when it is gone or has other bytes, saying
+/// to give it with `opt`.
+std::string zero_run_base(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt);
+
 /// The tokenizer the run that wrote `ck` (read from `path`, what the user named) trained with: a
 /// trainer's own `tokenizer` setting (sft_trainer's, in the manifest's settings record), else a
 /// pretraining run's data node's (run_data_tokenizer); "" when neither names a file that exists.
+/// Throws std::invalid_argument when the file's bytes differ from the record's (edited since the run).
 std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& path);
 
 /// The whole model of a checkpoint of the one training engine (zero_rank's, a DS-Chat trainer's:
@@ -39,7 +46,7 @@ std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& p
 /// Throws std::invalid_argument saying what to give: no model_config (not zero_rank's); a LoRA
 /// checkpoint from before lora_config was recorded; a base that is gone, or has other bytes; an
 /// adapter of another size than the config makes.
-/// A full checkpoint with `base_given` is refused too (the option would be ignored).
+/// A full checkpoint's weights are all in it: `base_given` is not read then (the caller decides what it means).
 decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option);
 
 }  // namespace flowrun::cli

@@ -277,6 +277,15 @@ if grep -a -q '"model.layers.0.self_attn.q_proj.weight"' "$out/lora/adapter/adap
   echo "a base weight is in the adapter"; exit 1
 fi
 du -sb "$out/lora/$(cat "$out/lora/latest")" | awk '{ if ($1 > 200000) { print "the LoRA checkpoint holds more than adapters"; exit 1 } }'
+# its last checkpoint as PEFT's adapter folder (convert --to lora: the save_lora of a run stopped before its end) is
+# what save_lora wrote, byte for byte; a full run's checkpoint is no adapter
+"$flowrun" convert --from zero "$out/lora" --to lora "$out/lora_ad2" > "$out/lora_ad2.log" 2>&1 || { tail -2 "$out/lora_ad2.log"; exit 1; }
+for f in adapter_model.safetensors adapter_config.json; do
+  cmp "$out/lora/adapter/$f" "$out/lora_ad2/$f" || { echo "convert --to lora: $f is not save_lora's"; exit 1; }
+done
+if "$flowrun" convert --from zero "$ck" --to lora "$out/not_lora" > "$out/not_lora.log" 2>&1; then echo "a full checkpoint as an adapter"; exit 1; fi
+grep -q "is not a LoRA run's checkpoint" "$out/not_lora.log" || { tail -1 "$out/not_lora.log"; exit 1; }
+echo "  convert --from zero --to lora = save_lora's adapter (bytes); a full checkpoint refused"
 # the LoRA run's checkpoint of step 10 (2 ranks: only rank 0 holds the replicated adapter) resumes,
 # on 2 ranks and on 1, and continues its curve (a 2-rank LoRA checkpoint was refused: rank 1's
 # manifest had no adapter group)

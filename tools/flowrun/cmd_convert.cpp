@@ -104,6 +104,19 @@ void run_convert(const convert_opts& o) {
   if (!o.lora.empty() && src_fmt == "zero")
     throw std::runtime_error("convert: --lora goes with --from llama2c or hf; a LoRA run's ZeRO checkpoint holds its "
                              "adapter, which --from zero merges");
+  if (dst_fmt == "lora") {  // a LoRA run's checkpoint as PEFT's adapter folder: the save_lora a stopped run did not write
+    if (src_fmt != "zero")
+      throw std::runtime_error("convert: --to lora writes the adapter of a LoRA run's ZeRO checkpoint: --from zero DIR");
+    const std::string folder = zero_step_folder(o.from[1], "--from zero");
+    const auto ck = load_checkpoint(folder);
+    const decoder m = zero_checkpoint_adapter(ck, o.base, "--base");
+    const std::string base = zero_run_base(ck, o.base, "--base");
+    // PEFT's AutoPeftModelForCausalLM loads the base its config names: an HF folder's (as save_lora writes it)
+    save_adapter(m, o.to[1], inspect_model(base).format == model_format::hf ? base : "");
+    spdlog::info("wrote the LoRA adapter of {} (step {}) -> {} (PEFT's adapter_config.json + adapter_model.safetensors)",
+                 folder, ck.step, o.to[1]);
+    return;
+  }
   if (src_fmt == "zero") {
     const std::string folder = zero_step_folder(o.from[1], "--from zero");
     const auto ck = load_checkpoint(folder);
@@ -271,7 +284,7 @@ void run_convert(const convert_opts& o) {
     if (tok) copy_tokenizer(tok_path, parent, /*hf_names=*/false);
     spdlog::info("wrote llama2.c v{} file {} in {:.1f} s", o.llama2c_version, dst, line.seconds());
   } else {
-    throw std::runtime_error("convert: --to " + dst_fmt + ": use hf or llama2c");
+    throw std::runtime_error("convert: --to " + dst_fmt + ": use hf, llama2c or lora");
   }
 }
 
@@ -284,7 +297,8 @@ void add_convert(CLI::App& app) {
                   "output_dir or a step folder, consolidated)")
       ->expected(2)
       ->required();
-  sub->add_option("--to", o->to, "Destination: FORMAT PATH, FORMAT hf (a folder) or llama2c (a .bin file)")
+  sub->add_option("--to", o->to, "Destination: FORMAT PATH, FORMAT hf (a folder), llama2c (a .bin file) or lora (a LoRA run's adapter from --from "
+                  "zero, as PEFT's adapter folder: what save_lora writes)")
       ->expected(2)
       ->required();
   sub->add_option("--dtype", o->dtype_name, "Weights on disk for hf: f32, bf16 or f16")->capture_default_str();

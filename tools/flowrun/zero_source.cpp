@@ -107,7 +107,8 @@ std::string zero_run_base(const loaded_checkpoint& ck, const std::string& base_g
 namespace {
 // A LoRA run's checkpoint: the run's base (or `base_given`) with the recorded adapter merged. The base was
 // never sharded (it is frozen: every rank read it whole).
-decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt) {
+decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt,
+                              bool merge) {
   const auto& extra = ck.manifests.at(0).extra;
   const std::string& folder = ck.folder;
   if (!extra.contains("lora_config"))  // written before the manifest recorded the adapter's config
@@ -127,6 +128,7 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
                                             adapter.defined() ? adapter.numel() : 0, lc.lora_r,
                                             fmt::join(lc.target_modules, ","), base, model.num_adapter_parameters()));
   model.w().adapter_flat.copy_from(adapter);
+  if (!merge) return model;  // base + adapter, as the run held them
   model.merge_lora();  // W + (alpha / r) B A: one product per Linear
   spdlog::info("{} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder, ck.step,
                lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
@@ -144,7 +146,7 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
   if (extra.value("value_head", false))  // a reward model's or critic's: no language-model format holds v_head
     throw std::invalid_argument(ck.folder + " is a value model's checkpoint (a reward model or critic: it has a "
                                 "v_head): its trainer's output folder holds it; this reads language models");
-  if (ck.full.count("base") == 0) return lora_checkpoint_model(ck, base_given, base_option);
+  if (ck.full.count("base") == 0) return lora_checkpoint_model(ck, base_given, base_option, /*merge=*/true);
   decoder model(extra.at("model_config").get<model_config>());
   const tensor full = checkpoint_tensor(ck, "base", "fp32_master");
   if (full.numel() != model.num_parameters())
@@ -166,6 +168,14 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
     return merged;
   }
   return model;
+}
+
+decoder zero_checkpoint_adapter(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option) {
+  const auto& extra = ck.manifests.at(0).extra;
+  if (!extra.contains("lora_config") || ck.full.count("base") > 0 || extra.value("value_head", false))
+    throw std::invalid_argument(ck.folder + " is not a LoRA run's checkpoint (use_lora: the adapter alone, beside a "
+                                "frozen base): only such an adapter is a PEFT adapter of its base");
+  return lora_checkpoint_model(ck, base_given, base_option, /*merge=*/false);
 }
 
 }  // namespace flowrun::cli

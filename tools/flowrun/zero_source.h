@@ -49,4 +49,9 @@ std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& p
 /// A full checkpoint's weights are all in it: `base_given` is not read then (the caller decides what it means).
 decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option);
 
+/// A LoRA run's checkpoint (use_lora: the adapter alone) as its base with the adapter in place, not
+/// merged (save_adapter writes it as PEFT's adapter folder: a stopped run's save_lora). Throws
+/// std::invalid_argument for any other checkpoint, and as zero_checkpoint_model for the base.
+decoder zero_checkpoint_adapter(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option);
+
 }  // namespace flowrun::cli

@@ -13,8 +13,19 @@ rm -rf "$out" && mkdir -p "$out"
   --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt \
   --set node.policy.tokenizer=model/stories260K/tok512.model --set node.policy.per_device_training_batch_size=4 \
   --set node.generator.print_answers=true --set node.generator.print_answers_interval=2 \
+  --set node.ppo_controller.save_checkpoint_steps=3 \
   > "$out/log" 2> "$out/err" || { echo "flowrun failed:"; tail -20 "$out/err"; exit 1; }
 cat "$out/log"
+# step 3's last checkpoint (iteration 3) as a model (convert --from zero, DeepSpeed's zero_to_fp32.py) is the
+# trained actor the policy saved, byte for byte; the critic's (a value head) is refused, naming its output
+"$flowrun" convert --from zero "$out/checkpoints/policy" --to llama2c "$out/conv/policy.bin" > "$out/conv.log" 2>&1 ||
+  { tail -2 "$out/conv.log"; exit 1; }
+cmp "$out/conv/policy.bin" "$out/ppo.bin" || { echo "the policy's last checkpoint is not its saved actor"; exit 1; }
+if "$flowrun" convert --from zero "$out/checkpoints/critic" --to hf "$out/conv/critic" > "$out/conv_c.log" 2>&1; then
+  echo "the critic's checkpoint was converted as a language model"; exit 1
+fi
+grep -q "is a value model's checkpoint" "$out/conv_c.log" || { tail -1 "$out/conv_c.log"; exit 1; }
+echo "convert --from zero: the policy's last checkpoint = its saved actor (bytes); the critic's refused"
 # DS-Chat's --print_answers: iterations 0 and 2 of 3 (interval 2), each of the 8 rows' prompt and answer as
 # text; HH-RLHF prompts end with the turn the answer continues
 for it in 0 2; do

@@ -539,6 +539,14 @@ for src in "$out/fin" "$out/fin/$(cat "$out/fin/latest")"; do
     cmp "$out/fin_conv/$f" "$out/fin/hf/$f" || { echo "convert --from zero $src: $f is not export_hf's"; exit 1; }
   done
 done
+# `latest` naming a step folder that is gone: an error naming the folders (a resume takes the newest that verifies;
+# the conversion read an older step without a word)
+cp -r "$out/lora" "$out/lora_gone" && rm -rf "$out/lora_gone/$(cat "$out/lora_gone/latest")"
+if "$flowrun" convert --from zero "$out/lora_gone" --to hf "$out/lora_gone_hf" > "$out/lora_gone.log" 2>&1; then
+  echo "a conversion whose latest step is gone read another"; exit 1
+fi
+grep -q "which does not exist.*step folder(s): pass the one you mean, e.g. --from zero $out/lora_gone/step_00000010" \
+  "$out/lora_gone.log" || { tail -1 "$out/lora_gone.log"; exit 1; }
 echo "  convert --from zero (output_dir or step folder) = export_hf: weights, config, generation_config, tokenizer"
 # --model beside a checkpoint of the whole model (not a LoRA adapter on a base) was ignored without a word
 if "$flowrun" generate --zero_checkpoint "$out/fin" --model "$out/fin/hf" --max_new_tokens 2 > /dev/null 2> "$out/gen_zero_model.err"; then

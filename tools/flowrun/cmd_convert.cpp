@@ -1,4 +1,5 @@
-// `flowrun convert`: weights between llama2.c files and Hugging Face folders.
+// `flowrun convert`: weights between llama2.c files and Hugging Face folders, a ZeRO checkpoint as a model or a
+// LoRA adapter, a LoRA adapter merged into its base.
 //
 //   flowrun convert --from llama2c stories260K.bin --to hf out/stories260K-hf --tokenizer tok512.model
 //   flowrun convert --from hf out/stories260K-hf --to llama2c out/stories260K.bin
@@ -28,14 +29,14 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "models/adapter.h"
 #include "models/checkpoint.h"
 #include "models/hf.h"
 #include "models/llama2c.h"
 #include "models/tokenizer.h"
+#include "models/train/shard_checkpoint.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
-#include "models/adapter.h"
-#include "models/train/shard_checkpoint.h"
 #include "tools/flowrun/progress_line.h"
 #include "tools/flowrun/zero_source.h"
 
@@ -52,7 +53,7 @@ struct convert_opts {
   int64_t max_shard_bytes = 0;
   int llama2c_version = 0;  // the layout llama2.c's run.c reads, as the trainers write
   std::string lora;  // a PEFT adapter merged into the llama2c / hf source
-  std::string base;  // --from zero of a LoRA run: its base model, when it moved
+  std::string base;  // --from zero: the run's base model, when it moved
 };
 
 dtype parse_dtype(const std::string& s) {
@@ -89,6 +90,72 @@ tensor_progress_fn on_line(progress_line& line) {
   };
 }
 
+// --from zero: a checkpoint of the one training engine as the model the run holds (zero_source.h), with what
+// the written folder takes beside the weights, as the run's export would: the run's base (an HF folder's token
+// ids, generation_config.json and tokenizer; a llama2.c file's stop convention) and the tokenizer the run trained with
+struct zero_source {
+  decoder model;
+  std::string like_fmt, like_path;  // the format and path the folder's extras come from, as the run's `model`
+  nlohmann::json token_keys = nlohmann::json::object();
+  std::string tokenizer;  // the run's ("" when --tokenizer was given, or none is found: said)
+};
+
+zero_source read_zero_source(const convert_opts& o) {
+  zero_source z;
+  const std::string folder = zero_step_folder(o.from[1], "--from zero");
+  const auto ck = load_checkpoint(folder);
+  // never into the checkpoint it reads: a step folder's files, `latest`, the records beside them
+  const fs::path root = fs::weakly_canonical(fs::exists(fs::path(folder) / "latest") ? fs::path(folder)
+                                                                                    : fs::path(folder).parent_path());
+  const fs::path to = fs::weakly_canonical(fs::absolute(o.to[1]));
+  const auto rel = to.lexically_relative(root);
+  std::error_code ec;
+  if (to == root || (!rel.empty() && *rel.begin() != ".." &&
+                     (rel.begin()->string().rfind("step_", 0) == 0 ||
+                      (std::distance(rel.begin(), rel.end()) == 1 && fs::is_regular_file(to, ec)))))
+    throw std::runtime_error("convert: --to " + o.to[1] + " is in the checkpoint " + root.string() +
+                             " it reads (its step folders or the files beside them): write the model elsewhere");
+  z.model = zero_checkpoint_model(ck, o.base, "--base");
+  spdlog::info("read ZeRO checkpoint {} (step {}, {} shard(s))", folder, ck.step, ck.world_size);
+  // the run's base: an HF folder's token ids, generation_config.json and tokenizer go with the model (as its
+  // export_hf writes them), so it must be there, as it was; a llama2.c file gives only its stop convention
+  const std::string recorded = zero_run_model(ck);
+  const bool folder_base = !recorded.empty() && fs::path(recorded).extension() != ".bin";
+  z.like_path = !o.base.empty() || folder_base || ck.full.count("base") == 0 ? zero_run_base(ck, o.base, "--base")
+                                                                          : recorded;
+  const bool hf_base =
+      !z.like_path.empty() && fs::exists(z.like_path, ec) && inspect_model(z.like_path).format == model_format::hf;
+  z.like_fmt = hf_base ? "hf" : "llama2c";
+  if (z.like_fmt == "hf") z.token_keys = token_keys(z.like_path);
+  if (fs::exists(o.to[1], ec) && !z.like_path.empty() && fs::equivalent(o.to[1], z.like_path, ec))
+    throw std::runtime_error("convert: --to " + o.to[1] + " is the run's base model: write the consolidated model "
+                             "elsewhere (the base stays what the run started from)");
+  if (o.tokenizer.empty()) {
+    z.tokenizer = zero_run_tokenizer(ck, o.from[1]);
+    if (!z.tokenizer.empty())
+      spdlog::info("tokenizer: {}, the run's (--tokenizer for another)", z.tokenizer);
+    else if (!(z.like_fmt == "hf" && folder_has_tokenizer(z.like_path)))
+      spdlog::warn("{}: the tokenizer the run trained with is not found (no record beside the checkpoint names a file "
+                   "that exists): {} gets no tokenizer files; give the run's with --tokenizer",
+                   folder, o.to[1]);
+  }
+  return z;
+}
+
+// --from zero DIR --to lora OUT: a LoRA run's adapter as PEFT's folder (the save_lora a stopped run did not write).
+void write_lora_adapter(const convert_opts& o) {
+  if (o.from[0] != "zero")
+    throw std::runtime_error("convert: --to lora writes the adapter of a LoRA run's ZeRO checkpoint: --from zero DIR");
+  const std::string folder = zero_step_folder(o.from[1], "--from zero");
+  const auto ck = load_checkpoint(folder);
+  const decoder m = zero_checkpoint_adapter(ck, o.base, "--base");
+  const std::string base = zero_run_base(ck, o.base, "--base");
+  // PEFT's AutoPeftModelForCausalLM loads the base its config names: an HF folder's (as save_lora writes it)
+  save_adapter(m, o.to[1], inspect_model(base).format == model_format::hf ? base : "");
+  spdlog::info("wrote the LoRA adapter of {} (step {}) -> {} (PEFT's adapter_config.json + adapter_model.safetensors)",
+               folder, ck.step, o.to[1]);
+}
+
 void run_convert(const convert_opts& o) {
   if (o.from.size() != 2 || o.to.size() != 2)
     throw std::runtime_error("convert: give --from FORMAT PATH and --to FORMAT PATH");
@@ -104,57 +171,14 @@ void run_convert(const convert_opts& o) {
   if (!o.lora.empty() && src_fmt == "zero")
     throw std::runtime_error("convert: --lora goes with --from llama2c or hf; a LoRA run's ZeRO checkpoint holds its "
                              "adapter, which --from zero merges");
-  if (dst_fmt == "lora") {  // a LoRA run's checkpoint as PEFT's adapter folder: the save_lora a stopped run did not write
-    if (src_fmt != "zero")
-      throw std::runtime_error("convert: --to lora writes the adapter of a LoRA run's ZeRO checkpoint: --from zero DIR");
-    const std::string folder = zero_step_folder(o.from[1], "--from zero");
-    const auto ck = load_checkpoint(folder);
-    const decoder m = zero_checkpoint_adapter(ck, o.base, "--base");
-    const std::string base = zero_run_base(ck, o.base, "--base");
-    // PEFT's AutoPeftModelForCausalLM loads the base its config names: an HF folder's (as save_lora writes it)
-    save_adapter(m, o.to[1], inspect_model(base).format == model_format::hf ? base : "");
-    spdlog::info("wrote the LoRA adapter of {} (step {}) -> {} (PEFT's adapter_config.json + adapter_model.safetensors)",
-                 folder, ck.step, o.to[1]);
-    return;
-  }
+  if (dst_fmt == "lora") return write_lora_adapter(o);
   if (src_fmt == "zero") {
-    const std::string folder = zero_step_folder(o.from[1], "--from zero");
-    const auto ck = load_checkpoint(folder);
-    // never into the checkpoint it reads: a step folder's files, `latest`, the records beside them
-    const fs::path root = fs::weakly_canonical(fs::exists(fs::path(folder) / "latest") ? fs::path(folder)
-                                                                                      : fs::path(folder).parent_path());
-    const fs::path to = fs::weakly_canonical(fs::absolute(o.to[1]));
-    const auto rel = to.lexically_relative(root);
-    std::error_code ec;
-    if (to == root || (!rel.empty() && *rel.begin() != ".." &&
-                       (rel.begin()->string().rfind("step_", 0) == 0 ||
-                        (std::distance(rel.begin(), rel.end()) == 1 && fs::is_regular_file(to, ec)))))
-      throw std::runtime_error("convert: --to " + o.to[1] + " is in the checkpoint " + root.string() +
-                               " it reads (its step folders or the files beside them): write the model elsewhere");
-    model = zero_checkpoint_model(ck, o.base, "--base");
-    spdlog::info("read ZeRO checkpoint {} (step {}, {} shard(s))", folder, ck.step, ck.world_size);
-    // the run's base: an HF folder's token ids, generation_config.json and tokenizer go with the model (as its
-    // export_hf writes them), so it must be there, as it was; a llama2.c file gives only its stop convention
-    const std::string recorded = zero_run_model(ck);
-    const bool folder_base = !recorded.empty() && fs::path(recorded).extension() != ".bin";
-    like_path = !o.base.empty() || folder_base || ck.full.count("base") == 0 ? zero_run_base(ck, o.base, "--base")
-                                                                            : recorded;
-    like_fmt = !like_path.empty() && fs::exists(like_path, ec) && inspect_model(like_path).format == model_format::hf
-                   ? "hf"
-                   : "llama2c";
-    if (like_fmt == "hf") extra = token_keys(like_path);
-    if (fs::exists(o.to[1], ec) && !like_path.empty() && fs::equivalent(o.to[1], like_path, ec))
-      throw std::runtime_error("convert: --to " + o.to[1] + " is the run's base model: write the consolidated model "
-                               "elsewhere (the base stays what the run started from)");
-    if (tokenizer_opt.empty()) {
-      tokenizer_opt = zero_run_tokenizer(ck, o.from[1]);
-      if (!tokenizer_opt.empty())
-        spdlog::info("tokenizer: {}, the run's (--tokenizer for another)", tokenizer_opt);
-      else if (!(like_fmt == "hf" && folder_has_tokenizer(like_path)))
-        spdlog::warn("{}: the tokenizer the run trained with is not found (no record beside the checkpoint names a file "
-                     "that exists): {} gets no tokenizer files; give the run's with --tokenizer",
-                     folder, o.to[1]);
-    }
+    zero_source z = read_zero_source(o);
+    model = std::move(z.model);
+    like_fmt = z.like_fmt;
+    like_path = z.like_path;
+    extra = z.token_keys;
+    if (tokenizer_opt.empty()) tokenizer_opt = z.tokenizer;
   } else if ((src_fmt == "llama2c" || src_fmt == "hf") && is_checkpoint(o.from[1])) {
     throw std::runtime_error("convert: --from " + src_fmt + " " + o.from[1] + " is a ZeRO checkpoint: --from zero " +
                              o.from[1]);
@@ -292,7 +316,8 @@ void run_convert(const convert_opts& o) {
 
 void add_convert(CLI::App& app) {
   auto o = std::make_shared<convert_opts>();
-  auto* sub = app.add_subcommand("convert", "Convert weights between llama2.c files and Hugging Face folders");
+  auto* sub = app.add_subcommand("convert", "Convert weights between llama2.c files and Hugging Face folders; a ZeRO "
+                                                "checkpoint as a model or LoRA adapter; a LoRA adapter merged");
   sub->add_option("--from", o->from, "Source: FORMAT PATH, FORMAT llama2c (a .bin file), hf (a folder) or zero (a ZeRO checkpoint: zero_rank's "
                   "output_dir or a step folder, consolidated)")
       ->expected(2)
@@ -311,7 +336,8 @@ void add_convert(CLI::App& app) {
                   "A PEFT LoRA adapter folder merged into the llama2c / hf source before writing (PEFT's "
                   "merge_and_unload; zero_rank's save_lora, a trainer's LoRA output)");
   sub->add_option("--base", o->base,
-                  "--from zero of a LoRA run's checkpoint: the run's base model, when it moved (checked by its bytes)");
+                  "--from zero: the run's base model, when it moved (checked by its bytes): a LoRA run's base, or a "
+                  "full run's HF base (its token ids, generation_config.json and tokenizer go with the model)");
   sub->add_option("--llama2c_version", o->llama2c_version, "llama2c: file version 0 (legacy: what llama2.c's run.c reads) or 1 (export.py's version1_export)")
       ->capture_default_str();
   sub->callback([o] { run_convert(*o); });

@@ -209,7 +209,7 @@ void add_generate(CLI::App& app) {
       // the run's own tokenizer (the trainer's, or a pretraining run's data node's), as --model reads a folder's:
       // tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();
-      if (tok_opt->count() == 0)
+      if (tok_opt->count() == 0) {
         if (const std::string run_tok = zero_run_tokenizer(ck, o->zero_checkpoint); !run_tok.empty()) {
           tok_path = run_tok;
           spdlog::info("tokenizer: {}, the run's (--tokenizer not given)", tok_path);
@@ -218,6 +218,7 @@ void add_generate(CLI::App& app) {
                        "file that exists): reading with {}; give the run's with --tokenizer",
                        ck.folder, tok_path);
         }
+      }
       auto tok = load_tokenizer(tok_path);
       auto prompt = prompt_ids(*tok, o->prompt);
       auto gen = generate_from_zero(ck, o->world_size, model_opt->count() > 0 ? o->model : "", prompt,

@@ -19,17 +19,16 @@
 namespace flowrun::cli {
 
 std::string zero_step_folder(const std::string& path, const std::string& option) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
+  if (!fs::exists(path, ec))
     throw std::invalid_argument(option + " " + path + ": no such folder (zero_rank's output_dir, or one of its "
                                 "step_NNNNNNNN folders)");
-  namespace fs = std::filesystem;
   // a step folder (manifests), or an output_dir whose `latest` names one that is there: a resume would take the
   // newest that verifies where `latest` cannot say, but a model read from a checkpoint is the one the user names
   // (DeepSpeed's zero_to_fp32.py stops too): any doubt is an error naming the step folders to choose from
-  const bool steps_here = is_checkpoint(path) && !fs::exists(fs::path(path) / "latest", ec);
+  if (is_checkpoint(path) && !fs::exists(fs::path(path) / "latest", ec)) return path;
   std::string note, folder;
-  if (steps_here) return path;
   try {
     folder = latest_checkpoint(path, &note);
   } catch (const std::exception& e) {
@@ -45,6 +44,9 @@ std::string zero_step_folder(const std::string& path, const std::string& option)
   }
   std::sort(steps.begin(), steps.end());
   std::sort(nodes.begin(), nodes.end());
+  if (steps.empty() && nodes.empty())  // (the resume's advice in `note`, "start fresh", is not this command's)
+    throw std::invalid_argument(option + " " + path + ": no step folder there to read (zero_rank's output_dir, or a "
+                                "trainer's CHECKPOINT_DIR/NODE, holds step_NNNNNNNN folders)");
   const std::string why = !note.empty() ? note : std::string("no committed checkpoint there (no 'latest' file)");
   throw std::invalid_argument(
       option + " " + path + ": " + why +

@@ -11,10 +11,11 @@
 namespace flowrun::cli {
 
 /// The step folder that `path` names for `option` (its name in errors, "--zero_checkpoint"): `path`
-/// itself when it is a step folder, else the committed one in `path` (zero_rank's output_dir) by its
-/// `latest` file, or the newest that verifies when `latest` cannot say (warned). Throws
-/// std::invalid_argument: no such folder; nothing committed there (naming its newest step folder, to
-/// pass instead).
+/// itself when it is a step folder, else the committed one in `path` (zero_rank's output_dir, a
+/// trainer's CHECKPOINT_DIR/NODE) by its `latest` file. Unlike a resume, which takes the newest step
+/// that verifies where `latest` cannot say, any doubt is an error: throws std::invalid_argument for no
+/// such folder, no `latest`, a `latest` that is malformed or names a step that is gone (naming the
+/// newest step folder to pass instead), and for a graph's checkpoint_dir (naming its nodes' folders).
 std::string zero_step_folder(const std::string& path, const std::string& option);
 
 /// The `model` setting of the zero_rank run that wrote `ck` (its manifest's settings record,

@@ -284,7 +284,7 @@ for f in adapter_model.safetensors adapter_config.json; do
   cmp "$out/lora/adapter/$f" "$out/lora_ad2/$f" || { echo "convert --to lora: $f is not save_lora's"; exit 1; }
 done
 if "$flowrun" convert --from zero "$ck" --to lora "$out/not_lora" > "$out/not_lora.log" 2>&1; then echo "a full checkpoint as an adapter"; exit 1; fi
-grep -q "is not a LoRA run's checkpoint" "$out/not_lora.log" || { tail -1 "$out/not_lora.log"; exit 1; }
+grep -q "holds no LoRA adapter: --to hf or llama2c writes its model" "$out/not_lora.log" || { tail -1 "$out/not_lora.log"; exit 1; }
 echo "  convert --from zero --to lora = save_lora's adapter (bytes); a full checkpoint refused"
 # the LoRA run's checkpoint of step 10 (2 ranks: only rank 0 holds the replicated adapter) resumes,
 # on 2 ranks and on 1, and continues its curve (a 2-rank LoRA checkpoint was refused: rank 1's
@@ -545,7 +545,7 @@ cp -r "$out/lora" "$out/lora_gone" && rm -rf "$out/lora_gone/$(cat "$out/lora_go
 if "$flowrun" convert --from zero "$out/lora_gone" --to hf "$out/lora_gone_hf" > "$out/lora_gone.log" 2>&1; then
   echo "a conversion whose latest step is gone read another"; exit 1
 fi
-grep -q "which does not exist.*step folder(s): pass the one you mean, e.g. --from zero $out/lora_gone/step_00000010" \
+grep -q "its .latest. names a step folder that is gone, damaged or malformed.*step folder(s): pass the one you mean, e.g. --from zero $out/lora_gone/step_00000010" \
   "$out/lora_gone.log" || { tail -1 "$out/lora_gone.log"; exit 1; }
 echo "  convert --from zero (output_dir or step folder) = export_hf: weights, config, generation_config, tokenizer"
 # --model beside a checkpoint of the whole model (not a LoRA adapter on a base) was ignored without a word

@@ -25,7 +25,36 @@ if "$flowrun" convert --from zero "$out/checkpoints/critic" --to hf "$out/conv/c
   echo "the critic's checkpoint was converted as a language model"; exit 1
 fi
 grep -q "is a value model's checkpoint" "$out/conv_c.log" || { tail -1 "$out/conv_c.log"; exit 1; }
-echo "convert --from zero: the policy's last checkpoint = its saved actor (bytes); the critic's refused"
+# a finished step's checkpoint folder is gone: the error names its output; --to inside a checkpoint folder refused
+# (a step that finishes removes it, whatever it holds)
+if "$flowrun" convert --from zero "$out/checkpoints/sft" --to hf "$out/conv/sft" > "$out/conv_s.log" 2>&1; then
+  echo "a finished step's removed checkpoints were converted"; exit 1
+fi
+grep -q "that step finished (.*sft.done.json) and its checkpoints were removed: its model is its output, .*sft.bin" \
+  "$out/conv_s.log" || { tail -1 "$out/conv_s.log"; exit 1; }
+if "$flowrun" convert --from zero "$out/checkpoints/policy" --to hf "$out/checkpoints/policy/export" > "$out/conv_in.log" 2>&1; then
+  echo "a conversion into the checkpoint folder it reads was accepted"; exit 1
+fi
+grep -q "is in the checkpoint folder .*policy it reads" "$out/conv_in.log" || { tail -1 "$out/conv_in.log"; exit 1; }
+# step 3 with a LoRA-only policy (only_optimize_lora): its checkpoint holds the adapter; the base is the step-1
+# model, checked by the weights the policy started from (init_weights: the pretrained model as the base merged
+# without a word); --to lora needs no base
+lr=("$root/graphs/rlhf.graph" --no-progress -q --set graph.checkpoint_dir="$out/lck" --set node.sft.steps=10
+    --set node.rm.steps=10 --set node.prompts.iterations=2 --set node.ppo_controller.save_checkpoint_steps=2
+    --set node.policy.actor_lora_dim=4 --set node.policy.only_optimize_lora=true --set node.sft.output="$out/lsft.bin"
+    --set node.rm.output="$out/lrm" --set node.policy.output="$out/lppo.bin" --set node.critic.output="$out/lcritic")
+"$flowrun" "${lr[@]}" > "$out/lrun.log" 2>&1 || { tail -3 "$out/lrun.log"; exit 1; }
+if "$flowrun" convert --from zero "$out/lck/policy" --base model/stories260K/stories260K.bin --to llama2c "$out/conv/lwrong.bin" > "$out/conv_lw.log" 2>&1; then
+  echo "the pretrained model was taken as the LoRA policy's base"; exit 1
+fi
+grep -q "is not the model .* run started from (its weights differ from the run's init_weights record)" "$out/conv_lw.log" ||
+  { tail -1 "$out/conv_lw.log"; exit 1; }
+"$flowrun" convert --from zero "$out/lck/policy" --base "$out/lsft.bin" --to llama2c "$out/conv/lppo.bin" > "$out/conv_l.log" 2>&1 ||
+  { tail -2 "$out/conv_l.log"; exit 1; }
+cmp "$out/conv/lppo.bin" "$out/lppo.bin" || { echo "the LoRA policy's checkpoint on its base is not its saved actor"; exit 1; }
+"$flowrun" convert --from zero "$out/lck/policy" --to lora "$out/conv/lad" > "$out/conv_la.log" 2>&1 || { tail -2 "$out/conv_la.log"; exit 1; }
+[[ -f "$out/conv/lad/adapter_model.safetensors" ]] || { echo "no adapter written"; exit 1; }
+echo "convert --from zero: a finished step named; into a checkpoint refused; a LoRA policy on the wrong base refused, on its own = its actor"
 # DS-Chat's --print_answers: iterations 0 and 2 of 3 (interval 2), each of the 8 rows' prompt and answer as
 # text; HH-RLHF prompts end with the turn the answer continues
 for it in 0 2; do

@@ -346,7 +346,7 @@ TEST_CASE("flowrun generate: a ZeRO folder or an adapter given as --model, and b
   CHECK(out.find("(it is a LoRA adapter, which goes on top of its base model: `flowrun generate --model BASE --lora") !=
         std::string::npos);
   out = run(gen + "--zero_checkpoint " + (dir / "nothing").string() + " 2>&1", &rc);
-  CHECK(out.find("no such folder (zero_rank's output_dir, or one of its step_NNNNNNNN folders)") != std::string::npos);
+  CHECK(out.find("no such folder (zero_rank's output_dir, a trainer's CHECKPOINT_DIR/NODE, or one of their step_NNNNNNNN folders)") != std::string::npos);
   out = run(gen + "--zero_checkpoint " + (dir / "ck").string() + " 2>&1", &rc);  // no 'latest' file: the steps named
   CHECK(out.find("no committed checkpoint there (no 'latest' file); it holds 1 step folder(s): pass the one you mean, e.g. "
                  "--zero_checkpoint " + (dir / "ck" / "step_00000005").string()) != std::string::npos);

@@ -100,21 +100,24 @@ struct zero_source {
   std::string tokenizer;  // the run's ("" when --tokenizer was given, or none is found: said)
 };
 
+// Never write into the checkpoint being read: its step folders, `latest`, the records beside them, or anything
+// else under it (a DS-Chat step that finishes removes its CHECKPOINT_DIR/NODE, whatever it holds).
+void refuse_inside_checkpoint(const std::string& folder, const std::string& to_path) {
+  const fs::path root = fs::weakly_canonical(fs::exists(fs::path(folder) / "latest") ? fs::path(folder)
+                                                                                    : fs::path(folder).parent_path());
+  const fs::path to = fs::weakly_canonical(fs::absolute(to_path));
+  const auto rel = to.lexically_relative(root);
+  if (to == root || (!rel.empty() && *rel.begin() != ".."))
+    throw std::runtime_error("convert: --to " + to_path + " is in the checkpoint folder " + root.string() +
+                             " it reads (a trainer removes it when its step finishes): write the model elsewhere");
+}
+
 zero_source read_zero_source(const convert_opts& o) {
   zero_source z;
   const std::string folder = zero_step_folder(o.from[1], "--from zero");
   const auto ck = load_checkpoint(folder);
-  // never into the checkpoint it reads: a step folder's files, `latest`, the records beside them
-  const fs::path root = fs::weakly_canonical(fs::exists(fs::path(folder) / "latest") ? fs::path(folder)
-                                                                                    : fs::path(folder).parent_path());
-  const fs::path to = fs::weakly_canonical(fs::absolute(o.to[1]));
-  const auto rel = to.lexically_relative(root);
+  refuse_inside_checkpoint(folder, o.to[1]);
   std::error_code ec;
-  if (to == root || (!rel.empty() && *rel.begin() != ".." &&
-                     (rel.begin()->string().rfind("step_", 0) == 0 ||
-                      (std::distance(rel.begin(), rel.end()) == 1 && fs::is_regular_file(to, ec)))))
-    throw std::runtime_error("convert: --to " + o.to[1] + " is in the checkpoint " + root.string() +
-                             " it reads (its step folders or the files beside them): write the model elsewhere");
   z.model = zero_checkpoint_model(ck, o.base, "--base");
   spdlog::info("read ZeRO checkpoint {} (step {}, {} shard(s))", folder, ck.step, ck.world_size);
   // the run's base: an HF folder's token ids, generation_config.json and tokenizer go with the model (as its
@@ -147,11 +150,20 @@ void write_lora_adapter(const convert_opts& o) {
   if (o.from[0] != "zero")
     throw std::runtime_error("convert: --to lora writes the adapter of a LoRA run's ZeRO checkpoint: --from zero DIR");
   const std::string folder = zero_step_folder(o.from[1], "--from zero");
+  refuse_inside_checkpoint(folder, o.to[1]);
   const auto ck = load_checkpoint(folder);
-  const decoder m = zero_checkpoint_adapter(ck, o.base, "--base");
-  const std::string base = zero_run_base(ck, o.base, "--base");
-  // PEFT's AutoPeftModelForCausalLM loads the base its config names: an HF folder's (as save_lora writes it)
-  save_adapter(m, o.to[1], inspect_model(base).format == model_format::hf ? base : "");
+  const decoder m = zero_checkpoint_adapter(ck);
+  // PEFT's AutoPeftModelForCausalLM loads the base its config names: an HF folder's (as save_lora writes it), when
+  // it is there as the run had it
+  std::string base;
+  try {
+    base = zero_run_base(ck, o.base, "--base");
+  } catch (const std::invalid_argument& e) {
+    if (!o.base.empty()) throw;
+    spdlog::warn("{}; the adapter's config names no base", e.what());
+  }
+  std::error_code ec;
+  save_adapter(m, o.to[1], !base.empty() && fs::exists(base, ec) && inspect_model(base).format == model_format::hf ? base : "");
   spdlog::info("wrote the LoRA adapter of {} (step {}) -> {} (PEFT's adapter_config.json + adapter_model.safetensors)",
                folder, ck.step, o.to[1]);
 }

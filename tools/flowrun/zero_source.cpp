@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -21,9 +22,21 @@ namespace flowrun::cli {
 std::string zero_step_folder(const std::string& path, const std::string& option) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::exists(path, ec))
-    throw std::invalid_argument(option + " " + path + ": no such folder (zero_rank's output_dir, or one of its "
-                                "step_NNNNNNNN folders)");
+  if (!fs::exists(path, ec)) {
+    // a DS-Chat step that finished removed its checkpoints: its done marker names the model it saved
+    const fs::path p = fs::path(path).lexically_normal();
+    const fs::path marker = p.parent_path() / (p.filename().string() + ".done.json");
+    std::string output;
+    try {
+      if (fs::exists(marker, ec)) output = nlohmann::json::parse(std::ifstream(marker)).value("output", std::string());
+    } catch (const std::exception&) {
+    }
+    if (!output.empty())
+      throw std::invalid_argument(option + " " + path + ": that step finished (" + marker.string() + ") and its "
+                                  "checkpoints were removed: its model is its output, " + output);
+    throw std::invalid_argument(option + " " + path + ": no such folder (zero_rank's output_dir, a trainer's "
+                                "CHECKPOINT_DIR/NODE, or one of their step_NNNNNNNN folders)");
+  }
   // a step folder (manifests), or an output_dir whose `latest` names one that is there: a resume would take the
   // newest that verifies where `latest` cannot say, but a model read from a checkpoint is the one the user names
   // (DeepSpeed's zero_to_fp32.py stops too): any doubt is an error naming the step folders to choose from
@@ -47,7 +60,11 @@ std::string zero_step_folder(const std::string& path, const std::string& option)
   if (steps.empty() && nodes.empty())  // (the resume's advice in `note`, "start fresh", is not this command's)
     throw std::invalid_argument(option + " " + path + ": no step folder there to read (zero_rank's output_dir, or a "
                                 "trainer's CHECKPOINT_DIR/NODE, holds step_NNNNNNNN folders)");
-  const std::string why = !note.empty() ? note : std::string("no committed checkpoint there (no 'latest' file)");
+  // (the resume's note says which folder a resume would take: this command takes none)
+  const std::string why = fs::exists(fs::path(path) / "latest", ec)
+                              ? "its 'latest' names a step folder that is gone, damaged or malformed, so no step is "
+                                "committed for certain"
+                              : std::string("no committed checkpoint there (no 'latest' file)");
   throw std::invalid_argument(
       option + " " + path + ": " + why +
       (!steps.empty()   ? "; it holds " + std::to_string(steps.size()) + " step folder(s): pass the one you mean, e.g. " +
@@ -109,8 +126,7 @@ std::string zero_run_base(const loaded_checkpoint& ck, const std::string& base_g
 namespace {
 // A LoRA run's checkpoint: the run's base (or `base_given`) with the recorded adapter merged. The base was
 // never sharded (it is frozen: every rank read it whole).
-decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt,
-                              bool merge) {
+decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt) {
   const auto& extra = ck.manifests.at(0).extra;
   const std::string& folder = ck.folder;
   if (!extra.contains("lora_config"))  // written before the manifest recorded the adapter's config
@@ -121,8 +137,16 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
   const std::string base = zero_run_base(ck, base_given, opt);
   if (base.empty())
     throw std::invalid_argument(folder + " holds only LoRA weights and names no base model: give the run's base with " +
-                                opt + " BASE");
+                                opt + " BASE (step 3's policy: the step-1 model it started from, the output "
+                                "CHECKPOINT_DIR/sft.done.json names)");
   decoder model = load_model(base);
+  // step 3's trainers record the weights they started from (init_weights), not their model's path: a wrong base
+  // (the pretrained model instead of step 1's) merged without a word
+  if (const std::string was = extra.value("init_weights", std::string());
+      !was.empty() && weights_fingerprint(model) != was)
+    throw std::invalid_argument(base + " is not the model " + folder + "'s run started from (its weights differ from "
+                                "the run's init_weights record): give that model with " + opt +
+                                " BASE (step 3's policy: the step-1 output CHECKPOINT_DIR/sft.done.json names)");
   model.enable_lora(lc, /*freeze_base=*/true);
   const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
   if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
@@ -130,7 +154,6 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
                                             adapter.defined() ? adapter.numel() : 0, lc.lora_r,
                                             fmt::join(lc.target_modules, ","), base, model.num_adapter_parameters()));
   model.w().adapter_flat.copy_from(adapter);
-  if (!merge) return model;  // base + adapter, as the run held them
   model.merge_lora();  // W + (alpha / r) B A: one product per Linear
   spdlog::info("{} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder, ck.step,
                lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
@@ -147,8 +170,9 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
                                 "flowrun recorded it; the trainer's output, or export_hf of a rerun, holds the model");
   if (extra.value("value_head", false))  // a reward model's or critic's: no language-model format holds v_head
     throw std::invalid_argument(ck.folder + " is a value model's checkpoint (a reward model or critic: it has a "
-                                "v_head): its trainer's output folder holds it; this reads language models");
-  if (ck.full.count("base") == 0) return lora_checkpoint_model(ck, base_given, base_option, /*merge=*/true);
+                                "v_head), which no language-model format holds: its trainer's output folder holds it "
+                                "when the step finishes (a stopped run: the same command resumes it to its end)");
+  if (ck.full.count("base") == 0) return lora_checkpoint_model(ck, base_given, base_option);
   decoder model(extra.at("model_config").get<model_config>());
   const tensor full = checkpoint_tensor(ck, "base", "fp32_master");
   if (full.numel() != model.num_parameters())
@@ -172,12 +196,27 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
   return model;
 }
 
-decoder zero_checkpoint_adapter(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option) {
+decoder zero_checkpoint_adapter(const loaded_checkpoint& ck) {
   const auto& extra = ck.manifests.at(0).extra;
-  if (!extra.contains("lora_config") || ck.full.count("base") > 0 || extra.value("value_head", false))
-    throw std::invalid_argument(ck.folder + " is not a LoRA run's checkpoint (use_lora: the adapter alone, beside a "
-                                "frozen base): only such an adapter is a PEFT adapter of its base");
-  return lora_checkpoint_model(ck, base_given, base_option, /*merge=*/false);
+  if (!extra.contains("lora_config") || !extra.contains("model_config"))
+    throw std::invalid_argument(ck.folder + " holds no LoRA adapter: --to hf or llama2c writes its model");
+  if (ck.full.count("base") > 0)
+    throw std::invalid_argument(ck.folder + " trained its base beside the adapter (DS-Chat's lora_dim without "
+                                "only_optimize_lora), so the adapter alone is not the model: --to hf or llama2c writes "
+                                "it merged (only_optimize_lora = true, or zero_rank's use_lora, train the adapter alone)");
+  if (extra.value("value_head", false))
+    throw std::invalid_argument(ck.folder + " is a value model's checkpoint (a v_head beside the adapter): its trainer's "
+                                "output folder holds it when the step finishes");
+  // the adapter's layout follows the model's config alone: no base weight is read
+  decoder model(extra.at("model_config").get<model_config>());
+  const lora_config lc = lora_config_from_record(extra.at("lora_config"), ck.folder);
+  model.enable_lora(lc, /*freeze_base=*/true);
+  const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
+  if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
+    throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, its lora_config makes {}", ck.folder,
+                                            adapter.defined() ? adapter.numel() : 0, model.num_adapter_parameters()));
+  model.w().adapter_flat.copy_from(adapter);
+  return model;
 }
 
 }  // namespace flowrun::cli

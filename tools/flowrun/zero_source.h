@@ -40,6 +40,7 @@ std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& p
 ///    model_config the manifest records;
 ///  - a LoRA run's (the checkpoint holds the adapter alone, group "adapter"): the run's base model
 ///    (zero_run_model; `base_given`, the option `base_option` ("--model"), names it after a move) checked by its bytes
+///    or, for step 3's trainers, which record the weights they started from (init_weights), by those
 ///    (the record's "model (contents)", actors::model_fingerprint), with the adapter of the
 ///    manifest's lora_config put in and merged: W + (lora_alpha / r) B A;
 ///  - a DS-Chat trainer's with lora_dim beside a base that trains: both groups, the adapter merged.
@@ -50,9 +51,10 @@ std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& p
 /// A full checkpoint's weights are all in it: `base_given` is not read then (the caller decides what it means).
 decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option);
 
-/// A LoRA run's checkpoint (use_lora: the adapter alone) as its base with the adapter in place, not
-/// merged (save_adapter writes it as PEFT's adapter folder: a stopped run's save_lora). Throws
-/// std::invalid_argument for any other checkpoint, and as zero_checkpoint_model for the base.
-decoder zero_checkpoint_adapter(const loaded_checkpoint& ck, const std::string& base_given, const std::string& base_option);
+/// The adapter of a checkpoint that trained one alone (zero_rank's use_lora, DS-Chat's only_optimize_lora)
+/// on a model of the recorded config, its base weights not read (zeros): what save_adapter writes as
+/// PEFT's adapter folder (a stopped run's save_lora). Throws std::invalid_argument for a checkpoint
+/// without an adapter, one whose base trained too (the adapter alone is not the model) and a value model's.
+decoder zero_checkpoint_adapter(const loaded_checkpoint& ck);
 
 }  // namespace flowrun::cli

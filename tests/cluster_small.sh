@@ -274,7 +274,7 @@ grep -q "cluster node 'w1' (127.0.0.1:$ps_): no flowrun node answered within 150
 echo "  refused after ${ms} ms: $(grep -o "cluster node 'w1'.*running there?" "$out/silent.log" | head -1)"
 
 echo "== 1f. a daemon that starts after the run: the run waits for it (within connect_timeout_ms); no daemon, an unknown host"
-late=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+late=$(python3 "$root/tests/free_port.py")  # outside the ephemeral range (tests/free_port.py)
 { echo "[cluster]"; echo "connect_timeout_ms = 8000"; echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$late\""; } > "$out/late.toml"
 timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/late.toml" --secret-file "$out/secret" \
   --set node.generator.on=w1 --set node.sink.path="$out/late.txt" > "$out/late.log" 2>&1 &
@@ -288,7 +288,7 @@ pids+=($!)
 wait "$run_pid" || { echo "the run with a late daemon failed:"; tail -20 "$out/late.log"; exit 1; }
 cmp "$out/single.txt" "$out/late.txt" || { echo "the late daemon's run wrote other completions"; exit 1; }
 echo "  waited for the daemon started after it, then wrote the same completions"
-free=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free=$(python3 "$root/tests/free_port.py")  # outside the ephemeral range (tests/free_port.py)
 { echo "[cluster]"; echo "connect_timeout_ms = 1000"; echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$free\""; } > "$out/nobody.toml"
 { echo "[cluster]"; echo "[cluster.nodes.w1]"; echo "address = \"no-such-host.invalid:7001\""; } > "$out/unknown.toml"
 for how in nobody unknown; do

@@ -659,7 +659,7 @@ grep -qF "node 'ranks': export_hf = \"$out/elsewhere/hf\" is outside output_dir 
 # both bind it, and the kernel split the requests between them), and the launch then ends within seconds: the
 # other process, whose collectives wait on the failed one, stops without draining (it drained for ever)
 echo "== flowrun launch --nproc 2 with one console port"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python3 "$root/tests/free_port.py")  # not an ephemeral port: the launch's own connections could take one
 t0=$(date +%s)
 rc=0
 timeout 60 "$flowrun" launch --nproc 2 "$graph" "${nodir[@]}" --set node.ranks.replicas=1 --set node.ranks.comm_backend=gloo \

@@ -124,6 +124,28 @@ std::string zero_run_base(const loaded_checkpoint& ck, const std::string& base_g
 }
 
 namespace {
+// The checkpoint's adapter (its lora_config, its "adapter" group) put into `model`, a model of its config.
+void put_recorded_adapter(decoder& model, const loaded_checkpoint& ck, bool freeze_base) {
+  const lora_config lc = lora_config_from_record(ck.manifests.at(0).extra.at("lora_config"), ck.folder);
+  model.enable_lora(lc, freeze_base);
+  const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
+  if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
+    throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, LoRA (r {}, {}) on {} needs {}", ck.folder,
+                                            adapter.defined() ? adapter.numel() : 0, lc.lora_r,
+                                            fmt::join(lc.target_modules, ","), model.config().summary(),
+                                            model.num_adapter_parameters()));
+  model.w().adapter_flat.copy_from(adapter);
+}
+
+// W + (lora_alpha / r) B A, and the merged weights alone (a plain model), as the trainers save them and as
+// save_pretrained of PEFT's merge_and_unload writes.
+decoder merged_alone(decoder& model) {
+  model.merge_lora();
+  decoder merged(model.config());
+  merged.w().flat.copy_from(model.w().flat);
+  return merged;
+}
+
 // A LoRA run's checkpoint: the run's base (or `base_given`) with the recorded adapter merged. The base was
 // never sharded (it is frozen: every rank read it whole).
 decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt) {
@@ -147,19 +169,10 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
     throw std::invalid_argument(base + " is not the model " + folder + "'s run started from (its weights differ from "
                                 "the run's init_weights record): give that model with " + opt +
                                 " BASE (step 3's policy: the step-1 output CHECKPOINT_DIR/sft.done.json names)");
-  model.enable_lora(lc, /*freeze_base=*/true);
-  const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
-  if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
-    throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, LoRA (r {}, {}) on {} needs {}", folder,
-                                            adapter.defined() ? adapter.numel() : 0, lc.lora_r,
-                                            fmt::join(lc.target_modules, ","), base, model.num_adapter_parameters()));
-  model.w().adapter_flat.copy_from(adapter);
-  model.merge_lora();  // W + (alpha / r) B A: one product per Linear
+  put_recorded_adapter(model, ck, /*freeze_base=*/true);
   spdlog::info("{} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder, ck.step,
                lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
-  decoder merged(model.config());  // the merged weights alone, as save_pretrained of PEFT's merge_and_unload
-  merged.w().flat.copy_from(model.w().flat);
-  return merged;
+  return merged_alone(model);
 }
 }  // namespace
 
@@ -181,17 +194,8 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
   model.w().flat.copy_from(full);
   if (extra.contains("lora_config")) {  // LoRA beside a base that trains too (DS-Chat's lora_dim without
     // only_optimize_lora): the adapter merged, as the trainers' outputs are (DS-Chat's convert_lora_to_linear_layer)
-    const lora_config lc = lora_config_from_record(extra.at("lora_config"), ck.folder);
-    model.enable_lora(lc, /*freeze_base=*/false);
-    const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
-    if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
-      throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, its lora_config makes {}", ck.folder,
-                                              adapter.defined() ? adapter.numel() : 0, model.num_adapter_parameters()));
-    model.w().adapter_flat.copy_from(adapter);
-    model.merge_lora();
-    decoder merged(model.config());  // the merged weights alone, as the trainers save them
-    merged.w().flat.copy_from(model.w().flat);
-    return merged;
+    put_recorded_adapter(model, ck, /*freeze_base=*/false);
+    return merged_alone(model);
   }
   return model;
 }
@@ -209,13 +213,7 @@ decoder zero_checkpoint_adapter(const loaded_checkpoint& ck) {
                                 "output folder holds it when the step finishes");
   // the adapter's layout follows the model's config alone: no base weight is read
   decoder model(extra.at("model_config").get<model_config>());
-  const lora_config lc = lora_config_from_record(extra.at("lora_config"), ck.folder);
-  model.enable_lora(lc, /*freeze_base=*/true);
-  const tensor adapter = checkpoint_tensor(ck, "adapter", "fp32_master");
-  if (!adapter.defined() || adapter.numel() != model.num_adapter_parameters())
-    throw std::invalid_argument(fmt::format("{}: the adapter holds {} values, its lora_config makes {}", ck.folder,
-                                            adapter.defined() ? adapter.numel() : 0, model.num_adapter_parameters()));
-  model.w().adapter_flat.copy_from(adapter);
+  put_recorded_adapter(model, ck, /*freeze_base=*/true);
   return model;
 }
 

@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include "actors/rank_group.h"
+#include "models/adapter.h"
 #include "models/rlhf/ppo_checkpoint.h"
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
@@ -108,25 +109,13 @@ void strip_batch_triple(nlohmann::json& j) {
 // is "q_proj,v_proj"); every other setting as written.
 std::string compared_value(const std::string& key, const std::string& written) {
   if (key != "lora_target_modules") return written;
-  std::string text;
-  try {
-    text = nlohmann::json::parse(written).get<std::string>();
-  } catch (const nlohmann::json::exception&) {
+  try {  // the one reading of the setting (make_lora_config's), as a set
+    const auto modules =
+        make_lora_config(1, 1.0f, 0.0f, nlohmann::json::parse(written).get<std::string>(), 0).target_modules;
+    return fmt::format("{}", fmt::join(std::set<std::string>(modules.begin(), modules.end()), ","));
+  } catch (const std::exception&) {  // not a list of modules: as written
     return written;
   }
-  std::set<std::string> names;
-  std::string part;
-  for (std::size_t at = 0; at <= text.size(); ++at) {
-    if (at == text.size() || text[at] == ',') {
-      part.erase(0, part.find_first_not_of(" \t"));
-      part.erase(part.find_last_not_of(" \t") + 1);
-      if (!part.empty()) names.insert(part);
-      part.clear();
-    } else {
-      part += text[at];
-    }
-  }
-  return fmt::format("{}", fmt::join(names, ","));
 }
 
 nlohmann::json contents_of(std::string_view key, const std::string& path, bool batch_split_safe = false) {

@@ -230,9 +230,7 @@ class zero_rank final : public actor::node {
           differ.push_back(fmt::format("lora_r = {} (the adapter's r: {})", lc.lora_r, got.lora_r));
         if (written("lora_alpha") && lc.lora_alpha != got.lora_alpha)
           differ.push_back(fmt::format("lora_alpha = {} (the adapter's: {})", lc.lora_alpha, got.lora_alpha));
-        // target modules as sets: PEFT matches each name, so order and spaces mean nothing
-        const auto as_set = [](const std::vector<std::string>& v) { return std::set<std::string>(v.begin(), v.end()); };
-        if (written("lora_target_modules") && as_set(lc.target_modules) != as_set(got.target_modules))
+        if (written("lora_target_modules") && !same_target_modules(lc, got))
           differ.push_back(fmt::format("lora_target_modules = {} (the adapter's: {})", fmt::join(lc.target_modules, ","),
                                        fmt::join(got.target_modules, ",")));
         if (!differ.empty())
@@ -243,8 +241,7 @@ class zero_rank final : public actor::node {
         // lora_dropout may differ from the adapter's (TencentPretrain's --lora_dropout beside
         // --lora_pretrained_model_path): it shapes training, not what the weights mean; the node's seed draws the masks
         const float dropout = written("lora_dropout") ? lc.lora_dropout : got.lora_dropout;
-        const bool other_dropout = dropout != got.lora_dropout;
-        if (rank_ == 0 && other_dropout)
+        if (rank_ == 0 && dropout != got.lora_dropout)
           ctx.print(fmt::format("[pretrain] lora_dropout = {} (the adapter {} was trained with {})", dropout, p,
                                 got.lora_dropout));
         model_->set_lora_dropout(dropout, lc.seed);
@@ -496,8 +493,7 @@ class zero_rank final : public actor::node {
         changed.push_back(fmt::format("lora_alpha {} -> {}", then.lora_alpha, now.lora_alpha));
       if (then.lora_dropout != now.lora_dropout)
         changed.push_back(fmt::format("lora_dropout {} -> {}", then.lora_dropout, now.lora_dropout));
-      const auto as_set = [](const std::vector<std::string>& v) { return std::set<std::string>(v.begin(), v.end()); };
-      if (as_set(then.target_modules) != as_set(now.target_modules))
+      if (!same_target_modules(then, now))
         changed.push_back(fmt::format("lora_target_modules {} -> {}", fmt::join(then.target_modules, ","),
                                       fmt::join(now.target_modules, ",")));
       if (!changed.empty())

@@ -417,6 +417,11 @@ lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std
   return c;
 }
 
+bool same_target_modules(const lora_config& a, const lora_config& b) {
+  return std::set<std::string>(a.target_modules.begin(), a.target_modules.end()) ==
+         std::set<std::string>(b.target_modules.begin(), b.target_modules.end());
+}
+
 nlohmann::json lora_config_record(const lora_config& c) {
   return {{"r", c.lora_r},
           {"lora_alpha", c.lora_alpha},

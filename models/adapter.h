@@ -49,6 +49,10 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base = tru
 /// module list is empty; decoder::enable_lora then checks the names against the model.
 lora_config make_lora_config(int64_t rank, float alpha, float dropout, const std::string& modules, uint64_t seed);
 
+/// Whether two LoRA configs adapt the same modules: their target_modules as sets (PEFT matches each
+/// name; the order of the list means nothing).
+bool same_target_modules(const lora_config& a, const lora_config& b);
+
 /// A LoRA config as a checkpoint manifest records it (zero_rank's "lora_config"), with PEFT's
 /// adapter_config.json keys: {"r", "lora_alpha", "lora_dropout", "target_modules"}, the target modules
 /// as decoder::enable_lora reads them (flowrun's names, "all-linear"); the seed is not recorded (it

@@ -104,17 +104,18 @@ std::vector<int32_t> generate_from_zero(const loaded_checkpoint& ck, int world, 
                                         const tokenizer& tok, const std::string& tok_path) {
   const std::string& folder = ck.folder;
   const auto& extra = ck.manifests.at(0).extra;
-  if (!extra.contains("model_config"))  // the message of zero_checkpoint_model
-    (void)zero_checkpoint_model(ck, base_given, "--model");
-  const model_config cfg = extra.at("model_config").get<model_config>();
-  check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
-  if (ck.full.count("base") > 0 && !base_given.empty())  // it generated from the checkpoint without a word
+  const bool whole = ck.full.count("base") > 0;
+  if (whole && !base_given.empty())  // it generated from the checkpoint without a word
     throw std::invalid_argument(folder + " holds the whole model, not a LoRA adapter on a base: drop --model " +
                                 base_given + " (it names the base of a LoRA run's checkpoint)");
-  if (ck.full.count("base") == 0 || extra.contains("lora_config") || extra.value("value_head", false)) {
+  // (zero_checkpoint_model also says why a checkpoint is no model here: no recorded model, a value head)
+  if (!whole || !extra.contains("model_config") || extra.contains("lora_config") || extra.value("value_head", false)) {
     decoder model = zero_checkpoint_model(ck, base_given, "--model");
+    check_tokenizer_fits(tok, tok_path, model, folder);
     return generate(model, {prompt}, g)[0].tokens;
   }
+  const model_config cfg = extra.at("model_config").get<model_config>();
+  check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
   auto group = comm::make_inproc_group(world);
   std::vector<std::vector<int32_t>> out(world);
   std::vector<std::string> errors(world);

@@ -493,8 +493,17 @@ void server::start() {
                           ": use --console-bind 127.0.0.1");
     }
   } else {
-    if (!svr.bind_to_port(options_.bind, options_.port)) {
-      const int err = errno;
+    // another process's probe_bind holds the port for an instant (flowrun launch starts its processes at once):
+    // two processes that failed on each other's probe both failed, "Address already in use", where one should
+    // listen; a few tries tell an instant from a listener (which probe_bind then names)
+    bool bound = svr.bind_to_port(options_.bind, options_.port);
+    int err = bound ? 0 : errno;
+    for (int attempt = 0; !bound && err == EADDRINUSE && attempt < 10; ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 + 10 * attempt));
+      bound = svr.bind_to_port(options_.bind, options_.port);
+      err = bound ? 0 : errno;
+    }
+    if (!bound) {
       probe_bind(options_.bind, options_.port);  // explains EADDRINUSE and friends
       throw console_error("console: cannot listen on port " + std::to_string(options_.port) + " on " + options_.bind +
                           ": " + std::strerror(err));

@@ -240,11 +240,7 @@ std::uint64_t job_live::checkpoint_generation_for(std::size_t node, std::size_t 
 }
 
 std::vector<std::string> job_live::checkpoint_capable_nodes() const {
-  std::vector<std::string> out;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    out = remote_capable_;
-  }
+  std::vector<std::string> out;  // (a cluster node's report marks its nodes' replicas: note_remote_checkpoints)
   for (const auto& n : nodes_)
     for (const auto& r : n.replicas)
       if (r->read(0).checkpoint_capable) {
@@ -258,14 +254,8 @@ void job_live::raise_checkpoint_generation(std::uint64_t gen) { raise_to(checkpo
 
 void job_live::note_remote_checkpoints(std::uint64_t honoured, const std::vector<std::string>& capable) {
   raise_to(checkpoint_honoured_, honoured);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& c : capable)
-      if (std::find(remote_capable_.begin(), remote_capable_.end(), c) == remote_capable_.end())
-        remote_capable_.push_back(c);
-  }
-  // the console's replica view (checkpoint_capable) shows it too: a node reports names, not replicas, and
-  // a kind that polls the requests polls them in every replica
+  // every replica of the named nodes: checkpoint_capable_nodes and the console's replica view read them (a node
+  // reports names, not replicas, and a kind that polls the requests polls them in every replica)
   for (auto& n : nodes_)
     if (std::find(capable.begin(), capable.end(), n.name) != capable.end())
       for (auto& r : n.replicas) r->mark_checkpoint_capable();

@@ -225,7 +225,6 @@ class job_live {
   std::atomic<std::uint64_t> checkpoint_gen_{0};
   std::atomic<std::uint64_t> checkpoint_honoured_{0};
   mutable std::mutex mutex_;
-  std::vector<std::string> remote_capable_;  // note_remote_checkpoints (under mutex_)
   std::deque<live_event> events_;
   std::deque<live_signal> signals_;
   std::uint64_t event_seq_ = 0, signal_seq_ = 0;

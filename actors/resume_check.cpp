@@ -17,6 +17,7 @@
 
 #include "actors/rank_group.h"
 #include "models/adapter.h"
+#include "models/checkpoint.h"
 #include "models/rlhf/ppo_checkpoint.h"
 #include "models/safetensors.h"
 #include "models/tokenizer.h"
@@ -76,16 +77,28 @@ std::string data_fingerprint(const std::string& path) {
   return fp;
 }
 
-// A folder by the files directly in it that `keep` takes (all when empty): an FNV-1a over each one's name and
-// data_fingerprint, in name order.
-std::string folder_fingerprint(const std::string& dir, const std::set<std::string>& keep = {}) {
+// The regular files directly in folder `dir`, each by its name and data_fingerprint: {"config.json": "fnv1a:...", ...}.
+nlohmann::json folder_files(const std::string& dir) {
   std::error_code ec;
-  std::vector<std::string> parts;
+  nlohmann::json files = nlohmann::json::object();
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.is_regular_file(ec) && (keep.empty() || keep.count(e.path().filename().string())))
-      parts.push_back(e.path().filename().string() + " " + data_fingerprint(e.path().string()));
+    if (e.is_regular_file(ec)) files[e.path().filename().string()] = data_fingerprint(e.path().string());
+  return files;
+}
+
+// One fingerprint of `files` (folder_files) but those `keep` leaves out (none when empty): an FNV-1a over each
+// one's "name fingerprint", in order.
+std::string files_fingerprint(const nlohmann::json& files, const std::set<std::string>& keep = {}) {
+  std::vector<std::string> parts;
+  for (const auto& [name, fp] : files.items())
+    if (keep.empty() || keep.count(name)) parts.push_back(name + " " + fp.get<std::string>());
   std::sort(parts.begin(), parts.end());
   return fmt::format("fnv1a:{:016x}", graph::fnv1a64(fmt::format("{}", fmt::join(parts, "\n"))));
+}
+
+// A folder by the files directly in it that `keep` takes (all when empty), as one fingerprint.
+std::string folder_fingerprint(const std::string& dir, const std::set<std::string>& keep = {}) {
+  return files_fingerprint(folder_files(dir), keep);
 }
 
 // The kinds whose `model` is recorded by its contents: DS-Chat's steps 1 and 2 and DPO, whose model file
@@ -155,9 +168,25 @@ nlohmann::json contents_of(std::string_view key, const std::string& path, bool b
 
 }  // namespace
 
-std::string model_fingerprint(const std::string& path) {
+nlohmann::json model_contents(const std::string& path) {
   std::error_code ec;
-  return std::filesystem::is_regular_file(path, ec) ? data_fingerprint(path) : folder_fingerprint(path);
+  return std::filesystem::is_regular_file(path, ec) ? nlohmann::json(data_fingerprint(path)) : folder_files(path);
+}
+
+std::vector<std::string> model_contents_changes(const nlohmann::json& then, const nlohmann::json& now) {
+  if (then.is_object() && now.is_object()) {  // two folders: the files a model is read from, by name
+    std::vector<std::string> changes;
+    for (const auto& [name, fp] : now.items())
+      if (is_model_file(name) && (!then.contains(name) || then[name] != fp))
+        changes.push_back(name + (then.contains(name) ? " changed" : " added"));
+    for (const auto& [name, fp] : then.items())
+      if (is_model_file(name) && !now.contains(name)) changes.push_back(name + " gone");
+    return changes;
+  }
+  // a record from before the files were named: one fingerprint over every file of the folder
+  if (then.is_string() && now.is_object()) return files_fingerprint(now) == then ? std::vector<std::string>{}
+                                                                                    : std::vector<std::string>{"other bytes"};
+  return then == now ? std::vector<std::string>{} : std::vector<std::string>{"other bytes"};
 }
 
 std::string tokenizer_fingerprint(const std::string& path) {
@@ -180,7 +209,7 @@ nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::st
     if (const auto* path = std::get_if<std::string>(&value); path && k == "model" && records_model_contents(n)) {
       std::error_code ec;
       if (!path->empty() && std::filesystem::exists(*path, ec))
-        j[k + std::string(contents_suffix)] = model_fingerprint(*path);
+        j[k + std::string(contents_suffix)] = model_contents(*path);
     }
     if (const auto* paths = std::get_if<std::vector<std::string>>(&value); paths && k == "mix_data") {
       nlohmann::json all = nlohmann::json::array();  // each blended file by its contents, in order
@@ -208,11 +237,21 @@ std::vector<std::string> settings_changes(const nlohmann::json& recorded, const 
       if (!recorded.contains(k) || recorded[k] == v) continue;  // no contents then: the path decides
       const std::string name = k.substr(0, at);
       const nlohmann::json& then = recorded[k];
+      const auto path = [&](const nlohmann::json& r) {
+        return r.contains(name) && r[name].is_string() ? r[name].get<std::string>() : std::string();
+      };
+      if (name == "model") {  // a model file, or a folder's model files by name (a README added is no change)
+        const auto changed = model_contents_changes(then, v);
+        if (changed.empty()) continue;
+        const std::string from = path(recorded), to = path(now), what = fmt::format("{}", fmt::join(changed, ", "));
+        refused.push_back(from == to || from.empty()
+                              ? (what == "other bytes" ? fmt::format("model: the bytes of {} changed", to)
+                                                       : fmt::format("model: {} changed ({})", to, what))
+                              : fmt::format("model {} -> {} ({})", from, to, what));
+        continue;
+      }
       if (!then.is_object() || !v.is_object()) {
         // the file by its path then and now: another file elsewhere, or the same path with other bytes
-        const auto path = [&](const nlohmann::json& r) {
-          return r.contains(name) && r[name].is_string() ? r[name].get<std::string>() : std::string();
-        };
         const std::string from = path(recorded), to = path(now);
         refused.push_back(from == to || from.empty() ? fmt::format("{}: the bytes of {} changed", name, to)
                                                      : fmt::format("{} {} -> {} (other bytes)", name, from, to));

@@ -29,9 +29,10 @@ namespace flowrun::actors {
 /// from (lora_pretrained: its adapter_config.json and adapter_model.safetensors), a tokenizer and the data
 /// (data, unsup_data, each mix_data file) by an FNV-1a of their bytes, and the `model` that
 /// sft_trainer, rm_trainer, dpo_trainer and zero_rank start from (unless it is their output) by that of its
-/// bytes, or of each file directly in its folder; check_resume_settings compares
+/// bytes, or of each file directly in its folder (model_contents); check_resume_settings compares
 /// those instead of the path (a data file edited in place is refused: "data: the bytes of \"PATH\" changed";
-/// another file with other bytes: "model \"THEN\" -> \"NOW\" (other bytes)").
+/// another file with other bytes: "model \"THEN\" -> \"NOW\" (other bytes)"; a folder names its model
+/// files: "model: \"PATH\" changed (model.safetensors changed, tokenizer.json added)").
 /// With ds_batch_split_safe in `safe`, a DeepSpeed JSON is recorded without its batch triple
 /// (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps: the split of the
 /// global batch may change, as the ranks may, and the trainer checks the resolved global batch itself;
@@ -42,11 +43,18 @@ namespace flowrun::actors {
 nlohmann::json settings_record(const graph::node_spec& n, const std::set<std::string>& safe);
 
 /// The model a trainer starts from, by its contents, as settings_record records it under "model
-/// (contents)": a file's FNV-1a of its bytes, or for a folder (Hugging Face, flowrun's) one over each file
-/// directly in it, by name and bytes. Its path alone let a resume, or a rerun that skips a finished step,
-/// go on from a file replaced since (DPO scored its resumed policy against another reference; a finished
-/// SFT kept an output trained from the old file). "fnv1a:" and 16 hex digits.
-std::string model_fingerprint(const std::string& path);
+/// (contents)": for a file the FNV-1a of its bytes ("fnv1a:" and 16 hex digits); for a folder (Hugging Face,
+/// flowrun's) an object naming each regular file directly in it with that of its bytes. Its path alone let a
+/// resume, or a rerun that skips a finished step, go on from a file replaced since (DPO scored its resumed
+/// policy against another reference; a finished SFT kept an output trained from the old file).
+nlohmann::json model_contents(const std::string& path);
+
+/// What differs between two model_contents, `then` (a record) and `now`: none when they are the same model.
+/// Two folders: each file a model is read from (is_model_file) that differs, "NAME changed", "NAME added" or
+/// "NAME gone"; other files (a README added to a folder from the Hub) are no change. Otherwise (a file, or a
+/// folder recorded before 2026-12-07 as one fingerprint over every file in it, which now's files give
+/// again) one entry, "other bytes".
+std::vector<std::string> model_contents_changes(const nlohmann::json& then, const nlohmann::json& now);
 
 /// A tokenizer (a file, or a folder's tokenizer files) by its bytes, as settings_record records it
 /// under "tokenizer (contents)"; "" when `path` is neither.

@@ -1,6 +1,7 @@
 #include "models/checkpoint.h"
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -293,6 +294,16 @@ void save_model_dir(const decoder& model_in, const std::string& dir) {
   save_safetensors((fs::path(dir) / "model.safetensors").string(), ts);
   write_text_atomic((fs::path(dir) / "flowrun_config.json").string(), j.dump(2));
   if (merged) model.merge_lora();
+}
+
+bool is_model_file(const std::string& f) {
+  static const std::set<std::string> names = [] {
+    std::set<std::string> n = {"config.json", "flowrun_config.json", "generation_config.json",
+                               "model.safetensors.index.json"};
+    n.insert(tokenizer_file_names().begin(), tokenizer_file_names().end());
+    return n;
+  }();
+  return names.count(f) > 0 || (f.size() > 12 && f.compare(f.size() - 12, 12, ".safetensors") == 0);
 }
 
 decoder load_model(const std::string& path_in) {

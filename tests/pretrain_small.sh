@@ -388,10 +388,19 @@ if "$flowrun" convert --from zero "$out/l3_ck" --to hf "$out/l3_conv2" > "$out/l
   echo "a conversion without the run's HF base was accepted"; exit 1
 fi
 grep -q "the run's base model $out/l3copy is gone: give it with --base BASE" "$out/l3_conv2.log" || { tail -1 "$out/l3_conv2.log"; exit 1; }
+# a file no model reads, added to the base (a model card), is no change; a model file edited is named
+echo "# a model card" > "$out/l3moved/README.md"
+cp "$out/l3moved/tokenizer_config.json" "$out/l3tc.json" && echo " " >> "$out/l3moved/tokenizer_config.json"
+if "$flowrun" convert --from zero "$out/l3_ck" --base "$out/l3moved" --to hf "$out/l3_conv2" > "$out/l3_conv2.log" 2>&1; then
+  echo "a base whose tokenizer_config.json changed was accepted"; exit 1
+fi
+grep -q "$out/l3moved is not the base model .*'s run started from (tokenizer_config.json changed, against the run's $out/l3copy)" \
+  "$out/l3_conv2.log" || { tail -1 "$out/l3_conv2.log"; exit 1; }
+mv "$out/l3tc.json" "$out/l3moved/tokenizer_config.json"
 "$flowrun" convert --from zero "$out/l3_ck" --base "$out/l3moved" --to hf "$out/l3_conv2" \
   > "$out/l3_conv2.log" 2>&1 || { tail -3 "$out/l3_conv2.log"; exit 1; }
 for f in "$out/l3_hf"/*; do cmp "$f" "$out/l3_conv2/$(basename "$f")" || { echo "l3 moved: convert differs"; exit 1; }; done
-mv "$out/l3moved" "$l3"
+rm "$out/l3moved/README.md" && mv "$out/l3moved" "$l3"
 # the run's tokenizer edited since the run is refused (it was copied as it is now); gone, it is said
 mkdir -p "$out/tokrun" && cp "$assets/model/stories260K/tok512.model" "$out/tokrun/mod.model"
 "$flowrun" run "$graph" --no-progress -q --set node.ranks.output_dir="$out/tokrun/ck" --set node.data.output_dir="$out/tokrun/ck" \
@@ -411,7 +420,7 @@ rm "$out/tokrun/mod.model"
 "$flowrun" convert --from zero "$out/tokrun/ck" --to hf "$out/tokrun/conv3" > "$out/tokrun_c3.log" 2>&1 || { tail -2 "$out/tokrun_c3.log"; exit 1; }
 grep -q "the tokenizer the run trained with is not found .* gets no tokenizer files; give the run's with --tokenizer" \
   "$out/tokrun_c3.log" || { tail -2 "$out/tokrun_c3.log"; exit 1; }
-echo "  convert --from zero: an HF base moved (--base), the run's tokenizer edited (refused) or gone (said)"
+echo "  convert --from zero: an HF base moved (--base; a README added to it is no change, a model file edited is named), the run's tokenizer edited (refused) or gone (said)"
 python3 - "$l3" "$out/l3_hf" <<'PY' || { echo "the export lost the source's tokenizer or special tokens"; exit 1; }
 import json, os, sys
 src, dst = sys.argv[1:]

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/sinks/null_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -30,6 +31,7 @@
 #include "models/rlhf/dschat_steps.h"
 #include "models/tokenizer.h"
 #include "runtime/actor/node.h"
+#include "runtime/graph/graph_spec.h"
 #include "runtime/graph/validate.h"
 #include "runtime/util/assets.h"
 #include "test_util.h"
@@ -321,17 +323,38 @@ TEST_CASE("settings record: the trainers record the model they start from and a 
   fs::last_write_time(dir / "tok" / "tokenizer.model", fs::last_write_time(dir / "tok" / "tokenizer.model") + std::chrono::seconds(2));
   CHECK(actors::settings_changes(tok_then, tok_record()) ==
         std::vector<std::string>{"tokenizer: the bytes of \"" + fs::canonical(dir / "tok").string() + "\" changed"});
-  // a folder: each file directly in it, by name
+  // a folder: each file a model is read from, by name; other files (a README from the Hub) are no change
   std::ofstream(dir / "hf" / "config.json") << "{\"model_type\": \"llama\"}\n";
   std::ofstream(dir / "hf" / "model.safetensors") << "weights";
-  const auto fp = [&] {
+  auto hf_record = [&] {
     auto [n, node] = shipped_node("sft.graph", "sft", {"node.sft.output=" + (dir / "o").string()});
     n.settings["model"].value = (dir / "hf").string();  // the record reads the setting; no load happens here
-    return actors::settings_record(n, {}).at("model (contents)");
+    return actors::settings_record(n, {});
   };
-  const auto before = fp();
+  const std::string hf = "\"" + fs::canonical(dir / "hf").string() + "\"";
+  const auto before = hf_record();
+  REQUIRE(before.at("model (contents)").is_object());
+  // the record flowrun wrote before the files were named: one FNV-1a over "NAME FINGERPRINT" of every file
+  auto legacy = before;
+  {
+    std::string lines;
+    for (const auto& [name, fp] : before.at("model (contents)").items())  // name order
+      lines += (lines.empty() ? "" : "\n") + name + " " + fp.get<std::string>();
+    legacy["model (contents)"] = fmt::format("fnv1a:{:016x}", graph::fnv1a64(lines));
+  }
+  CHECK(actors::settings_changes(legacy, hf_record()).empty());
+  std::ofstream(dir / "hf" / "README.md") << "# a model card\n";
+  std::ofstream(dir / "hf" / ".gitattributes") << "*.safetensors filter=lfs\n";
+  CHECK(actors::settings_changes(before, hf_record()).empty());
+  CHECK(actors::settings_changes(legacy, hf_record()) ==  // an old record cannot tell which file: the folder's bytes
+        std::vector<std::string>{"model: the bytes of " + hf + " changed"});
   std::ofstream(dir / "hf" / "model.safetensors", std::ios::app) << "!";
   fs::last_write_time(dir / "hf" / "model.safetensors", fs::last_write_time(dir / "hf" / "model.safetensors") + std::chrono::seconds(2));
-  CHECK(fp() != before);
+  std::ofstream(dir / "hf" / "tokenizer.json") << "{}";
+  fs::remove(dir / "hf" / "config.json");
+  CHECK(actors::settings_changes(before, hf_record()) ==
+        std::vector<std::string>{"model: " + hf + " changed (model.safetensors changed, tokenizer.json added, config.json gone)"});
+  CHECK(actors::model_contents_changes(before.at("model (contents)"), actors::model_contents((dir / "hf").string())) ==
+        std::vector<std::string>{"model.safetensors changed", "tokenizer.json added", "config.json gone"});
   fs::remove_all(dir);
 }

@@ -104,8 +104,8 @@ std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& p
 std::string zero_run_base(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt) {
   const std::string& folder = ck.folder;
   const std::string recorded = zero_run_model(ck);
-  const std::string fingerprint =
-      ck.manifests.at(0).extra.value("settings", nlohmann::json::object()).value("model (contents)", std::string());
+  const nlohmann::json contents =
+      ck.manifests.at(0).extra.value("settings", nlohmann::json::object()).value("model (contents)", nlohmann::json());
   std::error_code ec;
   const std::string base = base_given.empty() ? recorded : resolve_user_path(base_given, "model").string();
   if (base.empty()) return "";
@@ -113,8 +113,13 @@ std::string zero_run_base(const loaded_checkpoint& ck, const std::string& base_g
     throw std::invalid_argument(folder + ": the run's base model " + base +
                                 (base_given.empty() ? " is gone: give it with " + opt + " BASE (the same model, moved)"
                                                     : " (" + opt + ") does not exist"));
-  if (!fingerprint.empty() && actors::model_fingerprint(base) != fingerprint)
-    throw std::invalid_argument(base + " is not the base model " + folder + "'s run started from (other bytes than the run's " +
+  if (const auto changed = contents.is_null() ? std::vector<std::string>{}
+                                              : actors::model_contents_changes(contents, actors::model_contents(base));
+      !changed.empty())
+    throw std::invalid_argument(base + " is not the base model " + folder + "'s run started from (" +
+                                (changed == std::vector<std::string>{"other bytes"}
+                                     ? std::string("other bytes than")
+                                     : fmt::format("{}, against", fmt::join(changed, ", "))) + " the run's " +
                                 (recorded.empty() ? std::string("model") : recorded) + "): " +
                                 (base_given.empty() ? "it changed since the run; give the run's base with " + opt + " BASE"
                                  : !recorded.empty() && std::filesystem::exists(recorded, ec)

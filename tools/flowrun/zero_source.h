@@ -41,7 +41,7 @@ std::string zero_run_tokenizer(const loaded_checkpoint& ck, const std::string& p
 ///  - a LoRA run's (the checkpoint holds the adapter alone, group "adapter"): the run's base model
 ///    (zero_run_model; `base_given`, the option `base_option` ("--model"), names it after a move) checked by its bytes
 ///    or, for step 3's trainers, which record the weights they started from (init_weights), by those
-///    (the record's "model (contents)", actors::model_fingerprint), with the adapter of the
+///    (the record's "model (contents)", actors::model_contents_changes), with the adapter of the
 ///    manifest's lora_config put in and merged: W + (lora_alpha / r) B A;
 ///  - a DS-Chat trainer's with lora_dim beside a base that trains: both groups, the adapter merged.
 /// A value model's (a reward model's or critic's v_head) is refused: no language-model format holds it.

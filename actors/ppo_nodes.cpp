@@ -272,7 +272,10 @@ class rollout_generator final : public actor::node {
       if (p.eval) s.temperature = 0.0f;  // held-out answers are greedy, so before/after compare like with like
       // GRPO / RLOO: each prompt's num_generations samples are adjacent rows, a group kept whole
       const int64_t G = p.eval ? 1 : num_generations_;
-      s.drop_short_answers = G == 1;
+      // DS-Chat drops training answers of at most one token; a held-out pass scores every prompt, so that before
+      // and after are the same prompts (an empty answer to a rule is a wrong one: a policy that stopped at once on
+      // the hard prompts read as more accurate)
+      s.drop_short_answers = G == 1 && !p.eval;
       tensor ids = p.ids, mask = p.mask;
       std::vector<std::string> refs = p.references;
       if (G > 1) {
@@ -352,9 +355,9 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       .input("weights", "model", "the policy's model handle (or snapshot), after each update", true, true)
       .output("rollouts", "rollouts", "prompt + answer sequences", true)
       .require("tokenizer", T::path, "SentencePiece .model (EOS id)")
-      .option("max_answer_seq_len", T::int_, std::int64_t{32}, "answer tokens at most")
-      .at_least(2)
-      .because("DS-Chat drops answers of at most one token, so 1 would train on nothing")
+      .option("max_answer_seq_len", T::int_, std::int64_t{32},
+              "answer tokens at most (2 or more with num_generations = 1: DS-Chat drops answers of one token)")
+      .at_least(1)
       .option("temperature", T::float_, 1.0, "sampling temperature for training rollouts (held-out: greedy); the rollouts' log-probs "
               "(policy, reference, loss) are taken under logits / temperature, as TRL and veRL take them")
       .at_least(0)
@@ -396,6 +399,14 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
                                       "batch per prompt batch, in order)",
                                       n.name, n.replicas),
                           "set replicas = 1; give the generator more cores with `threads`"});
+    // one answer per prompt (PPO's): DS-Chat drops training answers of at most one token, so 1 would train on nothing
+    // (a group's answers are all kept: GRPO and RLOO train on one-token answers)
+    if (n.get_int("max_answer_seq_len") < 2 && n.get_int("num_generations") == 1)
+      problems.push_back({"max_answer_seq_len",
+                          fmt::format("node '{}': max_answer_seq_len = {} with num_generations = 1: DS-Chat drops "
+                                      "answers of at most one token, so 1 would train on nothing",
+                                      n.name, n.get_int("max_answer_seq_len")),
+                          "set max_answer_seq_len to 2 or more (DS-Chat's default is 256)"});
     // logits / T overflow a float below ~1e-6 (NaN log-probs at 1e-38; 1e-50 rounds to 0, greedy unasked)
     if (const double t = n.get_float("temperature"); t > 0 && t < 1e-6)
       problems.push_back({"temperature",

@@ -59,6 +59,15 @@ grep -qE "node 'generator': the longest prompt, [0-9]+ tokens \(at most the prom
   { tail -5 "$out/toolong.err"; fail "the error does not name the settings and the bound"; }
 grep -q "iter 0 reward" "$out/toolong.log" && fail "an iteration ran with answers past the context"
 
+# answers of one token (max_answer_seq_len 1, which GRPO allows: a group keeps its one-token answers): the
+# held-out passes score every prompt of the split's 4, before and after (they dropped answers of at most one token,
+# as DS-Chat's training does, so an empty answer was not a wrong one and the two passes compared other prompts)
+run short "$g" --set node.generator.max_answer_seq_len=1 || { tail -20 "$out/short.err"; fail "the one-token run failed"; }
+for pass in before after; do
+  grep -qE "held-out $pass: mean reward .* answer length 1\.0 \(4 prompts\)" "$out/short.log" ||
+    fail "the held-out pass $pass left prompts out: $(grep "held-out $pass" "$out/short.log")"
+done
+
 # RLOO with a linear learning-rate schedule over updates of 8 rows: planned over 2 iterations x 32 rows / 8 = 8
 # updates, but filter_groups keeps only the groups whose rewards differ (8 rows, one update, each), so the
 # schedule stops short: the end of the run says how far, with the last update's rate (transformers' linear

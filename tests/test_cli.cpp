@@ -695,6 +695,25 @@ TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer woul
   CHECK_FALSE(has(out, "format_score' of node"));
 }
 
+TEST_CASE("max_answer_seq_len 1 is refused for one answer per prompt and taken for a group") {
+  // DS-Chat drops training answers of at most one token, so PPO at 1 would train on nothing; a GRPO group keeps
+  // them (grpo_small runs it: the held-out passes score every prompt)
+  int rc = -1;
+  auto out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                     "/graphs/ppo.graph --no-progress --set node.generator.max_answer_seq_len=1 2>&1",
+                 &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'generator': max_answer_seq_len = 1 with num_generations = 1: DS-Chat drops answers of at most "
+                 "one token, so 1 would train on nothing"));
+  // GRPO: the check passes it (greedy sampling refused beside it, so nothing trains)
+  out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/grpo.graph --no-progress" GRPO_DATA
+                " --set node.generator.max_answer_seq_len=1 --set node.generator.temperature=0 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "temperature = 0"));
+  CHECK_FALSE(has(out, "max_answer_seq_len"));
+}
+
 TEST_CASE("flowrun generate takes a model folder's generation_config.json sampling defaults, the command line's winning") {
   // it always sampled at its own defaults (temperature 1, top_p 0.9), where transformers' generate() reads the
   // folder's: a folder that says do_sample = false decodes greedily there

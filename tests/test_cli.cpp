@@ -716,7 +716,7 @@ TEST_CASE("max_answer_seq_len 1 is refused for one answer per prompt and taken f
 
 TEST_CASE("flowrun generate takes a model folder's generation_config.json sampling defaults, the command line's winning") {
   // it always sampled at its own defaults (temperature 1, top_p 0.9), where transformers' generate() reads the
-  // folder's: a folder that says do_sample = false decodes greedily there
+  // folder's: a folder that says do_sample = false, or says nothing of it, decodes greedily there
   namespace fs = std::filesystem;
   const fs::path dir = temp_folder() / "gen_defaults";
   fs::remove_all(dir);
@@ -726,7 +726,7 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   int rc = -1;
   const auto a = run(gen + " --seed 1 2>&1", &rc);
   CHECK(rc == 0);
-  CHECK(has(a, "sampling: top_k 20, do_sample false: greedy (" + (dir / "generation_config.json").string() +
+  CHECK(has(a, "sampling: do_sample false: greedy (" + (dir / "generation_config.json").string() +
                    "; the command line's options win)"));
   const auto text = [](const std::string& out) { return out.substr(out.rfind("]") + 1); };  // after the last log line
   CHECK(text(run(gen + " --seed 2 2>&1", &rc)) == text(a));  // greedy: the seed changes nothing
@@ -735,6 +735,27 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   CHECK(rc == 0);
   CHECK(has(b, "sampling: top_k 20 ("));
   CHECK_FALSE(has(b, "greedy"));
+  // an HF folder without do_sample decodes greedily, as transformers' generate() does (a folder with no
+  // generation_config.json, or one of stop ids only, as a conversion from llama2.c writes, sampled here)
+  fs::remove(dir / "generation_config.json");
+  const auto c = run(gen + " --seed 1 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(c, "sampling: no do_sample: greedy, as transformers' generate() decodes this folder (" + dir.string() +
+                   " has no generation_config.json;"));
+  CHECK(text(run(gen + " --seed 2 2>&1", &rc)) == text(c));
+  CHECK(text(c) == text(a));
+  // do_sample true: transformers' defaults for what the file leaves out (top_k 50, top_p 1, temperature 1)
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample": true})";
+  CHECK(has(run(gen + " --seed 1 2>&1", &rc), "sampling: do_sample true: temperature 1, top_k 50, top_p 1 ("));
+  // the file's values get the options' checks, naming the file (repetition_penalty 0 printed bytes of garbage)
+  std::ofstream(dir / "generation_config.json") << R"({"repetition_penalty": 0})";
+  auto bad = run(gen + " 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(has(bad, (dir / "generation_config.json").string() + ": repetition_penalty = 0: must be finite and > 0"));
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample": true, "top_p": 7})";
+  bad = run(gen + " 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(has(bad, (dir / "generation_config.json").string() + ": top_p = 7: must be finite, in (0, 1]"));
 }
 
 TEST_CASE("SFT on TRL's prompt-completion rows says that TRL trains the completion alone, unless mask_prompt is set") {

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -59,38 +60,64 @@ generation_config generation_of(const generate_opts& o, const tokenizer& tok) {
   return g;
 }
 
-// A model folder's generation_config.json sampling defaults (transformers' generate() reads them: do_sample,
-// temperature, top_p, top_k, repetition_penalty) for the options the command line did not give (`given`:
-// each option's name -> whether it was given); do_sample = false is greedy. Returns what it took, for the log
-// ("" when nothing: no such file, or no sampling key in it, as a llama2.c conversion's that holds stop ids).
+// A model folder's generation_config.json sampling defaults, as transformers' generate() takes them, for the options
+// the command line did not give (`given`: each option's name -> whether it was given). Each value is checked as
+// the option's (`check`: the option's name and value -> "" or why not), naming the file. A Hugging Face folder
+// (config.json) decodes as transformers does: greedily unless do_sample is true (a folder without the file, or
+// whose file holds only stop ids, as a conversion from llama2.c writes, sampled here and decoded greedily there),
+// and with do_sample true, transformers' defaults for what the file leaves out (top_k 50, top_p 1); a sampling
+// option on the command line samples. A flowrun folder takes the file's values, do_sample false being greedy.
+// Returns what it took, for the log ("" when nothing).
 std::string take_generation_defaults(generate_opts& o, const std::string& model,
-                                     const std::map<std::string, bool>& given) {
+                                     const std::map<std::string, bool>& given,
+                                     const std::function<std::string(const std::string&, std::string)>& check) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path dir = resolve_user_path(model, "model");
   const fs::path file = dir / "generation_config.json";
-  if (!fs::is_directory(dir, ec) || !fs::is_regular_file(file, ec)) return "";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(std::ifstream(file));
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
-  }
+  if (!fs::is_directory(dir, ec)) return "";
+  const bool hf = fs::is_regular_file(dir / "config.json", ec), has_file = fs::is_regular_file(file, ec);
+  if (!has_file && !hf) return "";
+  nlohmann::json j = nlohmann::json::object();
+  if (has_file) try {
+      j = nlohmann::json::parse(std::ifstream(file));
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
+    }
+  if (!j.is_object()) throw std::invalid_argument(file.string() + " is not a JSON object: fix or remove it");
   std::vector<std::string> took;
   auto take = [&](const char* key, auto& field) {
-    if (!j.contains(key) || !j[key].is_number() || given.at(key)) return;
+    if (!j.contains(key) || j[key].is_null() || given.at(key)) return;
+    if (!j[key].is_number())
+      throw std::invalid_argument(fmt::format("{}: {} = {} is not a number: fix or remove it", file.string(), key, j[key].dump()));
+    if (const std::string why = check(key, j[key].dump()); !why.empty())
+      throw std::invalid_argument(fmt::format("{}: {} = {}: {}; fix or remove it", file.string(), key, j[key].dump(), why));
     field = j[key].get<std::decay_t<decltype(field)>>();
     took.push_back(fmt::format("{} {}", key, j[key].dump()));
   };
-  take("temperature", o.temperature);
-  take("top_p", o.top_p);
-  take("top_k", o.top_k);
-  take("repetition_penalty", o.repetition_penalty);
-  if (j.contains("do_sample") && j["do_sample"] == false && !given.at("temperature")) {
-    o.temperature = 0;  // transformers samples only with do_sample
-    took.push_back("do_sample false: greedy");
+  const bool do_sample = j.contains("do_sample") && j["do_sample"] == true;
+  const bool cli_samples = given.at("temperature") || given.at("top_p") || given.at("top_k");
+  if (hf && do_sample) {  // transformers' GenerationConfig defaults for what the file leaves out
+    if (!given.at("temperature")) o.temperature = 1.0f;
+    if (!given.at("top_p")) o.top_p = 1.0f;
+    if (!given.at("top_k")) o.top_k = 50;
   }
-  return took.empty() ? "" : fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "), file.string());
+  if (!hf || do_sample || cli_samples) {
+    take("temperature", o.temperature);
+    take("top_p", o.top_p);
+    take("top_k", o.top_k);
+    if (hf && do_sample) took.push_back(fmt::format("do_sample true: temperature {:g}, top_k {}, top_p {:g}", o.temperature,
+                                                   o.top_k, o.top_p));
+  }
+  take("repetition_penalty", o.repetition_penalty);
+  if ((hf ? !do_sample : j.contains("do_sample") && j["do_sample"] == false) && !cli_samples) {
+    o.temperature = 0;  // transformers samples only with do_sample
+    took.push_back(j.contains("do_sample") ? "do_sample false: greedy"
+                                           : "no do_sample: greedy, as transformers' generate() decodes this folder");
+  }
+  if (took.empty()) return "";
+  return fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "),
+                     has_file ? file.string() : dir.string() + " has no generation_config.json");
 }
 
 // TencentPretrain's generate_lm_deepspeed: the model stays sharded over
@@ -166,26 +193,33 @@ void add_generate(CLI::App& app) {
   const graph::node_kind& gen = *declared.lookup("generator");
   auto check = [&](const char* name) { return setting_check(*gen.find_setting(name), gen.name); };
   // a model folder's generation_config.json sets the defaults of these four, as in transformers' generate()
-  auto* temp_opt = sub->add_option("--temperature", o->temperature, "0 = greedy (default: the model folder's generation_config.json, else 1)")
+  // one check per sampling option, for the command line and a model folder's generation_config.json
+  auto checks = std::make_shared<std::map<std::string, CLI::Validator>>();
+  for (const char* name : {"temperature", "top_p", "top_k"}) checks->emplace(name, check(name));
+  checks->emplace("repetition_penalty",
+                  CLI::Validator(
+                      [](std::string& v) {
+                        float x = 0;
+                        try {
+                          x = std::stof(v);
+                        } catch (const std::exception&) {
+                          return std::string("must be a number, got ") + v;
+                        }
+                        return std::isfinite(x) && x > 0 ? std::string() : "must be finite and > 0 (1 = off), got " + v;
+                      },
+                      "FLOAT > 0"));
+  auto* temp_opt = sub->add_option("--temperature", o->temperature,
+                                   "0 = greedy (default: the model folder's generation_config.json; an HF folder "
+                                   "decodes greedily unless it says do_sample, as transformers does; else 1)")
       ->capture_default_str()
-      ->check(check("temperature"));
+      ->check(checks->at("temperature"));
   auto* top_p_opt = sub->add_option("--top_p", o->top_p, "Nucleus sampling threshold (1 = off)")
       ->capture_default_str()
-      ->check(check("top_p"));
-  auto* top_k_opt = sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(check("top_k"));
+      ->check(checks->at("top_p"));
+  auto* top_k_opt = sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(checks->at("top_k"));
   auto* rep_opt = sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off; > 1 discourages repeats (CTRL)")
       ->capture_default_str()
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            float x = 0;
-            try {
-              x = std::stof(v);
-            } catch (const std::exception&) {
-              return std::string("must be a number, got ") + v;
-            }
-            return std::isfinite(x) && x > 0 ? std::string() : "must be finite and > 0 (1 = off), got " + v;
-          },
-          "FLOAT > 0"));
+      ->check(checks->at("repetition_penalty"));
   sub->add_option("--seed", o->seed, "Sampling seed")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));
@@ -202,7 +236,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--lora", o->lora,
                   "A LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors: zero_rank's "
                   "save_lora, a trainer's LoRA output) applied on top of --model, merged before generating");
-  sub->callback([o, tok_opt, model_opt, temp_opt, top_p_opt, top_k_opt, rep_opt] {
+  sub->callback([o, tok_opt, model_opt, temp_opt, top_p_opt, top_k_opt, rep_opt, checks] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     if (!o->zero_checkpoint.empty()) {
@@ -230,11 +264,13 @@ void add_generate(CLI::App& app) {
       return;
     }
     auto model = load_model(o->model);
-    if (const std::string took = take_generation_defaults(*o, o->model,
-                                                          {{"temperature", temp_opt->count() > 0},
-                                                           {"top_p", top_p_opt->count() > 0},
-                                                           {"top_k", top_k_opt->count() > 0},
-                                                           {"repetition_penalty", rep_opt->count() > 0}});
+    const std::map<std::string, const CLI::Option*> opts = {
+        {"temperature", temp_opt}, {"top_p", top_p_opt}, {"top_k", top_k_opt}, {"repetition_penalty", rep_opt}};
+    std::map<std::string, bool> given;
+    for (const auto& [name, opt] : opts) given[name] = opt->count() > 0;
+    if (const std::string took = take_generation_defaults(
+            *o, o->model, given,
+            [&](const std::string& name, std::string value) { return checks->at(name)(value); });
         !took.empty())
       spdlog::info("sampling: {}", took);
     if (!o->lora.empty()) {  // base + LoRA, merged (W + alpha/r B A): one product per Linear while decoding

@@ -767,7 +767,16 @@ void save_hf(const decoder& model, const std::string& dir, dtype on_disk, int64_
     }
     tensors.emplace_back(s.hf_name, cat);
   }
-  if (model.has_value_head()) tensors.emplace_back(k_value_head_name, model.w().v_head.to(device::cpu()));
+  // a value head as DS-Chat's v_head, or as TRL's reward model's score head where the config names a
+  // *ForSequenceClassification (convert keeps a source's: transformers found no score.weight in v_head.weight)
+  bool seq_cls = false;
+  if (cj.contains("architectures") && cj["architectures"].is_array())
+    for (const auto& a : cj["architectures"])
+      if (a.is_string() && a.get<std::string>().find("ForSequenceClassification") != std::string::npos) seq_cls = true;
+  if (seq_cls && !model.has_value_head())
+    throw std::invalid_argument("save_hf: " + dir + ": a ForSequenceClassification config for a model without a value head");
+  if (model.has_value_head())
+    tensors.emplace_back(seq_cls ? "score.weight" : k_value_head_name, model.w().v_head.to(device::cpu()));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) throw std::runtime_error(dir + ": cannot create the model folder: " + ec.message());

@@ -111,7 +111,8 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
 decoder load_hf(const std::string& dir, device dev = device::cpu(), const tensor_progress_fn& progress = {});
 
 /// Write `model` as an HF folder `dir` (created if needed; a value head as
-/// "v_head.weight"; LoRA adapters are not written: merge them into a copy first,
+/// "v_head.weight", DS-Chat's, or as "score.weight" where extra_config's "architectures" name a
+/// *ForSequenceClassification, TRL's reward model as load_hf reads it; LoRA adapters are not written: merge them into a copy first,
 /// as checkpoint.h save_model does): config.json and
 /// model.safetensors (or shards of at most max_shard_bytes plus the index when
 /// max_shard_bytes > 0), weights stored as `on_disk`. Each file is written

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -693,6 +695,57 @@ TEST_CASE("format_score of 1 or more is refused: a well-formed wrong answer woul
   CHECK(rc == 2);
   CHECK(has(out, "temperature = 0"));
   CHECK_FALSE(has(out, "format_score' of node"));
+}
+
+// The tensors of a .safetensors file, each name -> its dtype, shape and bytes.
+static std::map<std::string, std::string> safetensors_bytes(const std::filesystem::path& file) {
+  std::ifstream f(file, std::ios::binary);
+  const std::string b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  REQUIRE(b.size() >= 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(b[static_cast<size_t>(i)]);
+  const auto header = nlohmann::json::parse(b.substr(8, n));
+  std::map<std::string, std::string> out;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    const auto at = e.at("data_offsets");
+    out[name] = e.at("dtype").dump() + e.at("shape").dump() +
+                b.substr(8 + n + at[0].get<size_t>(), at[1].get<size_t>() - at[0].get<size_t>());
+  }
+  return out;
+}
+
+TEST_CASE("convert keeps a TRL reward model (ForSequenceClassification) one, and refuses it as a llama2.c file") {
+  // it wrote a CausalLM with v_head.weight: transformers' AutoModelForSequenceClassification found no score.weight
+  // and initialised it at random; as a llama2.c file the embedding became an LM head and generate told stories
+  namespace fs = std::filesystem;
+  const fs::path dir = temp_folder() / "seqcls_convert";
+  fs::remove_all(dir);
+  for (const char* family : {"llama", "qwen2", "gpt2"}) {
+    CAPTURE(family);
+    const fs::path src = fs::path(FLOWRUN_SOURCE_DIR) / "tests/fixtures/hf" / (std::string("seqcls_") + family);
+    const fs::path out = dir / family;
+    int rc = -1;
+    auto log = run(std::string(FLOWRUN_BIN) + " convert --from hf " + src.string() + " --to hf " + out.string() + " 2>&1", &rc);
+    INFO(log);
+    REQUIRE(rc == 0);
+    const auto read = [](const fs::path& p) { return nlohmann::json::parse(std::ifstream(p)); };
+    const auto a = read(src / "config.json"), b = read(out / "config.json");
+    CHECK(b.at("architectures") == a.at("architectures"));
+    CHECK(b.value("tie_word_embeddings", true) == a.value("tie_word_embeddings", std::string(family) == "gpt2"));
+    if (a.contains("id2label")) CHECK(b.at("id2label") == a.at("id2label"));
+    // every tensor, by name, dtype, shape and bytes: score.weight among them, no v_head.weight or lm_head.weight
+    const auto ta = safetensors_bytes(src / "model.safetensors"), tb = safetensors_bytes(out / "model.safetensors");
+    CHECK(tb.count("score.weight") == 1);
+    CHECK(ta == tb);
+    log = run(std::string(FLOWRUN_BIN) + " convert --from hf " + src.string() + " --to llama2c " +
+                  (dir / (std::string(family) + ".bin")).string() + " 2>&1",
+              &rc);
+    CHECK(rc != 0);
+    if (std::string(family) == "llama")
+      CHECK(has(log, "is a reward or value model (a value head, no LM head): a llama2.c file holds a language model"));
+    CHECK_FALSE(fs::exists(dir / (std::string(family) + ".bin")));
+  }
 }
 
 TEST_CASE("max_answer_seq_len 1 is refused for one answer per prompt and taken for a group") {

@@ -81,6 +81,26 @@ nlohmann::json token_keys(const fs::path& hf_dir) {
   return out;
 }
 
+// The keys that keep an HF reward model of TRL's layout (a *ForSequenceClassification: score.weight, no LM head)
+// one when written again: its architectures, labels and tie_word_embeddings as the source says (load_hf ties a
+// head-less model's embedding in, and the folder read back as a CausalLM whose v_head.weight transformers dropped,
+// its score head initialised at random). None for any other folder.
+nlohmann::json sequence_classification_keys(const fs::path& hf_dir) {
+  nlohmann::json out = nlohmann::json::object();
+  std::ifstream f(hf_dir / "config.json");
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (!j.is_object() || !j.contains("architectures") || !j["architectures"].is_array()) return out;
+  bool seq_cls = false;
+  for (const auto& a : j["architectures"])
+    seq_cls |= a.is_string() && a.get<std::string>().find("ForSequenceClassification") != std::string::npos;
+  if (!seq_cls) return out;
+  out["architectures"] = j["architectures"];
+  for (const char* k : {"id2label", "label2id", "num_labels", "problem_type"})
+    if (j.contains(k)) out[k] = j[k];
+  out["tie_word_embeddings"] = hf_config_from_json(j, (hf_dir / "config.json").string()).tied_embeddings;
+  return out;
+}
+
 // load_hf's / save_hf's / load_llama2c's / save_llama2c's per-tensor report on `line`: tensors k/N and bytes, the ETA by bytes.
 tensor_progress_fn on_line(progress_line& line) {
   return [&line](const tensor_progress& p) {
@@ -208,6 +228,7 @@ void run_convert(const convert_opts& o) {
     line.clear();
     spdlog::info("read {} in {:.1f} s", o.from[1], line.seconds());
     extra = token_keys(o.from[1]);
+    extra.update(sequence_classification_keys(o.from[1]));
   } else {
     throw std::runtime_error("convert: --from " + src_fmt + ": use llama2c, hf or zero");
   }
@@ -301,6 +322,9 @@ void run_convert(const convert_opts& o) {
     const auto& c = model.config();
     if (c.family != model_family::llama)
       throw std::runtime_error("convert: only LLaMA models can be written as llama2.c, not " + c.summary());
+    if (model.has_value_head())  // the file held its embedding as an LM head: generate told stories with a reward model
+      throw std::runtime_error("convert: " + o.from[1] + " is a reward or value model (a value head, no LM head): a "
+                               "llama2.c file holds a language model; --to hf keeps it as it is");
     fs::path parent = fs::absolute(dst).parent_path();
     // a llama2.c file's tokenizer is the one in its folder (generate, chat and eval read it): another model's
     // there would read this one's text, and this one's copied over it broke that model (its

@@ -91,7 +91,7 @@ std::string tail(const std::string& s, size_t n) { return s.size() <= n ? s : ".
 decoder load_policy(const std::string& path) {
   auto m = load_model(path);
   if (m.has_value_head())
-    throw std::invalid_argument(path + " is a reward/value model (it has a v_head, no LM head): give a policy model");
+    throw std::invalid_argument(path + " is a reward/value model (a value head: DS-Chat's v_head or a ForSequenceClassification's score; no LM head): give a policy model");
   return m;
 }
 

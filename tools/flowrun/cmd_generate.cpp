@@ -283,7 +283,7 @@ void add_generate(CLI::App& app) {
       spdlog::info("LoRA adapter {} merged into {}", o->lora, o->model);
     }
     if (model.has_value_head())
-      throw std::invalid_argument(o->model + " is a reward/value model (it has a v_head, no LM head): give a policy model");
+      throw std::invalid_argument(o->model + " is a reward/value model (a value head: DS-Chat's v_head or a ForSequenceClassification's score; no LM head): give a policy model");
     const std::string tok_path = tokenizer_for({o->model}, o->tokenizer, tok_opt->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(tok_path, "tokenizer").string());
     check_tokenizer_fits(*tok, tok_path, model, o->model);

@@ -105,7 +105,7 @@ class lm_batches final : public actor::node {
     m.cursor = data_->cursor();
     m.val_ids = val_ids_;
     m.val_targets = val_targets_;
-    ctx.metric("tokens", m.ids.numel());
+    ctx.metric("tokens_cut", m.ids.numel());  // the ranks count the tokens they train on (metrics_snapshot::tokens)
     ctx.emit("batch", actor::payload::make("lm_batch", std::move(m)));
     return true;
   }

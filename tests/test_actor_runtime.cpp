@@ -966,12 +966,12 @@ kind = "collect"
 
 // node_context::progress: the ETA is the rate since the first report times the units left, less
 // the time since the last report (live.h); worked by hand.
-TEST_CASE("metrics: steps and tokens of data-parallel replicas fed by a source are not counted twice") {
+TEST_CASE("metrics: steps and tokens of data-parallel replicas fed by a source are not counted twice, and a training source counts") {
   // pretraining's shape: a data source cuts 6 batches of 8 x 64 tokens, two ZeRO ranks train all 6 steps
   // (each counts its steps; rank 0 the global batch's tokens)
   job_metrics m;
   const std::size_t data = m.add_node("data", 1, true), ranks = m.add_node("ranks", 2, false, true);
-  m.replica(data, 0).add("tokens", 6 * 8 * 64);
+  m.replica(data, 0).add("tokens_cut", 6 * 8 * 64);  // a loader's count: the ranks train on these
   for (std::size_t r = 0; r < 2; ++r) m.replica(ranks, r).add("steps", 6);
   m.replica(ranks, 0).add("tokens", 6 * 8 * 64);
   auto s = m.snapshot();
@@ -987,6 +987,17 @@ TEST_CASE("metrics: steps and tokens of data-parallel replicas fed by a source a
   only_source.add_node("sink", 1, false, true);
   only_source.replica(0, 0).add("tokens", 100);
   CHECK(only_source.snapshot().tokens() == 100);
+  // rlhf.graph's shape: SFT trains on its own data (a source), step 3's generator and policy count theirs; SFT's
+  // tokens were left out once step 3 counted any, and the job's total fell (the progress line's tokens/s went negative)
+  job_metrics rlhf;
+  const std::size_t sft = rlhf.add_node("sft", 1, true), gen = rlhf.add_node("generator", 1, false),
+                    policy = rlhf.add_node("policy", 1, false, true);
+  rlhf.replica(sft, 0).add("tokens", 5000);
+  const auto before = rlhf.snapshot().tokens();
+  rlhf.replica(gen, 0).add("tokens", 300);
+  rlhf.replica(policy, 0).add("tokens", 700);
+  CHECK(before == 5000);
+  CHECK(rlhf.snapshot().tokens() == 6000);
 }
 
 TEST_CASE("progress: phases under way as step k/N with an ETA") {

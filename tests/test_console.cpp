@@ -291,7 +291,7 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
     ra.bytes_out = n * 100;
     ra.produced = n;
     ra.blocked_s = t * 0.8;
-    ra.counters["tokens"] = static_cast<std::int64_t>(n * 16);  // the batches it cut: b counts them again
+    ra.counters["tokens_cut"] = static_cast<std::int64_t>(n * 16);  // the batches it cut: b counts them
     a.replicas.push_back(ra);
     console::node_sample b{"b", 6, {}};
     for (int r = 0; r < 2; ++r) {
@@ -307,7 +307,7 @@ TEST_CASE("console: the hub derives rates, states, bottlenecks and series from s
       b.replicas.push_back(rb);
     }
     s.nodes = {a, b};
-    s.tokens = static_cast<std::int64_t>(n * 16);  // metrics_snapshot::tokens(): b's, not a's again
+    s.tokens = static_cast<std::int64_t>(n * 16);  // metrics_snapshot::tokens(): b's (a's are tokens_cut)
     console::edge_sample e;
     e.name = "a.out -> b.in";
     e.sent = n;

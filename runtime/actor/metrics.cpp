@@ -80,16 +80,13 @@ std::int64_t metrics_snapshot::produced() const {
 }
 
 std::int64_t metrics_snapshot::tokens() const {
-  // the nodes that process tokens; a source's count (the batches it cut) only where none does, since the
-  // nodes it feeds count the same tokens again
-  std::int64_t worked = 0, sourced = 0;
-  bool any_worker = false;
+  // every node's "tokens": those it trained on or generated (a loader counts the batches it cuts as "tokens_cut",
+  // which the nodes it feeds count again); a source that trains on its own data (SFT, the reward model) counts,
+  // and left out, the job's total fell when step 3's nodes began to count (negative tokens/s)
+  std::int64_t total = 0;
   for (const auto& n : nodes)
-    if (auto it = n.counters.find("tokens"); it != n.counters.end()) {
-      if (n.source) sourced += it->second;
-      else worked += it->second, any_worker = true;
-    }
-  return any_worker ? worked : sourced;
+    if (auto it = n.counters.find("tokens"); it != n.counters.end()) total += it->second;
+  return total;
 }
 
 std::size_t job_metrics::add_node(std::string name, std::size_t replicas, bool source, bool terminal) {

@@ -124,9 +124,9 @@ struct metrics_snapshot {
   std::int64_t steps() const;
   /// Items produced by all sources together.
   std::int64_t produced() const;
-  /// The sum of the "tokens" counters of the nodes that are not sources, over
-  /// their replicas; the sources' sum where no other node counts tokens (the
-  /// nodes a source feeds count its tokens again).
+  /// The sum of every node's "tokens" counter over its replicas: the tokens a node trained on or
+  /// generated. A loader that cuts batches for other nodes counts them as "tokens_cut" (the nodes it
+  /// feeds count the same tokens again), which this leaves out.
   std::int64_t tokens() const;
 };
 

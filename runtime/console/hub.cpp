@@ -433,8 +433,9 @@ hub::derived hub::derive(const sample& now, const sample& then) const {
   const double dt = now.t_s - then.t_s;
   d.window_s = dt;
   auto rate = [dt](double a, double b) { return dt > 0 ? std::max(0.0, (a - b) / dt) : 0.0; };
-  auto tokens = [](const replica_sample& r) {
+  auto tokens = [](const replica_sample& r) {  // a node's tokens/s: those it trains on or generates, or a loader's cut
     auto it = r.counters.find("tokens");
+    if (it == r.counters.end()) it = r.counters.find("tokens_cut");
     return it == r.counters.end() ? 0.0 : static_cast<double>(it->second);
   };
   d.nodes.resize(now.nodes.size());

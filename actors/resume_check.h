@@ -52,7 +52,7 @@ nlohmann::json model_contents(const std::string& path);
 /// What differs between two model_contents, `then` (a record) and `now`: none when they are the same model.
 /// Two folders: each file a model is read from (is_model_file) that differs, "NAME changed", "NAME added" or
 /// "NAME gone"; other files (a README added to a folder from the Hub) are no change. Otherwise (a file, or a
-/// folder recorded before 2026-12-07 as one fingerprint over every file in it, which now's files give
+/// folder recorded before 2026-12-06 as one fingerprint over every file in it, which now's files give
 /// again) one entry, "other bytes".
 std::vector<std::string> model_contents_changes(const nlohmann::json& then, const nlohmann::json& now);
 

@@ -160,8 +160,12 @@ TEST_CASE("convert from an HF folder keeps the folder's tokenizer and generation
   CHECK(has(out, "removed " + (dst / "generation_config.json").string() + ", an earlier model's"));
   CHECK(std::filesystem::exists(dst / "tokenizer.json"));
   CHECK_FALSE(std::filesystem::exists(dst / "tokenizer.model"));
-  // ... and a model without a tokenizer leaves none of the earlier one's
-  out = run(std::string(FLOWRUN_BIN) + " convert --from llama2c model/stories260K/stories260K.bin --to hf " +
+  // ... and a model without a tokenizer (a llama2.c file alone in its folder) leaves none of the earlier one's
+  const auto alone = dst.parent_path() / "alone";
+  std::filesystem::create_directories(alone);
+  std::filesystem::copy_file(flowrun::test::model_path(), alone / "m.bin",
+                             std::filesystem::copy_options::overwrite_existing);
+  out = run(std::string(FLOWRUN_BIN) + " convert --from llama2c " + (alone / "m.bin").string() + " --to hf " +
                 dst.string() + " 2>&1",
             &rc);
   REQUIRE(rc == 0);
@@ -1390,4 +1394,41 @@ TEST_CASE("flowrun train --step 1 3 without step 2's reward model is refused bef
   CHECK(out.find("step 3 without step 2 reads reward_model's model from no/such/reward_model, which does not exist: "
                  "give --reward-model (step 2's output), or add step 2 to --step") != std::string::npos);
   CHECK(out.find("[step 1 sft]") == std::string::npos);  // it trained step 1 first, then failed
+}
+
+TEST_CASE("convert --from llama2c takes the SentencePiece file beside the .bin, and generate names a --tokenizer that is not the folder's") {
+  // stories260K.bin beside tok512.model was written without a tokenizer (only tokenizer.model was looked for)
+  namespace fs = std::filesystem;
+  const fs::path dir = temp_folder() / "llama2c_beside";
+  fs::remove_all(dir);
+  int rc = -1;
+  auto log = run(std::string(FLOWRUN_BIN) + " convert --from llama2c " + flowrun::test::model_path() + " --to hf " +
+                     (dir / "hf").string() + " 2>&1",
+                 &rc);
+  INFO(log);
+  REQUIRE(rc == 0);
+  CHECK(has(log, "tokenizer: " + flowrun::test::tokenizer_path() + ", the SentencePiece file beside the llama2.c file"));
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  CHECK(bytes(dir / "hf" / "tokenizer.model") == bytes(flowrun::test::tokenizer_path()));
+  // two .model files: which one is not guessed, and the folder gets none, said
+  fs::create_directories(dir / "two");
+  fs::copy_file(flowrun::test::model_path(), dir / "two" / "m.bin");
+  fs::copy_file(flowrun::test::tokenizer_path(), dir / "two" / "a.model");
+  fs::copy_file(flowrun::test::tokenizer_path(), dir / "two" / "b.model");
+  log = run(std::string(FLOWRUN_BIN) + " convert --from llama2c " + (dir / "two" / "m.bin").string() + " --to hf " +
+                (dir / "two_hf").string() + " 2>&1",
+            &rc);
+  CHECK(rc == 0);
+  CHECK(has(log, "(2 .model files: which one?): the folder gets none"));
+  CHECK_FALSE(fs::exists(dir / "two_hf" / "tokenizer.model"));
+  // a --tokenizer of the same size as the folder's own, with other ids (Qwen2's and Llama 3's fixtures, 902 each)
+  const std::string fx = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/";
+  log = run(std::string(FLOWRUN_BIN) + " generate --model " + fx + "qwen2 --tokenizer " + fx +
+                "llama3 --prompt Hi --max_new_tokens 2 2>&1",
+            &rc);
+  CHECK(rc == 0);
+  CHECK(has(log, "--tokenizer " + fx + "llama3 is not the tokenizer in the model folder " + fx + "qwen2 ("));
 }

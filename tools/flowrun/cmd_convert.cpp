@@ -18,6 +18,7 @@
 // Reading and writing either format shows a progress line on a terminal (tools/flowrun/progress_line.h,
 // fed by the per-tensor report of load_hf, save_hf, load_llama2c and save_llama2c): "[flowrun convert] save tensors 12/291, 1.2 GB of 4.5 GB
 // ETA 0:12", the ETA by bytes; each ends with a log line of the time taken.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -258,10 +259,29 @@ void run_convert(const convert_opts& o) {
   // dropped unless --tokenizer named it); --tokenizer chooses another
   // and a llama2.c file's is the one in its folder (convert --to llama2c writes it there; generate reads it:
   // converting such a file back to HF dropped it, and wrote llama2.c's BOS 1 / EOS 2 whatever it was)
+  // (or the one SentencePiece .model file there, as llama2.c's own folders keep it: stories260K.bin beside
+  // tok512.model was written without a tokenizer, and transformers could not read the folder's text)
   std::string beside;
-  if (tokenizer_opt.empty() && like_fmt == "llama2c" && !like_path.empty())
-    if (const auto dir = resolve_user_path(like_path, "model").parent_path(); folder_has_tokenizer(dir.string()))
+  if (tokenizer_opt.empty() && like_fmt == "llama2c" && !like_path.empty()) {
+    const auto dir = resolve_user_path(like_path, "model").parent_path();
+    if (folder_has_tokenizer(dir.string())) {
       beside = dir.string();
+    } else if (src_fmt == "llama2c") {  // (a checkpoint's run names its own tokenizer: zero_run_tokenizer)
+      std::vector<fs::path> sp;
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.is_regular_file(ec) && e.path().extension() == ".model") sp.push_back(e.path());
+      std::sort(sp.begin(), sp.end());
+      if (sp.size() == 1) {
+        tokenizer_opt = sp[0].string();
+        spdlog::info("tokenizer: {}, the SentencePiece file beside the llama2.c file (--tokenizer for another)", tokenizer_opt);
+      } else if (dst_fmt == "hf") {
+        spdlog::warn("no tokenizer beside {} ({}): the folder gets none (transformers cannot read its text); give "
+                     "the model's with --tokenizer",
+                     like_path, sp.empty() ? "no tokenizer.model nor other .model file" : fmt::format("{} .model files: which one?", sp.size()));
+      }
+    }
+  }
   const bool own = tokenizer_opt.empty() && ((like_fmt == "hf" && folder_has_tokenizer(like_path)) || !beside.empty());
   if (!tokenizer_opt.empty() || own) {
     tok_path = !beside.empty() ? fs::path(beside) : own ? fs::path(like_path) : resolve_user_path(tokenizer_opt, "tokenizer");

@@ -1611,7 +1611,10 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
       .default_by([](const graph::node_spec& n) -> graph::setting_value {
         return ppo::default_kl_ctl(n.get_string("advantage_estimator"));
       })
-      .option("clip_reward_value", T::float_, 5.0, "reward score clip (gae, reinforce_plus_plus)").above(0)
+      .option("clip_reward_value", T::float_, 5.0,
+              "reward score clip (gae: DS-Chat's; reinforce_plus_plus too, where veRL clips nothing: set it above "
+              "the scorer's range to train as veRL does)")
+      .above(0)
       .option("gamma", T::float_, 1.0, "discount (gae, reinforce_plus_plus)").in_range(0, 1)
       .option("lam", T::float_, 0.95, "GAE lambda").in_range(0, 1)
       .option("scale_rewards", T::string, std::string("group"),
@@ -1647,7 +1650,30 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
     try {
       (void)rlhf::parse_reward_scaling(n.get_string("scale_rewards"));
     } catch (const std::invalid_argument& e) {
-      return {{"scale_rewards", e.what(), "use one of the values named"}};
+      const std::string v = n.get_string("scale_rewards");
+      return {{"scale_rewards", e.what(),
+               v == "false" || v == "False" ? "TRL's scale_rewards = False is \"none\" here (Dr. GRPO)"
+               : v == "true" || v == "True" ? "TRL's scale_rewards = True is \"group\" here (the default)"
+                                            : "use one of the values named"}};
+    }
+    // the settings of another estimator, written, do nothing: said, not refused (one graph file serves several
+    // estimators, chosen by --set)
+    {
+      static const std::map<std::string, std::set<std::string>> used = {
+          {"gae", {"clip_reward_value", "gamma", "lam"}},
+          {"grpo", {"scale_rewards", "epsilon"}},
+          {"rloo", {}},
+          {"reinforce_plus_plus", {"clip_reward_value", "gamma"}}};
+      const std::string name = n.get_string("advantage_estimator");
+      if (const auto it = used.find(name); it != used.end())
+        for (const char* k : {"clip_reward_value", "gamma", "lam", "scale_rewards", "epsilon"})
+          if (const auto* set = n.find_setting(k); set && !set->from_default && !it->second.count(k)) {
+            std::vector<std::string> users;
+            for (const auto& [e, keys] : used)
+              if (keys.count(k)) users.push_back(e);
+            spdlog::warn("node '{}': {} = {} changes nothing: advantage_estimator = \"{}\" does not use it (only {})",
+                         n.name, k, graph::to_string(set->value), name, fmt::join(users, " and "));
+          }
     }
     bool has_values = false, has_ref = false;
     for (const auto& e : g.edges) {

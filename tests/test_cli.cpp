@@ -1432,3 +1432,27 @@ TEST_CASE("convert --from llama2c takes the SentencePiece file beside the .bin, 
   CHECK(rc == 0);
   CHECK(has(log, "--tokenizer " + fx + "llama3 is not the tokenizer in the model folder " + fx + "qwen2 ("));
 }
+
+TEST_CASE("an estimator's unused settings are said, and TRL's boolean scale_rewards gets a hint") {
+  // gamma, lam and clip_reward_value beside grpo, scale_rewards beside rloo were taken without a word
+  const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
+  int rc = -1;
+  // (a temperature the check refuses: nothing trains)
+  auto out = run(bin + "grpo.graph --no-progress --set node.experience.gamma=0.9 --set node.experience.lam=0.5 "
+                       "--set node.generator.temperature=1e-9 2>&1",
+                 &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'experience': gamma = 0.9 changes nothing: advantage_estimator = \"grpo\" does not use it "
+                 "(only gae and reinforce_plus_plus)"));
+  CHECK(has(out, "node 'experience': lam = 0.5 changes nothing: advantage_estimator = \"grpo\" does not use it (only gae)"));
+  CHECK_FALSE(has(out, "scale_rewards = "));  // grpo.graph's own settings are grpo's
+  out = run(bin + "rloo.graph --no-progress --set node.experience.scale_rewards=batch "
+                  "--set node.generator.temperature=1e-9 2>&1",
+            &rc);
+  CHECK(has(out, "scale_rewards = \"batch\" changes nothing: advantage_estimator = \"rloo\" does not use it (only grpo)"));
+  out = run(bin + "rlhf.graph --no-progress --set node.generator.temperature=1e-9 2>&1", &rc);
+  CHECK_FALSE(has(out, "changes nothing"));
+  out = run(bin + "grpo.graph --no-progress --set node.experience.scale_rewards=false 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: TRL's scale_rewards = False is \"none\" here (Dr. GRPO)"));
+}

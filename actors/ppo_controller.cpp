@@ -174,6 +174,7 @@ class ppo_controller final : public actor::node {
     const prompt_msg& p = *it.prompts;
     const summary_msg& s = *it.summary;
     if (S_ > 0 && p.checkpoint) commit_due_ = true;  // the synchronous loop sets it when it generates
+    if (S_ > 0 && s.weights_wait_seconds > 0) ++waited_;  // the generator waited for this batch's weights
     const double gen_tps = s.generate_seconds > 0 ? s.generated_tokens / s.generate_seconds : 0;
     // a batch filter_groups dropped was scored (its groups' rewards were equal): its reward belongs in the
     // curves, else they skip exactly the all-0 and all-1 batches; a batch of too-short answers has no scores
@@ -219,6 +220,7 @@ class ppo_controller final : public actor::node {
       stale_dropped_ += a.stale_dropped;
       ctx.signal("staleness", static_cast<double>(a.staleness), p.iteration);
       ctx.signal("stale_dropped", static_cast<double>(stale_dropped_), p.iteration);
+      ctx.signal("stale_waited", static_cast<double>(waited_), p.iteration);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f}: sampled with policy "
                             "version {}, {} updates behind at training (max_staleness {}), batch dropped "
                             "(staleness_policy = \"drop\"; {} dropped so far)",
@@ -229,10 +231,7 @@ class ppo_controller final : public actor::node {
       const stats_msg& a = *it.actor;
       const stats_msg c = s.with_critic ? *it.critic : stats_msg{};  // critic-free: no critic
       const double train_tps = (a.tokens + c.tokens) / std::max(1e-9, a.seconds + c.seconds);
-      if (S_ > 0 && a.stale_dropped > 0) {  // some generation batches of a multi-batch update were too stale
-        stale_dropped_ += a.stale_dropped;
-        ctx.signal("stale_dropped", static_cast<double>(stale_dropped_), p.iteration);
-      }
+      if (S_ > 0) stale_dropped_ += a.stale_dropped;  // generation batches of a multi-batch update too stale
       ctx.signal("actor_loss", a.loss, p.iteration);
       if (s.with_critic) ctx.signal("critic_loss", c.loss, p.iteration);
       ctx.signal("training_tokens_per_s", train_tps, p.iteration);
@@ -263,7 +262,11 @@ class ppo_controller final : public actor::node {
       ctx.signal("wait_seconds/generate", std::max(0.0, cycle - s.generate_seconds), p.iteration);
       ctx.signal("wait_seconds/train", std::max(0.0, cycle - a.seconds), p.iteration);
       last_trained_ = clk::now();
-      if (S_ > 0) ctx.signal("staleness", static_cast<double>(a.staleness), p.iteration);
+      if (S_ > 0) {  // the running counts at every trained batch, 0 included: a dashboard finds their series
+        ctx.signal("staleness", static_cast<double>(a.staleness), p.iteration);
+        ctx.signal("stale_dropped", static_cast<double>(stale_dropped_), p.iteration);
+        ctx.signal("stale_waited", static_cast<double>(waited_), p.iteration);
+      }
       if (commit_due_) commit(ctx, p.iteration, S_ > 0 ? a.policy_version : updates_);
     }
   }
@@ -311,7 +314,6 @@ class ppo_controller final : public actor::node {
       const int64_t step = x->prompts->eval ? -1 : s.iteration;
       ctx.signal("phase_seconds/generate", s.generate_seconds, step);
       ctx.signal("phase_seconds/score_and_experience", std::max(0.0, since(x->launched) - s.generate_seconds), step);
-      if (s.weights_wait_seconds > 0) ctx.signal("stale_waited", static_cast<double>(++waited_), step);
     } else {  // the trainers' stats name the training batch (the last of their experience batch)
       const bool actor = port == "actor_stats";
       const auto& st = msg.as<stats_msg>();

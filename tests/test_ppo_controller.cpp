@@ -727,9 +727,10 @@ TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1 overlaps gen
                       "4.0 gen 128 tok/s train 400 tok/s policy v2 staleness 1 waited 0.250 s for weights");
   CHECK(printed[5].rfind("[step 3 ppo] held-out after: mean reward 0.8750", 0) == 0);
   CHECK(series(j, "staleness") == std::vector<double>{0, 1, 1, 1});
-  CHECK(series(j, "stale_waited") == std::vector<double>{1});
+  // the running counts at every trained batch, 0 included (they had no series until one was counted)
+  CHECK(series(j, "stale_waited") == std::vector<double>{0, 0, 0, 1});
   CHECK(series(j, "reward") == std::vector<double>{0.25, 0.375, 0.5, 0.625});
-  CHECK(series(j, "stale_dropped").empty());
+  CHECK(series(j, "stale_dropped") == std::vector<double>{0, 0, 0, 0});
 }
 
 // S = 1 is one step off (veRL): batch k + 1 is asked for as soon as batch k goes to the
@@ -795,7 +796,7 @@ TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1, drop: a sta
   CHECK(printed[1] == "[step 3 ppo] iter 1 reward 0.3750 kl 0.0625 answer_len 4.0: sampled with policy version 0, 2 "
                       "updates behind at training (max_staleness 1), batch dropped (staleness_policy = \"drop\"; 1 "
                       "dropped so far)");
-  CHECK(series(j, "stale_dropped") == std::vector<double>{1});
+  CHECK(series(j, "stale_dropped") == std::vector<double>{0, 1, 1});
   CHECK(series(j, "actor_loss") == std::vector<double>{0.5, 0.5});  // batches 0 and 2: 1 never trained
   CHECK(series(j, "staleness") == std::vector<double>{0, 2, 1});
   const auto snap = j.metrics->snapshot();

@@ -1456,3 +1456,23 @@ TEST_CASE("an estimator's unused settings are said, and TRL's boolean scale_rewa
   CHECK(rc == 2);
   CHECK(has(out, "hint: TRL's scale_rewards = False is \"none\" here (Dr. GRPO)"));
 }
+
+TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and eval") {
+  // CLI11 said only "The following arguments were not expected", the arguments in reverse order
+  const std::string bin = std::string(FLOWRUN_BIN);
+  int rc = -1;
+  auto out = run(bin + " generate --max-new-tokens 5 --do_sample --num_beams 2 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: --max-new-tokens is --max_new_tokens here"));
+  CHECK(has(out, "hint: --do_sample: sampling is on with --temperature > 0"));
+  CHECK(has(out, "hint: --num_beams: there is no beam search here"));
+  out = run(bin + " generate --temprature 0.5 2>&1", &rc);
+  CHECK(has(out, "hint: --temprature: did you mean --temperature?"));
+  out = run(bin + " chat --path x 2>&1", &rc);
+  CHECK(has(out, "hint: --path: DS-Chat's chat.py --path is --model here"));
+  // a command's own command (eval prompts): its options are its own, not hinted
+  out = run(bin + " eval prompts --baseline x --model_name_or_path_finetune y 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: --model_name_or_path_finetune: DS-Chat's --model_name_or_path_finetune is --finetuned here"));
+  CHECK_FALSE(has(out, "--baseline:"));
+}

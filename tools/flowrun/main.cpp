@@ -18,6 +18,7 @@
 #include "runtime/kernels/cpu/simd_kernels.h"
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
+#include "tools/flowrun/option_hints.h"
 
 namespace {
 
@@ -109,7 +110,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a usage error (unknown option, missing or bad value) exits 2,
     // not CLI11's own codes (105 and so on), like every other refused input
-    return app.exit(e) == 0 ? 0 : 2;
+    const int rc = app.exit(e) == 0 ? 0 : 2;
+    if (rc != 0 && args.size() >= 2)  // an option of another spelling or tool: what it is here
+      for (const auto* sub : app.get_subcommands([&](const CLI::App* s) { return s->check_name(args[1]); }))
+        for (const auto& hint : flowrun::cli::unknown_option_hints(*sub, args)) std::fprintf(stderr, "  hint: %s\n", hint.c_str());
+    return rc;
   } catch (const flowrun::cli::exit_request& e) {
     return e.code;
   } catch (const flowrun::asset_missing& e) {

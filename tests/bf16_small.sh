@@ -65,6 +65,13 @@ printf '%s\n' '{"prompt": "Human: hi\n\nAssistant:", "chosen": "", "rejected": "
 grep -q 'odd.jsonl: 1 rows loaded (prompt/chosen/rejected) of 2 lines; 1 malformed (line 1: empty "chosen")' \
   "$out/eval_odd.err" || { echo "eval reward did not name the malformed line:"; cat "$out/eval_odd.err"; exit 1; }
 grep -q "held-out pairs 1:" "$out/eval_odd.log" || { echo "eval reward on the odd file:"; cat "$out/eval_odd.log"; exit 1; }
+# pairs whose answers tokenize alike (one chosen equal to its rejected): they score alike and count as wrong, said
+# (a --max_seq_len that cut every answer away gave "accuracy 0.000" without a word)
+printf '%s\n' '{"prompt": "Human: hi\n\nAssistant:", "chosen": " no", "rejected": " no"}' > "$out/same.jsonl"
+"$flowrun" eval reward --model "$out/rm" --data "$out/same.jsonl" --data_split 0,1,0 --eval_fraction 0.9 \
+  > "$out/eval_same.log" 2> "$out/eval_same.err" || { echo "flowrun eval reward failed:"; tail -5 "$out/eval_same.err"; exit 1; }
+grep -q "1 of the 1 held-out pairs have chosen equal to rejected after tokenization (max_seq_len [0-9]*): they score alike and count as wrong: the accuracy below says nothing of the model" \
+  "$out/eval_same.err" || { echo "eval reward did not say the pairs tie:"; cat "$out/eval_same.err"; exit 1; }
 # the log names each model's precision: the trainers' memory plans, the frozen scorers' "model ready"
 for who in sft rm; do
   grep -q "\[$who\[0\]\] \[info\] memory plan: rank 0/1 stage 0, bf16: params" "$out/err" ||

@@ -290,10 +290,19 @@ void add_eval(CLI::App& app) {
     ts.truncation = dschat::truncation_mode::prompt_start;
     ts.chat = chat;
     print_rendered_row(*r, rows, ts, /*prompt_only=*/false);
-    auto ex = dschat::make_rm_examples(rows.eval, *tok, ts);
+    dschat::process_report rep;
+    auto ex = dschat::make_rm_examples(rows.eval, *tok, ts, &rep);
     if (ex.empty())
       throw std::invalid_argument("no held-out pair to score (" + rows.summary +
                                   "): raise --eval_fraction, or give --data more rows");
+    // pairs whose answers tokenize alike score alike: counted as wrong (a tie), they read as a model that
+    // prefers nothing (--max_seq_len 4 gave "accuracy 0.000, loss 0.6931" without a word)
+    if (rep.identical > 0)
+      spdlog::warn("{} of the {} held-out pairs have chosen equal to rejected after tokenization (max_seq_len {}): "
+                   "they score alike and count as wrong{}",
+                   rep.identical, ex.size(), r->max_seq_len,
+                   rep.identical == static_cast<int64_t>(ex.size()) ? ": the accuracy below says nothing of the model (raise --max_seq_len if their answers differ past it)"
+                                                                  : "");
     std::vector<dschat::rm_batch_data> batches;
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(ex.size()), 16, 0, 0, false))
       batches.push_back(dschat::rm_batch(ex, b));

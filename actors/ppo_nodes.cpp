@@ -1639,7 +1639,12 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
       .known_as("adv_estimator", "veRL's algorithm.adv_estimator is advantage_estimator here")
       .known_as("kl_coef", "veRL's algorithm.kl_ctrl.kl_coef (the KL in the reward) is kl_ctl here")
       .known_as("use_kl_in_reward", "veRL's use_kl_in_reward is kl_ctl > 0 here (0: no KL in the reward)");
-  k.check = [](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
+  // (a shipped graph that writes an estimator's settings at their defaults, run with another estimator by --set,
+  // is not warned about)
+  std::map<std::string, graph::setting_value> defaults;
+  for (const char* s : {"clip_reward_value", "gamma", "lam", "scale_rewards", "epsilon"})
+    defaults[s] = k.find_setting(s)->default_value;
+  k.check = [defaults](const graph::node_spec& n, const graph::graph_spec& g) -> std::vector<graph::node_kind::problem> {
     std::vector<graph::node_kind::problem> problems;
     ppo::advantage_estimator est;
     try {
@@ -1667,7 +1672,8 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
       const std::string name = n.get_string("advantage_estimator");
       if (const auto it = used.find(name); it != used.end())
         for (const char* k : {"clip_reward_value", "gamma", "lam", "scale_rewards", "epsilon"})
-          if (const auto* set = n.find_setting(k); set && !set->from_default && !it->second.count(k)) {
+          if (const auto* set = n.find_setting(k);
+              set && !set->from_default && !it->second.count(k) && !(set->value == defaults.at(k))) {
             std::vector<std::string> users;
             for (const auto& [e, keys] : used)
               if (keys.count(k)) users.push_back(e);

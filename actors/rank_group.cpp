@@ -1,4 +1,5 @@
 #include "actors/rank_group.h"
+#include "models/checkpoint.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -57,6 +58,12 @@ std::vector<std::pair<std::string, std::uint64_t>> shared_settings(const graph::
     if (k.find("print") != std::string::npos) continue;
     const bool by_contents = k.size() > contents.size() && k.compare(k.size() - contents.size(), contents.size(), contents) == 0;
     std::string value = v.dump();
+    if (k == "model (contents)" && v.is_object()) {  // a model folder, file by file: those a model is read from (resume_check.h)
+      nlohmann::json files = nlohmann::json::object();
+      for (const auto& [f, fp] : v.items())
+        if (is_model_file(f)) files[f] = fp;
+      value = files.dump();
+    }
     if (!by_contents) {
       if (rec.contains(k + contents)) continue;
       const auto* set = n.find_setting(k);

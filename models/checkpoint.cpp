@@ -298,8 +298,7 @@ void save_model_dir(const decoder& model_in, const std::string& dir) {
 
 bool is_model_file(const std::string& f) {
   static const std::set<std::string> names = [] {
-    std::set<std::string> n = {"config.json", "flowrun_config.json", "generation_config.json",
-                               "model.safetensors.index.json"};
+    std::set<std::string> n = {"config.json", "flowrun_config.json", "model.safetensors.index.json"};
     n.insert(tokenizer_file_names().begin(), tokenizer_file_names().end());
     return n;
   }();

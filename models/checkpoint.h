@@ -64,10 +64,11 @@ bool copy_generation_config(const std::string& source, const std::string& dir);
 /// Each file is written atomically. Throws std::runtime_error naming the file.
 void save_model_dir(const decoder& model, const std::string& dir);
 
-/// Whether `file_name`, a file directly in a model folder, is one that load_model, the tokenizer and
-/// generation read: config.json, flowrun_config.json, generation_config.json, model.safetensors.index.json,
+/// Whether `file_name`, a file directly in a model folder, is one of the model: its weights and token ids, as
+/// load_model and the tokenizer read them: config.json, flowrun_config.json, model.safetensors.index.json,
 /// every *.safetensors, and the tokenizer's files (tokenizer_file_names). A README, a licence or
-/// .gitattributes beside them (a folder from the Hub has them) is not: a model is the same with or without it.
+/// .gitattributes beside them (a folder from the Hub has them) is not: a model is the same with or without it;
+/// nor generation_config.json, generation's defaults (stop ids, sampling), which nothing trained reads.
 bool is_model_file(const std::string& file_name);
 
 /// Load a model from: a llama2.c .bin file; a folder written by save_model_dir;

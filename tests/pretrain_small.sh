@@ -380,6 +380,10 @@ l3="$out/l3copy" && cp -r "$root/tests/fixtures/hf_chat/llama3" "$l3"  # a copy:
 # convert --from zero of its checkpoint writes that export, every file (an HF base's token ids and tokenizer)
 "$flowrun" convert --from zero "$out/l3_ck" --to hf "$out/l3_conv" > "$out/l3_conv.log" 2>&1 || { tail -3 "$out/l3_conv.log"; exit 1; }
 for f in "$out/l3_hf"/*; do cmp "$f" "$out/l3_conv/$(basename "$f")" || { echo "l3: convert --from zero differs"; exit 1; }; done
+# generate --zero_checkpoint decodes as the converted folder does: an HF base without do_sample is greedy (it sampled)
+"$flowrun" generate --zero_checkpoint "$out/l3_ck" --prompt Hi --max_new_tokens 2 > "$out/l3_gen.log" 2>&1 || { tail -3 "$out/l3_gen.log"; exit 1; }
+grep -q "sampling: no do_sample: greedy, as transformers' generate() decodes this folder ($out/l3copy has no generation_config.json" \
+  "$out/l3_gen.log" || { echo "generate --zero_checkpoint did not take the HF base's rule:"; cat "$out/l3_gen.log"; exit 1; }
 [[ $(ls "$out/l3_conv" | wc -l) == $(ls "$out/l3_hf" | wc -l) ]] || { ls "$out/l3_conv" "$out/l3_hf"; exit 1; }
 # the HF base gives the folder its token ids and generation_config.json: once it moved, --base names it (the
 # conversion failed on a missing model file, and --tokenizer alone wrote llama2.c's stop ids for a Llama 3)

@@ -790,7 +790,7 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   // --temperature given: sampled, the folder's top_k still taken
   const auto b = run(gen + " --seed 1 --temperature 1 2>&1", &rc);
   CHECK(rc == 0);
-  CHECK(has(b, "sampling: top_k 20 ("));
+  CHECK(has(b, "sampling: top_k 20, sampling (a sampling option given): temperature 1, top_k 20, top_p 1 ("));
   CHECK_FALSE(has(b, "greedy"));
   // an HF folder without do_sample decodes greedily, as transformers' generate() does (a folder with no
   // generation_config.json, or one of stop ids only, as a conversion from llama2.c writes, sampled here)
@@ -813,6 +813,13 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   bad = run(gen + " 2>&1", &rc);
   CHECK(rc != 0);
   CHECK(has(bad, (dir / "generation_config.json").string() + ": top_p = 7: must be finite, in (0, 1]"));
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample": "true"})";  // Python reads a string as true
+  CHECK(has(run(gen + " 2>&1", &rc), ": do_sample = \"true\" is not true or false"));
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample": true, "temperature": 0})";  // transformers refuses it
+  CHECK(has(run(gen + " 2>&1", &rc), ": do_sample true with temperature 0: transformers refuses it"));
+  // a sampling option on a folder without do_sample: transformers' defaults for the others (top_p 1, not 0.9)
+  fs::remove(dir / "generation_config.json");
+  CHECK(has(run(gen + " --top_k 10 2>&1", &rc), "sampling: sampling (a sampling option given): temperature 1, top_k 10, top_p 1 ("));
 }
 
 TEST_CASE("SFT on TRL's prompt-completion rows says that TRL trains the completion alone, unless mask_prompt is set") {
@@ -1407,7 +1414,7 @@ TEST_CASE("convert --from llama2c takes the SentencePiece file beside the .bin, 
                  &rc);
   INFO(log);
   REQUIRE(rc == 0);
-  CHECK(has(log, "tokenizer: " + flowrun::test::tokenizer_path() + ", the SentencePiece file beside the llama2.c file"));
+  CHECK(has(log, "tokenizer: " + flowrun::test::tokenizer_path() + ", beside the llama2.c file, the one SentencePiece file there"));
   const auto bytes = [](const fs::path& p) {
     std::ifstream f(p, std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -1475,4 +1482,11 @@ TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and
   CHECK(rc == 2);
   CHECK(has(out, "hint: --model_name_or_path_finetune: DS-Chat's --model_name_or_path_finetune is --finetuned here"));
   CHECK_FALSE(has(out, "--baseline:"));
+  // an option it begins; never --help; an option's value is no option; another command's flags get no such hint
+  CHECK(has(run(bin + " generate --temp 0 2>&1", &rc), "hint: --temp: did you mean --temperature?"));
+  out = run(bin + " generate --prompt --hello --max-new-tokens 3 2>&1", &rc);
+  CHECK(has(out, "hint: --max-new-tokens is --max_new_tokens here"));
+  CHECK_FALSE(has(out, "--hello:"));
+  CHECK_FALSE(has(run(bin + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --seed 3 2>&1", &rc), "hint:"));
+  CHECK_FALSE(has(run(bin + " convert --from hf a --to hf b --path x 2>&1", &rc), "hint:"));
 }

@@ -470,8 +470,8 @@ hub::derived hub::derive(const sample& now, const sample& then) const {
     }
     d.nodes[i] = total;
   }
-  // the job's tokens/s: the rate of its tokens as metrics_snapshot::tokens() counts them (the nodes that process
-  // tokens, not a source whose tokens they count again)
+  // the job's tokens/s: the rate of its tokens as metrics_snapshot::tokens() counts them (every node's `tokens`;
+  // a loader's `tokens_cut` left out, as the nodes it feeds count them)
   d.tokens_per_s = rate(static_cast<double>(now.tokens), static_cast<double>(then.tokens));
   d.edges.resize(now.edges.size());
   d.edge_blocked_ms.resize(now.edges.size());

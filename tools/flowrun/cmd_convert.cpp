@@ -272,9 +272,8 @@ void run_convert(const convert_opts& o) {
       for (const auto& e : fs::directory_iterator(dir, ec))
         if (e.is_regular_file(ec) && e.path().extension() == ".model") sp.push_back(e.path());
       std::sort(sp.begin(), sp.end());
-      if (sp.size() == 1) {
-        tokenizer_opt = sp[0].string();
-        spdlog::info("tokenizer: {}, the SentencePiece file beside the llama2.c file (--tokenizer for another)", tokenizer_opt);
+      if (sp.size() == 1) {  // taken as the file's own: one that does not fit is said and not copied
+        beside = sp[0].string();
       } else if (dst_fmt == "hf") {
         spdlog::warn("no tokenizer beside {} ({}): the folder gets none (transformers cannot read its text); give "
                      "the model's with --tokenizer",
@@ -285,13 +284,15 @@ void run_convert(const convert_opts& o) {
   const bool own = tokenizer_opt.empty() && ((like_fmt == "hf" && folder_has_tokenizer(like_path)) || !beside.empty());
   if (!tokenizer_opt.empty() || own) {
     tok_path = !beside.empty() ? fs::path(beside) : own ? fs::path(like_path) : resolve_user_path(tokenizer_opt, "tokenizer");
-    if (!beside.empty()) spdlog::info("tokenizer: {}, beside the llama2.c file (--tokenizer for another)", beside);
+    if (!beside.empty())
+      spdlog::info("tokenizer: {}, beside the llama2.c file{} (--tokenizer for another)", beside,
+                   fs::is_regular_file(beside) ? ", the one SentencePiece file there" : "");
     else if (own) spdlog::info("tokenizer: {}'s own (--tokenizer for another)", like_path);
     tok = load_tokenizer(tok_path.string());
     if (own && tok->vocab_size() > model.config().vocab_size) {  // the source's own mismatch: said, not copied
-      spdlog::warn("{}: its tokenizer has {} tokens and its embedding {} rows: the tokenizer is not copied "
+      spdlog::warn("{}: its tokenizer{} has {} tokens and its embedding {} rows: the tokenizer is not copied "
                    "(--tokenizer to give the model's)",
-                   like_path, tok->vocab_size(), model.config().vocab_size);
+                   like_path, beside.empty() ? "" : " " + beside, tok->vocab_size(), model.config().vocab_size);
       tok.reset();
     } else if (tok->vocab_size() > model.config().vocab_size)
       throw std::runtime_error(tok_path.string() + ": the tokenizer has " + std::to_string(tok->vocab_size()) +

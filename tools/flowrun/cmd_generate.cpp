@@ -95,9 +95,12 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
     field = j[key].get<std::decay_t<decltype(field)>>();
     took.push_back(fmt::format("{} {}", key, j[key].dump()));
   };
-  const bool do_sample = j.contains("do_sample") && j["do_sample"] == true;
+  if (j.contains("do_sample") && !j["do_sample"].is_null() && !j["do_sample"].is_boolean())
+    throw std::invalid_argument(fmt::format("{}: do_sample = {} is not true or false: fix or remove it", file.string(),
+                                            j["do_sample"].dump()));
+  const bool do_sample = j.value("do_sample", nlohmann::json()) == true;
   const bool cli_samples = given.at("temperature") || given.at("top_p") || given.at("top_k");
-  if (hf && do_sample) {  // transformers' GenerationConfig defaults for what the file leaves out
+  if (hf && (do_sample || cli_samples)) {  // transformers' GenerationConfig defaults for what neither gives
     if (!given.at("temperature")) o.temperature = 1.0f;
     if (!given.at("top_p")) o.top_p = 1.0f;
     if (!given.at("top_k")) o.top_k = 50;
@@ -106,11 +109,16 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
     take("temperature", o.temperature);
     take("top_p", o.top_p);
     take("top_k", o.top_k);
-    if (hf && do_sample) took.push_back(fmt::format("do_sample true: temperature {:g}, top_k {}, top_p {:g}", o.temperature,
-                                                   o.top_k, o.top_p));
+    if (hf) took.push_back(fmt::format("{}: temperature {:g}, top_k {}, top_p {:g}",
+                                       do_sample ? "do_sample true" : "sampling (a sampling option given)",
+                                       o.temperature, o.top_k, o.top_p));
+    // transformers refuses a temperature of 0 with do_sample (TemperatureLogitsWarper: strictly positive)
+    if (hf && do_sample && !given.at("temperature") && o.temperature == 0)
+      throw std::invalid_argument(file.string() + ": do_sample true with temperature 0: transformers refuses it (a "
+                                  "temperature must be above 0 to sample); set do_sample false to decode greedily");
   }
   take("repetition_penalty", o.repetition_penalty);
-  if ((hf ? !do_sample : j.contains("do_sample") && j["do_sample"] == false) && !cli_samples) {
+  if ((hf ? !do_sample : j.value("do_sample", nlohmann::json()) == false) && !cli_samples) {
     o.temperature = 0;  // transformers samples only with do_sample
     took.push_back(j.contains("do_sample") ? "do_sample false: greedy"
                                            : "no do_sample: greedy, as transformers' generate() decodes this folder");
@@ -239,8 +247,24 @@ void add_generate(CLI::App& app) {
   sub->callback([o, tok_opt, model_opt, temp_opt, top_p_opt, top_k_opt, rep_opt, checks] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
+    // the sampling defaults of the model folder `model`, for the options not given (take_generation_defaults)
+    const auto take_defaults = [&](const std::string& model) {
+      const std::map<std::string, const CLI::Option*> opts = {
+          {"temperature", temp_opt}, {"top_p", top_p_opt}, {"top_k", top_k_opt}, {"repetition_penalty", rep_opt}};
+      std::map<std::string, bool> given;
+      for (const auto& [name, opt] : opts) given[name] = opt->count() > 0;
+      if (const std::string took = take_generation_defaults(
+              *o, model, given, [&](const std::string& name, std::string value) { return checks->at(name)(value); });
+          !took.empty())
+        spdlog::info("sampling: {}", took);
+    };
     if (!o->zero_checkpoint.empty()) {
       const auto ck = load_checkpoint(zero_step_folder(o->zero_checkpoint, "--zero_checkpoint"));
+      // a run from an HF folder decodes as that folder does (its generation_config.json, transformers' rule), as
+      // the checkpoint converted to an HF folder would
+      if (const std::string base = model_opt->count() > 0 ? o->model : zero_run_model(ck);
+          !base.empty() && std::filesystem::is_directory(base))  // (a base that moved: said where it is read)
+        take_defaults(base);
       // the run's own tokenizer (the trainer's, or a pretraining run's data node's), as --model reads a folder's:
       // tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();
@@ -264,15 +288,7 @@ void add_generate(CLI::App& app) {
       return;
     }
     auto model = load_model(o->model);
-    const std::map<std::string, const CLI::Option*> opts = {
-        {"temperature", temp_opt}, {"top_p", top_p_opt}, {"top_k", top_k_opt}, {"repetition_penalty", rep_opt}};
-    std::map<std::string, bool> given;
-    for (const auto& [name, opt] : opts) given[name] = opt->count() > 0;
-    if (const std::string took = take_generation_defaults(
-            *o, o->model, given,
-            [&](const std::string& name, std::string value) { return checks->at(name)(value); });
-        !took.empty())
-      spdlog::info("sampling: {}", took);
+    take_defaults(o->model);
     if (!o->lora.empty()) {  // base + LoRA, merged (W + alpha/r B A): one product per Linear while decoding
       try {
         load_adapter(model, resolve_user_path(o->lora, "lora").string(), /*freeze_base=*/true);

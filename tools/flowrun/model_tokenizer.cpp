@@ -51,8 +51,8 @@ std::string tokenizer_for(const std::vector<std::string>& models, const std::str
       return dir;
     }
     // by their ids, not their sizes: Qwen2's and Llama 3's fixtures both hold 902 tokens and read text otherwise
-    const std::string why =
-        tokenizer_difference(*load_tokenizer(dir), *load_tokenizer(resolve_user_path(tokenizer, "tokenizer").string()));
+    const std::string why =  // --tokenizer's against the folder's
+        tokenizer_difference(*load_tokenizer(resolve_user_path(tokenizer, "tokenizer").string()), *load_tokenizer(dir));
     if (!why.empty())
       spdlog::warn("--tokenizer {} is not the tokenizer in the model folder {} ({}): the model's text would be read "
                    "with another vocabulary (drop --tokenizer to use the folder's)",

@@ -1,5 +1,6 @@
 #include "tools/flowrun/option_hints.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -10,34 +11,39 @@
 namespace flowrun::cli {
 
 namespace {
+struct foreign_flag {
+  std::set<std::string> commands;  // the commands whose options the hint names
+  std::string hint;
+};
+
 // Other tools' flags for generate, chat and eval, and what they are here (transformers' generate(), DS-Chat's
 // prompt_eval.py, rw_eval.py and chat.py, TRL's chat)
-const std::map<std::string, std::string>& foreign_flags() {
-  static const std::map<std::string, std::string> m = {
-      {"do_sample", "sampling is on with --temperature > 0 (an HF folder's generation_config.json decides when "
-                    "--temperature is not given); --temperature 0 is greedy"},
-      {"greedy", "--temperature 0 is greedy"},
-      {"num_beams", "there is no beam search here: --temperature 0 decodes greedily, > 0 samples"},
-      {"num_return_sequences", "one sequence per run: run again with another --seed"},
-      {"model_name_or_path", "the model is --model here (eval prompts: --baseline, --finetuned)"},
-      {"model_name_or_path_baseline", "DS-Chat's --model_name_or_path_baseline is --baseline here"},
-      {"model_name_or_path_finetune", "DS-Chat's --model_name_or_path_finetune is --finetuned here"},
-      {"path", "DS-Chat's chat.py --path is --model here"},
+const std::map<std::string, foreign_flag>& foreign_flags() {
+  static const std::set<std::string> decoding = {"generate", "chat", "eval"};
+  static const std::map<std::string, foreign_flag> m = {
+      {"do_sample", {{"generate"}, "sampling is on with --temperature > 0 (an HF folder's generation_config.json "
+                                   "decides when no sampling option is given); --temperature 0 is greedy"}},
+      {"greedy", {{"generate"}, "--temperature 0 is greedy"}},
+      {"num_beams", {decoding, "there is no beam search here: generate decodes greedily with --temperature 0, or samples"}},
+      {"num_return_sequences", {{"generate"}, "one sequence per run: run again with another --seed"}},
+      {"model_name_or_path", {decoding, "the model is --model here (eval prompts: --baseline, --finetuned)"}},
+      {"model_name_or_path_baseline", {{"eval"}, "DS-Chat's --model_name_or_path_baseline is --baseline here"}},
+      {"model_name_or_path_finetune", {{"eval"}, "DS-Chat's --model_name_or_path_finetune is --finetuned here"}},
+      {"path", {{"chat"}, "DS-Chat's chat.py --path is --model here"}},
       {"num_padding_at_beginning",
-       "DS-Chat's --num_padding_at_beginning (OPT's one pad) needs no setting here: scores are read at the last "
-       "real token, padding is right-aligned out"},
-      {"max_length", "transformers' max_length (prompt + answer) is --max_new_tokens (the answer) here"},
-      {"max_new_token", "--max_new_tokens"},
+       {{"eval"}, "DS-Chat's --num_padding_at_beginning (OPT's one pad) needs no setting here: scores are read at the "
+                  "last real token"}},
+      {"max_length", {{"generate", "chat"}, "transformers' max_length (prompt + answer) is --max_new_tokens (the answer) here"}},
   };
   return m;
 }
 }  // namespace
 
 std::vector<std::string> unknown_option_hints(const CLI::App& sub, const std::vector<std::string>& args) {
-  std::set<std::string> own;  // the command's options, and those of its own command named next (eval prompts)
+  std::map<std::string, const CLI::Option*> own;  // the command's options, and those of its own command named next
   auto add = [&](const CLI::App& app) {
     for (const auto* o : app.get_options())
-      for (const auto& n : o->get_lnames()) own.insert(n);
+      for (const auto& n : o->get_lnames()) own.emplace(n, o);
   };
   add(sub);
   if (args.size() >= 3)
@@ -45,7 +51,11 @@ std::vector<std::string> unknown_option_hints(const CLI::App& sub, const std::ve
   std::vector<std::string> hints;
   for (std::size_t i = 2; i < args.size(); ++i) {
     const std::string& a = args[i];
+    if (a == "--") break;  // positional arguments follow
     if (a.size() < 3 || a.rfind("--", 0) != 0) continue;
+    // the value of the option before it (generate --prompt "--hello")
+    if (const std::string& prev = args[i - 1]; prev.rfind("--", 0) == 0 && prev.find('=') == std::string::npos)
+      if (auto it = own.find(prev.substr(2)); it != own.end() && it->second->get_type_size() != 0) continue;
     std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
     if (own.count(name)) continue;
     std::string underscored = name;
@@ -55,14 +65,22 @@ std::vector<std::string> unknown_option_hints(const CLI::App& sub, const std::ve
       hints.push_back(fmt::format("--{} is --{} here", name, underscored));
       continue;
     }
-    if (auto it = foreign_flags().find(underscored); it != foreign_flags().end()) {
-      hints.push_back(fmt::format("--{}: {}", name, it->second));
+    if (auto it = foreign_flags().find(underscored); it != foreign_flags().end() && it->second.commands.count(sub.get_name())) {
+      hints.push_back(fmt::format("--{}: {}", name, it->second.hint));
+      continue;
+    }
+    // the one option it begins (--temp), else one a few edits away (--temprature), never --help
+    std::vector<std::string> begun;
+    for (const auto& [n, o] : own)
+      if (n != "help" && n.rfind(underscored, 0) == 0) begun.push_back(n);
+    if (begun.size() == 1) {
+      hints.push_back(fmt::format("--{}: did you mean --{}?", name, begun[0]));
       continue;
     }
     std::string closest;
-    std::size_t best = 3;  // at most 2 edits away
-    for (const auto& n : own)
-      if (const std::size_t d = graph::edit_distance(underscored, n); d < best) best = d, closest = n;
+    std::size_t best = std::max<std::size_t>(1, underscored.size() / 3) + 1;  // a third of its letters (--seed is no --set)
+    for (const auto& [n, o] : own)
+      if (const std::size_t d = graph::edit_distance(underscored, n); n != "help" && d < best) best = d, closest = n;
     if (!closest.empty()) hints.push_back(fmt::format("--{}: did you mean --{}?", name, closest));
   }
   return hints;

@@ -1490,3 +1490,17 @@ TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and
   CHECK_FALSE(has(run(bin + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --seed 3 2>&1", &rc), "hint:"));
   CHECK_FALSE(has(run(bin + " convert --from hf a --to hf b --path x 2>&1", &rc), "hint:"));
 }
+
+TEST_CASE("generate prints the prompt as given, then the continuation") {
+  // the prompt decoded from its ids lost Qwen2's <|im_end|> (the EOS, which decode drops) and kept <|im_start|>
+  int rc = -1;
+  const std::string prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+  // (sh: the prompt's newlines through printf, its last one kept by an x taken off after)
+  const auto out = run("p=\"$(printf '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\nx')\"; " +
+                           std::string(FLOWRUN_BIN) + " generate --model " + FLOWRUN_SOURCE_DIR +
+                           "/tests/fixtures/hf_chat/qwen2 --prompt \"${p%x}\" --max_new_tokens 3 2>/dev/null",
+                       &rc);
+  CHECK(rc == 0);
+  CHECK(out.rfind(prompt, 0) == 0);
+  CHECK(out.size() > prompt.size() + 1);  // and what followed
+}

@@ -128,6 +128,16 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
                      has_file ? file.string() : dir.string() + " has no generation_config.json");
 }
 
+// The text printed: the prompt as given, then the continuation as the tokenizer decodes it after the prompt's ids
+// (decoding the whole sequence keeps the first new word's space). The prompt decoded from its ids lost an HF chat
+// template's EOS marks (Qwen2's <|im_end|>, decode drops the EOS) while keeping the others. Where the whole
+// decoding does not begin with the prompt's, the whole decoding.
+std::string shown_text(const tokenizer& tok, const std::string& given, const std::vector<int32_t>& prompt,
+                       const std::vector<int32_t>& all) {
+  const std::string whole = tok.decode(all), head = tok.decode(prompt);
+  return whole.rfind(head, 0) == 0 ? given + whole.substr(head.size()) : whole;
+}
+
 // TencentPretrain's generate_lm_deepspeed: the model stays sharded over
 // `world` in-process ZeRO-3 ranks; each layer is all-gathered just before it
 // runs for every decoded token, then freed. Every rank samples the same tokens
@@ -284,7 +294,7 @@ void add_generate(CLI::App& app) {
                                     generation_of(*o, *tok), *tok, tok_path);
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), gen.begin(), gen.end());
-      std::cout << tok->decode(all) << std::endl;
+      std::cout << shown_text(*tok, o->prompt, prompt, all) << std::endl;
       return;
     }
     auto model = load_model(o->model);
@@ -317,7 +327,7 @@ void add_generate(CLI::App& app) {
     auto res = generate(model, {prompt}, generation_of(*o, *tok));
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), res[0].tokens.begin(), res[0].tokens.end());
-    std::cout << tok->decode(all) << std::endl;
+    std::cout << shown_text(*tok, o->prompt, prompt, res[0].tokens.empty() ? prompt : all) << std::endl;
   });
 }
 

@@ -1504,3 +1504,15 @@ TEST_CASE("generate prints the prompt as given, then the continuation") {
   CHECK(out.rfind(prompt, 0) == 0);
   CHECK(out.size() > prompt.size() + 1);  // and what followed
 }
+
+TEST_CASE("flowrun FILE.graph --check checks the graph and its overrides and runs nothing") {
+  const std::string bin = std::string(FLOWRUN_BIN) + " " + FLOWRUN_SOURCE_DIR + "/graphs/";
+  int rc = -1;
+  auto out = run(bin + "rlhf.graph --check 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "graphs/rlhf.graph: 10 nodes, 21 edges: the settings, edges and placement check out; nothing was run"));
+  CHECK_FALSE(has(out, "[step 1 sft]"));
+  out = run(bin + "grpo.graph --check --set node.generator.temperature=1e-9 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "temperature = 1e-09 is above 0 but below 1e-6"));
+}

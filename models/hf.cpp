@@ -541,6 +541,13 @@ std::vector<hf_tensor_spec> hf_tensor_map(const model_config& c) {
 
 // ------------------------------------------------------------------ load / save
 
+bool is_sequence_classification(const nlohmann::json& config) {
+  if (!config.is_object() || !config.contains("architectures") || !config["architectures"].is_array()) return false;
+  for (const auto& a : config["architectures"])
+    if (a.is_string() && a.get<std::string>().find("ForSequenceClassification") != std::string::npos) return true;
+  return false;
+}
+
 decoder load_hf(const std::string& dir, device dev, const tensor_progress_fn& progress) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) throw std::runtime_error(dir + ": not a folder (an HF model is a folder with config.json)");
@@ -558,10 +565,7 @@ decoder load_hf(const std::string& dir, device dev, const tensor_progress_fn& pr
   safetensors_checkpoint ck(dir);
   // TRL's reward model (AutoModelForSequenceClassification, num_labels = 1): its score head, Linear(C, 1,
   // bias=False) on every position and read at the last real token, is DS-Chat's v_head; it has no LM head
-  bool seq_cls = false;
-  if (j.contains("architectures") && j["architectures"].is_array())
-    for (const auto& a : j["architectures"])
-      if (a.is_string() && a.get<std::string>().find("ForSequenceClassification") != std::string::npos) seq_cls = true;
+  const bool seq_cls = is_sequence_classification(j);
 
   // file names, normalized to the CausalLM names
   std::map<std::string, std::string> present;  // normalized -> name in the file
@@ -769,10 +773,7 @@ void save_hf(const decoder& model, const std::string& dir, dtype on_disk, int64_
   }
   // a value head as DS-Chat's v_head, or as TRL's reward model's score head where the config names a
   // *ForSequenceClassification (convert keeps a source's: transformers found no score.weight in v_head.weight)
-  bool seq_cls = false;
-  if (cj.contains("architectures") && cj["architectures"].is_array())
-    for (const auto& a : cj["architectures"])
-      if (a.is_string() && a.get<std::string>().find("ForSequenceClassification") != std::string::npos) seq_cls = true;
+  const bool seq_cls = is_sequence_classification(cj);
   if (seq_cls && !model.has_value_head())
     throw std::invalid_argument("save_hf: " + dir + ": a ForSequenceClassification config for a model without a value head");
   if (model.has_value_head())

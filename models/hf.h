@@ -97,6 +97,10 @@ struct hf_tensor_spec {
 /// All HF tensors of a model with config `cfg` (in the order save_hf writes them).
 std::vector<hf_tensor_spec> hf_tensor_map(const model_config& cfg);
 
+/// Whether an HF config.json (parsed) names a *ForSequenceClassification architecture: TRL's reward model,
+/// whose score.weight is the value head (load_hf reads it so, save_hf writes it so).
+bool is_sequence_classification(const nlohmann::json& config);
+
 /// Load an HF folder: config.json plus model.safetensors (or shards with
 /// model.safetensors.index.json), F32/BF16/F16 on disk, onto `dev`; with a
 /// "v_head.weight" (1, C) tensor the model gets a value head (see above).

@@ -90,11 +90,7 @@ nlohmann::json sequence_classification_keys(const fs::path& hf_dir) {
   nlohmann::json out = nlohmann::json::object();
   std::ifstream f(hf_dir / "config.json");
   auto j = nlohmann::json::parse(f, nullptr, false);
-  if (!j.is_object() || !j.contains("architectures") || !j["architectures"].is_array()) return out;
-  bool seq_cls = false;
-  for (const auto& a : j["architectures"])
-    seq_cls |= a.is_string() && a.get<std::string>().find("ForSequenceClassification") != std::string::npos;
-  if (!seq_cls) return out;
+  if (!is_sequence_classification(j)) return out;
   out["architectures"] = j["architectures"];
   for (const char* k : {"id2label", "label2id", "num_labels", "problem_type"})
     if (j.contains(k)) out[k] = j[k];

@@ -92,7 +92,8 @@ PY
 # nothing to learn (every reward 0, so every advantage 0), the KL loss on: the policy stays the reference,
 # bit for bit, so the KL is exactly 0 throughout (the reference scored each group's prompt once, which
 # differed by 3e-8, and AdamW made that noise into full steps: a held-out KL of 0.158 after two updates)
-run still "$g" --set node.experience.filter_groups=false --set node.reward.reward=command \
+# (the graph's overlong punishment off: every reward 0, whatever the answers' length)
+run still "$g" --set node.experience.filter_groups=false --set node.reward.reward=command --set node.reward.overlong_max_length=0 \
   --set "node.reward.command=python3 -c 'import sys
 for _ in sys.stdin: print(0, flush=True)'" --set node.policy.per_device_training_batch_size=4 ||
   { tail -20 "$out/still.err"; fail "the all-zero-reward run failed"; }

@@ -19,7 +19,7 @@ the S values run interleaved (S = 0, 1, 2, then 2, 1, 0, ...), `rounds` times. P
 - the held-out result the controller prints after training (ppo: the reward model's mean reward on the
   held-out prompts; grpo: the same line, whose reward is the rule reward, i.e. accuracy).
 The models: ppo.graph starts from step-1 and step-2 models made once with graphs/rlhf.graph (a few
-steps, as bench/ppo_split.py); grpo.graph trains its own SFT model first (the graph's 500 steps), whose time
+steps, as bench/ppo_split.py); grpo.graph trains its own SFT model first (the graph's 1000 steps since 2026-12-06; 500 before), whose time
 is outside the measured intervals. grpo_noref is grpo.graph less its reference model (node and edges;
 the experience maker's reference = false, the policy's use_kl_loss = false: no KL, as DAPO trains), the
 same job with one frozen forward fewer per batch.

@@ -68,7 +68,9 @@ void save_model_dir(const decoder& model, const std::string& dir);
 /// load_model and the tokenizer read them: config.json, flowrun_config.json, model.safetensors.index.json,
 /// every *.safetensors, and the tokenizer's files (tokenizer_file_names). A README, a licence or
 /// .gitattributes beside them (a folder from the Hub has them) is not: a model is the same with or without it;
-/// nor generation_config.json, generation's defaults (stop ids, sampling), which nothing trained reads.
+/// nor generation_config.json, generation's defaults (stop ids, sampling), which the trainers that record their
+/// model by it (SFT, RM, DPO, pretraining's ranks) do not read (step 3 generates with it, and compares the weights
+/// it starts from instead).
 bool is_model_file(const std::string& file_name);
 
 /// Load a model from: a llama2.c .bin file; a folder written by save_model_dir;

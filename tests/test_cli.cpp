@@ -820,6 +820,11 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   // a sampling option on a folder without do_sample: transformers' defaults for the others (top_p 1, not 0.9)
   fs::remove(dir / "generation_config.json");
   CHECK(has(run(gen + " --top_k 10 2>&1", &rc), "sampling: sampling (a sampling option given): temperature 1, top_k 10, top_p 1 ("));
+  // ... beside the file's temperature 0 it decoded greedily while the log said it sampled
+  std::ofstream(dir / "generation_config.json") << R"({"temperature": 0})";
+  bad = run(gen + " --top_k 10 2>&1", &rc);
+  CHECK(rc != 0);
+  CHECK(has(bad, ": temperature 0 (greedy) with --top_p / --top_k given to sample: give --temperature too"));
 }
 
 TEST_CASE("SFT on TRL's prompt-completion rows says that TRL trains the completion alone, unless mask_prompt is set") {
@@ -1489,6 +1494,11 @@ TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and
   CHECK_FALSE(has(out, "--hello:"));
   CHECK_FALSE(has(run(bin + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --seed 3 2>&1", &rc), "hint:"));
   CHECK_FALSE(has(run(bin + " convert --from hf a --to hf b --path x 2>&1", &rc), "hint:"));
+  // every option it begins; an option given twice hinted once; chat and eval prompts decode greedily
+  out = run(bin + " generate --top 5 --temprature 1 --temprature 2 2>&1", &rc);
+  CHECK(has(out, "hint: --top: did you mean --top_k or --top_p?"));
+  CHECK(out.find("--temprature: did you mean") == out.rfind("--temprature: did you mean"));
+  CHECK(has(run(bin + " chat --do_sample 2>&1", &rc), "hint: --do_sample: chat and eval prompts decode greedily"));
 }
 
 TEST_CASE("generate prints the prompt as given, then the continuation") {
@@ -1503,6 +1513,11 @@ TEST_CASE("generate prints the prompt as given, then the continuation") {
   CHECK(rc == 0);
   CHECK(out.rfind(prompt, 0) == 0);
   CHECK(out.size() > prompt.size() + 1);  // and what followed
+  // a trailing space SentencePiece drops ("Hello " is "Hello") is not printed: the continuation brings its own
+  const auto hello = run(std::string(FLOWRUN_BIN) + " generate --prompt 'Hello ' --temperature 0 --max_new_tokens 3 2>/dev/null", &rc);
+  CHECK(rc == 0);
+  CHECK(hello.rfind("Hello ", 0) == 0);
+  CHECK(hello.rfind("Hello  ", 0) != 0);
 }
 
 TEST_CASE("flowrun FILE.graph --check checks the graph and its overrides and runs nothing") {

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -112,15 +113,19 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
     if (hf) took.push_back(fmt::format("{}: temperature {:g}, top_k {}, top_p {:g}",
                                        do_sample ? "do_sample true" : "sampling (a sampling option given)",
                                        o.temperature, o.top_k, o.top_p));
-    // transformers refuses a temperature of 0 with do_sample (TemperatureLogitsWarper: strictly positive)
-    if (hf && do_sample && !given.at("temperature") && o.temperature == 0)
-      throw std::invalid_argument(file.string() + ": do_sample true with temperature 0: transformers refuses it (a "
-                                  "temperature must be above 0 to sample); set do_sample false to decode greedily");
+    // transformers refuses a temperature of 0 with do_sample (TemperatureLogitsWarper: strictly positive); a
+    // sampling option given beside the file's 0 decoded greedily while the log said it sampled
+    if (hf && !given.at("temperature") && o.temperature == 0)
+      throw std::invalid_argument(
+          file.string() + (do_sample ? ": do_sample true with temperature 0: transformers refuses it (a temperature "
+                                       "must be above 0 to sample); set do_sample false to decode greedily"
+                                     : ": temperature 0 (greedy) with --top_p / --top_k given to sample: give "
+                                       "--temperature too"));
   }
   take("repetition_penalty", o.repetition_penalty);
   if ((hf ? !do_sample : j.value("do_sample", nlohmann::json()) == false) && !cli_samples) {
     o.temperature = 0;  // transformers samples only with do_sample
-    took.push_back(j.contains("do_sample") ? "do_sample false: greedy"
+    took.push_back(j.value("do_sample", nlohmann::json()).is_boolean() ? "do_sample false: greedy"
                                            : "no do_sample: greedy, as transformers' generate() decodes this folder");
   }
   if (took.empty()) return "";
@@ -135,7 +140,12 @@ std::string take_generation_defaults(generate_opts& o, const std::string& model,
 std::string shown_text(const tokenizer& tok, const std::string& given, const std::vector<int32_t>& prompt,
                        const std::vector<int32_t>& all) {
   const std::string whole = tok.decode(all), head = tok.decode(prompt);
-  return whole.rfind(head, 0) == 0 ? given + whole.substr(head.size()) : whole;
+  if (whole.rfind(head, 0) != 0) return whole;
+  // trailing spaces the tokenizer dropped (SentencePiece's "Hello " is "Hello"): the model never saw them
+  std::string shown = given;
+  if (head.empty() || !std::isspace(static_cast<unsigned char>(head.back())))
+    while (!shown.empty() && std::isspace(static_cast<unsigned char>(shown.back()))) shown.pop_back();
+  return shown + whole.substr(head.size());
 }
 
 // TencentPretrain's generate_lm_deepspeed: the model stays sharded over
@@ -272,9 +282,16 @@ void add_generate(CLI::App& app) {
       const auto ck = load_checkpoint(zero_step_folder(o->zero_checkpoint, "--zero_checkpoint"));
       // a run from an HF folder decodes as that folder does (its generation_config.json, transformers' rule), as
       // the checkpoint converted to an HF folder would
-      if (const std::string base = model_opt->count() > 0 ? o->model : zero_run_model(ck);
-          !base.empty() && std::filesystem::is_directory(base))  // (a base that moved: said where it is read)
-        take_defaults(base);
+      if (const std::string base = model_opt->count() > 0 ? o->model : zero_run_model(ck); !base.empty()) {
+        std::error_code ec;
+        if (std::filesystem::is_directory(base, ec))
+          take_defaults(base);
+        else if (!std::filesystem::exists(base, ec) && model_opt->count() == 0)
+          spdlog::warn("the run's base model {} is gone: its generation_config.json (greedy or sampling, as "
+                       "transformers decodes an HF folder) is not read; the options given decide, else temperature "
+                       "{:g} and top_p {:g}",
+                       base, o->temperature, o->top_p);
+      }
       // the run's own tokenizer (the trainer's, or a pretraining run's data node's), as --model reads a folder's:
       // tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();

@@ -244,7 +244,8 @@ int run_graph_file(const run_opts& o_in) {
   }
   if (o->check) {  // everything checked before a run starts; the nodes' own start (files they read) is not
     std::cout << fmt::format("{}: {} nodes, {} edges: the settings, edges and placement check out; nothing was run (what "
-                             "the nodes read at their start, data and models, is checked when it runs)\n",
+                             "is checked only as the run starts is not: a checkpoint's recorded settings, the --metrics "
+                             "file)\n",
                              o->file, v.spec.nodes.size(), v.spec.edges.size());
     return 0;
   }
@@ -272,8 +273,8 @@ void add_run(CLI::App& app) {
       ->check(threads_check());
   sub->add_option("--restart", o->restart, "Restart policy of nodes whose kind has no restart setting")
       ->capture_default_str();
-  sub->add_flag("--check", o->check, "Check the graph (settings, edges, placement, the --set overrides) and exit: "
-                                     "0 when it would start, 2 with the errors");
+  sub->add_flag("--check", o->check, "Check the graph (settings, edges, placement, the --set overrides, the files "
+                                     "they name) and exit: 0 when it checks out, 2 with the errors; nothing is run");
   sub->add_flag("--no-progress", o->no_progress, "No progress line, even on a terminal");
   sub->add_flag("--quiet,-q", o->quiet, "No metrics summary at the end");
   sub->add_option("--console", o->console_port,

@@ -5,6 +5,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/graph/graph_spec.h"
 
@@ -24,7 +25,7 @@ const std::map<std::string, foreign_flag>& foreign_flags() {
       {"do_sample", {{"generate"}, "sampling is on with --temperature > 0 (an HF folder's generation_config.json "
                                    "decides when no sampling option is given); --temperature 0 is greedy"}},
       {"greedy", {{"generate"}, "--temperature 0 is greedy"}},
-      {"num_beams", {decoding, "there is no beam search here: generate decodes greedily with --temperature 0, or samples"}},
+      {"num_beams", {{"generate"}, "there is no beam search here: --temperature 0 decodes greedily, > 0 samples"}},
       {"num_return_sequences", {{"generate"}, "one sequence per run: run again with another --seed"}},
       {"model_name_or_path", {decoding, "the model is --model here (eval prompts: --baseline, --finetuned)"}},
       {"model_name_or_path_baseline", {{"eval"}, "DS-Chat's --model_name_or_path_baseline is --baseline here"}},
@@ -35,6 +36,16 @@ const std::map<std::string, foreign_flag>& foreign_flags() {
                   "last real token"}},
       {"max_length", {{"generate", "chat"}, "transformers' max_length (prompt + answer) is --max_new_tokens (the answer) here"}},
   };
+  return m;
+}
+
+// chat and eval prompts decode greedily, as DS-Chat's chat.py and prompt_eval.py do by default
+const std::map<std::string, std::string>& greedy_commands_flags() {
+  static const std::map<std::string, std::string> m = {
+      {"do_sample", "chat and eval prompts decode greedily (DS-Chat's chat.py and prompt_eval.py do too); "
+                    "`flowrun generate` samples"},
+      {"num_beams", "there is no beam search here: chat and eval prompts decode greedily"},
+      {"temperature", "chat and eval prompts decode greedily; `flowrun generate` samples"}};
   return m;
 }
 }  // namespace
@@ -69,12 +80,18 @@ std::vector<std::string> unknown_option_hints(const CLI::App& sub, const std::ve
       hints.push_back(fmt::format("--{}: {}", name, it->second.hint));
       continue;
     }
-    // the one option it begins (--temp), else one a few edits away (--temprature), never --help
+    if (auto it = greedy_commands_flags().find(underscored);
+        it != greedy_commands_flags().end() && (sub.get_name() == "chat" || sub.get_name() == "eval")) {
+      hints.push_back(fmt::format("--{}: {}", name, it->second));
+      continue;
+    }
+    // the options it begins (--temp: --temperature; --top: --top_k or --top_p), else one a few edits away
+    // (--temprature), never --help
     std::vector<std::string> begun;
     for (const auto& [n, o] : own)
-      if (n != "help" && n.rfind(underscored, 0) == 0) begun.push_back(n);
-    if (begun.size() == 1) {
-      hints.push_back(fmt::format("--{}: did you mean --{}?", name, begun[0]));
+      if (n != "help" && n.rfind(underscored, 0) == 0) begun.push_back("--" + n);
+    if (!begun.empty() && begun.size() <= 3) {
+      hints.push_back(fmt::format("--{}: did you mean {}?", name, fmt::join(begun, " or ")));
       continue;
     }
     std::string closest;
@@ -83,7 +100,11 @@ std::vector<std::string> unknown_option_hints(const CLI::App& sub, const std::ve
       if (const std::size_t d = graph::edit_distance(underscored, n); n != "help" && d < best) best = d, closest = n;
     if (!closest.empty()) hints.push_back(fmt::format("--{}: did you mean --{}?", name, closest));
   }
-  return hints;
+  // an option given twice, hinted once
+  std::vector<std::string> once;
+  for (auto& h : hints)
+    if (std::find(once.begin(), once.end(), h) == once.end()) once.push_back(std::move(h));
+  return once;
 }
 
 }  // namespace flowrun::cli

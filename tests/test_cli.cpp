@@ -757,7 +757,7 @@ TEST_CASE("max_answer_seq_len 1 is refused for one answer per prompt and taken f
   // them (grpo_small runs it: the held-out passes score every prompt)
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
-                     "/graphs/ppo.graph --no-progress --set node.generator.max_answer_seq_len=1 2>&1",
+                     "/graphs/rlhf.graph --no-progress --set node.generator.max_answer_seq_len=1 2>&1",
                  &rc);
   CHECK(rc == 2);
   CHECK(has(out, "node 'generator': max_answer_seq_len = 1 with num_generations = 1: DS-Chat drops answers of at most "
@@ -1450,7 +1450,7 @@ TEST_CASE("an estimator's unused settings are said, and TRL's boolean scale_rewa
   const std::string bin = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/";
   int rc = -1;
   // (a temperature the check refuses: nothing trains)
-  auto out = run(bin + "grpo.graph --no-progress --set node.experience.gamma=0.9 --set node.experience.lam=0.5 "
+  auto out = run(bin + "grpo.graph --no-progress" GRPO_DATA " --set node.experience.gamma=0.9 --set node.experience.lam=0.5 "
                        "--set node.generator.temperature=1e-9 2>&1",
                  &rc);
   CHECK(rc == 2);
@@ -1458,13 +1458,13 @@ TEST_CASE("an estimator's unused settings are said, and TRL's boolean scale_rewa
                  "(only gae and reinforce_plus_plus)"));
   CHECK(has(out, "node 'experience': lam = 0.5 changes nothing: advantage_estimator = \"grpo\" does not use it (only gae)"));
   CHECK_FALSE(has(out, "scale_rewards = "));  // grpo.graph's own settings are grpo's
-  out = run(bin + "rloo.graph --no-progress --set node.experience.scale_rewards=batch "
+  out = run(bin + "rloo.graph --no-progress" GRPO_DATA " --set node.experience.scale_rewards=batch "
                   "--set node.generator.temperature=1e-9 2>&1",
             &rc);
   CHECK(has(out, "scale_rewards = \"batch\" changes nothing: advantage_estimator = \"rloo\" does not use it (only grpo)"));
   out = run(bin + "rlhf.graph --no-progress --set node.generator.temperature=1e-9 2>&1", &rc);
   CHECK_FALSE(has(out, "changes nothing"));
-  out = run(bin + "grpo.graph --no-progress --set node.experience.scale_rewards=false 2>&1", &rc);
+  out = run(bin + "grpo.graph --no-progress" GRPO_DATA " --set node.experience.scale_rewards=false 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "hint: TRL's scale_rewards = False is \"none\" here (Dr. GRPO)"));
 }
@@ -1527,7 +1527,7 @@ TEST_CASE("flowrun FILE.graph --check checks the graph and its overrides and run
   CHECK(rc == 0);
   CHECK(has(out, "graphs/rlhf.graph: 10 nodes, 21 edges: the settings, edges and placement check out; nothing was run"));
   CHECK_FALSE(has(out, "[step 1 sft]"));
-  out = run(bin + "grpo.graph --check --set node.generator.temperature=1e-9 2>&1", &rc);
+  out = run(bin + "grpo.graph --check" GRPO_DATA " --set node.generator.temperature=1e-9 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "temperature = 1e-09 is above 0 but below 1e-6"));
 }

@@ -55,18 +55,6 @@ const char* family_name(model_family f) {
   return f == model_family::llama ? "LLaMA" : f == model_family::opt ? "OPT" : "GPT-2";
 }
 
-// A copy of `model` on the host with its LoRA adapters merged into the base weights and
-// no adapters left (the value head kept): what llama2.c and HF files hold.
-decoder merged_copy(const decoder& model) {
-  decoder out = clone_decoder(model, device::cpu());
-  if (!model.has_lora() || model.lora_merged()) return out;  // merged: the base weights hold the adapters
-  out.enable_lora(model.lora(), /*freeze_base=*/false);
-  for (const auto& e : model.adapter_params())
-    if (e.name != "v_head.weight") out.w().by_name.at(e.name).copy_from(model.w().by_name.at(e.name).to(device::cpu()));
-  out.merge_lora();
-  return clone_decoder(out, device::cpu());
-}
-
 bool ends_with(const std::string& s, std::string_view suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
@@ -294,6 +282,16 @@ void save_model_dir(const decoder& model_in, const std::string& dir) {
   save_safetensors((fs::path(dir) / "model.safetensors").string(), ts);
   write_text_atomic((fs::path(dir) / "flowrun_config.json").string(), j.dump(2));
   if (merged) model.merge_lora();
+}
+
+decoder merged_copy(const decoder& model) {
+  decoder out = clone_decoder(model, device::cpu());
+  if (!model.has_lora() || model.lora_merged()) return out;  // merged: the base weights hold the adapters
+  out.enable_lora(model.lora(), /*freeze_base=*/false);
+  for (const auto& e : model.adapter_params())
+    if (e.name != "v_head.weight") out.w().by_name.at(e.name).copy_from(model.w().by_name.at(e.name).to(device::cpu()));
+  out.merge_lora();
+  return clone_decoder(out, device::cpu());
 }
 
 bool is_model_file(const std::string& f) {

@@ -64,6 +64,11 @@ bool copy_generation_config(const std::string& source, const std::string& dir);
 /// Each file is written atomically. Throws std::runtime_error naming the file.
 void save_model_dir(const decoder& model, const std::string& dir);
 
+/// A copy of `model` on the host with its LoRA adapters merged into the base weights (W + lora_alpha / r B A)
+/// and no adapters left (the value head kept): what llama2.c and HF files hold, and what PEFT's
+/// merge_and_unload leaves. `model` is unchanged.
+decoder merged_copy(const decoder& model);
+
 /// Whether `file_name`, a file directly in a model folder, is one of the model: its weights and token ids, as
 /// load_model and the tokenizer read them: config.json, flowrun_config.json, model.safetensors.index.json,
 /// every *.safetensors, and the tokenizer's files (tokenizer_file_names). A README, a licence or

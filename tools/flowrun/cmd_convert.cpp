@@ -241,10 +241,7 @@ void run_convert(const convert_opts& o) {
     if (model.has_value_head())
       throw std::runtime_error("convert: --lora " + o.lora + " holds a value head (a reward or critic adapter): the "
                                "formats written here hold a language model's head only");
-    model.merge_lora();
-    decoder merged(model.config());  // the base's tensors alone, as save_pretrained of the merged model writes
-    merged.w().flat.copy_from(model.w().flat);
-    model = std::move(merged);
+    model = merged_copy(model);  // the base's tensors alone, as save_pretrained of PEFT's merge_and_unload writes
     spdlog::info("LoRA adapter {} merged", o.lora);
   }
   spdlog::info("model: {}", model.config().summary());

@@ -344,7 +344,7 @@ void add_generate(CLI::App& app) {
     auto res = generate(model, {prompt}, generation_of(*o, *tok));
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), res[0].tokens.begin(), res[0].tokens.end());
-    std::cout << shown_text(*tok, o->prompt, prompt, res[0].tokens.empty() ? prompt : all) << std::endl;
+    std::cout << shown_text(*tok, o->prompt, prompt, all) << std::endl;
   });
 }
 

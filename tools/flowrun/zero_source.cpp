@@ -142,15 +142,6 @@ void put_recorded_adapter(decoder& model, const loaded_checkpoint& ck, bool free
   model.w().adapter_flat.copy_from(adapter);
 }
 
-// W + (lora_alpha / r) B A, and the merged weights alone (a plain model), as the trainers save them and as
-// save_pretrained of PEFT's merge_and_unload writes.
-decoder merged_alone(decoder& model) {
-  model.merge_lora();
-  decoder merged(model.config());
-  merged.w().flat.copy_from(model.w().flat);
-  return merged;
-}
-
 // A LoRA run's checkpoint: the run's base (or `base_given`) with the recorded adapter merged. The base was
 // never sharded (it is frozen: every rank read it whole).
 decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& base_given, const std::string& opt) {
@@ -177,7 +168,7 @@ decoder lora_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
   put_recorded_adapter(model, ck, /*freeze_base=*/true);
   spdlog::info("{} + the LoRA adapter of {} (step {}; r {}, lora_alpha {}, {}), merged", base, folder, ck.step,
                lc.lora_r, lc.lora_alpha, fmt::join(lc.target_modules, ","));
-  return merged_alone(model);
+  return merged_copy(model);  // the merged weights alone, as the trainers save them
 }
 }  // namespace
 
@@ -200,7 +191,7 @@ decoder zero_checkpoint_model(const loaded_checkpoint& ck, const std::string& ba
   if (extra.contains("lora_config")) {  // LoRA beside a base that trains too (DS-Chat's lora_dim without
     // only_optimize_lora): the adapter merged, as the trainers' outputs are (DS-Chat's convert_lora_to_linear_layer)
     put_recorded_adapter(model, ck, /*freeze_base=*/false);
-    return merged_alone(model);
+    return merged_copy(model);  // the merged weights alone, as the trainers save them
   }
   return model;
 }

@@ -503,7 +503,7 @@ void packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   simd::gemm_pack_b(tb, N, K, B, ldb, P.data(), 0, panels / 2);
   simd::gemm_pack_b(tb, N, K, B, ldb, P.data(), panels / 2, panels);
   CHECK(P.back() == -7.0f);  // the packing writes ceil(N / W) W K floats, no more
-  const int64_t tiles = simd::gemm_packed_tiles(ta, M, N);
+  const int64_t tiles = simd::gemm_packed_tiles(ta, M, N, K);
   simd::gemm_packed(ta, M, N, K, alpha, A, lda, P.data(), beta, C, ldc, 0, tiles / 2);
   simd::gemm_packed(ta, M, N, K, alpha, A, lda, P.data(), beta, C, ldc, tiles / 2, tiles);
 }
@@ -545,7 +545,7 @@ TEST_CASE("simd packed GEMM: every transpose, M/N/K tail and beta vs float64, an
       for (int tb = 0; tb < 2; ++tb)
         for (int64_t M : {1, 5, 6, 7, 13, 25})
           for (int64_t N : {1, 3, 8, 9, 16, 17, 33, 40})
-            for (int64_t K : {1, 7, 64, 100}) {
+            for (int64_t K : {1, 7, 64, 100, 300}) {  // 300: AVX-512's wide tile for every transpose
               CAPTURE(ta);
               CAPTURE(tb);
               CAPTURE(M);
@@ -597,37 +597,39 @@ TEST_CASE("simd packed GEMM: every transpose, M/N/K tail and beta vs float64, an
 
 TEST_CASE("simd packed GEMM: a row's bits do not depend on M, on where the row starts, nor on N's tiling") {
   for_each_path([](const std::string&) {
-    const int64_t M = 40, K = 64;
-    for (int64_t N : {8, 9, 50}) {  // one-vector tiles (N <= 8 on AVX2), two-vector ones, and (N = 9, its
-                                     // first 5 columns alone) one against the other
-      CAPTURE(N);
-      const auto A = randv(M * K, 1.0, 71), B = randv(N * K, 1.0, 73);
-      std::vector<float> full(M * N);
-      packed(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, full.data(), N);
-      for (int64_t s : {0, 3, 11})
-        for (int64_t m : {1, 2, 5, 6, 7, 12, 13, 17}) {
-          if (s + m > M) continue;
-          CAPTURE(s);
-          CAPTURE(m);
-          std::vector<float> part(m * N);
-          packed(false, true, m, N, K, 1.0f, A.data() + s * K, K, B.data(), K, 0.0f, part.data(), N);
-          for (int64_t i = 0; i < m * N; ++i)
-            if (part[i] != full[s * N + i]) {
-              FAIL_CHECK("row " << s + i / N << " col " << i % N << " differs");
-              break;
-            }
-          // columns [0, n) alone: the same bits as in the N-column call
-          const int64_t n = N / 2 + 1;
-          std::vector<float> cols(m * n);
-          packed(false, true, m, n, K, 1.0f, A.data() + s * K, K, B.data(), K, 0.0f, cols.data(), n);
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j)
-              if (cols[i * n + j] != full[(s + i) * N + j]) {
-                FAIL_CHECK("row " << s + i << " col " << j << " differs with " << n << " columns");
-                return;
+    const int64_t M = 40;
+    for (int64_t K : {64, 300})  // 300: AVX-512's 12-row tiles
+      for (int64_t N : {8, 9, 50}) {  // one-vector tiles (N <= 8 on AVX2), two-vector ones, and (N = 9, its
+                                       // first 5 columns alone) one against the other
+        CAPTURE(K);
+        CAPTURE(N);
+        const auto A = randv(M * K, 1.0, 71), B = randv(N * K, 1.0, 73);
+        std::vector<float> full(M * N);
+        packed(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, full.data(), N);
+        for (int64_t s : {0, 3, 11})
+          for (int64_t m : {1, 2, 5, 6, 7, 12, 13, 17}) {
+            if (s + m > M) continue;
+            CAPTURE(s);
+            CAPTURE(m);
+            std::vector<float> part(m * N);
+            packed(false, true, m, N, K, 1.0f, A.data() + s * K, K, B.data(), K, 0.0f, part.data(), N);
+            for (int64_t i = 0; i < m * N; ++i)
+              if (part[i] != full[s * N + i]) {
+                FAIL_CHECK("row " << s + i / N << " col " << i % N << " differs");
+                break;
               }
-        }
-    }
+            // columns [0, n) alone: the same bits as in the N-column call
+            const int64_t n = N / 2 + 1;
+            std::vector<float> cols(m * n);
+            packed(false, true, m, n, K, 1.0f, A.data() + s * K, K, B.data(), K, 0.0f, cols.data(), n);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j)
+                if (cols[i * n + j] != full[(s + i) * N + j]) {
+                  FAIL_CHECK("row " << s + i << " col " << j << " differs with " << n << " columns");
+                  return;
+                }
+          }
+      }
   });
 }
 

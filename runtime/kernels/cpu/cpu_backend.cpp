@@ -467,7 +467,7 @@ class cpu_backend_impl final : public backend {
   // product on the packed kernel (tests/test_ops.cpp checks it against
   // ops::matmul; shapes whose op(B) is over cpu_gemm::k_packed_max went to the
   // GEMM library before, whose bits differ). Kᵀ and V are packed once per head
-  // into per-thread buffers of n_keys x hs floats (padded to whole panels).
+  // into per-thread buffers of n_keys x hs floats (padded to whole panels, 64-byte aligned).
   // Decoding (Tq < 32) goes to simd::attend_decode instead (attention_forward).
   static bool gemm_attention(int64_t Tq, int64_t /*hs*/) { return Tq >= 32; }
   /// Query rows per causal block: a multiple of the packed kernel's tile rows (6 and 12).
@@ -482,7 +482,7 @@ class cpu_backend_impl final : public backend {
     for (int64_t j0 = 0; j0 < N; j0 += W) {
       const int64_t nj = std::min(W, N - j0);
       simd::gemm_packed(ta, M, nj, K, alpha, A, lda, packed + j0 * Ktot + k0 * W, beta, C + j0, ldc, 0,
-                        simd::gemm_packed_tiles(ta, M, nj));
+                        simd::gemm_packed_tiles(ta, M, nj, K));
     }
   }
 
@@ -510,7 +510,7 @@ class cpu_backend_impl final : public backend {
 #pragma omp parallel if (B * H * Tq * n_keys * hs >= cpu_gemm::k_par_macs)
     {
       std::vector<float> scratch(ap ? 0 : static_cast<size_t>(Tq * n_keys));
-      std::vector<float> kt(packed_size(n_keys, hs)), vpk(packed_size(hs, n_keys));
+      cpu_gemm::aligned_floats kt(packed_size(n_keys, hs)), vpk(packed_size(hs, n_keys));
 #pragma omp for schedule(dynamic, 1)
       for (int64_t bh = 0; bh < B * H; ++bh) {
         const int64_t b = bh / H, h = bh % H, kvh = h / group;
@@ -526,7 +526,7 @@ class cpu_backend_impl final : public backend {
           const int64_t i1 = std::min(Tq, i0 + k_att_rows), rows = i1 - i0, kend = q0 + i1;
           float* Pb = P + i0 * n_keys;
           simd::gemm_packed(false, rows, kend, hs, scale, Q + i0 * H * hs, H * hs, kt.data(), 0.0f, Pb, n_keys, 0,
-                            simd::gemm_packed_tiles(false, rows, kend));
+                            simd::gemm_packed_tiles(false, rows, kend, hs));
           for (int64_t i = i0; i < i1; ++i) {
             float* a = P + i * n_keys;
             const int64_t nvis = q0 + i + 1;
@@ -556,7 +556,7 @@ class cpu_backend_impl final : public backend {
 #pragma omp parallel if (B * H * T * T * hs >= cpu_gemm::k_par_macs)
     {
       std::vector<float> pm(static_cast<size_t>(T * T)), ds(static_cast<size_t>(T * T));
-      std::vector<float> vt(packed_size(T, hs)), kpk(packed_size(hs, T)), qpk(packed_size(hs, T)),
+      cpu_gemm::aligned_floats vt(packed_size(T, hs)), kpk(packed_size(hs, T)), qpk(packed_size(hs, T)),
           dopk(packed_size(hs, T));
       const int64_t W = simd::gemm_panel_width(), np_t = (T + W - 1) / W, np_hs = (hs + W - 1) / W;
 #pragma omp for schedule(dynamic, 1)
@@ -583,7 +583,7 @@ class cpu_backend_impl final : public backend {
               std::fill(pm.data() + i * T + i + 1, pm.data() + i * T + kend, 0.0f);
             }
             simd::gemm_packed(false, rows, kend, hs, 1.0f, dO + i0 * H * hs, H * hs, vt.data(), 0.0f,
-                              ds.data() + i0 * T, T, 0, simd::gemm_packed_tiles(false, rows, kend));
+                              ds.data() + i0 * T, T, 0, simd::gemm_packed_tiles(false, rows, kend, hs));
             for (int64_t i = i0; i < i1; ++i) {
               const float* p = pm.data() + i * T;
               float* d = ds.data() + i * T;

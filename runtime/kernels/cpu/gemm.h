@@ -52,6 +52,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -333,17 +335,43 @@ inline bool use_packed(int64_t N, int64_t K) { return packed_floats(N, K) <= k_p
 /// (W x K floats) fits a chunk. Depends on N, K and the process only, as use_packed does.
 inline bool use_packed_nt(int64_t K) { return split_products() && simd::gemm_panel_width() * K <= k_packed_chunk; }
 
+/// A growable float buffer aligned to 64 bytes, a cache line, for packed panels: a panel row of
+/// an AVX-512 path is two 64-byte vectors, which straddle two lines at every load when the buffer
+/// starts 16 bytes past a line (glibc's malloc returns blocks so aligned; change 41 in
+/// docs/performance.md). Its floats are uninitialised; growing drops them.
+class aligned_floats {
+ public:
+  aligned_floats() = default;
+  explicit aligned_floats(size_t n) { reserve(n); }
+  /// At least n floats; throws std::bad_alloc.
+  float* reserve(size_t n) {
+    if (n > cap_) {
+      const size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+      p_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+      if (!p_) throw std::bad_alloc();
+      cap_ = n;
+    }
+    return p_.get();
+  }
+  float* data() const { return p_.get(); }
+
+ private:
+  struct release {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, release> p_;
+  size_t cap_ = 0;
+};
+
 /// One chunk of packed_gemm: op(B) packed once into the calling thread's buffer (the team packs a
 /// share of the panels each, then waits), the tiles split over the team in contiguous ranges (no team
 /// inside a parallel region or below k_par_macs). Bits independent of M and of the thread count.
 inline void packed_gemm_chunk(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                               int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  thread_local std::vector<float> packed;
+  thread_local aligned_floats packed;
   const int64_t W = simd::gemm_panel_width(), panels = (N + W - 1) / W;
-  const size_t need = static_cast<size_t>(packed_floats(N, K));
-  if (packed.size() < need) packed.resize(need);
-  float* P = packed.data();
-  const int64_t tiles = simd::gemm_packed_tiles(ta, M, N);
+  float* P = packed.reserve(static_cast<size_t>(packed_floats(N, K)));
+  const int64_t tiles = simd::gemm_packed_tiles(ta, M, N, K);
   const int nt = omp_in_parallel() || M * N * K < k_par_macs ? 1 : std::min<int64_t>(omp_get_max_threads(), tiles);
   if (nt <= 1) {
     simd::gemm_pack_b(tb, N, K, B, ldb, P, 0, panels);

@@ -915,20 +915,24 @@ void GemmPackB(bool tb, int64_t N, int64_t K, const float* B, int64_t ldb, float
 /// Whether the target has 32 vector registers (x86's AVX-512), room for a 12 x 2 tile: 24
 /// accumulators, two panel vectors and a broadcast. AVX2's 16 hold the 6 x 2 tile.
 constexpr bool k_wide_tiles = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
+/// The K from which x·Wᵀ and dy·W take the wide tile (PackedTileRows).
+constexpr int64_t k_wide_min_k = 256;
 
 /// Rows of a tile: 12 rows x 1 vector when N fits one vector (attention's P V at head size 8 on
-/// AVX2), else 6 rows x 2 vectors: 12 accumulators, enough to hide the FMA latency. With op(A) = Aᵀ
-/// on AVX-512, 12 rows x 2 vectors: there a tile's values of A at each k are MR neighbours of one
-/// row of A, and 12 of them per panel load ran the 6.1 M LLaMA's dyᵀ·x 1.11-1.19x faster than 6 on
-/// a Zen 5 host (docs/performance.md, change 38); on x·Wᵀ and dy·W the wider tile gained at most 2%
-/// at K >= 288 and lost 3-12% at K <= 172 (stories260K), so those keep 6 rows.
-HWY_INLINE int64_t PackedTileRows(bool ta, int64_t N) {
-  return N <= static_cast<int64_t>(hn::Lanes(DF())) || (ta && k_wide_tiles) ? 12 : 6;
+/// AVX2), else 6 rows x 2 vectors: 12 accumulators, enough to hide the FMA latency. On AVX-512,
+/// 12 rows x 2 vectors (24 accumulators) with op(A) = Aᵀ and wherever K >= k_wide_min_k: a panel
+/// load then feeds 24 multiply-adds instead of 12. With op(A) = Aᵀ a tile's values of A at each k
+/// are MR neighbours of one row of A, and 12 of them ran the 6.1 M LLaMA's dyᵀ·x 1.11-1.19x faster
+/// than 6 on a Zen 5 host (docs/performance.md, change 38). On x·Wᵀ and dy·W the wider tile gained
+/// at most 2% at K >= 288 and lost 3-12% at K <= 172 (stories260K) there, and ran 1.12-1.17x faster
+/// at K = 288 and 768 on an Intel Xeon (family 6 model 167; change 41). The rows change no bits.
+HWY_INLINE int64_t PackedTileRows(bool ta, int64_t N, int64_t K) {
+  return N <= static_cast<int64_t>(hn::Lanes(DF())) || (k_wide_tiles && (ta || K >= k_wide_min_k)) ? 12 : 6;
 }
 
 /// Tiles of an (M, N) product, row block major.
-int64_t GemmPackedTiles(bool ta, int64_t M, int64_t N) {
-  const int64_t W = GemmPanelWidth(), mr = PackedTileRows(ta, N);
+int64_t GemmPackedTiles(bool ta, int64_t M, int64_t N, int64_t K) {
+  const int64_t W = GemmPanelWidth(), mr = PackedTileRows(ta, N, K);
   return (M + mr - 1) / mr * ((N + W - 1) / W);
 }
 
@@ -1019,12 +1023,12 @@ HWY_INLINE void PackedTiles(bool ta, int64_t M, int64_t N, int64_t K, float alph
 }
 
 /// Tiles [t0, t1) of C = alpha op(A) op(B) + beta C, op(B) packed by GemmPackB; tile t covers rows
-/// [MR (t / np), + MR) and panel t % np (np = ceil(N / W), MR = PackedTileRows(ta, N)).
+/// [MR (t / np), + MR) and panel t % np (np = ceil(N / W), MR = PackedTileRows(ta, N, K)).
 void GemmPacked(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* P,
                 float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {
   if (N <= static_cast<int64_t>(hn::Lanes(DF())))
     PackedTiles<12, 1>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
-  else if (PackedTileRows(ta, N) == 12)
+  else if (PackedTileRows(ta, N, K) == 12)
     PackedTiles<12, 2>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
   else
     PackedTiles<6, 2>(ta, M, N, K, alpha, A, lda, P, beta, C, ldc, t0, t1);
@@ -1162,8 +1166,8 @@ void gemm_pack_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb
                  int64_t p1) {
   HWY_DYNAMIC_DISPATCH(GemmPackB)(trans_b, N, K, B, ldb, packed, p0, p1);
 }
-int64_t gemm_packed_tiles(bool trans_a, int64_t M, int64_t N) {
-  return HWY_DYNAMIC_DISPATCH(GemmPackedTiles)(trans_a, M, N);
+int64_t gemm_packed_tiles(bool trans_a, int64_t M, int64_t N, int64_t K) {
+  return HWY_DYNAMIC_DISPATCH(GemmPackedTiles)(trans_a, M, N, K);
 }
 void gemm_packed(bool trans_a, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                  const float* packed, float beta, float* C, int64_t ldc, int64_t t0, int64_t t1) {

@@ -216,9 +216,10 @@ int64_t gemm_panel_width();
 void gemm_pack_b(bool trans_b, int64_t N, int64_t K, const float* B, int64_t ldb, float* packed, int64_t p0,
                  int64_t p1);
 
-/// Number of tiles of an (M, N) product for gemm_packed with the same trans_a: ceil(M / rows)
-/// ceil(N / W), row block major (rows 6; 12 when N <= W / 2, or with trans_a on AVX-512).
-int64_t gemm_packed_tiles(bool trans_a, int64_t M, int64_t N);
+/// Number of tiles of an (M, N) product over K for gemm_packed with the same trans_a and K:
+/// ceil(M / rows) ceil(N / W), row block major (rows 6; 12 when N <= W / 2, or on AVX-512 with
+/// trans_a or K >= 256).
+int64_t gemm_packed_tiles(bool trans_a, int64_t M, int64_t N, int64_t K);
 
 /// Computes tiles [t0, t1) of C = alpha op(A) op(B) + beta C from op(B) packed by gemm_pack_b:
 /// A is (M, K) with row stride lda, or (K, M) when trans_a; beta == 0 ignores C's old contents.

@@ -254,7 +254,7 @@ static std::optional<model_file_info> emitted_model(const graph::node_spec& n) {
 /// The problem with writing a model (`in`: what the node was given) to the node's
 /// `output` in the format it was given, as a sentence with the fix; "" when none.
 static std::string output_problem(const std::string& node, const std::string& out, const model_file_info& in,
-                                  bool value_head) {
+                                  bool value_head, const char* setting = "output") {
   if (out.empty()) return "";
   const auto f = saved_format(in.format, value_head);
   auto why = save_problem(f, out, in.family, value_head);
@@ -262,14 +262,15 @@ static std::string output_problem(const std::string& node, const std::string& ou
   const std::string as = f == in.format ? "the format it was given in"
                                          : "it was given as a " + std::string(to_string(in.format)) +
                                                ", which cannot hold its value head";
-  return "node '" + node + "': output \"" + out + "\" cannot be written: the model is saved as a " +
+  return "node '" + node + "': " + setting + " \"" + out + "\" cannot be written: the model is saved as a " +
          std::string(to_string(f)) + " (" + as + "); " + why;
 }
 
 /// The graph check of the trainers (node_kind::check): their `output` fits the format of
 /// the model they get (their `model` setting, or for the policy and critic what their init edge brings).
-std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g) {
-  const auto* o = n.find_setting("output");
+std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g,
+                                                            const char* setting) {
+  const auto* o = n.find_setting(setting);
   if (!o || !std::holds_alternative<std::string>(o->value) || std::get<std::string>(o->value).empty()) return {};
   const auto& out = std::get<std::string>(o->value);
   std::optional<model_file_info> in;
@@ -284,14 +285,14 @@ std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_sp
     value_head = n.kind == "rm_trainer";
   }
   if (!in) return {};
-  auto why = output_problem(n.name, out, *in, value_head);
+  auto why = output_problem(n.name, out, *in, value_head, setting);
   if (why.empty()) return {};
-  return {{"output", why, "give an output path that fits the format the model was given in (docs/rlhf.md)"}};
+  return {{setting, why, "give an output path that fits the format the model was given in (docs/rlhf.md)"}};
 }
 
 /// Refuses, before training, an `output` that the model given as `in` could not be written to.
-void check_output(const actor::node_context& ctx, const model_file_info& in, bool value_head) {
-  if (auto why = output_problem(ctx.name(), ctx.spec().get_string("output"), in, value_head); !why.empty())
+void check_output(const actor::node_context& ctx, const model_file_info& in, bool value_head, const char* setting) {
+  if (auto why = output_problem(ctx.name(), ctx.spec().get_string(setting), in, value_head, setting); !why.empty())
     throw std::invalid_argument(why);
 }
 

@@ -71,12 +71,16 @@ const std::set<std::string>& trainer_safe_settings();
 /// policy compares. Nothing without a checkpoint_dir or a marker.
 void check_retrain(actor::node_context& ctx, const char* step);
 
-/// The graph check of the trainers (node_kind::check): their `output` fits the format of
-/// the model they get (their `model` setting, or for the policy what its init edge brings).
-std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g);
+/// The graph check of the trainers (node_kind::check): their `output` (or another output
+/// setting, e.g. the policy's ema_output) fits the format of the model they get (their `model`
+/// setting, or for the policy what its init edge brings).
+std::vector<graph::node_kind::problem> check_trainer_output(const graph::node_spec& n, const graph::graph_spec& g,
+                                                            const char* setting = "output");
 
-/// Refuses, before training, an `output` that the model given as `in` could not be written to.
-void check_output(const actor::node_context& ctx, const model_file_info& in, bool value_head);
+/// Refuses, before training, an `output` (or another output setting) that the model given as
+/// `in` could not be written to.
+void check_output(const actor::node_context& ctx, const model_file_info& in, bool value_head,
+                  const char* setting = "output");
 
 /// The node's `model`, inspected: what it is and where it resolves.
 std::pair<std::string, model_file_info> given_model(const actor::node_context& ctx);

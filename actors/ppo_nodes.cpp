@@ -740,16 +740,38 @@ class ppo_trainer final : public actor::node {
     report_schedule_end(ctx);
     if (speaks())  // DeepSpeed's see_memory_usage split, rank 0's (docs/zero.md)
       ctx.print(fmt::format("[step 3 ppo] {} memory {}", ctx.name(), engine_.engine->memory().str()));
+    // the EMA's pieces whole (a collective: every rank) before the engine goes
+    const bool save_ema = policy_ && ps_.enable_ema && !ctx.spec().get_string("ema_output").empty();
+    const tensor ema_base = save_ema && ema_.defined() ? engine_.engine->gather_owned(ema_) : tensor();
     engine_.finish();  // every rank: at stage 3 the parameters are gathered
     if (group_.rank == 0) save_output(ctx, "[step 3 ppo]", *model_, format_, tokenizer_, source_);
+    if (group_.rank == 0 && save_ema) save_ema_output(ctx, ema_base);
   }
 
  private:
   bool speaks() const { return group_.rank == 0; }
 
+  /// DS-Chat's actor_ema: the EMA (ema_base, the full base; undefined where the base was frozen, which
+  /// is then its own EMA; the adapter's from ema_adapter_) as a model, saved to ema_output as the
+  /// actor is to output, LoRA merged into an HF folder or a llama2.c file. Rank 0, after finish().
+  void save_ema_output(actor::node_context& ctx, const tensor& ema_base) {
+    decoder e(model_->config());
+    e.w().flat.copy_from(ema_base.defined() ? ema_base : model_->w().flat);
+    if (model_->has_lora()) {
+      e.enable_lora(model_->lora(), /*freeze_base=*/false);
+      if (e.w().adapter_flat.numel() != ema_adapter_.numel())
+        throw std::logic_error("node '" + ctx.name() + "': the EMA's adapter does not fit the actor's");
+      e.w().adapter_flat.copy_from(ema_adapter_);
+    }
+    const auto& out = ctx.spec().get_string("ema_output");
+    save_model(e, out, format_, tokenizer_, source_);
+    ctx.print(fmt::format("[step 3 ppo] the actor's EMA (beta {}) saved to {}", ps_.ema_beta, out));
+  }
+
   void init(actor::node_context& ctx, const model_msg& m) {
     if (policy_) {  // saved as given (checked at validation too): refused before training
       check_output(ctx, {m.format, m.model->config().family, false}, false);
+      check_output(ctx, {m.format, m.model->config().family, false}, false, "ema_output");
       format_ = saved_format(m.format, false);
       const auto& t = ctx.spec().get_string("tokenizer");
       tokenizer_ = t.empty() ? m.tokenizer : resolve_user_path(t, "tokenizer").string();
@@ -782,7 +804,13 @@ class ppo_trainer final : public actor::node {
     check_plan(ctx, 1);  // the engine's state, before it is allocated; the rows' length comes with the rollouts
     engine_.make(*model_, d_, 1, group_.comm.get());
     engine_.schedule = lr_schedule{};  // base lr until the first training rollouts give the run's length (plan_schedule)
-    if (ps_.enable_ema) ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
+    if (ps_.enable_ema && model_->base_trainable())
+      ema_ = engine_.engine->owned_params();  // this rank's pieces (ZeRO-3: DS-Chat's EMA is sharded too)
+    if (ps_.enable_ema && model_->num_adapter_parameters() > 0)
+      ema_adapter_ = engine_.engine->adapter_params().clone();  // on the host it is the live buffer itself
+    if (ps_.enable_ema && ctx.spec().get_string("ema_output").empty() && speaks())
+      ctx.log().info("enable_ema: the EMA is kept in the checkpoints; set ema_output to save it at the end "
+                     "(DS-Chat's actor_ema)");
     if (const auto rp = ppo::find_step3_resume(ctx.checkpoint_dir())) restore(ctx, rp->point.iteration);
     // a snapshot: the generator may run while the first update trains (max_staleness >= 1); with
     // max_staleness = 0 it is released after the first update, which publishes the live model
@@ -1070,6 +1098,7 @@ class ppo_trainer final : public actor::node {
     st.updated = !items.empty();  // else every item was too stale: nothing trained, the weights unchanged
     if (st.updated) {
       if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
+      if (ema_adapter_.defined()) rlhf::ema_update(ema_adapter_, engine_.engine->adapter_params(), ps_.ema_beta);
       const memory_report mem = engine_.engine->memory();
       ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
                   {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
@@ -1099,7 +1128,7 @@ class ppo_trainer final : public actor::node {
   // at the end); the optimizer, the losses, LoRA and the ptx data may not.
   static const std::set<std::string>& safe_to_change() {
     static const std::set<std::string> safe = {"actor_zero_stage", "critic_zero_stage", "actor_gradient_checkpointing",
-                                               "critic_gradient_checkpointing", "output", "verify_output",
+                                               "critic_gradient_checkpointing", "output", "ema_output", "verify_output",
                                                "memory_limit_gb"};
     return safe;
   }
@@ -1131,9 +1160,11 @@ class ppo_trainer final : public actor::node {
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
     m.extra["init_weights"] = init_weights_;
     std::vector<shard_group> groups = engine_state_groups(eng, *model_, group_.rank, m);
-    if (ema_.defined())
-      for (auto& g : groups)
-        if (g.name == "base") g.tensors["ema"] = ema_.clone();
+    for (auto& g : groups) {  // the EMA beside the master it follows: its pieces, the adapter on rank 0 only
+      if (g.name == "base" && ema_.defined()) g.tensors["ema"] = ema_.clone();
+      if (g.name == "adapter" && ema_adapter_.defined())
+        g.tensors["ema"] = group_.rank == 0 ? ema_adapter_.clone() : tensor::empty({0});
+    }
     for (const auto& g : groups)  // never a non-finite state over the last good checkpoint
       for (const auto& [name, t] : g.tensors)
         rlhf::check_finite(t, fmt::format("{}, checkpoint of iteration {}", ctx.name(), iteration), g.name + "." + name);
@@ -1189,6 +1220,8 @@ class ppo_trainer final : public actor::node {
         at += hi - lo;
       }
     }
+    if (const tensor e = checkpoint_tensor(ck, "adapter", "ema"); e.defined() && ema_adapter_.defined())
+      ema_adapter_.copy_from(e);
     const auto& mine = m0.world_size == group_.world ? ck.manifests.at(group_.rank) : m0;
     if (mine.rng_state.size() == sizeof(uint64_t)) {
       uint64_t rng;
@@ -1228,7 +1261,9 @@ class ppo_trainer final : public actor::node {
   // call overwrites them; null: none
   const void* scored_ = nullptr;
   std::shared_ptr<decoder> model_;
-  tensor ema_;
+  // enable_ema (DS-Chat's actor_ema, beta ps_.ema_beta): this rank's pieces of the base where it trains
+  // (owned_ranges, as the master), and the LoRA adapter whole (replicated, as the engine keeps it)
+  tensor ema_, ema_adapter_;
   trainer_order<actor::payload> order_;  // the rollouts to score and the experience to train on, and which goes next
   bool rolled_out_ = false;  // a rollout arrived: step 3 had begun (what SIGINT says it kept)
   std::unique_ptr<tokenizer> unsup_tok_;
@@ -1345,7 +1380,10 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                   "tokenizer for unsup_data; also copied beside a HF output (default: the model's own)")
           .option("output", T::output, std::string(""),
                   "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
-                  "a HF folder with the tokenizer)");
+                  "a HF folder with the tokenizer)")
+          .option("ema_output", T::output, std::string(""),
+                  "with enable_ema, save the EMA of the actor here at the end, as output is saved, LoRA merged "
+                  "(DS-Chat's OUTPUT_DIR/actor_ema)");
     } else {
       k.option("output", T::output, std::string(""),
                "save the trained critic (the value model) here at the end, as the reward model it got was saved: a "
@@ -1403,6 +1441,18 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                               fmt::format("behav_imp_weight_cap = {} would leave out tokens of an on-policy batch "
                                           "(whose weights are all 1)", w),
                               "use a cap above 1, or 0 for none"});
+        // DS-Chat's actor_ema: saved when enable_ema keeps one, not beside the actor's own output
+        if (const auto& e = n.get_string("ema_output"); !e.empty()) {
+          if (!n.get_bool("enable_ema"))
+            problems.push_back({"ema_output",
+                                fmt::format("node '{}': ema_output = \"{}\" but enable_ema = false: no EMA is kept", n.name,
+                                            e),
+                                "set enable_ema = true (DS-Chat's --enable_ema), or remove ema_output"});
+          else if (e == n.get_string("output"))
+            problems.push_back({"ema_output", fmt::format("node '{}': ema_output is output, \"{}\"", n.name, e),
+                                "give the EMA a path of its own, e.g. beside the actor's: actor_ema"});
+          for (auto& p : check_trainer_output(n, g, "ema_output")) problems.push_back(std::move(p));
+        }
         const double c = n.get_float("clip_ratio_c");
         if (c != 0 && c <= 1)
           problems.push_back({"clip_ratio_c", fmt::format("clip_ratio_c = {} must be above 1 (a bound on -A x ratio "

@@ -3,11 +3,12 @@
 # checkpoint every 2 PPO iterations into [graph] checkpoint_dir.
 #   1. SIGKILL in the middle of step 3, then the same command: steps 1 and 2 are not redone,
 #      step 3 resumes from the last commit, and every step-3 line printed after it equals the
-#      uninterrupted run's.
+#      uninterrupted run's; so do its saved actor and the actor's EMA (enable_ema), byte for byte.
 #   2. A corrupt checkpoint (one byte of the policy's newest shard flipped) is refused, naming
 #      the file, and the previous commit is used: the lines after it equal the uninterrupted run's.
 #   3. A 1-rank stage-0 checkpoint resumes on 2 ranks at ZeRO stage 3 (policy) and 2 (critic):
-#      the lines after it equal the uninterrupted run's within 1e-4.
+#      the lines after it equal the uninterrupted run's within 1e-4, and the actor's EMA, gathered
+#      from the 2 ranks' pieces, within 1e-5.
 #   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
 #      which the same command resumes (with the uninterrupted run's lines).
 #   0. The policy and critic follow DS-Chat's step-3 learning-rate schedules (cosine with warmup, linear):
@@ -35,7 +36,7 @@ args() {  # DIR: the command line of a run whose state lives in DIR
     --set node.policy.tokenizer=model/stories260K/tok512.model \
     --set node.policy.per_device_training_batch_size=4 --set node.critic.per_device_training_batch_size=4 \
     --set node.policy.lr_scheduler_type=cosine --set node.policy.num_warmup_steps=3 \
-    --set node.critic.lr_scheduler_type=linear
+    --set node.critic.lr_scheduler_type=linear --set node.policy.enable_ema=true --set node.policy.ema_output="$1/ema.bin"
 }
 # the step-3 iteration and held-out-after lines without timings
 lines() { grep -E '^\[step 3 ppo\] (iter [0-9]+ reward|held-out after|held-out mean)' "$1" |
@@ -109,6 +110,7 @@ from=$(grep -oE "resuming after iteration [0-9]+" "$out/b2.log" | awk '{ print $
 echo "killed during step 3 (at '$trigger'); resumed after iteration $from"
 diff <(after "$out/a.log" $((from + 1))) <(lines "$out/b2.log") || fail "the resumed run's lines differ from the uninterrupted run's"
 cmp "$out/a/ppo.bin" "$out/b/ppo.bin" || fail "the resumed run's policy differs from the uninterrupted run's"
+cmp "$out/a/ema.bin" "$out/b/ema.bin" || fail "the resumed run's actor EMA differs from the uninterrupted run's"
 # the resumed run appended to the killed run's --metrics file (kept whole: step 1's loss curve is
 # only there), and the report's reward curve has each iteration once: those the killed run wrote
 # before the resume point (iterations 0..from: from + 1 of them; the runtime writes records every 50 ms, so a kill can beat the last
@@ -170,6 +172,17 @@ assert len(na) == len(nc) > 10, (len(na), len(nc))
 worst = max(abs(float(x) - float(y)) for x, y in zip(na, nc))
 print(f"1-rank checkpoint resumed on 2 ranks (stages 3 and 2): largest difference {worst:.1e} over {len(na)} numbers")
 sys.exit(0 if worst <= 1e-4 + 1e-9 else 1)
+PY
+python3 - "$out/a/ema.bin" "$out/c/ema.bin" <<'PY' || fail "the 2-rank resume's actor EMA differs by more than 1e-5"
+import sys
+from array import array
+a, c = array("f"), array("f")
+a.frombytes(open(sys.argv[1], "rb").read()[28:])  # llama2.c files: 7 int32 of header, then float32
+c.frombytes(open(sys.argv[2], "rb").read()[28:])
+assert len(a) == len(c) > 0
+worst = max(abs(x - y) for x, y in zip(a, c))
+print(f"the actor's EMA gathered from 2 ranks at stage 3: largest difference {worst:.1e} from the 1-rank run's")
+sys.exit(0 if worst <= 1e-5 else 1)
 PY
 # 4. non-finite values stop the step; nothing is committed after
 set +e

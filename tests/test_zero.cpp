@@ -218,6 +218,47 @@ TEST_CASE("zero: memory per rank shrinks with N at stage 3") {
   }
 }
 
+TEST_CASE("zero: gather_owned makes every rank's owned pieces the full buffer, at every stage and world size") {
+  // pieces[i] holds the element's own index (mod 8191), so a piece gathered into another place shows
+  const int64_t P = base_model().num_parameters();
+  for (int world : {1, 2, 3})
+    for (int stage : {0, 1, 2, 3}) {
+      CAPTURE(world);
+      CAPTURE(stage);
+      std::vector<std::vector<float>> full(world), params_gathered(world), params_whole(world);
+      std::vector<int> refused(world, 0);
+      test::on_inproc_ranks(world, [&](int r, comm::communicator& c) {
+        decoder m = clone_decoder(base_model());
+        zero_settings s;
+        s.stage = stage;
+        s.micro_batch = 1;
+        zero_engine eng(m, c, s);
+        int64_t n = 0;
+        for (const auto& [lo, hi] : eng.owned_ranges()) n += hi - lo;
+        auto pieces = tensor::empty({n});
+        float* p = pieces.data<float>();
+        for (const auto& [lo, hi] : eng.owned_ranges())
+          for (int64_t i = lo; i < hi; ++i) *p++ = static_cast<float>(i % 8191);
+        full[r] = eng.gather_owned(pieces).to_floats();
+        params_gathered[r] = eng.gather_owned(eng.owned_params()).to_floats();
+        params_whole[r] = eng.gather_full_params().to_floats();
+        try {
+          eng.gather_owned(tensor::zeros({n + 1}));
+        } catch (const std::invalid_argument&) {
+          refused[r] = 1;
+        }
+      });
+      for (int r = 0; r < world; ++r) {
+        REQUIRE(static_cast<int64_t>(full[r].size()) == P);
+        int64_t wrong = 0;
+        for (int64_t i = 0; i < P; ++i) wrong += full[r][i] != static_cast<float>(i % 8191);
+        CHECK(wrong == 0);
+        CHECK(params_gathered[r] == params_whole[r]);  // the master's pieces gather to the master
+        CHECK(refused[r] == 1);
+      }
+    }
+}
+
 TEST_CASE("zero: the communicator moves ZeRO's theoretical volume") {
   const decoder& m = base_model();
   for (int stage = 0; stage <= 3; ++stage) {

@@ -865,6 +865,29 @@ void zero_engine::restore(const tensor& params, const tensor& exp_avg, const ten
   t_ = step;
 }
 
+tensor zero_engine::gather_owned(const tensor& pieces) {
+  int64_t mine = 0;
+  for (const auto& [lo, hi] : owned_ranges()) mine += hi - lo;
+  if (!pieces.defined() || pieces.numel() != mine)
+    throw std::invalid_argument("zero_engine::gather_owned: " +
+                                std::to_string(pieces.defined() ? pieces.numel() : 0) + " elements, this rank owns " +
+                                std::to_string(mine));
+  auto full = tensor::empty({model_.num_parameters()});
+  int64_t at = 0;
+  for (size_t b = 0; b < blocks_.size(); ++b) {  // per block: each rank's piece into its slot, then all-gather
+    const int64_t p = piece_[b];
+    tensor buf = tensor::zeros({p * N_}, dtype::f32, dev_);
+    tensor slot = buf.flat_view(r_ * p, {p});
+    if (const auto [lo, hi] = owned(b); hi > lo) {
+      slot.flat_view(0, {hi - lo}).copy_from(pieces.flat_view(at, {hi - lo}));
+      at += hi - lo;
+    }
+    comm_.all_gather(slot, buf);  // in place, as gather_block
+    full.flat_view(blocks_[b].begin, {blocks_[b].numel()}).copy_from(buf.flat_view(0, {blocks_[b].numel()}));
+  }
+  return full;
+}
+
 tensor zero_engine::gather_full_params(bool exact) {
   if (!master_.defined() || (s_.stage == 0 && !exact))  // the model's own buffer: the working parameters
     return on_gpu(model_.w().flat) ? model_.w().flat.to(device::cpu()) : model_.w().flat.clone();

@@ -281,6 +281,11 @@ class zero_engine : private param_hooks {
   /// rounded to the precision the forwards use (!exact: what the hybrid engine generates with,
   /// gathered in that precision at stage 3, as a forward's layers are).
   tensor gather_full_params(bool exact = true);
+  /// A buffer laid out as owned_params() (this rank's pieces, compact over owned_ranges()), whole:
+  /// every rank calls with its own pieces and gets the full (n_params,) f32 buffer on the host, as
+  /// gather_full_params does for the master. For state a caller keeps per piece beside the engine,
+  /// e.g. the PPO actor's EMA. Throws std::invalid_argument when `pieces` has another length.
+  tensor gather_owned(const tensor& pieces);
   /// Hand the model back whole: every rank calls; the model gets the full fp32 parameters
   /// (gathered at stage 3, the master in mixed precision) and loses the engine's hooks, so
   /// it can be saved or used alone. The engine trains no more (train_step throws).

@@ -751,6 +751,13 @@ class ppo_trainer final : public actor::node {
  private:
   bool speaks() const { return group_.rank == 0; }
 
+  /// enable_ema: the EMA one step towards the actor as it is now, ema = beta ema + (1 - beta) actor
+  /// (DeepSpeed-Chat's moving_average, torch.lerp), on this rank's pieces of the base and the adapter.
+  void ema_step() {
+    if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
+    if (ema_adapter_.defined()) rlhf::ema_update(ema_adapter_, engine_.engine->adapter_params(), ps_.ema_beta);
+  }
+
   /// DS-Chat's actor_ema: the EMA (ema_base, the full base; undefined where the base was frozen, which
   /// is then its own EMA; the adapter's from ema_adapter_) as a model, saved to ema_output as the
   /// actor is to output, LoRA merged into an HF folder or a llama2.c file. Rank 0, after finish().
@@ -1074,6 +1081,7 @@ class ppo_trainer final : public actor::node {
             unsup_->next_batch(b - a, ids, tg);
             st.unsup_loss = ppo::ptx_update(*engine_.engine, ids, tg, ps_, lr).loss;
           }
+          ema_step();  // DS-Chat: moving_average after each train_rlhf (and its ptx step), skipped or not
         } else {
           r = ppo::critic_update(*engine_.engine, sub, x.returns.rows(a, b), ps_, lr, scored);
         }
@@ -1097,8 +1105,6 @@ class ppo_trainer final : public actor::node {
     if (st.stale_dropped > 0) ctx.metric("experience_dropped", st.stale_dropped);
     st.updated = !items.empty();  // else every item was too stale: nothing trained, the weights unchanged
     if (st.updated) {
-      if (ema_.defined()) rlhf::ema_update(ema_, engine_.engine->owned_params(), ps_.ema_beta);
-      if (ema_adapter_.defined()) rlhf::ema_update(ema_adapter_, engine_.engine->adapter_params(), ps_.ema_beta);
       const memory_report mem = engine_.engine->memory();
       ctx.memory({{"params", mem.param_bytes}, {"gathered_peak", mem.gathered_peak_bytes}, {"grads", mem.grad_bytes},
                   {"optimizer", mem.optimizer_bytes}, {"activations", mem.activation_bytes}});
@@ -1220,8 +1226,17 @@ class ppo_trainer final : public actor::node {
         at += hi - lo;
       }
     }
-    if (const tensor e = checkpoint_tensor(ck, "adapter", "ema"); e.defined() && ema_adapter_.defined())
-      ema_adapter_.copy_from(e);
+    if (const tensor e = checkpoint_tensor(ck, "adapter", "ema"); ema_adapter_.defined()) {
+      if (e.defined()) {
+        ema_adapter_.copy_from(e);
+      } else {  // written before the adapter's EMA was kept: it starts again from the adapter restored
+        ema_adapter_ = eng.adapter_params().clone();
+        if (speaks())
+          ctx.log().warn("checkpoint {} holds no EMA of the LoRA adapter (written by an earlier flowrun): the EMA "
+                         "starts again from the adapter it restored",
+                         f);
+      }
+    }
     const auto& mine = m0.world_size == group_.world ? ck.manifests.at(group_.rank) : m0;
     if (mine.rng_state.size() == sizeof(uint64_t)) {
       uint64_t rng;
@@ -1441,16 +1456,13 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                               fmt::format("behav_imp_weight_cap = {} would leave out tokens of an on-policy batch "
                                           "(whose weights are all 1)", w),
                               "use a cap above 1, or 0 for none"});
-        // DS-Chat's actor_ema: saved when enable_ema keeps one, not beside the actor's own output
+        // DS-Chat's actor_ema: saved when enable_ema keeps one
         if (const auto& e = n.get_string("ema_output"); !e.empty()) {
-          if (!n.get_bool("enable_ema"))
+          if (!n.get_bool("enable_ema"))  // (the same path as another output is refused with every output's)
             problems.push_back({"ema_output",
                                 fmt::format("node '{}': ema_output = \"{}\" but enable_ema = false: no EMA is kept", n.name,
                                             e),
                                 "set enable_ema = true (DS-Chat's --enable_ema), or remove ema_output"});
-          else if (e == n.get_string("output"))
-            problems.push_back({"ema_output", fmt::format("node '{}': ema_output is output, \"{}\"", n.name, e),
-                                "give the EMA a path of its own, e.g. beside the actor's: actor_ema"});
           for (auto& p : check_trainer_output(n, g, "ema_output")) problems.push_back(std::move(p));
         }
         const double c = n.get_float("clip_ratio_c");

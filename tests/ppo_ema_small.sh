@@ -7,11 +7,24 @@
 #   2. A LoRA-only actor (only_optimize_lora) keeps the EMA of its adapter: the saved EMA (merged) moves
 #      from the base, much less than the actor; a run resumed from a checkpoint after iteration 1
 #      saves the uninterrupted run's EMA byte for byte (the adapter's EMA is in the checkpoint).
-#   3. ema_output without enable_ema, and ema_output = output, are refused when the graph is checked.
+#   3. Two mini-batches in one iteration are two EMA steps, as DS-Chat's moving_average after every
+#      train_rlhf: ema = beta^2 init + beta (1 - beta) a1 + (1 - beta) a2, so the first update's weights
+#      a1 it implies moved from init (one step per iteration would imply a1 = init).
+#   4. ema_output without enable_ema, and ema_output at another output's path (the actor's, step 1's), are
+#      refused when the graph is checked.
+#   5. flowrun train --output-dir DIR with enable_ema saves DIR/step3-models/actor_ema, as DS-Chat's train.py.
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
 rm -rf "$out" && mkdir -p "$out"
 fail() { echo "ppo_ema_small: $*"; exit 1; }
+# py ARGS... <<'PY': python3 on the script read from stdin, after a prelude: sys, and three llama2.c files
+# ARGS (7 int32 of header, then float32 weights) read as `files`, a list of (header bytes, float array)
+py() {
+  python3 -c "$(printf '%s\n' 'import sys' 'from array import array' 'files = []' \
+    'for p in sys.argv[1:]:' '    raw = open(p, "rb").read()' '    w = array("f")' '    w.frombytes(raw[28:])' \
+    '    files.append((raw[:28], w))' \
+    'assert len(set(h for h, _ in files)) == 1, "the files hold other shapes"'; cat)" "$@"
+}
 args() {  # DIR: a small run whose files live in DIR
   echo --no-progress --set node.sft.steps=4 --set node.rm.steps=4 --set node.prompts.eval_prompts=0 \
     --set node.sft.output="$1/sft.bin" --set node.rm.output="$1/rm" --set node.policy.output="$1/ppo.bin" \
@@ -24,18 +37,8 @@ mkdir -p "$out/one"
   > "$out/one.log" 2> "$out/one.err" || { echo "the run failed:"; tail -20 "$out/one.err"; exit 1; }
 grep -q "^\[step 3 ppo\] the actor's EMA (beta 0.992) saved to $out/one/ema.bin" "$out/one.log" ||
   fail "no line says the EMA was saved"
-python3 - "$out/one/sft.bin" "$out/one/ppo.bin" "$out/one/ema.bin" <<'PY' || fail "the EMA is not DS-Chat's moving average"
-import sys
-from array import array
-def weights(path):  # a llama2.c file: 7 int32 of header, then float32
-    data = open(path, "rb").read()
-    a = array("f")
-    a.frombytes(data[28:])
-    return data[:28], a
-h0, init = weights(sys.argv[1])
-h1, actor = weights(sys.argv[2])
-h2, ema = weights(sys.argv[3])
-assert h0 == h1 == h2 and len(init) == len(actor) == len(ema), "the three files hold other shapes"
+py "$out/one/sft.bin" "$out/one/ppo.bin" "$out/one/ema.bin" <<'PY' || fail "the EMA is not DS-Chat's moving average"
+init, actor, ema = (w for _, w in files)
 beta = 0.992
 bad = moved = 0
 for w0, w1, e in zip(init, actor, ema):
@@ -57,14 +60,8 @@ lora() {  # DIR: the LoRA run's settings, its checkpoints in DIR/ckpt, one commi
 mkdir -p "$out/lora"
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/lora") $(lora "$out/lora") > "$out/lora.log" 2> "$out/lora.err" ||
   { echo "the LoRA run failed:"; tail -20 "$out/lora.err"; exit 1; }
-python3 - "$out/lora/sft.bin" "$out/lora/ppo.bin" "$out/lora/ema.bin" <<'PY' || fail "the LoRA EMA is not a decayed move"
-import sys
-from array import array
-def weights(path):
-    a = array("f")
-    a.frombytes(open(path, "rb").read()[28:])
-    return a
-base, actor, ema = (weights(p) for p in sys.argv[1:4])
+py "$out/lora/sft.bin" "$out/lora/ppo.bin" "$out/lora/ema.bin" <<'PY' || fail "the LoRA EMA is not a decayed move"
+base, actor, ema = (w for _, w in files)
 d_actor = max(abs(a - b) for a, b in zip(actor, base))
 d_ema = max(abs(e - b) for e, b in zip(ema, base))
 print(f"LoRA EMA after 3 updates: largest move from the base {d_ema:.3g}, the actor's {d_actor:.3g}")
@@ -85,15 +82,46 @@ cmp "$out/lora/ema.bin" "$out/lora2/ema.bin" || fail "the resumed LoRA run's EMA
 cmp "$out/lora/ppo.bin" "$out/lora2/ppo.bin" || fail "the resumed LoRA run's actor differs from the uninterrupted run's"
 echo "LoRA: the resumed run saved the uninterrupted run's EMA and actor byte for byte"
 
-# 3. refused when the graph is checked
+# 3. two mini-batches of 4 rows in one iteration: two EMA steps
+mkdir -p "$out/two"
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/two") --set graph.checkpoint_dir= --set node.prompts.iterations=1 \
+  --set node.policy.per_device_training_batch_size=4 > "$out/two.log" 2> "$out/two.err" ||
+  { echo "the two-mini-batch run failed:"; tail -20 "$out/two.err"; exit 1; }
+py "$out/two/sft.bin" "$out/two/ppo.bin" "$out/two/ema.bin" <<'PY' || fail "two mini-batches were not two EMA steps"
+init, a2, ema = (w for _, w in files)
+b = 0.992
+moved = 0
+for w0, w2, e in zip(init, a2, ema):
+    a1 = (e - b * b * w0 - (1 - b) * w2) / (b * (1 - b))  # the first update's weight these imply
+    noise = 4e-7 * (abs(w0) + abs(w2) + abs(e)) / (b * (1 - b)) + 1e-12  # float32 rounding, magnified
+    moved += abs(a1 - w0) > 5 * noise
+print(f"two mini-batches: the implied first update moved {moved} of {len(ema)} weights past 5x the rounding")
+sys.exit(0 if moved > len(ema) // 10 else 1)
+PY
+
+# 4. refused when the graph is checked
 set +e
 "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set node.policy.ema_output="$out/x.bin" > "$out/r1.log" 2>&1
 rc1=$?
 "$flowrun" "$root/graphs/rlhf.graph" --no-progress --set node.policy.enable_ema=true \
   --set node.policy.output="$out/same.bin" --set node.policy.ema_output="$out/same.bin" > "$out/r2.log" 2>&1
 rc2=$?
+"$flowrun" "$root/graphs/rlhf.graph" --no-progress --set node.policy.enable_ema=true \
+  --set node.sft.output="$out/sft.bin" --set node.policy.ema_output="$out/sft.bin" > "$out/r3.log" 2>&1
+rc3=$?
 set -e
 [ $rc1 = 2 ] && grep -q "ema_output = \"$out/x.bin\" but enable_ema = false: no EMA is kept" "$out/r1.log" ||
   { cat "$out/r1.log"; fail "ema_output without enable_ema was not refused"; }
-[ $rc2 = 2 ] && grep -q "ema_output is output" "$out/r2.log" || { cat "$out/r2.log"; fail "ema_output = output was not refused"; }
-echo "refused: ema_output without enable_ema, and ema_output = output"
+[ $rc2 = 2 ] && grep -q "saves to '$out/same.bin', as '.*' of node 'policy' does" "$out/r2.log" ||
+  { cat "$out/r2.log"; fail "ema_output = output was not refused"; }
+[ $rc3 = 2 ] && grep -q "saves to '$out/sft.bin', as 'output' of node 'sft' does" "$out/r3.log" ||
+  { cat "$out/r3.log"; fail "ema_output = step 1's output was not refused"; }
+echo "refused: ema_output without enable_ema, and ema_output at the actor's or step 1's output"
+
+# 5. flowrun train --output-dir: DS-Chat's layout, the EMA in step3-models/actor_ema
+"$flowrun" train --step 1 2 3 --output-dir "$out/tr" --set node.sft.steps=2 --set node.rm.steps=2 \
+  --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 --set node.policy.enable_ema=true \
+  > "$out/tr.log" 2> "$out/tr.err" || { echo "flowrun train failed:"; tail -20 "$out/tr.err"; exit 1; }
+[ -s "$out/tr/step3-models/actor_ema.bin" ] || fail "flowrun train --output-dir saved no step3-models/actor_ema.bin"
+cmp -s "$out/tr/step3-models/actor_ema.bin" "$out/tr/step3-models/actor.bin" && fail "the saved EMA is the actor"
+echo "flowrun train --output-dir: step3-models/actor_ema.bin saved beside actor.bin"

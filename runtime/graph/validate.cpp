@@ -350,7 +350,8 @@ class validator {
     if (auto why = unwritable_reason(text, /*is_file=*/false); !why.empty())
       error(first_known(s.value_pos, node.pos), "setting '" + name + "' of node '" + node.name + "': " + why,
             "give " + name + " a path in a folder that can be written");
-    if (name != "output" && name != "export_hf" && name != "save_lora") return;  // shared folders are by design
+    if (name != "output" && name != "export_hf" && name != "save_lora" && name != "ema_output")
+      return;  // shared folders are by design
     const std::string key = same_path_key(text);  // the same place however it is spelled
     auto [it, fresh] = model_outputs_.emplace(key, std::make_tuple(node.name, name, s.value_pos));
     if (!fresh)  // another node's, or another setting of this node (export_hf and save_lora in one folder)

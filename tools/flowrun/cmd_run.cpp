@@ -317,15 +317,20 @@ std::vector<std::string> overrides_for(const std::string& file, const std::vecto
   return out;
 }
 
+// The graph `entry` (its file and overrides) as the run will plan it: paths resolved, not checked on disk.
+graph::validation_result planned_graph(const std::pair<std::string, std::vector<std::string>>& entry) {
+  registries r;
+  graph::validate_options vo;
+  vo.asset_root = assets_root();
+  vo.check_files = false;  // only the settings' values are wanted here; the run checks the inputs
+  return graph::load_graph(entry.first, r.kinds, vo, entry.second);
+}
+
 // Path setting `key` of node `node` in a planned graph (file, all its overrides) as validation without file checks
 // leaves it: an output absolute, an input as written (the run resolves it); "" when the node or setting is missing.
 std::string planned_path(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node,
                          const std::string& key) {
-  registries r;
-  graph::validate_options vo;
-  vo.asset_root = assets_root();
-  vo.check_files = false;  // only the path's resolution is wanted here; the run checks the inputs
-  auto v = graph::load_graph(entry.first, r.kinds, vo, entry.second);
+  auto v = planned_graph(entry);
   if (!v.ok()) {
     std::cerr << graph::format_errors(v.errors);
     throw exit_request{2};
@@ -333,6 +338,18 @@ std::string planned_path(const std::pair<std::string, std::vector<std::string>>&
   const auto* n = v.spec.find_node(node);
   const auto* s = n ? n->find_setting(key) : nullptr;
   return s ? std::get<std::string>(s->value) : std::string();
+}
+
+// Setting `key` of node `node` in the graph `entry` plans, as text ("true", "3", a path as it is), or "" where the
+// graph has no such node or setting, or does not validate (the run names the problem).
+std::string planned_setting(const std::pair<std::string, std::vector<std::string>>& entry, const std::string& node,
+                            const std::string& key) {
+  auto v = planned_graph(entry);
+  const auto* n = v.ok() ? v.spec.find_node(node) : nullptr;
+  const auto* s = n ? n->find_setting(key) : nullptr;
+  if (!s) return "";
+  if (const auto* text = std::get_if<std::string>(&s->value)) return *text;  // unquoted
+  return graph::to_string(s->value);
 }
 
 // Where the run finds input `p` of graph file `file` (p as planned_path leaves it): absolute as it is; else the
@@ -389,7 +406,8 @@ void add_train(CLI::App& app) {
   sub->add_option("--output-dir", o->output_dir,
                   "DS-Chat's --output-dir: the steps write DIR/actor-models/actor, DIR/reward-models/reward_model, "
                   "DIR/step3-models/actor and DIR/step3-models/critic (a .bin file for a llama2.c actor model, else "
-                  "folders) and their checkpoints into DIR/checkpoints; default: the graphs' own outputs (out/rlhf), "
+                  "folders), with the policy's enable_ema DIR/step3-models/actor_ema, and their checkpoints into "
+                  "DIR/checkpoints; default: the graphs' own outputs (out/rlhf), "
                   "as folders for a model folder, and the critic in ppo_critic beside the policy's");
   sub->callback([o, actor_opt, reward_opt] {
     log_to_stderr();
@@ -537,6 +555,12 @@ void add_train(CLI::App& app) {
         if (critic.empty() && !policy.empty())
           ov.push_back("node.critic.output=" + (fs::path(policy).parent_path() / "ppo_critic").string());
       }
+      // DS-Chat's OUTPUT_DIR/actor_ema: the policy's EMA under --output-dir, where the run keeps one (enable_ema)
+      // and names no place for it
+      if (!o->output_dir.empty() && steps.count(3) && planned_setting({file, ov}, "policy", "enable_ema") == "true" &&
+          planned_setting({file, ov}, "policy", "ema_output").empty())
+        ov.push_back("node.policy.ema_output=" +
+                     (fs::absolute(o->output_dir) / "step3-models" / ("actor_ema" + ext)).string());
       plan.push_back({file, std::move(ov)});
     };
     if (steps == std::set<int>{1, 2, 3}) {

@@ -760,7 +760,8 @@ class ppo_trainer final : public actor::node {
 
   /// DS-Chat's actor_ema: the EMA (ema_base, the full base; undefined where the base was frozen, which
   /// is then its own EMA; the adapter's from ema_adapter_) as a model, saved to ema_output as the
-  /// actor is to output, LoRA merged into an HF folder or a llama2.c file. Rank 0, after finish().
+  /// actor is to output, LoRA merged into an HF folder or a llama2.c file; with verify_output, reloaded and
+  /// compared as the actor's output is (save_output). Rank 0, after finish().
   void save_ema_output(actor::node_context& ctx, const tensor& ema_base) {
     decoder e(model_->config());
     e.w().flat.copy_from(ema_base.defined() ? ema_base : model_->w().flat);
@@ -772,7 +773,11 @@ class ppo_trainer final : public actor::node {
     }
     const auto& out = ctx.spec().get_string("ema_output");
     save_model(e, out, format_, tokenizer_, source_);
-    ctx.print(fmt::format("[step 3 ppo] the actor's EMA (beta {}) saved to {}", ps_.ema_beta, out));
+    // verify_output checks the EMA's file as save_output checks the actor's
+    const std::string verified = ctx.spec().get_bool("verify_output")
+                                     ? fmt::format("; reloaded: max |output difference| {:.3g}", reload_max_diff(e, out))
+                                     : std::string();
+    ctx.print(fmt::format("[step 3 ppo] the actor's EMA (beta {}) saved to {}{}", ps_.ema_beta, out, verified));
   }
 
   void init(actor::node_context& ctx, const model_msg& m) {

@@ -6,7 +6,8 @@
 #      (DeepSpeed-Chat step3 main.py: moving_average(actor, actor_ema, beta=0.992), torch.lerp).
 #   2. A LoRA-only actor (only_optimize_lora) keeps the EMA of its adapter: the saved EMA (merged) moves
 #      from the base, much less than the actor; a run resumed from a checkpoint after iteration 1
-#      saves the uninterrupted run's EMA byte for byte (the adapter's EMA is in the checkpoint).
+#      saves the uninterrupted run's EMA byte for byte (the adapter's EMA is in the checkpoint);
+#      verify_output reloads the saved EMA and its logits match the EMA's within 1e-4.
 #   3. Two mini-batches in one iteration are two EMA steps, as DS-Chat's moving_average after every
 #      train_rlhf: ema = beta^2 init + beta (1 - beta) a1 + (1 - beta) a2, so the first update's weights
 #      a1 it implies moved from init (one step per iteration would imply a1 = init).
@@ -58,8 +59,14 @@ lora() {  # DIR: the LoRA run's settings, its checkpoints in DIR/ckpt, one commi
     --set node.ppo_controller.keep_checkpoints=3 --set node.prompts.iterations=3
 }
 mkdir -p "$out/lora"
-"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/lora") $(lora "$out/lora") > "$out/lora.log" 2> "$out/lora.err" ||
-  { echo "the LoRA run failed:"; tail -20 "$out/lora.err"; exit 1; }
+"$flowrun" "$root/graphs/rlhf.graph" $(args "$out/lora") $(lora "$out/lora") --set node.policy.verify_output=true \
+  > "$out/lora.log" 2> "$out/lora.err" || { echo "the LoRA run failed:"; tail -20 "$out/lora.err"; exit 1; }
+# verify_output reloads the EMA's file (the adapter merged into it) and compares its logits with the EMA's
+d=$(sed -n "s#^\[step 3 ppo\] the actor's EMA (beta 0.992) saved to $out/lora/ema.bin; reloaded: max |output difference| ##p" \
+  "$out/lora.log")
+[ -n "$d" ] && python3 -c "import sys; sys.exit(0 if float('$d') < 1e-4 else 1)" ||
+  fail "verify_output did not reload the EMA, or its reload differs ('$d')"
+echo "verify_output: the EMA's file reloaded, max |output difference| $d"
 py "$out/lora/sft.bin" "$out/lora/ppo.bin" "$out/lora/ema.bin" <<'PY' || fail "the LoRA EMA is not a decayed move"
 base, actor, ema = (w for _, w in files)
 d_actor = max(abs(a - b) for a, b in zip(actor, base))

@@ -347,7 +347,11 @@ echo "safe settings changed: steps 1-2 taken as saved"
 # 8. the same command with the asset folder spelled another way (a symbolic link to it, as
 #    ../shared/assets is from another working directory): the same files, so steps 1-2 are not
 #    redone and step 3 resumes (the settings records hold paths with their links resolved)
-assets=$(readlink -f "${FLOWRUN_ASSETS:-$root/../shared/assets}")
+assets=
+for a in "${FLOWRUN_ASSETS:-}" ../shared/assets "$root/../shared/assets"; do  # assets_root()'s order
+  [ -n "$a" ] && [ -e "$a/README.md" ] && assets=$(readlink -f "$a") && break
+done
+[ -n "$assets" ] || fail "no asset folder: set FLOWRUN_ASSETS (default ../shared/assets)"
 ln -sfn "$assets" "$out/assets_link"
 FLOWRUN_ASSETS="$out/assets_link" "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/a") > "$out/h1.log" 2> "$out/h1.err" ||
   fail "the same run through a linked asset folder was refused: $(grep -i error "$out/h1.err" | head -2)"

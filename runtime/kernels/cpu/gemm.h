@@ -306,9 +306,12 @@ inline void small_m_nt(int64_t M, int64_t N, int64_t K, float alpha, const float
   // B rows per block: a multiple of the kernel's tiles (8 rows for one or two rows of A, 4 otherwise)
   constexpr int64_t NB = simd::k_small_nt_block;
   const int64_t nblk = (N + NB - 1) / NB;
-  // streaming the weight once: worth two threads from ~128K multiply-adds (a
-  // 288x288 layer is 83K: one thread; the LM head of stories15M: two)
-  const bool par = !omp_in_parallel() && M * N * K >= (int64_t(1) << 17);
+  // Two threads from ~128K multiply-adds, or from a 256 KiB weight at any row count: at one row
+  // the weight's stream is the whole cost, and one thread reads it at about half the rate of two
+  // (stories15M's 288x288 layers at batch 1: 83K multiply-adds, 331 KB; on one thread they held
+  // decoding to 725 tok/s, on two 790: docs/performance.md change 42). stories260K's layers and
+  // head (64 x 64, 512 x 64) stay on one.
+  const bool par = !omp_in_parallel() && (M * N * K >= (int64_t(1) << 17) || N * K >= (int64_t(1) << 16));
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t bk = 0; bk < nblk; ++bk) {
     const int64_t n0 = bk * NB, nn = std::min(NB, N - n0);

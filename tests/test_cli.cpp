@@ -407,6 +407,61 @@ TEST_CASE("flowrun chat refuses --max_new_tokens that leave the conversation no 
   CHECK(out.find("Assistant:") != std::string::npos);
 }
 
+TEST_CASE("flowrun chat samples with --temperature, through generate's sampler: turn k draws with seed + k") {
+  // chat decoded greedily only (TRL's chat samples: --do_sample, --temperature, --top_k, --top_p)
+  const std::string bin = std::string(FLOWRUN_BIN), model = " --model model/stories260K/stories260K.bin";
+  auto reply = [](const std::string& out, int k) {  // the k-th reply of a chat's output
+    std::size_t at = 0;
+    for (int i = 0; i <= k; ++i) {
+      at = out.find("Assistant: ", at);
+      if (at == std::string::npos) return std::string();
+      at += 11;
+    }
+    return out.substr(at, out.find('\n', at) - at);
+  };
+  auto chat = [&](const std::string& lines, const std::string& opts) {
+    int rc = -1;
+    auto out = run("printf '" + lines + "' | " + bin + " chat" + model + " --max_new_tokens 16" + opts + " 2>/dev/null", &rc);
+    CHECK(rc == 0);
+    return out;
+  };
+  auto gen = [&](const std::string& prompt, const std::string& opts) {  // generate's continuation (its text after the prompt)
+    int rc = -1;
+    auto out = run(bin + " generate" + model + " --max_new_tokens 16 --prompt \"$(printf '" + prompt + "')\"" + opts +
+                       " 2>/dev/null",
+                   &rc);
+    CHECK(rc == 0);
+    const std::string tail = "Assistant:";
+    return out.substr(out.find(tail) + tail.size());
+  };
+  const std::string turn1 = "\\n\\nHuman: Once upon a time\\n\\nAssistant:";
+  const auto greedy = chat("Once upon a time\\nquit\\n", "");
+  const auto s1 = chat("Once upon a time\\nquit\\n", " --temperature 0.8 --top_p 0.9 --seed 1");
+  const auto s2 = chat("Once upon a time\\nquit\\n", " --temperature 0.8 --top_p 0.9 --seed 2");
+  REQUIRE_FALSE(reply(s1, 0).empty());
+  CHECK(reply(greedy, 0) == reply(chat("Once upon a time\\nquit\\n", " --temperature 0"), 0));  // the default is greedy
+  CHECK(reply(s1, 0) != reply(s2, 0));
+  CHECK(reply(s1, 0) != reply(greedy, 0));
+  // the same draws as generate on DS-Chat's turn text; the second turn with seed + 1
+  std::string g1 = gen(turn1, " --temperature 0.8 --top_p 0.9 --seed 1");
+  while (!g1.empty() && (g1.back() == '\n' || g1.back() == ' ')) g1.pop_back();
+  CHECK(" " + reply(s1, 0) == g1.substr(0, reply(s1, 0).size() + 1));
+  const auto two = chat("Once upon a time\\nThe end\\nquit\\n", " --temperature 0.8 --top_p 0.9 --seed 1");
+  CHECK(reply(two, 0) == reply(s1, 0));
+  std::string said;  // the first reply as printf's text inside '...': its quotes, percents and backslashes kept
+  for (char c : reply(two, 0)) said += c == '\'' ? std::string("'\\''") : c == '%' ? "%%" : c == '\\' ? "\\\\" : std::string(1, c);
+  const std::string turn2 = turn1 + " " + said + "\\n\\nHuman: The end\\n\\nAssistant:";
+  std::string g2 = gen(turn2, " --temperature 0.8 --top_p 0.9 --seed 2");
+  g2 = g2.substr(g2.find("The end\n\nAssistant:") + 19);
+  REQUIRE_FALSE(reply(two, 1).empty());
+  CHECK(" " + reply(two, 1) == g2.substr(0, reply(two, 1).size() + 1));
+  // a filter alone would be ignored by the greedy default: refused
+  int rc = -1;
+  auto out = run("printf 'hi\\nquit\\n' | " + bin + " chat" + model + " --top_k 5 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "give --temperature too"));
+}
+
 TEST_CASE("usage errors exit with code 2 and say what is wrong, --help exits 0") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " generate --no-such-option 2>&1", &rc);
@@ -1498,7 +1553,8 @@ TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and
   out = run(bin + " generate --top 5 --temprature 1 --temprature 2 2>&1", &rc);
   CHECK(has(out, "hint: --top: did you mean --top_k or --top_p?"));
   CHECK(out.find("--temprature: did you mean") == out.rfind("--temprature: did you mean"));
-  CHECK(has(run(bin + " chat --do_sample 2>&1", &rc), "hint: --do_sample: chat and eval prompts decode greedily"));
+  CHECK(has(run(bin + " eval prompts --do_sample 2>&1", &rc), "hint: --do_sample: eval prompts decodes greedily"));
+  CHECK(has(run(bin + " chat --do_sample 2>&1", &rc), "hint: --do_sample: sampling is on with --temperature > 0"));
 }
 
 TEST_CASE("generate prints the prompt as given, then the continuation") {

@@ -24,6 +24,7 @@
 #include "tools/flowrun/commands.h"
 #include "tools/flowrun/model_tokenizer.h"
 #include "tools/flowrun/progress_line.h"
+#include "tools/flowrun/sampling_options.h"
 
 namespace flowrun::cli {
 
@@ -95,11 +96,16 @@ decoder load_policy(const std::string& path) {
   return m;
 }
 
+// prompt_eval.py's default search
+generation_config greedy() {
+  generation_config g;
+  g.sampling.temperature = 0.0f;
+  return g;
+}
+
 // `stops`: stop_ids_for the model's path (flowrun generate's): an HF folder's eos_token_id list
 std::string answer(decoder& m, const tokenizer& tok, const std::vector<int32_t>& prompt, int64_t max_new,
-                   const std::vector<int32_t>& stops) {
-  generation_config g;
-  g.sampling.temperature = 0.0f;  // greedy: prompt_eval.py's default search
+                   const std::vector<int32_t>& stops, generation_config g = greedy()) {
   g.max_new_tokens = max_new;
   g.stop_ids = stops;
   auto r = generate(m, {prompt}, g);
@@ -331,18 +337,28 @@ void add_chat(CLI::App& app) {
                                 "model folder's own tokenizer, else this")
                     ->capture_default_str();
   ch->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
+  auto chat_sampling = std::make_shared<sampling_opts>();
+  chat_sampling->temperature = 0.0f;  // DS-Chat's chat.py: greedy
+  auto sampling = std::make_shared<sampling_options>(
+      *ch, chat_sampling,
+      "0 = greedy, as DS-Chat's chat.py (default: an HF folder's generation_config.json decides, as transformers' "
+      "pipeline does: greedy unless it says do_sample; else 0); > 0 samples each reply, TRL chat's --do_sample");
   ch->add_flag("--apply_chat_template", o->apply_chat_template,
                "render the conversation with the tokenizer folder's chat template (tokenizer_config.json's "
                "chat_template, as transformers' apply_chat_template with add_generation_prompt; TRL's chat does) "
                "instead of DS-Chat's \"\\n\\nHuman: ...\\n\\nAssistant:\"; for a model trained with "
                "apply_chat_template = true");
-  ch->callback([o, ch_tok] {
+  ch->callback([o, ch_tok, sampling, chat_sampling] {
     o->tokenizer = tokenizer_for({o->finetuned}, o->tokenizer, ch_tok->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     if (o->max_new_tokens < 1)  // 0 printed an empty reply to every message
       throw std::invalid_argument("--max_new_tokens must be >= 1 (a reply needs a token)");
     auto m = load_policy(o->finetuned);
     check_tokenizer_fits(*tok, o->tokenizer, m, o->finetuned);
+    if (const std::string took = sampling->take_defaults(o->finetuned); !took.empty()) spdlog::info("sampling: {}", took);
+    if (sampling->filters_without_temperature())  // they would be ignored: chat decodes greedily by default
+      throw std::invalid_argument("--top_p / --top_k shape sampling, and chat decodes greedily by default: give "
+                                  "--temperature too (> 0; 1 samples the model's own distribution)");
     const int64_t ctx_len = m.config().max_seq_len;
     if (o->max_new_tokens > ctx_len - 2)  // the conversation needs at least BOS and one token
       throw std::invalid_argument(fmt::format(
@@ -358,6 +374,7 @@ void add_chat(CLI::App& app) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     std::string history;
     std::string line;
+    int64_t turn = 0;
     std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
     while (std::getline(std::cin, line)) {
       if (line == "quit") break;
@@ -403,7 +420,10 @@ void add_chat(CLI::App& app) {
         const bool bos = !ids.empty() && ids.front() == tok->bos_id();
         ids.erase(ids.begin() + (bos ? 1 : 0), ids.end() - (room - (bos ? 1 : 0)));
       }
-      std::string reply = answer(m, *tok, ids, o->max_new_tokens, stops);
+      // sampling: turn k draws with seed + k, so a conversation replays from its seed and no two replies share draws
+      generation_config g = sampling->config();
+      g.seed += static_cast<uint64_t>(turn++);
+      std::string reply = answer(m, *tok, ids, o->max_new_tokens, stops, g);
       // an answer ends where the model starts the next turn
       if (!tmpl)
         if (auto cut = reply.find("Human:"); cut != std::string::npos) reply = reply.substr(0, cut);

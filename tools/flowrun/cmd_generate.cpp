@@ -1,11 +1,7 @@
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <thread>
 
@@ -26,6 +22,7 @@
 #include "runtime/util/assets.h"
 #include "tools/flowrun/commands.h"
 #include "tools/flowrun/model_tokenizer.h"
+#include "tools/flowrun/sampling_options.h"
 #include "tools/flowrun/zero_source.h"
 
 namespace flowrun::cli {
@@ -35,11 +32,7 @@ struct generate_opts {
   std::string model = "model/stories260K/stories260K.bin";
   std::string tokenizer = "model/stories260K/tok512.model";
   std::string prompt;
-  float temperature = 1.0f;
-  float top_p = 0.9f;
-  int top_k = 0;
-  float repetition_penalty = 1.0f;
-  int64_t seed = 42;
+  std::shared_ptr<sampling_opts> sampling = std::make_shared<sampling_opts>();  // llama2.c's run.c: T 1, top_p 0.9
   int64_t max_new_tokens = 256;
   std::string zero_checkpoint;
   int world_size = 2;
@@ -47,90 +40,13 @@ struct generate_opts {
 };
 
 // The sampling settings of the command line.
-generation_config generation_of(const generate_opts& o, const tokenizer& tok) {
-  generation_config g;
-  g.sampling.temperature = o.temperature;
-  g.sampling.top_p = o.top_p;
-  g.sampling.top_k = o.top_k;
-  g.sampling.repetition_penalty = o.repetition_penalty;
-  g.seed = static_cast<uint64_t>(o.seed);
+generation_config generation_of(const generate_opts& o, const sampling_options& s, const tokenizer& tok) {
+  generation_config g = s.config();
   g.max_new_tokens = o.max_new_tokens;
   // a ZeRO checkpoint holds pretraining's llama2.c-style models: EOS or a new BOS, as llama2.c's files
   g.stop_ids = o.zero_checkpoint.empty() ? stop_ids_for(o.model, tok.bos_id(), tok.eos_id())
                                          : std::vector<int32_t>{tok.eos_id(), tok.bos_id()};
   return g;
-}
-
-// A model folder's generation_config.json sampling defaults, as transformers' generate() takes them, for the options
-// the command line did not give (`given`: each option's name -> whether it was given). Each value is checked as
-// the option's (`check`: the option's name and value -> "" or why not), naming the file. A Hugging Face folder
-// (config.json) decodes as transformers does: greedily unless do_sample is true (a folder without the file, or
-// whose file holds only stop ids, as a conversion from llama2.c writes, sampled here and decoded greedily there),
-// and with do_sample true, transformers' defaults for what the file leaves out (top_k 50, top_p 1); a sampling
-// option on the command line samples. A flowrun folder takes the file's values, do_sample false being greedy.
-// Returns what it took, for the log ("" when nothing).
-std::string take_generation_defaults(generate_opts& o, const std::string& model,
-                                     const std::map<std::string, bool>& given,
-                                     const std::function<std::string(const std::string&, std::string)>& check) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path dir = resolve_user_path(model, "model");
-  const fs::path file = dir / "generation_config.json";
-  if (!fs::is_directory(dir, ec)) return "";
-  const bool hf = fs::is_regular_file(dir / "config.json", ec), has_file = fs::is_regular_file(file, ec);
-  if (!has_file && !hf) return "";
-  nlohmann::json j = nlohmann::json::object();
-  if (has_file) try {
-      j = nlohmann::json::parse(std::ifstream(file));
-    } catch (const std::exception& e) {
-      throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
-    }
-  if (!j.is_object()) throw std::invalid_argument(file.string() + " is not a JSON object: fix or remove it");
-  std::vector<std::string> took;
-  auto take = [&](const char* key, auto& field) {
-    if (!j.contains(key) || j[key].is_null() || given.at(key)) return;
-    if (!j[key].is_number())
-      throw std::invalid_argument(fmt::format("{}: {} = {} is not a number: fix or remove it", file.string(), key, j[key].dump()));
-    if (const std::string why = check(key, j[key].dump()); !why.empty())
-      throw std::invalid_argument(fmt::format("{}: {} = {}: {}; fix or remove it", file.string(), key, j[key].dump(), why));
-    field = j[key].get<std::decay_t<decltype(field)>>();
-    took.push_back(fmt::format("{} {}", key, j[key].dump()));
-  };
-  if (j.contains("do_sample") && !j["do_sample"].is_null() && !j["do_sample"].is_boolean())
-    throw std::invalid_argument(fmt::format("{}: do_sample = {} is not true or false: fix or remove it", file.string(),
-                                            j["do_sample"].dump()));
-  const bool do_sample = j.value("do_sample", nlohmann::json()) == true;
-  const bool cli_samples = given.at("temperature") || given.at("top_p") || given.at("top_k");
-  if (hf && (do_sample || cli_samples)) {  // transformers' GenerationConfig defaults for what neither gives
-    if (!given.at("temperature")) o.temperature = 1.0f;
-    if (!given.at("top_p")) o.top_p = 1.0f;
-    if (!given.at("top_k")) o.top_k = 50;
-  }
-  if (!hf || do_sample || cli_samples) {
-    take("temperature", o.temperature);
-    take("top_p", o.top_p);
-    take("top_k", o.top_k);
-    if (hf) took.push_back(fmt::format("{}: temperature {:g}, top_k {}, top_p {:g}",
-                                       do_sample ? "do_sample true" : "sampling (a sampling option given)",
-                                       o.temperature, o.top_k, o.top_p));
-    // transformers refuses a temperature of 0 with do_sample (TemperatureLogitsWarper: strictly positive); a
-    // sampling option given beside the file's 0 decoded greedily while the log said it sampled
-    if (hf && !given.at("temperature") && o.temperature == 0)
-      throw std::invalid_argument(
-          file.string() + (do_sample ? ": do_sample true with temperature 0: transformers refuses it (a temperature "
-                                       "must be above 0 to sample); set do_sample false to decode greedily"
-                                     : ": temperature 0 (greedy) with --top_p / --top_k given to sample: give "
-                                       "--temperature too"));
-  }
-  take("repetition_penalty", o.repetition_penalty);
-  if ((hf ? !do_sample : j.value("do_sample", nlohmann::json()) == false) && !cli_samples) {
-    o.temperature = 0;  // transformers samples only with do_sample
-    took.push_back(j.value("do_sample", nlohmann::json()).is_boolean() ? "do_sample false: greedy"
-                                           : "no do_sample: greedy, as transformers' generate() decodes this folder");
-  }
-  if (took.empty()) return "";
-  return fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "),
-                     has_file ? file.string() : dir.string() + " has no generation_config.json");
 }
 
 // The text printed: the prompt as given, then the continuation as the tokenizer decodes it after the prompt's ids
@@ -215,45 +131,16 @@ void add_generate(CLI::App& app) {
                                   "folder's own tokenizer, else this")
                       ->capture_default_str();
   sub->add_option("--prompt", o->prompt, "Prompt text (empty: start from BOS, for a tokenizer that has one)");
-  // The sampling options follow the graph's generator settings: one declaration of their ranges.
-  graph::node_kind_registry declared;
+  auto sampling = std::make_shared<sampling_options>(
+      *sub, o->sampling,
+      "0 = greedy (default: the model folder's generation_config.json; an HF folder decodes greedily unless it says "
+      "do_sample, as transformers does; else 1)");
+  graph::node_kind_registry declared;  // --max_new_tokens is checked as the generator's setting
   graph::register_example_kinds(declared);
   const graph::node_kind& gen = *declared.lookup("generator");
-  auto check = [&](const char* name) { return setting_check(*gen.find_setting(name), gen.name); };
-  // a model folder's generation_config.json sets the defaults of these four, as in transformers' generate()
-  // one check per sampling option, for the command line and a model folder's generation_config.json
-  auto checks = std::make_shared<std::map<std::string, CLI::Validator>>();
-  for (const char* name : {"temperature", "top_p", "top_k"}) checks->emplace(name, check(name));
-  checks->emplace("repetition_penalty",
-                  CLI::Validator(
-                      [](std::string& v) {
-                        float x = 0;
-                        try {
-                          x = std::stof(v);
-                        } catch (const std::exception&) {
-                          return std::string("must be a number, got ") + v;
-                        }
-                        return std::isfinite(x) && x > 0 ? std::string() : "must be finite and > 0 (1 = off), got " + v;
-                      },
-                      "FLOAT > 0"));
-  auto* temp_opt = sub->add_option("--temperature", o->temperature,
-                                   "0 = greedy (default: the model folder's generation_config.json; an HF folder "
-                                   "decodes greedily unless it says do_sample, as transformers does; else 1)")
-      ->capture_default_str()
-      ->check(checks->at("temperature"));
-  auto* top_p_opt = sub->add_option("--top_p", o->top_p, "Nucleus sampling threshold (1 = off)")
-      ->capture_default_str()
-      ->check(checks->at("top_p"));
-  auto* top_k_opt = sub->add_option("--top_k", o->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(checks->at("top_k"));
-  auto* rep_opt = sub->add_option("--repetition_penalty", o->repetition_penalty, "1 = off; > 1 discourages repeats (CTRL)")
-      ->capture_default_str()
-      ->check(checks->at("repetition_penalty"));
-  sub->add_option("--seed", o->seed, "Sampling seed")
-      ->capture_default_str()
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));
   sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str()
-      ->check(check("max_new_tokens"));
+      ->check(setting_check(*gen.find_setting("max_new_tokens"), gen.name));
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
                   "--world_size ranks that gather each layer as it runs (instead of --model). A LoRA run's "
@@ -264,19 +151,12 @@ void add_generate(CLI::App& app) {
   sub->add_option("--lora", o->lora,
                   "A LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors: zero_rank's "
                   "save_lora, a trainer's LoRA output) applied on top of --model, merged before generating");
-  sub->callback([o, tok_opt, model_opt, temp_opt, top_p_opt, top_k_opt, rep_opt, checks] {
+  sub->callback([o, tok_opt, model_opt, sampling] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
-    // the sampling defaults of the model folder `model`, for the options not given (take_generation_defaults)
+    // the sampling defaults of the model folder `model`, for the options not given (sampling_options::take_defaults)
     const auto take_defaults = [&](const std::string& model) {
-      const std::map<std::string, const CLI::Option*> opts = {
-          {"temperature", temp_opt}, {"top_p", top_p_opt}, {"top_k", top_k_opt}, {"repetition_penalty", rep_opt}};
-      std::map<std::string, bool> given;
-      for (const auto& [name, opt] : opts) given[name] = opt->count() > 0;
-      if (const std::string took = take_generation_defaults(
-              *o, model, given, [&](const std::string& name, std::string value) { return checks->at(name)(value); });
-          !took.empty())
-        spdlog::info("sampling: {}", took);
+      if (const std::string took = sampling->take_defaults(model); !took.empty()) spdlog::info("sampling: {}", took);
     };
     if (!o->zero_checkpoint.empty()) {
       const auto ck = load_checkpoint(zero_step_folder(o->zero_checkpoint, "--zero_checkpoint"));
@@ -290,7 +170,7 @@ void add_generate(CLI::App& app) {
           spdlog::warn("the run's base model {} is gone: its generation_config.json (greedy or sampling, as "
                        "transformers decodes an HF folder) is not read; the options given decide, else temperature "
                        "{:g} and top_p {:g}",
-                       base, o->temperature, o->top_p);
+                       base, o->sampling->temperature, o->sampling->top_p);
       }
       // the run's own tokenizer (the trainer's, or a pretraining run's data node's), as --model reads a folder's:
       // tok512 encoded a Llama 3 run's text
@@ -308,7 +188,7 @@ void add_generate(CLI::App& app) {
       auto tok = load_tokenizer(tok_path);
       auto prompt = prompt_ids(*tok, o->prompt);
       auto gen = generate_from_zero(ck, o->world_size, model_opt->count() > 0 ? o->model : "", prompt,
-                                    generation_of(*o, *tok), *tok, tok_path);
+                                    generation_of(*o, *sampling, *tok), *tok, tok_path);
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), gen.begin(), gen.end());
       std::cout << shown_text(*tok, o->prompt, prompt, all) << std::endl;
@@ -341,7 +221,7 @@ void add_generate(CLI::App& app) {
                    "stops at the context, after at most {} new tokens",
                    o->max_new_tokens, prompt.size(), o->model, ctx,
                    std::max<int64_t>(0, ctx - static_cast<int64_t>(prompt.size())));
-    auto res = generate(model, {prompt}, generation_of(*o, *tok));
+    auto res = generate(model, {prompt}, generation_of(*o, *sampling, *tok));
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), res[0].tokens.begin(), res[0].tokens.end());
     std::cout << shown_text(*tok, o->prompt, prompt, all) << std::endl;

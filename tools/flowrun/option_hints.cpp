@@ -22,10 +22,10 @@ struct foreign_flag {
 const std::map<std::string, foreign_flag>& foreign_flags() {
   static const std::set<std::string> decoding = {"generate", "chat", "eval"};
   static const std::map<std::string, foreign_flag> m = {
-      {"do_sample", {{"generate"}, "sampling is on with --temperature > 0 (an HF folder's generation_config.json "
+      {"do_sample", {{"generate", "chat"}, "sampling is on with --temperature > 0 (an HF folder's generation_config.json "
                                    "decides when no sampling option is given); --temperature 0 is greedy"}},
-      {"greedy", {{"generate"}, "--temperature 0 is greedy"}},
-      {"num_beams", {{"generate"}, "there is no beam search here: --temperature 0 decodes greedily, > 0 samples"}},
+      {"greedy", {{"generate", "chat"}, "--temperature 0 is greedy"}},
+      {"num_beams", {{"generate", "chat"}, "there is no beam search here: --temperature 0 decodes greedily, > 0 samples"}},
       {"num_return_sequences", {{"generate"}, "one sequence per run: run again with another --seed"}},
       {"model_name_or_path", {decoding, "the model is --model here (eval prompts: --baseline, --finetuned)"}},
       {"model_name_or_path_baseline", {{"eval"}, "DS-Chat's --model_name_or_path_baseline is --baseline here"}},
@@ -39,13 +39,13 @@ const std::map<std::string, foreign_flag>& foreign_flags() {
   return m;
 }
 
-// chat and eval prompts decode greedily, as DS-Chat's chat.py and prompt_eval.py do by default
+// eval prompts decodes greedily, as DS-Chat's prompt_eval.py does by default
 const std::map<std::string, std::string>& greedy_commands_flags() {
   static const std::map<std::string, std::string> m = {
-      {"do_sample", "chat and eval prompts decode greedily (DS-Chat's chat.py and prompt_eval.py do too); "
-                    "`flowrun generate` samples"},
-      {"num_beams", "there is no beam search here: chat and eval prompts decode greedily"},
-      {"temperature", "chat and eval prompts decode greedily; `flowrun generate` samples"}};
+      {"do_sample", "eval prompts decodes greedily (DS-Chat's prompt_eval.py does too); `flowrun generate` and "
+                    "`flowrun chat --temperature` sample"},
+      {"num_beams", "there is no beam search here: eval prompts decodes greedily"},
+      {"temperature", "eval prompts decodes greedily; `flowrun generate` and `flowrun chat --temperature` sample"}};
   return m;
 }
 }  // namespace
@@ -81,7 +81,7 @@ std::vector<std::string> unknown_option_hints(const CLI::App& sub, const std::ve
       continue;
     }
     if (auto it = greedy_commands_flags().find(underscored);
-        it != greedy_commands_flags().end() && (sub.get_name() == "chat" || sub.get_name() == "eval")) {
+        it != greedy_commands_flags().end() && sub.get_name() == "eval") {
       hints.push_back(fmt::format("--{}: {}", name, it->second));
       continue;
     }

@@ -1,0 +1,152 @@
+#include "tools/flowrun/sampling_options.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/graph/node_kind.h"
+#include "runtime/util/assets.h"
+#include "tools/flowrun/commands.h"
+
+namespace flowrun::cli {
+
+namespace {
+// A model folder's generation_config.json sampling defaults, as transformers' generate() takes them, for the options
+// the command line did not give (`given`: each option's name -> whether it was given). Each value is checked as
+// the option's (`check`: the option's name and value -> "" or why not), naming the file. A Hugging Face folder
+// (config.json) decodes as transformers does: greedily unless do_sample is true (a folder without the file, or
+// whose file holds only stop ids, as a conversion from llama2.c writes, sampled here and decoded greedily there),
+// and with do_sample true, transformers' defaults for what the file leaves out (top_k 50, top_p 1); a sampling
+// option on the command line samples. A flowrun folder takes the file's values, do_sample false being greedy.
+// Returns what it took, for the log ("" when nothing).
+std::string take_generation_defaults(sampling_opts& o, const std::string& model,
+                                     const std::map<std::string, bool>& given,
+                                     const std::function<std::string(const std::string&, std::string)>& check) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = resolve_user_path(model, "model");
+  const fs::path file = dir / "generation_config.json";
+  if (!fs::is_directory(dir, ec)) return "";
+  const bool hf = fs::is_regular_file(dir / "config.json", ec), has_file = fs::is_regular_file(file, ec);
+  if (!has_file && !hf) return "";
+  nlohmann::json j = nlohmann::json::object();
+  if (has_file) try {
+      j = nlohmann::json::parse(std::ifstream(file));
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
+    }
+  if (!j.is_object()) throw std::invalid_argument(file.string() + " is not a JSON object: fix or remove it");
+  std::vector<std::string> took;
+  auto take = [&](const char* key, auto& field) {
+    if (!j.contains(key) || j[key].is_null() || given.at(key)) return;
+    if (!j[key].is_number())
+      throw std::invalid_argument(fmt::format("{}: {} = {} is not a number: fix or remove it", file.string(), key, j[key].dump()));
+    if (const std::string why = check(key, j[key].dump()); !why.empty())
+      throw std::invalid_argument(fmt::format("{}: {} = {}: {}; fix or remove it", file.string(), key, j[key].dump(), why));
+    field = j[key].get<std::decay_t<decltype(field)>>();
+    took.push_back(fmt::format("{} {}", key, j[key].dump()));
+  };
+  if (j.contains("do_sample") && !j["do_sample"].is_null() && !j["do_sample"].is_boolean())
+    throw std::invalid_argument(fmt::format("{}: do_sample = {} is not true or false: fix or remove it", file.string(),
+                                            j["do_sample"].dump()));
+  const bool do_sample = j.value("do_sample", nlohmann::json()) == true;
+  const bool cli_samples = given.at("temperature") || given.at("top_p") || given.at("top_k");
+  if (hf && (do_sample || cli_samples)) {  // transformers' GenerationConfig defaults for what neither gives
+    if (!given.at("temperature")) o.temperature = 1.0f;
+    if (!given.at("top_p")) o.top_p = 1.0f;
+    if (!given.at("top_k")) o.top_k = 50;
+  }
+  if (!hf || do_sample || cli_samples) {
+    take("temperature", o.temperature);
+    take("top_p", o.top_p);
+    take("top_k", o.top_k);
+    if (hf) took.push_back(fmt::format("{}: temperature {:g}, top_k {}, top_p {:g}",
+                                       do_sample ? "do_sample true" : "sampling (a sampling option given)",
+                                       o.temperature, o.top_k, o.top_p));
+    // transformers refuses a temperature of 0 with do_sample (TemperatureLogitsWarper: strictly positive); a
+    // sampling option given beside the file's 0 decoded greedily while the log said it sampled
+    if (hf && !given.at("temperature") && o.temperature == 0)
+      throw std::invalid_argument(
+          file.string() + (do_sample ? ": do_sample true with temperature 0: transformers refuses it (a temperature "
+                                       "must be above 0 to sample); set do_sample false to decode greedily"
+                                     : ": temperature 0 (greedy) with --top_p / --top_k given to sample: give "
+                                       "--temperature too"));
+  }
+  take("repetition_penalty", o.repetition_penalty);
+  if ((hf ? !do_sample : j.value("do_sample", nlohmann::json()) == false) && !cli_samples) {
+    o.temperature = 0;  // transformers samples only with do_sample
+    took.push_back(j.value("do_sample", nlohmann::json()).is_boolean() ? "do_sample false: greedy"
+                                           : "no do_sample: greedy, as transformers' generate() decodes this folder");
+  }
+  if (took.empty()) return "";
+  return fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "),
+                     has_file ? file.string() : dir.string() + " has no generation_config.json");
+}
+
+}  // namespace
+
+sampling_options::sampling_options(CLI::App& sub, std::shared_ptr<sampling_opts> o, const std::string& temperature_help)
+    : o_(std::move(o)) {
+  // one declaration of the ranges: the graph's generator settings
+  graph::node_kind_registry declared;
+  graph::register_example_kinds(declared);
+  const graph::node_kind& gen = *declared.lookup("generator");
+  for (const char* name : {"temperature", "top_p", "top_k"})
+    checks_.emplace(name, setting_check(*gen.find_setting(name), gen.name));
+  checks_.emplace("repetition_penalty",
+                  CLI::Validator(
+                      [](std::string& v) {
+                        float x = 0;
+                        try {
+                          x = std::stof(v);
+                        } catch (const std::exception&) {
+                          return std::string("must be a number, got ") + v;
+                        }
+                        return std::isfinite(x) && x > 0 ? std::string() : "must be finite and > 0 (1 = off), got " + v;
+                      },
+                      "FLOAT > 0"));
+  given_["temperature"] =
+      sub.add_option("--temperature", o_->temperature, temperature_help)->capture_default_str()->check(checks_.at("temperature"));
+  given_["top_p"] = sub.add_option("--top_p", o_->top_p, "Nucleus sampling threshold (1 = off)")
+                        ->capture_default_str()
+                        ->check(checks_.at("top_p"));
+  given_["top_k"] =
+      sub.add_option("--top_k", o_->top_k, "Top-k filter (0 = off)")->capture_default_str()->check(checks_.at("top_k"));
+  given_["repetition_penalty"] =
+      sub.add_option("--repetition_penalty", o_->repetition_penalty, "1 = off; > 1 discourages repeats (CTRL)")
+          ->capture_default_str()
+          ->check(checks_.at("repetition_penalty"));
+  sub.add_option("--seed", o_->seed, "Sampling seed")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));
+}
+
+std::string sampling_options::take_defaults(const std::string& model) {
+  std::map<std::string, bool> given;
+  for (const auto& [name, opt] : given_) given[name] = opt->count() > 0;
+  return take_generation_defaults(*o_, model, given,
+                                  [&](const std::string& name, std::string value) { return checks_.at(name)(value); });
+}
+
+bool sampling_options::filters_without_temperature() const {
+  return o_->temperature == 0 && given_.at("temperature")->count() == 0 &&
+         (given_.at("top_p")->count() > 0 || given_.at("top_k")->count() > 0);
+}
+
+generation_config sampling_options::config() const {
+  generation_config g;
+  g.sampling.temperature = o_->temperature;
+  g.sampling.top_p = o_->top_p;
+  g.sampling.top_k = o_->top_k;
+  g.sampling.repetition_penalty = o_->repetition_penalty;
+  g.seed = static_cast<uint64_t>(o_->seed);
+  return g;
+}
+
+}  // namespace flowrun::cli

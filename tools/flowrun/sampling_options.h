@@ -1,0 +1,58 @@
+// The sampling options of the commands that decode one answer at a time (generate, chat): their
+// declaration, their checks, and a model folder's generation_config.json as their defaults.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "models/generate.h"
+
+namespace flowrun::cli {
+
+/// What the options hold (their defaults are the command's: generate samples as llama2.c's run.c does,
+/// temperature 1 and top_p 0.9; chat decodes greedily, temperature 0, as DS-Chat's chat.py).
+struct sampling_opts {
+  float temperature = 1.0f;  ///< 0: greedy
+  float top_p = 0.9f;        ///< 1: off
+  int top_k = 0;             ///< 0: off
+  float repetition_penalty = 1.0f;  ///< 1: off (CTRL)
+  int64_t seed = 42;
+};
+
+/// --temperature, --top_p, --top_k, --repetition_penalty and --seed on a subcommand, each checked as
+/// the graph's generator setting of the same name is (one declaration of their ranges), the values
+/// going to a shared sampling_opts.
+class sampling_options {
+ public:
+  /// Adds the options to `sub`; `temperature_help` says what the command's default is.
+  sampling_options(CLI::App& sub, std::shared_ptr<sampling_opts> o, const std::string& temperature_help);
+
+  /// The model folder `model`'s generation_config.json sampling defaults for the options not given on
+  /// the command line, as transformers' generate() takes them: an HF folder (config.json) decodes
+  /// greedily unless do_sample is true (also where there is no such file), and with do_sample, takes
+  /// transformers' defaults for what the file leaves out (top_k 50, top_p 1); a sampling option on the
+  /// command line samples. A flowrun folder takes the file's values, do_sample false being greedy; a
+  /// model file (llama2.c) takes nothing. Each value is checked as its option is, the error naming the
+  /// file. Returns what it took, for the log ("" when nothing). Throws std::invalid_argument on a file
+  /// that is no JSON object, a value of the wrong type or range, do_sample true with temperature 0
+  /// (transformers refuses it), or a file's temperature 0 beside --top_p / --top_k without --temperature.
+  std::string take_defaults(const std::string& model);
+
+  /// Whether --top_p or --top_k was given (sampling asked for) while the temperature is 0 and was
+  /// not given: the command decodes greedily by default and would ignore them.
+  bool filters_without_temperature() const;
+
+  /// The options as a generation_config's sampling and seed; the caller sets max_new_tokens and stop_ids.
+  generation_config config() const;
+
+ private:
+  std::shared_ptr<sampling_opts> o_;
+  std::map<std::string, CLI::Validator> checks_;
+  std::map<std::string, const CLI::Option*> given_;
+};
+
+}  // namespace flowrun::cli

@@ -542,6 +542,21 @@ cmp -s "$out/gen_export.txt" "$out/gen_zero.txt" ||
 grep -q "the run's (--tokenizer not given)" "$out/gen_zero_own.err" ||
   { echo "--zero_checkpoint did not take the run's tokenizer:"; cat "$out/gen_zero_own.err"; exit 1; }
 cmp -s "$out/gen_zero.txt" "$out/gen_zero_own.txt" || { echo "the run's own tokenizer generates otherwise"; exit 1; }
+# TencentPretrain's generate_lm_deepspeed: prompts from --test_path, one per line, sampled on the sharded model and
+# written to --prediction_path, each text then an empty line; line i samples as --prompt alone with --seed 42 + i
+printf 'Tom\nOnce upon a time\nThe dog\n' > "$out/prompts.txt"
+samp=(--temperature 1 --top_p 0.9 --top_k 0 --max_new_tokens 24)
+"$flowrun" generate --zero_checkpoint "$out/fin" --world_size 2 --test_path "$out/prompts.txt" \
+  --prediction_path "$out/predictions.txt" "${samp[@]}" 2> "$out/gen_batch.err" || { tail -3 "$out/gen_batch.err"; exit 1; }
+: > "$out/predictions_one.txt"
+i=0
+while IFS= read -r p; do
+  "$flowrun" generate --model "$out/fin/hf" --prompt "$p" --seed $((42 + i)) "${samp[@]}" >> "$out/predictions_one.txt" 2> /dev/null
+  echo >> "$out/predictions_one.txt"
+  i=$((i + 1))
+done < "$out/prompts.txt"
+cmp -s "$out/predictions.txt" "$out/predictions_one.txt" ||
+  { echo "--test_path on the ZeRO checkpoint is not each prompt alone:"; diff "$out/predictions.txt" "$out/predictions_one.txt"; exit 1; }
 if "$flowrun" generate --zero_checkpoint "$out/fin" --tokenizer "$root/tests/fixtures/hf_chat/llama3" --max_new_tokens 2 \
      > /dev/null 2> "$out/gen_zero_vocab.err"; then
   echo "a tokenizer larger than the ZeRO checkpoint's vocabulary was accepted"; exit 1

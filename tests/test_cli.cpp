@@ -66,6 +66,63 @@ TEST_CASE("flowrun generate: an empty prompt without a BOS, and a length past th
   CHECK(has(out, "generation stops at the context, after at most 510 new tokens"));
 }
 
+TEST_CASE("flowrun generate --test_path answers every line, as --prompt alone with --seed + the line's index") {
+  // TencentPretrain's generate_lm reads --test_path and writes --prediction_path; generate took one --prompt
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / "flowrun_cli_test_path";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<std::string> lines = {"Once upon a time", "The cat", "Lily had a", "Tom", "One day", "The sun",
+                                          "A little", "Mom said", "The bird", "Ben and", "It was", "The dog",
+                                          "She", "They went", "After", "In the park", "The big", "At night"};
+  {
+    std::ofstream f(dir / "prompts.txt");
+    for (const auto& l : lines) f << l << "\r\n";  // a Windows file's line ends too
+  }
+  const std::string bin = std::string(FLOWRUN_BIN), opts = " --max_new_tokens 10 --temperature 0.9 --top_p 0.9";
+  int rc = -1;
+  run(bin + " generate --test_path " + (dir / "prompts.txt").string() + " --prediction_path " +
+          (dir / "out.txt").string() + opts + " 2>/dev/null",
+      &rc);
+  REQUIRE(rc == 0);
+  std::stringstream got;
+  got << std::ifstream(dir / "out.txt").rdbuf();
+  // each prompt's text then an empty line; 18 lines are two batches (16 + 2), line i sampling with seed 42 + i
+  std::string want;
+  for (size_t i = 0; i < lines.size(); ++i)
+    want += run(bin + " generate --prompt '" + lines[i] + "' --seed " + std::to_string(42 + i) + opts + " 2>/dev/null",
+                &rc) +
+            "\n";
+  CHECK(got.str() == want);
+  CHECK(has(got.str(), "Lily had a"));
+  // refused before the model loads: with --prompt, no file, no line, the prompts' own file, a missing folder
+  auto out = run(bin + " generate --test_path " + (dir / "prompts.txt").string() + " --prompt x 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "--prompt excludes --test_path"));
+  { std::ofstream(dir / "empty.txt"); }
+  out = run(bin + " generate --test_path " + (dir / "empty.txt").string() + " 2>&1", &rc);
+  CHECK(has(out, "holds no line: give one prompt per line"));
+  out = run(bin + " generate --test_path " + (dir / "prompts.txt").string() + " --prediction_path " +
+                (dir / "prompts.txt").string() + " 2>&1",
+            &rc);
+  CHECK(has(out, "is the --test_path file: the prompts would be overwritten"));
+  out = run(bin + " generate --test_path " + (dir / "prompts.txt").string() + " --prediction_path " +
+                (dir / "no" / "out.txt").string() + " 2>&1",
+            &rc);
+  CHECK(has(out, "does not exist: create it or write elsewhere"));
+  // an empty line of a tokenizer without BOS is named by its line
+  {
+    std::ofstream f(dir / "qwen.txt");
+    f << "hi\n\nthere\n";
+  }
+  out = run(bin + " generate --model " + FLOWRUN_SOURCE_DIR + "/tests/fixtures/hf_chat/qwen2 --test_path " +
+                (dir / "qwen.txt").string() + " 2>&1",
+            &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "qwen.txt line 2 is empty and the tokenizer"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about before the default reads its text") {
   // AutoTokenizer refuses such a folder; the default tok512.model read it silently
   int rc = -1;

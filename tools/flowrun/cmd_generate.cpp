@@ -2,6 +2,7 @@
 #include <cctype>
 #include <filesystem>
 #include <iostream>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "models/generate.h"
 #include "models/checkpoint.h"
 #include "models/llama2c.h"
+#include "models/safetensors.h"
 #include <nlohmann/json.hpp>
 
 #include "models/config.h"
@@ -37,7 +39,71 @@ struct generate_opts {
   std::string zero_checkpoint;
   int world_size = 2;
   std::string lora;  // a PEFT adapter folder on top of --model
+  std::string test_path;        // TencentPretrain's: one prompt per line
+  std::string prediction_path;  // TencentPretrain's: where the texts go (default: standard output)
 };
+
+// Prompts per generate() call with --test_path: at most cpu_gemm's small-M rows, so that a decoding step's
+// products give each row the bits of its prompt run alone (generate's promise), and a long file's KV cache
+// stays small.
+constexpr size_t k_prompts_per_batch = 16;
+
+// generate() over `prompts` in batches of k_prompts_per_batch; prompt i samples with seed + i, as one
+// generate() call of them all and as `--prompt` alone with --seed seed + i.
+std::vector<std::vector<int32_t>> generate_batches(decoder& m, const std::vector<std::vector<int32_t>>& prompts,
+                                                   generation_config g) {
+  std::vector<std::vector<int32_t>> out;
+  const uint64_t seed = g.seed;
+  for (size_t a = 0; a < prompts.size(); a += k_prompts_per_batch) {
+    const size_t b = std::min(prompts.size(), a + k_prompts_per_batch);
+    g.seed = seed + a;
+    for (auto& r : generate(m, {prompts.begin() + a, prompts.begin() + b}, g)) out.push_back(std::move(r.tokens));
+  }
+  return out;
+}
+
+// The prompts' texts: --prompt, or each line of --test_path (a final newline ends the last line; a '\r' before
+// it is dropped). Throws std::invalid_argument naming the file when it cannot be read or holds no line.
+std::vector<std::string> prompt_texts(const generate_opts& o) {
+  if (o.test_path.empty()) return {o.prompt};
+  const std::string path = resolve_user_path(o.test_path, "test_path").string();
+  std::ifstream f(path);
+  if (!f) throw std::invalid_argument("--test_path " + path + " cannot be read: give a text file, one prompt per line");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(f, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  if (lines.empty()) throw std::invalid_argument("--test_path " + path + " holds no line: give one prompt per line");
+  return lines;
+}
+
+// The prompts' token ids, each checked against the model's context `ctx` (`model`: its name in messages): an
+// empty one without a BOS to start from and one that fills the context are refused, naming --prompt or the
+// file's line; one whose answer would pass the context is warned about.
+std::vector<std::vector<int32_t>> prompt_id_lists(const generate_opts& o, const std::vector<std::string>& texts,
+                                                  const tokenizer& tok, const std::string& tok_path, int64_t ctx,
+                                                  const std::string& model) {
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::string where =
+        o.test_path.empty() ? "--prompt" : fmt::format("--test_path {} line {}", o.test_path, i + 1);
+    ids.push_back(prompt_ids(tok, texts[i]));
+    const auto n = static_cast<int64_t>(ids.back().size());
+    if (n == 0)  // a tokenizer without BOS (Qwen2's) has nothing to start from
+      throw std::invalid_argument(where + " is empty and the tokenizer " + tok_path +
+                                  " has no BOS token to start from: give a prompt");
+    if (n >= ctx)
+      throw std::invalid_argument(fmt::format("{} is {} tokens, which fill {}'s context of {} tokens: shorten it", where,
+                                              n, model, ctx));
+    if (n + o.max_new_tokens > ctx)  // said, as chat refuses it
+      spdlog::warn("--max_new_tokens {} after {} of {} tokens passes {}'s context of {} tokens: generation "
+                   "stops at the context, after at most {} new tokens",
+                   o.max_new_tokens, o.test_path.empty() ? "a prompt" : "the prompt of " + where, n, model, ctx,
+                   ctx - n);
+  }
+  return ids;
+}
 
 // The sampling settings of the command line.
 generation_config generation_of(const generate_opts& o, const sampling_options& s, const tokenizer& tok) {
@@ -70,9 +136,11 @@ std::string shown_text(const tokenizer& tok, const std::string& given, const std
 // (same gathered weights, same seed); rank 0's are returned.
 // A checkpoint with a LoRA adapter (a LoRA run's, the adapter alone; DS-Chat's lora_dim beside a base that
 // trains) goes through zero_checkpoint_model (base_given: --model, a LoRA run's base), in this thread.
-std::vector<int32_t> generate_from_zero(const loaded_checkpoint& ck, int world, const std::string& base_given,
-                                        const std::vector<int32_t>& prompt, const generation_config& g,
-                                        const tokenizer& tok, const std::string& tok_path) {
+std::vector<std::vector<int32_t>> generate_from_zero(const loaded_checkpoint& ck, int world, const std::string& base_given,
+                                                     const std::vector<std::string>& texts, const generate_opts& o,
+                                                     const generation_config& g, const tokenizer& tok,
+                                                     const std::string& tok_path,
+                                                     std::vector<std::vector<int32_t>>& prompts) {
   const std::string& folder = ck.folder;
   const auto& extra = ck.manifests.at(0).extra;
   const bool whole = ck.full.count("base") > 0;
@@ -83,12 +151,14 @@ std::vector<int32_t> generate_from_zero(const loaded_checkpoint& ck, int world, 
   if (!whole || !extra.contains("model_config") || extra.contains("lora_config") || extra.value("value_head", false)) {
     decoder model = zero_checkpoint_model(ck, base_given, "--model");
     check_tokenizer_fits(tok, tok_path, model, folder);
-    return generate(model, {prompt}, g)[0].tokens;
+    prompts = prompt_id_lists(o, texts, tok, tok_path, model.config().max_seq_len, folder);
+    return generate_batches(model, prompts, g);
   }
   const model_config cfg = extra.at("model_config").get<model_config>();
   check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
+  prompts = prompt_id_lists(o, texts, tok, tok_path, cfg.max_seq_len, folder);
   auto group = comm::make_inproc_group(world);
-  std::vector<std::vector<int32_t>> out(world);
+  std::vector<std::vector<std::vector<int32_t>>> out(world);
   std::vector<std::string> errors(world);
   std::vector<int64_t> bytes(world);
   std::vector<std::thread> ts;
@@ -102,8 +172,7 @@ std::vector<int32_t> generate_from_zero(const loaded_checkpoint& ck, int world, 
         zs.stage = 3;
         zero_engine eng(m, *c, zs);
         eng.restore(ck.full.at("base").at("fp32_master"), {}, {}, {}, {}, {}, ck.step);
-        auto res = generate(m, {prompt}, g);
-        out[r] = res[0].tokens;
+        out[r] = generate_batches(m, prompts, g);
         bytes[r] = c->stats().bytes_sent;
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -114,8 +183,10 @@ std::vector<int32_t> generate_from_zero(const loaded_checkpoint& ck, int world, 
     if (!errors[r].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[r]);
   for (int r = 1; r < world; ++r)
     if (out[r] != out[0]) throw std::runtime_error("ZeRO-3 ranks sampled different tokens (rank " + std::to_string(r) + ")");
+  size_t tokens = 0;
+  for (const auto& t : out[0]) tokens += t.size();
   spdlog::info("generated from {} over {} ZeRO-3 ranks (step {}): {} tokens, {:.2f} MB all-gathered per rank",
-               folder, world, ck.step, out[0].size(), bytes[0] / 1e6);
+               folder, world, ck.step, tokens, bytes[0] / 1e6);
   return out[0];
 }
 }  // namespace
@@ -130,7 +201,15 @@ void add_generate(CLI::App& app) {
                                   "SentencePiece .model, GPT-2 vocab.json or an HF folder; default: the model "
                                   "folder's own tokenizer, else this")
                       ->capture_default_str();
-  sub->add_option("--prompt", o->prompt, "Prompt text (empty: start from BOS, for a tokenizer that has one)");
+  auto* prompt_opt =
+      sub->add_option("--prompt", o->prompt, "Prompt text (empty: start from BOS, for a tokenizer that has one)");
+  sub->add_option("--test_path", o->test_path,
+                  "A text file of prompts, one per line (TencentPretrain's generate_lm): each answered, in batches of "
+                  "16, line i sampling with --seed + i (as --prompt alone with that seed)")
+      ->excludes(prompt_opt);
+  sub->add_option("--prediction_path", o->prediction_path,
+                  "Write each prompt and its continuation here, each followed by an empty line (TencentPretrain's; "
+                  "default: standard output)");
   auto sampling = std::make_shared<sampling_options>(
       *sub, o->sampling,
       "0 = greedy (default: the model folder's generation_config.json; an HF folder decodes greedily unless it says "
@@ -157,6 +236,36 @@ void add_generate(CLI::App& app) {
     // the sampling defaults of the model folder `model`, for the options not given (sampling_options::take_defaults)
     const auto take_defaults = [&](const std::string& model) {
       if (const std::string took = sampling->take_defaults(model); !took.empty()) spdlog::info("sampling: {}", took);
+    };
+    const std::vector<std::string> texts = prompt_texts(*o);
+    if (!o->prediction_path.empty()) {  // refused before the model loads, not after the work
+      namespace fs = std::filesystem;
+      std::error_code ec;
+      const fs::path out = fs::absolute(o->prediction_path);
+      if (!o->test_path.empty() &&
+          fs::weakly_canonical(out, ec) == fs::weakly_canonical(resolve_user_path(o->test_path, "test_path"), ec))
+        throw std::invalid_argument("--prediction_path " + o->prediction_path +
+                                    " is the --test_path file: the prompts would be overwritten; write elsewhere");
+      if (!fs::is_directory(out.parent_path(), ec))
+        throw std::invalid_argument("--prediction_path " + o->prediction_path + ": its folder " +
+                                    out.parent_path().string() + " does not exist: create it or write elsewhere");
+    }
+    // each prompt as given and its continuation: one on standard output as before; with --test_path or
+    // --prediction_path each followed by an empty line, the file written whole (atomically) at the end
+    const auto print_texts = [&](const tokenizer& tok, const std::vector<std::vector<int32_t>>& prompts,
+                                 const std::vector<std::vector<int32_t>>& gen) {
+      std::string text;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        std::vector<int32_t> all = prompts[i];
+        all.insert(all.end(), gen[i].begin(), gen[i].end());
+        text += shown_text(tok, texts[i], prompts[i], all) + (o->test_path.empty() && o->prediction_path.empty() ? "\n" : "\n\n");
+      }
+      if (o->prediction_path.empty()) {
+        std::cout << text << std::flush;
+        return;
+      }
+      write_text_atomic(o->prediction_path, text);
+      spdlog::info("{} prompts and their continuations written to {}", prompts.size(), o->prediction_path);
     };
     if (!o->zero_checkpoint.empty()) {
       const auto ck = load_checkpoint(zero_step_folder(o->zero_checkpoint, "--zero_checkpoint"));
@@ -186,12 +295,10 @@ void add_generate(CLI::App& app) {
         }
       }
       auto tok = load_tokenizer(tok_path);
-      auto prompt = prompt_ids(*tok, o->prompt);
-      auto gen = generate_from_zero(ck, o->world_size, model_opt->count() > 0 ? o->model : "", prompt,
-                                    generation_of(*o, *sampling, *tok), *tok, tok_path);
-      std::vector<int32_t> all = prompt;
-      all.insert(all.end(), gen.begin(), gen.end());
-      std::cout << shown_text(*tok, o->prompt, prompt, all) << std::endl;
+      std::vector<std::vector<int32_t>> prompts;
+      auto gen = generate_from_zero(ck, o->world_size, model_opt->count() > 0 ? o->model : "", texts, *o,
+                                    generation_of(*o, *sampling, *tok), *tok, tok_path, prompts);
+      print_texts(*tok, prompts, gen);
       return;
     }
     auto model = load_model(o->model);
@@ -211,20 +318,8 @@ void add_generate(CLI::App& app) {
     auto tok = load_tokenizer(resolve_user_path(tok_path, "tokenizer").string());
     check_tokenizer_fits(*tok, tok_path, model, o->model);
     spdlog::info("model: {}", model.config().summary());
-    auto prompt = prompt_ids(*tok, o->prompt);
-    if (prompt.empty())  // a tokenizer without BOS (Qwen2's) has nothing to start from
-      throw std::invalid_argument("--prompt is empty and the tokenizer " + tok_path +
-                                  " has no BOS token to start from: give a prompt");
-    if (const int64_t ctx = model.config().max_seq_len;
-        static_cast<int64_t>(prompt.size()) + o->max_new_tokens > ctx)  // said, as chat refuses it
-      spdlog::warn("--max_new_tokens {} after a prompt of {} tokens passes {}'s context of {} tokens: generation "
-                   "stops at the context, after at most {} new tokens",
-                   o->max_new_tokens, prompt.size(), o->model, ctx,
-                   std::max<int64_t>(0, ctx - static_cast<int64_t>(prompt.size())));
-    auto res = generate(model, {prompt}, generation_of(*o, *sampling, *tok));
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), res[0].tokens.begin(), res[0].tokens.end());
-    std::cout << shown_text(*tok, o->prompt, prompt, all) << std::endl;
+    const auto prompts = prompt_id_lists(*o, texts, *tok, tok_path, model.config().max_seq_len, o->model);
+    print_texts(*tok, prompts, generate_batches(model, prompts, generation_of(*o, *sampling, *tok)));
   });
 }
 

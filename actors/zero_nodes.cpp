@@ -748,6 +748,17 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
                               fmt::format("give node '{}' the model's own tokenizer (for a Hugging Face folder: "
                                           "--set node.{}.tokenizer=FOLDER)",
                                           src->name, src->name)});
+        // one checkpoint holds both: resume on one node alone trained nothing and saved nothing with exit 0 (the
+        // data resuming at the end beside ranks starting afresh), or fed a resumed run its first batches again
+        if (src->get_bool("resume") != n.get_bool("resume"))
+          problems.push_back({"resume",
+                              fmt::format("node '{}': resume = {} but its data node '{}' has resume = {}: the data "
+                                          "position is committed with the ranks' checkpoint, so the two resume "
+                                          "together or not at all",
+                                          n.name, n.get_bool("resume"), src->name, src->get_bool("resume")),
+                              fmt::format("set resume on both nodes (--set node.{}.resume=false --set "
+                                          "node.{}.resume=false to start afresh)",
+                                          src->name, n.name)});
         for (const char* key : {"total_steps", "seq_length"})
           if (src->get_int(key) != n.get_int(key))
             problems.push_back({key,

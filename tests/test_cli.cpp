@@ -60,6 +60,19 @@ TEST_CASE("flowrun generate: an empty prompt without a BOS, and a length past th
   CHECK(has(out, "--prompt is empty and the tokenizer"));
   CHECK(has(out, "has no BOS token to start from: give a prompt"));
   // 1000 new tokens after 2 in a 512-token context: it stopped at the context without a word
+  // --temperature 0 (greedy) beside a sampling filter: refused, as a generation_config.json's do_sample with
+  // temperature 0 is (the filter was ignored without a word)
+  out = run(std::string(FLOWRUN_BIN) + " generate --prompt Once --temperature 0 --top_k 5 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "--top_p / --top_k shape sampling, but the temperature is 0 (--temperature 0): greedy decoding "
+                 "would ignore them"));
+  // a prompt that fills the context: one error naming it and the limit (a warning of "at most 0 new tokens" came first)
+  out = run(std::string(FLOWRUN_BIN) + " generate --prompt \"$(printf 'the cat sat on the mat. %.0s' $(seq 200))\" 2>&1",
+            &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "--prompt is "));
+  CHECK(has(out, "tokens, which fill "));
+  CHECK_FALSE(has(out, "after at most 0 new tokens"));
   out = run(std::string(FLOWRUN_BIN) + " generate --prompt Once --temperature 0 --max_new_tokens 1000 2>&1", &rc);
   CHECK(rc == 0);
   CHECK(has(out, "--max_new_tokens 1000 after a prompt of 2 tokens passes"));
@@ -516,7 +529,7 @@ TEST_CASE("flowrun chat samples with --temperature, through generate's sampler: 
   int rc = -1;
   auto out = run("printf 'hi\\nquit\\n' | " + bin + " chat" + model + " --top_k 5 2>&1", &rc);
   CHECK(rc == 1);
-  CHECK(has(out, "give --temperature too"));
+  CHECK(has(out, "--top_p / --top_k shape sampling, but the temperature is 0 (the default here)"));
 }
 
 TEST_CASE("usage errors exit with code 2 and say what is wrong, --help exits 0") {
@@ -1120,6 +1133,14 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   out = run(pre + " --set node.data.seq_length=256 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: node 'ranks': seq_length = 64 but its data node 'data' has seq_length = 256"));
+  // resume on one of them: the data resumed at the end beside ranks starting afresh (nothing trained or saved, exit 0),
+  // or started over beside resumed ranks (the first batches again)
+  for (const char* node : {"ranks", "data"}) {
+    out = run(pre + " --set node." + node + ".resume=false 2>&1", &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, "its data node 'data' has resume = "));
+    CHECK(has(out, "so the two resume together or not at all"));
+  }
   // TencentPretrain's flags on zero_rank: the hint says where each one is set here
   out = run(pre + " --set node.ranks.learning_rate=1e-4 2>&1", &rc);
   CHECK(rc == 2);

@@ -356,9 +356,7 @@ void add_chat(CLI::App& app) {
     auto m = load_policy(o->finetuned);
     check_tokenizer_fits(*tok, o->tokenizer, m, o->finetuned);
     if (const std::string took = sampling->take_defaults(o->finetuned); !took.empty()) spdlog::info("sampling: {}", took);
-    if (sampling->filters_without_temperature())  // they would be ignored: chat decodes greedily by default
-      throw std::invalid_argument("--top_p / --top_k shape sampling, and chat decodes greedily by default: give "
-                                  "--temperature too (> 0; 1 samples the model's own distribution)");
+    sampling->refuse_filters_when_greedy();  // chat decodes greedily by default
     const int64_t ctx_len = m.config().max_seq_len;
     if (o->max_new_tokens > ctx_len - 2)  // the conversation needs at least BOS and one token
       throw std::invalid_argument(fmt::format(

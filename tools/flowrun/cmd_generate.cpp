@@ -236,6 +236,7 @@ void add_generate(CLI::App& app) {
     // the sampling defaults of the model folder `model`, for the options not given (sampling_options::take_defaults)
     const auto take_defaults = [&](const std::string& model) {
       if (const std::string took = sampling->take_defaults(model); !took.empty()) spdlog::info("sampling: {}", took);
+      sampling->refuse_filters_when_greedy();
     };
     const std::vector<std::string> texts = prompt_texts(*o);
     if (!o->prediction_path.empty()) {  // refused before the model loads, not after the work
@@ -281,6 +282,7 @@ void add_generate(CLI::App& app) {
                        "{:g} and top_p {:g}",
                        base, o->sampling->temperature, o->sampling->top_p);
       }
+      sampling->refuse_filters_when_greedy();  // also where the base is no folder
       // the run's own tokenizer (the trainer's, or a pretraining run's data node's), as --model reads a folder's:
       // tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();

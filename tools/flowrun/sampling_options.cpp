@@ -134,9 +134,13 @@ std::string sampling_options::take_defaults(const std::string& model) {
                                   [&](const std::string& name, std::string value) { return checks_.at(name)(value); });
 }
 
-bool sampling_options::filters_without_temperature() const {
-  return o_->temperature == 0 && given_.at("temperature")->count() == 0 &&
-         (given_.at("top_p")->count() > 0 || given_.at("top_k")->count() > 0);
+void sampling_options::refuse_filters_when_greedy() const {
+  if (o_->temperature != 0 || (given_.at("top_p")->count() == 0 && given_.at("top_k")->count() == 0)) return;
+  throw std::invalid_argument(
+      std::string("--top_p / --top_k shape sampling, but the temperature is 0 (") +
+      (given_.at("temperature")->count() > 0 ? "--temperature 0" : "the default here") +
+      "): greedy decoding would ignore them; give --temperature > 0 to sample (1: the model's own distribution), "
+      "or drop them");
 }
 
 generation_config sampling_options::config() const {

@@ -42,9 +42,10 @@ class sampling_options {
   /// (transformers refuses it), or a file's temperature 0 beside --top_p / --top_k without --temperature.
   std::string take_defaults(const std::string& model);
 
-  /// Whether --top_p or --top_k was given (sampling asked for) while the temperature is 0 and was
-  /// not given: the command decodes greedily by default and would ignore them.
-  bool filters_without_temperature() const;
+  /// Throws std::invalid_argument when --top_p or --top_k was given while the temperature (given,
+  /// the command's default or the model folder's, after take_defaults) is 0: greedy decoding would
+  /// ignore them (as a model folder's do_sample true with temperature 0 is refused).
+  void refuse_filters_when_greedy() const;
 
   /// The options as a generation_config's sampling and seed; the caller sets max_new_tokens and stop_ids.
   generation_config config() const;

@@ -51,7 +51,8 @@ class dpo_trainer final : public dschat_trainer {
       throw std::invalid_argument(ctx.spec().get_string("data") + " (this step's training rows): " + e.what());
     }
     ctx.print(fmt::format("[step 2 dpo] train pairs: {}", rep.summary()));
-    if (train_.empty()) throw_all_pairs_identical(ctx, rep.input, ts, d_.max_seq_len);
+    // no rows at all is the share's size (batch_cycle::check says so), not identical pairs
+    if (train_.empty() && rep.input > 0) throw_all_pairs_identical(ctx, rep.input, ts, d_.max_seq_len);
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed + 1);
     order_.check(ctx.name(), "per_device_train_batch_size");
     dschat::process_report erep;

@@ -318,6 +318,7 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
                                      {"eval_fraction", s.get_float("eval_fraction")},
                                      {"seed", s.get_int("seed")},
                                      {"max_seq_len", s.get_int("max_seq_len")},
+                                     {"truncation", s.find_setting("truncation") ? s.get_string("truncation") : ""},
                                      {"dtype", dtype},
                                      {"tokenizer", resolve_user_path(s.get_string("tokenizer"), "tokenizer").string()}}
                               .dump(2) +
@@ -606,9 +607,17 @@ std::vector<graph::node_kind::problem> trainer_choice_problems(const graph::node
                             " = 0 adds none: nothing would train",
                         "set " + lora_dim_setting + " (e.g. 128, DS-Chat's), or only_optimize_lora = false"});
   else if (const auto* w = n.find_setting(lr_setting); n.get_bool("only_optimize_lora") && w && !w->from_default)
-    spdlog::warn("node '{}': {} = {} is the frozen base's rate with only_optimize_lora = true: only the LoRA weights "
-                 "train, at {} = {} on the schedule",
-                 n.name, lr_setting, n.get_float(lr_setting), lora_lr_setting, n.get_float(lora_lr_setting));
+  {
+    // a reward model's or critic's value head trains beside the LoRA weights, in the base's group at this rate (DS-Chat
+    // keeps v_head trainable with only_optimize_lora, as force_optimize_params); the warning said only LoRA trained
+    const bool value_head = n.kind == "rm_trainer" || lr_setting.rfind("critic", 0) == 0;
+    spdlog::warn("node '{}': {} = {} is the frozen base's rate with only_optimize_lora = true: {} train, at {} = {} on "
+                 "the schedule{}",
+                 n.name, lr_setting, n.get_float(lr_setting), value_head ? "the LoRA weights" : "only the LoRA weights",
+                 lora_lr_setting, n.get_float(lora_lr_setting),
+                 value_head ? fmt::format(", and the value head (v_head) at {} = {}", lr_setting, n.get_float(lr_setting))
+                            : std::string());
+  }
   return problems;
 }
 

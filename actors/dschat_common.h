@@ -274,7 +274,11 @@ class batch_cycle {
   /// Refuse, before training, a plan whose rows cannot fill one batch (it would train
   /// nothing): std::invalid_argument naming the node and `batch_setting`.
   void check(const std::string& node, const std::string& batch_setting = "the batch size") const {
-    if (rows_ < 1 || (full_only_ && rows_ < batch_))
+    if (rows_ < 1)  // lowering the batch cannot help: the split left this step nothing to train on
+      throw std::invalid_argument("node '" + node +
+                                  "': its share of the data has no training rows: give this step a larger "
+                                  "data_split share, or lower eval_fraction (the held-out part of each share)");
+    if (full_only_ && rows_ < batch_)
       throw std::invalid_argument("node '" + node + "': its share of the data has " + std::to_string(rows_) +
                                   " rows, too few for a batch of " + std::to_string(batch_) + ": lower " +
                                   batch_setting + " or give this step a larger data_split share");

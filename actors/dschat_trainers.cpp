@@ -146,10 +146,32 @@ class sft_trainer final : public dschat_trainer {
     order_ = batch_cycle(static_cast<int64_t>(train_.size()), d_.per_device_train_batch_size, d_.seed);
     order_.check(ctx.name(), "per_device_train_batch_size");
     ctx.log().info("{}", rep.summary());
+    if (d_.mask_prompt) check_answers_kept(ctx, ts);
     auto eval = dschat::make_sft_examples(rows.eval, *tok_, ts);
     n_eval_ = static_cast<int64_t>(eval.size());
     for (auto& b : dschat::epoch_batches(n_eval_, d_.per_device_train_batch_size, 0, 0, false))
       eval_.push_back(dschat::sft_batch(eval, b, d_.mask_prompt));
+  }
+
+  /// With mask_prompt the loss is the answer's alone: an example cut inside its prompt (truncation "end" at a
+  /// short max_seq_len) keeps only the forced EOS as its target, so the model learns to end mid-prompt (it trained
+  /// on that alone, loss 25.8, without a word). Refused when every example is so, said when some are.
+  void check_answers_kept(actor::node_context& ctx, const dschat::tokenize_settings& ts) const {
+    int64_t lost = 0;
+    for (const auto& e : train_) lost += e.truncated && static_cast<int64_t>(e.ids.size()) - e.prompt_len <= 1;
+    if (lost == 0) return;
+    const std::string fix = ts.truncation == dschat::truncation_mode::end
+                                ? "raise max_seq_len, or set truncation = \"prompt_start\" so that long prompts do not "
+                                  "cut the answers away"
+                                : "raise max_seq_len";
+    if (lost == static_cast<int64_t>(train_.size()))
+      throw std::invalid_argument(fmt::format(
+          "node '{}': every one of the {} training examples lost its whole answer at max_seq_len {} (truncation "
+          "\"{}\"), and mask_prompt = true leaves the loss only the forced EOS: {}",
+          ctx.name(), lost, d_.max_seq_len, ctx.spec().get_string("truncation"), fix));
+    ctx.log().warn("{} of the {} training examples lost their whole answer at max_seq_len {}: with mask_prompt their "
+                   "only target is the forced EOS; {}",
+                   lost, train_.size(), d_.max_seq_len, fix);
   }
 
   void update(actor::node_context& ctx, int64_t step) override {

@@ -532,6 +532,31 @@ TEST_CASE("flowrun chat samples with --temperature, through generate's sampler: 
   CHECK(has(out, "--top_p / --top_k shape sampling, but the temperature is 0 (the default here)"));
 }
 
+TEST_CASE("steps 1-2 and DPO: a share with no training rows, and SFT answers all cut under mask_prompt, say why") {
+  // (a break-it review) DPO's empty share said "every one of the 0 training pairs has chosen equal to rejected ...";
+  // SFT's said "0 rows, too few for a batch of 8: lower per_device_train_batch_size"; an SFT run whose answers were
+  // all cut at max_seq_len trained with mask_prompt on nothing but the forced EOS (loss 25.8) without a word
+  const std::string bin = std::string(FLOWRUN_BIN) + " ", src = std::string(FLOWRUN_SOURCE_DIR) + "/graphs/";
+  const std::string quiet = " --no-progress --set graph.checkpoint_dir= 2>&1";
+  int rc = -1;
+  auto out = run(bin + src + "dpo.graph --set node.dpo.model=model/stories260K/stories260K.bin --set node.dpo.output= "
+                     "--set node.dpo.data_split=10,0,0" + quiet,
+                 &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "node 'dpo': its share of the data has no training rows: give this step a larger data_split share, "
+                 "or lower eval_fraction"));
+  CHECK_FALSE(has(out, "chosen equal to rejected"));
+  out = run(bin + src + "sft.graph --set node.sft.output= --set node.sft.eval_fraction=0.9999" + quiet, &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "node 'sft': its share of the data has no training rows"));
+  out = run(bin + src + "sft.graph --set node.sft.output= --set node.sft.mask_prompt=true --set node.sft.truncation=end "
+                        "--set node.sft.max_seq_len=16" + quiet,
+            &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "training examples lost its whole answer at max_seq_len 16 (truncation \"end\"), and mask_prompt = "
+                 "true leaves the loss only the forced EOS"));
+}
+
 TEST_CASE("usage errors exit with code 2 and say what is wrong, --help exits 0") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " generate --no-such-option 2>&1", &rc);

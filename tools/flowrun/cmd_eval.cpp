@@ -46,6 +46,7 @@ struct eval_opts {
   int64_t step = 3;
   bool apply_chat_template = false;
   std::string dtype = "fp32";  ///< eval reward: the products' precision (the training's, from flowrun_data.json)
+  std::string truncation = "prompt_start";  ///< eval reward: rm_trainer's truncation (the training's, from flowrun_data.json)
 };
 
 // --apply_chat_template: the trainers' rule (chat_formatter_for_tokenizer) on --tokenizer, into the
@@ -241,10 +242,16 @@ void add_eval(CLI::App& app) {
                                       recorded)
                       ->capture_default_str()
                       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  auto* rw_trunc = rw->add_option("--truncation", r->truncation,
+                                  std::string("end (DS-Chat's) or prompt_start, how a pair past --max_seq_len is cut, "
+                                              "as rm_trainer's truncation") +
+                                      recorded)
+                      ->capture_default_str()
+                      ->check(CLI::IsMember({"end", "prompt_start"}));
   rw->add_flag("--apply_chat_template", r->apply_chat_template,
                "render the pairs with the chat template of the --tokenizer HF folder, as rm_trainer's "
                "apply_chat_template does");
-  rw->callback([r, rw_tok, rw_data, rw_split, rw_frac, rw_seed, rw_len, rw_dtype] {
+  rw->callback([r, rw_tok, rw_data, rw_split, rw_frac, rw_seed, rw_len, rw_dtype, rw_trunc] {
     r->tokenizer = tokenizer_for({r->model}, r->tokenizer, rw_tok->count() > 0);
     const auto rec = std::filesystem::path(resolve_user_path(r->model, "model")) / "flowrun_data.json";
     if (std::filesystem::is_regular_file(rec)) {  // rm_trainer's split: its held-out rows, not others
@@ -258,6 +265,13 @@ void add_eval(CLI::App& app) {
       if (rw_seed->count() == 0) r->seed = j.value("seed", r->seed);
       if (rw_len->count() == 0) r->max_seq_len = j.value("max_seq_len", r->max_seq_len);
       if (rw_dtype->count() == 0) r->dtype = j.value("dtype", r->dtype);
+      // a folder written before the truncation was recorded holds "" or nothing: the default stays
+      if (const std::string t = j.value("truncation", std::string()); rw_trunc->count() == 0 && !t.empty()) {
+        if (t != "end" && t != "prompt_start")
+          throw std::invalid_argument(rec.string() + ": truncation = \"" + t +
+                                      "\" is neither \"end\" nor \"prompt_start\": fix it, or give --truncation");
+        r->truncation = t;
+      }
       // a folder trained before the split took DS-Chat's row order holds out other rows than these
       if (j.value("data_split_order", std::string()) != dschat::split_order)
         spdlog::warn("{} was written before the data split took DS-Chat's row order (flowrun 2026-12-05): the "
@@ -276,9 +290,10 @@ void add_eval(CLI::App& app) {
                        r->tokenizer, t, why);
         }
       }
-      spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {}, dtype {} ({} "
-                   "recorded the training's; options given win)",
-                   r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, r->dtype, rec.string());
+      spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {}, truncation {}, "
+                   "dtype {} ({} recorded the training's; options given win)",
+                   r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, r->truncation, r->dtype,
+                   rec.string());
     }
     auto tok = load_tokenizer(resolve_user_path(r->tokenizer, "tokenizer").string());
     auto chat = chat_option(*r);
@@ -293,7 +308,7 @@ void add_eval(CLI::App& app) {
     auto rows = held_out(*r, static_cast<int>(r->step) - 1);
     dschat::tokenize_settings ts;
     ts.max_seq_len = r->max_seq_len;
-    ts.truncation = dschat::truncation_mode::prompt_start;
+    ts.truncation = r->truncation == "end" ? dschat::truncation_mode::end : dschat::truncation_mode::prompt_start;
     ts.chat = chat;
     print_rendered_row(*r, rows, ts, /*prompt_only=*/false);
     dschat::process_report rep;

@@ -116,19 +116,21 @@ class dpo_trainer final : public dschat_trainer {
     ctx.signal("held_out/accuracy", e.accuracy);
     ctx.signal("held_out/rewards/chosen", e.chosen_reward);
     ctx.signal("held_out/rewards/rejected", e.rejected_reward);
-    const std::string line = fmt::format(
-        "preference accuracy {:.3f} ± {:.3f}, log-prob accuracy {:.3f} ± {:.3f}, DPO loss {:.4f} over {} pairs",
-        e.accuracy, e.accuracy_stderr, e.logp_accuracy, e.logp_accuracy_stderr, e.loss, e.pairs);
+    // IPO's loss compares per-token mean log-probs (TRL divides them by the length), and so does this accuracy there
+    const char* logp = s_.loss.loss_type == rlhf::dpo_loss_type::ipo ? "per-token log-prob accuracy" : "log-prob accuracy";
+    const std::string line =
+        fmt::format("preference accuracy {:.3f} ± {:.3f}, {} {:.3f} ± {:.3f}, DPO loss {:.4f} over {} pairs", e.accuracy,
+                    e.accuracy_stderr, logp, e.logp_accuracy, e.logp_accuracy_stderr, e.loss, e.pairs);
     if (before) {
       before_ = e;
       return fmt::format("[step 2 dpo] {} train / {} held-out pairs; held-out {} before (policy = reference: every "
                          "margin is 0)",
                          train_.size(), e.pairs, line);
     }
-    return fmt::format("[step 2 dpo] held-out {} after; rewards chosen {:.3f} rejected {:.3f}; log-prob accuracy "
+    return fmt::format("[step 2 dpo] held-out {} after; rewards chosen {:.3f} rejected {:.3f}; {} "
                        "{:.3f} -> {:.3f}, loss {:.4f} -> {:.4f}; {:.1f} s",
-                       line, e.chosen_reward, e.rejected_reward, before_.logp_accuracy, e.logp_accuracy, before_.loss,
-                       e.loss, seconds);
+                       line, e.chosen_reward, e.rejected_reward, logp, before_.logp_accuracy, e.logp_accuracy,
+                       before_.loss, e.loss, seconds);
   }
 
   nlohmann::json state() const override {

@@ -606,6 +606,18 @@ std::vector<graph::node_kind::problem> trainer_choice_problems(const graph::node
                         "only_optimize_lora = true trains only the LoRA weights, and " + lora_dim_setting +
                             " = 0 adds none: nothing would train",
                         "set " + lora_dim_setting + " (e.g. 128, DS-Chat's), or only_optimize_lora = false"});
+  else if (n.get_int(lora_dim_setting) > 0 && n.get_float(lr_setting) == 0 && n.get_float(lora_lr_setting) > 0)
+    // the LoRA group follows learning_rate's schedule as a ratio to it (zero_settings::adapter_lr): at 0 there is no
+    // ratio, and the LoRA weights trained at a constant lora_learning_rate while the log printed lr 0
+    problems.push_back({lr_setting,
+                        fmt::format("{} = 0 with {} = {}: the LoRA weights follow the schedule as a ratio to {}, "
+                                    "which has none at 0",
+                                    lr_setting, lora_lr_setting, n.get_float(lora_lr_setting), lr_setting),
+                        fmt::format("give {} > 0 (with only_optimize_lora = true the base stays frozen at any rate{})",
+                                    lr_setting,
+                                    n.kind == "rm_trainer" || lr_setting.rfind("critic", 0) == 0
+                                        ? "; the value head trains at it"
+                                        : "")});
   else if (const auto* w = n.find_setting(lr_setting); n.get_bool("only_optimize_lora") && w && !w->from_default)
   {
     // a reward model's or critic's value head trains beside the LoRA weights, in the base's group at this rate (DS-Chat

@@ -555,6 +555,31 @@ TEST_CASE("steps 1-2 and DPO: a share with no training rows, and SFT answers all
   CHECK(rc != 0);
   CHECK(has(out, "training examples lost its whole answer at max_seq_len 16 (truncation \"end\"), and mask_prompt = "
                  "true leaves the loss only the forced EOS"));
+  // learning_rate 0 beside LoRA: the LoRA rate is a ratio to it on the schedule (it trained at a constant
+  // lora_learning_rate, the log printing lr 0)
+  out = run(bin + src + "sft.graph --set node.sft.output= --set node.sft.lora_dim=4 --set node.sft.only_optimize_lora=true "
+                        "--set node.sft.learning_rate=0" + quiet,
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "learning_rate = 0 with lora_learning_rate = 0.0005: the LoRA weights follow the schedule as a ratio"));
+  // dpo.graph before sft.graph: the missing model is what the graph beside it writes (it said to fix the path)
+  {
+    namespace fs = std::filesystem;
+    const auto dir = fs::temp_directory_path() / "flowrun_cli_graph_order" / "graphs";
+    fs::remove_all(dir.parent_path());
+    fs::create_directories(dir);
+    for (const char* g : {"dpo.graph", "sft.graph"}) fs::copy_file(src + g, dir / g);
+    out = run(bin + (dir / "dpo.graph").string() + quiet, &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, "hint: sft.graph beside it writes this file: run `flowrun " + (dir / "sft.graph").string() + "` first"));
+    fs::remove_all(dir.parent_path());
+  }
+  // a warmup longer than the run: said, as step 3 says it (the run never reached its peak rate)
+  out = run(bin + src + "sft.graph --set node.sft.output= --set node.sft.steps=2 --set node.sft.num_warmup_steps=10" + quiet,
+            &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "num_warmup_steps = 10 and the run has 2 updates: every update is in warmup, the last at 1.00e-04, "
+                 "10% of learning_rate"));
 }
 
 TEST_CASE("usage errors exit with code 2 and say what is wrong, --help exits 0") {

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <set>
 #include <system_error>
@@ -403,6 +404,27 @@ class validator {
             ? base + ", then under the asset root, but no asset root was given: set FLOWRUN_ASSETS, or fix the path"
             : base + ", then under the asset root (FLOWRUN_ASSETS): fix the path, or point FLOWRUN_ASSETS at the "
                      "folder that holds it";
+    // another graph beside this one writes it (dpo.graph and ppo.graph start from what sft.graph wrote): say to run
+    // that one first, rather than to fix a path that is right
+    if (!pos.from_command_line() && !pos.file.empty() && !fs::path(text).is_absolute()) {
+      std::error_code ec;
+      const fs::path here = fs::path(pos.file);
+      for (const auto& e : fs::directory_iterator(here.parent_path().empty() ? "." : here.parent_path(), ec)) {
+        if (e.path().extension() != ".graph" || fs::equivalent(e.path(), here, ec)) continue;
+        std::ifstream f(e.path());
+        bool writes = false;  // a line `output = "TEXT"` (a trainer's output, spelt as this setting is)
+        for (std::string line; !writes && std::getline(f, line);) {
+          const auto at = line.find_first_not_of(" \t");
+          writes = at != std::string::npos && line.compare(at, 6, "output") == 0 &&
+                   line.find("\"" + text + "\"") != std::string::npos;
+        }
+        if (writes) {
+          hint = e.path().filename().string() + " beside it writes this file: run `flowrun " + e.path().string() +
+                 "` first";
+          break;
+        }
+      }
+    }
     error(first_known(pos, node.pos),
           "file not found for setting '" + name + "' of node '" + node.name + "': '" + text + "' (looked in " + looked +
               ")",

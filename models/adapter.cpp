@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "models/hf.h"
@@ -360,9 +361,19 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
     if (it == ours.end())
       throw misfit(st_path.string() + ": tensor '" + peft_name(model.config(), e.name) +
                    "' is missing (the adapter's target_modules do not match the file)");
-    if (it->second.shape() != e.shape)
+    if (it->second.shape() != e.shape) {
+      // only the rank side differs (A is (r, in), B is (out, r)): the config's r is not the file's, whatever the base
+      const auto& got = it->second.shape();
+      if (got.size() == 2 && e.shape.size() == 2 && lc.lora_r > 0 &&
+          ((got[1] == e.shape[1] && e.shape[0] == lc.lora_r) || (got[0] == e.shape[0] && e.shape[1] == lc.lora_r)))
+        throw std::runtime_error(fmt::format("{}: r = {} but tensor '{}' of {} has rank {} (shape {}): the config does "
+                                             "not match its tensors; fix r in adapter_config.json (to {})",
+                                             cfg_path.string(), lc.lora_r, it->first, st_path.string(),
+                                             got[1] == e.shape[1] ? got[0] : got[1], shape_str(got),
+                                             got[1] == e.shape[1] ? got[0] : got[1]));
       throw misfit(st_path.string() + ": tensor '" + it->first + "' has shape " + shape_str(it->second.shape()) +
                    ", the model needs " + shape_str(e.shape));
+    }
     int64_t nh = rope_rows_heads(model.config(), e.name);
     auto& dst = model.w().by_name.at(e.name);
     if (nh) dst.copy_from(permute_rope_rows(it->second, nh, model.config().head_dim(), false).to(dst.dev()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 
@@ -30,12 +31,140 @@ tensor prefill_shared(decoder& model, kv_cache& cache, const row_groups& g, cons
   return out;
 }
 
+generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt, const generation_config& cfg) {
+  const auto& mc = model.config();
+  const int64_t K = cfg.num_beams, P = static_cast<int64_t>(prompt.size());
+  if (K < 2) throw std::invalid_argument("beam_search: num_beams must be >= 2 (got " + std::to_string(K) + ")");
+  if (P == 0) throw std::invalid_argument("generate: empty prompt (add a BOS token)");
+  if (P >= mc.max_seq_len)
+    throw std::invalid_argument("generate: prompt of " + std::to_string(P) + " tokens leaves no room in max_seq_len " +
+                                std::to_string(mc.max_seq_len));
+  generation_result out;
+  if (cfg.max_new_tokens <= 0) return out;
+  const int64_t S = std::min<int64_t>(mc.max_seq_len, P + cfg.max_new_tokens);  // transformers' max_length
+  const int64_t V = mc.vocab_limit();
+  const int64_t keep = std::max<int64_t>(2, 1 + static_cast<int64_t>(cfg.stop_ids.size())) * K;
+  const auto is_stop = [&](int32_t t) { return std::find(cfg.stop_ids.begin(), cfg.stop_ids.end(), t) != cfg.stop_ids.end(); };
+
+  // one prefill, its K/V in every beam's row (prefill_shared)
+  kv_cache cache = model.make_cache(K, S);
+  auto ids = tensor::empty({K, P}, dtype::i32), pos = tensor::empty({K, P}, dtype::i32);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t t = 0; t < P; ++t) ids.data<int32_t>()[k * P + t] = prompt[t], pos.data<int32_t>()[k * P + t] = t;
+  const row_groups one = group_rows(K, [](int64_t) { return 0; });
+  tensor logits = prefill_shared(model, cache, one, ids, pos, {}, false).to(device::cpu());  // (1, Vrow)
+  int64_t Vrow = logits.size(1);
+  std::vector<int64_t> row_of(K, 0);  // the logits row of each beam (one shared row after the prefill)
+
+  std::vector<std::vector<int32_t>> run(K);  // each running beam's new tokens
+  std::vector<float> run_score(K, -1.0e9f);
+  run_score[0] = 0.0f;  // the other beams start at -1e9, so the first step expands beam 0 alone
+  struct hypothesis {
+    float score;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<hypothesis> done;  // at most K, best first
+  std::vector<float> lp(static_cast<size_t>(K * V));
+  std::vector<int64_t> order(static_cast<size_t>(K * V));
+  for (int64_t cur = P;; ++cur) {
+    // log-softmax of each beam's row (float32, as torch's), the repetition penalty on it, plus the beam's sum
+    for (int64_t k = 0; k < K; ++k) {
+      const float* row = logits.data<float>() + row_of[k] * Vrow;
+      float* l = lp.data() + k * V;
+      const float mx = *std::max_element(row, row + V);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
+      const float lse = mx + static_cast<float>(std::log(sum));
+      for (int64_t v = 0; v < V; ++v) l[v] = row[v] - lse;
+      if (cfg.sampling.repetition_penalty != 1.0f) {  // transformers' RepetitionPenaltyLogitsProcessor, on log-probs
+        std::vector<bool> seen(static_cast<size_t>(V), false);
+        auto mark = [&](int32_t t) {
+          if (t >= 0 && t < V && !seen[static_cast<size_t>(t)]) {
+            seen[static_cast<size_t>(t)] = true;
+            l[t] = l[t] < 0 ? l[t] * cfg.sampling.repetition_penalty : l[t] / cfg.sampling.repetition_penalty;
+          }
+        };
+        for (int32_t t : prompt) mark(t);
+        for (int32_t t : run[k]) mark(t);
+      }
+      for (int64_t v = 0; v < V; ++v) l[v] += run_score[k];
+    }
+    // the best `keep` continuations over every beam, best first (ties: the lower beam, then the lower token)
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
+      return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+    });
+    std::vector<int64_t> cand_beam(keep), new_len(keep);
+    std::vector<int32_t> cand_tok(keep);
+    std::vector<bool> hit(keep);
+    bool all_hit = true;
+    for (int64_t c = 0; c < keep; ++c) {
+      cand_beam[c] = order[c] / V;
+      cand_tok[c] = static_cast<int32_t>(order[c] % V);
+      hit[c] = is_stop(cand_tok[c]) || cur + 1 >= S;
+      all_hit = all_hit && hit[c];
+    }
+    // finished: those among the first K that end here, scored by their length (the new tokens, the stop id in)
+    const float len_pen = std::pow(static_cast<float>(cur + 1 - P), cfg.length_penalty);
+    for (int64_t c = 0; c < K; ++c) {
+      if (!hit[c]) continue;
+      hypothesis h{lp[order[c]] / len_pen, run[cand_beam[c]]};
+      h.tokens.push_back(cand_tok[c]);
+      done.push_back(std::move(h));
+    }
+    std::stable_sort(done.begin(), done.end(), [](const hypothesis& a, const hypothesis& b) { return a.score > b.score; });
+    if (static_cast<int64_t>(done.size()) > K) done.resize(K);
+    if (all_hit) break;
+    // the next running beams: the best K that did not end (an ended one scores -1e9 more)
+    std::vector<int64_t> pick(keep);
+    std::iota(pick.begin(), pick.end(), int64_t{0});
+    auto running_score = [&](int64_t c) { return lp[order[c]] + (hit[c] ? -1.0e9f : 0.0f); };
+    std::stable_sort(pick.begin(), pick.end(), [&](int64_t a, int64_t b) { return running_score(a) > running_score(b); });
+    std::vector<std::vector<int32_t>> next_run(K);
+    std::vector<int64_t> src(K);
+    auto step_ids = tensor::empty({K, 1}, dtype::i32), step_pos = tensor::empty({K, 1}, dtype::i32);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t c = pick[k];
+      src[k] = cand_beam[c];
+      next_run[k] = run[cand_beam[c]];
+      next_run[k].push_back(cand_tok[c]);
+      run_score[k] = running_score(c);
+      step_ids.data<int32_t>()[k] = cand_tok[c];
+      step_pos.data<int32_t>()[k] = static_cast<int32_t>(cur);
+    }
+    run = std::move(next_run);
+    // can a running beam still beat the worst of K finished ones? (transformers' heuristic with early_stopping
+    // false: the best running sum over the new tokens so far)
+    if (static_cast<int64_t>(done.size()) == K &&
+        run_score[0] / std::pow(static_cast<float>(cur + 1 - P), cfg.length_penalty) <= done.back().score)
+      break;
+    // the cache's rows follow their beams, then every beam's next token
+    kv_cache moved = model.make_cache(K, S);
+    for (size_t l = 0; l < cache.k.size(); ++l)
+      for (int64_t k = 0; k < K; ++k) {
+        moved.k[l].rows(k, k + 1).copy_from(cache.k[l].rows(src[k], src[k] + 1));
+        moved.v[l].rows(k, k + 1).copy_from(cache.v[l].rows(src[k], src[k] + 1));
+      }
+    cache = std::move(moved);
+    logits = model.forward_cached(cache, step_ids, step_pos, {}, cur).to(device::cpu());
+    Vrow = logits.size(1);
+    std::iota(row_of.begin(), row_of.end(), int64_t{0});
+  }
+  out.tokens = done.front().tokens;
+  out.stopped = !out.tokens.empty() && is_stop(out.tokens.back());
+  return out;
+}
+
 std::vector<generation_result> generate(decoder& model, const std::vector<std::vector<int32_t>>& prompts,
                                         const generation_config& cfg) {
   const auto& mc = model.config();
   const int64_t B = static_cast<int64_t>(prompts.size());
   std::vector<generation_result> out(B);
   if (B == 0) return out;
+  if (cfg.num_beams > 1) {
+    for (int64_t b = 0; b < B; ++b) out[b] = beam_search(model, prompts[b], cfg);
+    return out;
+  }
   if (cfg.max_new_tokens < 0)
     throw std::invalid_argument("generate: max_new_tokens must be >= 0 (got " + std::to_string(cfg.max_new_tokens) + ")");
   if (cfg.max_new_tokens == 0) return out;

@@ -21,6 +21,11 @@ struct generation_config {
   /// greedy rows: log_prob_temperature), over the whole logits row (token_log_prob, as
   /// rlhf::gather_log_probs_forward computes it): generation_result::logprobs.
   bool record_logprobs = false;
+  /// > 1: beam search (transformers' generate with num_beams and do_sample false; see beam_search below)
+  /// instead of sampling; the sampling settings but repetition_penalty are then unused.
+  int64_t num_beams = 1;
+  /// Beam search: a finished beam scores sum log p / (new tokens)^length_penalty (transformers' default 1).
+  float length_penalty = 1.0f;
 };
 
 struct generation_result {
@@ -60,8 +65,21 @@ row_groups group_rows(int64_t B, KeyFn key) {
 tensor prefill_shared(decoder& model, kv_cache& cache, const row_groups& g, const tensor& ids, const tensor& positions,
                       const tensor& mask, bool all_logits);
 
+/// Beam search over one prompt (token ids, non-empty) with cfg.num_beams beams, as transformers'
+/// generate() with num_beams and do_sample false does it (generation/utils.py _beam_search, 4.50 and
+/// later; early_stopping false): each step the beams' next-token log-softmax (repetition_penalty applied
+/// to it, as transformers' processor) plus their running sums; the best (1 + stop ids, at least 2) x
+/// num_beams continuations; those ending on a stop id (or at the length limit) among the first num_beams
+/// become finished hypotheses scored sum / (new tokens)^length_penalty, the best num_beams others run on;
+/// the search ends when no running beam can beat the worst of num_beams finished ones (the best running
+/// sum over the current new tokens^length_penalty) or every continuation ends. Returns the best finished
+/// hypothesis (its stop id included). The beams share one prefill; the KV cache's rows follow their beams.
+/// Throws std::invalid_argument for an empty prompt, one longer than max_seq_len or num_beams < 2.
+generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt, const generation_config& cfg);
+
 /// Generate for each prompt (token ids, each non-empty). Prompts are left-padded
 /// into one batch; a padded sequence yields the same tokens as when run alone.
+/// With cfg.num_beams > 1, each prompt's beam_search instead.
 /// Throws std::invalid_argument for an empty prompt or one longer than max_seq_len.
 std::vector<generation_result> generate(decoder& model, const std::vector<std::vector<int32_t>>& prompts,
                                         const generation_config& cfg);

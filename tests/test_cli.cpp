@@ -136,6 +136,28 @@ TEST_CASE("flowrun generate --test_path answers every line, as --prompt alone wi
   fs::remove_all(dir);
 }
 
+TEST_CASE("flowrun generate --num_beams searches beams, eval prompts --num_beams too; sampling options beside it refused") {
+  // DS-Chat's prompt_eval.py and transformers take --num_beams; there was no beam search (its tokens equal
+  // transformers': test_generate "beam search gives transformers' tokens ...")
+  const std::string bin = std::string(FLOWRUN_BIN);
+  int rc = -1;
+  auto beams = run(bin + " generate --prompt 'Once upon a time' --num_beams 4 --max_new_tokens 40 2>/dev/null", &rc);
+  CHECK(rc == 0);
+  auto greedy = run(bin + " generate --prompt 'Once upon a time' --temperature 0 --max_new_tokens 40 2>/dev/null", &rc);
+  CHECK(beams.rfind("Once upon a time", 0) == 0);
+  CHECK(beams != greedy);  // 4 beams find another continuation than greedy decoding here
+  // the sampling defaults do not apply; a sampling option given does not mix with beams
+  auto out = run(bin + " generate --prompt Once --num_beams 2 --temperature 0.8 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "--num_beams 2 searches beams deterministically (transformers' num_beams without do_sample): drop "
+                 "--temperature / --top_p / --top_k"));
+  out = run(bin + " eval prompts --baseline model/stories260K/stories260K.bin --finetuned model/stories260K/stories260K.bin "
+                  "--n 1 --max_new_tokens 8 --num_beams 2 2>/dev/null",
+            &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "beam search (2 beams) answers, at most 8 tokens"));
+}
+
 TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about before the default reads its text") {
   // AutoTokenizer refuses such a folder; the default tok512.model read it silently
   int rc = -1;
@@ -1660,7 +1682,8 @@ TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and
   CHECK(rc == 2);
   CHECK(has(out, "hint: --max-new-tokens is --max_new_tokens here"));
   CHECK(has(out, "hint: --do_sample: sampling is on with --temperature > 0"));
-  CHECK(has(out, "hint: --num_beams: there is no beam search here"));
+  CHECK_FALSE(has(out, "--num_beams:"));  // generate's own option (beam search)
+  CHECK(has(run(bin + " chat --num_beams 2 2>&1", &rc), "hint: --num_beams: beam search is `flowrun generate --num_beams`"));
   out = run(bin + " generate --temprature 0.5 2>&1", &rc);
   CHECK(has(out, "hint: --temprature: did you mean --temperature?"));
   out = run(bin + " chat --path x 2>&1", &rc);

@@ -3,7 +3,11 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
+#include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "models/generate.h"
 #include "models/llama2c.h"
@@ -26,6 +30,46 @@ TEST_CASE("greedy generation from BOS reproduces greedy_from_bos_tokens and text
   got.insert(got.end(), res[0].tokens.begin(), res[0].tokens.end());
   CHECK(got == want);
   CHECK(tok->decode(got) == ref["greedy_from_bos_text"].get<std::string>());
+}
+
+TEST_CASE("beam search gives transformers' tokens: num_beams 2-5, length_penalty 0.5-2, beams ending at EOS or BOS") {
+  // tests/fixtures/beam/stories260K_beams.jsonl: transformers 5.25's generate(num_beams, do_sample=False,
+  // length_penalty, max_new_tokens) on stories260K converted to an HF folder (tests/fixtures/make_beam_reference.py);
+  // the two 300-token cases end at a stop id (272 and 239 new tokens), where the finished hypotheses and the early
+  // stop decide
+  auto model = load_llama2c(test::model_path());
+  std::ifstream f(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/beam/stories260K_beams.jsonl");
+  int cases = 0, ended = 0;
+  for (std::string line; std::getline(f, line);) {
+    const auto c = nlohmann::json::parse(line);
+    CAPTURE(line.substr(0, 120));
+    generation_config g;
+    g.num_beams = c["num_beams"].get<int64_t>();
+    g.length_penalty = c["length_penalty"].get<float>();
+    g.max_new_tokens = c["max_new_tokens"].get<int64_t>();
+    g.stop_ids = {2, 1};  // EOS or a new BOS: llama2.c's rule, the converted folder's generation_config.json
+    const auto want = c["new_ids"].get<std::vector<int32_t>>();
+    const auto got = beam_search(model, c["prompt_ids"].get<std::vector<int32_t>>(), g);
+    CHECK(got.tokens == want);
+    CHECK(got.stopped == (want.size() < static_cast<size_t>(g.max_new_tokens)));
+    // one entry point: generate() with num_beams searches each prompt
+    CHECK(generate(model, {c["prompt_ids"].get<std::vector<int32_t>>()}, g)[0].tokens == want);
+    ++cases;
+    ended += want.size() < static_cast<size_t>(g.max_new_tokens);
+  }
+  CHECK(cases == 6);
+  CHECK(ended == 2);
+}
+
+TEST_CASE("beam search: one beam is refused, no new token gives none") {
+  auto model = load_llama2c(test::model_path());
+  generation_config g;
+  g.num_beams = 1;
+  CHECK_THROWS_AS(beam_search(model, {1, 403}, g), std::invalid_argument);
+  g.num_beams = 3;
+  g.max_new_tokens = 0;
+  CHECK(beam_search(model, {1, 403}, g).tokens.empty());
+  CHECK_THROWS_AS(beam_search(model, {}, g), std::invalid_argument);
 }
 
 TEST_CASE("batched generation with left padding equals per-sequence generation, token for token") {

@@ -42,6 +42,7 @@ struct eval_opts {
   int64_t n = 5;
   int64_t max_prompt_seq_len = 48;
   int64_t max_new_tokens = 48;
+  int64_t num_beams = 1;  ///< eval prompts: DS-Chat prompt_eval.py's --num_beams (1: greedy, its default search)
   int64_t max_seq_len = 96;
   int64_t step = 3;
   bool apply_chat_template = false;
@@ -135,6 +136,11 @@ void add_eval(CLI::App& app) {
   pr->add_option("--n", o->n, "prompts to show")->capture_default_str();
   pr->add_option("--max_prompt_seq_len", o->max_prompt_seq_len, "prompt tokens kept (the end)")->capture_default_str();
   pr->add_option("--max_new_tokens", o->max_new_tokens, "answer tokens at most")->capture_default_str();
+  pr->add_option("--num_beams", o->num_beams,
+                 "beam search over this many beams (prompt_eval.py's --num_beams, transformers' beam search); 1: "
+                 "greedy, its default")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{64}));
   pr->add_flag("--apply_chat_template", o->apply_chat_template,
                "render the prompts with the chat template of the --tokenizer HF folder, as prompt_loader's "
                "apply_chat_template does");
@@ -179,16 +185,20 @@ void add_eval(CLI::App& app) {
     if (n == 0)
       throw std::invalid_argument("no held-out prompt to answer (" + rows.summary +
                                   "): give --data more rows, or the --data_split and --seed the training used");
-    std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); greedy answers, at most {} tokens\n", n,
-                             rows.summary, o->max_new_tokens);
+    std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); {} answers, at most {} tokens\n", n,
+                             rows.summary,
+                             o->num_beams > 1 ? fmt::format("beam search ({} beams)", o->num_beams) : "greedy",
+                             o->max_new_tokens);
     print_rendered_row(*o, rows, ts, /*prompt_only=*/true);
     progress_line line("flowrun eval", "eval prompts");  // prompts answered by both models, of n
     line.update(0, n);
     const auto base_stops = stop_ids_for(o->baseline, tok->bos_id(), tok->eos_id());
     const auto tuned_stops = stop_ids_for(o->finetuned, tok->bos_id(), tok->eos_id());
     for (int64_t i = 0; i < n; ++i) {
-      const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens, base_stops);
-      const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens, tuned_stops);
+      generation_config g = greedy();
+      g.num_beams = o->num_beams;
+      const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens, base_stops, g);
+      const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens, tuned_stops, g);
       line.clear();
       std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
                                tail(tok->decode(prompts[i].ids), 300));

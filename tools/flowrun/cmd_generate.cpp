@@ -39,6 +39,8 @@ struct generate_opts {
   std::string zero_checkpoint;
   int world_size = 2;
   std::string lora;  // a PEFT adapter folder on top of --model
+  int64_t num_beams = 1;        // transformers' num_beams (beam search: models/generate.h beam_search)
+  float length_penalty = 1.0f;  // transformers' length_penalty
   std::string test_path;        // TencentPretrain's: one prompt per line
   std::string prediction_path;  // TencentPretrain's: where the texts go (default: standard output)
 };
@@ -109,6 +111,8 @@ std::vector<std::vector<int32_t>> prompt_id_lists(const generate_opts& o, const 
 generation_config generation_of(const generate_opts& o, const sampling_options& s, const tokenizer& tok) {
   generation_config g = s.config();
   g.max_new_tokens = o.max_new_tokens;
+  g.num_beams = o.num_beams;
+  g.length_penalty = o.length_penalty;
   // a ZeRO checkpoint holds pretraining's llama2.c-style models: EOS or a new BOS, as llama2.c's files
   g.stop_ids = o.zero_checkpoint.empty() ? stop_ids_for(o.model, tok.bos_id(), tok.eos_id())
                                          : std::vector<int32_t>{tok.eos_id(), tok.bos_id()};
@@ -220,6 +224,15 @@ void add_generate(CLI::App& app) {
   sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str()
       ->check(setting_check(*gen.find_setting("max_new_tokens"), gen.name));
+  sub->add_option("--num_beams", o->num_beams,
+                  "Beam search over this many beams (transformers' generate with num_beams, do_sample false: the "
+                  "sampling options do not apply); 1 = off")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{64}));
+  sub->add_option("--length_penalty", o->length_penalty,
+                  "Beam search: a finished beam scores sum log p / (new tokens)^length_penalty (transformers')")
+      ->capture_default_str()
+      ->check(CLI::Range(-10.0, 10.0));
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
                   "--world_size ranks that gather each layer as it runs (instead of --model). A LoRA run's "
@@ -238,6 +251,10 @@ void add_generate(CLI::App& app) {
       if (const std::string took = sampling->take_defaults(model); !took.empty()) spdlog::info("sampling: {}", took);
       sampling->refuse_filters_when_greedy();
     };
+    if (o->num_beams > 1 && sampling->sampling_given() && o->sampling->temperature != 0)
+      throw std::invalid_argument("--num_beams " + std::to_string(o->num_beams) +
+                                  " searches beams deterministically (transformers' num_beams without do_sample): "
+                                  "drop --temperature / --top_p / --top_k, or --num_beams to sample");
     const std::vector<std::string> texts = prompt_texts(*o);
     if (!o->prediction_path.empty()) {  // refused before the model loads, not after the work
       namespace fs = std::filesystem;

@@ -25,7 +25,8 @@ const std::map<std::string, foreign_flag>& foreign_flags() {
       {"do_sample", {{"generate", "chat"}, "sampling is on with --temperature > 0 (an HF folder's generation_config.json "
                                    "decides when no sampling option is given); --temperature 0 is greedy"}},
       {"greedy", {{"generate", "chat"}, "--temperature 0 is greedy"}},
-      {"num_beams", {{"generate", "chat"}, "there is no beam search here: --temperature 0 decodes greedily, > 0 samples"}},
+      {"num_beams", {{"chat"}, "beam search is `flowrun generate --num_beams` and `eval prompts --num_beams`; chat "
+                               "decodes greedily, or samples with --temperature"}},
       {"num_return_sequences", {{"generate"}, "one sequence per run: run again with another --seed"}},
       {"model_name_or_path", {decoding, "the model is --model here (eval prompts: --baseline, --finetuned)"}},
       {"model_name_or_path_baseline", {{"eval"}, "DS-Chat's --model_name_or_path_baseline is --baseline here"}},
@@ -44,7 +45,7 @@ const std::map<std::string, std::string>& greedy_commands_flags() {
   static const std::map<std::string, std::string> m = {
       {"do_sample", "eval prompts decodes greedily (DS-Chat's prompt_eval.py does too); `flowrun generate` and "
                     "`flowrun chat --temperature` sample"},
-      {"num_beams", "there is no beam search here: eval prompts decodes greedily"},
+
       {"temperature", "eval prompts decodes greedily; `flowrun generate` and `flowrun chat --temperature` sample"}};
   return m;
 }

@@ -143,6 +143,10 @@ void sampling_options::refuse_filters_when_greedy() const {
       "or drop them");
 }
 
+bool sampling_options::sampling_given() const {
+  return given_.at("temperature")->count() > 0 || given_.at("top_p")->count() > 0 || given_.at("top_k")->count() > 0;
+}
+
 generation_config sampling_options::config() const {
   generation_config g;
   g.sampling.temperature = o_->temperature;

@@ -47,6 +47,9 @@ class sampling_options {
   /// ignore them (as a model folder's do_sample true with temperature 0 is refused).
   void refuse_filters_when_greedy() const;
 
+  /// Whether --temperature, --top_p or --top_k was given on the command line.
+  bool sampling_given() const;
+
   /// The options as a generation_config's sampling and seed; the caller sets max_new_tokens and stop_ids.
   generation_config config() const;
 

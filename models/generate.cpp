@@ -138,14 +138,21 @@ generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt
     if (static_cast<int64_t>(done.size()) == K &&
         run_score[0] / std::pow(static_cast<float>(cur + 1 - P), cfg.length_penalty) <= done.back().score)
       break;
-    // the cache's rows follow their beams, then every beam's next token
-    kv_cache moved = model.make_cache(K, S);
-    for (size_t l = 0; l < cache.k.size(); ++l)
-      for (int64_t k = 0; k < K; ++k) {
-        moved.k[l].rows(k, k + 1).copy_from(cache.k[l].rows(src[k], src[k] + 1));
-        moved.v[l].rows(k, k + 1).copy_from(cache.v[l].rows(src[k], src[k] + 1));
+    // the cache's rows follow their beams (the cur positions filled; a beam that stays in its row is not
+    // copied; a row that another beam takes is read before it is written), then every beam's next token
+    std::vector<int64_t> sources;  // rows another beam continues from
+    for (int64_t k = 0; k < K; ++k)
+      if (src[k] != k && std::find(sources.begin(), sources.end(), src[k]) == sources.end()) sources.push_back(src[k]);
+    for (std::vector<tensor>* part : {&cache.k, &cache.v})
+      for (tensor& t : *part) {
+        const int64_t row = t.numel() / K, n = cur * (row / S);  // a row is (S, KV, hs); its first cur positions
+        std::vector<tensor> saved;
+        for (int64_t s : sources) saved.push_back(t.flat_view(s * row, {n}).clone());
+        for (int64_t k = 0; k < K; ++k)
+          if (src[k] != k)
+            t.flat_view(k * row, {n}).copy_from(
+                saved[static_cast<size_t>(std::find(sources.begin(), sources.end(), src[k]) - sources.begin())]);
       }
-    cache = std::move(moved);
     logits = model.forward_cached(cache, step_ids, step_pos, {}, cur).to(device::cpu());
     Vrow = logits.size(1);
     std::iota(row_of.begin(), row_of.end(), int64_t{0});

@@ -68,7 +68,7 @@ class dpo_trainer final : public dschat_trainer {
   }
 
   void plan_memory(memory_plan& p) const override {
-    p.micro_batch = 2 * d_.per_device_train_batch_size;  // chosen and rejected rows, one forward
+    p.micro_batch = 2 * std::max<int64_t>(1, order_.batch_rows());  // chosen and rejected rows, one forward
     p.dout = memory_plan::loss_grad::dlogits;            // gather_log_probs_backward's (2B, T, V)
     p.keep_rows = true;  // forward_pairs keeps the positions from the earliest counted log-prob
   }

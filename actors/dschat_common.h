@@ -271,6 +271,8 @@ class batch_cycle {
   batch_cycle() = default;
   batch_cycle(int64_t rows, int64_t batch, uint64_t seed, bool full_only = false)
       : rows_(rows), batch_(batch), seed_(seed), full_only_(full_only) {}
+  /// Rows per batch as next() gives them: the batch size, or all the rows where there are fewer.
+  int64_t batch_rows() const { return std::min(rows_, batch_); }
   /// Refuse, before training, a plan whose rows cannot fill one batch (it would train
   /// nothing): std::invalid_argument naming the node and `batch_setting`.
   void check(const std::string& node, const std::string& batch_setting = "the batch size") const {

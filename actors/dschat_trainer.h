@@ -91,7 +91,9 @@ class dschat_trainer : public actor::node {
     // the memory plan, before the engine's state or any activation exists: one rank; the RM's
     // micro-batch holds chosen and rejected rows, its loss gives dvalues
     memory_plan plan;
-    plan.micro_batch = (value_head_ ? 2 : 1) * d_.per_device_train_batch_size;
+    // the rows a batch holds: fewer than per_device_train_batch_size where the share has fewer (a batch of
+    // 100,000 on 14 pairs was refused for 848 GB)
+    plan.micro_batch = (value_head_ ? 2 : 1) * std::max<int64_t>(1, order().batch_rows());
     plan.seq_len = d_.max_seq_len;
     plan.stage = d_.zero_stage;
     plan.precision = zs.precision;

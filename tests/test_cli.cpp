@@ -596,6 +596,23 @@ TEST_CASE("steps 1-2 and DPO: a share with no training rows, and SFT answers all
     CHECK(has(out, "hint: sft.graph beside it writes this file: run `flowrun " + (dir / "sft.graph").string() + "` first"));
     fs::remove_all(dir.parent_path());
   }
+  // a batch larger than the share: planned at the rows a batch holds (100,000 on 14 pairs was refused for 848 GB)
+  {
+    namespace fs = std::filesystem;
+    const auto small = fs::temp_directory_path() / "flowrun_cli_small_pairs.jsonl";
+    std::ifstream in(flowrun::asset_path("data/hh-rlhf/harmless-base-test.dschat.jsonl"));
+    std::ofstream o(small);
+    std::string line;
+    for (int i = 0; i < 40 && std::getline(in, line); ++i) o << line << "\n";
+    o.close();
+    out = run(bin + src + "dpo.graph --set node.dpo.model=model/stories260K/stories260K.bin --set node.dpo.output= "
+                          "--set node.dpo.steps=1 --set node.dpo.per_device_train_batch_size=100000 --set node.dpo.data=" +
+                  small.string() + quiet,
+              &rc);
+    CHECK(rc == 0);
+    CHECK_FALSE(has(out, "the plan needs about"));
+    fs::remove(small);
+  }
   // a warmup longer than the run: said, as step 3 says it (the run never reached its peak rate)
   out = run(bin + src + "sft.graph --set node.sft.output= --set node.sft.steps=2 --set node.sft.num_warmup_steps=10" + quiet,
             &rc);

@@ -319,6 +319,8 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
                                      {"seed", s.get_int("seed")},
                                      {"max_seq_len", s.get_int("max_seq_len")},
                                      {"truncation", s.find_setting("truncation") ? s.get_string("truncation") : ""},
+                                     {"apply_chat_template",
+                                      s.find_setting("apply_chat_template") && s.get_bool("apply_chat_template")},
                                      {"dtype", dtype},
                                      {"tokenizer", resolve_user_path(s.get_string("tokenizer"), "tokenizer").string()}}
                               .dump(2) +

@@ -39,6 +39,18 @@ std::string run(const std::string& cmd, int* rc) {
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// stories260K as an HF folder (flowrun convert) in a fresh temporary folder NAME.
+std::filesystem::path stories_hf_folder(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  int rc = -1;
+  run(std::string(FLOWRUN_BIN) + " convert --from llama2c model/stories260K/stories260K.bin --to hf " + dir.string() +
+          " --tokenizer model/stories260K/tok512.model 2>&1",
+      &rc);
+  REQUIRE(rc == 0);
+  return dir;
+}
+
 }  // namespace
 
 TEST_CASE("flowrun generate with temperature 0 prints greedy_from_bos_text") {
@@ -123,6 +135,20 @@ TEST_CASE("flowrun generate --test_path answers every line, as --prompt alone wi
                 (dir / "no" / "out.txt").string() + " 2>&1",
             &rc);
   CHECK(has(out, "does not exist: create it or write elsewhere"));
+  out = run(bin + " generate --test_path " + dir.string() + " 2>&1", &rc);
+  CHECK(has(out, "is a folder: give a text file, one prompt per line"));
+  out = run(bin + " generate --test_path " + (dir / "prompts.txt").string() + " --prediction_path " + dir.string() +
+                " 2>&1",
+            &rc);
+  CHECK(has(out, "is a folder: give a file to write"));
+  // a UTF-8 byte order mark (Windows editors write one) is no part of the first prompt
+  {
+    std::ofstream f(dir / "bom.txt");
+    f << "\xEF\xBB\xBF" << lines[0] << "\n";
+  }
+  CHECK(run(bin + " generate --test_path " + (dir / "bom.txt").string() + opts + " 2>/dev/null", &rc) ==
+        run(bin + " generate --test_path " + (dir / "prompts.txt").string() + opts + " 2>/dev/null", &rc)
+            .substr(0, run(bin + " generate --test_path " + (dir / "bom.txt").string() + opts + " 2>/dev/null", &rc).size()));
   // an empty line of a tokenizer without BOS is named by its line
   {
     std::ofstream f(dir / "qwen.txt");
@@ -156,6 +182,24 @@ TEST_CASE("flowrun generate --num_beams searches beams, eval prompts --num_beams
             &rc);
   CHECK(rc == 0);
   CHECK(has(out, "beam search (2 beams) answers, at most 8 tokens"));
+  // an HF folder's generation_config.json num_beams and length_penalty, as transformers takes them (decoded greedily);
+  // beam sampling refused; --length_penalty without beams refused (it did nothing)
+  const auto dir = stories_hf_folder("flowrun_cli_beams_config");
+  std::ofstream(dir / "generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [2, 1], "num_beams": 4,
+                                                     "length_penalty": -1.0})";
+  const std::string prompt = " --prompt 'The cat' --max_new_tokens 20 2>/dev/null";
+  const auto from_file = run(bin + " generate --model " + dir.string() + prompt, &rc);
+  CHECK(rc == 0);
+  CHECK(from_file == run(bin + " generate --num_beams 4 --length_penalty -1" + prompt, &rc));
+  CHECK(from_file != run(bin + " generate --model " + dir.string() + " --num_beams 1" + prompt, &rc));
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [2, 1], "num_beams": 4, "do_sample": true})";
+  out = run(bin + " generate --model " + dir.string() + " --prompt x 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "do_sample true with num_beams 4: beam sampling is not supported here"));
+  out = run(bin + " generate --prompt x --length_penalty 2 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "--length_penalty scores the beams of beam search, and there is none here"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about before the default reads its text") {
@@ -170,17 +214,6 @@ TEST_CASE("flowrun generate: an HF folder without a tokenizer is warned about be
   CHECK(has(out, "has 96 embedding rows: it is not the model's tokenizer"));
 }
 
-// stories260K as an HF folder (flowrun convert) in a fresh temporary folder NAME.
-std::filesystem::path stories_hf_folder(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / name;
-  std::filesystem::remove_all(dir);
-  int rc = -1;
-  run(std::string(FLOWRUN_BIN) + " convert --from llama2c model/stories260K/stories260K.bin --to hf " + dir.string() +
-          " --tokenizer model/stories260K/tok512.model 2>&1",
-      &rc);
-  REQUIRE(rc == 0);
-  return dir;
-}
 
 TEST_CASE("flowrun chat stops where an HF folder's generation_config.json says, as generate does") {
   // chat and eval stopped at the tokenizer's EOS alone
@@ -547,6 +580,11 @@ TEST_CASE("flowrun chat samples with --temperature, through generate's sampler: 
   g2 = g2.substr(g2.find("The end\n\nAssistant:") + 19);
   REQUIRE_FALSE(reply(two, 1).empty());
   CHECK(" " + reply(two, 1) == g2.substr(0, reply(two, 1).size() + 1));
+  // a CRLF terminal or file: "quit\r" ended nothing and "\r" went into the prompt; 'clear' starts the turns again
+  CHECK(reply(chat("Once upon a time\\r\\nquit\\r\\nThe end\\r\\n", ""), 0) == reply(greedy, 0));
+  CHECK(reply(chat("Once upon a time\\r\\nquit\\r\\nThe end\\r\\n", ""), 1).empty());
+  const auto again = chat("Once upon a time\\nclear\\nOnce upon a time\\nquit\\n", " --temperature 0.8 --top_p 0.9 --seed 1");
+  CHECK(reply(again, 1) == reply(s1, 0));
   // a filter alone would be ignored by the greedy default: refused
   int rc = -1;
   auto out = run("printf 'hi\\nquit\\n' | " + bin + " chat" + model + " --top_k 5 2>&1", &rc);

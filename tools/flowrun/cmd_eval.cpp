@@ -275,6 +275,12 @@ void add_eval(CLI::App& app) {
       if (rw_seed->count() == 0) r->seed = j.value("seed", r->seed);
       if (rw_len->count() == 0) r->max_seq_len = j.value("max_seq_len", r->max_seq_len);
       if (rw_dtype->count() == 0) r->dtype = j.value("dtype", r->dtype);
+      // the trainer rendered the pairs with the chat template: so are they scored (a flag cannot be unset: the
+      // record wins where the model trained with it)
+      if (!r->apply_chat_template && j.value("apply_chat_template", false)) {
+        r->apply_chat_template = true;
+        spdlog::info("--apply_chat_template: the model trained with apply_chat_template = true ({})", rec.string());
+      }
       // a folder written before the truncation was recorded holds "" or nothing: the default stays
       if (const std::string t = j.value("truncation", std::string()); rw_trunc->count() == 0 && !t.empty()) {
         if (t != "end" && t != "prompt_start")
@@ -302,6 +308,11 @@ void add_eval(CLI::App& app) {
       }
       spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {}, truncation {}, "
                    "dtype {} ({} recorded the training's; options given win)",
+                   r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, r->truncation, r->dtype,
+                   rec.string());
+    } else {  // said, so that a user sees which pairs and cuts the figures are of
+      spdlog::info("held-out split: data {}, data_split {}, eval_fraction {}, seed {}, max_seq_len {}, truncation {}, "
+                   "dtype {} (no {}: the options' values; give the training's where they differ)",
                    r->data, r->data_split, r->eval_fraction, r->seed, r->max_seq_len, r->truncation, r->dtype,
                    rec.string());
     }
@@ -400,13 +411,15 @@ void add_chat(CLI::App& app) {
     int64_t turn = 0;
     std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
     while (std::getline(std::cin, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();  // a CRLF terminal or file: "quit\r" was a message
       if (line == "quit") break;
       if (line.find_first_not_of(" \t\r") == std::string::npos) {  // nothing said: ask again
         std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
         continue;
       }
-      if (line == "clear") {
+      if (line == "clear") {  // a fresh conversation, sampled as one from the start (turn 0: --seed)
         history.clear();
+        turn = 0;
         messages = nlohmann::ordered_json::array();
         std::cout << "Enter input (type 'quit' to exit, 'clear' to clean memory): " << std::flush;
         continue;

@@ -39,8 +39,6 @@ struct generate_opts {
   std::string zero_checkpoint;
   int world_size = 2;
   std::string lora;  // a PEFT adapter folder on top of --model
-  int64_t num_beams = 1;        // transformers' num_beams (beam search: models/generate.h beam_search)
-  float length_penalty = 1.0f;  // transformers' length_penalty
   std::string test_path;        // TencentPretrain's: one prompt per line
   std::string prediction_path;  // TencentPretrain's: where the texts go (default: standard output)
 };
@@ -69,11 +67,15 @@ std::vector<std::vector<int32_t>> generate_batches(decoder& m, const std::vector
 std::vector<std::string> prompt_texts(const generate_opts& o) {
   if (o.test_path.empty()) return {o.prompt};
   const std::string path = resolve_user_path(o.test_path, "test_path").string();
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::invalid_argument("--test_path " + path + " is a folder: give a text file, one prompt per line");
   std::ifstream f(path);
   if (!f) throw std::invalid_argument("--test_path " + path + " cannot be read: give a text file, one prompt per line");
   std::vector<std::string> lines;
   for (std::string line; std::getline(f, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (lines.empty() && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte order mark
     lines.push_back(std::move(line));
   }
   if (lines.empty()) throw std::invalid_argument("--test_path " + path + " holds no line: give one prompt per line");
@@ -111,8 +113,6 @@ std::vector<std::vector<int32_t>> prompt_id_lists(const generate_opts& o, const 
 generation_config generation_of(const generate_opts& o, const sampling_options& s, const tokenizer& tok) {
   generation_config g = s.config();
   g.max_new_tokens = o.max_new_tokens;
-  g.num_beams = o.num_beams;
-  g.length_penalty = o.length_penalty;
   // a ZeRO checkpoint holds pretraining's llama2.c-style models: EOS or a new BOS, as llama2.c's files
   g.stop_ids = o.zero_checkpoint.empty() ? stop_ids_for(o.model, tok.bos_id(), tok.eos_id())
                                          : std::vector<int32_t>{tok.eos_id(), tok.bos_id()};
@@ -217,22 +217,14 @@ void add_generate(CLI::App& app) {
   auto sampling = std::make_shared<sampling_options>(
       *sub, o->sampling,
       "0 = greedy (default: the model folder's generation_config.json; an HF folder decodes greedily unless it says "
-      "do_sample, as transformers does; else 1)");
+      "do_sample, as transformers does; else 1)",
+      /*beams=*/true);
   graph::node_kind_registry declared;  // --max_new_tokens is checked as the generator's setting
   graph::register_example_kinds(declared);
   const graph::node_kind& gen = *declared.lookup("generator");
   sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")
       ->capture_default_str()
       ->check(setting_check(*gen.find_setting("max_new_tokens"), gen.name));
-  sub->add_option("--num_beams", o->num_beams,
-                  "Beam search over this many beams (transformers' generate with num_beams, do_sample false: the "
-                  "sampling options do not apply); 1 = off")
-      ->capture_default_str()
-      ->check(CLI::Range(std::int64_t{1}, std::int64_t{64}));
-  sub->add_option("--length_penalty", o->length_penalty,
-                  "Beam search: a finished beam scores sum log p / (new tokens)^length_penalty (transformers')")
-      ->capture_default_str()
-      ->check(CLI::Range(-10.0, 10.0));
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
                   "--world_size ranks that gather each layer as it runs (instead of --model). A LoRA run's "
@@ -250,11 +242,8 @@ void add_generate(CLI::App& app) {
     const auto take_defaults = [&](const std::string& model) {
       if (const std::string took = sampling->take_defaults(model); !took.empty()) spdlog::info("sampling: {}", took);
       sampling->refuse_filters_when_greedy();
+      sampling->check_beams();
     };
-    if (o->num_beams > 1 && sampling->sampling_given() && o->sampling->temperature != 0)
-      throw std::invalid_argument("--num_beams " + std::to_string(o->num_beams) +
-                                  " searches beams deterministically (transformers' num_beams without do_sample): "
-                                  "drop --temperature / --top_p / --top_k, or --num_beams to sample");
     const std::vector<std::string> texts = prompt_texts(*o);
     if (!o->prediction_path.empty()) {  // refused before the model loads, not after the work
       namespace fs = std::filesystem;
@@ -264,6 +253,9 @@ void add_generate(CLI::App& app) {
           fs::weakly_canonical(out, ec) == fs::weakly_canonical(resolve_user_path(o->test_path, "test_path"), ec))
         throw std::invalid_argument("--prediction_path " + o->prediction_path +
                                     " is the --test_path file: the prompts would be overwritten; write elsewhere");
+      if (fs::is_directory(out, ec))
+        throw std::invalid_argument("--prediction_path " + o->prediction_path +
+                                    " is a folder: give a file to write, e.g. " + (out / "predictions.txt").string());
       if (!fs::is_directory(out.parent_path(), ec))
         throw std::invalid_argument("--prediction_path " + o->prediction_path + ": its folder " +
                                     out.parent_path().string() + " does not exist: create it or write elsewhere");
@@ -300,6 +292,7 @@ void add_generate(CLI::App& app) {
                        base, o->sampling->temperature, o->sampling->top_p);
       }
       sampling->refuse_filters_when_greedy();  // also where the base is no folder
+      sampling->check_beams();
       // the run's own tokenizer (the trainer's, or a pretraining run's data node's), as --model reads a folder's:
       // tok512 encoded a Llama 3 run's text
       std::string tok_path = resolve_user_path(o->tokenizer, "tokenizer").string();

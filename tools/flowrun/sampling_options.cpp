@@ -79,6 +79,15 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
                                        "--temperature too"));
   }
   take("repetition_penalty", o.repetition_penalty);
+  if (given.count("num_beams")) {  // the command searches beams: the file's beams, as transformers' generate()
+    take("num_beams", o.num_beams);
+    take("length_penalty", o.length_penalty);
+    if (do_sample && !given.at("num_beams") && o.num_beams > 1)
+      throw std::invalid_argument(fmt::format("{}: do_sample true with num_beams {}: beam sampling is not supported "
+                                              "here; set do_sample false (beam search) or num_beams 1 (sampling), or "
+                                              "give --num_beams 1",
+                                              file.string(), o.num_beams));
+  }
   if ((hf ? !do_sample : j.value("do_sample", nlohmann::json()) == false) && !cli_samples) {
     o.temperature = 0;  // transformers samples only with do_sample
     took.push_back(j.value("do_sample", nlohmann::json()).is_boolean() ? "do_sample false: greedy"
@@ -91,7 +100,8 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
 
 }  // namespace
 
-sampling_options::sampling_options(CLI::App& sub, std::shared_ptr<sampling_opts> o, const std::string& temperature_help)
+sampling_options::sampling_options(CLI::App& sub, std::shared_ptr<sampling_opts> o, const std::string& temperature_help,
+                                   bool beams)
     : o_(std::move(o)) {
   // one declaration of the ranges: the graph's generator settings
   graph::node_kind_registry declared;
@@ -125,6 +135,31 @@ sampling_options::sampling_options(CLI::App& sub, std::shared_ptr<sampling_opts>
   sub.add_option("--seed", o_->seed, "Sampling seed")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{4294967295}));
+  if (!beams) return;
+  checks_.emplace("num_beams", CLI::Range(std::int64_t{1}, std::int64_t{64}));
+  checks_.emplace("length_penalty", CLI::Range(-10.0, 10.0));
+  given_["num_beams"] = sub.add_option("--num_beams", o_->num_beams,
+                                       "Beam search over this many beams (transformers' generate with num_beams, "
+                                       "do_sample false: the sampling options do not apply); 1 = off (default: an "
+                                       "HF folder's generation_config.json, as transformers takes it)")
+                            ->capture_default_str()
+                            ->check(checks_.at("num_beams"));
+  given_["length_penalty"] =
+      sub.add_option("--length_penalty", o_->length_penalty,
+                     "Beam search: a finished beam scores sum log p / (new tokens)^length_penalty (transformers')")
+          ->capture_default_str()
+          ->check(checks_.at("length_penalty"));
+}
+
+void sampling_options::check_beams() const {
+  if (!given_.count("num_beams")) return;
+  if (o_->num_beams > 1 && o_->temperature != 0 && sampling_given())
+    throw std::invalid_argument("--num_beams " + std::to_string(o_->num_beams) +
+                                " searches beams deterministically (transformers' num_beams without do_sample): "
+                                "drop --temperature / --top_p / --top_k, or --num_beams to sample");
+  if (o_->num_beams <= 1 && given_.at("length_penalty")->count() > 0)
+    throw std::invalid_argument("--length_penalty scores the beams of beam search, and there is none here (num_beams "
+                                "1): give --num_beams > 1, or drop it");
 }
 
 std::string sampling_options::take_defaults(const std::string& model) {
@@ -154,6 +189,8 @@ generation_config sampling_options::config() const {
   g.sampling.top_k = o_->top_k;
   g.sampling.repetition_penalty = o_->repetition_penalty;
   g.seed = static_cast<uint64_t>(o_->seed);
+  g.num_beams = o_->num_beams;
+  g.length_penalty = o_->length_penalty;
   return g;
 }
 

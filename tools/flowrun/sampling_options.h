@@ -21,6 +21,8 @@ struct sampling_opts {
   int top_k = 0;             ///< 0: off
   float repetition_penalty = 1.0f;  ///< 1: off (CTRL)
   int64_t seed = 42;
+  int64_t num_beams = 1;        ///< > 1: beam search (commands made with beams = true)
+  float length_penalty = 1.0f;  ///< beam search's (transformers')
 };
 
 /// --temperature, --top_p, --top_k, --repetition_penalty and --seed on a subcommand, each checked as
@@ -28,15 +30,18 @@ struct sampling_opts {
 /// going to a shared sampling_opts.
 class sampling_options {
  public:
-  /// Adds the options to `sub`; `temperature_help` says what the command's default is.
-  sampling_options(CLI::App& sub, std::shared_ptr<sampling_opts> o, const std::string& temperature_help);
+  /// Adds the options to `sub`; `temperature_help` says what the command's default is. `beams`: also
+  /// --num_beams and --length_penalty (beam search, transformers' generate with num_beams).
+  sampling_options(CLI::App& sub, std::shared_ptr<sampling_opts> o, const std::string& temperature_help,
+                   bool beams = false);
 
   /// The model folder `model`'s generation_config.json sampling defaults for the options not given on
   /// the command line, as transformers' generate() takes them: an HF folder (config.json) decodes
   /// greedily unless do_sample is true (also where there is no such file), and with do_sample, takes
   /// transformers' defaults for what the file leaves out (top_k 50, top_p 1); a sampling option on the
   /// command line samples. A flowrun folder takes the file's values, do_sample false being greedy; a
-  /// model file (llama2.c) takes nothing. Each value is checked as its option is, the error naming the
+  /// model file (llama2.c) takes nothing. With beams, the file's num_beams and length_penalty too (as
+  /// transformers takes them; do_sample with num_beams > 1, beam sampling, is refused). Each value is checked as its option is, the error naming the
   /// file. Returns what it took, for the log ("" when nothing). Throws std::invalid_argument on a file
   /// that is no JSON object, a value of the wrong type or range, do_sample true with temperature 0
   /// (transformers refuses it), or a file's temperature 0 beside --top_p / --top_k without --temperature.
@@ -47,10 +52,15 @@ class sampling_options {
   /// ignore them (as a model folder's do_sample true with temperature 0 is refused).
   void refuse_filters_when_greedy() const;
 
+  /// With beams: throws std::invalid_argument when beam search (num_beams > 1, given or the folder's)
+  /// meets a sampling option given (--temperature > 0, --top_p, --top_k: beam sampling is not
+  /// supported), or when --length_penalty is given without beam search (it would do nothing).
+  void check_beams() const;
+
   /// Whether --temperature, --top_p or --top_k was given on the command line.
   bool sampling_given() const;
 
-  /// The options as a generation_config's sampling and seed; the caller sets max_new_tokens and stop_ids.
+  /// The options as a generation_config's sampling, seed and beams; the caller sets max_new_tokens and stop_ids.
   generation_config config() const;
 
  private:

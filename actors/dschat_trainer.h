@@ -94,6 +94,10 @@ class dschat_trainer : public actor::node {
     // the rows a batch holds: fewer than per_device_train_batch_size where the share has fewer (a batch of
     // 100,000 on 14 pairs was refused for 848 GB)
     plan.micro_batch = (value_head_ ? 2 : 1) * std::max<int64_t>(1, order().batch_rows());
+    if (order().batch_rows() < d_.per_device_train_batch_size)
+      ctx.log().warn("per_device_train_batch_size = {} but this step's share has {} training rows: every batch holds "
+                     "all of them",
+                     d_.per_device_train_batch_size, order().batch_rows());
     plan.seq_len = d_.max_seq_len;
     plan.stage = d_.zero_stage;
     plan.precision = zs.precision;

@@ -649,6 +649,8 @@ TEST_CASE("steps 1-2 and DPO: a share with no training rows, and SFT answers all
               &rc);
     CHECK(rc == 0);
     CHECK_FALSE(has(out, "the plan needs about"));
+    CHECK(has(out, "per_device_train_batch_size = 100000 but this step's share has 14 training rows: every batch holds "
+                   "all of them"));
     fs::remove(small);
   }
   // a warmup longer than the run: said, as step 3 says it (the run never reached its peak rate)
@@ -687,8 +689,10 @@ TEST_CASE("flowrun train refuses a missing GPU and multi_node with what to chang
 TEST_CASE("a training plan that cannot fit in memory is refused with what to change") {
   int rc = -1;
   auto out = run(std::string(FLOWRUN_BIN) + " " + FLOWRUN_SOURCE_DIR +
-                     "/graphs/sft.graph --no-progress --set node.sft.per_device_train_batch_size=100000000 2>&1",
+                     "/graphs/sft.graph --no-progress --set node.sft.output= --set graph.checkpoint_dir= "
+                     "--set node.sft.per_device_train_batch_size=100000000 --set node.sft.memory_limit_gb=0.05 2>&1",
                  &rc);
+  // (the plan counts the rows a batch holds, all of the share's here: memory_limit_gb makes them too many)
   CHECK(rc == 1);
   CHECK(out.find("node 'sft'") != std::string::npos);
   CHECK(out.find("lower per_device_train_batch_size or max_seq_len") != std::string::npos);

@@ -82,30 +82,30 @@ evaled=$(sed -nE 's/^held-out pairs ([0-9]+): accuracy ([0-9.]+) .*/\1 \2/p' "$o
 [ -n "$trained" ] && [ "$trained" = "$evaled" ] ||
   { cat "$out/eval_rm" "$out/eval_rm.err"; echo "eval reward scored other pairs than rm_trainer's: '$evaled' vs '$trained'"; exit 1; }
 echo "eval reward: $evaled (pairs, accuracy), as rm_trainer's held-out pass"
-# ... with the truncation it trained with too (DS-Chat's "end" here): it read every folder with prompt_start
-# (held-out accuracy 0.141 in training, 0.489 from eval reward)
-"$flowrun" "$root/graphs/rm.graph" --no-progress --set node.rm.steps=3 --set node.rm.max_seq_len=64 \
-  --set node.rm.truncation=end --set node.rm.output="$out/rm_end" > "$out/rm_end.log" 2> "$out/rm_end.err" ||
-  { tail -3 "$out/rm_end.err"; echo "the rm.graph run with truncation end failed"; exit 1; }
-"$flowrun" eval reward --model "$out/rm_end" > "$out/eval_rm_end" 2> "$out/eval_rm_end.err"
-trained=$(sed -nE 's/^\[step 2 rm\] held-out accuracy ([0-9.]+) .* over ([0-9]+) pairs.*/\2 \1/p' "$out/rm_end.log")
-evaled=$(sed -nE 's/^held-out pairs ([0-9]+): accuracy ([0-9.]+) .*/\1 \2/p' "$out/eval_rm_end")
-[ -n "$trained" ] && [ "$trained" = "$evaled" ] && grep -q "truncation end" "$out/eval_rm_end.err" ||
-  { cat "$out/eval_rm_end" "$out/eval_rm_end.err"; echo "eval reward did not cut as rm_trainer did: '$evaled' vs '$trained'"; exit 1; }
-echo "eval reward with truncation end: $evaled (pairs, accuracy), as rm_trainer's held-out pass"
-# ... and with the chat template it trained with (apply_chat_template, recorded: it scored the plain text, 0.174
-# against training's 0.000 on the Qwen2 fixture)
+# rm_agrees NAME SAID SETTINGS...: rm.graph for 3 steps at max_seq_len 64 with SETTINGS into $out/NAME, then eval reward of
+# the folder must give rm_trainer's held-out pairs and accuracy and log SAID (what it took from flowrun_data.json)
+rm_agrees() {
+  local name=$1 said=$2
+  shift 2
+  "$flowrun" "$root/graphs/rm.graph" --no-progress --set node.rm.steps=3 --set node.rm.max_seq_len=64 "$@" \
+    --set node.rm.output="$out/$name" > "$out/$name.log" 2> "$out/$name.err" ||
+    { tail -3 "$out/$name.err"; echo "the rm.graph run $name failed"; exit 1; }
+  "$flowrun" eval reward --model "$out/$name" > "$out/eval_$name" 2> "$out/eval_$name.err"
+  local trained evaled
+  trained=$(sed -nE 's/^\[step 2 rm\] held-out accuracy ([0-9.]+) .* over ([0-9]+) pairs.*/\2 \1/p' "$out/$name.log")
+  evaled=$(sed -nE 's/^held-out pairs ([0-9]+): accuracy ([0-9.]+) .*/\1 \2/p' "$out/eval_$name")
+  [ -n "$trained" ] && [ "$trained" = "$evaled" ] && grep -q "$said" "$out/eval_$name.err" ||
+    { cat "$out/eval_$name" "$out/eval_$name.err"; echo "eval reward of $name is not rm_trainer's: '$evaled' vs '$trained'"; exit 1; }
+  echo "eval reward of $name: $evaled (pairs, accuracy), as rm_trainer's held-out pass"
+}
+# ... with the truncation it trained with (DS-Chat's "end" here): it read every folder with prompt_start (held-out
+# accuracy 0.141 in training, 0.489 from eval reward)
+rm_agrees rm_end "truncation end" --set node.rm.truncation=end
+# ... and with the chat template it trained with (apply_chat_template: it scored the plain text, 0.174 against
+# training's 0.000 on the Qwen2 fixture)
 qwen="$root/tests/fixtures/hf_chat/qwen2"
-"$flowrun" "$root/graphs/rm.graph" --no-progress --set node.rm.steps=3 --set node.rm.max_seq_len=64 \
-  --set node.rm.model="$qwen" --set node.rm.tokenizer="$qwen" --set node.rm.apply_chat_template=true \
-  --set node.rm.output="$out/rm_chat" > "$out/rm_chat.log" 2> "$out/rm_chat.err" ||
-  { tail -3 "$out/rm_chat.err"; echo "the rm.graph run with apply_chat_template failed"; exit 1; }
-"$flowrun" eval reward --model "$out/rm_chat" > "$out/eval_rm_chat" 2> "$out/eval_rm_chat.err"
-trained=$(sed -nE 's/^\[step 2 rm\] held-out accuracy ([0-9.]+) .* over ([0-9]+) pairs.*/\2 \1/p' "$out/rm_chat.log")
-evaled=$(sed -nE 's/^held-out pairs ([0-9]+): accuracy ([0-9.]+) .*/\1 \2/p' "$out/eval_rm_chat")
-[ -n "$trained" ] && [ "$trained" = "$evaled" ] && grep -q "the model trained with apply_chat_template = true" "$out/eval_rm_chat.err" ||
-  { cat "$out/eval_rm_chat" "$out/eval_rm_chat.err"; echo "eval reward did not render as rm_trainer did: '$evaled' vs '$trained'"; exit 1; }
-echo "eval reward with the chat template: $evaled (pairs, accuracy), as rm_trainer's held-out pass"
+rm_agrees rm_chat "the model trained with apply_chat_template = true" --set node.rm.model="$qwen" \
+  --set node.rm.tokenizer="$qwen" --set node.rm.apply_chat_template=true
 grep -q "tokenizer: .*tok512.model (the one the model trained with, from $out/rm/flowrun_data.json)" "$out/eval_rm.err" ||
   { cat "$out/eval_rm.err"; echo "eval reward did not take the tokenizer the reward model trained with"; exit 1; }
 grep -q "written before the data split took DS-Chat's row order" "$out/eval_rm.err" &&

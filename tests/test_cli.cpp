@@ -162,7 +162,7 @@ TEST_CASE("flowrun generate --test_path answers every line, as --prompt alone wi
   fs::remove_all(dir);
 }
 
-TEST_CASE("flowrun generate --num_beams searches beams, eval prompts --num_beams too; sampling options beside it refused") {
+TEST_CASE("flowrun generate --num_beams searches beams, eval prompts --num_beams too, sampling options beside it refused") {
   // DS-Chat's prompt_eval.py and transformers take --num_beams; there was no beam search (its tokens equal
   // transformers': test_generate "beam search gives transformers' tokens ...")
   const std::string bin = std::string(FLOWRUN_BIN);

@@ -306,7 +306,8 @@ void load_adapter(decoder& model, const std::string& dir, bool freeze_base) {
       throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (r is " + r.dump() +
                                ", not a LoRA rank: an integer in 1..1048576)");
     lc.lora_r = r.get<std::int64_t>();
-    const auto& alpha = j.at("lora_alpha");
+    // PEFT's LoraConfig default when the file leaves it out (save_pretrained always writes it)
+    const nlohmann::json alpha = j.contains("lora_alpha") ? j["lora_alpha"] : nlohmann::json(8);
     if (!alpha.is_number() || !std::isfinite(alpha.get<double>()) || std::fabs(alpha.get<double>()) > 1e30)
       throw std::runtime_error(cfg_path.string() + ": not a PEFT LoRA adapter config (lora_alpha is " + alpha.dump() +
                                ", not a finite number)");

@@ -137,6 +137,10 @@ TEST_CASE("flowrun generate --test_path answers every line, as --prompt alone wi
   CHECK(has(out, "does not exist: create it or write elsewhere"));
   out = run(bin + " generate --test_path " + dir.string() + " 2>&1", &rc);
   CHECK(has(out, "is a folder: give a text file, one prompt per line"));
+  // line i samples with --seed + i, which must stay a seed --seed can say
+  out = run(bin + " generate --test_path " + (dir / "prompts.txt").string() + " --seed 4294967290 2>&1", &rc);
+  CHECK(rc == 1);
+  CHECK(has(out, "past the largest --seed (4294967295); give --seed at most 4294967278"));
   out = run(bin + " generate --test_path " + (dir / "prompts.txt").string() + " --prediction_path " + dir.string() +
                 " 2>&1",
             &rc);
@@ -1765,6 +1769,8 @@ TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and
   CHECK(out.find("--temprature: did you mean") == out.rfind("--temprature: did you mean"));
   CHECK(has(run(bin + " eval prompts --do_sample 2>&1", &rc), "hint: --do_sample: eval prompts decodes greedily"));
   CHECK(has(run(bin + " chat --do_sample 2>&1", &rc), "hint: --do_sample: sampling is on with --temperature > 0"));
+  // TencentPretrain's LoRA flags on train-lm: where LoRA pretraining is (CLI11 said "not expected: 4 --lora_r")
+  CHECK(has(run(bin + " train-lm --lora_r 4 2>&1", &rc), "hint: --lora_r: LoRA pretraining is graphs/pretrain.graph's zero_rank"));
 }
 
 TEST_CASE("generate prints the prompt as given, then the continuation") {

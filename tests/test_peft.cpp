@@ -464,6 +464,28 @@ TEST_CASE("PEFT adapter: a config that is not JSON, lacks a key or has a wrong t
   }
 }
 
+TEST_CASE("PEFT adapter: a config without lora_alpha takes PEFT's default, 8") {
+  // (a break-it review: it was refused, where PEFT's LoraConfig loads it with lora_alpha 8; the fixture's is 8)
+  temp_dir tmp("no_alpha");
+  fs::copy_file(k_adapter / "adapter_model.safetensors", tmp.path / "adapter_model.safetensors");
+  auto cfg = read_json(k_adapter / "adapter_config.json");
+  REQUIRE(cfg["lora_alpha"].get<double>() == 8.0);
+  cfg.erase("lora_alpha");
+  std::ofstream(tmp.path / "adapter_config.json") << cfg.dump();
+  auto a = load_hf(k_base.string()), b = load_hf(k_base.string());
+  load_adapter(a, tmp.str());
+  load_adapter(b, k_adapter.string());
+  CHECK(a.lora().lora_alpha == 8.0f);
+  CHECK(a.w().adapter_flat.numel() == b.w().adapter_flat.numel());
+  a.merge_lora();
+  b.merge_lora();
+  const float* pa = a.w().flat.data<float>();
+  const float* pb = b.w().flat.data<float>();
+  bool same = true;
+  for (int64_t i = 0; i < a.w().flat.numel(); ++i) same = same && pa[i] == pb[i];
+  CHECK(same);
+}
+
 TEST_CASE("PEFT adapter: a rank, alpha or dropout that is no usable number is refused naming the file and key") {
   // tests/fuzz/fuzz_adapter found it: r = 4.4e86 was converted to an integer (undefined behaviour)
   temp_dir tmp("bad_numbers");

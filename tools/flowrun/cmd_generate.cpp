@@ -245,6 +245,12 @@ void add_generate(CLI::App& app) {
       sampling->check_beams();
     };
     const std::vector<std::string> texts = prompt_texts(*o);
+    // line i samples with --seed + i, which --seed alone must be able to say (it takes at most 2^32 - 1)
+    if (const int64_t last = o->sampling->seed + static_cast<int64_t>(texts.size()) - 1; last > 4294967295LL)
+      throw std::invalid_argument(fmt::format("--seed {} with {} prompts: line {} would sample with seed {}, past "
+                                              "the largest --seed (4294967295); give --seed at most {}",
+                                              o->sampling->seed, texts.size(), texts.size(), last,
+                                              4294967295LL - static_cast<int64_t>(texts.size()) + 1));
     if (!o->prediction_path.empty()) {  // refused before the model loads, not after the work
       namespace fs = std::filesystem;
       std::error_code ec;

@@ -36,6 +36,14 @@ const std::map<std::string, foreign_flag>& foreign_flags() {
        {{"eval"}, "DS-Chat's --num_padding_at_beginning (OPT's one pad) needs no setting here: scores are read at the "
                   "last real token"}},
       {"max_length", {{"generate", "chat"}, "transformers' max_length (prompt + answer) is --max_new_tokens (the answer) here"}},
+      // TencentPretrain's LoRA flags: train-lm trains whole models; LoRA pretraining is zero_rank's
+      {"lora_r", {{"train-lm"}, "LoRA pretraining is graphs/pretrain.graph's zero_rank (--set node.ranks.use_lora=true "
+                                "--set node.ranks.lora_r=8); train-lm trains the whole model"}},
+      {"lora_alpha", {{"train-lm"}, "LoRA pretraining is graphs/pretrain.graph's zero_rank (--set node.ranks.use_lora=true "
+                                    "--set node.ranks.lora_alpha=16); train-lm trains the whole model"}},
+      {"lora_dropout", {{"train-lm"}, "LoRA pretraining is graphs/pretrain.graph's zero_rank (--set "
+                                      "node.ranks.use_lora=true --set node.ranks.lora_dropout=0.05); train-lm trains "
+                                      "the whole model"}},
   };
   return m;
 }

@@ -43,7 +43,8 @@ generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt
   if (cfg.max_new_tokens <= 0) return out;
   const int64_t S = std::min<int64_t>(mc.max_seq_len, P + cfg.max_new_tokens);  // transformers' max_length
   const int64_t V = mc.vocab_limit();
-  const int64_t keep = std::max<int64_t>(2, 1 + static_cast<int64_t>(cfg.stop_ids.size())) * K;
+  // transformers' beams_to_keep, at most every continuation there is (a vocabulary smaller than the stop ids + 1)
+  const int64_t keep = std::min(std::max<int64_t>(2, 1 + static_cast<int64_t>(cfg.stop_ids.size())) * K, K * V);
   const auto is_stop = [&](int32_t t) { return std::find(cfg.stop_ids.begin(), cfg.stop_ids.end(), t) != cfg.stop_ids.end(); };
 
   // one prefill, its K/V in every beam's row (prefill_shared)
@@ -94,7 +95,7 @@ generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt
     std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a, int64_t b) {
       return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
     });
-    std::vector<int64_t> cand_beam(keep), new_len(keep);
+    std::vector<int64_t> cand_beam(keep);
     std::vector<int32_t> cand_tok(keep);
     std::vector<bool> hit(keep);
     bool all_hit = true;

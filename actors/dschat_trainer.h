@@ -118,12 +118,8 @@ class dschat_trainer : public actor::node {
     if (const std::string past = sc.past_end(steps_, d_.learning_rate); !past.empty())
       ctx.log().warn("{} updates but {}, as in DeepSpeed; set scheduler.params.total_num_steps to {} in {}", steps_,
                      past, steps_, ctx.spec().get_string("deepspeed_config"));
-    else if (d_.ds_scheduler.type.empty() && sc.type != "constant" && d_.num_warmup_steps >= steps_ &&
-             d_.learning_rate > 0)  // as step 3 says it (the run never reached its peak rate, silently)
-      ctx.log().warn("num_warmup_steps = {} and the run has {} updates: every update is in warmup, the last at "
-                     "{:.2e}, {:.0f}% of learning_rate; lower num_warmup_steps",
-                     d_.num_warmup_steps, steps_, sc.lr_at(steps_ - 1, d_.learning_rate),
-                     100.0 * sc.lr_at(steps_ - 1, d_.learning_rate) / d_.learning_rate);
+    else if (const std::string warm = sc.all_warmup(steps_, d_.learning_rate); !warm.empty())
+      ctx.log().warn("{} of learning_rate; lower num_warmup_steps", warm);
     if (from.empty()) ctx.print(before);
     else restore(ctx, from);
     t0_ = clk::now();

@@ -902,12 +902,9 @@ class ppo_trainer final : public actor::node {
     if (const std::string past = sc.past_end(total, d_.learning_rate); !past.empty())
       ctx.log().warn("{} updates but {}, as in DeepSpeed; set scheduler.params.total_num_steps to {} in {}", total,
                      past, total, ctx.spec().get_string("deepspeed_config"));
-    else if (d_.ds_scheduler.type.empty() && sc.type != "constant" && d_.num_warmup_steps >= total)
-      ctx.log().warn("num_warmup_steps = {} and the run has {} updates: every update is in warmup, the last at "
-                     "{:.2e}, {:.0f}% of {}_learning_rate (DS-Chat's scripts warm up over 100 updates of a far longer "
-                     "run); lower num_warmup_steps",
-                     d_.num_warmup_steps, total, sc.lr_at(total - 1, d_.learning_rate),
-                     100.0 * sc.lr_at(total - 1, d_.learning_rate) / d_.learning_rate, who);
+    else if (const std::string warm = sc.all_warmup(total, d_.learning_rate); !warm.empty())
+      ctx.log().warn("{} of {}_learning_rate (DS-Chat's scripts warm up over 100 updates of a far longer run); "
+                     "lower num_warmup_steps", warm, who);
   }
   // The end of a scheduled run whose updates were fewer than planned (rows dropped: short answers,
   // DAPO's filter_groups, stale items): the schedule stopped short of its end, said with the rate

@@ -226,6 +226,21 @@ TEST_CASE("lr_schedule past_end: a decaying DeepSpeed schedule shorter than the 
   CHECK(lr_schedule::transformers("cosine", 0, 10).past_end(1000, 1e-3).empty());  // transformers' types: never
 }
 
+TEST_CASE("lr_schedule all_warmup: a transformers warmup as long as the run is named, with the rate it ends at") {
+  // linear, W = 10, 2 updates: update 1 runs at 1/10 of base_lr (transformers: k / max(1, W))
+  CHECK(lr_schedule::transformers("linear", 10, 2).all_warmup(2, 1e-3) ==
+        "num_warmup_steps = 10 and the run has 2 updates: every update is in warmup, the last at 1.00e-04, 10%");
+  CHECK(lr_schedule::transformers("cosine", 4, 4).all_warmup(4, 1e-3).find("the last at 7.50e-04, 75%") !=
+        std::string::npos);
+  CHECK(lr_schedule::transformers("cosine", 3, 4).all_warmup(4, 1e-3).empty());     // update 3 is past the warmup
+  CHECK(lr_schedule::transformers("constant", 100, 4).all_warmup(4, 1e-3).empty());  // constant has no warmup
+  CHECK(lr_schedule::transformers("linear", 10, 2).all_warmup(2, 0).empty());       // no rate to reach
+  CHECK(lr_schedule::transformers("linear", 10, 0).all_warmup(0, 1e-3).empty());    // no updates
+  ds_config ds = parse_ds_config(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 50}}})", 1);
+  CHECK(ds.scheduler.all_warmup(4, 1e-3).empty());  // DeepSpeed's types: its JSON says the warmup
+}
+
 TEST_CASE("ds_config: DeepSpeed's TensorBoard monitor turned on is named, with the node settings that write event files") {
   auto has_tb_warning = [](const ds_config& c) {
     for (const auto& w : c.warnings)

@@ -96,4 +96,14 @@ std::string lr_schedule::past_end(int64_t updates, double base_lr) const {
          std::to_string(updates) + ")";
 }
 
+std::string lr_schedule::all_warmup(int64_t updates, double base_lr) const {
+  if (!is_transformers(type) || type == "constant" || updates <= 0 || warmup_num_steps < updates || !(base_lr > 0))
+    return "";
+  const double last = lr_at(updates - 1, base_lr);
+  char lr[64];
+  std::snprintf(lr, sizeof lr, "%.2e, %.0f%%", last, 100.0 * last / base_lr);
+  return "num_warmup_steps = " + std::to_string(warmup_num_steps) + " and the run has " + std::to_string(updates) +
+         " updates: every update is in warmup, the last at " + lr;
+}
+
 }  // namespace flowrun

@@ -82,6 +82,13 @@ struct lr_schedule {
   /// that takes a DeepSpeed JSON warns with it (zero_rank, DS-Chat's steps 1-2 and DPO).
   std::string past_end(int64_t updates, double base_lr) const;
 
+  /// For a transformers type with warmup ("linear", "cosine", "constant_with_warmup") whose
+  /// warmup_num_steps is at least the run's `updates` (> 0) and base_lr > 0: "num_warmup_steps = W and
+  /// the run has U updates: every update is in warmup, the last at LR, P%" (P of base_lr; the
+  /// run never reaches its peak rate; DS-Chat's scripts warm up over 100 updates of far longer runs).
+  /// "" otherwise. DS-Chat's steps 1-3 and DPO warn with it.
+  std::string all_warmup(int64_t updates, double base_lr) const;
+
   /// A transformers.get_scheduler schedule (DeepSpeed-Chat's
   /// --lr_scheduler_type, --num_warmup_steps and its num_training_steps).
   /// Throws std::invalid_argument naming an unknown type.

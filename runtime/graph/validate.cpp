@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cmath>
 #include <deque>
-#include <fstream>
 #include <map>
 #include <set>
 #include <system_error>
@@ -411,13 +410,17 @@ class validator {
       const fs::path here = fs::path(pos.file);
       for (const auto& e : fs::directory_iterator(here.parent_path().empty() ? "." : here.parent_path(), ec)) {
         if (e.path().extension() != ".graph" || fs::equivalent(e.path(), here, ec)) continue;
-        std::ifstream f(e.path());
-        bool writes = false;  // a line `output = "TEXT"` (a trainer's output, spelt as this setting is)
-        for (std::string line; !writes && std::getline(f, line);) {
-          const auto at = line.find_first_not_of(" \t");
-          writes = at != std::string::npos && line.compare(at, 6, "output") == 0 &&
-                   line.find("\"" + text + "\"") != std::string::npos;
-        }
+        // the sibling, parsed: a node's output, output_dir, export_hf or save_lora that names this place (both
+        // graphs' relative paths are looked up in this folder)
+        const parse_result sibling = parse_graph_file(e.path());
+        bool writes = false;
+        for (const auto& n : sibling.spec.nodes)
+          for (const auto& [key, st] : n.settings) {
+            const auto* out = std::get_if<std::string>(&st.value);
+            writes = writes || (out && !out->empty() &&
+                                (key == "output" || key == "output_dir" || key == "export_hf" || key == "save_lora") &&
+                                same_path(*out, text));
+          }
         if (writes) {
           hint = e.path().filename().string() + " beside it writes this file: run `flowrun " + e.path().string() +
                  "` first";

@@ -1624,6 +1624,13 @@ TEST_CASE("flowrun train with model folders reads their tokenizers and writes fo
   CHECK(out.find("--set node.actor_model.model=" + (runs / "actor-models" / "actor").string()) != std::string::npos);
   CHECK(out.find("--set node.reward_model.model=" + (runs / "reward-models" / "reward_model").string()) !=
         std::string::npos);
+  // a --output-dir without them (a typo): refused, naming where it looked (it trained from ppo.graph's out/rlhf
+  // models, an older run's, with exit 0)
+  out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) + " train --step 3 --output-dir runz 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(out.find("step 3 without step 1 reads step 1's model from " + (runs.parent_path() / "runz" / "actor-models" /
+                                                                      "actor.bin").string()) != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "runz"));
   // an actor and a reward model that read text otherwise: refused before step 2 trains (step 3 refused them after)
   const std::string llama3 = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/llama3";
   out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) + " train --step 2 3 --actor-model " + qwen +

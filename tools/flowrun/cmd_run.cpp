@@ -458,12 +458,21 @@ void add_train(CLI::App& app) {
       }
       return f ? file.string() : d ? folder.string() : std::string();
     };
+    // under --output-dir, step 3 without step N reads step N's model there and nowhere else (it went on to ppo.graph's
+    // out/rlhf model, an older run's, with exit 0, where a mistyped --output-dir held none)
+    auto missing_under_output_dir = [&](int step, const fs::path& file, const fs::path& folder, const char* option) {
+      spdlog::error("flowrun train --step {} --output-dir {}: step 3 without step {} reads step {}'s model from {} or "
+                    "{}, and neither is there: check --output-dir, run step {} with it, or give {}",
+                    fmt::join(o->steps, " "), o->output_dir, step, step, file.string(), folder.string(), step, option);
+      throw exit_request{2};
+    };
     std::string step3_actor, step3_reward;
     if (steps.count(3) && !steps.count(1)) {
       if (actor_opt->count()) step3_actor = o->actor_model;
       else if (!o->output_dir.empty()) {
         const fs::path a = fs::absolute(o->output_dir) / "actor-models";
         step3_actor = earlier(a / "actor.bin", a / "actor", "--actor-model");
+        if (step3_actor.empty()) missing_under_output_dir(1, a / "actor.bin", a / "actor", "--actor-model");
       } else {
         const std::string ppo = graph_path("ppo.graph");
         const std::string at = resolve_planned(ppo, planned_path({ppo, {}}, "actor_model", "model"));
@@ -476,6 +485,7 @@ void add_train(CLI::App& app) {
       else if (!o->output_dir.empty()) {
         const fs::path r = fs::absolute(o->output_dir) / "reward-models";
         step3_reward = earlier(r / "reward_model.bin", r / "reward_model", "--reward-model");
+        if (step3_reward.empty()) missing_under_output_dir(2, r / "reward_model.bin", r / "reward_model", "--reward-model");
       }
     }
     // the models whose text the steps read: steps 1-2's bases, or what step 3 reads

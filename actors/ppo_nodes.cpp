@@ -626,8 +626,8 @@ class ppo_trainer final : public actor::node {
     const auto& s = ctx.spec();
     const std::string who = policy_ ? "actor" : "critic";
     ps_.ppo_epochs = s.get_int("ppo_epochs");
-    ps_.ppo.cliprange = static_cast<float>(s.get_float("cliprange"));
-    ps_.ppo.cliprange_value = static_cast<float>(s.get_float("cliprange_value"));
+    if (policy_) ps_.ppo.cliprange = static_cast<float>(s.get_float("cliprange"));  // each node's own clip
+    else ps_.ppo.cliprange_value = static_cast<float>(s.get_float("cliprange_value"));
     ps_.per_device_training_batch_size = s.get_int("per_device_training_batch_size");
     // the engine's settings, DS-Chat's names: dschat::engine_settings is the one conversion
     d_.learning_rate = static_cast<float>(s.get_float(who + "_learning_rate"));
@@ -1305,11 +1305,6 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         .option("gradient_accumulation_steps", T::int_, std::int64_t{1},
                 "micro-batches per rank per PPO update (the mini-batch is cut into ranks x this)").at_least(1)
         .option("ppo_epochs", T::int_, std::int64_t{1}, "passes over each experience batch").at_least(1)
-        .option("cliprange", T::float_, 0.2, "policy ratio clip: the ratio is kept in [1 - cliprange, 1 + cliprange]")
-        .above(0)
-        .below(1)
-        .because("a ratio floor 1 - cliprange of 0 or less bounds nothing; veRL calls it clip_ratio, TRL epsilon")
-        .option("cliprange_value", T::float_, 0.2, "value clip").above(0)
         .option("gradient_clipping", T::float_, 1.0, "global gradient-norm clip (0: off)").at_least(0)
         .option(who + "_zero_stage", T::int_, std::int64_t{0},
                 "ZeRO stage 0-3 of this model's engine over its replicas (DS-Chat's --" + who + "_zero_stage)")
@@ -1352,7 +1347,14 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                                       "update (a generation batch's rows / num_mini_batches), all ranks together");
     add_schedule_hints(k);
     add_dschat_flag_hints(k, who + "_dropout", policy);
-    if (!policy) add_padding_hint(k);
+    if (!policy) {
+      add_padding_hint(k);
+      k.option("cliprange_value", T::float_, 0.2,
+               "value clip: the new values are kept within cliprange_value of the old (DS-Chat's critic_loss_fn)")
+          .above(0)
+          .known_as("cliprange", "cliprange clips the policy's ratio: set it on the policy node (DS-Chat's "
+                                 "--cliprange, used by the actor loss only)");
+    }
     if (policy) {
       k.known_as("disable_actor_dropout", "flowrun's models have no dropout layers: there is none to disable")
           .known_as("offload_reference_model", "DS-Chat's --offload_reference_model has no setting here: the "
@@ -1365,6 +1367,13 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
           .known_as("epsilon_high", "TRL's epsilon_high is clip_ratio_high here")
           .known_as("beta", "TRL's beta is kl_loss_coef with use_kl_loss = true here (or the experience maker's "
                             "kl_ctl, which puts the KL in the reward)");
+      // each clip on the node whose loss it clips (both nodes took both, and ignored the other's)
+      k.option("cliprange", T::float_, 0.2, "policy ratio clip: the ratio is kept in [1 - cliprange, 1 + cliprange]")
+          .above(0)
+          .below(1)
+          .because("a ratio floor 1 - cliprange of 0 or less bounds nothing; veRL calls it clip_ratio, TRL epsilon")
+          .known_as("cliprange_value", "cliprange_value clips the critic's values: set it on the critic node "
+                                       "(DS-Chat's --cliprange_value, used by the critic loss only)");
       k.output("weights", "model", "the live policy for the generator (hybrid engine)", true)
           .option("clip_ratio_high", T::float_, 0.0,
                   "DAPO's clip-higher (Yu et al. 2025): the ratio ceiling 1 + clip_ratio_high, the floor staying "

@@ -1237,6 +1237,15 @@ TEST_CASE("GRPO settings that train nothing or do nothing are refused when the g
   out = run(grpo + " --set node.policy.cliprange=1.5 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "setting 'cliprange' of node 'policy' (kind policy) must be finite, in (0, 1), got 1.5"));
+  // each PPO clip on the node whose loss it clips: the policy took cliprange_value and the critic cliprange, and
+  // ignored them (DS-Chat: the actor loss clips with cliprange, the critic loss with cliprange_value)
+  const std::string ppo = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/ppo.graph --check";
+  out = run(ppo + " --set node.critic.cliprange=0.1 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: cliprange clips the policy's ratio: set it on the policy node"));
+  out = run(ppo + " --set node.policy.cliprange_value=0.1 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "hint: cliprange_value clips the critic's values: set it on the critic node"));
   // a setting under another node than its own: the hint names the node that has it
   out = run(grpo + " --set node.experience.loss_agg_mode=token-mean 2>&1", &rc);
   CHECK(rc == 2);

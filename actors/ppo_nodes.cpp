@@ -286,7 +286,7 @@ class rollout_generator final : public actor::node {
       }
       ctx.phase("generation");
       auto t = clk::now();
-      auto e = ppo::generate_rollouts(*weights_.model, ids, mask, s, tok_->eos_id(), 0,
+      auto e = ppo::generate_rollouts(*weights_.model, ids, mask, s, stop_ids(), 0,
                                       ctx.seed() + static_cast<uint64_t>(p.iteration + 10));
       rollout_msg r;
       r.iteration = p.iteration;
@@ -327,6 +327,20 @@ class rollout_generator final : public actor::node {
     return out;
   }
 
+  // The ids that end an answer: the tokenizer's EOS, and for a policy from a Hugging Face folder its
+  // generation config's eos_token_id list, as DS-Chat's generate() and flowrun generate stop (stop_ids_for;
+  // an Instruct model's <|im_end|> beside <|endoftext|> ran every rollout to max_answer_seq_len)
+  const std::vector<int32_t>& stop_ids() {
+    if (stops_.empty() || stops_source_ != weights_.source) {
+      stops_source_ = weights_.source;
+      stops_ = weights_.source.empty() ? std::vector<int32_t>{tok_->eos_id()}
+                                       : stop_ids_for(weights_.source, -1, tok_->eos_id());
+    }
+    return stops_;
+  }
+  std::vector<int32_t> stops_;
+  std::string stops_source_;
+
   std::deque<actor::payload> pending_;
   std::optional<clk::time_point> waiting_since_;  // the front batch has waited for its weights since
   // DS-Chat's --print_answers (ppo_trainer.py _generate_sequence): each row's prompt and answer of
@@ -336,7 +350,7 @@ class rollout_generator final : public actor::node {
       return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     };
     for (int64_t b = 0; b < e.seq.size(0); ++b) {
-      const auto [prompt, answer] = ppo::rollout_row_ids(e, b, tok_->eos_id());
+      const auto [prompt, answer] = ppo::rollout_row_ids(e, b);
       ctx.print(fmt::format("--- prompt --> iter={}, row={}: {}", iteration, b, quoted(tok_->decode(prompt))));
       ctx.print(fmt::format("--- ans    --> iter={}, row={}: {}", iteration, b, quoted(tok_->decode(answer))));
     }

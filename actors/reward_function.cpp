@@ -68,7 +68,7 @@ class reward_function final : public actor::node {
       const int64_t B = e.seq.size(0);
       out.value = tensor::empty({B});
       for (int64_t b = 0; b < B; ++b) {
-        const auto [prompt, answer] = ppo::rollout_row_ids(e, b, tok_->eos_id());
+        const auto [prompt, answer] = ppo::rollout_row_ids(e, b);
         const int64_t src = e.source_rows.empty() ? b : e.source_rows[static_cast<size_t>(b)];
         const std::string reference =
             src < static_cast<int64_t>(r->references.size()) ? r->references[static_cast<size_t>(src)] : "";

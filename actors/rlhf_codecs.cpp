@@ -43,6 +43,8 @@ void put_experience(writer& w, const ppo::experience& e) {
   for (auto n : e.answer_len) w.put<std::int64_t>(n);
   w.put<std::uint64_t>(e.source_rows.size());
   for (auto n : e.source_rows) w.put<std::int64_t>(n);
+  w.put<std::uint64_t>(e.stop_ids.size());
+  for (auto id : e.stop_ids) w.put<std::int32_t>(id);
   w.put(e.temperature);  // the float's bytes
 }
 
@@ -70,6 +72,9 @@ ppo::experience get_experience(reader& r) {
   const auto k = r.get<std::uint64_t>();
   if (k > (1u << 24)) throw std::invalid_argument("implausible source_rows count");
   for (std::uint64_t i = 0; i < k; ++i) e.source_rows.push_back(r.get<std::int64_t>());
+  const auto s = r.get<std::uint64_t>();
+  if (s > (1u << 20)) throw std::invalid_argument("implausible stop_ids count");
+  for (std::uint64_t i = 0; i < s; ++i) e.stop_ids.push_back(r.get<std::int32_t>());
   e.temperature = r.get<float>();
   if (!(e.temperature > 0.0f) || !std::isfinite(e.temperature))
     throw std::invalid_argument("experience: temperature " + std::to_string(e.temperature) + " is not > 0");

@@ -400,7 +400,7 @@ static void bench_ppo(int iterations, const model_config& c, const char* model_n
       t_all += dt;
       ++phase;
     };
-    timed([&] { e = ppo::generate_rollouts(actor, prompts, mask, s, 2, 0, 42 + it); });
+    timed([&] { e = ppo::generate_rollouts(actor, prompts, mask, s, {2}, 0, 42 + it); });
     if (!e) {
       std::printf("ppo: every answer was dropped\n");
       return;

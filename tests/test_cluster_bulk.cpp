@@ -92,6 +92,7 @@ ppo::experience sample_experience() {
   e.logprobs = floats({2, 6}, -3.0f);
   e.values = floats({2, 6}, 0.5f);
   e.answer_len = {4, 3};
+  e.stop_ids = {2, 151645};  // the answers' stop ids: the scorers' text leaves a final one out
   e.temperature = 0.7f;  // the sampling temperature: the receiving scorers take log-probs at it
   return e;  // ref_logprobs and reward_score stay undefined
 }
@@ -276,6 +277,7 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     CHECK(same_bits(rb.exp->values, r.exp->values));
     CHECK_FALSE(rb.exp->ref_logprobs.defined());
     CHECK(rb.exp->answer_len == r.exp->answer_len);
+    CHECK(rb.exp->stop_ids == r.exp->stop_ids);
     CHECK(rb.exp->temperature == 0.7f);
 
     actors::rollout_msg dropped;  // every answer too short: no experience

@@ -360,7 +360,7 @@ TEST_CASE("GRPO learns: rewarding one first answer token raises its probability 
   cf.num_generations = G;
   cf.ppo.kl_ctl = 0;
   for (int it = 0; it < 10; ++it) {
-    auto e = ppo::generate_rollouts(actor, ids, pmask, s, tok->eos_id(), 0, 100 + static_cast<uint64_t>(it));
+    auto e = ppo::generate_rollouts(actor, ids, pmask, s, {tok->eos_id()}, 0, 100 + static_cast<uint64_t>(it));
     REQUIRE(e.has_value());
     REQUIRE(e->seq.size(0) == G);
     activations a;

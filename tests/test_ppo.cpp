@@ -64,7 +64,7 @@ TEST_CASE("PPO: rollouts, scores, advantages and one actor/critic update") {
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben"}, prompts, pmask);
   ppo::ppo_settings s;
   s.max_answer_seq_len = 16;
-  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 7);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 7);
   REQUIRE(e.has_value());
   const int64_t B = e->seq.size(0), S = e->seq.size(1), P = prompts.size(1);
   CHECK(S <= P + 16);
@@ -125,7 +125,7 @@ TEST_CASE("PPO: an update that takes over the trainer's scoring forward equals o
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben"}, prompts, pmask);
   ppo::ppo_settings s;
   s.max_answer_seq_len = 12;
-  auto e = ppo::generate_rollouts(a1, prompts, pmask, s, tok->eos_id(), 0, 11);
+  auto e = ppo::generate_rollouts(a1, prompts, pmask, s, {tok->eos_id()}, 0, 11);
   REQUIRE(e.has_value());
   auto comms = std::vector<std::shared_ptr<comm::communicator>>{};
   for (int i = 0; i < 4; ++i) comms.push_back(comm::inproc_communicator(comm::make_inproc_group(1), 0));
@@ -255,7 +255,7 @@ TEST_CASE("PPO through the engine: 2 ranks at ZeRO stages 0-3, with accumulation
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben"}, prompts, pmask);
   ppo::ppo_settings s;
   s.max_answer_seq_len = 12;
-  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 7);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 7);
   REQUIRE(e.has_value());
   REQUIRE(e->seq.size(0) == 3);
   activations a;
@@ -310,8 +310,40 @@ TEST_CASE("PPO: a batch whose answers are all dropped gives no experience (no de
   prompt_batch(*tok, {"Once upon a time", "The end."}, prompts, pmask);
   ppo::ppo_settings s;
   s.max_answer_seq_len = 1;  // at most one token per answer: every row is dropped, as DS-Chat drops them
-  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 3);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 3);
   CHECK_FALSE(e.has_value());
+}
+
+TEST_CASE("PPO: an answer ends at the first of the stop ids it samples, which its text leaves out") {
+  // DS-Chat's generate() stops at every eos_token_id of the model's generation config (Qwen2-Instruct's
+  // <|im_end|> and <|endoftext|>): rollouts stopped at the tokenizer's EOS only and ran to max_answer_seq_len
+  auto tok = load_tokenizer(test::tokenizer_path());
+  auto actor = load_llama2c(test::model_path());
+  tensor prompts, pmask;
+  prompt_batch(*tok, {"Once upon a time", "The little dog was"}, prompts, pmask);
+  ppo::ppo_settings s;
+  s.max_answer_seq_len = 12;
+  s.temperature = 0.0f;
+  auto free_run = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 7);
+  REQUIRE(free_run.has_value());
+  const int64_t P = free_run->prompts.size(1), S = free_run->seq.size(1);
+  // row 0's third greedy answer token, made a stop id: the row ends there, that token kept as its last
+  REQUIRE(free_run->answer_len[0] >= 4);
+  const int32_t stop = free_run->seq.data<int32_t>()[P + 2];
+  const int32_t first = free_run->seq.data<int32_t>()[P];
+  REQUIRE(stop != tok->eos_id());
+  REQUIRE(stop != first);
+  REQUIRE(stop != free_run->seq.data<int32_t>()[P + 1]);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id(), stop}, 0, 7);
+  REQUIRE(e.has_value());
+  CHECK(e->answer_len[0] == 3);
+  CHECK(e->stop_ids == std::vector<int32_t>{tok->eos_id(), stop});
+  const int64_t S2 = e->seq.size(1);
+  CHECK(e->seq.data<int32_t>()[P + 2] == stop);
+  for (int64_t t = P + 3; t < S2; ++t) CHECK(e->attention_mask.data<int32_t>()[t] == 0);  // nothing after it
+  const auto ids = ppo::rollout_row_ids(*e, 0);  // the text leaves the stop id out, as it does the EOS
+  CHECK(ids.answer == std::vector<int32_t>{first, free_run->seq.data<int32_t>()[P + 1]});
+  CHECK(S2 <= S);
 }
 
 TEST_CASE("PPO: temperature near 0 samples the greedy path and its log-probs stay finite") {
@@ -324,11 +356,11 @@ TEST_CASE("PPO: temperature near 0 samples the greedy path and its log-probs sta
   ppo::ppo_settings s;
   s.max_answer_seq_len = 16;
   s.temperature = 0.0f;
-  auto greedy = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 7);
+  auto greedy = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 7);
   REQUIRE(greedy.has_value());
   for (float t : {1e-6f, 1e-4f}) {
     s.temperature = t;
-    auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 11);
+    auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 11);
     REQUIRE(e.has_value());
     INFO("temperature " << t);
     REQUIRE(e->seq.shape() == greedy->seq.shape());
@@ -366,7 +398,7 @@ TEST_CASE("PPO: pad == eos: the answer's EOS is a real token of the mask, paddin
   REQUIRE(!dot.empty());
   const int32_t eos = dot.back();
   REQUIRE(tok->piece(eos).find('.') != std::string::npos);
-  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, eos, /*pad_id=*/eos, 5);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {eos}, /*pad_id=*/eos, 5);
   REQUIRE(e.has_value());
   const int64_t B = e->seq.size(0), S = e->seq.size(1), P = prompts.size(1);
   int64_t ended = 0;
@@ -435,7 +467,7 @@ TEST_CASE("PPO: scoring at the answer's positions (keep_from) gives the full for
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben", "Tom had a red"}, prompts, pmask);
   ppo::ppo_settings s;
   s.max_answer_seq_len = 24;
-  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 11);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 11);
   REQUIRE(e.has_value());
   const int64_t keep = e->start(), L = e->seq.size(1) - 1, B = e->seq.size(0);
   REQUIRE(keep > 0);
@@ -479,7 +511,7 @@ TEST_CASE("PPO: with ppo_epochs = 1 the first ratio is exactly 1, whatever the m
   prompt_batch(*tok, {"Once upon a time", "The little dog was", "Lily and Ben", "Tom had a red"}, prompts, pmask);
   ppo::ppo_settings s;
   s.max_answer_seq_len = 12;
-  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 5);
+  auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 5);
   REQUIRE(e.has_value());
   activations a;
   const tensor old = ppo::sequence_logprobs(actor, a, e->seq, e->attention_mask);
@@ -516,7 +548,7 @@ TEST_CASE("PPO: the generator's behaviour log-probs are the trainer's old log-pr
     s.max_answer_seq_len = 12;
     s.temperature = temperature;
     s.top_k = temperature < 1 ? 20 : 0;
-    auto e = ppo::generate_rollouts(actor, prompts, pmask, s, tok->eos_id(), 0, 5);
+    auto e = ppo::generate_rollouts(actor, prompts, pmask, s, {tok->eos_id()}, 0, 5);
     REQUIRE(e.has_value());
     CHECK(e->temperature == temperature);
     activations a;
@@ -607,7 +639,7 @@ TEST_CASE("PPO: a row's log-probs are the same bits in any batch of GRPO groups 
   ppo::ppo_settings s;
   s.max_answer_seq_len = 40;  // over 32 answer tokens: the answers' attention takes the GEMM path
   s.drop_short_answers = false;
-  auto e = ppo::generate_rollouts(model, ids, m, s, tok->eos_id(), 0, 11);
+  auto e = ppo::generate_rollouts(model, ids, m, s, {tok->eos_id()}, 0, 11);
   REQUIRE(e.has_value());
   activations a;
   const tensor whole = ppo::sequence_logprobs(model, a, e->seq, e->attention_mask, 1.0f, e->start());

@@ -43,7 +43,8 @@ tensor shifted_labels(const tensor& seq) {
 }  // namespace
 
 std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompts, const tensor& prompt_mask,
-                                            const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed) {
+                                            const ppo_settings& s, const std::vector<int32_t>& stop_ids,
+                                            int32_t pad_id, uint64_t seed) {
   if (prompts.dim() != 2 || prompt_mask.shape() != prompts.shape())
     throw std::invalid_argument("generate_rollouts: prompts and prompt_mask must be (B, P) i32");
   const int64_t B = prompts.size(0), P = prompts.size(1);
@@ -57,7 +58,7 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
   g.sampling.top_p = s.top_p;
   g.max_new_tokens = s.max_answer_seq_len;
   g.seed = seed;
-  g.stop_ids = {eos_id};
+  g.stop_ids = stop_ids;
   g.pad_id = pad_id;
   g.record_logprobs = true;
   auto res = generate(actor, rows, g);
@@ -72,6 +73,7 @@ std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompt
   const int64_t K = static_cast<int64_t>(keep.size()), S = P + A;
   experience e;
   e.temperature = log_prob_temperature(g.sampling);
+  e.stop_ids = stop_ids;
   e.prompts = tensor::empty({K, P}, dtype::i32);
   e.seq = tensor::empty({K, S}, dtype::i32);
   e.attention_mask = tensor::zeros({K, S}, dtype::i32);
@@ -141,14 +143,15 @@ bool holds_forward_of(const activations& acts, const tensor& seq, const tensor& 
   return acts.ids.defined() && same(acts.ids, seq) && same(acts.mask, mask) && acts.keep_from == keep_from;
 }
 
-row_ids rollout_row_ids(const experience& e, int64_t b, int32_t eos_id) {
+row_ids rollout_row_ids(const experience& e, int64_t b) {
   const int64_t S = e.seq.size(1), P = e.prompts.size(1);
   const int32_t* seq = e.seq.data<int32_t>() + b * S;
   const int32_t* mask = e.attention_mask.data<int32_t>() + b * S;
   row_ids r;
   for (int64_t t = 0; t < S; ++t)
     if (mask[t]) (t < P ? r.prompt : r.answer).push_back(seq[t]);
-  if (!r.answer.empty() && r.answer.back() == eos_id) r.answer.pop_back();
+  if (!r.answer.empty() && std::find(e.stop_ids.begin(), e.stop_ids.end(), r.answer.back()) != e.stop_ids.end())
+    r.answer.pop_back();
   return r;
 }
 
@@ -165,6 +168,7 @@ experience slice_rows(const experience& e, int64_t a, int64_t b) {
   s.temperature = e.temperature;
   s.answer_len.assign(e.answer_len.begin() + a, e.answer_len.begin() + b);
   if (!e.source_rows.empty()) s.source_rows.assign(e.source_rows.begin() + a, e.source_rows.begin() + b);
+  s.stop_ids = e.stop_ids;
   return s;
 }
 

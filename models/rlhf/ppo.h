@@ -86,6 +86,9 @@ struct experience {
   std::vector<int64_t> answer_len;  ///< real answer tokens per row (EOS included)
   /// Per row: the row of the prompts given to generate_rollouts it answers (rows may be dropped).
   std::vector<int64_t> source_rows;
+  /// The token ids that ended an answer (generate_rollouts' stop_ids): rollout_row_ids leaves a final one
+  /// out of the answer's text.
+  std::vector<int32_t> stop_ids;
   int64_t start() const { return prompts.size(1) - 1; }
 };
 
@@ -96,8 +99,12 @@ struct experience {
 /// (log_prob_temperature of the sampling) and behav_logprobs (each sampled token's log-prob under
 /// the logits divided by that temperature, recorded while sampling; top-k/top-p shape the sampling,
 /// not the log-prob, as sequence_logprobs at the same temperature gives it).
+/// An answer ends at the first of `stop_ids` it samples (kept in it, as the EOS is: DS-Chat's generate
+/// stops at every eos_token_id of the model's generation config, stop_ids_for's list: Llama 3's
+/// <|eot_id|> and <|end_of_text|>, Qwen2's <|im_end|> and <|endoftext|>), or after max_answer_seq_len.
 std::optional<experience> generate_rollouts(decoder& actor, const tensor& prompts, const tensor& prompt_mask,
-                                            const ppo_settings& s, int32_t eos_id, int32_t pad_id, uint64_t seed);
+                                            const ppo_settings& s, const std::vector<int32_t>& stop_ids,
+                                            int32_t pad_id, uint64_t seed);
 
 /// log p(seq[t+1] | seq[:t+1]) for t < S-1: (B, L), under the logits divided by `temperature`
 /// (experience::temperature). The model keeps `acts` for a backward.
@@ -131,12 +138,12 @@ experience slice_rows(const experience& e, int64_t a, int64_t b);
 
 /// Row `b` of an experience as token ids, for decoding: the prompt (the real tokens, attention_mask
 /// 1, of seq's first P = prompts.size(1) columns: the left padding left out) and the answer (the
-/// real tokens after them, less a final `eos_id`). Rule rewards score their text; the generator's
-/// print_answers shows it.
+/// real tokens after them, less a final one of e.stop_ids). Rule rewards score their text; the
+/// generator's print_answers shows it.
 struct row_ids {
   std::vector<int32_t> prompt, answer;
 };
-row_ids rollout_row_ids(const experience& e, int64_t b, int32_t eos_id);
+row_ids rollout_row_ids(const experience& e, int64_t b);
 
 /// Experience maker: per-token rewards, zeroing after the ends, GAE.
 /// advantages, returns (B, n). Returns the rewards (B, L) for reporting.

@@ -499,6 +499,31 @@ std::vector<graph::node_kind::problem> tokenizer_model_problems(const graph::nod
 
 std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g) {
   static const std::set<std::string, std::less<>> steps = {"sft_trainer", "rm_trainer", "dpo_trainer", "prompt_loader"};
+  // the node's own data_split first: three weights, its step's above 0 (refused at the node's start, after --check)
+  if (n.find_setting("data_split")) {
+    const std::string text = n.get_string("data_split");
+    std::vector<double> w;
+    try {
+      w = dschat::parse_data_split(text);
+    } catch (const std::exception& e) {
+      return {{"data_split", "node '" + n.name + "': " + e.what(), "use three weights, one per DS-Chat step: \"2,4,4\""}};
+    }
+    if (w.size() != 3)
+      return {{"data_split",
+               fmt::format("node '{}': data_split \"{}\" has {} part(s); DS-Chat's has one per step", n.name, text,
+                           w.size()),
+               "use three weights, one per DS-Chat step: \"2,4,4\""}};
+    // the step whose share the node reads: DPO reads step 2's (DS-Chat's train_phase = 2)
+    const int step = n.kind == "sft_trainer" ? 0 : n.kind == "prompt_loader" ? 2 : 1;
+    if (steps.count(n.kind) && w[static_cast<size_t>(step)] == 0)
+      return {{"data_split",
+               fmt::format("node '{}': data_split \"{}\" gives step {}, whose share this node reads, weight 0: it "
+                           "would have no rows",
+                           n.name, text, step + 1),
+               fmt::format("give step {} a weight above 0 (DS-Chat's default \"2,4,4\"), or \"0,0,1\"-style weights "
+                           "that leave all the data to one step",
+                           step + 1)}};
+  }
   // data_split by its shares ("2, 4, 4" and "20,40,40" split as "2,4,4" does); unreadable: never the same
   auto shares = [](const graph::node_spec& x) {
     std::vector<double> w;

@@ -174,7 +174,9 @@ std::vector<graph::node_kind::problem> lora_module_problems(const graph::node_sp
 /// the same fraction. A problem on n when an earlier node of the graph (sft_trainer, rm_trainer,
 /// dpo_trainer, prompt_loader) reads the same data with the same data_split and seed but another
 /// eval_fraction: their training rows come from other remainders and overlap (rlhf.graph's rm at 0.2
-/// trained on 143 of sft's 416 rows, and 292 of PPO's 830 prompts were its pairs).
+/// trained on 143 of sft's 416 rows, and 292 of PPO's 830 prompts were its pairs). Before that, n's own
+/// data_split: not three non-negative weights with one above 0, or weight 0 for the step whose share n reads
+/// (sft_trainer step 1, rm_trainer and dpo_trainer step 2, prompt_loader step 3), is the problem.
 std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_spec& n, const graph::graph_spec& g);
 /// Why the tokenizer at `tokenizer` cannot read token ids for the model at `model`, or "" when it can:
 /// "the tokenizer T (N tokens), and the model M has R embedding rows: it is not the model's tokenizer", or

@@ -818,6 +818,12 @@ class ppo_trainer final : public actor::node {
                                   ", is not on this machine, so it cannot be copied beside the output" +
                                   (policy_ ? ": set the policy's tokenizer setting to a copy here"
                                            : ": copy it there, or leave the critic's output unset"));
+    // ptx rows of unsup_seq_len tokens run through the policy: refused now, before any update (the first ptx
+    // step failed mid-iteration in decoder::forward)
+    if (unsup_ && ctx.spec().get_int("unsup_seq_len") > m.model->config().max_seq_len)
+      throw std::invalid_argument(fmt::format(
+          "node '{}': unsup_seq_len = {} exceeds the policy's context, max_seq_len {}: lower unsup_seq_len to at most {}",
+          ctx.name(), ctx.spec().get_int("unsup_seq_len"), m.model->config().max_seq_len, m.model->config().max_seq_len));
     init_weights_ = weights_fingerprint(*m.model);  // recorded in the checkpoints, checked on resume
     // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
     model_ = copy_model(*m.model);
@@ -1417,7 +1423,8 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
           .option("unsup_data", T::path, std::string(""), "text for ptx mixing (empty: off), e.g. TinyStories")
           .option("unsup_seq_len", T::int_, std::int64_t{64}, "ptx instance length").at_least(2)
           .option("tokenizer", T::path, std::string(""),
-                  "tokenizer for unsup_data; also copied beside a HF output (default: the model's own)")
+                  "tokenizer for unsup_data (needed with it); also copied beside a HF output (default there: the "
+                  "model's own)")
           .option("output", T::output, std::string(""),
                   "save the trained actor here at the end, in the format of the model it got (llama2.c file, or "
                   "a HF folder with the tokenizer)")
@@ -1457,6 +1464,20 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
       if (policy && problems.empty()) warn_mixed_dtypes(g);
       for (auto& p : lora_module_problems(n, who + "_lora_dim", who + "_lora_module_name"))
         problems.push_back(std::move(p));
+      if (policy && !n.get_string("unsup_data").empty() && n.get_string("tokenizer").empty()) {
+        // the ptx text is read with the policy's tokenizer setting: refused here (it failed at the node's start)
+        std::string theirs;  // the loop's own tokenizer, to name in the hint
+        for (const auto& other : g.nodes)
+          if ((other.kind == "rollout_generator" || other.kind == "prompt_loader") && theirs.empty())
+            if (const auto* t = other.find_setting("tokenizer"); t && std::get_if<std::string>(&t->value))
+              theirs = std::get<std::string>(t->value);
+        problems.push_back({"unsup_data",
+                            fmt::format("node '{}': unsup_data is read with the node's tokenizer setting, which is "
+                                        "empty",
+                                        n.name),
+                            theirs.empty() ? std::string("set tokenizer = the policy model's tokenizer")
+                                           : "set tokenizer = \"" + theirs + "\" (the rollouts' tokenizer)"});
+      }
       if (policy) {
         try {
           (void)rlhf::parse_loss_agg_mode(n.get_string("loss_agg_mode"));

@@ -603,9 +603,16 @@ TEST_CASE("steps 1-2 and DPO: a share with no training rows, and SFT answers all
   const std::string bin = std::string(FLOWRUN_BIN) + " ", src = std::string(FLOWRUN_SOURCE_DIR) + "/graphs/";
   const std::string quiet = " --no-progress --set graph.checkpoint_dir= 2>&1";
   int rc = -1;
+  // a share of weight 0: refused when the graph is checked
   auto out = run(bin + src + "dpo.graph --set node.dpo.model=model/stories260K/stories260K.bin --set node.dpo.output= "
                      "--set node.dpo.data_split=10,0,0" + quiet,
                  &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'dpo': data_split \"10,0,0\" gives step 2, whose share this node reads, weight 0"));
+  // a share too small to hold a training row: refused as the data is split
+  out = run(bin + src + "dpo.graph --set node.dpo.model=model/stories260K/stories260K.bin --set node.dpo.output= "
+                "--set node.dpo.data_split=100000,1,0" + quiet,
+            &rc);
   CHECK(rc != 0);
   CHECK(has(out, "node 'dpo': its share of the data has no training rows: give this step a larger data_split share, "
                  "or lower eval_fraction"));
@@ -1147,6 +1154,21 @@ TEST_CASE("plans that train nothing are refused when the graph is checked, namin
   out = run(rlhf + " --set node.critic.gradient_accumulation_steps=16 2>&1", &rc);
   CHECK(rc == 2);
   CHECK(has(out, "replicas (1) x gradient_accumulation_steps (16) = 16 micro-batches"));
+  // data_split that is not three weights, or gives the node's step none: refused here (at the node's start before)
+  out = run(rlhf + " --check --set node.prompts.data_split=2,4 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'prompts': data_split \"2,4\" has 2 part(s); DS-Chat's has one per step"));
+  out = run(rlhf + " --check --set node.prompts.data_split=10,0,0 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'prompts': data_split \"10,0,0\" gives step 3, whose share this node reads, weight 0"));
+  out = run(rlhf + " --check --set node.rm.data_split=2,x,4 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'rm': data_split \"2,x,4\": part \"x\" is not a non-negative number"));
+  // ptx text without a tokenizer to read it: refused here, naming the rollouts' (it failed at the node's start)
+  out = run(rlhf + " --check --set node.policy.unsup_data=data/tinystories/tinystories_train_head.txt 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'policy': unsup_data is read with the node's tokenizer setting, which is empty"));
+  CHECK(has(out, "tok512.model\" (the rollouts' tokenizer)"));
   // step 1's lora_module_name (DS-Chat's; it was no setting there): the same check as step 3's
   out = run(rlhf + " --set node.sft.lora_dim=4 --set node.sft.lora_module_name=layers.0.self_attn.q_proj 2>&1", &rc);
   CHECK(rc == 2);
@@ -1621,7 +1643,7 @@ TEST_CASE("flowrun train with model folders reads their tokenizers and writes fo
     CHECK_MESSAGE(fs::exists(runs / folder / "config.json"), folder);
   CHECK(fs::exists(runs / "actor-models" / "actor" / "tokenizer.json"));  // an HF folder keeps its tokenizer
   CHECK(fs::exists(runs / "checkpoints" / "step3.json"));
-  for (const char* n : {"sft", "prompts", "generator", "rm"})
+  for (const char* n : {"sft", "prompts", "generator", "policy", "rm"})
     CHECK(out.find(std::string("--set node.") + n + ".tokenizer=" + qwen) != std::string::npos);
   CHECK(out.find("[step 3 ppo] held-out after") != std::string::npos);
   // step 3 alone reads what steps 1-2 wrote under --output-dir, as train.py does (it read ppo.graph's out/rlhf

@@ -814,7 +814,10 @@ std::vector<prompt_example> make_prompt_examples(const std::vector<sample>& rows
   const tokenize_settings cfg = for_tokenizer(cfg_in, tok);
   const int64_t P = cfg.max_prompt_seq_len;
   if (P < 1 || (cfg.add_bos && P < 2))
-    throw std::invalid_argument("make_prompt_examples: max_prompt_seq_len " + std::to_string(P) + " is too small");
+    throw std::invalid_argument("max_prompt_seq_len = " + std::to_string(P) +
+                                (P < 1 ? std::string(" holds no token")
+                                       : " holds only the BOS the tokenizer puts first, no prompt token") +
+                                ": give at least " + (cfg.add_bos ? "2" : "1") + " (DS-Chat's default 256)");
   std::vector<prompt_example> out;
   process_report rep;
   rep.input = static_cast<int64_t>(rows.size());

@@ -296,7 +296,9 @@ void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe) 
   if (!resuming || !std::filesystem::exists(path)) {
     if (ctx.replica() != 0) return;  // one writer: replicas of a node would race on the file's temporary
     std::filesystem::create_directories(ctx.checkpoint_dir());
-    write_text_atomic(path, settings_record(ctx.spec(), safe).dump(1) + "\n");
+    nlohmann::json record = settings_record(ctx.spec(), safe);
+    record[std::string(node_seed_key)] = std::to_string(ctx.seed());  // replica 0's: [graph] seed's share
+    write_text_atomic(path, record.dump(1) + "\n");
     if (resuming)
       ctx.log().info("{} holds no record of this node's settings (a checkpoint from before records): the settings "
                      "of this run are recorded now, and later resumes compare with them",
@@ -310,6 +312,16 @@ void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe) 
   } catch (const std::exception& e) {
     throw std::runtime_error(path + " is not a settings record (" + e.what() + "): delete " + ctx.checkpoint_dir() +
                              " to start step 3 afresh");
+  }
+  // the node's seed (the generator samples with it) comes from [graph] seed: a resume with another one went on
+  // as neither run would (replica 0 compares: the others' seeds differ from its own by design)
+  if (const auto it = recorded.find(node_seed_key); it != recorded.end()) {
+    if (ctx.replica() == 0 && it->is_string() && it->get<std::string>() != std::to_string(ctx.seed()))
+      throw std::runtime_error("node '" + ctx.name() + "': resuming from " + path + " with [graph] seed changed (this "
+                               "node's seed " + it->get<std::string>() + " -> " + std::to_string(ctx.seed()) +
+                               "): set the graph's seed back, or delete " + ctx.checkpoint_dir() +
+                               " to start step 3 afresh");
+    recorded.erase(it);
   }
   check_resume_settings(ctx, recorded, path, safe, "delete " + ctx.checkpoint_dir() + " to start step 3 afresh");
 }

@@ -94,6 +94,11 @@ void check_resume_settings(actor::node_context& ctx, const nlohmann::json& recor
 /// afresh"); a record that is missing (an older checkpoint) is accepted and written then, so later
 /// resumes compare with it; one that is not JSON
 /// refused. Without a checkpoint_dir: nothing. Throws std::runtime_error.
+/// The record also holds replica 0's node seed (node_context::seed, from [graph] seed) under node_seed_key:
+/// a resume under another graph seed is refused (the generator sampled with the new one, a run neither seed's).
 void check_step3_settings(actor::node_context& ctx, std::set<std::string> safe);
+
+/// The key of check_step3_settings' record that holds the node's seed.
+inline constexpr std::string_view node_seed_key = "seed (the node's, from [graph] seed)";
 
 }  // namespace flowrun::actors

@@ -16,7 +16,7 @@
 #      continues them (the lines after it, with their rates, equal the uninterrupted run's).
 #   6. A resume whose settings changed: actor_learning_rate, lr_scheduler_type, the reference model's dtype and the prompts'
 #      per_device_generation_batch_size are refused, naming them with both values, and so are
-#      fewer iterations than the checkpoint has done;
+#      fewer iterations than the checkpoint has done, and another [graph] seed (the generator samples with it);
 #      critic_zero_stage is safe and the run resumes.
 #  6b. Step 3 with LoRA (actor and critic, only_optimize_lora) resumes, and a changed only_optimize_lora
 #      is refused naming it.
@@ -255,6 +255,9 @@ refused f3 "another per_device_generation_batch_size (other prompts would follow
   "$out/a" --set node.prompts.per_device_generation_batch_size=2
 refused f4 "fewer iterations than the checkpoint's" "holds step 3 after iteration 5 (6 iterations done), more than iterations = 3" \
   "$out/a" --set node.prompts.iterations=3
+refused f5s "another graph seed (the generator samples with the node seed it gives)" \
+  "resuming from .* with .graph. seed changed (this node's seed [0-9]* -> [0-9]*): set the graph's seed back" \
+  "$out/a" --set graph.seed=99
 refused f5 "the reference model in another dtype (other KL penalties would follow)" \
   "node 'reference': resuming from .* with settings changed: dtype \"fp32\" -> \"bf16\"; set them back" \
   "$out/a" --set node.reference.dtype=bf16

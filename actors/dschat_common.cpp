@@ -732,7 +732,10 @@ void warn_mixed_dtypes(const graph::graph_spec& g) {
   std::string each;
   for (const auto& m : g.nodes) {
     if (!step3.count(m.kind) || !m.find_setting("dtype")) continue;
-    const std::string& dt = m.get_string("dtype");
+    std::string dt = m.get_string("dtype");
+    std::vector<graph::node_kind::problem> unread;  // a JSON that does not parse is its node's problem
+    if (const auto ds = check_ds_config(m, static_cast<int>(m.replicas), unread))  // its bf16 / fp16 sections win
+      dt = ds->bf16 ? "bf16" : ds->fp16 ? "fp16" : "fp32";
     seen.insert(dt);
     each += fmt::format("{}{} {}", each.empty() ? "" : ", ", m.name, dt);
   }

@@ -196,8 +196,8 @@ std::vector<graph::node_kind::problem> save_lora_problems(const graph::node_spec
 /// critic, reference_model and reward_model nodes set different dtypes (a reference left in fp32
 /// against a bf16 policy starts PPO from a KL of about 1e-3 instead of 0), naming each node's dtype
 /// and the fix; silent when they agree. Called by the policy kind's graph check, so it is printed
-/// before steps 1 and 2 train. The node settings are compared: a DeepSpeed JSON's bf16 section is
-/// not read here.
+/// before steps 1 and 2 train. A node's deepspeed_config decides its dtype, as at the run
+/// (dschat::apply_ds_config: its bf16 / fp16 sections, else fp32); otherwise its dtype setting.
 void warn_mixed_dtypes(const graph::graph_spec& g);
 /// After a DeepSpeed JSON replaced the node's settings (dschat::apply_ds_config): warns, naming the
 /// node and the JSON, when the node's `dtype` was written (in the graph or with --set, fp32 too; not

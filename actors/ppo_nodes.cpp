@@ -170,6 +170,8 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
   graph::node_kind k{"prompt_loader", "DS-Chat step 3 prompts: a held-out batch, one batch per tick, held-out again"};
   for (const char* flag : {"enable_test_mode", "test_stop_step"})
     k.known_as(flag, "DS-Chat's --enable_test_mode --test_stop_step N is iterations = N here (the run's length)");
+  k.known_as("num_train_epochs", "DS-Chat's step-3 --num_train_epochs (passes over the prompts) is iterations here, "
+                                 "in prompt batches: epochs x training prompts / per_device_generation_batch_size");
   k.input("next", "tick", "the controller asks for the next batch", true, true)
       .output("batch", "prompt_batch", "left-padded prompts")
       .require("tokenizer", T::path, "SentencePiece .model")
@@ -1358,11 +1360,13 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                 "trained on (0: 90% of the available memory)").at_least(0);
     add_rank_group_settings(k);
     k.known_as("ppo_mini_batch_size",
-               "veRL's ppo_mini_batch_size (rollouts per update) is per_device_training_batch_size here, all ranks "
+               "veRL's ppo_mini_batch_size counts prompts (its workers multiply it by rollout.n): "
+               "per_device_training_batch_size here counts rows, ppo_mini_batch_size x num_generations, all ranks "
                "together")
         .known_as("learning_rate", "the " + std::string(policy ? "policy" : "critic") + "'s rate is " + who +
                                        "_learning_rate here (DS-Chat's --" + who + "_learning_rate; TRL's learning_rate)")
         .known_as("num_ppo_epochs", "TRL's num_ppo_epochs is ppo_epochs here")
+        .known_as("lora_dim", "step 3's LoRA rank is " + who + "_lora_dim here (DS-Chat's --" + who + "_lora_dim)")
         .known_as("num_mini_batches", "TRL's num_mini_batches is per_device_training_batch_size here: the rows of one "
                                       "update (a generation batch's rows / num_mini_batches), all ranks together");
     add_schedule_hints(k);
@@ -1381,6 +1385,10 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
                                                "reference's weights stay where its backend runs (zero_stage = 3 on "
                                                "the reference node shards them)");
       add_hybrid_engine_hints(k);
+      k.known_as("unsupervised_dataset_name", "DS-Chat's --unsupervised_dataset_name is unsup_data here (a text file "
+                                              "read with tokenizer, rows of unsup_seq_len tokens), mixed in by unsup_coef")
+          .known_as("unsupervised_dataset_config_name", "DS-Chat's --unsupervised_dataset_config_name has no setting "
+                                                        "here: unsup_data names the text file itself");
       k.known_as("clip_ratio", "veRL's clip_ratio is cliprange here (clip_ratio_c is the dual clip)")
           .known_as("epsilon", "TRL's epsilon (the ratio clip) is cliprange here")
           .known_as("clip_ratio_low", "veRL's clip_ratio_low is cliprange here (the floor 1 - cliprange)")
@@ -1714,7 +1722,9 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
               "KL penalty coefficient inside the reward (gae, reinforce_plus_plus: per token; grpo, rloo: summed "
               "over the answer, veRL's use_kl_in_reward). Unwritten, it follows advantage_estimator: 0.1 with gae "
               "(DS-Chat), 0 with grpo and rloo (veRL's use_kl_in_reward = false: GRPO as published puts the KL in "
-              "the policy's loss, use_kl_loss), 0.001 with reinforce_plus_plus (veRL's kl_coef)")
+              "the policy's loss, use_kl_loss), 0.001 with reinforce_plus_plus (REINFORCE++ as published puts a "
+              "per-token KL in the reward; veRL's kl_ctrl.kl_coef, which it applies only with use_kl_in_reward = "
+              "true, its default being false: kl_ctl = 0 for that)")
       .at_least(0)
       .default_by([](const graph::node_spec& n) -> graph::setting_value {
         return ppo::default_kl_ctl(n.get_string("advantage_estimator"));

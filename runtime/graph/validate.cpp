@@ -239,11 +239,14 @@ class validator {
           if (decl->type == setting_type::float_ || decl->type == setting_type::int_) {
             char* end = nullptr;
             errno = 0;
+            double parsed = 0;
             if (decl->type == setting_type::int_) std::strtoll(text->c_str(), &end, 10);
-            else std::strtod(text->c_str(), &end);
+            else parsed = std::strtod(text->c_str(), &end);
             if (end == text->c_str() + text->size() && errno == ERANGE)
               why = " (" + *text + " is out of the range of a " +
                     (decl->type == setting_type::int_ ? "64-bit integer" : "double, about 1.8e308") + ")";
+            else if (end == text->c_str() + text->size() && !std::isfinite(parsed))
+              why = " (not a finite number)";  // "NaN", "inf": offered back as the fix, they read as strings again
             else if (end == text->c_str() + text->size())
               fix = *text;
           } else if (decl->type == setting_type::bool_ && (*text == "true" || *text == "false")) {

@@ -1681,14 +1681,14 @@ TEST_CASE("flowrun train with model folders reads their tokenizers and writes fo
   fs::remove_all(dir);
 }
 
-TEST_CASE("flowrun train --dtype bf16 sets the dtype of every model of the steps run (DS-Chat's --dtype)") {
+TEST_CASE("flowrun train --dtype bf16 sets the dtype of every model of the steps run (DS-Chat's --dtype), --reward-zero-stage the stage") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("flowrun_train_dtype_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   int rc = -1;
   auto out = run("cd " + dir.string() + " && " + std::string(FLOWRUN_BIN) +
-                     " train --step 2 3 --dtype bf16 --actor-model model/stories260K/stories260K.bin"
+                     " train --step 2 3 --dtype bf16 --reward-zero-stage 2 --actor-model model/stories260K/stories260K.bin"
                      " --set node.rm.steps=2 --set node.rm.output=runs/rm --set node.policy.output=runs/ppo.bin"
                      " --set node.prompts.iterations=1 --set node.prompts.eval_prompts=0 --set graph.checkpoint_dir="
                      " --set node.reference.dtype=fp32 2>&1",
@@ -1696,7 +1696,9 @@ TEST_CASE("flowrun train --dtype bf16 sets the dtype of every model of the steps
   INFO(out);
   REQUIRE(rc == 0);
   // step 2 and the step-3 models in bf16, but the node a --set names (it wins), with the mixed-dtype warning
-  CHECK(out.find("[rm[0]] [info] memory plan: rank 0/1 stage 0, bf16: params") != std::string::npos);
+  // DS-Chat's --reward-zero-stage: step 2's and the critic's stage
+  CHECK(out.find("[rm[0]] [info] memory plan: rank 0/1 stage 2, bf16: params") != std::string::npos);
+  CHECK(out.find("--set node.critic.critic_zero_stage=2") != std::string::npos);
   for (const char* who : {"policy", "critic"})
     CHECK(out.find(std::string("[") + who + "[0]] [info] model ready: ") != std::string::npos);
   CHECK(out.find("[reward[0]] [info] model ready: ") != std::string::npos);
@@ -1706,6 +1708,9 @@ TEST_CASE("flowrun train --dtype bf16 sets the dtype of every model of the steps
   auto refused = run(std::string(FLOWRUN_BIN) + " train --step 1 --dtype bfloat16 2>&1", &bad);
   CHECK(bad != 0);
   CHECK(refused.find("--dtype: bfloat16 not in {fp32,bf16,fp16}") != std::string::npos);
+  refused = run(std::string(FLOWRUN_BIN) + " train --step 1 --actor-zero-stage 4 2>&1", &bad);
+  CHECK(bad != 0);
+  CHECK(refused.find("--actor-zero-stage: Value 4 not in range 0 to 3") != std::string::npos);
   fs::remove_all(dir);
 }
 

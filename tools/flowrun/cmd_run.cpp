@@ -386,6 +386,7 @@ void add_train(CLI::App& app) {
     std::vector<std::string> overrides;
     std::string dtype;  // "": each node's own
     std::string output_dir;  // "": the graphs' own outputs
+    int actor_zero_stage = -1, reward_zero_stage = -1;  // -1: each node's own
   };
   auto o = std::make_shared<train_opts>();
   auto* sub = app.add_subcommand("train", "DeepSpeed-Chat's train.py: picks the graphs for --step and runs them");
@@ -403,6 +404,14 @@ void add_train(CLI::App& app) {
                   "fp32, bf16 or fp16 for every model of the steps (DS-Chat's --dtype): dtype set on the nodes sft, "
                   "rm, policy, critic, reference and reward of the graphs run; default: each node's own (fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--actor-zero-stage", o->actor_zero_stage,
+                  "DS-Chat's --actor-zero-stage: the ZeRO stage of step 1 (sft zero_stage) and of step 3's actor "
+                  "(policy actor_zero_stage); default: each node's own (0)")
+      ->check(CLI::Range(0, 3));
+  sub->add_option("--reward-zero-stage", o->reward_zero_stage,
+                  "DS-Chat's --reward-zero-stage: the ZeRO stage of step 2 (rm zero_stage) and of step 3's critic "
+                  "(critic critic_zero_stage); default: each node's own (0)")
+      ->check(CLI::Range(0, 3));
   sub->add_option("--output-dir", o->output_dir,
                   "DS-Chat's --output-dir: the steps write DIR/actor-models/actor, DIR/reward-models/reward_model, "
                   "DIR/step3-models/actor and DIR/step3-models/critic (a .bin file for a llama2.c actor model, else "
@@ -550,6 +559,16 @@ void add_train(CLI::App& app) {
           if (out.size() > 4 && out.substr(out.size() - 4) == ".bin")
             ov.push_back(std::string("node.") + n + ".output=" + out.substr(0, out.size() - 4));
         }
+      {  // DS-Chat's --actor-zero-stage / --reward-zero-stage (train.py hands them to steps 1 and 3, 2 and 3)
+        std::vector<std::string> zs;
+        if (o->actor_zero_stage >= 0)
+          for (const char* x : {"sft.zero_stage", "policy.actor_zero_stage"})
+            zs.push_back(std::string("node.") + x + "=" + std::to_string(o->actor_zero_stage));
+        if (o->reward_zero_stage >= 0)
+          for (const char* x : {"rm.zero_stage", "critic.critic_zero_stage"})
+            zs.push_back(std::string("node.") + x + "=" + std::to_string(o->reward_zero_stage));
+        for (auto& x : overrides_for(file, zs)) ov.push_back(std::move(x));
+      }
       if (!o->dtype.empty()) {  // DS-Chat's --dtype: every model node the graph has (before --set, which wins)
         std::vector<std::string> dt;
         for (const char* n : {"sft", "rm", "policy", "critic", "reference", "reward"})

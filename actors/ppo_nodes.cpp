@@ -1093,7 +1093,7 @@ class ppo_trainer final : public actor::node {
         // memory), so they would run the forward and its gathers while rank 0 skips them
         const bool scored = !async && updates == 0 && e.seq.raw() == scored_ && d_.zero_stage != 3;
         // DS-Chat's step 3: transformers.get_scheduler over the run's updates, stepped by each applied one
-        // (plan_schedule); the ptx step shares its update's rate (DS-Chat accumulates the two into one step)
+        // (plan_schedule); the ptx step, its own optimizer step after the update as DS-Chat's train_unsupervised, runs at the update's rate
         const double lr = engine_.schedule.lr_at(lr_steps_, d_.learning_rate);
         st.lr = lr;
         step_result r;

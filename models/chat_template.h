@@ -36,6 +36,20 @@ class chat_template_error : public std::runtime_error {
   std::string raised;
 };
 
+/// What one render may build, against templates that would exhaust memory or time (Python's Jinja2
+/// would try): a template past one fails with chat_template_error naming the limit. Real chat
+/// templates stay far below the defaults (a few loop iterations per message).
+struct chat_render_limits {
+  /// The most items of a range() or a list built with +.
+  int64_t max_items = 10'000'000;
+  /// The most bytes of any one string: the output, a repetition ("x" * n), a concatenation, a
+  /// replace, join or format result, a tojson indent.
+  uint64_t max_string = 256ull << 20;
+  /// The work of one render: each loop iteration and macro call costs 64, each string the render
+  /// builds (output, ~, +, *, replace, join, format) its length in bytes.
+  uint64_t max_work = 16ull << 30;
+};
+
 /// A parsed Jinja2 chat template. Copies share the parsed form (immutable; render is const and
 /// may run on several threads at once).
 class chat_template {
@@ -50,7 +64,8 @@ class chat_template {
   /// datetime.now().strftime), namespace(...), dict(...), range(...).
   /// Throws chat_template_error naming the template, line and column (a raise_exception, an
   /// undefined value used as a value, a type error such as str + int).
-  std::string render(const nlohmann::ordered_json& variables) const;
+  /// `limits` bounds what the render builds (chat_render_limits; the fuzz target gives small ones).
+  std::string render(const nlohmann::ordered_json& variables, const chat_render_limits& limits = {}) const;
 
   const std::string& name() const;
 

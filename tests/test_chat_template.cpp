@@ -154,6 +154,33 @@ TEST_CASE("chat template errors name the template, the line and column, and the 
   CHECK(render_error("{{ 'ab' * 1000000000000 }}") == "t.jinja:1:9: a string repeated to more than 268435456 bytes");
   // a template that is not parsed renders nothing and says so
   CHECK_THROWS_AS(chat_template().render(json::object()), chat_template_error);
+  // chat_render_limits: the work and the strings of one render (time and memory a template would exhaust;
+  // small limits here, as the fuzz target gives)
+  flowrun::chat_render_limits small;
+  small.max_items = 1000;
+  small.max_string = 1 << 20;
+  small.max_work = 1 << 24;
+  auto limited = [&](const std::string& src) {
+    try {
+      return chat_template::parse(src, "t.jinja").render(json::object(), small);
+    } catch (const chat_template_error& e) {
+      return std::string(e.what());
+    }
+  };
+  // loops within max_items each, nested past max_work: 1000 x 1000 iterations x 64 > 2^24
+  CHECK(limited("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}").find(
+            "t.jinja:1:27: the template's work passed 16777216 units") == 0);
+  CHECK(limited("{{ range(1001) | length }}") == "t.jinja:1:4: range() of more than 1000 items");
+  // a string doubled in a loop: the concatenation past max_string (2^20 bytes: 'ab' doubled 19 times)
+  CHECK(limited("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}") ==
+        "t.jinja:1:76: a string joined with + of more than 1048576 bytes");
+  CHECK(limited("{{ ('x' * 1000) | replace('', 'y' * 1100) }}") ==
+        "t.jinja:1:19: replace: a result of more than 1048576 bytes");
+  CHECK(limited("{% for i in range(600) %}{{ 'x' * 2000 }}{% endfor %}") ==
+        "t.jinja:1:26: an output of more than 1048576 bytes");
+  CHECK(limited("{{ [1] | tojson(indent=100000) }}") == "t.jinja:1:10: tojson: indent 100000 is more than 1024");
+  // the same loops within the limits render as before: 100 x 100 iterations
+  CHECK(limited("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{{ i % 10 }}{% endfor %}").size() == 100);
 }
 
 TEST_CASE("chat template: strftime_now gives today's date as Llama 3.2's template asks when date_string is not passed") {

@@ -30,17 +30,16 @@ const std::set<std::string>& test_names() {
   return n;
 }
 
-// Limits against templates that would exhaust memory (Python would try): range() length and the size
-// of a repeated string.
-constexpr int64_t max_items = 10'000'000;
-constexpr uint64_t max_string = 256ull << 20;
+// Limits against templates that would exhaust memory or time (Python would try): chat_render_limits.
+constexpr uint64_t step_work = 64;  // what a loop iteration or a macro call costs of max_work
 
 struct break_signal {};
 struct continue_signal {};
 
 class renderer {
  public:
-  renderer(const template_root& root, const nlohmann::ordered_json& vars) : root_(root) {
+  renderer(const template_root& root, const nlohmann::ordered_json& vars, const chat_render_limits& limits)
+      : root_(root), limits_(limits) {
     frames_.emplace_back();
     if (!vars.is_object()) throw chat_template_error(root.name + ": the variables must be a JSON object");
     for (auto it = vars.begin(); it != vars.end(); ++it) frames_[0][it.key()] = from_json(it.value());
@@ -61,6 +60,20 @@ class renderer {
                               raised);
   }
 
+  // `units` of the render's work (chat_render_limits::max_work), refused past it
+  void spend(uint64_t units, pos at) {
+    work_ += units;
+    if (work_ > limits_.max_work)
+      fail(at, "the template's work passed " + std::to_string(limits_.max_work) +
+                   " units (loop iterations and macro calls x 64, plus the bytes of the strings it built)");
+  }
+  // a string of `n` bytes built at `at`: within max_string, and its bytes spent
+  void built(uint64_t n, pos at, const char* what) {
+    if (n > limits_.max_string)
+      fail(at, std::string(what) + " of more than " + std::to_string(limits_.max_string) + " bytes");
+    spend(n, at);
+  }
+
   // ---- statements ----
   void exec(const body& b, std::string& out) {
     for (const auto& s : b) exec(*s, out);
@@ -68,8 +81,18 @@ class renderer {
 
   void exec(const stmt& s, std::string& out) {
     switch (s.k) {
-      case stmt::kind::text: out += s.text; return;
-      case stmt::kind::output: out += to_str(eval(*s.e)); return;
+      case stmt::kind::text:
+        if (out.size() + s.text.size() > limits_.max_string) built(out.size() + s.text.size(), s.at, "an output");
+        out += s.text;
+        spend(s.text.size(), s.at);
+        return;
+      case stmt::kind::output: {
+        const std::string v = to_str(eval(*s.e));
+        if (out.size() + v.size() > limits_.max_string) built(out.size() + v.size(), s.at, "an output");
+        out += v;
+        spend(v.size(), s.at);
+        return;
+      }
       case stmt::kind::generation: exec(s.main, out); return;
       case stmt::kind::brk: throw break_signal{};
       case stmt::kind::cont: throw continue_signal{};
@@ -140,6 +163,7 @@ class renderer {
     if (s.cond) {
       list_t kept;
       for (const auto& it : items) {
+        spend(step_work, s.at);
         assign(s.targets, it, s.at);
         if (truthy(eval(*s.cond))) kept.push_back(it);
       }
@@ -147,6 +171,7 @@ class renderer {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      spend(step_work, s.at);
       frames_.back().clear();  // each iteration starts from the outer scope (Jinja2: a `set` lasts one iteration)
       assign(s.targets, items[static_cast<size_t>(i)], s.at);
       dict_t loop = {{"index0", value::int_v(i)},
@@ -384,7 +409,11 @@ class renderer {
       bool r = contains(b, a, e);
       return value::boolean_v(op == "in" ? r : !r);
     }
-    if (op == "~") return value::str_v(to_str(a) + to_str(b));
+    if (op == "~") {
+      std::string x = to_str(a), y = to_str(b);
+      built(x.size() + y.size(), e.at, "a string joined with ~");
+      return value::str_v(x + y);
+    }
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
       int c;
       if (a.is_number() && b.is_number()) {
@@ -400,8 +429,14 @@ class renderer {
       return value::boolean_v(r);
     }
     if (op == "+") {
-      if (a.k == value::kind::string && b.k == value::kind::string) return value::str_v(a.s + b.s);
+      if (a.k == value::kind::string && b.k == value::kind::string) {
+        built(a.s.size() + b.s.size(), e.at, "a string joined with +");
+        return value::str_v(a.s + b.s);
+      }
       if (a.k == value::kind::list && b.k == value::kind::list) {
+        if (a.l->size() + b.l->size() > static_cast<uint64_t>(limits_.max_items))
+          fail(e.at, "a list of more than " + std::to_string(limits_.max_items) + " items");
+        spend((a.l->size() + b.l->size()) * 16, e.at);
         list_t l = *a.l;
         l.insert(l.end(), b.l->begin(), b.l->end());
         return value::list_v(std::move(l));
@@ -412,8 +447,9 @@ class renderer {
           (b.k == value::kind::string && (a.k == value::kind::integer || a.k == value::kind::boolean))) {
         const std::string& s = a.k == value::kind::string ? a.s : b.s;
         int64_t n = a.k == value::kind::string ? as_i(b) : as_i(a);
-        if (n > 0 && !s.empty() && static_cast<uint64_t>(n) > max_string / s.size())
-          fail(e.at, "a string repeated to more than " + std::to_string(max_string) + " bytes");
+        if (n > 0 && !s.empty() && static_cast<uint64_t>(n) > limits_.max_string / s.size())
+          fail(e.at, "a string repeated to more than " + std::to_string(limits_.max_string) + " bytes");
+        if (n > 0) spend(static_cast<uint64_t>(n) * s.size(), e.at);
         std::string out;
         for (int64_t i = 0; i < n; ++i) out += s;
         return value::str_v(std::move(out));
@@ -550,7 +586,9 @@ class renderer {
       } else fail(e.at, "range() takes 1 to 3 arguments");
       if (step == 0) fail(e.at, "range() arg 3 must not be zero");
       const double count = std::ceil((static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step));
-      if (count > static_cast<double>(max_items)) fail(e.at, "range() of more than " + std::to_string(max_items) + " items");
+      if (count > static_cast<double>(limits_.max_items))
+        fail(e.at, "range() of more than " + std::to_string(limits_.max_items) + " items");
+      if (count > 0) spend(static_cast<uint64_t>(count) * 16, e.at);
       list_t l;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l.push_back(value::int_v(i));
       return value::list_v(std::move(l));
@@ -567,7 +605,11 @@ class renderer {
     for (const auto& [k, v] : a.kw)
       if (std::find(m.targets.begin(), m.targets.end(), k) == m.targets.end())
         fail(at, "macro '" + m.text + "' has no parameter '" + k + "'");
-    if (++macro_depth_ > 100) fail(at, "macro '" + m.text + "' calls nested more than 100 deep");
+    if (++macro_depth_ > 100) {
+      --macro_depth_;
+      fail(at, "macro '" + m.text + "' calls nested more than 100 deep");
+    }
+    spend(step_work, at);
     std::vector<frame> saved = std::move(frames_);
     frames_ = {saved[0], saved[1], frame{}};
     struct restore {
@@ -653,16 +695,24 @@ class renderer {
     }
   }
 
-  static std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+  // Python's str.replace; a result past `limit` bytes throws std::length_error as it grows
+  static std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count,
+                                uint64_t limit) {
     std::string out;
+    auto grown = [&] {
+      if (out.size() > limit)
+        throw std::length_error("replace: a result of more than " + std::to_string(limit) + " bytes");
+    };
     if (from.empty()) {  // Python inserts `to` around every code point
       std::u32string u = utf8_decode(s);
       int64_t n = 0;
       for (char32_t c : u) {
         if (count < 0 || n < count) { out += to; ++n; }
         out += utf8_encode(std::u32string(1, c));
+        grown();
       }
       if (count < 0 || n < count) out += to;
+      grown();
       return out;
     }
     size_t p = 0;
@@ -671,10 +721,13 @@ class renderer {
       size_t q = (count >= 0 && n >= count) ? std::string::npos : s.find(from, p);
       if (q == std::string::npos) break;
       out += s.substr(p, q - p) + to;
+      grown();
       p = q + from.size();
       ++n;
     }
-    return out + s.substr(p);
+    out += s.substr(p);
+    grown();
+    return out;
   }
 
   value call_method(const value& self, const std::string& n, const args_t& a, pos at) {
@@ -722,8 +775,15 @@ class renderer {
       }
       if (n == "replace") {
         const value* c = a.get(2, "count");
-        return value::str_v(py_replace(s, str_arg(a.get(0, "old"), at, "replace's old"),
-                                       str_arg(a.get(1, "new"), at, "replace's new"), c ? as_int(*c, at, "count") : -1));
+        std::string out;
+        try {
+          out = py_replace(s, str_arg(a.get(0, "old"), at, "replace's old"), str_arg(a.get(1, "new"), at, "replace's new"),
+                           c ? as_int(*c, at, "count") : -1, limits_.max_string);
+        } catch (const std::length_error& err) {
+          fail(at, err.what());
+        }
+        built(out.size(), at, "a replace result");
+        return value::str_v(std::move(out));
       }
       if (n == "find" || n == "count") {
         const std::string& sub = str_arg(a.get(0, "sub"), at, n + "'s argument");
@@ -776,8 +836,10 @@ class renderer {
             if (!v) fail(at, "format: no argument named '" + field + "'");
           }
           out += to_str(*v);
+          if (out.size() > limits_.max_string) built(out.size(), at, "a format result");
           i = e;
         }
+        built(out.size(), at, "a format result");
         return value::str_v(std::move(out));
       }
       if (n == "join") {
@@ -790,7 +852,9 @@ class renderer {
           if (!first) out += s;
           first = false;
           out += x.s;
+          if (out.size() > limits_.max_string) built(out.size(), at, "a join result");
         }
+        built(out.size(), at, "a join result");
         return value::str_v(std::move(out));
       }
       fail(at, "unsupported string method '" + n + "'");
@@ -917,13 +981,19 @@ class renderer {
     }
     if (n == "tojson") {
       int indent = -1;
-      if (const value* i = a.get(0, "indent"); i && i->k != value::kind::none) indent = static_cast<int>(as_int(*i, at, "indent"));
+      if (const value* i = a.get(0, "indent"); i && i->k != value::kind::none) {
+        const int64_t want = as_int(*i, at, "indent");
+        if (want > 1024) fail(at, "tojson: indent " + std::to_string(want) + " is more than 1024");  // per level
+        indent = static_cast<int>(want);
+      }
       if (const value* sep = a.get(2, "separators"); sep && sep->k != value::kind::none)
         fail(at, "tojson: separators are not supported");
       bool sort_keys = false;
       if (const value* s = a.get(3, "sort_keys")) sort_keys = truthy(*s);
       try {
-        return value::str_v(to_json_text(v, indent, sort_keys));
+        std::string out = to_json_text(v, indent, sort_keys);
+        built(out.size(), at, "a tojson result");
+        return value::str_v(std::move(out));
       } catch (const std::runtime_error& err) {
         fail(at, std::string("tojson: ") + err.what());
       }
@@ -951,7 +1021,9 @@ class renderer {
         if (!first) out += sep ? to_str(*sep) : "";
         first = false;
         out += to_str(attr ? attr_path(x, to_str(*attr), at) : x);
+        if (out.size() > limits_.max_string) built(out.size(), at, "a join result");
       }
+      built(out.size(), at, "a join result");
       return value::str_v(std::move(out));
     }
     if (n == "items") {
@@ -1007,8 +1079,16 @@ class renderer {
     }
     if (n == "replace") {
       const value* c = a.get(2, "count");
-      return value::str_v(py_replace(need_str(v), str_arg(a.get(0, "old"), at, "replace's old"),
-                                     str_arg(a.get(1, "new"), at, "replace's new"), c ? as_int(*c, at, "count") : -1));
+      std::string out;
+      try {
+        out = py_replace(need_str(v), str_arg(a.get(0, "old"), at, "replace's old"),
+                         str_arg(a.get(1, "new"), at, "replace's new"), c ? as_int(*c, at, "count") : -1,
+                         limits_.max_string);
+      } catch (const std::length_error& err) {
+        fail(at, err.what());
+      }
+      built(out.size(), at, "a replace result");
+      return value::str_v(std::move(out));
     }
     if (n == "selectattr" || n == "rejectattr" || n == "select" || n == "reject") {
       bool by_attr = n == "selectattr" || n == "rejectattr";
@@ -1134,6 +1214,8 @@ class renderer {
   }
 
   const template_root& root_;
+  const chat_render_limits limits_;
+  uint64_t work_ = 0;  // spent of limits_.max_work
   std::vector<frame> frames_;
   int macro_depth_ = 0;
 };
@@ -1161,10 +1243,10 @@ chat_template chat_template::parse(const std::string& source, const std::string&
   return t;
 }
 
-std::string chat_template::render(const nlohmann::ordered_json& variables) const {
+std::string chat_template::render(const nlohmann::ordered_json& variables, const chat_render_limits& limits) const {
   if (!impl_) throw chat_template_error("chat template: render of an empty (never parsed) template");
   try {
-    chat::renderer r(*impl_->root, variables);
+    chat::renderer r(*impl_->root, variables, limits);
     return r.run();
   } catch (const chat_template_error&) {
     throw;

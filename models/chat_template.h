@@ -45,8 +45,9 @@ struct chat_render_limits {
   /// The most bytes of any one string: the output, a repetition ("x" * n), a concatenation, a
   /// replace, join or format result, a tojson indent.
   uint64_t max_string = 256ull << 20;
-  /// The work of one render: each loop iteration and macro call costs 64, each string the render
-  /// builds (output, ~, +, *, replace, join, format) its length in bytes.
+  /// The work of one render: each loop iteration and macro call costs 64, each item a loop or filter
+  /// walks (a list, a dict's keys, a string's characters) and each range() item 16, each string the
+  /// render builds (output, ~, +, *, replace, join, format, tojson) its length in bytes.
   uint64_t max_work = 16ull << 30;
 };
 

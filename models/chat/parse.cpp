@@ -8,6 +8,8 @@
 //     before `{%+`, not before `{{`). "Start of a line" includes the start of the template and the
 //     text right after a tag whose end consumed a newline.
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -614,13 +616,13 @@ class parser {
       case token::kind::integer: {
         ++i_;
         auto e = node(expr::kind::literal, at);
-        e->lit = value::int_v(std::stoll(t.text));
+        e->lit = value::int_v(int_literal(t.text, at));
         return e;
       }
       case token::kind::real: {
         ++i_;
         auto e = node(expr::kind::literal, at);
-        e->lit = value::real_v(std::stod(t.text));
+        e->lit = value::real_v(real_literal(t.text, at));
         return e;
       }
       case token::kind::op:
@@ -688,7 +690,7 @@ class parser {
           auto it = node(expr::kind::item, at);
           it->a = std::move(e);
           it->b = node(expr::kind::literal, n.at);
-          it->b->lit = value::int_v(std::stoll(n.text));
+          it->b->lit = value::int_v(int_literal(n.text, n.at));
           ++i_;
           e = std::move(it);
         } else {
@@ -831,6 +833,25 @@ class parser {
   }
   void expect_end() {
     if (!at_end()) fail(name_, peek().at, "unexpected '" + peek().text + "' (expected the end of the tag)");
+  }
+
+  // A number literal as a 64-bit integer or a double: one past their range is refused by name (Python's int
+  // has no bound; stoll threw std::out_of_range through parse)
+  int64_t int_literal(const std::string& text, pos at) const {
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (errno == ERANGE || end != text.c_str() + text.size())
+      fail(name_, at, "the integer " + text + " is out of the range of a 64-bit integer");
+    return v;
+  }
+  double real_literal(const std::string& text, pos at) const {
+    errno = 0;
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if ((errno == ERANGE && std::isinf(v)) || end != text.c_str() + text.size())
+      fail(name_, at, "the number " + text + " is out of the range of a double");
+    return v;
   }
 
   // Nesting limit: a template nested deeper (brackets, unary operators, blocks) is refused rather than

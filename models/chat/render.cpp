@@ -299,16 +299,19 @@ class renderer {
     fail(e.at, "cannot slice a " + type_name(obj));
   }
 
-  list_t iterate(const value& v, pos at) const {
+  // The items a loop or a filter walks (a copy), their number x 16 spent of the work
+  list_t iterate(const value& v, pos at) {
     switch (v.k) {
       case value::kind::undefined: return {};
-      case value::kind::list: return *v.l;
+      case value::kind::list: spend(v.l->size() * 16, at); return *v.l;
       case value::kind::dict: {
+        spend(v.m->size() * 16, at);
         list_t keys;
         for (const auto& kv : *v.m) keys.push_back(value::str_v(kv.first));
         return keys;
       }
       case value::kind::string: {
+        spend(v.s.size() * 16, at);
         list_t chars;
         for (char32_t c : utf8_decode(v.s)) chars.push_back(value::str_v(utf8_encode(std::u32string(1, c))));
         return chars;
@@ -1237,7 +1240,13 @@ namespace flowrun {
 
 chat_template chat_template::parse(const std::string& source, const std::string& name) {
   auto impl = std::make_shared<chat::template_impl>();
-  impl->root = chat::parse_template(source, name);
+  try {
+    impl->root = chat::parse_template(source, name);
+  } catch (const chat_template_error&) {
+    throw;
+  } catch (const std::exception& e) {  // as render: every failure is the template's, named
+    throw chat_template_error(name + ": " + e.what());
+  }
   chat_template t;
   t.impl_ = std::move(impl);
   return t;

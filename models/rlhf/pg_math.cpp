@@ -236,11 +236,13 @@ loss_agg_mode parse_loss_agg_mode(const std::string& s) {
   if (s == "token-mean") return loss_agg_mode::token_mean;
   if (s == "seq-mean-token-mean") return loss_agg_mode::seq_mean_token_mean;
   if (s == "seq-mean-token-sum") return loss_agg_mode::seq_mean_token_sum;
-  // veRL's Dr. GRPO mode divides the batch's token sum by the longest answer length, not by the rows: the
-  // same gradient direction up to that constant factor
+  // veRL's Dr. GRPO mode divides the batch's token sum by the padded response length (loss_mask.shape[-1],
+  // its max_response_length), not by the rows: seq-mean-token-sum times rows / that length, the same gradient
+  // direction, a constant factor while the rows per update are constant (not under filter_groups)
   const std::string norm = s == "seq-mean-token-sum-norm"
-                               ? " (veRL's seq-mean-token-sum-norm is seq-mean-token-sum here, times rows / the longest "
-                                 "answer length, a constant: use seq-mean-token-sum and scale the learning rate)"
+                               ? " (veRL's seq-mean-token-sum-norm is seq-mean-token-sum here times rows / the padded "
+                                 "response length, max_answer_seq_len: a constant factor while the rows per update "
+                                 "are, so use seq-mean-token-sum and scale the learning rate)"
                                : "";
   throw std::invalid_argument("loss_agg_mode = \"" + s +
                               "\": expected \"token-mean\", \"seq-mean-token-mean\" or \"seq-mean-token-sum\"" + norm);

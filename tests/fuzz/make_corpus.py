@@ -425,9 +425,29 @@ def gen_cluster():
         write("cluster", "job_graph_" + g.replace(".graph", ""), b"\x03" + read("graphs", g))
 
 
+# ---- chat_template -----------------------------------------------------------------------------------------
+def gen_chat_template():
+    d = os.path.join(FIX, "chat_templates")
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".jinja"):
+            write("chat_template", f[:-len(".jinja")], read("tests", "fixtures", "chat_templates", f))
+    for m in ["llama3", "qwen2"]:  # a tokenizer_config.json that holds the template
+        write("chat_template", "tokenizer_config_" + m, read("tests", "fixtures", "hf_chat", m, "tokenizer_config.json"))
+    # the messages part: tool calls, a list content, a missing role; add_generation_prompt off
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
+            {"role": "tool", "content": "2"}, {"content": "no role"}]
+    write("chat_template", "qwen_tools", parts(read("tests", "fixtures", "chat_templates",
+                                                    "Qwen-Qwen2.5-7B-Instruct.jinja"), json.dumps(msgs), "x"))
+    write("chat_template", "loops_and_macros", "{% macro m(x) %}[{{ x }}]{% endmacro %}"
+          "{% for i in range(3) %}{{ m(i) ~ ('ab' * 2) | replace('a', 'c') }}{% endfor %}"
+          "{{ messages | map(attribute='role') | join(',') }}{{ messages[0] | tojson(indent=2) }}")
+
+
 def main():
     for g in [gen_graph, gen_dschat, gen_lm, gen_ds_config, gen_safetensors, gen_hf, gen_llama2c, gen_adapter,
-              gen_tokenizer, gen_hf_tokenizer, gen_console, gen_cluster]:
+              gen_tokenizer, gen_hf_tokenizer, gen_console, gen_cluster, gen_chat_template]:
         g()
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
     print("wrote %d files, %d bytes, in %s" % (sum(len(fs) for _, _, fs in os.walk(OUT)), total, OUT))

@@ -20,9 +20,11 @@ shift 2
 declare -A max_len=(
   [graph]=4096 [dschat_data]=4096 [lm_data]=4096 [ds_config]=4096 [safetensors]=8192 [hf]=8192
   [llama2c]=4096 [adapter]=8192 [tokenizer]=1024 [hf_tokenizer]=8192 [console]=2048 [cluster]=4096
+  [chat_template]=8192
 )
 targets=("$@")
-((${#targets[@]})) || targets=(graph dschat_data lm_data ds_config safetensors hf llama2c adapter tokenizer hf_tokenizer console cluster)
+((${#targets[@]})) || targets=(graph dschat_data lm_data ds_config safetensors hf llama2c adapter tokenizer hf_tokenizer console cluster
+                                chat_template)
 work="$build/fuzz-work"
 # stack traces with file:line (Debian's llvm-symbolizer, where installed)
 for s in llvm-symbolizer-16 llvm-symbolizer; do

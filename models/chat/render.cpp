@@ -698,6 +698,20 @@ class renderer {
     }
   }
 
+  // s.replace(old, new[, count]) and the replace filter: py_replace within the render's limits
+  value replace_call(const std::string& s, const args_t& a, pos at) {
+    const value* c = a.get(2, "count");
+    std::string out;
+    try {
+      out = py_replace(s, str_arg(a.get(0, "old"), at, "replace's old"), str_arg(a.get(1, "new"), at, "replace's new"),
+                       c ? as_int(*c, at, "count") : -1, limits_.max_string);
+    } catch (const std::length_error& err) {
+      fail(at, err.what());
+    }
+    built(out.size(), at, "a replace result");
+    return value::str_v(std::move(out));
+  }
+
   // Python's str.replace; a result past `limit` bytes throws std::length_error as it grows
   static std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count,
                                 uint64_t limit) {
@@ -777,16 +791,7 @@ class renderer {
         return value::list_v(std::move(out));
       }
       if (n == "replace") {
-        const value* c = a.get(2, "count");
-        std::string out;
-        try {
-          out = py_replace(s, str_arg(a.get(0, "old"), at, "replace's old"), str_arg(a.get(1, "new"), at, "replace's new"),
-                           c ? as_int(*c, at, "count") : -1, limits_.max_string);
-        } catch (const std::length_error& err) {
-          fail(at, err.what());
-        }
-        built(out.size(), at, "a replace result");
-        return value::str_v(std::move(out));
+        return replace_call(s, a, at);
       }
       if (n == "find" || n == "count") {
         const std::string& sub = str_arg(a.get(0, "sub"), at, n + "'s argument");
@@ -1081,17 +1086,7 @@ class renderer {
       return value::int_v(std::llabs(as_int(v, at, "abs's value")));
     }
     if (n == "replace") {
-      const value* c = a.get(2, "count");
-      std::string out;
-      try {
-        out = py_replace(need_str(v), str_arg(a.get(0, "old"), at, "replace's old"),
-                         str_arg(a.get(1, "new"), at, "replace's new"), c ? as_int(*c, at, "count") : -1,
-                         limits_.max_string);
-      } catch (const std::length_error& err) {
-        fail(at, err.what());
-      }
-      built(out.size(), at, "a replace result");
-      return value::str_v(std::move(out));
+      return replace_call(need_str(v), a, at);
     }
     if (n == "selectattr" || n == "rejectattr" || n == "select" || n == "reject") {
       bool by_attr = n == "selectattr" || n == "rejectattr";

@@ -1093,6 +1093,36 @@ TEST_CASE("step 2: a reward model from stories260K + value head trains, and its 
     CHECK(std::fabs(mates.chosen_scores[2] - padded.chosen_scores[1]) < 1e-5);
   }
 
+  // the pairwise loss reads the shorter row's padding (DS-Chat averages to the end of the longer row), where DS-Chat's
+  // attention_mask lets a padding position see the real tokens only: its value does not change with the padding
+  // before it (without the mask, as before, it did)
+  {
+    int64_t k = 0;  // a pair whose rows differ by 2 tokens or more
+    while (k + 1 < static_cast<int64_t>(train.size())) {
+      auto b = rm_batch(train, {k});
+      if (std::abs(b.chosen_len.data<int32_t>()[0] - b.rejected_len.data<int32_t>()[0]) >= 2) break;
+      ++k;
+    }
+    auto b = rm_batch(train, {k});
+    const bool chosen_shorter = b.chosen_len.data<int32_t>()[0] < b.rejected_len.data<int32_t>()[0];
+    const int64_t T = b.T, shorter = chosen_shorter ? b.chosen_len.data<int32_t>()[0] : b.rejected_len.data<int32_t>()[0];
+    const int64_t row = chosen_shorter ? 0 : 1;  // rm_forward's rows: the chosen, then the rejected
+    REQUIRE(shorter + 2 <= T);
+    activations a;
+    (void)rm_forward(m, a, b);
+    const float before = a.values.to(device::cpu()).data<float>()[row * T + T - 1];
+    tensor& ids = chosen_shorter ? b.chosen_ids : b.rejected_ids;
+    ids.data<int32_t>()[shorter] = 7;  // the first padding position holds another id
+    (void)rm_forward(m, a, b);
+    CHECK(a.values.to(device::cpu()).data<float>()[row * T + T - 1] == before);
+    // the unmasked forward (the padding attending to the padding) gives the last position another value
+    tensor both = tensor::empty({2, T}, dtype::i32);
+    std::memcpy(both.data<int32_t>(), b.chosen_ids.data<int32_t>(), sizeof(int32_t) * T);
+    std::memcpy(both.data<int32_t>() + T, b.rejected_ids.data<int32_t>(), sizeof(int32_t) * T);
+    m.forward(a, both, tensor{});
+    CHECK(std::fabs(a.values.to(device::cpu()).data<float>()[row * T + T - 1] - before) > 1e-6);
+  }
+
   // a fixed probe of training pairs measures the loss before and after
   std::vector<rm_batch_data> probe;
   for (int64_t i = 0; i < 4; ++i) probe.push_back(rm_batch(train, iota(i * 16, i * 16 + 16)));

@@ -203,9 +203,18 @@ rlhf::pairwise_result rm_forward(decoder& value_model, activations& a, const rm_
   tensor ids = tensor::empty({2 * B, T}, dtype::i32);
   std::memcpy(ids.data<int32_t>(), batch.chosen_ids.data<int32_t>(), sizeof(int32_t) * B * T);
   std::memcpy(ids.data<int32_t>() + B * T, batch.rejected_ids.data<int32_t>(), sizeof(int32_t) * B * T);
-  // Right padding: causal attention keeps every real position independent of the padding,
-  // so no mask is needed; positions are 0..T-1 for every row.
-  value_model.forward(a, ids, tensor{});
+  // Right padding: causal attention keeps every real position independent of the padding. The
+  // pairwise loss also reads the values at the shorter row's padding (DS-Chat's RewardModel.forward
+  // averages from the divergence to the end of the longer row), which DS-Chat computes with its
+  // attention_mask: a padding position attends to the real tokens only. So the mask goes in, with
+  // positions 0..T-1 for every row as HF's LLaMA forward takes them without position_ids (the mask's
+  // cumsum, decoder::forward's default with a mask, would move the padding's positions).
+  tensor mask = tensor::empty({2 * B, T}, dtype::i32), positions = tensor::empty({2 * B, T}, dtype::i32);
+  std::memcpy(mask.data<int32_t>(), batch.chosen_mask.data<int32_t>(), sizeof(int32_t) * B * T);
+  std::memcpy(mask.data<int32_t>() + B * T, batch.rejected_mask.data<int32_t>(), sizeof(int32_t) * B * T);
+  for (int64_t r = 0; r < 2 * B; ++r)
+    for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[r * T + t] = static_cast<int32_t>(t);
+  value_model.forward(a, ids, tensor{}, mask, positions);
   tensor values = a.values.to(device::cpu());
   tensor cr = values.flat_view(0, {B, T}), rr = values.flat_view(B * T, {B, T});
   tensor dc, dr;

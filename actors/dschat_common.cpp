@@ -326,7 +326,14 @@ void save_output(actor::node_context& ctx, const char* step, const decoder& m, m
                               .dump(2) +
                           "\n");
   }
-  ctx.log().info("saved the trained model to {} ({})", out, to_string(f));
+  // an HF folder holds the fp32 masters whatever dtype trained (save_pretrained of DS-Chat's fp16 / bf16 engine
+  // writes its half weights): said, with the way to half size
+  if (f == model_format::hf && dtype != "fp32")
+    ctx.log().info("saved the trained model to {} ({}, fp32 weights: the masters of this {} run; `flowrun convert "
+                   "--from hf {} --to hf DIR --dtype {}` writes them at half the size)",
+                   out, to_string(f), dtype, out, dtype == "fp16" ? "f16" : "bf16");
+  else
+    ctx.log().info("saved the trained model to {} ({})", out, to_string(f));
   if (ctx.spec().get_bool("verify_output"))
     ctx.print(fmt::format("{} saved {} as a {}; reloaded: max |output difference| {:.3g}", step, out, to_string(f),
                           reload_max_diff(m, out)));

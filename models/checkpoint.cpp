@@ -222,14 +222,20 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
       std::error_code ec;
       const fs::path src = !source.empty() ? fs::path(source) : tok ? fs::path(tokenizer) : fs::path();
       const bool from_hf = !src.empty() && fs::is_directory(src, ec) && fs::exists(src / "config.json", ec);
-      if (from_hf) {  // the source's own stop ids, as save_pretrained keeps them
-        const auto j = read_json_file(src / "config.json");
-        if (const auto e = j.find("eos_token_id"); e != j.end() && e->is_array() && !e->empty()) extra["eos_token_id"] = *e;
+      if (from_hf) {  // the source's own token ids, as save_pretrained keeps them (the tokenizer's filled the rest)
+        const nlohmann::json keys = hf_token_keys(src.string());
+        for (const auto& [k, v] : keys.items()) extra[k] = v;
       }
       save_hf(merged_copy(model), path, dtype::f32, 0, extra);
       if (tok) copy_tokenizer_files(tokenizer, path, /*hf_names=*/true);
       if (from_hf) {
-        copy_generation_config(src.string(), path);  // the source's stop ids and sampling defaults, when it has them
+        // the source's stop ids and sampling defaults, when it has them; else none: an earlier model's left in the
+        // folder would sample and stop as that model (flowrun convert removes it alike)
+        const fs::path gc = fs::path(path) / "generation_config.json";
+        if (!copy_generation_config(src.string(), path) && !fs::equivalent(src, fs::path(path), ec) &&
+            fs::remove(gc, ec))
+          std::fprintf(stderr, "flowrun: warning: removed %s, an earlier model's: %s has none\n", gc.c_str(),
+                       src.c_str());
       } else if (tok || (!src.empty() && inspect_model(src.string()).format != model_format::hf)) {
         // a llama2.c model (a .bin or a flowrun folder): without a tokenizer, llama2.c's own ids
         write_llama2c_generation_config(path, tok ? tok->bos_id() : 1, tok ? tok->eos_id() : 2,
@@ -238,6 +244,17 @@ void save_model(const decoder& model, const std::string& path, model_format f, c
       return;
     }
   }
+}
+
+nlohmann::json hf_token_keys(const std::string& hf_dir) {
+  nlohmann::json out = nlohmann::json::object();
+  std::ifstream f(fs::path(hf_dir) / "config.json");
+  if (!f) return out;
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (!j.is_object()) return out;
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (j.contains(k) && !j[k].is_null()) out[k] = j[k];  // null: none (transformers' default), as the source says
+  return out;
 }
 
 double reload_max_diff(const decoder& model_in, const std::string& path) {

@@ -14,6 +14,7 @@
 
 #include <string>
 #include <string_view>
+#include <nlohmann/json.hpp>
 
 #include "models/decoder.h"
 
@@ -57,6 +58,11 @@ void write_llama2c_generation_config(const std::string& dir, int64_t bos_id, int
 /// or is `dir` itself. save_model's HF path and `flowrun convert --from hf --to hf` use it. Throws
 /// std::runtime_error naming the file on an I/O error.
 bool copy_generation_config(const std::string& source, const std::string& dir);
+
+/// The token-id keys (bos_token_id, eos_token_id, pad_token_id: an id or a list, as written) of the HF
+/// folder `hf_dir`'s config.json, to carry into a config.json written from it (save_pretrained keeps them;
+/// a null or missing key is left out). An empty object when there is no readable config.json.
+nlohmann::json hf_token_keys(const std::string& hf_dir);
 
 /// Save `model` into folder `dir`: flowrun_config.json (the model_config, LoRA
 /// and value-head flags) and model.safetensors (every base and adapter tensor,

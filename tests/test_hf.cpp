@@ -1177,6 +1177,20 @@ TEST_CASE("stop_ids_for: EOS and a new BOS for llama2.c models, an HF folder's e
   CHECK(stop_ids_for(d / "out", 1, 2) == ids{2, 7, 9});  // its generation_config.json, copied
   fs::remove(d.path / "out" / "generation_config.json");
   CHECK(stop_ids_for(d / "out", 1, 2) == ids{2, 11});  // config.json's list
+  // its other token ids too (a reward model's pad_token_id; they were the tokenizer's, the config's bos dropped), and
+  // a source without generation_config.json leaves none of an earlier model's in the folder (it sampled and stopped
+  // as that model)
+  cfg["bos_token_id"] = 3;
+  cfg["pad_token_id"] = 4;
+  write_json(d.path / "config.json", cfg);
+  fs::remove(d.path / "generation_config.json");
+  write_json(d.path / "out" / "generation_config.json", {{"do_sample", true}, {"eos_token_id", {8, 9}}});
+  save_model(m, d / "out", model_format::hf, "", d.path.string());
+  const auto out = nlohmann::json::parse(std::ifstream(d.path / "out" / "config.json"));
+  CHECK(out["bos_token_id"] == 3);
+  CHECK(out["pad_token_id"] == 4);
+  CHECK(out["eos_token_id"] == nlohmann::json{2, 11});
+  CHECK_FALSE(fs::exists(d.path / "out" / "generation_config.json"));
 }
 
 TEST_CASE("checkpoint: save_model writes the format it is given, LoRA merged into a copy") {

@@ -14,7 +14,9 @@ the float64 run is the float32 noise floor of the model). The folder's tokenizer
 AutoTokenizer and must give flowrun's ids for a probe text (no BOS/EOS), and a LLaMA tokenizer.model
 must prepend BOS by default (LlamaTokenizer, as in Meta's folders; tokenizer_config.json says so). A folder passes when the model
 loads with no missing, mismatched or unexpected tensor (v_head.weight excepted), the tokenizer ids are
-equal, and max |flowrun - transformers float64| is at most --tol (1e-5). sentencepiece and protobuf are
+equal, and max |flowrun - transformers float64| is at most --tol (1e-5) times max(1, the largest |output|)
+(float32 rounding grows with the outputs' size: stories260K's logits reach 22, and a kernel path that
+rounds otherwise, AVX-512 against AVX2, moves the last bits). sentencepiece and protobuf are
 needed for LLaMA folders' tokenizer.model.
 
   python -m venv /tmp/tfenv && /tmp/tfenv/bin/pip install torch transformers safetensors sentencepiece protobuf
@@ -86,10 +88,11 @@ def main():
                         bad["tokenizer"] = f"{type(tok).__name__} does not prepend BOS {bos}"
             except Exception as e:  # noqa: BLE001 - any failure to load is the finding
                 bad["tokenizer"] = f"AutoTokenizer cannot load it: {type(e).__name__}: {e}"
-        good = diff <= a.tol and not bad
+        scale = max(1.0, want.abs().max().item())  # the tolerance is relative to the outputs' size
+        good = diff <= a.tol * scale and not bad
         ok &= good
         print(f"{'OK' if good else 'FAIL'} {d}: {name}, max |{what}| {want.abs().max().item():.3g}, "
-              f"max |flowrun - transformers f64| = {diff:.3g} (tol {a.tol}); "
+              f"max |flowrun - transformers f64| = {diff:.3g} (tol {a.tol} x {scale:.3g}); "
               f"vs transformers f32 {diff32:.3g}, transformers f32 - f64 {floor:.3g}"
               + ("; tokenizer ids equal" if "text" in ref and "tokenizer" not in bad else "")
               + (f"; problems: {bad}" if bad else ""))

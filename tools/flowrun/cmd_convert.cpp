@@ -70,18 +70,6 @@ void copy_tokenizer(const fs::path& src, const fs::path& dst_dir, bool hf_names)
     spdlog::info("tokenizer: -> {}", f);
 }
 
-// Token-id keys of an HF config.json to carry to the written one.
-nlohmann::json token_keys(const fs::path& hf_dir) {
-  nlohmann::json out = nlohmann::json::object();
-  std::ifstream f(hf_dir / "config.json");
-  if (!f) return out;
-  auto j = nlohmann::json::parse(f, nullptr, false);
-  if (!j.is_object()) return out;
-  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
-    if (j.contains(k) && !j[k].is_null()) out[k] = j[k];  // null: none (transformers' default), as the source says
-  return out;
-}
-
 // The keys that keep an HF reward model of TRL's layout (a *ForSequenceClassification: score.weight, no LM head)
 // one when written again: its architectures, labels and tie_word_embeddings as the source says (load_hf ties a
 // head-less model's embedding in, and the folder read back as a CausalLM whose v_head.weight transformers dropped,
@@ -146,7 +134,7 @@ zero_source read_zero_source(const convert_opts& o) {
   const bool hf_base =
       !z.like_path.empty() && fs::exists(z.like_path, ec) && inspect_model(z.like_path).format == model_format::hf;
   z.like_fmt = hf_base ? "hf" : "llama2c";
-  if (z.like_fmt == "hf") z.token_keys = token_keys(z.like_path);
+  if (z.like_fmt == "hf") z.token_keys = hf_token_keys(z.like_path);
   if (fs::exists(o.to[1], ec) && !z.like_path.empty() && fs::equivalent(o.to[1], z.like_path, ec))
     throw std::runtime_error("convert: --to " + o.to[1] + " is the run's base model: write the consolidated model "
                              "elsewhere (the base stays what the run started from)");
@@ -224,7 +212,7 @@ void run_convert(const convert_opts& o) {
     model = load_hf(o.from[1], device::cpu(), on_line(line));
     line.clear();
     spdlog::info("read {} in {:.1f} s", o.from[1], line.seconds());
-    extra = token_keys(o.from[1]);
+    extra = hf_token_keys(o.from[1]);
     extra.update(sequence_classification_keys(o.from[1]));
   } else {
     throw std::runtime_error("convert: --from " + src_fmt + ": use llama2c, hf or zero");

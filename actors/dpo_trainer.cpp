@@ -116,7 +116,8 @@ class dpo_trainer final : public dschat_trainer {
     ctx.signal("held_out/accuracy", e.accuracy);
     ctx.signal("held_out/rewards/chosen", e.chosen_reward);
     ctx.signal("held_out/rewards/rejected", e.rejected_reward);
-    // IPO's loss compares per-token mean log-probs (TRL divides them by the length), and so does this accuracy there
+    // IPO's loss compares per-token log-ratios (TRL divides each side's by its length), and so does this accuracy
+    // there; the preference accuracy and rewards are of the sums under every loss, as TRL's rewards/*
     const char* logp = s_.loss.loss_type == rlhf::dpo_loss_type::ipo ? "per-token log-prob accuracy" : "log-prob accuracy";
     const std::string line =
         fmt::format("preference accuracy {:.3f} ± {:.3f}, {} {:.3f} ± {:.3f}, DPO loss {:.4f} over {} pairs", e.accuracy,
@@ -180,7 +181,8 @@ void register_dpo_trainer(graph::node_kind_registry& kinds, actor::node_factory_
               "sigmoid only)")
       .in_range(0, 0.5, false, /*high_open=*/true)
       .option("loss_type", T::string, std::string("sigmoid"),
-              "sigmoid: −log σ(β z) (DPO, DS-Chat); ipo: (z − 1/(2β))² over per-token mean log-probs (IPO, TRL)")
+              "sigmoid: −log σ(β z) (DPO, DS-Chat); ipo: (z − 1/(2β))² over each side's log-ratio per counted token "
+              "(IPO, TRL 1.12; rewards and accuracy of the sums, as TRL's)")
       .option("mask_before_divergence", T::bool_, false,
               "count the tokens from the first one where chosen and rejected differ (DS-Chat's masking); default "
               "false: the answer tokens, the prompt masked out (TRL's DPOTrainer)")

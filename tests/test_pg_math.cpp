@@ -358,6 +358,20 @@ TEST_CASE("DPO: sigmoid, label smoothing and IPO by hand, ln 2 at the reference,
   cfg.label_smoothing = 0;
   cfg.loss_type = dpo_loss_type::ipo;
   CHECK(dpo_loss(v(-10), v(-12), v(-11), v(-11), cfg).loss == doctest::Approx(9.0));
+  // IPO with the counted tokens (TRL 1.12 dpo_trainer.py "ipo": each side's summed log-ratio over its
+  // completion tokens): chosen −10 against −12 over 4 tokens, rejected −12 against −11 over 2:
+  //  z' = 2/4 − (−1)/2 = 1, loss (1 − 5)² = 16; the rewards stay β × the sums (TRL's rewards/*): 0.2 and −0.1;
+  //  d/dchosen = 2 (z' − 5) / 4 = −2, d/drejected = −2 (z' − 5) / 2 = 4
+  {
+    auto nc = v(4), nr = v(2);
+    r = dpo_loss(v(-10), v(-12), v(-12), v(-11), cfg, &dc, &dr, &nc, &nr);
+    CHECK(r.loss == doctest::Approx(16.0));
+    CHECK(r.chosen_rewards[0] == doctest::Approx(0.2));
+    CHECK(r.rejected_rewards[0] == doctest::Approx(-0.1));
+    CHECK(r.accuracy == 1.0);
+    CHECK(floats(dc)[0] == doctest::Approx(-2.0));
+    CHECK(floats(dr)[0] == doctest::Approx(4.0));
+  }
   // gradients by finite differences, both loss types, over 3 pairs
   std::mt19937 rng(5);
   auto pc = random_floats({3}, rng, -20, -5), pr = random_floats({3}, rng, -20, -5);
@@ -366,9 +380,12 @@ TEST_CASE("DPO: sigmoid, label smoothing and IPO by hand, ln 2 at the reference,
     dpo_config c;
     c.loss_type = type;
     c.label_smoothing = type == dpo_loss_type::sigmoid ? 0.05 : 0.0;
-    dpo_loss(pc, pr, rc, rr, c, &dc, &dr);
-    check_gradient(pc, [&](const tensor& t) { return dpo_loss(t, pr, rc, rr, c).loss; }, dc, 1e-2);
-    check_gradient(pr, [&](const tensor& t) { return dpo_loss(pc, t, rc, rr, c).loss; }, dr, 1e-2);
+    auto nc = tensor::from_floats({3}, {3, 7, 1}), nr = tensor::from_floats({3}, {5, 2, 4});  // IPO's token counts
+    dpo_loss(pc, pr, rc, rr, c, &dc, &dr, &nc, &nr);
+    check_gradient(pc, [&](const tensor& t) { return dpo_loss(t, pr, rc, rr, c, nullptr, nullptr, &nc, &nr).loss; }, dc,
+                   1e-2);
+    check_gradient(pr, [&](const tensor& t) { return dpo_loss(pc, t, rc, rr, c, nullptr, nullptr, &nc, &nr).loss; }, dr,
+                   1e-2);
   }
   cfg.beta = 0;
   CHECK_THROWS_WITH_AS(dpo_loss(v(0), v(0), v(0), v(0), cfg), doctest::Contains("beta must be > 0"),

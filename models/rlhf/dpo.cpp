@@ -13,8 +13,6 @@ namespace flowrun::dschat {
 
 namespace {
 
-bool averages(const dpo_settings& s) { return s.loss.loss_type == rlhf::dpo_loss_type::ipo; }
-
 // Rows [0, B) of x then rows [0, B) of y: (2B, ...) (chosen first, as DataCollatorReward).
 tensor stack(const tensor& x, const tensor& y) {
   shape_t sh = x.shape();
@@ -68,11 +66,17 @@ pair_forward forward_pairs(decoder& model, activations& a, const rm_batch_data& 
   f.logits = a.logits.to(device::cpu());
   tensor lp;
   rlhf::gather_log_probs_forward(lp, f.logits, f.labels, 1.0f, f.keep);  // (2B, T)
-  const tensor seq = rlhf::sequence_log_probs(lp, f.lmask, averages(s));
+  const tensor seq = rlhf::sequence_log_probs(lp, f.lmask, /*average=*/false);
   f.seq.chosen = tensor::empty({B});
   f.seq.rejected = tensor::empty({B});
   std::memcpy(f.seq.chosen.data<float>(), seq.data<float>(), sizeof(float) * B);
   std::memcpy(f.seq.rejected.data<float>(), seq.data<float>() + B, sizeof(float) * B);
+  f.seq.chosen_tokens = tensor::zeros({B});
+  f.seq.rejected_tokens = tensor::zeros({B});
+  for (int64_t r = 0; r < 2 * B; ++r) {
+    float& n = (r < B ? f.seq.chosen_tokens.data<float>()[r] : f.seq.rejected_tokens.data<float>()[r - B]);
+    for (int64_t t = 0; t < T; ++t) n += f.lmask.data<int32_t>()[r * T + t] != 0;
+  }
   return f;
 }
 
@@ -124,18 +128,16 @@ batch_loss dpo_batch_loss(const std::vector<dpo_batch_data>& micro, const dpo_se
                                   " has no reference log-probs (dpo_log_probs of the reference)");
     pair_forward f = forward_pairs(model, a, mb.pairs, s);
     tensor dc, dr;  // d loss / d sequence log-probs (B) each: d of the micro-batch mean
-    rlhf::dpo_result res = rlhf::dpo_loss(f.seq.chosen, f.seq.rejected, mb.ref.chosen, mb.ref.rejected, s.loss, &dc, &dr);
-    // sequence_log_probs' backward: d token = d sequence · mask (/ the counted tokens for IPO)
+    rlhf::dpo_result res = rlhf::dpo_loss(f.seq.chosen, f.seq.rejected, mb.ref.chosen, mb.ref.rejected, s.loss, &dc,
+                                          &dr, &f.seq.chosen_tokens, &f.seq.rejected_tokens);
+    // sequence_log_probs' backward (sums): d token = d sequence · mask
     tensor dlp = tensor::zeros({2 * B, T});
     const int32_t* m = f.lmask.data<int32_t>();
     float* d = dlp.data<float>();
     for (int64_t r = 0; r < 2 * B; ++r) {
-      double cnt = 0;
-      for (int64_t t = 0; t < T; ++t) cnt += m[r * T + t] != 0;
-      const double g = r < B ? dc.data<float>()[r] : dr.data<float>()[r - B];
-      const double scale = averages(s) ? (cnt > 0 ? g / cnt : 0.0) : g;
+      const float g = r < B ? dc.data<float>()[r] : dr.data<float>()[r - B];
       for (int64_t t = 0; t < T; ++t)
-        if (m[r * T + t]) d[r * T + t] = static_cast<float>(scale);
+        if (m[r * T + t]) d[r * T + t] = g;
     }
     micro_loss out;
     out.loss = res.loss;
@@ -209,10 +211,14 @@ dpo_eval_result dpo_eval(decoder& policy, decoder& reference, const std::vector<
     }
     const pair_log_probs pol = dpo_log_probs(policy, a, b, s);
     const pair_log_probs ref = dpo_log_probs(reference, a, b, s);
-    const auto res = rlhf::dpo_loss(pol.chosen, pol.rejected, ref.chosen, ref.rejected, s.loss);
+    const auto res = rlhf::dpo_loss(pol.chosen, pol.rejected, ref.chosen, ref.rejected, s.loss, nullptr, nullptr,
+                                    &pol.chosen_tokens, &pol.rejected_tokens);
+    const bool per_token = s.loss.loss_type == rlhf::dpo_loss_type::ipo;  // the policy's own preference, as its loss
     for (int64_t i = 0; i < b.B; ++i) {
       correct += res.chosen_rewards[i] > res.rejected_rewards[i];
-      logp_correct += pol.chosen.data<float>()[i] > pol.rejected.data<float>()[i];
+      const float nc = per_token ? std::max(1.0f, pol.chosen_tokens.data<float>()[i]) : 1.0f;
+      const float nr = per_token ? std::max(1.0f, pol.rejected_tokens.data<float>()[i]) : 1.0f;
+      logp_correct += pol.chosen.data<float>()[i] / nc > pol.rejected.data<float>()[i] / nr;
       cs += res.chosen_rewards[i];
       rs += res.rejected_rewards[i];
     }

@@ -48,9 +48,11 @@ struct dpo_label_masks {
 };
 dpo_label_masks dpo_masks(const rm_batch_data& b, bool mask_before_divergence);
 
-/// Sequence log-probs of a pair batch: (B) f32 each (sums, or means for IPO).
+/// Sequence log-probs of a pair batch: (B) f32 each, sums over the counted tokens, and the counted
+/// tokens per side (B) f32 (IPO divides each side's log-ratio by them: rlhf::dpo_loss).
 struct pair_log_probs {
   tensor chosen, rejected;
+  tensor chosen_tokens, rejected_tokens;
 };
 
 /// `model`'s sequence log-probs of the pairs of `b` (forward only, into `a`). The model
@@ -96,7 +98,7 @@ dpo_step_result dpo_update(zero_engine& engine, decoder& reference, const std::v
 struct dpo_eval_result {
   double accuracy = 0;         ///< share with β(Δ chosen) > β(Δ rejected); 0 while policy == reference
   double accuracy_stderr = 0;  ///< sqrt(p (1 − p) / n)
-  double logp_accuracy = 0;    ///< share with log π(c) > log π(r): the policy's own preference (per-token means under IPO, as its loss)
+  double logp_accuracy = 0;    ///< share with log π(c) > log π(r): the policy's own preference (per-token means under IPO, as its loss compares)
   double logp_accuracy_stderr = 0;
   double loss = 0;             ///< mean DPO loss (ln 2 for sigmoid while policy == reference)
   double chosen_reward = 0, rejected_reward = 0;  ///< means of β (log π − log π_ref)

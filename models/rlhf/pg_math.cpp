@@ -344,13 +344,18 @@ dpo_loss_type parse_dpo_loss_type(const std::string& s) {
 }
 
 dpo_result dpo_loss(const tensor& pc, const tensor& pr, const tensor& rc, const tensor& rr, const dpo_config& cfg,
-                    tensor* dchosen, tensor* drejected) {
+                    tensor* dchosen, tensor* drejected, const tensor* chosen_tokens, const tensor* rejected_tokens) {
   need(pc.dim() == 1 && pc.type() == dtype::f32, "dpo_loss: policy_chosen must be (B) f32, got " + pc.str());
   need_same(pc, pr, "dpo_loss", "policy_chosen", "policy_rejected");
   need_same(pc, rc, "dpo_loss", "policy_chosen", "ref_chosen");
   need_same(pc, rr, "dpo_loss", "policy_chosen", "ref_rejected");
   need(cfg.beta > 0 && std::isfinite(cfg.beta), "dpo_loss: beta must be > 0");
   need(cfg.label_smoothing >= 0 && cfg.label_smoothing < 0.5, "dpo_loss: label_smoothing must be in [0, 0.5)");
+  for (const tensor* n : {chosen_tokens, rejected_tokens})
+    need(!n || (n->dim() == 1 && n->type() == dtype::f32 && n->numel() == pc.numel()),
+         "dpo_loss: chosen_tokens / rejected_tokens must be (B) f32 like policy_chosen");
+  // IPO's per-side token counts (TRL: completion_mask.sum(dim=1).clamp(min=1)); 1 without them
+  auto tokens = [](const tensor* n, int64_t i) { return n ? std::max(1.0, static_cast<double>(n->data<float>()[i])) : 1.0; };
   const int64_t B = pc.numel();
   const float *c = pc.data<float>(), *r = pr.data<float>(), *c0 = rc.data<float>(), *r0 = rr.data<float>();
   dpo_result res;
@@ -362,21 +367,24 @@ dpo_result dpo_loss(const tensor& pc, const tensor& pr, const tensor& rc, const 
   for (int64_t i = 0; i < B; ++i) {
     const double cr = static_cast<double>(c[i]) - c0[i], rj = static_cast<double>(r[i]) - r0[i];
     const double z = cr - rj;
-    double loss, dz;
+    double loss = 0, dc = 0, dr = 0;  // the pair's loss, d it / d policy_chosen[i], policy_rejected[i]
     if (cfg.loss_type == dpo_loss_type::sigmoid) {
       loss = -(1 - eps) * log_sigmoid(beta * z) - eps * log_sigmoid(-beta * z);
-      dz = -(1 - eps) * beta * sigmoid(-beta * z) + eps * beta * sigmoid(beta * z);
-    } else {
-      const double u = z - 1.0 / (2.0 * beta);
+      dc = -(1 - eps) * beta * sigmoid(-beta * z) + eps * beta * sigmoid(beta * z);
+      dr = -dc;
+    } else {  // each side's log-ratio per counted token
+      const double nc = tokens(chosen_tokens, i), nr = tokens(rejected_tokens, i);
+      const double u = cr / nc - rj / nr - 1.0 / (2.0 * beta);
       loss = u * u;
-      dz = 2.0 * u;
+      dc = 2.0 * u / nc;
+      dr = -2.0 * u / nr;
     }
     total += loss;
     res.chosen_rewards.push_back(static_cast<float>(beta * cr));
     res.rejected_rewards.push_back(static_cast<float>(beta * rj));
     correct += beta * cr > beta * rj;
-    if (dchosen) dchosen->data<float>()[i] = static_cast<float>(dz / B);
-    if (drejected) drejected->data<float>()[i] = static_cast<float>(-dz / B);
+    if (dchosen) dchosen->data<float>()[i] = static_cast<float>(dc / B);
+    if (drejected) drejected->data<float>()[i] = static_cast<float>(dr / B);
   }
   res.loss = total / B;
   res.accuracy = correct / B;

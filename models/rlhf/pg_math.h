@@ -176,18 +176,24 @@ struct dpo_config {
 
 struct dpo_result {
   double loss = 0;                                    ///< mean over pairs
-  std::vector<float> chosen_rewards, rejected_rewards;  ///< β (log π − log π_ref) per pair
+  std::vector<float> chosen_rewards, rejected_rewards;  ///< β (log π − log π_ref) per pair, of the inputs (sums)
   double accuracy = 0;                                ///< share of pairs with chosen reward > rejected reward
 };
 
 /// The DPO loss over B pairs (TRL dpo_trainer.py dpo_loss; DeepSpeed-Chat
 /// step2_dpo_finetuning): z = (log π(c) − log π(r)) − (log π_ref(c) − log π_ref(r));
-/// sigmoid: −(1 − ε) log σ(β z) − ε log σ(−β z); ipo: (z − 1/(2β))²; mean over pairs.
-/// Inputs are sequence log-probs (B) f32 (sequence_log_probs). With dchosen and
-/// drejected, writes d loss / d policy log-probs (B) (overwrites). β <= 0 throws.
+/// sigmoid: −(1 − ε) log σ(β z) − ε log σ(−β z); ipo: (z' − 1/(2β))² with z' = (log π(c) −
+/// log π_ref(c)) / n_c − (log π(r) − log π_ref(r)) / n_r, each side's log-ratio over its counted
+/// tokens (TRL 1.12 dpo_trainer.py, "ipo": the length normalisation its IPO authors confirmed; n = 1
+/// when chosen_tokens / rejected_tokens are not given, n >= 1 always); mean over pairs.
+/// Inputs are sequence log-probs (B) f32, sums over the counted tokens (sequence_log_probs), and
+/// the rewards and accuracy are of those sums under every loss, as TRL's rewards/* (DS-Chat's too).
+/// chosen_tokens / rejected_tokens: (B) f32 counted tokens per side. With dchosen and drejected,
+/// writes d loss / d policy log-probs (B) (overwrites). β <= 0 throws.
 dpo_result dpo_loss(const tensor& policy_chosen, const tensor& policy_rejected, const tensor& ref_chosen,
                     const tensor& ref_rejected, const dpo_config& cfg, tensor* dchosen = nullptr,
-                    tensor* drejected = nullptr);
+                    tensor* drejected = nullptr, const tensor* chosen_tokens = nullptr,
+                    const tensor* rejected_tokens = nullptr);
 
 /// A sequence's log-prob from per-token ones: Σ_t lp·m, or with `average` that sum
 /// over Σ_t m (TRL's IPO; 0 for a row without a real token). token_logprobs (B, n)

@@ -513,7 +513,8 @@ std::vector<graph::node_kind::problem> split_overlap_problems(const graph::node_
     try {
       w = dschat::parse_data_split(text);
     } catch (const std::exception& e) {
-      return {{"data_split", "node '" + n.name + "': " + e.what(), "use three weights, one per DS-Chat step: \"2,4,4\""}};
+      return {{"data_split", "node '" + n.name + "': " + e.what(),
+               "use three weights, one per DS-Chat step: \"2,4,4\""}};
     }
     if (w.size() != 3)
       return {{"data_split",

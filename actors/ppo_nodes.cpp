@@ -823,9 +823,10 @@ class ppo_trainer final : public actor::node {
     // ptx rows of unsup_seq_len tokens run through the policy: refused now, before any update (the first ptx
     // step failed mid-iteration in decoder::forward)
     if (unsup_ && ctx.spec().get_int("unsup_seq_len") > m.model->config().max_seq_len)
-      throw std::invalid_argument(fmt::format(
-          "node '{}': unsup_seq_len = {} exceeds the policy's context, max_seq_len {}: lower unsup_seq_len to at most {}",
-          ctx.name(), ctx.spec().get_int("unsup_seq_len"), m.model->config().max_seq_len, m.model->config().max_seq_len));
+      throw std::invalid_argument(fmt::format("node '{}': unsup_seq_len = {} exceeds the policy's context, max_seq_len "
+                                              "{}: lower unsup_seq_len to at most {}",
+                                              ctx.name(), ctx.spec().get_int("unsup_seq_len"),
+                                              m.model->config().max_seq_len, m.model->config().max_seq_len));
     init_weights_ = weights_fingerprint(*m.model);  // recorded in the checkpoints, checked on resume
     // the step-1/2 outputs are copied: each role owns its model (DS-Chat loads them separately)
     model_ = copy_model(*m.model);
@@ -1093,7 +1094,8 @@ class ppo_trainer final : public actor::node {
         // memory), so they would run the forward and its gathers while rank 0 skips them
         const bool scored = !async && updates == 0 && e.seq.raw() == scored_ && d_.zero_stage != 3;
         // DS-Chat's step 3: transformers.get_scheduler over the run's updates, stepped by each applied one
-        // (plan_schedule); the ptx step, its own optimizer step after the update as DS-Chat's train_unsupervised, runs at the update's rate
+        // (plan_schedule); the ptx step (its own optimizer step after the update, as DS-Chat's train_unsupervised)
+        // runs at the update's rate
         const double lr = engine_.schedule.lr_at(lr_steps_, d_.learning_rate);
         st.lr = lr;
         step_result r;

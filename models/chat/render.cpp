@@ -65,7 +65,7 @@ class renderer {
     work_ += units;
     if (work_ > limits_.max_work)
       fail(at, "the template's work passed " + std::to_string(limits_.max_work) +
-                   " units (loop iterations and macro calls x 64, plus the bytes of the strings it built)");
+                   " units (64 a loop iteration or macro call, 16 an item walked, 1 a byte of a string built)");
   }
   // a string of `n` bytes built at `at`: within max_string, and its bytes spent
   void built(uint64_t n, pos at, const char* what) {

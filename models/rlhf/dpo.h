@@ -98,7 +98,8 @@ dpo_step_result dpo_update(zero_engine& engine, decoder& reference, const std::v
 struct dpo_eval_result {
   double accuracy = 0;         ///< share with β(Δ chosen) > β(Δ rejected); 0 while policy == reference
   double accuracy_stderr = 0;  ///< sqrt(p (1 − p) / n)
-  double logp_accuracy = 0;    ///< share with log π(c) > log π(r): the policy's own preference (per-token means under IPO, as its loss compares)
+  /// share with log π(c) > log π(r): the policy's own preference (per-token means under IPO, as its loss compares)
+  double logp_accuracy = 0;
   double logp_accuracy_stderr = 0;
   double loss = 0;             ///< mean DPO loss (ln 2 for sigmoid while policy == reference)
   double chosen_reward = 0, rejected_reward = 0;  ///< means of β (log π − log π_ref)

@@ -355,7 +355,9 @@ dpo_result dpo_loss(const tensor& pc, const tensor& pr, const tensor& rc, const 
     need(!n || (n->dim() == 1 && n->type() == dtype::f32 && n->numel() == pc.numel()),
          "dpo_loss: chosen_tokens / rejected_tokens must be (B) f32 like policy_chosen");
   // IPO's per-side token counts (TRL: completion_mask.sum(dim=1).clamp(min=1)); 1 without them
-  auto tokens = [](const tensor* n, int64_t i) { return n ? std::max(1.0, static_cast<double>(n->data<float>()[i])) : 1.0; };
+  auto tokens = [](const tensor* n, int64_t i) {
+    return n ? std::max(1.0, static_cast<double>(n->data<float>()[i])) : 1.0;
+  };
   const int64_t B = pc.numel();
   const float *c = pc.data<float>(), *r = pr.data<float>(), *c0 = rc.data<float>(), *r0 = rr.data<float>();
   dpo_result res;

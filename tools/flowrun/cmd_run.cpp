@@ -494,7 +494,8 @@ void add_train(CLI::App& app) {
       else if (!o->output_dir.empty()) {
         const fs::path r = fs::absolute(o->output_dir) / "reward-models";
         step3_reward = earlier(r / "reward_model.bin", r / "reward_model", "--reward-model");
-        if (step3_reward.empty()) missing_under_output_dir(2, r / "reward_model.bin", r / "reward_model", "--reward-model");
+        if (step3_reward.empty())
+          missing_under_output_dir(2, r / "reward_model.bin", r / "reward_model", "--reward-model");
       }
     }
     // the models whose text the steps read: steps 1-2's bases, or what step 3 reads
@@ -508,7 +509,8 @@ void add_train(CLI::App& app) {
     const std::string reward_tok = reads_reward ? tokenizer_for({reward_model}, "", false) : std::string();
     std::vector<std::string> model_ov;
     if (!actor_tok.empty())
-      for (const char* n : {"sft", "prompts", "generator", "policy"}) model_ov.push_back(std::string("node.") + n + ".tokenizer=" + actor_tok);
+      for (const char* n : {"sft", "prompts", "generator", "policy"})
+        model_ov.push_back(std::string("node.") + n + ".tokenizer=" + actor_tok);
     if (!reward_tok.empty()) model_ov.push_back("node.rm.tokenizer=" + reward_tok);
     // step 3 reads the actor's and the reward model's text with one tokenizer (train.py's models are of one family):
     // two that differ are refused now, before steps 1-2 train (step 3 refused them after)

@@ -196,8 +196,9 @@ dpo_result dpo_loss(const tensor& policy_chosen, const tensor& policy_rejected, 
                     const tensor* rejected_tokens = nullptr);
 
 /// A sequence's log-prob from per-token ones: Σ_t lp·m, or with `average` that sum
-/// over Σ_t m (TRL's IPO; 0 for a row without a real token). token_logprobs (B, n)
-/// f32, mask (B, n) i32; returns (B) f32. The backward is mask (/ count).
+/// over Σ_t m (0 for a row without a real token; DPO sums, and its IPO loss divides the
+/// log-ratios by the counts itself: dpo_loss). token_logprobs (B, n) f32, mask (B, n)
+/// i32; returns (B) f32. The backward is mask (/ count).
 tensor sequence_log_probs(const tensor& token_logprobs, const tensor& mask, bool average);
 
 /// DeepSpeed-Chat's DPO masking (step2_dpo_finetuning/main.py): for each pair,

@@ -77,16 +77,10 @@ generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt
       for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
       const float lse = mx + static_cast<float>(std::log(sum));
       for (int64_t v = 0; v < V; ++v) l[v] = row[v] - lse;
-      if (cfg.sampling.repetition_penalty != 1.0f) {  // transformers' RepetitionPenaltyLogitsProcessor, on log-probs
-        std::vector<bool> seen(static_cast<size_t>(V), false);
-        auto mark = [&](int32_t t) {
-          if (t >= 0 && t < V && !seen[static_cast<size_t>(t)]) {
-            seen[static_cast<size_t>(t)] = true;
-            l[t] = l[t] < 0 ? l[t] * cfg.sampling.repetition_penalty : l[t] / cfg.sampling.repetition_penalty;
-          }
-        };
-        for (int32_t t : prompt) mark(t);
-        for (int32_t t : run[k]) mark(t);
+      if (cfg.sampling.repetition_penalty != 1.0f) {  // on the log-probs, as transformers' beam search
+        std::vector<int32_t> history = prompt;
+        history.insert(history.end(), run[k].begin(), run[k].end());
+        apply_repetition_penalty(l, V, cfg.sampling.repetition_penalty, history);
       }
       for (int64_t v = 0; v < V; ++v) l[v] += run_score[k];
     }

@@ -24,6 +24,16 @@ float log_prob_temperature(const sampling_config& cfg) {
   return cfg.temperature <= 0.0f || cfg.top_k == 1 ? 1.0f : cfg.temperature;
 }
 
+void apply_repetition_penalty(float* row, int64_t n, float penalty, const std::vector<int32_t>& history) {
+  if (penalty == 1.0f) return;
+  std::unordered_set<int32_t> seen;
+  for (int32_t id : history) {
+    if (id < 0 || id >= n || !seen.insert(id).second) continue;
+    float& l = row[id];
+    l = l > 0 ? l / penalty : l * penalty;
+  }
+}
+
 int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& cfg, rng64& rng,
                      const std::vector<int32_t>& history) {
   // the row is read in place; a copy only when the repetition penalty changes it
@@ -31,12 +41,7 @@ int32_t sample_token(const float* logits_in, int64_t n, const sampling_config& c
   std::vector<float> penalised;
   if (cfg.repetition_penalty != 1.0f && !history.empty()) {
     penalised.assign(logits_in, logits_in + n);
-    std::unordered_set<int32_t> seen(history.begin(), history.end());
-    for (int32_t id : seen) {
-      if (id < 0 || id >= n) continue;
-      float& l = penalised[id];
-      l = l > 0 ? l / cfg.repetition_penalty : l * cfg.repetition_penalty;
-    }
+    apply_repetition_penalty(penalised.data(), n, cfg.repetition_penalty, history);
     logits = penalised.data();
   }
   if (cfg.temperature <= 0.0f || cfg.top_k == 1) return static_cast<int32_t>(simd::argmax_f(logits, n));

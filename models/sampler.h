@@ -29,6 +29,12 @@ struct rng64 {
   float next_f32() { return (next_u32() >> 8) / 16777216.0f; }
 };
 
+/// transformers' RepetitionPenaltyLogitsProcessor (CTRL, Keskar et al. 2019) on row[0, n): each id of
+/// `history` in [0, n), once however often it occurs, divided by `penalty` where > 0 and multiplied
+/// where < 0. sample_token applies it to the logits, beam_search to the log-probs (as transformers'
+/// beam search runs its processors on the log-softmax). penalty 1 changes nothing.
+void apply_repetition_penalty(float* row, int64_t n, float penalty, const std::vector<int32_t>& history);
+
 /// Pick the next token from `logits` (n_valid entries are considered; padded
 /// vocabulary rows beyond n_valid are never chosen). `history` feeds the
 /// repetition penalty. Modifies nothing but `rng`.

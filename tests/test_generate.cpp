@@ -110,6 +110,24 @@ TEST_CASE("sampling is reproducible for a seed and differs across seeds") {
   CHECK(a[0].tokens != c[0].tokens);
 }
 
+TEST_CASE("apply_repetition_penalty: CTRL's rule once per seen id, as transformers' RepetitionPenaltyLogitsProcessor") {
+  // penalty 2: a positive score halves, a negative one doubles, 0 stays; an id seen twice counts once;
+  // ids outside the row are skipped (transformers gathers the scores at the ids, then divides or multiplies)
+  std::vector<float> row = {2.0f, -2.0f, 0.0f, 1.0f};
+  apply_repetition_penalty(row.data(), 4, 2.0f, {0, 1, 1, 2, 7, -1});
+  CHECK(row == std::vector<float>{1.0f, -4.0f, 0.0f, 1.0f});
+  apply_repetition_penalty(row.data(), 4, 1.0f, {0, 3});  // 1: off
+  CHECK(row == std::vector<float>{1.0f, -4.0f, 0.0f, 1.0f});
+  // greedy sampling sees the penalised row: the best logit, seen before, loses to the second
+  sampling_config cfg;
+  cfg.temperature = 0.0f;
+  cfg.repetition_penalty = 3.0f;
+  rng64 rng(1);
+  const std::vector<float> logits = {3.0f, 2.0f, -1.0f};
+  CHECK(sample_token(logits.data(), 3, cfg, rng) == 0);
+  CHECK(sample_token(logits.data(), 3, cfg, rng, {0}) == 1);  // 3 / 3 = 1 < 2
+}
+
 TEST_CASE("sample_token: top-k keeps the k most probable (and ties with the k-th), frequencies follow the renormalised softmax") {
   // logits with a tie inside the top 3 (ids 1 and 3) and one at the top-2 boundary below
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 0.5f};

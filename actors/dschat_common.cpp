@@ -623,6 +623,8 @@ std::vector<graph::node_kind::problem> trainer_choice_problems(const graph::node
                                                                const std::string& lr_setting,
                                                                const std::string& lora_lr_setting) {
   std::vector<graph::node_kind::problem> problems;
+  // a reward model or a critic: its value head trains in the base's group, at lr_setting
+  const bool value_head = n.kind == "rm_trainer" || lr_setting.rfind("critic", 0) == 0;
   if (n.find_setting("truncation"))
     if (const auto& t = n.get_string("truncation"); t != "end" && t != "prompt_start")
       problems.push_back({"truncation", "truncation = \"" + t + "\" is not a way to cut a long example",
@@ -649,15 +651,11 @@ std::vector<graph::node_kind::problem> trainer_choice_problems(const graph::node
                                     "which has none at 0",
                                     lr_setting, lora_lr_setting, n.get_float(lora_lr_setting), lr_setting),
                         fmt::format("give {} > 0 (with only_optimize_lora = true the base stays frozen at any rate{})",
-                                    lr_setting,
-                                    n.kind == "rm_trainer" || lr_setting.rfind("critic", 0) == 0
-                                        ? "; the value head trains at it"
-                                        : "")});
+                                    lr_setting, value_head ? "; the value head trains at it" : "")});
   else if (const auto* w = n.find_setting(lr_setting); n.get_bool("only_optimize_lora") && w && !w->from_default)
   {
     // a reward model's or critic's value head trains beside the LoRA weights, in the base's group at this rate (DS-Chat
     // keeps v_head trainable with only_optimize_lora, as force_optimize_params); the warning said only LoRA trained
-    const bool value_head = n.kind == "rm_trainer" || lr_setting.rfind("critic", 0) == 0;
     spdlog::warn("node '{}': {} = {} is the frozen base's rate with only_optimize_lora = true: {} train, at {} = {} on "
                  "the schedule{}",
                  n.name, lr_setting, n.get_float(lr_setting), value_head ? "the LoRA weights" : "only the LoRA weights",

@@ -66,6 +66,17 @@ TEST_CASE("construction: empty, zeros, from_floats, from_ints") {
   CHECK_THROWS_AS(z.size(-3), std::out_of_range);
   for (float v : z.to_floats()) CHECK(v == 0.0f);
   CHECK(reinterpret_cast<uintptr_t>(z.raw()) % 64 == 0);  // 64-byte aligned CPU storage
+  {
+    // a buffer of 2 MiB or more starts on a 2 MiB boundary (its huge pages: tensor.cpp cpu_alloc),
+    // and holds what is written to its last element as any other
+    auto big = tensor::zeros({int64_t(1) << 19});  // 2 MiB of f32
+    CHECK(reinterpret_cast<uintptr_t>(big.raw()) % (size_t(2) << 20) == 0);
+    big.data<float>()[(int64_t(1) << 19) - 1] = 3.0f;
+    CHECK(big.item((int64_t(1) << 19) - 1) == 3.0f);
+    CHECK(big.item(0) == 0.0f);
+    auto small = tensor::zeros({(int64_t(1) << 19) - 16});  // just under: 64-byte alignment only
+    CHECK(reinterpret_cast<uintptr_t>(small.raw()) % 64 == 0);
+  }
 
   auto f = tensor::from_floats({2, 2}, {1, 2, 3, 4});
   CHECK(f.item(3) == 4.0f);

@@ -729,10 +729,24 @@ TEST_CASE("flowrun launch refuses a rendezvous it cannot use, naming it") {
 namespace {
 
 
-// A fresh folder for this test run's files.
+// The folders temp_folder() made, removed when the test process ends (each ran 15 a suite run,
+// and /tmp kept every one).
+struct temp_folders {
+  std::vector<std::filesystem::path> made;
+  ~temp_folders() {
+    for (const auto& p : made) {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  }
+};
+
+// A fresh folder for this test run's files, removed when the test process ends.
 std::filesystem::path temp_folder() {
+  static temp_folders folders;
   std::string tmpl = (std::filesystem::temp_directory_path() / "flowrun_cli_XXXXXX").string();
   REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  folders.made.emplace_back(tmpl);
   return tmpl;
 }
 

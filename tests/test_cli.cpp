@@ -445,6 +445,39 @@ TEST_CASE("a graph whose model output is a file or folder it reads is refused wh
             &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: setting 'output' of node 'sft' saves to the place 'model' of node 'sft' reads"));
+  // directly into a folder it reads: the base model's (a file beside its weights, or its weights' own name)
+  for (const std::string into : {"hf", "model.safetensors"}) {
+    out = run(bin + "pretrain.graph --no-progress --set node.ranks.model=" + (dir / "q").string() +
+                  " --set node.data.tokenizer=" + (dir / "q").string() + " --set node.ranks.export_hf=" +
+                  (dir / "q" / into).string() + " 2>&1",
+              &rc);
+    CHECK(rc == 2);
+    CHECK_MESSAGE(has(out, "error: setting 'export_hf' of node 'ranks' saves into the folder 'tokenizer' of node "
+                           "'data' reads"),  // the first node to read it
+                  out);
+    CHECK(has(out, "the save would add to or replace the files the run starts from"));
+    CHECK(has(out, "hint: give export_hf a path outside '" + (dir / "q").string() + "'"));
+  }
+  CHECK(fs::file_size(dir / "q" / "model.safetensors") == weights);
+  // into a step folder of the run's checkpoints, or their commit file: the next commit prunes it
+  for (const std::string into : {"step_00000001/hf", "latest"}) {
+    out = run(bin + "pretrain.graph --no-progress --set node.ranks.output_dir=" + (dir / "ck").string() +
+                  " --set node.data.output_dir=" + (dir / "ck").string() + " --set node.ranks.save_lora=" +
+                  (dir / "ck" / into).string() + " 2>&1",
+              &rc);
+    CHECK(rc == 2);
+    CHECK_MESSAGE(has(out, "error: setting 'save_lora' of node 'ranks' saves into a step folder of the checkpoints "
+                           "(output_dir of node 'ranks', '" + (dir / "ck").string() + "')"),
+                  out);
+    CHECK(has(out, "a later commit replaces or prunes it"));
+  }
+  CHECK_FALSE(fs::exists(dir / "ck" / "latest"));
+  // a folder of its own beside the step folders, and one deeper inside an input folder, are saves like any other
+  out = run(bin + "pretrain.graph --check --set node.ranks.output_dir=" + (dir / "ck").string() +
+                " --set node.data.output_dir=" + (dir / "ck").string() + " --set node.ranks.export_hf=" +
+                (dir / "ck" / "hf").string() + " 2>&1",
+            &rc);
+  CHECK_MESSAGE(rc == 0, out);
   fs::remove_all(dir);
 }
 
@@ -1357,7 +1390,9 @@ TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length
   CHECK(has(out, "error: node 'ranks': lora_dropout is set but use_lora = false"));
   CHECK(has(out, "hint: set use_lora = true, or remove lora_r"));
   // save_lora and lora_pretrained too, when the graph is checked (they were refused by each rank's start)
-  out = run(pre + " --set node.ranks.save_lora=/tmp/flowrun_no_adapter --set node.ranks.lora_pretrained=/tmp 2>&1", &rc);
+  out = run(pre + " --set node.ranks.save_lora=/tmp/flowrun_no_adapter --set node.ranks.lora_pretrained=" +
+                FLOWRUN_SOURCE_DIR + "/tests/fixtures 2>&1",
+            &rc);
   CHECK(rc == 2);
   CHECK(has(out, "error: node 'ranks': save_lora is set but use_lora = false"));
   CHECK(has(out, "error: node 'ranks': lora_pretrained is set but use_lora = false"));

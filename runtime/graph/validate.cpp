@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <tuple>
@@ -107,20 +108,87 @@ class validator {
   std::map<std::string, std::tuple<std::string, std::string, source_pos>> model_outputs_;  // path -> node, setting, where
   std::map<std::string, std::tuple<std::string, std::string, source_pos>> inputs_;  // the files and folders read, alike
 
-  // A model output (output, export_hf, save_lora) at the place of a file or folder the graph reads (a
-  // node's model, data or tokenizer): the save would overwrite it (zero_rank's export_hf over its HF
-  // base folder replaced the weights it started from, and the rerun then refused its own checkpoint).
+  // The part of same_path_key `inner` below the folder `outer` ("a/b" for "/x/a/b" in "/x"); nullopt
+  // when `inner` is not strictly inside it.
+  static std::optional<std::string> below(const std::string& inner, const std::string& outer) {
+    if (outer.empty() || inner.size() <= outer.size() || inner.compare(0, outer.size(), outer) != 0)
+      return std::nullopt;
+    if (outer == "/") return inner.substr(1);
+    if (inner[outer.size()] != '/') return std::nullopt;
+    return inner.substr(outer.size() + 1);
+  }
+
+  // Whether a path below a checkpoint folder lies in what its commits replace and prune: a step
+  // folder (step_NNNNNNNN, models/train/shard_checkpoint.h) or the commit file `latest`, at any
+  // depth (zero_rank's output_dir holds them, [graph] checkpoint_dir one folder per node).
+  static bool in_checkpoint_steps(const std::string& rel) {
+    for (const auto& part : fs::path(rel)) {
+      const std::string p = part.string();
+      if (p == "latest") return true;
+      if (p.size() > 5 && p.compare(0, 5, "step_") == 0 &&
+          std::all_of(p.begin() + 5, p.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return true;
+    }
+    return false;
+  }
+
+  // A model output (output, export_hf, save_lora, ema_output) that would overwrite or change what the run
+  // reads or keeps:
+  // - at the place of a file or folder the graph reads (a node's model, data, tokenizer or adapter): the
+  //   save would overwrite it (zero_rank's export_hf over its HF base folder replaced the weights it
+  //   started from, and the rerun then refused its own checkpoint);
+  // - directly in a folder the graph reads (an output into the lora_pretrained adapter's or the base
+  //   model's folder): the save replaces one of its files, or the rerun's record of that folder, file by
+  //   file, no longer matches (a folder of its own deeper inside changes neither);
+  // - inside a checkpoint's step folder or at its `latest` (the graph's checkpoint_dir, a node's
+  //   output_dir): the next commit prunes the step folder with the model in it.
   void check_outputs_over_inputs() {
+    std::vector<std::pair<std::string, std::string>> checkpoints;  // same_path_key -> how the graph names it
+    if (!result_.spec.checkpoint_dir.empty())
+      checkpoints.emplace_back(same_path_key(result_.spec.checkpoint_dir), "[graph] checkpoint_dir");
+    for (const auto& n : result_.spec.nodes)
+      if (const auto it = n.settings.find("output_dir"); it != n.settings.end())
+        if (const auto* dir = std::get_if<std::string>(&it->second.value); dir && !dir->empty())
+          checkpoints.emplace_back(same_path_key(*dir), "output_dir of node '" + n.name + "'");
     for (const auto& [key, out] : model_outputs_) {
-      const auto in = inputs_.find(key);
-      if (in == inputs_.end()) continue;
       const auto& [node, name, pos] = out;
-      const auto& [in_node, in_name, in_pos] = in->second;
-      error(pos,
-            "setting '" + name + "' of node '" + node + "' saves to the place '" + in_name + "' of node '" + in_node +
-                "' reads" + (in_pos.known() ? " (" + where(in_pos) + ")" : std::string()) +
-                ": the save would overwrite what the run starts from",
-            "give " + name + " a path of its own");
+      const std::string what = "setting '" + name + "' of node '" + node + "' saves ";
+      if (const auto in = inputs_.find(key); in != inputs_.end()) {
+        const auto& [in_node, in_name, in_pos] = in->second;
+        error(pos,
+              what + "to the place '" + in_name + "' of node '" + in_node + "' reads" +
+                  (in_pos.known() ? " (" + where(in_pos) + ")" : std::string()) +
+                  ": the save would overwrite what the run starts from",
+              "give " + name + " a path of its own");
+        continue;
+      }
+      bool said = false;
+      for (const auto& [in_key, in] : inputs_) {
+        std::error_code ec;
+        const auto rel = below(key, in_key);
+        if (!rel || rel->find('/') != std::string::npos || !fs::is_directory(in_key, ec)) continue;
+        const auto& [in_node, in_name, in_pos] = in;
+        error(pos,
+              what + "into the folder '" + in_name + "' of node '" + in_node + "' reads" +
+                  (in_pos.known() ? " (" + where(in_pos) + ")" : std::string()) +
+                  ": the save would add to or replace the files the run starts from (a rerun or resume compares "
+                  "that folder's files)",
+              "give " + name + " a path outside '" + in_key + "'");
+        said = true;
+        break;
+      }
+      if (said) continue;
+      std::stable_partition(checkpoints.begin(), checkpoints.end(),  // the saving node's own output_dir first
+                            [&](const auto& c) { return c.second == "output_dir of node '" + node + "'"; });
+      for (const auto& [dir, named] : checkpoints)
+        if (const auto rel = below(key, dir); rel && in_checkpoint_steps(*rel)) {
+          error(pos,
+                what + "into a step folder of the checkpoints (" + named + ", '" + dir +
+                    "'): a later commit replaces or prunes it, and the model with it",
+                "give " + name + " a path outside the step folders and `latest`, such as a folder of its own "
+                                 "beside them in '" + dir + "'");
+          break;
+        }
     }
   }
 

@@ -90,9 +90,12 @@ class lm_batches final : public actor::node {
       throw std::invalid_argument("node '" + ctx.name() + "': train_batch_size and total_steps must be >= 1");
     ctx.log().info("{} tokens -> {} training instances of {} tokens (+{} held out)", data_->num_tokens(),
                    data_->num_train(), data_->seq_length(), data_->num_val());
-    // the held-out instances, as many as a multiple of 8 rows allows (ranks split them evenly)
-    const int64_t nv = std::min<int64_t>(s.get_int("eval_rows"), data_->num_val() / 8 * 8);
-    if (nv >= 8) data_->val_batch(0, nv, val_ids_, val_targets_);
+    // the held-out instances: eval_rows of them, rounded down to a multiple of 8 from 8 up (the figure of a
+    // run on 1, 2, 4 or 8 ranks is then over the same rows however many ranks it resumes on), else all
+    // of the 1-7 asked for (zero_engine::eval_loss splits any count over the ranks)
+    int64_t nv = std::min<int64_t>(s.get_int("eval_rows"), data_->num_val());
+    if (nv >= 8) nv = nv / 8 * 8;
+    if (nv > 0) data_->val_batch(0, nv, val_ids_, val_targets_);
   }
 
   bool produce(actor::node_context& ctx) override {
@@ -310,7 +313,16 @@ class zero_rank final : public actor::node {
             "is not the model's; give the data node the tokenizer the model was trained with",
             ctx.name(), top, model_->config().vocab_size));
     }
-    if (!evaluated_ && b.val_ids.defined() && b.val_ids.size(0) % world_ == 0) {
+    if (!evaluated_ && b.val_ids.defined() && b.val_ids.size(0) < world_) {
+      evaluated_ = true;  // each rank's forward takes part in the collectives: it needs a row (a 3-rank run's 64 rows
+                          // were once dropped without a word for not splitting evenly)
+      if (rank_ == 0)
+        ctx.log().warn("node '{}': {} held-out instance(s) cannot give each of the {} ranks one: no held-out loss "
+                       "is measured; raise the data node's eval_rows to {} or more (and give it data that holds "
+                       "out as many)",
+                       ctx.name(), b.val_ids.size(0), world_, world_);
+    }
+    if (!evaluated_ && b.val_ids.defined()) {
       evaluated_ = true;
       val_ids_ = b.val_ids;
       val_targets_ = b.val_targets;
@@ -670,7 +682,10 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
     k.require("data", T::path, "UTF-8 text, documents separated by blank lines")
         .require("tokenizer", T::path, "SentencePiece .model (or a GPT-2 BPE folder)")
         .option("train_batch_size", T::int_, std::int64_t{8}, "rows per optimizer step, all ranks together (DeepSpeed)").at_least(1)
-        .option("eval_rows", T::int_, std::int64_t{64}, "held-out instances for the loss before and after (0: none)").at_least(0)
+        .option("eval_rows", T::int_, std::int64_t{64},
+                "held-out instances for the loss before and after (0: none; from 8 up rounded down to a multiple "
+                "of 8; a run needs one per rank)")
+        .at_least(0)
         .output("batch", "lm_batch", "one global batch per step", true);
     shared(k);
     actor::register_node_kind(kinds, factories, k, [] { return std::unique_ptr<actor::node>(new lm_batches); });

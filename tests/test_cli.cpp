@@ -1338,6 +1338,47 @@ TEST_CASE("GRPO settings that train nothing or do nothing are refused when the g
   CHECK(has(out, "veRL's seq-mean-token-sum-norm is seq-mean-token-sum here"));
 }
 
+TEST_CASE("pretraining's held-out loss: eval_rows below 8 and a rank count that does not divide them are measured") {
+  // 1-7 rows, and 64 rows over 3 ranks, printed no held-out line and said nothing (a break-it review, 2026-12-07);
+  // rows fewer than the ranks are said
+  namespace fs = std::filesystem;
+  const fs::path dir = temp_folder();
+  std::ifstream in(std::string(FLOWRUN_SOURCE_DIR) + "/configs/ds_zero3.json");
+  std::string js((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = js.find("\"train_batch_size\": 8");
+  REQUIRE(at != std::string::npos);
+  js.replace(at, std::string("\"train_batch_size\": 8").size(), "\"train_batch_size\": 6");
+  std::ofstream(dir / "tb6.json") << js;
+  const std::string pre = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                          "/graphs/pretrain.graph --no-progress --set node.ranks.output_dir= --set "
+                          "node.data.output_dir= --set node.ranks.export_hf= --set node.ranks.total_steps=1 --set "
+                          "node.data.total_steps=1";
+  const std::string three = " --set node.ranks.replicas=3 --set node.data.train_batch_size=6 --set "
+                            "node.ranks.deepspeed_config=" + (dir / "tb6.json").string();
+  int rc = -1;
+  auto out = run(pre + " --set node.data.eval_rows=5 2>&1", &rc);
+  CHECK_MESSAGE(rc == 0, out);
+  CHECK(has(out, " before step 1 (5 instances)"));
+  // the same 64 rows on 1 rank and on 3: one figure (a sum over every row's targets over their count)
+  const auto loss = [](const std::string& o) {
+    const auto p = o.find("[pretrain] held-out loss ");
+    return p == std::string::npos ? std::string() : o.substr(p + 25, 8);
+  };
+  const std::string one = loss(out = run(pre + " 2>&1", &rc));
+  CHECK(rc == 0);
+  CHECK(has(out, " before step 1 (64 instances)"));
+  out = run(pre + three + " 2>&1", &rc);
+  CHECK_MESSAGE(rc == 0, out);
+  CHECK(has(out, " before step 1 (64 instances)"));
+  CHECK(!one.empty());
+  CHECK(loss(out) == one);
+  out = run(pre + three + " --set node.data.eval_rows=2 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "node 'ranks': 2 held-out instance(s) cannot give each of the 3 ranks one: no held-out loss is "
+                 "measured; raise the data node's eval_rows to 3 or more"));
+  CHECK_FALSE(has(out, "[pretrain] held-out loss"));
+}
+
 TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length, refused when the graph is checked") {
   // A data node shorter than the ranks' total_steps ended the run early with exit 0 and no export;
   // a longer one trained past it ("step 40/12"); another seq_length misled the memory plan.

@@ -725,12 +725,14 @@ void zero_engine::release_model() {
 
 double zero_engine::eval_loss(const tensor& ids, const tensor& targets) {
   const int64_t B = ids.size(0);
-  if (B % N_ != 0)
-    throw std::invalid_argument("zero_engine::eval_loss: " + std::to_string(B) + " rows do not split over " +
-                                std::to_string(N_) + " ranks");
-  const int64_t per = B / N_;
+  if (B < N_)
+    throw std::invalid_argument("zero_engine::eval_loss: " + std::to_string(B) + " rows cannot give each of " +
+                                std::to_string(N_) + " ranks one (each rank's forward takes part in the collectives)");
+  // rank r: rows [B r / N, B (r + 1) / N), an even split where N divides B; the loss is the sum over every
+  // rank's valid targets over their count, so the split changes no term
+  const int64_t lo = B * r_ / N_, hi = B * (r_ + 1) / N_;
   activations a;
-  tensor mi = ids.rows(r_ * per, r_ * per + per).clone(), mt = targets.rows(r_ * per, r_ * per + per).clone();
+  tensor mi = ids.rows(lo, hi).clone(), mt = targets.rows(lo, hi).clone();
   const bool was_training = model_.training();
   ops::matmul_precision_scope gemm(compute_precision());
   model_.set_training(false);  // no LoRA dropout, and the dropout stream stays where training left it

@@ -239,7 +239,9 @@ class zero_engine : private param_hooks {
   /// Throws std::runtime_error when the loss or the gradient norm is not finite (without
   /// a loss scaler; nothing is updated), std::logic_error after release_model().
   step_result train_step(const batch_loss& loss, double lr = -1.0);
-  /// Mean loss of `ids`/`targets` (B_global, T) split over the ranks, forward only.
+  /// Mean loss of `ids`/`targets` (B_global, T) split over the ranks (rank r: rows [B r / N, B (r + 1) / N)),
+  /// forward only: the sum over every rank's valid targets over their count. Every rank calls it (the
+  /// forward's collectives). Throws std::invalid_argument when B < N (a rank without a row).
   double eval_loss(const tensor& ids, const tensor& targets);
 
   /// Bytes held now (peaks since construction for gathered blocks).

@@ -87,7 +87,7 @@ class ppo_controller final : public actor::node {
       it_.summary = msg.as<summary_msg>();
     } else if (port == "actor_stats") {
       it_.actor = msg.as<stats_msg>();
-      ++updates_;  // the policy bumps its version once per update, when it reports
+      if (it_.actor->updated) ++updates_;  // the policy bumps its version once per update, when it reports
     } else if (port == "critic_stats") {
       it_.critic = msg.as<stats_msg>();
     }
@@ -108,7 +108,7 @@ class ppo_controller final : public actor::node {
         case phase::generate_experience:
           if (!it_.summary) return;
           end_generate_experience(ctx);
-          enter(ctx, trains() ? phase::train : phase::report);
+          enter(ctx, trains() || it_.summary->saves ? phase::train : phase::report);
           break;
         case phase::train:
           if (!it_.actor || (it_.summary->with_critic && !it_.critic)) return;
@@ -208,13 +208,16 @@ class ppo_controller final : public actor::node {
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f}: every group's rewards "
                             "were equal, batch dropped (filter_groups)",
                             p.iteration, s.reward_mean, shown4(s.kl_mean), s.answer_len_mean));
+      commit_untrained(ctx, it);
     } else if (s.dropped) {
       ctx.print(fmt::format("[step 3 ppo] iter {}: every answer was too short, batch dropped (as DS-Chat)",
                             p.iteration));
+      commit_untrained(ctx, it);
     } else if (!s.trains) {
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} answer_len {:.1f} gen {:.0f} tok/s "
                             "(experience kept for the next update)",
                             p.iteration, s.reward_mean, shown4(s.kl_mean), s.answer_len_mean, gen_tps));
+      commit_untrained(ctx, it);
     } else if (S_ > 0 && !it.actor->updated) {  // max_staleness >= 1, drop: every item was too stale
       const stats_msg& a = *it.actor;
       stale_dropped_ += a.stale_dropped;
@@ -330,7 +333,7 @@ class ppo_controller final : public actor::node {
   }
 
   static bool complete(const iteration& x) {
-    return x.summary && (!trains(x) || (x.actor && (!x.summary->with_critic || x.critic)));
+    return x.summary && ((!trains(x) && !x.summary->saves) || (x.actor && (!x.summary->with_critic || x.critic)));
   }
 
   // Reports what is complete, oldest first; then asks for the next batch if it may.
@@ -371,9 +374,17 @@ class ppo_controller final : public actor::node {
     ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
   }
 
+  // The last iteration trained nothing, and the trainers saved the checkpoint due with it before they
+  // reported (summary_msg::saves): commit it.
+  void commit_untrained(actor::node_context& ctx, const iteration& it) {
+    if (!it.summary->saves || !commit_due_) return;
+    commit(ctx, it.prompts->iteration, S_ > 0 ? it.actor->policy_version : updates_);
+  }
+
   // The trainers saved their shards of this update before they reported: commit it. A
   // stamped batch that did not train (dropped, or kept) is committed with the next update,
-  // the one whose save it asked for (the experience maker carries the stamp to it).
+  // the one whose save it asked for (the experience maker carries the stamp to it); at the
+  // run's last iteration there is none, and the trainers save without one (commit_untrained).
   void commit(actor::node_context& ctx, int64_t iteration, int64_t version) {
     commit_due_ = false;
     commit_.eval_before = eval_before_;

@@ -726,7 +726,11 @@ class ppo_trainer final : public actor::node {
       const actor::payload m = order_.take(w);
       if (w == work::train) {
         const auto xb = m.shared<experience_batch>();
-        if (!xb->items.empty()) train(ctx, *xb);  // empty: dropped, or kept for generation_batches > 1
+        if (!xb->items.empty())
+          train(ctx, *xb);
+        else if (xb->checkpoint)  // the last iteration trained nothing: its due save, and a report
+          save_untrained(ctx, *xb);
+        // else empty: dropped, or kept for generation_batches > 1
       } else {
         auto r = m.shared<rollout_msg>();
         if (!r->eval) plan_schedule(ctx, *r);  // before the first update: its learning rate is the schedule's
@@ -1151,6 +1155,17 @@ class ppo_trainer final : public actor::node {
     st.seconds = since(t);
     st.tokens = tokens * ps_.ppo_epochs;
     ctx.metric("tokens", st.tokens);
+    if (speaks()) ctx.emit("stats", actor::payload::make("stats", st));
+  }
+
+  // The run's last iteration trained nothing (summary_msg::saves): the save due with it, then the report the
+  // controller waits for before it commits (updated = false: the weights are those of the last update).
+  void save_untrained(actor::node_context& ctx, const experience_batch& xb) {
+    if (!ctx.checkpoint_dir().empty()) save(ctx, xb.iteration + 1);
+    stats_msg st;
+    st.iteration = xb.iteration;
+    st.updated = false;
+    st.policy_version = version_;
     if (speaks()) ctx.emit("stats", actor::payload::make("stats", st));
   }
 
@@ -1594,10 +1609,19 @@ class experience_maker final : public actor::node {
     sum.weights_wait_seconds = r.weights_wait_seconds;
     if (r.checkpoint) pending_.checkpoint = true;  // kept past a dropped batch, to the next update
     // a training batch that sends the trainers no experience sends them this: they score the next
-    // rollouts only once every earlier batch's experience, or this, is through (ppo_trainer::handle)
+    // rollouts only once every earlier batch's experience, or this, is through (ppo_trainer::handle).
+    // At the run's last iteration there is no next update: a save still due is made on the marker (the
+    // trainers save and report without training) and committed, so a finished run resumes after its
+    // last iteration (GRPO's last batch, filtered away by filter_groups, left the run without a commit
+    // after it: the same command trained the last iterations again)
     const auto nothing_to_train = [&] {
       experience_batch marker;
       marker.iteration = r.iteration;
+      if (pending_.checkpoint && r.iterations > 0 && r.iteration + 1 >= r.iterations) {
+        marker.checkpoint = true;
+        pending_.checkpoint = false;
+        sum.saves = true;
+      }
       ctx.emit("experience", actor::payload::make("experience", std::move(marker)));
     };
     if (!r.exp) {

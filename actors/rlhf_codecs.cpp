@@ -304,7 +304,8 @@ void register_rlhf_codecs() {
                                                [](writer& w, const summary_msg& s) {
                                                  w.put(s.iteration);
                                                  w.put<std::uint8_t>((s.eval ? 1 : 0) | (s.dropped ? 2 : 0) |
-                                                                     (s.trains ? 4 : 0) | (s.with_critic ? 8 : 0));
+                                                                     (s.trains ? 4 : 0) | (s.with_critic ? 8 : 0) |
+                                                                     (s.saves ? 16 : 0));
                                                  w.put(s.reward_mean);
                                                  w.put(s.kl_mean);
                                                  w.put(s.answer_len_mean);
@@ -325,6 +326,7 @@ void register_rlhf_codecs() {
                                                  s.dropped = f & 2;
                                                  s.trains = f & 4;
                                                  s.with_critic = f & 8;
+                                                 s.saves = f & 16;
                                                  s.reward_mean = r.get<double>();
                                                  s.kl_mean = r.get<double>();
                                                  s.answer_len_mean = r.get<double>();

@@ -149,6 +149,10 @@ struct summary_msg {
   bool eval = false;
   bool dropped = false;  ///< every answer was too short: nothing to train on
   bool trains = false;   ///< this batch completed an experience batch: the trainers will report
+  /// The run's last iteration trained nothing (dropped, or kept for generation_batches > 1) and a
+  /// checkpoint was due: the trainers save without training and report (stats_msg::updated false),
+  /// and the controller commits after it, as after the last iteration of any run
+  bool saves = false;
   bool with_critic = true;  ///< the estimator is GAE: the critic trains and reports too
   double reward_mean = 0, kl_mean = 0, answer_len_mean = 0;
   double reward_stderr = 0;  ///< the standard error of reward_mean: sample std / sqrt(rows)

@@ -496,6 +496,50 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: critic-free, the policy alone report
   CHECK(series(j, "answer_len") == std::vector<double>{6.5, 7.0, 6.0});
 }
 
+// The run's last iteration filtered to nothing while a checkpoint is due: there is no next update to carry
+// the save, so the trainers save without training and report (summary_msg::saves, stats with updated =
+// false), and the controller waits for them and commits after the last iteration. A GRPO run whose last
+// batch filter_groups dropped had no commit after it, and the same command trained it again (a break-it
+// review, 2026-12-07).
+TEST_CASE_FIXTURE(fixture, "ppo_controller: a last iteration that trains nothing is committed after the trainers save") {
+  for (const bool stats_first : {false, true}) {
+    {
+      std::lock_guard<std::mutex> lock(script.m);
+      script.reset();
+      script.batches = {batch(0), batch(1)};
+      for (auto& b : script.batches) b.iterations = 2;
+      auto& t = script.turns;
+      t[0] = {summary(0, 0.25, 0.0125, 6.5, 64, 0.5), true, false, stats(0.75, 100, 0.25), {}};
+      t[0].summary.trains = true;
+      t[0].summary.with_critic = false;
+      t[1] = {summary(1, 0.5, 0.0, 7.0, 64, 0.5), true, stats_first, stats(0, 0, 0), {}};
+      t[1].summary.with_critic = false;
+      t[1].summary.dropped = true;
+      t[1].summary.groups = 8;
+      t[1].summary.saves = true;
+      t[1].actor.updated = false;
+      t[1].actor.policy_version = 1;
+    }
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    run();
+    const auto& lines = printed;
+    std::lock_guard<std::mutex> lock(script.m);
+    REQUIRE(lines.size() == 3);
+    CHECK(lines[1] == "[step 3 ppo] iter 1 reward 0.5000 kl 0.0000 answer_len 7.0: every group's rewards were equal, "
+                      "batch dropped (filter_groups)");
+    // (1 + 1) % 2 == 0 and the last: stamped, saved by the trainers on the marker, committed with version 1
+    CHECK(script.generate[1].checkpoint);
+    CHECK(lines[2] == "[step 3 ppo] checkpoint after iteration 1 -> " + dir.string());
+    std::ifstream f(dir / "step3.json");
+    REQUIRE(f.good());
+    const auto j = nlohmann::json::parse(f);
+    INFO(j.dump());
+    CHECK(j.dump().find("\"iteration\":2") != std::string::npos);
+    CHECK(j.dump().find("\"policy_version\":1") != std::string::npos);
+  }
+}
+
 // ---- max_staleness >= 1: the pipelined loop ----------------------------------------------
 //
 // script_async stands in for generate -> score -> experience -> train as an asynchronous graph

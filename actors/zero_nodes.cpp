@@ -82,7 +82,9 @@ class lm_batches final : public actor::node {
       out_lock_ = dir_lock::acquire(dir, ctx.run_id(), "node '" + ctx.name() + "' output_dir");
     tok_ = load_tokenizer(resolve_user_path(s.get_string("tokenizer"), "tokenizer").string());
     data_ = std::make_unique<lm_dataset>(resolve_user_path(s.get_string("data"), "data").string(), *tok_,
-                                         s.get_int("seq_length"));
+                                         s.get_int("seq_length"), 0.05,
+                                         s.get_bool("document_per_line") ? document_split::lines
+                                                                         : document_split::blank_lines);
     data_->set_seed(static_cast<uint64_t>(s.get_int("seed")));
     batch_ = s.get_int("train_batch_size");
     total_ = s.get_int("total_steps");
@@ -679,7 +681,10 @@ void register_zero_nodes(graph::node_kind_registry& kinds, actor::node_factory_r
   };
   {
     graph::node_kind k{"lm_batches", "LM data: documents tokenized, concatenated, cut to seq_length; one global batch per step"};
-    k.require("data", T::path, "UTF-8 text, documents separated by blank lines")
+    k.require("data", T::path, "UTF-8 text, documents separated by blank lines (or one a line: document_per_line)")
+        .option("document_per_line", T::bool_, false,
+                "one document a line, as TencentPretrain's lm data processor reads its corpus (false: documents "
+                "separated by blank lines, TinyStories')")
         .require("tokenizer", T::path, "SentencePiece .model (or a GPT-2 BPE folder)")
         .option("train_batch_size", T::int_, std::int64_t{8}, "rows per optimizer step, all ranks together (DeepSpeed)").at_least(1)
         .option("eval_rows", T::int_, std::int64_t{64},

@@ -1,5 +1,7 @@
 #include "models/lm_data.h"
 
+#include <algorithm>
+
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -45,7 +47,7 @@ size_t first_non_text_byte(std::string_view s) {
 }
 }  // namespace
 
-std::vector<std::string> split_documents(const std::string& text) {
+std::vector<std::string> split_documents(const std::string& text, document_split how) {
   std::vector<std::string> docs;
   std::istringstream in(text);
   std::string line, cur;
@@ -58,18 +60,23 @@ std::vector<std::string> split_documents(const std::string& text) {
     cur.clear();
   };
   while (std::getline(in, line)) {
+    // a CRLF file reads as its LF copy (Python's text mode, which TencentPretrain's and llm.c's readers use, does
+    // the same): the \r stayed in every line's text and its tokens
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t\r") == std::string::npos) {
       flush();
     } else {
       cur += line;
       cur += '\n';
+      if (how == document_split::lines) flush();
     }
   }
   flush();
   return docs;
 }
 
-lm_dataset::lm_dataset(const std::string& path, const tokenizer& tok, int64_t seq_length, double val_fraction)
+lm_dataset::lm_dataset(const std::string& path, const tokenizer& tok, int64_t seq_length, double val_fraction,
+                       document_split how)
     : T_(seq_length) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
@@ -81,10 +88,12 @@ lm_dataset::lm_dataset(const std::string& path, const tokenizer& tok, int64_t se
   ss << f.rdbuf();
   // a model file or other binary was tokenized byte by byte and trained on without a word
   if (const size_t at = first_non_text_byte(ss.view()); at != std::string_view::npos)
-    throw std::runtime_error(path + ": is not UTF-8 text (byte " + std::to_string(at) + ", 0x" +
+    throw std::runtime_error(path + ": is not UTF-8 text (line " +
+                             std::to_string(1 + std::count(ss.view().begin(), ss.view().begin() + at, '\n')) +
+                             ", byte " + std::to_string(at) + ", 0x" +
                              fmt::format("{:02x}", static_cast<unsigned char>(ss.view()[at])) +
                              "): the training data is a text file; a binary (a model, an archive) is no data");
-  for (const auto& d : split_documents(ss.str())) {
+  for (const auto& d : split_documents(ss.str(), how)) {
     auto ids = tok.encode(d, /*add_bos=*/true);
     tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   }

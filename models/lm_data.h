@@ -13,18 +13,27 @@
 
 namespace flowrun {
 
-/// Split text into documents at blank lines (TinyStories' separator). Lines are
-/// kept with their newlines; leading/trailing whitespace of each document is trimmed.
-std::vector<std::string> split_documents(const std::string& text);
+/// How a text file holds its documents.
+enum class document_split {
+  blank_lines,  ///< separated by blank lines (TinyStories', llm.c's), a document's lines joined with '\n'
+  lines,        ///< one a line (TencentPretrain's `lm` data processor, LmDataset)
+};
+
+/// Split text into documents: at blank lines (TinyStories' separator; lines are kept with their
+/// newlines), or one a line. A CRLF line ends as an LF one; leading/trailing whitespace of each
+/// document is trimmed, and blank ones are dropped.
+std::vector<std::string> split_documents(const std::string& text, document_split how = document_split::blank_lines);
 
 class lm_dataset {
  public:
   /// Tokenize `path` (a UTF-8 text file) into instances of seq_length + 1 tokens.
   /// `val_fraction` of the instances (at least one) are held out from the end.
   /// Throws std::runtime_error naming the file when it cannot be read, is a folder, is not
-  /// UTF-8 text (a NUL or a malformed sequence: a binary file), or is too short for one
+  /// UTF-8 text (a NUL or a malformed sequence: a binary file; its line and byte named), or is too short for one
   /// training and one validation instance.
-  lm_dataset(const std::string& path, const tokenizer& tok, int64_t seq_length, double val_fraction = 0.05);
+  /// `how`: the file's documents (split_documents), each tokenized with a BOS first.
+  lm_dataset(const std::string& path, const tokenizer& tok, int64_t seq_length, double val_fraction = 0.05,
+             document_split how = document_split::blank_lines);
 
   int64_t seq_length() const { return T_; }
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }

@@ -9,6 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <string>
+#include <unistd.h>
+#include <vector>
 
 #include "models/decoder.h"
 #include "models/llama2c.h"
@@ -336,11 +340,51 @@ TEST_CASE("lm_dataset refuses a folder and a file that is not UTF-8 text, naming
            {"\x80", "80"}}) {              // a lone continuation byte
     CAPTURE(byte);
     CHECK(error_of(write("bad.txt", good + bad)) ==
-          (dir / "bad.txt").string() + ": is not UTF-8 text (byte " + n + ", 0x" + byte +
+          (dir / "bad.txt").string() + ": is not UTF-8 text (line 81, byte " + n + ", 0x" + byte +
               "): the training data is a text file; a binary (a model, an archive) is no data");
   }
   CHECK_FALSE(error_of(test::model_path()).empty());  // stories260K.bin itself
   fs::remove_all(dir);
+}
+
+TEST_CASE("split_documents: blank-line and one-a-line documents, CRLF read as LF") {
+  // a CRLF file trained on every line's \r (its tokens and held-out loss differed from the LF copy's), and
+  // TencentPretrain's corpus of one document a line loaded as one document (a break-it review, 2026-12-07)
+  using V = std::vector<std::string>;
+  const std::string lf = "Once upon a time.\nThe end.\n\n  A cat sat.  \n\n\nA dog ran.\nIt ran far.\n";
+  CHECK(split_documents(lf) == V{"Once upon a time.\nThe end.", "A cat sat.", "A dog ran.\nIt ran far."});
+  CHECK(split_documents(lf, document_split::lines) ==
+        V{"Once upon a time.", "The end.", "A cat sat.", "A dog ran.", "It ran far."});
+  std::string crlf;
+  for (char c : lf) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  CHECK(split_documents(crlf) == split_documents(lf));
+  CHECK(split_documents(crlf, document_split::lines) == split_documents(lf, document_split::lines));
+  CHECK(split_documents("no newline at the end", document_split::lines) == V{"no newline at the end"});
+  CHECK(split_documents(" \r\n\t\n").empty());
+  // through lm_dataset: the CRLF copy of the TinyStories head has the LF file's tokens
+  namespace fs = std::filesystem;
+  auto tok = load_tokenizer(test::tokenizer_path());
+  std::ifstream in(asset_path("data/tinystories/tinystories_train_head.txt"), std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text_crlf;
+  for (char c : text) text_crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  const fs::path path = fs::temp_directory_path() / ("flowrun_crlf_" + std::to_string(::getpid()) + ".txt");
+  std::ofstream(path, std::ios::binary) << text_crlf;
+  lm_dataset a(asset_path("data/tinystories/tinystories_train_head.txt").string(), *tok, 64);
+  lm_dataset b(path.string(), *tok, 64);
+  lm_dataset c(asset_path("data/tinystories/tinystories_train_head.txt").string(), *tok, 64, 0.05,
+               document_split::lines);
+  fs::remove(path);
+  CHECK(b.num_tokens() == a.num_tokens());
+  tensor ia, ta, ib, tb;
+  a.val_batch(0, 4, ia, ta);
+  b.val_batch(0, 4, ib, tb);
+  CHECK(ia.to_floats() == ib.to_floats());
+  // one a line: each non-blank line its own document, a BOS first
+  size_t per_line = 0;
+  for (const auto& d : split_documents(text, document_split::lines)) per_line += tok->encode(d, true).size();
+  CHECK(c.num_tokens() == static_cast<int64_t>(per_line));
+  CHECK(c.num_tokens() != a.num_tokens());
 }
 
 TEST_CASE("lm_dataset: a position saved exactly at an epoch's end resumes with the next epoch's order") {

@@ -99,7 +99,9 @@ void add_trainer_settings(graph::node_kind& k, double lr, int64_t steps) {
                               "saved adapter_config.json says); lora_alpha is zero_rank's (TencentPretrain's)")
       .known_as("lora_dropout", "DS-Chat's LoRA has no dropout (its lora_droppout 0); lora_dropout is zero_rank's "
                                 "(TencentPretrain's)")
-      .known_as("max_length", "TRL's max_length is max_seq_len here (prompt + answer tokens)");
+      .known_as("max_length", "TRL's max_length is max_seq_len here (prompt + answer tokens)")
+      .known_as("eval_interval", "DS-Chat's --eval_interval has no setting here: the held-out pass runs before and "
+                                 "after training (eval_fraction sets its rows)");
   add_schedule_hints(k);
   add_dschat_flag_hints(k, "dropout");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {

@@ -171,7 +171,10 @@ void register_prompt_loader(graph::node_kind_registry& kinds, actor::node_factor
   for (const char* flag : {"enable_test_mode", "test_stop_step"})
     k.known_as(flag, "DS-Chat's --enable_test_mode --test_stop_step N is iterations = N here (the run's length)");
   k.known_as("num_train_epochs", "DS-Chat's step-3 --num_train_epochs (passes over the prompts) is iterations here, "
-                                 "in prompt batches: epochs x training prompts / per_device_generation_batch_size");
+                                 "in prompt batches: epochs x training prompts / per_device_generation_batch_size")
+      .known_as("max_prompt_length", "TRL's and veRL's max_prompt_length is max_prompt_seq_len here (DS-Chat's name)")
+      .known_as("train_batch_size", "veRL's data.train_batch_size (prompts per step) is "
+                                    "per_device_generation_batch_size here, all ranks together");
   k.input("next", "tick", "the controller asks for the next batch", true, true)
       .output("batch", "prompt_batch", "left-padded prompts")
       .require("tokenizer", T::path, "SentencePiece .model")
@@ -402,7 +405,8 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       .known_as("n_samples_per_prompt", "OpenRLHF's --n_samples_per_prompt is num_generations here")
       .known_as("max_completion_length", "TRL's max_completion_length is max_answer_seq_len here")
       .known_as("response_length", "veRL's data.max_response_length is max_answer_seq_len here")
-      .known_as("max_response_length", "veRL's data.max_response_length is max_answer_seq_len here");
+      .known_as("max_response_length", "veRL's data.max_response_length is max_answer_seq_len here")
+      .known_as("max_new_tokens", "transformers' max_new_tokens is max_answer_seq_len here");
   k.check = [](const graph::node_spec& n, const graph::graph_spec& g) {
     std::vector<graph::node_kind::problem> problems;
     // the controller, the experience maker and the trainers follow one rollout batch per prompt batch, in
@@ -1385,7 +1389,12 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
         .known_as("num_ppo_epochs", "TRL's num_ppo_epochs is ppo_epochs here")
         .known_as("lora_dim", "step 3's LoRA rank is " + who + "_lora_dim here (DS-Chat's --" + who + "_lora_dim)")
         .known_as("num_mini_batches", "TRL's num_mini_batches is per_device_training_batch_size here: the rows of one "
-                                      "update (a generation batch's rows / num_mini_batches), all ranks together");
+                                      "update (a generation batch's rows / num_mini_batches), all ranks together")
+        .known_as("max_grad_norm", "HF Trainer's and TRL's max_grad_norm is gradient_clipping here (DeepSpeed's name)")
+        .known_as("zero_stage", "DS-Chat's --" + who + "_zero_stage is " + who + "_zero_stage here")
+        .known_as("ppo_micro_batch_size_per_gpu",
+                  "veRL's ppo_micro_batch_size_per_gpu is set through gradient_accumulation_steps here: each rank cuts "
+                  "its share of per_device_training_batch_size into that many micro-batches");
     add_schedule_hints(k);
     add_dschat_flag_hints(k, who + "_dropout", policy);
     if (!policy) {
@@ -1411,7 +1420,20 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
           .known_as("clip_ratio_low", "veRL's clip_ratio_low is cliprange here (the floor 1 - cliprange)")
           .known_as("epsilon_high", "TRL's epsilon_high is clip_ratio_high here")
           .known_as("beta", "TRL's beta is kl_loss_coef with use_kl_loss = true here (or the experience maker's "
-                            "kl_ctl, which puts the KL in the reward)");
+                            "kl_ctl, which puts the KL in the reward)")
+          .known_as("loss_type", "TRL's loss_type is loss_agg_mode here: grpo is seq-mean-token-mean, bnpo and dapo "
+                                 "token-mean, dr_grpo seq-mean-token-sum (TRL also divides it by max_completion_length, "
+                                 "a constant factor)")
+          .known_as("num_iterations", "TRL's num_iterations (the updates on each generated batch, GRPO's mu) is "
+                                      "ppo_epochs here")
+          .known_as("kl_estimator", "OpenRLHF's --kl_estimator is kl_loss_type here for the KL loss (k1 = kl, k2 = "
+                                    "mse, k3 = low_var_kl; with use_kl_loss = true); the KL in the reward (kl_ctl) is "
+                                    "k1, as DS-Chat's")
+          .known_as("entropy_coeff", "veRL's entropy_coeff (an entropy bonus in the actor loss) has no setting here: "
+                                     "the loss has no entropy term, as with entropy_coeff = 0")
+          .known_as("align_overflow", "DS-Chat's --align_overflow (in fp16, skip both updates when either overflows) "
+                                      "has no setting here: the policy and the critic each skip their own overflowed "
+                                      "update");
       // each clip on the node whose loss it clips (both nodes took both, and ignored the other's)
       k.option("cliprange", T::float_, 0.2, "policy ratio clip: the ratio is kept in [1 - cliprange, 1 + cliprange]")
           .above(0)
@@ -1782,7 +1804,9 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
              "veRL's norm_adv_by_std_in_grpo = false is scale_rewards = \"none\" here (true: \"group\", the default)")
       .known_as("adv_estimator", "veRL's algorithm.adv_estimator is advantage_estimator here")
       .known_as("kl_coef", "veRL's algorithm.kl_ctrl.kl_coef (the KL in the reward) is kl_ctl here")
-      .known_as("use_kl_in_reward", "veRL's use_kl_in_reward is kl_ctl > 0 here (0: no KL in the reward)");
+      .known_as("use_kl_in_reward", "veRL's use_kl_in_reward is kl_ctl > 0 here (0: no KL in the reward)")
+      .known_as("init_kl_coef", "OpenRLHF's --init_kl_coef (the KL in the reward) is kl_ctl here (a fixed "
+                                "coefficient)");
   // (a shipped graph that writes an estimator's settings at their defaults, run with another estimator by --set,
   // is not warned about)
   std::map<std::string, graph::setting_value> defaults;

@@ -202,6 +202,8 @@ void register_reward_function(graph::node_kind_registry& kinds, actor::node_fact
                      "rule-based rewards for rollouts (GSM8K exact match, answer format, your own scorer command) in "
                      "place of a reward model"};
   k.blocking = true;  // a command's answers are waited for
+  k.known_as("reward_funcs", "TRL's reward_funcs is reward here: a rule (gsm8k, format) or your own scorer "
+                             "(reward = \"command\" with command = ...: several rewards summed by one scorer)");
   k.input("rollouts", "rollouts", "sequences to score")
       .output("scored", "scores", "one reward per row", true)
       .require("tokenizer", T::path, "the policy's tokenizer (decodes prompts and answers)")

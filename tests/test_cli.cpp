@@ -984,7 +984,26 @@ TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says
            {"rlhf.graph --set node.prompts.test_stop_step=2", "DS-Chat's --enable_test_mode --test_stop_step N is "
                                                               "iterations = N here"},
            {"rlhf.graph --set node.generator.release_inference_cache=true", "DS-Chat's hybrid-engine memory options"},
-           {"rlhf.graph --set node.policy.disable_actor_dropout=true", "flowrun's models have no dropout layers"}}) {
+           {"rlhf.graph --set node.policy.disable_actor_dropout=true", "flowrun's models have no dropout layers"},
+           // a break-it review's (2026-12-07): TRL's loss_type was hinted as kl_loss_type, the others got the list
+           {"grpo.graph --set node.policy.loss_type=dr_grpo", "TRL's loss_type is loss_agg_mode here: grpo is "
+                                                              "seq-mean-token-mean, bnpo and dapo token-mean, dr_grpo "
+                                                              "seq-mean-token-sum"},
+           {"grpo.graph --set node.prompts.max_prompt_length=64", "TRL's and veRL's max_prompt_length is "
+                                                                   "max_prompt_seq_len here"},
+           {"grpo.graph --set node.policy.num_iterations=2", "TRL's num_iterations (the updates on each generated batch, GRPO's mu) is ppo_epochs here"},
+           {"rlhf.graph --set node.critic.max_grad_norm=1", "HF Trainer's and TRL's max_grad_norm is gradient_clipping here"},
+           {"grpo.graph --set node.policy.kl_estimator=k3", "OpenRLHF's --kl_estimator is kl_loss_type here"},
+           {"rlhf.graph --set node.experience.init_kl_coef=0.1", "OpenRLHF's --init_kl_coef (the KL in the reward) is "
+                                                                 "kl_ctl here"},
+           {"grpo.graph --set node.prompts.train_batch_size=8", "veRL's data.train_batch_size (prompts per step) is per_device_generation_batch_size here"},
+           {"grpo.graph --set node.generator.max_new_tokens=8", "transformers' max_new_tokens is max_answer_seq_len"},
+           {"grpo.graph --set node.reward.reward_funcs=x", "TRL's reward_funcs is reward here"},
+           {"grpo.graph --set node.policy.entropy_coeff=0.001", "veRL's entropy_coeff (an entropy bonus in the actor loss) has no setting here"},
+           {"rlhf.graph --set node.policy.zero_stage=2", "DS-Chat's --actor_zero_stage is actor_zero_stage here"},
+           {"rlhf.graph --set node.critic.zero_stage=2", "DS-Chat's --critic_zero_stage is critic_zero_stage here"},
+           {"rlhf.graph --set node.policy.align_overflow=true", "DS-Chat's --align_overflow"},
+           {"rm.graph --set node.rm.eval_interval=10", "DS-Chat's --eval_interval has no setting here"}}) {
     INFO(n.set);
     const auto out = run(bin + n.set + " --no-progress 2>&1", &rc);
     CHECK(rc == 2);
@@ -1891,6 +1910,12 @@ TEST_CASE("an option of another spelling or tool gets a hint: generate, chat and
   CHECK(has(out, "hint: --temprature: did you mean --temperature?"));
   out = run(bin + " chat --path x 2>&1", &rc);
   CHECK(has(out, "hint: --path: DS-Chat's chat.py --path is --model here"));
+  CHECK(has(run(bin + " chat --zero_checkpoint x 2>&1", &rc), "hint: --zero_checkpoint: chat reads a model file or "
+                                                               "folder: write the checkpoint as one with `flowrun "
+                                                               "convert --from zero DIR --to hf OUT`"));
+  CHECK(has(run(bin + " eval reward --add_eot_token 2>&1", &rc), "hint: --add_eot_token: DS-Chat's --add_eot_token "
+                                                                 "needs no flag here"));
+  CHECK(has(run(bin + " eval prompts --language English 2>&1", &rc), "hint: --language: DS-Chat's prompt_eval.py"));
   // a command's own command (eval prompts): its options are its own, not hinted
   out = run(bin + " eval prompts --baseline x --model_name_or_path_finetune y 2>&1", &rc);
   CHECK(rc == 2);

@@ -36,6 +36,14 @@ const std::map<std::string, foreign_flag>& foreign_flags() {
        {{"eval"}, "DS-Chat's --num_padding_at_beginning (OPT's one pad) needs no setting here: scores are read at the "
                   "last real token"}},
       {"max_length", {{"generate", "chat"}, "transformers' max_length (prompt + answer) is --max_new_tokens (the answer) here"}},
+      {"add_eot_token", {{"eval"}, "DS-Chat's --add_eot_token needs no flag here: every sequence ends with the "
+                                   "tokenizer's EOS id, one token, as in training (docs/rlhf.md, \"The end of a "
+                                   "conversation\")"}},
+      {"language", {{"eval"}, "DS-Chat's prompt_eval.py --language picks its own built-in prompts; here the prompts "
+                              "are the held-out split of --data (--data_split, --seed as in training)"}},
+      {"zero_checkpoint", {{"chat"}, "chat reads a model file or folder: write the checkpoint as one with `flowrun "
+                                     "convert --from zero DIR --to hf OUT` (`flowrun generate --zero_checkpoint DIR` "
+                                     "answers prompts from it directly)"}},
       // TencentPretrain's LoRA flags: train-lm trains whole models; LoRA pretraining is zero_rank's
       {"lora_r", {{"train-lm"}, "LoRA pretraining is graphs/pretrain.graph's zero_rank (--set node.ranks.use_lora=true "
                                 "--set node.ranks.lora_r=8); train-lm trains the whole model"}},

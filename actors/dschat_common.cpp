@@ -751,13 +751,33 @@ void warn_mixed_dtypes(const graph::graph_spec& g) {
                  each);
 }
 
-void warn_dtype_overridden(const actor::node_context& ctx, const std::string& own, const std::string& json_dtype,
-                           const std::string& json_where) {
-  const auto* written = ctx.spec().find_setting("dtype");
-  if (written && !written->from_default && own != json_dtype)
+void warn_json_overrides(const actor::node_context& ctx, const dschat::dschat_settings& own,
+                         const dschat::dschat_settings& json, const std::string& json_where, const std::string& who) {
+  const auto written = [&](const std::string& name) {
+    const auto* w = ctx.spec().find_setting(name);
+    return w && !w->from_default;
+  };
+  if (written("dtype") && own.dtype != json.dtype)
     spdlog::warn("node '{}': dtype = \"{}\", but {} makes it {} (its bf16 / fp16 sections), and the JSON wins: set "
                  "one of the two",
-                 ctx.name(), own, json_where, json_dtype);
+                 ctx.name(), own.dtype, json_where, json.dtype);
+  // the settings the JSON replaces (dschat::apply_ds_config); a value it filled from "auto" is the node's own
+  const auto said = [&](const std::string& name, const std::string& mine, const std::string& theirs,
+                        const std::string& json_key) {
+    if (written(name) && mine != theirs)
+      spdlog::warn("node '{}': {} = {}, but {} makes it {} (its {}), and the JSON wins: set one of the two",
+                   ctx.name(), name, mine, json_where, theirs, json_key);
+  };
+  const auto g = [](double v) { return fmt::format("{:g}", v); };
+  said(who + "zero_stage", std::to_string(own.zero_stage), std::to_string(json.zero_stage), "zero_optimization.stage");
+  said("gradient_clipping", g(own.gradient_clipping), g(json.gradient_clipping), "gradient_clipping");
+  said("gradient_accumulation_steps", std::to_string(own.gradient_accumulation_steps),
+       std::to_string(json.gradient_accumulation_steps), "gradient_accumulation_steps");
+  if (who.empty())  // steps 1-2 and DPO: the micro-batch (step 3's trainers count rows per update instead)
+    said("per_device_train_batch_size", std::to_string(own.per_device_train_batch_size),
+         std::to_string(json.per_device_train_batch_size), "train_micro_batch_size_per_gpu");
+  said(who + "learning_rate", g(own.learning_rate), g(json.learning_rate), "optimizer.params.lr");
+  said(who + "weight_decay", g(own.weight_decay), g(json.weight_decay), "optimizer.params.weight_decay");
 }
 
 dschat::dschat_settings common_settings(const actor::node_context& ctx) {
@@ -780,11 +800,11 @@ dschat::dschat_settings common_settings(const actor::node_context& ctx) {
   d.dtype = dtype_setting(ctx);
   d.only_optimize_lora = s.get_bool("only_optimize_lora");
   if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {  // one rank: the triple for world size 1
-    const std::string own = d.dtype;
+    const dschat::dschat_settings own = d;
     const auto c = load_node_ds_config(ctx, p, 1, true);
     dschat::apply_ds_config(d, c);
     warn_scheduler_replaced(ctx, c);
-    warn_dtype_overridden(ctx, own, d.dtype, c.where);
+    warn_json_overrides(ctx, own, d, c.where, "");
   }
   return d;
 }

@@ -200,12 +200,15 @@ std::vector<graph::node_kind::problem> save_lora_problems(const graph::node_spec
 /// (dschat::apply_ds_config: its bf16 / fp16 sections, else fp32); otherwise its dtype setting.
 void warn_mixed_dtypes(const graph::graph_spec& g);
 /// After a DeepSpeed JSON replaced the node's settings (dschat::apply_ds_config): warns, naming the
-/// node and the JSON, when the node's `dtype` was written (in the graph or with --set, fp32 too; not
-/// the kind's default, which the JSON replaces as it does every setting) and the JSON's bf16 / fp16
-/// sections give another, which wins (a dtype = fp16 trained in bf16 without a word). `ctx` is the
-/// node's; `own` its dtype before the JSON.
-void warn_dtype_overridden(const actor::node_context& ctx, const std::string& own, const std::string& json_dtype,
-                           const std::string& json_where);
+/// node, the setting and the JSON's key, for each setting the JSON replaced with another value that
+/// was written (in the graph or with --set; not the kind's default, which the JSON replaces as it
+/// does every setting): dtype (its bf16 / fp16 sections: a dtype = fp16 trained in bf16 without a
+/// word), WHO zero_stage (a zero_stage = 1 ran at the JSON's stage 3), gradient_clipping,
+/// gradient_accumulation_steps, per_device_train_batch_size (steps 1-2 and DPO), WHO learning_rate
+/// and WHO weight_decay (the JSON's optimizer section). `own` and `json`: the settings before and
+/// after; `who`: "" or step 3's "actor_" / "critic_".
+void warn_json_overrides(const actor::node_context& ctx, const dschat::dschat_settings& own,
+                         const dschat::dschat_settings& json, const std::string& json_where, const std::string& who);
 
 /// The node's deepspeed_config (the setting's value `path`, resolved as a user path) for `world` ranks:
 /// load_ds_config, then, when `speaks` (the group's rank 0), its report on the node's log: the keys

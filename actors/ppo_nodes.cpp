@@ -676,9 +676,9 @@ class ppo_trainer final : public actor::node {
     if (group_.local_ranks > 1) ctx.thread_budget(std::max(1, ops::hardware_threads() / group_.local_ranks));
     if (const auto& p = s.get_string("deepspeed_config"); !p.empty()) {
       const auto c = load_node_ds_config(ctx, p, group_.world, group_.rank == 0);
-      const std::string own = d_.dtype;
+      const dschat::dschat_settings own = d_;
       dschat::apply_ds_config(d_, c);
-      if (group_.rank == 0) warn_dtype_overridden(ctx, own, d_.dtype, c.where);
+      if (group_.rank == 0) warn_json_overrides(ctx, own, d_, c.where, who + "_");
       if (group_.rank == 0) warn_scheduler_replaced(ctx, c);
       ds_where_ = c.where;
       // "auto" (HF Trainer's word) for the scheduler's length: the run's updates, once known (plan_schedule)

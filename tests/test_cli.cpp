@@ -810,6 +810,23 @@ TEST_CASE("an HF Trainer DeepSpeed JSON: its \"auto\" values come from the train
   CHECK(has(out, "scheduler.params.total_num_steps=2, gradient_clipping=1.0, train_batch_size=8, "
                  "train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=2"));
   CHECK(has(out, "[step 1 sft] step 2/2 loss"));
+  CHECK_FALSE(has(out, "and the JSON wins"));  // "auto" took the node's own values: nothing was replaced
+  // a JSON whose values replace written settings says so, one line each (a zero_stage = 1 ran at the JSON's
+  // stage 3 without a word: a break-it review, 2026-12-07); the kind's defaults it replaces are not named
+  out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                "/graphs/sft.graph --no-progress --set node.sft.steps=1 --set node.sft.zero_stage=1 --set "
+                "node.sft.output=" + (std::filesystem::temp_directory_path() / "flowrun_cli_auto.bin").string() +
+                " --set node.sft.deepspeed_config=" + FLOWRUN_SOURCE_DIR + "/configs/ds_zero3.json 2>&1",
+            &rc);
+  CHECK(rc == 0);
+  const std::string json = std::string(FLOWRUN_SOURCE_DIR) + "/configs/ds_zero3.json";
+  CHECK(has(out, "node 'sft': zero_stage = 1, but " + json + " makes it 3 (its zero_optimization.stage), and the JSON "
+                 "wins: set one of the two"));
+  CHECK(has(out, "node 'sft': per_device_train_batch_size = 8, but " + json + " makes it 2 (its "
+                 "train_micro_batch_size_per_gpu)"));  // sft.graph writes 8
+  CHECK(has(out, "rank 0/1 stage 3"));
+  CHECK_FALSE(has(out, "gradient_clipping = "));  // the kind's default, replaced by the JSON's equal 1.0
+  CHECK_FALSE(has(out, "weight_decay = "));       // the default 0 the JSON's 0.1 replaces: not written
   std::filesystem::remove(std::filesystem::temp_directory_path() / "flowrun_cli_auto.bin");
 }
 

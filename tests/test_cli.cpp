@@ -481,6 +481,18 @@ TEST_CASE("a graph whose model output is a file or folder it reads is refused wh
   fs::remove_all(dir);
 }
 
+TEST_CASE("a --set given twice with two values is said: the later one holds") {
+  // flowrun train --actor-zero-stage 3 with a --set node.sft.zero_stage=1 after it trained at stage 1 without a word
+  int rc = -1;
+  const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --check";
+  auto out = run(sft + " --set node.sft.steps=3 --set node.sft.steps=2 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "--set node.sft.steps is given twice, as 3 and then 2: the later one holds"));
+  out = run(sft + " --set node.sft.steps=2 --set node.sft.steps=2 2>&1", &rc);  // the same value: nothing to say
+  CHECK(rc == 0);
+  CHECK_FALSE(has(out, "given twice"));
+}
+
 TEST_CASE("a placement without a cluster is named: every node runs in this process") {
   // on = "w1" with the --cluster forgotten ran everything here without a word (docs/scaling.md: not interpreted)
   int rc = -1;

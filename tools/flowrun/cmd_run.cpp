@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <thread>
@@ -150,10 +151,25 @@ std::vector<std::string> expand_graph_shorthand(const CLI::App& app, int argc, c
   return args;
 }
 
+// A --set PATH given twice with two values: the later wins (as every --set overrides the file), said, since one
+// of them was meant (flowrun train --actor-zero-stage 3 with a --set node.sft.zero_stage=1 after it ran stage 1)
+void warn_overrides_given_twice(const std::vector<std::string>& overrides) {
+  std::map<std::string, std::string> seen;  // PATH -> its value so far
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    if (eq == std::string::npos) continue;  // refused by apply_override
+    const std::string path = o.substr(0, eq), value = o.substr(eq + 1);
+    if (const auto it = seen.find(path); it != seen.end() && it->second != value)
+      spdlog::warn("--set {} is given twice, as {} and then {}: the later one holds", path, it->second, value);
+    seen[path] = value;
+  }
+}
+
 // Validate and run one graph file; returns the exit code (2: invalid graph).
 int run_graph_file(const run_opts& o_in) {
   const run_opts* o = &o_in;
   log_to_stderr();
+  warn_overrides_given_twice(o->overrides);
   registries r;
   graph::validate_options vo;
   vo.asset_root = assets_root();

@@ -24,7 +24,8 @@ namespace flowrun::actors {
 namespace {
 
 /// v for a figure printed with 4 decimals: 0 when it rounds to zero, so that a tiny negative KL
-/// (the k1 estimate's mean over tokens can be -1e-6 right after a step) prints 0.0000, not -0.0000.
+/// (the k1 estimate's mean over tokens can be -1e-6 right after a step) or loss (REINFORCE++'s
+/// whitened advantages sum to about 0 at the first, on-policy update) prints 0.0000, not -0.0000.
 double shown4(double v) { return std::fabs(v) < 5e-5 ? 0.0 : v; }
 
 class ppo_controller final : public actor::node {
@@ -242,9 +243,9 @@ class ppo_controller final : public actor::node {
       if (s.with_critic && c.scheduled) ctx.signal("critic_lr", c.lr, p.iteration);
       ctx.print(fmt::format("[step 3 ppo] iter {} reward {:.4f} kl {:.4f} actor_loss {:.4f}{}{}{} "
                             "answer_len {:.1f}{} gen {:.0f} tok/s train {:.0f} tok/s{}{}",
-                            p.iteration, s.reward_mean, shown4(s.kl_mean), a.loss,
+                            p.iteration, s.reward_mean, shown4(s.kl_mean), shown4(a.loss),
                             a.scheduled ? fmt::format(" lr {:.2e}", a.lr) : "",
-                            s.with_critic ? fmt::format(" critic_loss {:.4f}{}", c.loss,
+                            s.with_critic ? fmt::format(" critic_loss {:.4f}{}", shown4(c.loss),
                                                         c.scheduled ? fmt::format(" critic_lr {:.2e}", c.lr) : "")
                                           : "",
                             a.unsup_loss > 0 ? fmt::format(" unsup_loss {:.4f}", a.unsup_loss) : "",

@@ -185,6 +185,8 @@ void add_eval(CLI::App& app) {
     if (n == 0)
       throw std::invalid_argument("no held-out prompt to answer (" + rows.summary +
                                   "): give --data more rows, or the --data_split and --seed the training used");
+    if (n < o->n)  // --n 1000 showed the 92 there are without a word
+      spdlog::info("--n {}: the held-out share holds {} prompts, all shown", o->n, n);
     std::cout << fmt::format("{} held-out prompts of DS-Chat step 3 ({}); {} answers, at most {} tokens\n", n,
                              rows.summary,
                              o->num_beams > 1 ? fmt::format("beam search ({} beams)", o->num_beams) : "greedy",
@@ -345,6 +347,10 @@ void add_eval(CLI::App& app) {
                    rep.identical, ex.size(), r->max_seq_len,
                    rep.identical == static_cast<int64_t>(ex.size()) ? ": the accuracy below says nothing of the model (raise --max_seq_len if their answers differ past it)"
                                                                   : "");
+    if (rep.truncated > 0)  // the trainers say how many they cut; so does the evaluation of their model
+      spdlog::info("{} of the {} held-out pairs were cut to max_seq_len {} (truncation {}{})", rep.truncated,
+                   ex.size(), r->max_seq_len, r->truncation,
+                   rep.prompt_lost > 0 ? fmt::format("; {} kept no prompt token", rep.prompt_lost) : "");
     std::vector<dschat::rm_batch_data> batches;
     for (auto& b : dschat::epoch_batches(static_cast<int64_t>(ex.size()), 16, 0, 0, false))
       batches.push_back(dschat::rm_batch(ex, b));

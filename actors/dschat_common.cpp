@@ -482,6 +482,13 @@ std::string tokenizer_model_mismatch(const std::string& tokenizer_path, const st
       return fmt::format("the tokenizer {} ({} tokens), and the model {} has {} embedding rows: it is not the model's "
                          "tokenizer",
                          tokenizer_path, tok->vocab_size(), model, info.embedding_rows);
+    // a llama2.c file's vocab_size is its tokenizer's (llama2.c's train_vocab.sh and export write them as one);
+    // an HF config may pad its embedding past the tokenizer (Qwen2's 151,936 rows for 151,665 ids). A 400-token
+    // GPT-2 tokenizer trained stories260K (512 rows) on other ids without a word (a break-it review, 2026-12-07)
+    if (info.format == model_format::llama2c && info.embedding_rows > 0 && tok->vocab_size() < info.embedding_rows)
+      return fmt::format("the tokenizer {} ({} tokens), and the llama2.c model {} has vocab_size {}, which a llama2.c "
+                         "model shares with its tokenizer: it is not the model's tokenizer",
+                         tokenizer_path, tok->vocab_size(), model, info.embedding_rows);
     if (info.format != model_format::llama2c && folder_has_tokenizer(folder))
       if (const std::string why = tokenizer_difference(*load_tokenizer(folder), *tok); !why.empty())
         return fmt::format("the tokenizer {}, and the model {} has a tokenizer of its own in its folder: they differ "
@@ -849,7 +856,7 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
     const auto f = src[i].report.format;
     if (f == dschat::data_format::prompt_chosen_rejected || f == dschat::data_format::hh_rlhf_raw) continue;
     throw std::invalid_argument(fmt::format(
-        "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line): a reward model or DPO "
+        "node '{}': {} {} holds {} rows (a file's layout is that of most of its JSON lines): a reward model or DPO "
         "learns from pairs; give {{prompt, chosen, rejected}} rows or raw HH-RLHF {{chosen, rejected}}",
         ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(f)));
   }
@@ -869,7 +876,7 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   for (size_t i = 0; step_index == 0 && i < src.size(); ++i)
     if (src[i].report.format == dschat::data_format::prompt_only)
       throw std::invalid_argument(fmt::format(
-          "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line): SFT learns from answers; "
+          "node '{}': {} {} holds {} rows (a file's layout is that of most of its JSON lines): SFT learns from answers; "
           "give {{prompt, chosen}}, {{prompt, completion}} or {{question, answer}} rows",
           ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(src[i].report.format)));
   dschat::split_settings sp;

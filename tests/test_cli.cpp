@@ -419,6 +419,21 @@ TEST_CASE("pretraining refuses a data tokenizer that is not the model folder's o
   CHECK_MESSAGE(rc == 0, out);
   CHECK(fs::exists(dir / "step_00000001"));
   fs::remove_all(dir);
+  // a llama2.c model's vocab_size is its tokenizer's: a smaller tokenizer (the 400-token BPE fixture against
+  // stories260K's 512 rows) trained on other ids without a word; refused for pretraining and for the trainers
+  const std::string bpe = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/bpe/vocab.json";
+  out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/pretrain.graph --check --set "
+                "node.data.tokenizer=" + bpe + " 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "which reads them with the tokenizer " + bpe + " (400 tokens), and the llama2.c model "));
+  CHECK(has(out, "has vocab_size 512, which a llama2.c model shares with its tokenizer: it is not the model's "
+                 "tokenizer"));
+  out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/sft.graph --check --set "
+                "node.sft.tokenizer=" + bpe + " 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "node 'sft' reads its data with the tokenizer " + bpe + " (400 tokens), and the llama2.c model"));
 }
 
 TEST_CASE("a graph whose model output is a file or folder it reads is refused when checked") {

@@ -155,8 +155,32 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
   CHECK(r.malformed[3].reason == "\"chosen\" is number, not a string");
   CHECK(r.malformed[4].reason.find("not a JSON object") != std::string::npos);
   CHECK(r.summary().find("5 malformed (line 2: bad JSON") != std::string::npos);
-  CHECK(r.summary().find("), skipped: fix or remove those lines to train on them") != std::string::npos);
+  CHECK(r.summary().find("), skipped: fix or remove those lines to use them") != std::string::npos);
   CHECK(src.rows[1].chosen == " Hello.");
+
+  // a bad line's bytes that are not UTF-8 are quoted as escapes (a raw 0xff made the log a "binary file" to grep)
+  {
+    auto bin = load_source(tmp.write("bin.jsonl", good + "\n{\"prompt\": \"\xff\xfe\", \"chosen\": \"x\"}\n"));
+    REQUIRE(bin.report.malformed.size() == 1);
+    const std::string why = bin.report.malformed[0].reason;
+    MESSAGE(why);
+    CHECK(why.rfind("bad JSON", 0) == 0);
+    CHECK(why.find('\xff') == std::string::npos);
+    CHECK(why.find("\\xff") != std::string::npos);
+  }
+  // the layout most lines have: a first line without "rejected" is a malformed line of a pairs file (it decided the
+  // whole file's layout, and step 2 refused its pairs as prompt/chosen rows), numbered; a tie goes to the first seen
+  {
+    const std::string pc = R"({"prompt": "x", "chosen": " a"})";
+    auto first = load_source(tmp.write("first.jsonl", pc + "\n" + good + "\n" + good + "\n"));
+    CHECK(first.report.format == data_format::prompt_chosen_rejected);
+    CHECK(first.rows.size() == 2);
+    CHECK(bad_lines(first.report) == std::vector<int64_t>{1});
+    CHECK(first.report.malformed[0].reason == "missing key \"rejected\"");
+    auto tie = load_source(tmp.write("tie.jsonl", pc + "\n" + good + "\n"));
+    CHECK(tie.report.format == data_format::prompt_chosen);
+    CHECK(tie.rows.size() == 2);  // a pair's prompt and chosen are a prompt/chosen row
+  }
 
   // no usable line: an error naming the file and the first bad lines with reasons
   auto none = tmp.write("none.jsonl", std::string(R"({"prompt": "x", "chosen": "", "rejected": "y"})") + "\n{oops\n");

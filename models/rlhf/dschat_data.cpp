@@ -9,11 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+
+#include <fmt/format.h>
 
 namespace flowrun::dschat {
 
@@ -93,11 +96,34 @@ std::vector<std::string> split_lines(const std::string& text) {
 bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
 
 // nlohmann's messages start with "[json.exception.parse_error.101] "; keep the rest.
+// `s` with control characters and bytes that are not UTF-8 written as escapes (\n, \xff): nlohmann's "last read"
+// excerpt of a bad line quotes its raw bytes, and one 0xff in a log made grep call it a binary file
+std::string printable(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    for (size_t k = 1; k < n; ++k)  // continuation bytes (overlongs and surrogates pass: the text is only shown)
+      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) n = 0;
+    if (n > 1) {
+      out.append(s, i, n);
+      i += n;
+    } else if (n == 1 && c >= 0x20 && c != 0x7F) {
+      out += s[i++];
+    } else {
+      out += c == '\n' ? std::string("\\n") : c == '\r' ? std::string("\\r") : c == '\t' ? std::string("\\t")
+                                                                             : fmt::format("\\x{:02x}", c);
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::string short_json_error(const std::string& what) {
   auto p = what.find("] ");
   std::string s = p == std::string::npos ? what : what.substr(p + 2);
   if (s.size() > 160) s = s.substr(0, 157) + "...";
-  return s;
+  return printable(s);
 }
 
 // Reads a non-empty string field; returns "" on success or the reason it is unusable.
@@ -255,7 +281,7 @@ std::string load_report::summary(size_t max_listed) const {
   if (blank) os << " (" << blank << " blank)";
   os << "; " << malformed.size() << " malformed";
   if (!malformed.empty())
-    os << " (" << list_bad(malformed, max_listed) << "), skipped: fix or remove those lines to train on them";
+    os << " (" << list_bad(malformed, max_listed) << "), skipped: fix or remove those lines to use them";
   if (format == data_format::hh_rlhf_raw) {
     os << "; " << prompt_mismatch_lines.size() << " dropped: prompts differ";
     if (!prompt_mismatch_lines.empty()) {
@@ -301,8 +327,20 @@ source load_source(const std::string& path, data_format format) {
     }
   }
   if (format == data_format::automatic) {
-    for (size_t i = 0; i < lines.size() && format == data_format::automatic; ++i)
-      if (parsed[i].is_object()) format = detect(parsed[i]);
+    // the layout most of the JSON objects suggest (ties: the one seen first), so that a first line missing a
+    // key is a malformed line of the file's layout, named by its number (it decided the layout of the whole
+    // file, and step 2 refused 199 {prompt, chosen, rejected} rows as prompt/chosen: a break-it review)
+    std::map<data_format, std::pair<int64_t, size_t>> votes;  // layout -> (objects, first line)
+    for (size_t i = 0; i < lines.size(); ++i)
+      if (parsed[i].is_object())
+        if (const auto f = detect(parsed[i]); f != data_format::automatic) {
+          auto [it, fresh] = votes.try_emplace(f, 0, i);
+          ++it->second.first;
+        }
+    for (const auto& [f, v] : votes)
+      if (format == data_format::automatic || v.first > votes[format].first ||
+          (v.first == votes[format].first && v.second < votes[format].second))
+        format = f;
     if (format == data_format::automatic) {
       // TRL's other layouts are named with what to give instead
       auto unknown = [](const nlohmann::json& j) -> std::string {

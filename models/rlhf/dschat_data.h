@@ -57,7 +57,7 @@ struct sample {
 
 /// File layouts the loaders understand.
 enum class data_format {
-  automatic,               ///< decided by the keys of the first JSON object with string values
+  automatic,               ///< decided by the keys most of the file's JSON objects have (ties: the first seen)
   prompt_chosen_rejected,  ///< {"prompt", "chosen", "rejected"} (Dahoas/rm-static layout)
   prompt_chosen,           ///< {"prompt", "chosen"} (SFT-only data; other keys ignored)
   hh_rlhf_raw,             ///< Anthropic HH-RLHF {"chosen", "rejected"} full dialogues

@@ -165,6 +165,35 @@ TEST_CASE("apply_chat_template: a row that is not HH-RLHF turns is an error nami
   }
 }
 
+// A TRL conversational row renders as transformers' apply_chat_template renders its messages: every message's
+// content as written, the last (assistant) one too, where a DS-Chat answer is stripped. Qwen2's ChatML template
+// writes "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message (transformers 5.25 gives this very string for the
+// row). The last answer lost its spaces (a break-it review, 2026-12-07).
+TEST_CASE("apply_chat_template: a {messages} row's last answer is rendered as written, a DS-Chat answer stripped") {
+  namespace fs = std::filesystem;
+  const std::string dir = kDir + "/qwen2";
+  dschat::tokenize_settings ts;
+  ts.chat = std::make_shared<const chat_formatter>(dir);
+  const fs::path file = fs::temp_directory_path() / ("flowrun_chat_rows_" + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(file) << R"({"messages": [{"role": "system", "content": "  Be nice. "}, )"
+                      << R"({"role": "user", "content": "\n hi  there \n"}, {"role": "assistant", "content": " ok  "}, )"
+                      << R"({"role": "user", "content": "again?"}, {"role": "assistant", "content": " final answer\n"}]})"
+                      << "\n";
+  const auto src = dschat::load_source(file.string());
+  fs::remove(file);
+  REQUIRE(src.rows.size() == 1);
+  const auto& row = src.rows[0];
+  CHECK(dschat::prompt_answer_text(row, row.chosen, ts).full ==
+        "<|im_start|>system\n  Be nice. <|im_end|>\n<|im_start|>user\n\n hi  there \n<|im_end|>\n<|im_start|>"
+        "assistant\n ok  <|im_end|>\n<|im_start|>user\nagain?<|im_end|>\n<|im_start|>assistant\n final answer\n"
+        "<|im_end|>\n");
+  // a DS-Chat row's answer " Hello. " is stripped, as its prompt's turns are
+  const dschat::sample ds{"\n\nHuman: hi\n\nAssistant:", " Hello. ", ""};
+  const std::string full = dschat::prompt_answer_text(ds, ds.chosen, ts).full, end = "<|im_start|>assistant\nHello.<|im_end|>\n";
+  REQUIRE(full.size() >= end.size());
+  CHECK(full.substr(full.size() - end.size()) == end);
+}
+
 // An HF tokenizer.json without tokenizer_config.json has no EOS (eos_id -1): steps 1-2 append none
 // (tokenizer::encode's rule) rather than the id -1, which failed in embedding_forward at the first batch.
 TEST_CASE("tokenization: a tokenizer without EOS appends none to SFT and RM sequences") {

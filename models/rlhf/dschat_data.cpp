@@ -642,7 +642,12 @@ std::string prompt_text(const sample& row, const tokenize_settings& cfg) {
 
 chat_prompt_response prompt_answer_text(const sample& row, const std::string& answer, const tokenize_settings& cfg) {
   if (!cfg.chat) return {row.prompt, row.prompt + answer};
-  return cfg.chat->prompt_response(row_messages(row), chat::py_strip(answer, nullptr, true, true));
+  // a DS-Chat answer (" Hello.") is stripped, as its prompt's turns are; a conversational row's assistant message is
+  // rendered as written (less the space read_answer put before it for the runs without a template), as TRL's
+  // SFTTrainer and apply_chat_template render it (a Qwen2 answer " final answer\n" lost its spaces here: a break-it
+  // review, 2026-12-07)
+  if (row.messages.empty()) return cfg.chat->prompt_response(row_messages(row), chat::py_strip(answer, nullptr, true, true));
+  return cfg.chat->prompt_response(row_messages(row), !answer.empty() && answer[0] == ' ' ? answer.substr(1) : answer);
 }
 
 std::string rendered_row_line(const std::string& tag, const sample& row, const row_ref& ref, const std::string& path,

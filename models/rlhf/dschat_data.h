@@ -232,8 +232,9 @@ struct tokenize_settings {
   /// Render rows with a model's chat template before tokenizing (the trainers' apply_chat_template
   /// setting, TRL's and OpenRLHF's name); null: the row's text as is (DS-Chat). With a template:
   ///  - the prompt is row_messages(row) rendered with add_generation_prompt = true; steps 1-2 tokenize
-  ///    those messages plus the stripped answer as the assistant's message (add_generation_prompt =
-  ///    false), as TRL's SFT and reward trainers do for conversational prompt/completion data;
+  ///    those messages plus the answer as the assistant's message (add_generation_prompt = false), as
+  ///    TRL's SFT and reward trainers do for conversational prompt/completion data: a DS-Chat or GSM8K
+  ///    answer stripped (as its prompt's turns are), a conversational row's as written;
   ///  - add_bos is ignored: the template writes the model's BOS when it has one (Llama 3's
   ///    <|begin_of_text|>; Qwen2 has none), as apply_chat_template(tokenize=True) encodes with
   ///    add_special_tokens=False;

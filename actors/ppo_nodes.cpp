@@ -434,6 +434,40 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
                                       "it overflow a float",
                                       n.name, t),
                           "use 0 for greedy rollouts, or a temperature of 0.1 or more"});
+    // a prompt of max_prompt_seq_len tokens and its answer must fit the policy's context: refused here, as the
+    // generator refuses it at its first batch, which comes after steps 1-2 have trained (DS-Chat pads every
+    // prompt to max_prompt_seq_len and needs the sum within the model's positions too)
+    for (const auto& e : g.edges) {
+      const auto* to = g.find_node(e.to_node);
+      const auto* from = g.find_node(e.from_node);
+      if (!to || !from || to->kind != "policy" || (!e.to_port.empty() && e.to_port != "init") ||
+          (from->kind != "model_source" && from->kind != "sft_trainer"))
+        continue;
+      const auto* ms = from->find_setting("model");
+      const auto* model = ms ? std::get_if<std::string>(&ms->value) : nullptr;
+      if (!model || model->empty()) continue;
+      int64_t C = 0;
+      try {
+        C = inspect_model(*model).context;
+      } catch (const std::exception&) {  // unreadable: the node's start names it
+      }
+      const int64_t A = n.get_int("max_answer_seq_len");
+      for (const auto& pl : g.nodes) {
+        if (pl.kind != "prompt_loader" || C <= 0) continue;
+        const int64_t P = pl.get_int("max_prompt_seq_len");
+        if (P + A <= C) continue;
+        problems.push_back(
+            {"max_answer_seq_len",
+             fmt::format("node '{}': max_prompt_seq_len {} (node '{}') + max_answer_seq_len {} = {} exceed the "
+                         "policy's context, {} positions ({}, from node '{}'): {}",
+                         n.name, P, pl.name, A, P + A, C, *model, from->name,
+                         C - A >= 1 ? fmt::format("a prompt of more than {} tokens would stop step 3 at its batch", C - A)
+                                    : std::string("the answers alone leave no room for a prompt")),
+             P + 2 <= C ? fmt::format("lower max_answer_seq_len to {}{}", C - P,
+                                      C - A >= 1 ? fmt::format(" or max_prompt_seq_len to {}", C - A) : "")
+                        : fmt::format("lower max_prompt_seq_len to at most {}", C - 2)});
+      }
+    }
     const std::string mine = n.get_string("tokenizer");
     std::unique_ptr<tokenizer> tok;
     for (const auto& other : g.nodes) {

@@ -448,7 +448,8 @@ class zero_rank final : public actor::node {
     m.data_cursor = cursor_;
     const uint64_t rng = model_->rng_state();
     m.extra["settings"] = settings_record(ctx.spec(), safe_to_change());
-    if (evaluated_) {  // the held-out loss before step 1, for the closing line, and over how many instances
+    if (evaluated_ && val_ids_.defined()) {  // the held-out loss before step 1, for the closing line, and over how
+                                             // many instances (none when they were fewer than the ranks)
       m.extra["eval_before"] = before_;
       m.extra["eval_before_rows"] = val_ids_.size(0);
     }

@@ -74,7 +74,9 @@ model_file_info inspect_model(const std::string& path_in) {
   fs::path p = resolve_user_path(path_in, "model");
   model_file_info info;
   if (fs::is_regular_file(p)) {  // llama2.c: LLaMA, no value head; its header's vocabulary
-    info.embedding_rows = llama2c_config(p.string()).vocab_size;
+    const auto cfg = llama2c_config(p.string());
+    info.embedding_rows = cfg.vocab_size;
+    info.context = cfg.max_seq_len;
     return info;
   }
   if (fs::exists(p / "flowrun_config.json")) {
@@ -83,6 +85,7 @@ model_file_info inspect_model(const std::string& path_in) {
     const auto cfg = j.at("model").get<model_config>();
     info.family = cfg.family;
     info.embedding_rows = cfg.vocab_size;
+    info.context = cfg.max_seq_len;
     info.value_head = j.value("value_head", false);
     return info;
   }
@@ -91,6 +94,7 @@ model_file_info inspect_model(const std::string& path_in) {
     const auto cfg = hf_config_from_json(read_json_file(p / "config.json"), (p / "config.json").string());
     info.family = cfg.family;
     info.embedding_rows = cfg.vocab_size;
+    info.context = cfg.max_seq_len;
     return info;
   }
   throw std::runtime_error(p.string() + ": not a model: expected a llama2.c .bin file, a folder with "

@@ -31,6 +31,7 @@ struct model_file_info {
   model_family family = model_family::llama;
   bool value_head = false;  ///< flowrun folders only (HF folders: not looked up, false)
   int64_t embedding_rows = 0;  ///< the config's vocab_size (a llama2.c file's header, a folder's config)
+  int64_t context = 0;  ///< the positions it takes (model_config::max_seq_len: seq_len, max_position_embeddings)
 };
 
 /// The format and family of the model at `path` (resolved as load_model does).

@@ -52,11 +52,15 @@ from_sft grpo.graph
 from_sft rloo.graph
 g=$out/grpo.graph
 
-# prompts + answers longer than the policy's context (512): refused at the first batch, before
-# any step-3 update, naming both settings and the bound (the scorers failed on T = 513 before)
+# prompts + answers longer than the policy's context (512): refused when the graph is checked, before step 1
+# trains, naming both settings and the bound (the scorers failed on T = 513 before; then the generator refused
+# them at its first batch, after step 1)
 if run toolong "$g" --set node.generator.max_answer_seq_len=600; then fail "answers past the context were accepted"; fi
-grep -qE "node 'generator': the longest prompt, [0-9]+ tokens \(at most the prompt loader's max_prompt_seq_len\), \+ max_answer_seq_len 600 = [0-9]+ exceed the policy's context, max_seq_len 512: lower max_answer_seq_len to [0-9]+" "$out/toolong.err" ||
+grep -qE "error: node 'generator': max_prompt_seq_len [0-9]+ \(node 'prompts'\) \+ max_answer_seq_len 600 = [0-9]+ exceed the policy's context, 512 positions \(.*\): the answers alone leave no room for a prompt" "$out/toolong.err" ||
   { tail -5 "$out/toolong.err"; fail "the error does not name the settings and the bound"; }
+grep -qE "hint: lower max_answer_seq_len to [0-9]+" "$out/toolong.err" ||
+  { tail -5 "$out/toolong.err"; fail "the hint does not name the bound"; }
+grep -q "step 1 sft" "$out/toolong.log" && fail "step 1 trained before the plan was refused"
 grep -q "iter 0 reward" "$out/toolong.log" && fail "an iteration ran with answers past the context"
 
 # answers of one token (max_answer_seq_len 1, which GRPO allows: a group keeps its one-token answers): the

@@ -496,6 +496,21 @@ TEST_CASE("a graph whose model output is a file or folder it reads is refused wh
   fs::remove_all(dir);
 }
 
+TEST_CASE("step 3: max_prompt_seq_len + max_answer_seq_len past the policy's context is refused when checked") {
+  // it passed the check and stopped the run at the generator's first batch, after step 1 had trained (a break-it
+  // review, 2026-12-07); the policy's model is read from the node that sends it (sft_trainer's base here)
+  int rc = -1;
+  const std::string rlhf = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR + "/graphs/rlhf.graph --check";
+  auto out = run(rlhf + " --set node.prompts.max_prompt_seq_len=500 2>&1", &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: node 'generator': max_prompt_seq_len 500 (node 'prompts') + max_answer_seq_len 32 = 532 exceed "
+                 "the policy's context, 512 positions ("));
+  CHECK(has(out, "from node 'sft'): a prompt of more than 480 tokens would stop step 3 at its batch"));
+  CHECK(has(out, "hint: lower max_answer_seq_len to 12 or max_prompt_seq_len to 480"));
+  out = run(rlhf + " --set node.prompts.max_prompt_seq_len=480 2>&1", &rc);  // 480 + 32 = 512: fits
+  CHECK_MESSAGE(rc == 0, out);
+}
+
 TEST_CASE("a --set given twice with two values is said: the later one holds") {
   // flowrun train --actor-zero-stage 3 with a --set node.sft.zero_stage=1 after it trained at stage 1 without a word
   int rc = -1;
@@ -1440,6 +1455,13 @@ TEST_CASE("pretraining's held-out loss: eval_rows below 8 and a rank count that 
   CHECK(has(out, "node 'ranks': 2 held-out instance(s) cannot give each of the 3 ranks one: no held-out loss is "
                  "measured; raise the data node's eval_rows to 3 or more"));
   CHECK_FALSE(has(out, "[pretrain] held-out loss"));
+  // ... and such a run saves its checkpoints (the save read the held-out rows' count and failed at every commit)
+  out = run(pre + " --set node.data.eval_rows=1 --set node.ranks.replicas=2 --set node.ranks.output_dir=" +
+                (dir / "ck").string() + " --set node.data.output_dir=" + (dir / "ck").string() + " 2>&1",
+            &rc);
+  CHECK_MESSAGE(rc == 0, out);
+  CHECK(has(out, "1 held-out instance(s) cannot give each of the 2 ranks one"));
+  CHECK(std::filesystem::exists(dir / "ck" / "step_00000001"));
 }
 
 TEST_CASE("pretraining's data and ranks must agree on total_steps and seq_length, refused when the graph is checked") {

@@ -853,12 +853,21 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   // blended with the others' (the row of the blended share that failed named the `data` file, even when a
   // mix_data file was the one without pairs)
   for (size_t i = 0; step_index == 1 && i < src.size(); ++i) {
-    const auto f = src[i].report.format;
-    if (f == dschat::data_format::prompt_chosen_rejected || f == dschat::data_format::hh_rlhf_raw) continue;
+    const auto& r = src[i].report;
+    if (r.format == dschat::data_format::prompt_chosen_rejected || r.format == dschat::data_format::hh_rlhf_raw)
+      continue;
+    // the first line decided the layout: when other lines hold pairs, name it (its missing "rejected" made 199 pairs
+    // of a 200-line file read as prompt/chosen rows, and the refusal named no line)
+    std::string pairs;
+    for (const auto f : {dschat::data_format::prompt_chosen_rejected, dschat::data_format::hh_rlhf_raw})
+      if (const auto it = r.layouts.find(f); it != r.layouts.end() && it->second > 0 && r.layout_line > 0)
+        pairs = fmt::format("; {} of its lines hold {} rows, but line {}, the first, decides the layout: give it the "
+                            "keys of the others",
+                            it->second, dschat::format_name(f), r.layout_line);
     throw std::invalid_argument(fmt::format(
-        "node '{}': {} {} holds {} rows (a file's layout is that of most of its JSON lines): a reward model or DPO "
+        "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line){}: a reward model or DPO "
         "learns from pairs; give {{prompt, chosen, rejected}} rows or raw HH-RLHF {{chosen, rejected}}",
-        ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(f)));
+        ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(r.format), pairs));
   }
   // TRL's SFTTrainer trains prompt-completion rows on the completion alone (completion_only_loss); here step 1 is
   // DS-Chat's, on prompt and answer, unless mask_prompt: said where it was left at its default
@@ -876,7 +885,7 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   for (size_t i = 0; step_index == 0 && i < src.size(); ++i)
     if (src[i].report.format == dschat::data_format::prompt_only)
       throw std::invalid_argument(fmt::format(
-          "node '{}': {} {} holds {} rows (a file's layout is that of most of its JSON lines): SFT learns from answers; "
+          "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line): SFT learns from answers; "
           "give {{prompt, chosen}}, {{prompt, completion}} or {{question, answer}} rows",
           ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(src[i].report.format)));
   dschat::split_settings sp;

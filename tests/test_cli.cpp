@@ -836,6 +836,26 @@ std::string graph_setting(const std::filesystem::path& dir, const std::string& b
 
 }  // namespace
 
+TEST_CASE("step 2 on a pairs file whose first line lacks rejected names that line") {
+  // the first line decides a file's layout: its missing "rejected" made 3 pairs prompt/chosen rows, and the refusal
+  // named no line (a break-it review, 2026-12-07)
+  const auto dir = temp_folder();
+  std::ofstream(dir / "pairs.jsonl") << R"({"prompt": "\n\nHuman: a?\n\nAssistant:", "chosen": " b"})" << "\n"
+                                     << R"({"prompt": "\n\nHuman: c?\n\nAssistant:", "chosen": " d", "rejected": " e"})"
+                                     << "\n"
+                                     << R"({"prompt": "\n\nHuman: f?\n\nAssistant:", "chosen": " g", "rejected": " h"})"
+                                     << "\n";
+  int rc = -1;
+  const auto out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                           "/graphs/rm.graph --no-progress --set graph.checkpoint_dir= --set node.rm.output=" +
+                           (dir / "rm").string() + " --set node.rm.data=" + (dir / "pairs.jsonl").string() + " 2>&1",
+                       &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "holds prompt/chosen rows (a file's layout is that of its first JSON line); 2 of its lines hold "
+                 "prompt/chosen/rejected rows, but line 1, the first, decides the layout: give it the keys of the "
+                 "others"));
+}
+
 TEST_CASE("an HF Trainer DeepSpeed JSON: its \"auto\" values come from the trainer node's settings, as HF Trainer's") {
   // they were refused one key per try, the fix naming auto_values, which no graph setting reaches
   const std::string sft = std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +

@@ -168,18 +168,17 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
     CHECK(why.find('\xff') == std::string::npos);
     CHECK(why.find("\\xff") != std::string::npos);
   }
-  // the layout most lines have: a first line without "rejected" is a malformed line of a pairs file (it decided the
-  // whole file's layout, and step 2 refused its pairs as prompt/chosen rows), numbered; a tie goes to the first seen
+  // the first line decides the layout (a pairs file with some {prompt, chosen} lines trains SFT on every row), and the
+  // report counts each layout's lines and names the deciding line, for the step that cannot read it
   {
     const std::string pc = R"({"prompt": "x", "chosen": " a"})";
-    auto first = load_source(tmp.write("first.jsonl", pc + "\n" + good + "\n" + good + "\n"));
-    CHECK(first.report.format == data_format::prompt_chosen_rejected);
-    CHECK(first.rows.size() == 2);
-    CHECK(bad_lines(first.report) == std::vector<int64_t>{1});
-    CHECK(first.report.malformed[0].reason == "missing key \"rejected\"");
-    auto tie = load_source(tmp.write("tie.jsonl", pc + "\n" + good + "\n"));
-    CHECK(tie.report.format == data_format::prompt_chosen);
-    CHECK(tie.rows.size() == 2);  // a pair's prompt and chosen are a prompt/chosen row
+    auto first = load_source(tmp.write("first.jsonl", "\n" + pc + "\n" + good + "\n" + good + "\n"));
+    CHECK(first.report.format == data_format::prompt_chosen);
+    CHECK(first.report.layout_line == 2);
+    CHECK(first.rows.size() == 3);  // a pair's prompt and chosen are a prompt/chosen row
+    CHECK(first.report.layouts.at(data_format::prompt_chosen) == 1);
+    CHECK(first.report.layouts.at(data_format::prompt_chosen_rejected) == 2);
+    CHECK(load_source(tmp.write("pairs.jsonl", good + "\n" + pc + "\n")).report.layout_line == 1);
   }
 
   // no usable line: an error naming the file and the first bad lines with reasons

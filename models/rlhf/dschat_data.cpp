@@ -327,20 +327,13 @@ source load_source(const std::string& path, data_format format) {
     }
   }
   if (format == data_format::automatic) {
-    // the layout most of the JSON objects suggest (ties: the one seen first), so that a first line missing a
-    // key is a malformed line of the file's layout, named by its number (it decided the layout of the whole
-    // file, and step 2 refused 199 {prompt, chosen, rejected} rows as prompt/chosen: a break-it review)
-    std::map<data_format, std::pair<int64_t, size_t>> votes;  // layout -> (objects, first line)
-    for (size_t i = 0; i < lines.size(); ++i)
-      if (parsed[i].is_object())
-        if (const auto f = detect(parsed[i]); f != data_format::automatic) {
-          auto [it, fresh] = votes.try_emplace(f, 0, i);
-          ++it->second.first;
-        }
-    for (const auto& [f, v] : votes)
-      if (format == data_format::automatic || v.first > votes[format].first ||
-          (v.first == votes[format].first && v.second < votes[format].second))
-        format = f;
+    // the first object's layout (a file of pairs with some {prompt, chosen} lines still trains SFT on every row,
+    // and the reward model on the pairs, the others named as malformed); rep.layouts counts each layout's lines,
+    // so that a first line missing a key is named when the layout it decided is refused (a review, 2026-12-07)
+    for (size_t i = 0; i < lines.size() && format == data_format::automatic; ++i) {
+      if (parsed[i].is_object()) format = detect(parsed[i]);
+      if (format != data_format::automatic) rep.layout_line = static_cast<int64_t>(i + 1);
+    }
     if (format == data_format::automatic) {
       // TRL's other layouts are named with what to give instead
       auto unknown = [](const nlohmann::json& j) -> std::string {
@@ -362,6 +355,9 @@ source load_source(const std::string& path, data_format format) {
     }
   }
   rep.format = format;
+  for (size_t i = 0; i < lines.size(); ++i)
+    if (parsed[i].is_object())
+      if (const auto f = detect(parsed[i]); f != data_format::automatic) ++rep.layouts[f];
   const auto keys = keys_of(format);
 
   for (size_t i = 0; i < lines.size(); ++i) {

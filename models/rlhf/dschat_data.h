@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <string_view>
 #include <memory>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,7 @@ struct sample {
 
 /// File layouts the loaders understand.
 enum class data_format {
-  automatic,               ///< decided by the keys most of the file's JSON objects have (ties: the first seen)
+  automatic,               ///< decided by the keys of the first JSON object with string values
   prompt_chosen_rejected,  ///< {"prompt", "chosen", "rejected"} (Dahoas/rm-static layout)
   prompt_chosen,           ///< {"prompt", "chosen"} (SFT-only data; other keys ignored)
   hh_rlhf_raw,             ///< Anthropic HH-RLHF {"chosen", "rejected"} full dialogues
@@ -80,6 +81,8 @@ struct bad_line {
 struct load_report {
   std::string path;
   data_format format = data_format::automatic;  ///< the layout used (after detection)
+  int64_t layout_line = 0;  ///< the line whose keys decided it (automatic detection; 0: given)
+  std::map<data_format, int64_t> layouts;  ///< the JSON objects of each layout the keys suggest (detect)
   int64_t lines = 0;   ///< lines in the file, blank ones included
   int64_t blank = 0;   ///< whitespace-only lines (skipped, not errors)
   int64_t loaded = 0;  ///< rows kept

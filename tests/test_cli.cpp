@@ -481,11 +481,28 @@ TEST_CASE("a graph whose model output is a file or folder it reads is refused wh
                   (dir / "ck" / into).string() + " 2>&1",
               &rc);
     CHECK(rc == 2);
-    CHECK_MESSAGE(has(out, "error: setting 'save_lora' of node 'ranks' saves into a step folder of the checkpoints "
-                           "(output_dir of node 'ranks', '" + (dir / "ck").string() + "')"),
+    CHECK_MESSAGE(has(out, "error: setting 'save_lora' of node 'ranks' saves into " +
+                               std::string(into == std::string("latest") ? "the commit file `latest`" : "a step folder") +
+                               " of the checkpoints in output_dir of node 'ranks' ('" + (dir / "ck").string() + "')"),
                   out);
-    CHECK(has(out, "a later commit replaces or prunes it"));
+    CHECK(has(out, "a later commit writes, replaces or prunes it"));
   }
+  // deeper than the checkpoint folder's own step folders and `latest`, a folder of its own: a save like any other
+  for (const std::string into : {"exports/latest", "hf/step_00000001"}) {
+    out = run(bin + "pretrain.graph --check --set node.ranks.output_dir=" + (dir / "ck").string() +
+                  " --set node.data.output_dir=" + (dir / "ck").string() + " --set node.ranks.export_hf=" +
+                  (dir / "ck" / into).string() + " 2>&1",
+              &rc);
+    CHECK_MESSAGE(rc == 0, out);
+  }
+  // [graph] checkpoint_dir holds a folder per step-3 trainer: a policy output there passed, and the run failed at
+  // its end, after training
+  out = run(bin + "rlhf.graph --check --set graph.checkpoint_dir=" + (dir / "g").string() + " --set node.policy.output=" +
+                (dir / "g" / "policy").string() + " 2>&1",
+            &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: setting 'output' of node 'policy' saves into the folder of node 'policy' of the checkpoints "
+                 "in [graph] checkpoint_dir ('" + (dir / "g").string() + "')"));
   CHECK_FALSE(fs::exists(dir / "ck" / "latest"));
   // a folder of its own beside the step folders, and one deeper inside an input folder, are saves like any other
   out = run(bin + "pretrain.graph --check --set node.ranks.output_dir=" + (dir / "ck").string() +
@@ -521,6 +538,18 @@ TEST_CASE("a --set given twice with two values is said: the later one holds") {
   out = run(sft + " --set node.sft.steps=2 --set node.sft.steps=2 2>&1", &rc);  // the same value: nothing to say
   CHECK(rc == 0);
   CHECK_FALSE(has(out, "given twice"));
+}
+
+TEST_CASE("a misspelt kind is the error, not the other end's port its edge leaves unconnected") {
+  // `kind = "zero_ranks"` first said the data node's required out port 'batch' was not connected (a review)
+  int rc = -1;
+  const auto out = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                           "/graphs/pretrain.graph --check --set node.ranks.kind=zero_ranks 2>&1",
+                       &rc);
+  CHECK(rc == 2);
+  CHECK(has(out, "error: unknown node kind 'zero_ranks'"));
+  CHECK(has(out, "did you mean 'zero_rank'?"));
+  CHECK_FALSE(has(out, "is not connected"));
 }
 
 TEST_CASE("a placement without a cluster is named: every node runs in this process") {

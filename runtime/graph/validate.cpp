@@ -118,18 +118,24 @@ class validator {
     return inner.substr(outer.size() + 1);
   }
 
-  // Whether a path below a checkpoint folder lies in what its commits replace and prune: a step
-  // folder (step_NNNNNNNN, models/train/shard_checkpoint.h) or the commit file `latest`, at any
-  // depth (zero_rank's output_dir holds them, [graph] checkpoint_dir one folder per node).
-  static bool in_checkpoint_steps(const std::string& rel) {
-    for (const auto& part : fs::path(rel)) {
-      const std::string p = part.string();
-      if (p == "latest") return true;
-      if (p.size() > 5 && p.compare(0, 5, "step_") == 0 &&
-          std::all_of(p.begin() + 5, p.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        return true;
+  // What a path `rel` below a checkpoint folder enters of what the run's checkpoints write, replace and prune, by
+  // its first part: a step folder (step_NNNNNNNN, models/train/shard_checkpoint.h) or the commit file `latest`
+  // (zero_rank's output_dir holds them); in [graph] checkpoint_dir (`graph_dir`) also a node's own folder (step
+  // 3's trainers keep their step folders there), its NAME.done.json and NAME.settings.json, and step3.json.
+  // "" when none: a folder of its own beside them (export_hf = "OUTPUT_DIR/hf", the shipped pretrain.graph's).
+  std::string checkpoint_part(const std::string& rel, bool graph_dir) const {
+    const std::string p = fs::path(rel).begin()->string();
+    if (p == "latest") return "the commit file `latest`";
+    if (p.size() > 5 && p.compare(0, 5, "step_") == 0 &&
+        std::all_of(p.begin() + 5, p.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return "a step folder";
+    if (!graph_dir) return "";
+    if (p == "step3.json") return "step 3's commit file";
+    for (const auto& n : result_.spec.nodes) {
+      if (p == n.name) return "the folder of node '" + n.name + "'";
+      if (p == n.name + ".done.json" || p == n.name + ".settings.json") return "the record of node '" + n.name + "'";
     }
-    return false;
+    return "";
   }
 
   // A model output (output, export_hf, save_lora, ema_output) that would overwrite or change what the run
@@ -140,8 +146,9 @@ class validator {
   // - directly in a folder the graph reads (an output into the lora_pretrained adapter's or the base
   //   model's folder): the save replaces one of its files, or the rerun's record of that folder, file by
   //   file, no longer matches (a folder of its own deeper inside changes neither);
-  // - inside a checkpoint's step folder or at its `latest` (the graph's checkpoint_dir, a node's
-  //   output_dir): the next commit prunes the step folder with the model in it.
+  // - in what a checkpoint folder's commits write and prune (checkpoint_part: a step folder, `latest`, a node's
+  //   folder of [graph] checkpoint_dir): the next commit replaces or prunes the model (a policy output at
+  //   CHECKPOINT_DIR/policy passed, and the run failed at its end, after training).
   void check_outputs_over_inputs() {
     std::vector<std::pair<std::string, std::string>> checkpoints;  // same_path_key -> how the graph names it
     if (!result_.spec.checkpoint_dir.empty())
@@ -180,15 +187,17 @@ class validator {
       if (said) continue;
       std::stable_partition(checkpoints.begin(), checkpoints.end(),  // the saving node's own output_dir first
                             [&](const auto& c) { return c.second == "output_dir of node '" + node + "'"; });
-      for (const auto& [dir, named] : checkpoints)
-        if (const auto rel = below(key, dir); rel && in_checkpoint_steps(*rel)) {
-          error(pos,
-                what + "into a step folder of the checkpoints (" + named + ", '" + dir +
-                    "'): a later commit replaces or prunes it, and the model with it",
-                "give " + name + " a path outside the step folders and `latest`, such as a folder of its own "
-                                 "beside them in '" + dir + "'");
-          break;
-        }
+      for (const auto& [dir, named] : checkpoints) {
+        const auto rel = below(key, dir);
+        const std::string part = rel ? checkpoint_part(*rel, named == "[graph] checkpoint_dir") : "";
+        if (part.empty()) continue;
+        error(pos,
+              what + "into " + part + " of the checkpoints in " + named + " ('" + dir +
+                  "'): a later commit writes, replaces or prunes it, and the model with it",
+              "give " + name + " a path of its own outside the checkpoints' step folders, `latest` and node folders, "
+                               "such as a folder beside them in '" + dir + "'");
+        break;
+      }
     }
   }
 
@@ -730,6 +739,16 @@ class validator {
       const node_spec& node = spec.nodes[i];
       for (const auto& p : k->ports) {
         if (!p.required || connected_.count({i, p.name})) continue;
+        // an edge names the port but its other end's node is of an unknown kind: that node's error says what to
+        // fix ("unknown node kind 'zero_ranks' (did you mean 'zero_rank'?)"); this one was said first and misled
+        const bool named = std::any_of(spec.edges.begin(), spec.edges.end(), [&](const edge_spec& e) {
+          const bool from = e.from_node == node.name && (e.from_port.empty() || e.from_port == p.name);
+          const bool to = e.to_node == node.name && (e.to_port.empty() || e.to_port == p.name);
+          if (!(p.dir == port_dir::out ? from : to)) return false;
+          const auto other = index_.find(p.dir == port_dir::out ? e.to_node : e.from_node);
+          return other != index_.end() && !kind_of_[other->second];
+        });
+        if (named) continue;
         std::string here = node.name + "." + p.name;
         std::string hint;
         if (p.dir == port_dir::in) {

@@ -116,6 +116,20 @@ std::string answer(decoder& m, const tokenizer& tok, const std::vector<int32_t>&
 
 }  // namespace
 
+// A default model path (the shipped graphs' outputs, out/rlhf/...) that the working directory lacks: the
+// repository's, where `flowrun train` and the graphs it finds there write them (cmd_run.cpp's rule for
+// graphs/); train run from another folder wrote /repo/out/rlhf and eval looked for ./out/rlhf, then
+// pointed at FLOWRUN_ASSETS. A path given on the command line is never replaced.
+void default_from_repository(std::string& path, const CLI::Option* given, const char* option) {
+  std::error_code ec;
+  if (given->count() > 0 || std::filesystem::exists(path, ec)) return;
+  const auto repo = std::filesystem::path(FLOWRUN_SOURCE_DIR) / path;
+  if (!std::filesystem::exists(repo, ec)) return;
+  spdlog::info("{}: {} (the shipped graphs' output in the repository; give {} for another)", option, repo.string(),
+               option);
+  path = repo.string();
+}
+
 void add_eval(CLI::App& app) {
   auto* ev = app.add_subcommand("eval", "DS-Chat's evaluation tools: prompts (baseline vs fine-tuned), reward");
   ev->require_subcommand(1);
@@ -123,7 +137,10 @@ void add_eval(CLI::App& app) {
   auto o = std::make_shared<eval_opts>();
   auto* pr = ev->add_subcommand("prompts", "Answers of a baseline and a fine-tuned model, side by side, on held-out prompts");
   pr->add_option("--baseline", o->baseline, "baseline model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
-  pr->add_option("--finetuned", o->finetuned, "fine-tuned model")->capture_default_str();
+  auto* pr_tuned = pr->add_option("--finetuned", o->finetuned,
+                                  "fine-tuned model (the default: here, else under the repository, where flowrun "
+                                  "train writes it)")
+                       ->capture_default_str();
   auto* pr_tok = pr->add_option("--tokenizer", o->tokenizer,
                                 "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
                                 "fine-tuned (else the baseline) model folder's own tokenizer, else this")
@@ -144,7 +161,8 @@ void add_eval(CLI::App& app) {
   pr->add_flag("--apply_chat_template", o->apply_chat_template,
                "render the prompts with the chat template of the --tokenizer HF folder, as prompt_loader's "
                "apply_chat_template does");
-  pr->callback([o, pr_tok] {
+  pr->callback([o, pr_tok, pr_tuned] {
+    default_from_repository(o->finetuned, pr_tuned, "--finetuned");
     if (pr_tok->count() == 0) {  // each model's own: one tokenization serves both, so they must agree
       const std::string t_tuned = tokenizer_for({o->finetuned}, o->tokenizer, false);
       const std::string t_base = tokenizer_for({o->baseline}, o->tokenizer, false);
@@ -216,7 +234,10 @@ void add_eval(CLI::App& app) {
   r->eval_fraction = 0.1;  // rm.graph's (the default of every step: one held-out share, disjoint steps)
   r->step = 2;
   auto* rw = ev->add_subcommand("reward", "Reward model accuracy and scores on held-out chosen/rejected pairs");
-  rw->add_option("--model", r->model, "reward model folder (written by rm_trainer's output)")->capture_default_str();
+  auto* rw_model = rw->add_option("--model", r->model,
+                                  "reward model folder (written by rm_trainer's output; the default: here, else "
+                                  "under the repository)")
+                       ->capture_default_str();
   auto* rw_tok = rw->add_option("--tokenizer", r->tokenizer,
                                 "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
                                 "model folder's own tokenizer, else this")
@@ -263,7 +284,8 @@ void add_eval(CLI::App& app) {
   rw->add_flag("--apply_chat_template", r->apply_chat_template,
                "render the pairs with the chat template of the --tokenizer HF folder, as rm_trainer's "
                "apply_chat_template does");
-  rw->callback([r, rw_tok, rw_data, rw_split, rw_frac, rw_seed, rw_len, rw_dtype, rw_trunc] {
+  rw->callback([r, rw_model, rw_tok, rw_data, rw_split, rw_frac, rw_seed, rw_len, rw_dtype, rw_trunc] {
+    default_from_repository(r->model, rw_model, "--model");
     r->tokenizer = tokenizer_for({r->model}, r->tokenizer, rw_tok->count() > 0);
     const auto rec = std::filesystem::path(resolve_user_path(r->model, "model")) / "flowrun_data.json";
     if (std::filesystem::is_regular_file(rec)) {  // rm_trainer's split: its held-out rows, not others
@@ -373,7 +395,10 @@ void add_chat(CLI::App& app) {
   auto* ch = app.add_subcommand("chat",
                                 "Interactive multi-turn chat (DS-Chat's Human:/Assistant: turns, or the model's chat "
                                 "template with --apply_chat_template); 'clear' resets, 'quit' ends");
-  ch->add_option("--model", o->finetuned, "model (llama2.c .bin, flowrun folder or HF folder)")->capture_default_str();
+  auto* ch_model = ch->add_option("--model", o->finetuned,
+                                  "model (llama2.c .bin, flowrun folder or HF folder; the default: here, else "
+                                  "under the repository)")
+                       ->capture_default_str();
   auto* ch_tok = ch->add_option("--tokenizer", o->tokenizer,
                                 "SentencePiece .model, GPT-2 vocab.json or an HF model folder; default: the "
                                 "model folder's own tokenizer, else this")
@@ -390,7 +415,8 @@ void add_chat(CLI::App& app) {
                "chat_template, as transformers' apply_chat_template with add_generation_prompt; TRL's chat does) "
                "instead of DS-Chat's \"\\n\\nHuman: ...\\n\\nAssistant:\"; for a model trained with "
                "apply_chat_template = true");
-  ch->callback([o, ch_tok, sampling, chat_sampling] {
+  ch->callback([o, ch_model, ch_tok, sampling, chat_sampling] {
+    default_from_repository(o->finetuned, ch_model, "--model");
     o->tokenizer = tokenizer_for({o->finetuned}, o->tokenizer, ch_tok->count() > 0);
     auto tok = load_tokenizer(resolve_user_path(o->tokenizer, "tokenizer").string());
     if (o->max_new_tokens < 1)  // 0 printed an empty reply to every message

@@ -1839,8 +1839,9 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
       .known_as("adv_estimator", "veRL's algorithm.adv_estimator is advantage_estimator here")
       .known_as("kl_coef", "veRL's algorithm.kl_ctrl.kl_coef (the KL in the reward) is kl_ctl here")
       .known_as("use_kl_in_reward", "veRL's use_kl_in_reward is kl_ctl > 0 here (0: no KL in the reward)")
-      .known_as("init_kl_coef", "OpenRLHF's --init_kl_coef (the KL in the reward) is kl_ctl here (a fixed "
-                                "coefficient)");
+      .known_as("init_kl_coef", "OpenRLHF's --init_kl_coef is kl_ctl here, the KL in the reward (a fixed "
+                                "coefficient); with its --use_kl_loss it weighs the KL loss: the policy's "
+                                "kl_loss_coef with use_kl_loss = true");
   // (a shipped graph that writes an estimator's settings at their defaults, run with another estimator by --set,
   // is not warned about)
   std::map<std::string, graph::setting_value> defaults;

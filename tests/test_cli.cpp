@@ -538,6 +538,9 @@ TEST_CASE("a --set given twice with two values is said: the later one holds") {
   out = run(sft + " --set node.sft.steps=2 --set node.sft.steps=2 2>&1", &rc);  // the same value: nothing to say
   CHECK(rc == 0);
   CHECK_FALSE(has(out, "given twice"));
+  out = run(sft + " --set node.sft.learning_rate=1e-3 --set node.sft.learning_rate=0.001 2>&1", &rc);  // nor here
+  CHECK(rc == 0);
+  CHECK_FALSE(has(out, "given twice"));
 }
 
 TEST_CASE("a misspelt kind is the error, not the other end's port its edge leaves unconnected") {
@@ -1102,8 +1105,9 @@ TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says
            {"grpo.graph --set node.policy.num_iterations=2", "TRL's num_iterations (the updates on each generated batch, GRPO's mu) is ppo_epochs here"},
            {"rlhf.graph --set node.critic.max_grad_norm=1", "HF Trainer's and TRL's max_grad_norm is gradient_clipping here"},
            {"grpo.graph --set node.policy.kl_estimator=k3", "OpenRLHF's --kl_estimator is kl_loss_type here"},
-           {"rlhf.graph --set node.experience.init_kl_coef=0.1", "OpenRLHF's --init_kl_coef (the KL in the reward) is "
-                                                                 "kl_ctl here"},
+           {"rlhf.graph --set node.experience.init_kl_coef=0.1", "OpenRLHF's --init_kl_coef is kl_ctl here, the KL in "
+                                                                 "the reward (a fixed coefficient); with its "
+                                                                 "--use_kl_loss it weighs the KL loss"},
            {"grpo.graph --set node.prompts.train_batch_size=8", "veRL's data.train_batch_size (prompts per step) is per_device_generation_batch_size here"},
            {"grpo.graph --set node.generator.max_new_tokens=8", "transformers' max_new_tokens is max_answer_seq_len"},
            {"grpo.graph --set node.reward.reward_funcs=x", "TRL's reward_funcs is reward here"},

@@ -278,7 +278,14 @@ TEST_CASE("ds_config: scheduler defaults and warnings and errors") {
   REQUIRE(c.warnings.size() == 2);
   CHECK(contains(c.warnings[0], "s.json:1:"));
   CHECK(contains(c.warnings[0], "unknown warmup_type \"cosine\""));
-  CHECK(contains(c.warnings[1], "total_num_steps 5 is less than warmup_num_steps 10"));
+  CHECK(contains(c.warnings[1], "total_num_steps 5 is less than the warmup's 10 steps (warmup_num_steps)"));
+  // DeepSpeed's warmup is 2 steps at least: a run of 1 update with warmup_num_steps 0 said "1 is less than 0"
+  c = parse_ds_config(
+      R"({"train_batch_size": 1, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 1, "warmup_num_steps": 0}}})",
+      1, "s.json");
+  REQUIRE(c.warnings.size() == 1);
+  CHECK(contains(c.warnings[0], "total_num_steps 1 is less than the warmup's 2 steps (warmup_num_steps 0, which "
+                                "DeepSpeed raises to 2)"));
 
   std::string e = error_of([] {
     parse_ds_config(R"({"train_batch_size": 1, "scheduler": {"type": "OneCycle", "params": {}}})", 1, "s.json");

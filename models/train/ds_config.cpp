@@ -748,9 +748,12 @@ void parse_scheduler(reader& r, const ojson& sec, ds_config& cfg) {
     int64_t n = std::max<int64_t>(2, s.warmup_num_steps);
     if (s.total_num_steps < n)
       cfg.warnings.push_back(r.place("scheduler.params.total_num_steps") + ": total_num_steps " +
-                             std::to_string(s.total_num_steps) + " is less than warmup_num_steps " +
-                             std::to_string(s.warmup_num_steps) +
-                             (n != s.warmup_num_steps ? " (DeepSpeed raises it to " + std::to_string(n) + ")" : "") +
+                             std::to_string(s.total_num_steps) + " is less than the warmup's " + std::to_string(n) +
+                             " steps" +
+                             (n != s.warmup_num_steps
+                                  ? " (warmup_num_steps " + std::to_string(s.warmup_num_steps) + ", which DeepSpeed raises to " +
+                                        std::to_string(n) + ")"
+                                  : std::string(" (warmup_num_steps)")) +
                              " (DeepSpeed warns too)");
   }
 }

@@ -159,7 +159,15 @@ void warn_overrides_given_twice(const std::vector<std::string>& overrides) {
     const auto eq = o.find('=');
     if (eq == std::string::npos) continue;  // refused by apply_override
     const std::string path = o.substr(0, eq), value = o.substr(eq + 1);
-    if (const auto it = seen.find(path); it != seen.end() && it->second != value)
+    // the same number in two spellings (1e-3 and 0.001) is one value
+    const auto same = [](const std::string& a, const std::string& b) {
+      if (a == b) return true;
+      char* ea = nullptr;
+      char* eb = nullptr;
+      const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
+      return !a.empty() && !b.empty() && *ea == '\0' && *eb == '\0' && x == y;
+    };
+    if (const auto it = seen.find(path); it != seen.end() && !same(it->second, value))
       spdlog::warn("--set {} is given twice, as {} and then {}: the later one holds", path, it->second, value);
     seen[path] = value;
   }

@@ -543,6 +543,25 @@ TEST_CASE("a --set given twice with two values is said: the later one holds") {
   CHECK_FALSE(has(out, "given twice"));
 }
 
+TEST_CASE("convert onto its own source is refused, the source kept") {
+  // --from hf X --to hf X --dtype bf16 replaced an fp32 folder's weights with bf16 ones without a word (a review)
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_cli_self_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf/llama", dir / "m", fs::copy_options::recursive);
+  const auto bytes = fs::file_size(dir / "m" / "model.safetensors");
+  int rc = -1;
+  const auto out = run(std::string(FLOWRUN_BIN) + " convert --from hf " + (dir / "m").string() + " --to hf " +
+                           (dir / "m").string() + "/ --dtype bf16 2>&1",
+                       &rc);
+  CHECK(rc != 0);
+  CHECK(has(out, "convert: --to hf " + (dir / "m").string() + "/ is the source itself: the conversion would replace "
+                 "the model it reads"));
+  CHECK(fs::file_size(dir / "m" / "model.safetensors") == bytes);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a misspelt kind is the error, not the other end's port its edge leaves unconnected") {
   // `kind = "zero_ranks"` first said the data node's required out port 'batch' was not connected (a review)
   int rc = -1;

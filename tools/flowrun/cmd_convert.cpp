@@ -37,6 +37,7 @@
 #include "models/tokenizer.h"
 #include "models/train/shard_checkpoint.h"
 #include "runtime/util/assets.h"
+#include "runtime/util/same_path.h"
 #include "tools/flowrun/commands.h"
 #include "tools/flowrun/progress_line.h"
 #include "tools/flowrun/zero_source.h"
@@ -188,6 +189,19 @@ void run_convert(const convert_opts& o) {
   if (!o.lora.empty() && src_fmt == "zero")
     throw std::runtime_error("convert: --lora goes with --from llama2c or hf; a LoRA run's ZeRO checkpoint holds its "
                              "adapter, which --from zero merges");
+  // a model written over its own source: the file or folder it reads is replaced while the conversion may lose
+  // what it held (--dtype bf16 over an fp32 folder dropped its fp32 weights without a word)
+  const auto source_at = [&]() -> std::string {
+    try {
+      return resolve_user_path(o.from[1], "source").string();
+    } catch (const std::exception&) {  // not found: the load names it
+      return "";
+    }
+  };
+  if (dst_fmt != "lora" && same_path(source_at(), o.to[1]))
+    throw std::runtime_error("convert: --to " + dst_fmt + " " + o.to[1] + " is the source itself: the conversion "
+                             "would replace the model it reads; give another path (and move it over the source "
+                             "afterwards if that is the aim)");
   if (dst_fmt == "lora") return write_lora_adapter(o);
   if (src_fmt == "zero") {
     zero_source z = read_zero_source(o);

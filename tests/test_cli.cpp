@@ -1296,6 +1296,18 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   bad = run(gen + " --top_k 10 2>&1", &rc);
   CHECK(rc != 0);
   CHECK(has(bad, ": temperature 0 (greedy) with --top_p / --top_k given to sample: give --temperature too"));
+  // the file's max_new_tokens, as transformers' generate() stops there (it generated to the context here); the
+  // command line's --max_new_tokens wins; a value transformers refuses is refused naming the file
+  std::ofstream(dir / "generation_config.json") << R"({"max_new_tokens": 2})";
+  const std::string plain = std::string(FLOWRUN_BIN) + " generate --model " + dir.string() + " --prompt Hello";
+  CHECK(has(run(plain + " 2>&1", &rc), "max_new_tokens 2 (" + dir.string() + "/generation_config.json; "
+                                                                              "--max_new_tokens wins)"));
+  CHECK(rc == 0);
+  CHECK_FALSE(has(run(plain + " --max_new_tokens 3 2>&1", &rc), "max_new_tokens 2 ("));
+  std::ofstream(dir / "generation_config.json") << R"({"max_new_tokens": 0})";
+  CHECK(has(run(plain + " 2>&1", &rc), (dir / "generation_config.json").string() +
+                                          ": max_new_tokens = 0 is not a whole number >= 1: fix or remove it"));
+  CHECK(rc != 0);
 }
 
 TEST_CASE("SFT on TRL's prompt-completion rows says that TRL trains the completion alone, unless mask_prompt is set") {

@@ -222,9 +222,11 @@ void add_generate(CLI::App& app) {
   graph::node_kind_registry declared;  // --max_new_tokens is checked as the generator's setting
   graph::register_example_kinds(declared);
   const graph::node_kind& gen = *declared.lookup("generator");
-  sub->add_option("--max_new_tokens", o->max_new_tokens, "Tokens to generate at most")
-      ->capture_default_str()
-      ->check(setting_check(*gen.find_setting("max_new_tokens"), gen.name));
+  auto* max_opt = sub->add_option("--max_new_tokens", o->max_new_tokens,
+                                  "Tokens to generate at most (default: an HF folder's generation_config.json "
+                                  "max_new_tokens, else 256)")
+                       ->capture_default_str()
+                       ->check(setting_check(*gen.find_setting("max_new_tokens"), gen.name));
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
                   "--world_size ranks that gather each layer as it runs (instead of --model). A LoRA run's "
@@ -235,12 +237,19 @@ void add_generate(CLI::App& app) {
   sub->add_option("--lora", o->lora,
                   "A LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors: zero_rank's "
                   "save_lora, a trainer's LoRA output) applied on top of --model, merged before generating");
-  sub->callback([o, tok_opt, model_opt, sampling] {
+  sub->callback([o, tok_opt, model_opt, max_opt, sampling] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     // the sampling defaults of the model folder `model`, for the options not given (sampling_options::take_defaults)
     const auto take_defaults = [&](const std::string& model) {
       if (const std::string took = sampling->take_defaults(model); !took.empty()) spdlog::info("sampling: {}", took);
+      // the file's max_new_tokens, as transformers' generate() takes it (a folder whose file said 2 generated to the
+      // context here); its max_length (prompt + answer) is not read
+      if (max_opt->count() == 0)
+        if (const auto n = generation_config_max_new_tokens(model); n > 0) {
+          o->max_new_tokens = n;
+          spdlog::info("max_new_tokens {} ({}/generation_config.json; --max_new_tokens wins)", n, model);
+        }
       sampling->refuse_filters_when_greedy();
       sampling->check_beams();
     };

@@ -162,6 +162,24 @@ void sampling_options::check_beams() const {
                                 "1): give --num_beams > 1, or drop it");
 }
 
+int64_t generation_config_max_new_tokens(const std::string& model) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file = resolve_user_path(model, "model") / "generation_config.json";
+  if (!fs::is_regular_file(file, ec)) return 0;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(std::ifstream(file));
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
+  }
+  if (!j.is_object() || !j.contains("max_new_tokens") || j["max_new_tokens"].is_null()) return 0;
+  if (!j["max_new_tokens"].is_number_integer() || j["max_new_tokens"].get<int64_t>() < 1)
+    throw std::invalid_argument(fmt::format("{}: max_new_tokens = {} is not a whole number >= 1: fix or remove it",
+                                            file.string(), j["max_new_tokens"].dump()));
+  return j["max_new_tokens"].get<int64_t>();
+}
+
 std::string sampling_options::take_defaults(const std::string& model) {
   std::map<std::string, bool> given;
   for (const auto& [name, opt] : given_) given[name] = opt->count() > 0;

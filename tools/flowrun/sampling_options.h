@@ -69,4 +69,10 @@ class sampling_options {
   std::map<std::string, const CLI::Option*> given_;
 };
 
+/// The max_new_tokens of the generation_config.json in model folder `model` (transformers' generate()
+/// stops there when the call gives none), or 0: not a folder, no file, no such key, or null. Throws
+/// std::invalid_argument naming the file when the file is not JSON or the value is not a whole
+/// number >= 1.
+int64_t generation_config_max_new_tokens(const std::string& model);
+
 }  // namespace flowrun::cli

@@ -543,6 +543,18 @@ TEST_CASE("a --set given twice with two values is said: the later one holds") {
   CHECK_FALSE(has(out, "given twice"));
 }
 
+TEST_CASE("eval prompts with a chat template shows the prompt as rendered, its end-of-turn tokens too") {
+  // the prompt was shown decoded, which drops <|im_end|> (Qwen2's EOS) and kept <|im_start|> (a review)
+  const std::string q = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";
+  int rc = -1;
+  const auto out = run(std::string(FLOWRUN_BIN) + " eval prompts --baseline " + q + " --finetuned " + q +
+                           " --tokenizer " + q + " --apply_chat_template --n 1 --max_new_tokens 2 2>&1",
+                       &rc);
+  CHECK_MESSAGE(rc == 0, out);
+  CHECK(has(out, "<|im_end|>\n<|im_start|>user\n"));
+  CHECK(has(out, "<|im_end|>\n<|im_start|>assistant\n"));
+}
+
 TEST_CASE("convert onto its own source is refused, the source kept") {
   // --from hf X --to hf X --dtype bf16 replaced an fp32 folder's weights with bf16 ones without a word (a review)
   namespace fs = std::filesystem;

@@ -220,8 +220,12 @@ void add_eval(CLI::App& app) {
       const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens, base_stops, g);
       const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens, tuned_stops, g);
       line.clear();
+      // with a chat template the rendered prompt (its special tokens, <|im_end|> too, which decoding drops as EOS)
+      const bool rendered = ts.chat && prompts.size() == rows.eval.size();
       std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
-                               tail(tok->decode(prompts[i].ids), 300));
+                               tail(rendered ? dschat::prompt_text(rows.eval[static_cast<size_t>(i)], ts)
+                                             : tok->decode(prompts[i].ids),
+                                    300));
       std::cout << "---------- baseline (" << o->baseline << ") ----------\n" << a_base << "\n";
       std::cout << "---------- fine-tuned (" << o->finetuned << ") ----------\n" << a_tuned << std::endl;
       line.update(i + 1, n);

@@ -837,6 +837,22 @@ ds_config load_node_ds_config(const actor::node_context& ctx, const std::string&
   return c;
 }
 
+// "; N of its lines hold L rows, but line K, the first, decides the layout: ..." for the layout of `wanted` most
+// of the file's other lines have, or "" when none has any (load_report::layouts, layout_line)
+static std::string deciding_line_note(const dschat::load_report& r, std::initializer_list<dschat::data_format> wanted) {
+  const dschat::data_format* best = nullptr;
+  int64_t most = 0;
+  for (const auto& f : wanted)
+    if (const auto it = r.layouts.find(f); it != r.layouts.end() && it->second > most) {
+      most = it->second;
+      best = &f;
+    }
+  if (!best || r.layout_line <= 0) return "";
+  return fmt::format("; {} of its lines hold {} rows, but line {}, the first, decides the layout: give it the keys of "
+                     "the others",
+                     most, dschat::format_name(*best), r.layout_line);
+}
+
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {
   if (dschat::parse_data_split(d.data_split).size() != 3)
     throw std::invalid_argument("node '" + ctx.name() + "': data_split \"" + d.data_split +
@@ -858,12 +874,8 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
       continue;
     // the first line decided the layout: when other lines hold pairs, name it (its missing "rejected" made 199 pairs
     // of a 200-line file read as prompt/chosen rows, and the refusal named no line)
-    std::string pairs;
-    for (const auto f : {dschat::data_format::prompt_chosen_rejected, dschat::data_format::hh_rlhf_raw})
-      if (const auto it = r.layouts.find(f); it != r.layouts.end() && it->second > 0 && r.layout_line > 0)
-        pairs = fmt::format("; {} of its lines hold {} rows, but line {}, the first, decides the layout: give it the "
-                            "keys of the others",
-                            it->second, dschat::format_name(f), r.layout_line);
+    const std::string pairs = deciding_line_note(
+        r, {dschat::data_format::prompt_chosen_rejected, dschat::data_format::hh_rlhf_raw});
     throw std::invalid_argument(fmt::format(
         "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line){}: a reward model or DPO "
         "learns from pairs; give {{prompt, chosen, rejected}} rows or raw HH-RLHF {{chosen, rejected}}",
@@ -885,9 +897,13 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   for (size_t i = 0; step_index == 0 && i < src.size(); ++i)
     if (src[i].report.format == dschat::data_format::prompt_only)
       throw std::invalid_argument(fmt::format(
-          "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line): SFT learns from answers; "
-          "give {{prompt, chosen}}, {{prompt, completion}} or {{question, answer}} rows",
-          ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(src[i].report.format)));
+          "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line){}: SFT learns from "
+          "answers; give {{prompt, chosen}}, {{prompt, completion}} or {{question, answer}} rows",
+          ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(src[i].report.format),
+          deciding_line_note(src[i].report,
+                             {dschat::data_format::prompt_chosen_rejected, dschat::data_format::prompt_chosen,
+                              dschat::data_format::question_answer, dschat::data_format::prompt_completion,
+                              dschat::data_format::messages, dschat::data_format::hh_rlhf_raw})));
   dschat::split_settings sp;
   sp.data_split = d.data_split;
   sp.seed = d.seed;

@@ -1455,9 +1455,10 @@ void register_ppo_trainers(graph::node_kind_registry& kinds, actor::node_factory
           .known_as("epsilon_high", "TRL's epsilon_high is clip_ratio_high here")
           .known_as("beta", "TRL's beta is kl_loss_coef with use_kl_loss = true here (or the experience maker's "
                             "kl_ctl, which puts the KL in the reward)")
-          .known_as("loss_type", "TRL's loss_type is loss_agg_mode here: grpo is seq-mean-token-mean, bnpo and dapo "
-                                 "token-mean, dr_grpo seq-mean-token-sum (TRL also divides it by max_completion_length, "
-                                 "a constant factor)")
+          .known_as("loss_type", "TRL's loss_type is loss_agg_mode here: grpo is seq-mean-token-mean, dapo token-mean "
+                                 "(over the whole mini-batch; bnpo's is per micro-batch, the same with one rank and "
+                                 "gradient_accumulation_steps 1), dr_grpo seq-mean-token-sum (TRL also divides it by "
+                                 "max_completion_length, a constant factor)")
           .known_as("num_iterations", "TRL's num_iterations (the updates on each generated batch, GRPO's mu) is "
                                       "ppo_epochs here")
           .known_as("kl_estimator", "OpenRLHF's --kl_estimator is kl_loss_type here for the KL loss (k1 = kl, k2 = "

@@ -917,6 +917,17 @@ TEST_CASE("step 2 on a pairs file whose first line lacks rejected names that lin
   CHECK(has(out, "holds prompt/chosen rows (a file's layout is that of its first JSON line); 2 of its lines hold "
                  "prompt/chosen/rejected rows, but line 1, the first, decides the layout: give it the keys of the "
                  "others"));
+  // step 1 alike, where the first line holds a prompt alone
+  std::ofstream(dir / "prompts_first.jsonl") << R"({"prompt": "\n\nHuman: a?\n\nAssistant:"})" << "\n"
+                                             << R"({"prompt": "\n\nHuman: c?\n\nAssistant:", "chosen": " d"})" << "\n";
+  const auto sft = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                           "/graphs/sft.graph --no-progress --set graph.checkpoint_dir= --set node.sft.output=" +
+                           (dir / "s.bin").string() + " --set node.sft.data=" + (dir / "prompts_first.jsonl").string() +
+                           " 2>&1",
+                       &rc);
+  CHECK(rc != 0);
+  CHECK(has(sft, "(a file's layout is that of its first JSON line); 1 of its lines hold prompt/chosen rows, but line 1, "
+                 "the first, decides the layout"));
 }
 
 TEST_CASE("an HF Trainer DeepSpeed JSON: its \"auto\" values come from the trainer node's settings, as HF Trainer's") {
@@ -1129,8 +1140,8 @@ TEST_CASE("DS-Chat's, TRL's, OpenRLHF's and veRL's own flag names: the hint says
            {"rlhf.graph --set node.policy.disable_actor_dropout=true", "flowrun's models have no dropout layers"},
            // a break-it review's (2026-12-07): TRL's loss_type was hinted as kl_loss_type, the others got the list
            {"grpo.graph --set node.policy.loss_type=dr_grpo", "TRL's loss_type is loss_agg_mode here: grpo is "
-                                                              "seq-mean-token-mean, bnpo and dapo token-mean, dr_grpo "
-                                                              "seq-mean-token-sum"},
+                                                              "seq-mean-token-mean, dapo token-mean (over the whole "
+                                                              "mini-batch; bnpo's is per micro-batch"},
            {"grpo.graph --set node.prompts.max_prompt_length=64", "TRL's and veRL's max_prompt_length is "
                                                                    "max_prompt_seq_len here"},
            {"grpo.graph --set node.policy.num_iterations=2", "TRL's num_iterations (the updates on each generated batch, GRPO's mu) is ppo_epochs here"},

@@ -441,7 +441,7 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       const auto* to = g.find_node(e.to_node);
       const auto* from = g.find_node(e.from_node);
       if (!to || !from || to->kind != "policy" || (!e.to_port.empty() && e.to_port != "init") ||
-          (from->kind != "model_source" && from->kind != "sft_trainer"))
+          (from->kind != "model_source" && from->kind != "sft_trainer" && from->kind != "dpo_trainer"))
         continue;
       const auto* ms = from->find_setting("model");
       const auto* model = ms ? std::get_if<std::string>(&ms->value) : nullptr;
@@ -463,9 +463,11 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
                          n.name, P, pl.name, A, P + A, C, *model, from->name,
                          C - A >= 1 ? fmt::format("a prompt of more than {} tokens would stop step 3 at its batch", C - A)
                                     : std::string("the answers alone leave no room for a prompt")),
-             P + 2 <= C ? fmt::format("lower max_answer_seq_len to {}{}", C - P,
-                                      C - A >= 1 ? fmt::format(" or max_prompt_seq_len to {}", C - A) : "")
-                        : fmt::format("lower max_prompt_seq_len to at most {}", C - 2)});
+             C - P >= 2 && C - A >= 1
+                 ? fmt::format("lower max_answer_seq_len to {} or max_prompt_seq_len to {}", C - P, C - A)
+             : C - P >= 2 ? fmt::format("lower max_answer_seq_len to {}", C - P)
+             : C - A >= 1 ? fmt::format("lower max_prompt_seq_len to {}", C - A)
+                          : fmt::format("lower both, to a sum of at most {}", C)});
       }
     }
     const std::string mine = n.get_string("tokenizer");

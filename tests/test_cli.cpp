@@ -504,6 +504,16 @@ TEST_CASE("a graph whose model output is a file or folder it reads is refused wh
   CHECK(has(out, "error: setting 'output' of node 'policy' saves into the folder of node 'policy' of the checkpoints "
                  "in [graph] checkpoint_dir ('" + (dir / "g").string() + "')"));
   CHECK_FALSE(fs::exists(dir / "ck" / "latest"));
+  // the folder's lock file (dir_lock rewrote a model saved there) and a node's settings record are the checkpoints' too
+  for (const std::string into : {".flowrun.lock", "data.settings.json"}) {
+    out = run(bin + "pretrain.graph --check --set node.ranks.output_dir=" + (dir / "ck").string() +
+                  " --set node.data.output_dir=" + (dir / "ck").string() + " --set node.ranks.export_hf=" +
+                  (dir / "ck" / into).string() + " 2>&1",
+              &rc);
+    CHECK(rc == 2);
+    CHECK(has(out, into[0] == '.' ? "saves into the folder's lock file of the checkpoints"
+                                  : "saves into the record of node 'data' of the checkpoints"));
+  }
   // a folder of its own beside the step folders, and one deeper inside an input folder, are saves like any other
   out = run(bin + "pretrain.graph --check --set node.ranks.output_dir=" + (dir / "ck").string() +
                 " --set node.data.output_dir=" + (dir / "ck").string() + " --set node.ranks.export_hf=" +
@@ -547,12 +557,20 @@ TEST_CASE("eval prompts with a chat template shows the prompt as rendered, its e
   // the prompt was shown decoded, which drops <|im_end|> (Qwen2's EOS) and kept <|im_start|> (a review)
   const std::string q = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf_chat/qwen2";
   int rc = -1;
-  const auto out = run(std::string(FLOWRUN_BIN) + " eval prompts --baseline " + q + " --finetuned " + q +
-                           " --tokenizer " + q + " --apply_chat_template --n 1 --max_new_tokens 2 2>&1",
-                       &rc);
+  const std::string eval = std::string(FLOWRUN_BIN) + " eval prompts --baseline " + q + " --finetuned " + q +
+                           " --tokenizer " + q + " --apply_chat_template --n 1 --max_new_tokens 2";
+  auto out = run(eval + " --max_prompt_seq_len 200 2>&1", &rc);
   CHECK_MESSAGE(rc == 0, out);
   CHECK(has(out, "<|im_end|>\n<|im_start|>user\n"));
   CHECK(has(out, "<|im_end|>\n<|im_start|>assistant\n"));
+  // a prompt max_prompt_seq_len cut is shown as the models got it: its last tokens, the system turn gone
+  out = run(eval + " --max_prompt_seq_len 6 2>&1", &rc);
+  CHECK_MESSAGE(rc == 0, out);
+  const auto a = out.find("= prompt 1 ="), b = out.find("---------- baseline");
+  REQUIRE(a != std::string::npos);
+  REQUIRE(b != std::string::npos);
+  CHECK_FALSE(has(out.substr(a, b - a), "<|im_start|>system"));
+  CHECK(has(out.substr(a, b - a), "<|im_start|>assistant"));
 }
 
 TEST_CASE("convert onto its own source is refused, the source kept") {
@@ -571,6 +589,15 @@ TEST_CASE("convert onto its own source is refused, the source kept") {
   CHECK(has(out, "convert: --to hf " + (dir / "m").string() + "/ is the source itself: the conversion would replace "
                  "the model it reads"));
   CHECK(fs::file_size(dir / "m" / "model.safetensors") == bytes);
+  // ... nor into the adapter it merges (transformers loads a model beside adapter_config.json with that adapter)
+  fs::copy(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/peft/gpt2_lora", dir / "lo", fs::copy_options::recursive);
+  const auto lora = run(std::string(FLOWRUN_BIN) + " convert --from hf " + FLOWRUN_SOURCE_DIR +
+                            "/tests/fixtures/hf/gpt2 --lora " + (dir / "lo").string() + " --to hf " + (dir / "lo").string() +
+                            " 2>&1",
+                        &rc);
+  CHECK(rc != 0);
+  CHECK(has(lora, "is the --lora adapter's folder"));
+  CHECK_FALSE(fs::exists(dir / "lo" / "config.json"));
   fs::remove_all(dir);
 }
 

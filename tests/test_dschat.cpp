@@ -179,6 +179,12 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
     CHECK(first.report.layouts.at(data_format::prompt_chosen) == 1);
     CHECK(first.report.layouts.at(data_format::prompt_chosen_rejected) == 2);
     CHECK(load_source(tmp.write("pairs.jsonl", good + "\n" + pc + "\n")).report.layout_line == 1);
+    // a raw HH-RLHF first line makes the {prompt, chosen, rejected} lines malformed: the summary says why
+    const std::string raw = R"({"chosen": "\n\nHuman: a?\n\nAssistant: yes", "rejected": "\n\nHuman: a?\n\nAssistant: no"})";
+    const auto m = load_source(tmp.write("rawfirst.jsonl", raw + "\n" + good + "\n" + good + "\n")).report;
+    CHECK(m.format == data_format::hh_rlhf_raw);
+    CHECK(m.summary().find("(2 of the lines hold prompt/chosen/rejected rows: line 1, the first, decided the layout "
+                           "raw HH-RLHF chosen/rejected dialogues)") != std::string::npos);
   }
 
   // no usable line: an error naming the file and the first bad lines with reasons

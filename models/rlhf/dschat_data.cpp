@@ -280,8 +280,18 @@ std::string load_report::summary(size_t max_listed) const {
   os << path << ": " << loaded << " rows loaded (" << format_name(format) << ") of " << lines << " lines";
   if (blank) os << " (" << blank << " blank)";
   os << "; " << malformed.size() << " malformed";
-  if (!malformed.empty())
+  if (!malformed.empty()) {
     os << " (" << list_bad(malformed, max_listed) << "), skipped: fix or remove those lines to use them";
+    // lines of another layout are malformed in this one: say which line decided it (a raw HH-RLHF first line made
+    // 30 {prompt, chosen, rejected} pairs malformed with "no Assistant turn" and trained on 1 row)
+    data_format other = data_format::automatic;
+    int64_t most = 0;
+    for (const auto& [f, n] : layouts)
+      if (f != format && n > most) other = f, most = n;
+    if (most > 0 && layout_line > 0)
+      os << " (" << most << " of the lines hold " << format_name(other) << " rows: line " << layout_line
+         << ", the first, decided the layout " << format_name(format) << ")";
+  }
   if (format == data_format::hh_rlhf_raw) {
     os << "; " << prompt_mismatch_lines.size() << " dropped: prompts differ";
     if (!prompt_mismatch_lines.empty()) {

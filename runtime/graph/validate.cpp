@@ -120,8 +120,9 @@ class validator {
 
   // What a path `rel` below a checkpoint folder enters of what the run's checkpoints write, replace and prune, by
   // its first part: a step folder (step_NNNNNNNN, models/train/shard_checkpoint.h) or the commit file `latest`
-  // (zero_rank's output_dir holds them); in [graph] checkpoint_dir (`graph_dir`) also a node's own folder (step
-  // 3's trainers keep their step folders there), its NAME.done.json and NAME.settings.json, and step3.json.
+  // (zero_rank's output_dir holds them), its lock file and the nodes' NAME.done.json and NAME.settings.json; in
+  // [graph] checkpoint_dir (`graph_dir`) also a node's own folder (step 3's trainers keep their step folders
+  // there) and step3.json.
   // "" when none: a folder of its own beside them (export_hf = "OUTPUT_DIR/hf", the shipped pretrain.graph's).
   std::string checkpoint_part(const std::string& rel, bool graph_dir) const {
     const std::string p = fs::path(rel).begin()->string();
@@ -129,12 +130,13 @@ class validator {
     if (p.size() > 5 && p.compare(0, 5, "step_") == 0 &&
         std::all_of(p.begin() + 5, p.end(), [](char c) { return c >= '0' && c <= '9'; }))
       return "a step folder";
+    if (p.rfind(".flowrun.lock", 0) == 0) return "the folder's lock file";  // runtime/util/dir_lock.h rewrites it
+    for (const auto& n : result_.spec.nodes)  // the settings record a node keeps beside its checkpoints
+      if (p == n.name + ".done.json" || p == n.name + ".settings.json") return "the record of node '" + n.name + "'";
     if (!graph_dir) return "";
     if (p == "step3.json") return "step 3's commit file";
-    for (const auto& n : result_.spec.nodes) {
+    for (const auto& n : result_.spec.nodes)
       if (p == n.name) return "the folder of node '" + n.name + "'";
-      if (p == n.name + ".done.json" || p == n.name + ".settings.json") return "the record of node '" + n.name + "'";
-    }
     return "";
   }
 

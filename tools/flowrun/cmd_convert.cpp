@@ -202,6 +202,12 @@ void run_convert(const convert_opts& o) {
     throw std::runtime_error("convert: --to " + dst_fmt + " " + o.to[1] + " is the source itself: the conversion "
                              "would replace the model it reads; give another path (and move it over the source "
                              "afterwards if that is the aim)");
+  // ... or the adapter it merges: the merged model beside adapter_config.json is loaded by transformers as a base
+  // with that adapter, which it then applies twice
+  if (!o.lora.empty() && same_path(o.lora, o.to[1]))
+    throw std::runtime_error("convert: --to " + dst_fmt + " " + o.to[1] + " is the --lora adapter's folder: the merged "
+                             "model beside adapter_config.json would have the adapter applied again by transformers; "
+                             "give another path");
   if (dst_fmt == "lora") return write_lora_adapter(o);
   if (src_fmt == "zero") {
     zero_source z = read_zero_source(o);

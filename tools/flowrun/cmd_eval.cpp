@@ -121,8 +121,13 @@ std::string answer(decoder& m, const tokenizer& tok, const std::vector<int32_t>&
 // graphs/); train run from another folder wrote /repo/out/rlhf and eval looked for ./out/rlhf, then
 // pointed at FLOWRUN_ASSETS. A path given on the command line is never replaced.
 void default_from_repository(std::string& path, const CLI::Option* given, const char* option) {
+  if (given->count() > 0) return;
+  try {  // here or under FLOWRUN_ASSETS, as every relative path is found
+    resolve_user_path(path, "model");
+    return;
+  } catch (const std::exception&) {
+  }
   std::error_code ec;
-  if (given->count() > 0 || std::filesystem::exists(path, ec)) return;
   const auto repo = std::filesystem::path(FLOWRUN_SOURCE_DIR) / path;
   if (!std::filesystem::exists(repo, ec)) return;
   spdlog::info("{}: {} (the shipped graphs' output in the repository; give {} for another)", option, repo.string(),
@@ -220,8 +225,9 @@ void add_eval(CLI::App& app) {
       const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens, base_stops, g);
       const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens, tuned_stops, g);
       line.clear();
-      // with a chat template the rendered prompt (its special tokens, <|im_end|> too, which decoding drops as EOS)
-      const bool rendered = ts.chat && prompts.size() == rows.eval.size();
+      // with a chat template the rendered prompt (its special tokens, <|im_end|> too, which decoding drops as EOS),
+      // unless max_prompt_seq_len cut it: then the tokens the models were given
+      const bool rendered = ts.chat && prompts.size() == rows.eval.size() && !prompts[i].truncated;
       std::cout << fmt::format("\n==================== prompt {} ====================\n{}\n", i + 1,
                                tail(rendered ? dschat::prompt_text(rows.eval[static_cast<size_t>(i)], ts)
                                              : tok->decode(prompts[i].ids),

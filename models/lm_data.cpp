@@ -1,7 +1,6 @@
 #include "models/lm_data.h"
 
 #include <algorithm>
-
 #include <filesystem>
 #include <fstream>
 #include <numeric>

@@ -485,7 +485,7 @@ TEST_CASE("a graph whose model output is a file or folder it reads is refused wh
                                std::string(into == std::string("latest") ? "the commit file `latest`" : "a step folder") +
                                " of the checkpoints in output_dir of node 'ranks' ('" + (dir / "ck").string() + "')"),
                   out);
-    CHECK(has(out, "a later commit writes, replaces or prunes it"));
+    CHECK(has(out, "the run's checkpoints write, replace or prune it"));
   }
   // deeper than the checkpoint folder's own step folders and `latest`, a folder of its own: a save like any other
   for (const std::string into : {"exports/latest", "hf/step_00000001"}) {

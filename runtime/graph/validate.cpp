@@ -148,9 +148,9 @@ class validator {
   // - directly in a folder the graph reads (an output into the lora_pretrained adapter's or the base
   //   model's folder): the save replaces one of its files, or the rerun's record of that folder, file by
   //   file, no longer matches (a folder of its own deeper inside changes neither);
-  // - in what a checkpoint folder's commits write and prune (checkpoint_part: a step folder, `latest`, a node's
-  //   folder of [graph] checkpoint_dir): the next commit replaces or prunes the model (a policy output at
-  //   CHECKPOINT_DIR/policy passed, and the run failed at its end, after training).
+  // - in what a checkpoint folder's runs write and prune (checkpoint_part: a step folder, `latest`, the lock
+  //   file, a node's settings record, a node's folder of [graph] checkpoint_dir): the run replaces or prunes
+  //   the model (a policy output at CHECKPOINT_DIR/policy passed, and the run failed at its end, after training).
   void check_outputs_over_inputs() {
     std::vector<std::pair<std::string, std::string>> checkpoints;  // same_path_key -> how the graph names it
     if (!result_.spec.checkpoint_dir.empty())
@@ -195,7 +195,7 @@ class validator {
         if (part.empty()) continue;
         error(pos,
               what + "into " + part + " of the checkpoints in " + named + " ('" + dir +
-                  "'): a later commit writes, replaces or prunes it, and the model with it",
+                  "'): the run's checkpoints write, replace or prune it, and the model with it",
               "give " + name + " a path of its own outside the checkpoints' step folders, `latest` and node folders, "
                                "such as a folder beside them in '" + dir + "'");
         break;

@@ -436,19 +436,12 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
                           "use 0 for greedy rollouts, or a temperature of 0.1 or more"});
     // a prompt of max_prompt_seq_len tokens and its answer must fit the policy's context: refused here, as the
     // generator refuses it at its first batch, which comes after steps 1-2 have trained (DS-Chat pads every
-    // prompt to max_prompt_seq_len and needs the sum within the model's positions too)
-    for (const auto& e : g.edges) {
-      const auto* to = g.find_node(e.to_node);
-      const auto* from = g.find_node(e.from_node);
-      if (!to || !from || to->kind != "policy" || (!e.to_port.empty() && e.to_port != "init") ||
-          (from->kind != "model_source" && from->kind != "sft_trainer" && from->kind != "dpo_trainer"))
-        continue;
-      const auto* ms = from->find_setting("model");
-      const auto* model = ms ? std::get_if<std::string>(&ms->value) : nullptr;
-      if (!model || model->empty()) continue;
+    // prompt to max_prompt_seq_len and needs the sum within the model's positions too); `model` is the one the
+    // node `from` sends policy.init (the init-edge loop below)
+    const auto context_problems = [&](const std::string& model, const graph::node_spec& from) {
       int64_t C = 0;
       try {
-        C = inspect_model(*model).context;
+        C = inspect_model(model).context;
       } catch (const std::exception&) {  // unreadable: the node's start names it
       }
       const int64_t A = n.get_int("max_answer_seq_len");
@@ -460,7 +453,7 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
             {"max_answer_seq_len",
              fmt::format("node '{}': max_prompt_seq_len {} (node '{}') + max_answer_seq_len {} = {} exceed the "
                          "policy's context, {} positions ({}, from node '{}'): {}",
-                         n.name, P, pl.name, A, P + A, C, *model, from->name,
+                         n.name, P, pl.name, A, P + A, C, model, from.name,
                          C - A >= 1 ? fmt::format("a prompt of more than {} tokens would stop step 3 at its batch", C - A)
                                     : std::string("the answers alone leave no room for a prompt")),
              C - P >= 2 && C - A >= 1
@@ -469,7 +462,7 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
              : C - A >= 1 ? fmt::format("lower max_prompt_seq_len to {}", C - A)
                           : fmt::format("lower both, to a sum of at most {}", C)});
       }
-    }
+    };
     const std::string mine = n.get_string("tokenizer");
     std::unique_ptr<tokenizer> tok;
     for (const auto& other : g.nodes) {
@@ -494,16 +487,18 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
       }
     }
     // ... and the models that read them: the node that sends policy.init (reward.init, critic.init) its
-    // weights (model_source, sft_trainer, rm_trainer) names each. A tokenizer with more ids than its embedding failed mid-run ("embedding_forward: token id 421 ... is
-    // outside [0, 400)"); a foreign one with fewer trained on another vocabulary and stopped at its EOS, which
-    // is another token to the model, without a word. DS-Chat, TRL and veRL take the actor's own tokenizer.
+    // weights (model_source, sft_trainer, dpo_trainer, rm_trainer) names each. A tokenizer with more ids than its
+    // embedding failed mid-run ("embedding_forward: token id 421 ... is outside [0, 400)"); a foreign one with
+    // fewer trained on another vocabulary and stopped at its EOS, which is another token to the model, without a
+    // word. DS-Chat, TRL and veRL take the actor's own tokenizer.
     for (const auto& e : g.edges) {
       const auto* to = g.find_node(e.to_node);
       const auto* from = g.find_node(e.from_node);
       // the reward model and the critic score the same ids (DS-Chat step 3 feeds them the actor's tokens)
       static const std::set<std::string> scorers = {"policy", "reward_model", "critic"};
+      static const std::set<std::string> sources = {"model_source", "sft_trainer", "dpo_trainer", "rm_trainer"};
       if (!to || !from || !scorers.count(to->kind) || (!e.to_port.empty() && e.to_port != "init") ||
-          (from->kind != "model_source" && from->kind != "sft_trainer" && from->kind != "rm_trainer"))
+          !sources.count(from->kind))
         continue;
       const auto* ms = from->find_setting("model");
       const auto* model = ms ? std::get_if<std::string>(&ms->value) : nullptr;
@@ -514,6 +509,7 @@ void register_rollout_generator(graph::node_kind_registry& kinds, actor::node_fa
                                         n.name, why, to->name, from->name),
                             "give every node of the loop the model's own tokenizer (for a Hugging Face folder: the "
                             "folder)"});
+      if (to->kind == "policy") context_problems(*model, *from);
     }
     return problems;
   };

@@ -10,37 +10,18 @@
 
 #include <fmt/format.h>
 
+#include "runtime/util/utf8.h"
+
 namespace flowrun {
 
 namespace {
 // The offset of the first byte of `s` that is not part of well-formed UTF-8 (RFC 3629: no overlong
 // forms, no surrogates, at most U+10FFFF) or is a NUL, else npos.
 size_t first_non_text_byte(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c == 0) return i;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int n = 0;
-    unsigned lo = 0x80, hi = 0xBF;  // the first continuation byte's range
-    if (c >= 0xC2 && c <= 0xDF) n = 1;
-    else if (c == 0xE0) n = 2, lo = 0xA0;
-    else if (c >= 0xE1 && c <= 0xEC) n = 2;
-    else if (c == 0xED) n = 2, hi = 0x9F;
-    else if (c >= 0xEE && c <= 0xEF) n = 2;
-    else if (c == 0xF0) n = 3, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) n = 3;
-    else if (c == 0xF4) n = 3, hi = 0x8F;
-    else return i;
-    if (i + static_cast<size_t>(n) >= s.size()) return i;  // cut short at the end
-    for (int k = 1; k <= n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return i;
-    }
-    i += static_cast<size_t>(n) + 1;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = s[i] == '\0' ? 0 : utf8_sequence_length(s, i);
+    if (n == 0) return i;
+    i += n;
   }
   return std::string_view::npos;
 }

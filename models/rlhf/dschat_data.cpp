@@ -1,6 +1,7 @@
 #include "models/rlhf/dschat_data.h"
 
 #include "models/chat/value.h"
+#include "runtime/util/utf8.h"
 
 #include <zlib.h>
 
@@ -102,9 +103,7 @@ std::string printable(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
-    for (size_t k = 1; k < n; ++k)  // continuation bytes (overlongs and surrogates pass: the text is only shown)
-      if (i + k >= s.size() || (static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) n = 0;
+    const size_t n = utf8_sequence_length(s, i);
     if (n > 1) {
       out.append(s, i, n);
       i += n;

@@ -25,6 +25,18 @@ namespace {
 // and with do_sample true, transformers' defaults for what the file leaves out (top_k 50, top_p 1); a sampling
 // option on the command line samples. A flowrun folder takes the file's values, do_sample false being greedy.
 // Returns what it took, for the log ("" when nothing).
+// The JSON object of generation_config.json at `file` (one that exists); std::invalid_argument naming it otherwise.
+nlohmann::json read_generation_config(const std::filesystem::path& file) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(std::ifstream(file));
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
+  }
+  if (!j.is_object()) throw std::invalid_argument(file.string() + " is not a JSON object: fix or remove it");
+  return j;
+}
+
 std::string take_generation_defaults(sampling_opts& o, const std::string& model,
                                      const std::map<std::string, bool>& given,
                                      const std::function<std::string(const std::string&, std::string)>& check) {
@@ -35,13 +47,7 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
   if (!fs::is_directory(dir, ec)) return "";
   const bool hf = fs::is_regular_file(dir / "config.json", ec), has_file = fs::is_regular_file(file, ec);
   if (!has_file && !hf) return "";
-  nlohmann::json j = nlohmann::json::object();
-  if (has_file) try {
-      j = nlohmann::json::parse(std::ifstream(file));
-    } catch (const std::exception& e) {
-      throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
-    }
-  if (!j.is_object()) throw std::invalid_argument(file.string() + " is not a JSON object: fix or remove it");
+  nlohmann::json j = has_file ? read_generation_config(file) : nlohmann::json::object();
   std::vector<std::string> took;
   auto take = [&](const char* key, auto& field) {
     if (!j.contains(key) || j[key].is_null() || given.at(key)) return;
@@ -167,13 +173,8 @@ int64_t generation_config_max_new_tokens(const std::string& model) {
   std::error_code ec;
   const fs::path file = resolve_user_path(model, "model") / "generation_config.json";
   if (!fs::is_regular_file(file, ec)) return 0;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(std::ifstream(file));
-  } catch (const std::exception& e) {
-    throw std::invalid_argument(file.string() + " is not JSON (" + e.what() + "): fix or remove it");
-  }
-  if (!j.is_object() || !j.contains("max_new_tokens") || j["max_new_tokens"].is_null()) return 0;
+  const nlohmann::json j = read_generation_config(file);
+  if (!j.contains("max_new_tokens") || j["max_new_tokens"].is_null()) return 0;
   if (!j["max_new_tokens"].is_number_integer() || j["max_new_tokens"].get<int64_t>() < 1)
     throw std::invalid_argument(fmt::format("{}: max_new_tokens = {} is not a whole number >= 1: fix or remove it",
                                             file.string(), j["max_new_tokens"].dump()));

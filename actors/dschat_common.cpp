@@ -840,17 +840,12 @@ ds_config load_node_ds_config(const actor::node_context& ctx, const std::string&
 // "; N of its lines hold L rows, but line K, the first, decides the layout: ..." for the layout of `wanted` most
 // of the file's other lines have, or "" when none has any (load_report::layouts, layout_line)
 static std::string deciding_line_note(const dschat::load_report& r, std::initializer_list<dschat::data_format> wanted) {
-  const dschat::data_format* best = nullptr;
-  int64_t most = 0;
-  for (const auto& f : wanted)
-    if (const auto it = r.layouts.find(f); it != r.layouts.end() && it->second > most) {
-      most = it->second;
-      best = &f;
-    }
-  if (!best || r.layout_line <= 0) return "";
+  const auto [best, most] = r.commonest(
+      [&](dschat::data_format f) { return std::find(wanted.begin(), wanted.end(), f) != wanted.end(); });
+  if (most == 0 || r.layout_line <= 0) return "";
   return fmt::format("; {} of its lines hold {} rows, but line {}, the first, decides the layout: give it the keys of "
                      "the others",
-                     most, dschat::format_name(*best), r.layout_line);
+                     most, dschat::format_name(best), r.layout_line);
 }
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {

@@ -274,6 +274,13 @@ const char* format_name(data_format f) {
   return "?";
 }
 
+std::pair<data_format, int64_t> load_report::commonest(const std::function<bool(data_format)>& wanted) const {
+  std::pair<data_format, int64_t> best{data_format::automatic, 0};
+  for (const auto& [f, n] : layouts)
+    if (wanted(f) && n > best.second) best = {f, n};
+  return best;
+}
+
 std::string load_report::summary(size_t max_listed) const {
   std::ostringstream os;
   os << path << ": " << loaded << " rows loaded (" << format_name(format) << ") of " << lines << " lines";
@@ -283,10 +290,7 @@ std::string load_report::summary(size_t max_listed) const {
     os << " (" << list_bad(malformed, max_listed) << "), skipped: fix or remove those lines to use them";
     // lines of another layout are malformed in this one: say which line decided it (a raw HH-RLHF first line made
     // 30 {prompt, chosen, rejected} pairs malformed with "no Assistant turn" and trained on 1 row)
-    data_format other = data_format::automatic;
-    int64_t most = 0;
-    for (const auto& [f, n] : layouts)
-      if (f != format && n > most) other = f, most = n;
+    const auto [other, most] = commonest([&](data_format f) { return f != format; });
     if (most > 0 && layout_line > 0)
       os << " (" << most << " of the lines hold " << format_name(other) << " rows: line " << layout_line
          << ", the first, decided the layout " << format_name(format) << ")";

@@ -27,10 +27,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <memory>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/chat_format.h"
@@ -83,6 +85,9 @@ struct load_report {
   data_format format = data_format::automatic;  ///< the layout used (after detection)
   int64_t layout_line = 0;  ///< the line whose keys decided it (automatic detection; 0: given)
   std::map<data_format, int64_t> layouts;  ///< the JSON objects of each layout the keys suggest (detect)
+  /// Of the layouts `wanted` takes, the one the most of the file's objects have, and how many
+  /// ({automatic, 0}: none has any).
+  std::pair<data_format, int64_t> commonest(const std::function<bool(data_format)>& wanted) const;
   int64_t lines = 0;   ///< lines in the file, blank ones included
   int64_t blank = 0;   ///< whitespace-only lines (skipped, not errors)
   int64_t loaded = 0;  ///< rows kept

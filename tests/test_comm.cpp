@@ -38,6 +38,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/store.h"
 #include "runtime/tensor/device_memory.h"
+#include "runtime/util/connect_budget.h"
 
 extern char** environ;
 
@@ -763,6 +764,18 @@ TEST_CASE("test_comm: caf store: a wrong address fails with a clear error") {
   CHECK_THROWS_WITH_AS(host_caf_store("127.0.0.1", busy),
                        doctest::Contains(("port " + std::to_string(busy) + " is already in use").c_str()),
                        std::runtime_error);
+}
+
+TEST_CASE("connect_attempt_budget: a retry after a refusal gets time for the port's answer, not the last millisecond") {
+  // the store's and the cluster's connect loops: a retry near the deadline timed out in a loaded middleman, and a
+  // refusing port was reported as one that accepts but does not speak (cluster_small under ctest -j2)
+  using std::chrono::milliseconds;
+  CHECK(connect_attempt_budget(milliseconds(1000), milliseconds(1000), false) == milliseconds(1000));  // first try
+  CHECK(connect_attempt_budget(milliseconds(0), milliseconds(1000), false) == milliseconds(1));
+  CHECK(connect_attempt_budget(milliseconds(-5), milliseconds(1000), true) == milliseconds(1000));
+  CHECK(connect_attempt_budget(milliseconds(3), milliseconds(8000), true) == milliseconds(1000));
+  CHECK(connect_attempt_budget(milliseconds(1), milliseconds(300), true) == milliseconds(300));
+  CHECK(connect_attempt_budget(milliseconds(4000), milliseconds(8000), true) == milliseconds(4000));
 }
 
 TEST_CASE("test_comm: caf store: a port that accepts but never answers fails within the connect timeout") {

@@ -54,6 +54,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
+#include "runtime/util/connect_budget.h"
 
 namespace flowrun::actor {
 
@@ -945,7 +946,8 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     bool timed_out = false, waited = false;
     expected<caf::actor> gate = error_text{"not connected"};
     for (;;) {
-      const auto left = std::max(milliseconds(1), duration_cast<milliseconds>(deadline - cl::clk::now()));
+      const auto left =
+          connect_attempt_budget(duration_cast<milliseconds>(deadline - cl::clk::now()), timeout, waited);
       gate = cl::connect_gate(sys, self, cn->host, cn->port, !options.cluster.tls_cert.empty(), left, &timed_out);
       if (gate || timed_out || options.attempt > 0 || !cl::refused(gate.error()) || cl::clk::now() >= deadline) break;
       if (!waited)

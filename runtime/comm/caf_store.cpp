@@ -12,6 +12,7 @@
 #include "runtime/comm/caf_store.h"
 #include "runtime/comm/caf_scheduler.h"
 #include "runtime/comm/caf_store_actor.h"
+#include "runtime/util/connect_budget.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -214,15 +215,18 @@ class caf_client final : public store {
     auto pause = std::chrono::milliseconds(20);
     // Not the blocking remote_actor: it waits for the connect and CAF's handshake without a time
     // limit, so a port that accepts but never answers would hang every rank. The same connect
-    // request to the middleman, each attempt bounded by the time left before the deadline.
+    // request to the middleman, each attempt bounded by the time left before the deadline (a retry by at least
+    // min(connect_timeout, 1 s): runtime/util/connect_budget.h).
     caf::scoped_actor self{*env_->sys};
     const caf::io::middleman_actor mm = env_->sys->middleman().actor_handle();
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    for (bool retry = false;; retry = true) {
+      const auto left = connect_attempt_budget(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
+          connect_timeout, retry);
       std::string failure;
       bool timed_out = false;
       caf::strong_actor_ptr ptr;
-      self->request(mm, std::max(left, std::chrono::milliseconds(1)), caf::connect_atom::value, host, port)
+      self->request(mm, left, caf::connect_atom::value, host, port)
           .receive([&](caf::node_id&, caf::strong_actor_ptr& x, std::set<std::string>&) { ptr = std::move(x); },
                    [&](caf::error& e) {
                      timed_out = e == caf::sec::request_timeout;

@@ -344,6 +344,11 @@ grep -q "the run's base model $out/lora_base.bin is gone: give it with --model B
   "$out/gen_lora.err" || { tail -2 "$out/gen_lora.err"; exit 1; }
 g_moved=$(gen --zero_checkpoint "$out/lora_hf_ck" --model "$out/lora_base_moved.bin")
 [[ "$g_moved" == "$g_lora" ]] || { printf 'moved base: %s\n' "$g_moved"; exit 1; }
+# --world_size does not shard a merged model: said (it was dropped without a word)
+"$flowrun" generate --zero_checkpoint "$out/lora_hf_ck" --model "$out/lora_base_moved.bin" --world_size 2 \
+  --max_new_tokens 2 > /dev/null 2> "$out/gen_lora.err" || { tail -2 "$out/gen_lora.err"; exit 1; }
+grep -q -- "--world_size 2 is not used: $out/lora_hf_ck/step_[0-9]* holds a LoRA adapter" "$out/gen_lora.err" \
+  || { echo "--world_size beside a LoRA checkpoint was dropped without a word:"; tail -3 "$out/gen_lora.err"; exit 1; }
 if "$flowrun" generate --zero_checkpoint "$out/lora_hf_ck" --model "$out/lora_hf" --max_new_tokens 2 > /dev/null \
      2> "$out/gen_lora.err"; then
   echo "another model was taken as the LoRA checkpoint's base"; exit 1

@@ -551,6 +551,13 @@ TEST_CASE("a --set given twice with two values is said: the later one holds") {
   out = run(sft + " --set node.sft.learning_rate=1e-3 --set node.sft.learning_rate=0.001 2>&1", &rc);  // nor here
   CHECK(rc == 0);
   CHECK_FALSE(has(out, "given twice"));
+  // a bare word and the TOML string of it are one value (they were compared as text and warned as two)
+  out = run(sft + " --set node.sft.data_split=2,4,4 --set 'node.sft.data_split=\"2,4,4\"' --set node.sft.learning_rate=1"
+                  " --set node.sft.learning_rate=1.0 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK_FALSE(has(out, "given twice"));
+  out = run(sft + " --set node.sft.data_split=2,4,4 --set 'node.sft.data_split=\"2,4,5\"' 2>&1", &rc);
+  CHECK(has(out, "--set node.sft.data_split is given twice, as 2,4,4 and then \"2,4,5\": the later one holds"));
 }
 
 TEST_CASE("eval prompts with a chat template shows the prompt as rendered, its end-of-turn tokens too") {
@@ -1358,6 +1365,43 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   CHECK(has(run(plain + " 2>&1", &rc), (dir / "generation_config.json").string() +
                                           ": max_new_tokens = 0 is not a whole number >= 1: fix or remove it"));
   CHECK(rc != 0);
+  // without max_new_tokens, the file's max_length (prompt + new tokens), as transformers' generate() takes it (it
+  // was not read): a prompt of n tokens gets max_length - n, each line of --test_path its own
+  const std::string file = dir.string() + "/generation_config.json";
+  const auto prompt_length = [&](const std::string& prompt) {  // the prompt's tokens, from the refusal at max_length 1
+    std::ofstream(dir / "generation_config.json") << R"({"max_length": 1})";
+    const auto out = run(plain.substr(0, plain.find(" --prompt")) + " --prompt '" + prompt + "' 2>&1", &rc);
+    CHECK(rc != 0);
+    const std::string head = "--prompt is ", tail = " tokens, which fill max_length = 1 (prompt + new tokens) of " +
+                                                    file + ": give --max_new_tokens, or raise max_length there";
+    REQUIRE_MESSAGE(has(out, tail), out);
+    const auto at = out.find(head);
+    REQUIRE(at != std::string::npos);
+    return std::stoi(out.substr(at + head.size()));
+  };
+  const int short_n = prompt_length("Hello"), long_n = prompt_length("Hello there, how are you");
+  REQUIRE(long_n > short_n);
+  std::ofstream(dir / "generation_config.json") << "{\"max_length\": " << long_n + 3 << "}";
+  const std::string bare = std::string(FLOWRUN_BIN) + " generate --model " + dir.string();
+  CHECK(has(run(bare + " --prompt Hello 2>&1", &rc), "max_length " + std::to_string(long_n + 3) +
+                                                       ": prompt + new tokens, as transformers' generate() takes it "
+                                                       "without max_new_tokens (" + file + "; --max_new_tokens wins)"));
+  CHECK(rc == 0);
+  const auto alone = [&](const std::string& prompt, int new_tokens) {
+    std::ofstream(dir / "generation_config.json") << R"({})";
+    const auto out = run(bare + " --prompt '" + prompt + "' --max_new_tokens " + std::to_string(new_tokens) +
+                             " 2>/dev/null", &rc);
+    CHECK(rc == 0);
+    return out;
+  };
+  const std::string want = alone("Hello", long_n + 3 - short_n) + "\n" + alone("Hello there, how are you", 3) + "\n";
+  CHECK(want != alone("Hello", 3) + "\n" + alone("Hello there, how are you", 3) + "\n");  // the lengths show
+  std::ofstream(dir / "prompts.txt") << "Hello\nHello there, how are you\n";
+  std::ofstream(dir / "generation_config.json") << "{\"max_length\": " << long_n + 3 << "}";
+  CHECK(run(bare + " --test_path " + (dir / "prompts.txt").string() + " 2>/dev/null", &rc) == want);
+  CHECK(rc == 0);
+  std::ofstream(dir / "generation_config.json") << R"({"max_length": 2.5})";
+  CHECK(has(run(bare + " --prompt Hello 2>&1", &rc), file + ": max_length = 2.5 is not a whole number >= 1"));
 }
 
 TEST_CASE("SFT on TRL's prompt-completion rows says that TRL trains the completion alone, unless mask_prompt is set") {

@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "runtime/util/same_path.h"
+#include "runtime/util/utf8.h"
 
 namespace flowrun::graph {
 
@@ -892,29 +893,28 @@ parse_result parse_graph_string(std::string_view text, const fs::path& source_na
 
 namespace {
 
-// The offset of the first byte of `s` that is not part of well-formed UTF-8 (RFC 3629: no overlong forms,
-// no surrogates, nothing past U+10FFFF), or npos.
+// The offset of the first byte of `s` that is not part of well-formed UTF-8 (runtime/util/utf8.h), or npos.
 std::size_t first_non_utf8(std::string_view s) {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return i;
-    std::uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (std::size_t k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) return i;
-      cp = cp << 6 | (d & 0x3f);
-    }
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-        (cp >= 0xd800 && cp <= 0xdfff))
-      return i;
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = utf8_sequence_length(s, i);
+    if (n == 0) return i;
     i += n;
   }
   return std::string_view::npos;
 }
 
 }  // namespace
+
+setting_value override_value(std::string_view raw) {
+  try {
+    toml::table t = toml::parse("v = " + std::string(raw));
+    std::string why;
+    if (const toml::node* n = t.get("v"))
+      if (auto v = to_setting_value(*n, why)) return *v;
+  } catch (const toml::parse_error&) {
+  }
+  return std::string(raw);
+}
 
 std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
                                           const node_kind_registry* kinds) {
@@ -949,16 +949,7 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
     b = d + 1;
   }
 
-  // The value, read as TOML when it is TOML.
-  std::optional<setting_value> parsed;
-  try {
-    toml::table t = toml::parse("v = " + raw);
-    std::string why;
-    if (const toml::node* n = t.get("v")) parsed = to_setting_value(*n, why);
-  } catch (const toml::parse_error&) {
-  }
-  setting_value as_string{raw};
-  setting_value value = parsed ? *parsed : as_string;
+  setting_value value = override_value(raw);
 
   if (parts[0].first == "graph") {
     if (parts.size() != 2)
@@ -1062,7 +1053,7 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
                                     decl->type == setting_type::output)
                            : current ? std::holds_alternative<std::string>(current->value)
                                      : std::holds_alternative<std::string>(value);  // an unknown kind's: as given
-  if (wants_string && !std::holds_alternative<std::string>(value)) value = as_string;
+  if (wants_string && !std::holds_alternative<std::string>(value)) value = raw;
   node->settings[key] = setting{std::move(value), kpos, vpos, false};
   return std::nullopt;
 }

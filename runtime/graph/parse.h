@@ -90,6 +90,11 @@ struct edge_parse_result {
 /// An edge whose options are wrong is still returned (with default options).
 edge_parse_result parse_edge(std::string_view text, const source_pos& pos = {}, bool exact_columns = false);
 
+/// The value of a `--set PATH=VALUE` override's VALUE text: read as a TOML value (int, float, bool,
+/// "string" or an array of strings) when it is one, else the text as a bare string (`x` and `"x"` are
+/// the same value). apply_override takes values through it.
+setting_value override_value(std::string_view raw);
+
 /// Applies one `--set` override, `PATH=VALUE`, to `spec`. PATH is
 /// `graph.name|seed|steps`, `node.NAME.replicas|on|kind` or
 /// `node.NAME.SETTING`; VALUE is read as a TOML value (int, float, bool,

@@ -36,6 +36,9 @@ struct generate_opts {
   std::string prompt;
   std::shared_ptr<sampling_opts> sampling = std::make_shared<sampling_opts>();  // llama2.c's run.c: T 1, top_p 0.9
   int64_t max_new_tokens = 256;
+  std::string max_new_tokens_from;  // the generation_config.json that gave max_new_tokens; empty: the option
+  int64_t max_length = 0;        // prompt + new tokens at most, from a generation_config.json; 0: max_new_tokens
+  std::string max_length_from;   // that file
   std::string zero_checkpoint;
   int world_size = 2;
   std::string lora;  // a PEFT adapter folder on top of --model
@@ -49,11 +52,27 @@ struct generate_opts {
 constexpr size_t k_prompts_per_batch = 16;
 
 // generate() over `prompts` in batches of k_prompts_per_batch; prompt i samples with seed + i, as one
-// generate() call of them all and as `--prompt` alone with --seed seed + i.
+// generate() call of them all and as `--prompt` alone with --seed seed + i. With `max_length` > 0 (a
+// generation_config.json's, transformers' prompt + new tokens), prompt i takes max_length - its length new
+// tokens (prompt_id_lists checked it is >= 1): prompts of other lengths run one by one, each alone as promised.
 std::vector<std::vector<int32_t>> generate_batches(decoder& m, const std::vector<std::vector<int32_t>>& prompts,
-                                                   generation_config g) {
+                                                   generation_config g, int64_t max_length = 0) {
   std::vector<std::vector<int32_t>> out;
   const uint64_t seed = g.seed;
+  if (max_length > 0) {
+    const bool one_length = std::all_of(prompts.begin(), prompts.end(),
+                                        [&](const auto& p) { return p.size() == prompts.front().size(); });
+    if (one_length) {
+      g.max_new_tokens = max_length - static_cast<int64_t>(prompts.front().size());
+    } else {
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        g.seed = seed + i;
+        g.max_new_tokens = max_length - static_cast<int64_t>(prompts[i].size());
+        out.push_back(std::move(generate(m, {prompts[i]}, g).front().tokens));
+      }
+      return out;
+    }
+  }
   for (size_t a = 0; a < prompts.size(); a += k_prompts_per_batch) {
     const size_t b = std::min(prompts.size(), a + k_prompts_per_batch);
     g.seed = seed + a;
@@ -100,11 +119,19 @@ std::vector<std::vector<int32_t>> prompt_id_lists(const generate_opts& o, const 
     if (n >= ctx)
       throw std::invalid_argument(fmt::format("{} is {} tokens, which fill {}'s context of {} tokens: shorten it", where,
                                               n, model, ctx));
-    if (n + o.max_new_tokens > ctx)  // said, as chat refuses it
-      spdlog::warn("--max_new_tokens {} after {} of {} tokens passes {}'s context of {} tokens: generation "
-                   "stops at the context, after at most {} new tokens",
-                   o.max_new_tokens, o.test_path.empty() ? "a prompt" : "the prompt of " + where, n, model, ctx,
-                   ctx - n);
+    if (o.max_length > 0 && n >= o.max_length)  // transformers' generate() refuses it too
+      throw std::invalid_argument(fmt::format("{} is {} tokens, which fill max_length = {} (prompt + new tokens) of {}: "
+                                              "give --max_new_tokens, or raise max_length there",
+                                              where, n, o.max_length, o.max_length_from));
+    const int64_t new_tokens = o.max_length > 0 ? o.max_length - n : o.max_new_tokens;
+    if (n + new_tokens > ctx)  // said, as chat refuses it
+      spdlog::warn("{} after {} of {} tokens passes {}'s context of {} tokens: generation stops at the context, "
+                   "after at most {} new tokens",
+                   o.max_length > 0 ? fmt::format("max_length = {} of {}", o.max_length, o.max_length_from)
+                    : o.max_new_tokens_from.empty() ? fmt::format("--max_new_tokens {}", o.max_new_tokens)
+                                                    : fmt::format("max_new_tokens = {} of {}", o.max_new_tokens,
+                                                                  o.max_new_tokens_from),
+                   o.test_path.empty() ? "a prompt" : "the prompt of " + where, n, model, ctx, ctx - n);
   }
   return ids;
 }
@@ -140,7 +167,8 @@ std::string shown_text(const tokenizer& tok, const std::string& given, const std
 // (same gathered weights, same seed); rank 0's are returned.
 // A checkpoint with a LoRA adapter (a LoRA run's, the adapter alone; DS-Chat's lora_dim beside a base that
 // trains) goes through zero_checkpoint_model (base_given: --model, a LoRA run's base), in this thread.
-std::vector<std::vector<int32_t>> generate_from_zero(const loaded_checkpoint& ck, int world, const std::string& base_given,
+std::vector<std::vector<int32_t>> generate_from_zero(const loaded_checkpoint& ck, int world, bool world_given,
+                                                     const std::string& base_given,
                                                      const std::vector<std::string>& texts, const generate_opts& o,
                                                      const generation_config& g, const tokenizer& tok,
                                                      const std::string& tok_path,
@@ -154,9 +182,13 @@ std::vector<std::vector<int32_t>> generate_from_zero(const loaded_checkpoint& ck
   // (zero_checkpoint_model also says why a checkpoint is no model here: no recorded model, a value head)
   if (!whole || !extra.contains("model_config") || extra.contains("lora_config") || extra.value("value_head", false)) {
     decoder model = zero_checkpoint_model(ck, base_given, "--model");
+    if (world_given && world > 1)  // it was dropped without a word
+      spdlog::warn("--world_size {} is not used: {} holds a LoRA adapter (or a model with a value head), so it "
+                   "generates from the model merged in this process, on one rank",
+                   world, folder);
     check_tokenizer_fits(tok, tok_path, model, folder);
     prompts = prompt_id_lists(o, texts, tok, tok_path, model.config().max_seq_len, folder);
-    return generate_batches(model, prompts, g);
+    return generate_batches(model, prompts, g, o.max_length);
   }
   const model_config cfg = extra.at("model_config").get<model_config>();
   check_tokenizer_fits(tok, tok_path, cfg.vocab_size, folder);
@@ -176,7 +208,7 @@ std::vector<std::vector<int32_t>> generate_from_zero(const loaded_checkpoint& ck
         zs.stage = 3;
         zero_engine eng(m, *c, zs);
         eng.restore(ck.full.at("base").at("fp32_master"), {}, {}, {}, {}, {}, ck.step);
-        out[r] = generate_batches(m, prompts, g);
+        out[r] = generate_batches(m, prompts, g, o.max_length);
         bytes[r] = c->stats().bytes_sent;
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -224,32 +256,42 @@ void add_generate(CLI::App& app) {
   const graph::node_kind& gen = *declared.lookup("generator");
   auto* max_opt = sub->add_option("--max_new_tokens", o->max_new_tokens,
                                   "Tokens to generate at most (default: an HF folder's generation_config.json "
-                                  "max_new_tokens, else 256)")
+                                  "max_new_tokens, else its max_length minus the prompt's tokens, else 256)")
                        ->capture_default_str()
                        ->check(setting_check(*gen.find_setting("max_new_tokens"), gen.name));
   sub->add_option("--zero_checkpoint", o->zero_checkpoint,
                   "Generate from a ZeRO checkpoint folder (zero_rank's output_dir or a step folder), sharded over "
                   "--world_size ranks that gather each layer as it runs (instead of --model). A LoRA run's "
                   "checkpoint: its base model (the run's `model`, or --model when it moved) with the adapter merged");
-  sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint (threads of this process)")
+  auto* world_opt = sub->add_option("--world_size", o->world_size, "Ranks for --zero_checkpoint (threads of this process)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
   sub->add_option("--lora", o->lora,
                   "A LoRA adapter folder (PEFT's adapter_config.json + adapter_model.safetensors: zero_rank's "
                   "save_lora, a trainer's LoRA output) applied on top of --model, merged before generating");
-  sub->callback([o, tok_opt, model_opt, max_opt, sampling] {
+  sub->callback([o, tok_opt, model_opt, max_opt, world_opt, sampling] {
     if (!o->zero_checkpoint.empty() && !o->lora.empty())
       throw std::invalid_argument("--lora goes with --model (the base model), not --zero_checkpoint");
     // the sampling defaults of the model folder `model`, for the options not given (sampling_options::take_defaults)
     const auto take_defaults = [&](const std::string& model) {
       if (const std::string took = sampling->take_defaults(model); !took.empty()) spdlog::info("sampling: {}", took);
       // the file's max_new_tokens, as transformers' generate() takes it (a folder whose file said 2 generated to the
-      // context here); its max_length (prompt + answer) is not read
-      if (max_opt->count() == 0)
-        if (const auto n = generation_config_max_new_tokens(model); n > 0) {
-          o->max_new_tokens = n;
-          spdlog::info("max_new_tokens {} ({}/generation_config.json; --max_new_tokens wins)", n, model);
+      // context here), else its max_length (prompt + new tokens; it was not read)
+      if (max_opt->count() == 0) {
+        const auto lengths = generation_config_lengths(model);
+        const std::string file = model + "/generation_config.json";
+        if (lengths.max_new_tokens > 0) {
+          o->max_new_tokens = lengths.max_new_tokens;
+          o->max_new_tokens_from = file;
+          spdlog::info("max_new_tokens {} ({}; --max_new_tokens wins)", lengths.max_new_tokens, file);
+        } else if (lengths.max_length > 0) {
+          o->max_length = lengths.max_length;
+          o->max_length_from = file;
+          spdlog::info("max_length {}: prompt + new tokens, as transformers' generate() takes it without "
+                       "max_new_tokens ({}; --max_new_tokens wins)",
+                       lengths.max_length, file);
         }
+      }
       sampling->refuse_filters_when_greedy();
       sampling->check_beams();
     };
@@ -323,7 +365,8 @@ void add_generate(CLI::App& app) {
       }
       auto tok = load_tokenizer(tok_path);
       std::vector<std::vector<int32_t>> prompts;
-      auto gen = generate_from_zero(ck, o->world_size, model_opt->count() > 0 ? o->model : "", texts, *o,
+      auto gen = generate_from_zero(ck, o->world_size, world_opt->count() > 0,
+                                    model_opt->count() > 0 ? o->model : "", texts, *o,
                                     generation_of(*o, *sampling, *tok), *tok, tok_path, prompts);
       print_texts(*tok, prompts, gen);
       return;
@@ -346,7 +389,7 @@ void add_generate(CLI::App& app) {
     check_tokenizer_fits(*tok, tok_path, model, o->model);
     spdlog::info("model: {}", model.config().summary());
     const auto prompts = prompt_id_lists(*o, texts, *tok, tok_path, model.config().max_seq_len, o->model);
-    print_texts(*tok, prompts, generate_batches(model, prompts, generation_of(*o, *sampling, *tok)));
+    print_texts(*tok, prompts, generate_batches(model, prompts, generation_of(*o, *sampling, *tok), o->max_length));
   });
 }
 

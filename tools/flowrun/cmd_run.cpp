@@ -159,13 +159,16 @@ void warn_overrides_given_twice(const std::vector<std::string>& overrides) {
     const auto eq = o.find('=');
     if (eq == std::string::npos) continue;  // refused by apply_override
     const std::string path = o.substr(0, eq), value = o.substr(eq + 1);
-    // the same number in two spellings (1e-3 and 0.001) is one value
+    // one value in two spellings (1e-3 and 0.001, x and "x") is one value: compared as apply_override reads them
     const auto same = [](const std::string& a, const std::string& b) {
-      if (a == b) return true;
-      char* ea = nullptr;
-      char* eb = nullptr;
-      const double x = std::strtod(a.c_str(), &ea), y = std::strtod(b.c_str(), &eb);
-      return !a.empty() && !b.empty() && *ea == '\0' && *eb == '\0' && x == y;
+      const auto x = graph::override_value(a), y = graph::override_value(b);
+      if (x == y) return true;
+      const auto number = [](const graph::setting_value& v) -> std::optional<double> {
+        if (const auto* i = std::get_if<std::int64_t>(&v)) return static_cast<double>(*i);
+        if (const auto* d = std::get_if<double>(&v)) return *d;
+        return std::nullopt;
+      };
+      return number(x) && number(y) && *number(x) == *number(y);  // 1 and 1.0
     };
     if (const auto it = seen.find(path); it != seen.end() && !same(it->second, value))
       spdlog::warn("--set {} is given twice, as {} and then {}: the later one holds", path, it->second, value);

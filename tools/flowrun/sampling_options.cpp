@@ -168,17 +168,20 @@ void sampling_options::check_beams() const {
                                 "1): give --num_beams > 1, or drop it");
 }
 
-int64_t generation_config_max_new_tokens(const std::string& model) {
+generation_lengths generation_config_lengths(const std::string& model) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path file = resolve_user_path(model, "model") / "generation_config.json";
-  if (!fs::is_regular_file(file, ec)) return 0;
+  if (!fs::is_regular_file(file, ec)) return {};
   const nlohmann::json j = read_generation_config(file);
-  if (!j.contains("max_new_tokens") || j["max_new_tokens"].is_null()) return 0;
-  if (!j["max_new_tokens"].is_number_integer() || j["max_new_tokens"].get<int64_t>() < 1)
-    throw std::invalid_argument(fmt::format("{}: max_new_tokens = {} is not a whole number >= 1: fix or remove it",
-                                            file.string(), j["max_new_tokens"].dump()));
-  return j["max_new_tokens"].get<int64_t>();
+  const auto length = [&](const char* key) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) return 0;
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1)
+      throw std::invalid_argument(fmt::format("{}: {} = {} is not a whole number >= 1: fix or remove it",
+                                              file.string(), key, j[key].dump()));
+    return j[key].get<int64_t>();
+  };
+  return {length("max_new_tokens"), length("max_length")};
 }
 
 std::string sampling_options::take_defaults(const std::string& model) {

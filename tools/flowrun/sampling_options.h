@@ -69,10 +69,15 @@ class sampling_options {
   std::map<std::string, const CLI::Option*> given_;
 };
 
-/// The max_new_tokens of the generation_config.json in model folder `model` (transformers' generate()
-/// stops there when the call gives none), or 0: not a folder, no file, no such key, or null. Throws
-/// std::invalid_argument naming the file when the file is not JSON or the value is not a whole
-/// number >= 1.
-int64_t generation_config_max_new_tokens(const std::string& model);
+/// The lengths a model folder's generation_config.json sets: 0 where it sets none.
+struct generation_lengths {
+  int64_t max_new_tokens = 0;  ///< new tokens at most (transformers' generate() stops there)
+  int64_t max_length = 0;      ///< prompt + new tokens at most; transformers takes it when max_new_tokens is unset
+};
+
+/// The max_new_tokens and max_length of the generation_config.json in model folder `model` (each 0: not a
+/// folder, no file, no such key, or null). Throws std::invalid_argument naming the file when the file is not
+/// JSON or a value is not a whole number >= 1.
+generation_lengths generation_config_lengths(const std::string& model);
 
 }  // namespace flowrun::cli

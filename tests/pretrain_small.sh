@@ -217,12 +217,12 @@ run resumed_mb run "$graph" --no-progress -q --set node.ranks.output_dir="$out/k
   --set node.data.output_dir="$out/killed_mb" --set node.ranks.deepspeed_config="$out/ds_mb4.json"
 grep "resuming after step" "$out/resumed_mb.log"
 same_curve "$out/whole.log" "$out/resumed_mb.log" 1e-5 || { echo "the curve resumed with micro-batch 4 differs"; exit 1; }
-# `latest` deleted: the newest step folder that verifies is taken, and said (the run started afresh without a
+# `latest` deleted: the step folder saved last that verifies is taken, and said (the run started afresh without a
 # word, its complete checkpoints discarded)
 run resumed_nl run "$graph" --no-progress -q --set node.ranks.output_dir="$out/killed_nl" --set node.data.output_dir="$out/killed_nl"
 # (the newest that verifies is the committed one, or a newer one the kill left complete but not yet named in
 # `latest`: SIGKILL between the last shard written and the commit; seen once, in a fresh clone's CI run)
-taken=$(sed -n "s|^\[pretrain\] $out/killed_nl/latest is missing: taking $out/killed_nl/\(step_[0-9]*\), the newest step folder there that verifies.*|\1|p" \
+taken=$(sed -n "s|^\[pretrain\] $out/killed_nl/latest is missing: taking $out/killed_nl/\(step_[0-9]*\), the step folder there saved last that verifies.*|\1|p" \
   "$out/resumed_nl.log" | head -1)
 [[ -n "$taken" && ! "$taken" < "$kept_at" ]] ||
   { head -3 "$out/resumed_nl.log"; echo "no line says which folder was taken without latest (committed: $kept_at)"; exit 1; }

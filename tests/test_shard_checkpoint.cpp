@@ -442,7 +442,7 @@ TEST_CASE("test_shard_checkpoint: damaged, missing and inconsistent files are re
     std::string note;
     CHECK(latest_checkpoint(dir, &note) == (tmp.path / "step_00000020").string());
     CHECK(note == (tmp.path / "latest").string() + " is missing: taking " + (tmp.path / "step_00000020").string() +
-                      ", the newest step folder there that verifies (write another's name into " +
+                      ", the step folder there saved last that verifies (write another's name into " +
                       (tmp.path / "latest").string() + " to resume there instead)");
     // the newest damaged: the older one
     flip_byte(st1, fs::file_size(st1) / 2);
@@ -455,14 +455,62 @@ TEST_CASE("test_shard_checkpoint: damaged, missing and inconsistent files are re
           std::string::npos);
     // none verifies: refused, or (without `latest`: a crash during the first save) nothing to resume
     fs::remove_all(step10);
-    CHECK_THROWS_WITH_AS(latest_checkpoint(dir), doctest::Contains("which does not exist, and no other step folder there "
-                                                                   "verifies: start fresh"),
+    CHECK_THROWS_WITH_AS(latest_checkpoint(dir), doctest::Contains("which does not exist, and no other step folder up to "
+                                                                   "that step verifies: start fresh"),
                          checkpoint_error);
     fs::remove(tmp.path / "latest");
     note.clear();
     CHECK(latest_checkpoint(dir, &note).empty());
     CHECK(note.empty());
   }
+}
+
+TEST_CASE("test_shard_checkpoint: where `latest` cannot say, an earlier run's higher step folder is not taken") {
+  // a `resume = false` run into a folder that held an earlier run's step_50 wrote steps 10 and 20 below it; with its
+  // `latest` gone, the highest folder that verified was taken: the earlier run's weights, resumed without a word
+  const auto& s = state();
+  temp_dir tmp("abandoned");
+  const std::string dir = tmp.str();
+  s.save(dir, 50, 2, /*commit=*/false);  // the earlier run's (not committed here: retention would remove 10 and 20)
+  s.save(dir, 10, 2);
+  s.save(dir, 20, 2);
+  const std::string step20 = (tmp.path / "step_00000020").string();
+  REQUIRE(load_checkpoint(dir).step == 20);
+  REQUIRE_NOTHROW(verify_checkpoint((tmp.path / "step_00000050").string()));
+  CHECK(read_shard_manifest(shard(tmp.path, 50, 0, 2, ".msgpack")).saved_at_ns <
+        read_shard_manifest(shard(tmp.path, 10, 0, 2, ".msgpack")).saved_at_ns);
+  fs::remove(tmp.path / "latest");
+  std::string note;
+  CHECK(latest_checkpoint(dir, &note) == step20);
+  CHECK(note == (tmp.path / "latest").string() + " is missing: taking " + step20 +
+                    ", the step folder there saved last that verifies (write another's name into " +
+                    (tmp.path / "latest").string() + " to resume there instead); step_00000050, of a higher step but "
+                    "saved before it, is an earlier run's (write its name into " + (tmp.path / "latest").string() +
+                    " to resume there)");
+  // a copy (cp -r: new file times, in the copy's order) keeps the save times: the same folder
+  const fs::path copy = tmp.path.string() + "_copy";
+  fs::remove_all(copy);
+  fs::copy(tmp.path, copy, fs::copy_options::recursive);
+  for (const auto& e : fs::directory_iterator(copy / "step_00000050"))  // the earlier run's files now the newest
+    fs::last_write_time(e.path(), fs::file_time_type::clock::now() + std::chrono::hours(1));
+  CHECK(latest_checkpoint(copy.string()) == (copy / "step_00000020").string());
+  fs::remove_all(copy);
+  // `latest` naming step 30, gone: the folders up to it, never the one above
+  std::ofstream((tmp.path / "latest").string()) << "step_00000030\n";
+  note.clear();
+  CHECK(latest_checkpoint(dir, &note) == step20);
+  CHECK(note.find("which does not exist: taking " + step20 + ", the step folder up to that step saved last") !=
+        std::string::npos);
+  fs::remove_all(tmp.path / "step_00000010");
+  fs::remove_all(step20);
+  CHECK_THROWS_WITH_AS(latest_checkpoint(dir), doctest::Contains("no other step folder up to that step verifies (not "
+                                                                 "counted: step_00000050, above the step it names, "
+                                                                 "which its run did not commit;"),
+                       checkpoint_error);
+  // one run's own folders: saved in step order, the highest is the last saved (as before)
+  fs::remove(tmp.path / "latest");
+  s.save(dir, 60, 2, /*commit=*/false);
+  CHECK(latest_checkpoint(dir) == (tmp.path / "step_00000060").string());
 }
 
 TEST_CASE("test_shard_checkpoint: a crash before the commit leaves the previous checkpoint, retention") {

@@ -6,6 +6,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
 #include <cctype>
 #include <cerrno>
 #include <cinttypes>
@@ -163,7 +165,7 @@ void pack_key(msgpack::packer<S>& pk, const char* k) {
 std::string pack_manifest(const shard_manifest& m, const std::vector<shard_group>& groups) {
   msgpack::sbuffer sb;
   msgpack::packer<msgpack::sbuffer> pk(sb);
-  pk.pack_map(18);
+  pk.pack_map(19);
   pack_key(pk, "format"); pk.pack(std::string(k_format));
   pack_key(pk, "version"); pk.pack(k_version);
   pack_key(pk, "step"); pk.pack(m.step);
@@ -200,6 +202,7 @@ std::string pack_manifest(const shard_manifest& m, const std::vector<shard_group
   pack_key(pk, "tensors_bytes"); pk.pack(m.tensors_bytes);
   pack_key(pk, "tensors_crc32"); pk.pack(m.tensors_crc32);
   pack_key(pk, "created_by"); pk.pack(std::string("flowrun"));
+  pack_key(pk, "saved_at_ns"); pk.pack(m.saved_at_ns);
   std::string body(sb.data(), sb.size());
   // trailer: the CRC-32 of the map's bytes, as a second msgpack object
   msgpack::sbuffer tb;
@@ -310,6 +313,7 @@ shard_manifest read_shard_manifest(const std::string& path) {
     m.tensors_file = r.get<std::string>("tensors_file");
     m.tensors_bytes = r.get<uint64_t>("tensors_bytes");
     m.tensors_crc32 = r.get<uint32_t>("tensors_crc32");
+    if (r.find("saved_at_ns")) m.saved_at_ns = r.get<int64_t>("saved_at_ns");  // absent before 2026-12-07
     const auto& gs = r.at("groups");
     if (gs.type != msgpack::type::ARRAY) throw checkpoint_error(path + ": bad manifest: 'groups' is not an array");
     for (uint32_t i = 0; i < gs.via.array.size; ++i) {
@@ -392,6 +396,8 @@ std::string save_shard(const std::string& dir, const shard_manifest& in, const s
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t hn = text.size();
   shard_manifest m = in;
+  m.saved_at_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
   {
     atomic_file f(tpath.string());
     uint32_t crc = crc_init();
@@ -486,18 +492,72 @@ void commit_checkpoint(const std::string& dir, int64_t step, int world_size, int
 
 namespace {
 
-// The newest step folder of `dir` that verifies, or "": where `latest` cannot say (it is missing, or names a
-// folder that is gone), the checkpoints themselves can (each file's size and CRC-32 are in its manifest).
-std::string newest_verified(const fs::path& dir) {
-  const auto folders = step_folders(dir);
-  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
-    try {
-      verify_checkpoint(it->second.string());
-      return it->second.string();
-    } catch (const checkpoint_error&) {  // incomplete (a save the crash cut) or damaged: an older one
-    }
+// When a step folder was saved: its first manifest's saved_at_ns (the writer's clock, kept by a copy, as
+// file times are not by `cp -r`); 0 for a manifest from before that field or one that cannot be read (the
+// folder then counts as the oldest).
+int64_t saved_at(const fs::path& folder) {
+  const auto manifests = manifest_files(folder);
+  if (manifests.empty()) return 0;
+  try {
+    return read_shard_manifest(manifests.front().path.string()).saved_at_ns;
+  } catch (const checkpoint_error&) {
+    return 0;
   }
-  return "";
+}
+
+// The step folder of `dir` that verifies (each file's size and CRC-32 are in its manifest) and was saved
+// last (saved_at): where `latest` cannot say (it is missing, or names a folder that is gone), the checkpoints
+// themselves can. Only folders up to `max_step` count (`latest` named that step: higher ones are not what its
+// run committed). Saved last, not the highest step: a `resume = false` run into a folder that holds an
+// earlier run's higher steps writes below them, and the highest was the earlier run's (it was taken). Ties
+// (folders saved before flowrun recorded saved_at_ns): the higher step.
+struct verified_pick {
+  std::string folder;               // "" when none verifies
+  std::vector<std::string> higher;  // folders of higher steps saved before it (passed over; not verified)
+  bool untimed = false;             // it has no save time, and neither have the others it was chosen among
+};
+verified_pick newest_verified(const fs::path& dir, int64_t max_step) {
+  std::vector<std::pair<int64_t, std::pair<int64_t, fs::path>>> order;  // (saved at, (step, folder))
+  for (const auto& [step, path] : step_folders(dir))
+    if (step <= max_step) order.push_back({saved_at(path), {step, path}});
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second.first > b.second.first;
+  });
+  verified_pick pick;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    try {
+      verify_checkpoint(order[i].second.second.string());
+    } catch (const checkpoint_error&) {  // incomplete (a save the crash cut) or damaged: an older one
+      continue;
+    }
+    pick.folder = order[i].second.second.string();
+    for (std::size_t k = i + 1; k < order.size(); ++k) {
+      const auto& [when, folder] = order[k];
+      if (folder.first > order[i].second.first) pick.higher.push_back(folder.second.filename().string());
+      else if (when == order[i].first && when == 0) pick.untimed = true;
+    }
+    break;
+  }
+  return pick;
+}
+
+// What latest_checkpoint's note adds about the folders newest_verified passed over or tied with, or "".
+std::string pick_note(const verified_pick& pick, const fs::path& latest) {
+  const auto names = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
+  std::string s;
+  if (!pick.higher.empty())
+    s += "; " + names(pick.higher) +
+         (pick.higher.size() == 1 ? ", of a higher step but saved before it, is" : ", of higher steps but saved "
+                                                                                    "before it, are") +
+         " an earlier run's (write " + (pick.higher.size() == 1 ? "its" : "one's") + " name into " + latest.string() +
+         " to resume there)";
+  if (pick.untimed)
+    s += "; its folders have no save time to tell (written before flowrun recorded one): the highest step is taken";
+  return s;
 }
 
 }  // namespace
@@ -508,28 +568,37 @@ std::string latest_checkpoint(const std::string& dir, std::string* note) {
   if (!fs::is_regular_file(lp, ec)) {
     // no commit point: before the first commit (a crash during the first save: its folder does not
     // verify), or `latest` deleted, which discarded complete checkpoints without a word
-    const std::string f = newest_verified(dir);
-    if (!f.empty() && note)
-      *note = lp.string() + " is missing: taking " + f + ", the newest step folder there that verifies (write "
-              "another's name into " + lp.string() + " to resume there instead)";
-    return f;
+    const verified_pick pick = newest_verified(dir, std::numeric_limits<int64_t>::max());
+    if (!pick.folder.empty() && note)
+      *note = lp.string() + " is missing: taking " + pick.folder + ", the step folder there saved last that verifies "
+              "(write another's name into " + lp.string() + " to resume there instead)" + pick_note(pick, lp);
+    return pick.folder;
   }
   std::string s = read_file(lp.string());
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  if (parse_step_name(s) < 0)
+  const int64_t named = parse_step_name(s);
+  if (named < 0)
     throw checkpoint_error(lp.string() + " is malformed (holds '" + s.substr(0, 64) +
                            "', expected step_XXXXXXXX): write the name of a complete step folder into it, "
                            "or start fresh");
   const fs::path folder = fs::path(dir) / s;
   if (!fs::is_directory(folder, ec)) {
-    if (const std::string f = newest_verified(dir); !f.empty()) {
+    if (const verified_pick pick = newest_verified(dir, named); !pick.folder.empty()) {
       if (note)
-        *note = lp.string() + " names " + folder.string() + ", which does not exist: taking " + f +
-                ", the newest step folder there that verifies";
-      return f;
+        *note = lp.string() + " names " + folder.string() + ", which does not exist: taking " + pick.folder +
+                ", the step folder up to that step saved last that verifies" + pick_note(pick, lp);
+      return pick.folder;
     }
-    throw checkpoint_error(lp.string() + " names " + folder.string() +
-                           ", which does not exist, and no other step folder there verifies: start fresh");
+    std::string higher;  // folders above the named step are not the run's that committed it: not taken
+    for (const auto& [step, path] : step_folders(dir))
+      if (step > named) higher += (higher.empty() ? "" : ", ") + path.filename().string();
+    throw checkpoint_error(lp.string() + " names " + folder.string() + ", which does not exist, and no other step " +
+                           "folder up to that step verifies" +
+                           (higher.empty() ? std::string()
+                                           : " (not counted: " + higher + ", above the step it names, which its run "
+                                                                          "did not commit; write a name into " +
+                                                 lp.string() + " to resume there)") +
+                           ": start fresh");
   }
   return folder.string();
 }

@@ -27,7 +27,8 @@
 //         rng_state (bin), loss_scale (float64), loss_scale_good_steps,
 //         extra (a JSON text), groups [{name, full_numel, ranges [[begin, end], ...],
 //         tensors [names]}], tensors_file, tensors_bytes, tensors_crc32 (CRC-32 of
-//         the whole .safetensors file). Readable with any msgpack library
+//         the whole .safetensors file), created_by, saved_at_ns (when it was written, ns
+//         since the Unix epoch; absent in older manifests). Readable with any msgpack library
 //         (Python: list(msgpack.Unpacker(open(f, "rb"), raw=False))).
 //
 // Writing is crash safe: every file is written atomically (PATH.tmp, fsync,
@@ -121,6 +122,9 @@ struct shard_manifest {
   uint64_t tensors_bytes = 0;   ///< its size
   uint32_t tensors_crc32 = 0;   ///< CRC-32 (zlib crc32) of the whole file
   std::vector<shard_group_layout> groups;  ///< filled when read, sorted by name
+  /// When save_shard wrote it: the system clock, ns since the Unix epoch; 0 in a manifest
+  /// from before the field (2026-12-07). latest_checkpoint orders step folders by it.
+  int64_t saved_at_ns = 0;
 };
 
 /// "step_00001234" (at least 8 digits).
@@ -152,13 +156,17 @@ std::string save_shard(const std::string& dir, const shard_manifest& m, const st
 void commit_checkpoint(const std::string& dir, int64_t step, int world_size, int keep = 2);
 
 /// The committed step folder DIR/step_XXXXXXXX named by DIR/latest. Where `latest`
-/// cannot say: without it (nothing committed yet, or the file deleted) the newest step
-/// folder that verifies (verify_checkpoint: complete, every CRC right), else "" (a crash
-/// during the first save leaves a folder that does not verify); when it names a folder
-/// that is gone, the newest one that verifies. `note` (when given) gets a sentence saying
-/// which folder was taken and why, for the caller to print; it is left alone when `latest`
-/// decided. Throws checkpoint_error when `latest` is malformed, or names a missing folder
-/// and no other verifies.
+/// cannot say: without it (nothing committed yet, or the file deleted) the step folder
+/// saved last (its rank-0 manifest's saved_at_ns, which a copy keeps; ties, as between
+/// folders from before the field: the higher step) that verifies (verify_checkpoint:
+/// complete, every CRC right), else "" (a crash during the first save leaves a folder that
+/// does not verify); when it names a folder that is gone, the same among the folders up to
+/// that step. Saved last, not the highest step: a `resume = false` run into a folder that
+/// holds an earlier run's higher steps writes below them. `note`
+/// (when given) gets a sentence saying which folder was taken and why, and which higher
+/// ones were passed over, for the caller to print; it is left alone when `latest` decided.
+/// Throws checkpoint_error when `latest` is malformed, or names a missing folder and no
+/// other up to that step verifies (naming the higher ones).
 std::string latest_checkpoint(const std::string& dir, std::string* note = nullptr);
 
 /// Whether `path` looks like a checkpoint: a folder holding `latest` or shard

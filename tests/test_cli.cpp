@@ -87,7 +87,7 @@ TEST_CASE("flowrun generate: an empty prompt without a BOS, and a length past th
   CHECK_FALSE(has(out, "after at most 0 new tokens"));
   out = run(std::string(FLOWRUN_BIN) + " generate --prompt Once --temperature 0 --max_new_tokens 1000 2>&1", &rc);
   CHECK(rc == 0);
-  CHECK(has(out, "--max_new_tokens 1000 after a prompt of 2 tokens passes"));
+  CHECK(has(out, "--max_new_tokens 1000: 2 prompt tokens (--prompt) + 1000 new ones pass "));
   CHECK(has(out, "generation stops at the context, after at most 510 new tokens"));
 }
 
@@ -558,6 +558,13 @@ TEST_CASE("a --set given twice with two values is said: the later one holds") {
   CHECK_FALSE(has(out, "given twice"));
   out = run(sft + " --set node.sft.data_split=2,4,4 --set 'node.sft.data_split=\"2,4,5\"' 2>&1", &rc);
   CHECK(has(out, "--set node.sft.data_split is given twice, as 2,4,4 and then \"2,4,5\": the later one holds"));
+  // compared as stored: a path setting keeps the text, so 1e3 and 1000 are two folders, 1 and "1" one
+  out = run(sft + " --set node.sft.output=out1e3 --set node.sft.output=1e3 --set node.sft.output=1000 2>&1", &rc);
+  CHECK(has(out, "--set node.sft.output is given twice, as 1e3 and then 1000: the later one holds"));
+  out = run(sft + " --set node.sft.output=1 --set 'node.sft.output=\"1\"' 2>&1", &rc);
+  CHECK_FALSE(has(out, "given twice"));
+  out = run(sft + " --set graph.seed=9007199254740993 --set graph.seed=9007199254740992 2>&1", &rc);  // not as doubles
+  CHECK(has(out, "--set graph.seed is given twice"));
 }
 
 TEST_CASE("eval prompts with a chat template shows the prompt as rendered, its end-of-turn tokens too") {
@@ -1400,6 +1407,14 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   std::ofstream(dir / "generation_config.json") << "{\"max_length\": " << long_n + 3 << "}";
   CHECK(run(bare + " --test_path " + (dir / "prompts.txt").string() + " 2>/dev/null", &rc) == want);
   CHECK(rc == 0);
+  // past the context (512 tokens): said as the file's limit, prompt and new tokens counted apart
+  std::ofstream(dir / "generation_config.json") << R"({"max_length": 600})";
+  CHECK_FALSE(has(run(bare + " --prompt Hello --max_new_tokens 2 2>&1", &rc), "max_length"));  // the option wins
+  CHECK(has(run(bare + " --prompt Hello 2>&1", &rc),
+            "max_length = 600 (prompt + new tokens) of " + file + ": " + std::to_string(short_n) + " prompt tokens "
+            "(--prompt) + " + std::to_string(600 - short_n) + " new ones pass " + dir.string() +
+            "'s context of 512 tokens; generation stops at the context, after at most " +
+            std::to_string(512 - short_n) + " new tokens"));
   std::ofstream(dir / "generation_config.json") << R"({"max_length": 2.5})";
   CHECK(has(run(bare + " --prompt Hello 2>&1", &rc), file + ": max_length = 2.5 is not a whole number >= 1"));
 }

@@ -883,6 +883,16 @@ class validator {
   }
 };
 
+// Whether two stored values are one: equal, or the same number as an int and a float (1 and 1.0).
+bool same_value(const setting_value& a, const setting_value& b) {
+  if (a == b) return true;
+  const auto* ia = std::get_if<std::int64_t>(&a);
+  const auto* ib = std::get_if<std::int64_t>(&b);
+  const auto* da = std::get_if<double>(&a);
+  const auto* db = std::get_if<double>(&b);
+  return (ia && db && static_cast<double>(*ia) == *db) || (da && ib && *da == static_cast<double>(*ib));
+}
+
 }  // namespace
 
 validation_result validate(const graph_spec& spec, const node_kind_registry& kinds, const validate_options& options) {
@@ -899,8 +909,27 @@ validation_result load_graph(const fs::path& file, const node_kind_registry& kin
     sort_errors(out.errors);
     return out;
   }
-  for (const auto& o : overrides)
-    if (auto e = apply_override(parsed.spec, o, &kinds)) out.errors.push_back(std::move(*e));
+  // A PATH given twice with two values: the later holds (as every --set overrides the file), said, since one of them
+  // was meant (flowrun train --actor-zero-stage 3 with a --set node.sft.zero_stage=1 after it ran stage 1). The
+  // values are compared as stored (they were compared as text, then as TOML values, which a string setting is not).
+  std::map<std::string, std::pair<std::string, setting_value>> given;  // PATH -> (text, value stored) so far
+  for (const auto& o : overrides) {
+    if (auto e = apply_override(parsed.spec, o, &kinds)) {
+      out.errors.push_back(std::move(*e));
+      continue;
+    }
+    const auto eq = o.find('=');
+    const std::string path = o.substr(0, eq), text = o.substr(eq + 1);
+    setting_value stored = override_value(text);  // graph.*, replicas, on, kind: typed as read
+    if (const auto dot = path.find('.', 5); path.rfind("node.", 0) == 0 && dot != std::string::npos)
+      for (const auto& n : parsed.spec.nodes)
+        if (n.name == path.substr(5, dot - 5))
+          if (const auto it = n.settings.find(path.substr(dot + 1)); it != n.settings.end()) stored = it->second.value;
+    if (const auto it = given.find(path); it != given.end() && !same_value(it->second.second, stored))
+      out.warnings.push_back("--set " + path + " is given twice, as " + it->second.first + " and then " + text +
+                             ": the later one holds");
+    given[path] = {text, std::move(stored)};
+  }
   validation_result v = validate(parsed.spec, kinds, options);
   out.spec = std::move(v.spec);
   out.errors.insert(out.errors.end(), std::make_move_iterator(v.errors.begin()),

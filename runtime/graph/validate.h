@@ -93,6 +93,8 @@ struct validate_options {
 struct validation_result {
   graph_spec spec;
   std::vector<graph_error> errors;
+  /// Sentences for the caller to print as warnings: a `--set PATH` given twice with two values (as stored).
+  std::vector<std::string> warnings;
 
   bool ok() const { return errors.empty(); }
 };
@@ -106,7 +108,9 @@ validation_result validate(const graph_spec& spec, const node_kind_registry& kin
 /// (apply_override, with `kinds`) and validates the result. Returns the
 /// errors of all three stages; validation is skipped when reading failed
 /// fatally (a missing file, bad TOML, an include cycle), since it would only
-/// report the consequences.
+/// report the consequences. A PATH set twice with two values is a warning (the
+/// later one holds), the values compared as stored: a string setting's `1e3` and
+/// `1000` are two, its `1` and `"1"` one; a number's `1e-3` and `0.001` one.
 validation_result load_graph(const std::filesystem::path& file, const node_kind_registry& kinds,
                              const validate_options& options = {}, const std::vector<std::string>& overrides = {});
 

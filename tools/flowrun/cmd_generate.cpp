@@ -125,13 +125,14 @@ std::vector<std::vector<int32_t>> prompt_id_lists(const generate_opts& o, const 
                                               where, n, o.max_length, o.max_length_from));
     const int64_t new_tokens = o.max_length > 0 ? o.max_length - n : o.max_new_tokens;
     if (n + new_tokens > ctx)  // said, as chat refuses it
-      spdlog::warn("{} after {} of {} tokens passes {}'s context of {} tokens: generation stops at the context, "
-                   "after at most {} new tokens",
-                   o.max_length > 0 ? fmt::format("max_length = {} of {}", o.max_length, o.max_length_from)
-                    : o.max_new_tokens_from.empty() ? fmt::format("--max_new_tokens {}", o.max_new_tokens)
-                                                    : fmt::format("max_new_tokens = {} of {}", o.max_new_tokens,
-                                                                  o.max_new_tokens_from),
-                   o.test_path.empty() ? "a prompt" : "the prompt of " + where, n, model, ctx, ctx - n);
+      spdlog::warn("{}: {} prompt tokens ({}) + {} new ones pass {}'s context of {} tokens; generation stops at the "
+                   "context, after at most {} new tokens",
+                   o.max_length > 0 ? fmt::format("max_length = {} (prompt + new tokens) of {}", o.max_length,
+                                                  o.max_length_from)
+                   : o.max_new_tokens_from.empty() ? fmt::format("--max_new_tokens {}", o.max_new_tokens)
+                                                   : fmt::format("max_new_tokens = {} of {}", o.max_new_tokens,
+                                                                 o.max_new_tokens_from),
+                   n, where, new_tokens, model, ctx, ctx - n);
   }
   return ids;
 }
@@ -182,9 +183,9 @@ std::vector<std::vector<int32_t>> generate_from_zero(const loaded_checkpoint& ck
   // (zero_checkpoint_model also says why a checkpoint is no model here: no recorded model, a value head)
   if (!whole || !extra.contains("model_config") || extra.contains("lora_config") || extra.value("value_head", false)) {
     decoder model = zero_checkpoint_model(ck, base_given, "--model");
-    if (world_given && world > 1)  // it was dropped without a word
-      spdlog::warn("--world_size {} is not used: {} holds a LoRA adapter (or a model with a value head), so it "
-                   "generates from the model merged in this process, on one rank",
+    if (world_given && world > 1)  // it was dropped without a word (zero_checkpoint_model refuses the others)
+      spdlog::warn("--world_size {} is not used: {} holds a LoRA adapter, so it generates from the model merged in "
+                   "this process, on one rank",
                    world, folder);
     check_tokenizer_fits(tok, tok_path, model, folder);
     prompts = prompt_id_lists(o, texts, tok, tok_path, model.config().max_seq_len, folder);

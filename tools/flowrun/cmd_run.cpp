@@ -151,40 +151,15 @@ std::vector<std::string> expand_graph_shorthand(const CLI::App& app, int argc, c
   return args;
 }
 
-// A --set PATH given twice with two values: the later wins (as every --set overrides the file), said, since one
-// of them was meant (flowrun train --actor-zero-stage 3 with a --set node.sft.zero_stage=1 after it ran stage 1)
-void warn_overrides_given_twice(const std::vector<std::string>& overrides) {
-  std::map<std::string, std::string> seen;  // PATH -> its value so far
-  for (const auto& o : overrides) {
-    const auto eq = o.find('=');
-    if (eq == std::string::npos) continue;  // refused by apply_override
-    const std::string path = o.substr(0, eq), value = o.substr(eq + 1);
-    // one value in two spellings (1e-3 and 0.001, x and "x") is one value: compared as apply_override reads them
-    const auto same = [](const std::string& a, const std::string& b) {
-      const auto x = graph::override_value(a), y = graph::override_value(b);
-      if (x == y) return true;
-      const auto number = [](const graph::setting_value& v) -> std::optional<double> {
-        if (const auto* i = std::get_if<std::int64_t>(&v)) return static_cast<double>(*i);
-        if (const auto* d = std::get_if<double>(&v)) return *d;
-        return std::nullopt;
-      };
-      return number(x) && number(y) && *number(x) == *number(y);  // 1 and 1.0
-    };
-    if (const auto it = seen.find(path); it != seen.end() && !same(it->second, value))
-      spdlog::warn("--set {} is given twice, as {} and then {}: the later one holds", path, it->second, value);
-    seen[path] = value;
-  }
-}
-
 // Validate and run one graph file; returns the exit code (2: invalid graph).
 int run_graph_file(const run_opts& o_in) {
   const run_opts* o = &o_in;
   log_to_stderr();
-  warn_overrides_given_twice(o->overrides);
   registries r;
   graph::validate_options vo;
   vo.asset_root = assets_root();
   auto v = graph::load_graph(o->file, r.kinds, vo, o->overrides);
+  for (const auto& w : v.warnings) spdlog::warn("{}", w);
   if (!v.ok()) {
     std::cerr << graph::format_errors(v.errors);
     return 2;

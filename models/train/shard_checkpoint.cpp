@@ -541,13 +541,15 @@ verified_pick newest_verified(const fs::path& dir, int64_t max_step) {
   return pick;
 }
 
-// What latest_checkpoint's note adds about the folders newest_verified passed over or tied with, or "".
+// "a, b, c"
+std::string names(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// What latest_checkpoint's note adds about the folders newest_verified passed over, or "".
 std::string pick_note(const verified_pick& pick, const fs::path& latest) {
-  const auto names = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
-    return s;
-  };
   std::string s;
   if (!pick.higher.empty())
     s += "; " + names(pick.higher) +
@@ -589,14 +591,15 @@ std::string latest_checkpoint(const std::string& dir, std::string* note) {
                 ", the step folder up to that step saved last that verifies" + pick_note(pick, lp);
       return pick.folder;
     }
-    std::string higher;  // folders above the named step are not the run's that committed it: not taken
+    std::vector<std::string> higher;  // folders above the named step are not the run's that committed it: not taken
     for (const auto& [step, path] : step_folders(dir))
-      if (step > named) higher += (higher.empty() ? "" : ", ") + path.filename().string();
+      if (step > named) higher.push_back(path.filename().string());
     throw checkpoint_error(lp.string() + " names " + folder.string() + ", which does not exist, and no other step " +
                            "folder up to that step verifies" +
                            (higher.empty() ? std::string()
-                                           : " (not counted: " + higher + ", above the step it names, which its run "
-                                                                          "did not commit; write a name into " +
+                                           : " (not counted: " + names(higher) + ", above the step it names, which its "
+                                                                                 "run did not commit; write a name "
+                                                                                 "into " +
                                                  lp.string() + " to resume there)") +
                            ": start fresh");
   }

@@ -917,7 +917,7 @@ setting_value override_value(std::string_view raw) {
 }
 
 std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
-                                          const node_kind_registry* kinds) {
+                                          const node_kind_registry* kinds, setting_value* stored) {
   const std::string file = "--set " + std::string(assignment);
   auto err = [&](std::size_t offset, std::string message, std::string hint) {
     return graph_error{file, 1, static_cast<int>(offset) + 1, std::move(message), std::move(hint)};
@@ -950,6 +950,7 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
   }
 
   setting_value value = override_value(raw);
+  if (stored) *stored = value;  // graph.*, replicas, on, kind: as read; a node setting's below
 
   if (parts[0].first == "graph") {
     if (parts.size() != 2)
@@ -1054,6 +1055,7 @@ std::optional<graph_error> apply_override(graph_spec& spec, std::string_view ass
                            : current ? std::holds_alternative<std::string>(current->value)
                                      : std::holds_alternative<std::string>(value);  // an unknown kind's: as given
   if (wants_string && !std::holds_alternative<std::string>(value)) value = raw;
+  if (stored) *stored = value;
   node->settings[key] = setting{std::move(value), kpos, vpos, false};
   return std::nullopt;
 }

@@ -105,9 +105,10 @@ setting_value override_value(std::string_view raw);
 /// line 1, column of the offending part) if the text has no `=`, the value is
 /// not UTF-8, the path does not exist (with the nearest name as hint), or a
 /// graph/replicas value has the wrong type. The new value remembers that position, so type errors
-/// the validator finds point at the override.
+/// the validator finds point at the override. `stored` (when given) gets the value as applied (a
+/// string setting's text kept as written).
 std::optional<graph_error> apply_override(graph_spec& spec, std::string_view assignment,
-                                          const node_kind_registry* kinds = nullptr);
+                                          const node_kind_registry* kinds = nullptr, setting_value* stored = nullptr);
 
 /// What parse_cluster_file read: the cluster and every error.
 struct cluster_parse_result {

@@ -914,17 +914,13 @@ validation_result load_graph(const fs::path& file, const node_kind_registry& kin
   // values are compared as stored (they were compared as text, then as TOML values, which a string setting is not).
   std::map<std::string, std::pair<std::string, setting_value>> given;  // PATH -> (text, value stored) so far
   for (const auto& o : overrides) {
-    if (auto e = apply_override(parsed.spec, o, &kinds)) {
+    setting_value stored;
+    if (auto e = apply_override(parsed.spec, o, &kinds, &stored)) {
       out.errors.push_back(std::move(*e));
       continue;
     }
     const auto eq = o.find('=');
     const std::string path = o.substr(0, eq), text = o.substr(eq + 1);
-    setting_value stored = override_value(text);  // graph.*, replicas, on, kind: typed as read
-    if (const auto dot = path.find('.', 5); path.rfind("node.", 0) == 0 && dot != std::string::npos)
-      for (const auto& n : parsed.spec.nodes)
-        if (n.name == path.substr(5, dot - 5))
-          if (const auto it = n.settings.find(path.substr(dot + 1)); it != n.settings.end()) stored = it->second.value;
     if (const auto it = given.find(path); it != given.end() && !same_value(it->second.second, stored))
       out.warnings.push_back("--set " + path + " is given twice, as " + it->second.first + " and then " + text +
                              ": the later one holds");

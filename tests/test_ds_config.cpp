@@ -544,6 +544,12 @@ TEST_CASE("ds_config: bad inputs malformed JSON and stage 5 and fp16 with bf16 a
     parse_ds_config("{\n  \"train_batch_size\": 8,\n  \"zero_optimization\": {\n    \"stage\": 5\n  }\n}", 1, "z.json");
   });
   CHECK(contains(e, "z.json:4:5: zero_optimization.stage is 5; zero_optimization.stage must be 0, 1, 2 or 3"));
+  // a stage past int64_t's range: refused the same way (the cast came first: undefined, found by fuzz_ds_config)
+  e = error_of([] {
+    parse_ds_config(R"({"train_batch_size": 8, "zero_optimization": {"stage": 33333333333333333333333333333333333333}})",
+                    1, "z.json");
+  });
+  CHECK(contains(e, "zero_optimization.stage must be 0, 1, 2 or 3"));
   // a misspelt zero_optimization key: DeepSpeed refuses it (its config models forbid extras); it fell back to
   // stage 0 with an info line. Its other keys (overlap_comm, the stage3_ aliases) are accepted and ignored.
   e = error_of([] {

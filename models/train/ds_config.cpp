@@ -504,8 +504,8 @@ void parse_zero(reader& r, const ojson& sec, ds_config& cfg) {
       int64_t s = -1;
       if (ok) {
         double d = v->get<double>();
-        ok = d == std::floor(d);
-        s = static_cast<int64_t>(d);
+        ok = d == std::floor(d) && d >= 0 && d <= 3;  // before the cast: 3e37 has no int64_t (fuzz_ds_config)
+        if (ok) s = static_cast<int64_t>(d);
       }
       if (!ok || s < 0 || s > 3)
         r.fail(path, path + " is " + describe(*v) +

@@ -138,8 +138,18 @@ class dschat_trainer : public actor::node {
     if (!resumed_) {
       engine_.finish();
       ctx.print(held_out_pass(ctx, false, since(t0_)));
-      if (const auto& out = ctx.spec().get_string("output"); !out.empty()) {
-        save_output(ctx, tag_, *model_, format_, tokenizer_, source_, d_.dtype);
+      const std::string& out = ctx.spec().get_string("output");
+      if (!out.empty()) save_output(ctx, tag_, *model_, format_, tokenizer_, source_, d_.dtype);
+      // only the LoRA weights, as PEFT saves them (TRL's save_model of a peft model), beside the merged output;
+      // an HF source is the adapter's base_model_name_or_path
+      if (const auto* w = ctx.spec().find_setting("save_lora"); w && !ctx.spec().get_string("save_lora").empty()) {
+        const std::string dir = ctx.spec().get_string("save_lora");
+        save_adapter(*model_, dir, source_);
+        ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {}", tag_, dir));
+      }
+      // the done marker once every output is on disk: written before the adapter, a save_lora that failed
+      // (a full disk) was never written by the rerun, which skipped training and exited 0
+      if (!out.empty()) {
         // llama2.c and HF files hold the merged weights: bit-exact on reload only without LoRA;
         // a flowrun folder keeps every tensor in f32, LoRA and v_head included
         if (!model_->has_lora() || format_ == model_format::flowrun) {
@@ -150,17 +160,11 @@ class dschat_trainer : public actor::node {
           write_run_marker(ctx, out, exact);
         }
       }
-      // only the LoRA weights, as PEFT saves them (TRL's save_model of a peft model), beside the merged output;
-      // an HF source is the adapter's base_model_name_or_path
-      if (const auto* w = ctx.spec().find_setting("save_lora"); w && !ctx.spec().get_string("save_lora").empty()) {
-        const std::string dir = ctx.spec().get_string("save_lora");
-        save_adapter(*model_, dir, source_);
-        ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {}", tag_, dir));
-      }
-      // the step is over (its output and done marker, when it has them, are on disk): its
-      // mid-run checkpoints are of no more use, and step 3 reads every step folder under
-      // checkpoint_dir as its own
+      // the step is over (its outputs and done marker, when it has them, are on disk): its mid-run
+      // checkpoints are of no more use
       if (!ckpt_dir_.empty()) std::filesystem::remove_all(ckpt_dir_);
+    } else if (!ctx.checkpoint_dir().empty()) {  // ... nor those a run stopped before their removal left
+      std::filesystem::remove_all(std::filesystem::path(ctx.checkpoint_dir()) / ctx.name());
     }
     model_msg msg{model_, 0, format_, tokenizer_, /*snapshot=*/false, source_};
     ctx.emit("model", actor::payload::make("model", std::move(msg)));

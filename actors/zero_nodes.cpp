@@ -377,6 +377,9 @@ class zero_rank final : public actor::node {
     cursor_ = b.cursor;
     const int64_t every = ctx.spec().get_int("save_checkpoint_steps");
     const bool scheduled = every > 0 && (b.step % every == 0 || b.step == total_);
+    // the closing held-out loss before the last checkpoint, which keeps it: a rerun of the finished run
+    // gets no batch to measure it on, and says it again from there
+    if (b.step == total_ && val_ids_.defined()) after_ = engine_->eval_loss(val_ids_, val_targets_);
     if (!out_dir_.empty() && (console_asked(ctx, b.step, scheduled) || scheduled)) save(ctx, b.step);
     if (b.step == total_) finish_run(ctx);
   }
@@ -452,6 +455,7 @@ class zero_rank final : public actor::node {
                                              // many instances (none when they were fewer than the ranks)
       m.extra["eval_before"] = before_;
       m.extra["eval_before_rows"] = val_ids_.size(0);
+      if (step == total_ && after_) m.extra["eval_after"] = *after_;  // the closing line's figure
     }
     m.extra["train_batch_size"] = ds_.train_batch_size;  // the global batch, resolved for this world size
     m.rng_state.resize(sizeof rng);
@@ -554,6 +558,10 @@ class zero_rank final : public actor::node {
       before_ = e->get<double>();
       before_restored_ = true;
       before_rows_ = m0.extra.value("eval_before_rows", int64_t{0});  // 0: a checkpoint from before the count
+      // the finished run's closing figure, for its rerun (a longer run measures its own at its last step)
+      if (const auto a = m0.extra.find("eval_after"); a != m0.extra.end() && a->is_number() &&
+          m0.step == ctx.spec().get_int("total_steps"))
+        after_ = a->get<double>();
     }
     if (rank_ == 0)
       ctx.print(fmt::format("[pretrain] restored step {} ({} ranks, stage {}) on {} ranks, stage {}", m0.step,
@@ -562,11 +570,12 @@ class zero_rank final : public actor::node {
 
   void finish_run(actor::node_context& ctx) {
     finished_ = true;
-    if (val_ids_.defined()) {
-      const double l = engine_->eval_loss(val_ids_, val_targets_);
+    if (val_ids_.defined() || after_) {  // measured at the last step, or (a rerun of the finished run) restored
+      const double l = after_ ? *after_ : engine_->eval_loss(val_ids_, val_targets_);
       if (rank_ == 0)
-        ctx.print(fmt::format("[pretrain] held-out loss {:.6f} -> {:.6f} after step {} ({} updates)", before_, l,
-                              done_, engine_->step_count()));
+        ctx.print(fmt::format("[pretrain] held-out loss {:.6f} -> {:.6f} after step {} ({} updates){}", before_, l,
+                              done_, engine_->step_count(),
+                              val_ids_.defined() ? "" : ", as the run measured it (its last checkpoint)"));
     }
     auto mem = engine_->memory();
     ctx.print("[pretrain] memory " + mem.str());
@@ -627,6 +636,7 @@ class zero_rank final : public actor::node {
   int64_t total_ = 0, epoch_ = 0, cursor_ = 0, done_ = 0;
   bool evaluated_ = false;
   bool finished_ = false;  // finish_run ran
+  std::optional<double> after_;  // the held-out loss after the last step: measured there, or restored
   bool ids_checked_ = false;  // the first batch's token ids against the model's vocabulary
   double before_ = 0;
   bool before_restored_ = false;  // before_ came from the checkpoint resumed

@@ -167,7 +167,7 @@ std::string save_problem(model_format f, const std::string& path, model_family f
              ": give a folder path, or remove the file";
   }
   // the nearest existing folder above the path must take a new file: the save creates the rest
-  if (auto why = unwritable_reason(path, f == model_format::llama2c); !why.empty())
+  if (auto why = unwritable_reason(path, f == model_format::llama2c ? output_kind::file : output_kind::folder); !why.empty())
     return why + ": give a path in a writable folder";
   return "";
 }

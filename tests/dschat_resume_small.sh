@@ -208,6 +208,29 @@ wait $bg 2>/dev/null || true
 bg=
 grep -qE "^\[step 1 sft\] interrupted at update [0-9]+ of 400, before its first checkpoint \(every 300 updates into $out/f/ckpt/sft\): the same command trains this step again" \
   "$out/f.log" || fail "SIGINT before the first checkpoint: $(grep interrupted "$out/f.log")"
+# 7. save_lora failing after the output (here its .tmp name taken by a folder; a full disk did it): no done marker
+#    is written, so the same command resumes at the last checkpoint and writes the adapter. The marker came first:
+#    every rerun said "training skipped" with exit 0 and the adapter was never written.
+mkdir -p "$out/g7/ad/adapter_model.safetensors.tmp"
+g7=("$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir="$out/g7/ck" --set node.sft.data="$data"
+    --set node.sft.steps=6 --set node.sft.save_checkpoint_steps=2 --set node.sft.lora_dim=4
+    --set node.sft.only_optimize_lora=true --set node.sft.save_lora="$out/g7/ad" --set node.sft.output="$out/g7/sft.bin")
+"$flowrun" "${g7[@]}" > "$out/g7_1.log" 2>&1 && fail "save_lora into a taken .tmp name succeeded"
+grep -q "adapter_model.safetensors.tmp: cannot create" "$out/g7_1.log" || fail "the failed adapter save: $(tail -1 "$out/g7_1.log")"
+[[ -e "$out/g7/ck/sft.done.json" ]] && fail "a done marker was written before save_lora"
+rmdir "$out/g7/ad/adapter_model.safetensors.tmp"
+"$flowrun" "${g7[@]}" > "$out/g7_2.log" 2>&1 || fail "the rerun after the failed adapter save: $(tail -2 "$out/g7_2.log")"
+grep -q "^\[step 1 sft\] resumed at update 4 of 6" "$out/g7_2.log" || fail "the rerun did not resume: $(grep -m1 resum "$out/g7_2.log")"
+[[ -f "$out/g7/ad/adapter_model.safetensors" && -f "$out/g7/ck/sft.done.json" ]] || fail "the rerun wrote no adapter or marker"
+[[ -e "$out/g7/ck/sft" ]] && fail "the finished step's mid-run checkpoints were kept"
+echo "save_lora failed after the output: the rerun resumed at update 4 and wrote the adapter"
+# a finished step's checkpoint folder that a stopped run left (between its done marker and their removal) is
+# removed by the rerun that takes the output as saved (step 3 read such a folder as its own trainer's)
+mkdir -p "$out/g7/ck/sft/step_00000002" && echo step_00000002 > "$out/g7/ck/sft/latest"
+"$flowrun" "${g7[@]}" > "$out/g7_3.log" 2>&1 || fail "the third run: $(tail -2 "$out/g7_3.log")"
+grep -q "^\[step 1 sft\] resumed: " "$out/g7_3.log" || fail "the third run trained again"
+[[ -e "$out/g7/ck/sft" ]] && fail "the left step-1 checkpoint folder was kept"
+echo "a finished step's left checkpoint folder: removed by the rerun"
 # a stopped step 1's checkpoint as a model (DeepSpeed's zero_to_fp32.py): convert --from zero of the step-10 checkpoint
 # of a long run killed later is, byte for byte, the output of the same run given 10 steps (a constant LR: one
 # schedule for both), its lora_dim adapter merged as the trainer merges it; generate --zero_checkpoint reads it too.

@@ -523,6 +523,10 @@ grep -q "step 1/" "$out/fin0.log" && { echo "it trained before refusing the expo
 "$flowrun" "${fin[@]}" --set node.ranks.export_hf="$out/fin/hf" > "$out/fin2.log" 2>&1 || { tail -5 "$out/fin2.log"; exit 1; }
 [[ -f "$out/fin/hf/model.safetensors" ]] || { echo "the rerun of a finished run wrote no export"; exit 1; }
 grep -q "step [0-9]*/3 loss" "$out/fin2.log" && { echo "the rerun of a finished run trained again"; exit 1; }
+# and says the run's closing held-out line again, the figures the run printed (its last checkpoint keeps them)
+[[ -n "$(closing "$out/fin1.log")" && "$(closing "$out/fin2.log")" == "$(closing "$out/fin1.log")"* ]] ||
+  { echo "the rerun's closing held-out line: '$(closing "$out/fin2.log")' against the run's '$(closing "$out/fin1.log")'"; exit 1; }
+grep -q "as the run measured it" "$out/fin2.log" || { echo "the rerun's closing line does not say it is the run's"; exit 1; }
 # the export of a llama2.c source stops where the ZeRO checkpoint does (EOS or a new BOS, llama2.c's rule): its
 # generation_config.json says so, for transformers and flowrun (the export went on past a story's end)
 python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["eos_token_id"] != [2, 1])' \

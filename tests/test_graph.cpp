@@ -1751,6 +1751,21 @@ TEST_CASE("outputs: unwritable outputs, two nodes saving to one path, and copies
   CHECK(contains(below.errors[0].message, "setting 'output' of node 'a': '" + (root / "a_file").string() +
                                               "' (above the output '" + (root / "a_file" / "m").string() +
                                               "') is not a folder"));
+  // a folder setting that names an existing file: refused when checked (a checkpoint_dir that was a file passed,
+  // and the run failed at its first checkpoint, after the training before it); a model output may be a file
+  const std::string a_file = (root / "a_file").string();
+  auto ck_file = load_graph(root / "g.graph", kinds, vo, {"graph.checkpoint_dir=" + a_file});
+  REQUIRE(ck_file.errors.size() == 1);
+  CHECK_MESSAGE(contains(ck_file.errors[0].message, "graph checkpoint_dir: '" + a_file + "' is a file, not a folder"),
+                ck_file.errors[0].message);
+  auto lora_file = load_graph(root / "g.graph", kinds, vo, {"node.a.kind=two_saver", "node.a.save_lora=" + a_file});
+  CHECK_MESSAGE(std::any_of(lora_file.errors.begin(), lora_file.errors.end(),
+                            [&](const graph_error& e) {
+                              return contains(e.message, "setting 'save_lora' of node 'a': '" + a_file +
+                                                             "' is a file, not a folder");
+                            }),
+                format_errors(lora_file.errors));
+  CHECK(load_graph(root / "g.graph", kinds, vo, {"node.a.output=" + (root / "a_file").string()}).ok());
   if (fs::is_directory("/proc/self")) {  // Linux: nothing can be created in /proc, not even by root
     auto proc = load_graph(root / "g.graph", kinds, vo, {"graph.checkpoint_dir=/proc/flowrun_ck"});
     REQUIRE(proc.errors.size() == 1);
@@ -1775,7 +1790,7 @@ TEST_CASE("outputs: unwritable outputs, two nodes saving to one path, and copies
     for (int t = 0; t < 8; ++t)
       probes.emplace_back([&] {
         for (int i = 0; i < 200; ++i)
-          if (!flowrun::unwritable_reason((root / "out" / "m.bin").string(), /*is_file=*/true).empty()) ++refused;
+          if (!flowrun::unwritable_reason((root / "out" / "m.bin").string(), flowrun::output_kind::file).empty()) ++refused;
       });
     for (auto& t : probes) t.join();
     CHECK(refused.load() == 0);

@@ -36,6 +36,8 @@
 #include "actors/ppo_controller.h"
 #include "actors/rlhf_types.h"
 #include "actors/trainer_order.h"
+#include "models/rlhf/ppo_checkpoint.h"
+#include "models/train/shard_checkpoint.h"
 #include "runtime/actor/job.h"
 #include "runtime/actor/node.h"
 #include "runtime/graph/parse.h"
@@ -888,4 +890,58 @@ TEST_CASE("trainer order: two ranks that got the rollouts of k + 1 and the exper
   CHECK(work_done({"R 0", "R 1"}) == std::vector<std::string>{"score 0"});
   // held-out rollouts never train: nothing waits for them
   CHECK(work_done({"E -1", "R 0", "X 0", "E -2"}) == std::vector<std::string>{"score -1", "score 0", "train 0", "score -2"});
+}
+
+namespace {
+
+// One trainer's 1-rank checkpoint of `step` under DIR/NAME, committed, its manifest's extra as given.
+void save_trainer(const fs::path& dir, const std::string& name, int64_t step, const nlohmann::json& extra) {
+  shard_manifest m;
+  m.step = step;
+  m.extra = extra;
+  m.config_hash = "0";
+  shard_group g;
+  g.name = "base";
+  g.full_numel = 4;
+  g.ranges = {{0, 4}};
+  g.tensors["fp32_master"] = tensor::zeros({4});
+  save_shard((dir / name).string(), m, {g});
+  commit_checkpoint((dir / name).string(), step, 1, /*keep=*/0);
+}
+
+}  // namespace
+
+// A step-1/2 trainer checkpoints under the same [graph] checkpoint_dir, in DIR/<its name>: a folder of it left
+// by a run stopped between sft's output and the removal of its mid-run checkpoints (a save_lora that filled the
+// disk did so) was read as a step-3 trainer's: every commit whose iteration it had no step folder for was
+// refused (the rerun of a finished run trained its last iterations again, or stopped: "no committed step-3
+// checkpoint can be used"), and prune_step3 removed its folders.
+TEST_CASE("step 3's resume and pruning pass over a step-1/2 trainer's checkpoint folder") {
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_test_step3_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (int64_t it : {2, 4})
+    for (const char* t : {"critic", "policy"}) save_trainer(dir, t, it, {{"policy_version", it / 2}});
+  save_trainer(dir, "sft", 3, {{"state", {{"step", 3}}}, {"settings", nlohmann::json::object()}});
+  ppo::step3_commit c;
+  c.committed = {{2, 1}, {4, 2}};
+  ppo::write_step3_commit(dir.string(), c);
+  auto r = ppo::find_step3_resume(dir.string());
+  REQUIRE(r);
+  CHECK(r->point.iteration == 4);
+  CHECK(r->refused.empty());
+  ppo::prune_step3(dir.string(), c, 1);
+  CHECK_FALSE(fs::exists(dir / "policy" / step_folder_name(2)));
+  CHECK_FALSE(fs::exists(dir / "critic" / step_folder_name(2)));
+  CHECK(fs::exists(dir / "policy" / step_folder_name(4)));
+  CHECK(fs::exists(dir / "sft" / step_folder_name(3)));  // not step 3's to prune
+  // a step-3 trainer's folder that lacks the commit's step folder is still refused: the commit before is taken
+  save_trainer(dir, "critic", 6, {{"policy_version", 3}});
+  c.committed = {{4, 2}, {6, 3}};
+  ppo::write_step3_commit(dir.string(), c);
+  r = ppo::find_step3_resume(dir.string());
+  REQUIRE(r);
+  CHECK(r->point.iteration == 4);
+  REQUIRE(r->refused.size() == 1);
+  CHECK(r->refused[0].find((dir / "policy" / step_folder_name(6)).string()) != std::string::npos);
+  fs::remove_all(dir);
 }

@@ -47,8 +47,9 @@ bool step3_committed(const std::string& dir);
 /// naming the file on an I/O error.
 void write_step3_commit(const std::string& dir, const step3_commit& c);
 
-/// The resume point of DIR: `point`, the newest committed iteration J whose every trainer folder (each subfolder of DIR holding step_* folders)
-/// has a step folder for J that verify_checkpoint accepts; `refused` says, per newer one
+/// The resume point of DIR: `point`, the newest committed iteration J whose every trainer
+/// folder (each subfolder of DIR holding step_* folders, but a step-1/2 trainer's, whose
+/// manifests hold that trainer's `state`) has a step folder for J that verify_checkpoint accepts; `refused` says, per newer one
 /// passed over, which file is wrong. nullopt: no DIR/step3.json (nothing committed, or
 /// DIR is ""). Throws std::runtime_error when step3.json is unreadable or when no
 /// committed iteration verifies (naming each problem).

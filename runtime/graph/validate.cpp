@@ -77,7 +77,7 @@ class validator {
             "add a [node.NAME] table with kind = \"...\" for each node (`flowrun kinds` lists the kinds)");
     resolve_output(spec.checkpoint_dir, spec.checkpoint_dir_pos);  // the run's checkpoint folder: an output
     if (options_.check_files && !spec.checkpoint_dir.empty())
-      if (auto why = unwritable_reason(spec.checkpoint_dir, /*is_file=*/false); !why.empty())
+      if (auto why = unwritable_reason(spec.checkpoint_dir, output_kind::folder); !why.empty())
         error(spec.checkpoint_dir_pos, "graph checkpoint_dir: " + why,
               "give checkpoint_dir a folder that can be created and written (the first checkpoint would fail "
               "there, after the training before it)");
@@ -429,9 +429,12 @@ class validator {
     std::string& text = std::get<std::string>(s.value);
     resolve_output(text, s.value_pos);
     if (text.empty() || !options_.check_files) return;
-    if (auto why = unwritable_reason(text, /*is_file=*/false); !why.empty())
+    // the settings that name a folder (a model output may be a llama2.c file or a folder)
+    const bool folder = name == "output_dir" || name == "export_hf" || name == "save_lora" || name == "store_dir";
+    if (auto why = unwritable_reason(text, folder ? output_kind::folder : output_kind::either); !why.empty())
       error(first_known(s.value_pos, node.pos), "setting '" + name + "' of node '" + node.name + "': " + why,
-            "give " + name + " a path in a folder that can be written");
+            folder ? "give " + name + " a folder that can be created and written"
+                   : "give " + name + " a path in a folder that can be written");
     if (name != "output" && name != "export_hf" && name != "save_lora" && name != "ema_output")
       return;  // shared folders are by design
     const std::string key = same_path_key(text);  // the same place however it is spelled

@@ -11,18 +11,25 @@
 
 namespace flowrun {
 
-/// Why `path` (a file when `is_file`, else a folder; either may not exist yet) cannot be written,
-/// or "" when it can. The nearest existing folder at or above what must be created has to be a
-/// folder in which a file can be created: checked by creating and removing an empty probe file
-/// there (".flowrun-write-probe-PID-N", N counting the calls of the process), since access(W_OK) says yes to root on a read-only mount or
-/// /proc. The reason reads "'FOLDER' (where 'PATH' would be created) is not writable (ERROR)" or
-/// "'X' (above the output 'PATH') is not a folder".
-inline std::string unwritable_reason(const std::string& path, bool is_file) {
+/// What an output path names: a file, a folder, or either (a model output: a llama2.c file or a folder).
+enum class output_kind { file, folder, either };
+
+/// Why `path` (of `kind`; it may not exist yet) cannot be written, or "" when it can. A `folder` that
+/// exists as a file is refused ("'PATH' is a file, not a folder": a checkpoint_dir that was a file passed
+/// and failed at the first checkpoint, after the training before it). The nearest existing folder at or
+/// above what must be created has to be a folder in which a file can be created: checked by creating and
+/// removing an empty probe file there (".flowrun-write-probe-PID-N", N counting the calls of the
+/// process), since access(W_OK) says yes to root on a read-only mount or /proc. The reason reads
+/// "'FOLDER' (where 'PATH' would be created) is not writable (ERROR)" or "'X' (above the output 'PATH')
+/// is not a folder".
+inline std::string unwritable_reason(const std::string& path, output_kind kind) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path probe = fs::absolute(path, ec);
   if (ec) return "'" + path + "' is not a usable path (" + ec.message() + ")";
-  if (is_file || !fs::is_directory(probe, ec)) probe = probe.parent_path();
+  if (kind == output_kind::folder && fs::exists(probe, ec) && !fs::is_directory(probe, ec))
+    return "'" + path + "' is a file, not a folder";
+  if (kind == output_kind::file || !fs::is_directory(probe, ec)) probe = probe.parent_path();
   while (!probe.empty() && !fs::exists(probe, ec) && probe != probe.root_path()) probe = probe.parent_path();
   if (!fs::is_directory(probe, ec)) return "'" + probe.string() + "' (above the output '" + path + "') is not a folder";
   // unique per call: threads of one process probe at once (a node's replicas check their output together,

@@ -35,10 +35,11 @@ mkdir -p "$work"
 run_one() {
   local name="$1" bin="$build/bin/fuzz_$1"
   [[ -x "$bin" ]] || { echo "fuzz: $name: $bin is missing (tests/fuzz/build.sh $build)"; return 1; }
-  mkdir -p "$work/$name/corpus"
+  mkdir -p "$work/$name/corpus" "$work/$name/tmp"
   local rc=0
   # libFuzzer's own limits; UBSan aborts (built with -fno-sanitize-recover); ASan's leak check is on.
-  (cd "$work/$name" && ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1" \
+  # TMPDIR: the targets' scratch folders (fuzz_util.h) go under BUILD_DIR, not /tmp (one a target a run)
+  (cd "$work/$name" && TMPDIR="$work/$name/tmp" ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="${max_len[$name]}" \
     -print_final_stats=1 -artifact_prefix="$work/$name/" "$work/$name/corpus" "$here/corpus/$name" \

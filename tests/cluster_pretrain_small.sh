@@ -96,6 +96,11 @@ start_nodes a
   > "$out/cluster.log" 2> "$out/cluster.err" || { echo "cluster run failed:"; tail -20 "$out/cluster.err"; exit 1; }
 losses "$out/aw1.out" > "$out/cluster.losses"  # rank 0 prints, on w1
 diff "$out/single.losses" "$out/cluster.losses" || { echo "the per-step losses differ"; exit 1; }
+# and main's terminal shows them too, each once, behind the node's name (they showed only on w1's), and the
+# closing held-out line
+diff "$out/single.losses" <(sed -n 's/^\[w1\] //p' "$out/cluster.log" | losses) ||
+  { echo "main's terminal does not show w1's losses"; exit 1; }
+grep -q "^\[w1\] \[pretrain\] held-out loss .* after step 40" "$out/cluster.log" || { echo "main shows no closing line"; exit 1; }
 same_step "$out/single/step_00000040" "$out/cluster/step_00000040" || { echo "the step-40 checkpoints differ"; exit 1; }
 grep -q "comm [0-9.]* MB/rank" "$out/aw1.out" || { echo "no communicator bytes reported"; exit 1; }
 echo "  $steps losses and the step-40 checkpoint equal the single-process run's;" \
@@ -188,4 +193,35 @@ st=$(printf "step_%08d" "$at")
   || { ls "$out/asked"; echo "the requested checkpoint $st is not whole"; exit 1; }
 [[ $(ls -d "$out/asked"/step_* | wc -l) -eq 2 ]] || { ls "$out/asked"; echo "not one requested checkpoint besides step 200"; exit 1; }
 echo "  the request reached both ranks on the nodes: $st with both shards (and step_00000200); reply $(head -c 160 "$out/asked_reply.json")"
+
+echo "== a run the console paused stays paused over a restart; the events go on numbering"
+# the restarted attempt ran on though the operator had paused, and its events were numbered from 1 again
+start_nodes f
+start_spread paused "$out/fcluster.toml" --console 0 --console-token paused-token-0123456789
+pport=$(sed -n 's|.*console: http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$out/paused.err" | head -1)
+[[ -n "$pport" ]] || { echo "no console port:"; tail -5 "$out/paused.err"; exit 1; }
+ptok=(-H "X-Flowrun-Token: paused-token-0123456789")
+curl -sf -X POST "${ptok[@]}" "http://127.0.0.1:$pport/api/pause" > /dev/null || { echo "POST /api/pause failed"; exit 1; }
+before=$(curl -sf "http://127.0.0.1:$pport/api/events" | python3 -c 'import json,sys; print(json.load(sys.stdin)["last_seq"])')
+kill -9 "$w2_pid"
+for _ in $(seq 1 3000); do grep -q "the restarted run starts paused" "$out/paused.err" && break; sleep 0.01; done
+grep -q "the restarted run starts paused, as the console left it: resume to go on" "$out/paused.err" ||
+  { echo "the restart did not keep the pause:"; grep -i "restart\|paus" "$out/paused.err" | tail -5; exit 1; }
+sleep 1
+curl -sf "http://127.0.0.1:$pport/api/status" | grep -q '"run_state":"paused"' ||
+  { echo "the restarted run is not paused:"; curl -sf "http://127.0.0.1:$pport/api/status" | head -c 300; exit 1; }
+curl -sf "http://127.0.0.1:$pport/api/events?since=$before" > "$out/paused_events.json"
+python3 - "$out/paused_events.json" "$before" <<'PY' || exit 1
+import json, sys
+ev = json.load(open(sys.argv[1]))["events"]
+seqs = [e["seq"] for e in ev]
+if not any(e["kind"] == "pause" and "restarted run starts paused" in e["text"] for e in ev) or seqs != sorted(set(seqs)) \
+        or not seqs or seqs[0] <= int(sys.argv[2]):
+    sys.exit("the events after %s: %s" % (sys.argv[2], [(e["seq"], e["kind"]) for e in ev]))
+PY
+curl -sf -X POST "${ptok[@]}" "http://127.0.0.1:$pport/api/resume" > /dev/null || { echo "POST /api/resume failed"; exit 1; }
+rc=0; wait "$run_pid" || rc=$?
+[[ $rc -eq 0 ]] || { echo "the resumed run exited $rc:"; tail -5 "$out/paused.err"; exit 1; }
+same_step "$out/single/step_00000040" "$out/paused/step_00000040" || { echo "the paused run's step-40 checkpoint differs"; exit 1; }
+echo "  paused, w2 killed: attempt 2 started paused (events numbered after $before); resumed, the step-40 checkpoint is the uninterrupted run's"
 echo "cluster_pretrain_small: OK"

@@ -304,6 +304,29 @@ grep -q "cannot reach cluster node 'w1' (127.0.0.1:$free): nothing listens on po
 grep -q "cluster node 'w1': its host 'no-such-host.invalid' does not resolve (address at $out/unknown.toml:3): fix the address" \
   "$out/unknown.log" || { echo "no clear error for an unknown host:"; tail "$out/unknown.log"; exit 1; }
 echo "  $(grep -o "cluster node 'w1': its host.*" "$out/unknown.log" | head -1)"
+# a main_address that does not resolve, where the graph needs the bulk plane (pretraining's batches cross to w1):
+# refused before any node is reached, naming the file and line (gloo crashed the process there: SIGSEGV, no message)
+{ echo "[cluster]"; echo 'main_address = "no-such-host.invalid"'; echo "[cluster.nodes.w1]"
+  echo "address = \"127.0.0.1:$free\""; } > "$out/mainaddr.toml"
+rc=0
+timeout 60 "$flowrun" run "$root/graphs/pretrain.graph" --no-progress --cluster "$out/mainaddr.toml" --secret-file "$out/secret" \
+  --set node.ranks.on=w1 --set node.ranks.comm_backend=gloo --set node.ranks.output_dir="$out/mainaddr" \
+  --set node.data.output_dir="$out/mainaddr" --set node.ranks.export_hf= > "$out/mainaddr.log" 2>&1 || rc=$?
+[[ $rc -eq 1 ]] || { echo "the main_address run exited $rc, not 1:"; tail -3 "$out/mainaddr.log"; exit 1; }
+grep -q "\[cluster\] main_address = \"no-such-host.invalid\" does not resolve (at $out/mainaddr.toml:2)" "$out/mainaddr.log" ||
+  { echo "no clear error for a main_address that does not resolve:"; tail -3 "$out/mainaddr.log"; exit 1; }
+echo "  $(grep -o "\[cluster\] main_address = .* does not resolve" "$out/mainaddr.log")"
+# one daemon under two names (127.0.0.1:P and localhost:P): refused at start, naming both (the second was "busy
+# with another job", this one's)
+{ echo "[cluster]"; echo "[cluster.nodes.w1]"; echo "address = \"127.0.0.1:$free\""
+  echo "[cluster.nodes.w2]"; echo "address = \"localhost:$free\""; } > "$out/twice.toml"
+rc=0
+timeout 60 "$flowrun" run "$graph" "${common[@]}" --cluster "$out/twice.toml" --secret-file "$out/secret" \
+  --set node.generator.on=w2 --set node.sink.path="$out/twice.txt" > "$out/twice.log" 2>&1 || rc=$?
+[[ $rc -eq 1 ]] || { echo "the run on one daemon named twice exited $rc, not 1:"; tail -3 "$out/twice.log"; exit 1; }
+grep -q "cluster nodes 'w1' (127.0.0.1:$free) and 'w2' (localhost:$free) are one daemon: both reach 127.0.0.1 port $free (address at $out/twice.toml:5)" \
+  "$out/twice.log" || { echo "one daemon named twice was not said:"; tail -3 "$out/twice.log"; exit 1; }
+echo "  one daemon named twice: refused, naming both"
 
 echo "== 2. a node with another secret is refused"
 node w3 "$out/wrong"

@@ -222,4 +222,34 @@ grep -q -- "--timeout: must be > 0 seconds, got 0" "$out/t0.txt" || { cat "$out/
   { tail -3 "$out/short_token.err"; echo "the run with a short token failed"; exit 1; }
 grep -q "the console token is 3 characters: one of 16 or more" "$out/short_token.err" ||
   { echo "a 3-character console token was not warned"; exit 1; }
+# --console-linger: a Ctrl-C ends the linger at once with the run's exit code (it slept the linger through);
+# a negative, non-finite or week-long linger is refused
+"$flowrun" run "$root/graphs/examples/generate.graph" --no-progress --console 0 --console-linger 60 \
+  > "$out/linger.log" 2>&1 &
+lg=$!
+for _ in $(seq 1 300); do grep -q "serving its final state" "$out/linger.log" && break; sleep 0.1; done
+grep -q "serving its final state for 60 s more" "$out/linger.log" || { kill $lg; tail -3 "$out/linger.log"; echo "no linger"; exit 1; }
+kill -INT $lg
+t0=$SECONDS; rc=0; wait $lg || rc=$?
+(( rc == 0 && SECONDS - t0 <= 5 )) || { echo "SIGINT during the linger: exit $rc after $((SECONDS - t0)) s"; exit 1; }
+grep -q "console: stopped serving (a signal during the linger)" "$out/linger.log" || { echo "the linger's end is not said"; exit 1; }
+for bad in -1 nan 1e12; do
+  "$flowrun" run "$root/graphs/examples/generate.graph" --console 0 --console-linger "$bad" > "$out/linger_bad.log" 2>&1 &&
+    { echo "--console-linger $bad was accepted"; exit 1; }
+  grep -q -- "--console-linger: must be in \[0, 604800\]" "$out/linger_bad.log" || { cat "$out/linger_bad.log"; exit 1; }
+done
+echo "  --console-linger: SIGINT ends it (exit 0); -1, nan and 1e12 refused"
+# a token that cannot travel in a header or one line of the token file, and an empty one, are refused (exit 2);
+# flowctl refuses a negative --since (it became 2^64 - 1) and a non-finite -d
+"$flowrun" run "$root/graphs/examples/generate.graph" --console 0 --console-token '' > "$out/tok.log" 2>&1 &&
+  { echo "an empty --console-token was accepted"; exit 1; }
+grep -q -- "--console-token is empty" "$out/tok.log" || { cat "$out/tok.log"; exit 1; }
+"$flowrun" run "$root/graphs/examples/generate.graph" --console 0 --console-token $'abc\ndef0123456789abc' \
+  > "$out/tok.log" 2>&1 && { echo "a --console-token with a newline was accepted"; exit 1; }
+grep -q "the console token holds a space or a control character" "$out/tok.log" || { cat "$out/tok.log"; exit 1; }
+"$flowctl" events --since -1 > "$out/since.txt" 2>&1 && { echo "flowctl events --since -1 was accepted"; exit 1; }
+grep -q -- "--since: must be a whole number >= 0" "$out/since.txt" || { cat "$out/since.txt"; exit 1; }
+"$flowctl" top -d nan > "$out/d.txt" 2>&1 && { echo "flowctl top -d nan was accepted"; exit 1; }
+grep -q -- "--interval: must be > 0 seconds, got nan" "$out/d.txt" || { cat "$out/d.txt"; exit 1; }
+echo "  an empty token and one with a newline, flowctl --since -1 and -d nan: refused"
 echo "console_flowctl: ok"

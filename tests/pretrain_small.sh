@@ -709,7 +709,8 @@ timeout 60 "$flowrun" launch --nproc 2 "$graph" "${nodir[@]}" --set node.ranks.r
   --set node.ranks.export_hf= --run-arg=--no-progress --run-arg=--console --run-arg="$port" > "$out/console2.log" 2>&1 || rc=$?
 secs=$(( $(date +%s) - t0 ))
 [[ $rc == 1 ]] || { echo "launch with one console port for two processes: exit $rc, not 1:"; tail -5 "$out/console2.log"; exit 1; }
-grep -q "console: port $port on 127.0.0.1 is already in use" "$out/console2.log" ||
-  { echo "the second console was not refused:"; grep -i console "$out/console2.log"; exit 1; }
+grep -q "console: port $port on 127.0.0.1 is already in use: under flowrun launch every process serves a console of its own" \
+  "$out/console2.log" || { echo "the second console was not refused:"; grep -i console "$out/console2.log"; exit 1; }
+grep -q -- "--run-arg=--console=0" "$out/console2.log" || { echo "the refusal does not give the fix"; exit 1; }
 (( secs < 40 )) || { echo "the launch took $secs s to stop after a process failed"; exit 1; }
 echo "pretrain_small: ok"

@@ -1221,6 +1221,18 @@ TEST_CASE("cluster: HMAC-SHA256 matches RFC 4231 and proofs depend on secret, ro
   auto folder = load_cluster_secret(std::filesystem::temp_directory_path().string());
   REQUIRE_FALSE(folder);
   CHECK(folder.error().find("is a folder") != std::string::npos);
+  // a blank first line above the secret is named as such (it was "is empty"); an empty file is empty
+  const auto dir = std::filesystem::temp_directory_path() / ("flowrun_secret_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "blank_first") << "\nthe-secret-0123456789\n";
+  std::ofstream(dir / "empty").flush();
+  auto blank = load_cluster_secret((dir / "blank_first").string());
+  REQUIRE_FALSE(blank);
+  CHECK(blank.error().find("begins with a blank line: the secret is its first line") != std::string::npos);
+  auto empty = load_cluster_secret((dir / "empty").string());
+  REQUIRE_FALSE(empty);
+  CHECK(empty.error().find("is empty") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("cluster auth: the daemon's handshake gate accepts a right proof once and refuses forgeries") {
@@ -1326,6 +1338,10 @@ TEST_CASE("cluster: a node's replica counters travel as bytes and main mirrors t
   CHECK(main2.snapshot().edges.at(0).in_flight == 1);  // gen[1] sent 6, the sink handled 5
   CHECK(main2.snapshot().edges.at(0).acked == 9);
   CHECK(main2.snapshot().edges.at(0).sent == 10);
+  // the consumer's own process sees no sends on a link whose producer is elsewhere: no message in flight there
+  // (a daemon's summary of an edge from main said "in flight -4")
+  for (auto* l : sink_links) l->remote = true;
+  CHECK(sink_node.snapshot().edges.at(0).in_flight == 0);
   // absolute values: a later report replaces, not adds
   c.add("tokens", 500);
   REQUIRE(apply_replica_counters(main_side, encode_replica_counters(node_side, {{0, 1}})));

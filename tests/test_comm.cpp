@@ -1166,6 +1166,20 @@ TEST_CASE("test_comm: gloo: one rank, and a peer that never arrives") {
   CHECK(host->size() == 0);
 }
 
+// Debian's gloo crashed the process (SIGSEGV in CreateDeviceAttr, no message) on a host name that does not
+// resolve, in most runs of a cluster whose [cluster] main_address was one (cluster_small checks that case).
+TEST_CASE("test_comm: gloo: a host name that does not resolve is an error naming it") {
+  gloo_options o;
+  o.world_size = 2;
+  o.store_dir = temp_dir("gloo_bad_host");
+  o.hostname = "nonexistent.invalid";  // RFC 6761: never resolves
+  o.timeout = 500ms;
+  for (int i = 0; i < 5; ++i)
+    CHECK_THROWS_WITH_AS(gloo_communicator(o), doctest::Contains("the host 'nonexistent.invalid' does not resolve"),
+                         std::runtime_error);
+  std::filesystem::remove_all(o.store_dir);
+}
+
 #else
 
 TEST_CASE("test_comm: gloo: not built") {

@@ -28,6 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/actor/console_bridge.h"
+#include "runtime/actor/live.h"
 #include "runtime/actor/node.h"
 #include "runtime/actor/runtime.h"
 #include "runtime/console/hub.h"
@@ -739,9 +741,14 @@ TEST_CASE("console: every endpoint of a live run, and the token rules") {
   const std::int64_t p0 = produced_by(run.get("/api/nodes"), "src");
   std::this_thread::sleep_for(500ms);
   CHECK(produced_by(run.get("/api/nodes"), "src") == p0);
+  // a second pause says the run is paused already (it answered "pausing" again)
+  CHECK(run.post("/api/pause", run.token, &body) == 200);
+  CHECK_MESSAGE(body.find("already paused") != std::string::npos, body);
   CHECK(run.post("/api/resume", run.token) == 200);
   run.wait_for("/api/nodes", [&](const json& j) { return produced_by(j, "src") > p0 + 5; });
   CHECK(run.get("/api/status")["run_state"] == "running");
+  CHECK(run.post("/api/resume", run.token, &body) == 200);  // a resume of a running run says so
+  CHECK_MESSAGE(body.find("not paused") != std::string::npos, body);
   // a query parameter that is not a number of its range is a 400 naming it (it was taken as the default);
   // a host name in another case is the same host (RFC 3986 3.2.2)
   for (const auto& [path, want] : std::vector<std::pair<std::string, std::string>>{
@@ -1108,4 +1115,42 @@ TEST_CASE("console: a document is rendered once per sample, and every change of 
   CHECK(points(0.0) == 2);
   CHECK(points(1.0) == 1);
   CHECK(points(1.0 - 1e-9) == 2);
+}
+
+// on_node_lost = "restart" starts a new job, whose events and signals count from 1 again: the console's numbers
+// started again with them (GET /api/events listed 1..13 then 1..6, and a client asking since 13 got nothing).
+TEST_CASE("console: a restarted run's events and signals are numbered after the earlier attempts'") {
+  kinds_and_factories kf;
+  const graph::graph_spec spec = spec_of(kf, pipeline);
+  console_options co;
+  co.enabled = true;
+  co.on_ready = [](const std::string&, const std::string&) {};
+  console_session session(spec, co, 8);
+  session.announce();
+  const metrics_snapshot m;
+  job_live first;
+  for (int i = 0; i < 3; ++i) first.event("note", "work", 0, "first attempt " + std::to_string(i));
+  first.signal("work", 0, "loss", 1.0, 1);
+  session.sample(m, first);
+  session.new_attempt();
+  job_live second;  // the restarted job's own numbers: 1, 2
+  second.event("note", "work", 0, "second attempt 0");
+  second.event("note", "work", 0, "second attempt 1");
+  second.signal("work", 0, "loss", 0.5, 2);
+  session.sample(m, second);
+  httplib::Client c("127.0.0.1", session.port());
+  auto r = c.Get("/api/events?since=0", httplib::Headers{{"Authorization", "Bearer " + session.token()}});
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  std::vector<std::uint64_t> seqs;
+  const json all = json::parse(r->body);
+  for (const auto& e : all.at("events")) seqs.push_back(e.at("seq").get<std::uint64_t>());
+  INFO(r->body);
+  CHECK(seqs == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
+  auto since = c.Get("/api/events?since=3", httplib::Headers{{"Authorization", "Bearer " + session.token()}});
+  REQUIRE(since);
+  const json later = json::parse(since->body).at("events");
+  REQUIRE(later.size() == 2);
+  CHECK(later[0].at("text") == "second attempt 0");
+  session.close();
 }

@@ -195,6 +195,15 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
   CHECK(msg.find("no usable line") != std::string::npos);
   CHECK(msg.find("line 1: empty \"chosen\"") != std::string::npos);
   CHECK(msg.find("line 2: bad JSON") != std::string::npos);
+  // a file that is one JSON list (json.dump(rows), pretty-printed or not, as DS-Chat's local/jsonfile train.json
+  // may be): named so, with the conversion (its lines read as JSON Lines: "bad JSON" at the lone '[')
+  for (const std::string& list : {"[\n  " + good + ",\n  " + good + "\n]\n", "\xEF\xBB\xBF[" + good + ", " + good + "]"}) {
+    const auto f = tmp.write("list.json", list);
+    const std::string why = error_of([&] { load_source(f); });
+    CHECK_MESSAGE(why.find(f + ": is one JSON list of 2 items, not JSON Lines") != std::string::npos, why);
+    CHECK(why.find("jq -c '.[]' " + f + " > rows.jsonl") != std::string::npos);
+  }
+  CHECK(error_of([&] { load_source(tmp.path.string()); }).find("DS-Chat local/jsonfile folder") != std::string::npos);
   // a layout that cannot be told, and a missing file
   CHECK(error_of([&] { load_source(tmp.write("keys.jsonl", "{\"a\": 1}\n")); }).find("cannot tell the data layout") !=
         std::string::npos);

@@ -1275,6 +1275,14 @@ TEST_CASE("cluster: --cluster FILE is read with the same rules and positions") {
   CHECK_MESSAGE(contains(e, "bad.toml:3:11: error: cluster node 'w1': address must be \"HOST:PORT\""), e);
   auto missing = parse_cluster_file(dir / "nope.toml");
   CHECK(contains(all_errors(missing.errors), "cannot open cluster file"));
+  // an IPv6 address in brackets, as URLs write it (it was refused: "its host '[::1]' does not resolve")
+  std::ofstream(dir / "v6.toml") << "[cluster]\n[cluster.nodes.w1]\naddress = \"[::1]:7001\"\n"
+                                     "[cluster.nodes.w2]\naddress = \"::1:7002\"\n";
+  auto v6 = parse_cluster_file(dir / "v6.toml");
+  REQUIRE_MESSAGE(v6.ok(), all_errors(v6.errors));
+  CHECK(v6.cluster.nodes[0].host == "::1");
+  CHECK(v6.cluster.nodes[0].port == 7001);
+  CHECK(v6.cluster.nodes[1].host == "::1");
   fs::remove_all(dir);
 }
 
@@ -1870,4 +1878,29 @@ TEST_CASE("a list setting given one string: the hint writes the user's value as 
     REQUIRE(it != v.errors.end());
     CHECK(contains(it->hint, fix));
   }
+}
+
+// DS-Chat's several --data_path: a list for `data` (a path) was read as one file name from --set ("file not found:
+// '["a.jsonl","b.jsonl"]'") and refused from a file with "write data = \"path/to/file\"": both say where the
+// other files go
+TEST_CASE("a list for a one-file data setting: refused naming mix_data, from the file and from --set") {
+  node_kind_registry kinds;
+  kinds.register_kind(node_kind{"pairs", "reads pairs"}
+                          .option("data", setting_type::path, std::string(""), "the pairs file")
+                          .option("mix_data", setting_type::path_list, std::vector<std::string>{}, "more files"));
+  const auto from_file = parse_graph_string("[node.p]\nkind = \"pairs\"\ndata = [\"a.jsonl\", \"b.jsonl\"]\n",
+                                            graphs_dir / "list_data.graph");
+  REQUIRE(from_file.ok());
+  auto v = validate(from_file.spec, kinds, test_options());
+  REQUIRE(v.errors.size() == 1);
+  CHECK(contains(v.errors[0].message, "setting 'data' of node 'p' must be path, got string_list"));
+  CHECK(contains(v.errors[0].hint, "the other files go in mix_data = [\"b.jsonl\", ...]"));
+  const auto as_text = parse_graph_string("[node.p]\nkind = \"pairs\"\ndata = '[\"a.jsonl\",\"b.jsonl\"]'\n",
+                                          graphs_dir / "list_data.graph");
+  REQUIRE(as_text.ok());
+  v = validate(as_text.spec, kinds, test_options());
+  REQUIRE(v.errors.size() == 1);
+  CHECK_MESSAGE(contains(v.errors[0].message, "setting 'data' of node 'p' takes one path, got the list [\"a.jsonl\",\"b.jsonl\"]"),
+                v.errors[0].message);
+  CHECK(contains(v.errors[0].hint, "mix_data"));
 }

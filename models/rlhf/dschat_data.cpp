@@ -56,7 +56,9 @@ uint64_t numpy_random_interval(std::mt19937& mt, uint64_t max) {
 // The whole (decompressed) file. gzread passes plain files through unchanged.
 std::string read_maybe_gzip(const std::string& path) {
   if (std::error_code ec; std::filesystem::is_directory(path, ec))
-    throw std::runtime_error(path + ": is a folder, not a data file; give the path of the JSONL file (or .jsonl.gz) in it");
+    throw std::runtime_error(path + ": is a folder, not a data file; give the path of the JSONL file (or .jsonl.gz) in it "
+                             "(a DS-Chat local/jsonfile folder's data/train.json: convert it to JSON Lines with `jq -c "
+                             "'.[]' data/train.json > train.jsonl`; flowrun holds out eval_fraction of it, not eval.json)");
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + "); check the path");
   std::string out;
@@ -95,6 +97,21 @@ std::vector<std::string> split_lines(const std::string& text) {
 }
 
 bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+
+// A file that is one JSON list of objects (`json.dump(rows)`, what DS-Chat's local/jsonfile train.json may hold,
+// pretty-printed or not) is not JSON Lines: refused naming the fix. Its lines read as JSON Lines said "bad JSON ...
+// unexpected end of input" at line 1 (the lone '['), which hid the cause.
+void refuse_json_list(const std::string& path, const std::string& text) {
+  size_t at = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;  // a UTF-8 byte order mark
+  at = text.find_first_not_of(" \t\r\n", at);
+  if (at == std::string::npos || text[at] != '[') return;
+  const auto j = nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(at), text.end(), nullptr,
+                                       /*allow_exceptions=*/false);
+  if (!j.is_array()) return;  // a line that is a list (one row of a JSON Lines file): said per line below
+  throw std::runtime_error(path + ": is one JSON list of " + std::to_string(j.size()) +
+                           " items, not JSON Lines (one JSON object a line, as DS-Chat's and TRL's datasets are read "
+                           "here); convert it: `jq -c '.[]' " + path + " > rows.jsonl`");
+}
 
 // nlohmann's messages start with "[json.exception.parse_error.101] "; keep the rest.
 // `s` with control characters and bytes that are not UTF-8 written as escapes (\n, \xff): nlohmann's "last read"
@@ -322,7 +339,9 @@ source load_source(const std::string& path, data_format format) {
   src.path = path;
   load_report& rep = src.report;
   rep.path = path;
-  const auto lines = split_lines(read_maybe_gzip(path));
+  const std::string text = read_maybe_gzip(path);
+  refuse_json_list(path, text);
+  const auto lines = split_lines(text);
   rep.lines = static_cast<int64_t>(lines.size());
 
   std::vector<nlohmann::json> parsed(lines.size());

@@ -43,6 +43,7 @@
 
 #include "runtime/actor/cluster_auth.h"
 #include "runtime/actor/cluster_run.h"
+#include "runtime/actor/console.h"
 #include "runtime/actor/job.h"
 #include "runtime/actor/liveness.h"
 #include "runtime/actor/payload_codec.h"
@@ -306,7 +307,7 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         auto ok = set_actor_table(*st.part, all);
         return ok ? std::string() : ok.error();
       },
-      [=](beat_atom, std::uint32_t process, std::int64_t seq, std::int64_t checkpoint_gen) {
+      [=](beat_atom, std::uint32_t process, std::int64_t seq, std::int64_t checkpoint_gen, std::int64_t printed_seen) {
         // a counter poll (liveness is the responder's), with main's latest console checkpoint request
         auto& st = self->state;
         ++st.beats;
@@ -320,10 +321,15 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
           honoured = static_cast<std::int64_t>(st.part->live->checkpoint_honoured());
           capable = st.part->live->checkpoint_capable_nodes();
         }
+        // and the lines its replicas printed since the last one main printed
+        std::uint64_t first = 0;
+        auto printed = st.part && st.part->live
+                           ? st.part->live->printed_since(static_cast<std::uint64_t>(std::max<std::int64_t>(0, printed_seen)), &first)
+                           : std::vector<std::string>{};
         self->send(caf::actor_cast<caf::actor>(self->current_sender()), beat_atom::value, process, seq,
                    static_cast<std::int64_t>(ms_since(st.shared->started)),
                    st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{},
-                   honoured, capable);
+                   honoured, capable, static_cast<std::int64_t>(first), std::move(printed));
       },
       [=](lost_atom, const std::string& why) {  // from the liveness responder's thread
         auto& st = self->state;
@@ -347,9 +353,10 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         end_part(self, true);
         self->quit(caf::exit_reason::user_shutdown);
       },
-      [=](cend_atom) -> caf::result<std::vector<char>, std::vector<char>> {
+      [=](cend_atom, std::int64_t printed_seen)
+          -> caf::result<std::vector<char>, std::vector<char>, std::int64_t, std::vector<std::string>> {
         auto& st = self->state;
-        if (!trusted()) return {std::vector<char>{}, std::vector<char>{}};
+        if (!trusted()) return {std::vector<char>{}, std::vector<char>{}, std::int64_t{0}, std::vector<std::string>{}};
         const auto now = cross_process_totals();
         const auto bs = st.bulk ? st.bulk->stats() : bulk_stats{};
         std::vector<std::uint64_t> counts{now.data_msgs - st.at_start.data_msgs, now.data_bytes - st.at_start.data_bytes,
@@ -358,9 +365,13 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
                                           bs.sends, bs.tensors_sent, bs.bytes_sent};
         auto final_counters =
             st.part ? encode_replica_counters(*st.part->metrics, st.part->local_ids) : std::vector<char>{};
-        end_part(self, false);
+        auto live = st.part ? st.part->live : nullptr;  // (end_part lets go of the part)
+        end_part(self, false);  // its replicas' stop() may print (what an interrupted run kept)
+        std::uint64_t first = 0;
+        auto printed = live ? live->printed_since(static_cast<std::uint64_t>(std::max<std::int64_t>(0, printed_seen)), &first)
+                            : std::vector<std::string>{};
         self->quit();
-        return {pack(counts), std::move(final_counters)};
+        return {pack(counts), std::move(final_counters), static_cast<std::int64_t>(first), std::move(printed)};
       },
   };
 }
@@ -600,11 +611,24 @@ struct beat_table {
   std::vector<std::string> lost_why;
   std::vector<std::vector<char>> counters;  // the latest replica counters each sent (encode_replica_counters)
   std::vector<bool> counters_new;           // not yet applied to main's metrics
+  std::vector<std::uint64_t> printed_seen;  // the number of the last line each printed that main printed
   bool closing = false;  // cluster_run::end() began: a session that now quits normally is closed, not lost
   std::string scope;     // comm::attempt_scope of the run: its rank groups' entries in the abort registry
   std::shared_ptr<job_live> live;  // main's part: its console's checkpoint requests go to the nodes
   clk::time_point t0 = clk::now();
 };
+
+// The lines node `i` printed, numbered from `first`, on main's terminal, each once, behind the node's name
+// ("[w1] [pretrain] step 5/40 ..."): what main printed itself stays as it was. Call with table.mutex held.
+void print_node_lines(beat_table& table, std::size_t i, std::int64_t first, const std::vector<std::string>& lines) {
+  if (i >= table.printed_seen.size() || first < 1) return;
+  for (std::size_t k = 0; k < lines.size(); ++k) {
+    const auto n = static_cast<std::uint64_t>(first) + k;
+    if (n <= table.printed_seen[i]) continue;  // a reply that crossed an earlier one's
+    console::print("[" + table.names[i] + "] " + lines[k]);
+    table.printed_seen[i] = n;
+  }
+}
 
 // Connects to the daemon's gate at host:port (caf_openssl's manager when `tls`). Not the blocking
 // remote_actor: it waits for the connect and the BASP handshake without a time limit, and a port that
@@ -632,6 +656,47 @@ expected<caf::actor> connect_gate(caf::actor_system& sys, caf::scoped_actor& sel
 // refused the connection, or the host name does not resolve.
 bool refused(const std::string& e) { return e.find("ip_connect failed") != std::string::npos; }
 bool no_such_host(const std::string& e) { return e.find("no such host") != std::string::npos; }
+
+// The addresses `host` resolves to (numeric, e.g. "127.0.0.1", "::1"); none when it does not.
+std::set<std::string> host_addresses(const std::string& host) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  std::set<std::string> out;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res) return out;
+  for (const addrinfo* a = res; a; a = a->ai_next) {
+    char text[NI_MAXHOST];
+    if (::getnameinfo(a->ai_addr, a->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) == 0) out.insert(text);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+// Whether `host` (a name or an address) resolves.
+bool host_resolves(const std::string& host) { return !host_addresses(host).empty(); }
+
+// Two cluster nodes whose hosts reach one address on the same port: one daemon under two names (the file's own
+// check compares the text: 127.0.0.1:7001 and localhost:7001 passed, and the second was "busy with another
+// job", this one). "" when none.
+std::string one_daemon_twice(const graph::cluster_spec& c) {
+  for (std::size_t a = 0; a < c.nodes.size(); ++a)
+    for (std::size_t b = a + 1; b < c.nodes.size(); ++b) {
+      const auto& x = c.nodes[a];
+      const auto& y = c.nodes[b];
+      if (x.port != y.port || x.host == y.host) continue;  // the same text is the parser's error
+      const auto ax = host_addresses(x.host), ay = host_addresses(y.host);
+      for (const auto& addr : ax)
+        if (ay.count(addr))
+          return "cluster nodes '" + x.name + "' (" + x.host + ":" + std::to_string(x.port) + ") and '" + y.name +
+                 "' (" + y.host + ":" + std::to_string(y.port) + ") are one daemon: both reach " + addr + " port " +
+                 std::to_string(x.port) +
+                 (y.address_pos.known() ? " (address at " + y.address_pos.file + ":" + std::to_string(y.address_pos.line) + ")"
+                                        : std::string()) +
+                 "; each cluster node is one `flowrun node` daemon (one job at a time): start another daemon on "
+                 "another port, or place both nodes' replicas on '" + x.name + "'";
+    }
+  return "";
+}
 
 // The first step of the handshake: the daemon's nonce and proof for `client_nonce`; "" or the error.
 std::string hello(caf::actor_system& sys, caf::scoped_actor& self, const caf::actor& gate,
@@ -714,7 +779,12 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
         std::lock_guard<std::mutex> lock(table->mutex);
         if (table->lost[i] || table->closing) continue;
       }
-      self->send(sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), seq, checkpoint_gen);
+      std::int64_t seen = 0;
+      {
+        std::lock_guard<std::mutex> lock(table->mutex);
+        if (i < table->printed_seen.size()) seen = static_cast<std::int64_t>(table->printed_seen[i]);
+      }
+      self->send(sessions[i], beat_atom::value, static_cast<std::uint32_t>(i), seq, checkpoint_gen, seen);
     }
   };
   while (running) {
@@ -748,9 +818,11 @@ void link_loop(caf::actor_system& sys, std::shared_ptr<beat_table> table, std::p
           if (i < sessions.size() && !closing) lose(i, why);
         },
         [&](beat_atom, std::uint32_t i, std::int64_t, std::int64_t, std::vector<char>& counters,
-            std::int64_t honoured, const std::vector<std::string>& capable) {
+            std::int64_t honoured, const std::vector<std::string>& capable, std::int64_t first,
+            const std::vector<std::string>& printed) {
           if (i >= sessions.size()) return;
           std::lock_guard<std::mutex> lock(table->mutex);
+          print_node_lines(*table, i, first, printed);
           if (table->live) table->live->note_remote_checkpoints(static_cast<std::uint64_t>(std::max<std::int64_t>(0, honoured)), capable);
           if (i < table->counters.size() && !counters.empty()) {
             table->counters[i] = std::move(counters);
@@ -918,6 +990,16 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
         bulk_needed = bulk_needed || bulk;
       }
   }
+  // main's bulk-plane host, before any node is connected: one that does not resolve failed the run only at
+  // the bulk plane, after every node had been set up
+  if (bulk_needed && !cl::host_resolves(spec.cluster.main_address)) {
+    const auto& at = spec.cluster.main_address_pos;
+    return error_text{"[cluster] main_address = \"" + spec.cluster.main_address + "\" does not resolve" +
+                      (at.known() ? " (at " + at.file + ":" + std::to_string(at.line) + ")" : std::string()) +
+                      ": give the name or IPv4 address of this machine that the cluster nodes reach (the bulk plane "
+                      "listens there)"};
+  }
+  if (const std::string twice = cl::one_daemon_twice(spec.cluster); !twice.empty()) return error_text{twice};
   p->table = std::make_shared<cl::beat_table>();
   p->table->scope = comm::attempt_scope(options.run_id, options.attempt);
   // A thread of its own: heartbeats must not wait for a worker thread that a training step holds.
@@ -1161,6 +1243,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       p->table->lost_why.emplace_back();
       p->table->counters.emplace_back();
       p->table->counters_new.push_back(false);
+      p->table->printed_seen.push_back(0);
     }
   }
   std::vector<caf::actor> sessions;
@@ -1334,9 +1417,19 @@ std::string cluster_run::end() {
       continue;
     }
     std::vector<std::uint64_t> counts;
-    self->request(c.session, std::chrono::seconds(5), cl::cend_atom::value)
+    std::int64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lock(p.table->mutex);
+      if (i < p.table->printed_seen.size()) seen = static_cast<std::int64_t>(p.table->printed_seen[i]);
+    }
+    self->request(c.session, std::chrono::seconds(5), cl::cend_atom::value, seen)
         .receive(
-            [&](std::vector<char>& v, std::vector<char>& final_counters) {
+            [&](std::vector<char>& v, std::vector<char>& final_counters, std::int64_t first,
+                std::vector<std::string>& printed) {
+              {  // its last lines (the heartbeats carried the rest)
+                std::lock_guard<std::mutex> lock(p.table->mutex);
+                cl::print_node_lines(*p.table, i, first, printed);
+              }
               counts = cl::unpack<std::uint64_t>(v);
               // the node's replicas as they ended: main's summary and console show them
               if (p.part && !final_counters.empty()) apply_replica_counters(*p.part->metrics, final_counters);

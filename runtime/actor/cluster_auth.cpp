@@ -36,7 +36,12 @@ expected<std::string> load_cluster_secret(const std::string& file) {
     std::getline(in, secret);
     while (!secret.empty() && (secret.back() == '\r' || secret.back() == ' ' || secret.back() == '\t'))
       secret.pop_back();
-    if (secret.empty()) return error_text{"the cluster secret file '" + file + "' is empty (its first line is the secret)"};
+    if (secret.empty()) {
+      const bool more = static_cast<bool>(in.peek() != std::char_traits<char>::eof());
+      return error_text{"the cluster secret file '" + file + "' " +
+                        (more ? "begins with a blank line: the secret is its first line; remove the blank line"
+                              : "is empty (its first line is the secret)")};
+    }
   } else {
     if (const char* env = std::getenv("FLOWRUN_CLUSTER_SECRET")) secret = env;
     if (secret.empty())

@@ -214,12 +214,12 @@ void console_session::publish(const metrics_snapshot& m, const job_live& live, b
   }
   for (auto& e : live.events_since(event_seq_)) {
     event_seq_ = e.seq;
-    s.events.push_back(fc::event{e.seq, e.t_s, std::move(e.kind), std::move(e.node), e.replica, std::move(e.text)});
+    s.events.push_back(fc::event{event_base_ + e.seq, e.t_s, std::move(e.kind), std::move(e.node), e.replica, std::move(e.text)});
   }
   for (auto& p : live.signals_since(signal_seq_)) {
     signal_seq_ = p.seq;
     s.signals.push_back(
-        fc::signal_point{p.seq, p.t_s, std::move(p.node), p.replica, std::move(p.name), p.value, std::move(p.text)});
+        fc::signal_point{signal_base_ + p.seq, p.t_s, std::move(p.node), p.replica, std::move(p.name), p.value, std::move(p.text)});
   }
   s.cluster = *cluster_;
   hub_->publish(std::move(s));
@@ -231,15 +231,22 @@ void console_session::finish(const metrics_snapshot& m, const job_live& live, in
   publish(m, live, true, exit_code, error);
 }
 
-void console_session::close() {
+void console_session::close(const std::function<bool()>& stop_waiting) {
   if (closed_) return;
   closed_ = true;
   auto ended = []() -> std::string { throw std::runtime_error("the run has finished"); };
   hub_->set_controls({ended, ended, ended, ended});
   if (options_.linger_s > 0) {
-    spdlog::info("console: the run ended; serving its final state for {:.0f} s more at {}", options_.linger_s,
-                 server_->url());
-    std::this_thread::sleep_for(std::chrono::duration<double>(options_.linger_s));
+    spdlog::info("console: the run ended; serving its final state for {:.0f} s more at {} (Ctrl-C ends it)",
+                 options_.linger_s, server_->url());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.linger_s);
+    while (std::chrono::steady_clock::now() < until) {
+      if (stop_waiting && stop_waiting()) {
+        spdlog::info("console: stopped serving (a signal during the linger)");
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
   hub_->close();
   server_->stop();

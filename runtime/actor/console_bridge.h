@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -53,12 +54,19 @@ class console_session {
   /// events and signals recorded since the previous sample.
   void sample(const metrics_snapshot& m, const job_live& live);
   /// The run starts again (on_node_lost = "restart"): the next samples come
-  /// from a new job, whose events and signals count from the start.
-  void new_attempt() { event_seq_ = signal_seq_ = 0; }
+  /// from a new job, whose events and signals count from the start; the
+  /// console's numbers go on after the earlier attempts' (they started again
+  /// at 1, and a client asking for events since the last number it saw got none).
+  void new_attempt() {
+    event_base_ += event_seq_;
+    signal_base_ += signal_seq_;
+    event_seq_ = signal_seq_ = 0;
+  }
   /// The final sample (run_state "finished", the exit code and error).
   void finish(const metrics_snapshot& m, const job_live& live, int exit_code, const std::string& error);
-  /// Stops serving (after options.linger_s).
-  void close();
+  /// Stops serving, after options.linger_s or as soon as `stop_waiting` (polled every 100 ms) says so:
+  /// a Ctrl-C during the linger ends it (it slept the whole linger through).
+  void close(const std::function<bool()>& stop_waiting = {});
 
   std::string url() const;
   const std::string& token() const;
@@ -71,7 +79,8 @@ class console_session {
   std::shared_ptr<flowrun::console::hub> hub_;
   std::unique_ptr<flowrun::console::server> server_;
   std::unique_ptr<flowrun::console::cluster_sample> cluster_;
-  std::uint64_t event_seq_ = 0, signal_seq_ = 0;
+  std::uint64_t event_seq_ = 0, signal_seq_ = 0;    ///< the job's numbers taken so far (this attempt)
+  std::uint64_t event_base_ = 0, signal_base_ = 0;  ///< the earlier attempts' counts, added to the job's numbers
   bool closed_ = false;
 };
 

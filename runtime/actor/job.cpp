@@ -356,7 +356,10 @@ class replica_actor_t : public Base {
     void emit(std::string_view port, payload msg) override { a_.ctx_emit(port, std::move(msg)); }
     void metric(std::string_view name, std::int64_t delta) override { a_.counters_.add(name, delta); }
     void wait_for_input() override { a_.waiting_input_ = true; }
-    void print(std::string_view line) override { console::print(line); }
+    void print(std::string_view line) override {
+      console::print(line);
+      a_.plan_->live->printed(line);  // a cluster node's part keeps it for main (job_live::forward_prints)
+    }
     spdlog::logger& log() override { return a_.ctx_log(); }
     void signal(std::string_view name, double value, std::int64_t step) override {
       a_.plan_->live->signal(a_.np_.spec.name, a_.replica_, std::string(name), value, step);
@@ -1974,6 +1977,7 @@ expected<job_part> spawn_part(caf::actor_system& sys, const graph::graph_spec& s
   part.state = plan->state;
   part.metrics = plan->metrics;
   part.live = plan->live;
+  if (where.self != 0) plan->live->forward_prints();  // a cluster node's part: main prints its lines too
   plan->actors.resize(plan->nodes.size());
   for (std::uint32_t n = 0; n < plan->nodes.size(); ++n) {
     plan->actors[n].resize(plan->nodes[n].replicas);

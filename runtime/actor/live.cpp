@@ -261,4 +261,21 @@ void job_live::note_remote_checkpoints(std::uint64_t honoured, const std::vector
       for (auto& r : n.replicas) r->mark_checkpoint_capable();
 }
 
+void job_live::printed(std::string_view line) {
+  if (!forward_prints_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  printed_.emplace_back(line);
+  ++printed_seq_;
+  if (printed_.size() > max_events) printed_.pop_front();  // main asks every heartbeat: only a stalled one misses
+}
+
+std::vector<std::string> job_live::printed_since(std::uint64_t seen, std::uint64_t* first) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::uint64_t oldest = printed_seq_ - printed_.size() + 1;  // the number of printed_.front()
+  const std::uint64_t from = std::max(seen + 1, oldest);
+  *first = from;
+  if (from > printed_seq_) return {};
+  return {printed_.begin() + static_cast<std::ptrdiff_t>(from - oldest), printed_.end()};
+}
+
 }  // namespace flowrun::actor

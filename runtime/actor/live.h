@@ -208,6 +208,16 @@ class job_live {
   /// honoured and the names of its nodes that poll checkpoint_requested(); every replica of those
   /// nodes then reads checkpoint_capable (the console's replica view).
   void note_remote_checkpoints(std::uint64_t honoured, const std::vector<std::string>& capable);
+  /// Cluster runs, a node's part: keep the lines its replicas print (node_context::print: losses,
+  /// checkpoints, what an interrupted run kept) for main, which prints them too; the daemon's own
+  /// terminal was the only place they showed.
+  void forward_prints() { forward_prints_.store(true, std::memory_order_release); }
+  /// A line a replica printed (kept only under forward_prints: the last max_events, numbered 1, 2, ...).
+  void printed(std::string_view line);
+  /// The kept lines numbered after `seen`, oldest first; *first gets the number of the first (main
+  /// asks with the last number it printed, so a reply that crossed another prints nothing twice).
+  std::vector<std::string> printed_since(std::uint64_t seen, std::uint64_t* first) const;
+
   /// The latest request some node has honoured (checkpoint_due returned true for it; 0: none).
   /// A run that ends with checkpoint_generation() above it ends with a request not written.
   std::uint64_t checkpoint_honoured() const { return checkpoint_honoured_.load(std::memory_order_acquire); }
@@ -224,7 +234,10 @@ class job_live {
   std::atomic<run_phase> run_phase_{run_phase::starting};
   std::atomic<std::uint64_t> checkpoint_gen_{0};
   std::atomic<std::uint64_t> checkpoint_honoured_{0};
+  std::atomic<bool> forward_prints_{false};
   mutable std::mutex mutex_;
+  std::deque<std::string> printed_;  // under forward_prints; the last is number printed_seq_
+  std::uint64_t printed_seq_ = 0;
   std::deque<live_event> events_;
   std::deque<live_signal> signals_;
   std::uint64_t event_seq_ = 0, signal_seq_ = 0;

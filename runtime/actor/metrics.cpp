@@ -180,7 +180,9 @@ metrics_snapshot job_metrics::snapshot() const {
       es.handled += handled;
       if (!l->remote) depth += static_cast<std::int64_t>(sent) - static_cast<std::int64_t>(handled);
       es.bytes += l->bytes.load(rx);
-      es.in_flight += static_cast<std::int64_t>(sent) - static_cast<std::int64_t>(acked);
+      // (a link whose producer is in another process counts no sends here: a daemon's summary of an edge from main
+      // said "in flight -4"; the producer's process counts that link's messages in flight)
+      if (sent >= acked) es.in_flight += static_cast<std::int64_t>(sent - acked);
       es.max_in_flight = std::max<std::uint64_t>(es.max_in_flight, l->max_in_flight.load(rx));
       es.blocked_s += ns_to_s(l->blocked_ns.load(rx));
       const std::int64_t oldest = l->oldest_unacked_ns.load(rx);

@@ -285,6 +285,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     caf::actor_system& sys = *sys_owner;
     signal_guard signals;
     int forwarded = 0;
+    bool console_paused = false;  // the console's pause holds over a restart (the restarted job ran on)
     // Attempts: more than one when a cluster node is lost under on_node_lost =
     // "restart" (docs/scaling.md). Each attempt is a new job over the same
     // graph, with the lost nodes' replicas moved to main (unless they answer
@@ -355,11 +356,13 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     if (console_live) {
       std::shared_ptr<job_live> live = j.live;
       ::flowrun::console::controls c;
-      c.pause = [requests] {
+      c.pause = [requests, live] {
+        if (live->get_run_phase() == run_phase::paused) return std::string("already paused: resume to go on");
         requests->push(control_queue::pause);
         return std::string("pausing: no message is handled and no source produces until resume");
       };
-      c.resume = [requests] {
+      c.resume = [requests, live] {
+        if (live->get_run_phase() != run_phase::paused) return std::string("not paused: nothing to resume");
         requests->push(control_queue::resume);
         return std::string("resuming");
       };
@@ -398,6 +401,12 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       console_live->set_controls(std::move(c));
       if (attempt_options.attempt == 0) console_live->announce();
       else console_live->new_attempt();
+      if (console_paused) {
+        pause(j);
+        const std::string msg = "the restarted run starts paused, as the console left it: resume to go on";
+        j.live->event("pause", "", -1, msg);
+        spdlog::warn("[{}] {}", spec.name, msg);
+      }
     }
     using clk = std::chrono::steady_clock;
     auto next_console = clk::now();
@@ -434,8 +443,13 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         std::_Exit(128 + g_last_signal.load());
       }
       for (int req : requests->take()) {
-        if (req == control_queue::pause) pause(j);
-        else if (req == control_queue::resume) resume(j);
+        if (req == control_queue::pause) {  // said in the log, as the console's stop is
+          pause(j), console_paused = true;
+          spdlog::info("[{}] the console's pause: nothing is handled or produced until resume", spec.name);
+        } else if (req == control_queue::resume) {
+          resume(j), console_paused = false;
+          spdlog::info("[{}] the console's resume", spec.name);
+        }
         else interrupt(j, 0);  // the console's stop: drains as SIGINT, named so
       }
       const auto now = clk::now();
@@ -610,7 +624,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     }  // attempts
     teardown_actor_system(std::move(sys_owner), clustered, result.exit_code, result.error);
   }
-  if (console_live) console_live->close();
+  if (console_live) {  // a signal during the linger ends it; the run's exit code stays
+    signal_guard signals;
+    console_live->close([] { return g_signal_count.load() > 0; });
+  }
   return result;
 }
 

@@ -24,6 +24,9 @@
 //
 // broadcast: the root sends x to every other rank. barrier: an all_gather of
 // one byte per rank (a rank's byte travels only once it has entered).
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -235,12 +238,23 @@ class gloo_comm final : public communicator {
 
  private:
   // The TCP device every rendezvous uses: on o.iface, else on o.hostname.
+  // A host name that does not resolve is refused here: Debian's gloo (CreateDeviceAttr) read the failed
+  // lookup's result and crashed the process (SIGSEGV, no message) in most runs of a cluster whose
+  // [cluster] main_address did not resolve.
   static std::shared_ptr<gloo::transport::Device> make_device(const gloo_options& o) {
     gloo::transport::tcp::attr attr;
-    if (!o.iface.empty())
+    if (!o.iface.empty()) {
       attr.iface = o.iface;
-    else
+    } else {
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* found = nullptr;
+      if (const int rc = ::getaddrinfo(o.hostname.c_str(), nullptr, &hints, &found); rc != 0)
+        throw std::runtime_error("the host '" + o.hostname + "' does not resolve (" + ::gai_strerror(rc) + ")");
+      ::freeaddrinfo(found);
       attr.hostname = o.hostname;
+    }
     return gloo::transport::tcp::CreateDevice(attr);
   }
 

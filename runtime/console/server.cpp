@@ -120,6 +120,12 @@ void probe_bind(const std::string& host, int port) {
   freeaddrinfo(res);
   if (ok) return;
   const std::string where = "port " + std::to_string(port) + " on " + host;
+  const char* nproc = std::getenv("FLOWRUN_NPROC");  // a process of `flowrun launch --nproc P`
+  if (err == EADDRINUSE && nproc && std::atoi(nproc) > 1)
+    throw console_error("console: " + where +
+                        " is already in use: under flowrun launch every process serves a console of its own, and "
+                        "another of this launch's processes (or another program) took the port; give each its own: "
+                        "--run-arg=--console=0 (a free port each, printed by each process)");
   if (err == EADDRINUSE)
     throw console_error("console: " + where +
                         " is already in use (another flowrun run or another program listens there; `ss -ltnp "

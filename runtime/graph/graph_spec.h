@@ -215,6 +215,7 @@ struct cluster_spec {
   /// rendezvous store; the nodes must reach it there. The daemons listen on
   /// the host of their own `address`.
   std::string main_address = "127.0.0.1";
+  source_pos main_address_pos;  ///< the main_address value (unknown if absent)
   source_pos pos;  ///< the [cluster] table (unknown if absent)
 
   /// True when no node is declared (a single-process run).

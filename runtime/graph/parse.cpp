@@ -398,7 +398,10 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
                       (v.is_string() ? "\"" + v.as_string()->get() + "\"" : toml_type_name(v)),
                   "write main_address = \"10.0.0.1\": the address of this machine that the cluster nodes reach");
       else
+      {
         c.main_address = v.as_string()->get();
+        c.main_address_pos = pos_of(v);
+      }
     } else if (k == "nodes") {
       const auto* nt = v.as_table();
       if (!nt) {
@@ -452,6 +455,8 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
               continue;
             }
             n.host = text.substr(0, colon);
+            if (n.host.size() > 2 && n.host.front() == '[' && n.host.back() == ']')  // an IPv6 address as URLs write it
+              n.host = n.host.substr(1, n.host.size() - 2);
             n.port = port;
             have_address = true;
           } else if (a == "cpus" || a == "gpus") {

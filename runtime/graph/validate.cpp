@@ -301,6 +301,13 @@ class validator {
     return suggest(name, valid, "settings of " + kind.name);
   }
 
+  // For a path setting that got several files: where the others go, when the kind takes more (DS-Chat's
+  // several --data_path are `data` and `mix_data`).
+  static std::string more_files_hint(const node_kind& kind, const std::string& name, const setting_decl& decl) {
+    if (decl.type != setting_type::path || name != "data" || !kind.find_setting("mix_data")) return "";
+    return "; the other files go in mix_data = [\"b.jsonl\", ...] (DS-Chat's several --data_path)";
+  }
+
   void check_settings(node_spec& node, const node_kind& kind) {
     for (auto& [name, s] : node.settings) {
       const setting_decl* decl = kind.find_setting(name);
@@ -358,7 +365,17 @@ class validator {
         error(first_known(s.value_pos, node.pos),
               "setting '" + name + "' of node '" + node.name + "' must be " + std::string(to_string(decl->type)) +
                   ", got " + std::string(value_type_name(s.value)) + " " + to_string(s.value) + why,
-              "write " + name + " = " + fix + " (`flowrun explain " + kind.name + "`)");
+              "write " + name + " = " + fix + more_files_hint(kind, name, *decl) + " (`flowrun explain " + kind.name +
+                  "`)");
+        continue;
+      }
+      // a list written as the text of one path (`--set node.rm.data='["a.jsonl","b.jsonl"]'`): not a file name
+      if (const auto* text = std::get_if<std::string>(&s.value); decl->type == setting_type::path && text &&
+                                                                  text->size() > 1 && text->front() == '[' &&
+                                                                  text->back() == ']' && !fs::exists(*text)) {
+        error(first_known(s.value_pos, node.pos),
+              "setting '" + name + "' of node '" + node.name + "' takes one path, got the list " + *text,
+              "give one file" + more_files_hint(kind, name, *decl));
         continue;
       }
       if (decl->type == setting_type::float_)

@@ -420,19 +420,20 @@ int main(int argc, char** argv) {
   app.add_option("--token", o.token, "The console's token (or $FLOWRUN_CONSOLE_TOKEN)");
   app.add_option("--token-file", o.token_file,
                  "A file holding the token (flowrun --console-token-file; or $FLOWRUN_CONSOLE_TOKEN_FILE)");
-  app.add_option("--timeout", o.timeout_s, "Seconds to wait for an answer")
-      ->capture_default_str()
-      ->check(CLI::Validator(  // 0 reported "no console answers" of a console that was there
-          [](std::string& v) {
-            double x = 0;
-            try {
-              x = std::stod(v);
-            } catch (const std::exception&) {
-              return std::string("must be a number of seconds, got ") + v;
-            }
-            return std::isfinite(x) && x > 0 ? std::string() : "must be > 0 seconds, got " + v;
-          },
-          "SECONDS > 0"));
+  // a number of seconds > 0 and finite (--timeout 0 reported "no console answers" of a console that was there;
+  // top -d nan or -1 were taken)
+  const CLI::Validator seconds(
+      [](std::string& v) {
+        double x = 0;
+        try {
+          x = std::stod(v);
+        } catch (const std::exception&) {
+          return std::string("must be a number of seconds, got ") + v;
+        }
+        return std::isfinite(x) && x > 0 ? std::string() : "must be > 0 seconds, got " + v;
+      },
+      "SECONDS > 0");
+  app.add_option("--timeout", o.timeout_s, "Seconds to wait for an answer")->capture_default_str()->check(seconds);
 
   auto* status = app.add_subcommand("status", "The run: state, phase, progress, tokens/s, nodes by state, signals");
   auto* top = app.add_subcommand("top", "Nodes and edges with rates and load, refreshed like top");
@@ -440,7 +441,7 @@ int main(int argc, char** argv) {
   double interval = 1.0;
   top->add_option("-n,--iterations", iterations, "Frames to show (0: until the run ends or Ctrl-C)")
       ->capture_default_str();
-  top->add_option("-d,--interval", interval, "Seconds between frames")->capture_default_str();
+  top->add_option("-d,--interval", interval, "Seconds between frames")->capture_default_str()->check(seconds);
   auto* graph = app.add_subcommand("graph", "The graph with states and rates (text, or Graphviz DOT with --dot)");
   bool dot = false;
   graph->add_flag("--dot", dot, "Print Graphviz DOT (nodes coloured by state, edges labelled with rates)");
@@ -451,7 +452,14 @@ int main(int argc, char** argv) {
   inspect->add_flag("--json", raw, "Print the API's JSON");
   auto* events = app.add_subcommand("events", "The event log (spawn, start, restart, failed, down, ...)");
   std::uint64_t since = 0;
-  events->add_option("--since", since, "Only events after this sequence number");
+  events->add_option("--since", since, "Only events after this sequence number")
+      ->check(CLI::Validator(  // -1 became 18446744073709551615, which the console refused as out of its range
+          [](std::string& v) {
+            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "must be a whole number >= 0 (an event's seq), got " + v;
+          },
+          "SEQ >= 0"));
   auto* cluster = app.add_subcommand("cluster", "The processes: main and each cluster node, heartbeat ages, replicas");
   bool cluster_json = false;
   cluster->add_flag("--json", cluster_json, "Print the API's JSON");

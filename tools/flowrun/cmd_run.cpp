@@ -46,6 +46,7 @@ struct run_opts {
   bool no_console = false;
   std::string console_bind = "127.0.0.1";
   std::string console_token;
+  bool console_token_given = false;  // --console-token was on the command line (even as '')
   std::string console_token_file;
   double console_linger = 0;
   // clusters (docs/scaling.md)
@@ -172,6 +173,9 @@ int run_graph_file(const run_opts& o_in) {
       std::cerr << graph::format_errors(c.errors);
       return 2;
     }
+    if (v.spec.cluster.pos.known())  // the graph's own table is set aside whole (its nodes were replaced silently)
+      spdlog::info("--cluster {}: its [cluster] replaces the graph's own ({}:{}), nodes and settings",
+                   o->cluster_file, v.spec.cluster.pos.file, v.spec.cluster.pos.line);
     v.spec.cluster = std::move(c.cluster);
   }
   if (auto errors = graph::check_placement(v.spec); !errors.empty()) {
@@ -215,8 +219,24 @@ int run_graph_file(const run_opts& o_in) {
     ro.console.port = static_cast<int>(port);
     ro.console.bind = o->console_bind;
     ro.console.token = o->console_token;
-    if (ro.console.token.empty())
+    const bool given = o->console_token_given;  // --console-token '' was taken as "no token": a random one
+    if (ro.console.token.empty() && !given)
       if (const char* t = std::getenv("FLOWRUN_CONSOLE_TOKEN")) ro.console.token = t;
+    // a token is sent in an HTTP header and written as one line of --console-token-file (flowctl reads the first
+    // line): one with a space or a control character could not be used (a newline split the log's line too)
+    const std::string from = given ? "--console-token" : "FLOWRUN_CONSOLE_TOKEN";
+    if (given && ro.console.token.empty()) {
+      spdlog::error("--console-token is empty: give a token of 16 or more printable characters, or leave the option "
+                    "out for a random one");
+      return 2;
+    }
+    if (std::any_of(ro.console.token.begin(), ro.console.token.end(),
+                    [](char c) { return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f; })) {
+      spdlog::error("{}: the console token holds a space or a control character (a newline, a tab): it travels in an "
+                    "HTTP header and as one line of --console-token-file; give printable characters only",
+                    from);
+      return 2;
+    }
     ro.console.token_file = o->console_token_file;
     ro.console.linger_s = o->console_linger;
     // the token guards pause, stop and checkpoint (and every request off loopback): a short one is guessed
@@ -288,10 +308,12 @@ void add_run(CLI::App& app) {
                   "Address the console listens on (not loopback: every request needs the token)")
       ->capture_default_str();
   sub->add_option("--console-token", o->console_token,
-                  "The console's token (default: $FLOWRUN_CONSOLE_TOKEN, else a random one printed at start)");
+                  "The console's token (default: $FLOWRUN_CONSOLE_TOKEN, else a random one printed at start)")
+      ->each([o](const std::string&) { o->console_token_given = true; });
   sub->add_option("--console-token-file", o->console_token_file, "Write the console's token to this file (mode 0600)");
   sub->add_option("--console-linger", o->console_linger,
-                  "Seconds to keep serving the console's final state after the run ended");
+                  "Seconds to keep serving the console's final state after the run ended (Ctrl-C ends it)")
+      ->check(bounded(0, 604800, "seconds, at most a week"));
   sub->add_option("--cluster", o->cluster_file,
                   "A TOML file with a [cluster] table (replaces the graph's): the node daemons replicas are placed "
                   "on with on = \"NAME\" (docs/scaling.md)");
@@ -694,6 +716,8 @@ void add_node(CLI::App& app) {
       throw exit_request{2};
     }
     d.host = o->listen.substr(0, colon);
+    if (d.host.size() > 2 && d.host.front() == '[' && d.host.back() == ']')  // [::1]:7001, as URLs write IPv6
+      d.host = d.host.substr(1, d.host.size() - 2);
     d.port = port;
     auto secret = actor::load_cluster_secret(o->secret_file);
     if (!secret) {

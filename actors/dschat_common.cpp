@@ -177,6 +177,22 @@ std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step
   return m;
 }
 
+void remove_step_checkpoints(actor::node_context& ctx) {
+  if (ctx.checkpoint_dir().empty()) return;
+  const std::filesystem::path dir = std::filesystem::path(ctx.checkpoint_dir()) / ctx.name();
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) return;
+  // (a normal end removed it whatever it held: a step-1 node named like another graph's step-3 trainer on the
+  // same checkpoint_dir took that trainer's checkpoints with it)
+  if (ppo::checkpoint_owner(dir.string()) == ppo::trainer_dir_owner::step3) {
+    ctx.log().warn("node '{}': {} holds a step-3 trainer's checkpoints (another graph's node of the same name on "
+                   "this checkpoint_dir?), not this trainer's: it is left as it is",
+                   ctx.name(), dir.string());
+    return;
+  }
+  std::filesystem::remove_all(dir, ec);
+}
+
 void check_retrain(actor::node_context& ctx, const char* step) {
   if (ctx.checkpoint_dir().empty()) return;
   nlohmann::json j;

@@ -54,6 +54,11 @@ void write_run_marker(const actor::node_context& ctx, const std::string& out, co
 /// run saved it (and a line saying that training is skipped); else null.
 std::shared_ptr<decoder> resume_saved(actor::node_context& ctx, const char* step);
 
+/// A steps 1-2 trainer whose step is over removes its mid-run checkpoints, CHECKPOINT_DIR/NAME, unless that
+/// folder holds a step-3 trainer's (ppo::checkpoint_owner: another graph's trainer of the same name on the
+/// same checkpoint_dir), which is left, and a warning says so. Nothing without a checkpoint_dir or the folder.
+void remove_step_checkpoints(actor::node_context& ctx);
+
 /// The steps 1-2 trainers' settings that change nothing trained: printing, the checkpoint schedule,
 /// the ZeRO stage, gradient checkpointing, the memory limit, the output path (compared apart) and
 /// verify_output. A resume from a mid-run checkpoint may change them, and so may a rerun of a

@@ -162,9 +162,20 @@ class dschat_trainer : public actor::node {
       }
       // the step is over (its outputs and done marker, when it has them, are on disk): its mid-run
       // checkpoints are of no more use
-      if (!ckpt_dir_.empty()) std::filesystem::remove_all(ckpt_dir_);
-    } else if (!ctx.checkpoint_dir().empty()) {  // ... nor those a run stopped before their removal left
-      std::filesystem::remove_all(std::filesystem::path(ctx.checkpoint_dir()) / ctx.name());
+      remove_step_checkpoints(ctx);
+    } else {
+      remove_step_checkpoints(ctx);  // ... nor those a run stopped before their removal left
+      // an adapter removed since the run (only the merged output and the marker are checked): written again
+      // from the trained tensors the rerun loaded (the exact copy keeps LoRA unmerged); it was never written
+      if (const auto* w = ctx.spec().find_setting("save_lora"); w && !ctx.spec().get_string("save_lora").empty()) {
+        const std::string dir = ctx.spec().get_string("save_lora");
+        if (!std::filesystem::exists(std::filesystem::path(dir) / "adapter_model.safetensors") && model_->has_lora()) {
+          save_adapter(*model_, dir, source_);
+          ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {} (it was missing: written "
+                                "from the trained weights)",
+                                tag_, dir));
+        }
+      }
     }
     model_msg msg{model_, 0, format_, tokenizer_, /*snapshot=*/false, source_};
     ctx.emit("model", actor::payload::make("model", std::move(msg)));

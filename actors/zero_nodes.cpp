@@ -575,7 +575,11 @@ class zero_rank final : public actor::node {
       if (rank_ == 0)
         ctx.print(fmt::format("[pretrain] held-out loss {:.6f} -> {:.6f} after step {} ({} updates){}", before_, l,
                               done_, engine_->step_count(),
-                              val_ids_.defined() ? "" : ", as the run measured it (its last checkpoint)"));
+                              val_ids_.defined() ? std::string()
+                              : before_rows_ > 0
+                                  ? fmt::format(", as the run measured it over {} held-out instances (its last "
+                                                "checkpoint)", before_rows_)
+                                  : std::string(", as the run measured it (its last checkpoint)")));
     }
     auto mem = engine_->memory();
     ctx.print("[pretrain] memory " + mem.str());

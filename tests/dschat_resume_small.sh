@@ -231,6 +231,22 @@ mkdir -p "$out/g7/ck/sft/step_00000002" && echo step_00000002 > "$out/g7/ck/sft/
 grep -q "^\[step 1 sft\] resumed: " "$out/g7_3.log" || fail "the third run trained again"
 [[ -e "$out/g7/ck/sft" ]] && fail "the left step-1 checkpoint folder was kept"
 echo "a finished step's left checkpoint folder: removed by the rerun"
+# the adapter removed after the run: the rerun, which trains nothing, writes it again from the trained tensors (it
+# checked only the merged output, and exited 0 without the adapter); byte for byte the run's
+cp "$out/g7/ad/adapter_model.safetensors" "$out/g7_adapter.safetensors"
+rm -rf "$out/g7/ad"
+"$flowrun" "${g7[@]}" > "$out/g7_4.log" 2>&1 || fail "the rerun without the adapter: $(tail -2 "$out/g7_4.log")"
+grep -q "^\[step 1 sft\] resumed: " "$out/g7_4.log" || fail "the rerun without the adapter trained again"
+grep -q "(it was missing: written from the trained weights)" "$out/g7_4.log" || fail "the missing adapter was not written"
+cmp "$out/g7/ad/adapter_model.safetensors" "$out/g7_adapter.safetensors" || fail "the rewritten adapter differs"
+# a folder of the node's name that holds a step-3 trainer's checkpoints (another graph's trainer of the same name on
+# this checkpoint_dir: here part 5's policy's) is left, and said (the rerun removed it whatever it held)
+[[ -d "$out/e/ckpt/policy" ]] || fail "part 5 left no step-3 policy checkpoint to copy"
+cp -r "$out/e/ckpt/policy" "$out/g7/ck/sft"
+"$flowrun" "${g7[@]}" > "$out/g7_5.log" 2>&1 || fail "the rerun beside a foreign folder: $(tail -2 "$out/g7_5.log")"
+diff -r "$out/e/ckpt/policy" "$out/g7/ck/sft" > /dev/null || fail "a step-3 trainer's folder of the node's name was removed"
+grep -q "holds a step-3 trainer's checkpoints" "$out/g7_5.log" || fail "the step-3 folder was not said"
+echo "the adapter removed after the run: written again (the same bytes); a foreign folder of the node's name: left"
 # a stopped step 1's checkpoint as a model (DeepSpeed's zero_to_fp32.py): convert --from zero of the step-10 checkpoint
 # of a long run killed later is, byte for byte, the output of the same run given 10 steps (a constant LR: one
 # schedule for both), its lora_dim adapter merged as the trainer merges it; generate --zero_checkpoint reads it too.

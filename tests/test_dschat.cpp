@@ -201,8 +201,12 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
     const auto f = tmp.write("list.json", list);
     const std::string why = error_of([&] { load_source(f); });
     CHECK_MESSAGE(why.find(f + ": is one JSON list of 2 items, not JSON Lines") != std::string::npos, why);
-    CHECK(why.find("jq -c '.[]' " + f + " > rows.jsonl") != std::string::npos);
+    CHECK(why.find("jq -c '.[]' '" + f + "' > rows.jsonl") != std::string::npos);
   }
+  // a list of lists is not rows: said, without the jq line that would write lists
+  const std::string lists = error_of([&] { load_source(tmp.write("lists.json", "[[" + good + "], [" + good + "]]")); });
+  CHECK_MESSAGE(lists.find("its items are not JSON objects (the first is of type array)") != std::string::npos, lists);
+  CHECK(lists.find("jq") == std::string::npos);
   CHECK(error_of([&] { load_source(tmp.path.string()); }).find("DS-Chat local/jsonfile folder") != std::string::npos);
   // a layout that cannot be told, and a missing file
   CHECK(error_of([&] { load_source(tmp.write("keys.jsonl", "{\"a\": 1}\n")); }).find("cannot tell the data layout") !=

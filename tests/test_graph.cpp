@@ -1774,6 +1774,15 @@ TEST_CASE("outputs: unwritable outputs, two nodes saving to one path, and copies
                             }),
                 format_errors(lora_file.errors));
   CHECK(load_graph(root / "g.graph", kinds, vo, {"node.a.output=" + (root / "a_file").string()}).ok());
+  // a symbolic link to nothing: refused for a folder (the save failed with "File exists" after the training), and
+  // taken for a file output (it is written beside the link and renamed over it)
+  fs::create_symlink(root / "nowhere", root / "dangling");
+  auto dangling = load_graph(root / "g.graph", kinds, vo, {"graph.checkpoint_dir=" + (root / "dangling").string()});
+  REQUIRE(dangling.errors.size() == 1);
+  CHECK_MESSAGE(contains(dangling.errors[0].message, "is a symbolic link to '" + (root / "nowhere").string() +
+                                                         "', which does not exist"),
+                dangling.errors[0].message);
+  CHECK(flowrun::unwritable_reason((root / "dangling").string(), flowrun::output_kind::file).empty());
   if (fs::is_directory("/proc/self")) {  // Linux: nothing can be created in /proc, not even by root
     auto proc = load_graph(root / "g.graph", kinds, vo, {"graph.checkpoint_dir=/proc/flowrun_ck"});
     REQUIRE(proc.errors.size() == 1);

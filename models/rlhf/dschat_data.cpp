@@ -108,9 +108,19 @@ void refuse_json_list(const std::string& path, const std::string& text) {
   const auto j = nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(at), text.end(), nullptr,
                                        /*allow_exceptions=*/false);
   if (!j.is_array()) return;  // a line that is a list (one row of a JSON Lines file): said per line below
-  throw std::runtime_error(path + ": is one JSON list of " + std::to_string(j.size()) +
+  const std::string what = path + ": is one JSON list of " + std::to_string(j.size()) +
                            " items, not JSON Lines (one JSON object a line, as DS-Chat's and TRL's datasets are read "
-                           "here); convert it: `jq -c '.[]' " + path + " > rows.jsonl`");
+                           "here)";
+  if (!j.empty() && !j.front().is_object())
+    throw std::runtime_error(what + ", and its items are not JSON objects (the first is of type " + j.front().type_name() +
+                             "): write one {\"prompt\": ..., ...} object a line");
+  // the path quoted for a shell (a space or a quote in it broke the command); a .gz through zcat (jq reads no gzip)
+  std::string quoted = "'";
+  for (char c : path) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  throw std::runtime_error(what + "; convert it: `" + (gz ? "zcat " + quoted + " | jq -c '.[]'" : "jq -c '.[]' " + quoted) +
+                           " > rows.jsonl`");
 }
 
 // nlohmann's messages start with "[json.exception.parse_error.101] "; keep the rest.

@@ -19,28 +19,6 @@ namespace {
 
 std::string commit_path(const std::string& dir) { return (fs::path(dir) / "step3.json").string(); }
 
-// Whether the trainer folder T was written by a step-1/2 trainer (sft_trainer, rm_trainer, dpo_trainer),
-// which checkpoints under the same [graph] checkpoint_dir: the first rank-0 manifest of its step folders
-// that reads has the `state` of those trainers (actors/dschat_trainer.h) and no policy_version (every
-// step-3 trainer's has one: ppo_nodes.cpp). Where none reads, it is not taken as one: verify_checkpoint
-// names the problem.
-bool step12_trainer_dir(const fs::path& t) {
-  for (const auto& d : fs::directory_iterator(t)) {
-    if (!d.is_directory() || d.path().filename().string().rfind("step_", 0) != 0) continue;
-    for (const auto& f : fs::directory_iterator(d.path())) {
-      const std::string n = f.path().filename().string();
-      if (n.rfind("shard_00000-of-", 0) != 0 || f.path().extension() != ".msgpack") continue;
-      try {
-        const shard_manifest m = read_shard_manifest(f.path().string());
-        return m.extra.contains("state") && !m.extra.contains("policy_version");
-      } catch (const std::exception&) {
-        break;  // this step folder's manifest is damaged: another may say
-      }
-    }
-  }
-  return false;
-}
-
 // The subfolders of DIR that hold step-3 trainer checkpoints (step_* folders), sorted by name. A
 // step-1/2 trainer's folder is passed over: one left by a run stopped between its output and the
 // removal of its mid-run checkpoints made every step-3 commit look incomplete (and prune_step3
@@ -52,7 +30,7 @@ std::vector<fs::path> trainer_dirs(const std::string& dir) {
     if (!e.is_directory()) continue;
     for (const auto& f : fs::directory_iterator(e.path()))
       if (f.is_directory() && f.path().filename().string().rfind("step_", 0) == 0) {
-        if (!step12_trainer_dir(e.path())) out.push_back(e.path());
+        if (checkpoint_owner(e.path().string()) != trainer_dir_owner::steps12) out.push_back(e.path());
         break;
       }
   }
@@ -61,6 +39,30 @@ std::vector<fs::path> trainer_dirs(const std::string& dir) {
 }
 
 }  // namespace
+
+// A steps 1-2 trainer's `state` is written by actors/dschat_trainer.h, a step-3 trainer's policy_version by
+// ppo_nodes.cpp.
+trainer_dir_owner checkpoint_owner(const std::string& folder) {
+  const fs::path t(folder);
+  std::error_code ec;
+  if (!fs::is_directory(t, ec)) return trainer_dir_owner::unknown;
+  for (const auto& d : fs::directory_iterator(t)) {
+    if (!d.is_directory() || d.path().filename().string().rfind("step_", 0) != 0) continue;
+    for (const auto& f : fs::directory_iterator(d.path())) {
+      const std::string n = f.path().filename().string();
+      if (n.rfind("shard_00000-of-", 0) != 0 || f.path().extension() != ".msgpack") continue;
+      try {
+        const shard_manifest m = read_shard_manifest(f.path().string());
+        if (m.extra.contains("policy_version")) return trainer_dir_owner::step3;
+        if (m.extra.contains("state")) return trainer_dir_owner::steps12;
+        return trainer_dir_owner::unknown;
+      } catch (const std::exception&) {
+        break;  // this step folder's manifest is damaged: another may say
+      }
+    }
+  }
+  return trainer_dir_owner::unknown;
+}
 
 void write_step3_commit(const std::string& dir, const step3_commit& c) {
   nlohmann::json pts = nlohmann::json::array();

@@ -48,8 +48,8 @@ bool step3_committed(const std::string& dir);
 void write_step3_commit(const std::string& dir, const step3_commit& c);
 
 /// The resume point of DIR: `point`, the newest committed iteration J whose every trainer
-/// folder (each subfolder of DIR holding step_* folders, but a step-1/2 trainer's, whose
-/// manifests hold that trainer's `state`) has a step folder for J that verify_checkpoint accepts; `refused` says, per newer one
+/// folder (each subfolder of DIR holding step_* folders, but a steps 1-2 trainer's:
+/// checkpoint_owner) has a step folder for J that verify_checkpoint accepts; `refused` says, per newer one
 /// passed over, which file is wrong. nullopt: no DIR/step3.json (nothing committed, or
 /// DIR is ""). Throws std::runtime_error when step3.json is unreadable or when no
 /// committed iteration verifies (naming each problem).
@@ -59,6 +59,14 @@ struct step3_resume {
   std::vector<std::string> refused;
 };
 std::optional<step3_resume> find_step3_resume(const std::string& dir);
+
+/// Whose checkpoints FOLDER (DIR/<trainer> of a checkpoint_dir) holds, by the first rank-0 manifest
+/// of its step folders that reads: a steps 1-2 trainer's (sft_trainer, rm_trainer, dpo_trainer: their
+/// `state`), a step-3 trainer's (its `policy_version`), or unknown (no folder, no manifest that reads,
+/// another writer's). Step 3 passes over a steps 1-2 folder (one left by a stopped run made every
+/// commit look incomplete); a steps 1-2 trainer removes its folder unless it is a step-3 trainer's.
+enum class trainer_dir_owner { unknown, steps12, step3 };
+trainer_dir_owner checkpoint_owner(const std::string& folder);
 
 /// Remove every trainer's step folders (and their commits in step3.json's list) but the
 /// `keep` newest committed iterations. Called by the controller after a commit.

@@ -622,6 +622,11 @@ struct beat_table {
 // ("[w1] [pretrain] step 5/40 ..."): what main printed itself stays as it was. Call with table.mutex held.
 void print_node_lines(beat_table& table, std::size_t i, std::int64_t first, const std::vector<std::string>& lines) {
   if (i >= table.printed_seen.size() || first < 1) return;
+  // the node keeps its last job_live::max_events lines: more between two heartbeats, and the oldest are gone
+  if (!lines.empty() && static_cast<std::uint64_t>(first) > table.printed_seen[i] + 1)
+    console::print("[" + table.names[i] + "] (" + std::to_string(static_cast<std::uint64_t>(first) - table.printed_seen[i] - 1) +
+                   " lines not shown here: more came between two heartbeats than the node keeps; its own terminal "
+                   "has them)");
   for (std::size_t k = 0; k < lines.size(); ++k) {
     const auto n = static_cast<std::uint64_t>(first) + k;
     if (n <= table.printed_seen[i]) continue;  // a reply that crossed an earlier one's

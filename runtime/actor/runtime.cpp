@@ -286,6 +286,22 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     signal_guard signals;
     int forwarded = 0;
     bool console_paused = false;  // the console's pause holds over a restart (the restarted job ran on)
+    // What the console's POST endpoints ask. They run on the server's threads and only queue the request; the
+    // loop below forwards it to the coordinator (so no CAF handle ever leaves this thread or outlives the actor
+    // system). One queue for every attempt: a pause or stop asked while a restart waits for a lost node was
+    // answered and then dropped with the attempt's queue. `want_paused`: the state the requests so far ask for,
+    // which the replies go by (the run's phase lags the queue: a pause right after a resume was refused).
+    auto requests = std::make_shared<control_queue>();
+    auto want_paused = std::make_shared<std::atomic<bool>>(false);
+    bool console_stop = false;  // a console stop while no job runs (a restart's wait)
+    auto between_attempts = [&] {  // the requests that came while no job runs
+      for (int req : requests->take()) {
+        if (req == control_queue::pause) console_paused = true;
+        else if (req == control_queue::resume) console_paused = false;
+        else console_stop = true;
+      }
+      return console_stop;
+    };
     // Attempts: more than one when a cluster node is lost under on_node_lost =
     // "restart" (docs/scaling.md). Each attempt is a new job over the same
     // graph, with the lost nodes' replicas moved to main (unless they answer
@@ -349,20 +365,16 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       }
       j = std::move(*launched);
     }
-    // What the console's POST endpoints do. They run on the server's threads and
-    // only queue the request; this loop forwards it to the coordinator (so no
-    // CAF handle ever leaves this thread or outlives the actor system).
-    auto requests = std::make_shared<control_queue>();
     if (console_live) {
       std::shared_ptr<job_live> live = j.live;
       ::flowrun::console::controls c;
-      c.pause = [requests, live] {
-        if (live->get_run_phase() == run_phase::paused) return std::string("already paused: resume to go on");
+      c.pause = [requests, want_paused] {
+        if (want_paused->exchange(true)) return std::string("already paused: resume to go on");
         requests->push(control_queue::pause);
         return std::string("pausing: no message is handled and no source produces until resume");
       };
-      c.resume = [requests, live] {
-        if (live->get_run_phase() != run_phase::paused) return std::string("not paused: nothing to resume");
+      c.resume = [requests, want_paused] {
+        if (!want_paused->exchange(false)) return std::string("not paused: nothing to resume");
         requests->push(control_queue::resume);
         return std::string("resuming");
       };
@@ -585,7 +597,8 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         spdlog::info("[{}] waiting up to {} ms for cluster node '{}' ({}:{}) to come back (rejoin_wait_ms)", spec.name,
                      attempt_spec.cluster.rejoin_wait_ms, name, cn.host, cn.port);
         const auto until = clk::now() + std::chrono::milliseconds(attempt_spec.cluster.rejoin_wait_ms);
-        while (!answers && clk::now() < until && g_signal_count.load() == 0) {  // SIGINT/SIGTERM: stop waiting
+        // SIGINT/SIGTERM or the console's stop: stop waiting
+        while (!answers && clk::now() < until && g_signal_count.load() == 0 && !between_attempts()) {
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
           answers = answers_within(std::min<std::int64_t>(1000, attempt_spec.cluster.connect_timeout_ms));
         }
@@ -604,11 +617,12 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       const std::string m = move_to_main(name);
       if (!m.empty()) moved += (moved.empty() ? "" : "; ") + m;
     }
-    if (g_signal_count.load() > 0) {  // interrupted while waiting for a node to come back: no restart
-      spdlog::error("[{}] interrupted before the restart; the run stops", spec.name);
+    if (g_signal_count.load() > 0 || between_attempts()) {  // interrupted while waiting for a node: no restart
+      spdlog::error("[{}] interrupted before the restart{}; the run stops", spec.name,
+                    g_signal_count.load() > 0 ? "" : " (the console's stop)");
       no_restart_after_all(result.error, "; the run was interrupted before its restart: it stops (the same command "
                                          "starts it again from its checkpoints)");
-      result.exit_code = g_last_signal.load() == SIGTERM ? exit_sigterm : exit_sigint;
+      result.exit_code = g_signal_count.load() > 0 && g_last_signal.load() == SIGTERM ? exit_sigterm : exit_sigint;
       result.reason = stop_reason::interrupted;
       if (console_live) console_live->finish(result.metrics, *last_live, result.exit_code, result.error);
       break;

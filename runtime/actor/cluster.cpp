@@ -630,7 +630,13 @@ void print_node_lines(beat_table& table, std::size_t i, std::int64_t first, cons
   for (std::size_t k = 0; k < lines.size(); ++k) {
     const auto n = static_cast<std::uint64_t>(first) + k;
     if (n <= table.printed_seen[i]) continue;  // a reply that crossed an earlier one's
-    console::print("[" + table.names[i] + "] " + lines[k]);
+    std::string tagged = "[" + table.names[i] + "] ";  // each line of a print of several behind the name
+    for (std::size_t at = 0; at < lines[k].size();) {
+      const std::size_t nl = std::min(lines[k].find('\n', at), lines[k].size());
+      tagged += (at ? "\n[" + table.names[i] + "] " : std::string()) + lines[k].substr(at, nl - at);
+      at = nl + 1;
+    }
+    console::print(tagged);
     table.printed_seen[i] = n;
   }
 }

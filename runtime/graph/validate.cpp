@@ -450,8 +450,9 @@ class validator {
     const bool folder = name == "output_dir" || name == "export_hf" || name == "save_lora" || name == "store_dir";
     if (auto why = unwritable_reason(text, folder ? output_kind::folder : output_kind::either); !why.empty())
       error(first_known(s.value_pos, node.pos), "setting '" + name + "' of node '" + node.name + "': " + why,
-            folder ? "give " + name + " a folder that can be created and written"
-                   : "give " + name + " a path in a folder that can be written");
+            why.find("symbolic link") != std::string::npos ? "create the link's target, or give " + name + " another path"
+            : folder ? "give " + name + " a folder that can be created and written"
+                     : "give " + name + " a path in a folder that can be written");
     if (name != "output" && name != "export_hf" && name != "save_lora" && name != "ema_output")
       return;  // shared folders are by design
     const std::string key = same_path_key(text);  // the same place however it is spelled

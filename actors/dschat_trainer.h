@@ -135,17 +135,17 @@ class dschat_trainer : public actor::node {
       if (!ckpt_dir_.empty() && save_every_ > 0 && step_ % save_every_ == 0 && step_ < steps_) save(ctx);
       return true;
     }
+    // only the LoRA weights, as PEFT saves them (TRL's save_model of a peft model), beside the merged output;
+    // an HF source is the adapter's base_model_name_or_path
+    const std::string lora_dir = ctx.spec().find_setting("save_lora") ? ctx.spec().get_string("save_lora") : "";
     if (!resumed_) {
       engine_.finish();
       ctx.print(held_out_pass(ctx, false, since(t0_)));
       const std::string& out = ctx.spec().get_string("output");
       if (!out.empty()) save_output(ctx, tag_, *model_, format_, tokenizer_, source_, d_.dtype);
-      // only the LoRA weights, as PEFT saves them (TRL's save_model of a peft model), beside the merged output;
-      // an HF source is the adapter's base_model_name_or_path
-      if (const auto* w = ctx.spec().find_setting("save_lora"); w && !ctx.spec().get_string("save_lora").empty()) {
-        const std::string dir = ctx.spec().get_string("save_lora");
-        save_adapter(*model_, dir, source_);
-        ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {}", tag_, dir));
+      if (!lora_dir.empty()) {
+        save_adapter(*model_, lora_dir, source_);
+        ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {}", tag_, lora_dir));
       }
       // the done marker once every output is on disk: written before the adapter, a save_lora that failed
       // (a full disk) was never written by the rerun, which skipped training and exited 0
@@ -160,23 +160,18 @@ class dschat_trainer : public actor::node {
           write_run_marker(ctx, out, exact);
         }
       }
-      // the step is over (its outputs and done marker, when it has them, are on disk): its mid-run
-      // checkpoints are of no more use
-      remove_step_checkpoints(ctx);
-    } else {
-      remove_step_checkpoints(ctx);  // ... nor those a run stopped before their removal left
+    } else if (!lora_dir.empty() && model_->has_lora() &&
+               !std::filesystem::exists(std::filesystem::path(lora_dir) / "adapter_model.safetensors")) {
       // an adapter removed since the run (only the merged output and the marker are checked): written again
       // from the trained tensors the rerun loaded (the exact copy keeps LoRA unmerged); it was never written
-      if (const auto* w = ctx.spec().find_setting("save_lora"); w && !ctx.spec().get_string("save_lora").empty()) {
-        const std::string dir = ctx.spec().get_string("save_lora");
-        if (!std::filesystem::exists(std::filesystem::path(dir) / "adapter_model.safetensors") && model_->has_lora()) {
-          save_adapter(*model_, dir, source_);
-          ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {} (it was missing: written "
-                                "from the trained weights)",
-                                tag_, dir));
-        }
-      }
+      save_adapter(*model_, lora_dir, source_);
+      ctx.print(fmt::format("{} LoRA adapter (only the LoRA weights, PEFT format) -> {} (it was missing: written "
+                            "from the trained weights)",
+                            tag_, lora_dir));
     }
+    // the step is over (its outputs and done marker, when it has them, are on disk): its mid-run checkpoints are
+    // of no more use, nor those a run stopped before their removal left
+    remove_step_checkpoints(ctx);
     model_msg msg{model_, 0, format_, tokenizer_, /*snapshot=*/false, source_};
     ctx.emit("model", actor::payload::make("model", std::move(msg)));
     done_ = true;

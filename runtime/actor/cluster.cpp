@@ -324,7 +324,7 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         // and the lines its replicas printed since the last one main printed
         std::uint64_t first = 0;
         auto printed = st.part && st.part->live
-                           ? st.part->live->printed_since(static_cast<std::uint64_t>(std::max<std::int64_t>(0, printed_seen)), &first)
+                           ? st.part->live->printed_since(printed_seen, &first)
                            : std::vector<std::string>{};
         self->send(caf::actor_cast<caf::actor>(self->current_sender()), beat_atom::value, process, seq,
                    static_cast<std::int64_t>(ms_since(st.shared->started)),
@@ -368,7 +368,7 @@ caf::behavior session(caf::stateful_actor<session_state>* self, std::shared_ptr<
         auto live = st.part ? st.part->live : nullptr;  // (end_part lets go of the part)
         end_part(self, false);  // its replicas' stop() may print (what an interrupted run kept)
         std::uint64_t first = 0;
-        auto printed = live ? live->printed_since(static_cast<std::uint64_t>(std::max<std::int64_t>(0, printed_seen)), &first)
+        auto printed = live ? live->printed_since(printed_seen, &first)
                             : std::vector<std::string>{};
         self->quit();
         return {pack(counts), std::move(final_counters), static_cast<std::int64_t>(first), std::move(printed)};

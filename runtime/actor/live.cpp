@@ -269,10 +269,10 @@ void job_live::printed(std::string_view line) {
   if (printed_.size() > max_events) printed_.pop_front();  // main asks every heartbeat: only a stalled one misses
 }
 
-std::vector<std::string> job_live::printed_since(std::uint64_t seen, std::uint64_t* first) const {
+std::vector<std::string> job_live::printed_since(std::int64_t seen, std::uint64_t* first) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::uint64_t oldest = printed_seq_ - printed_.size() + 1;  // the number of printed_.front()
-  const std::uint64_t from = std::max(seen + 1, oldest);
+  const std::uint64_t from = std::max(static_cast<std::uint64_t>(std::max<std::int64_t>(seen, 0)) + 1, oldest);
   *first = from;
   if (from > printed_seq_) return {};
   return {printed_.begin() + static_cast<std::ptrdiff_t>(from - oldest), printed_.end()};

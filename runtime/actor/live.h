@@ -216,7 +216,8 @@ class job_live {
   void printed(std::string_view line);
   /// The kept lines numbered after `seen`, oldest first; *first gets the number of the first (main
   /// asks with the last number it printed, so a reply that crossed another prints nothing twice).
-  std::vector<std::string> printed_since(std::uint64_t seen, std::uint64_t* first) const;
+  /// (`seen` as sent over the wire: below 0 reads as 0.)
+  std::vector<std::string> printed_since(std::int64_t seen, std::uint64_t* first) const;
 
   /// The latest request some node has honoured (checkpoint_due returned true for it; 0: none).
   /// A run that ends with checkpoint_generation() above it ends with a request not written.

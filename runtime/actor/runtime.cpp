@@ -285,21 +285,17 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
     caf::actor_system& sys = *sys_owner;
     signal_guard signals;
     int forwarded = 0;
-    bool console_paused = false;  // the console's pause holds over a restart (the restarted job ran on)
     // What the console's POST endpoints ask. They run on the server's threads and only queue the request; the
     // loop below forwards it to the coordinator (so no CAF handle ever leaves this thread or outlives the actor
     // system). One queue for every attempt: a pause or stop asked while a restart waits for a lost node was
     // answered and then dropped with the attempt's queue. `want_paused`: the state the requests so far ask for,
-    // which the replies go by (the run's phase lags the queue: a pause right after a resume was refused).
+    // which the replies go by (the run's phase lags the queue: a pause right after a resume was refused), and
+    // which a restarted attempt starts in (the restarted job ran on).
     auto requests = std::make_shared<control_queue>();
     auto want_paused = std::make_shared<std::atomic<bool>>(false);
     bool console_stop = false;  // a console stop while no job runs (a restart's wait)
-    auto between_attempts = [&] {  // the requests that came while no job runs
-      for (int req : requests->take()) {
-        if (req == control_queue::pause) console_paused = true;
-        else if (req == control_queue::resume) console_paused = false;
-        else console_stop = true;
-      }
+    auto between_attempts = [&] {  // a stop among the requests that came while no job runs (want_paused has the rest)
+      for (int req : requests->take()) console_stop = console_stop || req == control_queue::stop;
       return console_stop;
     };
     // Attempts: more than one when a cluster node is lost under on_node_lost =
@@ -413,7 +409,7 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       console_live->set_controls(std::move(c));
       if (attempt_options.attempt == 0) console_live->announce();
       else console_live->new_attempt();
-      if (console_paused) {
+      if (want_paused->load()) {
         pause(j);
         const std::string msg = "the restarted run starts paused, as the console left it: resume to go on";
         j.live->event("pause", "", -1, msg);
@@ -456,10 +452,10 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       }
       for (int req : requests->take()) {
         if (req == control_queue::pause) {  // said in the log, as the console's stop is
-          pause(j), console_paused = true;
+          pause(j);
           spdlog::info("[{}] the console's pause: nothing is handled or produced until resume", spec.name);
         } else if (req == control_queue::resume) {
-          resume(j), console_paused = false;
+          resume(j);
           spdlog::info("[{}] the console's resume", spec.name);
         }
         else interrupt(j, 0);  // the console's stop: drains as SIGINT, named so

@@ -178,6 +178,19 @@ class dschat_trainer : public actor::node {
     return false;
   }
 
+  // A drain (the first SIGINT or SIGTERM, the console's stop) ends the step between two updates: the updates since
+  // the last commit are committed here, so that the same command resumes after the last one trained. Before, a
+  // preempted job's SIGTERM (a scheduler's, ahead of its SIGKILL) lost every update since save_checkpoint_steps'
+  // last, as DeepSpeed's does. Needs a [graph] checkpoint_dir (save_checkpoint_steps may be 0); a second signal
+  // stops without a drain or this call, and keeps the last commit.
+  void finish(actor::node_context& ctx) final {
+    if (!ctx.draining() || done_ || resumed_ || ckpt_dir_.empty() || step_ < 1 || step_ >= steps_ ||
+        step_ == committed_)
+      return;
+    ctx.print(fmt::format("{} stopping at update {} of {}: committing it", tag_, step_, steps_));
+    save(ctx);
+  }
+
   void stop(actor::node_context& ctx) final {
     if (ctx.reason() != actor::stop_reason::interrupted || done_ || resumed_) return;  // SIGINT: say what is kept
     std::string last;
@@ -284,6 +297,7 @@ class dschat_trainer : public actor::node {
     const auto groups = engine_state_groups(*engine_.engine, *model_, 0, m);
     save_shard(ckpt_dir_, m, groups);
     commit_checkpoint(ckpt_dir_, step_, 1, static_cast<int>(ctx.spec().get_int("keep_checkpoints")));
+    committed_ = step_;
     ctx.print(fmt::format("{} checkpoint at update {} -> {}", tag_, step_,
                           (std::filesystem::path(ckpt_dir_) / step_folder_name(step_)).string()));
   }
@@ -343,13 +357,14 @@ class dschat_trainer : public actor::node {
       model_->set_rng_state(rng);
     }
     set_state(m0.extra.value("state", nlohmann::json::object()));
-    step_ = m0.step;
+    step_ = committed_ = m0.step;
     ctx.print(fmt::format("{} resumed at update {} of {} from {}", tag_, step_, steps_, folder));
   }
 
   bool resumed_ = false, done_ = false;
   std::optional<ops::matmul_precision> held_out_precision_;  // bf16 in a bf16 step (as its engine's products)
   int64_t step_ = 0;
+  int64_t committed_ = 0;  // the update of the last checkpoint this run committed or resumed from (0: none)
   std::string ckpt_dir_;  // CHECKPOINT_DIR/NAME, or "" without [graph] checkpoint_dir
   int64_t save_every_ = 0;
   model_format format_ = model_format::llama2c;

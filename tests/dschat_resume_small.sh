@@ -195,19 +195,53 @@ grep -q "held-out mean reward" "$out/e3.log" || fail "step 3 did not print its r
   { tail -5 "$out/noout.err"; fail "the step-1 run without an output failed"; }
 grep -q "\[step 1 sft\] has no output: a rerun of this graph (a resume from $out/noout/ckpt) trains it again; set the node's output" \
   "$out/noout.err" || fail "a step-1 run without an output, with a checkpoint_dir, did not say that a rerun trains again"
-# 6. SIGINT before the first checkpoint, with checkpoint_dir and save_checkpoint_steps both set: the line says it
-#    stopped before the first one (it said "no checkpoint was saved (set [graph] checkpoint_dir and
-#    save_checkpoint_steps)", settings that were set)
-"$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir="$out/f/ckpt" --set node.sft.data="$data" \
-  --set node.sft.steps=400 --set node.sft.print_every=1 --set node.sft.save_checkpoint_steps=300 \
-  --set node.sft.output="$out/f/sft.bin" > "$out/f.log" 2> "$out/f.err" &
+# 6. SIGTERM (a scheduler's preemption) before the first scheduled checkpoint, and SIGINT with no
+#    save_checkpoint_steps: the drain commits the update it stopped at, the line names that commit, and the same
+#    command resumes after it. Before, both said "interrupted ... before its first checkpoint" (or "no checkpoint
+#    was saved") and the rerun trained the step again from update 0.
+f6=("$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir="$out/f/ckpt" --set node.sft.data="$data"
+    --set node.sft.steps=400 --set node.sft.print_every=1 --set node.sft.output="$out/f/sft.bin")
+drained_at() {  # NAME SIGNAL EXIT_CODE SAVE_EVERY: sets $drained, the update the drain committed, checked
+  "$flowrun" "${f6[@]}" --set node.sft.save_checkpoint_steps="$4" > "$out/$1.log" 2> "$out/$1.err" &
+  bg=$!
+  for _ in $(seq 1 1200); do  # three updates printed by this run
+    [ "$(grep -c "^\[step 1 sft\] step " "$out/$1.log" 2>/dev/null)" -ge 3 ] && break
+    sleep 0.05
+  done
+  kill -"$2" $bg
+  local rc=0
+  wait $bg || rc=$?
+  bg=
+  [ $rc -eq "$3" ] || fail "$1: SIG$2 exit code $rc, not $3: $(tail -2 "$out/$1.err")"
+  local k
+  k=$(grep -oE "^\[step 1 sft\] stopping at update [0-9]+ of 400: committing it$" "$out/$1.log" | awk '{ print $7 }')
+  [ -n "$k" ] || fail "$1: SIG$2 committed nothing: $(grep -E 'interrupted|checkpoint' "$out/$1.log")"
+  grep -q "^\[step 1 sft\] step $k/400" "$out/$1.log" || fail "$1: the commit of update $k, never printed as trained"
+  grep -q "^\[step 1 sft\] step $((k + 1))/400" "$out/$1.log" && fail "$1: update $((k + 1)) trained after the commit"
+  local d
+  d=$(printf "%s/f/ckpt/sft/step_%08d" "$out" "$k")
+  grep -qxF "[step 1 sft] interrupted at update $k of 400: the last committed checkpoint is $d; the same command resumes there" \
+    "$out/$1.log" || fail "$1: the line after the drain's commit: $(grep interrupted "$out/$1.log")"
+  drained=$k
+}
+drained_at f1 TERM 143 300
+k=$drained
+echo "SIGTERM at update $k of 400 (checkpoints every 300): committed, exit 143"
+drained_at f2 INT 130 0  # the resumed run, interrupted again: no save_checkpoint_steps, still committed
+k2=$drained
+grep -q "^\[step 1 sft\] resumed at update $k of 400 from $out/f/ckpt/sft/step_" "$out/f2.log" ||
+  fail "after SIGTERM at update $k the same command did not resume there: $(grep -m1 resum "$out/f2.log")"
+grep -q "^\[step 1 sft\] step $((k + 1))/400" "$out/f2.log" || fail "the resume's first update is not $((k + 1))"
+[ "$k2" -gt "$k" ] || fail "the second drain committed update $k2, not after $k"
+# the updates after the drain's commit are the uninterrupted run's (its first k2 updates, no checkpoints)
+"$flowrun" "${f6[@]}" --set graph.checkpoint_dir= --set node.sft.output= > "$out/f0.log" 2> "$out/f0.err" &
 bg=$!
-for _ in $(seq 1 600); do grep -q "^\[step 1 sft\] step 3/" "$out/f.log" && break; sleep 0.05; done
-kill -INT $bg
-wait $bg 2>/dev/null || true
+for _ in $(seq 1 1200); do grep -q "^\[step 1 sft\] step $k2/400" "$out/f0.log" && break; sleep 0.05; done
+kill -9 $bg; wait $bg 2>/dev/null || true
 bg=
-grep -qE "^\[step 1 sft\] interrupted at update [0-9]+ of 400, before its first checkpoint \(every 300 updates into $out/f/ckpt/sft\): the same command trains this step again" \
-  "$out/f.log" || fail "SIGINT before the first checkpoint: $(grep interrupted "$out/f.log")"
+diff <(lines "step 1 sft" "$out/f2.log") <(lines "step 1 sft" "$out/f0.log" "$k" | head -n $((k2 - k))) ||
+  fail "the updates after the drain's commit of update $k differ from the uninterrupted run's"
+echo "resumed at update $k (updates $((k + 1))-$k2 as the uninterrupted run's); SIGINT at update $k2 with save_checkpoint_steps 0: committed, exit 130"
 # 7. save_lora failing after the output (here its .tmp name taken by a folder; a full disk did it): no done marker
 #    is written, so the same command resumes at the last checkpoint and writes the adapter. The marker came first:
 #    every rerun said "training skipped" with exit 0 and the adapter was never written.

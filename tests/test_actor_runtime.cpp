@@ -72,6 +72,7 @@ struct record {
   std::map<std::string, std::vector<std::int64_t>> items;  // "node[r]" -> values received
   std::map<std::string, int> starts, stops, failures;
   std::map<std::string, stop_reason> stop_reasons;
+  std::map<std::string, bool> finish_draining;  // node_context::draining() in finish(), per finish() called
   std::map<std::string, std::int64_t> produced;
 
   void clear() {
@@ -81,6 +82,7 @@ struct record {
     stops.clear();
     failures.clear();
     stop_reasons.clear();
+    finish_draining.clear();
     produced.clear();
   }
 };
@@ -94,6 +96,10 @@ class test_node : public node {
   void start(node_context& ctx) override {
     std::lock_guard<std::mutex> lock(rec.m);
     ++rec.starts[key(ctx)];
+  }
+  void finish(node_context& ctx) override {
+    std::lock_guard<std::mutex> lock(rec.m);
+    rec.finish_draining[key(ctx)] = ctx.draining();
   }
   void stop(node_context& ctx) override {
     std::lock_guard<std::mutex> lock(rec.m);
@@ -749,6 +755,9 @@ kind = "collect"
   for (const char* n : {"src[0]", "mid[0]", "sink[0]"}) {
     CHECK(rec.stops[n] == 1);
     CHECK(rec.stop_reasons[n] == stop_reason::interrupted);
+    // finish() ran inside the drain and could tell (a trainer commits its last update there)
+    REQUIRE(rec.finish_draining.count(n) == 1);
+    CHECK(rec.finish_draining[n]);
   }
 }
 
@@ -769,6 +778,7 @@ kind = "collect"
   CHECK(j.state->exit_code() == exit_sigterm);
   CHECK(rec.stops["src[0]"] == 1);
   CHECK(rec.stops["sink[0]"] == 1);
+  CHECK(rec.finish_draining.count("sink[0]") == 0);  // no drain: no finish(), stop() only
 }
 
 TEST_CASE_FIXTURE(fixture, "graph steps cap what each source produces") {
@@ -787,6 +797,8 @@ kind = "collect"
   CHECK(j.state->exit_code() == 0);
   CHECK(items("sink[0]") == iota(5));
   CHECK(j.metrics->snapshot().steps() == 5);
+  CHECK(rec.finish_draining.count("sink[0]") == 1);
+  CHECK(!rec.finish_draining["sink[0]"]);  // a run that ended by itself is not draining in finish()
 }
 
 TEST_CASE_FIXTURE(fixture, "emits made in start() are delivered first, to replicas wired later too") {

@@ -400,6 +400,7 @@ class replica_actor_t : public Base {
       return a_.plan_->live->checkpoint_generation_for(a_.node_, a_.replica_);
     }
     bool stop_requested() const override { return a_.plan_->live->get_run_phase() == run_phase::stopping; }
+    bool draining() const override { return a_.plan_->live->get_run_phase() == run_phase::draining; }
     void thread_budget(int n) override {
       a_.requested_threads_ = std::max(1, n);
       a_.apply_thread_budget();

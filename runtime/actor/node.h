@@ -199,6 +199,11 @@ class node_context {
   /// give up, since nothing it produces will be used. Thread-safe. A long computation may
   /// throw stopped{} then (see `stopped`).
   virtual bool stop_requested() const { return false; }
+  /// True while the run drains after a first SIGINT or SIGTERM (or the console's stop): sources have
+  /// been told to end and what is in flight is being handled, so the finish() that follows is the
+  /// last call before stop(interrupted). A trainer that holds unsaved updates may commit them there
+  /// (a preempted job's SIGTERM then loses none; DS-Chat's steps 1-2 and DPO do). Thread-safe.
+  virtual bool draining() const { return false; }
   /// Asks for at most n threads in this replica's ops (the OpenMP team of its kernels), e.g.
   /// the machine's cores shared among the ranks it runs with. The runtime applies
   /// min(n, the node's `threads` key) before every call into the node, on whatever thread

@@ -387,8 +387,19 @@ class zero_rank final : public actor::node {
   // The data ended. A resumed run that had done every step before gets no batch: its end of run
   // (the held-out loss is not known then; the export and the adapter are written) comes now, so
   // the same command with a fixed export path writes it.
+  //
+  // A drain (the first SIGINT or SIGTERM, the console's stop) ends here too, after the ranks trained every batch
+  // in flight: the step they stopped at is committed, so that the same command resumes after it (a preempted
+  // job's SIGTERM lost every step since save_checkpoint_steps' last, as DeepSpeed's does). Only where every rank
+  // is in this process: across processes (flowrun launch, a cluster) each process drains on its own, and ranks
+  // that had not agreed on the step would meet in other collectives; they keep the last commit.
   void finish(actor::node_context& ctx) override {
-    if (!finished_ && done_ > 0 && done_ >= total_) finish_run(ctx);
+    if (!finished_ && done_ > 0 && done_ >= total_) {
+      finish_run(ctx);
+    } else if (ctx.draining() && console_reaches_ && !out_dir_.empty() && done_ > committed_) {
+      if (rank_ == 0) ctx.print(fmt::format("[pretrain] stopping at step {}: committing it", done_));
+      aborting_on_failure(comm_.get(), [&] { save(ctx, done_); });
+    }
   }
 
   void stop(actor::node_context& ctx) override {
@@ -463,6 +474,7 @@ class zero_rank final : public actor::node {
     const std::vector<shard_group> groups = engine_state_groups(*engine_, *model_, rank_, m);
     save_shard(out_dir_, m, groups);
     comm_->barrier();  // every shard is on disk before the commit point
+    committed_ = step;
     if (rank_ == 0) {
       commit_checkpoint(out_dir_, step, world_, static_cast<int>(ctx.spec().get_int("keep_checkpoints")));
       ctx.print(fmt::format("[pretrain] checkpoint step {} -> {}", step,
@@ -544,7 +556,7 @@ class zero_rank final : public actor::node {
           ctx.name(), folder, then, ds_.train_batch_size, ds_.train_micro_batch_size_per_gpu,
           ds_.gradient_accumulation_steps, world_, then, then));
     restore_engine_state(*engine_, ck);
-    done_ = m0.step;
+    done_ = committed_ = m0.step;
     // RNG: this rank's stream when the world size is unchanged, else rank 0's
     const auto& mine = m0.world_size == world_ ? ck.manifests.at(rank_) : m0;
     if (mine.rng_state.size() == sizeof(uint64_t)) {
@@ -638,6 +650,7 @@ class zero_rank final : public actor::node {
   std::string out_dir_;
   dir_lock out_lock_;  // output_dir's writer lock, held while the node lives
   int64_t total_ = 0, epoch_ = 0, cursor_ = 0, done_ = 0;
+  int64_t committed_ = 0;  // the step of the last checkpoint this run committed or resumed from (0: none)
   bool evaluated_ = false;
   bool finished_ = false;  // finish_run ran
   std::optional<double> after_;  // the held-out loss after the last step: measured there, or restored

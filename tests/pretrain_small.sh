@@ -5,7 +5,8 @@
 #      ranks as 2 processes x 2 replicas;
 #   2. flowrun launch killed with SIGKILL takes its processes with it; processes started by hand with
 #      other settings are refused, naming them; a second run on an output_dir in use is refused, naming the
-#      first; a run killed with SIGKILL at a random step and resumed continues the curve exactly (the lock
+#      first; a run killed with SIGKILL at a random step and resumed continues the curve exactly, and so does
+#      one stopped by SIGTERM, whose drain commits the step it stopped at (the lock
 #      the killed run held is free);
 #   3. pretraining at stage 3 lowers the held-out loss, with and without LoRA; LoRA saves only the
 #      adapter; its 2-rank checkpoint resumes on 2 and 1 ranks on its curve; its export_hf is the
@@ -189,6 +190,30 @@ closing() { grep -o 'held-out loss .* after step .*' "$1"; }
   exit 1
 }
 grep -q "held-out loss .* before step" "$out/resumed.log" && { echo "the resumed run measured the loss before again"; exit 1; }
+# SIGTERM (a scheduler's preemption) with no checkpoint scheduled before the end: the drain commits the step the
+# ranks stopped at, and the same command resumes there on the uninterrupted curve. Before, the run said "no
+# checkpoint was saved" and the rerun trained from step 1
+echo "== SIGTERM with no checkpoint due: the drain commits the step it stopped at, the resume continues the curve"
+dr="$out/drained"
+drained=(run "$graph" --no-progress -q --set node.ranks.output_dir="$dr" --set node.data.output_dir="$dr"
+         --set node.ranks.save_checkpoint_steps=1000)
+"$flowrun" "${drained[@]}" --set node.data.total_steps=$steps --set node.ranks.total_steps=$steps \
+  --set node.ranks.print_every=1 --set node.ranks.export_hf= > "$out/drained1.log" 2> "$out/drained1.err" &
+pid=$!
+for _ in $(seq 1 3000); do grep -q "step 4/" "$out/drained1.log" 2> /dev/null && break; sleep 0.01; done
+kill -TERM $pid
+rc=0; wait $pid || rc=$?
+[ $rc -eq 143 ] || { tail -3 "$out/drained1.err"; echo "SIGTERM: exit $rc, not 143"; exit 1; }
+at=$(sed -n 's/^\[pretrain\] stopping at step \([0-9]*\): committing it$/\1/p' "$out/drained1.log")
+[ -n "$at" ] || { grep -E 'interrupted|checkpoint' "$out/drained1.log"; echo "SIGTERM: the drain committed nothing"; exit 1; }
+[ "$(losses "$out/drained1.log" | tail -1 | cut -d' ' -f1)" = "$at" ] ||
+  { echo "the drain committed step $at, not the last one trained: $(losses "$out/drained1.log" | tail -1)"; exit 1; }
+grep -qxF "[pretrain] interrupted after step $at: the last committed checkpoint is $dr/$(printf 'step_%08d' "$at"); the same command resumes there" \
+  "$out/drained1.log" || { grep interrupted "$out/drained1.log"; echo "SIGTERM: the line does not name the drain's commit"; exit 1; }
+run drained2 "${drained[@]}"
+grep -q "resuming after step $at" "$out/drained2.log" || { grep -m1 resum "$out/drained2.log"; echo "not resumed after step $at"; exit 1; }
+same_curve "$out/whole.log" "$out/drained2.log" 0 || { echo "the curve after the drain's commit differs"; exit 1; }
+echo "  SIGTERM after step $at: committed (exit 143); the resume continues the uninterrupted curve"
 rm -rf "$out/killed_data" && cp -r "$ck" "$out/killed_data"
 # the data node's settings are recorded beside the checkpoints: a resume with another data file or data order
 # is refused, naming it (it went on at the saved cursor of the other data without a word)

@@ -135,6 +135,21 @@ rc0=0; wait $p0 || rc0=$?
 [[ "$(cat "$out/hand_out/latest")" == step_00000004 ]] || { echo "the processes started by hand committed no checkpoint"; exit 1; }
 echo "  the same model file at another path, one output_dir: accepted ($(cut -d' ' -f1 "$out/hand_out/.flowrun.lock"))"
 
+# a --store folder holding the record of a rank killed in its rendezvous (a launch that failed there): the next
+# launch on it failed at the rendezvous ("File already exists", "records left by a crashed job"); a launch's ranks
+# now rendezvous under its run id
+echo "== a --store folder with a killed rank's rendezvous record: the next launch on it runs"
+rm -rf "$out/stale_store" && mkdir -p "$out/stale_store"
+FLOWRUN_PROCESS_INDEX=0 FLOWRUN_NPROC=2 FLOWRUN_STORE_DIR="$out/stale_store" "$flowrun" "${hand[@]}" > "$out/stale0.log" 2>&1 &
+p0=$!
+for _ in $(seq 1 1500); do [ -n "$(ls -A "$out/stale_store")" ] && break; sleep 0.02; done
+kill -9 $p0 2> /dev/null || true
+wait $p0 2> /dev/null || true
+[ -n "$(ls -A "$out/stale_store")" ] || { tail -3 "$out/stale0.log"; echo "the killed rank left no record: this case proves nothing"; exit 1; }
+run stale_launch launch --nproc 2 --store "$out/stale_store" "$graph" "${nodir[@]}" --set node.ranks.replicas=1 \
+  --set node.ranks.comm_backend=gloo --set node.ranks.comm_timeout_s=60 --run-arg=--no-progress
+same_curve "$out/ref.log" "$out/stale_launch.log" 1e-5 || { echo "the launch on the stale store: curve differs"; exit 1; }
+
 echo "== SIGKILL at a random step, then resume (2 ranks, stage 3, a checkpoint every step)"
 run whole run "$graph" --no-progress -q "${nodir[@]}"
 kill_at=$(( 3 + RANDOM % 12 ))

@@ -854,14 +854,15 @@ ds_config load_node_ds_config(const actor::node_context& ctx, const std::string&
 }
 
 // "; N of its lines hold L rows, but line K, the first, decides the layout: ..." for the layout of `wanted` most
-// of the file's other lines have, or "" when none has any (load_report::layouts, layout_line)
+// of the file's other lines have, or "" when none has any (load_report::layouts, layout_line); "items" and
+// "item K" in a file that is one JSON list (load_report::unit)
 static std::string deciding_line_note(const dschat::load_report& r, std::initializer_list<dschat::data_format> wanted) {
   const auto [best, most] = r.commonest(
       [&](dschat::data_format f) { return std::find(wanted.begin(), wanted.end(), f) != wanted.end(); });
   if (most == 0 || r.layout_line <= 0) return "";
-  return fmt::format("; {} of its lines hold {} rows, but line {}, the first, decides the layout: give it the keys of "
+  return fmt::format("; {} of its {}s hold {} rows, but {} {}, the first, decides the layout: give it the keys of "
                      "the others",
-                     most, dschat::format_name(best), r.layout_line);
+                     most, r.unit(), dschat::format_name(best), r.unit(), r.layout_line);
 }
 
 dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const dschat::dschat_settings& d) {
@@ -888,9 +889,9 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
     const std::string pairs = deciding_line_note(
         r, {dschat::data_format::prompt_chosen_rejected, dschat::data_format::hh_rlhf_raw});
     throw std::invalid_argument(fmt::format(
-        "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line){}: a reward model or DPO "
+        "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON {}){}: a reward model or DPO "
         "learns from pairs; give {{prompt, chosen, rejected}} rows or raw HH-RLHF {{chosen, rejected}}",
-        ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(r.format), pairs));
+        ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(r.format), r.unit(), pairs));
   }
   // TRL's SFTTrainer trains prompt-completion rows on the completion alone (completion_only_loss); here step 1 is
   // DS-Chat's, on prompt and answer, unless mask_prompt: said where it was left at its default
@@ -908,9 +909,10 @@ dschat::step_rows load_step_rows(actor::node_context& ctx, int step_index, const
   for (size_t i = 0; step_index == 0 && i < src.size(); ++i)
     if (src[i].report.format == dschat::data_format::prompt_only)
       throw std::invalid_argument(fmt::format(
-          "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON line){}: SFT learns from "
+          "node '{}': {} {} holds {} rows (a file's layout is that of its first JSON {}){}: SFT learns from "
           "answers; give {{prompt, chosen}}, {{prompt, completion}} or {{question, answer}} rows",
           ctx.name(), i == 0 ? "data" : "mix_data file", src[i].path, dschat::format_name(src[i].report.format),
+          src[i].report.unit(),
           deciding_line_note(src[i].report,
                              {dschat::data_format::prompt_chosen_rejected, dschat::data_format::prompt_chosen,
                               dschat::data_format::question_answer, dschat::data_format::prompt_completion,

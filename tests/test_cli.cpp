@@ -969,6 +969,20 @@ TEST_CASE("step 2 on a pairs file whose first line lacks rejected names that lin
   CHECK(rc != 0);
   CHECK(has(sft, "(a file's layout is that of its first JSON line); 1 of its lines hold prompt/chosen rows, but line 1, "
                  "the first, decides the layout"));
+  // a file that is one JSON list (json.dump(rows)) is read as rows: the refusal names items
+  std::ofstream(dir / "pairs.json") << "[\n  " << R"({"prompt": "\n\nHuman: a?\n\nAssistant:", "chosen": " b"})" << ",\n  "
+                                    << R"({"prompt": "\n\nHuman: c?\n\nAssistant:", "chosen": " d", "rejected": " e"})"
+                                    << ",\n  "
+                                    << R"({"prompt": "\n\nHuman: f?\n\nAssistant:", "chosen": " g", "rejected": " h"})"
+                                    << "\n]\n";
+  const auto list = run(std::string(FLOWRUN_BIN) + " run " + FLOWRUN_SOURCE_DIR +
+                            "/graphs/rm.graph --no-progress --set graph.checkpoint_dir= --set node.rm.output=" +
+                            (dir / "rm").string() + " --set node.rm.data=" + (dir / "pairs.json").string() + " 2>&1",
+                        &rc);
+  CHECK(rc != 0);
+  CHECK(has(list, "holds prompt/chosen rows (a file's layout is that of its first JSON item); 2 of its items hold "
+                  "prompt/chosen/rejected rows, but item 1, the first, decides the layout: give it the keys of the "
+                  "others"));
 }
 
 TEST_CASE("an HF Trainer DeepSpeed JSON: its \"auto\" values come from the trainer node's settings, as HF Trainer's") {

@@ -195,19 +195,10 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
   CHECK(msg.find("no usable line") != std::string::npos);
   CHECK(msg.find("line 1: empty \"chosen\"") != std::string::npos);
   CHECK(msg.find("line 2: bad JSON") != std::string::npos);
-  // a file that is one JSON list (json.dump(rows), pretty-printed or not, as DS-Chat's local/jsonfile train.json
-  // may be): named so, with the conversion (its lines read as JSON Lines: "bad JSON" at the lone '[')
-  for (const std::string& list : {"[\n  " + good + ",\n  " + good + "\n]\n", "\xEF\xBB\xBF[" + good + ", " + good + "]"}) {
-    const auto f = tmp.write("list.json", list);
-    const std::string why = error_of([&] { load_source(f); });
-    CHECK_MESSAGE(why.find(f + ": is one JSON list of 2 items, not JSON Lines") != std::string::npos, why);
-    CHECK(why.find("jq -c '.[]' '" + f + "' > rows.jsonl") != std::string::npos);
-  }
-  // a list of lists is not rows: said, without the jq line that would write lists
-  const std::string lists = error_of([&] { load_source(tmp.write("lists.json", "[[" + good + "], [" + good + "]]")); });
-  CHECK_MESSAGE(lists.find("its items are not JSON objects (the first is of type array)") != std::string::npos, lists);
-  CHECK(lists.find("jq") == std::string::npos);
-  CHECK(error_of([&] { load_source(tmp.path.string()); }).find("DS-Chat local/jsonfile folder") != std::string::npos);
+  // (a file that is one JSON list is read as rows: the test case below)
+  const std::string folder = error_of([&] { load_source(tmp.path.string()); });
+  CHECK(folder.find("DS-Chat local/jsonfile folder: give its data/train.json itself") != std::string::npos);
+  CHECK(folder.find("jq") == std::string::npos);
   // a layout that cannot be told, and a missing file
   CHECK(error_of([&] { load_source(tmp.write("keys.jsonl", "{\"a\": 1}\n")); }).find("cannot tell the data layout") !=
         std::string::npos);
@@ -271,6 +262,121 @@ TEST_CASE("loaders: malformed lines are counted and reported with their line num
   CHECK(error_of([&] { make_sft_examples(prompts.rows, *tok, {}); }).find("row 0 has no answer: this is {prompt} data") !=
         std::string::npos);
   CHECK(error_of([&] { make_rm_examples(prompts.rows, *tok, {}); }).find("this is {prompt} data") != std::string::npos);
+}
+
+TEST_CASE("loaders: a file that is one JSON list (json.dump(rows)) is read as rows, numbered as items") {
+  // DS-Chat's local/jsonfile data/train.json, and what datasets.load_dataset("json") reads as rows besides JSON Lines:
+  // it was refused with a jq line to convert it
+  temp_dir tmp("list");
+  const std::string a = R"({"prompt": "\n\nHuman: hi\n\nAssistant:", "chosen": " Hello.", "rejected": " Go away."})";
+  const std::string b = R"({"prompt": "\n\nHuman: bye\n\nAssistant:", "chosen": " Bye.", "rejected": " No."})";
+  // json.dump(rows, indent=2), json.dump(rows) after a byte order mark, and the pretty one gzipped
+  const std::string pretty = "[\n  {\n    \"prompt\": \"\\n\\nHuman: hi\\n\\nAssistant:\",\n    \"chosen\": \" Hello.\",\n"
+                             "    \"rejected\": \" Go away.\"\n  },\n  " + b + "\n]\n";
+  const std::vector<std::string> files = {tmp.write("pretty.json", pretty), tmp.write("one_line.json", "[" + a + ", " + b + "]"),
+                                          tmp.write("bom.json", "\xEF\xBB\xBF  [" + a + ",\r\n" + b + "]"),
+                                          tmp.write_gz("train.json.gz", pretty)};
+  const auto lines = load_source(tmp.write("rows.jsonl", a + "\n" + b + "\n"));
+  for (const auto& f : files) {
+    CAPTURE(f);
+    const auto src = load_source(f);
+    const auto& r = src.report;
+    CHECK(r.json_list);
+    CHECK(r.format == data_format::prompt_chosen_rejected);
+    CHECK(r.lines == 2);
+    CHECK(r.blank == 0);
+    CHECK(r.malformed.empty());
+    CHECK(r.layout_line == 1);
+    REQUIRE(src.rows.size() == 2);
+    CHECK(src.rows[0].prompt == "\n\nHuman: hi\n\nAssistant:");
+    CHECK(src.rows[0].chosen == " Hello.");
+    CHECK(src.rows[0].rejected == " Go away.");
+    CHECK(src.rows[1].prompt == "\n\nHuman: bye\n\nAssistant:");
+    CHECK(src.rows[1].chosen == " Bye.");
+    CHECK(src.rows[1].rejected == " No.");
+    for (size_t i = 0; i < 2; ++i)  // the same rows as the JSON Lines file of them
+      CHECK((src.rows[i].prompt == lines.rows[i].prompt && src.rows[i].chosen == lines.rows[i].chosen &&
+             src.rows[i].rejected == lines.rows[i].rejected));
+    CHECK(r.summary() == f + ": 2 rows loaded (prompt/chosen/rejected) of 2 items; 0 malformed");
+  }
+  CHECK_FALSE(lines.report.json_list);
+  CHECK(lines.report.summary().find("of 2 lines; 0 malformed") != std::string::npos);
+
+  // an item that is not an object, or lacks a key, is malformed as such a line is, named by its item number; the
+  // first item decided the layout
+  const std::string pc = R"({"prompt": "x", "chosen": " a"})";
+  const auto mixed = load_source(tmp.write("mixed.json", "[" + a + ", \"just text\", " + pc + ", " + b + "]"));
+  const auto& m = mixed.report;
+  REQUIRE(mixed.rows.size() == 2);
+  CHECK(mixed.rows[1].chosen == " Bye.");
+  CHECK(bad_lines(m) == std::vector<int64_t>{2, 3});
+  CHECK(m.malformed[0].reason == "not a JSON object (a string)");
+  CHECK(m.malformed[1].reason == "missing key \"rejected\"");
+  CHECK(m.summary() == tmp.path.string() + "/mixed.json: 2 rows loaded (prompt/chosen/rejected) of 4 items; 2 malformed "
+                       "(item 2: not a JSON object (a string); item 3: missing key \"rejected\"), skipped: fix or remove "
+                       "those items to use them (1 of the items hold prompt/chosen rows: item 1, the first, decided the "
+                       "layout prompt/chosen/rejected)");
+  // the first object decides the layout: its item number
+  const auto second = load_source(tmp.write("second.json", "[7, " + pc + ", " + a + "]")).report;
+  CHECK(second.format == data_format::prompt_chosen);
+  CHECK(second.layout_line == 2);
+  CHECK(bad_lines(second) == std::vector<int64_t>{1});
+
+  // raw HH-RLHF dialogues are split, and a pair whose prompts differ dropped, as in JSON Lines
+  const auto raw = load_source(tmp.write("raw.json", R"([{"chosen": "\n\nHuman: a?\n\nAssistant: yes", "rejected": "\n\nHuman: a?\n\nAssistant: no"},
+ {"chosen": "\n\nHuman: a?\n\nAssistant: one", "rejected": "\n\nHuman: z?\n\nAssistant: two"}])"));
+  CHECK(raw.report.format == data_format::hh_rlhf_raw);
+  REQUIRE(raw.rows.size() == 1);
+  CHECK(raw.rows[0].prompt == "\n\nHuman: a?\n\nAssistant:");
+  CHECK(raw.rows[0].chosen == " yes");
+  CHECK(raw.rows[0].rejected == " no");
+  CHECK(raw.report.prompt_mismatch_lines == std::vector<int64_t>{2});
+  CHECK(raw.report.summary().find("; 1 dropped: prompts differ (items 2)") != std::string::npos);
+  // TRL's conversational rows alike
+  const auto conv = load_source(tmp.write(
+      "messages.json", R"([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."}]}])"));
+  CHECK(conv.report.format == data_format::messages);
+  REQUIRE(conv.rows.size() == 1);
+  CHECK(conv.rows[0].prompt == "\n\nHuman: hi\n\nAssistant:");
+  CHECK(conv.rows[0].chosen == " Hello.");
+
+  // no usable item, no layout, an empty list: the errors count and name items
+  const std::string none = error_of([&] {
+    load_source(tmp.write("none.json", R"([{"prompt": "x", "chosen": "", "rejected": "y"}, 5])"));
+  });
+  CHECK_MESSAGE(none.find("none.json: no usable item (2 items, 2 malformed): item 1: empty \"chosen\"; item 2: not a "
+                          "JSON object (a number). Expected one JSON object per item") != std::string::npos,
+                none);
+  const std::string keys = error_of([&] { load_source(tmp.write("keys.json", R"([{"a": 1}])")); });
+  CHECK_MESSAGE(keys.find("cannot tell the data layout: no item is a JSON object with the keys") != std::string::npos, keys);
+  CHECK(keys.find("(item 1: a JSON object without prompt/chosen/rejected") != std::string::npos);
+  CHECK(error_of([&] { load_source(tmp.write("empty.json", "[]\n")); }).find("(the list is empty)") != std::string::npos);
+
+  // a list of lists is not rows: refused naming the file and what to write
+  const auto lists_file = tmp.write("lists.json", "[[" + a + "], [" + b + "]]");
+  const std::string lists = error_of([&] { load_source(lists_file); });
+  CHECK_MESSAGE(lists.find(lists_file + ": is one JSON list of 2 items, and its items are not JSON objects (the first is "
+                                        "of type array)") != std::string::npos,
+                lists);
+  CHECK(lists.find("write one {\"prompt\": ..., ...} object per row") != std::string::npos);
+  CHECK(lists.find("jq") == std::string::npos);
+
+  // a text that starts with '[' but is not one JSON value is JSON Lines: a first line that is a list is malformed
+  const auto jsonl = load_source(tmp.write("list_line.jsonl", "[1, 2]\n" + a + "\n"));
+  CHECK_FALSE(jsonl.report.json_list);
+  CHECK(jsonl.rows.size() == 1);
+  REQUIRE(jsonl.report.malformed.size() == 1);
+  CHECK(jsonl.report.malformed[0].line == 1);
+  CHECK(jsonl.report.malformed[0].reason == "not a JSON object (a array)");
+  CHECK(jsonl.report.summary().find("of 2 lines; 1 malformed (line 1: not a JSON object (a array))") != std::string::npos);
+  // and a cut list (no closing bracket) is read as JSON Lines, its lines named
+  const auto cut = load_source(tmp.write("cut.json", "[" + a + ",\n" + b + "\n"));
+  CHECK_FALSE(cut.report.json_list);
+  REQUIRE(cut.rows.size() == 1);
+  CHECK(cut.rows[0].chosen == " Bye.");
+  CHECK(bad_lines(cut.report) == std::vector<int64_t>{1});
+  CHECK(cut.report.malformed[0].reason.rfind("bad JSON", 0) == 0);
+  CHECK(cut.report.summary().find("of 2 lines; 1 malformed (line 1: bad JSON") != std::string::npos);
 }
 
 TEST_CASE("GSM8K's {question, answer} rows load as prompt/chosen, the reference answer of rule rewards (real data)") {

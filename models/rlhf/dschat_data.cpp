@@ -53,12 +53,13 @@ uint64_t numpy_random_interval(std::mt19937& mt, uint64_t max) {
   return value;
 }
 
-// The whole (decompressed) file. gzread passes plain files through unchanged.
+// The whole (decompressed) file. gzread passes plain files through unchanged. Throws std::runtime_error naming
+// `path` when it is a folder (naming the file to give instead), cannot be opened, or is a damaged gzip file.
 std::string read_maybe_gzip(const std::string& path) {
   if (std::error_code ec; std::filesystem::is_directory(path, ec))
     throw std::runtime_error(path + ": is a folder, not a data file; give the path of the JSONL file (or .jsonl.gz) in it "
-                             "(a DS-Chat local/jsonfile folder's data/train.json: convert it to JSON Lines with `jq -c "
-                             "'.[]' data/train.json > train.jsonl`; flowrun holds out eval_fraction of it, not eval.json)");
+                             "(a DS-Chat local/jsonfile folder: give its data/train.json itself, a JSON list of rows, "
+                             "read as `datasets` reads it; flowrun holds out eval_fraction of it, not eval.json)");
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + "); check the path");
   std::string out;
@@ -82,46 +83,7 @@ std::string read_maybe_gzip(const std::string& path) {
   return out;
 }
 
-std::vector<std::string> split_lines(const std::string& text) {
-  std::vector<std::string> lines;
-  size_t a = 0;
-  while (a < text.size()) {
-    size_t b = text.find('\n', a);
-    if (b == std::string::npos) b = text.size();
-    std::string line = text.substr(a, b - a);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    lines.push_back(std::move(line));
-    a = b + 1;
-  }
-  return lines;
-}
-
 bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
-
-// A file that is one JSON list of objects (`json.dump(rows)`, what DS-Chat's local/jsonfile train.json may hold,
-// pretty-printed or not) is not JSON Lines: refused naming the fix. Its lines read as JSON Lines said "bad JSON ...
-// unexpected end of input" at line 1 (the lone '['), which hid the cause.
-void refuse_json_list(const std::string& path, const std::string& text) {
-  size_t at = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;  // a UTF-8 byte order mark
-  at = text.find_first_not_of(" \t\r\n", at);
-  if (at == std::string::npos || text[at] != '[') return;
-  const auto j = nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(at), text.end(), nullptr,
-                                       /*allow_exceptions=*/false);
-  if (!j.is_array()) return;  // a line that is a list (one row of a JSON Lines file): said per line below
-  const std::string what = path + ": is one JSON list of " + std::to_string(j.size()) +
-                           " items, not JSON Lines (one JSON object a line, as DS-Chat's and TRL's datasets are read "
-                           "here)";
-  if (!j.empty() && !j.front().is_object())
-    throw std::runtime_error(what + ", and its items are not JSON objects (the first is of type " + j.front().type_name() +
-                             "): write one {\"prompt\": ..., ...} object a line");
-  // the path quoted for a shell (a space or a quote in it broke the command); a .gz through zcat (jq reads no gzip)
-  std::string quoted = "'";
-  for (char c : path) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  quoted += "'";
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  throw std::runtime_error(what + "; convert it: `" + (gz ? "zcat " + quoted + " | jq -c '.[]'" : "jq -c '.[]' " + quoted) +
-                           " > rows.jsonl`");
-}
 
 // nlohmann's messages start with "[json.exception.parse_error.101] "; keep the rest.
 // `s` with control characters and bytes that are not UTF-8 written as escapes (\n, \xff): nlohmann's "last read"
@@ -150,6 +112,72 @@ std::string short_json_error(const std::string& what) {
   std::string s = p == std::string::npos ? what : what.substr(p + 2);
   if (s.size() > 160) s = s.substr(0, 157) + "...";
   return printable(s);
+}
+
+// One row of a data file as read before its layout is known: a JSON Lines line or an item of a file that is one
+// JSON list. Either blank, or `j` the JSON object, or `error` why it is not one (bad JSON, another JSON type).
+struct raw_row {
+  bool blank = false;  // a whitespace-only line (a list's items never are)
+  nlohmann::json j;    // the row's object; null when blank or malformed
+  std::string error;   // "bad JSON: ..." or "not a JSON object (a TYPE)"; "" when `j` is an object or blank
+};
+
+// A parsed JSON value as a row: the object, or "not a JSON object (a TYPE)".
+raw_row object_row(nlohmann::json j) {
+  raw_row r;
+  if (j.is_object()) r.j = std::move(j);
+  else r.error = std::string("not a JSON object (a ") + j.type_name() + ")";
+  return r;
+}
+
+// The rows of a JSON Lines text: one a line ('\n' ends a line, a '\r' before it is dropped), a whitespace-only line
+// blank, a line that is not JSON "bad JSON: ..." (nlohmann's message, shortened and printable).
+std::vector<raw_row> json_lines_rows(const std::string& text) {
+  std::vector<raw_row> rows;
+  size_t a = 0;
+  while (a < text.size()) {
+    size_t b = text.find('\n', a);
+    if (b == std::string::npos) b = text.size();
+    std::string line = text.substr(a, b - a);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    a = b + 1;
+    raw_row r;
+    if (is_blank(line)) {
+      r.blank = true;
+    } else {
+      try {
+        r = object_row(nlohmann::json::parse(line));
+      } catch (const nlohmann::json::exception& e) {
+        r.error = "bad JSON: " + short_json_error(e.what());
+      }
+    }
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+// A text that is one JSON list (`json.dump(rows)`, pretty-printed or on one line, what DS-Chat's local/jsonfile
+// train.json holds and `datasets.load_dataset("json")` reads as rows): its first non-whitespace character, after an
+// optional UTF-8 byte order mark, is '[' and the whole text parses as a JSON array. Returns false (rows untouched)
+// for any other text, which is read as JSON Lines: a file whose first line is a list but that is not one JSON value
+// as a whole gets that line's "not a JSON object (a array)". Else fills `rows` with the items, in order, an item that
+// is not an object malformed as such a line is, and returns true. Throws std::runtime_error naming `path` and what to
+// write when every item is a list: a list of lists holds no rows.
+bool json_list_rows(const std::string& path, const std::string& text, std::vector<raw_row>& rows) {
+  size_t at = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;  // a UTF-8 byte order mark
+  at = text.find_first_not_of(" \t\r\n", at);
+  if (at == std::string::npos || text[at] != '[') return false;
+  auto j = nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(at), text.end(), nullptr,
+                                 /*allow_exceptions=*/false);
+  if (!j.is_array()) return false;  // not one JSON value (a JSON Lines file whose first line is a list)
+  if (!j.empty() && std::all_of(j.begin(), j.end(), [](const nlohmann::json& x) { return x.is_array(); }))
+    throw std::runtime_error(path + ": is one JSON list of " + std::to_string(j.size()) +
+                             " items, and its items are not JSON objects (the first is of type array): a list of lists "
+                             "holds no rows; write one {\"prompt\": ..., ...} object per row, in one list or one a line");
+  rows.clear();
+  rows.reserve(j.size());
+  for (auto& x : j) rows.push_back(object_row(std::move(x)));
+  return true;
 }
 
 // Reads a non-empty string field; returns "" on success or the reason it is unusable.
@@ -190,10 +218,11 @@ data_format detect(const nlohmann::json& j) {
   return data_format::automatic;
 }
 
-std::string list_bad(const std::vector<bad_line>& bad, size_t max_listed) {
+// "UNIT N: reason; ..." for the first `max_listed` of `bad`, UNIT "line" (JSON Lines) or "item" (a JSON list).
+std::string list_bad(const std::vector<bad_line>& bad, size_t max_listed, const char* unit) {
   std::ostringstream os;
   for (size_t i = 0; i < bad.size() && i < max_listed; ++i)
-    os << (i ? "; " : "") << "line " << bad[i].line << ": " << bad[i].reason;
+    os << (i ? "; " : "") << unit << " " << bad[i].line << ": " << bad[i].reason;
   if (bad.size() > max_listed) os << "; ... (" << bad.size() - max_listed << " more)";
   return os.str();
 }
@@ -266,6 +295,56 @@ std::string read_conversational(const nlohmann::json& j, const std::vector<const
   return read_prompt_turns(p, p.size(), "\"prompt\"", s);
 }
 
+// What one row of a file is read as, the same for a JSON Lines line and a JSON list's item.
+enum class row_outcome { loaded, malformed, prompts_differ };
+
+// Reads the JSON object `j` (a raw_row's) as a row of layout `format` (decided: not automatic) into `s`: the keys
+// of `format` (keys_of) as non-empty strings, TRL's conversational rows as lists of messages, a raw HH-RLHF pair
+// split at its last "\n\nAssistant:" into prompt and answers. Returns loaded; malformed with `why` set (a missing,
+// empty or non-string key, a KTO row, a dialogue without an answer...); or prompts_differ, a raw HH-RLHF pair whose
+// two dialogues differ before their answers.
+row_outcome read_row(const nlohmann::json& j, data_format format, sample& s, std::string& why) {
+  if (format == data_format::messages) {  // TRL's conversational rows: their own reading
+    why = read_messages(j, s);
+    return why.empty() ? row_outcome::loaded : row_outcome::malformed;
+  }
+  const auto keys = keys_of(format);
+  if (format == data_format::prompt_completion && j.contains("label")) {  // KTO's desirable / undesirable
+    why = "a {prompt, completion, label} row is TRL's KTO layout (an unpaired preference): no trainer here reads it, "
+          "and SFT would learn the undesirable completions too; keep the rows whose label is true, without the key";
+    return row_outcome::malformed;
+  }
+  // TRL's conversational prompt-completion and preference rows: lists of messages
+  if ((format == data_format::prompt_completion || format == data_format::prompt_chosen_rejected ||
+       format == data_format::prompt_chosen) &&
+      j.contains("prompt") && j["prompt"].is_array()) {
+    std::vector<const char*> answers(keys.begin() + 1, keys.end());
+    why = read_conversational(j, answers, s);
+    return why.empty() ? row_outcome::loaded : row_outcome::malformed;
+  }
+  std::vector<std::string> vals(keys.size());
+  for (size_t k = 0; k < keys.size() && why.empty(); ++k) why = get_string(j, keys[k], vals[k]);
+  if (!why.empty()) return row_outcome::malformed;
+  if (format == data_format::hh_rlhf_raw) {
+    std::string pc, ac, pr, ar;
+    if (!split_dialogue(vals[0], pc, ac)) why = "no \"\\n\\nAssistant:\" turn in \"chosen\"";
+    else if (!split_dialogue(vals[1], pr, ar)) why = "no \"\\n\\nAssistant:\" turn in \"rejected\"";
+    else if (ac.empty()) why = "empty answer after the last \"\\n\\nAssistant:\" of \"chosen\"";
+    else if (ar.empty()) why = "empty answer after the last \"\\n\\nAssistant:\" of \"rejected\"";
+    if (!why.empty()) return row_outcome::malformed;
+    if (pc != pr) return row_outcome::prompts_differ;
+    s.prompt = std::move(pc);
+    s.chosen = std::move(ac);
+    s.rejected = std::move(ar);
+    return row_outcome::loaded;
+  }
+  s.prompt = std::move(vals[0]);
+  if (format != data_format::prompt_only) s.chosen = std::move(vals[1]);
+  if (format == data_format::prompt_chosen_rejected) s.rejected = std::move(vals[2]);
+  s.question = format == data_format::question_answer || format == data_format::prompt_completion;
+  return row_outcome::loaded;
+}
+
 int32_t i32(int64_t v) { return static_cast<int32_t>(v); }
 
 void check_indices(const char* what, size_t n, const std::vector<int64_t>& indices) {
@@ -309,23 +388,24 @@ std::pair<data_format, int64_t> load_report::commonest(const std::function<bool(
 }
 
 std::string load_report::summary(size_t max_listed) const {
+  const std::string u = unit();  // "line", or "item" in a JSON list
   std::ostringstream os;
-  os << path << ": " << loaded << " rows loaded (" << format_name(format) << ") of " << lines << " lines";
+  os << path << ": " << loaded << " rows loaded (" << format_name(format) << ") of " << lines << " " << u << "s";
   if (blank) os << " (" << blank << " blank)";
   os << "; " << malformed.size() << " malformed";
   if (!malformed.empty()) {
-    os << " (" << list_bad(malformed, max_listed) << "), skipped: fix or remove those lines to use them";
+    os << " (" << list_bad(malformed, max_listed, unit()) << "), skipped: fix or remove those " << u << "s to use them";
     // lines of another layout are malformed in this one: say which line decided it (a raw HH-RLHF first line made
     // 30 {prompt, chosen, rejected} pairs malformed with "no Assistant turn" and trained on 1 row)
     const auto [other, most] = commonest([&](data_format f) { return f != format; });
     if (most > 0 && layout_line > 0)
-      os << " (" << most << " of the lines hold " << format_name(other) << " rows: line " << layout_line
+      os << " (" << most << " of the " << u << "s hold " << format_name(other) << " rows: " << u << " " << layout_line
          << ", the first, decided the layout " << format_name(format) << ")";
   }
   if (format == data_format::hh_rlhf_raw) {
     os << "; " << prompt_mismatch_lines.size() << " dropped: prompts differ";
     if (!prompt_mismatch_lines.empty()) {
-      os << " (lines";
+      os << " (" << u << "s";
       for (size_t i = 0; i < prompt_mismatch_lines.size() && i < max_listed; ++i)
         os << (i ? ", " : " ") << prompt_mismatch_lines[i];
       if (prompt_mismatch_lines.size() > max_listed) os << ", ...";
@@ -350,30 +430,19 @@ source load_source(const std::string& path, data_format format) {
   load_report& rep = src.report;
   rep.path = path;
   const std::string text = read_maybe_gzip(path);
-  refuse_json_list(path, text);
-  const auto lines = split_lines(text);
-  rep.lines = static_cast<int64_t>(lines.size());
+  // a file that is one JSON list has its items as rows, else its lines: both read row by row below, alike
+  std::vector<raw_row> rows;
+  rep.json_list = json_list_rows(path, text, rows);
+  if (!rep.json_list) rows = json_lines_rows(text);
+  const std::string u = rep.unit();  // "line", or "item" in a JSON list
+  rep.lines = static_cast<int64_t>(rows.size());
 
-  std::vector<nlohmann::json> parsed(lines.size());
-  std::vector<std::string> parse_error(lines.size());
-  for (size_t i = 0; i < lines.size(); ++i) {
-    if (is_blank(lines[i])) continue;
-    try {
-      parsed[i] = nlohmann::json::parse(lines[i]);
-      if (!parsed[i].is_object()) {
-        parse_error[i] = std::string("not a JSON object (a ") + parsed[i].type_name() + ")";
-        parsed[i] = nullptr;
-      }
-    } catch (const nlohmann::json::exception& e) {
-      parse_error[i] = "bad JSON: " + short_json_error(e.what());
-    }
-  }
   if (format == data_format::automatic) {
     // the first object's layout (a file of pairs with some {prompt, chosen} lines still trains SFT on every row,
     // and the reward model on the pairs, the others named as malformed); rep.layouts counts each layout's lines,
     // so that a first line missing a key is named when the layout it decided is refused (a review, 2026-12-07)
-    for (size_t i = 0; i < lines.size() && format == data_format::automatic; ++i) {
-      if (parsed[i].is_object()) format = detect(parsed[i]);
+    for (size_t i = 0; i < rows.size() && format == data_format::automatic; ++i) {
+      if (rows[i].j.is_object()) format = detect(rows[i].j);
       if (format != data_format::automatic) rep.layout_line = static_cast<int64_t>(i + 1);
     }
     if (format == data_format::automatic) {
@@ -385,100 +454,52 @@ source load_source(const std::string& path, data_format format) {
         return "a JSON object without prompt/chosen/rejected, prompt/completion, messages or question/answer keys";
       };
       std::vector<bad_line> bad;
-      for (size_t i = 0; i < lines.size() && bad.size() < 5; ++i)
-        if (!is_blank(lines[i]))
-          bad.push_back({static_cast<int64_t>(i + 1), parse_error[i].empty() ? unknown(parsed[i]) : parse_error[i]});
-      throw std::runtime_error(path + ": cannot tell the data layout: no line is a JSON object with the keys "
+      for (size_t i = 0; i < rows.size() && bad.size() < 5; ++i)
+        if (!rows[i].blank)
+          bad.push_back({static_cast<int64_t>(i + 1), rows[i].error.empty() ? unknown(rows[i].j) : rows[i].error});
+      const std::string empty = rep.json_list ? " (the list is empty)" : " (the file is empty)";
+      throw std::runtime_error(path + ": cannot tell the data layout: no " + u + " is a JSON object with the keys "
                                       "{prompt, chosen, rejected}, {prompt, chosen}, {chosen, rejected}, {question, answer}, "
                                       "{prompt, completion}, {messages} or {prompt} (RL prompts only)" +
-                               (bad.empty() ? std::string(" (the file is empty)") : " (" + list_bad(bad, 5) + ")") +
-                               "; fix the file: one JSON object per line, such as {\"prompt\": \"...\", \"chosen\": \"...\", "
-                                 "\"rejected\": \"...\"} (DS-Chat's layout)");
+                               (bad.empty() ? empty : " (" + list_bad(bad, 5, u.c_str()) + ")") +
+                               "; fix the file: one JSON object per " + u + ", such as {\"prompt\": \"...\", \"chosen\": "
+                               "\"...\", \"rejected\": \"...\"} (DS-Chat's layout)");
     }
   }
   rep.format = format;
-  for (size_t i = 0; i < lines.size(); ++i)
-    if (parsed[i].is_object())
-      if (const auto f = detect(parsed[i]); f != data_format::automatic) ++rep.layouts[f];
-  const auto keys = keys_of(format);
+  for (const auto& r : rows)
+    if (r.j.is_object())
+      if (const auto f = detect(r.j); f != data_format::automatic) ++rep.layouts[f];
 
-  for (size_t i = 0; i < lines.size(); ++i) {
+  for (size_t i = 0; i < rows.size(); ++i) {
     const int64_t ln = static_cast<int64_t>(i + 1);
-    if (is_blank(lines[i])) {
+    if (rows[i].blank) {
       ++rep.blank;
       continue;
     }
-    if (!parse_error[i].empty()) {
-      rep.malformed.push_back({ln, parse_error[i]});
-      continue;
-    }
-    if (format == data_format::messages) {  // TRL's conversational rows: their own reading
-      sample s;
-      if (std::string why = read_messages(parsed[i], s); !why.empty()) {
-        rep.malformed.push_back({ln, why});
-        continue;
-      }
-      src.rows.push_back(std::move(s));
-      continue;
-    }
-    std::vector<std::string> vals(keys.size());
-    std::string why;
-    if (format == data_format::prompt_completion && parsed[i].contains("label"))  // KTO's desirable / undesirable
-      why = "a {prompt, completion, label} row is TRL's KTO layout (an unpaired preference): no trainer here reads it, "
-            "and SFT would learn the undesirable completions too; keep the rows whose label is true, without the key";
-    // TRL's conversational prompt-completion and preference rows: lists of messages
-    else if ((format == data_format::prompt_completion || format == data_format::prompt_chosen_rejected ||
-              format == data_format::prompt_chosen) &&
-             parsed[i].contains("prompt") && parsed[i]["prompt"].is_array()) {
-      sample s;
-      std::vector<const char*> answers(keys.begin() + 1, keys.end());
-      if (std::string w = read_conversational(parsed[i], answers, s); !w.empty()) {
-        rep.malformed.push_back({ln, w});
-        continue;
-      }
-      src.rows.push_back(std::move(s));
-      continue;
-    }
-    for (size_t k = 0; k < keys.size() && why.empty(); ++k) why = get_string(parsed[i], keys[k], vals[k]);
-    if (!why.empty()) {
-      rep.malformed.push_back({ln, why});
+    if (!rows[i].error.empty()) {
+      rep.malformed.push_back({ln, rows[i].error});
       continue;
     }
     sample s;
-    if (format == data_format::hh_rlhf_raw) {
-      std::string pc, ac, pr, ar;
-      if (!split_dialogue(vals[0], pc, ac)) why = "no \"\\n\\nAssistant:\" turn in \"chosen\"";
-      else if (!split_dialogue(vals[1], pr, ar)) why = "no \"\\n\\nAssistant:\" turn in \"rejected\"";
-      else if (ac.empty()) why = "empty answer after the last \"\\n\\nAssistant:\" of \"chosen\"";
-      else if (ar.empty()) why = "empty answer after the last \"\\n\\nAssistant:\" of \"rejected\"";
-      if (!why.empty()) {
-        rep.malformed.push_back({ln, why});
-        continue;
-      }
-      if (pc != pr) {
-        rep.prompt_mismatch_lines.push_back(ln);
-        continue;
-      }
-      s.prompt = std::move(pc);
-      s.chosen = std::move(ac);
-      s.rejected = std::move(ar);
-    } else {
-      s.prompt = std::move(vals[0]);
-      if (format != data_format::prompt_only) s.chosen = std::move(vals[1]);
-      if (format == data_format::prompt_chosen_rejected) s.rejected = std::move(vals[2]);
-      s.question = format == data_format::question_answer || format == data_format::prompt_completion;
+    std::string why;
+    switch (read_row(rows[i].j, format, s, why)) {
+      case row_outcome::loaded: src.rows.push_back(std::move(s)); break;
+      case row_outcome::malformed: rep.malformed.push_back({ln, why}); break;
+      case row_outcome::prompts_differ: rep.prompt_mismatch_lines.push_back(ln); break;
     }
-    src.rows.push_back(std::move(s));
   }
   rep.loaded = static_cast<int64_t>(src.rows.size());
   if (src.rows.empty()) {
+    const auto keys = keys_of(format);
     std::ostringstream os;
-    os << path << ": no usable line (" << rep.lines << " lines, " << rep.blank << " blank, " << rep.malformed.size()
-       << " malformed";
+    os << path << ": no usable " << u << " (" << rep.lines << " " << u << "s, ";
+    if (!rep.json_list) os << rep.blank << " blank, ";  // a list's items are never blank
+    os << rep.malformed.size() << " malformed";
     if (format == data_format::hh_rlhf_raw) os << ", " << rep.prompt_mismatch_lines.size() << " with differing prompts";
     os << ")";
-    if (!rep.malformed.empty()) os << ": " << list_bad(rep.malformed, 5);
-    os << ". Expected one JSON object per line with non-empty string fields";
+    if (!rep.malformed.empty()) os << ": " << list_bad(rep.malformed, 5, u.c_str());
+    os << ". Expected one JSON object per " << u << " with non-empty string fields";
     for (size_t k = 0; k < keys.size(); ++k) os << (k ? ", " : " ") << '"' << keys[k] << '"';
     os << " (" << format_name(format) << ")";
     throw std::runtime_error(os.str());

@@ -72,31 +72,38 @@ enum class data_format {
 };
 const char* format_name(data_format f);
 
-/// One rejected line of an input file.
+/// One rejected line of an input file (an item of a file that is one JSON list).
 struct bad_line {
-  int64_t line = 0;    ///< 1-based line number in the (decompressed) file
+  int64_t line = 0;    ///< 1-based line number in the (decompressed) file; in a JSON list, the 1-based item number
   std::string reason;  ///< e.g. "bad JSON: ...", "missing key \"chosen\"", "empty \"rejected\""
 };
 
 /// What loading one file did. Every non-blank line is either loaded, malformed
-/// or (raw HH-RLHF only) dropped because its two prompts differ.
+/// or (raw HH-RLHF only) dropped because its two prompts differ. In a file that is one
+/// JSON list (json_list), its items are the lines: every "line" number here is an item's.
 struct load_report {
   std::string path;
+  /// The file is one JSON list of rows (`json.dump(rows)`, DS-Chat's local/jsonfile data/train.json), read
+  /// item by item; false: JSON Lines.
+  bool json_list = false;
+  /// The word a row's place is named with: "line" (JSON Lines) or "item" (json_list).
+  const char* unit() const { return json_list ? "item" : "line"; }
   data_format format = data_format::automatic;  ///< the layout used (after detection)
-  int64_t layout_line = 0;  ///< the line whose keys decided it (automatic detection; 0: given)
+  int64_t layout_line = 0;  ///< the line (item) whose keys decided it (automatic detection; 0: given)
   std::map<data_format, int64_t> layouts;  ///< the JSON objects of each layout the keys suggest (detect)
   /// Of the layouts `wanted` takes, the one the most of the file's objects have, and how many
   /// ({automatic, 0}: none has any).
   std::pair<data_format, int64_t> commonest(const std::function<bool(data_format)>& wanted) const;
-  int64_t lines = 0;   ///< lines in the file, blank ones included
+  int64_t lines = 0;   ///< lines in the file, blank ones included (json_list: its items)
   int64_t blank = 0;   ///< whitespace-only lines (skipped, not errors)
   int64_t loaded = 0;  ///< rows kept
   std::vector<bad_line> malformed;
   /// Raw HH-RLHF pairs whose chosen and rejected dialogues differ before their last
-  /// "\n\nAssistant:" (no common prompt), with their line numbers.
+  /// "\n\nAssistant:" (no common prompt), with their line (item) numbers.
   std::vector<int64_t> prompt_mismatch_lines;
   /// One line: "PATH: N rows loaded (FORMAT) of L lines; M malformed (line 3: bad JSON ...; ...);
-  /// K dropped: prompts differ (lines ...)". Lists at most `max_listed` lines of each kind.
+  /// K dropped: prompts differ (lines ...)". Lists at most `max_listed` lines of each kind. A JSON
+  /// list's says "items" and "item 3" instead (unit()).
   std::string summary(size_t max_listed = 5) const;
 };
 
@@ -110,9 +117,16 @@ struct source {
 /// Load one JSONL file (plain, or gzip when it starts with the gzip magic; read
 /// with zlib). Lines must be JSON objects with non-empty string values for the
 /// keys of `format`. Malformed lines are recorded in report.malformed.
+/// A file that is one JSON list (after an optional UTF-8 byte order mark and
+/// whitespace, '[' first, and the whole text one JSON array: what `json.dump(rows)`
+/// writes, read as `datasets.load_dataset("json")` reads it) has its items as rows,
+/// each read as a JSON Lines line is (an item that is not an object is malformed),
+/// numbered as items (report.json_list); a text that starts with '[' but is not one
+/// JSON value is read as JSON Lines.
 /// Throws std::runtime_error naming the file when it cannot be opened or
-/// decompressed, when `automatic` finds no line to decide the layout from, or
-/// when no line is usable (listing the first few bad lines and their reasons).
+/// decompressed, when it is a folder, when it is a JSON list of lists, when
+/// `automatic` finds no line to decide the layout from, or when no line is
+/// usable (listing the first few bad lines or items and their reasons).
 source load_source(const std::string& path, data_format format = data_format::automatic);
 
 /// Load several files (DS-Chat's --data_path list), in order.

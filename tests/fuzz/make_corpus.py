@@ -189,6 +189,9 @@ def gen_dschat():
     write("dschat_data", "gzip", gzip.compress(jsonl(PCR).encode(), mtime=0))
     write("dschat_data", "unicode", jsonl([{"prompt": "Qu'est-ce que \u00e7a ? \u732b \U0001f431", "chosen": " \u00e9t\u00e9",
                                             "rejected": "\ud83d\ude00 \\u0000"}]))
+    # one JSON list of rows (json.dump(rows), DS-Chat's local/jsonfile train.json): read as rows, items numbered
+    write("dschat_data", "json_list", json.dumps(PCR, indent=2))
+    write("dschat_data", "json_list_mixed", "\ufeff" + json.dumps(PCR[:1] + ["text", [1, 2], {"prompt": "x"}, None]))
 
 
 STORY = ("Once upon a time, there was a little fox named Tim. Tim liked to run in the green grass.\n"

@@ -181,10 +181,11 @@ class dschat_trainer : public actor::node {
   // A drain (the first SIGINT or SIGTERM, the console's stop) ends the step between two updates: the updates since
   // the last commit are committed here, so that the same command resumes after the last one trained. Before, a
   // preempted job's SIGTERM (a scheduler's, ahead of its SIGKILL) lost every update since save_checkpoint_steps'
-  // last, as DeepSpeed's does. Needs a [graph] checkpoint_dir (save_checkpoint_steps may be 0); a second signal
-  // stops without a drain or this call, and keeps the last commit.
+  // last, as DeepSpeed's does. After the last update (the held-out pass and the output not yet made) the commit
+  // is of it, and the resume makes them. Needs a [graph] checkpoint_dir (save_checkpoint_steps may be 0); a
+  // second signal stops without a drain or this call, and keeps the last commit.
   void finish(actor::node_context& ctx) final {
-    if (!ctx.draining() || done_ || resumed_ || ckpt_dir_.empty() || step_ < 1 || step_ >= steps_ ||
+    if (!ctx.draining() || done_ || resumed_ || ckpt_dir_.empty() || step_ < 1 || step_ > steps_ ||
         step_ == committed_)
       return;
     ctx.print(fmt::format("{} stopping at update {} of {}: committing it", tag_, step_, steps_));
@@ -198,14 +199,17 @@ class dschat_trainer : public actor::node {
       last = ckpt_dir_.empty() || !std::filesystem::exists(ckpt_dir_) ? "" : latest_checkpoint(ckpt_dir_);
     } catch (const std::exception&) {  // a damaged `latest`: the next start names it
     }
-    if (last.empty() && (ckpt_dir_.empty() || save_every_ <= 0))
-      ctx.print(fmt::format("{} interrupted at update {} of {}: no checkpoint was saved (set [graph] checkpoint_dir "
-                            "and save_checkpoint_steps); the same command trains this step again",
+    if (ckpt_dir_.empty())
+      ctx.print(fmt::format("{} interrupted at update {} of {}: no checkpoint was saved (set [graph] checkpoint_dir: a "
+                            "drain then commits the update it stopped at, and save_checkpoint_steps adds scheduled "
+                            "ones); the same command trains this step again",
                             tag_, step_, steps_));
-    else if (last.empty())  // both set: it stopped before the first one (it told them to set what they had set)
-      ctx.print(fmt::format("{} interrupted at update {} of {}, before its first checkpoint (every {} updates into "
-                            "{}): the same command trains this step again",
-                            tag_, step_, steps_, save_every_, ckpt_dir_));
+    else if (last.empty() && step_ == 0)  // at start or in the held-out pass before training
+      ctx.print(fmt::format("{} interrupted before its first update: the same command trains this step", tag_));
+    else if (last.empty())  // a second signal (no drain, no commit) before the first checkpoint
+      ctx.print(fmt::format("{} interrupted at update {} of {}, before its first checkpoint in {} (a second signal "
+                            "stops without the drain's commit): the same command trains this step again",
+                            tag_, step_, steps_, ckpt_dir_));
     else
       ctx.print(fmt::format("{} interrupted at update {} of {}: the last committed checkpoint is {}; the same "
                             "command resumes there",
@@ -341,7 +345,7 @@ class dschat_trainer : public actor::node {
                                " was made for another model, LoRA or value-head setting (config hash differs): " +
                                afresh);
     check_resume_settings(ctx, m0.extra.value("settings", nlohmann::json()), folder, safe_to_change(), afresh);
-    if (m0.step < 1 || m0.step >= steps_)
+    if (m0.step < 1 || m0.step > steps_)  // the last update's own: a drain's commit before the step's end
       throw std::runtime_error(fmt::format("node '{}': checkpoint {} is of update {}, not within this run's {} "
                                            "updates: {}",
                                            ctx.name(), folder, m0.step, steps_, afresh));

@@ -181,12 +181,15 @@ rank_group join_rank_group(actor::node_context& ctx) {
       throw std::invalid_argument("node '" + ctx.name() + "': comm_backend \"" + co.backend +
                                   "\" needs a rendezvous: rendezvous (caf://HOST:PORT), store_dir (a folder every "
                                   "rank sees), FLOWRUN_RENDEZVOUS or FLOWRUN_STORE_DIR (flowrun launch sets one)");
-    // the processes of one flowrun launch share FLOWRUN_RUN_ID, unique to the launch: in the prefix, the records a
-    // launch that failed at the rendezvous left in the same --store folder are never read as this one's (they
-    // failed it, "records left by a crashed job"). Processes started by hand without one keep the plain prefix:
-    // their run ids are their own
+    // the processes of one flowrun launch (FLOWRUN_LAUNCHER_PID) share the FLOWRUN_RUN_ID it made, unique to the
+    // launch: in the prefix, the records a launch that failed at the rendezvous left in the same --store folder are
+    // never read as this one's (they failed it, "records left by a crashed job"). Processes started by hand keep the
+    // plain prefix, whatever FLOWRUN_RUN_ID each has: a user's id may be a requeued job's again (its records would
+    // meet it), or differ between them (they would wait out comm_timeout_s under two prefixes)
+    const char* launched = std::getenv("FLOWRUN_LAUNCHER_PID");
     const char* shared = std::getenv("FLOWRUN_RUN_ID");
-    co.prefix = "flowrun/" + (shared && ctx.run_id() == shared ? ctx.run_id() + "/" : std::string()) + ctx.name();
+    const bool scoped = launched && *launched && shared && ctx.run_id() == shared;
+    co.prefix = "flowrun/" + (scoped ? ctx.run_id() + "/" : std::string()) + ctx.name();
   }
   g.comm = comm::make_communicator(co);
   g.rendezvous = co.kv;

@@ -396,14 +396,16 @@ class zero_rank final : public actor::node {
   void finish(actor::node_context& ctx) override {
     if (!finished_ && done_ > 0 && done_ >= total_) {
       finish_run(ctx);
-    } else if (ctx.draining() && console_reaches_ && !out_dir_.empty() && done_ > committed_) {
+    } else if (ctx.draining() && !finished_ && done_ < total_ && console_reaches_ && !out_dir_.empty() &&
+               done_ > committed_) {
       if (rank_ == 0) ctx.print(fmt::format("[pretrain] stopping at step {}: committing it", done_));
       aborting_on_failure(comm_.get(), [&] { save(ctx, done_); });
     }
   }
 
   void stop(actor::node_context& ctx) override {
-    if (ctx.reason() != actor::stop_reason::interrupted || rank_ != 0) return;  // SIGINT: say what is kept
+    // SIGINT: say what is kept (a run whose last step was done as the signal came said "interrupted ... resumes there")
+    if (ctx.reason() != actor::stop_reason::interrupted || rank_ != 0 || finished_) return;
     const std::string last = out_dir_.empty() ? std::string() : resume_folder(out_dir_);
     ctx.print(last.empty() ? fmt::format("[pretrain] interrupted after step {}: no checkpoint was saved{}", done_,
                                          out_dir_.empty() ? " (output_dir is empty)" : "")

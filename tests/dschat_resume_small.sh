@@ -242,6 +242,33 @@ bg=
 diff <(lines "step 1 sft" "$out/f2.log") <(lines "step 1 sft" "$out/f0.log" "$k" | head -n $((k2 - k))) ||
   fail "the updates after the drain's commit of update $k differ from the uninterrupted run's"
 echo "resumed at update $k (updates $((k + 1))-$k2 as the uninterrupted run's); SIGINT at update $k2 with save_checkpoint_steps 0: committed, exit 130"
+# 6b. the drain at the step's last updates: the commit is of the update it stopped at, the last one included (its
+#     held-out pass and output not yet made: the drain committed nothing, and the rerun trained the step again), and
+#     the resume ends the step with the uninterrupted run's output, byte for byte
+l6=("$root/graphs/sft.graph" --no-progress --set node.sft.data="$data" --set node.sft.steps=12 --set node.sft.print_every=1)
+"$flowrun" "${l6[@]}" --set graph.checkpoint_dir= --set node.sft.output="$out/l6_ref.bin" > "$out/l6_ref.log" 2>&1 ||
+  fail "the 12-update reference run failed: $(tail -2 "$out/l6_ref.log")"
+"$flowrun" "${l6[@]}" --set graph.checkpoint_dir="$out/l6/ckpt" --set node.sft.output="$out/l6/sft.bin" \
+  > "$out/l6_1.log" 2> "$out/l6_1.err" &
+bg=$!
+for _ in $(seq 1 1200); do grep -q "^\[step 1 sft\] step 11/12" "$out/l6_1.log" 2>/dev/null && break; sleep 0.01; done
+kill -TERM $bg
+rc=0; wait $bg || rc=$?
+bg=
+k=$(sed -n 's/^\[step 1 sft\] stopping at update \([0-9]*\) of 12: committing it$/\1/p' "$out/l6_1.log")
+if [ -z "$k" ]; then  # the signal came after the last update's held-out pass began: the step ended as a whole
+  grep -q "^\[step 1 sft\] held-out loss .* ->" "$out/l6_1.log" ||
+    fail "SIGTERM at update 11-12 of 12 committed nothing and did not end the step: $(grep interrupted "$out/l6_1.log")"
+  echo "SIGTERM at the end of step 1: it had ended (exit $rc)"
+else
+  [ $rc -eq 143 ] || fail "SIGTERM at update $k of 12: exit $rc, not 143"
+  [[ -e "$out/l6/sft.bin" ]] && fail "an interrupted step wrote its output"
+  "$flowrun" "${l6[@]}" --set graph.checkpoint_dir="$out/l6/ckpt" --set node.sft.output="$out/l6/sft.bin" \
+    > "$out/l6_2.log" 2>&1 || fail "the resume after SIGTERM at update $k of 12 failed: $(tail -2 "$out/l6_2.log")"
+  grep -q "^\[step 1 sft\] resumed at update $k of 12" "$out/l6_2.log" || fail "not resumed at update $k of 12"
+  cmp "$out/l6_ref.bin" "$out/l6/sft.bin" || fail "the step resumed at update $k of 12 saved another model"
+  echo "SIGTERM at update $k of 12: committed (exit 143); the resume saved the uninterrupted run's model"
+fi
 # 7. save_lora failing after the output (here its .tmp name taken by a folder; a full disk did it): no done marker
 #    is written, so the same command resumes at the last checkpoint and writes the adapter. The marker came first:
 #    every rerun said "training skipped" with exit 0 and the adapter was never written.

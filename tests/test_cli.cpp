@@ -2241,3 +2241,19 @@ TEST_CASE("flowrun FILE.graph --check checks the graph and its overrides and run
   CHECK(rc == 2);
   CHECK(has(out, "temperature = 1e-09 is above 0 but below 1e-6"));
 }
+
+TEST_CASE("FLOWRUN_RUN_ID with a space is refused, naming it: the checkpoint lock took it while the run took a random id") {
+  int rc = -1;
+  const std::string out = run("FLOWRUN_RUN_ID='my run' " + std::string(FLOWRUN_BIN) + " " FLOWRUN_SOURCE_DIR
+                              "/graphs/sft.graph --no-progress --set node.sft.steps=1 --set node.sft.output= "
+                              "--set graph.checkpoint_dir= 2>&1",
+                              &rc);
+  CHECK(rc != 0);
+  CHECK_MESSAGE(has(out, "FLOWRUN_RUN_ID 'my run' holds a space or a line break: give the processes of the run one word"),
+                out);
+  CHECK_FALSE(has(out, "[step 1 sft] step 1/1"));  // refused before anything trains
+  run("FLOWRUN_RUN_ID=my_run " + std::string(FLOWRUN_BIN) + " " FLOWRUN_SOURCE_DIR
+      "/graphs/sft.graph --no-progress --set node.sft.steps=1 --set node.sft.output= --set graph.checkpoint_dir= 2>&1",
+      &rc);
+  CHECK(rc == 0);
+}

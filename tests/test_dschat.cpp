@@ -367,16 +367,22 @@ TEST_CASE("loaders: a file that is one JSON list (json.dump(rows)) is read as ro
   CHECK(jsonl.rows.size() == 1);
   REQUIRE(jsonl.report.malformed.size() == 1);
   CHECK(jsonl.report.malformed[0].line == 1);
-  CHECK(jsonl.report.malformed[0].reason == "not a JSON object (a array)");
-  CHECK(jsonl.report.summary().find("of 2 lines; 1 malformed (line 1: not a JSON object (a array))") != std::string::npos);
-  // and a cut list (no closing bracket) is read as JSON Lines, its lines named
-  const auto cut = load_source(tmp.write("cut.json", "[" + a + ",\n" + b + "\n"));
-  CHECK_FALSE(cut.report.json_list);
-  REQUIRE(cut.rows.size() == 1);
-  CHECK(cut.rows[0].chosen == " Bye.");
-  CHECK(bad_lines(cut.report) == std::vector<int64_t>{1});
-  CHECK(cut.report.malformed[0].reason.rfind("bad JSON", 0) == 0);
-  CHECK(cut.report.summary().find("of 2 lines; 1 malformed (line 1: bad JSON") != std::string::npos);
+  CHECK(jsonl.report.malformed[0].reason == "not a JSON object (an array)");
+  CHECK(jsonl.report.summary().find("of 2 lines; 1 malformed (line 1: not a JSON object (an array))") != std::string::npos);
+  // a list that does not parse, whose first line is no JSON value either (a cut file, a trailing comma): refused with
+  // the parse error's line and column in the file. Read as JSON Lines it was "bad JSON" at line 1 and trained on
+  // the one item that had a line of its own, or (pretty-printed) "write one JSON object per line"
+  const auto cut_file = tmp.write("cut.json", "[" + a + ",\n" + b + "\n");
+  const std::string cut = error_of([&] { load_source(cut_file); });
+  CHECK_MESSAGE(cut.find(cut_file + ": starts as one JSON list ('[') but is not valid JSON: parse error at line 3, "
+                                    "column 1") != std::string::npos,
+                cut);
+  CHECK(cut.find("fix the list (a trailing comma before ']' or a file cut short") != std::string::npos);
+  const auto comma_file = tmp.write("comma.json", "\xEF\xBB\xBF[\n  " + a + ",\n  " + b + ",\n]\n");
+  const std::string comma = error_of([&] { load_source(comma_file); });
+  CHECK_MESSAGE(comma.find(comma_file + ": starts as one JSON list ('[') but is not valid JSON: parse error at line 4, "
+                                      "column 1") != std::string::npos,
+                comma);
 }
 
 TEST_CASE("GSM8K's {question, answer} rows load as prompt/chosen, the reference answer of rule rewards (real data)") {

@@ -126,7 +126,7 @@ struct raw_row {
 raw_row object_row(nlohmann::json j) {
   raw_row r;
   if (j.is_object()) r.j = std::move(j);
-  else r.error = std::string("not a JSON object (a ") + j.type_name() + ")";
+  else r.error = std::string("not a JSON object (") + (j.is_array() ? "an " : "a ") + j.type_name() + ")";
   return r;
 }
 
@@ -160,7 +160,7 @@ std::vector<raw_row> json_lines_rows(const std::string& text) {
 // train.json holds and `datasets.load_dataset("json")` reads as rows): its first non-whitespace character, after an
 // optional UTF-8 byte order mark, is '[' and the whole text parses as a JSON array. Returns false (rows untouched)
 // for any other text, which is read as JSON Lines: a file whose first line is a list but that is not one JSON value
-// as a whole gets that line's "not a JSON object (a array)". Else fills `rows` with the items, in order, an item that
+// as a whole gets that line's "not a JSON object (an array)". Else fills `rows` with the items, in order, an item that
 // is not an object malformed as such a line is, and returns true. Throws std::runtime_error naming `path` and what to
 // write when every item is a list: a list of lists holds no rows.
 bool json_list_rows(const std::string& path, const std::string& text, std::vector<raw_row>& rows) {
@@ -169,7 +169,26 @@ bool json_list_rows(const std::string& path, const std::string& text, std::vecto
   if (at == std::string::npos || text[at] != '[') return false;
   auto j = nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(at), text.end(), nullptr,
                                  /*allow_exceptions=*/false);
-  if (!j.is_array()) return false;  // not one JSON value (a JSON Lines file whose first line is a list)
+  if (!j.is_array()) {
+    // a JSON Lines file whose first line is a list (that line alone is JSON): read as lines, that line malformed
+    const size_t eol = text.find('\n', at);
+    const auto first = nlohmann::json::parse(text.begin() + static_cast<std::ptrdiff_t>(at),
+                                             eol == std::string::npos ? text.end()
+                                                                      : text.begin() + static_cast<std::ptrdiff_t>(eol),
+                                             nullptr, /*allow_exceptions=*/false);
+    if (!first.is_discarded()) return false;
+    // else a list that does not parse (a trailing comma, a cut or hand-edited train.json): read as lines it was
+    // "bad JSON" at every line and "write one JSON object per line", which sent the user the wrong way
+    std::string why;
+    try {  // from the file's start (a byte order mark aside), so that nlohmann's line and column are the file's
+      (void)nlohmann::json::parse(text.begin() + (text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0), text.end());
+    } catch (const nlohmann::json::exception& e) {
+      why = short_json_error(e.what());
+    }
+    throw std::runtime_error(path + ": starts as one JSON list ('[') but is not valid JSON: " + why +
+                             "; fix the list (a trailing comma before ']' or a file cut short is the usual cause), or "
+                             "write one JSON object a line");
+  }
   if (!j.empty() && std::all_of(j.begin(), j.end(), [](const nlohmann::json& x) { return x.is_array(); }))
     throw std::runtime_error(path + ": is one JSON list of " + std::to_string(j.size()) +
                              " items, and its items are not JSON objects (the first is of type array): a list of lists "

@@ -171,10 +171,16 @@ bool port_answers(const std::string& host, int port, std::int64_t timeout_ms) {
 
 // The run id of this process's run (node_context::run_id): $FLOWRUN_RUN_ID (flowrun launch gives its
 // processes one, so that they share the run's checkpoint folders: runtime/util/dir_lock.h), else a random one.
+// One with a space or a line break is refused: it was replaced by a random id here while the checkpoint lock
+// took it as set, so processes started by hand with FLOWRUN_RUN_ID="my run" refused each other's output_dir.
 std::string shared_run_id() {
-  if (const char* id = std::getenv("FLOWRUN_RUN_ID"); id && *id && std::string(id).find_first_of(" \n") == std::string::npos)
-    return id;
-  return random_nonce().substr(0, 16);
+  const char* id = std::getenv("FLOWRUN_RUN_ID");
+  if (!id || !*id) return random_nonce().substr(0, 16);
+  if (std::string(id).find_first_of(" \t\r\n") != std::string::npos)
+    throw std::invalid_argument(fmt::format("FLOWRUN_RUN_ID '{}' holds a space or a line break: give the processes of "
+                                            "the run one word (e.g. my_run), or unset it",
+                                            id));
+  return id;
 }
 
 }  // namespace

@@ -230,8 +230,16 @@ class dschat_trainer : public actor::node {
     const std::string what = phase_name() + " held-out";
     ctx.phase(what);
     ops::matmul_precision_scope gemm(held_out_precision_ ? *held_out_precision_ : ops::get_matmul_precision());
-    return evaluate(ctx, before, seconds, [&ctx, &what](int64_t done, int64_t total) {
+    return evaluate(ctx, before, seconds, [this, &ctx, &what, before](int64_t done, int64_t total) {
       if (ctx.stop_requested()) throw actor::stopped{};  // a second Ctrl-C: the pass may take minutes
+      // a drain before training (a preemption's SIGTERM) has nothing to keep: it waited for the whole pass, and the
+      // scheduler's SIGKILL could come first. The pass after training goes on: the step's output follows it
+      if (before && ctx.draining()) {
+        ctx.print(fmt::format("{} interrupted in the held-out pass before training: nothing was trained; the same "
+                              "command trains this step",
+                              tag_));
+        throw actor::stopped{};
+      }
       if (total > 0) ctx.progress(what, done, total);
     });
   }

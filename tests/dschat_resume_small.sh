@@ -269,6 +269,24 @@ else
   cmp "$out/l6_ref.bin" "$out/l6/sft.bin" || fail "the step resumed at update $k of 12 saved another model"
   echo "SIGTERM at update $k of 12: committed (exit 143); the resume saved the uninterrupted run's model"
 fi
+# 6c. a drain in the held-out pass before training (nothing trained yet) stops the pass at its next batch: it went on
+#     to the pass's end (a minute on a large held-out share), past a scheduler's grace before its SIGKILL
+"$flowrun" "$root/graphs/sft.graph" --no-progress --set graph.checkpoint_dir="$out/h6/ckpt" \
+  --set node.sft.data="$a/data/hh-rlhf/harmless-base-test.dschat.jsonl" --set node.sft.data_split=10,0,0 \
+  --set node.sft.eval_fraction=0.5 --set node.sft.steps=4 --set node.sft.output="$out/h6/sft.bin" \
+  > "$out/h6.log" 2> "$out/h6.err" &
+bg=$!
+for _ in $(seq 1 3000); do grep -q "memory plan" "$out/h6.err" 2>/dev/null && break; sleep 0.01; done
+kill -TERM $bg
+t0=$SECONDS rc=0
+wait $bg || rc=$?
+bg=
+[ $rc -eq 143 ] || fail "SIGTERM in the held-out pass before training: exit $rc, not 143: $(tail -2 "$out/h6.err")"
+grep -qxF "[step 1 sft] interrupted in the held-out pass before training: nothing was trained; the same command trains this step" \
+  "$out/h6.log" || fail "SIGTERM in the held-out pass before training: $(cat "$out/h6.log")"
+grep -q "held-out loss" "$out/h6.log" && fail "the held-out pass before training ran to its end in a drain"
+(( SECONDS - t0 <= 10 )) || fail "the drain in the held-out pass took $((SECONDS - t0)) s"
+echo "SIGTERM in the held-out pass before training (half of 2,307 rows held out): stopped in $((SECONDS - t0)) s, exit 143"
 # 7. save_lora failing after the output (here its .tmp name taken by a folder; a full disk did it): no done marker
 #    is written, so the same command resumes at the last checkpoint and writes the adapter. The marker came first:
 #    every rerun said "training skipped" with exit 0 and the adapter was never written.

@@ -1300,6 +1300,7 @@ class replica_actor_t : public Base {
   bool guarded(const char* what, F&& f) {
     for (;;) {
       std::string why;
+      bool gave_way = false;  // the node threw node.h `stopped`
       auto t0 = now();
       note_wait_end(t0);
       set_state(phase_ == phase::running && impl_ ? replica_state::busy : replica_state::initializing);
@@ -1313,6 +1314,9 @@ class replica_actor_t : public Base {
         bump(counters_.busy_ns, elapsed_ns(t0));
         note_wait_start();
         return true;
+      } catch (const stopped& e) {
+        why = e.what();
+        gave_way = true;
       } catch (const std::exception& e) {
         why = e.what();
       } catch (...) {
@@ -1323,8 +1327,12 @@ class replica_actor_t : public Base {
       note_wait_start();
       staged_.clear();
       waiting_input_ = false;
-      if (plan_->live->get_run_phase() == run_phase::stopping) {  // node.h `stopped`: gave up, not failed
-        ctx_log().info("{} gave up in {} as the run stops ({})", replica_name(*plan_, node_, replica_), what, why);
+      // node.h `stopped`: gave up, not failed; while the run stops, any exception; while it drains, `stopped` only
+      // (a call with nothing to keep that would hold the drain up: the held-out pass before training)
+      const run_phase rp = plan_->live->get_run_phase();
+      if (rp == run_phase::stopping || (gave_way && rp == run_phase::draining)) {
+        ctx_log().info("{} gave up in {} as the run {} ({})", replica_name(*plan_, node_, replica_), what,
+                       rp == run_phase::draining ? "drains" : "stops", why);
         give_up(std::string_view(what).substr(0, 5) == "start");
         return false;
       }
@@ -1342,6 +1350,18 @@ class replica_actor_t : public Base {
     for (auto& item : ready_)
       item.for_each_ack([&](std::uint32_t l) { ack_now(l); });
     ready_.clear();
+    // in a drain (node.h `stopped` thrown: nothing to keep) the replica ends as a finished one does, without
+    // finish(): end of stream downstream, `done` to the coordinator, which waited for it for ever. What it had
+    // not yet sent is dropped with it (a start() that gave up has sent nothing)
+    if (plan_->live->get_run_phase() == run_phase::draining && phase_ == phase::running) {
+      for (auto& l : out_links_) {
+        l.backlog.clear();
+        send_counted(l.target, eos_atom::value, l.in_index);
+      }
+      phase_ = phase::done;
+      close_blocked();
+      send_counted(coordinator_, done_atom::value, node_, replica_);
+    }
   }
 
   // Makes a fresh node and starts it; false (after fail()) when the policy

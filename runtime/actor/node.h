@@ -49,9 +49,12 @@ namespace flowrun::actor {
 
 /// Thrown by a node callback that gives up because the run is stopping without draining
 /// (node_context::stop_requested(): a second SIGINT, a failure elsewhere), e.g. from the progress
-/// callback of a long held-out pass. The runtime takes it, and any other exception that escapes a
-/// callback while the run is stopping, as the replica having stopped: no restart, no failure of
-/// its own (the run's exit code stays the signal's or the first failure's).
+/// callback of a long held-out pass; or because the run drains (node_context::draining()) and the
+/// call has nothing to keep (the held-out pass before training, which held a drain up for as long as
+/// it took). The runtime takes it, and any other exception that escapes a callback while the run is
+/// stopping, as the replica having stopped: no restart, no failure of its own (the run's exit code
+/// stays the signal's or the first failure's). A replica that gave up so handles, produces and
+/// finishes nothing more; one that gave up in start() gets no stop().
 struct stopped : std::exception {
   const char* what() const noexcept override { return "the run is stopping"; }
 };

@@ -1331,8 +1331,8 @@ class replica_actor_t : public Base {
       // (a call with nothing to keep that would hold the drain up: the held-out pass before training)
       const run_phase rp = plan_->live->get_run_phase();
       if (rp == run_phase::stopping || (gave_way && rp == run_phase::draining)) {
-        ctx_log().info("{} gave up in {} as the run {} ({})", replica_name(*plan_, node_, replica_), what,
-                       rp == run_phase::draining ? "drains" : "stops", why);
+        ctx_log().info("{} gave up in {} as the run {}{}", replica_name(*plan_, node_, replica_), what,
+                       rp == run_phase::draining ? "drains" : "stops", gave_way ? "" : " (" + why + ")");
         give_up(std::string_view(what).substr(0, 5) == "start");
         return false;
       }
@@ -1350,6 +1350,12 @@ class replica_actor_t : public Base {
     for (auto& item : ready_)
       item.for_each_ack([&](std::uint32_t l) { ack_now(l); });
     ready_.clear();
+    for (auto& [key, g] : gathers_)  // as fail(): upstream gets back the credit of what waits here
+      for (auto& [seq, s] : g.pending)
+        for (auto& part : s.by_part)
+          for (auto& e : part) ack_now(e.link);
+    gathers_.clear();
+    flush_acks();
     // in a drain (node.h `stopped` thrown: nothing to keep) the replica ends as a finished one does, without
     // finish(): end of stream downstream, `done` to the coordinator, which waited for it for ever. What it had
     // not yet sent is dropped with it (a start() that gave up has sent nothing)
@@ -1394,6 +1400,20 @@ class replica_actor_t : public Base {
         fresh_now();
         bump(counters_.busy_ns, elapsed_ns(t0));
         return true;  // start()'s emits stay staged, ahead of the retried call's
+      } catch (const stopped&) {
+        // gave way as the run drains or stops (guarded's rule): not another failure, which used the restarts up
+        // and failed the run (exit 1 where the signal's was due)
+        const run_phase rp = plan_->live->get_run_phase();
+        if (rp == run_phase::draining || rp == run_phase::stopping) {
+          fresh_now();
+          bump(counters_.busy_ns, elapsed_ns(t0));
+          staged_.clear();
+          ctx_log().info("{} gave up in start (after a restart) as the run {}", replica_name(*plan_, node_, replica_),
+                         rp == run_phase::draining ? "drains" : "stops");
+          give_up(true);
+          return false;
+        }
+        why = stopped{}.what();
       } catch (const std::exception& e) {
         why = e.what();
       } catch (...) {

@@ -252,7 +252,7 @@ l6=("$root/graphs/sft.graph" --no-progress --set node.sft.data="$data" --set nod
   > "$out/l6_1.log" 2> "$out/l6_1.err" &
 bg=$!
 for _ in $(seq 1 1200); do grep -q "^\[step 1 sft\] step 11/12" "$out/l6_1.log" 2>/dev/null && break; sleep 0.01; done
-kill -TERM $bg
+kill -TERM $bg 2>/dev/null || true  # (the step may have ended: said below)
 rc=0; wait $bg || rc=$?
 bg=
 k=$(sed -n 's/^\[step 1 sft\] stopping at update \([0-9]*\) of 12: committing it$/\1/p' "$out/l6_1.log")

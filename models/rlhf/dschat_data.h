@@ -122,9 +122,11 @@ struct source {
 /// writes, read as `datasets.load_dataset("json")` reads it) has its items as rows,
 /// each read as a JSON Lines line is (an item that is not an object is malformed),
 /// numbered as items (report.json_list); a text that starts with '[' but is not one
-/// JSON value is read as JSON Lines.
+/// JSON value is read as JSON Lines when its first line is a JSON value (that line
+/// malformed), and refused otherwise (a list cut short or with a trailing comma).
 /// Throws std::runtime_error naming the file when it cannot be opened or
-/// decompressed, when it is a folder, when it is a JSON list of lists, when
+/// decompressed, when it is a folder, when it is a JSON list of lists or a list
+/// that does not parse (with the parse error's line and column), when
 /// `automatic` finds no line to decide the layout from, or when no line is
 /// usable (listing the first few bad lines or items and their reasons).
 source load_source(const std::string& path, data_format format = data_format::automatic);

@@ -864,13 +864,18 @@ class replica_actor_t : public Base {
       mark_produce_blocked_links();
     }
     if (finished_ && !has_backlog()) {
-      for (auto& l : out_links_) send_counted(l.target, eos_atom::value, l.in_index);
-      phase_ = phase::done;
-      close_blocked();
-      send_counted(coordinator_, done_atom::value, node_, replica_);
+      end_stream();
       return false;
     }
     return true;
+  }
+
+  // The replica is done: end of stream on every out link, `done` to the coordinator.
+  void end_stream() {
+    for (auto& l : out_links_) send_counted(l.target, eos_atom::value, l.in_index);
+    phase_ = phase::done;
+    close_blocked();
+    send_counted(coordinator_, done_atom::value, node_, replica_);
   }
 
   bool wants_to_produce() const { return np_.source && !exhausted_ && !finished_ && !waiting_input_ && !gave_up_; }
@@ -1360,13 +1365,8 @@ class replica_actor_t : public Base {
     // finish(): end of stream downstream, `done` to the coordinator, which waited for it for ever. What it had
     // not yet sent is dropped with it (a start() that gave up has sent nothing)
     if (plan_->live->get_run_phase() == run_phase::draining && phase_ == phase::running) {
-      for (auto& l : out_links_) {
-        l.backlog.clear();
-        send_counted(l.target, eos_atom::value, l.in_index);
-      }
-      phase_ = phase::done;
-      close_blocked();
-      send_counted(coordinator_, done_atom::value, node_, replica_);
+      for (auto& l : out_links_) l.backlog.clear();
+      end_stream();
     }
   }
 

@@ -570,7 +570,7 @@ cluster_view planned_cluster_view(const graph::graph_spec& spec, bool tls) {
   for (const auto& cn : spec.cluster.nodes) {
     cluster_node_view n;
     n.name = cn.name;
-    n.address = cn.host + ":" + std::to_string(cn.port);
+    n.address = cn.host_port();
     n.cpus = cn.cpus;
     n.gpus = cn.gpus;
     n.tls = tls;
@@ -663,10 +663,20 @@ expected<caf::actor> connect_gate(caf::actor_system& sys, caf::scoped_actor& sel
   return caf::actor_cast<caf::actor>(std::move(ptr));
 }
 
-// What a failed connect_gate said (CAF 0.17's cannot_connect_to_node context, rendered): the port
-// refused the connection, or the host name does not resolve.
-bool refused(const std::string& e) { return e.find("ip_connect failed") != std::string::npos; }
-bool no_such_host(const std::string& e) { return e.find("no such host") != std::string::npos; }
+std::set<std::string> host_addresses(const std::string& host);
+
+// What a failed connect_gate to `host` said (CAF 0.17's cannot_connect_to_node context, rendered): the port
+// refused the connection, or the host name does not resolve. CAF 0.17 tries an IPv6 address, then looks the
+// host up again as IPv4 and, where it has no IPv4 address ("::1"), says "no such host": so a refused IPv6
+// port read "its host '::1' does not resolve" (cluster_small case 1g). "no such host" for a host that
+// resolves here is a refusal.
+bool no_such_host(const std::string& e, const std::string& host) {
+  return e.find("no such host") != std::string::npos && host_addresses(host).empty();
+}
+bool refused(const std::string& e, const std::string& host) {
+  return e.find("ip_connect failed") != std::string::npos ||
+         (e.find("no such host") != std::string::npos && !no_such_host(e, host));
+}
 
 // The addresses `host` resolves to (numeric, e.g. "127.0.0.1", "::1"); none when it does not.
 std::set<std::string> host_addresses(const std::string& host) {
@@ -686,6 +696,45 @@ std::set<std::string> host_addresses(const std::string& host) {
 // Whether `host` (a name or an address) resolves.
 bool host_resolves(const std::string& host) { return !host_addresses(host).empty(); }
 
+// The address family gloo's TCP device takes for `host` as this machine resolves it: the first of
+// getaddrinfo's answers (gloo binds the first that binds; for an address that is the address's own family).
+// AF_INET or AF_INET6; AF_UNSPEC where the name does not resolve.
+int first_family(const std::string& host) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res) return AF_UNSPEC;
+  const int family = res->ai_family;
+  ::freeaddrinfo(res);
+  return family;
+}
+
+// The bulk plane's address families: main listens on main_address and each node on its own host, and gloo
+// connects every process to every other, so an IPv4 main and an IPv6 node failed only at the bulk plane
+// ("address family mismatch"), after every node had been set up. "" when they agree.
+std::string bulk_families_differ(const graph::cluster_spec& c, const std::vector<std::string>& processes) {
+  const int main_family = first_family(c.main_address);
+  auto name = [](int f) { return f == AF_INET6 ? std::string("IPv6") : std::string("IPv4"); };
+  for (std::size_t i = 1; i < processes.size(); ++i) {
+    const auto* cn = c.find(processes[i]);
+    if (!cn) continue;
+    const int f = first_family(cn->host);
+    if (f == AF_UNSPEC || main_family == AF_UNSPEC || f == main_family) continue;
+    const auto& at = c.main_address_pos;
+    return "the bulk plane cannot connect [cluster] main_address = \"" + c.main_address + "\" (" + name(main_family) +
+           (at.known() ? ", at " + at.file + ":" + std::to_string(at.line) : std::string(", the default")) +
+           ") with cluster node '" + cn->name + "' (" + cn->host + ", " + name(f) +
+           (cn->address_pos.known()
+                ? ", address at " + cn->address_pos.file + ":" + std::to_string(cn->address_pos.line)
+                : std::string()) +
+           "): gloo connects every process to every other over one address family; give main_address an " +
+           name(f) + " address of this machine that the nodes reach" +
+           (f == AF_INET6 ? " (main_address = \"::1\" on one machine)" : " (main_address = \"127.0.0.1\" on one machine)") +
+           ", or the nodes " + name(main_family) + " addresses";
+  }
+  return "";
+}
+
 // Two cluster nodes whose hosts reach one address on the same port: one daemon under two names (the file's own
 // check compares the text: 127.0.0.1:7001 and localhost:7001 passed, and the second was "busy with another
 // job", this one). "" when none.
@@ -698,8 +747,8 @@ std::string one_daemon_twice(const graph::cluster_spec& c) {
       const auto ax = host_addresses(x.host), ay = host_addresses(y.host);
       for (const auto& addr : ax)
         if (ay.count(addr))
-          return "cluster nodes '" + x.name + "' (" + x.host + ":" + std::to_string(x.port) + ") and '" + y.name +
-                 "' (" + y.host + ":" + std::to_string(y.port) + ") are one daemon: both reach " + addr + " port " +
+          return "cluster nodes '" + x.name + "' (" + x.host_port() + ") and '" + y.name + "' (" + y.host_port() +
+                 ") are one daemon: both reach " + addr + " port " +
                  std::to_string(x.port) +
                  (y.address_pos.known() ? " (address at " + y.address_pos.file + ":" + std::to_string(y.address_pos.line) + ")"
                                         : std::string()) +
@@ -1007,9 +1056,12 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
     const auto& at = spec.cluster.main_address_pos;
     return error_text{"[cluster] main_address = \"" + spec.cluster.main_address + "\" does not resolve" +
                       (at.known() ? " (at " + at.file + ":" + std::to_string(at.line) + ")" : std::string()) +
-                      ": give the name or IPv4 address of this machine that the cluster nodes reach (the bulk plane "
+                      ": give the name or address of this machine that the cluster nodes reach (the bulk plane "
                       "listens there)"};
   }
+  if (bulk_needed)
+    if (const std::string differ = cl::bulk_families_differ(spec.cluster, pl.processes); !differ.empty())
+      return error_text{differ};
   if (const std::string twice = cl::one_daemon_twice(spec.cluster); !twice.empty()) return error_text{twice};
   p->table = std::make_shared<cl::beat_table>();
   p->table->scope = comm::attempt_scope(options.run_id, options.attempt);
@@ -1028,7 +1080,7 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
   // Connect and authenticate, both ways.
   for (std::uint32_t i = 1; i < pl.processes.size(); ++i) {
     const auto* cn = spec.cluster.find(pl.processes[i]);
-    const std::string address = cn->host + ":" + std::to_string(cn->port);
+    const std::string address = cn->host_port();
     const std::string who = "cluster node '" + cn->name + "' (" + address + ")";
     // A daemon started at the same time as the run (a script, a scheduler) may not listen yet: the
     // first attempt tries again while the port refuses, until connect_timeout_ms has passed.
@@ -1042,20 +1094,21 @@ expected<std::unique_ptr<cluster_run>> cluster_run::start(caf::actor_system& sys
       const auto left =
           connect_attempt_budget(duration_cast<milliseconds>(deadline - cl::clk::now()), timeout, waited);
       gate = cl::connect_gate(sys, self, cn->host, cn->port, !options.cluster.tls_cert.empty(), left, &timed_out);
-      if (gate || timed_out || options.attempt > 0 || !cl::refused(gate.error()) || cl::clk::now() >= deadline) break;
+      if (gate || timed_out || options.attempt > 0 || !cl::refused(gate.error(), cn->host) || cl::clk::now() >= deadline)
+        break;
       if (!waited)
         spdlog::info("{}: nothing listens there yet; trying again until connect_timeout_ms = {} has passed", who,
                      timeout.count());
       waited = true;
       std::this_thread::sleep_for(milliseconds(200));
     }
-    if (!gate && cl::no_such_host(gate.error())) {
+    if (!gate && cl::no_such_host(gate.error(), cn->host)) {
       p->abandon();
       blame(cn->name);
       return error_text{"cluster node '" + cn->name + "': its host '" + cn->host + "' does not resolve" + where +
                         ": fix the address (HOST:PORT of `flowrun node --listen`)"};
     }
-    if (!gate && cl::refused(gate.error())) {
+    if (!gate && cl::refused(gate.error(), cn->host)) {
       p->abandon();
       blame(cn->name);
       return error_text{"cannot reach " + who + ": nothing listens on port " + std::to_string(cn->port) +

@@ -177,6 +177,11 @@ struct cluster_node_spec {
   std::int64_t gpus = 0;   ///< GPUs offered to replicas placed by resources
   source_pos pos;          ///< the table header
   source_pos address_pos;  ///< the address value
+
+  /// HOST:PORT as `flowrun node --listen` takes it: an IPv6 host in brackets ("[::1]:7001").
+  std::string host_port() const {
+    return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
 };
 
 /// The `[cluster]` table (or a `--cluster FILE`): the machines a graph runs
@@ -210,10 +215,12 @@ struct cluster_spec {
   /// daemon restarted by a supervisor on the same address) before its actors
   /// move to main; 0: do not wait.
   std::int64_t rejoin_wait_ms = 0;
-  /// The host (name or IP) on which the `flowrun run` process listens for the
-  /// bulk plane (the communicator that moves tensors between nodes) and its
-  /// rendezvous store; the nodes must reach it there. The daemons listen on
-  /// the host of their own `address`.
+  /// The host (name, IPv4 address, or IPv6 address, stored without brackets) on
+  /// which the `flowrun run` process listens for the bulk plane (the communicator
+  /// that moves tensors between nodes) and its rendezvous store; the nodes must
+  /// reach it there. The daemons listen on the host of their own `address`, in
+  /// the same address family (gloo connects every process to every other: an
+  /// IPv4 main and IPv6 nodes are refused at start, cluster.cpp).
   std::string main_address = "127.0.0.1";
   source_pos main_address_pos;  ///< the main_address value (unknown if absent)
   source_pos pos;  ///< the [cluster] table (unknown if absent)

@@ -1,5 +1,7 @@
 #include "runtime/graph/parse.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -391,15 +393,24 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
       else
         c.max_restarts = v.as_integer()->get();
     } else if (k == "main_address") {
-      if (!v.is_string() || v.as_string()->get().empty() ||
-          v.as_string()->get().find_first_of(" :/") != std::string::npos)
+      // a host name, an IPv4 address, or an IPv6 address bare or in brackets as URLs write it; no port (a
+      // host:port has one colon, an IPv6 address two or more)
+      std::string host = v.is_string() ? v.as_string()->get() : std::string();
+      const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
+      if (bracketed) host = host.substr(1, host.size() - 2);
+      in6_addr v6{};
+      const bool is_v6 = std::count(host.begin(), host.end(), ':') >= 2 && ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+      const bool ok = v.is_string() && !host.empty() && host.find_first_of(" /[]") == std::string::npos &&
+                      (is_v6 || (!bracketed && host.find(':') == std::string::npos));
+      if (!ok)
         add_error(errors, pos_of(v),
-                  "cluster main_address must be a host name or IPv4 address (no port), got " +
+                  "cluster main_address must be a host name, an IPv4 address or an IPv6 address (no port), got " +
                       (v.is_string() ? "\"" + v.as_string()->get() + "\"" : toml_type_name(v)),
-                  "write main_address = \"10.0.0.1\": the address of this machine that the cluster nodes reach");
+                  "write main_address = \"10.0.0.1\" (or \"fd00::1\"): the address of this machine that the cluster "
+                  "nodes reach");
       else
       {
-        c.main_address = v.as_string()->get();
+        c.main_address = host;
         c.main_address_pos = pos_of(v);
       }
     } else if (k == "nodes") {

@@ -335,11 +335,15 @@ if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; 
   # main_address took no IPv6 address (a colon read as a port), so nodes on IPv6 failed at the bulk plane
   # ("address family mismatch") after they had been set up
   v6=(--no-progress --set node.ranks.comm_backend=gloo --set node.ranks.export_hf=)
+  # v6_refused NAME: pretraining's ranks on w1 of $out/NAME.toml, a run that must exit 1 (its log $out/NAME.log)
+  v6_refused() {
+    local rc=0
+    timeout 60 "$flowrun" run "$root/graphs/pretrain.graph" "${v6[@]}" --cluster "$out/$1.toml" --secret-file "$out/secret" \
+      --set node.ranks.on=w1 --set node.ranks.output_dir="$out/$1" --set node.data.output_dir="$out/$1" > "$out/$1.log" 2>&1 || rc=$?
+    [[ $rc -eq 1 ]] || { echo "the $1 run exited $rc, not 1:"; tail -3 "$out/$1.log"; exit 1; }
+  }
   { echo "[cluster]"; echo "[cluster.nodes.w1]"; echo "address = \"[::1]:$free\""; } > "$out/v6mix.toml"
-  rc=0
-  timeout 60 "$flowrun" run "$root/graphs/pretrain.graph" "${v6[@]}" --cluster "$out/v6mix.toml" --secret-file "$out/secret" \
-    --set node.ranks.on=w1 --set node.ranks.output_dir="$out/v6mix" --set node.data.output_dir="$out/v6mix" > "$out/v6mix.log" 2>&1 || rc=$?
-  [[ $rc -eq 1 ]] || { echo "the IPv4 main with an IPv6 node exited $rc, not 1:"; tail -3 "$out/v6mix.log"; exit 1; }
+  v6_refused v6mix
   grep -q "the bulk plane cannot connect \[cluster\] main_address = \"127.0.0.1\" (IPv4, the default) with cluster node 'w1' (::1, IPv6, address at $out/v6mix.toml:3): .* give main_address an IPv6 address" \
     "$out/v6mix.log" || { echo "no clear error for an IPv4 main with an IPv6 node:"; tail -3 "$out/v6mix.log"; exit 1; }
   ! grep -q "authenticated" "$out/v6mix.log" || { echo "the IPv4 main with an IPv6 node reached the node first"; exit 1; }
@@ -348,10 +352,7 @@ if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; 
   # read "its host '::1' does not resolve"
   { echo "[cluster]"; echo 'main_address = "::1"'; echo "connect_timeout_ms = 1000"; echo "[cluster.nodes.w1]"
     echo "address = \"[::1]:$free\""; } > "$out/v6none.toml"
-  rc=0
-  timeout 60 "$flowrun" run "$root/graphs/pretrain.graph" "${v6[@]}" --cluster "$out/v6none.toml" --secret-file "$out/secret" \
-    --set node.ranks.on=w1 --set node.ranks.output_dir="$out/v6none" --set node.data.output_dir="$out/v6none" > "$out/v6none.log" 2>&1 || rc=$?
-  [[ $rc -eq 1 ]] || { echo "the run with no daemon on [::1] exited $rc, not 1:"; tail -3 "$out/v6none.log"; exit 1; }
+  v6_refused v6none
   grep -q "cannot reach cluster node 'w1' (\[::1\]:$free): nothing listens on port $free (connections refused for connect_timeout_ms = 1000 ms): start \`flowrun node --listen \[::1\]:$free" \
     "$out/v6none.log" || { echo "no clear error when no daemon listens on [::1]:"; tail -3 "$out/v6none.log"; exit 1; }
   echo "  no daemon on [::1]: $(grep -o "nothing listens on port [0-9]*" "$out/v6none.log")"

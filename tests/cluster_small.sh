@@ -335,19 +335,35 @@ if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; 
   # main_address took no IPv6 address (a colon read as a port), so nodes on IPv6 failed at the bulk plane
   # ("address family mismatch") after they had been set up
   v6=(--no-progress --set node.ranks.comm_backend=gloo --set node.ranks.export_hf=)
-  # v6_refused NAME: pretraining's ranks on w1 of $out/NAME.toml, a run that must exit 1 (its log $out/NAME.log)
+  # v6_refused NAME [ON]: pretraining's ranks on ON (default w1) of $out/NAME.toml, a run that must exit 1 (its
+  # log $out/NAME.log)
   v6_refused() {
     local rc=0
     timeout 60 "$flowrun" run "$root/graphs/pretrain.graph" "${v6[@]}" --cluster "$out/$1.toml" --secret-file "$out/secret" \
-      --set node.ranks.on=w1 --set node.ranks.output_dir="$out/$1" --set node.data.output_dir="$out/$1" > "$out/$1.log" 2>&1 || rc=$?
+      --set node.ranks.on="${2:-w1}" --set node.ranks.output_dir="$out/$1" --set node.data.output_dir="$out/$1" > "$out/$1.log" 2>&1 || rc=$?
     [[ $rc -eq 1 ]] || { echo "the $1 run exited $rc, not 1:"; tail -3 "$out/$1.log"; exit 1; }
   }
   { echo "[cluster]"; echo "[cluster.nodes.w1]"; echo "address = \"[::1]:$free\""; } > "$out/v6mix.toml"
   v6_refused v6mix
-  grep -q "the bulk plane cannot connect \[cluster\] main_address = \"127.0.0.1\" (IPv4, the default) with cluster node 'w1' (::1, IPv6, address at $out/v6mix.toml:3): .* give main_address an IPv6 address" \
+  grep -q "the bulk plane cannot connect \[cluster\] main_address = \"127.0.0.1\" (IPv4, the default) with cluster node 'w1' (\\[::1\\]:$free, IPv6, address at $out/v6mix.toml:3): .* give main_address an IPv6 address" \
     "$out/v6mix.log" || { echo "no clear error for an IPv4 main with an IPv6 node:"; tail -3 "$out/v6mix.log"; exit 1; }
   ! grep -q "authenticated" "$out/v6mix.log" || { echo "the IPv4 main with an IPv6 node reached the node first"; exit 1; }
   echo "  an IPv4 main with an IPv6 node: refused before any node is reached"
+  # nodes on both families: no main_address serves them, and the error about one sent the user to the other's
+  { echo "[cluster]"; echo 'main_address = "::1"'; echo "[cluster.nodes.w1]"; echo "address = \"[::1]:$free\""
+    echo "[cluster.nodes.w2]"; echo "address = \"127.0.0.1:$free\""; } > "$out/v6both.toml"
+  v6_refused v6both w1,w2
+  grep -q "cluster node 'w1' (\[::1\]:$free, IPv6, address at $out/v6both.toml:4) and cluster node 'w2' (127.0.0.1:$free, IPv4, address at $out/v6both.toml:6) are on different address families" \
+    "$out/v6both.log" || { echo "nodes on both families were not said:"; tail -3 "$out/v6both.log"; exit 1; }
+  echo "  nodes on both families: refused, naming both"
+  # --listen takes the cluster file's HOST:PORT rule: no port, a bare IPv6 address, junk after the port
+  for bad in "[::1]" "::1" "[::1]:${free}x"; do
+    rc=0
+    timeout 20 "$flowrun" node --listen "$bad" --secret-file "$out/secret" > /dev/null 2> "$out/v6listen.err" || rc=$?
+    [[ $rc -eq 2 ]] && grep -qF -- "--listen $bad: write HOST:PORT" "$out/v6listen.err" ||
+      { echo "--listen $bad exited $rc:"; cat "$out/v6listen.err"; exit 1; }
+  done
+  echo "  --listen [::1], ::1 and a port with junk: refused (exit 2)"
   # nothing listening on an IPv6 port: CAF 0.17 calls that "no such host" (its IPv4 retry of the name), which
   # read "its host '::1' does not resolve"
   { echo "[cluster]"; echo 'main_address = "::1"'; echo "connect_timeout_ms = 1000"; echo "[cluster.nodes.w1]"
@@ -362,6 +378,8 @@ if grep -q '^00000000000000000000000000000001 ' /proc/net/if_inet6 2>/dev/null; 
   pids+=($!)
   for _ in $(seq 1 200); do [[ -s "$out/w6.port" ]] && break; sleep 0.05; done
   [[ -s "$out/w6.port" ]] || { echo "the daemon on [::1] did not start:"; cat "$out/w6.err"; exit 1; }
+  grep -q "flowrun node: listening on \[::1\]:$(cat "$out/w6.port")$" "$out/w6.out" ||
+    { echo "the daemon's listening line is not [::1]:PORT:"; cat "$out/w6.out"; exit 1; }
   { echo "[cluster]"; echo 'main_address = "[::1]"'; echo "[cluster.nodes.w1]"; echo "address = \"[::1]:$(cat "$out/w6.port")\""; } > "$out/v6.toml"
   timeout 120 "$flowrun" run "$root/graphs/pretrain.graph" "${v6[@]}" --cluster "$out/v6.toml" --secret-file "$out/secret" \
     --set node.ranks.on=w1 --set node.ranks.output_dir="$out/v6" --set node.data.output_dir="$out/v6" > "$out/v6.log" 2>&1 ||

@@ -1125,6 +1125,17 @@ cpus = -4
     REQUIRE_MESSAGE(ok.ok(), std::string(v6), ": ", all_errors(ok.errors));
     CHECK(ok.spec.cluster.main_address == (std::string(v6).find("fd00") != std::string::npos ? "fd00::5" : "::1"));
   }
+  // addresses gloo cannot listen on for the nodes: refused at the setting, saying why (each failed at the bulk
+  // plane after the nodes were set up)
+  for (const auto& [wrong, why] : std::vector<std::pair<std::string, std::string>>{
+           {"0.0.0.0", "is no address the nodes can reach"},
+           {"::", "is no address the nodes can reach"},
+           {"::ffff:127.0.0.1", "is an IPv4 address written as IPv6"},
+           {"[fe80::1]", "is link-local (fe80::/10)"}}) {
+    auto no = parse_graph_string("[cluster]\nmain_address = \"" + wrong + "\"\n", "u.graph");
+    CHECK_MESSAGE(contains(all_errors(no.errors), "u.graph:2:16: error: cluster main_address = \"" + wrong + "\" " + why),
+                  wrong, ": ", all_errors(no.errors));
+  }
   // a port after an IPv6 address, an address that is not one, brackets round a name: refused
   for (const char* wrong : {"[::1]:7000", "1::2::3", "[host]", "::1]", "host:7000"}) {
     auto no = parse_graph_string(std::string("[cluster]\nmain_address = \"") + wrong + "\"\n", "w.graph");
@@ -1298,6 +1309,19 @@ TEST_CASE("cluster: --cluster FILE is read with the same rules and positions") {
   CHECK(v6.cluster.nodes[0].host == "::1");
   CHECK(v6.cluster.nodes[0].port == 7001);
   CHECK(v6.cluster.nodes[1].host == "::1");
+  CHECK(v6.cluster.nodes[0].host_port() == "[::1]:7001");
+  // util::split_host_port, the rule `flowrun node --listen` takes too: an interface zone kept; a bare "::1"
+  // (host ":" port 1 at the last colon), a bracketed name, junk after the port: refused
+  std::ofstream(dir / "zone.toml") << "[cluster]\n[cluster.nodes.w1]\naddress = \"[fe80::1%eth0]:7001\"\n";
+  auto zone = parse_cluster_file(dir / "zone.toml");
+  REQUIRE_MESSAGE(zone.ok(), all_errors(zone.errors));
+  CHECK(zone.cluster.nodes[0].host == "fe80::1%eth0");
+  for (const char* wrong : {"::1", "[::1]", "[host]:7001", "[::1]:7001x", "h:7001x", "[::1:7001", "[1::2::3]:7001"}) {
+    std::ofstream(dir / "w.toml") << "[cluster]\n[cluster.nodes.w1]\naddress = \"" << wrong << "\"\n";
+    auto no = parse_cluster_file(dir / "w.toml");
+    CHECK_MESSAGE(contains(all_errors(no.errors), "cluster node 'w1': address must be \"HOST:PORT\""), std::string(wrong),
+                  ": ", all_errors(no.errors));
+  }
   fs::remove_all(dir);
 }
 

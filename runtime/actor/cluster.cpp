@@ -56,6 +56,7 @@
 #include "runtime/graph/parse.h"
 #include "runtime/graph/validate.h"
 #include "runtime/util/connect_budget.h"
+#include "runtime/util/host_port.h"
 
 namespace flowrun::actor {
 
@@ -479,12 +480,12 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
   if (!port) {
     const int err = options.port > 0 ? cl::bind_errno(options.host, options.port) : 0;
     if (err == EADDRINUSE)
-      spdlog::error("flowrun node: cannot listen on {}:{}: port {} is already in use (another flowrun node or another "
+      spdlog::error("flowrun node: cannot listen on {}: port {} is already in use (another flowrun node or another "
                     "program listens there; `ss -ltnp 'sport = :{}'` shows which): choose another port with --listen "
                     "HOST:PORT, or --listen HOST:0 with --port-file FILE for a free one",
-                    options.host, options.port, options.port, options.port);
+                    util::join_host_port(options.host, options.port), options.port, options.port);
     else
-      spdlog::error("flowrun node: cannot listen on {}:{}: {}{}", options.host, options.port,
+      spdlog::error("flowrun node: cannot listen on {}: {}{}", util::join_host_port(options.host, options.port),
                     err ? std::string(std::strerror(err)) + " (" : std::string(), sys.render(port.error()) + (err ? ")" : ""));
     caf::anon_send_exit(g, caf::exit_reason::user_shutdown);
     return 1;
@@ -509,7 +510,8 @@ int run_node_daemon(const node_daemon_options& options, const graph::node_kind_r
       std::_Exit(1);  // the gate is published: ~actor_system would wait for the middleman
     }
   }
-  std::cout << "flowrun node: listening on " << options.host << ":" << *port << (tls ? " (TLS)" : "") << std::endl;
+  std::cout << "flowrun node: listening on " << util::join_host_port(options.host, *port) << (tls ? " (TLS)" : "")
+            << std::endl;
   struct sigaction sa {};
   sa.sa_handler = cl::on_daemon_signal;
   sigemptyset(&sa.sa_mask);
@@ -715,6 +717,28 @@ int first_family(const std::string& host) {
 std::string bulk_families_differ(const graph::cluster_spec& c, const std::vector<std::string>& processes) {
   const int main_family = first_family(c.main_address);
   auto name = [](int f) { return f == AF_INET6 ? std::string("IPv6") : std::string("IPv4"); };
+  auto node_at = [&](const graph::cluster_node_spec& cn, int f) {
+    return "cluster node '" + cn.name + "' (" + cn.host_port() + ", " + name(f) +
+           (cn.address_pos.known() ? ", address at " + cn.address_pos.file + ":" + std::to_string(cn.address_pos.line)
+                                   : std::string()) +
+           ")";
+  };
+  // nodes that differ among themselves first: no main_address can serve both
+  const graph::cluster_node_spec* first = nullptr;
+  int first_f = AF_UNSPEC;
+  for (std::size_t i = 1; i < processes.size(); ++i) {
+    const auto* cn = c.find(processes[i]);
+    const int f = cn ? first_family(cn->host) : AF_UNSPEC;
+    if (f == AF_UNSPEC) continue;
+    if (!first) {
+      first = cn;
+      first_f = f;
+    } else if (f != first_f) {
+      return node_at(*first, first_f) + " and " + node_at(*cn, f) +
+             " are on different address families, and the bulk plane (gloo) connects every process to every other "
+             "over one: give every node, and [cluster] main_address, addresses of one family";
+    }
+  }
   for (std::size_t i = 1; i < processes.size(); ++i) {
     const auto* cn = c.find(processes[i]);
     if (!cn) continue;
@@ -723,11 +747,7 @@ std::string bulk_families_differ(const graph::cluster_spec& c, const std::vector
     const auto& at = c.main_address_pos;
     return "the bulk plane cannot connect [cluster] main_address = \"" + c.main_address + "\" (" + name(main_family) +
            (at.known() ? ", at " + at.file + ":" + std::to_string(at.line) : std::string(", the default")) +
-           ") with cluster node '" + cn->name + "' (" + cn->host + ", " + name(f) +
-           (cn->address_pos.known()
-                ? ", address at " + cn->address_pos.file + ":" + std::to_string(cn->address_pos.line)
-                : std::string()) +
-           "): gloo connects every process to every other over one address family; give main_address an " +
+") with " + node_at(*cn, f) + ": gloo connects every process to every other over one address family; give main_address an " +
            name(f) + " address of this machine that the nodes reach" +
            (f == AF_INET6 ? " (main_address = \"::1\" on one machine)" : " (main_address = \"127.0.0.1\" on one machine)") +
            ", or the nodes " + name(main_family) + " addresses";

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/actor/cluster_auth.h"
+#include "runtime/util/host_port.h"
 
 namespace flowrun::actor {
 
@@ -263,7 +264,7 @@ liveness_monitor::liveness_monitor(const std::vector<peer>& peers, std::string s
     const int fd = udp_socket(p.host, p.port, false, why);
     if (fd < 0) {
       close_all();
-      throw std::runtime_error("liveness: cannot reach " + p.host + ":" + std::to_string(p.port) + " over UDP: " + why);
+      throw std::runtime_error("liveness: cannot reach " + util::join_host_port(p.host, p.port) + " over UDP: " + why);
     }
     fds_.push_back(fd);
   }

@@ -596,8 +596,8 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
       };
       bool answers = answers_within(attempt_spec.cluster.connect_timeout_ms);
       if (was_lost && !answers && attempt_spec.cluster.rejoin_wait_ms > 0) {
-        spdlog::info("[{}] waiting up to {} ms for cluster node '{}' ({}:{}) to come back (rejoin_wait_ms)", spec.name,
-                     attempt_spec.cluster.rejoin_wait_ms, name, cn.host, cn.port);
+        spdlog::info("[{}] waiting up to {} ms for cluster node '{}' ({}) to come back (rejoin_wait_ms)", spec.name,
+                     attempt_spec.cluster.rejoin_wait_ms, name, cn.host_port());
         const auto until = clk::now() + std::chrono::milliseconds(attempt_spec.cluster.rejoin_wait_ms);
         // SIGINT/SIGTERM or the console's stop: stop waiting
         while (!answers && clk::now() < until && g_signal_count.load() == 0 && !between_attempts()) {
@@ -610,9 +610,9 @@ run_result run_graph(const graph::graph_spec& spec, const graph::node_kind_regis
         continue;
       }
       if (was_lost && accepted)
-        spdlog::warn("[{}] cluster node '{}' ({}:{}) accepts connections but its daemon does not answer the cluster "
+        spdlog::warn("[{}] cluster node '{}' ({}) accepts connections but its daemon does not answer the cluster "
                      "handshake (connect_timeout_ms = {}{}): it counts as gone",
-                     spec.name, name, cn.host, cn.port, attempt_spec.cluster.connect_timeout_ms,
+                     spec.name, name, cn.host_port(), attempt_spec.cluster.connect_timeout_ms,
                      attempt_spec.cluster.rejoin_wait_ms > 0
                          ? ", rejoin_wait_ms = " + std::to_string(attempt_spec.cluster.rejoin_wait_ms)
                          : std::string());

@@ -17,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/util/host_port.h"
 #include "runtime/util/nearest.h"
 
 namespace flowrun::graph {
@@ -179,9 +180,7 @@ struct cluster_node_spec {
   source_pos address_pos;  ///< the address value
 
   /// HOST:PORT as `flowrun node --listen` takes it: an IPv6 host in brackets ("[::1]:7001").
-  std::string host_port() const {
-    return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-  }
+  std::string host_port() const { return util::join_host_port(host, port); }
 };
 
 /// The `[cluster]` table (or a `--cluster FILE`): the machines a graph runs

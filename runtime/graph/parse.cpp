@@ -402,7 +402,22 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
       const bool is_v6 = std::count(host.begin(), host.end(), ':') >= 2 && ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
       const bool ok = v.is_string() && !host.empty() && host.find_first_of(" /[]") == std::string::npos &&
                       (is_v6 || (!bracketed && host.find(':') == std::string::npos));
-      if (!ok)
+      // addresses gloo cannot listen on for the nodes (each failed only at the bulk plane, after the nodes were
+      // set up): no address at all, IPv4 written as IPv6, link-local (gloo takes no interface for it)
+      const std::string unusable =
+          !ok ? std::string()
+          : host == "0.0.0.0" || (is_v6 && IN6_IS_ADDR_UNSPECIFIED(&v6))
+              ? "is no address the nodes can reach (it means every interface)"
+          : is_v6 && IN6_IS_ADDR_V4MAPPED(&v6) ? "is an IPv4 address written as IPv6: write it as IPv4"
+          : is_v6 && IN6_IS_ADDR_LINKLOCAL(&v6)
+              ? "is link-local (fe80::/10), which gloo cannot listen on without an interface: give a global or "
+                "unique-local (fd00::/8) address"
+              : std::string();
+      if (!unusable.empty())
+        add_error(errors, pos_of(v), "cluster main_address = \"" + v.as_string()->get() + "\" " + unusable,
+                  "write main_address = \"10.0.0.1\" (or \"fd00::1\"): the address of this machine that the cluster "
+                  "nodes reach");
+      else if (!ok)
         add_error(errors, pos_of(v),
                   "cluster main_address must be a host name, an IPv4 address or an IPv6 address (no port), got " +
                       (v.is_string() ? "\"" + v.as_string()->get() + "\"" : toml_type_name(v)),
@@ -452,22 +467,16 @@ void read_cluster(const toml::node& value, cluster_spec& c, std::vector<graph_er
           if (a == "address") {
             n.address_pos = pos_of(av);
             const std::string text = av.is_string() ? av.as_string()->get() : std::string();
-            const auto colon = text.rfind(':');
-            int port = 0;
-            bool ok = av.is_string() && colon != std::string::npos && colon > 0 && colon + 1 < text.size() &&
-                      colon + 6 >= text.size();
-            for (std::size_t i = colon + 1; ok && i < text.size(); ++i) ok = std::isdigit(static_cast<unsigned char>(text[i]));
-            if (ok) port = std::stoi(text.substr(colon + 1));
-            if (!ok || port < 1 || port > 65535) {
+            const auto hp = util::split_host_port(text);
+            const int port = hp ? hp->port : 0;
+            if (!av.is_string() || !hp || port < 1 || port > 65535) {
               add_error(errors, pos_of(av),
                         "cluster node '" + name + "': address must be \"HOST:PORT\" with a port 1..65535, got " +
                             (av.is_string() ? "\"" + text + "\"" : toml_type_name(av)),
                         "write address = \"127.0.0.1:7001\" (where `flowrun node --listen` listens)");
               continue;
             }
-            n.host = text.substr(0, colon);
-            if (n.host.size() > 2 && n.host.front() == '[' && n.host.back() == ']')  // an IPv6 address as URLs write it
-              n.host = n.host.substr(1, n.host.size() - 2);
+            n.host = hp->host;  // an IPv6 address without the brackets URLs write it in
             n.port = port;
             have_address = true;
           } else if (a == "cpus" || a == "gpus") {

@@ -23,6 +23,7 @@
 #include "runtime/tensor/device_memory.h"
 #include "models/checkpoint.h"
 #include "runtime/util/assets.h"
+#include "runtime/util/host_port.h"
 #include "tools/flowrun/commands.h"
 #include "tools/flowrun/model_tokenizer.h"
 
@@ -267,7 +268,7 @@ int run_graph_file(const run_opts& o_in) {
   if (o->check) {  // everything checked before a run starts; the nodes' own start (files they read) is not
     std::cout << fmt::format("{}: {} nodes, {} edges: the settings, edges and placement check out; nothing was run (what "
                              "is checked only as the run starts is not: a checkpoint's recorded settings, the --metrics "
-                             "file)\n",
+                             "file, a cluster's addresses as they resolve)\n",
                              o->file, v.spec.nodes.size(), v.spec.edges.size());
     return 0;
   }
@@ -700,25 +701,19 @@ void add_node(CLI::App& app) {
     d.tls_cert = o->tls_cert;
     d.tls_key = o->tls_key;
     d.tls_ca = o->tls_ca;
-    const auto colon = o->listen.rfind(':');
-    int port = -1;
-    try {
-      if (colon != std::string::npos && colon > 0) port = std::stoi(o->listen.substr(colon + 1));
-    } catch (const std::exception&) {
-      port = -1;
-    }
-    if (port > 65535) {
-      spdlog::error("--listen {}: port {} is past 65535: give a port in 1..65535 (0: a free one)", o->listen, port);
+    // the cluster file's rule (util::split_host_port): "[::1]", "::1" and "h:7001x" were taken as garbled hosts
+    // or ports
+    const auto hp = util::split_host_port(o->listen);
+    if (!hp) {
+      spdlog::error("--listen {}: write HOST:PORT, e.g. 127.0.0.1:7001 or [::1]:7001 (port 0: a free one)", o->listen);
       throw exit_request{2};
     }
-    if (port < 0) {
-      spdlog::error("--listen {}: write HOST:PORT, e.g. 127.0.0.1:7001 (port 0: a free one)", o->listen);
+    if (hp->port > 65535) {
+      spdlog::error("--listen {}: port {} is past 65535: give a port in 1..65535 (0: a free one)", o->listen, hp->port);
       throw exit_request{2};
     }
-    d.host = o->listen.substr(0, colon);
-    if (d.host.size() > 2 && d.host.front() == '[' && d.host.back() == ']')  // [::1]:7001, as URLs write IPv6
-      d.host = d.host.substr(1, d.host.size() - 2);
-    d.port = port;
+    d.host = hp->host;
+    d.port = hp->port;
     auto secret = actor::load_cluster_secret(o->secret_file);
     if (!secret) {
       spdlog::error("flowrun node: {}", secret.error());

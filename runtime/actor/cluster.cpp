@@ -747,7 +747,8 @@ std::string bulk_families_differ(const graph::cluster_spec& c, const std::vector
     const auto& at = c.main_address_pos;
     return "the bulk plane cannot connect [cluster] main_address = \"" + c.main_address + "\" (" + name(main_family) +
            (at.known() ? ", at " + at.file + ":" + std::to_string(at.line) : std::string(", the default")) +
-") with " + node_at(*cn, f) + ": gloo connects every process to every other over one address family; give main_address an " +
+           ") with " + node_at(*cn, f) +
+           ": gloo connects every process to every other over one address family; give main_address an " +
            name(f) + " address of this machine that the nodes reach" +
            (f == AF_INET6 ? " (main_address = \"::1\" on one machine)" : " (main_address = \"127.0.0.1\" on one machine)") +
            ", or the nodes " + name(main_family) + " addresses";

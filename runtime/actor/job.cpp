@@ -1352,15 +1352,7 @@ class replica_actor_t : public Base {
   void give_up(bool in_start) {
     gave_up_ = true;
     if (in_start) impl_.reset();
-    for (auto& item : ready_)
-      item.for_each_ack([&](std::uint32_t l) { ack_now(l); });
-    ready_.clear();
-    for (auto& [key, g] : gathers_)  // as fail(): upstream gets back the credit of what waits here
-      for (auto& [seq, s] : g.pending)
-        for (auto& part : s.by_part)
-          for (auto& e : part) ack_now(e.link);
-    gathers_.clear();
-    flush_acks();
+    hand_back_queued();
     // in a drain (node.h `stopped` thrown: nothing to keep) the replica ends as a finished one does, without
     // finish(): end of stream downstream, `done` to the coordinator, which waited for it for ever. What it had
     // not yet sent is dropped with it (a start() that gave up has sent nothing)
@@ -1426,14 +1418,9 @@ class replica_actor_t : public Base {
     }
   }
 
-  void fail(std::string message) {
-    phase_ = phase::failed;
-    live_.note_error(plan_->live->now_s(), message);
-    live_.set_failure(message);
-    plan_->live->event("failed", np_.spec.name, replica_, message);
-    set_state(replica_state::failed);
-    staged_.clear();
-    // Hand back the credit of everything queued, so that upstream does not wait on us.
+  // Hands back the credit of everything queued (ready items, parts waiting in a gather) and drops it, so that
+  // upstream does not wait on a replica that handles nothing more (fail(), give_up()).
+  void hand_back_queued() {
     for (auto& item : ready_)
       item.for_each_ack([&](std::uint32_t l) { ack_now(l); });
     ready_.clear();
@@ -1443,6 +1430,16 @@ class replica_actor_t : public Base {
           for (auto& e : part) ack_now(e.link);
     gathers_.clear();
     flush_acks();
+  }
+
+  void fail(std::string message) {
+    phase_ = phase::failed;
+    live_.note_error(plan_->live->now_s(), message);
+    live_.set_failure(message);
+    plan_->live->event("failed", np_.spec.name, replica_, message);
+    set_state(replica_state::failed);
+    staged_.clear();
+    hand_back_queued();
     close_blocked();
     // Not logged here: the run's error is the first failure, reported by whoever runs the job.
     send_counted(coordinator_, fail_atom::value, node_, replica_, std::move(message));

@@ -723,37 +723,26 @@ std::string bulk_families_differ(const graph::cluster_spec& c, const std::vector
                                    : std::string()) +
            ")";
   };
-  // nodes that differ among themselves first: no main_address can serve both
-  const graph::cluster_node_spec* first = nullptr;
-  int first_f = AF_UNSPEC;
-  for (std::size_t i = 1; i < processes.size(); ++i) {
-    const auto* cn = c.find(processes[i]);
-    const int f = cn ? first_family(cn->host) : AF_UNSPEC;
-    if (f == AF_UNSPEC) continue;
-    if (!first) {
-      first = cn;
-      first_f = f;
-    } else if (f != first_f) {
-      return node_at(*first, first_f) + " and " + node_at(*cn, f) +
+  // each node's family, resolved once; nodes that differ among themselves first: no main_address serves both
+  std::vector<std::pair<const graph::cluster_node_spec*, int>> nodes;
+  for (std::size_t i = 1; i < processes.size(); ++i)
+    if (const auto* cn = c.find(processes[i]))
+      if (const int f = first_family(cn->host); f != AF_UNSPEC) nodes.emplace_back(cn, f);
+  for (const auto& [cn, f] : nodes)
+    if (f != nodes.front().second)
+      return node_at(*nodes.front().first, nodes.front().second) + " and " + node_at(*cn, f) +
              " are on different address families, and the bulk plane (gloo) connects every process to every other "
              "over one: give every node, and [cluster] main_address, addresses of one family";
-    }
-  }
-  for (std::size_t i = 1; i < processes.size(); ++i) {
-    const auto* cn = c.find(processes[i]);
-    if (!cn) continue;
-    const int f = first_family(cn->host);
-    if (f == AF_UNSPEC || main_family == AF_UNSPEC || f == main_family) continue;
-    const auto& at = c.main_address_pos;
-    return "the bulk plane cannot connect [cluster] main_address = \"" + c.main_address + "\" (" + name(main_family) +
-           (at.known() ? ", at " + at.file + ":" + std::to_string(at.line) : std::string(", the default")) +
-           ") with " + node_at(*cn, f) +
-           ": gloo connects every process to every other over one address family; give main_address an " +
-           name(f) + " address of this machine that the nodes reach" +
-           (f == AF_INET6 ? " (main_address = \"::1\" on one machine)" : " (main_address = \"127.0.0.1\" on one machine)") +
-           ", or the nodes " + name(main_family) + " addresses";
-  }
-  return "";
+  if (nodes.empty() || main_family == AF_UNSPEC || nodes.front().second == main_family) return "";
+  const auto& [cn, f] = nodes.front();
+  const auto& at = c.main_address_pos;
+  return "the bulk plane cannot connect [cluster] main_address = \"" + c.main_address + "\" (" + name(main_family) +
+         (at.known() ? ", at " + at.file + ":" + std::to_string(at.line) : std::string(", the default")) +
+         ") with " + node_at(*cn, f) +
+         ": gloo connects every process to every other over one address family; give main_address an " + name(f) +
+         " address of this machine that the nodes reach" +
+         (f == AF_INET6 ? " (main_address = \"::1\" on one machine)" : " (main_address = \"127.0.0.1\" on one machine)") +
+         ", or the nodes " + name(main_family) + " addresses";
 }
 
 // Two cluster nodes whose hosts reach one address on the same port: one daemon under two names (the file's own

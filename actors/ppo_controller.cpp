@@ -61,6 +61,7 @@ class ppo_controller final : public actor::node {
       for (const auto& pt : rp->commit.committed)
         if (pt.iteration <= rp->point.iteration) commit_.committed.push_back(pt);
       updates_ = rp->point.policy_version;
+      last_committed_ = last_trained_it_ = rp->point.iteration - 1;
       // numbered as the "iter K" and "checkpoint after iteration K" lines: the last one done
       ctx.print(fmt::format("[step 3 ppo] resuming after iteration {} from {} (policy version {})",
                             rp->point.iteration - 1, dir_, updates_));
@@ -73,6 +74,11 @@ class ppo_controller final : public actor::node {
     if (port == "summary" && !step3_runs_) {  // the first experience: step 3 runs, its phases show from now
       step3_runs_ = true;
       if (!shown_.empty()) ctx.phase(shown_);
+    }
+    if (port == "prompts" && ctx.draining()) {  // a drain generates nothing more (awaits_feedback)
+      ctx.log().info("the run drains: prompt batch {} is not generated", msg.as<prompt_msg>().iteration);
+      if (S_ > 0) outstanding_ = false;
+      return;
     }
     if (S_ > 0) {
       on_async(ctx, port, msg);
@@ -95,6 +101,38 @@ class ppo_controller final : public actor::node {
     advance(ctx);
   }
 
+  // A drain (SIGINT, SIGTERM, the console's stop) ended the prompts. Without this the controller would
+  // end at once and drop the feedback of the iteration in flight: its update trained, and was lost with
+  // every one since the last commit. Instead: the iteration in flight reports (everything after the
+  // controller still runs in a drain, and every node it waits for has started: a summary came), no new
+  // batch is generated (on_message), and where the last trained iteration is not committed, a save-only
+  // batch asks the policy and the critic to save it (prompt_msg::save_only), and the controller commits
+  // it once both have reported, as a scheduled checkpoint. Then it ends.
+  bool awaits_feedback(actor::node_context& ctx) override {
+    if (!ctx.draining() || !step3_runs_ || dir_.empty()) return false;
+    if (S_ > 0 ? !flight_.empty() : phase_ != phase::wait_prompts) return true;  // its report comes
+    if (drain_save_ || last_trained_it_ <= last_committed_ || !last_batch_) return false;
+    drain_save_ = true;
+    ctx.print(fmt::format("[step 3 ppo] stopping after iteration {}: saving and committing it", last_trained_it_));
+    prompt_msg p = *last_batch_;  // tensor handles: its ids go along, unread
+    p.iteration = last_trained_it_;
+    p.eval = p.last = false;
+    p.references.clear();
+    p.save_only = p.checkpoint = true;
+    p.policy_version = updates_;
+    iteration x;
+    x.prompts = p;
+    x.launched = clk::now();
+    if (S_ > 0) {
+      flight_.push_back(std::move(x));
+    } else {
+      it_ = std::move(x);
+      enter(ctx, phase::generate_experience);
+    }
+    ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
+    return true;
+  }
+
  private:
   // ---- the loop: every transition is here
 
@@ -108,16 +146,21 @@ class ppo_controller final : public actor::node {
           break;
         case phase::generate_experience:
           if (!it_.summary) return;
-          end_generate_experience(ctx);
+          if (!it_.prompts->save_only) end_generate_experience(ctx);
           enter(ctx, trains() || it_.summary->saves ? phase::train : phase::report);
           break;
         case phase::train:
           if (!it_.actor || (it_.summary->with_critic && !it_.critic)) return;
-          ctx.signal("phase_seconds/train", since(phase_start_), tb_step());
+          if (!it_.prompts->save_only) ctx.signal("phase_seconds/train", since(phase_start_), tb_step());
           enter(ctx, phase::report);
           break;
         case phase::report:
           report(ctx, it_);
+          if (it_.prompts->save_only) {  // the drain's save: nothing follows it
+            it_ = {};
+            enter(ctx, phase::wait_prompts);
+            return;
+          }
           ctx.emit("next", actor::payload::make("tick", it_.prompts->iteration));
           ctx.signal("phase_seconds/report", since(phase_start_), tb_step());
           it_ = {};
@@ -153,6 +196,7 @@ class ppo_controller final : public actor::node {
     // every save_checkpoint_steps iterations the trainers save after this batch's update
     p.checkpoint = checkpoint_due(ctx, p);
     if (p.checkpoint) commit_due_ = true;  // committed after the update that trains on it
+    if (!p.eval) last_batch_ = p;
     it_.launched = clk::now();
     ctx.emit("generate", actor::payload::make("prompt_batch", std::move(p)));
   }
@@ -174,6 +218,11 @@ class ppo_controller final : public actor::node {
   void report(actor::node_context& ctx, const iteration& it) {
     const prompt_msg& p = *it.prompts;
     const summary_msg& s = *it.summary;
+    if (p.save_only) {  // a drain's save (awaits_feedback): the trainers saved after iteration p.iteration
+      commit(ctx, p.iteration, it.actor->policy_version);
+      return;
+    }
+    if (trains(it)) last_trained_it_ = p.iteration;
     if (S_ > 0 && p.checkpoint) commit_due_ = true;  // the synchronous loop sets it when it generates
     if (S_ > 0 && s.weights_wait_seconds > 0) ++waited_;  // the generator waited for this batch's weights
     const double gen_tps = s.generate_seconds > 0 ? s.generated_tokens / s.generate_seconds : 0;
@@ -315,6 +364,10 @@ class ppo_controller final : public actor::node {
                                            s.iteration));
       x->summary = s;
       x->summarised = clk::now();
+      if (x->prompts->save_only) {
+        pump(ctx);
+        return;
+      }
       const int64_t step = x->prompts->eval ? -1 : s.iteration;
       ctx.signal("phase_seconds/generate", s.generate_seconds, step);
       ctx.signal("phase_seconds/score_and_experience", std::max(0.0, since(x->launched) - s.generate_seconds), step);
@@ -347,7 +400,10 @@ class ppo_controller final : public actor::node {
       if (flight_.empty() && held_eval_) {
         prompt_msg p = std::move(*held_eval_);
         held_eval_.reset();
-        launch(ctx, std::move(p));
+        if (ctx.draining())  // a drain generates nothing more (awaits_feedback)
+          ctx.log().info("the run drains: the held-out batch is not generated");
+        else
+          launch(ctx, std::move(p));
       }
     }
     if (!outstanding_ && !held_eval_ && !newest_.ticked && (!newest_.ends_stream || flight_.empty()) &&
@@ -367,6 +423,7 @@ class ppo_controller final : public actor::node {
     p.max_staleness = S_;
     p.drop_stale = drop_;
     p.checkpoint = checkpoint_due(ctx, p);
+    if (!p.eval) last_batch_ = p;
     newest_ = {p.iteration, p.eval || p.last, false};
     iteration x;
     x.prompts = p;
@@ -388,6 +445,7 @@ class ppo_controller final : public actor::node {
   // run's last iteration there is none, and the trainers save without one (commit_untrained).
   void commit(actor::node_context& ctx, int64_t iteration, int64_t version) {
     commit_due_ = false;
+    last_committed_ = iteration;
     commit_.eval_before = eval_before_;
     commit_.eval_before_stderr = eval_before_se_;
     commit_.committed.push_back({iteration + 1, version});
@@ -446,6 +504,11 @@ class ppo_controller final : public actor::node {
   int keep_ = 2;
   bool commit_due_ = false;
   ppo::step3_commit commit_;
+  // a drain's save (awaits_feedback): the last iteration trained and the last committed (-1: none), the
+  // last training batch sent to the generator (the save's template), and whether the save went out
+  int64_t last_trained_it_ = -1, last_committed_ = -1;
+  std::optional<prompt_msg> last_batch_;
+  bool drain_save_ = false;
   // max_staleness >= 1 (on_async)
   int64_t S_ = 0;       // max_staleness
   bool drop_ = false;   // staleness_policy = "drop"

@@ -254,6 +254,20 @@ class rollout_generator final : public actor::node {
     // may come after the prompts that need it.
     while (weights_.model && !pending_.empty()) {
       const auto& p = pending_.front().as<prompt_msg>();
+      if (p.save_only) {  // a drain's save (prompt_msg::save_only): no rows, on to the trainers through the scorers
+        rollout_msg r;
+        r.iteration = p.iteration;
+        r.iterations = p.iterations;
+        r.batch = emitted_++ * static_cast<int64_t>(ctx.replicas()) + static_cast<int64_t>(ctx.replica());
+        r.checkpoint = true;
+        r.save_only = true;
+        r.policy_version = weights_.version;
+        r.max_staleness = p.max_staleness;
+        r.drop_stale = p.drop_stale;
+        ctx.emit("rollouts", actor::payload::make("rollouts", std::move(r)));
+        pending_.pop_front();
+        continue;
+      }
       if (p.max_staleness > 0 && !weights_.snapshot)  // ppo_trainer publishes snapshots from init on
         throw std::logic_error("node '" + ctx.name() + "': max_staleness >= 1 and the policy's weights are its live "
                                "model, which it trains while this generates");
@@ -1679,6 +1693,15 @@ class experience_maker final : public actor::node {
       }
       ctx.emit("experience", actor::payload::make("experience", std::move(marker)));
     };
+    if (r.save_only) {  // a drain's save (prompt_msg::save_only): the trainers save after r.iteration and report
+      experience_batch marker;
+      marker.iteration = r.iteration;
+      marker.checkpoint = true;
+      sum.saves = true;
+      ctx.emit("experience", actor::payload::make("experience", std::move(marker)));
+      ctx.emit("summary", actor::payload::make("summary", sum));
+      return;
+    }
     if (!r.exp) {
       sum.dropped = true;
       if (!r.eval) nothing_to_train();

@@ -98,6 +98,7 @@ void put_rollouts(writer& w, const rollout_msg& m) {
   w.put(m.weights_wait_seconds);
   w.put(m.max_staleness);
   w.put<std::uint8_t>(m.drop_stale ? 1 : 0);
+  w.put<std::uint8_t>(m.save_only ? 1 : 0);
 }
 
 rollout_msg get_rollouts(reader& r) {
@@ -117,6 +118,7 @@ rollout_msg get_rollouts(reader& r) {
   m.weights_wait_seconds = r.get<double>();
   m.max_staleness = r.get<std::int64_t>();
   m.drop_stale = r.get<std::uint8_t>() != 0;
+  m.save_only = r.get<std::uint8_t>() != 0;
   return m;
 }
 
@@ -246,6 +248,7 @@ void register_rlhf_codecs() {
                             w.put<std::uint8_t>(m.last ? 1 : 0);
                             w.put(m.longest_prompt);
                             w.put(m.iterations);
+                            w.put<std::uint8_t>(m.save_only ? 1 : 0);
                           },
                           [](reader& r) {
                             prompt_msg m;
@@ -261,6 +264,7 @@ void register_rlhf_codecs() {
                             m.last = r.get<std::uint8_t>() != 0;
                             m.longest_prompt = r.get<std::int64_t>();
                             m.iterations = r.get<std::int64_t>();
+                            m.save_only = r.get<std::uint8_t>() != 0;
                             return m;
                           }));
   actor::register_payload_codec("stats", codec<stats_msg>(

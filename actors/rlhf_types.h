@@ -71,6 +71,11 @@ struct prompt_msg {
   /// Per row: the data's reference answer (the row's `chosen`), for rule rewards
   /// (reward_function); empty when the loader has none.
   std::vector<std::string> references;
+  /// A drain's save (ppo_controller::awaits_feedback): nothing to generate. The generator passes it
+  /// on as rollouts without rows (rollout_msg::save_only), the experience maker as an empty,
+  /// stamped experience batch, and the policy and critic save after iteration `iteration`, the last
+  /// they trained, without training, and report; the controller then commits that iteration.
+  bool save_only = false;
 };
 
 struct rollout_msg {
@@ -96,6 +101,7 @@ struct rollout_msg {
   double weights_wait_seconds = 0;  ///< how long the batch waited for weights of its stamped version
   int64_t max_staleness = 0;   ///< the prompt batch's (prompt_msg)
   bool drop_stale = false;     ///< the prompt batch's
+  bool save_only = false;      ///< the prompt batch's (prompt_msg::save_only): no rows, a save
 };
 
 struct score_msg {

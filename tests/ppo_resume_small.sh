@@ -9,8 +9,9 @@
 #   3. A 1-rank stage-0 checkpoint resumes on 2 ranks at ZeRO stage 3 (policy) and 2 (critic):
 #      the lines after it equal the uninterrupted run's within 1e-4, and the actor's EMA, gathered
 #      from the 2 ranks' pieces, within 1e-5.
-#   5. SIGINT during step 3: exit 130 with a line naming the last committed checkpoint, from
-#      which the same command resumes (with the uninterrupted run's lines).
+#   5. SIGINT during step 3, after an iteration no checkpoint was due at: the drain commits it (the
+#      binary before kept the commit before it); exit 130 with a line naming the last committed
+#      checkpoint, from which the same command resumes (with the uninterrupted run's lines).
 #   0. The policy and critic follow DS-Chat's step-3 learning-rate schedules (cosine with warmup, linear):
 #      the policy's printed rates are transformers' cosine over the run's 12 updates; every resume below
 #      continues them (the lines after it, with their rates, equal the uninterrupted run's).
@@ -207,9 +208,11 @@ done = [p["iteration"] for p in json.load(open(sys.argv[1]))["committed"]]
 print(f"committed iterations {done}; the failure was in iteration {sys.argv[2]}")
 sys.exit(0 if max(done) <= int(sys.argv[2]) else 1)  # commit J = J iterations done: at most the failing one
 PY
-# 5. SIGINT: says what is kept; the same command resumes there
+# 5. SIGINT as iteration 1 reports (commits after 1, 3 and 5): the drain lets iteration 2 report and commits it
+# (or 3 where the loader's next batch was already on its way; the binary before kept only the commit after 1);
+# it says what is kept; the same command resumes there
 mkdir -p "$out/e"
-signal_on_line "$out/e1.log" INT "[step 3 ppo] checkpoint after iteration 1" "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e")
+signal_on_line "$out/e1.log" INT "[step 3 ppo] iter 1 reward" "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e")
 set +e
 wait $pid
 rc=$?
@@ -220,6 +223,12 @@ line=$(grep -F "[step 3 ppo] interrupted: the last committed checkpoint is after
   fail "SIGINT: no line saying what was kept: $(tail -3 "$out/e1.log")"
 echo "$line"
 kept=$(echo "$line" | grep -oE "iteration [0-9]+" | awk '{ print $2 }')
+# the binary before the drain's commit kept iteration 1: the update of iteration 2 was lost
+[ "$kept" -ge 2 ] || fail "SIGINT during iteration 2 kept only iteration $kept: the drain committed nothing"
+if [ "$kept" = 2 ]; then
+  grep -qF "[step 3 ppo] stopping after iteration 2: saving and committing it" "$out/e1.log" ||
+    fail "SIGINT: no line saying the drain commits iteration 2"
+fi
 "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e") > "$out/e2.log" 2> "$out/e2.err" ||
   { echo "the run after SIGINT failed:"; tail -20 "$out/e2.err"; exit 1; }
 grep -q "resuming after iteration $kept " "$out/e2.log" || fail "after SIGINT the run did not resume after iteration $kept"

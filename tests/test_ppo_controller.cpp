@@ -15,6 +15,8 @@
 
 #include <unistd.h>
 
+#include <csignal>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -67,12 +69,14 @@ struct script_state {
   std::vector<int64_t> ticks;       // what the loader got on `next`
   std::vector<prompt_msg> generate; // what the controller sent on `generate`
   bool loader_waits = true;         // false: a loader that sends every batch at once
+  int64_t save_version = 0;         // a drain's save (prompt_msg::save_only): the version the trainers report
   void reset() {
     batches.clear();
     turns.clear();
     ticks.clear();
     generate.clear();
     loader_waits = true;
+    save_version = 0;
   }
 };
 script_state script;
@@ -101,6 +105,19 @@ class script_rollout final : public actor::node {
     std::lock_guard<std::mutex> lock(script.m);
     const auto& p = msg.as<prompt_msg>();
     script.generate.push_back(p);
+    if (p.save_only) {  // a drain's save: the trainers save without training and report (ppo_nodes.cpp)
+      summary_msg s;
+      s.iteration = p.iteration;
+      s.saves = true;
+      ctx.emit("summary", actor::payload::make("summary", s));
+      stats_msg st;
+      st.iteration = p.iteration;
+      st.updated = false;
+      st.policy_version = script.save_version;
+      ctx.emit("actor_stats", actor::payload::make("stats", st));
+      ctx.emit("critic_stats", actor::payload::make("stats", st));
+      return;
+    }
     const turn& t = script.turns.at(p.iteration);
     auto stats = [&] {
       ctx.emit("actor_stats", actor::payload::make("stats", t.actor));
@@ -180,8 +197,9 @@ struct fixture {
   }
 
   /// Runs the graph to its end (every job in order), capturing what it prints; the job, for
-  /// its signals. `ok`: it must exit 0.
-  actor::job run(bool ok = true) {
+  /// its signals. `ok`: it must exit 0. `sigterm_at` >= 0: a SIGTERM the moment the stand-in has
+  /// answered the batch of that iteration (its summary and stats not yet handled by the controller).
+  actor::job run(bool ok = true, int64_t sigterm_at = -1) {
     std::string toml = graph_toml;
     toml.replace(toml.find("DIR"), 3, dir.string());
     auto parsed = graph::parse_graph_string(toml, "test.graph");
@@ -201,7 +219,21 @@ struct fixture {
       auto launched = actor::launch(sys, v.spec, kinds, factories, o);
       if (launched) {
         j = *launched;
-        sched.run();
+        if (sigterm_at < 0) {
+          sched.run();
+        } else {
+          auto answered = [&] {
+            std::lock_guard<std::mutex> lock(script.m);
+            return std::any_of(script.generate.begin(), script.generate.end(),
+                               [&](const prompt_msg& p) { return !p.eval && p.iteration == sigterm_at; });
+          };
+          bool sent = false;
+          while (sched.try_run_once())
+            if (!sent && answered()) {
+              actor::interrupt(*j, SIGTERM);
+              sent = true;
+            }
+        }
       }
       printed = out.lines("[step 3 ppo]");
     }
@@ -542,6 +574,54 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: a last iteration that trains nothing
   }
 }
 
+// SIGTERM as iteration 2 is being trained (commits after 1 and 3): the drain lets iteration 2 report,
+// generates nothing more, has the trainers save it (a save-only batch) and commits it. The binary before
+// ended with the prompts and dropped iteration 2's report: the commit after iteration 1 was all that was kept.
+TEST_CASE_FIXTURE(fixture, "ppo_controller: a drain reports the iteration in flight and commits it") {
+  {
+    std::lock_guard<std::mutex> lock(script.m);
+    script.reset();
+    script.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(-2, true)};
+    for (auto& b : script.batches) b.iterations = 4;
+    auto& t = script.turns;
+    t[-1].summary = summary(-1, 0.5, 0.0, 7.0, 256, 2.0);
+    t[-1].summary.eval = true;
+    for (int64_t k = 0; k < 4; ++k) {
+      t[k] = {summary(k, 0.25 * static_cast<double>(k), 0.0625, 4.0, 64, 0.5), true, false, stats(0.5, 100, 0.25),
+              stats(1.0, 100, 0.25)};
+      t[k].summary.trains = true;
+    }
+    t[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+    t[-2].summary.eval = true;
+    script.save_version = 3;  // the updates of iterations 0-2
+  }
+  const auto j = run(/*ok=*/false, /*sigterm_at=*/2);
+  CHECK(j.state->exit_code() == actor::exit_sigterm);
+  const auto& lines = printed;
+  std::lock_guard<std::mutex> lock(script.m);
+  // generated: held-out, 0, 1, 2, then the save of iteration 2 (not iteration 3, nor the held-out pass after)
+  REQUIRE(script.generate.size() == 5);
+  CHECK(script.generate[3].iteration == 2);
+  CHECK(!script.generate[3].checkpoint);  // no commit was due after iteration 2
+  CHECK(script.generate[4].save_only);
+  CHECK(script.generate[4].checkpoint);
+  CHECK(script.generate[4].iteration == 2);
+  CHECK(script.generate[4].policy_version == 3);
+  REQUIRE(lines.size() == 7);
+  CHECK(lines[3] == "[step 3 ppo] checkpoint after iteration 1 -> " + dir.string());
+  CHECK(lines[4].rfind("[step 3 ppo] iter 2 reward 0.5000 ", 0) == 0);  // its report was not dropped
+  CHECK(lines[5] == "[step 3 ppo] stopping after iteration 2: saving and committing it");
+  CHECK(lines[6] == "[step 3 ppo] checkpoint after iteration 2 -> " + dir.string());
+  // the commit: 3 iterations done (the loader resumes at iteration 3), policy version 3
+  std::ifstream f(dir / "step3.json");
+  const auto c = nlohmann::json::parse(f);
+  REQUIRE(c.at("committed").size() == 2);
+  CHECK(c.at("committed")[1].at("iteration").get<int64_t>() == 3);
+  CHECK(c.at("committed")[1].at("policy_version").get<int64_t>() == 3);
+  // the save has no points of its own: one per trained iteration
+  CHECK(steps_of(j, "phase_seconds/train") == std::vector<int64_t>{0, 1, 2});
+}
+
 // ---- max_staleness >= 1: the pipelined loop ----------------------------------------------
 //
 // script_async stands in for generate -> score -> experience -> train as an asynchronous graph
@@ -600,8 +680,22 @@ class async_rollout final : public actor::node {
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
     std::lock_guard<std::mutex> lock(as.m);
     const auto& p = msg.as<prompt_msg>();
-    as.events.push_back("gen " + std::to_string(p.iteration) + " v" + std::to_string(p.policy_version));
+    as.events.push_back(std::string(p.save_only ? "save " : "gen ") + std::to_string(p.iteration) + " v" +
+                        std::to_string(p.policy_version));
     CHECK(p.max_staleness == 1);
+    if (p.save_only) {  // a drain's save: the trainers save without training and report (ppo_nodes.cpp)
+      summary_msg s;
+      s.iteration = p.iteration;
+      s.saves = true;
+      ctx.emit("summary", actor::payload::make("summary", s));
+      stats_msg st;
+      st.iteration = p.iteration;
+      st.updated = false;
+      st.policy_version = p.policy_version;
+      ctx.emit("actor_stats", actor::payload::make("stats", st));
+      ctx.emit("critic_stats", actor::payload::make("stats", st));
+      return;
+    }
     turn t = as.turns.at(p.iteration);
     t.summary.policy_version = p.policy_version;  // the generator had the stamped weights
     const bool flush = std::find(as.flush.begin(), as.flush.end(), p.iteration) != as.flush.end();
@@ -675,9 +769,12 @@ struct async_fixture {
   }
   ~async_fixture() { sched.run(); }
 
-  actor::job run(const std::string& policy) {
+  /// `sigterm_at` >= 0: a SIGTERM the moment the stand-in has answered that iteration's batch; `dir`: the
+  /// graph's checkpoint_dir (none when empty).
+  actor::job run(const std::string& policy, int64_t sigterm_at = -1, const std::string& dir = "") {
     std::string toml = async_graph_toml;
     toml.replace(toml.find("POLICY"), 6, policy);
+    if (!dir.empty()) toml.insert(toml.find("[node.loader]"), "[graph]\ncheckpoint_dir = \"" + dir + "\"\n");
     auto parsed = graph::parse_graph_string(toml, "test.graph");
     REQUIRE(parsed.ok());
     graph::validate_options vo;
@@ -694,14 +791,29 @@ struct async_fixture {
       auto launched = actor::launch(sys, v.spec, kinds, factories, o);
       if (launched) {
         j = *launched;
-        sched.run();
+        if (sigterm_at < 0) {
+          sched.run();
+        } else {
+          auto answered = [&] {
+            std::lock_guard<std::mutex> lock(as.m);
+            const std::string want = "gen " + std::to_string(sigterm_at) + " ";
+            return std::any_of(as.events.begin(), as.events.end(),
+                               [&](const std::string& e) { return e.rfind(want, 0) == 0; });
+          };
+          bool sent = false;
+          while (sched.try_run_once())
+            if (!sent && answered()) {
+              actor::interrupt(*j, SIGTERM);
+              sent = true;
+            }
+        }
       }
       printed = out.lines("[step 3 ppo]");
     }
     REQUIRE(j.has_value());
     REQUIRE(j->state->finished());
     INFO(j->state->error());
-    CHECK(j->state->exit_code() == 0);
+    if (sigterm_at < 0) CHECK(j->state->exit_code() == 0);
     return *j;
   }
 };
@@ -777,6 +889,48 @@ TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1 overlaps gen
   CHECK(series(j, "stale_waited") == std::vector<double>{0, 0, 0, 1});
   CHECK(series(j, "reward") == std::vector<double>{0.25, 0.375, 0.5, 0.625});
   CHECK(series(j, "stale_dropped") == std::vector<double>{0, 0, 0, 0});
+}
+
+// S = 1 and a SIGTERM as batch 2 is generated: the batches in flight report (here the trainers' stats
+// come at once, so batch 3 went out before the coordinator took the signal), the drain generates nothing
+// more (the held-out batch the loader sends next is dropped), and the last batch trained is saved (no
+// checkpoint was due: save_checkpoint_steps 0 here) and committed.
+TEST_CASE_FIXTURE(async_fixture, "ppo_controller: max_staleness = 1, a drain commits the last batch trained") {
+  const fs::path dir = fs::temp_directory_path() / ("flowrun_test_ppo_drain_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::lock_guard<std::mutex> lock(as.m);
+    as.reset();
+    as.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(-2, true)};
+    as.turns[-1].summary = summary(-1, 0.5, 0.0, 7.0, 256, 2.0);
+    as.turns[-1].summary.eval = true;
+    for (int64_t k = 0; k < 4; ++k) as.turns[k] = train_turn(k, 0.25, k + 1, 0);
+    as.turns[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+    as.turns[-2].summary.eval = true;
+    as.flush = {0, 1, 2, 3};  // the trainers' stats come at once
+  }
+  actor::job j = run("wait", /*sigterm_at=*/2, dir.string());
+  CHECK(j.state->exit_code() == actor::exit_sigterm);
+  std::lock_guard<std::mutex> lock(as.m);
+  INFO(fmt::format("{}", fmt::join(as.events, " | ")));
+  int64_t last = -1;  // the last batch the trainers reported
+  for (const auto& e : as.events) {
+    CHECK(e.rfind("gen -2", 0) != 0);
+    if (e.rfind("stats ", 0) == 0) last = std::stoll(e.substr(6));
+  }
+  REQUIRE(last >= 2);
+  CHECK(as.events.back() == fmt::format("save {} v{}", last, last + 1));  // the save comes last
+  CHECK(std::find(printed.begin(), printed.end(),
+                  fmt::format("[step 3 ppo] stopping after iteration {}: saving and committing it", last)) != printed.end());
+  CHECK(std::find(printed.begin(), printed.end(),
+                  fmt::format("[step 3 ppo] checkpoint after iteration {} -> {}", last, dir.string())) != printed.end());
+  std::ifstream f(dir / "step3.json");
+  const auto c = nlohmann::json::parse(f);
+  REQUIRE(c.at("committed").size() == 1);
+  CHECK(c.at("committed")[0].at("iteration").get<int64_t>() == last + 1);
+  CHECK(c.at("committed")[0].at("policy_version").get<int64_t>() == last + 1);
+  fs::remove_all(dir);
 }
 
 // S = 1 is one step off (veRL): batch k + 1 is asked for as soon as batch k goes to the

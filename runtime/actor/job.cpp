@@ -843,6 +843,12 @@ class replica_actor_t : public Base {
         continue;
       }
       if (!finished_ && inputs_ended()) {
+        bool held = false;  // the node waits for feedback first (node::awaits_feedback)
+        if (!guarded("awaits_feedback", [&] { held = impl_->awaits_feedback(ctx_); })) return false;
+        if (held) {
+          commit();
+          break;
+        }
         finished_ = true;
         bool ok = guarded("finish", [&] { impl_->finish(ctx_); });
         if (!ok) return false;

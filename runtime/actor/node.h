@@ -12,9 +12,14 @@
 //                               edges): emit one item; return false when
 //                               exhausted. Called only while every out edge
 //                               has credit (backpressure);
-//   finish(ctx)                 once, when all inputs have ended (every
-//                               upstream replica sent end-of-stream, or the
-//                               source is exhausted): flush partial batches;
+//   awaits_feedback(ctx)        when all inputs have ended (every upstream
+//                               replica sent end-of-stream, or the source is
+//                               exhausted), before finish(): true keeps the
+//                               replica handling its feedback in ports, and
+//                               it is asked again after each message;
+//   finish(ctx)                 once, when all inputs have ended and
+//                               awaits_feedback() said false: flush partial
+//                               batches;
 //   stop(ctx)                   once, at shutdown (completion, SIGINT or
 //                               SIGTERM, or another node's failure): the
 //                               checkpoint hook. ctx.reason() says why.
@@ -225,6 +230,14 @@ class node {
   virtual void on_message(node_context& ctx, std::string_view in_port, payload msg) {}
   /// Sources: emit (at most a few) items and return true, or return false when exhausted.
   virtual bool produce(node_context& ctx) { return false; }
+  /// All inputs ended (the non-feedback ones: docs/runtime.md "Completion and end of stream"), before
+  /// finish(): return true to go on handling messages on the feedback in ports, which otherwise are
+  /// dropped from here on; the runtime asks again after each one it hands to on_message(), and calls
+  /// finish() at the first false. It may emit (what it emits goes out as on_message's does). A node
+  /// whose end is held so must know that the feedback will come: everything it waits for must be in
+  /// flight in the graph. ppo_controller holds its end in a drain until the iteration in flight has
+  /// reported and the trainers have saved it (docs/rlhf.md). The default: false.
+  virtual bool awaits_feedback(node_context& ctx) { return false; }
   /// All inputs ended: emit what is still buffered.
   virtual void finish(node_context& ctx) {}
   /// The run is stopping (ctx.reason() says why): checkpoint, close files.

@@ -1932,6 +1932,16 @@ void register_experience_maker(graph::node_kind_registry& kinds, actor::node_fac
     if (!reference && ppo::needs_critic(est))
       problems.push_back({"reference", "advantage_estimator = \"gae\" (DS-Chat's PPO) keeps the reference model",
                           "set reference = true, or choose grpo, rloo or reinforce_plus_plus"});
+    // the KL in the reward and in the loss at once penalises it twice (veRL prints a notice for use_kl_in_reward
+    // beside use_kl_loss): a GRPO graph given kl_ctl > 0 ran so without a word
+    for (const auto& m : g.nodes)
+      if (reference && n.get_float("kl_ctl") > 0 && m.kind == "policy" && m.find_setting("use_kl_loss") &&
+          m.get_bool("use_kl_loss"))
+        spdlog::warn("node '{}': kl_ctl = {} puts the KL to the reference in the reward, and the policy '{}' has "
+                     "use_kl_loss = true: the KL is penalised twice, in the reward and in the loss (veRL's "
+                     "use_kl_in_reward beside use_kl_loss); set kl_ctl = 0 for GRPO's KL loss alone, or use_kl_loss "
+                     "= false for DS-Chat's KL in the reward",
+                     n.name, n.get_float("kl_ctl"), m.name);
     for (const auto& m : g.nodes)
       if (!reference && m.kind == "policy" && m.find_setting("use_kl_loss") && m.get_bool("use_kl_loss"))
         problems.push_back({"reference", "reference = false, and the policy '" + m.name +

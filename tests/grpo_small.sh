@@ -146,6 +146,12 @@ grep -q "held-out mean reward" "$out/noref.log" || fail "GRPO without a referenc
 # the graph's kl_loss_coef, with use_kl_loss = false given here: it changes nothing, and the run says so
 grep -q "node 'policy': kl_loss_coef = 0.001 changes nothing: use_kl_loss = false turns the KL loss off" "$out/noref.err" ||
   { cat "$out/noref.err"; fail "kl_loss_coef with the KL loss off was not named"; }
+# the KL in the reward beside the KL loss (the graph's use_kl_loss = true): penalised twice; warned when the graph is
+# checked, not refused (veRL prints a notice too)
+run twice "$g" --check --set node.experience.kl_ctl=0.05 || { cat "$out/twice.err"; fail "kl_ctl beside the KL loss was refused"; }
+grep -qF "node 'experience': kl_ctl = 0.05 puts the KL to the reference in the reward, and the policy 'policy' has use_kl_loss = true: the KL is penalised twice" "$out/twice.err" "$out/twice.log" ||
+  { cat "$out/twice.err"; fail "kl_ctl beside the KL loss was not warned"; }
+if grep -qF "penalised twice" "$out/grpo.err"; then fail "grpo.graph (kl_ctl 0) was warned of a KL in the reward"; fi
 if run noref_edge "$g" "${noref[@]}"; then fail "reference = false with a reference edge was accepted"; fi
 grep -q "reference = false, but an edge brings log-probs" "$out/noref_edge.err" || { cat "$out/noref_edge.err"; fail "no reason given for the reference edge"; }
 if run noref_true "$out/noref.graph" --set node.policy.use_kl_loss=false; then fail "reference = true without an edge was accepted"; fi

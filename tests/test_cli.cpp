@@ -1320,6 +1320,16 @@ TEST_CASE("max_answer_seq_len 1 is refused for one answer per prompt and taken f
   CHECK_FALSE(has(out, "max_answer_seq_len"));
 }
 
+TEST_CASE("flowrun generate says that a padded vocabulary's rows past the tokenizer are never generated") {
+  // OPT's 304 output rows over a 301-token tokenizer (tests/fixtures/hf/opt): transformers may pick rows 301-303
+  int rc = -1;
+  const std::string gen = std::string(FLOWRUN_BIN) + " generate --prompt Hello --max_new_tokens 2 --model ";
+  CHECK(has(run(gen + FLOWRUN_SOURCE_DIR + "/tests/fixtures/hf/opt 2>&1", &rc),
+            "the model's 3 output rows past the tokenizer's 301 tokens are never generated"));
+  CHECK(rc == 0);
+  CHECK_FALSE(has(run(gen + FLOWRUN_SOURCE_DIR + "/tests/fixtures/hf_chat/qwen2 2>&1", &rc), "never generated"));
+}
+
 TEST_CASE("flowrun generate takes a model folder's generation_config.json sampling defaults, the command line's winning") {
   // it always sampled at its own defaults (temperature 1, top_p 0.9), where transformers' generate() reads the
   // folder's: a folder that says do_sample = false, or says nothing of it, decodes greedily there
@@ -1366,6 +1376,20 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   CHECK(has(run(gen + " 2>&1", &rc), ": do_sample = \"true\" is not true or false"));
   std::ofstream(dir / "generation_config.json") << R"({"do_sample": true, "temperature": 0})";  // transformers refuses it
   CHECK(has(run(gen + " 2>&1", &rc), ": do_sample true with temperature 0: transformers refuses it"));
+  // what transformers would apply and generate does not is said (min_new_tokens 10 stopped here after 3 tokens),
+  // the keys at transformers' defaults not
+  std::ofstream(dir / "generation_config.json")
+      << R"({"min_new_tokens": 10, "no_repeat_ngram_size": 2, "suppress_tokens": [5], "min_length": 0, "typical_p": 1.0,
+             "early_stopping": true, "bad_words_ids": null})";
+  const auto skipped = run(gen + " 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(skipped, (dir / "generation_config.json").string() + ": min_new_tokens 10, no_repeat_ngram_size 2, "
+                                                                  "suppress_tokens [5] shape transformers' decoding and "
+                                                                  "are not applied here"));
+  CHECK(has(run(gen + " --num_beams 2 2>&1", &rc), ": early_stopping true, min_new_tokens 10, no_repeat_ngram_size 2, "
+                                                  "suppress_tokens [5] shape"));
+  std::ofstream(dir / "generation_config.json") << R"({"do_sample": false, "min_length": 0, "typical_p": 1})";
+  CHECK_FALSE(has(run(gen + " 2>&1", &rc), "are not applied here"));
   // a sampling option on a folder without do_sample: transformers' defaults for the others (top_p 1, not 0.9)
   fs::remove(dir / "generation_config.json");
   CHECK(has(run(gen + " --top_k 10 2>&1", &rc), "sampling: sampling (a sampling option given): temperature 1, top_k 10, top_p 1 ("));

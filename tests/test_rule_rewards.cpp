@@ -106,6 +106,10 @@ TEST_CASE("the format rule and DAPO's overlong penalty") {
   CHECK(final_answer_format("work...\n#### 42\n") == 1.0);
   CHECK(final_answer_format("#### 42") == 1.0);
   CHECK(final_answer_format("work... #### 42") == 0.0);          // not on its own line
+  // indented: an answer's first space, which a byte-level BPE decode keeps (" #### 81": 0 before, 1 under gsm8k)
+  CHECK(final_answer_format(" #### 81") == 1.0);
+  CHECK(final_answer_format("work...\n\t #### 42") == 1.0);
+  CHECK(final_answer_format("work... \t#### 42") == 0.0);  // text before the indentation: not its own line
   CHECK(final_answer_format("work...\n#### 42 apples") == 0.0);  // text after the number
   CHECK(final_answer_format("no answer") == 0.0);
   // max 100, cache 20: free up to 80; 90 -> (80 − 90) / 20 = −0.5; 100 -> −1; beyond -> −1

@@ -61,9 +61,14 @@ def gsm8k_reward(completion, reference, format_score=0.0):
     return 1.0 if got == want else format_score
 
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--format_score", type=float, default=0.0)
-args = ap.parse_args()
-for line in sys.stdin:
-    sample = json.loads(line)
-    print(gsm8k_reward(sample["completion"], sample["reference"], args.format_score))
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--format_score", type=float, default=0.0)
+    args = ap.parse_args()
+    for line in sys.stdin:
+        sample = json.loads(line)
+        print(gsm8k_reward(sample["completion"], sample["reference"], args.format_score), flush=True)
+
+
+if __name__ == "__main__":  # imported (to reuse gsm8k_reward), it reads nothing
+    main()

@@ -93,8 +93,11 @@ double gsm8k_exact_match(std::string_view completion, std::string_view reference
 double final_answer_format(std::string_view completion) {
   const auto at = completion.rfind("####");
   if (at == std::string_view::npos) return 0.0;
-  // the marker starts a line
-  if (at > 0 && completion[at - 1] != '\n') return 0.0;
+  // the marker starts a line, after any indentation: a byte-level BPE tokenizer's decode keeps the space of
+  // " ####" at an answer's start (Qwen2's; SentencePiece drops it), which scored 0 here and 1 under gsm8k
+  std::size_t before = at;
+  while (before > 0 && (completion[before - 1] == ' ' || completion[before - 1] == '\t')) --before;
+  if (before > 0 && completion[before - 1] != '\n') return 0.0;
   std::string_view rest = completion.substr(at + 4);
   while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
   const std::size_t n = number_length(rest);

@@ -51,8 +51,9 @@ std::optional<std::string> gsm8k_reference_answer(std::string_view reference);
 /// the answer is wrong, not unformatted).
 double gsm8k_exact_match(std::string_view completion, std::string_view reference, double format_score = 0.0);
 
-/// 1 when the completion ends with a final-answer line "#### N" (only
-/// whitespace after the number), else 0: the format rule.
+/// 1 when the completion ends with a final-answer line "#### N" (the marker
+/// first on its line, after spaces or tabs at most; only whitespace after the
+/// number), else 0: the format rule.
 double final_answer_format(std::string_view completion);
 
 /// DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to

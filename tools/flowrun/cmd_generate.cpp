@@ -389,6 +389,12 @@ void add_generate(CLI::App& app) {
     auto tok = load_tokenizer(resolve_user_path(tok_path, "tokenizer").string());
     check_tokenizer_fits(*tok, tok_path, model, o->model);
     spdlog::info("model: {}", model.config().summary());
+    // a padded vocabulary (Qwen2.5's, OPT's): rows no token id of the tokenizer names are never sampled, where
+    // transformers' generate() may pick one (models/config.h vocab_limit)
+    if (const auto& mc = model.config(); mc.vocab_limit() < mc.vocab_size)
+      spdlog::info("the model's {} output rows past the tokenizer's {} tokens are never generated (transformers' "
+                   "generate() may pick them: they decode to nothing)",
+                   mc.vocab_size - mc.vocab_limit(), mc.vocab_limit());
     const auto prompts = prompt_id_lists(*o, texts, *tok, tok_path, model.config().max_seq_len, o->model);
     print_texts(*tok, prompts, generate_batches(model, prompts, generation_of(*o, *sampling, *tok), o->max_length));
   });

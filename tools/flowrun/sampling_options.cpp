@@ -1,5 +1,6 @@
 #include "tools/flowrun/sampling_options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "runtime/graph/node_kind.h"
 #include "runtime/util/assets.h"
@@ -35,6 +37,30 @@ nlohmann::json read_generation_config(const std::filesystem::path& file) {
   }
   if (!j.is_object()) throw std::invalid_argument(file.string() + " is not a JSON object: fix or remove it");
   return j;
+}
+
+// The keys of a generation_config.json object that transformers' GenerationConfig applies when they differ from its
+// defaults (a logits processor, a search mode), and flowrun's generation does not (models/generate.h): "key value"
+// each, in name order. early_stopping matters to beam search only (num_beams > 1: flowrun's is
+// early_stopping false).
+std::vector<std::string> unapplied_generation_keys(const nlohmann::json& j, int64_t num_beams) {
+  // transformers' defaults (generation/configuration_utils.py, GenerationConfig.__init__)
+  static const std::vector<std::pair<const char*, nlohmann::json>> keys = {
+      {"min_length", 0}, {"min_new_tokens", nullptr}, {"no_repeat_ngram_size", 0},
+      {"encoder_no_repeat_ngram_size", 0}, {"bad_words_ids", nullptr}, {"force_words_ids", nullptr},
+      {"suppress_tokens", nullptr}, {"begin_suppress_tokens", nullptr}, {"forced_bos_token_id", nullptr},
+      {"forced_eos_token_id", nullptr}, {"sequence_bias", nullptr}, {"exponential_decay_length_penalty", nullptr},
+      {"typical_p", 1.0}, {"epsilon_cutoff", 0.0}, {"eta_cutoff", 0.0}, {"min_p", nullptr},
+      {"diversity_penalty", 0.0}, {"num_beam_groups", 1}, {"penalty_alpha", nullptr}, {"renormalize_logits", false},
+      {"guidance_scale", nullptr}, {"dola_layers", nullptr}, {"watermarking_config", nullptr}};
+  std::vector<std::string> out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const auto k = std::find_if(keys.begin(), keys.end(), [&](const auto& d) { return it.key() == d.first; });
+    const bool beams = it.key() == "early_stopping" && num_beams > 1 && !it.value().is_null() && it.value() != false;
+    if (beams || (k != keys.end() && !it.value().is_null() && it.value() != k->second))
+      out.push_back(it.key() + " " + it.value().dump());
+  }
+  return out;
 }
 
 std::string take_generation_defaults(sampling_opts& o, const std::string& model,
@@ -99,6 +125,13 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
     took.push_back(j.value("do_sample", nlohmann::json()).is_boolean() ? "do_sample false: greedy"
                                            : "no do_sample: greedy, as transformers' generate() decodes this folder");
   }
+  // what transformers' generate() would apply from the file and this command does not (its logits processors and
+  // search modes): said, not silently left out (a min_new_tokens 10 stopped here after 3 tokens)
+  if (const auto skipped = unapplied_generation_keys(j, o.num_beams); !skipped.empty())
+    spdlog::warn("{}: {} shape transformers' decoding and are not applied here: the tokens may differ from "
+                 "transformers' generate() (applied: do_sample, temperature, top_k, top_p, repetition_penalty, num_beams, "
+                 "length_penalty, max_new_tokens, max_length and the eos_token_id list)",
+                 file.string(), fmt::join(skipped, ", "));
   if (took.empty()) return "";
   return fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "),
                      has_file ? file.string() : dir.string() + " has no generation_config.json");

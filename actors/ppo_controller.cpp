@@ -105,13 +105,14 @@ class ppo_controller final : public actor::node {
   // end at once and drop the feedback of the iteration in flight: its update trained, and was lost with
   // every one since the last commit. Instead: the iteration in flight reports (everything after the
   // controller still runs in a drain, and every node it waits for has started: a summary came), no new
-  // batch is generated (on_message), and where the last trained iteration is not committed, a save-only
+  // batch is generated (on_message), and where a [graph] checkpoint_dir is set and the last trained
+  // iteration is not committed, a save-only
   // batch asks the policy and the critic to save it (prompt_msg::save_only), and the controller commits
   // it once both have reported, as a scheduled checkpoint. Then it ends.
   bool awaits_feedback(actor::node_context& ctx) override {
-    if (!ctx.draining() || !step3_runs_ || dir_.empty()) return false;
+    if (!ctx.draining() || !step3_runs_) return false;
     if (S_ > 0 ? !flight_.empty() : phase_ != phase::wait_prompts) return true;  // its report comes
-    if (drain_save_ || last_trained_it_ <= last_committed_ || !last_batch_) return false;
+    if (dir_.empty() || drain_save_ || last_trained_it_ <= last_committed_ || !last_batch_) return false;
     drain_save_ = true;
     ctx.print(fmt::format("[step 3 ppo] stopping after iteration {}: saving and committing it", last_trained_it_));
     prompt_msg p = *last_batch_;  // tensor handles: its ids go along, unread

@@ -800,10 +800,12 @@ class ppo_trainer final : public actor::node {
                               rp->point.iteration - 1, ctx.checkpoint_dir()));
       else if (ctx.checkpoint_dir().empty())
         ctx.print("[step 3 ppo] interrupted: no checkpoint was saved, nothing of step 3 is kept (set [graph] "
-                  "checkpoint_dir and the controller's save_checkpoint_steps)");
+                  "checkpoint_dir: a drain then commits the last trained iteration, and the controller's "
+                  "save_checkpoint_steps keeps commits through a crash too)");
       else
-        ctx.print(fmt::format("[step 3 ppo] interrupted before step 3's first checkpoint in {}: nothing of step 3 is "
-                              "kept (the controller commits one every save_checkpoint_steps iterations)",
+        ctx.print(fmt::format("[step 3 ppo] interrupted before step 3's first commit in {}: nothing of step 3 is "
+                              "kept (a drain commits the last trained iteration, none here; the controller commits "
+                              "every save_checkpoint_steps iterations)",
                               ctx.checkpoint_dir()));
     }
     if (!engine_.engine || ctx.reason() != actor::stop_reason::completed) return;

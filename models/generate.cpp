@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -29,6 +30,17 @@ tensor prefill_shared(decoder& model, kv_cache& cache, const row_groups& g, cons
     }
   }
   return out;
+}
+
+void mask_tokens(float* row, int64_t n, int64_t new_tokens, const generation_config& cfg) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const auto mask = [&](const std::vector<int32_t>& ids) {
+    for (const int32_t t : ids)
+      if (t >= 0 && t < n) row[t] = ninf;
+  };
+  if (new_tokens < cfg.min_new_tokens) mask(cfg.stop_ids);
+  mask(cfg.suppress_ids);
+  if (new_tokens == 0) mask(cfg.begin_suppress_ids);
 }
 
 generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt, const generation_config& cfg) {
@@ -77,6 +89,7 @@ generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt
       for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
       const float lse = mx + static_cast<float>(std::log(sum));
       for (int64_t v = 0; v < V; ++v) l[v] = row[v] - lse;
+      mask_tokens(l, V, cur - P, cfg);  // transformers' processors run on the log-probs in beam search
       if (cfg.sampling.repetition_penalty != 1.0f) {  // on the log-probs, as transformers' beam search
         std::vector<int32_t> history = prompt;
         history.insert(history.end(), run[k].begin(), run[k].end());
@@ -246,7 +259,8 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
     for (int64_t b = 0; b < B; ++b) {
       int32_t next = cfg.pad_id;
       if (!done[b]) {
-        const float* row = host.data<float>() + b * Vrow;
+        float* row = host.data<float>() + b * Vrow;  // this step's copy: the next forward writes new logits
+        mask_tokens(row, V, step, cfg);
         next = sample_token(row, V, cfg.sampling, rngs[b], history[b]);
         out[b].tokens.push_back(next);
         if (cfg.record_logprobs)  // the trainer's formula (rlhf::gather_log_probs_forward), at the sampling temperature

@@ -26,7 +26,18 @@ struct generation_config {
   int64_t num_beams = 1;
   /// Beam search: a finished beam scores sum log p / (new tokens)^length_penalty (transformers' default 1).
   float length_penalty = 1.0f;
+  /// Tokens masked out (-inf before sampling, greedy choice or the beams' log-probs; mask_tokens), as
+  /// transformers' logits processors of the same generation_config.json keys: the stop ids while fewer
+  /// than min_new_tokens new tokens were generated (MinNewTokensLengthLogitsProcessor), suppress_ids at
+  /// every step (suppress_tokens: SuppressTokensLogitsProcessor) and begin_suppress_ids as the first new
+  /// token (begin_suppress_tokens: SuppressTokensAtBeginLogitsProcessor). Ids outside 0..vocab-1 are ignored.
+  int64_t min_new_tokens = 0;
+  std::vector<int32_t> suppress_ids, begin_suppress_ids;
 };
+
+/// Sets to -inf the entries of `row` (n values: a vocabulary's logits or log-probs) that `cfg` masks before
+/// the new token number `new_tokens` (0: the first): see generation_config::min_new_tokens.
+void mask_tokens(float* row, int64_t n, int64_t new_tokens, const generation_config& cfg);
 
 struct generation_result {
   std::vector<int32_t> tokens;  ///< the new tokens only (a stop id, if hit, is the last one)

@@ -148,7 +148,7 @@ echo "$line" | grep -qE "the last committed checkpoint is $out/d/ckpt/$node/step
 if l3=$(grep "^\[step 3 ppo\] interrupted" "$out/d1.log"); then
   grep -q "^\[step 1 sft\] held-out loss .* ->" "$out/d1.log" ||
     fail "SIGINT in $s: step 3, which had not begun (step 1 had not finished), said what it kept: $l3"
-  [[ $l3 == "[step 3 ppo] interrupted before step 3's first checkpoint in $out/d/ckpt: nothing of step 3 is kept"* ]] ||
+  [[ $l3 == "[step 3 ppo] interrupted before step 3's first commit in $out/d/ckpt: nothing of step 3 is kept"* ]] ||
     fail "SIGINT in $s after step 1 finished: step 3, which had committed nothing, said: $l3"
   echo "step 3 had begun on step 1's model: $l3"
 fi

@@ -11,7 +11,8 @@
 #      from the 2 ranks' pieces, within 1e-5.
 #   5. SIGINT during step 3, after an iteration no checkpoint was due at: the drain commits it (the
 #      binary before kept the commit before it); exit 130 with a line naming the last committed
-#      checkpoint, from which the same command resumes (with the uninterrupted run's lines).
+#      checkpoint, from which the same command resumes (with the uninterrupted run's lines); without a
+#      checkpoint_dir (5b) the iteration in flight still reports.
 #   0. The policy and critic follow DS-Chat's step-3 learning-rate schedules (cosine with warmup, linear):
 #      the policy's printed rates are transformers' cosine over the run's 12 updates; every resume below
 #      continues them (the lines after it, with their rates, equal the uninterrupted run's).
@@ -233,6 +234,19 @@ fi
   { echo "the run after SIGINT failed:"; tail -20 "$out/e2.err"; exit 1; }
 grep -q "resuming after iteration $kept " "$out/e2.log" || fail "after SIGINT the run did not resume after iteration $kept"
 diff <(after "$out/a.log" $((kept + 1))) <(lines "$out/e2.log") || fail "the lines after SIGINT and resume differ"
+# 5b. the same without a checkpoint_dir: nothing is kept, and the iteration in flight still reports (the controller
+# ended with the prompts and its line was lost: "iter 0", "iter 1", then "interrupted")
+mkdir -p "$out/e0"
+signal_on_line "$out/e0.log" INT "[step 3 ppo] iter 1 reward" "$flowrun" "$root/graphs/rlhf.graph" $(args "$out/e0") \
+  --set graph.checkpoint_dir=
+set +e
+wait $pid
+rc=$?
+set -e
+[ $rc -eq 130 ] || fail "SIGINT without a checkpoint_dir: exit code $rc, not 130"
+grep -q "^\[step 3 ppo\] iter 2 reward" "$out/e0.log" || fail "SIGINT without a checkpoint_dir: iteration 2's report was lost"
+grep -qF "[step 3 ppo] interrupted: no checkpoint was saved, nothing of step 3 is kept (set [graph] checkpoint_dir: a drain" \
+  "$out/e0.log" || fail "SIGINT without a checkpoint_dir: $(tail -2 "$out/e0.log")"
 # 6. settings changed since the checkpoint
 refused() {  # NAME WHAT PATTERN DIR ARGS...: the run in DIR with ARGS fails, its stderr matching PATTERN
   local name=$1 what=$2 pattern=$3 dir=$4

@@ -1383,11 +1383,15 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
              "early_stopping": true, "bad_words_ids": null})";
   const auto skipped = run(gen + " 2>&1", &rc);
   CHECK(rc == 0);
-  CHECK(has(skipped, (dir / "generation_config.json").string() + ": min_new_tokens 10, no_repeat_ngram_size 2, "
-                                                                  "suppress_tokens [5] shape transformers' decoding and "
-                                                                  "are not applied here"));
-  CHECK(has(run(gen + " --num_beams 2 2>&1", &rc), ": early_stopping true, min_new_tokens 10, no_repeat_ngram_size 2, "
-                                                  "suppress_tokens [5] shape"));
+  CHECK(has(skipped, (dir / "generation_config.json").string() + ": no_repeat_ngram_size 2 shape transformers' "
+                                                                  "decoding and are not applied here"));
+  CHECK(has(skipped, "sampling: min_new_tokens 10, suppress_tokens [5], no do_sample: greedy"));
+  CHECK(has(run(gen + " --num_beams 2 2>&1", &rc), ": early_stopping true, no_repeat_ngram_size 2 shape"));
+  std::ofstream(dir / "generation_config.json") << R"({"suppress_tokens": [5, -1]})";
+  CHECK(has(run(gen + " 2>&1", &rc), ": suppress_tokens = [5,-1] is not a list of token ids: fix or remove it"));
+  CHECK(rc != 0);
+  std::ofstream(dir / "generation_config.json") << R"({"min_new_tokens": 2.5})";
+  CHECK(has(run(gen + " 2>&1", &rc), ": min_new_tokens = 2.5 is not a whole number >= 0"));
   std::ofstream(dir / "generation_config.json") << R"({"do_sample": false, "min_length": 0, "typical_p": 1})";
   CHECK_FALSE(has(run(gen + " 2>&1", &rc), "are not applied here"));
   // a sampling option on a folder without do_sample: transformers' defaults for the others (top_p 1, not 0.9)

@@ -285,6 +285,14 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     auto db = round_trip(actor::payload::make("rollouts", dropped));
     CHECK_FALSE(db.as<actors::rollout_msg>().exp);
     CHECK(db.as<actors::rollout_msg>().batch == 9);
+    CHECK_FALSE(db.as<actors::rollout_msg>().save_only);
+    actors::rollout_msg save;  // a drain's save (prompt_msg::save_only): no rows, the trainers save
+    save.save_only = save.checkpoint = true;
+    save.iteration = 4;
+    const auto& svb = round_trip(actor::payload::make("rollouts", save)).as<actors::rollout_msg>();
+    CHECK(svb.save_only);
+    CHECK(svb.checkpoint);
+    CHECK(svb.iteration == 4);
 
     actors::score_msg s;
     s.rollouts = std::make_shared<const actors::rollout_msg>(r);
@@ -349,6 +357,11 @@ TEST_CASE("cluster bulk: step 3's models, rollouts, scores and experience cross 
     CHECK(back->as<actors::prompt_msg>().policy_version == 4);
     CHECK(back->as<actors::prompt_msg>().iterations == 30);
     CHECK(same_bits(back->as<actors::prompt_msg>().ids, p.ids));
+    CHECK_FALSE(back->as<actors::prompt_msg>().save_only);
+    p.save_only = true;  // a drain's save, to a generator on another node
+    auto saved = actor::decode_payload("prompt_batch", *actor::encode_payload(actor::payload::make("prompt_batch", p)));
+    REQUIRE(saved);
+    CHECK(saved->as<actors::prompt_msg>().save_only);
   }
 
   SUBCASE("a trainer's stats carry its learning rate as the double's bytes") {

@@ -61,6 +61,44 @@ TEST_CASE("beam search gives transformers' tokens: num_beams 2-5, length_penalty
   CHECK(ended == 2);
 }
 
+TEST_CASE("min_new_tokens, suppress_tokens and begin_suppress_tokens give transformers' tokens, greedy and with beams") {
+  // tests/fixtures/generate/stories260K_processors.jsonl: transformers 5.25's generate() with those
+  // generation_config keys (its MinNewTokensLength, SuppressTokens and SuppressTokensAtBegin logits processors) on
+  // stories260K as an HF folder (tests/fixtures/make_processor_reference.py). Greedily "The little dog" stops after
+  // 218 new tokens: with min_new_tokens 230 it goes on to 233
+  auto model = load_llama2c(test::model_path());
+  std::ifstream f(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/generate/stories260K_processors.jsonl");
+  int cases = 0;
+  for (std::string line; std::getline(f, line);) {
+    const auto c = nlohmann::json::parse(line);
+    CAPTURE(line.substr(0, 160));
+    generation_config g;
+    g.sampling.temperature = 0.0f;  // greedy where num_beams is 1
+    g.num_beams = c["num_beams"].get<int64_t>();
+    g.max_new_tokens = c["max_new_tokens"].get<int64_t>();
+    g.min_new_tokens = c["min_new_tokens"].get<int64_t>();
+    g.suppress_ids = c["suppress_tokens"].get<std::vector<int32_t>>();
+    g.begin_suppress_ids = c["begin_suppress_tokens"].get<std::vector<int32_t>>();
+    g.stop_ids = {2, 1};  // the converted folder's generation_config.json
+    const auto want = c["new_ids"].get<std::vector<int32_t>>();
+    const auto got = generate(model, {c["prompt_ids"].get<std::vector<int32_t>>()}, g)[0].tokens;
+    CHECK(got == want);
+    CHECK(static_cast<int64_t>(got.size()) >= std::min(g.min_new_tokens, g.max_new_tokens));
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK(std::find(g.suppress_ids.begin(), g.suppress_ids.end(), got[i]) == g.suppress_ids.end());
+      if (i == 0) CHECK(std::find(g.begin_suppress_ids.begin(), g.begin_suppress_ids.end(), got[i]) == g.begin_suppress_ids.end());
+    }
+    ++cases;
+  }
+  CHECK(cases == 5);
+  // without the masks "The little dog" stops at 218 tokens, so the first case's 233 came from min_new_tokens
+  generation_config plain;
+  plain.sampling.temperature = 0.0f;
+  plain.max_new_tokens = 260;
+  plain.stop_ids = {2, 1};
+  CHECK(generate(model, {{1, 291, 376, 400, 428}}, plain)[0].tokens.size() == 218);
+}
+
 TEST_CASE("beam search: one beam is refused, no new token gives none") {
   auto model = load_llama2c(test::model_path());
   generation_config g;

@@ -199,9 +199,10 @@ struct fixture {
   /// Runs the graph to its end (every job in order), capturing what it prints; the job, for
   /// its signals. `ok`: it must exit 0. `sigterm_at` >= 0: a SIGTERM the moment the stand-in has
   /// answered the batch of that iteration (its summary and stats not yet handled by the controller).
-  actor::job run(bool ok = true, int64_t sigterm_at = -1) {
+  actor::job run(bool ok = true, int64_t sigterm_at = -1, bool checkpoint_dir = true) {
     std::string toml = graph_toml;
     toml.replace(toml.find("DIR"), 3, dir.string());
+    if (!checkpoint_dir) toml.erase(toml.find("[graph]"), toml.find("[node.loader]") - toml.find("[graph]"));
     auto parsed = graph::parse_graph_string(toml, "test.graph");
     INFO(graph::format_errors(parsed.errors));
     REQUIRE(parsed.ok());
@@ -620,6 +621,33 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: a drain reports the iteration in fli
   CHECK(c.at("committed")[1].at("policy_version").get<int64_t>() == 3);
   // the save has no points of its own: one per trained iteration
   CHECK(steps_of(j, "phase_seconds/train") == std::vector<int64_t>{0, 1, 2});
+}
+
+// Without a [graph] checkpoint_dir a drain generates nothing more and saves nothing; the iteration in flight
+// reports (on this scheduler its stats come before the prompts' end either way: ppo_resume_small case 5b shows
+// the line the controller dropped when it did not wait).
+TEST_CASE_FIXTURE(fixture, "ppo_controller: without a checkpoint_dir a drain reports the iteration in flight") {
+  {
+    std::lock_guard<std::mutex> lock(script.m);
+    script.reset();
+    script.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(-2, true)};
+    auto& t = script.turns;
+    t[-1].summary = summary(-1, 0.5, 0.0, 7.0, 256, 2.0);
+    t[-1].summary.eval = true;
+    for (int64_t k = 0; k < 4; ++k) {
+      t[k] = {summary(k, 0.25 * static_cast<double>(k), 0.0625, 4.0, 64, 0.5), true, false, stats(0.5, 100, 0.25),
+              stats(1.0, 100, 0.25)};
+      t[k].summary.trains = true;
+    }
+  }
+  const auto j = run(/*ok=*/false, /*sigterm_at=*/2, /*checkpoint_dir=*/false);
+  CHECK(j.state->exit_code() == actor::exit_sigterm);
+  std::lock_guard<std::mutex> lock(script.m);
+  REQUIRE(script.generate.size() == 4);  // held-out, 0, 1, 2: no save
+  CHECK_FALSE(script.generate[3].save_only);
+  REQUIRE(printed.size() == 4);
+  CHECK(printed[3].rfind("[step 3 ppo] iter 2 reward 0.5000 ", 0) == 0);
+  CHECK_FALSE(fs::exists(dir / "step3.json"));
 }
 
 // ---- max_staleness >= 1: the pipelined loop ----------------------------------------------

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -46,9 +47,9 @@ nlohmann::json read_generation_config(const std::filesystem::path& file) {
 std::vector<std::string> unapplied_generation_keys(const nlohmann::json& j, int64_t num_beams) {
   // transformers' defaults (generation/configuration_utils.py, GenerationConfig.__init__)
   static const std::vector<std::pair<const char*, nlohmann::json>> keys = {
-      {"min_length", 0}, {"min_new_tokens", nullptr}, {"no_repeat_ngram_size", 0},
+      {"min_length", 0}, {"no_repeat_ngram_size", 0},
       {"encoder_no_repeat_ngram_size", 0}, {"bad_words_ids", nullptr}, {"force_words_ids", nullptr},
-      {"suppress_tokens", nullptr}, {"begin_suppress_tokens", nullptr}, {"forced_bos_token_id", nullptr},
+      {"forced_bos_token_id", nullptr},
       {"forced_eos_token_id", nullptr}, {"sequence_bias", nullptr}, {"exponential_decay_length_penalty", nullptr},
       {"typical_p", 1.0}, {"epsilon_cutoff", 0.0}, {"eta_cutoff", 0.0}, {"min_p", nullptr},
       {"diversity_penalty", 0.0}, {"num_beam_groups", 1}, {"penalty_alpha", nullptr}, {"renormalize_logits", false},
@@ -111,6 +112,27 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
                                        "--temperature too"));
   }
   take("repetition_penalty", o.repetition_penalty);
+  // transformers' token masks (generation_config::min_new_tokens): applied as its logits processors are
+  if (j.contains("min_new_tokens") && !j["min_new_tokens"].is_null()) {
+    if (!j["min_new_tokens"].is_number_integer() || j["min_new_tokens"].get<int64_t>() < 0)
+      throw std::invalid_argument(fmt::format("{}: min_new_tokens = {} is not a whole number >= 0: fix or remove it",
+                                              file.string(), j["min_new_tokens"].dump()));
+    o.min_new_tokens = j["min_new_tokens"].get<int64_t>();
+    if (o.min_new_tokens > 0) took.push_back(fmt::format("min_new_tokens {}", o.min_new_tokens));
+  }
+  for (const auto& [key, ids] : {std::pair<const char*, std::vector<int32_t>*>{"suppress_tokens", &o.suppress_tokens},
+                                 {"begin_suppress_tokens", &o.begin_suppress_tokens}}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const auto& v = j[key];
+    const bool ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) {
+      return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    });
+    if (!ok)
+      throw std::invalid_argument(fmt::format("{}: {} = {} is not a list of token ids: fix or remove it", file.string(),
+                                              key, v.dump()));
+    *ids = v.get<std::vector<int32_t>>();
+    if (!ids->empty()) took.push_back(fmt::format("{} {}", key, v.dump()));
+  }
   if (given.count("num_beams")) {  // the command searches beams: the file's beams, as transformers' generate()
     take("num_beams", o.num_beams);
     take("length_penalty", o.length_penalty);
@@ -130,7 +152,8 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
   if (const auto skipped = unapplied_generation_keys(j, o.num_beams); !skipped.empty())
     spdlog::warn("{}: {} shape transformers' decoding and are not applied here: the tokens may differ from "
                  "transformers' generate() (applied: do_sample, temperature, top_k, top_p, repetition_penalty, num_beams, "
-                 "length_penalty, max_new_tokens, max_length and the eos_token_id list)",
+                 "length_penalty, max_new_tokens, max_length, min_new_tokens, suppress_tokens, begin_suppress_tokens "
+                 "and the eos_token_id list)",
                  file.string(), fmt::join(skipped, ", "));
   if (took.empty()) return "";
   return fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "),
@@ -246,6 +269,9 @@ generation_config sampling_options::config() const {
   g.seed = static_cast<uint64_t>(o_->seed);
   g.num_beams = o_->num_beams;
   g.length_penalty = o_->length_penalty;
+  g.min_new_tokens = o_->min_new_tokens;
+  g.suppress_ids = o_->suppress_tokens;
+  g.begin_suppress_ids = o_->begin_suppress_tokens;
   return g;
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -23,6 +24,10 @@ struct sampling_opts {
   int64_t seed = 42;
   int64_t num_beams = 1;        ///< > 1: beam search (commands made with beams = true)
   float length_penalty = 1.0f;  ///< beam search's (transformers')
+  /// From a model folder's generation_config.json (take_defaults; no options): transformers' token masks,
+  /// generation_config::min_new_tokens, suppress_ids, begin_suppress_ids.
+  int64_t min_new_tokens = 0;
+  std::vector<int32_t> suppress_tokens, begin_suppress_tokens;
 };
 
 /// --temperature, --top_p, --top_k, --repetition_penalty and --seed on a subcommand, each checked as

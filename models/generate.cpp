@@ -32,15 +32,27 @@ tensor prefill_shared(decoder& model, kv_cache& cache, const row_groups& g, cons
   return out;
 }
 
-void mask_tokens(float* row, int64_t n, int64_t new_tokens, const generation_config& cfg) {
+void mask_tokens(float* row, int64_t n, const std::vector<int32_t>& seq, int64_t prompt_len,
+                 const generation_config& cfg) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  const auto mask = [&](const std::vector<int32_t>& ids) {
-    for (const int32_t t : ids)
-      if (t >= 0 && t < n) row[t] = ninf;
+  const auto mask_one = [&](int32_t t) {
+    if (t >= 0 && t < n) row[t] = ninf;
   };
-  if (new_tokens < cfg.min_new_tokens) mask(cfg.stop_ids);
+  const auto mask = [&](const std::vector<int32_t>& ids) {
+    for (const int32_t t : ids) mask_one(t);
+  };
+  const int64_t len = static_cast<int64_t>(seq.size()), new_tokens = len - prompt_len;
+  if (new_tokens < cfg.min_new_tokens || len < cfg.min_length) mask(cfg.stop_ids);
   mask(cfg.suppress_ids);
   if (new_tokens == 0) mask(cfg.begin_suppress_ids);
+  // transformers' _get_ngrams / _get_generated_ngrams: the (n-1) last tokens, and every earlier n-gram that
+  // starts with them bans its last token
+  const int64_t N = cfg.no_repeat_ngram_size;
+  if (N > 0 && len + 1 >= N) {
+    const int64_t tail = len - (N - 1);  // where the last n-1 tokens start
+    for (int64_t i = 0; i + N <= len; ++i)
+      if (std::equal(seq.begin() + i, seq.begin() + i + (N - 1), seq.begin() + tail)) mask_one(seq[i + N - 1]);
+  }
 }
 
 generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt, const generation_config& cfg) {
@@ -89,12 +101,11 @@ generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt
       for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - mx));
       const float lse = mx + static_cast<float>(std::log(sum));
       for (int64_t v = 0; v < V; ++v) l[v] = row[v] - lse;
-      mask_tokens(l, V, cur - P, cfg);  // transformers' processors run on the log-probs in beam search
-      if (cfg.sampling.repetition_penalty != 1.0f) {  // on the log-probs, as transformers' beam search
-        std::vector<int32_t> history = prompt;
-        history.insert(history.end(), run[k].begin(), run[k].end());
+      std::vector<int32_t> history = prompt;
+      history.insert(history.end(), run[k].begin(), run[k].end());
+      mask_tokens(l, V, history, P, cfg);  // transformers' processors run on the log-probs in beam search
+      if (cfg.sampling.repetition_penalty != 1.0f)  // on the log-probs, as transformers' beam search
         apply_repetition_penalty(l, V, cfg.sampling.repetition_penalty, history);
-      }
       for (int64_t v = 0; v < V; ++v) l[v] += run_score[k];
     }
     // the best `keep` continuations over every beam, best first (ties: the lower beam, then the lower token)
@@ -260,7 +271,7 @@ std::vector<generation_result> generate(decoder& model, const std::vector<std::v
       int32_t next = cfg.pad_id;
       if (!done[b]) {
         float* row = host.data<float>() + b * Vrow;  // this step's copy: the next forward writes new logits
-        mask_tokens(row, V, step, cfg);
+        mask_tokens(row, V, history[b], static_cast<int64_t>(history[b].size()) - step, cfg);
         next = sample_token(row, V, cfg.sampling, rngs[b], history[b]);
         out[b].tokens.push_back(next);
         if (cfg.record_logprobs)  // the trainer's formula (rlhf::gather_log_probs_forward), at the sampling temperature

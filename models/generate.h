@@ -28,16 +28,22 @@ struct generation_config {
   float length_penalty = 1.0f;
   /// Tokens masked out (-inf before sampling, greedy choice or the beams' log-probs; mask_tokens), as
   /// transformers' logits processors of the same generation_config.json keys: the stop ids while fewer
-  /// than min_new_tokens new tokens were generated (MinNewTokensLengthLogitsProcessor), suppress_ids at
-  /// every step (suppress_tokens: SuppressTokensLogitsProcessor) and begin_suppress_ids as the first new
-  /// token (begin_suppress_tokens: SuppressTokensAtBeginLogitsProcessor). Ids outside 0..vocab-1 are ignored.
-  int64_t min_new_tokens = 0;
+  /// than min_new_tokens new tokens were generated (MinNewTokensLengthLogitsProcessor), or while the
+  /// sequence, prompt included, is shorter than min_length (MinLengthLogitsProcessor; the prompt's own
+  /// tokens, without left padding); suppress_ids at every step (suppress_tokens:
+  /// SuppressTokensLogitsProcessor); begin_suppress_ids as the first new token (begin_suppress_tokens:
+  /// SuppressTokensAtBeginLogitsProcessor); and with no_repeat_ngram_size n > 0 every token that would
+  /// repeat an n-gram of the sequence, prompt included (NoRepeatNGramLogitsProcessor). Ids outside
+  /// 0..vocab-1 are ignored.
+  int64_t min_new_tokens = 0, min_length = 0, no_repeat_ngram_size = 0;
   std::vector<int32_t> suppress_ids, begin_suppress_ids;
 };
 
-/// Sets to -inf the entries of `row` (n values: a vocabulary's logits or log-probs) that `cfg` masks before
-/// the new token number `new_tokens` (0: the first): see generation_config::min_new_tokens.
-void mask_tokens(float* row, int64_t n, int64_t new_tokens, const generation_config& cfg);
+/// Sets to -inf the entries of `row` (n values: a vocabulary's logits or log-probs) that `cfg` masks for the
+/// token that follows `seq` (the prompt's `prompt_len` tokens and those generated after them): see
+/// generation_config::min_new_tokens.
+void mask_tokens(float* row, int64_t n, const std::vector<int32_t>& seq, int64_t prompt_len,
+                 const generation_config& cfg);
 
 struct generation_result {
   std::vector<int32_t> tokens;  ///< the new tokens only (a stop id, if hit, is the last one)

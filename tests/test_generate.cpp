@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,11 +62,12 @@ TEST_CASE("beam search gives transformers' tokens: num_beams 2-5, length_penalty
   CHECK(ended == 2);
 }
 
-TEST_CASE("min_new_tokens, suppress_tokens and begin_suppress_tokens give transformers' tokens, greedy and with beams") {
-  // tests/fixtures/generate/stories260K_processors.jsonl: transformers 5.25's generate() with those
-  // generation_config keys (its MinNewTokensLength, SuppressTokens and SuppressTokensAtBegin logits processors) on
-  // stories260K as an HF folder (tests/fixtures/make_processor_reference.py). Greedily "The little dog" stops after
-  // 218 new tokens: with min_new_tokens 230 it goes on to 233
+TEST_CASE("generation_config's token masks give transformers' tokens, greedy and with beams") {
+  // tests/fixtures/generate/stories260K_processors.jsonl: transformers 5.25's generate() with min_new_tokens,
+  // min_length, no_repeat_ngram_size, suppress_tokens and begin_suppress_tokens (its MinNewTokensLength, MinLength,
+  // NoRepeatNGram, SuppressTokens and SuppressTokensAtBegin logits processors) on stories260K as an HF folder
+  // (tests/fixtures/make_processor_reference.py). Greedily "The little dog" stops after 218 new tokens: with
+  // min_new_tokens 230 it goes on to 233
   auto model = load_llama2c(test::model_path());
   std::ifstream f(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/generate/stories260K_processors.jsonl");
   int cases = 0;
@@ -77,6 +79,8 @@ TEST_CASE("min_new_tokens, suppress_tokens and begin_suppress_tokens give transf
     g.num_beams = c["num_beams"].get<int64_t>();
     g.max_new_tokens = c["max_new_tokens"].get<int64_t>();
     g.min_new_tokens = c["min_new_tokens"].get<int64_t>();
+    g.min_length = c["min_length"].get<int64_t>();
+    g.no_repeat_ngram_size = c["no_repeat_ngram_size"].get<int64_t>();
     g.suppress_ids = c["suppress_tokens"].get<std::vector<int32_t>>();
     g.begin_suppress_ids = c["begin_suppress_tokens"].get<std::vector<int32_t>>();
     g.stop_ids = {2, 1};  // the converted folder's generation_config.json
@@ -84,13 +88,21 @@ TEST_CASE("min_new_tokens, suppress_tokens and begin_suppress_tokens give transf
     const auto got = generate(model, {c["prompt_ids"].get<std::vector<int32_t>>()}, g)[0].tokens;
     CHECK(got == want);
     CHECK(static_cast<int64_t>(got.size()) >= std::min(g.min_new_tokens, g.max_new_tokens));
+    const auto& prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    CHECK(static_cast<int64_t>(prompt.size() + got.size()) >= std::min(g.min_length, g.max_new_tokens));
+    if (const int64_t n = g.no_repeat_ngram_size; n > 0) {  // no n-gram twice in prompt + answer
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), got.begin(), got.end());
+      std::set<std::vector<int32_t>> seen;
+      for (size_t i = 0; i + n <= all.size(); ++i) CHECK(seen.insert({all.begin() + i, all.begin() + i + n}).second);
+    }
     for (size_t i = 0; i < got.size(); ++i) {
       CHECK(std::find(g.suppress_ids.begin(), g.suppress_ids.end(), got[i]) == g.suppress_ids.end());
       if (i == 0) CHECK(std::find(g.begin_suppress_ids.begin(), g.begin_suppress_ids.end(), got[i]) == g.begin_suppress_ids.end());
     }
     ++cases;
   }
-  CHECK(cases == 5);
+  CHECK(cases == 8);
   // without the masks "The little dog" stops at 218 tokens, so the first case's 233 came from min_new_tokens
   generation_config plain;
   plain.sampling.temperature = 0.0f;

@@ -47,7 +47,6 @@ nlohmann::json read_generation_config(const std::filesystem::path& file) {
 std::vector<std::string> unapplied_generation_keys(const nlohmann::json& j, int64_t num_beams) {
   // transformers' defaults (generation/configuration_utils.py, GenerationConfig.__init__)
   static const std::vector<std::pair<const char*, nlohmann::json>> keys = {
-      {"min_length", 0}, {"no_repeat_ngram_size", 0},
       {"encoder_no_repeat_ngram_size", 0}, {"bad_words_ids", nullptr}, {"force_words_ids", nullptr},
       {"forced_bos_token_id", nullptr},
       {"forced_eos_token_id", nullptr}, {"sequence_bias", nullptr}, {"exponential_decay_length_penalty", nullptr},
@@ -113,12 +112,14 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
   }
   take("repetition_penalty", o.repetition_penalty);
   // transformers' token masks (generation_config::min_new_tokens): applied as its logits processors are
-  if (j.contains("min_new_tokens") && !j["min_new_tokens"].is_null()) {
-    if (!j["min_new_tokens"].is_number_integer() || j["min_new_tokens"].get<int64_t>() < 0)
-      throw std::invalid_argument(fmt::format("{}: min_new_tokens = {} is not a whole number >= 0: fix or remove it",
-                                              file.string(), j["min_new_tokens"].dump()));
-    o.min_new_tokens = j["min_new_tokens"].get<int64_t>();
-    if (o.min_new_tokens > 0) took.push_back(fmt::format("min_new_tokens {}", o.min_new_tokens));
+  for (const auto& [key, n] : {std::pair<const char*, int64_t*>{"min_new_tokens", &o.min_new_tokens},
+                               {"min_length", &o.min_length}, {"no_repeat_ngram_size", &o.no_repeat_ngram_size}}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0)
+      throw std::invalid_argument(fmt::format("{}: {} = {} is not a whole number >= 0: fix or remove it",
+                                              file.string(), key, j[key].dump()));
+    *n = j[key].get<int64_t>();
+    if (*n > 0) took.push_back(fmt::format("{} {}", key, *n));
   }
   for (const auto& [key, ids] : {std::pair<const char*, std::vector<int32_t>*>{"suppress_tokens", &o.suppress_tokens},
                                  {"begin_suppress_tokens", &o.begin_suppress_tokens}}) {
@@ -152,8 +153,8 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
   if (const auto skipped = unapplied_generation_keys(j, o.num_beams); !skipped.empty())
     spdlog::warn("{}: {} shape transformers' decoding and are not applied here: the tokens may differ from "
                  "transformers' generate() (applied: do_sample, temperature, top_k, top_p, repetition_penalty, num_beams, "
-                 "length_penalty, max_new_tokens, max_length, min_new_tokens, suppress_tokens, begin_suppress_tokens "
-                 "and the eos_token_id list)",
+                 "length_penalty, max_new_tokens, max_length, min_new_tokens, min_length, no_repeat_ngram_size, "
+                 "suppress_tokens, begin_suppress_tokens and the eos_token_id list)",
                  file.string(), fmt::join(skipped, ", "));
   if (took.empty()) return "";
   return fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "),
@@ -270,6 +271,8 @@ generation_config sampling_options::config() const {
   g.num_beams = o_->num_beams;
   g.length_penalty = o_->length_penalty;
   g.min_new_tokens = o_->min_new_tokens;
+  g.min_length = o_->min_length;
+  g.no_repeat_ngram_size = o_->no_repeat_ngram_size;
   g.suppress_ids = o_->suppress_tokens;
   g.begin_suppress_ids = o_->begin_suppress_tokens;
   return g;

@@ -25,8 +25,8 @@ struct sampling_opts {
   int64_t num_beams = 1;        ///< > 1: beam search (commands made with beams = true)
   float length_penalty = 1.0f;  ///< beam search's (transformers')
   /// From a model folder's generation_config.json (take_defaults; no options): transformers' token masks,
-  /// generation_config::min_new_tokens, suppress_ids, begin_suppress_ids.
-  int64_t min_new_tokens = 0;
+  /// generation_config::min_new_tokens, min_length, no_repeat_ngram_size, suppress_ids, begin_suppress_ids.
+  int64_t min_new_tokens = 0, min_length = 0, no_repeat_ngram_size = 0;
   std::vector<int32_t> suppress_tokens, begin_suppress_tokens;
 };
 

@@ -206,10 +206,10 @@ class dschat_trainer : public actor::node {
                             tag_, step_, steps_));
     else if (last.empty() && step_ == 0)  // at start or in the held-out pass before training
       ctx.print(fmt::format("{} interrupted before its first update: the same command trains this step", tag_));
-    else if (last.empty())  // no commit at the stop (a second signal; a cluster node, which sees no drain)
+    else if (last.empty())  // no commit at the stop (a second signal)
       ctx.print(fmt::format("{} interrupted at update {} of {}, before its first checkpoint in {} (nothing committed "
-                            "at the stop: a second signal stops without the drain's commit, and a node on a cluster "
-                            "daemon does not see the drain): the same command trains this step again",
+                            "at the stop: a second signal stops without the drain's commit): the same command trains "
+                            "this step again",
                             tag_, step_, steps_, ckpt_dir_));
     else
       ctx.print(fmt::format("{} interrupted at update {} of {}: the last committed checkpoint is {}; the same "

@@ -7,6 +7,7 @@
 # Then a SIGKILL of the controller's node in the middle of PPO, under both policies: on_node_lost = "stop" stops the
 # run with steps 1-2's models intact; on_node_lost = "restart" starts it again with w2's actors on main, steps 1-2
 # resume from their saved models (not trained again), and the results and the policy equal the uninterrupted run's.
+# Last, SIGTERM to main while step 1 trains on w1: the drain reaches the daemon's trainer, which commits its update.
 # Usage: cluster_rlhf_small.sh FLOWRUN SOURCE_DIR WORK_DIR
 set -euo pipefail
 flowrun=$1 root=$2 out=$3
@@ -157,4 +158,27 @@ diff "$out/single.step3" "$out/rejoin.step3" || { echo "the rejoined run's step 
 cmp "$out/single-ppo.bin" "$out/rejoin-ppo.bin" || { echo "the rejoined run's policy differs"; exit 1; }
 echo "  $(grep -o "restarting the run.*" "$out/rejoin.err" | head -1)"
 echo "  the controller, reward and critic ran again on the returning w2; step 3 and the policy equal the uninterrupted run's"
+echo "== SIGTERM while step 1 trains on w1: the daemon's trainer drains and commits the update it stopped at"
+# (the run's phase lives on main: the daemon saw no drain, and its trainer stopped with nothing committed)
+pids=()
+daemons d --once
+cluster_file "$out/drain.toml"
+"$flowrun" "$root/graphs/sft.graph" --no-progress --threads 2 --set node.sft.steps=2000 --set node.sft.on=w1 \
+  --set graph.checkpoint_dir="$out/drain-ckpt" --set node.sft.output="$out/drain-sft.bin" --cluster "$out/drain.toml" \
+  --secret-file "$out/secret" > "$out/drain.log" 2> "$out/drain.err" &
+run_pid=$!
+pids+=($run_pid)
+for _ in $(seq 1 1200); do grep -q "^\[step 1 sft\] step 40/2000" "$out/dw1.out" && break; sleep 0.05; done
+grep -q "^\[step 1 sft\] step 40/2000" "$out/dw1.out" || { echo "step 1 did not reach update 40 on w1:"; tail "$out/drain.err"; exit 1; }
+kill -TERM "$run_pid"
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+[[ $rc -eq 143 ]] || { echo "SIGTERM: exit code $rc, not 143:"; tail -5 "$out/drain.err"; exit 1; }
+k=$(sed -nE 's/^\[step 1 sft\] stopping at update ([0-9]+) of 2000: committing it$/\1/p' "$out/dw1.out")
+[[ -n "$k" ]] || { echo "the trainer on w1 committed nothing at the drain:"; grep "step 1 sft\] interrupted" "$out/dw1.out"; exit 1; }
+grep -qF "[w1] [step 1 sft] interrupted at update $k of 2000: the last committed checkpoint is $out/drain-ckpt/sft/step_$(printf %08d "$k"); the same command resumes there" \
+  "$out/drain.log" || { echo "main's terminal does not say what w1 kept:"; grep "step 1 sft" "$out/drain.log" | tail -3; exit 1; }
+echo "  w1's trainer committed update $k of 2000 at main's SIGTERM"
 echo "cluster_rlhf_small: OK"

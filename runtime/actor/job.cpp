@@ -768,7 +768,13 @@ class replica_actor_t : public Base {
     return true;
   }
 
+  // The coordinator's drain (on_interrupt): a source stops producing. On a cluster daemon the run's phase lives
+  // on main, so this replica's part learns of the drain here (node_context::draining(): a trainer there commits
+  // the update it stopped at, and cuts a held-out pass before training, as on main; they saw no drain before).
   void on_end() {
+    // (a daemon's part never leaves `starting`: main's coordinator moves main's)
+    if (const run_phase rp = plan_->live->get_run_phase(); rp == run_phase::starting || rp == run_phase::running)
+      plan_->live->set_run_phase(run_phase::draining);
     if (np_.source) exhausted_ = true;
     pump();
   }

@@ -287,6 +287,27 @@ grep -qxF "[step 1 sft] interrupted in the held-out pass before training: nothin
 grep -q "held-out loss" "$out/h6.log" && fail "the held-out pass before training ran to its end in a drain"
 (( SECONDS - t0 <= 10 )) || fail "the drain in the held-out pass took $((SECONDS - t0)) s"
 echo "SIGTERM in the held-out pass before training (half of 2,307 rows held out): stopped in $((SECONDS - t0)) s, exit 143"
+# 6d. the same with sft and rm both in their pass (rlhf.graph): on 2 cores every CAF worker is inside one, and the
+#     coordinator's drain waited for a free worker: both passes ran to their end and step 1 trained its updates
+#     before the drain began. The replicas now see the signal at once (actor::interrupt)
+h7=(--set node.sft.data_split=4,4,2 --set node.rm.data_split=4,4,2 --set node.prompts.data_split=4,4,2
+    --set node.sft.eval_fraction=0.8 --set node.rm.eval_fraction=0.8 --set node.prompts.eval_fraction=0.8)
+for n in sft rm prompts; do h7+=(--set "node.$n.data=$a/data/hh-rlhf/harmless-base-test.dschat.jsonl"); done
+"$flowrun" "$root/graphs/rlhf.graph" --no-progress --set graph.checkpoint_dir="$out/h7/ckpt" "${h7[@]}" \
+  --set node.sft.steps=4 --set node.rm.steps=4 --set node.sft.output="$out/h7/sft.bin" --set node.rm.output="$out/h7/rm" \
+  --set node.policy.output="$out/h7/ppo.bin" > "$out/h7.log" 2> "$out/h7.err" &
+bg=$!
+for _ in $(seq 1 3000); do [ "$(grep -c "memory plan" "$out/h7.err" 2>/dev/null)" -ge 2 ] && break; sleep 0.01; done
+kill -TERM $bg
+rc=0
+wait $bg || rc=$?
+bg=
+[ $rc -eq 143 ] || fail "SIGTERM in both held-out passes: exit $rc, not 143: $(tail -2 "$out/h7.err")"
+for t in "step 1 sft" "step 2 rm"; do
+  grep -qxF "[$t] interrupted in the held-out pass before training: nothing was trained; the same command trains this step" \
+    "$out/h7.log" || fail "SIGTERM in both held-out passes: [$t] did not stop in its pass: $(grep -F "[$t]" "$out/h7.log" | tail -2)"
+done
+echo "SIGTERM with sft and rm both in their held-out pass (80% of their shares): both stopped in it, exit 143"
 # 7. save_lora failing after the output (here its .tmp name taken by a folder; a full disk did it): no done marker
 #    is written, so the same command resumes at the last checkpoint and writes the adapter. The marker came first:
 #    every rerun said "training skipped" with exit 0 and the adapter was never written.

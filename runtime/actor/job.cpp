@@ -2092,6 +2092,16 @@ void release_part(job_part& part) {
 }
 
 void interrupt(const job& j, int signal) {
+  // the replicas see it at once (node_context::draining(), stop_requested()): the coordinator's message waits for a
+  // free CAF worker, and where every worker is inside a long call (rlhf.graph's sft and rm both in their held-out
+  // pass before training on 2 cores) the drain began only when one of them ended; now those calls give way at their
+  // next batch. The coordinator then drains or stops as before (on_interrupt; a paused run is its to resume first)
+  if (j.live) {
+    if (const run_phase rp = j.live->get_run_phase(); rp == run_phase::running)
+      j.live->set_run_phase(run_phase::draining);
+    else if (rp == run_phase::draining)
+      j.live->set_run_phase(run_phase::stopping);
+  }
   caf::anon_send(j.coordinator, interrupt_atom::value, static_cast<std::int32_t>(signal));
 }
 

@@ -53,6 +53,13 @@ void mask_tokens(float* row, int64_t n, const std::vector<int32_t>& seq, int64_t
     for (int64_t i = 0; i + N <= len; ++i)
       if (std::equal(seq.begin() + i, seq.begin() + i + (N - 1), seq.begin() + tail)) mask_one(seq[i + N - 1]);
   }
+  // nothing left to choose: sampling read NaN probabilities and printed garbage (transformers raises too)
+  const bool masks = new_tokens < cfg.min_new_tokens || len < cfg.min_length || !cfg.suppress_ids.empty() ||
+                     (new_tokens == 0 && !cfg.begin_suppress_ids.empty()) || N > 0;
+  if (masks && std::none_of(row, row + n, [](float x) { return x > -std::numeric_limits<float>::infinity(); }))
+    throw std::invalid_argument("generate: every token is masked for new token " + std::to_string(new_tokens + 1) +
+                                " (suppress_tokens, begin_suppress_tokens, no_repeat_ngram_size, and the stop ids "
+                                "under min_new_tokens or min_length leave none): remove some of them");
 }
 
 generation_result beam_search(decoder& model, const std::vector<int32_t>& prompt, const generation_config& cfg) {

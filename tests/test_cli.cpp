@@ -203,6 +203,25 @@ TEST_CASE("flowrun generate --num_beams searches beams, eval prompts --num_beams
   out = run(bin + " generate --prompt x --length_penalty 2 2>&1", &rc);
   CHECK(rc == 1);
   CHECK(has(out, "--length_penalty scores the beams of beam search, and there is none here"));
+  // chat has no beam search: a file's num_beams (and its beam keys) are said as not applied, not left out silently
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [2, 1], "num_beams": 3, "early_stopping": true})";
+  out = run("printf 'The cat\\nquit\\n' | " + bin + " chat --model " + dir.string() + " --max_new_tokens 8 2>&1", &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, "early_stopping true, num_beams 3 shape transformers' decoding and are not applied here"));
+  CHECK_FALSE(has(out, "repetition_penalty, num_beams, length_penalty"));  // not listed as applied by chat
+  // eval prompts takes each folder's token masks beside its greedy search (transformers' generate() applies them):
+  // the same weights answer "Anna, I'm sorr"; with the comma (432) suppressed the fine-tuned folder's answer has none
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [2, 1], "suppress_tokens": [432]})";
+  out = run(bin + " eval prompts --baseline model/stories260K/stories260K.bin --finetuned " + dir.string() +
+                " --n 1 --max_new_tokens 12 2>&1",
+            &rc);
+  CHECK(rc == 0);
+  CHECK(has(out, dir.string() + ": suppress_tokens [432] (" + (dir / "generation_config.json").string() + ")"));
+  const auto b = out.find("---------- baseline"), t = out.find("---------- fine-tuned"), e = out.find("[flowrun eval]");
+  REQUIRE(b < t);
+  REQUIRE(t < e);
+  CHECK(has(out.substr(b, t - b), "Anna,"));
+  CHECK_FALSE(has(out.substr(t, e - t), ","));
   std::filesystem::remove_all(dir);
 }
 
@@ -1388,8 +1407,10 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   CHECK(has(run(gen + " --num_beams 2 2>&1", &rc), (dir / "generation_config.json").string() +
                                                      ": early_stopping true shape transformers' decoding and are not "
                                                      "applied here"));
-  std::ofstream(dir / "generation_config.json") << R"({"typical_p": 0.5, "bad_words_ids": [[7, 8]]})";
-  CHECK(has(run(gen + " 2>&1", &rc), ": bad_words_ids [[7,8]], typical_p 0.5 shape transformers' decoding"));
+  // typical_p acts only when transformers samples (greedy, it says the key "may be ignored")
+  std::ofstream(dir / "generation_config.json") << R"({"typical_p": 0.5, "bad_words_ids": [[7, 8]], "max_time": 3})";
+  CHECK(has(run(gen + " 2>&1", &rc), ": bad_words_ids [[7,8]], max_time 3 shape transformers' decoding"));
+  CHECK(has(run(gen + " --temperature 1 2>&1", &rc), ": bad_words_ids [[7,8]], max_time 3, typical_p 0.5 shape"));
   std::ofstream(dir / "generation_config.json") << R"({"suppress_tokens": [5, -1]})";
   CHECK(has(run(gen + " 2>&1", &rc), ": suppress_tokens = [5,-1] is not a list of token ids: fix or remove it"));
   CHECK(rc != 0);

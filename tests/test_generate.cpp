@@ -109,6 +109,15 @@ TEST_CASE("generation_config's token masks give transformers' tokens, greedy and
   plain.max_new_tokens = 260;
   plain.stop_ids = {2, 1};
   CHECK(generate(model, {{1, 291, 376, 400, 428}}, plain)[0].tokens.size() == 218);
+  // every token masked: refused, greedy and sampling (sampling read NaN probabilities and printed garbage)
+  generation_config none = plain;
+  for (int32_t t = 0; t < 512; ++t) none.suppress_ids.push_back(t);
+  CHECK_THROWS_WITH_AS(generate(model, {{1, 291}}, none), doctest::Contains("every token is masked for new token 1"),
+                       std::invalid_argument);
+  none.sampling.temperature = 1.0f;
+  CHECK_THROWS_AS(generate(model, {{1, 291}}, none), std::invalid_argument);
+  none.num_beams = 2;
+  CHECK_THROWS_AS(generate(model, {{1, 291}}, none), std::invalid_argument);
 }
 
 TEST_CASE("beam search: one beam is refused, no new token gives none") {

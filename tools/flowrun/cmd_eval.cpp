@@ -219,11 +219,16 @@ void add_eval(CLI::App& app) {
     line.update(0, n);
     const auto base_stops = stop_ids_for(o->baseline, tok->bos_id(), tok->eos_id());
     const auto tuned_stops = stop_ids_for(o->finetuned, tok->bos_id(), tok->eos_id());
+    // each folder's token masks (min_new_tokens, suppress_tokens, ...), which transformers' generate() applies beside
+    // prompt_eval.py's own greedy or beam arguments (they were not read)
+    generation_config g_base = greedy(), g_tuned = greedy();
+    g_base.num_beams = g_tuned.num_beams = o->num_beams;
+    for (auto [path, g] : {std::pair{&o->baseline, &g_base}, std::pair{&o->finetuned, &g_tuned}})
+      if (const std::string took = take_generation_masks(*path, *g); !took.empty())
+        spdlog::info("{}: {}", *path, took);
     for (int64_t i = 0; i < n; ++i) {
-      generation_config g = greedy();
-      g.num_beams = o->num_beams;
-      const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens, base_stops, g);
-      const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens, tuned_stops, g);
+      const std::string a_base = answer(base, *tok, prompts[i].ids, o->max_new_tokens, base_stops, g_base);
+      const std::string a_tuned = answer(tuned, *tok, prompts[i].ids, o->max_new_tokens, tuned_stops, g_tuned);
       line.clear();
       // with a chat template the rendered prompt (its special tokens, <|im_end|> too, which decoding drops as EOS),
       // unless max_prompt_seq_len cut it: then the tokens the models were given

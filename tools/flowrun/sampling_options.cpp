@@ -40,25 +40,66 @@ nlohmann::json read_generation_config(const std::filesystem::path& file) {
   return j;
 }
 
+// generation_config.json's token masks (generation_config::min_new_tokens), checked as transformers would take them
+// (whole numbers >= 0, lists of ids), naming the file and key; "key value" of each set into `took`.
+void read_token_masks(const nlohmann::json& j, const std::filesystem::path& file, int64_t& min_new_tokens,
+                      int64_t& min_length, int64_t& no_repeat_ngram_size, std::vector<int32_t>& suppress,
+                      std::vector<int32_t>& begin_suppress, std::vector<std::string>& took) {
+  for (const auto& [key, n] : {std::pair<const char*, int64_t*>{"min_new_tokens", &min_new_tokens},
+                               {"min_length", &min_length}, {"no_repeat_ngram_size", &no_repeat_ngram_size}}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0)
+      throw std::invalid_argument(fmt::format("{}: {} = {} is not a whole number >= 0: fix or remove it",
+                                              file.string(), key, j[key].dump()));
+    *n = j[key].get<int64_t>();
+    if (*n > 0) took.push_back(fmt::format("{} {}", key, *n));
+  }
+  for (const auto& [key, ids] : {std::pair<const char*, std::vector<int32_t>*>{"suppress_tokens", &suppress},
+                                 {"begin_suppress_tokens", &begin_suppress}}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const auto& v = j[key];
+    const bool ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) {
+      return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    });
+    if (!ok)
+      throw std::invalid_argument(fmt::format("{}: {} = {} is not a list of token ids: fix or remove it", file.string(),
+                                              key, v.dump()));
+    *ids = v.get<std::vector<int32_t>>();
+    if (!ids->empty()) took.push_back(fmt::format("{} {}", key, v.dump()));
+  }
+}
+
 // The keys of a generation_config.json object that transformers' GenerationConfig applies when they differ from its
 // defaults (a logits processor, a search mode), and flowrun's generation does not (models/generate.h): "key value"
 // each, in name order. early_stopping matters to beam search only (num_beams > 1: flowrun's is
 // early_stopping false).
-std::vector<std::string> unapplied_generation_keys(const nlohmann::json& j, int64_t num_beams) {
+std::vector<std::string> unapplied_generation_keys(const nlohmann::json& j, int64_t num_beams, bool samples,
+                                                   bool beams_here) {
   // transformers' defaults (generation/configuration_utils.py, GenerationConfig.__init__)
   static const std::vector<std::pair<const char*, nlohmann::json>> keys = {
-      {"encoder_no_repeat_ngram_size", 0}, {"bad_words_ids", nullptr}, {"force_words_ids", nullptr},
-      {"forced_bos_token_id", nullptr},
-      {"forced_eos_token_id", nullptr}, {"sequence_bias", nullptr}, {"exponential_decay_length_penalty", nullptr},
-      {"typical_p", 1.0}, {"epsilon_cutoff", 0.0}, {"eta_cutoff", 0.0}, {"min_p", nullptr},
-      {"diversity_penalty", 0.0}, {"num_beam_groups", 1}, {"penalty_alpha", nullptr}, {"renormalize_logits", false},
-      {"guidance_scale", nullptr}, {"dola_layers", nullptr}, {"watermarking_config", nullptr}};
+      {"encoder_no_repeat_ngram_size", 0}, {"encoder_repetition_penalty", 1.0}, {"bad_words_ids", nullptr},
+      {"force_words_ids", nullptr}, {"forced_bos_token_id", nullptr}, {"forced_eos_token_id", nullptr},
+      {"sequence_bias", nullptr}, {"exponential_decay_length_penalty", nullptr}, {"diversity_penalty", 0.0},
+      {"num_beam_groups", 1}, {"penalty_alpha", nullptr}, {"renormalize_logits", false}, {"guidance_scale", nullptr},
+      {"dola_layers", nullptr}, {"watermarking_config", nullptr}, {"stop_strings", nullptr}, {"max_time", nullptr}};
+  // the warpers transformers adds only when it samples (greedy, it says they "may be ignored", and they are)
+  static const std::vector<std::pair<const char*, nlohmann::json>> sampling_keys = {
+      {"typical_p", 1.0}, {"epsilon_cutoff", 0.0}, {"eta_cutoff", 0.0}, {"min_p", nullptr}, {"top_h", nullptr}};
+  const auto differs = [&](const auto& table, const std::string& key, const nlohmann::json& v) {
+    const auto k = std::find_if(table.begin(), table.end(), [&](const auto& d) { return key == d.first; });
+    return k != table.end() && !v.is_null() && v != k->second;
+  };
   std::vector<std::string> out;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const auto k = std::find_if(keys.begin(), keys.end(), [&](const auto& d) { return it.key() == d.first; });
-    const bool beams = it.key() == "early_stopping" && num_beams > 1 && !it.value().is_null() && it.value() != false;
-    if (beams || (k != keys.end() && !it.value().is_null() && it.value() != k->second))
-      out.push_back(it.key() + " " + it.value().dump());
+    const std::string& key = it.key();
+    const nlohmann::json& v = it.value();
+    // a command without beam search (chat) decodes a file's num_beams > 1 greedily: said with its beam keys
+    const bool file_beams = j.value("num_beams", nlohmann::json(1)).is_number_integer() && j.value("num_beams", 1) > 1;
+    const bool beam_key = (key == "num_beams" && file_beams) ||
+                          (!beams_here && file_beams && (key == "length_penalty" || key == "early_stopping"));
+    const bool stopping = key == "early_stopping" && num_beams > 1 && !v.is_null() && v != false;
+    if ((beam_key && !beams_here) || stopping || differs(keys, key, v) || (samples && differs(sampling_keys, key, v)))
+      out.push_back(key + " " + v.dump());
   }
   return out;
 }
@@ -112,28 +153,8 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
   }
   take("repetition_penalty", o.repetition_penalty);
   // transformers' token masks (generation_config::min_new_tokens): applied as its logits processors are
-  for (const auto& [key, n] : {std::pair<const char*, int64_t*>{"min_new_tokens", &o.min_new_tokens},
-                               {"min_length", &o.min_length}, {"no_repeat_ngram_size", &o.no_repeat_ngram_size}}) {
-    if (!j.contains(key) || j[key].is_null()) continue;
-    if (!j[key].is_number_integer() || j[key].get<int64_t>() < 0)
-      throw std::invalid_argument(fmt::format("{}: {} = {} is not a whole number >= 0: fix or remove it",
-                                              file.string(), key, j[key].dump()));
-    *n = j[key].get<int64_t>();
-    if (*n > 0) took.push_back(fmt::format("{} {}", key, *n));
-  }
-  for (const auto& [key, ids] : {std::pair<const char*, std::vector<int32_t>*>{"suppress_tokens", &o.suppress_tokens},
-                                 {"begin_suppress_tokens", &o.begin_suppress_tokens}}) {
-    if (!j.contains(key) || j[key].is_null()) continue;
-    const auto& v = j[key];
-    const bool ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) {
-      return x.is_number_integer() && x.get<int64_t>() >= 0 && x.get<int64_t>() <= std::numeric_limits<int32_t>::max();
-    });
-    if (!ok)
-      throw std::invalid_argument(fmt::format("{}: {} = {} is not a list of token ids: fix or remove it", file.string(),
-                                              key, v.dump()));
-    *ids = v.get<std::vector<int32_t>>();
-    if (!ids->empty()) took.push_back(fmt::format("{} {}", key, v.dump()));
-  }
+  read_token_masks(j, file, o.min_new_tokens, o.min_length, o.no_repeat_ngram_size, o.suppress_tokens,
+                   o.begin_suppress_tokens, took);
   if (given.count("num_beams")) {  // the command searches beams: the file's beams, as transformers' generate()
     take("num_beams", o.num_beams);
     take("length_penalty", o.length_penalty);
@@ -150,12 +171,13 @@ std::string take_generation_defaults(sampling_opts& o, const std::string& model,
   }
   // what transformers' generate() would apply from the file and this command does not (its logits processors and
   // search modes): said, not silently left out (a min_new_tokens 10 stopped here after 3 tokens)
-  if (const auto skipped = unapplied_generation_keys(j, o.num_beams); !skipped.empty())
+  const bool beams_here = given.count("num_beams") > 0;
+  if (const auto skipped = unapplied_generation_keys(j, o.num_beams, o.temperature > 0, beams_here); !skipped.empty())
     spdlog::warn("{}: {} shape transformers' decoding and are not applied here: the tokens may differ from "
-                 "transformers' generate() (applied: do_sample, temperature, top_k, top_p, repetition_penalty, num_beams, "
-                 "length_penalty, max_new_tokens, max_length, min_new_tokens, min_length, no_repeat_ngram_size, "
-                 "suppress_tokens, begin_suppress_tokens and the eos_token_id list)",
-                 file.string(), fmt::join(skipped, ", "));
+                 "transformers' generate() (applied: do_sample, temperature, top_k, top_p, repetition_penalty, {}"
+                 "max_new_tokens, max_length, min_new_tokens, min_length, no_repeat_ngram_size, suppress_tokens, "
+                 "begin_suppress_tokens and the eos_token_id list)",
+                 file.string(), fmt::join(skipped, ", "), beams_here ? "num_beams, length_penalty, " : "");
   if (took.empty()) return "";
   return fmt::format("{} ({}; the command line's options win)", fmt::join(took, ", "),
                      has_file ? file.string() : dir.string() + " has no generation_config.json");
@@ -239,6 +261,17 @@ generation_lengths generation_config_lengths(const std::string& model) {
     return j[key].get<int64_t>();
   };
   return {length("max_new_tokens"), length("max_length")};
+}
+
+std::string take_generation_masks(const std::string& model, generation_config& g) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file = resolve_user_path(model, "model") / "generation_config.json";
+  if (!fs::is_regular_file(file, ec)) return "";
+  std::vector<std::string> took;
+  read_token_masks(read_generation_config(file), file, g.min_new_tokens, g.min_length, g.no_repeat_ngram_size,
+                   g.suppress_ids, g.begin_suppress_ids, took);
+  return took.empty() ? "" : fmt::format("{} ({})", fmt::join(took, ", "), file.string());
 }
 
 std::string sampling_options::take_defaults(const std::string& model) {

@@ -85,4 +85,11 @@ struct generation_lengths {
 /// JSON or a value is not a whole number >= 1.
 generation_lengths generation_config_lengths(const std::string& model);
 
+/// The token masks of the generation_config.json in model folder `model` (min_new_tokens, min_length,
+/// no_repeat_ngram_size, suppress_tokens, begin_suppress_tokens: generation_config's fields of those names) set
+/// into `g`, as transformers' generate() applies them beside a command's own decoding (eval prompts: greedy or
+/// beams, as DS-Chat's prompt_eval.py asks generate()). Returns what it set, for the log ("" for none). Throws
+/// std::invalid_argument naming the file and key for a value transformers would refuse.
+std::string take_generation_masks(const std::string& model, generation_config& g);
+
 }  // namespace flowrun::cli

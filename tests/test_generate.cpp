@@ -35,7 +35,7 @@ TEST_CASE("greedy generation from BOS reproduces greedy_from_bos_tokens and text
 
 TEST_CASE("beam search gives transformers' tokens: num_beams 2-5, length_penalty 0.5-2, beams ending at EOS or BOS") {
   // tests/fixtures/beam/stories260K_beams.jsonl: transformers 5.25's generate(num_beams, do_sample=False,
-  // length_penalty, max_new_tokens) on stories260K converted to an HF folder (tests/fixtures/make_beam_reference.py);
+  // length_penalty, max_new_tokens) on stories260K converted to an HF folder (tests/fixtures/make_generate_reference.py, beams);
   // the two 300-token cases end at a stop id (272 and 239 new tokens), where the finished hypotheses and the early
   // stop decide
   auto model = load_llama2c(test::model_path());
@@ -66,7 +66,7 @@ TEST_CASE("generation_config's token masks give transformers' tokens, greedy and
   // tests/fixtures/generate/stories260K_processors.jsonl: transformers 5.25's generate() with min_new_tokens,
   // min_length, no_repeat_ngram_size, suppress_tokens and begin_suppress_tokens (its MinNewTokensLength, MinLength,
   // NoRepeatNGram, SuppressTokens and SuppressTokensAtBegin logits processors) on stories260K as an HF folder
-  // (tests/fixtures/make_processor_reference.py). Greedily "The little dog" stops after 218 new tokens: with
+  // (tests/fixtures/make_generate_reference.py, masks). Greedily "The little dog" stops after 218 new tokens: with
   // min_new_tokens 230 it goes on to 233
   auto model = load_llama2c(test::model_path());
   std::ifstream f(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/generate/stories260K_processors.jsonl");

@@ -99,23 +99,29 @@ class script_loader final : public actor::node {
   std::size_t next_ = 0;
 };
 
+// A drain's save (prompt_msg::save_only), answered as the graph answers it: the experience maker's summary that
+// saves, and the policy's and critic's stats of a save without training (ppo_nodes.cpp save_untrained), at `version`.
+void answer_save(actor::node_context& ctx, int64_t iteration, int64_t version) {
+  summary_msg s;
+  s.iteration = iteration;
+  s.saves = true;
+  ctx.emit("summary", actor::payload::make("summary", s));
+  stats_msg st;
+  st.iteration = iteration;
+  st.updated = false;
+  st.policy_version = version;
+  ctx.emit("actor_stats", actor::payload::make("stats", st));
+  ctx.emit("critic_stats", actor::payload::make("stats", st));
+}
+
 class script_rollout final : public actor::node {
  public:
   void on_message(actor::node_context& ctx, std::string_view, actor::payload msg) override {
     std::lock_guard<std::mutex> lock(script.m);
     const auto& p = msg.as<prompt_msg>();
     script.generate.push_back(p);
-    if (p.save_only) {  // a drain's save: the trainers save without training and report (ppo_nodes.cpp)
-      summary_msg s;
-      s.iteration = p.iteration;
-      s.saves = true;
-      ctx.emit("summary", actor::payload::make("summary", s));
-      stats_msg st;
-      st.iteration = p.iteration;
-      st.updated = false;
-      st.policy_version = script.save_version;
-      ctx.emit("actor_stats", actor::payload::make("stats", st));
-      ctx.emit("critic_stats", actor::payload::make("stats", st));
+    if (p.save_only) {
+      answer_save(ctx, p.iteration, script.save_version);
       return;
     }
     const turn& t = script.turns.at(p.iteration);
@@ -575,25 +581,31 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: a last iteration that trains nothing
   }
 }
 
+// The script of a 4-iteration run: held-out before, iterations 0-3 training (rewards 0, 0.25, 0.5, 0.75), held-out after.
+void script_four_iterations() {
+  std::lock_guard<std::mutex> lock(script.m);
+  script.reset();
+  script.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(-2, true)};
+  for (auto& b : script.batches) b.iterations = 4;
+  auto& t = script.turns;
+  t[-1].summary = summary(-1, 0.5, 0.0, 7.0, 256, 2.0);
+  t[-1].summary.eval = true;
+  for (int64_t k = 0; k < 4; ++k) {
+    t[k] = {summary(k, 0.25 * static_cast<double>(k), 0.0625, 4.0, 64, 0.5), true, false, stats(0.5, 100, 0.25),
+            stats(1.0, 100, 0.25)};
+    t[k].summary.trains = true;
+  }
+  t[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
+  t[-2].summary.eval = true;
+}
+
 // SIGTERM as iteration 2 is being trained (commits after 1 and 3): the drain lets iteration 2 report,
 // generates nothing more, has the trainers save it (a save-only batch) and commits it. The binary before
 // ended with the prompts and dropped iteration 2's report: the commit after iteration 1 was all that was kept.
 TEST_CASE_FIXTURE(fixture, "ppo_controller: a drain reports the iteration in flight and commits it") {
+  script_four_iterations();
   {
     std::lock_guard<std::mutex> lock(script.m);
-    script.reset();
-    script.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(-2, true)};
-    for (auto& b : script.batches) b.iterations = 4;
-    auto& t = script.turns;
-    t[-1].summary = summary(-1, 0.5, 0.0, 7.0, 256, 2.0);
-    t[-1].summary.eval = true;
-    for (int64_t k = 0; k < 4; ++k) {
-      t[k] = {summary(k, 0.25 * static_cast<double>(k), 0.0625, 4.0, 64, 0.5), true, false, stats(0.5, 100, 0.25),
-              stats(1.0, 100, 0.25)};
-      t[k].summary.trains = true;
-    }
-    t[-2].summary = summary(-2, 0.875, 0.125, 6.0, 300, 1.5);
-    t[-2].summary.eval = true;
     script.save_version = 3;  // the updates of iterations 0-2
   }
   const auto j = run(/*ok=*/false, /*sigterm_at=*/2);
@@ -627,19 +639,7 @@ TEST_CASE_FIXTURE(fixture, "ppo_controller: a drain reports the iteration in fli
 // reports (on this scheduler its stats come before the prompts' end either way: ppo_resume_small case 5b shows
 // the line the controller dropped when it did not wait).
 TEST_CASE_FIXTURE(fixture, "ppo_controller: without a checkpoint_dir a drain reports the iteration in flight") {
-  {
-    std::lock_guard<std::mutex> lock(script.m);
-    script.reset();
-    script.batches = {batch(-1, true), batch(0), batch(1), batch(2), batch(3), batch(-2, true)};
-    auto& t = script.turns;
-    t[-1].summary = summary(-1, 0.5, 0.0, 7.0, 256, 2.0);
-    t[-1].summary.eval = true;
-    for (int64_t k = 0; k < 4; ++k) {
-      t[k] = {summary(k, 0.25 * static_cast<double>(k), 0.0625, 4.0, 64, 0.5), true, false, stats(0.5, 100, 0.25),
-              stats(1.0, 100, 0.25)};
-      t[k].summary.trains = true;
-    }
-  }
+  script_four_iterations();
   const auto j = run(/*ok=*/false, /*sigterm_at=*/2, /*checkpoint_dir=*/false);
   CHECK(j.state->exit_code() == actor::exit_sigterm);
   std::lock_guard<std::mutex> lock(script.m);
@@ -711,17 +711,8 @@ class async_rollout final : public actor::node {
     as.events.push_back(std::string(p.save_only ? "save " : "gen ") + std::to_string(p.iteration) + " v" +
                         std::to_string(p.policy_version));
     CHECK(p.max_staleness == 1);
-    if (p.save_only) {  // a drain's save: the trainers save without training and report (ppo_nodes.cpp)
-      summary_msg s;
-      s.iteration = p.iteration;
-      s.saves = true;
-      ctx.emit("summary", actor::payload::make("summary", s));
-      stats_msg st;
-      st.iteration = p.iteration;
-      st.updated = false;
-      st.policy_version = p.policy_version;
-      ctx.emit("actor_stats", actor::payload::make("stats", st));
-      ctx.emit("critic_stats", actor::payload::make("stats", st));
+    if (p.save_only) {
+      answer_save(ctx, p.iteration, p.policy_version);
       return;
     }
     turn t = as.turns.at(p.iteration);

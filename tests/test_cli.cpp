@@ -1414,6 +1414,8 @@ TEST_CASE("flowrun generate takes a model folder's generation_config.json sampli
   std::ofstream(dir / "generation_config.json") << R"({"suppress_tokens": [5, -1]})";
   CHECK(has(run(gen + " 2>&1", &rc), ": suppress_tokens = [5,-1] is not a list of token ids: fix or remove it"));
   CHECK(rc != 0);
+  std::ofstream(dir / "generation_config.json") << R"({"min_new_tokens": 20})";  // past --max_new_tokens 12: said
+  CHECK(has(run(gen + " 2>&1", &rc), "min_new_tokens 20 (generation_config.json) is above max_new_tokens 12"));
   std::ofstream(dir / "generation_config.json") << R"({"min_new_tokens": 2.5})";
   CHECK(has(run(gen + " 2>&1", &rc), ": min_new_tokens = 2.5 is not a whole number >= 0"));
   std::ofstream(dir / "generation_config.json") << R"({"do_sample": false, "min_length": 0, "typical_p": 1})";

@@ -141,6 +141,11 @@ std::vector<std::vector<int32_t>> prompt_id_lists(const generate_opts& o, const 
 generation_config generation_of(const generate_opts& o, const sampling_options& s, const tokenizer& tok) {
   generation_config g = s.config();
   g.max_new_tokens = o.max_new_tokens;
+  // transformers warns of "unfeasible length constraints" too: the stop ids stay masked to the last token
+  if (g.min_new_tokens > g.max_new_tokens)
+    spdlog::warn("min_new_tokens {} (generation_config.json) is above max_new_tokens {}: every answer runs to "
+                 "max_new_tokens, no stop id before it",
+                 g.min_new_tokens, g.max_new_tokens);
   // a ZeRO checkpoint holds pretraining's llama2.c-style models: EOS or a new BOS, as llama2.c's files
   g.stop_ids = o.zero_checkpoint.empty() ? stop_ids_for(o.model, tok.bos_id(), tok.eos_id())
                                          : std::vector<int32_t>{tok.eos_id(), tok.bos_id()};

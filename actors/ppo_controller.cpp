@@ -106,9 +106,9 @@ class ppo_controller final : public actor::node {
   // every one since the last commit. Instead: the iteration in flight reports (everything after the
   // controller still runs in a drain, and every node it waits for has started: a summary came), no new
   // batch is generated (on_message), and where a [graph] checkpoint_dir is set and the last trained
-  // iteration is not committed, a save-only
-  // batch asks the policy and the critic to save it (prompt_msg::save_only), and the controller commits
-  // it once both have reported, as a scheduled checkpoint. Then it ends.
+  // iteration is not committed, a save-only batch asks the policy and the critic to save it
+  // (prompt_msg::save_only), and the controller commits it once both have reported, as a scheduled
+  // checkpoint. Then it ends.
   bool awaits_feedback(actor::node_context& ctx) override {
     if (!ctx.draining() || !step3_runs_) return false;
     if (S_ > 0 ? !flight_.empty() : phase_ != phase::wait_prompts) return true;  // its report comes

@@ -89,12 +89,12 @@ std::vector<std::string> unapplied_generation_keys(const nlohmann::json& j, int6
     const auto k = std::find_if(table.begin(), table.end(), [&](const auto& d) { return key == d.first; });
     return k != table.end() && !v.is_null() && v != k->second;
   };
+  // a command without beam search (chat) decodes a file's num_beams > 1 greedily: said with its beam keys
+  const bool file_beams = j.value("num_beams", nlohmann::json(1)).is_number_integer() && j.value("num_beams", 1) > 1;
   std::vector<std::string> out;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
     const nlohmann::json& v = it.value();
-    // a command without beam search (chat) decodes a file's num_beams > 1 greedily: said with its beam keys
-    const bool file_beams = j.value("num_beams", nlohmann::json(1)).is_number_integer() && j.value("num_beams", 1) > 1;
     const bool beam_key = (key == "num_beams" && file_beams) ||
                           (!beams_here && file_beams && (key == "length_penalty" || key == "early_stopping"));
     const bool stopping = key == "early_stopping" && num_beams > 1 && !v.is_null() && v != false;

@@ -1684,26 +1684,18 @@ class experience_maker final : public actor::node {
     // At the run's last iteration there is no next update: a save still due is made on the marker (the
     // trainers save and report without training) and committed, so a finished run resumes after its
     // last iteration (GRPO's last batch, filtered away by filter_groups, left the run without a commit
-    // after it: the same command trained the last iterations again)
+    // after it: the same command trained the last iterations again). A drain's save (prompt_msg::save_only, no
+    // rows) is such a marker too: the trainers save after r.iteration, the last they trained, and report
     const auto nothing_to_train = [&] {
       experience_batch marker;
       marker.iteration = r.iteration;
-      if (pending_.checkpoint && r.iterations > 0 && r.iteration + 1 >= r.iterations) {
+      if (r.save_only || (pending_.checkpoint && r.iterations > 0 && r.iteration + 1 >= r.iterations)) {
         marker.checkpoint = true;
         pending_.checkpoint = false;
         sum.saves = true;
       }
       ctx.emit("experience", actor::payload::make("experience", std::move(marker)));
     };
-    if (r.save_only) {  // a drain's save (prompt_msg::save_only): the trainers save after r.iteration and report
-      experience_batch marker;
-      marker.iteration = r.iteration;
-      marker.checkpoint = true;
-      sum.saves = true;
-      ctx.emit("experience", actor::payload::make("experience", std::move(marker)));
-      ctx.emit("summary", actor::payload::make("summary", sum));
-      return;
-    }
     if (!r.exp) {
       sum.dropped = true;
       if (!r.eval) nothing_to_train();

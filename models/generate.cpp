@@ -35,8 +35,11 @@ tensor prefill_shared(decoder& model, kv_cache& cache, const row_groups& g, cons
 void mask_tokens(float* row, int64_t n, const std::vector<int32_t>& seq, int64_t prompt_len,
                  const generation_config& cfg) {
   const float ninf = -std::numeric_limits<float>::infinity();
+  bool masked = false;
   const auto mask_one = [&](int32_t t) {
-    if (t >= 0 && t < n) row[t] = ninf;
+    if (t < 0 || t >= n) return;
+    row[t] = ninf;
+    masked = true;
   };
   const auto mask = [&](const std::vector<int32_t>& ids) {
     for (const int32_t t : ids) mask_one(t);
@@ -54,9 +57,7 @@ void mask_tokens(float* row, int64_t n, const std::vector<int32_t>& seq, int64_t
       if (std::equal(seq.begin() + i, seq.begin() + i + (N - 1), seq.begin() + tail)) mask_one(seq[i + N - 1]);
   }
   // nothing left to choose: sampling read NaN probabilities and printed garbage (transformers raises too)
-  const bool masks = new_tokens < cfg.min_new_tokens || len < cfg.min_length || !cfg.suppress_ids.empty() ||
-                     (new_tokens == 0 && !cfg.begin_suppress_ids.empty()) || N > 0;
-  if (masks && std::none_of(row, row + n, [](float x) { return x > -std::numeric_limits<float>::infinity(); }))
+  if (masked && std::none_of(row, row + n, [ninf](float x) { return x > ninf; }))
     throw std::invalid_argument("generate: every token is masked for new token " + std::to_string(new_tokens + 1) +
                                 " (suppress_tokens, begin_suppress_tokens, no_repeat_ngram_size, and the stop ids "
                                 "under min_new_tokens or min_length leave none): remove some of them");
